@@ -1,0 +1,21 @@
+# The two commands in the README. Both bootstrap .venv first (idempotent, fast when unchanged).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: run test bootstrap bench clean
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+run: bootstrap
+	@$(VENV)/bin/engy-node up
+
+test: bootstrap
+	@$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: bootstrap
+	@$(PY) bench/reference_server.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

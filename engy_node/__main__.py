@@ -1,0 +1,3 @@
+from engy_node.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""`engy-node`: argv -> Config -> services. Owns exit codes and what reaches stderr.
+
+Exit codes: 0 clean stop, 2 a problem the user can fix (bad flag, config, missing model; the
+message says what to change), 1 an unexpected failure (traceback in the log), 130 forced stop.
+
+Subcommands:
+  serve        the sglang-compatible reference server on the embedded model (SPEC §7.4)
+  checkpoint   prepare a model's checkpoint and print its path and model_root
+  models       the model catalog
+  (no subcommand) --role ROLE …  run node roles; the roles arrive one by one
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from engy_node import __version__
+from engy_node.errors import EngyError, RoleError
+
+log = logging.getLogger("engy.cli")
+
+ROLES = ("miner", "validator", "gateway")
+AVAILABLE_ROLES: tuple[str, ...] = ()
+"""Roles this build can run. A known role that is not here yet is a clear error, not a no-op."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="engy-node",
+        description="engy node: miner, validator and gateway roles for SN53, and the reference model server.",
+    )
+    parser.add_argument("--version", action="version", version=f"engy-node {__version__}")
+    parser.add_argument("--home", help="keep config and state in DIR instead of the user dirs (also $ENGY_HOME)")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="stderr/log file level")
+    parser.add_argument("--role", action="append", default=[], metavar="ROLE",
+                        help=f"run this role (repeatable): {', '.join(ROLES)}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the sglang-compatible reference server",
+                           description="Serve a model over sglang's native HTTP API (/generate, /abort_request, /health, ...).")
+    serve.add_argument("--model", help="catalog id (default: smollm2-135m, the embedded model)")
+    serve.add_argument("--checkpoint", help="checkpoint directory (default: the embedded model, converted once)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 30000; 0 picks a free one)")
+    serve.add_argument("--device", choices=("auto", "cpu", "cuda"))
+    serve.add_argument("--dtype", choices=("bfloat16", "float32", "float16"))
+    serve.add_argument("--max-running-requests", type=int)
+    serve.add_argument("--stream-hidden-states", choices=("cumulative", "final"),
+                       help="cumulative: every SSE event repeats all hidden states (stock sglang); final: last event only")
+    serve.add_argument("--disable-return-hidden-states", action="store_true", help="answer return_hidden_states with a 400, as sglang without the flag")
+    serve.add_argument("--served-model-name")
+
+    checkpoint = sub.add_parser("checkpoint", help="prepare a model checkpoint and print its path and model_root")
+    checkpoint.add_argument("--model", default="smollm2-135m")
+    checkpoint.add_argument("--checkpoint", default="")
+
+    sub.add_parser("models", help="list the model catalog")
+    return parser
+
+
+def _serve_overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
+    return {"serve": {
+        "model": args.model, "checkpoint": args.checkpoint, "host": args.host, "port": args.port,
+        "device": args.device, "dtype": args.dtype, "max_running_requests": args.max_running_requests,
+        "stream_hidden_states": args.stream_hidden_states, "served_model_name": args.served_model_name,
+        "enable_return_hidden_states": False if args.disable_return_hidden_states else None,
+    }}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _dispatch(parser, args)
+    except EngyError as err:
+        print(f"engy-node: {err.title}: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from engy_node.config import load_config
+
+    node_overrides = {"node": {"log_level": args.log_level}}
+    if args.command == "models":
+        return _print_models()
+    if args.command == "checkpoint":
+        config = load_config(home=args.home, overrides=node_overrides)
+        return _print_checkpoint(config, args.model, args.checkpoint)
+    if args.command == "serve":
+        if args.role:
+            raise RoleError("`serve` runs the model server alone; drop --role, or run roles without `serve`")
+        config = load_config(home=args.home, overrides={**node_overrides, **_serve_overrides(args)})
+        return _run_serve(config)
+    if not args.role:
+        parser.print_help(sys.stderr)
+        return 2
+    unknown = [role for role in args.role if role not in ROLES]
+    if unknown:
+        raise RoleError(f"unknown role {unknown[0]!r}; choose from {', '.join(ROLES)}")
+    missing = [role for role in args.role if role not in AVAILABLE_ROLES]
+    if missing:
+        raise RoleError(
+            f"the {missing[0]} role is not part of engy-node {__version__} yet; "
+            "`engy-node serve` runs the reference model server today"
+        )
+    return 0
+
+
+def _print_models() -> int:
+    from engy_node.models import CATALOG
+
+    for spec in CATALOG.values():
+        embedded = " (embedded)" if spec.embedded else ""
+        print(f"{spec.id:18} {spec.display_name}{embedded}  in≤{spec.max_input_tokens} out≤{spec.max_output_tokens}")
+    return 0
+
+
+def _print_checkpoint(config, model_id: str, checkpoint: str) -> int:
+    from engy_node.models import model_root
+    from engy_node.serve.checkpoint import resolve_checkpoint
+
+    path = resolve_checkpoint(model_id=model_id, checkpoint=checkpoint, models_dir=config.paths.models_dir,
+                              cache_dir=config.paths.model_cache_dir)
+    print(json.dumps({"model": model_id, "checkpoint": str(path), "model_root": model_root(path)}))
+    return 0
+
+
+def _run_serve(config) -> int:
+    from engy_node import node
+    from engy_node.hub import Hub, install_logging
+    from engy_node.serve.server import serve_reference
+
+    hub = Hub(ring_size=config.node.log_ring_size)
+    install_logging(hub, level=config.node.log_level, log_dir=config.paths.log_dir)
+    log.info("engy-node %s serve: model %s on %s:%d (pid %d)", __version__, config.serve.model,
+             config.serve.host, config.serve.port, os.getpid())
+    return node.run([("reference server", functools.partial(serve_reference, config, hub))])

@@ -1,0 +1,242 @@
+"""Layered configuration: defaults < `node.toml` < `ENGY_*` environment < command-line flags.
+
+Each section is a frozen dataclass whose fields carry their defaults and a docstring; the loader
+reads them generically, so adding a setting is adding a field. Everything is validated once at
+startup and then passed explicitly to the component that owns the section — nothing reads a
+global config later.
+
+Where things live (SPEC §3):
+
+| what | default | with `--home DIR` (or `ENGY_HOME`) |
+|---|---|---|
+| `node.toml` | `user_config_dir("engy")` | `DIR/node.toml` |
+| state: SQLite, wallets, logs, converted models | `user_data_dir("engy")` | `DIR/data` |
+| converted embedded-model cache, shared by all homes | `user_cache_dir("engy")/models` | unchanged (`ENGY_MODEL_CACHE` moves it) |
+
+The model cache deliberately ignores `--home`: converting the embedded GGUF takes ~15 s, and
+tests run every node in a fresh temp home.
+
+Environment variables are `ENGY_<SECTION>__<FIELD>` (e.g. `ENGY_SERVE__PORT=8000`). An unknown
+section or field, in the file or the environment, is an error that suggests the closest name:
+a typo that silently falls back to a default is the costlier mistake.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from engy_node.errors import ConfigError
+
+APP_NAME = "engy"
+ENV_PREFIX = "ENGY_"
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeSection:
+    netuid: int = 53
+    """Subnet id used in every signed message."""
+    log_level: LogLevel = "info"
+    """Lowest level written to stderr and the log file; the in-memory hub keeps debug too."""
+    log_ring_size: int = 10_000
+    """Log and event records the hub keeps in memory for the TUI and the control API."""
+    shutdown_grace_s: float = 10.0
+    """After SIGINT/SIGTERM, how long roles get to finish before they are cancelled."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServeSection:
+    model: str = "smollm2-135m"
+    """Catalog id of the model the reference server loads."""
+    checkpoint: str = ""
+    """Checkpoint directory (config.json + *.safetensors + tokenizer). Empty: the embedded
+    model, converted once from its GGUF."""
+    host: str = "127.0.0.1"
+    port: int = 30000
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`auto` uses CUDA when torch sees a GPU."""
+    dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
+    """Serving precision. bf16 is what sglang serves; the verifier may recompute in float32."""
+    max_running_requests: int = 8
+    """Requests decoded concurrently; further requests wait in the queue."""
+    enable_return_hidden_states: bool = True
+    """Same meaning as sglang's `--enable-return-hidden-states`."""
+    stream_hidden_states: Literal["cumulative", "final"] = "cumulative"
+    """`cumulative` repeats every hidden state on every streamed event, as stock sglang does;
+    `final` sends them only on the last event (what a trimmed sglang does; far less traffic)."""
+    served_model_name: str = ""
+    """Name reported by /model_info and /v1/models. Empty: the catalog id."""
+    request_timeout_s: float = 1800.0
+    """A request still running after this long is aborted."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Paths:
+    config_file: Path
+    data_dir: Path
+    model_cache_dir: Path
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Config:
+    paths: Paths
+    node: NodeSection = NodeSection()
+    serve: ServeSection = ServeSection()
+
+
+SECTIONS: dict[str, type] = {"node": NodeSection, "serve": ServeSection}
+
+
+def resolve_paths(home: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Paths:
+    import platformdirs
+
+    home = home or env.get(f"{ENV_PREFIX}HOME") or None
+    cache = env.get(f"{ENV_PREFIX}MODEL_CACHE")
+    model_cache_dir = Path(cache) if cache else Path(platformdirs.user_cache_dir(APP_NAME)) / "models"
+    if home:
+        root = Path(home).expanduser().resolve()
+        return Paths(root / "node.toml", root / "data", model_cache_dir)
+    return Paths(
+        Path(platformdirs.user_config_dir(APP_NAME)) / "node.toml",
+        Path(platformdirs.user_data_dir(APP_NAME)),
+        model_cache_dir,
+    )
+
+
+def load_config(
+    *,
+    home: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Config:
+    """Build the config from all layers. Raises `ConfigError` naming the file/variable/flag."""
+    env = os.environ if env is None else env
+    paths = resolve_paths(home, env)
+    layers: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+
+    for section, values in _read_toml(paths.config_file).items():
+        layers[section].update({k: _coerce(section, k, v, f"{paths.config_file}") for k, v in values.items()})
+    for section, key, raw in _env_settings(env):
+        layers[section][key] = _coerce(section, key, raw, f"${ENV_PREFIX}{section.upper()}__{key.upper()}")
+    for section, values in (overrides or {}).items():
+        _check_section(section, "command line")
+        for key, value in values.items():
+            if value is not None:
+                layers[section][key] = _coerce(section, key, value, "command line")
+
+    built = {name: cls(**layers[name]) for name, cls in SECTIONS.items()}
+    config = Config(paths=paths, **built)
+    _validate(config)
+    return config
+
+
+def _read_toml(path: Path) -> dict[str, dict[str, Any]]:
+    if not path.is_file():
+        return {}
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: not valid TOML ({err}); fix the file or move it aside") from None
+    for section, values in document.items():
+        _check_section(section, str(path))
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: [{section}] must be a table of settings")
+    return document
+
+
+def _env_settings(env: Mapping[str, str]) -> list[tuple[str, str, str]]:
+    settings = []
+    for name, raw in env.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        section, _, key = name[len(ENV_PREFIX):].lower().partition("__")
+        _check_section(section, f"${name}")
+        settings.append((section, key, raw))
+    return settings
+
+
+def _check_section(section: str, where: str) -> None:
+    if section not in SECTIONS:
+        raise ConfigError(f"{where}: unknown section {section!r}{_suggest(section, SECTIONS)}")
+
+
+def _suggest(name: str, choices: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(choices))}"
+
+
+def _coerce(section: str, key: str, value: Any, where: str) -> Any:
+    cls = SECTIONS[section]
+    hints = typing.get_type_hints(cls)
+    if key not in hints:
+        raise ConfigError(f"{where}: [{section}] has no setting {key!r}{_suggest(key, hints)}")
+    expected = hints[key]
+    try:
+        return _convert(expected, value)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {section}.{key} = {value!r}: {err}") from None
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _convert(expected: Any, value: Any) -> Any:
+    origin = typing.get_origin(expected)
+    if origin is Literal:
+        choices = typing.get_args(expected)
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(map(repr, choices))}")
+        return value
+    if origin is tuple or origin is types.GenericAlias:
+        items = value.split(",") if isinstance(value, str) else list(value)
+        return tuple(str(item).strip() for item in items if str(item).strip())
+    if expected is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        raise ValueError("must be true or false")
+    if expected is int:
+        if isinstance(value, bool):
+            raise ValueError("must be an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            return int(value.strip())
+        raise ValueError("must be an integer")
+    if expected is float:
+        if isinstance(value, bool):
+            raise ValueError("must be a number")
+        return float(value)
+    if expected is str:
+        if not isinstance(value, str):
+            raise ValueError("must be a string")
+        return value
+    raise TypeError(f"unsupported setting type {expected!r}")
+
+
+def _validate(config: Config) -> None:
+    serve = config.serve
+    if not 0 <= serve.port <= 65535:
+        raise ConfigError(f"serve.port = {serve.port}: must be 0..65535 (0 picks a free port)")
+    if serve.max_running_requests < 1:
+        raise ConfigError("serve.max_running_requests must be at least 1")
+    if config.node.log_ring_size < 100:
+        raise ConfigError("node.log_ring_size must be at least 100")

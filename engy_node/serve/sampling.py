@@ -1,0 +1,228 @@
+"""Request rules of the reference server: sampling parameters, token choice and stop matching.
+
+These follow sglang 0.5.x (`reference/sglang-native-api.md` §1.2, §2.2) so a client written for
+real sglang sees the same defaults and the same 400s here: `max_new_tokens` defaults to 128,
+`temperature` below 1e-6 means greedy, unknown keys are rejected, stop strings are trimmed from
+the text and streamed text is held back while its tail could still become a stop string.
+
+Parsing and stop matching are pure. `choose_token` works on a logits tensor and draws from the
+request's own seeded generator, so a seeded request is reproducible and requests never share
+random state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+GREEDY_TEMPERATURE = 1e-6
+MAX_STOP_STRINGS = 32
+
+FIELDS = (
+    "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "stop", "stop_token_ids",
+    "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "n",
+    "sampling_seed", "stream_interval", "json_schema", "regex", "ebnf", "structural_tag",
+    "logit_bias", "custom_params", "stop_regex",
+)
+"""Every key sglang's HTTP contract accepts; anything else is a 400 naming these."""
+
+UNSUPPORTED = ("json_schema", "regex", "ebnf", "structural_tag", "stop_regex", "custom_params")
+"""Accepted by sglang but not implemented by the reference server: a 400 says so, rather
+than silently ignoring a constraint the caller relies on."""
+
+
+class SamplingError(ValueError):
+    """A request's sampling parameters are invalid; the message is sent back as a 400."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    sampling_seed: int | None = None
+    stream_interval: int = 1
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE
+
+
+def _int(name: str, value: Any, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SamplingError(f"invalid type: {name} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise SamplingError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SamplingError(f"invalid type: {name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise SamplingError(f"invalid type: {name} must be a boolean, got {value!r}")
+    return value
+
+
+def parse_sampling_params(raw: Mapping[str, Any] | None) -> SamplingParams:
+    """Validate a request's `sampling_params` object the way sglang's HTTP contract does."""
+    if raw is None:
+        return SamplingParams()
+    if not isinstance(raw, Mapping):
+        raise SamplingError("invalid type: sampling_params must be an object")
+    for key in raw:
+        if key not in FIELDS:
+            expected = ", ".join(f"`{name}`" for name in FIELDS)
+            raise SamplingError(f"unknown field `{key}`, expected one of {expected}")
+    for key in UNSUPPORTED:
+        if raw.get(key) is not None:
+            raise SamplingError(f"`{key}` is not supported by the engy reference server; use sglang for constrained decoding")
+
+    values: dict[str, Any] = {}
+    if raw.get("n") is not None and _int("n", raw["n"], minimum=1) != 1:
+        raise SamplingError("n > 1 is not supported by the engy reference server; send n separate requests")
+    for name in ("max_new_tokens", "min_new_tokens"):
+        if raw.get(name) is not None:
+            values[name] = _int(name, raw[name], minimum=0)
+    if raw.get("stream_interval") is not None:
+        values["stream_interval"] = _int("stream_interval", raw["stream_interval"], minimum=1)
+    if raw.get("top_k") is not None:
+        top_k = _int("top_k", raw["top_k"])
+        if top_k == 0 or top_k < -1:
+            raise SamplingError(f"top_k must be -1 (all) or at least 1, got {top_k}")
+        values["top_k"] = top_k
+    if raw.get("sampling_seed") is not None:
+        values["sampling_seed"] = _int("sampling_seed", raw["sampling_seed"])
+    for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+        if raw.get(name) is not None:
+            values[name] = _number(name, raw[name])
+    for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+        if raw.get(name) is not None:
+            values[name] = _bool(name, raw[name])
+
+    stop = raw.get("stop")
+    if stop is not None:
+        stops = (stop,) if isinstance(stop, str) else stop
+        if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+            raise SamplingError("invalid type: stop must be a string or a list of strings")
+        if len(stops) > MAX_STOP_STRINGS:
+            raise SamplingError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+        values["stop"] = tuple(s for s in stops if s)
+    stop_ids = raw.get("stop_token_ids")
+    if stop_ids is not None:
+        if not isinstance(stop_ids, (list, tuple)):
+            raise SamplingError("invalid type: stop_token_ids must be a list of integers")
+        values["stop_token_ids"] = tuple(_int("stop_token_ids", t, minimum=0) for t in stop_ids)
+    bias = raw.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, Mapping):
+            raise SamplingError("invalid type: logit_bias must be an object of token id -> bias")
+        try:
+            values["logit_bias"] = tuple(sorted((int(k), _number("logit_bias", v)) for k, v in bias.items()))
+        except ValueError:
+            raise SamplingError("logit_bias keys must be token ids") from None
+
+    params = SamplingParams(**values)
+    if params.temperature < 0:
+        raise SamplingError(f"temperature must be non-negative, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise SamplingError(f"top_p must be in (0, 1], got {params.top_p}")
+    if not 0 <= params.min_p <= 1:
+        raise SamplingError(f"min_p must be in [0, 1], got {params.min_p}")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if not -2 <= getattr(params, name) <= 2:
+            raise SamplingError(f"{name} must be in [-2, 2], got {getattr(params, name)}")
+    if not 0 < params.repetition_penalty <= 2:
+        raise SamplingError(f"repetition_penalty must be in (0, 2], got {params.repetition_penalty}")
+    return params
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StopMatch:
+    index: int
+    """Where the stop string starts in the text."""
+    matched: str
+
+
+def find_stop(text: str, stops: Sequence[str], *, search_from: int = 0) -> StopMatch | None:
+    """The earliest stop string in `text[search_from:]` (earliest start wins, then the longest)."""
+    best: StopMatch | None = None
+    for stop in stops:
+        index = text.find(stop, search_from)
+        if index >= 0 and (best is None or index < best.index or (index == best.index and len(stop) > len(best.matched))):
+            best = StopMatch(index, stop)
+    return best
+
+
+def stop_holdback(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters of `text` could still be the start of a stop string, and
+    so must not be streamed yet (sglang holds the whole event back; we hold only the tail)."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
+
+
+def choose_token(logits, params: SamplingParams, history: Sequence[int], generator):
+    """Pick the next token id from 1-D `logits` (a float tensor). Returns (token_id, logprob):
+    logprob is log-softmax of the raw logits (before temperature, penalties and bias), as
+    sglang reports it by default."""
+    import torch
+
+    raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
+    scores = logits.float().clone()
+    if params.logit_bias:
+        ids = torch.tensor([token for token, _ in params.logit_bias], dtype=torch.long)
+        valid = ids < scores.shape[-1]
+        scores[ids[valid]] += torch.tensor([bias for _, bias in params.logit_bias], dtype=scores.dtype)[valid]
+    if history and (params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0):
+        seen = torch.tensor(list(history), dtype=torch.long)
+        counts = torch.bincount(seen, minlength=scores.shape[-1]).to(scores.dtype)[: scores.shape[-1]]
+        present = counts > 0
+        if params.repetition_penalty != 1.0:
+            penalised = torch.where(scores > 0, scores / params.repetition_penalty, scores * params.repetition_penalty)
+            scores = torch.where(present, penalised, scores)
+        scores = scores - params.frequency_penalty * counts - params.presence_penalty * present.to(scores.dtype)
+
+    if params.greedy:
+        token = int(torch.argmax(scores))
+        return token, float(raw_logprobs[token])
+
+    scores = scores / params.temperature
+    if params.top_k > 0 and params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if params.min_p > 0:
+        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always survives).
+        drop = cumulative - sorted_probs > params.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    token = int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+    return token, float(raw_logprobs[token])

