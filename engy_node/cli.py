@@ -61,6 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint.add_argument("--checkpoint", default="")
 
     sub.add_parser("models", help="list the model catalog")
+
+    calibrate = sub.add_parser("calibrate", help="measure TOPLOC/token-check separation of honest serving and known cheats",
+                               description="Serve prompts honestly and through known cheats on this machine, verify them as a "
+                                           "validator would, and print the statistics behind each verdict as a Markdown table.")
+    calibrate.add_argument("--model", default="smollm2-135m")
+    calibrate.add_argument("--checkpoint", default="")
+    calibrate.add_argument("--prompts", type=int, default=5, help="how many of the built-in prompts to use (1-5)")
+    calibrate.add_argument("--max-new-tokens", type=int, default=96)
+    calibrate.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     return parser
 
 
@@ -94,6 +103,9 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "checkpoint":
         config = load_config(home=args.home, overrides=node_overrides)
         return _print_checkpoint(config, args.model, args.checkpoint)
+    if args.command == "calibrate":
+        config = load_config(home=args.home, overrides=node_overrides)
+        return _run_calibration(config, args)
     if args.command == "serve":
         if args.role:
             raise RoleError("`serve` runs the model server alone; drop --role, or run roles without `serve`")
@@ -131,6 +143,26 @@ def _print_checkpoint(config, model_id: str, checkpoint: str) -> int:
                               cache_dir=config.paths.model_cache_dir)
     print(json.dumps({"model": model_id, "checkpoint": str(path), "model_root": model_root(path)}))
     return 0
+
+
+def _run_calibration(config, args: argparse.Namespace) -> int:
+    from engy_node.calibration import DEFAULT_PROMPTS, format_table, run_calibration
+    from engy_node.models import get_model
+    from engy_node.serve.checkpoint import resolve_checkpoint
+
+    if not 1 <= args.prompts <= len(DEFAULT_PROMPTS):
+        raise EngyError(f"--prompts must be 1..{len(DEFAULT_PROMPTS)}")
+    spec = get_model(args.model)
+    path = resolve_checkpoint(model_id=args.model, checkpoint=args.checkpoint, models_dir=config.paths.models_dir,
+                              cache_dir=config.paths.model_cache_dir)
+    results = run_calibration(path, model=spec, prompts=DEFAULT_PROMPTS[: args.prompts], max_new_tokens=args.max_new_tokens,
+                              device=args.device, progress=lambda line: print(line, file=sys.stderr))
+    print(format_table(results))
+    wrong = [r for r in results if r.verdict.kind != r.expected]
+    for result in wrong:
+        print(f"UNEXPECTED: {result.case} prompt {result.prompt} ({result.recompute_dtype}) judged {result.verdict.kind}"
+              f"/{result.verdict.reason}, expected {result.expected}", file=sys.stderr)
+    return 1 if wrong else 0
 
 
 def _run_serve(config) -> int:

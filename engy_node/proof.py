@@ -207,6 +207,7 @@ class Verdict:
     chunks_passed: int = 0
     mean_exp_mismatches: float = 0.0
     max_exp_mismatches: int = 0
+    max_mant_err_mean: float = 0.0
     token_misses: int = 0
     max_logit_gap: float = 0.0
 
@@ -323,6 +324,7 @@ def judge(chunks: Sequence[ChunkResult], tokens: TokenCheck | None, params: Proo
         chunks_passed=passed,
         mean_exp_mismatches=sum(c.exp_mismatches for c in chunks) / len(chunks) / params.topk,
         max_exp_mismatches=max(c.exp_mismatches for c in chunks),
+        max_mant_err_mean=max(c.mant_err_mean for c in chunks),
         token_misses=tokens.misses if tokens else 0,
         max_logit_gap=tokens.max_gap if tokens else 0.0,
     )

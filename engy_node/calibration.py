@@ -1,0 +1,173 @@
+"""Measure how far honest serving sits from the verdict thresholds, and known cheats beyond them.
+
+A validator trusts `proof.py`'s thresholds only as far as they were measured on the numeric
+paths that meet in production (served in bf16 on one device, recomputed in fp32 or bf16 on
+another). This module runs that measurement on a real checkpoint: it serves a set of prompts
+honestly and through each known cheat, builds the commitments a miner would send, verifies them
+the way the verifier does (`proof.verify_commitment`, the same code path) and reports the
+statistics behind each verdict.
+
+The cheats are the ones SPEC §5 names:
+* `quantised-4bit` — every linear layer re-quantised to 4 bits (symmetric, groups of 32) while
+  claiming the canonical checkpoint: the cheaper-hardware cheat;
+* `truncated` — the last layers dropped (a smaller model under the big one's name);
+* `prefill-attack` — tokens decoded by the 4-bit model, proofs from a prefill of the real model
+  over those tokens: TOPLOC passes by construction, only the token check can catch it;
+* `malformed-proof`, `wrong-prompt`, `short-proof-list` — commitments a verifier must not
+  trust, judged before any arithmetic.
+
+`engy-node calibrate` prints the table; the calibration test asserts the verdicts; the numbers
+in docs/verification.md come from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from engy_node import proof
+from engy_node.models import ModelSpec, model_root
+from engy_node.serve.engine import Generation, ModelRunner, run_to_completion
+from engy_node.serve.sampling import parse_sampling_params
+
+DEFAULT_PROMPTS = (
+    "Explain why the sky is blue in two sentences.",
+    "Write a short poem about the sea.",
+    "What are three benefits of regular exercise?",
+    "Give me a simple recipe for pancakes.",
+    "Summarise the plot of Romeo and Juliet.",
+)
+QUANT_BITS = 4
+QUANT_GROUP = 32
+TRUNCATED_LAYERS_DROPPED = 4
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CaseResult:
+    case: str
+    expected: proof.VerdictKind
+    prompt: int
+    recompute_dtype: str
+    n_tokens: int
+    verdict: proof.Verdict
+
+
+def quantise_linear_weights(runner: ModelRunner, *, bits: int = QUANT_BITS, group: int = QUANT_GROUP) -> ModelRunner:
+    """Round every linear weight (except the tied lm_head) to `bits`-bit symmetric groups, in place."""
+    import torch
+
+    levels = 2 ** (bits - 1) - 1
+    with torch.no_grad():
+        for name, module in runner.model.named_modules():
+            if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
+                weight = module.weight.float()
+                groups = weight.reshape(-1, group)
+                scale = groups.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / levels
+                quantised = (groups / scale).round().clamp(-levels - 1, levels) * scale
+                module.weight.copy_(quantised.reshape(weight.shape).to(module.weight.dtype))
+    return runner
+
+
+def truncate_layers(runner: ModelRunner, *, drop: int = TRUNCATED_LAYERS_DROPPED) -> ModelRunner:
+    """Drop the last `drop` decoder layers, in place (the final norm and lm_head stay)."""
+    layers = runner.model.model.layers
+    runner.model.model.layers = layers[: len(layers) - drop]
+    runner.model.config.num_hidden_layers = len(layers) - drop
+    return runner
+
+
+def chat_ids(runner: ModelRunner, prompt: str) -> list[int]:
+    ids = runner.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+    return list(ids if isinstance(ids, list) else ids["input_ids"])
+
+
+def greedy_generation(runner: ModelRunner, prompt_ids: Sequence[int], max_new_tokens: int) -> Generation:
+    generation = Generation(
+        rid="calibration", input_ids=list(prompt_ids),
+        params=parse_sampling_params({"temperature": 0, "max_new_tokens": max_new_tokens}),
+        return_hidden_states=True,
+    )
+    return run_to_completion(runner, generation)
+
+
+def run_calibration(
+    checkpoint: Path,
+    *,
+    model: ModelSpec,
+    prompts: Sequence[str] = DEFAULT_PROMPTS,
+    max_new_tokens: int = 96,
+    serve_dtype: str = "bfloat16",
+    recompute_dtypes: Sequence[str] = ("float32", "bfloat16"),
+    device: str = "cpu",
+    progress: Callable[[str], None] = lambda line: None,
+) -> list[CaseResult]:
+    root = model_root(checkpoint)
+    honest = ModelRunner.load(checkpoint, device=device, dtype=serve_dtype)
+    quantised = quantise_linear_weights(ModelRunner.load(checkpoint, device=device, dtype=serve_dtype))
+    truncated = truncate_layers(ModelRunner.load(checkpoint, device=device, dtype=serve_dtype))
+    verifiers = {dtype: (honest if dtype == serve_dtype else ModelRunner.load(checkpoint, device=device, dtype=dtype)) for dtype in recompute_dtypes}
+    results: list[CaseResult] = []
+
+    def judge(case: str, expected: proof.VerdictKind, index: int, commitment: proof.Commitment, prompt_ids: Sequence[int]) -> None:
+        for dtype, verifier in verifiers.items():
+            verdict = proof.verify_commitment(
+                commitment, model=model, canonical_root=root, expected_prompt_ids=prompt_ids,
+                recompute=verifier.prefill, greedy=True,
+            )
+            results.append(CaseResult(case, expected, index, dtype, commitment.n_tokens, verdict))
+            progress(f"prompt {index} {case:16} recompute {dtype:8} -> {verdict.kind} ({verdict.reason})")
+
+    for index, prompt in enumerate(prompts):
+        prompt_ids = chat_ids(honest, prompt)
+        served = greedy_generation(honest, prompt_ids, max_new_tokens)
+        honest_commitment = proof.build_commitment(
+            model_root=root, prompt_ids=prompt_ids, output_ids=served.output_ids, rows=served.proof_rows(), params=model.proof)
+        judge("honest", "pass", index, honest_commitment, prompt_ids)
+
+        cheap = greedy_generation(quantised, prompt_ids, max_new_tokens)
+        judge("quantised-4bit", "cheat", index, proof.build_commitment(
+            model_root=root, prompt_ids=prompt_ids, output_ids=cheap.output_ids, rows=cheap.proof_rows(), params=model.proof), prompt_ids)
+
+        short = greedy_generation(truncated, prompt_ids, max_new_tokens)
+        judge("truncated", "cheat", index, proof.build_commitment(
+            model_root=root, prompt_ids=prompt_ids, output_ids=short.output_ids, rows=short.proof_rows(), params=model.proof), prompt_ids)
+
+        hidden, _ = honest.prefill(prompt_ids + cheap.output_ids[:-1])
+        attack_rows = hidden[len(prompt_ids) - 1:]
+        judge("prefill-attack", "cheat", index, proof.build_commitment(
+            model_root=root, prompt_ids=prompt_ids, output_ids=cheap.output_ids, rows=attack_rows, params=model.proof), prompt_ids)
+
+        if index == 0:
+            for case, expected, commitment, claimed_prompt in _malformed_cases(honest_commitment, prompt_ids):
+                judge(case, expected, index, commitment, claimed_prompt)
+    return results
+
+
+def _malformed_cases(commitment: proof.Commitment, prompt_ids: Sequence[int]):
+    garbage = dataclasses.replace(commitment, proofs=("not base64!",) + commitment.proofs[1:])
+    yield "malformed-proof", "unproven", garbage, prompt_ids
+    yield "short-proof-list", "unproven", dataclasses.replace(commitment, proofs=commitment.proofs[:1]), prompt_ids
+    yield "wrong-prompt", "cheat", commitment, list(prompt_ids[:-1]) + [(prompt_ids[-1] + 1) % 1000]
+
+
+def format_table(results: Sequence[CaseResult]) -> str:
+    """A Markdown table: one row per (case, recompute dtype) with the worst statistics seen."""
+    header = ("| case | recompute | requests | verdicts | max exp mismatches /128 | max mant err mean | "
+              "max token gap (logits) | non-argmax tokens |\n|---|---|---|---|---|---|---|---|")
+    rows = []
+    groups: dict[tuple[str, str], list[CaseResult]] = {}
+    for result in results:
+        groups.setdefault((result.case, result.recompute_dtype), []).append(result)
+    for (case, dtype), members in groups.items():
+        verdicts = sorted({f"{m.verdict.kind}/{m.verdict.reason}" for m in members})
+        exp = max(m.verdict.max_exp_mismatches for m in members)
+        mant = max(m.verdict.max_mant_err_mean for m in members)
+        gap = max(m.verdict.max_logit_gap for m in members)
+        misses = sum(m.verdict.token_misses for m in members)
+        tokens = sum(m.n_tokens for m in members if m.verdict.chunks_total)
+        mant_text = "∞ (no exponent matched)" if mant > 1e18 else f"{mant:.1f}" if math.isfinite(mant) else "∞"
+        rows.append(f"| {case} | {dtype} | {len(members)} | {', '.join(verdicts)} | {exp} | {mant_text} | {gap:.2f} | "
+                    f"{misses}/{tokens} |")
+    return "\n".join([header, *rows])

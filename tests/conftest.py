@@ -1,0 +1,91 @@
+"""Shared fixtures: the embedded model, prepared once per session, and a real reference server.
+
+The converted SmolLM2 checkpoint lives in the per-machine model cache (as in production), so
+only the first run on a machine pays the ~20 s conversion; every node in a test still gets its
+own temporary home.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+READY_PATTERN = re.compile(r"ready to roll! \(\S+ on (http://127\.0\.0\.1:\d+)\)")
+SERVER_START_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> Path:
+    from engy_node.config import load_config
+    from engy_node.serve.checkpoint import embedded_checkpoint
+
+    config = load_config(home=tmp_path_factory.mktemp("home"), env={k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"})
+    return embedded_checkpoint(models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir)
+
+
+@pytest.fixture(scope="session")
+def runner(checkpoint):
+    from engy_node.serve.engine import ModelRunner
+
+    return ModelRunner.load(checkpoint, device="cpu", dtype="bfloat16")
+
+
+class ServerProcess:
+    """`engy-node serve` as a user runs it, in its own temp home, on a free loopback port."""
+
+    def __init__(self, home: Path, *extra: str) -> None:
+        self.home = home
+        self.log_path = home / "server.log"
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "engy_node", "--home", str(home), "serve", "--port", "0", *extra],
+            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.url = self._wait_ready()
+
+    def _wait_ready(self) -> str:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            match = READY_PATTERN.search(self.log_path.read_text())
+            if match:
+                return match.group(1)
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log_path.read_text()}")
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"server not ready after {SERVER_START_TIMEOUT_S} s:\n{self.log_path.read_text()}")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
+
+    def log_text(self) -> str:
+        return self.log_path.read_text()
+
+
+@pytest.fixture(scope="session")
+def reference_server(checkpoint, tmp_path_factory):
+    server = ServerProcess(tmp_path_factory.mktemp("serve-home"), "--max-running-requests", "4")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(reference_server):
+    with httpx.Client(base_url=reference_server.url, timeout=120) as http:
+        yield http

@@ -1,0 +1,199 @@
+"""proof.py: wire parsing, shape checks, chunk and token rules, and TOPLOC on synthetic rows."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engy_node import proof
+from engy_node.models import SMOLLM2_135M, ProofParams, TokenCheckParams
+
+PARAMS = ProofParams()
+ROOT = "ab" * 32
+
+
+def honest_commitment(n_tokens: int = 70, hidden: int = 64, seed: int = 0) -> tuple[proof.Commitment, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    rows = torch.randn(n_tokens, hidden, generator=generator).to(torch.bfloat16)
+    commitment = proof.build_commitment(
+        model_root=ROOT, prompt_ids=[1, 2, 3], output_ids=list(range(10, 10 + n_tokens)), rows=rows, params=PARAMS)
+    return commitment, rows
+
+
+def test_a_commitment_has_one_258_byte_proof_per_32_tokens():
+    commitment, _ = honest_commitment(70)
+    assert len(commitment.proofs) == 3 == proof.expected_proof_count(70, 32)
+    import base64
+    assert all(len(base64.b64decode(p)) == 258 for p in commitment.proofs)
+    assert commitment.n_tokens == 70 and commitment.skip_prefill is True
+
+
+def test_the_wire_form_matches_spec_section_4_and_round_trips():
+    commitment, _ = honest_commitment(5)
+    wire = commitment.to_wire()
+    assert set(wire) == {"model_root", "output_token_ids", "toploc"}
+    assert set(wire["toploc"]) == {"proofs", "topk", "decode_batching_size", "skip_prefill", "n_tokens", "prompt_ids"}
+    assert proof.Commitment.from_wire(wire) == commitment
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=12))
+@settings(max_examples=200)
+def test_parsing_arbitrary_json_either_succeeds_or_raises_a_format_error(value):
+    try:
+        proof.Commitment.from_wire(value)
+    except proof.ProofFormatError:
+        pass
+
+
+@pytest.mark.parametrize("field", ["topk", "n_tokens", "decode_batching_size"])
+def test_a_boolean_where_an_integer_belongs_is_rejected(field):
+    wire = honest_commitment(5)[0].to_wire()
+    wire["toploc"][field] = True
+    with pytest.raises(proof.ProofFormatError, match=field):
+        proof.Commitment.from_wire(wire)
+
+
+def test_recomputing_the_same_rows_passes_every_chunk():
+    commitment, rows = honest_commitment(100)
+    chunks = proof.verify_chunks(commitment, rows, PARAMS)
+    assert len(chunks) == 4 and all(c.exp_mismatches == 0 and c.passes(PARAMS) for c in chunks)
+
+
+def test_unrelated_rows_fail_every_chunk():
+    commitment, rows = honest_commitment(64)
+    other = torch.randn(rows.shape, generator=torch.Generator().manual_seed(99)).to(torch.bfloat16)
+    chunks = proof.verify_chunks(commitment, other, PARAMS)
+    assert not any(c.passes(PARAMS) for c in chunks)
+    assert proof.judge(chunks, None, PARAMS).kind == "cheat"
+
+
+def test_small_numeric_noise_passes_and_large_noise_fails():
+    commitment, rows = honest_commitment(64, hidden=256)
+    generator = torch.Generator().manual_seed(5)
+    noisy = lambda scale: (rows.float() * (1 + scale * torch.randn(rows.shape, generator=generator))).to(torch.bfloat16)
+    assert all(c.passes(PARAMS) for c in proof.verify_chunks(commitment, noisy(0.005), PARAMS))
+    assert not any(c.passes(PARAMS) for c in proof.verify_chunks(commitment, noisy(0.5), PARAMS))
+
+
+def test_building_proofs_from_an_empty_matrix_is_refused():
+    with pytest.raises(ValueError):
+        proof.build_proofs(torch.zeros(0, 8), PARAMS)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "kind", "reason"),
+    [
+        (lambda c: dataclasses.replace(c, model_root="cd" * 32), "unproven", "model-root"),
+        (lambda c: dataclasses.replace(c, topk=64), "unproven", "shape:topk"),
+        (lambda c: dataclasses.replace(c, decode_batching_size=16), "unproven", "shape:decode_batching_size"),
+        (lambda c: dataclasses.replace(c, skip_prefill=False), "unproven", "shape:skip_prefill"),
+        (lambda c: dataclasses.replace(c, n_tokens=c.n_tokens + 1), "unproven", "shape:n_tokens"),
+        (lambda c: dataclasses.replace(c, proofs=c.proofs[:1]), "unproven", "shape:proofs"),
+        (lambda c: dataclasses.replace(c, proofs=("%%%",) + c.proofs[1:]), "unproven", "malformed-proof"),
+        (lambda c: dataclasses.replace(c, proofs=("AAAA",) + c.proofs[1:]), "unproven", "malformed-proof"),
+        (lambda c: dataclasses.replace(c, prompt_ids=(9, 9, 9)), "cheat", "prompt-mismatch"),
+    ],
+)
+def test_shape_checks_judge_before_any_arithmetic(mutate, kind, reason):
+    commitment = mutate(honest_commitment(40)[0])
+    verdict = proof.check_shape(commitment, params=PARAMS, canonical_root=ROOT, expected_prompt_ids=[1, 2, 3])
+    assert (verdict.kind, verdict.reason) == (kind, reason)
+
+
+def test_a_well_formed_commitment_passes_the_shape_checks():
+    assert proof.check_shape(honest_commitment(40)[0], params=PARAMS, canonical_root=ROOT, expected_prompt_ids=[1, 2, 3]) is None
+
+
+def test_output_ids_other_than_those_relayed_are_a_cheat():
+    commitment = honest_commitment(40)[0]
+    verdict = proof.check_shape(commitment, params=PARAMS, canonical_root=ROOT, expected_prompt_ids=[1, 2, 3],
+                                expected_output_ids=[0] * 40)
+    assert (verdict.kind, verdict.reason) == ("cheat", "output-mismatch")
+
+
+def test_an_unknown_canonical_root_is_unproven_not_a_cheat():
+    verdict = proof.check_shape(honest_commitment(8)[0], params=PARAMS, canonical_root=None, expected_prompt_ids=None)
+    assert (verdict.kind, verdict.reason) == ("unproven", "model-root")
+
+
+def test_a_failing_recompute_is_unproven():
+    commitment = honest_commitment(8)[0]
+
+    def broken(_ids):
+        raise RuntimeError("out of memory")
+
+    verdict = proof.verify_commitment(commitment, model=SMOLLM2_135M, canonical_root=ROOT, expected_prompt_ids=[1, 2, 3],
+                                      recompute=broken, greedy=True)
+    assert (verdict.kind, verdict.reason) == ("unproven", "recompute-failed")
+
+
+chunk = st.builds(proof.ChunkResult, st.integers(0, 128), st.floats(0, 30), st.floats(0, 30))
+
+
+@given(st.lists(chunk, min_size=1, max_size=40))
+def test_judge_passes_exactly_when_the_pass_ratio_is_met(chunks):
+    verdict = proof.judge(chunks, None, PARAMS)
+    ratio = sum(c.passes(PARAMS) for c in chunks) / len(chunks)
+    assert (verdict.kind == "pass") == (ratio >= PARAMS.min_pass_ratio)
+    assert verdict.kind in ("pass", "cheat")
+    assert verdict.chunks_total == len(chunks)
+
+
+def test_judge_of_no_chunks_is_unproven():
+    assert proof.judge([], None, PARAMS).kind == "unproven"
+
+
+def test_a_failing_token_check_turns_passing_chunks_into_a_cheat():
+    chunks = [proof.ChunkResult(0, 0.0, 0.0)]
+    bad = proof.TokenCheck(False, "greedy-gap", 5, 3.0, -1.0, 7)
+    verdict = proof.judge(chunks, bad, PARAMS)
+    assert (verdict.kind, verdict.reason) == ("cheat", "tokens")
+
+
+def stats_from(gaps: list[float], ranks: list[int], logprobs: list[float] | None = None) -> proof.TokenStats:
+    n = len(gaps)
+    return proof.TokenStats(tokens=tuple(range(n)), argmax=tuple(range(n)), gap=tuple(gaps), rank=tuple(ranks),
+                            logprob=tuple(logprobs or [-0.5] * n))
+
+
+TOKEN_PARAMS = TokenCheckParams()
+
+
+@given(st.lists(st.floats(0, 5), min_size=1, max_size=200))
+def test_greedy_check_fails_whenever_a_gap_exceeds_the_margin(gaps):
+    ranks = [0 if gap == 0 else 1 for gap in gaps]
+    check = proof.token_check(stats_from(gaps, ranks), greedy=True, params=TOKEN_PARAMS)
+    if max(gaps) > TOKEN_PARAMS.greedy_logit_margin:
+        assert not check.ok and check.reason == "greedy-gap"
+
+
+def test_a_few_near_tie_misses_pass_but_many_fail():
+    few = stats_from([0.1, 0.0, 0.05] + [0.0] * 97, [1, 0, 1] + [0] * 97)
+    assert proof.token_check(few, greedy=True, params=TOKEN_PARAMS).ok
+    many = stats_from([0.1] * 30 + [0.0] * 70, [1] * 30 + [0] * 70)
+    check = proof.token_check(many, greedy=True, params=TOKEN_PARAMS)
+    assert (check.ok, check.reason) == (False, "greedy-misses")
+
+
+def test_sampled_check_bounds_rank_and_mean_logprob():
+    fine = stats_from([1.0] * 10, [3] * 10, [-2.0] * 10)
+    assert proof.token_check(fine, greedy=False, params=TOKEN_PARAMS).ok
+    far = stats_from([9.0] * 10, [0] * 9 + [TOKEN_PARAMS.sampled_top_r], [-2.0] * 10)
+    assert proof.token_check(far, greedy=False, params=TOKEN_PARAMS).reason == "sampled-rank"
+    unlikely = stats_from([1.0] * 10, [3] * 10, [-9.0] * 10)
+    assert proof.token_check(unlikely, greedy=False, params=TOKEN_PARAMS).reason == "sampled-logprob"
+
+
+def test_token_stats_reads_argmax_gap_rank_and_logprob_from_logits():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 5.0]])
+    stats = proof.token_stats(logits, [1, 0])
+    assert stats.argmax == (1, 2)
+    assert stats.rank == (0, 1)
+    assert stats.gap == pytest.approx((0.0, 3.0))
+    assert stats.logprob[0] == pytest.approx(float(torch.log_softmax(logits[0], 0)[1]))
