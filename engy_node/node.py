@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import trio
@@ -29,13 +29,29 @@ FORCED_EXIT_CODE = 130
 
 
 async def run_services(services: Sequence[tuple[str, Service]], *, handle_signals: bool = True) -> None:
-    async with trio.open_nursery() as nursery:
-        if handle_signals:
-            await nursery.start(_stop_on_signals, nursery.cancel_scope)
-        for name, service in services:
-            value = await nursery.start(service)
-            log.info("%s ready%s", name, f": {value}" if value is not None else "")
-        log.info("node running (%s); Ctrl-C or SIGTERM stops it", ", ".join(name for name, _ in services))
+    """Run `services` until cancelled. A single failure is re-raised as itself rather than
+    inside an exception group, so `cli.py` can report a user error (`EngyError`) plainly."""
+    try:
+        async with trio.open_nursery() as nursery:
+            if handle_signals:
+                await nursery.start(_stop_on_signals, nursery.cancel_scope)
+            for name, service in services:
+                value = await nursery.start(service)
+                log.info("%s ready%s", name, f": {value}" if value is not None else "")
+            log.info("node running (%s); Ctrl-C or SIGTERM stops it", ", ".join(name for name, _ in services))
+    except BaseExceptionGroup as group:
+        leaves = list(_leaves(group))
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup) -> Iterator[BaseException]:
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            yield from _leaves(error)
+        else:
+            yield error
 
 
 async def _stop_on_signals(scope: trio.CancelScope, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

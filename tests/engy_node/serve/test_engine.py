@@ -1,0 +1,169 @@
+"""The engine without HTTP: what a generation produces, how it finishes, how the thread
+schedules, aborts and survives a failing request."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from engy_node.serve.engine import Engine, Generation, RequestError, run_to_completion
+from engy_node.serve.sampling import parse_sampling_params
+
+PROMPT = [1, 504, 3575, 282, 4649, 314]
+
+
+def generation(rid: str = "r", **sampling) -> Generation:
+    params = {"temperature": 0, "max_new_tokens": 8, **sampling}
+    return Generation(rid=rid, input_ids=list(PROMPT), params=parse_sampling_params(params), return_hidden_states=True, return_logprob=True)
+
+
+def test_proof_rows_are_the_recomputed_final_hidden_states_of_each_output_token(runner):
+    done = run_to_completion(runner, generation(ignore_eos=True))
+    rows = done.proof_rows()
+    assert rows.shape == (8, runner.hidden_size)
+    hidden, logits = runner.prefill(PROMPT + done.output_ids[:-1])
+    assert torch.allclose(rows.float(), hidden[len(PROMPT) - 1:].float(), atol=0.8)
+    assert logits[len(PROMPT) - 1:].argmax(-1).tolist() == done.output_ids
+
+
+def test_a_chunked_prefill_gives_the_same_tokens_as_a_single_pass(runner, monkeypatch):
+    import engy_node.serve.engine as engine_module
+
+    long_prompt = (PROMPT * 20)[:100]
+    whole = run_to_completion(runner, Generation(rid="a", input_ids=long_prompt, params=parse_sampling_params({"temperature": 0, "max_new_tokens": 6})))
+    monkeypatch.setattr(engine_module, "PREFILL_CHUNK_TOKENS", 7)
+    chunked = Generation(rid="b", input_ids=long_prompt, params=parse_sampling_params({"temperature": 0, "max_new_tokens": 6}), return_hidden_states=True)
+    run_to_completion(runner, chunked)
+    assert chunked.output_ids == whole.output_ids
+    assert chunked.hidden_block.shape[0] == len(long_prompt)
+
+
+def test_max_new_tokens_ends_with_a_length_finish(runner):
+    done = run_to_completion(runner, generation(max_new_tokens=3, ignore_eos=True))
+    assert done.finish_reason == {"type": "length", "length": 3} and len(done.output_ids) == 3
+    assert len(done.hidden_states_tensors()) == 3
+
+
+def test_zero_new_tokens_finishes_after_the_prefill(runner):
+    done = run_to_completion(runner, generation(max_new_tokens=0))
+    assert done.finish_reason == {"type": "length", "length": 0} and done.output_ids == []
+
+
+def test_a_stop_token_id_ends_the_generation_and_is_kept_in_output_ids(runner):
+    probe = run_to_completion(runner, generation(ignore_eos=True))
+    stop_at = probe.output_ids[2]
+    done = run_to_completion(runner, generation(stop_token_ids=[stop_at], ignore_eos=True))
+    assert done.finish_reason == {"type": "stop", "matched": stop_at}
+    assert done.output_ids == probe.output_ids[: probe.output_ids.index(stop_at) + 1]
+
+
+def test_min_new_tokens_suppresses_an_early_stop(runner):
+    probe = run_to_completion(runner, generation(ignore_eos=True))
+    done = run_to_completion(runner, generation(stop_token_ids=[probe.output_ids[0]], min_new_tokens=3, ignore_eos=True))
+    assert len(done.output_ids) > 1
+
+
+def test_the_engine_rejects_a_request_longer_than_the_context(runner):
+    engine = Engine(runner, max_running=1)
+    engine.start()
+    try:
+        with pytest.raises(RequestError, match="maximum context length"):
+            engine.submit(generation(max_new_tokens=runner.context_length))
+    finally:
+        engine.stop()
+
+
+def _collect(engine: Engine, generations: list[Generation], timeout: float = 60.0) -> None:
+    finished = threading.Event()
+    remaining = {id(g) for g in generations}
+    lock = threading.Lock()
+
+    def on_update(g: Generation) -> None:
+        if g.finished:
+            with lock:
+                remaining.discard(id(g))
+                if not remaining:
+                    finished.set()
+
+    for g in generations:
+        g.on_update = on_update
+        engine.submit(g)
+    assert finished.wait(timeout), "generations did not finish"
+
+
+def test_concurrent_requests_interleave_and_match_solo_runs(runner):
+    solo = [run_to_completion(runner, generation(rid=f"s{i}", max_new_tokens=5 + i, ignore_eos=True)).output_ids for i in range(3)]
+    engine = Engine(runner, max_running=3)
+    engine.start()
+    try:
+        batch = [generation(rid=f"c{i}", max_new_tokens=5 + i, ignore_eos=True) for i in range(3)]
+        _collect(engine, batch)
+        assert [g.output_ids for g in batch] == solo
+        starts = sorted(g.first_token_perf for g in batch)
+        ends = sorted(g.finished_perf for g in batch)
+        assert starts[-1] < ends[0], "every request got its first token before any finished"
+    finally:
+        engine.stop()
+
+
+def test_a_queued_request_aborted_before_it_runs_reports_the_waiting_queue(runner):
+    engine = Engine(runner, max_running=1)
+    engine.start()
+    try:
+        blocker = generation(rid="blocker", max_new_tokens=300, ignore_eos=True)
+        queued = generation(rid="queued-1")
+        blocker.on_update = lambda g: None
+        engine.submit(blocker)
+        _wait(lambda: blocker.output_ids)
+        done = threading.Event()
+        queued.on_update = lambda g: done.set() if g.finished else None
+        engine.submit(queued)
+        assert engine.abort("queued") == 1
+        assert done.wait(30)
+        assert queued.finish_reason == {"type": "abort", "message": "Abort in waiting queue"}
+        assert queued.output_ids == []
+        engine.abort("blocker")
+        _wait(lambda: blocker.finished)
+        assert blocker.finish_reason["type"] == "abort"
+    finally:
+        engine.stop()
+
+
+class ExplodingGeneration(Generation):
+    def step(self, runner) -> None:
+        raise RuntimeError("a bug inside one request's step")
+
+
+def test_a_request_that_fails_in_the_engine_does_not_stop_the_others(runner):
+    engine = Engine(runner, max_running=2)
+    engine.start()
+    try:
+        bad = ExplodingGeneration(rid="bad", input_ids=list(PROMPT), params=parse_sampling_params({}))
+        good = generation(rid="good", max_new_tokens=4, ignore_eos=True)
+        _collect(engine, [bad, good])
+        assert bad.finish_reason["type"] == "abort" and bad.finish_reason["status_code"] == 500
+        assert good.finish_reason == {"type": "length", "length": 4}
+        assert engine.alive
+    finally:
+        engine.stop()
+
+
+def test_a_request_past_its_deadline_is_aborted(runner):
+    engine = Engine(runner, max_running=1, request_timeout_s=0.5)
+    engine.start()
+    try:
+        slow = generation(rid="slow", max_new_tokens=2000, ignore_eos=True)
+        _collect(engine, [slow])
+        assert slow.finish_reason["type"] == "abort" and slow.finish_reason["message"] == "Request timed out"
+    finally:
+        engine.stop()
+
+
+def _wait(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)

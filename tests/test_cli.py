@@ -1,0 +1,71 @@
+"""`engy-node` as a user types it: exit codes and messages that name the fix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engy_node import __version__
+
+
+def engy_node(*args: str, home=None) -> subprocess.CompletedProcess[str]:
+    prefix = ["--home", str(home)] if home else []
+    return subprocess.run([sys.executable, "-m", "engy_node", *prefix, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_version_prints_the_package_version():
+    result = engy_node("--version")
+    assert result.returncode == 0 and __version__ in result.stdout
+
+
+def test_no_command_prints_help_and_exits_2():
+    result = engy_node()
+    assert result.returncode == 2 and "usage: engy-node" in result.stderr
+
+
+@pytest.mark.parametrize("role", ["miner", "validator", "gateway"])
+def test_a_role_not_built_yet_is_a_clear_error(role):
+    result = engy_node("--role", role)
+    assert result.returncode == 2
+    assert f"the {role} role is not part of engy-node" in result.stderr
+    assert "engy-node serve" in result.stderr
+
+
+def test_an_unknown_role_lists_the_known_ones():
+    result = engy_node("--role", "minr")
+    assert result.returncode == 2 and "unknown role 'minr'" in result.stderr and "miner, validator, gateway" in result.stderr
+
+
+def test_serving_an_unknown_model_names_the_catalog(tmp_path):
+    result = engy_node("serve", "--model", "gpt-99", "--port", "0", home=tmp_path)
+    assert result.returncode == 2 and "unknown model 'gpt-99'" in result.stderr and "smollm2-135m" in result.stderr
+
+
+def test_serving_a_non_embedded_model_without_a_checkpoint_says_how(tmp_path):
+    result = engy_node("serve", "--model", "qwen3.6-35b-a3b", "--port", "0", home=tmp_path)
+    assert result.returncode == 2 and "--checkpoint DIR" in result.stderr
+
+
+def test_a_bad_config_file_is_reported_with_its_path(tmp_path):
+    (tmp_path / "node.toml").write_text("[serve]\nprot = 1\n")
+    result = engy_node("serve", home=tmp_path)
+    assert result.returncode == 2 and "node.toml" in result.stderr and "did you mean 'port'" in result.stderr
+
+
+def test_models_lists_the_catalog():
+    result = engy_node("models")
+    assert result.returncode == 0
+    assert {line.split()[0] for line in result.stdout.splitlines()} == {"smollm2-135m", "qwen3.6-35b-a3b", "glm-5.2"}
+
+
+def test_checkpoint_prints_the_embedded_models_path_and_root(checkpoint, tmp_path):
+    from engy_node.models import model_root
+
+    result = engy_node("checkpoint", home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["model_root"] == model_root(checkpoint)
+    assert info["checkpoint"].startswith(str(tmp_path))
