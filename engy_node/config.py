@@ -27,7 +27,6 @@ import dataclasses
 import difflib
 import os
 import tomllib
-import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,8 +47,6 @@ class NodeSection:
     """Lowest level written to stderr and the log file; the in-memory hub keeps debug too."""
     log_ring_size: int = 10_000
     """Log and event records the hub keeps in memory for the TUI and the control API."""
-    shutdown_grace_s: float = 10.0
-    """After SIGINT/SIGTERM, how long roles get to finish before they are cancelled."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -153,6 +150,8 @@ def _read_toml(path: Path) -> dict[str, dict[str, Any]]:
         document = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not valid TOML ({err}); fix the file or move it aside") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror}); check its permissions") from None
     for section, values in document.items():
         _check_section(section, str(path))
         if not isinstance(values, dict):
@@ -204,9 +203,6 @@ def _convert(expected: Any, value: Any) -> Any:
         if value not in choices:
             raise ValueError(f"must be one of {', '.join(map(repr, choices))}")
         return value
-    if origin is tuple or origin is types.GenericAlias:
-        items = value.split(",") if isinstance(value, str) else list(value)
-        return tuple(str(item).strip() for item in items if str(item).strip())
     if expected is bool:
         if isinstance(value, bool):
             return value
@@ -218,7 +214,7 @@ def _convert(expected: Any, value: Any) -> Any:
             raise ValueError("must be an integer")
         if isinstance(value, int):
             return value
-        if isinstance(value, str):
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
             return int(value.strip())
         raise ValueError("must be an integer")
     if expected is float:
@@ -238,5 +234,7 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"serve.port = {serve.port}: must be 0..65535 (0 picks a free port)")
     if serve.max_running_requests < 1:
         raise ConfigError("serve.max_running_requests must be at least 1")
+    if serve.request_timeout_s <= 0:
+        raise ConfigError("serve.request_timeout_s must be positive")
     if config.node.log_ring_size < 100:
         raise ConfigError("node.log_ring_size must be at least 100")

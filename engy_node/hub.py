@@ -69,6 +69,10 @@ class Hub:
     def events_since(self, seq: int, *, limit: int = 1000) -> EventBatch:
         with self._lock:
             oldest = self._ring[0].seq if self._ring else self._next_seq
+            if seq > self._next_seq:
+                # The reader saw a previous run of this node (sequence numbers restart at 0);
+                # everything retained is new to it.
+                seq = oldest
             start = max(seq, oldest)
             skip = start - oldest
             events = tuple(self._ring[i] for i in range(skip, min(len(self._ring), skip + limit)))

@@ -13,6 +13,7 @@ random state.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -74,6 +75,8 @@ def _int(name: str, value: Any, *, minimum: int | None = None) -> int:
 def _number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SamplingError(f"invalid type: {name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise SamplingError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 
 
@@ -136,10 +139,16 @@ def parse_sampling_params(raw: Mapping[str, Any] | None) -> SamplingParams:
     if bias is not None:
         if not isinstance(bias, Mapping):
             raise SamplingError("invalid type: logit_bias must be an object of token id -> bias")
-        try:
-            values["logit_bias"] = tuple(sorted((int(k), _number("logit_bias", v)) for k, v in bias.items()))
-        except ValueError:
-            raise SamplingError("logit_bias keys must be token ids") from None
+        entries = []
+        for key, value in bias.items():
+            try:
+                token = int(key)
+            except (TypeError, ValueError):
+                raise SamplingError(f"logit_bias key {key!r} is not a token id") from None
+            if token < 0:
+                raise SamplingError(f"logit_bias key {key!r} is not a token id (ids are non-negative)")
+            entries.append((token, _number("logit_bias", value)))
+        values["logit_bias"] = tuple(sorted(entries))
 
     params = SamplingParams(**values)
     if params.temperature < 0:
@@ -195,7 +204,7 @@ def choose_token(logits, params: SamplingParams, history: Sequence[int], generat
     scores = logits.float().clone()
     if params.logit_bias:
         ids = torch.tensor([token for token, _ in params.logit_bias], dtype=torch.long)
-        valid = ids < scores.shape[-1]
+        valid = (ids >= 0) & (ids < scores.shape[-1])
         scores[ids[valid]] += torch.tensor([bias for _, bias in params.logit_bias], dtype=scores.dtype)[valid]
     if history and (params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0):
         seen = torch.tensor(list(history), dtype=torch.long)

@@ -306,18 +306,19 @@ def test_an_integer_setting_refuses_a_float_from_the_file(tmp_path):
 
 
 def test_a_float_setting_accepts_an_integer_and_numeric_text(tmp_path):
-    write_toml(tmp_path, "[node]\nshutdown_grace_s = 5\n")
+    write_toml(tmp_path, "[serve]\nrequest_timeout_s = 5\n")
+    config = load_config(home=tmp_path, env={})
+    assert config.serve.request_timeout_s == 5.0
+    assert isinstance(config.serve.request_timeout_s, float)
     config = load_config(home=tmp_path, env={"ENGY_SERVE__REQUEST_TIMEOUT_S": "12.5"})
-    assert config.node.shutdown_grace_s == 5.0
-    assert isinstance(config.node.shutdown_grace_s, float)
     assert config.serve.request_timeout_s == 12.5
 
 
 def test_a_float_setting_refuses_a_boolean_and_non_numeric_text(tmp_path):
     with pytest.raises(ConfigError, match="must be a number"):
-        load_config(home=tmp_path, env={}, overrides={"node": {"shutdown_grace_s": False}})
-    with pytest.raises(ConfigError, match="node.shutdown_grace_s"):
-        load_config(home=tmp_path, env={"ENGY_NODE__SHUTDOWN_GRACE_S": "soon"})
+        load_config(home=tmp_path, env={}, overrides={"serve": {"request_timeout_s": False}})
+    with pytest.raises(ConfigError, match="serve.request_timeout_s"):
+        load_config(home=tmp_path, env={"ENGY_SERVE__REQUEST_TIMEOUT_S": "soon"})
 
 
 def test_a_string_setting_refuses_a_number_from_the_file(tmp_path):
