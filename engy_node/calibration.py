@@ -153,21 +153,33 @@ def _malformed_cases(commitment: proof.Commitment, prompt_ids: Sequence[int]):
 
 
 def format_table(results: Sequence[CaseResult]) -> str:
-    """A Markdown table: one row per (case, recompute dtype) with the worst statistics seen."""
-    header = ("| case | recompute | requests | verdicts | max exp mismatches /128 | max mant err mean | "
+    """A Markdown table: one row per (case, recompute dtype). Statistics are per request (its
+    worst chunk, its largest token gap), shown as the range over requests: for honest serving
+    the top of the range is the margin that matters, for a cheat the bottom."""
+    header = ("| case | recompute | requests | verdicts | worst-chunk exp mismatches /128 | worst-chunk mant err mean | "
               "max token gap (logits) | non-argmax tokens |\n|---|---|---|---|---|---|---|---|")
-    rows = []
     groups: dict[tuple[str, str], list[CaseResult]] = {}
     for result in results:
         groups.setdefault((result.case, result.recompute_dtype), []).append(result)
+    rows = []
     for (case, dtype), members in groups.items():
-        verdicts = sorted({f"{m.verdict.kind}/{m.verdict.reason}" for m in members})
-        exp = max(m.verdict.max_exp_mismatches for m in members)
-        mant = max(m.verdict.max_mant_err_mean for m in members)
-        gap = max(m.verdict.max_logit_gap for m in members)
-        misses = sum(m.verdict.token_misses for m in members)
+        judged = [m.verdict for m in members if m.verdict.chunks_total]
+        verdicts = ", ".join(sorted({f"{m.verdict.kind}/{m.verdict.reason}" for m in members}))
+        if not judged:
+            rows.append(f"| {case} | {dtype} | {len(members)} | {verdicts} | – | – | – | – |")
+            continue
+        exp = _span([v.max_exp_mismatches for v in judged], "{:d}")
+        mant = _span([v.max_mant_err_mean for v in judged], "{:.1f}")
+        gap = _span([v.max_logit_gap for v in judged], "{:.2f}")
+        misses = sum(v.token_misses for v in judged)
         tokens = sum(m.n_tokens for m in members if m.verdict.chunks_total)
-        mant_text = "∞ (no exponent matched)" if mant > 1e18 else f"{mant:.1f}" if math.isfinite(mant) else "∞"
-        rows.append(f"| {case} | {dtype} | {len(members)} | {', '.join(verdicts)} | {exp} | {mant_text} | {gap:.2f} | "
-                    f"{misses}/{tokens} |")
+        rows.append(f"| {case} | {dtype} | {len(members)} | {verdicts} | {exp} | {mant} | {gap} | {misses}/{tokens} |")
     return "\n".join([header, *rows])
+
+
+def _span(values: Sequence[float], fmt: str) -> str:
+    def show(value: float) -> str:
+        return "∞" if value > 1e18 or not math.isfinite(value) else fmt.format(value)
+
+    low, high = min(values), max(values)
+    return show(low) if low == high else f"{show(low)}–{show(high)}"
