@@ -33,12 +33,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import trio
 
 from engy_node.metrics import Sample, parse_prometheus_text
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "LatencySummary",
@@ -128,6 +130,8 @@ def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float |
     produce, are raised to the running maximum first, as Prometheus does. Returns None when
     there is no +Inf bucket, no finite bucket, or no observation.
     """
+    if not (0 < q <= 1):  # written so that NaN is rejected too
+        raise ValueError(f"quantile must be in (0, 1], got {q!r}")
     prepared = _prepare(buckets)
     return None if prepared is None else _quantile(q, *prepared)
 
@@ -145,8 +149,7 @@ def _prepare(buckets: Sequence[tuple[float, float]]) -> tuple[list[float], list[
 
 
 def _quantile(q: float, bounds: list[float], counts: list[float]) -> float:
-    if not (0 < q <= 1):
-        raise ValueError(f"quantile must be in (0, 1], got {q!r}")
+    """`bucket_quantile` over `_prepare`d buckets."""
     rank = q * counts[-1]
     index = next(i for i, count in enumerate(counts) if count >= rank)
     if index == len(bounds) - 1:
@@ -174,7 +177,9 @@ def histogram_quantiles(samples: Iterable[Sample], metric_name: str) -> LatencyS
             try:
                 bound = float(sample.labels.get("le", ""))
             except ValueError:
-                continue  # a bucket without a readable bound cannot be placed; the others still can
+                bound = math.nan
+            if math.isnan(bound):
+                continue  # a bucket without a usable bound cannot be placed; the others still can
             by_bound[bound] = by_bound.get(bound, 0.0) + sample.value
         elif sample.name == sum_name:
             total_sum += sample.value
@@ -321,6 +326,10 @@ async def fetch_status(client: httpx.AsyncClient, base_url: str, *, timeout_s: f
     Cancellation: nothing is kept; cancelling simply abandons the poll.
     Timing: returns within about `timeout_s` seconds, answered or not.
     """
+    # Imported here: with rich installed (textual brings it), `import httpx` loads rich through
+    # httpx's CLI module, and the headless core must not load rich at import time.
+    import httpx
+
     url = base_url.rstrip("/")
     answers: dict[str, httpx.Response | str] = {}
 
@@ -362,8 +371,8 @@ async def fetch_status(client: httpx.AsyncClient, base_url: str, *, timeout_s: f
     return _status_from(
         url,
         healthy=healthy,
-        model_info=_json_object("/model_info", model_info, problems) if model_info else {},
-        server_info=_json_object("/server_info", server_info, problems) if server_info else {},
-        samples=_metric_samples(metrics, problems) if metrics else [],
+        model_info=_json_object("/model_info", model_info, problems) if model_info is not None else {},
+        server_info=_json_object("/server_info", server_info, problems) if server_info is not None else {},
+        samples=_metric_samples(metrics, problems) if metrics is not None else [],
         error="; ".join(problems) or None,
     )

@@ -1,0 +1,1 @@
+"""The miner role: GPU detection, planning, model-server supervision and the gateway link."""

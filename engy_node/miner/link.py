@@ -1,0 +1,288 @@
+"""The miner's connection to a gateway: legs, hello, heartbeats, serve/cancel, reconnects.
+
+Miners dial out; they need no inbound port (SPEC §4). A gateway with N worker processes says N
+at `GET …/gw/meta`; the miner opens one websocket leg per worker and splits its concurrency
+across them (with fewer slots than workers, one slot each on randomly chosen workers), so every
+gateway worker can route to it.
+
+Each leg is an independent loop: dial, `hello`, wait for `admit`, then serve until the
+connection drops or the gateway says `reconnect`, then re-dial with jittered exponential backoff.
+One leg failing never touches the others. A `deny` is logged with the gateway's reason and
+retried slowly — a revoked key is fixed by an operator, not by hammering the gateway.
+
+Requests run as tasks in their leg's nursery, each in its own cancel scope: `cancel` from the
+gateway cancels that scope at once (the serve client then aborts the generation on the model
+server), and a dropped connection cancels every request of that leg — nobody is left to receive
+their results. Concurrency is what the miner advertised; the link never refuses or clamps a
+routed request on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import trio
+from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+
+from engy_node import keys
+from engy_node.miner.serving import RequestHandler
+from engy_node.protocol.miner import (
+    Admit, Cancel, Capacity, Deny, Heartbeat, Hello, MinerFrame, Ping, ProtocolError, Reconnect, Serve,
+    encode, parse_gateway_frame,
+)
+from engy_node.retry import backoff_delay
+
+log = logging.getLogger("engy.miner.link")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LinkSettings:
+    heartbeat_s: float = 30.0
+    """SPEC §4: the gateway marks a leg stale after 90 s without one; 30 s leaves two misses."""
+    connect_timeout_s: float = 15.0
+    hello_timeout_s: float = 15.0
+    """How long to wait for `admit`/`deny` after sending hello."""
+    meta_timeout_s: float = 10.0
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 60.0
+    deny_backoff_s: float = 60.0
+    """A denied leg waits at least this long: denial is an operator's problem, not a glitch."""
+    reconnect_delay_s: float = 0.5
+    """After the gateway's `reconnect` (it is draining), re-dial after up to this (jittered)."""
+    max_message_bytes: int = 64 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Identity:
+    """How the miner proves who it is: a miner key, or a registered hotkey's signature (§6)."""
+
+    miner_key: str = ""
+    keypair: Any = None
+    netuid: int = 53
+
+    def hello_fields(self, *, worker_id: str, now: int) -> dict[str, Any]:
+        if self.keypair is None:
+            return {}
+        hotkey = self.keypair.ss58_address
+        signature = keys.sign(self.keypair, keys.hello_message(self.netuid, hotkey, now, worker_id))
+        return {"hotkey": hotkey, "ts": now, "signature": signature}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Leg:
+    worker: int
+    capacity: int
+
+
+def plan_legs(*, workers: int, max_inflight: int, rng: random.Random) -> list[Leg]:
+    """Which gateway workers to dial and each leg's share of the concurrency (pure)."""
+    if workers < 1 or max_inflight < 1:
+        raise ValueError("need at least one gateway worker and one slot")
+    if max_inflight < workers:
+        return [Leg(worker, 1) for worker in sorted(rng.sample(range(workers), max_inflight))]
+    share, extra = divmod(max_inflight, workers)
+    return [Leg(worker, share + (1 if worker < extra else 0)) for worker in range(workers)]
+
+
+def meta_url(gateway_url: str) -> str:
+    """`wss://host/gw` → `https://host/gw/meta` (the http(s) form of the websocket URL)."""
+    parts = urlsplit(gateway_url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + "/meta", "", ""))
+
+
+def leg_url(gateway_url: str, *, worker: int, workers: int) -> str:
+    base = gateway_url.rstrip("/")
+    return base if workers == 1 else f"{base}/{worker}"
+
+
+async def fetch_worker_count(http: httpx.AsyncClient, gateway_url: str, *, timeout_s: float) -> int:
+    """N from `/gw/meta`; a gateway without the endpoint (404) has one worker."""
+    with trio.fail_after(timeout_s):
+        response = await http.get(meta_url(gateway_url))
+    if response.status_code == 404:
+        return 1
+    response.raise_for_status()
+    workers = response.json().get("workers")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"{meta_url(gateway_url)} answered an invalid worker count: {workers!r}")
+    return workers
+
+
+class LegDenied(Exception):
+    pass
+
+
+class GatewayLink:
+    """All legs to one gateway. `run` is a service: started once the first leg is admitted."""
+
+    def __init__(
+        self, *, gateway_url: str, identity: Identity, hello: dict[str, Any], limits: Capacity,
+        handler: RequestHandler, http: httpx.AsyncClient, settings: LinkSettings = LinkSettings(),
+        rng: random.Random | None = None, on_state=None,
+    ) -> None:
+        self.gateway_url = gateway_url
+        self.identity = identity
+        self.hello_base = hello
+        self.limits = limits
+        self.handler = handler
+        self.http = http
+        self.settings = settings
+        self.rng = rng or random.Random()
+        self.on_state = on_state or (lambda **values: None)
+        self.legs_up: dict[int, bool] = {}
+        self.inflight = 0
+        self._admitted = trio.Event()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        workers = await self._worker_count()
+        legs = plan_legs(workers=workers, max_inflight=self.limits.max_inflight_total, rng=self.rng)
+        log.info("gateway %s has %d worker(s); opening %d leg(s): %s", self.gateway_url, workers, len(legs),
+                 ", ".join(f"worker {leg.worker} × {leg.capacity}" for leg in legs))
+        async with trio.open_nursery() as nursery:
+            for leg in legs:
+                nursery.start_soon(self._leg_loop, leg, workers)
+            await self._admitted.wait()
+            task_status.started(self.gateway_url)
+
+    async def _worker_count(self) -> int:
+        attempt = 0
+        while True:
+            try:
+                return await fetch_worker_count(self.http, self.gateway_url, timeout_s=self.settings.meta_timeout_s)
+            except (httpx.HTTPError, trio.TooSlowError, ValueError) as error:
+                attempt += 1
+                delay = backoff_delay(attempt=attempt, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random())
+                log.warning("cannot read %s (%s: %s); retrying in %.1f s", meta_url(self.gateway_url), type(error).__name__, error, delay)
+                await trio.sleep(delay)
+
+    def _hello(self, leg: Leg) -> Hello:
+        base = self.hello_base
+        extra = self.identity.hello_fields(worker_id=base["worker_id"], now=int(time.time()))
+        capacity = dataclasses.replace(self.limits, max_inflight=leg.capacity)
+        return Hello(
+            miner_key=self.identity.miner_key, model=base["model"], model_root=base["model_root"], hw=base["hw"],
+            versions=base["versions"], capacity=capacity, worker_name=base["worker_name"], worker_id=base["worker_id"],
+            hotkey=extra.get("hotkey"), ts=extra.get("ts"), signature=extra.get("signature"),
+        )
+
+    async def _leg_loop(self, leg: Leg, workers: int) -> None:
+        url = leg_url(self.gateway_url, worker=leg.worker, workers=workers)
+        failures = 0
+        while True:
+            delay: float
+            try:
+                outcome = await self._leg_session(url, leg)
+            except LegDenied as denied:
+                failures += 1
+                delay = max(self.settings.deny_backoff_s, backoff_delay(attempt=failures, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random()))
+                log.warning("gateway denied leg %s: %s; retrying in %.0f s", url, denied, delay)
+            except (ConnectionClosed, HandshakeError, OSError, trio.TooSlowError, ProtocolError) as error:
+                failures += 1
+                delay = backoff_delay(attempt=failures, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random())
+                log.warning("leg %s lost (%s: %s); re-dialling in %.1f s", url, type(error).__name__, error, delay)
+            else:
+                failures = 0
+                delay = self.settings.reconnect_delay_s * self.rng.random()
+                log.info("leg %s: %s; re-dialling", url, outcome)
+            self._set_leg(leg.worker, False)
+            await trio.sleep(delay)
+
+    def _set_leg(self, worker: int, up: bool) -> None:
+        self.legs_up[worker] = up
+        self.on_state(legs_up=sum(self.legs_up.values()), legs=len(self.legs_up), inflight=self.inflight)
+
+    async def _leg_session(self, url: str, leg: Leg) -> str:
+        async with open_websocket_url(
+            url, max_message_size=self.settings.max_message_bytes,
+            connect_timeout=self.settings.connect_timeout_s, disconnect_timeout=2,
+        ) as connection:
+            await connection.send_message(encode(self._hello(leg)))
+            with trio.fail_after(self.settings.hello_timeout_s):
+                first = parse_gateway_frame(await connection.get_message())
+            if isinstance(first, Deny):
+                raise LegDenied(first.reason)
+            if not isinstance(first, Admit):
+                raise ProtocolError(f"expected admit or deny after hello, got {type(first).__name__.lower()}")
+            log.info("leg %s admitted (capacity %d)", url, leg.capacity)
+            self._set_leg(leg.worker, True)
+            self._admitted.set()
+            return await _LegSession(self, connection, leg).run()
+
+
+class _LegSession:
+    """One admitted connection: heartbeats, the receive loop, and the requests it started."""
+
+    def __init__(self, link: GatewayLink, connection, leg: Leg) -> None:
+        self.link = link
+        self.connection = connection
+        self.leg = leg
+        self.active: dict[str, trio.CancelScope] = {}
+        self.send_lock = trio.Lock()
+        self.idle_since = time.monotonic()
+
+    async def send(self, frame: MinerFrame) -> None:
+        async with self.send_lock:
+            await self.connection.send_message(encode(frame))
+
+    def heartbeat(self) -> Heartbeat:
+        idle = 0.0 if self.active else time.monotonic() - self.idle_since
+        return Heartbeat(inflight=len(self.active), idle_seconds=idle)
+
+    async def run(self) -> str:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._heartbeats)
+            while True:
+                message = await self.connection.get_message()
+                try:
+                    frame = parse_gateway_frame(message)
+                except ProtocolError as error:
+                    log.warning("leg to worker %d: ignoring a malformed frame (%s)", self.leg.worker, error)
+                    continue
+                if isinstance(frame, Serve):
+                    self._start(nursery, frame)
+                elif isinstance(frame, Cancel):
+                    scope = self.active.pop(frame.corr_id, None)
+                    if scope is not None:
+                        scope.cancel(reason="gateway cancelled the request")
+                        log.info("request %s cancelled by the gateway", frame.corr_id)
+                elif isinstance(frame, Ping):
+                    await self.send(self.heartbeat())
+                elif isinstance(frame, Reconnect):
+                    nursery.cancel_scope.cancel(reason="gateway asked to reconnect")
+                    return "gateway is draining (reconnect)"
+                elif isinstance(frame, Deny):
+                    raise LegDenied(frame.reason)
+        return "closed"
+
+    def _start(self, nursery: trio.Nursery, frame: Serve) -> None:
+        if frame.corr_id in self.active:
+            log.warning("duplicate serve for %s ignored", frame.corr_id)
+            return
+        if len(self.active) >= self.leg.capacity:
+            log.warning("gateway routed %s beyond this leg's capacity %d; serving it anyway", frame.corr_id, self.leg.capacity)
+        scope = trio.CancelScope()
+        self.active[frame.corr_id] = scope
+        self.link.inflight += 1
+        nursery.start_soon(self._serve, frame, scope)
+
+    async def _serve(self, frame: Serve, scope: trio.CancelScope) -> None:
+        try:
+            with scope:
+                await self.link.handler.handle(frame, self.send)
+        finally:
+            self.active.pop(frame.corr_id, None)
+            self.link.inflight -= 1
+            if not self.active:
+                self.idle_since = time.monotonic()
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await trio.sleep(self.link.settings.heartbeat_s)
+            await self.send(self.heartbeat())

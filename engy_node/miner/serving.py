@@ -1,0 +1,230 @@
+"""Serve one routed request: chat template → /generate → TOPLOC commitment → response frame.
+
+This is the miner's unit of work, independent of how the request arrived. It tokenises locally
+with the checkpoint's own tokenizer and chat template (the gateway checks `prompt_ids` against its
+own rendering, so the miner must not trust the server to tokenise), generates through the shared
+serve client (chunked, abortable), streams text deltas coalesced to ~50 ms when the gateway asked
+for streaming, and builds the proof off the event loop.
+
+Failure posture: a request that fails ends with a `response` carrying `error` and no commitment;
+it never takes the leg down. A cancelled request (the buyer hung up) sends nothing more: the
+cancellation propagates, and the serve client aborts the generation on the server.
+
+Text relayed while streaming is always a prefix of the final text: the tail that could still turn
+into a stop string, or that ends in an incomplete UTF-8 sequence, is held back until it resolves.
+That keeps the gateway's check — the commitment's tokens decode to exactly what was relayed —
+true for honest miners.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from engy_node import proof
+from engy_node.models import ModelSpec
+from engy_node.protocol.miner import Chunk, MinerFrame, Response, Serve, ServeRequest
+from engy_node.serve.client import GenerateResult, ServeClient, ServeError
+from engy_node.serve.sampling import find_stop, stop_holdback
+
+log = logging.getLogger("engy.miner.serving")
+
+STREAM_COALESCE_S = 0.05
+"""Streamed deltas are sent at most this often (SPEC §4: ≈50 ms), so a fast model does not send
+one websocket frame per token."""
+REPLACEMENT_CHARACTER = "\ufffd"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServedModel:
+    """What the miner serves: the catalog entry, its checkpoint, identity and tokenizer."""
+
+    spec: ModelSpec
+    checkpoint: Path
+    model_root: str
+    tokenizer: Any
+
+    def render_prompt(self, request: ServeRequest) -> list[int]:
+        """Token ids of the request's conversation under the checkpoint's chat template."""
+        messages = [m.for_template() for m in request.messages]
+        kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": True}
+        if request.tools:
+            kwargs["tools"] = list(request.tools)
+        ids = self.tokenizer.apply_chat_template(messages, **kwargs)
+        return list(ids if isinstance(ids, list) else ids["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def load_served_model(spec: ModelSpec, checkpoint: Path) -> ServedModel:
+    """Blocking (tokenizer load, shard sizes): call it through `trio.to_thread.run_sync`."""
+    from transformers import AutoTokenizer
+
+    from engy_node.models import model_root
+
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    return ServedModel(spec=spec, checkpoint=checkpoint, model_root=model_root(checkpoint), tokenizer=tokenizer)
+
+
+def sampling_params(request: ServeRequest) -> dict[str, Any]:
+    """sglang sampling_params for a routed request; greedy unless the buyer asked otherwise."""
+    sampling = request.sampling
+    params: dict[str, Any] = {"temperature": 0.0 if sampling.temperature is None else sampling.temperature}
+    if sampling.top_p is not None:
+        params["top_p"] = sampling.top_p
+    if sampling.seed is not None:
+        params["sampling_seed"] = sampling.seed
+    if sampling.stop:
+        params["stop"] = list(sampling.stop)
+    return params
+
+
+def final_text(model: ServedModel, result: GenerateResult, stops: Sequence[str]) -> str:
+    """The completion text: output ids decoded without the matched EOS/stop token, cut at a
+    matched stop string."""
+    ids = list(result.output_ids)
+    matched = result.finish_reason.get("matched")
+    if result.finish_reason.get("type") == "stop" and isinstance(matched, int) and ids and ids[-1] == matched:
+        ids = ids[:-1]
+    text = model.decode(ids)
+    match = find_stop(text, stops) if stops else None
+    return text[: match.index] if match is not None else text
+
+
+def streamable_prefix(text: str, stops: Sequence[str]) -> str:
+    """The part of `text` that can be relayed now without ever being taken back."""
+    if stops:
+        match = find_stop(text, stops)
+        if match is not None:
+            return text[: match.index]
+        text = text[: len(text) - stop_holdback(text, stops)]
+    return text.rstrip(REPLACEMENT_CHARACTER)
+
+
+def finish_reason_for_buyer(finish: dict[str, Any]) -> str:
+    return "length" if finish.get("type") == "length" else "stop"
+
+
+@dataclasses.dataclass
+class RequestOutcome:
+    """What happened to one request, for metrics and the hub."""
+
+    ok: bool
+    error_class: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    proof_s: float = 0.0
+
+
+Send = Callable[[MinerFrame], Awaitable[None]]
+
+
+class RequestHandler:
+    """Turns `serve` frames into `chunk`s and a `response`."""
+
+    def __init__(self, *, model: ServedModel, serve: Callable[[], ServeClient], chunk_tokens: int = 4096,
+                 proof_limiter: trio.CapacityLimiter | None = None, on_outcome: Callable[[RequestOutcome], None] | None = None) -> None:
+        self.model = model
+        self.serve = serve
+        self.chunk_tokens = chunk_tokens
+        self.proof_limiter = proof_limiter or trio.CapacityLimiter(2)
+        self.on_outcome = on_outcome
+
+    async def handle(self, frame: Serve, send: Send) -> None:
+        """Serve `frame` and send its frames. Cancellation: nothing more is sent; the generation
+        is aborted on the model server by the serve client."""
+        request = frame.request
+        outcome = RequestOutcome(ok=False)
+        started = time.perf_counter()
+        try:
+            response = await self._serve(frame, send, outcome, started)
+        except ServeError as error:
+            outcome.error_class = "serve"
+            response = Response(corr_id=frame.corr_id, request_id=request.engy_request_id, commitment=None, output=None,
+                                error=f"model server error: {error}")
+        except (ValueError, TypeError, KeyError) as error:
+            # Broad on purpose within these types: a template or tokenizer rejecting the input is
+            # the request's problem, reported to the gateway, not a miner crash.
+            outcome.error_class = "request"
+            response = Response(corr_id=frame.corr_id, request_id=request.engy_request_id, commitment=None, output=None,
+                                error=f"bad request: {type(error).__name__}: {error}")
+        finally:
+            if self.on_outcome is not None:
+                self.on_outcome(outcome)
+        await send(response)
+
+    async def _serve(self, frame: Serve, send: Send, outcome: RequestOutcome, started: float) -> Response:
+        request = frame.request
+        model = self.model
+        prompt_ids = await trio.to_thread.run_sync(model.render_prompt, request)
+        max_tokens = request.max_tokens if request.max_tokens is not None else model.spec.max_output_tokens
+        stops = request.sampling.stop
+        relayed = ""
+        last_sent = 0.0
+
+        async def relay(text: str) -> None:
+            nonlocal relayed, last_sent
+            ready = streamable_prefix(text, stops)
+            if len(ready) > len(relayed) and ready.startswith(relayed):
+                await send(Chunk(corr_id=frame.corr_id, content=ready[len(relayed):]))
+                relayed = ready
+                last_sent = time.perf_counter()
+
+        async def on_progress(ids: list[int], _server_text: str) -> None:
+            if time.perf_counter() - last_sent >= STREAM_COALESCE_S:
+                await relay(await trio.to_thread.run_sync(model.decode, ids))
+
+        result = await self.serve().generate(
+            prompt_ids, sampling_params(request), max_new_tokens=max_tokens,
+            rid_prefix=f"engy-{frame.corr_id}", stream=frame.stream, chunk_tokens=self.chunk_tokens,
+            on_progress=on_progress if frame.stream else None,
+        )
+        if result.finish_reason.get("type") == "abort":
+            raise ServeError(f"generation aborted by the model server: {result.finish_reason.get('message')}")
+        text = await trio.to_thread.run_sync(final_text, model, result, stops)
+        if frame.stream:
+            await relay(text)
+            if relayed != text:
+                log.warning("request %s: relayed text diverged from the final decode; the gateway will see a mismatch",
+                            request.engy_request_id)
+
+        proof_started = time.perf_counter()
+        commitment = await trio.to_thread.run_sync(self._commit, prompt_ids, result, limiter=self.proof_limiter)
+        outcome.proof_s = time.perf_counter() - proof_started
+
+        elapsed = time.perf_counter() - started
+        outcome.ok = True
+        outcome.prompt_tokens = len(prompt_ids)
+        outcome.completion_tokens = result.completion_tokens
+        outcome.ttft_s = result.first_token_s
+        if result.first_token_s is not None and result.completion_tokens > 1:
+            outcome.tpot_s = (elapsed - outcome.proof_s - result.first_token_s) / (result.completion_tokens - 1)
+        usage: dict[str, Any] = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": result.completion_tokens,
+            "total_tokens": len(prompt_ids) + result.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
+        }
+        output = {
+            "choices": [{"index": 0, "finish_reason": finish_reason_for_buyer(result.finish_reason),
+                         "message": {"role": "assistant", "content": text}}],
+            "usage": usage,
+        }
+        return Response(corr_id=frame.corr_id, request_id=request.engy_request_id, commitment=commitment.to_wire(), output=output)
+
+    def _commit(self, prompt_ids: list[int], result: GenerateResult) -> proof.Commitment:
+        import numpy as np
+        import torch
+
+        rows = torch.from_numpy(np.asarray(result.hidden_rows, dtype=np.float32))
+        return proof.build_commitment(model_root=self.model.model_root, prompt_ids=prompt_ids,
+                                      output_ids=result.output_ids, rows=rows, params=self.model.spec.proof)
