@@ -23,3 +23,18 @@ class ModelError(EngyError):
 
 class RoleError(EngyError):
     title = "role"
+
+
+def collapse(error: BaseException) -> BaseException:
+    """The one real error inside nested exception groups, or `error` itself when there are
+    several. trio wraps every nursery failure in a group; callers that handle one specific
+    failure (a dropped connection, a user error) want the leaf."""
+    leaves: list[BaseException] = []
+    pending = [error]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        else:
+            leaves.append(current)
+    return leaves[0] if len(leaves) == 1 else error

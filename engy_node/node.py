@@ -15,10 +15,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
+
+from engy_node.errors import collapse
 
 log = logging.getLogger("engy.node")
 
@@ -40,18 +42,10 @@ async def run_services(services: Sequence[tuple[str, Service]], *, handle_signal
                 log.info("%s ready%s", name, f": {value}" if value is not None else "")
             log.info("node running (%s); Ctrl-C or SIGTERM stops it", ", ".join(name for name, _ in services))
     except BaseExceptionGroup as group:
-        leaves = list(_leaves(group))
-        if len(leaves) == 1:
-            raise leaves[0] from None
-        raise
-
-
-def _leaves(group: BaseExceptionGroup) -> Iterator[BaseException]:
-    for error in group.exceptions:
-        if isinstance(error, BaseExceptionGroup):
-            yield from _leaves(error)
-        else:
-            yield error
+        leaf = collapse(group)
+        if leaf is group:
+            raise
+        raise leaf from None
 
 
 async def _stop_on_signals(scope: trio.CancelScope, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

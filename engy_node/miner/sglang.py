@@ -51,7 +51,6 @@ import shlex
 import signal
 import subprocess
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 import httpx
@@ -566,7 +565,12 @@ OUTPUT_DRAIN_S = 2.0
 GROUP_POLL_S = 0.05
 READ_CHUNK_BYTES = 64 * 1024
 
-State = Literal["starting", "ready", "unhealthy", "stalled", "exited", "restarting", "failed", "stopped"]
+State = Literal["starting", "ready", "unhealthy", "stalled", "timed_out", "exited", "restarting", "failed", "stopped"]
+
+# The state published right after a failure, by what the supervisor saw (None: the child exited).
+_STATE_AFTER: dict[Detected | None, State] = {
+    None: "exited", "startup_timeout": "timed_out", "unhealthy": "unhealthy", "stalled": "stalled",
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -612,8 +616,10 @@ class SupervisorSettings:
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-                raise ValueError(f"SupervisorSettings.{field.name} must be a positive number, got {value!r}")
+            wanted = int if field.type == "int" else int | float
+            if isinstance(value, bool) or not isinstance(value, wanted) or not 0 < value < math.inf:
+                kind = "a positive integer" if field.type == "int" else "a positive number"
+                raise ValueError(f"SupervisorSettings.{field.name} must be {kind}, got {value!r}")
         if self.restart_base_s > self.restart_cap_s:
             raise ValueError("SupervisorSettings.restart_base_s must not exceed restart_cap_s")
 
@@ -638,17 +644,19 @@ class _Ended:
 
     phase: Phase
     exit_code: int | None
+    log_tail: tuple[str, ...]
+    """This run's own last output lines (the supervisor's tail spans restarts)."""
     detected: Detected | None = None
     operator_restart: bool = False
 
 
 @dataclasses.dataclass(slots=True)
 class _Attempt:
-    """One child process and the events its tasks signal."""
+    """One child process, its output state, and the events its tasks signal."""
 
     process: trio.Process
+    lines: LineBuffer
     tail: collections.deque[str]
-    """This attempt's own output, for classification (the supervisor's tail spans restarts)."""
     exited: trio.Event = dataclasses.field(default_factory=trio.Event)
     output_done: trio.Event = dataclasses.field(default_factory=trio.Event)
     done: trio.Event = dataclasses.field(default_factory=trio.Event)
@@ -675,8 +683,9 @@ def _metric_fields(status: ServerStatus | None) -> dict[str, Any]:
     }
 
 
-def _signal_group(pgid: int, signum: signal.Signals) -> bool:
-    """Send `signum` to the process group; False when no process of it is left to receive it."""
+def _signal_group(pgid: int, signum: int) -> bool:
+    """Send `signum` to the process group (0: only check that it exists); False when no process
+    of it is left to receive it."""
     try:
         os.killpg(pgid, signum)
     except ProcessLookupError:
@@ -687,9 +696,26 @@ def _signal_group(pgid: int, signum: signal.Signals) -> bool:
     return True
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group is still running (zombies waiting to be reaped do not count:
+    they hold no memory, and where nothing reaps them, in a container without an init, they
+    would otherwise keep every stop waiting out its full deadline)."""
+    if not _signal_group(pgid, 0):
+        return False
+    import psutil  # only needed when the group outlives its leader, which is rare
+
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (OSError, psutil.Error):
+            continue  # gone while we looked
+    return False
+
+
 async def _wait_group_gone(pgid: int) -> None:
-    """Return once no process of the group is left (the caller bounds the wait)."""
-    while _signal_group(pgid, 0):  # type: ignore[arg-type]  # signal 0 only checks existence
+    """Return once no process of the group is running (the caller bounds the wait)."""
+    while _group_alive(pgid):
         await trio.sleep(GROUP_POLL_S)
 
 
@@ -719,13 +745,14 @@ class ModelServerSupervisor:
         self.command = shell_command(spec)
         self._hub = hub
         self._jitter = jitter
-        self._lines = LineBuffer(max_line_bytes=settings.max_line_bytes)
         self._tail: collections.deque[str] = collections.deque(maxlen=settings.log_tail_lines)
         self._running = False
         self._restart_pending = False
         self._wake = trio.Event()
         self._attempt: _Attempt | None = None
         self.last_failure: Failure | None = None
+        self.truncated_lines = 0
+        """Output lines cut at `max_line_bytes`, across restarts."""
 
     @property
     def log_tail(self) -> tuple[str, ...]:
@@ -759,7 +786,8 @@ class ModelServerSupervisor:
         restarts = startup_failures = consecutive_failures = 0
         announced = False
         self._publish(state="starting", kind=self.spec.kind, url=self.spec.base_url, command=self.command, pid=None,
-                      restarts=0, startup_failures=0, last_failure=None, log_lines_truncated=0, **_metric_fields(None))
+                      restarts=0, startup_failures=0, last_failure=None, restart_in_s=None, log_lines_truncated=0,
+                      **_metric_fields(None))
         # trust_env=False: an HTTP(S)_PROXY meant for the internet must never carry loopback probes.
         try:
             async with httpx.AsyncClient(trust_env=False) as client:
@@ -774,7 +802,7 @@ class ModelServerSupervisor:
                         self._publish(state="restarting", restarts=restarts, pid=None)
                         continue
 
-                    failure = classify_failure(log_tail=tuple(self._attempt_tail), exit_code=ended.exit_code,
+                    failure = classify_failure(log_tail=ended.log_tail, exit_code=ended.exit_code,
                                                phase=ended.phase, detected=ended.detected)
                     consecutive_failures += 1
                     if ended.phase == "startup":
@@ -782,7 +810,7 @@ class ModelServerSupervisor:
                     self.last_failure = failure
                     log.error("model server %s: %s. Fix: %s", failure.kind, failure.summary, failure.fix)
                     self._publish(
-                        state=ended.detected or "exited", pid=None, startup_failures=startup_failures,
+                        state=_STATE_AFTER[ended.detected], pid=None, startup_failures=startup_failures,
                         last_failure={**failure.as_dict(), "phase": ended.phase, "exit_code": ended.exit_code},
                         **_metric_fields(None),
                     )
@@ -826,15 +854,10 @@ class ModelServerSupervisor:
 
     # -- one child ---------------------------------------------------------------------------------
 
-    @property
-    def _attempt_tail(self) -> collections.deque[str]:
-        return self._attempt.tail if self._attempt is not None else collections.deque()
-
     async def _run_child(self, client: httpx.AsyncClient, *, first_ready: bool, task_status: trio.TaskStatus[str]) -> _Ended:
         """Start the child, watch it until it ends or must be stopped, stop its process tree."""
         self._wake = trio.Event()
         self._restart_pending = False
-        tail: collections.deque[str] = collections.deque(maxlen=self.settings.log_tail_lines)
         log.info("starting the model server: %s", self.command)
         self._publish(state="starting", pid=None, **_metric_fields(None))
         try:
@@ -854,10 +877,10 @@ class ModelServerSupervisor:
             # Nothing started (a wrong python path, say): a failed start like any other.
             line = f"cannot start {self.spec.argv[0]}: {type(err).__name__}: {err}"
             log.error("%s", line)
-            self._attempt = _Attempt(process=None, tail=collections.deque([line]))  # type: ignore[arg-type]
-            return _Ended(phase="startup", exit_code=None)
+            return _Ended(phase="startup", exit_code=None, log_tail=(line,))
 
-        attempt = _Attempt(process=process, tail=tail)
+        attempt = _Attempt(process=process, lines=LineBuffer(max_line_bytes=self.settings.max_line_bytes),
+                           tail=collections.deque(maxlen=self.settings.log_tail_lines))
         self._attempt = attempt
         self._publish(pid=process.pid)
         try:
@@ -881,24 +904,22 @@ class ModelServerSupervisor:
             with trio.CancelScope(shield=True), trio.move_on_after(OUTPUT_DRAIN_S):
                 await process.stdout.aclose()
             attempt.done.set()
-        if ended.exit_code is None and process.returncode is not None and ended.detected is None:
-            ended = dataclasses.replace(ended, exit_code=process.returncode)
-        return ended
+        return dataclasses.replace(ended, log_tail=tuple(attempt.tail))
 
     async def _await_ready(self, client: httpx.AsyncClient, attempt: _Attempt) -> _Ended | None:
         """None once `/health` answers 200; otherwise how the start ended."""
         with trio.move_on_after(self.settings.startup_timeout_s):
             while True:
                 if attempt.exited.is_set():
-                    return _Ended(phase="startup", exit_code=attempt.process.returncode)
+                    return _Ended(phase="startup", exit_code=attempt.process.returncode, log_tail=())
                 if self._restart_pending:
-                    return _Ended(phase="startup", exit_code=None, operator_restart=True)
+                    return _Ended(phase="startup", exit_code=None, log_tail=(), operator_restart=True)
                 if await self._probe_health(client):
                     return None
                 with trio.move_on_after(self.settings.startup_poll_interval_s):
                     await self._wake.wait()
         log.warning("model server not ready after %g s; stopping it", self.settings.startup_timeout_s)
-        return _Ended(phase="startup", exit_code=None, detected="startup_timeout")
+        return _Ended(phase="startup", exit_code=None, log_tail=(), detected="startup_timeout")
 
     async def _probe_health(self, client: httpx.AsyncClient) -> bool:
         url = self.spec.base_url + self.spec.health_path
@@ -925,14 +946,14 @@ class ModelServerSupervisor:
             with trio.move_on_after(settings.probe_interval_s):
                 await self._wake.wait()
             if attempt.exited.is_set():
-                return _Ended(phase="runtime", exit_code=attempt.process.returncode)
+                return _Ended(phase="runtime", exit_code=attempt.process.returncode, log_tail=())
             if self._restart_pending:
-                return _Ended(phase="runtime", exit_code=None, operator_restart=True)
+                return _Ended(phase="runtime", exit_code=None, log_tail=(), operator_restart=True)
 
             status = await fetch_status(client, self.spec.base_url, timeout_s=settings.probe_timeout_s)
             if attempt.exited.is_set():
                 # The poll failed because the process died: that is an exit, not unhealthiness.
-                return _Ended(phase="runtime", exit_code=attempt.process.returncode)
+                return _Ended(phase="runtime", exit_code=attempt.process.returncode, log_tail=())
             now = trio.current_time()
             if status.healthy:
                 failed_probes = 0
@@ -943,7 +964,7 @@ class ModelServerSupervisor:
                             settings.unhealthy_after_probes, status.error)
                 self._publish(state="unhealthy", poll_error=status.error)
                 if failed_probes >= settings.unhealthy_after_probes:
-                    return _Ended(phase="runtime", exit_code=None, detected="unhealthy")
+                    return _Ended(phase="runtime", exit_code=None, log_tail=(), detected="unhealthy")
                 continue
 
             if status.running is None or status.generation_tokens_total is None:
@@ -959,24 +980,27 @@ class ModelServerSupervisor:
                             seconds_since_progress=now - last_progress_at, stall_after_s=settings.stall_after_s):
                 log.warning("model server stalled: %d requests running, no token generated for %.0f s",
                             status.running, now - last_progress_at)
-                return _Ended(phase="runtime", exit_code=None, detected="stalled")
+                return _Ended(phase="runtime", exit_code=None, log_tail=(), detected="stalled")
 
     async def _read_output(self, attempt: _Attempt) -> None:
         """Copy the child's output into the log and the tails until the pipe closes."""
         stream = attempt.process.stdout
+        buffer = attempt.lines
         try:
             while True:
                 try:
                     data = await stream.receive_some(READ_CHUNK_BYTES)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
-                lines = self._lines.feed(data) if data else self._lines.flush()
+                truncated_before = buffer.truncated
+                lines = buffer.feed(data) if data else buffer.flush()
                 for line in lines:
                     log.info("%s", line)
                     self._tail.append(line)
                     attempt.tail.append(line)
-                if lines and self._lines.truncated:
-                    self._publish(log_lines_truncated=self._lines.truncated)
+                if buffer.truncated != truncated_before:
+                    self.truncated_lines += buffer.truncated - truncated_before
+                    self._publish(log_lines_truncated=self.truncated_lines)
                 if not data:
                     return
         finally:
@@ -995,7 +1019,7 @@ class ModelServerSupervisor:
         """
         pgid = process.pid  # the session leader's pid is its group id (start_new_session)
         with trio.CancelScope(shield=True):
-            if process.returncode is None or _signal_group(pgid, 0):  # type: ignore[arg-type]
+            if process.returncode is None or _group_alive(pgid):
                 _signal_group(pgid, signal.SIGTERM)
                 with trio.move_on_after(self.settings.stop_grace_s) as grace:
                     await process.wait()

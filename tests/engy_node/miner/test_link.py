@@ -1,0 +1,208 @@
+"""The miner end to end against a protocol-level gateway and the reference server on SmolLM2.
+
+Every proof a response carries is verified here independently: the expected prompt ids come from
+the test's own rendering of the request, and the recompute is an in-process prefill of the
+canonical checkpoint — nothing the miner computed is trusted.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import uuid
+
+import httpx
+import pytest
+import trio
+
+from engy_node import keys, proof
+from engy_node.miner.link import GatewayLink, Identity, Leg, LinkSettings, leg_url, meta_url, plan_legs
+from engy_node.miner.serving import RequestHandler, load_served_model
+from engy_node.models import SMOLLM2_135M
+from engy_node.protocol.miner import Capacity, Message, Sampling, ServeRequest
+from engy_node.serve.client import ServeClient
+from tests.engy_node.miner.gateway_harness import GatewayHarness
+
+FAST = LinkSettings(heartbeat_s=0.5, backoff_base_s=0.05, backoff_cap_s=0.2, deny_backoff_s=0.2, reconnect_delay_s=0.05)
+LIMITS = Capacity(max_inflight=0, max_inflight_total=3, max_input_tokens=6144, max_output_tokens=2048, max_request_s=600)
+
+
+def request(text: str, *, max_tokens: int = 24, **sampling) -> ServeRequest:
+    return ServeRequest(messages=(Message("user", text),), max_tokens=max_tokens, engy_request_id=uuid.uuid4().hex,
+                        sampling=Sampling(**sampling))
+
+
+@pytest.fixture(scope="module")
+def served_model(checkpoint):
+    return load_served_model(SMOLLM2_135M, checkpoint)
+
+
+def independent_prompt_ids(runner, req: ServeRequest) -> list[int]:
+    ids = runner.tokenizer.apply_chat_template([m.for_template() for m in req.messages], add_generation_prompt=True, tokenize=True)
+    return list(ids if isinstance(ids, list) else ids["input_ids"])
+
+
+async def start_miner(nursery, harness_url, served_model, serve_url, *, identity=Identity(miner_key="mk-test"), limits=LIMITS, settings=FAST):
+    http = httpx.AsyncClient(timeout=120)
+    handler = RequestHandler(model=served_model, serve=lambda: ServeClient(serve_url, http))
+    link = GatewayLink(
+        gateway_url=harness_url, identity=identity, limits=limits, handler=handler, http=http, settings=settings,
+        rng=random.Random(7),
+        hello={"model": "smollm2-135m", "model_root": served_model.model_root, "hw": {"host": "test", "gpu_count": 0},
+               "versions": {"engy_node": "test"}, "worker_name": "rig-1", "worker_id": uuid.uuid4().hex},
+    )
+    await nursery.start(link.run)
+    return link
+
+
+@pytest.fixture
+async def gateway(nursery):
+    harness = GatewayHarness(workers=2)
+    await nursery.start(harness.run)
+    return harness
+
+
+def test_legs_split_the_concurrency_across_gateway_workers():
+    rng = random.Random(1)
+    assert plan_legs(workers=2, max_inflight=3, rng=rng) == [Leg(0, 2), Leg(1, 1)]
+    assert plan_legs(workers=1, max_inflight=8, rng=rng) == [Leg(0, 8)]
+    few = plan_legs(workers=8, max_inflight=3, rng=rng)
+    assert len(few) == 3 and all(leg.capacity == 1 for leg in few) and len({leg.worker for leg in few}) == 3
+
+
+def test_gateway_urls_follow_the_public_layout():
+    assert meta_url("wss://api.engy.ai/gw") == "https://api.engy.ai/gw/meta"
+    assert meta_url("ws://127.0.0.1:9/gw/") == "http://127.0.0.1:9/gw/meta"
+    assert leg_url("wss://x/gw", worker=0, workers=1) == "wss://x/gw"
+    assert leg_url("wss://x/gw", worker=3, workers=4) == "wss://x/gw/3"
+
+
+async def test_hello_announces_model_root_capacity_and_worker_identity(nursery, gateway, served_model, reference_server):
+    await start_miner(nursery, gateway.url, served_model, reference_server.url)
+    await gateway.wait_for(lambda: len(gateway.legs) == 2)
+    hellos = {leg.worker: leg.hello for leg in gateway.legs.values()}
+    assert {w: h.capacity.max_inflight for w, h in hellos.items()} == {0: 2, 1: 1}
+    hello = hellos[0]
+    assert hello.miner_key == "mk-test" and hello.model == "smollm2-135m"
+    assert hello.model_root == served_model.model_root
+    assert hello.capacity.max_inflight_total == 3 and hello.worker_name == "rig-1"
+    assert hellos[0].worker_id == hellos[1].worker_id
+
+
+async def test_a_response_carries_a_proof_that_verifies_against_an_independent_recompute(nursery, gateway, served_model, reference_server, runner):
+    await start_miner(nursery, gateway.url, served_model, reference_server.url)
+    await gateway.wait_for(lambda: len(gateway.legs) == 2)
+    req = request("What is the capital of France?", max_tokens=40)
+    record = await gateway.result(await gateway.serve(req))
+    response = record.response
+    assert response.error is None and response.request_id == req.engy_request_id
+    choice = response.output["choices"][0]
+    assert "Paris" in choice["message"]["content"] and choice["finish_reason"] == "stop"
+    commitment = proof.Commitment.from_wire(response.commitment)
+    usage = response.output["usage"]
+    assert usage["completion_tokens"] == len(commitment.output_token_ids)
+    assert usage["prompt_tokens"] == len(commitment.prompt_ids)
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    expected_prompt = independent_prompt_ids(runner, req)
+    verdict = proof.verify_commitment(commitment, model=SMOLLM2_135M, canonical_root=served_model.model_root,
+                                      expected_prompt_ids=expected_prompt, recompute=runner.prefill, greedy=True)
+    assert (verdict.kind, verdict.reason) == ("pass", "ok"), verdict
+    relayed = runner.tokenizer.decode(list(commitment.output_token_ids[:-1]), skip_special_tokens=True)
+    assert relayed == choice["message"]["content"], "the committed tokens decode to the relayed text"
+
+
+async def test_streamed_chunks_add_up_to_the_final_text(nursery, gateway, served_model, reference_server):
+    await start_miner(nursery, gateway.url, served_model, reference_server.url)
+    await gateway.wait_for(lambda: len(gateway.legs) == 2)
+    record = await gateway.result(await gateway.serve(request("Write a haiku about the sea.", max_tokens=48), stream=True))
+    assert record.response.error is None
+    assert len(record.chunks) >= 2
+    assert "".join(record.chunks) == record.response.output["choices"][0]["message"]["content"]
+
+
+async def test_a_stop_string_is_never_streamed_and_ends_the_answer(nursery, gateway, served_model, reference_server):
+    await start_miner(nursery, gateway.url, served_model, reference_server.url)
+    await gateway.wait_for(lambda: len(gateway.legs) == 2)
+    probe = await gateway.result(await gateway.serve(request("Count from one to ten in words.", max_tokens=40)))
+    words = probe.response.output["choices"][0]["message"]["content"].split()
+    stop = words[min(3, len(words) - 1)]
+    record = await gateway.result(await gateway.serve(request("Count from one to ten in words.", max_tokens=40, stop=(stop,)), stream=True))
+    content = record.response.output["choices"][0]["message"]["content"]
+    assert stop not in content and "".join(record.chunks) == content
+
+
+async def test_cancel_stops_the_request_and_aborts_the_generation_on_the_server(nursery, gateway, served_model, reference_server):
+    await start_miner(nursery, gateway.url, served_model, reference_server.url)
+    await gateway.wait_for(lambda: len(gateway.legs) == 2)
+    corr_id = await gateway.serve(request("Tell me a very long story about a dragon.", max_tokens=1500), stream=True)
+    await gateway.wait_for(lambda: gateway.requests[corr_id].chunks)
+    await gateway.cancel(corr_id)
+    async with httpx.AsyncClient() as http:
+        with trio.fail_after(20):
+            while (await http.get(f"{reference_server.url}/server_info")).json()["internal_states"][0]["num_running_reqs"]:
+                await trio.sleep(0.05)
+    with trio.move_on_after(1.0):
+        await gateway.requests[corr_id].done.wait()
+    assert gateway.requests[corr_id].response is None, "nothing is sent for a cancelled request"
+
+
+async def test_ping_is_answered_with_a_heartbeat_and_heartbeats_keep_coming(nursery, gateway, served_model, reference_server):
+    await start_miner(nursery, gateway.url, served_model, reference_server.url)
+    await gateway.wait_for(lambda: len(gateway.legs) == 2)
+    leg = gateway.legs[0]
+    await gateway.ping(0)
+    await gateway.wait_for(lambda: len(leg.heartbeats) >= 2, timeout=10)
+    assert leg.heartbeats[0].inflight == 0
+
+
+async def test_the_miner_redials_after_reconnect_and_after_a_dropped_connection(nursery, gateway, served_model, reference_server):
+    await start_miner(nursery, gateway.url, served_model, reference_server.url)
+    await gateway.wait_for(lambda: len(gateway.legs) == 2)
+    first = gateway.legs[0]
+    await gateway.reconnect(0)
+    await gateway.wait_for(lambda: 0 in gateway.legs and gateway.legs[0] is not first)
+    second = gateway.legs[0]
+    await gateway.drop(0)
+    await gateway.wait_for(lambda: 0 in gateway.legs and gateway.legs[0] is not second)
+    assert len(gateway.hellos) == 4
+    record = await gateway.result(await gateway.serve(request("Say hello.", max_tokens=8)))
+    assert record.response.error is None
+
+
+async def test_a_denied_miner_keeps_retrying_without_crashing(nursery, served_model, reference_server):
+    harness = GatewayHarness(workers=1, deny_reason="unknown miner key")
+    await nursery.start(harness.run)
+    async with trio.open_nursery() as miner_nursery:
+        miner_nursery.start_soon(lambda: start_miner(miner_nursery, harness.url, served_model, reference_server.url))
+        await harness.wait_for(lambda: len(harness.hellos) >= 3, timeout=20)
+        miner_nursery.cancel_scope.cancel()
+
+
+async def test_a_signed_hotkey_hello_verifies(nursery, gateway, served_model, reference_server):
+    from bittensor.sp_core import Keypair
+
+    keypair = Keypair.create_from_uri("//Alice")
+    await start_miner(nursery, gateway.url, served_model, reference_server.url, identity=Identity(keypair=keypair, netuid=53))
+    await gateway.wait_for(lambda: len(gateway.legs) == 2)
+    hello = gateway.legs[0].hello
+    check = keys.check_hello(hotkey=hello.hotkey, ts=hello.ts, worker_id=hello.worker_id, sig_hex=hello.signature,
+                             netuid=53, now=hello.ts, replay=keys.ReplayGuard())
+    assert check.ok and check.hotkey == keypair.ss58_address
+
+
+async def test_a_model_server_crash_mid_request_fails_that_request_cleanly(nursery, gateway, served_model, checkpoint, tmp_path):
+    from tests.conftest import ServerProcess
+
+    server = await trio.to_thread.run_sync(ServerProcess, tmp_path)
+    try:
+        await start_miner(nursery, gateway.url, served_model, server.url)
+        await gateway.wait_for(lambda: len(gateway.legs) == 2)
+        corr_id = await gateway.serve(request("Tell me a long story.", max_tokens=1500), stream=True)
+        await gateway.wait_for(lambda: gateway.requests[corr_id].chunks)
+        server.process.send_signal(signal.SIGKILL)
+        record = await gateway.result(corr_id, timeout=30)
+        assert record.response.commitment is None
+        assert "model server" in record.response.error
+        assert not gateway.protocol_errors
+    finally:
+        server.stop()
