@@ -76,6 +76,40 @@ class ServeSection:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class MinerSection:
+    gateway_url: str = ""
+    """Gateway websocket base, e.g. `wss://api.engy.ai/gw` (public miner: `GW`)."""
+    miner_key: str = ""
+    """Key issued by the gateway operator (public miner: `MINER_KEY`). Secret: never logged.
+    Leave empty to be admitted by a registered hotkey's signature instead (`wallet_*`)."""
+    model: str = "smollm2-135m"
+    """Catalog id of the served model (public miner: `MODEL`)."""
+    max_inflight: int = 0
+    """Total concurrent requests advertised (public miner: `MAX_INFLIGHT`); 0 = from the plan."""
+    worker_name: str = ""
+    """Name of this rig at the gateway (public miner: `ENGY_WORKER_NAME`); empty = host name."""
+    serve_urls: str = ""
+    """Already-running model server(s), comma-separated (public miner: `SERVE_URL`,
+    `--serve-url`). Empty: the miner plans, launches and supervises one itself."""
+    checkpoint: str = ""
+    """Checkpoint directory: tokenizer, chat template and model_root come from it. Empty: the
+    embedded model."""
+    serve_port: int = 0
+    """Port for a model server the miner launches; 0 picks a free loopback port."""
+    context_length: int = 0
+    """Context length to plan for; 0 = the model's full context."""
+    chunk_tokens: int = 4096
+    """Tokens per /generate call for long outputs (SPEC §5)."""
+    fake_gpus: str = ""
+    """Plan against simulated GPUs (e.g. `4xRTX4090`) and print the plan and command instead of
+    launching anything."""
+    wallets_path: str = "~/.bittensor/wallets"
+    wallet_name: str = ""
+    """With `wallet_hotkey`: sign hello with this registered hotkey (SPEC §6)."""
+    wallet_hotkey: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Paths:
     config_file: Path
     data_dir: Path
@@ -95,9 +129,22 @@ class Config:
     paths: Paths
     node: NodeSection = NodeSection()
     serve: ServeSection = ServeSection()
+    miner: MinerSection = MinerSection()
 
 
-SECTIONS: dict[str, type] = {"node": NodeSection, "serve": ServeSection}
+SECTIONS: dict[str, type] = {"node": NodeSection, "serve": ServeSection, "miner": MinerSection}
+
+PUBLIC_MINER_ENV: dict[str, tuple[str, str]] = {
+    "GW": ("miner", "gateway_url"),
+    "MINER_KEY": ("miner", "miner_key"),
+    "MODEL": ("miner", "model"),
+    "MAX_INFLIGHT": ("miner", "max_inflight"),
+    "ENGY_WORKER_NAME": ("miner", "worker_name"),
+    "SERVE_URL": ("miner", "serve_urls"),
+}
+"""The public one-file miner's environment, accepted so its operators can switch unchanged.
+Read only when the miner role runs (`MODEL` is too generic a name to honour otherwise), and
+below `ENGY_MINER__*` in precedence."""
 
 
 def resolve_paths(home: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Paths:
@@ -121,6 +168,7 @@ def load_config(
     home: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    public_miner_env: bool = False,
 ) -> Config:
     """Build the config from all layers. Raises `ConfigError` naming the file/variable/flag."""
     env = os.environ if env is None else env
@@ -129,6 +177,10 @@ def load_config(
 
     for section, values in _read_toml(paths.config_file).items():
         layers[section].update({k: _coerce(section, k, v, f"{paths.config_file}") for k, v in values.items()})
+    if public_miner_env:
+        for name, (section, key) in PUBLIC_MINER_ENV.items():
+            if env.get(name):
+                layers[section][key] = _coerce(section, key, env[name], f"${name}")
     for section, key, raw in _env_settings(env):
         layers[section][key] = _coerce(section, key, raw, f"${ENV_PREFIX}{section.upper()}__{key.upper()}")
     for section, values in (overrides or {}).items():
@@ -162,7 +214,7 @@ def _read_toml(path: Path) -> dict[str, dict[str, Any]]:
 def _env_settings(env: Mapping[str, str]) -> list[tuple[str, str, str]]:
     settings = []
     for name, raw in env.items():
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
+        if not name.startswith(ENV_PREFIX) or "__" not in name or name in PUBLIC_MINER_ENV:
             continue
         section, _, key = name[len(ENV_PREFIX):].lower().partition("__")
         _check_section(section, f"${name}")
@@ -234,6 +286,15 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"serve.port = {serve.port}: must be 0..65535 (0 picks a free port)")
     if serve.max_running_requests < 1:
         raise ConfigError("serve.max_running_requests must be at least 1")
+    miner = config.miner
+    if miner.max_inflight < 0:
+        raise ConfigError("miner.max_inflight must be 0 (from the plan) or positive")
+    if miner.chunk_tokens < 2:
+        raise ConfigError("miner.chunk_tokens must be at least 2")
+    if not 0 <= miner.serve_port <= 65535:
+        raise ConfigError(f"miner.serve_port = {miner.serve_port}: must be 0..65535")
+    if miner.gateway_url and not miner.gateway_url.startswith(("ws://", "wss://")):
+        raise ConfigError(f"miner.gateway_url = {miner.gateway_url!r}: use a ws:// or wss:// URL, e.g. wss://api.engy.ai/gw")
     if serve.request_timeout_s <= 0:
         raise ConfigError("serve.request_timeout_s must be positive")
     if config.node.log_ring_size < 100:

@@ -556,6 +556,9 @@ class FakeGpu:
     pcie_width_max: int = 16
     unsupported: frozenset[str] = frozenset()
     """`NvmlApi` method names this GPU answers with `NVMLError_NotSupported`."""
+    broken: frozenset[str] = frozenset()
+    """`NvmlApi` method names this GPU answers with `NVMLError_GpuIsLost` (`handle` included:
+    the GPU cannot even be opened)."""
 
 
 FAKE_GPU_MODELS: dict[str, FakeGpu] = {
@@ -610,7 +613,8 @@ class FakeNvml:
     """`NvmlApi` on made-up GPUs, raising the same `pynvml` errors the real library raises.
 
     Calls before `init()` raise `NVMLError_Uninitialized`; a method named in a GPU's
-    `unsupported` raises `NVMLError_NotSupported`; one named in `missing_functions` raises
+    `unsupported` raises `NVMLError_NotSupported`, one in its `broken` raises
+    `NVMLError_GpuIsLost`; one named in `missing_functions` raises
     `NVMLError_FunctionNotFound` on every GPU (an old driver). `init_error` makes `init()` fail.
     GeForce cards report P2P `not_supported` between each other; `p2p_ok=True` makes every pair
     `ok`. `init_calls`/`shutdown_calls` count what reached the "driver".
@@ -652,6 +656,8 @@ class FakeNvml:
         if not isinstance(handle, _FakeHandle) or not 0 <= handle.index < len(self.gpus):
             raise pynvml.NVMLError_InvalidArgument()
         gpu = self.gpus[handle.index]
+        if function in gpu.broken:
+            raise pynvml.NVMLError_GpuIsLost()
         if function in gpu.unsupported:
             raise pynvml.NVMLError_NotSupported()
         return handle.index, gpu
@@ -683,6 +689,8 @@ class FakeNvml:
         self._ready("handle")
         if not 0 <= index < len(self.gpus):
             raise pynvml.NVMLError_InvalidArgument()
+        if "handle" in self.gpus[index].broken:
+            raise pynvml.NVMLError_GpuIsLost()
         return _FakeHandle(index)
 
     def name(self, handle: object) -> str:

@@ -159,7 +159,7 @@ class GatewayLink:
                 return await fetch_worker_count(self.http, self.gateway_url, timeout_s=self.settings.meta_timeout_s)
             except (httpx.HTTPError, trio.TooSlowError, ValueError) as error:
                 attempt += 1
-                delay = backoff_delay(attempt=attempt, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random())
+                delay = backoff_delay(consecutive_failures=attempt, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random())
                 log.warning("cannot read %s (%s: %s); retrying in %.1f s", meta_url(self.gateway_url), type(error).__name__, error, delay)
                 await trio.sleep(delay)
 
@@ -182,11 +182,11 @@ class GatewayLink:
                 outcome = await self._leg_session(url, leg)
             except LegDenied as denied:
                 failures += 1
-                delay = max(self.settings.deny_backoff_s, backoff_delay(attempt=failures, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random()))
+                delay = max(self.settings.deny_backoff_s, backoff_delay(consecutive_failures=failures, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random()))
                 log.warning("gateway denied leg %s: %s; retrying in %.0f s", url, denied, delay)
             except (ConnectionClosed, HandshakeError, OSError, trio.TooSlowError, ProtocolError) as error:
                 failures += 1
-                delay = backoff_delay(attempt=failures, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random())
+                delay = backoff_delay(consecutive_failures=failures, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random())
                 log.warning("leg %s lost (%s: %s); re-dialling in %.1f s", url, type(error).__name__, error, delay)
             else:
                 failures = 0

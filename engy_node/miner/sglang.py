@@ -5,7 +5,7 @@ Two layers, kept apart on purpose:
 
 * **Pure decisions** (no IO, no clock reads, randomness passed in): `sglang_launch` and
   `reference_launch` build a frozen `LaunchSpec`; `shell_command` renders it for a user to copy;
-  `restart_delay` is the backoff; `classify_failure` turns a log tail into a `Failure` that
+  `engy_node.retry.backoff_delay` is the backoff; `classify_failure` turns a log tail into a `Failure` that
   names the fix; `detect_stall` says when "requests running, no tokens" has lasted too long;
   `LineBuffer` splits a byte stream into bounded lines.
 * **The imperative shell**, `ModelServerSupervisor`: starts the child in its own session,
@@ -14,12 +14,14 @@ Two layers, kept apart on purpose:
   backoff when it exits, stops answering or stalls.
 
 What it trusts: the child is a peer we do not control. Its exit code, its log and its HTTP
-answers are evidence, never commands: nothing it prints or answers can make the supervisor
-raise, and its output is read in bounded lines into a bounded tail. `/health` answering 200 is
-the only readiness signal (sglang prints "The server is fired up and ready to roll!" at the
-same moment, but a log line can be faked or reworded; the HTTP status cannot be skipped).
-The log is authoritative for *why* it failed; the supervisor's own observation (exit, timeout,
-failed probes, stall) only for *that* it failed.
+answers are evidence, never commands: nothing it prints or answers can crash the supervisor
+(only repeated failed starts end `run`, see below), and its output is read in bounded lines
+into a bounded tail. `/health` answering 200 is the only readiness signal: sglang's "The server
+is fired up and ready to roll!" line comes at about the same moment, but log wording changes
+between releases and a status code does not. Before each start the port must be free, since a
+leftover server answering there would otherwise pass for ours. The log is authoritative for
+*why* it failed; the supervisor's own observation (exit, timeout, failed probes, stall) only
+for *that* it failed.
 
 Failure posture: a server that dies after it has served is always restarted; the costlier
 mistake for a miner is staying down while the gateway routes to it. A server that cannot
@@ -35,7 +37,7 @@ to the whole group, waits `stop_grace_s` under a shielded scope, then sends SIGK
 group; it also runs after a child exits on its own, because sglang's rank processes can
 outlive a crashed main process and would keep holding GPU memory. A grandchild that moves
 itself to another session, or a node killed with SIGKILL, leaves processes behind; the next
-start then fails with "address already in use" and the failure names the port to free.
+start then finds the port taken and fails as `port_in_use`, naming how to free it.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ import trio
 
 from engy_node.errors import EngyError
 from engy_node.hub import Hub
+from engy_node.retry import backoff_delay
 from engy_node.serve.status import ServerStatus, fetch_status
 
 __all__ = [
@@ -71,7 +74,6 @@ __all__ = [
     "classify_failure",
     "detect_stall",
     "reference_launch",
-    "restart_delay",
     "sglang_launch",
     "shell_command",
 ]
@@ -165,8 +167,10 @@ def sglang_launch(
     `--dp-size` follows `--tp-size` when dp > 1. A value left as None omits its flag, so sglang
     picks its own default. `extra_flags` (argv tokens from the planner, e.g.
     `--disable-custom-all-reduce`) come last, so the reference form stays an exact prefix.
-    The hidden-states, cache-report and metrics flags are always on: the proof needs the first,
-    the supervisor's scraping the last. Raises ValueError naming the argument that is wrong.
+    The hidden-states, cache-report and metrics flags are always on: every proof needs hidden
+    states, the OpenAI usage's cached_tokens needs the cache report, and the supervisor's stall
+    detection and latency dashboards need `/metrics`. Raises ValueError naming the argument
+    that is wrong.
     """
     _check_port(port)
     _check_positive("tp", tp)
@@ -253,42 +257,10 @@ def shell_command(spec: LaunchSpec) -> str:
     return " ".join([*assignments, shlex.join(spec.argv)])
 
 
-# ---- restart backoff (pure) ----------------------------------------------------------------------
-
-# "Equal jitter": at least half of the exponential delay is kept, so the backoff still grows
-# with every failure, and up to half is random, so servers that failed together (a shared power
-# or driver event) do not all restart, and read their weights from the same disk, in lockstep.
-JITTER_SPREAD = 0.5
-
-# 2**62 times any sensible base is far above any cap; bounding the exponent keeps the float
-# arithmetic finite for any failure count.
-_MAX_DOUBLINGS = 62
-
-
-def restart_delay(*, consecutive_failures: int, jitter: float, base_s: float = 1.0, cap_s: float = 60.0) -> float:
-    """Seconds to wait before restarting after `consecutive_failures` failures in a row.
-
-    The delay doubles per failure from `base_s` up to `cap_s`, then loses a random share of up
-    to `JITTER_SPREAD`: `min(cap_s, base_s * 2**(n-1)) * (1 - JITTER_SPREAD * jitter)`, with
-    `jitter` in [0, 1) drawn by the caller. For a fixed `jitter` it never decreases with the
-    failure count and never exceeds `cap_s`. No failure (n = 0, an operator's restart) waits 0.
-    """
-    if isinstance(consecutive_failures, bool) or not isinstance(consecutive_failures, int) or consecutive_failures < 0:
-        raise ValueError(f"consecutive_failures must be an integer >= 0, got {consecutive_failures!r}")
-    if not 0 <= jitter < 1:
-        raise ValueError(f"jitter must be in [0, 1), got {jitter!r}")
-    if not 0 < base_s <= cap_s < math.inf:
-        raise ValueError(f"need 0 < base_s <= cap_s < inf, got base_s={base_s!r}, cap_s={cap_s!r}")
-    if consecutive_failures == 0:
-        return 0.0
-    exponential = base_s * 2.0 ** min(consecutive_failures - 1, _MAX_DOUBLINGS)
-    return min(cap_s, exponential) * (1 - JITTER_SPREAD * jitter)
-
-
 # ---- failure classification (pure) ---------------------------------------------------------------
 
 FailureKind = Literal[
-    "oom_at_init", "cuda_oom", "no_p2p", "no_kernel_image", "fp8_block_divisibility", "port_in_use",
+    "launch_failed", "oom_at_init", "cuda_oom", "no_p2p", "no_kernel_image", "fp8_block_divisibility", "port_in_use",
     "hidden_states_flag", "model_not_found", "startup_timeout", "unhealthy", "stalled", "unknown",
 ]
 Phase = Literal["startup", "runtime"]
@@ -327,11 +299,21 @@ def _cuda_oom_fix(phase: Phase) -> str:
             "error, 'Not enough memory' at init")
 
 
+# The supervisor writes this line into the tail when the command cannot even be executed.
+LAUNCH_FAILED_PREFIX = "engy: cannot execute the model server command: "
+
 # Checked in this order; the first kind with a matching line wins, because a root cause
 # (a taken port, a missing kernel) often drags later, vaguer errors behind it in the same log.
 # Each phrase is quoted from sglang, PyTorch, huggingface_hub or our reference server
 # (reference/node-manager-tui-and-gpu-ops.md §6.3 and §6.5, reference/sglang-native-api.md §2.6).
 _PATTERNS: tuple[_Pattern, ...] = (
+    _Pattern(
+        "launch_failed",
+        re.compile(re.escape(LAUNCH_FAILED_PREFIX)),
+        "the command could not be executed",
+        "check that the command's first word exists and is executable: the python of the environment "
+        "sglang (or engy-node) is installed in",
+    ),
     _Pattern(
         "port_in_use",
         re.compile(r"address already in use", re.IGNORECASE),
@@ -464,7 +446,7 @@ def classify_failure(
             "--chunked-prefill-size, or try --disable-cuda-graph",
         )
     error_line = _last_error_line(log_tail)
-    summary = f"{_exit_text(exit_code)}" + (f": {_quote(error_line)}" if error_line else evidence)
+    summary = _exit_text(exit_code) + (f": {_quote(error_line)}" if error_line else evidence)
     if exit_code == -signal.SIGKILL:
         fix = ("if nobody killed it, the kernel's OOM killer may have (host RAM, not GPU memory): "
                "check `dmesg`; otherwise read the log tail")
@@ -591,15 +573,18 @@ class SupervisorSettings:
     covers an event loop busy tokenising a 262k-token prompt."""
     unhealthy_after_probes: int = 3
     """Consecutive failed liveness probes after which a ready server is restarted. One miss can be
-    a hiccup; three in a row (15 s at the defaults) is a server that stopped answering."""
+    a hiccup; three in a row (15 to 45 s at the defaults, refused or timing out) is a server that
+    stopped answering."""
     stall_after_s: float = 180.0
     """Requests running with no generated token for this long is a stall. It must exceed the
-    longest legitimate silence: a full 262k-token prompt prefilled on consumer GPUs (a minute or
-    two) and the up to 30 s sglang's gauges lag while idle."""
+    longest legitimate silence: a full 262k-token prompt prefilled on consumer GPUs takes a minute
+    or two, and sglang's running-request gauge updates only on batches (every 40 decode steps),
+    so it can lag behind a server that has just gone idle."""
     max_startup_failures: int = 5
     """Consecutive failed starts (never ready) after which `run` gives up and raises. Five starts
-    with the default backoff span about 15 s of waiting: enough for a transient cause (a port
-    still in TIME_WAIT, a slow disk) to clear, few enough that a wrong flag is reported soon."""
+    with the default backoff span about 15 s of waiting: enough for a transient cause (GPU memory
+    still being released by the previous run, a slow network disk) to clear, few enough that a
+    wrong flag is reported soon."""
     restart_base_s: float = 1.0
     """Backoff after the first failure; it doubles with each further failure in a row."""
     restart_cap_s: float = 60.0
@@ -616,9 +601,10 @@ class SupervisorSettings:
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            wanted = int if field.type == "int" else int | float
-            if isinstance(value, bool) or not isinstance(value, wanted) or not 0 < value < math.inf:
-                kind = "a positive integer" if field.type == "int" else "a positive number"
+            # A count's default is an int, a duration's a float; a duration may be given as an int.
+            counts = type(field.default) is int
+            if isinstance(value, bool) or not isinstance(value, int if counts else int | float) or not 0 < value < math.inf:
+                kind = "a positive integer" if counts else "a positive number"
                 raise ValueError(f"SupervisorSettings.{field.name} must be {kind}, got {value!r}")
         if self.restart_base_s > self.restart_cap_s:
             raise ValueError("SupervisorSettings.restart_base_s must not exceed restart_cap_s")
@@ -631,7 +617,7 @@ class ModelServerError(EngyError):
 
     def __init__(self, failure: Failure, *, attempts: int, command: str) -> None:
         super().__init__(
-            f"the model server failed to start {attempts} times in a row. {failure.summary}. "
+            f"the model server failed to start {attempts} times in a row. {failure.summary.rstrip('.')}. "
             f"Fix: {failure.fix}. Command: {command}"
         )
         self.failure = failure
@@ -644,10 +630,10 @@ class _Ended:
 
     phase: Phase
     exit_code: int | None
-    log_tail: tuple[str, ...]
-    """This run's own last output lines (the supervisor's tail spans restarts)."""
     detected: Detected | None = None
     operator_restart: bool = False
+    log_tail: tuple[str, ...] = ()
+    """This run's own last output lines (the supervisor's tail spans restarts)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -808,7 +794,7 @@ class ModelServerSupervisor:
                     if ended.phase == "startup":
                         startup_failures += 1
                     self.last_failure = failure
-                    log.error("model server %s: %s. Fix: %s", failure.kind, failure.summary, failure.fix)
+                    log.error("model server %s: %s. Fix: %s", failure.kind, failure.summary.rstrip("."), failure.fix)
                     self._publish(
                         state=_STATE_AFTER[ended.detected], pid=None, startup_failures=startup_failures,
                         last_failure={**failure.as_dict(), "phase": ended.phase, "exit_code": ended.exit_code},
@@ -818,7 +804,7 @@ class ModelServerSupervisor:
                         final_state = "failed"
                         raise ModelServerError(failure, attempts=startup_failures, command=self.command)
 
-                    delay = restart_delay(consecutive_failures=consecutive_failures, jitter=self._jitter(),
+                    delay = backoff_delay(consecutive_failures=consecutive_failures, jitter=self._jitter(),
                                           base_s=self.settings.restart_base_s, cap_s=self.settings.restart_cap_s)
                     log.info("restarting the model server in %.1f s (failure %d in a row)", delay, consecutive_failures)
                     self._publish(state="restarting", restart_in_s=round(delay, 1))
@@ -860,6 +846,12 @@ class ModelServerSupervisor:
         self._restart_pending = False
         log.info("starting the model server: %s", self.command)
         self._publish(state="starting", pid=None, **_metric_fields(None))
+        if await self._port_answers():
+            # Without this check a leftover server (from a node that was SIGKILLed) would answer
+            # our readiness probe while our own child fails to bind, and be taken for it.
+            line = f"{self.spec.base_url} answers before the model server has started: address already in use"
+            log.error("%s", line)
+            return _Ended(phase="startup", exit_code=None, log_tail=(line,))
         try:
             process = await trio.lowlevel.open_process(
                 list(self.spec.argv),
@@ -875,7 +867,7 @@ class ModelServerSupervisor:
             )
         except OSError as err:
             # Nothing started (a wrong python path, say): a failed start like any other.
-            line = f"cannot start {self.spec.argv[0]}: {type(err).__name__}: {err}"
+            line = f"{LAUNCH_FAILED_PREFIX}{type(err).__name__}: {err}"
             log.error("%s", line)
             return _Ended(phase="startup", exit_code=None, log_tail=(line,))
 
@@ -898,7 +890,7 @@ class ModelServerSupervisor:
                 # The last lines (the traceback) must be in the tail before it is classified.
                 with trio.move_on_after(OUTPUT_DRAIN_S):
                     await attempt.output_done.wait()
-                nursery.cancel_scope.cancel()
+                nursery.cancel_scope.cancel(reason="the model server has stopped")
         finally:
             await self._stop_tree(process)
             with trio.CancelScope(shield=True), trio.move_on_after(OUTPUT_DRAIN_S):
@@ -911,15 +903,27 @@ class ModelServerSupervisor:
         with trio.move_on_after(self.settings.startup_timeout_s):
             while True:
                 if attempt.exited.is_set():
-                    return _Ended(phase="startup", exit_code=attempt.process.returncode, log_tail=())
+                    return _Ended(phase="startup", exit_code=attempt.process.returncode)
                 if self._restart_pending:
-                    return _Ended(phase="startup", exit_code=None, log_tail=(), operator_restart=True)
+                    return _Ended(phase="startup", exit_code=None, operator_restart=True)
                 if await self._probe_health(client):
                     return None
                 with trio.move_on_after(self.settings.startup_poll_interval_s):
                     await self._wake.wait()
         log.warning("model server not ready after %g s; stopping it", self.settings.startup_timeout_s)
-        return _Ended(phase="startup", exit_code=None, log_tail=(), detected="startup_timeout")
+        return _Ended(phase="startup", exit_code=None, detected="startup_timeout")
+
+    async def _port_answers(self) -> bool:
+        """Whether something already accepts connections where the child is to listen."""
+        url = httpx.URL(self.spec.base_url)
+        with trio.move_on_after(self.settings.probe_timeout_s):
+            try:
+                stream = await trio.open_tcp_stream(url.host, url.port)
+            except OSError:
+                return False  # refused: the port is free
+            await stream.aclose()
+            return True
+        return False  # no answer at all: nothing accepts connections there
 
     async def _probe_health(self, client: httpx.AsyncClient) -> bool:
         url = self.spec.base_url + self.spec.health_path
@@ -946,14 +950,14 @@ class ModelServerSupervisor:
             with trio.move_on_after(settings.probe_interval_s):
                 await self._wake.wait()
             if attempt.exited.is_set():
-                return _Ended(phase="runtime", exit_code=attempt.process.returncode, log_tail=())
+                return _Ended(phase="runtime", exit_code=attempt.process.returncode)
             if self._restart_pending:
-                return _Ended(phase="runtime", exit_code=None, log_tail=(), operator_restart=True)
+                return _Ended(phase="runtime", exit_code=None, operator_restart=True)
 
             status = await fetch_status(client, self.spec.base_url, timeout_s=settings.probe_timeout_s)
             if attempt.exited.is_set():
                 # The poll failed because the process died: that is an exit, not unhealthiness.
-                return _Ended(phase="runtime", exit_code=attempt.process.returncode, log_tail=())
+                return _Ended(phase="runtime", exit_code=attempt.process.returncode)
             now = trio.current_time()
             if status.healthy:
                 failed_probes = 0
@@ -964,7 +968,7 @@ class ModelServerSupervisor:
                             settings.unhealthy_after_probes, status.error)
                 self._publish(state="unhealthy", poll_error=status.error)
                 if failed_probes >= settings.unhealthy_after_probes:
-                    return _Ended(phase="runtime", exit_code=None, log_tail=(), detected="unhealthy")
+                    return _Ended(phase="runtime", exit_code=None, detected="unhealthy")
                 continue
 
             if status.running is None or status.generation_tokens_total is None:
@@ -980,7 +984,7 @@ class ModelServerSupervisor:
                             seconds_since_progress=now - last_progress_at, stall_after_s=settings.stall_after_s):
                 log.warning("model server stalled: %d requests running, no token generated for %.0f s",
                             status.running, now - last_progress_at)
-                return _Ended(phase="runtime", exit_code=None, log_tail=(), detected="stalled")
+                return _Ended(phase="runtime", exit_code=None, detected="stalled")
 
     async def _read_output(self, attempt: _Attempt) -> None:
         """Copy the child's output into the log and the tails until the pipe closes."""

@@ -21,7 +21,7 @@ from engy_node.miner.serving import RequestHandler, load_served_model
 from engy_node.models import SMOLLM2_135M
 from engy_node.protocol.miner import Capacity, Message, Sampling, ServeRequest
 from engy_node.serve.client import ServeClient
-from tests.engy_node.miner.gateway_harness import GatewayHarness
+from engy_node.testing.gateway import GatewayHarness
 
 FAST = LinkSettings(heartbeat_s=0.5, backoff_base_s=0.05, backoff_cap_s=0.2, deny_backoff_s=0.2, reconnect_delay_s=0.05)
 LIMITS = Capacity(max_inflight=0, max_inflight_total=3, max_input_tokens=6144, max_output_tokens=2048, max_request_s=600)

@@ -1,4 +1,4 @@
-"""A protocol-level gateway for miner tests: SPEC §4 exactly, nothing more.
+"""A protocol-level gateway for miner tests and benchmarks: SPEC §4 exactly, nothing more.
 
 It serves `GET /gw/meta` and one websocket endpoint per worker on real hypercorn (the stack the
 gateway role uses), parses every miner frame with the protocol module's strict parser, and lets a
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -22,7 +21,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from engy_node.protocol.miner import (
-    Admit, Cancel, Chunk, Deny, Heartbeat, Hello, Ping, Reconnect, Response, Serve, ServeRequest, encode,
+    Admit, Cancel, Chunk, Deny, Heartbeat, Hello, Ping, ProtocolError, Reconnect, Response, Serve, ServeRequest, encode,
     parse_miner_frame,
 )
 
@@ -75,8 +74,14 @@ class GatewayHarness:
     async def _leg(self, websocket: WebSocket) -> None:
         worker = websocket.path_params.get("worker", 0)
         await websocket.accept()
-        hello = parse_miner_frame(await websocket.receive_text())
-        assert isinstance(hello, Hello)
+        try:
+            hello = parse_miner_frame(await websocket.receive_text())
+        except ProtocolError as error:
+            hello = error
+        if not isinstance(hello, Hello):
+            self.protocol_errors.append(f"first frame was {type(hello).__name__}, not hello")
+            await websocket.close(code=1002)
+            return
         self.hellos.append(hello)
         if self.deny_reason is not None:
             await websocket.send_text(encode(Deny(self.deny_reason)))
@@ -89,7 +94,13 @@ class GatewayHarness:
         self._notify()
         try:
             while True:
-                frame = parse_miner_frame(await websocket.receive_text())
+                try:
+                    frame = parse_miner_frame(await websocket.receive_text())
+                except ProtocolError as error:
+                    # As the real gateway does: a malformed frame closes that leg.
+                    self.protocol_errors.append(str(error))
+                    await websocket.close(code=1002)
+                    return
                 if isinstance(frame, Heartbeat):
                     leg.heartbeats.append(frame)
                 elif isinstance(frame, Chunk):
@@ -142,5 +153,3 @@ class GatewayHarness:
     async def drop(self, worker: int = 0) -> None:
         await self.legs[worker].websocket.close(code=1011)
 
-
-NO_TIMEOUT = math.inf
