@@ -26,7 +26,7 @@ from engy_node.errors import EngyError, RoleError
 log = logging.getLogger("engy.cli")
 
 ROLES = ("miner", "validator", "gateway")
-AVAILABLE_ROLES: tuple[str, ...] = ()
+AVAILABLE_ROLES: tuple[str, ...] = ("miner",)
 """Roles this build can run. A known role that is not here yet is a clear error, not a no-op."""
 
 
@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="stderr/log file level")
     parser.add_argument("--role", action="append", default=[], metavar="ROLE",
                         help=f"run this role (repeatable): {', '.join(ROLES)}")
+    _miner_options(parser.add_argument_group("miner role (the public miner's flags and env GW, MINER_KEY, MODEL, "
+                                             "MAX_INFLIGHT, ENGY_WORKER_NAME, SERVE_URL are accepted)"))
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the sglang-compatible reference server",
@@ -62,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list the model catalog")
 
+    plan_parser = sub.add_parser("plan", help="detect GPUs, plan the model server and print the exact command",
+                                 description="What `--role miner` would launch, without launching it.")
+    _miner_options(plan_parser, suppress=True)
+
     calibrate = sub.add_parser("calibrate", help="measure TOPLOC/token-check separation of honest serving and known cheats",
                                description="Serve prompts honestly and through known cheats on this machine, verify them as a "
                                            "validator would, and print the statistics behind each verdict as a Markdown table.")
@@ -71,6 +77,30 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--max-new-tokens", type=int, default=96)
     calibrate.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     return parser
+
+
+def _miner_options(group, *, suppress: bool = False) -> None:
+    default = {"default": argparse.SUPPRESS} if suppress else {}
+    group.add_argument("--gateway", dest="miner_gateway", metavar="URL", help="gateway websocket base, e.g. wss://api.engy.ai/gw (env GW)", **default)
+    group.add_argument("--model", dest="miner_model", metavar="ID", help="catalog id of the served model (env MODEL)", **default)
+    group.add_argument("--checkpoint", dest="miner_checkpoint", metavar="DIR", help="checkpoint directory (default: the embedded model)", **default)
+    group.add_argument("--serve-url", dest="miner_serve_url", metavar="URL[,URL]", help="use already-running model server(s) instead of launching one (env SERVE_URL)", **default)
+    group.add_argument("--max-inflight", dest="miner_max_inflight", type=int, metavar="N", help="total concurrent requests advertised (env MAX_INFLIGHT)", **default)
+    group.add_argument("--worker-name", dest="miner_worker_name", metavar="NAME", help="this rig's name at the gateway (env ENGY_WORKER_NAME)", **default)
+    group.add_argument("--fake-gpus", dest="miner_fake_gpus", metavar="SPEC", help="plan for simulated GPUs, e.g. 4xRTX4090, print the plan and command, launch nothing", **default)
+    group.add_argument("--context-length", dest="miner_context_length", type=int, metavar="N", help="context length to plan for (default: the model's)", **default)
+    group.add_argument("--wallet", dest="miner_wallet", metavar="NAME", help="sign hello with this wallet's hotkey instead of a miner key", **default)
+    group.add_argument("--hotkey", dest="miner_hotkey", metavar="NAME", **default)
+
+
+def _miner_overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
+    get = lambda name: getattr(args, name, None)  # noqa: E731
+    return {"miner": {
+        "gateway_url": get("miner_gateway"), "model": get("miner_model"), "checkpoint": get("miner_checkpoint"),
+        "serve_urls": get("miner_serve_url"), "max_inflight": get("miner_max_inflight"),
+        "worker_name": get("miner_worker_name"), "fake_gpus": get("miner_fake_gpus"),
+        "context_length": get("miner_context_length"), "wallet_name": get("miner_wallet"), "wallet_hotkey": get("miner_hotkey"),
+    }}
 
 
 def _serve_overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
@@ -103,6 +133,12 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "checkpoint":
         config = load_config(home=args.home, overrides=node_overrides)
         return _print_checkpoint(config, args.model, args.checkpoint)
+    if args.command == "plan":
+        from engy_node.miner.role import plan_report
+
+        config = load_config(home=args.home, overrides={**node_overrides, **_miner_overrides(args)}, public_miner_env=True)
+        print(plan_report(config))
+        return 0
     if args.command == "calibrate":
         config = load_config(home=args.home, overrides=node_overrides)
         return _run_calibration(config, args)
@@ -121,9 +157,11 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if missing:
         raise RoleError(
             f"the {missing[0]} role is not part of engy-node {__version__} yet; "
-            "`engy-node serve` runs the reference model server today"
+            f"available: {', '.join(AVAILABLE_ROLES)} (and `engy-node serve`, the reference model server)"
         )
-    return 0
+    config = load_config(home=args.home, overrides={**node_overrides, **_miner_overrides(args)},
+                         public_miner_env="miner" in args.role)
+    return _run_roles(config, args.role)
 
 
 def _print_models() -> int:
@@ -163,6 +201,22 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
         print(f"UNEXPECTED: {result.case} prompt {result.prompt} ({result.recompute_dtype}) judged {result.verdict.kind}"
               f"/{result.verdict.reason}, expected {result.expected}", file=sys.stderr)
     return 1 if wrong else 0
+
+
+def _run_roles(config, roles: list[str]) -> int:
+    from engy_node import node
+    from engy_node.hub import Hub, install_logging
+    from engy_node.miner.role import plan_report, run_miner
+
+    if "miner" in roles and config.miner.fake_gpus:
+        print(plan_report(config))
+        print("(simulated GPUs: nothing was launched)")
+        return 0
+    hub = Hub(ring_size=config.node.log_ring_size)
+    install_logging(hub, level=config.node.log_level, log_dir=config.paths.log_dir)
+    log.info("engy-node %s: roles %s (pid %d)", __version__, ", ".join(roles), os.getpid())
+    services = [("miner", functools.partial(run_miner, config, hub))]
+    return node.run(services)
 
 
 def _run_serve(config) -> int:

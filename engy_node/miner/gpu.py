@@ -562,13 +562,13 @@ class FakeGpu:
 
 
 FAKE_GPU_MODELS: dict[str, FakeGpu] = {
-    # nvidia-smi on an RTX 4090: 24564 MiB, 450 W default limit, SM max 3120 MHz, GDDR6X
-    # 10501 MHz, PCIe 4.0 x16, compute capability 8.9.
+    # A stock RTX 4090 as NVML reports it: 24564 MiB, 450 W default limit, compute capability
+    # 8.9, PCIe 4.0 x16; clocks are typical, not any one board's.
     "RTX4090": FakeGpu(
         model="RTX4090", name="NVIDIA GeForce RTX 4090", memory_total_mib=24564,
         compute_capability=(8, 9), power_limit_w=450, power_draw_w=21, temperature_c=41,
     ),
-    # RTX 5090: 32607 MiB, 575 W, SM max 3090 MHz, GDDR7 14001 MHz, PCIe 5.0 x16, cc 12.0.
+    # A stock RTX 5090: 32607 MiB, 575 W, compute capability 12.0, PCIe 5.0 x16; typical clocks.
     "RTX5090": FakeGpu(
         model="RTX5090", name="NVIDIA GeForce RTX 5090", memory_total_mib=32607,
         compute_capability=(12, 0), power_limit_w=575, power_draw_w=30, temperature_c=38,

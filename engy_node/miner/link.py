@@ -197,6 +197,9 @@ class GatewayLink:
 
     def _set_leg(self, worker: int, up: bool) -> None:
         self.legs_up[worker] = up
+        self.publish()
+
+    def publish(self) -> None:
         self.on_state(legs_up=sum(self.legs_up.values()), legs=len(self.legs_up), inflight=self.inflight)
 
     async def _leg_session(self, url: str, leg: Leg) -> str:
@@ -280,6 +283,7 @@ class _LegSession:
         scope = trio.CancelScope()
         self.active[frame.corr_id] = scope
         self.link.inflight += 1
+        self.link.publish()
         nursery.start_soon(self._serve, frame, scope)
 
     async def _serve(self, frame: Serve, scope: trio.CancelScope) -> None:
@@ -289,6 +293,7 @@ class _LegSession:
         finally:
             self.active.pop(frame.corr_id, None)
             self.link.inflight -= 1
+            self.link.publish()
             if not self.active:
                 self.idle_since = time.monotonic()
 

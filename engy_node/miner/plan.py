@@ -72,14 +72,14 @@ PUBLISHED_MEM_FRACTION_STATIC = 0.83
 RTX_4090_MEMORY_MIB = 24564
 """Total VRAM NVML reports for an RTX 4090."""
 
-ACTIVATION_RESERVE_BYTES = 4175 * MIB
-"""VRAM each GPU keeps outside sglang's static pool.
+ACTIVATION_RESERVE_BYTES = math.floor((1 - PUBLISHED_MEM_FRACTION_STATIC) * RTX_4090_MEMORY_MIB) * MIB
+"""VRAM each GPU keeps outside sglang's static pool: 4175 MiB.
 
 Everything that is not weights, KV cache or linear-attention state lives here: the CUDA
 context, cuBLAS and NCCL workspaces, custom all-reduce buffers, CUDA graphs for decode batches up
 to `max_running_requests`, and the activations of one `--chunked-prefill-size` chunk. The
-published config runs 0.83 on a 24564 MiB card, which leaves (1 − 0.83) × 24564 = 4175.9 MiB;
-rounded down to 4175 MiB so that the published 0.83 comes out exactly on a 4090. The reserve is
+published config runs 0.83 on a 24564 MiB card, which leaves (1 − 0.83) × 24564 = 4175.9 MiB,
+taken in whole MiB rounded down so that the published 0.83 comes out exactly on a 4090. The reserve is
 kept constant in bytes for other cards, because what fills it depends on the model, the batch
 and the chunk size, not on the card: on an RTX 5090 (32607 MiB) it gives
 ⌊(32607 − 4175) / 32607⌋₀.₀₁ = 0.87. It is sized for `CHUNKED_PREFILL_SIZE`; a larger chunk needs
@@ -90,8 +90,7 @@ MAX_MEM_FRACTION_STATIC = 0.90
 is 0.9"): a bigger static pool on an 80 GB card buys little and leaves less room for spikes."""
 
 DEFAULT_TARGET_CONCURRENCY = 8
-"""The published config's `--max-running-requests 8`: enough batching to keep the GPUs busy
-while TPOT stays inside the catalog's ceiling."""
+"""The published config's `--max-running-requests 8`, the concurrency it is known to serve at."""
 
 CHUNKED_PREFILL_SIZE = 8192
 """The published config's `--chunked-prefill-size`; `ACTIVATION_RESERVE_BYTES` is sized for it."""
@@ -218,6 +217,8 @@ class Plan:
     context_length: int
     kv_cache_dtype: str
     """`fp8_e4m3`, or `auto` (the model's dtype)."""
+    chunked_prefill_size: int | None
+    """sglang's --chunked-prefill-size (None: the reference server, which chunks on its own)."""
     extra_flags: tuple[str, ...]
     """sglang flags beyond the fields above (which the command builder renders itself)."""
     reasons: Mapping[str, str]
@@ -480,7 +481,7 @@ def _cpu_plan(*, shape: ModelShape, context: int, target_concurrency: int, reaso
                 f"({running} concurrent requests of up to {context} tokens)",
         server="reference", device="cpu", tp=1, dp=1, mem_fraction_static=None,
         max_running_requests=running, context_length=context, kv_cache_dtype="auto",
-        extra_flags=(), reasons=types.MappingProxyType(reasons),
+        chunked_prefill_size=None, extra_flags=(), reasons=types.MappingProxyType(reasons),
     )
 
 
@@ -491,7 +492,7 @@ def _no_fit(summary: str, reasons: dict[str, str]) -> Plan:
     reasons["fit"] = summary
     return Plan(
         fits=False, summary=summary, server="sglang", device="cuda", tp=0, dp=0, mem_fraction_static=None,
-        max_running_requests=0, context_length=0, kv_cache_dtype="auto", extra_flags=(),
+        max_running_requests=0, context_length=0, kv_cache_dtype="auto", chunked_prefill_size=None, extra_flags=(),
         reasons=types.MappingProxyType(reasons),
     )
 
@@ -523,13 +524,15 @@ def _gpu_plan(
     legal = legal_tp_sizes(shape, max_tp=count)
     weight_tps = [tp for tp in legal if math.ceil(weight_bytes / tp) <= budget]
     if not weight_tps:
-        return _no_fit(_weights_do_not_fit(shape, weight_bytes, vram, budget, fraction, count), reasons)
+        return _no_fit(_weights_do_not_fit(shape=shape, weight_bytes=weight_bytes, vram=vram, budget=budget,
+                                           fraction=fraction, count=count), reasons)
 
     choice = _choose(shape=shape, weight_bytes=weight_bytes, tps=weight_tps, gpu_count=count, context=context,
                      target_concurrency=target_concurrency, budget=budget, kv_dtype_bytes=kv_dtype_bytes)
     if choice is None:
         shortest = _context_candidates(context)[-1]
-        largest = _option(shape, weight_bytes, weight_tps[-1], shortest, budget, kv_dtype_bytes)
+        largest = _option(shape=shape, weight_bytes=weight_bytes, tp=weight_tps[-1], context=shortest, budget=budget,
+                          kv_dtype_bytes=kv_dtype_bytes)
         return _no_fit(
             f"the weights fit with tp {largest.tp} ({_gib(largest.weights)} per GPU) but leave {_gib(largest.free)} "
             f"of the {_gib(budget)} budget, less than the KV cache of one {shortest}-token request "
@@ -541,7 +544,9 @@ def _gpu_plan(
         reasons["context_length"] = (
             f"{ctx}: reduced from {context}, because not even one {context}-token request's KV cache fits "
             "next to the weights on any legal tp")
-    reasons["tp"] = _tp_reason(shape, weight_bytes, chosen, running, ctx, budget, kv_dtype_bytes, count, full=running == target_concurrency)
+    reasons["tp"] = _tp_reason(shape=shape, weight_bytes=weight_bytes, chosen=chosen, running=running, context=ctx,
+                               budget=budget, kv_dtype_bytes=kv_dtype_bytes, count=count,
+                               full=running == target_concurrency)
     idle = [str(i) for i in range(tp * dp, count)]
     reasons["dp"] = f"{dp}: {count} GPU{'s' if count != 1 else ''} / tp {tp}" + (
         f"; GPU {', '.join(idle)} {'stays' if len(idle) == 1 else 'stay'} idle (not enough for another tp group)"
@@ -565,10 +570,11 @@ def _gpu_plan(
     mixed = len({gpus[i].name for i in used}) > 1
     return Plan(
         fits=True,
-        summary=(f"tp {tp} × dp {dp} on {f'{len(used)} mixed GPUs' if mixed else f'{len(used)}× {name}'}: {_requests(running)} of up to "
-                 f"{ctx} tokens per replica, {running * dp} in flight"),
+        summary=(f"tp {tp} × dp {dp} on {f'{len(used)} mixed GPUs' if mixed else f'{len(used)}× {name}'}: "
+                 f"{_requests(running)} of up to {ctx} tokens per replica, {running * dp} in flight"),
         server="sglang", device="cuda", tp=tp, dp=dp, mem_fraction_static=fraction,
-        max_running_requests=running, context_length=ctx, kv_cache_dtype=kv_dtype, extra_flags=flags,
+        max_running_requests=running, context_length=ctx, kv_cache_dtype=kv_dtype,
+        chunked_prefill_size=CHUNKED_PREFILL_SIZE, extra_flags=flags,
         reasons=types.MappingProxyType(reasons), memory=memory, gpu_indices=used,
     )
 
@@ -581,7 +587,8 @@ def _choose(
     least one request: the smallest tp that serves the target concurrency, else the tp that serves
     the most full-context requests across its replicas (ties: the smaller tp, less communication)."""
     for ctx in _context_candidates(context):
-        options = [_option(shape, weight_bytes, tp, ctx, budget, kv_dtype_bytes) for tp in tps]
+        options = [_option(shape=shape, weight_bytes=weight_bytes, tp=tp, context=ctx, budget=budget,
+                           kv_dtype_bytes=kv_dtype_bytes) for tp in tps]
         full = [o for o in options if o.requests >= target_concurrency]
         if full:
             return full[0], target_concurrency, ctx
@@ -600,7 +607,7 @@ def _context_candidates(context: int) -> list[int]:
     return candidates
 
 
-def _option(shape: ModelShape, weight_bytes: int, tp: int, context: int, budget: int, kv_dtype_bytes: int) -> _Option:
+def _option(*, shape: ModelShape, weight_bytes: int, tp: int, context: int, budget: int, kv_dtype_bytes: int) -> _Option:
     weights = math.ceil(weight_bytes / tp)
     per_request = (context * kv_bytes_per_token(shape, tp=tp, kv_dtype_bytes=kv_dtype_bytes)
                    + linear_state_bytes_per_request(shape, tp=tp))
@@ -623,7 +630,7 @@ def _kv_cache_dtype(shape: ModelShape, gpus: Sequence[GpuLike], reasons: dict[st
 
 def _extra_flags(*, gpus: Sequence[GpuLike], p2p: Sequence[Sequence[bool | None]] | None, tp: int, dp: int,
                  reasons: dict[str, str]) -> tuple[str, ...]:
-    flags = ["--chunked-prefill-size", str(CHUNKED_PREFILL_SIZE)]
+    flags: list[str] = []
     reasons["chunked_prefill_size"] = (
         f"--chunked-prefill-size {CHUNKED_PREFILL_SIZE}: the published config; the activation reserve behind "
         "mem_fraction_static is sized for prefill chunks of this many tokens")
@@ -655,8 +662,8 @@ def _p2p_ok(p2p: Sequence[Sequence[bool | None]] | None, a: int, b: int) -> bool
     return p2p[a][b] is True and p2p[b][a] is True
 
 
-def _tp_reason(shape: ModelShape, weight_bytes: int, chosen: _Option, running: int, context: int, budget: int,
-               kv_dtype_bytes: int, count: int, *, full: bool) -> str:
+def _tp_reason(*, shape: ModelShape, weight_bytes: int, chosen: _Option, running: int, context: int, budget: int,
+               kv_dtype_bytes: int, count: int, full: bool) -> str:
     kv = running * context * kv_bytes_per_token(shape, tp=chosen.tp, kv_dtype_bytes=kv_dtype_bytes)
     state = running * linear_state_bytes_per_request(shape, tp=chosen.tp)
     fit = (f"{_gib(chosen.weights)} of weights + {_gib(kv)} KV cache for {running} × {context} tokens"
@@ -667,18 +674,20 @@ def _tp_reason(shape: ModelShape, weight_bytes: int, chosen: _Option, running: i
         head = f"{chosen.tp}: the size that serves the most full-context requests ({fit})"
     # Smaller legal sizes say what they would need; sizes that would use whole groups of the GPUs
     # (2 and 4 on 4 GPUs, 8 on 8) but cannot shard the model say why not.
-    notes = [f"legal sizes on {count} GPU{'s' if count != 1 else ''}: {', '.join(map(str, legal_tp_sizes(shape, max_tp=count)))}"]
+    legal = ", ".join(map(str, legal_tp_sizes(shape, max_tp=count)))
+    notes = [f"legal sizes on {count} GPU{'s' if count != 1 else ''}: {legal}"]
     for tp in range(1, count + 1):
         problem = tp_problem(shape, tp)
         if problem and count % tp == 0:
             notes.append(f"tp {tp} is not allowed ({problem})")
         elif not problem and full and tp < chosen.tp:
-            option = _option(shape, weight_bytes, tp, context, budget, kv_dtype_bytes)
+            option = _option(shape=shape, weight_bytes=weight_bytes, tp=tp, context=context, budget=budget,
+                             kv_dtype_bytes=kv_dtype_bytes)
             notes.append(f"tp {tp} would need {_gib(option.weights + running * option.per_request)}")
     return head + "; " + "; ".join(notes)
 
 
-def _weights_do_not_fit(shape: ModelShape, weight_bytes: int, vram: int, budget: int, fraction: float, count: int) -> str:
+def _weights_do_not_fit(*, shape: ModelShape, weight_bytes: int, vram: int, budget: int, fraction: float, count: int) -> str:
     any_count = legal_tp_sizes(shape, max_tp=shape.num_attention_heads)
     needed = next((tp for tp in any_count if math.ceil(weight_bytes / tp) <= budget), None)
     holds = f"each holds {_gib(budget)} of weights and KV cache at --mem-fraction-static {fraction:.2f}"
@@ -697,7 +706,8 @@ def _describe_gpus(gpus: Sequence[GpuLike], vram: int) -> str:
     listed = ", ".join(f"{n}× {name or 'GPU'} ({_gib(memory or 0)})" for (name, memory, _), n in kinds.items())
     if len(kinds) == 1:
         return listed
-    return f"mixed GPUs ({listed}): planning every GPU as the smallest ({_gib(vram)}), as sglang sizes its pools by the smallest rank"
+    return (f"mixed GPUs ({listed}): planning every GPU as the smallest ({_gib(vram)}), "
+            "as sglang sizes its pools by the smallest rank")
 
 
 def _gib(value: int) -> str:

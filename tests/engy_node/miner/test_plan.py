@@ -41,7 +41,8 @@ SMOLLM2 = model_shape_from_config(json.loads((FIXTURES / "smollm2-135m" / "confi
 SMOLLM2_WEIGHT_BYTES = 269_060_552
 """The converted bf16 model.safetensors (see the fixture's SOURCE.md)."""
 
-CHUNK = ("--chunked-prefill-size", "8192")
+CHUNK: tuple[str, ...] = ()
+"""--chunked-prefill-size is a Plan field of its own, not an extra flag."""
 NO_CUSTOM_ALL_REDUCE = ("--disable-custom-all-reduce",)
 TRITON = ("--attention-backend", "triton")
 

@@ -1,0 +1,277 @@
+"""`engy-node --role miner`: find the GPUs, plan, run the model server, serve the gateway.
+
+Start-up is a sequence of decisions, each logged with its reason so an operator reading the log
+knows what the miner chose and why:
+
+1. GPUs, through NVML (`gpu.detect`). None found is a normal state: CPU mode, which serves the
+   embedded model on the reference server.
+2. The model server: an already-running one when `--serve-url`/`SERVE_URL` is given (the public
+   miner's operators keep their sglang), otherwise a plan (`plan.plan`) and a supervised child —
+   sglang on GPUs, the reference server on CPU — built by `sglang.py`'s command builders.
+   With `--fake-gpus` the miner prints the plan and the exact command and stops: nothing can run
+   on simulated GPUs.
+3. The gateway link, advertising the plan's concurrency.
+
+A model that does not fit, a GPU model on a CPU-only machine, a missing sglang or checkpoint
+are errors that name the fix before anything is started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import platform
+import socket
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from engy_node import __version__, keys
+from engy_node.config import Config
+from engy_node.errors import EngyError
+from engy_node.hub import Hub
+from engy_node.miner.gpu import FakeNvml, GpuInventory, detect
+from engy_node.miner.link import GatewayLink, Identity, LinkSettings
+from engy_node.miner.plan import Plan, plan, read_model_shape
+from engy_node.miner.serving import RequestHandler, RequestOutcome, ServedModel, load_served_model
+from engy_node.miner.sglang import LaunchSpec, ModelServerSupervisor, reference_launch, sglang_launch, shell_command
+from engy_node.models import ModelSpec, get_model
+from engy_node.protocol.miner import Capacity
+from engy_node.serve.checkpoint import resolve_checkpoint
+from engy_node.serve.client import ServeClient
+
+log = logging.getLogger("engy.miner")
+
+EXTERNAL_SERVE_DEFAULT_INFLIGHT = 8
+"""Concurrency advertised for an already-running server when MAX_INFLIGHT is not set: the
+published sglang config's --max-running-requests."""
+
+
+class MinerError(EngyError):
+    title = "miner"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MinerSetup:
+    """Everything decided before anything starts (printable, testable)."""
+
+    spec: ModelSpec
+    checkpoint: Path
+    inventory: GpuInventory
+    plan: Plan | None
+    launch: LaunchSpec | None
+    serve_urls: tuple[str, ...]
+    max_inflight: int
+
+    def describe(self) -> list[str]:
+        lines = [f"model: {self.spec.id} ({self.spec.display_name}) from {self.checkpoint}"]
+        if self.inventory.cpu_mode:
+            lines.append(f"GPUs: none — {self.inventory.reason}")
+        else:
+            lines += [f"GPUs: driver {self.inventory.driver_version}, CUDA {self.inventory.cuda_driver_version}"]
+            lines += [f"  {info.describe()}" for info in self.inventory.gpus]
+        if self.plan is not None:
+            lines.append(f"plan: {self.plan.summary}")
+            lines += [f"  {name}: {reason}" for name, reason in self.plan.reasons.items()]
+        if self.launch is not None:
+            lines.append(f"command: {shell_command(self.launch)}")
+        if self.serve_urls:
+            lines.append(f"model server(s): {', '.join(self.serve_urls)} (already running)")
+        lines.append(f"max in flight: {self.max_inflight}")
+        return lines
+
+
+def detect_gpus(fake_spec: str) -> GpuInventory:
+    if fake_spec:
+        try:
+            nvml = FakeNvml.from_spec(fake_spec)
+        except EngyError as error:
+            raise MinerError(f"--fake-gpus {fake_spec!r}: {error}") from None
+        return detect(nvml=nvml)
+    return detect()
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def decide(config: Config, inventory: GpuInventory) -> MinerSetup:
+    """Pick checkpoint, plan and launch command (blocking: reads the checkpoint's config)."""
+    settings = config.miner
+    spec = get_model(settings.model)
+    if not settings.checkpoint and not spec.embedded:
+        raise MinerError(f"model {spec.id} needs its checkpoint: pass --checkpoint DIR (the directory sglang loads)")
+    checkpoint = resolve_checkpoint(model_id=spec.id, checkpoint=settings.checkpoint,
+                                    models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir)
+    serve_urls = tuple(url.strip().rstrip("/") for url in settings.serve_urls.split(",") if url.strip())
+    if serve_urls:
+        return MinerSetup(spec, checkpoint, inventory, None, None, serve_urls,
+                          settings.max_inflight or EXTERNAL_SERVE_DEFAULT_INFLIGHT)
+
+    shape, weight_bytes = read_model_shape(checkpoint)
+    chosen = plan(shape=shape, weight_bytes=weight_bytes, gpus=inventory.gpus, p2p=inventory.p2p_ok_matrix,
+                  target_context=settings.context_length or None, cpu_capable=spec.embedded)
+    if not chosen.fits:
+        raise MinerError(f"{spec.id} cannot be served here: {chosen.summary}")
+    port = settings.serve_port or free_loopback_port()
+    if chosen.server == "reference":
+        # The child gets a home of its own inside ours: its own log file, no shared state.
+        launch = reference_launch(python=sys.executable, home=config.paths.data_dir / "model-server", model=spec.id,
+                                  port=port, checkpoint=checkpoint, max_running_requests=chosen.max_running_requests)
+    else:
+        launch = sglang_launch(
+            python=sys.executable, checkpoint=checkpoint, served_model_name=spec.id, port=port, tp=chosen.tp, dp=chosen.dp,
+            mem_fraction_static=chosen.mem_fraction_static, max_running_requests=chosen.max_running_requests,
+            context_length=chosen.context_length, kv_cache_dtype=chosen.kv_cache_dtype,
+            chunked_prefill_size=chosen.chunked_prefill_size, extra_flags=chosen.extra_flags,
+        )
+        launch = dataclasses.replace(launch, env=launch.env + (
+            # NVML numbers GPUs in PCI order; CUDA's default order is "fastest first".
+            ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+            ("CUDA_VISIBLE_DEVICES", ",".join(map(str, chosen.gpu_indices))),
+        ))
+    return MinerSetup(spec, checkpoint, inventory, chosen, launch, (), settings.max_inflight or chosen.max_inflight)
+
+
+def hardware(inventory: GpuInventory, setup_plan: Plan | None) -> dict[str, Any]:
+    import psutil
+
+    gpus = inventory.gpus
+    return {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "gpu": gpus[0].name if gpus else "cpu",
+        "gpu_count": len(gpus),
+        "gpu_mem_gb": round(gpus[0].memory_total / 2**30, 1) if gpus and gpus[0].memory_total else 0,
+        "torch": _version("torch"),
+        "cuda": inventory.cuda_driver_version,
+        "gpus": [{"name": g.name, "uuid": g.uuid, "mem_gb": round((g.memory_total or 0) / 2**30, 1)} for g in gpus],
+        "parallelism": {"tp": setup_plan.tp, "dp": setup_plan.dp} if setup_plan else {},
+    }
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def identity(config: Config) -> Identity:
+    settings = config.miner
+    if settings.wallet_name and settings.wallet_hotkey:
+        keypair = keys.load_hotkey(Path(settings.wallets_path).expanduser(), settings.wallet_name, settings.wallet_hotkey)
+        return Identity(miner_key=settings.miner_key, keypair=keypair, netuid=config.node.netuid)
+    if not settings.miner_key:
+        raise MinerError("no miner identity: set MINER_KEY (or ENGY_MINER__MINER_KEY), or a registered hotkey "
+                         "with --wallet NAME --hotkey HOTKEY")
+    return Identity(miner_key=settings.miner_key, netuid=config.node.netuid)
+
+
+class MinerMetrics:
+    """Per-request metrics in the hub's registry (what the TUI's requests panel reads)."""
+
+    def __init__(self, hub: Hub) -> None:
+        registry = hub.registry
+        from engy_node.metrics import ITL_BUCKETS, TTFT_BUCKETS
+
+        self.hub = hub
+        self.ttft = registry.histogram("engy_miner_ttft_seconds", "Time to first token seen by the miner.", buckets=TTFT_BUCKETS)
+        self.tpot = registry.histogram("engy_miner_tpot_seconds", "Time per output token after the first.", buckets=ITL_BUCKETS)
+        self.proof = registry.histogram("engy_miner_proof_seconds", "TOPLOC commitment build time per request.",
+                                        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+        self.requests = registry.counter("engy_miner_requests_total", "Requests served, by outcome.", labelnames=("outcome",))
+        self.tokens = registry.counter("engy_miner_tokens_total", "Tokens processed, by kind.", labelnames=("kind",))
+
+    def record(self, outcome: RequestOutcome) -> None:
+        self.requests.labels(outcome="ok" if outcome.ok else (outcome.error_class or "error")).inc()
+        if outcome.ok:
+            self.tokens.labels(kind="prompt").inc(outcome.prompt_tokens)
+            self.tokens.labels(kind="completion").inc(outcome.completion_tokens)
+            self.proof.observe(outcome.proof_s)
+            if outcome.ttft_s is not None:
+                self.ttft.observe(outcome.ttft_s)
+            if outcome.tpot_s is not None:
+                self.tpot.observe(outcome.tpot_s)
+
+
+class ServeRotation:
+    """Spreads requests over several already-running servers, least busy first."""
+
+    def __init__(self, urls: tuple[str, ...], http: httpx.AsyncClient) -> None:
+        self.clients = [ServeClient(url, http) for url in urls]
+        self._next = 0
+
+    def __call__(self) -> ServeClient:
+        client = self.clients[self._next % len(self.clients)]
+        self._next += 1
+        return client
+
+
+async def run_miner(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """The miner service: ready once the model server answers; the link keeps dialling."""
+    settings = config.miner
+    if not settings.gateway_url:
+        raise MinerError("no gateway: set GW (or ENGY_MINER__GATEWAY_URL, or --gateway), e.g. wss://api.engy.ai/gw")
+    miner_identity = identity(config)
+    inventory = await trio.to_thread.run_sync(detect_gpus, settings.fake_gpus)
+    if inventory.cpu_mode:
+        log.info("no NVIDIA GPU: %s — CPU mode serves the embedded model on the reference server", inventory.reason)
+    setup = await trio.to_thread.run_sync(decide, config, inventory)
+    for line in setup.describe():
+        log.info("%s", line)
+    hub.set_state("miner", model=setup.spec.id, max_inflight=setup.max_inflight, cpu_mode=inventory.cpu_mode,
+                  plan=setup.plan.summary if setup.plan else None, command=shell_command(setup.launch) if setup.launch else None)
+    if setup.launch is not None and setup.launch.kind == "sglang" and not _sglang_installed():
+        raise MinerError("sglang is not installed in this environment: pip install 'engy-node[gpu]', "
+                         "or run sglang yourself and pass --serve-url")
+
+    served: ServedModel = await trio.to_thread.run_sync(load_served_model, setup.spec, setup.checkpoint)
+    metrics = MinerMetrics(hub)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None)) as http, trio.open_nursery() as nursery:
+        if setup.launch is not None:
+            supervisor = ModelServerSupervisor(setup.launch, hub)
+            serve_urls: tuple[str, ...] = (await nursery.start(supervisor.run),)
+        else:
+            serve_urls = setup.serve_urls
+        handler = RequestHandler(model=served, serve=ServeRotation(serve_urls, http), chunk_tokens=settings.chunk_tokens,
+                                 on_outcome=metrics.record)
+        spec = setup.spec
+        link = GatewayLink(
+            gateway_url=settings.gateway_url, identity=miner_identity, http=http, handler=handler, settings=LinkSettings(),
+            limits=Capacity(max_inflight=0, max_inflight_total=setup.max_inflight, max_input_tokens=spec.max_input_tokens,
+                            max_output_tokens=spec.max_output_tokens, max_request_s=spec.max_request_s),
+            hello={"model": spec.id, "model_root": served.model_root, "hw": hardware(inventory, setup.plan),
+                   "versions": {"engy_node": __version__, "protocol": 1, "toploc": _version("toploc"),
+                                "transformers": _version("transformers"), "sglang": _version("sglang")},
+                   "worker_name": settings.worker_name or platform.node(), "worker_id": uuid.uuid4().hex},
+            on_state=lambda **values: hub.set_state("miner", **values),
+        )
+        nursery.start_soon(link.run)
+        task_status.started(f"serving {spec.id} via {', '.join(serve_urls)} to {settings.gateway_url}")
+
+
+def _sglang_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("sglang") is not None
+
+
+def plan_report(config: Config) -> str:
+    """GPUs, plan and the exact command, without starting anything (`engy-node plan`, and the
+    miner with `--fake-gpus`). Blocking."""
+    inventory = detect_gpus(config.miner.fake_gpus)
+    setup = decide(config, inventory)
+    return "\n".join(setup.describe())
+
+
