@@ -206,12 +206,14 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
 def _run_roles(config, roles: list[str]) -> int:
     from engy_node import node
     from engy_node.hub import Hub, install_logging
-    from engy_node.miner.role import plan_report, run_miner
+    from engy_node.miner.role import plan_report, preflight, run_miner
 
     if "miner" in roles and config.miner.fake_gpus:
         print(plan_report(config))
         print("(simulated GPUs: nothing was launched)")
         return 0
+    if "miner" in roles:
+        preflight(config)
     hub = Hub(ring_size=config.node.log_ring_size)
     install_logging(hub, level=config.node.log_level, log_dir=config.paths.log_dir)
     log.info("engy-node %s: roles %s (pid %d)", __version__, ", ".join(roles), os.getpid())

@@ -26,12 +26,28 @@ def test_no_command_prints_help_and_exits_2():
     assert result.returncode == 2 and "usage: engy-node" in result.stderr
 
 
-@pytest.mark.parametrize("role", ["miner", "validator", "gateway"])
+@pytest.mark.parametrize("role", ["validator", "gateway"])
 def test_a_role_not_built_yet_is_a_clear_error(role):
     result = engy_node("--role", role)
     assert result.returncode == 2
     assert f"the {role} role is not part of engy-node" in result.stderr
     assert "engy-node serve" in result.stderr
+
+
+def test_a_miner_without_a_gateway_names_the_setting_before_starting_anything(tmp_path):
+    result = engy_node("--role", "miner", home=tmp_path)
+    assert result.returncode == 2
+    assert "no gateway: set GW" in result.stderr and "roles miner" not in result.stderr
+
+
+def test_a_miner_without_a_key_or_hotkey_says_how_to_identify(tmp_path):
+    result = engy_node("--role", "miner", "--gateway", "wss://gw.example/gw", home=tmp_path)
+    assert result.returncode == 2 and "MINER_KEY" in result.stderr and "--wallet" in result.stderr
+
+
+def test_a_gateway_url_that_is_not_a_websocket_is_refused(tmp_path):
+    result = engy_node("--role", "miner", "--gateway", "https://gw.example/gw", home=tmp_path)
+    assert result.returncode == 2 and "ws:// or wss://" in result.stderr
 
 
 def test_an_unknown_role_lists_the_known_ones():

@@ -167,6 +167,13 @@ def _version(package: str) -> str | None:
         return None
 
 
+def preflight(config: Config) -> Identity:
+    """The checks that need no IO beyond reading a wallet: run before anything starts."""
+    if not config.miner.gateway_url:
+        raise MinerError("no gateway: set GW (or ENGY_MINER__GATEWAY_URL, or --gateway), e.g. wss://api.engy.ai/gw")
+    return identity(config)
+
+
 def identity(config: Config) -> Identity:
     settings = config.miner
     if settings.wallet_name and settings.wallet_hotkey:
@@ -221,9 +228,7 @@ class ServeRotation:
 async def run_miner(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """The miner service: ready once the model server answers; the link keeps dialling."""
     settings = config.miner
-    if not settings.gateway_url:
-        raise MinerError("no gateway: set GW (or ENGY_MINER__GATEWAY_URL, or --gateway), e.g. wss://api.engy.ai/gw")
-    miner_identity = identity(config)
+    miner_identity = preflight(config)
     inventory = await trio.to_thread.run_sync(detect_gpus, settings.fake_gpus)
     if inventory.cpu_mode:
         log.info("no NVIDIA GPU: %s — CPU mode serves the embedded model on the reference server", inventory.reason)
