@@ -70,18 +70,8 @@ def cached_conversion(cache_dir: Path, gguf: Path) -> Path:
     if is_complete(target):
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=cache_dir))
-    try:
-        log.info("converting %s to a bf16 safetensors checkpoint (once per machine)", gguf.name)
-        convert_gguf(gguf, staging)
-        try:
-            staging.rename(target)
-        except OSError:
-            # Another process finished the same conversion first; theirs is as good as ours.
-            if not is_complete(target):
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    log.info("converting %s to a bf16 safetensors checkpoint (once per machine)", gguf.name)
+    publish_directory(target, lambda staging: convert_gguf(gguf, staging))
     log.info("converted checkpoint cached at %s", target)
     return target
 
@@ -116,14 +106,26 @@ def link_checkpoint(source: Path, destination: Path) -> Path:
     """Expose `source` at `destination` with hard links (copies across filesystems)."""
     if is_complete(destination):
         return destination
-    staging = Path(tempfile.mkdtemp(prefix=".linking-", dir=destination.parent))
-    try:
+
+    def fill(staging: Path) -> None:
         for entry in source.iterdir():
             if entry.is_file():
                 try:
                     os.link(entry, staging / entry.name)
                 except OSError:
                     shutil.copy2(entry, staging / entry.name)
+
+    publish_directory(destination, fill)
+    return destination
+
+
+def publish_directory(destination: Path, fill) -> None:
+    """Build a directory in a temporary sibling with `fill(staging)`, then rename it into place,
+    so readers never see a half-written checkpoint. If another process published the same
+    directory first, theirs is as good as ours and ours is discarded."""
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=destination.parent))
+    try:
+        fill(staging)
         try:
             staging.rename(destination)
         except OSError:
@@ -131,7 +133,6 @@ def link_checkpoint(source: Path, destination: Path) -> Path:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return destination
 
 
 def embedded_checkpoint(*, models_dir: Path, cache_dir: Path) -> Path:
