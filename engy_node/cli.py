@@ -7,7 +7,10 @@ Subcommands:
   serve        the sglang-compatible reference server on the embedded model (SPEC §7.4)
   checkpoint   prepare a model's checkpoint and print its path and model_root
   models       the model catalog
-  (no subcommand) --role ROLE …  run node roles; the roles arrive one by one
+  up           a local network: gateway + miner on the embedded model + a credited buyer key
+  gateway …    gateway administration (buyer keys, credit, usage, miners)
+  plan         GPUs, the model-server plan and the exact command
+  (no subcommand) --role ROLE …  run node roles (miner, gateway; the validator arrives next)
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from engy_node.errors import EngyError, RoleError
 log = logging.getLogger("engy.cli")
 
 ROLES = ("miner", "validator", "gateway")
-AVAILABLE_ROLES: tuple[str, ...] = ("miner",)
+AVAILABLE_ROLES: tuple[str, ...] = ("miner", "gateway")
 """Roles this build can run. A known role that is not here yet is a clear error, not a no-op."""
 
 
@@ -63,6 +66,28 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint.add_argument("--checkpoint", default="")
 
     sub.add_parser("models", help="list the model catalog")
+
+    up = sub.add_parser("up", help="run a local network: a gateway and a miner on the embedded model, with a credited buyer key",
+                        description="A working SN53 network on loopback with no GPU and no chain (SPEC §11).")
+    up.add_argument("--port", type=int, help="buyer API port (default 8080; 0 picks a free one)")
+    up.add_argument("--miner-port", type=int, help="miner websocket port (default 8081; 0 picks a free one)")
+
+    admin = sub.add_parser("gateway", help="gateway administration: buyer keys, credit, usage, miners")
+    admin_sub = admin.add_subparsers(dest="admin_command", metavar="ACTION", required=True)
+    create = admin_sub.add_parser("create-buyer", help="create a buyer account and print its API key (shown once)")
+    create.add_argument("name")
+    credit = admin_sub.add_parser("credit", help="add prepaid credit to an account")
+    credit.add_argument("account", type=int)
+    credit.add_argument("usd", help="dollars, e.g. 25 or 0.50")
+    credit.add_argument("--memo", default="")
+    balance = admin_sub.add_parser("balance", help="show an account's balance")
+    balance.add_argument("account", type=int)
+    usage = admin_sub.add_parser("usage", help="show an account's usage")
+    usage.add_argument("account", type=int)
+    register = admin_sub.add_parser("register-miner", help="register a miner and print its miner key (shown once)")
+    register.add_argument("name")
+    register.add_argument("--hotkey", help="the miner's ss58 hotkey, to admit it by signed hello")
+    admin_sub.add_parser("miners", help="list registered miners")
 
     plan_parser = sub.add_parser("plan", help="detect GPUs, plan the model server and print the exact command",
                                  description="What `--role miner` would launch, without launching it.")
@@ -133,6 +158,11 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "checkpoint":
         config = load_config(home=args.home, overrides=node_overrides)
         return _print_checkpoint(config, args.model, args.checkpoint)
+    if args.command == "up":
+        overrides = {**node_overrides, "gateway": {"port": args.port, "miner_port": args.miner_port}}
+        return _run_up(load_config(home=args.home, overrides=overrides))
+    if args.command == "gateway":
+        return _run_admin(load_config(home=args.home, overrides=node_overrides), args)
     if args.command == "plan":
         from engy_node.miner.role import plan_report
 
@@ -203,9 +233,48 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
     return 1 if wrong else 0
 
 
+def _run_up(config) -> int:
+    from engy_node import node
+    from engy_node.hub import Hub, install_logging
+    from engy_node.local.up import banner, network_file, run_up
+
+    hub = Hub(ring_size=config.node.log_ring_size)
+    install_logging(hub, level=config.node.log_level, log_dir=config.paths.log_dir)
+    log.info("engy-node %s up: local network in %s (pid %d)", __version__, config.paths.data_dir, os.getpid())
+
+    def on_ready(document) -> None:
+        print(banner(document, network_file(config)), flush=True)
+
+    return node.run([("local network", functools.partial(run_up, config, hub, on_ready=on_ready))])
+
+
+def _run_admin(config, args: argparse.Namespace) -> int:
+    from engy_node.gateway import admin
+    from engy_node.gateway.role import store_path
+    from engy_node.gateway.store import Store
+
+    config.paths.data_dir.mkdir(parents=True, exist_ok=True)
+    with Store.open(store_path(config)) as store:
+        action = args.admin_command
+        if action == "create-buyer":
+            print(admin.create_buyer(store, name=args.name))
+        elif action == "credit":
+            print(admin.credit(store, account_id=args.account, dollars=args.usd, memo=args.memo))
+        elif action == "balance":
+            print(admin.show_balance(store, account_id=args.account))
+        elif action == "usage":
+            print(admin.show_usage(store, account_id=args.account))
+        elif action == "register-miner":
+            print(admin.register_miner(store, name=args.name, hotkey=args.hotkey))
+        elif action == "miners":
+            print(admin.list_miners(store))
+    return 0
+
+
 def _run_roles(config, roles: list[str]) -> int:
     from engy_node import node
     from engy_node.hub import Hub, install_logging
+    from engy_node.gateway.role import run_gateway
     from engy_node.miner.role import plan_report, preflight, run_miner
 
     if "miner" in roles and config.miner.fake_gpus:
@@ -217,7 +286,11 @@ def _run_roles(config, roles: list[str]) -> int:
     hub = Hub(ring_size=config.node.log_ring_size)
     install_logging(hub, level=config.node.log_level, log_dir=config.paths.log_dir)
     log.info("engy-node %s: roles %s (pid %d)", __version__, ", ".join(roles), os.getpid())
-    services = [("miner", functools.partial(run_miner, config, hub))]
+    services = []
+    if "gateway" in roles:
+        services.append(("gateway", functools.partial(run_gateway, config, hub)))
+    if "miner" in roles:
+        services.append(("miner", functools.partial(run_miner, config, hub)))
     return node.run(services)
 
 

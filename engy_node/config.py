@@ -110,6 +110,35 @@ class MinerSection:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class GatewaySection:
+    host: str = "127.0.0.1"
+    """Bind address of the buyer API and the miner endpoint (loopback unless you front it)."""
+    port: int = 8080
+    """Buyer API port (OpenAI and Anthropic routes); 0 picks a free one."""
+    miner_port: int = 8081
+    """Miner websocket port (`/gw`, `/gw/meta`); 0 picks a free one."""
+    models: str = "smollm2-135m"
+    """Served models, comma-separated catalog ids."""
+    checkpoints: str = ""
+    """`model=DIR` pairs, comma-separated: where each model's tokenizer and config live (the
+    gateway tokenises every request itself). The embedded model needs none."""
+    max_body_bytes: int = 8 * 1024 * 1024
+    """Largest buyer request body; a 200k-token conversation is well under 2 MB of JSON."""
+    keepalive_s: float = 15.0
+    """Streams with nothing to send get a keepalive this often (SSE comment / Anthropic ping)."""
+    first_byte_wait_s: float = 15.0
+    """How long a stream waits for the miner's first output before committing the response
+    (status 200, keepalives). Until then a failed miner is retried and errors keep their status."""
+    max_attempts: int = 2
+    """Miners tried per request while no byte has reached the buyer."""
+    stale_after_s: float = 90.0
+    proof_tee_ttl_s: float = 3600.0
+    proof_tee_max_entries: int = 20_000
+    no_capacity_retry_after_s: int = 5
+    """Retry-After sent with 503/529 when no miner has a free slot."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Paths:
     config_file: Path
     data_dir: Path
@@ -130,9 +159,10 @@ class Config:
     node: NodeSection = NodeSection()
     serve: ServeSection = ServeSection()
     miner: MinerSection = MinerSection()
+    gateway: GatewaySection = GatewaySection()
 
 
-SECTIONS: dict[str, type] = {"node": NodeSection, "serve": ServeSection, "miner": MinerSection}
+SECTIONS: dict[str, type] = {"node": NodeSection, "serve": ServeSection, "miner": MinerSection, "gateway": GatewaySection}
 
 PUBLIC_MINER_ENV: dict[str, tuple[str, str]] = {
     "GW": ("miner", "gateway_url"),
@@ -295,6 +325,12 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"miner.serve_port = {miner.serve_port}: must be 0..65535")
     if miner.gateway_url and not miner.gateway_url.startswith(("ws://", "wss://")):
         raise ConfigError(f"miner.gateway_url = {miner.gateway_url!r}: use a ws:// or wss:// URL, e.g. wss://api.engy.ai/gw")
+    gateway = config.gateway
+    for name in ("port", "miner_port"):
+        if not 0 <= getattr(gateway, name) <= 65535:
+            raise ConfigError(f"gateway.{name} = {getattr(gateway, name)}: must be 0..65535 (0 picks a free port)")
+    if gateway.max_attempts < 1:
+        raise ConfigError("gateway.max_attempts must be at least 1")
     if serve.request_timeout_s <= 0:
         raise ConfigError("serve.request_timeout_s must be positive")
     if config.node.log_ring_size < 100:

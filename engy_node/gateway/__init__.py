@@ -1,0 +1,1 @@
+"""The gateway role: buyer APIs, billing, the miner pool and routing."""

@@ -1,0 +1,127 @@
+"""The gateway operator's commands (SPEC §3): buyer keys and credit, balances and usage, miners.
+
+Each function takes an open `Store`, calls its synchronous methods (the admin CLI runs outside
+trio) and returns the text to print; `cli.py` owns argument parsing, printing and exit
+codes. Secrets are printed exactly once, at creation, because only their hashes are kept.
+
+Money typed by a person is parsed exactly, with `decimal`, never through a float: "0.10" must
+credit 100,000 micro-USD, not 99,999. Input the ledger cannot represent exactly (more than six
+decimal places) or that makes no sense as a credit (zero, negative) is refused with
+`AdminError` rather than rounded: a silently altered amount is worse than a retyped command.
+"""
+
+from __future__ import annotations
+
+import decimal
+import re
+from datetime import datetime, timezone
+
+from engy_node.errors import EngyError
+from engy_node.gateway.store import Store
+
+MICRO_USD_PER_USD = 1_000_000
+USD_DECIMALS = len(str(MICRO_USD_PER_USD)) - 1
+"""Decimal places of a dollar amount the ledger can hold exactly (6: one micro-dollar)."""
+
+_USD_TEXT = re.compile(r"\$?(?P<number>\d+(?:\.(?P<fraction>\d+))?)")
+"""Plain positional dollars, optionally with a leading `$`: `25`, `0.50`, `$3.000001`. No
+signs, exponents, grouping commas or NaN, which `Decimal` would otherwise accept."""
+
+
+class AdminError(EngyError):
+    title = "admin"
+
+
+def parse_usd(text: str) -> int:
+    """Micro-USD for a dollar amount typed by the operator (`"25"` → 25,000,000).
+
+    Raises:
+        AdminError: not a plain positive amount, or more than `USD_DECIMALS` decimal places.
+    """
+    match = _USD_TEXT.fullmatch(text.strip())
+    if match is None:
+        raise AdminError(f"{text!r} is not a dollar amount; write it like 25 or 0.50")
+    if len(match["fraction"] or "") > USD_DECIMALS:
+        raise AdminError(f"{text!r} has more than {USD_DECIMALS} decimal places; the ledger counts whole micro-dollars ($0.000001)")
+    number = match["number"]
+    with decimal.localcontext() as context:
+        # Enough digits for the whole product, and a trap in case that reasoning is ever wrong:
+        # this multiplication must be exact.
+        context.prec = len(number) + USD_DECIMALS
+        context.traps[decimal.Inexact] = True
+        micro = int(decimal.Decimal(number) * MICRO_USD_PER_USD)
+    if micro <= 0:
+        raise AdminError(f"{text!r} is not more than $0; a credit must add money")
+    return micro
+
+
+def format_usd(micro: int) -> str:
+    """`12_345_678` → `"$12.345678"`: every micro-dollar shown, so printed balances add up."""
+    sign = "-" if micro < 0 else ""
+    dollars, micros = divmod(abs(micro), MICRO_USD_PER_USD)
+    return f"{sign}${dollars}.{micros:0{USD_DECIMALS}d}"
+
+
+def _timestamp(unix_s: float) -> str:
+    return datetime.fromtimestamp(unix_s, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def create_buyer(store: Store, *, name: str) -> str:
+    """Create a buyer account and its API key; the key appears in this text and never again."""
+    account_id, api_key = store.create_buyer(name)
+    return (
+        f"buyer account {account_id} ({name}) created\n"
+        f"API key: {api_key}\n"
+        "This key is shown once and stored only as a hash: give it to the buyer now."
+    )
+
+
+def credit(store: Store, *, account_id: int, dollars: str, memo: str = "") -> str:
+    """Credit `dollars` (decimal text such as "25" or "0.50") to the account."""
+    micro_usd = parse_usd(dollars)
+    available = store.credit(account_id, micro_usd=micro_usd, memo=memo)
+    return f"credited {format_usd(micro_usd)} to account {account_id}; available {format_usd(available)}"
+
+
+def show_balance(store: Store, *, account_id: int) -> str:
+    balance = store.balance(account_id)
+    return "\n".join((
+        f"account {account_id}",
+        f"  available {format_usd(balance.available)}",
+        f"  held      {format_usd(balance.held)}  (requests in flight)",
+        f"  credited  {format_usd(balance.credited)}",
+        f"  charged   {format_usd(balance.charged)}",
+    ))
+
+
+def show_usage(store: Store, *, account_id: int, since: float | None = None) -> str:
+    """Paid usage of the account since `since` (unix seconds; None: all retained history)."""
+    usage = store.usage(account_id, since=since)
+    window = "all retained history" if since is None else f"since {_timestamp(since)}"
+    return "\n".join((
+        f"account {account_id}, {window}",
+        f"  requests          {usage.requests}",
+        f"  prompt tokens     {usage.prompt_tokens} ({usage.cached_tokens} cached)",
+        f"  completion tokens {usage.completion_tokens}",
+        f"  cost              {format_usd(usage.cost_micro)}",
+    ))
+
+
+def register_miner(store: Store, *, name: str, hotkey: str | None = None) -> str:
+    """Register a miner and issue its key; the key appears in this text and never again."""
+    miner_id, miner_key = store.register_miner(name, hotkey=hotkey)
+    return (
+        f"miner {miner_id} ({name}) registered\n"
+        f"miner key: {miner_key}\n"
+        "This key is shown once and stored only as a hash: set it as the miner's MINER_KEY now."
+    )
+
+
+def list_miners(store: Store) -> str:
+    """One line per registered miner (keys are never shown: only their hashes are kept)."""
+    miners = store.list_miners()
+    if not miners:
+        return "no miners registered"
+    lines = [f"{'id':>4}  {'name':<24} {'hotkey':<48}  registered"]
+    lines += [f"{m.miner_id:>4}  {m.name:<24} {m.hotkey or '-':<48}  {_timestamp(m.created_at)}" for m in miners]
+    return "\n".join(lines)

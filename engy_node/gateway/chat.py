@@ -1,0 +1,111 @@
+"""The gateway's internal language, between the two buyer APIs and the miners.
+
+OpenAI and Anthropic requests are both parsed into one `ChatRequest` (OpenAI-style chat messages
+and tools, because that is what chat templates consume); miners stream raw model text, which
+`output_parser` turns into `OutputEvent`s (text, reasoning, tool calls); each API's encoder turns
+those events back into its own wire format. Nothing here does IO.
+
+`GatewayError` is the one error type the buyer-facing handlers raise: it carries an HTTP status
+and a kind, and each API renders it in its own error shape (OpenAI `{"error": {...}}`,
+Anthropic `{"type": "error", "error": {...}}`), with `Retry-After` when retrying can help.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from engy_node.protocol.miner import Sampling
+
+ErrorKind = Literal[
+    "invalid_request",   # 400
+    "authentication",    # 401
+    "billing",           # 402: prepaid balance cannot cover the worst case
+    "permission",        # 403
+    "not_found",         # 404: unknown model or route
+    "request_too_large", # 413
+    "rate_limit",        # 429
+    "api_error",         # 500
+    "upstream",          # 502: the miner failed
+    "overloaded",        # 503 (OpenAI) / 529 (Anthropic): no miner capacity
+    "timeout",           # 504
+]
+
+STATUS_BY_KIND: dict[str, int] = {
+    "invalid_request": 400, "authentication": 401, "billing": 402, "permission": 403, "not_found": 404,
+    "request_too_large": 413, "rate_limit": 429, "api_error": 500, "upstream": 502, "overloaded": 503,
+    "timeout": 504,
+}
+
+
+@dataclasses.dataclass
+class GatewayError(Exception):
+    kind: ErrorKind
+    message: str
+    param: str | None = None
+    retry_after_s: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    @property
+    def status(self) -> int:
+        return STATUS_BY_KIND[self.kind]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One buyer request, whichever API it came through."""
+
+    api: Literal["openai", "anthropic"]
+    model: str
+    messages: tuple[dict[str, Any], ...]
+    """OpenAI-style chat messages: {role: system|user|assistant|tool, content: str,
+    tool_calls?: [{id, type: "function", function: {name, arguments: str}}], tool_call_id?}."""
+    max_tokens: int
+    stream: bool
+    sampling: Sampling = Sampling()
+    tools: tuple[dict[str, Any], ...] | None = None
+    """OpenAI function tools: {"type": "function", "function": {name, description, parameters}}."""
+    tool_choice: Any = None
+    include_usage: bool = False
+    """OpenAI `stream_options.include_usage`."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts as the gateway bills them. `prompt_tokens` includes `cached_tokens`."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A complete tool call parsed from the model's output."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+    """JSON text of the arguments object."""
+
+
+OutputEvent = TextDelta | ReasoningDelta | ToolCall
+
+FinishReason = Literal["stop", "length", "tool_calls"]

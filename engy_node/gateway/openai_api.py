@@ -1,0 +1,492 @@
+"""The OpenAI Chat Completions wire format: request parsing, response bodies, SSE chunks, errors.
+
+What it decides: how a buyer's `POST /v1/chat/completions` body becomes a `ChatRequest`, and how
+the gateway's `OutputEvent`s, `Usage` and `GatewayError`s are written back so that the official
+`openai` SDK and hand-rolled OpenAI clients read them exactly as they read OpenAI's own answers
+(reference/llm-gateways-and-wire-formats.md §4). Pure: no IO, no clock reads; ids and `created`
+come in as arguments.
+
+Trust: the request body is buyer input and untrusted. Every field the gateway relies on is
+type-checked, and a bad one is a 400 `invalid_request` whose message and `param` name the field
+(`messages[2].content[0].type`), so the buyer can fix the request without guessing. Fields the
+gateway does not use (`user`, `metadata`, `parallel_tool_calls`, `logprobs`, `service_tier`…)
+are ignored rather than rejected, because SDKs and agent frameworks send them by default and a
+400 would break them for no benefit; they are also never forwarded, so a miner's engine cannot
+trip over them. What cannot be honoured is refused instead of silently ignored: images (the
+models are text-only), `n > 1`, and a tool choice naming a tool that was not sent.
+
+Failure posture: once a stream's 200 has been sent, errors can only travel in-band, so
+`ChunkEncoder.error` writes OpenAI's `data: {"error": ...}` event (the SDK raises `APIError` on
+it) and nothing after it; every other stream ends with a `finish_reason` chunk and
+`data: [DONE]`, because strict clients treat a stream without them as broken and retry.
+
+Decisions the OpenAI reference leaves open, and why:
+* `developer` messages become `system` messages: chat templates know only `system`.
+* Text parts of one message are joined with "\\n" (vLLM's convention for templates that take a
+  string), and an assistant's `reasoning_content` in history is dropped, as chat templates drop
+  past reasoning.
+* When both `max_completion_tokens` and the deprecated `max_tokens` are sent, the former wins;
+  when neither is, the model's maximum output is used (and reserved by billing).
+* `stream_options` on a non-streaming request is ignored rather than rejected.
+* `top_p` must be in (0, 1]: miners' engines reject 0, and a 400 naming the field is better than
+  an upstream failure.
+* `finish_reason` is `tool_calls` only when the model stopped by itself after calling tools; a
+  cut-off response stays `length` so the client knows the output is incomplete.
+* Billing exhaustion is HTTP 402 with type `insufficient_quota` (OpenRouter's status; the SDK
+  raises `APIStatusError` and, unlike for OpenAI's 429 `insufficient_quota`, does not retry).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+import orjson
+
+from engy_node.gateway.chat import (
+    ChatRequest, FinishReason, GatewayError, OutputEvent, ReasoningDelta, TextDelta, ToolCall, Usage,
+)
+from engy_node.protocol.miner import Sampling
+
+# OpenAI's own limits, kept so that a request valid here is valid against OpenAI and vice versa.
+MAX_STOP_SEQUENCES = 4
+MAX_TEMPERATURE = 2.0
+# OpenAI's function-name rule; chat templates splice the name into the prompt verbatim.
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+_UNSUPPORTED_PARTS = {"image_url": "images", "input_audio": "audio", "file": "files"}
+
+ERROR_TYPE_BY_KIND: dict[str, str] = {
+    "invalid_request": "invalid_request_error",
+    "authentication": "authentication_error",
+    "billing": "insufficient_quota",
+    "permission": "permission_error",
+    "not_found": "not_found_error",
+    "request_too_large": "invalid_request_error",
+    "rate_limit": "rate_limit_error",
+    "api_error": "api_error",
+    "upstream": "server_error",
+    "overloaded": "service_unavailable_error",
+    "timeout": "timeout",
+}
+"""OpenAI `error.type` per `GatewayError.kind`."""
+
+ERROR_CODE_BY_KIND: dict[str, str] = {
+    "authentication": "invalid_api_key",
+    "billing": "insufficient_quota",
+    "request_too_large": "request_too_large",
+    "rate_limit": "rate_limit_exceeded",
+    "upstream": "upstream_error",
+    "overloaded": "server_is_overloaded",
+    "timeout": "timeout",
+}
+"""`error.code` per kind: OpenAI's documented code where one fits (`invalid_api_key`,
+`insufficient_quota`, `rate_limit_exceeded`, `server_is_overloaded`), a descriptive one of ours
+for the rest, null for kinds whose type already says everything."""
+
+NO_RETRY_KINDS = frozenset({"invalid_request", "authentication", "billing", "permission", "not_found", "request_too_large"})
+"""Kinds where the buyer must change something first: `x-should-retry: false` stops SDK retries."""
+
+
+# ---- request ------------------------------------------------------------------------------
+
+
+def _invalid(message: str, param: str) -> GatewayError:
+    return GatewayError("invalid_request", message, param=param)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _optional_number(body: Mapping[str, Any], key: str, *, low: float, high: float, low_open: bool = False) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    in_range = _is_number(value) and (low < value if low_open else low <= value) and value <= high
+    if not in_range:
+        bound = "greater than" if low_open else "at least"
+        raise _invalid(f"{key} must be a number {bound} {low:g} and at most {high:g}, got {value!r}", key)
+    return float(value)
+
+
+def _text_content(content: Any, param: str, *, allow_null: bool) -> str:
+    """A message's content as one string: a string, or a list of text parts joined with "\\n"."""
+    if content is None and allow_null:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _invalid(f"{param} must be a string or a list of content parts", param)
+    texts = []
+    for j, part in enumerate(content):
+        part_param = f"{param}[{j}]"
+        if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+            raise _invalid(f"{part_param} must be an object with a string type", f"{part_param}.type")
+        kind = part["type"]
+        if kind in _UNSUPPORTED_PARTS:
+            raise _invalid(f"{part_param}: {_UNSUPPORTED_PARTS[kind]} are not supported; the models served here "
+                           "take text only, so send text parts", f"{part_param}.type")
+        if kind not in ("text", "refusal"):
+            raise _invalid(f"{part_param}.type {kind!r} is not supported; use 'text'", f"{part_param}.type")
+        text = part.get(kind)
+        if not isinstance(text, str):
+            raise _invalid(f"{part_param}.{kind} must be a string", f"{part_param}.{kind}")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def _assistant_tool_calls(raw: Any, param: str) -> list[dict[str, Any]]:
+    if not isinstance(raw, list):
+        raise _invalid(f"{param} must be a list", param)
+    calls = []
+    for j, call in enumerate(raw):
+        call_param = f"{param}[{j}]"
+        if not isinstance(call, Mapping):
+            raise _invalid(f"{call_param} must be an object", call_param)
+        if not isinstance(call.get("id"), str):
+            raise _invalid(f"{call_param}.id must be a string", f"{call_param}.id")
+        if call.get("type", "function") != "function":
+            raise _invalid(f"{call_param}.type must be 'function'", f"{call_param}.type")
+        function = call.get("function")
+        if not isinstance(function, Mapping):
+            raise _invalid(f"{call_param}.function must be an object", f"{call_param}.function")
+        if not isinstance(function.get("name"), str):
+            raise _invalid(f"{call_param}.function.name must be a string", f"{call_param}.function.name")
+        if not isinstance(function.get("arguments"), str):
+            raise _invalid(f"{call_param}.function.arguments must be a JSON string", f"{call_param}.function.arguments")
+        calls.append({"id": call["id"], "type": "function",
+                      "function": {"name": function["name"], "arguments": function["arguments"]}})
+    return calls
+
+
+def _messages(raw: Any) -> tuple[dict[str, Any], ...]:
+    if not isinstance(raw, list) or not raw:
+        raise _invalid("messages must be a non-empty list", "messages")
+    messages = []
+    for i, message in enumerate(raw):
+        param = f"messages[{i}]"
+        if not isinstance(message, Mapping):
+            raise _invalid(f"{param} must be an object", param)
+        role = message.get("role")
+        if role not in _ROLES:
+            raise _invalid(f"{param}.role must be one of {', '.join(_ROLES)}; got {role!r}", f"{param}.role")
+        tool_calls = None
+        if role == "assistant" and message.get("tool_calls") is not None:
+            tool_calls = _assistant_tool_calls(message["tool_calls"], f"{param}.tool_calls")
+        out: dict[str, Any] = {
+            "role": "system" if role == "developer" else role,
+            "content": _text_content(message.get("content"), f"{param}.content", allow_null=role == "assistant"),
+        }
+        if tool_calls:
+            out["tool_calls"] = tool_calls
+        if role == "tool":
+            if not isinstance(message.get("tool_call_id"), str):
+                raise _invalid(f"{param}.tool_call_id must be a string", f"{param}.tool_call_id")
+            out["tool_call_id"] = message["tool_call_id"]
+        messages.append(out)
+    return tuple(messages)
+
+
+def _tools(raw: Any) -> tuple[dict[str, Any], ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise _invalid("tools must be a list", "tools")
+    tools = []
+    for i, tool in enumerate(raw):
+        param = f"tools[{i}]"
+        if not isinstance(tool, Mapping) or tool.get("type") != "function":
+            raise _invalid(f"{param} must be an object with type 'function' (the only tool type supported)", f"{param}.type")
+        function = tool.get("function")
+        if not isinstance(function, Mapping):
+            raise _invalid(f"{param}.function must be an object", f"{param}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not _FUNCTION_NAME.fullmatch(name):
+            raise _invalid(f"{param}.function.name must be 1-64 letters, digits, '_' or '-'", f"{param}.function.name")
+        spec: dict[str, Any] = {"name": name}
+        if function.get("description") is not None:
+            if not isinstance(function["description"], str):
+                raise _invalid(f"{param}.function.description must be a string", f"{param}.function.description")
+            spec["description"] = function["description"]
+        if function.get("parameters") is not None:
+            if not isinstance(function["parameters"], Mapping):
+                raise _invalid(f"{param}.function.parameters must be a JSON Schema object", f"{param}.function.parameters")
+            spec["parameters"] = dict(function["parameters"])
+        tools.append({"type": "function", "function": spec})
+    return tuple(tools) or None
+
+
+def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...] | None) -> Any:
+    """The normalised tool choice: None, "none" (the caller then drops the tools), "auto", "required"
+    or {"type": "function", "function": {"name": ...}}; "auto" without tools is None."""
+    if raw is None or raw == "none":
+        return raw
+    if raw == "auto":
+        return raw if tools else None
+    names = {tool["function"]["name"] for tool in tools or ()}
+    if raw == "required":
+        if not tools:
+            raise _invalid("tool_choice 'required' needs at least one tool in tools", "tool_choice")
+        return raw
+    if isinstance(raw, Mapping) and raw.get("type") == "function" and isinstance(raw.get("function"), Mapping):
+        name = raw["function"].get("name")
+        if not isinstance(name, str) or name not in names:
+            raise _invalid(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice.function.name")
+        return {"type": "function", "function": {"name": name}}
+    raise _invalid("tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", "
+                   "\"function\": {\"name\": ...}}", "tool_choice")
+
+
+def _max_tokens(body: Mapping[str, Any], limit: int) -> int:
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    value = body.get(key)
+    if value is None:
+        return limit
+    if not _is_int(value) or value < 1:
+        raise _invalid(f"{key} must be a positive integer, got {value!r}", key)
+    if value > limit:
+        raise _invalid(f"{key} is too large: {value}. This model supports at most {limit} completion tokens, "
+                       f"whereas you provided {value}.", key)
+    return value
+
+
+def _stop(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    stops = [raw] if isinstance(raw, str) else raw
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise _invalid("stop must be a non-empty string or a list of non-empty strings", "stop")
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise _invalid(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stops)}", "stop")
+    return tuple(stops)
+
+
+def _seed(raw: Any) -> int | None:
+    if raw is None:
+        return None
+    # Engines keep the seed in a 64-bit integer.
+    if not _is_int(raw) or not -(2**63) <= raw < 2**64:
+        raise _invalid(f"seed must be a 64-bit integer, got {raw!r}", "seed")
+    return raw
+
+
+def parse_chat_request(body: Any, *, known_models: Collection[str],
+                       max_output_tokens_for: Callable[[str], int]) -> ChatRequest:
+    """A buyer's chat-completions body as a `ChatRequest`.
+
+    Raises `GatewayError`: `invalid_request` (400, with `param`) for a malformed field,
+    `not_found` (404, param "model") for a model this gateway does not serve.
+    """
+    if not isinstance(body, Mapping):
+        raise _invalid("the request body must be a JSON object", "body")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _invalid("model must be a non-empty string", "model")
+    if model not in known_models:
+        raise GatewayError("not_found", f"The model `{model}` does not exist or you do not have access to it.", param="model")
+    messages = _messages(body.get("messages"))
+    max_tokens = _max_tokens(body, max_output_tokens_for(model))
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _invalid("stream must be a boolean", "stream")
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, Mapping):
+        raise _invalid("stream_options must be an object", "stream_options")
+    include_usage = (stream_options or {}).get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise _invalid("stream_options.include_usage must be a boolean", "stream_options.include_usage")
+    n = body.get("n")
+    if n is not None and (not _is_int(n) or n != 1):
+        raise _invalid(f"n must be 1: this gateway returns one choice per request, got {n!r}", "n")
+    tools = _tools(body.get("tools"))
+    tool_choice = _tool_choice(body.get("tool_choice"), tools)
+    if tool_choice == "none":
+        tools, tool_choice = None, None
+    sampling = Sampling(
+        temperature=_optional_number(body, "temperature", low=0.0, high=MAX_TEMPERATURE),
+        top_p=_optional_number(body, "top_p", low=0.0, high=1.0, low_open=True),
+        seed=_seed(body.get("seed")),
+        stop=_stop(body.get("stop")),
+    )
+    return ChatRequest(
+        api="openai", model=model, messages=messages, max_tokens=max_tokens, stream=bool(stream),
+        sampling=sampling, tools=tools, tool_choice=tool_choice, include_usage=bool(stream and include_usage),
+    )
+
+
+# ---- responses ----------------------------------------------------------------------------
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    """OpenAI usage: `prompt_tokens` includes the cached tokens, which are a breakdown, not extra."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def _tool_call_body(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _finish_reason(finish: FinishReason, *, called_tools: bool) -> FinishReason:
+    return "tool_calls" if finish == "stop" and called_tools else finish
+
+
+def completion_body(*, request_id: str, created: int, model: str, events: list[OutputEvent],
+                    finish: FinishReason, usage: Usage) -> dict[str, Any]:
+    """A non-streaming `chat.completion` object. `request_id` is used as the completion id as is."""
+    text = "".join(event.text for event in events if isinstance(event, TextDelta))
+    reasoning = "".join(event.text for event in events if isinstance(event, ReasoningDelta))
+    calls = [_tool_call_body(event) for event in events if isinstance(event, ToolCall)]
+    message: dict[str, Any] = {"role": "assistant", "content": None if calls and not text else text, "refusal": None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return {
+        "id": request_id, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None,
+                     "finish_reason": _finish_reason(finish, called_tools=bool(calls))}],
+        "usage": usage_body(usage),
+    }
+
+
+def _sse(payload: Mapping[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+KEEPALIVE = b": keep-alive\n\n"
+"""An SSE comment: the SDK's decoder skips it, and proxies see bytes and keep the stream open."""
+
+DONE = b"data: [DONE]\n\n"
+
+
+class ChunkEncoder:
+    """Writes one streaming response as `chat.completion.chunk` SSE events.
+
+    Call `start()` once, then `events()` any number of times, `keepalive()` whenever the stream
+    has been idle, and end with exactly one of `finish()` or `error()`. Every method returns the
+    bytes to send, in order; every chunk carries the same id, `created` and model, and
+    `"usage": null` except the final usage chunk.
+    """
+
+    def __init__(self, request_id: str, created: int, model: str, include_usage: bool) -> None:
+        self._request_id = request_id
+        self._created = created
+        self._model = model
+        self._include_usage = include_usage
+        self._called_tools = False
+
+    def _chunk(self, *, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        return _sse({
+            "id": self._request_id, "object": "chat.completion.chunk", "created": self._created, "model": self._model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            "usage": None,
+        })
+
+    def start(self) -> list[bytes]:
+        """The first chunk: the assistant role, announced once, with empty content."""
+        return [self._chunk(delta={"role": "assistant", "content": ""})]
+
+    def events(self, events: list[OutputEvent]) -> list[bytes]:
+        """Content, `reasoning_content` and tool-call deltas; adjacent text of one kind is merged.
+
+        A tool call is sent as OpenAI sends one: a first fragment with index, id, type, name and
+        empty arguments, then a fragment with the arguments (clients concatenate fragments by index).
+        """
+        chunks: list[bytes] = []
+        pending_kind: type | None = None
+        pending: list[str] = []
+
+        def flush() -> None:
+            if pending:
+                key = "content" if pending_kind is TextDelta else "reasoning_content"
+                chunks.append(self._chunk(delta={key: "".join(pending)}))
+                pending.clear()
+
+        for event in events:
+            if isinstance(event, ToolCall):
+                flush()
+                self._called_tools = True
+                chunks.append(self._chunk(delta={"tool_calls": [{
+                    "index": event.index, "id": event.id, "type": "function",
+                    "function": {"name": event.name, "arguments": ""},
+                }]}))
+                chunks.append(self._chunk(delta={"tool_calls": [{
+                    "index": event.index, "function": {"arguments": event.arguments},
+                }]}))
+            elif event.text:
+                if type(event) is not pending_kind:
+                    flush()
+                    pending_kind = type(event)
+                pending.append(event.text)
+        flush()
+        return chunks
+
+    def finish(self, finish_reason: FinishReason, usage: Usage) -> list[bytes]:
+        """The `finish_reason` chunk (`stop` becomes `tool_calls` when tools were called), the usage
+        chunk with `choices: []` when the buyer asked for it, then `[DONE]`."""
+        chunks = [self._chunk(delta={}, finish_reason=_finish_reason(finish_reason, called_tools=self._called_tools))]
+        if self._include_usage:
+            chunks.append(_sse({
+                "id": self._request_id, "object": "chat.completion.chunk", "created": self._created,
+                "model": self._model, "choices": [], "usage": usage_body(usage),
+            }))
+        chunks.append(DONE)
+        return chunks
+
+    def error(self, err: GatewayError) -> list[bytes]:
+        """An in-band error after the 200 was sent; the stream must close right after it."""
+        return [_sse(error_body(err, self._request_id))]
+
+    def keepalive(self) -> list[bytes]:
+        return [KEEPALIVE]
+
+
+# ---- errors -------------------------------------------------------------------------------
+
+
+def error_body(err: GatewayError, request_id: str) -> dict[str, Any]:
+    """OpenAI's error object; `request_id` rides at the top level, where the SDK ignores it and a
+    buyer pasting the body into a support request still has it."""
+    code = "model_not_found" if err.kind == "not_found" and err.param == "model" else ERROR_CODE_BY_KIND.get(err.kind)
+    return {
+        "error": {"message": err.message, "type": ERROR_TYPE_BY_KIND[err.kind], "param": err.param, "code": code},
+        "request_id": request_id,
+    }
+
+
+def error_headers(err: GatewayError) -> dict[str, str]:
+    """`retry-after` when waiting helps; `x-should-retry: false` when only a changed request can."""
+    headers = {}
+    if err.retry_after_s is not None:
+        headers["retry-after"] = str(err.retry_after_s)
+    if err.kind in NO_RETRY_KINDS:
+        headers["x-should-retry"] = "false"
+    return headers
+
+
+# ---- models -------------------------------------------------------------------------------
+
+
+def model_body(model: tuple[str, int, str]) -> dict[str, Any]:
+    """One `model` object from `(id, created, owned_by)`, as `GET /v1/models/{id}` returns it."""
+    model_id, created, owned_by = model
+    return {"id": model_id, "object": "model", "created": created, "owned_by": owned_by}
+
+
+def models_body(models: list[tuple[str, int, str]]) -> dict[str, Any]:
+    """`GET /v1/models`: `(id, created, owned_by)` per served model."""
+    return {"object": "list", "data": [model_body(model) for model in models]}

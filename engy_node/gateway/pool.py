@@ -1,0 +1,292 @@
+"""The miner pool: the websocket endpoint miners dial, and the legs it keeps (SPEC §4, §8.4).
+
+A leg is one admitted miner connection. Admission needs either a miner key the store knows, or a
+hello signed by a hotkey the gateway allows (SPEC §6) within the signature window, not replayed.
+The hello must name a served model and, where the gateway knows the canonical checkpoint, its
+`model_root`: a miner announcing another checkpoint is denied rather than caught later by proofs.
+
+Each leg tracks its advertised capacity and the requests in flight on it. Frames from a miner are
+parsed strictly; a malformed one closes that leg (the miner re-dials) and fails its in-flight
+requests, never the others. A leg without a heartbeat for `stale_after_s` stops receiving new
+requests and is closed. A repeat hello with the same (identity, worker_name) supersedes the old
+connection.
+
+The leg's receive loop never waits on a buyer: chunks are queued per request (a completion is
+bounded by max_tokens, so the queue is too) and the buyer's handler drains them at its own pace.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import trio
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from engy_node import keys
+from engy_node.gateway.router import Candidate
+from engy_node.protocol.miner import (
+    Admit, Cancel, Chunk, Deny, Heartbeat, Hello, ProtocolError, Reconnect, Response, Serve, encode, parse_miner_frame,
+)
+
+log = logging.getLogger("engy.gateway.pool")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoolSettings:
+    stale_after_s: float = 90.0
+    """SPEC §4: a leg without a heartbeat for this long is stale (three missed 30 s beats)."""
+    hello_timeout_s: float = 10.0
+    netuid: int = 53
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MinerIdentity:
+    miner: str
+    """Stable identity used for routing stats and settlement: the hotkey, or `key:<id>`."""
+    hotkey: str | None
+
+
+class LegLost(Exception):
+    """The miner's connection went away while a request was in flight on it."""
+
+
+@dataclasses.dataclass
+class PendingRequest:
+    """One request in flight on a leg: what the miner has sent so far."""
+
+    corr_id: str
+    leg: "Leg"
+    chunks: collections.deque[str] = dataclasses.field(default_factory=collections.deque)
+    response: Response | None = None
+    lost: str | None = None
+    changed: trio.Event = dataclasses.field(default_factory=trio.Event)
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    @property
+    def finished(self) -> bool:
+        return self.response is not None or self.lost is not None
+
+
+@dataclasses.dataclass
+class Leg:
+    leg_id: str
+    identity: MinerIdentity
+    hello: Hello
+    websocket: WebSocket
+    last_heartbeat: float
+    inflight: dict[str, PendingRequest] = dataclasses.field(default_factory=dict)
+    send_lock: trio.Lock = dataclasses.field(default_factory=trio.Lock)
+    closed: bool = False
+
+    @property
+    def capacity(self) -> int:
+        return self.hello.capacity.max_inflight
+
+    async def send(self, frame: Serve | Cancel | Reconnect | Admit | Deny) -> None:
+        async with self.send_lock:
+            await self.websocket.send_text(encode(frame))
+
+
+MinerKeyLookup = Callable[[str], Awaitable[str | None]]
+"""miner key -> its id at the store (None: unknown)."""
+
+
+class MinerPool:
+    def __init__(
+        self, *, served_models: Mapping[str, str | None], authenticate_key: MinerKeyLookup,
+        allowed_hotkeys: Callable[[], set[str]], settings: PoolSettings = PoolSettings(),
+        clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.served_models = dict(served_models)
+        """model id -> canonical model_root (None: not pinned)."""
+        self.authenticate_key = authenticate_key
+        self.allowed_hotkeys = allowed_hotkeys
+        self.settings = settings
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.legs: dict[str, Leg] = {}
+        self.replay = keys.ReplayGuard()
+        self._corr_ids = itertools.count()
+        self.draining = False
+
+    # ---- the websocket endpoint ------------------------------------------------------------
+    async def endpoint(self, websocket: WebSocket) -> None:
+        await websocket.accept()
+        try:
+            with trio.fail_after(self.settings.hello_timeout_s):
+                hello = parse_miner_frame(await websocket.receive_text())
+        except (ProtocolError, trio.TooSlowError, WebSocketDisconnect) as error:
+            log.info("miner connection dropped before a valid hello (%s)", type(error).__name__)
+            await _close(websocket, 1002)
+            return
+        if not isinstance(hello, Hello):
+            await self._deny(websocket, "the first frame must be hello")
+            return
+        identity, reason = await self._admit(hello)
+        if identity is None:
+            log.warning("denied miner %s (%s): %s", hello.worker_name, hello.model, reason)
+            await self._deny(websocket, reason)
+            return
+        if self.draining:
+            await self._deny(websocket, "gateway is draining; retry shortly")
+            return
+        leg = Leg(uuid.uuid4().hex, identity, hello, websocket, self.clock())
+        for other in list(self.legs.values()):
+            if other.identity.miner == identity.miner and other.hello.worker_name == hello.worker_name and other.hello.worker_id != hello.worker_id:
+                log.info("miner %s/%s re-dialled from a new process; closing its old leg", identity.miner, hello.worker_name)
+                await self._close_leg(other, "superseded by a new hello")
+        await leg.send(Admit())
+        self.legs[leg.leg_id] = leg
+        log.info("admitted %s (%s, %s) with capacity %d", identity.miner, hello.worker_name, hello.model, leg.capacity)
+        try:
+            await self._receive(leg)
+        finally:
+            self._drop(leg, "connection closed")
+
+    async def _deny(self, websocket: WebSocket, reason: str) -> None:
+        try:
+            await websocket.send_text(encode(Deny(reason)))
+        finally:
+            await _close(websocket, 1008)
+
+    async def _admit(self, hello: Hello) -> tuple[MinerIdentity | None, str]:
+        if hello.model not in self.served_models:
+            return None, f"model {hello.model!r} is not served here (served: {', '.join(sorted(self.served_models))})"
+        canonical = self.served_models[hello.model]
+        if canonical is not None and hello.model_root != canonical:
+            return None, f"model_root {hello.model_root[:16]}… is not the canonical {hello.model} checkpoint"
+        if hello.hotkey is not None and hello.signature is not None and hello.ts is not None:
+            check = keys.check_hello(hotkey=hello.hotkey, ts=hello.ts, worker_id=hello.worker_id, sig_hex=hello.signature,
+                                     netuid=self.settings.netuid, now=int(self.wall_clock()), replay=self.replay)
+            if not check.ok:
+                return None, f"hotkey signature rejected ({check.reason})"
+            if hello.hotkey not in self.allowed_hotkeys():
+                return None, "hotkey is not registered on this subnet"
+            return MinerIdentity(miner=hello.hotkey, hotkey=hello.hotkey), "ok"
+        if hello.miner_key:
+            miner_id = await self.authenticate_key(hello.miner_key)
+            if miner_id is not None:
+                return MinerIdentity(miner=f"key:{miner_id}", hotkey=None), "ok"
+        return None, "unknown miner key"
+
+    async def _receive(self, leg: Leg) -> None:
+        websocket = leg.websocket
+        while True:
+            try:
+                text = await websocket.receive_text()
+            except WebSocketDisconnect:
+                return
+            try:
+                frame = parse_miner_frame(text)
+            except ProtocolError as error:
+                log.warning("closing leg %s of %s: malformed frame (%s)", leg.leg_id[:8], leg.identity.miner, error)
+                await _close(websocket, 1002)
+                return
+            if isinstance(frame, Heartbeat):
+                leg.last_heartbeat = self.clock()
+            elif isinstance(frame, Chunk):
+                pending = leg.inflight.get(frame.corr_id)
+                if pending is not None:
+                    pending.chunks.append(frame.content)
+                    pending.notify()
+            elif isinstance(frame, Response):
+                pending = leg.inflight.pop(frame.corr_id, None)
+                if pending is not None:
+                    pending.response = frame
+                    pending.notify()
+            else:
+                log.warning("closing leg %s of %s: unexpected %s after admission", leg.leg_id[:8], leg.identity.miner,
+                            type(frame).__name__.lower())
+                await _close(websocket, 1002)
+                return
+
+    def _drop(self, leg: Leg, reason: str) -> None:
+        leg.closed = True
+        if self.legs.get(leg.leg_id) is leg:
+            del self.legs[leg.leg_id]
+        for pending in leg.inflight.values():
+            pending.lost = reason
+            pending.notify()
+        leg.inflight.clear()
+
+    async def _close_leg(self, leg: Leg, reason: str) -> None:
+        self._drop(leg, reason)
+        await _close(leg.websocket, 1000)
+
+    # ---- routing support -------------------------------------------------------------------
+    def candidates(self, model: str) -> list[Candidate]:
+        now = self.clock()
+        return [
+            Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight))
+            for leg in self.legs.values()
+            if leg.hello.model == model and not leg.closed and now - leg.last_heartbeat < self.settings.stale_after_s
+        ]
+
+    async def dispatch(self, leg_id: str, request, *, stream: bool) -> PendingRequest:
+        """Send `serve` on a leg; raises LegLost if the leg is gone."""
+        leg = self.legs.get(leg_id)
+        if leg is None or leg.closed:
+            raise LegLost("the chosen miner disconnected")
+        corr_id = f"c{next(self._corr_ids)}-{uuid.uuid4().hex[:8]}"
+        pending = PendingRequest(corr_id, leg)
+        leg.inflight[corr_id] = pending
+        try:
+            await leg.send(Serve(corr_id=corr_id, request=request, stream=stream))
+        except Exception as error:  # broad on purpose: any send failure means this leg is unusable
+            leg.inflight.pop(corr_id, None)
+            raise LegLost(f"could not send to the miner ({type(error).__name__})") from None
+        return pending
+
+    async def cancel(self, pending: PendingRequest) -> None:
+        """Tell the miner to stop (buyer gone). Best effort; never raises."""
+        leg = pending.leg
+        leg.inflight.pop(pending.corr_id, None)
+        if leg.closed:
+            return
+        try:
+            with trio.move_on_after(2):
+                await leg.send(Cancel(pending.corr_id))
+        except Exception as error:  # broad on purpose: the leg's own loop deals with a dead socket
+            log.info("cancel for %s not delivered (%s)", pending.corr_id, type(error).__name__)
+
+    async def expire_stale(self) -> None:
+        """Close legs whose heartbeats stopped; run it periodically."""
+        now = self.clock()
+        for leg in list(self.legs.values()):
+            if now - leg.last_heartbeat >= self.settings.stale_after_s:
+                log.warning("leg %s of %s is stale (no heartbeat for %.0f s); closing it", leg.leg_id[:8],
+                            leg.identity.miner, now - leg.last_heartbeat)
+                await self._close_leg(leg, "stale")
+
+    async def drain(self) -> None:
+        """Tell every miner to re-dial (the gateway is going away) and stop admitting."""
+        self.draining = True
+        for leg in list(self.legs.values()):
+            try:
+                with trio.move_on_after(2):
+                    await leg.send(Reconnect())
+            except Exception as error:  # broad on purpose: a dead leg needs no goodbye
+                log.info("reconnect not delivered to %s (%s)", leg.identity.miner, type(error).__name__)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        return [{"leg": leg.leg_id[:8], "miner": leg.identity.miner, "worker": leg.hello.worker_name, "model": leg.hello.model,
+                 "capacity": leg.capacity, "inflight": len(leg.inflight), "heartbeat_age_s": round(now - leg.last_heartbeat, 1)}
+                for leg in self.legs.values()]
+
+
+async def _close(websocket: WebSocket, code: int) -> None:
+    try:
+        await websocket.close(code=code)
+    except Exception:  # broad on purpose: closing an already-closed socket is not an error worth raising
+        pass

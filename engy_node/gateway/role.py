@@ -1,0 +1,124 @@
+"""`engy-node --role gateway`: the buyer API and the miner endpoint on hypercorn under trio.
+
+Start-up loads each served model's tokenizer (the gateway tokenises every request itself),
+opens the store and releases holds a crash left open, then binds the miner endpoint and the
+buyer API. `task_status.started` reports both URLs once both listen.
+
+Shutdown drains: miners are told to `reconnect` (to another gateway process, or to this one
+after a restart) before the listeners close, and in-flight requests are cancelled, which
+settles them for what was relayed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import trio
+
+from engy_node.config import Config
+from engy_node.errors import ConfigError
+from engy_node.gateway.app import Gateway, GatewaySettings, Handlers, build_buyer_app, build_miner_app
+from engy_node.gateway.audit import ProofTee
+from engy_node.gateway.pool import MinerPool, PoolSettings
+from engy_node.gateway.store import Store
+from engy_node.hub import Hub
+from engy_node.miner.serving import ServedModel, load_served_model
+from engy_node.models import get_model
+from engy_node.serve.checkpoint import resolve_checkpoint
+
+log = logging.getLogger("engy.gateway")
+
+STALE_SWEEP_S = 10.0
+"""How often legs are checked for missing heartbeats (a leg goes stale after 90 s)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GatewayUrls:
+    buyer_url: str
+    miner_url: str
+
+
+def store_path(config: Config) -> Path:
+    return config.paths.data_dir / "gateway.sqlite3"
+
+
+def load_models(config: Config) -> dict[str, ServedModel]:
+    """Each served model's tokenizer and identity (blocking)."""
+    settings = config.gateway
+    pairs = dict(item.split("=", 1) for item in settings.checkpoints.split(",") if "=" in item)
+    models: dict[str, ServedModel] = {}
+    for model_id in (m.strip() for m in settings.models.split(",") if m.strip()):
+        spec = get_model(model_id)
+        if not spec.embedded and model_id not in pairs:
+            raise ConfigError(f"gateway serves {model_id} but has no checkpoint for its tokenizer: set "
+                              f"gateway.checkpoints = \"{model_id}=/path/to/checkpoint\"")
+        checkpoint = resolve_checkpoint(model_id=model_id, checkpoint=pairs.get(model_id, ""),
+                                        models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir)
+        models[model_id] = load_served_model(spec, checkpoint)
+    if not models:
+        raise ConfigError("gateway.models is empty; name at least one catalog model")
+    return models
+
+
+async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    from hypercorn.config import Config as HypercornConfig
+    from hypercorn.trio import serve
+
+    settings = config.gateway
+    models = await trio.to_thread.run_sync(load_models, config)
+    config.paths.data_dir.mkdir(parents=True, exist_ok=True)
+    store = await trio.to_thread.run_sync(Store.open, store_path(config))
+    await store.recover_open_holds_async()
+
+    async def miner_key_lookup(key: str) -> str | None:
+        record = await store.authenticate_miner_async(key)
+        return None if record is None else str(record.miner_id)
+
+    registered_hotkeys: set[str] = set()
+
+    pool = MinerPool(
+        served_models={model_id: model.model_root for model_id, model in models.items()},
+        authenticate_key=miner_key_lookup, allowed_hotkeys=lambda: registered_hotkeys,
+        settings=PoolSettings(stale_after_s=settings.stale_after_s, netuid=config.node.netuid),
+    )
+    gateway = Gateway(
+        store=store, pool=pool, models=models,
+        tee=ProofTee(ttl_s=settings.proof_tee_ttl_s, max_entries=settings.proof_tee_max_entries),
+        settings=GatewaySettings(max_body_bytes=settings.max_body_bytes, keepalive_s=settings.keepalive_s,
+                                 first_byte_wait_s=settings.first_byte_wait_s, max_attempts=settings.max_attempts,
+                                 no_capacity_retry_after_s=settings.no_capacity_retry_after_s),
+    )
+    registered_hotkeys.update(record.hotkey for record in await store.list_miners_async() if record.hotkey)
+
+    def hypercorn_config(port: int) -> HypercornConfig:
+        hc = HypercornConfig()
+        hc.bind = [f"{settings.host}:{port}"]
+        hc.accesslog = None
+        hc.errorlog = logging.getLogger("engy.gateway.http")
+        hc.graceful_timeout = 5.0
+        hc.websocket_max_message_size = 256 * 1024 * 1024
+        return hc
+
+    try:
+        async with trio.open_nursery() as nursery:
+            miner_binds = await nursery.start(serve, build_miner_app(pool), hypercorn_config(settings.miner_port))
+            buyer_binds = await nursery.start(serve, build_buyer_app(Handlers(gateway)), hypercorn_config(settings.port))
+            nursery.start_soon(_sweep_stale, pool, hub)
+            urls = GatewayUrls(buyer_url=buyer_binds[0], miner_url=miner_binds[0].replace("http://", "ws://") + "/gw")
+            hub.set_state("gateway", state="ready", buyer_url=urls.buyer_url, miner_url=urls.miner_url, models=sorted(models))
+            log.info("gateway ready: buyer API %s, miners dial %s", urls.buyer_url, urls.miner_url)
+            task_status.started(urls)
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            await pool.drain()
+        hub.set_state("gateway", state="stopped")
+        store.close()
+
+
+async def _sweep_stale(pool: MinerPool, hub: Hub) -> None:
+    while True:
+        await trio.sleep(STALE_SWEEP_S)
+        await pool.expire_stale()
+        hub.set_state("gateway", legs=pool.snapshot())

@@ -1,0 +1,85 @@
+"""A miner that answers instantly from a script, over the real link and protocol.
+
+It runs the real `GatewayLink` (legs, hello, heartbeats, cancel) with a handler that skips the
+model: it streams a fixed answer, or an answer chosen per request, as fast as the websocket takes
+it, and returns a commitment-shaped object whose token ids are the answer's tokenisation. Used
+where the gateway itself is under test: its overhead benchmark (so generation time does not hide
+it) and tests of paths a small real model will not produce on demand (tool calls, reasoning,
+failing mid-stream).
+
+Its proofs are not real TOPLOC proofs — verification is not what it stands in for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import uuid
+from collections.abc import Callable
+
+import trio
+
+from engy_node.miner.link import GatewayLink, Identity, LinkSettings
+from engy_node.miner.serving import Send, ServedModel
+from engy_node.protocol.miner import Capacity, Chunk, Response, Serve
+
+
+@dataclasses.dataclass
+class Script:
+    text: str = "Hello from the synthetic miner."
+    chunk_chars: int = 8
+    """Characters per streamed chunk."""
+    delay_s: float = 0.0
+    """Pause before each chunk (0: as fast as possible)."""
+    fail_after_chunks: int | None = None
+    """Raise mid-stream after this many chunks: the leg drops, as a crashed miner's would."""
+    finish_reason: str = "stop"
+
+
+class MinerCrashed(Exception):
+    pass
+
+
+class SyntheticHandler:
+    def __init__(self, model: ServedModel, script: Callable[[Serve], Script]) -> None:
+        self.model = model
+        self.script = script
+        self.served: list[Serve] = []
+
+    async def handle(self, frame: Serve, send: Send) -> None:
+        self.served.append(frame)
+        script = self.script(frame)
+        prompt_ids = self.model.render_prompt(frame.request)
+        text = script.text
+        if frame.stream:
+            for index in range(0, len(text), script.chunk_chars):
+                if script.fail_after_chunks is not None and index // script.chunk_chars >= script.fail_after_chunks:
+                    raise MinerCrashed("scripted crash")
+                if script.delay_s:
+                    await trio.sleep(script.delay_s)
+                await send(Chunk(corr_id=frame.corr_id, content=text[index:index + script.chunk_chars]))
+        output_ids = list(self.model.tokenizer.encode(text, add_special_tokens=False))
+        if script.finish_reason == "stop":
+            output_ids.append(int(self.model.tokenizer.eos_token_id))
+        commitment = {
+            "model_root": self.model.model_root, "output_token_ids": output_ids,
+            "toploc": {"proofs": [], "topk": 128, "decode_batching_size": 32, "skip_prefill": True,
+                       "n_tokens": len(output_ids), "prompt_ids": prompt_ids},
+        }
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids),
+                 "total_tokens": len(prompt_ids) + len(output_ids), "prompt_tokens_details": {"cached_tokens": 0}}
+        output = {"choices": [{"index": 0, "finish_reason": script.finish_reason,
+                               "message": {"role": "assistant", "content": text}}], "usage": usage}
+        await send(Response(corr_id=frame.corr_id, request_id=frame.request.engy_request_id, commitment=commitment, output=output))
+
+
+def synthetic_link(*, gateway_url: str, model: ServedModel, identity: Identity, handler: SyntheticHandler,
+                   http, max_inflight: int = 256, settings: LinkSettings = LinkSettings(), worker_name: str = "synthetic") -> GatewayLink:
+    spec = model.spec
+    return GatewayLink(
+        gateway_url=gateway_url, identity=identity, http=http, handler=handler, settings=settings, rng=random.Random(0),
+        limits=Capacity(max_inflight=0, max_inflight_total=max_inflight, max_input_tokens=spec.max_input_tokens,
+                        max_output_tokens=spec.max_output_tokens, max_request_s=spec.max_request_s),
+        hello={"model": spec.id, "model_root": model.model_root, "hw": {"host": worker_name, "gpu_count": 0},
+               "versions": {"engy_node": "synthetic"}, "worker_name": worker_name, "worker_id": uuid.uuid4().hex},
+    )
