@@ -1,0 +1,221 @@
+"""What the gateway adds to a request, measured side by side in one run.
+
+    .venv/bin/python bench/gateway_overhead.py [--levels 1,16,64,256] [--requests 256]
+
+A fast synthetic miner (the real link and protocol, an instant scripted answer streamed in 8
+chunks) runs in its own process. The same streamed requests go two ways, alternating per level:
+
+* **direct**: to a synthetic miner dialled into a bare protocol-level gateway inside this process
+  (serve frame out, chunks and response back) — the cost of the miner and the websocket alone;
+* **gateway**: through `engy-node --role gateway` (a separate process) over its OpenAI API with
+  SSE — authentication, tokenisation with the chat template, the billing hold, routing, relay,
+  settlement and the request log included.
+
+Reported per concurrency level: time to first token p50/p99 both ways and the difference,
+requests/s and streamed tokens/s through the gateway, and the gateway process's RSS.
+Everything binds 127.0.0.1; every process started here is stopped here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import psutil
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engy_node.metrics import nearest_rank  # noqa: E402
+
+ANSWER = "The quick brown fox jumps over the lazy dog. " * 2
+CHUNK_CHARS = len(ANSWER) // 8
+READY = re.compile(r"gateway ready: buyer API (http://127\.0\.0\.1:\d+), miners dial (ws://127\.0\.0\.1:\d+/gw)")
+
+
+def run_synthetic_miner(gateway_url: str, miner_key: str, home: str) -> None:
+    from engy_node.config import load_config
+    from engy_node.miner.link import Identity
+    from engy_node.miner.serving import load_served_model
+    from engy_node.models import SMOLLM2_135M
+    from engy_node.serve.checkpoint import embedded_checkpoint
+    from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
+
+    config = load_config(home=home, env={k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"})
+    served = load_served_model(SMOLLM2_135M, embedded_checkpoint(models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir))
+    handler = SyntheticHandler(served, lambda frame: Script(text=ANSWER, chunk_chars=CHUNK_CHARS))
+
+    async def main() -> None:
+        async with httpx.AsyncClient() as http:
+            link = synthetic_link(gateway_url=gateway_url, model=served, identity=Identity(miner_key=miner_key),
+                                  handler=handler, http=http, max_inflight=1024)
+            await link.run()
+
+    trio.run(main)
+
+
+def spawn_miner(gateway_url: str, miner_key: str, home: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__, "--miner", gateway_url, "--key", miner_key, "--home", home],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def percentile(values: list[float], q: float) -> float:
+    return nearest_rank(sorted(values), q)
+
+
+async def direct_level(harness, concurrency: int, total: int) -> dict:
+    from engy_node.protocol.miner import Message, ServeRequest
+
+    ttfts: list[float] = []
+    counter = iter(range(total))
+
+    async def worker() -> None:
+        for _ in counter:
+            request = ServeRequest(messages=(Message("user", "Say the sentence."),), max_tokens=64, engy_request_id=uuid.uuid4().hex)
+            started = time.perf_counter()
+            corr_id = await harness.serve(request, stream=True)
+            record = harness.requests[corr_id]
+            await harness.wait_for(lambda: record.chunks or record.response is not None)
+            ttfts.append(time.perf_counter() - started)
+            await harness.result(corr_id)
+            del harness.requests[corr_id]
+
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
+    elapsed = time.perf_counter() - started
+    return {"ttft_p50_ms": percentile(ttfts, 50) * 1000, "ttft_p99_ms": percentile(ttfts, 99) * 1000, "rps": total / elapsed}
+
+
+async def gateway_level(api: str, key: str, concurrency: int, total: int) -> dict:
+    ttfts: list[float] = []
+    chunks_seen = 0
+    errors = 0
+    counter = iter(range(total))
+    body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Say the sentence."}], "max_tokens": 64, "stream": True}
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async with httpx.AsyncClient(base_url=api, headers={"authorization": f"Bearer {key}"}, timeout=120, limits=limits) as http:
+        async def worker() -> None:
+            nonlocal chunks_seen, errors
+            for _ in counter:
+                started = time.perf_counter()
+                first = None
+                async with http.stream("POST", "/chat/completions", json=body) as response:
+                    if response.status_code != 200:
+                        errors += 1
+                        await response.aread()
+                        continue
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
+                            chunks_seen += 1
+                            if first is None:
+                                first = time.perf_counter() - started
+                if first is not None:
+                    ttfts.append(first)
+
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for _ in range(concurrency):
+                nursery.start_soon(worker)
+        elapsed = time.perf_counter() - started
+    return {"ttft_p50_ms": percentile(ttfts, 50) * 1000, "ttft_p99_ms": percentile(ttfts, 99) * 1000,
+            "rps": (total - errors) / elapsed, "chunks_per_s": chunks_seen / elapsed, "errors": errors}
+
+
+async def measure(levels: list[int], total: int, home: str, gateway_api: str, buyer_key: str, miner_key: str, gateway_pid: int) -> list[dict]:
+    from engy_node.gateway.store import Store  # noqa: F401  (imported for its side effect of failing early if missing)
+    from engy_node.testing.gateway import GatewayHarness
+
+    rows = []
+    async with trio.open_nursery() as nursery:
+        harness = GatewayHarness(workers=1)
+        await nursery.start(harness.run)
+        direct_miner = spawn_miner(harness.url, "harness-needs-no-key", home)
+        try:
+            await harness.wait_for(lambda: 0 in harness.legs, timeout=120)
+            await direct_level(harness, 4, 32)
+            await gateway_level(gateway_api, buyer_key, 4, 32)
+            for concurrency in levels:
+                count = max(total, concurrency * 2)
+                direct = await direct_level(harness, concurrency, count)
+                through = await gateway_level(gateway_api, buyer_key, concurrency, count)
+                rss = psutil.Process(gateway_pid).memory_info().rss / 2**20
+                rows.append({"streams": concurrency, "requests": count, "direct": direct, "gateway": through, "gateway_rss_mib": rss})
+        finally:
+            direct_miner.send_signal(signal.SIGTERM)
+            direct_miner.wait(30)
+        nursery.cancel_scope.cancel()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", default="1,16,64,256")
+    parser.add_argument("--requests", type=int, default=256, help="requests per level (at least 2 per stream)")
+    parser.add_argument("--miner", help=argparse.SUPPRESS)
+    parser.add_argument("--key", help=argparse.SUPPRESS)
+    parser.add_argument("--home", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.miner:
+        run_synthetic_miner(args.miner, args.key, args.home)
+        return
+
+    from engy_node.config import load_config
+    from engy_node.gateway.role import store_path
+    from engy_node.gateway.store import Store
+
+    levels = [int(level) for level in args.levels.split(",")]
+    with tempfile.TemporaryDirectory(prefix="engy-gw-bench-") as home:
+        config = load_config(home=home, env={})
+        config.paths.data_dir.mkdir(parents=True, exist_ok=True)
+        with Store.open(store_path(config)) as store:
+            account, buyer_key = store.create_buyer("bench")
+            store.credit(account, micro_usd=10**12)
+            _, miner_key = store.register_miner("bench-miner")
+        log_path = Path(home) / "gateway.log"
+        env = {**os.environ, "ENGY_GATEWAY__PORT": "0", "ENGY_GATEWAY__MINER_PORT": "0", "PYTHONUNBUFFERED": "1"}
+        with log_path.open("w") as log:
+            gateway = subprocess.Popen([sys.executable, "-m", "engy_node", "--home", home, "--role", "gateway"],
+                                       stdout=log, stderr=subprocess.STDOUT, env=env)
+        miner = None
+        try:
+            deadline = time.monotonic() + 120
+            while not (match := READY.search(log_path.read_text())):
+                if gateway.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(log_path.read_text())
+                time.sleep(0.1)
+            buyer_api, miner_ws = match.group(1) + "/v1", match.group(2)
+            miner = spawn_miner(miner_ws, miner_key, home)
+            time.sleep(3)
+            rows = trio.run(measure, levels, args.requests, home, buyer_api, buyer_key, miner_key, gateway.pid)
+        finally:
+            for process in (miner, gateway):
+                if process is not None:
+                    process.send_signal(signal.SIGTERM)
+                    process.wait(30)
+    print(json.dumps(rows, indent=2))
+    print("\n| streams | TTFT p50 direct → gateway (added) | TTFT p99 direct → gateway (added) | req/s direct | req/s gateway | streamed chunks/s | gateway RSS |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        d, g = row["direct"], row["gateway"]
+        print(f"| {row['streams']} | {d['ttft_p50_ms']:.1f} → {g['ttft_p50_ms']:.1f} ms (+{g['ttft_p50_ms'] - d['ttft_p50_ms']:.1f}) "
+              f"| {d['ttft_p99_ms']:.1f} → {g['ttft_p99_ms']:.1f} ms (+{g['ttft_p99_ms'] - d['ttft_p99_ms']:.1f}) "
+              f"| {d['rps']:.0f} | {g['rps']:.0f} | {g['chunks_per_s']:.0f} | {row['gateway_rss_mib']:.0f} MiB |"
+              + (f" ({g['errors']} errors)" if g["errors"] else ""))
+
+
+if __name__ == "__main__":
+    main()
