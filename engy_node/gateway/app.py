@@ -250,6 +250,11 @@ class Gateway:
             return None, relayed_tokens
         if list(commitment.prompt_ids) != flight.prompt_ids:
             log.warning("request %s: miner %s proved a different prompt than the one sent", flight.request_id, flight.miner)
+        committed_text = await trio.to_thread.run_sync(flight.model.decode, list(commitment.output_token_ids),
+                                                       limiter=self.tokenize_limiter)
+        if not committed_text.startswith(flight.relayed_text):
+            # Billing below still uses the smaller of the counts; the proof tee keeps the evidence.
+            log.warning("request %s: miner %s relayed text its committed tokens do not decode to", flight.request_id, flight.miner)
         finish_stop = (response.output.get("choices") or [{}])[0].get("finish_reason") == "stop"
         # The stop token the model emitted is a completion token the buyer never sees as text.
         relayed_tokens += 1 if finish_stop and commitment.output_token_ids else 0

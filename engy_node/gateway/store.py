@@ -337,6 +337,34 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+class _Slot:
+    """One queued operation of a group commit and its outcome."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.call = call
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
+
+    def run(self) -> None:
+        try:
+            self.result = self.call()
+        except Exception as error:  # broad on purpose: the caller re-raises it as its own
+            self.error = error
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+
+    def done_threadsafe(self) -> None:
+        self._token.run_sync_soon(self.done.set)
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
 def _serialised(method: Callable[P, R]) -> Callable[P, R]:
     """Run a `Store` method under its lock, turning database-level failures into `StoreError`."""
 
@@ -382,8 +410,12 @@ class Store:
                  busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
         self.path = Path(path)
         self._clock = clock
-        self._lock = threading.Lock()
+        # Re-entrant: a group commit runs several serialised methods inside one transaction.
+        self._lock = threading.RLock()
         self._limiter = trio.CapacityLimiter(1)
+        self._in_batch = False
+        self._queue: list[_Slot] = []
+        self._flush_lock = trio.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             # isolation_level=None: the sqlite3 module starts no transactions of its own; every
@@ -410,6 +442,51 @@ class Store:
 
     async def _in_thread(self, method: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
         return await trio.to_thread.run_sync(functools.partial(method, *args, **kwargs), limiter=self._limiter)
+
+    async def _grouped(self, method: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
+        """Run `method` in the next group commit (see `_commit_group`).
+
+        Calls queue while a group is being written; whoever takes the flush lock next writes
+        everything queued, its own call included, in one transaction. Cancellation keeps the
+        class's promise: a call still queued is withdrawn and has done nothing; a call already
+        in a group being written completes and returns its result."""
+        slot = _Slot(functools.partial(method, *args, **kwargs))
+        self._queue.append(slot)
+        try:
+            async with self._flush_lock:
+                if not slot.done.is_set():
+                    group, self._queue = self._queue, []
+                    await trio.to_thread.run_sync(self._commit_group, group, limiter=self._limiter)
+        except trio.Cancelled:
+            if slot in self._queue:
+                self._queue.remove(slot)
+                raise
+            with trio.CancelScope(shield=True):
+                await slot.done.wait()
+        return slot.outcome()
+
+    def _commit_group(self, group: list[_Slot]) -> None:
+        """Several operations, one transaction, one fsync. Each runs in its own savepoint, so
+        one failing (a refused hold, a bad entry) rolls back only itself."""
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                self._in_batch = True
+                try:
+                    for slot in group:
+                        slot.run()
+                finally:
+                    self._in_batch = False
+                self._conn.execute("COMMIT")
+            except BaseException as error:  # broad on purpose: every caller in the group must hear of it
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                explained = _explain(self.path, error) if isinstance(error, sqlite3.Error) else None
+                for slot in group:
+                    slot.fail(explained or error)
+            finally:
+                for slot in group:
+                    slot.done_threadsafe()
 
     def _prepare(self) -> None:
         # auto_vacuum takes effect only before the first table exists; on an existing file it
@@ -440,6 +517,18 @@ class Store:
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        if self._in_batch:
+            # Inside a group commit: a savepoint makes this operation all-or-nothing on its own
+            # while the batch's one COMMIT makes every operation in it durable together.
+            self._conn.execute("SAVEPOINT operation")
+            try:
+                yield self._conn
+                self._conn.execute("RELEASE operation")
+            except BaseException:
+                self._conn.execute("ROLLBACK TO operation")
+                self._conn.execute("RELEASE operation")
+                raise
+            return
         # IMMEDIATE takes the write lock before the first read, so what a transaction checks
         # (a balance, an open hold) cannot change before it writes.
         self._conn.execute("BEGIN IMMEDIATE")
@@ -455,6 +544,9 @@ class Store:
 
     @contextlib.contextmanager
     def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        if self._in_batch:
+            yield self._conn
+            return
         # A deferred read transaction: several SELECTs see one consistent state.
         self._conn.execute("BEGIN")
         try:
@@ -781,7 +873,7 @@ class Store:
         return await self._in_thread(self.issue_key, account_id)
 
     async def authenticate_async(self, api_key: str) -> Account | None:
-        return await self._in_thread(self.authenticate, api_key)
+        return await self._grouped(self.authenticate, api_key)
 
     async def revoke_key_async(self, api_key: str) -> bool:
         return await self._in_thread(self.revoke_key, api_key)
@@ -790,13 +882,13 @@ class Store:
         return await self._in_thread(self.credit, account_id, micro_usd=micro_usd, memo=memo)
 
     async def hold_async(self, account_id: int, *, amount: int, request_id: str) -> Hold | None:
-        return await self._in_thread(self.hold, account_id, amount=amount, request_id=request_id)
+        return await self._grouped(self.hold, account_id, amount=amount, request_id=request_id)
 
     async def settle_async(self, hold: Hold, *, cost: int) -> Settlement:
-        return await self._in_thread(self.settle, hold, cost=cost)
+        return await self._grouped(self.settle, hold, cost=cost)
 
     async def release_async(self, hold: Hold) -> Settlement:
-        return await self._in_thread(self.release, hold)
+        return await self._grouped(self.release, hold)
 
     async def recover_open_holds_async(self, *, older_than: float | None = None) -> list[Hold]:
         return await self._in_thread(self.recover_open_holds, older_than=older_than)
@@ -808,7 +900,7 @@ class Store:
         return await self._in_thread(self.check_books)
 
     async def log_request_async(self, entry: RequestLogEntry) -> None:
-        await self._in_thread(self.log_request, entry)
+        await self._grouped(self.log_request, entry)
 
     async def usage_async(self, account_id: int, *, since: float | None = None) -> UsageSummary:
         return await self._in_thread(self.usage, account_id, since=since)

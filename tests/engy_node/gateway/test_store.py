@@ -558,3 +558,26 @@ def test_a_file_locked_by_another_process_gives_an_error_not_a_hang(path):
                 Store(path, busy_timeout_s=0.05)
             other.execute("ROLLBACK")
         assert assert_books_balance(store, account_id).credited == 100
+
+
+async def test_operations_awaited_together_share_one_commit_and_one_failure_stays_its_own(store):
+    account_id, _ = store.create_buyer("grouped")
+    store.credit(account_id, micro_usd=1_000)
+    store.hold(account_id, amount=10, request_id="taken")
+    outcomes: dict[str, object] = {}
+
+    async def hold(request_id: str, amount: int) -> None:
+        try:
+            outcomes[request_id] = await store.hold_async(account_id, amount=amount, request_id=request_id)
+        except ValueError as error:
+            outcomes[request_id] = error
+
+    async with trio.open_nursery() as nursery:
+        for request_id, amount in (("a", 100), ("taken", 5), ("b", 200), ("c", 10_000)):
+            nursery.start_soon(hold, request_id, amount)
+    assert isinstance(outcomes["taken"], ValueError), "a reused request id is refused"
+    assert outcomes["a"].amount == 100 and outcomes["b"].amount == 200
+    assert outcomes["c"] is None, "a hold the balance cannot cover is refused without touching the others"
+    balance = store.balance(account_id)
+    assert balance.held == 310 and balance.available == 690
+    assert store.check_books() == []
