@@ -26,7 +26,7 @@ def test_no_command_prints_help_and_exits_2():
     assert result.returncode == 2 and "usage: engy-node" in result.stderr
 
 
-@pytest.mark.parametrize("role", ["validator", "gateway"])
+@pytest.mark.parametrize("role", ["validator"])
 def test_a_role_not_built_yet_is_a_clear_error(role):
     result = engy_node("--role", role)
     assert result.returncode == 2
