@@ -40,7 +40,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 
 from engy_node import proof
-from engy_node.errors import collapse
+from engy_node.asgi import watching_disconnect
 from engy_node.gateway import anthropic_api, billing, openai_api
 from engy_node.gateway.audit import ProofTee, TeeEntry
 from engy_node.gateway.chat import ChatRequest, GatewayError, OutputEvent, ToolCall, Usage
@@ -389,7 +389,7 @@ class Handlers:
         deadline_s = flight.model.spec.max_request_s
         settled = False
         try:
-            finished, pending = await _watching_disconnect(request, lambda: self._await_completion(flight, deadline_s))
+            finished, pending = await watching_disconnect(request, lambda: self._await_completion(flight, deadline_s))
             if not finished:
                 return Response(status_code=499)
             if not pending.finished:
@@ -437,7 +437,7 @@ class Handlers:
         gateway = self.gateway
         committed = False
         try:
-            finished, pending = await _watching_disconnect(
+            finished, pending = await watching_disconnect(
                 request, lambda: gateway.first_output(flight, wait_s=gateway.settings.first_byte_wait_s))
             if not finished:
                 return Response(status_code=499)
@@ -555,33 +555,6 @@ async def _wait_changed(pending: PendingRequest, timeout_s: float) -> bool:
         await pending.changed.wait()
         return True
     return False
-
-
-async def _watching_disconnect(request: Request, work) -> tuple[bool, Any]:
-    """Run `work()` while watching for the buyer hanging up: (True, result), or (False, None)
-    when the buyer left first (the work is cancelled)."""
-    result: Any = None
-    finished = False
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_on_disconnect, request, nursery.cancel_scope)
-            result = await work()
-            finished = True
-            nursery.cancel_scope.cancel(reason="work finished")
-    except BaseExceptionGroup as group:
-        leaf = collapse(group)
-        if leaf is group:
-            raise
-        raise leaf from None
-    return finished, result
-
-
-async def _cancel_on_disconnect(request: Request, scope: trio.CancelScope) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel(reason="buyer disconnected")
-            return
 
 
 def build_buyer_app(handlers: Handlers) -> Starlette:

@@ -38,6 +38,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engy_node import __version__
+from engy_node.asgi import watching_disconnect
 from engy_node.serve.engine import Engine, Generation, ModelRunner, RequestError
 from engy_node.serve.sampling import SamplingError, parse_sampling_params
 
@@ -244,14 +245,13 @@ class ReferenceApp:
 
     async def _complete(self, request: Request, items: list[_Item], waker: Waker, *, batch: bool) -> Response:
         """Wait for every item; a client hang-up aborts them all."""
+        async def wait_all() -> None:
+            while not all(item.generation.finished for item in items):
+                await waker.wait()
+
         done = False
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_on_disconnect, request, nursery.cancel_scope)
-                while not all(item.generation.finished for item in items):
-                    await waker.wait()
-                done = True
-                nursery.cancel_scope.cancel(reason="generation finished")
+            done, _ = await watching_disconnect(request, wait_all)
         finally:
             if not done:
                 self._abort_items(items, "client disconnected")
@@ -618,14 +618,6 @@ async def _json_body(request: Request, *, allow_empty: bool = False) -> dict[str
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", contract=True)
     return body
-
-
-async def _cancel_on_disconnect(request: Request, scope: trio.CancelScope) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel(reason="client disconnected")
-            return
 
 
 def build_app(reference: ReferenceApp) -> Starlette:
