@@ -151,9 +151,13 @@ async def measure(levels: list[int], total: int, home: str, gateway_api: str, bu
             for concurrency in levels:
                 count = max(total, concurrency * 2)
                 direct = await direct_level(harness, concurrency, count)
+                gateway_process = psutil.Process(gateway_pid)
+                cpu_before = sum(gateway_process.cpu_times()[:2])
                 through = await gateway_level(gateway_api, buyer_key, concurrency, count)
-                rss = psutil.Process(gateway_pid).memory_info().rss / 2**20
-                rows.append({"streams": concurrency, "requests": count, "direct": direct, "gateway": through, "gateway_rss_mib": rss})
+                cpu_ms = (sum(gateway_process.cpu_times()[:2]) - cpu_before) * 1000 / count
+                rss = gateway_process.memory_info().rss / 2**20
+                rows.append({"streams": concurrency, "requests": count, "direct": direct, "gateway": through,
+                             "gateway_rss_mib": rss, "gateway_cpu_ms_per_request": cpu_ms})
         finally:
             direct_miner.send_signal(signal.SIGTERM)
             direct_miner.wait(30)
@@ -207,13 +211,14 @@ def main() -> None:
                     process.send_signal(signal.SIGTERM)
                     process.wait(30)
     print(json.dumps(rows, indent=2))
-    print("\n| streams | TTFT p50 direct → gateway (added) | TTFT p99 direct → gateway (added) | req/s direct | req/s gateway | streamed chunks/s | gateway RSS |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| streams | TTFT p50 direct → gateway (added) | TTFT p99 direct → gateway (added) | req/s direct | req/s gateway | streamed chunks/s | gateway CPU per request | gateway RSS |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         d, g = row["direct"], row["gateway"]
         print(f"| {row['streams']} | {d['ttft_p50_ms']:.1f} → {g['ttft_p50_ms']:.1f} ms (+{g['ttft_p50_ms'] - d['ttft_p50_ms']:.1f}) "
               f"| {d['ttft_p99_ms']:.1f} → {g['ttft_p99_ms']:.1f} ms (+{g['ttft_p99_ms'] - d['ttft_p99_ms']:.1f}) "
-              f"| {d['rps']:.0f} | {g['rps']:.0f} | {g['chunks_per_s']:.0f} | {row['gateway_rss_mib']:.0f} MiB |"
+              f"| {d['rps']:.0f} | {g['rps']:.0f} | {g['chunks_per_s']:.0f} | {row['gateway_cpu_ms_per_request']:.2f} ms "
+              f"| {row['gateway_rss_mib']:.0f} MiB |"
               + (f" ({g['errors']} errors)" if g["errors"] else ""))
 
 

@@ -26,6 +26,7 @@ a buyer hang-up is 499. Those statuses feed epoch settlement (SPEC §9).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import time
 import uuid
@@ -52,6 +53,11 @@ from engy_node.miner.serving import ServedModel
 from engy_node.protocol.miner import Message, ServeRequest
 
 log = logging.getLogger("engy.gateway")
+
+AUTH_CACHE_TTL_S = 30.0
+"""A valid key is looked up once per this long, not once per request; revoking a key therefore
+takes effect within this time. Unknown keys are never cached, so guessing cannot fill memory."""
+AUTH_CACHE_MAX_ENTRIES = 100_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -95,6 +101,7 @@ class Gateway:
         self.rr_counter = 0
         self.tokenize_limiter = trio.CapacityLimiter(settings.tokenize_threads)
         self.created = int(clock())
+        self._accounts: dict[bytes, tuple[Any, float]] = {}
 
     # ---- shared steps -------------------------------------------------------------------------
     async def read_body(self, request: Request) -> dict[str, Any]:
@@ -115,9 +122,17 @@ class Gateway:
     async def authenticate(self, api_key: str | None):
         if not api_key:
             raise GatewayError("authentication", "missing API key: send Authorization: Bearer <key> (or x-api-key)")
+        digest = hashlib.sha256(api_key.encode()).digest()
+        cached = self._accounts.get(digest)
+        now = time.monotonic()
+        if cached is not None and cached[1] > now:
+            return cached[0]
         account = await self.store.authenticate_async(api_key)
         if account is None:
             raise GatewayError("authentication", "invalid API key")
+        if len(self._accounts) >= AUTH_CACHE_MAX_ENTRIES:
+            self._accounts.clear()
+        self._accounts[digest] = (account, now + AUTH_CACHE_TTL_S)
         return account
 
     def max_output_tokens_for(self, model: str) -> int:
@@ -238,32 +253,43 @@ class Gateway:
 
     async def account_for(self, flight: Flight, pending: PendingRequest) -> tuple[dict | None, int]:
         """(claim, relayed token count) for settlement, checking the commitment (SPEC §8.9)."""
-        relayed_tokens = await trio.to_thread.run_sync(self.count_tokens, flight.model, flight.relayed_text,
-                                                       limiter=self.tokenize_limiter)
         response = pending.response
-        if response is None or response.output is None or response.commitment is None:
-            return None, relayed_tokens
-        try:
-            commitment = proof.Commitment.from_wire(response.commitment)
-        except proof.ProofFormatError as error:
-            log.warning("request %s: miner %s sent a malformed commitment (%s)", flight.request_id, flight.miner, error)
-            return None, relayed_tokens
+        commitment = None
+        if response is not None and response.output is not None and response.commitment is not None:
+            try:
+                commitment = proof.Commitment.from_wire(response.commitment)
+            except proof.ProofFormatError as error:
+                log.warning("request %s: miner %s sent a malformed commitment (%s)", flight.request_id, flight.miner, error)
+        if commitment is None:
+            relayed = await trio.to_thread.run_sync(self.count_tokens, flight.model, flight.relayed_text, limiter=self.tokenize_limiter)
+            return None, relayed
         if list(commitment.prompt_ids) != flight.prompt_ids:
             log.warning("request %s: miner %s proved a different prompt than the one sent", flight.request_id, flight.miner)
-        committed_text = await trio.to_thread.run_sync(flight.model.decode, list(commitment.output_token_ids),
-                                                       limiter=self.tokenize_limiter)
-        if not committed_text.startswith(flight.relayed_text):
-            # Billing below still uses the smaller of the counts; the proof tee keeps the evidence.
-            log.warning("request %s: miner %s relayed text its committed tokens do not decode to", flight.request_id, flight.miner)
         finish_stop = (response.output.get("choices") or [{}])[0].get("finish_reason") == "stop"
-        # The stop token the model emitted is a completion token the buyer never sees as text.
-        relayed_tokens += 1 if finish_stop and commitment.output_token_ids else 0
+        relayed_tokens, consistent = await trio.to_thread.run_sync(
+            relayed_token_count, flight.model, flight.relayed_text, list(commitment.output_token_ids), finish_stop,
+            limiter=self.tokenize_limiter)
+        if not consistent:
+            # Billing still takes the smallest count; the proof tee keeps the evidence.
+            log.warning("request %s: miner %s relayed text its committed tokens do not decode to", flight.request_id, flight.miner)
         self.tee.add(TeeEntry(
             request_id=flight.request_id, model=flight.chat.model, miner=flight.miner, kind="paid",
             prompt_ids=tuple(flight.prompt_ids), commitment=response.commitment,
             greedy=flight.chat.sampling.greedy, relayed_output_ids=None, created_at=self.clock(),
         ), now=self.clock())
         return {**response.output, "committed_completion": len(commitment.output_token_ids)}, relayed_tokens
+
+
+def relayed_token_count(model: ServedModel, relayed_text: str, output_ids: list[int], finish_stop: bool) -> tuple[int, bool]:
+    """(completion tokens the buyer received, whether the relayed text is what the committed
+    tokens decode to). When it is, every committed token reached the buyer (the final stop token
+    as the end of the answer); otherwise the relayed text is recounted with the model's
+    tokenizer, plus the stop token, which the buyer never sees as text."""
+    committed_text = model.decode(output_ids)
+    if committed_text == relayed_text:
+        return len(output_ids), True
+    count = len(model.tokenizer.encode(relayed_text, add_special_tokens=False)) if relayed_text else 0
+    return count + (1 if finish_stop and output_ids else 0), committed_text.startswith(relayed_text)
 
 
 def _int(value: Any) -> int:
@@ -461,8 +487,9 @@ class Handlers:
         deadline = time.perf_counter() + flight.model.spec.max_request_s
         outcome = "buyer-gone"
         try:
-            for piece in encoder.start():
-                yield piece
+            # Everything ready at a wake-up goes out as one write: under load several chunks
+            # arrive per wake-up, and each separate send costs the server a trip through its stack.
+            out = list(encoder.start())
             while True:
                 while pending.chunks:
                     text = pending.chunks.popleft()
@@ -470,22 +497,23 @@ class Handlers:
                     events = parser.feed(text)
                     flight.relayed_text += text
                     events_seen += events
-                    for piece in encoder.events(events):
-                        yield piece
+                    out += encoder.events(events)
+                if out:
+                    yield b"".join(out)
+                    out = []
                 if pending.finished:
                     break
                 if time.perf_counter() > deadline:
                     outcome = "timeout"
                     break
                 if not await _wait_changed(pending, gateway.settings.keepalive_s):
-                    for piece in encoder.keepalive():
-                        yield piece
+                    yield b"".join(encoder.keepalive())
             if outcome == "timeout" or pending.lost is not None or pending.response is None or pending.response.error is not None:
                 outcome = "timeout" if outcome == "timeout" else "miner-failed"
                 reason = ("the miner did not finish in time" if outcome == "timeout"
                           else pending.lost or (pending.response.error if pending.response else "no response"))
-                for piece in encoder.error(GatewayError("timeout" if outcome == "timeout" else "upstream", f"the miner failed mid-stream: {reason}")):
-                    yield piece
+                error = GatewayError("timeout" if outcome == "timeout" else "upstream", f"the miner failed mid-stream: {reason}")
+                yield b"".join(encoder.error(error))
                 return
             content, finish = _final_content(pending)
             if content.startswith(flight.relayed_text) and len(content) > len(flight.relayed_text):
@@ -493,19 +521,16 @@ class Handlers:
                 events = parser.feed(rest)
                 flight.relayed_text += rest
                 events_seen += events
-                for piece in encoder.events(events):
-                    yield piece
+                out += encoder.events(events)
             tail = parser.finish()
             events_seen += tail
-            for piece in encoder.events(tail):
-                yield piece
+            out += encoder.events(tail)
             with trio.CancelScope(shield=True):
                 claim, relayed_tokens = await gateway.account_for(flight, pending)
                 usage = await gateway.settle(flight, status=200, completion_claim=claim, relayed_tokens=relayed_tokens)
                 stop_sequence = await self._matched_stop(flight, pending, flight.relayed_text, finish)
             outcome = "ok"
-            for piece in encoder.finish(_finish_for(events_seen, finish), usage, stop_sequence):
-                yield piece
+            yield b"".join(out + encoder.finish(_finish_for(events_seen, finish), usage, stop_sequence))
         finally:
             if outcome != "ok":
                 with trio.CancelScope(shield=True):
