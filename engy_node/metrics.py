@@ -29,6 +29,7 @@ the engine thread wait on a sort. The registry's own lock guards only registrati
 
 from __future__ import annotations
 
+import abc
 import bisect
 import collections
 import dataclasses
@@ -287,7 +288,7 @@ class HistogramChild:
 C = TypeVar("C", CounterChild, GaugeChild, HistogramChild)
 
 
-class _Family(Generic[C]):
+class _Family(Generic[C], abc.ABC):
     """What all metric types share: a name, help text, label names and children by label values."""
 
     kind: ClassVar[str]
@@ -303,8 +304,8 @@ class _Family(Generic[C]):
         if not labelnames:
             self._children[()] = self._new_child()
 
-    def _new_child(self) -> C:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _new_child(self) -> C: ...
 
     def _identity(self) -> tuple[Any, ...]:
         """What must match for a second registration to return this family."""

@@ -25,6 +25,7 @@ a buyer hang-up is 499. Those statuses feed epoch settlement (SPEC §9).
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import hashlib
 import logging
@@ -248,6 +249,15 @@ class Gateway:
     async def release(self, flight: Flight) -> None:
         await self.store.release_async(flight.hold)
 
+    async def abandon(self, flight: Flight) -> None:
+        """Nothing reached the buyer (they left, or we failed): stop the miner if it is still
+        working, record the hang-up, and return the whole hold. Shielded: it must finish."""
+        with trio.CancelScope(shield=True):
+            if flight.pending is not None and not flight.pending.finished:
+                await self.pool.cancel(flight.pending)
+                await self.log_outcome(flight, status=499, usage=None)
+            await self.release(flight)
+
     def count_tokens(self, model: ServedModel, text: str) -> int:
         return len(model.tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
@@ -309,7 +319,7 @@ def _finish_for(events: list[OutputEvent], finish: str) -> str:
     return "tool_calls" if any(isinstance(event, ToolCall) for event in events) else finish
 
 
-class _Api:
+class _Api(abc.ABC):
     """What differs between the two buyer APIs; the flow in `Handlers` is shared."""
 
     name: str
@@ -318,8 +328,17 @@ class _Api:
         header = request.headers.get("authorization", "")
         return header[7:].strip() if header.lower().startswith("bearer ") else None
 
-    def error_response(self, err: GatewayError, request_id: str) -> JSONResponse:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def parse(self, body: dict, gateway: Gateway) -> ChatRequest: ...
+
+    @abc.abstractmethod
+    def error_response(self, err: GatewayError, request_id: str) -> JSONResponse: ...
+
+    @abc.abstractmethod
+    def body(self, flight: Flight, events: list[OutputEvent], finish: str, usage: Usage, stop_sequence: str | None) -> dict: ...
+
+    @abc.abstractmethod
+    def encoder(self, flight: Flight) -> "_Encoder": ...
 
 
 class _OpenAi(_Api):
@@ -437,11 +456,7 @@ class Handlers:
             return JSONResponse(body, headers={"x-request-id": flight.request_id, "request-id": flight.request_id})
         finally:
             if not settled:
-                with trio.CancelScope(shield=True):
-                    if flight.pending is not None and not flight.pending.finished:
-                        await gateway.pool.cancel(flight.pending)
-                        await gateway.log_outcome(flight, status=499, usage=None)
-                    await gateway.release(flight)
+                await gateway.abandon(flight)
 
     async def _await_completion(self, flight: Flight, deadline_s: float) -> PendingRequest:
         pending = await self.gateway.first_output(flight, wait_s=deadline_s)
@@ -470,11 +485,7 @@ class Handlers:
             committed = True
         finally:
             if not committed:
-                with trio.CancelScope(shield=True):
-                    if flight.pending is not None and not flight.pending.finished:
-                        await gateway.pool.cancel(flight.pending)
-                        await gateway.log_outcome(flight, status=499, usage=None)
-                    await gateway.release(flight)
+                await gateway.abandon(flight)
         headers = {"cache-control": "no-cache", "x-request-id": flight.request_id, "request-id": flight.request_id}
         return StreamingResponse(self._relay(api, flight, pending), media_type="text/event-stream", headers=headers)
 
