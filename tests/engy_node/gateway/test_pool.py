@@ -1,0 +1,188 @@
+"""The miner endpoint over real websockets: who is admitted, what a bad frame costs, stale legs,
+superseded legs, and the drain that tells miners to re-dial."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+
+import pytest
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+from trio_websocket import ConnectionClosed, open_websocket_url
+
+from engy_node import keys
+from engy_node.gateway.app import build_miner_app
+from engy_node.gateway.pool import MinerPool, PoolSettings
+from engy_node.protocol.miner import (
+    Admit, Capacity, Deny, Hello, Message, Reconnect, Response, Serve, ServeRequest, encode, parse_gateway_frame,
+)
+
+ROOT = "ab" * 32
+KEY = "engy-mk-good"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def lookup(key: str) -> str | None:
+    return "7" if key == KEY else None
+
+
+@pytest.fixture
+async def gateway(nursery):
+    clock = Clock()
+    allowed: set[str] = set()
+    pool = MinerPool(served_models={"smollm2-135m": ROOT}, authenticate_key=lookup, allowed_hotkeys=lambda: allowed,
+                     settings=PoolSettings(stale_after_s=90), clock=clock)
+    config = HypercornConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    binds = await nursery.start(serve, build_miner_app(pool), config)
+    return pool, binds[0].replace("http://", "ws://") + "/gw", clock, allowed
+
+
+def hello(**overrides) -> Hello:
+    fields = dict(miner_key=KEY, model="smollm2-135m", model_root=ROOT, hw={}, versions={},
+                  capacity=Capacity(2, 2, 6144, 2048, 600), worker_name="rig", worker_id=uuid.uuid4().hex)
+    fields.update(overrides)
+    return Hello(**fields)
+
+
+async def dial(stack: contextlib.AsyncExitStack, url: str, frame: Hello):
+    connection = await stack.enter_async_context(open_websocket_url(url))
+    await connection.send_message(encode(frame))
+    answer = parse_gateway_frame(await connection.get_message())
+    return connection, answer
+
+
+async def test_a_known_miner_key_is_admitted_and_becomes_a_candidate(gateway):
+    async with contextlib.AsyncExitStack() as connections:
+        pool, url, clock, _ = gateway
+        connection, answer = await dial(connections, url, hello())
+        assert isinstance(answer, Admit)
+        candidates = pool.candidates("smollm2-135m")
+        assert len(candidates) == 1 and candidates[0].capacity == 2 and candidates[0].inflight == 0
+        assert pool.candidates("glm-5.2") == []
+        await connection.aclose()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"miner_key": "engy-mk-wrong"}, "unknown miner key"),
+        ({"model": "glm-5.2"}, "not served here"),
+        ({"model_root": "cd" * 32}, "not the canonical"),
+    ],
+)
+async def test_miners_that_cannot_be_trusted_are_denied_with_the_reason(gateway, overrides, reason):
+    async with contextlib.AsyncExitStack() as connections:
+        pool, url, _, _ = gateway
+        connection, answer = await dial(connections, url, hello(**overrides))
+        assert isinstance(answer, Deny) and reason in answer.reason
+        assert pool.legs == {}
+        await connection.aclose()
+
+
+async def test_a_signed_hello_from_a_registered_hotkey_is_admitted_and_a_replay_is_not(gateway):
+    async with contextlib.AsyncExitStack() as connections:
+        from bittensor.sp_core import Keypair
+
+        pool, url, _, allowed = gateway
+        keypair = Keypair.create_from_uri("//Bob")
+        worker_id = uuid.uuid4().hex
+        ts = int(time.time())
+        signature = keys.sign(keypair, keys.hello_message(53, keypair.ss58_address, ts, worker_id))
+        signed = hello(miner_key="", hotkey=keypair.ss58_address, ts=ts, signature=signature, worker_id=worker_id)
+        connection, answer = await dial(connections, url, signed)
+        assert isinstance(answer, Deny) and "not registered" in answer.reason
+        await connection.aclose()
+        allowed.add(keypair.ss58_address)
+        signed = hello(miner_key="", hotkey=keypair.ss58_address, ts=ts + 1, worker_id=worker_id,
+                       signature=keys.sign(keypair, keys.hello_message(53, keypair.ss58_address, ts + 1, worker_id)))
+        connection, answer = await dial(connections, url, signed)
+        assert isinstance(answer, Admit)
+        assert next(iter(pool.legs.values())).identity.miner == keypair.ss58_address
+        replayed, answer = await dial(connections, url, signed)
+        assert isinstance(answer, Deny) and "replay" in answer.reason
+        await connection.aclose()
+        await replayed.aclose()
+
+
+async def test_a_malformed_frame_closes_only_that_leg_and_fails_its_requests(gateway):
+    async with contextlib.AsyncExitStack() as connections:
+        pool, url, _, _ = gateway
+        bad, _ = await dial(connections, url, hello(worker_name="bad"))
+        good, _ = await dial(connections, url, hello(worker_name="good"))
+        bad_leg = next(leg for leg in pool.legs.values() if leg.hello.worker_name == "bad")
+        request = ServeRequest(messages=(Message("user", "hi"),), max_tokens=4, engy_request_id="r1")
+        pending = await pool.dispatch(bad_leg.leg_id, request, stream=False)
+        assert isinstance(parse_gateway_frame(await bad.get_message()), Serve)
+        await bad.send_message('{"type": "response", "corr_id": 5}')
+        with trio.fail_after(5):
+            while not pending.finished:
+                await pending.changed.wait()
+        assert pending.lost is not None
+        assert [leg.hello.worker_name for leg in pool.legs.values()] == ["good"]
+        with pytest.raises(ConnectionClosed):
+            await bad.get_message()
+        await good.aclose()
+
+
+async def test_a_leg_without_heartbeats_stops_being_a_candidate_and_is_closed(gateway):
+    async with contextlib.AsyncExitStack() as connections:
+        pool, url, clock, _ = gateway
+        connection, _ = await dial(connections, url, hello())
+        clock.now += 91
+        assert pool.candidates("smollm2-135m") == []
+        await pool.expire_stale()
+        assert pool.legs == {}
+        with pytest.raises(ConnectionClosed):
+            await connection.get_message()
+
+
+async def test_a_new_process_of_the_same_rig_supersedes_its_old_leg(gateway):
+    async with contextlib.AsyncExitStack() as connections:
+        pool, url, _, _ = gateway
+        old, _ = await dial(connections, url, hello(worker_id="process-1"))
+        new, answer = await dial(connections, url, hello(worker_id="process-2"))
+        assert isinstance(answer, Admit)
+        assert [leg.hello.worker_id for leg in pool.legs.values()] == ["process-2"]
+        with pytest.raises(ConnectionClosed):
+            await old.get_message()
+        await new.aclose()
+
+
+async def test_draining_tells_every_miner_to_reconnect_and_refuses_new_ones(gateway):
+    async with contextlib.AsyncExitStack() as connections:
+        pool, url, _, _ = gateway
+        connection, _ = await dial(connections, url, hello())
+        await pool.drain()
+        assert isinstance(parse_gateway_frame(await connection.get_message()), Reconnect)
+        late, answer = await dial(connections, url, hello(worker_name="late"))
+        assert isinstance(answer, Deny) and "draining" in answer.reason
+        await connection.aclose()
+        await late.aclose()
+
+
+async def test_a_response_completes_the_pending_request(gateway):
+    async with contextlib.AsyncExitStack() as connections:
+        pool, url, _, _ = gateway
+        connection, _ = await dial(connections, url, hello())
+        leg_id = next(iter(pool.legs))
+        pending = await pool.dispatch(leg_id, ServeRequest(messages=(Message("user", "hi"),), max_tokens=4, engy_request_id="r2"), stream=True)
+        serve_frame = parse_gateway_frame(await connection.get_message())
+        assert pool.candidates("smollm2-135m")[0].inflight == 1
+        await connection.send_message(encode(Response(corr_id=serve_frame.corr_id, request_id="r2", commitment=None, output={"choices": []})))
+        with trio.fail_after(5):
+            while not pending.finished:
+                await pending.changed.wait()
+        assert pending.response.request_id == "r2" and pool.candidates("smollm2-135m")[0].inflight == 0
+        await connection.aclose()
