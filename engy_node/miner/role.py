@@ -213,10 +213,10 @@ class MinerMetrics:
 
 
 class ServeRotation:
-    """Spreads requests over several already-running servers, least busy first."""
+    """Spreads requests over several already-running servers in turn."""
 
-    def __init__(self, urls: tuple[str, ...], http: httpx.AsyncClient) -> None:
-        self.clients = [ServeClient(url, http) for url in urls]
+    def __init__(self, urls: tuple[str, ...], http: httpx.AsyncClient, *, request_timeout_s: float) -> None:
+        self.clients = [ServeClient(url, http, request_timeout_s=request_timeout_s) for url in urls]
         self._next = 0
 
     def __call__(self) -> ServeClient:
@@ -249,7 +249,7 @@ async def run_miner(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_IG
             serve_urls: tuple[str, ...] = (await nursery.start(supervisor.run),)
         else:
             serve_urls = setup.serve_urls
-        handler = RequestHandler(model=served, serve=ServeRotation(serve_urls, http), chunk_tokens=settings.chunk_tokens,
+        handler = RequestHandler(model=served, serve=ServeRotation(serve_urls, http, request_timeout_s=setup.spec.max_request_s), chunk_tokens=settings.chunk_tokens,
                                  on_outcome=metrics.record)
         spec = setup.spec
         link = GatewayLink(

@@ -72,7 +72,6 @@ class ServerInfo:
     max_running_requests: int
     enable_return_hidden_states: bool
     stream_hidden_states: str
-    request_timeout_s: float
     architectures: tuple[str, ...]
     model_type: str
 

@@ -19,6 +19,7 @@ and `healthy` turns false, which /health reports.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import inspect
 import logging
@@ -37,6 +38,9 @@ log = logging.getLogger("engy.serve.engine")
 PREFILL_CHUNK_TOKENS = 512
 """Prompt tokens per prefill step. Bounds how long one long prompt holds the thread (about
 0.3 s for SmolLM2 on two CPU cores) before the other running requests get their next token."""
+
+THROUGHPUT_WINDOW_S = 10.0
+"""`/server_info`'s last_gen_throughput averages over this window."""
 
 IDLE_WAIT_S = 0.5
 """How long the idle thread sleeps between checks for stop when no work arrives."""
@@ -309,7 +313,8 @@ class Engine:
         self.last_step_at = 0.0
         self.steps = 0
         self.tokens_generated = 0
-        self._recent_tokens: list[tuple[float, int]] = []
+        self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
+        """(time, tokens) of the last THROUGHPUT_WINDOW_S; pruned as it grows."""
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -370,12 +375,14 @@ class Engine:
             return len(self._running), len(self._waiting)
 
     def gen_throughput(self) -> float:
-        """Tokens per second over the last 10 seconds."""
-        now = time.perf_counter()
+        """Tokens per second over the last THROUGHPUT_WINDOW_S."""
         with self._lock:
-            recent = [(t, n) for t, n in self._recent_tokens if now - t <= 10.0]
-            self._recent_tokens = recent
-        return sum(n for _, n in recent) / 10.0
+            self._prune_recent(time.perf_counter())
+            return sum(n for _, n in self._recent_tokens) / THROUGHPUT_WINDOW_S
+
+    def _prune_recent(self, now: float) -> None:
+        while self._recent_tokens and now - self._recent_tokens[0][0] > THROUGHPUT_WINDOW_S:
+            self._recent_tokens.popleft()
 
     # ---- the thread --------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -458,7 +465,9 @@ class Engine:
         if produced:
             self.tokens_generated += produced
             with self._lock:
-                self._recent_tokens.append((time.perf_counter(), produced))
+                now = time.perf_counter()
+                self._recent_tokens.append((now, produced))
+                self._prune_recent(now)
             if self.metrics is not None:
                 self.metrics.observe_token(generation, previous_token)
         if produced or generation.finished:

@@ -60,7 +60,6 @@ def server_info(config: Config, runner: ModelRunner, port: int) -> ServerInfo:
         max_running_requests=serve.max_running_requests,
         enable_return_hidden_states=serve.enable_return_hidden_states,
         stream_hidden_states=serve.stream_hidden_states,
-        request_timeout_s=serve.request_timeout_s,
         architectures=tuple(model_config.get("architectures", [])),
         model_type=str(model_config.get("model_type", "")),
     )
