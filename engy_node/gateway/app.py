@@ -39,7 +39,7 @@ import trio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Route, Router, WebSocketRoute
 
 from engy_node import proof
 from engy_node.asgi import watching_disconnect
@@ -92,8 +92,12 @@ class Flight:
 
 class Gateway:
     def __init__(self, *, store: Store, pool: MinerPool, models: dict[str, ServedModel], tee: ProofTee,
-                 settings: GatewaySettings = GatewaySettings(), clock: Callable[[], float] = time.time) -> None:
+                 settings: GatewaySettings = GatewaySettings(), clock: Callable[[], float] = time.time,
+                 background: trio.Nursery | None = None) -> None:
         self.store = store
+        self.background = background
+        """Where request-log writes run, so a buyer never waits for them (None: awaited inline).
+        Its owner must outlive the requests; the writes are shielded, so shutdown lets them land."""
         self.pool = pool
         self.models = models
         self.tee = tee
@@ -240,11 +244,18 @@ class Gateway:
             cached_tokens=usage.cached_tokens if usage else 0, cost_micro=cost, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
             created_at=self.clock(),
         )
+        if self.background is not None:
+            self.background.start_soon(self._write_log, entry)
+        else:
+            await self._write_log(entry)
+
+    async def _write_log(self, entry: RequestLogEntry) -> None:
         try:
-            await self.store.log_request_async(entry)
+            with trio.CancelScope(shield=True):
+                await self.store.log_request_async(entry)
         except StoreError as error:
             # The request itself is served and billed; losing its log row must not fail it.
-            log.error("request %s: could not write the request log (%s)", flight.request_id, error)
+            log.error("request %s: could not write the request log (%s)", entry.request_id, error)
 
     async def release(self, flight: Flight) -> None:
         await self.store.release_async(flight.hold)
@@ -593,7 +604,7 @@ async def _wait_changed(pending: PendingRequest, timeout_s: float) -> bool:
     return False
 
 
-def build_buyer_app(handlers: Handlers) -> Starlette:
+def build_buyer_app(handlers: Handlers) -> Router:
     routes = [
         Route("/v1/chat/completions", handlers.openai_chat, methods=["POST"]),
         Route("/v1/messages", handlers.anthropic_messages, methods=["POST"]),
@@ -602,7 +613,7 @@ def build_buyer_app(handlers: Handlers) -> Starlette:
         Route("/v1/models/{name:path}", handlers.model, methods=["GET"]),
         Route("/health", handlers.health, methods=["GET"]),
     ]
-    return Starlette(routes=routes)
+    return Router(routes=routes)
 
 
 def build_miner_app(pool: MinerPool) -> Starlette:

@@ -83,13 +83,6 @@ async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_
         authenticate_key=miner_key_lookup, allowed_hotkeys=lambda: registered_hotkeys,
         settings=PoolSettings(stale_after_s=settings.stale_after_s, netuid=config.node.netuid),
     )
-    gateway = Gateway(
-        store=store, pool=pool, models=models,
-        tee=ProofTee(ttl_s=settings.proof_tee_ttl_s, max_entries=settings.proof_tee_max_entries),
-        settings=GatewaySettings(max_body_bytes=settings.max_body_bytes, keepalive_s=settings.keepalive_s,
-                                 first_byte_wait_s=settings.first_byte_wait_s, max_attempts=settings.max_attempts,
-                                 no_capacity_retry_after_s=settings.no_capacity_retry_after_s),
-    )
     registered_hotkeys.update(record.hotkey for record in await store.list_miners_async() if record.hotkey)
 
     def hypercorn_config(port: int) -> HypercornConfig:
@@ -103,6 +96,14 @@ async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_
 
     try:
         async with trio.open_nursery() as nursery:
+            gateway = Gateway(
+                store=store, pool=pool, models=models,
+                tee=ProofTee(ttl_s=settings.proof_tee_ttl_s, max_entries=settings.proof_tee_max_entries),
+                background=nursery,
+                settings=GatewaySettings(max_body_bytes=settings.max_body_bytes, keepalive_s=settings.keepalive_s,
+                                         first_byte_wait_s=settings.first_byte_wait_s, max_attempts=settings.max_attempts,
+                                         no_capacity_retry_after_s=settings.no_capacity_retry_after_s),
+            )
             miner_binds = await nursery.start(serve, build_miner_app(pool), hypercorn_config(settings.miner_port))
             buyer_binds = await nursery.start(serve, build_buyer_app(Handlers(gateway)), hypercorn_config(settings.port))
             nursery.start_soon(_sweep_stale, pool, hub)
