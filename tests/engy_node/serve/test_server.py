@@ -269,15 +269,13 @@ def test_a_long_generation_does_not_block_other_requests_or_their_abort(client, 
     worker = threading.Thread(target=lambda: outcome.update(long=sglang_generate(httpx.Client(base_url=reference_server.url, timeout=120), long_body)))
     worker.start()
     assert _wait_until(lambda: _running(client) >= 1)
-    started = time.monotonic()
     short = sglang_generate(client, {"input_ids": PROMPT_IDS, "sampling_params": {"temperature": 0, "max_new_tokens": 4}})
-    short_seconds = time.monotonic() - started
+    assert _running(client) >= 1, "the short request finished while the long one was still generating"
     assert short["meta_info"]["finish_reason"]["type"] == "length"
     assert client.post("/abort_request", json={"rid": "engy-long"}).status_code == 200
     worker.join(60)
     assert outcome["long"]["meta_info"]["finish_reason"]["type"] == "abort"
     assert len(outcome["long"]["output_ids"]) < 400
-    assert short_seconds < 30
 
 
 def test_metrics_use_sglang_names(client):
