@@ -101,13 +101,22 @@ def run_calibration(
     serve_dtype: str = "bfloat16",
     recompute_dtypes: Sequence[str] = ("float32", "bfloat16"),
     device: str = "cpu",
+    recompute_device: str | None = None,
     progress: Callable[[str], None] = lambda line: None,
 ) -> list[CaseResult]:
+    """Serve on `device`, recompute on `recompute_device` (default: the same). Serving on CUDA and
+    recomputing on CPU measures the honest margin across numeric paths, which is what a
+    validator without the miner's GPU relies on."""
+    recompute_device = recompute_device or device
     root = model_root(checkpoint)
     honest = ModelRunner.load(checkpoint, device=device, dtype=serve_dtype)
     quantised = quantise_linear_weights(ModelRunner.load(checkpoint, device=device, dtype=serve_dtype))
     truncated = truncate_layers(ModelRunner.load(checkpoint, device=device, dtype=serve_dtype))
-    verifiers = {dtype: (honest if dtype == serve_dtype else ModelRunner.load(checkpoint, device=device, dtype=dtype)) for dtype in recompute_dtypes}
+    verifiers = {
+        dtype: (honest if dtype == serve_dtype and recompute_device == device
+                else ModelRunner.load(checkpoint, device=recompute_device, dtype=dtype))
+        for dtype in recompute_dtypes
+    }
     results: list[CaseResult] = []
 
     def judge(case: str, expected: proof.VerdictKind, index: int, commitment: proof.Commitment, prompt_ids: Sequence[int]) -> None:
@@ -116,8 +125,9 @@ def run_calibration(
                 commitment, model=model, canonical_root=root, expected_prompt_ids=prompt_ids,
                 recompute=verifier.prefill, greedy=True,
             )
-            results.append(CaseResult(case, expected, index, dtype, commitment.n_tokens, verdict))
-            progress(f"prompt {index} {case:16} recompute {dtype:8} -> {verdict.kind} ({verdict.reason})")
+            label = dtype if recompute_device == device else f"{dtype} on {recompute_device}"
+            results.append(CaseResult(case, expected, index, label, commitment.n_tokens, verdict))
+            progress(f"prompt {index} {case:16} recompute {label:8} -> {verdict.kind} ({verdict.reason})")
 
     for index, prompt in enumerate(prompts):
         prompt_ids = chat_ids(honest, prompt)

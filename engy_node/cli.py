@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--checkpoint", default="")
     calibrate.add_argument("--prompts", type=int, default=5, help="how many of the built-in prompts to use (1-5)")
     calibrate.add_argument("--max-new-tokens", type=int, default=96)
-    calibrate.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    calibrate.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the honest and cheating miners serve")
+    calibrate.add_argument("--recompute-device", choices=("cpu", "cuda"), help="where the verifier recomputes (default: --device)")
     return parser
 
 
@@ -224,7 +225,8 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
     path = resolve_checkpoint(model_id=args.model, checkpoint=args.checkpoint, models_dir=config.paths.models_dir,
                               cache_dir=config.paths.model_cache_dir)
     results = run_calibration(path, model=spec, prompts=DEFAULT_PROMPTS[: args.prompts], max_new_tokens=args.max_new_tokens,
-                              device=args.device, progress=lambda line: print(line, file=sys.stderr))
+                              device=args.device, recompute_device=args.recompute_device,
+                              progress=lambda line: print(line, file=sys.stderr))
     print(format_table(results))
     wrong = [r for r in results if r.verdict.kind != r.expected]
     for result in wrong:

@@ -129,14 +129,16 @@ class HiddenStatesJson:
 
     def render(self, count: int) -> bytes:
         """JSON for the first `count` entries of the ragged list."""
+        import torch
+
         generation = self.generation
         if count == 0 or generation.hidden_block is None:
             return b"[]"
         if self.block is None:
-            self.block = orjson.dumps(generation.hidden_block.double().numpy(), option=ORJSON_OPTIONS)
+            self.block = orjson.dumps(generation.hidden_block.to("cpu", dtype=torch.float64).numpy(), option=ORJSON_OPTIONS)
         rows = generation.hidden_rows
         while len(self.rows) < count - 1:
-            self.rows.append(orjson.dumps(rows[len(self.rows)].double().numpy(), option=ORJSON_OPTIONS))
+            self.rows.append(orjson.dumps(rows[len(self.rows)].to("cpu", dtype=torch.float64).numpy(), option=ORJSON_OPTIONS))
         return b"[" + b",".join([self.block, *self.rows[: count - 1]]) + b"]"
 
 

@@ -206,7 +206,7 @@ class Generation:
         if self.finished:
             return
         if self._generator is None:
-            self._generator = torch.Generator(device="cpu")
+            self._generator = torch.Generator(device=runner.device)
             seed = self.params.sampling_seed
             self._generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
         if self._cache is None:

@@ -203,11 +203,11 @@ def choose_token(logits, params: SamplingParams, history: Sequence[int], generat
     raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
     scores = logits.float().clone()
     if params.logit_bias:
-        ids = torch.tensor([token for token, _ in params.logit_bias], dtype=torch.long)
+        ids = torch.tensor([token for token, _ in params.logit_bias], dtype=torch.long, device=scores.device)
         valid = (ids >= 0) & (ids < scores.shape[-1])
-        scores[ids[valid]] += torch.tensor([bias for _, bias in params.logit_bias], dtype=scores.dtype)[valid]
+        scores[ids[valid]] += torch.tensor([bias for _, bias in params.logit_bias], dtype=scores.dtype, device=scores.device)[valid]
     if history and (params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0):
-        seen = torch.tensor(list(history), dtype=torch.long)
+        seen = torch.tensor(list(history), dtype=torch.long, device=scores.device)
         counts = torch.bincount(seen, minlength=scores.shape[-1]).to(scores.dtype)[: scores.shape[-1]]
         present = counts > 0
         if params.repetition_penalty != 1.0:
