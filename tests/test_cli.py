@@ -85,3 +85,19 @@ def test_checkpoint_prints_the_embedded_models_path_and_root(checkpoint, tmp_pat
     info = json.loads(result.stdout)
     assert info["model_root"] == model_root(checkpoint)
     assert info["checkpoint"].startswith(str(tmp_path))
+
+
+def test_a_gateway_port_in_use_is_reported_with_the_flag_to_change(tmp_path, checkpoint):
+    import os
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "engy_node", "--home", str(tmp_path), "--role", "gateway"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "ENGY_GATEWAY__PORT": str(port), "ENGY_GATEWAY__MINER_PORT": "0"})
+    assert result.returncode == 2, result.stderr
+    assert f"127.0.0.1:{port}" in result.stderr and "--port" in result.stderr
