@@ -1,4 +1,4 @@
-"""Small pieces both HTTP servers (the reference server and the gateway) need from ASGI.
+"""Small pieces both HTTP servers (the reference server and the gateway) need from ASGI and hypercorn.
 
 A handler that waits for long work (a generation, a miner's answer) must notice a client that
 hung up, or the work runs on for nobody. Starlette's streaming responses watch for that
@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import trio
 from starlette.requests import Request
 
-from engy_node.errors import collapse
+from engy_node.errors import ConfigError, collapse
 
 T = TypeVar("T")
 
@@ -45,3 +45,18 @@ async def watching_disconnect(request: Request, work: Callable[[], Awaitable[T]]
             raise
         raise leaf from None
     return finished, result
+
+
+async def start_listener(nursery: trio.Nursery, app, config, *, what: str, flag: str) -> list[str]:
+    """Start a hypercorn listener in `nursery`; returns its bound URLs once it accepts.
+    A port in use is the operator's to fix, so it becomes a `ConfigError` naming the flag."""
+    from hypercorn.trio import serve
+
+    try:
+        return await nursery.start(serve, app, config)
+    except (OSError, BaseExceptionGroup) as raised:
+        error = collapse(raised)
+        if not isinstance(error, OSError):
+            raise
+        raise ConfigError(f"cannot listen for the {what} on {config.bind[0]} ({error.strerror or error}); "
+                          f"stop whatever uses that port or choose another with {flag}") from None

@@ -18,7 +18,8 @@ from pathlib import Path
 import trio
 
 from engy_node.config import Config
-from engy_node.errors import ConfigError, collapse
+from engy_node.asgi import start_listener
+from engy_node.errors import ConfigError
 from engy_node.gateway.app import Gateway, GatewaySettings, Handlers, build_buyer_app, build_miner_app
 from engy_node.gateway.audit import ProofTee
 from engy_node.gateway.pool import MinerPool, PoolSettings
@@ -64,7 +65,6 @@ def load_models(config: Config) -> dict[str, ServedModel]:
 
 async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     from hypercorn.config import Config as HypercornConfig
-    from hypercorn.trio import serve
 
     settings = config.gateway
     models = await trio.to_thread.run_sync(load_models, config)
@@ -104,10 +104,10 @@ async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_
                                          first_byte_wait_s=settings.first_byte_wait_s, max_attempts=settings.max_attempts,
                                          no_capacity_retry_after_s=settings.no_capacity_retry_after_s),
             )
-            miner_binds = await _listen(nursery, serve, build_miner_app(pool), hypercorn_config(settings.miner_port),
-                                        what="miner", flag="--miner-port / gateway.miner_port")
-            buyer_binds = await _listen(nursery, serve, build_buyer_app(Handlers(gateway)), hypercorn_config(settings.port),
-                                        what="buyer API", flag="--port / gateway.port")
+            miner_binds = await start_listener(nursery, build_miner_app(pool), hypercorn_config(settings.miner_port),
+                                               what="miner endpoint", flag="--miner-port / gateway.miner_port")
+            buyer_binds = await start_listener(nursery, build_buyer_app(Handlers(gateway)), hypercorn_config(settings.port),
+                                               what="buyer API", flag="--port / gateway.port")
             nursery.start_soon(_sweep_stale, pool, hub)
             urls = GatewayUrls(buyer_url=buyer_binds[0], miner_url=miner_binds[0].replace("http://", "ws://") + "/gw")
             hub.set_state("gateway", state="ready", buyer_url=urls.buyer_url, miner_url=urls.miner_url, models=sorted(models))
@@ -118,18 +118,6 @@ async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_
             await pool.drain()
         hub.set_state("gateway", state="stopped")
         store.close()
-
-
-async def _listen(nursery: trio.Nursery, serve, app, config, *, what: str, flag: str) -> list[str]:
-    """Start one hypercorn listener; a port in use is the operator's to fix, so say how."""
-    try:
-        return await nursery.start(serve, app, config)
-    except (OSError, BaseExceptionGroup) as raised:
-        error = collapse(raised)
-        if not isinstance(error, OSError):
-            raise
-        raise ConfigError(f"cannot listen for the {what} on {config.bind[0]} ({error.strerror or error}); "
-                          f"stop whatever uses that port or choose another with {flag}") from None
 
 
 async def _sweep_stale(pool: MinerPool, hub: Hub) -> None:

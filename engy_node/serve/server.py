@@ -18,6 +18,7 @@ from pathlib import Path
 
 import trio
 
+from engy_node.asgi import start_listener
 from engy_node.config import Config
 from engy_node.hub import Hub
 from engy_node.models import get_model, model_root
@@ -68,7 +69,6 @@ def server_info(config: Config, runner: ModelRunner, port: int) -> ServerInfo:
 async def serve_reference(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve until cancelled. `task_status.started` gets the base URL once ready."""
     from hypercorn.config import Config as HypercornConfig
-    from hypercorn.trio import serve as hypercorn_serve
 
     serve = config.serve
     hub.set_state("serve", state="loading", model=serve.model)
@@ -86,7 +86,7 @@ async def serve_reference(config: Config, hub: Hub, *, task_status=trio.TASK_STA
             hc.keep_alive_timeout = 75.0
             placeholder = server_info(config, runner, serve.port)
             reference = ReferenceApp(engine, placeholder, hub.registry)
-            binds = await nursery.start(hypercorn_serve, build_app(reference), hc)
+            binds = await start_listener(nursery, build_app(reference), hc, what="model server", flag="--port")
             url = binds[0]
             port = int(url.rsplit(":", 1)[1])
             reference.info = server_info(config, runner, port)
