@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import hashlib
 import logging
 import time
@@ -59,6 +60,10 @@ AUTH_CACHE_TTL_S = 30.0
 """A valid key is looked up once per this long, not once per request; revoking a key therefore
 takes effect within this time. Unknown keys are never cached, so guessing cannot fill memory."""
 AUTH_CACHE_MAX_ENTRIES = 100_000
+INLINE_TOKENIZE_MAX_CHARS = 4096
+"""Text up to this size (~1,000 tokens) is tokenised on the event loop: measured on this
+project's 2-core machine, rendering and tokenising it takes well under a millisecond, less than
+the thread hand-off it would otherwise cost (gateway CPU per streamed request 2.9 → 2.6 ms)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -154,7 +159,7 @@ class Gateway:
         request_id = uuid.uuid4().hex
         serve = self.serve_request(chat, request_id)
         try:
-            prompt_ids = await trio.to_thread.run_sync(model.render_prompt, serve, limiter=self.tokenize_limiter)
+            prompt_ids = await self.off_loop_if_large(_conversation_chars(chat), model.render_prompt, serve)
         except Exception as error:  # broad on purpose: a template rejecting input is the buyer's 400
             raise GatewayError("invalid_request", f"the conversation cannot be rendered for {chat.model}: {error}") from None
         spec = model.spec
@@ -257,6 +262,14 @@ class Gateway:
             # The request itself is served and billed; losing its log row must not fail it.
             log.error("request %s: could not write the request log (%s)", entry.request_id, error)
 
+    async def off_loop_if_large(self, size_chars: int, work: Callable[..., Any], *args: Any) -> Any:
+        """Run tokenizer work inline when it is small, in a worker thread when it is not: a thread
+        hand-off costs about as much CPU as rendering or counting a short conversation, and
+        most requests are short, but a long one must never stall the event loop."""
+        if size_chars <= INLINE_TOKENIZE_MAX_CHARS:
+            return work(*args)
+        return await trio.to_thread.run_sync(functools.partial(work, *args), limiter=self.tokenize_limiter)
+
     async def release(self, flight: Flight) -> None:
         await self.store.release_async(flight.hold)
 
@@ -287,9 +300,9 @@ class Gateway:
         if list(commitment.prompt_ids) != flight.prompt_ids:
             log.warning("request %s: miner %s proved a different prompt than the one sent", flight.request_id, flight.miner)
         finish_stop = (response.output.get("choices") or [{}])[0].get("finish_reason") == "stop"
-        relayed_tokens, consistent = await trio.to_thread.run_sync(
-            relayed_token_count, flight.model, flight.relayed_text, list(commitment.output_token_ids), finish_stop,
-            limiter=self.tokenize_limiter)
+        relayed_tokens, consistent = await self.off_loop_if_large(
+            len(flight.relayed_text), relayed_token_count, flight.model, flight.relayed_text,
+            list(commitment.output_token_ids), finish_stop)
         if not consistent:
             # Billing still takes the smallest count; the proof tee keeps the evidence.
             log.warning("request %s: miner %s relayed text its committed tokens do not decode to", flight.request_id, flight.miner)
@@ -311,6 +324,12 @@ def relayed_token_count(model: ServedModel, relayed_text: str, output_ids: list[
         return len(output_ids), True
     count = len(model.tokenizer.encode(relayed_text, add_special_tokens=False)) if relayed_text else 0
     return count + (1 if finish_stop and output_ids else 0), committed_text.startswith(relayed_text)
+
+
+def _conversation_chars(chat: ChatRequest) -> int:
+    """A cheap upper bound on the rendered prompt's size, to decide where to tokenise it."""
+    size = sum(len(str(message.get("content") or "")) + len(str(message.get("tool_calls") or "")) for message in chat.messages)
+    return size + (len(str(chat.tools)) if chat.tools else 0)
 
 
 def _int(value: Any) -> int:
