@@ -60,9 +60,6 @@ AUTH_CACHE_TTL_S = 30.0
 """A valid key is looked up once per this long, not once per request; revoking a key therefore
 takes effect within this time. Unknown keys are never cached, so guessing cannot fill memory."""
 AUTH_CACHE_MAX_ENTRIES = 100_000
-RELAY_COALESCE_S = 0.01
-"""After relaying a write, wait this long for more output before the next (SPEC §4's miners
-coalesce at ~50 ms already; this bounds the gateway's writes when many arrive at once)."""
 INLINE_TOKENIZE_MAX_CHARS = 4096
 """Text up to this size (~1,000 tokens) is tokenised on the event loop: measured on this
 project's 2-core machine, rendering and tokenising it takes well under a millisecond, less than
@@ -545,11 +542,6 @@ class Handlers:
                 if out:
                     yield b"".join(out)
                     out = []
-                    if not pending.finished:
-                        # Let the next few chunks gather: one write instead of several, at a
-                        # delay no reader of a token stream can see. The first write is not held.
-                        await trio.sleep(RELAY_COALESCE_S)
-                        continue
                 if pending.finished:
                     break
                 if time.perf_counter() > deadline:
