@@ -18,6 +18,39 @@ from engy_node.errors import ConfigError, collapse
 T = TypeVar("T")
 
 
+class BodyError(ValueError):
+    """A request body that cannot be used; `status` is 413 (too large) or 400."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def read_json_object(request: Request, *, max_bytes: int, allow_empty: bool = False) -> dict[str, Any]:
+    """The request body as a JSON object, read no further than `max_bytes`. Each server turns a
+    `BodyError` into its own API's error shape."""
+    import orjson
+
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise BodyError(413, f"request body exceeds {max_bytes} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        if allow_empty:
+            return {}
+        raise BodyError(400, "request body is empty; send a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise BodyError(400, f"request body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise BodyError(400, "request body must be a JSON object")
+    return body
+
+
 async def cancel_on_disconnect(request: Request, scope: trio.CancelScope, *, reason: str = "client disconnected") -> None:
     """Cancel `scope` when the client closes the connection; returns after cancelling."""
     while True:

@@ -235,13 +235,20 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
     return 1 if wrong else 0
 
 
-def _run_up(config) -> int:
-    from engy_node import node
+def _start_logging(config):
+    """The node's hub, with every `engy.*` log record routed into it, stderr and the log file."""
     from engy_node.hub import Hub, install_logging
-    from engy_node.local.up import banner, network_file, run_up
 
     hub = Hub(ring_size=config.node.log_ring_size)
     install_logging(hub, level=config.node.log_level, log_dir=config.paths.log_dir)
+    return hub
+
+
+def _run_up(config) -> int:
+    from engy_node import node
+    from engy_node.local.up import banner, network_file, run_up
+
+    hub = _start_logging(config)
     log.info("engy-node %s up: local network in %s (pid %d)", __version__, config.paths.data_dir, os.getpid())
 
     def on_ready(document) -> None:
@@ -275,7 +282,6 @@ def _run_admin(config, args: argparse.Namespace) -> int:
 
 def _run_roles(config, roles: list[str]) -> int:
     from engy_node import node
-    from engy_node.hub import Hub, install_logging
     from engy_node.gateway.role import run_gateway
     from engy_node.miner.role import plan_report, preflight, run_miner
 
@@ -285,8 +291,7 @@ def _run_roles(config, roles: list[str]) -> int:
         return 0
     if "miner" in roles:
         preflight(config)
-    hub = Hub(ring_size=config.node.log_ring_size)
-    install_logging(hub, level=config.node.log_level, log_dir=config.paths.log_dir)
+    hub = _start_logging(config)
     log.info("engy-node %s: roles %s (pid %d)", __version__, ", ".join(roles), os.getpid())
     services = []
     if "gateway" in roles:
@@ -298,11 +303,9 @@ def _run_roles(config, roles: list[str]) -> int:
 
 def _run_serve(config) -> int:
     from engy_node import node
-    from engy_node.hub import Hub, install_logging
     from engy_node.serve.server import serve_reference
 
-    hub = Hub(ring_size=config.node.log_ring_size)
-    install_logging(hub, level=config.node.log_level, log_dir=config.paths.log_dir)
+    hub = _start_logging(config)
     log.info("engy-node %s serve: model %s on %s:%d (pid %d)", __version__, config.serve.model,
              config.serve.host, config.serve.port, os.getpid())
     return node.run([("reference server", functools.partial(serve_reference, config, hub))])

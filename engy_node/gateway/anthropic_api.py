@@ -146,9 +146,7 @@ def _user_messages(content: Any, param: str) -> list[dict[str, Any]]:
         block_param = f"{param}.{j}"
         kind = block.get("type") if isinstance(block, Mapping) else None
         if kind == "text":
-            if not isinstance(block.get("text"), str):
-                raise _invalid(f"{block_param}.text", "must be a string")
-            texts.append(block["text"])
+            texts.append(_block_text(block, block_param))
         elif kind == "tool_result":
             flush()
             tool_use_id = block.get("tool_use_id")
@@ -163,6 +161,12 @@ def _user_messages(content: Any, param: str) -> list[dict[str, Any]]:
     return messages
 
 
+def _block_text(block: Mapping[str, Any], param: str) -> str:
+    if not isinstance(block.get("text"), str):
+        raise _invalid(f"{param}.text", "must be a string")
+    return block["text"]
+
+
 def _assistant_message(content: Any, param: str) -> dict[str, Any]:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
@@ -174,9 +178,7 @@ def _assistant_message(content: Any, param: str) -> dict[str, Any]:
         block_param = f"{param}.{j}"
         kind = block.get("type") if isinstance(block, Mapping) else None
         if kind == "text":
-            if not isinstance(block.get("text"), str):
-                raise _invalid(f"{block_param}.text", "must be a string")
-            texts.append(block["text"])
+            texts.append(_block_text(block, block_param))
         elif kind == "tool_use":
             for key in ("id", "name"):
                 if not isinstance(block.get(key), str):

@@ -35,7 +35,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import orjson
 import trio
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -43,7 +42,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, Router, WebSocketRoute
 
 from engy_node import proof
-from engy_node.asgi import watching_disconnect
+from engy_node.asgi import BodyError, read_json_object, watching_disconnect
 from engy_node.gateway import anthropic_api, billing, openai_api
 from engy_node.gateway.audit import ProofTee, TeeEntry
 from engy_node.gateway.chat import ChatRequest, GatewayError, OutputEvent, ToolCall, Usage
@@ -115,19 +114,10 @@ class Gateway:
 
     # ---- shared steps -------------------------------------------------------------------------
     async def read_body(self, request: Request) -> dict[str, Any]:
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.settings.max_body_bytes:
-                raise GatewayError("request_too_large", f"request body exceeds {self.settings.max_body_bytes} bytes")
-            chunks.append(chunk)
         try:
-            body = orjson.loads(b"".join(chunks))
-        except orjson.JSONDecodeError as error:
-            raise GatewayError("invalid_request", f"request body is not valid JSON: {error}") from None
-        if not isinstance(body, dict):
-            raise GatewayError("invalid_request", "request body must be a JSON object")
-        return body
+            return await read_json_object(request, max_bytes=self.settings.max_body_bytes)
+        except BodyError as error:
+            raise GatewayError("request_too_large" if error.status == 413 else "invalid_request", str(error)) from None
 
     async def authenticate(self, api_key: str | None):
         if not api_key:

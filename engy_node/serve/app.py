@@ -38,7 +38,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engy_node import __version__
-from engy_node.asgi import watching_disconnect
+from engy_node.asgi import BodyError, read_json_object, watching_disconnect
 from engy_node.serve.engine import Engine, Generation, ModelRunner, RequestError
 from engy_node.serve.sampling import SamplingError, parse_sampling_params
 
@@ -601,24 +601,10 @@ def _bool_field(value: Any, name: str) -> bool:
 
 
 async def _json_body(request: Request, *, allow_empty: bool = False) -> dict[str, Any]:
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise ApiError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    if not raw.strip():
-        if allow_empty:
-            return {}
-        raise ApiError(400, "request body is empty; send a JSON object", contract=True)
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as err:
-        raise ApiError(400, f"request body is not valid JSON: {err}", contract=True) from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", contract=True)
-    return body
+        return await read_json_object(request, max_bytes=MAX_BODY_BYTES, allow_empty=allow_empty)
+    except BodyError as error:
+        raise ApiError(error.status, str(error), contract=error.status == 400) from None
 
 
 def build_app(reference: ReferenceApp) -> Starlette:
