@@ -158,7 +158,8 @@ def _quantile(q: float, bounds: list[float], counts: list[float]) -> float:
         return bounds[0]
     lower = bounds[index - 1] if index > 0 else 0.0
     below = counts[index - 1] if index > 0 else 0.0
-    return lower + (bounds[index] - lower) * (rank - below) / (counts[index] - below)
+    interpolated = lower + (bounds[index] - lower) * (rank - below) / (counts[index] - below)
+    return min(interpolated, bounds[index])  # rounding may overshoot the bound by one ulp
 
 
 def histogram_quantiles(samples: Iterable[Sample], metric_name: str) -> LatencySummary | None:

@@ -16,7 +16,7 @@ import socket
 import httpx
 import pytest
 import trio
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from engy_node.metrics import nearest_rank, parse_prometheus_text
@@ -121,6 +121,7 @@ def test_estimate_matches_a_brute_force_inversion_of_the_assumed_distribution(bo
     observations=st.lists(st.floats(min_value=0, max_value=2e4), min_size=1, max_size=200),
     q=st.sampled_from(QUANTILES),
 )
+@example(bounds=[1.1683227250755408, 4097.424541440011], observations=[2.0, 4098.0], q=0.5)
 def test_estimate_lies_in_the_bucket_of_the_exact_nearest_rank_value(bounds, observations, q):
     per_bucket = [0] * (len(bounds) + 1)
     for value in observations:
