@@ -2,20 +2,23 @@
 
 A handler that waits for long work (a generation, a miner's answer) must notice a client that
 hung up, or the work runs on for nobody. Starlette's streaming responses watch for that
-themselves; these helpers do it for handlers that wait before responding.
+themselves; these helpers do it for handlers that wait before responding, and for raw ASGI
+handlers that wait and then stream under one watch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
 import trio
-from starlette.requests import Request
 
 from engy_node.errors import ConfigError, collapse
 
 T = TypeVar("T")
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class BodyError(ValueError):
@@ -26,17 +29,24 @@ class BodyError(ValueError):
         self.status = status
 
 
-async def read_json_object(request: Request, *, max_bytes: int, allow_empty: bool = False) -> dict[str, Any]:
-    """The request body as a JSON object, read no further than `max_bytes`. Each server turns a
-    `BodyError` into its own API's error shape."""
+async def read_json_object(receive: Receive, *, max_bytes: int, allow_empty: bool = False) -> dict[str, Any]:
+    """The request body, read from ASGI `receive`, as a JSON object, read no further than
+    `max_bytes`. Each server turns a `BodyError` into its own API's error shape (499: the client
+    hung up before sending all of it)."""
     import orjson
 
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise BodyError(499, "the client disconnected before sending the whole body")
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > max_bytes:
             raise BodyError(413, f"request body exceeds {max_bytes} bytes")
         chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
     raw = b"".join(chunks)
     if not raw.strip():
         if allow_empty:
@@ -51,33 +61,48 @@ async def read_json_object(request: Request, *, max_bytes: int, allow_empty: boo
     return body
 
 
-async def cancel_on_disconnect(request: Request, scope: trio.CancelScope, *, reason: str = "client disconnected") -> None:
-    """Cancel `scope` when the client closes the connection; returns after cancelling."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel(reason=reason)
-            return
+class DisconnectWatch:
+    """What `watch_disconnect` yields: whether the client hung up while it was watching."""
+
+    __slots__ = ("client_gone",)
+
+    def __init__(self) -> None:
+        self.client_gone = False
 
 
-async def watching_disconnect(request: Request, work: Callable[[], Awaitable[T]]) -> tuple[bool, T | None]:
-    """Run `work()` while watching for the client hanging up: (True, result), or (False, None)
-    when the client left first (the work is cancelled). A single failure of `work` is raised as
-    itself, not inside an exception group."""
-    result: Any = None
-    finished = False
+@contextlib.asynccontextmanager
+async def watch_disconnect(receive: Receive) -> AsyncIterator[DisconnectWatch]:
+    """Run the body in a scope that is cancelled if the client hangs up (the request body must
+    already be read). Leaving the block stops the watch; a single failure of the body is raised
+    as itself, not inside an exception group. One watch can span a whole response, so a handler
+    that waits, then streams, pays for one watcher task rather than one per phase."""
+    watch = DisconnectWatch()
+
+    async def watcher(scope: trio.CancelScope) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        watch.client_gone = True
+        scope.cancel(reason="client disconnected")
+
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(cancel_on_disconnect, request, nursery.cancel_scope)
-            result = await work()
-            finished = True
-            nursery.cancel_scope.cancel(reason="work finished")
+            nursery.start_soon(watcher, nursery.cancel_scope)
+            yield watch
+            nursery.cancel_scope.cancel(reason="response finished")
     except BaseExceptionGroup as group:
         leaf = collapse(group)
         if leaf is group:
             raise
         raise leaf from None
-    return finished, result
+
+
+async def watching_disconnect(receive: Receive, work: Callable[[], Awaitable[T]]) -> tuple[bool, T | None]:
+    """Run `work()` while watching for the client hanging up: (True, result), or (False, None)
+    when the client left first (the work is cancelled)."""
+    result: Any = None
+    async with watch_disconnect(receive) as watch:
+        result = await work()
+    return (False, None) if watch.client_gone else (True, result)
 
 
 async def start_listener(nursery: trio.Nursery, app, config, *, what: str, flag: str) -> list[str]:

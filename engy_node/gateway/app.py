@@ -32,17 +32,19 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
+import orjson
 import trio
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router, WebSocketRoute
 
 from engy_node import proof
-from engy_node.asgi import BodyError, read_json_object, watching_disconnect
+from engy_node.asgi import BodyError, Receive, Send, read_json_object, watch_disconnect
 from engy_node.gateway import anthropic_api, billing, openai_api
 from engy_node.gateway.audit import ProofTee, TeeEntry
 from engy_node.gateway.chat import ChatRequest, GatewayError, OutputEvent, ToolCall, Usage
@@ -113,9 +115,9 @@ class Gateway:
         self._accounts: dict[bytes, tuple[Any, float]] = {}
 
     # ---- shared steps -------------------------------------------------------------------------
-    async def read_body(self, request: Request) -> dict[str, Any]:
+    async def read_body(self, receive: Receive) -> dict[str, Any]:
         try:
-            return await read_json_object(request, max_bytes=self.settings.max_body_bytes)
+            return await read_json_object(receive, max_bytes=self.settings.max_body_bytes)
         except BodyError as error:
             raise GatewayError("request_too_large" if error.status == 413 else "invalid_request", str(error)) from None
 
@@ -344,8 +346,8 @@ class _Api(abc.ABC):
 
     name: str
 
-    def api_key(self, request: Request) -> str | None:
-        header = request.headers.get("authorization", "")
+    def api_key(self, headers: Headers) -> str | None:
+        header = headers.get("authorization", "")
         return header[7:].strip() if header.lower().startswith("bearer ") else None
 
     @abc.abstractmethod
@@ -384,8 +386,8 @@ class _OpenAi(_Api):
 class _Anthropic(_Api):
     name = "anthropic"
 
-    def api_key(self, request: Request) -> str | None:
-        return request.headers.get("x-api-key") or super().api_key(request)
+    def api_key(self, headers: Headers) -> str | None:
+        return headers.get("x-api-key") or super().api_key(headers)
 
     def parse(self, body: dict, gateway: Gateway) -> ChatRequest:
         return anthropic_api.parse_messages_request(body, known_models=set(gateway.models), max_output_tokens_for=gateway.max_output_tokens_for)
@@ -418,45 +420,47 @@ class _Encoder:
 OPENAI, ANTHROPIC = _OpenAi(), _Anthropic()
 
 
-class Handlers:
-    """The buyer routes over one `Gateway`."""
+class ChatEndpoint:
+    """One buyer API's chat route (`/v1/chat/completions` or `/v1/messages`) as a raw ASGI app.
 
-    def __init__(self, gateway: Gateway) -> None:
+    This is the gateway's hot path, so it speaks ASGI itself instead of going through Starlette's
+    `Request` and `StreamingResponse`: one task watches for the buyer hanging up over the whole
+    response (the wait for the miner's first output, then the relay) where Starlette would start
+    one per phase, and the relay writes straight to the server without a task group around it.
+    """
+
+    def __init__(self, gateway: Gateway, api: _Api) -> None:
         self.gateway = gateway
+        self.api = api
 
-    async def openai_chat(self, request: Request) -> Response:
-        return await self._chat(request, OPENAI)
-
-    async def anthropic_messages(self, request: Request) -> Response:
-        return await self._chat(request, ANTHROPIC)
-
-    async def _chat(self, request: Request, api: _Api) -> Response:
-        gateway = self.gateway
+    async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
+        gateway, api = self.gateway, self.api
         request_id = uuid.uuid4().hex
-        flight: Flight | None = None
         try:
-            account = await gateway.authenticate(api.api_key(request))
-            chat = api.parse(await gateway.read_body(request), gateway)
+            account = await gateway.authenticate(api.api_key(Headers(scope=scope)))
+            chat = api.parse(await gateway.read_body(receive), gateway)
             flight = await gateway.begin(api.name, account, chat)
             request_id = flight.request_id
-            if chat.stream:
-                return await self._start_stream(request, api, flight)
-            return await self._complete(request, api, flight)
+            async with watch_disconnect(receive):
+                if chat.stream:
+                    await self._stream(flight, send)
+                else:
+                    await self._complete(flight, send)
         except GatewayError as err:
-            if flight is not None:
-                await gateway.release(flight)
             if err.kind not in ("authentication", "invalid_request", "not_found", "request_too_large"):
                 log.info("request %s (%s) failed: %s", request_id, api.name, err.kind)
-            return api.error_response(err, request_id)
+            await api.error_response(err, request_id)(scope, receive, send)
 
-    async def _complete(self, request: Request, api: _Api, flight: Flight) -> Response:
+    async def _complete(self, flight: Flight, send: Send) -> None:
+        """A non-streamed answer. Every way out before settling returns the whole hold."""
         gateway = self.gateway
         deadline_s = flight.model.spec.max_request_s
         settled = False
         try:
-            finished, pending = await watching_disconnect(request, lambda: self._await_completion(flight, deadline_s))
-            if not finished:
-                return Response(status_code=499)
+            pending = await gateway.first_output(flight, wait_s=deadline_s)
+            with trio.move_on_after(deadline_s):
+                while not pending.finished:
+                    await pending.changed.wait()
             if not pending.finished:
                 raise GatewayError("timeout", f"the miner did not finish within {deadline_s} s")
             if pending.lost is not None or pending.response is None or pending.response.error is not None:
@@ -471,19 +475,12 @@ class Handlers:
             claim, relayed_tokens = await gateway.account_for(flight, pending)
             usage = await gateway.settle(flight, status=200, completion_claim=claim, relayed_tokens=relayed_tokens)
             settled = True
-            stop_sequence = await self._matched_stop(flight, pending, content, finish)
-            body = api.body(flight, events, _finish_for(events, finish), usage, stop_sequence)
-            return JSONResponse(body, headers={"x-request-id": flight.request_id, "request-id": flight.request_id})
         finally:
             if not settled:
                 await gateway.abandon(flight)
-
-    async def _await_completion(self, flight: Flight, deadline_s: float) -> PendingRequest:
-        pending = await self.gateway.first_output(flight, wait_s=deadline_s)
-        with trio.move_on_after(deadline_s):
-            while not pending.finished:
-                await pending.changed.wait()
-        return pending
+        stop_sequence = await self._matched_stop(flight, pending, content, finish)
+        body = self.api.body(flight, events, _finish_for(events, finish), usage, stop_sequence)
+        await _send_json(send, body, request_id=flight.request_id)
 
     async def _matched_stop(self, flight: Flight, pending: PendingRequest, content: str, finish: str) -> str | None:
         stops = flight.chat.sampling.stop
@@ -494,25 +491,28 @@ class Handlers:
         rest = full[len(content):] if full.startswith(content) else ""
         return next((stop for stop in stops if rest.startswith(stop)), None)
 
-    async def _start_stream(self, request: Request, api: _Api, flight: Flight) -> Response:
+    async def _stream(self, flight: Flight, send: Send) -> None:
+        """Status 200 is committed only once the miner has produced output, so that a miner
+        failing before that is retried on another and other failures keep their status codes."""
         gateway = self.gateway
         committed = False
         try:
-            finished, pending = await watching_disconnect(
-                request, lambda: gateway.first_output(flight, wait_s=gateway.settings.first_byte_wait_s))
-            if not finished:
-                return Response(status_code=499)
+            pending = await gateway.first_output(flight, wait_s=gateway.settings.first_byte_wait_s)
             committed = True
         finally:
             if not committed:
                 await gateway.abandon(flight)
-        headers = {"cache-control": "no-cache", "x-request-id": flight.request_id, "request-id": flight.request_id}
-        return StreamingResponse(self._relay(api, flight, pending), media_type="text/event-stream", headers=headers)
+        request_id = flight.request_id.encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*SSE_HEADERS, (b"x-request-id", request_id), (b"request-id", request_id)]})
+        await self._relay(flight, pending, send)
 
-    async def _relay(self, api: _Api, flight: Flight, pending: PendingRequest) -> AsyncIterator[bytes]:
-        """Everything after status 200: relay, finish in-band. No cancel scope spans a yield."""
+    async def _relay(self, flight: Flight, pending: PendingRequest, send: Send) -> None:
+        """Everything after status 200: relay, then finish in-band. A buyer hanging up cancels
+        this; whatever the way out short of the end, the miner is stopped and only what was
+        relayed is charged."""
         gateway = self.gateway
-        encoder = api.encoder(flight)
+        encoder = self.api.encoder(flight)
         parser = OutputParser(call_id_prefix=flight.request_id[:12])
         events_seen: list[OutputEvent] = []
         deadline = time.perf_counter() + flight.model.spec.max_request_s
@@ -530,7 +530,7 @@ class Handlers:
                     events_seen += events
                     out += encoder.events(events)
                 if out:
-                    yield b"".join(out)
+                    await _send_body(send, b"".join(out), more=True)
                     out = []
                 if pending.finished:
                     break
@@ -538,13 +538,13 @@ class Handlers:
                     outcome = "timeout"
                     break
                 if not await _wait_changed(pending, gateway.settings.keepalive_s):
-                    yield b"".join(encoder.keepalive())
+                    await _send_body(send, b"".join(encoder.keepalive()), more=True)
             if outcome == "timeout" or pending.lost is not None or pending.response is None or pending.response.error is not None:
                 outcome = "timeout" if outcome == "timeout" else "miner-failed"
                 reason = ("the miner did not finish in time" if outcome == "timeout"
                           else pending.lost or (pending.response.error if pending.response else "no response"))
                 error = GatewayError("timeout" if outcome == "timeout" else "upstream", f"the miner failed mid-stream: {reason}")
-                yield b"".join(encoder.error(error))
+                await _send_body(send, b"".join(encoder.error(error)), more=False)
                 return
             content, finish = _final_content(pending)
             if content.startswith(flight.relayed_text) and len(content) > len(flight.relayed_text):
@@ -561,7 +561,7 @@ class Handlers:
                 usage = await gateway.settle(flight, status=200, completion_claim=claim, relayed_tokens=relayed_tokens)
                 stop_sequence = await self._matched_stop(flight, pending, flight.relayed_text, finish)
             outcome = "ok"
-            yield b"".join(out + encoder.finish(_finish_for(events_seen, finish), usage, stop_sequence))
+            await _send_body(send, b"".join(out + encoder.finish(_finish_for(events_seen, finish), usage, stop_sequence)), more=False)
         finally:
             if outcome != "ok":
                 with trio.CancelScope(shield=True):
@@ -580,12 +580,35 @@ class Handlers:
         relayed = await trio.to_thread.run_sync(gateway.count_tokens, flight.model, flight.relayed_text)
         await gateway.settle(flight, status=status, completion_claim=None, relayed_tokens=relayed)
 
+
+SSE_HEADERS = ((b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"))
+
+
+async def _send_body(send: Send, data: bytes, *, more: bool) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": more})
+
+
+async def _send_json(send: Send, body: dict, *, request_id: str) -> None:
+    payload = orjson.dumps(body)
+    rid = request_id.encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                            (b"x-request-id", rid), (b"request-id", rid)]})
+    await _send_body(send, payload, more=False)
+
+
+class Handlers:
+    """The buyer API's other routes over one `Gateway`."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
     async def count_tokens(self, request: Request) -> Response:
         gateway = self.gateway
         request_id = uuid.uuid4().hex
         try:
-            await gateway.authenticate(ANTHROPIC.api_key(request))
-            chat = anthropic_api.parse_count_tokens_request(await gateway.read_body(request), known_models=set(gateway.models),
+            await gateway.authenticate(ANTHROPIC.api_key(request.headers))
+            chat = anthropic_api.parse_count_tokens_request(await gateway.read_body(request.receive), known_models=set(gateway.models),
                                                             max_output_tokens_for=gateway.max_output_tokens_for)
             model = gateway.models[chat.model]
             ids = await trio.to_thread.run_sync(model.render_prompt, gateway.serve_request(chat, request_id))
@@ -615,8 +638,8 @@ async def _wait_changed(pending: PendingRequest, timeout_s: float) -> bool:
 
 def build_buyer_app(handlers: Handlers) -> Router:
     routes = [
-        Route("/v1/chat/completions", handlers.openai_chat, methods=["POST"]),
-        Route("/v1/messages", handlers.anthropic_messages, methods=["POST"]),
+        Route("/v1/chat/completions", ChatEndpoint(handlers.gateway, OPENAI), methods=["POST"]),
+        Route("/v1/messages", ChatEndpoint(handlers.gateway, ANTHROPIC), methods=["POST"]),
         Route("/v1/messages/count_tokens", handlers.count_tokens, methods=["POST"]),
         Route("/v1/models", handlers.models, methods=["GET"]),
         Route("/v1/models/{name:path}", handlers.model, methods=["GET"]),

@@ -252,7 +252,7 @@ class ReferenceApp:
 
         done = False
         try:
-            done, _ = await watching_disconnect(request, wait_all)
+            done, _ = await watching_disconnect(request.receive, wait_all)
         finally:
             if not done:
                 self._abort_items(items, "client disconnected")
@@ -602,7 +602,7 @@ def _bool_field(value: Any, name: str) -> bool:
 
 async def _json_body(request: Request, *, allow_empty: bool = False) -> dict[str, Any]:
     try:
-        return await read_json_object(request, max_bytes=MAX_BODY_BYTES, allow_empty=allow_empty)
+        return await read_json_object(request.receive, max_bytes=MAX_BODY_BYTES, allow_empty=allow_empty)
     except BodyError as error:
         raise ApiError(error.status, str(error), contract=error.status == 400) from None
 

@@ -2,7 +2,7 @@
 
 It runs the real `GatewayLink` (legs, hello, heartbeats, cancel) with a handler that skips the
 model: it streams a fixed answer, or an answer chosen per request, as fast as the websocket takes
-it, and returns a commitment-shaped object whose token ids are the answer's tokenisation. Used
+it (coalescing chunks as the real miner does), and returns a commitment-shaped object whose token ids are the answer's tokenisation. Used
 where the gateway itself is under test: its overhead benchmark (so generation time does not hide
 it) and tests of paths a small real model will not produce on demand (tool calls, reasoning,
 failing mid-stream).
@@ -13,14 +13,16 @@ Its proofs are not real TOPLOC proofs — verification is not what it stands in 
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
+import time
 import uuid
 from collections.abc import Callable
 
 import trio
 
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
-from engy_node.miner.serving import Send, ServedModel
+from engy_node.miner.serving import STREAM_COALESCE_S, Send, ServedModel
 from engy_node.protocol.miner import Capacity, Chunk, Response, Serve
 
 
@@ -31,6 +33,9 @@ class Script:
     """Characters per streamed chunk."""
     delay_s: float = 0.0
     """Pause before each chunk (0: as fast as possible)."""
+    coalesce_s: float = STREAM_COALESCE_S
+    """Text produced within this long after a chunk frame waits for the next one, as the real
+    miner's (SPEC §4: chunks are coalesced, ≈50 ms); 0 sends every chunk as its own frame."""
     fail_after_chunks: int | None = None
     """Raise mid-stream after this many chunks: the leg drops, as a crashed miner's would."""
     finish_reason: str = "stop"
@@ -52,12 +57,18 @@ class SyntheticHandler:
         prompt_ids = self.model.render_prompt(frame.request)
         text = script.text
         if frame.stream:
+            unsent, last_sent = "", -math.inf
             for index in range(0, len(text), script.chunk_chars):
                 if script.fail_after_chunks is not None and index // script.chunk_chars >= script.fail_after_chunks:
                     raise MinerCrashed("scripted crash")
                 if script.delay_s:
                     await trio.sleep(script.delay_s)
-                await send(Chunk(corr_id=frame.corr_id, content=text[index:index + script.chunk_chars]))
+                unsent += text[index:index + script.chunk_chars]
+                if time.perf_counter() - last_sent >= script.coalesce_s:
+                    await send(Chunk(corr_id=frame.corr_id, content=unsent))
+                    unsent, last_sent = "", time.perf_counter()
+            if unsent:
+                await send(Chunk(corr_id=frame.corr_id, content=unsent))
         output_ids = list(self.model.tokenizer.encode(text, add_special_tokens=False))
         if script.finish_reason == "stop":
             output_ids.append(int(self.model.tokenizer.eos_token_id))

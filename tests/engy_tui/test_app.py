@@ -20,7 +20,6 @@ from textual.widgets import Static
 
 from engy_tui.app import EngyTui, build_app, build_parser
 from engy_tui.bridge import LatencySummary, ServerStatus
-from engy_tui.widgets import ServerPanel
 from engy_tui.widgets.server_panel import (
     ROWS,
     format_count,

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import uuid
 
-import httpx
 import psutil
 import pytest
 import trio
