@@ -51,13 +51,22 @@ class ServedModel:
     tokenizer: Any
 
     def render_prompt(self, request: ServeRequest) -> list[int]:
-        """Token ids of the request's conversation under the checkpoint's chat template."""
+        """Token ids of the request's conversation under the checkpoint's chat template.
+
+        The same ids as `apply_chat_template(..., tokenize=True)`, which renders the template
+        and then tokenises the text without adding special tokens; here the text goes straight
+        to the Rust tokenizer, skipping transformers' per-call Python (a third of the time for a
+        short conversation, and both the gateway and the miner do this for every request)."""
         messages = [m.for_template() for m in request.messages]
-        kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": True}
+        kwargs: dict[str, Any] = {"add_generation_prompt": True}
         if request.tools:
             kwargs["tools"] = list(request.tools)
-        ids = self.tokenizer.apply_chat_template(messages, **kwargs)
-        return list(ids if isinstance(ids, list) else ids["input_ids"])
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            ids = self.tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
+            return list(ids if isinstance(ids, list) else ids["input_ids"])
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+        return backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
