@@ -1,19 +1,22 @@
 """What the gateway adds to a request, measured side by side in one run.
 
-    .venv/bin/python bench/gateway_overhead.py [--levels 1,16,64,256] [--requests 256]
+    .venv/bin/python bench/gateway_overhead.py [--levels 1,16,64,256] [--plain-levels 1,16,64] [--requests 512]
 
-A fast synthetic miner (the real link and protocol, an instant scripted answer streamed in 8
-chunks) runs in its own process. The same streamed requests go two ways, alternating per level:
+A fast synthetic miner (the real link and protocol, an instant scripted 90-character answer,
+chunks coalesced as the real miner coalesces them: the first at once, the rest in the next) runs
+in its own process. The same requests go two ways, one after the other at each level:
 
 * **direct**: to a synthetic miner dialled into a bare protocol-level gateway inside this process
   (serve frame out, chunks and response back) — the cost of the miner and the websocket alone;
-* **gateway**: through `engy-node --role gateway` (a separate process) over its OpenAI API with
-  SSE — authentication, tokenisation with the chat template, the billing hold, routing, relay,
-  settlement and the request log included.
+* **gateway**: through `engy-node --role gateway` (a separate process) over its OpenAI API —
+  authentication, tokenisation with the chat template, the billing hold, routing, relay, SSE,
+  settlement and the request log included — from a lean keep-alive HTTP/1.1 client, one
+  connection per concurrent request.
 
-Reported per concurrency level: time to first token p50/p99 both ways and the difference,
-requests/s and streamed tokens/s through the gateway, and the gateway process's RSS.
-Everything binds 127.0.0.1; every process started here is stopped here.
+Streamed levels report time to the first content event p50/p99 both ways and the difference,
+requests/s, streamed chunks/s; non-streamed levels ("short completions") the same with the time
+to the whole answer. Both report the gateway process's CPU per request and its RSS. All four
+processes share the machine. Everything binds 127.0.0.1; every process started here is stopped here.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ def percentile(values: list[float], q: float) -> float:
     return nearest_rank(sorted(values), q)
 
 
-async def direct_level(harness, concurrency: int, total: int) -> dict:
+async def direct_level(harness, concurrency: int, total: int, *, stream: bool) -> dict:
     from engy_node.protocol.miner import Message, ServeRequest
 
     ttfts: list[float] = []
@@ -83,7 +86,7 @@ async def direct_level(harness, concurrency: int, total: int) -> dict:
         for _ in counter:
             request = ServeRequest(messages=(Message("user", "Say the sentence."),), max_tokens=64, engy_request_id=uuid.uuid4().hex)
             started = time.perf_counter()
-            corr_id = await harness.serve(request, stream=True)
+            corr_id = await harness.serve(request, stream=stream)
             record = harness.requests[corr_id]
             await harness.wait_for(lambda: record.chunks or record.response is not None)
             ttfts.append(time.perf_counter() - started)
@@ -98,44 +101,114 @@ async def direct_level(harness, concurrency: int, total: int) -> dict:
     return {"ttft_p50_ms": percentile(ttfts, 50) * 1000, "ttft_p99_ms": percentile(ttfts, 99) * 1000, "rps": total / elapsed}
 
 
-async def gateway_level(api: str, key: str, concurrency: int, total: int) -> dict:
+class KeepAliveClient:
+    """A lean HTTP/1.1 client on one keep-alive connection: it writes a prepared request and
+    reads just enough of the answer (status, Content-Length or chunked framing) to time it.
+
+    The load generator shares the machine's two cores with the gateway and the miner, so it
+    must cost little per request; a general-purpose client (httpx) spends more CPU per request
+    than the gateway itself and would measure mostly itself."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buffer = bytearray()
+
+    @classmethod
+    async def connect(cls, host: str, port: int) -> "KeepAliveClient":
+        return cls(await trio.open_tcp_stream(host, port))
+
+    async def _fill(self) -> None:
+        data = await self.stream.receive_some(65536)
+        if not data:
+            raise ConnectionError("the server closed the connection")
+        self.buffer += data
+
+    async def _line(self) -> bytes:
+        while (end := self.buffer.find(b"\r\n")) < 0:
+            await self._fill()
+        line = bytes(self.buffer[:end])
+        del self.buffer[:end + 2]
+        return line
+
+    async def _exactly(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            await self._fill()
+        data = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        return data
+
+    async def request(self, raw: bytes, on_data) -> int:
+        """Send `raw`, call `on_data(bytes)` for each piece of the body as it arrives; returns the status."""
+        await self.stream.send_all(raw)
+        status = int((await self._line()).split(b" ", 2)[1])
+        length, chunked = None, False
+        while line := await self._line():
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                chunked = True
+        if not chunked:
+            on_data(await self._exactly(length or 0))
+            return status
+        while size := int((await self._line()).split(b";")[0], 16):
+            on_data(await self._exactly(size))
+            await self._exactly(2)
+        await self._exactly(2)
+        return status
+
+
+def chat_request(host: str, port: int, key: str, *, stream: bool) -> bytes:
+    body = json.dumps({"model": "smollm2-135m", "messages": [{"role": "user", "content": "Say the sentence."}],
+                       "max_tokens": 64, "stream": stream}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\nauthorization: Bearer {key}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+async def gateway_level(api: str, key: str, concurrency: int, total: int, *, stream: bool) -> dict:
+    """TTFT is to the first SSE event carrying content (streamed) or to the whole answer (not)."""
     ttfts: list[float] = []
     chunks_seen = 0
     errors = 0
     counter = iter(range(total))
-    body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Say the sentence."}], "max_tokens": 64, "stream": True}
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    url = httpx.URL(api)
+    raw = chat_request(url.host, url.port, key, stream=stream)
 
-    async with httpx.AsyncClient(base_url=api, headers={"authorization": f"Bearer {key}"}, timeout=120, limits=limits) as http:
-        async def worker() -> None:
-            nonlocal chunks_seen, errors
+    async def worker() -> None:
+        nonlocal chunks_seen, errors
+        client = await KeepAliveClient.connect(url.host, url.port)
+        try:
             for _ in counter:
                 started = time.perf_counter()
-                first = None
-                async with http.stream("POST", "/chat/completions", json=body) as response:
-                    if response.status_code != 200:
-                        errors += 1
-                        await response.aread()
-                        continue
-                    async for line in response.aiter_lines():
-                        if line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
-                            chunks_seen += 1
-                            if first is None:
-                                first = time.perf_counter() - started
-                if first is not None:
-                    ttfts.append(first)
+                first: list[float] = []
 
-        started = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for _ in range(concurrency):
-                nursery.start_soon(worker)
-        elapsed = time.perf_counter() - started
+                def on_data(data: bytes) -> None:
+                    nonlocal chunks_seen
+                    with_content = data.count(b'"content":"') - data.count(b'"content":""')
+                    chunks_seen += with_content
+                    if not first and (with_content or not stream):
+                        first.append(time.perf_counter() - started)
+
+                if await client.request(raw, on_data) != 200:
+                    errors += 1
+                elif first:
+                    ttfts.append(first[0])
+        finally:
+            await client.stream.aclose()
+
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
+    elapsed = time.perf_counter() - started
     return {"ttft_p50_ms": percentile(ttfts, 50) * 1000, "ttft_p99_ms": percentile(ttfts, 99) * 1000,
             "rps": (total - errors) / elapsed, "chunks_per_s": chunks_seen / elapsed, "errors": errors}
 
 
-async def measure(levels: list[int], total: int, home: str, gateway_api: str, buyer_key: str, miner_key: str, gateway_pid: int) -> list[dict]:
-    from engy_node.gateway.store import Store  # noqa: F401  (imported for its side effect of failing early if missing)
+async def measure(levels: list[tuple[bool, int]], total: int, home: str, gateway_api: str, buyer_key: str,
+                  gateway_pid: int) -> list[dict]:
     from engy_node.testing.gateway import GatewayHarness
 
     rows = []
@@ -145,17 +218,18 @@ async def measure(levels: list[int], total: int, home: str, gateway_api: str, bu
         direct_miner = spawn_miner(harness.url, "harness-needs-no-key", home)
         try:
             await harness.wait_for(lambda: 0 in harness.legs, timeout=120)
-            await direct_level(harness, 4, 32)
-            await gateway_level(gateway_api, buyer_key, 4, 32)
-            for concurrency in levels:
+            for stream in (True, False):  # warm both paths up
+                await direct_level(harness, 4, 64, stream=stream)
+                await gateway_level(gateway_api, buyer_key, 4, 64, stream=stream)
+            for stream, concurrency in levels:
                 count = max(total, concurrency * 2)
-                direct = await direct_level(harness, concurrency, count)
+                direct = await direct_level(harness, concurrency, count, stream=stream)
                 gateway_process = psutil.Process(gateway_pid)
                 cpu_before = sum(gateway_process.cpu_times()[:2])
-                through = await gateway_level(gateway_api, buyer_key, concurrency, count)
+                through = await gateway_level(gateway_api, buyer_key, concurrency, count, stream=stream)
                 cpu_ms = (sum(gateway_process.cpu_times()[:2]) - cpu_before) * 1000 / count
                 rss = gateway_process.memory_info().rss / 2**20
-                rows.append({"streams": concurrency, "requests": count, "direct": direct, "gateway": through,
+                rows.append({"stream": stream, "concurrency": concurrency, "requests": count, "direct": direct, "gateway": through,
                              "gateway_rss_mib": rss, "gateway_cpu_ms_per_request": cpu_ms})
         finally:
             direct_miner.send_signal(signal.SIGTERM)
@@ -164,9 +238,36 @@ async def measure(levels: list[int], total: int, home: str, gateway_api: str, bu
     return rows
 
 
+def print_tables(rows: list[dict]) -> None:
+    streamed = [row for row in rows if row["stream"]]
+    plain = [row for row in rows if not row["stream"]]
+    if streamed:
+        print("\nStreamed (TTFT: to the first content event)\n")
+        print("| streams | TTFT p50 direct → gateway (added) | TTFT p99 direct → gateway (added) | req/s direct | req/s gateway | ratio | streamed chunks/s | gateway CPU per request | gateway RSS |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for row in streamed:
+            d, g = row["direct"], row["gateway"]
+            print(f"| {row['concurrency']} | {d['ttft_p50_ms']:.1f} → {g['ttft_p50_ms']:.1f} ms (+{g['ttft_p50_ms'] - d['ttft_p50_ms']:.1f}) "
+                  f"| {d['ttft_p99_ms']:.1f} → {g['ttft_p99_ms']:.1f} ms (+{g['ttft_p99_ms'] - d['ttft_p99_ms']:.1f}) "
+                  f"| {d['rps']:.0f} | {g['rps']:.0f} | {g['rps'] / d['rps']:.2f}× | {g['chunks_per_s']:.0f} "
+                  f"| {row['gateway_cpu_ms_per_request']:.2f} ms | {row['gateway_rss_mib']:.0f} MiB |"
+                  + (f" ({g['errors']} errors)" if g["errors"] else ""))
+    if plain:
+        print("\nNot streamed (latency: to the whole answer)\n")
+        print("| concurrent requests | latency p50 direct → gateway (added) | latency p99 direct → gateway (added) | req/s direct | req/s gateway | ratio | gateway CPU per request | gateway RSS |")
+        print("|---|---|---|---|---|---|---|---|")
+        for row in plain:
+            d, g = row["direct"], row["gateway"]
+            print(f"| {row['concurrency']} | {d['ttft_p50_ms']:.1f} → {g['ttft_p50_ms']:.1f} ms (+{g['ttft_p50_ms'] - d['ttft_p50_ms']:.1f}) "
+                  f"| {d['ttft_p99_ms']:.1f} → {g['ttft_p99_ms']:.1f} ms (+{g['ttft_p99_ms'] - d['ttft_p99_ms']:.1f}) "
+                  f"| {d['rps']:.0f} | {g['rps']:.0f} | {g['rps'] / d['rps']:.2f}× | {row['gateway_cpu_ms_per_request']:.2f} ms "
+                  f"| {row['gateway_rss_mib']:.0f} MiB |" + (f" ({g['errors']} errors)" if g["errors"] else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--levels", default="1,16,64,256")
+    parser.add_argument("--levels", default="1,16,64,256", help="concurrent streams, streamed requests")
+    parser.add_argument("--plain-levels", default="1,16,64", help="concurrent requests, non-streamed short completions")
     parser.add_argument("--requests", type=int, default=256, help="requests per level (at least 2 per stream)")
     parser.add_argument("--miner", help=argparse.SUPPRESS)
     parser.add_argument("--key", help=argparse.SUPPRESS)
@@ -180,7 +281,8 @@ def main() -> None:
     from engy_node.gateway.role import store_path
     from engy_node.gateway.store import Store
 
-    levels = [int(level) for level in args.levels.split(",")]
+    levels = [(True, int(level)) for level in args.levels.split(",") if level]
+    levels += [(False, int(level)) for level in args.plain_levels.split(",") if level]
     with tempfile.TemporaryDirectory(prefix="engy-gw-bench-") as home:
         config = load_config(home=home, env={})
         config.paths.data_dir.mkdir(parents=True, exist_ok=True)
@@ -203,22 +305,14 @@ def main() -> None:
             buyer_api, miner_ws = match.group(1) + "/v1", match.group(2)
             miner = spawn_miner(miner_ws, miner_key, home)
             time.sleep(3)
-            rows = trio.run(measure, levels, args.requests, home, buyer_api, buyer_key, miner_key, gateway.pid)
+            rows = trio.run(measure, levels, args.requests, home, buyer_api, buyer_key, gateway.pid)
         finally:
             for process in (miner, gateway):
                 if process is not None:
                     process.send_signal(signal.SIGTERM)
                     process.wait(30)
     print(json.dumps(rows, indent=2))
-    print("\n| streams | TTFT p50 direct → gateway (added) | TTFT p99 direct → gateway (added) | req/s direct | req/s gateway | streamed chunks/s | gateway CPU per request | gateway RSS |")
-    print("|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        d, g = row["direct"], row["gateway"]
-        print(f"| {row['streams']} | {d['ttft_p50_ms']:.1f} → {g['ttft_p50_ms']:.1f} ms (+{g['ttft_p50_ms'] - d['ttft_p50_ms']:.1f}) "
-              f"| {d['ttft_p99_ms']:.1f} → {g['ttft_p99_ms']:.1f} ms (+{g['ttft_p99_ms'] - d['ttft_p99_ms']:.1f}) "
-              f"| {d['rps']:.0f} | {g['rps']:.0f} | {g['chunks_per_s']:.0f} | {row['gateway_cpu_ms_per_request']:.2f} ms "
-              f"| {row['gateway_rss_mib']:.0f} MiB |"
-              + (f" ({g['errors']} errors)" if g["errors"] else ""))
+    print_tables(rows)
 
 
 if __name__ == "__main__":
