@@ -448,7 +448,7 @@ class ChatEndpoint:
                     await self._complete(flight, send)
         except GatewayError as err:
             if err.kind not in ("authentication", "invalid_request", "not_found", "request_too_large"):
-                log.info("request %s (%s) failed: %s", request_id, api.name, err.kind)
+                log.info("request %s (%s) failed: %s (%s)", request_id, api.name, err.kind, err)
             await api.error_response(err, request_id)(scope, receive, send)
 
     async def _complete(self, flight: Flight, send: Send) -> None:
