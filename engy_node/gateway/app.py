@@ -50,6 +50,7 @@ from engy_node.gateway.audit import ProofTee, TeeEntry
 from engy_node.gateway.chat import ChatRequest, GatewayError, OutputEvent, ToolCall, Usage
 from engy_node.gateway.output_parser import OutputParser
 from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
+from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.router import choose, prefix_key, retry_allowed
 from engy_node.gateway.store import RequestLogEntry, Store, StoreError
 from engy_node.miner.serving import ServedModel
@@ -99,11 +100,10 @@ class Flight:
 class Gateway:
     def __init__(self, *, store: Store, pool: MinerPool, models: dict[str, ServedModel], tee: ProofTee,
                  settings: GatewaySettings = GatewaySettings(), clock: Callable[[], float] = time.time,
-                 background: trio.Nursery | None = None) -> None:
+                 request_log: RequestLogWriter | None = None) -> None:
         self.store = store
-        self.background = background
-        """Where request-log writes run, so a buyer never waits for them (None: awaited inline).
-        Its owner must outlive the requests; the writes are shielded, so shutdown lets them land."""
+        self.request_log = request_log
+        """Where request-log rows queue, so a buyer never waits for them (None: written inline)."""
         self.pool = pool
         self.models = models
         self.tee = tee
@@ -241,12 +241,8 @@ class Gateway:
             cached_tokens=usage.cached_tokens if usage else 0, cost_micro=cost, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
             created_at=self.clock(),
         )
-        if self.background is not None:
-            self.background.start_soon(self._write_log, entry)
-        else:
-            await self._write_log(entry)
-
-    async def _write_log(self, entry: RequestLogEntry) -> None:
+        if self.request_log is not None and self.request_log.add(entry):
+            return
         try:
             with trio.CancelScope(shield=True):
                 await self.store.log_request_async(entry)

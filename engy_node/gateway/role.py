@@ -23,6 +23,7 @@ from engy_node.errors import ConfigError
 from engy_node.gateway.app import Gateway, GatewaySettings, Handlers, build_buyer_app, build_miner_app
 from engy_node.gateway.audit import ProofTee
 from engy_node.gateway.pool import MinerPool, PoolSettings
+from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.store import Store
 from engy_node.hub import Hub
 from engy_node.miner.serving import ServedModel, load_served_model
@@ -96,10 +97,12 @@ async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_
 
     try:
         async with trio.open_nursery() as nursery:
+            request_log = RequestLogWriter(store)
+            await nursery.start(request_log.run)
             gateway = Gateway(
                 store=store, pool=pool, models=models,
                 tee=ProofTee(ttl_s=settings.proof_tee_ttl_s, max_entries=settings.proof_tee_max_entries),
-                background=nursery,
+                request_log=request_log,
                 settings=GatewaySettings(max_body_bytes=settings.max_body_bytes, keepalive_s=settings.keepalive_s,
                                          first_byte_wait_s=settings.first_byte_wait_s, max_attempts=settings.max_attempts,
                                          no_capacity_retry_after_s=settings.no_capacity_retry_after_s),

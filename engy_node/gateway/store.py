@@ -52,7 +52,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
 
@@ -794,16 +794,21 @@ class Store:
 
     # -- request log --------------------------------------------------------------------------
 
-    @_serialised
     def log_request(self, entry: RequestLogEntry) -> None:
         """Append one request's metadata (no content; see `RequestLogEntry`)."""
-        if not isinstance(entry, RequestLogEntry):
-            raise TypeError(f"log_request takes a RequestLogEntry, got {type(entry).__name__}")
+        self.log_requests([entry])
+
+    @_serialised
+    def log_requests(self, entries: Sequence[RequestLogEntry]) -> None:
+        """Append several requests' metadata in one transaction: all of them, or none."""
+        for entry in entries:
+            if not isinstance(entry, RequestLogEntry):
+                raise TypeError(f"log_requests takes RequestLogEntry rows, got {type(entry).__name__}")
         columns = [field.name for field in dataclasses.fields(RequestLogEntry)]
         with self._write() as conn:
-            conn.execute(
+            conn.executemany(
                 f"INSERT INTO request_log ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-                [getattr(entry, column) for column in columns],
+                [[getattr(entry, column) for column in columns] for entry in entries],
             )
 
     @_serialised
@@ -901,6 +906,9 @@ class Store:
 
     async def log_request_async(self, entry: RequestLogEntry) -> None:
         await self._grouped(self.log_request, entry)
+
+    async def log_requests_async(self, entries: Sequence[RequestLogEntry]) -> None:
+        await self._grouped(self.log_requests, entries)
 
     async def usage_async(self, account_id: int, *, since: float | None = None) -> UsageSummary:
         return await self._in_thread(self.usage, account_id, since=since)
