@@ -112,6 +112,8 @@ class KeepAliveClient:
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
         self.buffer = bytearray()
+        self.closing = False
+        """The server said `connection: close` (hypercorn does after 1,000 requests): reconnect."""
 
     @classmethod
     async def connect(cls, host: str, port: int) -> "KeepAliveClient":
@@ -149,6 +151,8 @@ class KeepAliveClient:
                 length = int(value)
             elif name == b"transfer-encoding" and b"chunked" in value.lower():
                 chunked = True
+            elif name == b"connection" and b"close" in value.lower():
+                self.closing = True
         if not chunked:
             on_data(await self._exactly(length or 0))
             return status
@@ -195,6 +199,9 @@ async def gateway_level(api: str, key: str, concurrency: int, total: int, *, str
                     errors += 1
                 elif first:
                     ttfts.append(first[0])
+                if client.closing:
+                    await client.stream.aclose()
+                    client = await KeepAliveClient.connect(url.host, url.port)
         finally:
             await client.stream.aclose()
 
