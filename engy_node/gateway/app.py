@@ -16,8 +16,8 @@ encode; everything here is shared):
 6. **Settle** on usage the gateway can account for (`billing.billable_usage`): never more
    completion tokens than were relayed, nor than the commitment holds. The rest of the hold is
    released; on failure before any output, all of it.
-7. **Record** metadata only (no prompt or completion text, ever) and keep the proof material in
-   the in-memory proof tee.
+7. **Record** metadata only (no prompt or completion text, ever; queued to one writer task,
+   `request_log`) and keep the proof material in the in-memory proof tee.
 
 Failures attributed to the miner are logged as 502 (it died or errored) or 504 (it timed out);
 a buyer hang-up is 499. Those statuses feed epoch settlement (SPEC §9).
