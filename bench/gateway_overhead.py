@@ -246,29 +246,24 @@ async def measure(levels: list[tuple[bool, int]], total: int, home: str, gateway
 
 
 def print_tables(rows: list[dict]) -> None:
-    streamed = [row for row in rows if row["stream"]]
-    plain = [row for row in rows if not row["stream"]]
-    if streamed:
-        print("\nStreamed (TTFT: to the first content event)\n")
-        print("| streams | TTFT p50 direct → gateway (added) | TTFT p99 direct → gateway (added) | req/s direct | req/s gateway | ratio | streamed chunks/s | gateway CPU per request | gateway RSS |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        for row in streamed:
+    for stream, title, unit, latency in ((True, "Streamed (TTFT: to the first content event)", "streams", "TTFT"),
+                                         (False, "Not streamed (latency: to the whole answer)", "concurrent requests", "latency")):
+        chosen = [row for row in rows if row["stream"] == stream]
+        if not chosen:
+            continue
+        chunks_column = " streamed chunks/s |" if stream else ""
+        print(f"\n{title}\n")
+        print(f"| {unit} | {latency} p50 direct → gateway (added) | {latency} p99 direct → gateway (added) | req/s direct "
+              f"| req/s gateway | ratio |{chunks_column} gateway CPU per request | gateway RSS |")
+        print("|---" * (9 if stream else 8) + "|")
+        for row in chosen:
             d, g = row["direct"], row["gateway"]
+            chunks = f" {g['chunks_per_s']:.0f} |" if stream else ""
             print(f"| {row['concurrency']} | {d['ttft_p50_ms']:.1f} → {g['ttft_p50_ms']:.1f} ms (+{g['ttft_p50_ms'] - d['ttft_p50_ms']:.1f}) "
                   f"| {d['ttft_p99_ms']:.1f} → {g['ttft_p99_ms']:.1f} ms (+{g['ttft_p99_ms'] - d['ttft_p99_ms']:.1f}) "
-                  f"| {d['rps']:.0f} | {g['rps']:.0f} | {g['rps'] / d['rps']:.2f}× | {g['chunks_per_s']:.0f} "
-                  f"| {row['gateway_cpu_ms_per_request']:.2f} ms | {row['gateway_rss_mib']:.0f} MiB |"
+                  f"| {d['rps']:.0f} | {g['rps']:.0f} | {g['rps'] / d['rps']:.2f}× |{chunks} "
+                  f"{row['gateway_cpu_ms_per_request']:.2f} ms | {row['gateway_rss_mib']:.0f} MiB |"
                   + (f" ({g['errors']} errors)" if g["errors"] else ""))
-    if plain:
-        print("\nNot streamed (latency: to the whole answer)\n")
-        print("| concurrent requests | latency p50 direct → gateway (added) | latency p99 direct → gateway (added) | req/s direct | req/s gateway | ratio | gateway CPU per request | gateway RSS |")
-        print("|---|---|---|---|---|---|---|---|")
-        for row in plain:
-            d, g = row["direct"], row["gateway"]
-            print(f"| {row['concurrency']} | {d['ttft_p50_ms']:.1f} → {g['ttft_p50_ms']:.1f} ms (+{g['ttft_p50_ms'] - d['ttft_p50_ms']:.1f}) "
-                  f"| {d['ttft_p99_ms']:.1f} → {g['ttft_p99_ms']:.1f} ms (+{g['ttft_p99_ms'] - d['ttft_p99_ms']:.1f}) "
-                  f"| {d['rps']:.0f} | {g['rps']:.0f} | {g['rps'] / d['rps']:.2f}× | {row['gateway_cpu_ms_per_request']:.2f} ms "
-                  f"| {row['gateway_rss_mib']:.0f} MiB |" + (f" ({g['errors']} errors)" if g["errors"] else ""))
 
 
 def main() -> None:
