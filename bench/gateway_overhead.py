@@ -1,6 +1,6 @@
 """What the gateway adds to a request, measured side by side in one run.
 
-    .venv/bin/python bench/gateway_overhead.py [--levels 1,16,64,256] [--plain-levels 1,16,64] [--requests 512]
+    .venv/bin/python bench/gateway_overhead.py [--levels 1,16,64,256] [--plain-levels 1,16,64] [--floor-levels 16] [--requests 512]
 
 A fast synthetic miner (the real link and protocol, an instant scripted 90-character answer,
 chunks coalesced as the real miner coalesces them: the first at once, the rest in the next) runs
@@ -15,7 +15,9 @@ in its own process. The same requests go two ways, one after the other at each l
 
 Streamed levels report time to the first content event p50/p99 both ways and the difference,
 requests/s, streamed chunks/s; non-streamed levels ("short completions") the same with the time
-to the whole answer. Both report the gateway process's CPU per request and its RSS. All four
+to the whole answer. Both report the gateway process's CPU per request and its RSS. Last, the
+same client against the HTTP server alone (hypercorn's trio worker with a 15-line ASGI app: the
+floor under any gateway on this stack; `--floor-levels`). All four
 processes share the machine. Everything binds 127.0.0.1; every process started here is stopped here.
 """
 
@@ -70,6 +72,42 @@ def run_synthetic_miner(gateway_url: str, miner_key: str, home: str) -> None:
 def spawn_miner(gateway_url: str, miner_key: str, home: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, __file__, "--miner", gateway_url, "--key", miner_key, "--home", home],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+FLOOR_SSE = [b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n',
+             b'data: {"choices":[{"delta":{"content":"The quick brown fox jumps over the lazy dog."}}]}\n\n',
+             b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n']
+
+
+def run_floor_server() -> None:
+    """The HTTP server alone: hypercorn's trio worker, as the gateway runs it, with an ASGI app
+    that reads the body and answers a fixed three-write SSE stream. What any gateway on this
+    stack pays per request before doing anything of its own."""
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        for index, event in enumerate(FLOOR_SSE):
+            await send({"type": "http.response.body", "body": event, "more_body": index < len(FLOOR_SSE) - 1})
+
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(serve, app, config)
+            print(f"floor ready: {binds[0]}", flush=True)
+
+    trio.run(run)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -245,6 +283,22 @@ async def measure(levels: list[tuple[bool, int]], total: int, home: str, gateway
     return rows
 
 
+def measure_floor(concurrency: int, total: int) -> dict:
+    server = subprocess.Popen([sys.executable, __file__, "--floor-server"], stdout=subprocess.PIPE, text=True)
+    try:
+        url = server.stdout.readline().split("floor ready: ", 1)[1].strip()
+        trio.run(lambda: gateway_level(url, "unused", 4, 64, stream=True))
+        process = psutil.Process(server.pid)
+        cpu_before = sum(process.cpu_times()[:2])
+        count = max(total, concurrency * 2)
+        result = trio.run(lambda: gateway_level(url, "unused", concurrency, count, stream=True))
+        cpu_ms = (sum(process.cpu_times()[:2]) - cpu_before) * 1000 / count
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+    return {"concurrency": concurrency, "rps": result["rps"], "cpu_ms_per_request": cpu_ms}
+
+
 def print_tables(rows: list[dict]) -> None:
     for stream, title, unit, latency in ((True, "Streamed (TTFT: to the first content event)", "streams", "TTFT"),
                                          (False, "Not streamed (latency: to the whole answer)", "concurrent requests", "latency")):
@@ -271,12 +325,17 @@ def main() -> None:
     parser.add_argument("--levels", default="1,16,64,256", help="concurrent streams, streamed requests")
     parser.add_argument("--plain-levels", default="1,16,64", help="concurrent requests, non-streamed short completions")
     parser.add_argument("--requests", type=int, default=256, help="requests per level (at least 2 per stream)")
+    parser.add_argument("--floor-levels", default="16", help="concurrent streams against the bare HTTP server (empty: skip)")
+    parser.add_argument("--floor-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--miner", help=argparse.SUPPRESS)
     parser.add_argument("--key", help=argparse.SUPPRESS)
     parser.add_argument("--home", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.miner:
         run_synthetic_miner(args.miner, args.key, args.home)
+        return
+    if args.floor_server:
+        run_floor_server()
         return
 
     from engy_node.config import load_config
@@ -313,8 +372,15 @@ def main() -> None:
                 if process is not None:
                     process.send_signal(signal.SIGTERM)
                     process.wait(30)
-    print(json.dumps(rows, indent=2))
+    floor = [measure_floor(int(level), args.requests) for level in args.floor_levels.split(",") if level]
+    print(json.dumps({"levels": rows, "http_server_floor": floor}, indent=2))
     print_tables(rows)
+    if floor:
+        print("\nThe HTTP server alone (hypercorn, trio worker, a fixed 3-write SSE answer; same client)\n")
+        print("| streams | req/s | server CPU per request |")
+        print("|---|---|---|")
+        for row in floor:
+            print(f"| {row['concurrency']} | {row['rps']:.0f} | {row['cpu_ms_per_request']:.2f} ms |")
 
 
 if __name__ == "__main__":
