@@ -9,6 +9,7 @@ handlers that wait and then stream under one watch.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
@@ -118,3 +119,24 @@ async def start_listener(nursery: trio.Nursery, app, config, *, what: str, flag:
             raise
         raise ConfigError(f"cannot listen for the {what} on {config.bind[0]} ({error.strerror or error}); "
                           f"stop whatever uses that port or choose another with {flag}") from None
+
+
+async def serve_listener(app, config, listener: trio.abc.Listener[trio.SocketStream], *,
+                         task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve `app` with hypercorn's trio connection handler on connections from `listener`.
+
+    `hypercorn.trio.serve` only accepts from sockets it binds or is given as file descriptors;
+    a gateway worker's miner endpoint must also serve connections another process accepted and
+    passed over (`gateway.workers`). This is the part of hypercorn's `worker_serve` after the
+    sockets (no lifespan: our apps have none), which is why pyproject pins hypercorn's minor
+    version. Cancelling it closes every connection at once; callers drain before that."""
+    from hypercorn.trio.tcp_server import TCPServer
+    from hypercorn.trio.worker_context import WorkerContext
+    from hypercorn.typing import ConnectionState
+    from hypercorn.utils import wrap_app
+
+    handler = functools.partial(TCPServer, wrap_app(app, config.wsgi_max_body_size, "asgi"), config,
+                                WorkerContext(None), ConnectionState({}))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, handler, [listener])
+        task_status.started()

@@ -37,6 +37,7 @@ from engy_node.errors import ConfigError
 APP_NAME = "engy"
 ENV_PREFIX = "ENGY_"
 LogLevel = Literal["debug", "info", "warning", "error"]
+MAX_GATEWAY_WORKERS = 64
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -136,6 +137,10 @@ class GatewaySection:
     proof_tee_max_entries: int = 20_000
     no_capacity_retry_after_s: int = 5
     """Retry-After sent with 503/529 when no miner has a free slot."""
+    workers: int = 1
+    """Gateway processes sharing both ports (SPEC §4: miners open one leg per worker). One
+    process serves about one core's worth of requests; each also loads the served models'
+    tokenizers (~400 MiB of memory). Use up to one per core the gateway may have."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -175,6 +180,22 @@ PUBLIC_MINER_ENV: dict[str, tuple[str, str]] = {
 """The public one-file miner's environment, accepted so its operators can switch unchanged.
 Read only when the miner role runs (`MODEL` is too generic a name to honour otherwise), and
 below `ENGY_MINER__*` in precedence."""
+
+
+def config_document(config: Config) -> dict[str, Any]:
+    """The resolved config as JSON-ready data, for a process that must run with exactly this
+    config (a gateway worker) rather than re-resolve it from a possibly changed file or env."""
+    document: dict[str, Any] = {name: dataclasses.asdict(getattr(config, name)) for name in SECTIONS}
+    document["paths"] = {field.name: str(getattr(config.paths, field.name)) for field in dataclasses.fields(Paths)}
+    return document
+
+
+def config_from_document(document: Mapping[str, Any]) -> Config:
+    """`config_document`'s inverse."""
+    paths = Paths(**{name: Path(value) for name, value in document["paths"].items()})
+    config = Config(paths=paths, **{name: cls(**document[name]) for name, cls in SECTIONS.items()})
+    _validate(config)
+    return config
 
 
 def resolve_paths(home: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Paths:
@@ -329,6 +350,8 @@ def _validate(config: Config) -> None:
     for name in ("port", "miner_port"):
         if not 0 <= getattr(gateway, name) <= 65535:
             raise ConfigError(f"gateway.{name} = {getattr(gateway, name)}: must be 0..65535 (0 picks a free port)")
+    if not 1 <= gateway.workers <= MAX_GATEWAY_WORKERS:
+        raise ConfigError(f"gateway.workers = {gateway.workers}: must be 1..{MAX_GATEWAY_WORKERS} (about one per core)")
     if gateway.max_attempts < 1:
         raise ConfigError("gateway.max_attempts must be at least 1")
     if serve.request_timeout_s <= 0:

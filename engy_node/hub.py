@@ -129,8 +129,10 @@ class _TolerantFileHandler(logging.handlers.RotatingFileHandler):
             print(f"engy: cannot write the log file {self.baseFilename} ({exc}); logging to stderr only", file=sys.stderr)
 
 
-def install_logging(hub: Hub, *, level: str = "info", log_dir: Path | None = None) -> None:
-    """Route `engy.*` loggers to the hub (everything), stderr and a rotating file (at `level`)."""
+def install_logging(hub: Hub, *, level: str = "info", log_dir: Path | None = None, process: str | None = None) -> None:
+    """Route `engy.*` loggers to the hub (everything), stderr and a rotating file (at `level`).
+    A helper process (`process`, e.g. "gateway-1") tags its stderr lines and keeps its own file,
+    since a rotating file cannot be shared between processes."""
     root = logging.getLogger(LOGGER_ROOT)
     for handler in list(root.handlers):
         root.removeHandler(handler)
@@ -138,7 +140,8 @@ def install_logging(hub: Hub, *, level: str = "info", log_dir: Path | None = Non
     root.setLevel(logging.DEBUG)
     root.propagate = False
     root.addHandler(HubHandler(hub))
-    formatter = logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    tag = f"[{process}] " if process else ""
+    formatter = logging.Formatter(f"%(asctime)s %(levelname)-7s {tag}%(name)s: %(message)s")
     stderr = logging.StreamHandler(sys.stderr)
     stderr.setLevel(level.upper())
     stderr.setFormatter(formatter)
@@ -146,7 +149,8 @@ def install_logging(hub: Hub, *, level: str = "info", log_dir: Path | None = Non
     if log_dir is not None:
         try:
             log_dir.mkdir(parents=True, exist_ok=True)
-            file_handler = _TolerantFileHandler(log_dir / "engy-node.log", maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_BACKUPS, encoding="utf-8")
+            file_name = f"engy-node-{process}.log" if process else "engy-node.log"
+            file_handler = _TolerantFileHandler(log_dir / file_name, maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_BACKUPS, encoding="utf-8")
         except OSError as err:
             print(f"engy: cannot open a log file in {log_dir} ({err}); logging to stderr only", file=sys.stderr)
         else:

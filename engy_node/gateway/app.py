@@ -644,9 +644,9 @@ def build_buyer_app(handlers: Handlers) -> Router:
     return Router(routes=routes)
 
 
-def build_miner_app(pool: MinerPool) -> Starlette:
+def build_miner_app(pool: MinerPool, *, workers: int = 1) -> Starlette:
     async def meta(request: Request) -> Response:
-        return JSONResponse({"workers": 1})
+        return JSONResponse({"workers": workers})
 
     return Starlette(routes=[Route("/gw/meta", meta, methods=["GET"]), WebSocketRoute("/gw", pool.endpoint),
                              WebSocketRoute("/gw/{worker:int}", pool.endpoint)])

@@ -2,7 +2,10 @@
 
 Start-up loads each served model's tokenizer (the gateway tokenises every request itself),
 opens the store and releases holds a crash left open, then binds the miner endpoint and the
-buyer API. `task_status.started` reports both URLs once both listen.
+buyer API. `task_status.started` reports both URLs once both listen. With `gateway.workers` > 1
+the first process binds both ports once and starts the other workers (`workers.py`); only it
+releases holds at start-up, and it also sweeps, periodically, holds older than any request can
+be (a worker that died mid-request leaves its holds open).
 
 Shutdown drains: miners are told to `reconnect` (to another gateway process, or to this one
 after a restart) before the listeners close, and in-flight requests are cancelled, which
@@ -12,19 +15,22 @@ settles them for what was relayed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import time
 from pathlib import Path
 
 import trio
 
 from engy_node.config import Config
-from engy_node.asgi import start_listener
+from engy_node.asgi import serve_listener, start_listener
 from engy_node.errors import ConfigError
 from engy_node.gateway.app import Gateway, GatewaySettings, Handlers, build_buyer_app, build_miner_app
 from engy_node.gateway.audit import ProofTee
 from engy_node.gateway.pool import MinerPool, PoolSettings
 from engy_node.gateway.request_log import RequestLogWriter
-from engy_node.gateway.store import Store
+from engy_node.gateway.store import Store, StoreError
+from engy_node.gateway.workers import MinerListener, Seat, SharedSockets, own_copy, run_worker_process
 from engy_node.hub import Hub
 from engy_node.miner.serving import ServedModel, load_served_model
 from engy_node.models import get_model
@@ -34,6 +40,7 @@ log = logging.getLogger("engy.gateway")
 
 STALE_SWEEP_S = 10.0
 """How often legs are checked for missing heartbeats (a leg goes stale after 90 s)."""
+ORPHAN_SWEEP_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,13 +72,37 @@ def load_models(config: Config) -> dict[str, ServedModel]:
 
 
 async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """The gateway role: one process, or the first of `gateway.workers`, which binds the shared
+    sockets, serves as worker 0 and starts the others (`workers.py`)."""
+    settings = config.gateway
+    if settings.workers == 1:
+        await serve_gateway(config, hub, task_status=task_status)
+        return
+    shared = SharedSockets.bind(settings)
+    try:
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(functools.partial(serve_gateway, config, hub, seat=shared.seat(0)))
+            for index in range(1, settings.workers):
+                await nursery.start(run_worker_process, config, shared.seat(index))
+            log.info("gateway ready: buyer API %s, miners dial %s (%d worker processes)", urls.buyer_url, urls.miner_url,
+                     settings.workers)
+            task_status.started(urls)
+    finally:
+        shared.close()
+
+
+async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """One gateway process: on its own ports, or as worker `seat.index` on the shared sockets."""
     from hypercorn.config import Config as HypercornConfig
 
     settings = config.gateway
+    first = seat is None or seat.index == 0
     models = await trio.to_thread.run_sync(load_models, config)
     config.paths.data_dir.mkdir(parents=True, exist_ok=True)
     store = await trio.to_thread.run_sync(Store.open, store_path(config))
-    await store.recover_open_holds_async()
+    if first:
+        # Only the first process: the others start while it serves, and their holds are live.
+        await store.recover_open_holds_async()
 
     async def miner_key_lookup(key: str) -> str | None:
         record = await store.authenticate_miner_async(key)
@@ -86,9 +117,10 @@ async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_
     )
     registered_hotkeys.update(record.hotkey for record in await store.list_miners_async() if record.hotkey)
 
-    def hypercorn_config(port: int) -> HypercornConfig:
+    def hypercorn_config(bind: str | None) -> HypercornConfig:
         hc = HypercornConfig()
-        hc.bind = [f"{settings.host}:{port}"]
+        if bind is not None:
+            hc.bind = [bind]
         hc.accesslog = None
         hc.errorlog = logging.getLogger("engy.gateway.http")
         hc.graceful_timeout = 5.0
@@ -107,20 +139,51 @@ async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_
                                          first_byte_wait_s=settings.first_byte_wait_s, max_attempts=settings.max_attempts,
                                          no_capacity_retry_after_s=settings.no_capacity_retry_after_s),
             )
-            miner_binds = await start_listener(nursery, build_miner_app(pool), hypercorn_config(settings.miner_port),
-                                               what="miner endpoint", flag="--miner-port / gateway.miner_port")
-            buyer_binds = await start_listener(nursery, build_buyer_app(Handlers(gateway)), hypercorn_config(settings.port),
+            miner_app = build_miner_app(pool, workers=1 if seat is None else seat.workers)
+            buyer_app = build_buyer_app(Handlers(gateway))
+            if seat is None:
+                miner_binds = await start_listener(nursery, miner_app, hypercorn_config(f"{settings.host}:{settings.miner_port}"),
+                                                   what="miner endpoint", flag="--miner-port / gateway.miner_port")
+                miner_url = miner_binds[0].replace("http://", "ws://") + "/gw"
+                buyer_bind = f"{settings.host}:{settings.port}"
+            else:
+                listener = MinerListener(seat)
+                await nursery.start(listener.run)
+                await nursery.start(serve_listener, miner_app, hypercorn_config(None), listener)
+                miner_url = seat.miner_url
+                buyer_bind = f"fd://{own_copy(seat.buyer_fd).detach()}"
+            buyer_binds = await start_listener(nursery, buyer_app, hypercorn_config(buyer_bind),
                                                what="buyer API", flag="--port / gateway.port")
             nursery.start_soon(_sweep_stale, pool, hub)
-            urls = GatewayUrls(buyer_url=buyer_binds[0], miner_url=miner_binds[0].replace("http://", "ws://") + "/gw")
-            hub.set_state("gateway", state="ready", buyer_url=urls.buyer_url, miner_url=urls.miner_url, models=sorted(models))
-            log.info("gateway ready: buyer API %s, miners dial %s", urls.buyer_url, urls.miner_url)
+            if first:
+                nursery.start_soon(_release_orphaned_holds, store, _longest_request_s(models, settings))
+            urls = GatewayUrls(buyer_url=buyer_binds[0], miner_url=miner_url)
+            hub.set_state("gateway", state="ready", buyer_url=urls.buyer_url, miner_url=urls.miner_url, models=sorted(models),
+                          worker=0 if seat is None else seat.index, workers=1 if seat is None else seat.workers)
+            log.info("gateway %s: buyer API %s, miners dial %s", "ready" if seat is None else f"worker {seat.index} serving",
+                     urls.buyer_url, urls.miner_url)
             task_status.started(urls)
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(5):
             await pool.drain()
         hub.set_state("gateway", state="stopped")
         store.close()
+
+
+def _longest_request_s(models: dict[str, ServedModel], settings) -> float:
+    """The longest a request can hold money: waiting for a first byte, then the model's limit."""
+    return settings.first_byte_wait_s + max(model.spec.max_request_s for model in models.values())
+
+
+async def _release_orphaned_holds(store: Store, longest_request_s: float) -> None:
+    """Release holds no live request can own: a worker process that died (or a bug) left them.
+    Twice the longest request time, so a slow settle is never raced."""
+    while True:
+        await trio.sleep(ORPHAN_SWEEP_S)
+        try:
+            await store.recover_open_holds_async(older_than=time.time() - 2 * longest_request_s)
+        except StoreError as error:
+            log.error("could not sweep orphaned holds (%s); retrying in %.0f s", error, ORPHAN_SWEEP_S)
 
 
 async def _sweep_stale(pool: MinerPool, hub: Hub) -> None:

@@ -1,0 +1,309 @@
+"""Gateway worker processes: `gateway.workers` processes share the buyer port and the miner port.
+
+Why processes. A request's way through the gateway (HTTP parsing, JSON, the chat template,
+billing, the relay) is Python on one event loop, so one process serves about one core's worth
+of requests. What every worker must agree on lives in the store, and SQLite serialises its
+writers across processes (a hold cannot overspend whichever worker takes it); the rest is per
+worker: miner legs, the authentication cache, the proof tee.
+
+Buyer port. One listening socket, bound by the first process and inherited by the others; a
+buyer connection belongs to whichever worker accepts it.
+
+Miner port. Shared the same way, but a leg must reach the worker it names: a worker routes its
+buyers only to the legs it holds, which is why a miner opens one leg per worker at `/gw/{i}`
+(SPEC §4). The acceptor peeks at the request line (`MSG_PEEK`: nothing is consumed) and, when
+it names another worker, passes the socket itself to that worker (`SCM_RIGHTS` over a Unix
+datagram socket in the abstract namespace, named with a random per-gateway token) and forgets
+it; the receiving worker's HTTP server reads the untouched request as if it had accepted the
+connection. `/gw/meta`, `/gw` and anything else are served where they land, and so is a leg for
+a worker that cannot take it right now (restarting): the miner is served, only less evenly.
+
+Supervision. The first process starts the others (`python -m engy_node.gateway`, the resolved
+config on stdin), waits until each serves, restarts one that dies (with backoff), and stops
+them with SIGTERM, on which each drains its own legs, when it stops itself.
+"""
+
+from __future__ import annotations
+
+import array
+import dataclasses
+import errno
+import functools
+import json
+import logging
+import os
+import secrets
+import socket
+import subprocess
+import sys
+
+import trio
+
+from engy_node.config import Config, GatewaySection, config_document
+from engy_node.errors import ConfigError, RoleError
+
+log = logging.getLogger("engy.gateway.workers")
+
+REQUEST_LINE_MAX_BYTES = 8192
+PEEK_TIMEOUT_S = 10.0
+"""A miner connection must send its request line within this long; a real one sends it at once,
+so the limit only bounds what a silent connection can hold."""
+PEEK_RETRY_S = 0.005
+"""Pause between peeks while only part of the request line has arrived."""
+PASS_TIMEOUT_S = 5.0
+ACCEPTED_QUEUE = 64
+LISTEN_BACKLOG = 1024
+ACCEPT_PAUSE_S = 0.1
+ACCEPT_PAUSE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+"""Accept failures that mean "out of resources right now": pause instead of spinning or dying."""
+WORKER_START_TIMEOUT_S = 300.0
+"""A worker loads every served model's tokenizer before it serves; a cold disk can be slow."""
+RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+STABLE_RUN_S = 60.0
+"""A worker that ran this long before dying restarts after the shortest pause again."""
+
+
+def leg_worker(request_line: bytes, *, workers: int) -> int | None:
+    """The worker a miner connection's request line names (`GET /gw/3 HTTP/1.1` → 3), or None
+    when it names none of `0..workers-1`: such a connection is served where it landed."""
+    parts = request_line.split(b" ")
+    if len(parts) != 3:
+        return None
+    path = parts[1].split(b"?", 1)[0]
+    if not path.startswith(b"/gw/"):
+        return None
+    digits = path[4:]
+    if not digits.isdigit() or len(digits) > 6:
+        return None
+    index = int(digits)
+    return index if index < workers else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Seat:
+    """One worker's place among `workers`: the shared listening sockets' descriptors (a child
+    inherits them under the same numbers) and the token naming the workers' inboxes."""
+
+    index: int
+    workers: int
+    buyer_fd: int
+    miner_fd: int
+    miner_url: str
+    token: str
+
+    def inbox(self, index: int) -> str:
+        return f"\0engy-gateway-{self.token}-{index}"
+
+
+class SharedSockets:
+    """The two listening sockets every worker accepts from, owned by the first process."""
+
+    def __init__(self, buyer: socket.socket, miner: socket.socket, *, workers: int) -> None:
+        self.buyer = buyer
+        self.miner = miner
+        self.workers = workers
+        self.token = secrets.token_hex(8)
+
+    @classmethod
+    def bind(cls, settings: GatewaySection) -> SharedSockets:
+        buyer = _listen(settings.host, settings.port, what="buyer API", flag="--port / gateway.port")
+        try:
+            miner = _listen(settings.host, settings.miner_port, what="miner endpoint", flag="--miner-port / gateway.miner_port")
+        except BaseException:
+            buyer.close()
+            raise
+        return cls(buyer, miner, workers=settings.workers)
+
+    def seat(self, index: int) -> Seat:
+        host, port = self.miner.getsockname()[:2]
+        return Seat(index=index, workers=self.workers, buyer_fd=self.buyer.fileno(), miner_fd=self.miner.fileno(),
+                    miner_url=f"ws://{f'[{host}]' if ':' in host else host}:{port}/gw", token=self.token)
+
+    def close(self) -> None:
+        self.buyer.close()
+        self.miner.close()
+
+
+def _listen(host: str, port: int, *, what: str, flag: str) -> socket.socket:
+    try:
+        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                    backlog=LISTEN_BACKLOG)
+    except OSError as error:
+        raise ConfigError(f"cannot listen for the {what} on {host}:{port} ({error.strerror or error}); "
+                          f"stop whatever uses that port or choose another with {flag}") from None
+
+
+def own_copy(fd: int) -> socket.socket:
+    """A socket object on a duplicate of `fd`: closing it leaves the shared original open (the
+    first process needs the original for workers it starts or restarts later)."""
+    return socket.socket(fileno=os.dup(fd))
+
+
+async def peek_request_line(connection: trio.socket.SocketType, *, timeout_s: float,
+                            max_bytes: int = REQUEST_LINE_MAX_BYTES) -> bytes | None:
+    """The connection's first line, read without consuming it; None if it closes or stays silent."""
+    with trio.move_on_after(timeout_s):
+        while True:
+            try:
+                head = await connection.recv(max_bytes, socket.MSG_PEEK)
+            except OSError:
+                return None
+            if not head:
+                return None
+            end = head.find(b"\r\n")
+            if end >= 0:
+                return head[:end]
+            if len(head) >= max_bytes:
+                return head
+            await trio.sleep(PEEK_RETRY_S)
+    return None
+
+
+class MinerListener(trio.abc.Listener[trio.SocketStream]):
+    """This worker's miner connections: those it accepts that name it (or no worker), and those
+    other workers pass to it. `run` must be running for `accept` to yield anything."""
+
+    def __init__(self, seat: Seat, *, peek_timeout_s: float = PEEK_TIMEOUT_S) -> None:
+        self.seat = seat
+        self.peek_timeout_s = peek_timeout_s
+        self._listening = trio.socket.from_stdlib_socket(own_copy(seat.miner_fd))
+        self._inbox = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._outbox = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._accepted_send, self._accepted = trio.open_memory_channel[trio.SocketStream](ACCEPTED_QUEUE)
+        self.passed = 0
+        """Connections handed to the worker they named."""
+        self.received = 0
+        """Connections other workers handed to this one."""
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Accept, route and receive connections until cancelled."""
+        try:
+            await self._inbox.bind(self.seat.inbox(self.seat.index))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._accept_loop, nursery)
+                nursery.start_soon(self._inbox_loop)
+                task_status.started()
+        finally:
+            for sock in (self._listening, self._inbox, self._outbox):
+                sock.close()
+            self._accepted_send.close()
+
+    async def accept(self) -> trio.SocketStream:
+        try:
+            return await self._accepted.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise trio.ClosedResourceError("the miner listener stopped") from None
+
+    async def aclose(self) -> None:
+        self._accepted.close()
+        await trio.lowlevel.checkpoint()
+
+    async def _accept_loop(self, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                connection, _ = await self._listening.accept()
+            except OSError as error:
+                if error.errno not in ACCEPT_PAUSE_ERRNOS:
+                    raise
+                log.error("cannot accept miner connections (%s); pausing %.0f ms", os.strerror(error.errno), ACCEPT_PAUSE_S * 1000)
+                await trio.sleep(ACCEPT_PAUSE_S)
+                continue
+            nursery.start_soon(self._route, connection)
+
+    async def _route(self, connection: trio.socket.SocketType) -> None:
+        try:
+            line = await peek_request_line(connection, timeout_s=self.peek_timeout_s)
+            if line is None:
+                connection.close()
+                return
+            target = leg_worker(line, workers=self.seat.workers)
+            if target is not None and target != self.seat.index and await self._pass(connection, target):
+                connection.close()
+                return
+        except BaseException:
+            connection.close()
+            raise
+        await self._hand_over(connection)
+
+    async def _pass(self, connection: trio.socket.SocketType, target: int) -> bool:
+        descriptors = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [connection.fileno()]))]
+        with trio.move_on_after(PASS_TIMEOUT_S):
+            try:
+                await self._outbox.sendmsg([b"c"], descriptors, 0, self.seat.inbox(target))
+            except OSError as error:
+                log.info("gateway worker %d cannot take a miner leg now (%s); serving it on worker %d",
+                         target, error.strerror or error, self.seat.index)
+                return False
+            self.passed += 1
+            return True
+        log.warning("gateway worker %d did not take a miner leg within %.0f s; serving it on worker %d",
+                    target, PASS_TIMEOUT_S, self.seat.index)
+        return False
+
+    async def _inbox_loop(self) -> None:
+        item = array.array("i").itemsize
+        while True:
+            _, ancillary, _, _ = await self._inbox.recvmsg(1, socket.CMSG_SPACE(4 * item))
+            for level, kind, data in ancillary:
+                if level != socket.SOL_SOCKET or kind != socket.SCM_RIGHTS:
+                    continue
+                descriptors = array.array("i")
+                descriptors.frombytes(data[: len(data) - len(data) % item])
+                for fd in descriptors:
+                    self.received += 1
+                    await self._hand_over(trio.socket.from_stdlib_socket(socket.socket(fileno=fd)))
+
+    async def _hand_over(self, connection: trio.socket.SocketType) -> None:
+        stream = trio.SocketStream(connection)
+        try:
+            await self._accepted_send.send(stream)
+        except BaseException:
+            connection.close()
+            raise
+
+
+async def run_worker_process(config: Config, seat: Seat, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run gateway worker `seat.index` as a child process until cancelled, restarting it when it
+    dies. Started once the child serves; one that fails before it ever served fails this."""
+    document = json.dumps({"config": config_document(config), "seat": dataclasses.asdict(seat)}).encode()
+    command = [sys.executable, "-m", "engy_node.gateway"]
+    served_before, failures = False, 0
+    while True:
+        began = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            process = await nursery.start(functools.partial(
+                trio.run_process, command, stdin=document, stdout=subprocess.PIPE, check=False,
+                pass_fds=(seat.buyer_fd, seat.miner_fd)))
+            ready = await _read_ready(process.stdout)
+            if not ready:
+                if ready is None:
+                    log.error("gateway worker %d did not serve within %.0f s; stopping it", seat.index, WORKER_START_TIMEOUT_S)
+                    process.terminate()
+                await process.wait()
+                if not served_before:
+                    raise RoleError(f"gateway worker {seat.index} exited before it served (exit status {process.returncode}); "
+                                    "its error is logged above")
+            elif not served_before:
+                served_before = True
+                task_status.started()
+            else:
+                log.info("gateway worker %d serves again (pid %d)", seat.index, process.pid)
+        failures = 0 if trio.current_time() - began >= STABLE_RUN_S else failures + 1
+        pause = RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)]
+        log.error("gateway worker %d exited (status %s); restarting it in %.0f s", seat.index, process.returncode, pause)
+        await trio.sleep(pause)
+
+
+async def _read_ready(stdout: trio.abc.ReceiveStream) -> bool | None:
+    """Whether the child said `ready` (its only output) before closing stdout; None if it said
+    nothing for `WORKER_START_TIMEOUT_S`."""
+    received = b""
+    with trio.move_on_after(WORKER_START_TIMEOUT_S):
+        async with stdout:
+            while b"\n" not in received:
+                chunk = await stdout.receive_some(64)
+                if not chunk:
+                    return False
+                received += chunk
+            return received.startswith(b"ready")
+    return None
