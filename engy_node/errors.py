@@ -28,7 +28,10 @@ class RoleError(EngyError):
 def collapse(error: BaseException) -> BaseException:
     """The one real error inside nested exception groups, or `error` itself when there are
     several. trio wraps every nursery failure in a group; callers that handle one specific
-    failure (a dropped connection, a user error) want the leaf."""
+    failure (a dropped connection, a user error) want the leaf. A `trio.Cancelled` beside one
+    real error does not count: the cancelled scope delivers it again at the next checkpoint."""
+    import trio
+
     leaves: list[BaseException] = []
     pending = [error]
     while pending:
@@ -37,4 +40,6 @@ def collapse(error: BaseException) -> BaseException:
             pending.extend(current.exceptions)
         else:
             leaves.append(current)
+    if len(leaves) > 1:
+        leaves = [leaf for leaf in leaves if not isinstance(leaf, trio.Cancelled)] or leaves
     return leaves[0] if len(leaves) == 1 else error

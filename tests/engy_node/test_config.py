@@ -4,6 +4,7 @@ type coercion from environment strings, and validation."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import platformdirs
@@ -11,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engy_node.config import Config, NodeSection, ServeSection, load_config, resolve_paths
+from engy_node.config import (
+    MAX_GATEWAY_WORKERS, Config, NodeSection, ServeSection, config_document, config_from_document, load_config, resolve_paths,
+)
 from engy_node.errors import ConfigError, EngyError
 
 
@@ -376,3 +379,16 @@ def test_the_log_ring_must_hold_at_least_a_hundred_records(tmp_path):
     with pytest.raises(ConfigError, match="log_ring_size must be at least 100"):
         load_config(home=tmp_path, env={"ENGY_NODE__LOG_RING_SIZE": "99"})
     assert load_config(home=tmp_path, env={"ENGY_NODE__LOG_RING_SIZE": "100"}).node.log_ring_size == 100
+
+
+def test_the_config_document_rebuilds_the_same_config(tmp_path):
+    (tmp_path / "node.toml").write_text('[gateway]\nworkers = 3\nmodels = "smollm2-135m"\n[miner]\nmax_inflight = 7\n')
+    config = load_config(home=tmp_path, env={"ENGY_NODE__LOG_LEVEL": "debug"}, overrides={"gateway": {"port": 0}})
+    document = json.loads(json.dumps(config_document(config)))
+    assert config_from_document(document) == config
+
+
+@pytest.mark.parametrize("workers", [0, -1, MAX_GATEWAY_WORKERS + 1])
+def test_gateway_workers_outside_the_range_are_refused_naming_the_setting(tmp_path, workers):
+    with pytest.raises(ConfigError, match="gateway.workers"):
+        load_config(home=tmp_path, env={}, overrides={"gateway": {"workers": workers}})

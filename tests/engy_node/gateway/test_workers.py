@@ -1,0 +1,263 @@
+"""Gateway worker processes: which worker a miner connection names, the hand-off of a connection
+to that worker, and a two-worker gateway end to end.
+
+The hand-off tests run two workers' listeners in one process on one shared socket, with real
+TCP connections, so whichever listener accepts a connection, the test knows where it must come
+out. The end-to-end tests run `run_gateway` with `gateway.workers = 2` as a user's node does:
+this process is worker 0 and starts worker 1 (`python -m engy_node.gateway`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import uuid
+
+import httpx
+import openai
+import psutil
+import pytest
+import trio
+import trio_websocket
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engy_node.config import load_config
+from engy_node.gateway import billing
+from engy_node.gateway.role import run_gateway, store_path
+from engy_node.gateway.store import Store
+from engy_node.gateway.workers import MinerListener, SharedSockets, leg_worker
+from engy_node.hub import Hub
+from engy_node.miner.link import Identity, LinkSettings
+from engy_node.miner.serving import load_served_model
+from engy_node.models import SMOLLM2_135M
+from engy_node.protocol.miner import Admit, Capacity, Hello, encode, parse_gateway_frame
+from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
+
+MODEL = "smollm2-135m"
+FAST = LinkSettings(heartbeat_s=5, backoff_base_s=0.05, backoff_cap_s=0.2, reconnect_delay_s=0.05)
+
+
+# ---- which worker a request line names ----------------------------------------------------------
+
+@given(workers=st.integers(1, 64), index=st.integers(0, 200), method=st.sampled_from([b"GET", b"POST"]),
+       query=st.sampled_from([b"", b"?x=1"]))
+def test_a_leg_path_names_its_worker_when_that_worker_exists(workers, index, method, query):
+    line = method + b" /gw/" + str(index).encode() + query + b" HTTP/1.1"
+    assert leg_worker(line, workers=workers) == (index if index < workers else None)
+
+
+@pytest.mark.parametrize("line", [
+    b"GET /gw HTTP/1.1", b"GET /gw/meta HTTP/1.1", b"GET /gw/ HTTP/1.1", b"GET /gw/1/ HTTP/1.1", b"GET /gw/-1 HTTP/1.1",
+    b"GET /gw/+1 HTTP/1.1", b"GET /gw/1x HTTP/1.1", b"GET /v1/models HTTP/1.1", b"GET /gw/1", b"", b"GET  /gw/1 HTTP/1.1",
+    b"GET /gw/99999999999 HTTP/1.1", "GET /gw/\u0661 HTTP/1.1".encode(),
+])
+def test_anything_but_a_leg_path_names_no_worker(line):
+    assert leg_worker(line, workers=4) is None
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_name_no_worker_or_an_existing_one(line):
+    assert leg_worker(line, workers=3) in (None, 0, 1, 2)
+
+
+# ---- the hand-off between two workers' listeners ------------------------------------------------
+
+@pytest.fixture
+def shared():
+    settings = load_config(home=None, env={}, overrides={"gateway": {"port": 0, "miner_port": 0, "workers": 2}}).gateway
+    sockets = SharedSockets.bind(settings)
+    yield sockets
+    sockets.close()
+
+
+async def connect_and_send(sockets: SharedSockets, head: bytes) -> trio.SocketStream:
+    stream = await trio.open_tcp_stream("127.0.0.1", sockets.miner.getsockname()[1])
+    await stream.send_all(head)
+    return stream
+
+
+async def collect(listener: MinerListener, into: list[bytes], seen: trio.Event, count: int) -> None:
+    """Read each accepted connection's request line (proving nothing was consumed before)."""
+    while True:
+        stream = await listener.accept()
+        head = b""
+        while b"\r\n" not in head:
+            head += await stream.receive_some(1024)
+        into.append(head.split(b"\r\n")[0])
+        await stream.aclose()
+        if sum(1 for _ in into) >= count:
+            seen.set()
+
+
+async def test_each_connection_comes_out_of_the_worker_it_names_whichever_worker_accepted_it(shared):
+    listeners = [MinerListener(shared.seat(0)), MinerListener(shared.seat(1))]
+    lines: list[list[bytes]] = [[], []]
+    heads = [f"GET /gw/{i % 2} HTTP/1.1\r\nHost: x\r\nX-N: {i}\r\n\r\n".encode() for i in range(40)]
+    heads += [b"GET /gw/meta HTTP/1.1\r\n\r\n", b"GET /gw HTTP/1.1\r\n\r\n", b"GET /gw/9 HTTP/1.1\r\n\r\n"]
+    done = [trio.Event(), trio.Event()]
+    async with trio.open_nursery() as nursery:
+        for listener in listeners:
+            await nursery.start(listener.run)
+        for index, listener in enumerate(listeners):
+            nursery.start_soon(collect, listener, lines[index], done[index], 10**9)
+        clients = [await connect_and_send(shared, head) for head in heads]
+        with trio.fail_after(10):
+            while len(lines[0]) + len(lines[1]) < len(heads):
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    for client in clients:
+        await client.aclose()
+    assert all(line.startswith(b"GET /gw/0 ") for line in lines[0] if b"/gw/0" in line or b"/gw/1" in line)
+    assert all(line.startswith(b"GET /gw/1 ") for line in lines[1] if b"/gw/0" in line or b"/gw/1" in line)
+    assert sorted(lines[0] + lines[1]) == sorted(head.split(b"\r\n")[0] for head in heads)
+    assert listeners[0].passed + listeners[1].passed == listeners[0].received + listeners[1].received
+
+
+async def test_a_leg_for_a_worker_that_is_not_listening_is_served_where_it_landed(shared):
+    listener = MinerListener(shared.seat(0))
+    lines: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.run)
+        seen = trio.Event()
+        nursery.start_soon(collect, listener, lines, seen, 1)
+        client = await connect_and_send(shared, b"GET /gw/1 HTTP/1.1\r\n\r\n")
+        with trio.fail_after(10):
+            await seen.wait()
+        nursery.cancel_scope.cancel()
+    await client.aclose()
+    assert lines == [b"GET /gw/1 HTTP/1.1"]
+    assert listener.passed == 0
+
+
+async def closed_by_peer(stream: trio.SocketStream) -> bool:
+    """Closed with unread data in it is a reset rather than an end of stream; either means closed."""
+    try:
+        return await stream.receive_some(10) == b""
+    except trio.BrokenResourceError:
+        return True
+
+
+async def test_a_silent_connection_is_closed_without_holding_up_the_others(shared):
+    listener = MinerListener(shared.seat(0), peek_timeout_s=0.5)
+    lines: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.run)
+        seen = trio.Event()
+        nursery.start_soon(collect, listener, lines, seen, 1)
+        silent = await trio.open_tcp_stream("127.0.0.1", shared.miner.getsockname()[1])
+        partial = await connect_and_send(shared, b"GET /gw/0 HT")
+        talking = await connect_and_send(shared, b"GET /gw/0 HTTP/1.1\r\n\r\n")
+        with trio.fail_after(10):
+            await seen.wait()
+            assert await closed_by_peer(silent)  # once the peek timed out
+            assert await closed_by_peer(partial)
+        nursery.cancel_scope.cancel()
+    for stream in (silent, partial, talking):
+        await stream.aclose()
+    assert lines == [b"GET /gw/0 HTTP/1.1"]
+
+
+# ---- a two-worker gateway end to end --------------------------------------------------------------
+
+@pytest.fixture
+async def two_workers(nursery, tmp_path, checkpoint):
+    env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
+    config = load_config(home=tmp_path, env=env, overrides={"gateway": {"port": 0, "miner_port": 0, "workers": 2}})
+    urls = await nursery.start(run_gateway, config, Hub())
+    store = Store.open(store_path(config))
+    served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)
+    yield config, urls, store, served
+    store.close()
+
+
+def worker_processes() -> list[psutil.Process]:
+    return [child for child in psutil.Process().children() if "engy_node.gateway" in child.cmdline()]
+
+
+async def open_leg(miner_url: str, worker: int, miner_key: str, served, name: str) -> bool:
+    """Open a leg to `/gw/{worker}` by hand; True once admitted."""
+    hello = Hello(miner_key=miner_key, model=MODEL, model_root=served.model_root, hw={}, versions={},
+                  capacity=Capacity(1, 1, 6144, 2048, 600), worker_name=name, worker_id=uuid.uuid4().hex)
+    async with trio_websocket.open_websocket_url(f"{miner_url}/{worker}") as connection:
+        await connection.send_message(encode(hello))
+        return isinstance(parse_gateway_frame(await connection.get_message()), Admit)
+
+
+async def test_two_workers_serve_buyers_with_legs_on_each_and_exact_books(nursery, two_workers):
+    config, urls, store, served = two_workers
+    async with httpx.AsyncClient(timeout=60) as http:
+        assert (await http.get(urls.miner_url.replace("ws://", "http://") + "/meta")).json() == {"workers": 2}
+        _, miner_key = store.register_miner("synthetic")
+        handler = SyntheticHandler(served, lambda frame: Script(text="Two workers, one answer."))
+        link = synthetic_link(gateway_url=urls.miner_url, model=served, identity=Identity(miner_key=miner_key), handler=handler,
+                              http=http, settings=FAST, max_inflight=64)
+        await nursery.start(link.run)
+        with trio.fail_after(30):
+            while sum(link.legs_up.values()) < 2:
+                await trio.sleep(0.05)
+        account, key = store.create_buyer("buyer")
+        store.credit(account, micro_usd=1_000_000)
+        client = openai.AsyncOpenAI(base_url=urls.buyer_url + "/v1", api_key=key, max_retries=0, timeout=60)
+        answers = []
+
+        async def ask(index: int) -> None:
+            # A fresh connection per request: the kernel hands them to both workers.
+            async with httpx.AsyncClient(timeout=60) as own:
+                fresh = openai.AsyncOpenAI(base_url=urls.buyer_url + "/v1", api_key=key, max_retries=0, http_client=own)
+                answers.append(await fresh.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": f"question {index}"}], max_tokens=20))
+
+        async with trio.open_nursery() as buyers:
+            for index in range(24):
+                buyers.start_soon(ask, index)
+        await client.close()
+    assert [answer.choices[0].message.content for answer in answers] == ["Two workers, one answer."] * 24
+    expected = sum(billing.charge(price=SMOLLM2_135M.price, usage=billing.Usage(
+        prompt_tokens=answer.usage.prompt_tokens, completion_tokens=answer.usage.completion_tokens, cached_tokens=0))
+        for answer in answers)
+    with trio.fail_after(10):
+        while store.balance(account).held:
+            await trio.sleep(0.02)
+    assert store.balance(account).charged == expected
+    assert store.check_books() == []
+
+
+async def test_a_leg_reaches_the_worker_it_names_and_a_dead_worker_is_restarted(nursery, two_workers):
+    config, urls, store, served = two_workers
+    _, miner_key = store.register_miner("by-hand")
+    child_log = config.paths.log_dir / "engy-node-gateway-1.log"
+    for attempt in range(6):
+        for worker in (0, 1):
+            assert await open_leg(urls.miner_url, worker, miner_key, served, f"to-{worker}-{attempt}")
+    with trio.fail_after(10):
+        while child_log.read_text().count("admitted") < 6:
+            await trio.sleep(0.05)
+    admitted = child_log.read_text()
+    assert all(f"to-1-{attempt}" in admitted for attempt in range(6))
+    assert "to-0-" not in admitted
+
+    [child] = worker_processes()
+    child.send_signal(signal.SIGKILL)
+    with trio.fail_after(60):
+        while not (replacements := [p for p in worker_processes() if p.pid != child.pid]) or \
+                child_log.read_text().count("gateway worker 1 serving") < 2:
+            await trio.sleep(0.1)
+    assert await open_leg(urls.miner_url, 1, miner_key, served, "after-restart")
+    with trio.fail_after(10):
+        while "after-restart" not in child_log.read_text():
+            await trio.sleep(0.05)
+    assert replacements[0].is_running()
+
+
+async def test_stopping_the_gateway_stops_its_worker_processes(tmp_path, checkpoint):
+    env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
+    config = load_config(home=tmp_path, env=env, overrides={"gateway": {"port": 0, "miner_port": 0, "workers": 2}})
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(run_gateway, config, Hub())
+        [child] = worker_processes()
+        nursery.cancel_scope.cancel()
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", int(urls.buyer_url.rsplit(":", 1)[1])), timeout=2).close()
