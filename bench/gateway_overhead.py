@@ -1,6 +1,7 @@
 """What the gateway adds to a request, measured side by side in one run.
 
     .venv/bin/python bench/gateway_overhead.py [--levels 1,16,64,256] [--plain-levels 1,16,64] [--floor-levels 16] [--requests 512]
+                                               [--gateway-workers N]
 
 A fast synthetic miner (the real link and protocol, an instant scripted 90-character answer,
 chunks coalesced as the real miner coalesces them: the first at once, the rest in the next) runs
@@ -15,8 +16,8 @@ in its own process. The same requests go two ways, one after the other at each l
 
 Streamed levels report time to the first content event p50/p99 both ways and the difference,
 requests/s, streamed chunks/s; non-streamed levels ("short completions") the same with the time
-to the whole answer. Both report the gateway process's CPU per request and its RSS. Last, the
-same client against the HTTP server alone (hypercorn's trio worker with a 15-line ASGI app: the
+to the whole answer. Both report the gateway's CPU per request and its RSS (all its worker
+processes together, `--gateway-workers`). Last, the same client against the HTTP server alone (hypercorn's trio worker with a 15-line ASGI app: the
 floor under any gateway on this stack; `--floor-levels`). All four
 processes share the machine. Everything binds 127.0.0.1; every process started here is stopped here.
 """
@@ -121,8 +122,8 @@ async def direct_level(harness, concurrency: int, total: int, *, stream: bool) -
     counter = iter(range(total))
 
     async def worker() -> None:
-        for _ in counter:
-            request = ServeRequest(messages=(Message("user", "Say the sentence."),), max_tokens=64, engy_request_id=uuid.uuid4().hex)
+        for number in counter:
+            request = ServeRequest(messages=(Message("user", question(number)),), max_tokens=64, engy_request_id=uuid.uuid4().hex)
             started = time.perf_counter()
             corr_id = await harness.serve(request, stream=stream)
             record = harness.requests[corr_id]
@@ -201,8 +202,14 @@ class KeepAliveClient:
         return status
 
 
-def chat_request(host: str, port: int, key: str, *, stream: bool) -> bytes:
-    body = json.dumps({"model": "smollm2-135m", "messages": [{"role": "user", "content": "Say the sentence."}],
+def question(number: int) -> str:
+    """Every request's question differs (by its number), as real traffic's do: nothing on either
+    path can answer from a cache of whole prompts."""
+    return f"Say the sentence. This is request {number}."
+
+
+def chat_request(host: str, port: int, key: str, *, stream: bool, number: int) -> bytes:
+    body = json.dumps({"model": "smollm2-135m", "messages": [{"role": "user", "content": question(number)}],
                        "max_tokens": 64, "stream": stream}).encode()
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\nauthorization: Bearer {key}\r\n"
             f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n")
@@ -216,13 +223,13 @@ async def gateway_level(api: str, key: str, concurrency: int, total: int, *, str
     errors = 0
     counter = iter(range(total))
     url = httpx.URL(api)
-    raw = chat_request(url.host, url.port, key, stream=stream)
 
     async def worker() -> None:
         nonlocal chunks_seen, errors
         client = await KeepAliveClient.connect(url.host, url.port)
         try:
-            for _ in counter:
+            for number in counter:
+                raw = chat_request(url.host, url.port, key, stream=stream, number=number)
                 started = time.perf_counter()
                 first: list[float] = []
 
@@ -252,6 +259,16 @@ async def gateway_level(api: str, key: str, concurrency: int, total: int, *, str
             "rps": (total - errors) / elapsed, "chunks_per_s": chunks_seen / elapsed, "errors": errors}
 
 
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The gateway and its worker processes (`gateway.workers`)."""
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    return sum(sum(process.cpu_times()[:2]) for process in processes)
+
+
 async def measure(levels: list[tuple[bool, int]], total: int, home: str, gateway_api: str, buyer_key: str,
                   gateway_pid: int) -> list[dict]:
     from engy_node.testing.gateway import GatewayHarness
@@ -269,11 +286,11 @@ async def measure(levels: list[tuple[bool, int]], total: int, home: str, gateway
             for stream, concurrency in levels:
                 count = max(total, concurrency * 2)
                 direct = await direct_level(harness, concurrency, count, stream=stream)
-                gateway_process = psutil.Process(gateway_pid)
-                cpu_before = sum(gateway_process.cpu_times()[:2])
+                gateway_processes = process_tree(gateway_pid)
+                cpu_before = cpu_seconds(gateway_processes)
                 through = await gateway_level(gateway_api, buyer_key, concurrency, count, stream=stream)
-                cpu_ms = (sum(gateway_process.cpu_times()[:2]) - cpu_before) * 1000 / count
-                rss = gateway_process.memory_info().rss / 2**20
+                cpu_ms = (cpu_seconds(gateway_processes) - cpu_before) * 1000 / count
+                rss = sum(process.memory_info().rss for process in gateway_processes) / 2**20
                 rows.append({"stream": stream, "concurrency": concurrency, "requests": count, "direct": direct, "gateway": through,
                              "gateway_rss_mib": rss, "gateway_cpu_ms_per_request": cpu_ms})
         finally:
@@ -296,7 +313,8 @@ def measure_floor(concurrency: int, total: int) -> dict:
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(30)
-    return {"concurrency": concurrency, "rps": result["rps"], "cpu_ms_per_request": cpu_ms}
+    return {"concurrency": concurrency, "rps": result["rps"], "cpu_ms_per_request": cpu_ms,
+            "ttft_p50_ms": result["ttft_p50_ms"], "ttft_p99_ms": result["ttft_p99_ms"]}
 
 
 def print_tables(rows: list[dict]) -> None:
@@ -326,6 +344,7 @@ def main() -> None:
     parser.add_argument("--plain-levels", default="1,16,64", help="concurrent requests, non-streamed short completions")
     parser.add_argument("--requests", type=int, default=256, help="requests per level (at least 2 per stream)")
     parser.add_argument("--floor-levels", default="16", help="concurrent streams against the bare HTTP server (empty: skip)")
+    parser.add_argument("--gateway-workers", type=int, default=1, help="gateway worker processes (gateway.workers)")
     parser.add_argument("--floor-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--miner", help=argparse.SUPPRESS)
     parser.add_argument("--key", help=argparse.SUPPRESS)
@@ -352,7 +371,8 @@ def main() -> None:
             store.credit(account, micro_usd=10**12)
             _, miner_key = store.register_miner("bench-miner")
         log_path = Path(home) / "gateway.log"
-        env = {**os.environ, "ENGY_GATEWAY__PORT": "0", "ENGY_GATEWAY__MINER_PORT": "0", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "ENGY_GATEWAY__PORT": "0", "ENGY_GATEWAY__MINER_PORT": "0", "PYTHONUNBUFFERED": "1",
+               "ENGY_GATEWAY__WORKERS": str(args.gateway_workers)}
         with log_path.open("w") as log:
             gateway = subprocess.Popen([sys.executable, "-m", "engy_node", "--home", home, "--role", "gateway"],
                                        stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -377,10 +397,11 @@ def main() -> None:
     print_tables(rows)
     if floor:
         print("\nThe HTTP server alone (hypercorn, trio worker, a fixed 3-write SSE answer; same client)\n")
-        print("| streams | req/s | server CPU per request |")
-        print("|---|---|---|")
+        print("| streams | TTFT p50 | TTFT p99 | req/s | server CPU per request |")
+        print("|---|---|---|---|---|")
         for row in floor:
-            print(f"| {row['concurrency']} | {row['rps']:.0f} | {row['cpu_ms_per_request']:.2f} ms |")
+            print(f"| {row['concurrency']} | {row['ttft_p50_ms']:.1f} ms | {row['ttft_p99_ms']:.1f} ms | {row['rps']:.0f} "
+                  f"| {row['cpu_ms_per_request']:.2f} ms |")
 
 
 if __name__ == "__main__":

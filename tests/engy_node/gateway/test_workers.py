@@ -173,7 +173,15 @@ async def two_workers(nursery, tmp_path, checkpoint):
 
 
 def worker_processes() -> list[psutil.Process]:
-    return [child for child in psutil.Process().children() if "engy_node.gateway" in child.cmdline()]
+    """Live gateway worker processes this process started (a killed one not yet reaped is not)."""
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if "engy_node.gateway" in child.cmdline():
+                found.append(child)
+        except psutil.Error:
+            pass
+    return found
 
 
 async def open_leg(miner_url: str, worker: int, miner_key: str, served, name: str) -> bool:
