@@ -25,8 +25,6 @@ from typing import Any
 
 MAX_CACHED_CHARS = 4_000_000
 """About a million tokens of conversation: ~4 MB of ids plus the text that keys them."""
-MIN_CACHED_CHARS = 16
-"""Shorter pieces (a role name, a newline) are cheaper to tokenise than to remember."""
 
 PROBES = (
     "plain text",
@@ -84,7 +82,7 @@ class PieceEncoder:
                 continue
             if index % 2:
                 ids.append(self._added_ids[piece])
-            elif len(piece) < MIN_CACHED_CHARS or not remember:
+            elif not remember:
                 ids += self._whole(piece)
             else:
                 ids += self._cached(piece)

@@ -86,6 +86,7 @@ class Flight:
     api: str
     account_id: int
     chat: ChatRequest
+    serve: ServeRequest
     model: ServedModel
     prompt_ids: list[int]
     hold: Any
@@ -163,7 +164,7 @@ class Gateway:
         if hold is None:
             raise GatewayError("billing", f"insufficient balance: this request may cost up to {amount} micro-USD "
                                f"({len(prompt_ids)} prompt + {chat.max_tokens} max tokens); add credit or lower max_tokens")
-        return Flight(request_id, api, account.account_id, chat, model, prompt_ids, hold, time.perf_counter())
+        return Flight(request_id, api, account.account_id, chat, serve, model, prompt_ids, hold, time.perf_counter())
 
     async def dispatch(self, flight: Flight) -> PendingRequest:
         chat = flight.chat
@@ -175,7 +176,7 @@ class Gateway:
             raise GatewayError("overloaded", f"no miner has capacity for {chat.model} right now; retry shortly",
                                retry_after_s=self.settings.no_capacity_retry_after_s)
         flight.tried.add(choice.worker_id)
-        pending = await self.pool.dispatch(choice.worker_id, self.serve_request(chat, flight.request_id), stream=chat.stream)
+        pending = await self.pool.dispatch(choice.worker_id, flight.serve, stream=chat.stream)
         flight.pending = pending
         flight.miner = pending.leg.identity.miner
         return pending
@@ -632,16 +633,32 @@ async def _wait_changed(pending: PendingRequest, timeout_s: float) -> bool:
     return False
 
 
-def build_buyer_app(handlers: Handlers) -> Router:
+class BuyerApp:
+    """The buyer API. The two chat routes, nearly all of its traffic, are dispatched on their
+    exact path; everything else (and anything else sent to those paths) goes through Starlette's
+    router, which tries each route's pattern in turn."""
+
+    def __init__(self, chat: dict[str, ChatEndpoint], router: Router) -> None:
+        self.chat = chat
+        self.router = router
+
+    async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and (endpoint := self.chat.get(scope["path"])) is not None:
+            await endpoint(scope, receive, send)
+        else:
+            await self.router(scope, receive, send)
+
+
+def build_buyer_app(handlers: Handlers) -> BuyerApp:
+    chat = {"/v1/chat/completions": ChatEndpoint(handlers.gateway, OPENAI), "/v1/messages": ChatEndpoint(handlers.gateway, ANTHROPIC)}
     routes = [
-        Route("/v1/chat/completions", ChatEndpoint(handlers.gateway, OPENAI), methods=["POST"]),
-        Route("/v1/messages", ChatEndpoint(handlers.gateway, ANTHROPIC), methods=["POST"]),
+        *(Route(path, endpoint, methods=["POST"]) for path, endpoint in chat.items()),
         Route("/v1/messages/count_tokens", handlers.count_tokens, methods=["POST"]),
         Route("/v1/models", handlers.models, methods=["GET"]),
         Route("/v1/models/{name:path}", handlers.model, methods=["GET"]),
         Route("/health", handlers.health, methods=["GET"]),
     ]
-    return Router(routes=routes)
+    return BuyerApp(chat, Router(routes=routes))
 
 
 def build_miner_app(pool: MinerPool, *, workers: int = 1) -> Starlette:

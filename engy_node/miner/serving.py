@@ -71,6 +71,10 @@ class ServedModel:
         return self.pieces.encode(self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs))
 
     def decode(self, ids: Sequence[int]) -> str:
+        if self.pieces is not None and not self.tokenizer.clean_up_tokenization_spaces:
+            # transformers' decode is the Rust decoder's plus a clean-up this tokenizer has off;
+            # the gateway decodes every answer's committed ids, so its per-call Python counts.
+            return self.pieces.backend.decode(list(ids), skip_special_tokens=True)
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 

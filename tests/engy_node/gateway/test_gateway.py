@@ -190,6 +190,9 @@ async def test_errors_come_back_in_each_apis_shape(nursery, network, http):
         await trio.to_thread.run_sync(lambda: network.openai(broke).chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8))
     assert billing_error.value.status_code == 402
+    assert (await http.get(network.api + "/chat/completions")).status_code == 405
+    assert (await http.post(network.api + "/models")).status_code == 405
+    assert (await http.post(network.api + "/chat/completion")).status_code == 404
     network.books_balance(account)
 
 

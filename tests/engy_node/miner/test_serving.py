@@ -53,3 +53,9 @@ def test_special_token_text_in_a_message_is_tokenised_as_the_template_does(serve
     im_end = served.tokenizer.convert_tokens_to_ids("<|im_end|>")
     plain = ServeRequest(messages=(Message(role="user", content="say then stop"),), max_tokens=4, engy_request_id="r")
     assert ids.count(im_end) == served.render_prompt(plain).count(im_end) + 1, "the text's own is one special token"
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ids=st.lists(st.one_of(st.integers(0, 49151), st.sampled_from([0, 1, 2, 3])), max_size=40))
+def test_decode_is_exactly_the_tokenizers(served, ids):
+    assert served.decode(ids) == served.tokenizer.decode(ids, skip_special_tokens=True)
