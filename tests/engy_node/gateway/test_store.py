@@ -581,3 +581,23 @@ async def test_operations_awaited_together_share_one_commit_and_one_failure_stay
     balance = store.balance(account_id)
     assert balance.held == 310 and balance.available == 690
     assert store.check_books() == []
+
+
+async def test_holds_and_releases_skip_the_disk_flush_and_charges_wait_for_it(store, path):
+    """A hold or release lost to a power cut is what recovery would produce anyway; a charge is not."""
+    account_id, _ = store.create_buyer("flush")
+    store.credit(account_id, micro_usd=1_000)
+    synchronous = lambda: store._conn.execute("PRAGMA synchronous").fetchone()[0]  # noqa: E731  1 NORMAL, 2 FULL
+
+    hold = await store.hold_async(account_id, amount=100, request_id="r1")
+    assert synchronous() == 1
+    with Store.open(path) as other:
+        assert other.balance(account_id).held == 100, "committed and visible to every connection at once"
+    await store.settle_async(hold, cost=40)
+    assert synchronous() == 2
+    second = await store.hold_async(account_id, amount=50, request_id="r2")
+    await store.release_async(second)
+    assert synchronous() == 1
+    store.credit(account_id, micro_usd=5)
+    assert synchronous() == 2
+    assert assert_books_balance(store, account_id).charged == 40
