@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import socket
 import time
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from engy_node.gateway.audit import ProofTee
 from engy_node.gateway.pool import MinerPool, PoolSettings
 from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.store import Store, StoreError
-from engy_node.gateway.workers import MinerListener, Seat, SharedSockets, own_copy, run_worker_process
+from engy_node.gateway.workers import MinerListener, Seat, SharedSockets, run_worker_process
 from engy_node.hub import Hub
 from engy_node.miner.serving import ServedModel, load_served_model
 from engy_node.models import get_model
@@ -81,7 +82,8 @@ async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_
     shared = SharedSockets.bind(settings)
     try:
         async with trio.open_nursery() as nursery:
-            urls = await nursery.start(functools.partial(serve_gateway, config, hub, seat=shared.seat(0)))
+            urls = await nursery.start(functools.partial(serve_gateway, config, hub, seat=shared.seat(0),
+                                                         buyer_socket=shared.take_buyer()))
             for index in range(1, settings.workers):
                 await nursery.start(run_worker_process, config, shared.seat(index))
             log.info("gateway ready: buyer API %s, miners dial %s (%d worker processes)", urls.buyer_url, urls.miner_url,
@@ -91,8 +93,10 @@ async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_
         shared.close()
 
 
-async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """One gateway process: on its own ports, or as worker `seat.index` on the shared sockets."""
+async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, buyer_socket: socket.socket | None = None,
+                        task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """One gateway process: on its own ports, or as worker `seat.index` of several (listening
+    for buyers on `buyer_socket`, which it then owns, or on a socket of its own)."""
     from hypercorn.config import Config as HypercornConfig
 
     settings = config.gateway
@@ -151,7 +155,7 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, t
                 await nursery.start(listener.run)
                 await nursery.start(serve_listener, miner_app, hypercorn_config(None), listener)
                 miner_url = seat.miner_url
-                buyer_bind = f"fd://{own_copy(seat.buyer_fd).detach()}"
+                buyer_bind = f"fd://{(buyer_socket or seat.buyer_socket()).detach()}"
             buyer_binds = await start_listener(nursery, buyer_app, hypercorn_config(buyer_bind),
                                                what="buyer API", flag="--port / gateway.port")
             nursery.start_soon(_sweep_stale, pool, hub)

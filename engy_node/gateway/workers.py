@@ -6,8 +6,10 @@ of requests. What every worker must agree on lives in the store, and SQLite seri
 writers across processes (a hold cannot overspend whichever worker takes it); the rest is per
 worker: miner legs, the authentication cache, the proof tee.
 
-Buyer port. One listening socket, bound by the first process and inherited by the others; a
-buyer connection belongs to whichever worker accepts it.
+Buyer port. Each worker listens on it with its own socket (`SO_REUSEPORT`), and the kernel
+spreads new connections over the sockets by a hash of their addresses. One socket shared by all
+(accepted by whoever is quickest) was measured worse: a burst of connections often went mostly,
+once all 64 of them, to one worker while the other idled.
 
 Miner port. Shared the same way, but a leg must reach the worker it names: a worker routes its
 buyers only to the legs it holds, which is why a miner opens one leg per worker at `/gw/{i}`
@@ -81,12 +83,14 @@ def leg_worker(request_line: bytes, *, workers: int) -> int | None:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Seat:
-    """One worker's place among `workers`: the shared listening sockets' descriptors (a child
-    inherits them under the same numbers) and the token naming the workers' inboxes."""
+    """One worker's place among `workers`: where it listens for buyers, the shared miner
+    socket's descriptor (a child inherits it under the same number) and the token naming the
+    workers' inboxes."""
 
     index: int
     workers: int
-    buyer_fd: int
+    buyer_host: str
+    buyer_port: int
     miner_fd: int
     miner_url: str
     token: str
@@ -94,19 +98,24 @@ class Seat:
     def inbox(self, index: int) -> str:
         return f"\0engy-gateway-{self.token}-{index}"
 
+    def buyer_socket(self) -> socket.socket:
+        """This worker's own listening socket on the buyer port."""
+        return _listen(self.buyer_host, self.buyer_port, what="buyer API", flag="--port / gateway.port", reuse_port=True)
+
 
 class SharedSockets:
-    """The two listening sockets every worker accepts from, owned by the first process."""
+    """The first process's listening sockets: the buyer port's first (the others join it) and the
+    miner port's only one, which every worker accepts from."""
 
     def __init__(self, buyer: socket.socket, miner: socket.socket, *, workers: int) -> None:
-        self.buyer = buyer
+        self.buyer: socket.socket | None = buyer
         self.miner = miner
         self.workers = workers
         self.token = secrets.token_hex(8)
 
     @classmethod
     def bind(cls, settings: GatewaySection) -> SharedSockets:
-        buyer = _listen(settings.host, settings.port, what="buyer API", flag="--port / gateway.port")
+        buyer = _listen(settings.host, settings.port, what="buyer API", flag="--port / gateway.port", reuse_port=True)
         try:
             miner = _listen(settings.host, settings.miner_port, what="miner endpoint", flag="--miner-port / gateway.miner_port")
         except BaseException:
@@ -114,20 +123,30 @@ class SharedSockets:
             raise
         return cls(buyer, miner, workers=settings.workers)
 
+    def take_buyer(self) -> socket.socket:
+        """The buyer socket, for the first worker to listen on; closing it is then its business.
+        (A socket in the port's group that nobody accepts from would strand connections.)"""
+        assert self.buyer is not None, "the buyer socket was taken already"
+        self.buyer_address = self.buyer.getsockname()[:2]
+        buyer, self.buyer = self.buyer, None
+        return buyer
+
     def seat(self, index: int) -> Seat:
+        buyer_host, buyer_port = self.buyer_address if self.buyer is None else self.buyer.getsockname()[:2]
         host, port = self.miner.getsockname()[:2]
-        return Seat(index=index, workers=self.workers, buyer_fd=self.buyer.fileno(), miner_fd=self.miner.fileno(),
+        return Seat(index=index, workers=self.workers, buyer_host=buyer_host, buyer_port=buyer_port, miner_fd=self.miner.fileno(),
                     miner_url=f"ws://{f'[{host}]' if ':' in host else host}:{port}/gw", token=self.token)
 
     def close(self) -> None:
-        self.buyer.close()
+        if self.buyer is not None:
+            self.buyer.close()
         self.miner.close()
 
 
-def _listen(host: str, port: int, *, what: str, flag: str) -> socket.socket:
+def _listen(host: str, port: int, *, what: str, flag: str, reuse_port: bool = False) -> socket.socket:
     try:
         return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                    backlog=LISTEN_BACKLOG)
+                                    backlog=LISTEN_BACKLOG, reuse_port=reuse_port)
     except OSError as error:
         raise ConfigError(f"cannot listen for the {what} on {host}:{port} ({error.strerror or error}); "
                           f"stop whatever uses that port or choose another with {flag}") from None
@@ -273,7 +292,7 @@ async def run_worker_process(config: Config, seat: Seat, *, task_status=trio.TAS
         async with trio.open_nursery() as nursery:
             process = await nursery.start(functools.partial(
                 trio.run_process, command, stdin=document, stdout=subprocess.PIPE, check=False,
-                pass_fds=(seat.buyer_fd, seat.miner_fd)))
+                pass_fds=(seat.miner_fd,)))
             ready = await _read_ready(process.stdout)
             if not ready:
                 if ready is None:
