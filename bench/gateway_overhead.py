@@ -17,9 +17,11 @@ in its own process. The same requests go two ways, one after the other at each l
 Streamed levels report time to the first content event p50/p99 both ways and the difference,
 requests/s, streamed chunks/s; non-streamed levels ("short completions") the same with the time
 to the whole answer. Both report the gateway's CPU per request and its RSS (all its worker
-processes together, `--gateway-workers`). Last, the same client against the HTTP server alone (hypercorn's trio worker with a 15-line ASGI app: the
-floor under any gateway on this stack; `--floor-levels`). All four
-processes share the machine. Everything binds 127.0.0.1; every process started here is stopped here.
+processes together, `--gateway-workers`), and the client's CPU per request (this process), which
+shares the machine's cores with the gateway. Every request asks a different question. Last, the
+same client against the HTTP server alone (hypercorn's trio worker with a 15-line ASGI app: the
+floor under any gateway on this stack; `--floor-levels`). All these processes share the
+machine. Everything binds 127.0.0.1; every process started here is stopped here.
 """
 
 from __future__ import annotations
@@ -287,12 +289,13 @@ async def measure(levels: list[tuple[bool, int]], total: int, home: str, gateway
                 count = max(total, concurrency * 2)
                 direct = await direct_level(harness, concurrency, count, stream=stream)
                 gateway_processes = process_tree(gateway_pid)
-                cpu_before = cpu_seconds(gateway_processes)
+                cpu_before, client_before = cpu_seconds(gateway_processes), time.process_time()
                 through = await gateway_level(gateway_api, buyer_key, concurrency, count, stream=stream)
                 cpu_ms = (cpu_seconds(gateway_processes) - cpu_before) * 1000 / count
+                client_cpu_ms = (time.process_time() - client_before) * 1000 / count
                 rss = sum(process.memory_info().rss for process in gateway_processes) / 2**20
                 rows.append({"stream": stream, "concurrency": concurrency, "requests": count, "direct": direct, "gateway": through,
-                             "gateway_rss_mib": rss, "gateway_cpu_ms_per_request": cpu_ms})
+                             "gateway_rss_mib": rss, "gateway_cpu_ms_per_request": cpu_ms, "client_cpu_ms_per_request": client_cpu_ms})
         finally:
             direct_miner.send_signal(signal.SIGTERM)
             direct_miner.wait(30)
@@ -326,15 +329,16 @@ def print_tables(rows: list[dict]) -> None:
         chunks_column = " streamed chunks/s |" if stream else ""
         print(f"\n{title}\n")
         print(f"| {unit} | {latency} p50 direct → gateway (added) | {latency} p99 direct → gateway (added) | req/s direct "
-              f"| req/s gateway | ratio |{chunks_column} gateway CPU per request | gateway RSS |")
-        print("|---" * (9 if stream else 8) + "|")
+              f"| req/s gateway | ratio |{chunks_column} gateway CPU per request | client CPU per request | gateway RSS |")
+        print("|---" * (10 if stream else 9) + "|")
         for row in chosen:
             d, g = row["direct"], row["gateway"]
             chunks = f" {g['chunks_per_s']:.0f} |" if stream else ""
             print(f"| {row['concurrency']} | {d['ttft_p50_ms']:.1f} → {g['ttft_p50_ms']:.1f} ms (+{g['ttft_p50_ms'] - d['ttft_p50_ms']:.1f}) "
                   f"| {d['ttft_p99_ms']:.1f} → {g['ttft_p99_ms']:.1f} ms (+{g['ttft_p99_ms'] - d['ttft_p99_ms']:.1f}) "
                   f"| {d['rps']:.0f} | {g['rps']:.0f} | {g['rps'] / d['rps']:.2f}× |{chunks} "
-                  f"{row['gateway_cpu_ms_per_request']:.2f} ms | {row['gateway_rss_mib']:.0f} MiB |"
+                  f"{row['gateway_cpu_ms_per_request']:.2f} ms | {row['client_cpu_ms_per_request']:.2f} ms "
+                  f"| {row['gateway_rss_mib']:.0f} MiB |"
                   + (f" ({g['errors']} errors)" if g["errors"] else ""))
 
 
