@@ -12,6 +12,7 @@ signal during that shutdown exits at once — an operator pressing Ctrl-C twice 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -40,12 +41,25 @@ async def run_services(services: Sequence[tuple[str, Service]], *, handle_signal
             for name, service in services:
                 value = await nursery.start(service)
                 log.info("%s ready%s", name, f": {value}" if value is not None else "")
+            freeze_startup_objects()
             log.info("node running (%s); Ctrl-C or SIGTERM stops it", ", ".join(name for name, _ in services))
     except BaseExceptionGroup as group:
         leaf = collapse(group)
         if leaf is group:
             raise
         raise leaf from None
+
+
+def freeze_startup_objects() -> None:
+    """Exclude everything start-up created from the garbage collector's full passes.
+
+    A node with a tokenizer loaded holds ~300,000 long-lived objects (transformers, torch), and
+    a full collection walks all of them: ~165 ms on this project's machine, a pause every
+    request in flight waits out (it was the gateway's p99 at 16 streams). The models, apps and
+    settings loaded at start-up live as long as the process, so the collector never needs to
+    look at them again; what requests create is still collected as usual."""
+    gc.collect()
+    gc.freeze()
 
 
 async def _stop_on_signals(scope: trio.CancelScope, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -59,3 +59,29 @@ async def test_cancelling_the_node_runs_every_services_cleanup():
     with trio.move_on_after(0.5):
         await run_services([("a", service("a")), ("b", service("b"))], handle_signals=False)
     assert sorted(cleaned) == ["a", "b"]
+
+
+async def test_what_start_up_created_is_frozen_out_of_garbage_collection_once_the_node_runs():
+    import gc
+
+    kept: list[object] = []
+    frozen_at_ready: list[int] = []
+
+    async def service(*, task_status=trio.TASK_STATUS_IGNORED):
+        kept.append({"loaded": "at start-up"})
+        frozen_at_ready.append(gc.get_freeze_count())
+        task_status.started()
+        await trio.sleep_forever()
+
+    gc.unfreeze()
+    try:
+        with trio.move_on_after(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: run_services([("loader", service)], handle_signals=False))
+                while gc.get_freeze_count() == 0:
+                    await trio.sleep(0.01)
+                nursery.cancel_scope.cancel()
+        assert frozen_at_ready == [0], "nothing is frozen before every service is ready"
+        assert not any(obj is kept[0] for obj in gc.get_objects()), "start-up's objects are out of the collector's sight"
+    finally:
+        gc.unfreeze()
