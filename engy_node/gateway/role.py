@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import logging
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -42,6 +43,7 @@ log = logging.getLogger("engy.gateway")
 STALE_SWEEP_S = 10.0
 """How often legs are checked for missing heartbeats (a leg goes stale after 90 s)."""
 ORPHAN_SWEEP_S = 60.0
+"""How often the first process releases holds older than any request can be."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,6 +81,9 @@ async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_
     if settings.workers == 1:
         await serve_gateway(config, hub, task_status=task_status)
         return
+    if not sys.platform.startswith("linux"):
+        raise ConfigError(f"gateway.workers = {settings.workers} needs Linux (SO_REUSEPORT balancing and abstract Unix "
+                          "sockets); set gateway.workers = 1 here")
     shared = SharedSockets.bind(settings)
     try:
         async with trio.open_nursery() as nursery:

@@ -159,6 +159,29 @@ async def test_a_silent_connection_is_closed_without_holding_up_the_others(share
     assert lines == [b"GET /gw/0 HTTP/1.1"]
 
 
+# ---- holds a dead worker left behind ---------------------------------------------------------------
+
+async def test_holds_older_than_any_request_are_released_and_live_ones_kept(tmp_path, autojump_clock):
+    import time
+
+    from engy_node.gateway import role
+
+    now = [time.time()]
+    with Store(tmp_path / "gateway.sqlite3", clock=lambda: now[0]) as store:
+        account, _ = store.create_buyer("buyer")
+        store.credit(account, micro_usd=1_000)
+        now[0] -= 3_600
+        orphan = store.hold(account, amount=100, request_id="died-with-its-worker")
+        now[0] += 3_595
+        live = store.hold(account, amount=50, request_id="still-streaming")
+        now[0] += 5
+        with trio.move_on_after(role.ORPHAN_SWEEP_S + 1):
+            await role._release_orphaned_holds(store, longest_request_s=600)
+        balance = store.balance(account)
+    assert balance.held == live.amount
+    assert balance.available == 1_000 - live.amount, f"the orphaned {orphan.amount} µUSD came back"
+
+
 # ---- a two-worker gateway end to end --------------------------------------------------------------
 
 @pytest.fixture
