@@ -17,8 +17,11 @@ buyers only to the legs it holds, which is why a miner opens one leg per worker 
 it names another worker, passes the socket itself to that worker (`SCM_RIGHTS` over a Unix
 datagram socket in the abstract namespace, named with a random per-gateway token) and forgets
 it; the receiving worker's HTTP server reads the untouched request as if it had accepted the
-connection. `/gw/meta`, `/gw` and anything else are served where they land, and so is a leg for
-a worker that cannot take it right now (restarting): the miner is served, only less evenly.
+connection. `/gw/meta`, `/gw` and anything else are served where they land. A leg for a worker
+that cannot take it right now (starting, restarting) is closed, and the miner re-dials until it
+can: served elsewhere it would stay there, and that worker's buyers would find no miner. Only
+this user's processes can hand a worker a connection (the kernel stamps each datagram with its
+sender's credentials), and only a TCP socket is taken.
 
 Supervision. The first process starts the others (`python -m engy_node.gateway`, the resolved
 config on stdin), waits until each serves, restarts one that dies (with backoff), and stops
@@ -36,6 +39,7 @@ import logging
 import os
 import secrets
 import socket
+import struct
 import subprocess
 import sys
 
@@ -53,11 +57,16 @@ so the limit only bounds what a silent connection can hold."""
 PEEK_RETRY_S = 0.005
 """Pause between peeks while only part of the request line has arrived."""
 PASS_TIMEOUT_S = 5.0
+PASS_RETRY_S = 0.01
 ACCEPTED_QUEUE = 64
 LISTEN_BACKLOG = 1024
 ACCEPT_PAUSE_S = 0.1
 ACCEPT_PAUSE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 """Accept failures that mean "out of resources right now": pause instead of spinning or dying."""
+ACCEPT_IGNORED_ERRNOS = frozenset(getattr(errno, name) for name in (
+    "EPERM", "ECONNABORTED", "EPROTO", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN", "ENONET", "EHOSTUNREACH", "EOPNOTSUPP",
+    "ENETUNREACH", "ENOSR", "ESOCKTNOSUPPORT", "EPROTONOSUPPORT", "ETIMEDOUT", "ECONNRESET") if hasattr(errno, name))
+"""Accept failures that concern only the connection being accepted (as trio's own listener)."""
 WORKER_START_TIMEOUT_S = 300.0
 """A worker loads every served model's tokenizer before it serves; a cold disk can be slow."""
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -169,9 +178,9 @@ async def peek_request_line(connection: trio.socket.SocketType, *, timeout_s: fl
                 return None
             if not head:
                 return None
-            end = head.find(b"\r\n")
+            end = head.find(b"\n")
             if end >= 0:
-                return head[:end]
+                return head[:end].rstrip(b"\r")
             if len(head) >= max_bytes:
                 return head
             await trio.sleep(PEEK_RETRY_S)
@@ -187,12 +196,18 @@ class MinerListener(trio.abc.Listener[trio.SocketStream]):
         self.peek_timeout_s = peek_timeout_s
         self._listening = trio.socket.from_stdlib_socket(own_copy(seat.miner_fd))
         self._inbox = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._outbox = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        # The kernel stamps each datagram with its sender's credentials: only this user's
+        # processes (the gateway's own workers) may hand connections in.
+        self._inbox.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self._outbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._outbox.setblocking(False)
         self._accepted_send, self._accepted = trio.open_memory_channel[trio.SocketStream](ACCEPTED_QUEUE)
         self.passed = 0
         """Connections handed to the worker they named."""
         self.received = 0
         """Connections other workers handed to this one."""
+        self.refused = 0
+        """Connections closed because the worker they named could not take them."""
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Accept, route and receive connections until cancelled."""
@@ -206,6 +221,12 @@ class MinerListener(trio.abc.Listener[trio.SocketStream]):
             for sock in (self._listening, self._inbox, self._outbox):
                 sock.close()
             self._accepted_send.close()
+            while True:
+                try:
+                    stream = self._accepted.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                    break
+                stream.socket.close()
 
     async def accept(self) -> trio.SocketStream:
         try:
@@ -222,6 +243,8 @@ class MinerListener(trio.abc.Listener[trio.SocketStream]):
             try:
                 connection, _ = await self._listening.accept()
             except OSError as error:
+                if error.errno in ACCEPT_IGNORED_ERRNOS:
+                    continue
                 if error.errno not in ACCEPT_PAUSE_ERRNOS:
                     raise
                 log.error("cannot accept miner connections (%s); pausing %.0f ms", os.strerror(error.errno), ACCEPT_PAUSE_S * 1000)
@@ -236,7 +259,12 @@ class MinerListener(trio.abc.Listener[trio.SocketStream]):
                 connection.close()
                 return
             target = leg_worker(line, workers=self.seat.workers)
-            if target is not None and target != self.seat.index and await self._pass(connection, target):
+            if target is not None and target != self.seat.index:
+                # Passed on, or refused: a leg served by the wrong worker would stay there, and
+                # the buyers of the worker it names would find no miner. Refused, the miner
+                # re-dials (with backoff) until that worker takes it.
+                if not await self._pass(connection, target):
+                    self.refused += 1
                 connection.close()
                 return
         except BaseException:
@@ -246,31 +274,48 @@ class MinerListener(trio.abc.Listener[trio.SocketStream]):
 
     async def _pass(self, connection: trio.socket.SocketType, target: int) -> bool:
         descriptors = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [connection.fileno()]))]
-        with trio.move_on_after(PASS_TIMEOUT_S):
+        # Not trio's sendmsg: an unconnected datagram socket whose receiver's queue is full
+        # fails with EAGAIN yet polls writable, so waiting for writability would spin.
+        deadline = trio.current_time() + PASS_TIMEOUT_S
+        while True:
             try:
-                await self._outbox.sendmsg([b"c"], descriptors, 0, self.seat.inbox(target))
+                self._outbox.sendmsg([b"c"], descriptors, 0, self.seat.inbox(target))
+            except BlockingIOError:
+                if trio.current_time() >= deadline:
+                    log.warning("gateway worker %d did not take a miner leg within %.0f s; closed it (the miner re-dials)",
+                                target, PASS_TIMEOUT_S)
+                    return False
+                await trio.sleep(PASS_RETRY_S)
+                continue
             except OSError as error:
-                log.info("gateway worker %d cannot take a miner leg now (%s); serving it on worker %d",
-                         target, error.strerror or error, self.seat.index)
+                log.info("gateway worker %d cannot take a miner leg now (%s); closed it (the miner re-dials)",
+                         target, error.strerror or error)
                 return False
             self.passed += 1
             return True
-        log.warning("gateway worker %d did not take a miner leg within %.0f s; serving it on worker %d",
-                    target, PASS_TIMEOUT_S, self.seat.index)
-        return False
 
     async def _inbox_loop(self) -> None:
         item = array.array("i").itemsize
+        own_uid = os.getuid()
         while True:
-            _, ancillary, _, _ = await self._inbox.recvmsg(1, socket.CMSG_SPACE(4 * item))
+            _, ancillary, _, _ = await self._inbox.recvmsg(
+                1, socket.CMSG_SPACE(4 * item) + socket.CMSG_SPACE(struct.calcsize("3i")))
+            descriptors, sender_uid = array.array("i"), None
             for level, kind, data in ancillary:
-                if level != socket.SOL_SOCKET or kind != socket.SCM_RIGHTS:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    descriptors.frombytes(data[: len(data) - len(data) % item])
+                elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    _, sender_uid, _ = struct.unpack("3i", data[: struct.calcsize("3i")])
+            for fd in descriptors:
+                connection = _stream_socket(fd) if sender_uid == own_uid else None
+                if connection is None:
+                    if sender_uid != own_uid:
+                        os.close(fd)
+                    log.warning("ignored a descriptor handed to gateway worker %d that is not a miner connection "
+                                "(sender uid %s)", self.seat.index, sender_uid)
                     continue
-                descriptors = array.array("i")
-                descriptors.frombytes(data[: len(data) - len(data) % item])
-                for fd in descriptors:
-                    self.received += 1
-                    await self._hand_over(trio.socket.from_stdlib_socket(socket.socket(fileno=fd)))
+                self.received += 1
+                await self._hand_over(connection)
 
     async def _hand_over(self, connection: trio.socket.SocketType) -> None:
         stream = trio.SocketStream(connection)
@@ -279,6 +324,19 @@ class MinerListener(trio.abc.Listener[trio.SocketStream]):
         except BaseException:
             connection.close()
             raise
+
+
+def _stream_socket(fd: int) -> trio.socket.SocketType | None:
+    """`fd` as a trio socket if it is a connected TCP socket; otherwise None, with `fd` closed."""
+    try:
+        plain = socket.socket(fileno=fd)
+    except OSError:
+        os.close(fd)
+        return None
+    if plain.type != socket.SOCK_STREAM or plain.family not in (socket.AF_INET, socket.AF_INET6):
+        plain.close()
+        return None
+    return trio.socket.from_stdlib_socket(plain)
 
 
 async def run_worker_process(config: Config, seat: Seat, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

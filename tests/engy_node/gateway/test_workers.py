@@ -9,6 +9,7 @@ this process is worker 0 and starts worker 1 (`python -m engy_node.gateway`).
 
 from __future__ import annotations
 
+import array
 import os
 import signal
 import socket
@@ -83,9 +84,9 @@ async def collect(listener: MinerListener, into: list[bytes], seen: trio.Event, 
     while True:
         stream = await listener.accept()
         head = b""
-        while b"\r\n" not in head:
+        while b"\n" not in head:
             head += await stream.receive_some(1024)
-        into.append(head.split(b"\r\n")[0])
+        into.append(head.split(b"\n")[0].rstrip(b"\r"))
         await stream.aclose()
         if sum(1 for _ in into) >= count:
             seen.set()
@@ -115,20 +116,46 @@ async def test_each_connection_comes_out_of_the_worker_it_names_whichever_worker
     assert listeners[0].passed + listeners[1].passed == listeners[0].received + listeners[1].received
 
 
-async def test_a_leg_for_a_worker_that_is_not_listening_is_served_where_it_landed(shared):
+async def test_a_leg_for_a_worker_that_is_not_listening_is_closed_for_the_miner_to_redial(shared):
+    """Served by the wrong worker, a leg would stay there and the named worker's buyers find none."""
     listener = MinerListener(shared.seat(0))
     lines: list[bytes] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(listener.run)
         seen = trio.Event()
         nursery.start_soon(collect, listener, lines, seen, 1)
-        client = await connect_and_send(shared, b"GET /gw/1 HTTP/1.1\r\n\r\n")
+        refused = await connect_and_send(shared, b"GET /gw/1 HTTP/1.1\r\n\r\n")
+        with trio.fail_after(10):
+            assert await closed_by_peer(refused)
+        served = await connect_and_send(shared, b"GET /gw/0 HTTP/1.1\n\n")
+        with trio.fail_after(10):
+            await seen.wait()
+        nursery.cancel_scope.cancel()
+    await served.aclose()
+    assert lines == [b"GET /gw/0 HTTP/1.1"]
+    assert (listener.passed, listener.refused) == (0, 1)
+
+
+async def test_a_descriptor_that_is_not_a_connection_is_ignored_and_the_listener_keeps_serving(shared):
+    listener = MinerListener(shared.seat(0))
+    lines: list[bytes] = []
+    read_end, write_end = os.pipe()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.run)
+        seen = trio.Event()
+        nursery.start_soon(collect, listener, lines, seen, 1)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+            sender.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [read_end]))], 0,
+                           shared.seat(0).inbox(0))
+        client = await connect_and_send(shared, b"GET /gw/0 HTTP/1.1\r\n\r\n")
         with trio.fail_after(10):
             await seen.wait()
         nursery.cancel_scope.cancel()
     await client.aclose()
-    assert lines == [b"GET /gw/1 HTTP/1.1"]
-    assert listener.passed == 0
+    os.close(read_end)
+    os.close(write_end)
+    assert lines == [b"GET /gw/0 HTTP/1.1"]
+    assert listener.received == 0
 
 
 async def closed_by_peer(stream: trio.SocketStream) -> bool:
