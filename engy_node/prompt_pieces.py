@@ -36,17 +36,25 @@ PROBES = (
 
 
 class PieceEncoder:
-    """`encode(text)`: the same ids as the tokenizer's `encode(text, add_special_tokens=False)`."""
+    """`encode(text)`: the same ids as the tokenizer's `encode(text, add_special_tokens=False)`
+    with truncation and padding off."""
 
     def __init__(self, backend: Any, *, max_cached_chars: int = MAX_CACHED_CHARS) -> None:
-        self.backend = backend
+        # A copy of its own: transformers switches truncation and padding on the tokenizer it
+        # shares between calls, and a prompt is never truncated or padded (its length is checked).
+        self.backend = type(backend).from_str(backend.to_str())
+        self.backend.no_truncation()
+        self.backend.no_padding()
+        self.backend.encode_special_tokens = getattr(backend, "encode_special_tokens", False)
         self.max_cached_chars = max_cached_chars
         self._cache: collections.OrderedDict[str, array.array] = collections.OrderedDict()
         self._cached_chars = 0
         self._lock = threading.Lock()
-        added = backend.get_added_tokens_decoder().values()
-        self._added_ids = {token.content: backend.token_to_id(token.content) for token in added}
-        splittable = added and all(not (token.lstrip or token.rstrip or token.single_word or token.normalized) for token in added)
+        added = self.backend.get_added_tokens_decoder().values()
+        self._added_ids = {token.content: self.backend.token_to_id(token.content) for token in added}
+        # With encode_special_tokens the tokenizer tokenises added tokens' text like any other.
+        splittable = added and not self.backend.encode_special_tokens and all(
+            not (token.lstrip or token.rstrip or token.single_word or token.normalized) for token in added)
         contents = sorted(self._added_ids, key=len, reverse=True)
         # Longest first: at one position the regex takes the first alternative that matches,
         # which then is the longest, as the tokenizer's own leftmost-longest match does.
@@ -60,7 +68,7 @@ class PieceEncoder:
 
     def check(self, added: list[str]) -> bool:
         """Whether piecewise encoding gives the tokenizer's ids on the probe texts."""
-        for token in added[:3]:
+        for token in added:
             for probe in PROBES:
                 text = probe.replace("{T}", token)
                 if self._encode_pieces(text, remember=False) != self._whole(text):

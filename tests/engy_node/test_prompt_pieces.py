@@ -31,10 +31,15 @@ def whole(backend, value: str) -> list[int]:
     return backend.encode(value, add_special_tokens=False).ids
 
 
+@pytest.fixture(scope="module")
+def encoder(backend) -> PieceEncoder:
+    return PieceEncoder(backend)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(values=st.lists(text, min_size=1, max_size=4))
-def test_piecewise_ids_equal_the_tokenizers_first_time_and_from_the_cache(backend, values):
-    encoder = PieceEncoder(backend)
+def test_piecewise_ids_equal_the_tokenizers_first_time_and_from_the_cache(backend, encoder, values):
+    """One encoder across examples: later examples also meet pieces cached by earlier ones."""
     assert encoder.piecewise
     for value in values + values:
         assert encoder.encode(value) == whole(backend, value)
@@ -81,3 +86,25 @@ def test_an_added_token_that_touches_its_neighbours_means_whole_encoding(added):
 def test_a_prefix_space_only_at_the_start_is_caught_by_the_probes():
     tokenizer = char_tokenizer(pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first"))
     assert not PieceEncoder(tokenizer).piecewise
+
+
+def test_a_tokenizer_left_truncating_or_padding_still_gives_the_whole_prompt():
+    """transformers toggles these on the tokenizer it shares; a prompt is never cut or padded."""
+    tokenizer = char_tokenizer()
+    value = "a long enough piece of text<x>another long enough piece"
+    full = whole(tokenizer, value)
+    tokenizer.enable_truncation(8)
+    tokenizer.enable_padding(length=200)
+    encoder = PieceEncoder(tokenizer)
+    assert encoder.piecewise
+    assert encoder.encode(value) == full
+    assert len(whole(tokenizer, value)) == 200, "the caller's tokenizer is left as it was"
+
+
+def test_a_tokenizer_that_splits_special_tokens_as_text_is_used_whole():
+    tokenizer = char_tokenizer()
+    tokenizer.encode_special_tokens = True
+    encoder = PieceEncoder(tokenizer)
+    assert not encoder.piecewise
+    value = "some text<x>more text"
+    assert encoder.encode(value) == whole(tokenizer, value)
