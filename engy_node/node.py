@@ -12,6 +12,7 @@ signal during that shutdown exits at once — an operator pressing Ctrl-C twice 
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -31,18 +32,29 @@ Service = Callable[..., Awaitable[Any]]
 FORCED_EXIT_CODE = 130
 
 
-async def run_services(services: Sequence[tuple[str, Service]], *, handle_signals: bool = True) -> None:
+async def run_services(services: Sequence[tuple[str, Service]], *, handle_signals: bool = True,
+                       exit_on_second_signal: bool = True) -> None:
     """Run `services` until cancelled. A single failure is re-raised as itself rather than
-    inside an exception group, so `cli.py` can report a user error (`EngyError`) plainly."""
+    inside an exception group, so `cli.py` can report a user error (`EngyError`) plainly.
+
+    The signal watcher sits outside the services' scope, so it is still listening while they
+    shut down: a second signal then exits at once (`exit_on_second_signal`) or is ignored (a
+    helper process, whose parent decides when it has waited long enough)."""
     try:
-        async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as watchers:
+            services_scope = trio.CancelScope()
             if handle_signals:
-                await nursery.start(_stop_on_signals, nursery.cancel_scope)
-            for name, service in services:
-                value = await nursery.start(service)
-                log.info("%s ready%s", name, f": {value}" if value is not None else "")
-            freeze_startup_objects()
-            log.info("node running (%s); Ctrl-C or SIGTERM stops it", ", ".join(name for name, _ in services))
+                await watchers.start(_stop_on_signals, services_scope, exit_on_second_signal)
+            try:
+                with services_scope:
+                    async with trio.open_nursery() as nursery:
+                        for name, service in services:
+                            value = await nursery.start(service)
+                            log.info("%s ready%s", name, f": {value}" if value is not None else "")
+                        freeze_startup_objects()
+                        log.info("node running (%s); Ctrl-C or SIGTERM stops it", ", ".join(name for name, _ in services))
+            finally:
+                watchers.cancel_scope.cancel(reason="the services stopped")
     except BaseExceptionGroup as group:
         leaf = collapse(group)
         if leaf is group:
@@ -62,18 +74,23 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-async def _stop_on_signals(scope: trio.CancelScope, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def _stop_on_signals(scope: trio.CancelScope, exit_on_second_signal: bool, *,
+                           task_status=trio.TASK_STATUS_IGNORED) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
         async for signum in signals:
+            name = signal.Signals(signum).name
             if scope.cancel_called:
-                log.warning("second %s during shutdown; exiting now", signal.Signals(signum).name)
-                os._exit(FORCED_EXIT_CODE)
-            log.info("%s received; shutting down", signal.Signals(signum).name)
-            scope.cancel(reason=f"{signal.Signals(signum).name} received")
+                if exit_on_second_signal:
+                    log.warning("second %s during shutdown; exiting now", name)
+                    os._exit(FORCED_EXIT_CODE)
+                log.info("%s during shutdown; still shutting down", name)
+                continue
+            log.info("%s received; shutting down", name)
+            scope.cancel(reason=f"{name} received")
 
 
-def run(services: Sequence[tuple[str, Service]]) -> int:
+def run(services: Sequence[tuple[str, Service]], *, exit_on_second_signal: bool = True) -> int:
     """Run until a signal or a service failure. Returns the process exit code."""
-    trio.run(run_services, services)
+    trio.run(functools.partial(run_services, services, exit_on_second_signal=exit_on_second_signal))
     return 0

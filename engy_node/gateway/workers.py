@@ -70,6 +70,9 @@ ACCEPT_IGNORED_ERRNOS = frozenset(getattr(errno, name) for name in (
 WORKER_START_TIMEOUT_S = 300.0
 """A worker loads every served model's tokenizer before it serves; a cold disk can be slow."""
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+WORKER_STOP_GRACE_S = 15.0
+"""A stopping worker tells its miners to re-dial and settles its requests in flight (each step
+bounded by 5 s) before it is killed."""
 STABLE_RUN_S = 60.0
 """A worker that ran this long before dying restarts after the shortest pause again."""
 
@@ -348,14 +351,16 @@ async def run_worker_process(config: Config, seat: Seat, *, task_status=trio.TAS
     while True:
         began = trio.current_time()
         async with trio.open_nursery() as nursery:
+            # Its own session: a Ctrl-C in the terminal reaches the first process only, which
+            # then stops this one (SIGTERM, SIGKILL after WORKER_STOP_GRACE_S).
             process = await nursery.start(functools.partial(
                 trio.run_process, command, stdin=document, stdout=subprocess.PIPE, check=False,
-                pass_fds=(seat.miner_fd,)))
+                pass_fds=(seat.miner_fd,), start_new_session=True, deliver_cancel=_stop_worker))
             ready = await _read_ready(process.stdout)
             if not ready:
                 if ready is None:
                     log.error("gateway worker %d did not serve within %.0f s; stopping it", seat.index, WORKER_START_TIMEOUT_S)
-                    process.terminate()
+                    await _stop_worker(process)
                 await process.wait()
                 if not served_before:
                     raise RoleError(f"gateway worker {seat.index} exited before it served (exit status {process.returncode}); "
@@ -369,6 +374,15 @@ async def run_worker_process(config: Config, seat: Seat, *, task_status=trio.TAS
         pause = RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)]
         log.error("gateway worker %d exited (status %s); restarting it in %.0f s", seat.index, process.returncode, pause)
         await trio.sleep(pause)
+
+
+async def _stop_worker(process: trio.Process) -> None:
+    process.terminate()
+    with trio.move_on_after(WORKER_STOP_GRACE_S):
+        await process.wait()
+        return
+    log.warning("gateway worker (pid %d) did not stop within %.0f s of SIGTERM; killing it", process.pid, WORKER_STOP_GRACE_S)
+    process.kill()
 
 
 async def _read_ready(stdout: trio.abc.ReceiveStream) -> bool | None:

@@ -319,3 +319,34 @@ async def test_stopping_the_gateway_stops_its_worker_processes(tmp_path, checkpo
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", int(urls.buyer_url.rsplit(":", 1)[1])), timeout=2).close()
+
+
+async def test_workers_stop_when_the_first_process_is_killed_outright(tmp_path, checkpoint):
+    """Killed (or out of memory), the first process cannot stop its workers; they notice."""
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "ENGY_GATEWAY__PORT": "0", "ENGY_GATEWAY__MINER_PORT": "0", "ENGY_GATEWAY__WORKERS": "2"}
+    log_path = tmp_path / "gateway.log"
+    with log_path.open("w") as log:
+        first = subprocess.Popen([sys.executable, "-m", "engy_node", "--home", str(tmp_path), "--role", "gateway"],
+                                 stdout=log, stderr=subprocess.STDOUT, env=env)
+    worker = None
+    try:
+        deadline = time.monotonic() + 120
+        while "gateway ready" not in log_path.read_text():
+            assert first.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            await trio.sleep(0.1)
+        [worker] = psutil.Process(first.pid).children()
+        first.kill()
+        first.wait(10)
+        with trio.fail_after(30):
+            while worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE:
+                await trio.sleep(0.1)
+        assert "is gone; stopping" in log_path.read_text()
+    finally:
+        if first.poll() is None:
+            first.kill()
+        if worker is not None and worker.is_running():
+            worker.kill()
