@@ -129,7 +129,8 @@ async def serve_listener(app, config, listener: trio.abc.Listener[trio.SocketStr
     a gateway worker's miner endpoint must also serve connections another process accepted and
     passed over (`gateway.workers`). This is the part of hypercorn's `worker_serve` after the
     sockets (no lifespan: our apps have none), which is why pyproject pins hypercorn's minor
-    version. Cancelling it closes every connection at once; callers drain before that."""
+    version. Cancelling it closes every connection at once: drain first (the gateway tells its
+    miners to re-dial while their legs are open)."""
     from hypercorn.trio.tcp_server import TCPServer
     from hypercorn.trio.worker_context import WorkerContext
     from hypercorn.typing import ConnectionState

@@ -8,8 +8,8 @@ releases holds at start-up, and it also sweeps, periodically, holds older than a
 be (a worker that died mid-request leaves its holds open).
 
 Shutdown drains: miners are told to `reconnect` (to another gateway process, or to this one
-after a restart) before the listeners close, and in-flight requests are cancelled, which
-settles them for what was relayed.
+after a restart) while their legs are still open, then the servers stop and in-flight requests
+are cancelled, which settles them for what was relayed.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import logging
 import socket
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -42,6 +43,8 @@ log = logging.getLogger("engy.gateway")
 
 STALE_SWEEP_S = 10.0
 """How often legs are checked for missing heartbeats (a leg goes stale after 90 s)."""
+DRAIN_S = 5.0
+"""How long stopping waits for the miners to be told to re-dial."""
 ORPHAN_SWEEP_S = 60.0
 """How often the first process releases holds older than any request can be."""
 
@@ -136,6 +139,10 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
         hc.websocket_max_message_size = 256 * 1024 * 1024
         return hc
 
+    # The HTTP servers run in a scope of their own, shielded from the node's cancellation: on
+    # the way out the miners are told to re-dial while their legs are still open, and only then
+    # do the servers stop (cancelling requests in flight, which settles them for what was relayed).
+    servers = trio.CancelScope(shield=True)
     try:
         async with trio.open_nursery() as nursery:
             request_log = RequestLogWriter(store)
@@ -150,33 +157,51 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
             )
             miner_app = build_miner_app(pool, workers=1 if seat is None else seat.workers)
             buyer_app = build_buyer_app(Handlers(gateway))
-            if seat is None:
-                miner_binds = await start_listener(nursery, miner_app, hypercorn_config(f"{settings.host}:{settings.miner_port}"),
-                                                   what="miner endpoint", flag="--miner-port / gateway.miner_port")
-                miner_url = miner_binds[0].replace("http://", "ws://") + "/gw"
-                buyer_bind = f"{settings.host}:{settings.port}"
-            else:
-                listener = MinerListener(seat)
-                await nursery.start(listener.run)
-                await nursery.start(serve_listener, miner_app, hypercorn_config(None), listener)
-                miner_url = seat.miner_url
-                buyer_bind = f"fd://{(buyer_socket or seat.buyer_socket()).detach()}"
-            buyer_binds = await start_listener(nursery, buyer_app, hypercorn_config(buyer_bind),
-                                               what="buyer API", flag="--port / gateway.port")
-            nursery.start_soon(_sweep_stale, pool, hub)
-            if first:
-                nursery.start_soon(_release_orphaned_holds, store, _longest_request_s(models, settings))
-            urls = GatewayUrls(buyer_url=buyer_binds[0], miner_url=miner_url)
-            hub.set_state("gateway", state="ready", buyer_url=urls.buyer_url, miner_url=urls.miner_url, models=sorted(models),
-                          worker=0 if seat is None else seat.index, workers=1 if seat is None else seat.workers)
-            log.info("gateway %s: buyer API %s, miners dial %s", "ready" if seat is None else f"worker {seat.index} serving",
-                     urls.buyer_url, urls.miner_url)
-            task_status.started(urls)
+
+            async def start_servers(http: trio.Nursery) -> GatewayUrls:
+                if seat is None:
+                    miner_binds = await start_listener(http, miner_app, hypercorn_config(f"{settings.host}:{settings.miner_port}"),
+                                                       what="miner endpoint", flag="--miner-port / gateway.miner_port")
+                    miner_url = miner_binds[0].replace("http://", "ws://") + "/gw"
+                    buyer_bind = f"{settings.host}:{settings.port}"
+                else:
+                    listener = MinerListener(seat)
+                    await http.start(listener.run)
+                    await http.start(serve_listener, miner_app, hypercorn_config(None), listener)
+                    miner_url = seat.miner_url
+                    buyer_bind = f"fd://{(buyer_socket or seat.buyer_socket()).detach()}"
+                buyer_binds = await start_listener(http, buyer_app, hypercorn_config(buyer_bind),
+                                                   what="buyer API", flag="--port / gateway.port")
+                return GatewayUrls(buyer_url=buyer_binds[0], miner_url=miner_url)
+
+            urls = await nursery.start(_run_servers, servers, start_servers)
+            try:
+                nursery.start_soon(_sweep_stale, pool, hub)
+                if first:
+                    nursery.start_soon(_release_orphaned_holds, store, _longest_request_s(models, settings))
+                hub.set_state("gateway", state="ready", buyer_url=urls.buyer_url, miner_url=urls.miner_url, models=sorted(models),
+                              worker=0 if seat is None else seat.index, workers=1 if seat is None else seat.workers)
+                log.info("gateway %s: buyer API %s, miners dial %s", "ready" if seat is None else f"worker {seat.index} serving",
+                         urls.buyer_url, urls.miner_url)
+                task_status.started(urls)
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    with trio.move_on_after(DRAIN_S):
+                        await pool.drain()
+                    servers.cancel(reason="the gateway is stopping")
     finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
-            await pool.drain()
+        servers.cancel(reason="the gateway is stopping")
         hub.set_state("gateway", state="stopped")
         store.close()
+
+
+async def _run_servers(scope: trio.CancelScope, start: Callable[[trio.Nursery], Awaitable[GatewayUrls]], *,
+                       task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run the HTTP servers `start` starts, inside `scope` (cancelled by their owner)."""
+    with scope:
+        async with trio.open_nursery() as http:
+            task_status.started(await start(http))
 
 
 def _longest_request_s(models: dict[str, ServedModel], settings) -> float:

@@ -350,3 +350,32 @@ async def test_workers_stop_when_the_first_process_is_killed_outright(tmp_path, 
             first.kill()
         if worker is not None and worker.is_running():
             worker.kill()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_stopping_the_gateway_tells_its_miners_to_redial_before_closing(tmp_path, checkpoint, workers):
+    from engy_node.protocol.miner import Reconnect
+
+    env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
+    config = load_config(home=tmp_path, env=env, overrides={"gateway": {"port": 0, "miner_port": 0, "workers": workers}})
+    served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)
+    with Store.open(store_path(config)) as store:
+        _, miner_key = store.register_miner("told")
+    frames = []
+    async with trio.open_nursery() as nursery:
+        gateway = trio.CancelScope()
+
+        async def run_until_stopped(*, task_status=trio.TASK_STATUS_IGNORED):
+            with gateway:
+                await run_gateway(config, Hub(), task_status=task_status)
+
+        urls = await nursery.start(run_until_stopped)
+        hello = Hello(miner_key=miner_key, model=MODEL, model_root=served.model_root, hw={}, versions={},
+                      capacity=Capacity(1, 1, 6144, 2048, 600), worker_name="told", worker_id=uuid.uuid4().hex)
+        async with trio_websocket.open_websocket_url(f"{urls.miner_url}/0" if workers > 1 else urls.miner_url) as leg:
+            await leg.send_message(encode(hello))
+            frames.append(parse_gateway_frame(await leg.get_message()))
+            gateway.cancel()
+            with trio.fail_after(10):
+                frames.append(parse_gateway_frame(await leg.get_message()))
+    assert [type(frame) for frame in frames] == [Admit, Reconnect]
