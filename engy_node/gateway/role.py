@@ -33,7 +33,7 @@ from engy_node.gateway.audit import ProofTee
 from engy_node.gateway.pool import MinerPool, PoolSettings
 from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.store import Store, StoreError
-from engy_node.gateway.workers import MinerListener, Seat, SharedSockets, run_worker_process
+from engy_node.gateway.workers import LISTEN_BACKLOG, MinerListener, Seat, SharedSockets, run_worker_process
 from engy_node.hub import Hub
 from engy_node.miner.serving import ServedModel, load_served_model
 from engy_node.models import get_model
@@ -136,6 +136,7 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
         hc.accesslog = None
         hc.errorlog = logging.getLogger("engy.gateway.http")
         hc.graceful_timeout = 5.0
+        hc.backlog = LISTEN_BACKLOG
         hc.websocket_max_message_size = 256 * 1024 * 1024
         return hc
 
