@@ -85,3 +85,37 @@ async def test_what_start_up_created_is_frozen_out_of_garbage_collection_once_th
         assert not any(obj is kept[0] for obj in gc.get_objects()), "start-up's objects are out of the collector's sight"
     finally:
         gc.unfreeze()
+
+
+def test_a_second_signal_during_a_slow_shutdown_exits_at_once(tmp_path):
+    """The watcher outlives the services' cancellation: the second SIGTERM is its, not the default's."""
+    import signal
+    import subprocess
+    import sys
+
+    program = tmp_path / "slow_node.py"
+    program.write_text(
+        "import sys, trio\n"
+        "from engy_node import node\n"
+        "async def service(*, task_status=trio.TASK_STATUS_IGNORED):\n"
+        "    task_status.started()\n"
+        "    print('running', flush=True)\n"
+        "    try:\n"
+        "        await trio.sleep_forever()\n"
+        "    finally:\n"
+        "        with trio.CancelScope(shield=True):\n"
+        "            print('draining', flush=True)\n"
+        "            await trio.sleep(30)\n"
+        "sys.exit(node.run([('slow', service)]))\n")
+    process = subprocess.Popen([sys.executable, str(program)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout.readline().strip() == "running"
+        process.send_signal(signal.SIGTERM)
+        assert process.stdout.readline().strip() == "draining"
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=20)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130
+    assert "second SIGTERM during shutdown; exiting now" in output
