@@ -88,16 +88,19 @@ async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_
         raise ConfigError(f"gateway.workers = {settings.workers} needs Linux (SO_REUSEPORT balancing and abstract Unix "
                           "sockets); set gateway.workers = 1 here")
     shared = SharedSockets.bind(settings)
+    seat = shared.seat(0)
+    buyer_socket = shared.take_buyer()
     try:
         async with trio.open_nursery() as nursery:
-            urls = await nursery.start(functools.partial(serve_gateway, config, hub, seat=shared.seat(0),
-                                                         buyer_socket=shared.take_buyer()))
+            urls = await nursery.start(functools.partial(serve_gateway, config, hub, seat=seat, buyer_socket=buyer_socket))
             for index in range(1, settings.workers):
                 await nursery.start(run_worker_process, config, shared.seat(index))
             log.info("gateway ready: buyer API %s, miners dial %s (%d worker processes)", urls.buyer_url, urls.miner_url,
                      settings.workers)
             task_status.started(urls)
     finally:
+        if buyer_socket.fileno() != -1:  # start-up failed before worker 0 took it over
+            buyer_socket.close()
         shared.close()
 
 
