@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from engy_node.errors import ConfigError, collapse
+from engy_node.errors import ConfigError, collapse, single_failure
 
 T = TypeVar("T")
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -85,16 +85,11 @@ async def watch_disconnect(receive: Receive) -> AsyncIterator[DisconnectWatch]:
         watch.client_gone = True
         scope.cancel(reason="client disconnected")
 
-    try:
+    with single_failure():
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watcher, nursery.cancel_scope)
             yield watch
             nursery.cancel_scope.cancel(reason="response finished")
-    except BaseExceptionGroup as group:
-        leaf = collapse(group)
-        if leaf is group:
-            raise
-        raise leaf from None
 
 
 async def watching_disconnect(receive: Receive, work: Callable[[], Awaitable[T]]) -> tuple[bool, T | None]:

@@ -5,6 +5,9 @@ node prints tracebacks for them. Each area subclasses it so callers can tell a b
 from a missing model without parsing strings.
 """
 
+import contextlib
+from collections.abc import Iterator
+
 
 class EngyError(Exception):
     """A problem the user can fix; `str(err)` says what to change."""
@@ -43,3 +46,16 @@ def collapse(error: BaseException) -> BaseException:
     if len(leaves) > 1:
         leaves = [leaf for leaf in leaves if not isinstance(leaf, trio.Cancelled)] or leaves
     return leaves[0] if len(leaves) == 1 else error
+
+
+@contextlib.contextmanager
+def single_failure() -> Iterator[None]:
+    """Raise a failure inside it as itself when trio wrapped one real error in exception
+    groups (see `collapse`); several real errors stay a group."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaf = collapse(group)
+        if leaf is group:
+            raise
+        raise leaf from None

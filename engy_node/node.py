@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from engy_node.errors import collapse
+from engy_node.errors import single_failure
 
 log = logging.getLogger("engy.node")
 
@@ -40,7 +40,7 @@ async def run_services(services: Sequence[tuple[str, Service]], *, handle_signal
     The signal watcher sits outside the services' scope, so it is still listening while they
     shut down: a second signal then exits at once (`exit_on_second_signal`) or is ignored (a
     helper process, whose parent decides when it has waited long enough)."""
-    try:
+    with single_failure():
         async with trio.open_nursery() as watchers:
             services_scope = trio.CancelScope()
             if handle_signals:
@@ -55,11 +55,6 @@ async def run_services(services: Sequence[tuple[str, Service]], *, handle_signal
                         log.info("node running (%s); Ctrl-C or SIGTERM stops it", ", ".join(name for name, _ in services))
             finally:
                 watchers.cancel_scope.cancel(reason="the services stopped")
-    except BaseExceptionGroup as group:
-        leaf = collapse(group)
-        if leaf is group:
-            raise
-        raise leaf from None
 
 
 def freeze_startup_objects() -> None:

@@ -31,7 +31,7 @@ import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from engy_node import keys
-from engy_node.errors import collapse
+from engy_node.errors import single_failure
 from engy_node.miner.serving import RequestHandler
 from engy_node.protocol.miner import (
     Admit, Cancel, Capacity, Deny, Heartbeat, Hello, MinerFrame, Ping, ProtocolError, Reconnect, Serve,
@@ -240,13 +240,8 @@ class _LegSession:
         return Heartbeat(inflight=len(self.active), idle_seconds=idle)
 
     async def run(self) -> str:
-        try:
+        with single_failure():
             return await self._run()
-        except BaseExceptionGroup as group:
-            leaf = collapse(group)
-            if leaf is group:
-                raise
-            raise leaf from None
 
     async def _run(self) -> str:
         async with trio.open_nursery() as nursery:

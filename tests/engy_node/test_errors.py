@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from engy_node.errors import collapse
+from engy_node.errors import collapse, single_failure
 
 
 async def test_one_error_in_nested_groups_is_returned_as_itself():
@@ -34,3 +34,19 @@ async def test_an_outer_cancellation_beside_one_real_error_yields_the_real_error
                 outer.cancel()
                 await trio.sleep_forever()
         assert isinstance(collapse(raised.value), ValueError)
+
+
+async def test_single_failure_raises_a_nurserys_one_error_as_itself():
+    async def fail() -> None:
+        raise KeyError("k")
+
+    with pytest.raises(KeyError):
+        with single_failure():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fail)
+
+
+def test_single_failure_leaves_several_errors_a_group():
+    with pytest.raises(ExceptionGroup):
+        with single_failure():
+            raise ExceptionGroup("two", [ValueError("a"), KeyError("b")])
