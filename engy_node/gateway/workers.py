@@ -121,6 +121,7 @@ class SharedSockets:
 
     def __init__(self, buyer: socket.socket, miner: socket.socket, *, workers: int) -> None:
         self.buyer: socket.socket | None = buyer
+        self.buyer_address: tuple[str, int] = buyer.getsockname()[:2]
         self.miner = miner
         self.workers = workers
         self.token = secrets.token_hex(8)
@@ -139,12 +140,11 @@ class SharedSockets:
         """The buyer socket, for the first worker to listen on; closing it is then its business.
         (A socket in the port's group that nobody accepts from would strand connections.)"""
         assert self.buyer is not None, "the buyer socket was taken already"
-        self.buyer_address = self.buyer.getsockname()[:2]
         buyer, self.buyer = self.buyer, None
         return buyer
 
     def seat(self, index: int) -> Seat:
-        buyer_host, buyer_port = self.buyer_address if self.buyer is None else self.buyer.getsockname()[:2]
+        buyer_host, buyer_port = self.buyer_address
         host, port = self.miner.getsockname()[:2]
         return Seat(index=index, workers=self.workers, buyer_host=buyer_host, buyer_port=buyer_port, miner_fd=self.miner.fileno(),
                     miner_url=f"ws://{f'[{host}]' if ':' in host else host}:{port}/gw", token=self.token)
