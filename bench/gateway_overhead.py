@@ -54,7 +54,7 @@ READY = re.compile(r"gateway ready: buyer API (http://127\.0\.0\.1:\d+), miners 
 def run_synthetic_miner(gateway_url: str, miner_key: str, home: str) -> None:
     from engy_node.config import load_config
     from engy_node.miner.link import Identity
-    from engy_node.miner.serving import load_served_model
+    from engy_node.served_model import load_served_model
     from engy_node.models import SMOLLM2_135M
     from engy_node.serve.checkpoint import embedded_checkpoint
     from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link

@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engy_node import proof  # noqa: E402
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings  # noqa: E402
-from engy_node.miner.serving import RequestHandler, load_served_model  # noqa: E402
+from engy_node.miner.serving import RequestHandler  # noqa: E402
+from engy_node.served_model import load_served_model  # noqa: E402
 from engy_node.models import SMOLLM2_135M, ProofParams  # noqa: E402
 from engy_node.protocol.miner import Capacity, Message, ServeRequest  # noqa: E402
 from engy_node.serve.client import ServeClient, SseParser  # noqa: E402

@@ -53,7 +53,7 @@ from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.router import choose, prefix_key, retry_allowed
 from engy_node.gateway.store import RequestLogEntry, Store, StoreError
-from engy_node.miner.serving import ServedModel
+from engy_node.served_model import ServedModel
 from engy_node.protocol.miner import Message, ServeRequest
 
 log = logging.getLogger("engy.gateway")

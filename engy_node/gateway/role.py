@@ -35,7 +35,7 @@ from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.store import Store, StoreError
 from engy_node.gateway.workers import LISTEN_BACKLOG, MinerListener, Seat, SharedSockets, run_worker_process
 from engy_node.hub import Hub
-from engy_node.miner.serving import ServedModel, load_served_model
+from engy_node.served_model import ServedModel, load_served_model
 from engy_node.models import get_model
 from engy_node.serve.checkpoint import resolve_checkpoint
 

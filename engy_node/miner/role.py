@@ -38,7 +38,8 @@ from engy_node.hub import Hub
 from engy_node.miner.gpu import FakeNvml, GpuInventory, detect
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
 from engy_node.miner.plan import Plan, plan, read_model_shape
-from engy_node.miner.serving import RequestHandler, RequestOutcome, ServedModel, load_served_model
+from engy_node.miner.serving import RequestHandler, RequestOutcome
+from engy_node.served_model import ServedModel, load_served_model
 from engy_node.miner.sglang import LaunchSpec, ModelServerSupervisor, reference_launch, sglang_launch, shell_command
 from engy_node.models import ModelSpec, get_model
 from engy_node.protocol.miner import Capacity

@@ -22,17 +22,15 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import trio
 
 from engy_node import proof
-from engy_node.models import ModelSpec
-from engy_node.prompt_pieces import PieceEncoder
 from engy_node.protocol.miner import Chunk, MinerFrame, Response, Serve, ServeRequest
 from engy_node.serve.client import GenerateResult, ServeClient, ServeError
 from engy_node.serve.sampling import find_stop, stop_holdback
+from engy_node.served_model import ServedModel
 
 log = logging.getLogger("engy.miner.serving")
 
@@ -40,54 +38,6 @@ STREAM_COALESCE_S = 0.05
 """Streamed deltas are sent at most this often (SPEC §4: ≈50 ms), so a fast model does not send
 one websocket frame per token."""
 REPLACEMENT_CHARACTER = "\ufffd"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ServedModel:
-    """What the miner serves: the catalog entry, its checkpoint, identity and tokenizer."""
-
-    spec: ModelSpec
-    checkpoint: Path
-    model_root: str
-    tokenizer: Any
-    pieces: PieceEncoder | None = None
-    """Tokenises rendered prompts piecewise with a cache (None: a tokenizer without a Rust backend)."""
-
-    def render_prompt(self, request: ServeRequest) -> list[int]:
-        """Token ids of the request's conversation under the checkpoint's chat template.
-
-        The same ids as `apply_chat_template(..., tokenize=True)`, which renders the template
-        and then tokenises the text without adding special tokens; here the text goes to the
-        Rust tokenizer piece by piece between added tokens, remembering pieces (`prompt_pieces`):
-        both the gateway and the miner do this for every request, and most of a conversation's
-        pieces were there on its previous turn."""
-        messages = [m.for_template() for m in request.messages]
-        kwargs: dict[str, Any] = {"add_generation_prompt": True}
-        if request.tools:
-            kwargs["tools"] = list(request.tools)
-        if self.pieces is None:
-            ids = self.tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
-            return list(ids if isinstance(ids, list) else ids["input_ids"])
-        return self.pieces.encode(self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        if self.pieces is not None and not self.tokenizer.clean_up_tokenization_spaces:
-            # transformers' decode is the Rust decoder's plus a clean-up this tokenizer has off;
-            # the gateway decodes every answer's committed ids, so its per-call Python counts.
-            return self.pieces.backend.decode(list(ids), skip_special_tokens=True)
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
-
-
-def load_served_model(spec: ModelSpec, checkpoint: Path) -> ServedModel:
-    """Blocking (tokenizer load, shard sizes): call it through `trio.to_thread.run_sync`."""
-    from transformers import AutoTokenizer
-
-    from engy_node.models import model_root
-
-    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    return ServedModel(spec=spec, checkpoint=checkpoint, model_root=model_root(checkpoint), tokenizer=tokenizer,
-                       pieces=PieceEncoder(backend) if backend is not None else None)
 
 
 def sampling_params(request: ServeRequest) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from collections.abc import Callable
 import trio
 
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
-from engy_node.miner.serving import STREAM_COALESCE_S, Send, ServedModel
+from engy_node.miner.serving import STREAM_COALESCE_S, Send
+from engy_node.served_model import ServedModel
 from engy_node.protocol.miner import Capacity, Chunk, Response, Serve
 
 

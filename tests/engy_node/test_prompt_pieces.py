@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-from engy_node.miner.serving import load_served_model
+from engy_node.served_model import load_served_model
 from engy_node.models import SMOLLM2_135M
 from engy_node.prompt_pieces import PieceEncoder
 

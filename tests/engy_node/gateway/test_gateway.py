@@ -26,7 +26,8 @@ from engy_node.gateway.role import run_gateway, store_path
 from engy_node.gateway.store import Store
 from engy_node.hub import Hub
 from engy_node.miner.link import Identity, LinkSettings
-from engy_node.miner.serving import RequestHandler, load_served_model
+from engy_node.miner.serving import RequestHandler
+from engy_node.served_model import load_served_model
 from engy_node.models import SMOLLM2_135M
 from engy_node.serve.client import ServeClient
 from engy_node.testing.synthetic_miner import MinerCrashed, Script, SyntheticHandler, synthetic_link

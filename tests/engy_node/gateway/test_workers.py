@@ -31,7 +31,7 @@ from engy_node.gateway.store import Store
 from engy_node.gateway.workers import MinerListener, SharedSockets, leg_worker
 from engy_node.hub import Hub
 from engy_node.miner.link import Identity, LinkSettings
-from engy_node.miner.serving import load_served_model
+from engy_node.served_model import load_served_model
 from engy_node.models import SMOLLM2_135M
 from engy_node.protocol.miner import Admit, Capacity, Hello, encode, parse_gateway_frame
 from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link

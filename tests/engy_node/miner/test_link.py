@@ -17,7 +17,8 @@ import trio
 
 from engy_node import keys, proof
 from engy_node.miner.link import GatewayLink, Identity, Leg, LinkSettings, leg_url, meta_url, plan_legs
-from engy_node.miner.serving import RequestHandler, load_served_model
+from engy_node.miner.serving import RequestHandler
+from engy_node.served_model import load_served_model
 from engy_node.models import SMOLLM2_135M
 from engy_node.protocol.miner import Capacity, Message, Sampling, ServeRequest
 from engy_node.serve.client import ServeClient

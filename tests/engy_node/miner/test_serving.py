@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engy_node.miner.serving import ServedModel, load_served_model
+from engy_node.served_model import ServedModel, load_served_model
 from engy_node.models import SMOLLM2_135M
 from engy_node.protocol.miner import Message, ServeRequest
 
