@@ -5,9 +5,11 @@ hello signed by a hotkey the gateway allows (SPEC §6) within the signature wind
 The hello must name a served model and, where the gateway knows the canonical checkpoint, its
 `model_root`: a miner announcing another checkpoint is denied rather than caught later by proofs.
 
-Each leg tracks its advertised capacity and the requests in flight on it. Frames from a miner are
-parsed strictly; a malformed one closes that leg (the miner re-dials) and fails its in-flight
-requests, never the others. A leg without a heartbeat for `stale_after_s` stops receiving new
+Each leg tracks its advertised capacity (a heartbeat that carries `capacity` updates it) and the
+requests in flight on it, counted here: a miner's own `inflight` report is not trusted (the public
+miner always says 0). Frames are parsed liberally (`protocol.miner`); one that still cannot be read
+closes that leg with the field and the reason, logged and sent as the close reason (the miner
+re-dials), and fails its in-flight requests, never the others. A leg without a heartbeat for `stale_after_s` stops receiving new
 requests and is closed. A repeat hello with the same (identity, worker_name) supersedes the old
 connection.
 
@@ -32,7 +34,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from engy_node import keys
 from engy_node.gateway.router import Candidate
 from engy_node.protocol.miner import (
-    Admit, Cancel, Chunk, Deny, Heartbeat, Hello, ProtocolError, Reconnect, Response, Serve, encode, parse_miner_frame,
+    FEATURE_SAMPLING, Admit, Cancel, Chunk, Deny, Heartbeat, Hello, ProtocolError, Reconnect, Response, Serve, encode,
+    close_reason, parse_miner_frame,
 )
 
 log = logging.getLogger("engy.gateway.pool")
@@ -88,9 +91,15 @@ class Leg:
     send_lock: trio.Lock = dataclasses.field(default_factory=trio.Lock)
     closed: bool = False
 
+    capacity: int = 0
+    """This leg's share of the miner's concurrency, from hello and then each heartbeat."""
+
+    def __post_init__(self) -> None:
+        self.capacity = self.hello.capacity.max_inflight
+
     @property
-    def capacity(self) -> int:
-        return self.hello.capacity.max_inflight
+    def honours_sampling(self) -> bool:
+        return FEATURE_SAMPLING in self.hello.features
 
     async def send(self, frame: Serve | Cancel | Reconnect | Admit | Deny) -> None:
         async with self.send_lock:
@@ -125,9 +134,16 @@ class MinerPool:
         try:
             with trio.fail_after(self.settings.hello_timeout_s):
                 hello = parse_miner_frame(await websocket.receive_text())
-        except (ProtocolError, trio.TooSlowError, WebSocketDisconnect) as error:
-            log.info("miner connection dropped before a valid hello (%s)", type(error).__name__)
-            await _close(websocket, 1002)
+        except ProtocolError as error:
+            log.warning("refused a miner's hello: %s is invalid (%s)", error.field, error.reason)
+            await _close(websocket, 1002, f"invalid hello: {error}")
+            return
+        except trio.TooSlowError:
+            log.info("miner connection dropped: no hello within %.0f s", self.settings.hello_timeout_s)
+            await _close(websocket, 1008, "no hello in time")
+            return
+        except WebSocketDisconnect:
+            log.info("miner connection closed before its hello")
             return
         if not isinstance(hello, Hello):
             await self._deny(websocket, "the first frame must be hello")
@@ -142,12 +158,14 @@ class MinerPool:
             return
         leg = Leg(uuid.uuid4().hex, identity, hello, websocket, self.clock())
         for other in list(self.legs.values()):
-            if other.identity.miner == identity.miner and other.hello.worker_name == hello.worker_name and other.hello.worker_id != hello.worker_id:
+            if (other.identity.miner == identity.miner and other.hello.worker_name == hello.worker_name
+                    and (other.hello.worker_id != hello.worker_id or not hello.worker_id)):
                 log.info("miner %s/%s re-dialled from a new process; closing its old leg", identity.miner, hello.worker_name)
                 await self._close_leg(other, "superseded by a new hello")
         await leg.send(Admit())
         self.legs[leg.leg_id] = leg
-        log.info("admitted %s (%s, %s) with capacity %d", identity.miner, hello.worker_name, hello.model, leg.capacity)
+        log.info("admitted %s (%s, %s) with capacity %d%s", identity.miner, hello.worker_name, hello.model, leg.capacity,
+                 "" if leg.honours_sampling else "; answers greedily (no sampling feature)")
         try:
             await self._receive(leg)
         finally:
@@ -189,11 +207,16 @@ class MinerPool:
             try:
                 frame = parse_miner_frame(text)
             except ProtocolError as error:
-                log.warning("closing leg %s of %s: malformed frame (%s)", leg.leg_id[:8], leg.identity.miner, error)
-                await _close(websocket, 1002)
+                log.warning("closing leg %s of %s: refused a frame, %s is invalid (%s)", leg.leg_id[:8], leg.identity.miner,
+                            error.field, error.reason)
+                await _close(websocket, 1002, f"invalid frame: {error}")
                 return
             if isinstance(frame, Heartbeat):
                 leg.last_heartbeat = self.clock()
+                if frame.capacity is not None and frame.capacity.max_inflight != leg.capacity:
+                    log.info("leg %s of %s: capacity %d -> %d", leg.leg_id[:8], leg.identity.miner, leg.capacity,
+                             frame.capacity.max_inflight)
+                    leg.capacity = frame.capacity.max_inflight
             elif isinstance(frame, Chunk):
                 pending = leg.inflight.get(frame.corr_id)
                 if pending is not None:
@@ -205,9 +228,9 @@ class MinerPool:
                     pending.response = frame
                     pending.notify()
             else:
-                log.warning("closing leg %s of %s: unexpected %s after admission", leg.leg_id[:8], leg.identity.miner,
-                            type(frame).__name__.lower())
-                await _close(websocket, 1002)
+                kind = type(frame).__name__.lower()
+                log.warning("closing leg %s of %s: unexpected %s after admission", leg.leg_id[:8], leg.identity.miner, kind)
+                await _close(websocket, 1002, f"unexpected {kind} after admission")
                 return
 
     def _drop(self, leg: Leg, reason: str) -> None:
@@ -227,7 +250,7 @@ class MinerPool:
     def candidates(self, model: str) -> list[Candidate]:
         now = self.clock()
         return [
-            Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight))
+            Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight), honours_sampling=leg.honours_sampling)
             for leg in self.legs.values()
             if leg.hello.model == model and not leg.closed and now - leg.last_heartbeat < self.settings.stale_after_s
         ]
@@ -285,8 +308,8 @@ class MinerPool:
                 for leg in self.legs.values()]
 
 
-async def _close(websocket: WebSocket, code: int) -> None:
+async def _close(websocket: WebSocket, code: int, reason: str = "") -> None:
     try:
-        await websocket.close(code=code)
+        await websocket.close(code=code, reason=close_reason(reason) or None)
     except Exception:  # broad on purpose: closing an already-closed socket is not an error worth raising
         pass

@@ -10,7 +10,8 @@ as the conversation grows. `choose` picks a worker from the candidate snapshot t
 only workers with a free slot that this request has not already failed on; the highest priority
 class among them; then, with a key, rendezvous (highest-random-weight) hashing bounded by load,
 and without one, round-robin over the least-loaded workers. `retry_allowed` says whether a failed
-dispatch may go to the next candidate.
+dispatch may go to the next candidate. `sampling_pool` narrows the snapshot for a sampled
+request to the workers that honour sampling.
 
 What it trusts. The snapshot: each worker's advertised `capacity` and the pool's `inflight`
 count, as given. Health is not judged here (smg's split, STYLE §1): the traffic plane passes
@@ -115,6 +116,9 @@ class Candidate:
     priority: int = 0
     """Higher classes are served first. A lower class gets traffic only while no worker in a
     higher class has a free slot."""
+    honours_sampling: bool = True
+    """The worker samples when asked (temperature, top_p, seed). The public miner always answers
+    greedily; `sampling_pool` keeps sampled requests off such workers while others have room."""
     first_party: bool = False
     """The operator's own worker. The router does not read it. Eligibility of first-party
     workers is settled before the snapshot reaches the router (§8.6), and any routing preference
@@ -239,6 +243,24 @@ def choose(
     if prefix is None:
         return Choice(_round_robin(top_class, rr_counter).worker_id, "round-robin")
     return _rendezvous(top_class, prefix, load_factor)
+
+
+def sampling_pool(*, candidates: Sequence[Candidate], sampled: bool,
+                  exclude: Container[str] = frozenset()) -> tuple[Sequence[Candidate], bool]:
+    """The workers `choose` should pick among for a request, and whether it will be answered
+    greedily although the buyer asked to sample.
+
+    A greedy request (temperature 0) may go to any worker. A sampled one goes to the workers
+    that honour sampling while any of them has a free slot; when none has, it goes to all,
+    because a greedy answer serves the buyer better than a 503, and then any worker with a free
+    slot is one that answers greedily, which the caller records.
+    """
+    if not sampled:
+        return candidates, False
+    honouring = [c for c in candidates if c.honours_sampling]
+    if any(c.inflight < c.capacity and c.worker_id not in exclude for c in honouring):
+        return honouring, False
+    return candidates, True
 
 
 def retry_allowed(*, first_byte_sent: bool, attempts: int, max_attempts: int) -> bool:

@@ -15,6 +15,10 @@ gateway cancels that scope at once (the serve client then aborts the generation 
 server), and a dropped connection cancels every request of that leg — nobody is left to receive
 their results. Concurrency is what the miner advertised; the link never refuses or clamps a
 routed request on its own.
+
+A gateway frame this side cannot read (after `protocol.miner`'s liberal parsing) ends the leg:
+it is logged with the field and the reason, the connection is closed with them as the close
+reason, and the leg re-dials; its requests are cancelled, as on any lost connection.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ from engy_node import keys
 from engy_node.errors import single_failure
 from engy_node.miner.serving import RequestHandler
 from engy_node.protocol.miner import (
-    Admit, Cancel, Capacity, Deny, Heartbeat, Hello, MinerFrame, Ping, ProtocolError, Reconnect, Serve,
-    encode, parse_gateway_frame,
+    OUR_FEATURES, Admit, Cancel, Capacity, Deny, Heartbeat, Hello, MinerFrame, Ping, ProtocolError, Reconnect, Serve,
+    close_reason, encode, parse_gateway_frame,
 )
 from engy_node.retry import backoff_delay
 
@@ -170,7 +174,7 @@ class GatewayLink:
         return Hello(
             miner_key=self.identity.miner_key, model=base["model"], model_root=base["model_root"], hw=base["hw"],
             versions=base["versions"], capacity=capacity, worker_name=base["worker_name"], worker_id=base["worker_id"],
-            hotkey=extra.get("hotkey"), ts=extra.get("ts"), signature=extra.get("signature"),
+            hotkey=extra.get("hotkey"), ts=extra.get("ts"), signature=extra.get("signature"), features=OUR_FEATURES,
         )
 
     async def _leg_loop(self, leg: Leg, workers: int) -> None:
@@ -213,7 +217,7 @@ class GatewayLink:
             if isinstance(first, Deny):
                 raise LegDenied(first.reason)
             if not isinstance(first, Admit):
-                raise ProtocolError(f"expected admit or deny after hello, got {type(first).__name__.lower()}")
+                raise ProtocolError("frame.type", f"expected admit or deny after hello, got {type(first).__name__.lower()}")
             log.info("leg %s admitted (capacity %d)", url, leg.capacity)
             self._set_leg(leg.worker, True)
             self._admitted.set()
@@ -251,8 +255,10 @@ class _LegSession:
                 try:
                     frame = parse_gateway_frame(message)
                 except ProtocolError as error:
-                    log.warning("leg to worker %d: ignoring a malformed frame (%s)", self.leg.worker, error)
-                    continue
+                    log.warning("leg to worker %d: closing it, the gateway sent a frame whose %s is invalid (%s)",
+                                self.leg.worker, error.field, error.reason)
+                    await self.connection.aclose(code=1002, reason=close_reason(f"invalid frame: {error}"))
+                    raise
                 if isinstance(frame, Serve):
                     self._start(nursery, frame)
                 elif isinstance(frame, Cancel):

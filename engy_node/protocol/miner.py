@@ -1,19 +1,29 @@
 """The miner ↔ gateway websocket protocol (SPEC §4), compatible with the public SN53 gateway.
 
 Frames are JSON text messages with a `type` field. This module is the one place their shapes are
-declared: each frame is a frozen dataclass with `to_wire()` and a `parse_*` function that checks
-every field a peer relies on and raises `ProtocolError` naming the field. Unknown extra fields
-are ignored (peers add fields over time — ours adds `hotkey`/`ts`/`signature` to hello and
-`tools`/`sampling` to serve requests), unknown frame types are errors.
+declared: each frame is a frozen dataclass with `to_wire()`, and `parse_miner_frame` /
+`parse_gateway_frame` turn a peer's text into those dataclasses.
+
+**Liberal in what we accept, exact in what we send.** Peers we do not control speak this
+protocol: the public one-file miner (0.4.4) sends `capacity.max_request_s` as a float (it applies
+`float()` to the setting), repeats `capacity` in every heartbeat, describes its hardware with
+strings (`hw.gpus = "4x NVIDIA GeForce RTX 4090"`), sends `versions: {}` and `inflight: 0`; the TEE
+miner sends `error` as an object and `{}` for an absent commitment; the public gateway may put
+OpenAI sampling fields directly in a serve request. So parsing coerces what has one obvious
+meaning (an integral float where a count is due, a string or an object for `hw`, a missing
+optional field), keeps unknown extra fields out of the way, and refuses only what it cannot read:
+then `ProtocolError` names the field (`hello.capacity.max_inflight`) and the reason, which the
+caller logs and sends back as the close reason. `to_wire()` always writes exact types.
 
 Trust: a frame from the network is attacker-controlled. Parsing never raises anything but
-`ProtocolError`, and size limits are the transport's job (the caller sets the websocket's
-maximum message size).
+`ProtocolError` (property-tested on arbitrary input), and size limits are the transport's job
+(the caller sets the websocket's maximum message size).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,28 +31,90 @@ import orjson
 
 PROTOCOL_VERSION = 1
 
+FEATURE_SAMPLING = "sampling"
+"""A miner that announces this in hello's `features` honours `sampling` (temperature, top_p,
+seed); one that does not is taken to answer greedily, as the public miner does."""
+FEATURE_STOP = "stop"
+FEATURE_TOOLS = "tools"
+OUR_FEATURES = frozenset({FEATURE_SAMPLING, FEATURE_STOP, FEATURE_TOOLS})
+"""What this project's miner honours from a serve request."""
+
 
 class ProtocolError(ValueError):
-    """A frame is malformed; the message names the frame type and field."""
+    """A frame this side cannot read: `field` is the dotted path to what is wrong
+    (`hello.capacity.max_inflight`, or `frame` for the frame as a whole), `reason` says how."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
 
 
-def _require(obj: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], frame: str, *, optional: bool = False) -> Any:
+CLOSE_REASON_MAX_BYTES = 123
+"""RFC 6455: a close frame's reason fits in 123 bytes of UTF-8."""
+
+
+def close_reason(text: str) -> str:
+    """`text` cut to what a websocket close frame can carry."""
+    return text.encode(errors="replace")[:CLOSE_REASON_MAX_BYTES].decode(errors="ignore")
+
+
+_MISSING: Any = object()
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    kind = {bool: "a boolean", str: "a string", list: "a list", dict: "an object", float: "a number"}.get(type(value))
+    return kind or type(value).__name__
+
+
+def _as_count(value: Any, field: str) -> int:
+    """A non-negative whole number; an integral float counts (`1800.0`)."""
+    if isinstance(value, bool):
+        raise ProtocolError(field, "must be a number, not a boolean")
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    else:
+        raise ProtocolError(field, f"must be a whole number, got {_describe(value) if not isinstance(value, float) else value}")
+    if number < 0:
+        raise ProtocolError(field, f"must be non-negative, got {number}")
+    return number
+
+
+def _as_seconds(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError(field, f"must be a number of seconds, got {_describe(value)}")
+    if not math.isfinite(value) or value < 0:
+        raise ProtocolError(field, f"must be a finite non-negative number, got {value}")
+    return float(value)
+
+
+def _count(obj: Mapping[str, Any], key: str, where: str, *, default: Any = _MISSING) -> Any:
     value = obj.get(key)
     if value is None:
-        if optional:
-            return None
-        raise ProtocolError(f"{frame}: missing {key}")
-    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
-        raise ProtocolError(f"{frame}: {key} has the wrong type")
-    if not isinstance(value, kinds):
-        raise ProtocolError(f"{frame}: {key} has the wrong type")
+        if default is _MISSING:
+            raise ProtocolError(f"{where}.{key}", "missing")
+        return default
+    return _as_count(value, f"{where}.{key}")
+
+
+def _text(obj: Mapping[str, Any], key: str, where: str, *, default: Any = _MISSING) -> Any:
+    value = obj.get(key)
+    if value is None:
+        if default is _MISSING:
+            raise ProtocolError(f"{where}.{key}", "missing")
+        return default
+    if not isinstance(value, str):
+        raise ProtocolError(f"{where}.{key}", f"must be a string, got {_describe(value)}")
     return value
 
 
-def _non_negative_int(obj: Mapping[str, Any], key: str, frame: str, *, optional: bool = False) -> int | None:
-    value = _require(obj, key, int, frame, optional=optional)
-    if value is not None and value < 0:
-        raise ProtocolError(f"{frame}: {key} must be non-negative")
+def _object(value: Any, field: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ProtocolError(field, f"must be an object, got {_describe(value)}")
     return value
 
 
@@ -52,7 +124,7 @@ def _non_negative_int(obj: Mapping[str, Any], key: str, frame: str, *, optional:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Capacity:
     max_inflight: int
-    """This leg's share of the miner's concurrency."""
+    """This leg's share of the miner's concurrency: the one number routing uses."""
     max_inflight_total: int
     max_input_tokens: int
     max_output_tokens: int
@@ -62,11 +134,20 @@ class Capacity:
         return dataclasses.asdict(self)
 
     @classmethod
-    def parse(cls, raw: Any, frame: str) -> "Capacity":
-        if not isinstance(raw, Mapping):
-            raise ProtocolError(f"{frame}: capacity must be an object")
-        values = {field.name: _non_negative_int(raw, field.name, f"{frame}.capacity") for field in dataclasses.fields(cls)}
-        return cls(**values)
+    def parse(cls, raw: Any, where: str) -> "Capacity":
+        """Only `max_inflight` is required; the total defaults to it and an unstated limit to 0
+        (not announced). A fractional `max_request_s` rounds up: it is a deadline."""
+        where = f"{where}.capacity"
+        raw = _object(raw, where)
+        max_inflight = _count(raw, "max_inflight", where)
+        seconds = raw.get("max_request_s")
+        return cls(
+            max_inflight=max_inflight,
+            max_inflight_total=_count(raw, "max_inflight_total", where, default=max_inflight),
+            max_input_tokens=_count(raw, "max_input_tokens", where, default=0),
+            max_output_tokens=_count(raw, "max_output_tokens", where, default=0),
+            max_request_s=0 if seconds is None else math.ceil(_as_seconds(seconds, f"{where}.max_request_s")),
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,13 +156,18 @@ class Hello:
     model: str
     model_root: str
     hw: dict[str, Any]
+    """Informational; values may be strings (`gpus: "4x RTX 4090"`) or numbers."""
     versions: dict[str, Any]
     capacity: Capacity
     worker_name: str
     worker_id: str
+    """The miner process's id ("" when a peer did not send one: every hello then counts as a
+    new process, superseding the previous connection of its worker name)."""
     hotkey: str | None = None
     ts: int | None = None
     signature: str | None = None
+    features: frozenset[str] = frozenset()
+    """What the miner honours beyond the public protocol (`FEATURE_*`); empty for the public miner."""
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {
@@ -89,14 +175,40 @@ class Hello:
             "hw": self.hw, "versions": self.versions, "capacity": self.capacity.to_wire(),
             "worker_name": self.worker_name, "instance_id": self.worker_name, "worker_id": self.worker_id,
         }
+        if self.features:
+            wire["features"] = sorted(self.features)
         if self.hotkey is not None:
             wire.update(hotkey=self.hotkey, ts=self.ts, signature=self.signature)
         return wire
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any]) -> "Hello":
+        hw = obj.get("hw")
+        versions = obj.get("versions")
+        features = obj.get("features")
+        worker_name = _text(obj, "worker_name", "hello", default=None)
+        if worker_name is None:
+            worker_name = _text(obj, "instance_id", "hello", default="")
+        return cls(
+            miner_key=_text(obj, "miner_key", "hello", default=""),
+            model=_text(obj, "model", "hello"),
+            model_root=_text(obj, "model_root", "hello"),
+            hw=dict(hw) if isinstance(hw, Mapping) else ({"summary": hw} if isinstance(hw, str) else {}),
+            versions=dict(versions) if isinstance(versions, Mapping) else {},
+            capacity=Capacity.parse(obj.get("capacity"), "hello"),
+            worker_name=worker_name,
+            worker_id=_text(obj, "worker_id", "hello", default=""),
+            hotkey=_text(obj, "hotkey", "hello", default=None),
+            ts=_count(obj, "ts", "hello", default=None),
+            signature=_text(obj, "signature", "hello", default=None),
+            features=frozenset(f for f in features if isinstance(f, str)) if isinstance(features, list) else frozenset(),
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Heartbeat:
     inflight: int
+    """As the miner reports it; the public miner always says 0, so the gateway counts its own."""
     idle_seconds: float
     capacity: Capacity | None = None
 
@@ -106,6 +218,16 @@ class Heartbeat:
             wire["capacity"] = self.capacity.to_wire()
         return wire
 
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any]) -> "Heartbeat":
+        idle = obj.get("idle_seconds")
+        capacity = obj.get("capacity")
+        return cls(
+            inflight=_count(obj, "inflight", "heartbeat", default=0),
+            idle_seconds=0.0 if idle is None else _as_seconds(idle, "heartbeat.idle_seconds"),
+            capacity=Capacity.parse(capacity, "heartbeat") if capacity else None,
+        )
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Chunk:
@@ -114,6 +236,19 @@ class Chunk:
 
     def to_wire(self) -> dict[str, Any]:
         return {"type": "chunk", "corr_id": self.corr_id, "delta": {"content": self.content}}
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any]) -> "Chunk":
+        """`delta` is OpenAI-shaped; only its text is relayed (a delta without `content`, such
+        as `{}`, relays nothing). A bare string is taken as the text."""
+        delta = obj.get("delta")
+        if isinstance(delta, str):
+            content = delta
+        elif delta is None:
+            content = ""
+        else:
+            content = _text(_object(delta, "chunk.delta"), "content", "chunk.delta", default="")
+        return cls(corr_id=_text(obj, "corr_id", "chunk"), content=content)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -130,6 +265,32 @@ class Response:
         if self.error is not None:
             wire["error"] = self.error
         return wire
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any]) -> "Response":
+        """An empty `commitment` or `output` object means none; `error` may be a string or an
+        object (`{"message", "type"}`), kept as text."""
+        commitment = obj.get("commitment")
+        output = obj.get("output")
+        return cls(
+            corr_id=_text(obj, "corr_id", "response"),
+            request_id=_text(obj, "request_id", "response", default=""),
+            commitment=dict(_object(commitment, "response.commitment")) or None if commitment is not None else None,
+            output=dict(_object(output, "response.output")) or None if output is not None else None,
+            error=_error_text(obj.get("error")),
+        )
+
+
+def _error_text(error: Any) -> str | None:
+    if error is None or error == "" or error == {}:
+        return None
+    if isinstance(error, str):
+        return error
+    if isinstance(error, Mapping):
+        message, kind = error.get("message"), error.get("type")
+        message = message if isinstance(message, str) else orjson.dumps(error, default=str).decode()
+        return f"{kind}: {message}" if isinstance(kind, str) and kind else message
+    raise ProtocolError("response.error", f"must be a string or an object, got {_describe(error)}")
 
 
 MinerFrame = Hello | Heartbeat | Chunk | Response
@@ -242,22 +403,35 @@ def _load(text: str | bytes) -> dict[str, Any]:
     try:
         obj = orjson.loads(text)
     except orjson.JSONDecodeError:
-        raise ProtocolError("frame is not valid JSON") from None
+        raise ProtocolError("frame", "not valid JSON") from None
     if not isinstance(obj, dict):
-        raise ProtocolError("frame must be a JSON object")
+        raise ProtocolError("frame", f"must be a JSON object, got {_describe(obj)}")
     if not isinstance(obj.get("type"), str):
-        raise ProtocolError("frame has no type")
+        raise ProtocolError("frame.type", "missing" if obj.get("type") is None else f"must be a string, got {_describe(obj['type'])}")
     return obj
 
 
-def _parse_sampling(raw: Any) -> Sampling:
-    if raw is None:
-        return Sampling()
-    if not isinstance(raw, Mapping):
-        raise ProtocolError("serve.request.sampling must be an object")
-    temperature = _require(raw, "temperature", (int, float), "serve.request.sampling", optional=True)
-    top_p = _require(raw, "top_p", (int, float), "serve.request.sampling", optional=True)
-    seed = _require(raw, "seed", int, "serve.request.sampling", optional=True)
+def _parse_number(raw: Mapping[str, Any], key: str, where: str) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ProtocolError(f"{where}.{key}", f"must be a finite number, got {_describe(value)}")
+    return float(value)
+
+
+def _parse_seed(raw: Mapping[str, Any], where: str) -> int | None:
+    seed = raw.get("seed")
+    if seed is None:
+        return None
+    if isinstance(seed, float) and seed.is_integer():
+        return int(seed)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ProtocolError(f"{where}.seed", f"must be an integer, got {_describe(seed)}")
+    return seed
+
+
+def _parse_sampling(raw: Mapping[str, Any], where: str) -> Sampling:
     stop = raw.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()
@@ -266,40 +440,52 @@ def _parse_sampling(raw: Any) -> Sampling:
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         stops = tuple(stop)
     else:
-        raise ProtocolError("serve.request.sampling.stop must be a string or a list of strings")
-    return Sampling(
-        temperature=None if temperature is None else float(temperature),
-        top_p=None if top_p is None else float(top_p),
-        seed=seed,
-        stop=stops,
-    )
+        raise ProtocolError(f"{where}.stop", "must be a string or a list of strings")
+    return Sampling(temperature=_parse_number(raw, "temperature", where), top_p=_parse_number(raw, "top_p", where),
+                    seed=_parse_seed(raw, where), stop=stops)
 
 
-def _parse_request(raw: Any) -> ServeRequest:
-    if not isinstance(raw, Mapping):
-        raise ProtocolError("serve.request must be an object")
+def _parse_request(raw: Any, corr_id: str) -> ServeRequest:
+    """`sampling` is ours; without it, OpenAI sampling fields at the top of the request (as a
+    gateway passing the buyer's body through would send them) are read instead. A request
+    without `engy_request_id` is known by its corr_id."""
+    raw = _object(raw, "serve.request")
     messages_raw = raw.get("messages")
     if not isinstance(messages_raw, list) or not messages_raw:
-        raise ProtocolError("serve.request.messages must be a non-empty list")
+        raise ProtocolError("serve.request.messages", "must be a non-empty list")
     messages = []
-    for item in messages_raw:
-        if not isinstance(item, Mapping) or not isinstance(item.get("role"), str):
-            raise ProtocolError("serve.request.messages[] must be objects with a role")
+    for index, item in enumerate(messages_raw):
+        where = f"serve.request.messages[{index}]"
+        item = _object(item, where)
+        role = _text(item, "role", where)
         content = item.get("content")
         if content is not None and not isinstance(content, (str, list)):
-            raise ProtocolError("serve.request.messages[].content must be a string or a list of parts")
+            raise ProtocolError(f"{where}.content", "must be a string or a list of parts")
         extra = {k: v for k, v in item.items() if k not in ("role", "content")}
-        messages.append(Message(role=item["role"], content=content if content is not None else "", extra=extra))
-    max_tokens = _non_negative_int(raw, "max_tokens", "serve.request", optional=True)
-    request_id = _require(raw, "engy_request_id", str, "serve.request")
+        messages.append(Message(role=role, content=content if content is not None else "", extra=extra))
     tools = raw.get("tools")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools)):
-        raise ProtocolError("serve.request.tools must be a list of objects")
+        raise ProtocolError("serve.request.tools", "must be a list of objects")
+    sampling = raw.get("sampling")
     return ServeRequest(
-        messages=tuple(messages), max_tokens=max_tokens, engy_request_id=request_id,
+        messages=tuple(messages),
+        max_tokens=_count(raw, "max_tokens", "serve.request", default=None),
+        engy_request_id=_text(raw, "engy_request_id", "serve.request", default=corr_id),
         tools=tuple(dict(t) for t in tools) if tools is not None else None,
-        sampling=_parse_sampling(raw.get("sampling")),
+        sampling=(_parse_sampling(_object(sampling, "serve.request.sampling"), "serve.request.sampling") if sampling is not None
+                  else _parse_sampling(raw, "serve.request")),
     )
+
+
+def _parse_stream(obj: Mapping[str, Any]) -> bool:
+    stream = obj.get("stream")
+    if stream is None:
+        return False
+    if isinstance(stream, bool):
+        return stream
+    if isinstance(stream, int) and stream in (0, 1):
+        return bool(stream)
+    raise ProtocolError("serve.stream", f"must be a boolean, got {_describe(stream)}")
 
 
 def parse_gateway_frame(text: str | bytes) -> GatewayFrame:
@@ -312,63 +498,24 @@ def parse_gateway_frame(text: str | bytes) -> GatewayFrame:
         reason = obj.get("reason")
         return Deny(reason=reason if isinstance(reason, str) else "denied")
     if kind == "serve":
-        stream = obj.get("stream", False)
-        if not isinstance(stream, bool):
-            raise ProtocolError("serve: stream must be a boolean")
-        return Serve(corr_id=_require(obj, "corr_id", str, "serve"), request=_parse_request(obj.get("request")), stream=stream)
+        corr_id = _text(obj, "corr_id", "serve")
+        return Serve(corr_id=corr_id, request=_parse_request(obj.get("request"), corr_id), stream=_parse_stream(obj))
     if kind == "cancel":
-        return Cancel(corr_id=_require(obj, "corr_id", str, "cancel"))
+        return Cancel(corr_id=_text(obj, "corr_id", "cancel"))
     if kind == "ping":
         return Ping()
     if kind == "reconnect":
         return Reconnect()
-    raise ProtocolError(f"unknown frame type {kind!r} from the gateway")
+    raise ProtocolError("frame.type", f"unknown frame type {kind[:40]!r} from the gateway")
+
+
+_MINER_FRAMES = {"hello": Hello.parse, "heartbeat": Heartbeat.parse, "chunk": Chunk.parse, "response": Response.parse}
 
 
 def parse_miner_frame(text: str | bytes) -> MinerFrame:
     """A frame a miner sent to the gateway."""
     obj = _load(text)
-    kind = obj["type"]
-    if kind == "hello":
-        hw = obj.get("hw") if isinstance(obj.get("hw"), Mapping) else {}
-        versions = obj.get("versions") if isinstance(obj.get("versions"), Mapping) else {}
-        return Hello(
-            miner_key=obj.get("miner_key") if isinstance(obj.get("miner_key"), str) else "",
-            model=_require(obj, "model", str, "hello"),
-            model_root=_require(obj, "model_root", str, "hello"),
-            hw=dict(hw), versions=dict(versions),
-            capacity=Capacity.parse(obj.get("capacity"), "hello"),
-            worker_name=_require(obj, "worker_name", str, "hello"),
-            worker_id=_require(obj, "worker_id", str, "hello"),
-            hotkey=_require(obj, "hotkey", str, "hello", optional=True),
-            ts=_non_negative_int(obj, "ts", "hello", optional=True),
-            signature=_require(obj, "signature", str, "hello", optional=True),
-        )
-    if kind == "heartbeat":
-        inflight = _non_negative_int(obj, "inflight", "heartbeat")
-        idle = _require(obj, "idle_seconds", (int, float), "heartbeat")
-        capacity = Capacity.parse(obj["capacity"], "heartbeat") if obj.get("capacity") is not None else None
-        return Heartbeat(inflight=inflight, idle_seconds=float(idle), capacity=capacity)
-    if kind == "chunk":
-        delta = obj.get("delta")
-        if not isinstance(delta, Mapping) or not isinstance(delta.get("content"), str):
-            raise ProtocolError("chunk: delta.content must be a string")
-        return Chunk(corr_id=_require(obj, "corr_id", str, "chunk"), content=delta["content"])
-    if kind == "response":
-        commitment = obj.get("commitment")
-        output = obj.get("output")
-        error = obj.get("error")
-        if commitment is not None and not isinstance(commitment, Mapping):
-            raise ProtocolError("response: commitment must be an object")
-        if output is not None and not isinstance(output, Mapping):
-            raise ProtocolError("response: output must be an object")
-        if error is not None and not isinstance(error, str):
-            raise ProtocolError("response: error must be a string")
-        return Response(
-            corr_id=_require(obj, "corr_id", str, "response"),
-            request_id=obj.get("request_id") if isinstance(obj.get("request_id"), str) else "",
-            commitment=dict(commitment) if commitment is not None else None,
-            output=dict(output) if output is not None else None,
-            error=error,
-        )
-    raise ProtocolError(f"unknown frame type {kind!r} from a miner")
+    parse = _MINER_FRAMES.get(obj["type"])
+    if parse is None:
+        raise ProtocolError("frame.type", f"unknown frame type {obj['type'][:40]!r} from a miner")
+    return parse(obj)
