@@ -9,6 +9,7 @@ that does it, shared by every role (no role imports another's folder).
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,12 @@ class ServedModel:
     tokenizer: Any
     pieces: PieceEncoder | None = None
     """Tokenises rendered prompts piecewise with a cache (None: a tokenizer without a Rust backend)."""
+    end_token_ids: frozenset[int] = frozenset()
+    """Tokens that end an answer (the tokenizer's EOS and the generation config's `eos_token_id`s)."""
+
+    def ends_answer(self, output_ids: Sequence[int]) -> bool:
+        """Whether committed output ids end with an end-of-answer token (a natural stop)."""
+        return bool(output_ids) and output_ids[-1] in self.end_token_ids
 
     def render_prompt(self, request: ServeRequest) -> list[int]:
         """Token ids of the request's conversation under the checkpoint's chat template.
@@ -63,4 +70,20 @@ def load_served_model(spec: ModelSpec, checkpoint: Path) -> ServedModel:
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     backend = getattr(tokenizer, "backend_tokenizer", None)
     return ServedModel(spec=spec, checkpoint=checkpoint, model_root=model_root(checkpoint), tokenizer=tokenizer,
-                       pieces=PieceEncoder(backend) if backend is not None else None)
+                       pieces=PieceEncoder(backend) if backend is not None else None,
+                       end_token_ids=_end_token_ids(checkpoint, tokenizer))
+
+
+def _end_token_ids(checkpoint: Path, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    if isinstance(tokenizer.eos_token_id, int):
+        ids.add(tokenizer.eos_token_id)
+    for name in ("generation_config.json", "config.json"):
+        try:
+            configured = json.loads((checkpoint / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        for token in configured if isinstance(configured, list) else [configured]:
+            if isinstance(token, int) and not isinstance(token, bool):
+                ids.add(token)
+    return frozenset(ids)

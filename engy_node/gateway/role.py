@@ -28,8 +28,9 @@ import trio
 from engy_node.config import Config
 from engy_node.asgi import serve_listener, start_listener
 from engy_node.errors import ConfigError
-from engy_node.gateway.app import Gateway, GatewaySettings, Handlers, build_buyer_app, build_miner_app
+from engy_node.gateway.app import Handlers, build_buyer_app, build_miner_app
 from engy_node.gateway.audit import ProofTee
+from engy_node.gateway.lifecycle import Gateway, GatewaySettings
 from engy_node.gateway.pool import MinerPool, PoolSettings
 from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.store import Store, StoreError

@@ -1,0 +1,356 @@
+"""One buyer request's life in the gateway, whichever API it came through: authenticate, render
+and tokenise, hold, dispatch (with retries before the first byte), settle, record.
+
+1. **Authenticate** the API key (cached for `AUTH_CACHE_TTL_S`).
+2. **Tokenise** the request with the model's own chat template — the same
+   `ServedModel.render_prompt` a miner uses — so the prompt count is the gateway's, and the
+   commitment's `prompt_ids` can be checked against it.
+3. **Hold** the worst case (prompt + max_tokens) atomically; no hold, no dispatch (402).
+4. **Route** (`router.sampling_pool`, then `router.choose`) and dispatch to a miner leg. Until
+   the first byte reaches the buyer, a failing miner is retried on another. A sampled request
+   goes to a miner that honours sampling while one has room, else to one that answers greedily,
+   and the flight records that.
+5. **Settle** on usage the gateway can account for (`billing.billable_usage`): never more
+   completion tokens than were relayed, nor than the commitment holds. The rest of the hold is
+   released; on failure before any output, all of it.
+6. **Record** metadata only (no prompt or completion text, ever; queued to one writer task,
+   `request_log`) and keep the proof material in the in-memory proof tee.
+
+What happens between dispatch and settlement — relaying to the buyer in each API's format —
+is `relay.py`. The clocks and the request-id source are injected, so tests can pin them.
+
+Failures attributed to the miner are logged as 502 (it died or errored) or 504 (it timed out);
+a buyer hang-up is 499. Those statuses feed epoch settlement (SPEC §9).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from engy_node import proof
+from engy_node.asgi import BodyError, Receive, read_json_object
+from engy_node.gateway import billing
+from engy_node.gateway.audit import ProofTee, TeeEntry
+from engy_node.gateway.chat import ChatRequest, GatewayError, Usage
+from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
+from engy_node.gateway.request_log import RequestLogWriter
+from engy_node.gateway.router import choose, prefix_key, retry_allowed, sampling_pool
+from engy_node.gateway.store import RequestLogEntry, Store, StoreError
+from engy_node.protocol.miner import Message, ServeRequest
+from engy_node.served_model import ServedModel
+
+log = logging.getLogger("engy.gateway")
+
+
+AUTH_CACHE_TTL_S = 30.0
+"""A valid key is looked up once per this long, not once per request; revoking a key therefore
+takes effect within this time. Unknown keys are never cached, so guessing cannot fill memory."""
+AUTH_CACHE_MAX_ENTRIES = 100_000
+INLINE_TOKENIZE_MAX_CHARS = 4096
+"""Text up to this size (~1,000 tokens) is tokenised on the event loop: measured on this
+project's 2-core machine, rendering and tokenising it takes well under a millisecond, less than
+the thread hand-off it would otherwise cost (gateway CPU per streamed request 2.9 → 2.6 ms)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    max_body_bytes: int = 8 * 1024 * 1024
+    keepalive_s: float = 15.0
+    first_byte_wait_s: float = 15.0
+    max_attempts: int = 2
+    no_capacity_retry_after_s: int = 5
+    tokenize_threads: int = 2
+
+
+@dataclasses.dataclass
+class Flight:
+    """One buyer request in progress."""
+
+    request_id: str
+    api: str
+    account_id: int
+    chat: ChatRequest
+    serve: ServeRequest
+    model: ServedModel
+    prompt_ids: list[int]
+    hold: Any
+    started: float
+    pending: PendingRequest | None = None
+    miner: str = ""
+    relayed_text: str = ""
+    created: int = 0
+    """Wall-clock seconds when the request began (the APIs' `created`)."""
+    first_output_at: float | None = None
+    tried: set[str] = dataclasses.field(default_factory=set)
+    served_greedily: bool = False
+    """The buyer asked to sample, and no miner that honours sampling had room: a greedy one answered."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Accounting:
+    """What settlement needs from a finished answer (`Gateway.account_for`)."""
+
+    claim: dict | None
+    """The miner's output with `committed_completion` added, when its commitment could be read."""
+    relayed_tokens: int
+    """Completion tokens the buyer received."""
+    output_ids: tuple[int, ...] | None
+    """The committed output token ids (None: no readable commitment)."""
+
+
+def _new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Gateway:
+    """The steps of a request's life, shared by both buyer APIs (`relay.ChatEndpoint` drives them).
+
+    `clock` is the wall clock (log rows, `created`), `monotonic` measures durations (TTFT,
+    deadlines, the auth cache), `new_id` names requests.
+    """
+
+    def __init__(self, *, store: Store, pool: MinerPool, models: dict[str, ServedModel], tee: ProofTee,
+                 settings: GatewaySettings = GatewaySettings(), clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.perf_counter, new_id: Callable[[], str] = _new_request_id,
+                 request_log: RequestLogWriter | None = None) -> None:
+        self.store = store
+        self.request_log = request_log
+        """Where request-log rows queue, so a buyer never waits for them (None: written inline)."""
+        self.pool = pool
+        self.models = models
+        self.tee = tee
+        self.settings = settings
+        self.clock = clock
+        self.monotonic = monotonic
+        self.new_id = new_id
+        self.rr_counter = 0
+        self.tokenize_limiter = trio.CapacityLimiter(settings.tokenize_threads)
+        self.created = int(clock())
+        self._accounts: dict[bytes, tuple[Any, float]] = {}
+
+    # ---- shared steps -------------------------------------------------------------------------
+    async def read_body(self, receive: Receive) -> dict[str, Any]:
+        try:
+            return await read_json_object(receive, max_bytes=self.settings.max_body_bytes)
+        except BodyError as error:
+            raise GatewayError("request_too_large" if error.status == 413 else "invalid_request", str(error)) from None
+
+    async def authenticate(self, api_key: str | None):
+        if not api_key:
+            raise GatewayError("authentication", "missing API key: send Authorization: Bearer <key> (or x-api-key)")
+        digest = hashlib.sha256(api_key.encode()).digest()
+        cached = self._accounts.get(digest)
+        now = self.monotonic()
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        account = await self.store.authenticate_async(api_key)
+        if account is None:
+            raise GatewayError("authentication", "invalid API key")
+        if len(self._accounts) >= AUTH_CACHE_MAX_ENTRIES:
+            self._accounts.clear()
+        self._accounts[digest] = (account, now + AUTH_CACHE_TTL_S)
+        return account
+
+    def max_output_tokens_for(self, model: str) -> int:
+        return self.models[model].spec.max_output_tokens
+
+    def serve_request(self, chat: ChatRequest, request_id: str) -> ServeRequest:
+        messages = tuple(Message(role=m["role"], content=m.get("content") or "",
+                                 extra={k: v for k, v in m.items() if k not in ("role", "content")}) for m in chat.messages)
+        return ServeRequest(messages=messages, max_tokens=chat.max_tokens, engy_request_id=request_id,
+                            tools=chat.tools, sampling=chat.sampling)
+
+    async def begin(self, api: str, account, chat: ChatRequest) -> Flight:
+        model = self.models[chat.model]
+        request_id = self.new_id()
+        serve = self.serve_request(chat, request_id)
+        try:
+            prompt_ids = await self.off_loop_if_large(_conversation_chars(chat), model.render_prompt, serve)
+        except Exception as error:  # broad on purpose: a template rejecting input is the buyer's 400
+            raise GatewayError("invalid_request", f"the conversation cannot be rendered for {chat.model}: {error}") from None
+        spec = model.spec
+        if len(prompt_ids) > spec.max_input_tokens:
+            raise GatewayError("invalid_request", f"the prompt is {len(prompt_ids)} tokens; {chat.model} accepts at most "
+                               f"{spec.max_input_tokens}", param="messages")
+        amount = billing.worst_case_hold(price=spec.price, prompt_tokens=len(prompt_ids), max_tokens=chat.max_tokens)
+        hold = await self.store.hold_async(account.account_id, amount=amount, request_id=request_id)
+        if hold is None:
+            raise GatewayError("billing", f"insufficient balance: this request may cost up to {amount} micro-USD "
+                               f"({len(prompt_ids)} prompt + {chat.max_tokens} max tokens); add credit or lower max_tokens")
+        return Flight(request_id, api, account.account_id, chat, serve, model, prompt_ids, hold, self.monotonic(),
+                      created=int(self.clock()))
+
+    async def dispatch(self, flight: Flight) -> PendingRequest:
+        chat = flight.chat
+        tried = frozenset(flight.tried)
+        candidates, greedily = sampling_pool(candidates=self.pool.candidates(chat.model), sampled=not chat.sampling.greedy,
+                                             exclude=tried)
+        self.rr_counter += 1
+        choice = choose(candidates=candidates, prefix=prefix_key(messages=chat.messages, tools=chat.tools), rr_counter=self.rr_counter,
+                        exclude=tried)
+        if choice is None:
+            raise GatewayError("overloaded", f"no miner has capacity for {chat.model} right now; retry shortly",
+                               retry_after_s=self.settings.no_capacity_retry_after_s)
+        flight.tried.add(choice.worker_id)
+        flight.served_greedily = greedily
+        pending = await self.pool.dispatch(choice.worker_id, flight.serve, stream=chat.stream)
+        flight.pending = pending
+        flight.miner = pending.leg.identity.miner
+        return pending
+
+    async def first_output(self, flight: Flight, *, wait_s: float) -> PendingRequest:
+        """Dispatch, retrying on failure, until the miner produced output or `wait_s` passed.
+        Raises GatewayError when every attempt failed before any output."""
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                pending = await self.dispatch(flight)
+            except LegLost as error:
+                last_error = str(error)
+            except GatewayError as error:
+                if error.kind == "overloaded" and attempts > 1:
+                    break  # every miner that could take it already failed it: report that failure
+                raise
+            else:
+                with trio.move_on_after(wait_s):
+                    while not (pending.chunks or pending.finished):
+                        await pending.changed.wait()
+                if pending.lost is not None:
+                    last_error = f"the miner disconnected: {pending.lost}"
+                    await self.log_outcome(flight, status=502, usage=None)
+                elif pending.response is not None and pending.response.error is not None and not pending.chunks:
+                    last_error = f"the miner failed: {pending.response.error}"
+                    await self.log_outcome(flight, status=502, usage=None)
+                else:
+                    return pending
+            if not retry_allowed(first_byte_sent=False, attempts=attempts, max_attempts=self.settings.max_attempts):
+                break
+        raise GatewayError("upstream", f"{last_error}; try again")
+
+    async def settle(self, flight: Flight, *, status: int, completion_claim: dict | None, relayed_tokens: int) -> Usage:
+        """Charge for what the buyer got, release the rest of the hold, record metadata."""
+        prompt = len(flight.prompt_ids)
+        claimed = Usage(prompt_tokens=prompt, completion_tokens=relayed_tokens, cached_tokens=0)
+        committed_completion = relayed_tokens
+        if completion_claim is not None:
+            usage = completion_claim.get("usage") or {}
+            details = usage.get("prompt_tokens_details") or {}
+            claimed = Usage(prompt_tokens=prompt, completion_tokens=_int(usage.get("completion_tokens")),
+                            cached_tokens=min(prompt, _int(details.get("cached_tokens"))))
+            committed_completion = completion_claim.get("committed_completion", relayed_tokens)
+        usage = billing.billable_usage(claimed=claimed, committed_prompt=prompt, committed_completion=committed_completion,
+                                       relayed_completion=relayed_tokens)
+        cost = billing.charge(price=flight.model.spec.price, usage=usage)
+        await self.store.settle_async(flight.hold, cost=cost)
+        await self.log_outcome(flight, status=status, usage=usage, cost=cost)
+        return usage
+
+    async def log_outcome(self, flight: Flight, *, status: int, usage: Usage | None, cost: int = 0) -> None:
+        elapsed_ms = int((self.monotonic() - flight.started) * 1000)
+        ttft_ms = int((flight.first_output_at - flight.started) * 1000) if flight.first_output_at else None
+        tpot_ms = None
+        if usage is not None and ttft_ms is not None and usage.completion_tokens > 1:
+            tpot_ms = max(0, (elapsed_ms - ttft_ms) // (usage.completion_tokens - 1))
+        entry = RequestLogEntry(
+            request_id=flight.request_id, account_id=flight.account_id, miner=flight.miner or None, model=flight.chat.model,
+            api=flight.api, kind="paid", status=status,
+            prompt_tokens=usage.prompt_tokens if usage else 0, completion_tokens=usage.completion_tokens if usage else 0,
+            cached_tokens=usage.cached_tokens if usage else 0, cost_micro=cost, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
+            created_at=self.clock(),
+        )
+        if self.request_log is not None and self.request_log.add(entry):
+            return
+        try:
+            with trio.CancelScope(shield=True):
+                await self.store.log_request_async(entry)
+        except StoreError as error:
+            # The request itself is served and billed; losing its log row must not fail it.
+            log.error("request %s: could not write the request log (%s)", entry.request_id, error)
+
+    async def off_loop_if_large(self, size_chars: int, work: Callable[..., Any], *args: Any) -> Any:
+        """Run tokenizer work inline when it is small, in a worker thread when it is not: a thread
+        hand-off costs about as much CPU as rendering or counting a short conversation, and
+        most requests are short, but a long one must never stall the event loop."""
+        if size_chars <= INLINE_TOKENIZE_MAX_CHARS:
+            return work(*args)
+        return await trio.to_thread.run_sync(functools.partial(work, *args), limiter=self.tokenize_limiter)
+
+    async def release(self, flight: Flight) -> None:
+        await self.store.release_async(flight.hold)
+
+    async def abandon(self, flight: Flight) -> None:
+        """Nothing reached the buyer (they left, or we failed): stop the miner if it is still
+        working, record the hang-up, and return the whole hold. Shielded: it must finish."""
+        with trio.CancelScope(shield=True):
+            if flight.pending is not None and not flight.pending.finished:
+                await self.pool.cancel(flight.pending)
+                await self.log_outcome(flight, status=499, usage=None)
+            await self.release(flight)
+
+    def count_tokens(self, model: ServedModel, text: str) -> int:
+        return len(model.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+    async def account_for(self, flight: Flight, pending: PendingRequest, *, cut_at_stop: bool = False) -> Accounting:
+        """What settlement needs, checking the commitment (SPEC §8.9). `cut_at_stop`: the
+        gateway ended the answer at a stop string the miner ignored, so the relayed text is
+        billed as it stands, with no stop token after it."""
+        response = pending.response
+        commitment = None
+        if response is not None and response.output is not None and response.commitment is not None:
+            try:
+                commitment = proof.Commitment.from_wire(response.commitment)
+            except proof.ProofFormatError as error:
+                log.warning("request %s: miner %s sent a malformed commitment (%s)", flight.request_id, flight.miner, error)
+        if commitment is None:
+            relayed = await trio.to_thread.run_sync(self.count_tokens, flight.model, flight.relayed_text, limiter=self.tokenize_limiter)
+            return Accounting(claim=None, relayed_tokens=relayed, output_ids=None)
+        if list(commitment.prompt_ids) != flight.prompt_ids:
+            log.warning("request %s: miner %s proved a different prompt than the one sent", flight.request_id, flight.miner)
+        finish_stop = not cut_at_stop and (response.output.get("choices") or [{}])[0].get("finish_reason") == "stop"
+        relayed_tokens, consistent = await self.off_loop_if_large(
+            len(flight.relayed_text), relayed_token_count, flight.model, flight.relayed_text,
+            list(commitment.output_token_ids), finish_stop)
+        if not consistent:
+            # Billing still takes the smallest count; the proof tee keeps the evidence.
+            log.warning("request %s: miner %s relayed text its committed tokens do not decode to", flight.request_id, flight.miner)
+        self.tee.add(TeeEntry(
+            request_id=flight.request_id, model=flight.chat.model, miner=flight.miner, kind="paid",
+            prompt_ids=tuple(flight.prompt_ids), commitment=response.commitment,
+            greedy=flight.chat.sampling.greedy or flight.served_greedily, relayed_output_ids=None, created_at=self.clock(),
+        ), now=self.clock())
+        return Accounting(claim={**response.output, "committed_completion": len(commitment.output_token_ids)},
+                          relayed_tokens=relayed_tokens, output_ids=tuple(commitment.output_token_ids))
+
+
+def relayed_token_count(model: ServedModel, relayed_text: str, output_ids: list[int], finish_stop: bool) -> tuple[int, bool]:
+    """(completion tokens the buyer received, whether the relayed text is what the committed
+    tokens decode to). When it is, every committed token reached the buyer (the final stop token
+    as the end of the answer); otherwise the relayed text is recounted with the model's
+    tokenizer, plus the stop token, which the buyer never sees as text."""
+    committed_text = model.decode(output_ids)
+    if committed_text == relayed_text:
+        return len(output_ids), True
+    count = len(model.tokenizer.encode(relayed_text, add_special_tokens=False)) if relayed_text else 0
+    return count + (1 if finish_stop and output_ids else 0), committed_text.startswith(relayed_text)
+
+
+def _conversation_chars(chat: ChatRequest) -> int:
+    """A cheap upper bound on the rendered prompt's size, to decide where to tokenise it."""
+    size = sum(len(str(message.get("content") or "")) + len(str(message.get("tool_calls") or "")) for message in chat.messages)
+    return size + (len(str(chat.tools)) if chat.tools else 0)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+

@@ -1,0 +1,340 @@
+"""Between dispatch and the last byte: one buyer API's chat route, relaying a miner's answer.
+
+This is the gateway's hot path, so it speaks ASGI itself instead of going through Starlette's
+`Request` and `StreamingResponse`: one task watches for the buyer hanging up over the whole
+response (the wait for the miner's first output, then the relay), and the relay writes straight
+to the server. A stream commits status 200 only once the miner produced output (up to
+`first_byte_wait_s`), so a miner failing before that is retried and errors keep their codes.
+
+Text goes through `OutputParser` (reasoning and tool calls) to the API's encoder, with keepalives
+while the miner is quiet. A buyer who hangs up gets the miner cancelled at once, and is charged
+for what was relayed. What differs between the OpenAI and Anthropic APIs is behind `Api`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import logging
+from collections.abc import Callable
+
+import orjson
+import trio
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+
+from engy_node.asgi import Receive, Send, watch_disconnect
+from engy_node.gateway import anthropic_api, openai_api
+from engy_node.gateway.chat import ChatRequest, GatewayError, OutputEvent, ToolCall, Usage
+from engy_node.gateway.corrections import StopScanner, corrected_finish
+from engy_node.gateway.lifecycle import Accounting, Flight, Gateway
+from engy_node.gateway.output_parser import OutputParser
+from engy_node.gateway.pool import PendingRequest
+
+log = logging.getLogger("engy.gateway")
+
+
+def _final_content(pending: PendingRequest) -> tuple[str, str]:
+    """(content, finish_reason) from the miner's response."""
+    output = pending.response.output if pending.response is not None else None
+    choice = ((output or {}).get("choices") or [{}])[0]
+    content = (choice.get("message") or {}).get("content")
+    finish = choice.get("finish_reason")
+    return (content if isinstance(content, str) else ""), ("length" if finish == "length" else "stop")
+
+
+def _finish_for(events: list[OutputEvent], finish: str) -> str:
+    return "tool_calls" if any(isinstance(event, ToolCall) for event in events) else finish
+
+
+class _Api(abc.ABC):
+    """What differs between the two buyer APIs; the flow in `Handlers` is shared."""
+
+    name: str
+
+    def api_key(self, headers: Headers) -> str | None:
+        header = headers.get("authorization", "")
+        return header[7:].strip() if header.lower().startswith("bearer ") else None
+
+    @abc.abstractmethod
+    def parse(self, body: dict, gateway: Gateway) -> ChatRequest: ...
+
+    @abc.abstractmethod
+    def error_response(self, err: GatewayError, request_id: str) -> JSONResponse: ...
+
+    @abc.abstractmethod
+    def body(self, flight: Flight, events: list[OutputEvent], finish: str, usage: Usage, stop_sequence: str | None) -> dict: ...
+
+    @abc.abstractmethod
+    def encoder(self, flight: Flight) -> "_Encoder": ...
+
+
+class _OpenAi(_Api):
+    name = "openai"
+
+    def parse(self, body: dict, gateway: Gateway) -> ChatRequest:
+        return openai_api.parse_chat_request(body, known_models=set(gateway.models), max_output_tokens_for=gateway.max_output_tokens_for)
+
+    def error_response(self, err: GatewayError, request_id: str) -> JSONResponse:
+        headers = {**openai_api.error_headers(err), "x-request-id": request_id}
+        return JSONResponse(openai_api.error_body(err, request_id), status_code=err.status, headers=headers)
+
+    def body(self, flight: Flight, events: list[OutputEvent], finish: str, usage: Usage, stop_sequence: str | None) -> dict:
+        return openai_api.completion_body(request_id=f"chatcmpl-{flight.request_id}", created=flight.created,
+                                          model=flight.chat.model, events=events, finish=finish, usage=usage)
+
+    def encoder(self, flight: Flight) -> "_Encoder":
+        encoder = openai_api.ChunkEncoder(f"chatcmpl-{flight.request_id}", flight.created, flight.chat.model, flight.chat.include_usage)
+        return _Encoder(start=encoder.start, events=encoder.events, keepalive=encoder.keepalive, error=encoder.error,
+                        finish=lambda finish, usage, stop_sequence: encoder.finish(finish, usage))
+
+
+class _Anthropic(_Api):
+    name = "anthropic"
+
+    def api_key(self, headers: Headers) -> str | None:
+        return headers.get("x-api-key") or super().api_key(headers)
+
+    def parse(self, body: dict, gateway: Gateway) -> ChatRequest:
+        return anthropic_api.parse_messages_request(body, known_models=set(gateway.models), max_output_tokens_for=gateway.max_output_tokens_for)
+
+    def error_response(self, err: GatewayError, request_id: str) -> JSONResponse:
+        headers = {**anthropic_api.error_headers(err), "request-id": request_id, "x-request-id": request_id}
+        return JSONResponse(anthropic_api.error_body(err, request_id), status_code=anthropic_api.status_for(err), headers=headers)
+
+    def body(self, flight: Flight, events: list[OutputEvent], finish: str, usage: Usage, stop_sequence: str | None) -> dict:
+        return anthropic_api.message_body(message_id=f"msg_{flight.request_id}", model=flight.chat.model, events=events,
+                                          finish=finish, stop_sequence=stop_sequence, usage=usage)
+
+    def encoder(self, flight: Flight) -> "_Encoder":
+        encoder = anthropic_api.EventEncoder(f"msg_{flight.request_id}", flight.chat.model)
+        prompt = len(flight.prompt_ids)
+        return _Encoder(start=lambda: encoder.start(Usage(prompt_tokens=prompt, completion_tokens=1)), events=encoder.events,
+                        keepalive=encoder.ping, error=encoder.error,
+                        finish=lambda finish, usage, stop_sequence: encoder.finish(finish, stop_sequence=stop_sequence, usage=usage))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Encoder:
+    start: Callable[[], list[bytes]]
+    events: Callable[[list[OutputEvent]], list[bytes]]
+    keepalive: Callable[[], list[bytes]]
+    error: Callable[[GatewayError], list[bytes]]
+    finish: Callable[[str, Usage, str | None], list[bytes]]
+
+
+OPENAI, ANTHROPIC = _OpenAi(), _Anthropic()
+
+
+class ChatEndpoint:
+    """One buyer API's chat route (`/v1/chat/completions` or `/v1/messages`) as a raw ASGI app.
+
+    This is the gateway's hot path, so it speaks ASGI itself instead of going through Starlette's
+    `Request` and `StreamingResponse`: one task watches for the buyer hanging up over the whole
+    response (the wait for the miner's first output, then the relay) where Starlette would start
+    one per phase, and the relay writes straight to the server without a task group around it.
+    """
+
+    def __init__(self, gateway: Gateway, api: _Api) -> None:
+        self.gateway = gateway
+        self.api = api
+
+    async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
+        gateway, api = self.gateway, self.api
+        request_id = gateway.new_id()
+        try:
+            account = await gateway.authenticate(api.api_key(Headers(scope=scope)))
+            chat = api.parse(await gateway.read_body(receive), gateway)
+            flight = await gateway.begin(api.name, account, chat)
+            request_id = flight.request_id
+            async with watch_disconnect(receive):
+                if chat.stream:
+                    await self._stream(flight, send)
+                else:
+                    await self._complete(flight, send)
+        except GatewayError as err:
+            if err.kind not in ("authentication", "invalid_request", "not_found", "request_too_large"):
+                log.info("request %s (%s) failed: %s (%s)", request_id, api.name, err.kind, err)
+            await api.error_response(err, request_id)(scope, receive, send)
+
+    async def _complete(self, flight: Flight, send: Send) -> None:
+        """A non-streamed answer. Every way out before settling returns the whole hold."""
+        gateway = self.gateway
+        deadline_s = flight.model.spec.max_request_s
+        settled = False
+        try:
+            pending = await gateway.first_output(flight, wait_s=deadline_s)
+            with trio.move_on_after(deadline_s):
+                while not pending.finished:
+                    await pending.changed.wait()
+            if not pending.finished:
+                raise GatewayError("timeout", f"the miner did not finish within {deadline_s} s")
+            if pending.lost is not None or pending.response is None or pending.response.error is not None:
+                reason = pending.lost or (pending.response.error if pending.response else "no response")
+                await gateway.log_outcome(flight, status=502, usage=None)
+                raise GatewayError("upstream", f"the miner failed: {reason}")
+            content, reported = _final_content(pending)
+            stops = StopScanner(flight.chat.sampling.stop)
+            flight.relayed_text = stops.feed(content) + stops.finish()
+            flight.first_output_at = flight.first_output_at or gateway.monotonic()
+            parser = OutputParser(call_id_prefix=flight.request_id[:12])
+            events = parser.feed(flight.relayed_text) + parser.finish()
+            accounting = await gateway.account_for(flight, pending, cut_at_stop=stops.matched is not None)
+            usage = await gateway.settle(flight, status=200, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens)
+            settled = True
+        finally:
+            if not settled:
+                await gateway.abandon(flight)
+        finish, stop_sequence = await self._finish(flight, pending, stops, accounting, usage, reported)
+        body = self.api.body(flight, events, _finish_for(events, finish), usage, stop_sequence)
+        await _send_json(send, body, request_id=flight.request_id)
+
+    async def _finish(self, flight: Flight, pending: PendingRequest, stops: StopScanner, accounting: Accounting, usage: Usage,
+                      reported: str) -> tuple[str, str | None]:
+        """(finish reason, the stop string that ended the answer) as they really were, whatever
+        the miner reported (`corrections`)."""
+        output_ids = accounting.output_ids or ()
+        finish = corrected_finish(reported=reported, completion_tokens=usage.completion_tokens, max_tokens=flight.chat.max_tokens,
+                                  ended_by_end_token=flight.model.ends_answer(output_ids), stop_matched=stops.matched is not None)
+        if stops.matched is not None:
+            return finish, stops.matched
+        return finish, await self._stop_the_miner_matched(flight, pending, output_ids, finish)
+
+    async def _stop_the_miner_matched(self, flight: Flight, pending: PendingRequest, output_ids: tuple[int, ...],
+                                      finish: str) -> str | None:
+        """The stop string a miner that honours them stopped on: its committed tokens go on
+        past the relayed text with it."""
+        stops = flight.chat.sampling.stop
+        if finish != "stop" or not stops or not output_ids:
+            return None
+        full = await trio.to_thread.run_sync(flight.model.decode, list(output_ids))
+        content = flight.relayed_text
+        rest = full[len(content):] if full.startswith(content) else ""
+        return next((stop for stop in stops if rest.startswith(stop)), None)
+
+    async def _stream(self, flight: Flight, send: Send) -> None:
+        """Status 200 is committed only once the miner has produced output, so that a miner
+        failing before that is retried on another and other failures keep their status codes."""
+        gateway = self.gateway
+        committed = False
+        try:
+            pending = await gateway.first_output(flight, wait_s=gateway.settings.first_byte_wait_s)
+            committed = True
+        finally:
+            if not committed:
+                await gateway.abandon(flight)
+        request_id = flight.request_id.encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*SSE_HEADERS, (b"x-request-id", request_id), (b"request-id", request_id)]})
+        await self._relay(flight, pending, send)
+
+    async def _relay(self, flight: Flight, pending: PendingRequest, send: Send) -> None:
+        """Everything after status 200: relay, then finish in-band. A buyer hanging up cancels
+        this; whatever the way out short of the end, the miner is stopped and only what was
+        relayed is charged. A stop string the miner ignored ends the answer here: the miner is
+        cancelled and the stream finishes as if the miner had stopped."""
+        gateway = self.gateway
+        encoder = self.api.encoder(flight)
+        parser = OutputParser(call_id_prefix=flight.request_id[:12])
+        stops = StopScanner(flight.chat.sampling.stop)
+        received = ""
+        events_seen: list[OutputEvent] = []
+        deadline = gateway.monotonic() + flight.model.spec.max_request_s
+        outcome = "buyer-gone"
+
+        def relay(text: str) -> list[bytes]:
+            flight.relayed_text += text
+            events = parser.feed(text)
+            events_seen.extend(events)
+            return encoder.events(events)
+
+        try:
+            # Everything ready at a wake-up goes out as one write: under load several chunks
+            # arrive per wake-up, and each separate send costs the server a trip through its stack.
+            out = list(encoder.start())
+            while stops.matched is None:
+                while pending.chunks and stops.matched is None:
+                    text = pending.chunks.popleft()
+                    flight.first_output_at = flight.first_output_at or gateway.monotonic()
+                    received += text
+                    out += relay(stops.feed(text))
+                if out:
+                    await _send_body(send, b"".join(out), more=True)
+                    out = []
+                if pending.finished or stops.matched is not None:
+                    break
+                if gateway.monotonic() > deadline:
+                    outcome = "timeout"
+                    break
+                if not await _wait_changed(pending, gateway.settings.keepalive_s):
+                    await _send_body(send, b"".join(encoder.keepalive()), more=True)
+            if stops.matched is not None:
+                with trio.CancelScope(shield=True):
+                    if not pending.finished:
+                        await gateway.pool.cancel(pending)
+                reported = "stop"
+            elif outcome == "timeout" or pending.lost is not None or pending.response is None or pending.response.error is not None:
+                outcome = "timeout" if outcome == "timeout" else "miner-failed"
+                reason = ("the miner did not finish in time" if outcome == "timeout"
+                          else pending.lost or (pending.response.error if pending.response else "no response"))
+                error = GatewayError("timeout" if outcome == "timeout" else "upstream", f"the miner failed mid-stream: {reason}")
+                await _send_body(send, b"".join(encoder.error(error)), more=False)
+                return
+            else:
+                content, reported = _final_content(pending)
+                if content.startswith(received) and len(content) > len(received):
+                    out += relay(stops.feed(content[len(received):]))
+                out += relay(stops.finish())
+            tail = parser.finish()
+            events_seen += tail
+            out += encoder.events(tail)
+            with trio.CancelScope(shield=True):
+                accounting = await gateway.account_for(flight, pending, cut_at_stop=stops.matched is not None)
+                usage = await gateway.settle(flight, status=200, completion_claim=accounting.claim,
+                                             relayed_tokens=accounting.relayed_tokens)
+                finish, stop_sequence = await self._finish(flight, pending, stops, accounting, usage, reported)
+            outcome = "ok"
+            await _send_body(send, b"".join(out + encoder.finish(_finish_for(events_seen, finish), usage, stop_sequence)), more=False)
+        finally:
+            if outcome != "ok":
+                with trio.CancelScope(shield=True):
+                    await self._settle_partial(flight, pending, outcome)
+
+    async def _settle_partial(self, flight: Flight, pending: PendingRequest, outcome: str) -> None:
+        """A stream that did not complete: stop the miner, charge only what was relayed."""
+        gateway = self.gateway
+        if not pending.finished:
+            await gateway.pool.cancel(pending)
+        status = {"buyer-gone": 499, "timeout": 504}.get(outcome, 502)
+        if not flight.relayed_text:
+            await gateway.release(flight)
+            await gateway.log_outcome(flight, status=status, usage=None)
+            return
+        relayed = await trio.to_thread.run_sync(gateway.count_tokens, flight.model, flight.relayed_text)
+        await gateway.settle(flight, status=status, completion_claim=None, relayed_tokens=relayed)
+
+
+SSE_HEADERS = ((b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"))
+
+
+async def _send_body(send: Send, data: bytes, *, more: bool) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": more})
+
+
+async def _send_json(send: Send, body: dict, *, request_id: str) -> None:
+    payload = orjson.dumps(body)
+    rid = request_id.encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                            (b"x-request-id", rid), (b"request-id", rid)]})
+    await _send_body(send, payload, more=False)
+
+
+
+async def _wait_changed(pending: PendingRequest, timeout_s: float) -> bool:
+    with trio.move_on_after(timeout_s):
+        await pending.changed.wait()
+        return True
+    return False
+
+
