@@ -30,7 +30,6 @@ from hypothesis import strategies as st
 
 from engy_node.hub import Hub, HubHandler
 from engy_node.miner.sglang import (
-    TRUNCATION_MARK,
     LaunchSpec,
     LineBuffer,
     ModelServerError,
@@ -42,6 +41,7 @@ from engy_node.miner.sglang import (
     sglang_launch,
     shell_command,
 )
+from engy_node.miner.sglang.output_lines import TRUNCATION_MARK
 
 QWEN_PATH = "/data/models/Qwen/Qwen3.6-35B-A3B-FP8"
 
