@@ -1,6 +1,5 @@
-"""The model-server command builders, the supervisor's pure decisions, and the supervisor itself
-running real children: our reference server, and small scripted servers that crash, stall,
-never start or ignore SIGTERM on cue.
+"""The supervisor's settings, and the supervisor itself running real children: our reference
+server, and small scripted servers that crash, stall, never start or ignore SIGTERM on cue.
 
 Every child a test starts is stopped by the supervisor's own cancellation, and the tests check
 that its pid is gone afterwards. Scripted children also exit by themselves after a minute, so
@@ -11,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import shlex
 import signal
 import socket
 import sys
@@ -22,151 +19,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from engy_node.retry import backoff_delay
 import trio
-from hypothesis import given
-from hypothesis import strategies as st
 
 from engy_node.hub import Hub, HubHandler
-from engy_node.miner.sglang import (
-    LaunchSpec,
-    LineBuffer,
-    ModelServerError,
-    ModelServerSupervisor,
-    SupervisorSettings,
-    classify_failure,
-    detect_stall,
-    reference_launch,
-    sglang_launch,
-    shell_command,
-)
-from engy_node.miner.sglang.output_lines import TRUNCATION_MARK
+from engy_node.miner.sglang.command import LaunchSpec, reference_launch, shell_command
+from engy_node.miner.sglang.supervisor import ModelServerError, ModelServerSupervisor, SupervisorSettings
+from engy_node.retry import backoff_delay
 
-QWEN_PATH = "/data/models/Qwen/Qwen3.6-35B-A3B-FP8"
+# ---- settings ------------------------------------------------------------------------------------
 
-# The published reference command (SPEC §7.3), as one string.
-PUBLISHED = (
-    f"python -m sglang.launch_server --model-path {QWEN_PATH} --served-model-name Qwen3.6 --tp-size 4 "
-    "--trust-remote-code --kv-cache-dtype fp8_e4m3 --mem-fraction-static 0.83 --chunked-prefill-size 8192 "
-    "--max-running-requests 8 --context-length 262144 --enable-return-hidden-states --enable-cache-report "
-    "--enable-metrics --host 127.0.0.1 --port 8000"
-)
-PUBLISHED_PLAN = dict(
-    python="python", checkpoint=QWEN_PATH, served_model_name="Qwen3.6", tp=4, kv_cache_dtype="fp8_e4m3",
-    mem_fraction_static=0.83, chunked_prefill_size=8192, max_running_requests=8, context_length=262144,
-    host="127.0.0.1", port=8000,
-)
-
-
-# ---- command builders ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("changes", "expected"),
-    [
-        pytest.param({}, PUBLISHED, id="published-4x4090"),
-        pytest.param({"tp": 2, "dp": 2}, PUBLISHED.replace("--tp-size 4", "--tp-size 2 --dp-size 2"), id="dp-follows-tp"),
-        pytest.param({"dp": 1}, PUBLISHED, id="dp-1-adds-no-flag"),
-        pytest.param(
-            {"tp": 2, "extra_flags": ("--disable-custom-all-reduce", "--attention-backend", "triton")},
-            PUBLISHED.replace("--tp-size 4", "--tp-size 2") + " --disable-custom-all-reduce --attention-backend triton",
-            id="extra-flags-come-last",
-        ),
-        pytest.param(
-            {"tp": 1, "kv_cache_dtype": None, "mem_fraction_static": None, "chunked_prefill_size": None,
-             "max_running_requests": None, "context_length": None},
-            f"python -m sglang.launch_server --model-path {QWEN_PATH} --served-model-name Qwen3.6 --tp-size 1 "
-            "--trust-remote-code --enable-return-hidden-states --enable-cache-report --enable-metrics "
-            "--host 127.0.0.1 --port 8000",
-            id="unset-values-leave-sglang-defaults",
-        ),
-        pytest.param({"chunked_prefill_size": -1}, PUBLISHED.replace("8192", "-1"), id="chunked-prefill-off"),
-        pytest.param({"mem_fraction_static": 0.8333333}, PUBLISHED.replace("0.83", "0.8333333"), id="fraction-kept-exact"),
-    ],
-)
-def test_the_sglang_command_is_the_published_reference_form_flag_for_flag(changes, expected):
-    spec = sglang_launch(**{**PUBLISHED_PLAN, **changes})
-    assert spec.argv == tuple(expected.split(" "))
-    assert spec.kind == "sglang"
-    assert spec.base_url == "http://127.0.0.1:8000"
-    assert spec.health_path == "/health"
-    # /health must not run a generation per liveness probe (sglang #35884).
-    assert spec.env == (("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "0"),)
-
-
-@pytest.mark.parametrize(
-    ("host", "base_url"),
-    [("0.0.0.0", "http://127.0.0.1:8000"), ("::", "http://[::1]:8000"), ("10.0.0.5", "http://10.0.0.5:8000")],
-)
-def test_a_server_bound_to_every_interface_is_probed_over_loopback(host, base_url):
-    assert sglang_launch(**{**PUBLISHED_PLAN, "host": host}).base_url == base_url
-
-
-@pytest.mark.parametrize(
-    ("changes", "message"),
-    [
-        ({"port": 0}, "port"),
-        ({"port": 70000}, "port"),
-        ({"tp": 0}, "tp"),
-        ({"dp": 0}, "dp"),
-        ({"mem_fraction_static": 1.0}, "mem_fraction_static"),
-        ({"mem_fraction_static": 0.0}, "mem_fraction_static"),
-        ({"max_running_requests": 0}, "max_running_requests"),
-        ({"chunked_prefill_size": 0}, "chunked_prefill_size"),
-        ({"served_model_name": ""}, "served_model_name"),
-        ({"extra_flags": ("--port", "9000")}, "--port"),
-        ({"extra_flags": ("--tp-size=2",)}, "--tp-size"),
-    ],
-)
-def test_a_wrong_plan_value_is_refused_naming_the_argument(changes, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        sglang_launch(**{**PUBLISHED_PLAN, **changes})
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "expected"),
-    [
-        pytest.param(
-            dict(python="/venv/bin/python", home="/tmp/h", model="smollm2-135m", checkpoint="/ckpt", host="127.0.0.1",
-                 port=30001, dtype="bfloat16", device="cpu", max_running_requests=4),
-            "/venv/bin/python -m engy_node --home /tmp/h serve --model smollm2-135m --checkpoint /ckpt "
-            "--host 127.0.0.1 --port 30001 --dtype bfloat16 --device cpu --max-running-requests 4",
-            id="everything-set",
-        ),
-        pytest.param(
-            dict(python="python3", home=Path("/tmp/h"), model="smollm2-135m", port=30000),
-            "python3 -m engy_node --home /tmp/h serve --model smollm2-135m --host 127.0.0.1 --port 30000",
-            id="defaults-left-to-the-server-config",
-        ),
-    ],
-)
-def test_the_reference_command_runs_engy_node_serve(kwargs, expected):
-    spec = reference_launch(**kwargs)
-    assert spec.argv == tuple(expected.split(" "))
-    assert (spec.kind, spec.env, spec.health_path) == ("reference", (), "/health")
-    assert spec.base_url == f"http://127.0.0.1:{kwargs['port']}"
-
-
-def test_the_shell_text_of_the_published_command_is_ready_to_paste():
-    assert shell_command(sglang_launch(**PUBLISHED_PLAN)) == f"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0 {PUBLISHED}"
-
-
-@given(
-    words=st.lists(st.text(st.characters(exclude_characters="\x00"), min_size=0, max_size=12), min_size=1, max_size=6),
-    value=st.text(st.characters(exclude_characters="\x00"), max_size=12),
-)
-def test_the_shell_text_splits_back_into_the_exact_environment_and_argv(words, value):
-    spec = LaunchSpec(kind="sglang", argv=tuple(words), env=(("A_VAR", value), ("B", "x y")), base_url="http://h:1")
-    assert shlex.split(shell_command(spec)) == [f"A_VAR={value}", "B=x y", *words]
-
-
-def test_a_checkpoint_path_with_spaces_and_quotes_survives_the_shell_round_trip():
-    spec = sglang_launch(**{**PUBLISHED_PLAN, "checkpoint": "/models/it's a \"model\" $HOME"})
-    assert shlex.split(shell_command(spec))[1:] == list(spec.argv)
-
-
-# ---- restart backoff -----------------------------------------------------------------------------
 
 def test_the_default_startup_failures_give_up_after_about_fifteen_seconds_of_backoff():
     # SupervisorSettings.max_startup_failures' docstring: the waits between 5 failed starts.
@@ -174,167 +35,6 @@ def test_the_default_startup_failures_give_up_after_about_fifteen_seconds_of_bac
     waits = [backoff_delay(consecutive_failures=n, jitter=0.0, base_s=settings.restart_base_s, cap_s=settings.restart_cap_s)
              for n in range(1, settings.max_startup_failures)]
     assert sum(waits) == 15.0
-
-
-
-# ---- failure classification ----------------------------------------------------------------------
-
-TRACEBACK = ["Traceback (most recent call last):", '  File "/sglang/srt/managers/scheduler.py", line 2300, in run_scheduler_process']
-
-
-@pytest.mark.parametrize(
-    ("tail", "exit_code", "phase", "detected", "kind", "fix_says"),
-    [
-        pytest.param(
-            ["[2025-05-01 10:00:00 TP0] Load weight end. type=Qwen3MoeForCausalLM, avail mem=0.41 GB, mem usage=21.73 GB.",
-             *TRACEBACK, "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."],
-            1, "startup", None, "oom_at_init", "increase --mem-fraction-static", id="oom-at-init",
-        ),
-        pytest.param(
-            ["[2025-05-01 10:00:03 TP0] max_total_tokens=600000 is larger than the profiled value -561981. "
-             "Use the profiled value instead."],
-            1, "startup", None, "oom_at_init", "lower --context-length", id="negative-kv-budget",
-        ),
-        pytest.param(
-            [*TRACEBACK, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.02 GiB. GPU 0 has a total "
-             "capacity of 23.53 GiB of which 512.00 MiB is free."],
-            1, "runtime", None, "cuda_oom", "lower --mem-fraction-static", id="cuda-oom-while-serving",
-        ),
-        pytest.param(
-            ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."],
-            1, "startup", None, "cuda_oom", "--cuda-graph-max-bs", id="cuda-oom-while-capturing-graphs",
-        ),
-        pytest.param(
-            [*TRACEBACK, "RuntimeError: CUDART error: peer access is not supported between these two devices"],
-            1, "startup", None, "no_p2p", "--disable-custom-all-reduce", id="no-p2p",
-        ),
-        pytest.param(
-            ["RuntimeError: CUDA error: no kernel image is available for execution on the device"],
-            1, "startup", None, "no_kernel_image", "CUDA 12.8", id="no-kernel-image",
-        ),
-        pytest.param(
-            ["UserWarning: NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with the current "
-             "PyTorch installation."],
-            1, "startup", None, "no_kernel_image", "sm_120", id="torch-without-sm120",
-        ),
-        pytest.param(
-            ["ValueError: The output_size of gate's and up's weight = 192 is not divisible by weight quantization "
-             "block_n = 128."],
-            1, "startup", None, "fp8_block_divisibility", "--tp-size", id="fp8-block-n",
-        ),
-        pytest.param(
-            ["ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 8000): address already in use"],
-            1, "startup", None, "port_in_use", "another port", id="port-in-use",
-        ),
-        pytest.param(
-            ["The server is not configured to return the hidden states. Please set `--enable-return-hidden-states` "
-             "to enable this feature."],
-            1, "runtime", None, "hidden_states_flag", "--enable-return-hidden-states", id="hidden-states-flag",
-        ),
-        pytest.param(
-            ["OSError: /data/models/Qwen3.6 is not a local folder and is not a valid model identifier listed on "
-             "'https://huggingface.co/models'"],
-            1, "startup", None, "model_not_found", "--model-path", id="model-path-not-found",
-        ),
-        pytest.param(
-            ["engy-node: model: --checkpoint /nope: no config.json there; point it at a model directory"],
-            2, "startup", None, "model_not_found", "--checkpoint", id="reference-checkpoint-not-found",
-        ),
-        pytest.param(
-            ["ERROR:    [Errno 98] address already in use", "torch.OutOfMemoryError: CUDA out of memory."],
-            1, "startup", None, "port_in_use", "ss -ltnp", id="root-cause-wins-over-later-errors",
-        ),
-        pytest.param(
-            ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 MiB."],
-            None, "runtime", "stalled", "cuda_oom", "--max-running-requests", id="log-evidence-wins-over-a-stall",
-        ),
-        pytest.param(
-            ["Loading safetensors checkpoint shards:  40% Completed | 2/5 [00:41<01:02, 20.8s/it]"],
-            None, "startup", "startup_timeout", "startup_timeout", "startup_timeout_s", id="startup-timeout",
-        ),
-        pytest.param(
-            ["[2025-05-01 11:00:00 TP0] Decode batch. #running-req: 8, #token: 90112, token usage: 0.41"],
-            None, "runtime", "stalled", "stalled", "--max-running-requests", id="stalled",
-        ),
-        pytest.param([], None, "runtime", "unhealthy", "unhealthy", "log tail", id="unhealthy"),
-    ],
-)
-def test_a_failure_is_classified_from_its_log_and_names_the_fix(tail, exit_code, phase, detected, kind, fix_says):
-    failure = classify_failure(log_tail=tail, exit_code=exit_code, phase=phase, detected=detected)
-    assert failure.kind == kind
-    assert fix_says in failure.fix
-    assert failure.summary
-
-
-def test_the_two_memory_errors_get_opposite_fixes():
-    at_init = classify_failure(log_tail=["RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."],
-                               exit_code=1, phase="startup")
-    serving = classify_failure(log_tail=["torch.OutOfMemoryError: CUDA out of memory."], exit_code=1, phase="runtime")
-    assert at_init.fix.startswith("increase --mem-fraction-static")
-    assert serving.fix.startswith("lower --mem-fraction-static")
-
-
-def test_an_unknown_failure_quotes_the_last_exception_line_not_the_noise_after_it():
-    tail = [*TRACEBACK, "ValueError: rope_scaling must have a 'type' field",
-            "[2025-05-01 10:00:09] Received sigquit from a child process. It usually means the child failed."]
-    failure = classify_failure(log_tail=tail, exit_code=1, phase="startup")
-    assert failure.kind == "unknown"
-    assert failure.summary == "exited with code 1: ValueError: rope_scaling must have a 'type' field"
-
-
-def test_a_silent_sigkill_points_at_the_kernel_oom_killer():
-    failure = classify_failure(log_tail=[], exit_code=-signal.SIGKILL, phase="runtime")
-    assert failure.kind == "unknown"
-    assert failure.summary == "was killed by SIGKILL; it printed nothing"
-    assert "dmesg" in failure.fix
-
-
-def test_a_huge_log_line_is_shortened_in_the_summary():
-    failure = classify_failure(log_tail=["RuntimeError: " + "x" * 5000], exit_code=1, phase="startup")
-    assert len(failure.summary) < 400
-
-
-# ---- stall detection -----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("running", "tokens", "last", "since", "stalled"),
-    [
-        (2, 100.0, 100.0, 181.0, True),
-        (2, 100.0, 100.0, 180.0, True),
-        (2, 100.0, 100.0, 179.9, False),
-        (0, 100.0, 100.0, 3600.0, False),  # idle is not stalled
-        (2, 101.0, 100.0, 3600.0, False),  # tokens moved
-        (2, 5.0, 100.0, 3600.0, False),  # counter went back: the server restarted
-    ],
-)
-def test_a_stall_is_requests_running_with_a_flat_token_counter_for_long_enough(running, tokens, last, since, stalled):
-    assert detect_stall(running=running, generation_tokens_total=tokens, last_progress_tokens=last,
-                        seconds_since_progress=since, stall_after_s=180.0) is stalled
-
-
-# ---- output lines --------------------------------------------------------------------------------
-
-
-def test_output_is_split_into_lines_across_reads_at_newlines_and_carriage_returns():
-    buffer = LineBuffer(max_line_bytes=100)
-    assert buffer.feed(b"first li") == []
-    assert buffer.feed(b"ne\nLoading 10%\rLoading 20%\r\n\nlast") == ["first line", "Loading 10%", "Loading 20%"]
-    assert buffer.flush() == ["last"]
-    assert buffer.truncated == 0
-
-
-def test_an_overlong_line_is_cut_marked_and_counted_and_the_rest_is_not_kept():
-    buffer = LineBuffer(max_line_bytes=10)
-    assert buffer.feed(b"0123456789abc") == ["0123456789" + TRUNCATION_MARK]
-    assert buffer.feed(b"def" * 1000) == []
-    assert buffer.feed(b"ghi\nshort\n" + b"y" * 11 + b"\n") == ["short", "yyyyyyyyyy" + TRUNCATION_MARK]
-    assert buffer.truncated == 2
-    assert len(buffer._partial) == 0
-
-
-def test_bytes_that_are_not_utf8_are_replaced_not_fatal():
-    assert LineBuffer(max_line_bytes=100).feed(b"bad \xff byte\n") == ["bad \ufffd byte"]
 
 
 @pytest.mark.parametrize(("field", "value"), [("probe_interval_s", 0), ("stop_grace_s", -1.0),
