@@ -4,20 +4,27 @@ server, and small scripted servers that crash, stall, never start or ignore SIGT
 Every child a test starts is stopped by the supervisor's own cancellation, and the tests check
 that its pid is gone afterwards. Scripted children also exit by themselves after a minute, so
 a failing test cannot leak one for longer.
+
+Nothing here sleeps to poll: a test waits for what the supervisor itself does, a hub state
+change (`WatchedHub`) or a line of the child's output reaching its logger (`ChildLine`), each
+under a deadline, or for `run` to return.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psutil
 import pytest
 import trio
 
@@ -124,23 +131,73 @@ def scripted_spec(tmp_path: Path, mode: str) -> LaunchSpec:
 
 
 def is_running(pid: int) -> bool:
+    """Whether the process is still running. One that has exited counts as gone even before it is
+    reaped, as it does for the supervisor: a zombie holds no memory, and reaping an orphaned
+    grandchild is init's job, not the supervisor's."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return True
 
 
 def model_server(hub: Hub) -> dict:
     return hub.states()["model_server"]
 
 
-async def wait_until(condition: Callable[[], bool], *, timeout_s: float, what: str) -> None:
-    with trio.move_on_after(timeout_s):
-        while not condition():
-            await trio.sleep(0.02)
-        return
-    raise AssertionError(f"not {what} within {timeout_s} s")
+class WatchedHub(Hub):
+    """A hub that wakes a waiting test whenever a component's state changes, so tests wait for the
+    supervisor's own publications instead of polling. The supervisor publishes from its trio
+    tasks, so a trio.Event may be set from `set_state`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._changed = trio.Event()
+
+    def set_state(self, component: str, **values: Any) -> None:
+        super().set_state(component, **values)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_for_model_server(self, condition: Callable[[dict], bool], *, timeout_s: float, what: str) -> None:
+        """Return once `condition` holds for the model server's state; fail the test after `timeout_s`."""
+        with trio.move_on_after(timeout_s):
+            while not condition(model_server(self)):
+                await self._changed.wait()
+            return
+        raise AssertionError(f"not {what} within {timeout_s} s")
+
+
+class ChildLine(logging.Handler):
+    """Catches the first line of the child's output that starts with `prefix` when the supervisor
+    logs it, and sets `seen`. The supervisor logs each line from its reader task as it reads it,
+    so a trio.Event may be set here."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+        self.line: str | None = None
+        self.seen = trio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if self.line is None and message.startswith(self.prefix):
+            self.line = message
+            self.seen.set()
+
+
+@contextlib.contextmanager
+def model_server_log(handler: logging.Handler) -> Iterator[None]:
+    """`handler` receives every record of the supervisor's logger (the child's output is logged at
+    info) while the block runs."""
+    logger = logging.getLogger("engy.model_server")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 async def test_the_reference_server_is_supervised_from_start_to_ready_to_restart_to_stop(checkpoint, tmp_path):
@@ -148,63 +205,54 @@ async def test_the_reference_server_is_supervised_from_start_to_ready_to_restart
                             port=free_port(), dtype="bfloat16", device="cpu", max_running_requests=2)
     settings = SupervisorSettings(startup_timeout_s=120, startup_poll_interval_s=0.1, probe_interval_s=0.2,
                                   probe_timeout_s=5, restart_base_s=0.05, restart_cap_s=0.1, stop_grace_s=10)
-    hub = Hub()
+    hub = WatchedHub()
     supervisor = ModelServerSupervisor(spec, hub, settings=settings)
     # What install_logging does for a node: every engy.* record goes into the hub's ring.
-    ring = HubHandler(hub)
-    child_log = logging.getLogger("engy.model_server")
-    level = child_log.level
-    child_log.addHandler(ring)
-    child_log.setLevel(logging.DEBUG)
-    try:
-        with trio.fail_after(90):
-            async with trio.open_nursery() as nursery:
-                url = await nursery.start(supervisor.run)
-                assert url == spec.base_url
-                state = model_server(hub)
-                assert (state["state"], state["restarts"], state["kind"]) == ("ready", 0, "reference")
-                assert state["command"] == shell_command(spec)
-                first_pid = state["pid"]
+    with model_server_log(HubHandler(hub)), trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(supervisor.run)
+            assert url == spec.base_url
+            state = model_server(hub)
+            assert (state["state"], state["restarts"], state["kind"]) == ("ready", 0, "reference")
+            assert state["command"] == shell_command(spec)
+            first_pid = state["pid"]
 
-                async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=60) as client:
-                    response = await client.post("/generate", json={
-                        "input_ids": [1, 504, 3575], "sampling_params": {"temperature": 0, "max_new_tokens": 4}})
-                    assert response.status_code == 200
-                await wait_until(lambda: (model_server(hub).get("generation_tokens_total") or 0) >= 4
-                                 and model_server(hub).get("ttft_p50_ms") is not None, timeout_s=10, what="scraped")
-                state = model_server(hub)
-                assert state["itl_p50_ms"] is not None and state["running"] == 0 and state["queued"] == 0
+            async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=60) as client:
+                response = await client.post("/generate", json={
+                    "input_ids": [1, 504, 3575], "sampling_params": {"temperature": 0, "max_new_tokens": 4}})
+                assert response.status_code == 200
+            await hub.wait_for_model_server(lambda state: (state.get("generation_tokens_total") or 0) >= 4
+                                            and state.get("ttft_p50_ms") is not None, timeout_s=10, what="scraped")
+            state = model_server(hub)
+            assert state["itl_p50_ms"] is not None and state["running"] == 0 and state["queued"] == 0
 
-                # The child's own log reached the hub's ring through the engy.model_server logger.
-                events = hub.events_since(0, limit=10_000).events
-                assert any(e.component == "model_server" and "ready to roll" in e.message for e in events)
+            # The child's own log reached the hub's ring through the engy.model_server logger.
+            events = hub.events_since(0, limit=10_000).events
+            assert any(e.component == "model_server" and "ready to roll" in e.message for e in events)
 
-                os.killpg(first_pid, signal.SIGKILL)
-                await wait_until(lambda: model_server(hub)["restarts"] == 1 and model_server(hub)["state"] == "ready",
-                                 timeout_s=60, what="restarted and ready again")
-                state = model_server(hub)
-                second_pid = state["pid"]
-                assert second_pid != first_pid
-                assert state["last_failure"]["kind"] == "unknown"
-                assert state["last_failure"]["summary"].startswith("was killed by SIGKILL")
-                assert state["last_failure"]["phase"] == "runtime"
-                nursery.cancel_scope.cancel()
-    finally:
-        child_log.removeHandler(ring)
-        child_log.setLevel(level)
+            os.killpg(first_pid, signal.SIGKILL)
+            await hub.wait_for_model_server(lambda state: state["restarts"] == 1 and state["state"] == "ready",
+                                            timeout_s=60, what="restarted and ready again")
+            state = model_server(hub)
+            second_pid = state["pid"]
+            assert second_pid != first_pid
+            assert state["last_failure"]["kind"] == "unknown"
+            assert state["last_failure"]["summary"].startswith("was killed by SIGKILL")
+            assert state["last_failure"]["phase"] == "runtime"
+            nursery.cancel_scope.cancel()
     assert model_server(hub)["state"] == "stopped"
     assert not is_running(first_pid) and not is_running(second_pid)
 
 
 async def test_a_child_that_crashes_after_becoming_ready_is_restarted_with_the_failure_recorded(tmp_path):
-    hub = Hub()
+    hub = WatchedHub()
     supervisor = ModelServerSupervisor(scripted_spec(tmp_path, "crash-once"), hub, settings=FAST, jitter=lambda: 0.0)
     with trio.fail_after(TEST_DEADLINE_S):
         async with trio.open_nursery() as nursery:
             await nursery.start(supervisor.run)
             first_pid = model_server(hub)["pid"]
-            await wait_until(lambda: model_server(hub)["restarts"] == 1 and model_server(hub)["state"] == "ready",
-                             timeout_s=10, what="restarted and ready again")
+            await hub.wait_for_model_server(lambda state: state["restarts"] == 1 and state["state"] == "ready",
+                                            timeout_s=10, what="restarted and ready again")
             state = model_server(hub)
             assert state["last_failure"]["kind"] == "cuda_oom"
             assert state["last_failure"]["phase"] == "runtime"
@@ -253,13 +301,13 @@ async def test_a_child_that_never_turns_healthy_is_stopped_at_the_startup_deadli
 
 
 async def test_a_server_running_requests_without_producing_tokens_is_restarted_as_stalled(tmp_path):
-    hub = Hub()
+    hub = WatchedHub()
     supervisor = ModelServerSupervisor(scripted_spec(tmp_path, "stall-once"), hub, settings=FAST)
     with trio.fail_after(TEST_DEADLINE_S):
         async with trio.open_nursery() as nursery:
             await nursery.start(supervisor.run)
-            await wait_until(lambda: model_server(hub)["restarts"] == 1 and model_server(hub)["state"] == "ready",
-                             timeout_s=10, what="restarted after the stall")
+            await hub.wait_for_model_server(lambda state: state["restarts"] == 1 and state["state"] == "ready",
+                                            timeout_s=10, what="restarted after the stall")
             assert model_server(hub)["last_failure"]["kind"] == "stalled"
             pid = model_server(hub)["pid"]
             nursery.cancel_scope.cancel()
@@ -267,7 +315,7 @@ async def test_a_server_running_requests_without_producing_tokens_is_restarted_a
 
 
 async def test_an_operator_restart_replaces_the_child_without_counting_a_failure(tmp_path):
-    hub = Hub()
+    hub = WatchedHub()
     supervisor = ModelServerSupervisor(scripted_spec(tmp_path, "serve"), hub, settings=FAST)
     with trio.fail_after(TEST_DEADLINE_S):
         async with trio.open_nursery() as nursery:
@@ -275,7 +323,7 @@ async def test_an_operator_restart_replaces_the_child_without_counting_a_failure
             first_pid = model_server(hub)["pid"]
             await supervisor.restart()
             assert not is_running(first_pid)
-            await wait_until(lambda: model_server(hub)["state"] == "ready", timeout_s=10, what="ready again")
+            await hub.wait_for_model_server(lambda state: state["state"] == "ready", timeout_s=10, what="ready again")
             state = model_server(hub)
             assert (state["restarts"], state["last_failure"]) == (1, None)
             assert state["pid"] != first_pid
@@ -294,17 +342,20 @@ async def test_cancelling_kills_a_child_that_ignores_sigterm_and_everything_it_f
     settings = SupervisorSettings(startup_poll_interval_s=0.05, probe_interval_s=0.05, stop_grace_s=0.5)
     hub = Hub()
     supervisor = ModelServerSupervisor(scripted_spec(tmp_path, "stubborn"), hub, settings=settings)
-    with trio.fail_after(TEST_DEADLINE_S):
+    forked = ChildLine("grandchild pid")
+    with model_server_log(forked), trio.fail_after(TEST_DEADLINE_S):
         async with trio.open_nursery() as nursery:
             await nursery.start(supervisor.run)
-            await wait_until(lambda: any(line.startswith("grandchild pid") for line in supervisor.log_tail),
-                             timeout_s=10, what="forked")
+            with trio.move_on_after(10) as waited:
+                await forked.seen.wait()
+            assert not waited.cancelled_caught, "not forked within 10 s"
             child_pid = model_server(hub)["pid"]
-            grandchild_pid = int(next(line for line in supervisor.log_tail if line.startswith("grandchild pid")).split()[-1])
+            grandchild_pid = int(forked.line.split()[-1])
             assert is_running(grandchild_pid)
             nursery.cancel_scope.cancel()
+    # Cancellation returns only once the supervisor has seen the whole process group gone.
     assert not is_running(child_pid)
-    await wait_until(lambda: not is_running(grandchild_pid), timeout_s=5, what="grandchild gone")
+    assert not is_running(grandchild_pid)
 
 
 async def test_a_command_that_cannot_be_executed_counts_as_a_failed_start(tmp_path):
