@@ -7,7 +7,7 @@ knows what the miner chose and why:
    embedded model on the reference server.
 2. The model server: an already-running one when `--serve-url`/`SERVE_URL` is given (the public
    miner's operators keep their sglang), otherwise a plan (`plan.plan`) and a supervised child —
-   sglang on GPUs, the reference server on CPU — built by `sglang.py`'s command builders.
+   sglang on GPUs, the reference server on CPU — built by `sglang.command`'s builders.
    With `--fake-gpus` the miner prints the plan and the exact command and stops: nothing can run
    on simulated GPUs.
 3. The gateway link, advertising the plan's concurrency.
