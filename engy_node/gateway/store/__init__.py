@@ -10,7 +10,8 @@ and every hold is closed at most once, by exactly one `settle` and one `release`
 amounts sum to the hold — a unique index makes a second closure impossible, so a retried settle
 after a crash is a no-op rather than a second charge. Commits are fsynced (`synchronous=FULL`):
 a charge the buyer was told about survives a power cut. The gateway's holds and releases are the
-exception (`hold_async`, `release_async`): they commit without waiting for the disk
+exception (`hold` and `release` awaited through `Store.run`, marked
+`group_commit(durable=False)`): they commit without waiting for the disk
 (`synchronous=NORMAL`, which in WAL mode is still atomic and at once visible to every
 connection, and becomes durable with the next fsynced commit). Losing one to a power cut leaves
 what recovery produces anyway (a hold that never was, or an open hold that start-up releases in
@@ -27,7 +28,7 @@ Layout: one module per concern, all on the same connection.
     ledger.py      accounts, API keys and money: credit, hold, settle, release, recovery, balances, books check
     requests.py    the request log (metadata only), usage, retention
     miners.py      miner registrations and key lookup
-    store.py       `Store`: the three above composed, and how trio awaits them (group commit)
+    store.py       `Store`: the three above composed; `Store.run`, the one way trio awaits them (group commit)
 
 Errors. A corrupt, foreign, newer-schema, locked or unwritable file raises `StoreError` naming
 the file and the fix. Unknown accounts raise `StoreError`; gateway bugs (negative amounts, a hold

@@ -7,9 +7,10 @@ threads or processes, may share the file, and SQLite's locks and the busy timeou
 them. Database-level failures leave an operation as `StoreError` naming the file and the fix
 (`schema.explain`).
 
-Inside a group commit (`Connection._batch`, driven by `Store.run`) the same operations run
-unchanged: each `_write` becomes a savepoint, so one failing operation rolls back only itself
-while the batch's single COMMIT makes all the others durable together.
+Inside a group commit (`Connection._batch`, driven by `Store.run` for the operations marked
+`group_commit`) the same operations run unchanged: each `_write` becomes a savepoint, so one
+failing operation rolls back only itself while the batch's single COMMIT makes all the others
+durable together.
 
 Time. Each write method reads the injected clock once, at its start, and stamps every row of
 its transaction with that value (tests pass a fake clock). The request log's `created_at` is
@@ -25,12 +26,15 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal, ParamSpec, Self, TypeVar
+from typing import Any, Literal, ParamSpec, Self, TypeVar
 
 from engy_node.gateway.store import schema
 
 P = ParamSpec("P")
 R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
+
+_GROUP_COMMIT = "_store_group_commit_durable"
 
 
 def serialised(method: Callable[P, R]) -> Callable[P, R]:
@@ -49,6 +53,24 @@ def serialised(method: Callable[P, R]) -> Callable[P, R]:
                 raise explained from error
 
     return wrapper
+
+
+def group_commit(*, durable: bool) -> Callable[[F], F]:
+    """Mark an operation that `Store.run` joins to the next group commit rather than running it
+    alone: the operations on every request's path, where one transaction and one fsync per batch
+    of concurrent calls pays. `durable=False` lets the group's commit skip waiting for the disk
+    when no other operation in it needs that (see the package's posture for which may)."""
+
+    def mark(operation: F) -> F:
+        setattr(operation, _GROUP_COMMIT, durable)
+        return operation
+
+    return mark
+
+
+def group_commit_durability(operation: Callable[..., object]) -> bool | None:
+    """`durable` as `group_commit` marked `operation`; None when it is not marked."""
+    return getattr(operation, _GROUP_COMMIT, None)
 
 
 class Connection:

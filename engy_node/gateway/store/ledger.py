@@ -28,7 +28,7 @@ import math
 import sqlite3
 
 from engy_node.gateway.store.checks import identifier, integer
-from engy_node.gateway.store.connection import Connection, serialised
+from engy_node.gateway.store.connection import Connection, group_commit, serialised
 from engy_node.gateway.store.keys import BUYER_KEY_PREFIX, new_key, sha256
 from engy_node.gateway.store.schema import StoreError
 
@@ -113,6 +113,7 @@ class Ledger(Connection):
         conn.execute("INSERT INTO api_keys (account_id, key_sha256, created_at) VALUES (?, ?, ?)", (account_id, digest, now))
         return key
 
+    @group_commit(durable=True)
     @serialised
     def authenticate(self, api_key: str) -> Account | None:
         """The account an unrevoked API key belongs to, or None.
@@ -165,6 +166,7 @@ class Ledger(Connection):
             )
             return available
 
+    @group_commit(durable=False)
     @serialised
     def hold(self, account_id: int, *, amount: int, request_id: str) -> Hold | None:
         """Reserve `amount` for `request_id`, or None when the available balance cannot cover it
@@ -195,6 +197,7 @@ class Ledger(Connection):
             ).lastrowid
             return Hold(hold_id=hold_id, account_id=account_id, amount=amount, request_id=request_id, created_at=now)
 
+    @group_commit(durable=True)
     @serialised
     def settle(self, hold: Hold, *, cost: int) -> Settlement:
         """Charge `min(cost, hold.amount)` and release the rest of the hold.
@@ -207,6 +210,7 @@ class Ledger(Connection):
         integer("cost", cost)
         return self._close(hold, cost=cost)
 
+    @group_commit(durable=False)
     @serialised
     def release(self, hold: Hold) -> Settlement:
         """Return the whole hold to the available balance (the request failed or was never

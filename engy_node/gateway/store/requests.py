@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from engy_node.gateway.store.checks import duration, identifier, integer
-from engy_node.gateway.store.connection import Connection, serialised
+from engy_node.gateway.store.connection import Connection, group_commit, serialised
 from engy_node.models import CATALOG
 
 
@@ -89,10 +89,12 @@ class UsageSummary:
 class RequestLog(Connection):
     """The request log on the store's connection."""
 
+    @group_commit(durable=True)
     def log_request(self, entry: RequestLogEntry) -> None:
         """Append one request's metadata (no content; see `RequestLogEntry`)."""
         self.log_requests([entry])
 
+    @group_commit(durable=True)
     @serialised
     def log_requests(self, entries: Sequence[RequestLogEntry]) -> None:
         """Append several requests' metadata in one transaction: all of them, or none."""

@@ -219,7 +219,8 @@ async def test_concurrent_trio_tasks_never_hold_more_than_the_balance(path):
     holds: list[Hold] = []
 
     async def attempt(i: int) -> None:
-        hold = await stores[i % len(stores)].hold_async(account_id, amount=HOLD, request_id=f"trio-{i}")
+        store = stores[i % len(stores)]
+        hold = await store.run(store.hold, account_id, amount=HOLD, request_id=f"trio-{i}")
         if hold is not None:
             holds.append(hold)
 
@@ -235,11 +236,12 @@ async def test_concurrent_trio_tasks_never_hold_more_than_the_balance(path):
     async def close(i: int, hold: Hold) -> None:
         store = stores[i % len(stores)]
         if i % 3 == 0:
-            await store.release_async(hold)
+            await store.run(store.release, hold)
         else:
-            await store.settle_async(hold, cost=costs[hold.hold_id])
+            await store.run(store.settle, hold, cost=costs[hold.hold_id])
         # A retry racing the first closure must not charge again.
-        await stores[(i + 1) % len(stores)].settle_async(hold, cost=HOLD)
+        retrying = stores[(i + 1) % len(stores)]
+        await retrying.run(retrying.settle, hold, cost=HOLD)
 
     async with trio.open_nursery() as nursery:
         for i, hold in enumerate(holds):
@@ -296,7 +298,7 @@ async def test_an_async_hold_cancelled_before_it_starts_reserves_nothing(store):
     account_id = funded(store, 1_000)
     with trio.CancelScope() as scope:
         scope.cancel()
-        await store.hold_async(account_id, amount=500, request_id="never")
+        await store.run(store.hold, account_id, amount=500, request_id="never")
     assert scope.cancelled_caught
     assert store.balance(account_id).held == 0
 
@@ -444,23 +446,31 @@ def test_miner_names_and_hotkeys_are_unique(store):
 
 
 async def test_every_operation_is_awaitable(store):
-    account_id, api_key = await store.create_buyer_async("async")
-    assert (await store.authenticate_async(api_key)).account_id == account_id
-    assert await store.credit_async(account_id, micro_usd=100) == 100
-    hold = await store.hold_async(account_id, amount=60, request_id="a1")
-    assert (await store.settle_async(hold, cost=10)).charged == 10
-    await store.release_async(await store.hold_async(account_id, amount=10, request_id="a2"))
-    await store.log_request_async(entry(account_id=account_id))
-    assert (await store.usage_async(account_id)).requests == 1
-    assert await store.balance_async(account_id) == Balance(available=90, held=0, credited=100, charged=10)
-    assert await store.recover_open_holds_async() == []
-    assert await store.check_books_async() == []
-    miner_id, miner_key = await store.register_miner_async("rig")
-    assert (await store.authenticate_miner_async(miner_key)).miner_id == miner_id
-    assert len(await store.list_miners_async()) == 1
-    second_key = await store.issue_key_async(account_id)
-    assert await store.revoke_key_async(second_key)
-    assert await store.purge_request_log_async(older_than=float("inf")) == 1
+    account_id, api_key = await store.run(store.create_buyer, "async")
+    assert (await store.run(store.authenticate, api_key)).account_id == account_id
+    assert await store.run(store.credit, account_id, micro_usd=100) == 100
+    hold = await store.run(store.hold, account_id, amount=60, request_id="a1")
+    assert (await store.run(store.settle, hold, cost=10)).charged == 10
+    await store.run(store.release, await store.run(store.hold, account_id, amount=10, request_id="a2"))
+    await store.run(store.log_request, entry(account_id=account_id))
+    assert (await store.run(store.usage, account_id)).requests == 1
+    assert await store.run(store.balance, account_id) == Balance(available=90, held=0, credited=100, charged=10)
+    assert await store.run(store.recover_open_holds) == []
+    assert await store.run(store.check_books) == []
+    miner_id, miner_key = await store.run(store.register_miner, "rig")
+    assert (await store.run(store.authenticate_miner, miner_key)).miner_id == miner_id
+    assert len(await store.run(store.list_miners)) == 1
+    second_key = await store.run(store.issue_key, account_id)
+    assert await store.run(store.revoke_key, second_key)
+    assert await store.run(store.purge_request_log, older_than=float("inf")) == 1
+
+
+async def test_run_awaits_only_methods_of_its_own_store(store, path):
+    with Store(path) as other:
+        with pytest.raises(TypeError, match="method of this store"):
+            await store.run(other.list_miners)
+    with pytest.raises(TypeError, match="method of this store"):
+        await store.run(lambda: None)
 
 
 # -- zero data retention ------------------------------------------------------------------------
@@ -568,7 +578,7 @@ async def test_operations_awaited_together_share_one_commit_and_one_failure_stay
 
     async def hold(request_id: str, amount: int) -> None:
         try:
-            outcomes[request_id] = await store.hold_async(account_id, amount=amount, request_id=request_id)
+            outcomes[request_id] = await store.run(store.hold, account_id, amount=amount, request_id=request_id)
         except ValueError as error:
             outcomes[request_id] = error
 
@@ -589,14 +599,14 @@ async def test_holds_and_releases_skip_the_disk_flush_and_charges_wait_for_it(st
     store.credit(account_id, micro_usd=1_000)
     synchronous = lambda: store._conn.execute("PRAGMA synchronous").fetchone()[0]  # noqa: E731  1 NORMAL, 2 FULL
 
-    hold = await store.hold_async(account_id, amount=100, request_id="r1")
+    hold = await store.run(store.hold, account_id, amount=100, request_id="r1")
     assert synchronous() == 1
     with Store.open(path) as other:
         assert other.balance(account_id).held == 100, "committed and visible to every connection at once"
-    await store.settle_async(hold, cost=40)
+    await store.run(store.settle, hold, cost=40)
     assert synchronous() == 2
-    second = await store.hold_async(account_id, amount=50, request_id="r2")
-    await store.release_async(second)
+    second = await store.run(store.hold, account_id, amount=50, request_id="r2")
+    await store.run(store.release, second)
     assert synchronous() == 1
     store.credit(account_id, micro_usd=5)
     assert synchronous() == 2
