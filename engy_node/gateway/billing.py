@@ -1,7 +1,7 @@
 """What a request costs: the hold reserved before dispatch, the charge after, and the usage billed.
 
 Pure integer arithmetic over micro-USD: no IO, no clock, no floats. The store moves the money
-(`store.py`); this module only decides how much.
+(`store/ledger.py`); this module only decides how much.
 
 Trust. Prices come from the catalog (`models.PriceCard`, micro-USD per 1M tokens). Token
 counts come from the gateway itself wherever it can count them (SPEC §8.9): the prompt is the

@@ -152,7 +152,7 @@ class Gateway:
         now = self.monotonic()
         if cached is not None and cached[1] > now:
             return cached[0]
-        account = await self.store.authenticate_async(api_key)
+        account = await self.store.run(self.store.authenticate, api_key)
         if account is None:
             raise GatewayError("authentication", "invalid API key")
         if len(self._accounts) >= AUTH_CACHE_MAX_ENTRIES:
@@ -182,7 +182,7 @@ class Gateway:
             raise GatewayError("invalid_request", f"the prompt is {len(prompt_ids)} tokens; {chat.model} accepts at most "
                                f"{spec.max_input_tokens}", param="messages")
         amount = billing.worst_case_hold(price=spec.price, prompt_tokens=len(prompt_ids), max_tokens=chat.max_tokens)
-        hold = await self.store.hold_async(account.account_id, amount=amount, request_id=request_id)
+        hold = await self.store.run(self.store.hold, account.account_id, amount=amount, request_id=request_id)
         if hold is None:
             raise GatewayError("billing", f"insufficient balance: this request may cost up to {amount} micro-USD "
                                f"({len(prompt_ids)} prompt + {chat.max_tokens} max tokens); add credit or lower max_tokens")
@@ -251,7 +251,7 @@ class Gateway:
         usage = billing.billable_usage(claimed=claimed, committed_prompt=prompt, committed_completion=committed_completion,
                                        relayed_completion=relayed_tokens)
         cost = billing.charge(price=flight.model.spec.price, usage=usage)
-        await self.store.settle_async(flight.hold, cost=cost)
+        await self.store.run(self.store.settle, flight.hold, cost=cost)
         await self.log_outcome(flight, status=status, usage=usage, cost=cost)
         return usage
 
@@ -272,7 +272,7 @@ class Gateway:
             return
         try:
             with trio.CancelScope(shield=True):
-                await self.store.log_request_async(entry)
+                await self.store.run(self.store.log_request, entry)
         except StoreError as error:
             # The request itself is served and billed; losing its log row must not fail it.
             log.error("request %s: could not write the request log (%s)", entry.request_id, error)
@@ -286,7 +286,7 @@ class Gateway:
         return await trio.to_thread.run_sync(functools.partial(work, *args), limiter=self.tokenize_limiter)
 
     async def release(self, flight: Flight) -> None:
-        await self.store.release_async(flight.hold)
+        await self.store.run(self.store.release, flight.hold)
 
     async def abandon(self, flight: Flight) -> None:
         """Nothing reached the buyer (they left, or we failed): stop the miner if it is still

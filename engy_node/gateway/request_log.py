@@ -67,7 +67,7 @@ class RequestLogWriter:
         if not batch:
             return
         try:
-            await self.store.log_requests_async(batch)
+            await self.store.run(self.store.log_requests, batch)
         except StoreError as error:
             # The requests themselves were served and billed; their log rows are what is lost.
             log.error("request log: could not write %d rows (%s)", len(batch), error)

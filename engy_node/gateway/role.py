@@ -118,10 +118,10 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
     store = await trio.to_thread.run_sync(Store.open, store_path(config))
     if first:
         # Only the first process: the others start while it serves, and their holds are live.
-        await store.recover_open_holds_async()
+        await store.run(store.recover_open_holds)
 
     async def miner_key_lookup(key: str) -> str | None:
-        record = await store.authenticate_miner_async(key)
+        record = await store.run(store.authenticate_miner, key)
         return None if record is None else str(record.miner_id)
 
     registered_hotkeys: set[str] = set()
@@ -131,7 +131,7 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
         authenticate_key=miner_key_lookup, allowed_hotkeys=lambda: registered_hotkeys,
         settings=PoolSettings(stale_after_s=settings.stale_after_s, netuid=config.node.netuid),
     )
-    registered_hotkeys.update(record.hotkey for record in await store.list_miners_async() if record.hotkey)
+    registered_hotkeys.update(record.hotkey for record in await store.run(store.list_miners) if record.hotkey)
 
     def hypercorn_config(bind: str | None) -> HypercornConfig:
         hc = HypercornConfig()
@@ -220,7 +220,7 @@ async def _release_orphaned_holds(store: Store, longest_request_s: float) -> Non
     while True:
         await trio.sleep(ORPHAN_SWEEP_S)
         try:
-            await store.recover_open_holds_async(older_than=time.time() - 2 * longest_request_s)
+            await store.run(store.recover_open_holds, older_than=time.time() - 2 * longest_request_s)
         except StoreError as error:
             log.error("could not sweep orphaned holds (%s); retrying in %.0f s", error, ORPHAN_SWEEP_S)
 

@@ -1,0 +1,318 @@
+"""Buyer accounts, their API keys and their money: credit, hold, settle, release, recovery of
+holds a crash left open, balances and a check that the books agree.
+
+Posture. Never double-charge, never lose a charge, never let concurrent requests spend money a
+buyer does not have. A hold's balance check and reservation are one conditional UPDATE in one
+`BEGIN IMMEDIATE` transaction. Every hold is closed at most once, by exactly one `settle` and one
+`release` row whose amounts sum to the hold; a unique index makes a second closure impossible,
+so a retried settle after a crash is a no-op rather than a second charge. Ledger rows are
+append-only (the schema's triggers refuse anything else), and each account's cached balance
+moves in the same transaction as the rows that explain it.
+
+Where ambiguity remains, it resolves toward the buyer: refunding an orphaned hold costs the
+operator cents; charging it could cost a buyer dollars for an answer they never received. Holds
+left open by a crash are therefore released in full by `recover_open_holds`, and a cost above its
+hold is clamped to the hold (and logged: it means the worst case was mis-computed upstream).
+
+Trust. The ledger trusts its own rows, not the objects callers hand back: `settle` re-reads the
+hold from the ledger. Amounts are integer micro-USD; `billing.py` decides them. Unknown accounts
+raise `StoreError`; gateway bugs (negative amounts, a hold that is not in this ledger) raise
+`ValueError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import sqlite3
+
+from engy_node.gateway.store.checks import identifier, integer
+from engy_node.gateway.store.connection import Connection, group_commit, serialised
+from engy_node.gateway.store.keys import BUYER_KEY_PREFIX, new_key, sha256
+from engy_node.gateway.store.schema import StoreError
+
+log = logging.getLogger("engy.gateway.store")
+
+RECOVERED_IDS_LOGGED = 10
+"""Request ids named in the recovery log line: enough to look a few up in the request log, few
+enough that a crash under heavy load still logs one readable line (the full list is returned)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Account:
+    account_id: int
+    name: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Balance:
+    """Micro-USD. Always `credited == charged + available + held`."""
+
+    available: int
+    """What new holds can reserve."""
+    held: int
+    """Reserved by requests in flight."""
+    credited: int
+    """Everything ever credited."""
+    charged: int
+    """Everything ever charged."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hold:
+    """A reservation on an account's balance; `hold_id` is the ledger row that made it."""
+
+    hold_id: int
+    account_id: int
+    amount: int
+    request_id: str
+    created_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settlement:
+    """How a hold was closed: `charged + released == hold.amount`."""
+
+    hold_id: int
+    charged: int
+    released: int
+    applied: bool
+    """False when the hold was already closed: this call changed nothing, and `charged` and
+    `released` report the earlier closure."""
+
+
+class Ledger(Connection):
+    """Accounts, keys and money on the store's connection."""
+
+    # -- accounts and keys --------------------------------------------------------------------
+
+    @serialised
+    def create_buyer(self, name: str) -> tuple[int, str]:
+        """A new account with no balance and its first API key: `(account_id, api_key)`.
+
+        The key is returned once and stored only as its sha256; it cannot be shown again.
+        """
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"a buyer needs a non-empty name, got {name!r}")
+        now = self._clock()
+        with self._write() as conn:
+            account_id = conn.execute("INSERT INTO accounts (name, created_at) VALUES (?, ?)", (name, now)).lastrowid
+            return account_id, self._insert_key(conn, account_id=account_id, now=now)
+
+    @serialised
+    def issue_key(self, account_id: int) -> str:
+        """Another API key for an existing account (key rotation); shown once, stored hashed."""
+        now = self._clock()
+        with self._write() as conn:
+            self._require_account(conn, account_id)
+            return self._insert_key(conn, account_id=account_id, now=now)
+
+    def _insert_key(self, conn: sqlite3.Connection, *, account_id: int, now: float) -> str:
+        key, digest = new_key(BUYER_KEY_PREFIX)
+        conn.execute("INSERT INTO api_keys (account_id, key_sha256, created_at) VALUES (?, ?, ?)", (account_id, digest, now))
+        return key
+
+    @group_commit(durable=True)
+    @serialised
+    def authenticate(self, api_key: str) -> Account | None:
+        """The account an unrevoked API key belongs to, or None.
+
+        No constant-time comparison: the lookup is by the sha256 of the presented key, so
+        whatever its timing leaks is about hashes of the attacker's own guesses, and learning
+        how close a hash came to a stored one does not help find a key that hashes to it.
+        """
+        if not isinstance(api_key, str) or not api_key.startswith(BUYER_KEY_PREFIX):
+            return None
+        row = self._conn.execute(
+            "SELECT a.id, a.name FROM api_keys k JOIN accounts a ON a.id = k.account_id "
+            "WHERE k.key_sha256 = ? AND k.revoked_at IS NULL",
+            (sha256(api_key),),
+        ).fetchone()
+        return None if row is None else Account(account_id=row[0], name=row[1])
+
+    @serialised
+    def revoke_key(self, api_key: str) -> bool:
+        """Stop accepting `api_key`. False when it was unknown or already revoked."""
+        now = self._clock()
+        with self._write() as conn:
+            cursor = conn.execute(
+                "UPDATE api_keys SET revoked_at = ? WHERE key_sha256 = ? AND revoked_at IS NULL", (now, sha256(api_key))
+            )
+            return cursor.rowcount == 1
+
+    def _require_account(self, conn: sqlite3.Connection, account_id: int) -> None:
+        if conn.execute("SELECT 1 FROM accounts WHERE id = ?", (account_id,)).fetchone() is None:
+            raise StoreError(f"no buyer account {account_id} in {self.path}; use the id that creating the buyer printed")
+
+    # -- money --------------------------------------------------------------------------------
+
+    @serialised
+    def credit(self, account_id: int, *, micro_usd: int, memo: str = "") -> int:
+        """Add `micro_usd` (> 0) to the account; returns the available balance after it."""
+        integer("micro_usd", micro_usd, minimum=1)
+        now = self._clock()
+        with self._write() as conn:
+            row = conn.execute(
+                "UPDATE accounts SET available = available + ?1, credited = credited + ?1 WHERE id = ?2 RETURNING available",
+                (micro_usd, account_id),
+            ).fetchone()
+            if row is None:
+                self._require_account(conn, account_id)
+            available = row[0]
+            conn.execute(
+                "INSERT INTO ledger (account_id, kind, amount, memo, available_after, created_at) VALUES (?, 'credit', ?, ?, ?, ?)",
+                (account_id, micro_usd, memo, available, now),
+            )
+            return available
+
+    @group_commit(durable=False)
+    @serialised
+    def hold(self, account_id: int, *, amount: int, request_id: str) -> Hold | None:
+        """Reserve `amount` for `request_id`, or None when the available balance cannot cover it
+        (the caller answers 402).
+
+        Atomic: the balance check and the reservation are one conditional UPDATE inside one
+        `BEGIN IMMEDIATE` transaction, so concurrent holds, from any thread or process, can
+        never together reserve more than the balance. `request_id` may hold only once.
+        """
+        integer("amount", amount)
+        identifier("request_id", request_id)
+        now = self._clock()
+        with self._write() as conn:
+            if conn.execute("SELECT 1 FROM ledger WHERE kind = 'hold' AND request_id = ?", (request_id,)).fetchone():
+                raise ValueError(f"request {request_id} already has a hold; request ids must be unique")
+            row = conn.execute(
+                "UPDATE accounts SET available = available - ?1, held = held + ?1 "
+                "WHERE id = ?2 AND available >= ?1 RETURNING available",
+                (amount, account_id),
+            ).fetchone()
+            if row is None:
+                self._require_account(conn, account_id)
+                return None
+            hold_id = conn.execute(
+                "INSERT INTO ledger (account_id, kind, amount, request_id, available_after, created_at) "
+                "VALUES (?, 'hold', ?, ?, ?, ?)",
+                (account_id, amount, request_id, row[0], now),
+            ).lastrowid
+            return Hold(hold_id=hold_id, account_id=account_id, amount=amount, request_id=request_id, created_at=now)
+
+    @group_commit(durable=True)
+    @serialised
+    def settle(self, hold: Hold, *, cost: int) -> Settlement:
+        """Charge `min(cost, hold.amount)` and release the rest of the hold.
+
+        Idempotent per hold: if the hold is already closed (settled, released, or recovered
+        after a crash) nothing changes and the earlier closure is reported with
+        `applied=False`, so a retry never charges twice. A cost above the hold is clamped to it
+        and logged as a bug upstream: the buyer agreed to the hold, not to more.
+        """
+        integer("cost", cost)
+        return self._close(hold, cost=cost)
+
+    @group_commit(durable=False)
+    @serialised
+    def release(self, hold: Hold) -> Settlement:
+        """Return the whole hold to the available balance (the request failed or was never
+        served). Idempotent exactly like `settle`."""
+        return self._close(hold, cost=0)
+
+    def _close(self, hold: Hold, *, cost: int) -> Settlement:
+        now = self._clock()
+        with self._write() as conn:
+            earlier = self._closure(conn, hold.hold_id)
+            if earlier is not None:
+                return earlier
+            row = conn.execute("SELECT account_id, amount, request_id FROM ledger WHERE id = ? AND kind = 'hold'", (hold.hold_id,)).fetchone()
+            if row is None or (row[0], row[1]) != (hold.account_id, hold.amount):
+                raise ValueError(f"{hold} is not a hold in {self.path}")
+            account_id, amount, request_id = row
+            if cost > amount:
+                log.warning("request %s cost %d µUSD, above its %d µUSD hold; charged the hold (the worst case was "
+                            "under-estimated upstream: a bug)", request_id, cost, amount)
+            charged = min(cost, amount)
+            self._write_closure(conn, account_id=account_id, hold_id=hold.hold_id, request_id=request_id,
+                                charged=charged, released=amount - charged, now=now)
+            return Settlement(hold_id=hold.hold_id, charged=charged, released=amount - charged, applied=True)
+
+    @staticmethod
+    def _closure(conn: sqlite3.Connection, hold_id: int) -> Settlement | None:
+        rows = dict(conn.execute("SELECT kind, amount FROM ledger WHERE hold_id = ?", (hold_id,)).fetchall())
+        if not rows:
+            return None
+        return Settlement(hold_id=hold_id, charged=rows["settle"], released=rows["release"], applied=False)
+
+    @staticmethod
+    def _write_closure(conn: sqlite3.Connection, *, account_id: int, hold_id: int, request_id: str,
+                       charged: int, released: int, now: float) -> None:
+        # Both rows are always written, zero amounts included, so "closed" has one meaning the
+        # unique index can enforce: this hold has its settle row and its release row.
+        available = conn.execute(
+            "UPDATE accounts SET held = held - ?1 - ?2, charged = charged + ?1, available = available + ?2 "
+            "WHERE id = ?3 RETURNING available",
+            (charged, released, account_id),
+        ).fetchone()[0]
+        insert = ("INSERT INTO ledger (account_id, kind, amount, request_id, hold_id, available_after, created_at) "
+                  "VALUES (?, ?, ?, ?, ?, ?, ?)")
+        conn.execute(insert, (account_id, "settle", charged, request_id, hold_id, available - released, now))
+        conn.execute(insert, (account_id, "release", released, request_id, hold_id, available, now))
+
+    @serialised
+    def recover_open_holds(self, *, older_than: float | None = None) -> list[Hold]:
+        """Release every hold still open (created before `older_than`, when given) and return them.
+
+        Run at start-up: a hold open then belongs to a request that died with the previous
+        process, and whether its answer reached the buyer is unknowable. Refunding it costs
+        the operator at most that request's price; charging it could bill a buyer for nothing.
+        When several gateway processes share the file, pass `older_than = now - the longest
+        request time (the catalog's max_request_s)` so holds of live siblings are left alone.
+        A late `settle` of a recovered hold is a no-op.
+        """
+        now = self._clock()
+        cutoff = math.inf if older_than is None else older_than
+        with self._write() as conn:
+            # Only accounts with something held can have an open hold; that bounds the scan.
+            rows = conn.execute(
+                "SELECT h.id, h.account_id, h.amount, h.request_id, h.created_at FROM ledger h "
+                "JOIN accounts a ON a.id = h.account_id AND a.held > 0 "
+                "WHERE h.kind = 'hold' AND h.created_at < ? "
+                "AND NOT EXISTS (SELECT 1 FROM ledger c WHERE c.hold_id = h.id) ORDER BY h.id",
+                (cutoff,),
+            ).fetchall()
+            recovered = [Hold(hold_id=r[0], account_id=r[1], amount=r[2], request_id=r[3], created_at=r[4]) for r in rows]
+            for hold in recovered:
+                self._write_closure(conn, account_id=hold.account_id, hold_id=hold.hold_id, request_id=hold.request_id,
+                                    charged=0, released=hold.amount, now=now)
+        if recovered:
+            named = ", ".join(h.request_id for h in recovered[:RECOVERED_IDS_LOGGED])
+            more = len(recovered) - RECOVERED_IDS_LOGGED
+            log.warning("released %d hold(s) left open by an earlier run (%d µUSD refunded): %s%s", len(recovered),
+                        sum(h.amount for h in recovered), named, f" and {more} more" if more > 0 else "")
+        return recovered
+
+    @serialised
+    def balance(self, account_id: int) -> Balance:
+        row = self._conn.execute("SELECT available, held, credited, charged FROM accounts WHERE id = ?", (account_id,)).fetchone()
+        if row is None:
+            self._require_account(self._conn, account_id)
+        return Balance(*row)
+
+    @serialised
+    def check_books(self) -> list[int]:
+        """Ids of accounts whose cached balance disagrees with their ledger (empty: all agree)."""
+        with self._snapshot() as conn:
+            rows = conn.execute(
+                """SELECT a.id FROM accounts a LEFT JOIN (
+                       SELECT account_id,
+                              sum(CASE kind WHEN 'credit' THEN amount ELSE 0 END) AS credited,
+                              sum(CASE kind WHEN 'hold' THEN amount ELSE 0 END) AS held_ever,
+                              sum(CASE kind WHEN 'settle' THEN amount ELSE 0 END) AS charged,
+                              sum(CASE kind WHEN 'release' THEN amount ELSE 0 END) AS released
+                       FROM ledger GROUP BY account_id) l ON l.account_id = a.id
+                   WHERE a.credited != coalesce(l.credited, 0)
+                      OR a.charged != coalesce(l.charged, 0)
+                      OR a.held != coalesce(l.held_ever - l.charged - l.released, 0)
+                      OR a.available != coalesce(l.credited - l.held_ever + l.released, 0)
+                   ORDER BY a.id"""
+            ).fetchall()
+        return [row[0] for row in rows]

@@ -1,0 +1,132 @@
+"""The request log: one metadata row per request attempt, usage summed from it, and retention.
+
+Zero data retention (SPEC §8.3). Nothing here accepts prompt or completion text. The request log
+is metadata only, and `RequestLogEntry` validates every string field as an identifier or catalog
+id, so free text cannot reach the disk through it even by mistake.
+
+Unlike the ledger, the log is not the money's record: it is purged by age
+(`purge_request_log`), and lifetime spend comes from the ledger (`Ledger.balance`). Rows are
+written after the buyer has the answer, usually in batches by
+`engy_node.gateway.request_log.RequestLogWriter`; a batch lands whole or not at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+from engy_node.gateway.store.checks import duration, identifier, integer
+from engy_node.gateway.store.connection import Connection, group_commit, serialised
+from engy_node.models import CATALOG
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestLogEntry:
+    """One request's metadata. Every field is a number, a closed choice, a catalog id or an
+    identifier (validated on construction), so no prompt or completion text fits anywhere."""
+
+    request_id: str
+    """The gateway's id for the buyer request (an `IDENTIFIER`)."""
+    account_id: int | None
+    """The buyer; None for probes, which no buyer pays for."""
+    miner: str | None
+    """Hotkey or `key:<miner id>` of the miner that served it; None when none was reached."""
+    model: str | None
+    """Catalog id; None when the request named no catalog model (a 404)."""
+    api: Literal["openai", "anthropic"]
+    kind: Literal["paid", "probe"]
+    status: int
+    """HTTP status the buyer got (or would have got, for a probe)."""
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    cost_micro: int
+    """Micro-USD charged; 0 for probes."""
+    ttft_ms: float | None
+    tpot_ms: float | None
+    created_at: float
+    """Unix seconds when the request arrived."""
+
+    def __post_init__(self) -> None:
+        identifier("request_id", self.request_id)
+        if self.miner is not None:
+            identifier("miner", self.miner)
+        if self.model is not None and self.model not in CATALOG:
+            raise ValueError(f"model must be a catalog id ({', '.join(sorted(CATALOG))}) or None, got {self.model!r}")
+        if self.api not in ("openai", "anthropic"):
+            raise ValueError(f"api must be 'openai' or 'anthropic', got {self.api!r}")
+        if self.kind == "paid":
+            integer("account_id", self.account_id, minimum=1)
+        elif self.kind == "probe":
+            if self.account_id is not None or self.cost_micro != 0:
+                raise ValueError("a probe has no account and costs nothing")
+        else:
+            raise ValueError(f"kind must be 'paid' or 'probe', got {self.kind!r}")
+        if integer("status", self.status, minimum=100) > 599:
+            raise ValueError(f"status must be an HTTP status code, got {self.status!r}")
+        for name in ("prompt_tokens", "completion_tokens", "cached_tokens", "cost_micro"):
+            integer(name, getattr(self, name))
+        if self.cached_tokens > self.prompt_tokens:
+            raise ValueError(f"cached_tokens ({self.cached_tokens}) exceeds prompt_tokens ({self.prompt_tokens})")
+        duration("ttft_ms", self.ttft_ms)
+        duration("tpot_ms", self.tpot_ms)
+        if isinstance(self.created_at, bool) or not isinstance(self.created_at, (int, float)) or not math.isfinite(self.created_at):
+            raise ValueError(f"created_at must be unix seconds, got {self.created_at!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UsageSummary:
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    cost_micro: int
+    """Micro-USD, summed over the logged requests."""
+
+
+class RequestLog(Connection):
+    """The request log on the store's connection."""
+
+    @group_commit(durable=True)
+    def log_request(self, entry: RequestLogEntry) -> None:
+        """Append one request's metadata (no content; see `RequestLogEntry`)."""
+        self.log_requests([entry])
+
+    @group_commit(durable=True)
+    @serialised
+    def log_requests(self, entries: Sequence[RequestLogEntry]) -> None:
+        """Append several requests' metadata in one transaction: all of them, or none."""
+        for entry in entries:
+            if not isinstance(entry, RequestLogEntry):
+                raise TypeError(f"log_requests takes RequestLogEntry rows, got {type(entry).__name__}")
+        columns = [field.name for field in dataclasses.fields(RequestLogEntry)]
+        with self._write() as conn:
+            conn.executemany(
+                f"INSERT INTO request_log ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                [[getattr(entry, column) for column in columns] for entry in entries],
+            )
+
+    @serialised
+    def usage(self, account_id: int, *, since: float | None = None) -> UsageSummary:
+        """Paid requests of the account logged at or after `since` (unix seconds), as far back
+        as the request log is retained (`purge_request_log`); lifetime spend is `balance().charged`."""
+        row = self._conn.execute(
+            "SELECT count(DISTINCT request_id), coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), "
+            "coalesce(sum(cached_tokens), 0), coalesce(sum(cost_micro), 0) FROM request_log "
+            "WHERE account_id = ? AND kind = 'paid' AND created_at >= ?",
+            (account_id, -math.inf if since is None else since),
+        ).fetchone()
+        return UsageSummary(*row)
+
+    @serialised
+    def purge_request_log(self, *, older_than: float) -> int:
+        """Delete request-log rows created before `older_than` (unix seconds) and give the freed
+        pages back to the filesystem; returns how many rows went. The ledger is never purged."""
+        with self._write() as conn:
+            deleted = conn.execute("DELETE FROM request_log WHERE created_at < ?", (older_than,)).rowcount
+        # executescript steps the pragma to completion; `execute` would free a single page
+        # (the sqlite3 module steps a statement without result columns only once).
+        self._conn.executescript("PRAGMA incremental_vacuum")
+        return deleted

@@ -1,0 +1,187 @@
+"""The store's file: its tables, its version stamp, opening it, and what each SQLite failure
+means to the operator.
+
+Opening creates the file with the current schema if it is new and refuses one that is corrupt,
+not ours (SQLite's `application_id` header field tells our file from any other SQLite database
+someone points us at), or of another schema version: guessing at a layout we did not write could
+only corrupt a ledger. The invariants that money depends on are in the DDL itself, so no code
+path, ours or a hand-typed SQL statement, can break them: CHECKs refuse an overdraft or books
+that do not balance, triggers refuse any update or delete of a ledger row, and unique indexes
+allow one hold per request and one closure (settle row plus release row) per hold.
+
+Errors. A corrupt, foreign, newer-schema, locked or unwritable file raises `StoreError` naming
+the file and the fix (`explain`); an SQLite error that is none of these is a bug in our SQL and
+propagates as itself.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from engy_node.errors import EngyError
+
+SCHEMA_VERSION = 1
+"""Bump with a migration whenever the schema changes; a file with another version is refused."""
+
+APPLICATION_ID = int.from_bytes(b"engy", "big")
+"""SQLite's header field for "which program owns this file"; tells our store from any other
+SQLite database someone points us at."""
+
+BUSY_TIMEOUT_S = 5.0
+"""How long a write waits for another connection's lock before giving up. One of our write
+transactions is a few indexed statements plus an fsync (about a millisecond, tens on a slow
+disk), so even hundreds of queued writers clear well inside it; a lock held longer is another
+process sitting on the file, which deserves an error, not a hang."""
+
+SCHEMA = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    # The balance cache. Updated in the same transaction as the ledger rows that move it; the
+    # CHECKs make the database itself refuse an overdraft or books that do not balance.
+    """CREATE TABLE accounts (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        available INTEGER NOT NULL DEFAULT 0 CHECK (available >= 0),
+        held INTEGER NOT NULL DEFAULT 0 CHECK (held >= 0),
+        credited INTEGER NOT NULL DEFAULT 0 CHECK (credited >= 0),
+        charged INTEGER NOT NULL DEFAULT 0 CHECK (charged >= 0),
+        CHECK (credited = charged + available + held))""",
+    """CREATE TABLE api_keys (
+        id INTEGER PRIMARY KEY,
+        account_id INTEGER NOT NULL REFERENCES accounts(id),
+        key_sha256 TEXT NOT NULL UNIQUE,
+        created_at REAL NOT NULL,
+        revoked_at REAL)""",
+    """CREATE TABLE ledger (
+        id INTEGER PRIMARY KEY,
+        account_id INTEGER NOT NULL REFERENCES accounts(id),
+        kind TEXT NOT NULL CHECK (kind IN ('credit', 'hold', 'settle', 'release')),
+        amount INTEGER NOT NULL CHECK (amount >= 0),
+        request_id TEXT,
+        hold_id INTEGER REFERENCES ledger(id),
+        memo TEXT CHECK (memo IS NULL OR kind = 'credit'),
+        available_after INTEGER NOT NULL CHECK (available_after >= 0),
+        created_at REAL NOT NULL,
+        CHECK ((kind IN ('settle', 'release')) = (hold_id IS NOT NULL)))""",
+    "CREATE INDEX ledger_by_account ON ledger(account_id, id)",
+    "CREATE UNIQUE INDEX ledger_one_hold_per_request ON ledger(request_id) WHERE kind = 'hold'",
+    # At most one settle and one release per hold: a second closure violates this index.
+    "CREATE UNIQUE INDEX ledger_one_closure_per_hold ON ledger(hold_id, kind) WHERE hold_id IS NOT NULL",
+    """CREATE TRIGGER ledger_no_update BEFORE UPDATE ON ledger
+       BEGIN SELECT RAISE(ABORT, 'ledger is append-only: entries are never updated'); END""",
+    """CREATE TRIGGER ledger_no_delete BEFORE DELETE ON ledger
+       BEGIN SELECT RAISE(ABORT, 'ledger is append-only: entries are never deleted'); END""",
+    """CREATE TABLE request_log (
+        id INTEGER PRIMARY KEY,
+        request_id TEXT NOT NULL,
+        account_id INTEGER REFERENCES accounts(id),
+        miner TEXT,
+        model TEXT,
+        api TEXT NOT NULL CHECK (api IN ('openai', 'anthropic')),
+        kind TEXT NOT NULL CHECK (kind IN ('paid', 'probe')),
+        status INTEGER NOT NULL,
+        prompt_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        cached_tokens INTEGER NOT NULL,
+        cost_micro INTEGER NOT NULL,
+        ttft_ms REAL,
+        tpot_ms REAL,
+        created_at REAL NOT NULL)""",
+    "CREATE INDEX request_log_by_account ON request_log(account_id, created_at)",
+    "CREATE INDEX request_log_by_time ON request_log(created_at)",
+    """CREATE TABLE miners (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        hotkey TEXT UNIQUE,
+        key_sha256 TEXT NOT NULL UNIQUE,
+        created_at REAL NOT NULL)""",
+)
+
+# Primary SQLite result codes (the low byte of extended codes such as SQLITE_BUSY_SNAPSHOT).
+_LOCKED_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+_CORRUPT_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+_UNWRITABLE_CODES = {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_PERM}
+
+
+class StoreError(EngyError):
+    """The database cannot be used as asked; the message names the file and the fix."""
+
+    title = "store"
+
+
+def explain(path: Path, error: sqlite3.Error) -> StoreError | None:
+    """The user-facing error for a database-level failure, or None for a bug in our SQL."""
+    code = getattr(error, "sqlite_errorcode", None)
+    primary = None if code is None else code & 0xFF
+    if primary in _LOCKED_CODES:
+        return StoreError(f"{path} is locked by another process; stop the other engy-node or admin command using it, then retry")
+    if primary in _CORRUPT_CODES:
+        return StoreError(
+            f"{path} is not a readable engy database ({error}); restore it from a backup, or move it aside to start "
+            "an empty one (the ledger in it is then lost)"
+        )
+    if primary == sqlite3.SQLITE_FULL:
+        return StoreError(f"the disk holding {path} is full; free space and retry (the failed write was rolled back)")
+    if primary in _UNWRITABLE_CODES:
+        return StoreError(f"cannot use {path} ({error}); check that its directory exists and is writable by this user")
+    return None
+
+
+def connect(path: Path, *, busy_timeout_s: float) -> sqlite3.Connection:
+    """A connection to the store at `path`, created with the current schema if the file is new,
+    in WAL mode with every commit fsynced (`synchronous=FULL`) and foreign keys enforced.
+    Raises `StoreError` for a file we cannot or must not use."""
+    try:
+        # isolation_level=None: the sqlite3 module starts no transactions of its own; every
+        # write says BEGIN IMMEDIATE explicitly. check_same_thread=False: trio runs each
+        # call on whichever worker thread is free; the store's lock keeps them one at a time.
+        conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as error:
+        raise (explain(path, error) or error) from error
+    try:
+        _prepare(conn, path)
+    except sqlite3.Error as error:
+        conn.close()
+        raise (explain(path, error) or error) from error
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _prepare(conn: sqlite3.Connection, path: Path) -> None:
+    # auto_vacuum takes effect only before the first table exists; on an existing file it
+    # is a no-op. INCREMENTAL lets purge_request_log hand freed pages back to the disk.
+    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    if mode != "wal":
+        raise StoreError(f"{path} cannot use write-ahead logging (journal mode stays {mode!r}); put it on a local disk")
+    # FULL fsyncs every commit: a charge or credit reported to anyone survives a power cut.
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        _create_or_check(conn, path)
+        conn.execute("COMMIT")
+    finally:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+
+
+def _create_or_check(conn: sqlite3.Connection, path: Path) -> None:
+    if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+        for statement in SCHEMA:
+            conn.execute(statement)
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        return
+    if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+        raise StoreError(f"{path} is an SQLite database of some other program; point the gateway at its own file")
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    found = None if row is None else row[0]
+    if found != str(SCHEMA_VERSION):
+        raise StoreError(
+            f"{path} has store schema version {found}, this engy-node uses {SCHEMA_VERSION}; "
+            "run the engy-node version that wrote it, or move the file aside"
+        )

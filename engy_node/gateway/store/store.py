@@ -1,0 +1,162 @@
+"""`Store`: the ledger, the request log and the miner registrations on one connection, and how
+trio awaits them.
+
+Threads. One `Store` owns one connection. Each operation is a synchronous method (the admin
+CLI, tests); trio awaits any of them through the one thread hop `Store.run`, which runs it via
+`trio.to_thread.run_sync` behind the store's `CapacityLimiter(1)`, so SQLite never runs on the
+event loop and never twice at once; a lock serialises the synchronous methods as well. One
+generic hop rather than an async twin per method keeps a single place that decides how an
+operation is awaited, and the methods' own signatures type-check the arguments (`ParamSpec`).
+Several `Store`s (threads, processes) may share a file; SQLite's locks and the busy timeout
+serialise them.
+
+Group commit. The operations on every request's path (authenticate, hold, settle, release,
+request-log rows), marked `group_commit` where they are defined, are awaited together: calls
+queue while a group is being written, and the next group runs everything queued in one
+transaction with one fsync, each operation in a savepoint of its own. Holds and releases do not
+even wait for that fsync (see the package's posture).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+import trio
+
+from engy_node.gateway.store.connection import group_commit_durability
+from engy_node.gateway.store.ledger import Ledger
+from engy_node.gateway.store.miners import Miners
+from engy_node.gateway.store.requests import RequestLog
+from engy_node.gateway.store.schema import BUSY_TIMEOUT_S, explain
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _Slot:
+    """One queued operation of a group commit and its outcome."""
+
+    def __init__(self, call: Callable[[], Any], *, durable: bool) -> None:
+        self.call = call
+        self.durable = durable
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
+
+    def run(self) -> None:
+        try:
+            self.result = self.call()
+        except Exception as error:  # broad on purpose: the caller re-raises it as its own
+            self.error = error
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+
+    def done_threadsafe(self) -> None:
+        self._token.run_sync_soon(self.done.set)
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class Store(Ledger, RequestLog, Miners):
+    """The gateway store on one SQLite connection.
+
+    Every operation is a synchronous method (the admin CLI, tests, worker threads);
+    `await store.run(store.name, ...)` awaits the same work from trio — in a worker thread
+    behind this store's `CapacityLimiter(1)`, so SQLite never blocks the event loop and never
+    runs twice at once. A lock serialises the synchronous calls too, so both ways may be used
+    on one store.
+
+    Cancellation (`run`): atomic. Cancelled while waiting its turn, a call has done
+    nothing. Once its thread has started, the call runs to completion and returns its result;
+    the cancellation is delivered at the caller's next checkpoint. A `Hold` you receive is
+    therefore always real and yours to settle or release (in a `finally`, under a shielded
+    scope).
+
+    Deadlines: a call waits at most `busy_timeout_s` for another process's lock, plus its own
+    work (milliseconds); callers that must answer sooner wrap it in `trio.fail_after`.
+
+    Opening creates the file with the current schema if it is new and refuses one that is
+    corrupt, not ours, or of another schema version. Several `Store`s, in threads or
+    processes, may share a file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
+                 busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
+        super().__init__(path, clock=clock, busy_timeout_s=busy_timeout_s)
+        self._limiter = trio.CapacityLimiter(1)
+        self._queue: list[_Slot] = []
+        self._flush_lock = trio.Lock()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
+             busy_timeout_s: float = BUSY_TIMEOUT_S) -> Store:
+        """Open (or create) the store at `path`. Blocking: from trio, call it through
+        `trio.to_thread.run_sync`."""
+        return cls(path, clock=clock, busy_timeout_s=busy_timeout_s)
+
+    async def run(self, operation: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Await `operation`, a method of this store, from trio, e.g.
+        `hold = await store.run(store.hold, account_id, amount=amount, request_id=request_id)`.
+
+        An operation marked `group_commit` joins the next group commit; any other runs alone in
+        a worker thread. Cancellation is atomic either way (see the class docstring)."""
+        if getattr(operation, "__self__", None) is not self:
+            raise TypeError(f"Store.run awaits a method of this store, such as store.hold; got {operation!r}")
+        call = functools.partial(operation, *args, **kwargs)
+        durable = group_commit_durability(operation)
+        if durable is None:
+            return await trio.to_thread.run_sync(call, limiter=self._limiter)
+        return await self._grouped(call, durable=durable)
+
+    async def aclose(self) -> None:
+        await self.run(self.close)
+
+    async def _grouped(self, call: Callable[[], Any], *, durable: bool) -> Any:
+        """Run `call` in the next group commit (see `_commit_group`); `durable=False` for a
+        write that may be lost to a power cut (see the package's posture).
+
+        Calls queue while a group is being written; whoever takes the flush lock next writes
+        everything queued, its own call included, in one transaction. Cancellation keeps the
+        class's promise: a call still queued is withdrawn and has done nothing; a call already
+        in a group being written completes and returns its result."""
+        slot = _Slot(call, durable=durable)
+        self._queue.append(slot)
+        try:
+            async with self._flush_lock:
+                if not slot.done.is_set():
+                    group, self._queue = self._queue, []
+                    await trio.to_thread.run_sync(self._commit_group, group, limiter=self._limiter)
+        except trio.Cancelled:
+            if slot in self._queue:
+                self._queue.remove(slot)
+                raise
+            with trio.CancelScope(shield=True):
+                await slot.done.wait()
+        return slot.outcome()
+
+    def _commit_group(self, group: list[_Slot]) -> None:
+        """Several operations, one transaction, one fsync. Each runs in its own savepoint, so
+        one failing (a refused hold, a bad entry) rolls back only itself. The commit waits for
+        the disk if any operation in the group must be durable."""
+        with self._lock:
+            try:
+                with self._batch(durable=any(slot.durable for slot in group)):
+                    for slot in group:
+                        slot.run()
+            except BaseException as error:  # broad on purpose: every caller in the group must hear of it
+                explained = explain(self.path, error) if isinstance(error, sqlite3.Error) else None
+                for slot in group:
+                    slot.fail(explained or error)
+            finally:
+                for slot in group:
+                    slot.done_threadsafe()

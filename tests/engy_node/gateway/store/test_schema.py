@@ -1,0 +1,79 @@
+"""schema: the database enforces its own invariants; the file is versioned and WAL; a file we cannot
+use is refused with its path and the fix."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from engy_node.gateway.store import APPLICATION_ID, SCHEMA_VERSION, Store, StoreError
+from tests.engy_node.gateway.store.support import assert_books_balance, funded, raw
+
+# -- the database enforces its own invariants ----------------------------------------------------
+
+
+def test_the_database_refuses_to_update_or_delete_ledger_rows(store, path):
+    account_id = funded(store, 1_000)
+    store.settle(store.hold(account_id, amount=100, request_id="r"), cost=50)
+    with raw(path) as conn:
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            conn.execute("UPDATE ledger SET amount = 0 WHERE kind = 'settle'")
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            conn.execute("DELETE FROM ledger")
+        # A second closure of the same hold, and an overdraft, are refused too.
+        hold_id = conn.execute("SELECT id FROM ledger WHERE kind = 'hold'").fetchone()[0]
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute("INSERT INTO ledger (account_id, kind, amount, request_id, hold_id, available_after, created_at) "
+                          "VALUES (?, 'settle', 50, 'r', ?, 0, 0)", (account_id, hold_id))
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute("UPDATE accounts SET available = available - 2000, held = held + 2000")
+        assert conn.execute("SELECT count(*) FROM ledger").fetchone()[0] == 4
+    assert_books_balance(store, account_id)
+
+
+def test_the_file_is_versioned_write_ahead_logged_and_auto_vacuumed(store, path):
+    with raw(path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+        assert conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL
+
+
+# -- files we cannot use -----------------------------------------------------------------------------
+
+
+def test_a_corrupt_file_is_refused_with_its_path_and_the_fix(path):
+    path.write_bytes(b"these bytes are not an SQLite database\n" * 200)
+    with pytest.raises(StoreError) as raised:
+        Store(path)
+    assert str(path) in str(raised.value) and "move it aside" in str(raised.value) and "backup" in str(raised.value)
+
+
+def test_a_foreign_sqlite_database_is_refused(path):
+    with raw(path) as conn:
+        conn.execute("CREATE TABLE photos (id INTEGER PRIMARY KEY)")
+    with pytest.raises(StoreError, match="some other program"):
+        Store(path)
+
+
+def test_a_file_of_another_schema_version_is_refused(path):
+    Store(path).close()
+    with raw(path) as conn:
+        conn.execute("UPDATE meta SET value = '999' WHERE key = 'schema_version'")
+    with pytest.raises(StoreError, match=f"schema version 999, this engy-node uses {SCHEMA_VERSION}"):
+        Store(path)
+
+
+def test_a_file_locked_by_another_process_gives_an_error_not_a_hang(path):
+    with Store(path, busy_timeout_s=0.05) as store:
+        account_id = funded(store, 100)
+        with raw(path) as other:
+            other.execute("BEGIN IMMEDIATE")
+            with pytest.raises(StoreError, match="locked by another process") as raised:
+                store.credit(account_id, micro_usd=1)
+            assert str(path) in str(raised.value)
+            with pytest.raises(StoreError, match="locked"):
+                Store(path, busy_timeout_s=0.05)
+            other.execute("ROLLBACK")
+        assert assert_books_balance(store, account_id).credited == 100

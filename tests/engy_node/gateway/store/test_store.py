@@ -1,0 +1,241 @@
+"""Store: holds atomic under contention from trio tasks and OS threads; every operation
+awaitable through `Store.run`, atomic under cancellation; group commits; no content on disk."""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+import trio
+
+from engy_node.gateway.billing import billable_usage, charge, worst_case_hold
+from engy_node.gateway.chat import ChatRequest, Usage
+from engy_node.gateway.store import BUYER_KEY_PREFIX, MINER_KEY_PREFIX, Balance, Hold, RequestLogEntry, Store
+from engy_node.models import CATALOG
+from tests.engy_node.gateway.store.support import assert_books_balance, entry, funded
+
+# -- concurrency --------------------------------------------------------------------------------
+
+BALANCE = 1_000
+HOLD = 37  # does not divide BALANCE, so the last attempts find a remainder too small to hold
+ATTEMPTS = 120
+
+
+async def test_concurrent_trio_tasks_never_hold_more_than_the_balance(path):
+    # Four stores (four connections, four limiters) on one file, so holds really do run at the
+    # same time in different threads and only SQLite's locking keeps them apart.
+    stores = [Store(path) for _ in range(4)]
+    account_id = funded(stores[0], BALANCE)
+    holds: list[Hold] = []
+
+    async def attempt(i: int) -> None:
+        store = stores[i % len(stores)]
+        hold = await store.run(store.hold, account_id, amount=HOLD, request_id=f"trio-{i}")
+        if hold is not None:
+            holds.append(hold)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(ATTEMPTS):
+            nursery.start_soon(attempt, i)
+    assert len(holds) == BALANCE // HOLD
+    assert sum(h.amount for h in holds) <= BALANCE
+
+    rng = random.Random(53)
+    costs = {h.hold_id: rng.randrange(HOLD + 1) for h in holds}
+
+    async def close(i: int, hold: Hold) -> None:
+        store = stores[i % len(stores)]
+        if i % 3 == 0:
+            await store.run(store.release, hold)
+        else:
+            await store.run(store.settle, hold, cost=costs[hold.hold_id])
+        # A retry racing the first closure must not charge again.
+        retrying = stores[(i + 1) % len(stores)]
+        await retrying.run(retrying.settle, hold, cost=HOLD)
+
+    async with trio.open_nursery() as nursery:
+        for i, hold in enumerate(holds):
+            nursery.start_soon(close, i, hold)
+    balance = assert_books_balance(stores[0], account_id)
+    expected_charged = sum(costs[h.hold_id] for i, h in enumerate(holds) if i % 3 != 0)
+    assert balance == Balance(available=BALANCE - expected_charged, held=0, credited=BALANCE, charged=expected_charged)
+    for store in stores:
+        await store.aclose()
+
+
+def test_concurrent_os_threads_with_their_own_stores_never_hold_more_than_the_balance(path):
+    with Store(path) as setup:
+        account_id = funded(setup, BALANCE)
+    threads_n = 6
+    start = threading.Barrier(threads_n)
+    holds: list[Hold] = []
+    charged: list[int] = []
+    errors: list[BaseException] = []
+    appending = threading.Lock()
+
+    def worker(n: int) -> None:
+        try:
+            with Store(path) as store:
+                start.wait()
+                mine = [store.hold(account_id, amount=HOLD, request_id=f"thread-{n}-{i}") for i in range(ATTEMPTS // threads_n)]
+                mine = [h for h in mine if h is not None]
+                with appending:
+                    holds.extend(mine)
+                start.wait()  # every hold attempt is in before anything is returned
+                for i, hold in enumerate(mine):
+                    if i % 2:
+                        store.release(hold)
+                    else:
+                        with appending:
+                            charged.append(store.settle(hold, cost=HOLD - n).charged)
+        except BaseException as error:  # broad on purpose: re-raised in the main thread below
+            errors.append(error)
+            start.abort()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(threads_n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(holds) == BALANCE // HOLD
+    with Store(path) as store:
+        balance = assert_books_balance(store, account_id)
+    assert balance == Balance(available=BALANCE - sum(charged), held=0, credited=BALANCE, charged=sum(charged))
+
+
+async def test_an_async_hold_cancelled_before_it_starts_reserves_nothing(store):
+    account_id = funded(store, 1_000)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await store.run(store.hold, account_id, amount=500, request_id="never")
+    assert scope.cancelled_caught
+    assert store.balance(account_id).held == 0
+
+
+# -- awaiting from trio: one thread hop, group commits ------------------------------------------
+
+
+async def test_every_operation_is_awaitable(store):
+    account_id, api_key = await store.run(store.create_buyer, "async")
+    assert (await store.run(store.authenticate, api_key)).account_id == account_id
+    assert await store.run(store.credit, account_id, micro_usd=100) == 100
+    hold = await store.run(store.hold, account_id, amount=60, request_id="a1")
+    assert (await store.run(store.settle, hold, cost=10)).charged == 10
+    await store.run(store.release, await store.run(store.hold, account_id, amount=10, request_id="a2"))
+    await store.run(store.log_request, entry(account_id=account_id))
+    assert (await store.run(store.usage, account_id)).requests == 1
+    assert await store.run(store.balance, account_id) == Balance(available=90, held=0, credited=100, charged=10)
+    assert await store.run(store.recover_open_holds) == []
+    assert await store.run(store.check_books) == []
+    miner_id, miner_key = await store.run(store.register_miner, "rig")
+    assert (await store.run(store.authenticate_miner, miner_key)).miner_id == miner_id
+    assert len(await store.run(store.list_miners)) == 1
+    second_key = await store.run(store.issue_key, account_id)
+    assert await store.run(store.revoke_key, second_key)
+    assert await store.run(store.purge_request_log, older_than=float("inf")) == 1
+
+
+async def test_run_awaits_only_methods_of_its_own_store(store, path):
+    with Store(path) as other:
+        with pytest.raises(TypeError, match="method of this store"):
+            await store.run(other.list_miners)
+    with pytest.raises(TypeError, match="method of this store"):
+        await store.run(lambda: None)
+
+
+async def test_operations_awaited_together_share_one_commit_and_one_failure_stays_its_own(store):
+    account_id, _ = store.create_buyer("grouped")
+    store.credit(account_id, micro_usd=1_000)
+    store.hold(account_id, amount=10, request_id="taken")
+    outcomes: dict[str, object] = {}
+
+    async def hold(request_id: str, amount: int) -> None:
+        try:
+            outcomes[request_id] = await store.run(store.hold, account_id, amount=amount, request_id=request_id)
+        except ValueError as error:
+            outcomes[request_id] = error
+
+    async with trio.open_nursery() as nursery:
+        for request_id, amount in (("a", 100), ("taken", 5), ("b", 200), ("c", 10_000)):
+            nursery.start_soon(hold, request_id, amount)
+    assert isinstance(outcomes["taken"], ValueError), "a reused request id is refused"
+    assert outcomes["a"].amount == 100 and outcomes["b"].amount == 200
+    assert outcomes["c"] is None, "a hold the balance cannot cover is refused without touching the others"
+    balance = store.balance(account_id)
+    assert balance.held == 310 and balance.available == 690
+    assert store.check_books() == []
+
+
+async def test_holds_and_releases_skip_the_disk_flush_and_charges_wait_for_it(store, path):
+    """A hold or release lost to a power cut is what recovery would produce anyway; a charge is not."""
+    account_id, _ = store.create_buyer("flush")
+    store.credit(account_id, micro_usd=1_000)
+    synchronous = lambda: store._conn.execute("PRAGMA synchronous").fetchone()[0]  # noqa: E731  1 NORMAL, 2 FULL
+
+    hold = await store.run(store.hold, account_id, amount=100, request_id="r1")
+    assert synchronous() == 1
+    with Store.open(path) as other:
+        assert other.balance(account_id).held == 100, "committed and visible to every connection at once"
+    await store.run(store.settle, hold, cost=40)
+    assert synchronous() == 2
+    second = await store.run(store.hold, account_id, amount=50, request_id="r2")
+    await store.run(store.release, second)
+    assert synchronous() == 1
+    store.credit(account_id, micro_usd=5)
+    assert synchronous() == 2
+    assert assert_books_balance(store, account_id).charged == 40
+
+
+# -- zero data retention ------------------------------------------------------------------------
+
+
+def database_bytes(path: Path) -> bytes:
+    files = [path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")]
+    return b"".join(f.read_bytes() for f in files if f.exists())
+
+
+def test_no_prompt_or_completion_text_and_no_key_ever_reaches_the_disk(path, clock):
+    marker = f"ZDR canary {uuid.uuid4().hex}: the heron sings at midnight"
+    chat = ChatRequest(api="openai", model="smollm2-135m", messages=({"role": "user", "content": f"Repeat this: {marker}"},),
+                       max_tokens=64, stream=True)
+    completion_text = f"Sure. {marker}"
+    price = CATALOG[chat.model].price
+    request_id = uuid.uuid4().hex
+    store = Store(path, clock=clock)
+
+    account_id, api_key = store.create_buyer("zdr-visible-buyer-name")
+    store.credit(account_id, micro_usd=5_000_000, memo="prepaid")
+    account = store.authenticate(api_key)
+    miner_id, miner_key = store.register_miner("rig-zdr")
+    assert store.authenticate_miner(miner_key).miner_id == miner_id
+    prompt_tokens = len(chat.messages[0]["content"].split())  # a whitespace tokenizer stands in for the model's
+    hold = store.hold(account.account_id, amount=worst_case_hold(price=price, prompt_tokens=prompt_tokens, max_tokens=chat.max_tokens),
+                      request_id=request_id)
+    relayed = len(completion_text.split())
+    usage = billable_usage(claimed=Usage(prompt_tokens=prompt_tokens, completion_tokens=relayed), committed_prompt=prompt_tokens,
+                           committed_completion=relayed, relayed_completion=relayed)
+    cost = charge(price=price, usage=usage)
+    store.settle(hold, cost=cost)
+    store.log_request(RequestLogEntry(
+        request_id=request_id, account_id=account.account_id, miner=f"key:{miner_id}", model=chat.model, api=chat.api,
+        kind="paid", status=200, prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens, cost_micro=cost, ttft_ms=80.0, tpot_ms=12.0, created_at=clock.now,
+    ))
+    store.usage(account_id)
+    failed = store.hold(account_id, amount=10, request_id=uuid.uuid4().hex)
+    store.release(failed)
+
+    secrets_ = [marker.encode(), marker.split()[2].encode(), api_key.encode(), miner_key.encode(),
+                api_key[len(BUYER_KEY_PREFIX):].encode(), miner_key[len(MINER_KEY_PREFIX):].encode()]
+    live = database_bytes(path)
+    # The scan sees what was written (operator-chosen names are stored), so its silence means something.
+    assert b"zdr-visible-buyer-name" in live and request_id.encode() in live
+    assert not [s for s in secrets_ if s in live]
+    store.close()
+    closed = database_bytes(path)
+    assert b"zdr-visible-buyer-name" in closed
+    assert not [s for s in secrets_ if s in closed]
