@@ -1,11 +1,11 @@
-"""Counters, gauges and latency histograms, with Prometheus text exposition and a parser for it.
+"""Counters, gauges and latency histograms, with the two views of them the node needs.
 
 Every role of the node records its numbers here: the model server its time to first token
 (TTFT) and inter-token latency (ITL), the gateway its request latencies, the miner its work.
-Two readers consume them: Prometheus-style scrapers through `Registry.render()` (text format
-0.0.4), and the TUI and control API through `Registry.snapshot()` (plain JSON-ready dicts).
-`parse_prometheus_text()` reads that format back, so the node can scrape sglang's `/metrics`
-with the same definitions it uses to write its own.
+Two readers consume them: Prometheus-style scrapers through `prometheus_client` (`Registry` is
+one of its collectors, so `generate_latest(registry)` writes text format 0.0.4), and the TUI and
+control API through `Registry.snapshot()` (plain JSON-ready dicts). Reading a scraped exposition
+back (sglang's `/metrics`) is `prometheus_client.parser`'s job; see `serve/status.py`.
 
 Why a histogram keeps two views of the same observations:
 
@@ -15,13 +15,23 @@ Why a histogram keeps two views of the same observations:
   nearest-rank p50/p95/p99, which is what an operator reads on a dashboard: "how slow is it
   now", not a bucket-interpolated estimate over the whole uptime.
 
+Why the metric classes are ours and only the format is prometheus_client's: its `Histogram` has
+no window, and its `Counter` and `Histogram` add `_created` series our `/metrics` has never had;
+registering a definition twice here returns the existing family (its registry raises); and a
+snapshot needs each child's lifetime values, which its metric classes keep private. So the
+families below hold the numbers, and `Registry.collect()` hands them to the library as
+`*MetricFamily` objects at scrape time. Two consequences of that format: a counter's name must
+end in `_total` (the library writes the suffix itself), and a histogram whose first bucket bound
+is negative is written without `_sum` and `_count` (OpenMetrics' rule, which the library
+applies); the snapshot keeps both either way.
+
 `nearest_rank()` is public because other modules (epoch settlement, over integer
 milliseconds) must use exactly the same percentile definition as the dashboards.
 
 This module does no IO and reads no clock: callers measure durations and pass them in.
 
 Thread safety: the model server's engine updates metrics from a worker thread while trio
-tasks render and snapshot them. Each metric family has one `threading.Lock` shared by all its
+tasks collect and snapshot them. Each metric family has one `threading.Lock` shared by all its
 children; an update holds it for O(log buckets) work (a bisect and a deque append). Readers
 copy state under the lock and sort or format outside it, so a dashboard refresh never makes
 the engine thread wait on a sort. The registry's own lock guards only registration.
@@ -36,9 +46,12 @@ import dataclasses
 import math
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from fractions import Fraction
 from typing import Any, ClassVar, Generic, TypeVar
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -54,9 +67,7 @@ __all__ = [
     "HistogramChild",
     "HistogramSummary",
     "Registry",
-    "Sample",
     "nearest_rank",
-    "parse_prometheus_text",
 ]
 
 # prometheus_client's default buckets, for histograms that are not one of the latencies below.
@@ -86,6 +97,9 @@ E2E_BUCKETS: tuple[float, ...] = (
 # dashboard refresh stays well under a millisecond.
 DEFAULT_WINDOW = 4096
 
+# The classic character sets, checked at registration. prometheus_client itself accepts any
+# UTF-8 name and would write one outside this set with its characters replaced by "_", so the
+# series would be scraped under a name nobody registered.
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 # Label names may not contain colons; names starting with "__" are reserved by Prometheus.
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -113,30 +127,6 @@ def nearest_rank(sorted_values: Sequence[T], q: float) -> T:
         raise ValueError("nearest_rank of an empty sequence")
     rank = math.ceil(Fraction(q) * len(sorted_values) / 100)
     return sorted_values[rank - 1]
-
-
-def _format_float(value: float) -> str:
-    """Format a sample value or `le` bound the way Prometheus clients do: 4.0, 0.1, +Inf."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    # repr is the shortest string that reads back as the same float, and keeps the ".0".
-    return repr(float(value))
-
-
-def _escape_label_value(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _escape_help(text: str) -> str:
-    # HELP text escapes only backslash and newline; quotes are literal there.
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _format_labels(pairs: Iterable[tuple[str, str]]) -> str:
-    body = ",".join(f'{name}="{_escape_label_value(value)}"' for name, value in pairs)
-    return f"{{{body}}}" if body else ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,6 +282,8 @@ class _Family(Generic[C], abc.ABC):
     """What all metric types share: a name, help text, label names and children by label values."""
 
     kind: ClassVar[str]
+    # prometheus_client's family type for a counter or a gauge; a histogram overrides _collect.
+    _exposition_family: ClassVar[type[CounterMetricFamily] | type[GaugeMetricFamily]]
 
     def __init__(self, name: str, help: str, labelnames: tuple[str, ...]) -> None:
         self.name = name
@@ -348,11 +340,12 @@ class _Family(Generic[C], abc.ABC):
         rows.sort(key=lambda row: row[0])
         return rows
 
-    def _render(self, out: list[str]) -> None:
-        out.append(f"# HELP {self.name} {_escape_help(self.help)}")
-        out.append(f"# TYPE {self.name} {self.kind}")
+    def _collect(self) -> Metric:
+        """Every child, as the prometheus_client family the text format is written from."""
+        family = self._exposition_family(self.name, self.help, labels=self.labelnames)
         for key, _, value in self._read():
-            out.append(f"{self.name}{_format_labels(zip(self.labelnames, key))} {_format_float(value)}")
+            family.add_metric(key, value)
+        return family
 
     def _snapshot_child(self, child: C, state: Any) -> dict[str, Any]:
         return {"value": state}
@@ -370,10 +363,10 @@ class _Family(Generic[C], abc.ABC):
 
 
 class Counter(_Family[CounterChild]):
-    """A monotonically increasing count. Name it with a `_total` suffix yourself: it is exposed
-    exactly as registered, with no suffix added."""
+    """A monotonically increasing count, registered and exposed under a name ending in `_total`."""
 
     kind = "counter"
+    _exposition_family = CounterMetricFamily
 
     def _new_child(self) -> CounterChild:
         return CounterChild(self.name, self._lock)
@@ -390,6 +383,7 @@ class Gauge(_Family[GaugeChild]):
     """A value that can go up and down (queue depth, running requests, free memory)."""
 
     kind = "gauge"
+    _exposition_family = GaugeMetricFamily
 
     def _new_child(self) -> GaugeChild:
         return GaugeChild(self._lock)
@@ -447,21 +441,21 @@ class Histogram(_Family[HistogramChild]):
     def summary(self) -> HistogramSummary:
         return self._only().summary()
 
-    def _render(self, out: list[str]) -> None:
-        out.append(f"# HELP {self.name} {_escape_help(self.help)}")
-        out.append(f"# TYPE {self.name} histogram")
-        bounds = [*map(_format_float, self.buckets), "+Inf"]
-        for key, _, (cumulative, total, count) in self._read():
-            pairs = list(zip(self.labelnames, key))
-            for le, n in zip(bounds, cumulative):
-                out.append(f"{self.name}_bucket{_format_labels([*pairs, ('le', le)])} {_format_float(n)}")
-            labels = _format_labels(pairs)
-            out.append(f"{self.name}_sum{labels} {_format_float(total)}")
-            out.append(f"{self.name}_count{labels} {_format_float(count)}")
+    def _le_labels(self) -> list[str]:
+        """The `le` label of each bucket, +Inf last, written as prometheus_client writes floats."""
+        return [*map(floatToGoString, self.buckets), "+Inf"]
+
+    def _collect(self) -> Metric:
+        family = HistogramMetricFamily(self.name, self.help, labels=self.labelnames)
+        bounds = self._le_labels()
+        for key, _, (cumulative, total, _count) in self._read():
+            # The family writes `_count` from the +Inf bucket, which equals the child's count.
+            family.add_metric(key, list(zip(bounds, cumulative)), total)
+        return family
 
     def _snapshot_child(self, child: HistogramChild, state: Any) -> dict[str, Any]:
         cumulative, total, count = state
-        bounds = [*map(_format_float, self.buckets), "+Inf"]
+        bounds = self._le_labels()
         return {
             "count": count,
             "sum": total,
@@ -488,7 +482,7 @@ def _validate_buckets(name: str, buckets: Iterable[float]) -> tuple[float, ...]:
 
 
 class Registry:
-    """Metric families by name, rendered together.
+    """Metric families by name; a prometheus_client collector (`generate_latest(registry)`).
 
     Registering a name again with the same type, label names (and for histograms, buckets and
     window) returns the existing family, so modules can declare their metrics at import or
@@ -504,8 +498,13 @@ class Registry:
         self._exposed: dict[str, str] = {}
 
     def counter(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Counter:
-        """A counter exposed exactly as `name`: include the `_total` suffix in it yourself."""
-        return self._register(Counter(name, help, _check_names(name, labelnames, reserved=())))
+        """A counter exposed exactly as `name`, which must end in `_total`."""
+        labels = _check_names(name, labelnames, reserved=())
+        # prometheus_client writes every counter as `<base>_total`: a name without the suffix
+        # would be exposed under another name than the one registered and snapshotted.
+        if not name.endswith("_total") or name == "_total":
+            raise ValueError(f"counter {name}: a counter's name must end in _total, e.g. {name}_total")
+        return self._register(Counter(name, help, labels))
 
     def gauge(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Gauge:
         return self._register(Gauge(name, help, _check_names(name, labelnames, reserved=())))
@@ -551,12 +550,11 @@ class Registry:
         with self._lock:
             return list(self._families.values())
 
-    def render(self) -> str:
-        """Every family in registration order, in Prometheus text format 0.0.4."""
-        out: list[str] = []
+    def collect(self) -> Iterator[Metric]:
+        """Every family in registration order, as prometheus_client families: the collector
+        interface, which `prometheus_client.exposition.generate_latest(registry)` reads."""
         for family in self._all():
-            family._render(out)
-        return "\n".join(out) + "\n" if out else ""
+            yield family._collect()
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Every family as plain dicts and lists, JSON-ready, keyed by metric name.
@@ -587,144 +585,3 @@ def _check_names(name: str, labelnames: Sequence[str], reserved: tuple[str, ...]
     if len(set(labels)) != len(labels):
         raise ValueError(f"metric {name}: duplicate label names in {labels}")
     return labels
-
-
-@dataclasses.dataclass(frozen=True)
-class Sample:
-    """One sample line of a Prometheus exposition; `timestamp_ms` is None when the line had none."""
-
-    name: str
-    labels: dict[str, str]
-    value: float
-    timestamp_ms: int | None = None
-
-
-# Go's strconv.ParseFloat, which Prometheus uses, accepts these spellings; Python's float()
-# would also take things like "1_0", so numbers are matched explicitly first.
-_FLOAT = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan)", re.IGNORECASE)
-_TIMESTAMP = re.compile(r"-?\d+")
-_LABEL_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
-
-
-class _LineParser:
-    """A cursor over one sample line; each method consumes one token or raises ValueError."""
-
-    def __init__(self, line: str) -> None:
-        self.line = line
-        self.pos = 0
-
-    def at_end(self) -> bool:
-        return self.pos >= len(self.line)
-
-    def peek(self) -> str:
-        return self.line[self.pos] if self.pos < len(self.line) else ""
-
-    def skip_blanks(self) -> int:
-        # Only space and tab separate tokens; other whitespace is content or an error.
-        start = self.pos
-        while self.peek() in (" ", "\t"):
-            self.pos += 1
-        return self.pos - start
-
-    def expect(self, char: str) -> None:
-        if self.peek() != char:
-            raise ValueError(f"expected {char!r} at column {self.pos + 1}")
-        self.pos += 1
-
-    def match(self, pattern: re.Pattern[str], what: str) -> str:
-        m = pattern.match(self.line, self.pos)
-        if m is None:
-            raise ValueError(f"expected {what} at column {self.pos + 1}")
-        self.pos = m.end()
-        return m.group()
-
-    def label_value(self) -> str:
-        self.expect('"')
-        parts = []
-        while True:
-            char = self.peek()
-            if not char:
-                raise ValueError("unterminated label value")
-            self.pos += 1
-            if char == '"':
-                return "".join(parts)
-            if char == "\\":
-                escaped = self.peek()
-                if escaped not in _LABEL_ESCAPES:
-                    raise ValueError(f"invalid escape \\{escaped} in label value at column {self.pos}")
-                parts.append(_LABEL_ESCAPES[escaped])
-                self.pos += 1
-            else:
-                parts.append(char)
-
-    def labels(self) -> dict[str, str]:
-        self.expect("{")
-        labels: dict[str, str] = {}
-        while True:
-            self.skip_blanks()
-            if self.peek() == "}":
-                break
-            name = self.match(_LABEL_NAME, "a label name")
-            if name in labels:
-                raise ValueError(f"duplicate label {name}")
-            self.skip_blanks()
-            self.expect("=")
-            self.skip_blanks()
-            labels[name] = self.label_value()
-            self.skip_blanks()
-            if self.peek() != ",":
-                break
-            self.pos += 1  # a trailing comma before "}" is allowed
-        self.expect("}")
-        return labels
-
-    def value(self) -> float:
-        start = self.pos
-        token = self.match(_FLOAT, "a value")
-        # The number must end at a blank or the end of the line: "1.5x" is not 1.5.
-        if self.peek() not in ("", " ", "\t"):
-            raise ValueError(f"invalid value at column {start + 1}")
-        return float(token)
-
-
-def parse_prometheus_text(text: str) -> list[Sample]:
-    """The samples of a Prometheus text exposition (format 0.0.4), in order.
-
-    Reads what `Registry.render()` writes and real exporters' output (sglang's `/metrics`):
-    comment lines, `# HELP` and `# TYPE` included, are skipped; label values may carry the
-    escapes \\\\, \\" and \\n; values may be +Inf, -Inf or NaN; an optional integer timestamp
-    (milliseconds) may follow the value. A malformed line raises ValueError naming its number.
-    """
-    samples = []
-    # Split on "\n" only: the format's line separator. str.splitlines() would also split on
-    # characters such as U+2028 that a label value may legitimately contain.
-    for number, raw in enumerate(text.split("\n"), start=1):
-        line = raw.rstrip("\r")
-        stripped = line.strip(" \t")
-        if not stripped or stripped.startswith("#"):
-            continue
-        cursor = _LineParser(line)
-        try:
-            cursor.skip_blanks()
-            name = cursor.match(_METRIC_NAME, "a metric name")
-            # Like Prometheus's own parser, allow blanks between the name and its labels.
-            blanks = cursor.skip_blanks()
-            if cursor.peek() == "{":
-                labels = cursor.labels()
-                cursor.skip_blanks()
-            elif blanks:
-                labels = {}
-            else:
-                # Without this, "x+1" would read as metric x with value +1.
-                raise ValueError(f"expected a blank after the metric name at column {cursor.pos + 1}")
-            value = cursor.value()
-            timestamp = None
-            if cursor.skip_blanks() and not cursor.at_end():
-                timestamp = int(cursor.match(_TIMESTAMP, "a timestamp"))
-                cursor.skip_blanks()
-            if not cursor.at_end():
-                raise ValueError(f"unexpected text at column {cursor.pos + 1}")
-        except ValueError as err:
-            raise ValueError(f"line {number}: {err}: {line!r}") from None
-        samples.append(Sample(name=name, labels=labels, value=value, timestamp_ms=timestamp))
-    return samples

@@ -24,9 +24,10 @@ Trust and failure posture:
   below its max is only a problem when it stays there under load; the width does not drop.
 
 All NVML access goes through `NvmlApi`, a small interface with the calls used here; `Pynvml`
-implements it on `nvidia-ml-py`, and `FakeNvml` implements it on made-up devices for tests and
-for previewing plans without a GPU (`engy-node --fake-gpus 4xRTX4090`). `FakeNvml` raises the
-same `pynvml` error classes the real library does, so both paths run the same code here.
+implements it on `nvidia-ml-py`. `engy_node.testing.nvml.FakeNvml` implements it on made-up
+devices for tests and for previewing plans without a GPU (`engy-node --fake-gpus 4xRTX4090`),
+raising the same `pynvml` error classes the real library does, so both paths run the same code
+here.
 
 Blocking: NVML calls block (a few ms each, longer on a busy driver). Call `detect()` from trio as
 `await trio.to_thread.run_sync(detect)`.
@@ -36,19 +37,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Literal, NamedTuple, Protocol, TypeVar
 
 import pynvml
 
-from engy_node.errors import ConfigError
-
 __all__ = [
-    "FAKE_GPU_MODELS",
-    "FakeGpu",
-    "FakeNvml",
     "GpuInfo",
     "GpuInventory",
     "MemoryReading",
@@ -57,7 +51,6 @@ __all__ = [
     "cuda_version_text",
     "decode_clock_event_reasons",
     "detect",
-    "parse_fake_gpu_spec",
 ]
 
 log = logging.getLogger("engy.miner.gpu")
@@ -520,240 +513,3 @@ def _read_memory(api: NvmlApi, reader: _Reader, index: int, handle: object) -> M
     except pynvml.NVMLError as err:
         reader.warnings.append(f"GPU{index} memory: {err}")
         return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Fake devices: the same interface on made-up GPUs, for tests and for previewing plans.
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class FakeGpu:
-    """One made-up GPU. Defaults in `FAKE_GPU_MODELS` are an idle card as NVML reports it."""
-
-    model: str
-    """Short model key, as in a fake spec string (`RTX4090`)."""
-    name: str
-    memory_total_mib: int
-    compute_capability: tuple[int, int]
-    power_limit_w: int
-    power_draw_w: int = 25
-    temperature_c: int = 41
-    fan_percent: int = 30
-    memory_used_mib: int = 1
-    memory_reserved_mib: int = 330
-    gpu_util_percent: int = 0
-    memory_util_percent: int = 0
-    sm_clock_mhz: int = 210
-    sm_clock_max_mhz: int = 3120
-    mem_clock_mhz: int = 405
-    mem_clock_max_mhz: int = 10501
-    clock_event_reasons: int = pynvml.nvmlClocksEventReasonGpuIdle
-    pcie_gen: int = 4
-    """A real idle card reports gen 1 here; the fake reports the link as it runs under load,
-    so plans previewed on fakes show no spurious downgrade."""
-    pcie_width: int = 16
-    pcie_gen_max: int = 4
-    pcie_width_max: int = 16
-    unsupported: frozenset[str] = frozenset()
-    """`NvmlApi` method names this GPU answers with `NVMLError_NotSupported`."""
-    broken: frozenset[str] = frozenset()
-    """`NvmlApi` method names this GPU answers with `NVMLError_GpuIsLost` (`handle` included:
-    the GPU cannot even be opened)."""
-
-
-FAKE_GPU_MODELS: dict[str, FakeGpu] = {
-    # A stock RTX 4090 as NVML reports it: 24564 MiB, 450 W default limit, compute capability
-    # 8.9, PCIe 4.0 x16; clocks are typical, not any one board's.
-    "RTX4090": FakeGpu(
-        model="RTX4090", name="NVIDIA GeForce RTX 4090", memory_total_mib=24564,
-        compute_capability=(8, 9), power_limit_w=450, power_draw_w=21, temperature_c=41,
-    ),
-    # A stock RTX 5090: 32607 MiB, 575 W, compute capability 12.0, PCIe 5.0 x16; typical clocks.
-    "RTX5090": FakeGpu(
-        model="RTX5090", name="NVIDIA GeForce RTX 5090", memory_total_mib=32607,
-        compute_capability=(12, 0), power_limit_w=575, power_draw_w=30, temperature_c=38,
-        sm_clock_max_mhz=3090, mem_clock_max_mhz=14001, pcie_gen=5, pcie_gen_max=5,
-    ),
-}
-
-FAKE_SPEC_FORMS = "'4xRTX4090', '2xRTX5090', 'RTX4090,RTX5090' (models: " + ", ".join(FAKE_GPU_MODELS) + ")"
-_FAKE_ITEM = re.compile(r"^(?:(\d+)\s*[x×]\s*)?([a-z0-9]+)$", re.IGNORECASE)
-MAX_FAKE_GPUS = 64
-
-
-def parse_fake_gpu_spec(spec: str) -> tuple[FakeGpu, ...]:
-    """`"4xRTX4090"`, `"2xRTX5090"`, `"RTX4090,RTX5090"` (mixed, in that order) -> fake GPUs.
-
-    Errors: `ConfigError` naming the bad part and the accepted forms.
-    """
-    gpus: list[FakeGpu] = []
-    for item in spec.split(","):
-        match = _FAKE_ITEM.match(item.strip())
-        if not match:
-            raise ConfigError(f"cannot read fake GPU spec {spec!r} at {item.strip()!r}; accepted forms: {FAKE_SPEC_FORMS}")
-        count_text, model_text = match.groups()
-        model = FAKE_GPU_MODELS.get(model_text.upper())
-        if model is None:
-            raise ConfigError(f"unknown GPU model {model_text!r} in fake GPU spec {spec!r}; accepted forms: {FAKE_SPEC_FORMS}")
-        count = 1 if count_text is None else int(count_text)
-        if count < 1:
-            raise ConfigError(f"fake GPU spec {spec!r} asks for {count} GPUs; accepted forms: {FAKE_SPEC_FORMS}")
-        gpus.extend([model] * count)
-    if len(gpus) > MAX_FAKE_GPUS:
-        raise ConfigError(f"fake GPU spec {spec!r} asks for {len(gpus)} GPUs; at most {MAX_FAKE_GPUS}")
-    return tuple(gpus)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _FakeHandle:
-    index: int
-
-
-class FakeNvml:
-    """`NvmlApi` on made-up GPUs, raising the same `pynvml` errors the real library raises.
-
-    Calls before `init()` raise `NVMLError_Uninitialized`; a method named in a GPU's
-    `unsupported` raises `NVMLError_NotSupported`, one in its `broken` raises
-    `NVMLError_GpuIsLost`; one named in `missing_functions` raises
-    `NVMLError_FunctionNotFound` on every GPU (an old driver). `init_error` makes `init()` fail.
-    GeForce cards report P2P `not_supported` between each other; `p2p_ok=True` makes every pair
-    `ok`. `init_calls`/`shutdown_calls` count what reached the "driver".
-    """
-
-    def __init__(
-        self,
-        gpus: Sequence[FakeGpu],
-        *,
-        p2p_ok: bool = False,
-        init_error: type[pynvml.NVMLError] | None = None,
-        missing_functions: frozenset[str] = frozenset(),
-        driver_version: str = "570.133.07",
-        cuda_driver_version: int = 12080,
-    ) -> None:
-        self.gpus = tuple(gpus)
-        self.p2p_ok = p2p_ok
-        self.init_error = init_error
-        self.missing_functions = missing_functions
-        self._driver_version = driver_version
-        self._cuda_driver_version = cuda_driver_version
-        self.init_calls = 0
-        self.shutdown_calls = 0
-        self._initialized = False
-
-    @classmethod
-    def from_spec(cls, spec: str, *, p2p_ok: bool = False) -> FakeNvml:
-        """Fake GPUs from a spec string (see `parse_fake_gpu_spec`)."""
-        return cls(parse_fake_gpu_spec(spec), p2p_ok=p2p_ok)
-
-    def _ready(self, function: str) -> None:
-        if not self._initialized:
-            raise pynvml.NVMLError_Uninitialized()
-        if function in self.missing_functions:
-            raise pynvml.NVMLError_FunctionNotFound()
-
-    def _gpu(self, handle: object, function: str) -> tuple[int, FakeGpu]:
-        self._ready(function)
-        if not isinstance(handle, _FakeHandle) or not 0 <= handle.index < len(self.gpus):
-            raise pynvml.NVMLError_InvalidArgument()
-        gpu = self.gpus[handle.index]
-        if function in gpu.broken:
-            raise pynvml.NVMLError_GpuIsLost()
-        if function in gpu.unsupported:
-            raise pynvml.NVMLError_NotSupported()
-        return handle.index, gpu
-
-    def init(self) -> None:
-        self.init_calls += 1
-        if self.init_error is not None:
-            raise self.init_error()
-        self._initialized = True
-
-    def shutdown(self) -> None:
-        self._ready("shutdown")
-        self.shutdown_calls += 1
-        self._initialized = False
-
-    def driver_version(self) -> str:
-        self._ready("driver_version")
-        return self._driver_version
-
-    def cuda_driver_version(self) -> int:
-        self._ready("cuda_driver_version")
-        return self._cuda_driver_version
-
-    def device_count(self) -> int:
-        self._ready("device_count")
-        return len(self.gpus)
-
-    def handle(self, index: int) -> object:
-        self._ready("handle")
-        if not 0 <= index < len(self.gpus):
-            raise pynvml.NVMLError_InvalidArgument()
-        if "handle" in self.gpus[index].broken:
-            raise pynvml.NVMLError_GpuIsLost()
-        return _FakeHandle(index)
-
-    def name(self, handle: object) -> str:
-        return self._gpu(handle, "name")[1].name
-
-    def uuid(self, handle: object) -> str:
-        index, gpu = self._gpu(handle, "uuid")
-        return f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'engy-fake-gpu/{gpu.model}/{index}')}"
-
-    def pci_bus_id(self, handle: object) -> str:
-        index, _ = self._gpu(handle, "pci_bus_id")
-        return f"00000000:{index + 1:02X}:00.0"
-
-    def compute_capability(self, handle: object) -> tuple[int, int]:
-        return self._gpu(handle, "compute_capability")[1].compute_capability
-
-    def memory_info_v2(self, handle: object) -> MemoryReading:
-        _, gpu = self._gpu(handle, "memory_info_v2")
-        total, used, reserved = gpu.memory_total_mib * MIB, gpu.memory_used_mib * MIB, gpu.memory_reserved_mib * MIB
-        return MemoryReading(total=total, used=used, free=total - used - reserved, reserved=reserved)
-
-    def memory_info_v1(self, handle: object) -> MemoryReading:
-        _, gpu = self._gpu(handle, "memory_info_v1")
-        # v1 counts the driver's reservation as used, as real drivers >= 510 do.
-        total, used = gpu.memory_total_mib * MIB, (gpu.memory_used_mib + gpu.memory_reserved_mib) * MIB
-        return MemoryReading(total=total, used=used, free=total - used)
-
-    def utilization(self, handle: object) -> tuple[int, int]:
-        gpu = self._gpu(handle, "utilization")[1]
-        return gpu.gpu_util_percent, gpu.memory_util_percent
-
-    def temperature(self, handle: object) -> int:
-        return self._gpu(handle, "temperature")[1].temperature_c
-
-    def power_usage_mw(self, handle: object) -> int:
-        return self._gpu(handle, "power_usage_mw")[1].power_draw_w * 1000
-
-    def power_limit_mw(self, handle: object) -> int:
-        return self._gpu(handle, "power_limit_mw")[1].power_limit_w * 1000
-
-    def fan_speed(self, handle: object) -> int:
-        return self._gpu(handle, "fan_speed")[1].fan_percent
-
-    def clock_mhz(self, handle: object, kind: ClockKind) -> int:
-        gpu = self._gpu(handle, "clock_mhz")[1]
-        return gpu.sm_clock_mhz if kind == "sm" else gpu.mem_clock_mhz
-
-    def max_clock_mhz(self, handle: object, kind: ClockKind) -> int:
-        gpu = self._gpu(handle, "max_clock_mhz")[1]
-        return gpu.sm_clock_max_mhz if kind == "sm" else gpu.mem_clock_max_mhz
-
-    def clock_event_reasons(self, handle: object) -> int:
-        return self._gpu(handle, "clock_event_reasons")[1].clock_event_reasons
-
-    def pcie_link_gen(self, handle: object, end: LinkEnd) -> int:
-        gpu = self._gpu(handle, "pcie_link_gen")[1]
-        return gpu.pcie_gen if end == "current" else gpu.pcie_gen_max
-
-    def pcie_link_width(self, handle: object, end: LinkEnd) -> int:
-        gpu = self._gpu(handle, "pcie_link_width")[1]
-        return gpu.pcie_width if end == "current" else gpu.pcie_width_max
-
-    def p2p_read_status(self, handle_a: object, handle_b: object) -> int:
-        self._gpu(handle_a, "p2p_read_status")
-        self._gpu(handle_b, "p2p_read_status")
-        return pynvml.NVML_P2P_STATUS_OK if self.p2p_ok else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED

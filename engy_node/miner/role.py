@@ -35,7 +35,7 @@ from engy_node import __version__, keys
 from engy_node.config import Config
 from engy_node.errors import EngyError
 from engy_node.hub import Hub
-from engy_node.miner.gpu import FakeNvml, GpuInventory, detect
+from engy_node.miner.gpu import GpuInventory, detect
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
 from engy_node.miner.plan import Plan, plan, read_model_shape
 from engy_node.miner.serving import RequestHandler, RequestOutcome
@@ -89,6 +89,8 @@ class MinerSetup:
 
 def detect_gpus(fake_spec: str) -> GpuInventory:
     if fake_spec:
+        from engy_node.testing.nvml import FakeNvml  # only --fake-gpus loads the fakes
+
         try:
             nvml = FakeNvml.from_spec(fake_spec)
         except EngyError as error:

@@ -32,6 +32,7 @@ from typing import Any
 
 import orjson
 import trio
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -471,7 +472,7 @@ class ReferenceApp:
         running, waiting = self.engine.load()
         if self.engine.metrics is not None:
             self.engine.metrics.set_load(running, waiting)
-        return Response(self.registry.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
     # ---- /engy/prefill -------------------------------------------------------------------
     async def prefill(self, request: Request) -> Response:

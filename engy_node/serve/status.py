@@ -26,18 +26,23 @@ Trust and failure posture:
 Latency percentiles come from the cumulative histogram buckets on `/metrics`, so they are
 estimates over the server's lifetime, not exact values over a recent window; see
 `bucket_quantile()` for how they are estimated and how far they can be off.
+
+The exposition is read by `prometheus_client`'s parser, the library sglang writes it with. That
+parser is lenient (a lax reader, by its own description), which suits a peer we do not control;
+`exposition_samples()` only flattens its families and names the line when it does give up.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
-
-from engy_node.metrics import Sample, parse_prometheus_text
+from prometheus_client.parser import text_fd_to_metric_families
+from prometheus_client.samples import Sample
 
 if TYPE_CHECKING:
     import httpx
@@ -46,6 +51,7 @@ __all__ = [
     "LatencySummary",
     "ServerStatus",
     "bucket_quantile",
+    "exposition_samples",
     "fetch_status",
     "histogram_quantiles",
 ]
@@ -203,6 +209,42 @@ def histogram_quantiles(samples: Iterable[Sample], metric_name: str) -> LatencyS
 # ---- reading the endpoints' bodies (pure) ------------------------------------------------------
 
 
+class _NumberedLines(io.StringIO):
+    """Text handed to the parser line by line, remembering which line it read last: the parser
+    consumes one line at a time and fails on the line it is reading, and its own errors carry
+    no line number (some carry no text at all)."""
+
+    def __init__(self, text: str) -> None:
+        # newline="\n": split only where the format does, not at U+2028 inside a label value.
+        super().__init__(text, newline="\n")
+        self.number = 0
+        self.line = ""
+
+    def __next__(self) -> str:
+        self.line = super().__next__()
+        self.number += 1
+        return self.line
+
+
+def exposition_samples(text: str) -> list[Sample]:
+    """Every sample of a Prometheus text exposition, in order, as `prometheus_client` parses it.
+
+    Values are ints or floats as written; `timestamp` is in seconds, or None. Sample lines are
+    read leniently (loose spacing, extra fields, unknown escapes kept as written). `# HELP` and
+    `# TYPE` lines group samples into families, so a malformed one is an error, and the samples
+    of a counter whose `# TYPE` name lacks `_total` come back with it appended (every Prometheus
+    client, sglang's included, writes the suffix itself). What the parser refuses raises
+    ValueError naming the line it was reading: "line 4: 'metric{a=1} 2' (Invalid labels: a=1)".
+    """
+    lines = _NumberedLines(text)
+    try:
+        return [sample for family in text_fd_to_metric_families(lines) for sample in family.samples]
+    except ValueError as err:
+        line = lines.line.rstrip("\r\n")
+        detail = f" ({err})" if str(err) else ""
+        raise ValueError(f"line {lines.number}: {line!r}{detail}") from None
+
+
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
@@ -304,7 +346,7 @@ def _metric_samples(response: httpx.Response, problems: list[str]) -> list[Sampl
         problems.append(f"GET /metrics: HTTP {response.status_code}")
         return []
     try:
-        return parse_prometheus_text(response.text)
+        return exposition_samples(response.text)
     except ValueError as err:
         problems.append(f"GET /metrics: unreadable exposition: {err}")
         return []

@@ -1,4 +1,6 @@
-"""Stand-ins for peers outside this process, for tests, benchmarks and local experiments.
+"""Stand-ins for what lies outside this process, for tests, benchmarks and local experiments.
 
-Each one speaks the real wire protocol over real sockets; none replaces a part of the node.
+Each one speaks the real interface: the peers (`gateway`, `synthetic_miner`) the wire protocol
+over real sockets, the fake GPU driver (`nvml`) NVML's calls and error classes. None replaces
+a part of the node.
 """

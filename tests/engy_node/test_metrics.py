@@ -1,4 +1,5 @@
-"""Tests for engy_node.metrics: percentiles, buckets, registration, exposition and parsing."""
+"""Tests for engy_node.metrics: percentiles, buckets, registration, snapshots, and the exposition
+prometheus_client writes from the registry (read back with its parser)."""
 
 import json
 import math
@@ -9,6 +10,8 @@ from fractions import Fraction
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from engy_node.metrics import (
     E2E_BUCKETS,
@@ -16,9 +19,7 @@ from engy_node.metrics import (
     TTFT_BUCKETS,
     HistogramSummary,
     Registry,
-    Sample,
     nearest_rank,
-    parse_prometheus_text,
 )
 
 METRIC_NAMES = st.from_regex(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,20}", fullmatch=True)
@@ -26,6 +27,16 @@ PERCENTILES = st.one_of(
     st.integers(min_value=1, max_value=100),
     st.floats(min_value=0, max_value=100, exclude_min=True),
 )
+
+
+def exposition(registry: Registry) -> str:
+    return generate_latest(registry).decode()
+
+
+def read_back(registry: Registry) -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of every sample in the registry's exposition, in order."""
+    families = text_string_to_metric_families(exposition(registry))
+    return [(sample.name, sample.labels, sample.value) for family in families for sample in family.samples]
 
 
 def reference_percentile(values, q):
@@ -204,7 +215,7 @@ def test_registering_the_same_metric_twice_returns_the_existing_family():
     second = registry.histogram("itl_seconds", "other help", ("model",), buckets=ITL_BUCKETS)
     assert second is first
     assert second.labels(model="m").count == 1
-    assert registry.render().count("# TYPE itl_seconds") == 1
+    assert exposition(registry).count("# TYPE itl_seconds") == 1
 
 
 def test_registering_a_name_again_as_another_type_raises_naming_the_metric():
@@ -232,8 +243,8 @@ def test_registering_a_name_again_with_another_definition_raises_naming_the_metr
 def test_a_name_colliding_with_another_familys_samples_is_rejected():
     registry = Registry()
     registry.histogram("latency", "help")
-    with pytest.raises(ValueError, match="latency_count"):
-        registry.counter("latency_count", "help")
+    with pytest.raises(ValueError, match="latency_count, which metric latency already does"):
+        registry.gauge("latency_count", "help")
     registry.gauge("queue_sum", "help")
     with pytest.raises(ValueError, match="queue_sum"):
         registry.histogram("queue", "help")
@@ -255,7 +266,7 @@ def test_a_gauge_can_be_set_raised_and_lowered():
     assert gauge.value == 3.5
 
 
-def test_render_writes_the_text_exposition_format():
+def test_prometheus_client_writes_the_registry_in_the_text_exposition_format():
     registry = Registry()
     help_text = "Time to first token.\nIn seconds \\ s."
     ttft = registry.histogram("engy:ttft_seconds", help_text, ["model"], buckets=(0.1, 1))
@@ -264,17 +275,18 @@ def test_render_writes_the_text_exposition_format():
     registry.counter("requests_total", "Requests served.", ["role", "code"]).labels(code=200, role="gw").inc(2)
     registry.gauge("free_bytes", "Free memory.").set(1e20)
     registry.gauge("empty", "No children yet.", ["x"])
-    assert registry.render() == (
+    # Labels are written in name order, and a histogram's _count before its _sum: the library's layout.
+    assert exposition(registry) == (
         "# HELP engy:ttft_seconds Time to first token.\\nIn seconds \\\\ s.\n"
         "# TYPE engy:ttft_seconds histogram\n"
-        'engy:ttft_seconds_bucket{model="q\\"3\\\\x\\ny",le="0.1"} 1.0\n'
-        'engy:ttft_seconds_bucket{model="q\\"3\\\\x\\ny",le="1.0"} 2.0\n'
-        'engy:ttft_seconds_bucket{model="q\\"3\\\\x\\ny",le="+Inf"} 2.0\n'
-        'engy:ttft_seconds_sum{model="q\\"3\\\\x\\ny"} 0.55\n'
+        'engy:ttft_seconds_bucket{le="0.1",model="q\\"3\\\\x\\ny"} 1.0\n'
+        'engy:ttft_seconds_bucket{le="1.0",model="q\\"3\\\\x\\ny"} 2.0\n'
+        'engy:ttft_seconds_bucket{le="+Inf",model="q\\"3\\\\x\\ny"} 2.0\n'
         'engy:ttft_seconds_count{model="q\\"3\\\\x\\ny"} 2.0\n'
+        'engy:ttft_seconds_sum{model="q\\"3\\\\x\\ny"} 0.55\n'
         "# HELP requests_total Requests served.\n"
         "# TYPE requests_total counter\n"
-        'requests_total{role="gw",code="200"} 2.0\n'
+        'requests_total{code="200",role="gw"} 2.0\n'
         "# HELP free_bytes Free memory.\n"
         "# TYPE free_bytes gauge\n"
         "free_bytes 1e+20\n"
@@ -283,26 +295,47 @@ def test_render_writes_the_text_exposition_format():
     )
 
 
-def test_a_counter_is_rendered_under_its_registered_name_without_an_added_total_suffix():
+def test_counters_and_histograms_get_no_created_series():
     registry = Registry()
-    registry.counter("tokens", "help").inc(3)
-    assert "\ntokens 3.0\n" in registry.render()
-    assert "tokens_total" not in registry.render()
+    registry.counter("tokens_total", "help").inc(3)
+    registry.histogram("latency_seconds", "help", buckets=(1.0,)).observe(0.5)
+    assert "_created" not in exposition(registry)
+    assert ("tokens_total", {}, 3.0) in read_back(registry)
 
 
-def test_an_unlabelled_metric_is_rendered_at_zero_before_its_first_update():
+@pytest.mark.parametrize("name", ["tokens", "tokens_count", "_total"])
+def test_a_counter_name_must_end_in_total_because_that_is_how_it_is_exposed(name):
+    with pytest.raises(ValueError, match=f"counter {name}: a counter's name must end in _total"):
+        Registry().counter(name, "help")
+
+
+def test_an_unlabelled_metric_is_exposed_at_zero_before_its_first_update():
     registry = Registry()
     registry.histogram("h", "help", buckets=(1.0,))
-    assert parse_prometheus_text(registry.render()) == [
-        Sample("h_bucket", {"le": "1.0"}, 0.0),
-        Sample("h_bucket", {"le": "+Inf"}, 0.0),
-        Sample("h_sum", {}, 0.0),
-        Sample("h_count", {}, 0.0),
+    assert read_back(registry) == [
+        ("h_bucket", {"le": "1.0"}, 0.0),
+        ("h_bucket", {"le": "+Inf"}, 0.0),
+        ("h_count", {}, 0.0),
+        ("h_sum", {}, 0.0),
     ]
 
 
-def test_an_empty_registry_renders_nothing():
-    assert Registry().render() == ""
+def test_a_histogram_whose_first_bound_is_negative_is_exposed_without_sum_and_count():
+    registry = Registry()
+    histogram = registry.histogram("delta", "help", buckets=(-1.0, 1.0))
+    histogram.observe(-2)
+    histogram.observe(0.5)
+    assert read_back(registry) == [
+        ("delta_bucket", {"le": "-1.0"}, 1.0),
+        ("delta_bucket", {"le": "1.0"}, 2.0),
+        ("delta_bucket", {"le": "+Inf"}, 2.0),
+    ]
+    child = registry.snapshot()["delta"]["children"][0]
+    assert (child["count"], child["sum"]) == (2, -1.5)
+
+
+def test_an_empty_registry_is_exposed_as_nothing():
+    assert generate_latest(Registry()) == b""
 
 
 @settings(max_examples=80)
@@ -313,7 +346,7 @@ def test_an_empty_registry_renders_nothing():
     observations=st.lists(st.floats(min_value=0, max_value=1000), max_size=5),
 )
 @example(name="sglang:x", label_values=['a"b\\c\nd', "\u2028é\r", ""], value=-0.0, observations=[0.5, 3.0])
-def test_render_then_parse_gives_back_every_sample(name, label_values, value, observations):
+def test_prometheus_client_reads_back_every_sample_it_wrote_from_the_registry(name, label_values, value, observations):
     registry = Registry()
     labelnames = [f"l{i}" for i in range(len(label_values))]
     labels = dict(zip(labelnames, label_values))
@@ -323,115 +356,17 @@ def test_render_then_parse_gives_back_every_sample(name, label_values, value, ob
     for observation in observations:
         child.observe(observation)
 
-    samples = parse_prometheus_text(registry.render())
+    gauge_sample, *histogram_samples = read_back(registry)
 
-    gauge_sample, *histogram_samples = samples
-    assert (gauge_sample.name, gauge_sample.labels) == (name, labels)
-    assert gauge_sample.value == value or (math.isnan(value) and math.isnan(gauge_sample.value))
+    assert gauge_sample[:2] == (name, labels)
+    assert gauge_sample[2] == value or (math.isnan(value) and math.isnan(gauge_sample[2]))
     assert histogram_samples == [
-        Sample(f"{name}_h_bucket", labels | {"le": "0.5"}, float(sum(1 for o in observations if o <= 0.5))),
-        Sample(f"{name}_h_bucket", labels | {"le": "10.0"}, float(sum(1 for o in observations if o <= 10))),
-        Sample(f"{name}_h_bucket", labels | {"le": "+Inf"}, float(len(observations))),
-        Sample(f"{name}_h_sum", labels, child.sum),
-        Sample(f"{name}_h_count", labels, float(len(observations))),
+        (f"{name}_h_bucket", labels | {"le": "0.5"}, float(sum(1 for o in observations if o <= 0.5))),
+        (f"{name}_h_bucket", labels | {"le": "10.0"}, float(sum(1 for o in observations if o <= 10))),
+        (f"{name}_h_bucket", labels | {"le": "+Inf"}, float(len(observations))),
+        (f"{name}_h_count", labels, float(len(observations))),
+        (f"{name}_h_sum", labels, child.sum),
     ]
-
-
-SGLANG_EXPOSITION = """\
-# HELP sglang:time_to_first_token_seconds Histogram of time to first token in seconds.
-# TYPE sglang:time_to_first_token_seconds histogram
-sglang:time_to_first_token_seconds_bucket{engine_type="unified",is_streaming="true",le="0.1",model_name="Qwen3.6"} 4.0
-sglang:time_to_first_token_seconds_bucket{engine_type="unified",is_streaming="true",le="+Inf",model_name="Qwen3.6"} 5.0
-sglang:time_to_first_token_seconds_sum{engine_type="unified",is_streaming="true",model_name="Qwen3.6"} 0.61
-sglang:time_to_first_token_seconds_count{engine_type="unified",is_streaming="true",model_name="Qwen3.6"} 5.0
-# TYPE sglang:num_running_reqs gauge
-sglang:num_running_reqs{engine_type="unified",model_name="Qwen3.6",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 2.0
-# HELP sglang:cache_hit_rate The prefix cache hit rate.
-# TYPE sglang:cache_hit_rate gauge
-sglang:cache_hit_rate{model_name="Qwen3.6"} NaN
-# HELP python_gc_objects_collected_total Objects collected during gc
-# TYPE python_gc_objects_collected_total counter
-python_gc_objects_collected_total{generation="0"} 5346.0
-process_start_time_seconds 1.71e+09
-"""
-
-
-def test_parse_reads_a_realistic_sglang_exposition():
-    samples = parse_prometheus_text(SGLANG_EXPOSITION)
-    assert [s.name for s in samples] == [
-        "sglang:time_to_first_token_seconds_bucket",
-        "sglang:time_to_first_token_seconds_bucket",
-        "sglang:time_to_first_token_seconds_sum",
-        "sglang:time_to_first_token_seconds_count",
-        "sglang:num_running_reqs",
-        "sglang:cache_hit_rate",
-        "python_gc_objects_collected_total",
-        "process_start_time_seconds",
-    ]
-    assert samples[0] == Sample(
-        "sglang:time_to_first_token_seconds_bucket",
-        {"engine_type": "unified", "is_streaming": "true", "le": "0.1", "model_name": "Qwen3.6"},
-        4.0,
-    )
-    assert samples[1].labels["le"] == "+Inf" and samples[1].value == 5.0
-    assert samples[2].value == 0.61
-    assert samples[4].labels == {
-        "engine_type": "unified",
-        "model_name": "Qwen3.6",
-        "moe_ep_rank": "0",
-        "pp_rank": "0",
-        "tp_rank": "0",
-    }
-    assert samples[4].value == 2.0
-    assert math.isnan(samples[5].value)
-    assert samples[7] == Sample("process_start_time_seconds", {}, 1.71e9)
-
-
-def test_parse_reads_special_values_timestamps_escapes_and_loose_spacing():
-    text = (
-        "# a plain comment\n"
-        "\n"
-        "up 1 1700000000000\n"
-        "down -Inf\n"
-        "big +Inf -5\n"
-        'esc{a="x\\\\y\\"z\\nw",b="\u2028é"} 1.5e-3\r\n'
-        'spaced { a = "1" , b="2", } \t 7\t \n'
-        "bare{} 3"
-    )
-    assert parse_prometheus_text(text) == [
-        Sample("up", {}, 1.0, 1700000000000),
-        Sample("down", {}, -math.inf),
-        Sample("big", {}, math.inf, -5),
-        Sample("esc", {"a": 'x\\y"z\nw', "b": "\u2028é"}, 0.0015),
-        Sample("spaced", {"a": "1", "b": "2"}, 7.0),
-        Sample("bare", {}, 3.0),
-    ]
-
-
-@pytest.mark.parametrize(
-    "bad_line",
-    [
-        "metric",
-        "metric{a=\"1\"}",
-        "metric abc",
-        "metric 1_000",
-        "metric 1.5x",
-        "metric 1 2 3",
-        "metric 1 1.5",
-        "metric+1",
-        '9metric 1',
-        'metric{a="1" 2',
-        'metric{a="1} 2',
-        'metric{a="\\t"} 2',
-        'metric{a=1} 2',
-        'metric{a="1",a="2"} 2',
-        'metric{a:b="1"} 2',
-    ],
-)
-def test_parse_reports_the_line_number_of_a_malformed_line(bad_line):
-    text = "# TYPE ok gauge\nok 1\n\n" + bad_line + "\nok 2\n"
-    with pytest.raises(ValueError, match="^line 4: "):
-        parse_prometheus_text(text)
 
 
 def test_snapshot_is_plain_json_with_every_family_and_child():

@@ -1,5 +1,5 @@
-"""GPU detection through the NVML interface: fake devices for every shape of machine, the real
-library on this GPU-less machine, and the fake-GPU spec strings the CLI accepts."""
+"""GPU detection through the NVML interface: fake devices for every shape of machine, and the
+real library on this machine (GPU-less or not)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,15 @@ import pynvml
 import pytest
 import trio
 
-from engy_node.errors import ConfigError
 from engy_node.miner.gpu import (
-    FAKE_GPU_MODELS,
     MIB,
     P2P_CAPS_INDEX_READ,
-    FakeNvml,
     GpuInfo,
     cuda_version_text,
     decode_clock_event_reasons,
     detect,
-    parse_fake_gpu_spec,
 )
+from engy_node.testing.nvml import FAKE_GPU_MODELS, FakeNvml
 
 RTX4090 = FAKE_GPU_MODELS["RTX4090"]
 RTX5090 = FAKE_GPU_MODELS["RTX5090"]
@@ -219,13 +216,6 @@ async def test_detection_runs_in_a_worker_thread_from_trio():
     assert len(inventory.gpus) == 2
 
 
-def test_the_fake_refuses_calls_before_init_like_nvml():
-    nvml = FakeNvml.from_spec("RTX4090")
-
-    with pytest.raises(pynvml.NVMLError_Uninitialized):
-        nvml.device_count()
-
-
 def test_a_pcie_downgrade_is_visible():
     riser = dataclasses.replace(RTX4090, pcie_gen=1, pcie_width=4)
     inventory = detect(nvml=FakeNvml([riser]))
@@ -263,39 +253,3 @@ def test_cuda_driver_versions_read_as_text(encoded, text):
 def test_p2p_is_queried_with_the_read_capability_as_a_plain_int():
     # pynvml spells the constant with a trailing comma, making it a tuple ctypes rejects.
     assert P2P_CAPS_INDEX_READ == 0 and isinstance(P2P_CAPS_INDEX_READ, int)
-
-
-@pytest.mark.parametrize(
-    ("spec", "models"),
-    [
-        ("4xRTX4090", ["RTX4090"] * 4),
-        ("2xRTX5090", ["RTX5090"] * 2),
-        ("RTX4090,RTX5090", ["RTX4090", "RTX5090"]),
-        ("1x rtx4090, 2 × RTX5090", ["RTX4090", "RTX5090", "RTX5090"]),
-        ("RTX4090", ["RTX4090"]),
-    ],
-)
-def test_fake_gpu_specs_parse(spec, models):
-    assert [gpu.model for gpu in parse_fake_gpu_spec(spec)] == models
-
-
-@pytest.mark.parametrize(
-    ("spec", "problem"),
-    [
-        ("", "at ''"),
-        ("4xGTX1080", "unknown GPU model 'GTX1080'"),
-        ("4RTX4090", "unknown GPU model '4RTX4090'"),
-        ("0xRTX4090", "asks for 0 GPUs"),
-        ("RTX4090,", "at ''"),
-        ("4x RTX 4090", "at '4x RTX 4090'"),
-        ("65xRTX4090", "asks for 65 GPUs; at most 64"),
-    ],
-)
-def test_bad_fake_gpu_specs_name_the_problem_and_the_accepted_forms(spec, problem):
-    with pytest.raises(ConfigError) as caught:
-        parse_fake_gpu_spec(spec)
-
-    message = str(caught.value)
-    assert problem in message
-    if "at most" not in problem:
-        assert "accepted forms: '4xRTX4090', '2xRTX5090', 'RTX4090,RTX5090' (models: RTX4090, RTX5090)" in message

@@ -16,8 +16,8 @@ import httpx
 import pytest
 import torch
 
-from engy_node.metrics import parse_prometheus_text
 from engy_node.serve.app import decode_array
+from engy_node.serve.status import exposition_samples
 
 PROMPT_IDS = [1, 504, 3575, 282, 4649, 314]
 
@@ -241,7 +241,7 @@ def test_aborting_an_unknown_rid_is_a_no_op_that_returns_200(client):
 
 def test_a_client_that_hangs_up_mid_stream_aborts_its_generation(client, reference_server):
     def aborted_total() -> float:
-        samples = parse_prometheus_text(client.get("/metrics").text)
+        samples = exposition_samples(client.get("/metrics").text)
         return sum(s.value for s in samples if s.name == "sglang:num_aborted_requests_total")
 
     before = aborted_total()
@@ -280,7 +280,9 @@ def test_a_long_generation_does_not_block_other_requests_or_their_abort(client, 
 
 def test_metrics_use_sglang_names(client):
     sglang_generate(client, {"input_ids": PROMPT_IDS, "sampling_params": {"temperature": 0, "max_new_tokens": 3}})
-    names = {sample.name for sample in parse_prometheus_text(client.get("/metrics").text)}
+    response = client.get("/metrics")
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    names = {sample.name for sample in exposition_samples(response.text)}
     for name in ("sglang:time_to_first_token_seconds_count", "sglang:inter_token_latency_seconds_bucket",
                  "sglang:e2e_request_latency_seconds_sum", "sglang:num_running_reqs", "sglang:num_queue_reqs",
                  "sglang:generation_tokens_total", "sglang:num_requests_total"):

@@ -1,4 +1,5 @@
-"""Reading a model server's state: bucket quantile estimates, sglang's own answers, and real polls.
+"""Reading a model server's state: bucket quantile estimates, sglang's exposition as
+prometheus_client parses it, sglang's own answers, and real polls.
 
 The quantile estimate is checked two ways: against an independent brute-force inversion of the
 piecewise-linear distribution the estimate assumes, and against the exact nearest-rank value
@@ -11,6 +12,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import re
 import socket
 
 import httpx
@@ -19,8 +21,8 @@ import trio
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from engy_node.metrics import nearest_rank, parse_prometheus_text
-from engy_node.serve.status import LatencySummary, bucket_quantile, fetch_status, histogram_quantiles
+from engy_node.metrics import nearest_rank
+from engy_node.serve.status import LatencySummary, bucket_quantile, exposition_samples, fetch_status, histogram_quantiles
 
 INF = math.inf
 QUANTILES = (0.5, 0.95, 0.99)
@@ -138,6 +140,128 @@ def test_estimate_lies_in_the_bucket_of_the_exact_nearest_rank_value(bounds, obs
         assert lower <= estimate <= bounds[slot]
 
 
+# ---- exposition_samples: what prometheus_client's parser makes of real expositions --------------
+
+# A slice of sglang's /metrics with the other series a prometheus_client process exports: a NaN
+# gauge, a gauge without HELP, the library's own gc counter, an untyped line.
+SGLANG_EXPOSITION = """\
+# HELP sglang:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE sglang:time_to_first_token_seconds histogram
+sglang:time_to_first_token_seconds_bucket{engine_type="unified",is_streaming="true",le="0.1",model_name="Qwen3.6"} 4.0
+sglang:time_to_first_token_seconds_bucket{engine_type="unified",is_streaming="true",le="+Inf",model_name="Qwen3.6"} 5.0
+sglang:time_to_first_token_seconds_sum{engine_type="unified",is_streaming="true",model_name="Qwen3.6"} 0.61
+sglang:time_to_first_token_seconds_count{engine_type="unified",is_streaming="true",model_name="Qwen3.6"} 5.0
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="unified",model_name="Qwen3.6",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 2.0
+# HELP sglang:cache_hit_rate The prefix cache hit rate.
+# TYPE sglang:cache_hit_rate gauge
+sglang:cache_hit_rate{model_name="Qwen3.6"} NaN
+# HELP python_gc_objects_collected_total Objects collected during gc
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total{generation="0"} 5346.0
+process_start_time_seconds 1.71e+09
+"""
+
+
+def fields(samples):
+    return [(sample.name, sample.labels, sample.value, sample.timestamp) for sample in samples]
+
+
+def test_samples_of_a_realistic_sglang_exposition_come_back_in_order():
+    samples = exposition_samples(SGLANG_EXPOSITION)
+    assert [s.name for s in samples] == [
+        "sglang:time_to_first_token_seconds_bucket",
+        "sglang:time_to_first_token_seconds_bucket",
+        "sglang:time_to_first_token_seconds_sum",
+        "sglang:time_to_first_token_seconds_count",
+        "sglang:num_running_reqs",
+        "sglang:cache_hit_rate",
+        "python_gc_objects_collected_total",
+        "process_start_time_seconds",
+    ]
+    assert fields(samples[:1]) == [(
+        "sglang:time_to_first_token_seconds_bucket",
+        {"engine_type": "unified", "is_streaming": "true", "le": "0.1", "model_name": "Qwen3.6"},
+        4.0,
+        None,
+    )]
+    assert samples[1].labels["le"] == "+Inf" and samples[1].value == 5.0
+    assert samples[2].value == 0.61
+    assert samples[4].labels == {
+        "engine_type": "unified",
+        "model_name": "Qwen3.6",
+        "moe_ep_rank": "0",
+        "pp_rank": "0",
+        "tp_rank": "0",
+    }
+    assert samples[4].value == 2.0
+    assert math.isnan(samples[5].value)
+    assert fields(samples[7:]) == [("process_start_time_seconds", {}, 1.71e9, None)]
+
+
+def test_samples_keep_special_values_timestamps_escapes_and_loose_spacing():
+    text = (
+        "# a plain comment\n"
+        "\n"
+        "up 1 1700000000000\n"
+        "down -Inf\n"
+        "big +Inf -5\n"
+        'esc{a="x\\\\y\\"z\\nw",b="\u2028é"} 1.5e-3\r\n'
+        'spaced { a = "1" , b="2", } \t 7\t \n'
+        "bare{} 3"
+    )
+    # Timestamps are written in milliseconds and read back in seconds.
+    assert fields(exposition_samples(text)) == [
+        ("up", {}, 1.0, 1700000000.0),
+        ("down", {}, -math.inf, None),
+        ("big", {}, math.inf, -0.005),
+        ("esc", {"a": 'x\\y"z\nw', "b": "\u2028é"}, 0.0015, None),
+        ("spaced", {"a": "1", "b": "2"}, 7.0, None),
+        ("bare", {}, 3.0, None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "sample"),
+    [
+        ("metric 1 2 3", ("metric", {}, 1.0, 0.003)),  # extra fields: the last is the timestamp
+        ('metric{a="\\t"} 2', ("metric", {"a": "\\t"}, 2.0, None)),  # an unknown escape is kept as written
+        ('metric{a:b="1"} 2', ("metric", {"a:b": "1"}, 2.0, None)),
+        ('metric{a="1"}2', ("metric", {"a": "1"}, 2.0, None)),
+    ],
+)
+def test_odd_but_readable_sample_lines_are_accepted(line, sample):
+    assert fields(exposition_samples(line + "\n")) == [sample]
+
+
+def test_a_counter_typed_without_total_is_read_under_the_suffixed_name():
+    # Every Prometheus client writes the suffix itself; the parser supplies it when a writer did not.
+    assert [s.name for s in exposition_samples("# TYPE jobs counter\njobs 3\n")] == ["jobs_total"]
+
+
+@pytest.mark.parametrize(
+    "bad_line",
+    [
+        "metric",
+        "metric{a=\"1\"}",
+        "metric abc",
+        "metric 1_000",
+        "metric 1.5x",
+        "metric+1",
+        '9metric 1',
+        'metric{a="1" 2',
+        'metric{a="1} 2',
+        'metric{a=1} 2',
+        'metric{a="1",a="2"} 2',
+        "# TYPE 9metric gauge",
+    ],
+)
+def test_a_malformed_line_is_reported_with_its_number_and_text(bad_line):
+    text = "# TYPE ok gauge\nok 1\n\n" + bad_line + "\r\nok 2\n"
+    with pytest.raises(ValueError, match="^line 4: " + re.escape(repr(bad_line))):
+        exposition_samples(text)
+
+
 # ---- histogram_quantiles over a realistic sglang exposition -------------------------------------
 
 # The shape of sglang 0.5.23's /metrics: colon names, tokenizer-side histograms and counters split
@@ -196,7 +320,7 @@ sglang:num_aborted_requests_total{engine_type="unified",model_name="Qwen3.6"} 1.
 
 
 def test_histogram_quantiles_sum_every_label_set_of_a_sglang_histogram():
-    ttft = histogram_quantiles(parse_prometheus_text(SGLANG_METRICS), "sglang:time_to_first_token_seconds")
+    ttft = histogram_quantiles(exposition_samples(SGLANG_METRICS), "sglang:time_to_first_token_seconds")
     # Summed: 4 at <= 0.1, 8 at <= 0.2, 18 at <= 0.4, 20 in all.
     assert ttft is not None
     assert ttft.count == 20
@@ -207,7 +331,7 @@ def test_histogram_quantiles_sum_every_label_set_of_a_sglang_histogram():
 
 
 def test_histogram_quantiles_of_an_itl_histogram():
-    itl = histogram_quantiles(parse_prometheus_text(SGLANG_METRICS), "sglang:inter_token_latency_seconds")
+    itl = histogram_quantiles(exposition_samples(SGLANG_METRICS), "sglang:inter_token_latency_seconds")
     assert itl == LatencySummary(
         count=100, mean_s=pytest.approx(0.01), p50_s=pytest.approx(0.01),
         p95_s=pytest.approx(0.01 + 0.005 * 45 / 50), p99_s=pytest.approx(0.01 + 0.005 * 49 / 50),
@@ -215,7 +339,7 @@ def test_histogram_quantiles_of_an_itl_histogram():
 
 
 def test_histogram_quantiles_is_none_for_an_absent_metric():
-    assert histogram_quantiles(parse_prometheus_text(SGLANG_METRICS), "sglang:e2e_request_latency_seconds") is None
+    assert histogram_quantiles(exposition_samples(SGLANG_METRICS), "sglang:e2e_request_latency_seconds") is None
 
 
 # ---- fetch_status against fake sglang answers (in-memory transport) ----------------------------
