@@ -69,8 +69,12 @@ def _describe(value: Any) -> str:
     return kind or type(value).__name__
 
 
+MAX_COUNT = 2**64 - 1
+"""The largest count a frame may carry: the largest integer orjson writes (and reads back) as one."""
+
+
 def _as_count(value: Any, field: str) -> int:
-    """A non-negative whole number; an integral float counts (`1800.0`)."""
+    """A non-negative whole number up to `MAX_COUNT`; an integral float counts (`1800.0`)."""
     if isinstance(value, bool):
         raise ProtocolError(field, "must be a number, not a boolean")
     if isinstance(value, int):
@@ -79,8 +83,8 @@ def _as_count(value: Any, field: str) -> int:
         number = int(value)
     else:
         raise ProtocolError(field, f"must be a whole number, got {_describe(value) if not isinstance(value, float) else value}")
-    if number < 0:
-        raise ProtocolError(field, f"must be non-negative, got {number}")
+    if not 0 <= number <= MAX_COUNT:
+        raise ProtocolError(field, f"must be between 0 and 2**64-1, got {value}")
     return number
 
 
@@ -146,8 +150,14 @@ class Capacity:
             max_inflight_total=_count(raw, "max_inflight_total", where, default=max_inflight),
             max_input_tokens=_count(raw, "max_input_tokens", where, default=0),
             max_output_tokens=_count(raw, "max_output_tokens", where, default=0),
-            max_request_s=0 if seconds is None else math.ceil(_as_seconds(seconds, f"{where}.max_request_s")),
+            max_request_s=0 if seconds is None else _deadline_s(seconds, f"{where}.max_request_s"),
         )
+
+
+def _deadline_s(value: Any, field: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _as_count(value, field)
+    return _as_count(float(math.ceil(_as_seconds(value, field))), field)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -225,7 +235,7 @@ class Heartbeat:
         return cls(
             inflight=_count(obj, "inflight", "heartbeat", default=0),
             idle_seconds=0.0 if idle is None else _as_seconds(idle, "heartbeat.idle_seconds"),
-            capacity=Capacity.parse(capacity, "heartbeat") if capacity else None,
+            capacity=None if capacity is None or capacity == {} else Capacity.parse(capacity, "heartbeat"),
         )
 
 
@@ -288,7 +298,11 @@ def _error_text(error: Any) -> str | None:
         return error
     if isinstance(error, Mapping):
         message, kind = error.get("message"), error.get("type")
-        message = message if isinstance(message, str) else orjson.dumps(error, default=str).decode()
+        if not isinstance(message, str):
+            try:
+                message = orjson.dumps(error).decode()
+            except orjson.JSONEncodeError:  # nested past what orjson writes (it reads deeper)
+                message = "an error object too deeply nested to show"
         return f"{kind}: {message}" if isinstance(kind, str) and kind else message
     raise ProtocolError("response.error", f"must be a string or an object, got {_describe(error)}")
 
@@ -483,7 +497,7 @@ def _parse_stream(obj: Mapping[str, Any]) -> bool:
         return False
     if isinstance(stream, bool):
         return stream
-    if isinstance(stream, int) and stream in (0, 1):
+    if isinstance(stream, (int, float)) and stream in (0, 1):
         return bool(stream)
     raise ProtocolError("serve.stream", f"must be a boolean, got {_describe(stream)}")
 
