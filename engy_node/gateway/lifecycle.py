@@ -266,7 +266,7 @@ class Gateway:
             api=flight.api, kind="paid", status=status,
             prompt_tokens=usage.prompt_tokens if usage else 0, completion_tokens=usage.completion_tokens if usage else 0,
             cached_tokens=usage.cached_tokens if usage else 0, cost_micro=cost, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
-            created_at=self.clock(),
+            created_at=self.clock(), served_greedily=flight.served_greedily,
         )
         if self.request_log is not None and self.request_log.add(entry):
             return

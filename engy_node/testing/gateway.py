@@ -1,7 +1,7 @@
 """A protocol-level gateway for miner tests and benchmarks: SPEC §4 exactly, nothing more.
 
 It serves `GET /gw/meta` and one websocket endpoint per worker on real hypercorn (the stack the
-gateway role uses), parses every miner frame with the protocol module's strict parser, and lets a
+gateway role uses), parses every miner frame with the protocol module's parser, and lets a
 test drive each leg: send `serve`/`cancel`/`ping`/`reconnect`, drop a connection, and collect
 the `chunk`s and the `response` for a request. Nothing here judges proofs: the tests verify them
 independently.

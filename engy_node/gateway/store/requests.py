@@ -48,6 +48,9 @@ class RequestLogEntry:
     tpot_ms: float | None
     created_at: float
     """Unix seconds when the request arrived."""
+    served_greedily: bool = False
+    """The buyer asked to sample (temperature > 0) and a miner that answers greedily served it,
+    because no miner that honours sampling had room."""
 
     def __post_init__(self) -> None:
         identifier("request_id", self.request_id)
@@ -74,6 +77,8 @@ class RequestLogEntry:
         duration("tpot_ms", self.tpot_ms)
         if isinstance(self.created_at, bool) or not isinstance(self.created_at, (int, float)) or not math.isfinite(self.created_at):
             raise ValueError(f"created_at must be unix seconds, got {self.created_at!r}")
+        if not isinstance(self.served_greedily, bool):
+            raise ValueError(f"served_greedily must be a boolean, got {self.served_greedily!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

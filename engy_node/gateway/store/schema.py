@@ -21,8 +21,9 @@ from pathlib import Path
 
 from engy_node.errors import EngyError
 
-SCHEMA_VERSION = 1
-"""Bump with a migration whenever the schema changes; a file with another version is refused."""
+SCHEMA_VERSION = 2
+"""Bump with a migration (`MIGRATIONS`) whenever the schema changes; a file of a newer version,
+or of an older one with no migration, is refused."""
 
 APPLICATION_ID = int.from_bytes(b"engy", "big")
 """SQLite's header field for "which program owns this file"; tells our store from any other
@@ -87,7 +88,8 @@ SCHEMA = (
         cost_micro INTEGER NOT NULL,
         ttft_ms REAL,
         tpot_ms REAL,
-        created_at REAL NOT NULL)""",
+        created_at REAL NOT NULL,
+        served_greedily INTEGER NOT NULL DEFAULT 0 CHECK (served_greedily IN (0, 1)))""",
     "CREATE INDEX request_log_by_account ON request_log(account_id, created_at)",
     "CREATE INDEX request_log_by_time ON request_log(created_at)",
     """CREATE TABLE miners (
@@ -97,6 +99,11 @@ SCHEMA = (
         key_sha256 TEXT NOT NULL UNIQUE,
         created_at REAL NOT NULL)""",
 )
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: ("ALTER TABLE request_log ADD COLUMN served_greedily INTEGER NOT NULL DEFAULT 0 CHECK (served_greedily IN (0, 1))",),
+}
+"""Statements that take a file from version N to N + 1, run in one transaction with the check."""
 
 # Primary SQLite result codes (the low byte of extended codes such as SQLITE_BUSY_SNAPSHOT).
 _LOCKED_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
@@ -180,6 +187,13 @@ def _create_or_check(conn: sqlite3.Connection, path: Path) -> None:
         raise StoreError(f"{path} is an SQLite database of some other program; point the gateway at its own file")
     row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     found = None if row is None else row[0]
+    version = int(found) if found is not None and found.isdigit() else None
+    while version is not None and version < SCHEMA_VERSION and version in MIGRATIONS:
+        for statement in MIGRATIONS[version]:
+            conn.execute(statement)
+        version += 1
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
+        found = str(version)
     if found != str(SCHEMA_VERSION):
         raise StoreError(
             f"{path} has store schema version {found}, this engy-node uses {SCHEMA_VERSION}; "

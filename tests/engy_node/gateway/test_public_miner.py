@@ -11,6 +11,7 @@ only up to the stop.
 from __future__ import annotations
 
 import os
+import sqlite3
 import uuid
 
 import anthropic
@@ -38,12 +39,38 @@ STALE_AFTER_S = 1.0
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
+class StoppableGateway:
+    """The gateway role in the test's nursery, stopped on demand: stopping drains its request-log
+    writer, so the log can be read whole afterwards."""
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.stopped = trio.Event()
+
+    async def run(self, config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with self.scope:
+                await run_gateway(config, Hub(), task_status=task_status)
+        finally:
+            self.stopped.set()
+
+    async def stop(self) -> None:
+        self.scope.cancel()
+        with trio.fail_after(30):
+            await self.stopped.wait()
+
+
 @pytest.fixture
-async def gateway(nursery, tmp_path, checkpoint, reference_server):
+def running():
+    return StoppableGateway()
+
+
+@pytest.fixture
+async def gateway(nursery, tmp_path, checkpoint, reference_server, running):
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
     config = load_config(home=tmp_path, env=env,
                          overrides={"gateway": {"port": 0, "miner_port": 0, "stale_after_s": STALE_AFTER_S}})
-    urls = await nursery.start(run_gateway, config, Hub())
+    urls = await nursery.start(running.run, config)
     store = Store.open(store_path(config))
     served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)
     async with httpx.AsyncClient(timeout=120) as http:
@@ -53,6 +80,10 @@ async def gateway(nursery, tmp_path, checkpoint, reference_server):
         await nursery.start(miner.run)
         yield urls, store, miner
     store.close()
+
+
+def store_path_of(home) -> os.PathLike:
+    return store_path(load_config(home=home, env={}))
 
 
 def buyer(store: Store) -> tuple[int, str]:
@@ -168,3 +199,44 @@ async def test_stop_strings_it_ignores_are_honoured_and_billing_stops_there(gate
         model=MODEL, messages=QUESTION, max_tokens=32, stop_sequences=["Paris"]))
     assert reply.stop_reason == "stop_sequence" and reply.stop_sequence == "Paris"
     assert reply.content[0].text == expected
+
+
+async def request_log(running: StoppableGateway, path) -> list[tuple]:
+    """(miner, status, served_greedily) of every logged request, once the gateway has stopped."""
+    await running.stop()
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT miner, status, served_greedily FROM request_log ORDER BY id").fetchall()
+
+
+async def test_a_sampled_request_it_answers_greedily_is_served_and_recorded(gateway, running, tmp_path):
+    urls, store, miner = gateway
+    _, key = buyer(store)
+    reply = await trio.to_thread.run_sync(lambda: openai_client(urls, key).chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=16, temperature=0.8, seed=7))
+    assert reply.choices[0].message.content
+    assert miner.served[-1]["sampling"]["temperature"] == 0.8
+    rows = await request_log(running, store_path_of(tmp_path))
+    assert rows[-1][1:] == (200, 1), "recorded as served greedily although the buyer asked to sample"
+
+
+async def test_a_sampled_request_goes_to_a_miner_that_samples_while_one_has_room(gateway, running, nursery, tmp_path, checkpoint):
+    from engy_node.miner.link import Identity, LinkSettings
+    from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
+
+    urls, store, miner = gateway
+    served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)
+    _, miner_key = store.register_miner("samples")
+    handler = SyntheticHandler(served, lambda frame: Script(text="A sampled answer."))
+    async with httpx.AsyncClient(timeout=30) as http:
+        link = synthetic_link(gateway_url=urls.miner_url, model=served, identity=Identity(miner_key=miner_key), handler=handler,
+                              http=http, settings=LinkSettings(heartbeat_s=HEARTBEAT_S), worker_name="samples")
+        await nursery.start(link.run)
+        _, key = buyer(store)
+        client = openai_client(urls, key)
+        for _ in range(4):
+            reply = await trio.to_thread.run_sync(lambda: client.chat.completions.create(
+                model=MODEL, messages=QUESTION, max_tokens=16, temperature=0.7))
+            assert reply.choices[0].message.content == "A sampled answer."
+        assert len(handler.served) == 4 and not miner.served
+        rows = await request_log(running, store_path_of(tmp_path))
+        assert [row[2] for row in rows] == [0, 0, 0, 0]

@@ -22,6 +22,7 @@ from engy_node.gateway.router import (
     choose,
     prefix_key,
     retry_allowed,
+    sampling_pool,
 )
 
 # --- strategies and helpers -------------------------------------------------------------------
@@ -43,6 +44,7 @@ def snapshots(draw, *, min_size: int = 0, max_size: int = 12, priorities=st.inte
         capacity = draw(st.integers(0, 16))
         snapshot.append(Candidate(
             worker_id=worker_id, capacity=capacity, inflight=draw(st.integers(0, capacity + 2)), priority=draw(priorities),
+            honours_sampling=draw(st.booleans()),
         ))
     return snapshot
 
@@ -462,3 +464,39 @@ def test_the_default_load_factor_lets_a_hot_key_hold_its_home_a_quarter_past_its
         snapshot = [dataclasses.replace(w, inflight=w.inflight + (w.worker_id == home)) for w in snapshot]
     assert taken == home_takes
     assert choice is None or choice.reason == "affinity-spill"
+
+
+# --- sampled requests and miners that answer greedily ------------------------------------------
+
+
+def free(worker: Candidate, exclude=frozenset()) -> bool:
+    return worker.inflight < worker.capacity and worker.worker_id not in exclude
+
+
+@given(snapshot=snapshots(), data=st.data())
+def test_a_greedy_request_may_go_to_any_worker(snapshot, data):
+    exclude = frozenset(data.draw(st.lists(st.sampled_from([c.worker_id for c in snapshot]))) if snapshot else [])
+    assert sampling_pool(candidates=snapshot, sampled=False, exclude=exclude) == (snapshot, False)
+
+
+@given(snapshot=snapshots(), prefix=st.one_of(st.none(), keys), counter=counters, data=st.data())
+def test_a_sampled_request_goes_to_a_worker_that_samples_whenever_one_has_room(snapshot, prefix, counter, data):
+    exclude = frozenset(data.draw(st.lists(st.sampled_from([c.worker_id for c in snapshot]))) if snapshot else [])
+    pool, greedily = sampling_pool(candidates=snapshot, sampled=True, exclude=exclude)
+    choice = choose(candidates=pool, prefix=prefix, rr_counter=counter, exclude=exclude)
+    by_id = {c.worker_id: c for c in snapshot}
+    room_to_sample = any(c.honours_sampling and free(c, exclude) for c in snapshot)
+    assert greedily == (not room_to_sample)
+    if room_to_sample:
+        assert choice is not None and by_id[choice.worker_id].honours_sampling
+    elif choice is not None:
+        assert not by_id[choice.worker_id].honours_sampling, "when one is chosen, it is one that answers greedily"
+    # Falling back never loses a request that any worker could take.
+    assert (choice is None) == (not any(free(c, exclude) for c in snapshot))
+
+
+def test_a_sampled_request_waits_for_no_one_when_only_greedy_workers_have_room():
+    sampler = Candidate(worker_id="sampler", capacity=1, inflight=1)
+    greedy = Candidate(worker_id="greedy", capacity=4, inflight=0, honours_sampling=False)
+    pool, greedily = sampling_pool(candidates=[sampler, greedy], sampled=True)
+    assert greedily and choose(candidates=pool, prefix=None, rr_counter=0) == Choice("greedy", "round-robin")

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from engy_node.gateway.store import APPLICATION_ID, SCHEMA_VERSION, Store, StoreError
-from tests.engy_node.gateway.store.support import assert_books_balance, funded, raw
+from tests.engy_node.gateway.store.support import assert_books_balance, entry, funded, raw
 
 # -- the database enforces its own invariants ----------------------------------------------------
 
@@ -63,6 +63,20 @@ def test_a_file_of_another_schema_version_is_refused(path):
         conn.execute("UPDATE meta SET value = '999' WHERE key = 'schema_version'")
     with pytest.raises(StoreError, match=f"schema version 999, this engy-node uses {SCHEMA_VERSION}"):
         Store(path)
+
+
+def test_a_version_1_file_is_migrated_and_keeps_its_rows(path):
+    with Store(path) as store:
+        store.log_request(entry(request_id="before", account_id=funded(store, 100)))
+    with raw(path) as conn:  # the request log as version 1 wrote it
+        conn.execute("ALTER TABLE request_log DROP COLUMN served_greedily")
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    with Store(path) as store:
+        store.log_request(entry(request_id="after", account_id=1, served_greedily=True))
+    with raw(path) as conn:
+        rows = conn.execute("SELECT request_id, served_greedily FROM request_log ORDER BY id").fetchall()
+        assert rows == [("before", 0), ("after", 1)]
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
 
 
 def test_a_file_locked_by_another_process_gives_an_error_not_a_hang(path):
