@@ -7,13 +7,14 @@ them as they read Anthropic's own answers (reference/llm-gateways-and-wire-forma
 complaints in §6.1 that this module exists to avoid). Pure: no IO, no clock reads; ids come in as
 arguments.
 
-Trust: the body is buyer input and untrusted. Every field the gateway relies on is type-checked,
-and a bad one is a 400 `invalid_request` whose message starts with the field's path in
-Anthropic's own style (`messages.2.content.0.type: ...`; `param` carries the same path). Fields
-the gateway does not use (`metadata`, `cache_control`, `service_tier`, `top_k`, `thinking`,
-`disable_parallel_tool_use`…) are accepted and ignored, because Claude Code sends them on every
-request; what cannot be honoured is refused with a message naming it: images and documents (the
-models are text-only), server tools (`web_search_…`), and a `tool_choice` naming an unknown tool.
+Trust: the body is buyer input and untrusted. Every field the gateway relies on is type-checked
+(by `validation`'s checks, shared with `openai_api`), and a bad one is a 400 `invalid_request`
+whose message starts with the field's path in Anthropic's own style (`messages.2.content.0.type:
+...`; `param` carries the same path). Fields the gateway does not use (`metadata`,
+`cache_control`, `service_tier`, `top_k`, `thinking`, `disable_parallel_tool_use`…) are accepted
+and ignored, because Claude Code sends them on every request; what cannot be honoured is refused
+with a message naming it: images and documents (the models are text-only), server tools
+(`web_search_…`), and a `tool_choice` naming an unknown tool.
 
 Translation (§5.7): top-level `system` becomes a leading system message; `tool_use` blocks become
 the assistant's `tool_calls` (arguments as a JSON string); each `tool_result` block becomes a
@@ -39,20 +40,38 @@ Decisions the references leave open, and why:
   stop sequence also matched, because an agent loop must run the tools; a cut-off response is
   `max_tokens` so the client knows it is incomplete.
 * Overloaded (no miner capacity) is HTTP 529 `overloaded_error`, Anthropic's status, which the
-  SDK retries; `status_for` gives the Anthropic status for every kind.
+  SDK retries; `status_for` gives the Anthropic status for every kind. `error_headers` is
+  `validation`'s: both APIs send the same retry headers.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import orjson
 
 from engy_node.gateway.chat import ChatRequest, FinishReason, GatewayError, OutputEvent, TextDelta, ToolCall, Usage
+from engy_node.gateway.validation import FieldChecks, error_headers, is_int
 from engy_node.protocol.miner import Sampling
+
+__all__ = [
+    "ERROR_TYPE_BY_KIND",
+    "EventEncoder",
+    "MAX_STOP_SEQUENCES",
+    "MAX_TEMPERATURE",
+    "OVERLOADED_STATUS",
+    "THINKING_SIGNATURE",
+    "count_tokens_body",
+    "error_body",
+    "error_headers",
+    "message_body",
+    "parse_count_tokens_request",
+    "parse_messages_request",
+    "status_for",
+    "stop_reason",
+]
 
 # Engines check every stop string at every decoding step; Anthropic documents no limit, and 16
 # is well above what clients send (OpenAI allows 4), so a larger list is a mistake or an abuse.
@@ -79,51 +98,28 @@ ERROR_TYPE_BY_KIND: dict[str, str] = {
 }
 """Anthropic `error.type` per `GatewayError.kind`."""
 
-NO_RETRY_KINDS = frozenset({"invalid_request", "authentication", "billing", "permission", "not_found", "request_too_large"})
-"""Kinds where the buyer must change something first: `x-should-retry: false` stops SDK retries."""
-
 _UNSUPPORTED_BLOCKS = {"image": "images", "document": "documents"}
 _STOP_REASON_BY_FINISH = {"length": "max_tokens", "tool_calls": "tool_use"}
 
+_CHECK = FieldChecks(separator=": ", item_path="{param}.{index}", unknown_model="model: {model}")
+"""Anthropic's wording: the field's path first, then what is wrong (`messages.2.content: must be ...`)."""
+
 
 # ---- request ------------------------------------------------------------------------------
-
-
-def _invalid(param: str, message: str) -> GatewayError:
-    return GatewayError("invalid_request", f"{param}: {message}", param=param)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _optional_number(body: Mapping[str, Any], key: str, *, low: float, high: float, low_open: bool = False) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    in_range = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                and (low < value if low_open else low <= value) and value <= high)
-    if not in_range:
-        bound = "greater than" if low_open else "at least"
-        raise _invalid(key, f"must be a number {bound} {low:g} and at most {high:g}, got {value!r}")
-    return float(value)
 
 
 def _text_blocks(content: Any, param: str) -> str:
     """A string, or a list of text blocks joined with "\\n" (system prompts, tool results)."""
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        raise _invalid(param, "must be a string or a list of text blocks")
     texts = []
-    for j, block in enumerate(content):
-        block_param = f"{param}.{j}"
+    for block_param, block in _CHECK.items(content, param=param, complaint="must be a string or a list of text blocks"):
         kind = block.get("type") if isinstance(block, Mapping) else None
         if kind in _UNSUPPORTED_BLOCKS:
-            raise _invalid(f"{block_param}.type", f"{_UNSUPPORTED_BLOCKS[kind]} are not supported; the models "
-                           "served here take text only, so send text blocks")
+            raise _CHECK.invalid(param=f"{block_param}.type", complaint=f"{_UNSUPPORTED_BLOCKS[kind]} are not supported; "
+                                 "the models served here take text only, so send text blocks")
         if kind != "text" or not isinstance(block.get("text"), str):
-            raise _invalid(block_param, "must be a text block ({\"type\": \"text\", \"text\": ...})")
+            raise _CHECK.invalid(param=block_param, complaint="must be a text block ({\"type\": \"text\", \"text\": ...})")
         texts.append(block["text"])
     return "\n".join(texts)
 
@@ -132,8 +128,7 @@ def _user_messages(content: Any, param: str) -> list[dict[str, Any]]:
     """A user turn as chat messages: text runs as user messages, each tool result as a tool message."""
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
-    if not isinstance(content, list):
-        raise _invalid(param, "must be a string or a list of content blocks")
+    blocks = _CHECK.items(content, param=param, complaint="must be a string or a list of content blocks")
     messages: list[dict[str, Any]] = []
     texts: list[str] = []
 
@@ -142,16 +137,13 @@ def _user_messages(content: Any, param: str) -> list[dict[str, Any]]:
             messages.append({"role": "user", "content": "\n".join(texts)})
             texts.clear()
 
-    for j, block in enumerate(content):
-        block_param = f"{param}.{j}"
+    for block_param, block in blocks:
         kind = block.get("type") if isinstance(block, Mapping) else None
         if kind == "text":
-            texts.append(_block_text(block, block_param))
+            texts.append(_CHECK.string(block.get("text"), param=f"{block_param}.text"))
         elif kind == "tool_result":
             flush()
-            tool_use_id = block.get("tool_use_id")
-            if not isinstance(tool_use_id, str):
-                raise _invalid(f"{block_param}.tool_use_id", "must be a string")
+            tool_use_id = _CHECK.string(block.get("tool_use_id"), param=f"{block_param}.tool_use_id")
             result = block.get("content")
             messages.append({"role": "tool", "tool_call_id": tool_use_id,
                              "content": "" if result is None else _text_blocks(result, f"{block_param}.content")})
@@ -161,32 +153,21 @@ def _user_messages(content: Any, param: str) -> list[dict[str, Any]]:
     return messages
 
 
-def _block_text(block: Mapping[str, Any], param: str) -> str:
-    if not isinstance(block.get("text"), str):
-        raise _invalid(f"{param}.text", "must be a string")
-    return block["text"]
-
-
 def _assistant_message(content: Any, param: str) -> dict[str, Any]:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
-    if not isinstance(content, list):
-        raise _invalid(param, "must be a string or a list of content blocks")
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
-    for j, block in enumerate(content):
-        block_param = f"{param}.{j}"
+    for block_param, block in _CHECK.items(content, param=param, complaint="must be a string or a list of content blocks"):
         kind = block.get("type") if isinstance(block, Mapping) else None
         if kind == "text":
-            texts.append(_block_text(block, block_param))
+            texts.append(_CHECK.string(block.get("text"), param=f"{block_param}.text"))
         elif kind == "tool_use":
-            for key in ("id", "name"):
-                if not isinstance(block.get(key), str):
-                    raise _invalid(f"{block_param}.{key}", "must be a string")
-            if not isinstance(block.get("input"), Mapping):
-                raise _invalid(f"{block_param}.input", "must be an object")
-            calls.append({"id": block["id"], "type": "function", "function": {
-                "name": block["name"], "arguments": json.dumps(block["input"], ensure_ascii=False)}})
+            call_id = _CHECK.string(block.get("id"), param=f"{block_param}.id")
+            name = _CHECK.string(block.get("name"), param=f"{block_param}.name")
+            arguments = _CHECK.json_object(block.get("input"), param=f"{block_param}.input")
+            calls.append({"id": call_id, "type": "function", "function": {
+                "name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
         elif kind not in ("thinking", "redacted_thinking"):
             _reject_block(kind, block_param, allowed="text, tool_use or thinking")
     message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
@@ -197,9 +178,9 @@ def _assistant_message(content: Any, param: str) -> dict[str, Any]:
 
 def _reject_block(kind: Any, param: str, *, allowed: str) -> None:
     if kind in _UNSUPPORTED_BLOCKS:
-        raise _invalid(f"{param}.type", f"{_UNSUPPORTED_BLOCKS[kind]} are not supported; the models served "
-                       "here take text only")
-    raise _invalid(f"{param}.type", f"block type {kind!r} is not supported here; use {allowed}")
+        raise _CHECK.invalid(param=f"{param}.type", complaint=f"{_UNSUPPORTED_BLOCKS[kind]} are not supported; "
+                             "the models served here take text only")
+    raise _CHECK.invalid(param=f"{param}.type", complaint=f"block type {kind!r} is not supported here; use {allowed}")
 
 
 def _messages(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
@@ -209,49 +190,31 @@ def _messages(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
         system_text = _text_blocks(system, "system")
         if system_text:
             messages.append({"role": "system", "content": system_text})
-    raw = body.get("messages")
-    if not isinstance(raw, list) or not raw:
-        raise _invalid("messages", "must be a non-empty list")
-    for i, message in enumerate(raw):
-        param = f"messages.{i}"
-        if not isinstance(message, Mapping):
-            raise _invalid(param, "must be an object")
+    for param, message in _CHECK.items(body.get("messages"), param="messages", non_empty=True):
+        message = _CHECK.json_object(message, param=param)
         role = message.get("role")
         if role == "user":
             messages.extend(_user_messages(message.get("content"), f"{param}.content"))
         elif role == "assistant":
             messages.append(_assistant_message(message.get("content"), f"{param}.content"))
         else:
-            raise _invalid(f"{param}.role", f"must be 'user' or 'assistant' (the system prompt goes in the "
-                           f"top-level system field), got {role!r}")
+            raise _CHECK.invalid(param=f"{param}.role", complaint="must be 'user' or 'assistant' (the system prompt "
+                                 f"goes in the top-level system field), got {role!r}")
     return tuple(messages)
 
 
-def _tools(raw: Any) -> tuple[dict[str, Any], ...] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, list):
-        raise _invalid("tools", "must be a list")
-    tools = []
-    for i, tool in enumerate(raw):
-        param = f"tools.{i}"
-        if not isinstance(tool, Mapping):
-            raise _invalid(param, "must be an object")
-        if tool.get("type", "custom") != "custom":
-            raise _invalid(f"{param}.type", f"server tool {tool.get('type')!r} is not supported; only custom tools "
-                           "(name, description, input_schema) are")
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise _invalid(f"{param}.name", "must be a non-empty string")
-        if not isinstance(tool.get("input_schema"), Mapping):
-            raise _invalid(f"{param}.input_schema", "must be a JSON Schema object")
-        function: dict[str, Any] = {"name": tool["name"]}
-        if tool.get("description") is not None:
-            if not isinstance(tool["description"], str):
-                raise _invalid(f"{param}.description", "must be a string")
-            function["description"] = tool["description"]
-        function["parameters"] = dict(tool["input_schema"])
-        tools.append({"type": "function", "function": function})
-    return tuple(tools) or None
+def _function_spec(tool: Any, param: str) -> dict[str, Any]:
+    """One custom tool as a function spec; server tools run on Anthropic's side and are refused."""
+    tool = _CHECK.json_object(tool, param=param)
+    if tool.get("type", "custom") != "custom":
+        raise _CHECK.invalid(param=f"{param}.type", complaint=f"server tool {tool.get('type')!r} is not supported; "
+                             "only custom tools (name, description, input_schema) are")
+    spec: dict[str, Any] = {"name": _CHECK.string(tool.get("name"), param=f"{param}.name", non_empty=True)}
+    parameters = _CHECK.json_schema(tool.get("input_schema"), param=f"{param}.input_schema")
+    if tool.get("description") is not None:
+        spec["description"] = _CHECK.string(tool["description"], param=f"{param}.description")
+    spec["parameters"] = parameters
+    return spec
 
 
 def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...] | None) -> Any:
@@ -265,57 +228,42 @@ def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...] | None) -> Any:
         return "auto" if tools else None
     if kind == "any":
         if not tools:
-            raise _invalid("tool_choice", "type 'any' needs at least one tool in tools")
+            raise _CHECK.invalid(param="tool_choice", complaint="type 'any' needs at least one tool in tools")
         return "required"
     if kind == "tool":
         name = raw.get("name")
         if not isinstance(name, str) or name not in {tool["function"]["name"] for tool in tools or ()}:
-            raise _invalid("tool_choice.name", f"names the tool {name!r}, which is not in tools")
+            raise _CHECK.invalid(param="tool_choice.name", complaint=f"names the tool {name!r}, which is not in tools")
         return {"type": "function", "function": {"name": name}}
-    raise _invalid("tool_choice", "must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": \"tool\", "
-                   "\"name\": ...} or {\"type\": \"none\"}")
+    raise _CHECK.invalid(param="tool_choice", complaint="must be {\"type\": \"auto\"}, {\"type\": \"any\"}, "
+                         "{\"type\": \"tool\", \"name\": ...} or {\"type\": \"none\"}")
 
 
 def _check_ignored_fields(body: Mapping[str, Any]) -> None:
     """Fields accepted for compatibility but not used; still type-checked, so a typo is reported."""
     top_k = body.get("top_k")
-    if top_k is not None and (not _is_int(top_k) or top_k < 0):
-        raise _invalid("top_k", f"must be a non-negative integer, got {top_k!r}")
+    if top_k is not None and (not is_int(top_k) or top_k < 0):
+        raise _CHECK.invalid(param="top_k", complaint=f"must be a non-negative integer, got {top_k!r}")
     thinking = body.get("thinking")
     if thinking is not None:
         if not isinstance(thinking, Mapping) or thinking.get("type") not in ("enabled", "disabled", "adaptive"):
-            raise _invalid("thinking", "must be {\"type\": \"enabled\", \"budget_tokens\": N}, "
-                           "{\"type\": \"adaptive\"} or {\"type\": \"disabled\"}")
+            raise _CHECK.invalid(param="thinking", complaint="must be {\"type\": \"enabled\", \"budget_tokens\": N}, "
+                                 "{\"type\": \"adaptive\"} or {\"type\": \"disabled\"}")
         budget = thinking.get("budget_tokens")
-        if budget is not None and (not _is_int(budget) or budget < 0):
-            raise _invalid("thinking.budget_tokens", f"must be a non-negative integer, got {budget!r}")
+        if budget is not None and (not is_int(budget) or budget < 0):
+            raise _CHECK.invalid(param="thinking.budget_tokens", complaint=f"must be a non-negative integer, got {budget!r}")
 
 
 def _model(body: Any, known_models: Collection[str]) -> str:
     if not isinstance(body, Mapping):
-        raise _invalid("body", "the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _invalid("model", "must be a non-empty string")
-    if model not in known_models:
-        raise GatewayError("not_found", f"model: {model}", param="model")
-    return model
-
-
-def _stop_sequences(raw: Any) -> tuple[str, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list) or not all(isinstance(s, str) and s for s in raw):
-        raise _invalid("stop_sequences", "must be a list of non-empty strings")
-    if len(raw) > MAX_STOP_SEQUENCES:
-        raise _invalid("stop_sequences", f"takes at most {MAX_STOP_SEQUENCES} sequences, got {len(raw)}")
-    return tuple(raw)
+        raise _CHECK.invalid(param="body", complaint="the request body must be a JSON object")
+    return _CHECK.model(body.get("model"), known_models=known_models)
 
 
 def _conversation(body: Mapping[str, Any]) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...] | None, Any]:
     """Messages, tools and tool choice, shared by messages and count_tokens."""
     messages = _messages(body)
-    tools = _tools(body.get("tools"))
+    tools = _CHECK.tools(body.get("tools"), function_spec=_function_spec)
     tool_choice = _tool_choice(body.get("tool_choice"), tools)
     if tool_choice == "none":
         tools, tool_choice = None, None
@@ -333,19 +281,18 @@ def parse_messages_request(body: Any, *, known_models: Collection[str],
     model = _model(body, known_models)
     limit = max_output_tokens_for(model)
     max_tokens = body.get("max_tokens")
-    if not _is_int(max_tokens) or max_tokens < 1:
-        raise _invalid("max_tokens", f"is required and must be a positive integer, got {max_tokens!r}")
+    if not is_int(max_tokens) or max_tokens < 1:
+        raise _CHECK.invalid(param="max_tokens", complaint=f"is required and must be a positive integer, got {max_tokens!r}")
     if max_tokens > limit:
-        raise _invalid("max_tokens", f"{max_tokens} > {limit}, which is the maximum allowed number of output "
-                       f"tokens for {model}")
+        raise _CHECK.invalid(param="max_tokens", complaint=f"{max_tokens} > {limit}, which is the maximum allowed number "
+                             f"of output tokens for {model}")
     messages, tools, tool_choice = _conversation(body)
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise _invalid("stream", "must be a boolean")
+    stream = _CHECK.optional_bool(body.get("stream"), param="stream")
     sampling = Sampling(
-        temperature=_optional_number(body, "temperature", low=0.0, high=MAX_TEMPERATURE),
-        top_p=_optional_number(body, "top_p", low=0.0, high=1.0, low_open=True),
-        stop=_stop_sequences(body.get("stop_sequences")),
+        temperature=_CHECK.temperature(body.get("temperature"), maximum=MAX_TEMPERATURE),
+        top_p=_CHECK.top_p(body.get("top_p")),
+        stop=_CHECK.stop_sequences(body.get("stop_sequences"), param="stop_sequences", max_count=MAX_STOP_SEQUENCES,
+                                   accept_string=False),
     )
     return ChatRequest(api="anthropic", model=model, messages=messages, max_tokens=max_tokens, stream=bool(stream),
                        sampling=sampling, tools=tools, tool_choice=tool_choice)
@@ -520,13 +467,3 @@ def status_for(err: GatewayError) -> int:
 def error_body(err: GatewayError, request_id: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": ERROR_TYPE_BY_KIND[err.kind], "message": err.message},
             "request_id": request_id}
-
-
-def error_headers(err: GatewayError) -> dict[str, str]:
-    """`retry-after` when waiting helps; `x-should-retry: false` when only a changed request can."""
-    headers = {}
-    if err.retry_after_s is not None:
-        headers["retry-after"] = str(err.retry_after_s)
-    if err.kind in NO_RETRY_KINDS:
-        headers["x-should-retry"] = "false"
-    return headers

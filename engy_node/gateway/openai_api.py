@@ -8,7 +8,8 @@ come in as arguments.
 
 Trust: the request body is buyer input and untrusted. Every field the gateway relies on is
 type-checked, and a bad one is a 400 `invalid_request` whose message and `param` name the field
-(`messages[2].content[0].type`), so the buyer can fix the request without guessing. Fields the
+(`messages[2].content[0].type`), so the buyer can fix the request without guessing; the checks
+are `validation`'s, shared with `anthropic_api` and worded here in OpenAI's style. Fields the
 gateway does not use (`user`, `metadata`, `parallel_tool_calls`, `logprobs`, `service_tier`…)
 are ignored rather than rejected, because SDKs and agent frameworks send them by default and a
 400 would break them for no benefit; they are also never forwarded, so a miner's engine cannot
@@ -28,17 +29,16 @@ Decisions the OpenAI reference leaves open, and why:
 * When both `max_completion_tokens` and the deprecated `max_tokens` are sent, the former wins;
   when neither is, the model's maximum output is used (and reserved by billing).
 * `stream_options` on a non-streaming request is ignored rather than rejected.
-* `top_p` must be in (0, 1]: miners' engines reject 0, and a 400 naming the field is better than
-  an upstream failure.
+* `top_p` must be in (0, 1] (`validation.FieldChecks.top_p` says why).
 * `finish_reason` is `tool_calls` only when the model stopped by itself after calling tools; a
   cut-off response stays `length` so the client knows the output is incomplete.
 * Billing exhaustion is HTTP 402 with type `insufficient_quota` (OpenRouter's status; the SDK
   raises `APIStatusError` and, unlike for OpenAI's 429 `insufficient_quota`, does not retry).
+  `error_headers` is `validation`'s: both APIs send the same retry headers.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -48,7 +48,25 @@ import orjson
 from engy_node.gateway.chat import (
     ChatRequest, FinishReason, GatewayError, OutputEvent, ReasoningDelta, TextDelta, ToolCall, Usage,
 )
+from engy_node.gateway.validation import FieldChecks, error_headers, invalid, is_int
 from engy_node.protocol.miner import Sampling
+
+__all__ = [
+    "ChunkEncoder",
+    "DONE",
+    "ERROR_CODE_BY_KIND",
+    "ERROR_TYPE_BY_KIND",
+    "KEEPALIVE",
+    "MAX_STOP_SEQUENCES",
+    "MAX_TEMPERATURE",
+    "completion_body",
+    "error_body",
+    "error_headers",
+    "model_body",
+    "models_body",
+    "parse_chat_request",
+    "usage_body",
+]
 
 # OpenAI's own limits, kept so that a request valid here is valid against OpenAI and vice versa.
 MAX_STOP_SEQUENCES = 4
@@ -87,35 +105,12 @@ ERROR_CODE_BY_KIND: dict[str, str] = {
 `insufficient_quota`, `rate_limit_exceeded`, `server_is_overloaded`), a descriptive one of ours
 for the rest, null for kinds whose type already says everything."""
 
-NO_RETRY_KINDS = frozenset({"invalid_request", "authentication", "billing", "permission", "not_found", "request_too_large"})
-"""Kinds where the buyer must change something first: `x-should-retry: false` stops SDK retries."""
+_CHECK = FieldChecks(separator=" ", item_path="{param}[{index}]",
+                     unknown_model="The model `{model}` does not exist or you do not have access to it.")
+"""OpenAI's wording: a sentence that starts with the field's path (`messages[2].content must be ...`)."""
 
 
 # ---- request ------------------------------------------------------------------------------
-
-
-def _invalid(message: str, param: str) -> GatewayError:
-    return GatewayError("invalid_request", message, param=param)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
-
-
-def _optional_number(body: Mapping[str, Any], key: str, *, low: float, high: float, low_open: bool = False) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    in_range = _is_number(value) and (low < value if low_open else low <= value) and value <= high
-    if not in_range:
-        bound = "greater than" if low_open else "at least"
-        raise _invalid(f"{key} must be a number {bound} {low:g} and at most {high:g}, got {value!r}", key)
-    return float(value)
 
 
 def _text_content(content: Any, param: str, *, allow_null: bool) -> str:
@@ -124,61 +119,42 @@ def _text_content(content: Any, param: str, *, allow_null: bool) -> str:
         return ""
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        raise _invalid(f"{param} must be a string or a list of content parts", param)
     texts = []
-    for j, part in enumerate(content):
-        part_param = f"{param}[{j}]"
+    for part_param, part in _CHECK.items(content, param=param, complaint="must be a string or a list of content parts"):
         if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
-            raise _invalid(f"{part_param} must be an object with a string type", f"{part_param}.type")
+            raise invalid(param=f"{part_param}.type", message=f"{part_param} must be an object with a string type")
         kind = part["type"]
         if kind in _UNSUPPORTED_PARTS:
-            raise _invalid(f"{part_param}: {_UNSUPPORTED_PARTS[kind]} are not supported; the models served here "
-                           "take text only, so send text parts", f"{part_param}.type")
+            raise invalid(param=f"{part_param}.type", message=f"{part_param}: {_UNSUPPORTED_PARTS[kind]} are not "
+                          "supported; the models served here take text only, so send text parts")
         if kind not in ("text", "refusal"):
-            raise _invalid(f"{part_param}.type {kind!r} is not supported; use 'text'", f"{part_param}.type")
-        text = part.get(kind)
-        if not isinstance(text, str):
-            raise _invalid(f"{part_param}.{kind} must be a string", f"{part_param}.{kind}")
-        texts.append(text)
+            raise _CHECK.invalid(param=f"{part_param}.type", complaint=f"{kind!r} is not supported; use 'text'")
+        texts.append(_CHECK.string(part.get(kind), param=f"{part_param}.{kind}"))
     return "\n".join(texts)
 
 
 def _assistant_tool_calls(raw: Any, param: str) -> list[dict[str, Any]]:
-    if not isinstance(raw, list):
-        raise _invalid(f"{param} must be a list", param)
     calls = []
-    for j, call in enumerate(raw):
-        call_param = f"{param}[{j}]"
-        if not isinstance(call, Mapping):
-            raise _invalid(f"{call_param} must be an object", call_param)
-        if not isinstance(call.get("id"), str):
-            raise _invalid(f"{call_param}.id must be a string", f"{call_param}.id")
+    for call_param, call in _CHECK.items(raw, param=param):
+        call = _CHECK.json_object(call, param=call_param)
+        call_id = _CHECK.string(call.get("id"), param=f"{call_param}.id")
         if call.get("type", "function") != "function":
-            raise _invalid(f"{call_param}.type must be 'function'", f"{call_param}.type")
-        function = call.get("function")
-        if not isinstance(function, Mapping):
-            raise _invalid(f"{call_param}.function must be an object", f"{call_param}.function")
-        if not isinstance(function.get("name"), str):
-            raise _invalid(f"{call_param}.function.name must be a string", f"{call_param}.function.name")
-        if not isinstance(function.get("arguments"), str):
-            raise _invalid(f"{call_param}.function.arguments must be a JSON string", f"{call_param}.function.arguments")
-        calls.append({"id": call["id"], "type": "function",
-                      "function": {"name": function["name"], "arguments": function["arguments"]}})
+            raise _CHECK.invalid(param=f"{call_param}.type", complaint="must be 'function'")
+        function = _CHECK.json_object(call.get("function"), param=f"{call_param}.function")
+        name = _CHECK.string(function.get("name"), param=f"{call_param}.function.name")
+        arguments = _CHECK.string(function.get("arguments"), param=f"{call_param}.function.arguments",
+                                  complaint="must be a JSON string")
+        calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
     return calls
 
 
 def _messages(raw: Any) -> tuple[dict[str, Any], ...]:
-    if not isinstance(raw, list) or not raw:
-        raise _invalid("messages must be a non-empty list", "messages")
     messages = []
-    for i, message in enumerate(raw):
-        param = f"messages[{i}]"
-        if not isinstance(message, Mapping):
-            raise _invalid(f"{param} must be an object", param)
+    for param, message in _CHECK.items(raw, param="messages", non_empty=True):
+        message = _CHECK.json_object(message, param=param)
         role = message.get("role")
         if role not in _ROLES:
-            raise _invalid(f"{param}.role must be one of {', '.join(_ROLES)}; got {role!r}", f"{param}.role")
+            raise _CHECK.invalid(param=f"{param}.role", complaint=f"must be one of {', '.join(_ROLES)}; got {role!r}")
         tool_calls = None
         if role == "assistant" and message.get("tool_calls") is not None:
             tool_calls = _assistant_tool_calls(message["tool_calls"], f"{param}.tool_calls")
@@ -189,40 +165,26 @@ def _messages(raw: Any) -> tuple[dict[str, Any], ...]:
         if tool_calls:
             out["tool_calls"] = tool_calls
         if role == "tool":
-            if not isinstance(message.get("tool_call_id"), str):
-                raise _invalid(f"{param}.tool_call_id must be a string", f"{param}.tool_call_id")
-            out["tool_call_id"] = message["tool_call_id"]
+            out["tool_call_id"] = _CHECK.string(message.get("tool_call_id"), param=f"{param}.tool_call_id")
         messages.append(out)
     return tuple(messages)
 
 
-def _tools(raw: Any) -> tuple[dict[str, Any], ...] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, list):
-        raise _invalid("tools must be a list", "tools")
-    tools = []
-    for i, tool in enumerate(raw):
-        param = f"tools[{i}]"
-        if not isinstance(tool, Mapping) or tool.get("type") != "function":
-            raise _invalid(f"{param} must be an object with type 'function' (the only tool type supported)", f"{param}.type")
-        function = tool.get("function")
-        if not isinstance(function, Mapping):
-            raise _invalid(f"{param}.function must be an object", f"{param}.function")
-        name = function.get("name")
-        if not isinstance(name, str) or not _FUNCTION_NAME.fullmatch(name):
-            raise _invalid(f"{param}.function.name must be 1-64 letters, digits, '_' or '-'", f"{param}.function.name")
-        spec: dict[str, Any] = {"name": name}
-        if function.get("description") is not None:
-            if not isinstance(function["description"], str):
-                raise _invalid(f"{param}.function.description must be a string", f"{param}.function.description")
-            spec["description"] = function["description"]
-        if function.get("parameters") is not None:
-            if not isinstance(function["parameters"], Mapping):
-                raise _invalid(f"{param}.function.parameters must be a JSON Schema object", f"{param}.function.parameters")
-            spec["parameters"] = dict(function["parameters"])
-        tools.append({"type": "function", "function": spec})
-    return tuple(tools) or None
+def _function_spec(tool: Any, param: str) -> dict[str, Any]:
+    """One tool's `function`, checked: function tools are the only kind supported."""
+    if not isinstance(tool, Mapping) or tool.get("type") != "function":
+        raise invalid(param=f"{param}.type",
+                      message=f"{param} must be an object with type 'function' (the only tool type supported)")
+    function = _CHECK.json_object(tool.get("function"), param=f"{param}.function")
+    name = function.get("name")
+    if not isinstance(name, str) or not _FUNCTION_NAME.fullmatch(name):
+        raise _CHECK.invalid(param=f"{param}.function.name", complaint="must be 1-64 letters, digits, '_' or '-'")
+    spec: dict[str, Any] = {"name": name}
+    if function.get("description") is not None:
+        spec["description"] = _CHECK.string(function["description"], param=f"{param}.function.description")
+    if function.get("parameters") is not None:
+        spec["parameters"] = _CHECK.json_schema(function["parameters"], param=f"{param}.function.parameters")
+    return spec
 
 
 def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...] | None) -> Any:
@@ -235,15 +197,16 @@ def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...] | None) -> Any:
     names = {tool["function"]["name"] for tool in tools or ()}
     if raw == "required":
         if not tools:
-            raise _invalid("tool_choice 'required' needs at least one tool in tools", "tool_choice")
+            raise _CHECK.invalid(param="tool_choice", complaint="'required' needs at least one tool in tools")
         return raw
     if isinstance(raw, Mapping) and raw.get("type") == "function" and isinstance(raw.get("function"), Mapping):
         name = raw["function"].get("name")
         if not isinstance(name, str) or name not in names:
-            raise _invalid(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice.function.name")
+            raise invalid(param="tool_choice.function.name",
+                          message=f"tool_choice names the function {name!r}, which is not in tools")
         return {"type": "function", "function": {"name": name}}
-    raise _invalid("tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", "
-                   "\"function\": {\"name\": ...}}", "tool_choice")
+    raise _CHECK.invalid(param="tool_choice", complaint="must be 'none', 'auto', 'required' or {\"type\": \"function\", "
+                         "\"function\": {\"name\": ...}}")
 
 
 def _max_tokens(body: Mapping[str, Any], limit: int) -> int:
@@ -251,31 +214,20 @@ def _max_tokens(body: Mapping[str, Any], limit: int) -> int:
     value = body.get(key)
     if value is None:
         return limit
-    if not _is_int(value) or value < 1:
-        raise _invalid(f"{key} must be a positive integer, got {value!r}", key)
+    if not is_int(value) or value < 1:
+        raise _CHECK.invalid(param=key, complaint=f"must be a positive integer, got {value!r}")
     if value > limit:
-        raise _invalid(f"{key} is too large: {value}. This model supports at most {limit} completion tokens, "
-                       f"whereas you provided {value}.", key)
+        raise _CHECK.invalid(param=key, complaint=f"is too large: {value}. This model supports at most {limit} "
+                             f"completion tokens, whereas you provided {value}.")
     return value
-
-
-def _stop(raw: Any) -> tuple[str, ...]:
-    if raw is None:
-        return ()
-    stops = [raw] if isinstance(raw, str) else raw
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise _invalid("stop must be a non-empty string or a list of non-empty strings", "stop")
-    if len(stops) > MAX_STOP_SEQUENCES:
-        raise _invalid(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stops)}", "stop")
-    return tuple(stops)
 
 
 def _seed(raw: Any) -> int | None:
     if raw is None:
         return None
     # Engines keep the seed in a 64-bit integer.
-    if not _is_int(raw) or not -(2**63) <= raw < 2**64:
-        raise _invalid(f"seed must be a 64-bit integer, got {raw!r}", "seed")
+    if not is_int(raw) or not -(2**63) <= raw < 2**64:
+        raise _CHECK.invalid(param="seed", complaint=f"must be a 64-bit integer, got {raw!r}")
     return raw
 
 
@@ -287,35 +239,27 @@ def parse_chat_request(body: Any, *, known_models: Collection[str],
     `not_found` (404, param "model") for a model this gateway does not serve.
     """
     if not isinstance(body, Mapping):
-        raise _invalid("the request body must be a JSON object", "body")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _invalid("model must be a non-empty string", "model")
-    if model not in known_models:
-        raise GatewayError("not_found", f"The model `{model}` does not exist or you do not have access to it.", param="model")
+        raise invalid(param="body", message="the request body must be a JSON object")
+    model = _CHECK.model(body.get("model"), known_models=known_models)
     messages = _messages(body.get("messages"))
     max_tokens = _max_tokens(body, max_output_tokens_for(model))
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise _invalid("stream must be a boolean", "stream")
+    stream = _CHECK.optional_bool(body.get("stream"), param="stream")
     stream_options = body.get("stream_options")
-    if stream_options is not None and not isinstance(stream_options, Mapping):
-        raise _invalid("stream_options must be an object", "stream_options")
-    include_usage = (stream_options or {}).get("include_usage")
-    if include_usage is not None and not isinstance(include_usage, bool):
-        raise _invalid("stream_options.include_usage must be a boolean", "stream_options.include_usage")
+    if stream_options is not None:
+        _CHECK.json_object(stream_options, param="stream_options")
+    include_usage = _CHECK.optional_bool((stream_options or {}).get("include_usage"), param="stream_options.include_usage")
     n = body.get("n")
-    if n is not None and (not _is_int(n) or n != 1):
-        raise _invalid(f"n must be 1: this gateway returns one choice per request, got {n!r}", "n")
-    tools = _tools(body.get("tools"))
+    if n is not None and (not is_int(n) or n != 1):
+        raise _CHECK.invalid(param="n", complaint=f"must be 1: this gateway returns one choice per request, got {n!r}")
+    tools = _CHECK.tools(body.get("tools"), function_spec=_function_spec)
     tool_choice = _tool_choice(body.get("tool_choice"), tools)
     if tool_choice == "none":
         tools, tool_choice = None, None
     sampling = Sampling(
-        temperature=_optional_number(body, "temperature", low=0.0, high=MAX_TEMPERATURE),
-        top_p=_optional_number(body, "top_p", low=0.0, high=1.0, low_open=True),
+        temperature=_CHECK.temperature(body.get("temperature"), maximum=MAX_TEMPERATURE),
+        top_p=_CHECK.top_p(body.get("top_p")),
         seed=_seed(body.get("seed")),
-        stop=_stop(body.get("stop")),
+        stop=_CHECK.stop_sequences(body.get("stop"), param="stop", max_count=MAX_STOP_SEQUENCES, accept_string=True),
     )
     return ChatRequest(
         api="openai", model=model, messages=messages, max_tokens=max_tokens, stream=bool(stream),
@@ -466,16 +410,6 @@ def error_body(err: GatewayError, request_id: str) -> dict[str, Any]:
         "error": {"message": err.message, "type": ERROR_TYPE_BY_KIND[err.kind], "param": err.param, "code": code},
         "request_id": request_id,
     }
-
-
-def error_headers(err: GatewayError) -> dict[str, str]:
-    """`retry-after` when waiting helps; `x-should-retry: false` when only a changed request can."""
-    headers = {}
-    if err.retry_after_s is not None:
-        headers["retry-after"] = str(err.retry_after_s)
-    if err.kind in NO_RETRY_KINDS:
-        headers["x-should-retry"] = "false"
-    return headers
 
 
 # ---- models -------------------------------------------------------------------------------

@@ -11,29 +11,21 @@ import json
 import anthropic
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
-
-try:  # The SDKs' HTTP library: httpx2 since openai 3 and anthropic 2 (which rejects httpx), httpx before.
-    import httpx2 as httpx
-except ImportError:
-    import httpx
 
 from engy_node.gateway import anthropic_api
 from engy_node.gateway.anthropic_api import EventEncoder, message_body, parse_messages_request
 from engy_node.gateway.chat import STATUS_BY_KIND, GatewayError, ReasoningDelta, TextDelta, ToolCall, Usage
 from engy_node.gateway.output_parser import OutputParser, parse_output
+from tests.engy_node.gateway.wire_helpers import (
+    MAX_OUTPUT, MODEL, QWEN_OUTPUT, SERVED, USAGE, event_batches, httpx, mock_http, stream_response,
+)
 
-MODEL = "Qwen/Qwen3-8B"
-MAX_OUTPUT = 8192
 WEATHER_TOOL = {"name": "get_weather", "description": "Current weather",
                 "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-QWEN_OUTPUT = ('<think>\nThey want the weather.\n</think>\n\nLet me check.\n<tool_call>\n'
-               '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
-USAGE = Usage(prompt_tokens=120, completion_tokens=30, cached_tokens=64)
 
 
 def parse(body: dict):
-    return parse_messages_request(body, known_models={MODEL}, max_output_tokens_for=lambda model: MAX_OUTPUT)
+    return parse_messages_request(body, **SERVED)
 
 
 def minimal(**fields) -> dict:
@@ -55,12 +47,7 @@ def decode_events(chunks: list[bytes]) -> list[tuple[str, dict]]:
 
 
 def sdk_client(handler) -> anthropic.Anthropic:
-    return anthropic.Anthropic(api_key="sk-test", base_url="http://gateway.test", max_retries=0,
-                               http_client=httpx.Client(transport=httpx.MockTransport(handler)))
-
-
-def stream_response(chunks: list[bytes]) -> httpx.Response:
-    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b"".join(chunks))
+    return anthropic.Anthropic(api_key="sk-test", base_url="http://gateway.test", max_retries=0, http_client=mock_http(handler))
 
 
 def stream_qwen_output(message_id: str, *, piece: int = 5) -> list[bytes]:
@@ -189,7 +176,7 @@ def test_a_malformed_field_is_a_400_whose_message_starts_with_its_path(fields, p
 def test_count_tokens_needs_no_max_tokens():
     request = anthropic_api.parse_count_tokens_request(
         {"model": MODEL, "system": "sys", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER_TOOL]},
-        known_models={MODEL}, max_output_tokens_for=lambda model: MAX_OUTPUT)
+        **SERVED)
     assert request.messages == ({"role": "system", "content": "sys"}, {"role": "user", "content": "hi"})
     assert request.tools is not None and not request.stream
     assert anthropic_api.count_tokens_body(17) == {"input_tokens": 17}
@@ -329,8 +316,7 @@ def test_the_sdk_parses_the_non_stream_message():
 def test_the_sdk_counts_tokens_through_the_count_tokens_body():
     def handler(request: httpx.Request) -> httpx.Response:
         assert request.url.path == "/v1/messages/count_tokens"
-        anthropic_api.parse_count_tokens_request(json.loads(request.content), known_models={MODEL},
-                                                 max_output_tokens_for=lambda model: MAX_OUTPUT)
+        anthropic_api.parse_count_tokens_request(json.loads(request.content), **SERVED)
         return httpx.Response(200, json=anthropic_api.count_tokens_body(42))
 
     count = sdk_client(handler).messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "hi"}])
@@ -383,28 +369,14 @@ def test_a_stop_sequence_reaches_the_sdk_through_message_delta():
     assert (final.stop_reason, final.stop_sequence, final.content[0].text) == ("stop_sequence", "</answer>", "<answer>42")
 
 
-output_events = st.lists(st.one_of(
-    st.text(max_size=6).map(TextDelta),
-    st.text(max_size=6).map(ReasoningDelta),
-    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2).map(lambda args: json.dumps(args)),
-), max_size=12)
-
-
 @settings(max_examples=150, deadline=None)
-@given(data=st.data(), raw=output_events)
-def test_any_event_sequence_streams_well_formed_blocks_that_add_up_to_the_message_body(data, raw):
-    events, calls = [], 0
-    for item in raw:  # number the tool calls as the parser would
-        if isinstance(item, str):
-            events.append(ToolCall(index=calls, id=f"call_p_{calls}", name="f", arguments=item))
-            calls += 1
-        else:
-            events.append(item)
-    cuts = sorted(data.draw(st.lists(st.integers(min_value=0, max_value=len(events)), max_size=4)))
+@given(stream=event_batches())
+def test_any_event_sequence_streams_well_formed_blocks_that_add_up_to_the_message_body(stream):
+    events, batches = stream
     encoder = EventEncoder("msg_p", MODEL)
     chunks = encoder.start(USAGE)
-    for start, end in zip([0, *cuts], [*cuts, len(events)]):
-        chunks += encoder.events(events[start:end])
+    for batch in batches:
+        chunks += encoder.events(batch)
     decoded = decode_events(chunks + encoder.finish("stop", stop_sequence=None, usage=USAGE))
 
     blocks: list[dict] = []

@@ -13,29 +13,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-try:  # The SDKs' HTTP library: httpx2 since openai 3 and anthropic 2 (which rejects httpx), httpx before.
-    import httpx2 as httpx
-except ImportError:
-    import httpx
-
 from engy_node.gateway import openai_api
-from engy_node.gateway.chat import STATUS_BY_KIND, GatewayError, ReasoningDelta, TextDelta, ToolCall, Usage
+from engy_node.gateway.chat import STATUS_BY_KIND, GatewayError, ReasoningDelta, TextDelta, ToolCall
 from engy_node.gateway.openai_api import ChunkEncoder, completion_body, parse_chat_request
 from engy_node.gateway.output_parser import OutputParser, parse_output
+from tests.engy_node.gateway.wire_helpers import (
+    MAX_OUTPUT, MODEL, QWEN_OUTPUT, SERVED, USAGE, event_batches, httpx, mock_http, stream_response,
+)
 
-MODEL = "Qwen/Qwen3-8B"
-MAX_OUTPUT = 8192
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }}
-QWEN_OUTPUT = ('<think>\nThey want the weather.\n</think>\n\nLet me check.\n<tool_call>\n'
-               '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
-USAGE = Usage(prompt_tokens=120, completion_tokens=30, cached_tokens=64)
 
 
 def parse(body: dict):
-    return parse_chat_request(body, known_models={MODEL}, max_output_tokens_for=lambda model: MAX_OUTPUT)
+    return parse_chat_request(body, **SERVED)
 
 
 def minimal(**fields) -> dict:
@@ -47,12 +40,7 @@ def sse_payloads(chunks: list[bytes]) -> list[str]:
 
 
 def sdk_client(handler) -> openai.OpenAI:
-    return openai.OpenAI(api_key="sk-test", base_url="http://gateway.test/v1", max_retries=0,
-                         http_client=httpx.Client(transport=httpx.MockTransport(handler)))
-
-
-def stream_response(chunks: list[bytes]) -> httpx.Response:
-    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b"".join(chunks))
+    return openai.OpenAI(api_key="sk-test", base_url="http://gateway.test/v1", max_retries=0, http_client=mock_http(handler))
 
 
 def error_response(err: GatewayError) -> httpx.Response:
@@ -336,8 +324,7 @@ def test_an_exhausted_balance_is_a_402_status_error_the_sdk_does_not_retry():
         calls.append(request)
         return error_response(GatewayError("billing", "Your prepaid balance is too low."))
 
-    client = openai.OpenAI(api_key="k", base_url="http://gateway.test/v1", max_retries=2,
-                           http_client=httpx.Client(transport=httpx.MockTransport(handler)))
+    client = openai.OpenAI(api_key="k", base_url="http://gateway.test/v1", max_retries=2, http_client=mock_http(handler))
     with pytest.raises(openai.APIStatusError) as caught:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
     assert caught.value.status_code == 402 and caught.value.code == "insufficient_quota"
@@ -371,28 +358,14 @@ def test_the_sdk_lists_and_retrieves_models():
     assert client.models.retrieve(MODEL).id == MODEL
 
 
-output_events = st.lists(st.one_of(
-    st.text(max_size=6).map(TextDelta),
-    st.text(max_size=6).map(ReasoningDelta),
-    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2).map(lambda args: json.dumps(args)),
-), max_size=12)
-
-
 @settings(max_examples=150, deadline=None)
-@given(data=st.data(), raw=output_events, finish=st.sampled_from(["stop", "length"]))
-def test_any_event_sequence_streams_deltas_that_add_up_to_the_non_stream_body(data, raw, finish):
-    events, calls = [], 0
-    for item in raw:  # number the tool calls as the parser would
-        if isinstance(item, str):
-            events.append(ToolCall(index=calls, id=f"call_p_{calls}", name="f", arguments=item))
-            calls += 1
-        else:
-            events.append(item)
-    cuts = sorted(data.draw(st.lists(st.integers(min_value=0, max_value=len(events)), max_size=4)))
+@given(stream=event_batches(), finish=st.sampled_from(["stop", "length"]))
+def test_any_event_sequence_streams_deltas_that_add_up_to_the_non_stream_body(stream, finish):
+    events, batches = stream
     encoder = ChunkEncoder("chatcmpl-p", 1, MODEL, True)
     chunks = encoder.start()
-    for start, end in zip([0, *cuts], [*cuts, len(events)]):
-        chunks += encoder.events(events[start:end])
+    for batch in batches:
+        chunks += encoder.events(batch)
     payloads = sse_payloads(chunks + encoder.finish(finish, USAGE))
     assert payloads[-1] == "[DONE]"
     decoded = [json.loads(p) for p in payloads[:-1]]
