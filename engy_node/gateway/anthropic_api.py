@@ -115,7 +115,7 @@ def _text_blocks(content: Any, param: str) -> str:
     texts = []
     for block_param, block in _CHECK.items(content, param=param, complaint="must be a string or a list of text blocks"):
         kind = block.get("type") if isinstance(block, Mapping) else None
-        if kind in _UNSUPPORTED_BLOCKS:
+        if isinstance(kind, str) and kind in _UNSUPPORTED_BLOCKS:
             raise _CHECK.invalid(param=f"{block_param}.type", complaint=f"{_UNSUPPORTED_BLOCKS[kind]} are not supported; "
                                  "the models served here take text only, so send text blocks")
         if kind != "text" or not isinstance(block.get("text"), str):
@@ -177,7 +177,7 @@ def _assistant_message(content: Any, param: str) -> dict[str, Any]:
 
 
 def _reject_block(kind: Any, param: str, *, allowed: str) -> None:
-    if kind in _UNSUPPORTED_BLOCKS:
+    if isinstance(kind, str) and kind in _UNSUPPORTED_BLOCKS:
         raise _CHECK.invalid(param=f"{param}.type", complaint=f"{_UNSUPPORTED_BLOCKS[kind]} are not supported; "
                              "the models served here take text only")
     raise _CHECK.invalid(param=f"{param}.type", complaint=f"block type {kind!r} is not supported here; use {allowed}")

@@ -162,8 +162,14 @@ class MinerPool:
                     and (other.hello.worker_id != hello.worker_id or not hello.worker_id)):
                 log.info("miner %s/%s re-dialled from a new process; closing its old leg", identity.miner, hello.worker_name)
                 await self._close_leg(other, "superseded by a new hello")
-        await leg.send(Admit())
+        # Routable before the miner hears `admit`: a miner (or a local network) that reports
+        # ready on admission may be sent a request at once.
         self.legs[leg.leg_id] = leg
+        try:
+            await leg.send(Admit())
+        except Exception as error:  # broad on purpose: any send failure means this leg never came up
+            self._drop(leg, f"admit not delivered ({type(error).__name__})")
+            return
         log.info("admitted %s (%s, %s) with capacity %d%s", identity.miner, hello.worker_name, hello.model, leg.capacity,
                  "" if leg.honours_sampling else "; answers greedily (no sampling feature)")
         try:
