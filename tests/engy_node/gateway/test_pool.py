@@ -7,6 +7,7 @@ import contextlib
 import time
 import uuid
 
+import orjson
 import pytest
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -17,7 +18,7 @@ from engy_node import keys
 from engy_node.gateway.app import build_miner_app
 from engy_node.gateway.pool import MinerPool, PoolSettings
 from engy_node.protocol.miner import (
-    Admit, Capacity, Deny, Hello, Message, Reconnect, Response, Serve, ServeRequest, encode, parse_gateway_frame,
+    Admit, Capacity, Deny, Heartbeat, Hello, Message, Reconnect, Response, Serve, ServeRequest, encode, parse_gateway_frame,
 )
 
 ROOT = "ab" * 32
@@ -131,9 +132,39 @@ async def test_a_malformed_frame_closes_only_that_leg_and_fails_its_requests(gat
                 await pending.changed.wait()
         assert pending.lost is not None
         assert [leg.hello.worker_name for leg in pool.legs.values()] == ["good"]
-        with pytest.raises(ConnectionClosed):
+        with pytest.raises(ConnectionClosed) as closed:
             await bad.get_message()
+        assert closed.value.reason.code == 1002 and "response.corr_id" in closed.value.reason.reason
         await good.aclose()
+
+
+async def test_a_refused_hello_is_logged_and_closed_naming_the_field(gateway, caplog):
+    async with contextlib.AsyncExitStack() as connections:
+        _, url, _, _ = gateway
+        connection = await connections.enter_async_context(open_websocket_url(url))
+        wire = hello().to_wire()
+        wire["capacity"]["max_inflight"] = 1.5
+        await connection.send_message(orjson.dumps(wire).decode())
+        with pytest.raises(ConnectionClosed) as closed:
+            await connection.get_message()
+    assert closed.value.reason.code == 1002
+    assert closed.value.reason.reason == "invalid hello: hello.capacity.max_inflight: must be a whole number, got 1.5"
+    assert "hello.capacity.max_inflight is invalid (must be a whole number, got 1.5)" in caplog.text
+
+
+async def test_a_heartbeat_with_capacity_changes_the_legs_capacity(gateway):
+    async with contextlib.AsyncExitStack() as connections:
+        pool, url, _, _ = gateway
+        connection, _ = await dial(connections, url, hello())
+        leg = next(iter(pool.legs.values()))
+        assert leg.capacity == 2
+        await connection.send_message(encode(Heartbeat(inflight=0, idle_seconds=1.0, capacity=Capacity(5, 5, 6144, 2048, 600))))
+        # Frames are read in order: once the gateway closes the leg over the next (bad) frame,
+        # it has taken the heartbeat.
+        await connection.send_message('{"type": "heartbeat", "inflight": -1}')
+        with pytest.raises(ConnectionClosed):
+            await connection.get_message()
+        assert leg.capacity == 5
 
 
 async def test_a_leg_without_heartbeats_stops_being_a_candidate_and_is_closed(gateway):
