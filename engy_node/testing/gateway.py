@@ -33,6 +33,9 @@ class LegConnection:
     websocket: WebSocket
     heartbeats: list[Heartbeat] = dataclasses.field(default_factory=list)
     closed: trio.Event = dataclasses.field(default_factory=trio.Event)
+    close_code: int | None = None
+    close_reason: str = ""
+    """What the miner said when it closed the connection (empty when it did not close it)."""
 
 
 @dataclasses.dataclass
@@ -112,8 +115,8 @@ class GatewayHarness:
                 else:
                     self.protocol_errors.append(f"unexpected {type(frame).__name__} after admission")
                 self._notify()
-        except WebSocketDisconnect:
-            pass
+        except WebSocketDisconnect as disconnect:
+            leg.close_code, leg.close_reason = disconnect.code, disconnect.reason or ""
         finally:
             leg.closed.set()
             if self.legs.get(worker) is leg:

@@ -14,13 +14,14 @@ import uuid
 import httpx
 import pytest
 import trio
+from trio_websocket import ConnectionClosed, serve_websocket
 
 from engy_node import keys, proof
 from engy_node.miner.link import GatewayLink, Identity, Leg, LinkSettings, leg_url, meta_url, plan_legs
 from engy_node.miner.serving import RequestHandler
 from engy_node.served_model import load_served_model
 from engy_node.models import SMOLLM2_135M
-from engy_node.protocol.miner import Capacity, Message, Sampling, ServeRequest
+from engy_node.protocol.miner import OUR_FEATURES, Capacity, Message, ProtocolError, Sampling, ServeRequest
 from engy_node.serve.client import ServeClient
 from engy_node.testing.gateway import GatewayHarness
 
@@ -207,3 +208,42 @@ async def test_a_model_server_crash_mid_request_fails_that_request_cleanly(nurse
         assert not gateway.protocol_errors
     finally:
         server.stop()
+
+
+async def test_a_gateway_frame_it_cannot_read_closes_the_leg_naming_the_field_and_it_redials(nursery, gateway, served_model,
+                                                                                            reference_server, caplog):
+    await start_miner(nursery, gateway.url, served_model, reference_server.url)
+    await gateway.wait_for(lambda: 0 in gateway.legs)
+    assert gateway.hellos[0].features == OUR_FEATURES, "our miner says what it honours beyond the public protocol"
+    first = gateway.legs[0]
+    await first.websocket.send_text('{"type": "serve", "corr_id": "c1", "request": {"messages": []}}')
+    with trio.fail_after(10):
+        await first.closed.wait()
+    assert "serve.request.messages is invalid (must be a non-empty list)" in caplog.text
+    await gateway.wait_for(lambda: 0 in gateway.legs and gateway.legs[0] is not first)
+
+
+async def test_the_close_frame_for_an_unreadable_gateway_frame_carries_the_field(nursery, served_model, reference_server):
+    # hypercorn reports every close a client starts as 1006, so the harness cannot see the code
+    # and reason: a bare trio-websocket server plays the gateway for one leg here.
+    closes = []
+
+    async def gateway_leg(request) -> None:
+        connection = await request.accept()
+        await connection.get_message()
+        await connection.send_message('{"type": "admit"}')
+        await connection.send_message('{"type": "serve", "corr_id": "c1", "request": {"messages": [], "max_tokens": 4}}')
+        with pytest.raises(ConnectionClosed) as closed:
+            await connection.get_message()
+        closes.append(closed.value.reason)
+
+    server = await nursery.start(serve_websocket, gateway_leg, "127.0.0.1", 0, None)
+    link = GatewayLink(
+        gateway_url="ws://unused/gw", identity=Identity(miner_key="mk-test"), limits=LIMITS, settings=FAST, rng=random.Random(7),
+        handler=RequestHandler(model=served_model, serve=lambda: None), http=None,
+        hello={"model": "smollm2-135m", "model_root": served_model.model_root, "hw": {}, "versions": {},
+               "worker_name": "rig-1", "worker_id": uuid.uuid4().hex})
+    with pytest.raises(ProtocolError):
+        await link._leg_session(f"ws://127.0.0.1:{server.port}/gw", Leg(0, 1))
+    assert [(reason.code, reason.reason) for reason in closes] == [
+        (1002, "invalid frame: serve.request.messages: must be a non-empty list")]
