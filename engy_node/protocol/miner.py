@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -96,24 +96,28 @@ def _as_seconds(value: Any, field: str) -> float:
     return float(value)
 
 
-def _count(obj: Mapping[str, Any], key: str, where: str, *, default: Any = _MISSING) -> Any:
+def _as_text(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise ProtocolError(field, f"must be a string, got {_describe(value)}")
+    return value
+
+
+def _field(obj: Mapping[str, Any], key: str, where: str, read: Callable[[Any, str], Any], default: Any) -> Any:
+    """`obj[key]` through `read`; absent or null gives `default`, or is refused without one."""
     value = obj.get(key)
     if value is None:
         if default is _MISSING:
             raise ProtocolError(f"{where}.{key}", "missing")
         return default
-    return _as_count(value, f"{where}.{key}")
+    return read(value, f"{where}.{key}")
+
+
+def _count(obj: Mapping[str, Any], key: str, where: str, *, default: Any = _MISSING) -> Any:
+    return _field(obj, key, where, _as_count, default)
 
 
 def _text(obj: Mapping[str, Any], key: str, where: str, *, default: Any = _MISSING) -> Any:
-    value = obj.get(key)
-    if value is None:
-        if default is _MISSING:
-            raise ProtocolError(f"{where}.{key}", "missing")
-        return default
-    if not isinstance(value, str):
-        raise ProtocolError(f"{where}.{key}", f"must be a string, got {_describe(value)}")
-    return value
+    return _field(obj, key, where, _as_text, default)
 
 
 def _object(value: Any, field: str) -> Mapping[str, Any]:
