@@ -14,6 +14,7 @@ buyer API URL, the miner websocket URL, the buyer key and the hotkeys. It is wri
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -118,7 +119,7 @@ async def run_up(config: Config, hub: Hub, *, on_ready=None, task_status=trio.TA
             config.miner, gateway_url=urls.miner_url, model=DEFAULT_LOCAL_MODEL, miner_key="",
             wallets_path=str(wallets_dir(config)), wallet_name=LOCAL_WALLET, wallet_hotkey=MINER_HOTKEY,
         ))
-        await nursery.start(run_miner, miner_config, hub)
+        await nursery.start(functools.partial(run_miner, miner_config, hub, ready_when_admitted=True))
         document = {
             "buyer_api": f"{urls.buyer_url}/v1",
             "buyer_key": identities.buyer_key,

@@ -228,8 +228,11 @@ class ServeRotation:
         return client
 
 
-async def run_miner(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """The miner service: ready once the model server answers; the link keeps dialling."""
+async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = False,
+                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """The miner service: ready once the model server answers, and the link keeps dialling; with
+    `ready_when_admitted`, ready once the gateway has admitted a leg too (a local network says
+    it is up only when a buyer's first request can be served)."""
     settings = config.miner
     miner_identity = preflight(config)
     inventory = await trio.to_thread.run_sync(detect_gpus, settings.fake_gpus)
@@ -265,7 +268,10 @@ async def run_miner(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_IG
                    "worker_name": settings.worker_name or platform.node(), "worker_id": uuid.uuid4().hex},
             on_state=lambda **values: hub.set_state("miner", **values),
         )
-        nursery.start_soon(link.run)
+        if ready_when_admitted:
+            await nursery.start(link.run)
+        else:
+            nursery.start_soon(link.run)
         task_status.started(f"serving {spec.id} via {', '.join(serve_urls)} to {settings.gateway_url}")
 
 
