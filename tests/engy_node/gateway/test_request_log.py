@@ -32,22 +32,24 @@ def logged_ids(store: Store) -> list[str]:
 
 async def test_rows_queued_together_are_written_in_one_store_operation(store, monkeypatch):
     writer = RequestLogWriter(store)
+    rows = [entry() for _ in range(50)]
     batches: list[int] = []
+    all_written = trio.Event()
     write = store.log_requests_async
 
     async def counting(entries):
         batches.append(len(entries))
         await write(entries)
+        if sum(batches) >= len(rows):
+            all_written.set()
 
     monkeypatch.setattr(store, "log_requests_async", counting)
-    rows = [entry() for _ in range(50)]
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
         for row in rows:
             assert writer.add(row)
         with trio.fail_after(10):
-            while len(logged_ids(store)) < len(rows):
-                await trio.sleep(0.01)
+            await all_written.wait()
         nursery.cancel_scope.cancel()
     assert logged_ids(store) == [row.request_id for row in rows]
     assert batches == [50], "all rows queued before the writer woke went in one write"
