@@ -15,12 +15,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from hypothesis import settings
+
+from tests.waiting import ProcessOutput
 
 settings.register_profile("thorough", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
@@ -46,29 +47,24 @@ def runner(checkpoint):
 
 
 class ServerProcess:
-    """`engy-node serve` as a user runs it, in its own temp home, on a free loopback port."""
+    """`engy-node serve` as a user runs it, in its own temp home, on a free loopback port. Its
+    output is read as it comes (`ProcessOutput`), copied to `log_path`; it is ready once it prints
+    its ready line."""
 
     def __init__(self, home: Path, *extra: str) -> None:
         self.home = home
         self.log_path = home / "server.log"
-        self._log = self.log_path.open("w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "engy_node", "--home", str(home), "serve", "--port", "0", *extra],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace",
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-        self.url = self._wait_ready()
-
-    def _wait_ready(self) -> str:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            match = READY_PATTERN.search(self.log_path.read_text())
-            if match:
-                return match.group(1)
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log_path.read_text()}")
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"server not ready after {SERVER_START_TIMEOUT_S} s:\n{self.log_path.read_text()}")
+        self.output = ProcessOutput(self.process, self.log_path)
+        try:
+            self.url = self.output.wait_for(READY_PATTERN, timeout_s=SERVER_START_TIMEOUT_S, what="the server ready").group(1)
+        except AssertionError:
+            self.stop()
+            raise
 
     def stop(self) -> int:
         if self.process.poll() is None:
@@ -78,11 +74,11 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        self._log.close()
+        self.output.wait_ended(timeout_s=30, what="the server's output complete")
         return self.process.returncode
 
     def log_text(self) -> str:
-        return self.log_path.read_text()
+        return self.output.text()
 
 
 @pytest.fixture(scope="session")

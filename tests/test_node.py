@@ -6,23 +6,27 @@ import pytest
 import trio
 
 from engy_node.node import run_services
+from tests.waiting import logged
 
 
-async def test_services_start_in_order_and_each_waits_for_the_previous_to_be_ready():
+async def test_services_start_in_order_and_each_waits_for_the_previous_to_be_ready(autojump_clock):
     order = []
+    ready = {"a": trio.Event(), "b": trio.Event()}
 
     def service(name: str, delay: float):
         async def run(*, task_status=trio.TASK_STATUS_IGNORED):
-            await trio.sleep(delay)
+            await trio.sleep(delay)  # scripted: "a" is the slower to start, so started at once "b" would be ready first
             order.append(f"{name} ready")
             task_status.started(name)
+            ready[name].set()
             await trio.sleep_forever()
         return run
 
     with trio.move_on_after(5) as scope:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: run_services([("a", service("a", 0.2)), ("b", service("b", 0.0))], handle_signals=False))
-            await trio.sleep(1)
+            for event in ready.values():
+                await event.wait()
             nursery.cancel_scope.cancel()
     assert not scope.cancelled_caught
     assert order == ["a ready", "b ready"]
@@ -44,7 +48,7 @@ async def test_a_service_failing_before_ready_stops_start_up_with_its_error():
     assert not started_second
 
 
-async def test_cancelling_the_node_runs_every_services_cleanup():
+async def test_cancelling_the_node_runs_every_services_cleanup(autojump_clock):
     cleaned = []
 
     def service(name: str):
@@ -75,12 +79,12 @@ async def test_what_start_up_created_is_frozen_out_of_garbage_collection_once_th
 
     gc.unfreeze()
     try:
-        with trio.move_on_after(5):
-            async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
+            with logged("engy.node", "node running") as running:
                 nursery.start_soon(lambda: run_services([("loader", service)], handle_signals=False))
-                while gc.get_freeze_count() == 0:
-                    await trio.sleep(0.01)
-                nursery.cancel_scope.cancel()
+                await running.wait(timeout_s=5, what="the node running")
+            nursery.cancel_scope.cancel()
+        assert gc.get_freeze_count() > 0, "start-up's objects are frozen once the node runs"
         assert frozen_at_ready == [0], "nothing is frozen before every service is ready"
         assert not any(obj is kept[0] for obj in gc.get_objects()), "start-up's objects are out of the collector's sight"
     finally:

@@ -8,36 +8,50 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import openai
 import psutil
 
+from tests.waiting import ProcessOutput
+
 START_TIMEOUT_S = 180
+READY_LINE = "engy local network is up."
+ADMITTED_LINE = "engy.gateway.pool: admitted "
 
 
 class Up:
+    """`engy-node up`, its output copied to `up.log` as it comes; ready once it prints its banner,
+    which it does after writing `network.json`."""
+
     def __init__(self, home) -> None:
         self.home = home
         self.log_path = home / "up.log"
         self.network_path = home / "data" / "local" / "network.json"
-        previous = self.network_path.stat().st_mtime_ns if self.network_path.exists() else -1
-        self._log = self.log_path.open("a")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "engy_node", "--home", str(home), "up", "--port", "0", "--miner-port", "0"],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self.network_path.exists() or self.network_path.stat().st_mtime_ns == previous:
-            assert self.process.poll() is None, self.log_path.read_text()
-            assert time.monotonic() < deadline, self.log_path.read_text()
-            time.sleep(0.2)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace",
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.output = ProcessOutput(self.process, self.log_path)
+        try:
+            self.output.wait_for(READY_LINE, timeout_s=START_TIMEOUT_S, what="the local network up")
+            # `up` prints its banner once the miner's model server answers, which can be a moment
+            # before the gateway has admitted the miner's leg (a buyer asking then gets a 503);
+            # the node logs the admission to stderr, this same output.
+            self.output.wait_for(ADMITTED_LINE, timeout_s=START_TIMEOUT_S, what="the miner admitted by the gateway")
+        except AssertionError:
+            self.process.terminate()  # SIGTERM, so that it stops its model server too
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+            raise
         self.network = json.loads(self.network_path.read_text())
 
     def stop(self) -> int:
         children = psutil.Process(self.process.pid).children(recursive=True)
         self.process.send_signal(signal.SIGTERM)
         code = self.process.wait(timeout=60)
-        self._log.close()
+        self.output.wait_ended(timeout_s=30, what="engy-node up's output complete")
         assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE], "a child outlived engy-node up"
         return code
 

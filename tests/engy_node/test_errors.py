@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 from engy_node.errors import collapse, single_failure
 
@@ -30,7 +31,7 @@ async def test_an_outer_cancellation_beside_one_real_error_yields_the_real_error
         with pytest.raises(BaseExceptionGroup) as raised:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(fail_when_cancelled)
-                await trio.sleep(0)
+                await trio.testing.wait_all_tasks_blocked()  # fail_when_cancelled is in sleep_forever
                 outer.cancel()
                 await trio.sleep_forever()
         assert isinstance(collapse(raised.value), ValueError)

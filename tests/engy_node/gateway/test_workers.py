@@ -10,10 +10,12 @@ this process is worker 0 and starts worker 1 (`python -m engy_node.gateway`).
 from __future__ import annotations
 
 import array
+import functools
 import os
 import signal
 import socket
 import uuid
+from collections.abc import Callable
 
 import httpx
 import openai
@@ -35,6 +37,7 @@ from engy_node.served_model import load_served_model
 from engy_node.models import SMOLLM2_135M
 from engy_node.protocol.miner import Admit, Capacity, Hello, encode, parse_gateway_frame
 from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
+from tests.waiting import Changes, ProcessOutput, logged, wait_until_async
 
 MODEL = "smollm2-135m"
 FAST = LinkSettings(heartbeat_s=5, backoff_base_s=0.05, backoff_cap_s=0.2, reconnect_delay_s=0.05)
@@ -79,8 +82,9 @@ async def connect_and_send(sockets: SharedSockets, head: bytes) -> trio.SocketSt
     return stream
 
 
-async def collect(listener: MinerListener, into: list[bytes], seen: trio.Event, count: int) -> None:
-    """Read each accepted connection's request line (proving nothing was consumed before)."""
+async def collect(listener: MinerListener, into: list[bytes], seen: trio.Event, done: Callable[[], bool]) -> None:
+    """Read each accepted connection's request line (proving nothing was consumed before); set
+    `seen` once `done()` holds after one."""
     while True:
         stream = await listener.accept()
         head = b""
@@ -88,7 +92,7 @@ async def collect(listener: MinerListener, into: list[bytes], seen: trio.Event, 
             head += await stream.receive_some(1024)
         into.append(head.split(b"\n")[0].rstrip(b"\r"))
         await stream.aclose()
-        if sum(1 for _ in into) >= count:
+        if done():
             seen.set()
 
 
@@ -97,16 +101,15 @@ async def test_each_connection_comes_out_of_the_worker_it_names_whichever_worker
     lines: list[list[bytes]] = [[], []]
     heads = [f"GET /gw/{i % 2} HTTP/1.1\r\nHost: x\r\nX-N: {i}\r\n\r\n".encode() for i in range(40)]
     heads += [b"GET /gw/meta HTTP/1.1\r\n\r\n", b"GET /gw HTTP/1.1\r\n\r\n", b"GET /gw/9 HTTP/1.1\r\n\r\n"]
-    done = [trio.Event(), trio.Event()]
+    all_seen = trio.Event()
     async with trio.open_nursery() as nursery:
         for listener in listeners:
             await nursery.start(listener.run)
         for index, listener in enumerate(listeners):
-            nursery.start_soon(collect, listener, lines[index], done[index], 10**9)
+            nursery.start_soon(collect, listener, lines[index], all_seen, lambda: len(lines[0]) + len(lines[1]) >= len(heads))
         clients = [await connect_and_send(shared, head) for head in heads]
         with trio.fail_after(10):
-            while len(lines[0]) + len(lines[1]) < len(heads):
-                await trio.sleep(0.01)
+            await all_seen.wait()
         nursery.cancel_scope.cancel()
     for client in clients:
         await client.aclose()
@@ -123,7 +126,7 @@ async def test_a_leg_for_a_worker_that_is_not_listening_is_closed_for_the_miner_
     async with trio.open_nursery() as nursery:
         await nursery.start(listener.run)
         seen = trio.Event()
-        nursery.start_soon(collect, listener, lines, seen, 1)
+        nursery.start_soon(collect, listener, lines, seen, lambda: len(lines) >= 1)
         refused = await connect_and_send(shared, b"GET /gw/1 HTTP/1.1\r\n\r\n")
         with trio.fail_after(10):
             assert await closed_by_peer(refused)
@@ -143,7 +146,7 @@ async def test_a_descriptor_that_is_not_a_connection_is_ignored_and_the_listener
     async with trio.open_nursery() as nursery:
         await nursery.start(listener.run)
         seen = trio.Event()
-        nursery.start_soon(collect, listener, lines, seen, 1)
+        nursery.start_soon(collect, listener, lines, seen, lambda: len(lines) >= 1)
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
             sender.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [read_end]))], 0,
                            shared.seat(0).inbox(0))
@@ -172,7 +175,7 @@ async def test_a_silent_connection_is_closed_without_holding_up_the_others(share
     async with trio.open_nursery() as nursery:
         await nursery.start(listener.run)
         seen = trio.Event()
-        nursery.start_soon(collect, listener, lines, seen, 1)
+        nursery.start_soon(collect, listener, lines, seen, lambda: len(lines) >= 1)
         silent = await trio.open_tcp_stream("127.0.0.1", shared.miner.getsockname()[1])
         partial = await connect_and_send(shared, b"GET /gw/0 HT")
         talking = await connect_and_send(shared, b"GET /gw/0 HTTP/1.1\r\n\r\n")
@@ -251,10 +254,10 @@ async def test_two_workers_serve_buyers_with_legs_on_each_and_exact_books(nurser
         handler = SyntheticHandler(served, lambda frame: Script(text="Two workers, one answer."))
         link = synthetic_link(gateway_url=urls.miner_url, model=served, identity=Identity(miner_key=miner_key), handler=handler,
                               http=http, settings=FAST, max_inflight=64)
+        legs = Changes()
+        link.on_state = legs.notify  # called whenever a leg goes up or down
         await nursery.start(link.run)
-        with trio.fail_after(30):
-            while sum(link.legs_up.values()) < 2:
-                await trio.sleep(0.05)
+        await legs.wait_for(lambda: sum(link.legs_up.values()) >= 2, timeout_s=30, what="a leg up on each worker")
         account, key = store.create_buyer("buyer")
         store.credit(account, micro_usd=1_000_000)
         client = openai.AsyncOpenAI(base_url=urls.buyer_url + "/v1", api_key=key, max_retries=0, timeout=60)
@@ -275,9 +278,8 @@ async def test_two_workers_serve_buyers_with_legs_on_each_and_exact_books(nurser
     expected = sum(billing.charge(price=SMOLLM2_135M.price, usage=billing.Usage(
         prompt_tokens=answer.usage.prompt_tokens, completion_tokens=answer.usage.completion_tokens, cached_tokens=0))
         for answer in answers)
-    with trio.fail_after(10):
-        while store.balance(account).held:
-            await trio.sleep(0.02)
+    # Either worker settles a non-streamed answer before it sends it, so every hold is closed by now.
+    assert store.balance(account).held == 0
     assert store.balance(account).charged == expected
     assert store.check_books() == []
 
@@ -289,23 +291,25 @@ async def test_a_leg_reaches_the_worker_it_names_and_a_dead_worker_is_restarted(
     for attempt in range(6):
         for worker in (0, 1):
             assert await open_leg(urls.miner_url, worker, miner_key, served, f"to-{worker}-{attempt}")
-    with trio.fail_after(10):
-        while child_log.read_text().count("admitted") < 6:
-            await trio.sleep(0.05)
+    # Worker 1 is another process, which sends a leg its admit before it logs the admission, and
+    # its log file is the only place it says which legs it admitted: bounded polls of that file.
+    await wait_until_async(lambda: child_log.read_text().count("admitted") >= 6, timeout_s=10,
+                           what="worker 1 logging its six admissions")
     admitted = child_log.read_text()
     assert all(f"to-1-{attempt}" in admitted for attempt in range(6))
     assert "to-0-" not in admitted
 
     [child] = worker_processes()
-    child.send_signal(signal.SIGKILL)
-    with trio.fail_after(60):
-        while not (replacements := [p for p in worker_processes() if p.pid != child.pid]) or \
-                child_log.read_text().count("gateway worker 1 serving") < 2:
-            await trio.sleep(0.1)
+    with logged("engy.gateway.workers", "gateway worker 1 serves again") as restarted:
+        child.send_signal(signal.SIGKILL)
+        await restarted.wait(timeout_s=60, what="worker 1 restarted")
+    replacements = [p for p in worker_processes() if p.pid != child.pid]
+    assert replacements, "a new worker 1 process"
+    # The replacement logs that it serves before it tells this process it is ready.
+    assert child_log.read_text().count("gateway worker 1 serving") >= 2
     assert await open_leg(urls.miner_url, 1, miner_key, served, "after-restart")
-    with trio.fail_after(10):
-        while "after-restart" not in child_log.read_text():
-            await trio.sleep(0.05)
+    await wait_until_async(lambda: "after-restart" in child_log.read_text(), timeout_s=10,
+                           what="the new worker 1 logging the leg's admission")
     assert replacements[0].is_running()
 
 
@@ -325,26 +329,22 @@ async def test_workers_stop_when_the_first_process_is_killed_outright(tmp_path, 
     """Killed (or out of memory), the first process cannot stop its workers; they notice."""
     import subprocess
     import sys
-    import time
 
     env = {**os.environ, "ENGY_GATEWAY__PORT": "0", "ENGY_GATEWAY__MINER_PORT": "0", "ENGY_GATEWAY__WORKERS": "2"}
-    log_path = tmp_path / "gateway.log"
-    with log_path.open("w") as log:
-        first = subprocess.Popen([sys.executable, "-m", "engy_node", "--home", str(tmp_path), "--role", "gateway"],
-                                 stdout=log, stderr=subprocess.STDOUT, env=env)
+    # The worker inherits the first process's stderr, this pipe: the output ends once both are gone.
+    first = subprocess.Popen([sys.executable, "-m", "engy_node", "--home", str(tmp_path), "--role", "gateway"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8",
+                             errors="replace", env=env)
+    output = ProcessOutput(first, tmp_path / "gateway.log")
     worker = None
     try:
-        deadline = time.monotonic() + 120
-        while "gateway ready" not in log_path.read_text():
-            assert first.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            await trio.sleep(0.1)
+        await trio.to_thread.run_sync(functools.partial(output.wait_for, "gateway ready", timeout_s=120, what="the gateway ready"))
         [worker] = psutil.Process(first.pid).children()
         first.kill()
         first.wait(10)
-        with trio.fail_after(30):
-            while worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE:
-                await trio.sleep(0.1)
-        assert "is gone; stopping" in log_path.read_text()
+        await trio.to_thread.run_sync(functools.partial(output.wait_ended, timeout_s=30, what="the orphaned worker gone"))
+        assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+        assert "is gone; stopping" in output.text()
     finally:
         if first.poll() is None:
             first.kill()

@@ -4,7 +4,6 @@ schedules, aborts and survives a failing request."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -117,9 +116,17 @@ def test_a_queued_request_aborted_before_it_runs_reports_the_waiting_queue(runne
     try:
         blocker = generation(rid="blocker", max_new_tokens=300, ignore_eos=True)
         queued = generation(rid="queued-1")
-        blocker.on_update = lambda g: None
+        blocker_running, blocker_finished = threading.Event(), threading.Event()
+
+        def on_blocker_update(g: Generation) -> None:
+            if g.output_ids:
+                blocker_running.set()
+            if g.finished:
+                blocker_finished.set()
+
+        blocker.on_update = on_blocker_update
         engine.submit(blocker)
-        _wait(lambda: blocker.output_ids)
+        assert blocker_running.wait(30), "the blocker produced no token"
         done = threading.Event()
         queued.on_update = lambda g: done.set() if g.finished else None
         engine.submit(queued)
@@ -128,7 +135,7 @@ def test_a_queued_request_aborted_before_it_runs_reports_the_waiting_queue(runne
         assert queued.finish_reason == {"type": "abort", "message": "Abort in waiting queue"}
         assert queued.output_ids == []
         engine.abort("blocker")
-        _wait(lambda: blocker.finished)
+        assert blocker_finished.wait(30), "the aborted blocker did not finish"
         assert blocker.finish_reason["type"] == "abort"
     finally:
         engine.stop()
@@ -163,9 +170,3 @@ def test_a_request_past_its_deadline_is_aborted(runner):
     finally:
         engine.stop()
 
-
-def _wait(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
 import pytest
@@ -18,6 +17,7 @@ import torch
 
 from engy_node.serve.app import decode_array
 from engy_node.serve.status import exposition_samples
+from tests.waiting import wait_until
 
 from .numerics import assert_top_choices
 
@@ -206,13 +206,9 @@ def _running(client) -> int:
     return client.get("/server_info").json()["internal_states"][0]["num_running_reqs"]
 
 
-def _wait_until(predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
+# The server is another process and says nothing when a generation starts, stops or is aborted:
+# its counters (`/server_info`, `/metrics`) are the only view of that, so the tests below poll them
+# (`wait_until`, bounded).
 
 
 def test_abort_request_stops_a_running_stream_with_an_abort_finish(client, reference_server):
@@ -233,7 +229,7 @@ def test_abort_request_stops_a_running_stream_with_an_abort_finish(client, refer
                     assert client.post("/abort_request", json={"rid": "engy-abort-me"}).status_code == 200
     assert last["meta_info"]["finish_reason"]["type"] == "abort"
     assert len(last["output_ids"]) < 100
-    assert _wait_until(lambda: _running(client) == 0)
+    wait_until(lambda: _running(client) == 0, timeout_s=30, what="the aborted generation gone from the server")
 
 
 def test_aborting_an_unknown_rid_is_a_no_op_that_returns_200(client):
@@ -253,8 +249,8 @@ def test_a_client_that_hangs_up_mid_stream_aborts_its_generation(client, referen
             for line in response.iter_lines():
                 if line.startswith("data:"):
                     break
-    assert _wait_until(lambda: aborted_total() == before + 1), "the disconnect must reach the engine"
-    assert _wait_until(lambda: _running(client) == 0)
+    wait_until(lambda: aborted_total() == before + 1, timeout_s=30, what="the disconnect reaching the engine (one more abort)")
+    wait_until(lambda: _running(client) == 0, timeout_s=30, what="the abandoned generation gone from the server")
 
 
 def test_a_non_streaming_client_that_hangs_up_aborts_its_generation(client, reference_server):
@@ -262,7 +258,7 @@ def test_a_non_streaming_client_that_hangs_up_aborts_its_generation(client, refe
     with httpx.Client(base_url=reference_server.url, timeout=1.0) as impatient:
         with pytest.raises(httpx.ReadTimeout):
             impatient.post("/generate", json=body)
-    assert _wait_until(lambda: _running(client) == 0, timeout=20)
+    wait_until(lambda: _running(client) == 0, timeout_s=20, what="the abandoned generation gone from the server")
 
 
 def test_a_long_generation_does_not_block_other_requests_or_their_abort(client, reference_server):
@@ -270,7 +266,7 @@ def test_a_long_generation_does_not_block_other_requests_or_their_abort(client, 
     outcome = {}
     worker = threading.Thread(target=lambda: outcome.update(long=sglang_generate(httpx.Client(base_url=reference_server.url, timeout=120), long_body)))
     worker.start()
-    assert _wait_until(lambda: _running(client) >= 1)
+    wait_until(lambda: _running(client) >= 1, timeout_s=30, what="the long generation running")
     short = sglang_generate(client, {"input_ids": PROMPT_IDS, "sampling_params": {"temperature": 0, "max_new_tokens": 4}})
     assert _running(client) >= 1, "the short request finished while the long one was still generating"
     assert short["meta_info"]["finish_reason"]["type"] == "length"

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from engy_node.metrics import nearest_rank
 from engy_node.serve.status import LatencySummary, bucket_quantile, exposition_samples, fetch_status, histogram_quantiles
+from tests.waiting import wait_until_async
 
 INF = math.inf
 QUANTILES = (0.5, 0.95, 0.99)
@@ -442,10 +443,16 @@ async def test_reference_server_status_after_one_generation(reference_server):
         )
         response.raise_for_status()
         # The engine counts a request as finished in the step after its answer is handed over,
-        # so the request counter may lag the response briefly.
-        with trio.fail_after(10):
-            while (status := await fetch_status(client, reference_server.url)).requests_total == 0:
-                await trio.sleep(0.05)
+        # so the request counter may lag the response briefly; the server is another process and
+        # its counters are the only view of that, so the wait is a bounded poll.
+        statuses = []
+
+        async def counted() -> bool:
+            statuses.append(await fetch_status(client, reference_server.url))
+            return statuses[-1].requests_total != 0
+
+        await wait_until_async(counted, timeout_s=10, what="the request counted in the server's status")
+        status = statuses[-1]
 
     assert (status.reachable, status.healthy, status.error) == (True, True, None)
     assert status.model_id == "smollm2-135m"
