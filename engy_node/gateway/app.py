@@ -6,8 +6,6 @@ routes (models, token counting, health) are small handlers here.
 
 from __future__ import annotations
 
-import logging
-
 import trio
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -20,8 +18,6 @@ from engy_node.gateway.chat import GatewayError
 from engy_node.gateway.lifecycle import Gateway
 from engy_node.gateway.pool import MinerPool
 from engy_node.gateway.relay import ANTHROPIC, OPENAI, ChatEndpoint
-
-log = logging.getLogger("engy.gateway")
 
 
 class Handlers:

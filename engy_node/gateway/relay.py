@@ -47,8 +47,8 @@ def _finish_for(events: list[OutputEvent], finish: str) -> str:
     return "tool_calls" if any(isinstance(event, ToolCall) for event in events) else finish
 
 
-class _Api(abc.ABC):
-    """What differs between the two buyer APIs; the flow in `Handlers` is shared."""
+class Api(abc.ABC):
+    """What differs between the two buyer APIs; the flow in `ChatEndpoint` is shared."""
 
     name: str
 
@@ -69,7 +69,7 @@ class _Api(abc.ABC):
     def encoder(self, flight: Flight) -> "_Encoder": ...
 
 
-class _OpenAi(_Api):
+class _OpenAi(Api):
     name = "openai"
 
     def parse(self, body: dict, gateway: Gateway) -> ChatRequest:
@@ -89,7 +89,7 @@ class _OpenAi(_Api):
                         finish=lambda finish, usage, stop_sequence: encoder.finish(finish, usage))
 
 
-class _Anthropic(_Api):
+class _Anthropic(Api):
     name = "anthropic"
 
     def api_key(self, headers: Headers) -> str | None:
@@ -135,7 +135,7 @@ class ChatEndpoint:
     one per phase, and the relay writes straight to the server without a task group around it.
     """
 
-    def __init__(self, gateway: Gateway, api: _Api) -> None:
+    def __init__(self, gateway: Gateway, api: Api) -> None:
         self.gateway = gateway
         self.api = api
 
