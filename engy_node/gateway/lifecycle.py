@@ -6,10 +6,11 @@ and tokenise, hold, dispatch (with retries before the first byte), settle, recor
    `ServedModel.render_prompt` a miner uses — so the prompt count is the gateway's, and the
    commitment's `prompt_ids` can be checked against it.
 3. **Hold** the worst case (prompt + max_tokens) atomically; no hold, no dispatch (402).
-4. **Route** (`router.sampling_pool`, then `router.choose`) and dispatch to a miner leg. Until
-   the first byte reaches the buyer, a failing miner is retried on another. A sampled request
-   goes to a miner that honours sampling while one has room, else to one that answers greedily,
-   and the flight records that.
+4. **Route** (`router.capable_pool`, then `router.choose`) and dispatch to a miner leg. Until
+   the first byte reaches the buyer, a failing miner is retried on another. A request that asks
+   to sample, or passes tools, goes to a miner that honours that while one has room, else to
+   one that does not, and the flight records what was missing (a greedy answer to a sampled
+   request is logged as such).
 5. **Settle** on usage the gateway can account for (`billing.billable_usage`): never more
    completion tokens than were relayed, nor than the commitment holds. The rest of the hold is
    released; on failure before any output, all of it.
@@ -43,9 +44,9 @@ from engy_node.gateway.audit import ProofTee, TeeEntry
 from engy_node.gateway.chat import ChatRequest, GatewayError, Usage
 from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.request_log import RequestLogWriter
-from engy_node.gateway.router import choose, prefix_key, retry_allowed, sampling_pool
+from engy_node.gateway.router import capable_pool, choose, prefix_key, retry_allowed
 from engy_node.gateway.store import RequestLogEntry, Store, StoreError
-from engy_node.protocol.miner import Message, ServeRequest
+from engy_node.protocol.miner import FEATURE_SAMPLING, FEATURE_TOOLS, Message, ServeRequest
 from engy_node.served_model import ServedModel
 
 log = logging.getLogger("engy.gateway")
@@ -91,8 +92,13 @@ class Flight:
     """Wall-clock seconds when the request began (the APIs' `created`)."""
     first_output_at: float | None = None
     tried: set[str] = dataclasses.field(default_factory=set)
-    served_greedily: bool = False
-    """The buyer asked to sample, and no miner that honours sampling had room: a greedy one answered."""
+    unmet: frozenset[str] = frozenset()
+    """What the request needed that the miner serving it does not honour (no capable miner had room)."""
+
+    @property
+    def served_greedily(self) -> bool:
+        """The buyer asked to sample, and a miner that answers greedily served it."""
+        return FEATURE_SAMPLING in self.unmet
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -192,8 +198,8 @@ class Gateway:
     async def dispatch(self, flight: Flight) -> PendingRequest:
         chat = flight.chat
         tried = frozenset(flight.tried)
-        candidates, greedily = sampling_pool(candidates=self.pool.candidates(chat.model), sampled=not chat.sampling.greedy,
-                                             exclude=tried)
+        needs = _needs(chat)
+        candidates = capable_pool(candidates=self.pool.candidates(chat.model), needs=needs, exclude=tried)
         self.rr_counter += 1
         choice = choose(candidates=candidates, prefix=prefix_key(messages=chat.messages, tools=chat.tools), rr_counter=self.rr_counter,
                         exclude=tried)
@@ -201,7 +207,10 @@ class Gateway:
             raise GatewayError("overloaded", f"no miner has capacity for {chat.model} right now; retry shortly",
                                retry_after_s=self.settings.no_capacity_retry_after_s)
         flight.tried.add(choice.worker_id)
-        flight.served_greedily = greedily
+        flight.unmet = needs & next(c.lacks for c in candidates if c.worker_id == choice.worker_id)
+        if flight.unmet:
+            log.debug("request %s: no miner that honours %s had room; one that does not serves it", flight.request_id,
+                     ", ".join(sorted(flight.unmet)))
         pending = await self.pool.dispatch(choice.worker_id, flight.serve, stream=chat.stream)
         flight.pending = pending
         flight.miner = pending.leg.identity.miner
@@ -342,6 +351,16 @@ def relayed_token_count(model: ServedModel, relayed_text: str, output_ids: list[
         return len(output_ids), True
     count = len(model.tokenizer.encode(relayed_text, add_special_tokens=False)) if relayed_text else 0
     return count + (1 if finish_stop and output_ids else 0), committed_text.startswith(relayed_text)
+
+
+def _needs(chat: ChatRequest) -> frozenset[str]:
+    """What a miner must honour to answer this request as asked."""
+    needs = set()
+    if not chat.sampling.greedy:
+        needs.add(FEATURE_SAMPLING)
+    if chat.tools:
+        needs.add(FEATURE_TOOLS)
+    return frozenset(needs)
 
 
 def _conversation_chars(chat: ChatRequest) -> int:

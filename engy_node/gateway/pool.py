@@ -34,7 +34,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from engy_node import keys
 from engy_node.gateway.router import Candidate
 from engy_node.protocol.miner import (
-    FEATURE_SAMPLING, Admit, Cancel, Chunk, Deny, Heartbeat, Hello, ProtocolError, Reconnect, Response, Serve, encode,
+    OPTIONAL_FEATURES, Admit, Cancel, Chunk, Deny, Heartbeat, Hello, ProtocolError, Reconnect, Response, Serve, encode,
     close_reason, parse_miner_frame,
 )
 
@@ -98,8 +98,9 @@ class Leg:
         self.capacity = self.hello.capacity.max_inflight
 
     @property
-    def honours_sampling(self) -> bool:
-        return FEATURE_SAMPLING in self.hello.features
+    def lacks(self) -> frozenset[str]:
+        """Features a request may need that this miner did not announce."""
+        return OPTIONAL_FEATURES - self.hello.features
 
     async def send(self, frame: Serve | Cancel | Reconnect | Admit | Deny) -> None:
         async with self.send_lock:
@@ -171,7 +172,7 @@ class MinerPool:
             self._drop(leg, f"admit not delivered ({type(error).__name__})")
             return
         log.info("admitted %s (%s, %s) with capacity %d%s", identity.miner, hello.worker_name, hello.model, leg.capacity,
-                 "" if leg.honours_sampling else "; answers greedily (no sampling feature)")
+                 f"; it does not honour {', '.join(sorted(leg.lacks))}" if leg.lacks else "")
         try:
             await self._receive(leg)
         finally:
@@ -256,7 +257,7 @@ class MinerPool:
     def candidates(self, model: str) -> list[Candidate]:
         now = self.clock()
         return [
-            Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight), honours_sampling=leg.honours_sampling)
+            Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight), lacks=leg.lacks)
             for leg in self.legs.values()
             if leg.hello.model == model and not leg.closed and now - leg.last_heartbeat < self.settings.stale_after_s
         ]

@@ -10,8 +10,8 @@ as the conversation grows. `choose` picks a worker from the candidate snapshot t
 only workers with a free slot that this request has not already failed on; the highest priority
 class among them; then, with a key, rendezvous (highest-random-weight) hashing bounded by load,
 and without one, round-robin over the least-loaded workers. `retry_allowed` says whether a failed
-dispatch may go to the next candidate. `sampling_pool` narrows the snapshot for a sampled
-request to the workers that honour sampling.
+dispatch may go to the next candidate. `capable_pool` narrows the snapshot for a request that
+needs something some workers do not honour (sampling, tools) to the workers that do.
 
 What it trusts. The snapshot: each worker's advertised `capacity` and the pool's `inflight`
 count, as given. Health is not judged here (smg's split, STYLE §1): the traffic plane passes
@@ -116,9 +116,10 @@ class Candidate:
     priority: int = 0
     """Higher classes are served first. A lower class gets traffic only while no worker in a
     higher class has a free slot."""
-    honours_sampling: bool = True
-    """The worker samples when asked (temperature, top_p, seed). The public miner always answers
-    greedily; `sampling_pool` keeps sampled requests off such workers while others have room."""
+    lacks: frozenset[str] = frozenset()
+    """What the worker does not honour of what a request may need (`protocol.miner.FEATURE_*`:
+    the public miner answers greedily and without tools); `capable_pool` keeps requests that
+    need those off such workers while others have room."""
     first_party: bool = False
     """The operator's own worker. The router does not read it. Eligibility of first-party
     workers is settled before the snapshot reaches the router (§8.6), and any routing preference
@@ -245,22 +246,21 @@ def choose(
     return _rendezvous(top_class, prefix, load_factor)
 
 
-def sampling_pool(*, candidates: Sequence[Candidate], sampled: bool,
-                  exclude: Container[str] = frozenset()) -> tuple[Sequence[Candidate], bool]:
-    """The workers `choose` should pick among for a request, and whether it will be answered
-    greedily although the buyer asked to sample.
+def capable_pool(*, candidates: Sequence[Candidate], needs: frozenset[str],
+                 exclude: Container[str] = frozenset()) -> Sequence[Candidate]:
+    """The workers `choose` should pick among for a request that `needs` these features.
 
-    A greedy request (temperature 0) may go to any worker. A sampled one goes to the workers
-    that honour sampling while any of them has a free slot; when none has, it goes to all,
-    because a greedy answer serves the buyer better than a 503, and then any worker with a free
-    slot is one that answers greedily, which the caller records.
+    A request that needs nothing may go to any worker. Otherwise it goes to the workers that lack
+    none of what it needs while any of them has a free slot; when none has, it goes to all,
+    because an answer without (say) sampling serves the buyer better than a 503. The caller
+    reads what the chosen worker lacks (`needs & chosen.lacks`) and records it.
     """
-    if not sampled:
-        return candidates, False
-    honouring = [c for c in candidates if c.honours_sampling]
-    if any(c.inflight < c.capacity and c.worker_id not in exclude for c in honouring):
-        return honouring, False
-    return candidates, True
+    if not needs:
+        return candidates
+    capable = [c for c in candidates if not needs & c.lacks]
+    if any(c.inflight < c.capacity and c.worker_id not in exclude for c in capable):
+        return capable
+    return candidates
 
 
 def retry_allowed(*, first_byte_sent: bool, attempts: int, max_attempts: int) -> bool:

@@ -36,8 +36,13 @@ FEATURE_SAMPLING = "sampling"
 seed); one that does not is taken to answer greedily, as the public miner does."""
 FEATURE_STOP = "stop"
 FEATURE_TOOLS = "tools"
+"""A miner that announces this renders `tools` into the prompt with the chat template; the public
+miner renders each message's role and content only."""
 OUR_FEATURES = frozenset({FEATURE_SAMPLING, FEATURE_STOP, FEATURE_TOOLS})
 """What this project's miner honours from a serve request."""
+OPTIONAL_FEATURES = frozenset({FEATURE_SAMPLING, FEATURE_TOOLS})
+"""What a request may need that the public miner does not do, and the gateway cannot make up
+for (it applies stop strings itself), so routing prefers miners that announce them."""
 
 
 class ProtocolError(ValueError):

@@ -219,7 +219,7 @@ async def test_a_sampled_request_it_answers_greedily_is_served_and_recorded(gate
     assert rows[-1][1:] == (200, 1), "recorded as served greedily although the buyer asked to sample"
 
 
-async def test_a_sampled_request_goes_to_a_miner_that_samples_while_one_has_room(gateway, running, nursery, tmp_path, checkpoint):
+async def test_requests_that_sample_or_pass_tools_go_to_a_miner_that_honours_them(gateway, running, nursery, tmp_path, checkpoint):
     from engy_node.miner.link import Identity, LinkSettings
     from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
 
@@ -237,6 +237,11 @@ async def test_a_sampled_request_goes_to_a_miner_that_samples_while_one_has_room
             reply = await trio.to_thread.run_sync(lambda: client.chat.completions.create(
                 model=MODEL, messages=QUESTION, max_tokens=16, temperature=0.7))
             assert reply.choices[0].message.content == "A sampled answer."
-        assert len(handler.served) == 4 and not miner.served
+        tool = {"type": "function", "function": {"name": "capital", "description": "The capital of a country",
+                                                 "parameters": {"type": "object", "properties": {"country": {"type": "string"}}}}}
+        reply = await trio.to_thread.run_sync(lambda: client.chat.completions.create(
+            model=MODEL, messages=QUESTION, max_tokens=16, tools=[tool]))
+        assert reply.choices[0].message.content == "A sampled answer."
+        assert len(handler.served) == 5 and not miner.served, "the public miner renders no tools into its prompt"
         rows = await request_log(running, store_path_of(tmp_path))
-        assert [row[2] for row in rows] == [0, 0, 0, 0]
+        assert [row[2] for row in rows] == [0, 0, 0, 0, 0]

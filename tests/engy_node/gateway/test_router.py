@@ -22,7 +22,7 @@ from engy_node.gateway.router import (
     choose,
     prefix_key,
     retry_allowed,
-    sampling_pool,
+    capable_pool,
 )
 
 # --- strategies and helpers -------------------------------------------------------------------
@@ -44,7 +44,7 @@ def snapshots(draw, *, min_size: int = 0, max_size: int = 12, priorities=st.inte
         capacity = draw(st.integers(0, 16))
         snapshot.append(Candidate(
             worker_id=worker_id, capacity=capacity, inflight=draw(st.integers(0, capacity + 2)), priority=draw(priorities),
-            honours_sampling=draw(st.booleans()),
+            lacks=draw(st.frozensets(st.sampled_from(FEATURES))),
         ))
     return snapshot
 
@@ -466,7 +466,9 @@ def test_the_default_load_factor_lets_a_hot_key_hold_its_home_a_quarter_past_its
     assert choice is None or choice.reason == "affinity-spill"
 
 
-# --- sampled requests and miners that answer greedily ------------------------------------------
+# --- requests that need what some workers do not honour ----------------------------------------
+
+FEATURES = ("sampling", "tools")
 
 
 def free(worker: Candidate, exclude=frozenset()) -> bool:
@@ -474,29 +476,29 @@ def free(worker: Candidate, exclude=frozenset()) -> bool:
 
 
 @given(snapshot=snapshots(), data=st.data())
-def test_a_greedy_request_may_go_to_any_worker(snapshot, data):
+def test_a_request_that_needs_nothing_may_go_to_any_worker(snapshot, data):
     exclude = frozenset(data.draw(st.lists(st.sampled_from([c.worker_id for c in snapshot]))) if snapshot else [])
-    assert sampling_pool(candidates=snapshot, sampled=False, exclude=exclude) == (snapshot, False)
+    assert capable_pool(candidates=snapshot, needs=frozenset(), exclude=exclude) == snapshot
 
 
-@given(snapshot=snapshots(), prefix=st.one_of(st.none(), keys), counter=counters, data=st.data())
-def test_a_sampled_request_goes_to_a_worker_that_samples_whenever_one_has_room(snapshot, prefix, counter, data):
+@given(snapshot=snapshots(), needs=st.frozensets(st.sampled_from(FEATURES), min_size=1), prefix=st.one_of(st.none(), keys),
+       counter=counters, data=st.data())
+def test_a_request_goes_to_a_worker_that_honours_what_it_needs_whenever_one_has_room(snapshot, needs, prefix, counter, data):
     exclude = frozenset(data.draw(st.lists(st.sampled_from([c.worker_id for c in snapshot]))) if snapshot else [])
-    pool, greedily = sampling_pool(candidates=snapshot, sampled=True, exclude=exclude)
+    pool = capable_pool(candidates=snapshot, needs=needs, exclude=exclude)
     choice = choose(candidates=pool, prefix=prefix, rr_counter=counter, exclude=exclude)
     by_id = {c.worker_id: c for c in snapshot}
-    room_to_sample = any(c.honours_sampling and free(c, exclude) for c in snapshot)
-    assert greedily == (not room_to_sample)
-    if room_to_sample:
-        assert choice is not None and by_id[choice.worker_id].honours_sampling
+    room = any(not needs & c.lacks and free(c, exclude) for c in snapshot)
+    if room:
+        assert choice is not None and not needs & by_id[choice.worker_id].lacks
     elif choice is not None:
-        assert not by_id[choice.worker_id].honours_sampling, "when one is chosen, it is one that answers greedily"
+        assert needs & by_id[choice.worker_id].lacks, "when one is chosen, it lacks something the request needs"
     # Falling back never loses a request that any worker could take.
     assert (choice is None) == (not any(free(c, exclude) for c in snapshot))
 
 
 def test_a_sampled_request_waits_for_no_one_when_only_greedy_workers_have_room():
     sampler = Candidate(worker_id="sampler", capacity=1, inflight=1)
-    greedy = Candidate(worker_id="greedy", capacity=4, inflight=0, honours_sampling=False)
-    pool, greedily = sampling_pool(candidates=[sampler, greedy], sampled=True)
-    assert greedily and choose(candidates=pool, prefix=None, rr_counter=0) == Choice("greedy", "round-robin")
+    greedy = Candidate(worker_id="greedy", capacity=4, inflight=0, lacks=frozenset({"sampling", "tools"}))
+    pool = capable_pool(candidates=[sampler, greedy], needs=frozenset({"sampling"}))
+    assert choose(candidates=pool, prefix=None, rr_counter=0) == Choice("greedy", "round-robin")
