@@ -227,7 +227,7 @@ async def gateway_level(api: str, key: str, concurrency: int, total: int, *, str
     url = httpx.URL(api)
 
     async def worker() -> None:
-        nonlocal chunks_seen, errors
+        nonlocal errors
         client = await KeepAliveClient.connect(url.host, url.port)
         try:
             for number in counter:
