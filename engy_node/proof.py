@@ -12,8 +12,9 @@ miner sending one proof for a thousand tokens must not pass on the strength of t
 Verdicts, and which mistake is cheaper:
 * `pass` — enough chunks pass and the token-consistency check passes.
 * `cheat` — misbehaviour is *established*: too many failing chunks, served tokens the canonical
-  model would not have chosen, or a prompt/output that is not the one served. It costs a miner
-  its epoch, so it needs affirmative evidence.
+  model would not have chosen, a prompt that is not the one sent, output relayed to the buyer
+  that is not what was proved, or output that goes on past the end-of-answer token or past
+  `max_tokens`. It costs a miner its epoch, so it needs affirmative evidence.
 * `unproven` — the proof could not be judged (malformed, wrong parameters, unknown model root,
   recompute failed). It never gates settlement, because it has honest causes; the traffic control
   plane watches its rate instead.
@@ -198,11 +199,26 @@ class TokenCheck:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Delivery:
+    """How the gateway delivered an answer (SPEC §8.9): what a proof must agree with."""
+
+    relayed_output_ids: tuple[int, ...]
+    """The output the buyer received, as token ids: the committed ids when the relayed text is
+    what they decode to, the shortest prefix of them that covers it when the answer ended at a
+    stop string, otherwise the relayed text's own tokenisation (which then disagrees)."""
+    ended_at_stop: bool
+    """The answer ended at one of the request's stop strings (cut by the gateway or the miner),
+    so the committed output may go on past what was relayed, into the stop string."""
+    max_tokens: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Verdict:
     kind: VerdictKind
     reason: str
-    """Short code: `ok`, `chunks`, `tokens`, `prompt-mismatch`, `output-mismatch`, `shape:<field>`,
-    `model-root`, `malformed-proof`, `recompute-failed`, `empty-output`."""
+    """Short code: `ok`, `chunks`, `tokens`, `prompt-mismatch`, `output-mismatch`, `past-eos`,
+    `past-max-tokens`, `shape:<field>`, `model-root`, `malformed-proof`, `recompute-failed`,
+    `empty-output`."""
     chunks_total: int = 0
     chunks_passed: int = 0
     mean_exp_mismatches: float = 0.0
@@ -226,13 +242,14 @@ def check_shape(
     params: ProofParams,
     canonical_root: str | None,
     expected_prompt_ids: Sequence[int] | None,
-    expected_output_ids: Sequence[int] | None = None,
+    delivery: Delivery | None = None,
+    end_token_ids: frozenset[int] = frozenset(),
 ) -> Verdict | None:
     """The checks that come before any arithmetic; None when the commitment is well-formed."""
     if expected_prompt_ids is not None and tuple(expected_prompt_ids) != commitment.prompt_ids:
         return Verdict("cheat", "prompt-mismatch")
-    if expected_output_ids is not None and tuple(expected_output_ids) != commitment.output_token_ids:
-        return Verdict("cheat", "output-mismatch")
+    if delivery is not None and (mistake := check_delivery(commitment.output_token_ids, delivery, end_token_ids)):
+        return Verdict("cheat", mistake)
     if canonical_root is None or commitment.model_root != canonical_root:
         return Verdict("unproven", "model-root")
     if commitment.topk != params.topk:
@@ -255,6 +272,27 @@ def check_shape(
             return Verdict("unproven", "malformed-proof")
         if len(raw) != expected_bytes:
             return Verdict("unproven", "malformed-proof")
+    return None
+
+
+def check_delivery(output_ids: Sequence[int], delivery: Delivery, end_token_ids: frozenset[int]) -> str | None:
+    """What is wrong between the committed output and its delivery, as a verdict reason, or None.
+
+    * `output-mismatch`: the buyer received other tokens than were proved. The relayed ids must
+      equal the committed ones, or, when the answer ended at a stop string, be a prefix of them
+      (the stop string itself, and the token it starts in, are proved but not relayed).
+    * `past-eos`: the committed output goes on after an end-of-answer token (a miner padding an
+      answer it is paid per token for).
+    * `past-max-tokens`: more output than the request allowed.
+    """
+    output_ids = tuple(output_ids)
+    relayed = tuple(delivery.relayed_output_ids)
+    if relayed != output_ids and not (delivery.ended_at_stop and output_ids[:len(relayed)] == relayed):
+        return "output-mismatch"
+    if any(token in end_token_ids for token in output_ids[:-1]):
+        return "past-eos"
+    if len(output_ids) > delivery.max_tokens:
+        return "past-max-tokens"
     return None
 
 
@@ -347,12 +385,14 @@ def verify_commitment(
     expected_prompt_ids: Sequence[int] | None,
     recompute: Recompute,
     greedy: bool,
-    expected_output_ids: Sequence[int] | None = None,
+    delivery: Delivery | None = None,
+    end_token_ids: frozenset[int] = frozenset(),
 ) -> Verdict:
-    """The whole §5 check: shape, recompute, chunk comparison, token check, verdict."""
+    """The whole §5 check: shape and delivery, recompute, chunk comparison, token check, verdict.
+    `end_token_ids` are the canonical model's end-of-answer tokens."""
     shape = check_shape(
         commitment, params=model.proof, canonical_root=canonical_root,
-        expected_prompt_ids=expected_prompt_ids, expected_output_ids=expected_output_ids,
+        expected_prompt_ids=expected_prompt_ids, delivery=delivery, end_token_ids=end_token_ids,
     )
     if shape is not None:
         return shape

@@ -15,6 +15,8 @@ import collections
 import dataclasses
 from typing import Any, Literal
 
+from engy_node.proof import Delivery
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TeeEntry:
@@ -26,8 +28,8 @@ class TeeEntry:
     prompt_ids: tuple[int, ...]
     commitment: dict[str, Any]
     greedy: bool
-    relayed_output_ids: tuple[int, ...] | None
-    """What the gateway relayed, as token ids (None when it could not tell)."""
+    delivery: Delivery
+    """What the buyer received and where the answer ended, which the proof must agree with."""
     created_at: float
 
 

@@ -32,7 +32,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
@@ -111,6 +111,8 @@ class Accounting:
     """Completion tokens the buyer received."""
     output_ids: tuple[int, ...] | None
     """The committed output token ids (None: no readable commitment)."""
+    stop: str | None
+    """The stop string the answer ended at, when one did."""
 
 
 def _new_request_id() -> str:
@@ -309,10 +311,11 @@ class Gateway:
     def count_tokens(self, model: ServedModel, text: str) -> int:
         return len(model.tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
-    async def account_for(self, flight: Flight, pending: PendingRequest, *, cut_at_stop: bool = False) -> Accounting:
-        """What settlement needs, checking the commitment (SPEC §8.9). `cut_at_stop`: the
-        gateway ended the answer at a stop string the miner ignored, so the relayed text is
-        billed as it stands, with no stop token after it."""
+    async def account_for(self, flight: Flight, pending: PendingRequest, *, cut_at: str | None = None) -> Accounting:
+        """What settlement needs, checking the commitment against what was relayed (SPEC §8.9),
+        and the delivery the proof tee keeps for the audit. `cut_at`: the stop string at which
+        the gateway ended an answer the miner went on with; the relayed text is then billed as
+        it stands, with no stop token after it."""
         response = pending.response
         commitment = None
         if response is not None and response.output is not None and response.commitment is not None:
@@ -322,35 +325,72 @@ class Gateway:
                 log.warning("request %s: miner %s sent a malformed commitment (%s)", flight.request_id, flight.miner, error)
         if commitment is None:
             relayed = await trio.to_thread.run_sync(self.count_tokens, flight.model, flight.relayed_text, limiter=self.tokenize_limiter)
-            return Accounting(claim=None, relayed_tokens=relayed, output_ids=None)
+            return Accounting(claim=None, relayed_tokens=relayed, output_ids=None, stop=cut_at)
         if list(commitment.prompt_ids) != flight.prompt_ids:
             log.warning("request %s: miner %s proved a different prompt than the one sent", flight.request_id, flight.miner)
-        finish_stop = not cut_at_stop and (response.output.get("choices") or [{}])[0].get("finish_reason") == "stop"
-        relayed_tokens, consistent = await self.off_loop_if_large(
-            len(flight.relayed_text), relayed_token_count, flight.model, flight.relayed_text,
-            list(commitment.output_token_ids), finish_stop)
-        if not consistent:
-            # Billing still takes the smallest count; the proof tee keeps the evidence.
+        finish_stop = cut_at is None and (response.output.get("choices") or [{}])[0].get("finish_reason") == "stop"
+        relay = await self.off_loop_if_large(
+            len(flight.relayed_text), functools.partial(relayed_tokens, stops=flight.chat.sampling.stop, cut_at=cut_at,
+                                                        finish_stop=finish_stop),
+            flight.model, flight.relayed_text, list(commitment.output_token_ids))
+        if not relay.proved:
+            # Billing still takes the smallest count; the audit judges the delivery.
             log.warning("request %s: miner %s relayed text its committed tokens do not decode to", flight.request_id, flight.miner)
         self.tee.add(TeeEntry(
             request_id=flight.request_id, model=flight.chat.model, miner=flight.miner, kind="paid",
             prompt_ids=tuple(flight.prompt_ids), commitment=response.commitment,
-            greedy=flight.chat.sampling.greedy or flight.served_greedily, relayed_output_ids=None, created_at=self.clock(),
+            greedy=flight.chat.sampling.greedy or flight.served_greedily,
+            delivery=proof.Delivery(relayed_output_ids=relay.output_ids, ended_at_stop=relay.stop is not None,
+                                    max_tokens=flight.chat.max_tokens),
+            created_at=self.clock(),
         ), now=self.clock())
         return Accounting(claim={**response.output, "committed_completion": len(commitment.output_token_ids)},
-                          relayed_tokens=relayed_tokens, output_ids=tuple(commitment.output_token_ids))
+                          relayed_tokens=relay.tokens, output_ids=tuple(commitment.output_token_ids), stop=relay.stop)
 
 
-def relayed_token_count(model: ServedModel, relayed_text: str, output_ids: list[int], finish_stop: bool) -> tuple[int, bool]:
-    """(completion tokens the buyer received, whether the relayed text is what the committed
-    tokens decode to). When it is, every committed token reached the buyer (the final stop token
-    as the end of the answer); otherwise the relayed text is recounted with the model's
-    tokenizer, plus the stop token, which the buyer never sees as text."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Relayed:
+    """What reached the buyer, measured against the committed output."""
+
+    tokens: int
+    """Completion tokens to bill: all committed ones when the relay is exactly what they decode
+    to (the end token as the end of the answer); otherwise the relayed text recounted."""
+    output_ids: tuple[int, ...]
+    """The relay as token ids (`proof.Delivery.relayed_output_ids`)."""
+    proved: bool
+    """The relayed text is what the committed ids decode to, or a prefix of it."""
+    stop: str | None
+    """The stop string the answer ended at: where the gateway cut it, or where the committed
+    output goes on past the relayed text with one of the request's stop strings."""
+
+
+def relayed_tokens(model: ServedModel, relayed_text: str, output_ids: list[int], *, stops: Sequence[str],
+                   cut_at: str | None, finish_stop: bool) -> Relayed:
+    """Blocking (decodes and tokenises): measure a relay against the committed output ids."""
     committed_text = model.decode(output_ids)
-    if committed_text == relayed_text:
-        return len(output_ids), True
-    count = len(model.tokenizer.encode(relayed_text, add_special_tokens=False)) if relayed_text else 0
-    return count + (1 if finish_stop and output_ids else 0), committed_text.startswith(relayed_text)
+    if committed_text == relayed_text and cut_at is None:
+        return Relayed(tokens=len(output_ids), output_ids=tuple(output_ids), proved=True, stop=None)
+    relayed_ids = model.tokenizer.encode(relayed_text, add_special_tokens=False) if relayed_text else []
+    tokens = len(relayed_ids) + (1 if finish_stop and output_ids else 0)
+    if not committed_text.startswith(relayed_text):
+        return Relayed(tokens=tokens, output_ids=tuple(relayed_ids), proved=False, stop=cut_at)
+    rest = committed_text[len(relayed_text):]
+    stop = cut_at if cut_at is not None else next((s for s in stops if s and rest.startswith(s)), None)
+    return Relayed(tokens=tokens, output_ids=_covering_prefix(model, output_ids, relayed_text), proved=True, stop=stop)
+
+
+def _covering_prefix(model: ServedModel, output_ids: list[int], text: str) -> tuple[int, ...]:
+    """The shortest prefix of `output_ids` whose decoding starts with `text` (which the whole
+    decodes to a prefix of): the tokens a buyer received part or all of. Binary search: a
+    longer prefix decodes to a longer text."""
+    low, high = 0, len(output_ids)
+    while low < high:
+        middle = (low + high) // 2
+        if model.decode(output_ids[:middle]).startswith(text):
+            high = middle
+        else:
+            low = middle + 1
+    return tuple(output_ids[:low])
 
 
 def _needs(chat: ChatRequest) -> frozenset[str]:

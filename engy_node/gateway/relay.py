@@ -179,38 +179,24 @@ class ChatEndpoint:
             flight.first_output_at = flight.first_output_at or gateway.monotonic()
             parser = OutputParser(call_id_prefix=flight.request_id[:12])
             events = parser.feed(flight.relayed_text) + parser.finish()
-            accounting = await gateway.account_for(flight, pending, cut_at_stop=stops.matched is not None)
+            accounting = await gateway.account_for(flight, pending, cut_at=stops.matched)
             usage = await gateway.settle(flight, status=200, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens)
             settled = True
         finally:
             if not settled:
                 await gateway.abandon(flight)
-        finish, stop_sequence = await self._finish(flight, pending, stops, accounting, usage, reported)
+        finish, stop_sequence = self._finish(flight, stops, accounting, usage, reported)
         body = self.api.body(flight, events, _finish_for(events, finish), usage, stop_sequence)
         await _send_json(send, body, request_id=flight.request_id)
 
-    async def _finish(self, flight: Flight, pending: PendingRequest, stops: StopScanner, accounting: Accounting, usage: Usage,
-                      reported: str) -> tuple[str, str | None]:
+    def _finish(self, flight: Flight, stops: StopScanner, accounting: Accounting, usage: Usage,
+                reported: str) -> tuple[str, str | None]:
         """(finish reason, the stop string that ended the answer) as they really were, whatever
         the miner reported (`corrections`)."""
-        output_ids = accounting.output_ids or ()
         finish = corrected_finish(reported=reported, completion_tokens=usage.completion_tokens, max_tokens=flight.chat.max_tokens,
-                                  ended_by_end_token=flight.model.ends_answer(output_ids), stop_matched=stops.matched is not None)
-        if stops.matched is not None:
-            return finish, stops.matched
-        return finish, await self._stop_the_miner_matched(flight, pending, output_ids, finish)
-
-    async def _stop_the_miner_matched(self, flight: Flight, pending: PendingRequest, output_ids: tuple[int, ...],
-                                      finish: str) -> str | None:
-        """The stop string a miner that honours them stopped on: its committed tokens go on
-        past the relayed text with it."""
-        stops = flight.chat.sampling.stop
-        if finish != "stop" or not stops or not output_ids:
-            return None
-        full = await trio.to_thread.run_sync(flight.model.decode, list(output_ids))
-        content = flight.relayed_text
-        rest = full[len(content):] if full.startswith(content) else ""
-        return next((stop for stop in stops if rest.startswith(stop)), None)
+                                  ended_by_end_token=flight.model.ends_answer(accounting.output_ids or ()),
+                                  stop_matched=stops.matched is not None)
+        return finish, accounting.stop if finish == "stop" else None
 
     async def _stream(self, flight: Flight, send: Send) -> None:
         """Status 200 is committed only once the miner has produced output, so that a miner
@@ -289,10 +275,10 @@ class ChatEndpoint:
             events_seen += tail
             out += encoder.events(tail)
             with trio.CancelScope(shield=True):
-                accounting = await gateway.account_for(flight, pending, cut_at_stop=stops.matched is not None)
+                accounting = await gateway.account_for(flight, pending, cut_at=stops.matched)
                 usage = await gateway.settle(flight, status=200, completion_claim=accounting.claim,
                                              relayed_tokens=accounting.relayed_tokens)
-                finish, stop_sequence = await self._finish(flight, pending, stops, accounting, usage, reported)
+                finish, stop_sequence = self._finish(flight, stops, accounting, usage, reported)
             outcome = "ok"
             await _send_body(send, b"".join(out + encoder.finish(_finish_for(events_seen, finish), usage, stop_sequence)), more=False)
         finally:

@@ -112,9 +112,43 @@ def test_a_well_formed_commitment_passes_the_shape_checks():
 
 def test_output_ids_other_than_those_relayed_are_a_cheat():
     commitment = honest_commitment(40)[0]
+    swapped = list(commitment.output_token_ids)
+    swapped[7] += 1
     verdict = proof.check_shape(commitment, params=PARAMS, canonical_root=ROOT, expected_prompt_ids=[1, 2, 3],
-                                expected_output_ids=[0] * 40)
+                                delivery=proof.Delivery(relayed_output_ids=tuple(swapped), ended_at_stop=False, max_tokens=64))
     assert (verdict.kind, verdict.reason) == ("cheat", "output-mismatch")
+
+
+END = 2
+token_lists = st.lists(st.integers(3, 50), min_size=1, max_size=40)
+
+
+@given(output=token_lists, cut=st.integers(0, 40), stopped=st.booleans(), max_tokens=st.integers(1, 60))
+def test_a_relay_must_be_the_proved_output_or_its_prefix_up_to_a_stop_string(output, cut, stopped, max_tokens):
+    relayed = tuple(output[:cut])
+    delivery = proof.Delivery(relayed_output_ids=relayed, ended_at_stop=stopped, max_tokens=max_tokens)
+    mistake = proof.check_delivery(output, delivery, frozenset({END}))
+    if relayed != tuple(output) and not stopped:
+        assert mistake == "output-mismatch"
+    elif len(output) > max_tokens:
+        assert mistake == "past-max-tokens"
+    else:
+        assert mistake is None
+
+
+@given(output=token_lists, extra=token_lists, position=st.integers(0, 39))
+def test_output_that_goes_on_past_the_end_token_is_a_cheat(output, extra, position):
+    padded = output[:position] + [END] + extra
+    delivery = proof.Delivery(relayed_output_ids=tuple(padded), ended_at_stop=False, max_tokens=1000)
+    assert proof.check_delivery(padded, delivery, frozenset({END})) == "past-eos"
+    ended = output + [END]
+    assert proof.check_delivery(ended, dataclasses.replace(delivery, relayed_output_ids=tuple(ended)), frozenset({END})) is None
+
+
+def test_a_relay_that_is_not_a_prefix_is_a_cheat_even_at_a_stop():
+    delivery = proof.Delivery(relayed_output_ids=(5, 6, 8), ended_at_stop=True, max_tokens=10)
+    assert proof.check_delivery([5, 6, 7, 8], delivery, frozenset()) == "output-mismatch"
+    assert proof.check_delivery([5, 6, 8, 9], delivery, frozenset()) is None
 
 
 def test_an_unknown_canonical_root_is_unproven_not_a_cheat():

@@ -1,0 +1,65 @@
+"""The delivery the gateway records for the audit: what the buyer received, as token ids, measured
+against the committed output on the embedded model's tokenizer, and judged by
+`proof.check_delivery` as the verifier will judge it."""
+
+from __future__ import annotations
+
+import pytest
+
+from engy_node import proof
+from engy_node.gateway.lifecycle import relayed_tokens
+from engy_node.models import SMOLLM2_135M
+from engy_node.served_model import load_served_model
+
+ANSWER = "The capital of France is Paris. It is known for the Eiffel Tower."
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    return load_served_model(SMOLLM2_135M, checkpoint)
+
+
+@pytest.fixture(scope="module")
+def committed(model) -> list[int]:
+    """An answer as a miner commits it: its tokens, then the end-of-answer token."""
+    return model.tokenizer.encode(ANSWER, add_special_tokens=False) + [min(model.end_token_ids)]
+
+
+def judged(model, committed, relay, max_tokens=64) -> str | None:
+    delivery = proof.Delivery(relayed_output_ids=relay.output_ids, ended_at_stop=relay.stop is not None, max_tokens=max_tokens)
+    return proof.check_delivery(committed, delivery, model.end_token_ids)
+
+
+def test_a_relay_of_the_whole_answer_is_the_committed_ids(model, committed):
+    relay = relayed_tokens(model, ANSWER, committed, stops=(), cut_at=None, finish_stop=True)
+    assert relay.output_ids == tuple(committed) and relay.proved and relay.stop is None
+    assert relay.tokens == len(committed)
+    assert judged(model, committed, relay) is None
+    assert judged(model, committed, relay, max_tokens=len(committed) - 1) == "past-max-tokens"
+
+
+@pytest.mark.parametrize("cut_by_gateway", [True, False])
+def test_an_answer_ended_at_a_stop_string_relays_a_prefix_of_the_proof(model, committed, cut_by_gateway):
+    relayed = ANSWER[:ANSWER.index("Paris")]
+    relay = relayed_tokens(model, relayed, committed, stops=("Paris",), cut_at="Paris" if cut_by_gateway else None,
+                           finish_stop=not cut_by_gateway)
+    assert relay.proved and relay.stop == "Paris"
+    prefix = relay.output_ids
+    assert committed[:len(prefix)] == list(prefix)
+    assert model.decode(list(prefix)).startswith(relayed) and not model.decode(list(prefix[:-1])).startswith(relayed)
+    assert relay.tokens == len(model.tokenizer.encode(relayed, add_special_tokens=False)) + (0 if cut_by_gateway else 1)
+    assert judged(model, committed, relay) is None
+
+
+def test_a_relay_that_is_not_what_was_proved_is_caught(model, committed):
+    swapped = ANSWER.replace("Paris", "Lyon")
+    relay = relayed_tokens(model, swapped, committed, stops=(), cut_at=None, finish_stop=True)
+    assert not relay.proved
+    assert judged(model, committed, relay) == "output-mismatch"
+
+
+def test_an_unrelated_continuation_is_not_taken_for_a_stop(model, committed):
+    relayed = ANSWER[:ANSWER.index(" It is")]
+    relay = relayed_tokens(model, relayed, committed, stops=("Paris",), cut_at=None, finish_stop=True)
+    assert relay.proved and relay.stop is None
+    assert judged(model, committed, relay) == "output-mismatch", "a truncated relay is only honest at a stop string"
