@@ -14,7 +14,11 @@ The cheats are the ones SPEC §5 names:
 * `prefill-attack` — tokens decoded by the 4-bit model, proofs from a prefill of the real model
   over those tokens: TOPLOC passes by construction, only the token check can catch it;
 * `malformed-proof`, `wrong-prompt`, `short-proof-list` — commitments a verifier must not
-  trust, judged before any arithmetic.
+  trust, judged before any arithmetic;
+* `swapped-after-proving` — an honest proof, but one relayed token differs from the proved ones
+  (the miner changed the answer after proving it);
+* `past-eos` — a real proof of an answer that goes on decoding after the end-of-answer token
+  (padding an answer paid per token), on a question with a short answer.
 
 `engy-node calibrate` prints the table; the calibration test asserts the verdicts; the numbers
 in docs/verification.md come from it.
@@ -31,6 +35,7 @@ from engy_node import proof
 from engy_node.models import ModelSpec, model_root
 from engy_node.serve.engine import Generation, ModelRunner, run_to_completion
 from engy_node.serve.sampling import parse_sampling_params
+from engy_node.served_model import end_token_ids_of
 
 DEFAULT_PROMPTS = (
     "Explain why the sky is blue in two sentences.",
@@ -39,6 +44,8 @@ DEFAULT_PROMPTS = (
     "Give me a simple recipe for pancakes.",
     "Summarise the plot of Romeo and Juliet.",
 )
+SHORT_ANSWER_PROMPT = "What is the capital of France?"
+"""Answered in a few tokens, so decoding on past the end-of-answer token fits any budget."""
 QUANT_BITS = 4
 QUANT_GROUP = 32
 TRUNCATED_LAYERS_DROPPED = 4
@@ -83,10 +90,11 @@ def chat_ids(runner: ModelRunner, prompt: str) -> list[int]:
     return list(ids if isinstance(ids, list) else ids["input_ids"])
 
 
-def greedy_generation(runner: ModelRunner, prompt_ids: Sequence[int], max_new_tokens: int) -> Generation:
+def greedy_generation(runner: ModelRunner, prompt_ids: Sequence[int], max_new_tokens: int, *,
+                      ignore_eos: bool = False) -> Generation:
     generation = Generation(
         rid="calibration", input_ids=list(prompt_ids),
-        params=parse_sampling_params({"temperature": 0, "max_new_tokens": max_new_tokens}),
+        params=parse_sampling_params({"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos}),
         return_hidden_states=True,
     )
     return run_to_completion(runner, generation)
@@ -118,12 +126,16 @@ def run_calibration(
         for dtype in recompute_dtypes
     }
     results: list[CaseResult] = []
+    end_tokens = end_token_ids_of(checkpoint, honest.tokenizer)
 
-    def judge(case: str, expected: proof.VerdictKind, index: int, commitment: proof.Commitment, prompt_ids: Sequence[int]) -> None:
+    def judge(case: str, expected: proof.VerdictKind, index: int, commitment: proof.Commitment, prompt_ids: Sequence[int],
+              relayed: Sequence[int] | None = None) -> None:
+        delivery = proof.Delivery(relayed_output_ids=tuple(commitment.output_token_ids if relayed is None else relayed),
+                                  ended_at_stop=False, max_tokens=max_new_tokens)
         for dtype, verifier in verifiers.items():
             verdict = proof.verify_commitment(
                 commitment, model=model, canonical_root=root, expected_prompt_ids=prompt_ids,
-                recompute=verifier.prefill, greedy=True,
+                recompute=verifier.prefill, greedy=True, delivery=delivery, end_token_ids=end_tokens,
             )
             label = dtype if recompute_device == device else f"{dtype} on {recompute_device}"
             results.append(CaseResult(case, expected, index, label, commitment.n_tokens, verdict))
@@ -149,9 +161,22 @@ def run_calibration(
         judge("prefill-attack", "cheat", index, proof.build_commitment(
             model_root=root, prompt_ids=prompt_ids, output_ids=cheap.output_ids, rows=attack_rows, params=model.proof), prompt_ids)
 
+        swapped = list(served.output_ids)
+        middle = len(swapped) // 2
+        swapped[middle] = (swapped[middle] + 1) % honest.vocab_size
+        judge("swapped-after-proving", "cheat", index, honest_commitment, prompt_ids, relayed=swapped)
+
         if index == 0:
             for case, expected, commitment, claimed_prompt in _malformed_cases(honest_commitment, prompt_ids):
                 judge(case, expected, index, commitment, claimed_prompt)
+            short_prompt = chat_ids(honest, SHORT_ANSWER_PROMPT)
+            padded = greedy_generation(honest, short_prompt, max_new_tokens, ignore_eos=True)
+            if any(token in end_tokens for token in padded.output_ids[:-1]):
+                judge("past-eos", "cheat", index, proof.build_commitment(
+                    model_root=root, prompt_ids=short_prompt, output_ids=padded.output_ids, rows=padded.proof_rows(),
+                    params=model.proof), short_prompt)
+            else:
+                progress(f"past-eos skipped: the model did not end its answer to {SHORT_ANSWER_PROMPT!r} within {max_new_tokens} tokens")
     return results
 
 

@@ -71,10 +71,11 @@ def load_served_model(spec: ModelSpec, checkpoint: Path) -> ServedModel:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     return ServedModel(spec=spec, checkpoint=checkpoint, model_root=model_root(checkpoint), tokenizer=tokenizer,
                        pieces=PieceEncoder(backend) if backend is not None else None,
-                       end_token_ids=_end_token_ids(checkpoint, tokenizer))
+                       end_token_ids=end_token_ids_of(checkpoint, tokenizer))
 
 
-def _end_token_ids(checkpoint: Path, tokenizer: Any) -> frozenset[int]:
+def end_token_ids_of(checkpoint: Path, tokenizer: Any) -> frozenset[int]:
+    """The tokens that end an answer: the tokenizer's EOS and the checkpoint's configured ones."""
     ids: set[int] = set()
     if isinstance(tokenizer.eos_token_id, int):
         ids.add(tokenizer.eos_token_id)

@@ -41,6 +41,8 @@ def test_each_cheat_is_caught_by_the_check_designed_for_it(results):
     assert by_case["malformed-proof"] == {"malformed-proof"}
     assert by_case["short-proof-list"] == {"shape:proofs"}
     assert by_case["wrong-prompt"] == {"prompt-mismatch"}
+    assert by_case["swapped-after-proving"] == {"output-mismatch"}
+    assert by_case["past-eos"] == {"past-eos"}
 
 
 def test_the_prefill_attack_passes_toploc_but_trails_the_argmax_by_logits(results):
