@@ -19,6 +19,8 @@ from typing import Any
 
 GREEDY_TEMPERATURE = 1e-6
 MAX_STOP_STRINGS = 32
+SEED_RANGE = (-(2**63), 2**63 - 1)
+"""sglang keeps a request's `sampling_seed` in an int64 tensor and rejects anything outside."""
 
 FIELDS = (
     "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p",
@@ -114,7 +116,10 @@ def parse_sampling_params(raw: Mapping[str, Any] | None) -> SamplingParams:
             raise SamplingError(f"top_k must be -1 (all) or at least 1, got {top_k}")
         values["top_k"] = top_k
     if raw.get("sampling_seed") is not None:
-        values["sampling_seed"] = _int("sampling_seed", raw["sampling_seed"])
+        seed = _int("sampling_seed", raw["sampling_seed"])
+        if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+            raise SamplingError(f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}")
+        values["sampling_seed"] = seed
     for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
         if raw.get(name) is not None:
             values[name] = _number(name, raw[name])

@@ -168,6 +168,15 @@ def test_every_integer_field_refuses_a_bool(name):
         parse_sampling_params({name: True})
 
 
+@pytest.mark.parametrize(("seed", "ok"), [(0, True), (-1, True), (2**63 - 1, True), (-(2**63), True), (2**63, False), (-(2**63) - 1, False)])
+def test_sampling_seed_must_fit_in_a_signed_64_bit_integer_as_in_sglang(seed, ok):
+    if ok:
+        assert parse_sampling_params({"sampling_seed": seed}).sampling_seed == seed
+    else:
+        with pytest.raises(SamplingError, match=r"sampling_seed must be in \[-2\*\*63, 2\*\*63 - 1\]"):
+            parse_sampling_params({"sampling_seed": seed})
+
+
 def test_temperature_accepts_an_integer_and_stores_a_float():
     params = parse_sampling_params({"temperature": 0})
     assert params.temperature == 0.0
