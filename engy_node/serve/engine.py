@@ -206,9 +206,9 @@ class Generation:
         if self.finished:
             return
         if self._generator is None:
+            # Unseeded draws only: a seeded request is sampled from its seed (sampling.seeded_choice).
             self._generator = torch.Generator(device=runner.device)
-            seed = self.params.sampling_seed
-            self._generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+            self._generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         if self._cache is None:
             self._cache = runner.new_cache()
 
@@ -228,7 +228,9 @@ class Generation:
             hidden, logits = runner.forward(self.output_ids[-1:], self._cache)
             if self.return_hidden_states:
                 self.hidden_rows.append(hidden[-1])
-        token, logprob = choose_token(logits, self.params, self.output_ids, self._generator)
+        # sglang's sampling position: the last token the model has seen (sequence length - 1).
+        position = len(self.input_ids) + len(self.output_ids) - 1
+        token, logprob = choose_token(logits, self.params, self.output_ids, self._generator, position=position)
         self._accept(runner, token, logprob)
 
     def _accept(self, runner: ModelRunner, token: int, logprob: float) -> None:

@@ -5,9 +5,54 @@ real sglang sees the same defaults and the same 400s here: `max_new_tokens` defa
 `temperature` below 1e-6 means greedy, unknown keys are rejected, stop strings are trimmed from
 the text and streamed text is held back while its tail could still become a stop string.
 
-Parsing and stop matching are pure. `choose_token` works on a logits tensor and draws from the
-request's own seeded generator, so a seeded request is reproducible and requests never share
-random state.
+Parsing and stop matching are pure. `choose_token` works on a logits tensor. An unseeded sampled
+request draws from its own torch generator, so requests never share random state. A request
+with a `sampling_seed` is sampled the way sglang samples it under
+`--enable-deterministic-inference`, so a verifier can replay the choice from the seed, the
+position and the canonical logits (SPEC §5, seeded replay).
+
+Seeded sampling, replicated from sglang 0.5.23 (`srt/layers/sampler.py`:
+`multinomial_with_seed`, `sampling_from_probs_torch`, `top_k_top_p_min_p_sampling_from_probs_torch`;
+`kernels/ops/sampling/murmur_hash.py`; checked line by line against the released wheel):
+
+* Noise. For each column c of a row, `h = MurmurHash3_x86_32` (hash seed 0) of 16 bytes, four
+  little-endian uint32 words: the request seed's low and high halves (the seed is an int64 read
+  as uint64), the position, and c. `u = h / (2**32 - 1)` in float64, and the Gumbel noise is
+  `-log(-clamp(log u, max=-2**-32))`: the clamp turns `h = 2**32 - 1` (u = 1) into the noise of
+  its neighbour rather than +inf; `h = 0` gives `-log(-log 0)`, clamped to about -709.8.
+* Position: the 0-based position of the last token the model has seen, i.e. the sequence
+  length minus one (sglang passes `seq_lens - 1` after a prefill and `positions` in decode).
+  The first output token is drawn at `len(prompt) - 1`, output token k at `len(prompt) + k - 1`.
+* Before the noise: logit bias and penalties, then division by the temperature (a float32
+  tensor, as sglang keeps it), then `torch.softmax` in float32. Then one of two paths:
+  - no top-k, top-p or min-p (`top_k == -1`, `top_p == 1`, `min_p == 0`): the columns are token
+    ids and the scores are `log(probs)` taken in float32, then widened to float64;
+  - otherwise: the probabilities are sorted in descending order, the top-k mask (rank >= k) and
+    the top-p mask (mass before this rank > top_p, from a float32 cumsum of the unmasked sorted
+    probabilities) zero entries, the scores are `log` of the result taken in float64, the
+    columns are *ranks in that order*, and the winning rank is mapped back to its token id.
+  The token is `argmax(score + noise)` in float64 (first index on a tie).
+
+What differs from sglang, and why:
+
+* sglang chooses between the two paths per *batch* (`need_top_k_sampling` is true if any
+  request in the batch has a top-k, and a greedy request has top_k = 1), so the same seeded
+  request with no top-k/top-p can take the rank path when batched with others. This server runs
+  each request alone, so it always takes the path the request itself implies.
+* min-p with a seed is refused by sglang's sampler (an assertion: the pytorch backend, which
+  deterministic inference selects, does not support it). Here the min-p mask
+  (`p < p_max * min_p`, after the other two) is applied on the rank path, which is what sglang
+  would compute without the assertion.
+* sglang runs the noise under `torch.compile` on the GPU. The integer hash is exact everywhere;
+  the float64 `log` of CUDA and of the CPU may differ in the last bit, which changes a token only
+  when two perturbed scores agree to about 1e-16. softmax, sort and cumsum run on the local
+  device, so the replay is exact given the same float32 probabilities.
+* sglang 0.5.12 lacks the upper clamp (u = 1 gives +inf noise, which wins the row); the two
+  versions differ only for a column whose hash is exactly 2**32 - 1.
+* The tie order of the sort is index order here (`stable=True`); sglang's unstable CUDA sort
+  is not documented to keep it, which matters only for exactly equal probabilities.
+* Without a seed sglang uses seed 42 under deterministic inference; this server keeps drawing
+  from the request's own generator instead, as sglang does without the flag.
 """
 
 from __future__ import annotations
@@ -19,6 +64,8 @@ from typing import Any
 
 GREEDY_TEMPERATURE = 1e-6
 MAX_STOP_STRINGS = 32
+SEED_RANGE = (-(2**63), 2**63 - 1)
+"""sglang keeps a request's `sampling_seed` in an int64 tensor and rejects anything outside."""
 
 FIELDS = (
     "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p",
@@ -114,7 +161,10 @@ def parse_sampling_params(raw: Mapping[str, Any] | None) -> SamplingParams:
             raise SamplingError(f"top_k must be -1 (all) or at least 1, got {top_k}")
         values["top_k"] = top_k
     if raw.get("sampling_seed") is not None:
-        values["sampling_seed"] = _int("sampling_seed", raw["sampling_seed"])
+        seed = _int("sampling_seed", raw["sampling_seed"])
+        if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+            raise SamplingError(f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}")
+        values["sampling_seed"] = seed
     for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
         if raw.get(name) is not None:
             values[name] = _number(name, raw[name])
@@ -194,10 +244,100 @@ def stop_holdback(text: str, stops: Sequence[str]) -> int:
     return longest
 
 
-def choose_token(logits, params: SamplingParams, history: Sequence[int], generator):
+# --- seeded sampling (sglang's deterministic inference; see the module docstring) -----------
+
+_MASK32 = 0xFFFFFFFF
+_UINT32_MAX = float(_MASK32)
+_LOG_U_CAP = -(2.0**-32)
+"""sglang clamps log(u) to at most this, the hash spacing, so that u = 1 is not +inf noise."""
+
+
+def _mul32(a, constant: int):
+    """a * constant mod 2**32 for a < 2**32, with every intermediate below 2**49, so that it is
+    exact for Python ints and for int64 tensors alike (torch has no wrapping uint32 multiply)."""
+    low = a * (constant & 0xFFFF)
+    high = ((a * (constant >> 16)) & 0xFFFF) << 16
+    return (low + high) & _MASK32
+
+
+def _rotl32(x, r: int):
+    return ((x << r) | (x >> (32 - r))) & _MASK32
+
+
+def _murmur3_block(h, k):
+    """One 4-byte block of MurmurHash3_x86_32."""
+    k = _mul32(_rotl32(_mul32(k, 0xCC9E2D51), 15), 0x1B873593)
+    h = _rotl32(h ^ k, 13)
+    return (h * 5 + 0xE6546B64) & _MASK32
+
+
+def _murmur3_finish(h):
+    h ^= h >> 16
+    h = _mul32(h, 0x85EBCA6B)
+    h ^= h >> 13
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def seeded_hash(seed: int, position: int, columns: int, device=None):
+    """MurmurHash3_x86_32 (hash seed 0) of (seed low, seed high, position, column) as four
+    little-endian uint32 words, for columns 0..columns-1: an int64 tensor of uint32 values."""
+    import torch
+
+    unsigned = seed & 0xFFFF_FFFF_FFFF_FFFF
+    h = 0
+    for word in (unsigned & _MASK32, unsigned >> 32, position & _MASK32):
+        h = _murmur3_block(h, word)
+    h = _murmur3_block(h, torch.arange(columns, dtype=torch.int64, device=device))
+    return _murmur3_finish(h ^ 16)
+
+
+def seeded_gumbel(seed: int, position: int, columns: int, device=None):
+    """sglang's float64 Gumbel noise for one row: -log(-log u), u = hash / (2**32 - 1)."""
+    import torch
+
+    u = seeded_hash(seed, position, columns, device).to(torch.float64) / _UINT32_MAX
+    return torch.log(u).clamp(min=torch.finfo(torch.float64).min, max=_LOG_U_CAP).neg().log().neg()
+
+
+def sample_with_seed(scores, seed: int, position: int) -> int:
+    """The column of 1-D `scores` (log-probabilities or log-weights) that wins the seeded
+    Gumbel-max at `position`: argmax(scores + noise) in float64, first column on a tie."""
+    import torch
+
+    noise = seeded_gumbel(seed, position, scores.shape[-1], scores.device)
+    return int(torch.argmax(noise + scores.to(torch.float64)))
+
+
+def seeded_choice(scores, params: SamplingParams, position: int) -> int:
+    """The token sglang with `--enable-deterministic-inference` picks for a request alone in its
+    batch, from float32 `scores` that already carry the logit bias and penalties."""
+    import torch
+
+    probs = torch.softmax(scores / torch.tensor(params.temperature, dtype=torch.float32), dim=-1)
+    if params.top_k == -1 and params.top_p == 1.0 and params.min_p == 0.0:
+        return sample_with_seed(torch.log(probs), params.sampling_seed, position)
+    sorted_probs, order = torch.sort(probs, descending=True, stable=True)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    drop = mass_before > torch.tensor(params.top_p, dtype=torch.float32)
+    if params.top_k > 0:
+        drop |= torch.arange(sorted_probs.shape[-1], device=probs.device) >= params.top_k
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+    if params.min_p > 0:
+        threshold = sorted_probs[0] * torch.tensor(params.min_p, dtype=torch.float32)
+        sorted_probs = sorted_probs.masked_fill(sorted_probs < threshold, 0.0)
+    rank = sample_with_seed(torch.log(sorted_probs.to(torch.float64)), params.sampling_seed, position)
+    return int(order[rank])
+
+
+def choose_token(logits, params: SamplingParams, history: Sequence[int], generator, *, position: int):
     """Pick the next token id from 1-D `logits` (a float tensor). Returns (token_id, logprob):
     logprob is log-softmax of the raw logits (before temperature, penalties and bias), as
-    sglang reports it by default."""
+    sglang reports it by default.
+
+    `position` is the 0-based position of the last token the model has seen (prompt length
+    plus tokens generated so far, minus one); only a seeded request's draw depends on it.
+    `generator` is used only by unseeded sampled requests."""
     import torch
 
     raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
@@ -217,6 +357,9 @@ def choose_token(logits, params: SamplingParams, history: Sequence[int], generat
 
     if params.greedy:
         token = int(torch.argmax(scores))
+        return token, float(raw_logprobs[token])
+    if params.sampling_seed is not None:
+        token = seeded_choice(scores, params, position)
         return token, float(raw_logprobs[token])
 
     scores = scores / params.temperature

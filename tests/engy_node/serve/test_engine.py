@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engy_node.serve.engine import Engine, Generation, RequestError, run_to_completion
-from engy_node.serve.sampling import parse_sampling_params
+from engy_node.serve.sampling import choose_token, parse_sampling_params, seeded_choice
 
 from .numerics import assert_top_choices
 
@@ -40,6 +40,30 @@ def test_a_chunked_prefill_gives_the_same_tokens_as_a_single_pass(runner, monkey
     run_to_completion(runner, chunked)
     assert chunked.output_ids == whole.output_ids
     assert chunked.hidden_block.shape[0] == len(long_prompt)
+
+
+def test_each_token_is_chosen_at_sglangs_position_the_last_token_seen(runner, monkeypatch):
+    import engy_node.serve.engine as engine_module
+
+    calls = []
+
+    def recording(logits, params, history, generator, *, position):
+        calls.append((len(history), position))
+        return choose_token(logits, params, history, generator, position=position)
+
+    monkeypatch.setattr(engine_module, "choose_token", recording)
+    done = run_to_completion(runner, generation(temperature=1.0, sampling_seed=7, ignore_eos=True, max_new_tokens=5))
+    assert len(done.output_ids) == 5
+    assert calls == [(k, len(PROMPT) + k - 1) for k in range(5)]
+
+
+def test_a_seeded_generation_replays_from_its_seed_and_the_logits(runner):
+    done = run_to_completion(runner, generation(temperature=1.0, top_p=0.9, sampling_seed=2024, ignore_eos=True, max_new_tokens=6))
+    cache = runner.new_cache()
+    _, logits = runner.forward(PROMPT, cache)
+    for k, token in enumerate(done.output_ids):
+        assert seeded_choice(logits, done.params, len(PROMPT) + k - 1) == token
+        _, logits = runner.forward([token], cache)
 
 
 def test_max_new_tokens_ends_with_a_length_finish(runner):

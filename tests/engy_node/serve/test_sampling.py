@@ -32,7 +32,7 @@ def seeded(seed: int = 0) -> torch.Generator:
 
 def draws(logits: torch.Tensor, params: SamplingParams, count: int = 300, *, seed: int = 0, history=()) -> list[int]:
     generator = seeded(seed)
-    return [choose_token(logits, params, list(history), generator)[0] for _ in range(count)]
+    return [choose_token(logits, params, list(history), generator, position=0)[0] for _ in range(count)]
 
 
 def random_logits(size: int = 16, seed: int = 0) -> torch.Tensor:
@@ -166,6 +166,15 @@ def test_max_new_tokens_must_be_an_integer_and_not_a_float_string_or_bool(value)
 def test_every_integer_field_refuses_a_bool(name):
     with pytest.raises(SamplingError, match=f"invalid type: {name} must be an integer"):
         parse_sampling_params({name: True})
+
+
+@pytest.mark.parametrize(("seed", "ok"), [(0, True), (-1, True), (2**63 - 1, True), (-(2**63), True), (2**63, False), (-(2**63) - 1, False)])
+def test_sampling_seed_must_fit_in_a_signed_64_bit_integer_as_in_sglang(seed, ok):
+    if ok:
+        assert parse_sampling_params({"sampling_seed": seed}).sampling_seed == seed
+    else:
+        with pytest.raises(SamplingError, match=r"sampling_seed must be in \[-2\*\*63, 2\*\*63 - 1\]"):
+            parse_sampling_params({"sampling_seed": seed})
 
 
 def test_temperature_accepts_an_integer_and_stores_a_float():
@@ -397,7 +406,7 @@ def test_stop_holdback_never_holds_back_when_the_text_ends_in_a_character_no_sto
 
 def test_greedy_choice_is_the_argmax_with_its_raw_log_softmax_logprob():
     logits = torch.tensor([0.5, 3.0, -1.0, 2.9])
-    token, logprob = choose_token(logits, GREEDY, [], None)
+    token, logprob = choose_token(logits, GREEDY, [], None, position=0)
     assert token == 1
     assert logprob == pytest.approx(float(torch.log_softmax(logits, dim=-1)[1]), abs=1e-6)
     assert logprob < 0
@@ -407,14 +416,14 @@ def test_greedy_choice_is_the_argmax_with_its_raw_log_softmax_logprob():
 @settings(max_examples=100)
 def test_greedy_choice_matches_torch_argmax_on_random_logits(seed):
     logits = random_logits(32, seed)
-    token, logprob = choose_token(logits, GREEDY, [], seeded(seed))
+    token, logprob = choose_token(logits, GREEDY, [], seeded(seed), position=0)
     assert token == int(torch.argmax(logits))
     assert math.isclose(logprob, float(torch.log_softmax(logits, dim=-1)[token]), abs_tol=1e-5)
 
 
 def test_greedy_choice_works_on_half_precision_logits():
     logits = torch.tensor([0.1, 0.2, 4.0, 0.3], dtype=torch.bfloat16)
-    token, logprob = choose_token(logits, GREEDY, [], None)
+    token, logprob = choose_token(logits, GREEDY, [], None, position=0)
     assert token == 2
     assert logprob == pytest.approx(float(torch.log_softmax(logits.float(), dim=-1)[2]), abs=1e-6)
 
@@ -424,7 +433,7 @@ def test_choose_token_does_not_modify_the_callers_logits():
     before = logits.clone()
     params = SamplingParams(temperature=0.5, top_k=3, top_p=0.9, repetition_penalty=1.5,
                             frequency_penalty=1.0, logit_bias=((0, 5.0),))
-    choose_token(logits, params, [1, 2, 2], seeded())
+    choose_token(logits, params, [1, 2, 2], seeded(), position=0)
     assert torch.equal(logits, before)
 
 
@@ -447,7 +456,7 @@ def test_the_returned_logprob_is_the_raw_one_whatever_the_temperature():
     raw = torch.log_softmax(logits, dim=-1)
     generator = seeded(5)
     for _ in range(50):
-        token, logprob = choose_token(logits, SamplingParams(temperature=3.0), [], generator)
+        token, logprob = choose_token(logits, SamplingParams(temperature=3.0), [], generator, position=0)
         assert logprob == pytest.approx(float(raw[token]), abs=1e-6)
 
 
@@ -455,7 +464,7 @@ def test_the_returned_logprob_is_the_raw_one_whatever_the_temperature():
 @settings(max_examples=100)
 def test_top_k_of_one_always_samples_the_argmax(seed):
     logits = random_logits(20, seed)
-    token, _ = choose_token(logits, SamplingParams(temperature=2.0, top_k=1), [], seeded(seed))
+    token, _ = choose_token(logits, SamplingParams(temperature=2.0, top_k=1), [], seeded(seed), position=0)
     assert token == int(torch.argmax(logits))
 
 
@@ -469,7 +478,7 @@ def test_top_k_never_samples_outside_the_k_highest_logits():
 @settings(max_examples=100)
 def test_a_tiny_top_p_always_samples_the_argmax(seed):
     logits = random_logits(20, seed)
-    token, _ = choose_token(logits, SamplingParams(temperature=1.0, top_p=1e-6), [], seeded(seed))
+    token, _ = choose_token(logits, SamplingParams(temperature=1.0, top_p=1e-6), [], seeded(seed), position=0)
     assert token == int(torch.argmax(logits))
 
 
@@ -494,7 +503,7 @@ def test_a_large_logit_bias_forces_its_token_when_sampling_and_when_greedy():
     weakest = int(torch.argmin(logits))
     params = SamplingParams(temperature=1.0, logit_bias=((weakest, 100.0),))
     assert set(draws(logits, params, 50)) == {weakest}
-    token, logprob = choose_token(logits, SamplingParams(temperature=0.0, logit_bias=((weakest, 100.0),)), [], None)
+    token, logprob = choose_token(logits, SamplingParams(temperature=0.0, logit_bias=((weakest, 100.0),)), [], None, position=0)
     assert token == weakest
     # The reported logprob is still the unbiased one.
     assert logprob == pytest.approx(float(torch.log_softmax(logits, dim=-1)[weakest]), abs=1e-6)
@@ -502,7 +511,7 @@ def test_a_large_logit_bias_forces_its_token_when_sampling_and_when_greedy():
 
 def test_a_negative_logit_bias_can_ban_the_argmax():
     logits = torch.tensor([1.0, 5.0, 2.0])
-    token, _ = choose_token(logits, SamplingParams(temperature=0.0, logit_bias=((1, -100.0),)), [], None)
+    token, _ = choose_token(logits, SamplingParams(temperature=0.0, logit_bias=((1, -100.0),)), [], None, position=0)
     assert token == 2
 
 
@@ -510,7 +519,7 @@ def test_a_negative_logit_bias_can_ban_the_argmax():
 def test_a_logit_bias_for_a_token_id_outside_the_vocabulary_has_no_effect(token_id):
     logits = torch.tensor([3.0, 1.0, 0.0, 0.5])  # vocabulary of 4: ids 0..3
     params = SamplingParams(temperature=0.0, logit_bias=((token_id, 100.0),))
-    token, _ = choose_token(logits, params, [], None)
+    token, _ = choose_token(logits, params, [], None, position=0)
     assert token == 0
 
 
@@ -519,38 +528,38 @@ def test_a_logit_bias_for_a_token_id_outside_the_vocabulary_has_no_effect(token_
 
 def test_a_repetition_penalty_divides_a_repeated_positive_logit_and_can_flip_the_argmax():
     logits = torch.tensor([2.0, 1.9, 0.5])
-    assert choose_token(logits, GREEDY, [0], None)[0] == 0
+    assert choose_token(logits, GREEDY, [0], None, position=0)[0] == 0
     penalised = SamplingParams(temperature=0.0, repetition_penalty=1.2)  # 2.0 / 1.2 < 1.9
-    assert choose_token(logits, penalised, [0], None)[0] == 1
+    assert choose_token(logits, penalised, [0], None, position=0)[0] == 1
     # Without the token in the history nothing changes.
-    assert choose_token(logits, penalised, [2], None)[0] == 0
+    assert choose_token(logits, penalised, [2], None, position=0)[0] == 0
 
 
 def test_a_repetition_penalty_multiplies_a_repeated_negative_logit():
     logits = torch.tensor([-1.0, -1.1])
     penalised = SamplingParams(temperature=0.0, repetition_penalty=1.2)  # -1.0 * 1.2 < -1.1
-    assert choose_token(logits, penalised, [0], None)[0] == 1
+    assert choose_token(logits, penalised, [0], None, position=0)[0] == 1
 
 
 def test_a_frequency_penalty_grows_with_each_repetition():
     logits = torch.tensor([2.0, 1.5])
     params = SamplingParams(temperature=0.0, frequency_penalty=0.3)
-    assert choose_token(logits, params, [0], None)[0] == 0  # 2.0 - 0.3 > 1.5
-    assert choose_token(logits, params, [0, 0], None)[0] == 1  # 2.0 - 0.6 < 1.5
+    assert choose_token(logits, params, [0], None, position=0)[0] == 0  # 2.0 - 0.3 > 1.5
+    assert choose_token(logits, params, [0, 0], None, position=0)[0] == 1  # 2.0 - 0.6 < 1.5
 
 
 def test_a_presence_penalty_is_the_same_however_often_a_token_appeared():
     logits = torch.tensor([2.0, 1.5])
     mild = SamplingParams(temperature=0.0, presence_penalty=0.4)
     strong = SamplingParams(temperature=0.0, presence_penalty=0.6)
-    assert choose_token(logits, mild, [0, 0, 0, 0], None)[0] == 0
-    assert choose_token(logits, strong, [0], None)[0] == 1
+    assert choose_token(logits, mild, [0, 0, 0, 0], None, position=0)[0] == 0
+    assert choose_token(logits, strong, [0], None, position=0)[0] == 1
 
 
 def test_a_negative_frequency_penalty_encourages_repetition():
     logits = torch.tensor([1.5, 2.0])
     params = SamplingParams(temperature=0.0, frequency_penalty=-1.0)
-    assert choose_token(logits, params, [0], None)[0] == 0
+    assert choose_token(logits, params, [0], None, position=0)[0] == 0
 
 
 def test_penalties_lower_a_repeated_tokens_share_of_sampled_draws():
@@ -564,5 +573,5 @@ def test_penalties_lower_a_repeated_tokens_share_of_sampled_draws():
 def test_history_tokens_outside_the_vocabulary_do_not_break_the_penalties():
     logits = torch.tensor([2.0, 1.0, 0.0])
     params = SamplingParams(temperature=0.0, frequency_penalty=2.0, presence_penalty=1.0)
-    assert choose_token(logits, params, [7, 100], None)[0] == 0
-    assert choose_token(logits, params, [0, 100], None)[0] == 1
+    assert choose_token(logits, params, [7, 100], None, position=0)[0] == 0
+    assert choose_token(logits, params, [0, 100], None, position=0)[0] == 1
