@@ -61,10 +61,15 @@ class TokenCheckParams:
     max_greedy_miss_ratio: float = 0.10
     """Greedy requests: at most this fraction of tokens may be non-argmax at all (even within the
     margin); honest serving stays far below it, a quantised model far above."""
-    sampled_top_r: int = 64
-    """Sampled requests: every served token must rank inside the recompute's top-R."""
-    sampled_min_mean_logprob: float = -6.0
-    """Sampled requests: the mean logprob of the served tokens must stay above this floor."""
+    sampled_false_positive_rate: float = 1e-5
+    """Sampled requests: the chance, at most, that honest sampling is judged improbable
+    (`proof.sampled_evidence`, an e-value bounded by Ville's inequality)."""
+    sampled_drift_per_token: float = 0.02
+    """Sampled requests: nats per token of evidence set aside for serving and recompute computing
+    the distribution on different numeric paths."""
+    nucleus_margin: float = 0.02
+    """Sampled requests with top_p < 1: a served token may lie outside the recompute's nucleus
+    by this much probability mass (its boundary moves between numeric paths)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -22,8 +22,9 @@ Verdicts, and which mistake is cheaper:
 TOPLOC binds hidden states to tokens, not to how the tokens were chosen: a miner can decode with
 a cheap model and prefill the real one to obtain valid proofs (the prefill attack). The token
 check closes that gap with the logits the verifier's prefill produces anyway: greedy tokens must
-be the argmax up to a small numeric margin, sampled tokens must rank inside the top-R with a
-plausible mean logprob.
+be the argmax up to a small numeric margin; sampled tokens must lie inside the request's nucleus
+and, taken together, be no less probable under the canonical sampling distribution than honest
+sampling makes them (a bound with a stated false-positive rate, `token_check`).
 
 Everything here except `build_proofs`/`verify_chunks` (which call toploc's C++ code) is a pure
 function of plain data. Thresholds come from the model catalog; nothing is re-declared here.
@@ -176,6 +177,14 @@ class ChunkResult:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class SamplingTerms:
+    """How a sampled request asked to be sampled (what the token check replays)."""
+
+    temperature: float
+    top_p: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class TokenStats:
     """Per output position, what the canonical model's logits say about the served token."""
 
@@ -186,6 +195,14 @@ class TokenStats:
     rank: tuple[int, ...]
     """0-based rank of the served token among all logits (0 = argmax)."""
     logprob: tuple[float, ...]
+    surprisal: tuple[float, ...] = ()
+    """Sampled requests: -log of the served token's probability under the distribution the
+    request was sampled from (temperature, then the nucleus, renormalised). Empty when greedy."""
+    tilts: tuple[tuple[float, ...], ...] = ()
+    """Sampled requests: per position, log E[p(X)^-λ] under that distribution for each λ in
+    `TILTS`: what honest sampling's surprisal is expected to contribute, exactly (`token_check`)."""
+    in_nucleus: tuple[bool, ...] = ()
+    """Sampled requests: whether the served token lies inside the top_p nucleus (with the margin)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -196,6 +213,9 @@ class TokenCheck:
     max_gap: float
     mean_logprob: float
     worst_rank: int
+    evidence: float = 0.0
+    """Sampled requests: the log of the e-value against honest sampling (see `token_check`);
+    the request is judged improbable when it reaches log(1 / false-positive rate)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -311,8 +331,11 @@ def verify_chunks(commitment: Commitment, recomputed_rows, params: ProofParams) 
     return [ChunkResult(int(r.exp_mismatches), float(r.mant_err_mean), float(r.mant_err_median)) for r in results]
 
 
-def token_stats(logits, tokens: Sequence[int]) -> TokenStats:
-    """Summarise recomputed logits ([n, vocab], row i predicts tokens[i]) for the token check."""
+def token_stats(logits, tokens: Sequence[int], *, sampling: SamplingTerms | None = None,
+                nucleus_margin: float = 0.0) -> TokenStats:
+    """Summarise recomputed logits ([n, vocab], row i predicts tokens[i]) for the token check;
+    with `sampling` (a sampled request), also each token's transform under the distribution the
+    request was sampled from (temperature, then the top_p nucleus, renormalised)."""
     import torch
 
     logits = logits.float()
@@ -321,12 +344,34 @@ def token_stats(logits, tokens: Sequence[int]) -> TokenStats:
     max_logit, argmax = logits.max(dim=1)
     rank = (logits > token_logit[:, None]).sum(dim=1)
     logprob = torch.log_softmax(logits, dim=1).gather(1, target[:, None])[:, 0]
+    surprisal: tuple[float, ...] = ()
+    tilts: tuple[tuple[float, ...], ...] = ()
+    in_nucleus: tuple[bool, ...] = ()
+    if sampling is not None:
+        logp = torch.log_softmax(logits.double() / max(sampling.temperature, 1e-6), dim=1)
+        if sampling.top_p < 1.0:
+            # sglang keeps, in descending order, every token whose preceding mass is below top_p;
+            # the margin widens the nucleus for what serving and recompute disagree on.
+            probs = logp.exp()
+            ordered, order = probs.sort(dim=1, descending=True)
+            kept = torch.zeros_like(probs, dtype=torch.bool).scatter(
+                1, order, (ordered.cumsum(dim=1) - ordered) < min(1.0, sampling.top_p + nucleus_margin))
+            in_nucleus = tuple(kept.gather(1, target[:, None])[:, 0].tolist())
+            logp = torch.log_softmax(logp.masked_fill(~kept, -math.inf), dim=1)
+        else:
+            in_nucleus = (True,) * len(tokens)
+        token_logp = logp.gather(1, target[:, None])[:, 0]
+        surprisal = tuple((-token_logp).clamp(max=1e6).tolist())
+        tilts = tuple(zip(*(torch.logsumexp((1 - tilt) * logp, dim=1).tolist() for tilt in TILTS)))
     return TokenStats(
         tokens=tuple(tokens),
         argmax=tuple(argmax.tolist()),
         gap=tuple((max_logit - token_logit).tolist()),
         rank=tuple(rank.tolist()),
         logprob=tuple(logprob.tolist()),
+        surprisal=surprisal,
+        tilts=tilts,
+        in_nucleus=in_nucleus,
     )
 
 
@@ -345,11 +390,38 @@ def token_check(stats: TokenStats, *, greedy: bool, params: TokenCheckParams) ->
         if misses > allowed_misses:
             return TokenCheck(False, "greedy-misses", misses, max_gap, mean_logprob, worst_rank)
     else:
-        if worst_rank >= params.sampled_top_r:
-            return TokenCheck(False, "sampled-rank", misses, max_gap, mean_logprob, worst_rank)
-        if mean_logprob < params.sampled_min_mean_logprob:
-            return TokenCheck(False, "sampled-logprob", misses, max_gap, mean_logprob, worst_rank)
+        if not all(stats.in_nucleus):
+            return TokenCheck(False, "sampled-outside-nucleus", misses, max_gap, mean_logprob, worst_rank)
+        evidence = sampled_evidence(stats, drift_per_token=params.sampled_drift_per_token)
+        if evidence >= math.log(1 / params.sampled_false_positive_rate):
+            return TokenCheck(False, "sampled-improbable", misses, max_gap, mean_logprob, worst_rank, evidence)
+        return TokenCheck(True, "ok", misses, max_gap, mean_logprob, worst_rank, evidence)
     return TokenCheck(True, "ok", misses, max_gap, mean_logprob, worst_rank)
+
+
+TILTS = (0.1, 0.2, 0.35, 0.5, 0.75)
+"""The tilts λ the sampled-request test bets with; their average adapts to how far off a cheat's
+tokens are (a small λ for a subtle shift, a large one for a blatant one)."""
+
+
+def sampled_evidence(stats: TokenStats, *, drift_per_token: float) -> float:
+    """Log of an e-value against "these tokens were sampled from the canonical distribution".
+
+    For each tilt λ, prod_i p_i(token_i)^-λ / E[p_i(X)^-λ] has expectation exactly 1 at every
+    step under honest sampling, whatever the distributions (heavy tails included: one honest rare
+    token moves it by λ times its surprisal less what was expected, not by an unbounded z-score),
+    so it is a nonnegative martingale, and so is the average over the tilts. By Ville's
+    inequality it reaches 1/α with probability at most α: judging `improbable` at log(1/α) has
+    false-positive rate α. Tokens likelier than the canonical sampler's (a greedy answer) lower
+    it: only too-improbable text is evidence. `drift_per_token` (nats) is taken off for the
+    difference between serving's and the recompute's numerics.
+    """
+    if not stats.surprisal:
+        return 0.0
+    totals = [sum(tilt * s - row[j] for s, row in zip(stats.surprisal, stats.tilts)) for j, tilt in enumerate(TILTS)]
+    top = max(totals)
+    mixture = top + math.log(sum(math.exp(total - top) for total in totals) / len(totals))
+    return mixture - drift_per_token * len(stats.surprisal)
 
 
 def judge(chunks: Sequence[ChunkResult], tokens: TokenCheck | None, params: ProofParams) -> Verdict:
@@ -387,9 +459,11 @@ def verify_commitment(
     greedy: bool,
     delivery: Delivery | None = None,
     end_token_ids: frozenset[int] = frozenset(),
+    sampling: SamplingTerms | None = None,
 ) -> Verdict:
     """The whole §5 check: shape and delivery, recompute, chunk comparison, token check, verdict.
-    `end_token_ids` are the canonical model's end-of-answer tokens."""
+    `end_token_ids` are the canonical model's end-of-answer tokens; `sampling` how a request that
+    was not `greedy` asked to be sampled (temperature 1, no nucleus, when not known)."""
     shape = check_shape(
         commitment, params=model.proof, canonical_root=canonical_root,
         expected_prompt_ids=expected_prompt_ids, delivery=delivery, end_token_ids=end_token_ids,
@@ -409,5 +483,7 @@ def verify_commitment(
         chunks = verify_chunks(commitment, rows, model.proof)
     except (ValueError, RuntimeError):
         return Verdict("unproven", "malformed-proof")
-    tokens = token_check(token_stats(row_logits, output), greedy=greedy, params=model.token_check)
+    terms = None if greedy else (sampling or SamplingTerms(temperature=1.0))
+    stats = token_stats(row_logits, output, sampling=terms, nucleus_margin=model.token_check.nucleus_margin)
+    tokens = token_check(stats, greedy=greedy, params=model.token_check)
     return judge(chunks, tokens, model.proof)

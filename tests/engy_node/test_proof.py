@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -215,13 +216,66 @@ def test_a_few_near_tie_misses_pass_but_many_fail():
     assert (check.ok, check.reason) == (False, "greedy-misses")
 
 
-def test_sampled_check_bounds_rank_and_mean_logprob():
-    fine = stats_from([1.0] * 10, [3] * 10, [-2.0] * 10)
-    assert proof.token_check(fine, greedy=False, params=TOKEN_PARAMS).ok
-    far = stats_from([9.0] * 10, [0] * 9 + [TOKEN_PARAMS.sampled_top_r], [-2.0] * 10)
-    assert proof.token_check(far, greedy=False, params=TOKEN_PARAMS).reason == "sampled-rank"
-    unlikely = stats_from([1.0] * 10, [3] * 10, [-9.0] * 10)
-    assert proof.token_check(unlikely, greedy=False, params=TOKEN_PARAMS).reason == "sampled-logprob"
+def sample_rows(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> list[int]:
+    """Tokens an honest sampler draws from each row: temperature, then the top_p nucleus."""
+    probs = torch.softmax(logits.double() / temperature, dim=1)
+    ordered, order = probs.sort(dim=1, descending=True)
+    keep = (ordered.cumsum(dim=1) - ordered) < top_p
+    nucleus = torch.zeros_like(probs).scatter(1, order, ordered * keep)
+    return torch.multinomial(nucleus, 1, generator=generator)[:, 0].tolist()
+
+
+def sampled_check(logits, tokens, temperature, top_p=1.0) -> proof.TokenCheck:
+    stats = proof.token_stats(logits, tokens, sampling=proof.SamplingTerms(temperature, top_p),
+                              nucleus_margin=TOKEN_PARAMS.nucleus_margin)
+    return proof.token_check(stats, greedy=False, params=TOKEN_PARAMS)
+
+
+def peaked_logits(n: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
+    """Rows like a language model's: a few likely tokens, a long tail of unlikely ones."""
+    return torch.randn(n, vocab, generator=generator, dtype=torch.float64) * 3
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.7, 1.0), (1.0, 1.0), (1.0, 0.9), (0.7, 0.9)])
+def test_honest_sampling_is_never_judged_a_cheat(temperature, top_p):
+    generator = torch.Generator().manual_seed(7)
+    worst = -math.inf
+    for _ in range(1000):
+        logits = peaked_logits(64, 200, generator)
+        check = sampled_check(logits, sample_rows(logits, temperature, top_p, generator), temperature, top_p)
+        assert check.ok, check
+        worst = max(worst, check.evidence)
+    assert worst < math.log(1 / TOKEN_PARAMS.sampled_false_positive_rate) / 2, "honest evidence stays far below the bar"
+
+
+@pytest.mark.parametrize(("tokens", "noise", "at_least"), [(64, 4.0, 1.0), (256, 2.0, 0.75)])
+def test_tokens_drawn_from_another_distribution_are_judged_improbable(tokens, noise, at_least):
+    # Power grows with the answer's length and with how far the other model is off: a blatantly
+    # different model is caught in 64 tokens, a moderately different one in a few hundred. (The
+    # subtle cheats — a 4-bit copy — are for TOPLOC's chunk check and seeded replay, not this.)
+    generator = torch.Generator().manual_seed(11)
+    caught = 0
+    for _ in range(40):
+        canonical = peaked_logits(tokens, 200, generator)
+        other = canonical + torch.randn(tokens, 200, generator=generator, dtype=torch.float64) * noise
+        check = sampled_check(canonical, sample_rows(other, 1.0, 1.0, generator), 1.0)
+        caught += check.reason == "sampled-improbable"
+    assert caught >= at_least * 40
+
+
+def test_a_greedy_answer_to_a_sampled_request_is_not_a_cheat():
+    generator = torch.Generator().manual_seed(3)
+    logits = peaked_logits(64, 200, generator)
+    check = sampled_check(logits, logits.argmax(dim=1).tolist(), 1.0)
+    assert check.ok and check.evidence < 0
+
+
+def test_a_token_outside_the_nucleus_is_a_cheat_and_one_at_its_edge_is_not():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64))
+    assert sampled_check(logits, [1], 1.0, top_p=0.6).ok, "0.5 precedes it, under top_p"
+    assert sampled_check(logits, [2], 1.0, top_p=0.81).ok, "0.8 precedes it: inside by the margin"
+    check = sampled_check(logits, [3], 1.0, top_p=0.6)
+    assert (check.ok, check.reason) == (False, "sampled-outside-nucleus")
 
 
 def test_token_stats_reads_argmax_gap_rank_and_logprob_from_logits():
