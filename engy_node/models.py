@@ -67,6 +67,14 @@ class TokenCheckParams:
     sampled_drift_per_token: float = 0.02
     """Sampled requests: nats per token of evidence set aside for serving and recompute computing
     the distribution on different numeric paths."""
+    seeded_margin: float = 1.0
+    """Seeded requests: a served token may trail the replayed draw's winner by at most this much
+    (log-probability plus noise; serving and recompute disagree on near-ties, as for greedy)."""
+    seeded_rank_tolerance: float = 0.4
+    """Seeded requests with top_p/top_k (sglang draws by rank): tokens whose log-probabilities are
+    this close may stand in either order between serving and recompute. Measured on the embedded
+    model: bf16 decode and bf16 prefill disagree by up to 0.3 nats on a token's log-probability,
+    which swapped neighbours with gaps of 3-8 under a tolerance of 0.1 and none under 0.4."""
     nucleus_margin: float = 0.02
     """Sampled requests with top_p < 1: a served token may lie outside the recompute's nucleus
     by this much probability mass (its boundary moves between numeric paths)."""

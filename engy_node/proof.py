@@ -182,6 +182,10 @@ class SamplingTerms:
 
     temperature: float
     top_p: float = 1.0
+    seed: int | None = None
+    """Set when the miner samples deterministically from it (sglang's
+    `--enable-deterministic-inference`, the reference server always): the verifier then replays
+    the draw on the canonical logits, as strictly as a greedy answer."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -203,6 +207,9 @@ class TokenStats:
     `TILTS`: what honest sampling's surprisal is expected to contribute, exactly (`token_check`)."""
     in_nucleus: tuple[bool, ...] = ()
     """Sampled requests: whether the served token lies inside the top_p nucleus (with the margin)."""
+    replay_gap: tuple[float, ...] = ()
+    """Seeded requests: how far the served token trails the winner of the replayed seeded draw
+    (0 when it is the winner; infinite when the draw could not pick it)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -332,10 +339,12 @@ def verify_chunks(commitment: Commitment, recomputed_rows, params: ProofParams) 
 
 
 def token_stats(logits, tokens: Sequence[int], *, sampling: SamplingTerms | None = None,
-                nucleus_margin: float = 0.0) -> TokenStats:
+                nucleus_margin: float = 0.0, first_position: int = 0, rank_tolerance: float = 0.0) -> TokenStats:
     """Summarise recomputed logits ([n, vocab], row i predicts tokens[i]) for the token check;
-    with `sampling` (a sampled request), also each token's transform under the distribution the
-    request was sampled from (temperature, then the top_p nucleus, renormalised)."""
+    with `sampling` (a sampled request), also each token's surprisal under the distribution the
+    request was sampled from (temperature, then the top_p nucleus, renormalised), and with a
+    seed the replayed draw at each position (row i is drawn at `first_position + i`: the
+    position of the last token the model had seen)."""
     import torch
 
     logits = logits.float()
@@ -347,6 +356,7 @@ def token_stats(logits, tokens: Sequence[int], *, sampling: SamplingTerms | None
     surprisal: tuple[float, ...] = ()
     tilts: tuple[tuple[float, ...], ...] = ()
     in_nucleus: tuple[bool, ...] = ()
+    replay_gap: tuple[float, ...] = ()
     if sampling is not None:
         logp = torch.log_softmax(logits.double() / max(sampling.temperature, 1e-6), dim=1)
         if sampling.top_p < 1.0:
@@ -363,6 +373,8 @@ def token_stats(logits, tokens: Sequence[int], *, sampling: SamplingTerms | None
         token_logp = logp.gather(1, target[:, None])[:, 0]
         surprisal = tuple((-token_logp).clamp(max=1e6).tolist())
         tilts = tuple(zip(*(torch.logsumexp((1 - tilt) * logp, dim=1).tolist() for tilt in TILTS)))
+        if sampling.seed is not None:
+            replay_gap = _replay_gaps(logits, tokens, sampling, first_position, rank_tolerance=rank_tolerance)
     return TokenStats(
         tokens=tuple(tokens),
         argmax=tuple(argmax.tolist()),
@@ -372,7 +384,35 @@ def token_stats(logits, tokens: Sequence[int], *, sampling: SamplingTerms | None
         surprisal=surprisal,
         tilts=tilts,
         in_nucleus=in_nucleus,
+        replay_gap=replay_gap,
     )
+
+
+def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_position: int, *,
+                 rank_tolerance: float) -> tuple[float, ...]:
+    """Per position, how far the served token trails the replayed seeded draw's winner. On the
+    rank path the noise goes by rank, and serving and recompute may order tokens of nearly equal
+    probability differently, so the served token is credited with the best noise among the ranks
+    its probability could have held (log-weights within `rank_tolerance` of its own)."""
+    import torch
+
+    from engy_node.serve.sampling import parse_sampling_params, seeded_draw
+
+    params = parse_sampling_params({"temperature": sampling.temperature, "top_p": sampling.top_p,
+                                    "sampling_seed": sampling.seed})
+    gaps = []
+    for index, token in enumerate(tokens):
+        weights, order, noise = seeded_draw(logits[index].float(), params, first_position + index)
+        weights = weights.to(torch.float64)
+        best = float((weights + noise).max())
+        if order is None:
+            served = float(weights[token] + noise[token])
+        else:
+            rank = int((order == token).nonzero()[0, 0])
+            window = (weights - weights[rank]).abs() <= rank_tolerance
+            served = float(weights[rank] + noise[window].max()) if torch.isfinite(weights[rank]) else -math.inf
+        gaps.append(max(0.0, best - served))
+    return tuple(gaps)
 
 
 def token_check(stats: TokenStats, *, greedy: bool, params: TokenCheckParams) -> TokenCheck:
@@ -389,6 +429,16 @@ def token_check(stats: TokenStats, *, greedy: bool, params: TokenCheckParams) ->
             return TokenCheck(False, "greedy-gap", misses, max_gap, mean_logprob, worst_rank)
         if misses > allowed_misses:
             return TokenCheck(False, "greedy-misses", misses, max_gap, mean_logprob, worst_rank)
+    elif stats.replay_gap:
+        # As strict as greedy: the replayed draw names one token per position, and only
+        # numeric near-ties between serving and recompute may pick another.
+        replay_misses = sum(1 for gap in stats.replay_gap if gap > 0)
+        replay_max = max(stats.replay_gap)
+        if replay_max > params.seeded_margin:
+            return TokenCheck(False, "seeded-gap", replay_misses, replay_max, mean_logprob, worst_rank)
+        if replay_misses > max(2, math.floor(params.max_greedy_miss_ratio * n)):
+            return TokenCheck(False, "seeded-misses", replay_misses, replay_max, mean_logprob, worst_rank)
+        return TokenCheck(True, "ok", replay_misses, replay_max, mean_logprob, worst_rank)
     else:
         if not all(stats.in_nucleus):
             return TokenCheck(False, "sampled-outside-nucleus", misses, max_gap, mean_logprob, worst_rank)
@@ -484,6 +534,7 @@ def verify_commitment(
     except (ValueError, RuntimeError):
         return Verdict("unproven", "malformed-proof")
     terms = None if greedy else (sampling or SamplingTerms(temperature=1.0))
-    stats = token_stats(row_logits, output, sampling=terms, nucleus_margin=model.token_check.nucleus_margin)
+    stats = token_stats(row_logits, output, sampling=terms, nucleus_margin=model.token_check.nucleus_margin,
+                        first_position=first, rank_tolerance=model.token_check.seeded_rank_tolerance)
     tokens = token_check(stats, greedy=greedy, params=model.token_check)
     return judge(chunks, tokens, model.proof)

@@ -312,11 +312,38 @@ def sample_with_seed(scores, seed: int, position: int) -> int:
 def seeded_choice(scores, params: SamplingParams, position: int) -> int:
     """The token sglang with `--enable-deterministic-inference` picks for a request alone in its
     batch, from float32 `scores` that already carry the logit bias and penalties."""
+    weights, order = _seeded_weights(scores, params)
+    column = sample_with_seed(weights, params.sampling_seed, position)
+    return column if order is None else int(order[column])
+
+
+def seeded_token_scores(scores, params: SamplingParams, position: int):
+    """What the seeded Gumbel-max compares, per token id (float64; -inf for tokens outside the
+    top-k/top-p/min-p set): the winner is the token `seeded_choice` picks."""
+    import torch
+
+    weights, order, noise = seeded_draw(scores, params, position)
+    perturbed = weights.to(torch.float64) + noise
+    return perturbed if order is None else torch.empty_like(perturbed).scatter(-1, order, perturbed)
+
+
+def seeded_draw(scores, params: SamplingParams, position: int):
+    """(log-weights, order, noise) of one seeded draw: the winner is argmax(log-weights + noise),
+    a column that is a token id when `order` is None, else a rank in `order` (descending
+    probability). A verifier replays it on canonical logits; on the rank path, tokens of nearly
+    equal probability may stand in either order, so it needs the columns apart."""
+    weights, order = _seeded_weights(scores, params)
+    return weights, order, seeded_gumbel(params.sampling_seed, position, weights.shape[-1], weights.device)
+
+
+def _seeded_weights(scores, params: SamplingParams):
+    """(log-weights, order): over token ids (order None) when no top-k/top-p/min-p applies, else
+    over ranks in descending-probability order, as sglang's two paths do."""
     import torch
 
     probs = torch.softmax(scores / torch.tensor(params.temperature, dtype=torch.float32), dim=-1)
     if params.top_k == -1 and params.top_p == 1.0 and params.min_p == 0.0:
-        return sample_with_seed(torch.log(probs), params.sampling_seed, position)
+        return torch.log(probs), None
     sorted_probs, order = torch.sort(probs, descending=True, stable=True)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
     drop = mass_before > torch.tensor(params.top_p, dtype=torch.float32)
@@ -326,8 +353,7 @@ def seeded_choice(scores, params: SamplingParams, position: int) -> int:
     if params.min_p > 0:
         threshold = sorted_probs[0] * torch.tensor(params.min_p, dtype=torch.float32)
         sorted_probs = sorted_probs.masked_fill(sorted_probs < threshold, 0.0)
-    rank = sample_with_seed(torch.log(sorted_probs.to(torch.float64)), params.sampling_seed, position)
-    return int(order[rank])
+    return torch.log(sorted_probs.to(torch.float64)), order
 
 
 def choose_token(logits, params: SamplingParams, history: Sequence[int], generator, *, position: int):

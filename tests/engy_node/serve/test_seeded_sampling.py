@@ -30,6 +30,7 @@ from engy_node.serve.sampling import (
     seeded_choice,
     seeded_gumbel,
     seeded_hash,
+    seeded_token_scores,
 )
 
 M32 = 0xFFFFFFFF
@@ -249,6 +250,17 @@ def test_a_seeded_choice_equals_the_reference_on_both_paths(seed, top_k, top_p, 
     for position in range(0, 40, 3):
         expected = reference_choice(probs, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, position=position)
         assert choose(logits, params, position) == expected
+
+
+@pytest.mark.parametrize("seed", [0, 7, -3, 2**62 + 11])
+@pytest.mark.parametrize(("top_k", "top_p", "min_p"), [(-1, 1.0, 0.0), (-1, 0.9, 0.0), (5, 0.8, 0.0), (20, 0.95, 0.1)])
+def test_the_replayed_scores_crown_the_token_the_seeded_choice_picks(seed, top_k, top_p, min_p):
+    logits = formula_logits(64)
+    params = seeded_params(seed, temperature=0.8, top_k=top_k, top_p=top_p, min_p=min_p)
+    for position in range(0, 40, 3):
+        scores = seeded_token_scores(logits, params, position)
+        assert int(torch.argmax(scores)) == seeded_choice(logits, params, position)
+        assert torch.isinf(scores).sum() == (64 - (scores > -math.inf).sum()), "masked tokens cannot win"
 
 
 def test_without_top_k_or_top_p_the_columns_are_token_ids_and_with_them_ranks():
