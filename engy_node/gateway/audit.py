@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any, Literal
 
 from engy_node.proof import Delivery
+from engy_node.protocol.miner import Sampling
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -28,6 +29,11 @@ class TeeEntry:
     prompt_ids: tuple[int, ...]
     commitment: dict[str, Any]
     greedy: bool
+    sampling: Sampling
+    """How the request asked to be sampled, with the seed the gateway drew for it."""
+    seeded: bool
+    """The miner announced it samples deterministically from that seed: the verifier replays
+    its draws (`proof.SamplingTerms.seed`) instead of the statistical test."""
     delivery: Delivery
     """What the buyer received and where the answer ended, which the proof must agree with."""
     created_at: float

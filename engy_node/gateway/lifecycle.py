@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -46,7 +47,7 @@ from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.router import capable_pool, choose, prefix_key, retry_allowed
 from engy_node.gateway.store import RequestLogEntry, Store, StoreError
-from engy_node.protocol.miner import FEATURE_SAMPLING, FEATURE_TOOLS, Message, ServeRequest
+from engy_node.protocol.miner import FEATURE_SAMPLING, FEATURE_SEEDED, FEATURE_TOOLS, Message, ServeRequest
 from engy_node.served_model import ServedModel
 
 log = logging.getLogger("engy.gateway")
@@ -92,6 +93,8 @@ class Flight:
     """Wall-clock seconds when the request began (the APIs' `created`)."""
     first_output_at: float | None = None
     tried: set[str] = dataclasses.field(default_factory=set)
+    seeded: bool = False
+    """The miner serving it samples deterministically from the request's seed."""
     unmet: frozenset[str] = frozenset()
     """What the request needed that the miner serving it does not honour (no capable miner had room)."""
 
@@ -119,16 +122,21 @@ def _new_request_id() -> str:
     return uuid.uuid4().hex
 
 
+def _new_seed() -> int:
+    return secrets.randbits(63)
+
+
 class Gateway:
     """The steps of a request's life, shared by both buyer APIs (`relay.ChatEndpoint` drives them).
 
     `clock` is the wall clock (log rows, `created`), `monotonic` measures durations (TTFT,
-    deadlines, the auth cache), `new_id` names requests.
+    deadlines, the auth cache), `new_id` names requests, `new_seed` seeds sampled ones.
     """
 
     def __init__(self, *, store: Store, pool: MinerPool, models: dict[str, ServedModel], tee: ProofTee,
                  settings: GatewaySettings = GatewaySettings(), clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.perf_counter, new_id: Callable[[], str] = _new_request_id,
+                 new_seed: Callable[[], int] = _new_seed,
                  request_log: RequestLogWriter | None = None) -> None:
         self.store = store
         self.request_log = request_log
@@ -140,6 +148,7 @@ class Gateway:
         self.clock = clock
         self.monotonic = monotonic
         self.new_id = new_id
+        self.new_seed = new_seed
         self.rr_counter = 0
         self.tokenize_limiter = trio.CapacityLimiter(settings.tokenize_threads)
         self.created = int(clock())
@@ -174,8 +183,13 @@ class Gateway:
     def serve_request(self, chat: ChatRequest, request_id: str) -> ServeRequest:
         messages = tuple(Message(role=m["role"], content=m.get("content") or "",
                                  extra={k: v for k, v in m.items() if k not in ("role", "content")}) for m in chat.messages)
+        sampling = chat.sampling
+        if not sampling.greedy and sampling.seed is None:
+            # Every sampled request carries a seed: a miner that samples deterministically from
+            # it can then be verified by replaying its draws (`proof.SamplingTerms.seed`).
+            sampling = dataclasses.replace(sampling, seed=self.new_seed())
         return ServeRequest(messages=messages, max_tokens=chat.max_tokens, engy_request_id=request_id,
-                            tools=chat.tools, sampling=chat.sampling)
+                            tools=chat.tools, sampling=sampling)
 
     async def begin(self, api: str, account, chat: ChatRequest) -> Flight:
         model = self.models[chat.model]
@@ -216,6 +230,7 @@ class Gateway:
         pending = await self.pool.dispatch(choice.worker_id, flight.serve, stream=chat.stream)
         flight.pending = pending
         flight.miner = pending.leg.identity.miner
+        flight.seeded = FEATURE_SEEDED in pending.leg.hello.features
         return pending
 
     async def first_output(self, flight: Flight, *, wait_s: float) -> PendingRequest:
@@ -340,6 +355,7 @@ class Gateway:
             request_id=flight.request_id, model=flight.chat.model, miner=flight.miner, kind="paid",
             prompt_ids=tuple(flight.prompt_ids), commitment=response.commitment,
             greedy=flight.chat.sampling.greedy or flight.served_greedily,
+            sampling=flight.serve.sampling, seeded=flight.seeded,
             delivery=proof.Delivery(relayed_output_ids=relay.output_ids, ended_at_stop=relay.stop is not None,
                                     max_tokens=flight.chat.max_tokens),
             created_at=self.clock(),

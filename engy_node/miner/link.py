@@ -130,9 +130,11 @@ class GatewayLink:
     def __init__(
         self, *, gateway_url: str, identity: Identity, hello: dict[str, Any], limits: Capacity,
         handler: RequestHandler, http: httpx.AsyncClient, settings: LinkSettings = LinkSettings(),
-        rng: random.Random | None = None, on_state=None,
+        rng: random.Random | None = None, on_state=None, features: frozenset[str] = OUR_FEATURES,
     ) -> None:
         self.gateway_url = gateway_url
+        self.features = features
+        """What the miner announces it honours (`protocol.miner.FEATURE_*`)."""
         self.identity = identity
         self.hello_base = hello
         self.limits = limits
@@ -174,7 +176,7 @@ class GatewayLink:
         return Hello(
             miner_key=self.identity.miner_key, model=base["model"], model_root=base["model_root"], hw=base["hw"],
             versions=base["versions"], capacity=capacity, worker_name=base["worker_name"], worker_id=base["worker_id"],
-            hotkey=extra.get("hotkey"), ts=extra.get("ts"), signature=extra.get("signature"), features=OUR_FEATURES,
+            hotkey=extra.get("hotkey"), ts=extra.get("ts"), signature=extra.get("signature"), features=self.features,
         )
 
     async def _leg_loop(self, leg: Leg, workers: int) -> None:

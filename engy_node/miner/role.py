@@ -42,7 +42,7 @@ from engy_node.miner.serving import RequestHandler, RequestOutcome
 from engy_node.served_model import ServedModel, load_served_model
 from engy_node.miner.sglang import LaunchSpec, ModelServerSupervisor, reference_launch, sglang_launch, shell_command
 from engy_node.models import ModelSpec, get_model
-from engy_node.protocol.miner import Capacity
+from engy_node.protocol.miner import FEATURE_SEEDED, OUR_FEATURES, Capacity
 from engy_node.serve.checkpoint import resolve_checkpoint
 from engy_node.serve.client import ServeClient
 
@@ -267,6 +267,9 @@ async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = Fal
                                 "transformers": _version("transformers"), "sglang": _version("sglang")},
                    "worker_name": settings.worker_name or platform.node(), "worker_id": uuid.uuid4().hex},
             on_state=lambda **values: hub.set_state("miner", **values),
+            # A server this miner launched samples deterministically (sglang with the flag, or the
+            # reference server); one the operator runs (--serve-url) may not, so it is not claimed.
+            features=OUR_FEATURES | {FEATURE_SEEDED} if setup.launch is not None else OUR_FEATURES,
         )
         if ready_when_admitted:
             await nursery.start(link.run)

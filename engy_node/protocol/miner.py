@@ -34,6 +34,10 @@ PROTOCOL_VERSION = 1
 FEATURE_SAMPLING = "sampling"
 """A miner that announces this in hello's `features` honours `sampling` (temperature, top_p,
 seed); one that does not is taken to answer greedily, as the public miner does."""
+FEATURE_SEEDED = "seeded-sampling"
+"""A miner that announces this samples deterministically from `sampling.seed` as sglang does with
+`--enable-deterministic-inference` (the reference server always does), so a verifier can replay
+each draw on the canonical logits and judge a sampled answer as strictly as a greedy one."""
 FEATURE_STOP = "stop"
 FEATURE_TOOLS = "tools"
 """A miner that announces this renders `tools` into the prompt with the chat template; the public

@@ -45,7 +45,7 @@ _SGLANG_MANAGED_FLAGS = frozenset({
     "--dp-size", "--data-parallel-size", "--trust-remote-code", "--kv-cache-dtype",
     "--mem-fraction-static", "--chunked-prefill-size", "--max-running-requests",
     "--context-length", "--enable-return-hidden-states", "--enable-cache-report",
-    "--enable-metrics", "--host", "--port",
+    "--enable-metrics", "--enable-deterministic-inference", "--host", "--port",
 })  # fmt: skip
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -107,7 +107,9 @@ def sglang_launch(
     --chunked-prefill-size 8192 --max-running-requests 8 --context-length 262144
     --enable-return-hidden-states --enable-cache-report --enable-metrics --host 127.0.0.1 --port 8000`
 
-    `--dp-size` follows `--tp-size` when dp > 1. A value left as None omits its flag, so sglang
+    plus `--enable-deterministic-inference` before `--host` (issue 9: seeded sampled requests are
+    replayed by the verifier; what the flag costs sglang's throughput is not yet measured here,
+    for want of a GPU). `--dp-size` follows `--tp-size` when dp > 1. A value left as None omits its flag, so sglang
     picks its own default. `extra_flags` (argv tokens from the planner, e.g.
     `--disable-custom-all-reduce`) come last, so the reference form stays an exact prefix.
     The hidden-states, cache-report and metrics flags are always on: every proof needs hidden
@@ -148,8 +150,10 @@ def sglang_launch(
         argv += ["--max-running-requests", str(max_running_requests)]
     if context_length is not None:
         argv += ["--context-length", str(context_length)]
+    # Deterministic inference: sampled requests draw from `sampling_seed` reproducibly, so a
+    # verifier can replay each draw (the miner announces FEATURE_SEEDED).
     argv += ["--enable-return-hidden-states", "--enable-cache-report", "--enable-metrics",
-             "--host", host, "--port", str(port), *extra]
+             "--enable-deterministic-inference", "--host", host, "--port", str(port), *extra]
     return LaunchSpec(kind="sglang", argv=tuple(argv), env=SGLANG_ENV, base_url=_base_url(host, port))
 
 

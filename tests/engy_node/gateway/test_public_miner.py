@@ -215,8 +215,13 @@ async def test_a_sampled_request_it_answers_greedily_is_served_and_recorded(gate
         model=MODEL, messages=QUESTION, max_tokens=16, temperature=0.8, seed=7))
     assert reply.choices[0].message.content
     assert miner.served[-1]["sampling"]["temperature"] == 0.8
+    assert miner.served[-1]["sampling"]["seed"] == 7, "the buyer's seed is kept"
+    await trio.to_thread.run_sync(lambda: openai_client(urls, key).chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=4, temperature=0.8))
+    drawn = miner.served[-1]["sampling"]["seed"]
+    assert isinstance(drawn, int) and 0 <= drawn < 2**63, "the gateway seeds every sampled request, for replay"
     rows = await request_log(running, store_path_of(tmp_path))
-    assert rows[-1][1:] == (200, 1), "recorded as served greedily although the buyer asked to sample"
+    assert [row[1:] for row in rows] == [(200, 1), (200, 1)], "recorded as served greedily although the buyer asked to sample"
 
 
 async def test_requests_that_sample_or_pass_tools_go_to_a_miner_that_honours_them(gateway, running, nursery, tmp_path, checkpoint):

@@ -17,7 +17,7 @@ from engy_node.config import load_config
 from engy_node.miner.gpu import detect
 from engy_node.miner.role import MinerError, decide
 from engy_node.models import SMOLLM2_135M, model_root
-from engy_node.protocol.miner import Message, ServeRequest
+from engy_node.protocol.miner import FEATURE_SEEDED, OUR_FEATURES, Message, ServeRequest
 from engy_node.testing.gateway import GatewayHarness
 from engy_node.testing.nvml import FakeNvml
 
@@ -55,7 +55,7 @@ def test_four_4090s_get_the_published_sglang_command(tmp_path, qwen_checkpoint):
     assert ("-m sglang.launch_server --model-path " + str(qwen_checkpoint) + " --served-model-name qwen3.6-35b-a3b --tp-size 4 "
             "--trust-remote-code --kv-cache-dtype fp8_e4m3 --mem-fraction-static 0.83 --chunked-prefill-size 8192 "
             "--max-running-requests 8 --context-length 262144 --enable-return-hidden-states --enable-cache-report "
-            "--enable-metrics --host 127.0.0.1 --port 8000 --disable-custom-all-reduce") in argv
+            "--enable-metrics --enable-deterministic-inference --host 127.0.0.1 --port 8000 --disable-custom-all-reduce") in argv
     assert dict(setup.launch.env)["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     assert setup.max_inflight == 8
 
@@ -112,6 +112,7 @@ async def test_cpu_mode_miner_serves_the_gateway_with_verifiable_proofs_and_stop
         hello = harness.legs[0].hello
         assert hello.miner_key == "mk-cpu" and hello.model == "smollm2-135m" and hello.hw["gpu_count"] == 0
         assert hello.model_root == model_root(checkpoint)
+        assert hello.features == OUR_FEATURES | {FEATURE_SEEDED}, "a server the miner launched samples deterministically"
         request = ServeRequest(messages=(Message("user", "What is the capital of France?"),), max_tokens=32,
                                engy_request_id=uuid.uuid4().hex)
         record = await harness.result(await harness.serve(request, stream=True))

@@ -17,12 +17,13 @@ from engy_node.miner.sglang.command import LaunchSpec, reference_launch, sglang_
 
 QWEN_PATH = "/data/models/Qwen/Qwen3.6-35B-A3B-FP8"
 
-# The published reference command (SPEC §7.3), as one string.
+# The published reference command (SPEC §7.3), as one string, with deterministic inference on
+# (issue 9: seeded sampled answers are verified by replaying the draw).
 PUBLISHED = (
     f"python -m sglang.launch_server --model-path {QWEN_PATH} --served-model-name Qwen3.6 --tp-size 4 "
     "--trust-remote-code --kv-cache-dtype fp8_e4m3 --mem-fraction-static 0.83 --chunked-prefill-size 8192 "
     "--max-running-requests 8 --context-length 262144 --enable-return-hidden-states --enable-cache-report "
-    "--enable-metrics --host 127.0.0.1 --port 8000"
+    "--enable-metrics --enable-deterministic-inference --host 127.0.0.1 --port 8000"
 )
 PUBLISHED_PLAN = dict(
     python="python", checkpoint=QWEN_PATH, served_model_name="Qwen3.6", tp=4, kv_cache_dtype="fp8_e4m3",
@@ -50,7 +51,7 @@ PUBLISHED_PLAN = dict(
              "max_running_requests": None, "context_length": None},
             f"python -m sglang.launch_server --model-path {QWEN_PATH} --served-model-name Qwen3.6 --tp-size 1 "
             "--trust-remote-code --enable-return-hidden-states --enable-cache-report --enable-metrics "
-            "--host 127.0.0.1 --port 8000",
+            "--enable-deterministic-inference --host 127.0.0.1 --port 8000",
             id="unset-values-leave-sglang-defaults",
         ),
         pytest.param({"chunked_prefill_size": -1}, PUBLISHED.replace("8192", "-1"), id="chunked-prefill-off"),
