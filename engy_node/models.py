@@ -70,6 +70,9 @@ class TokenCheckParams:
     seeded_margin: float = 1.0
     """Seeded requests: a served token may trail the replayed draw's winner by at most this much
     (log-probability plus noise; serving and recompute disagree on near-ties, as for greedy)."""
+    seeded_max_miss_ratio: float = 0.3
+    """Seeded requests: a backstop on how many tokens may lose the replayed draw at all (each
+    within the margin); honest near-ties stay far below it."""
     seeded_rank_tolerance: float = 0.4
     """Seeded requests with top_p/top_k (sglang draws by rank): tokens whose log-probabilities are
     this close may stand in either order between serving and recompute. Measured on the embedded
