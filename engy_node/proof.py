@@ -404,25 +404,28 @@ def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_p
     from engy_node.serve.sampling import parse_sampling_params, seeded_draw
 
     raw = {"temperature": sampling.temperature, "sampling_seed": sampling.seed, "top_p": sampling.top_p}
-    params = parse_sampling_params(raw)
-    # A top_k as large as any vocabulary masks nothing and keeps sglang's rank path (whose noise
-    # goes by rank) even where the widened top_p reaches 1.
+    # A top_k as large as any vocabulary masks nothing and puts the draw on sglang's rank path.
+    # sglang takes that path for a whole batch when any request in it has a top-k (a greedy one
+    # counts), so a request without top_p may have been drawn either way: either one will do.
+    strict = parse_sampling_params({**raw, "top_k": 1 << 30})
     widened = parse_sampling_params({**raw, "top_p": min(1.0, sampling.top_p + nucleus_margin), "top_k": 1 << 30})
+    by_token = parse_sampling_params(raw) if sampling.top_p >= 1.0 else None
     gaps = []
     for index, token in enumerate(tokens):
         row, position = logits[index].float(), first_position + index
-        weights, order, noise = seeded_draw(row, params, position)
+        weights, order, noise = seeded_draw(row, strict, position)
         weights = weights.to(torch.float64)
-        if order is None:
-            best = float((weights + noise).max())
-            served = float(weights[token] + noise[token])
-        else:
-            loose = seeded_draw(row, widened, position)[0].to(torch.float64)
-            rank = int((order == token).nonzero()[0, 0])
-            lowest, highest = _rank_windows(loose, rank_tolerance)
-            best = float((weights + _window_extreme(noise, lowest, highest, torch.minimum)).max())
-            served = float(loose[rank] + noise[lowest[rank]:highest[rank] + 1].max()) if torch.isfinite(loose[rank]) else -math.inf
-        gaps.append(max(0.0, best - served))
+        loose = seeded_draw(row, widened, position)[0].to(torch.float64)
+        rank = int((order == token).nonzero()[0, 0])
+        lowest, highest = _rank_windows(loose, rank_tolerance)
+        best = float((weights + _window_extreme(noise, lowest, highest, torch.minimum)).max())
+        served = float(loose[rank] + noise[lowest[rank]:highest[rank] + 1].max()) if torch.isfinite(loose[rank]) else -math.inf
+        gap = max(0.0, best - served)
+        if by_token is not None and gap > 0:
+            weights, _, noise = seeded_draw(row, by_token, position)
+            perturbed = weights.to(torch.float64) + noise
+            gap = min(gap, max(0.0, float(perturbed.max() - perturbed[token])))
+        gaps.append(gap)
     return tuple(gaps)
 
 

@@ -19,9 +19,9 @@ pytestmark = pytest.mark.model
 PROMPT = "Write a short poem about the sea."
 
 
-def seeded_answer(runner: ModelRunner, prompt_ids, *, seed: int, temperature: float, top_p: float) -> list[int]:
+def seeded_answer(runner: ModelRunner, prompt_ids, *, seed: int, temperature: float, top_p: float, **more) -> list[int]:
     generation = Generation(rid="seeded", input_ids=list(prompt_ids), return_hidden_states=True, params=parse_sampling_params(
-        {"temperature": temperature, "top_p": top_p, "sampling_seed": seed, "max_new_tokens": 48}))
+        {"temperature": temperature, "top_p": top_p, "sampling_seed": seed, "max_new_tokens": 48, **more}))
     return run_to_completion(runner, generation).output_ids
 
 
@@ -47,6 +47,15 @@ def test_honest_seeded_serving_passes_and_another_seed_does_not(runner, checkpoi
     assert honest.max_logit_gap <= SMOLLM2_135M.token_check.seeded_margin / 2, "near-ties only, far inside the margin"
     wrong_seed = judge(runner, checkpoint, prompt_ids, output, proof.SamplingTerms(temperature, top_p, seed=7))
     assert (wrong_seed.kind, wrong_seed.reason) == ("cheat", "tokens")
+
+
+def test_a_draw_sglang_made_on_its_rank_path_for_the_batch_passes_too(runner, checkpoint):
+    # sglang draws a whole batch by rank when any request in it has a top-k (a greedy one counts),
+    # so a request without top_p may come back drawn either way.
+    prompt_ids = chat_ids(runner, PROMPT)
+    output = seeded_answer(runner, prompt_ids, seed=99, temperature=1.0, top_p=1.0, top_k=1 << 30)
+    verdict = judge(runner, checkpoint, prompt_ids, output, proof.SamplingTerms(1.0, 1.0, seed=99))
+    assert (verdict.kind, verdict.reason) == ("pass", "ok")
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9])
