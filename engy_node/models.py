@@ -68,16 +68,17 @@ class TokenCheckParams:
     """Sampled requests: nats per token of evidence set aside for serving and recompute computing
     the distribution on different numeric paths."""
     seeded_margin: float = 1.0
-    """Seeded requests: a served token may trail the replayed draw's winner by at most this much
-    (log-probability plus noise; serving and recompute disagree on near-ties, as for greedy)."""
+    """Seeded requests: a served token may trail the replayed draw's winner by at most this many
+    logits (the draw's log-weights times T; serving and recompute disagree on near-ties, as for
+    greedy)."""
     seeded_max_miss_ratio: float = 0.3
     """Seeded requests: a backstop on how many tokens may lose the replayed draw at all (each
     within the margin); honest near-ties stay far below it."""
     seeded_rank_tolerance: float = 0.4
-    """Seeded requests with top_p/top_k (sglang draws by rank): tokens whose log-probabilities are
-    this close may stand in either order between serving and recompute. Measured on the embedded
-    model: bf16 decode and bf16 prefill disagree by up to 0.3 nats on a token's log-probability,
-    which swapped neighbours with gaps of 3-8 under a tolerance of 0.1 and none under 0.4."""
+    """Seeded requests with top_p/top_k (sglang draws by rank): tokens whose logits are this close
+    may stand in either order between serving and recompute. Measured on the embedded model at
+    T = 1: bf16 decode and bf16 prefill disagree by up to 0.3 on a token's log-probability, which
+    swapped neighbours with gaps of 3-8 under a tolerance of 0.1 and none under 0.4."""
     nucleus_margin: float = 0.02
     """Sampled requests with top_p < 1: a served token may lie outside the recompute's nucleus
     by this much probability mass (its boundary moves between numeric paths)."""

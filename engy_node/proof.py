@@ -111,9 +111,14 @@ def _plain_int(value: Any, field: str) -> int:
     return value
 
 
+MAX_TOKEN_ID = 2**31 - 1
+"""Token ids are 32-bit in every tokenizer this project meets; a larger one cannot be decoded."""
+
+
 def _token_list(value: Any, field: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
-        raise ProofFormatError(f"{field} must be a list of non-negative token ids")
+    if not isinstance(value, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID for t in value):
+        raise ProofFormatError(f"{field} must be a list of token ids between 0 and 2**31-1")
     return tuple(value)
 
 
@@ -244,7 +249,7 @@ class Verdict:
     kind: VerdictKind
     reason: str
     """Short code: `ok`, `chunks`, `tokens`, `prompt-mismatch`, `output-mismatch`, `past-eos`,
-    `past-max-tokens`, `shape:<field>`, `model-root`, `malformed-proof`, `recompute-failed`,
+    `past-max-tokens`, `output-outside-vocabulary`, `shape:<field>`, `model-root`, `malformed-proof`, `recompute-failed`,
     `empty-output`."""
     chunks_total: int = 0
     chunks_passed: int = 0
@@ -358,7 +363,11 @@ def token_stats(logits, tokens: Sequence[int], *, sampling: SamplingTerms | None
     in_nucleus: tuple[bool, ...] = ()
     replay_gap: tuple[float, ...] = ()
     if sampling is not None:
-        logp = torch.log_softmax(logits.double() / max(sampling.temperature, 1e-6), dim=1)
+        # The statistical test judges at no less than `STATISTICAL_MIN_TEMPERATURE`: at a lower
+        # one a numeric near-tie flip between serving and recompute would look improbable, while
+        # honest draws at the lower temperature are only likelier under the flatter distribution
+        # (the test stays a supermartingale).
+        logp = torch.log_softmax(logits.double() / max(sampling.temperature, STATISTICAL_MIN_TEMPERATURE), dim=1)
         if sampling.top_p < 1.0:
             # sglang keeps, in descending order, every token whose preceding mass is below top_p;
             # the margin widens the nucleus for what serving and recompute disagree on.
@@ -391,7 +400,8 @@ def token_stats(logits, tokens: Sequence[int], *, sampling: SamplingTerms | None
 
 def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_position: int, *,
                  rank_tolerance: float, nucleus_margin: float) -> tuple[float, ...]:
-    """Per position, how far the served token trails the replayed seeded draw's winner. On the
+    """Per position, how far the served token trails the replayed seeded draw's winner, in logits
+    (the draw's log-weights are logits / T; `rank_tolerance` is in logits too). On the
     rank path the noise goes by rank, and serving and recompute may order tokens of nearly equal
     probability differently: every token could have held any rank whose log-weight is within
     `rank_tolerance` of its own, so the served token is credited with the best noise in its
@@ -409,15 +419,21 @@ def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_p
     # counts), so a request without top_p may have been drawn either way: either one will do.
     strict = parse_sampling_params({**raw, "top_k": 1 << 30})
     widened = parse_sampling_params({**raw, "top_p": min(1.0, sampling.top_p + nucleus_margin), "top_k": 1 << 30})
+    unmasked = parse_sampling_params({**raw, "top_p": 1.0, "top_k": 1 << 30})
     by_token = parse_sampling_params(raw) if sampling.top_p >= 1.0 else None
     gaps = []
     for index, token in enumerate(tokens):
         row, position = logits[index].float(), first_position + index
         weights, order, noise = seeded_draw(row, strict, position)
         weights = weights.to(torch.float64)
+        # The nucleus edge moves with the numerics too: by mass at any temperature, and by
+        # logits, which matters at a low one (where a 0.1-logit drift moves a lot of mass).
         loose = seeded_draw(row, widened, position)[0].to(torch.float64)
+        full = seeded_draw(row, unmasked, position)[0].to(torch.float64)
+        edge = weights[torch.isfinite(weights)].min()
+        loose = torch.maximum(loose, full.masked_fill(full < edge - rank_tolerance / sampling.temperature, -math.inf))
         rank = int((order == token).nonzero()[0, 0])
-        lowest, highest = _rank_windows(loose, rank_tolerance)
+        lowest, highest = _rank_windows(loose, rank_tolerance / sampling.temperature)
         best = float((weights + _window_extreme(noise, lowest, highest, torch.minimum)).max())
         served = float(loose[rank] + noise[lowest[rank]:highest[rank] + 1].max()) if torch.isfinite(loose[rank]) else -math.inf
         gap = max(0.0, best - served)
@@ -425,7 +441,9 @@ def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_p
             weights, _, noise = seeded_draw(row, by_token, position)
             perturbed = weights.to(torch.float64) + noise
             gap = min(gap, max(0.0, float(perturbed.max() - perturbed[token])))
-        gaps.append(gap)
+        # Log-weights are logits / T: in logits, a near-tie flip trails by the numeric drift
+        # whatever the temperature, which is what the margin bounds.
+        gaps.append(gap * sampling.temperature)
     return tuple(gaps)
 
 
@@ -437,7 +455,7 @@ def _rank_windows(weights, tolerance: float):
     ascending = (-weights).contiguous()
     lowest = torch.searchsorted(ascending, ascending - tolerance, side="left")
     highest = torch.searchsorted(ascending, ascending + tolerance, side="right") - 1
-    return lowest, torch.maximum(highest, torch.arange(len(weights)))
+    return lowest, torch.maximum(highest, torch.arange(len(weights), device=weights.device))
 
 
 def _window_extreme(values, lowest, highest, pick):
@@ -498,6 +516,7 @@ def token_check(stats: TokenStats, *, greedy: bool, params: TokenCheckParams) ->
     return TokenCheck(True, "ok", misses, max_gap, mean_logprob, worst_rank)
 
 
+STATISTICAL_MIN_TEMPERATURE = 0.5
 TILTS = (0.1, 0.2, 0.35, 0.5, 0.75)
 """The tilts λ the sampled-request test bets with; their average adapts to how far off a cheat's
 tokens are (a small λ for a subtle shift, a large one for a blatant one)."""
@@ -578,6 +597,8 @@ def verify_commitment(
         return Verdict("unproven", "recompute-failed")
     first = len(prompt) - 1
     rows, row_logits = hidden[first:], logits[first:]
+    if max(output) >= row_logits.shape[-1]:
+        return Verdict("cheat", "output-outside-vocabulary")
     try:
         chunks = verify_chunks(commitment, rows, model.proof)
     except (ValueError, RuntimeError):

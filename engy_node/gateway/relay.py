@@ -195,7 +195,7 @@ class ChatEndpoint:
         the miner reported (`corrections`)."""
         finish = corrected_finish(reported=reported, completion_tokens=usage.completion_tokens, max_tokens=flight.chat.max_tokens,
                                   ended_by_end_token=flight.model.ends_answer(accounting.output_ids or ()),
-                                  stop_matched=stops.matched is not None)
+                                  stop_matched=stops.matched is not None or accounting.stop is not None)
         return finish, accounting.stop if finish == "stop" else None
 
     async def _stream(self, flight: Flight, send: Send) -> None:

@@ -43,9 +43,10 @@ REPLACEMENT_CHARACTER = "\ufffd"
 def sampling_params(request: ServeRequest) -> dict[str, Any]:
     """sglang sampling_params for a routed request; greedy unless the buyer asked otherwise."""
     sampling = request.sampling
-    params: dict[str, Any] = {"temperature": 0.0 if sampling.temperature is None else sampling.temperature}
-    if sampling.top_p is not None:
-        params["top_p"] = sampling.top_p
+    # Every knob is explicit: sglang fills omitted ones from the model's generation_config (a
+    # top_k of 20, say), and a verifier replaying a seeded draw must know what was applied.
+    params: dict[str, Any] = {"temperature": 0.0 if sampling.temperature is None else sampling.temperature,
+                              "top_p": 1.0 if sampling.top_p is None else sampling.top_p, "top_k": -1, "min_p": 0.0}
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
     if sampling.stop:

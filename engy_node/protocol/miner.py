@@ -452,9 +452,11 @@ def _parse_seed(raw: Mapping[str, Any], where: str) -> int | None:
     if seed is None:
         return None
     if isinstance(seed, float) and seed.is_integer():
-        return int(seed)
+        seed = int(seed)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ProtocolError(f"{where}.seed", f"must be an integer, got {_describe(seed)}")
+    if not -(2**63) <= seed < 2**63:
+        raise ProtocolError(f"{where}.seed", "must fit in 64 bits (what sglang's sampling_seed takes)")
     return seed
 
 

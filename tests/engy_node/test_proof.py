@@ -285,3 +285,43 @@ def test_token_stats_reads_argmax_gap_rank_and_logprob_from_logits():
     assert stats.rank == (0, 1)
     assert stats.gap == pytest.approx((0.0, 3.0))
     assert stats.logprob[0] == pytest.approx(float(torch.log_softmax(logits[0], 0)[1]))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.3, 0.1, 0.03])
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_seeded_replay_forgives_numeric_drift_at_any_temperature(temperature, top_p):
+    # Serving and recompute disagree by ~0.1 logits: in the draw's log-weights (logits / T) that
+    # grows as T falls, so the replay judges gaps in logits, as the greedy check does.
+    from engy_node.serve.sampling import parse_sampling_params, seeded_choice
+
+    generator = torch.Generator().manual_seed(5)
+    params = parse_sampling_params({"temperature": temperature, "top_p": top_p, "sampling_seed": 42})
+    for trial in range(10):
+        recompute = torch.randn(64, 200, generator=generator) * 3
+        served = recompute + torch.randn(64, 200, generator=generator) * 0.1
+        tokens = [seeded_choice(served[i], params, 100 + i) for i in range(64)]
+        stats = proof.token_stats(recompute, tokens, sampling=proof.SamplingTerms(temperature, top_p, seed=42),
+                                  first_position=100, rank_tolerance=TOKEN_PARAMS.seeded_rank_tolerance,
+                                  nucleus_margin=TOKEN_PARAMS.nucleus_margin)
+        check = proof.token_check(stats, greedy=False, params=TOKEN_PARAMS)
+        assert check.ok, (trial, check)
+
+
+def test_a_statistical_check_at_a_low_temperature_forgives_a_near_tie_flip():
+    logits = torch.tensor([[5.0, 4.8, 0.0, -1.0]] * 8, dtype=torch.float64)
+    tokens = [0] * 7 + [1]  # one flip between tokens 0.2 logits apart, as numerics may cause
+    stats = proof.token_stats(logits, tokens, sampling=proof.SamplingTerms(0.01), nucleus_margin=TOKEN_PARAMS.nucleus_margin)
+    assert proof.token_check(stats, greedy=False, params=TOKEN_PARAMS).ok
+
+
+def test_output_ids_outside_the_vocabulary_are_refused_or_judged():
+    commitment, rows = honest_commitment(8)
+    wire = commitment.to_wire()
+    wire["output_token_ids"] = [2**40] * 8
+    with pytest.raises(proof.ProofFormatError):
+        proof.Commitment.from_wire(wire)
+    outside = dataclasses.replace(commitment, output_token_ids=tuple(range(8)) [:-1] + (10_000,))
+    verdict = proof.verify_commitment(outside, model=SMOLLM2_135M, canonical_root=ROOT, expected_prompt_ids=[1, 2, 3],
+                                      recompute=lambda ids: (torch.zeros(len(ids), rows.shape[1]), torch.zeros(len(ids), 100)),
+                                      greedy=True)
+    assert (verdict.kind, verdict.reason) == ("cheat", "output-outside-vocabulary")
