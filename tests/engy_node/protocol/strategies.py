@@ -116,7 +116,8 @@ samplings = st.builds(
     Sampling,
     temperature=st.none() | finite_floats,
     top_p=st.none() | finite_floats,
-    seed=st.none() | st.integers(min_value=INT64_MIN, max_value=UINT64_MAX),
+    # A seed is sglang's sampling_seed: a signed 64-bit integer.
+    seed=st.none() | st.integers(min_value=INT64_MIN, max_value=2**63 - 1),
     stop=st.lists(texts, max_size=3).map(tuple),
 )
 serve_requests = st.builds(
