@@ -311,7 +311,7 @@ def _error_text(error: Any) -> str | None:
         return error
     if isinstance(error, Mapping):
         message, kind = error.get("message"), error.get("type")
-        if not isinstance(message, str):
+        if not isinstance(message, str) or not message:
             try:
                 message = orjson.dumps(error).decode()
             except orjson.JSONEncodeError:  # nested past what orjson writes (it reads deeper)
