@@ -93,14 +93,13 @@ class Leg:
 
     capacity: int = 0
     """This leg's share of the miner's concurrency, from hello and then each heartbeat."""
+    lacks: frozenset[str] = frozenset()
+    """Features a request may need that this miner did not announce (fixed by its hello; read
+    for every leg on every dispatch, so computed once)."""
 
     def __post_init__(self) -> None:
         self.capacity = self.hello.capacity.max_inflight
-
-    @property
-    def lacks(self) -> frozenset[str]:
-        """Features a request may need that this miner did not announce."""
-        return OPTIONAL_FEATURES - self.hello.features
+        self.lacks = OPTIONAL_FEATURES - self.hello.features
 
     async def send(self, frame: Serve | Cancel | Reconnect | Admit | Deny) -> None:
         async with self.send_lock:
