@@ -215,7 +215,10 @@ class Gateway:
         chat = flight.chat
         tried = frozenset(flight.tried)
         needs = _needs(chat)
-        candidates = capable_pool(candidates=self.pool.candidates(chat.model), needs=needs, exclude=tried)
+        # A sampled answer from a miner that samples from the gateway's seed is verified by
+        # replay, as strictly as a greedy one; from any other, only statistically.
+        prefer = frozenset({FEATURE_SEEDED}) if FEATURE_SAMPLING in needs else frozenset()
+        candidates = capable_pool(candidates=self.pool.candidates(chat.model), needs=needs, prefer=prefer, exclude=tried)
         self.rr_counter += 1
         choice = choose(candidates=candidates, prefix=prefix_key(messages=chat.messages, tools=chat.tools), rr_counter=self.rr_counter,
                         exclude=tried)

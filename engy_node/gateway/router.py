@@ -246,20 +246,23 @@ def choose(
     return _rendezvous(top_class, prefix, load_factor)
 
 
-def capable_pool(*, candidates: Sequence[Candidate], needs: frozenset[str],
+def capable_pool(*, candidates: Sequence[Candidate], needs: frozenset[str], prefer: frozenset[str] = frozenset(),
                  exclude: Container[str] = frozenset()) -> Sequence[Candidate]:
-    """The workers `choose` should pick among for a request that `needs` these features.
+    """The workers `choose` should pick among for a request that `needs` these features and would
+    rather also get the ones in `prefer`.
 
-    A request that needs nothing may go to any worker. Otherwise it goes to the workers that lack
-    none of what it needs while any of them has a free slot; when none has, it goes to all,
-    because an answer without (say) sampling serves the buyer better than a 503. The caller
-    reads what the chosen worker lacks (`needs & chosen.lacks`) and records it.
+    A request that needs and prefers nothing may go to any worker. Otherwise it goes to the
+    workers that lack none of what it needs or prefers while any of them has a free slot, else
+    to those that lack none of what it needs, else to all, because an answer without (say)
+    sampling serves the buyer better than a 503. The caller reads what the chosen worker lacks
+    (`needs & chosen.lacks`) and records it.
     """
-    if not needs:
-        return candidates
-    capable = [c for c in candidates if not needs & c.lacks]
-    if any(c.inflight < c.capacity and c.worker_id not in exclude for c in capable):
-        return capable
+    for wanted in (needs | prefer, needs):
+        if not wanted:
+            return candidates
+        capable = [c for c in candidates if not wanted & c.lacks]
+        if any(c.inflight < c.capacity and c.worker_id not in exclude for c in capable):
+            return capable
     return candidates
 
 

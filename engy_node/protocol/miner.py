@@ -44,9 +44,11 @@ FEATURE_TOOLS = "tools"
 miner renders each message's role and content only."""
 OUR_FEATURES = frozenset({FEATURE_SAMPLING, FEATURE_STOP, FEATURE_TOOLS})
 """What this project's miner honours from a serve request."""
-OPTIONAL_FEATURES = frozenset({FEATURE_SAMPLING, FEATURE_TOOLS})
-"""What a request may need that the public miner does not do, and the gateway cannot make up
-for (it applies stop strings itself), so routing prefers miners that announce them."""
+OPTIONAL_FEATURES = frozenset({FEATURE_SAMPLING, FEATURE_SEEDED, FEATURE_TOOLS})
+"""What a request may need or want that the public miner does not do, and the gateway cannot
+make up for (it applies stop strings itself), so routing prefers miners that announce them:
+sampling and tools are needed to answer as asked, seeded sampling to verify a sampled answer as
+strictly as a greedy one."""
 
 
 class ProtocolError(ValueError):

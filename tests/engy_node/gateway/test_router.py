@@ -468,7 +468,7 @@ def test_the_default_load_factor_lets_a_hot_key_hold_its_home_a_quarter_past_its
 
 # --- requests that need what some workers do not honour ----------------------------------------
 
-FEATURES = ("sampling", "tools")
+FEATURES = ("sampling", "tools", "seeded-sampling")
 
 
 def free(worker: Candidate, exclude=frozenset()) -> bool:
@@ -502,3 +502,30 @@ def test_a_sampled_request_waits_for_no_one_when_only_greedy_workers_have_room()
     greedy = Candidate(worker_id="greedy", capacity=4, inflight=0, lacks=frozenset({"sampling", "tools"}))
     pool = capable_pool(candidates=[sampler, greedy], needs=frozenset({"sampling"}))
     assert choose(candidates=pool, prefix=None, rr_counter=0) == Choice("greedy", "round-robin")
+
+
+@given(snapshot=snapshots(), needs=st.frozensets(st.sampled_from(FEATURES)), prefer=st.frozensets(st.sampled_from(FEATURES), min_size=1),
+       prefix=st.one_of(st.none(), keys), counter=counters, data=st.data())
+def test_a_preference_is_met_whenever_a_worker_with_it_has_room_and_never_at_the_cost_of_a_need(
+        snapshot, needs, prefer, prefix, counter, data):
+    exclude = frozenset(data.draw(st.lists(st.sampled_from([c.worker_id for c in snapshot]))) if snapshot else [])
+    pool = capable_pool(candidates=snapshot, needs=needs, prefer=prefer, exclude=exclude)
+    choice = choose(candidates=pool, prefix=prefix, rr_counter=counter, exclude=exclude)
+    by_id = {c.worker_id: c for c in snapshot}
+    if any(not (needs | prefer) & c.lacks and free(c, exclude) for c in snapshot):
+        assert choice is not None and not (needs | prefer) & by_id[choice.worker_id].lacks
+    elif any(not needs & c.lacks and free(c, exclude) for c in snapshot):
+        assert choice is not None and not needs & by_id[choice.worker_id].lacks
+    assert (choice is None) == (not any(free(c, exclude) for c in snapshot))
+
+
+def test_a_sampled_request_goes_to_a_seeded_sampler_first_then_any_sampler_then_anyone():
+    seeded = Candidate(worker_id="seeded", capacity=1, inflight=0)
+    sampler = Candidate(worker_id="sampler", capacity=1, inflight=0, lacks=frozenset({"seeded-sampling"}))
+    greedy = Candidate(worker_id="greedy", capacity=1, inflight=0, lacks=frozenset({"sampling", "seeded-sampling", "tools"}))
+    sampled = dict(needs=frozenset({"sampling"}), prefer=frozenset({"seeded-sampling"}))
+    picks = []
+    for exclude in (frozenset(), {"seeded"}, {"seeded", "sampler"}):
+        pool = capable_pool(candidates=[greedy, sampler, seeded], exclude=exclude, **sampled)
+        picks.append(choose(candidates=pool, prefix=None, rr_counter=0, exclude=exclude).worker_id)
+    assert picks == ["seeded", "sampler", "greedy"]
