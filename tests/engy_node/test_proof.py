@@ -307,6 +307,20 @@ def test_seeded_replay_forgives_numeric_drift_at_any_temperature(temperature, to
         assert check.ok, (trial, check)
 
 
+@pytest.mark.parametrize("sampling", [None, proof.SamplingTerms(0.8, 0.9), proof.SamplingTerms(1.0, 1.0, seed=7)])
+def test_token_stats_in_blocks_equal_token_stats_at_once(monkeypatch, sampling):
+    # Long answers are judged a block of rows at a time; the seeded draw's positions must carry
+    # across block edges.
+    generator = torch.Generator().manual_seed(11)
+    logits = torch.randn(23, 50, generator=generator) * 3
+    tokens = torch.multinomial(torch.softmax(logits, dim=1), 1, generator=generator)[:, 0].tolist()
+    options = dict(sampling=sampling, first_position=40, rank_tolerance=TOKEN_PARAMS.seeded_rank_tolerance,
+                   nucleus_margin=TOKEN_PARAMS.nucleus_margin)
+    whole = proof.token_stats(logits, tokens, **options)
+    monkeypatch.setattr(proof, "TOKEN_STATS_BLOCK_ELEMENTS", 5 * 50)
+    assert proof.token_stats(logits, tokens, **options) == whole
+
+
 def test_a_statistical_check_at_a_low_temperature_forgives_a_near_tie_flip():
     logits = torch.tensor([[5.0, 4.8, 0.0, -1.0]] * 8, dtype=torch.float64)
     tokens = [0] * 7 + [1]  # one flip between tokens 0.2 logits apart, as numerics may cause
