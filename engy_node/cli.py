@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--max-new-tokens", type=int, default=96)
     calibrate.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the honest and cheating miners serve")
     calibrate.add_argument("--recompute-device", choices=("cpu", "cuda"), help="where the verifier recomputes (default: --device)")
+    calibrate.add_argument("--sampled-requests", type=int, default=0, metavar="N",
+                           help="also serve N honest sampled requests and count how many each check judges a cheat")
+    calibrate.add_argument("--sampled-answer-tokens", type=int, default=32, metavar="N", help="answer length of those requests")
+    calibrate.add_argument("--sampled-recompute", default="bfloat16", metavar="DTYPE[,DTYPE]",
+                           help="recompute precisions for those requests (float32, bfloat16)")
     return parser
 
 
@@ -215,24 +220,36 @@ def _print_checkpoint(config, model_id: str, checkpoint: str) -> int:
 
 
 def _run_calibration(config, args: argparse.Namespace) -> int:
-    from engy_node.calibration import DEFAULT_PROMPTS, format_table, run_calibration
+    from engy_node.calibration import (
+        DEFAULT_PROMPTS, format_soundness, format_table, run_calibration, run_sampled_soundness, unexpected,
+    )
     from engy_node.models import get_model
     from engy_node.serve.checkpoint import resolve_checkpoint
 
     if not 1 <= args.prompts <= len(DEFAULT_PROMPTS):
         raise EngyError(f"--prompts must be 1..{len(DEFAULT_PROMPTS)}")
+    dtypes = tuple(d.strip() for d in args.sampled_recompute.split(",") if d.strip())
+    if not dtypes or set(dtypes) - {"float32", "bfloat16"}:
+        raise EngyError(f"--sampled-recompute takes float32 and/or bfloat16, got {args.sampled_recompute!r}")
     spec = get_model(args.model)
     path = resolve_checkpoint(model_id=args.model, checkpoint=args.checkpoint, models_dir=config.paths.models_dir,
                               cache_dir=config.paths.model_cache_dir)
+    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
     results = run_calibration(path, model=spec, prompts=DEFAULT_PROMPTS[: args.prompts], max_new_tokens=args.max_new_tokens,
-                              device=args.device, recompute_device=args.recompute_device,
-                              progress=lambda line: print(line, file=sys.stderr))
+                              device=args.device, recompute_device=args.recompute_device, progress=say)
     print(format_table(results))
-    wrong = [r for r in results if r.verdict.kind != r.expected]
+    wrong = unexpected(results)
     for result in wrong:
-        print(f"UNEXPECTED: {result.case} prompt {result.prompt} ({result.recompute_dtype}) judged {result.verdict.kind}"
-              f"/{result.verdict.reason}, expected {result.expected}", file=sys.stderr)
-    return 1 if wrong else 0
+        say(f"UNEXPECTED: {result.case} ({result.sampling}, {result.check}) prompt {result.prompt} ({result.recompute_dtype}) "
+            f"judged {result.verdict.kind}/{result.verdict.reason}, expected {result.expected}")
+    false_positives = 0
+    if args.sampled_requests > 0:
+        soundness = run_sampled_soundness(path, model=spec, requests=args.sampled_requests, answer_tokens=args.sampled_answer_tokens,
+                                          recompute_dtypes=dtypes, progress=say)
+        print()
+        print(format_soundness(soundness))
+        false_positives = sum(1 for r in soundness if r.verdict.kind == "cheat")
+    return 1 if wrong or false_positives else 0
 
 
 def _start_logging(config):

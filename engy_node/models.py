@@ -71,9 +71,11 @@ class TokenCheckParams:
     """Seeded requests: a served token may trail the replayed draw's winner by at most this many
     logits (the draw's log-weights times T; serving and recompute disagree on near-ties, as for
     greedy)."""
-    seeded_max_miss_ratio: float = 0.3
-    """Seeded requests: a backstop on how many tokens may lose the replayed draw at all (each
-    within the margin); honest near-ties stay far below it."""
+    seeded_max_miss_ratio: float = 0.10
+    """Seeded requests: at most this fraction of tokens (and never fewer than 3) may lose the
+    replayed draw at all, each within the margin. Measured on the embedded model: honest answers
+    lose it on 0.7 % of tokens (at most 3 of 64), a 4-bit copy's on 30 %, many by less than the
+    margin (the seeded noise makes near-ties common), so the count carries the evidence."""
     seeded_rank_tolerance: float = 0.4
     """Seeded requests with top_p/top_k (sglang draws by rank): tokens whose logits are this close
     may stand in either order between serving and recompute. Measured on the embedded model at
@@ -114,7 +116,12 @@ SMOLLM2_135M = ModelSpec(
     max_input_tokens=6144,
     max_output_tokens=2048,
     max_request_s=600,
-    proof=ProofParams(),
+    # Measured on the CPU paths (bf16 decode; fp32 and bf16 prefill), docs/verification.md:
+    # honest worst chunk 11/128 exponent mismatches, mantissa error mean 2.3 / median 2.0. Each
+    # limit is 2.5x that, so honest serving stays under half of it; the paper's 40/10/8 let a
+    # final norm scaled by 1.05 (mean 8.4-9.3, median 8-9) sit on the limit and flip verdicts.
+    # A GPU serving this model against a CPU recompute is not measured yet.
+    proof=ProofParams(max_exp_mismatches=28, max_mant_err_mean=6.0, max_mant_err_median=5.0),
     token_check=TokenCheckParams(),
     score_rate=10,
     price=PriceCard(input_per_m=10_000, cached_input_per_m=2_500, output_per_m=20_000),

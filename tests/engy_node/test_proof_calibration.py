@@ -1,51 +1,93 @@
-"""Calibration on the real embedded model (SPEC §5): honest serving passes with a wide margin,
-known cheats are judged `cheat`, malformed proofs `unproven`. docs/verification.md records the
-full table from `engy-node calibrate`; this test runs a smaller set and asserts the verdicts."""
+"""Calibration on the real embedded model (SPEC §5, issue 9): honest serving, greedy and sampled,
+passes with a wide margin; known cheats are judged `cheat` by the check designed for each,
+malformed proofs `unproven`; the detection-power cases land where docs/verification.md says.
+docs/verification.md records the full table from `engy-node calibrate`; this test runs a smaller
+set and asserts the verdicts."""
 
 from __future__ import annotations
 
 import pytest
 
-from engy_node.calibration import DEFAULT_PROMPTS, format_table, run_calibration
+from engy_node.calibration import DEFAULT_PROMPTS, POWER_CASES, format_table, run_calibration, unexpected
 from engy_node.models import SMOLLM2_135M
 
 pytestmark = pytest.mark.model
 
+PARAMS, TOKENS = SMOLLM2_135M.proof, SMOLLM2_135M.token_check
+
 
 @pytest.fixture(scope="module")
 def results(checkpoint):
-    return run_calibration(checkpoint, model=SMOLLM2_135M, prompts=DEFAULT_PROMPTS[:3], max_new_tokens=64)
+    # Both temperatures and both top_p values, on three prompts each.
+    return run_calibration(checkpoint, model=SMOLLM2_135M, prompts=DEFAULT_PROMPTS[:3], max_new_tokens=64,
+                           sampled_settings=((0.7, 1.0), (1.0, 0.9)), power_prompts=2)
+
+
+def of(results, case, *, check=None):
+    return [r for r in results if r.case == case and (check is None or r.check == check)]
 
 
 def test_every_case_gets_its_expected_verdict(results):
-    wrong = [(r.case, r.prompt, r.recompute_dtype, r.verdict) for r in results if r.verdict.kind != r.expected]
-    assert not wrong, format_table(results)
+    assert not unexpected(results), format_table(results)
 
 
 def test_honest_serving_stays_far_below_every_threshold(results):
-    params, tokens = SMOLLM2_135M.proof, SMOLLM2_135M.token_check
-    honest = [r.verdict for r in results if r.case == "honest"]
-    assert honest and all(v.chunks_passed == v.chunks_total for v in honest)
-    assert max(v.max_exp_mismatches for v in honest) <= params.max_exp_mismatches / 2
-    assert max(v.max_mant_err_mean for v in honest) <= params.max_mant_err_mean / 2
-    assert max(v.max_logit_gap for v in honest) <= tokens.greedy_logit_margin / 2
+    honest = [r.verdict for r in of(results, "honest")]
+    assert len(honest) == 2 * (3 + 3 * 2 * 2), "3 greedy and 6 sampled answers (judged two ways), two recomputes each"
+    assert all(v.chunks_passed == v.chunks_total for v in honest)
+    assert max(v.max_exp_mismatches for v in honest) <= PARAMS.max_exp_mismatches / 2
+    assert max(v.max_mant_err_mean for v in honest) <= PARAMS.max_mant_err_mean / 2
+    assert max(v.max_mant_err_median for v in honest) <= PARAMS.max_mant_err_median / 2
+    assert max(r.verdict.max_logit_gap for r in of(results, "honest", check="greedy")) <= TOKENS.greedy_logit_margin / 2
+
+
+def test_a_seeded_sampled_answer_is_checked_as_strictly_as_a_greedy_one(results):
+    # The same margin, and honest near-ties stay as far inside it.
+    replayed = [r.verdict for r in of(results, "honest", check="replay")]
+    assert replayed and max(v.max_logit_gap for v in replayed) <= TOKENS.seeded_margin / 2
+    assert TOKENS.seeded_margin == TOKENS.greedy_logit_margin
+    attacks = [r.verdict for r in of(results, "prefill-attack", check="replay")]
+    assert attacks and min(v.max_logit_gap for v in attacks) > TOKENS.seeded_margin
 
 
 def test_each_cheat_is_caught_by_the_check_designed_for_it(results):
-    by_case = {}
+    reasons = {}
     for r in results:
-        by_case.setdefault(r.case, set()).add(r.verdict.reason)
-    assert by_case["quantised-4bit"] <= {"chunks", "tokens"}
-    assert by_case["truncated"] == {"chunks"}
-    assert by_case["prefill-attack"] == {"tokens"}, "TOPLOC alone passes the prefill attack by construction"
-    assert by_case["malformed-proof"] == {"malformed-proof"}
-    assert by_case["short-proof-list"] == {"shape:proofs"}
-    assert by_case["wrong-prompt"] == {"prompt-mismatch"}
-    assert by_case["swapped-after-proving"] == {"output-mismatch"}
-    assert by_case["past-eos"] == {"past-eos"}
+        reasons.setdefault((r.case, r.check), set()).add(r.verdict.reason)
+    for check in ("greedy", "replay", "statistical"):
+        assert reasons["quantised-4bit", check] <= {"chunks", "tokens"}
+    assert reasons["truncated", "greedy"] == {"chunks"}
+    assert reasons["prefill-attack", "greedy"] == {"tokens"}, "TOPLOC alone passes the prefill attack by construction"
+    assert reasons["prefill-attack", "replay"] == {"tokens"}
+    assert reasons["malformed-proof", "greedy"] == {"malformed-proof"}
+    assert reasons["short-proof-list", "greedy"] == {"shape:proofs"}
+    assert reasons["wrong-prompt", "greedy"] == {"prompt-mismatch"}
+    assert reasons["swapped-after-proving", "greedy"] == {"output-mismatch"}
+    assert reasons["past-eos", "greedy"] == {"past-eos"}
 
 
 def test_the_prefill_attack_passes_toploc_but_trails_the_argmax_by_logits(results):
-    attacks = [r.verdict for r in results if r.case == "prefill-attack"]
+    attacks = [r.verdict for r in of(results, "prefill-attack", check="greedy")]
     assert all(v.chunks_passed == v.chunks_total for v in attacks)
-    assert min(v.max_logit_gap for v in attacks) > SMOLLM2_135M.token_check.greedy_logit_margin
+    assert min(v.max_logit_gap for v in attacks) > TOKENS.greedy_logit_margin
+
+
+def test_every_detection_power_case_was_measured_on_both_recomputes(results):
+    for case, _ in POWER_CASES:
+        measured = of(results, case)
+        assert {r.recompute_dtype for r in measured} == {"float32", "bfloat16"} and len(measured) == 4, case
+
+
+@pytest.mark.parametrize("case", ["noise-3%", "neighbour-layer", "final-norm-x1.05"])
+def test_detection_power_every_request_of_these_deviations_is_caught_on_both_recomputes(results, case):
+    # docs/verification.md publishes the rest (8-bit weights and noise up to 1 % pass: they sit
+    # within 2.5x of honest numeric drift on this model).
+    verdicts = [r.verdict for r in of(results, case)]
+    assert verdicts and all(v.kind == "cheat" for v in verdicts), format_table(results)
+
+
+def test_the_final_norm_scaled_by_5_percent_no_longer_sits_on_a_threshold(results):
+    # It used to land at the paper's median limit of 8 and flip between fp32 and bf16 recomputes.
+    scaled = [r.verdict for r in of(results, "final-norm-x1.05")]
+    assert min(v.max_mant_err_median for v in scaled) >= PARAMS.max_mant_err_median * 1.5
+    assert min(v.max_mant_err_mean for v in scaled) >= PARAMS.max_mant_err_mean * 1.3
