@@ -310,10 +310,8 @@ def run_calibration(
                 judge("honest", "pass", index, sampled_commitment, prompt_ids, sampling=terms)
             for case, commitment in (("quantised-4bit", cheap_commitment), ("prefill-attack", attack_commitment)):
                 for terms in (seeded, unseeded):
-                    # Without a seed only the statistical test stands between a cheap model's
-                    # draws and `pass`; its power on a 4-bit copy is measured, not promised.
-                    expected = None if case == "prefill-attack" and terms.seed is None else "cheat"
-                    judge(case, expected, index, commitment, prompt_ids, sampling=terms)
+                    judge(case, _sampled_expectation(case, terms, len(cheap.output_ids), model), index, commitment,
+                          prompt_ids, sampling=terms)
 
     for case, alter in power_cases:
         altered = alter(load())
@@ -322,6 +320,19 @@ def run_calibration(
             judge(case, None, index, commit(prompt_ids, served.output_ids, served.proof_rows()), prompt_ids)
         del altered
     return results
+
+
+def _sampled_expectation(case: str, terms: proof.SamplingTerms, n_tokens: int, model: ModelSpec) -> proof.VerdictKind | None:
+    """What is promised for a cheat's sampled answer. The 4-bit model's own proofs fail TOPLOC
+    whatever the tokens. The prefill attack's proofs are genuine, so only its tokens can give it
+    away: without a seed the statistical test's power on a 4-bit copy is measured, not promised;
+    with one, replay is promised to catch it once the answer fills a proof chunk — a shorter one
+    may differ from the canonical draw in a single token by less than the margin."""
+    if case != "prefill-attack":
+        return "cheat"
+    if terms.seed is None or n_tokens < model.proof.decode_batching_size:
+        return None
+    return "cheat"
 
 
 def _malformed_cases(commitment: proof.Commitment, prompt_ids: Sequence[int]):
