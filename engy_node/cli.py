@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--sampled-requests", type=int, default=0, metavar="N",
                            help="also serve N honest sampled requests and count how many each check judges a cheat")
     calibrate.add_argument("--sampled-answer-tokens", type=int, default=32, metavar="N", help="answer length of those requests")
+    calibrate.add_argument("--sampled-only", action="store_true", help="skip the cases; only count false positives over --sampled-requests")
     calibrate.add_argument("--sampled-recompute", default="bfloat16", metavar="DTYPE[,DTYPE]",
                            help="recompute precisions for those requests (float32, bfloat16)")
     return parser
@@ -234,10 +235,14 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
     spec = get_model(args.model)
     path = resolve_checkpoint(model_id=args.model, checkpoint=args.checkpoint, models_dir=config.paths.models_dir,
                               cache_dir=config.paths.model_cache_dir)
+    if args.sampled_only and args.sampled_requests <= 0:
+        raise EngyError("--sampled-only needs --sampled-requests N (N > 0)")
     say = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    results = run_calibration(path, model=spec, prompts=DEFAULT_PROMPTS[: args.prompts], max_new_tokens=args.max_new_tokens,
-                              device=args.device, recompute_device=args.recompute_device, progress=say)
-    print(format_table(results))
+    results = [] if args.sampled_only else run_calibration(
+        path, model=spec, prompts=DEFAULT_PROMPTS[: args.prompts], max_new_tokens=args.max_new_tokens,
+        device=args.device, recompute_device=args.recompute_device, progress=say)
+    if results:
+        print(format_table(results))
     wrong = unexpected(results)
     for result in wrong:
         say(f"UNEXPECTED: {result.case} ({result.sampling}, {result.check}) prompt {result.prompt} ({result.recompute_dtype}) "

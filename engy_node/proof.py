@@ -431,9 +431,10 @@ def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_p
     probability differently: every token could have held any rank whose log-weight is within
     `rank_tolerance` of its own, so the served token is credited with the best noise in its
     window and every other token with the worst in its own — the draw is judged against the
-    strongest winner no ordering could have avoided. The winner is drawn from the request's
-    nucleus; the served token may lie just outside it, in the nucleus widened by
-    `nucleus_margin`, as its edge moves between numeric paths too."""
+    strongest winner no ordering could have avoided. The nucleus edge moves between numeric
+    paths too, both ways: the served token may lie just outside the request's nucleus (widened
+    by `nucleus_margin` of mass, or `rank_tolerance` in logits), and only tokens inside it by
+    those margins can be the winner it lost to."""
     import torch
 
     from engy_node.serve.sampling import parse_sampling_params, seeded_draw
@@ -444,6 +445,7 @@ def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_p
     # counts), so a request without top_p may have been drawn either way: either one will do.
     strict = parse_sampling_params({**raw, "top_k": 1 << 30})
     widened = parse_sampling_params({**raw, "top_p": min(1.0, sampling.top_p + nucleus_margin), "top_k": 1 << 30})
+    narrowed = parse_sampling_params({**raw, "top_p": max(1e-6, sampling.top_p - nucleus_margin), "top_k": 1 << 30})
     unmasked = parse_sampling_params({**raw, "top_p": 1.0, "top_k": 1 << 30})
     by_token = parse_sampling_params(raw) if sampling.top_p >= 1.0 else None
     gaps = []
@@ -457,9 +459,16 @@ def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_p
         full = seeded_draw(row, unmasked, position)[0].to(torch.float64)
         edge = weights[torch.isfinite(weights)].min()
         loose = torch.maximum(loose, full.masked_fill(full < edge - rank_tolerance / sampling.temperature, -math.inf))
+        # The other way too: a token the recompute puts just inside the nucleus may have been
+        # just outside it when the miner drew, so it cannot be the winner the served token lost
+        # to. Only tokens inside by the margin (mass and logits) compete; the top one always does.
+        rivals = seeded_draw(row, narrowed, position)[0].to(torch.float64)
+        if sampling.top_p < 1.0:
+            rivals = rivals.masked_fill(rivals < edge + rank_tolerance / sampling.temperature, -math.inf)
+        rivals[0] = weights[0]
         rank = int((order == token).nonzero()[0, 0])
         lowest, highest = _rank_windows(loose, rank_tolerance / sampling.temperature)
-        best = float((weights + _window_extreme(noise, lowest, highest, torch.minimum)).max())
+        best = float((rivals + _window_extreme(noise, lowest, highest, torch.minimum)).max())
         served = float(loose[rank] + noise[lowest[rank]:highest[rank] + 1].max()) if torch.isfinite(loose[rank]) else -math.inf
         gap = max(0.0, best - served)
         if by_token is not None and gap > 0:

@@ -321,6 +321,26 @@ def test_token_stats_in_blocks_equal_token_stats_at_once(monkeypatch, sampling):
     assert proof.token_stats(logits, tokens, **options) == whole
 
 
+def test_seeded_replay_forgives_a_rival_the_miner_had_just_outside_its_nucleus():
+    # Found in the 1,000-request calibration: at top_p 0.9 the third token's preceding mass sat at
+    # 0.8979 in the recompute and just over 0.9 when the miner drew, so the miner never had it;
+    # its large seeded noise must not make the served token look like a loser.
+    from engy_node.serve.sampling import parse_sampling_params, seeded_choice, seeded_draw
+
+    served_logits = torch.tensor([0.7803, 0.12, 0.05] + [0.0497 / 47] * 47).log()  # mass before rank 2: 0.9003
+    recompute = served_logits.clone()
+    recompute[1] -= 0.05  # now 0.8997: rank 2 is inside the recompute's nucleus
+    params = parse_sampling_params({"temperature": 1.0, "top_p": 0.9, "top_k": 1 << 30, "sampling_seed": 3})
+    position = next(p for p in range(10_000)
+                    if int(torch.argmax(seeded_draw(recompute, params, p)[0] + seeded_draw(recompute, params, p)[2])) == 2)
+    served = seeded_choice(served_logits, params, position)
+    assert served in (0, 1), "the miner's nucleus held ranks 0 and 1 only"
+    stats = proof.token_stats(recompute[None, :], [served], sampling=proof.SamplingTerms(1.0, 0.9, seed=3),
+                              first_position=position, rank_tolerance=TOKEN_PARAMS.seeded_rank_tolerance,
+                              nucleus_margin=TOKEN_PARAMS.nucleus_margin)
+    assert stats.replay_gap == (0.0,)
+
+
 def test_a_statistical_check_at_a_low_temperature_forgives_a_near_tie_flip():
     logits = torch.tensor([[5.0, 4.8, 0.0, -1.0]] * 8, dtype=torch.float64)
     tokens = [0] * 7 + [1]  # one flip between tokens 0.2 logits apart, as numerics may cause
