@@ -40,6 +40,22 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def alice():
+    """The well-known dev key //Alice, for signing tests."""
+    from bittensor.sp_core import Keypair
+
+    return Keypair.create_from_uri("//Alice")
+
+
+@pytest.fixture(scope="session")
+def bob():
+    """//Bob: a second key, for "signed by someone else"."""
+    from bittensor.sp_core import Keypair
+
+    return Keypair.create_from_uri("//Bob")
+
+
+@pytest.fixture(scope="session")
 def runner(checkpoint):
     from engy_node.serve.engine import ModelRunner
 

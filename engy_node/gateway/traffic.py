@@ -218,11 +218,7 @@ class ProbeFinished:
     """Time per output token after the first, whole milliseconds; None with fewer than two."""
 
     def __post_init__(self) -> None:
-        _request_id(self.request_id)
-        if not isinstance(self.ok, bool):
-            raise ValueError(f"ok must be a bool, got {self.ok!r}")
-        _latency("ttft_ms", self.ttft_ms)
-        _latency("tpot_ms", self.tpot_ms)
+        _check_finished(self)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -236,11 +232,15 @@ class PaidFinished:
     tpot_ms: int | None = None
 
     def __post_init__(self) -> None:
-        _request_id(self.request_id)
-        if not isinstance(self.ok, bool):
-            raise ValueError(f"ok must be a bool, got {self.ok!r}")
-        _latency("ttft_ms", self.ttft_ms)
-        _latency("tpot_ms", self.tpot_ms)
+        _check_finished(self)
+
+
+def _check_finished(finished: ProbeFinished | PaidFinished) -> None:
+    _request_id(finished.request_id)
+    if not isinstance(finished.ok, bool):
+        raise ValueError(f"ok must be a bool, got {finished.ok!r}")
+    _latency("ttft_ms", finished.ttft_ms)
+    _latency("tpot_ms", finished.tpot_ms)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

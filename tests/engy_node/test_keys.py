@@ -32,20 +32,6 @@ BODY = b'{"model":"smol","prompt":"hi"}'
 PATH = "/v1/completions"
 
 
-@pytest.fixture(scope="module")
-def alice():
-    from bittensor.sp_core import Keypair
-
-    return Keypair.create_from_uri("//Alice")
-
-
-@pytest.fixture(scope="module")
-def bob():
-    from bittensor.sp_core import Keypair
-
-    return Keypair.create_from_uri("//Bob")
-
-
 def _check(headers, *, method="POST", path=PATH, body=BODY, now=NOW, replay=None, netuid=NETUID):
     return keys.check_signed_request(
         headers=headers,

@@ -43,20 +43,6 @@ MINER_B = "5FLSigC9HGRKVhB9FiEo4Y3koPsNmBmLJbpXg2mp1hXcS59Y"
 BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 
 
-@pytest.fixture(scope="module")
-def alice():
-    from bittensor.sp_core import Keypair
-
-    return Keypair.create_from_uri("//Alice")
-
-
-@pytest.fixture(scope="module")
-def bob():
-    from bittensor.sp_core import Keypair
-
-    return Keypair.create_from_uri("//Bob")
-
-
 def _settlement(weights=((MINER_A, 40000), (MINER_B, 25535))):
     return {"weights": [[hotkey, weight] for hotkey, weight in weights], "rows": [{"hotkey": MINER_A, "score": 7}]}
 
