@@ -77,8 +77,9 @@ class TokenCheckParams:
     lose it on 0.7 % of tokens (at most 3 of 64), a 4-bit copy's on 30 %, many by less than the
     margin (the seeded noise makes near-ties common), so the count carries the evidence."""
     seeded_rank_tolerance: float = 0.4
-    """Seeded requests with top_p/top_k (sglang draws by rank): tokens whose logits are this close
-    may stand in either order between serving and recompute. Measured on the embedded model at
+    """Sampled requests with top_p/top_k (sglang draws by rank, and the nucleus is cut in rank
+    order): tokens whose logits are this close may stand in either order between serving and
+    recompute, on either side of the nucleus edge. Measured on the embedded model at
     T = 1: bf16 decode and bf16 prefill disagree by up to 0.3 on a token's log-probability, which
     swapped neighbours with gaps of 3-8 under a tolerance of 0.1 and none under 0.4."""
     nucleus_margin: float = 0.02

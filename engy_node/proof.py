@@ -392,14 +392,20 @@ def _token_stats_block(logits, tokens: Sequence[int], *, sampling: SamplingTerms
         # one a numeric near-tie flip between serving and recompute would look improbable, while
         # honest draws at the lower temperature are only likelier under the flatter distribution
         # (the test stays a supermartingale).
-        logp = torch.log_softmax(logits.double() / max(sampling.temperature, STATISTICAL_MIN_TEMPERATURE), dim=1)
+        judged_at = max(sampling.temperature, STATISTICAL_MIN_TEMPERATURE)
+        logp = torch.log_softmax(logits.double() / judged_at, dim=1)
         if sampling.top_p < 1.0:
             # sglang keeps, in descending order, every token whose preceding mass is below top_p;
-            # the margin widens the nucleus for what serving and recompute disagree on.
+            # the margin widens the nucleus for what serving and recompute disagree on: by mass,
+            # and by logits, as tied or nearly tied tokens at the edge stand in either order
+            # between numeric paths (one honest answer's token had an exact bf16 twin, whose mass
+            # the recompute counted before it and the miner after).
             probs = logp.exp()
             ordered, order = probs.sort(dim=1, descending=True)
             kept = torch.zeros_like(probs, dtype=torch.bool).scatter(
                 1, order, (ordered.cumsum(dim=1) - ordered) < min(1.0, sampling.top_p + nucleus_margin))
+            edge = logp.masked_fill(~kept, math.inf).min(dim=1).values
+            kept |= logp >= edge[:, None] - rank_tolerance / judged_at
             in_nucleus = tuple(kept.gather(1, target[:, None])[:, 0].tolist())
             logp = torch.log_softmax(logp.masked_fill(~kept, -math.inf), dim=1)
         else:
@@ -458,7 +464,8 @@ def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_p
         loose = seeded_draw(row, widened, position)[0].to(torch.float64)
         full = seeded_draw(row, unmasked, position)[0].to(torch.float64)
         edge = weights[torch.isfinite(weights)].min()
-        loose = torch.maximum(loose, full.masked_fill(full < edge - rank_tolerance / sampling.temperature, -math.inf))
+        loose_edge = loose[torch.isfinite(loose)].min()
+        loose = torch.maximum(loose, full.masked_fill(full < loose_edge - rank_tolerance / sampling.temperature, -math.inf))
         # The other way too: a token the recompute puts just inside the nucleus may have been
         # just outside it when the miner drew, so it cannot be the winner the served token lost
         # to. Only tokens inside by the margin (mass and logits) compete; the top one always does.

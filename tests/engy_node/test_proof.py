@@ -341,6 +341,36 @@ def test_seeded_replay_forgives_a_rival_the_miner_had_just_outside_its_nucleus()
     assert stats.replay_gap == (0.0,)
 
 
+def tied_edge_logits(head, rest_mass, rest_count=45):
+    return torch.tensor(list(head) + [rest_mass / rest_count] * rest_count, dtype=torch.float64).log().float()
+
+
+def test_a_token_tied_with_the_nucleus_edge_is_inside_it_for_the_statistical_check():
+    # Found in the 1,000-request calibration: the served token had an exact bf16 twin at the edge
+    # of the 0.9 nucleus; the recompute counted the twin's mass before it, the miner after.
+    twin_first = tied_edge_logits([0.6, 0.22, 0.078, 0.0314, 0.03139], 1 - 0.96079)
+    terms = proof.SamplingTerms(1.0, 0.9)
+    options = dict(sampling=terms, nucleus_margin=TOKEN_PARAMS.nucleus_margin, rank_tolerance=TOKEN_PARAMS.seeded_rank_tolerance)
+    assert proof.token_stats(twin_first[None, :], [4], **options).in_nucleus == (True,)
+    far_outside = proof.token_stats(twin_first[None, :], [10], **options)
+    assert far_outside.in_nucleus == (False,)
+    assert proof.token_check(far_outside, greedy=False, params=TOKEN_PARAMS).reason == "sampled-outside-nucleus"
+
+
+def test_seeded_replay_credits_a_token_tied_with_the_widened_nucleus_edge():
+    # The same found case under replay: the miner had the served token (B) ahead of its twin (A)
+    # and inside the nucleus; the recompute puts A first, just past top_p, and B behind it.
+    from engy_node.serve.sampling import parse_sampling_params, seeded_choice
+
+    served_logits = tied_edge_logits([0.6, 0.22, 0.07, 0.0314, 0.0316], 1 - 0.953)    # B (id 4) at 0.89
+    recompute = tied_edge_logits([0.6, 0.22, 0.0805, 0.0314, 0.0313], 1 - 0.9632)     # A at 0.9005, B at 0.9319
+    params = parse_sampling_params({"temperature": 1.0, "top_p": 0.9, "sampling_seed": 11})
+    position = next(p for p in range(20_000) if seeded_choice(served_logits, params, p) == 4)
+    stats = proof.token_stats(recompute[None, :], [4], sampling=proof.SamplingTerms(1.0, 0.9, seed=11), first_position=position,
+                              rank_tolerance=TOKEN_PARAMS.seeded_rank_tolerance, nucleus_margin=TOKEN_PARAMS.nucleus_margin)
+    assert stats.replay_gap[0] <= TOKEN_PARAMS.seeded_margin / 2
+
+
 def test_a_statistical_check_at_a_low_temperature_forgives_a_near_tie_flip():
     logits = torch.tensor([[5.0, 4.8, 0.0, -1.0]] * 8, dtype=torch.float64)
     tokens = [0] * 7 + [1]  # one flip between tokens 0.2 logits apart, as numerics may cause
