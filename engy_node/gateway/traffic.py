@@ -206,9 +206,7 @@ class WorkerDisconnected:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ProbeFinished:
-    """A probe's response ended, well or not. Its verdict, if it is audited, comes later."""
-
+class _Finished:
     request_id: str
     ok: bool
     """The answer completed (what a buyer would have got as a 2xx with a full body)."""
@@ -218,29 +216,22 @@ class ProbeFinished:
     """Time per output token after the first, whole milliseconds; None with fewer than two."""
 
     def __post_init__(self) -> None:
-        _check_finished(self)
+        _request_id(self.request_id)
+        if not isinstance(self.ok, bool):
+            raise ValueError(f"ok must be a bool, got {self.ok!r}")
+        _latency("ttft_ms", self.ttft_ms)
+        _latency("tpot_ms", self.tpot_ms)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class PaidFinished:
+class ProbeFinished(_Finished):
+    """A probe's response ended, well or not. Its verdict, if it is audited, comes later."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PaidFinished(_Finished):
     """A paid request the worker served ended. Not sent for a buyer hang-up (499): that says
     nothing about the miner. A gateway timeout (504) or a miner error (502) is `ok=False`."""
-
-    request_id: str
-    ok: bool
-    ttft_ms: int | None = None
-    tpot_ms: int | None = None
-
-    def __post_init__(self) -> None:
-        _check_finished(self)
-
-
-def _check_finished(finished: ProbeFinished | PaidFinished) -> None:
-    _request_id(finished.request_id)
-    if not isinstance(finished.ok, bool):
-        raise ValueError(f"ok must be a bool, got {finished.ok!r}")
-    _latency("ttft_ms", finished.ttft_ms)
-    _latency("tpot_ms", finished.tpot_ms)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
