@@ -10,7 +10,7 @@ What it is for. When an epoch closes, the gateway publishes one signed object:
 `result_json` carries everything needed to recompute the epoch (the weights and the per-row
 aggregates they came from), so anyone can check the settlement, not only read it. Its bytes must
 therefore be the same on every machine: `build_result_json` writes sorted keys, no spaces,
-ASCII-only (non-ASCII text as `\\uXXXX` escapes, so the bytes are identical however the outer
+ASCII-only (non-ASCII text as `\\u` escapes of four hex digits, so the bytes are identical however the outer
 object is re-encoded in transit) and no floats anywhere (a float's text can differ between
 platforms and libraries; every number settlement produces is an integer).
 
@@ -246,12 +246,7 @@ def parse_and_verify(raw: bytes, *, master_hotkey: str, netuid: int, max_bytes: 
         raise EpochPayloadError("too-large", f"the payload is {len(raw)} bytes, the cap is {max_bytes}")
     # The stdlib parser, as the public validator uses: same encodings (UTF-8/16/32, BOM), same
     # duplicate-key rule (last wins), so both sides read the same object.
-    try:
-        payload = json.loads(raw)
-    except (ValueError, RecursionError) as err:
-        raise EpochPayloadError("not-json", f"the payload is not JSON: {_short(err)}") from None
-    if not isinstance(payload, dict):
-        raise EpochPayloadError("malformed", f"the payload must be a JSON object, got {_describe(payload)}")
+    payload = _json_object(raw, "the payload")
 
     version = payload.get("v")
     if not _number_equals(version, PAYLOAD_VERSION):
@@ -289,12 +284,7 @@ def parse_and_verify(raw: bytes, *, master_hotkey: str, netuid: int, max_bytes: 
             )
         raise EpochPayloadError("signature", f"the signature does not verify for the pinned master {master_hotkey}")
 
-    try:
-        result = json.loads(result_text)
-    except (ValueError, RecursionError) as err:
-        raise EpochPayloadError("not-json", f"result_json is not JSON: {_short(err)}") from None
-    if not isinstance(result, dict):
-        raise EpochPayloadError("malformed", f"result_json must be a JSON object, got {_describe(result)}")
+    result = _json_object(result_text, "result_json")
     weights = _read_result(result, netuid=netuid, epoch_index=epoch_index)
     return VerifiedEpoch(
         netuid=netuid, epoch_index=epoch_index, digest=digest, result_json=result_json, weights=weights, result=result,
@@ -411,6 +401,16 @@ def _show(value: Any, limit: int = 80) -> str:
     except RecursionError:  # nesting as deep as the parser allows
         return _describe(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _json_object(text: str | bytes, what: str) -> dict:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as err:
+        raise EpochPayloadError("not-json", f"{what} is not JSON: {_short(err)}") from None
+    if not isinstance(value, dict):
+        raise EpochPayloadError("malformed", f"{what} must be a JSON object, got {_describe(value)}")
+    return value
 
 
 def _short(err: BaseException) -> str:
