@@ -1,5 +1,6 @@
 """The gateway's durable state in one SQLite file: buyer accounts and keys, the money ledger, the
-request log and miner registrations (SPEC §8.3).
+request log, miner registrations, verifier verdicts, published epochs, validator heartbeats and
+traffic eligibility (SPEC §8.3).
 
 Posture. The ledger must never double-charge, lose a charge or let concurrent requests spend
 money a buyer does not have, across crashes and across processes sharing the file. So every
@@ -23,37 +24,49 @@ Layout: one module per concern, all on the same connection.
 
     schema.py      the file: tables, version stamp, opening it; `StoreError` and what each SQLite failure means
     connection.py  the connection, its lock and transactions (one at a time, BEGIN IMMEDIATE, fsync levels)
-    checks.py      identifiers, amounts and durations callers hand in
+    checks.py      identifiers, codes, digests, catalog ids, amounts, durations and times callers hand in
     keys.py        API and miner keys: minted, shown once, stored as sha256
     ledger.py      accounts, API keys and money: credit, hold, settle, release, recovery, balances, books check
-    requests.py    the request log (metadata only), usage, retention
+    requests.py    the request log (metadata only), usage, epoch windows and a cursor over it, retention
     miners.py      miner registrations and key lookup
-    store.py       `Store`: the three above composed; `Store.run`, the one way trio awaits them (group commit)
+    verdicts.py    verifier verdicts, one per request: recorded once, a cursor, counts per miner over a window
+    epochs.py      published epoch payloads, byte for byte: written once, never changed
+    validators.py  each validator's latest heartbeat
+    eligibility.py the traffic control plane's current state per (miner, model)
+    store.py       `Store`: the concerns above composed; `Store.run`, the one way trio awaits them (group commit)
 
 Errors. A corrupt, foreign, newer-schema, locked or unwritable file raises `StoreError` naming
-the file and the fix. Unknown accounts raise `StoreError`; gateway bugs (negative amounts, a hold
-that is not in this ledger) raise `ValueError`.
+the file and the fix. Unknown accounts, and other bytes for an epoch already published, raise
+`StoreError`; gateway bugs (negative amounts, a hold that is not in this ledger, a reason code
+with a space in it) raise `ValueError`.
 """
 
-from engy_node.gateway.store.checks import IDENTIFIER
+from engy_node.gateway.store.checks import CODE, IDENTIFIER
+from engy_node.gateway.store.eligibility import MAX_REASON_CHARS, EligibilityRow
 from engy_node.gateway.store.keys import BUYER_KEY_PREFIX, KEY_ENTROPY_BYTES, MINER_KEY_PREFIX
 from engy_node.gateway.store.ledger import RECOVERED_IDS_LOGGED, Account, Balance, Hold, Settlement
 from engy_node.gateway.store.miners import MinerRecord
 from engy_node.gateway.store.requests import RequestLogEntry, UsageSummary
 from engy_node.gateway.store.schema import APPLICATION_ID, BUSY_TIMEOUT_S, SCHEMA_VERSION, StoreError
 from engy_node.gateway.store.store import Store
+from engy_node.gateway.store.validators import ValidatorHeartbeat
+from engy_node.gateway.store.verdicts import LOCAL_VERIFIER, VerdictRecord
 
 __all__ = [
     "APPLICATION_ID",
     "BUSY_TIMEOUT_S",
     "BUYER_KEY_PREFIX",
+    "CODE",
     "IDENTIFIER",
     "KEY_ENTROPY_BYTES",
+    "LOCAL_VERIFIER",
+    "MAX_REASON_CHARS",
     "MINER_KEY_PREFIX",
     "RECOVERED_IDS_LOGGED",
     "SCHEMA_VERSION",
     "Account",
     "Balance",
+    "EligibilityRow",
     "Hold",
     "MinerRecord",
     "RequestLogEntry",
@@ -61,4 +74,6 @@ __all__ = [
     "Store",
     "StoreError",
     "UsageSummary",
+    "ValidatorHeartbeat",
+    "VerdictRecord",
 ]

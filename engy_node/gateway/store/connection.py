@@ -13,8 +13,9 @@ failing operation rolls back only itself while the batch's single COMMIT makes a
 durable together.
 
 Time. Each write method reads the injected clock once, at its start, and stamps every row of
-its transaction with that value (tests pass a fake clock). The request log's `created_at` is
-passed in by the caller, who knows when the request arrived.
+its transaction with that value (tests pass a fake clock). The times on request-log rows,
+verdicts, epochs, heartbeats and eligibility rows are passed in by the caller, who knows when
+the request arrived, the verdict was reached, the epoch closed or the heartbeat came in.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def group_commit_durability(operation: Callable[..., object]) -> bool | None:
 
 class Connection:
     """The store's connection, its lock and its transactions; the operations live in the
-    subclasses (`Ledger`, `RequestLog`, `Miners`), which `Store` composes."""
+    subclasses (`Ledger`, `RequestLog`, `Miners`, `Verdicts`, `Epochs`, `Validators`,
+    `EligibilityTable`), which `Store` composes."""
 
     def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], float], busy_timeout_s: float) -> None:
         self.path = Path(path)

@@ -1,4 +1,6 @@
-"""The request log: one metadata row per request attempt, usage summed from it, and retention.
+"""The request log: one metadata row per request attempt, usage summed from it, the reads that
+settle an epoch (`requests_in`) and feed the traffic control loop (`requests_after`), and
+retention.
 
 Zero data retention (SPEC §8.3). Nothing here accepts prompt or completion text. The request log
 is metadata only, and `RequestLogEntry` validates every string field as an identifier or catalog
@@ -15,11 +17,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
-from engy_node.gateway.store.checks import duration, identifier, integer
+from engy_node.gateway.store.checks import catalog_id, duration, identifier, integer, timestamp
 from engy_node.gateway.store.connection import Connection, group_commit, serialised
-from engy_node.models import CATALOG
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,8 +57,8 @@ class RequestLogEntry:
         identifier("request_id", self.request_id)
         if self.miner is not None:
             identifier("miner", self.miner)
-        if self.model is not None and self.model not in CATALOG:
-            raise ValueError(f"model must be a catalog id ({', '.join(sorted(CATALOG))}) or None, got {self.model!r}")
+        if self.model is not None:
+            catalog_id("model", self.model)
         if self.api not in ("openai", "anthropic"):
             raise ValueError(f"api must be 'openai' or 'anthropic', got {self.api!r}")
         if self.kind == "paid":
@@ -75,10 +76,19 @@ class RequestLogEntry:
             raise ValueError(f"cached_tokens ({self.cached_tokens}) exceeds prompt_tokens ({self.prompt_tokens})")
         duration("ttft_ms", self.ttft_ms)
         duration("tpot_ms", self.tpot_ms)
-        if isinstance(self.created_at, bool) or not isinstance(self.created_at, (int, float)) or not math.isfinite(self.created_at):
-            raise ValueError(f"created_at must be unix seconds, got {self.created_at!r}")
+        timestamp("created_at", self.created_at)
         if not isinstance(self.served_greedily, bool):
             raise ValueError(f"served_greedily must be a boolean, got {self.served_greedily!r}")
+
+
+_COLUMNS = tuple(field.name for field in dataclasses.fields(RequestLogEntry))
+
+
+def _entry(row: Sequence[object]) -> RequestLogEntry:
+    # SQLite hands the flag back as 0 or 1; the entry insists on a bool.
+    values: dict[str, Any] = dict(zip(_COLUMNS, row, strict=True))
+    values["served_greedily"] = bool(values["served_greedily"])
+    return RequestLogEntry(**values)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -106,12 +116,45 @@ class RequestLog(Connection):
         for entry in entries:
             if not isinstance(entry, RequestLogEntry):
                 raise TypeError(f"log_requests takes RequestLogEntry rows, got {type(entry).__name__}")
-        columns = [field.name for field in dataclasses.fields(RequestLogEntry)]
         with self._write() as conn:
             conn.executemany(
-                f"INSERT INTO request_log ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-                [[getattr(entry, column) for column in columns] for entry in entries],
+                f"INSERT INTO request_log ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+                [[getattr(entry, column) for column in _COLUMNS] for entry in entries],
             )
+
+    @serialised
+    def requests_in(self, *, since: float, until: float) -> list[RequestLogEntry]:
+        """The rows created in `[since, until)` (unix seconds), in the order they were logged:
+        what an epoch's settlement reads, as far back as the log is retained."""
+        timestamp("since", since)
+        timestamp("until", until)
+        rows = self._conn.execute(
+            f"SELECT {', '.join(_COLUMNS)} FROM request_log WHERE created_at >= ? AND created_at < ? ORDER BY id",
+            (since, until),
+        ).fetchall()
+        return [_entry(row) for row in rows]
+
+    @serialised
+    def requests_after(self, row_id: int, *, limit: int = 1000) -> list[tuple[int, RequestLogEntry]]:
+        """At most `limit` rows logged after row `row_id`, oldest first, each with its row id: a
+        cursor that a control loop advances to the last id it was given (start at 0)."""
+        integer("row_id", row_id)
+        integer("limit", limit, minimum=1)
+        rows = self._conn.execute(
+            f"SELECT id, {', '.join(_COLUMNS)} FROM request_log WHERE id > ? ORDER BY id LIMIT ?", (row_id, limit)
+        ).fetchall()
+        return [(row[0], _entry(row[1:])) for row in rows]
+
+    @serialised
+    def last_request_row(self) -> int:
+        """The newest row's id (0 for an empty log): where a cursor starts that wants only what
+        is logged from now on."""
+        return self._conn.execute("SELECT coalesce(max(id), 0) FROM request_log").fetchone()[0]
+
+    @serialised
+    def first_request_at(self) -> float | None:
+        """When the oldest retained row was logged (None: the log is empty)."""
+        return self._conn.execute("SELECT min(created_at) FROM request_log").fetchone()[0]
 
     @serialised
     def usage(self, account_id: int, *, since: float | None = None) -> UsageSummary:
@@ -128,9 +171,15 @@ class RequestLog(Connection):
     @serialised
     def purge_request_log(self, *, older_than: float) -> int:
         """Delete request-log rows created before `older_than` (unix seconds) and give the freed
-        pages back to the filesystem; returns how many rows went. The ledger is never purged."""
+        pages back to the filesystem; returns how many rows went. The ledger is never purged.
+
+        The newest row stays even when it is older: SQLite numbers a new row one past the
+        highest id in the table, so emptying it would restart ids at 1 and a `requests_after`
+        cursor would skip every row until the ids passed it again."""
         with self._write() as conn:
-            deleted = conn.execute("DELETE FROM request_log WHERE created_at < ?", (older_than,)).rowcount
+            deleted = conn.execute(
+                "DELETE FROM request_log WHERE created_at < ? AND id < (SELECT max(id) FROM request_log)", (older_than,)
+            ).rowcount
         # executescript steps the pragma to completion; `execute` would free a single page
         # (the sqlite3 module steps a statement without result columns only once).
         self._conn.executescript("PRAGMA incremental_vacuum")

@@ -6,8 +6,9 @@ not ours (SQLite's `application_id` header field tells our file from any other S
 someone points us at), or of another schema version: guessing at a layout we did not write could
 only corrupt a ledger. The invariants that money depends on are in the DDL itself, so no code
 path, ours or a hand-typed SQL statement, can break them: CHECKs refuse an overdraft or books
-that do not balance, triggers refuse any update or delete of a ledger row, and unique indexes
-allow one hold per request and one closure (settle row plus release row) per hold.
+that do not balance, triggers refuse any update or delete of a ledger row (or of a published
+epoch, which was signed and may be on chain), and unique indexes allow one hold per request and
+one closure (settle row plus release row) per hold.
 
 Errors. A corrupt, foreign, newer-schema, locked or unwritable file raises `StoreError` naming
 the file and the fix (`explain`); an SQLite error that is none of these is a bug in our SQL and
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from engy_node.errors import EngyError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bump with a migration (`MIGRATIONS`) whenever the schema changes; a file of a newer version,
 or of an older one with no migration, is refused."""
 
@@ -35,7 +36,7 @@ transactions is a few indexed statements plus an fsync (about a millisecond, ten
 disk), so even hundreds of queued writers clear well inside it; a lock held longer is another
 process sitting on the file, which deserves an error, not a hang."""
 
-SCHEMA = (
+SCHEMA: tuple[str, ...] = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
     # The balance cache. Updated in the same transaction as the ledger rows that move it; the
     # CHECKs make the database itself refuse an overdraft or books that do not balance.
@@ -100,8 +101,62 @@ SCHEMA = (
         created_at REAL NOT NULL)""",
 )
 
+_VERSION_3 = (
+    # One verifier verdict per audited request. `id` is the cursor `verdicts_after` pages by: an
+    # INTEGER PRIMARY KEY, because the hidden rowid of a table keyed by text may be renumbered
+    # by a VACUUM, which would make a control loop's cursor skip or repeat rows.
+    """CREATE TABLE verdicts (
+        id INTEGER PRIMARY KEY,
+        request_id TEXT NOT NULL UNIQUE,
+        miner TEXT NOT NULL,
+        model TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('paid', 'probe')),
+        verdict TEXT NOT NULL CHECK (verdict IN ('pass', 'cheat', 'unproven')),
+        reason TEXT NOT NULL,
+        verifier TEXT NOT NULL,
+        request_created_at REAL NOT NULL,
+        judged_at REAL NOT NULL)""",
+    "CREATE INDEX verdicts_by_request_time ON verdicts(request_created_at)",
+    "CREATE INDEX verdicts_by_miner ON verdicts(miner)",
+    # Published epoch results, byte for byte. What was published was signed and may already
+    # be on chain: the triggers refuse any change, like the ledger's, and also an INSERT OR
+    # REPLACE, which deletes the old row without firing a delete trigger.
+    """CREATE TABLE epochs (
+        epoch_index INTEGER PRIMARY KEY CHECK (epoch_index >= 0),
+        payload BLOB NOT NULL,
+        digest TEXT NOT NULL,
+        closed_at REAL NOT NULL)""",
+    """CREATE TRIGGER epochs_no_update BEFORE UPDATE ON epochs
+       BEGIN SELECT RAISE(ABORT, 'epochs are append-only: a published epoch is never updated'); END""",
+    """CREATE TRIGGER epochs_no_delete BEFORE DELETE ON epochs
+       BEGIN SELECT RAISE(ABORT, 'epochs are append-only: a published epoch is never deleted'); END""",
+    """CREATE TRIGGER epochs_no_replace BEFORE INSERT ON epochs
+       WHEN EXISTS (SELECT 1 FROM epochs WHERE epoch_index = NEW.epoch_index)
+       BEGIN SELECT RAISE(ABORT, 'epochs are append-only: a published epoch is never replaced'); END""",
+    """CREATE TABLE validator_heartbeats (
+        hotkey TEXT PRIMARY KEY,
+        version TEXT NOT NULL,
+        synced_epoch INTEGER CHECK (synced_epoch >= 0),
+        consensus_epoch INTEGER CHECK (consensus_epoch >= 0),
+        consensus_digest TEXT,
+        received_at REAL NOT NULL) WITHOUT ROWID""",
+    """CREATE TABLE eligibility (
+        miner TEXT NOT NULL,
+        model TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('new', 'probing', 'active', 'pulled')),
+        reason TEXT NOT NULL CHECK (length(reason) <= 500),
+        since REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (miner, model)) WITHOUT ROWID""",
+)
+"""Added in version 3: verdicts, epochs, validator heartbeats and traffic eligibility. The same
+statements create them in a new file and migrate a version-2 one, so both end up alike."""
+
+SCHEMA += _VERSION_3
+
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE request_log ADD COLUMN served_greedily INTEGER NOT NULL DEFAULT 0 CHECK (served_greedily IN (0, 1))",),
+    2: _VERSION_3,
 }
 """Statements that take a file from version N to N + 1, run in one transaction with the check."""
 

@@ -1,5 +1,5 @@
-"""`Store`: the ledger, the request log and the miner registrations on one connection, and how
-trio awaits them.
+"""`Store`: the ledger, the request log, the miner registrations, verdicts, published epochs,
+validator heartbeats and traffic eligibility on one connection, and how trio awaits them.
 
 Threads. One `Store` owns one connection. Each operation is a synchronous method (the admin
 CLI, tests); trio awaits any of them through the one thread hop `Store.run`, which runs it via
@@ -29,10 +29,14 @@ from typing import Any, ParamSpec, TypeVar
 import trio
 
 from engy_node.gateway.store.connection import group_commit_durability
+from engy_node.gateway.store.eligibility import EligibilityTable
+from engy_node.gateway.store.epochs import Epochs
 from engy_node.gateway.store.ledger import Ledger
 from engy_node.gateway.store.miners import Miners
 from engy_node.gateway.store.requests import RequestLog
 from engy_node.gateway.store.schema import BUSY_TIMEOUT_S, explain
+from engy_node.gateway.store.validators import Validators
+from engy_node.gateway.store.verdicts import Verdicts
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -67,7 +71,7 @@ class _Slot:
         return self.result
 
 
-class Store(Ledger, RequestLog, Miners):
+class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, EligibilityTable):
     """The gateway store on one SQLite connection.
 
     Every operation is a synchronous method (the admin CLI, tests, worker threads);

@@ -1,5 +1,5 @@
-"""Helpers the store's tests share: a fake clock, a funded account, a request-log row, a second
-connection that bypasses the store, and the books check most ledger tests end with."""
+"""Helpers the store's tests share: a fake clock, a funded account, a request-log row, a verdict,
+a second connection that bypasses the store, and the books check most ledger tests end with."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sqlite3
 import uuid
 from pathlib import Path
 
-from engy_node.gateway.store import Balance, RequestLogEntry, Store
+from engy_node.gateway.store import LOCAL_VERIFIER, Balance, RequestLogEntry, Store, VerdictRecord
 
 
 class FakeClock:
@@ -29,6 +29,12 @@ def entry(**overrides) -> RequestLogEntry:
                   status=200, prompt_tokens=10, completion_tokens=5, cached_tokens=2, cost_micro=3, ttft_ms=120.0,
                   tpot_ms=15.5, created_at=1_000.0)
     return RequestLogEntry(**{**fields, **overrides})
+
+
+def verdict(**overrides) -> VerdictRecord:
+    fields = dict(request_id=uuid.uuid4().hex, miner="key:1", model="smollm2-135m", kind="paid", verdict="pass",
+                  reason="ok", verifier=LOCAL_VERIFIER, request_created_at=1_000.0, judged_at=1_010.0)
+    return VerdictRecord(**{**fields, **overrides})
 
 
 def raw(path: Path) -> sqlite3.Connection:

@@ -58,3 +58,32 @@ def test_the_request_log_entry_has_no_field_that_can_hold_text():
     for field in dataclasses.fields(RequestLogEntry):
         with pytest.raises(ValueError):
             entry(**{field.name: marker})
+
+
+def test_an_epoch_window_reads_the_rows_created_in_it_in_the_order_logged(store):
+    funded(store, 1)
+    for request_id, created_at in (("on-since", 100.0), ("before", 99.5), ("inside", 150.0), ("on-until", 200.0)):
+        store.log_request(entry(request_id=request_id, created_at=created_at))
+    store.log_request(entry(request_id="probe", account_id=None, kind="probe", cost_micro=0, created_at=120.0,
+                            served_greedily=True))
+    window = store.requests_in(since=100.0, until=200.0)
+    assert [e.request_id for e in window] == ["on-since", "inside", "probe"]
+    assert window[2] == entry(request_id="probe", account_id=None, kind="probe", cost_micro=0, created_at=120.0,
+                              served_greedily=True)
+    assert store.requests_in(since=200.0, until=100.0) == []
+
+
+def test_the_cursor_pages_through_the_log_and_survives_a_purge(store):
+    funded(store, 1)
+    logged = [entry(request_id=f"r{i}", created_at=100.0 + i) for i in range(5)]
+    store.log_requests(logged)
+    first = store.requests_after(0, limit=3)
+    assert [e for _, e in first] == logged[:3]
+    cursor = store.requests_after(first[-1][0])[-1][0]
+    assert store.requests_after(cursor) == []
+    # Purging everything keeps the newest row, so ids never restart below the cursor.
+    assert store.purge_request_log(older_than=1_000.0) == 4
+    store.log_request(entry(request_id="later", created_at=2_000.0))
+    assert [e.request_id for _, e in store.requests_after(cursor)] == ["later"]
+    with pytest.raises(ValueError, match="limit"):
+        store.requests_after(0, limit=0)

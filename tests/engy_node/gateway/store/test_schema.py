@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from engy_node.gateway.store import APPLICATION_ID, SCHEMA_VERSION, Store, StoreError
-from tests.engy_node.gateway.store.support import assert_books_balance, entry, funded, raw
+from tests.engy_node.gateway.store.support import assert_books_balance, entry, funded, raw, verdict
 
 # -- the database enforces its own invariants ----------------------------------------------------
 
@@ -65,10 +65,26 @@ def test_a_file_of_another_schema_version_is_refused(path):
         Store(path)
 
 
+VERSION_3_TABLES = ("verdicts", "epochs", "validator_heartbeats", "eligibility")
+
+
+def as_version_2(conn: sqlite3.Connection) -> None:
+    """Rewind a current file to what version 2 wrote (dropping a table drops its indexes and triggers)."""
+    for table in VERSION_3_TABLES:
+        conn.execute(f"DROP TABLE {table}")
+    conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+
+
+def schema_of(path) -> list[tuple[str, str]]:
+    with raw(path) as conn:
+        return sorted(conn.execute("SELECT name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'").fetchall())
+
+
 def test_a_version_1_file_is_migrated_and_keeps_its_rows(path):
     with Store(path) as store:
         store.log_request(entry(request_id="before", account_id=funded(store, 100)))
     with raw(path) as conn:  # the request log as version 1 wrote it
+        as_version_2(conn)
         conn.execute("ALTER TABLE request_log DROP COLUMN served_greedily")
         conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     with Store(path) as store:
@@ -77,6 +93,26 @@ def test_a_version_1_file_is_migrated_and_keeps_its_rows(path):
         rows = conn.execute("SELECT request_id, served_greedily FROM request_log ORDER BY id").fetchall()
         assert rows == [("before", 0), ("after", 1)]
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+
+
+def test_a_version_2_file_is_migrated_keeps_its_rows_and_matches_a_new_file(path, tmp_path):
+    with Store(path) as store:
+        account_id = funded(store, 1_000)
+        store.settle(store.hold(account_id, amount=100, request_id="before"), cost=40)
+        store.log_request(entry(request_id="before", account_id=account_id, served_greedily=True))
+    with raw(path) as conn:
+        as_version_2(conn)
+    with Store(path) as store:
+        assert [e.request_id for e in store.requests_in(since=0.0, until=2_000.0)] == ["before"]
+        assert assert_books_balance(store, account_id).charged == 40
+        assert store.record_verdict(verdict(request_id="before")) == "recorded"
+        assert store.save_epoch(0, b"{}", "0" * 64, closed_at=1_000.0)
+    with raw(path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            conn.execute("DELETE FROM epochs")
+    Store(tmp_path / "new.sqlite3").close()
+    assert schema_of(path) == schema_of(tmp_path / "new.sqlite3")
 
 
 def test_a_file_locked_by_another_process_gives_an_error_not_a_hang(path):

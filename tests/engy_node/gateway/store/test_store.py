@@ -13,7 +13,18 @@ import trio
 
 from engy_node.gateway.billing import billable_usage, charge, worst_case_hold
 from engy_node.gateway.chat import ChatRequest, Usage
-from engy_node.gateway.store import BUYER_KEY_PREFIX, MINER_KEY_PREFIX, Balance, Hold, RequestLogEntry, Store
+from engy_node.gateway.store import (
+    BUYER_KEY_PREFIX,
+    LOCAL_VERIFIER,
+    MINER_KEY_PREFIX,
+    Balance,
+    EligibilityRow,
+    Hold,
+    RequestLogEntry,
+    Store,
+    ValidatorHeartbeat,
+    VerdictRecord,
+)
 from engy_node.models import CATALOG
 from tests.engy_node.gateway.store.support import assert_books_balance, entry, funded
 
@@ -136,6 +147,27 @@ async def test_every_operation_is_awaitable(store):
     assert len(await store.run(store.list_miners)) == 1
     second_key = await store.run(store.issue_key, account_id)
     assert await store.run(store.revoke_key, second_key)
+    verdict = VerdictRecord(request_id="a1", miner="key:1", model="smollm2-135m", kind="paid", verdict="pass", reason="ok",
+                            verifier=LOCAL_VERIFIER, request_created_at=1_000.0, judged_at=1_001.0)
+    assert await store.run(store.record_verdict, verdict) == "recorded"
+    assert await store.run(store.verdict, "a1") == verdict
+    assert [v for _, v in await store.run(store.verdicts_after, 0)] == [verdict]
+    assert await store.run(store.verdict_counts, since=0.0, until=2_000.0) == {"key:1": (1, 0, 0)}
+    assert len(await store.run(store.requests_in, since=0.0, until=2_000.0)) == 1
+    assert len(await store.run(store.requests_after, 0)) == 1
+    assert await store.run(store.save_epoch, 0, b"{}", "0" * 64, closed_at=1_000.0)
+    assert await store.run(store.epoch_payload, 0) == b"{}"
+    assert await store.run(store.latest_epoch) == (0, b"{}")
+    heartbeat = ValidatorHeartbeat(hotkey="5Val", version="0.1.0", synced_epoch=0, consensus_epoch=None,
+                                   consensus_digest=None, received_at=1_000.0)
+    await store.run(store.record_heartbeat, heartbeat)
+    assert await store.run(store.validator_heartbeats) == [heartbeat]
+    row = EligibilityRow(miner="key:1", model="smollm2-135m", state="active", reason="qualified", since=1_000.0,
+                         updated_at=1_000.0)
+    await store.run(store.save_eligibility, [row])
+    assert await store.run(store.eligibility) == [row]
+    # The newest row stays (see purge_request_log), so one more is logged first.
+    await store.run(store.log_requests, [entry(account_id=account_id)])
     assert await store.run(store.purge_request_log, older_than=float("inf")) == 1
 
 
@@ -226,6 +258,9 @@ def test_no_prompt_or_completion_text_and_no_key_ever_reaches_the_disk(path, clo
         cached_tokens=usage.cached_tokens, cost_micro=cost, ttft_ms=80.0, tpot_ms=12.0, created_at=clock.now,
     ))
     store.usage(account_id)
+    store.record_verdict(VerdictRecord(request_id=request_id, miner=f"key:{miner_id}", model=chat.model, kind="paid",
+                                       verdict="pass", reason="ok", verifier=LOCAL_VERIFIER, request_created_at=clock.now,
+                                       judged_at=clock.now))
     failed = store.hold(account_id, amount=10, request_id=uuid.uuid4().hex)
     store.release(failed)
 
