@@ -10,7 +10,7 @@ Subcommands:
   up           a local network: gateway + miner on the embedded model + a credited buyer key
   gateway …    gateway administration (buyer keys, credit, usage, miners)
   plan         GPUs, the model-server plan and the exact command
-  (no subcommand) --role ROLE …  run node roles (miner, gateway; the validator arrives next)
+  (no subcommand) --role ROLE …  run node roles (miner, gateway, verifier; the validator arrives next)
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from engy_node.errors import EngyError, RoleError
 
 log = logging.getLogger("engy.cli")
 
-ROLES = ("miner", "validator", "gateway")
-AVAILABLE_ROLES: tuple[str, ...] = ("miner", "gateway")
+ROLES = ("miner", "validator", "gateway", "verifier")
+AVAILABLE_ROLES: tuple[str, ...] = ("miner", "gateway", "verifier")
 """Roles this build can run. A known role that is not here yet is a clear error, not a no-op."""
 
 
@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"run this role (repeatable): {', '.join(ROLES)}")
     _miner_options(parser.add_argument_group("miner role (the public miner's flags and env GW, MINER_KEY, MODEL, "
                                              "MAX_INFLIGHT, ENGY_WORKER_NAME, SERVE_URL are accepted)"))
+    verifier = parser.add_argument_group("verifier role (judges a gateway's audit jobs)")
+    verifier.add_argument("--provider", dest="verifier_provider", metavar="URL",
+                          help="the gateway's provider API, e.g. http://127.0.0.1:8082")
+    verifier.add_argument("--verifier-wallet", dest="verifier_wallet", metavar="NAME", help="wallet of the signing hotkey")
+    verifier.add_argument("--verifier-hotkey", dest="verifier_hotkey", metavar="NAME",
+                          help="hotkey the gateway allow-lists in gateway.verifiers")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the sglang-compatible reference server",
@@ -71,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="A working SN53 network on loopback with no GPU and no chain (SPEC §11).")
     up.add_argument("--port", type=int, help="buyer API port (default 8080; 0 picks a free one)")
     up.add_argument("--miner-port", type=int, help="miner websocket port (default 8081; 0 picks a free one)")
+    up.add_argument("--provider-port", type=int, help="provider API port: epochs, audit (default 8082; 0 picks a free one)")
 
     admin = sub.add_parser("gateway", help="gateway administration: buyer keys, credit, usage, miners")
     admin_sub = admin.add_subparsers(dest="admin_command", metavar="ACTION", required=True)
@@ -166,7 +173,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         config = load_config(home=args.home, overrides=node_overrides)
         return _print_checkpoint(config, args.model, args.checkpoint)
     if args.command == "up":
-        overrides = {**node_overrides, "gateway": {"port": args.port, "miner_port": args.miner_port}}
+        overrides = {**node_overrides, "gateway": {"port": args.port, "miner_port": args.miner_port,
+                                                   "provider_port": args.provider_port}}
         return _run_up(load_config(home=args.home, overrides=overrides))
     if args.command == "gateway":
         return _run_admin(load_config(home=args.home, overrides=node_overrides), args)
@@ -196,7 +204,9 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             f"the {missing[0]} role is not part of engy-node {__version__} yet; "
             f"available: {', '.join(AVAILABLE_ROLES)} (and `engy-node serve`, the reference model server)"
         )
-    config = load_config(home=args.home, overrides={**node_overrides, **_miner_overrides(args)},
+    verifier_overrides = {"verifier": {"gateway_url": args.verifier_provider, "wallet_name": args.verifier_wallet,
+                                       "wallet_hotkey": args.verifier_hotkey}}
+    config = load_config(home=args.home, overrides={**node_overrides, **_miner_overrides(args), **verifier_overrides},
                          public_miner_env="miner" in args.role)
     return _run_roles(config, args.role)
 
@@ -320,6 +330,10 @@ def _run_roles(config, roles: list[str]) -> int:
         services.append(("gateway", functools.partial(run_gateway, config, hub)))
     if "miner" in roles:
         services.append(("miner", functools.partial(run_miner, config, hub)))
+    if "verifier" in roles:
+        from engy_node.verifier import run_verifier_role
+
+        services.append(("verifier", functools.partial(run_verifier_role, config, hub)))
     return node.run(services)
 
 

@@ -134,13 +134,81 @@ class GatewaySection:
     """Miners tried per request while no byte has reached the buyer."""
     stale_after_s: float = 90.0
     proof_tee_ttl_s: float = 3600.0
+    """Audit jobs (proof material, RAM only) not judged within this long are dropped."""
     proof_tee_max_entries: int = 20_000
+    """Audit jobs kept at most; the oldest go first."""
     no_capacity_retry_after_s: int = 5
     """Retry-After sent with 503/529 when no miner has a free slot."""
     workers: int = 1
     """Gateway processes sharing both ports (SPEC §4: miners open one leg per worker). One
     process serves about one core's worth of requests; each also loads the served models'
     tokenizers (~400 MiB of memory). Use up to one per core the gateway may have."""
+    provider_port: int = 8082
+    """Provider API port (published epochs, the audit API, validator heartbeats), served by the
+    first worker process; 0 picks a free one."""
+    qualification: bool = True
+    """Miners serve paid traffic only once probes qualified them (SPEC §8.6). Off: every
+    admitted miner is eligible at once (a private gateway with only your own miners)."""
+    first_party: str = ""
+    """Miner identities (hotkeys, or `key:<id>` for key-admitted miners), comma-separated, that
+    are always eligible: your own rigs. Their degradation is still reported."""
+    traffic_time_scale: float = 1.0
+    """Multiplies every duration of the traffic control plane (probe gaps, windows, cooldowns,
+    round timeout); local networks with short epochs use less than 1."""
+    qualify_probes: int = 20
+    """Finished probes, and `pass` verdicts, a qualification round needs."""
+    probe_max_tokens: int = 0
+    """Most output tokens a probe asks for; 0: as buyers do, up to the model's limit. A CPU-only
+    local network wants a small cap (long probes tie up a slow miner)."""
+    probe_concurrency: int = 16
+    """Probes out at once across all miners; a CPU-only local network wants a few."""
+    probe_corpus: str = ""
+    """A JSON Lines file of probe conversations of your own (a private corpus miners cannot
+    learn; format as `engy_node/gateway/data/probe_corpus.jsonl`). Empty: the shipped corpus."""
+    audit_paid_pct: float = 5.0
+    """Share of paid responses re-verified, in percent (every probe is)."""
+    audit_lease_s: float = 120.0
+    """How long a verifier holds a leased job before it can be leased again."""
+    verifiers: str = ""
+    """Hotkeys (ss58), comma-separated, allowed to lease audit jobs and post verdicts."""
+    local_verifier: bool = False
+    """Judge audit jobs inside the gateway too, on its CPU (local networks; ~0.5 GB of memory)."""
+    epoch_genesis: int = 1767571200
+    """Unix seconds where epoch 0 starts (2026-01-05 00:00 UTC, a Monday)."""
+    epoch_s: int = 604800
+    """Epoch length; weekly in production, minutes on a local network."""
+    epoch_grace_s: int = 900
+    """An epoch closes this long after it ends, so verdicts on its last requests still count."""
+    gate_min_samples: int = 100
+    """Sample below which each settlement gate passes (SPEC §9); short local epochs need less."""
+    owner_hotkey: str = ""
+    """The subnet owner's hotkey: an epoch with no score burns its weight to it. Needed to publish."""
+    wallets_path: str = "~/.bittensor/wallets"
+    master_wallet: str = ""
+    """`NAME/HOTKEY` of the master hotkey that signs published epochs. Empty: epochs are settled
+    (see `/epoch/current`) but not published."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VerifierSection:
+    gateway_url: str = ""
+    """The gateway's provider API, e.g. `http://127.0.0.1:8082`, whose audit jobs this verifier judges."""
+    wallets_path: str = "~/.bittensor/wallets"
+    wallet_name: str = ""
+    """With `wallet_hotkey`: the hotkey that signs lease and verdict calls; the gateway operator
+    lists it in `gateway.verifiers`."""
+    wallet_hotkey: str = ""
+    models: str = "smollm2-135m"
+    """Models this verifier judges, comma-separated catalog ids."""
+    checkpoints: str = ""
+    """`model=DIR` pairs, comma-separated; the embedded model needs none."""
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    dtype: Literal["bfloat16", "float32", "float16"] = "float32"
+    """Recompute precision. The thresholds hold for fp32 and bf16 recomputes (docs/verification.md)."""
+    concurrency: int = 1
+    """Jobs judged at once (each is a prefill of prompt + output on the device)."""
+    poll_s: float = 2.0
+    """Pause between lease calls while the queue is empty."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -165,9 +233,11 @@ class Config:
     serve: ServeSection = ServeSection()
     miner: MinerSection = MinerSection()
     gateway: GatewaySection = GatewaySection()
+    verifier: VerifierSection = VerifierSection()
 
 
-SECTIONS: dict[str, type] = {"node": NodeSection, "serve": ServeSection, "miner": MinerSection, "gateway": GatewaySection}
+SECTIONS: dict[str, type] = {"node": NodeSection, "serve": ServeSection, "miner": MinerSection, "gateway": GatewaySection,
+                             "verifier": VerifierSection}
 
 PUBLIC_MINER_ENV: dict[str, tuple[str, str]] = {
     "GW": ("miner", "gateway_url"),
@@ -354,6 +424,29 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"gateway.workers = {gateway.workers}: must be 1..{MAX_GATEWAY_WORKERS} (about one per core)")
     if gateway.max_attempts < 1:
         raise ConfigError("gateway.max_attempts must be at least 1")
+    if not 0 <= gateway.provider_port <= 65535:
+        raise ConfigError(f"gateway.provider_port = {gateway.provider_port}: must be 0..65535 (0 picks a free port)")
+    if not 0.0 <= gateway.audit_paid_pct <= 100.0:
+        raise ConfigError(f"gateway.audit_paid_pct = {gateway.audit_paid_pct}: a percentage, 0 to 100")
+    if gateway.traffic_time_scale <= 0:
+        raise ConfigError("gateway.traffic_time_scale must be positive (1 is production timing)")
+    if gateway.qualify_probes < 1 or gateway.probe_concurrency < 1 or gateway.probe_max_tokens < 0:
+        raise ConfigError("gateway.qualify_probes and probe_concurrency must be at least 1, probe_max_tokens 0 or more")
+    if gateway.audit_lease_s <= 0 or gateway.proof_tee_ttl_s <= 0 or gateway.proof_tee_max_entries < 1:
+        raise ConfigError("gateway.audit_lease_s, proof_tee_ttl_s and proof_tee_max_entries must be positive")
+    if gateway.epoch_s < 1 or gateway.epoch_grace_s < 0 or gateway.epoch_genesis < 0 or gateway.gate_min_samples < 0:
+        raise ConfigError("gateway.epoch_s must be positive; epoch_grace_s, epoch_genesis and gate_min_samples >= 0")
+    if gateway.master_wallet and gateway.master_wallet.count("/") != 1:
+        raise ConfigError(f"gateway.master_wallet = {gateway.master_wallet!r}: write it as NAME/HOTKEY")
+    if gateway.master_wallet and not gateway.owner_hotkey:
+        raise ConfigError("gateway.master_wallet is set but gateway.owner_hotkey is empty: set the subnet owner's "
+                          "hotkey (an epoch with no score burns to it)")
+    verifier = config.verifier
+    if verifier.concurrency < 1 or verifier.poll_s <= 0:
+        raise ConfigError("verifier.concurrency must be at least 1 and verifier.poll_s positive")
+    if verifier.gateway_url and not verifier.gateway_url.startswith(("http://", "https://")):
+        raise ConfigError(f"verifier.gateway_url = {verifier.gateway_url!r}: use the provider API's http(s):// URL, "
+                          "e.g. http://127.0.0.1:8082")
     if serve.request_timeout_s <= 0:
         raise ConfigError("serve.request_timeout_s must be positive")
     if config.node.log_ring_size < 100:

@@ -28,7 +28,7 @@ class Up:
         self.log_path = home / "up.log"
         self.network_path = home / "data" / "local" / "network.json"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "engy_node", "--home", str(home), "up", "--port", "0", "--miner-port", "0"],
+            [sys.executable, "-m", "engy_node", "--home", str(home), "up", "--port", "0", "--miner-port", "0", "--provider-port", "0"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace",
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.output = ProcessOutput(self.process, self.log_path)

@@ -15,7 +15,12 @@ and tokenise, hold, dispatch (with retries before the first byte), settle, recor
    completion tokens than were relayed, nor than the commitment holds. The rest of the hold is
    released; on failure before any output, all of it.
 6. **Record** metadata only (no prompt or completion text, ever; queued to one writer task,
-   `request_log`) and keep the proof material in the in-memory proof tee.
+   `request_log`), and hand the proof material of a sampled response to the audit
+   (`audit.py`: in memory only).
+
+Probes (SPEC §8.6) take the same steps from dispatch on (`begin_probe`): the traffic control
+plane sends them to one chosen miner, without an account, a hold or a charge, and they are
+logged as `probe`. Paid traffic goes only to miners the control plane made eligible.
 
 What happens between dispatch and settlement — relaying to the buyer in each API's format —
 is `relay.py`. The clocks and the request-id source are injected, so tests can pin them.
@@ -30,18 +35,19 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import random
 import secrets
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import trio
 
 from engy_node import proof
 from engy_node.asgi import BodyError, Receive, read_json_object
 from engy_node.gateway import billing
-from engy_node.gateway.audit import ProofTee, TeeEntry
+from engy_node.gateway.audit import AuditJob, audited
 from engy_node.gateway.chat import ChatRequest, GatewayError, Usage
 from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.request_log import RequestLogWriter
@@ -71,6 +77,18 @@ class GatewaySettings:
     max_attempts: int = 2
     no_capacity_retry_after_s: int = 5
     tokenize_threads: int = 2
+    audit_paid_pct: float = 5.0
+    """Share of paid responses, in percent, that become audit jobs (every probe does)."""
+
+
+class AuditSink(Protocol):
+    """Where sampled responses' proof material goes: the audit desk, or the link to it."""
+
+    def offer(self, job: AuditJob) -> None: ...
+
+
+def _always_eligible(miner: str, model: str) -> bool:
+    return True
 
 
 @dataclasses.dataclass
@@ -79,12 +97,14 @@ class Flight:
 
     request_id: str
     api: str
-    account_id: int
+    account_id: int | None
+    """None for a probe."""
     chat: ChatRequest
     serve: ServeRequest
     model: ServedModel
     prompt_ids: list[int]
     hold: Any
+    """The billing hold; None for a probe, which nobody pays for."""
     started: float
     pending: PendingRequest | None = None
     miner: str = ""
@@ -97,6 +117,9 @@ class Flight:
     """The miner serving it samples deterministically from the request's seed."""
     unmet: frozenset[str] = frozenset()
     """What the request needed that the miner serving it does not honour (no capable miner had room)."""
+    kind: Literal["paid", "probe"] = "paid"
+    target: str | None = None
+    """A probe's miner (identity): it goes there or nowhere."""
 
     @property
     def served_greedily(self) -> bool:
@@ -133,17 +156,22 @@ class Gateway:
     deadlines, the auth cache), `new_id` names requests, `new_seed` seeds sampled ones.
     """
 
-    def __init__(self, *, store: Store, pool: MinerPool, models: dict[str, ServedModel], tee: ProofTee,
+    def __init__(self, *, store: Store, pool: MinerPool, models: dict[str, ServedModel], audit: AuditSink | None = None,
                  settings: GatewaySettings = GatewaySettings(), clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.perf_counter, new_id: Callable[[], str] = _new_request_id,
-                 new_seed: Callable[[], int] = _new_seed,
+                 new_seed: Callable[[], int] = _new_seed, audit_draw: Callable[[], float] = random.random,
+                 eligible: Callable[[str, str], bool] = _always_eligible,
                  request_log: RequestLogWriter | None = None) -> None:
         self.store = store
         self.request_log = request_log
         """Where request-log rows queue, so a buyer never waits for them (None: written inline)."""
         self.pool = pool
         self.models = models
-        self.tee = tee
+        self.audit = audit
+        """None: nothing is audited (no desk in this gateway)."""
+        self.audit_draw = audit_draw
+        self.eligible = eligible
+        """(miner identity, model) -> may it serve paid traffic (the traffic control plane's view)."""
         self.settings = settings
         self.clock = clock
         self.monotonic = monotonic
@@ -211,6 +239,16 @@ class Gateway:
         return Flight(request_id, api, account.account_id, chat, serve, model, prompt_ids, hold, self.monotonic(),
                       created=int(self.clock()))
 
+    async def begin_probe(self, chat: ChatRequest, *, target: str) -> Flight:
+        """A probe for miner `target`, shaped by the caller like a buyer's request (the same
+        rendering, seed and frames); no account, no hold."""
+        model = self.models[chat.model]
+        request_id = self.new_id()
+        serve = self.serve_request(chat, request_id)
+        prompt_ids = await self.off_loop_if_large(_conversation_chars(chat), model.render_prompt, serve)
+        return Flight(request_id, "openai", None, chat, serve, model, prompt_ids, None, self.monotonic(),
+                      created=int(self.clock()), kind="probe", target=target)
+
     async def dispatch(self, flight: Flight) -> PendingRequest:
         chat = flight.chat
         tried = frozenset(flight.tried)
@@ -218,7 +256,12 @@ class Gateway:
         # A sampled answer from a miner that samples from the gateway's seed is verified by
         # replay, as strictly as a greedy one; from any other, only statistically.
         prefer = frozenset({FEATURE_SEEDED}) if FEATURE_SAMPLING in needs else frozenset()
-        candidates = capable_pool(candidates=self.pool.candidates(chat.model), needs=needs, prefer=prefer, exclude=tried)
+        if flight.target is not None:
+            target = flight.target
+            legs = self.pool.candidates(chat.model, admit=lambda miner: miner == target)
+        else:
+            legs = self.pool.candidates(chat.model, admit=lambda miner: self.eligible(miner, chat.model))
+        candidates = capable_pool(candidates=legs, needs=needs, prefer=prefer, exclude=tried)
         self.rr_counter += 1
         choice = choose(candidates=candidates, prefix=prefix_key(messages=chat.messages, tools=chat.tools), rr_counter=self.rr_counter,
                         exclude=tried)
@@ -279,8 +322,10 @@ class Gateway:
             committed_completion = completion_claim.get("committed_completion", relayed_tokens)
         usage = billing.billable_usage(claimed=claimed, committed_prompt=prompt, committed_completion=committed_completion,
                                        relayed_completion=relayed_tokens)
-        cost = billing.charge(price=flight.model.spec.price, usage=usage)
-        await self.store.run(self.store.settle, flight.hold, cost=cost)
+        cost = 0
+        if flight.hold is not None:
+            cost = billing.charge(price=flight.model.spec.price, usage=usage)
+            await self.store.run(self.store.settle, flight.hold, cost=cost)
         await self.log_outcome(flight, status=status, usage=usage, cost=cost)
         return usage
 
@@ -292,7 +337,7 @@ class Gateway:
             tpot_ms = max(0, (elapsed_ms - ttft_ms) // (usage.completion_tokens - 1))
         entry = RequestLogEntry(
             request_id=flight.request_id, account_id=flight.account_id, miner=flight.miner or None, model=flight.chat.model,
-            api=flight.api, kind="paid", status=status,
+            api=flight.api, kind=flight.kind, status=status,
             prompt_tokens=usage.prompt_tokens if usage else 0, completion_tokens=usage.completion_tokens if usage else 0,
             cached_tokens=usage.cached_tokens if usage else 0, cost_micro=cost, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
             created_at=self.clock(), served_greedily=flight.served_greedily,
@@ -315,7 +360,8 @@ class Gateway:
         return await trio.to_thread.run_sync(functools.partial(work, *args), limiter=self.tokenize_limiter)
 
     async def release(self, flight: Flight) -> None:
-        await self.store.run(self.store.release, flight.hold)
+        if flight.hold is not None:
+            await self.store.run(self.store.release, flight.hold)
 
     async def abandon(self, flight: Flight) -> None:
         """Nothing reached the buyer (they left, or we failed): stop the miner if it is still
@@ -331,7 +377,7 @@ class Gateway:
 
     async def account_for(self, flight: Flight, pending: PendingRequest, *, cut_at: str | None = None) -> Accounting:
         """What settlement needs, checking the commitment against what was relayed (SPEC §8.9),
-        and the delivery the proof tee keeps for the audit. `cut_at`: the stop string at which
+        and the delivery the audit judges the proof against. `cut_at`: the stop string at which
         the gateway ended an answer the miner went on with; the relayed text is then billed as
         it stands, with no stop token after it."""
         response = pending.response
@@ -343,9 +389,15 @@ class Gateway:
                 log.warning("request %s: miner %s sent a malformed commitment (%s)", flight.request_id, flight.miner, error)
         if commitment is None:
             relayed = await trio.to_thread.run_sync(self.count_tokens, flight.model, flight.relayed_text, limiter=self.tokenize_limiter)
+            # Audited all the same: an answer without a usable proof is `unproven`, and a rising
+            # share of those is what pulls a miner hiding behind them (SPEC §5, §8.6).
+            self._offer_audit(flight, (response.commitment if response is not None else None) or {},
+                              proof.Delivery(relayed_output_ids=(), ended_at_stop=cut_at is not None, max_tokens=flight.chat.max_tokens))
             return Accounting(claim=None, relayed_tokens=relayed, output_ids=None, stop=cut_at)
         if list(commitment.prompt_ids) != flight.prompt_ids:
             log.warning("request %s: miner %s proved a different prompt than the one sent", flight.request_id, flight.miner)
+        padding = usage_padding(response.output, prompt_tokens=len(flight.prompt_ids),
+                                committed_tokens=len(commitment.output_token_ids))
         finish_stop = cut_at is None and (response.output.get("choices") or [{}])[0].get("finish_reason") == "stop"
         relay = await self.off_loop_if_large(
             len(flight.relayed_text), functools.partial(relayed_tokens, stops=flight.chat.sampling.stop, cut_at=cut_at,
@@ -354,17 +406,28 @@ class Gateway:
         if not relay.proved:
             # Billing still takes the smallest count; the audit judges the delivery.
             log.warning("request %s: miner %s relayed text its committed tokens do not decode to", flight.request_id, flight.miner)
-        self.tee.add(TeeEntry(
-            request_id=flight.request_id, model=flight.chat.model, miner=flight.miner, kind="paid",
-            prompt_ids=tuple(flight.prompt_ids), commitment=response.commitment,
-            greedy=flight.chat.sampling.greedy or flight.served_greedily,
-            sampling=flight.serve.sampling, seeded=flight.seeded,
-            delivery=proof.Delivery(relayed_output_ids=relay.output_ids, ended_at_stop=relay.stop is not None,
-                                    max_tokens=flight.chat.max_tokens),
-            created_at=self.clock(),
-        ), now=self.clock())
+        if padding is not None:
+            log.warning("request %s: miner %s claims more usage than it served (%s)", flight.request_id, flight.miner, padding)
+        self._offer_audit(flight, response.commitment,
+                          proof.Delivery(relayed_output_ids=relay.output_ids, ended_at_stop=relay.stop is not None,
+                                         max_tokens=flight.chat.max_tokens),
+                          found=None if padding is None else ("cheat", "usage-padding"))
         return Accounting(claim={**response.output, "committed_completion": len(commitment.output_token_ids)},
                           relayed_tokens=relay.tokens, output_ids=tuple(commitment.output_token_ids), stop=relay.stop)
+
+
+    def _offer_audit(self, flight: Flight, commitment: dict, delivery: proof.Delivery, *,
+                     found: tuple[str, str] | None = None) -> None:
+        if self.audit is None:
+            return
+        if found is None and not audited(flight.kind, draw=self.audit_draw(), paid_sample_pct=self.settings.audit_paid_pct):
+            return
+        self.audit.offer(AuditJob(
+            request_id=flight.request_id, model=flight.chat.model, miner=flight.miner, kind=flight.kind,
+            prompt_ids=tuple(flight.prompt_ids), commitment=commitment,
+            greedy=flight.chat.sampling.greedy or flight.served_greedily, sampling=flight.serve.sampling,
+            seeded=flight.seeded, delivery=delivery, created_at=self.clock(), found=found,
+        ))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -410,6 +473,22 @@ def _covering_prefix(model: ServedModel, output_ids: list[int], text: str) -> tu
         else:
             low = middle + 1
     return tuple(output_ids[:low])
+
+
+def usage_padding(output: dict, *, prompt_tokens: int, committed_tokens: int) -> str | None:
+    """How a miner's usage claim exceeds what its own commitment shows, or None. Billing never
+    pays for the excess (`billing.billable_usage`); claiming it is still established
+    misbehaviour, since the miner's engine counted those very tokens."""
+    usage = output.get("usage") if isinstance(output, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    claimed_prompt, claimed_completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    excess = []
+    if _int(claimed_completion) > committed_tokens:
+        excess.append(f"{claimed_completion} completion tokens claimed, {committed_tokens} committed")
+    if _int(claimed_prompt) > prompt_tokens:
+        excess.append(f"{claimed_prompt} prompt tokens claimed, {prompt_tokens} sent")
+    return "; ".join(excess) or None
 
 
 def _needs(chat: ChatRequest) -> frozenset[str]:

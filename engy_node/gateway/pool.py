@@ -253,13 +253,19 @@ class MinerPool:
         await _close(leg.websocket, 1000)
 
     # ---- routing support -------------------------------------------------------------------
-    def candidates(self, model: str) -> list[Candidate]:
+    def candidates(self, model: str, *, admit: Callable[[str], bool] | None = None) -> list[Candidate]:
+        """The live legs serving `model`; with `admit`, only those of miners it admits (by identity)."""
         now = self.clock()
         return [
             Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight), lacks=leg.lacks)
             for leg in self.legs.values()
             if leg.hello.model == model and not leg.closed and now - leg.last_heartbeat < self.settings.stale_after_s
+            and (admit is None or admit(leg.identity.miner))
         ]
+
+    def connected(self) -> set[tuple[str, str]]:
+        """(miner identity, model) of every live leg."""
+        return {(leg.identity.miner, leg.hello.model) for leg in self.legs.values() if not leg.closed}
 
     async def dispatch(self, leg_id: str, request, *, stream: bool) -> PendingRequest:
         """Send `serve` on a leg; raises LegLost if the leg is gone."""

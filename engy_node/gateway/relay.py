@@ -157,6 +157,20 @@ class ChatEndpoint:
                 log.info("request %s (%s) failed: %s (%s)", request_id, api.name, err.kind, err)
             await api.error_response(err, request_id)(scope, receive, send)
 
+    async def run_probe(self, flight: Flight) -> None:
+        """Serve a probe (`Gateway.begin_probe`) exactly as a buyer's request from dispatch on;
+        the answer goes nowhere. Its outcome is in the request log, like any request's."""
+        async def discard(message: dict) -> None:
+            return None
+
+        try:
+            if flight.chat.stream:
+                await self._stream(flight, discard)
+            else:
+                await self._complete(flight, discard)
+        except GatewayError as err:
+            log.info("probe %s to %s: %s (%s)", flight.request_id, flight.target, err.kind, err)
+
     async def _complete(self, flight: Flight, send: Send) -> None:
         """A non-streamed answer. Every way out before settling returns the whole hold."""
         gateway = self.gateway

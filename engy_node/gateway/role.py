@@ -1,11 +1,17 @@
 """`engy-node --role gateway`: the buyer API and the miner endpoint on hypercorn under trio.
 
 Start-up loads each served model's tokenizer (the gateway tokenises every request itself),
-opens the store and releases holds a crash left open, then binds the miner endpoint and the
-buyer API. `task_status.started` reports both URLs once both listen. With `gateway.workers` > 1
-the first process binds both ports once and starts the other workers (`workers.py`); only it
-releases holds at start-up, and it also sweeps, periodically, holds older than any request can
-be (a worker that died mid-request leaves its holds open).
+opens the store and releases holds a crash left open, then binds the miner endpoint, the buyer
+API and the provider API. `task_status.started` reports the URLs once all listen. With
+`gateway.workers` > 1 the first process binds the shared ports once and starts the other workers
+(`workers.py`); only it releases holds at start-up, and it also sweeps, periodically, holds older
+than any request can be (a worker that died mid-request leaves its holds open).
+
+The trust pipeline lives in the first process: the audit queue and desk (fed by every worker,
+`audit_link.py`), the provider API on its own port, the traffic control plane
+(`control_plane.py`) and the epoch publisher (`publisher.py`), and with
+`gateway.local_verifier` a verifier judging on this machine. Every process routes paid traffic
+only to miners the control plane made eligible.
 
 Shutdown drains: miners are told to `reconnect` (to another gateway process, or to this one
 after a restart) while their legs are still open, then the servers stop and in-flight requests
@@ -29,11 +35,11 @@ from engy_node.config import Config
 from engy_node.asgi import serve_listener, start_listener
 from engy_node.errors import ConfigError
 from engy_node.gateway.app import Handlers, build_buyer_app, build_miner_app
-from engy_node.gateway.audit import ProofTee
 from engy_node.gateway.lifecycle import Gateway, GatewaySettings
 from engy_node.gateway.pool import MinerPool, PoolSettings
 from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.store import Store, StoreError
+from engy_node.gateway.trust_plane import TrustPlane
 from engy_node.gateway.workers import LISTEN_BACKLOG, MinerListener, Seat, SharedSockets, run_worker_process
 from engy_node.hub import Hub
 from engy_node.served_model import ServedModel, load_served_model
@@ -54,6 +60,8 @@ ORPHAN_SWEEP_S = 60.0
 class GatewayUrls:
     buyer_url: str
     miner_url: str
+    provider_url: str | None = None
+    """The provider API; served by the first process only."""
 
 
 def store_path(config: Config) -> Path:
@@ -132,6 +140,12 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
         settings=PoolSettings(stale_after_s=settings.stale_after_s, netuid=config.node.netuid),
     )
     registered_hotkeys.update(record.hotkey for record in await store.run(store.list_miners) if record.hotkey)
+    link_token = None if seat is None or seat.workers == 1 else seat.token
+    if first:
+        trust = await trio.to_thread.run_sync(functools.partial(TrustPlane.first_process, config, store=store, models=models,
+                                                                hub=hub, link_token=link_token))
+    else:
+        trust = TrustPlane.other_process(config, store=store, link_token=link_token)
 
     def hypercorn_config(bind: str | None) -> HypercornConfig:
         hc = HypercornConfig()
@@ -153,13 +167,14 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
             request_log = RequestLogWriter(store)
             await nursery.start(request_log.run)
             gateway = Gateway(
-                store=store, pool=pool, models=models,
-                tee=ProofTee(ttl_s=settings.proof_tee_ttl_s, max_entries=settings.proof_tee_max_entries),
-                request_log=request_log,
+                store=store, pool=pool, models=models, audit=trust.audit, eligible=trust.eligible, request_log=request_log,
                 settings=GatewaySettings(max_body_bytes=settings.max_body_bytes, keepalive_s=settings.keepalive_s,
                                          first_byte_wait_s=settings.first_byte_wait_s, max_attempts=settings.max_attempts,
-                                         no_capacity_retry_after_s=settings.no_capacity_retry_after_s),
+                                         no_capacity_retry_after_s=settings.no_capacity_retry_after_s,
+                                         audit_paid_pct=settings.audit_paid_pct),
             )
+            if first:
+                trust.start_traffic_control(config, gateway=gateway, store=store, hub=hub)
             miner_app = build_miner_app(pool, workers=1 if seat is None else seat.workers)
             buyer_app = build_buyer_app(Handlers(gateway))
 
@@ -177,17 +192,26 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
                     buyer_bind = f"fd://{(buyer_socket or seat.buyer_socket()).detach()}"
                 buyer_binds = await start_listener(http, buyer_app, hypercorn_config(buyer_bind),
                                                    what="buyer API", flag="--port / gateway.port")
-                return GatewayUrls(buyer_url=buyer_binds[0], miner_url=miner_url)
+                provider_url = None
+                if trust.provider_app is not None:
+                    provider_binds = await start_listener(http, trust.provider_app,
+                                                          hypercorn_config(f"{settings.host}:{settings.provider_port}"),
+                                                          what="provider API", flag="gateway.provider_port")
+                    provider_url = provider_binds[0]
+                return GatewayUrls(buyer_url=buyer_binds[0], miner_url=miner_url, provider_url=provider_url)
 
+            for service in trust.services:
+                await nursery.start(service)
             urls = await nursery.start(_run_servers, servers, start_servers)
             try:
                 nursery.start_soon(_sweep_stale, pool, hub)
                 if first:
                     nursery.start_soon(_release_orphaned_holds, store, _longest_request_s(models, settings))
-                hub.set_state("gateway", state="ready", buyer_url=urls.buyer_url, miner_url=urls.miner_url, models=sorted(models),
+                hub.set_state("gateway", state="ready", buyer_url=urls.buyer_url, miner_url=urls.miner_url,
+                              provider_url=urls.provider_url, models=sorted(models),
                               worker=0 if seat is None else seat.index, workers=1 if seat is None else seat.workers)
-                log.info("gateway %s: buyer API %s, miners dial %s", "ready" if seat is None else f"worker {seat.index} serving",
-                         urls.buyer_url, urls.miner_url)
+                log.info("gateway %s: buyer API %s, miners dial %s%s", "ready" if seat is None else f"worker {seat.index} serving",
+                         urls.buyer_url, urls.miner_url, f", provider API {urls.provider_url}" if urls.provider_url else "")
                 task_status.started(urls)
                 await trio.sleep_forever()
             finally:

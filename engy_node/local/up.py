@@ -113,6 +113,8 @@ Ctrl-C stops everything.
 
 async def run_up(config: Config, hub: Hub, *, on_ready=None, task_status=trio.TASK_STATUS_IGNORED) -> None:
     identities = await trio.to_thread.run_sync(prepare_identities, config)
+    # The local miner is the operator's own: serving at once, still judged by the control plane.
+    config = dataclasses.replace(config, gateway=dataclasses.replace(config.gateway, first_party=identities.miner_hotkey))
     async with trio.open_nursery() as nursery:
         urls: GatewayUrls = await nursery.start(run_gateway, config, hub)
         miner_config = dataclasses.replace(config, miner=dataclasses.replace(
@@ -125,6 +127,7 @@ async def run_up(config: Config, hub: Hub, *, on_ready=None, task_status=trio.TA
             "buyer_key": identities.buyer_key,
             "buyer_account": identities.buyer_account,
             "miner_ws": urls.miner_url,
+            "provider_api": urls.provider_url,
             "models": [DEFAULT_LOCAL_MODEL],
             "hotkeys": {MINER_HOTKEY: identities.miner_hotkey},
             "control_api": None,

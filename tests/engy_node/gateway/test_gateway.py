@@ -87,7 +87,7 @@ class Network:
 @pytest.fixture
 async def network(nursery, tmp_path, checkpoint):
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(home=tmp_path, env=env, overrides={"gateway": {"port": 0, "miner_port": 0}})
+    config = load_config(home=tmp_path, env=env, overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False}})
     urls = await nursery.start(run_gateway, config, Hub())
     store = Store.open(store_path(config))
     served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)

@@ -69,7 +69,7 @@ def running():
 async def gateway(nursery, tmp_path, checkpoint, reference_server, running):
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
     config = load_config(home=tmp_path, env=env,
-                         overrides={"gateway": {"port": 0, "miner_port": 0, "stale_after_s": STALE_AFTER_S}})
+                         overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "stale_after_s": STALE_AFTER_S}})
     urls = await nursery.start(running.run, config)
     store = Store.open(store_path(config))
     served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)

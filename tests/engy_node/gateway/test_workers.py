@@ -70,7 +70,7 @@ def test_any_bytes_name_no_worker_or_an_existing_one(line):
 
 @pytest.fixture
 def shared():
-    settings = load_config(home=None, env={}, overrides={"gateway": {"port": 0, "miner_port": 0, "workers": 2}}).gateway
+    settings = load_config(home=None, env={}, overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "workers": 2}}).gateway
     sockets = SharedSockets.bind(settings)
     yield sockets
     sockets.close()
@@ -217,7 +217,7 @@ async def test_holds_older_than_any_request_are_released_and_live_ones_kept(tmp_
 @pytest.fixture
 async def two_workers(nursery, tmp_path, checkpoint):
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(home=tmp_path, env=env, overrides={"gateway": {"port": 0, "miner_port": 0, "workers": 2}})
+    config = load_config(home=tmp_path, env=env, overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "workers": 2}})
     urls = await nursery.start(run_gateway, config, Hub())
     store = Store.open(store_path(config))
     served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)
@@ -315,7 +315,7 @@ async def test_a_leg_reaches_the_worker_it_names_and_a_dead_worker_is_restarted(
 
 async def test_stopping_the_gateway_stops_its_worker_processes(tmp_path, checkpoint):
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(home=tmp_path, env=env, overrides={"gateway": {"port": 0, "miner_port": 0, "workers": 2}})
+    config = load_config(home=tmp_path, env=env, overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "workers": 2}})
     async with trio.open_nursery() as nursery:
         urls = await nursery.start(run_gateway, config, Hub())
         [child] = worker_processes()

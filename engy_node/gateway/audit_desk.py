@@ -1,0 +1,182 @@
+"""The audit desk: where verifiers lease jobs and hand in verdicts, whoever they are.
+
+One desk per gateway, in its first process, over the one `AuditQueue`. The signed audit API
+(`provider_api.py`) and a verifier running inside the gateway (`verifier.py`, local networks)
+both come through here, so the rules are the same for both:
+
+* a verdict is taken only for a job the verifier leased (its lease may have run out, as long as
+  nobody else has leased the job since: the work is done, and throwing it away helps nobody);
+* a batch of verdicts is all or nothing: every verdict is checked first, and one that cannot be
+  taken (unknown job, judged already with another verdict, leased to someone else, a job named
+  twice) refuses the whole batch, so a verifier never has to work out which half landed;
+* the same verdict posted again for a job already judged is acknowledged as a duplicate and
+  changes nothing (a verifier retrying after a lost response is normal), while a different
+  verdict for it is refused: a verdict is final;
+* a recorded verdict is durable (the store's `verdicts` table, per request and per miner) before
+  the job's proof material is dropped, and the traffic control plane hears of it at once.
+
+A job the gateway judged itself (`AuditJob.found`: a usage claim that contradicts the miner's own
+commitment) is recorded by the desk's `run` task under the name `gateway`, never leased.
+
+Who served a job never reaches a verifier (`AuditJob.to_wire(for_verifier=True)`), and the
+verdict is filed under the miner the gateway recorded, never one a verifier names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import trio
+
+from engy_node.gateway.audit import AuditJob, AuditQueue, Lease
+from engy_node.gateway.store import Store, StoreError, VerdictRecord
+
+log = logging.getLogger("engy.gateway.audit")
+
+VerdictKind = Literal["pass", "cheat", "unproven"]
+REASON_RE = re.compile(r"[A-Za-z0-9_.:+-]{1,128}")
+"""A verdict's reason is a short code (`proof.Verdict.reason`), never free text."""
+MAX_BATCH = 64
+"""Most jobs leased, or verdicts posted, in one call."""
+GATEWAY_VERIFIER = "gateway"
+"""The name verdicts the gateway established itself are filed under."""
+FOUND_QUEUE = 10_000
+
+
+class AuditRefused(Exception):
+    """A lease or verdict batch the desk will not take; `status` is the HTTP status to answer."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PostedVerdict:
+    job_id: str
+    verdict: VerdictKind
+    reason: str
+
+
+class AuditDesk:
+    def __init__(self, *, queue: AuditQueue, store: Store, clock: Callable[[], float] = time.time,
+                 on_verdict: Callable[[AuditJob, VerdictKind], None] = lambda job, verdict: None) -> None:
+        self.queue = queue
+        self.store = store
+        self.clock = clock
+        self.on_verdict = on_verdict
+        self.recorded = 0
+        self._found_in, self._found_out = trio.open_memory_channel[AuditJob](FOUND_QUEUE)
+
+    def offer(self, job: AuditJob) -> None:
+        if job.found is None:
+            self.queue.offer(job, now=self.clock())
+            return
+        try:
+            self._found_in.send_nowait(job)
+        except trio.WouldBlock:
+            log.error("job %s: the gateway's own verdict (%s) was dropped: the store is not keeping up", job.request_id,
+                      job.found[1])
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Record the verdicts the gateway established itself."""
+        task_status.started()
+        async for job in self._found_out:
+            verdict, reason = job.found
+            try:
+                outcome = await self.store.run(self.store.record_verdict, VerdictRecord(
+                    request_id=job.request_id, miner=job.miner, model=job.model, kind=job.kind, verdict=verdict, reason=reason,
+                    verifier=GATEWAY_VERIFIER, request_created_at=job.created_at, judged_at=self.clock()))
+            except StoreError as error:
+                log.error("job %s: could not record the gateway's verdict %s (%s)", job.request_id, verdict, error)
+                continue
+            if outcome == "recorded":
+                self.recorded += 1
+                log.warning("job %s (%s by %s): %s (%s), established by the gateway", job.request_id, job.model, job.miner,
+                            verdict, reason)
+                self.on_verdict(job, verdict)
+
+    def lease(self, verifier: str, *, limit: int) -> list[Lease]:
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BATCH:
+            raise AuditRefused(400, "invalid_request", f"max_jobs must be an integer from 1 to {MAX_BATCH}")
+        return self.queue.lease(verifier, limit=limit, now=self.clock())
+
+    async def submit(self, verifier: str, verdicts: Sequence[PostedVerdict]) -> list[tuple[str, str]]:
+        """Take a batch of verdicts: `(job_id, "recorded" | "duplicate")` for each, or
+        `AuditRefused` with nothing changed."""
+        if not 1 <= len(verdicts) <= MAX_BATCH:
+            raise AuditRefused(400, "invalid_request", f"post 1 to {MAX_BATCH} verdicts at a time")
+        now = self.clock()
+        seen: set[str] = set()
+        plan: list[tuple[PostedVerdict, AuditJob | None]] = []
+        for posted in verdicts:
+            if posted.job_id in seen:
+                raise AuditRefused(400, "invalid_request", f"job {posted.job_id} appears twice in the batch")
+            seen.add(posted.job_id)
+            held = self.queue.holder(posted.job_id, now=now)
+            if held is None:
+                earlier = await self.store.run(self.store.verdict, posted.job_id)
+                if earlier is None:
+                    raise AuditRefused(404, "unknown_job", f"job {posted.job_id} is not waiting for a verdict here "
+                                       "(never offered, or expired); nothing was recorded")
+                if (earlier.verdict, earlier.reason) != (posted.verdict, posted.reason):
+                    raise AuditRefused(409, "already_judged", f"job {posted.job_id} was already judged "
+                                       f"{earlier.verdict} ({earlier.reason}); a verdict is final, nothing was recorded")
+                plan.append((posted, None))
+                continue
+            job, holder = held
+            if holder is not None and holder != verifier:
+                raise AuditRefused(409, "leased_elsewhere", f"job {posted.job_id} is leased to another verifier; "
+                                   "nothing was recorded")
+            if holder is None and not self.queue.was_leased_to(posted.job_id, verifier):
+                raise AuditRefused(409, "not_leased", f"job {posted.job_id} is not leased to you: lease it first; "
+                                   "nothing was recorded")
+            plan.append((posted, job))
+        results = []
+        for posted, job in plan:
+            if job is None:
+                results.append((posted.job_id, "duplicate"))
+                continue
+            outcome = await self.store.run(self.store.record_verdict, VerdictRecord(
+                request_id=job.request_id, miner=job.miner, model=job.model, kind=job.kind, verdict=posted.verdict,
+                reason=posted.reason, verifier=verifier, request_created_at=job.created_at, judged_at=now))
+            self.queue.finish(job.request_id)
+            if outcome == "conflict":
+                # Only this process writes verdicts, so this is another gateway on the same file.
+                log.error("job %s: a different verdict was already stored; kept that one", job.request_id)
+                results.append((posted.job_id, "duplicate"))
+                continue
+            self.recorded += 1
+            log.log(logging.WARNING if posted.verdict == "cheat" else logging.DEBUG, "job %s (%s, %s by %s): %s (%s) from %s",
+                    job.request_id, job.kind, job.model, job.miner, posted.verdict, posted.reason, verifier)
+            self.on_verdict(job, posted.verdict)
+            results.append((posted.job_id, "recorded"))
+        return results
+
+
+def parse_verdicts(body: object) -> list[PostedVerdict]:
+    """`{"verdicts": [{"job_id", "verdict", "reason"}, …]}` from a verifier; AuditRefused(400)
+    naming the field on anything else."""
+    if not isinstance(body, dict) or not isinstance(body.get("verdicts"), list):
+        raise AuditRefused(400, "invalid_request", 'the body must be {"verdicts": [{"job_id", "verdict", "reason"}, …]}')
+    parsed = []
+    for index, item in enumerate(body["verdicts"]):
+        where = f"verdicts[{index}]"
+        if not isinstance(item, dict):
+            raise AuditRefused(400, "invalid_request", f"{where} must be an object")
+        job_id, verdict, reason = item.get("job_id"), item.get("verdict"), item.get("reason")
+        if not isinstance(job_id, str) or not 1 <= len(job_id) <= 128:
+            raise AuditRefused(400, "invalid_request", f"{where}.job_id must be the job's id")
+        if verdict not in ("pass", "cheat", "unproven"):
+            raise AuditRefused(400, "invalid_request", f"{where}.verdict must be pass, cheat or unproven")
+        if not isinstance(reason, str) or REASON_RE.fullmatch(reason) is None:
+            raise AuditRefused(400, "invalid_request", f"{where}.reason must be a short code ([A-Za-z0-9_.:+-], at most 128)")
+        parsed.append(PostedVerdict(job_id, verdict, reason))
+    return parsed

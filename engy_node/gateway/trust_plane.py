@@ -1,0 +1,156 @@
+"""The trust pipeline of one gateway, assembled from its config: what the first process runs
+beside serving (audit desk, provider API, traffic control, epoch publisher, local verifier) and
+what every process needs from it (where audit jobs go, who is eligible).
+
+`role.py` builds a `TrustPlane` per process: in the first, `first_process` with everything; in
+the others, `other_process`, which only forwards audit jobs (`audit_link.py`) and follows the
+eligibility table (`control_plane.EligibilityView`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from engy_node.config import Config
+from engy_node.errors import ConfigError
+from engy_node.gateway import control_plane
+from engy_node.gateway.audit import AuditQueue
+from engy_node.gateway.audit_desk import AuditDesk
+from engy_node.gateway.audit_link import AuditLinkClient, AuditLinkServer
+from engy_node.gateway.epochs import EpochClock
+from engy_node.gateway.lifecycle import Gateway
+from engy_node.gateway.probe_corpus import ProbePrompt, load_probe_corpus
+from engy_node.gateway.provider_api import ProviderApi, build_provider_app
+from engy_node.gateway.publisher import EpochPublisher
+from engy_node.gateway.relay import OPENAI, ChatEndpoint
+from engy_node.gateway.settlement import GateMinimums
+from engy_node.gateway.store import Store
+from engy_node.gateway.traffic import ProbePlan
+from engy_node.hub import Hub
+from engy_node.served_model import ServedModel
+
+log = logging.getLogger("engy.gateway")
+
+AUDIT_COUNTS_S = 1.0
+
+
+def _names(text: str) -> frozenset[str]:
+    return frozenset(item.strip() for item in text.split(",") if item.strip())
+
+
+@dataclasses.dataclass
+class TrustPlane:
+    audit: object | None
+    """Where this process's sampled responses go (`lifecycle.AuditSink`)."""
+    eligible: Callable[[str, str], bool]
+    services: list[Callable]
+    """Background tasks this process runs (`nursery.start` each)."""
+    desk: AuditDesk | None = None
+    control: control_plane.TrafficControl | None = None
+    publisher: EpochPublisher | None = None
+    provider_app: object | None = None
+
+    @classmethod
+    def first_process(cls, config: Config, *, store: Store, models: dict[str, ServedModel], hub: Hub,
+                      link_token: str | None) -> TrustPlane:
+        settings = config.gateway
+        desk = AuditDesk(queue=AuditQueue(lease_s=settings.audit_lease_s, ttl_s=settings.proof_tee_ttl_s,
+                                          max_jobs=settings.proof_tee_max_entries), store=store)
+        publisher = EpochPublisher(
+            store=store, clock=EpochClock(settings.epoch_genesis, settings.epoch_s, settings.epoch_grace_s),
+            netuid=config.node.netuid, master=_master_keypair(config), owner_hotkey=settings.owner_hotkey,
+            models={model_id: model.spec for model_id, model in models.items()},
+            minimums=GateMinimums(*(settings.gate_min_samples,) * 3), hub=hub,
+        )
+        api = ProviderApi(desk=desk, store=store, netuid=config.node.netuid, verifiers=_names(settings.verifiers),
+                          current_epoch=publisher.current)
+        plane = cls(audit=desk, eligible=lambda miner, model: True, desk=desk,
+                    services=[desk.run, publisher.run, functools.partial(_publish_audit_counts, desk, hub)],
+                    publisher=publisher, provider_app=build_provider_app(api))
+        if link_token is not None:
+            plane.services.append(AuditLinkServer(link_token, desk).run)
+        if settings.local_verifier:
+            plane.services.append(functools.partial(_run_local_verifier, desk, models))
+        return plane
+
+    def start_traffic_control(self, config: Config, *, gateway: Gateway, store: Store, hub: Hub) -> None:
+        """With qualification on, the control plane decides eligibility and sends probes through
+        `gateway` (so it needs the gateway, which needs `eligible`: hence this second step)."""
+        settings = config.gateway
+        if not settings.qualification:
+            return
+        endpoint = ChatEndpoint(gateway, OPENAI)
+        try:
+            corpus = load_probe_corpus(Path(settings.probe_corpus).expanduser() if settings.probe_corpus else None)
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"gateway.probe_corpus: {error}; fix the file or leave the setting empty for the "
+                              "shipped corpus") from None
+
+        async def send_probe(miner: str, model: str, plan: ProbePlan, prompt: ProbePrompt) -> None:
+            body: dict = {"model": model, "messages": [dict(message) for message in prompt.messages],
+                          "max_tokens": plan.max_tokens, "stream": plan.stream}
+            if plan.temperature is not None:
+                body["temperature"] = plan.temperature
+            if plan.top_p is not None:
+                body["top_p"] = plan.top_p
+            if plan.stream:
+                body["stream_options"] = {"include_usage": True}
+            flight = await gateway.begin_probe(OPENAI.parse(body, gateway), target=miner)
+            await endpoint.run_probe(flight)
+
+        self.control = control_plane.TrafficControl(
+            store=store, connected=gateway.pool.connected, models={model_id: model.spec for model_id, model in gateway.models.items()},
+            send_probe=send_probe, hub=hub,
+            corpus=corpus,
+            max_probe_tokens=settings.probe_max_tokens, probe_concurrency=settings.probe_concurrency,
+            policy=control_plane.scaled_policy(time_scale=settings.traffic_time_scale, qualify_probes=settings.qualify_probes),
+            first_party=_names(settings.first_party), rng=random.SystemRandom(),
+        )
+        gateway.eligible = self.control.eligible
+        self.services.append(self.control.run)
+
+    @classmethod
+    def other_process(cls, config: Config, *, store: Store, link_token: str) -> TrustPlane:
+        settings = config.gateway
+        link = AuditLinkClient(link_token)
+        plane = cls(audit=link, eligible=lambda miner, model: True, services=[link.run])
+        if settings.qualification:
+            view = control_plane.EligibilityView(store, first_party=_names(settings.first_party))
+            plane.eligible = view.eligible
+            plane.services.append(view.run)
+        return plane
+
+
+def _master_keypair(config: Config):
+    settings = config.gateway
+    if not settings.master_wallet:
+        return None
+    from engy_node.keys import load_hotkey
+
+    name, hotkey = settings.master_wallet.split("/", 1)
+    return load_hotkey(settings.wallets_path, name, hotkey)
+
+
+async def _publish_audit_counts(desk: AuditDesk, hub: Hub, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """The audit queue's counts in the hub, for the TUI and the control API."""
+    task_status.started()
+    while True:
+        counts = desk.queue.counts(now=desk.clock())
+        hub.set_state("audit", **dataclasses.asdict(counts), recorded=desk.recorded)
+        await trio.sleep(AUDIT_COUNTS_S)
+
+
+async def _run_local_verifier(desk: AuditDesk, models: dict[str, ServedModel], *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    from engy_node.verifier import DeskAuditSource, Judge, Verifier
+
+    judge = Judge({model_id: model.checkpoint for model_id, model in models.items()}, device="cpu", dtype="float32")
+    log.info("judging audit jobs inside the gateway (gateway.local_verifier)")
+    await Verifier(DeskAuditSource(desk), judge.judge).run(task_status=task_status)
+

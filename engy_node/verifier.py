@@ -1,0 +1,305 @@
+"""The verifier worker (SPEC §10): lease audit jobs, recompute each answer on the canonical model,
+judge it (SPEC §5), post the verdicts.
+
+`engy-node --role verifier` leases from a gateway's signed audit API (`HttpAuditSource`, signed
+with the verifier's hotkey, which the gateway allow-lists); a gateway with
+`gateway.local_verifier` runs the same loop inside itself on its audit desk (`DeskAuditSource`).
+
+Shape. `Judge` is the blocking part: one `ModelRunner` per model, loaded on first use, and
+`proof.verify_commitment` with the runner's prefill as the recompute. `Verifier.run` is the trio
+loop around it: lease a batch when it has room, judge each job in a worker thread
+(`concurrency` at a time, the only CPU/GPU work), post each verdict as soon as it is made. A
+slow verifier only makes jobs wait: it never touches the serving path, and a job whose lease
+runs out goes back to the queue for another verifier. Every wait is bounded; a gateway that is
+down or refuses a call is retried with backoff, logged with the reason.
+
+A job the verifier cannot judge (an unknown model, a malformed commitment, a recompute that
+fails) gets `unproven` with the reason, never `cheat`: only established misbehaviour is a cheat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import trio
+
+from engy_node import keys, proof
+from engy_node.gateway.audit import AuditJob
+from engy_node.gateway.audit_desk import AuditDesk, AuditRefused, PostedVerdict
+from engy_node.models import ModelSpec, get_model, model_root
+
+log = logging.getLogger("engy.verifier")
+
+LOCAL_VERIFIER = "local"
+"""The name verdicts of a gateway's own verifier are filed under."""
+HTTP_TIMEOUT_S = 30.0
+BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeasedJob:
+    job: AuditJob
+    expires_in_s: float
+
+
+class AuditSource(Protocol):
+    """Where jobs come from and verdicts go."""
+
+    name: str
+
+    async def lease(self, limit: int) -> list[LeasedJob]: ...
+
+    async def post(self, verdicts: list[PostedVerdict]) -> None: ...
+
+
+class DeskAuditSource:
+    """The gateway's own audit desk, in process."""
+
+    name = LOCAL_VERIFIER
+
+    def __init__(self, desk: AuditDesk) -> None:
+        self.desk = desk
+
+    async def lease(self, limit: int) -> list[LeasedJob]:
+        now = self.desk.clock()
+        return [LeasedJob(lease.job, lease.expires_at - now) for lease in self.desk.lease(LOCAL_VERIFIER, limit=limit)]
+
+    async def post(self, verdicts: list[PostedVerdict]) -> None:
+        await self.desk.submit(LOCAL_VERIFIER, verdicts)
+
+
+class AuditCallFailed(Exception):
+    """The gateway did not take a call; the message says why (and the fix, where it is ours)."""
+
+
+class HttpAuditSource:
+    """A gateway's signed audit API (`provider_api.py`)."""
+
+    def __init__(self, provider_url: str, *, keypair: Any, netuid: int, client: httpx.AsyncClient | None = None) -> None:
+        self.base = provider_url.rstrip("/")
+        self.keypair = keypair
+        self.netuid = netuid
+        self.name = keypair.ss58_address
+        self.client = client or httpx.AsyncClient(timeout=HTTP_TIMEOUT_S)
+
+    async def lease(self, limit: int) -> list[LeasedJob]:
+        body = await self._call("/api/subnet/v1/audit/lease", {"max_jobs": limit})
+        jobs = []
+        for wire in body.get("jobs") or []:
+            try:
+                jobs.append(LeasedJob(AuditJob.from_wire(wire), float(wire.get("lease_expires_in_s") or 0.0)))
+            except ValueError as error:
+                log.warning("skipped a leased job the gateway sent malformed (%s); it returns to the queue when its "
+                            "lease runs out", error)
+        return jobs
+
+    async def post(self, verdicts: list[PostedVerdict]) -> None:
+        await self._call("/api/subnet/v1/audit/verdicts", {"verdicts": [dataclasses.asdict(v) for v in verdicts]})
+
+    async def _call(self, path: str, payload: dict) -> dict:
+        import orjson
+
+        raw = orjson.dumps(payload)
+        headers = keys.signed_headers(self.keypair, self.netuid, "POST", path, raw, int(time.time()))
+        try:
+            response = await self.client.post(self.base + path, content=raw,
+                                              headers={**headers, "content-type": "application/json"})
+        except httpx.HTTPError as error:
+            raise AuditCallFailed(f"cannot reach {self.base} ({type(error).__name__}: {error})") from None
+        if response.status_code != 200:
+            try:
+                message = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text[:200]
+            if response.status_code == 403:
+                message += f"; ask the gateway operator to add {self.name} to gateway.verifiers"
+            raise AuditCallFailed(f"{path} answered {response.status_code}: {message}")
+        return response.json()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class Judge:
+    """Judges jobs on the canonical models. Blocking; safe to call from several threads (each
+    model loads once; prefill runs under the runner's own inference mode)."""
+
+    def __init__(self, checkpoints: Mapping[str, Path], *, device: str = "cpu", dtype: str = "float32") -> None:
+        self.checkpoints = dict(checkpoints)
+        self.device = device
+        self.dtype = dtype
+        self._loaded: dict[str, tuple[Any, str, frozenset[int]]] = {}
+        self._lock = threading.Lock()
+
+    def _runner(self, model: str):
+        with self._lock:
+            if model not in self._loaded:
+                from engy_node.serve.engine import ModelRunner
+                from engy_node.served_model import end_token_ids_of
+
+                checkpoint = self.checkpoints[model]
+                runner = ModelRunner.load(checkpoint, device=self.device, dtype=self.dtype)
+                self._loaded[model] = (runner, model_root(checkpoint), end_token_ids_of(checkpoint, runner.tokenizer))
+                log.info("verifier loaded %s (%s on %s)", model, self.dtype, runner.device)
+            return self._loaded[model]
+
+    def judge(self, job: AuditJob) -> proof.Verdict:
+        if job.model not in self.checkpoints:
+            return proof.Verdict("unproven", "model-not-verifiable")
+        if not job.commitment:
+            return proof.Verdict("unproven", "no-commitment")
+        try:
+            commitment = proof.Commitment.from_wire(job.commitment)
+        except proof.ProofFormatError:
+            return proof.Verdict("unproven", "malformed-commitment")
+        spec: ModelSpec = get_model(job.model)
+        runner, root, end_ids = self._runner(job.model)
+        return proof.verify_commitment(
+            commitment, model=spec, canonical_root=root, expected_prompt_ids=job.prompt_ids, recompute=runner.prefill,
+            greedy=job.greedy, delivery=job.delivery, end_token_ids=end_ids, sampling=job.sampling_terms(),
+        )
+
+
+class Verifier:
+    def __init__(self, source: AuditSource, judge: Callable[[AuditJob], proof.Verdict], *, concurrency: int = 1,
+                 poll_s: float = 2.0, on_verdict: Callable[[AuditJob, proof.Verdict], None] = lambda job, verdict: None) -> None:
+        if concurrency < 1:
+            raise ValueError("a verifier needs a concurrency of at least 1")
+        self.source = source
+        self.judge = judge
+        self.concurrency = concurrency
+        self.poll_s = poll_s
+        self.on_verdict = on_verdict
+        self.limiter = trio.CapacityLimiter(concurrency)
+        self.judged = 0
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        failures = 0
+        task_status.started()
+        async with trio.open_nursery() as nursery:
+            while True:
+                room = self.concurrency - self.limiter.borrowed_tokens
+                jobs: list[LeasedJob] = []
+                if room > 0:
+                    try:
+                        with trio.fail_after(HTTP_TIMEOUT_S + 5):
+                            jobs = await self.source.lease(room)
+                        failures = 0
+                    except (AuditCallFailed, AuditRefused, trio.TooSlowError) as error:
+                        pause = BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]
+                        failures += 1
+                        log.warning("could not lease audit jobs (%s); retrying in %.0f s", _why(error), pause)
+                        await trio.sleep(pause)
+                        continue
+                for leased in jobs:
+                    slot = object()  # the judging task, not this loop, gives the slot back
+                    await self.limiter.acquire_on_behalf_of(slot)
+                    nursery.start_soon(self._judge_and_post, leased, slot)
+                if not jobs:
+                    await trio.sleep(self.poll_s)
+                elif room <= len(jobs):
+                    await trio.sleep(0.05)
+
+    async def _judge_and_post(self, leased: LeasedJob, slot: object) -> None:
+        job = leased.job
+        try:
+            started = time.perf_counter()
+            verdict = await trio.to_thread.run_sync(self._judge_safely, job, abandon_on_cancel=True)
+            elapsed = time.perf_counter() - started
+        finally:
+            self.limiter.release_on_behalf_of(slot)
+        self.on_verdict(job, verdict)
+        for attempt, pause in enumerate((*BACKOFF_S[:3], None)):
+            try:
+                with trio.fail_after(HTTP_TIMEOUT_S + 5):
+                    await self.source.post([PostedVerdict(job.request_id, verdict.kind, _reason_code(verdict.reason))])
+                break
+            except (AuditCallFailed, AuditRefused, trio.TooSlowError) as error:
+                if pause is None or isinstance(error, AuditRefused) and error.status < 500:
+                    log.warning("verdict on job %s not delivered (%s); the job returns to the queue when its lease "
+                                "runs out", job.request_id, _why(error))
+                    return
+                await trio.sleep(pause)
+        self.judged += 1
+        log.log(logging.WARNING if verdict.kind == "cheat" else logging.INFO,
+                "job %s (%s, %d output tokens): %s (%s) in %.2f s", job.request_id, job.model,
+                len(job.commitment.get("output_token_ids") or ()), verdict.kind, verdict.reason, elapsed)
+
+    def _judge_safely(self, job: AuditJob) -> proof.Verdict:
+        try:
+            return self.judge(job)
+        except Exception as error:  # broad on purpose: a verifier bug is "could not judge", never "cheat"
+            log.exception("judging job %s failed (%s); answering unproven", job.request_id, type(error).__name__)
+            return proof.Verdict("unproven", "verifier-error")
+
+
+def _reason_code(reason: str) -> str:
+    """`proof.Verdict.reason` is a code already; keep it inside the audit API's alphabet."""
+    code = "".join(ch if ch.isalnum() or ch in "_.:+-" else "-" for ch in reason)[:128]
+    return code or "unspecified"
+
+
+def _why(error: BaseException) -> str:
+    if isinstance(error, trio.TooSlowError):
+        return "the gateway did not answer in time"
+    return str(error)
+
+
+async def run_verifier_role(config, hub, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """`engy-node --role verifier`: lease from `verifier.gateway_url`, signing with the
+    configured hotkey."""
+    from engy_node.errors import ConfigError
+    from engy_node.keys import load_hotkey
+
+    settings = config.verifier
+    if not settings.gateway_url:
+        raise ConfigError("verifier.gateway_url is empty: set the gateway's provider API URL, e.g. "
+                          "--gateway-url http://127.0.0.1:8082")
+    if not settings.wallet_name or not settings.wallet_hotkey:
+        raise ConfigError("the verifier signs its calls: set verifier.wallet_name and verifier.wallet_hotkey "
+                          "(a hotkey the gateway lists in gateway.verifiers)")
+    keypair = await trio.to_thread.run_sync(load_hotkey, settings.wallets_path, settings.wallet_name, settings.wallet_hotkey)
+    checkpoints = await trio.to_thread.run_sync(functools.partial(verifier_checkpoints, config))
+    source = HttpAuditSource(settings.gateway_url, keypair=keypair, netuid=config.node.netuid)
+    judge = Judge(checkpoints, device=settings.device, dtype=settings.dtype)
+    tally = {"pass": 0, "cheat": 0, "unproven": 0}
+
+    def count(job: AuditJob, verdict: proof.Verdict) -> None:
+        tally[verdict.kind] += 1
+        hub.set_state("verifier", verdicts=dict(tally))
+
+    verifier = Verifier(source, judge.judge, concurrency=settings.concurrency, poll_s=settings.poll_s, on_verdict=count)
+    hub.set_state("verifier", state="running", gateway=settings.gateway_url, hotkey=keypair.ss58_address)
+    log.info("verifier %s leasing from %s (%s on %s, %d at a time)", keypair.ss58_address, settings.gateway_url,
+             settings.dtype, settings.device, settings.concurrency)
+    try:
+        await verifier.run(task_status=task_status)
+    finally:
+        with trio.CancelScope(shield=True):
+            await source.aclose()
+
+
+def verifier_checkpoints(config) -> dict[str, Path]:
+    """Each verifiable model's checkpoint (blocking: the embedded model may be converted once)."""
+    from engy_node.serve.checkpoint import resolve_checkpoint
+
+    settings = config.verifier
+    pairs = dict(item.split("=", 1) for item in settings.checkpoints.split(",") if "=" in item)
+    checkpoints = {}
+    for model_id in (m.strip() for m in settings.models.split(",") if m.strip()):
+        spec = get_model(model_id)
+        if not spec.embedded and model_id not in pairs:
+            log.warning("verifier: no checkpoint for %s (set verifier.checkpoints = \"%s=/path\"); its jobs are "
+                        "answered unproven", model_id, model_id)
+            continue
+        checkpoints[model_id] = resolve_checkpoint(model_id=model_id, checkpoint=pairs.get(model_id, ""),
+                                                   models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir)
+    return checkpoints

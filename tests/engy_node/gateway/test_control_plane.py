@@ -1,0 +1,123 @@
+"""The traffic control plane's shell over a real store: it probes a new miner, reads outcomes and
+verdicts that any worker process wrote, qualifies or pulls, and every worker's view follows."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import trio
+
+from engy_node.gateway import control_plane
+from engy_node.gateway.probe_corpus import load_probe_corpus
+from engy_node.gateway.store import RequestLogEntry, Store, VerdictRecord
+from engy_node.hub import Hub
+from engy_node.models import SMOLLM2_135M
+
+MODEL = SMOLLM2_135M.id
+MINER = "key:1"
+
+
+class Probed:
+    """Stands in for the miner and the verifier: every probe the control plane sends is logged as
+    served (by `ok`) and judged (by `verdict`), as the gateway and a verifier would."""
+
+    def __init__(self, store: Store, *, ok: bool = True, verdict: str = "pass") -> None:
+        self.store = store
+        self.ok = ok
+        self.verdict = verdict
+        self.sent: list[tuple[str, str, int]] = []
+
+    async def send(self, miner: str, model: str, plan, prompt) -> None:
+        request_id = f"probe{len(self.sent)}"
+        self.sent.append((miner, model, plan.max_tokens))
+        now = time.time()
+        self.store.log_request(RequestLogEntry(
+            request_id=request_id, account_id=None, miner=miner, model=model, api="openai", kind="probe",
+            status=200 if self.ok else 502, prompt_tokens=10, completion_tokens=5, cached_tokens=0, cost_micro=0,
+            ttft_ms=50.0, tpot_ms=5.0, created_at=now))
+        if self.ok:
+            self.store.record_verdict(VerdictRecord(request_id=request_id, miner=miner, model=model, kind="probe",
+                                                    verdict=self.verdict, reason="ok" if self.verdict == "pass" else "chunks",
+                                                    verifier="local", request_created_at=now, judged_at=now))
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store.open(tmp_path / "gateway.sqlite3") as opened:
+        yield opened
+
+
+def control(store: Store, probed: Probed, connected: set, **kwargs) -> control_plane.TrafficControl:
+    return control_plane.TrafficControl(
+        store=store, connected=lambda: set(connected), models={MODEL: SMOLLM2_135M}, send_probe=probed.send,
+        corpus=load_probe_corpus(), hub=Hub(), policy=control_plane.scaled_policy(time_scale=0.01, qualify_probes=3),
+        max_probe_tokens=24, **kwargs)
+
+
+async def wait_for(condition, *, timeout_s: float = 30.0) -> None:
+    with trio.fail_after(timeout_s):
+        while not condition():
+            await trio.sleep(0.05)
+
+
+def table(store: Store) -> dict[tuple[str, str], str]:
+    return {(row.miner, row.model): row.state for row in store.eligibility()}
+
+
+async def test_a_new_miner_is_probed_qualifies_and_every_worker_sees_it(nursery, store):
+    probed = Probed(store)
+    connected: set = set()
+    plane = control(store, probed, connected)
+    view = control_plane.EligibilityView(store)
+    await nursery.start(plane.run)
+    await nursery.start(view.run)
+    assert not plane.eligible(MINER, MODEL) and not view.eligible(MINER, MODEL)
+    connected.add((MINER, MODEL))
+    await wait_for(lambda: table(store).get((MINER, MODEL)) == "active")
+    assert len(probed.sent) >= 3 and all(tokens <= 24 for _, _, tokens in probed.sent)
+    assert plane.eligible(MINER, MODEL)
+    await wait_for(lambda: view.eligible(MINER, MODEL))
+
+
+async def test_a_cheat_verdict_pulls_at_once_and_the_table_says_why(nursery, store):
+    probed = Probed(store, verdict="cheat")
+    plane = control(store, probed, {(MINER, MODEL)})
+    await nursery.start(plane.run)
+    await wait_for(lambda: table(store).get((MINER, MODEL)) == "pulled")
+    [row] = store.eligibility()
+    assert "cheat" in row.reason
+    assert not plane.eligible(MINER, MODEL)
+
+
+async def test_failing_probes_lose_the_round(nursery, store):
+    probed = Probed(store, ok=False)
+    plane = control(store, probed, {(MINER, MODEL)})
+    await nursery.start(plane.run)
+    await wait_for(lambda: table(store).get((MINER, MODEL)) == "pulled")
+    assert plane.states[(MINER, MODEL)].strikes == 1
+
+
+async def test_first_party_miners_are_eligible_before_any_probe(nursery, store):
+    probed = Probed(store)
+    plane = control(store, probed, set(), first_party={MINER})
+    view = control_plane.EligibilityView(store, first_party={MINER})
+    assert plane.eligible(MINER, MODEL) and view.eligible(MINER, MODEL)
+
+
+async def test_outcomes_logged_before_the_control_plane_started_are_not_replayed(nursery, store):
+    now = time.time()
+    store.record_verdict(VerdictRecord(request_id="old", miner=MINER, model=MODEL, kind="paid", verdict="cheat",
+                                       reason="chunks", verifier="local", request_created_at=now, judged_at=now))
+    probed = Probed(store)
+    plane = control(store, probed, {(MINER, MODEL)})
+    await nursery.start(plane.run)
+    await wait_for(lambda: table(store).get((MINER, MODEL)) == "active")
+
+
+def test_the_scaled_policy_scales_every_duration_and_sets_the_round_size():
+    policy = control_plane.scaled_policy(time_scale=0.5, qualify_probes=4)
+    base = control_plane.traffic.TrafficPolicy()
+    assert (policy.min_probes, policy.max_probes) == (4, 8)
+    assert policy.cooldown_s == base.cooldown_s / 2 and policy.window_s == base.window_s / 2
+    assert policy.failures_in_a_row == base.failures_in_a_row

@@ -1,0 +1,82 @@
+"""The verifier loop over a real audit desk and store: bounded concurrency, every job answered,
+a judge that fails answers `unproven`, never `cheat`; and the judge's refusals before any model."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import trio
+
+from engy_node import proof
+from engy_node.gateway.audit import AuditJob, AuditQueue
+from engy_node.gateway.audit_desk import AuditDesk
+from engy_node.gateway.store import Store
+from engy_node.proof import Delivery
+from engy_node.protocol.miner import Sampling
+from engy_node.verifier import LOCAL_VERIFIER, DeskAuditSource, Judge, Verifier
+
+
+def job(request_id: str, *, model: str = "smollm2-135m", commitment: dict | None = None) -> AuditJob:
+    return AuditJob(request_id=request_id, model=model, miner="key:1", kind="paid", prompt_ids=(1, 2),
+                    commitment={"output_token_ids": [3]} if commitment is None else commitment, greedy=True,
+                    sampling=Sampling(), seeded=False, delivery=Delivery((3,), False, 8), created_at=time.time())
+
+
+@pytest.fixture
+def desk(tmp_path):
+    with Store.open(tmp_path / "gateway.sqlite3") as store:
+        yield AuditDesk(queue=AuditQueue(lease_s=30.0), store=store)
+
+
+async def test_every_job_is_judged_at_most_n_at_a_time_and_filed(nursery, desk):
+    for index in range(7):
+        desk.offer(job(f"r{index}"))
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def judge(audit_job: AuditJob) -> proof.Verdict:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        return proof.Verdict("cheat" if audit_job.request_id == "r3" else "pass", "chunks" if audit_job.request_id == "r3" else "ok")
+
+    verifier = Verifier(DeskAuditSource(desk), judge, concurrency=2, poll_s=0.05)
+    await nursery.start(verifier.run)
+    with trio.fail_after(30):
+        while verifier.judged < 7:
+            await trio.sleep(0.05)
+    assert most == 2
+    records = {record.request_id: record for _, record in desk.store.verdicts_after(0)}
+    assert len(records) == 7 and records["r3"].verdict == "cheat" and records["r0"].verifier == LOCAL_VERIFIER
+    assert len(desk.queue) == 0
+
+
+async def test_a_judge_that_fails_answers_unproven(nursery, desk):
+    desk.offer(job("r0"))
+
+    def broken(audit_job: AuditJob) -> proof.Verdict:
+        raise RuntimeError("out of memory")
+
+    verifier = Verifier(DeskAuditSource(desk), broken, poll_s=0.05)
+    await nursery.start(verifier.run)
+    with trio.fail_after(30):
+        while verifier.judged < 1:
+            await trio.sleep(0.05)
+    record = desk.store.verdict("r0")
+    assert (record.verdict, record.reason) == ("unproven", "verifier-error")
+
+
+@pytest.mark.parametrize("audit_job, reason", [
+    (job("a", model="qwen3.6-35b-a3b"), "model-not-verifiable"),
+    (job("b", commitment={}), "no-commitment"),
+    (job("c", commitment={"model_root": 7}), "malformed-commitment"),
+])
+def test_the_judge_answers_unproven_for_what_it_cannot_judge(audit_job, reason, tmp_path):
+    judge = Judge({"smollm2-135m": tmp_path / "never-loaded"})
+    assert judge.judge(audit_job) == proof.Verdict("unproven", reason)
