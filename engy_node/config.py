@@ -207,6 +207,9 @@ class VerifierSection:
     """Recompute precision. The thresholds hold for fp32 and bf16 recomputes (docs/verification.md)."""
     concurrency: int = 1
     """Jobs judged at once (each is a prefill of prompt + output on the device)."""
+    threads: int = 0
+    """CPU threads for the recompute; 0: torch's default (every core). Set it when the verifier
+    shares the machine with a model server."""
     poll_s: float = 2.0
     """Pause between lease calls while the queue is empty."""
 
@@ -442,8 +445,8 @@ def _validate(config: Config) -> None:
         raise ConfigError("gateway.master_wallet is set but gateway.owner_hotkey is empty: set the subnet owner's "
                           "hotkey (an epoch with no score burns to it)")
     verifier = config.verifier
-    if verifier.concurrency < 1 or verifier.poll_s <= 0:
-        raise ConfigError("verifier.concurrency must be at least 1 and verifier.poll_s positive")
+    if verifier.concurrency < 1 or verifier.poll_s <= 0 or verifier.threads < 0:
+        raise ConfigError("verifier.concurrency must be at least 1, verifier.poll_s positive and verifier.threads 0 or more")
     if verifier.gateway_url and not verifier.gateway_url.startswith(("http://", "https://")):
         raise ConfigError(f"verifier.gateway_url = {verifier.gateway_url!r}: use the provider API's http(s):// URL, "
                           "e.g. http://127.0.0.1:8082")

@@ -132,10 +132,14 @@ class Judge:
     """Judges jobs on the canonical models. Blocking; safe to call from several threads (each
     model loads once; prefill runs under the runner's own inference mode)."""
 
-    def __init__(self, checkpoints: Mapping[str, Path], *, device: str = "cpu", dtype: str = "float32") -> None:
+    def __init__(self, checkpoints: Mapping[str, Path], *, device: str = "cpu", dtype: str = "float32", threads: int = 0) -> None:
         self.checkpoints = dict(checkpoints)
         self.device = device
         self.dtype = dtype
+        self.threads = threads
+        """CPU threads for the recompute (torch's, process-wide); 0 leaves torch's default. A
+        verifier sharing a machine with a model server wants few: two thread pools spinning on
+        the same cores make both several times slower."""
         self._loaded: dict[str, tuple[Any, str, frozenset[int]]] = {}
         self._lock = threading.Lock()
 
@@ -145,6 +149,10 @@ class Judge:
                 from engy_node.serve.engine import ModelRunner
                 from engy_node.served_model import end_token_ids_of
 
+                if self.threads:
+                    import torch
+
+                    torch.set_num_threads(self.threads)
                 checkpoint = self.checkpoints[model]
                 runner = ModelRunner.load(checkpoint, device=self.device, dtype=self.dtype)
                 self._loaded[model] = (runner, model_root(checkpoint), end_token_ids_of(checkpoint, runner.tokenizer))
@@ -269,7 +277,7 @@ async def run_verifier_role(config, hub, *, task_status=trio.TASK_STATUS_IGNORED
     keypair = await trio.to_thread.run_sync(load_hotkey, settings.wallets_path, settings.wallet_name, settings.wallet_hotkey)
     checkpoints = await trio.to_thread.run_sync(functools.partial(verifier_checkpoints, config))
     source = HttpAuditSource(settings.gateway_url, keypair=keypair, netuid=config.node.netuid)
-    judge = Judge(checkpoints, device=settings.device, dtype=settings.dtype)
+    judge = Judge(checkpoints, device=settings.device, dtype=settings.dtype, threads=settings.threads)
     tally = {"pass": 0, "cheat": 0, "unproven": 0}
 
     def count(job: AuditJob, verdict: proof.Verdict) -> None:

@@ -67,13 +67,13 @@ class ServerProcess:
     output is read as it comes (`ProcessOutput`), copied to `log_path`; it is ready once it prints
     its ready line."""
 
-    def __init__(self, home: Path, *extra: str) -> None:
+    def __init__(self, home: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.home = home
         self.log_path = home / "server.log"
         self.process = subprocess.Popen(
             [sys.executable, "-m", "engy_node", "--home", str(home), "serve", "--port", "0", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace",
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         self.output = ProcessOutput(self.process, self.log_path)
         try:

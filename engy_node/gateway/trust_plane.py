@@ -150,7 +150,8 @@ async def _publish_audit_counts(desk: AuditDesk, hub: Hub, *, task_status=trio.T
 async def _run_local_verifier(desk: AuditDesk, models: dict[str, ServedModel], *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     from engy_node.verifier import DeskAuditSource, Judge, Verifier
 
-    judge = Judge({model_id: model.checkpoint for model_id, model in models.items()}, device="cpu", dtype="float32")
+    # One thread: this verifier shares the machine with the gateway and, on a local network, the miners' model servers.
+    judge = Judge({model_id: model.checkpoint for model_id, model in models.items()}, device="cpu", dtype="float32", threads=1)
     log.info("judging audit jobs inside the gateway (gateway.local_verifier)")
     await Verifier(DeskAuditSource(desk), judge.judge).run(task_status=task_status)
 
