@@ -52,10 +52,8 @@ class TrustPlane:
     eligible: Callable[[str, str], bool]
     services: list[Callable]
     """Background tasks this process runs (`nursery.start` each)."""
-    desk: AuditDesk | None = None
-    control: control_plane.TrafficControl | None = None
-    publisher: EpochPublisher | None = None
     provider_app: object | None = None
+    """The provider API (first process only)."""
 
     @classmethod
     def first_process(cls, config: Config, *, store: Store, models: dict[str, ServedModel], hub: Hub,
@@ -71,9 +69,9 @@ class TrustPlane:
         )
         api = ProviderApi(desk=desk, store=store, netuid=config.node.netuid, verifiers=_names(settings.verifiers),
                           current_epoch=publisher.current)
-        plane = cls(audit=desk, eligible=lambda miner, model: True, desk=desk,
+        plane = cls(audit=desk, eligible=lambda miner, model: True,
                     services=[desk.run, publisher.run, functools.partial(_publish_audit_counts, desk, hub)],
-                    publisher=publisher, provider_app=build_provider_app(api))
+                    provider_app=build_provider_app(api))
         if link_token is not None:
             plane.services.append(AuditLinkServer(link_token, desk).run)
         if settings.local_verifier:
@@ -105,7 +103,7 @@ class TrustPlane:
             flight = await gateway.begin_probe(OPENAI.parse(body, gateway), target=miner)
             await endpoint.run_probe(flight)
 
-        self.control = control_plane.TrafficControl(
+        control = control_plane.TrafficControl(
             store=store, connected=gateway.pool.connected, models={model_id: model.spec for model_id, model in gateway.models.items()},
             send_probe=send_probe, hub=hub,
             corpus=corpus,
@@ -113,8 +111,8 @@ class TrustPlane:
             policy=control_plane.scaled_policy(time_scale=settings.traffic_time_scale, qualify_probes=settings.qualify_probes),
             first_party=_names(settings.first_party), rng=random.SystemRandom(),
         )
-        gateway.eligible = self.control.eligible
-        self.services.append(self.control.run)
+        gateway.eligible = control.eligible
+        self.services.append(control.run)
 
     @classmethod
     def other_process(cls, config: Config, *, store: Store, link_token: str) -> TrustPlane:
