@@ -8,7 +8,7 @@ Subcommands:
   checkpoint   prepare a model's checkpoint and print its path and model_root
   models       the model catalog
   up           a local network: gateway + miner on the embedded model + a credited buyer key
-  gateway …    gateway administration (buyer keys, credit, usage, miners)
+  gateway …    gateway administration (buyer keys, credit, usage, miners, trust, epochs)
   plan         GPUs, the model-server plan and the exact command
   (no subcommand) --role ROLE …  run node roles (miner, gateway, verifier; the validator arrives next)
 """
@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from engy_node import __version__
@@ -95,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     register.add_argument("name")
     register.add_argument("--hotkey", help="the miner's ss58 hotkey, to admit it by signed hello")
     admin_sub.add_parser("miners", help="list registered miners")
+    admin_sub.add_parser("trust", help="each miner's eligibility (probing, active, pulled) and why, with its verdicts")
+    admin_sub.add_parser("epochs", help="the latest published epochs and their weights")
 
     plan_parser = sub.add_parser("plan", help="detect GPUs, plan the model server and print the exact command",
                                  description="What `--role miner` would launch, without launching it.")
@@ -309,6 +312,10 @@ def _run_admin(config, args: argparse.Namespace) -> int:
             print(admin.register_miner(store, name=args.name, hotkey=args.hotkey))
         elif action == "miners":
             print(admin.list_miners(store))
+        elif action == "trust":
+            print(admin.show_trust(store, now=time.time()))
+        elif action == "epochs":
+            print(admin.list_epochs(store))
     return 0
 
 

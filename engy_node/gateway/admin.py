@@ -1,4 +1,5 @@
-"""The gateway operator's commands (SPEC §3): buyer keys and credit, balances and usage, miners.
+"""The gateway operator's commands (SPEC §3): buyer keys and credit, balances and usage, miners,
+their eligibility and verdicts, published epochs.
 
 Each function takes an open `Store`, calls its synchronous methods (the admin CLI runs outside
 trio) and returns the text to print; `cli.py` owns argument parsing, printing and exit
@@ -13,6 +14,7 @@ decimal places) or that makes no sense as a credit (zero, negative) is refused w
 from __future__ import annotations
 
 import decimal
+import json
 import re
 from datetime import datetime, timezone
 
@@ -115,6 +117,36 @@ def register_miner(store: Store, *, name: str, hotkey: str | None = None) -> str
         f"miner key: {miner_key}\n"
         "This key is shown once and stored only as a hash: set it as the miner's MINER_KEY now."
     )
+
+
+def show_trust(store: Store, *, now: float) -> str:
+    """Each (miner, model)'s eligibility and why, with the verdicts on its audited requests."""
+    rows = store.eligibility()
+    verdicts = store.verdict_counts(since=0.0, until=now + 1)
+    if not rows and not verdicts:
+        return "no miner has been probed or audited yet"
+    lines = [f"{'miner':<50} {'model':<16} {'state':<8} {'since':<20} {'pass':>5} {'cheat':>5} {'unpr.':>5}  why"]
+    for row in rows:
+        passed, cheat, unproven = verdicts.get(row.miner, (0, 0, 0))
+        lines.append(f"{row.miner:<50} {row.model:<16} {row.state:<8} {_timestamp(row.since):<20} {passed:>5} {cheat:>5} "
+                     f"{unproven:>5}  {row.reason}")
+    for miner in sorted(set(verdicts) - {row.miner for row in rows}):
+        passed, cheat, unproven = verdicts[miner]
+        lines.append(f"{miner:<50} {'-':<16} {'-':<8} {'-':<20} {passed:>5} {cheat:>5} {unproven:>5}  (not connected since the restart)")
+    return "\n".join(lines)
+
+
+def list_epochs(store: Store, *, limit: int = 20) -> str:
+    """The latest published epochs: when each closed, its digest, and its weights."""
+    epochs = store.published_epochs(limit=limit)
+    if not epochs:
+        return "no epoch published yet (a gateway publishes once gateway.master_wallet is set and an epoch closes)"
+    lines = []
+    for index, payload, closed_at in epochs:
+        wire = json.loads(payload)
+        weights = ", ".join(f"{hotkey}={weight}" for hotkey, weight in json.loads(wire["result_json"])["weights"])
+        lines.append(f"epoch {index}  closed {_timestamp(closed_at)}  digest {wire['digest'][:16]}…  weights {weights}")
+    return "\n".join(lines)
 
 
 def list_miners(store: Store) -> str:

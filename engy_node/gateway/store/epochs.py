@@ -58,6 +58,13 @@ class Epochs(Connection):
         return None if row is None else row[0]
 
     @serialised
+    def published_epochs(self, *, limit: int = 20) -> list[tuple[int, bytes, float]]:
+        """`(epoch_index, payload, closed_at)` of the latest `limit` epochs, newest first."""
+        rows = self._conn.execute("SELECT epoch_index, payload, closed_at FROM epochs ORDER BY epoch_index DESC LIMIT ?",
+                                  (limit,)).fetchall()
+        return [(index, payload, closed_at) for index, payload, closed_at in rows]
+
+    @serialised
     def latest_epoch(self) -> tuple[int, bytes] | None:
         """`(epoch_index, payload)` of the highest epoch published, or None before the first."""
         row = self._conn.execute("SELECT epoch_index, payload FROM epochs ORDER BY epoch_index DESC LIMIT 1").fetchone()

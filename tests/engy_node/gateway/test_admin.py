@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -104,3 +105,35 @@ def test_a_registered_miners_key_is_printed_once_and_never_listed(store):
 
 def test_an_empty_miner_list_says_so(store):
     assert admin.list_miners(store) == "no miners registered"
+
+
+def test_trust_shows_each_miners_state_reason_and_verdicts(store):
+    from engy_node.gateway.store import EligibilityRow, VerdictRecord
+
+    assert admin.show_trust(store, now=1_700_000_100.0) == "no miner has been probed or audited yet"
+    store.save_eligibility([EligibilityRow(miner="key:1", model="smollm2-135m", state="pulled",
+                                           reason="pulled: cheat verdict on probe p1", since=1_700_000_000.0,
+                                           updated_at=1_700_000_000.0)])
+    for index, verdict in enumerate(("pass", "cheat")):
+        store.record_verdict(VerdictRecord(request_id=f"p{index}", miner="key:1", model="smollm2-135m", kind="probe",
+                                           verdict=verdict, reason="ok", verifier="local",
+                                           request_created_at=1_700_000_000.0, judged_at=1_700_000_001.0))
+    store.record_verdict(VerdictRecord(request_id="q", miner="key:2", model="smollm2-135m", kind="paid", verdict="pass",
+                                       reason="ok", verifier="local", request_created_at=1_700_000_000.0,
+                                       judged_at=1_700_000_001.0))
+    text = admin.show_trust(store, now=1_700_000_100.0)
+    first, second = text.splitlines()[1:]
+    assert first.startswith("key:1") and " pulled " in first
+    assert first.endswith("    1     1     0  pulled: cheat verdict on probe p1")
+    assert "key:2" in second and "not connected" in second
+
+
+def test_epochs_lists_what_was_published(store, alice):
+    from engy_node.protocol.epoch import build_result_json, encode_payload, sign_epoch
+
+    assert "no epoch published yet" in admin.list_epochs(store)
+    result = build_result_json(netuid=53, epoch_index=4, settlement_json={"weights": [[alice.ss58_address, 65535]], "rows": []})
+    payload = encode_payload(sign_epoch(alice, netuid=53, epoch_index=4, result_json=result))
+    store.save_epoch(4, payload, json.loads(payload)["digest"], closed_at=1_700_000_000.0)
+    line = admin.list_epochs(store)
+    assert line.startswith("epoch 4  closed ") and f"weights {alice.ss58_address}=65535" in line
