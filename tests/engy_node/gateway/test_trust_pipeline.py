@@ -202,12 +202,19 @@ async def test_honest_miners_qualify_and_are_paid_and_every_cheater_is_caught_an
         audit = hub.states().get("audit", {})
         return audit.get("waiting") == 0 and audit.get("leased") == 0
 
+    def unjudged() -> set[str]:
+        answered = {entry.request_id for entry in store.requests_in(since=paid_from, until=time.time() + 1)
+                    if entry.kind == "paid" and 200 <= entry.status < 300}
+        assert answered
+        return answered - {record.request_id for _, record in store.verdicts_after(0, limit=100_000) if record.kind == "paid"}
+
+    async def every_paid_answer_judged() -> bool:
+        return not unjudged()
+
+    # Every paid answer is audited (audit_paid_pct = 100), whichever gateway process served it: the
+    # other process's jobs reach the queue over the audit link, a moment after the answer.
+    await wait_until(every_paid_answer_judged, timeout_s=180, what="a verdict on every paid answer")
     await wait_until(audited_all, timeout_s=120, what="the verifier to judge every audit job")
-    # Every paid answer was audited (audit_paid_pct = 100), whichever gateway process served it.
-    answered = {entry.request_id for entry in store.requests_in(since=paid_from, until=time.time() + 1)
-                if entry.kind == "paid" and 200 <= entry.status < 300}
-    judged = {record.request_id for _, record in store.verdicts_after(0, limit=100_000) if record.kind == "paid"}
-    assert answered and answered <= judged, answered - judged
     assert states()["past-eos"]["state"] == "pulled", "the miner decoding past EOS is pulled once paid audits catch it"
     last_paid_epoch = (int(paid_until) - genesis) // EPOCH_S
     epoch_end = genesis + (last_paid_epoch + 1) * EPOCH_S
