@@ -155,9 +155,8 @@ def checks(runner: ModelRunner, requests: dict[str, tuple[Request, proof.Samplin
     """Part 1: per judged answer, µs per output token of each check beyond the recompute."""
     rows = []
     for label, (request, sampling) in requests.items():
-        hidden, logits = runner.prefill(request.prompt_ids + request.output_ids[:-1])
         first = len(request.prompt_ids) - 1
-        hidden_rows, row_logits = hidden[first:], logits[first:]
+        hidden_rows, row_logits = runner.prefill(request.prompt_ids + request.output_ids[:-1], start=first)
         n = len(request.output_ids)
         tc = MODEL.token_check
 

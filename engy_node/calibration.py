@@ -198,12 +198,12 @@ class CachedPrefill:
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
-        self._last: tuple[tuple[int, ...], tuple] | None = None
+        self._last: tuple[tuple[tuple[int, ...], int], tuple] | None = None
 
-    def __call__(self, token_ids: Sequence[int]):
-        key = tuple(token_ids)
+    def __call__(self, token_ids: Sequence[int], *, start: int = 0):
+        key = (tuple(token_ids), start)
         if self._last is None or self._last[0] != key:
-            self._last = (key, self.runner.prefill(key))
+            self._last = (key, self.runner.prefill(key[0], start=start))
         return self._last[1]
 
 
@@ -277,8 +277,8 @@ def run_calibration(
         short = greedy_generation(truncated, prompt_ids, max_new_tokens)
         judge("truncated", "cheat", index, commit(prompt_ids, short.output_ids, short.proof_rows()), prompt_ids)
 
-        hidden, _ = honest.prefill(prompt_ids + cheap.output_ids[:-1])
-        judge("prefill-attack", "cheat", index, commit(prompt_ids, cheap.output_ids, hidden[len(prompt_ids) - 1:]), prompt_ids)
+        hidden, _ = honest.prefill(prompt_ids + cheap.output_ids[:-1], start=len(prompt_ids) - 1)
+        judge("prefill-attack", "cheat", index, commit(prompt_ids, cheap.output_ids, hidden), prompt_ids)
 
         swapped = list(served.output_ids)
         middle = len(swapped) // 2
@@ -303,8 +303,8 @@ def run_calibration(
             sampled_commitment = commit(prompt_ids, sampled.output_ids, sampled.proof_rows())
             cheap = seeded_generation(quantised, prompt_ids, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
             cheap_commitment = commit(prompt_ids, cheap.output_ids, cheap.proof_rows())
-            hidden, _ = honest.prefill(prompt_ids + cheap.output_ids[:-1])
-            attack_commitment = commit(prompt_ids, cheap.output_ids, hidden[len(prompt_ids) - 1:])
+            hidden, _ = honest.prefill(prompt_ids + cheap.output_ids[:-1], start=len(prompt_ids) - 1)
+            attack_commitment = commit(prompt_ids, cheap.output_ids, hidden)
             # In this order each answer's recompute is shared by both checks (`CachedPrefill`).
             for terms in (seeded, unseeded):
                 judge("honest", "pass", index, sampled_commitment, prompt_ids, sampling=terms)

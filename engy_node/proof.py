@@ -381,7 +381,11 @@ def _token_stats_block(logits, tokens: Sequence[int], *, sampling: SamplingTerms
     target = torch.tensor(list(tokens), dtype=torch.long, device=logits.device)
     token_logit = logits.gather(1, target[:, None])[:, 0]
     max_logit, argmax = logits.max(dim=1)
-    rank = (logits > token_logit[:, None]).sum(dim=1)
+    # No logit exceeds the maximum, so the rank is 0 wherever the served token holds it (nearly
+    # every token of an honest greedy answer); only the other rows are read again to count.
+    rank = torch.zeros_like(target)
+    behind = (token_logit != max_logit).nonzero()[:, 0]
+    rank[behind] = (logits[behind] > token_logit[behind, None]).sum(dim=1, dtype=torch.int32).long()
     logprob = torch.log_softmax(logits, dim=1).gather(1, target[:, None])[:, 0]
     surprisal: tuple[float, ...] = ()
     tilts: tuple[tuple[float, ...], ...] = ()
@@ -399,20 +403,18 @@ def _token_stats_block(logits, tokens: Sequence[int], *, sampling: SamplingTerms
             # the margin widens the nucleus for what serving and recompute disagree on: by mass,
             # and by logits, as tied or nearly tied tokens at the edge stand in either order
             # between numeric paths (one honest answer's token had an exact bf16 twin, whose mass
-            # the recompute counted before it and the miner after).
-            probs = logp.exp()
-            ordered, order = probs.sort(dim=1, descending=True)
-            kept = torch.zeros_like(probs, dtype=torch.bool).scatter(
-                1, order, (ordered.cumsum(dim=1) - ordered) < min(1.0, sampling.top_p + nucleus_margin))
-            edge = logp.masked_fill(~kept, math.inf).min(dim=1).values
-            kept |= logp >= edge[:, None] - rank_tolerance / judged_at
+            # the recompute counted before it and the miner after). Every token inside the
+            # nucleus is at least as likely as its edge, so widening by logits (a margin, never
+            # negative) takes in the whole nucleus.
+            edge = _nucleus_edge(logp, min(1.0, sampling.top_p + nucleus_margin))
+            kept = logp >= edge[:, None] - rank_tolerance / judged_at
             in_nucleus = tuple(kept.gather(1, target[:, None])[:, 0].tolist())
             logp = torch.log_softmax(logp.masked_fill(~kept, -math.inf), dim=1)
         else:
             in_nucleus = (True,) * len(tokens)
         token_logp = logp.gather(1, target[:, None])[:, 0]
         surprisal = tuple((-token_logp).clamp(max=1e6).tolist())
-        tilts = tuple(zip(*(torch.logsumexp((1 - tilt) * logp, dim=1).tolist() for tilt in TILTS)))
+        tilts = _tilts(logp)
         if sampling.seed is not None:
             replay_gap = _replay_gaps(logits, tokens, sampling, first_position, rank_tolerance=rank_tolerance,
                                       nucleus_margin=nucleus_margin)
@@ -429,6 +431,52 @@ def _token_stats_block(logits, tokens: Sequence[int], *, sampling: SamplingTerms
     )
 
 
+NUCLEUS_CANDIDATES = 1024
+"""Most probable tokens per row sorted first when cutting a top_p nucleus; a row whose nucleus
+reaches past them is taken again with eight times as many (at most the whole vocabulary)."""
+
+
+def _nucleus_edge(logp, threshold: float):
+    """Per row of float64 log-probabilities, the least log-probability inside the nucleus: among
+    the tokens whose preceding mass in descending order (float64, as `torch.cumsum` adds it) is
+    below `threshold`. Sorting a whole 49k-token row costs ~2 ms; only the candidates are sorted,
+    which decides the cut once their mass reaches the threshold: a float64 running sum of
+    non-negative terms never falls, so every later token's preceding mass is at least theirs,
+    less a rounding far below the 1e-12 asked beyond it."""
+    import torch
+
+    vocab = logp.shape[1]
+    edge = torch.empty(logp.shape[0], dtype=logp.dtype, device=logp.device)
+    rows = torch.arange(logp.shape[0], device=logp.device)
+    count = min(NUCLEUS_CANDIDATES, vocab)
+    while len(rows):
+        top = (logp if len(rows) == len(logp) else logp[rows]).topk(count, dim=1).values
+        ordered = top.exp()
+        mass = ordered.cumsum(dim=1)
+        decided = (mass[:, -1] >= threshold + 1e-12) | (count == vocab)
+        inside = (mass - ordered)[decided] < threshold
+        edge[rows[decided]] = top[decided].masked_fill(~inside, math.inf).min(dim=1).values
+        rows, count = rows[~decided], min(8 * count, vocab)
+    return edge
+
+
+def _tilts(logp) -> tuple[tuple[float, ...], ...]:
+    """Per row, log E[p(X)^-λ] = logsumexp((1 - λ) log p) for each λ in `TILTS`, in float64 (the
+    e-value's guarantee rests on them): `torch.logsumexp`'s own steps, bit for bit, in one buffer
+    and with one maximum for all five — scaling by a positive number keeps the maximum's place,
+    and rounding is monotone, so each tilt's maximum is the scaled maximum."""
+    import torch
+
+    top = logp.max(dim=1).values
+    scaled = torch.empty_like(logp)
+    sums = []
+    for tilt in TILTS:
+        peak = top * (1 - tilt)
+        torch.mul(logp, 1 - tilt, out=scaled)
+        sums.append(scaled.sub_(peak[:, None]).exp_().sum(dim=1).log_().add_(peak))
+    return tuple(zip(*(column.tolist() for column in sums)))
+
+
 def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_position: int, *,
                  rank_tolerance: float, nucleus_margin: float) -> tuple[float, ...]:
     """Per position, how far the served token trails the replayed seeded draw's winner, in logits
@@ -440,47 +488,81 @@ def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_p
     strongest winner no ordering could have avoided. The nucleus edge moves between numeric
     paths too, both ways: the served token may lie just outside the request's nucleus (widened
     by `nucleus_margin` of mass, or `rank_tolerance` in logits), and only tokens inside it by
-    those margins can be the winner it lost to."""
+    those margins can be the winner it lost to.
+
+    This is `seeded_draw` (serve/sampling.py) four times per position — at the request's top_p,
+    widened, narrowed and with no nucleus — computed once: the draws differ only in where their
+    mass cut falls, so they share the softmax, the sorted probabilities and the noise. The rank
+    path depends on the order only through the sorted probabilities (tied tokens have equal
+    ones, whichever way they stand) and the served token's rank, which is counted; and noise is
+    drawn only at the ranks some window reaches."""
     import torch
 
-    from engy_node.serve.sampling import parse_sampling_params, seeded_draw
+    from engy_node.serve.sampling import parse_sampling_params, seeded_gumbel
 
-    raw = {"temperature": sampling.temperature, "sampling_seed": sampling.seed, "top_p": sampling.top_p}
-    # A top_k as large as any vocabulary masks nothing and puts the draw on sglang's rank path.
-    # sglang takes that path for a whole batch when any request in it has a top-k (a greedy one
-    # counts), so a request without top_p may have been drawn either way: either one will do.
-    strict = parse_sampling_params({**raw, "top_k": 1 << 30})
-    widened = parse_sampling_params({**raw, "top_p": min(1.0, sampling.top_p + nucleus_margin), "top_k": 1 << 30})
-    narrowed = parse_sampling_params({**raw, "top_p": max(1e-6, sampling.top_p - nucleus_margin), "top_k": 1 << 30})
-    unmasked = parse_sampling_params({**raw, "top_p": 1.0, "top_k": 1 << 30})
-    by_token = parse_sampling_params(raw) if sampling.top_p >= 1.0 else None
+    params = parse_sampling_params({"temperature": sampling.temperature, "sampling_seed": sampling.seed, "top_p": sampling.top_p})
+    seed, tolerance = params.sampling_seed, rank_tolerance / sampling.temperature
+
+    def float32(value: float):
+        """A scalar as sglang keeps it (and `seeded_draw` compares with it)."""
+        return torch.tensor(value, dtype=torch.float32, device=logits.device)
+
+    # The rank path is replayed whatever the request asked: sglang takes it for a whole batch
+    # when any request in it has a top-k (a greedy one counts), so a request without top_p may
+    # have been drawn either way, and either one will do (the token path is tried below).
+    widened, narrowed = min(1.0, sampling.top_p + nucleus_margin), max(1e-6, sampling.top_p - nucleus_margin)
+    # Where each draw cuts its nucleus. Without a nucleus three of the four cut at 1, and draws
+    # cut alike have the same log-weights.
+    cuts = {top_p: float32(top_p) for top_p in (params.top_p, widened, 1.0, narrowed)}
+    probs = torch.softmax(logits.float() / float32(params.temperature), dim=1)
     gaps = []
     for index, token in enumerate(tokens):
-        row, position = logits[index].float(), first_position + index
-        weights, order, noise = seeded_draw(row, strict, position)
-        weights = weights.to(torch.float64)
+        row, position = probs[index], first_position + index
+        # Non-negative float32 values sort as their bit patterns, and an integer sort of one row
+        # takes the radix path: 4x a float sort's speed, the same values.
+        ordered = torch.sort(row.view(torch.int32)).values.flip(0).view(torch.float32)
+        mass_before = torch.cumsum(ordered, dim=-1) - ordered
+        log_weights = torch.log(ordered.to(torch.float64))
+        within = {top_p: log_weights.masked_fill(mass_before > cut, -math.inf) for top_p, cut in cuts.items()}
+        weights, loose, full = within[params.top_p], within[widened], within[1.0]
         # The nucleus edge moves with the numerics too: by mass at any temperature, and by
         # logits, which matters at a low one (where a 0.1-logit drift moves a lot of mass).
-        loose = seeded_draw(row, widened, position)[0].to(torch.float64)
-        full = seeded_draw(row, unmasked, position)[0].to(torch.float64)
         edge = weights[torch.isfinite(weights)].min()
-        loose_edge = loose[torch.isfinite(loose)].min()
-        loose = torch.maximum(loose, full.masked_fill(full < loose_edge - rank_tolerance / sampling.temperature, -math.inf))
+        loose_edge = edge if loose is weights else loose[torch.isfinite(loose)].min()
+        if loose is not full:  # (else the widening by logits has nothing to add)
+            loose = torch.maximum(loose, full.masked_fill(full < loose_edge - tolerance, -math.inf))
         # The other way too: a token the recompute puts just inside the nucleus may have been
         # just outside it when the miner drew, so it cannot be the winner the served token lost
         # to. Only tokens inside by the margin (mass and logits) compete; the top one always does.
-        rivals = seeded_draw(row, narrowed, position)[0].to(torch.float64)
+        rivals = within[narrowed]
         if sampling.top_p < 1.0:
-            rivals = rivals.masked_fill(rivals < edge + rank_tolerance / sampling.temperature, -math.inf)
-        rivals[0] = weights[0]
-        rank = int((order == token).nonzero()[0, 0])
-        lowest, highest = _rank_windows(loose, rank_tolerance / sampling.temperature)
-        best = float((rivals + _window_extreme(noise, lowest, highest, torch.minimum)).max())
-        served = float(loose[rank] + noise[lowest[rank]:highest[rank] + 1].max()) if torch.isfinite(loose[rank]) else -math.inf
+            rivals = rivals.masked_fill(rivals < edge + tolerance, -math.inf)
+        others = torch.isfinite(rivals[1:]).nonzero()[:, 0] + 1
+        contenders, contender_weights = torch.cat([others.new_zeros(1), others]), torch.cat([weights[:1], rivals[others]])
+        # The stable descending order puts the served token after every likelier token and
+        # after its equals with lower ids.
+        served_prob = row[token]
+        rank = int((row > served_prob).sum()) + int((row[:token] == served_prob).sum())
+        lowest, highest = _rank_windows(loose, torch.cat([contenders, contenders.new_tensor([rank])]), tolerance)
+        # One stretch of noise covers every contender's window and, when it can win, the served
+        # token's (honest tokens are contenders themselves, so it adds little).
+        served_can_win = bool(torch.isfinite(loose[rank]))
+        ends = torch.cat([lowest, highest]) if served_can_win else torch.cat([lowest[:-1], highest[:-1]])
+        start = int(ends.min())
+        noise = seeded_gumbel(seed, position, range(start, int(ends.max()) + 1), logits.device)
+        reach = torch.cat([lowest[:-1], highest[:-1]])
+        offset = int(reach.min())
+        worst = _window_extreme(noise[offset - start:int(reach.max()) - start + 1], lowest[:-1] - offset,
+                                highest[:-1] - offset, torch.minimum)
+        best = float((contender_weights + worst).max())
+        if served_can_win:
+            served = float(loose[rank] + noise[int(lowest[-1]) - start:int(highest[-1]) - start + 1].max())
+        else:
+            served = -math.inf
         gap = max(0.0, best - served)
-        if by_token is not None and gap > 0:
-            weights, _, noise = seeded_draw(row, by_token, position)
-            perturbed = weights.to(torch.float64) + noise
+        if sampling.top_p >= 1.0 and gap > 0:
+            # The token path: log-probabilities by token id, each with its own column's noise.
+            perturbed = torch.log(row).to(torch.float64) + seeded_gumbel(seed, position, len(row), logits.device)
             gap = min(gap, max(0.0, float(perturbed.max() - perturbed[token])))
         # Log-weights are logits / T: in logits, a near-tie flip trails by the numeric drift
         # whatever the temperature, which is what the margin bounds.
@@ -488,37 +570,33 @@ def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_p
     return tuple(gaps)
 
 
-def _rank_windows(weights, tolerance: float):
-    """For log-weights sorted descending (-inf at the end), each rank's first and last rank whose
-    weight is within `tolerance` of its own."""
+def _rank_windows(weights, ranks, tolerance: float):
+    """For log-weights sorted descending (-inf at the end), the first and last rank whose weight
+    is within `tolerance` of each of `ranks`' own."""
     import torch
 
     ascending = (-weights).contiguous()
-    lowest = torch.searchsorted(ascending, ascending - tolerance, side="left")
-    highest = torch.searchsorted(ascending, ascending + tolerance, side="right") - 1
-    return lowest, torch.maximum(highest, torch.arange(len(weights), device=weights.device))
+    own = ascending[ranks]
+    lowest = torch.searchsorted(ascending, own - tolerance, side="left")
+    highest = torch.searchsorted(ascending, own + tolerance, side="right") - 1
+    return lowest, torch.maximum(highest, ranks)
 
 
 def _window_extreme(values, lowest, highest, pick):
     """`pick` (torch.minimum or torch.maximum) of `values[lowest[i]:highest[i] + 1]` for every i:
-    a sparse table, log2(n) levels of pairwise extremes."""
+    a sparse table, log2(n) levels of pairwise extremes (level k at row k, its tail unused), read
+    once for all windows."""
     import torch
 
     n = len(values)
-    levels = [values]
-    while (1 << len(levels)) <= n:
-        previous, step = levels[-1], 1 << (len(levels) - 1)
-        levels.append(pick(previous[:-step], previous[step:]))
+    table = values.new_empty((n.bit_length(), n))
+    table[0] = values
+    for k in range(1, len(table)):
+        width, step = n - (1 << k) + 1, 1 << (k - 1)
+        pick(table[k - 1, :width], table[k - 1, step:step + width], out=table[k, :width])
     length = (highest - lowest + 1).clamp(min=1)
     level = torch.floor(torch.log2(length.to(torch.float64))).to(torch.long)
-    result = torch.empty_like(values)
-    for k in range(len(levels)):
-        chosen = level == k
-        if chosen.any():
-            table = levels[k]
-            left, right = lowest[chosen], highest[chosen] - (1 << k) + 1
-            result[chosen] = pick(table[left], table[right])
-    return result
+    return pick(table[level, lowest], table[level, highest - (1 << level) + 1])
 
 
 def token_check(stats: TokenStats, *, greedy: bool, params: TokenCheckParams) -> TokenCheck:
@@ -606,8 +684,10 @@ def judge(chunks: Sequence[ChunkResult], tokens: TokenCheck | None, params: Proo
     return Verdict("pass", "ok", **details)
 
 
-Recompute = Callable[[Sequence[int]], tuple[Any, Any]]
-"""token ids -> (final hidden states [n, H], logits [n, V]) at every position: a prefill."""
+Recompute = Callable[..., tuple[Any, Any]]
+"""`recompute(token_ids, start=k)` -> (final hidden states [n - k, H], logits [n - k, V]) at the
+positions from k on: a prefill (`ModelRunner.prefill`). Only the positions that predict output
+tokens are read, so only their logits need computing."""
 
 
 def verify_commitment(
@@ -634,12 +714,11 @@ def verify_commitment(
     prompt, output = list(commitment.prompt_ids), list(commitment.output_token_ids)
     if not prompt:
         return Verdict("unproven", "shape:prompt_ids")
+    first = len(prompt) - 1
     try:
-        hidden, logits = recompute(prompt + output[:-1])
+        rows, row_logits = recompute(prompt + output[:-1], start=first)
     except Exception:  # broad on purpose: any recompute failure is "could not judge", never "cheat"
         return Verdict("unproven", "recompute-failed")
-    first = len(prompt) - 1
-    rows, row_logits = hidden[first:], logits[first:]
     if max(output) >= row_logits.shape[-1]:
         return Verdict("cheat", "output-outside-vocabulary")
     try:

@@ -521,8 +521,7 @@ def _prefill_payload(runner: ModelRunner, ids: list[int], *, start: int, hidden_
 
     from engy_node.proof import token_stats
 
-    hidden, logits = runner.prefill(ids)
-    hidden, logits = hidden[start:], logits[start:]
+    hidden, logits = runner.prefill(ids, start=start)
     payload: dict[str, Any] = {"hidden_states": encode_array(hidden.to(getattr(torch, hidden_dtype)))}
     if logits_mode == "full":
         payload["logits"] = encode_array(logits.float())

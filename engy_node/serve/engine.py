@@ -117,22 +117,32 @@ class ModelRunner:
             logits = self.model.lm_head(hidden[-1:]).float()[0]
         return hidden, logits
 
-    def prefill(self, token_ids: Sequence[int], *, chunk_tokens: int = 2048) -> tuple[Any, Any]:
-        """Final hidden states [n, H] and logits [n, V] (float32) at every position of
-        `token_ids`, in one cold pass. The verifier's recompute."""
+    def prefill(self, token_ids: Sequence[int], *, chunk_tokens: int = 2048, start: int = 0) -> tuple[Any, Any]:
+        """Final hidden states [n - start, H] and logits [n - start, V] (float32) at the positions
+        of `token_ids` from `start` on, in one cold pass over all of them. The verifier's
+        recompute: it reads only the positions that predict output tokens, so the lm_head (a
+        fifth of a small model's work per position) runs, and its logits are widened, only there.
+        A matmul over fewer rows may round a logit differently in its last place (its kernel
+        follows the row count, as it already does the prompt's length)."""
         import torch
 
         if not token_ids:
             raise RequestError("prefill needs at least one token")
+        if not 0 <= start < len(token_ids):
+            raise RequestError(f"prefill start {start} is outside the {len(token_ids)} positions")
         self.check_ids(token_ids)
         cache = self.new_cache()
         hidden_parts, logit_parts = [], []
         with torch.inference_mode():
-            for start in range(0, len(token_ids), chunk_tokens):
-                piece = torch.tensor([list(token_ids[start : start + chunk_tokens])], dtype=torch.long, device=self.device)
+            for first in range(0, len(token_ids), chunk_tokens):
+                piece = torch.tensor([list(token_ids[first : first + chunk_tokens])], dtype=torch.long, device=self.device)
                 hidden = self.model.model(input_ids=piece, **{self._cache_keyword: cache}, use_cache=True).last_hidden_state[0]
-                hidden_parts.append(hidden)
-                logit_parts.append(self.model.lm_head(hidden).float())
+                if first + len(hidden) > start:
+                    hidden = hidden[max(0, start - first):]
+                    hidden_parts.append(hidden)
+                    logit_parts.append(self.model.lm_head(hidden).float())
+        if len(hidden_parts) == 1:  # one chunk, the usual case: nothing to copy
+            return hidden_parts[0], logit_parts[0]
         return torch.cat(hidden_parts), torch.cat(logit_parts)
 
     def check_ids(self, token_ids: Sequence[int]) -> None:

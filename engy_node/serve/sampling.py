@@ -279,21 +279,25 @@ def _murmur3_finish(h):
     return h ^ (h >> 16)
 
 
-def seeded_hash(seed: int, position: int, columns: int, device=None):
+def seeded_hash(seed: int, position: int, columns: int | range, device=None):
     """MurmurHash3_x86_32 (hash seed 0) of (seed low, seed high, position, column) as four
-    little-endian uint32 words, for columns 0..columns-1: an int64 tensor of uint32 values."""
+    little-endian uint32 words, for columns 0..columns-1 (or the columns of a range): an int64
+    tensor of uint32 values."""
     import torch
 
+    span = columns if isinstance(columns, range) else range(columns)
     unsigned = seed & 0xFFFF_FFFF_FFFF_FFFF
     h = 0
     for word in (unsigned & _MASK32, unsigned >> 32, position & _MASK32):
         h = _murmur3_block(h, word)
-    h = _murmur3_block(h, torch.arange(columns, dtype=torch.int64, device=device))
+    h = _murmur3_block(h, torch.arange(span.start, span.stop, span.step, dtype=torch.int64, device=device))
     return _murmur3_finish(h ^ 16)
 
 
-def seeded_gumbel(seed: int, position: int, columns: int, device=None):
-    """sglang's float64 Gumbel noise for one row: -log(-log u), u = hash / (2**32 - 1)."""
+def seeded_gumbel(seed: int, position: int, columns: int | range, device=None):
+    """sglang's float64 Gumbel noise for one row: -log(-log u), u = hash / (2**32 - 1). Each
+    column's noise depends on that column alone, so a range of columns gets the same values as
+    the corresponding slice of the whole row (a verifier draws only the ranks it compares)."""
     import torch
 
     u = seeded_hash(seed, position, columns, device).to(torch.float64) / _UINT32_MAX

@@ -160,7 +160,7 @@ def test_an_unknown_canonical_root_is_unproven_not_a_cheat():
 def test_a_failing_recompute_is_unproven():
     commitment = honest_commitment(8)[0]
 
-    def broken(_ids):
+    def broken(_ids, *, start):
         raise RuntimeError("out of memory")
 
     verdict = proof.verify_commitment(commitment, model=SMOLLM2_135M, canonical_root=ROOT, expected_prompt_ids=[1, 2, 3],
@@ -321,6 +321,20 @@ def test_token_stats_in_blocks_equal_token_stats_at_once(monkeypatch, sampling):
     assert proof.token_stats(logits, tokens, **options) == whole
 
 
+@pytest.mark.parametrize("top_p", [0.9, 0.5, 0.995])
+def test_a_nucleus_is_the_same_however_many_candidates_are_sorted_first(monkeypatch, top_p):
+    # Only the likeliest tokens are sorted to cut a nucleus; rows whose nucleus reaches past
+    # them are cut again from more, up to the whole vocabulary (a top_p near 1 always gets there).
+    generator = torch.Generator().manual_seed(13)
+    logits = torch.randn(40, 300, generator=generator) * torch.linspace(0.3, 4, 40)[:, None]
+    tokens = torch.multinomial(torch.softmax(logits, dim=1), 1, generator=generator)[:, 0].tolist()
+    options = dict(sampling=proof.SamplingTerms(1.0, top_p), nucleus_margin=TOKEN_PARAMS.nucleus_margin)
+    whole = proof.token_stats(logits, tokens, **options)
+    monkeypatch.setattr(proof, "NUCLEUS_CANDIDATES", 2)
+    assert proof.token_stats(logits, tokens, **options) == whole
+    assert all(whole.in_nucleus) == (top_p + TOKEN_PARAMS.nucleus_margin >= 1), "below 1 the cut leaves some out"
+
+
 def test_seeded_replay_forgives_a_rival_the_miner_had_just_outside_its_nucleus():
     # Found in the 1,000-request calibration: at top_p 0.9 the third token's preceding mass sat at
     # 0.8979 in the recompute and just over 0.9 when the miner drew, so the miner never had it;
@@ -385,7 +399,10 @@ def test_output_ids_outside_the_vocabulary_are_refused_or_judged():
     with pytest.raises(proof.ProofFormatError):
         proof.Commitment.from_wire(wire)
     outside = dataclasses.replace(commitment, output_token_ids=tuple(range(8)) [:-1] + (10_000,))
+
+    def hundred_token_vocabulary(ids, *, start):
+        return torch.zeros(len(ids) - start, rows.shape[1]), torch.zeros(len(ids) - start, 100)
+
     verdict = proof.verify_commitment(outside, model=SMOLLM2_135M, canonical_root=ROOT, expected_prompt_ids=[1, 2, 3],
-                                      recompute=lambda ids: (torch.zeros(len(ids), rows.shape[1]), torch.zeros(len(ids), 100)),
-                                      greedy=True)
+                                      recompute=hundred_token_vocabulary, greedy=True)
     assert (verdict.kind, verdict.reason) == ("cheat", "output-outside-vocabulary")

@@ -42,6 +42,21 @@ def test_a_chunked_prefill_gives_the_same_tokens_as_a_single_pass(runner, monkey
     assert chunked.hidden_block.shape[0] == len(long_prompt)
 
 
+def test_a_prefill_from_a_start_position_returns_only_those_positions(runner):
+    # The verifier's recompute reads only the positions that predict output tokens.
+    ids = (PROMPT * 5)[:27]
+    for chunk_tokens in (2048, 7):
+        hidden, logits = runner.prefill(ids, chunk_tokens=chunk_tokens)
+        for start in (0, 6, 7, 26):
+            tail_hidden, tail_logits = runner.prefill(ids, chunk_tokens=chunk_tokens, start=start)
+            assert torch.equal(tail_hidden, hidden[start:])
+            assert tail_logits.shape == (len(ids) - start, runner.vocab_size) and tail_logits.dtype == torch.float32
+            # One lm_head over fewer rows may round differently (a matmul's blocking follows its size).
+            assert torch.allclose(tail_logits, logits[start:], rtol=1e-2, atol=0.05)
+    with pytest.raises(RequestError):
+        runner.prefill(ids, start=len(ids))
+
+
 def test_each_token_is_chosen_at_sglangs_position_the_last_token_seen(runner, monkeypatch):
     import engy_node.serve.engine as engine_module
 
