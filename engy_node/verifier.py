@@ -269,11 +269,11 @@ async def run_verifier_role(config, hub, *, task_status=trio.TASK_STATUS_IGNORED
 
     settings = config.verifier
     if not settings.gateway_url:
-        raise ConfigError("verifier.gateway_url is empty: set the gateway's provider API URL, e.g. "
-                          "--gateway-url http://127.0.0.1:8082")
+        raise ConfigError("verifier.gateway_url is empty: name the gateway's provider API, e.g. "
+                          "--provider http://127.0.0.1:8082")
     if not settings.wallet_name or not settings.wallet_hotkey:
-        raise ConfigError("the verifier signs its calls: set verifier.wallet_name and verifier.wallet_hotkey "
-                          "(a hotkey the gateway lists in gateway.verifiers)")
+        raise ConfigError("the verifier signs its calls: set --verifier-wallet and --verifier-hotkey (verifier.wallet_name, "
+                          "verifier.wallet_hotkey): a hotkey the gateway lists in gateway.verifiers")
     keypair = await trio.to_thread.run_sync(load_hotkey, settings.wallets_path, settings.wallet_name, settings.wallet_hotkey)
     checkpoints = await trio.to_thread.run_sync(functools.partial(verifier_checkpoints, config))
     source = HttpAuditSource(settings.gateway_url, keypair=keypair, netuid=config.node.netuid)

@@ -101,3 +101,10 @@ def test_a_gateway_port_in_use_is_reported_with_the_flag_to_change(tmp_path, che
             env={**os.environ, "ENGY_GATEWAY__PORT": str(port), "ENGY_GATEWAY__MINER_PORT": "0"})
     assert result.returncode == 2, result.stderr
     assert f"127.0.0.1:{port}" in result.stderr and "--port" in result.stderr
+
+
+def test_a_verifier_without_a_provider_or_a_hotkey_names_the_flags(tmp_path):
+    result = engy_node("--role", "verifier", home=tmp_path)
+    assert result.returncode == 2 and "--provider http://" in result.stderr
+    result = engy_node("--role", "verifier", "--provider", "http://127.0.0.1:9", home=tmp_path)
+    assert result.returncode == 2 and "--verifier-wallet and --verifier-hotkey" in result.stderr
