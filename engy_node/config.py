@@ -255,6 +255,16 @@ Read only when the miner role runs (`MODEL` is too generic a name to honour othe
 below `ENGY_MINER__*` in precedence."""
 
 
+def comma_list(text: str) -> list[str]:
+    """A comma-separated setting (`gateway.models`, `gateway.verifiers`, ...) as its items, in order."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def checkpoint_pairs(text: str) -> dict[str, str]:
+    """A `model=DIR,...` setting (`gateway.checkpoints`, `verifier.checkpoints`) as model -> directory."""
+    return dict((model.strip(), path.strip()) for model, path in (item.split("=", 1) for item in comma_list(text) if "=" in item))
+
+
 def config_document(config: Config) -> dict[str, Any]:
     """The resolved config as JSON-ready data, for a process that must run with exactly this
     config (a gateway worker) rather than re-resolve it from a possibly changed file or env."""

@@ -297,12 +297,13 @@ async def run_verifier_role(config, hub, *, task_status=trio.TASK_STATUS_IGNORED
 
 def verifier_checkpoints(config) -> dict[str, Path]:
     """Each verifiable model's checkpoint (blocking: the embedded model may be converted once)."""
+    from engy_node.config import checkpoint_pairs, comma_list
     from engy_node.serve.checkpoint import resolve_checkpoint
 
     settings = config.verifier
-    pairs = dict(item.split("=", 1) for item in settings.checkpoints.split(",") if "=" in item)
+    pairs = checkpoint_pairs(settings.checkpoints)
     checkpoints = {}
-    for model_id in (m.strip() for m in settings.models.split(",") if m.strip()):
+    for model_id in comma_list(settings.models):
         spec = get_model(model_id)
         if not spec.embedded and model_id not in pairs:
             log.warning("verifier: no checkpoint for %s (set verifier.checkpoints = \"%s=/path\"); its jobs are "

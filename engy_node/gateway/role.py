@@ -31,7 +31,7 @@ from pathlib import Path
 
 import trio
 
-from engy_node.config import Config
+from engy_node.config import Config, checkpoint_pairs, comma_list
 from engy_node.asgi import serve_listener, start_listener
 from engy_node.errors import ConfigError
 from engy_node.gateway.app import Handlers, build_buyer_app, build_miner_app
@@ -71,9 +71,9 @@ def store_path(config: Config) -> Path:
 def load_models(config: Config) -> dict[str, ServedModel]:
     """Each served model's tokenizer and identity (blocking)."""
     settings = config.gateway
-    pairs = dict(item.split("=", 1) for item in settings.checkpoints.split(",") if "=" in item)
+    pairs = checkpoint_pairs(settings.checkpoints)
     models: dict[str, ServedModel] = {}
-    for model_id in (m.strip() for m in settings.models.split(",") if m.strip()):
+    for model_id in comma_list(settings.models):
         spec = get_model(model_id)
         if not spec.embedded and model_id not in pairs:
             raise ConfigError(f"gateway serves {model_id} but has no checkpoint for its tokenizer: set "

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import trio
 
-from engy_node.config import Config
+from engy_node.config import Config, comma_list
 from engy_node.errors import ConfigError
 from engy_node.gateway import control_plane
 from engy_node.gateway.audit import AuditQueue
@@ -39,10 +39,6 @@ from engy_node.served_model import ServedModel
 log = logging.getLogger("engy.gateway")
 
 AUDIT_COUNTS_S = 1.0
-
-
-def _names(text: str) -> frozenset[str]:
-    return frozenset(item.strip() for item in text.split(",") if item.strip())
 
 
 @dataclasses.dataclass
@@ -67,7 +63,7 @@ class TrustPlane:
             models={model_id: model.spec for model_id, model in models.items()},
             minimums=GateMinimums(*(settings.gate_min_samples,) * 3), hub=hub,
         )
-        api = ProviderApi(desk=desk, store=store, netuid=config.node.netuid, verifiers=_names(settings.verifiers),
+        api = ProviderApi(desk=desk, store=store, netuid=config.node.netuid, verifiers=frozenset(comma_list(settings.verifiers)),
                           current_epoch=publisher.current)
         plane = cls(audit=desk, eligible=lambda miner, model: True,
                     services=[desk.run, publisher.run, functools.partial(_publish_audit_counts, desk, hub)],
@@ -109,7 +105,7 @@ class TrustPlane:
             corpus=corpus,
             max_probe_tokens=settings.probe_max_tokens, probe_concurrency=settings.probe_concurrency,
             policy=control_plane.scaled_policy(time_scale=settings.traffic_time_scale, qualify_probes=settings.qualify_probes),
-            first_party=_names(settings.first_party), rng=random.SystemRandom(),
+            first_party=frozenset(comma_list(settings.first_party)), rng=random.SystemRandom(),
         )
         gateway.eligible = control.eligible
         self.services.append(control.run)
@@ -120,7 +116,7 @@ class TrustPlane:
         link = AuditLinkClient(link_token)
         plane = cls(audit=link, eligible=lambda miner, model: True, services=[link.run])
         if settings.qualification:
-            view = control_plane.EligibilityView(store, first_party=_names(settings.first_party))
+            view = control_plane.EligibilityView(store, first_party=frozenset(comma_list(settings.first_party)))
             plane.eligible = view.eligible
             plane.services.append(view.run)
         return plane
