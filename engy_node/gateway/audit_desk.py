@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Literal
@@ -35,12 +34,11 @@ import trio
 
 from engy_node.gateway.audit import AuditJob, AuditQueue, Lease
 from engy_node.gateway.store import Store, StoreError, VerdictRecord
+from engy_node.gateway.store.checks import CODE
 
 log = logging.getLogger("engy.gateway.audit")
 
 VerdictKind = Literal["pass", "cheat", "unproven"]
-REASON_RE = re.compile(r"[A-Za-z0-9_.:+-]{1,128}")
-"""A verdict's reason is a short code (`proof.Verdict.reason`), never free text."""
 MAX_BATCH = 64
 """Most jobs leased, or verdicts posted, in one call."""
 GATEWAY_VERIFIER = "gateway"
@@ -176,7 +174,8 @@ def parse_verdicts(body: object) -> list[PostedVerdict]:
             raise AuditRefused(400, "invalid_request", f"{where}.job_id must be the job's id")
         if verdict not in ("pass", "cheat", "unproven"):
             raise AuditRefused(400, "invalid_request", f"{where}.verdict must be pass, cheat or unproven")
-        if not isinstance(reason, str) or REASON_RE.fullmatch(reason) is None:
+        # A verdict's reason is a short code (`proof.Verdict.reason`), never free text: the store's own rule.
+        if not isinstance(reason, str) or CODE.fullmatch(reason) is None:
             raise AuditRefused(400, "invalid_request", f"{where}.reason must be a short code ([A-Za-z0-9_.:+-], at most 128)")
         parsed.append(PostedVerdict(job_id, verdict, reason))
     return parsed

@@ -27,7 +27,6 @@ the allow-list, 404 unknown, 409 a conflicting verdict or lease, 413 a body over
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -40,6 +39,7 @@ from starlette.routing import Route
 from engy_node import keys
 from engy_node.gateway.audit_desk import AuditDesk, AuditRefused, parse_verdicts
 from engy_node.gateway.store import Store, ValidatorHeartbeat
+from engy_node.gateway.store.checks import CODE, DIGEST
 
 log = logging.getLogger("engy.gateway.provider")
 
@@ -48,8 +48,6 @@ MAX_BODY_BYTES = 64 * 1024
 """A verdict batch of the largest size is a few kilobytes; nothing legitimate comes near this."""
 MAX_HEARTBEAT_VALIDATORS = 256
 """Distinct validator hotkeys whose heartbeats are kept; a subnet has at most 64 validators."""
-_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
-_VERSION_RE = re.compile(r"[A-Za-z0-9_.:+-]{1,128}")
 
 
 class ProviderApi:
@@ -177,7 +175,7 @@ def _heartbeat(hotkey: str, body: dict, *, received_at: float) -> ValidatorHeart
     version = body.get("version") or "unknown"
     synced = body.get("synced_epoch")
     consensus = body.get("consensus") or {}
-    if not isinstance(version, str) or _VERSION_RE.fullmatch(version) is None:
+    if not isinstance(version, str) or CODE.fullmatch(version) is None:
         raise AuditRefused(400, "invalid_request", "version must be a short version code ([A-Za-z0-9_.:+-], at most 128)")
     if synced is not None and not _uint(synced):
         raise AuditRefused(400, "invalid_request", "synced_epoch must be an epoch index or null")
@@ -186,7 +184,7 @@ def _heartbeat(hotkey: str, body: dict, *, received_at: float) -> ValidatorHeart
     epoch_index, digest = consensus.get("epoch_index"), consensus.get("digest")
     if epoch_index is not None and not _uint(epoch_index):
         raise AuditRefused(400, "invalid_request", "consensus.epoch_index must be an epoch index")
-    if digest is not None and (not isinstance(digest, str) or _DIGEST_RE.fullmatch(digest) is None):
+    if digest is not None and (not isinstance(digest, str) or DIGEST.fullmatch(digest) is None):
         raise AuditRefused(400, "invalid_request", "consensus.digest must be 64 lowercase hex digits")
     return ValidatorHeartbeat(hotkey=hotkey, version=version, synced_epoch=synced, consensus_epoch=epoch_index,
                               consensus_digest=digest, received_at=received_at)
