@@ -34,12 +34,11 @@ import trio
 from engy_node import keys, proof
 from engy_node.gateway.audit import AuditJob
 from engy_node.gateway.audit_desk import AuditDesk, AuditRefused, PostedVerdict
+from engy_node.gateway.store import LOCAL_VERIFIER
 from engy_node.models import ModelSpec, get_model, model_root
 
 log = logging.getLogger("engy.verifier")
 
-LOCAL_VERIFIER = "local"
-"""The name verdicts of a gateway's own verifier are filed under."""
 HTTP_TIMEOUT_S = 30.0
 BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 
