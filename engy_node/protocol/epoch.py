@@ -182,7 +182,7 @@ def build_result_json(
                          "epoch_index and netuid, the settlement sets weights and rows")
     document = {**(extra or {}), **settlement_json, "epoch_index": epoch_index, "netuid": netuid}
     plain = _plain(document, "result_json")
-    _read_weights(plain["weights"])  # raises EpochPayloadError (a ValueError) on a bad vector
+    read_weights(plain["weights"])  # raises EpochPayloadError (a ValueError) on a bad vector
     return _canonical(plain)
 
 
@@ -300,11 +300,13 @@ def _read_result(result: Mapping[str, Any], *, netuid: int, epoch_index: int) ->
         raise EpochPayloadError(
             "epoch-index", f"result_json.epoch_index is {_show(inner_index)}, the envelope says {epoch_index}"
         )
-    return _read_weights(result.get("weights"))
+    return read_weights(result.get("weights"))
 
 
-def _read_weights(raw: Any) -> tuple[tuple[str, int], ...]:
-    where = "result_json.weights"
+def read_weights(raw: Any, where: str = "result_json.weights") -> tuple[tuple[str, int], ...]:
+    """`raw` as a weight vector a validator may submit: a list of [ss58 hotkey, u16] pairs, hotkeys
+    unique, total positive. The one rule for verified payloads and for a validator's cached
+    vector alike; raises `EpochPayloadError("weights", ...)` naming `where`."""
     if not isinstance(raw, list):
         raise EpochPayloadError("weights", f"{where} must be a list of [hotkey, weight] pairs, got {_describe(raw)}")
     weights: list[tuple[str, int]] = []
