@@ -10,7 +10,9 @@ Subcommands:
   up           a local network: gateway + miner on the embedded model + a credited buyer key
   gateway …    gateway administration (buyer keys, credit, usage, miners, trust, epochs)
   plan         GPUs, the model-server plan and the exact command
-  (no subcommand) --role ROLE …  run node roles (miner, gateway, verifier; the validator arrives next)
+  status       a running node's state from its control API (chain, weights, epochs, miners)
+  health       whether this home's validator loop is still completing ticks (exit 0 ok, 1 stale)
+  (no subcommand) --role ROLE …  run node roles (miner, gateway, verifier, validator)
 """
 
 from __future__ import annotations
@@ -30,8 +32,6 @@ from engy_node.errors import EngyError, RoleError
 log = logging.getLogger("engy.cli")
 
 ROLES = ("miner", "validator", "gateway", "verifier")
-AVAILABLE_ROLES: tuple[str, ...] = ("miner", "gateway", "verifier")
-"""Roles this build can run. A known role that is not here yet is a clear error, not a no-op."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,9 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"run this role (repeatable): {', '.join(ROLES)}")
     _miner_options(parser.add_argument_group("miner role (the public miner's flags and env GW, MINER_KEY, MODEL, "
                                              "MAX_INFLIGHT, ENGY_WORKER_NAME, SERVE_URL are accepted)"))
+    validator = parser.add_argument_group("validator role (puts the provider's signed epoch weights on chain)")
+    validator.add_argument("--network", dest="validator_network", metavar="NET",
+                           help="finney, test, local or a ws(s):// URL (default finney)")
+    validator.add_argument("--master-hotkey", dest="validator_master_hotkey", metavar="SS58",
+                           help="the pinned master hotkey the provider's epoch results must be signed by")
+    validator.add_argument("--validator-wallet", dest="validator_wallet", metavar="NAME", help="wallet of the validator's hotkey")
+    validator.add_argument("--validator-hotkey", dest="validator_hotkey", metavar="NAME",
+                           help="the validator's hotkey (registered, with a validator permit); it signs the weights")
     verifier = parser.add_argument_group("verifier role (judges a gateway's audit jobs)")
     verifier.add_argument("--provider", dest="verifier_provider", metavar="URL",
-                          help="the gateway's provider API, e.g. http://127.0.0.1:8082")
+                          help="the provider API: the gateway's for a verifier (e.g. http://127.0.0.1:8082), "
+                               "the epoch publisher's for a validator (default https://provider.engy.ai)")
     verifier.add_argument("--verifier-wallet", dest="verifier_wallet", metavar="NAME", help="wallet of the signing hotkey")
     verifier.add_argument("--verifier-hotkey", dest="verifier_hotkey", metavar="NAME",
                           help="hotkey the gateway allow-lists in gateway.verifiers")
@@ -73,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint.add_argument("--checkpoint", default="")
 
     sub.add_parser("models", help="list the model catalog")
+    status = sub.add_parser("status", help="the running node's state: chain, validator weights, epochs, miners and their eligibility",
+                            description="Reads the control API of the node running in this home (control.json in its data dir).")
+    status.add_argument("--json", action="store_true", help="print the raw status document")
+    sub.add_parser("health", help="is the validator loop in this home still completing ticks? (exit 0 yes, 1 no)")
 
     up = sub.add_parser("up", help="run a local network: a gateway and a miner on the embedded model, with a credited buyer key",
                         description="A working SN53 network on loopback with no GPU and no chain (SPEC §11).")
@@ -179,6 +192,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         overrides = {**node_overrides, "gateway": {"port": args.port, "miner_port": args.miner_port,
                                                    "provider_port": args.provider_port}}
         return _run_up(load_config(home=args.home, overrides=overrides))
+    if args.command == "status":
+        return _print_status(load_config(home=args.home, overrides=node_overrides), as_json=args.json)
+    if args.command == "health":
+        return _print_health(load_config(home=args.home, overrides=node_overrides))
     if args.command == "gateway":
         return _run_admin(load_config(home=args.home, overrides=node_overrides), args)
     if args.command == "plan":
@@ -201,17 +218,48 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     unknown = [role for role in args.role if role not in ROLES]
     if unknown:
         raise RoleError(f"unknown role {unknown[0]!r}; choose from {', '.join(ROLES)}")
-    missing = [role for role in args.role if role not in AVAILABLE_ROLES]
-    if missing:
-        raise RoleError(
-            f"the {missing[0]} role is not part of engy-node {__version__} yet; "
-            f"available: {', '.join(AVAILABLE_ROLES)} (and `engy-node serve`, the reference model server)"
-        )
-    verifier_overrides = {"verifier": {"gateway_url": args.verifier_provider, "wallet_name": args.verifier_wallet,
-                                       "wallet_hotkey": args.verifier_hotkey}}
-    config = load_config(home=args.home, overrides={**node_overrides, **_miner_overrides(args), **verifier_overrides},
+    role_overrides = {
+        "verifier": {"gateway_url": args.verifier_provider, "wallet_name": args.verifier_wallet,
+                     "wallet_hotkey": args.verifier_hotkey},
+        "validator": {"provider_url": args.verifier_provider, "network": args.validator_network,
+                      "master_hotkey": args.validator_master_hotkey, "wallet_name": args.validator_wallet,
+                      "wallet_hotkey": args.validator_hotkey},
+    }
+    config = load_config(home=args.home, overrides={**node_overrides, **_miner_overrides(args), **role_overrides},
                          public_miner_env="miner" in args.role)
     return _run_roles(config, args.role)
+
+
+def _print_status(config, *, as_json: bool) -> int:
+    from engy_node.control import fetch_status, read_endpoint, read_token
+    from engy_node.local.status import format_status
+
+    endpoint = read_endpoint(config.paths.data_dir)
+    document = fetch_status(endpoint.url, read_token(endpoint.token_file))
+    print(json.dumps(document, indent=2, default=str) if as_json else format_status(document))
+    return 0
+
+
+def node_info(config, roles: Sequence[str]) -> dict:
+    """Who the control API says it is."""
+    return {"version": __version__, "pid": os.getpid(), "roles": list(roles), "started_at": time.time(),
+            "home": str(config.paths.data_dir), "netuid": config.node.netuid}
+
+
+def _control_service(config, hub, roles: Sequence[str], actions, *, extra_info: dict | None = None):
+    from engy_node.control import serve_control
+
+    return functools.partial(serve_control, hub, data_dir=config.paths.data_dir, actions=actions,
+                             node_info={**node_info(config, roles), **(extra_info or {})},
+                             host=config.control.host, port=config.control.port)
+
+
+def _print_health(config) -> int:
+    from engy_node.validator.role import health_report
+
+    ok, message = health_report(config)
+    print(message)
+    return 0 if ok else 1
 
 
 def _print_models() -> int:
@@ -330,9 +378,15 @@ def _run_roles(config, roles: list[str]) -> int:
         return 0
     if "miner" in roles:
         preflight(config)
+    if "validator" in roles:
+        from engy_node.validator.role import preflight as validator_preflight
+
+        validator_preflight(config)
+    from engy_node.control import Actions
+
     hub = _start_logging(config)
     log.info("engy-node %s: roles %s (pid %d)", __version__, ", ".join(roles), os.getpid())
-    services = []
+    services = [("control API", _control_service(config, hub, roles, Actions()))]
     if "gateway" in roles:
         services.append(("gateway", functools.partial(run_gateway, config, hub)))
     if "miner" in roles:
@@ -341,6 +395,10 @@ def _run_roles(config, roles: list[str]) -> int:
         from engy_node.verifier import run_verifier_role
 
         services.append(("verifier", functools.partial(run_verifier_role, config, hub)))
+    if "validator" in roles:
+        from engy_node.validator.role import run_validator
+
+        services.append(("validator", functools.partial(run_validator, config, hub)))
     return node.run(services)
 
 

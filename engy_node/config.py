@@ -215,6 +215,42 @@ class VerifierSection:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ControlSection:
+    host: str = "127.0.0.1"
+    """The control API (status, events, metrics, actions for the TUI and `engy-node status`)
+    listens on loopback only; reach a remote node through `ssh -L`."""
+    port: int = 0
+    """0 picks a free port; the node writes where it listens to `control.json` in the data dir."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ValidatorSection:
+    network: str = "finney"
+    """The chain: finney, test, local (`$BT_CHAIN_ENDPOINT` or ws://127.0.0.1:9944), or a ws(s):// URL."""
+    provider_url: str = "https://provider.engy.ai"
+    """The provider API that publishes signed epoch results. Set it together with `master_hotkey`:
+    a provider's results verify only against its own master key."""
+    master_hotkey: str = "5DXSBCCKH5ENuyHFNaAvtaMfbhEEWpjSJB4rzc4mJfsc1uvJ"
+    """The pinned ss58 of the master hotkey that signs epoch results (the public SN53 provider's)."""
+    wallets_path: str = "~/.bittensor/wallets"
+    wallet_name: str = ""
+    """With `wallet_hotkey`: this validator's hotkey, which signs the weights (registered on the
+    subnet with a validator permit). No default: a validator must never sign with a wallet it
+    picked up by accident."""
+    wallet_hotkey: str = ""
+    poll_s: float = 300.0
+    """Pause between polls of the provider."""
+    resubmit_blocks: int = 120
+    """Blocks between resubmissions of the same vector; must clear the chain's weights_rate_limit
+    (100 on SN53) with room for inclusion lag, and stay far inside the activity cutoff."""
+    block_s: float = 12.0
+    """Nominal block time, used only to skip opening the chain when a resubmit is clearly not due;
+    the chain's own block time replaces it after the first read."""
+    provider_heartbeat: bool = True
+    """Post a signed liveness heartbeat (epoch and digest on chain) to the provider; best-effort."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Paths:
     config_file: Path
     data_dir: Path
@@ -237,10 +273,13 @@ class Config:
     miner: MinerSection = MinerSection()
     gateway: GatewaySection = GatewaySection()
     verifier: VerifierSection = VerifierSection()
+    validator: ValidatorSection = ValidatorSection()
+    control: ControlSection = ControlSection()
 
 
 SECTIONS: dict[str, type] = {"node": NodeSection, "serve": ServeSection, "miner": MinerSection, "gateway": GatewaySection,
-                             "verifier": VerifierSection}
+                             "verifier": VerifierSection, "validator": ValidatorSection,
+                             "control": ControlSection}
 
 PUBLIC_MINER_ENV: dict[str, tuple[str, str]] = {
     "GW": ("miner", "gateway_url"),
@@ -460,6 +499,14 @@ def _validate(config: Config) -> None:
     if verifier.gateway_url and not verifier.gateway_url.startswith(("http://", "https://")):
         raise ConfigError(f"verifier.gateway_url = {verifier.gateway_url!r}: use the provider API's http(s):// URL, "
                           "e.g. http://127.0.0.1:8082")
+    if not 0 <= config.control.port <= 65535:
+        raise ConfigError(f"control.port = {config.control.port}: must be 0..65535 (0 picks a free port)")
+    validator = config.validator
+    if validator.poll_s <= 0 or validator.block_s <= 0 or validator.resubmit_blocks < 1:
+        raise ConfigError("validator.poll_s and validator.block_s must be positive, validator.resubmit_blocks at least 1")
+    if validator.provider_url and not validator.provider_url.startswith(("http://", "https://")):
+        raise ConfigError(f"validator.provider_url = {validator.provider_url!r}: use the provider's http(s):// URL, "
+                          "e.g. https://provider.engy.ai")
     if serve.request_timeout_s <= 0:
         raise ConfigError("serve.request_timeout_s must be positive")
     if config.node.log_ring_size < 100:

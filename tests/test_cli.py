@@ -6,8 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from engy_node import __version__
 
 
@@ -26,12 +24,21 @@ def test_no_command_prints_help_and_exits_2():
     assert result.returncode == 2 and "usage: engy-node" in result.stderr
 
 
-@pytest.mark.parametrize("role", ["validator"])
-def test_a_role_not_built_yet_is_a_clear_error(role):
-    result = engy_node("--role", role)
+def test_a_validator_without_a_hotkey_names_the_flags_before_starting_anything(tmp_path):
+    result = engy_node("--role", "validator", home=tmp_path)
     assert result.returncode == 2
-    assert f"the {role} role is not part of engy-node" in result.stderr
-    assert "engy-node serve" in result.stderr
+    assert "--validator-wallet" in result.stderr and "roles validator" not in result.stderr
+
+
+def test_a_validator_on_an_unknown_network_lists_the_known_ones(tmp_path):
+    result = engy_node("--role", "validator", "--network", "mainnet", "--validator-wallet", "v", "--validator-hotkey", "h",
+                       home=tmp_path)
+    assert result.returncode == 2 and "unknown chain network 'mainnet'" in result.stderr and "finney" in result.stderr
+
+
+def test_health_without_a_validator_heartbeat_exits_1(tmp_path):
+    result = engy_node("health", home=tmp_path)
+    assert result.returncode == 1 and "no heartbeat" in result.stdout
 
 
 def test_a_miner_without_a_gateway_names_the_setting_before_starting_anything(tmp_path):
