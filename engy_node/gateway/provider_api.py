@@ -39,7 +39,7 @@ from starlette.routing import Route
 from engy_node import keys
 from engy_node.gateway.audit_desk import AuditDesk, AuditRefused, parse_verdicts
 from engy_node.gateway.store import Store, ValidatorHeartbeat
-from engy_node.gateway.store.checks import CODE, DIGEST
+from engy_node.gateway.store.checks import DIGEST, VERSION
 
 log = logging.getLogger("engy.gateway.provider")
 
@@ -175,8 +175,8 @@ def _heartbeat(hotkey: str, body: dict, *, received_at: float) -> ValidatorHeart
     version = body.get("version") or "unknown"
     synced = body.get("synced_epoch")
     consensus = body.get("consensus") or {}
-    if not isinstance(version, str) or CODE.fullmatch(version) is None:
-        raise AuditRefused(400, "invalid_request", "version must be a short version code ([A-Za-z0-9_.:+-], at most 128)")
+    if not isinstance(version, str) or VERSION.fullmatch(version) is None:
+        raise AuditRefused(400, "invalid_request", "version must be a version such as 0.4.1 or engy-lv 0.4.4 (at most one space)")
     if synced is not None and not _uint(synced):
         raise AuditRefused(400, "invalid_request", "synced_epoch must be an epoch index or null")
     if not isinstance(consensus, dict):

@@ -24,6 +24,11 @@ CODE = re.compile(r"[A-Za-z0-9_.:+-]{1,128}")
 software version (`0.4.1+local`). Like an identifier it has no room for a space, so no sentence
 fits; unlike one it may start with any of its characters."""
 
+VERSION = re.compile(r"[A-Za-z0-9_.:+-]{1,64}(?: [A-Za-z0-9_.:+-]{1,63})?")
+"""A peer's software version as it reports it: a `CODE`, or a name and a `CODE` separated by one
+space, as the public light validator sends (`engy-lv 0.4.4`). One space and no more, so a
+sentence still does not fit."""
+
 DIGEST = re.compile(r"[0-9a-f]{64}")
 """A sha256 as the epoch protocol writes it: lowercase hex, nothing else (`keys.epoch_digest`)."""
 
@@ -37,6 +42,12 @@ def identifier(name: str, value: object) -> str:
 def short_code(name: str, value: object) -> str:
     if not isinstance(value, str) or CODE.fullmatch(value) is None:
         raise ValueError(f"{name} must be a short code matching {CODE.pattern}, got {value!r}")
+    return value
+
+
+def version_text(name: str, value: object) -> str:
+    if not isinstance(value, str) or VERSION.fullmatch(value) is None:
+        raise ValueError(f"{name} must be a version such as 0.4.1 or engy-lv 0.4.4, got {value!r}")
     return value
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from engy_node.gateway.store.checks import hex_digest, identifier, integer, short_code, timestamp
+from engy_node.gateway.store.checks import hex_digest, identifier, integer, timestamp, version_text
 from engy_node.gateway.store.connection import Connection, serialised
 
 _COLUMNS = ("hotkey", "version", "synced_epoch", "consensus_epoch", "consensus_digest", "received_at")
@@ -28,7 +28,7 @@ class ValidatorHeartbeat:
     hotkey: str
     """The validator's ss58 hotkey (an `IDENTIFIER`)."""
     version: str
-    """The engy-node version it runs (`checks.CODE`, e.g. `0.4.1`)."""
+    """The software it runs, as it says (`checks.VERSION`, e.g. `engy-lv 0.4.4`)."""
     synced_epoch: int | None
     """The newest epoch it has fetched and verified; None before its first."""
     consensus_epoch: int | None
@@ -40,7 +40,7 @@ class ValidatorHeartbeat:
 
     def __post_init__(self) -> None:
         identifier("hotkey", self.hotkey)
-        short_code("version", self.version)
+        version_text("version", self.version)
         if self.synced_epoch is not None:
             integer("synced_epoch", self.synced_epoch)
         if self.consensus_epoch is not None:

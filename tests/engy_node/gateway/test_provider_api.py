@@ -208,11 +208,11 @@ async def test_unknown_routes_and_methods_answer_json(provider):
 
 async def test_a_validator_heartbeat_is_kept_per_hotkey(provider, bob):
     digest = "c" * 64
-    body = {"v": 1, "version": "1.0.2", "synced_epoch": 12, "consensus": {"epoch_index": 12, "digest": digest}}
+    body = {"v": 1, "version": "engy-lv 0.4.4", "synced_epoch": 12, "consensus": {"epoch_index": 12, "digest": digest}}
     assert (await provider.signed(bob, HEARTBEAT, body)).status_code == 200
     [beat] = provider.store.validator_heartbeats()
     assert (beat.hotkey, beat.version, beat.synced_epoch, beat.consensus_epoch, beat.consensus_digest) == (
-        bob.ss58_address, "1.0.2", 12, 12, digest)
+        bob.ss58_address, "engy-lv 0.4.4", 12, 12, digest)
     bad = await provider.signed(bob, HEARTBEAT, {**body, "consensus": {"epoch_index": 12, "digest": "XYZ"}})
     assert bad.status_code == 400 and "digest" in bad.json()["error"]["message"]
     unsigned = await provider.client.post(provider.url + HEARTBEAT, json=body)

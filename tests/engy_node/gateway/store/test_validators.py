@@ -39,13 +39,17 @@ def test_a_validator_that_has_synced_nothing_yet_is_recorded(store):
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"hotkey": ""}, {"hotkey": "5 Val"}, {"version": ""}, {"version": "v 1"}, {"version": "x" * 129},
+    [{"hotkey": ""}, {"hotkey": "5 Val"}, {"version": ""}, {"version": "v 1 2"}, {"version": " 1"}, {"version": "x" * 129},
      {"synced_epoch": -1}, {"synced_epoch": 1.0}, {"consensus_epoch": True}, {"consensus_digest": DIGEST.upper()},
      {"consensus_digest": "ab"}, {"consensus_digest": ""}, {"received_at": float("-inf")}],
 )
 def test_a_malformed_heartbeat_is_refused(overrides):
     with pytest.raises(ValueError):
         heartbeat(**overrides)
+
+
+def test_the_public_light_validators_version_format_is_accepted():
+    assert heartbeat(version="engy-lv 0.4.4").version == "engy-lv 0.4.4"
 
 
 def test_record_heartbeat_takes_only_heartbeats(store):
