@@ -181,7 +181,11 @@ class LightValidator:
         failure = "fetch-failed"
         try:
             raw = await self._fetch()
-        except (httpx.HTTPError, ProviderAnswer) as err:
+        except ProviderAnswer as err:
+            # 404 is a provider that has not closed an epoch yet (a new gateway): expected, not alarming.
+            level = logging.INFO if err.status == 404 else logging.WARNING
+            log.log(level, "fetch of %s%s answered HTTP %d: %s", self.settings.provider_url, EPOCH_PATH, err.status, err)
+        except httpx.HTTPError as err:
             log.warning("fetch of %s%s failed: %s", self.settings.provider_url, EPOCH_PATH, _reason(err))
         else:
             try:
@@ -212,7 +216,7 @@ class LightValidator:
             async with self.http.stream("GET", url, timeout=FETCH_TIMEOUT_S) as response:
                 if response.status_code != 200:
                     body = (await response.aread())[:200].decode("utf-8", "replace")
-                    raise ProviderAnswer(f"HTTP {response.status_code} {body.strip()}")
+                    raise ProviderAnswer(response.status_code, body.strip())
                 chunks, size = [], 0
                 async for chunk in response.aiter_bytes():
                     size += len(chunk)
@@ -346,6 +350,10 @@ class LightValidator:
 
 class ProviderAnswer(Exception):
     """The provider answered, but not with a payload (an error status)."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(body or f"HTTP {status}")
+        self.status = status
 
 
 class Watchdog:

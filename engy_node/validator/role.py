@@ -76,7 +76,10 @@ async def run_validator(config: Config, hub: Hub, *, substrate: Any = None,
                   provider=settings.provider_url, netuid=config.node.netuid, resubmit_blocks=settings.resubmit_blocks)
     light = light_settings(config)
     try:
-        async with httpx.AsyncClient(headers={"User-Agent": "engy-node validator"}) as http:
+        # Connections are not kept between polls: a server closing an idle keep-alive just as the
+        # next poll reuses it (hypercorn's default is 5 s) fails the fetch for nothing.
+        async with httpx.AsyncClient(headers={"User-Agent": "engy-node validator"},
+                                     limits=httpx.Limits(keepalive_expiry=1.0)) as http:
             loop = LightValidator(light, chain=chain, signer=signer, http=http, hub=hub)
             watchdog = Watchdog(loop, limit_s=schedule.stall_limit(light.poll_s))
             watchdog.start()
