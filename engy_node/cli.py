@@ -7,7 +7,7 @@ Subcommands:
   serve        the sglang-compatible reference server on the embedded model (SPEC §7.4)
   checkpoint   prepare a model's checkpoint and print its path and model_root
   models       the model catalog
-  up           a local network: gateway + miner on the embedded model + a credited buyer key
+  up           a local network: dev chain, gateway, two miners, validator, verifier, a credited buyer key
   gateway …    gateway administration (buyer keys, credit, usage, miners, trust, epochs)
   plan         GPUs, the model-server plan and the exact command
   status       a running node's state from its control API (chain, weights, epochs, miners)
@@ -87,11 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the raw status document")
     sub.add_parser("health", help="is the validator loop in this home still completing ticks? (exit 0 yes, 1 no)")
 
-    up = sub.add_parser("up", help="run a local network: a gateway and a miner on the embedded model, with a credited buyer key",
-                        description="A working SN53 network on loopback with no GPU and no chain (SPEC §11).")
+    up = sub.add_parser("up", help="run a local network: dev chain, gateway, two miners, validator and verifier, with a credited buyer key",
+                        description="A working SN53 network on loopback with no GPU and no chain access (SPEC §11).")
+    up.add_argument("--port-base", type=int, metavar="N",
+                    help="buyer API on N, miner websocket N+1, provider API N+2, control API N+3 (0: free ports)")
     up.add_argument("--port", type=int, help="buyer API port (default 8080; 0 picks a free one)")
     up.add_argument("--miner-port", type=int, help="miner websocket port (default 8081; 0 picks a free one)")
     up.add_argument("--provider-port", type=int, help="provider API port: epochs, audit (default 8082; 0 picks a free one)")
+    up.add_argument("--control-port", type=int, help="control API port (default: a free one)")
+    up.add_argument("--traffic", action="store_true", help="run a demo buyer that keeps requests flowing")
 
     admin = sub.add_parser("gateway", help="gateway administration: buyer keys, credit, usage, miners")
     admin_sub = admin.add_subparsers(dest="admin_command", metavar="ACTION", required=True)
@@ -189,9 +193,11 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         config = load_config(home=args.home, overrides=node_overrides)
         return _print_checkpoint(config, args.model, args.checkpoint)
     if args.command == "up":
-        overrides = {**node_overrides, "gateway": {"port": args.port, "miner_port": args.miner_port,
-                                                   "provider_port": args.provider_port}}
-        return _run_up(load_config(home=args.home, overrides=overrides))
+        from engy_node.local.up import port_plan
+
+        ports = port_plan(args.port_base, buyer=args.port, miner=args.miner_port, provider=args.provider_port,
+                          control=args.control_port)
+        return _run_up(load_config(home=args.home, overrides=node_overrides), ports=ports, traffic=args.traffic)
     if args.command == "status":
         return _print_status(load_config(home=args.home, overrides=node_overrides), as_json=args.json)
     if args.command == "health":
@@ -327,7 +333,7 @@ def _start_logging(config):
     return hub
 
 
-def _run_up(config) -> int:
+def _run_up(config, *, ports: dict, traffic: bool) -> int:
     from engy_node import node
     from engy_node.local.up import banner, network_file, run_up
 
@@ -337,7 +343,7 @@ def _run_up(config) -> int:
     def on_ready(document) -> None:
         print(banner(document, network_file(config)), flush=True)
 
-    return node.run([("local network", functools.partial(run_up, config, hub, on_ready=on_ready))])
+    return node.run([("local network", functools.partial(run_up, config, hub, ports=ports, traffic=traffic, on_ready=on_ready))])
 
 
 def _run_admin(config, args: argparse.Namespace) -> int:

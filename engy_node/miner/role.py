@@ -228,11 +228,12 @@ class ServeRotation:
         return client
 
 
-async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = False,
-                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = False, hub_component: str = "miner",
+                    server_hub_component: str = "model_server", task_status=trio.TASK_STATUS_IGNORED) -> None:
     """The miner service: ready once the model server answers, and the link keeps dialling; with
     `ready_when_admitted`, ready once the gateway has admitted a leg too (a local network says
-    it is up only when a buyer's first request can be served)."""
+    it is up only when a buyer's first request can be served). Several miners in one process
+    (a local network) report under their own hub components."""
     settings = config.miner
     miner_identity = preflight(config)
     inventory = await trio.to_thread.run_sync(detect_gpus, settings.fake_gpus)
@@ -241,7 +242,7 @@ async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = Fal
     setup = await trio.to_thread.run_sync(decide, config, inventory)
     for line in setup.describe():
         log.info("%s", line)
-    hub.set_state("miner", model=setup.spec.id, max_inflight=setup.max_inflight, cpu_mode=inventory.cpu_mode,
+    hub.set_state(hub_component, model=setup.spec.id, max_inflight=setup.max_inflight, cpu_mode=inventory.cpu_mode,
                   plan=setup.plan.summary if setup.plan else None, command=shell_command(setup.launch) if setup.launch else None)
     if setup.launch is not None and setup.launch.kind == "sglang" and not _sglang_installed():
         raise MinerError("sglang is not installed in this environment: pip install 'engy-node[gpu]', "
@@ -251,7 +252,7 @@ async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = Fal
     metrics = MinerMetrics(hub)
     async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None)) as http, trio.open_nursery() as nursery:
         if setup.launch is not None:
-            supervisor = ModelServerSupervisor(setup.launch, hub)
+            supervisor = ModelServerSupervisor(setup.launch, hub, hub_component=server_hub_component)
             serve_urls: tuple[str, ...] = (await nursery.start(supervisor.run),)
         else:
             serve_urls = setup.serve_urls
@@ -266,7 +267,7 @@ async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = Fal
                    "versions": {"engy_node": __version__, "protocol": 1, "toploc": _version("toploc"),
                                 "transformers": _version("transformers"), "sglang": _version("sglang")},
                    "worker_name": settings.worker_name or platform.node(), "worker_id": uuid.uuid4().hex},
-            on_state=lambda **values: hub.set_state("miner", **values),
+            on_state=lambda **values: hub.set_state(hub_component, **values),
             # A server this miner launched samples deterministically (sglang with the flag, or the
             # reference server); one the operator runs (--serve-url) may not, so it is not claimed.
             features=OUR_FEATURES | {FEATURE_SEEDED} if setup.launch is not None else OUR_FEATURES,

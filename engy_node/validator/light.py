@@ -185,8 +185,9 @@ class LightValidator:
             # 404 is a provider that has not closed an epoch yet (a new gateway): expected, not alarming.
             level = logging.INFO if err.status == 404 else logging.WARNING
             log.log(level, "fetch of %s%s answered HTTP %d: %s", self.settings.provider_url, EPOCH_PATH, err.status, err)
-        except httpx.HTTPError as err:
-            log.warning("fetch of %s%s failed: %s", self.settings.provider_url, EPOCH_PATH, _reason(err))
+        except (httpx.HTTPError, trio.TooSlowError) as err:
+            log.warning("fetch of %s%s failed: %s", self.settings.provider_url, EPOCH_PATH,
+                        f"no complete answer within {FETCH_TIMEOUT_S:.0f} s" if isinstance(err, trio.TooSlowError) else _reason(err))
         else:
             try:
                 verified = parse_and_verify(raw, master_hotkey=self.settings.master_hotkey, netuid=self.settings.netuid,

@@ -251,8 +251,10 @@ class ModelServerSupervisor:
         *,
         settings: SupervisorSettings = SupervisorSettings(),
         jitter: Callable[[], float] = random.random,
+        hub_component: str = HUB_COMPONENT,
     ) -> None:
         self.spec = spec
+        self.hub_component = hub_component
         self.settings = settings
         self.command = shell_command(spec)
         self._hub = hub
@@ -272,7 +274,7 @@ class ModelServerSupervisor:
         return tuple(self._tail)
 
     def _publish(self, **values: Any) -> None:
-        self._hub.set_state(HUB_COMPONENT, **values)
+        self._hub.set_state(self.hub_component, **values)
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> NoReturn:
         """Start the model server and keep it running until cancelled.
