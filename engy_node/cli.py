@@ -12,6 +12,7 @@ Subcommands:
   plan         GPUs, the model-server plan and the exact command
   status       a running node's state from its control API (chain, weights, epochs, miners)
   health       whether this home's validator loop is still completing ticks (exit 0 ok, 1 stale)
+  diagnose     a support bundle (.tar.gz): versions, masked config, GPUs, recent logs, the node's status
   (no subcommand) --role ROLE …  run node roles (miner, gateway, verifier, validator)
 """
 
@@ -86,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Reads the control API of the node running in this home (control.json in its data dir).")
     status.add_argument("--json", action="store_true", help="print the raw status document")
     sub.add_parser("health", help="is the validator loop in this home still completing ticks? (exit 0 yes, 1 no)")
+    diagnose = sub.add_parser("diagnose", help="write a support bundle: versions, masked config, GPUs, recent logs, the node's status",
+                              description="Collect what support needs into one .tar.gz (mode 0600), secrets masked and no "
+                                          "buyer content: versions, config, GPU facts, log tails, and the running node's "
+                                          "status, metrics and events.")
+    diagnose.add_argument("--output", metavar="PATH",
+                          help="bundle file, or a directory for the default name (default: "
+                               "./engy-diagnose-<host>-<UTC time>.tar.gz)")
+    diagnose.add_argument("--log-lines", type=int, metavar="N", help="lines kept from the end of each log file (default 2000)")
 
     up = sub.add_parser("up", help="run a local network: dev chain, gateway, two miners, validator and verifier, with a credited buyer key",
                         description="A working SN53 network on loopback with no GPU and no chain access (SPEC §11).")
@@ -202,6 +211,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return _print_status(load_config(home=args.home, overrides=node_overrides), as_json=args.json)
     if args.command == "health":
         return _print_health(load_config(home=args.home, overrides=node_overrides))
+    if args.command == "diagnose":
+        return _run_diagnose(args, node_overrides)
     if args.command == "gateway":
         return _run_admin(load_config(home=args.home, overrides=node_overrides), args)
     if args.command == "plan":
@@ -266,6 +277,23 @@ def _print_health(config) -> int:
     ok, message = health_report(config)
     print(message)
     return 0 if ok else 1
+
+
+def _run_diagnose(args: argparse.Namespace, node_overrides: dict) -> int:
+    from engy_node.config import Config, load_config, resolve_paths
+    from engy_node.diagnose import DEFAULT_LOG_LINES, collect
+    from engy_node.errors import ConfigError
+
+    # A broken config is when a bundle is needed most: collect with the defaults and say why.
+    try:
+        config, config_error = load_config(home=args.home, overrides=node_overrides), None
+    except ConfigError as error:
+        config, config_error = Config(paths=resolve_paths(args.home, os.environ)), str(error)
+    log_lines = DEFAULT_LOG_LINES if args.log_lines is None else args.log_lines
+    bundle = collect(config, output=args.output, log_lines=log_lines, config_error=config_error)
+    print(bundle.path)
+    print(bundle.summary())
+    return 0
 
 
 def _print_models() -> int:
