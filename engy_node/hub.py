@@ -129,10 +129,12 @@ class _TolerantFileHandler(logging.handlers.RotatingFileHandler):
             print(f"engy: cannot write the log file {self.baseFilename} ({exc}); logging to stderr only", file=sys.stderr)
 
 
-def install_logging(hub: Hub, *, level: str = "info", log_dir: Path | None = None, process: str | None = None) -> None:
+def install_logging(hub: Hub, *, level: str = "info", log_dir: Path | None = None, process: str | None = None,
+                    stderr: bool = True) -> None:
     """Route `engy.*` loggers to the hub (everything), stderr and a rotating file (at `level`).
     A helper process (`process`, e.g. "gateway-1") tags its stderr lines and keeps its own file,
-    since a rotating file cannot be shared between processes."""
+    since a rotating file cannot be shared between processes. A node inside the TUI passes
+    `stderr=False`: the terminal is the TUI's, and the hub and the file have every line."""
     root = logging.getLogger(LOGGER_ROOT)
     for handler in list(root.handlers):
         root.removeHandler(handler)
@@ -142,10 +144,11 @@ def install_logging(hub: Hub, *, level: str = "info", log_dir: Path | None = Non
     root.addHandler(HubHandler(hub))
     tag = f"[{process}] " if process else ""
     formatter = logging.Formatter(f"%(asctime)s %(levelname)-7s {tag}%(name)s: %(message)s")
-    stderr = logging.StreamHandler(sys.stderr)
-    stderr.setLevel(level.upper())
-    stderr.setFormatter(formatter)
-    root.addHandler(stderr)
+    if stderr:
+        console = logging.StreamHandler(sys.stderr)
+        console.setLevel(level.upper())
+        console.setFormatter(formatter)
+        root.addHandler(console)
     if log_dir is not None:
         try:
             log_dir.mkdir(parents=True, exist_ok=True)

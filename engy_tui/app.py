@@ -17,13 +17,17 @@ the way snapshot tests get a frame with no timing in it.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Header
 
 from engy_tui.bridge import POLL_INTERVAL_S, POLL_TIMEOUT_S, ServerStatus, StatusBridge
+from engy_tui.manager import NodeManager
+from engy_tui.node_bridge import NodeBridge
 from engy_tui.widgets import ServerPanel
 
 __all__ = ["DEFAULT_SERVE_URL", "RENDER_INTERVAL_S", "EngyTui", "build_app", "build_parser", "main"]
@@ -113,27 +117,76 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="engy-tui",
         description=(
-            "Terminal monitor for an sglang-compatible model server (real sglang, or `engy-node serve`): "
-            "health, model, load, throughput and TTFT/ITL percentiles, refreshed every second. "
-            "This version monitors a model server; the full node manager (setup, per-role dashboards, "
-            "the local network) comes later."
+            "The engy node manager. --local runs the whole local network (engy-node up) inside it; "
+            "--attach watches a running node through its control API; --serve-url monitors one "
+            "sglang-compatible model server (real sglang, or `engy-node serve`)."
         ),
-        epilog="Keys: r refresh now, q quit.",
+        epilog="Keys: 1 overview, 2 logs, p pause/resume demo traffic, q quit (a local network stops with it).",
     )
-    parser.add_argument(
-        "--serve-url", type=_serve_url, default=DEFAULT_SERVE_URL, metavar="URL",
-        help=f"the model server to monitor (default {DEFAULT_SERVE_URL}); sglang needs --enable-metrics for latencies",
+    parser.add_argument("--home", help="the node's home (as engy-node --home; also $ENGY_HOME)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--local", action="store_true", help="run the local network inside the TUI (engy-node up)")
+    mode.add_argument("--attach", nargs="?", const="", metavar="URL",
+                      help="watch a running node: its control API URL (default: the one in the home's control.json)")
+    mode.add_argument(
+        "--serve-url", type=_serve_url, metavar="URL",
+        help=f"monitor one model server (e.g. {DEFAULT_SERVE_URL}); sglang needs --enable-metrics for latencies",
     )
+    parser.add_argument("--token-file", metavar="FILE", help="the control API token file (default: the one control.json names)")
+    parser.add_argument("--traffic", action="store_true", help="with --local: a demo buyer keeps requests flowing")
     return parser
 
 
-def build_app(argv: Sequence[str] | None = None, *, poll: bool = True) -> EngyTui:
+def build_app(argv: Sequence[str] | None = None, *, poll: bool = True) -> App[None]:
     """The app as `engy-tui ARGV` builds it; tests use this too, so they run what users run."""
     args = build_parser().parse_args(argv)
-    return EngyTui(args.serve_url, poll=poll)
+    if args.local:
+        return NodeManager(_local_bridge(args.home, traffic=args.traffic) if poll else None)
+    if args.attach is not None:
+        return NodeManager(_attached_bridge(args.home, args.attach, args.token_file) if poll else None)
+    return EngyTui(args.serve_url or DEFAULT_SERVE_URL, poll=poll)
+
+
+def _attached_bridge(home: str | None, url: str, token_file: str | None) -> NodeBridge:
+    from engy_node.config import load_config
+    from engy_node.control import read_endpoint, read_token
+
+    if not url or not token_file:
+        endpoint = read_endpoint(load_config(home=home).paths.data_dir)
+        url = url or endpoint.url
+        token_file = token_file or str(endpoint.token_file)
+    return NodeBridge.attach(url, read_token(Path(token_file)))
+
+
+def _local_bridge(home: str | None, *, traffic: bool) -> NodeBridge:
+    import functools
+    import os
+    import time
+
+    from engy_node import __version__
+    from engy_node.config import load_config
+    from engy_node.hub import Hub, install_logging
+    from engy_node.local.up import run_up
+
+    config = load_config(home=home)
+    hub = Hub(ring_size=config.node.log_ring_size)
+    install_logging(hub, level=config.node.log_level, log_dir=config.paths.log_dir, stderr=False)
+
+    async def start(hub: Hub, actions, *, task_status) -> None:
+        await run_up(config, hub, traffic=traffic, actions=actions, task_status=task_status)
+
+    info = {"version": __version__, "pid": os.getpid(), "roles": ["local network"], "network": "local",
+            "home": str(config.paths.data_dir), "started_at": time.time()}
+    return NodeBridge.local(functools.partial(start), node_info=info, hub=hub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    app = build_app(argv)
+    from engy_node.errors import EngyError
+
+    try:
+        app = build_app(argv)
+    except EngyError as err:
+        print(f"engy-tui: {err}", file=sys.stderr)
+        return err.exit_code
     app.run()
     return app.return_code or 0

@@ -33,7 +33,7 @@ import trio
 
 from engy_node.serve.status import LatencySummary, ServerStatus, fetch_status
 
-__all__ = ["POLL_INTERVAL_S", "POLL_TIMEOUT_S", "LatencySummary", "ServerStatus", "StatusBridge"]
+__all__ = ["POLL_INTERVAL_S", "POLL_TIMEOUT_S", "GuestRun", "LatencySummary", "ServerStatus", "StatusBridge"]
 
 # Once a second keeps the counters feeling live; a poll is four small local GETs.
 POLL_INTERVAL_S = 1.0
@@ -42,19 +42,12 @@ POLL_INTERVAL_S = 1.0
 POLL_TIMEOUT_S = 5.0
 
 
-class StatusBridge:
-    """Polls one model server from a trio guest run hosted on the running asyncio loop."""
+class GuestRun:
+    """A trio guest run hosted on the running asyncio loop: `start`, `stop`, and `_main` (the
+    trio side, run inside the root cancel scope) for subclasses to define."""
 
-    def __init__(self, serve_url: str, *, interval_s: float = POLL_INTERVAL_S, timeout_s: float = POLL_TIMEOUT_S) -> None:
-        self.serve_url = serve_url
-        self.interval_s = interval_s
-        self.timeout_s = timeout_s
-        self.latest: ServerStatus | None = None
-        """The newest poll's result; None until the first poll completes."""
-        self.polls = 0
-        """How many polls have completed."""
+    def __init__(self) -> None:
         self._root = trio.CancelScope()
-        self._wake = trio.Event()
         self._done: asyncio.Future[outcome.Outcome[None]] | None = None
 
     @property
@@ -65,7 +58,7 @@ class StatusBridge:
     def start(self, *, on_crash: Callable[[BaseException], None]) -> None:
         """Start the guest run on the running asyncio loop; `on_crash` hears of an unexpected end."""
         if self._done is not None:
-            raise RuntimeError("StatusBridge.start() called twice; one bridge hosts one guest run")
+            raise RuntimeError(f"{type(self).__name__}.start() called twice; one bridge hosts one guest run")
         loop = asyncio.get_running_loop()
         done = self._done = loop.create_future()
 
@@ -81,10 +74,6 @@ class StatusBridge:
             done_callback=finished,
         )
 
-    def refresh(self) -> None:
-        """Poll now instead of at the end of the current interval."""
-        self._wake.set()
-
     async def stop(self) -> None:
         """Cancel the trio side and wait until the guest run has finished. Idempotent.
 
@@ -93,17 +82,42 @@ class StatusBridge:
         """
         if self._done is None:
             return
-        self._root.cancel("engy-tui is stopping the status poller")
+        self._root.cancel(f"engy-tui is stopping its {type(self).__name__}")
         await self._done
 
     async def _run(self) -> None:
         with self._root:
-            async with httpx.AsyncClient() as client:
-                while True:
-                    # A fresh event per poll: a refresh asked for during this poll triggers the
-                    # next one at once instead of being lost.
-                    self._wake = trio.Event()
-                    self.latest = await fetch_status(client, self.serve_url, timeout_s=self.timeout_s)
-                    self.polls += 1
-                    with trio.move_on_after(self.interval_s):
-                        await self._wake.wait()
+            await self._main()
+
+    async def _main(self) -> None:
+        raise NotImplementedError
+
+
+class StatusBridge(GuestRun):
+    """Polls one model server from a trio guest run hosted on the running asyncio loop."""
+
+    def __init__(self, serve_url: str, *, interval_s: float = POLL_INTERVAL_S, timeout_s: float = POLL_TIMEOUT_S) -> None:
+        super().__init__()
+        self.serve_url = serve_url
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.latest: ServerStatus | None = None
+        """The newest poll's result; None until the first poll completes."""
+        self.polls = 0
+        """How many polls have completed."""
+        self._wake = trio.Event()
+
+    def refresh(self) -> None:
+        """Poll now instead of at the end of the current interval."""
+        self._wake.set()
+
+    async def _main(self) -> None:
+        async with httpx.AsyncClient() as client:
+            while True:
+                # A fresh event per poll: a refresh asked for during this poll triggers the
+                # next one at once instead of being lost.
+                self._wake = trio.Event()
+                self.latest = await fetch_status(client, self.serve_url, timeout_s=self.timeout_s)
+                self.polls += 1
+                with trio.move_on_after(self.interval_s):
+                    await self._wake.wait()

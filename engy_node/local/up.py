@@ -245,13 +245,16 @@ Epochs close every {EPOCH_S // 60} min ({EPOCH_GRACE_S} s grace); the validator 
 
 
 async def run_up(config: Config, hub: Hub, *, ports: dict[str, int | None] | None = None, traffic: bool = False,
-                 on_ready: Callable[[dict[str, Any]], None] | None = None,
+                 actions: Actions | None = None, on_ready: Callable[[dict[str, Any]], None] | None = None,
                  task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run the local network until cancelled. `actions` is the registry its control API serves
+    (the TUI passes its own, to call them in-process)."""
     identities = await trio.to_thread.run_sync(prepare_identities, config)
     config = local_config(config, identities, ports or {})
     chain = await trio.to_thread.run_sync(open_chain, config, identities.hotkeys)
     hotkeys = identities.hotkeys
-    actions = Actions()
+    actions = actions if actions is not None else Actions()
+    hub.set_state("node", **_node_info(config, hotkeys))
     try:
         async with trio.open_nursery() as nursery:
             control = await nursery.start(functools.partial(

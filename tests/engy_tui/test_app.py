@@ -108,11 +108,11 @@ def test_cli_rejects_a_serve_url_without_a_scheme(capsys):
     assert "--serve-url http://127.0.0.1:30000" in capsys.readouterr().err
 
 
-def test_help_says_this_version_monitors_a_model_server(capsys):
+def test_help_names_the_three_ways_to_run(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "monitors a model server" in text and "node manager" in text and "comes later" in text
+    assert "node manager" in text and "--local" in text and "--attach" in text and "monitors one sglang-compatible" in text
 
 
 # ---- the app under Pilot ----------------------------------------------------------------------

@@ -1,0 +1,172 @@
+"""The node manager: every role's state from one node, attached over its control API or run
+inside this process (SPEC §12).
+
+Data flows one way. `NodeBridge` (trio, guest mode) keeps the newest `NodeSnapshot` and the
+events since the last frame; a timer here copies them into the widgets at `RENDER_INTERVAL_S`,
+never once per event, so how fast the node talks never decides how often the screen redraws.
+What each panel says is decided by plain functions (`header_text`, `engy_node.local.status`,
+the widgets' own formatters), tested without a terminal; the app only routes snapshots.
+
+The overview says exactly what `engy-node status` prints for the same node — the TUI is a view
+plus actions over the control API, and everything it shows the CLI can show too.
+
+Quitting stops the bridge first: attached, that ends the polling; local, it cancels the node's
+root scope, so its services stop (model servers, the chain saved) before the asyncio loop ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.widgets import Footer, Static, TabbedContent, TabPane
+
+from engy_node.errors import EngyError
+from engy_node.local.status import format_status
+from engy_tui.node_bridge import NodeBridge, NodeSnapshot
+
+RENDER_INTERVAL_S = 0.5
+STALE_AFTER_S = 5.0
+
+
+def header_text(snapshot: NodeSnapshot | None, *, mode: str, now: float) -> Text:
+    """The one line that says what this node is and whether it is well: roles, network, block,
+    epoch, uptime and a state word (never colour alone)."""
+    text = Text()
+    text.append("engy-tui", style="bold")
+    if snapshot is None:
+        text.append(f"  {mode} · waiting for the node's first snapshot…", style="dim")
+        return text
+    node, states = snapshot.node, snapshot.states
+    roles = ", ".join(str(role) for role in node.get("roles") or ()) or "no roles"
+    parts = [roles]
+    if node.get("network"):
+        parts.append(str(node["network"]))
+    chain = states.get("chain") or {}
+    validator = states.get("validator") or {}
+    block = chain.get("block", validator.get("block"))
+    if isinstance(block, int):
+        parts.append(f"block {block:,}")
+    epochs = states.get("epochs") or {}
+    if isinstance(epochs.get("latest"), int):
+        parts.append(f"epoch {epochs['latest']}")
+    started = node.get("started_at")
+    if isinstance(started, (int, float)):
+        parts.append(f"up {_age(now - started)}")
+    text.append("  " + " · ".join(parts))
+    age = now - snapshot.taken_at
+    if not snapshot.connected:
+        text.append(f"   ✘ {snapshot.error or 'not connected'}", style="bold red")
+    elif age > STALE_AFTER_S:
+        text.append(f"   ⚠ stale {_age(age)}", style="yellow")
+    else:
+        text.append(f"   ● {mode}", style="green")
+    return text
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def overview_text(snapshot: NodeSnapshot | None, *, now: float) -> str:
+    if snapshot is None:
+        return "Waiting for the node…"
+    document = {"node": dict(snapshot.node), "states": {name: dict(values) for name, values in snapshot.states.items()}}
+    return format_status(document, now=now)
+
+
+class NodeManager(App[None]):
+    """One node's dashboards: overview, GPUs and logs, fed by a `NodeBridge`."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "engy-tui"
+    BINDINGS = [
+        Binding("q", "quit", "Quit", id="app.quit", tooltip="Leave engy-tui (a local network stops with it)."),
+        Binding("1", "show_tab('overview')", "Overview", id="app.tab.overview"),
+        Binding("2", "show_tab('logs')", "Logs", id="app.tab.logs"),
+        Binding("p", "toggle_traffic", "Pause/resume traffic", id="app.traffic"),
+    ]
+
+    def __init__(self, bridge: NodeBridge | None, *, clock: Callable[[], float] = time.time) -> None:
+        super().__init__()
+        self.bridge = bridge
+        self.clock = clock
+        self._traffic_paused = False
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="node-header")
+        with TabbedContent(initial="overview"):
+            with TabPane("Overview", id="overview"):
+                yield Static(id="overview-text")
+            with TabPane("Logs", id="logs"):
+                yield Static(id="logs-text")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        if self.bridge is not None:
+            self.sub_title = self.bridge.url or "local network"
+            self.bridge.start(on_crash=self._bridge_crashed)
+            self.set_interval(RENDER_INTERVAL_S, self.render_frame)
+        self.show_snapshot(None, events=[])
+
+    def render_frame(self) -> None:
+        assert self.bridge is not None
+        self.show_snapshot(self.bridge.latest, events=self.bridge.drain_events())
+
+    def show_snapshot(self, snapshot: NodeSnapshot | None, *, events: list[Mapping[str, Any]]) -> None:
+        """Display one frame (tests call this with fixed data and no bridge)."""
+        now = self.clock()
+        mode = self.bridge.mode if self.bridge is not None else "snapshot"
+        self.query_one("#node-header", Static).update(header_text(snapshot, mode=mode, now=now))
+        self.query_one("#overview-text", Static).update(overview_text(snapshot, now=now))
+        if events:
+            lines = [f"{_clock(event.get('ts'))} {str(event.get('level', '')).upper():7} {event.get('component', '')}: "
+                     f"{event.get('message', '')}" for event in events[-200:]]
+            self.query_one("#logs-text", Static).update("\n".join(lines))
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    async def action_toggle_traffic(self) -> None:
+        if self.bridge is None:
+            return
+        action = "resume-traffic" if self._traffic_paused else "pause-traffic"
+        try:
+            await self.bridge.run_action(action)
+        except EngyError as err:
+            self.notify(str(err), title="traffic", severity="warning")
+            return
+        self._traffic_paused = not self._traffic_paused
+        self.notify("demo traffic paused" if self._traffic_paused else "demo traffic resumed", title="traffic")
+
+    async def action_quit(self) -> None:
+        if self.bridge is not None and self.bridge.mode == "local":
+            self.notify("stopping the local network…", title="quit")
+        await self._stop_bridge()
+        self.exit()
+
+    async def on_unmount(self) -> None:
+        await self._stop_bridge()
+
+    async def _stop_bridge(self) -> None:
+        if self.bridge is not None:
+            await self.bridge.stop()
+
+    def _bridge_crashed(self, error: BaseException) -> None:
+        self.exit(return_code=1, message=f"engy-tui: the node link stopped unexpectedly ({type(error).__name__}: "
+                                         f"{error}). This is a bug; please report it with this message.")
+
+
+def _clock(ts: Any) -> str:
+    if not isinstance(ts, (int, float)):
+        return "--:--:--"
+    return time.strftime("%H:%M:%S", time.localtime(ts))

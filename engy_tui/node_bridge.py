@@ -1,0 +1,228 @@
+"""The node manager's link to a node: the node's hub, read at a fixed rate, from either side of a
+process boundary.
+
+Two ways to have a node (SPEC §2, §12):
+
+* **attached** (`engy-tui --attach URL`): a headless node (`engy-node --role …`, `engy-node up`)
+  serves its control API; the trio side polls `/v1/status` and `/v1/events` with the node's
+  token and keeps the newest snapshot and the events since the last frame.
+* **local** (`engy-tui --local`): the node core runs inside this process, in the same trio guest
+  run — `engy-node up`'s whole network, started by the `start` callable with the hub and action
+  registry the TUI reads. Quitting cancels the guest run's root scope, which runs every node
+  service's shutdown (model servers stopped, chain saved) before the host loop may end.
+
+Either way the app sees the same things: `latest` (a `NodeSnapshot`: node info, per-component
+states, metrics, and whether the node answered), `drain_events()` (the log events that arrived
+since the last call, bounded), and `run_action(id, params)` (the node's registered actions:
+pause traffic, …). The app copies them into widgets at its own render rate, so 1,000 events a
+second cost the UI one batch per frame, not one redraw per event.
+
+The guest run lifecycle (start on the running asyncio loop; stop = cancel the root scope and
+wait; an unexpected end reported once through `on_crash`) is `StatusBridge`'s, in
+`engy_tui.bridge`; this module reuses it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from engy_node.control import Actions
+from engy_node.errors import EngyError, collapse
+from engy_node.hub import Hub
+from engy_tui.bridge import GuestRun
+
+SNAPSHOT_INTERVAL_S = 0.5
+EVENTS_INTERVAL_S = 0.25
+REQUEST_TIMEOUT_S = 5.0
+EVENT_BATCH = 2_000
+PENDING_EVENTS = 20_000
+"""Events held for the next frame; a UI that falls further behind loses the oldest (counted)."""
+
+LocalStart = Callable[..., Awaitable[Any]]
+"""`async def start(hub, actions, *, task_status)`: runs a node until cancelled."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    node: Mapping[str, Any]
+    states: Mapping[str, Mapping[str, Any]]
+    metrics: Mapping[str, Any]
+    taken_at: float
+    """Wall-clock seconds when this snapshot was read."""
+    connected: bool
+    error: str | None = None
+    """Why the node did not answer (attached), or why it stopped (local)."""
+
+
+class NodeBridge(GuestRun):
+    """Feeds the node manager from a node: `NodeBridge.attach(url, token)` or `NodeBridge.local(start)`."""
+
+    def __init__(self, *, url: str | None = None, token: str | None = None, start: LocalStart | None = None,
+                 node_info: Mapping[str, Any] | None = None, hub: Hub | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__()
+        if (url is None) == (start is None):
+            raise ValueError("a NodeBridge either attaches to a URL or runs a node locally")
+        self.url = url.rstrip("/") if url else None
+        self.token = token
+        self.start_node = start
+        self.hub = hub if hub is not None else (Hub() if start is not None else None)
+        self.actions = Actions()
+        self.node_info = dict(node_info or {})
+        self.clock = clock
+        self.latest: NodeSnapshot | None = None
+        self.missed_events = 0
+        """Events the node or this bridge dropped before the UI drained them."""
+        self.ready = False
+        """Local: the node said it is serving. Attached: the first status answered."""
+        self._pending: collections.deque[dict[str, Any]] = collections.deque(maxlen=PENDING_EVENTS)
+        self._next_seq = 0
+        self._error: str | None = None
+        """Local: why the node stopped; snapshots carry it."""
+
+    @classmethod
+    def attach(cls, url: str, token: str, **kwargs: Any) -> NodeBridge:
+        return cls(url=url, token=token, **kwargs)
+
+    @classmethod
+    def local(cls, start: LocalStart, *, node_info: Mapping[str, Any] | None = None, hub: Hub | None = None,
+              **kwargs: Any) -> NodeBridge:
+        return cls(start=start, node_info=node_info, hub=hub, **kwargs)
+
+    @property
+    def mode(self) -> str:
+        return "attached" if self.url else "local"
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        """The events that arrived since the last call, oldest first."""
+        events = list(self._pending)
+        self._pending.clear()
+        return events
+
+    async def run_action(self, action_id: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Run one of the node's actions; raises `EngyError` with the node's message if it refuses.
+        Call it from the host (asyncio) side: it hops into the guest run when local."""
+        if self.url is None:
+            action = self.actions.get(action_id)
+            if action is None:
+                raise EngyError(f"no action {action_id!r}; this node offers: {', '.join(self.actions.ids()) or 'none'}")
+            return await action.handler(dict(params or {}))
+        async with httpx.AsyncClient(trust_env=False, timeout=REQUEST_TIMEOUT_S) as client:
+            response = await client.post(f"{self.url}/v1/actions/{action_id}", json=dict(params or {}),
+                                         headers=self._headers())
+        body = _json(response)
+        if response.status_code != 200:
+            raise EngyError(str((body.get("error") or {}).get("message") or f"HTTP {response.status_code}"))
+        return body.get("result") or {}
+
+    # ---- the guest run ---------------------------------------------------------------------
+
+    async def _main(self) -> None:
+        if self.url is not None:
+            await self._attached()
+        else:
+            await self._local()
+
+    async def _attached(self) -> None:
+        async with httpx.AsyncClient(trust_env=False, timeout=REQUEST_TIMEOUT_S) as client, trio.open_nursery() as nursery:
+            nursery.start_soon(self._poll_events, client)
+            while True:
+                self.latest = await self._fetch_status(client)
+                self.ready = self.ready or self.latest.connected
+                await trio.sleep(SNAPSHOT_INTERVAL_S)
+
+    async def _fetch_status(self, client: httpx.AsyncClient) -> NodeSnapshot:
+        now = self.clock()
+        previous = self.latest
+        try:
+            response = await client.get(f"{self.url}/v1/status", headers=self._headers())
+        except httpx.HTTPError as err:
+            return _stale(previous, now, f"the node at {self.url} does not answer ({type(err).__name__}); is it running?")
+        body = _json(response)
+        if response.status_code != 200:
+            message = (body.get("error") or {}).get("message") or f"HTTP {response.status_code}"
+            return _stale(previous, now, f"the node refused: {message}")
+        return NodeSnapshot(node=body.get("node") or {}, states=body.get("states") or {}, metrics=body.get("metrics") or {},
+                            taken_at=now, connected=True)
+
+    async def _poll_events(self, client: httpx.AsyncClient) -> None:
+        while True:
+            try:
+                response = await client.get(f"{self.url}/v1/events", params={"since": self._next_seq, "limit": EVENT_BATCH},
+                                            headers=self._headers())
+            except httpx.HTTPError:
+                await trio.sleep(SNAPSHOT_INTERVAL_S)  # the status poll says what is wrong
+                continue
+            body = _json(response)
+            if response.status_code == 200:
+                self._take(body.get("events") or [], body.get("next_seq", self._next_seq), body.get("missed", 0))
+                if len(body.get("events") or []) >= EVENT_BATCH:
+                    continue  # more are waiting: read them before the next frame
+            await trio.sleep(EVENTS_INTERVAL_S)
+
+    async def _local(self) -> None:
+        assert self.start_node is not None and self.hub is not None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read_hub)
+            try:
+                await nursery.start(self.start_node, self.hub, self.actions)
+            except Exception as raised:
+                # The node could not start (a port in use, a missing model): show why and keep
+                # the logs readable rather than closing the window on the user.
+                error = collapse(raised)
+                self._error = f"the node did not start: {error}"
+                self.latest = _stale(self.latest, self.clock(), self._error)
+                return
+            self.ready = True
+
+    async def _read_hub(self) -> None:
+        assert self.hub is not None
+        while True:
+            batch = self.hub.events_since(self._next_seq, limit=EVENT_BATCH)
+            self._take([dataclasses.asdict(event) for event in batch.events], batch.next_seq, batch.missed)
+            snapshot = self.hub.snapshot()
+            # A node that describes itself (the local network publishes its hotkeys) wins.
+            node = {**self.node_info, **snapshot["states"].get("node", {})}
+            self.latest = NodeSnapshot(node=node, states=snapshot["states"], metrics=snapshot["metrics"],
+                                       taken_at=self.clock(), connected=self._error is None, error=self._error)
+            await trio.sleep(EVENTS_INTERVAL_S)
+
+    def _take(self, events: list[dict[str, Any]], next_seq: Any, missed: Any) -> None:
+        overflow = max(0, len(self._pending) + len(events) - PENDING_EVENTS)
+        self.missed_events += overflow + (missed if isinstance(missed, int) else 0)
+        self._pending.extend(events)
+        if isinstance(next_seq, int):
+            self._next_seq = next_seq
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+def read_attach_token(token_file: str | Path) -> str:
+    """The control API token from the node's token file, or an `EngyError` naming the file."""
+    from engy_node.control import read_token
+
+    return read_token(Path(token_file))
+
+
+def _stale(previous: NodeSnapshot | None, now: float, error: str) -> NodeSnapshot:
+    """What the node last said, marked as no longer current and why."""
+    if previous is None:
+        return NodeSnapshot(node={}, states={}, metrics={}, taken_at=now, connected=False, error=error)
+    return dataclasses.replace(previous, connected=False, error=error)
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
