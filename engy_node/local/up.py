@@ -205,15 +205,15 @@ def local_config(config: Config, identities: LocalIdentities, ports: dict[str, i
     hotkeys = identities.hotkeys
     gateway = dataclasses.replace(
         config.gateway, workers=1,
-        port=_pick(ports["buyer"], config.gateway.port), miner_port=_pick(ports["miner"], config.gateway.miner_port),
-        provider_port=_pick(ports["provider"], config.gateway.provider_port),
+        port=_pick(ports.get("buyer"), config.gateway.port), miner_port=_pick(ports.get("miner"), config.gateway.miner_port),
+        provider_port=_pick(ports.get("provider"), config.gateway.provider_port),
         # The local miners are the operator's own: serving at once, still judged by the control plane.
         first_party=",".join(hotkeys[name] for name in MINERS),
         verifiers=hotkeys["verifier"], owner_hotkey=hotkeys["owner"], master_wallet=f"{LOCAL_WALLET}/master",
         wallets_path=str(wallets_dir(config)), epoch_s=EPOCH_S, epoch_grace_s=EPOCH_GRACE_S, gate_min_samples=1,
         traffic_time_scale=0.1, qualify_probes=3, probe_max_tokens=40, probe_concurrency=2, audit_paid_pct=25.0,
     )
-    control = dataclasses.replace(config.control, port=_pick(ports["control"], config.control.port))
+    control = dataclasses.replace(config.control, port=_pick(ports.get("control"), config.control.port))
     return dataclasses.replace(config, gateway=gateway, control=control)
 
 
