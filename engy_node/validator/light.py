@@ -27,6 +27,7 @@ signed heartbeat to the provider is best-effort and never delays the loop.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import logging
@@ -57,6 +58,7 @@ HEARTBEAT_PATH = "/api/subnet/v1/validator/heartbeat"
 FETCH_TIMEOUT_S = 30.0
 HEARTBEAT_TIMEOUT_S = 10.0
 WATCHDOG_CHECK_S = 30.0
+SUBMISSIONS_KEPT = 20
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,6 +109,7 @@ class LightValidator:
         self.block_s = settings.block_s
         self.last_view: ChainView | None = None
         self.last_tick_monotonic = time.monotonic()
+        self.submissions: collections.deque[dict[str, Any]] = collections.deque(maxlen=SUBMISSIONS_KEPT)
         self._warned_interval = False
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -266,6 +269,8 @@ class LightValidator:
         if not outcome.landed:
             advice = f" ({outcome.remediation})" if outcome.remediation else ""
             log.warning("submit of epoch %d refused, nothing recorded: %s%s", candidate.epoch_index, outcome.describe(), advice)
+            self._record_submission(view.block, candidate.epoch_index, "new" if is_new else "resubmit", outcome.describe(),
+                                    landed=False)
             return TickResult("submit-failed", candidate.epoch_index, view.block)
 
         new_state = after_submit(state, epoch_index=candidate.epoch_index, block=view.block, now=self.clock(),
@@ -280,7 +285,9 @@ class LightValidator:
             outcome_name = "resubmitted:cached"
         else:
             outcome_name = "applied" if is_new else "resubmitted"
-        self._publish_weights(view, resolution, candidate.epoch_index)
+        self._publish_weights(view, resolution, candidate.epoch_index, dropped=resolution.dropped,
+                              dropped_share=resolution.dropped_share, digest=candidate.digest)
+        self._record_submission(view.block, candidate.epoch_index, outcome_name, outcome.describe(), landed=True)
         return TickResult(outcome_name, candidate.epoch_index, view.block)
 
     # ---- liveness and reporting -------------------------------------------------------------
@@ -301,13 +308,22 @@ class LightValidator:
                                weights_rate_limit=view.weights_rate_limit, activity_cutoff=view.activity_cutoff,
                                tempo=view.tempo, commit_reveal=view.commit_reveal)
 
-    def _publish_weights(self, view: ChainView, resolution: uids.Resolution, epoch_index: int) -> None:
+    def _publish_weights(self, view: ChainView, resolution: uids.Resolution, epoch_index: int, *,
+                         dropped: tuple[str, ...], dropped_share: float, digest: str | None) -> None:
         if self.hub is None:
             return
         by_uid = dict(enumerate(view.hotkeys))
-        self.hub.set_state("validator", submitted_epoch=epoch_index, submitted_block=view.block,
+        self.hub.set_state("validator", submitted_epoch=epoch_index, submitted_block=view.block, digest=digest,
+                           dropped=list(dropped), dropped_share=dropped_share,
                            weights=[{"uid": uid, "hotkey": by_uid.get(uid), "weight": value}
                                     for uid, value in zip(resolution.uids, resolution.values)])
+
+    def _record_submission(self, block: int, epoch_index: int, kind: str, detail: str, *, landed: bool) -> None:
+        """The newest submissions first, for the dashboards: what went to the chain and how it ended."""
+        self.submissions.appendleft({"ts": self.clock(), "block": block, "epoch": epoch_index, "kind": kind,
+                                     "landed": landed, "detail": detail})
+        if self.hub is not None:
+            self.hub.set_state("validator", submissions=list(self.submissions))
 
     async def _stamp(self, result: TickResult) -> None:
         now = self.clock()

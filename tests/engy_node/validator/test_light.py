@@ -25,6 +25,7 @@ from starlette.routing import Route
 import httpx
 from engy_node import keys
 from engy_node.asgi import start_listener
+from engy_node.hub import Hub
 from engy_node.protocol.epoch import build_result_json, encode_payload, sign_epoch
 from engy_node.validator.chain import ChainClient
 from engy_node.validator.devchain import DevChain, SubnetParams
@@ -136,14 +137,14 @@ async def provider(nursery):
 async def make_loop(tmp_path, chain, clocks, validator_key, provider):
     clients: list[ChainClient] = []
     async with httpx.AsyncClient() as http:
-        def make(**overrides) -> LightValidator:
+        def make(hub: Hub | None = None, **overrides) -> LightValidator:
             settings = LightSettings(**{
                 "provider_url": provider.url, "master_hotkey": MASTER.ss58_address, "netuid": NETUID,
                 "state_path": tmp_path / "validator" / "state.json", "heartbeat_path": tmp_path / "validator" / "heartbeat.json",
                 "poll_s": 300.0, "resubmit_blocks": INTERVAL, "block_s": BLOCK_S, **overrides})
             client = ChainClient("local", substrate=chain)
             clients.append(client)
-            return LightValidator(settings, chain=client, signer=validator_key, http=http, clock=clocks.wall)
+            return LightValidator(settings, chain=client, signer=validator_key, http=http, clock=clocks.wall, hub=hub)
 
         yield make
     for client in clients:
@@ -331,6 +332,20 @@ async def test_run_stamps_the_heartbeat_and_posts_a_signed_provider_heartbeat(re
     assert beat["outcome"] == "applied" and beat["epoch"] == 5
     assert provider.heartbeats[0]["synced_epoch"] == 5
     assert provider.heartbeats[0]["consensus"]["epoch_index"] == 5
+
+
+async def test_the_hub_shows_weights_and_every_submission_landed_or_refused(registered, chain, clocks, provider, make_loop):
+    provider.body = payload(5, [[MINER_A, 3000], [MINER_B, 1000]])
+    hub = Hub()
+    loop = make_loop(hub=hub)
+    chain.reject_next(6)
+    assert (await loop.tick()).outcome == "submit-failed"
+    assert (await loop.tick()).outcome == "applied"
+    state = hub.states()["validator"]
+    assert [entry["landed"] for entry in state["submissions"]] == [True, False]  # newest first
+    assert "RateLimitExceeded" in state["submissions"][1]["detail"]
+    assert {row["hotkey"]: row["weight"] for row in state["weights"]} == {MINER_A: 3000, MINER_B: 1000}
+    assert state["submitted_epoch"] == 5 and state["uid"] == registered and state["permit"] is True
 
 
 def test_the_watchdog_exits_when_ticks_stop_completing():
