@@ -28,6 +28,7 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane
 from engy_node.errors import EngyError
 from engy_node.local.status import format_status
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot
+from engy_tui.widgets.logs import LogsView
 
 RENDER_INTERVAL_S = 0.5
 STALE_AFTER_S = 5.0
@@ -101,6 +102,7 @@ class NodeManager(App[None]):
         self.bridge = bridge
         self.clock = clock
         self._traffic_paused = False
+        self._missed_seen = 0
 
     def compose(self) -> ComposeResult:
         yield Static(id="node-header")
@@ -108,7 +110,7 @@ class NodeManager(App[None]):
             with TabPane("Overview", id="overview"):
                 yield Static(id="overview-text")
             with TabPane("Logs", id="logs"):
-                yield Static(id="logs-text")
+                yield LogsView(id="logs-view", min_level="info")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -120,18 +122,17 @@ class NodeManager(App[None]):
 
     def render_frame(self) -> None:
         assert self.bridge is not None
-        self.show_snapshot(self.bridge.latest, events=self.bridge.drain_events())
+        missed, self._missed_seen = self.bridge.missed_events - self._missed_seen, self.bridge.missed_events
+        self.show_snapshot(self.bridge.latest, events=self.bridge.drain_events(), missed=missed)
 
-    def show_snapshot(self, snapshot: NodeSnapshot | None, *, events: list[Mapping[str, Any]]) -> None:
+    def show_snapshot(self, snapshot: NodeSnapshot | None, *, events: list[Mapping[str, Any]], missed: int = 0) -> None:
         """Display one frame (tests call this with fixed data and no bridge)."""
         now = self.clock()
         mode = self.bridge.mode if self.bridge is not None else "snapshot"
         self.query_one("#node-header", Static).update(header_text(snapshot, mode=mode, now=now))
         self.query_one("#overview-text", Static).update(overview_text(snapshot, now=now))
-        if events:
-            lines = [f"{_clock(event.get('ts'))} {str(event.get('level', '')).upper():7} {event.get('component', '')}: "
-                     f"{event.get('message', '')}" for event in events[-200:]]
-            self.query_one("#logs-text", Static).update("\n".join(lines))
+        if events or missed:
+            self.query_one(LogsView).append(events, missed=missed)
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
@@ -166,7 +167,3 @@ class NodeManager(App[None]):
                                          f"{error}). This is a bug; please report it with this message.")
 
 
-def _clock(ts: Any) -> str:
-    if not isinstance(ts, (int, float)):
-        return "--:--:--"
-    return time.strftime("%H:%M:%S", time.localtime(ts))

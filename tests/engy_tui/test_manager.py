@@ -23,6 +23,7 @@ from engy_node.hub import Hub
 from engy_tui.app import build_app, build_parser
 from engy_tui.manager import NodeManager, header_text
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot
+from engy_tui.widgets.logs import LogsView
 
 SIZE = (120, 40)
 WAIT_S = 20.0
@@ -129,7 +130,13 @@ def test_attached_the_manager_shows_the_nodes_status_and_logs(tmp_path):
             await wait_for(pilot, lambda: "block 1,234" in static_text(app, "#node-header"), "the header filled in")
             assert "weights on chain from uid 1" in static_text(app, "#overview-text")
             await pilot.press("2")
-            await wait_for(pilot, lambda: "epoch 42: weights" in static_text(app, "#logs-text"), "the log line shown")
+            logs = app.query_one(LogsView)
+            def logged() -> bool:
+                buffer = logs.buffer
+                return any("epoch 42: weights" in buffer.line(number).message
+                           for number in range(buffer.first_number, buffer.first_number + len(buffer)))
+
+            await wait_for(pilot, logged, "the log line in the logs view")
             await pilot.press("q")
 
         run_app(app, check)
