@@ -416,15 +416,16 @@ def _run_roles(config, roles: list[str]) -> int:
         from engy_node.validator.role import preflight as validator_preflight
 
         validator_preflight(config)
-    from engy_node.control import Actions
+    from engy_node.control import node_actions
 
     hub = _start_logging(config)
     log.info("engy-node %s: roles %s (pid %d)", __version__, ", ".join(roles), os.getpid())
-    services = [("control API", _control_service(config, hub, roles, Actions()))]
+    actions = node_actions()
+    services = [("control API", _control_service(config, hub, roles, actions))]
     if "gateway" in roles:
         services.append(("gateway", functools.partial(run_gateway, config, hub)))
     if "miner" in roles:
-        services.append(("miner", functools.partial(run_miner, config, hub)))
+        services.append(("miner", functools.partial(run_miner, config, hub, actions=actions)))
     if "verifier" in roles:
         from engy_node.verifier import run_verifier_role
 

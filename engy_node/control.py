@@ -257,6 +257,26 @@ class Actions:
         return [{"id": action.id, "description": action.description} for _, action in sorted(self._actions.items())]
 
 
+def node_actions() -> Actions:
+    """A registry with what every node can do: change its log level (`{"level": "debug"}`)."""
+    from engy_node.hub import set_log_level
+
+    actions = Actions()
+
+    async def log_level(params: dict[str, Any]) -> dict[str, Any]:
+        level = params.get("level")
+        try:
+            set_log_level(level if isinstance(level, str) else "")
+        except ValueError as error:
+            raise ControlError(f"{error}; send {{\"level\": \"debug\"}}") from None
+        logging.getLogger("engy.control").info("log level set to %s", level)
+        return {"level": level}
+
+    actions.register("set-log-level", "change the node's stderr and log-file level (debug, info, warning, error)",
+                     log_level)
+    return actions
+
+
 # ---- the app ---------------------------------------------------------------------------------
 def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     # orjson, not JSONResponse: role states may hold values json.dumps rejects (a Path, a NaN

@@ -160,3 +160,16 @@ def install_logging(hub: Hub, *, level: str = "info", log_dir: Path | None = Non
             file_handler.setLevel(level.upper())
             file_handler.setFormatter(formatter)
             root.addHandler(file_handler)
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def set_log_level(level: str) -> None:
+    """Change what stderr and the log file receive, at run time (the hub keeps every record
+    whatever the level). Raises ValueError for a level that is not one of `LOG_LEVELS`."""
+    if level not in LOG_LEVELS:
+        raise ValueError(f"log level {level!r}: choose one of {', '.join(LOG_LEVELS)}")
+    for handler in logging.getLogger(LOGGER_ROOT).handlers:
+        if not isinstance(handler, HubHandler):
+            handler.setLevel(level.upper())

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import trio
 
-from engy_node.control import Actions
+from engy_node.control import node_actions
 from engy_node.errors import EngyError, collapse
 from engy_node.hub import Hub
 from engy_tui.bridge import GuestRun
@@ -75,7 +75,7 @@ class NodeBridge(GuestRun):
         self.token = token
         self.start_node = start
         self.hub = hub if hub is not None else (Hub() if start is not None else None)
-        self.actions = Actions()
+        self.actions = node_actions()
         self.node_info = dict(node_info or {})
         self.clock = clock
         self.latest: NodeSnapshot | None = None

@@ -47,7 +47,7 @@ import trio
 
 from engy_node import __version__, keys
 from engy_node.config import Config
-from engy_node.control import Actions, serve_control
+from engy_node.control import Actions, node_actions, serve_control
 from engy_node.errors import EngyError
 from engy_node.gateway.role import GatewayUrls, run_gateway, store_path
 from engy_node.gateway.store import Store
@@ -253,7 +253,7 @@ async def run_up(config: Config, hub: Hub, *, ports: dict[str, int | None] | Non
     config = local_config(config, identities, ports or {})
     chain = await trio.to_thread.run_sync(open_chain, config, identities.hotkeys)
     hotkeys = identities.hotkeys
-    actions = actions if actions is not None else Actions()
+    actions = actions if actions is not None else node_actions()
     hub.set_state("node", **_node_info(config, hotkeys))
     try:
         async with trio.open_nursery() as nursery:
@@ -262,7 +262,7 @@ async def run_up(config: Config, hub: Hub, *, ports: dict[str, int | None] | Non
                 node_info=_node_info(config, hotkeys), host=config.control.host, port=config.control.port))
             await nursery.start(_publish_chain, chain, hub, config.node.netuid)
             urls: GatewayUrls = await nursery.start(run_gateway, config, hub)
-            await _start_together(nursery, [_miner_service(config, hub, name, urls) for name in MINERS])
+            await _start_together(nursery, [_miner_service(config, hub, name, urls, actions) for name in MINERS])
             await nursery.start(functools.partial(run_validator, _validator_config(config, urls, hotkeys), hub, substrate=chain))
             await nursery.start(run_verifier_role, _verifier_config(config, urls), hub)
             document = {
@@ -297,7 +297,7 @@ def _node_info(config: Config, hotkeys: dict[str, str]) -> dict[str, Any]:
             "network": "local", "hotkeys": hotkeys}
 
 
-def _miner_service(config: Config, hub: Hub, name: str, urls: GatewayUrls) -> Callable[..., Awaitable[Any]]:
+def _miner_service(config: Config, hub: Hub, name: str, urls: GatewayUrls, actions: Actions) -> Callable[..., Awaitable[Any]]:
     # Each miner gets a home of its own inside ours, for its model server's home and logs.
     paths = dataclasses.replace(config.paths, data_dir=config.paths.data_dir / "local" / name)
     miner_config = dataclasses.replace(config, paths=paths, miner=dataclasses.replace(
@@ -305,7 +305,7 @@ def _miner_service(config: Config, hub: Hub, name: str, urls: GatewayUrls) -> Ca
         wallets_path=str(wallets_dir(config)), wallet_name=LOCAL_WALLET, wallet_hotkey=name, worker_name=name,
     ))
     return functools.partial(run_miner, miner_config, hub, ready_when_admitted=True, hub_component=name,
-                             server_hub_component=f"model_server.{name}")
+                             server_hub_component=f"model_server.{name}", actions=actions)
 
 
 def _validator_config(config: Config, urls: GatewayUrls, hotkeys: dict[str, str]) -> Config:

@@ -33,6 +33,7 @@ import trio
 
 from engy_node import __version__, keys
 from engy_node.config import Config
+from engy_node.control import Actions
 from engy_node.errors import EngyError
 from engy_node.hub import Hub
 from engy_node.miner.gpu import GpuInventory, detect
@@ -188,6 +189,21 @@ def identity(config: Config) -> Identity:
     return Identity(miner_key=settings.miner_key, netuid=config.node.netuid)
 
 
+def register_restart(actions: Actions, supervisor: ModelServerSupervisor, hub_component: str) -> None:
+    """The operator's "restart model server" (the TUI's `r`, `POST /v1/actions/...`)."""
+    suffix = "" if hub_component == "miner" else f"-{hub_component}"
+
+    async def restart(params: dict) -> dict:
+        try:
+            await supervisor.restart()
+        except RuntimeError as error:
+            raise MinerError(str(error)) from None
+        return {"restarted": True, "command": supervisor.command}
+
+    actions.register(f"restart-model-server{suffix}", f"restart the model server of {hub_component}", restart,
+                     timeout_s=120.0)
+
+
 class MinerMetrics:
     """Per-request metrics in the hub's registry (what the TUI's requests panel reads)."""
 
@@ -229,7 +245,8 @@ class ServeRotation:
 
 
 async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = False, hub_component: str = "miner",
-                    server_hub_component: str = "model_server", task_status=trio.TASK_STATUS_IGNORED) -> None:
+                    server_hub_component: str = "model_server", actions: Actions | None = None,
+                    task_status=trio.TASK_STATUS_IGNORED) -> None:
     """The miner service: ready once the model server answers, and the link keeps dialling; with
     `ready_when_admitted`, ready once the gateway has admitted a leg too (a local network says
     it is up only when a buyer's first request can be served). Several miners in one process
@@ -254,6 +271,8 @@ async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = Fal
         if setup.launch is not None:
             supervisor = ModelServerSupervisor(setup.launch, hub, hub_component=server_hub_component)
             serve_urls: tuple[str, ...] = (await nursery.start(supervisor.run),)
+            if actions is not None:
+                register_restart(actions, supervisor, hub_component)
         else:
             serve_urls = setup.serve_urls
         handler = RequestHandler(model=served, serve=ServeRotation(serve_urls, http, request_timeout_s=setup.spec.max_request_s), chunk_tokens=settings.chunk_tokens,

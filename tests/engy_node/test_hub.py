@@ -372,3 +372,24 @@ def test_concurrent_producers_get_unique_consecutive_seqs_and_lose_nothing():
         mine = [int(e.message) for e in batch.events if e.component == f"thread{index}"]
         assert mine == list(range(per_thread))
     assert hub.snapshot()["last_seq"] == total - 1
+
+
+def test_set_log_level_changes_stderr_and_file_but_the_hub_keeps_everything(tmp_path):
+    import logging
+
+    from engy_node.hub import Hub, install_logging, set_log_level
+
+    hub = Hub()
+    install_logging(hub, level="info", log_dir=tmp_path)
+    try:
+        set_log_level("error")
+        logging.getLogger("engy.test").warning("kept in the hub only")
+        assert "kept in the hub only" in hub.events_since(0).events[-1].message
+        assert "kept in the hub only" not in (tmp_path / "engy-node.log").read_text()
+        set_log_level("debug")
+        logging.getLogger("engy.test").debug("now in the file too")
+        assert "now in the file too" in (tmp_path / "engy-node.log").read_text()
+        with pytest.raises(ValueError, match="choose one of"):
+            set_log_level("loud")
+    finally:
+        install_logging(Hub(), level="info")
