@@ -140,11 +140,25 @@ def build_parser() -> argparse.ArgumentParser:
 def build_app(argv: Sequence[str] | None = None, *, poll: bool = True) -> App[None]:
     """The app as `engy-tui ARGV` builds it; tests use this too, so they run what users run."""
     args = build_parser().parse_args(argv)
-    if args.local:
-        return NodeManager(_local_bridge(args.home, traffic=args.traffic) if poll else None)
-    if args.attach is not None:
-        return NodeManager(_attached_bridge(args.home, args.attach, args.token_file) if poll else None)
+    if args.local or args.attach is not None:
+        bridge = None
+        if poll:
+            bridge = (_local_bridge(args.home, traffic=args.traffic) if args.local
+                      else _attached_bridge(args.home, args.attach, args.token_file))
+        return NodeManager(bridge, home=args.home, keymap=_user_keymap(args.home))
     return EngyTui(args.serve_url or DEFAULT_SERVE_URL, poll=poll)
+
+
+def _user_keymap(home: str | None) -> dict[str, str]:
+    """The user's `keymap.toml` beside node.toml; a broken file is an error naming it."""
+    from engy_node.config import load_config
+    from engy_node.errors import ConfigError
+    from engy_tui.commands import KeymapError, load_keymap
+
+    try:
+        return load_keymap(load_config(home=home).paths.config_file.parent / "keymap.toml")
+    except KeymapError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _attached_bridge(home: str | None, url: str, token_file: str | None) -> NodeBridge:

@@ -27,6 +27,7 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from engy_node.errors import EngyError
 from engy_node.local.status import format_status
+from engy_tui.commands import CommandSpec, NodeCommands, command_specs
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot
 from engy_tui.widgets.logs import LogsView
 
@@ -90,17 +91,26 @@ class NodeManager(App[None]):
 
     CSS_PATH = "app.tcss"
     TITLE = "engy-tui"
+    COMMANDS = App.COMMANDS | {NodeCommands}
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit", tooltip="Leave engy-tui (a local network stops with it)."),
         Binding("1", "show_tab('overview')", "Overview", id="app.tab.overview"),
         Binding("2", "show_tab('logs')", "Logs", id="app.tab.logs"),
         Binding("p", "toggle_traffic", "Pause/resume traffic", id="app.traffic"),
+        Binding("r", "restart_model_server", "Restart server", id="app.restart_server",
+                tooltip="Restart the model server (the first, on a node with several; the palette has each)."),
+        Binding("c", "copy_command", "Copy command", id="app.copy_command", tooltip="Copy the model server's launch command."),
+        Binding("d", "diagnostics", "Diagnostics", id="app.diagnostics",
+                tooltip="Write a diagnostics bundle (.tar.gz) to the current directory, as engy-node diagnose does."),
     ]
 
-    def __init__(self, bridge: NodeBridge | None, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, bridge: NodeBridge | None, *, clock: Callable[[], float] = time.time, home: str | None = None,
+                 keymap: Mapping[str, str] | None = None) -> None:
         super().__init__()
         self.bridge = bridge
         self.clock = clock
+        self.home = home
+        self.user_keymap = dict(keymap or {})
         self._traffic_paused = False
         self._missed_seen = 0
 
@@ -114,6 +124,8 @@ class NodeManager(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        if self.user_keymap:
+            self.set_keymap(self.user_keymap)
         if self.bridge is not None:
             self.sub_title = self.bridge.url or "local network"
             self.bridge.start(on_crash=self._bridge_crashed)
@@ -148,6 +160,71 @@ class NodeManager(App[None]):
             return
         self._traffic_paused = not self._traffic_paused
         self.notify("demo traffic paused" if self._traffic_paused else "demo traffic resumed", title="traffic")
+
+    # ---- commands: the palette and the bindings run the same specs ---------------------------
+
+    async def palette_commands(self) -> list[CommandSpec]:
+        if self.bridge is None:
+            return command_specs([], {})
+        try:
+            actions = await self.bridge.list_actions()
+        except EngyError as err:
+            self.notify(str(err), title="commands", severity="warning")
+            actions = []
+        states = self.bridge.latest.states if self.bridge.latest is not None else {}
+        return command_specs(actions, states)
+
+    async def run_command(self, spec: CommandSpec) -> None:
+        if spec.kind == "copy":
+            self.copy_to_clipboard(spec.text or "")
+            self.notify(spec.text or "", title="copied")
+        elif spec.kind == "diagnose":
+            await self._diagnostics()
+        elif self.bridge is not None and spec.action_id is not None:
+            self.notify(f"{spec.title}…", title="running")
+            try:
+                result = await self.bridge.run_action(spec.action_id, spec.params)
+            except EngyError as err:
+                self.notify(str(err), title=spec.title, severity="error")
+                return
+            self.notify(", ".join(f"{key}: {value}" for key, value in result.items()) or "done", title=spec.title)
+
+    async def _first(self, kind: str, prefix: str = "") -> CommandSpec | None:
+        return next((spec for spec in await self.palette_commands()
+                     if spec.kind == kind and (spec.action_id or "").startswith(prefix)), None)
+
+    async def action_restart_model_server(self) -> None:
+        spec = await self._first("action", "restart-model-server")
+        if spec is None:
+            self.notify("this node supervises no model server", title="restart", severity="warning")
+            return
+        await self.run_command(spec)
+
+    async def action_copy_command(self) -> None:
+        spec = await self._first("copy")
+        if spec is None:
+            self.notify("this node reports no model server command", title="copy", severity="warning")
+            return
+        await self.run_command(spec)
+
+    async def action_diagnostics(self) -> None:
+        await self._diagnostics()
+
+    async def _diagnostics(self) -> None:
+        import asyncio
+        from pathlib import Path
+
+        from engy_node.config import load_config
+        from engy_node.diagnose import collect
+
+        self.notify("collecting versions, config, GPUs, logs and status…", title="diagnostics")
+        try:
+            config = load_config(home=self.home)
+            bundle = await asyncio.to_thread(collect, config, output=str(Path.cwd()))
+        except EngyError as err:
+            self.notify(str(err), title="diagnostics", severity="error")
+            return
+        self.notify(f"{bundle.path}\n{bundle.summary()}", title="diagnostics bundle written", timeout=15)
 
     async def action_quit(self) -> None:
         if self.bridge is not None and self.bridge.mode == "local":

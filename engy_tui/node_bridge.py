@@ -42,6 +42,8 @@ from engy_tui.bridge import GuestRun
 SNAPSHOT_INTERVAL_S = 0.5
 EVENTS_INTERVAL_S = 0.25
 REQUEST_TIMEOUT_S = 5.0
+ACTION_TIMEOUT_S = 150.0
+"""Long enough for the slowest action a node registers (a model server restart: 120 s)."""
 EVENT_BATCH = 2_000
 PENDING_EVENTS = 20_000
 """Events held for the next frame; a UI that falls further behind loses the oldest (counted)."""
@@ -107,6 +109,18 @@ class NodeBridge(GuestRun):
         self._pending.clear()
         return events
 
+    async def list_actions(self) -> list[dict[str, Any]]:
+        """The node's actions, `[{id, description}]`; raises `EngyError` when the node does not answer."""
+        if self.url is None:
+            return self.actions.describe()
+        try:
+            async with httpx.AsyncClient(trust_env=False, timeout=REQUEST_TIMEOUT_S) as client:
+                response = await client.get(f"{self.url}/v1/actions", headers=self._headers())
+        except httpx.HTTPError as err:
+            raise EngyError(f"the node at {self.url} does not answer ({type(err).__name__})") from None
+        actions = _json(response).get("actions")
+        return actions if isinstance(actions, list) else []
+
     async def run_action(self, action_id: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Run one of the node's actions; raises `EngyError` with the node's message if it refuses.
         Call it from the host (asyncio) side: it hops into the guest run when local."""
@@ -115,9 +129,12 @@ class NodeBridge(GuestRun):
             if action is None:
                 raise EngyError(f"no action {action_id!r}; this node offers: {', '.join(self.actions.ids()) or 'none'}")
             return await action.handler(dict(params or {}))
-        async with httpx.AsyncClient(trust_env=False, timeout=REQUEST_TIMEOUT_S) as client:
-            response = await client.post(f"{self.url}/v1/actions/{action_id}", json=dict(params or {}),
-                                         headers=self._headers())
+        try:
+            async with httpx.AsyncClient(trust_env=False, timeout=ACTION_TIMEOUT_S) as client:
+                response = await client.post(f"{self.url}/v1/actions/{action_id}", json=dict(params or {}),
+                                             headers=self._headers())
+        except httpx.HTTPError as err:
+            raise EngyError(f"the node at {self.url} did not answer ({type(err).__name__})") from None
         body = _json(response)
         if response.status_code != 200:
             raise EngyError(str((body.get("error") or {}).get("message") or f"HTTP {response.status_code}"))
