@@ -425,6 +425,9 @@ def _run_roles(config, roles: list[str]) -> int:
     if "gateway" in roles:
         services.append(("gateway", functools.partial(run_gateway, config, hub)))
     if "miner" in roles:
+        from engy_node.gpu_monitor import run_gpu_monitor
+
+        services.append(("GPU monitor", functools.partial(run_gpu_monitor, hub)))
         services.append(("miner", functools.partial(run_miner, config, hub, actions=actions)))
     if "verifier" in roles:
         from engy_node.verifier import run_verifier_role

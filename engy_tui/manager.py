@@ -29,6 +29,7 @@ from engy_node.errors import EngyError
 from engy_node.local.status import format_status
 from engy_tui.commands import CommandSpec, NodeCommands, command_specs
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot
+from engy_tui.widgets.gpu_panel import GpuPanel
 from engy_tui.widgets.logs import LogsView
 
 RENDER_INTERVAL_S = 0.5
@@ -95,7 +96,8 @@ class NodeManager(App[None]):
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit", tooltip="Leave engy-tui (a local network stops with it)."),
         Binding("1", "show_tab('overview')", "Overview", id="app.tab.overview"),
-        Binding("2", "show_tab('logs')", "Logs", id="app.tab.logs"),
+        Binding("2", "show_tab('gpus')", "GPUs", id="app.tab.gpus"),
+        Binding("3", "show_tab('logs')", "Logs", id="app.tab.logs"),
         Binding("p", "toggle_traffic", "Pause/resume traffic", id="app.traffic"),
         Binding("r", "restart_model_server", "Restart server", id="app.restart_server",
                 tooltip="Restart the model server (the first, on a node with several; the palette has each)."),
@@ -119,6 +121,8 @@ class NodeManager(App[None]):
         with TabbedContent(initial="overview"):
             with TabPane("Overview", id="overview"):
                 yield Static(id="overview-text")
+            with TabPane("GPUs", id="gpus"):
+                yield GpuPanel()
             with TabPane("Logs", id="logs"):
                 yield LogsView(id="logs-view", min_level="info")
         yield Footer()
@@ -143,6 +147,7 @@ class NodeManager(App[None]):
         mode = self.bridge.mode if self.bridge is not None else "snapshot"
         self.query_one("#node-header", Static).update(header_text(snapshot, mode=mode, now=now))
         self.query_one("#overview-text", Static).update(overview_text(snapshot, now=now))
+        self.query_one(GpuPanel).update_state(snapshot.states.get("gpus") if snapshot is not None else None, now)
         if events or missed:
             self.query_one(LogsView).append(events, missed=missed)
 

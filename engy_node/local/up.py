@@ -49,6 +49,7 @@ from engy_node import __version__, keys
 from engy_node.config import Config
 from engy_node.control import Actions, node_actions, serve_control
 from engy_node.errors import EngyError
+from engy_node.gpu_monitor import run_gpu_monitor
 from engy_node.gateway.role import GatewayUrls, run_gateway, store_path
 from engy_node.gateway.store import Store
 from engy_node.hub import Hub
@@ -261,6 +262,7 @@ async def run_up(config: Config, hub: Hub, *, ports: dict[str, int | None] | Non
                 serve_control, hub, data_dir=config.paths.data_dir, actions=actions,
                 node_info=_node_info(config, hotkeys), host=config.control.host, port=config.control.port))
             await nursery.start(_publish_chain, chain, hub, config.node.netuid)
+            await nursery.start(run_gpu_monitor, hub)
             urls: GatewayUrls = await nursery.start(run_gateway, config, hub)
             await _start_together(nursery, [_miner_service(config, hub, name, urls, actions) for name in MINERS])
             await nursery.start(functools.partial(run_validator, _validator_config(config, urls, hotkeys), hub, substrate=chain))

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import pynvml
 
 from engy_node.errors import ConfigError
+from engy_node.gpu_monitor import ThresholdKind
 from engy_node.miner.gpu import MIB, ClockKind, LinkEnd, MemoryReading
 
 __all__ = [
@@ -46,6 +47,10 @@ class FakeGpu:
     power_limit_w: int
     power_draw_w: int = 25
     temperature_c: int = 41
+    temperature_slowdown_c: int = 87
+    """Values `nvidia-smi -q` commonly shows (slowdown 87-89 °C, shutdown 90-92 °C); each
+    board's firmware sets its own."""
+    temperature_shutdown_c: int = 90
     fan_percent: int = 30
     memory_used_mib: int = 1
     memory_reserved_mib: int = 330
@@ -67,6 +72,9 @@ class FakeGpu:
     broken: frozenset[str] = frozenset()
     """`NvmlApi` method names this GPU answers with `NVMLError_GpuIsLost` (`handle` included:
     the GPU cannot even be opened)."""
+    forbidden: frozenset[str] = frozenset()
+    """`NvmlApi` method names this GPU answers with `NVMLError_NoPermission`, as NVML does for
+    some readings to a user without the rights to them."""
 
 
 FAKE_GPU_MODELS: dict[str, FakeGpu] = {
@@ -118,14 +126,16 @@ class _FakeHandle:
 
 
 class FakeNvml:
-    """`NvmlApi` on made-up GPUs, raising the same `pynvml` errors the real library raises.
+    """`NvmlApi` (and `gpu_monitor.MonitorApi`) on made-up GPUs, raising the same `pynvml`
+    errors the real library raises.
 
     Calls before `init()` raise `NVMLError_Uninitialized`; a method named in a GPU's
     `unsupported` raises `NVMLError_NotSupported`, one in its `broken` raises
-    `NVMLError_GpuIsLost`; one named in `missing_functions` raises
-    `NVMLError_FunctionNotFound` on every GPU (an old driver). `init_error` makes `init()` fail.
-    GeForce cards report P2P `not_supported` between each other; `p2p_ok=True` makes every pair
-    `ok`. `init_calls`/`shutdown_calls` count what reached the "driver".
+    `NVMLError_GpuIsLost`, one in its `forbidden` raises `NVMLError_NoPermission`; one named
+    in `missing_functions` raises `NVMLError_FunctionNotFound` on every GPU (an old driver).
+    `init_error` makes `init()` fail. GeForce cards report P2P `not_supported` between each
+    other; `p2p_ok=True` makes every pair `ok`. `init_calls`/`shutdown_calls` count what
+    reached the "driver".
     """
 
     def __init__(
@@ -168,6 +178,8 @@ class FakeNvml:
             raise pynvml.NVMLError_GpuIsLost()
         if function in gpu.unsupported:
             raise pynvml.NVMLError_NotSupported()
+        if function in gpu.forbidden:
+            raise pynvml.NVMLError_NoPermission()
         return handle.index, gpu
 
     def init(self) -> None:
@@ -232,6 +244,10 @@ class FakeNvml:
 
     def temperature(self, handle: object) -> int:
         return self._gpu(handle, "temperature")[1].temperature_c
+
+    def temperature_threshold(self, handle: object, kind: ThresholdKind) -> int:
+        gpu = self._gpu(handle, "temperature_threshold")[1]
+        return gpu.temperature_slowdown_c if kind == "slowdown" else gpu.temperature_shutdown_c
 
     def power_usage_mw(self, handle: object) -> int:
         return self._gpu(handle, "power_usage_mw")[1].power_draw_w * 1000
