@@ -123,6 +123,7 @@ class LightValidator:
                  settings.heartbeat_path, schedule.stall_limit(settings.poll_s))
         async with trio.open_nursery() as nursery:
             task_status.started(self.signer.ss58_address)
+            await self._check_registration()
             while True:
                 try:
                     result = await self.tick()
@@ -176,6 +177,24 @@ class LightValidator:
                         "was written against another chain; submitting", view.block, state.last_submit_block)
 
         return await self._submit(state, candidate, view, is_new=is_new)
+
+    async def _check_registration(self) -> None:
+        """Say at start-up, not at the first epoch, whether this hotkey can set weights at all."""
+        try:
+            view = await self.chain.read(self.settings.netuid)
+        except Exception as err:  # broad on purpose: the loop retries the chain every tick anyway
+            log.warning("chain not readable at start-up (%s: %s); the loop will keep trying", type(err).__name__, err)
+            return
+        self._observe(view)
+        me = view.neuron_of(self.signer.ss58_address)
+        if me is None:
+            log.warning("hotkey %s is not registered on netuid %d: register it (and stake for a validator permit) "
+                        "before weights can be set", self.signer.ss58_address, self.settings.netuid)
+        elif not me.validator_permit:
+            log.warning("hotkey %s is uid %d but has no validator permit yet: the chain refuses weights until its "
+                        "stake ranks among the subnet's validators", self.signer.ss58_address, me.uid)
+        else:
+            log.info("hotkey %s is uid %d with a validator permit, at block %d", self.signer.ss58_address, me.uid, view.block)
 
     # ---- the steps --------------------------------------------------------------------------
 
