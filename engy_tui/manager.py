@@ -31,6 +31,7 @@ from engy_tui.commands import CommandSpec, NodeCommands, command_specs
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot
 from engy_tui.widgets.gpu_panel import GpuPanel
 from engy_tui.widgets.logs import LogsView
+from engy_tui.widgets.validator_panel import ChainPanel, ValidatorPanel
 
 RENDER_INTERVAL_S = 0.5
 STALE_AFTER_S = 5.0
@@ -96,8 +97,10 @@ class NodeManager(App[None]):
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit", tooltip="Leave engy-tui (a local network stops with it)."),
         Binding("1", "show_tab('overview')", "Overview", id="app.tab.overview"),
-        Binding("2", "show_tab('gpus')", "GPUs", id="app.tab.gpus"),
-        Binding("3", "show_tab('logs')", "Logs", id="app.tab.logs"),
+        Binding("2", "show_tab('validator')", "Validator", id="app.tab.validator"),
+        Binding("4", "show_tab('chain')", "Chain", id="app.tab.chain"),
+        Binding("5", "show_tab('gpus')", "GPUs", id="app.tab.gpus"),
+        Binding("6", "show_tab('logs')", "Logs", id="app.tab.logs"),
         Binding("p", "toggle_traffic", "Pause/resume traffic", id="app.traffic"),
         Binding("r", "restart_model_server", "Restart server", id="app.restart_server",
                 tooltip="Restart the model server (the first, on a node with several; the palette has each)."),
@@ -121,6 +124,10 @@ class NodeManager(App[None]):
         with TabbedContent(initial="overview"):
             with TabPane("Overview", id="overview"):
                 yield Static(id="overview-text")
+            with TabPane("Validator", id="validator"):
+                yield ValidatorPanel()
+            with TabPane("Chain", id="chain"):
+                yield ChainPanel()
             with TabPane("GPUs", id="gpus"):
                 yield GpuPanel()
             with TabPane("Logs", id="logs"):
@@ -147,7 +154,11 @@ class NodeManager(App[None]):
         mode = self.bridge.mode if self.bridge is not None else "snapshot"
         self.query_one("#node-header", Static).update(header_text(snapshot, mode=mode, now=now))
         self.query_one("#overview-text", Static).update(overview_text(snapshot, now=now))
-        self.query_one(GpuPanel).update_state(snapshot.states.get("gpus") if snapshot is not None else None, now)
+        states = snapshot.states if snapshot is not None else {}
+        names = (snapshot.node.get("hotkeys") if snapshot is not None else None) or None
+        self.query_one(GpuPanel).update_state(states.get("gpus"), now)
+        self.query_one(ValidatorPanel).update_state(states.get("validator"), now=now, names=names, chain=states.get("chain"))
+        self.query_one(ChainPanel).update_state(states.get("chain"), now=now, names=names)
         if events or missed:
             self.query_one(LogsView).append(events, missed=missed)
 

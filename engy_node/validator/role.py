@@ -73,7 +73,8 @@ async def run_validator(config: Config, hub: Hub, *, substrate: Any = None,
     isolate_sdk_caches(config.paths.data_dir)
     chain = ChainClient(settings.network, substrate=substrate)
     hub.set_state("validator", hotkey=signer.ss58_address, network=settings.network if substrate is None else "dev chain",
-                  provider=settings.provider_url, netuid=config.node.netuid, resubmit_blocks=settings.resubmit_blocks)
+                  provider=settings.provider_url, netuid=config.node.netuid, resubmit_blocks=settings.resubmit_blocks,
+                  poll_s=settings.poll_s)
     light = light_settings(config)
     try:
         # Connections are not kept between polls: a server closing an idle keep-alive just as the
