@@ -29,8 +29,10 @@ from engy_node.errors import EngyError
 from engy_node.local.status import format_status
 from engy_tui.commands import CommandSpec, NodeCommands, command_specs
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot
+from engy_tui.widgets.gateway_panel import GatewayPanel
 from engy_tui.widgets.gpu_panel import GpuPanel
 from engy_tui.widgets.logs import LogsView
+from engy_tui.widgets.requests_panel import RequestsPanel
 from engy_tui.widgets.validator_panel import ChainPanel, ValidatorPanel
 
 RENDER_INTERVAL_S = 0.5
@@ -98,6 +100,7 @@ class NodeManager(App[None]):
         Binding("q", "quit", "Quit", id="app.quit", tooltip="Leave engy-tui (a local network stops with it)."),
         Binding("1", "show_tab('overview')", "Overview", id="app.tab.overview"),
         Binding("2", "show_tab('validator')", "Validator", id="app.tab.validator"),
+        Binding("3", "show_tab('gateway')", "Gateway", id="app.tab.gateway"),
         Binding("4", "show_tab('chain')", "Chain", id="app.tab.chain"),
         Binding("5", "show_tab('gpus')", "GPUs", id="app.tab.gpus"),
         Binding("6", "show_tab('logs')", "Logs", id="app.tab.logs"),
@@ -123,9 +126,12 @@ class NodeManager(App[None]):
         yield Static(id="node-header")
         with TabbedContent(initial="overview"):
             with TabPane("Overview", id="overview"):
+                yield RequestsPanel()
                 yield Static(id="overview-text")
             with TabPane("Validator", id="validator"):
                 yield ValidatorPanel()
+            with TabPane("Gateway", id="gateway"):
+                yield GatewayPanel()
             with TabPane("Chain", id="chain"):
                 yield ChainPanel()
             with TabPane("GPUs", id="gpus"):
@@ -156,6 +162,9 @@ class NodeManager(App[None]):
         self.query_one("#overview-text", Static).update(overview_text(snapshot, now=now))
         states = snapshot.states if snapshot is not None else {}
         names = (snapshot.node.get("hotkeys") if snapshot is not None else None) or None
+        self.query_one(RequestsPanel).update_metrics(snapshot.metrics if snapshot is not None else None, now=now,
+                                                     states=states)
+        self.query_one(GatewayPanel).update_state(states, now=now, names=names)
         self.query_one(GpuPanel).update_state(states.get("gpus"), now)
         self.query_one(ValidatorPanel).update_state(states.get("validator"), now=now, names=names, chain=states.get("chain"))
         self.query_one(ChainPanel).update_state(states.get("chain"), now=now, names=names)
