@@ -122,10 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
             "sglang-compatible model server (real sglang, or `engy-node serve`)."
         ),
         epilog="Keys: 1 overview, 2 validator, 3 gateway, 4 chain, 5 GPUs, 6 logs, p pause/resume demo traffic, r restart model server, c copy its "
-               "command, d diagnostics bundle, ctrl+p every command, q quit (a local network stops with it).",
+               "command, d diagnostics bundle, ctrl+p every command (setup too), q quit (a local network stops with it).",
     )
     parser.add_argument("--home", help="the node's home (as engy-node --home; also $ENGY_HOME)")
     mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--setup", action="store_true",
+                      help="first-run setup: GPUs, role, model, wallet, gateway; writes node.toml and shows the commands")
     mode.add_argument("--local", action="store_true", help="run the local network inside the TUI (engy-node up)")
     mode.add_argument("--attach", nargs="?", const="", metavar="URL",
                       help="watch a running node: its control API URL (default: the one in the home's control.json)")
@@ -141,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
 def build_app(argv: Sequence[str] | None = None, *, poll: bool = True) -> App[None]:
     """The app as `engy-tui ARGV` builds it; tests use this too, so they run what users run."""
     args = build_parser().parse_args(argv)
+    if args.setup:
+        return NodeManager(None, home=args.home, keymap=_user_keymap(args.home), setup_first=True)
     if args.local or args.attach is not None:
         bridge = None
         if poll:

@@ -29,6 +29,7 @@ from engy_node.errors import EngyError
 from engy_node.local.status import format_status
 from engy_tui.commands import CommandSpec, NodeCommands, command_specs
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot
+from engy_tui.screens.setup import SetupCommand, open_setup
 from engy_tui.widgets.gateway_panel import GatewayPanel
 from engy_tui.widgets.gpu_panel import GpuPanel
 from engy_tui.widgets.logs import LogsView
@@ -95,7 +96,7 @@ class NodeManager(App[None]):
 
     CSS_PATH = "app.tcss"
     TITLE = "engy-tui"
-    COMMANDS = App.COMMANDS | {NodeCommands}
+    COMMANDS = App.COMMANDS | {NodeCommands, SetupCommand}
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit", tooltip="Leave engy-tui (a local network stops with it)."),
         Binding("1", "show_tab('overview')", "Overview", id="app.tab.overview"),
@@ -113,8 +114,9 @@ class NodeManager(App[None]):
     ]
 
     def __init__(self, bridge: NodeBridge | None, *, clock: Callable[[], float] = time.time, home: str | None = None,
-                 keymap: Mapping[str, str] | None = None) -> None:
+                 keymap: Mapping[str, str] | None = None, setup_first: bool = False) -> None:
         super().__init__()
+        self.setup_first = setup_first
         self.bridge = bridge
         self.clock = clock
         self.home = home
@@ -148,6 +150,8 @@ class NodeManager(App[None]):
             self.bridge.start(on_crash=self._bridge_crashed)
             self.set_interval(RENDER_INTERVAL_S, self.render_frame)
         self.show_snapshot(None, events=[])
+        if self.setup_first:
+            self.run_worker(open_setup(self, home=self.home), exclusive=True)
 
     def render_frame(self) -> None:
         assert self.bridge is not None

@@ -237,3 +237,55 @@ def test_an_unknown_action_names_what_the_node_offers():
     bridge = NodeBridge.local(start)
     with pytest.raises(EngyError, match="no action 'launch-rocket'"):
         asyncio.run(bridge.run_action("launch-rocket"))
+
+
+def test_quitting_a_local_node_stops_the_child_processes_it_started(tmp_path):
+    """A node that supervises a child process (as miners supervise model servers): when the TUI
+    quits, the child is gone before the app has returned."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    pids: list[int] = []
+
+    async def start(hub: Hub, actions: Actions, *, task_status) -> None:
+        async with trio.open_nursery() as nursery:
+            process = await nursery.start(lambda task_status: trio.run_process(
+                [sys.executable, "-c", "import time; time.sleep(600)"], task_status=task_status,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            pids.append(process.pid)
+            hub.set_state("chain", block=5)
+            task_status.started()
+
+    app = NodeManager(NodeBridge.local(start))
+
+    async def check(pilot) -> None:
+        await wait_for(pilot, lambda: bool(pids) and psutil.pid_exists(pids[0]), "the child running")
+        await pilot.press("q")
+
+    run_app(app, check)
+    assert pids and not _alive(pids[0]), "the node's child outlived engy-tui"
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_setup_opens_the_first_run_wizard(tmp_path):
+    from engy_tui.screens.setup import SetupScreen
+
+    app = build_app(["--home", str(tmp_path), "--setup"])
+
+    async def check(pilot) -> None:
+        await wait_for(pilot, lambda: isinstance(app.screen, SetupScreen), "the setup wizard open")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, SetupScreen), "the wizard closed")
+        await pilot.press("q")
+
+    run_app(app, check)
