@@ -9,7 +9,7 @@ bootstrap:
 	@scripts/bootstrap.sh
 
 run: bootstrap
-	@$(VENV)/bin/engy-node up --traffic
+	@$(VENV)/bin/engy-tui --local --traffic
 
 test: bootstrap
 	@$(PY) -m pytest -q $(PYTEST_ARGS)

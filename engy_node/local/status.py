@@ -19,6 +19,10 @@ def format_status(status: Mapping[str, Any], *, now: float | None = None) -> str
     node = _map(status.get("node"))
     lines = [_header(node, now)]
     names = _hotkey_names(node)
+    if "network" in states:
+        network = _map(states["network"])
+        lines += [f"buyer API  {_show(network.get('buyer_api'))}   (key in {_show(network.get('details'))})",
+                  f"provider   {_show(network.get('provider_api'))} · miners dial {_show(network.get('miner_ws'))}"]
     if "chain" in states:
         lines += _chain(_map(states["chain"]), names)
     if "validator" in states:

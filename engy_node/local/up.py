@@ -284,6 +284,9 @@ async def run_up(config: Config, hub: Hub, *, ports: dict[str, int | None] | Non
             if traffic:
                 await nursery.start(_run_traffic, document, hub, actions)
             await trio.to_thread.run_sync(write_network, config, document)
+            # Where to call it, for the dashboards; the key itself stays in the file (0600).
+            hub.set_state("network", buyer_api=document["buyer_api"], provider_api=urls.provider_url, miner_ws=urls.miner_url,
+                          control_api=control.url, details=str(network_file(config)))
             if on_ready is not None:
                 on_ready(document)
             task_status.started(document["buyer_api"])

@@ -251,3 +251,13 @@ def test_uptime_is_never_negative_or_non_finite(now, started):
         assert not header.split(", up ")[1].startswith("-")
     else:
         assert not (isinstance(started, (int, float)) and math.isfinite(started) and abs(started) < 1e15)
+
+
+def test_a_local_network_says_where_to_call_it_and_where_the_key_is():
+    from engy_node.local.status import format_status
+
+    text = format_status({"states": {"network": {"buyer_api": "http://127.0.0.1:8080/v1", "details": "/h/data/local/network.json",
+                                                 "provider_api": "http://127.0.0.1:8082", "miner_ws": "ws://127.0.0.1:8081/gw"}}},
+                         now=0.0)
+    assert "buyer API  http://127.0.0.1:8080/v1   (key in /h/data/local/network.json)" in text
+    assert "miners dial ws://127.0.0.1:8081/gw" in text
