@@ -403,40 +403,19 @@ def _run_admin(config, args: argparse.Namespace) -> int:
 
 def _run_roles(config, roles: list[str]) -> int:
     from engy_node import node
-    from engy_node.gateway.role import run_gateway
-    from engy_node.miner.role import plan_report, preflight, run_miner
+    from engy_node.control import node_actions
+    from engy_node.miner.role import plan_report
+    from engy_node.roles import check_roles, role_services
 
     if "miner" in roles and config.miner.fake_gpus:
         print(plan_report(config))
         print("(simulated GPUs: nothing was launched)")
         return 0
-    if "miner" in roles:
-        preflight(config)
-    if "validator" in roles:
-        from engy_node.validator.role import preflight as validator_preflight
-
-        validator_preflight(config)
-    from engy_node.control import node_actions
-
+    check_roles(config, roles)
     hub = _start_logging(config)
     log.info("engy-node %s: roles %s (pid %d)", __version__, ", ".join(roles), os.getpid())
     actions = node_actions()
-    services = [("control API", _control_service(config, hub, roles, actions))]
-    if "gateway" in roles:
-        services.append(("gateway", functools.partial(run_gateway, config, hub)))
-    if "miner" in roles:
-        from engy_node.gpu_monitor import run_gpu_monitor
-
-        services.append(("GPU monitor", functools.partial(run_gpu_monitor, hub)))
-        services.append(("miner", functools.partial(run_miner, config, hub, actions=actions)))
-    if "verifier" in roles:
-        from engy_node.verifier import run_verifier_role
-
-        services.append(("verifier", functools.partial(run_verifier_role, config, hub)))
-    if "validator" in roles:
-        from engy_node.validator.role import run_validator
-
-        services.append(("validator", functools.partial(run_validator, config, hub)))
+    services = [("control API", _control_service(config, hub, roles, actions)), *role_services(config, hub, roles, actions)]
     return node.run(services)
 
 

@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--setup", action="store_true",
                       help="first-run setup: GPUs, role, model, wallet, gateway; writes node.toml and shows the commands")
     mode.add_argument("--local", action="store_true", help="run the local network inside the TUI (engy-node up)")
+    mode.add_argument("--role", action="append", choices=("miner", "validator", "gateway", "verifier"),
+                      help="run this node role inside the TUI, as engy-node --role does (repeatable; settings from node.toml)")
     mode.add_argument("--attach", nargs="?", const="", metavar="URL",
                       help="watch a running node: its control API URL (default: the one in the home's control.json)")
     mode.add_argument(
@@ -144,7 +146,11 @@ def build_app(argv: Sequence[str] | None = None, *, poll: bool = True) -> App[No
     """The app as `engy-tui ARGV` builds it; tests use this too, so they run what users run."""
     args = build_parser().parse_args(argv)
     if args.setup:
-        return NodeManager(None, home=args.home, keymap=_user_keymap(args.home), setup_first=True)
+        return NodeManager(None, home=args.home, keymap=_user_keymap(args.home), setup_first=True,
+                           start_after_setup=start_after_setup if poll else None)
+    if args.role:
+        return NodeManager(roles_bridge(args.home, args.role) if poll else None, home=args.home,
+                           keymap=_user_keymap(args.home))
     if args.local or args.attach is not None:
         bridge = None
         if poll:
@@ -175,6 +181,44 @@ def _attached_bridge(home: str | None, url: str, token_file: str | None) -> Node
         url = url or endpoint.url
         token_file = token_file or str(endpoint.token_file)
     return NodeBridge.attach(url, read_token(Path(token_file)))
+
+
+def start_after_setup(home: str | None, role: str) -> NodeBridge:
+    """The node setup just configured, to run inside the TUI at once."""
+    return _local_bridge(home, traffic=True) if role == "local" else roles_bridge(home, [role])
+
+
+def roles_bridge(home: str | None, roles: Sequence[str]) -> NodeBridge:
+    """`engy-node --role …` inside the TUI: the same services, with its control API too (so
+    `engy-node status` and `diagnose` work while the TUI hosts the node)."""
+    import os
+    import time
+
+    import trio
+
+    from engy_node import __version__
+    from engy_node.config import load_config
+    from engy_node.control import serve_control
+    from engy_node.hub import Hub, install_logging
+    from engy_node.roles import check_roles, role_services
+
+    config = load_config(home=home, public_miner_env="miner" in roles)
+    check_roles(config, roles)
+    hub = Hub(ring_size=config.node.log_ring_size)
+    install_logging(hub, level=config.node.log_level, log_dir=config.paths.log_dir, stderr=False)
+    info = {"version": __version__, "pid": os.getpid(), "roles": list(roles), "home": str(config.paths.data_dir),
+            "started_at": time.time(), "netuid": config.node.netuid}
+
+    async def start(hub: Hub, actions, *, task_status) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lambda task_status: serve_control(
+                hub, data_dir=config.paths.data_dir, actions=actions, node_info=info, host=config.control.host,
+                port=config.control.port, task_status=task_status))
+            for _, service in role_services(config, hub, roles, actions):
+                await nursery.start(service)
+            task_status.started()
+
+    return NodeBridge.local(start, node_info=info, hub=hub)
 
 
 def _local_bridge(home: str | None, *, traffic: bool) -> NodeBridge:

@@ -114,9 +114,12 @@ class NodeManager(App[None]):
     ]
 
     def __init__(self, bridge: NodeBridge | None, *, clock: Callable[[], float] = time.time, home: str | None = None,
-                 keymap: Mapping[str, str] | None = None, setup_first: bool = False) -> None:
+                 keymap: Mapping[str, str] | None = None, setup_first: bool = False,
+                 start_after_setup: Callable[[str | None, str], NodeBridge] | None = None) -> None:
         super().__init__()
         self.setup_first = setup_first
+        self.start_after_setup = start_after_setup
+        """With `setup_first`: builds the node the wizard configured, which then runs here."""
         self.bridge = bridge
         self.clock = clock
         self.home = home
@@ -145,13 +148,30 @@ class NodeManager(App[None]):
     def on_mount(self) -> None:
         if self.user_keymap:
             self.set_keymap(self.user_keymap)
-        if self.bridge is not None:
-            self.sub_title = self.bridge.url or "local network"
-            self.bridge.start(on_crash=self._bridge_crashed)
-            self.set_interval(RENDER_INTERVAL_S, self.render_frame)
         self.show_snapshot(None, events=[])
+        if self.bridge is not None:
+            self._start_bridge(self.bridge)
         if self.setup_first:
-            self.run_worker(open_setup(self, home=self.home), exclusive=True)
+            self.run_worker(open_setup(self, home=self.home, on_done=self._setup_done), exclusive=True)
+
+    def _start_bridge(self, bridge: NodeBridge) -> None:
+        self.bridge = bridge
+        self.sub_title = bridge.url or "this node"
+        bridge.start(on_crash=self._bridge_crashed)
+        self.set_interval(RENDER_INTERVAL_S, self.render_frame)
+
+    def _setup_done(self, answers: Any) -> None:
+        """Setup wrote node.toml: run what it configured here, or say why not."""
+        if answers is None or self.bridge is not None or self.start_after_setup is None:
+            return
+        try:
+            bridge = self.start_after_setup(self.home, answers.role)
+        except EngyError as err:
+            self.notify(f"node.toml is written, but the node cannot start yet: {err}", title="setup", severity="warning",
+                        timeout=20)
+            return
+        self.notify(f"starting the {answers.role} node…", title="setup")
+        self._start_bridge(bridge)
 
     def render_frame(self) -> None:
         assert self.bridge is not None

@@ -289,3 +289,35 @@ def test_setup_opens_the_first_run_wizard(tmp_path):
         await pilot.press("q")
 
     run_app(app, check)
+
+
+def test_a_role_without_its_settings_is_refused_before_the_tui_opens(tmp_path, capsys):
+    from engy_tui.app import main
+
+    assert main(["--home", str(tmp_path), "--role", "validator"]) == 2
+    assert "--validator-wallet" in capsys.readouterr().err
+
+
+def test_after_setup_the_configured_node_runs_inside_the_tui():
+    from engy_node.setup import SetupAnswers
+
+    started: list[str] = []
+
+    async def start(hub: Hub, actions: Actions, *, task_status) -> None:
+        hub.set_state("chain", block=9)
+        task_status.started()
+        await trio.sleep_forever()
+
+    def build(home, role):
+        started.append(role)
+        return NodeBridge.local(start)
+
+    app = NodeManager(None, start_after_setup=build)
+
+    async def check(pilot) -> None:
+        app._setup_done(SetupAnswers(role="miner"))
+        await wait_for(pilot, lambda: "block 9" in static_text(app, "#node-header"), "the configured node running")
+        await pilot.press("q")
+
+    run_app(app, check)
+    assert started == ["miner"] and not app.bridge.running
