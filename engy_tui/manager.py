@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -94,7 +95,7 @@ def overview_text(snapshot: NodeSnapshot | None, *, now: float) -> str:
 class NodeManager(App[None]):
     """One node's dashboards: overview, GPUs and logs, fed by a `NodeBridge`."""
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere find it too
     TITLE = "engy-tui"
     COMMANDS = App.COMMANDS | {NodeCommands, SetupCommand}
     BINDINGS = [
