@@ -11,7 +11,7 @@ from engy_node.gpu_monitor import assess, sample
 from engy_tui.manager import NodeManager
 from engy_tui.node_bridge import NodeSnapshot
 from tests.engy_node.test_gpu_monitor import rig
-from tests.engy_tui.test_validator_panel import NAMES, NOW, local_chain, local_validator, utc  # noqa: F401  (fixture)
+from tests.engy_tui.test_validator_panel import NAMES, NOW, local_chain, local_validator
 
 SIZE = (160, 45)
 
@@ -63,7 +63,7 @@ EVENTS = [
 
 
 @pytest.mark.parametrize("tab", ["1", "2", "3", "4", "5", "6"])
-def test_each_tab_of_the_node_manager(snap_compare, utc, tab):  # noqa: F811  (the utc fixture)
+def test_each_tab_of_the_node_manager(snap_compare, utc, tab):
     app = NodeManager(None, clock=lambda: NOW)
 
     async def show(pilot) -> None:

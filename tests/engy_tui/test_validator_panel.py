@@ -14,9 +14,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
-import os
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -151,21 +148,6 @@ def troubled() -> tuple[dict[str, Any], dict[str, Any]]:
         ],
     )
     return validator, chain
-
-
-@pytest.fixture
-def utc() -> Iterator[None]:
-    previous = os.environ.get("TZ")
-    os.environ["TZ"] = "UTC"
-    time.tzset()
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ["TZ"]
-        else:
-            os.environ["TZ"] = previous
-        time.tzset()
 
 
 def text(line: tuple[Cell, ...]) -> str:
