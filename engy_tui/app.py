@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--attach watches a running node through its control API; --serve-url monitors one "
             "sglang-compatible model server (real sglang, or `engy-node serve`)."
         ),
-        epilog="Keys: 1 overview, 2 validator, 3 gateway, 4 chain, 5 GPUs, 6 logs, p pause/resume demo traffic, r restart model server, c copy its "
+        epilog="Keys: 1 overview, 2 miner, 3 validator, 4 gateway, 5 chain, 6 GPUs, 7 logs, p pause/resume demo traffic, r restart model server, c copy its "
                "command, d diagnostics bundle, ctrl+p every command (setup too), q quit (a local network stops with it).",
     )
     parser.add_argument("--home", help="the node's home (as engy-node --home; also $ENGY_HOME)")

@@ -16,6 +16,7 @@ root scope, so its services stop (model servers, the chain saved) before the asy
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,10 +35,12 @@ from engy_tui.screens.setup import SetupCommand, open_setup
 from engy_tui.widgets.gateway_panel import GatewayPanel
 from engy_tui.widgets.gpu_panel import GpuPanel
 from engy_tui.widgets.logs import LogsView
+from engy_tui.widgets.miner_panel import MinerPanel
 from engy_tui.widgets.requests_panel import RequestsPanel
 from engy_tui.widgets.validator_panel import ChainPanel, ValidatorPanel
 
 RENDER_INTERVAL_S = 0.5
+SERVER_LOG_LINES = 5
 STALE_AFTER_S = 5.0
 
 
@@ -101,11 +104,12 @@ class NodeManager(App[None]):
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit", tooltip="Leave engy-tui (a local network stops with it)."),
         Binding("1", "show_tab('overview')", "Overview", id="app.tab.overview"),
-        Binding("2", "show_tab('validator')", "Validator", id="app.tab.validator"),
-        Binding("3", "show_tab('gateway')", "Gateway", id="app.tab.gateway"),
-        Binding("4", "show_tab('chain')", "Chain", id="app.tab.chain"),
-        Binding("5", "show_tab('gpus')", "GPUs", id="app.tab.gpus"),
-        Binding("6", "show_tab('logs')", "Logs", id="app.tab.logs"),
+        Binding("2", "show_tab('miner')", "Miner", id="app.tab.miner"),
+        Binding("3", "show_tab('validator')", "Validator", id="app.tab.validator"),
+        Binding("4", "show_tab('gateway')", "Gateway", id="app.tab.gateway"),
+        Binding("5", "show_tab('chain')", "Chain", id="app.tab.chain"),
+        Binding("6", "show_tab('gpus')", "GPUs", id="app.tab.gpus"),
+        Binding("7", "show_tab('logs')", "Logs", id="app.tab.logs"),
         Binding("p", "toggle_traffic", "Pause/resume traffic", id="app.traffic"),
         Binding("r", "restart_model_server", "Restart server", id="app.restart_server",
                 tooltip="Restart the model server (the first, on a node with several; the palette has each)."),
@@ -127,6 +131,8 @@ class NodeManager(App[None]):
         self.user_keymap = dict(keymap or {})
         self._traffic_paused = False
         self._missed_seen = 0
+        self._server_log: dict[str, collections.deque[str]] = {}
+        """The last lines of each model server's output, from the events, for the miner tab."""
 
     def compose(self) -> ComposeResult:
         yield Static(id="node-header")
@@ -134,6 +140,8 @@ class NodeManager(App[None]):
             with TabPane("Overview", id="overview"):
                 yield RequestsPanel()
                 yield Static(id="overview-text")
+            with TabPane("Miner", id="miner"):
+                yield MinerPanel()
             with TabPane("Validator", id="validator"):
                 yield ValidatorPanel()
             with TabPane("Gateway", id="gateway"):
@@ -190,6 +198,13 @@ class NodeManager(App[None]):
         self.query_one(RequestsPanel).update_metrics(snapshot.metrics if snapshot is not None else None, now=now,
                                                      states=states)
         self.query_one(GatewayPanel).update_state(states, now=now, names=names)
+        for event in events:
+            component = str(event.get("component", ""))
+            if component.startswith("model_server"):
+                self._server_log.setdefault(component, collections.deque(maxlen=SERVER_LOG_LINES)).append(
+                    str(event.get("message", "")))
+        self.query_one(MinerPanel).update_state(states, now=now, names=names,
+                                                server_log={name: list(lines) for name, lines in self._server_log.items()})
         self.query_one(GpuPanel).update_state(states.get("gpus"), now)
         self.query_one(ValidatorPanel).update_state(states.get("validator"), now=now, names=names, chain=states.get("chain"))
         self.query_one(ChainPanel).update_state(states.get("chain"), now=now, names=names)

@@ -129,7 +129,7 @@ def test_attached_the_manager_shows_the_nodes_status_and_logs(tmp_path):
         async def check(pilot) -> None:
             await wait_for(pilot, lambda: "block 1,234" in static_text(app, "#node-header"), "the header filled in")
             assert "weights on chain from uid 1" in static_text(app, "#overview-text")
-            await pilot.press("6")
+            await pilot.press("7")
             logs = app.query_one(LogsView)
             def logged() -> bool:
                 buffer = logs.buffer

@@ -62,7 +62,7 @@ EVENTS = [
 ]
 
 
-@pytest.mark.parametrize("tab", ["1", "2", "3", "4", "5", "6"])
+@pytest.mark.parametrize("tab", ["1", "2", "3", "4", "5", "6", "7"])
 def test_each_tab_of_the_node_manager(snap_compare, utc, tab):
     app = NodeManager(None, clock=lambda: NOW)
 
