@@ -11,6 +11,7 @@ from engy_node.gpu_monitor import assess, sample
 from engy_tui.manager import NodeManager
 from engy_tui.node_bridge import NodeSnapshot
 from tests.engy_node.test_gpu_monitor import rig
+from tests.engy_tui.test_miner_panel import local_network
 from tests.engy_tui.test_validator_panel import NAMES, NOW, local_chain, local_validator
 
 SIZE = (160, 45)
@@ -47,6 +48,8 @@ def node_snapshot() -> NodeSnapshot:
         "network": {"buyer_api": "http://127.0.0.1:8080/v1", "provider_api": "http://127.0.0.1:8082",
                     "miner_ws": "ws://127.0.0.1:8081/gw", "details": "/home/you/.local/share/engy/local/network.json"},
     }
+    miners = local_network()
+    states.update({name: miners[name] for name in miners if name.startswith(("miner-", "model_server"))})
     node = {"version": "0.1.0", "pid": 4242, "roles": ["chain", "gateway", "miner-1", "miner-2", "validator", "verifier"],
             "network": "local", "started_at": NOW - 600, "hotkeys": NAMES}
     return NodeSnapshot(node=node, states=states, metrics={}, taken_at=NOW - 0.2, connected=True)
