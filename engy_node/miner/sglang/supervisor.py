@@ -255,6 +255,9 @@ class ModelServerSupervisor:
     ) -> None:
         self.spec = spec
         self.hub_component = hub_component
+        # The child's output logs under the same name as its hub state, so a node with several
+        # model servers (a local network) keeps their logs apart.
+        self._output_log = log if hub_component == HUB_COMPONENT else logging.getLogger(f"engy.{hub_component}")
         self.settings = settings
         self.command = shell_command(spec)
         self._hub = hub
@@ -527,7 +530,7 @@ class ModelServerSupervisor:
                 truncated_before = buffer.truncated
                 lines = buffer.feed(data) if data else buffer.flush()
                 for line in lines:
-                    log.info("%s", line)
+                    self._output_log.info("%s", line)
                     self._tail.append(line)
                     attempt.tail.append(line)
                 if buffer.truncated != truncated_before:
