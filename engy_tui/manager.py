@@ -28,6 +28,7 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from engy_node.errors import EngyError
+from engy_node.node import freeze_startup_objects
 from engy_node.local.status import format_status
 from engy_tui.commands import CommandSpec, NodeCommands, command_specs
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot
@@ -41,6 +42,8 @@ from engy_tui.widgets.validator_panel import ChainPanel, ValidatorPanel
 
 RENDER_INTERVAL_S = 0.5
 SERVER_LOG_LINES = 5
+AGES_REFRESH_S = 2.0
+"""An unchanged node's visible tab is redrawn this often, so ages ("12 s ago") keep moving."""
 STALE_AFTER_S = 5.0
 
 
@@ -131,6 +134,10 @@ class NodeManager(App[None]):
         self.user_keymap = dict(keymap or {})
         self._traffic_paused = False
         self._missed_seen = 0
+        self._frozen = False
+        self._shown: NodeSnapshot | None = None
+        self._drawn_at: dict[str, float] = {}
+        """When each tab was last drawn from `_shown`; a change of state clears it."""
         self._server_log: dict[str, collections.deque[str]] = {}
         """The last lines of each model server's output, from the events, for the miner tab."""
 
@@ -184,32 +191,66 @@ class NodeManager(App[None]):
 
     def render_frame(self) -> None:
         assert self.bridge is not None
+        if not self._frozen and self.bridge.ready:
+            # Everything start-up made (the node's models and apps, Textual's widgets) lives as
+            # long as the app: keep it out of full collections, which otherwise walked ~150,000
+            # objects and stretched a frame past 50 ms (bench/tui_frames.py).
+            freeze_startup_objects()
+            self._frozen = True
         missed, self._missed_seen = self.bridge.missed_events - self._missed_seen, self.bridge.missed_events
         self.show_snapshot(self.bridge.latest, events=self.bridge.drain_events(), missed=missed)
 
     def show_snapshot(self, snapshot: NodeSnapshot | None, *, events: list[Mapping[str, Any]], missed: int = 0) -> None:
-        """Display one frame (tests call this with fixed data and no bridge)."""
+        """Display one frame (tests call this with fixed data and no bridge).
+
+        Only the visible tab is drawn, and only when the node's state changed or its ages are due
+        for a refresh: redrawing every panel from an unchanged snapshot twice a second was most
+        of an idle TUI's CPU. The header (uptime, staleness) and the logs (new lines) update on
+        every frame; a tab that becomes visible is drawn at once."""
         now = self.clock()
         mode = self.bridge.mode if self.bridge is not None else "snapshot"
         self.query_one("#node-header", Static).update(header_text(snapshot, mode=mode, now=now))
-        self.query_one("#overview-text", Static).update(overview_text(snapshot, now=now))
-        states = snapshot.states if snapshot is not None else {}
-        names = (snapshot.node.get("hotkeys") if snapshot is not None else None) or None
-        self.query_one(RequestsPanel).update_metrics(snapshot.metrics if snapshot is not None else None, now=now,
-                                                     states=states)
-        self.query_one(GatewayPanel).update_state(states, now=now, names=names)
         for event in events:
             component = str(event.get("component", ""))
             if component.startswith("model_server"):
                 self._server_log.setdefault(component, collections.deque(maxlen=SERVER_LOG_LINES)).append(
                     str(event.get("message", "")))
-        self.query_one(MinerPanel).update_state(states, now=now, names=names,
-                                                server_log={name: list(lines) for name, lines in self._server_log.items()})
-        self.query_one(GpuPanel).update_state(states.get("gpus"), now)
-        self.query_one(ValidatorPanel).update_state(states.get("validator"), now=now, names=names, chain=states.get("chain"))
-        self.query_one(ChainPanel).update_state(states.get("chain"), now=now, names=names)
         if events or missed:
             self.query_one(LogsView).append(events, missed=missed)
+        changed = snapshot is None or self._shown is None or (
+            snapshot.states, snapshot.metrics, snapshot.node) != (self._shown.states, self._shown.metrics, self._shown.node)
+        self._shown = snapshot
+        if changed:
+            self._drawn_at.clear()
+        active = self.query_one(TabbedContent).active
+        if changed or now - self._drawn_at.get(active, float("-inf")) >= AGES_REFRESH_S:
+            self._draw_tab(active, now)
+
+    def _draw_tab(self, tab: str, now: float) -> None:
+        snapshot = self._shown
+        states = snapshot.states if snapshot is not None else {}
+        names = (snapshot.node.get("hotkeys") if snapshot is not None else None) or None
+        if tab == "overview":
+            self.query_one(RequestsPanel).update_metrics(snapshot.metrics if snapshot is not None else None, now=now,
+                                                         states=states)
+            self.query_one("#overview-text", Static).update(overview_text(snapshot, now=now))
+        elif tab == "miner":
+            self.query_one(MinerPanel).update_state(states, now=now, names=names,
+                                                    server_log={name: list(lines) for name, lines in self._server_log.items()})
+        elif tab == "validator":
+            self.query_one(ValidatorPanel).update_state(states.get("validator"), now=now, names=names, chain=states.get("chain"))
+        elif tab == "gateway":
+            self.query_one(GatewayPanel).update_state(states, now=now, names=names)
+        elif tab == "chain":
+            self.query_one(ChainPanel).update_state(states.get("chain"), now=now, names=names)
+        elif tab == "gpus":
+            self.query_one(GpuPanel).update_state(states.get("gpus"), now)
+        self._drawn_at[tab] = now
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        tab = event.pane.id or ""
+        if tab not in self._drawn_at:
+            self._draw_tab(tab, self.clock())
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
