@@ -64,6 +64,21 @@ class GatewayUrls:
     """The provider API; served by the first process only."""
 
 
+BUYERS_PUBLISH_S = 5.0
+
+
+async def _publish_buyers(store: Store, hub: Hub) -> None:
+    """The buyer accounts that spent most, with their balances, for the dashboards (never a key)."""
+    while True:
+        try:
+            count, top = await store.run(store.account_summaries, limit=10)
+        except StoreError as error:
+            log.warning("could not read buyer balances for the dashboard (%s); retrying", error)
+        else:
+            hub.set_state("buyers", accounts=count, top=[dataclasses.asdict(account) for account in top])
+        await trio.sleep(BUYERS_PUBLISH_S)
+
+
 def store_path(config: Config) -> Path:
     return config.paths.data_dir / "gateway.sqlite3"
 
@@ -207,6 +222,7 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
                 nursery.start_soon(_sweep_stale, pool, hub)
                 if first:
                     nursery.start_soon(_release_orphaned_holds, store, _longest_request_s(models, settings))
+                    nursery.start_soon(_publish_buyers, store, hub)
                 hub.set_state("gateway", state="ready", buyer_url=urls.buyer_url, miner_url=urls.miner_url,
                               provider_url=urls.provider_url, models=sorted(models),
                               worker=0 if seat is None else seat.index, workers=1 if seat is None else seat.workers)

@@ -541,6 +541,29 @@ def epoch_lines(epochs: Any, *, names: Mapping[str, str]) -> tuple[tuple[Cell, .
 # ---- the whole panel ----------------------------------------------------------------------------
 
 
+def buyers_lines(buyers: Any) -> tuple[tuple[Cell, ...], ...]:
+    """The buyer accounts that spent most, with what each has left and has in flight (USD);
+    accounts and balances only, never a key."""
+    buyers = _map(buyers)
+    count = _int(buyers.get("accounts"))
+    if count is None:
+        return ()
+    head = (Cell("buyers  ", "header"), Cell(f"{count:,} account{'s' if count != 1 else ''} · top by spend"))
+    rows = [tuple(Cell(name, "header") for name in ("  account", "spent", "balance", "in flight"))]
+    for account in _list(buyers.get("top")):
+        account = _map(account)
+        label = f"  #{_int(account.get('account_id')) if _int(account.get('account_id')) is not None else NA} " \
+                f"{_text(account.get('name')) or ''}".rstrip()
+        rows.append((Cell(label), Cell(_usd(account.get("charged"))), Cell(_usd(account.get("available"))),
+                     Cell(_usd(account.get("held")))))
+    return (head, *(_pad(rows, right=(1, 2, 3)) if len(rows) > 1 else ()))
+
+
+def _usd(micro: Any) -> str:
+    value = _int(micro)
+    return NA if value is None or value < 0 else f"${value / 1_000_000:,.4f}"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class PanelView:
     """Everything the panel shows for one set of states at one time."""
@@ -556,6 +579,7 @@ class PanelView:
     notes: tuple[Cell, ...]
     audit: tuple[Cell, ...]
     epoch: tuple[tuple[Cell, ...], ...]
+    buyers: tuple[tuple[Cell, ...], ...] = ()
 
 
 def panel_view(states: Any, *, now: float, names: Any = None) -> PanelView:
@@ -604,6 +628,7 @@ def panel_view(states: Any, *, now: float, names: Any = None) -> PanelView:
         notes=worker_notes(states, now=now, names=local),
         audit=audit_line(states.get("audit")),
         epoch=epoch_lines(states.get("epochs"), names=local),
+        buyers=buyers_lines(states.get("buyers")),
     )
 
 
@@ -655,6 +680,10 @@ class GatewayPanel(Widget):
     GatewayPanel > #audit {
         margin-top: 1;
     }
+    GatewayPanel > #buyers {
+        margin-top: 1;
+        text-wrap: nowrap;
+    }
     GatewayPanel > #epoch {
         text-wrap: nowrap;
         text-overflow: ellipsis;
@@ -662,7 +691,7 @@ class GatewayPanel(Widget):
     """
 
     def compose(self) -> ComposeResult:
-        for widget_id in ("status", "table", "notes", "audit", "epoch"):
+        for widget_id in ("status", "table", "notes", "audit", "epoch", "buyers"):
             yield Static(id=widget_id)
 
     def on_mount(self) -> None:
@@ -678,7 +707,7 @@ class GatewayPanel(Widget):
         self.set_class(view.state == "absent", "-absent")
         for widget_id, lines in (("status", [(c,) for c in view.status]), ("table", view.table),
                                  ("notes", [(c,) for c in view.notes]), ("audit", [view.audit] if view.audit else []),
-                                 ("epoch", view.epoch)):
+                                 ("epoch", view.epoch), ("buyers", view.buyers)):
             static = self.query_one(f"#{widget_id}", Static)
             static.update(_content(lines))
             static.display = bool(lines)

@@ -539,3 +539,17 @@ def test_stopped_gateway_snapshot(snap_compare):
 
 def test_no_gateway_snapshot(snap_compare):
     assert snap_compare(PanelApp({"node": {}}, NOW), terminal_size=(80, 5))
+
+
+def test_buyers_show_accounts_by_spend_with_their_balances_and_never_a_key():
+    from engy_tui.widgets.gateway_panel import buyers_lines
+
+    lines = buyers_lines({"accounts": 3, "top": [
+        {"account_id": 1, "name": "local-buyer", "available": 9_876_543, "held": 12_000, "charged": 123_457},
+        {"account_id": 2, "name": "acme", "available": 0, "held": 0, "charged": 0}]})
+    text = ["".join(cell.text for cell in line) for line in lines]
+    assert text[0] == "buyers  3 accounts · top by spend"
+    assert "#1 local-buyer" in text[2] and "$0.1235" in text[2] and "$9.8765" in text[2] and "$0.0120" in text[2]
+    assert "#2 acme" in text[3]
+    assert buyers_lines(None) == () and buyers_lines({"accounts": "x"}) == ()
+

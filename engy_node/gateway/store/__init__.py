@@ -44,7 +44,7 @@ with a space in it) raise `ValueError`.
 from engy_node.gateway.store.checks import CODE, IDENTIFIER
 from engy_node.gateway.store.eligibility import MAX_REASON_CHARS, EligibilityRow
 from engy_node.gateway.store.keys import BUYER_KEY_PREFIX, KEY_ENTROPY_BYTES, MINER_KEY_PREFIX
-from engy_node.gateway.store.ledger import RECOVERED_IDS_LOGGED, Account, Balance, Hold, Settlement
+from engy_node.gateway.store.ledger import RECOVERED_IDS_LOGGED, Account, AccountSummary, Balance, Hold, Settlement
 from engy_node.gateway.store.miners import MinerRecord
 from engy_node.gateway.store.requests import RequestLogEntry, UsageSummary
 from engy_node.gateway.store.schema import APPLICATION_ID, BUSY_TIMEOUT_S, SCHEMA_VERSION, StoreError
@@ -65,6 +65,7 @@ __all__ = [
     "RECOVERED_IDS_LOGGED",
     "SCHEMA_VERSION",
     "Account",
+    "AccountSummary",
     "Balance",
     "EligibilityRow",
     "Hold",

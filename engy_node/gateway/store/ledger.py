@@ -60,6 +60,17 @@ class Balance:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class AccountSummary:
+    """One buyer account as the dashboards show it: who, and its money (micro-USD). No key."""
+
+    account_id: int
+    name: str
+    available: int
+    held: int
+    charged: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Hold:
     """A reservation on an account's balance; `hold_id` is the ledger row that made it."""
 
@@ -296,6 +307,15 @@ class Ledger(Connection):
         if row is None:
             self._require_account(self._conn, account_id)
         return Balance(*row)
+
+    @serialised
+    def account_summaries(self, *, limit: int = 10) -> tuple[int, list[AccountSummary]]:
+        """How many buyer accounts there are, and the `limit` that have spent the most."""
+        with self._snapshot() as conn:
+            count = conn.execute("SELECT count(*) FROM accounts").fetchone()[0]
+            rows = conn.execute("SELECT id, name, available, held, charged FROM accounts ORDER BY charged DESC, id LIMIT ?",
+                                (limit,)).fetchall()
+        return count, [AccountSummary(*row) for row in rows]
 
     @serialised
     def check_books(self) -> list[int]:

@@ -177,3 +177,16 @@ def test_recovery_can_spare_holds_younger_than_the_longest_request(path, clock):
         assert store.recover_open_holds(older_than=150.0) == [old]
         assert store.balance(account_id).held == 20
         assert store.settle(young, cost=5).applied
+
+
+def test_the_store_summarises_accounts_by_spend(tmp_path):
+    from engy_node.gateway.store import Store
+
+    with Store.open(tmp_path / "g.sqlite3") as store:
+        first, _ = store.create_buyer("first")
+        second, _ = store.create_buyer("second")
+        store.credit(second, micro_usd=5_000_000)
+        hold = store.hold(second, amount=1_000_000, request_id="r1")
+        store.settle(hold, cost=400_000)
+        count, top = store.account_summaries(limit=1)
+    assert count == 2 and [(a.account_id, a.charged, a.available, a.held) for a in top] == [(second, 400_000, 4_600_000, 0)]
