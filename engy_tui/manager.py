@@ -25,6 +25,7 @@ from typing import Any
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.screen import ModalScreen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from engy_node.errors import EngyError
@@ -332,9 +333,19 @@ class NodeManager(App[None]):
             return
         self.notify(f"{bundle.path}\n{bundle.summary()}", title="diagnostics bundle written", timeout=15)
 
-    async def action_quit(self) -> None:
-        if self.bridge is not None and self.bridge.mode == "local":
-            self.notify("stopping the local network…", title="quit")
+    def action_quit(self) -> None:
+        # A node running inside the TUI stops with it: say so and ask, once.
+        if self.bridge is not None and self.bridge.mode == "local" and self.bridge.running:
+            self.push_screen(ConfirmQuit(), self._quit_confirmed)
+        else:
+            self.run_worker(self._quit(), exclusive=True)
+
+    def _quit_confirmed(self, confirmed: bool | None) -> None:
+        if confirmed:
+            self.notify("stopping the node and everything it started…", title="quit")
+            self.run_worker(self._quit(), exclusive=True)
+
+    async def _quit(self) -> None:
         await self._stop_bridge()
         self.exit()
 
@@ -350,3 +361,28 @@ class NodeManager(App[None]):
                                          f"{error}). This is a bug; please report it with this message.")
 
 
+class ConfirmQuit(ModalScreen[bool]):
+    """"Stop the node and quit?" — the node runs inside this TUI, so quitting stops it."""
+
+    DEFAULT_CSS = """
+    ConfirmQuit {
+        align: center middle;
+    }
+    ConfirmQuit > Static {
+        width: auto;
+        padding: 1 3;
+        border: thick $warning;
+        background: $surface;
+    }
+    """
+    BINDINGS = [
+        Binding("y,enter", "answer(True)", "Stop and quit", id="quit.confirm"),
+        Binding("n,escape", "answer(False)", "Keep running", id="quit.cancel"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Static("The node runs inside engy-tui: quitting stops it and every process it started.\n\n"
+                     "Stop it and quit?   y / enter: yes   n / escape: keep running")
+
+    def action_answer(self, confirmed: bool) -> None:
+        self.dismiss(confirmed)

@@ -96,7 +96,7 @@ def test_r_restarts_the_model_server_and_c_copies_its_command():
         await wait_until(pilot, lambda: ran == ["restart"], "the restart action run")
         await pilot.press("c")
         await wait_until(pilot, lambda: copied == ["python -m engy_node serve --port 30000"], "the command copied")
-        await pilot.press("q")
+        await pilot.press("q", "y")
 
     drive(app, script)
 
@@ -111,7 +111,7 @@ def test_the_palette_lists_and_runs_the_nodes_actions():
         await pilot.pause(0.5)
         await pilot.press("enter")
         await wait_until(pilot, lambda: ran == ["restart"], "the palette's restart run")
-        await pilot.press("q")
+        await pilot.press("q", "y")
 
     drive(app, script)
 
@@ -123,7 +123,22 @@ def test_a_user_keymap_rebinds_quit():
         await pilot.press("q")  # no longer quits
         await pilot.pause(0.2)
         assert app.is_running
-        await pilot.press("x")
+        await pilot.press("x", "y")
+
+    drive(app, script)
+    assert not app.bridge.running
+
+
+def test_quitting_a_node_that_runs_inside_asks_first():
+    app = NodeManager(NodeBridge.local(small_node([])))
+
+    async def script(pilot) -> None:
+        await pilot.press("q")
+        await pilot.pause(0.2)
+        await pilot.press("n")  # keep running
+        await pilot.pause(0.2)
+        assert app.is_running and app.bridge.running
+        await pilot.press("q", "y")
 
     drive(app, script)
     assert not app.bridge.running

@@ -209,7 +209,7 @@ def test_local_the_node_runs_inside_and_quitting_stops_every_task():
         assert bridge.ready
         await pilot.press("p")
         await wait_for(pilot, lambda: toggled == ["pause"], "the pause action run in-process")
-        await pilot.press("q")
+        await pilot.press("q", "y")
 
     run_app(app, check)
     assert finished == ["node stopped"] and not bridge.running
@@ -224,7 +224,7 @@ def test_a_local_node_that_fails_to_start_is_reported_not_fatal():
     async def check(pilot) -> None:
         await wait_for(pilot, lambda: "did not start" in static_text(app, "#node-header"), "the start failure shown")
         assert "--port-base" in static_text(app, "#node-header")
-        await pilot.press("q")
+        await pilot.press("q", "y")
 
     run_app(app, check)
 
@@ -262,7 +262,7 @@ def test_quitting_a_local_node_stops_the_child_processes_it_started(tmp_path):
 
     async def check(pilot) -> None:
         await wait_for(pilot, lambda: bool(pids) and psutil.pid_exists(pids[0]), "the child running")
-        await pilot.press("q")
+        await pilot.press("q", "y")
 
     run_app(app, check)
     assert pids and not _alive(pids[0]), "the node's child outlived engy-tui"
@@ -317,7 +317,7 @@ def test_after_setup_the_configured_node_runs_inside_the_tui():
     async def check(pilot) -> None:
         app._setup_done(SetupAnswers(role="miner"))
         await wait_for(pilot, lambda: "block 9" in static_text(app, "#node-header"), "the configured node running")
-        await pilot.press("q")
+        await pilot.press("q", "y")
 
     run_app(app, check)
     assert started == ["miner"] and not app.bridge.running
