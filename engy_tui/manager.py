@@ -30,7 +30,7 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from engy_node.errors import EngyError
 from engy_node.node import freeze_startup_objects
-from engy_node.local.status import format_status
+from engy_node.local.status import age_text, format_status
 from engy_tui.commands import CommandSpec, NodeCommands, command_specs
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot
 from engy_tui.screens.setup import SetupCommand, open_setup
@@ -71,25 +71,16 @@ def header_text(snapshot: NodeSnapshot | None, *, mode: str, now: float) -> Text
         parts.append(f"epoch {epochs['latest']}")
     started = node.get("started_at")
     if isinstance(started, (int, float)):
-        parts.append(f"up {_age(now - started)}")
+        parts.append(f"up {age_text(now - started)}")
     text.append("  " + " · ".join(parts))
     age = now - snapshot.taken_at
     if not snapshot.connected:
         text.append(f"   ✘ {snapshot.error or 'not connected'}", style="bold red")
     elif age > STALE_AFTER_S:
-        text.append(f"   ⚠ stale {_age(age)}", style="yellow")
+        text.append(f"   ⚠ stale {age_text(age)}", style="yellow")
     else:
         text.append(f"   ● {mode}", style="green")
     return text
-
-
-def _age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min"
-    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
 def overview_text(snapshot: NodeSnapshot | None, *, now: float) -> str:

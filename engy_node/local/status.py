@@ -159,12 +159,12 @@ def _elapsed(now: float, then: Any) -> str | None:
     if not _is_number(then):
         return None
     try:
-        return _age(now - then)
+        return age_text(now - then)
     except (OverflowError, ValueError):  # an integer too large for a float; inf or nan
         return None
 
 
-def _age(seconds: float) -> str:
+def age_text(seconds: float) -> str:
     seconds = max(0, int(seconds))
     if seconds < 120:
         return f"{seconds} s"

@@ -32,15 +32,26 @@ node info's `hotkeys` {name: ss58} knows them.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from rich.cells import cell_len
 from textual.app import ComposeResult
 from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Static
+
+from engy_tui.widgets.cells import (
+    DASH,
+    NA,
+    Cell,
+    cells_content,
+    as_int as _int,
+    as_list as _list,
+    as_map as _map,
+    as_number as _num,
+    as_text as _text,
+)
 
 __all__ = [
     "BREAKER_CODES",
@@ -73,8 +84,6 @@ __all__ = [
     "worker_notes",
 ]
 
-NA = "n/a"
-DASH = "—"
 OK = "✔"
 BAD = "✘"
 WARN = "⚠"
@@ -107,44 +116,11 @@ STYLES: dict[str, str] = {
 """Cell style names -> Textual styles (theme variables, so every theme works)."""
 
 
-class Cell(NamedTuple):
-    text: str
-    style: str = ""
-    """A key of `STYLES`."""
-
-
 NA_CELL = Cell(NA, "na")
 DASH_CELL = Cell(DASH, "na")
 
 
 # ---- reading untrusted JSON ---------------------------------------------------------------------
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (list, tuple)) else []
-
-
-def _int(value: Any) -> int | None:
-    # bool is an int subclass; True is never a count.
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an int too large for a float
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
 
 
 def _count(value: Any) -> str | None:
@@ -652,7 +628,7 @@ def _pad(rows: Sequence[tuple[Cell, ...]], *, right: Iterable[int] = ()) -> tupl
 
 def _content(lines: Iterable[Sequence[Cell]]) -> Content:
     # Content.assemble never parses markup: reasons and URLs come from the network.
-    return Content("\n").join(Content.assemble(*((cell.text, STYLES[cell.style]) for cell in line)) for line in lines)
+    return cells_content(lines, STYLES)
 
 
 class GatewayPanel(Widget):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from rich.cells import cell_len
 from textual.app import ComposeResult
@@ -31,6 +31,7 @@ from textual.widgets import Static
 
 from engy_node.gpu_monitor import THROTTLE_LABELS, temperature_band
 from engy_node.miner.gpu import CPU_MODE, GIB
+from engy_tui.widgets.cells import DASH, NA, Cell, cells_content
 
 __all__ = [
     "COLUMNS",
@@ -53,8 +54,6 @@ __all__ = [
     "vram_cell",
 ]
 
-NA = "n/a"
-DASH = "—"
 WARN = "⚠"
 ERROR = "✖"
 
@@ -82,12 +81,6 @@ only plain colour variables resolve: `$text-muted` is a relative ("auto 60%") va
 silently render as full white, hence `$foreground-muted`."""
 
 TEMPERATURE_WORDS = {"cool": "", "warm": " warm", "hot": " hot", "limit": " limit"}
-
-
-class Cell(NamedTuple):
-    text: str
-    style: str = ""
-    """A key of `STYLES`."""
 
 
 NA_CELL = Cell(NA, "na")
@@ -255,7 +248,7 @@ def _pad(rows: list[tuple[Cell, ...]]) -> tuple[tuple[Cell, ...], ...]:
 
 
 def _content(lines: Iterable[Sequence[Cell]]) -> Content:
-    return Content("\n").join(Content.assemble(*((cell.text, STYLES[cell.style]) for cell in line)) for line in lines)
+    return cells_content(lines, STYLES)
 
 
 class GpuPanel(Widget):

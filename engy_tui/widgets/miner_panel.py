@@ -61,7 +61,17 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from engy_node.gateway.traffic import TrafficPolicy
-from engy_tui.widgets.validator_panel import Cell, format_duration, miner_lines, short_hotkey
+from engy_tui.widgets.validator_panel import format_age, format_duration, miner_lines, short_hotkey
+from engy_tui.widgets.cells import (
+    NA,
+    Cell,
+    cells_content,
+    as_int as _int,
+    as_list as _list,
+    as_map as _map,
+    as_number as _num,
+    as_text as _text,
+)
 
 __all__ = [
     "FAILURE_WORDS",
@@ -100,7 +110,6 @@ __all__ = [
     "tp_dp",
 ]
 
-NA = "n/a"
 OK = "✔"
 WARN = "⚠"
 BAD = "✘"
@@ -177,39 +186,6 @@ _PULL_FIX = "it qualifies again after the cooldown; the reason names what the ga
 # ---- reading untrusted JSON -----------------------------------------------------------------
 
 
-def _map(value: Any) -> Mapping[Any, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> Sequence[Any]:
-    return value if isinstance(value, (list, tuple)) else ()
-
-
-def _int(value: Any) -> int | None:
-    """An integer count, or None: a bool or a float is not one."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _num(value: Any) -> float | None:
-    """A finite number as a float, or None (bools, strings, nan, inf and too-large ints)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _text(value: Any) -> str | None:
-    """A non-empty string on one line (control characters would break the rows), or None."""
-    if not isinstance(value, str) or not value.strip():
-        return None
-    if value.isprintable():
-        return value
-    return "".join(ch if ch.isprintable() else " " for ch in value)
-
-
 def _count(value: Any) -> str:
     number = _int(value)
     return NA if number is None else f"{number:,}"
@@ -217,13 +193,6 @@ def _count(value: Any) -> str:
 
 def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}{'' if n == 1 else 's'}"
-
-
-def _ago(now: float, then: Any) -> str | None:
-    then_s = _num(then)
-    if then_s is None or not math.isfinite(now):
-        return None
-    return format_duration(now - then_s)
 
 
 def _ms(value: Any) -> str:
@@ -627,7 +596,7 @@ def link_lines(miner: Any, worker: Any, legs: Sequence[Mapping[Any, Any]], *, no
     lines: list[Line] = [tuple(first)]
     if worker:
         state = _text(worker.get("state")) or NA
-        since = _ago(now, worker.get("since"))
+        since = format_age(now, worker.get("since"))
         reason = _text(worker.get("reason"))
         text = f"{state} for {since}" if since else state
         lines.append((Cell(text + (f": {reason}" if reason else "")),))
@@ -651,7 +620,7 @@ def link_summary(miner: Any, worker: Any, legs: Sequence[Mapping[Any, Any]], *, 
     # Under the "gateway:" label the state word says it ("active own ✔"); n/a keeps its why.
     eligibility = eligibility._replace(text=eligibility.text.removeprefix("eligibility: "))
     cells: list[Cell] = [legs_cell(miner), Cell(SEP), eligibility]
-    since = _ago(now, worker.get("since")) if worker else None
+    since = format_age(now, worker.get("since")) if worker else None
     if since:
         cells.append(Cell(f" for {since}"))
     inflight = _int(miner.get("inflight"))
@@ -882,8 +851,7 @@ def panel_view(states: Any, *, now: float, names: Any = None, server_log: Any = 
 
 def lines_content(lines: Iterable[Sequence[Cell]]) -> Content:
     # Content.assemble never parses markup: log lines, reasons and commands come from outside.
-    return Content("\n").join(Content.assemble(*((cell.text, STYLES.get(cell.style, "")) for cell in line))
-                              for line in lines)
+    return cells_content(lines, STYLES)
 
 
 def _title(text: str) -> Content:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from rich.cells import cell_len
 from textual.app import ComposeResult
@@ -40,6 +40,16 @@ from textual.widgets import Static
 
 from engy_node.models import CATALOG
 from engy_tui.widgets.server_panel import format_ms
+from engy_tui.widgets.cells import (
+    DASH,
+    NA,
+    Cell,
+    cells_content,
+    as_int as _int,
+    as_list as _list,
+    as_map as _map,
+    as_number as _num,
+)
 
 __all__ = [
     "HISTORY_POINTS",
@@ -85,8 +95,6 @@ RATE_WINDOW_S = 10.0
 """Rates are averaged over about this long: one frame's delta (0.5 s, while the node's snapshot
 may refresh once a second) would swing between 0 and twice the truth."""
 
-NA = "n/a"
-DASH = "—"
 OK = "✔"
 WARN = "⚠"
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -103,39 +111,11 @@ STYLES: dict[str, str] = {
 """Cell style names -> Textual styles (theme variables, so every theme works)."""
 
 
-class Cell(NamedTuple):
-    text: str
-    style: str = ""
-    """A key of `STYLES`."""
-
-
 NA_CELL = Cell(NA, "na")
 DASH_CELL = Cell(DASH, "na")
 
 
 # ---- reading untrusted JSON ---------------------------------------------------------------------
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (list, tuple)) else []
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _family(metrics: Any, name: str, kind: str) -> Mapping[str, Any] | None:
@@ -522,7 +502,7 @@ def _pad(rows: Sequence[tuple[Cell, ...]], *, right: set[int], tight: set[int]) 
 
 
 def _content(lines: Iterable[Sequence[Cell]]) -> Content:
-    return Content("\n").join(Content.assemble(*((cell.text, STYLES[cell.style]) for cell in line)) for line in lines)
+    return cells_content(lines, STYLES)
 
 
 class RequestsPanel(Widget):

@@ -35,6 +35,17 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from engy_node.validator.schedule import RESUBMIT_BLOCKS
+from engy_tui.widgets.cells import (
+    DASH,
+    NA,
+    Cell,
+    cells_content,
+    as_int as _int,
+    as_list as _list,
+    as_map as _map,
+    as_number as _num,
+    as_text as _text,
+)
 
 __all__ = [
     "BAR_WIDTH",
@@ -67,8 +78,6 @@ __all__ = [
     "weights_rows",
 ]
 
-NA = "n/a"
-DASH = "—"
 OK = "✔"
 WARN = "⚠"
 ERROR = "✘"
@@ -100,12 +109,6 @@ STYLES: dict[str, str] = {
 """Cell style names -> Textual styles (theme variables, so every theme works)."""
 
 
-class Cell(NamedTuple):
-    text: str
-    style: str = ""
-    """A key of `STYLES`."""
-
-
 Line = tuple[Cell, ...]
 NA_CELL = Cell(NA, "na")
 
@@ -126,41 +129,8 @@ class Finding(NamedTuple):
 # ---- reading untrusted values ---------------------------------------------------------------
 
 
-def _map(value: Any) -> Mapping[Any, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> Sequence[Any]:
-    return value if isinstance(value, (list, tuple)) else ()
-
-
-def _int(value: Any) -> int | None:
-    """An integer (blocks, uids, epochs), or None: a bool or a float is not one."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _num(value: Any) -> float | None:
-    """A finite number as a float, or None (bools, strings, nan, inf and too-large ints)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _bool(value: Any) -> bool | None:
     return value if isinstance(value, bool) else None
-
-
-def _text(value: Any) -> str | None:
-    """A string on one line (newlines and tabs would break the panel's rows), or None."""
-    if not isinstance(value, str) or not value:
-        return None
-    if value.isprintable():
-        return value
-    return "".join(ch if ch.isprintable() else " " for ch in value)
 
 
 def _count(value: int | None) -> str:
@@ -964,8 +934,7 @@ def chain_view(chain: Mapping[str, Any] | None, *, now: float | None = None,
 
 def lines_content(lines: Iterable[Sequence[Cell]]) -> Content:
     """Cells as Textual content, one line each (styles from `STYLES`; text never parsed as markup)."""
-    return Content("\n").join(Content.assemble(*((cell.text, STYLES.get(cell.style, "")) for cell in line))
-                              for line in lines)
+    return cells_content(lines, STYLES)
 
 
 _BOX_CSS = """
