@@ -108,3 +108,24 @@ def reference_server(checkpoint, tmp_path_factory):
 def client(reference_server):
     with httpx.Client(base_url=reference_server.url, timeout=120) as http:
         yield http
+
+
+@pytest.fixture
+def engy_logger():
+    """The `engy` logger, restored to its previous handlers, level and propagation afterwards:
+    `install_logging` stops propagation, which would hide every later test's records from caplog."""
+    import logging
+
+    from engy_node.hub import LOGGER_ROOT
+
+    logger = logging.getLogger(LOGGER_ROOT)
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield logger
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        if handler not in saved[0]:
+            handler.close()
+    for handler in saved[0]:
+        logger.addHandler(handler)
+    logger.setLevel(saved[1])
+    logger.propagate = saved[2]

@@ -368,16 +368,13 @@ def test_fetch_status_with_nothing_listening_says_the_node_is_not_running():
         fetch_status(f"http://127.0.0.1:{port}", "token", timeout=TIMEOUT_S)
 
 
-async def test_every_node_can_change_its_log_level_and_a_wrong_level_names_the_choices():
+async def test_every_node_can_change_its_log_level_and_a_wrong_level_names_the_choices(engy_logger):
     from engy_node.control import ControlError, node_actions
     from engy_node.hub import Hub, install_logging
 
     action = node_actions().get("set-log-level")
     assert action is not None
     install_logging(Hub(), level="info")
-    try:
-        assert await action.handler({"level": "debug"}) == {"level": "debug"}
-        with pytest.raises(ControlError, match="choose one of debug, info, warning, error"):
-            await action.handler({"level": "loud"})
-    finally:
-        install_logging(Hub(), level="info")
+    assert await action.handler({"level": "debug"}) == {"level": "debug"}
+    with pytest.raises(ControlError, match="choose one of debug, info, warning, error"):
+        await action.handler({"level": "loud"})

@@ -9,24 +9,8 @@ import threading
 
 import pytest
 
-from engy_node.hub import LOGGER_ROOT, Event, EventBatch, Hub, HubHandler, install_logging
+from engy_node.hub import Event, EventBatch, Hub, HubHandler, install_logging
 from engy_node.metrics import Registry
-
-
-@pytest.fixture
-def engy_logger():
-    """The `engy` logger, restored to its previous handlers, level and propagation afterwards."""
-    logger = logging.getLogger(LOGGER_ROOT)
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    yield logger
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
-        if handler not in saved[0]:
-            handler.close()
-    for handler in saved[0]:
-        logger.addHandler(handler)
-    logger.setLevel(saved[1])
-    logger.propagate = saved[2]
 
 
 def emit_n(hub: Hub, count: int, *, start: int = 0) -> None:
@@ -374,22 +358,17 @@ def test_concurrent_producers_get_unique_consecutive_seqs_and_lose_nothing():
     assert hub.snapshot()["last_seq"] == total - 1
 
 
-def test_set_log_level_changes_stderr_and_file_but_the_hub_keeps_everything(tmp_path):
-    import logging
-
-    from engy_node.hub import Hub, install_logging, set_log_level
+def test_set_log_level_changes_stderr_and_file_but_the_hub_keeps_everything(engy_logger, tmp_path):
+    from engy_node.hub import set_log_level
 
     hub = Hub()
     install_logging(hub, level="info", log_dir=tmp_path)
-    try:
-        set_log_level("error")
-        logging.getLogger("engy.test").warning("kept in the hub only")
-        assert "kept in the hub only" in hub.events_since(0).events[-1].message
-        assert "kept in the hub only" not in (tmp_path / "engy-node.log").read_text()
-        set_log_level("debug")
-        logging.getLogger("engy.test").debug("now in the file too")
-        assert "now in the file too" in (tmp_path / "engy-node.log").read_text()
-        with pytest.raises(ValueError, match="choose one of"):
-            set_log_level("loud")
-    finally:
-        install_logging(Hub(), level="info")
+    set_log_level("error")
+    logging.getLogger("engy.test").warning("kept in the hub only")
+    assert "kept in the hub only" in hub.events_since(0).events[-1].message
+    assert "kept in the hub only" not in (tmp_path / "engy-node.log").read_text()
+    set_log_level("debug")
+    logging.getLogger("engy.test").debug("now in the file too")
+    assert "now in the file too" in (tmp_path / "engy-node.log").read_text()
+    with pytest.raises(ValueError, match="choose one of"):
+        set_log_level("loud")
