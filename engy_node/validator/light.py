@@ -89,7 +89,7 @@ class Candidate:
 class TickResult:
     outcome: str
     """`applied`, `resubmitted`, `resubmitted:cached`, `standby:cached`, `standby:burn`,
-    `skipped:too-soon`, `skipped:replay`, `fetch-failed`, `rejected:<reason>`, `chain-failed`,
+    `skipped:too-soon`, `skipped:replay`, `no-epoch-yet`, `fetch-failed`, `rejected:<reason>`, `chain-failed`,
     `submit-failed`."""
     epoch: int | None = None
     block: int | None = None
@@ -207,6 +207,8 @@ class LightValidator:
             # 404 is a provider that has not closed an epoch yet (a new gateway): expected, not alarming.
             level = logging.INFO if err.status == 404 else logging.WARNING
             log.log(level, "fetch of %s%s answered HTTP %d: %s", self.settings.provider_url, EPOCH_PATH, err.status, err)
+            if err.status == 404:
+                failure = "no-epoch-yet"
         except (httpx.HTTPError, trio.TooSlowError) as err:
             log.warning("fetch of %s%s failed: %s", self.settings.provider_url, EPOCH_PATH,
                         f"no complete answer within {FETCH_TIMEOUT_S:.0f} s" if isinstance(err, trio.TooSlowError) else _reason(err))
@@ -225,7 +227,8 @@ class LightValidator:
                             verified.epoch_index, state.last_applied)
                 failure = "rejected:replay"
         if state.cached_weights is None or state.last_applied is None:
-            log.warning("no usable payload (%s) and no cached vector yet; nothing to submit", failure)
+            log.log(logging.INFO if failure == "no-epoch-yet" else logging.WARNING,
+                    "no usable payload (%s) and no cached vector yet; nothing to submit", failure)
             return None, failure
         log.info("no usable payload (%s); resubmitting the cached epoch %d vector (%d hotkeys)", failure,
                  state.last_applied, len(state.cached_weights))

@@ -213,6 +213,14 @@ async def test_nothing_is_submitted_without_a_verified_payload_or_a_cache(regist
     assert "no cached vector yet" in caplog.text
 
 
+async def test_a_provider_with_no_epoch_yet_is_a_quiet_wait_not_a_failure(registered, chain, provider, make_loop, caplog):
+    provider.status, provider.body = 404, b'{"error": {"code": "no_epoch", "message": "no epoch has been published yet"}}'
+    with caplog.at_level(logging.INFO, logger="engy.validator"):
+        assert (await make_loop().tick()).outcome == "no-epoch-yet"
+    assert submissions(chain) == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("engy.validator")]
+
+
 async def test_a_forged_signature_is_refused(registered, chain, provider, make_loop, caplog):
     provider.body = payload(5, [[MINER_A, 65535]], signer=FORGER)
     loop = make_loop()
