@@ -141,6 +141,11 @@ class ServeClient:
 
     async def abort(self, rid: str) -> bool:
         """Ask the server to stop `rid`; True when it answered below 400. Never raises."""
+        if self.http.is_closed:
+            # Shutdown: the owner's client closed before this request's cleanup ran, so the
+            # server (stopping too) cannot be told; httpx would raise RuntimeError here.
+            log.warning("could not abort %s on %s: the HTTP client is already closed (shutting down)", rid, self.base_url)
+            return False
         try:
             with trio.fail_after(ABORT_TIMEOUT_S):
                 response = await self.http.post(f"{self.base_url}/abort_request", json={"rid": rid})

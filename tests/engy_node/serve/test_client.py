@@ -114,3 +114,13 @@ async def test_an_unreachable_server_is_a_serve_error():
         client = ServeClient("http://127.0.0.1:9", http)
         with pytest.raises(ServeError, match="unreachable"):
             await client.generate(PROMPT, GREEDY, max_new_tokens=2)
+
+
+async def test_abort_after_the_shared_client_closed_is_a_logged_false_not_an_error():
+    import httpx
+
+    from engy_node.serve.client import ServeClient
+
+    http = httpx.AsyncClient()
+    await http.aclose()
+    assert await ServeClient("http://127.0.0.1:9", http).abort("engy-r1") is False
