@@ -24,6 +24,7 @@ Other `engy_tui` modules import the status data types from here, not from `engy_
 
 from __future__ import annotations
 
+import abc
 import asyncio
 from collections.abc import Callable
 
@@ -42,7 +43,7 @@ POLL_INTERVAL_S = 1.0
 POLL_TIMEOUT_S = 5.0
 
 
-class GuestRun:
+class GuestRun(abc.ABC):
     """A trio guest run hosted on the running asyncio loop: `start`, `stop`, and `_main` (the
     trio side, run inside the root cancel scope) for subclasses to define."""
 
@@ -89,8 +90,9 @@ class GuestRun:
         with self._root:
             await self._main()
 
+    @abc.abstractmethod
     async def _main(self) -> None:
-        raise NotImplementedError
+        """The trio side: runs until cancelled."""
 
 
 class StatusBridge(GuestRun):

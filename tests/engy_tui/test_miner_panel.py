@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import hashlib
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -58,17 +57,8 @@ from engy_tui.widgets.miner_panel import (
     tp_dp,
 )
 
-NOW = 1_780_000_000.0
-ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+from tests.engy_tui.test_validator_panel import NAMES, NOW, ss58
 
-
-def ss58(seed: str) -> str:
-    """A deterministic ss58-shaped address (48 base58 characters starting with 5)."""
-    digest = hashlib.sha256(seed.encode()).digest() * 2
-    return "5" + "".join(ALPHABET[byte % len(ALPHABET)] for byte in digest[:47])
-
-
-NAMES = {name: ss58(name) for name in ("owner", "master", "validator", "verifier", "miner-1", "miner-2")}
 HOME = ss58("home-miner")
 QWEN = "qwen3.6-35b-a3b"
 SGLANG_COMMAND = (
