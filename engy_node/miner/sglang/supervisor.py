@@ -28,9 +28,18 @@ Stopping: the child starts in a new session, so it and everything it forks (sgla
 and detokenizer processes, one per GPU rank) share one process group. Stopping sends SIGTERM
 to the whole group, waits `stop_grace_s` under a shielded scope, then sends SIGKILL to the
 group; it also runs after a child exits on its own, because sglang's rank processes can
-outlive a crashed main process and would keep holding GPU memory. A grandchild that moves
-itself to another session, or a node killed with SIGKILL, leaves processes behind; the next
-start then finds the port taken and fails as `port_in_use`, naming how to free it.
+outlive a crashed main process and would keep holding GPU memory.
+
+Dying without stopping: the child runs on a lifeline (`engy_node.miner.lifeline`), so when the
+node dies without stopping it (SIGKILL, the OOM killer) a watcher in its group stops the group
+the same way, SIGTERM, the grace, SIGKILL. The supervisor's child is still the model server
+itself (the guard execs it), so pid, group, output and exit code are as without it. With a
+`record_path`, every child is recorded there (`leftovers.RunRecord`) until its group is gone,
+and each start first stops whatever an earlier run recorded and left running (a watcher that
+was killed too, a node restarted within the watcher's grace), recognised by start time and
+run id so a reused pid is never signalled. Only a grandchild that moves itself to another
+session and drops the run id from its environment still escapes; the next start then finds
+the port taken and fails as `port_in_use`, naming how to free it.
 """
 
 from __future__ import annotations
@@ -43,7 +52,10 @@ import os
 import random
 import signal
 import subprocess
-from collections.abc import Callable
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 import httpx
@@ -51,8 +63,13 @@ import trio
 
 from engy_node.errors import EngyError
 from engy_node.hub import Hub
+from engy_node.miner.lifeline import guarded_argv
 from engy_node.miner.sglang.command import LaunchSpec, shell_command
 from engy_node.miner.sglang.failures import LAUNCH_FAILED_PREFIX, Detected, Failure, Phase, classify_failure, detect_stall
+from engy_node.miner.sglang.leftovers import (
+    RUN_ID_ENV, START_TIME_TOLERANCE_S, ProcessView, RecordError, RunRecord, describe_all, observe_group, ours,
+    read_record, remove_record, start_time_of, write_record,
+)
 from engy_node.miner.sglang.output_lines import LineBuffer
 from engy_node.retry import backoff_delay
 from engy_node.serve.status import ServerStatus, fetch_status
@@ -241,7 +258,9 @@ class ModelServerSupervisor:
     running, queued, generation_tokens_total, gen_throughput, ttft/itl p50/p95 in ms,
     poll_error, log_lines_truncated.
 
-    `jitter` draws the backoff's random share in [0, 1); tests pass a constant.
+    `jitter` draws the backoff's random share in [0, 1); tests pass a constant. `record_path`
+    is where the running child is recorded, so that a later start in the same home stops what
+    this run left behind (see the module docstring); None records nothing and looks for nothing.
     """
 
     def __init__(
@@ -252,8 +271,10 @@ class ModelServerSupervisor:
         settings: SupervisorSettings = SupervisorSettings(),
         jitter: Callable[[], float] = random.random,
         hub_component: str = HUB_COMPONENT,
+        record_path: Path | None = None,
     ) -> None:
         self.spec = spec
+        self.record_path = record_path
         self.hub_component = hub_component
         # The child's output logs under the same name as its hub state, so a node with several
         # model servers (a local network) keeps their logs apart.
@@ -375,6 +396,9 @@ class ModelServerSupervisor:
         """Start the child, watch it until it ends or must be stopped, stop its process tree."""
         self._wake = trio.Event()
         self._restart_pending = False
+        if self.record_path is not None:
+            # Before the port check: a leftover holding the port would otherwise fail this start.
+            await self._stop_leftover(self.record_path)
         log.info("starting the model server: %s", self.command)
         self._publish(state="starting", pid=None, **_metric_fields(None))
         if await self._port_answers():
@@ -383,30 +407,45 @@ class ModelServerSupervisor:
             line = f"{self.spec.base_url} answers before the model server has started: address already in use"
             log.error("%s", line)
             return _Ended(phase="startup", exit_code=None, log_tail=(line,))
+        run_id = uuid.uuid4().hex
+        # The node holds the only write end; the kernel closes it when the node dies, however it
+        # dies, and the child's watcher then stops the group (engy_node.miner.lifeline).
+        lifeline_read, lifeline_write = os.pipe()
         try:
-            process = await trio.lowlevel.open_process(
-                list(self.spec.argv),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                # A new session makes the child lead its own process group, so one killpg reaches
-                # every process it forks; it also keeps a terminal's Ctrl-C away from the child,
-                # so the node stops it in order instead.
-                start_new_session=True,
-                # Python children block-buffer a pipe; unbuffered, each line arrives as printed.
-                env={**os.environ, **dict(self.spec.env), "PYTHONUNBUFFERED": "1"},
-            )
+            try:
+                process = await trio.lowlevel.open_process(
+                    guarded_argv(self.spec.argv, python=sys.executable, lifeline_fd=lifeline_read,
+                                 grace_s=self.settings.stop_grace_s),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    # A new session makes the child lead its own process group, so one killpg
+                    # reaches every process it forks; it also keeps a terminal's Ctrl-C away from
+                    # the child, so the node stops it in order instead.
+                    start_new_session=True,
+                    pass_fds=(lifeline_read,),
+                    # Python children block-buffer a pipe; unbuffered, each line arrives as printed.
+                    env={**os.environ, **dict(self.spec.env), RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"},
+                )
+            finally:
+                os.close(lifeline_read)
         except OSError as err:
+            os.close(lifeline_write)
             # Nothing started (a wrong python path, say): a failed start like any other.
             line = f"{LAUNCH_FAILED_PREFIX}{type(err).__name__}: {err}"
             log.error("%s", line)
             return _Ended(phase="startup", exit_code=None, log_tail=(line,))
+        except BaseException:
+            os.close(lifeline_write)
+            raise
 
         attempt = _Attempt(process=process, lines=LineBuffer(max_line_bytes=self.settings.max_line_bytes),
                            tail=collections.deque(maxlen=self.settings.log_tail_lines))
         self._attempt = attempt
         self._publish(pid=process.pid)
         try:
+            if self.record_path is not None:
+                await self._record(self.record_path, process.pid, run_id)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_output, attempt)
                 nursery.start_soon(self._wait_exit, attempt)
@@ -423,11 +462,61 @@ class ModelServerSupervisor:
                     await attempt.output_done.wait()
                 nursery.cancel_scope.cancel(reason="the model server has stopped")
         finally:
-            await self._stop_tree(process)
-            with trio.CancelScope(shield=True), trio.move_on_after(OUTPUT_DRAIN_S):
-                await process.stdout.aclose()
+            gone = await self._stop_tree(process)
+            # The group is gone (or survived SIGKILL, when the watcher's own SIGKILL is the last
+            # word); either way the lifeline has done its work.
+            os.close(lifeline_write)
+            with trio.CancelScope(shield=True):
+                if gone and self.record_path is not None:
+                    await trio.to_thread.run_sync(remove_record, self.record_path)
+                with trio.move_on_after(OUTPUT_DRAIN_S):
+                    await process.stdout.aclose()
             attempt.done.set()
         return dataclasses.replace(ended, log_tail=tuple(attempt.tail))
+
+    async def _record(self, path: Path, pid: int, run_id: str) -> None:
+        """Record the child at `path` for a later start in this home (see the module docstring)."""
+        import psutil
+
+        try:
+            started = start_time_of(pid)
+        except psutil.Error:
+            return  # already gone: nothing can be left behind
+        record = RunRecord(pid=pid, start_time=started, argv=tuple(self.spec.argv), run_id=run_id)
+        try:
+            await trio.to_thread.run_sync(write_record, path, record)
+        except OSError as error:
+            log.warning("cannot record the model server in %s (%s: %s); a server this run leaves behind will not be "
+                        "found by the next start", path, type(error).__name__, error)
+
+    async def _stop_leftover(self, path: Path) -> None:
+        """Stop what an earlier run recorded at `path` and left running. Runs shielded and
+        bounded like `_stop_tree`: a leftover sglang keeps its GPUs' memory."""
+        with trio.CancelScope(shield=True):
+            try:
+                record = await trio.to_thread.run_sync(read_record, path)
+            except RecordError as error:
+                log.warning("the model server record %s %s; it names nothing to stop, so it is replaced", path, error)
+                await trio.to_thread.run_sync(remove_record, path)
+                return
+            if record is None:
+                return
+            mine, others = ours(record, await trio.to_thread.run_sync(observe_group, record))
+            if others:
+                log.warning("%s names pid %d (run %s), but %s %s no process of that model server: left alone",
+                            path, record.pid, record.run_id[:8], describe_all(others), "is" if len(others) == 1 else "are")
+            if not mine:
+                log.info("the model server an earlier run recorded in %s (pid %d) is no longer running", path, record.pid)
+            else:
+                log.warning("a model server left by an earlier run in this home is still running: %s; stopping it "
+                            "(SIGTERM, then SIGKILL after %g s)", describe_all(mine), self.settings.stop_grace_s)
+                survivors = await _stop_processes(mine, grace_s=self.settings.stop_grace_s)
+                if survivors:
+                    log.error("the leftover model server survived SIGKILL for %g s: %s; stop it by hand (`kill -9 PID`)",
+                              KILL_WAIT_S, describe_all(survivors))
+                    return  # keep the record: the next start tries again
+                log.info("stopped the leftover model server (%d process(es))", len(mine))
+            await trio.to_thread.run_sync(remove_record, path)
 
     async def _await_ready(self, client: httpx.AsyncClient, attempt: _Attempt) -> _Ended | None:
         """None once `/health` answers 200; otherwise how the start ended."""
@@ -546,8 +635,9 @@ class ModelServerSupervisor:
         attempt.exited.set()
         self._wake.set()
 
-    async def _stop_tree(self, process: trio.Process) -> None:
+    async def _stop_tree(self, process: trio.Process) -> bool:
         """SIGTERM the child's process group, wait `stop_grace_s`, then SIGKILL it. Idempotent.
+        Returns whether the group is gone.
 
         Runs shielded: it is the cleanup of a cancelled supervisor, and an orphaned sglang keeps
         its GPUs' memory until someone finds and kills it.
@@ -555,6 +645,8 @@ class ModelServerSupervisor:
         pgid = process.pid  # the session leader's pid is its group id (start_new_session)
         with trio.CancelScope(shield=True):
             if process.returncode is None or _group_alive(pgid):
+                if process.returncode is None:
+                    log.info("stopping the model server (pid %d): SIGTERM to its process group", pgid)
                 _signal_group(pgid, signal.SIGTERM)
                 with trio.move_on_after(self.settings.stop_grace_s) as grace:
                     await process.wait()
@@ -569,3 +661,44 @@ class ModelServerSupervisor:
                     if kill_wait.cancelled_caught:
                         log.error("model server process group %d survived SIGKILL for %g s; check `ps -g %d`",
                                   pgid, KILL_WAIT_S, pgid)
+                        return False
+            return True
+
+
+async def _stop_processes(views: Sequence[ProcessView], *, grace_s: float) -> list[ProcessView]:
+    """SIGTERM each process, wait up to `grace_s` for all of them, SIGKILL the rest, wait up to
+    `KILL_WAIT_S`. Returns those still running. A process whose start time no longer matches
+    what was seen (its pid was reused meanwhile) is never signalled."""
+    import psutil
+
+    processes: dict[int, tuple[ProcessView, psutil.Process]] = {}
+    for view in views:
+        try:
+            process = psutil.Process(view.pid)
+            if abs(process.create_time() - view.start_time) <= START_TIME_TOLERANCE_S:
+                processes[view.pid] = (view, process)
+        except psutil.Error:
+            continue  # already gone
+
+    def running() -> list[tuple[ProcessView, psutil.Process]]:
+        alive = []
+        for view, process in processes.values():
+            try:
+                # psutil refuses to signal or report a pid that now names another process.
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append((view, process))
+            except psutil.Error:
+                continue
+        return alive
+
+    for deadline, signum in ((grace_s, signal.SIGTERM), (KILL_WAIT_S, signal.SIGKILL)):
+        for _, process in running():
+            try:
+                process.send_signal(signum)
+            except psutil.Error:
+                continue
+        with trio.move_on_after(deadline):
+            while running():
+                await trio.sleep(GROUP_POLL_S)
+            return []
+    return [view for view, _ in running()]

@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
@@ -30,8 +31,10 @@ import trio
 
 from engy_node.hub import Hub, HubHandler
 from engy_node.miner.sglang.command import LaunchSpec, reference_launch, shell_command
+from engy_node.miner.sglang.leftovers import RUN_ID_ENV, RunRecord, read_record, write_record
 from engy_node.miner.sglang.supervisor import ModelServerError, ModelServerSupervisor, SupervisorSettings
 from engy_node.retry import backoff_delay
+from tests.waiting import logged, wait_until_async
 
 # ---- settings ------------------------------------------------------------------------------------
 
@@ -379,3 +382,74 @@ async def test_a_port_that_already_answers_fails_the_start_without_spawning_a_ch
     assert raised.value.failure.kind == "port_in_use"
     assert supervisor.log_tail == ()
     assert not (tmp_path / "started-once").exists()
+
+
+# ---- leftovers of an earlier run -----------------------------------------------------------------
+
+
+def start_leftover(spec: LaunchSpec, record_path: Path, *, run_id: str = "earlier-run") -> subprocess.Popen:
+    """What a node killed with its watcher leaves behind: the server running in its own session,
+    unsupervised, and the run record naming it (written as the supervisor writes it)."""
+    leftover = subprocess.Popen(list(spec.argv), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, RUN_ID_ENV: run_id})
+    write_record(record_path, RunRecord(pid=leftover.pid, start_time=psutil.Process(leftover.pid).create_time(),
+                                        argv=spec.argv, run_id=run_id))
+    return leftover
+
+
+async def test_a_server_an_earlier_run_left_behind_is_stopped_before_the_port_check(tmp_path):
+    spec = scripted_spec(tmp_path, "serve")
+    record_path = tmp_path / "run" / "model_server.json"
+    leftover = start_leftover(spec, record_path)
+    try:
+        # The leftover answers on the port, as it would after a real crash of its node. It is a
+        # process of its own with its output discarded, so only asking it shows it is up.
+        async with httpx.AsyncClient(trust_env=False) as http:
+            await wait_until_async(lambda: _answers(http, spec.base_url), timeout_s=20, what="the leftover serving")
+        hub = WatchedHub()
+        supervisor = ModelServerSupervisor(spec, hub, settings=FAST, record_path=record_path)
+        with logged("engy.model_server", "left by an earlier run") as found, trio.fail_after(TEST_DEADLINE_S):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(supervisor.run)
+                assert f"pid {leftover.pid}" in found.message
+                assert leftover.poll() is not None, "the leftover was stopped (and reaped: it is this test's child)"
+                pid = model_server(hub)["pid"]
+                record = read_record(record_path)
+                assert record is not None and record.pid == pid and record.argv == spec.argv
+                nursery.cancel_scope.cancel()
+        assert not is_running(pid)
+        assert read_record(record_path) is None, "a stop that saw the group gone removes the record"
+    finally:
+        leftover.kill()
+        leftover.wait()
+
+
+async def test_a_record_naming_a_live_process_that_is_not_ours_leaves_it_alone(tmp_path):
+    spec = scripted_spec(tmp_path, "serve")
+    record_path = tmp_path / "run" / "model_server.json"
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        # The pid is the stranger's, the start time is not: the recorded server died and its pid
+        # was given to another process since.
+        started = psutil.Process(stranger.pid).create_time()
+        write_record(record_path, RunRecord(pid=stranger.pid, start_time=started - 3600, argv=spec.argv, run_id="gone"))
+        hub = WatchedHub()
+        supervisor = ModelServerSupervisor(spec, hub, settings=FAST, record_path=record_path)
+        with logged("engy.model_server", "left alone") as left_alone, trio.fail_after(TEST_DEADLINE_S):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(supervisor.run)
+                assert f"pid {stranger.pid}" in left_alone.message
+                assert stranger.poll() is None and is_running(stranger.pid)
+                assert read_record(record_path).pid == model_server(hub)["pid"], "the record now names our server"
+                nursery.cancel_scope.cancel()
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+async def _answers(http: httpx.AsyncClient, base_url: str) -> bool:
+    try:
+        return (await http.get(base_url + "/health", timeout=2)).status_code == 200
+    except httpx.HTTPError:
+        return False
