@@ -10,11 +10,21 @@ arguments.
 Trust: the body is buyer input and untrusted. Every field the gateway relies on is type-checked
 (by `validation`'s checks, shared with `openai_api`), and a bad one is a 400 `invalid_request`
 whose message starts with the field's path in Anthropic's own style (`messages.2.content.0.type:
-...`; `param` carries the same path). Fields the gateway does not use (`metadata`,
-`cache_control`, `service_tier`, `top_k`, `thinking`, `disable_parallel_tool_use`…) are accepted
-and ignored, because Claude Code sends them on every request; what cannot be honoured is refused
-with a message naming it: images and documents (the models are text-only), server tools
-(`web_search_…`), and a `tool_choice` naming an unknown tool.
+...`; `param` carries the same path). Nothing is silently ignored: `MESSAGES_FIELDS` and
+`COUNT_TOKENS_FIELDS` say, for every top-level field of each endpoint (as the official SDK
+declares them, with the sampling fields older SDKs send), whether the parser implements it,
+accepts and drops it because that cannot change what the buyer gets (`metadata`,
+`cache_control`, which Claude Code sends on every request), or refuses it with a message naming
+it and what to send instead (`top_k`, `output_config`, server-side features); a field Anthropic
+does not define is refused as Anthropic refuses it ("Extra inputs are not permitted"). Inside
+the messages, what cannot be honoured is refused too: images and documents (the models are
+text-only), server tools (`web_search_…`), a `tool_choice` naming an unknown tool or forbidding
+parallel tool use.
+
+`thinking` is accepted as sent, because Claude Code sends it on every request: the served
+models reason or not as their chat template makes them, and whatever reasoning there is comes
+back as thinking blocks, never hidden; `budget_tokens` is a target Anthropic does not promise to
+meet either, while `max_tokens`, which bounds it, is enforced.
 
 Translation (§5.7): top-level `system` becomes a leading system message; `tool_use` blocks become
 the assistant's `tool_calls` (arguments as a JSON string); each `tool_result` block becomes a
@@ -39,6 +49,9 @@ Decisions the references leave open, and why:
 * `stop_reason` is `tool_use` whenever the model stopped by itself after calling tools, even if a
   stop sequence also matched, because an agent loop must run the tools; a cut-off response is
   `max_tokens` so the client knows it is incomplete.
+* A body sent with a `Content-Type` other than `application/json` is a 400
+  `invalid_request_error` (`unsupported_content_type`): Anthropic's documented statuses have no
+  415, and its SDK raises `BadRequestError` on a 400.
 * Overloaded (no miner capacity) is HTTP 529 `overloaded_error`, Anthropic's status, which the
   SDK retries; `status_for` gives the Anthropic status for every kind. `error_headers` is
   `validation`'s: both APIs send the same retry headers.
@@ -53,14 +66,16 @@ from typing import Any
 import orjson
 
 from engy_node.gateway.chat import ChatRequest, FinishReason, GatewayError, OutputEvent, TextDelta, ToolCall, Usage
-from engy_node.gateway.validation import FieldChecks, error_headers, is_int
+from engy_node.gateway.validation import USED, FieldChecks, FieldRule, Harmless, Refused, error_headers, is_int, one_of
 from engy_node.protocol.miner import Sampling
 
 __all__ = [
+    "COUNT_TOKENS_FIELDS",
     "ERROR_TYPE_BY_KIND",
     "EventEncoder",
     "MAX_STOP_SEQUENCES",
     "MAX_TEMPERATURE",
+    "MESSAGES_FIELDS",
     "OVERLOADED_STATUS",
     "THINKING_SIGNATURE",
     "count_tokens_body",
@@ -71,6 +86,7 @@ __all__ = [
     "parse_messages_request",
     "status_for",
     "stop_reason",
+    "unsupported_content_type",
 ]
 
 # Engines check every stop string at every decoding step; Anthropic documents no limit, and 16
@@ -95,14 +111,63 @@ ERROR_TYPE_BY_KIND: dict[str, str] = {
     "upstream": "api_error",
     "overloaded": "overloaded_error",
     "timeout": "timeout_error",
+    "method_not_allowed": "invalid_request_error",
+    "unsupported_media_type": "invalid_request_error",
 }
 """Anthropic `error.type` per `GatewayError.kind`."""
 
 _UNSUPPORTED_BLOCKS = {"image": "images", "document": "documents"}
 _STOP_REASON_BY_FINISH = {"length": "max_tokens", "tool_calls": "tool_use"}
 
-_CHECK = FieldChecks(separator=": ", item_path="{param}.{index}", unknown_model="model: {model}")
+_CHECK = FieldChecks(separator=": ", item_path="{param}.{index}", unknown_model="model: {model}",
+                     unknown_field="{field}: Extra inputs are not permitted")
 """Anthropic's wording: the field's path first, then what is wrong (`messages.2.content: must be ...`)."""
+
+_NO_JSON_FORMAT = ("the miners cannot guarantee JSON output; ask for JSON in the messages and validate what comes back, "
+                   "or omit it")
+
+_CONVERSATION_FIELDS: dict[str, FieldRule] = {
+    # Read by `_conversation` (and the model by `_model`).
+    **dict.fromkeys(("model", "messages", "system", "tools", "tool_choice", "thinking", "output_config"), USED),
+    # Accepted and dropped: none of them asks anything of the answer, its price or its handling.
+    "cache_control": Harmless("prompt caching is automatic on the miners and never billed as a cache write here, "
+                              "so the marker changes neither the answer nor its price", Mapping),
+    "user_profile_id": Harmless("attributes the request to a party; accounts here are per API key", str),
+    "workspace_id": Harmless("selects a credential's workspace; an API key here belongs to one account", str),
+    # Refused unless they ask for what the gateway does anyway.
+    "speed": Refused("'fast' is not supported: this gateway has one speed; omit it or send 'standard'",
+                     allows=one_of("standard")),
+    "mcp_servers": Refused("is not supported: this gateway connects to no MCP servers; run the tools yourself and "
+                           "send them as tools"),
+    "context_management": Refused("is not supported: this gateway does not edit the context; send the messages you "
+                                  "want the model to see"),
+}
+
+MESSAGES_FIELDS: dict[str, FieldRule] = {
+    **_CONVERSATION_FIELDS,
+    # Read by `parse_messages_request`.
+    **dict.fromkeys(("max_tokens", "stream", "stop_sequences", "temperature", "top_p"), USED),
+    "metadata": Harmless("the end user's id, for the provider's abuse monitoring", Mapping),
+    "service_tier": Refused("must be 'auto' or 'standard_only' (this gateway has the standard tier only)",
+                            allows=one_of("auto", "standard_only")),
+    "top_k": Refused("is not supported: the miners sample from the whole distribution, narrowed by top_p only; omit "
+                     "it, or send top_p"),
+    "container": Refused("is not supported: this gateway runs no code-execution containers; omit it"),
+    "diagnostics": Refused("is not supported: answers here carry no cache diagnostics; omit it"),
+    "inference_geo": Refused("is not supported: this gateway cannot choose where the miners run; omit it"),
+}
+"""Every top-level Messages field the official SDK declares (and its beta MCP and context
+fields), with `temperature`, `top_p` and `top_k`, which older SDKs send, and what the gateway
+does with each (`validation` says what each kind means). A field not listed is refused as
+Anthropic refuses it."""
+
+COUNT_TOKENS_FIELDS: dict[str, FieldRule] = {
+    **_CONVERSATION_FIELDS,
+    "output_format": Refused(f"is not supported: {_NO_JSON_FORMAT}"),
+}
+"""The same for `count_tokens`, whose body is a Messages body without the generation fields (so
+`max_tokens` there is refused, as Anthropic refuses it); `output_format` is its older name for
+`output_config.format`."""
 
 
 # ---- request ------------------------------------------------------------------------------
@@ -224,6 +289,10 @@ def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...] | None) -> Any:
     kind = raw.get("type") if isinstance(raw, Mapping) else None
     if kind == "none":
         return "none"
+    if kind is not None and _CHECK.optional_bool(raw.get("disable_parallel_tool_use"),
+                                                 param="tool_choice.disable_parallel_tool_use"):
+        raise _CHECK.invalid(param="tool_choice.disable_parallel_tool_use",
+                             complaint="true is not supported: the model may call several tools in one turn; omit it")
     if kind == "auto":
         return "auto" if tools else None
     if kind == "any":
@@ -239,24 +308,38 @@ def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...] | None) -> Any:
                          "{\"type\": \"tool\", \"name\": ...} or {\"type\": \"none\"}")
 
 
-def _check_ignored_fields(body: Mapping[str, Any]) -> None:
-    """Fields accepted for compatibility but not used; still type-checked, so a typo is reported."""
-    top_k = body.get("top_k")
-    if top_k is not None and (not is_int(top_k) or top_k < 0):
-        raise _CHECK.invalid(param="top_k", complaint=f"must be a non-negative integer, got {top_k!r}")
-    thinking = body.get("thinking")
-    if thinking is not None:
-        if not isinstance(thinking, Mapping) or thinking.get("type") not in ("enabled", "disabled", "adaptive"):
-            raise _CHECK.invalid(param="thinking", complaint="must be {\"type\": \"enabled\", \"budget_tokens\": N}, "
-                                 "{\"type\": \"adaptive\"} or {\"type\": \"disabled\"}")
-        budget = thinking.get("budget_tokens")
-        if budget is not None and (not is_int(budget) or budget < 0):
-            raise _CHECK.invalid(param="thinking.budget_tokens", complaint=f"must be a non-negative integer, got {budget!r}")
+def _check_thinking(thinking: Any) -> None:
+    """Accepted as sent (the module docstring says why), but type-checked, so a typo is reported."""
+    if thinking is None:
+        return
+    if not isinstance(thinking, Mapping) or thinking.get("type") not in ("enabled", "disabled", "adaptive", "between_tools"):
+        raise _CHECK.invalid(param="thinking", complaint="must be {\"type\": \"enabled\", \"budget_tokens\": N}, "
+                             "{\"type\": \"adaptive\"}, {\"type\": \"between_tools\"} or {\"type\": \"disabled\"}")
+    budget = thinking.get("budget_tokens")
+    if budget is not None and (not is_int(budget) or budget < 0):
+        raise _CHECK.invalid(param="thinking.budget_tokens", complaint=f"must be a non-negative integer, got {budget!r}")
 
 
-def _model(body: Any, known_models: Collection[str]) -> str:
+def _check_output_config(raw: Any) -> None:
+    """Neither of its options can be honoured: an output format (JSON) or an effort level."""
+    if raw is None:
+        return
+    for key, value in _CHECK.json_object(raw, param="output_config").items():
+        if value is None:
+            continue
+        if key == "format":
+            raise _CHECK.invalid(param="output_config.format", complaint=f"is not supported: {_NO_JSON_FORMAT}")
+        if key == "effort":
+            raise _CHECK.invalid(param="output_config.effort", complaint="is not supported: the served models reason as "
+                                 "their chat template makes them; omit it")
+        raise _CHECK.invalid(param=f"output_config.{key}", complaint="Extra inputs are not permitted")
+
+
+def _model(body: Any, known_models: Collection[str], fields: Mapping[str, FieldRule]) -> str:
+    """The model, once the body is known to be an object holding only `fields`."""
     if not isinstance(body, Mapping):
         raise _CHECK.invalid(param="body", complaint="the request body must be a JSON object")
+    _CHECK.known_fields(body, fields)
     return _CHECK.model(body.get("model"), known_models=known_models)
 
 
@@ -267,7 +350,8 @@ def _conversation(body: Mapping[str, Any]) -> tuple[tuple[dict[str, Any], ...], 
     tool_choice = _tool_choice(body.get("tool_choice"), tools)
     if tool_choice == "none":
         tools, tool_choice = None, None
-    _check_ignored_fields(body)
+    _check_thinking(body.get("thinking"))
+    _check_output_config(body.get("output_config"))
     return messages, tools, tool_choice
 
 
@@ -275,10 +359,11 @@ def parse_messages_request(body: Any, *, known_models: Collection[str],
                            max_output_tokens_for: Callable[[str], int]) -> ChatRequest:
     """A buyer's Messages body as a `ChatRequest`.
 
-    Raises `GatewayError`: `invalid_request` (400) for a malformed or missing field, naming it;
-    `not_found` (404) for a model this gateway does not serve.
+    Raises `GatewayError`: `invalid_request` (400) for a malformed, missing, unknown or
+    unsupported field (`MESSAGES_FIELDS`), naming it; `not_found` (404) for a model this gateway
+    does not serve.
     """
-    model = _model(body, known_models)
+    model = _model(body, known_models, MESSAGES_FIELDS)
     limit = max_output_tokens_for(model)
     max_tokens = body.get("max_tokens")
     if not is_int(max_tokens) or max_tokens < 1:
@@ -303,8 +388,9 @@ def parse_count_tokens_request(body: Any, *, known_models: Collection[str],
     """A `count_tokens` body (no `max_tokens`) as a `ChatRequest` to render and count.
 
     `max_tokens` is set to the model's maximum only to fill the field; nothing is generated.
+    Fields are checked against `COUNT_TOKENS_FIELDS`.
     """
-    model = _model(body, known_models)
+    model = _model(body, known_models, COUNT_TOKENS_FIELDS)
     messages, tools, tool_choice = _conversation(body)
     return ChatRequest(api="anthropic", model=model, messages=messages, max_tokens=max_output_tokens_for(model),
                        stream=False, tools=tools, tool_choice=tool_choice)
@@ -457,6 +543,13 @@ class EventEncoder:
 
 
 # ---- errors -------------------------------------------------------------------------------
+
+
+def unsupported_content_type(content_type: str | None) -> GatewayError:
+    """The 400 for a body that is not declared JSON (the module docstring says why not a 415)."""
+    sent = f"got {content_type!r}" if content_type else "got no content-type header"
+    return GatewayError("invalid_request", f"content-type: must be application/json, {sent}; send the body as JSON with "
+                        "content-type: application/json")
 
 
 def status_for(err: GatewayError) -> int:

@@ -9,12 +9,16 @@ come in as arguments.
 Trust: the request body is buyer input and untrusted. Every field the gateway relies on is
 type-checked, and a bad one is a 400 `invalid_request` whose message and `param` name the field
 (`messages[2].content[0].type`), so the buyer can fix the request without guessing; the checks
-are `validation`'s, shared with `anthropic_api` and worded here in OpenAI's style. Fields the
-gateway does not use (`user`, `metadata`, `parallel_tool_calls`, `logprobs`, `service_tier`…)
-are ignored rather than rejected, because SDKs and agent frameworks send them by default and a
-400 would break them for no benefit; they are also never forwarded, so a miner's engine cannot
-trip over them. What cannot be honoured is refused instead of silently ignored: images (the
-models are text-only), `n > 1`, and a tool choice naming a tool that was not sent.
+are `validation`'s, shared with `anthropic_api` and worded here in OpenAI's style. Nothing is
+silently ignored: `FIELDS` says, for every top-level field of the Chat Completions API (as the
+official SDK declares them), whether the parser implements it, accepts and drops it because
+that cannot change what the buyer gets (`user`, `metadata`, cache hints…), or refuses it with a
+400 that names it and says what to send instead (`logprobs`, penalties, JSON response formats,
+`n > 1`…); a field OpenAI does not define is refused as OpenAI refuses it ("Unrecognized request
+argument supplied"). The official SDK sends only the fields its caller passes, so its requests
+pass. Dropped fields are never forwarded, so a miner's engine cannot trip over them. Inside the
+messages, what cannot be honoured is refused too: images (the models are text-only), and a tool
+choice naming a tool that was not sent.
 
 Failure posture: once a stream's 200 has been sent, errors can only travel in-band, so
 `ChunkEncoder.error` writes OpenAI's `data: {"error": ...}` event (the SDK raises `APIError` on
@@ -30,6 +34,8 @@ Decisions the OpenAI reference leaves open, and why:
   when neither is, the model's maximum output is used (and reserved by billing).
 * `stream_options` on a non-streaming request is ignored rather than rejected.
 * `top_p` must be in (0, 1] (`validation.FieldChecks.top_p` says why).
+* A body sent with a `Content-Type` other than `application/json` is a 415 with OpenAI's
+  "Unsupported content type" message (`unsupported_content_type`), whatever it holds.
 * `finish_reason` is `tool_calls` only when the model stopped by itself after calling tools; a
   cut-off response stays `length` so the client knows the output is incomplete.
 * Billing exhaustion is HTTP 402 with type `insufficient_quota` (OpenRouter's status; the SDK
@@ -48,7 +54,9 @@ import orjson
 from engy_node.gateway.chat import (
     ChatRequest, FinishReason, GatewayError, OutputEvent, ReasoningDelta, TextDelta, ToolCall, Usage,
 )
-from engy_node.gateway.validation import FieldChecks, error_headers, invalid, is_int
+from engy_node.gateway.validation import (
+    USED, FieldChecks, FieldRule, Harmless, Refused, equals, error_headers, invalid, is_int, is_zero, one_of,
+)
 from engy_node.protocol.miner import Sampling
 
 __all__ = [
@@ -56,6 +64,7 @@ __all__ = [
     "DONE",
     "ERROR_CODE_BY_KIND",
     "ERROR_TYPE_BY_KIND",
+    "FIELDS",
     "KEEPALIVE",
     "MAX_STOP_SEQUENCES",
     "MAX_TEMPERATURE",
@@ -65,6 +74,7 @@ __all__ = [
     "model_body",
     "models_body",
     "parse_chat_request",
+    "unsupported_content_type",
     "usage_body",
 ]
 
@@ -89,6 +99,8 @@ ERROR_TYPE_BY_KIND: dict[str, str] = {
     "upstream": "server_error",
     "overloaded": "service_unavailable_error",
     "timeout": "timeout",
+    "method_not_allowed": "invalid_request_error",
+    "unsupported_media_type": "invalid_request_error",
 }
 """OpenAI `error.type` per `GatewayError.kind`."""
 
@@ -100,14 +112,65 @@ ERROR_CODE_BY_KIND: dict[str, str] = {
     "upstream": "upstream_error",
     "overloaded": "server_is_overloaded",
     "timeout": "timeout",
+    "unsupported_media_type": "unsupported_content_type",
 }
 """`error.code` per kind: OpenAI's documented code where one fits (`invalid_api_key`,
 `insufficient_quota`, `rate_limit_exceeded`, `server_is_overloaded`), a descriptive one of ours
 for the rest, null for kinds whose type already says everything."""
 
 _CHECK = FieldChecks(separator=" ", item_path="{param}[{index}]",
-                     unknown_model="The model `{model}` does not exist or you do not have access to it.")
+                     unknown_model="The model `{model}` does not exist or you do not have access to it.",
+                     unknown_field="Unrecognized request argument supplied: {field}")
 """OpenAI's wording: a sentence that starts with the field's path (`messages[2].content must be ...`)."""
+
+_NO_LOGPROBS = "the miners' answers carry no log probabilities"
+_NO_JSON_MODE = ("the miners cannot guarantee JSON output; ask for JSON in the messages and validate what comes "
+                 "back, or send {\"type\": \"text\"}")
+
+FIELDS: dict[str, FieldRule] = {
+    # Read by `parse_chat_request`, which implements them or refuses what it cannot honour.
+    **dict.fromkeys(("model", "messages", "max_completion_tokens", "max_tokens", "stream", "stream_options", "n",
+                     "temperature", "top_p", "seed", "stop", "tools", "tool_choice", "response_format"), USED),
+    # Accepted and dropped: none of them asks anything of the answer, its price or its handling.
+    "user": Harmless("an end-user id for the provider's abuse monitoring", str),
+    "safety_identifier": Harmless("an end-user id for the provider's abuse monitoring", str),
+    "metadata": Harmless("tags for stored completions, and nothing is stored here (store: true is refused)", Mapping),
+    "prompt_cache_key": Harmless("a hint for routing to a warm cache; miners reuse prompt prefixes by themselves, "
+                                 "and the answer and its price are the same", str),
+    "prompt_cache_retention": Harmless("how long a cache entry lives; it changes neither the answer nor its price "
+                                       "here", str),
+    "prompt_cache_options": Harmless("where cache breakpoints go; it changes neither the answer nor its price here",
+                                     Mapping),
+    "prediction": Harmless("predicted output only lets a server skip ahead where it matches; the answer is the same",
+                           Mapping),
+    # Refused unless they ask for what the gateway does anyway.
+    "parallel_tool_calls": Refused("false is not supported: the model may call several tools in one turn; omit it "
+                                   "or send true", allows=equals(True)),
+    "store": Refused("true is not supported: this gateway never stores completions; omit it or send false",
+                     allows=equals(False)),
+    "logprobs": Refused(f"is not supported: {_NO_LOGPROBS}; omit it or send false", allows=equals(False)),
+    "top_logprobs": Refused(f"is not supported: {_NO_LOGPROBS}; omit it"),
+    "frequency_penalty": Refused("is not supported: the miners apply no penalties; omit it or send 0", allows=is_zero),
+    "presence_penalty": Refused("is not supported: the miners apply no penalties; omit it or send 0", allows=is_zero),
+    "logit_bias": Refused("is not supported: the miners apply no logit bias; omit it", allows=equals({})),
+    "service_tier": Refused("is not supported beyond 'auto' and 'default': this gateway has one tier; omit it",
+                            allows=one_of("auto", "default")),
+    "modalities": Refused("is not supported beyond [\"text\"]: the models served here write text only; omit it",
+                          allows=equals(["text"])),
+    "audio": Refused("is not supported: the models served here write text only; omit it"),
+    "verbosity": Refused("is not supported: the served models write as long an answer as they write; limit it with "
+                         "max_completion_tokens or ask in the messages"),
+    "reasoning_effort": Refused("is not supported: the served models reason as their chat template makes them; omit it"),
+    "functions": Refused("is deprecated and not supported; send the functions as tools"),
+    "function_call": Refused("is deprecated and not supported; send tools and tool_choice"),
+    "web_search_options": Refused("is not supported: this gateway does no web search; omit it"),
+    "moderation": Refused("is not supported: this gateway runs no moderation model; omit it"),
+}
+"""Every top-level Chat Completions field the official SDK declares, and what the gateway does
+with it (`validation` says what each kind means). A field not listed is refused as OpenAI
+refuses it."""
+
+_STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation"})
 
 
 # ---- request ------------------------------------------------------------------------------
@@ -231,23 +294,50 @@ def _seed(raw: Any) -> int | None:
     return raw
 
 
+def _include_usage(raw: Any) -> bool | None:
+    """`stream_options.include_usage`; the other option, obfuscation padding, is not done here."""
+    if raw is None:
+        return None
+    options = _CHECK.json_object(raw, param="stream_options")
+    for key in options:
+        if key not in _STREAM_OPTIONS:
+            raise _CHECK.invalid(param=f"stream_options.{key}", complaint="is not a stream option; the options are "
+                                 "include_usage and include_obfuscation")
+    if _CHECK.optional_bool(options.get("include_obfuscation"), param="stream_options.include_obfuscation"):
+        raise _CHECK.invalid(param="stream_options.include_obfuscation",
+                             complaint="true is not supported: this gateway pads no stream events; omit it or send false")
+    return _CHECK.optional_bool(options.get("include_usage"), param="stream_options.include_usage")
+
+
+def _check_response_format(raw: Any) -> None:
+    """Only plain text: the miners cannot constrain their output to JSON."""
+    if raw is None:
+        return
+    kind = _CHECK.json_object(raw, param="response_format").get("type")
+    if kind in ("json_object", "json_schema"):
+        raise _CHECK.invalid(param="response_format", complaint=f"type {kind!r} is not supported: {_NO_JSON_MODE}")
+    if kind != "text":
+        raise _CHECK.invalid(param="response_format.type", complaint=f"must be 'text', 'json_object' or 'json_schema', "
+                             f"got {kind!r}")
+
+
 def parse_chat_request(body: Any, *, known_models: Collection[str],
                        max_output_tokens_for: Callable[[str], int]) -> ChatRequest:
     """A buyer's chat-completions body as a `ChatRequest`.
 
-    Raises `GatewayError`: `invalid_request` (400, with `param`) for a malformed field,
-    `not_found` (404, param "model") for a model this gateway does not serve.
+    Raises `GatewayError`: `invalid_request` (400, with `param`) for a malformed, unknown or
+    unsupported field (`FIELDS`), `not_found` (404, param "model") for a model this gateway does
+    not serve.
     """
     if not isinstance(body, Mapping):
         raise invalid(param="body", message="the request body must be a JSON object")
+    _CHECK.known_fields(body, FIELDS)
     model = _CHECK.model(body.get("model"), known_models=known_models)
     messages = _messages(body.get("messages"))
     max_tokens = _max_tokens(body, max_output_tokens_for(model))
     stream = _CHECK.optional_bool(body.get("stream"), param="stream")
-    stream_options = body.get("stream_options")
-    if stream_options is not None:
-        _CHECK.json_object(stream_options, param="stream_options")
-    include_usage = _CHECK.optional_bool((stream_options or {}).get("include_usage"), param="stream_options.include_usage")
+    include_usage = _include_usage(body.get("stream_options"))
+    _check_response_format(body.get("response_format"))
     n = body.get("n")
     if n is not None and (not is_int(n) or n != 1):
         raise _CHECK.invalid(param="n", complaint=f"must be 1: this gateway returns one choice per request, got {n!r}")
@@ -410,6 +500,13 @@ def error_body(err: GatewayError, request_id: str) -> dict[str, Any]:
         "error": {"message": err.message, "type": ERROR_TYPE_BY_KIND[err.kind], "param": err.param, "code": code},
         "request_id": request_id,
     }
+
+
+def unsupported_content_type(content_type: str | None) -> GatewayError:
+    """The 415 for a body that is not declared JSON, worded as OpenAI words it."""
+    sent = f"you specified the header 'Content-Type: {content_type}'" if content_type else "you sent no Content-Type header"
+    return GatewayError("unsupported_media_type", f"Unsupported content type: {content_type or 'none'!r}. This API method "
+                        f"only accepts 'application/json' requests, but {sent}. Please try again with a supported content type.")
 
 
 # ---- models -------------------------------------------------------------------------------

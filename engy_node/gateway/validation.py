@@ -1,9 +1,10 @@
 """The request checks both buyer APIs share, and the retry headers that come with every refusal.
 
 What it decides: whether one field of a buyer's body has the JSON type and range the gateway
-relies on (a string, an object, a list, a sampling number, stop sequences, a served model).
-Which fields a request has, and what they mean, stays in `openai_api` and `anthropic_api`.
-Pure: no IO, no clock reads.
+relies on (a string, an object, a list, a sampling number, stop sequences, a served model), and
+whether a body holds only fields the gateway knows what to do with (`FieldChecks.known_fields`).
+Which fields a request has, and what they mean, stays in `openai_api` and `anthropic_api`, each
+as a table of every top-level field its API defines. Pure: no IO, no clock reads.
 
 Trust: every value is buyer input. A check either returns the value as the gateway will use it
 or raises a 400 `invalid_request` (a 404 `not_found` for a model not served) whose `param` is the
@@ -18,6 +19,14 @@ builds one `FieldChecks` that says how its paths are written (`messages[2].conte
 "stop must be ..."; Anthropic leads with the path, "stop_sequences: must be ..."), and its 404
 text for a model the gateway does not serve. A message of another shape is written out in the
 API's own module and raised with `invalid`.
+
+Nothing a buyer sends is silently ignored. Every top-level field is one of three things, and each
+API module says which for every field its API defines: `USED` (the parser reads it, and honours
+it or refuses the values it cannot honour), `Harmless` (accepted and dropped, because ignoring it
+cannot change what the buyer gets: the answer, its shape, its price, where and how it is served;
+its type is still checked, so a typo is reported), or `Refused` (a 400 naming the field, saying
+why and what to send instead; only a value that asks for what the gateway does anyway passes,
+such as `logprobs: false`). A field in no table is refused as each real API refuses it.
 """
 
 from __future__ import annotations
@@ -29,7 +38,8 @@ from typing import Any
 
 from engy_node.gateway.chat import GatewayError
 
-NO_RETRY_KINDS = frozenset({"invalid_request", "authentication", "billing", "permission", "not_found", "request_too_large"})
+NO_RETRY_KINDS = frozenset({"invalid_request", "authentication", "billing", "permission", "not_found", "method_not_allowed",
+                            "unsupported_media_type", "request_too_large"})
 """Kinds where the buyer must change something first: `x-should-retry: false` stops SDK retries."""
 
 
@@ -43,6 +53,57 @@ def error_headers(err: GatewayError) -> dict[str, str]:
     if err.kind in NO_RETRY_KINDS:
         headers["x-should-retry"] = "false"
     return headers
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Used:
+    """A field the API module's parser reads: it implements the field, or refuses in its own
+    words the values it cannot honour."""
+
+
+USED = Used()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Harmless:
+    """A field accepted and dropped (never forwarded to a miner): ignoring it cannot change what
+    the buyer gets. Its JSON type is still checked."""
+
+    why: str
+    """Why ignoring it changes nothing the buyer gets; the table's justification, kept with it."""
+    shape: type
+    """`str`, `bool` or `Mapping` (a JSON object)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refused:
+    """A field the gateway cannot honour: any value but those `allows` passes is a 400 whose
+    message is the field's path, the API's separator, then `complaint` (why, and what to send
+    instead). null always passes: it is the field left out."""
+
+    complaint: str
+    allows: Callable[[Any], bool] = lambda value: False
+    """The values that ask for what the gateway does anyway (`logprobs: false`, a penalty of 0)."""
+
+
+FieldRule = Used | Harmless | Refused
+
+_SHAPE_NAMES = {str: "a string", bool: "a boolean", Mapping: "an object"}
+
+
+def equals(expected: Any) -> Callable[[Any], bool]:
+    """A `Refused.allows` that passes `expected` only, with JSON's types (`false` is not `0`)."""
+    return lambda value: type(value) is type(expected) and value == expected
+
+
+def is_zero(value: Any) -> bool:
+    """A `Refused.allows` for a number whose default, 0, is what the gateway does."""
+    return _is_number(value) and value == 0
+
+
+def one_of(*allowed: str) -> Callable[[Any], bool]:
+    """A `Refused.allows` that passes the listed strings."""
+    return lambda value: isinstance(value, str) and value in allowed
 
 
 def invalid(*, param: str, message: str) -> GatewayError:
@@ -75,10 +136,28 @@ class FieldChecks:
     """A list item's path, from `{param}` (the list's) and `{index}`: "{param}[{index}]" or "{param}.{index}"."""
     unknown_model: str
     """The 404 message for a model this gateway does not serve; `{model}` stands for the name sent."""
+    unknown_field: str
+    """The 400 message for a top-level field the API does not define; `{field}` stands for its name."""
 
     def invalid(self, *, param: str, complaint: str) -> GatewayError:
         """A 400 naming `param`, whose message is the path, the separator, then `complaint`."""
         return invalid(param=param, message=f"{param}{self.separator}{complaint}")
+
+    def known_fields(self, body: Mapping[str, Any], rules: Mapping[str, FieldRule]) -> None:
+        """Refuse the first field of `body` (in the buyer's order) that `rules` does not know, or
+        whose rule refuses its value; check the type of each `Harmless` one. `USED` fields are
+        left to the parser."""
+        for name, value in body.items():
+            rule = rules.get(name)
+            if rule is None:
+                raise invalid(param=name, message=self.unknown_field.format(field=name))
+            if value is None or isinstance(rule, Used):
+                continue
+            if isinstance(rule, Harmless):
+                if not isinstance(value, rule.shape):
+                    raise self.invalid(param=name, complaint=f"must be {_SHAPE_NAMES[rule.shape]}")
+            elif not rule.allows(value):
+                raise self.invalid(param=name, complaint=rule.complaint)
 
     def model(self, value: Any, *, known_models: Collection[str]) -> str:
         """The requested model: a non-empty string (else 400) that this gateway serves (else a 404

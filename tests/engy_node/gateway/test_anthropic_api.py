@@ -6,6 +6,7 @@ accumulator and error mapping judge the wire format, with no network.
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import anthropic
@@ -65,8 +66,9 @@ def stream_qwen_output(message_id: str, *, piece: int = 5) -> list[bytes]:
 
 def test_a_claude_code_style_request_translates_to_chat_messages():
     request = parse({
-        "model": MODEL, "max_tokens": 4096, "stream": True, "temperature": 1, "top_k": 40,
+        "model": MODEL, "max_tokens": 4096, "stream": True, "temperature": 1, "cache_control": {"type": "ephemeral"},
         "metadata": {"user_id": "user_abc"}, "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "service_tier": "standard_only", "speed": "standard",
         "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
                    {"type": "text", "text": "Be careful."}],
         "tools": [WEATHER_TOOL], "tool_choice": {"type": "auto", "disable_parallel_tool_use": False},
@@ -174,6 +176,61 @@ def test_a_malformed_field_is_a_400_whose_message_starts_with_its_path(fields, p
         parse(minimal(**fields))
     assert caught.value.kind == "invalid_request" and caught.value.param == param
     assert caught.value.message.startswith(f"{param}: ")
+
+
+@pytest.mark.parametrize(("fields", "param", "says"), [
+    ({"top_k": 40}, "top_k", "send top_p"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config.format", "cannot guarantee JSON"),
+    ({"output_config": {"effort": "high"}}, "output_config.effort", "chat template"),
+    ({"output_config": {"verbosity": 1}}, "output_config.verbosity", "Extra inputs are not permitted"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}},
+     "tool_choice.disable_parallel_tool_use", "several tools in one turn"),
+    ({"service_tier": "priority"}, "service_tier", "standard tier only"),
+    ({"speed": "fast"}, "speed", "one speed"),
+    ({"container": "container_1"}, "container", "no code-execution containers"),
+    ({"inference_geo": "us"}, "inference_geo", "cannot choose where the miners run"),
+    ({"diagnostics": {"previous_message_id": "msg_1"}}, "diagnostics", "no cache diagnostics"),
+    ({"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}, "mcp_servers", "no MCP servers"),
+    ({"context_management": {"edits": []}}, "context_management", "does not edit the context"),
+    ({"metadata": "user_abc"}, "metadata", "must be an object"),
+    ({"logprobs": True}, "logprobs", "Extra inputs are not permitted"),
+])
+def test_what_cannot_be_honoured_is_a_400_whose_message_starts_with_the_field(fields, param, says):
+    with pytest.raises(GatewayError) as caught:
+        parse(minimal(**fields))
+    assert (caught.value.kind, caught.value.status, caught.value.param) == ("invalid_request", 400, param)
+    assert caught.value.message.startswith(f"{param}: ") and says in caught.value.message
+
+
+def test_a_field_anthropic_does_not_define_is_refused_as_anthropic_refuses_it():
+    with pytest.raises(GatewayError) as caught:
+        parse(minimal(some_future_field=[1]))
+    assert caught.value.message == "some_future_field: Extra inputs are not permitted"
+    with pytest.raises(GatewayError) as caught:
+        anthropic_api.parse_count_tokens_request(minimal(), **SERVED)
+    assert caught.value.message == "max_tokens: Extra inputs are not permitted"
+    with pytest.raises(GatewayError) as caught:
+        anthropic_api.parse_count_tokens_request({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                                  "output_format": {"type": "json_schema"}}, **SERVED)
+    assert caught.value.param == "output_format" and "cannot guarantee JSON" in caught.value.message
+
+
+def test_every_field_the_sdk_declares_has_a_decision_and_no_other_field_does():
+    from anthropic.resources.messages import Messages
+
+    def declared(method) -> set[str]:
+        return set(inspect.signature(method).parameters) - {"self", "extra_headers", "extra_query", "extra_body", "timeout"}
+
+    # Sampling fields older SDKs send, and the beta fields asking for server-side work.
+    legacy, beta = {"temperature", "top_p", "top_k"}, {"mcp_servers", "context_management"}
+    assert set(anthropic_api.MESSAGES_FIELDS) == declared(Messages.create) | legacy | beta
+    assert set(anthropic_api.COUNT_TOKENS_FIELDS) == declared(Messages.count_tokens) | beta
+
+
+def test_thinking_of_every_kind_is_accepted_as_sent():
+    for thinking in ({"type": "adaptive"}, {"type": "between_tools"}, {"type": "disabled"},
+                     {"type": "enabled", "budget_tokens": 2048}):
+        assert parse(minimal(thinking=thinking)).messages == ({"role": "user", "content": "hi"},)
 
 
 def test_count_tokens_needs_no_max_tokens():

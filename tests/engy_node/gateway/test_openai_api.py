@@ -6,6 +6,7 @@ accumulators and error mapping judge the wire format, with no network.
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import openai
@@ -65,7 +66,9 @@ def test_a_full_agent_request_parses_into_template_ready_messages():
         "model": MODEL, "stream": True, "stream_options": {"include_usage": True},
         "max_completion_tokens": 512, "temperature": 0.7, "top_p": 0.9, "seed": 7, "stop": "END", "n": 1,
         "tools": [WEATHER_TOOL], "tool_choice": "auto",
-        "user": "u-1", "parallel_tool_calls": True, "metadata": {"x": "y"}, "some_future_field": [1],
+        "user": "u-1", "parallel_tool_calls": True, "metadata": {"x": "y"}, "safety_identifier": "s-1",
+        "prompt_cache_key": "k", "store": False, "logprobs": False, "service_tier": "auto", "response_format": {"type": "text"},
+        "frequency_penalty": 0, "logit_bias": None,
         "messages": [
             {"role": "developer", "content": "Be brief."},
             {"role": "user", "content": [{"type": "text", "text": "Weather"}, {"type": "text", "text": "in Paris?"}]},
@@ -160,6 +163,67 @@ def test_a_malformed_field_is_a_400_naming_it(fields, param):
         parse(minimal(**fields))
     assert caught.value.kind == "invalid_request" and caught.value.status == 400
     assert caught.value.param == param
+
+
+@pytest.mark.parametrize(("fields", "param", "says"), [
+    ({"logprobs": True}, "logprobs", "carry no log probabilities"),
+    ({"logprobs": True, "top_logprobs": 5}, "logprobs", "carry no log probabilities"),
+    ({"top_logprobs": 0}, "top_logprobs", "carry no log probabilities"),
+    ({"response_format": {"type": "json_object"}}, "response_format", "cannot guarantee JSON"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format",
+     "cannot guarantee JSON"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type", "must be 'text', 'json_object' or 'json_schema'"),
+    ({"response_format": "json"}, "response_format", "must be an object"),
+    ({"n": 3}, "n", "one choice per request"),
+    ({"frequency_penalty": 0.5}, "frequency_penalty", "apply no penalties"),
+    ({"presence_penalty": -1}, "presence_penalty", "apply no penalties"),
+    ({"logit_bias": {"50256": -100}}, "logit_bias", "no logit bias"),
+    ({"store": True}, "store", "never stores completions"),
+    ({"parallel_tool_calls": False}, "parallel_tool_calls", "several tools in one turn"),
+    ({"service_tier": "priority"}, "service_tier", "one tier"),
+    ({"modalities": ["text", "audio"]}, "modalities", "text only"),
+    ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio", "text only"),
+    ({"functions": [{"name": "f"}]}, "functions", "send the functions as tools"),
+    ({"function_call": "auto"}, "function_call", "send tools and tool_choice"),
+    ({"reasoning_effort": "low"}, "reasoning_effort", "chat template"),
+    ({"verbosity": "low"}, "verbosity", "max_completion_tokens"),
+    ({"web_search_options": {}}, "web_search_options", "no web search"),
+    ({"moderation": {"model": "omni-moderation-latest"}}, "moderation", "no moderation model"),
+    ({"stream": True, "stream_options": {"include_obfuscation": True}}, "stream_options.include_obfuscation", "pads no"),
+    ({"stream": True, "stream_options": {"include_usage": True, "chunk": 1}}, "stream_options.chunk", "include_usage"),
+    ({"user": 42}, "user", "must be a string"),
+])
+def test_what_cannot_be_honoured_is_a_400_naming_the_field_and_what_to_do(fields, param, says):
+    with pytest.raises(GatewayError) as caught:
+        parse(minimal(**fields))
+    assert (caught.value.kind, caught.value.status, caught.value.param) == ("invalid_request", 400, param)
+    assert caught.value.message.startswith(param) and says in caught.value.message
+
+
+def test_a_field_openai_does_not_define_is_refused_as_openai_refuses_it():
+    for field in ("some_future_field", "top_k"):
+        with pytest.raises(GatewayError) as caught:
+            parse(minimal(**{field: 1}))
+        assert caught.value.message == f"Unrecognized request argument supplied: {field}" and caught.value.param == field
+
+
+def test_every_field_the_sdk_declares_has_a_decision_and_no_other_field_does():
+    declared = set(inspect.signature(openai.resources.chat.Completions.create).parameters) - {
+        "self", "extra_headers", "extra_query", "extra_body", "timeout"}
+    assert set(openai_api.FIELDS) == declared
+
+
+def test_a_refused_field_reaches_the_sdk_as_a_bad_request_naming_it():
+    def handler(request: httpx.Request) -> httpx.Response:
+        try:
+            parse(json.loads(request.content))
+        except GatewayError as err:
+            return error_response(err)
+        raise AssertionError("the request should have been refused")
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk_client(handler).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], logprobs=True)
+    assert caught.value.param == "logprobs" and caught.value.type == "invalid_request_error"
 
 
 def test_a_body_that_is_not_an_object_is_a_400():

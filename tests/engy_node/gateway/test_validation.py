@@ -6,13 +6,28 @@ themselves, so that a change to a rule shows up here once rather than as two API
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
 from engy_node.gateway.chat import GatewayError
-from engy_node.gateway.validation import FieldChecks, error_headers, invalid, is_int
+from engy_node.gateway.validation import (
+    USED, FieldChecks, Harmless, Refused, equals, error_headers, invalid, is_int, is_zero, one_of,
+)
 
-SENTENCE = FieldChecks(separator=" ", item_path="{param}[{index}]", unknown_model="The model `{model}` is unknown.")
-PATH_FIRST = FieldChecks(separator=": ", item_path="{param}.{index}", unknown_model="model: {model}")
+SENTENCE = FieldChecks(separator=" ", item_path="{param}[{index}]", unknown_model="The model `{model}` is unknown.",
+                       unknown_field="Unrecognized request argument supplied: {field}")
+PATH_FIRST = FieldChecks(separator=": ", item_path="{param}.{index}", unknown_model="model: {model}",
+                         unknown_field="{field}: Extra inputs are not permitted")
+RULES = {
+    "model": USED,
+    "user": Harmless("an id", str),
+    "metadata": Harmless("tags", Mapping),
+    "logprobs": Refused("is not supported; omit it", allows=equals(False)),
+    "penalty": Refused("is not supported; send 0", allows=is_zero),
+    "tier": Refused("must be 'auto'", allows=one_of("auto")),
+    "audio": Refused("is not supported"),
+}
 
 
 def refusal(check, *args, **kwargs) -> GatewayError:
@@ -75,3 +90,31 @@ def test_retry_headers_say_when_waiting_helps_and_when_only_a_changed_request_do
     assert error_headers(GatewayError("overloaded", "busy", retry_after_s=2)) == {"retry-after": "2"}
     assert error_headers(GatewayError("invalid_request", "bad")) == {"x-should-retry": "false"}
     assert error_headers(GatewayError("upstream", "failed")) == {}
+
+
+def test_a_body_passes_with_used_harmless_and_default_valued_fields_and_null_anywhere():
+    PATH_FIRST.known_fields({"model": 5, "user": "u", "metadata": {}, "logprobs": False, "penalty": 0.0, "tier": "auto",
+                             "audio": None}, RULES)
+
+
+@pytest.mark.parametrize(("body", "param", "sentence", "path_first"), [
+    ({"model": "m", "extra": 1}, "extra", "Unrecognized request argument supplied: extra",
+     "extra: Extra inputs are not permitted"),
+    ({"user": 5}, "user", "user must be a string", "user: must be a string"),
+    ({"metadata": "tags"}, "metadata", "metadata must be an object", "metadata: must be an object"),
+    ({"logprobs": True}, "logprobs", "logprobs is not supported; omit it", "logprobs: is not supported; omit it"),
+    ({"logprobs": 0}, "logprobs", "logprobs is not supported; omit it", "logprobs: is not supported; omit it"),
+    ({"penalty": True}, "penalty", "penalty is not supported; send 0", "penalty: is not supported; send 0"),
+    ({"penalty": 0.5}, "penalty", "penalty is not supported; send 0", "penalty: is not supported; send 0"),
+    ({"tier": "flex"}, "tier", "tier must be 'auto'", "tier: must be 'auto'"),
+    ({"audio": {}}, "audio", "audio is not supported", "audio: is not supported"),
+])
+def test_an_unknown_field_or_a_value_that_cannot_be_honoured_is_a_400_naming_it(body, param, sentence, path_first):
+    for check, message in ((SENTENCE, sentence), (PATH_FIRST, path_first)):
+        err = refusal(check.known_fields, body, RULES)
+        assert (err.kind, err.param, err.message) == ("invalid_request", param, message)
+
+
+def test_the_first_offending_field_in_the_buyers_order_is_named():
+    assert refusal(SENTENCE.known_fields, {"audio": {}, "extra": 1}, RULES).param == "audio"
+    assert refusal(SENTENCE.known_fields, {"extra": 1, "audio": {}}, RULES).param == "extra"
