@@ -101,13 +101,16 @@ async def watching_disconnect(receive: Receive, work: Callable[[], Awaitable[T]]
     return (False, None) if watch.client_gone else (True, result)
 
 
-async def start_listener(nursery: trio.Nursery, app, config, *, what: str, flag: str) -> list[str]:
+async def start_listener(nursery: trio.Nursery, app, config, *, what: str, flag: str,
+                         shutdown_trigger: Callable[[], Awaitable[Any]] | None = None) -> list[str]:
     """Start a hypercorn listener in `nursery`; returns its bound URLs once it accepts.
-    A port in use is the operator's to fix, so it becomes a `ConfigError` naming the flag."""
+    A port in use is the operator's to fix, so it becomes a `ConfigError` naming the flag.
+    When `shutdown_trigger` returns, the listener stops accepting and closes idle connections;
+    requests in flight go on for up to the config's `graceful_timeout`."""
     from hypercorn.trio import serve
 
     try:
-        return await nursery.start(serve, app, config)
+        return await nursery.start(functools.partial(serve, app, config, shutdown_trigger=shutdown_trigger))
     except (OSError, BaseExceptionGroup) as raised:
         error = collapse(raised)
         if not isinstance(error, OSError):

@@ -31,6 +31,10 @@ class ServedModel:
     """Tokenises rendered prompts piecewise with a cache (None: a tokenizer without a Rust backend)."""
     end_token_ids: frozenset[int] = frozenset()
     """Tokens that end an answer (the tokenizer's EOS and the generation config's `eos_token_id`s)."""
+    max_token_bytes: int | None = None
+    """Bytes of the longest text one token stands for: a text of B bytes is at least B / this
+    many tokens, which lets the gateway refuse an oversized prompt without tokenising it
+    (`gateway.intake`). None: the tokenizer normalises its input, and no such floor holds."""
 
     def ends_answer(self, output_ids: Sequence[int]) -> bool:
         """Whether committed output ids end with an end-of-answer token (a natural stop)."""
@@ -71,7 +75,26 @@ def load_served_model(spec: ModelSpec, checkpoint: Path) -> ServedModel:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     return ServedModel(spec=spec, checkpoint=checkpoint, model_root=model_root(checkpoint), tokenizer=tokenizer,
                        pieces=PieceEncoder(backend) if backend is not None else None,
-                       end_token_ids=end_token_ids_of(checkpoint, tokenizer))
+                       end_token_ids=end_token_ids_of(checkpoint, tokenizer),
+                       max_token_bytes=longest_token_bytes(backend) if backend is not None else None)
+
+
+def longest_token_bytes(backend: Any) -> int | None:
+    """`ServedModel.max_token_bytes` of a Rust tokenizer: the longest decoded text of any id,
+    added tokens included (a message that spells one is matched as that one token), plus one
+    byte, since a decoder may drop a token's leading space when it decodes that token alone
+    (SentencePiece's `▁`). A partial UTF-8 sequence decodes to U+FFFD, three bytes, never fewer
+    than it stands for. Counted in the input's bytes: an NFC normaliser (Qwen's) shrinks a text
+    to no less than a third of its bytes (three conjoining jamo, 9 bytes, compose to one 3-byte
+    syllable), so it triples the figure; any other normaliser may drop bytes outright: None."""
+    from tokenizers.normalizers import NFC
+
+    shrink = {type(None): 1, NFC: 3}.get(type(backend.normalizer))
+    if shrink is None:
+        return None
+    size = backend.get_vocab_size(with_added_tokens=True)
+    texts = backend.decode_batch([[token] for token in range(size)], skip_special_tokens=False)
+    return shrink * (max((len(text.encode("utf-8", "surrogatepass")) for text in texts), default=0) + 1)
 
 
 def end_token_ids_of(checkpoint: Path, tokenizer: Any) -> frozenset[int]:

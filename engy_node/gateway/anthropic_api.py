@@ -111,6 +111,7 @@ ERROR_TYPE_BY_KIND: dict[str, str] = {
     "upstream": "api_error",
     "overloaded": "overloaded_error",
     "timeout": "timeout_error",
+    "request_timeout": "invalid_request_error",
     "method_not_allowed": "invalid_request_error",
     "unsupported_media_type": "invalid_request_error",
 }

@@ -1,20 +1,27 @@
 """One buyer request's life in the gateway, whichever API it came through: authenticate, render
 and tokenise, hold, dispatch (with retries before the first byte), settle, record.
 
-1. **Authenticate** the API key (cached for `AUTH_CACHE_TTL_S`).
-2. **Tokenise** the request with the model's own chat template — the same
+1. **Authenticate** the API key (cached for `AUTH_CACHE_TTL_S`), then read the body (capped in
+   size and time).
+2. **Check what is cheap before what is not** (`intake`): a conversation that certainly exceeds
+   the model's input limit is refused by its size alone, and an account that cannot pay for a
+   large one is refused before it is tokenised.
+3. **Tokenise** the request with the model's own chat template — the same
    `ServedModel.render_prompt` a miner uses — so the prompt count is the gateway's, and the
-   commitment's `prompt_ids` can be checked against it.
-3. **Hold** the worst case (prompt + max_tokens) atomically; no hold, no dispatch (402).
-4. **Route** (`router.capable_pool`, then `router.choose`) and dispatch to a miner leg. Until
+   commitment's `prompt_ids` can be checked against it. A large one is tokenised in a worker
+   thread (at most `tokenize_threads` at once) that lets go of the GIL, so it stalls no one.
+4. **Hold** the worst case (prompt + max_tokens) atomically; no hold, no dispatch (402).
+5. **Route** (`router.capable_pool`, then `router.choose`) and dispatch to a miner leg; when no
+   eligible miner has room, wait a few seconds in the model's queue, fair across buyers
+   (`admission`), before 503/529. Until
    the first byte reaches the buyer, a failing miner is retried on another. A request that asks
    to sample, or passes tools, goes to a miner that honours that while one has room, else to
    one that does not, and the flight records what was missing (a greedy answer to a sampled
    request is logged as such).
-5. **Settle** on usage the gateway can account for (`billing.billable_usage`): never more
+6. **Settle** on usage the gateway can account for (`billing.billable_usage`): never more
    completion tokens than were relayed, nor than the commitment holds. The rest of the hold is
    released; on failure before any output, all of it.
-6. **Record** metadata only (no prompt or completion text, ever; queued to one writer task,
+7. **Record** metadata only (no prompt or completion text, ever; queued to one writer task,
    `request_log`), and hand the proof material of a sampled response to the audit
    (`audit.py`: in memory only).
 
@@ -31,6 +38,7 @@ a buyer hang-up is 499. Those statuses feed epoch settlement (SPEC §9).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -39,20 +47,22 @@ import random
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, Protocol
 
 import trio
 
 from engy_node import proof
 from engy_node.asgi import BodyError, Receive, read_json_object
-from engy_node.gateway import billing
+from engy_node.gateway import billing, intake
+from engy_node.gateway.admission import WaitingRoom
 from engy_node.gateway.audit import AuditJob, audited
 from engy_node.gateway.chat import ChatRequest, GatewayError, Usage
 from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.router import capable_pool, choose, prefix_key, retry_allowed
 from engy_node.gateway.store import RequestLogEntry, Store, StoreError
+from engy_node.metrics import Registry
 from engy_node.protocol.miner import FEATURE_SAMPLING, FEATURE_SEEDED, FEATURE_TOOLS, Message, ServeRequest
 from engy_node.served_model import ServedModel
 
@@ -63,6 +73,8 @@ AUTH_CACHE_TTL_S = 30.0
 """A valid key is looked up once per this long, not once per request; revoking a key therefore
 takes effect within this time. Unknown keys are never cached, so guessing cannot fill memory."""
 AUTH_CACHE_MAX_ENTRIES = 100_000
+QUEUE_RECHECK_S = 0.5
+"""A waiting request looks for room at least this often, events or not."""
 INLINE_TOKENIZE_MAX_CHARS = 4096
 """Text up to this size (~1,000 tokens) is tokenised on the event loop: measured on this
 project's 2-core machine, rendering and tokenising it takes well under a millisecond, less than
@@ -72,6 +84,8 @@ the thread hand-off it would otherwise cost (gateway CPU per streamed request 2.
 @dataclasses.dataclass(frozen=True, slots=True)
 class GatewaySettings:
     max_body_bytes: int = 8 * 1024 * 1024
+    body_timeout_s: float = 60.0
+    """Longest a request body may take to arrive: 8 MiB at about 1 Mbit/s."""
     keepalive_s: float = 15.0
     first_byte_wait_s: float = 15.0
     max_attempts: int = 2
@@ -79,6 +93,37 @@ class GatewaySettings:
     tokenize_threads: int = 2
     audit_paid_pct: float = 5.0
     """Share of paid responses, in percent, that become audit jobs (every probe does)."""
+    queue_wait_s: float = 5.0
+    """Longest a request waits for a miner with room before 503/529 (0: never waits)."""
+    queue_max: int = 256
+    """Requests that may wait per model; one more is refused at once."""
+
+
+class QueueMetrics:
+    """The waiting room's depth, waits and outcomes per model, in the node's metrics registry."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._depth = registry.gauge("engy_gateway_queue_depth", "Requests waiting for a miner with room.", labelnames=("model",))
+        self._wait = registry.histogram("engy_gateway_queue_wait_seconds", "Time requests waited for a miner with room.",
+                                        labelnames=("model",), buckets=QUEUE_WAIT_BUCKETS)
+        self._outcomes = registry.counter("engy_gateway_queue_outcomes_total",
+                                          "Requests that waited, by how the wait ended (served, timed_out, gone: the buyer hung up; full: "
+                                          "refused at a full queue).",
+                                          labelnames=("model", "outcome"))
+
+    def depth(self, model: str, depth: int) -> None:
+        self._depth.labels(model=model).set(depth)
+
+    def outcome(self, model: str, outcome: str) -> None:
+        self._outcomes.labels(model=model, outcome=outcome).inc()
+
+    def left(self, model: str, *, waited_s: float, outcome: str, depth: int) -> None:
+        self._wait.labels(model=model).observe(waited_s)
+        self.outcome(model, outcome)
+        self.depth(model, depth)
+
+
+QUEUE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 
 
 class AuditSink(Protocol):
@@ -161,7 +206,7 @@ class Gateway:
                  monotonic: Callable[[], float] = time.perf_counter, new_id: Callable[[], str] = _new_request_id,
                  new_seed: Callable[[], int] = _new_seed, audit_draw: Callable[[], float] = random.random,
                  eligible: Callable[[str, str], bool] = _always_eligible,
-                 request_log: RequestLogWriter | None = None) -> None:
+                 request_log: RequestLogWriter | None = None, registry: Registry | None = None) -> None:
         self.store = store
         self.request_log = request_log
         """Where request-log rows queue, so a buyer never waits for them (None: written inline)."""
@@ -179,13 +224,67 @@ class Gateway:
         self.new_seed = new_seed
         self.rr_counter = 0
         self.tokenize_limiter = trio.CapacityLimiter(settings.tokenize_threads)
+        self.waiting_room = WaitingRoom(max_waiting=settings.queue_max)
+        self.queue_metrics = QueueMetrics(registry if registry is not None else Registry())
         self.created = int(clock())
         self._accounts: dict[bytes, tuple[Any, float]] = {}
+        self.in_flight = 0
+        """Buyer requests and probes being served (`serving`), for the drain."""
+        self._none_in_flight = trio.Event()
+        self.cut_off = False
+        """Set when a drain ran out of time: requests still running end now, in-band."""
+
+    # ---- drain --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """Count one request in flight for as long as the block runs."""
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight:
+                self._none_in_flight.set()
+                self._none_in_flight = trio.Event()
+
+    async def drain(self, *, grace_s: float, cutoff_wait_s: float) -> int:
+        """Let the requests in flight run to their end for up to `grace_s` (the buyer listener
+        has stopped taking new ones), then end the rest now: a stream with an error event in its
+        API's format, anything that has sent nothing with a 503 and Retry-After, each charged for
+        what it relayed. Returns how many were cut off."""
+        with trio.move_on_after(grace_s):
+            await self._until_none_in_flight()
+        left = self.in_flight
+        if left:
+            log.warning("%d request(s) still running after the %g s drain; ending them now", left, grace_s)
+            self.cut_off = True
+            for leg in list(self.pool.legs.values()):
+                for pending in list(leg.inflight.values()):
+                    pending.notify()
+            self.pool.notify_room()
+            with trio.move_on_after(cutoff_wait_s):
+                await self._until_none_in_flight()
+        return left
+
+    async def _until_none_in_flight(self) -> None:
+        while self.in_flight:
+            await self._none_in_flight.wait()
+
+    def shutting_down(self) -> GatewayError:
+        return GatewayError("overloaded", "the gateway is shutting down; retry shortly", retry_after_s=1)
 
     # ---- shared steps -------------------------------------------------------------------------
     async def read_body(self, receive: Receive) -> dict[str, Any]:
+        """The body as a JSON object, read no further than the size cap and no longer than
+        `body_timeout_s`: a client trickling its body (slow-loris) holds a connection for that
+        long at most."""
+        timeout_s = self.settings.body_timeout_s
         try:
-            return await read_json_object(receive, max_bytes=self.settings.max_body_bytes)
+            with trio.fail_after(timeout_s):
+                return await read_json_object(receive, max_bytes=self.settings.max_body_bytes)
+        except trio.TooSlowError:
+            raise GatewayError("request_timeout", f"the request body did not arrive within {timeout_s:g} s; "
+                               "send it in one go, or check the client's network") from None
         except BodyError as error:
             raise GatewayError("request_too_large" if error.status == 413 else "invalid_request", str(error)) from None
 
@@ -221,21 +320,28 @@ class Gateway:
 
     async def begin(self, api: str, account, chat: ChatRequest) -> Flight:
         model = self.models[chat.model]
+        spec = model.spec
         request_id = self.new_id()
         serve = self.serve_request(chat, request_id)
-        try:
-            prompt_ids = await self.off_loop_if_large(_conversation_chars(chat), model.render_prompt, serve)
-        except Exception as error:  # broad on purpose: a template rejecting input is the buyer's 400
-            raise GatewayError("invalid_request", f"the conversation cannot be rendered for {chat.model}: {error}") from None
-        spec = model.spec
+        size = intake.prompt_size(chat)
+        floor = intake.token_floor(size, max_token_bytes=model.max_token_bytes)
+        if (refusal := intake.too_long(size, floor=floor, max_input_tokens=spec.max_input_tokens, model=chat.model)) is not None:
+            raise GatewayError("invalid_request", refusal, param="messages")
+        if size.chars > INLINE_TOKENIZE_MAX_CHARS:
+            # Tokenising this one costs more than a balance read: an account that cannot pay
+            # even for the prompt's floor is refused before the tokenizer runs.
+            least = billing.worst_case_hold(price=spec.price, prompt_tokens=floor, max_tokens=chat.max_tokens)
+            balance = await self.store.run(self.store.balance, account.account_id)
+            if balance.available < least:
+                raise GatewayError("billing", _insufficient(least, f"at least {floor} prompt + {chat.max_tokens} max tokens"))
+        prompt_ids = await self.render(chat, model, serve, size)
         if len(prompt_ids) > spec.max_input_tokens:
             raise GatewayError("invalid_request", f"the prompt is {len(prompt_ids)} tokens; {chat.model} accepts at most "
                                f"{spec.max_input_tokens}", param="messages")
         amount = billing.worst_case_hold(price=spec.price, prompt_tokens=len(prompt_ids), max_tokens=chat.max_tokens)
         hold = await self.store.run(self.store.hold, account.account_id, amount=amount, request_id=request_id)
         if hold is None:
-            raise GatewayError("billing", f"insufficient balance: this request may cost up to {amount} micro-USD "
-                               f"({len(prompt_ids)} prompt + {chat.max_tokens} max tokens); add credit or lower max_tokens")
+            raise GatewayError("billing", _insufficient(amount, f"{len(prompt_ids)} prompt + {chat.max_tokens} max tokens"))
         return Flight(request_id, api, account.account_id, chat, serve, model, prompt_ids, hold, self.monotonic(),
                       created=int(self.clock()))
 
@@ -245,11 +351,13 @@ class Gateway:
         model = self.models[chat.model]
         request_id = self.new_id()
         serve = self.serve_request(chat, request_id)
-        prompt_ids = await self.off_loop_if_large(_conversation_chars(chat), model.render_prompt, serve)
+        prompt_ids = await self.render(chat, model, serve, intake.prompt_size(chat))
         return Flight(request_id, "openai", None, chat, serve, model, prompt_ids, None, self.monotonic(),
                       created=int(self.clock()), kind="probe", target=target)
 
-    async def dispatch(self, flight: Flight) -> PendingRequest:
+    def _route(self, flight: Flight) -> tuple[str, frozenset[str]] | None:
+        """(the leg to send `flight` to, what the request needs that its miner lacks), or None
+        when no eligible leg has room."""
         chat = flight.chat
         tried = frozenset(flight.tried)
         needs = _needs(chat)
@@ -266,14 +374,62 @@ class Gateway:
         choice = choose(candidates=candidates, prefix=prefix_key(messages=chat.messages, tools=chat.tools), rr_counter=self.rr_counter,
                         exclude=tried)
         if choice is None:
-            raise GatewayError("overloaded", f"no miner has capacity for {chat.model} right now; retry shortly",
-                               retry_after_s=self.settings.no_capacity_retry_after_s)
-        flight.tried.add(choice.worker_id)
-        flight.unmet = needs & next(c.lacks for c in candidates if c.worker_id == choice.worker_id)
+            return None
+        return choice.worker_id, needs & next(c.lacks for c in candidates if c.worker_id == choice.worker_id)
+
+    async def _wait_for_room(self, flight: Flight) -> tuple[str, frozenset[str]]:
+        """Wait in the model's queue (`admission`) for this request's turn and a leg with room,
+        up to `queue_wait_s`; then 503/529. A probe (it goes to one miner or nowhere) and a retry
+        (the miners that had room already failed it) do not queue. A buyer hanging up cancels
+        the wait, and the ticket leaves with it."""
+        model = flight.chat.model
+        retry_after_s = self.settings.no_capacity_retry_after_s
+        no_room = GatewayError("overloaded", f"no miner has capacity for {model} right now; retry shortly",
+                               retry_after_s=retry_after_s)
+        if flight.target is not None or flight.tried or self.settings.queue_wait_s <= 0:
+            raise no_room
+        ticket = self.waiting_room.join(model, flight.account_id)
+        if ticket is None:
+            self.queue_metrics.outcome(model, "full")
+            raise GatewayError("overloaded", f"no miner has capacity for {model} and {self.settings.queue_max} requests are "
+                               "already waiting for it; retry shortly", retry_after_s=retry_after_s)
+        self.queue_metrics.depth(model, self.waiting_room.depth(model))
+        joined = self.monotonic()
+        route = None
+        outcome = "gone"
+        try:
+            with trio.move_on_after(self.settings.queue_wait_s):
+                while route is None:
+                    if self.cut_off:
+                        raise self.shutting_down()
+                    changed = self.pool.room_changed
+                    if self.waiting_room.turn(model) is ticket and (route := self._route(flight)) is not None:
+                        break
+                    # Eligibility changes (a miner passing its probes) come without a pool
+                    # event: look again now and then all the same.
+                    with trio.move_on_after(QUEUE_RECHECK_S):
+                        await changed.wait()
+            outcome = "timed_out" if route is None else "served"
+        finally:
+            self.waiting_room.leave(ticket, served=route is not None)
+            self.pool.notify_room()
+            self.queue_metrics.left(model, waited_s=self.monotonic() - joined, outcome=outcome, depth=self.waiting_room.depth(model))
+        if route is None:
+            raise GatewayError("overloaded", f"no miner had capacity for {model} within {self.settings.queue_wait_s:g} s; "
+                               "retry shortly", retry_after_s=retry_after_s)
+        return route
+
+    async def dispatch(self, flight: Flight) -> PendingRequest:
+        chat = flight.chat
+        route = self._route(flight)
+        if route is None:
+            route = await self._wait_for_room(flight)
+        worker_id, flight.unmet = route
+        flight.tried.add(worker_id)
         if flight.unmet:
             log.debug("request %s: no miner that honours %s had room; one that does not serves it", flight.request_id,
                      ", ".join(sorted(flight.unmet)))
-        pending = await self.pool.dispatch(choice.worker_id, flight.serve, stream=chat.stream)
+        pending = await self.pool.dispatch(worker_id, flight.serve, stream=chat.stream)
         flight.pending = pending
         flight.miner = pending.leg.identity.miner
         flight.seeded = FEATURE_SEEDED in pending.leg.hello.features
@@ -296,6 +452,8 @@ class Gateway:
             else:
                 with trio.move_on_after(wait_s):
                     while not (pending.chunks or pending.finished):
+                        if self.cut_off:
+                            raise self.shutting_down()
                         await pending.changed.wait()
                 if pending.lost is not None:
                     last_error = f"the miner disconnected: {pending.lost}"
@@ -350,6 +508,14 @@ class Gateway:
         except StoreError as error:
             # The request itself is served and billed; losing its log row must not fail it.
             log.error("request %s: could not write the request log (%s)", entry.request_id, error)
+
+    async def render(self, chat: ChatRequest, model: ServedModel, serve: ServeRequest, size: intake.PromptSize) -> list[int]:
+        """The request's prompt ids under the model's chat template; a template that rejects the
+        conversation is the buyer's 400."""
+        try:
+            return await self.off_loop_if_large(size.chars, model.render_prompt, serve)
+        except Exception as error:  # broad on purpose: a template rejecting input is the buyer's 400
+            raise GatewayError("invalid_request", f"the conversation cannot be rendered for {chat.model}: {error}") from None
 
     async def off_loop_if_large(self, size_chars: int, work: Callable[..., Any], *args: Any) -> Any:
         """Run tokenizer work inline when it is small, in a worker thread when it is not: a thread
@@ -501,10 +667,8 @@ def _needs(chat: ChatRequest) -> frozenset[str]:
     return frozenset(needs)
 
 
-def _conversation_chars(chat: ChatRequest) -> int:
-    """A cheap upper bound on the rendered prompt's size, to decide where to tokenise it."""
-    size = sum(len(str(message.get("content") or "")) + len(str(message.get("tool_calls") or "")) for message in chat.messages)
-    return size + (len(str(chat.tools)) if chat.tools else 0)
+def _insufficient(amount: int, worst_case: str) -> str:
+    return f"insufficient balance: this request may cost up to {amount} micro-USD ({worst_case}); add credit or lower max_tokens"
 
 
 def _int(value: Any) -> int:

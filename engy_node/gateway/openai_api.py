@@ -22,8 +22,9 @@ choice naming a tool that was not sent.
 
 Failure posture: once a stream's 200 has been sent, errors can only travel in-band, so
 `ChunkEncoder.error` writes OpenAI's `data: {"error": ...}` event (the SDK raises `APIError` on
-it) and nothing after it; every other stream ends with a `finish_reason` chunk and
-`data: [DONE]`, because strict clients treat a stream without them as broken and retry.
+it) and then `data: [DONE]`, so a client that reads to the terminator still finds one; every
+other stream ends with a `finish_reason` chunk and `data: [DONE]`, because strict clients treat
+a stream without them as broken and retry.
 
 Decisions the OpenAI reference leaves open, and why:
 * `developer` messages become `system` messages: chat templates know only `system`.
@@ -99,6 +100,7 @@ ERROR_TYPE_BY_KIND: dict[str, str] = {
     "upstream": "server_error",
     "overloaded": "service_unavailable_error",
     "timeout": "timeout",
+    "request_timeout": "invalid_request_error",
     "method_not_allowed": "invalid_request_error",
     "unsupported_media_type": "invalid_request_error",
 }
@@ -482,8 +484,8 @@ class ChunkEncoder:
         return chunks
 
     def error(self, err: GatewayError) -> list[bytes]:
-        """An in-band error after the 200 was sent; the stream must close right after it."""
-        return [_sse(error_body(err, self._request_id))]
+        """An in-band error after the 200 was sent, and the terminator; the stream closes after."""
+        return [_sse(error_body(err, self._request_id)), DONE]
 
     def keepalive(self) -> list[bytes]:
         return [KEEPALIVE]

@@ -127,6 +127,9 @@ class MinerPool:
         self.replay = keys.ReplayGuard()
         self._corr_ids = itertools.count()
         self.draining = False
+        self.room_changed = trio.Event()
+        """Set (and replaced) whenever a leg may have room it did not have: a request on it
+        ended, it was admitted, its capacity changed. The waiting room waits on it."""
 
     # ---- the websocket endpoint ------------------------------------------------------------
     async def endpoint(self, websocket: WebSocket) -> None:
@@ -165,6 +168,7 @@ class MinerPool:
         # Routable before the miner hears `admit`: a miner (or a local network) that reports
         # ready on admission may be sent a request at once.
         self.legs[leg.leg_id] = leg
+        self.notify_room()
         try:
             await leg.send(Admit())
         except Exception as error:  # broad on purpose: any send failure means this leg never came up
@@ -223,6 +227,7 @@ class MinerPool:
                     log.info("leg %s of %s: capacity %d -> %d", leg.leg_id[:8], leg.identity.miner, leg.capacity,
                              frame.capacity.max_inflight)
                     leg.capacity = frame.capacity.max_inflight
+                    self.notify_room()
             elif isinstance(frame, Chunk):
                 pending = leg.inflight.get(frame.corr_id)
                 if pending is not None:
@@ -233,6 +238,7 @@ class MinerPool:
                 if pending is not None:
                     pending.response = frame
                     pending.notify()
+                    self.notify_room()
             else:
                 kind = type(frame).__name__.lower()
                 log.warning("closing leg %s of %s: unexpected %s after admission", leg.leg_id[:8], leg.identity.miner, kind)
@@ -247,6 +253,11 @@ class MinerPool:
             pending.lost = reason
             pending.notify()
         leg.inflight.clear()
+
+    def notify_room(self) -> None:
+        """Wake whoever waits on `room_changed` (the waiting room also calls it when a turn ends)."""
+        self.room_changed.set()
+        self.room_changed = trio.Event()
 
     async def _close_leg(self, leg: Leg, reason: str) -> None:
         self._drop(leg, reason)
@@ -285,7 +296,8 @@ class MinerPool:
     async def cancel(self, pending: PendingRequest) -> None:
         """Tell the miner to stop (buyer gone). Best effort; never raises."""
         leg = pending.leg
-        leg.inflight.pop(pending.corr_id, None)
+        if leg.inflight.pop(pending.corr_id, None) is not None:
+            self.notify_room()
         if leg.closed:
             return
         try:

@@ -145,13 +145,14 @@ class ChatEndpoint:
         try:
             account = await gateway.authenticate(api.api_key(Headers(scope=scope)))
             chat = api.parse(await gateway.read_body(receive), gateway)
-            flight = await gateway.begin(api.name, account, chat)
-            request_id = flight.request_id
-            async with watch_disconnect(receive):
-                if chat.stream:
-                    await self._stream(flight, send)
-                else:
-                    await self._complete(flight, send)
+            with gateway.serving():
+                async with watch_disconnect(receive):
+                    flight = await gateway.begin(api.name, account, chat)
+                    request_id = flight.request_id
+                    if chat.stream:
+                        await self._stream(flight, send)
+                    else:
+                        await self._complete(flight, send)
         except GatewayError as err:
             if err.kind not in ("authentication", "invalid_request", "not_found", "request_too_large"):
                 log.info("request %s (%s) failed: %s (%s)", request_id, api.name, err.kind, err)
@@ -164,10 +165,11 @@ class ChatEndpoint:
             return None
 
         try:
-            if flight.chat.stream:
-                await self._stream(flight, discard)
-            else:
-                await self._complete(flight, discard)
+            with self.gateway.serving():
+                if flight.chat.stream:
+                    await self._stream(flight, discard)
+                else:
+                    await self._complete(flight, discard)
         except GatewayError as err:
             log.info("probe %s to %s: %s (%s)", flight.request_id, flight.target, err.kind, err)
 
@@ -180,6 +182,8 @@ class ChatEndpoint:
             pending = await gateway.first_output(flight, wait_s=deadline_s)
             with trio.move_on_after(deadline_s):
                 while not pending.finished:
+                    if gateway.cut_off:
+                        raise gateway.shutting_down()
                     await pending.changed.wait()
             if not pending.finished:
                 raise GatewayError("timeout", f"the miner did not finish within {deadline_s} s")
@@ -266,6 +270,9 @@ class ChatEndpoint:
                 if gateway.monotonic() > deadline:
                     outcome = "timeout"
                     break
+                if gateway.cut_off:
+                    outcome = "shutdown"
+                    break
                 if not await _wait_changed(pending, gateway.settings.keepalive_s):
                     await _send_body(send, b"".join(encoder.keepalive()), more=True)
             if stops.matched is not None:
@@ -273,6 +280,9 @@ class ChatEndpoint:
                     if not pending.finished:
                         await gateway.pool.cancel(pending)
                 reported = "stop"
+            elif outcome == "shutdown":
+                await _send_body(send, b"".join(encoder.error(gateway.shutting_down())), more=False)
+                return
             elif outcome == "timeout" or pending.lost is not None or pending.response is None or pending.response.error is not None:
                 outcome = "timeout" if outcome == "timeout" else "miner-failed"
                 reason = ("the miner did not finish in time" if outcome == "timeout"
@@ -305,7 +315,9 @@ class ChatEndpoint:
         gateway = self.gateway
         if not pending.finished:
             await gateway.pool.cancel(pending)
-        status = {"buyer-gone": 499, "timeout": 504}.get(outcome, 502)
+        # A stream the gateway ended while shutting down says nothing about the miner: logged as
+        # 499, the status settlement leaves out of a miner's acceptance, like a buyer's hang-up.
+        status = {"buyer-gone": 499, "shutdown": 499, "timeout": 504}.get(outcome, 502)
         if not flight.relayed_text:
             await gateway.release(flight)
             await gateway.log_outcome(flight, status=status, usage=None)

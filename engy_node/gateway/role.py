@@ -52,6 +52,9 @@ STALE_SWEEP_S = 10.0
 """How often legs are checked for missing heartbeats (a leg goes stale after 90 s)."""
 DRAIN_S = 5.0
 """How long stopping waits for the miners to be told to re-dial."""
+CUTOFF_WAIT_S = 5.0
+"""After the drain's deadline, how long the requests it ends have to send their last bytes and
+settle before the servers stop regardless."""
 ORPHAN_SWEEP_S = 60.0
 """How often the first process releases holds older than any request can be."""
 
@@ -177,16 +180,20 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
     # the way out the miners are told to re-dial while their legs are still open, and only then
     # do the servers stop (cancelling requests in flight, which settles them for what was relayed).
     servers = trio.CancelScope(shield=True)
+    stop_taking_buyers = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
             request_log = RequestLogWriter(store)
             await nursery.start(request_log.run)
             gateway = Gateway(
                 store=store, pool=pool, models=models, audit=trust.audit, eligible=trust.eligible, request_log=request_log,
-                settings=GatewaySettings(max_body_bytes=settings.max_body_bytes, keepalive_s=settings.keepalive_s,
+                settings=GatewaySettings(max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s,
+                                         keepalive_s=settings.keepalive_s,
                                          first_byte_wait_s=settings.first_byte_wait_s, max_attempts=settings.max_attempts,
                                          no_capacity_retry_after_s=settings.no_capacity_retry_after_s,
-                                         audit_paid_pct=settings.audit_paid_pct),
+                                         audit_paid_pct=settings.audit_paid_pct, queue_wait_s=settings.queue_wait_s,
+                                         queue_max=settings.queue_max),
+                registry=hub.registry,
             )
             if first:
                 trust.start_traffic_control(config, gateway=gateway, store=store, hub=hub)
@@ -205,8 +212,12 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
                     await http.start(serve_listener, miner_app, hypercorn_config(None), listener)
                     miner_url = seat.miner_url
                     buyer_bind = f"fd://{(buyer_socket or seat.buyer_socket()).detach()}"
-                buyer_binds = await start_listener(http, buyer_app, hypercorn_config(buyer_bind),
-                                                   what="buyer API", flag="--port / gateway.port")
+                buyer_config = hypercorn_config(buyer_bind)
+                # hypercorn's own deadline for requests still open once the buyer listener stops
+                # is only the backstop: the drain ends them first, in-band (`Gateway.drain`).
+                buyer_config.graceful_timeout = settings.drain_s + CUTOFF_WAIT_S + 5.0
+                buyer_binds = await start_listener(http, buyer_app, buyer_config, what="buyer API", flag="--port / gateway.port",
+                                                   shutdown_trigger=stop_taking_buyers.wait)
                 provider_url = None
                 if trust.provider_app is not None:
                     provider_binds = await start_listener(http, trust.provider_app,
@@ -232,6 +243,14 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
                 await trio.sleep_forever()
             finally:
                 with trio.CancelScope(shield=True):
+                    # Buyers first: no new requests, the ones in flight run to their end (or are
+                    # ended in-band at the deadline) while their miners' legs are still open; only
+                    # then are the miners told to re-dial, since a re-dial drops what a leg serves.
+                    stop_taking_buyers.set()
+                    hub.set_state("gateway", state="draining", in_flight=gateway.in_flight)
+                    log.info("gateway stopping: no new buyer requests; %d in flight get up to %g s to finish",
+                             gateway.in_flight, settings.drain_s)
+                    await gateway.drain(grace_s=settings.drain_s, cutoff_wait_s=CUTOFF_WAIT_S)
                     with trio.move_on_after(DRAIN_S):
                         await pool.drain()
                     servers.cancel(reason="the gateway is stopping")

@@ -70,9 +70,9 @@ ACCEPT_IGNORED_ERRNOS = frozenset(getattr(errno, name) for name in (
 WORKER_START_TIMEOUT_S = 300.0
 """A worker loads every served model's tokenizer before it serves; a cold disk can be slow."""
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
-WORKER_STOP_GRACE_S = 15.0
-"""A stopping worker tells its miners to re-dial and settles its requests in flight (each step
-bounded by 5 s) before it is killed."""
+WORKER_STOP_MARGIN_S = 15.0
+"""Beyond `gateway.drain_s`, how long a stopping worker has to end the requests the drain cut
+off, tell its miners to re-dial and close (each step bounded by 5 s) before it is killed."""
 STABLE_RUN_S = 60.0
 """A worker that ran this long before dying restarts after the shortest pause again."""
 
@@ -347,20 +347,21 @@ async def run_worker_process(config: Config, seat: Seat, *, task_status=trio.TAS
     dies. Started once the child serves; one that fails before it ever served fails this."""
     document = json.dumps({"config": config_document(config), "seat": dataclasses.asdict(seat)}).encode()
     command = [sys.executable, "-m", "engy_node.gateway"]
+    stop = functools.partial(_stop_worker, grace_s=config.gateway.drain_s + WORKER_STOP_MARGIN_S)
     served_before, failures = False, 0
     while True:
         began = trio.current_time()
         async with trio.open_nursery() as nursery:
             # Its own session: a Ctrl-C in the terminal reaches the first process only, which
-            # then stops this one (SIGTERM, SIGKILL after WORKER_STOP_GRACE_S).
+            # then stops this one (SIGTERM; SIGKILL once its drain and WORKER_STOP_MARGIN_S are past).
             process = await nursery.start(functools.partial(
                 trio.run_process, command, stdin=document, stdout=subprocess.PIPE, check=False,
-                pass_fds=(seat.miner_fd,), start_new_session=True, deliver_cancel=_stop_worker))
+                pass_fds=(seat.miner_fd,), start_new_session=True, deliver_cancel=stop))
             ready = await _read_ready(process.stdout)
             if not ready:
                 if ready is None:
                     log.error("gateway worker %d did not serve within %.0f s; stopping it", seat.index, WORKER_START_TIMEOUT_S)
-                    await _stop_worker(process)
+                    await stop(process)
                 await process.wait()
                 if not served_before:
                     raise RoleError(f"gateway worker {seat.index} exited before it served (exit status {process.returncode}); "
@@ -376,12 +377,12 @@ async def run_worker_process(config: Config, seat: Seat, *, task_status=trio.TAS
         await trio.sleep(pause)
 
 
-async def _stop_worker(process: trio.Process) -> None:
+async def _stop_worker(process: trio.Process, *, grace_s: float) -> None:
     process.terminate()
-    with trio.move_on_after(WORKER_STOP_GRACE_S):
+    with trio.move_on_after(grace_s):
         await process.wait()
         return
-    log.warning("gateway worker (pid %d) did not stop within %.0f s of SIGTERM; killing it", process.pid, WORKER_STOP_GRACE_S)
+    log.warning("gateway worker (pid %d) did not stop within %.0f s of SIGTERM; killing it", process.pid, grace_s)
     process.kill()
 
 
