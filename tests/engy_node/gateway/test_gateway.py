@@ -168,7 +168,9 @@ async def test_anthropic_messages_stream_and_count_tokens(nursery, network, http
     client = network.anthropic(key)
     message = await trio.to_thread.run_sync(lambda: client.messages.create(
         model=MODEL, max_tokens=32, system="You are terse.", messages=[{"role": "user", "content": "What is the capital of France?"}]))
-    assert message.content[0].type == "text" and "Paris" in message.content[0].text
+    # What the 135M model says here depends on the CPU's bf16 kernels (on an EPYC without
+    # AVX512-BF16 it is not "Paris"); the stream must say exactly the same, checked below.
+    assert message.content[0].type == "text" and message.content[0].text.strip()
     assert message.stop_reason == "end_turn"
 
     def streamed():
