@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engy_node.errors import ConfigError
+from engy_node.miner.drain import DEFAULT_DRAIN_S, MAX_DRAIN_S
 
 APP_NAME = "engy"
 ENV_PREFIX = "ENGY_"
@@ -108,6 +109,10 @@ class MinerSection:
     wallet_name: str = ""
     """With `wallet_hotkey`: sign hello with this registered hotkey (SPEC §6)."""
     wallet_hotkey: str = ""
+    drain_s: float = DEFAULT_DRAIN_S
+    """On SIGTERM or Ctrl-C, requests in flight may finish for this long while no new ones are
+    routed here; the rest are aborted and the buyers told. 0 aborts at once. At most 47, so the
+    whole stop fits systemd's default 90 s (see `engy_node.miner.drain`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -477,6 +482,9 @@ def _validate(config: Config) -> None:
         raise ConfigError("miner.chunk_tokens must be at least 2")
     if not 0 <= miner.serve_port <= 65535:
         raise ConfigError(f"miner.serve_port = {miner.serve_port}: must be 0..65535")
+    if not 0 <= miner.drain_s <= MAX_DRAIN_S:
+        raise ConfigError(f"miner.drain_s = {miner.drain_s}: must be 0..{MAX_DRAIN_S:g} seconds, so the miner's whole stop "
+                          "fits systemd's default 90 s before it kills the service")
     if miner.gateway_url and not miner.gateway_url.startswith(("ws://", "wss://")):
         raise ConfigError(f"miner.gateway_url = {miner.gateway_url!r}: use a ws:// or wss:// URL, e.g. wss://api.engy.ai/gw")
     gateway = config.gateway

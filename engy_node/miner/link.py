@@ -19,10 +19,17 @@ routed request on its own.
 A gateway frame this side cannot read (after `protocol.miner`'s liberal parsing) ends the leg:
 it is logged with the field and the reason, the connection is closed with them as the close
 reason, and the leg re-dials; its requests are cancelled, as on any lost connection.
+
+Stopping is `drain`, not cancellation: the miner role calls it while the model server is still
+up, and only then stops the server. It announces capacity 0 on every leg, refuses what is
+routed meanwhile, lets requests in flight finish until the deadline, aborts the rest with a
+terminal error response each, and closes the legs, which then do not re-dial. The steps and
+their bounds are `engy_node.miner.drain`'s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
@@ -36,14 +43,20 @@ from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from engy_node import keys
 from engy_node.errors import single_failure
+from engy_node.miner.drain import ABORTED_ERROR, REFUSED_ERROR, DrainPhase, StopBudget, request_action
 from engy_node.miner.serving import RequestHandler
 from engy_node.protocol.miner import (
-    OUR_FEATURES, Admit, Cancel, Capacity, Deny, Heartbeat, Hello, MinerFrame, Ping, ProtocolError, Reconnect, Serve,
-    close_reason, encode, parse_gateway_frame,
+    OUR_FEATURES, Admit, Cancel, Capacity, Deny, Heartbeat, Hello, MinerFrame, Ping, ProtocolError, Reconnect, Response,
+    Serve, close_reason, encode, parse_gateway_frame,
 )
 from engy_node.retry import backoff_delay
 
 log = logging.getLogger("engy.miner.link")
+
+GOING_AWAY = 1001
+"""The websocket close code for an endpoint that is shutting down (RFC 6455 §7.4.1)."""
+CLOSE_TIMEOUT_S = 2.0
+"""How long closing a leg waits for the gateway's half of the close handshake."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -145,7 +158,10 @@ class GatewayLink:
         self.on_state = on_state or (lambda **values: None)
         self.legs_up: dict[int, bool] = {}
         self.inflight = 0
+        self.phase: DrainPhase = "serving"
         self._admitted = trio.Event()
+        self._sessions: set[_LegSession] = set()
+        self._changed = trio.Event()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         workers = await self._worker_count()
@@ -182,7 +198,8 @@ class GatewayLink:
     async def _leg_loop(self, leg: Leg, workers: int) -> None:
         url = leg_url(self.gateway_url, worker=leg.worker, workers=workers)
         failures = 0
-        while True:
+        # Bounded by the miner's life: once its drain has begun, a leg that ends is not re-dialled.
+        while self.phase == "serving":
             delay: float
             try:
                 outcome = await self._leg_session(url, leg)
@@ -193,13 +210,17 @@ class GatewayLink:
             except (ConnectionClosed, HandshakeError, OSError, trio.TooSlowError, ProtocolError) as error:
                 failures += 1
                 delay = backoff_delay(consecutive_failures=failures, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random())
-                log.warning("leg %s lost (%s: %s); re-dialling in %.1f s", url, type(error).__name__, error, delay)
+                if self.phase == "serving":
+                    log.warning("leg %s lost (%s: %s); re-dialling in %.1f s", url, type(error).__name__, error, delay)
+                else:
+                    log.info("leg %s closed: the miner is stopping", url)
             else:
                 failures = 0
                 delay = self.settings.reconnect_delay_s * self.rng.random()
-                log.info("leg %s: %s; re-dialling", url, outcome)
+                log.info("leg %s: %s%s", url, outcome, "; re-dialling" if self.phase == "serving" else "")
             self._set_leg(leg.worker, False)
-            await trio.sleep(delay)
+            if self.phase == "serving":
+                await trio.sleep(delay)
 
     def _set_leg(self, worker: int, up: bool) -> None:
         self.legs_up[worker] = up
@@ -207,11 +228,57 @@ class GatewayLink:
 
     def publish(self) -> None:
         self.on_state(legs_up=sum(self.legs_up.values()), legs=len(self.legs_up), inflight=self.inflight)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def drain(self, budget: StopBudget) -> None:
+        """Stop as `engy_node.miner.drain` describes: capacity 0 on every leg, requests in flight
+        finish until `budget.finish_s`, the rest are aborted with a terminal error response, the
+        legs are closed. Call it once, while the model server is still up.
+
+        Bounded by `budget.link_s`. It never raises for a leg that is gone: a lost leg's
+        requests were already cancelled (their aborts still reach the model server), and
+        nobody is left to tell. The legs do not re-dial afterwards; `run` may be cancelled.
+        """
+        inflight = self.inflight
+        self.phase = "finishing"
+        log.info("stopping: no new requests; %d in flight on %d leg(s) may finish for %g s",
+                 inflight, len(self._sessions), budget.finish_s)
+        with trio.move_on_after(budget.announce_s):
+            async with trio.open_nursery() as nursery:
+                for session in list(self._sessions):
+                    nursery.start_soon(session.announce_no_capacity)
+        with trio.move_on_after(budget.finish_s):
+            await self._wait_idle()
+
+        self.phase = "aborting"
+        aborted = sum(session.abort_inflight() for session in list(self._sessions))
+        if aborted:
+            log.warning("drain deadline (%g s): aborting %d request(s) still running", budget.finish_s, aborted)
+        with trio.move_on_after(budget.abort_s):
+            await self._wait_idle()
+        if self.inflight:
+            log.warning("%d request(s) still running %g s after they were aborted; closing their legs anyway",
+                        self.inflight, budget.abort_s)
+
+        self.phase = "closing"
+        sessions = list(self._sessions)
+        with trio.move_on_after(budget.close_s):
+            async with trio.open_nursery() as nursery:
+                for session in sessions:
+                    nursery.start_soon(session.close, "the miner is shutting down")
+        log.info("stopped serving: %d request(s) ended within the drain, %d aborted; %d leg(s) closed",
+                 max(inflight - aborted, 0), aborted, len(sessions))
+
+    async def _wait_idle(self) -> None:
+        """Return once no request is in flight (the caller bounds the wait)."""
+        while self.inflight:
+            await self._changed.wait()
 
     async def _leg_session(self, url: str, leg: Leg) -> str:
         async with open_websocket_url(
             url, max_message_size=self.settings.max_message_bytes,
-            connect_timeout=self.settings.connect_timeout_s, disconnect_timeout=2,
+            connect_timeout=self.settings.connect_timeout_s, disconnect_timeout=CLOSE_TIMEOUT_S,
         ) as connection:
             await connection.send_message(encode(self._hello(leg)))
             with trio.fail_after(self.settings.hello_timeout_s):
@@ -223,7 +290,12 @@ class GatewayLink:
             log.info("leg %s admitted (capacity %d)", url, leg.capacity)
             self._set_leg(leg.worker, True)
             self._admitted.set()
-            return await _LegSession(self, connection, leg).run()
+            session = _LegSession(self, connection, leg)
+            self._sessions.add(session)
+            try:
+                return await session.run()
+            finally:
+                self._sessions.discard(session)
 
 
 class _LegSession:
@@ -234,6 +306,8 @@ class _LegSession:
         self.connection = connection
         self.leg = leg
         self.active: dict[str, trio.CancelScope] = {}
+        self.drain_aborted: set[str] = set()
+        """Requests the drain aborted: each still gets its terminal response, with an error."""
         self.send_lock = trio.Lock()
         self.idle_since = time.monotonic()
 
@@ -243,7 +317,28 @@ class _LegSession:
 
     def heartbeat(self) -> Heartbeat:
         idle = 0.0 if self.active else time.monotonic() - self.idle_since
-        return Heartbeat(inflight=len(self.active), idle_seconds=idle)
+        # Once stopping, every heartbeat says capacity 0, so a later one cannot undo the first.
+        capacity = None if self.link.phase == "serving" else dataclasses.replace(self.link.limits, max_inflight=0)
+        return Heartbeat(inflight=len(self.active), idle_seconds=idle, capacity=capacity)
+
+    async def announce_no_capacity(self) -> None:
+        """Send a heartbeat that says capacity 0 (the link is stopping); quiet if the leg is gone."""
+        with contextlib.suppress(ConnectionClosed):
+            await self.send(self.heartbeat())
+
+    def abort_inflight(self) -> int:
+        """Cancel every request in flight that the drain's phase says to abort; how many."""
+        aborted = 0
+        for corr_id, scope in list(self.active.items()):
+            if request_action(self.link.phase, new=False) == "abort":
+                self.drain_aborted.add(corr_id)
+                scope.cancel(reason="the miner's drain deadline passed")
+                aborted += 1
+        return aborted
+
+    async def close(self, reason: str) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            await self.connection.aclose(code=GOING_AWAY, reason=reason)
 
     async def run(self) -> str:
         with single_failure():
@@ -265,6 +360,7 @@ class _LegSession:
                     self._start(nursery, frame)
                 elif isinstance(frame, Cancel):
                     scope = self.active.pop(frame.corr_id, None)
+                    self.drain_aborted.discard(frame.corr_id)  # the gateway wants nothing more for it
                     if scope is not None:
                         scope.cancel(reason="gateway cancelled the request")
                         log.info("request %s cancelled by the gateway", frame.corr_id)
@@ -281,6 +377,10 @@ class _LegSession:
         if frame.corr_id in self.active:
             log.warning("duplicate serve for %s ignored", frame.corr_id)
             return
+        if request_action(self.link.phase, new=True) == "refuse":
+            log.info("request %s refused: the miner is stopping", frame.corr_id)
+            nursery.start_soon(self._send_error, frame, REFUSED_ERROR)
+            return
         if len(self.active) >= self.leg.capacity:
             log.warning("gateway routed %s beyond this leg's capacity %d; serving it anyway", frame.corr_id, self.leg.capacity)
         scope = trio.CancelScope()
@@ -293,12 +393,24 @@ class _LegSession:
         try:
             with scope:
                 await self.link.handler.handle(frame, self.send)
+            if scope.cancelled_caught and frame.corr_id in self.drain_aborted:
+                # The serve client has aborted it on the model server by now; the gateway hears
+                # why from us instead of from a dropped connection.
+                await self._send_error(frame, ABORTED_ERROR)
         finally:
+            self.drain_aborted.discard(frame.corr_id)
             self.active.pop(frame.corr_id, None)
             self.link.inflight -= 1
             self.link.publish()
             if not self.active:
                 self.idle_since = time.monotonic()
+
+    async def _send_error(self, frame: Serve, error: str) -> None:
+        """The request's terminal response, carrying `error`; quiet if the leg is gone."""
+        response = Response(corr_id=frame.corr_id, request_id=frame.request.engy_request_id, commitment=None, output=None,
+                            error=error)
+        with contextlib.suppress(ConnectionClosed):
+            await self.send(response)
 
     async def _heartbeats(self) -> None:
         while True:

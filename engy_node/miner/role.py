@@ -14,6 +14,12 @@ knows what the miner chose and why:
 
 A model that does not fit, a GPU model on a CPU-only machine, a missing sglang or checkpoint
 are errors that name the fix before anything is started.
+
+Stopping is ordered, not all at once (`engy_node.miner.drain`): when the node cancels the miner,
+the link drains first, while the model server is still up to take the aborts, and the model
+server stops only once the legs are closed. The supervisor and the link therefore run in cancel
+scopes of their own, shielded from the node's cancellation once they are started; this role's
+own task runs the drain and then cancels them, link first.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from engy_node.config import Config
 from engy_node.control import Actions
 from engy_node.errors import EngyError
 from engy_node.hub import Hub
+from engy_node.miner.drain import stop_budget
 from engy_node.miner.gpu import GpuInventory, detect
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
 from engy_node.miner.plan import Plan, plan, read_model_shape
@@ -244,14 +251,30 @@ class ServeRotation:
         return client
 
 
+def server_record_path(config: Config, server_hub_component: str) -> Path:
+    """Where the miner records the model server it runs, for the next start in this home
+    (`sglang.leftovers`); one file per supervised server."""
+    return config.paths.data_dir / "run" / f"{server_hub_component}.json"
+
+
+async def _run_in(scope: trio.CancelScope, service, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run `service` inside `scope`, so the caller decides when it stops."""
+    with scope:
+        await service(task_status=task_status)
+
+
 async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = False, hub_component: str = "miner",
                     server_hub_component: str = "model_server", actions: Actions | None = None,
                     task_status=trio.TASK_STATUS_IGNORED) -> None:
     """The miner service: ready once the model server answers, and the link keeps dialling; with
     `ready_when_admitted`, ready once the gateway has admitted a leg too (a local network says
     it is up only when a buyer's first request can be served). Several miners in one process
-    (a local network) report under their own hub components."""
+    (a local network) report under their own hub components.
+
+    Cancellation drains (see the module docstring): it returns once the legs are closed and
+    the model server is gone, within `stop_budget(drain_s=...).total_s` of the cancel."""
     settings = config.miner
+    budget = stop_budget(drain_s=settings.drain_s)
     miner_identity = preflight(config)
     inventory = await trio.to_thread.run_sync(detect_gpus, settings.fake_gpus)
     if inventory.cpu_mode:
@@ -268,34 +291,56 @@ async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = Fal
     served: ServedModel = await trio.to_thread.run_sync(load_served_model, setup.spec, setup.checkpoint)
     metrics = MinerMetrics(hub)
     async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None)) as http, trio.open_nursery() as nursery:
-        if setup.launch is not None:
-            supervisor = ModelServerSupervisor(setup.launch, hub, hub_component=server_hub_component)
-            serve_urls: tuple[str, ...] = (await nursery.start(supervisor.run),)
-            if actions is not None:
-                register_restart(actions, supervisor, hub_component)
-        else:
-            serve_urls = setup.serve_urls
-        handler = RequestHandler(model=served, serve=ServeRotation(serve_urls, http, request_timeout_s=setup.spec.max_request_s), chunk_tokens=settings.chunk_tokens,
-                                 on_outcome=metrics.record)
-        spec = setup.spec
-        link = GatewayLink(
-            gateway_url=settings.gateway_url, identity=miner_identity, http=http, handler=handler, settings=LinkSettings(),
-            limits=Capacity(max_inflight=0, max_inflight_total=setup.max_inflight, max_input_tokens=spec.max_input_tokens,
-                            max_output_tokens=spec.max_output_tokens, max_request_s=spec.max_request_s),
-            hello={"model": spec.id, "model_root": served.model_root, "hw": hardware(inventory, setup.plan),
-                   "versions": {"engy_node": __version__, "protocol": 1, "toploc": _version("toploc"),
-                                "transformers": _version("transformers"), "sglang": _version("sglang")},
-                   "worker_name": settings.worker_name or platform.node(), "worker_id": uuid.uuid4().hex},
-            on_state=lambda **values: hub.set_state(hub_component, **values),
-            # A server this miner launched samples deterministically (sglang with the flag, or the
-            # reference server); one the operator runs (--serve-url) may not, so it is not claimed.
-            features=OUR_FEATURES | {FEATURE_SEEDED} if setup.launch is not None else OUR_FEATURES,
-        )
-        if ready_when_admitted:
-            await nursery.start(link.run)
-        else:
-            nursery.start_soon(link.run)
-        task_status.started(f"serving {spec.id} via {', '.join(serve_urls)} to {settings.gateway_url}")
+        # Each is shielded as soon as it has started: until then a cancel stops it as usual.
+        server_scope, link_scope = trio.CancelScope(), trio.CancelScope()
+        link: GatewayLink | None = None
+        try:
+            if setup.launch is not None:
+                supervisor = ModelServerSupervisor(setup.launch, hub, hub_component=server_hub_component,
+                                                   record_path=server_record_path(config, server_hub_component))
+                serve_urls: tuple[str, ...] = (await nursery.start(_run_in, server_scope, supervisor.run),)
+                server_scope.shield = True
+                if actions is not None:
+                    register_restart(actions, supervisor, hub_component)
+            else:
+                serve_urls = setup.serve_urls
+            link = _link(config, setup, served, miner_identity, hub, hub_component, http, metrics, serve_urls)
+            if ready_when_admitted:
+                await nursery.start(_run_in, link_scope, link.run)
+            else:
+                nursery.start_soon(_run_in, link_scope, link.run)
+            link_scope.shield = True
+            task_status.started(f"serving {setup.spec.id} via {', '.join(serve_urls)} to {settings.gateway_url}")
+            await trio.sleep_forever()
+        finally:
+            # Shielded, and bounded by the drain's own steps (plus a second for the bookkeeping).
+            with trio.CancelScope(shield=True), trio.move_on_after(budget.link_s + 1.0):
+                if link is not None:
+                    await link.drain(budget)
+            link_scope.cancel(reason="the miner has drained")
+            server_scope.cancel(reason="the miner's legs are closed")
+
+
+def _link(config: Config, setup: MinerSetup, served: ServedModel, miner_identity: Identity, hub: Hub, hub_component: str,
+          http: httpx.AsyncClient, metrics: MinerMetrics, serve_urls: tuple[str, ...]) -> GatewayLink:
+    """The gateway link for `setup`, serving through `serve_urls`."""
+    settings = config.miner
+    handler = RequestHandler(model=served, serve=ServeRotation(serve_urls, http, request_timeout_s=setup.spec.max_request_s), chunk_tokens=settings.chunk_tokens,
+                             on_outcome=metrics.record)
+    spec = setup.spec
+    return GatewayLink(
+        gateway_url=settings.gateway_url, identity=miner_identity, http=http, handler=handler, settings=LinkSettings(),
+        limits=Capacity(max_inflight=0, max_inflight_total=setup.max_inflight, max_input_tokens=spec.max_input_tokens,
+                        max_output_tokens=spec.max_output_tokens, max_request_s=spec.max_request_s),
+        hello={"model": spec.id, "model_root": served.model_root, "hw": hardware(setup.inventory, setup.plan),
+               "versions": {"engy_node": __version__, "protocol": 1, "toploc": _version("toploc"),
+                            "transformers": _version("transformers"), "sglang": _version("sglang")},
+               "worker_name": settings.worker_name or platform.node(), "worker_id": uuid.uuid4().hex},
+        on_state=lambda **values: hub.set_state(hub_component, **values),
+        # A server this miner launched samples deterministically (sglang with the flag, or the
+        # reference server); one the operator runs (--serve-url) may not, so it is not claimed.
+        features=OUR_FEATURES | {FEATURE_SEEDED} if setup.launch is not None else OUR_FEATURES,
+    )
 
 
 def _sglang_installed() -> bool:
