@@ -22,9 +22,9 @@ closed: when the node closed it after stopping the group, or when the kernel clo
 the node died. On end-of-file the watcher sends SIGTERM to the group, waits up to the grace for
 the rest of it to go, then sends SIGKILL to the group, itself included.
 
-What it costs: one small sleeping process per model server (a fork of an interpreter that
-imported nothing but `os`, `signal` and `sys`). On a normal stop the supervisor's SIGTERM to the
-group ends the watcher along with the server.
+What it costs: one small sleeping process per model server (a fork of a bare interpreter that
+loaded only this module). On a normal stop the supervisor's SIGTERM to the group ends the
+watcher along with the server.
 
 What escapes: a process that leaves the group (setsid), and everything if the watcher itself
 is killed first. The supervisor's run record (`engy_node.miner.sglang.leftovers`) finds those

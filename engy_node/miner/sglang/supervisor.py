@@ -496,7 +496,8 @@ class ModelServerSupervisor:
             try:
                 record = await trio.to_thread.run_sync(read_record, path)
             except RecordError as error:
-                log.warning("the model server record %s %s; it names nothing to stop, so it is replaced", path, error)
+                log.warning("the model server record %s is unusable (%s); nothing is stopped on its word, and it is "
+                            "removed", path, error)
                 await trio.to_thread.run_sync(remove_record, path)
                 return
             if record is None:

@@ -453,3 +453,18 @@ async def _answers(http: httpx.AsyncClient, base_url: str) -> bool:
         return (await http.get(base_url + "/health", timeout=2)).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+async def test_an_unreadable_record_is_reported_and_replaced_without_stopping_anything(tmp_path):
+    spec = scripted_spec(tmp_path, "serve")
+    record_path = tmp_path / "run" / "model_server.json"
+    record_path.parent.mkdir()
+    record_path.write_text('{"pid": 1, "start_time": "yesterday"}')
+    hub = WatchedHub()
+    supervisor = ModelServerSupervisor(spec, hub, settings=FAST, record_path=record_path)
+    with logged("engy.model_server", "is unusable") as reported, trio.fail_after(TEST_DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(supervisor.run)
+            assert "start_time must be a positive number" in reported.message
+            assert read_record(record_path).pid == model_server(hub)["pid"]
+            nursery.cancel_scope.cancel()
