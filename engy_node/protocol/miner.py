@@ -16,8 +16,9 @@ then `ProtocolError` names the field (`hello.capacity.max_inflight`) and the rea
 caller logs and sends back as the close reason. `to_wire()` always writes exact types.
 
 Trust: a frame from the network is attacker-controlled. Parsing never raises anything but
-`ProtocolError` (property-tested on arbitrary input), and size limits are the transport's job
-(the caller sets the websocket's maximum message size).
+`ProtocolError` (property-tested on arbitrary input). Size is the transport's to limit, before a
+frame is assembled, let alone parsed: the gateway's miner endpoint refuses a frame larger than
+`MAX_FRAME_BYTES`, derived below from the largest frame a miner can honestly send.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
+
+from engy_node.models import CATALOG, ModelSpec
 
 PROTOCOL_VERSION = 1
 
@@ -68,6 +71,37 @@ CLOSE_REASON_MAX_BYTES = 123
 def close_reason(text: str) -> str:
     """`text` cut to what a websocket close frame can carry."""
     return text.encode(errors="replace")[:CLOSE_REASON_MAX_BYTES].decode(errors="ignore")
+
+
+# The largest frame a miner sends honestly is a `response` at the catalog's limits: its commitment
+# holds the prompt's token ids (up to max_input_tokens) and the output's (up to
+# max_output_tokens), each a JSON integer and a separator; one base64 proof of 2 + 2·topk bytes
+# per decode_batching_size output tokens; and the answer's text, which stays under
+# ANSWER_BYTES_PER_TOKEN per output token even JSON-escaped (a token is about 4 characters; the
+# longest are runs of tens of spaces or dashes, and an escaped non-ASCII character takes 6-12
+# bytes). The frame limit is the largest model's bound with half again as margin, in whole MiB:
+# 7 MiB for Qwen3.6-35B-A3B (229,376 + 32,768 token ids at 8 bytes, 1,024 proofs of 348 bytes,
+# 2 MiB of text: 4.4 MiB, times 1.5). Every other frame (hello, heartbeat, chunk) is a few KiB.
+TOKEN_ID_BYTES = 8
+"""A token id in a JSON list: up to 6 digits (the catalog's vocabularies have fewer than 10**6
+entries) and the ", " Python's json module puts between items."""
+ANSWER_BYTES_PER_TOKEN = 64
+FRAME_ENVELOPE_BYTES = 16 * 1024
+"""Keys, ids, model_root, usage, finish_reason and an error string around the lists and text."""
+FRAME_MARGIN = 1.5
+
+
+def largest_response_bytes(spec: ModelSpec) -> int:
+    """An upper bound on the size of an honest `response` frame for a request at `spec`'s limits."""
+    proof_bytes = 4 * math.ceil((2 + 2 * spec.proof.topk) / 3) + 3  # base64, quotes and ","
+    proofs = math.ceil(spec.max_output_tokens / spec.proof.decode_batching_size) * proof_bytes
+    token_ids = (spec.max_input_tokens + spec.max_output_tokens) * TOKEN_ID_BYTES
+    return token_ids + proofs + spec.max_output_tokens * ANSWER_BYTES_PER_TOKEN + FRAME_ENVELOPE_BYTES
+
+
+_MIB = 1024 * 1024
+MAX_FRAME_BYTES = math.ceil(max(largest_response_bytes(spec) for spec in CATALOG.values()) * FRAME_MARGIN / _MIB) * _MIB
+"""The largest frame the gateway reads from a miner; a larger one closes that leg with 1009."""
 
 
 _MISSING: Any = object()
