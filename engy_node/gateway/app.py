@@ -2,22 +2,119 @@
 
 The two chat routes are `relay.ChatEndpoint`s over one `lifecycle.Gateway`; the other buyer
 routes (models, token counting, health) are small handlers here.
+
+Every answer the buyer API gives has a JSON error body in the dialect of the route asked for:
+Anthropic's shape under `/v1/messages` (and `/v1/messages/…`), OpenAI's everywhere else
+(`api_for_path`). That holds for the answers no handler writes: an unknown route (404) or method
+(405) through the router's exception handlers, a failure of the gateway's own (500) through the
+same or `BuyerApp`'s guard around the chat routes, and a request hypercorn refuses before any
+app runs (an oversized head, 431, or an unparsable one, 400) through `hypercorn_edges` with
+`protocol_error_body`. A chat or count_tokens body not declared `application/json` is refused
+before it is read (415 in OpenAI's dialect, 400 in Anthropic's; each API module says why).
 """
 
 from __future__ import annotations
 
+import logging
+import uuid
+
 import trio
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route, Router, WebSocketRoute
+from starlette.routing import Route, WebSocketRoute
 
 from engy_node.asgi import Receive, Send
 from engy_node.gateway import anthropic_api, openai_api
 from engy_node.gateway.chat import GatewayError
 from engy_node.gateway.lifecycle import Gateway
 from engy_node.gateway.pool import MinerPool
-from engy_node.gateway.relay import ANTHROPIC, OPENAI, ChatEndpoint
+from engy_node.gateway.relay import ANTHROPIC, OPENAI, Api, ChatEndpoint
+from engy_node.gateway.workers import LISTEN_BACKLOG
+from engy_node.hypercorn_edges import EdgeConfig
+from engy_node.protocol.miner import MAX_FRAME_BYTES
+
+log = logging.getLogger("engy.gateway")
+
+MAX_HEADER_BYTES = 16 * 1024
+"""The largest request head (request line and headers) a listener buffers while the rest of it
+is still to come: hypercorn's default, far above what SDKs send (well under 1 KiB). h11 measures
+a head only while it is incomplete, so one that arrives whole in one read (hypercorn reads
+64 KiB at a time) may be larger; one that does not is answered 431."""
+
+ROUTES = ("POST /v1/chat/completions", "POST /v1/messages", "POST /v1/messages/count_tokens", "GET /v1/models",
+          "GET /v1/models/{model}", "GET /health")
+"""What the buyer API serves, as a 404 lists it."""
+
+_UNSUPPORTED_CONTENT_TYPE = {OPENAI.name: openai_api.unsupported_content_type,
+                             ANTHROPIC.name: anthropic_api.unsupported_content_type}
+
+
+def api_for_path(path: str) -> Api:
+    """The dialect an error on `path` is written in: Anthropic's for its routes, else OpenAI's."""
+    return ANTHROPIC if path == "/v1/messages" or path.startswith("/v1/messages/") else OPENAI
+
+
+def is_json(content_type: str | None) -> bool:
+    """Whether a `Content-Type` declares JSON: `application/json`, with or without parameters."""
+    return (content_type or "").split(";", 1)[0].strip().lower() == "application/json"
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def protocol_error_body(status: int, path: str | None) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The answer to a request hypercorn refused before the app saw it (`EdgeConfig`), in the
+    dialect of its path (OpenAI's when even the request line could not be read)."""
+    if status == 431:
+        err = GatewayError("request_too_large", f"the request's headers exceed {MAX_HEADER_BYTES} bytes; send fewer or "
+                           "smaller headers (an oversized cookie or token is the usual cause)")
+    else:
+        err = GatewayError("invalid_request", f"the request is not valid HTTP/1.1 (the server's parser answered {status}); "
+                           "check the request line and headers your client sends")
+    response = api_for_path(path or "").error_response(err, _new_id())
+    return response.raw_headers, bytes(response.body)
+
+
+def hypercorn_config(bind: str | None) -> EdgeConfig:
+    """The settings every gateway listener runs with (miner endpoint, buyer API, provider API)."""
+    config = EdgeConfig(protocol_error_body=protocol_error_body)
+    if bind is not None:
+        config.bind = [bind]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("engy.gateway.http")
+    config.graceful_timeout = 5.0
+    config.backlog = LISTEN_BACKLOG
+    config.h11_max_incomplete_size = MAX_HEADER_BYTES
+    config.websocket_max_message_size = MAX_FRAME_BYTES
+    return config
+
+
+async def route_error(request: Request, exc: Exception) -> Response:
+    """The router's 404 and 405 (an `HTTPException`), and any other failure as a 500, in the
+    dialect of the path asked for."""
+    path, method = request.url.path, request.method
+    headers: dict[str, str] = {}
+    if isinstance(exc, HTTPException) and exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        err = GatewayError("method_not_allowed", f"{method} is not allowed on {path}; use {allowed}")
+        headers["allow"] = allowed
+    elif isinstance(exc, HTTPException) and exc.status_code == 404:
+        err = GatewayError("not_found", f"Invalid URL ({method} {path}); this gateway serves {', '.join(ROUTES)}")
+    elif isinstance(exc, HTTPException):
+        err = GatewayError("invalid_request", f"{exc.detail} ({method} {path})")
+    else:
+        err = GatewayError("api_error", "the gateway failed on this request; retry it, and report the request id if it "
+                           "fails again")
+    response = api_for_path(path).error_response(err, _new_id())
+    response.headers.update(headers)
+    return response
+
+
+_ERROR_HANDLERS = {HTTPException: route_error, Exception: route_error}
 
 
 class Handlers:
@@ -30,6 +127,9 @@ class Handlers:
         gateway = self.gateway
         request_id = gateway.new_id()
         try:
+            content_type = request.headers.get("content-type")
+            if not is_json(content_type):
+                raise anthropic_api.unsupported_content_type(content_type)
             await gateway.authenticate(ANTHROPIC.api_key(request.headers))
             chat = anthropic_api.parse_count_tokens_request(await gateway.read_body(request.receive), known_models=set(gateway.models),
                                                             max_output_tokens_for=gateway.max_output_tokens_for)
@@ -52,21 +152,46 @@ class Handlers:
         return JSONResponse({"status": "ok", "miners": len(self.gateway.pool.legs)})
 
 
-
 class BuyerApp:
     """The buyer API. The two chat routes, nearly all of its traffic, are dispatched on their
     exact path; everything else (and anything else sent to those paths) goes through Starlette's
-    router, which tries each route's pattern in turn."""
+    router, which tries each route's pattern in turn.
 
-    def __init__(self, chat: dict[str, ChatEndpoint], router: Router) -> None:
+    A chat request whose body is not declared JSON is refused before it is read, and one whose
+    handler fails unexpectedly before answering gets a JSON 500 (the failure is logged)."""
+
+    def __init__(self, chat: dict[str, ChatEndpoint], router: Starlette) -> None:
         self.chat = chat
         self.router = router
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and (endpoint := self.chat.get(scope["path"])) is not None:
-            await endpoint(scope, receive, send)
+            await self._chat(endpoint, scope, receive, send)
         else:
             await self.router(scope, receive, send)
+
+    async def _chat(self, endpoint: ChatEndpoint, scope: dict, receive: Receive, send: Send) -> None:
+        api = endpoint.api
+        content_type = Headers(scope=scope).get("content-type")
+        if not is_json(content_type):
+            err = _UNSUPPORTED_CONTENT_TYPE[api.name](content_type)
+            await api.error_response(err, endpoint.gateway.new_id())(scope, receive, send)
+            return
+        answered = False
+
+        async def send_watched(message) -> None:
+            nonlocal answered
+            answered = True
+            await send(message)
+
+        try:
+            await endpoint(scope, receive, send_watched)
+        except Exception:  # broad on purpose: a bug must still get the buyer a JSON answer, and a log
+            log.exception("the %s chat route failed", api.name)
+            if not answered:
+                err = GatewayError("api_error", "the gateway failed on this request; retry it, and report the request id "
+                                   "if it fails again")
+                await api.error_response(err, endpoint.gateway.new_id())(scope, receive, send)
 
 
 def build_buyer_app(handlers: Handlers) -> BuyerApp:
@@ -78,7 +203,7 @@ def build_buyer_app(handlers: Handlers) -> BuyerApp:
         Route("/v1/models/{name:path}", handlers.model, methods=["GET"]),
         Route("/health", handlers.health, methods=["GET"]),
     ]
-    return BuyerApp(chat, Router(routes=routes))
+    return BuyerApp(chat, Starlette(routes=routes, exception_handlers=_ERROR_HANDLERS))
 
 
 def build_miner_app(pool: MinerPool, *, workers: int = 1) -> Starlette:
@@ -86,5 +211,4 @@ def build_miner_app(pool: MinerPool, *, workers: int = 1) -> Starlette:
         return JSONResponse({"workers": workers})
 
     return Starlette(routes=[Route("/gw/meta", meta, methods=["GET"]), WebSocketRoute("/gw", pool.endpoint),
-                             WebSocketRoute("/gw/{worker:int}", pool.endpoint)])
-
+                             WebSocketRoute("/gw/{worker:int}", pool.endpoint)], exception_handlers=_ERROR_HANDLERS)

@@ -9,7 +9,9 @@ Each leg tracks its advertised capacity (a heartbeat that carries `capacity` upd
 requests in flight on it, counted here: a miner's own `inflight` report is not trusted (the public
 miner always says 0). Frames are parsed liberally (`protocol.miner`); one that still cannot be read
 closes that leg with the field and the reason, logged and sent as the close reason (the miner
-re-dials), and fails its in-flight requests, never the others. A leg without a heartbeat for `stale_after_s` stops receiving new
+re-dials), and fails its in-flight requests, never the others; so does a frame over the miner
+endpoint's size limit, refused by the server before it is read (close code 1009, the reason
+naming the limit). A leg without a heartbeat for `stale_after_s` stops receiving new
 requests and is closed. A repeat hello with the same (identity, worker_name) supersedes the old
 connection.
 
@@ -39,6 +41,11 @@ from engy_node.protocol.miner import (
 )
 
 log = logging.getLogger("engy.gateway.pool")
+
+FRAME_TOO_BIG = 1009
+"""The close code of a frame over the listener's size limit: the server refuses it before it is
+assembled (`hypercorn_edges`), closes with this code and a reason naming the limit, and tells
+the endpoint with a disconnect carrying both."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -145,8 +152,11 @@ class MinerPool:
             log.info("miner connection dropped: no hello within %.0f s", self.settings.hello_timeout_s)
             await _close(websocket, 1008, "no hello in time")
             return
-        except WebSocketDisconnect:
-            log.info("miner connection closed before its hello")
+        except WebSocketDisconnect as gone:
+            if gone.code == FRAME_TOO_BIG:
+                log.warning("refused a miner's hello: %s", gone.reason)
+            else:
+                log.info("miner connection closed before its hello")
             return
         if not isinstance(hello, Hello):
             await self._deny(websocket, "the first frame must be hello")
@@ -212,7 +222,9 @@ class MinerPool:
         while True:
             try:
                 text = await websocket.receive_text()
-            except WebSocketDisconnect:
+            except WebSocketDisconnect as gone:
+                if gone.code == FRAME_TOO_BIG:
+                    log.warning("closing leg %s of %s: refused a frame, %s", leg.leg_id[:8], leg.identity.miner, gone.reason)
                 return
             try:
                 frame = parse_miner_frame(text)

@@ -34,13 +34,13 @@ import trio
 from engy_node.config import Config, checkpoint_pairs, comma_list
 from engy_node.asgi import serve_listener, start_listener
 from engy_node.errors import ConfigError
-from engy_node.gateway.app import Handlers, build_buyer_app, build_miner_app
+from engy_node.gateway.app import Handlers, build_buyer_app, build_miner_app, hypercorn_config
 from engy_node.gateway.lifecycle import Gateway, GatewaySettings
 from engy_node.gateway.pool import MinerPool, PoolSettings
 from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.store import Store, StoreError
 from engy_node.gateway.trust_plane import TrustPlane
-from engy_node.gateway.workers import LISTEN_BACKLOG, MinerListener, Seat, SharedSockets, run_worker_process
+from engy_node.gateway.workers import MinerListener, Seat, SharedSockets, run_worker_process
 from engy_node.hub import Hub
 from engy_node.served_model import ServedModel, load_served_model
 from engy_node.models import get_model
@@ -135,8 +135,6 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
                         task_status=trio.TASK_STATUS_IGNORED) -> None:
     """One gateway process: on its own ports, or as worker `seat.index` of several (listening
     for buyers on `buyer_socket`, which it then owns, or on a socket of its own)."""
-    from hypercorn.config import Config as HypercornConfig
-
     settings = config.gateway
     first = seat is None or seat.index == 0
     models = await trio.to_thread.run_sync(load_models, config)
@@ -164,17 +162,6 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
                                                                 hub=hub, link_token=link_token))
     else:
         trust = TrustPlane.other_process(config, store=store, link_token=link_token)
-
-    def hypercorn_config(bind: str | None) -> HypercornConfig:
-        hc = HypercornConfig()
-        if bind is not None:
-            hc.bind = [bind]
-        hc.accesslog = None
-        hc.errorlog = logging.getLogger("engy.gateway.http")
-        hc.graceful_timeout = 5.0
-        hc.backlog = LISTEN_BACKLOG
-        hc.websocket_max_message_size = 256 * 1024 * 1024
-        return hc
 
     # The HTTP servers run in a scope of their own, shielded from the node's cancellation: on
     # the way out the miners are told to re-dial while their legs are still open, and only then

@@ -1,0 +1,209 @@
+"""The buyer API's edges (issue 12): nothing a buyer sends is silently ignored, and every answer,
+down to the ones hypercorn writes before the app runs, has a JSON body in the dialect of the
+route asked for (Anthropic's under /v1/messages, OpenAI's elsewhere).
+
+Real hypercorn with the gateway's listener settings, the real store, the official SDKs where a
+client would use them, and raw HTTP where no SDK would send such a request. None of these
+requests gets as far as a miner, so the gateway runs without one.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import anthropic
+import httpx
+import openai
+import orjson
+import pytest
+import trio
+
+from engy_node.config import load_config
+from engy_node.gateway.app import MAX_HEADER_BYTES
+from engy_node.gateway.role import run_gateway, store_path
+from engy_node.gateway.store import Store
+from engy_node.hub import Hub
+
+MODEL = "smollm2-135m"
+MAX_BODY_BYTES = 64 * 1024
+OPENAI_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+ANTHROPIC_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+COUNT_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+class Edges:
+    def __init__(self, urls, store: Store) -> None:
+        self.urls = urls
+        self.store = store
+        self.base = urls.buyer_url
+        _, self.key = store.create_buyer(f"buyer-{uuid.uuid4().hex[:6]}")
+
+    def openai(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=self.key, max_retries=0, timeout=60)
+
+    def anthropic(self) -> anthropic.Anthropic:
+        return anthropic.Anthropic(base_url=self.base, api_key=self.key, max_retries=0, timeout=60)
+
+
+@pytest.fixture
+async def edges(nursery, tmp_path, checkpoint):
+    env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
+    config = load_config(home=tmp_path, env=env, overrides={"gateway": {
+        "port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "max_body_bytes": MAX_BODY_BYTES}})
+    urls = await nursery.start(run_gateway, config, Hub())
+    store = Store.open(store_path(config))
+    yield Edges(urls, store)
+    store.close()
+
+
+@pytest.fixture
+async def http():
+    async with httpx.AsyncClient(timeout=60) as client:
+        yield client
+
+
+def assert_openai_error(response: httpx.Response, status: int, kind: str) -> dict:
+    assert response.status_code == status and response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["type"] == kind
+    assert body["request_id"] == response.headers["x-request-id"]
+    return body["error"]
+
+
+def assert_anthropic_error(response: httpx.Response, status: int, kind: str) -> dict:
+    assert response.status_code == status and response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert body["type"] == "error" and set(body["error"]) == {"type", "message"} and body["error"]["type"] == kind
+    assert body["request_id"] == response.headers["request-id"]
+    return body["error"]
+
+
+# ---- parameters ----------------------------------------------------------------------------
+
+
+async def test_openai_parameters_the_gateway_cannot_honour_are_refused_through_the_sdk(edges):
+    client = edges.openai()
+    for extra, param in (({"logprobs": True}, "logprobs"), ({"logprobs": True, "top_logprobs": 3}, "logprobs"),
+                         ({"response_format": {"type": "json_object"}}, "response_format"),
+                         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+                          "response_format"),
+                         ({"n": 2}, "n"), ({"extra_body": {"response_format": {"type": "yaml"}}}, "response_format.type"),
+                         ({"extra_body": {"top_k": 5}}, "top_k")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await trio.to_thread.run_sync(lambda: client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8, **extra))
+        assert refused.value.param == param and refused.value.type == "invalid_request_error"
+        assert refused.value.response.headers["x-should-retry"] == "false"
+    assert "Unrecognized request argument supplied: top_k" in refused.value.message
+
+
+async def test_anthropic_parameters_the_gateway_cannot_honour_are_refused_through_the_sdk(edges):
+    client = edges.anthropic()
+    for extra, says in (({"extra_body": {"top_k": 5}}, "top_k: is not supported"),
+                        ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+                         "output_config.format: is not supported"),
+                        ({"extra_body": {"logprobs": True}}, "logprobs: Extra inputs are not permitted")):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            await trio.to_thread.run_sync(lambda: client.messages.create(
+                model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}], **extra))
+        assert refused.value.body["error"]["type"] == "invalid_request_error" and says in refused.value.message
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        await trio.to_thread.run_sync(lambda: client.messages.count_tokens(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], extra_body={"max_tokens": 8}))
+    assert "max_tokens: Extra inputs are not permitted" in refused.value.message
+
+
+# ---- content type --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+async def test_a_body_not_sent_as_json_is_refused_in_each_apis_shape(edges, http, content_type):
+    headers = {"authorization": f"Bearer {edges.key}"} | ({"content-type": content_type} if content_type else {})
+    response = await http.post(edges.base + "/v1/chat/completions", content=orjson.dumps(OPENAI_BODY), headers=headers)
+    error = assert_openai_error(response, 415, "invalid_request_error")
+    assert error["code"] == "unsupported_content_type" and "application/json" in error["message"]
+    for path, body in (("/v1/messages", ANTHROPIC_BODY), ("/v1/messages/count_tokens", COUNT_BODY)):
+        response = await http.post(edges.base + path, content=orjson.dumps(body), headers=headers)
+        error = assert_anthropic_error(response, 400, "invalid_request_error")
+        assert error["message"].startswith("content-type: must be application/json")
+
+
+async def test_json_with_a_charset_is_json(edges, http):
+    headers = {"authorization": f"Bearer {edges.key}", "content-type": "Application/JSON; charset=utf-8"}
+    response = await http.post(edges.base + "/v1/messages/count_tokens", content=orjson.dumps(COUNT_BODY), headers=headers)
+    assert response.status_code == 200 and response.json()["input_tokens"] > 0
+
+
+# ---- answers no handler writes ---------------------------------------------------------------
+
+
+async def test_an_unknown_route_is_a_json_404_that_lists_the_routes(edges, http):
+    error = assert_openai_error(await http.post(edges.base + "/v1/chat/completion", json=OPENAI_BODY), 404, "not_found_error")
+    assert error["message"].startswith("Invalid URL (POST /v1/chat/completion)") and "POST /v1/chat/completions" in error["message"]
+    error = assert_anthropic_error(await http.post(edges.base + "/v1/messages/batches", json=ANTHROPIC_BODY), 404,
+                                   "not_found_error")
+    assert "POST /v1/messages/count_tokens" in error["message"]
+    with pytest.raises(openai.NotFoundError) as missing:
+        await trio.to_thread.run_sync(lambda: edges.openai().embeddings.create(model=MODEL, input="hi"))
+    assert "Invalid URL (POST /v1/embeddings)" in missing.value.message
+
+
+async def test_a_wrong_method_is_a_json_405_naming_the_right_one(edges, http):
+    response = await http.get(edges.base + "/v1/chat/completions")
+    error = assert_openai_error(response, 405, "invalid_request_error")
+    assert response.headers["allow"] == "POST" and error["message"] == "GET is not allowed on /v1/chat/completions; use POST"
+    assert_openai_error(await http.post(edges.base + "/v1/models"), 405, "invalid_request_error")
+    assert_anthropic_error(await http.delete(edges.base + "/v1/messages"), 405, "invalid_request_error")
+
+
+async def test_a_body_over_the_limit_is_a_json_413_in_each_apis_shape(edges, http):
+    headers = {"authorization": f"Bearer {edges.key}"}
+    huge = [{"role": "user", "content": "x" * MAX_BODY_BYTES}]
+    error = assert_openai_error(await http.post(edges.base + "/v1/chat/completions", json={**OPENAI_BODY, "messages": huge},
+                                                headers=headers), 413, "invalid_request_error")
+    assert str(MAX_BODY_BYTES) in error["message"]
+    for path, body in (("/v1/messages", ANTHROPIC_BODY), ("/v1/messages/count_tokens", COUNT_BODY)):
+        assert_anthropic_error(await http.post(edges.base + path, json={**body, "messages": huge}, headers=headers), 413,
+                               "request_too_large")
+
+
+async def raw_exchange(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send `request` as it is on a new connection; the answer, read until the server closes."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(request)
+        received = b""
+        with trio.fail_after(10):
+            while chunk := await stream.receive_some():
+                received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in header_lines)}
+    return int(status_line.split(" ")[1]), headers, body
+
+
+@pytest.mark.parametrize(("path", "shape"), [("/v1/chat/completions", "openai"), ("/v1/messages", "anthropic")])
+async def test_headers_over_the_limit_are_a_json_431_in_the_paths_dialect(edges, path, shape):
+    # h11 measures a head only while it is incomplete, so it must be larger than one read of the
+    # server's (64 KiB) to be refused for certain.
+    request = (f"POST {path} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+               f"cookie: {'c' * 100_000}\r\ncontent-length: 2\r\n\r\n{{}}").encode()
+    status, headers, body = await raw_exchange(edges.base, request)
+    assert status == 431 and headers["content-type"] == "application/json" and int(headers["content-length"]) == len(body)
+    error = orjson.loads(body)["error"]
+    assert f"exceed {MAX_HEADER_BYTES} bytes" in error["message"]
+    assert error["type"] == ("invalid_request_error" if shape == "openai" else "request_too_large")
+    assert ("param" in error) == (shape == "openai")
+
+
+async def test_a_request_the_server_cannot_parse_is_a_json_400(edges):
+    status, headers, body = await raw_exchange(edges.base, b"POST /v1/chat/completions HTTP/1.1\r\nhost gateway\r\n\r\n")
+    assert status == 400 and headers["content-type"] == "application/json"
+    assert orjson.loads(body)["error"]["type"] == "invalid_request_error"
+
+
+async def test_the_miner_endpoint_answers_an_unknown_route_in_json(edges, http):
+    response = await http.get(edges.urls.miner_url.replace("ws://", "http://").removesuffix("/gw") + "/gw/nothing")
+    assert_openai_error(response, 404, "not_found_error")

@@ -1,0 +1,98 @@
+"""hypercorn_edges: the upstream code it replaces is the code it was written against, a server
+with an `EdgeConfig` answers what h11 refuses with the body it is given, and a server without one
+still answers as hypercorn does (the classes are installed process-wide).
+
+The gateway's own answers (JSON in each API's dialect, the miner endpoint's frame limit) are
+tested end to end in tests/engy_node/gateway/test_edges.py and test_pool.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+
+import hypercorn.protocol
+import hypercorn.protocol.h2
+import hypercorn.protocol.h11
+import hypercorn.protocol.ws_stream
+import pytest
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+from starlette.applications import Starlette
+
+from engy_node.hypercorn_edges import EdgeConfig, EdgeH11Protocol, EdgeWSStream, frame_refusal, request_path
+
+UPSTREAM = {
+    # The loop EdgeWSStream._handle_events copies, and the constructor that sets what it uses.
+    "ws_stream.WSStream._handle_events": (hypercorn.protocol.ws_stream.WSStream._handle_events, "b90f3f595ff9fd47"),
+    "ws_stream.WSStream.__init__": (hypercorn.protocol.ws_stream.WSStream.__init__, "3534d3ebe8f7a1a4"),
+    # The method EdgeH11Protocol replaces, and its one caller (which passes h11's status hint).
+    "h11.H11Protocol._send_error_response": (hypercorn.protocol.h11.H11Protocol._send_error_response, "58c2b47ae295d000"),
+    "h11.H11Protocol._handle_events": (hypercorn.protocol.h11.H11Protocol._handle_events, "bd4a76b2837e8722"),
+    # Where the module globals `install` sets are looked up.
+    "ProtocolWrapper.__init__": (hypercorn.protocol.ProtocolWrapper.__init__, "df25e181b9e2e64d"),
+    "h11.H11Protocol._create_stream": (hypercorn.protocol.h11.H11Protocol._create_stream, "a2338a57ab343908"),
+    "h2.H2Protocol._create_stream": (hypercorn.protocol.h2.H2Protocol._create_stream, "91eb123ddf247ede"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UPSTREAM))
+def test_the_upstream_code_is_the_code_these_classes_were_written_against(name):
+    """If this fails, hypercorn changed: re-read the method, update hypercorn_edges to match, then
+    the digest."""
+    method, digest = UPSTREAM[name]
+    assert hashlib.sha256(inspect.getsource(method).encode()).hexdigest()[:16] == digest
+
+
+def test_creating_an_edge_config_installs_the_classes_where_hypercorn_looks_them_up():
+    EdgeConfig(protocol_error_body=lambda status, path: ([], b""))
+    assert hypercorn.protocol.H11Protocol is EdgeH11Protocol
+    assert hypercorn.protocol.h11.WSStream is EdgeWSStream and hypercorn.protocol.h2.WSStream is EdgeWSStream
+
+
+@pytest.mark.parametrize(("head", "path"), [
+    (b"POST /v1/messages?beta=true HTTP/1.1\r\nhost: x\r\ncookie: ccc", "/v1/messages"),
+    (b"GET /health HTTP/1.1\n", "/health"),
+    (b"POST /v1/chat/completions HTTP/1.1", "/v1/chat/completions"),
+    (b"POST /v1/chat/comp", None),
+    (b"POST * HTTP/1.1\r\n", None),
+    (b"", None),
+    (b"\xff\xfe garbage \x00", None),
+])
+def test_the_request_path_is_read_from_the_request_line_or_is_none(head, path):
+    assert request_path(head) == path
+
+
+def test_the_close_reason_names_the_limit_and_fits_a_close_frame():
+    assert frame_refusal(7 * 1024 * 1024) == "frame exceeds 7340032 bytes"
+    assert len(frame_refusal(2**63).encode()) <= 123
+
+
+async def answer_to_oversized_head(nursery, config: Config) -> bytes:
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    url = (await nursery.start(serve, Starlette(), config))[0]  # no route: the head never reaches the app
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncookie: " + b"c" * 100_000 + b"\r\n\r\n")
+        received = b""
+        with trio.fail_after(10):
+            while chunk := await stream.receive_some():
+                received += chunk
+    return received
+
+
+async def test_an_edge_server_answers_a_refused_head_with_its_body_and_a_plain_one_as_hypercorn_does(nursery):
+    seen = []
+
+    def body(status, path):
+        seen.append((status, path))
+        return [(b"content-type", b"application/json"), (b"content-length", b"2")], b"{}"
+
+    edge = await answer_to_oversized_head(nursery, EdgeConfig(protocol_error_body=body))
+    assert edge.startswith(b"HTTP/1.1 431 ") and b"content-type: application/json" in edge and edge.endswith(b"\r\n\r\n{}")
+    assert seen == [(431, "/v1/messages")]
+    plain = await answer_to_oversized_head(nursery, Config())
+    assert plain.startswith(b"HTTP/1.1 431 ") and b"content-length: 0" in plain and plain.endswith(b"\r\n\r\n")
