@@ -3,12 +3,12 @@
 The two chat routes are `relay.ChatEndpoint`s over one `lifecycle.Gateway`; the other buyer
 routes (models, token counting, health) are small handlers here.
 
-Every answer the buyer API gives has a JSON error body in the dialect of the route asked for:
+Every error the buyer API answers has a JSON body in the dialect of the route asked for:
 Anthropic's shape under `/v1/messages` (and `/v1/messages/…`), OpenAI's everywhere else
-(`api_for_path`). That holds for the answers no handler writes: an unknown route (404) or method
-(405) through the router's exception handlers, a failure of the gateway's own (500) through the
-same or `BuyerApp`'s guard around the chat routes, and a request hypercorn refuses before any
-app runs (an oversized head, 431, or an unparsable one, 400) through `hypercorn_edges` with
+(`api_for_path`). The chat routes write their own (`relay.ChatEndpoint`); the answers no handler
+writes are made so here: an unknown route (404), a wrong method (405) and a handler's failure
+(500) by the routers' exception handlers, and a request hypercorn refuses before any app runs
+(an oversized head, 431, or an unparsable one, 400) by `hypercorn_edges` with
 `protocol_error_body`. A chat or count_tokens body not declared `application/json` is refused
 before it is read (415 in OpenAI's dialect, 400 in Anthropic's; each API module says why).
 """
@@ -35,8 +35,6 @@ from engy_node.gateway.relay import ANTHROPIC, OPENAI, Api, ChatEndpoint
 from engy_node.gateway.workers import LISTEN_BACKLOG
 from engy_node.hypercorn_edges import EdgeConfig
 from engy_node.protocol.miner import MAX_FRAME_BYTES
-
-log = logging.getLogger("engy.gateway")
 
 MAX_HEADER_BYTES = 16 * 1024
 """The largest request head (request line and headers) a listener buffers while the rest of it
@@ -114,7 +112,8 @@ async def route_error(request: Request, exc: Exception) -> Response:
     return response
 
 
-_ERROR_HANDLERS = {HTTPException: route_error, Exception: route_error}
+ERROR_HANDLERS = {HTTPException: route_error, Exception: route_error}
+"""Starlette's `exception_handlers` for every router here."""
 
 
 class Handlers:
@@ -157,8 +156,7 @@ class BuyerApp:
     exact path; everything else (and anything else sent to those paths) goes through Starlette's
     router, which tries each route's pattern in turn.
 
-    A chat request whose body is not declared JSON is refused before it is read, and one whose
-    handler fails unexpectedly before answering gets a JSON 500 (the failure is logged)."""
+    A chat request whose body is not declared JSON is refused before it is read."""
 
     def __init__(self, chat: dict[str, ChatEndpoint], router: Starlette) -> None:
         self.chat = chat
@@ -171,27 +169,12 @@ class BuyerApp:
             await self.router(scope, receive, send)
 
     async def _chat(self, endpoint: ChatEndpoint, scope: dict, receive: Receive, send: Send) -> None:
-        api = endpoint.api
         content_type = Headers(scope=scope).get("content-type")
-        if not is_json(content_type):
-            err = _UNSUPPORTED_CONTENT_TYPE[api.name](content_type)
-            await api.error_response(err, endpoint.gateway.new_id())(scope, receive, send)
+        if is_json(content_type):
+            await endpoint(scope, receive, send)
             return
-        answered = False
-
-        async def send_watched(message) -> None:
-            nonlocal answered
-            answered = True
-            await send(message)
-
-        try:
-            await endpoint(scope, receive, send_watched)
-        except Exception:  # broad on purpose: a bug must still get the buyer a JSON answer, and a log
-            log.exception("the %s chat route failed", api.name)
-            if not answered:
-                err = GatewayError("api_error", "the gateway failed on this request; retry it, and report the request id "
-                                   "if it fails again")
-                await api.error_response(err, endpoint.gateway.new_id())(scope, receive, send)
+        api = endpoint.api
+        await api.error_response(_UNSUPPORTED_CONTENT_TYPE[api.name](content_type), endpoint.gateway.new_id())(scope, receive, send)
 
 
 def build_buyer_app(handlers: Handlers) -> BuyerApp:
@@ -203,7 +186,7 @@ def build_buyer_app(handlers: Handlers) -> BuyerApp:
         Route("/v1/models/{name:path}", handlers.model, methods=["GET"]),
         Route("/health", handlers.health, methods=["GET"]),
     ]
-    return BuyerApp(chat, Starlette(routes=routes, exception_handlers=_ERROR_HANDLERS))
+    return BuyerApp(chat, Starlette(routes=routes, exception_handlers=ERROR_HANDLERS))
 
 
 def build_miner_app(pool: MinerPool, *, workers: int = 1) -> Starlette:
@@ -211,4 +194,4 @@ def build_miner_app(pool: MinerPool, *, workers: int = 1) -> Starlette:
         return JSONResponse({"workers": workers})
 
     return Starlette(routes=[Route("/gw/meta", meta, methods=["GET"]), WebSocketRoute("/gw", pool.endpoint),
-                             WebSocketRoute("/gw/{worker:int}", pool.endpoint)], exception_handlers=_ERROR_HANDLERS)
+                             WebSocketRoute("/gw/{worker:int}", pool.endpoint)], exception_handlers=ERROR_HANDLERS)

@@ -18,17 +18,20 @@ import openai
 import orjson
 import pytest
 import trio
+from hypercorn.trio import serve
+from starlette.applications import Starlette
+from starlette.routing import Route
 
 from engy_node.config import load_config
-from engy_node.gateway.app import MAX_HEADER_BYTES
+from engy_node.gateway.app import ERROR_HANDLERS, MAX_HEADER_BYTES, hypercorn_config
 from engy_node.gateway.role import run_gateway, store_path
 from engy_node.gateway.store import Store
 from engy_node.hub import Hub
 
 MODEL = "smollm2-135m"
 MAX_BODY_BYTES = 64 * 1024
-OPENAI_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
-ANTHROPIC_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+CHAT_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+"""Valid for both chat routes."""
 COUNT_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -120,10 +123,10 @@ async def test_anthropic_parameters_the_gateway_cannot_honour_are_refused_throug
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
 async def test_a_body_not_sent_as_json_is_refused_in_each_apis_shape(edges, http, content_type):
     headers = {"authorization": f"Bearer {edges.key}"} | ({"content-type": content_type} if content_type else {})
-    response = await http.post(edges.base + "/v1/chat/completions", content=orjson.dumps(OPENAI_BODY), headers=headers)
+    response = await http.post(edges.base + "/v1/chat/completions", content=orjson.dumps(CHAT_BODY), headers=headers)
     error = assert_openai_error(response, 415, "invalid_request_error")
     assert error["code"] == "unsupported_content_type" and "application/json" in error["message"]
-    for path, body in (("/v1/messages", ANTHROPIC_BODY), ("/v1/messages/count_tokens", COUNT_BODY)):
+    for path, body in (("/v1/messages", CHAT_BODY), ("/v1/messages/count_tokens", COUNT_BODY)):
         response = await http.post(edges.base + path, content=orjson.dumps(body), headers=headers)
         error = assert_anthropic_error(response, 400, "invalid_request_error")
         assert error["message"].startswith("content-type: must be application/json")
@@ -139,9 +142,9 @@ async def test_json_with_a_charset_is_json(edges, http):
 
 
 async def test_an_unknown_route_is_a_json_404_that_lists_the_routes(edges, http):
-    error = assert_openai_error(await http.post(edges.base + "/v1/chat/completion", json=OPENAI_BODY), 404, "not_found_error")
+    error = assert_openai_error(await http.post(edges.base + "/v1/chat/completion", json=CHAT_BODY), 404, "not_found_error")
     assert error["message"].startswith("Invalid URL (POST /v1/chat/completion)") and "POST /v1/chat/completions" in error["message"]
-    error = assert_anthropic_error(await http.post(edges.base + "/v1/messages/batches", json=ANTHROPIC_BODY), 404,
+    error = assert_anthropic_error(await http.post(edges.base + "/v1/messages/batches", json=CHAT_BODY), 404,
                                    "not_found_error")
     assert "POST /v1/messages/count_tokens" in error["message"]
     with pytest.raises(openai.NotFoundError) as missing:
@@ -160,10 +163,10 @@ async def test_a_wrong_method_is_a_json_405_naming_the_right_one(edges, http):
 async def test_a_body_over_the_limit_is_a_json_413_in_each_apis_shape(edges, http):
     headers = {"authorization": f"Bearer {edges.key}"}
     huge = [{"role": "user", "content": "x" * MAX_BODY_BYTES}]
-    error = assert_openai_error(await http.post(edges.base + "/v1/chat/completions", json={**OPENAI_BODY, "messages": huge},
+    error = assert_openai_error(await http.post(edges.base + "/v1/chat/completions", json={**CHAT_BODY, "messages": huge},
                                                 headers=headers), 413, "invalid_request_error")
     assert str(MAX_BODY_BYTES) in error["message"]
-    for path, body in (("/v1/messages", ANTHROPIC_BODY), ("/v1/messages/count_tokens", COUNT_BODY)):
+    for path, body in (("/v1/messages", CHAT_BODY), ("/v1/messages/count_tokens", COUNT_BODY)):
         assert_anthropic_error(await http.post(edges.base + path, json={**body, "messages": huge}, headers=headers), 413,
                                "request_too_large")
 
@@ -202,6 +205,19 @@ async def test_a_request_the_server_cannot_parse_is_a_json_400(edges):
     status, headers, body = await raw_exchange(edges.base, b"POST /v1/chat/completions HTTP/1.1\r\nhost gateway\r\n\r\n")
     assert status == 400 and headers["content-type"] == "application/json"
     assert orjson.loads(body)["error"]["type"] == "invalid_request_error"
+
+
+async def test_a_handler_that_fails_is_a_json_500_in_the_routes_dialect(nursery, http, caplog):
+    async def broken(request):
+        raise RuntimeError("a bug")
+
+    router = Starlette(routes=[Route("/v1/models", broken), Route("/v1/messages/count_tokens", broken, methods=["POST"])],
+                       exception_handlers=ERROR_HANDLERS)
+    url = (await nursery.start(serve, router, hypercorn_config("127.0.0.1:0")))[0]
+    error = assert_openai_error(await http.get(url + "/v1/models"), 500, "api_error")
+    assert "retry it" in error["message"]
+    assert_anthropic_error(await http.post(url + "/v1/messages/count_tokens", json=COUNT_BODY), 500, "api_error")
+    assert "RuntimeError: a bug" in caplog.text
 
 
 async def test_the_miner_endpoint_answers_an_unknown_route_in_json(edges, http):
