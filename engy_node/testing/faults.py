@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import errno
 import os
 import sqlite3
 import subprocess
@@ -204,17 +205,16 @@ def check_books(path: str | os.PathLike[str], *, open_holds_allowed: bool = Fals
     return books
 
 
-def hold_state(path: str | os.PathLike[str], request_id: str) -> tuple[int, int, int] | None:
-    """(held, charged, released) for `request_id`'s hold, or None when it has none."""
+def account_row(path: str | os.PathLike[str], account_id: int) -> AccountRow:
+    """One account's cached balance, read without writing (a `Store` cannot even open a store
+    on a full or read-only disk: opening checks the schema in a write transaction)."""
     conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, timeout=10.0)
     try:
-        hold = conn.execute("SELECT id, amount FROM ledger WHERE kind = 'hold' AND request_id = ?", (request_id,)).fetchone()
-        if hold is None:
-            return None
-        closed = dict(conn.execute("SELECT kind, amount FROM ledger WHERE hold_id = ?", (hold[0],)).fetchall())
+        row = conn.execute("SELECT id, available, held, credited, charged FROM accounts WHERE id = ?", (account_id,)).fetchone()
     finally:
         conn.close()
-    return hold[1], closed.get("settle", 0), closed.get("release", 0)
+    assert row is not None, f"no account {account_id} in {path}"
+    return AccountRow(*row)
 
 
 # ---- processes -------------------------------------------------------------------------------------
@@ -429,27 +429,20 @@ class LoopFilesystem:
 
     def fill(self) -> int:
         """Write a ballast file until the disk refuses (ENOSPC); returns its size in bytes."""
-        ballast = self.mount_point / BALLAST_NAME
-        block = b"\0" * (1024 * 1024)
         written = 0
-        with ballast.open("ab") as out:
-            for _ in range(self.size_mib * 2):
-                try:
-                    written += out.write(block)
-                    out.flush()
-                    os.fsync(out.fileno())
-                except OSError:
-                    break
-            # Whatever partial block is left, byte by byte: a disk with any room left is not full.
-            for size in (65536, 4096, 512, 1):
-                while True:
+        fd = os.open(self.mount_point / BALLAST_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            # Large blocks first, then ever smaller ones: a disk with any room left is not full.
+            for size in (1024 * 1024, 65536, 4096, 512, 1):
+                block = b"\0" * size
+                for _ in range(self.size_mib * 1024 * 1024 // size + 1):
                     try:
-                        out.write(b"\0" * size)
-                        out.flush()
-                        os.fsync(out.fileno())
-                        written += size
+                        written += os.write(fd, block)
+                        os.fsync(fd)
                     except OSError:
                         break
+        finally:
+            os.close(fd)
         return written
 
     def drain(self) -> None:
@@ -466,7 +459,15 @@ class LoopFilesystem:
         trigger.write_text(reason + "\n")
 
     def read_only(self) -> bool:
-        return os.statvfs(self.mount_point).f_flag & os.ST_RDONLY != 0
+        """Whether the disk refuses writes as read-only (EROFS). Asked by writing, not by
+        `statvfs`: ext4's emergency read-only state is not a mount flag on every kernel."""
+        probe = self.mount_point / ".write-probe"
+        try:
+            probe.write_bytes(b"probe")
+        except OSError as error:
+            return error.errno == errno.EROFS
+        probe.unlink()
+        return False
 
     def repair(self) -> None:
         """Unmount, check and fix the filesystem (e2fsck, as an operator would) and mount it again.
