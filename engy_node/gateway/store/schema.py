@@ -10,8 +10,8 @@ that do not balance, triggers refuse any update or delete of a ledger row (or of
 epoch, which was signed and may be on chain), and unique indexes allow one hold per request and
 one closure (settle row plus release row) per hold.
 
-Errors. A corrupt, foreign, newer-schema, locked or unwritable file raises `StoreError` naming
-the file and the fix (`explain`); an SQLite error that is none of these is a bug in our SQL and
+Errors. A corrupt, foreign, newer-schema, locked or unwritable file, or a full or failed disk,
+raises `StoreError` naming the file and the fix (`explain`); an SQLite error that is none of these is a bug in our SQL and
 propagates as itself.
 """
 
@@ -163,7 +163,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 # Primary SQLite result codes (the low byte of extended codes such as SQLITE_BUSY_SNAPSHOT).
 _LOCKED_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 _CORRUPT_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
-_UNWRITABLE_CODES = {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_PERM}
+_UNWRITABLE_CODES = {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM}
 
 
 class StoreError(EngyError):
@@ -185,6 +185,11 @@ def explain(path: Path, error: sqlite3.Error) -> StoreError | None:
         )
     if primary == sqlite3.SQLITE_FULL:
         return StoreError(f"the disk holding {path} is full; free space and retry (the failed write was rolled back)")
+    if primary == sqlite3.SQLITE_IOERR:
+        # What a disk that failed under an open file looks like (ext4 remounted read-only after an
+        # error, a vanished network volume): permissions were fine when the file was opened.
+        return StoreError(f"cannot read or write {path} ({error}): the disk failed or turned read-only; check the kernel log "
+                          "(dmesg) and the filesystem, repair it, then restart (the failed write was rolled back)")
     if primary in _UNWRITABLE_CODES:
         return StoreError(f"cannot use {path} ({error}); check that its directory exists and is writable by this user")
     return None
