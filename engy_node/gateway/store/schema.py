@@ -11,8 +11,8 @@ epoch, which was signed and may be on chain), and unique indexes allow one hold 
 one closure (settle row plus release row) per hold.
 
 Errors. A corrupt, foreign, newer-schema, locked or unwritable file, or a full or failed disk,
-raises `StoreError` naming the file and the fix (`explain`); an SQLite error that is none of these is a bug in our SQL and
-propagates as itself.
+raises `StoreError` naming the file and the fix (`explain`); an SQLite error that is none of
+these is a bug in our SQL and propagates as itself.
 """
 
 from __future__ import annotations
