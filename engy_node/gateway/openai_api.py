@@ -160,8 +160,8 @@ FIELDS: dict[str, FieldRule] = {
     "modalities": Refused("is not supported beyond [\"text\"]: the models served here write text only; omit it",
                           allows=equals(["text"])),
     "audio": Refused("is not supported: the models served here write text only; omit it"),
-    "verbosity": Refused("is not supported: the served models write as long an answer as they write; limit it with "
-                         "max_completion_tokens or ask in the messages"),
+    "verbosity": Refused("is not supported: the served models cannot be told how much to write; bound the answer "
+                         "with max_completion_tokens, or ask in the messages"),
     "reasoning_effort": Refused("is not supported: the served models reason as their chat template makes them; omit it"),
     "functions": Refused("is deprecated and not supported; send the functions as tools"),
     "function_call": Refused("is deprecated and not supported; send tools and tool_choice"),
