@@ -164,8 +164,10 @@ async def test_a_request_in_flight_when_the_miner_stops_finishes_and_one_routed_
     await harness.wait_for(lambda: 0 in harness.legs, timeout=120)
     leg = harness.legs[0]
     server_pid = miner.server_pid
-    running = await harness.serve(request("Tell me a story about a dragon.", max_tokens=48), stream=True)
-    await harness.wait_for(lambda: harness.requests[running].chunks, timeout=60)
+    # Short, so that it ends well within the drain even on a loaded CPU (a 48-token answer has
+    # taken 90 s on a shared 2-core test machine), yet still runs when the late serve arrives.
+    running = await harness.serve(request("Tell me a story about a dragon.", max_tokens=8), stream=True)
+    await harness.wait_for(lambda: harness.requests[running].chunks, timeout=120)
 
     miner.stop()
     await harness.wait_for(lambda: capacity_zero_announced(leg), timeout=10)
@@ -205,7 +207,7 @@ async def test_past_the_deadline_a_request_is_aborted_on_the_running_model_serve
     leg = harness.legs[0]
     server_pid = miner.server_pid
     corr_id = await harness.serve(request("Tell me a very long story about a dragon.", max_tokens=1500), stream=True)
-    await harness.wait_for(lambda: harness.requests[corr_id].chunks, timeout=60)
+    await harness.wait_for(lambda: harness.requests[corr_id].chunks, timeout=120)
 
     miner.stop()
     record = await harness.result(corr_id, timeout=30)
