@@ -130,21 +130,16 @@ class GatewaySection:
     gateway tokenises every request itself). The embedded model needs none."""
     max_body_bytes: int = 8 * 1024 * 1024
     """Largest buyer request body; a 200k-token conversation is well under 2 MB of JSON."""
+    body_timeout_s: float = 60.0
+    """Longest a buyer's request body may take to arrive (408 after): a client trickling it holds
+    a connection no longer than this."""
     keepalive_s: float = 15.0
     """Streams with nothing to send get a keepalive this often (SSE comment / Anthropic ping)."""
     first_byte_wait_s: float = 15.0
     """How long a stream waits for the miner's first output before committing the response
     (status 200, keepalives). Until then a failed miner is retried and errors keep their status."""
-    body_timeout_s: float = 60.0
-    """Longest a buyer's request body may take to arrive (408 after): a client trickling it holds
-    a connection no longer than this."""
     max_attempts: int = 2
     """Miners tried per request while no byte has reached the buyer."""
-    stale_after_s: float = 90.0
-    proof_tee_ttl_s: float = 3600.0
-    """Audit jobs (proof material, RAM only) not judged within this long are dropped."""
-    proof_tee_max_entries: int = 20_000
-    """Audit jobs kept at most; the oldest go first."""
     queue_wait_s: float = 5.0
     """When no eligible miner has room, how long a request waits for one (fair across buyers)
     before 503/529 with Retry-After; 0 answers at once."""
@@ -153,6 +148,13 @@ class GatewaySection:
     drain_s: float = 60.0
     """On SIGTERM, how long requests in flight may run to their end while no new ones are taken;
     then the rest end with an error in the API's format. Fits systemd's default 90 s stop."""
+    stale_after_s: float = 90.0
+    """A miner leg with no heartbeat for this long gets no new requests and is closed (SPEC §4:
+    three missed 30 s beats)."""
+    proof_tee_ttl_s: float = 3600.0
+    """Audit jobs (proof material, RAM only) not judged within this long are dropped."""
+    proof_tee_max_entries: int = 20_000
+    """Audit jobs kept at most; the oldest go first."""
     no_capacity_retry_after_s: int = 5
     """Retry-After sent with 503/529 when no miner has a free slot."""
     workers: int = 1
@@ -495,6 +497,10 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"gateway.workers = {gateway.workers}: must be 1..{MAX_GATEWAY_WORKERS} (about one per core)")
     if gateway.max_attempts < 1:
         raise ConfigError("gateway.max_attempts must be at least 1")
+    if gateway.queue_wait_s < 0 or gateway.queue_max < 0:
+        raise ConfigError("gateway.queue_wait_s and gateway.queue_max must be 0 (no waiting room) or more")
+    if gateway.body_timeout_s <= 0 or gateway.drain_s < 0:
+        raise ConfigError("gateway.body_timeout_s must be positive and gateway.drain_s 0 or more")
     if not 0 <= gateway.provider_port <= 65535:
         raise ConfigError(f"gateway.provider_port = {gateway.provider_port}: must be 0..65535 (0 picks a free port)")
     if not 0.0 <= gateway.audit_paid_pct <= 100.0:
@@ -503,10 +509,6 @@ def _validate(config: Config) -> None:
         raise ConfigError("gateway.traffic_time_scale must be positive (1 is production timing)")
     if gateway.qualify_probes < 1 or gateway.probe_concurrency < 1 or gateway.probe_max_tokens < 0:
         raise ConfigError("gateway.qualify_probes and probe_concurrency must be at least 1, probe_max_tokens 0 or more")
-    if gateway.queue_wait_s < 0 or gateway.queue_max < 0:
-        raise ConfigError("gateway.queue_wait_s and gateway.queue_max must be 0 (no waiting room) or more")
-    if gateway.body_timeout_s <= 0 or gateway.drain_s < 0:
-        raise ConfigError("gateway.body_timeout_s must be positive and gateway.drain_s 0 or more")
     if gateway.audit_lease_s <= 0 or gateway.proof_tee_ttl_s <= 0 or gateway.proof_tee_max_entries < 1:
         raise ConfigError("gateway.audit_lease_s, proof_tee_ttl_s and proof_tee_max_entries must be positive")
     if gateway.epoch_s < 1 or gateway.epoch_grace_s < 0 or gateway.epoch_genesis < 0 or gateway.gate_min_samples < 0:
