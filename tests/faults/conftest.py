@@ -156,3 +156,21 @@ def gate_by_content(gates: dict[str, Gate]):
     def gate_for(frame) -> Gate | None:
         return gates.get(frame.request.messages[-1].content)
     return gate_for
+
+
+@pytest.fixture(scope="session")
+def shared_gateway(tmp_path_factory):
+    """One gateway process for the faults that leave it standing (stalling miners, miners and
+    model servers killed): started once, stopped at the end with every process of its home gone."""
+    from engy_node.testing.faults import ProcessAccount
+    from tests.faults.nodes import GatewayProcess
+
+    home = tmp_path_factory.mktemp("shared-gateway")
+    account = ProcessAccount(home)
+    gateway = GatewayProcess(home, account)
+    gateway.start()
+    yield gateway
+    assert gateway.stop() == 0, gateway.text()
+    account.note_marked()
+    assert account.alive() == [], "every process of the gateway's home has exited"
+    assert account.listening() == [], "no port the gateway used still listens"
