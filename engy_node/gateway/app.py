@@ -7,10 +7,11 @@ Every error the buyer API answers has a JSON body in the dialect of the route as
 Anthropic's shape under `/v1/messages` (and `/v1/messages/…`), OpenAI's everywhere else
 (`api_for_path`). The chat routes write their own (`relay.ChatEndpoint`); the answers no handler
 writes are made so here: an unknown route (404), a wrong method (405) and a handler's failure
-(500) by the routers' exception handlers, and a request hypercorn refuses before any app runs
-(an oversized head, 431, or an unparsable one, 400) by `hypercorn_edges` with
-`protocol_error_body`. A chat or count_tokens body not declared `application/json` is refused
-before it is read (415 in OpenAI's dialect, 400 in Anthropic's; each API module says why).
+(500) by the router's exception handlers or, on the chat routes, `BuyerApp`'s guard around them,
+and a request hypercorn refuses before any app runs (an oversized head, 431, or an unparsable
+one, 400) by `hypercorn_edges` with `protocol_error_body`. A chat or count_tokens body not
+declared `application/json` is refused before it is read (415 in OpenAI's dialect, 400 in
+Anthropic's; each API module says why).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from engy_node.gateway.workers import LISTEN_BACKLOG
 from engy_node.hypercorn_edges import EdgeConfig
 from engy_node.protocol.miner import MAX_FRAME_BYTES
 
+log = logging.getLogger("engy.gateway")
+
 MAX_HEADER_BYTES = 16 * 1024
 """The largest request head (request line and headers) a listener buffers while the rest of it
 is still to come: hypercorn's default, far above what SDKs send (well under 1 KiB). h11 measures
@@ -45,6 +48,10 @@ a head only while it is incomplete, so one that arrives whole in one read (hyper
 ROUTES = ("POST /v1/chat/completions", "POST /v1/messages", "POST /v1/messages/count_tokens", "GET /v1/models",
           "GET /v1/models/{model}", "GET /health")
 """What the buyer API serves, as a 404 lists it."""
+
+INTERNAL_ERROR = GatewayError("api_error", "the gateway failed on this request; retry it, and report the request id if "
+                              "it fails again")
+"""A 500 for a failure of the gateway's own (the log has the cause; the buyer gets the request id)."""
 
 _UNSUPPORTED_CONTENT_TYPE = {OPENAI.name: openai_api.unsupported_content_type,
                              ANTHROPIC.name: anthropic_api.unsupported_content_type}
@@ -105,8 +112,7 @@ async def route_error(request: Request, exc: Exception) -> Response:
     elif isinstance(exc, HTTPException):
         err = GatewayError("invalid_request", f"{exc.detail} ({method} {path})")
     else:
-        err = GatewayError("api_error", "the gateway failed on this request; retry it, and report the request id if it "
-                           "fails again")
+        err = INTERNAL_ERROR
     response = api_for_path(path).error_response(err, _new_id())
     response.headers.update(headers)
     return response
@@ -156,7 +162,9 @@ class BuyerApp:
     exact path; everything else (and anything else sent to those paths) goes through Starlette's
     router, which tries each route's pattern in turn.
 
-    A chat request whose body is not declared JSON is refused before it is read."""
+    A chat request whose body is not declared JSON is refused before it is read. The chat routes
+    answer the errors they expect (`GatewayError`s) themselves; anything else that escapes one
+    before it answered (a store that cannot write) is logged and answered with a JSON 500."""
 
     def __init__(self, chat: dict[str, ChatEndpoint], router: Starlette) -> None:
         self.chat = chat
@@ -169,12 +177,24 @@ class BuyerApp:
             await self.router(scope, receive, send)
 
     async def _chat(self, endpoint: ChatEndpoint, scope: dict, receive: Receive, send: Send) -> None:
-        content_type = Headers(scope=scope).get("content-type")
-        if is_json(content_type):
-            await endpoint(scope, receive, send)
-            return
         api = endpoint.api
-        await api.error_response(_UNSUPPORTED_CONTENT_TYPE[api.name](content_type), endpoint.gateway.new_id())(scope, receive, send)
+        content_type = Headers(scope=scope).get("content-type")
+        if not is_json(content_type):
+            await api.error_response(_UNSUPPORTED_CONTENT_TYPE[api.name](content_type), endpoint.gateway.new_id())(scope, receive, send)
+            return
+        answered = False
+
+        async def send_watched(message) -> None:
+            nonlocal answered
+            answered = True
+            await send(message)
+
+        try:
+            await endpoint(scope, receive, send_watched)
+        except Exception:  # broad on purpose: whatever failed (a store that cannot write), the buyer gets a JSON 500
+            log.exception("the %s chat route failed", api.name)
+            if not answered:
+                await api.error_response(INTERNAL_ERROR, endpoint.gateway.new_id())(scope, receive, send)
 
 
 def build_buyer_app(handlers: Handlers) -> BuyerApp:

@@ -104,10 +104,6 @@ async def test_a_full_disk_fails_requests_cleanly_without_charging_and_serving_r
                    f"books: {books.holds} holds, none open")
 
 
-@pytest.mark.xfail(strict=True, reason="engy_node/gateway/app.py, BuyerApp._chat: a StoreError raised by the hold "
-                   "(lifecycle.Gateway.begin) leaves the chat route unhandled; hypercorn logs 'Error in ASGI Framework' and "
-                   "answers a bare 500 with no body, so the buyer's SDK says only 'Error code: 500' (the module docstring "
-                   "promises a JSON 500 from a guard around the chat routes)")
 async def test_a_buyer_refused_for_a_full_disk_gets_an_error_body_in_the_apis_format(nursery, gateway, disk, http, served):
     await start_synthetic_miner(nursery, store_path=gateway.store_path, miner_url=gateway.miner_url, served=served, http=http,
                                 script=lambda frame: plain_script(ANSWER))
