@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import uuid
 
-import trio
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -138,9 +137,7 @@ class Handlers:
             await gateway.authenticate(ANTHROPIC.api_key(request.headers))
             chat = anthropic_api.parse_count_tokens_request(await gateway.read_body(request.receive), known_models=set(gateway.models),
                                                             max_output_tokens_for=gateway.max_output_tokens_for)
-            model = gateway.models[chat.model]
-            ids = await trio.to_thread.run_sync(model.render_prompt, gateway.serve_request(chat, request_id))
-            return JSONResponse(anthropic_api.count_tokens_body(len(ids)))
+            return JSONResponse(anthropic_api.count_tokens_body(await gateway.count_prompt(chat, request_id)))
         except GatewayError as err:
             return ANTHROPIC.error_response(err, request_id)
 

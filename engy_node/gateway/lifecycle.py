@@ -323,10 +323,7 @@ class Gateway:
         spec = model.spec
         request_id = self.new_id()
         serve = self.serve_request(chat, request_id)
-        size = intake.prompt_size(chat)
-        floor = intake.token_floor(size, max_token_bytes=model.max_token_bytes)
-        if (refusal := intake.too_long(size, floor=floor, max_input_tokens=spec.max_input_tokens, model=chat.model)) is not None:
-            raise GatewayError("invalid_request", refusal, param="messages")
+        size, floor = self.size_up(chat, model)
         if size.chars > INLINE_TOKENIZE_MAX_CHARS:
             # Tokenising this one costs more than a balance read: an account that cannot pay
             # even for the prompt's floor is refused before the tokenizer runs.
@@ -508,6 +505,22 @@ class Gateway:
         except StoreError as error:
             # The request itself is served and billed; losing its log row must not fail it.
             log.error("request %s: could not write the request log (%s)", entry.request_id, error)
+
+    def size_up(self, chat: ChatRequest, model: ServedModel) -> tuple[intake.PromptSize, int]:
+        """The conversation's size and its token floor (`intake`); a 400 when the floor alone
+        exceeds the model's input limit, so such a prompt is never tokenised."""
+        size = intake.prompt_size(chat)
+        floor = intake.token_floor(size, max_token_bytes=model.max_token_bytes)
+        refusal = intake.too_long(size, floor=floor, max_input_tokens=model.spec.max_input_tokens, model=chat.model)
+        if refusal is not None:
+            raise GatewayError("invalid_request", refusal, param="messages")
+        return size, floor
+
+    async def count_prompt(self, chat: ChatRequest, request_id: str) -> int:
+        """The prompt's token count as `begin` would make it (Anthropic's count_tokens)."""
+        model = self.models[chat.model]
+        size, _ = self.size_up(chat, model)
+        return len(await self.render(chat, model, self.serve_request(chat, request_id), size))
 
     async def render(self, chat: ChatRequest, model: ServedModel, serve: ServeRequest, size: intake.PromptSize) -> list[int]:
         """The request's prompt ids under the model's chat template; a template that rejects the

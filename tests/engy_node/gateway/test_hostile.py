@@ -142,6 +142,18 @@ async def test_a_prompt_too_large_for_the_model_is_refused_by_its_size_without_t
     assert "the prompt is at least" in error["message"] and "accepts at most 6144" in error["message"]
 
 
+async def test_counting_a_prompt_too_large_for_the_model_is_refused_the_same_way(gateway_factory, http):
+    gateway = await gateway_factory()
+    _, key = gateway.buyer()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 3_000_000}]}
+    response = await http.post(gateway.urls.buyer_url + "/v1/messages/count_tokens", json=body, headers={"x-api-key": key})
+    assert response.status_code == 400
+    assert "the prompt is at least" in response.json()["error"]["message"]
+    small = await http.post(gateway.urls.buyer_url + "/v1/messages/count_tokens", headers={"x-api-key": key},
+                            json={"model": MODEL, "messages": QUESTION})
+    assert small.status_code == 200 and small.json()["input_tokens"] > 5
+
+
 async def test_an_account_that_cannot_pay_is_refused_before_its_large_prompt_is_tokenised(gateway_factory, http):
     gateway = await gateway_factory()
     _, key = gateway.buyer(micro_usd=0)
