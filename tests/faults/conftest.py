@@ -15,11 +15,12 @@ import pytest
 import trio
 
 from engy_node.gateway.store import Store
-from engy_node.miner.link import Identity, LinkSettings
+from engy_node.miner.link import GatewayLink, Identity, LinkSettings
 from engy_node.models import SMOLLM2_135M
 from engy_node.served_model import ServedModel, load_served_model
 from engy_node.testing.faults import GatedHandler, Gate
 from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
+from tests.waiting import Changes
 
 MODEL = SMOLLM2_135M.id
 FAST = LinkSettings(heartbeat_s=5, backoff_base_s=0.05, backoff_cap_s=0.2, reconnect_delay_s=0.05)
@@ -67,16 +68,33 @@ def register_miner(store_path, name: str, *, hotkey: str | None = None) -> str:
     return key
 
 
+@dataclasses.dataclass
+class SyntheticMiner:
+    """A synthetic miner on the real link in this process: its handler (the gates, what it served)
+    and its link (its legs)."""
+
+    handler: GatedHandler
+    link: GatewayLink
+    legs: Changes
+
+    async def wait_legs(self, count: int, *, timeout_s: float = 30.0) -> None:
+        """Until `count` legs are admitted (one per gateway worker)."""
+        await self.legs.wait_for(lambda: sum(self.link.legs_up.values()) >= count, timeout_s=timeout_s,
+                                 what=f"{count} leg(s) admitted")
+
+
 async def start_synthetic_miner(nursery: trio.Nursery, *, store_path, miner_url: str, served: ServedModel, http: httpx.AsyncClient,
                                 script, gate_for=lambda frame: None, name: str = "synthetic",
-                                hotkey: str | None = None) -> GatedHandler:
+                                hotkey: str | None = None) -> SyntheticMiner:
     """A synthetic miner on the real link, its answers passed through the gates `gate_for` gives."""
     key = register_miner(store_path, name, hotkey=hotkey)
     handler = GatedHandler(SyntheticHandler(served, script), gate_for)
     link = synthetic_link(gateway_url=miner_url, model=served, identity=Identity(miner_key=key), handler=handler, http=http,
                           settings=FAST, worker_name=name)
+    legs = Changes()
+    link.on_state = legs.notify
     await nursery.start(link.run)
-    return handler
+    return SyntheticMiner(handler, link, legs)
 
 
 def words(count: int) -> str:

@@ -57,7 +57,7 @@ async def test_a_miner_stalling_after_its_first_chunk_keeps_the_buyer_alive_and_
         with trio.fail_after(30):
             await stalled.cancelled.wait()
 
-    hold = billing.worst_case_hold(price=SMOLLM2_135M.price, prompt_tokens=len(served.render_prompt(miner.served[0].request)),
+    hold = billing.worst_case_hold(price=SMOLLM2_135M.price, prompt_tokens=len(served.render_prompt(miner.handler.served[0].request)),
                                    max_tokens=MAX_TOKENS)
 
     def settled() -> bool:
