@@ -32,7 +32,7 @@ ratio hostile/normal, with the CPU the gateway, this client, the miner and every
 machine used in each (a shared machine's other work shows there) and the gateway's peak RSS.
 Then what each hostile kind got back: its statuses (or "closed" / "reset": the server hung up
 without answering) and the time to that answer, and the requests still unanswered when the
-phase ended. Last, the machine, date, commit, and the ERROR records in the gateway's log.
+phase ended. Last, the machine, date, commit, and the gateway log's warnings and errors.
 Qualification is off (the one miner is the bench's own), so no probes run beside the load.
 Everything binds 127.0.0.1; every process started here is stopped here.
 """
@@ -531,23 +531,35 @@ def wait_for_ready(gateway: subprocess.Popen, log_path: Path) -> re.Match:
     return match
 
 
-LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (\w+) ")
+LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (\w+) +([\w.]+): ")
 EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Group): ")
+VARYING = re.compile(r"\b[0-9a-f]{8,}\b|\d+(\.\d+)?")
+NOTABLE_LEVELS = ("WARNING", "ERROR", "CRITICAL")
+REQUEST_FAILED = re.compile(r"^request \w+ \(\w+\) failed: (\w+)")
 
 
-def error_records(log_text: str) -> collections.Counter:
-    """The log's ERROR records, counted by the exception each ends with (its last exception
-    line: the one a chained traceback was raised with), or by their message when none."""
-    errors: collections.Counter = collections.Counter()
+def notable_records(log_text: str) -> collections.Counter:
+    """The log's warnings and errors, counted by what they say with ids and numbers masked; an
+    error with a traceback by the exception it ends with (the one a chained traceback was raised
+    with). Two info records are counted too: requests that failed, by kind, and the miner's
+    admissions (more than one: its link dropped and it dialled in again, cutting its streams)."""
+    records: collections.Counter = collections.Counter()
     current: str | None = None
-    for line in [*log_text.splitlines(), "0000-00-00 00:00:00,0 END "]:
+    for line in [*log_text.splitlines(), "0000-00-00 00:00:00,0 END end: "]:
         if (record := LOG_RECORD.match(line)) is not None:
             if current is not None:
-                errors[current] += 1
-            current = line[record.end():].strip() if record.group(1) == "ERROR" else None
-        elif current is not None and EXCEPTION_LINE.match(line):
-            current = line.strip()
-    return errors
+                records[current] += 1
+            level, message = record.group(1), line[record.end():].strip()
+            current = None
+            if level in NOTABLE_LEVELS:
+                current = f"{level} {record.group(2)}: {VARYING.sub('N', message)}"
+            elif record.group(2) == "engy.gateway.pool" and message.startswith("admitted "):
+                current = "INFO engy.gateway.pool: admitted the miner"
+            elif record.group(2) == "engy.gateway" and (failed := REQUEST_FAILED.match(message)) is not None:
+                current = f"INFO engy.gateway: a request failed: {failed.group(1)}"
+        elif current is not None and current.startswith("ERROR") and EXCEPTION_LINE.match(line):
+            current = f"ERROR {line.strip()}"
+    return records
 
 
 def print_report(result: dict, counts: dict[str, int], args) -> None:
@@ -562,8 +574,8 @@ def print_report(result: dict, counts: dict[str, int], args) -> None:
     dirty = f" + {info['engy_node_files_changed']} changed files under engy_node/" if info["engy_node_files_changed"] else ""
     print(f"\nMachine: {info['cores']} cores, {info['cpu']}; load average before the run {load}; "
           f"{info['date']}; commit {info['commit']}{dirty}")
-    errors = result["gateway_log_errors"]
-    print(f"Gateway log: {sum(errors.values())} ERROR records" + "".join(f"\n  {count} × {text}" for text, count in errors.items()))
+    print("Gateway log (warnings, errors, failed requests by kind, miner admissions):" + "".join(
+        f"\n  {count} × {text}" for text, count in sorted(result["gateway_log"].items())))
 
 
 def main() -> None:
@@ -617,7 +629,7 @@ def main() -> None:
                 if process is not None:
                     process.send_signal(signal.SIGTERM)
                     process.wait(30)
-        result["gateway_log_errors"] = dict(error_records(log_path.read_text()))
+        result["gateway_log"] = dict(notable_records(log_path.read_text()))
     result["machine"] = info
     print(json.dumps(result, indent=2))
     print_report(result, counts, args)
