@@ -205,6 +205,29 @@ def check_books(path: str | os.PathLike[str], *, open_holds_allowed: bool = Fals
     return books
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class HoldRow:
+    request_id: str
+    amount: int
+    charged: int | None
+    """None while the hold is open."""
+    released: int | None
+
+
+def holds_of(path: str | os.PathLike[str], account_id: int) -> list[HoldRow]:
+    """Every hold of one account, oldest first, with how each was closed."""
+    conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, timeout=10.0)
+    try:
+        rows = conn.execute(
+            "SELECT h.request_id, h.amount, "
+            "(SELECT amount FROM ledger s WHERE s.hold_id = h.id AND s.kind = 'settle'), "
+            "(SELECT amount FROM ledger r WHERE r.hold_id = h.id AND r.kind = 'release') "
+            "FROM ledger h WHERE h.kind = 'hold' AND h.account_id = ? ORDER BY h.id", (account_id,)).fetchall()
+    finally:
+        conn.close()
+    return [HoldRow(*row) for row in rows]
+
+
 def account_row(path: str | os.PathLike[str], account_id: int) -> AccountRow:
     """One account's cached balance, read without writing (a `Store` cannot even open a store
     on a full or read-only disk: opening checks the schema in a write transaction)."""

@@ -132,3 +132,25 @@ class GatewayProcess(NodeProcess):
         ready = self.wait_for(READY, what="the gateway ready")
         assert (ready.group(1), ready.group(2)) == (self.buyer_url, self.miner_url), ready.group(0)
         self.account.note(self.pid)
+
+
+MODEL_SERVER_READY = re.compile(r"model server ready on (http://\S+) \(pid (\d+)\)")
+
+
+class MinerProcess(NodeProcess):
+    """`engy-node --role miner` in CPU mode: it launches and supervises the reference model server
+    (a child of its own, on a lifeline) and dials the gateway with `miner_key`."""
+
+    def __init__(self, home: Path, account: ProcessAccount, *, gateway_url: str, miner_key: str) -> None:
+        super().__init__(home, ["--role", "miner", "--gateway", gateway_url], {"MINER_KEY": miner_key}, account, name="miner")
+
+    def start(self) -> None:
+        super().start()
+        self.wait_for(r"leg \S+ admitted", what="the miner admitted by the gateway")
+        self.account.note(self.pid)
+
+    def model_server_pid(self) -> int:
+        """The pid of the model server the miner reported ready last."""
+        matches = MODEL_SERVER_READY.findall(self.text())
+        assert matches, "the miner has not reported its model server ready"
+        return int(matches[-1][1])
