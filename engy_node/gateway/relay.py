@@ -154,7 +154,11 @@ class ChatEndpoint:
                     else:
                         await self._complete(flight, send)
         except GatewayError as err:
-            if err.kind not in ("authentication", "invalid_request", "not_found", "request_too_large"):
+            # What a buyer sent wrong is the buyer's to read in the answer: logging each one would
+            # let a client flood the log with refusals as cheap as a 402.
+            if err.kind in BUYER_CAUSED:
+                log.debug("request %s (%s) refused: %s (%s)", request_id, api.name, err.kind, err)
+            else:
                 log.info("request %s (%s) failed: %s (%s)", request_id, api.name, err.kind, err)
             await api.error_response(err, request_id)(scope, receive, send)
 
@@ -325,6 +329,9 @@ class ChatEndpoint:
         relayed = await trio.to_thread.run_sync(gateway.count_tokens, flight.model, flight.relayed_text)
         await gateway.settle(flight, status=status, completion_claim=None, relayed_tokens=relayed)
 
+
+BUYER_CAUSED = frozenset({"authentication", "invalid_request", "not_found", "request_too_large", "billing", "request_timeout",
+                          "method_not_allowed", "unsupported_media_type"})
 
 SSE_HEADERS = ((b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"))
 
