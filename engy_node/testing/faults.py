@@ -30,7 +30,7 @@ import errno
 import os
 import sqlite3
 import subprocess
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psutil
@@ -138,8 +138,6 @@ def books_problems(accounts: Sequence[AccountRow], ledger: Sequence[LedgerRow], 
     for request_id, count in holds_per_request.items():
         if count > 1:
             problems.append(f"request {request_id} has {count} holds")
-    charges_per_request: collections.Counter[str | None] = collections.Counter()
-    charge_of: dict[str | None, int] = {}
     for hold_id, hold in holds.items():
         rows = closures.get(hold_id, [])
         if not rows:
@@ -153,10 +151,13 @@ def books_problems(accounts: Sequence[AccountRow], ledger: Sequence[LedgerRow], 
         for row in rows:
             if (row.account_id, row.request_id) != (hold.account_id, hold.request_id):
                 problems.append(f"ledger row {row.row_id} closes hold {hold_id} for another account or request")
-        charged = sum(row.amount for row in rows if row.kind == "settle")
-        if charged > 0:
-            charges_per_request[hold.request_id] += 1
-            charge_of[hold.request_id] = charged
+    charges_per_request: collections.Counter[str | None] = collections.Counter()
+    charge_of: dict[str | None, int] = {}
+    for row in ledger:
+        # Counted per settle row, not per hold: a hold settled twice is a request charged twice.
+        if row.kind == "settle" and row.amount > 0:
+            charges_per_request[row.request_id] += 1
+            charge_of[row.request_id] = charge_of.get(row.request_id, 0) + row.amount
     for request_id, count in charges_per_request.items():
         if count > 1:
             problems.append(f"request {request_id} was charged {count} times")
@@ -519,13 +520,3 @@ def _loop_device(mount_point: Path) -> str:
         if os.path.realpath(partition.mountpoint) == target:
             return partition.device
     raise FaultUnavailable(f"mounted {mount_point} but cannot find its device")
-
-
-def free_bytes(path: str | os.PathLike[str]) -> int:
-    stats = os.statvfs(path)
-    return stats.f_bavail * stats.f_frsize
-
-
-def first_line(lines: Iterable[str], *fragments: str) -> str | None:
-    """The first line that contains every fragment, or None."""
-    return next((line for line in lines if all(fragment in line for fragment in fragments)), None)
