@@ -4,8 +4,8 @@ reads wall time: the epoch publisher and the sweep of holds no live request can 
 Request deadlines, first-byte waits and time to first token are measured on the monotonic clock,
 which a wall-clock step does not move; what uses wall time is the store's timestamps, the epoch
 schedule and the orphaned-hold sweep. Each is run in this process with its clock injected (the
-publisher's `wall`, the store's `clock`) and trio's autojump clock for its sleeps, so a step of a
-year costs nothing.
+publisher's `wall`, the store's `clock`) and trio's clock under the test's control for their
+sleeps, so a step of a year costs nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import trio
 
 from engy_node.gateway import role
 from engy_node.gateway.epochs import MAX_CATCH_UP_EPOCHS, EpochClock
-from engy_node.gateway.publisher import EpochPublisher
+from engy_node.gateway.publisher import MAX_SLEEP_S, EpochPublisher
 from engy_node.gateway.settlement import GateMinimums
 from engy_node.gateway.store import RequestLogEntry, Store
 from engy_node.hub import Hub
@@ -27,18 +27,18 @@ from tests.waiting import wait_until_async
 
 GENESIS = 1_000_000
 EPOCH = EpochClock(genesis=GENESIS, epoch_s=60, grace_s=10)
-STEP_WAIT_S = 600.0
-"""Trio time (free under the autojump clock) a test lets the publisher run after a step: many
-times its longest sleep, so whatever it would do, it has done."""
 
 
 class Wall:
-    """A wall clock the test steps."""
+    """A wall clock the test steps; it counts its reads, which is how the test knows the
+    publisher has looked at the time since the last step."""
 
     def __init__(self, now: float) -> None:
         self.now = now
+        self.reads = 0
 
     def __call__(self) -> float:
+        self.reads += 1
         return self.now
 
 
@@ -50,30 +50,41 @@ def serve(store: Store, *, at: float, request_id: str, hotkey: str) -> None:
         cached_tokens=0, cost_micro=10, ttft_ms=100.0, tpot_ms=10.0, created_at=at))
 
 
-async def test_wall_clock_steps_forward_and_back_publish_each_epoch_once_and_in_order(autojump_clock, tmp_path, alice, bob):
+async def test_wall_clock_steps_forward_and_back_publish_each_epoch_once_and_in_order(mock_clock, tmp_path, alice, bob):
+    # Trio's clock runs at real speed (every wait below is bounded in real seconds) and is jumped
+    # past the publisher's sleep after each step of the wall clock, so that it looks at once.
+    mock_clock.rate = 1.0
     wall = Wall(GENESIS + 5.0)
+
+    async def step(to: float) -> None:
+        """Set the wall clock and wait until the publisher has been through its loop with it."""
+        wall.now = to
+        reads = wall.reads
+        mock_clock.jump(MAX_SLEEP_S)
+        await wait_until_async(lambda: wall.reads >= reads + 2, timeout_s=30, what="the publisher reading the stepped clock")
+
     with Store.open(tmp_path / "gateway.sqlite3") as store:
         serve(store, at=GENESIS + 5, request_id="r0", hotkey=bob.ss58_address)
         publisher = EpochPublisher(store=store, clock=EPOCH, netuid=53, master=alice, owner_hotkey=alice.ss58_address,
                                    models={SMOLLM2_135M.id: SMOLLM2_135M}, minimums=GateMinimums(1, 1, 1), hub=Hub(), wall=wall)
         async with trio.open_nursery() as nursery:
             await nursery.start(publisher.run)
-            wall.now = EPOCH.closes_at(3) + 1  # a step forward over four epoch closes
-            await wait_until_async(lambda: len(publisher.published) == 4, timeout_s=STEP_WAIT_S, what="the four closed epochs")
+            await step(EPOCH.closes_at(3) + 1)  # forward over four epoch closes
+            await wait_until_async(lambda: len(publisher.published) == 4, timeout_s=30, what="the four closed epochs")
             assert publisher.published == [0, 1, 2, 3]
             stored = {index: store.epoch_payload(index) for index in range(4)}
 
-            wall.now = GENESIS + 65  # back into epoch 1, before the close it already had
-            await trio.sleep(STEP_WAIT_S)
+            await step(GENESIS + 65)  # back into epoch 1, before the close it already had
+            await step(GENESIS + 66)
             assert publisher.published == [0, 1, 2, 3], "nothing is closed again after a step back"
             assert {index: store.epoch_payload(index) for index in range(4)} == stored
 
-            wall.now = EPOCH.closes_at(5) + 1  # forward again: on from the last one published
-            await wait_until_async(lambda: len(publisher.published) == 6, timeout_s=STEP_WAIT_S, what="epochs 4 and 5")
+            await step(EPOCH.closes_at(5) + 1)  # forward again: on from the last one published
+            await wait_until_async(lambda: len(publisher.published) == 6, timeout_s=30, what="epochs 4 and 5")
             assert publisher.published == [0, 1, 2, 3, 4, 5]
 
-            wall.now = EPOCH.closes_at(100_000) + 1  # a year or more ahead: the latest epochs, not all of them
-            await wait_until_async(lambda: len(publisher.published) == 6 + MAX_CATCH_UP_EPOCHS, timeout_s=STEP_WAIT_S,
+            await step(EPOCH.closes_at(100_000) + 1)  # a year or more ahead: the latest epochs, not all of them
+            await wait_until_async(lambda: len(publisher.published) == 6 + MAX_CATCH_UP_EPOCHS, timeout_s=60,
                                    what="the catch-up after a long step")
             assert publisher.published[6:] == list(range(100_000 - MAX_CATCH_UP_EPOCHS + 1, 100_001))
             nursery.cancel_scope.cancel()
