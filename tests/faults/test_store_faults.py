@@ -99,6 +99,7 @@ async def test_a_full_disk_fails_requests_cleanly_without_charging_and_serving_r
     books = check_books(gateway.store_path)
     after = account_row(gateway.store_path, account_id)
     assert after.charged > before.charged and after.held == 0
+    figures.record("disk full: the buyer's answer", f"{failed[0].error.status_code} {failed[0].error.message!r}")
     figures.record("disk full under a running gateway", len(failed),
                    f" requests refused cleanly (no charge, {ballast // (1024 * 1024)} MiB ballast), served again without a restart; "
                    f"books: {books.holds} holds, none open")
