@@ -763,30 +763,39 @@ EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Group): ")
 VARYING = re.compile(r"\b[0-9a-f]{8,}\b|\d+(\.\d+)?")
 NOTABLE_LEVELS = ("WARNING", "ERROR", "CRITICAL")
 REQUEST_FAILED = re.compile(r"^request \w+ \(\w+\) failed: (\w+)")
+ERROR_EXAMPLE_LINES = 60
 
 
-def notable_records(log_text: str) -> collections.Counter:
+def notable_records(log_text: str) -> tuple[collections.Counter, dict[str, list[str]]]:
     """The log's warnings and errors, counted by what they say with ids and numbers masked; an
     error with a traceback by the exception it ends with (the one a chained traceback was raised
-    with). Two info records are counted too: requests that failed, by kind, and the miner's
-    admissions (more than one: its link dropped and it dialled in again, cutting its streams)."""
+    with), and the first of each such error as logged (its first `ERROR_EXAMPLE_LINES` lines:
+    where it was raised is what a fix needs). Two info records are counted too: requests that
+    failed, by kind, and the miner's admissions (more than one: its link dropped and it dialled
+    in again, cutting its streams)."""
     records: collections.Counter = collections.Counter()
+    examples: dict[str, list[str]] = {}
     current: str | None = None
+    lines: list[str] = []
     for line in [*log_text.splitlines(), "0000-00-00 00:00:00,0 END end: "]:
         if (record := LOG_RECORD.match(line)) is not None:
             if current is not None:
                 records[current] += 1
+                if current.startswith("ERROR") and current not in examples:
+                    examples[current] = lines[:ERROR_EXAMPLE_LINES]
             level, message = record.group(1), line[record.end():].strip()
-            current = None
+            current, lines = None, [line]
             if level in NOTABLE_LEVELS:
                 current = f"{level} {record.group(2)}: {VARYING.sub('N', message)}"
             elif record.group(2) == "engy.gateway.pool" and message.startswith("admitted "):
                 current = "INFO engy.gateway.pool: admitted the miner"
             elif record.group(2) == "engy.gateway" and (failed := REQUEST_FAILED.match(message)) is not None:
                 current = f"INFO engy.gateway: a request failed: {failed.group(1)}"
-        elif current is not None and current.startswith("ERROR") and EXCEPTION_LINE.match(line):
+            continue
+        lines.append(line)
+        if current is not None and current.startswith("ERROR") and EXCEPTION_LINE.match(line):
             current = f"ERROR {line.strip()}"
-    return records
+    return records, examples
 
 
 def measure_target(target: Target, args, plan: Plan) -> dict:
@@ -831,7 +840,8 @@ def measure_target(target: Target, args, plan: Plan) -> dict:
             for process in (miner, gateway):
                 if process is not None:
                     stop(process)
-        result["gateway_log"] = dict(notable_records(log_path.read_text()))
+        records, examples = notable_records(log_path.read_text())
+        result["gateway_log"], result["gateway_log_errors"] = dict(records), examples
     return {**result, "label": target.label, "commit": target.commit, "root": str(target.root),
             "engy_node_files_changed": target.engy_node_files_changed, "load_average_before": load_before,
             "settings_left_out": sorted(set(wanted) - known)}
@@ -868,6 +878,8 @@ def print_report(results: list[dict], plan: Plan, args, info: dict) -> None:
         print(f"{result['label']}: commit {result['commit']}{dirty}, run from {result['root']}; load average before it {load}{left_out}")
         print(f"  gateway log (warnings, errors, failed requests by kind, miner admissions):" + "".join(
             f"\n    {count} × {text}" for text, count in sorted(result["gateway_log"].items())))
+        for text, lines in result["gateway_log_errors"].items():
+            print(f"  the first {text!r}, as logged:", *(f"    {line}" for line in lines), sep="\n")
 
 
 def parse_plan(args) -> Plan:
