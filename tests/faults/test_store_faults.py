@@ -145,5 +145,6 @@ async def test_a_disk_failing_read_only_fails_requests_cleanly_and_a_restart_aft
     again = await ask(gateway, key, "after the repair")
     assert again.error is None and again.text == ANSWER, f"served after the repair: {again.error!r}"
     check_books(gateway.store_path)
+    figures.record("disk read-only: the buyer's answer", f"{failed[0].error.status_code} {failed[0].error.message!r}")
     figures.record("disk failed read-only under a running gateway", len(failed),
                    f" requests refused cleanly (no charge); after e2fsck and a restart, books intact ({books.holds} holds, none open)")
