@@ -149,6 +149,12 @@ class BuyerCall:
             self.ended_at = time.monotonic()
             self.done.set()
 
+    @property
+    def told_of_a_failure(self) -> bool:
+        """The call ended with an error the buyer was given (a dropped connection, an error
+        status or event), not by running out of `CALL_TIMEOUT_S`, which is a hang."""
+        return self.error is not None and not isinstance(self.error, trio.TooSlowError)
+
     def _add(self, text: str) -> None:
         self.text += text
         self.first_text.set()

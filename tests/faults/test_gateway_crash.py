@@ -135,7 +135,7 @@ async def test_a_kill_with_requests_at_every_point_of_their_lives_refunds_each_o
         for call in calls.values():
             await call.ended()
     for content in gates:
-        assert calls[content].error is not None, f"{content}: the buyer was told the gateway failed, not sent a complete answer"
+        assert calls[content].told_of_a_failure, f"{content}: the buyer was told the gateway failed, not sent a complete answer"
 
     await gateway.start_from_trio()
     books = check_books(gateway.store_path)

@@ -94,7 +94,8 @@ async def test_a_model_server_killed_mid_stream_cuts_the_stream_in_band_and_is_r
     killed_at = trio.current_time()
     psutil.Process(server_pid).send_signal(signal.SIGKILL)
     await call.ended()
-    assert call.error is not None and call.text, "the buyer got part of the answer, then an error in the stream"
+    assert call.told_of_a_failure and call.text, "the buyer got part of the answer, then an error in the stream"
+    assert "mid-stream" in str(call.error), f"the error came in-band, from the gateway: {call.error!r}"
     charged, hold = await settled_for_what_was_relayed(shared_gateway.store_path, account_id)
     assert 0 < charged < hold, f"charged {charged} µUSD for what was relayed, not the {hold} µUSD worst case"
 
@@ -160,7 +161,8 @@ async def test_a_miner_killed_mid_stream_takes_its_model_server_with_it_and_the_
     killed_at = trio.current_time()
     miner.kill()
     await call.ended()
-    assert call.error is not None and call.text, "the buyer got part of the answer, then an error in the stream"
+    assert call.told_of_a_failure and call.text, "the buyer got part of the answer, then an error in the stream"
+    assert "mid-stream" in str(call.error), f"the error came in-band, from the gateway: {call.error!r}"
     charged, hold = await settled_for_what_was_relayed(shared_gateway.store_path, account_id)
     assert 0 < charged < hold
 

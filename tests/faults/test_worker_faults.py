@@ -92,6 +92,7 @@ async def test_a_worker_killed_mid_stream_fails_only_its_own_buyers_and_its_hold
                 gate.release()
             await ended(calls.values(), count=len(calls))
         failed = [content for content, call in calls.items() if call.error is not None]
+        assert all(calls[content].told_of_a_failure for content in failed), "cut off, not left hanging"
         assert len(failed) == on_worker_1, "exactly the dead worker's streams failed"
         for content, call in calls.items():
             if content not in failed:
