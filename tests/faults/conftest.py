@@ -1,6 +1,7 @@
-"""The fault suite's shared pieces: the embedded model's tokenizer for in-process synthetic miners,
-SDK buyers that record what reached them, and the figures each run measured (faults injected,
-requests around them, time to serve again), printed at the end of the run for
+"""The fault suite's shared pieces: synthetic miners in this process whose answers can be held at
+a chosen point, SDK buyers that record what reached them and how their call ended, one gateway
+process for the faults that leave it standing, and the figures each run measured (faults
+injected, requests around them, time to serve again), printed at the end of the run for
 docs/reliability.md."""
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from engy_node.gateway.store import Store
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
 from engy_node.models import SMOLLM2_135M
 from engy_node.served_model import ServedModel, load_served_model
-from engy_node.testing.faults import GatedHandler, Gate
+from engy_node.testing.faults import GatedHandler, Gate, ProcessAccount
 from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
+from tests.faults.nodes import GatewayProcess
 from tests.waiting import Changes
 
 MODEL = SMOLLM2_135M.id
@@ -186,9 +188,6 @@ def gate_by_content(gates: dict[str, Gate]):
 def shared_gateway(tmp_path_factory):
     """One gateway process for the faults that leave it standing (stalling miners, miners and
     model servers killed): started once, stopped at the end with every process of its home gone."""
-    from engy_node.testing.faults import ProcessAccount
-    from tests.faults.nodes import GatewayProcess
-
     home = tmp_path_factory.mktemp("shared-gateway")
     account = ProcessAccount(home)
     gateway = GatewayProcess(home, account)
