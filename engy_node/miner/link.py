@@ -341,8 +341,17 @@ class _LegSession:
             await self.connection.aclose(code=GOING_AWAY, reason=reason)
 
     async def run(self) -> str:
-        with single_failure():
-            return await self._run()
+        try:
+            with single_failure():
+                return await self._run()
+        except BaseExceptionGroup as group:
+            # The receive loop and a heartbeat can meet the closed connection in the same tick
+            # (a miner whose loop stalled while its gateway died): one lost connection, seen
+            # twice, which the leg loop must re-dial like any other.
+            lost, rest = group.split(ConnectionClosed)
+            if lost is None or (rest is not None and rest.split(trio.Cancelled)[1] is not None):
+                raise
+            raise _first_leaf(lost) from None
 
     async def _run(self) -> str:
         async with trio.open_nursery() as nursery:
@@ -416,3 +425,9 @@ class _LegSession:
         while True:
             await trio.sleep(self.link.settings.heartbeat_s)
             await self.send(self.heartbeat())
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group

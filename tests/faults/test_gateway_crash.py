@@ -227,10 +227,6 @@ async def test_a_kill_in_the_middle_of_closing_an_epoch_publishes_it_once_after_
     figures.record("gateway kill -9 mid epoch close -> epoch published after the restart", recovered_in, " s")
 
 
-@pytest.mark.xfail(strict=True, reason="engy_node/miner/link.py, _LegSession.run: when the receive loop and a heartbeat "
-                   "both hit ConnectionClosed in one scheduler tick (a miner's event loop that stalled while its gateway "
-                   "died), single_failure() cannot collapse the two-error ExceptionGroup, _leg_loop catches only a bare "
-                   "ConnectionClosed, and the group ends GatewayLink.run: the miner role stops instead of re-dialling")
 async def test_a_miner_whose_event_loop_stalls_while_its_gateway_dies_re_dials_instead_of_stopping(running, http, served):
     """Last in the module: it leaves the gateway killed (the module's teardown expects that)."""
     gateway = running
