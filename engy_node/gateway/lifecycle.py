@@ -479,8 +479,13 @@ class Gateway:
                                        relayed_completion=relayed_tokens)
         cost = 0
         if flight.hold is not None:
-            cost = billing.charge(price=flight.model.spec.price, usage=usage)
-            await self.store.run(self.store.settle, flight.hold, cost=cost)
+            settlement = await self.store.run(self.store.settle, flight.hold, cost=billing.charge(price=flight.model.spec.price,
+                                                                                                   usage=usage))
+            if not settlement.applied:
+                log.error("request %s: its hold was closed before it settled (charged %d µUSD, released %d); the answer is "
+                          "not charged again", flight.request_id, settlement.charged, settlement.released)
+            # The request log, which epochs are settled from, records what the ledger charged.
+            cost = settlement.charged
         await self.log_outcome(flight, status=status, usage=usage, cost=cost)
         return usage
 

@@ -25,7 +25,6 @@ import functools
 import logging
 import socket
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import trio
 from engy_node.config import Config, checkpoint_pairs, comma_list
 from engy_node.asgi import serve_listener, start_listener
 from engy_node.errors import ConfigError
+from engy_node.gateway import orphans
 from engy_node.gateway.app import Handlers, build_buyer_app, build_miner_app, hypercorn_config
 from engy_node.gateway.lifecycle import Gateway, GatewaySettings
 from engy_node.gateway.pool import MinerPool, PoolSettings
@@ -262,11 +262,16 @@ def _longest_request_s(models: dict[str, ServedModel], settings) -> float:
 
 async def _release_orphaned_holds(store: Store, longest_request_s: float) -> None:
     """Release holds no live request can own: a worker process that died (or a bug) left them.
-    Twice the longest request time, so a slow settle is never raced."""
+    A hold is an orphan once this loop has seen it open for twice the longest request time, so
+    a slow settle is never raced; counted on trio's clock, never the wall clock, which can step
+    (`orphans`)."""
+    first_seen: dict[int, float] = {}
     while True:
         await trio.sleep(ORPHAN_SWEEP_S)
         try:
-            await store.run(store.recover_open_holds, older_than=time.time() - 2 * longest_request_s)
+            release, first_seen = orphans.sweep(first_seen, await store.run(store.open_hold_ids), now=trio.current_time(),
+                                                max_age_s=2 * longest_request_s)
+            await store.run(store.release_holds, release)
         except StoreError as error:
             log.error("could not sweep orphaned holds (%s); retrying in %.0f s", error, ORPHAN_SWEEP_S)
 

@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import math
 import sqlite3
+from collections.abc import Collection
 
 from engy_node.gateway.store.checks import identifier, integer
 from engy_node.gateway.store.connection import Connection, group_commit, serialised
@@ -247,6 +248,23 @@ class Ledger(Connection):
             return Settlement(hold_id=hold.hold_id, charged=charged, released=amount - charged, applied=True)
 
     @staticmethod
+    def _open_holds(conn: sqlite3.Connection, *, created_before: float) -> list[Hold]:
+        # Only accounts with something held can have an open hold; that bounds the scan.
+        rows = conn.execute(
+            "SELECT h.id, h.account_id, h.amount, h.request_id, h.created_at FROM ledger h "
+            "JOIN accounts a ON a.id = h.account_id AND a.held > 0 "
+            "WHERE h.kind = 'hold' AND h.created_at < ? "
+            "AND NOT EXISTS (SELECT 1 FROM ledger c WHERE c.hold_id = h.id) ORDER BY h.id",
+            (created_before,),
+        ).fetchall()
+        return [Hold(hold_id=r[0], account_id=r[1], amount=r[2], request_id=r[3], created_at=r[4]) for r in rows]
+
+    def _release(self, conn: sqlite3.Connection, holds: list[Hold], *, now: float) -> None:
+        for hold in holds:
+            self._write_closure(conn, account_id=hold.account_id, hold_id=hold.hold_id, request_id=hold.request_id,
+                                charged=0, released=hold.amount, now=now)
+
+    @staticmethod
     def _closure(conn: sqlite3.Connection, hold_id: int) -> Settlement | None:
         rows = dict(conn.execute("SELECT kind, amount FROM ledger WHERE hold_id = ?", (hold_id,)).fetchall())
         if not rows:
@@ -282,24 +300,35 @@ class Ledger(Connection):
         now = self._clock()
         cutoff = math.inf if older_than is None else older_than
         with self._write() as conn:
-            # Only accounts with something held can have an open hold; that bounds the scan.
-            rows = conn.execute(
-                "SELECT h.id, h.account_id, h.amount, h.request_id, h.created_at FROM ledger h "
-                "JOIN accounts a ON a.id = h.account_id AND a.held > 0 "
-                "WHERE h.kind = 'hold' AND h.created_at < ? "
-                "AND NOT EXISTS (SELECT 1 FROM ledger c WHERE c.hold_id = h.id) ORDER BY h.id",
-                (cutoff,),
-            ).fetchall()
-            recovered = [Hold(hold_id=r[0], account_id=r[1], amount=r[2], request_id=r[3], created_at=r[4]) for r in rows]
-            for hold in recovered:
-                self._write_closure(conn, account_id=hold.account_id, hold_id=hold.hold_id, request_id=hold.request_id,
-                                    charged=0, released=hold.amount, now=now)
+            recovered = self._open_holds(conn, created_before=cutoff)
+            self._release(conn, recovered, now=now)
         if recovered:
             named = ", ".join(h.request_id for h in recovered[:RECOVERED_IDS_LOGGED])
             more = len(recovered) - RECOVERED_IDS_LOGGED
             log.warning("released %d hold(s) left open by an earlier run (%d µUSD refunded): %s%s", len(recovered),
                         sum(h.amount for h in recovered), named, f" and {more} more" if more > 0 else "")
         return recovered
+
+    @serialised
+    def open_hold_ids(self) -> list[int]:
+        """Ids of the holds not yet settled or released, oldest first."""
+        return [hold.hold_id for hold in self._open_holds(self._conn, created_before=math.inf)]
+
+    @serialised
+    def release_holds(self, hold_ids: Collection[int]) -> list[Hold]:
+        """Release those of `hold_ids` still open (the orphan sweep's verdict, `gateway.orphans`)
+        and return them; a hold closed meanwhile is left as it was."""
+        wanted = set(hold_ids)
+        if not wanted:
+            return []
+        now = self._clock()
+        with self._write() as conn:
+            released = [hold for hold in self._open_holds(conn, created_before=math.inf) if hold.hold_id in wanted]
+            self._release(conn, released, now=now)
+        if released:
+            log.warning("released %d hold(s) no live request owns (%d µUSD refunded): %s", len(released),
+                        sum(h.amount for h in released), ", ".join(h.request_id for h in released[:RECOVERED_IDS_LOGGED]))
+        return released
 
     @serialised
     def balance(self, account_id: int) -> Balance:
