@@ -31,6 +31,7 @@ them with SIGTERM, on which each drains its own legs, when it stops itself.
 from __future__ import annotations
 
 import array
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -58,6 +59,9 @@ PEEK_RETRY_S = 0.005
 """Pause between peeks while only part of the request line has arrived."""
 PASS_TIMEOUT_S = 5.0
 PASS_RETRY_S = 0.01
+REFUSAL_SEND_S = 1.0
+"""Longest the first process waits to tell a miner its leg was refused (a fresh socket's
+buffer takes the few bytes at once; a peer that reads nothing is not waited for)."""
 ACCEPTED_QUEUE = 64
 LISTEN_BACKLOG = 1024
 ACCEPT_PAUSE_S = 0.1
@@ -268,6 +272,7 @@ class MinerListener(trio.abc.Listener[trio.SocketStream]):
                 # re-dials (with backoff) until that worker takes it.
                 if not await self._pass(connection, target):
                     self.refused += 1
+                    await _refuse_leg(connection)
                 connection.close()
                 return
         except BaseException:
@@ -340,6 +345,19 @@ def _stream_socket(fd: int) -> trio.socket.SocketType | None:
         plain.close()
         return None
     return trio.socket.from_stdlib_socket(plain)
+
+
+LEG_REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-type: application/json\r\n"
+               b"content-length: 62\r\nconnection: close\r\n\r\n"
+               b'{"error":"this gateway worker is restarting; re-dial shortly"}')
+"""What a miner hears when the worker its leg names cannot take it: an answer to its handshake,
+which its websocket client reports at once. A connection closed mid-handshake without one makes
+trio-websocket wait out its whole connect timeout (15 s) before it re-dials."""
+
+
+async def _refuse_leg(connection: trio.socket.SocketType) -> None:
+    with contextlib.suppress(OSError), trio.move_on_after(REFUSAL_SEND_S):
+        await connection.send(LEG_REFUSAL)
 
 
 async def run_worker_process(config: Config, seat: Seat, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -119,8 +119,10 @@ async def test_each_connection_comes_out_of_the_worker_it_names_whichever_worker
     assert listeners[0].passed + listeners[1].passed == listeners[0].received + listeners[1].received
 
 
-async def test_a_leg_for_a_worker_that_is_not_listening_is_closed_for_the_miner_to_redial(shared):
-    """Served by the wrong worker, a leg would stay there and the named worker's buyers find none."""
+async def test_a_leg_for_a_worker_that_is_not_listening_is_refused_for_the_miner_to_redial(shared):
+    """Served by the wrong worker, a leg would stay there and the named worker's buyers find none.
+    The refusal answers the handshake (503), so the miner's websocket client gives up at once
+    rather than waiting out its connect timeout."""
     listener = MinerListener(shared.seat(0))
     lines: list[bytes] = []
     async with trio.open_nursery() as nursery:
@@ -129,6 +131,8 @@ async def test_a_leg_for_a_worker_that_is_not_listening_is_closed_for_the_miner_
         nursery.start_soon(collect, listener, lines, seen, lambda: len(lines) >= 1)
         refused = await connect_and_send(shared, b"GET /gw/1 HTTP/1.1\r\n\r\n")
         with trio.fail_after(10):
+            answer = await refused.receive_some(4096)
+            assert answer.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in answer
             assert await closed_by_peer(refused)
         served = await connect_and_send(shared, b"GET /gw/0 HTTP/1.1\n\n")
         with trio.fail_after(10):
