@@ -375,8 +375,10 @@ def main() -> None:
             store.credit(account, micro_usd=10**12)
             _, miner_key = store.register_miner("bench-miner")
         log_path = Path(home) / "gateway.log"
-        env = {**os.environ, "ENGY_GATEWAY__PORT": "0", "ENGY_GATEWAY__MINER_PORT": "0", "PYTHONUNBUFFERED": "1",
-               "ENGY_GATEWAY__WORKERS": str(args.gateway_workers)}
+        # Qualification off: the synthetic miner would otherwise stay on probation (probes only,
+        # every paid request refused) for the whole run; what is measured is the relay.
+        env = {**os.environ, "ENGY_GATEWAY__PORT": "0", "ENGY_GATEWAY__MINER_PORT": "0", "ENGY_GATEWAY__PROVIDER_PORT": "0",
+               "ENGY_GATEWAY__QUALIFICATION": "false", "PYTHONUNBUFFERED": "1", "ENGY_GATEWAY__WORKERS": str(args.gateway_workers)}
         with log_path.open("w") as log:
             gateway = subprocess.Popen([sys.executable, "-m", "engy_node", "--home", home, "--role", "gateway"],
                                        stdout=log, stderr=subprocess.STDOUT, env=env)
