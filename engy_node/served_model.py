@@ -65,8 +65,10 @@ class ServedModel:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
-def load_served_model(spec: ModelSpec, checkpoint: Path) -> ServedModel:
-    """Blocking (tokenizer load, shard sizes): call it through `trio.to_thread.run_sync`."""
+def load_served_model(spec: ModelSpec, checkpoint: Path, *, with_token_floor: bool = False) -> ServedModel:
+    """Blocking (tokenizer load, shard sizes): call it through `trio.to_thread.run_sync`.
+    `with_token_floor` measures `max_token_bytes` (a pass over the whole vocabulary): only the
+    gateway, which refuses prompts by it, needs that."""
     from transformers import AutoTokenizer
 
     from engy_node.models import model_root
@@ -76,7 +78,7 @@ def load_served_model(spec: ModelSpec, checkpoint: Path) -> ServedModel:
     return ServedModel(spec=spec, checkpoint=checkpoint, model_root=model_root(checkpoint), tokenizer=tokenizer,
                        pieces=PieceEncoder(backend) if backend is not None else None,
                        end_token_ids=end_token_ids_of(checkpoint, tokenizer),
-                       max_token_bytes=longest_token_bytes(backend) if backend is not None else None)
+                       max_token_bytes=longest_token_bytes(backend) if with_token_floor and backend is not None else None)
 
 
 def longest_token_bytes(backend: Any) -> int | None:

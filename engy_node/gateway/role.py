@@ -98,7 +98,7 @@ def load_models(config: Config) -> dict[str, ServedModel]:
                               f"gateway.checkpoints = \"{model_id}=/path/to/checkpoint\"")
         checkpoint = resolve_checkpoint(model_id=model_id, checkpoint=pairs.get(model_id, ""),
                                         models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir)
-        models[model_id] = load_served_model(spec, checkpoint)
+        models[model_id] = load_served_model(spec, checkpoint, with_token_floor=True)
     if not models:
         raise ConfigError("gateway.models is empty; name at least one catalog model")
     return models

@@ -15,7 +15,7 @@ from engy_node.served_model import load_served_model
 
 @pytest.fixture(scope="module")
 def served(checkpoint):
-    return load_served_model(SMOLLM2_135M, checkpoint)
+    return load_served_model(SMOLLM2_135M, checkpoint, with_token_floor=True)
 
 
 def chat(*contents: str, tools=None) -> ChatRequest:
