@@ -323,21 +323,27 @@ async def sample_rss(processes: list[psutil.Process], deadline: float, peak: lis
         await trio.sleep(RSS_SAMPLE_INTERVAL_S)
 
 
-async def send_one(endpoint: Endpoint, raw: bytes, tally: KindTally) -> None:
-    """One hostile request on a connection of its own (until answered, or the phase cancels it)."""
-    connection = Connection(endpoint)
+async def timed_request(connection: Connection, raw: bytes, tally: KindTally) -> None:
+    """One request on `connection`, its answer (or its being cut off by the phase's end) tallied."""
     tally.sent += 1
-    tally.in_flight += 1
     started = time.perf_counter()
     try:
         status = await connection.request(raw, ignore)
     except trio.Cancelled:
         tally.open_at_end.append(time.perf_counter() - started)
         raise
+    tally.answers.append((status, time.perf_counter() - started))
+
+
+async def send_one(endpoint: Endpoint, raw: bytes, tally: KindTally) -> None:
+    """One hostile request on a connection of its own (until answered, or the phase cancels it)."""
+    connection = Connection(endpoint)
+    tally.in_flight += 1
+    try:
+        await timed_request(connection, raw, tally)
     finally:
         tally.in_flight -= 1
         await connection.close()
-    tally.answers.append((status, time.perf_counter() - started))
 
 
 def tick_sends(*, in_flight: int, max_in_flight: int) -> bool:
@@ -370,15 +376,7 @@ async def repeat_fast(endpoint: Endpoint, make_raw: Callable[[], bytes], deadlin
     connection = Connection(endpoint)
     try:
         while trio.current_time() < deadline:
-            raw = make_raw()
-            tally.sent += 1
-            started = time.perf_counter()
-            try:
-                status = await connection.request(raw, ignore)
-            except trio.Cancelled:
-                tally.open_at_end.append(time.perf_counter() - started)
-                raise
-            tally.answers.append((status, time.perf_counter() - started))
+            await timed_request(connection, make_raw(), tally)
     finally:
         await connection.close()
 
