@@ -21,6 +21,22 @@ inputs_hash() {
     cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1
 }
 
+# System packages the tests run for real: PostgreSQL (the gateway's shared store) and HAProxy (the
+# load balancer in front of several gateway hosts). Installed only where missing, and only as root
+# (CI, a fresh VM); anyone else is told what to install.
+SYSTEM_PACKAGES=()
+[ -x /usr/lib/postgresql/15/bin/initdb ] || command -v initdb >/dev/null || SYSTEM_PACKAGES+=(postgresql-15)
+command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || SYSTEM_PACKAGES+=(haproxy)
+if [ ${#SYSTEM_PACKAGES[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "bootstrap: installing ${SYSTEM_PACKAGES[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${SYSTEM_PACKAGES[@]}" >/dev/null
+    else
+        echo "bootstrap: the multi-host tests need ${SYSTEM_PACKAGES[*]}; install them (apt-get install ${SYSTEM_PACKAGES[*]}) or they skip" >&2
+    fi
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
     echo "bootstrap: creating $VENV"
     "$PYTHON" -m venv "$VENV"

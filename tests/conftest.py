@@ -129,3 +129,24 @@ def engy_logger():
         logger.addHandler(handler)
     logger.setLevel(saved[1])
     logger.propagate = saved[2]
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster():
+    """A throwaway PostgreSQL cluster for the session (`engy_node.testing.postgres`). CI installs
+    the server (scripts/bootstrap.sh), so there a missing one fails; elsewhere it skips."""
+    from engy_node.testing.postgres import PostgresUnavailable, throwaway_cluster
+
+    try:
+        with throwaway_cluster() as cluster:
+            yield cluster
+    except PostgresUnavailable as unavailable:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot run PostgreSQL in CI: {unavailable}")
+        pytest.skip(str(unavailable))
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster) -> str:
+    """An empty database of its own for one test."""
+    return postgres_cluster.create_database()

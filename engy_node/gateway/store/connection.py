@@ -1,16 +1,25 @@
-"""One SQLite connection and the rules every store operation follows on it: one operation at a
-time, each write one explicit transaction, each commit fsynced unless a group commit allows less.
+"""The rules every store operation follows, whichever database is underneath: each write one
+explicit transaction, each commit durable unless the operation allows less, database failures
+turned into `StoreError`s naming the fix.
 
-Every write is `BEGIN IMMEDIATE` (the package's posture says why). A lock (`serialised`) keeps
-the connection to one operation at a time whichever thread calls it; several connections, in
-threads or processes, may share the file, and SQLite's locks and the busy timeout serialise
-them. Database-level failures leave an operation as `StoreError` naming the file and the fix
-(`schema.explain`).
+Two databases, one SQL. The operations (ledger.py and its siblings) are written once, in the SQL
+both SQLite and PostgreSQL accept, with `?` placeholders; the database object underneath
+(`schema.SqliteDatabase` for a file, `postgres.PostgresDatabase` for a URL) opens transactions,
+translates placeholders where it must, and says what each failure means. The few places where
+the two must differ are hooks on it: `for_update` (a row lock PostgreSQL needs and SQLite's
+whole-database write lock makes redundant) and `reclaim_space`.
 
-Inside a group commit (`Connection._batch`, driven by `Store.run` for the operations marked
-`group_commit`) the same operations run unchanged: each `_write` becomes a savepoint, so one
-failing operation rolls back only itself while the batch's single COMMIT makes all the others
-durable together.
+Locks. SQLite has one connection per store, so a lock (`serialised`) keeps it to one operation at
+a time whichever thread calls; several connections, in threads or processes, share the file and
+SQLite's own locks serialise them (`BEGIN IMMEDIATE` takes the write lock before anything is
+read). PostgreSQL hands each operation a connection of its own from a pool, so operations run
+side by side, and the rows they touch are locked by the statements themselves: the conditional
+UPDATE that makes a hold, and `for_update` on the hold row a closure reads first.
+
+Inside a group commit (`Connection._batch`, SQLite only, driven by `Store.run` for the
+operations marked `group_commit`) the same operations run unchanged: each `_write` becomes a
+savepoint, so one failing operation rolls back only itself while the batch's single COMMIT
+makes all the others durable together.
 
 Time. Each write method reads the injected clock once, at its start, and stamps every row of
 its transaction with that value (tests pass a fake clock). The times on request-log rows,
@@ -20,16 +29,10 @@ the request arrived, the verdict was reached, the epoch closed or the heartbeat 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import sqlite3
-import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any, Literal, ParamSpec, Self, TypeVar
-
-from engy_node.gateway.store import schema
+from typing import Any, ContextManager, ParamSpec, Protocol, Self, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -38,17 +41,61 @@ F = TypeVar("F", bound=Callable[..., Any])
 _GROUP_COMMIT = "_store_group_commit_durable"
 
 
+class Cursor(Protocol):
+    rowcount: int
+
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Session(Protocol):
+    """What an operation runs its SQL on: `?` placeholders, DB-API cursors back."""
+
+    def execute(self, sql: str, params: Any = ()) -> Cursor: ...
+    def executemany(self, sql: str, rows: Any) -> Cursor: ...
+
+
+class Database(Protocol):
+    """One backend: how transactions open and close, and what its failures mean."""
+
+    where: str
+    """The database as messages name it: a file path, or a URL without its password."""
+    errors: tuple[type[BaseException], ...]
+    """The driver's exception types `explain` judges."""
+    lock: ContextManager[Any]
+    concurrency: int
+    """How many operations may run at once (`Store.run`'s limiter)."""
+    groups_commits: bool
+    """Whether `Store.run` batches the `group_commit` operations into one transaction."""
+    for_update: str
+    """Appended to a SELECT that must lock the rows it reads until the transaction ends."""
+
+    def write(self, *, durable: bool) -> ContextManager[Session]: ...
+    def read(self) -> ContextManager[Session]: ...
+    def snapshot(self) -> ContextManager[Session]: ...
+    def batch(self, *, durable: bool) -> ContextManager[None]: ...
+    def explain(self, error: BaseException) -> Exception | None: ...
+    def reclaim_space(self) -> None: ...
+    def serialise_on(self, session: Session, space: int, key: int) -> None:
+        """Make the rest of this write transaction wait for any other one that called this with
+        the same `(space, key)`, until it ends (where the write lock does not already)."""
+    def close(self) -> None: ...
+
+
 def serialised(method: Callable[P, R]) -> Callable[P, R]:
-    """Run a store method under its lock, turning database-level failures into `StoreError`."""
+    """Run a store method under its database's lock, turning database-level failures into
+    `StoreError`."""
 
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         store: Connection = args[0]  # type: ignore[assignment]
-        with store._lock:
+        database = store._db
+        with database.lock:
             try:
                 return method(*args, **kwargs)
-            except sqlite3.Error as error:
-                explained = schema.explain(store.path, error)
+            except database.errors as error:
+                explained = database.explain(error)
                 if explained is None:
                     raise
                 raise explained from error
@@ -74,88 +121,57 @@ def group_commit_durability(operation: Callable[..., object]) -> bool | None:
     return getattr(operation, _GROUP_COMMIT, None)
 
 
+def is_url(location: str | os.PathLike[str]) -> bool:
+    """Whether a store location names a PostgreSQL database rather than an SQLite file."""
+    return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
+
+
+def open_database(location: str | os.PathLike[str], *, busy_timeout_s: float, pool_size: int) -> Database:
+    """The backend for `location`: a `postgresql://` URL, or the path of an SQLite file."""
+    if is_url(location):
+        from engy_node.gateway.store.postgres import PostgresDatabase
+
+        return PostgresDatabase(str(location), busy_timeout_s=busy_timeout_s, pool_size=pool_size)
+    from engy_node.gateway.store.schema import SqliteDatabase
+
+    return SqliteDatabase(location, busy_timeout_s=busy_timeout_s)
+
+
 class Connection:
-    """The store's connection, its lock and its transactions; the operations live in the
-    subclasses (`Ledger`, `RequestLog`, `Miners`, `Verdicts`, `Epochs`, `Validators`,
-    `EligibilityTable`), which `Store` composes."""
+    """The store's database and its transactions; the operations live in the subclasses
+    (`Ledger`, `RequestLog`, `Miners`, `Verdicts`, `Epochs`, `Validators`, `EligibilityTable`),
+    which `Store` composes."""
 
-    def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], float], busy_timeout_s: float) -> None:
-        self.path = Path(path)
+    def __init__(self, location: str | os.PathLike[str], *, clock: Callable[[], float], busy_timeout_s: float,
+                 pool_size: int) -> None:
         self._clock = clock
-        # Re-entrant: a group commit runs several serialised methods inside one transaction.
-        self._lock = threading.RLock()
-        self._in_batch = False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = schema.connect(self.path, busy_timeout_s=busy_timeout_s)
-        self._sync_level: Literal["FULL", "NORMAL"] = "FULL"
+        self._db = open_database(location, busy_timeout_s=busy_timeout_s, pool_size=pool_size)
+        self.where = self._db.where
 
-    def _synchronous(self, level: Literal["FULL", "NORMAL"]) -> None:
-        if level != self._sync_level:
-            self._conn.execute(f"PRAGMA synchronous = {level}")
-            self._sync_level = level
+    @property
+    def backend(self) -> str:
+        """`sqlite` or `postgresql`."""
+        return "postgresql" if is_url(self.where) else "sqlite"
 
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        if self._in_batch:
-            # Inside a group commit: a savepoint makes this operation all-or-nothing on its own
-            # while the batch's one COMMIT makes every operation in it durable together.
-            self._conn.execute("SAVEPOINT operation")
-            try:
-                yield self._conn
-                self._conn.execute("RELEASE operation")
-            except BaseException:
-                self._conn.execute("ROLLBACK TO operation")
-                self._conn.execute("RELEASE operation")
-                raise
-            return
-        # IMMEDIATE takes the write lock before the first read, so what a transaction checks
-        # (a balance, an open hold) cannot change before it writes.
-        self._synchronous("FULL")
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._conn
-            self._conn.execute("COMMIT")
-        except BaseException:
-            # SQLite rolls back by itself after some errors (a full disk); roll back only what
-            # is still open.
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-            raise
+    def _write(self, *, durable: bool = True) -> ContextManager[Session]:
+        """One write transaction (a savepoint inside a group commit). `durable=False`: its
+        commit need not wait for the disk (holds and releases; see the package's posture)."""
+        return self._db.write(durable=durable)
 
-    @contextlib.contextmanager
-    def _snapshot(self) -> Iterator[sqlite3.Connection]:
-        if self._in_batch:
-            yield self._conn
-            return
-        # A deferred read transaction: several SELECTs see one consistent state.
-        self._conn.execute("BEGIN")
-        try:
-            yield self._conn
-        finally:
-            self._conn.execute("COMMIT")
+    def _read(self) -> ContextManager[Session]:
+        """A single statement's worth of reading, outside any transaction of ours."""
+        return self._db.read()
 
-    @contextlib.contextmanager
-    def _batch(self, *, durable: bool) -> Iterator[None]:
-        """One transaction around several operations (a group commit), under the caller's hold
-        of the lock. Each operation's `_write` inside it is a savepoint of its own. The commit
-        waits for the disk only when `durable`."""
-        try:
-            self._synchronous("FULL" if durable else "NORMAL")
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._in_batch = True
-            try:
-                yield
-            finally:
-                self._in_batch = False
-            self._conn.execute("COMMIT")
-        except BaseException:
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-            raise
+    def _snapshot(self) -> ContextManager[Session]:
+        """Several SELECTs that see one consistent state."""
+        return self._db.snapshot()
+
+    def _batch(self, *, durable: bool) -> ContextManager[None]:
+        return self._db.batch(durable=durable)
 
     @serialised
     def close(self) -> None:
-        self._conn.close()
+        self._db.close()
 
     def __enter__(self) -> Self:
         return self

@@ -72,5 +72,6 @@ class EligibilityTable(Connection):
     @serialised
     def eligibility(self) -> list[EligibilityRow]:
         """Every stored (miner, model) state, by miner then model."""
-        rows = self._conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM eligibility ORDER BY miner, model")
+        with self._read() as conn:
+            rows = conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM eligibility ORDER BY miner, model").fetchall()
         return [EligibilityRow(*row) for row in rows]

@@ -3,7 +3,7 @@ holds a crash left open, balances and a check that the books agree.
 
 Posture. Never double-charge, never lose a charge, never let concurrent requests spend money a
 buyer does not have. A hold's balance check and reservation are one conditional UPDATE in one
-`BEGIN IMMEDIATE` transaction. Every hold is closed at most once, by exactly one `settle` and one
+transaction. Every hold is closed at most once, by exactly one `settle` and one
 `release` row whose amounts sum to the hold; a unique index makes a second closure impossible,
 so a retried settle after a crash is a no-op rather than a second charge. Ledger rows are
 append-only (the schema's triggers refuse anything else), and each account's cached balance
@@ -25,11 +25,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import sqlite3
 from collections.abc import Collection
 
 from engy_node.gateway.store.checks import identifier, integer
-from engy_node.gateway.store.connection import Connection, group_commit, serialised
+from engy_node.gateway.store.connection import Connection, Session, group_commit, serialised
 from engy_node.gateway.store.keys import BUYER_KEY_PREFIX, new_key, sha256
 from engy_node.gateway.store.schema import StoreError
 
@@ -109,7 +108,7 @@ class Ledger(Connection):
             raise ValueError(f"a buyer needs a non-empty name, got {name!r}")
         now = self._clock()
         with self._write() as conn:
-            account_id = conn.execute("INSERT INTO accounts (name, created_at) VALUES (?, ?)", (name, now)).lastrowid
+            account_id = conn.execute("INSERT INTO accounts (name, created_at) VALUES (?, ?) RETURNING id", (name, now)).fetchone()[0]
             return account_id, self._insert_key(conn, account_id=account_id, now=now)
 
     @serialised
@@ -120,7 +119,7 @@ class Ledger(Connection):
             self._require_account(conn, account_id)
             return self._insert_key(conn, account_id=account_id, now=now)
 
-    def _insert_key(self, conn: sqlite3.Connection, *, account_id: int, now: float) -> str:
+    def _insert_key(self, conn: Session, *, account_id: int, now: float) -> str:
         key, digest = new_key(BUYER_KEY_PREFIX)
         conn.execute("INSERT INTO api_keys (account_id, key_sha256, created_at) VALUES (?, ?, ?)", (account_id, digest, now))
         return key
@@ -136,11 +135,12 @@ class Ledger(Connection):
         """
         if not isinstance(api_key, str) or not api_key.startswith(BUYER_KEY_PREFIX):
             return None
-        row = self._conn.execute(
-            "SELECT a.id, a.name FROM api_keys k JOIN accounts a ON a.id = k.account_id "
-            "WHERE k.key_sha256 = ? AND k.revoked_at IS NULL",
-            (sha256(api_key),),
-        ).fetchone()
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT a.id, a.name FROM api_keys k JOIN accounts a ON a.id = k.account_id "
+                "WHERE k.key_sha256 = ? AND k.revoked_at IS NULL",
+                (sha256(api_key),),
+            ).fetchone()
         return None if row is None else Account(account_id=row[0], name=row[1])
 
     @serialised
@@ -153,9 +153,9 @@ class Ledger(Connection):
             )
             return cursor.rowcount == 1
 
-    def _require_account(self, conn: sqlite3.Connection, account_id: int) -> None:
+    def _require_account(self, conn: Session, account_id: int) -> None:
         if conn.execute("SELECT 1 FROM accounts WHERE id = ?", (account_id,)).fetchone() is None:
-            raise StoreError(f"no buyer account {account_id} in {self.path}; use the id that creating the buyer printed")
+            raise StoreError(f"no buyer account {account_id} in {self.where}; use the id that creating the buyer printed")
 
     # -- money --------------------------------------------------------------------------------
 
@@ -166,8 +166,8 @@ class Ledger(Connection):
         now = self._clock()
         with self._write() as conn:
             row = conn.execute(
-                "UPDATE accounts SET available = available + ?1, credited = credited + ?1 WHERE id = ?2 RETURNING available",
-                (micro_usd, account_id),
+                "UPDATE accounts SET available = available + ?, credited = credited + ? WHERE id = ? RETURNING available",
+                (micro_usd, micro_usd, account_id),
             ).fetchone()
             if row is None:
                 self._require_account(conn, account_id)
@@ -184,29 +184,31 @@ class Ledger(Connection):
         """Reserve `amount` for `request_id`, or None when the available balance cannot cover it
         (the caller answers 402).
 
-        Atomic: the balance check and the reservation are one conditional UPDATE inside one
-        `BEGIN IMMEDIATE` transaction, so concurrent holds, from any thread or process, can
-        never together reserve more than the balance. `request_id` may hold only once.
+        Atomic: the balance check and the reservation are one conditional UPDATE, which both
+        databases apply to the row as it stands when the statement runs (SQLite under
+        `BEGIN IMMEDIATE`'s write lock, PostgreSQL under the row's lock), so concurrent holds,
+        from any thread, process or host, can never together reserve more than the balance.
+        `request_id` may hold only once.
         """
         integer("amount", amount)
         identifier("request_id", request_id)
         now = self._clock()
-        with self._write() as conn:
+        with self._write(durable=False) as conn:
             if conn.execute("SELECT 1 FROM ledger WHERE kind = 'hold' AND request_id = ?", (request_id,)).fetchone():
                 raise ValueError(f"request {request_id} already has a hold; request ids must be unique")
             row = conn.execute(
-                "UPDATE accounts SET available = available - ?1, held = held + ?1 "
-                "WHERE id = ?2 AND available >= ?1 RETURNING available",
-                (amount, account_id),
+                "UPDATE accounts SET available = available - ?, held = held + ? "
+                "WHERE id = ? AND available >= ? RETURNING available",
+                (amount, amount, account_id, amount),
             ).fetchone()
             if row is None:
                 self._require_account(conn, account_id)
                 return None
             hold_id = conn.execute(
                 "INSERT INTO ledger (account_id, kind, amount, request_id, available_after, created_at) "
-                "VALUES (?, 'hold', ?, ?, ?, ?)",
+                "VALUES (?, 'hold', ?, ?, ?, ?) RETURNING id",
                 (account_id, amount, request_id, row[0], now),
-            ).lastrowid
+            ).fetchone()[0]
             return Hold(hold_id=hold_id, account_id=account_id, amount=amount, request_id=request_id, created_at=now)
 
     @group_commit(durable=True)
@@ -220,24 +222,28 @@ class Ledger(Connection):
         and logged as a bug upstream: the buyer agreed to the hold, not to more.
         """
         integer("cost", cost)
-        return self._close(hold, cost=cost)
+        return self._close(hold, cost=cost, durable=True)
 
     @group_commit(durable=False)
     @serialised
     def release(self, hold: Hold) -> Settlement:
         """Return the whole hold to the available balance (the request failed or was never
         served). Idempotent exactly like `settle`."""
-        return self._close(hold, cost=0)
+        return self._close(hold, cost=0, durable=False)
 
-    def _close(self, hold: Hold, *, cost: int) -> Settlement:
+    def _close(self, hold: Hold, *, cost: int, durable: bool) -> Settlement:
         now = self._clock()
-        with self._write() as conn:
+        with self._write(durable=durable) as conn:
+            # The hold row first, locked (PostgreSQL; SQLite's write lock already covers it): two
+            # closures of one hold, from any two hosts, then run one after the other, and the
+            # second finds the first's rows below instead of failing on the unique index.
+            row = conn.execute("SELECT account_id, amount, request_id FROM ledger WHERE id = ? AND kind = 'hold'"
+                               + self._db.for_update, (hold.hold_id,)).fetchone()
+            if row is None or (row[0], row[1]) != (hold.account_id, hold.amount):
+                raise ValueError(f"{hold} is not a hold in {self.where}")
             earlier = self._closure(conn, hold.hold_id)
             if earlier is not None:
                 return earlier
-            row = conn.execute("SELECT account_id, amount, request_id FROM ledger WHERE id = ? AND kind = 'hold'", (hold.hold_id,)).fetchone()
-            if row is None or (row[0], row[1]) != (hold.account_id, hold.amount):
-                raise ValueError(f"{hold} is not a hold in {self.path}")
             account_id, amount, request_id = row
             if cost > amount:
                 log.warning("request %s cost %d µUSD, above its %d µUSD hold; charged the hold (the worst case was "
@@ -248,7 +254,7 @@ class Ledger(Connection):
             return Settlement(hold_id=hold.hold_id, charged=charged, released=amount - charged, applied=True)
 
     @staticmethod
-    def _open_holds(conn: sqlite3.Connection, *, created_before: float) -> list[Hold]:
+    def _open_holds(conn: Session, *, created_before: float) -> list[Hold]:
         # Only accounts with something held can have an open hold; that bounds the scan.
         rows = conn.execute(
             "SELECT h.id, h.account_id, h.amount, h.request_id, h.created_at FROM ledger h "
@@ -259,27 +265,34 @@ class Ledger(Connection):
         ).fetchall()
         return [Hold(hold_id=r[0], account_id=r[1], amount=r[2], request_id=r[3], created_at=r[4]) for r in rows]
 
-    def _release(self, conn: sqlite3.Connection, holds: list[Hold], *, now: float) -> None:
+    def _release(self, conn: Session, holds: list[Hold], *, now: float) -> list[Hold]:
+        """Release those of `holds` still open; returns them. Every hold row is locked before
+        any account is touched, in id order, the order `_close` can only ever hold one of: so a
+        closure on another host waits or is waited for, and never deadlocks against this."""
         for hold in holds:
+            conn.execute("SELECT id FROM ledger WHERE id = ?" + self._db.for_update, (hold.hold_id,))
+        still_open = [hold for hold in holds if self._closure(conn, hold.hold_id) is None]
+        for hold in still_open:
             self._write_closure(conn, account_id=hold.account_id, hold_id=hold.hold_id, request_id=hold.request_id,
                                 charged=0, released=hold.amount, now=now)
+        return still_open
 
     @staticmethod
-    def _closure(conn: sqlite3.Connection, hold_id: int) -> Settlement | None:
+    def _closure(conn: Session, hold_id: int) -> Settlement | None:
         rows = dict(conn.execute("SELECT kind, amount FROM ledger WHERE hold_id = ?", (hold_id,)).fetchall())
         if not rows:
             return None
         return Settlement(hold_id=hold_id, charged=rows["settle"], released=rows["release"], applied=False)
 
     @staticmethod
-    def _write_closure(conn: sqlite3.Connection, *, account_id: int, hold_id: int, request_id: str,
+    def _write_closure(conn: Session, *, account_id: int, hold_id: int, request_id: str,
                        charged: int, released: int, now: float) -> None:
         # Both rows are always written, zero amounts included, so "closed" has one meaning the
         # unique index can enforce: this hold has its settle row and its release row.
         available = conn.execute(
-            "UPDATE accounts SET held = held - ?1 - ?2, charged = charged + ?1, available = available + ?2 "
-            "WHERE id = ?3 RETURNING available",
-            (charged, released, account_id),
+            "UPDATE accounts SET held = held - ? - ?, charged = charged + ?, available = available + ? "
+            "WHERE id = ? RETURNING available",
+            (charged, released, charged, released, account_id),
         ).fetchone()[0]
         insert = ("INSERT INTO ledger (account_id, kind, amount, request_id, hold_id, available_after, created_at) "
                   "VALUES (?, ?, ?, ?, ?, ?, ?)")
@@ -300,8 +313,7 @@ class Ledger(Connection):
         now = self._clock()
         cutoff = math.inf if older_than is None else older_than
         with self._write() as conn:
-            recovered = self._open_holds(conn, created_before=cutoff)
-            self._release(conn, recovered, now=now)
+            recovered = self._release(conn, self._open_holds(conn, created_before=cutoff), now=now)
         if recovered:
             named = ", ".join(h.request_id for h in recovered[:RECOVERED_IDS_LOGGED])
             more = len(recovered) - RECOVERED_IDS_LOGGED
@@ -312,7 +324,8 @@ class Ledger(Connection):
     @serialised
     def open_hold_ids(self) -> list[int]:
         """Ids of the holds not yet settled or released, oldest first."""
-        return [hold.hold_id for hold in self._open_holds(self._conn, created_before=math.inf)]
+        with self._read() as conn:
+            return [hold.hold_id for hold in self._open_holds(conn, created_before=math.inf)]
 
     @serialised
     def release_holds(self, hold_ids: Collection[int]) -> list[Hold]:
@@ -323,8 +336,8 @@ class Ledger(Connection):
             return []
         now = self._clock()
         with self._write() as conn:
-            released = [hold for hold in self._open_holds(conn, created_before=math.inf) if hold.hold_id in wanted]
-            self._release(conn, released, now=now)
+            wanted_open = [hold for hold in self._open_holds(conn, created_before=math.inf) if hold.hold_id in wanted]
+            released = self._release(conn, wanted_open, now=now)
         if released:
             log.warning("released %d hold(s) no live request owns (%d µUSD refunded): %s", len(released),
                         sum(h.amount for h in released), ", ".join(h.request_id for h in released[:RECOVERED_IDS_LOGGED]))
@@ -332,9 +345,10 @@ class Ledger(Connection):
 
     @serialised
     def balance(self, account_id: int) -> Balance:
-        row = self._conn.execute("SELECT available, held, credited, charged FROM accounts WHERE id = ?", (account_id,)).fetchone()
-        if row is None:
-            self._require_account(self._conn, account_id)
+        with self._read() as conn:
+            row = conn.execute("SELECT available, held, credited, charged FROM accounts WHERE id = ?", (account_id,)).fetchone()
+            if row is None:
+                self._require_account(conn, account_id)
         return Balance(*row)
 
     @serialised

@@ -41,8 +41,9 @@ class Miners(Connection):
             if clash is not None:
                 raise StoreError(f"miner {clash[0]!r} already has that name or hotkey; choose another name, or keep using its key")
             miner_id = conn.execute(
-                "INSERT INTO miners (name, hotkey, key_sha256, created_at) VALUES (?, ?, ?, ?)", (name, hotkey, digest, now)
-            ).lastrowid
+                "INSERT INTO miners (name, hotkey, key_sha256, created_at) VALUES (?, ?, ?, ?) RETURNING id",
+                (name, hotkey, digest, now),
+            ).fetchone()[0]
         return miner_id, key
 
     @serialised
@@ -50,11 +51,13 @@ class Miners(Connection):
         """The miner a key was issued to, or None (hash lookup: see `Ledger.authenticate`)."""
         if not isinstance(miner_key, str) or not miner_key.startswith(MINER_KEY_PREFIX):
             return None
-        row = self._conn.execute(
-            "SELECT id, name, hotkey, created_at FROM miners WHERE key_sha256 = ?", (sha256(miner_key),)
-        ).fetchone()
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT id, name, hotkey, created_at FROM miners WHERE key_sha256 = ?", (sha256(miner_key),)
+            ).fetchone()
         return None if row is None else MinerRecord(*row)
 
     @serialised
     def list_miners(self) -> list[MinerRecord]:
-        return [MinerRecord(*row) for row in self._conn.execute("SELECT id, name, hotkey, created_at FROM miners ORDER BY id")]
+        with self._read() as conn:
+            return [MinerRecord(*row) for row in conn.execute("SELECT id, name, hotkey, created_at FROM miners ORDER BY id")]

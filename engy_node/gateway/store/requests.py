@@ -85,7 +85,7 @@ _COLUMNS = tuple(field.name for field in dataclasses.fields(RequestLogEntry))
 
 
 def _entry(row: Sequence[object]) -> RequestLogEntry:
-    # SQLite hands the flag back as 0 or 1; the entry insists on a bool.
+    # SQLite hands the flag back as 0 or 1 (PostgreSQL as a bool); the entry insists on a bool.
     values: dict[str, Any] = dict(zip(_COLUMNS, row, strict=True))
     values["served_greedily"] = bool(values["served_greedily"])
     return RequestLogEntry(**values)
@@ -128,10 +128,11 @@ class RequestLog(Connection):
         what an epoch's settlement reads, as far back as the log is retained."""
         timestamp("since", since)
         timestamp("until", until)
-        rows = self._conn.execute(
-            f"SELECT {', '.join(_COLUMNS)} FROM request_log WHERE created_at >= ? AND created_at < ? ORDER BY id",
-            (since, until),
-        ).fetchall()
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM request_log WHERE created_at >= ? AND created_at < ? ORDER BY id",
+                (since, until),
+            ).fetchall()
         return [_entry(row) for row in rows]
 
     @serialised
@@ -140,32 +141,36 @@ class RequestLog(Connection):
         cursor that a control loop advances to the last id it was given (start at 0)."""
         integer("row_id", row_id)
         integer("limit", limit, minimum=1)
-        rows = self._conn.execute(
-            f"SELECT id, {', '.join(_COLUMNS)} FROM request_log WHERE id > ? ORDER BY id LIMIT ?", (row_id, limit)
-        ).fetchall()
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT id, {', '.join(_COLUMNS)} FROM request_log WHERE id > ? ORDER BY id LIMIT ?", (row_id, limit)
+            ).fetchall()
         return [(row[0], _entry(row[1:])) for row in rows]
 
     @serialised
     def last_request_row(self) -> int:
         """The newest row's id (0 for an empty log): where a cursor starts that wants only what
         is logged from now on."""
-        return self._conn.execute("SELECT coalesce(max(id), 0) FROM request_log").fetchone()[0]
+        with self._read() as conn:
+            return conn.execute("SELECT coalesce(max(id), 0) FROM request_log").fetchone()[0]
 
     @serialised
     def first_request_at(self) -> float | None:
         """When the oldest retained row was logged (None: the log is empty)."""
-        return self._conn.execute("SELECT min(created_at) FROM request_log").fetchone()[0]
+        with self._read() as conn:
+            return conn.execute("SELECT min(created_at) FROM request_log").fetchone()[0]
 
     @serialised
     def usage(self, account_id: int, *, since: float | None = None) -> UsageSummary:
         """Paid requests of the account logged at or after `since` (unix seconds), as far back
         as the request log is retained (`purge_request_log`); lifetime spend is `balance().charged`."""
-        row = self._conn.execute(
-            "SELECT count(DISTINCT request_id), coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), "
-            "coalesce(sum(cached_tokens), 0), coalesce(sum(cost_micro), 0) FROM request_log "
-            "WHERE account_id = ? AND kind = 'paid' AND created_at >= ?",
-            (account_id, -math.inf if since is None else since),
-        ).fetchone()
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT count(DISTINCT request_id), coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), "
+                "coalesce(sum(cached_tokens), 0), coalesce(sum(cost_micro), 0) FROM request_log "
+                "WHERE account_id = ? AND kind = 'paid' AND created_at >= ?",
+                (account_id, -math.inf if since is None else since),
+            ).fetchone()
         return UsageSummary(*row)
 
     @serialised
@@ -175,12 +180,11 @@ class RequestLog(Connection):
 
         The newest row stays even when it is older: SQLite numbers a new row one past the
         highest id in the table, so emptying it would restart ids at 1 and a `requests_after`
-        cursor would skip every row until the ids passed it again."""
+        cursor would skip every row until the ids passed it again (PostgreSQL's identity never
+        goes back, but one rule for both keeps them alike)."""
         with self._write() as conn:
             deleted = conn.execute(
                 "DELETE FROM request_log WHERE created_at < ? AND id < (SELECT max(id) FROM request_log)", (older_than,)
             ).rowcount
-        # executescript steps the pragma to completion; `execute` would free a single page
-        # (the sqlite3 module steps a statement without result columns only once).
-        self._conn.executescript("PRAGMA incremental_vacuum")
+        self._db.reclaim_space()
         return deleted

@@ -1,5 +1,6 @@
-"""The store's file: its tables, its version stamp, opening it, and what each SQLite failure
-means to the operator.
+"""The store's SQLite file: its tables, its version stamp, opening it, its transactions, and what
+each SQLite failure means to the operator (`SqliteDatabase`, the embedded default backend; the
+PostgreSQL one is `postgres.py`).
 
 Opening creates the file with the current schema if it is new and refuses one that is corrupt,
 not ours (SQLite's `application_id` header field tells our file from any other SQLite database
@@ -17,8 +18,13 @@ these is a bug in our SQL and propagates as itself.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 from engy_node.errors import EngyError
 
@@ -259,3 +265,106 @@ def _create_or_check(conn: sqlite3.Connection, path: Path) -> None:
             f"{path} has store schema version {found}, this engy-node uses {SCHEMA_VERSION}; "
             "run the engy-node version that wrote it, or move the file aside"
         )
+
+
+class SqliteDatabase:
+    """One SQLite connection to the store's file, its lock and its transactions (see
+    `connection.Database`)."""
+
+    errors = (sqlite3.Error,)
+    concurrency = 1
+    groups_commits = True
+    # BEGIN IMMEDIATE already holds the whole file's write lock from the first statement on.
+    for_update = ""
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float) -> None:
+        self.path = Path(path)
+        self.where = str(self.path)
+        # Re-entrant: a group commit runs several serialised methods inside one transaction.
+        self.lock = threading.RLock()
+        self._in_batch = False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = connect(self.path, busy_timeout_s=busy_timeout_s)
+        self._sync_level: Literal["FULL", "NORMAL"] = "FULL"
+
+    def explain(self, error: BaseException) -> StoreError | None:
+        return explain(self.path, error) if isinstance(error, sqlite3.Error) else None
+
+    def _synchronous(self, level: Literal["FULL", "NORMAL"]) -> None:
+        if level != self._sync_level:
+            self._conn.execute(f"PRAGMA synchronous = {level}")
+            self._sync_level = level
+
+    @contextlib.contextmanager
+    def write(self, *, durable: bool) -> Iterator[sqlite3.Connection]:
+        if self._in_batch:
+            # Inside a group commit: a savepoint makes this operation all-or-nothing on its own
+            # while the batch's one COMMIT makes every operation in it durable together.
+            self._conn.execute("SAVEPOINT operation")
+            try:
+                yield self._conn
+                self._conn.execute("RELEASE operation")
+            except BaseException:
+                self._conn.execute("ROLLBACK TO operation")
+                self._conn.execute("RELEASE operation")
+                raise
+            return
+        # IMMEDIATE takes the write lock before the first read, so what a transaction checks
+        # (a balance, an open hold) cannot change before it writes.
+        self._synchronous("FULL" if durable else "NORMAL")
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+            self._conn.execute("COMMIT")
+        except BaseException:
+            # SQLite rolls back by itself after some errors (a full disk); roll back only what
+            # is still open.
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        yield self._conn
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        if self._in_batch:
+            yield self._conn
+            return
+        # A deferred read transaction: several SELECTs see one consistent state.
+        self._conn.execute("BEGIN")
+        try:
+            yield self._conn
+        finally:
+            self._conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def batch(self, *, durable: bool) -> Iterator[None]:
+        """One transaction around several operations (a group commit), under the caller's hold
+        of the lock. Each operation's `write` inside it is a savepoint of its own. The commit
+        waits for the disk only when `durable`."""
+        try:
+            self._synchronous("FULL" if durable else "NORMAL")
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._in_batch = True
+            try:
+                yield
+            finally:
+                self._in_batch = False
+            self._conn.execute("COMMIT")
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
+
+    def reclaim_space(self) -> None:
+        # executescript steps the pragma to completion; `execute` would free a single page
+        # (the sqlite3 module steps a statement without result columns only once).
+        self._conn.executescript("PRAGMA incremental_vacuum")
+
+    def serialise_on(self, session: sqlite3.Connection, space: int, key: int) -> None:
+        """Nothing to do: BEGIN IMMEDIATE already holds the file's one write lock."""
+
+    def close(self) -> None:
+        self._conn.close()

@@ -1,27 +1,29 @@
 """`Store`: the ledger, the request log, the miner registrations, verdicts, published epochs,
-validator heartbeats and traffic eligibility on one connection, and how trio awaits them.
+validator heartbeats and traffic eligibility on one database, and how trio awaits them.
 
-Threads. One `Store` owns one connection. Each operation is a synchronous method (the admin
-CLI, tests); trio awaits any of them through the one thread hop `Store.run`, which runs it via
-`trio.to_thread.run_sync` behind the store's `CapacityLimiter(1)`, so SQLite never runs on the
-event loop and never twice at once; a lock serialises the synchronous methods as well. One
-generic hop rather than an async twin per method keeps a single place that decides how an
-operation is awaited, and the methods' own signatures type-check the arguments (`ParamSpec`).
-Several `Store`s (threads, processes) may share a file; SQLite's locks and the busy timeout
-serialise them.
+Threads. One `Store` owns one SQLite connection, or one pool of PostgreSQL connections. Each
+operation is a synchronous method (the admin CLI, tests); trio awaits any of them through the
+one thread hop `Store.run`, which runs it via `trio.to_thread.run_sync` behind the store's
+`CapacityLimiter` (one for SQLite, the pool's size for PostgreSQL), so the database never runs
+on the event loop. One generic hop rather than an async twin per method keeps a single place
+that decides how an operation is awaited, and the methods' own signatures type-check the
+arguments (`ParamSpec`). Several `Store`s (threads, processes, hosts) may share a database;
+its locks serialise them.
 
-Group commit. The operations on every request's path (authenticate, hold, settle, release,
-request-log rows), marked `group_commit` where they are defined, are awaited together: calls
-queue while a group is being written, and the next group runs everything queued in one
-transaction with one fsync, each operation in a savepoint of its own. Holds and releases do not
-even wait for that fsync (see the package's posture).
+Group commit (SQLite). The operations on every request's path (authenticate, hold, settle,
+release, request-log rows), marked `group_commit` where they are defined, are awaited
+together: calls queue while a group is being written, and the next group runs everything queued
+in one transaction with one fsync, each operation in a savepoint of its own. Holds and releases
+do not even wait for that fsync (see the package's posture). The whole group is answered with
+one wake-up of the event loop: the task that wrote it sets every caller's event when its thread
+returns. PostgreSQL groups concurrent commits into one WAL flush by itself, so there each
+operation runs alone, several at once (`postgres.py`).
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
@@ -34,12 +36,17 @@ from engy_node.gateway.store.epochs import Epochs
 from engy_node.gateway.store.ledger import Ledger
 from engy_node.gateway.store.miners import Miners
 from engy_node.gateway.store.requests import RequestLog
-from engy_node.gateway.store.schema import BUSY_TIMEOUT_S, explain
+from engy_node.gateway.store.schema import BUSY_TIMEOUT_S
 from engy_node.gateway.store.validators import Validators
 from engy_node.gateway.store.verdicts import Verdicts
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+DEFAULT_POOL_SIZE = 8
+"""PostgreSQL connections per store (per gateway worker process): enough for the request path's
+few short statements to run side by side under load, few enough that hosts × workers × this
+stays well under the server's `max_connections` (100 by default)."""
 
 
 class _Slot:
@@ -51,7 +58,6 @@ class _Slot:
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = trio.Event()
-        self._token = trio.lowlevel.current_trio_token()
 
     def run(self) -> None:
         try:
@@ -62,9 +68,6 @@ class _Slot:
     def fail(self, error: BaseException) -> None:
         self.error = error
 
-    def done_threadsafe(self) -> None:
-        self._token.run_sync_soon(self.done.set)
-
     def outcome(self) -> Any:
         if self.error is not None:
             raise self.error
@@ -72,13 +75,12 @@ class _Slot:
 
 
 class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, EligibilityTable):
-    """The gateway store on one SQLite connection.
+    """The gateway store: an SQLite file (a path) or a PostgreSQL database (a `postgresql://` URL).
 
     Every operation is a synchronous method (the admin CLI, tests, worker threads);
     `await store.run(store.name, ...)` awaits the same work from trio — in a worker thread
-    behind this store's `CapacityLimiter(1)`, so SQLite never blocks the event loop and never
-    runs twice at once. A lock serialises the synchronous calls too, so both ways may be used
-    on one store.
+    behind this store's `CapacityLimiter`, so the database never blocks the event loop. On
+    SQLite a lock serialises the synchronous calls too, so both ways may be used on one store.
 
     Cancellation (`run`): atomic. Cancelled while waiting its turn, a call has done
     nothing. Once its thread has started, the call runs to completion and returns its result;
@@ -89,24 +91,25 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
     Deadlines: a call waits at most `busy_timeout_s` for another process's lock, plus its own
     work (milliseconds); callers that must answer sooner wrap it in `trio.fail_after`.
 
-    Opening creates the file with the current schema if it is new and refuses one that is
-    corrupt, not ours, or of another schema version. Several `Store`s, in threads or
-    processes, may share a file.
+    Opening creates the tables at the current schema if the database is new, migrates an older
+    one, and refuses one that is corrupt, not ours, or of a newer schema version. Several
+    `Store`s, in threads, processes or (PostgreSQL) hosts, may share a database.
+    `pool_size` bounds a PostgreSQL store's connections (and so its operations at once).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
-                 busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
-        super().__init__(path, clock=clock, busy_timeout_s=busy_timeout_s)
-        self._limiter = trio.CapacityLimiter(1)
+    def __init__(self, location: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
+                 busy_timeout_s: float = BUSY_TIMEOUT_S, pool_size: int = DEFAULT_POOL_SIZE) -> None:
+        super().__init__(location, clock=clock, busy_timeout_s=busy_timeout_s, pool_size=pool_size)
+        self._limiter = trio.CapacityLimiter(self._db.concurrency)
         self._queue: list[_Slot] = []
         self._flush_lock = trio.Lock()
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
-             busy_timeout_s: float = BUSY_TIMEOUT_S) -> Store:
-        """Open (or create) the store at `path`. Blocking: from trio, call it through
-        `trio.to_thread.run_sync`."""
-        return cls(path, clock=clock, busy_timeout_s=busy_timeout_s)
+    def open(cls, location: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
+             busy_timeout_s: float = BUSY_TIMEOUT_S, pool_size: int = DEFAULT_POOL_SIZE) -> Store:
+        """Open (or create) the store at `location`: an SQLite file's path, or a
+        `postgresql://` URL. Blocking: from trio, call it through `trio.to_thread.run_sync`."""
+        return cls(location, clock=clock, busy_timeout_s=busy_timeout_s, pool_size=pool_size)
 
     async def run(self, operation: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Await `operation`, a method of this store, from trio, e.g.
@@ -118,7 +121,7 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
             raise TypeError(f"Store.run awaits a method of this store, such as store.hold; got {operation!r}")
         call = functools.partial(operation, *args, **kwargs)
         durable = group_commit_durability(operation)
-        if durable is None:
+        if durable is None or not self._db.groups_commits:
             return await trio.to_thread.run_sync(call, limiter=self._limiter)
         return await self._grouped(call, durable=durable)
 
@@ -139,7 +142,13 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
             async with self._flush_lock:
                 if not slot.done.is_set():
                     group, self._queue = self._queue, []
-                    await trio.to_thread.run_sync(self._commit_group, group, limiter=self._limiter)
+                    try:
+                        await trio.to_thread.run_sync(self._commit_group, group, limiter=self._limiter)
+                    finally:
+                        # The thread has returned (a cancellation waits for it): every outcome
+                        # is in, and one pass on the loop tells every caller in the group.
+                        for queued in group:
+                            queued.done.set()
         except trio.Cancelled:
             if slot in self._queue:
                 self._queue.remove(slot)
@@ -152,15 +161,12 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
         """Several operations, one transaction, one fsync. Each runs in its own savepoint, so
         one failing (a refused hold, a bad entry) rolls back only itself. The commit waits for
         the disk if any operation in the group must be durable."""
-        with self._lock:
+        with self._db.lock:
             try:
                 with self._batch(durable=any(slot.durable for slot in group)):
                     for slot in group:
                         slot.run()
             except BaseException as error:  # broad on purpose: every caller in the group must hear of it
-                explained = explain(self.path, error) if isinstance(error, sqlite3.Error) else None
+                explained = self._db.explain(error)
                 for slot in group:
                     slot.fail(explained or error)
-            finally:
-                for slot in group:
-                    slot.done_threadsafe()

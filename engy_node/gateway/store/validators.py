@@ -69,5 +69,6 @@ class Validators(Connection):
     @serialised
     def validator_heartbeats(self) -> list[ValidatorHeartbeat]:
         """Each validator's latest heartbeat, by hotkey."""
-        rows = self._conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM validator_heartbeats ORDER BY hotkey")
+        with self._read() as conn:
+            rows = conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM validator_heartbeats ORDER BY hotkey").fetchall()
         return [ValidatorHeartbeat(*row) for row in rows]

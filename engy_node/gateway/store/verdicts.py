@@ -5,8 +5,9 @@ One verdict per request, first one wins. A second verdict for the same request (
 replayed message, a second gateway process hearing the same verifier) changes nothing:
 `record_verdict` says whether it agreed with the stored one (`duplicate`) or not (`conflict`),
 so the caller can log a disagreement between verifiers instead of silently rewriting history a
-control loop may already have acted on. The check and the insert are one `BEGIN IMMEDIATE`
-transaction, so two processes recording the same request cannot both insert.
+control loop may already have acted on. The insert is conditional on the unique request id
+(`ON CONFLICT DO NOTHING`), so two processes or hosts recording the same request cannot both
+insert.
 
 Zero data retention (SPEC §8.3). A verdict carries ids, a catalog model id, closed choices and a
 short reason code (`checks.CODE`, no spaces), so no prompt or completion text fits anywhere.
@@ -91,9 +92,8 @@ class Verdicts(Connection):
     @serialised
     def verdict(self, request_id: str) -> VerdictRecord | None:
         """The verdict stored for `request_id`, or None."""
-        row = self._conn.execute(
-            f"SELECT {', '.join(_COLUMNS)} FROM verdicts WHERE request_id = ?", (request_id,)
-        ).fetchone()
+        with self._read() as conn:
+            row = conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM verdicts WHERE request_id = ?", (request_id,)).fetchone()
         return None if row is None else VerdictRecord(*row)
 
     @serialised
@@ -102,15 +102,17 @@ class Verdicts(Connection):
         id: a cursor that a control loop advances to the last id it was given (start at 0)."""
         integer("row_id", row_id)
         integer("limit", limit, minimum=1)
-        rows = self._conn.execute(
-            f"SELECT id, {', '.join(_COLUMNS)} FROM verdicts WHERE id > ? ORDER BY id LIMIT ?", (row_id, limit)
-        ).fetchall()
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT id, {', '.join(_COLUMNS)} FROM verdicts WHERE id > ? ORDER BY id LIMIT ?", (row_id, limit)
+            ).fetchall()
         return [(row[0], VerdictRecord(*row[1:])) for row in rows]
 
     @serialised
     def last_verdict_row(self) -> int:
         """The newest verdict's row id (0 when there is none)."""
-        return self._conn.execute("SELECT coalesce(max(id), 0) FROM verdicts").fetchone()[0]
+        with self._read() as conn:
+            return conn.execute("SELECT coalesce(max(id), 0) FROM verdicts").fetchone()[0]
 
     @serialised
     def verdict_counts(self, *, since: float, until: float) -> dict[str, tuple[int, int, int]]:
@@ -118,9 +120,11 @@ class Verdicts(Connection):
         `[since, until)` (unix seconds); a miner with none there is absent."""
         timestamp("since", since)
         timestamp("until", until)
-        rows = self._conn.execute(
-            "SELECT miner, sum(verdict = 'pass'), sum(verdict = 'cheat'), sum(verdict = 'unproven') FROM verdicts "
-            "WHERE request_created_at >= ? AND request_created_at < ? GROUP BY miner",
-            (since, until),
-        ).fetchall()
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT miner, sum(CASE WHEN verdict = 'pass' THEN 1 ELSE 0 END), "
+                "sum(CASE WHEN verdict = 'cheat' THEN 1 ELSE 0 END), sum(CASE WHEN verdict = 'unproven' THEN 1 ELSE 0 END) "
+                "FROM verdicts WHERE request_created_at >= ? AND request_created_at < ? GROUP BY miner",
+                (since, until),
+            ).fetchall()
         return {miner: (passed, cheat, unproven) for miner, passed, cheat, unproven in rows}

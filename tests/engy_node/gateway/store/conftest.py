@@ -1,4 +1,6 @@
-"""Fixtures for the store's tests: a fresh file per test, a fake clock, and a store open on both."""
+"""Fixtures for the store's tests: a fake clock, and a fresh store per test on each backend — an
+SQLite file and a PostgreSQL database — so one suite proves both (`backend`). Tests about the
+SQLite file itself take `path` instead and run once."""
 
 from __future__ import annotations
 
@@ -20,7 +22,20 @@ def path(tmp_path) -> Path:
     return tmp_path / "gateway.sqlite3"
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request) -> str:
+    return request.param
+
+
 @pytest.fixture
-def store(path, clock):
-    with Store(path, clock=clock) as opened:
+def location(backend, request, tmp_path) -> str | Path:
+    """Where the test's store lives: a file, or a database URL."""
+    if backend == "sqlite":
+        return tmp_path / "gateway.sqlite3"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def store(location, clock):
+    with Store(location, clock=clock) as opened:
         yield opened

@@ -1,13 +1,24 @@
 """Helpers the store's tests share: a fake clock, a funded account, a request-log row, a verdict,
-a second connection that bypasses the store, and the books check most ledger tests end with."""
+a second connection that bypasses the store (on either backend), and the books check most ledger
+tests end with."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import psycopg
 
 from engy_node.gateway.store import LOCAL_VERIFIER, Balance, RequestLogEntry, Store, VerdictRecord
+from engy_node.gateway.store.connection import is_url
+from engy_node.gateway.store.postgres import connect_raw, translate
+
+INTEGRITY_ERRORS = (sqlite3.IntegrityError, psycopg.IntegrityError)
+"""What a refused write looks like on either backend (a CHECK, a unique index, a trigger)."""
 
 
 class FakeClock:
@@ -37,8 +48,27 @@ def verdict(**overrides) -> VerdictRecord:
     return VerdictRecord(**{**fields, **overrides})
 
 
-def raw(path: Path) -> sqlite3.Connection:
-    return sqlite3.connect(path, isolation_level=None)
+class _RawPostgres:
+    """A psycopg connection taking the store's `?` SQL, in autocommit like `raw`'s SQLite one."""
+
+    def __init__(self, url: str) -> None:
+        self._conn = connect_raw(url)
+
+    def execute(self, sql: str, params: Any = ()) -> psycopg.Cursor:
+        return self._conn.execute(translate(sql), params or None)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+@contextlib.contextmanager
+def raw(location: str | Path) -> Iterator[Any]:
+    """A connection to the store's database that bypasses the store, in autocommit, closed on exit."""
+    conn = _RawPostgres(location) if is_url(location) else sqlite3.connect(location, isolation_level=None)
+    try:
+        yield conn
+    finally:
+        conn.close()
 
 
 def assert_books_balance(store: Store, account_id: int) -> Balance:

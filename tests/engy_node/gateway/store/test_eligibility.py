@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 
 import pytest
 
 from engy_node.gateway.store import MAX_REASON_CHARS, EligibilityRow
+from tests.engy_node.gateway.store.support import INTEGRITY_ERRORS
 
 
 def row(**overrides) -> EligibilityRow:
@@ -30,7 +30,7 @@ def test_a_save_lands_whole_or_not_at_all(store):
     # Past the row's own checks, so the database's CHECK refuses it after the first row is in.
     forged = row(miner="key:2")
     object.__setattr__(forged, "state", "banned")
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(INTEGRITY_ERRORS):
         store.save_eligibility([row(state="active"), forged])
     assert store.eligibility() == [row()]
 

@@ -4,25 +4,24 @@ other bytes are refused, and the database itself refuses any change."""
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 
 import pytest
 
 from engy_node.gateway.store import Store, StoreError
-from tests.engy_node.gateway.store.support import raw
+from tests.engy_node.gateway.store.support import INTEGRITY_ERRORS, raw
 
 PAYLOAD = b'{"v":1,"epoch_index":7,"result_json":"{\\"weights\\":[]}"}'
 DIGEST = hashlib.sha256(b'{"weights":[]}').hexdigest()
 
 
-def test_an_epoch_is_stored_byte_for_byte_and_saving_it_again_is_a_no_op(store, path):
+def test_an_epoch_is_stored_byte_for_byte_and_saving_it_again_is_a_no_op(store, location):
     assert store.epoch_payload(7) is None and store.latest_epoch() is None
     assert store.save_epoch(7, PAYLOAD, DIGEST, closed_at=1_000.0) is True
     assert store.save_epoch(7, PAYLOAD, DIGEST, closed_at=2_000.0) is False
-    with Store(path) as other:  # a second gateway process closing the same epoch
+    with Store(location) as other:  # a second gateway process closing the same epoch
         assert other.save_epoch(7, PAYLOAD, DIGEST, closed_at=3_000.0) is False
     assert store.epoch_payload(7) == PAYLOAD
-    with raw(path) as conn:
+    with raw(location) as conn:
         assert conn.execute("SELECT epoch_index, digest, closed_at FROM epochs").fetchall() == [(7, DIGEST, 1_000.0)]
 
 
@@ -43,18 +42,25 @@ def test_the_latest_epoch_is_the_highest_index_whatever_the_order_saved(store):
     assert store.epoch_payload(5) == b"five"
 
 
-def test_the_database_refuses_to_update_or_delete_a_published_epoch(store, path):
+def test_the_database_refuses_to_update_or_delete_a_published_epoch(store, location, backend):
     store.save_epoch(7, PAYLOAD, DIGEST, closed_at=1_000.0)
-    with raw(path) as conn:
-        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-            conn.execute("UPDATE epochs SET payload = x'00'")
-        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+    with raw(location) as conn:
+        with pytest.raises(INTEGRITY_ERRORS, match="append-only"):
+            conn.execute("UPDATE epochs SET payload = ?", (b"\x00",))
+        with pytest.raises(INTEGRITY_ERRORS, match="append-only"):
             conn.execute("DELETE FROM epochs")
-        # REPLACE would delete the stored row without firing the delete trigger.
-        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-            conn.execute("INSERT OR REPLACE INTO epochs VALUES (7, x'00', ?, 0)", (DIGEST,))
-        with pytest.raises(sqlite3.IntegrityError):
-            conn.execute("INSERT INTO epochs VALUES (-1, x'00', ?, 0)", (DIGEST,))
+        if backend == "sqlite":
+            # REPLACE would delete the stored row without firing the delete trigger.
+            with pytest.raises(INTEGRITY_ERRORS, match="append-only"):
+                conn.execute("INSERT OR REPLACE INTO epochs VALUES (7, x'00', ?, 0)", (DIGEST,))
+        else:
+            with pytest.raises(INTEGRITY_ERRORS, match="append-only"):
+                conn.execute("INSERT INTO epochs VALUES (7, ?, ?, 0) ON CONFLICT (epoch_index) DO UPDATE SET payload = "
+                             "excluded.payload", (b"\x00", DIGEST))
+            with pytest.raises(INTEGRITY_ERRORS, match="append-only"):
+                conn.execute("TRUNCATE epochs")
+        with pytest.raises(INTEGRITY_ERRORS):
+            conn.execute("INSERT INTO epochs VALUES (-1, ?, ?, 0)", (b"\x00", DIGEST))
     assert store.epoch_payload(7) == PAYLOAD
 
 

@@ -15,12 +15,12 @@ from tests.engy_node.gateway.store.support import assert_books_balance, funded, 
 # -- keys ---------------------------------------------------------------------------------------
 
 
-def test_a_buyer_key_authenticates_its_account_and_is_stored_only_as_a_hash(store, path):
+def test_a_buyer_key_authenticates_its_account_and_is_stored_only_as_a_hash(store, location):
     account_id, api_key = store.create_buyer("acme")
     assert api_key.startswith(BUYER_KEY_PREFIX) and len(api_key) > len(BUYER_KEY_PREFIX) + KEY_ENTROPY_BYTES
     account = store.authenticate(api_key)
     assert (account.account_id, account.name) == (account_id, "acme")
-    with raw(path) as conn:
+    with raw(location) as conn:
         stored = [row[0] for row in conn.execute("SELECT key_sha256 FROM api_keys")]
     assert len(stored) == 1 and len(stored[0]) == 64 and api_key not in stored[0]
 
@@ -52,7 +52,7 @@ def test_keys_are_unique_per_issue(store):
 # -- ledger -------------------------------------------------------------------------------------
 
 
-def test_credit_hold_settle_round_trip_keeps_every_micro_dollar(store, path, clock):
+def test_credit_hold_settle_round_trip_keeps_every_micro_dollar(store, location, clock):
     account_id = funded(store, 1_000_000)
     hold = store.hold(account_id, amount=300_000, request_id="req-1")
     assert hold == Hold(hold_id=hold.hold_id, account_id=account_id, amount=300_000, request_id="req-1", created_at=clock.now)
@@ -60,7 +60,7 @@ def test_credit_hold_settle_round_trip_keeps_every_micro_dollar(store, path, clo
     settlement = store.settle(hold, cost=123_456)
     assert (settlement.charged, settlement.released, settlement.applied) == (123_456, 176_544, True)
     assert assert_books_balance(store, account_id) == Balance(available=876_544, held=0, credited=1_000_000, charged=123_456)
-    with raw(path) as conn:
+    with raw(location) as conn:
         ledger = conn.execute("SELECT kind, amount, request_id, available_after FROM ledger ORDER BY id").fetchall()
     assert ledger == [("credit", 1_000_000, None, 1_000_000), ("hold", 300_000, "req-1", 700_000),
                       ("settle", 123_456, "req-1", 700_000), ("release", 176_544, "req-1", 876_544)]
@@ -147,14 +147,14 @@ os._exit(1)  # no close, no cleanup: the process dies with the hold open
 """
 
 
-def test_holds_left_open_by_a_crash_are_released_at_the_next_start(path, caplog):
-    with Store(path) as before:
+def test_holds_left_open_by_a_crash_are_released_at_the_next_start(location, caplog):
+    with Store(location) as before:
         account_id = funded(before, 1_000)
         settled = before.hold(account_id, amount=100, request_id="finished")
         before.settle(settled, cost=60)
-    crashed = subprocess.run([sys.executable, "-c", CRASHING_GATEWAY, str(path), str(account_id)], capture_output=True, text=True)
+    crashed = subprocess.run([sys.executable, "-c", CRASHING_GATEWAY, str(location), str(account_id)], capture_output=True, text=True)
     assert crashed.returncode == 1, crashed.stderr
-    with Store(path) as after:
+    with Store(location) as after:
         assert after.balance(account_id).held == 400
         recovered = after.recover_open_holds()
         assert [h.request_id for h in recovered] == ["in-flight-at-crash"]
@@ -167,8 +167,8 @@ def test_holds_left_open_by_a_crash_are_released_at_the_next_start(path, caplog)
         assert after.balance(account_id).charged == 60
 
 
-def test_recovery_can_spare_holds_younger_than_the_longest_request(path, clock):
-    with Store(path, clock=clock) as store:
+def test_recovery_can_spare_holds_younger_than_the_longest_request(location, clock):
+    with Store(location, clock=clock) as store:
         account_id = funded(store, 1_000)
         clock.now = 100.0
         old = store.hold(account_id, amount=10, request_id="old")
@@ -179,14 +179,11 @@ def test_recovery_can_spare_holds_younger_than_the_longest_request(path, clock):
         assert store.settle(young, cost=5).applied
 
 
-def test_the_store_summarises_accounts_by_spend(tmp_path):
-    from engy_node.gateway.store import Store
-
-    with Store.open(tmp_path / "g.sqlite3") as store:
-        first, _ = store.create_buyer("first")
-        second, _ = store.create_buyer("second")
-        store.credit(second, micro_usd=5_000_000)
-        hold = store.hold(second, amount=1_000_000, request_id="r1")
-        store.settle(hold, cost=400_000)
-        count, top = store.account_summaries(limit=1)
+def test_the_store_summarises_accounts_by_spend(store):
+    first, _ = store.create_buyer("first")
+    second, _ = store.create_buyer("second")
+    store.credit(second, micro_usd=5_000_000)
+    hold = store.hold(second, amount=1_000_000, request_id="r1")
+    store.settle(hold, cost=400_000)
+    count, top = store.account_summaries(limit=1)
     assert count == 2 and [(a.account_id, a.charged, a.available, a.held) for a in top] == [(second, 400_000, 4_600_000, 0)]

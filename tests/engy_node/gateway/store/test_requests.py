@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from engy_node.gateway.store import RequestLogEntry, UsageSummary
+from engy_node.gateway.store import RequestLogEntry, Store, UsageSummary
 from tests.engy_node.gateway.store.support import entry, funded, raw
 
 
@@ -26,17 +26,26 @@ def test_usage_sums_paid_requests_of_the_account_since_a_time(store):
     assert store.usage(42) == UsageSummary(0, 0, 0, 0, 0)
 
 
-def test_purging_the_request_log_drops_old_rows_and_returns_their_pages(store, path):
+def test_purging_the_request_log_drops_old_rows(store, location):
     funded(store, 1)
-    for i in range(2_000):
-        store.log_request(entry(request_id=f"old-{i}", created_at=100.0))
+    store.log_requests([entry(request_id=f"old-{i}", created_at=100.0) for i in range(50)])
     store.log_request(entry(request_id="new", created_at=300.0))
-    with raw(path) as conn:
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        pages_before = conn.execute("PRAGMA page_count").fetchone()[0]
-    assert store.purge_request_log(older_than=200.0) == 2_000
-    with raw(path) as conn:
+    assert store.purge_request_log(older_than=200.0) == 50
+    with raw(location) as conn:
         assert conn.execute("SELECT request_id FROM request_log").fetchall() == [("new",)]
+
+
+def test_purging_the_request_log_returns_the_files_pages(path):
+    with Store(path) as store:
+        funded(store, 1)
+        for i in range(2_000):
+            store.log_request(entry(request_id=f"old-{i}", created_at=100.0))
+        store.log_request(entry(request_id="new", created_at=300.0))
+        with raw(path) as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            pages_before = conn.execute("PRAGMA page_count").fetchone()[0]
+        assert store.purge_request_log(older_than=200.0) == 2_000
+    with raw(path) as conn:
         assert conn.execute("PRAGMA freelist_count").fetchone()[0] == 0
         assert conn.execute("PRAGMA page_count").fetchone()[0] < pages_before
 

@@ -1,38 +1,41 @@
-"""schema: the database enforces its own invariants; the file is versioned and WAL; a file we cannot
-use is refused with its path and the fix."""
+"""schema: the database enforces its own invariants (on both backends); the file is versioned and
+WAL; a file or database we cannot use is refused with where it is and the fix; PostgreSQL's schema
+is created once however many hosts start together."""
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 
 import pytest
 
 from engy_node.gateway.store import APPLICATION_ID, SCHEMA_VERSION, Store, StoreError
-from tests.engy_node.gateway.store.support import assert_books_balance, entry, funded, raw, verdict
+from tests.engy_node.gateway.store.support import INTEGRITY_ERRORS, assert_books_balance, entry, funded, raw, verdict
 
 # -- the database enforces its own invariants ----------------------------------------------------
 
 
-def test_the_database_refuses_to_update_or_delete_ledger_rows(store, path):
+def test_the_database_refuses_to_update_or_delete_ledger_rows(store, location):
     account_id = funded(store, 1_000)
     store.settle(store.hold(account_id, amount=100, request_id="r"), cost=50)
-    with raw(path) as conn:
-        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+    with raw(location) as conn:
+        with pytest.raises(INTEGRITY_ERRORS, match="append-only"):
             conn.execute("UPDATE ledger SET amount = 0 WHERE kind = 'settle'")
-        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        with pytest.raises(INTEGRITY_ERRORS, match="append-only"):
             conn.execute("DELETE FROM ledger")
         # A second closure of the same hold, and an overdraft, are refused too.
         hold_id = conn.execute("SELECT id FROM ledger WHERE kind = 'hold'").fetchone()[0]
-        with pytest.raises(sqlite3.IntegrityError):
+        with pytest.raises(INTEGRITY_ERRORS):
             conn.execute("INSERT INTO ledger (account_id, kind, amount, request_id, hold_id, available_after, created_at) "
                           "VALUES (?, 'settle', 50, 'r', ?, 0, 0)", (account_id, hold_id))
-        with pytest.raises(sqlite3.IntegrityError):
+        with pytest.raises(INTEGRITY_ERRORS):
             conn.execute("UPDATE accounts SET available = available - 2000, held = held + 2000")
         assert conn.execute("SELECT count(*) FROM ledger").fetchone()[0] == 4
     assert_books_balance(store, account_id)
 
 
-def test_the_file_is_versioned_write_ahead_logged_and_auto_vacuumed(store, path):
+def test_the_file_is_versioned_write_ahead_logged_and_auto_vacuumed(path):
+    Store(path).close()
     with raw(path) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
         assert conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
@@ -127,3 +130,64 @@ def test_a_file_locked_by_another_process_gives_an_error_not_a_hang(path):
                 Store(path, busy_timeout_s=0.05)
             other.execute("ROLLBACK")
         assert assert_books_balance(store, account_id).credited == 100
+
+
+# -- PostgreSQL databases ---------------------------------------------------------------------------
+
+
+def test_a_postgres_database_is_versioned_and_names_its_owner(postgres_url):
+    Store(postgres_url).close()
+    with raw(postgres_url) as conn:
+        assert dict(conn.execute("SELECT key, value FROM meta").fetchall()) == {
+            "application": "engy-gateway", "schema_version": str(SCHEMA_VERSION)}
+
+
+def test_a_postgres_database_of_some_other_program_is_refused(postgres_url):
+    with raw(postgres_url) as conn:
+        conn.execute("CREATE TABLE photos (id BIGINT PRIMARY KEY)")
+    with pytest.raises(StoreError, match="tables of some other program"):
+        Store(postgres_url)
+
+
+def test_a_postgres_database_of_a_newer_schema_version_is_refused(postgres_url):
+    Store(postgres_url).close()
+    with raw(postgres_url) as conn:
+        conn.execute("UPDATE meta SET value = '999' WHERE key = 'schema_version'")
+    with pytest.raises(StoreError, match=f"schema version 999, this engy-node uses {SCHEMA_VERSION}"):
+        Store(postgres_url)
+
+
+def test_hosts_opening_a_new_postgres_database_together_create_its_schema_once(postgres_url):
+    opened: list[Store] = []
+    errors: list[BaseException] = []
+
+    def open_one() -> None:
+        try:
+            opened.append(Store(postgres_url))
+        except BaseException as error:  # broad on purpose: re-raised in the main thread below
+            errors.append(error)
+
+    threads = [threading.Thread(target=open_one) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    account_id = funded(opened[0], 100)
+    assert opened[-1].balance(account_id).available == 100
+    for store in opened:
+        store.close()
+
+
+def test_an_unreachable_postgres_server_is_refused_with_the_url_and_the_fix(postgres_cluster):
+    url = postgres_cluster.url("nowhere").replace(f":{postgres_cluster.port}/", ":1/")
+    with pytest.raises(StoreError, match="check that PostgreSQL is up") as raised:
+        Store(url, busy_timeout_s=2.0)
+    assert "127.0.0.1:1/nowhere" in str(raised.value)
+
+
+def test_a_password_never_appears_in_the_stores_messages(postgres_cluster):
+    url = postgres_cluster.url("nowhere").replace("engy@", "engy:hunter2@").replace(f":{postgres_cluster.port}/", ":1/")
+    with pytest.raises(StoreError) as raised:
+        Store(url, busy_timeout_s=2.0)
+    assert "hunter2" not in str(raised.value) and "engy:***@127.0.0.1:1" in str(raised.value)

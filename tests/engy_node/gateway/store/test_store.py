@@ -35,10 +35,10 @@ HOLD = 37  # does not divide BALANCE, so the last attempts find a remainder too 
 ATTEMPTS = 120
 
 
-async def test_concurrent_trio_tasks_never_hold_more_than_the_balance(path):
-    # Four stores (four connections, four limiters) on one file, so holds really do run at the
-    # same time in different threads and only SQLite's locking keeps them apart.
-    stores = [Store(path) for _ in range(4)]
+async def test_concurrent_trio_tasks_never_hold_more_than_the_balance(location):
+    # Four stores (four connections or pools, four limiters) on one database, so holds really do
+    # run at the same time in different threads and only the database's locking keeps them apart.
+    stores = [Store(location) for _ in range(4)]
     account_id = funded(stores[0], BALANCE)
     holds: list[Hold] = []
 
@@ -77,8 +77,8 @@ async def test_concurrent_trio_tasks_never_hold_more_than_the_balance(path):
         await store.aclose()
 
 
-def test_concurrent_os_threads_with_their_own_stores_never_hold_more_than_the_balance(path):
-    with Store(path) as setup:
+def test_concurrent_os_threads_with_their_own_stores_never_hold_more_than_the_balance(location):
+    with Store(location) as setup:
         account_id = funded(setup, BALANCE)
     threads_n = 6
     start = threading.Barrier(threads_n)
@@ -89,7 +89,7 @@ def test_concurrent_os_threads_with_their_own_stores_never_hold_more_than_the_ba
 
     def worker(n: int) -> None:
         try:
-            with Store(path) as store:
+            with Store(location) as store:
                 start.wait()
                 mine = [store.hold(account_id, amount=HOLD, request_id=f"thread-{n}-{i}") for i in range(ATTEMPTS // threads_n)]
                 mine = [h for h in mine if h is not None]
@@ -113,7 +113,7 @@ def test_concurrent_os_threads_with_their_own_stores_never_hold_more_than_the_ba
         thread.join()
     assert errors == []
     assert len(holds) == BALANCE // HOLD
-    with Store(path) as store:
+    with Store(location) as store:
         balance = assert_books_balance(store, account_id)
     assert balance == Balance(available=BALANCE - sum(charged), held=0, credited=BALANCE, charged=sum(charged))
 
@@ -171,8 +171,8 @@ async def test_every_operation_is_awaitable(store):
     assert await store.run(store.purge_request_log, older_than=float("inf")) == 1
 
 
-async def test_run_awaits_only_methods_of_its_own_store(store, path):
-    with Store(path) as other:
+async def test_run_awaits_only_methods_of_its_own_store(store, location):
+    with Store(location) as other:
         with pytest.raises(TypeError, match="method of this store"):
             await store.run(other.list_miners)
     with pytest.raises(TypeError, match="method of this store"):
@@ -202,11 +202,12 @@ async def test_operations_awaited_together_share_one_commit_and_one_failure_stay
     assert store.check_books() == []
 
 
-async def test_holds_and_releases_skip_the_disk_flush_and_charges_wait_for_it(store, path):
+async def test_holds_and_releases_skip_the_disk_flush_and_charges_wait_for_it(path):
     """A hold or release lost to a power cut is what recovery would produce anyway; a charge is not."""
+    store = Store(path)
     account_id, _ = store.create_buyer("flush")
     store.credit(account_id, micro_usd=1_000)
-    synchronous = lambda: store._conn.execute("PRAGMA synchronous").fetchone()[0]  # noqa: E731  1 NORMAL, 2 FULL
+    synchronous = lambda: store._db._conn.execute("PRAGMA synchronous").fetchone()[0]  # noqa: E731  1 NORMAL, 2 FULL
 
     hold = await store.run(store.hold, account_id, amount=100, request_id="r1")
     assert synchronous() == 1
@@ -220,6 +221,7 @@ async def test_holds_and_releases_skip_the_disk_flush_and_charges_wait_for_it(st
     store.credit(account_id, micro_usd=5)
     assert synchronous() == 2
     assert assert_books_balance(store, account_id).charged == 40
+    store.close()
 
 
 # -- zero data retention ------------------------------------------------------------------------

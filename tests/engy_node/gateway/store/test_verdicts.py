@@ -29,17 +29,17 @@ def test_a_verdict_is_recorded_once_and_read_back(store):
         ({"miner": "key:2"}, "conflict"),
     ],
 )
-def test_a_second_verdict_on_a_request_changes_nothing(store, path, second, outcome):
+def test_a_second_verdict_on_a_request_changes_nothing(store, location, second, outcome):
     first = verdict(request_id="r1", verdict="pass", reason="ok")
     store.record_verdict(first)
     assert store.record_verdict(dataclasses.replace(first, **second)) == outcome
     assert store.verdict("r1") == first
-    with raw(path) as conn:
+    with raw(location) as conn:
         assert conn.execute("SELECT count(*) FROM verdicts").fetchone()[0] == 1
 
 
-def test_two_stores_recording_the_same_request_store_one_verdict(store, path):
-    with Store(path) as other:
+def test_two_stores_recording_the_same_request_store_one_verdict(store, location):
+    with Store(location) as other:
         assert other.record_verdict(verdict(request_id="r1", verdict="pass")) == "recorded"
     assert store.record_verdict(verdict(request_id="r1", verdict="cheat")) == "conflict"
     assert store.verdict("r1").verdict == "pass"
