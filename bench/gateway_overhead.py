@@ -1,7 +1,7 @@
 """What the gateway adds to a request, measured side by side in one run.
 
     .venv/bin/python bench/gateway_overhead.py [--levels 1,16,64,256] [--plain-levels 1,16,64] [--floor-levels 16] [--requests 512]
-                                               [--gateway-workers N]
+                                               [--gateway-workers N] [--baseline REV|DIR] [--rounds N]
 
 A fast synthetic miner (the real link and protocol, an instant scripted 90-character answer,
 chunks coalesced as the real miner coalesces them: the first at once, the rest in the next) runs
@@ -21,18 +21,30 @@ processes together, `--gateway-workers`), and the client's CPU per request (this
 shares the machine's cores with the gateway. Every request asks a different question. Last, the
 same client against the HTTP server alone (hypercorn's trio worker with a 15-line ASGI app: the
 floor under any gateway on this stack; `--floor-levels`). All these processes share the
-machine. Everything binds 127.0.0.1; every process started here is stopped here.
+machine.
+
+With `--baseline REV` (a commit of this repository, exported with `git archive` into a temporary
+directory) or `--baseline DIR` (a code tree already on disk), a second gateway runs that code,
+from this venv, in its own home with its own synthetic miner, and every level is measured on both
+gateways, one after the other, in an order that alternates from level to level and round to
+round (`--rounds`), so that the machine's drift falls on both alike. A last table puts them side
+by side: CPU per request, requests/s and TTFT, baseline → ours, with the ratio. Everything binds
+127.0.0.1; every process and directory made here is removed here.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import io
 import json
 import os
 import re
 import signal
 import subprocess
+import statistics
 import sys
+import tarfile
 import tempfile
 import time
 import uuid
@@ -42,7 +54,8 @@ import httpx
 import psutil
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from engy_node.metrics import nearest_rank  # noqa: E402
 
@@ -271,8 +284,109 @@ def cpu_seconds(processes: list[psutil.Process]) -> float:
     return sum(sum(process.cpu_times()[:2]) for process in processes)
 
 
-async def measure(levels: list[tuple[bool, int]], total: int, home: str, gateway_api: str, buyer_key: str,
-                  gateway_pid: int) -> list[dict]:
+SETUP_HOME = (
+    "import json, sys, engy_node; from engy_node.config import load_config; from engy_node.gateway.role import store_path; "
+    "from engy_node.gateway.store import Store; config = load_config(home=sys.argv[1], env={}); "
+    "config.paths.data_dir.mkdir(parents=True, exist_ok=True); store = Store.open(store_path(config)); "
+    "account, buyer_key = store.create_buyer('bench'); store.credit(account, micro_usd=10**12); "
+    "_, miner_key = store.register_miner('bench-miner'); store.close(); "
+    "print(json.dumps({'package': engy_node.__file__, 'buyer_key': buyer_key, 'miner_key': miner_key}))"
+)
+"""Run with a code tree's PYTHONPATH in a fresh home: the store as that tree's code makes it (a
+gateway refuses a store whose schema it does not know), a funded buyer and a miner key."""
+
+
+@dataclasses.dataclass
+class Gateway:
+    """One gateway under test: `label` in the tables, its code tree, its process and endpoints."""
+
+    label: str
+    root: Path
+    home: str
+    process: subprocess.Popen | None = None
+    miner: subprocess.Popen | None = None
+    api: str = ""
+    buyer_key: str = ""
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.home) / "gateway.log"
+
+    def env(self) -> dict[str, str]:
+        """This venv's Python loading engy_node from `root` (PYTHONPATH comes before the venv's
+        editable install of this checkout)."""
+        return {**os.environ, "PYTHONPATH": str(self.root), "PYTHONUNBUFFERED": "1"}
+
+    def start(self, workers: int) -> None:
+        made = subprocess.run([sys.executable, "-c", SETUP_HOME, self.home], cwd=self.root, env=self.env(),
+                              capture_output=True, text=True, timeout=120)
+        if made.returncode != 0:
+            raise SystemExit(f"setting up the {self.label} gateway's store with the code in {self.root} failed:\n{made.stderr}")
+        found = json.loads(made.stdout)
+        if not Path(found["package"]).resolve().is_relative_to(self.root.resolve()):
+            raise SystemExit(f"run from {self.root}, Python loaded engy_node from {found['package']}: the {self.label} gateway "
+                             "would not be measured; check for a PYTHONPATH or .pth entry that shadows it")
+        self.buyer_key = found["buyer_key"]
+        # Qualification off: the synthetic miner would otherwise stay on probation (probes only,
+        # every paid request refused) for the whole run; what is measured is the relay.
+        env = {**self.env(), "ENGY_GATEWAY__PORT": "0", "ENGY_GATEWAY__MINER_PORT": "0", "ENGY_GATEWAY__PROVIDER_PORT": "0",
+               "ENGY_GATEWAY__QUALIFICATION": "false", "ENGY_GATEWAY__WORKERS": str(workers)}
+        with self.log_path.open("w") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "engy_node", "--home", self.home, "--role", "gateway"],
+                                            cwd=self.root, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 120
+        while not (match := READY.search(self.log_path.read_text())):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the {self.label} gateway did not start; its log:\n{self.log_path.read_text()}")
+            time.sleep(0.1)
+        self.api = match.group(1) + "/v1"
+        self.miner = spawn_miner(match.group(2), found["miner_key"], self.home)
+
+    def stop(self) -> None:
+        for process in (self.miner, self.process):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(30)
+
+
+def baseline_tree(baseline: str, parent: Path) -> Path:
+    """The code tree for `--baseline`: a directory as it is, or a commit of this repository
+    exported into `parent` (`git archive`: nothing in the repository changes)."""
+    if Path(baseline).is_dir():
+        return Path(baseline).resolve()
+    exported = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", f"{baseline}^{{commit}}"],
+                              capture_output=True, timeout=120)
+    if exported.returncode != 0:
+        raise SystemExit(f"--baseline {baseline}: neither a directory nor a commit of {ROOT} "
+                         f"({exported.stderr.decode().strip()}); name one `git log --oneline` lists")
+    tree = parent / "baseline"
+    with tarfile.open(fileobj=io.BytesIO(exported.stdout)) as archive:
+        archive.extractall(tree, filter="data")
+    return tree
+
+
+def describe(root: Path) -> str:
+    """The commit a code tree is at, and whether it has changes under engy_node/ (an exported or
+    copied tree: its path)."""
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True)
+    lines = head.stdout.split()
+    if head.returncode != 0 or Path(lines[0]).resolve() != root.resolve():
+        return str(root)
+    changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "engy_node"], capture_output=True, text=True)
+    dirty = len(changed.stdout.splitlines())
+    return lines[1][:10] + (f" + {dirty} changed files under engy_node/" if dirty else "")
+
+
+async def measure_gateway(gateway: Gateway, concurrency: int, count: int, *, stream: bool) -> dict:
+    processes = process_tree(gateway.process.pid)
+    cpu_before, client_before = cpu_seconds(processes), time.process_time()
+    through = await gateway_level(gateway.api, gateway.buyer_key, concurrency, count, stream=stream)
+    return {**through, "cpu_ms_per_request": (cpu_seconds(processes) - cpu_before) * 1000 / count,
+            "client_cpu_ms_per_request": (time.process_time() - client_before) * 1000 / count,
+            "rss_mib": sum(process.memory_info().rss for process in processes) / 2**20}
+
+
+async def measure(levels: list[tuple[bool, int]], total: int, rounds: int, home: str, gateways: list[Gateway]) -> list[dict]:
     from engy_node.testing.gateway import GatewayHarness
 
     rows = []
@@ -282,20 +396,22 @@ async def measure(levels: list[tuple[bool, int]], total: int, home: str, gateway
         direct_miner = spawn_miner(harness.url, "harness-needs-no-key", home)
         try:
             await harness.wait_for(lambda: 0 in harness.legs, timeout=120)
-            for stream in (True, False):  # warm both paths up
+            for stream in (True, False):  # warm every path up
                 await direct_level(harness, 4, 64, stream=stream)
-                await gateway_level(gateway_api, buyer_key, 4, 64, stream=stream)
-            for stream, concurrency in levels:
-                count = max(total, concurrency * 2)
-                direct = await direct_level(harness, concurrency, count, stream=stream)
-                gateway_processes = process_tree(gateway_pid)
-                cpu_before, client_before = cpu_seconds(gateway_processes), time.process_time()
-                through = await gateway_level(gateway_api, buyer_key, concurrency, count, stream=stream)
-                cpu_ms = (cpu_seconds(gateway_processes) - cpu_before) * 1000 / count
-                client_cpu_ms = (time.process_time() - client_before) * 1000 / count
-                rss = sum(process.memory_info().rss for process in gateway_processes) / 2**20
-                rows.append({"stream": stream, "concurrency": concurrency, "requests": count, "direct": direct, "gateway": through,
-                             "gateway_rss_mib": rss, "gateway_cpu_ms_per_request": cpu_ms, "client_cpu_ms_per_request": client_cpu_ms})
+                for gateway in gateways:
+                    await gateway_level(gateway.api, gateway.buyer_key, 4, 64, stream=stream)
+            for number in range(rounds):
+                for index, (stream, concurrency) in enumerate(levels):
+                    count = max(total, concurrency * 2)
+                    direct = await direct_level(harness, concurrency, count, stream=stream)
+                    measured = {}
+                    # Who goes first alternates from level to level and round to round, so that a
+                    # machine slowing down or speeding up during the run favours no gateway.
+                    first = (number + index) % len(gateways)
+                    for gateway in gateways[first:] + gateways[:first]:
+                        measured[gateway.label] = await measure_gateway(gateway, concurrency, count, stream=stream)
+                    rows.append({"stream": stream, "concurrency": concurrency, "requests": count, "round": number + 1,
+                                 "direct": direct, "gateways": measured})
         finally:
             direct_miner.send_signal(signal.SIGTERM)
             direct_miner.wait(30)
@@ -320,26 +436,48 @@ def measure_floor(concurrency: int, total: int) -> dict:
             "ttft_p50_ms": result["ttft_p50_ms"], "ttft_p99_ms": result["ttft_p99_ms"]}
 
 
-def print_tables(rows: list[dict]) -> None:
+
+def print_tables(rows: list[dict], label: str, titled: bool) -> None:
     for stream, title, unit, latency in ((True, "Streamed (TTFT: to the first content event)", "streams", "TTFT"),
                                          (False, "Not streamed (latency: to the whole answer)", "concurrent requests", "latency")):
         chosen = [row for row in rows if row["stream"] == stream]
         if not chosen:
             continue
         chunks_column = " streamed chunks/s |" if stream else ""
-        print(f"\n{title}\n")
+        print(f"\n{title}" + (f", the {label} gateway" if titled else "") + "\n")
         print(f"| {unit} | {latency} p50 direct → gateway (added) | {latency} p99 direct → gateway (added) | req/s direct "
               f"| req/s gateway | ratio |{chunks_column} gateway CPU per request | client CPU per request | gateway RSS |")
         print("|---" * (10 if stream else 9) + "|")
         for row in chosen:
-            d, g = row["direct"], row["gateway"]
+            d, g = row["direct"], row["gateways"][label]
             chunks = f" {g['chunks_per_s']:.0f} |" if stream else ""
             print(f"| {row['concurrency']} | {d['ttft_p50_ms']:.1f} → {g['ttft_p50_ms']:.1f} ms (+{g['ttft_p50_ms'] - d['ttft_p50_ms']:.1f}) "
                   f"| {d['ttft_p99_ms']:.1f} → {g['ttft_p99_ms']:.1f} ms (+{g['ttft_p99_ms'] - d['ttft_p99_ms']:.1f}) "
                   f"| {d['rps']:.0f} | {g['rps']:.0f} | {g['rps'] / d['rps']:.2f}× |{chunks} "
-                  f"{row['gateway_cpu_ms_per_request']:.2f} ms | {row['client_cpu_ms_per_request']:.2f} ms "
-                  f"| {row['gateway_rss_mib']:.0f} MiB |"
+                  f"{g['cpu_ms_per_request']:.2f} ms | {g['client_cpu_ms_per_request']:.2f} ms "
+                  f"| {g['rss_mib']:.0f} MiB |"
                   + (f" ({g['errors']} errors)" if g["errors"] else ""))
+
+
+def print_comparison(rows: list[dict]) -> None:
+    """Baseline → ours per level and round, then the median ratio per level."""
+    print("\nBaseline → ours, side by side (ratio: ours / baseline)\n")
+    print("| mode | level | round | gateway CPU per request | req/s | TTFT or latency p50 | TTFT or latency p99 |")
+    print("|---|---|---|---|---|---|---|")
+    ratios: dict[tuple[bool, int], list[tuple[float, float]]] = {}
+    for row in rows:
+        b, o = row["gateways"]["baseline"], row["gateways"]["ours"]
+        cpu, rps = o["cpu_ms_per_request"] / b["cpu_ms_per_request"], o["rps"] / b["rps"]
+        ratios.setdefault((row["stream"], row["concurrency"]), []).append((cpu, rps))
+        print(f"| {'streamed' if row['stream'] else 'not streamed'} | {row['concurrency']} | {row['round']} "
+              f"| {b['cpu_ms_per_request']:.2f} → {o['cpu_ms_per_request']:.2f} ms ({cpu:.2f}×) "
+              f"| {b['rps']:.0f} → {o['rps']:.0f} ({rps:.2f}×) "
+              f"| {b['ttft_p50_ms']:.1f} → {o['ttft_p50_ms']:.1f} ms | {b['ttft_p99_ms']:.1f} → {o['ttft_p99_ms']:.1f} ms |")
+    print()
+    for (stream, concurrency), pairs in ratios.items():
+        print(f"{'streamed' if stream else 'not streamed'}, {concurrency} concurrent, {len(pairs)} round(s): CPU per request "
+              f"{statistics.median(cpu for cpu, _ in pairs):.2f}× the baseline's, requests/s "
+              f"{statistics.median(rps for _, rps in pairs):.2f}× (medians)")
 
 
 def main() -> None:
@@ -349,6 +487,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=256, help="requests per level (at least 2 per stream)")
     parser.add_argument("--floor-levels", default="16", help="concurrent streams against the bare HTTP server (empty: skip)")
     parser.add_argument("--gateway-workers", type=int, default=1, help="gateway worker processes (gateway.workers)")
+    parser.add_argument("--baseline", metavar="REV|DIR",
+                        help="also measure the gateway of this commit (or code tree), side by side with this checkout's")
+    parser.add_argument("--rounds", type=int, default=1, help="measure every level this many times")
     parser.add_argument("--floor-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--miner", help=argparse.SUPPRESS)
     parser.add_argument("--key", help=argparse.SUPPRESS)
@@ -360,47 +501,32 @@ def main() -> None:
     if args.floor_server:
         run_floor_server()
         return
-
-    from engy_node.config import load_config
-    from engy_node.gateway.role import store_path
-    from engy_node.gateway.store import Store
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds {args.rounds}: must be at least 1")
 
     levels = [(True, int(level)) for level in args.levels.split(",") if level]
     levels += [(False, int(level)) for level in args.plain_levels.split(",") if level]
-    with tempfile.TemporaryDirectory(prefix="engy-gw-bench-") as home:
-        config = load_config(home=home, env={})
-        config.paths.data_dir.mkdir(parents=True, exist_ok=True)
-        with Store.open(store_path(config)) as store:
-            account, buyer_key = store.create_buyer("bench")
-            store.credit(account, micro_usd=10**12)
-            _, miner_key = store.register_miner("bench-miner")
-        log_path = Path(home) / "gateway.log"
-        # Qualification off: the synthetic miner would otherwise stay on probation (probes only,
-        # every paid request refused) for the whole run; what is measured is the relay.
-        env = {**os.environ, "ENGY_GATEWAY__PORT": "0", "ENGY_GATEWAY__MINER_PORT": "0", "ENGY_GATEWAY__PROVIDER_PORT": "0",
-               "ENGY_GATEWAY__QUALIFICATION": "false", "PYTHONUNBUFFERED": "1", "ENGY_GATEWAY__WORKERS": str(args.gateway_workers)}
-        with log_path.open("w") as log:
-            gateway = subprocess.Popen([sys.executable, "-m", "engy_node", "--home", home, "--role", "gateway"],
-                                       stdout=log, stderr=subprocess.STDOUT, env=env)
-        miner = None
+    with tempfile.TemporaryDirectory(prefix="engy-gw-bench-") as scratch:
+        trees = [("ours", ROOT)]
+        if args.baseline:
+            trees.append(("baseline", baseline_tree(args.baseline, Path(scratch))))
+        gateways = []
+        for label, root in trees:
+            home = Path(scratch) / f"home-{label}"
+            home.mkdir()
+            gateways.append(Gateway(label, root, str(home)))
         try:
-            deadline = time.monotonic() + 120
-            while not (match := READY.search(log_path.read_text())):
-                if gateway.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(log_path.read_text())
-                time.sleep(0.1)
-            buyer_api, miner_ws = match.group(1) + "/v1", match.group(2)
-            miner = spawn_miner(miner_ws, miner_key, home)
+            for gateway in gateways:
+                gateway.start(args.gateway_workers)
             time.sleep(3)
-            rows = trio.run(measure, levels, args.requests, home, buyer_api, buyer_key, gateway.pid)
+            rows = trio.run(measure, levels, args.requests, args.rounds, gateways[0].home, gateways)
         finally:
-            for process in (miner, gateway):
-                if process is not None:
-                    process.send_signal(signal.SIGTERM)
-                    process.wait(30)
+            for gateway in gateways:
+                gateway.stop()
     floor = [measure_floor(int(level), args.requests) for level in args.floor_levels.split(",") if level]
     print(json.dumps({"levels": rows, "http_server_floor": floor}, indent=2))
-    print_tables(rows)
+    for gateway in gateways:
+        print_tables(rows, gateway.label, titled=len(gateways) > 1)
     if floor:
         print("\nThe HTTP server alone (hypercorn, trio worker, a fixed 3-write SSE answer; same client)\n")
         print("| streams | TTFT p50 | TTFT p99 | req/s | server CPU per request |")
@@ -408,6 +534,9 @@ def main() -> None:
         for row in floor:
             print(f"| {row['concurrency']} | {row['ttft_p50_ms']:.1f} ms | {row['ttft_p99_ms']:.1f} ms | {row['rps']:.0f} "
                   f"| {row['cpu_ms_per_request']:.2f} ms |")
+    if args.baseline:
+        print_comparison(rows)
+    print(f"\nours: {describe(ROOT)}" + "".join(f"; baseline: {args.baseline} ({describe(g.root)})" for g in gateways if g.label == "baseline"))
 
 
 if __name__ == "__main__":
