@@ -376,11 +376,11 @@ def _run_up(config, *, ports: dict, traffic: bool) -> int:
 
 def _run_admin(config, args: argparse.Namespace) -> int:
     from engy_node.gateway import admin
-    from engy_node.gateway.role import store_path
+    from engy_node.gateway.role import store_location
     from engy_node.gateway.store import Store
 
     config.paths.data_dir.mkdir(parents=True, exist_ok=True)
-    with Store.open(store_path(config)) as store:
+    with Store.open(store_location(config)) as store:
         action = args.admin_command
         if action == "create-buyer":
             print(admin.create_buyer(store, name=args.name))

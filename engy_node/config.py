@@ -164,6 +164,17 @@ class GatewaySection:
     provider_port: int = 8082
     """Provider API port (published epochs, the audit API, validator heartbeats), served by the
     first worker process; 0 picks a free one."""
+    store_url: str = ""
+    """The store several gateway hosts share: `postgresql://USER:PASSWORD@HOST:5432/DB` (an empty
+    database of its own; docs/scale-out.md). Empty: the SQLite file in the data dir, one host."""
+    fleet_legs: int = 0
+    """Behind one load balancer, the legs a miner opens across every gateway host (`/gw/meta`
+    says this; the balancer sends `/gw/{i}` to the host serving leg i). 0: this host's `workers`."""
+    fleet_offset: int = 0
+    """This host's first leg in the fleet: it serves `/gw/{fleet_offset}` up to
+    `/gw/{fleet_offset + workers - 1}`, and any other leg a balancer fails over to it."""
+    host_name: str = ""
+    """This host's name in the fleet (who holds the epoch lease, in logs); empty: the hostname."""
     qualification: bool = True
     """Miners serve paid traffic only once probes qualified them (SPEC §8.6). Off: every
     admitted miner is eligible at once (a private gateway with only your own miners)."""
@@ -501,6 +512,18 @@ def _validate(config: Config) -> None:
         raise ConfigError("gateway.queue_wait_s and gateway.queue_max must be 0 (no waiting room) or more")
     if gateway.body_timeout_s <= 0 or gateway.drain_s < 0:
         raise ConfigError("gateway.body_timeout_s must be positive and gateway.drain_s 0 or more")
+    if gateway.fleet_legs:
+        if not gateway.store_url:
+            raise ConfigError("gateway.fleet_legs is set but gateway.store_url is empty: the hosts of a fleet share one "
+                              "PostgreSQL store; set gateway.store_url = \"postgresql://USER:PASSWORD@HOST/DB\"")
+        if gateway.fleet_offset < 0 or gateway.fleet_offset + gateway.workers > gateway.fleet_legs:
+            raise ConfigError(f"gateway.fleet_offset = {gateway.fleet_offset} with {gateway.workers} worker(s) does not fit "
+                              f"gateway.fleet_legs = {gateway.fleet_legs}: this host's legs must lie in 0..fleet_legs-1")
+    elif gateway.fleet_offset:
+        raise ConfigError("gateway.fleet_offset is set but gateway.fleet_legs is 0; set both, or neither")
+    if gateway.store_url and not gateway.store_url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(f"gateway.store_url must be a postgresql:// URL (got {gateway.store_url[:24]!r}…); leave it empty "
+                          "for the SQLite file in the data dir")
     if not 0 <= gateway.provider_port <= 65535:
         raise ConfigError(f"gateway.provider_port = {gateway.provider_port}: must be 0..65535 (0 picks a free port)")
     if not 0.0 <= gateway.audit_paid_pct <= 100.0:

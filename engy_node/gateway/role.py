@@ -25,6 +25,7 @@ import functools
 import logging
 import socket
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -86,6 +87,16 @@ def store_path(config: Config) -> Path:
     return config.paths.data_dir / "gateway.sqlite3"
 
 
+def store_location(config: Config) -> str | Path:
+    """The gateway's store: the fleet's PostgreSQL database, or this host's SQLite file."""
+    return config.gateway.store_url or store_path(config)
+
+
+def fleet_legs(config: Config) -> int:
+    """Legs a miner opens across the fleet (`/gw/meta`): `gateway.fleet_legs`, or this host's workers."""
+    return config.gateway.fleet_legs or config.gateway.workers
+
+
 def load_models(config: Config) -> dict[str, ServedModel]:
     """Each served model's tokenizer and identity (blocking)."""
     settings = config.gateway
@@ -139,10 +150,13 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
     first = seat is None or seat.index == 0
     models = await trio.to_thread.run_sync(load_models, config)
     config.paths.data_dir.mkdir(parents=True, exist_ok=True)
-    store = await trio.to_thread.run_sync(Store.open, store_path(config))
+    store = await trio.to_thread.run_sync(Store.open, store_location(config))
     if first:
         # Only the first process: the others start while it serves, and their holds are live.
-        await store.run(store.recover_open_holds)
+        # Other hosts sharing the store serve while this one starts: only holds older than any
+        # request can run are theirs to lose (a live sibling settles its own in time).
+        older_than = time.time() - _longest_request_s(models, settings) if settings.store_url else None
+        await store.run(store.recover_open_holds, older_than=older_than)
 
     async def miner_key_lookup(key: str) -> str | None:
         record = await store.run(store.authenticate_miner, key)
@@ -184,7 +198,7 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
             )
             if first:
                 trust.start_traffic_control(config, gateway=gateway, store=store, hub=hub)
-            miner_app = build_miner_app(pool, workers=1 if seat is None else seat.workers)
+            miner_app = build_miner_app(pool, workers=fleet_legs(config))
             buyer_app = build_buyer_app(Handlers(gateway))
 
             async def start_servers(http: trio.Nursery) -> GatewayUrls:
@@ -194,7 +208,7 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
                     miner_url = miner_binds[0].replace("http://", "ws://") + "/gw"
                     buyer_bind = f"{settings.host}:{settings.port}"
                 else:
-                    listener = MinerListener(seat)
+                    listener = MinerListener(seat, fleet_offset=settings.fleet_offset, fleet_legs=settings.fleet_legs)
                     await http.start(listener.run)
                     await http.start(serve_listener, miner_app, hypercorn_config(None), listener)
                     miner_url = seat.miner_url

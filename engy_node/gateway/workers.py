@@ -81,9 +81,14 @@ STABLE_RUN_S = 60.0
 """A worker that ran this long before dying restarts after the shortest pause again."""
 
 
-def leg_worker(request_line: bytes, *, workers: int) -> int | None:
+def leg_worker(request_line: bytes, *, workers: int, fleet_offset: int = 0, fleet_legs: int = 0) -> int | None:
     """The worker a miner connection's request line names (`GET /gw/3 HTTP/1.1` → 3), or None
-    when it names none of `0..workers-1`: such a connection is served where it landed."""
+    when it names none of `0..workers-1`: such a connection is served where it landed.
+
+    In a fleet (`fleet_legs` legs over several hosts, this one serving from `fleet_offset` on),
+    leg i is this host's worker `i - fleet_offset`; a leg of another host, which the load balancer
+    sent here because that host is down, goes to worker `(i - fleet_offset) mod workers`, so the
+    failed-over legs spread over this host's workers as evenly as they were numbered."""
     parts = request_line.split(b" ")
     if len(parts) != 3:
         return None
@@ -94,6 +99,8 @@ def leg_worker(request_line: bytes, *, workers: int) -> int | None:
     if not digits.isdigit() or len(digits) > 6:
         return None
     index = int(digits)
+    if fleet_legs:
+        return (index - fleet_offset) % workers if index < fleet_legs else None
     return index if index < workers else None
 
 
@@ -198,9 +205,12 @@ class MinerListener(trio.abc.Listener[trio.SocketStream]):
     """This worker's miner connections: those it accepts that name it (or no worker), and those
     other workers pass to it. `run` must be running for `accept` to yield anything."""
 
-    def __init__(self, seat: Seat, *, peek_timeout_s: float = PEEK_TIMEOUT_S) -> None:
+    def __init__(self, seat: Seat, *, peek_timeout_s: float = PEEK_TIMEOUT_S, fleet_offset: int = 0,
+                 fleet_legs: int = 0) -> None:
         self.seat = seat
         self.peek_timeout_s = peek_timeout_s
+        self.fleet_offset = fleet_offset
+        self.fleet_legs = fleet_legs
         self._listening = trio.socket.from_stdlib_socket(own_copy(seat.miner_fd))
         self._inbox = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         # The kernel stamps each datagram with its sender's credentials: only this user's
@@ -265,7 +275,7 @@ class MinerListener(trio.abc.Listener[trio.SocketStream]):
             if line is None:
                 connection.close()
                 return
-            target = leg_worker(line, workers=self.seat.workers)
+            target = leg_worker(line, workers=self.seat.workers, fleet_offset=self.fleet_offset, fleet_legs=self.fleet_legs)
             if target is not None and target != self.seat.index:
                 # Passed on, or refused: a leg served by the wrong worker would stay there, and
                 # the buyers of the worker it names would find no miner. Refused, the miner

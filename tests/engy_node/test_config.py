@@ -392,3 +392,25 @@ def test_the_config_document_rebuilds_the_same_config(tmp_path):
 def test_gateway_workers_outside_the_range_are_refused_naming_the_setting(tmp_path, workers):
     with pytest.raises(ConfigError, match="gateway.workers"):
         load_config(home=tmp_path, env={}, overrides={"gateway": {"workers": workers}})
+
+
+# --- a gateway fleet --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("settings", "fix"), [
+    ({"fleet_legs": "4"}, "gateway.store_url is empty"),
+    ({"fleet_legs": "4", "fleet_offset": "3", "workers": "2", "store_url": "postgresql://engy@db/engy"}, "does not fit"),
+    ({"fleet_offset": "2"}, "set both, or neither"),
+    ({"store_url": "sqlite:///tmp/x"}, "must be a postgresql:// URL"),
+])
+def test_fleet_settings_that_cannot_work_are_refused_with_the_fix(tmp_path, settings, fix):
+    env = {f"ENGY_GATEWAY__{name.upper()}": value for name, value in settings.items()}
+    with pytest.raises(ConfigError, match=fix):
+        load_config(home=tmp_path, env=env)
+
+
+def test_a_fleet_host_is_configured_by_its_store_url_and_its_legs(tmp_path):
+    config = load_config(home=tmp_path, env={"ENGY_GATEWAY__STORE_URL": "postgresql://engy:pw@db:5432/engy",
+                                             "ENGY_GATEWAY__FLEET_LEGS": "4", "ENGY_GATEWAY__FLEET_OFFSET": "2",
+                                             "ENGY_GATEWAY__WORKERS": "2", "ENGY_GATEWAY__HOST_NAME": "gw-b"})
+    assert (config.gateway.fleet_legs, config.gateway.fleet_offset, config.gateway.host_name) == (4, 2, "gw-b")

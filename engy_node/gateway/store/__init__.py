@@ -1,29 +1,32 @@
-"""The gateway's durable state in one SQLite file: buyer accounts and keys, the money ledger, the
-request log, miner registrations, verifier verdicts, published epochs, validator heartbeats and
-traffic eligibility (SPEC §8.3).
+"""The gateway's durable state: buyer accounts and keys, the money ledger, the request log, miner
+registrations, verifier verdicts, published epochs, validator heartbeats, traffic eligibility and
+leases (SPEC §8.3). One SQLite file for a gateway on one host (the default); one PostgreSQL
+database, named by `gateway.store_url`, for several hosts. Both run the same operations, the same
+SQL and the same test suite; the invariants below hold on either.
 
 Posture. The ledger must never double-charge, lose a charge or let concurrent requests spend
-money a buyer does not have, across crashes and across processes sharing the file. So every
-write is one explicit `BEGIN IMMEDIATE` transaction (the write lock is taken before anything is
-read, so a balance check and the hold it allows cannot be split by another writer, in this
-process or another); ledger rows are append-only, refused by triggers in the database itself;
-and every hold is closed at most once, by exactly one `settle` and one `release` row whose
-amounts sum to the hold — a unique index makes a second closure impossible, so a retried settle
-after a crash is a no-op rather than a second charge. Commits are fsynced (`synchronous=FULL`):
-a charge the buyer was told about survives a power cut. The gateway's holds and releases are the
-exception (`hold` and `release` awaited through `Store.run`, marked
-`group_commit(durable=False)`): they commit without waiting for the disk
-(`synchronous=NORMAL`, which in WAL mode is still atomic and at once visible to every
-connection, and becomes durable with the next fsynced commit). Losing one to a power cut leaves
-what recovery produces anyway (a hold that never was, or an open hold that start-up releases in
-full), and it takes the disk's flush (0.2 ms here, milliseconds on network block storage) out of
-every request's time to first token. Where ambiguity remains, it resolves toward the buyer
-(`ledger.py`).
+money a buyer does not have, across crashes and across processes or hosts sharing the store. So
+every write is one explicit transaction (on SQLite `BEGIN IMMEDIATE`, which takes the write lock
+before anything is read; on PostgreSQL the rows it depends on are locked by the statements
+themselves), and a balance check and the hold it allows are one conditional UPDATE; ledger rows
+are append-only, refused by triggers in the database itself; and every hold is closed at most
+once, by exactly one `settle` and one `release` row whose amounts sum to the hold — a unique
+index makes a second closure impossible, and a closure locks its hold first, so a retried or
+concurrent settle is a no-op rather than a second charge. Commits wait for the disk: a charge
+the buyer was told about survives a power cut. The gateway's holds and releases are the
+exception (`hold` and `release`, marked `group_commit(durable=False)`): they commit without
+waiting for the flush (SQLite `synchronous=NORMAL` in WAL mode, PostgreSQL
+`synchronous_commit = off`: still atomic and at once visible to every connection, durable with
+the next flush). Losing one to a power cut leaves what recovery produces anyway (a hold that
+never was, or an open hold that start-up releases in full), and it takes the disk's flush (0.2 ms
+here, milliseconds on network block storage) out of every request's time to first token. Where
+ambiguity remains, it resolves toward the buyer (`ledger.py`).
 
-Layout: one module per concern, all on the same connection.
+Layout: one module per concern, all on the same database.
 
-    schema.py      the file: tables, version stamp, opening it; `StoreError` and what each SQLite failure means
-    connection.py  the connection, its lock and transactions (one at a time, BEGIN IMMEDIATE, fsync levels)
+    connection.py  the rules every operation follows, and how a location picks its backend
+    schema.py      the SQLite file: tables, version stamp, transactions, what each SQLite failure means; `StoreError`
+    postgres.py    the PostgreSQL database: tables, migrations, the connection pool, what each server failure means
     checks.py      identifiers, codes, digests, catalog ids, amounts, durations and times callers hand in
     keys.py        API and miner keys: minted, shown once, stored as sha256
     ledger.py      accounts, API keys and money: credit, hold, settle, release, recovery, balances, books check
@@ -33,12 +36,14 @@ Layout: one module per concern, all on the same connection.
     epochs.py      published epoch payloads, byte for byte: written once, never changed
     validators.py  each validator's latest heartbeat
     eligibility.py the traffic control plane's current state per (miner, model)
+    leases.py      which host does a one-at-a-time job (closing epochs), until when
     store.py       `Store`: the concerns above composed; `Store.run`, the one way trio awaits them (group commit)
 
-Errors. A corrupt, foreign, newer-schema, locked or unwritable file raises `StoreError` naming
-the file and the fix. Unknown accounts, and other bytes for an epoch already published, raise
-`StoreError`; gateway bugs (negative amounts, a hold that is not in this ledger, a reason code
-with a space in it) raise `ValueError`.
+Errors. A corrupt, foreign, newer-schema, locked or unwritable database, or one that cannot be
+reached, raises `StoreError` naming where it is (never a password) and the fix. Unknown
+accounts, and other bytes for an epoch already published, raise `StoreError`; gateway bugs
+(negative amounts, a hold that is not in this ledger, a reason code with a space in it) raise
+`ValueError`.
 """
 
 from engy_node.gateway.store.checks import CODE, IDENTIFIER

@@ -153,11 +153,15 @@ SCHEMA: tuple[str, ...] = (
         updated_at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (miner, model))""",
 )
+
+_VERSION_4 = ("CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL)",)
+
+SCHEMA += _VERSION_4
 """The tables at `SCHEMA_VERSION`, the same as the SQLite file's at that version."""
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {}
-"""Statements that take a database from version N to N + 1. PostgreSQL support began at version
-3, so there is none yet; the next schema change adds its statements here and to `schema.py`."""
+MIGRATIONS: dict[int, tuple[str, ...]] = {3: _VERSION_4}
+"""Statements that take a database from version N to N + 1 (PostgreSQL support began at version
+3); each schema change adds its statements here and to `schema.py`."""
 
 _PLACEHOLDER = re.compile(r"\?")
 

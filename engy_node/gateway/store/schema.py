@@ -28,7 +28,7 @@ from typing import Literal
 
 from engy_node.errors import EngyError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Bump with a migration (`MIGRATIONS`) whenever the schema changes; a file of a newer version,
 or of an older one with no migration, is refused."""
 
@@ -160,9 +160,18 @@ statements create them in a new file and migrate a version-2 one, so both end up
 
 SCHEMA += _VERSION_3
 
+_VERSION_4 = (
+    # Who does a job only one gateway host may do at a time, until when (`leases.py`).
+    "CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL) WITHOUT ROWID",
+)
+"""Added in version 4: leases, for several gateway hosts on one store."""
+
+SCHEMA += _VERSION_4
+
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE request_log ADD COLUMN served_greedily INTEGER NOT NULL DEFAULT 0 CHECK (served_greedily IN (0, 1))",),
     2: _VERSION_3,
+    3: _VERSION_4,
 }
 """Statements that take a file from version N to N + 1, run in one transaction with the check."""
 

@@ -33,6 +33,7 @@ import trio
 from engy_node.gateway.store.connection import group_commit_durability
 from engy_node.gateway.store.eligibility import EligibilityTable
 from engy_node.gateway.store.epochs import Epochs
+from engy_node.gateway.store.leases import Leases
 from engy_node.gateway.store.ledger import Ledger
 from engy_node.gateway.store.miners import Miners
 from engy_node.gateway.store.requests import RequestLog
@@ -74,7 +75,7 @@ class _Slot:
         return self.result
 
 
-class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, EligibilityTable):
+class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, EligibilityTable, Leases):
     """The gateway store: an SQLite file (a path) or a PostgreSQL database (a `postgresql://` URL).
 
     Every operation is a synchronous method (the admin CLI, tests, worker threads);

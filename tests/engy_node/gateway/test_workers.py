@@ -66,6 +66,26 @@ def test_any_bytes_name_no_worker_or_an_existing_one(line):
     assert leg_worker(line, workers=3) in (None, 0, 1, 2)
 
 
+@given(data=st.data(), workers=st.integers(1, 16), hosts=st.integers(1, 4))
+def test_in_a_fleet_each_host_serves_its_own_legs_and_spreads_the_ones_failed_over_to_it(data, workers, hosts):
+    fleet_legs = workers * hosts
+    fleet_offset = workers * data.draw(st.integers(0, hosts - 1))
+    index = data.draw(st.integers(0, fleet_legs + 5))
+    named = leg_worker(b"GET /gw/" + str(index).encode() + b" HTTP/1.1", workers=workers, fleet_offset=fleet_offset,
+                       fleet_legs=fleet_legs)
+    if index >= fleet_legs:
+        assert named is None
+    elif fleet_offset <= index < fleet_offset + workers:
+        assert named == index - fleet_offset
+    else:
+        assert named is not None and 0 <= named < workers
+
+
+def test_another_hosts_legs_spread_evenly_over_this_hosts_workers():
+    named = [leg_worker(f"GET /gw/{i} HTTP/1.1".encode(), workers=3, fleet_offset=3, fleet_legs=9) for i in range(9)]
+    assert named == [0, 1, 2, 0, 1, 2, 0, 1, 2]
+
+
 # ---- the hand-off between two workers' listeners ------------------------------------------------
 
 @pytest.fixture

@@ -68,7 +68,7 @@ def test_a_file_of_another_schema_version_is_refused(path):
         Store(path)
 
 
-VERSION_3_TABLES = ("verdicts", "epochs", "validator_heartbeats", "eligibility")
+VERSION_3_TABLES = ("verdicts", "epochs", "validator_heartbeats", "eligibility", "leases")
 
 
 def as_version_2(conn: sqlite3.Connection) -> None:
