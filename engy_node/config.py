@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -521,6 +522,8 @@ def _validate(config: Config) -> None:
                               f"gateway.fleet_legs = {gateway.fleet_legs}: this host's legs must lie in 0..fleet_legs-1")
     elif gateway.fleet_offset:
         raise ConfigError("gateway.fleet_offset is set but gateway.fleet_legs is 0; set both, or neither")
+    if gateway.host_name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", gateway.host_name):
+        raise ConfigError(f"gateway.host_name = {gateway.host_name!r}: use letters, digits and . _ : - (a hostname fits)")
     if gateway.store_url and not gateway.store_url.startswith(("postgresql://", "postgres://")):
         raise ConfigError(f"gateway.store_url must be a postgresql:// URL (got {gateway.store_url[:24]!r}…); leave it empty "
                           "for the SQLite file in the data dir")

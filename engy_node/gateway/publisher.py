@@ -9,6 +9,10 @@ that jumps back, or two gateways on one file, can never publish two different re
 epoch.
 
 Without a master hotkey nothing is published; `/epoch/current` still shows the settlement so far.
+
+In a fleet (several hosts on one store) only the host holding the leader lease closes epochs
+(`leadership.py`): signatures are randomised, so two hosts signing one epoch would publish
+different bytes, and the store would refuse the second.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Callable, Mapping
 import trio
 
 from engy_node.gateway import epochs
+from engy_node.gateway.leadership import Leadership
 from engy_node.gateway.settlement import GateMinimums
 from engy_node.gateway.store import Store, StoreError
 from engy_node.hub import Hub
@@ -39,8 +44,10 @@ OWNER_NOT_SET = "(gateway.owner_hotkey not set)"
 class EpochPublisher:
     def __init__(self, *, store: Store, clock: epochs.EpochClock, netuid: int, master, owner_hotkey: str,
                  models: Mapping[str, ModelSpec], minimums: GateMinimums, hub: Hub,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, leadership: Leadership | None = None) -> None:
         self.store = store
+        self.leadership = leadership
+        """None: this gateway is alone on its store and closes every epoch."""
         self.clock = clock
         self.netuid = netuid
         self.master = master
@@ -62,6 +69,10 @@ class EpochPublisher:
         task_status.started()
         while True:
             now = self.wall()
+            if self.leadership is not None and not self.leadership.leading:
+                with trio.move_on_after(MAX_SLEEP_S):
+                    await self.leadership.changed.wait()
+                continue
             try:
                 latest = await self.store.run(self.store.latest_epoch)
                 due = self.clock.due(now=now, last_published=None if latest is None else latest[0], first_seen=first_seen)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import socket
 import sys
 import time
@@ -36,6 +37,7 @@ from engy_node.asgi import serve_listener, start_listener
 from engy_node.errors import ConfigError
 from engy_node.gateway import orphans
 from engy_node.gateway.app import Handlers, build_buyer_app, build_miner_app, hypercorn_config
+from engy_node.gateway.leadership import Leadership
 from engy_node.gateway.lifecycle import Gateway, GatewaySettings
 from engy_node.gateway.pool import MinerPool, PoolSettings
 from engy_node.gateway.request_log import RequestLogWriter
@@ -90,6 +92,13 @@ def store_path(config: Config) -> Path:
 def store_location(config: Config) -> str | Path:
     """The gateway's store: the fleet's PostgreSQL database, or this host's SQLite file."""
     return config.gateway.store_url or store_path(config)
+
+
+def fleet_host_name(config: Config) -> str:
+    """This host's name as the fleet's leases know it: `gateway.host_name`, or the hostname and
+    this process's id (a restarted host takes the lease again once its old claim lapses, or at
+    once when it stopped cleanly and handed the claim back)."""
+    return config.gateway.host_name or f"{socket.gethostname()}-{os.getpid()}"
 
 
 def fleet_legs(config: Config) -> int:
@@ -172,8 +181,9 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
     registered_hotkeys.update(record.hotkey for record in await store.run(store.list_miners) if record.hotkey)
     link_token = None if seat is None or seat.workers == 1 else seat.token
     if first:
+        leadership = Leadership(store, holder=fleet_host_name(config)) if settings.store_url else None
         trust = await trio.to_thread.run_sync(functools.partial(TrustPlane.first_process, config, store=store, models=models,
-                                                                hub=hub, link_token=link_token))
+                                                                hub=hub, link_token=link_token, leadership=leadership))
     else:
         trust = TrustPlane.other_process(config, store=store, link_token=link_token)
 

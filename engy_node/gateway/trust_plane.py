@@ -25,6 +25,7 @@ from engy_node.gateway.audit import AuditQueue
 from engy_node.gateway.audit_desk import AuditDesk
 from engy_node.gateway.audit_link import AuditLinkClient, AuditLinkServer
 from engy_node.gateway.epochs import EpochClock
+from engy_node.gateway.leadership import Leadership
 from engy_node.gateway.lifecycle import Gateway
 from engy_node.gateway.probe_corpus import ProbePrompt, load_probe_corpus
 from engy_node.gateway.provider_api import ProviderApi, build_provider_app
@@ -50,10 +51,13 @@ class TrustPlane:
     """Background tasks this process runs (`nursery.start` each)."""
     provider_app: object | None = None
     """The provider API (first process only)."""
+    leadership: Leadership | None = None
 
     @classmethod
     def first_process(cls, config: Config, *, store: Store, models: dict[str, ServedModel], hub: Hub,
-                      link_token: str | None) -> TrustPlane:
+                      link_token: str | None, leadership: Leadership | None = None) -> TrustPlane:
+        """`leadership`: this host's claim on the fleet's leader lease (None: alone on its store);
+        only the leader closes epochs and runs traffic control."""
         settings = config.gateway
         desk = AuditDesk(queue=AuditQueue(lease_s=settings.audit_lease_s, ttl_s=settings.proof_tee_ttl_s,
                                           max_jobs=settings.proof_tee_max_entries), store=store)
@@ -61,13 +65,15 @@ class TrustPlane:
             store=store, clock=EpochClock(settings.epoch_genesis, settings.epoch_s, settings.epoch_grace_s),
             netuid=config.node.netuid, master=_master_keypair(config), owner_hotkey=settings.owner_hotkey,
             models={model_id: model.spec for model_id, model in models.items()},
-            minimums=GateMinimums(*(settings.gate_min_samples,) * 3), hub=hub,
+            minimums=GateMinimums(*(settings.gate_min_samples,) * 3), hub=hub, leadership=leadership,
         )
         api = ProviderApi(desk=desk, store=store, netuid=config.node.netuid, verifiers=frozenset(comma_list(settings.verifiers)),
                           current_epoch=publisher.current)
         plane = cls(audit=desk, eligible=lambda miner, model: True,
                     services=[desk.run, publisher.run, functools.partial(_publish_audit_counts, desk, hub)],
-                    provider_app=build_provider_app(api))
+                    provider_app=build_provider_app(api), leadership=leadership)
+        if leadership is not None:
+            plane.services.insert(0, leadership.run)
         if link_token is not None:
             plane.services.append(AuditLinkServer(link_token, desk).run)
         if settings.local_verifier:
@@ -99,16 +105,36 @@ class TrustPlane:
             flight = await gateway.begin_probe(OPENAI.parse(body, gateway), target=miner)
             await endpoint.run_probe(flight)
 
-        control = control_plane.TrafficControl(
-            store=store, connected=gateway.pool.connected, models={model_id: model.spec for model_id, model in gateway.models.items()},
-            send_probe=send_probe, hub=hub,
-            corpus=corpus,
-            max_probe_tokens=settings.probe_max_tokens, probe_concurrency=settings.probe_concurrency,
-            policy=control_plane.scaled_policy(time_scale=settings.traffic_time_scale, qualify_probes=settings.qualify_probes),
-            first_party=frozenset(comma_list(settings.first_party)), rng=random.SystemRandom(),
-        )
-        gateway.eligible = control.eligible
-        self.services.append(control.run)
+        def new_control() -> control_plane.TrafficControl:
+            return control_plane.TrafficControl(
+                store=store, connected=gateway.pool.connected,
+                models={model_id: model.spec for model_id, model in gateway.models.items()},
+                send_probe=send_probe, hub=hub, corpus=corpus,
+                max_probe_tokens=settings.probe_max_tokens, probe_concurrency=settings.probe_concurrency,
+                policy=control_plane.scaled_policy(time_scale=settings.traffic_time_scale, qualify_probes=settings.qualify_probes),
+                first_party=frozenset(comma_list(settings.first_party)), rng=random.SystemRandom(),
+            )
+
+        leadership = self.leadership
+        if leadership is None:
+            control = new_control()
+            gateway.eligible = control.eligible
+            self.services.append(control.run)
+            return
+        # A fleet: the leader decides and writes the eligibility table; every other host follows
+        # it, and so does the leader between terms. Each term starts a fresh control plane.
+        view = control_plane.EligibilityView(store, first_party=frozenset(comma_list(settings.first_party)))
+        term: list[control_plane.TrafficControl] = []
+
+        async def lead() -> None:
+            term[:] = [new_control()]
+            await term[0].run()
+
+        def eligible(miner: str, model: str) -> bool:
+            return term[0].eligible(miner, model) if term and leadership.leading else view.eligible(miner, model)
+
+        gateway.eligible = eligible
+        self.services += [view.run, functools.partial(leadership.while_leading, lead)]
 
     @classmethod
     def other_process(cls, config: Config, *, store: Store, link_token: str) -> TrustPlane:
