@@ -222,7 +222,8 @@ class GatewaySection:
 @dataclasses.dataclass(frozen=True, slots=True)
 class VerifierSection:
     gateway_url: str = ""
-    """The gateway's provider API, e.g. `http://127.0.0.1:8082`, whose audit jobs this verifier judges."""
+    """The gateway's provider API, e.g. `http://127.0.0.1:8082`, whose audit jobs this verifier
+    judges; for a fleet, every host's, comma-separated (each host keeps its own jobs)."""
     wallets_path: str = "~/.bittensor/wallets"
     wallet_name: str = ""
     """With `wallet_hotkey`: the hotkey that signs lease and verdict calls; the gateway operator

@@ -127,6 +127,61 @@ class HttpAuditSource:
         await self.client.aclose()
 
 
+class GatheredAuditSource:
+    """Every host of a gateway fleet: each host keeps the audit jobs of the responses it served
+    (their proof material is buyer content and stays in that host's memory, SPEC §8.3), so a
+    verifier gathers from all of them, and each verdict goes back to the host it leased from.
+
+    A host that cannot be reached costs only its own jobs: the others are leased from as usual,
+    and the call fails only when every host failed."""
+
+    def __init__(self, sources: list[HttpAuditSource]) -> None:
+        if not sources:
+            raise ValueError("a gathered source needs at least one gateway")
+        self.sources = sources
+        self.name = sources[0].name
+        self._from: dict[str, HttpAuditSource] = {}
+        self._turn = 0
+
+    async def lease(self, limit: int) -> list[LeasedJob]:
+        jobs: list[LeasedJob] = []
+        failures: list[str] = []
+        # Start at a different host each call, so a small `limit` does not always go to the first.
+        order = self.sources[self._turn:] + self.sources[:self._turn]
+        self._turn = (self._turn + 1) % len(self.sources)
+        for source in order:
+            if len(jobs) >= limit:
+                break
+            try:
+                leased = await source.lease(limit - len(jobs))
+            except AuditCallFailed as error:
+                failures.append(str(error))
+                continue
+            for job in leased:
+                self._from[job.job.request_id] = source
+            jobs += leased
+        if len(failures) == len(self.sources):
+            raise AuditCallFailed("; ".join(failures))
+        for failure in failures:
+            log.warning("leasing from one gateway host failed (%s); leasing from the others", failure)
+        return jobs
+
+    async def post(self, verdicts: list[PostedVerdict]) -> None:
+        by_source: dict[int, tuple[HttpAuditSource, list[PostedVerdict]]] = {}
+        for verdict in verdicts:
+            source = self._from.pop(verdict.job_id, None)
+            if source is None:
+                log.warning("verdict on job %s, which no gateway host leased to this verifier; dropped", verdict.job_id)
+                continue
+            by_source.setdefault(id(source), (source, []))[1].append(verdict)
+        for source, posted in by_source.values():
+            await source.post(posted)
+
+    async def aclose(self) -> None:
+        for source in self.sources:
+            await source.aclose()
+
+
 class Judge:
     """Judges jobs on the canonical models. Blocking; safe to call from several threads (each
     model loads once; prefill runs under the runner's own inference mode)."""
@@ -263,6 +318,7 @@ def _why(error: BaseException) -> str:
 async def run_verifier_role(config, hub, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """`engy-node --role verifier`: lease from `verifier.gateway_url`, signing with the
     configured hotkey."""
+    from engy_node.config import comma_list
     from engy_node.errors import ConfigError
     from engy_node.keys import load_hotkey
 
@@ -275,7 +331,9 @@ async def run_verifier_role(config, hub, *, task_status=trio.TASK_STATUS_IGNORED
                           "verifier.wallet_hotkey): a hotkey the gateway lists in gateway.verifiers")
     keypair = await trio.to_thread.run_sync(load_hotkey, settings.wallets_path, settings.wallet_name, settings.wallet_hotkey)
     checkpoints = await trio.to_thread.run_sync(functools.partial(verifier_checkpoints, config))
-    source = HttpAuditSource(settings.gateway_url, keypair=keypair, netuid=config.node.netuid)
+    urls = comma_list(settings.gateway_url)
+    sources = [HttpAuditSource(url, keypair=keypair, netuid=config.node.netuid) for url in urls]
+    source = sources[0] if len(sources) == 1 else GatheredAuditSource(sources)
     judge = Judge(checkpoints, device=settings.device, dtype=settings.dtype, threads=settings.threads)
     tally = {"pass": 0, "cheat": 0, "unproven": 0}
 
