@@ -42,15 +42,14 @@ PROBES = (
 
 class PieceEncoder:
     """`encode(text)`: the same ids as the tokenizer's `encode(text, add_special_tokens=False)`
-    with truncation and padding off."""
+    with truncation and padding off, which it switches off on `backend`."""
 
     def __init__(self, backend: Any, *, max_cached_chars: int = MAX_CACHED_CHARS) -> None:
-        # A copy of its own: transformers switches truncation and padding on the tokenizer it
-        # shares between calls, and a prompt is never truncated or padded (its length is checked).
-        self.backend = type(backend).from_str(backend.to_str())
+        # The tokenizer itself, not a copy (a large vocabulary's is tens of MiB), with truncation
+        # and padding switched off: a prompt is never truncated or padded (its length is checked).
+        self.backend = backend
         self.backend.no_truncation()
         self.backend.no_padding()
-        self.backend.encode_special_tokens = getattr(backend, "encode_special_tokens", False)
         self.max_cached_chars = max_cached_chars
         self._cache: collections.OrderedDict[str, array.array] = collections.OrderedDict()
         self._cached_chars = 0

@@ -3,7 +3,8 @@ tokenizer, and the prompt renderer.
 
 The gateway checks the commitment's `prompt_ids` against its own rendering of the request, so
 both roles must render and tokenise a conversation identically: this module is the one place
-that does it, shared by every role (no role imports another's folder).
+that does it, shared by every role (no role imports another's folder). The tokenizer is
+transformers' own, snapshotted (`checkpoint_tokenizer`), so no role imports torch for it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engy_node.checkpoint_tokenizer import CheckpointTokenizer, load_tokenizer
 from engy_node.models import ModelSpec
 from engy_node.prompt_pieces import PieceEncoder
 from engy_node.protocol.miner import ServeRequest
@@ -26,9 +28,9 @@ class ServedModel:
     spec: ModelSpec
     checkpoint: Path
     model_root: str
-    tokenizer: Any
-    pieces: PieceEncoder | None = None
-    """Tokenises rendered prompts piecewise with a cache (None: a tokenizer without a Rust backend)."""
+    tokenizer: CheckpointTokenizer
+    pieces: PieceEncoder
+    """Tokenises rendered prompts piecewise with a cache (the tokenizer's own Rust backend)."""
     end_token_ids: frozenset[int] = frozenset()
     """Tokens that end an answer (the tokenizer's EOS and the generation config's `eos_token_id`s)."""
     max_token_bytes: int | None = None
@@ -49,36 +51,27 @@ class ServedModel:
         both the gateway and the miner do this for every request, and most of a conversation's
         pieces were there on its previous turn."""
         messages = [m.for_template() for m in request.messages]
-        kwargs: dict[str, Any] = {"add_generation_prompt": True}
-        if request.tools:
-            kwargs["tools"] = list(request.tools)
-        if self.pieces is None:
-            ids = self.tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
-            return list(ids if isinstance(ids, list) else ids["input_ids"])
-        return self.pieces.encode(self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs))
+        tools = list(request.tools) if request.tools else None
+        return self.pieces.encode(self.tokenizer.render(messages, tools=tools, add_generation_prompt=True))
 
     def decode(self, ids: Sequence[int]) -> str:
-        if self.pieces is not None and not self.tokenizer.clean_up_tokenization_spaces:
-            # transformers' decode is the Rust decoder's plus a clean-up this tokenizer has off;
-            # the gateway decodes every answer's committed ids, so its per-call Python counts.
-            return self.pieces.backend.decode(list(ids), skip_special_tokens=True)
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def load_served_model(spec: ModelSpec, checkpoint: Path, *, with_token_floor: bool = False) -> ServedModel:
-    """Blocking (tokenizer load, shard sizes): call it through `trio.to_thread.run_sync`.
-    `with_token_floor` measures `max_token_bytes` (a pass over the whole vocabulary): only the
-    gateway, which refuses prompts by it, needs that."""
-    from transformers import AutoTokenizer
-
+def load_served_model(spec: ModelSpec, checkpoint: Path, *, with_token_floor: bool = False,
+                      cache_dir: Path | None = None) -> ServedModel:
+    """Blocking (tokenizer load, shard sizes): call it through `trio.to_thread.run_sync`. The
+    first load of a checkpoint takes its tokenizer snapshot in a child process
+    (`checkpoint_tokenizer`; `cache_dir` moves the cache). `with_token_floor` measures
+    `max_token_bytes` (a pass over the whole vocabulary): only the gateway, which refuses
+    prompts by it, needs that."""
     from engy_node.models import model_root
 
-    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
-    backend = getattr(tokenizer, "backend_tokenizer", None)
+    tokenizer = load_tokenizer(checkpoint, cache_dir=cache_dir)
+    backend = tokenizer.backend_tokenizer
     return ServedModel(spec=spec, checkpoint=checkpoint, model_root=model_root(checkpoint), tokenizer=tokenizer,
-                       pieces=PieceEncoder(backend) if backend is not None else None,
-                       end_token_ids=end_token_ids_of(checkpoint, tokenizer),
-                       max_token_bytes=longest_token_bytes(backend) if with_token_floor and backend is not None else None)
+                       pieces=PieceEncoder(backend), end_token_ids=end_token_ids_of(checkpoint, tokenizer),
+                       max_token_bytes=longest_token_bytes(backend) if with_token_floor else None)
 
 
 def longest_token_bytes(backend: Any) -> int | None:

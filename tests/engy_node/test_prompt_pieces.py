@@ -88,8 +88,9 @@ def test_a_prefix_space_only_at_the_start_is_caught_by_the_probes():
     assert not PieceEncoder(tokenizer).piecewise
 
 
-def test_a_tokenizer_left_truncating_or_padding_still_gives_the_whole_prompt():
-    """transformers toggles these on the tokenizer it shares; a prompt is never cut or padded."""
+def test_a_tokenizer_set_to_truncate_or_pad_still_gives_the_whole_prompt():
+    """A tokenizer.json may carry truncation and padding; a prompt is never cut or padded, so
+    the encoder switches both off on the tokenizer it is given (it keeps no copy)."""
     tokenizer = char_tokenizer()
     value = "a long enough piece of text<x>another long enough piece"
     full = whole(tokenizer, value)
@@ -98,7 +99,7 @@ def test_a_tokenizer_left_truncating_or_padding_still_gives_the_whole_prompt():
     encoder = PieceEncoder(tokenizer)
     assert encoder.piecewise
     assert encoder.encode(value) == full
-    assert len(whole(tokenizer, value)) == 200, "the caller's tokenizer is left as it was"
+    assert (tokenizer.truncation, tokenizer.padding) == (None, None)
 
 
 def test_a_tokenizer_that_splits_special_tokens_as_text_is_used_whole():
