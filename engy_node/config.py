@@ -175,7 +175,10 @@ class GatewaySection:
     """This host's first leg in the fleet: it serves `/gw/{fleet_offset}` up to
     `/gw/{fleet_offset + workers - 1}`, and any other leg a balancer fails over to it."""
     host_name: str = ""
-    """This host's name in the fleet (who holds the epoch lease, in logs); empty: the hostname."""
+    """This host's name in the fleet (who holds the leader lease, in logs); empty: the hostname."""
+    leader_lease_s: float = 30.0
+    """In a fleet, how long the leader's lease lasts unrenewed (it renews every third of it): a
+    dead leader's epoch closing and traffic control pass to another host within about this long."""
     qualification: bool = True
     """Miners serve paid traffic only once probes qualified them (SPEC §8.6). Off: every
     admitted miner is eligible at once (a private gateway with only your own miners)."""
@@ -523,6 +526,8 @@ def _validate(config: Config) -> None:
                               f"gateway.fleet_legs = {gateway.fleet_legs}: this host's legs must lie in 0..fleet_legs-1")
     elif gateway.fleet_offset:
         raise ConfigError("gateway.fleet_offset is set but gateway.fleet_legs is 0; set both, or neither")
+    if not 3.0 <= gateway.leader_lease_s <= 3600.0:
+        raise ConfigError(f"gateway.leader_lease_s = {gateway.leader_lease_s:g}: must be 3..3600 seconds")
     if gateway.host_name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", gateway.host_name):
         raise ConfigError(f"gateway.host_name = {gateway.host_name!r}: use letters, digits and . _ : - (a hostname fits)")
     if gateway.store_url and not gateway.store_url.startswith(("postgresql://", "postgres://")):

@@ -181,7 +181,8 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
     registered_hotkeys.update(record.hotkey for record in await store.run(store.list_miners) if record.hotkey)
     link_token = None if seat is None or seat.workers == 1 else seat.token
     if first:
-        leadership = Leadership(store, holder=fleet_host_name(config)) if settings.store_url else None
+        leadership = Leadership(store, holder=fleet_host_name(config), ttl_s=settings.leader_lease_s,
+                                renew_s=settings.leader_lease_s / 3, safety_s=settings.leader_lease_s / 6) if settings.store_url else None
         trust = await trio.to_thread.run_sync(functools.partial(TrustPlane.first_process, config, store=store, models=models,
                                                                 hub=hub, link_token=link_token, leadership=leadership))
     else:

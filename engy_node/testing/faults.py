@@ -3,7 +3,7 @@ from the store file, an account of every process a test started, a synthetic min
 chosen point of its answer, and a real filesystem that fills up or turns read-only.
 
 Why it is shaped so. A fault test kills real processes (`kill -9`), so what it checks afterwards
-must not trust the process that died: the books are read from the SQLite file with a read-only
+must not trust the process that died: the books are read from the store (file or database) with a read-only
 connection of their own and recomputed from the ledger's rows (`read_books`), not asked of the
 gateway or of `Ledger.check_books`, whose SQL would then be checking itself. The checks are pure
 functions of the rows (`books_problems`), so each invariant is one sentence in the failure.
@@ -36,6 +36,7 @@ from pathlib import Path
 import psutil
 import trio
 
+from engy_node.gateway.store.connection import is_url
 from engy_node.miner.serving import Send
 from engy_node.protocol.miner import Chunk, MinerFrame, Response, Serve
 from engy_node.testing.synthetic_miner import SyntheticHandler
@@ -176,11 +177,19 @@ def books_problems(accounts: Sequence[AccountRow], ledger: Sequence[LedgerRow], 
 
 
 def read_books(path: str | os.PathLike[str]) -> Books:
-    """The books of the store at `path`, read through a read-only connection of its own (which
-    cannot checkpoint or change the file a restarted gateway will recover from)."""
-    conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, timeout=10.0)
+    """The books of the store at `path` (an SQLite file, or a PostgreSQL URL), read through a
+    read-only connection of its own (which cannot checkpoint or change the file a restarted
+    gateway will recover from), in one snapshot."""
+    if is_url(path):
+        from engy_node.gateway.store.postgres import connect_raw
+
+        conn = connect_raw(str(path))
+        begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+    else:
+        conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, timeout=10.0)
+        begin = "BEGIN"
     try:
-        conn.execute("BEGIN")
+        conn.execute(begin)
         accounts = [AccountRow(*row) for row in conn.execute("SELECT id, available, held, credited, charged FROM accounts")]
         ledger = [LedgerRow(*row) for row in conn.execute(
             "SELECT id, account_id, kind, amount, request_id, hold_id FROM ledger ORDER BY id")]
