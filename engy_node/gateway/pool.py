@@ -17,6 +17,15 @@ connection.
 
 The leg's receive loop never waits on a buyer: chunks are queued per request (a completion is
 bounded by max_tokens, so the queue is too) and the buyer's handler drains them at its own pace.
+
+Routing (`route`). The pool keeps one `route_table.RouteTable` per served model and tells it of
+every change as it happens: a leg admitted or gone, a heartbeat's new capacity, a request
+dispatched or ended. A decision then reads a few entries of the table instead of a snapshot of
+every leg, which at thousands of legs cost milliseconds a request (bench/router_decision.py).
+Whether a leg may serve paid traffic (a fresh heartbeat and the traffic plane's word) changes
+without an event here, so the pool asks again for every leg at most `ADMISSION_REFRESH_S` apart,
+for a new leg or one heard from again at once, and for the leg a decision is about to return
+every time.
 """
 
 from __future__ import annotations
@@ -25,16 +34,18 @@ import collections
 import dataclasses
 import itertools
 import logging
+import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import trio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from engy_node import keys
-from engy_node.gateway.router import Candidate
+from engy_node.gateway.route_table import RouteTable
+from engy_node.gateway.router import Candidate, Choice, choose
 from engy_node.protocol.miner import (
     OPTIONAL_FEATURES, Admit, Cancel, Chunk, Deny, Heartbeat, Hello, ProtocolError, Reconnect, Response, Serve, encode,
     close_reason, parse_miner_frame,
@@ -46,6 +57,12 @@ FRAME_TOO_BIG = 1009
 """The close code of a frame over the listener's size limit: the server refuses it before it is
 assembled (`hypercorn_edges`), closes with this code and a reason naming the limit, and tells
 the endpoint with a disconnect carrying both."""
+
+ADMISSION_REFRESH_S = 1.0
+"""The longest the routing table's word on a leg's admission may lag: as long as a gateway
+worker process's own view of eligibility does (`control_plane.REFRESH_S`). Asking for every leg
+costs well under a microsecond a leg (a few milliseconds a second at 10,000 legs), where asking
+on every decision would cost that per request."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -137,6 +154,15 @@ class MinerPool:
         self.room_changed = trio.Event()
         """Set (and replaced) whenever a leg may have room it did not have: a request on it
         ended, it was admitted, its capacity changed. The waiting room waits on it."""
+        self.tables: dict[str, RouteTable] = {model: RouteTable() for model in self.served_models}
+        """model -> the routing table of its legs (module docstring)."""
+        self._unasked: dict[str, set[str]] = {model: set() for model in self.served_models}
+        """model -> its legs whose admission the table has not had since they joined or were
+        heard from again."""
+        self._asked_at: dict[str, float] = {}
+        """model -> when the pool last asked about every one of its legs."""
+        self._by_miner: dict[str, dict[str, Leg]] = {}
+        """miner identity -> its live legs, so a probe's legs are found without a scan."""
 
     # ---- the websocket endpoint ------------------------------------------------------------
     async def endpoint(self, websocket: WebSocket) -> None:
@@ -170,14 +196,16 @@ class MinerPool:
             await self._deny(websocket, "gateway is draining; retry shortly")
             return
         leg = Leg(uuid.uuid4().hex, identity, hello, websocket, self.clock())
-        for other in list(self.legs.values()):
-            if (other.identity.miner == identity.miner and other.hello.worker_name == hello.worker_name
-                    and (other.hello.worker_id != hello.worker_id or not hello.worker_id)):
+        for other in list(self._by_miner.get(identity.miner, {}).values()):
+            if other.hello.worker_name == hello.worker_name and (other.hello.worker_id != hello.worker_id or not hello.worker_id):
                 log.info("miner %s/%s re-dialled from a new process; closing its old leg", identity.miner, hello.worker_name)
                 await self._close_leg(other, "superseded by a new hello")
         # Routable before the miner hears `admit`: a miner (or a local network) that reports
         # ready on admission may be sent a request at once.
         self.legs[leg.leg_id] = leg
+        self._by_miner.setdefault(identity.miner, {})[leg.leg_id] = leg
+        self.tables[hello.model].join(Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=0, lacks=leg.lacks))
+        self._unasked[hello.model].add(leg.leg_id)
         self.notify_room()
         try:
             await leg.send(Admit())
@@ -235,10 +263,18 @@ class MinerPool:
                 return
             if isinstance(frame, Heartbeat):
                 leg.last_heartbeat = self.clock()
+                # A closed leg (superseded) may still be heard from before its socket goes; it is
+                # in no routing table any more.
+                table = None if leg.closed else self.tables[leg.hello.model]
+                if table is not None and not table.admitted(leg.leg_id):
+                    # It may have been refused as stale, and just stopped being so.
+                    self._unasked[leg.hello.model].add(leg.leg_id)
                 if frame.capacity is not None and frame.capacity.max_inflight != leg.capacity:
                     log.info("leg %s of %s: capacity %d -> %d", leg.leg_id[:8], leg.identity.miner, leg.capacity,
                              frame.capacity.max_inflight)
                     leg.capacity = frame.capacity.max_inflight
+                    if table is not None:
+                        table.update(leg.leg_id, capacity=leg.capacity)
                     self.notify_room()
             elif isinstance(frame, Chunk):
                 pending = leg.inflight.get(frame.corr_id)
@@ -248,6 +284,7 @@ class MinerPool:
             elif isinstance(frame, Response):
                 pending = leg.inflight.pop(frame.corr_id, None)
                 if pending is not None:
+                    self._count_inflight(leg)
                     pending.response = frame
                     pending.notify()
                     self.notify_room()
@@ -261,6 +298,12 @@ class MinerPool:
         leg.closed = True
         if self.legs.get(leg.leg_id) is leg:
             del self.legs[leg.leg_id]
+            siblings = self._by_miner[leg.identity.miner]
+            del siblings[leg.leg_id]
+            if not siblings:
+                del self._by_miner[leg.identity.miner]
+            self.tables[leg.hello.model].leave(leg.leg_id)
+            self._unasked[leg.hello.model].discard(leg.leg_id)
         for pending in leg.inflight.values():
             pending.lost = reason
             pending.notify()
@@ -276,15 +319,52 @@ class MinerPool:
         await _close(leg.websocket, 1000)
 
     # ---- routing support -------------------------------------------------------------------
-    def candidates(self, model: str, *, admit: Callable[[str], bool] | None = None) -> list[Candidate]:
-        """The live legs serving `model`; with `admit`, only those of miners it admits (by identity)."""
+    def route(
+        self, model: str, *, prefix: bytes | None, rr_counter: int, needs: frozenset[str] = frozenset(),
+        prefer: frozenset[str] = frozenset(), exclude: frozenset[str] = frozenset(),
+        eligible: Callable[[str], bool] | None = None, target: str | None = None,
+    ) -> Choice | None:
+        """The leg to send one dispatch of a request for `model` to, or None when none may take it
+        (the router's decision: `RouteTable.choose` for the arguments).
+
+        A leg may take paid traffic while its heartbeat is fresh and `eligible(miner identity)`
+        says so (None: every miner). With `target`, only that miner's legs are considered,
+        eligible or not: a probe goes to the miner it tests.
+        """
         now = self.clock()
-        return [
-            Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight), lacks=leg.lacks)
-            for leg in self.legs.values()
-            if leg.hello.model == model and not leg.closed and now - leg.last_heartbeat < self.settings.stale_after_s
-            and (admit is None or admit(leg.identity.miner))
-        ]
+
+        def usable(leg_id: str) -> bool:
+            leg = self.legs.get(leg_id)
+            return leg is not None and self._usable(leg, now, eligible)
+
+        if target is not None:
+            legs = [leg for leg in self._by_miner.get(target, {}).values() if leg.hello.model == model and self._usable(leg, now, None)]
+            return choose(candidates=[Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight),
+                                                lacks=leg.lacks) for leg in legs],
+                          prefix=prefix, rr_counter=rr_counter, exclude=exclude, needs=needs, prefer=prefer)
+        table = self.tables.get(model)
+        if table is None:
+            return None
+        if now - self._asked_at.get(model, -math.inf) >= ADMISSION_REFRESH_S:
+            self._asked_at[model] = now
+            self._unasked[model].clear()
+            asked: Iterable[str] = list(table)
+        else:
+            asked, self._unasked[model] = self._unasked[model], set()
+        for leg_id in asked:
+            admitted = self._usable(self.legs[leg_id], now, eligible)
+            if admitted != table.admitted(leg_id):
+                table.update(leg_id, admitted=admitted)
+        return table.choose(prefix=prefix, rr_counter=rr_counter, exclude=exclude, needs=needs, prefer=prefer, admit=usable)
+
+    def _usable(self, leg: Leg, now: float, eligible: Callable[[str], bool] | None) -> bool:
+        return (not leg.closed and now - leg.last_heartbeat < self.settings.stale_after_s
+                and (eligible is None or eligible(leg.identity.miner)))
+
+    def _count_inflight(self, leg: Leg) -> None:
+        """Tell the routing table that the leg's in-flight count changed. A closed leg has left it."""
+        if not leg.closed:
+            self.tables[leg.hello.model].update(leg.leg_id, inflight=len(leg.inflight))
 
     def connected(self) -> set[tuple[str, str]]:
         """(miner identity, model) of every live leg."""
@@ -298,10 +378,12 @@ class MinerPool:
         corr_id = f"c{next(self._corr_ids)}-{uuid.uuid4().hex[:8]}"
         pending = PendingRequest(corr_id, leg)
         leg.inflight[corr_id] = pending
+        self._count_inflight(leg)
         try:
             await leg.send(Serve(corr_id=corr_id, request=request, stream=stream))
         except Exception as error:  # broad on purpose: any send failure means this leg is unusable
-            leg.inflight.pop(corr_id, None)
+            if leg.inflight.pop(corr_id, None) is not None:
+                self._count_inflight(leg)
             raise LegLost(f"could not send to the miner ({type(error).__name__})") from None
         return pending
 
@@ -309,6 +391,7 @@ class MinerPool:
         """Tell the miner to stop (buyer gone). Best effort; never raises."""
         leg = pending.leg
         if leg.inflight.pop(pending.corr_id, None) is not None:
+            self._count_inflight(leg)
             self.notify_room()
         if leg.closed:
             return

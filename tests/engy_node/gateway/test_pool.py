@@ -1,6 +1,6 @@
 """The miner endpoint over real websockets, on real hypercorn with the gateway's listener settings:
-who is admitted, what a bad or oversized frame costs, stale legs, superseded legs, and the drain
-that tells miners to re-dial."""
+who is admitted, what a bad or oversized frame costs, stale legs, superseded legs, the drain
+that tells miners to re-dial, and the routing table the pool keeps in step with its legs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from trio_websocket import ConnectionClosed, open_websocket_url
 
 from engy_node import keys
 from engy_node.gateway.app import build_miner_app, hypercorn_config
-from engy_node.gateway.pool import MinerPool, PoolSettings
+from engy_node.gateway.pool import ADMISSION_REFRESH_S, MinerPool, PoolSettings
+from engy_node.gateway.router import Candidate
 from engy_node.protocol.miner import (
     MAX_FRAME_BYTES, Admit, Capacity, Deny, Heartbeat, Hello, Message, Reconnect, Response, Serve, ServeRequest, encode,
     parse_gateway_frame,
@@ -62,14 +63,36 @@ async def dial(stack: contextlib.AsyncExitStack, url: str, frame: Hello):
     return connection, answer
 
 
+MODEL = "smollm2-135m"
+
+
+def route(pool: MinerPool, **arguments) -> str | None:
+    choice = pool.route(arguments.pop("model", MODEL), prefix=None, rr_counter=0, **arguments)
+    return None if choice is None else choice.worker_id
+
+
+def assert_table_follows_the_legs(pool: MinerPool) -> None:
+    table = pool.tables[MODEL]
+    assert {table[leg_id] for leg_id in table} == {
+        Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight), lacks=leg.lacks)
+        for leg in pool.legs.values()
+    }
+
+
+def request(request_id: str) -> ServeRequest:
+    return ServeRequest(messages=(Message("user", "hi"),), max_tokens=4, engy_request_id=request_id)
+
+
 async def test_a_known_miner_key_is_admitted_and_becomes_a_candidate(gateway):
     async with contextlib.AsyncExitStack() as connections:
         pool, url, clock, _ = gateway
         connection, answer = await dial(connections, url, hello())
         assert isinstance(answer, Admit)
-        candidates = pool.candidates("smollm2-135m")
-        assert len(candidates) == 1 and candidates[0].capacity == 2 and candidates[0].inflight == 0
-        assert pool.candidates("glm-5.2") == []
+        leg_id = next(iter(pool.legs))
+        assert route(pool) == leg_id
+        entry = pool.tables[MODEL][leg_id]
+        assert entry.capacity == 2 and entry.inflight == 0 and entry.lacks == pool.legs[leg_id].lacks
+        assert route(pool, model="glm-5.2") is None
         await connection.aclose()
 
 
@@ -231,8 +254,9 @@ async def test_a_leg_without_heartbeats_stops_being_a_candidate_and_is_closed(ga
     async with contextlib.AsyncExitStack() as connections:
         pool, url, clock, _ = gateway
         connection, _ = await dial(connections, url, hello())
+        assert route(pool) is not None
         clock.now += 91
-        assert pool.candidates("smollm2-135m") == []
+        assert route(pool) is None
         await pool.expire_stale()
         assert pool.legs == {}
         with pytest.raises(ConnectionClosed):
@@ -270,10 +294,109 @@ async def test_a_response_completes_the_pending_request(gateway):
         leg_id = next(iter(pool.legs))
         pending = await pool.dispatch(leg_id, ServeRequest(messages=(Message("user", "hi"),), max_tokens=4, engy_request_id="r2"), stream=True)
         serve_frame = parse_gateway_frame(await connection.get_message())
-        assert pool.candidates("smollm2-135m")[0].inflight == 1
+        assert pool.tables[MODEL][leg_id].inflight == 1
         await connection.send_message(encode(Response(corr_id=serve_frame.corr_id, request_id="r2", commitment=None, output={"choices": []})))
         with trio.fail_after(5):
             while not pending.finished:
                 await pending.changed.wait()
-        assert pending.response.request_id == "r2" and pool.candidates("smollm2-135m")[0].inflight == 0
+        assert pending.response.request_id == "r2" and pool.tables[MODEL][leg_id].inflight == 0
+        await connection.aclose()
+
+
+# --- the routing table -------------------------------------------------------------------------
+
+
+async def test_the_routing_table_follows_every_change_to_the_legs(gateway):
+    async with contextlib.AsyncExitStack() as connections:
+        pool, url, _, _ = gateway
+        first, _ = await dial(connections, url, hello(worker_name="first"))
+        second, _ = await dial(connections, url, hello(worker_name="second", capacity=Capacity(3, 3, 6144, 2048, 600)))
+        assert_table_follows_the_legs(pool)
+        first_leg, second_leg = (next(leg for leg in pool.legs.values() if leg.hello.worker_name == name) for name in ("first", "second"))
+        answered = await pool.dispatch(first_leg.leg_id, request("r1"), stream=False)
+        cancelled = await pool.dispatch(first_leg.leg_id, request("r2"), stream=False)
+        lost = await pool.dispatch(second_leg.leg_id, request("r3"), stream=False)
+        assert_table_follows_the_legs(pool)
+        assert pool.tables[MODEL][first_leg.leg_id].inflight == 2
+        serve_frame = parse_gateway_frame(await first.get_message())
+        await first.send_message(encode(Response(corr_id=serve_frame.corr_id, request_id="r1", commitment=None, output={"choices": []})))
+        with trio.fail_after(5):
+            while not answered.finished:
+                await answered.changed.wait()
+        await pool.cancel(cancelled)
+        assert_table_follows_the_legs(pool)
+        assert pool.tables[MODEL][first_leg.leg_id].inflight == 0
+        await second.send_message(encode(Heartbeat(inflight=1, idle_seconds=0.0, capacity=Capacity(7, 7, 6144, 2048, 600))))
+        await second.send_message('{"type": "heartbeat", "inflight": -1}')  # closes the leg once the heartbeat is taken
+        with trio.fail_after(5):
+            while not lost.finished:
+                await lost.changed.wait()
+        assert list(pool.tables[MODEL]) == [first_leg.leg_id]
+        assert_table_follows_the_legs(pool)
+        await first.aclose()
+        with trio.fail_after(5):
+            while pool.legs:
+                await trio.sleep(0.01)
+        assert len(pool.tables[MODEL]) == 0
+
+
+async def test_a_heartbeat_with_a_new_capacity_reaches_the_routing_table(gateway):
+    async with contextlib.AsyncExitStack() as connections:
+        pool, url, _, _ = gateway
+        connection, _ = await dial(connections, url, hello())
+        leg_id = next(iter(pool.legs))
+        await connection.send_message(encode(Heartbeat(inflight=0, idle_seconds=1.0, capacity=Capacity(5, 5, 6144, 2048, 600))))
+        with trio.fail_after(5):
+            while pool.tables[MODEL][leg_id].capacity != 5:
+                await trio.sleep(0.01)
+        assert_table_follows_the_legs(pool)
+        await connection.aclose()
+
+
+async def test_a_pulled_miner_gets_no_more_paid_traffic_at_once_and_an_eligible_one_within_the_refresh(gateway):
+    async with contextlib.AsyncExitStack() as connections:
+        pool, url, clock, _ = gateway
+        connection, _ = await dial(connections, url, hello())
+        leg_id = next(iter(pool.legs))
+        eligible = {"key:7"}
+
+        def admit(miner: str) -> bool:
+            return miner in eligible
+
+        assert route(pool, eligible=admit) == leg_id
+        eligible.clear()
+        assert route(pool, eligible=admit) is None, "pulled: refused by the check on the leg about to be returned"
+        assert pool.tables[MODEL].admitted(leg_id), "counted until the next refresh"
+        clock.now += ADMISSION_REFRESH_S
+        assert route(pool, eligible=admit) is None and not pool.tables[MODEL].admitted(leg_id)
+        eligible.add("key:7")
+        assert route(pool, eligible=admit) is None, "the table counts it out until the next refresh"
+        clock.now += ADMISSION_REFRESH_S
+        assert route(pool, eligible=admit) == leg_id
+        await connection.aclose()
+
+
+async def test_a_new_leg_is_routable_on_the_first_decision_after_it_joins(gateway):
+    async with contextlib.AsyncExitStack() as connections:
+        pool, url, _, _ = gateway
+        first, _ = await dial(connections, url, hello(worker_name="first"))
+        assert route(pool, eligible=lambda miner: True) is not None
+        second, _ = await dial(connections, url, hello(worker_name="second"))
+        second_leg = next(leg.leg_id for leg in pool.legs.values() if leg.hello.worker_name == "second")
+        first_leg = next(leg_id for leg_id in pool.legs if leg_id != second_leg)
+        assert route(pool, eligible=lambda miner: True, exclude=frozenset({first_leg})) == second_leg
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_a_probe_goes_to_its_target_miner_whether_or_not_it_is_eligible(gateway):
+    async with contextlib.AsyncExitStack() as connections:
+        pool, url, clock, _ = gateway
+        connection, _ = await dial(connections, url, hello())
+        leg_id = next(iter(pool.legs))
+        assert route(pool, eligible=lambda miner: False) is None
+        assert route(pool, eligible=lambda miner: False, target="key:7") == leg_id
+        assert route(pool, target="key:8") is None
+        clock.now += 91
+        assert route(pool, target="key:7") is None, "a stale leg takes no probe either"
         await connection.aclose()

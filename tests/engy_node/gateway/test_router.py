@@ -1,5 +1,6 @@
-"""gateway.router: stable prefix keys, rendezvous affinity under a load bound, fair round-robin,
-priority classes, and the retry rule."""
+"""gateway.router: stable prefix keys, affinity in the key's order under a load bound, fair
+round-robin, priority classes, what a request needs, and the retry rule. `choose` over a list of
+candidates is the routing table's decision (test_route_table.py tests the table as it changes)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from engy_node.gateway.route_table import POINTS_PER_WORKER, RouteTable
 from engy_node.gateway.router import (
     DEFAULT_LOAD_FACTOR,
     MIN_USEFUL_PREFIX_CHARS,
@@ -22,7 +24,6 @@ from engy_node.gateway.router import (
     choose,
     prefix_key,
     retry_allowed,
-    capable_pool,
 )
 
 # --- strategies and helpers -------------------------------------------------------------------
@@ -64,9 +65,9 @@ def within_bound(worker: Candidate, workers: list[Candidate], load_factor: float
     return worker.inflight + 1 <= math.ceil(Fraction(load_factor) * mean_after * worker.capacity)
 
 
-def hrw_ranking(workers: list[Candidate], prefix: bytes) -> list[str]:
-    """The key's rendezvous order, read through the public API: on an idle snapshot nobody is
-    over the bound, so `choose` returns the best-ranked worker not yet excluded."""
+def key_order(workers: list[Candidate], prefix: bytes) -> list[str]:
+    """The key's order, read through the public API: on an idle snapshot nobody is over the
+    bound, so `choose` returns the best-ranked worker not yet excluded."""
     idle = [dataclasses.replace(w, inflight=0, priority=0) for w in workers]
     ranking: list[str] = []
     while len(ranking) < len(idle):
@@ -224,7 +225,7 @@ def test_a_lower_class_serves_only_while_the_higher_class_is_full():
     assert choose(candidates=[full, *miners], prefix=b"k", rr_counter=0).worker_id.startswith("m")
 
 
-# --- choose: rendezvous affinity and the load bound --------------------------------------------
+# --- choose: affinity in the key's order and the load bound --------------------------------------------
 
 
 @given(snapshot=snapshots(min_size=1), prefix=keys, load_factor=load_factors)
@@ -233,7 +234,7 @@ def test_a_keyed_request_goes_to_the_highest_ranked_worker_within_the_load_bound
     _, top_class = eligible_top_class(snapshot)
     assume(choice is not None and choice.reason != "priority")
     by_id = {w.worker_id: w for w in top_class}
-    ranking = hrw_ranking(top_class, prefix)
+    ranking = key_order(top_class, prefix)
     best_within = next(w for w in ranking if within_bound(by_id[w], top_class, load_factor))
     assert choice.worker_id == best_within
     assert within_bound(by_id[choice.worker_id], top_class, load_factor)
@@ -257,7 +258,7 @@ def test_an_idle_cluster_always_keeps_affinity(capacities, prefix):
 
 def test_a_hot_prefix_fills_its_home_to_a_quarter_past_its_fair_share_then_overflows_in_ranking_order():
     snapshot = [Candidate(worker_id=f"w{i}", capacity=8, inflight=0) for i in range(4)]
-    ranking = hrw_ranking(snapshot, b"hot")
+    ranking = key_order(snapshot, b"hot")
     for placed in range(1, 33):
         choice = choose(candidates=snapshot, prefix=b"hot", rr_counter=0)
         snapshot = [dataclasses.replace(w, inflight=w.inflight + (w.worker_id == choice.worker_id)) for w in snapshot]
@@ -271,7 +272,7 @@ def test_a_hot_prefix_fills_its_home_to_a_quarter_past_its_fair_share_then_overf
 
 def test_a_retry_goes_to_the_next_worker_in_the_keys_ranking():
     snapshot = [Candidate(worker_id=f"w{i}", capacity=4, inflight=0) for i in range(6)]
-    ranking = hrw_ranking(snapshot, b"conversation")
+    ranking = key_order(snapshot, b"conversation")
     retry = choose(candidates=snapshot, prefix=b"conversation", rr_counter=0, exclude=frozenset(ranking[:1]))
     assert retry.worker_id == ranking[1]
 
@@ -311,41 +312,58 @@ def test_resizing_a_worker_moves_keys_only_to_or_from_it(snapshot, prefixes, dat
     assert all(after[p] == before[p] for p in prefixes if resized.worker_id not in (before[p], after[p]))
 
 
-# Spread. Each of K keys lands on worker i with probability p_i, so worker i's count is
-# Binomial(K, p_i) with standard deviation sqrt(K p_i (1 - p_i)). We allow 6 standard deviations:
-# for a hash that behaves like a random draw, the chance that any worker in these cases falls
-# outside is below 31 workers × 2e-9 (two-sided normal tail at 6 σ), so a failure means bias,
-# not bad luck. At K = 20,000 and N = 16 that is 1,250 ± 205 keys (±16 %). The keys are fixed,
-# so the test is deterministic.
+# Spread. Each of K keys lands on worker i with probability p_i, its share of the ring, so its
+# count is Binomial(K, p_i), standard deviation sqrt(K p_i (1 - p_i)). Unlike rendezvous hashing
+# over every worker, p_i is not exactly the capacity share c_i: it is set by where the worker's
+# points fall, a sum over its POINTS_PER_WORKER nearest arcs, off the capacity share by about
+# c_i / sqrt(POINTS_PER_WORKER) (one standard deviation, 9 % at 128 points; route_table's
+# docstring). So a worker's count has both spreads, and we allow 6 standard deviations of their
+# sum: for draws that behave as random, the chance that any worker in these cases falls outside
+# is below 31 workers × 2e-9 (two-sided normal tail at 6 σ), so a failure means bias, not bad
+# luck. The keys and ids are fixed, so the tests are deterministic. Where the placement spread
+# would make one worker's tolerance loose, the capacity test sums many workers of a capacity, so
+# that their placements average out.
 SPREAD_KEYS = [hashlib.sha256(i.to_bytes(4, "big")).digest() for i in range(20_000)]
 SPREAD_SIGMAS = 6
 
 
-def assert_binomial_spread(counts: dict[str, int], shares: dict[str, float]) -> None:
+def assert_spread(counts: dict[str, int], shares: dict[str, float], *, points: int) -> None:
+    """`shares`: each name's capacity share; `points`: how many ring points its count rests on."""
     total = sum(counts.values())
-    for worker_id, share in shares.items():
-        sigma = math.sqrt(total * share * (1 - share))
-        assert abs(counts.get(worker_id, 0) - total * share) <= SPREAD_SIGMAS * sigma, (worker_id, counts)
+    for name, share in shares.items():
+        variance = total * share * (1 - share) + (total * share) ** 2 / points
+        assert abs(counts.get(name, 0) - total * share) <= SPREAD_SIGMAS * math.sqrt(variance), (name, counts)
+
+
+def homes(snapshot: list[Candidate]) -> list[str]:
+    """Each spread key's home. One table answers them all: a decision over the list would build
+    it again for every key."""
+    table = RouteTable()
+    for candidate in snapshot:
+        table.join(candidate, admitted=True)
+    return [table.choose(prefix=key, rr_counter=0).worker_id for key in SPREAD_KEYS]
 
 
 @pytest.mark.parametrize("workers", [2, 3, 16])
 def test_keys_spread_evenly_over_equal_workers(workers):
     snapshot = [Candidate(worker_id=f"miner-{i}/leg-0", capacity=8, inflight=0) for i in range(workers)]
     counts: dict[str, int] = {}
-    for key in SPREAD_KEYS:
-        home = choose(candidates=snapshot, prefix=key, rr_counter=0).worker_id
+    for home in homes(snapshot):
         counts[home] = counts.get(home, 0) + 1
-    assert_binomial_spread(counts, {w.worker_id: 1 / workers for w in snapshot})
+    assert choose(candidates=snapshot, prefix=SPREAD_KEYS[0], rr_counter=0).worker_id == homes(snapshot)[0]
+    assert_spread(counts, {w.worker_id: 1 / workers for w in snapshot}, points=POINTS_PER_WORKER)
 
 
 def test_keys_spread_in_proportion_to_capacity():
     capacities = {"small": 2, "medium": 4, "big": 6, "huge": 12}
-    snapshot = [Candidate(worker_id=i, capacity=c, inflight=0) for i, c in capacities.items()]
+    per_capacity = 24
+    snapshot = [Candidate(worker_id=f"{name}-{i}", capacity=c, inflight=0) for name, c in capacities.items() for i in range(per_capacity)]
     counts: dict[str, int] = {}
-    for key in SPREAD_KEYS:
-        home = choose(candidates=snapshot, prefix=key, rr_counter=0).worker_id
-        counts[home] = counts.get(home, 0) + 1
-    assert_binomial_spread(counts, {i: c / sum(capacities.values()) for i, c in capacities.items()})
+    for home in homes(snapshot):
+        name = home.split("-")[0]
+        counts[name] = counts.get(name, 0) + 1
+    assert_spread(counts, {name: c / sum(capacities.values()) for name, c in capacities.items()},
+                  points=per_capacity * POINTS_PER_WORKER)
 
 
 # --- choose: round-robin -----------------------------------------------------------------------
@@ -475,18 +493,20 @@ def free(worker: Candidate, exclude=frozenset()) -> bool:
     return worker.inflight < worker.capacity and worker.worker_id not in exclude
 
 
-@given(snapshot=snapshots(), data=st.data())
-def test_a_request_that_needs_nothing_may_go_to_any_worker(snapshot, data):
+@given(snapshot=snapshots(), prefix=keys, counter=counters, data=st.data())
+def test_a_request_that_needs_nothing_may_go_to_any_worker(snapshot, prefix, counter, data):
+    # What a worker lacks does not move it in a key's order or out of the load bound's counts.
     exclude = frozenset(data.draw(st.lists(st.sampled_from([c.worker_id for c in snapshot]))) if snapshot else [])
-    assert capable_pool(candidates=snapshot, needs=frozenset(), exclude=exclude) == snapshot
+    lacking_nothing = [dataclasses.replace(c, lacks=frozenset()) for c in snapshot]
+    assert (choose(candidates=snapshot, prefix=prefix, rr_counter=counter, exclude=exclude)
+            == choose(candidates=lacking_nothing, prefix=prefix, rr_counter=counter, exclude=exclude))
 
 
 @given(snapshot=snapshots(), needs=st.frozensets(st.sampled_from(FEATURES), min_size=1), prefix=st.one_of(st.none(), keys),
        counter=counters, data=st.data())
 def test_a_request_goes_to_a_worker_that_honours_what_it_needs_whenever_one_has_room(snapshot, needs, prefix, counter, data):
     exclude = frozenset(data.draw(st.lists(st.sampled_from([c.worker_id for c in snapshot]))) if snapshot else [])
-    pool = capable_pool(candidates=snapshot, needs=needs, exclude=exclude)
-    choice = choose(candidates=pool, prefix=prefix, rr_counter=counter, exclude=exclude)
+    choice = choose(candidates=snapshot, prefix=prefix, rr_counter=counter, exclude=exclude, needs=needs)
     by_id = {c.worker_id: c for c in snapshot}
     room = any(not needs & c.lacks and free(c, exclude) for c in snapshot)
     if room:
@@ -500,8 +520,7 @@ def test_a_request_goes_to_a_worker_that_honours_what_it_needs_whenever_one_has_
 def test_a_sampled_request_waits_for_no_one_when_only_greedy_workers_have_room():
     sampler = Candidate(worker_id="sampler", capacity=1, inflight=1)
     greedy = Candidate(worker_id="greedy", capacity=4, inflight=0, lacks=frozenset({"sampling", "tools"}))
-    pool = capable_pool(candidates=[sampler, greedy], needs=frozenset({"sampling"}))
-    assert choose(candidates=pool, prefix=None, rr_counter=0) == Choice("greedy", "round-robin")
+    assert choose(candidates=[sampler, greedy], prefix=None, rr_counter=0, needs=frozenset({"sampling"})) == Choice("greedy", "round-robin")
 
 
 @given(snapshot=snapshots(), needs=st.frozensets(st.sampled_from(FEATURES)), prefer=st.frozensets(st.sampled_from(FEATURES), min_size=1),
@@ -509,8 +528,7 @@ def test_a_sampled_request_waits_for_no_one_when_only_greedy_workers_have_room()
 def test_a_preference_is_met_whenever_a_worker_with_it_has_room_and_never_at_the_cost_of_a_need(
         snapshot, needs, prefer, prefix, counter, data):
     exclude = frozenset(data.draw(st.lists(st.sampled_from([c.worker_id for c in snapshot]))) if snapshot else [])
-    pool = capable_pool(candidates=snapshot, needs=needs, prefer=prefer, exclude=exclude)
-    choice = choose(candidates=pool, prefix=prefix, rr_counter=counter, exclude=exclude)
+    choice = choose(candidates=snapshot, prefix=prefix, rr_counter=counter, exclude=exclude, needs=needs, prefer=prefer)
     by_id = {c.worker_id: c for c in snapshot}
     if any(not (needs | prefer) & c.lacks and free(c, exclude) for c in snapshot):
         assert choice is not None and not (needs | prefer) & by_id[choice.worker_id].lacks
@@ -526,6 +544,5 @@ def test_a_sampled_request_goes_to_a_seeded_sampler_first_then_any_sampler_then_
     sampled = dict(needs=frozenset({"sampling"}), prefer=frozenset({"seeded-sampling"}))
     picks = []
     for exclude in (frozenset(), {"seeded"}, {"seeded", "sampler"}):
-        pool = capable_pool(candidates=[greedy, sampler, seeded], exclude=exclude, **sampled)
-        picks.append(choose(candidates=pool, prefix=None, rr_counter=0, exclude=exclude).worker_id)
+        picks.append(choose(candidates=[greedy, sampler, seeded], prefix=None, rr_counter=0, exclude=exclude, **sampled).worker_id)
     assert picks == ["seeded", "sampler", "greedy"]
