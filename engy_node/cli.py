@@ -124,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     admin_sub.add_parser("miners", help="list registered miners")
     admin_sub.add_parser("trust", help="each miner's eligibility (probing, active, pulled) and why, with its verdicts")
     admin_sub.add_parser("epochs", help="the latest published epochs and their weights")
+    lb = admin_sub.add_parser("haproxy-config", help="print the HAProxy configuration for a fleet of gateway hosts",
+                              description="One public buyer port and miner port for several gateway hosts on one "
+                                          "PostgreSQL store (docs/scale-out.md).")
+    lb.add_argument("--host", action="append", required=True, metavar="NAME=ADDRESS:BUYER_PORT:MINER_PORT:FIRST_LEG:LEGS",
+                    help="one gateway host (repeat for each): FIRST_LEG is its gateway.fleet_offset, LEGS its gateway.workers")
+    lb.add_argument("--bind", default="0.0.0.0", help="address HAProxy listens on (default 0.0.0.0)")
+    lb.add_argument("--buyer-port", type=int, default=8080, help="public buyer API port (default 8080)")
+    lb.add_argument("--miner-port", type=int, default=8081, help="public miner port (default 8081)")
 
     plan_parser = sub.add_parser("plan", help="detect GPUs, plan the model server and print the exact command",
                                  description="What `--role miner` would launch, without launching it.")
@@ -379,6 +387,16 @@ def _run_admin(config, args: argparse.Namespace) -> int:
     from engy_node.gateway.role import store_location
     from engy_node.gateway.store import Store
 
+    if args.admin_command == "haproxy-config":
+        from engy_node.errors import ConfigError
+        from engy_node.gateway.load_balancer import haproxy_config, parse_host
+
+        try:
+            print(haproxy_config([parse_host(spec) for spec in args.host], bind=args.bind, buyer_port=args.buyer_port,
+                                 miner_port=args.miner_port), end="")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        return 0
     config.paths.data_dir.mkdir(parents=True, exist_ok=True)
     with Store.open(store_location(config)) as store:
         action = args.admin_command

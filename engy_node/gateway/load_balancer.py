@@ -15,8 +15,8 @@ What it must route, and why so:
   healthy host: `/gw/meta` tells the fleet's leg count wherever it is asked.
 * Websocket legs and long streams live through `timeout tunnel`; legs beat every 30 s.
 
-Pure: the layout in, the configuration text out, so tests and `engy-node gateway-lb` print the
-same text the documentation shows.
+Pure: the layout in, the configuration text out, so tests and `engy-node gateway haproxy-config`
+print the same text the documentation shows.
 """
 
 from __future__ import annotations
@@ -50,6 +50,21 @@ class FleetHost:
                 raise ValueError(f"host {self.name}: port {port} is not 1..65535")
         if self.first_leg < 0 or self.legs < 1:
             raise ValueError(f"host {self.name}: first_leg must be >= 0 and legs >= 1")
+
+
+HOST_FORMAT = "NAME=ADDRESS:BUYER_PORT:MINER_PORT:FIRST_LEG:LEGS"
+
+
+def parse_host(spec: str) -> FleetHost:
+    """A host as the command line names it (`HOST_FORMAT`, e.g. `gw-a=10.0.0.1:8080:8081:0:2`)."""
+    name, _, rest = spec.partition("=")
+    parts = rest.rsplit(":", 4)
+    if not name or len(parts) != 5 or not all(part.isdigit() for part in parts[1:]) or not parts[0]:
+        raise ValueError(f"--host {spec!r}: write it as {HOST_FORMAT} (FIRST_LEG is that host's gateway.fleet_offset, "
+                         "LEGS its gateway.workers), e.g. gw-a=10.0.0.1:8080:8081:0:2")
+    address = parts[0].strip("[]")
+    buyer_port, miner_port, first_leg, legs = (int(part) for part in parts[1:])
+    return FleetHost(name=name, address=address, buyer_port=buyer_port, miner_port=miner_port, first_leg=first_leg, legs=legs)
 
 
 def check_layout(hosts: Sequence[FleetHost]) -> int:
