@@ -234,24 +234,28 @@ class Ledger(Connection):
     def _close(self, hold: Hold, *, cost: int, durable: bool) -> Settlement:
         now = self._clock()
         with self._write(durable=durable) as conn:
-            # The hold row first, locked (PostgreSQL; SQLite's write lock already covers it): two
-            # closures of one hold, from any two hosts, then run one after the other, and the
-            # second finds the first's rows below instead of failing on the unique index.
-            row = conn.execute("SELECT account_id, amount, request_id FROM ledger WHERE id = ? AND kind = 'hold'"
-                               + self._db.for_update, (hold.hold_id,)).fetchone()
-            if row is None or (row[0], row[1]) != (hold.account_id, hold.amount):
-                raise ValueError(f"{hold} is not a hold in {self.where}")
-            earlier = self._closure(conn, hold.hold_id)
-            if earlier is not None:
-                return earlier
-            account_id, amount, request_id = row
-            if cost > amount:
-                log.warning("request %s cost %d µUSD, above its %d µUSD hold; charged the hold (the worst case was "
-                            "under-estimated upstream: a bug)", request_id, cost, amount)
-            charged = min(cost, amount)
-            self._write_closure(conn, account_id=account_id, hold_id=hold.hold_id, request_id=request_id,
-                                charged=charged, released=amount - charged, now=now)
-            return Settlement(hold_id=hold.hold_id, charged=charged, released=amount - charged, applied=True)
+            return self._close_in(conn, hold, cost=cost, now=now)
+
+    def _close_in(self, conn: Session, hold: Hold, *, cost: int, now: float) -> Settlement:
+        """`settle`'s work inside the caller's transaction."""
+        # The hold row first, locked (PostgreSQL; SQLite's write lock already covers it): two
+        # closures of one hold, from any two hosts, then run one after the other, and the
+        # second finds the first's rows below instead of failing on the unique index.
+        row = conn.execute("SELECT account_id, amount, request_id FROM ledger WHERE id = ? AND kind = 'hold'"
+                           + self._db.for_update, (hold.hold_id,)).fetchone()
+        if row is None or (row[0], row[1]) != (hold.account_id, hold.amount):
+            raise ValueError(f"{hold} is not a hold in {self.where}")
+        earlier = self._closure(conn, hold.hold_id)
+        if earlier is not None:
+            return earlier
+        account_id, amount, request_id = row
+        if cost > amount:
+            log.warning("request %s cost %d µUSD, above its %d µUSD hold; charged the hold (the worst case was "
+                        "under-estimated upstream: a bug)", request_id, cost, amount)
+        charged = min(cost, amount)
+        self._write_closure(conn, account_id=account_id, hold_id=hold.hold_id, request_id=request_id,
+                            charged=charged, released=amount - charged, now=now)
+        return Settlement(hold_id=hold.hold_id, charged=charged, released=amount - charged, applied=True)
 
     @staticmethod
     def _open_holds(conn: Session, *, created_before: float) -> list[Hold]:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from engy_node.gateway.store.checks import catalog_id, duration, identifier, integer, timestamp
-from engy_node.gateway.store.connection import Connection, group_commit, serialised
+from engy_node.gateway.store.connection import Connection, Session, group_commit, serialised
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,10 +117,14 @@ class RequestLog(Connection):
             if not isinstance(entry, RequestLogEntry):
                 raise TypeError(f"log_requests takes RequestLogEntry rows, got {type(entry).__name__}")
         with self._write() as conn:
-            conn.executemany(
-                f"INSERT INTO request_log ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
-                [[getattr(entry, column) for column in _COLUMNS] for entry in entries],
-            )
+            self._insert_entries(conn, entries)
+
+    @staticmethod
+    def _insert_entries(conn: Session, entries: Sequence[RequestLogEntry]) -> None:
+        conn.executemany(
+            f"INSERT INTO request_log ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+            [[getattr(entry, column) for column in _COLUMNS] for entry in entries],
+        )
 
     @serialised
     def requests_in(self, *, since: float, until: float) -> list[RequestLogEntry]:

@@ -22,6 +22,7 @@ operation runs alone, several at once (`postgres.py`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -30,13 +31,14 @@ from typing import Any, ParamSpec, TypeVar
 
 import trio
 
-from engy_node.gateway.store.connection import group_commit_durability
+from engy_node.gateway.store.checks import integer
+from engy_node.gateway.store.connection import group_commit, group_commit_durability, serialised
 from engy_node.gateway.store.eligibility import EligibilityTable
 from engy_node.gateway.store.epochs import Epochs
 from engy_node.gateway.store.leases import Leases
-from engy_node.gateway.store.ledger import Ledger
+from engy_node.gateway.store.ledger import Hold, Ledger, Settlement
 from engy_node.gateway.store.miners import Miners
-from engy_node.gateway.store.requests import RequestLog
+from engy_node.gateway.store.requests import RequestLog, RequestLogEntry
 from engy_node.gateway.store.schema import BUSY_TIMEOUT_S
 from engy_node.gateway.store.validators import Validators
 from engy_node.gateway.store.verdicts import Verdicts
@@ -125,6 +127,24 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
         if durable is None or not self._db.groups_commits:
             return await trio.to_thread.run_sync(call, limiter=self._limiter)
         return await self._grouped(call, durable=durable)
+
+    @group_commit(durable=True)
+    @serialised
+    def settle_and_log(self, hold: Hold, *, cost: int, entry: RequestLogEntry) -> Settlement:
+        """`settle` the hold and append the request's log row with the cost the ledger charged,
+        in one transaction: the request's one durable write after its answer (the row lands
+        with the charge or not at all, and an epoch settled from the log sees exactly what the
+        ledger charged). `entry.cost_micro` is replaced by that charge."""
+        integer("cost", cost)
+        if not isinstance(entry, RequestLogEntry):
+            raise TypeError(f"settle_and_log takes a RequestLogEntry, got {type(entry).__name__}")
+        if entry.request_id != hold.request_id:
+            raise ValueError(f"the log row is for request {entry.request_id}, the hold for {hold.request_id}")
+        now = self._clock()
+        with self._write() as conn:
+            settlement = self._close_in(conn, hold, cost=cost, now=now)
+            self._insert_entries(conn, [dataclasses.replace(entry, cost_micro=settlement.charged)])
+        return settlement
 
     async def aclose(self) -> None:
         await self.run(self.close)

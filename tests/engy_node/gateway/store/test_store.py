@@ -3,6 +3,7 @@ awaitable through `Store.run`, atomic under cancellation; group commits; no cont
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import uuid
@@ -26,7 +27,7 @@ from engy_node.gateway.store import (
     VerdictRecord,
 )
 from engy_node.models import CATALOG
-from tests.engy_node.gateway.store.support import assert_books_balance, entry, funded
+from tests.engy_node.gateway.store.support import INTEGRITY_ERRORS, assert_books_balance, entry, funded
 
 # -- concurrency --------------------------------------------------------------------------------
 
@@ -276,3 +277,37 @@ def test_no_prompt_or_completion_text_and_no_key_ever_reaches_the_disk(path, clo
     closed = database_bytes(path)
     assert b"zdr-visible-buyer-name" in closed
     assert not [s for s in secrets_ if s in closed]
+
+
+# -- a request's one write after its answer -----------------------------------------------------
+
+
+def test_settling_and_logging_a_request_is_one_write_that_logs_what_was_charged(store):
+    account_id = funded(store, 1_000)
+    hold = store.hold(account_id, amount=100, request_id="r1")
+    settlement = store.settle_and_log(hold, cost=250, entry=entry(request_id="r1", account_id=account_id, cost_micro=0))
+    assert (settlement.charged, settlement.applied) == (100, True), "clamped to the hold"
+    assert [e.cost_micro for e in store.requests_in(since=0.0, until=2_000.0)] == [100]
+    assert_books_balance(store, account_id)
+
+
+def test_a_log_row_that_cannot_be_written_leaves_the_hold_open(store):
+    account_id = funded(store, 1_000)
+    hold = store.hold(account_id, amount=100, request_id="r1")
+    nobody = entry(request_id="r1", account_id=999)  # no such account: the foreign key refuses the row
+    with pytest.raises(INTEGRITY_ERRORS):
+        store.settle_and_log(hold, cost=40, entry=nobody)
+    assert store.balance(account_id).held == 100 and store.requests_in(since=0.0, until=2_000.0) == []
+    with pytest.raises(ValueError, match="the log row is for request other"):
+        store.settle_and_log(hold, cost=40, entry=entry(request_id="other", account_id=account_id))
+
+
+async def test_settle_and_log_is_awaitable_and_joins_the_group_commit(store):
+    account_id = funded(store, 1_000)
+    holds = [store.hold(account_id, amount=50, request_id=f"r{i}") for i in range(4)]
+    async with trio.open_nursery() as nursery:
+        for hold in holds:
+            nursery.start_soon(functools.partial(store.run, store.settle_and_log, hold, cost=10,
+                                                 entry=entry(request_id=hold.request_id, account_id=account_id)))
+    assert sorted(e.request_id for e in store.requests_in(since=0.0, until=2_000.0)) == ["r0", "r1", "r2", "r3"]
+    assert assert_books_balance(store, account_id).charged == 40
