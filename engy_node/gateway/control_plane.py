@@ -93,9 +93,18 @@ class TrafficControl:
         self._verdict_cursor = 0
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        # Outcomes from before this start belong to states that no longer exist.
+        # Outcomes from before this start belong to the states they were folded into, which
+        # resume from the store (`traffic.resumed_state`): an active miner stays active across
+        # a restart or a change of the fleet's leader, a pulled one stays out.
         self._request_cursor = await self.store.run(self.store.last_request_row)
         self._verdict_cursor = await self.store.run(self.store.last_verdict_row)
+        now = self.clock()
+        for row in await self.store.run(self.store.eligibility):
+            if row.model in self.models:
+                key = (row.miner, row.model)
+                self.states[key] = traffic.resumed_state(miner=row.miner, model=row.model, stored=traffic.Eligibility(row.state),
+                                                         since=row.since, reason=row.reason, now=now, policy=self.policy,
+                                                         first_party=row.miner in self.first_party)
         task_status.started()
         async with trio.open_nursery() as probes:
             while True:

@@ -500,6 +500,33 @@ def initial_state(*, miner: str, model: str, now: float, first_party: bool = Fal
     return TrafficState(miner=miner, model=model, state=Eligibility.NEW, since=now, reason=reason, first_party=first_party)
 
 
+def resumed_state(*, miner: str, model: str, stored: Eligibility, since: float, reason: str, now: float,
+                  policy: TrafficPolicy = TrafficPolicy(), first_party: bool = False) -> TrafficState:
+    """The state of a (miner, model) as a control plane starting up finds it in the store (a
+    restarted gateway, or another host of a fleet taking over as leader), not yet connected.
+
+    * `active` stays active, as if its leg had just dropped: it keeps its eligibility when it
+      reconnects within `reconnect_grace_s` (miners re-dial within seconds), and must qualify
+      again otherwise.
+    * `pulled` stays pulled. The store keeps when the pull began, not when its cooldown ends, so
+      the resumed cooldown is the longest any pull can have (`max_cooldown_s`, or
+      `cheat_cooldown_s` if longer) from that beginning: a restart errs toward keeping a suspect
+      miner out, never toward letting a cheat back early.
+    * `new` and `probing` start afresh: a qualification round's probes are not in the store.
+    """
+    state = initial_state(miner=miner, model=model, now=now, first_party=first_party)
+    if first_party or stored not in (Eligibility.ACTIVE, Eligibility.PULLED):
+        return state
+    reason = reason if reason.startswith(_RESUMED) else _RESUMED + reason
+    if stored is Eligibility.ACTIVE:
+        return dataclasses.replace(state, state=Eligibility.ACTIVE, since=since, disconnected_at=now, reason=reason)
+    until = since + max(policy.max_cooldown_s, policy.cheat_cooldown_s)
+    return dataclasses.replace(state, state=Eligibility.PULLED, since=since, until=until, strikes=1, reason=reason)
+
+
+_RESUMED = "resumed from the store: "
+
+
 def eligible(state: TrafficState) -> bool:
     """Whether the router may send this worker paid traffic: it is `active`, or first-party.
 

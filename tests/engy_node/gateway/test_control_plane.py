@@ -10,7 +10,7 @@ import trio
 
 from engy_node.gateway import control_plane
 from engy_node.gateway.probe_corpus import load_probe_corpus
-from engy_node.gateway.store import RequestLogEntry, Store, VerdictRecord
+from engy_node.gateway.store import EligibilityRow, RequestLogEntry, Store, VerdictRecord
 from engy_node.hub import Hub
 from engy_node.models import SMOLLM2_135M
 
@@ -113,6 +113,25 @@ async def test_outcomes_logged_before_the_control_plane_started_are_not_replayed
     plane = control(store, probed, {(MINER, MODEL)})
     await nursery.start(plane.run)
     await wait_for(lambda: table(store).get((MINER, MODEL)) == "active")
+
+
+async def test_a_control_plane_that_takes_over_keeps_active_miners_active_and_pulled_ones_out(nursery, store):
+    """A restarted gateway, or another host of a fleet becoming leader: the table it finds is
+    where it starts, not a fleet of miners to qualify all over again."""
+    now = time.time()
+    store.save_eligibility([
+        EligibilityRow(miner="key:1", model=MODEL, state="active", reason="qualified", since=now - 60, updated_at=now - 1),
+        EligibilityRow(miner="key:2", model=MODEL, state="pulled", reason="pulled: cheat", since=now - 1, updated_at=now - 1),
+        EligibilityRow(miner="key:3", model=MODEL, state="probing", reason="qualifying", since=now - 60, updated_at=now - 1),
+    ])
+    probed = Probed(store, ok=False)  # any probe now would fail: what stays active was resumed, not requalified
+    connected = {("key:1", MODEL), ("key:2", MODEL), ("key:3", MODEL)}
+    plane = control(store, probed, connected)
+    await nursery.start(plane.run)
+    assert plane.eligible("key:1", MODEL), "active at once, before any probe"
+    assert not plane.eligible("key:2", MODEL) and not plane.eligible("key:3", MODEL)
+    await wait_for(lambda: table(store).get(("key:3", MODEL)) == "pulled")  # requalified afresh, and failed
+    assert table(store)[("key:2", MODEL)] == "pulled" and plane.states[("key:2", MODEL)].until >= now + 30  # 3,600 s scaled by 0.01, from 1 s ago
 
 
 def test_the_scaled_policy_scales_every_duration_and_sets_the_round_size():

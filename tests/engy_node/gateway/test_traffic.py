@@ -29,6 +29,7 @@ from engy_node.gateway.traffic import (
     initial_state,
     next_probe_at,
     probe_plan,
+    resumed_state,
     step,
     tick,
 )
@@ -807,3 +808,53 @@ def test_the_first_verdict_on_a_request_stands_unless_a_later_one_says_cheat():
     assert len(worker.state.verdicts) == 1
     worker.feed(ProbeVerdict(first, "cheat"))
     assert worker.state.state is PULLED and worker.state.probes[0].verdict == "cheat"
+
+
+# --- resuming from the store ----------------------------------------------------------------------
+
+
+def resumed(stored: Eligibility, *, since: float = 900.0, now: float = 1000.0, first_party: bool = False) -> Worker:
+    worker = Worker(first_party=first_party)
+    worker.now = now
+    worker.state = resumed_state(miner="hk-a", model="m", stored=stored, since=since, reason="as stored", now=now,
+                                 policy=POLICY, first_party=first_party)
+    return worker
+
+
+def test_a_resumed_active_worker_stays_active_when_it_reconnects_within_the_grace():
+    worker = resumed(ACTIVE)
+    assert eligible(worker.state) and worker.state.since == 900.0
+    worker.feed(WorkerConnected(), after=POLICY.reconnect_grace_s / 2)
+    worker.wait(POLICY.reconnect_grace_s * 2)
+    assert worker.state.state is ACTIVE and worker.transitions == []
+
+
+def test_a_resumed_active_worker_that_never_reconnects_must_qualify_again():
+    worker = resumed(ACTIVE)
+    worker.wait(POLICY.reconnect_grace_s + 1)
+    assert worker.state.state is NEW and last(worker).code == "disconnected"
+
+
+def test_a_resumed_pull_lasts_the_longest_cooldown_from_when_it_began():
+    worker = resumed(PULLED, since=900.0, now=1000.0)
+    worker.feed(WorkerConnected())
+    longest = max(POLICY.max_cooldown_s, POLICY.cheat_cooldown_s)
+    worker.wait(900.0 + longest - worker.now - 1)
+    assert worker.state.state is PULLED
+    worker.wait(2)
+    assert worker.state.state is PROBING and last(worker).code == "cooldown-over"
+
+
+@pytest.mark.parametrize("stored", [NEW, PROBING])
+def test_new_and_probing_workers_start_afresh(stored):
+    assert resumed(stored).state == initial_state(miner="hk-a", model="m", now=1000.0)
+
+
+def test_a_first_party_worker_resumes_as_it_would_start():
+    assert resumed(PULLED, first_party=True).state == initial_state(miner="hk-a", model="m", now=1000.0, first_party=True)
+
+
+def test_resuming_twice_does_not_stack_the_note():
+    once = resumed(ACTIVE).state
+    twice = resumed_state(miner="hk-a", model="m", stored=ACTIVE, since=900.0, reason=once.reason, now=1000.0)
+    assert twice.reason == once.reason == "resumed from the store: as stored"
