@@ -183,7 +183,7 @@ class _Worker:
 class _Ring:
     """The points of one group's workers whose capacities have one bit length, sorted."""
 
-    __slots__ = ("positions", "owners", "maxes", "size", "capacities", "max_capacity")
+    __slots__ = ("positions", "owners", "maxes", "size", "workers", "capacities", "max_capacity")
 
     def __init__(self) -> None:
         self.positions: list[array] = []
@@ -191,6 +191,7 @@ class _Ring:
         self.maxes: list[int] = []
         """The last position of each run: bisecting it finds the run a position belongs in."""
         self.size = 0
+        self.workers = 0
         self.capacities: dict[int, int] = {}
         """capacity -> how many of the ring's workers have it, for `max_capacity`."""
         self.max_capacity = 0
@@ -199,12 +200,14 @@ class _Ring:
         for position in worker.points:
             self._insert(position, worker)
         self.size += len(worker.points)
+        self.workers += 1
         self.count_capacity(worker.capacity, +1)
 
     def remove(self, worker: _Worker, capacity: int) -> None:
         for position in worker.points:
             self._delete(position, worker)
         self.size -= len(worker.points)
+        self.workers -= 1
         self.count_capacity(capacity, -1)
 
     def count_capacity(self, capacity: int, change: int) -> None:
@@ -535,13 +538,14 @@ def _key_order(rings: list[_Ring], point: int) -> Iterator[_Worker]:
     The heap holds two kinds of entries. A worker met on a ring: (its score, 1, its id, it).
     A ring's frontier: (a floor on the score of any worker not met on it yet, 0, the ring's
     index). At an equal score the frontier comes first, so a worker is yielded only once no
-    worker still unmet could score as well.
+    worker still unmet could score as well. A ring whose workers have all been met has no
+    frontier left: reading on would only meet their farther points.
     """
     heap: list[tuple] = []
     cursors: list[list] = []
     for index, ring in enumerate(rings):
         run, at = ring.start(point)
-        cursors.append([run, at, ring.size])
+        cursors.append([run, at, ring.workers])
         position = ring.positions[run][at]
         heap.append(((((position - point) & _MASK) << _SCORE_SHIFT) // ring.max_capacity, 0, index))
     heapq.heapify(heap)
@@ -554,20 +558,20 @@ def _key_order(rings: list[_Ring], point: int) -> Iterator[_Worker]:
         index = entry[2]
         ring = rings[index]
         cursor = cursors[index]
-        run, at, left = cursor
+        run, at, unmet = cursor
         worker = ring.owners[run][at]
         if worker.worker_id not in met:
             met.add(worker.worker_id)
             distance = (ring.positions[run][at] - point) & _MASK
             heapq.heappush(heap, ((distance << _SCORE_SHIFT) // worker.capacity, 1, worker.worker_id, worker))
-        left -= 1
-        if not left:
-            continue
+            unmet -= 1
+            if not unmet:
+                continue
         at += 1
         if at == len(ring.positions[run]):
             run = (run + 1) % len(ring.positions)
             at = 0
-        cursor[0], cursor[1], cursor[2] = run, at, left
+        cursor[0], cursor[1], cursor[2] = run, at, unmet
         distance = (ring.positions[run][at] - point) & _MASK
         heapq.heappush(heap, ((distance << _SCORE_SHIFT) // ring.max_capacity, 0, index))
 
