@@ -17,7 +17,6 @@ Anthropic's; each API module says why).
 from __future__ import annotations
 
 import logging
-import uuid
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -29,7 +28,7 @@ from starlette.routing import Route, WebSocketRoute
 from engy_node.asgi import Receive, Send
 from engy_node.gateway import anthropic_api, openai_api
 from engy_node.gateway.chat import GatewayError
-from engy_node.gateway.lifecycle import Gateway
+from engy_node.gateway.lifecycle import Gateway, new_request_id
 from engy_node.gateway.pool import MinerPool
 from engy_node.gateway.relay import ANTHROPIC, OPENAI, Api, ChatEndpoint
 from engy_node.gateway.workers import LISTEN_BACKLOG
@@ -66,10 +65,6 @@ def is_json(content_type: str | None) -> bool:
     return (content_type or "").split(";", 1)[0].strip().lower() == "application/json"
 
 
-def _new_id() -> str:
-    return uuid.uuid4().hex
-
-
 def protocol_error_body(status: int, path: str | None) -> tuple[list[tuple[bytes, bytes]], bytes]:
     """The answer to a request hypercorn refused before the app saw it (`EdgeConfig`), in the
     dialect of its path (OpenAI's when even the request line could not be read)."""
@@ -79,7 +74,7 @@ def protocol_error_body(status: int, path: str | None) -> tuple[list[tuple[bytes
     else:
         err = GatewayError("invalid_request", f"the request is not valid HTTP/1.1 (the server's parser answered {status}); "
                            "check the request line and headers your client sends")
-    response = api_for_path(path or "").error_response(err, _new_id())
+    response = api_for_path(path or "").error_response(err, new_request_id())
     return response.raw_headers, bytes(response.body)
 
 
@@ -112,7 +107,7 @@ async def route_error(request: Request, exc: Exception) -> Response:
         err = GatewayError("invalid_request", f"{exc.detail} ({method} {path})")
     else:
         err = INTERNAL_ERROR
-    response = api_for_path(path).error_response(err, _new_id())
+    response = api_for_path(path).error_response(err, new_request_id())
     response.headers.update(headers)
     return response
 

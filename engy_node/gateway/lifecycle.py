@@ -43,10 +43,10 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import os
 import random
 import secrets
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, Protocol
 
@@ -186,8 +186,14 @@ class Accounting:
     """The stop string the answer ended at, when one did."""
 
 
-def _new_request_id() -> str:
-    return uuid.uuid4().hex
+def new_request_id() -> str:
+    """A request id: 128 random bits from the OS as 32 lowercase hex digits, the shape of
+    `uuid4().hex` with 6 more random bits, at a seventh of its cost (no `UUID` object is built).
+    Random rather than counted, so ids from any number of processes and hosts do not collide
+    (with ~10^12 ids the chance is ~10^-15), and nobody learns the gateway's request rate from
+    the ids a miner or a buyer sees. The id is a store `identifier`, and its first 12 digits name
+    the request's tool calls (`relay`)."""
+    return os.urandom(16).hex()
 
 
 def _new_seed() -> int:
@@ -203,7 +209,7 @@ class Gateway:
 
     def __init__(self, *, store: Store, pool: MinerPool, models: dict[str, ServedModel], audit: AuditSink | None = None,
                  settings: GatewaySettings = GatewaySettings(), clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.perf_counter, new_id: Callable[[], str] = _new_request_id,
+                 monotonic: Callable[[], float] = time.perf_counter, new_id: Callable[[], str] = new_request_id,
                  new_seed: Callable[[], int] = _new_seed, audit_draw: Callable[[], float] = random.random,
                  eligible: Callable[[str, str], bool] = _always_eligible,
                  request_log: RequestLogWriter | None = None, registry: Registry | None = None) -> None:
