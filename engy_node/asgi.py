@@ -62,6 +62,28 @@ async def read_json_object(receive: Receive, *, max_bytes: int, allow_empty: boo
     return body
 
 
+CLIENT_GONE = "engy.client_gone"
+"""The scope extension (`scope["extensions"][CLIENT_GONE]`, a `ClientGone`) of a server that tells
+the app directly when the client hangs up (`hypercorn_edges`), so that watching for it needs no
+task blocked in `receive`."""
+
+
+class ClientGone:
+    """A server's word that the client hung up before the response was complete: `gone` is set
+    and `callback` (the app's, None while nobody watches) is called from the server's task."""
+
+    __slots__ = ("gone", "callback")
+
+    def __init__(self) -> None:
+        self.gone = False
+        self.callback: Callable[[], None] | None = None
+
+    def notify(self) -> None:
+        self.gone = True
+        if self.callback is not None:
+            self.callback()
+
+
 class DisconnectWatch:
     """What `watch_disconnect` yields: whether the client hung up while it was watching."""
 
@@ -72,12 +94,29 @@ class DisconnectWatch:
 
 
 @contextlib.asynccontextmanager
-async def watch_disconnect(receive: Receive) -> AsyncIterator[DisconnectWatch]:
+async def watch_disconnect(receive: Receive, scope: MutableMapping[str, Any] | None = None) -> AsyncIterator[DisconnectWatch]:
     """Run the body in a scope that is cancelled if the client hangs up (the request body must
     already be read). Leaving the block stops the watch; a single failure of the body is raised
     as itself, not inside an exception group. One watch can span a whole response, so a handler
-    that waits, then streams, pays for one watcher task rather than one per phase."""
+    that waits, then streams, pays for one watch rather than one per phase. Given the request's
+    `scope` from a server that offers `CLIENT_GONE`, the watch is that server's callback and
+    costs no task; otherwise a task waits in `receive` for the `http.disconnect`."""
     watch = DisconnectWatch()
+    notice = ((scope or {}).get("extensions") or {}).get(CLIENT_GONE)
+    if notice is not None:
+        with trio.CancelScope() as cancel_scope:
+            def gone() -> None:
+                watch.client_gone = True
+                cancel_scope.cancel(reason="client disconnected")
+
+            notice.callback = gone
+            try:
+                if notice.gone:
+                    gone()
+                yield watch
+            finally:
+                notice.callback = None
+        return
 
     async def watcher(scope: trio.CancelScope) -> None:
         while (await receive())["type"] != "http.disconnect":

@@ -1,4 +1,4 @@
-"""What hypercorn answers by itself, before an app runs, made to answer as the app would.
+"""What hypercorn does by itself at the edges of a request, made to do what the app needs.
 
 Two answers hypercorn 0.18 writes on its own cannot be changed through its `Config`:
 
@@ -10,39 +10,66 @@ Two answers hypercorn 0.18 writes on its own cannot be changed through its `Conf
   the peer keeps sending of that message is still buffered (`WSStream._handle_events`), so the
   limit stops bounding memory once it has been hit.
 
-Hypercorn has no hook for either, so `install()` (run by creating an `EdgeConfig`) puts two
+And two costs it puts on every HTTP/1.1 response, which matter on the gateway's hot path (a
+short completion is a few small writes, each a system call with trio checkpoints around it):
+
+* It writes the status line and headers as soon as the app sends `http.response.start`, then
+  each body message in a write of its own, then the chunked terminator (`0\r\n\r\n`) in
+  another: a short streamed answer in three body messages is five writes.
+* A client hanging up reaches the app only as an `http.disconnect` from `receive`, so an app
+  that must notice it while it waits for something else (the gateway, for a miner's output)
+  keeps a task blocked in `receive` for each request.
+
+Hypercorn has no hook for any of these, so `install()` (run by creating an `EdgeConfig`) puts
 subclasses where hypercorn looks its protocol classes up for each new connection, the module
-globals `hypercorn.protocol.H11Protocol` and `WSStream` in `hypercorn.protocol.h11` and `.h2`:
+globals `hypercorn.protocol.H11Protocol`, `HTTPStream` in `hypercorn.protocol.h11`, and
+`WSStream` in `hypercorn.protocol.h11` and `.h2`:
 
 * `EdgeH11Protocol` answers a request h11 refused with the body `EdgeConfig.protocol_error_body`
   builds from the status and the request's path (read from the unparsed head h11 keeps, its
-  public `trailing_data`; None when the request line itself is unreadable).
+  public `trailing_data`; None when the request line itself is unreadable). It can also gather
+  the bytes of several events into one write (`hold_writes`).
+* `EdgeHTTPStream` holds the response's start until the first body message (ASGI itself says a
+  server must not start the response before it) and writes what each body message makes (the
+  head, the data, after the last one the terminator) in one write: a short streamed answer is
+  two or three writes. Nothing the app has sent waits: each body message is written before its
+  `send` returns, as before. It also puts a `ClientGone` (`asgi.CLIENT_GONE`) in the scope's
+  extensions and calls its callback, from the connection's task, when the connection closes
+  before the response is complete, so `asgi.watch_disconnect` cancels the app's work at once
+  without a task of its own. (Over HTTP/2, which no gateway client is offered, hypercorn's own
+  stream serves, and the watch falls back on its task.)
 * `EdgeWSStream` counts a message's UTF-8 bytes as its frames arrive and refuses it before
   storing more than the limit: it closes with 1009 and the reason "frame exceeds N bytes", tells
   the app at once with a `websocket.disconnect` carrying that code and reason, and drops
   whatever else the peer sends.
 
-Both behave exactly as hypercorn's own classes unless the server's config is an `EdgeConfig`,
+They behave exactly as hypercorn's own classes unless the server's config is an `EdgeConfig`,
 so other servers in the process are unchanged. What they override is private hypercorn API:
-pyproject pins hypercorn's minor version, and tests/engy_node/test_hypercorn_edges.py fails when
-the upstream code these classes copy or rely on changes, so an upgrade is re-read, not assumed.
+pyproject pins hypercorn's minor version, and tests/engy_node/test_hypercorn_edges.py and
+test_hypercorn_writes.py fail when the upstream code these classes copy or rely on changes, so an
+upgrade is re-read, not assumed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import h11
 import hypercorn.protocol
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
 from hypercorn.config import Config
-from hypercorn.protocol.events import StreamClosed
+from hypercorn.events import Event, RawData
+from hypercorn.protocol.events import Request, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
 from hypercorn.protocol.ws_stream import WSStream
 from wsproto.connection import ConnectionState
 from wsproto.events import CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
+
+from engy_node.asgi import CLIENT_GONE, ClientGone
 
 ProtocolErrorBody = Callable[[int, str | None], tuple[list[tuple[bytes, bytes]], bytes]]
 """(status, request path or None) -> (headers, body) of the answer to a request h11 refused.
@@ -75,6 +102,40 @@ def frame_refusal(limit: int) -> str:
 
 
 class EdgeH11Protocol(H11Protocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._held: list[bytes] | None = None
+        """Bytes gathered for one write while `hold_writes` is on (None: off)."""
+        if isinstance(self.config, EdgeConfig):
+            self._write = self.send
+            self.send = self._send_or_hold
+
+    def hold_writes(self) -> None:
+        """Gather the bytes of what follows into one write, until `release_writes` (only with an
+        `EdgeConfig`; anything but bytes, such as closing the connection, releases them first)."""
+        if isinstance(self.config, EdgeConfig):
+            self._held = []
+
+    async def release_writes(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            await self._write(RawData(data=b"".join(held)))
+
+    async def _maybe_recycle(self) -> None:
+        # The response is complete: write it before deciding whether the connection can take the
+        # next request, as hypercorn does, so that the request's body still arriving (a client
+        # answered before it sent all of it) has the same chance to be read first.
+        await self.release_writes()
+        await super()._maybe_recycle()
+
+    async def _send_or_hold(self, event: Event) -> None:
+        if self._held is not None:
+            if isinstance(event, RawData):
+                self._held.append(event.data)
+                return
+            await self.release_writes()
+        await self._write(event)
+
     async def _send_error_response(self, status_code: int) -> None:
         if not isinstance(self.config, EdgeConfig):
             await super()._send_error_response(status_code)
@@ -85,6 +146,60 @@ class EdgeH11Protocol(H11Protocol):
             status_code=status_code, headers=[*headers, (b"connection", b"close"), *self.config.response_headers("h11")]))
         await self._send_h11_event(h11.Data(data=body))
         await self._send_h11_event(h11.EndOfMessage())
+
+
+class EdgeHTTPStream(HTTPStream):
+    """An HTTP/1.1 request's stream: the response's start goes out with its first body message,
+    each body message in one write, and the app is told at once when the client hangs up before
+    the response is complete (the module docstring says why)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.client_gone = ClientGone()
+        self._start: dict | None = None
+        """The app's `http.response.start`, held until its first body message."""
+        protocol = getattr(self.send, "__self__", None)
+        # The stream's `send` is its protocol's `stream_send` (`H11Protocol._create_stream`).
+        self._protocol = protocol if isinstance(protocol, EdgeH11Protocol) else None
+
+    async def handle(self, event: Event) -> None:
+        if not isinstance(self.config, EdgeConfig):
+            await super().handle(event)
+            return
+        if isinstance(event, StreamClosed) and not self.closed and self.state != ASGIHTTPState.CLOSED:
+            # Before the `http.disconnect` is queued: putting it may wait for an app that reads
+            # nothing, and this must not.
+            self.client_gone.notify()
+        await super().handle(event)
+        if isinstance(event, Request) and not self.closed:
+            # The app's task has only been scheduled (`spawn_app` does not yield): it finds this
+            # in its scope when it starts.
+            self.scope["extensions"][CLIENT_GONE] = self.client_gone
+
+    async def app_send(self, message: dict | None) -> None:
+        if not isinstance(self.config, EdgeConfig):
+            await super().app_send(message)
+            return
+        if message is not None and message["type"] == "http.response.start" and self.state == ASGIHTTPState.REQUEST \
+                and self._start is None:
+            self._start = message
+            return
+        if (message is None or message["type"] != "http.response.body" or self._protocol is None
+                or (self._start is None and message.get("more_body", False))):
+            await self._send_start()
+            await super().app_send(message)
+            return
+        self._protocol.hold_writes()
+        try:
+            await self._send_start()
+            await super().app_send(message)
+        finally:
+            await self._protocol.release_writes()
+
+    async def _send_start(self) -> None:
+        if self._start is not None:
+            start, self._start = self._start, None
+            await super().app_send(start)
 
 
 class EdgeWSStream(WSStream):
@@ -131,5 +246,6 @@ class EdgeWSStream(WSStream):
 def install() -> None:
     """Make new connections use the classes above (idempotent)."""
     hypercorn.protocol.H11Protocol = EdgeH11Protocol
+    hypercorn.protocol.h11.HTTPStream = EdgeHTTPStream
     hypercorn.protocol.h11.WSStream = EdgeWSStream
     hypercorn.protocol.h2.WSStream = EdgeWSStream

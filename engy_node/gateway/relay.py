@@ -1,10 +1,12 @@
 """Between dispatch and the last byte: one buyer API's chat route, relaying a miner's answer.
 
 This is the gateway's hot path, so it speaks ASGI itself instead of going through Starlette's
-`Request` and `StreamingResponse`: one task watches for the buyer hanging up over the whole
-response (the wait for the miner's first output, then the relay), and the relay writes straight
-to the server. A stream commits status 200 only once the miner produced output (up to
-`first_byte_wait_s`), so a miner failing before that is retried and errors keep their codes.
+`Request` and `StreamingResponse`: one watch for the buyer hanging up spans the whole response
+(the wait for the miner's first output, then the relay; under the gateway's own server it is a
+callback, not a task: `asgi.watch_disconnect`), and the relay writes straight to the server, in
+as few sends as the answer allows. A stream commits status 200 only once the miner produced
+output (up to `first_byte_wait_s`), so a miner failing before that is retried and errors keep
+their codes.
 
 Text goes through `OutputParser` (reasoning and tool calls) to the API's encoder, with keepalives
 while the miner is quiet. A buyer who hangs up gets the miner cancelled at once, and is charged
@@ -130,9 +132,9 @@ class ChatEndpoint:
     """One buyer API's chat route (`/v1/chat/completions` or `/v1/messages`) as a raw ASGI app.
 
     This is the gateway's hot path, so it speaks ASGI itself instead of going through Starlette's
-    `Request` and `StreamingResponse`: one task watches for the buyer hanging up over the whole
+    `Request` and `StreamingResponse`: one watch for the buyer hanging up spans the whole
     response (the wait for the miner's first output, then the relay) where Starlette would start
-    one per phase, and the relay writes straight to the server without a task group around it.
+    a task per phase, and the relay writes straight to the server without a task group around it.
     """
 
     def __init__(self, gateway: Gateway, api: Api) -> None:
@@ -141,12 +143,12 @@ class ChatEndpoint:
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         gateway, api = self.gateway, self.api
-        request_id = gateway.new_id()
+        request_id = None
         try:
             account = await gateway.authenticate(api.api_key(Headers(scope=scope)))
             chat = api.parse(await gateway.read_body(receive), gateway)
             with gateway.serving():
-                async with watch_disconnect(receive):
+                async with watch_disconnect(receive, scope):
                     flight = await gateway.begin(api.name, account, chat)
                     request_id = flight.request_id
                     if chat.stream:
@@ -154,6 +156,8 @@ class ChatEndpoint:
                     else:
                         await self._complete(flight, send)
         except GatewayError as err:
+            # Refused before it had a flight (and its id): the answer still names a request id.
+            request_id = request_id or gateway.new_id()
             # What a buyer sent wrong is the buyer's to read in the answer: logging each one would
             # let a client flood the log with refusals as cheap as a 402.
             if err.kind in BUYER_CAUSED:
@@ -258,18 +262,24 @@ class ChatEndpoint:
 
         try:
             # Everything ready at a wake-up goes out as one write: under load several chunks
-            # arrive per wake-up, and each separate send costs the server a trip through its stack.
+            # arrive per wake-up, and each separate send costs the server a trip through its
+            # stack. For the same reason what arrives with the end of the answer goes out with
+            # the stream's last events, after settlement; only the first write (the 200's head
+            # and the first output, `hypercorn_edges`) never waits for it.
             out = list(encoder.start())
+            sent = False
             while stops.matched is None:
                 while pending.chunks and stops.matched is None:
                     text = pending.chunks.popleft()
                     flight.first_output_at = flight.first_output_at or gateway.monotonic()
                     received += text
                     out += relay(stops.feed(text))
-                if out:
+                ended = pending.finished or stops.matched is not None
+                if out and not (ended and sent):
                     await _send_body(send, b"".join(out), more=True)
-                    out = []
-                if pending.finished or stops.matched is not None:
+                    out, sent = [], True
+                    continue  # what came in while it was sent, or the end, is seen before waiting
+                if ended:
                     break
                 if gateway.monotonic() > deadline:
                     outcome = "timeout"
@@ -285,14 +295,14 @@ class ChatEndpoint:
                         await gateway.pool.cancel(pending)
                 reported = "stop"
             elif outcome == "shutdown":
-                await _send_body(send, b"".join(encoder.error(gateway.shutting_down())), more=False)
+                await _send_body(send, b"".join(out + encoder.error(gateway.shutting_down())), more=False)
                 return
             elif outcome == "timeout" or pending.lost is not None or pending.response is None or pending.response.error is not None:
                 outcome = "timeout" if outcome == "timeout" else "miner-failed"
                 reason = ("the miner did not finish in time" if outcome == "timeout"
                           else pending.lost or (pending.response.error if pending.response else "no response"))
                 error = GatewayError("timeout" if outcome == "timeout" else "upstream", f"the miner failed mid-stream: {reason}")
-                await _send_body(send, b"".join(encoder.error(error)), more=False)
+                await _send_body(send, b"".join(out + encoder.error(error)), more=False)
                 return
             else:
                 content, reported = _final_content(pending)
