@@ -142,11 +142,12 @@ def choose(
 
     The decision of `RouteTable.choose` (eligibility, what the request needs, priority, the
     key's order under the load bound, round-robin), over a table holding exactly these
-    candidates, all admitted. It hashes each candidate's ring points (32 SHA-256 each), so it
-    suits a few workers; the pool keeps a table per model instead. Candidate order does not
-    matter; a worker id twice is the caller's bug (ValueError).
+    candidates, all admitted. The table scores every eligible candidate over its ring points
+    (about 10 µs each, the points of the last few hundred ids remembered), so it suits a few
+    workers, such as a probe's legs of one miner; the pool keeps a table per model instead.
+    Candidate order does not matter; a worker id twice is the caller's bug (ValueError).
     """
-    table = RouteTable()
+    table = RouteTable(keyed_search="scan")
     for candidate in candidates:
         table.join(candidate, admitted=True)
     return table.choose(prefix=prefix, rr_counter=rr_counter, load_factor=load_factor, exclude=exclude, needs=needs,

@@ -1,7 +1,8 @@
 """gateway.route_table: the routing table as workers join, leave and change. Its key's order is
 the one its docstring defines (checked against every worker's distance, computed the slow way),
 a table kept current by updates decides exactly as one built afresh from the same workers in any
-order, the load bound and `exclude` hold, admission is honoured, a join or a leave moves only
+order, the walk along the rings and the scan of the eligible workers read the same order, the
+load bound and `exclude` hold, admission is honoured, a join or a leave moves only
 that worker's keys and about its share of them, and shares follow capacity on a large sample.
 test_router.py tests the decision's rules over lists of candidates."""
 
@@ -12,7 +13,7 @@ import math
 from fractions import Fraction
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engy_node.gateway.route_table import (
@@ -32,8 +33,11 @@ counters = st.integers(min_value=0, max_value=10**9)
 load_factors = st.sampled_from([1.0, 1.125, 1.25, 1.5, 2.0, 3.0])
 
 
-def table_of(workers, *, admitted: bool = True) -> RouteTable:
-    table = RouteTable()
+searches = st.sampled_from(["walk", "scan", "auto"])
+
+
+def table_of(workers, *, admitted: bool = True, search: str = "auto") -> RouteTable:
+    table = RouteTable(keyed_search=search)
     for worker in workers:
         table.join(worker, admitted=admitted)
     return table
@@ -75,10 +79,11 @@ def busy_workers(draw, *, max_size: int = 12):
 # --- the key's order ---------------------------------------------------------------------------
 
 
-@given(workers=idle_workers(), prefix=keys)
-def test_the_keys_order_ranks_workers_by_their_nearest_points_distance_over_capacity(workers, prefix):
+@settings(deadline=None)  # builds tables of 128 points a worker per example: slow on a busy machine
+@given(workers=idle_workers(), prefix=keys, search=searches)
+def test_the_keys_order_ranks_workers_by_their_nearest_points_distance_over_capacity(workers, prefix, search):
     # Capacities up to 2**20 put many capacity bit lengths, so many rings, in one walk.
-    table = table_of(workers)
+    table = table_of(workers, search=search)
     read = []
     while len(read) < len(workers):
         choice = table.choose(prefix=prefix, rr_counter=0, exclude=frozenset(read))
@@ -87,10 +92,12 @@ def test_the_keys_order_ranks_workers_by_their_nearest_points_distance_over_capa
     assert read == slow_order(workers, prefix)
 
 
-@given(workers=busy_workers(), prefix=keys, load_factor=load_factors, data=st.data())
-def test_a_keyed_choice_is_the_first_eligible_worker_in_the_keys_order_within_the_load_bound(workers, prefix, load_factor, data):
+@settings(deadline=None)  # builds tables of 128 points a worker per example: slow on a busy machine
+@given(workers=busy_workers(), prefix=keys, load_factor=load_factors, search=searches, data=st.data())
+def test_a_keyed_choice_is_the_first_eligible_worker_in_the_keys_order_within_the_load_bound(workers, prefix, load_factor, search,
+                                                                                             data):
     exclude = frozenset(data.draw(st.lists(st.sampled_from([w.worker_id for w in workers]))))
-    choice = table_of(workers).choose(prefix=prefix, rr_counter=0, load_factor=load_factor, exclude=exclude)
+    choice = table_of(workers, search=search).choose(prefix=prefix, rr_counter=0, load_factor=load_factor, exclude=exclude)
     eligible = [w for w in workers if w.inflight < w.capacity and w.worker_id not in exclude]
     assert (choice is None) == (not eligible)
     if choice is None:
@@ -101,11 +108,12 @@ def test_a_keyed_choice_is_the_first_eligible_worker_in_the_keys_order_within_th
     assert choice == Choice(expected, "affinity" if expected == order[0] else "affinity-spill")
 
 
-@given(workers=idle_workers(min_size=2), prefix=keys, data=st.data())
-def test_each_retry_goes_to_the_next_worker_in_the_keys_order(workers, prefix, data):
+@settings(deadline=None)  # builds tables of 128 points a worker per example: slow on a busy machine
+@given(workers=idle_workers(min_size=2), prefix=keys, search=searches, data=st.data())
+def test_each_retry_goes_to_the_next_worker_in_the_keys_order(workers, prefix, search, data):
     order = slow_order(workers, prefix)
     failed = data.draw(st.integers(1, len(workers) - 1))
-    retry = table_of(workers).choose(prefix=prefix, rr_counter=0, exclude=frozenset(order[:failed]))
+    retry = table_of(workers, search=search).choose(prefix=prefix, rr_counter=0, exclude=frozenset(order[:failed]))
     assert retry == Choice(order[failed], "affinity")
 
 
@@ -118,12 +126,15 @@ operations = st.lists(
 )
 
 
+@settings(deadline=None)  # builds tables of 128 points a worker per example: slow on a busy machine
 @given(history=operations, ids=st.lists(worker_ids, min_size=8, max_size=8, unique=True),
        prefixes=st.lists(st.one_of(st.none(), keys), min_size=1, max_size=4), counter=counters, load_factor=load_factors,
        needs=st.frozensets(st.sampled_from(FEATURES)), prefer=st.frozensets(st.sampled_from(FEATURES)), data=st.data())
 def test_a_table_kept_current_decides_as_one_built_afresh_in_any_order(history, ids, prefixes, counter, load_factor, needs,
                                                                        prefer, data):
-    table = RouteTable()
+    # The kept table walks the rings and the fresh one scans the eligible workers, so this also
+    # checks that the two read one order on tables with full, unadmitted and unequal workers.
+    table = RouteTable(keyed_search="walk")
     state: dict[str, tuple[Candidate, bool]] = {}
     for kind, index, number, flag, priority, lacks in history:
         worker_id = ids[index]
@@ -149,7 +160,7 @@ def test_a_table_kept_current_decides_as_one_built_afresh_in_any_order(history, 
         else:
             table.update(worker_id, admitted=flag)
             state[worker_id] = (state[worker_id][0], flag)
-    fresh = RouteTable()
+    fresh = RouteTable(keyed_search="scan")
     for worker_id in data.draw(st.permutations(list(state))):
         worker, admitted = state[worker_id]
         fresh.join(worker, admitted=admitted)
@@ -160,12 +171,13 @@ def test_a_table_kept_current_decides_as_one_built_afresh_in_any_order(history, 
         assert table.choose(**arguments) == fresh.choose(**arguments)
 
 
-@given(workers=busy_workers(), prefix=st.one_of(st.none(), keys), counter=counters, data=st.data())
-def test_only_admitted_workers_that_admit_accepts_are_chosen(workers, prefix, counter, data):
+@settings(deadline=None)  # builds tables of 128 points a worker per example: slow on a busy machine
+@given(workers=busy_workers(), prefix=st.one_of(st.none(), keys), counter=counters, search=searches, data=st.data())
+def test_only_admitted_workers_that_admit_accepts_are_chosen(workers, prefix, counter, search, data):
     ids = [w.worker_id for w in workers]
     unadmitted = frozenset(data.draw(st.lists(st.sampled_from(ids))))
     refused = frozenset(data.draw(st.lists(st.sampled_from(ids))))
-    table = RouteTable()
+    table = RouteTable(keyed_search=search)
     for worker in workers:
         table.join(worker, admitted=worker.worker_id not in unadmitted)
     choice = table.choose(prefix=prefix, rr_counter=counter, admit=lambda worker_id: worker_id not in refused)
@@ -282,6 +294,11 @@ def test_an_update_with_impossible_numbers_is_refused_and_changes_nothing(fields
         table.update("w", **fields)
     assert table["w"] == Candidate(worker_id="w", capacity=2, inflight=1)
     assert table.choose(prefix=None, rr_counter=0) == Choice("w", "round-robin")
+
+
+def test_an_unknown_keyed_search_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="'auto', 'walk' or 'scan'"):
+        RouteTable(keyed_search="fast")
 
 
 @pytest.mark.parametrize(("arguments", "names"), [({"load_factor": 0.5}, "load_factor"), ({"rr_counter": -1}, "rr_counter")])
