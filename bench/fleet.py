@@ -3,7 +3,7 @@ with prefix affinity against an oracle, and one host killed in the middle of it.
 
     .venv/bin/python bench/fleet.py [--miners 1000] [--seconds 60] [--buyers 32] [--miner-processes 4] [--slots 4]
                                     [--prefixes 500] [--zipf 1.0] [--lru 16] [--kill leader|follower] [--lease-s 6]
-                                    [--idle-seconds 5] [--seed 0] [--json PATH]
+                                    [--idle-seconds 5] [--seed 0] [--check-timeout-ms MS] [--json PATH] [--logs DIR]
 
 What runs, all on loopback and all started and stopped here: a throwaway PostgreSQL cluster
 (`engy_node.testing.postgres`), two `engy-node --role gateway` hosts sharing it
@@ -20,7 +20,10 @@ Phases, each measured on its own:
 1. **Admission storm.** Every miner process is loaded first; then all links start dialling at
    once. Timed from that moment until every leg is admitted, as the miners see it (each leg's
    `admit`) and as the gateways log it (each host's last "admitted" record), with the CPU each
-   process group used meanwhile (psutil: mean and peak over 0.5 s samples).
+   process group used meanwhile (psutil: mean and peak over 0.5 s samples), the dials that
+   failed (the links' own log lines, by error), the balancer's health checks that took a
+   server down and how long a backend had no server at all (HAProxy's output, stamped as it
+   is read), and each host's pool afterwards (its control API's `/v1/status`).
 2. **Idle.** `--idle-seconds` with every miner connected and no buyer: what a thousand idle
    miners (heartbeats, the pools' bookkeeping) cost each host.
 3. **Traffic**, `--seconds`: each buyer sends streamed chat completions back to back. Each
@@ -30,8 +33,8 @@ Phases, each measured on its own:
    `MIN_USEFUL_PREFIX_CHARS`), followed by a turn of its own. Each miner answers with its own
    index, so the buyer knows who served it; the balancer adds which host relayed it (an
    `x-fleet-host` response header, the one line this benchmark adds to the product's HAProxy
-   configuration). Halfway through, one host (`--kill`: the lease's leader by default) is
-   killed with SIGKILL.
+   configuration; `--check-timeout-ms` adds a second, as an experiment). Halfway through, one
+   host (`--kill`: the lease's leader by default) is killed with SIGKILL.
 
 What is reported: requests/s; time to the first content event (TTFT) p50/p99 through the fleet,
 the synthetic miner's own time to its first chunk, and the difference (what the fleet adds:
@@ -45,9 +48,10 @@ Every conversation's first request misses under both. The hosts route independen
 conversation's home miner is the same on both only if their routers agree on it, which the
 "same home on both hosts" figure checks. Then the failover: legs lost, time until every leg is
 back (re-dialled through the balancer to the survivor), the survivor taking the leader lease,
-the buyers' failures (only requests in flight on the killed host may fail) and, after the
-survivor has been stopped cleanly, the books of the shared store (`faults.check_books`: every
-invariant must hold; holds of the killed host's requests in flight stay open, and are counted).
+the buyers' failures (only requests in flight on the killed host may fail; each one's fate in
+the ledger, found by the stream's request id) and, after the survivor has been stopped cleanly,
+the books of the shared store (`faults.check_books`: every invariant must hold; holds of the
+killed host's requests in flight stay open, and are counted).
 
 The tables are Markdown, followed by the command line, the machine and the commit. Everything
 binds 127.0.0.1; every process and directory made here is removed here.
@@ -104,7 +108,6 @@ RECONNECT_PAUSE_S = 0.05
 STOP_WAIT_S = 60.0
 CPU_SAMPLE_S = 0.5
 MIN_PEAK_SPAN_S = 0.2
-LOG_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", re.M)
 ADMITTED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*engy\.gateway\.pool: admitted key:", re.M)
 CONTROL = re.compile(r"control API on (http://127\.0\.0\.1:\d+);")
 LEADS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*this host leads the gateway fleet", re.M)
@@ -663,7 +666,9 @@ class MinerProcess:
 class FleetClient(KeepAliveClient):
     """`gateway_overhead`'s lean client, also reading the header that names the relaying host."""
 
-    async def exchange(self, raw: bytes, on_data) -> tuple[int, str | None]:
+    async def exchange(self, raw: bytes, on_head, on_data) -> None:
+        """Send `raw`; `on_head(status, host)` once the response's head is in (so a stream cut
+        short still says who relayed it), `on_data(bytes)` for each piece of its body."""
         await self.stream.send_all(raw)
         status = int((await self._line()).split(b" ", 2)[1])
         length, chunked, host = None, False, None
@@ -678,14 +683,14 @@ class FleetClient(KeepAliveClient):
                 self.closing = True
             elif name == HOST_HEADER:
                 host = value.decode()
+        on_head(status, host)
         if not chunked:
             on_data(await self._exactly(length or 0))
-            return status, host
+            return
         while size := int((await self._line()).split(b";")[0], 16):
             on_data(await self._exactly(size))
             await self._exactly(2)
         await self._exactly(2)
-        return status, host
 
 
 async def buyer(number: int, key: str, port: int, heads: Sequence[tuple[str, str]], cum_weights: Sequence[float],
@@ -703,6 +708,9 @@ async def buyer(number: int, key: str, port: int, heads: Sequence[tuple[str, str
             samples.append(sample)
             body = bytearray()
 
+            def on_head(status: int, host: str | None) -> None:
+                sample.status, sample.host = status, host
+
             def on_data(data: bytes) -> None:
                 if sample.ttft is None and b'"content":"' in data.replace(b'"content":""', b""):
                     sample.ttft = time.monotonic() - sample.started
@@ -712,11 +720,7 @@ async def buyer(number: int, key: str, port: int, heads: Sequence[tuple[str, str
                 with trio.fail_after(CALL_TIMEOUT_S):
                     if client is None:
                         client = await FleetClient.connect("127.0.0.1", port)
-                    sample.status, sample.host = await client.exchange(raw, on_data)
-                if (found := REPLY.search(body)) is not None:
-                    sample.miner = int(found.group(1))
-                if (found := STREAM_ID.search(body)) is not None:
-                    sample.request_id = found.group(1).decode()
+                    await client.exchange(raw, on_head, on_data)
                 if sample.status == 200 and FINISHED not in body:
                     sample.error = "the stream ended without the answer's finish_reason"
                 if client.closing:
@@ -724,12 +728,14 @@ async def buyer(number: int, key: str, port: int, heads: Sequence[tuple[str, str
                     client = None
             except (OSError, ConnectionError, trio.TooSlowError, trio.BrokenResourceError, ValueError, IndexError) as error:
                 sample.error = f"{type(error).__name__}: {error}"[:200]
-                if (found := STREAM_ID.search(body)) is not None:
-                    sample.request_id = found.group(1).decode()
                 if client is not None:
                     await client.stream.aclose()
                 client = None
                 await trio.sleep(RECONNECT_PAUSE_S)
+            if (found := REPLY.search(body)) is not None:
+                sample.miner = int(found.group(1))
+            if (found := STREAM_ID.search(body)) is not None:
+                sample.request_id = found.group(1).decode()
             sample.ended = time.monotonic()
             if sample.status is not None and sample.status != 200:
                 sample.error = sample.error or f"status {sample.status}"
@@ -743,7 +749,6 @@ async def buyer(number: int, key: str, port: int, heads: Sequence[tuple[str, str
 class Fleet:
     args: argparse.Namespace
     scratch: Path
-    store_url: str
     postmaster_pid: int
     checkpoint: Path
     hosts: list[Host]
@@ -853,8 +858,9 @@ async def measure(fleet: Fleet) -> dict:
 
         async def kill_halfway() -> None:
             await trio.sleep(args.seconds / 2)
-            kill_marks.append(sampler.mark())
-            kill_marks.append((victim.kill(), time.time()))
+            # In threads: the buyers' loop reads on while the kill lands.
+            kill_marks.append(await trio.to_thread.run_sync(sampler.mark))
+            kill_marks.append((await trio.to_thread.run_sync(victim.kill), time.time()))
             print(f"killed {victim.name} (SIGKILL)", file=sys.stderr, flush=True)
 
         async with trio.open_nursery() as traffic:
@@ -920,7 +926,9 @@ def analyse(samples: list[Sample], miners: list[MinerProcess], args, *, killed_a
     in_flight_on_victim = [s for s in failed if s.started <= killed_at <= s.ended and s.host in (victim, None)]
     other_failures = [s for s in failed if s not in in_flight_on_victim]
     first_after = min((s.ended for s in answered if s.started > killed_at), default=None)
+    spanning = collections.Counter(s.host or "no response yet" for s in samples if s.started <= killed_at <= s.ended)
     return {
+        "in_flight_at_kill": dict(spanning), "samples": [dataclasses.astuple(s) for s in samples],
         "latency": latency, "own_ms": own, "own_samples": len(own_ms),
         "load": {"max": max(loads), "mean": sum(loads) / len(loads), "min": min(loads), "idle_miners": loads.count(0)},
         "affinity": affinity_rows(answered, hits, oracle, kill_at=kill),
@@ -928,6 +936,7 @@ def analyse(samples: list[Sample], miners: list[MinerProcess], args, *, killed_a
         "home_agreement": home_agreement(answered, kill_at=kill),
         "failures": {"total": len(failed), "in_flight_on_victim": len(in_flight_on_victim), "other": len(other_failures),
                      "started_after_kill": sum(s.started > killed_at for s in failed),
+                     "after_kill": [(s.started - killed_at, s.error) for s in failed if s.started > killed_at][:10],
                      "errors": dict(collections.Counter(re.sub(r"\d+", "N", s.error) for s in failed).most_common(6)),
                      "in_flight": [dataclasses.asdict(s) for s in in_flight_on_victim],
                      "other_examples": [dataclasses.asdict(s) for s in other_failures[:5]]},
@@ -991,7 +1000,7 @@ def run(args) -> dict:
                                         text=True, errors="replace")
             balancer_log = BalancerLog(balancer, scratch / "haproxy.log")
             postmaster = int((cluster.data_dir / "postmaster.pid").read_text().split()[0])
-            fleet = Fleet(args, scratch, url, postmaster, checkpoint, hosts, balancer, balancer_log, buyer_port, miner_port,
+            fleet = Fleet(args, scratch, postmaster, checkpoint, hosts, balancer, balancer_log, buyer_port, miner_port,
                           buyer_keys, miner_keys)
             try:
                 result = trio.run(measure, fleet)
@@ -1017,7 +1026,8 @@ def run(args) -> dict:
         failed_ids = [s["request_id"] for s in result["failures"]["in_flight"] if s["request_id"]]
         fates = request_fates(url, failed_ids)
         result["failures"]["fates"] = dict(collections.Counter(
-            fates[s["request_id"]] if s["request_id"] else "no response began" for s in result["failures"]["in_flight"]))
+            (f"{fates[s['request_id']]}, {'after part of the answer reached the buyer' if s['ttft'] else 'before any content'}"
+             if s["request_id"] else "no response began") for s in result["failures"]["in_flight"]))
         books = read_books(url)
         result["books"] = {"holds": books.holds, "open_holds": len(books.open_holds), "charges": books.charges,
                            "charged_micro": books.charged_micro, "unlogged_charges": len(books.unlogged_charges),
@@ -1133,8 +1143,11 @@ def print_report(result: dict, args, command: str) -> None:
              else f"{failover['lease_takeover_s']:.1f} s after the kill (lease {args.lease_s:g} s)"),
             ("first answer to a request started after the kill", "—" if result["first_answer_after_kill_s"] is None
              else f"{result['first_answer_after_kill_s'] * 1000:.0f} ms after the kill"),
+            ("buyer requests open at the kill (as the buyers saw them), by relaying host", counted(result["in_flight_at_kill"])),
             ("buyer requests failed", f"{failures['total']}: {failures['in_flight_on_victim']} in flight on "
              f"{failover['victim']} at the kill, {failures['other']} other; {failures['started_after_kill']} started after it"),
+            ("failed requests started after the kill (start, how)", "; ".join(
+                f"+{offset * 1000:.0f} ms, {error}" for offset, error in failures["after_kill"]) or "none"),
             ("failures by error", "; ".join(f"{count} × {text}" for text, count in failures["errors"].items()) or "none"),
             ("the ledger on the failed requests in flight", counted(failures["fates"])),
             ("survivor stopped cleanly (exit status)", str(result["survivor_exit"])),
