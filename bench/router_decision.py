@@ -13,8 +13,9 @@ Part 1, decision time. At 10, 100, 1,000 and 10,000 workers on a seeded mid-load
 keyed requests spill), µs per keyed and per unkeyed decision, the median over `--repeats` rounds
 of the mean; today and ours alternate within a round, so drift hits both alike. Also what ours
 pays to stay current (an in-flight change, a join and a leave), what today's pool paid per
-request to build the snapshot on top of its decision, and ours with 90 % of the workers full (the
-walk skips full workers). Before timing, ours is checked against a brute-force reading of its
+request to build the snapshot on top of its decision, ours with 90 % of the workers full (the
+walk passes over full workers), and ours in its worst case: only about sqrt(workers / 8) free,
+where walking past the full ones and scoring the free ones cost about the same. Before timing, ours is checked against a brute-force reading of its
 own policy (every worker's distance to the key, the load bound in exact fractions).
 
 Part 2, prefix affinity under churn. A seeded stream of keyed requests over `--prefixes` prefixes
@@ -113,11 +114,14 @@ def _today_score(capacity: int, digest: bytes) -> float:
 
 # ---- part 1: decision time --------------------------------------------------------------------
 
-def snapshot(size: int, rng: random.Random, *, full_share: float = 0.0) -> list[Candidate]:
+def snapshot(size: int, rng: random.Random, *, full_share: float = 0.0, free: int | None = None) -> list[Candidate]:
+    """`full_share`: each worker is full with this chance; `free`: exactly this many are not."""
+    with_room = set(rng.sample(range(size), free)) if free is not None else None
     workers = []
     for i in range(size):
         capacity = rng.choice(CAPACITIES)
-        inflight = capacity if rng.random() < full_share else rng.randrange(capacity)
+        full = rng.random() < full_share if with_room is None else i not in with_room
+        inflight = capacity if full else rng.randrange(capacity)
         workers.append(Candidate(worker_id=f"miner-{i:05d}/leg-{i % 4}", capacity=capacity, inflight=inflight))
     return workers
 
@@ -164,12 +168,14 @@ def time_per_call(call: Callable[[int], object], calls: int) -> float:
 def decision_time(repeats: int) -> None:
     print("### Decision time, µs (median of", repeats, "rounds)\n")
     print("| workers | today keyed | ours keyed | today ÷ ours | today unkeyed | ours unkeyed | today ÷ ours "
-          "| today's snapshot build | ours keyed, 90 % full | ours: in-flight change | ours: join | ours: leave |")
-    print("|---:|" + "---:|" * 11)
+          "| today's snapshot build | ours keyed, 90 % full | ours keyed, √(n/8) free | ours: in-flight change | ours: join "
+          "| ours: leave |")
+    print("|---:|" + "---:|" * 12)
     for size in SIZES:
         candidates = snapshot(size, random.Random(53 + size))
         table = table_of(candidates)
         busy = table_of(snapshot(size, random.Random(53 + size), full_share=0.9))
+        scarce = table_of(snapshot(size, random.Random(53 + size), free=max(1, math.isqrt(size // 8))))
         points = {c.worker_id: worker_points(c.worker_id) for c in candidates}
         for prefix in PREFIXES[:CHECKED_PREFIXES]:
             choice = table.choose(prefix=prefix, rr_counter=0)
@@ -191,6 +197,7 @@ def decision_time(repeats: int) -> None:
                 lambda n: [Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight), lacks=leg.lacks)
                            for leg in legs], decisions),
             "busy keyed": lambda: time_per_call(lambda n: busy.choose(prefix=PREFIXES[n % 256], rr_counter=n), ours_decisions),
+            "scarce keyed": lambda: time_per_call(lambda n: scarce.choose(prefix=PREFIXES[n % 256], rr_counter=n), 2_000),
             # A dispatch then its completion: two in-flight changes, on a spread of workers.
             "update": lambda: time_per_call(
                 lambda n: table.update(ids[n * 7919 % size], inflight=inflight[ids[n * 7919 % size]] + (n & 1 ^ 1)),
@@ -207,7 +214,8 @@ def decision_time(repeats: int) -> None:
               f"| {median['today keyed'] / median['ours keyed']:,.1f}× "
               f"| {median['today unkeyed']:,.1f} | {median['ours unkeyed']:,.1f} "
               f"| {median['today unkeyed'] / median['ours unkeyed']:,.1f}× "
-              f"| {median['snapshot build']:,.1f} | {median['busy keyed']:,.1f} | {median['update']:,.1f} "
+              f"| {median['snapshot build']:,.1f} | {median['busy keyed']:,.1f} | {median['scarce keyed']:,.1f} "
+              f"| {median['update']:,.1f} "
               f"| {median['join']:,.0f} | {median['leave']:,.0f} |")
     print()
 

@@ -92,8 +92,9 @@ __all__ = [
 DEFAULT_LOAD_FACTOR = 1.25
 
 # 128 points put a worker's share of keys within about 9 % (one standard deviation) of its
-# capacity share, and cost 1 KiB of positions and 1 KiB of owner references per worker: 20 MiB
-# at 10,000 workers. Four points come out of each SHA-256, so a join hashes 32 times.
+# capacity share. They cost 3 KiB a worker (their positions on the ring, the ring's references to
+# their owner, and the worker's own copy, to scan and to leave by): 35 MiB for a table of 10,000
+# workers, measured. Four points come out of each SHA-256, so a join hashes 32 times.
 POINTS_PER_WORKER = 128
 
 # Sorted runs of positions are split past twice this length. A run this size costs ~1 µs to
@@ -503,36 +504,39 @@ class RouteTable:
         if isinstance(rr_counter, bool) or not isinstance(rr_counter, int) or rr_counter < 0:
             raise ValueError(f"rr_counter must be an integer >= 0, got {rr_counter!r}")
         exclude = exclude if isinstance(exclude, (set, frozenset)) else frozenset(exclude)
-        # What the excluded workers add to their groups' counts, taken back out.
-        excluded: dict[_Group, list[int]] = {}
+        # Each group's eligible workers, their in-flight and their capacity, with what the
+        # excluded workers add to the counts taken back out.
+        net = {g: [g.free, g.free_inflight, g.free_capacity] for g in self._groups.values() if g.free}
         for worker_id in exclude:
             worker = self._workers.get(worker_id)
             if worker is not None and worker.level is not None:
-                taken = excluded.setdefault(worker.group, [0, 0, 0])
-                taken[0] += 1
-                taken[1] += worker.inflight
-                taken[2] += worker.capacity
+                counts = net[worker.group]
+                counts[0] -= 1
+                counts[1] -= worker.inflight
+                counts[2] -= worker.capacity
         point = None if prefix is None else key_point(prefix)
-        tried: list[frozenset[str]] = []
-        for wanted in (needs | prefer, needs, frozenset()):
-            if wanted in tried:
-                continue
-            tried.append(wanted)
-            groups = [g for g in self._groups.values() if not wanted & g.lacks and g.free > excluded.get(g, (0,))[0]]
+        tiers = [frozenset()]
+        if needs:
+            tiers.insert(0, needs)
+        if prefer - needs:
+            tiers.insert(0, needs | prefer)
+        for wanted in tiers:
+            groups = [(g, *counts) for g, counts in net.items() if counts[0] and not wanted & g.lacks]
             if groups:
-                choice = self._choose_among(groups, excluded, point, rr_counter, load_factor, exclude, admit)
+                choice = self._choose_among(groups, point, rr_counter, load_factor, exclude, admit)
                 if choice is not None:
                     return choice
         return None
 
-    def _choose_among(self, groups: list[_Group], excluded: dict[_Group, list[int]], point: int | None,
-                      rr_counter: int, load_factor: float, exclude: Collection[str],
-                      admit: Callable[[str], bool] | None) -> Choice | None:
-        no_one = (0, 0, 0)
-        eligible = sum(g.free - excluded.get(g, no_one)[0] for g in groups)
-        for priority in sorted({g.priority for g in groups}, reverse=True):
-            top_class = sorted((g for g in groups if g.priority == priority), key=lambda g: g.order)
-            count = sum(g.free - excluded.get(g, no_one)[0] for g in top_class)
+    def _choose_among(self, groups: list[tuple[_Group, int, int, int]], point: int | None, rr_counter: int,
+                      load_factor: float, exclude: Collection[str], admit: Callable[[str], bool] | None) -> Choice | None:
+        """Among (group, eligible, in-flight, capacity) rows, each with an eligible worker."""
+        eligible = sum(row[1] for row in groups)
+        priorities = {row[0].priority for row in groups}
+        for priority in sorted(priorities, reverse=True) if len(priorities) > 1 else priorities:
+            rows = sorted((row for row in groups if row[0].priority == priority), key=lambda row: row[0].order)
+            top_class = [row[0] for row in rows]
+            count = sum(row[1] for row in rows)
             if count == 1 and eligible > 1:
                 worker_id = next(w for g in top_class for level in g.levels for w in g.members[level] if w not in exclude)
                 if admit is None or admit(worker_id):
@@ -541,8 +545,8 @@ class RouteTable:
             if point is None:
                 choice = _round_robin(top_class, rr_counter, exclude, admit)
             else:
-                inflight = sum(g.free_inflight - excluded.get(g, no_one)[1] for g in top_class)
-                capacity = sum(g.free_capacity - excluded.get(g, no_one)[2] for g in top_class)
+                inflight = sum(row[2] for row in rows)
+                capacity = sum(row[3] for row in rows)
                 rings = [ring for g in top_class for ring in g.rings.values()]
                 if self.keyed_search == "scan" or (self.keyed_search == "auto" and count * count * 8 <= sum(r.workers for r in rings)):
                     order: Iterable[_Worker] = self._scored(top_class, point)
@@ -598,8 +602,9 @@ def _key_order(rings: list[_Ring], point: int) -> Iterator[_Worker]:
         heap.append(((((position - point) & _MASK) << _SCORE_SHIFT) // ring.max_capacity, 0, index))
     heapq.heapify(heap)
     met: set[str] = set()
+    push, pop = heapq.heappush, heapq.heappop
     while heap:
-        entry = heapq.heappop(heap)
+        entry = pop(heap)
         if entry[1]:
             yield entry[3]
             continue
@@ -611,7 +616,7 @@ def _key_order(rings: list[_Ring], point: int) -> Iterator[_Worker]:
         if worker.worker_id not in met:
             met.add(worker.worker_id)
             distance = (ring.positions[run][at] - point) & _MASK
-            heapq.heappush(heap, ((distance << _SCORE_SHIFT) // worker.capacity, 1, worker.worker_id, worker))
+            push(heap, ((distance << _SCORE_SHIFT) // worker.capacity, 1, worker.worker_id, worker))
             unmet -= 1
             if not unmet:
                 continue
@@ -621,17 +626,17 @@ def _key_order(rings: list[_Ring], point: int) -> Iterator[_Worker]:
             at = 0
         cursor[0], cursor[1], cursor[2] = run, at, unmet
         distance = (ring.positions[run][at] - point) & _MASK
-        heapq.heappush(heap, ((distance << _SCORE_SHIFT) // ring.max_capacity, 0, index))
+        push(heap, ((distance << _SCORE_SHIFT) // ring.max_capacity, 0, index))
 
 
 def _round_robin(top_class: Sequence[_Group], rr_counter: int, exclude: Collection[str],
                  admit: Callable[[str], bool] | None) -> Choice | None:
     last = None
-    for level in heapq.merge(*(g.levels for g in top_class)):
+    for level in top_class[0].levels if len(top_class) == 1 else heapq.merge(*(g.levels for g in top_class)):
         if level == last:
             continue
         last = level
-        cycle = [g.members[level] for g in top_class if level in g.members]
+        cycle = [members for g in top_class if (members := g.members.get(level)) is not None]
         for worker_id in _rotated(cycle, rr_counter % sum(map(len, cycle))):
             if worker_id not in exclude and (admit is None or admit(worker_id)):
                 return Choice(worker_id, "round-robin")
