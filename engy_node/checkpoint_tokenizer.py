@@ -21,8 +21,8 @@ a template feature the renderer lacks shows at load, not as a mismatched commitm
 
 The snapshot is cached under `tokenizers/` in the user cache directory (`cache_dir` moves it),
 keyed by a hash of the checkpoint's files other than its weights and of the versions of
-transformers, tokenizers and jinja2: the first load of a checkpoint costs the child (~5 s, ~375
-MiB for that while), later loads read the file. Several processes missing it at once each take
+transformers, tokenizers, jinja2 and engy-node: the first load of a checkpoint costs the child
+(~7 s and ~365 MiB while it runs, on a 2-core VM), later loads read the file. Several processes missing it at once each take
 it and write it atomically; one that cannot write (a read-only cache) uses it all the same.
 """
 
@@ -51,7 +51,7 @@ SNAPSHOT_FORMAT = 1
 """Bumped when the snapshot's fields or their meaning change: older files are then retaken."""
 SNAPSHOT_TIMEOUT_S = 300.0
 """The child imports torch and transformers and reads the tokenizer: seconds, more on a cold disk."""
-KEYED_PACKAGES = ("transformers", "tokenizers", "jinja2")
+KEYED_PACKAGES = ("transformers", "tokenizers", "jinja2", "engy-node")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt", ".npz", ".npy")
 """Files transformers' tokenizer loading never reads, left out of the snapshot's key."""
 CONTENT_HASHED_MAX_BYTES = 64 * 2**20
@@ -250,7 +250,10 @@ def snapshot_in_child(checkpoint: Path) -> dict[str, Any]:
     if result.returncode != 0:
         reason = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {result.returncode}"]
         raise ModelError(f"could not read the tokenizer of {checkpoint}: {reason[0]}")
-    snapshot = json.loads(result.stdout)
+    try:
+        snapshot = json.loads(result.stdout)
+    except ValueError:
+        snapshot = None
     if not isinstance(snapshot, dict) or snapshot.get("format") != SNAPSHOT_FORMAT:
         raise ModelError(f"reading the tokenizer of {checkpoint} gave no snapshot; is this engy_node installed whole?")
     return snapshot
