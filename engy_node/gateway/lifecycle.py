@@ -478,31 +478,21 @@ class Gateway:
             committed_completion = completion_claim.get("committed_completion", relayed_tokens)
         usage = billing.billable_usage(claimed=claimed, committed_prompt=prompt, committed_completion=committed_completion,
                                        relayed_completion=relayed_tokens)
-        cost = 0
-        if flight.hold is not None:
-            settlement = await self.store.run(self.store.settle, flight.hold, cost=billing.charge(price=flight.model.spec.price,
-                                                                                                   usage=usage))
-            if not settlement.applied:
-                log.error("request %s: its hold was closed before it settled (charged %d µUSD, released %d); the answer is "
-                          "not charged again", flight.request_id, settlement.charged, settlement.released)
-            # The request log, which epochs are settled from, records what the ledger charged.
-            cost = settlement.charged
-        await self.log_outcome(flight, status=status, usage=usage, cost=cost)
+        if flight.hold is None:
+            await self.log_outcome(flight, status=status, usage=usage)
+            return usage
+        # One write: the charge and the request's log row (which epochs are settled from, so it
+        # records what the ledger charged) land together or not at all.
+        settlement = await self.store.run(self.store.settle_and_log, flight.hold,
+                                          cost=billing.charge(price=flight.model.spec.price, usage=usage),
+                                          entry=self._log_entry(flight, status=status, usage=usage, cost=0))
+        if not settlement.applied:
+            log.error("request %s: its hold was closed before it settled (charged %d µUSD, released %d); the answer is "
+                      "not charged again", flight.request_id, settlement.charged, settlement.released)
         return usage
 
     async def log_outcome(self, flight: Flight, *, status: int, usage: Usage | None, cost: int = 0) -> None:
-        elapsed_ms = int((self.monotonic() - flight.started) * 1000)
-        ttft_ms = int((flight.first_output_at - flight.started) * 1000) if flight.first_output_at else None
-        tpot_ms = None
-        if usage is not None and ttft_ms is not None and usage.completion_tokens > 1:
-            tpot_ms = max(0, (elapsed_ms - ttft_ms) // (usage.completion_tokens - 1))
-        entry = RequestLogEntry(
-            request_id=flight.request_id, account_id=flight.account_id, miner=flight.miner or None, model=flight.chat.model,
-            api=flight.api, kind=flight.kind, status=status,
-            prompt_tokens=usage.prompt_tokens if usage else 0, completion_tokens=usage.completion_tokens if usage else 0,
-            cached_tokens=usage.cached_tokens if usage else 0, cost_micro=cost, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
-            created_at=self.clock(), served_greedily=flight.served_greedily,
-        )
+        entry = self._log_entry(flight, status=status, usage=usage, cost=cost)
         if self.request_log is not None and self.request_log.add(entry):
             return
         try:
@@ -511,6 +501,20 @@ class Gateway:
         except StoreError as error:
             # The request itself is served and billed; losing its log row must not fail it.
             log.error("request %s: could not write the request log (%s)", entry.request_id, error)
+
+    def _log_entry(self, flight: Flight, *, status: int, usage: Usage | None, cost: int) -> RequestLogEntry:
+        elapsed_ms = int((self.monotonic() - flight.started) * 1000)
+        ttft_ms = int((flight.first_output_at - flight.started) * 1000) if flight.first_output_at else None
+        tpot_ms = None
+        if usage is not None and ttft_ms is not None and usage.completion_tokens > 1:
+            tpot_ms = max(0, (elapsed_ms - ttft_ms) // (usage.completion_tokens - 1))
+        return RequestLogEntry(
+            request_id=flight.request_id, account_id=flight.account_id, miner=flight.miner or None, model=flight.chat.model,
+            api=flight.api, kind=flight.kind, status=status,
+            prompt_tokens=usage.prompt_tokens if usage else 0, completion_tokens=usage.completion_tokens if usage else 0,
+            cached_tokens=usage.cached_tokens if usage else 0, cost_micro=cost, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
+            created_at=self.clock(), served_greedily=flight.served_greedily,
+        )
 
     def size_up(self, chat: ChatRequest, model: ServedModel) -> tuple[intake.PromptSize, int]:
         """The conversation's size and its token floor (`intake`); a 400 when the floor alone

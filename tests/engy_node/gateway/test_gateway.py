@@ -107,7 +107,7 @@ def holds_closed(monkeypatch) -> Changes:
         try:
             return await run(self, operation, *args, **kwargs)
         finally:
-            if getattr(operation, "__name__", "") in ("settle", "release"):
+            if getattr(operation, "__name__", "") in ("settle", "settle_and_log", "release"):
                 changes.notify()
 
     monkeypatch.setattr(Store, "run", run_and_tell)
