@@ -193,23 +193,28 @@ class Ledger(Connection):
         integer("amount", amount)
         identifier("request_id", request_id)
         now = self._clock()
-        with self._write(durable=False) as conn:
-            if conn.execute("SELECT 1 FROM ledger WHERE kind = 'hold' AND request_id = ?", (request_id,)).fetchone():
-                raise ValueError(f"request {request_id} already has a hold; request ids must be unique")
-            row = conn.execute(
-                "UPDATE accounts SET available = available - ?, held = held + ? "
-                "WHERE id = ? AND available >= ? RETURNING available",
-                (amount, amount, account_id, amount),
-            ).fetchone()
-            if row is None:
-                self._require_account(conn, account_id)
-                return None
-            hold_id = conn.execute(
-                "INSERT INTO ledger (account_id, kind, amount, request_id, available_after, created_at) "
-                "VALUES (?, 'hold', ?, ?, ?, ?) RETURNING id",
-                (account_id, amount, request_id, row[0], now),
-            ).fetchone()[0]
-            return Hold(hold_id=hold_id, account_id=account_id, amount=amount, request_id=request_id, created_at=now)
+        try:
+            with self._write(durable=False) as conn:
+                row = conn.execute(
+                    "UPDATE accounts SET available = available - ?, held = held + ? "
+                    "WHERE id = ? AND available >= ? RETURNING available",
+                    (amount, amount, account_id, amount),
+                ).fetchone()
+                if row is None:
+                    self._require_account(conn, account_id)
+                    return None
+                # A second hold for the request fails on the one-hold-per-request index, which
+                # rolls the reservation above back with it.
+                hold_id = conn.execute(
+                    "INSERT INTO ledger (account_id, kind, amount, request_id, available_after, created_at) "
+                    "VALUES (?, 'hold', ?, ?, ?, ?) RETURNING id",
+                    (account_id, amount, request_id, row[0], now),
+                ).fetchone()[0]
+        except self._db.errors as error:
+            if self._db.is_unique_violation(error):
+                raise ValueError(f"request {request_id} already has a hold; request ids must be unique") from None
+            raise
+        return Hold(hold_id=hold_id, account_id=account_id, amount=amount, request_id=request_id, created_at=now)
 
     @group_commit(durable=True)
     @serialised

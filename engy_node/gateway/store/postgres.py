@@ -263,6 +263,10 @@ class PostgresDatabase:
                               "reachable from this host, and that gateway.store_url names the right user and database")
         return None
 
+    @staticmethod
+    def is_unique_violation(error: BaseException) -> bool:
+        return isinstance(error, psycopg.errors.UniqueViolation)
+
     def _create_or_migrate(self) -> None:
         with self._pool.connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
@@ -292,10 +296,19 @@ class PostgresDatabase:
 
     @contextlib.contextmanager
     def write(self, *, durable: bool) -> Iterator[Session]:
-        with self._pool.connection() as conn, conn.transaction():
-            if not durable:
-                conn.execute("SET LOCAL synchronous_commit = off")
-            yield Session(conn)
+        with self._pool.connection() as conn:
+            # BEGIN by hand (an autocommit connection allows it): a hold's relaxed commit is then
+            # set in the same round trip as the BEGIN, two statements in one simple query.
+            conn.execute("BEGIN" if durable else "BEGIN; SET LOCAL synchronous_commit = off")
+            try:
+                yield Session(conn)
+            except BaseException:
+                # A connection that broke mid-transaction cannot roll back; the pool discards
+                # it, and the original error is the one to report.
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Session]:

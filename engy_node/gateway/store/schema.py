@@ -299,6 +299,10 @@ class SqliteDatabase:
     def explain(self, error: BaseException) -> StoreError | None:
         return explain(self.path, error) if isinstance(error, sqlite3.Error) else None
 
+    @staticmethod
+    def is_unique_violation(error: BaseException) -> bool:
+        return isinstance(error, sqlite3.IntegrityError) and str(error).startswith("UNIQUE constraint failed")
+
     def _synchronous(self, level: Literal["FULL", "NORMAL"]) -> None:
         if level != self._sync_level:
             self._conn.execute(f"PRAGMA synchronous = {level}")

@@ -1,0 +1,134 @@
+"""A paid request's store work on each backend, side by side in one run: SQLite (one host's
+file) and PostgreSQL (a fleet's shared database, here a throwaway cluster on loopback).
+
+    .venv/bin/python bench/store_backends.py [--requests 2000] [--concurrency 1,16,64] [--rounds 3]
+
+Each request does what the gateway does on the request path: authenticate its key, hold the
+worst case, then settle and log in one write (`settle_and_log`), all awaited from trio through
+`Store.run` as the gateway awaits them. `--concurrency` requests run at once (buyers in
+flight). Per level and backend: requests/s and the latency of one request's store work (p50,
+p99), and CPU seconds per request of this process (the gateway's side; PostgreSQL's own CPU is
+the server's and is printed apart). Backends alternate within a round so drift hits both alike;
+each cell is the median over rounds. Prints a Markdown table with the ratio PostgreSQL/SQLite.
+
+The cluster runs with fsync on, as production does; on this VM's disk a commit's flush is the
+floor of a durable write on either backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engy_node.gateway.store import RequestLogEntry, Store  # noqa: E402
+from engy_node.testing.postgres import throwaway_cluster  # noqa: E402
+
+
+def entry(request_id: str, account_id: int) -> RequestLogEntry:
+    return RequestLogEntry(request_id=request_id, account_id=account_id, miner="key:1", model="smollm2-135m", api="openai",
+                           kind="paid", status=200, prompt_tokens=30, completion_tokens=12, cached_tokens=0, cost_micro=0,
+                           ttft_ms=40.0, tpot_ms=8.0, created_at=time.time())
+
+
+async def drive(store: Store, *, keys: list[tuple[int, str]], requests: int, concurrency: int, tag: str) -> tuple[float, list[float], float]:
+    """(wall seconds, per-request latencies, this process's CPU seconds) for `requests` requests."""
+    latencies: list[float] = []
+    counter = iter(range(requests))
+
+    async def buyer(index: int) -> None:
+        account_id, key = keys[index % len(keys)]
+        for n in counter:
+            started = time.perf_counter()
+            account = await store.run(store.authenticate, key)
+            hold = await store.run(store.hold, account.account_id, amount=500, request_id=f"{tag}-{n}")
+            await store.run(store.settle_and_log, hold, cost=120, entry=entry(f"{tag}-{n}", account_id))
+            latencies.append(time.perf_counter() - started)
+
+    process = psutil.Process()
+    cpu_before = sum(process.cpu_times()[:2])
+    wall_started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for index in range(concurrency):
+            nursery.start_soon(buyer, index)
+    wall = time.perf_counter() - wall_started
+    return wall, latencies, sum(process.cpu_times()[:2]) - cpu_before
+
+
+def funded_keys(store: Store, count: int) -> list[tuple[int, str]]:
+    keys = []
+    for index in range(count):
+        account_id, key = store.create_buyer(f"bench-{index}")
+        store.credit(account_id, micro_usd=10**12)
+        keys.append((account_id, key))
+    return keys
+
+
+def percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered)) - 1))]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    levels = [int(level) for level in args.concurrency.split(",")]
+    with tempfile.TemporaryDirectory(prefix="engy-store-bench-") as tmp, throwaway_cluster() as cluster:
+        stores = {"sqlite": Store(Path(tmp) / "gateway.sqlite3"), "postgresql": Store(cluster.create_database())}
+        keys = {name: funded_keys(store, 64) for name, store in stores.items()}
+        server = next((p for p in psutil.process_iter(["cmdline"]) if str(cluster.data_dir) in " ".join(p.info["cmdline"] or [])), None)
+        cells: dict[tuple[int, str], list[tuple[float, float, float, float, float]]] = {}
+        for round_index in range(args.rounds):
+            for level in levels:
+                for name in (("sqlite", "postgresql") if round_index % 2 == 0 else ("postgresql", "sqlite")):
+                    server_cpu_before = _tree_cpu(server) if name == "postgresql" else 0.0
+                    wall, latencies, cpu = await drive(stores[name], keys=keys[name], requests=args.requests, concurrency=level,
+                                                       tag=f"r{round_index}-c{level}-{name}")
+                    server_cpu = (_tree_cpu(server) - server_cpu_before) if name == "postgresql" else 0.0
+                    cells.setdefault((level, name), []).append((
+                        args.requests / wall, percentile(latencies, 50) * 1e3, percentile(latencies, 99) * 1e3,
+                        cpu / args.requests * 1e3, server_cpu / args.requests * 1e3))
+        for store in stores.values():
+            store.close()
+    print(f"store work of one paid request (authenticate, hold, settle_and_log), {args.requests} requests per cell, "
+          f"median of {args.rounds} rounds; {platform.processor() or platform.machine()}, {os.cpu_count()} cores\n")
+    print("| in flight | backend | requests/s | latency p50 ms | latency p99 ms | client CPU ms/req | server CPU ms/req | req/s vs SQLite |")
+    print("|---|---|---|---|---|---|---|---|")
+    for level in levels:
+        medians = {name: [statistics.median(column) for column in zip(*cells[(level, name)])] for name in ("sqlite", "postgresql")}
+        for name in ("sqlite", "postgresql"):
+            rps, p50, p99, cpu, server_cpu = medians[name]
+            ratio = rps / medians["sqlite"][0]
+            server = f"{server_cpu:.3f}" if name == "postgresql" else "—"
+            print(f"| {level} | {name} | {rps:,.0f} | {p50:.2f} | {p99:.2f} | {cpu:.3f} | {server} | {ratio:.2f}× |")
+
+
+def _tree_cpu(process: psutil.Process | None) -> float:
+    """CPU seconds of a process and its children (the PostgreSQL postmaster and its backends)."""
+    if process is None:
+        return 0.0
+    total = 0.0
+    for member in [process, *process.children(recursive=True)]:
+        try:
+            times = member.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            continue
+    return total
+
+
+if __name__ == "__main__":
+    trio.run(main)
