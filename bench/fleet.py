@@ -918,7 +918,7 @@ def analyse(samples: list[Sample], miners: list[MinerProcess], args, *, killed_a
         ttft = quantiles_ms([s.ttft for s in chosen if s.ttft is not None])
         whole = quantiles_ms([s.ended - s.started for s in chosen])
         latency[phase] = {"requests": len(chosen), "rps": len(chosen) / spans[phase], "ttft_ms": ttft, "whole_ms": whole,
-                          "per_host": dict(collections.Counter(s.host or "?" for s in chosen))}
+                          "per_host": dict(collections.Counter(s.host or "?" for s in chosen)), "span_s": spans[phase]}
     served = collections.Counter(s.miner for s in answered)
     loads = [served.get(index, 0) for index in range(args.miners)]
     hits = served_hits(answered, lru=args.lru)
@@ -938,7 +938,7 @@ def analyse(samples: list[Sample], miners: list[MinerProcess], args, *, killed_a
                      "started_after_kill": sum(s.started > killed_at for s in failed),
                      "after_kill": [(s.started - killed_at, s.error) for s in failed if s.started > killed_at][:10],
                      "errors": dict(collections.Counter(re.sub(r"\d+", "N", s.error) for s in failed).most_common(6)),
-                     "in_flight": [dataclasses.asdict(s) for s in in_flight_on_victim],
+                     "failed": [dataclasses.asdict(s) for s in failed],
                      "other_examples": [dataclasses.asdict(s) for s in other_failures[:5]]},
         "first_answer_after_kill_s": None if first_after is None else first_after - killed_at,
         "answered": len(answered),
@@ -1023,11 +1023,11 @@ def run(args) -> dict:
                 for path in [scratch / "haproxy.log", *sorted(scratch.glob("miners-*.log")), *(host.log_path for host in hosts)]:
                     if path.exists():
                         shutil.copy(path, args.logs / (f"{path.parent.name}.log" if path.name == "gateway.log" else path.name))
-        failed_ids = [s["request_id"] for s in result["failures"]["in_flight"] if s["request_id"]]
-        fates = request_fates(url, failed_ids)
+        failed = result["failures"]["failed"]
+        fates = request_fates(url, [s["request_id"] for s in failed if s["request_id"]])
         result["failures"]["fates"] = dict(collections.Counter(
             (f"{fates[s['request_id']]}, {'after part of the answer reached the buyer' if s['ttft'] else 'before any content'}"
-             if s["request_id"] else "no response began") for s in result["failures"]["in_flight"]))
+             if s["request_id"] else "no response began") for s in failed))
         books = read_books(url)
         result["books"] = {"holds": books.holds, "open_holds": len(books.open_holds), "charges": books.charges,
                            "charged_micro": books.charged_micro, "unlogged_charges": len(books.unlogged_charges),
@@ -1117,6 +1117,13 @@ def print_report(result: dict, args, command: str) -> None:
                      pair(figures["whole_ms"]), hosts_text))
     print(table(("phase", "answered", "req/s", "TTFT p50 / p99", "miner's own p50 / p99", "added p50 / p99",
                  "whole answer p50 / p99", "relayed by"), rows))
+    per_request = []
+    for phase in ("before the kill", "after the kill"):
+        figures, cpu = result["latency"][phase], result["cpu_traffic"][phase]
+        for name, count in sorted(figures["per_host"].items()):
+            if name in cpu and count:
+                per_request.append(f"{name} {cpu[name]['mean'] / 100 * figures['span_s'] * 1000 / count:.1f} ms {phase}")
+    print("\nGateway CPU per request relayed (the host's CPU over the phase / the requests it relayed): " + ", ".join(per_request))
     load = result["load"]
     print(f"\nRequests served per miner: max {load['max']}, mean {load['mean']:.2f} (max/mean {load['max'] / max(load['mean'], 1e-9):.1f}), "
           f"min {load['min']}; {load['idle_miners']} of {args.miners} miners served none")
@@ -1149,7 +1156,7 @@ def print_report(result: dict, args, command: str) -> None:
             ("failed requests started after the kill (start, how)", "; ".join(
                 f"+{offset * 1000:.0f} ms, {error}" for offset, error in failures["after_kill"]) or "none"),
             ("failures by error", "; ".join(f"{count} × {text}" for text, count in failures["errors"].items()) or "none"),
-            ("the ledger on the failed requests in flight", counted(failures["fates"])),
+            ("the ledger on the failed requests (by the stream's id)", counted(failures["fates"])),
             ("survivor stopped cleanly (exit status)", str(result["survivor_exit"])),
             ("books (check_books on PostgreSQL)", "sound" if not books["problems"] else "BROKEN: " + "; ".join(books["problems"][:5])),
             ("holds / charges / charged", f"{books['holds']} / {books['charges']} / {books['charged_micro'] / 1e6:.4f} USD"),
