@@ -10,8 +10,9 @@ Two answers hypercorn 0.18 writes on its own cannot be changed through its `Conf
   the peer keeps sending of that message is still buffered (`WSStream._handle_events`), so the
   limit stops bounding memory once it has been hit.
 
-And two costs it puts on every HTTP/1.1 response, which matter on the gateway's hot path (a
-short completion is a few small writes, each a system call with trio checkpoints around it):
+And costs it puts on every HTTP/1.1 request, which matter on the gateway's hot path (a short
+completion is a few small writes, each a system call with trio checkpoints around it, and a few
+dozen scheduler steps):
 
 * It writes the status line and headers as soon as the app sends `http.response.start`, then
   each body message in a write of its own, then the chunked terminator (`0\r\n\r\n`) in
@@ -19,6 +20,10 @@ short completion is a few small writes, each a system call with trio checkpoints
 * A client hanging up reaches the app only as an `http.disconnect` from `receive`, so an app
   that must notice it while it waits for something else (the gateway, for a miner's output)
   keeps a task blocked in `receive` for each request.
+* Its keep-alive timer is a task started when a response is done and cancelled when the next
+  request comes: a task, a cancellation and a few scheduler steps per request.
+* A body that arrives whole reaches the app as two messages (the data, then its end), and the
+  `http.disconnect` after a complete response is queued with a scheduler step of its own.
 
 Hypercorn has no hook for any of these, so `install()` (run by creating an `EdgeConfig`) puts
 subclasses where hypercorn looks its protocol classes up for each new connection, the module
@@ -28,16 +33,20 @@ globals `hypercorn.protocol.H11Protocol`, `HTTPStream` in `hypercorn.protocol.h1
 * `EdgeH11Protocol` answers a request h11 refused with the body `EdgeConfig.protocol_error_body`
   builds from the status and the request's path (read from the unparsed head h11 keeps, its
   public `trailing_data`; None when the request line itself is unreadable). It can also gather
-  the bytes of several events into one write (`hold_writes`).
+  the bytes of several events into one write (`hold_writes`), and from a connection's first
+  request on it keeps the keep-alive time itself, in one task per connection whose deadline
+  moves (`_keeps_time`).
 * `EdgeHTTPStream` holds the response's start until the first body message (ASGI itself says a
   server must not start the response before it) and writes what each body message makes (the
   head, the data, after the last one the terminator) in one write: a short streamed answer is
   two or three writes. Nothing the app has sent waits: each body message is written before its
-  `send` returns, as before. It also puts a `ClientGone` (`asgi.CLIENT_GONE`) in the scope's
-  extensions and calls its callback, from the connection's task, when the connection closes
-  before the response is complete, so `asgi.watch_disconnect` cancels the app's work at once
-  without a task of its own. (Over HTTP/2, which no gateway client is offered, hypercorn's own
-  stream serves, and the watch falls back on its task.)
+  `send` returns, as before. It passes the request body on a piece behind, so that a body that
+  arrives whole is one message, and queues messages without a step where the app's queue has
+  room. It also puts a `ClientGone` (`asgi.CLIENT_GONE`) in the scope's extensions and calls its
+  callback, from the connection's task, when the connection closes before the response is
+  complete, so `asgi.watch_disconnect` cancels the app's work at once without a task of its
+  own. (Over HTTP/2, which no gateway client is offered, hypercorn's own stream serves, and the
+  watch falls back on its task.)
 * `EdgeWSStream` counts a message's UTF-8 bytes as its frames arrive and refuses it before
   storing more than the limit: it closes with 1009 and the reason "frame exceeds N bytes", tells
   the app at once with a `websocket.disconnect` carrying that code and reason, and drops
@@ -46,12 +55,13 @@ globals `hypercorn.protocol.H11Protocol`, `HTTPStream` in `hypercorn.protocol.h1
 They behave exactly as hypercorn's own classes unless the server's config is an `EdgeConfig`,
 so other servers in the process are unchanged. What they override is private hypercorn API:
 pyproject pins hypercorn's minor version, and tests/engy_node/test_hypercorn_edges.py and
-test_hypercorn_writes.py fail when the upstream code these classes copy or rely on changes, so an
+test_hypercorn_http.py fail when the upstream code these classes copy or rely on changes, so an
 upgrade is re-read, not assumed.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -60,11 +70,12 @@ import hypercorn.protocol
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
 from hypercorn.config import Config
-from hypercorn.events import Event, RawData
-from hypercorn.protocol.events import Request, StreamClosed
+from hypercorn.events import Closed, Event, RawData, Updated
+from hypercorn.protocol.events import Body, EndBody, Request, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
 from hypercorn.protocol.ws_stream import WSStream
+import trio
 from wsproto.connection import ConnectionState
 from wsproto.events import CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
@@ -106,9 +117,18 @@ class EdgeH11Protocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self._held: list[bytes] | None = None
         """Bytes gathered for one write while `hold_writes` is on (None: off)."""
+        self._idle_timer: trio.CancelScope | None = None
+        """The connection's keep-alive timer once its first request came (`_keep_alive`)."""
+        self._idle_deadline = math.inf
+        self._closed = False
         if isinstance(self.config, EdgeConfig):
             self._write = self.send
             self.send = self._send_or_hold
+
+    async def handle(self, event: Event) -> None:
+        if isinstance(event, Closed):
+            self._stop_keep_alive()
+        await super().handle(event)
 
     def hold_writes(self) -> None:
         """Gather the bytes of what follows into one write, until `release_writes` (only with an
@@ -129,12 +149,55 @@ class EdgeH11Protocol(H11Protocol):
         await super()._maybe_recycle()
 
     async def _send_or_hold(self, event: Event) -> None:
+        if isinstance(event, Updated) and self._keeps_time(idle=event.idle):
+            return
         if self._held is not None:
             if isinstance(event, RawData):
                 self._held.append(event.data)
                 return
             await self.release_writes()
+        if isinstance(event, Closed):
+            self._stop_keep_alive()
         await self._write(event)
+
+    def _keeps_time(self, *, idle: bool) -> bool:
+        """Whether this protocol, rather than hypercorn's server, times the connection's idleness.
+
+        Hypercorn's server stops a task when a request arrives and starts a new one when the
+        response is done (`TCPServer.protocol_send` on `Updated`): a task, a cancellation and
+        four scheduler steps per request. Here one task per connection (`_keep_alive`) keeps the
+        time, and each change between busy and idle only moves its deadline. The server's own
+        task still times the wait for the first request (a client that connects and sends
+        nothing, or a head a byte at a time); the first request's `Updated` stops it as before."""
+        if self._idle_timer is None:
+            self._idle_timer = trio.CancelScope()
+            self.task_group.spawn(self._keep_alive)
+            return False
+        self._idle_deadline = trio.current_time() + self.config.keep_alive_timeout if idle else math.inf
+        self._idle_timer.deadline = self._idle_deadline
+        return True
+
+    async def _keep_alive(self) -> None:
+        """Close the connection when it has been idle (between requests) for the config's
+        `keep_alive_timeout`, or at once when idle while the server is stopping: what hypercorn's
+        idle task does. A stopping server with a request in flight closes the connection when
+        the response is done (`H11Protocol._maybe_recycle`), as before."""
+        while not self._closed:
+            with self._idle_timer:
+                await self.context.terminated.wait()
+            idle = self._idle_deadline != math.inf
+            if self._closed or (not idle and self.context.terminated.is_set()):
+                return
+            if idle and (self.context.terminated.is_set() or trio.current_time() >= self._idle_deadline):
+                with trio.CancelScope(shield=True):
+                    await self.send(Closed())
+                return
+            self._idle_timer = trio.CancelScope(deadline=self._idle_deadline)
+
+    def _stop_keep_alive(self) -> None:
+        self._closed = True
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
 
     async def _send_error_response(self, status_code: int) -> None:
         if not isinstance(self.config, EdgeConfig):
@@ -158,23 +221,56 @@ class EdgeHTTPStream(HTTPStream):
         self.client_gone = ClientGone()
         self._start: dict | None = None
         """The app's `http.response.start`, held until its first body message."""
+        self._body: bytes | None = None
+        """The request body's latest piece, held until the next one or the body's end."""
         protocol = getattr(self.send, "__self__", None)
         # The stream's `send` is its protocol's `stream_send` (`H11Protocol._create_stream`).
         self._protocol = protocol if isinstance(protocol, EdgeH11Protocol) else None
 
     async def handle(self, event: Event) -> None:
-        if not isinstance(self.config, EdgeConfig):
+        if not isinstance(self.config, EdgeConfig) or self.closed:
             await super().handle(event)
             return
-        if isinstance(event, StreamClosed) and not self.closed and self.state != ASGIHTTPState.CLOSED:
-            # Before the `http.disconnect` is queued: putting it may wait for an app that reads
-            # nothing, and this must not.
-            self.client_gone.notify()
+        if isinstance(event, Body):
+            # The body goes on a piece behind, so that one that arrives whole (nearly every
+            # request's) reaches the app in one message with its end: one `receive`, not two.
+            if self._body is not None:
+                await super().handle(Body(stream_id=self.stream_id, data=self._body))
+            self._body = bytes(event.data)
+            return
+        if isinstance(event, EndBody) and self._body is not None:
+            body, self._body = self._body, None
+            await self._put({"type": "http.request", "body": body, "more_body": False})
+            return
+        if isinstance(event, StreamClosed):
+            self._body = None
+            if self.state != ASGIHTTPState.CLOSED:
+                # Before the `http.disconnect` is queued: putting it may wait for an app that
+                # reads nothing, and this must not.
+                self.client_gone.notify()
+            else:
+                # The response is complete, so there is nothing to log (hypercorn logs a
+                # response when it ends): only the `http.disconnect` to queue.
+                self.closed = True
+                await self._put({"type": "http.disconnect"})
+                return
         await super().handle(event)
         if isinstance(event, Request) and not self.closed:
             # The app's task has only been scheduled (`spawn_app` does not yield): it finds this
             # in its scope when it starts.
             self.scope["extensions"][CLIENT_GONE] = self.client_gone
+
+    async def _put(self, message: dict) -> None:
+        """Queue `message` for the app without a scheduler step where its queue has room (the
+        queue is a trio memory channel, `app_put` its `send`), as `app_put` does otherwise."""
+        channel = getattr(self.app_put, "__self__", None)
+        if isinstance(channel, trio.MemorySendChannel):
+            try:
+                channel.send_nowait(message)
+                return
+            except trio.WouldBlock:
+                pass
+        await self.app_put(message)
 
     async def app_send(self, message: dict | None) -> None:
         if not isinstance(self.config, EdgeConfig):

@@ -1,6 +1,6 @@
 """asgi.watch_disconnect with a server's `ClientGone` in the scope: the server's word cancels the
 watched block (also when it came before the watch began), the watch lets go of the notice when
-it ends, and `receive` is never read. Against a real server: tests/engy_node/test_hypercorn_writes.py."""
+it ends, and `receive` is never read. Against a real server: tests/engy_node/test_hypercorn_http.py."""
 
 from __future__ import annotations
 

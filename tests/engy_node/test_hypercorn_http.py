@@ -1,8 +1,11 @@
-"""hypercorn_edges' HTTP/1.1 stream: the upstream code it relies on is the code it was written
-against; with an `EdgeConfig` a response takes fewer writes and reaches the client byte for byte
-as hypercorn's own would, connections are still reused, and a client hanging up cancels an app's
-`watch_disconnect` through the scope's `ClientGone`, with no task reading `receive`; without one
-(a plain `Config`) the watch falls back on reading `receive`.
+"""hypercorn_edges' HTTP/1.1 protocol and stream: the upstream code they rely on is the code they
+were written against; with an `EdgeConfig` a response takes fewer writes and reaches the client
+byte for byte as hypercorn's own would, a request body that arrives whole reaches the app in
+one message (and one in pieces still whole), connections are still reused, a client hanging up
+cancels an app's `watch_disconnect` through the scope's `ClientGone` with no task reading
+`receive` (under a plain `Config` the watch falls back on reading it), and the keep-alive timer
+is one task per connection that closes an idle connection as hypercorn's does: after the
+timeout, at once when the server stops, never during a request.
 
 The gateway's use of them (a buyer hanging up mid-stream, shutdown, the queue) is tested end to
 end in tests/engy_node/gateway/test_gateway.py and test_hostile.py.
@@ -10,6 +13,7 @@ end in tests/engy_node/gateway/test_gateway.py and test_hostile.py.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import re
@@ -43,12 +47,21 @@ UPSTREAM = {
     "h11.H11Protocol._create_stream": (hypercorn.protocol.h11.H11Protocol._create_stream, "a2338a57ab343908"),
     # Spawning the app does not yield, so the extension is in the scope before the app runs.
     "trio.task_group.TaskGroup.spawn_app": (hypercorn.trio.task_group.TaskGroup.spawn_app, "b4c1131427529801"),
-    # A write to a connection the client closed tells the protocol (and so the app) at once.
+    # A write to a connection the client closed tells the protocol (and so the app) at once; the
+    # idle task it starts and stops on `Updated`, which EdgeH11Protocol's timer replaces after the
+    # first request; where the first one starts and a closed connection is handled.
     "trio.tcp_server.TCPServer.protocol_send": (hypercorn.trio.tcp_server.TCPServer.protocol_send, "225856426bff7be0"),
+    "trio.tcp_server.TCPServer._idle_timeout": (hypercorn.trio.tcp_server.TCPServer._idle_timeout, "210ce1014d98e1cb"),
+    "trio.tcp_server.TCPServer.run": (hypercorn.trio.tcp_server.TCPServer.run, "fd34b021d1a86c98"),
+    "h11.H11Protocol._handle_events": (hypercorn.protocol.h11.H11Protocol._handle_events, "bd4a76b2837e8722"),
+    "h11.H11Protocol.handle": (hypercorn.protocol.h11.H11Protocol.handle, "3b56e067447488df"),
 }
 
 SSE = [b"data: one\n\n", b"data: two\n\n", b"data: three\n\ndata: [DONE]\n\n"]
 JSON = b'{"answer": 42}'
+KEEP_ALIVE_S = 0.2
+SLOW_S = 3 * KEEP_ALIVE_S
+"""A request that takes longer than the keep-alive timeout: the connection is busy, not idle."""
 
 
 @pytest.mark.parametrize("name", sorted(UPSTREAM))
@@ -82,11 +95,14 @@ async def lifespan(scope, receive, send) -> bool:
 
 
 async def app(scope, receive, send) -> None:
-    """`/sse`: a streamed answer in three body messages; anything else: JSON with a length."""
+    """`/sse`: a streamed answer in three body messages; `/slow`: JSON after `SLOW_S`; anything
+    else: JSON at once."""
     if await lifespan(scope, receive, send):
         return
     while (await receive()).get("more_body"):
         pass
+    if scope["path"] == "/slow":
+        await trio.sleep(SLOW_S)
     if scope["path"] == "/sse":
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         for index, event in enumerate(SSE):
@@ -112,10 +128,10 @@ def writes(monkeypatch) -> list[int]:
     return sizes
 
 
-async def start(nursery, served, config: Config) -> trio.SocketStream:
+async def start(nursery, served, config: Config, **serving) -> trio.SocketStream:
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
-    url = (await nursery.start(serve, served, config))[0]
+    url = (await nursery.start(functools.partial(serve, served, config, **serving)))[0]
     host, port = url.removeprefix("http://").rsplit(":", 1)
     return await trio.open_tcp_stream(host, int(port))
 
@@ -137,6 +153,8 @@ async def exchange(stream: trio.SocketStream, client: h11.Connection, path: str)
             elif isinstance(event, h11.EndOfMessage):
                 client.start_next_cycle()
                 return received
+            elif isinstance(event, h11.ConnectionClosed):
+                raise AssertionError(f"the server closed the connection before the answer's end: {received!r}")
 
 
 def without_date(raw: bytes) -> bytes:
@@ -198,3 +216,99 @@ async def test_a_client_hanging_up_ends_the_watch(nursery, kind):
         assert isinstance(seen["notice"], ClientGone) and seen["notice"].gone and seen["reads"] == 0
     else:
         assert seen["notice"] is None and seen["reads"] >= 1
+
+
+async def closed_by_the_server(stream: trio.SocketStream) -> bool:
+    """Read until the server closes the connection (True), bounded."""
+    with trio.fail_after(10):
+        while data := await stream.receive_some():
+            raise AssertionError(f"unexpected bytes from the server: {data!r}")
+    return True
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout_and_a_busy_one_is_not(nursery, kind):
+    config = CONFIGS[kind]()
+    config.keep_alive_timeout = KEEP_ALIVE_S
+    stream = await start(nursery, app, config)
+    client = h11.Connection(h11.CLIENT)
+    async with stream:
+        for path in ("/json", "/slow", "/json"):
+            assert (await exchange(stream, client, path)).endswith(JSON)
+        assert await closed_by_the_server(stream)
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+async def test_a_stopping_server_closes_an_idle_connection_at_once(nursery, kind):
+    config = CONFIGS[kind]()
+    config.keep_alive_timeout = config.graceful_timeout = 3600  # only the stop can close it
+    stop = trio.Event()
+    stream = await start(nursery, app, config, shutdown_trigger=stop.wait)
+    client = h11.Connection(h11.CLIENT)
+    async with stream:
+        await exchange(stream, client, "/json")
+        stop.set()
+        assert await closed_by_the_server(stream)
+
+
+class Spawns(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def task_spawned(self, task) -> None:
+        self.names.append(task.name)
+
+
+async def test_after_the_first_request_an_edge_connection_spawns_only_each_requests_app_task(nursery):
+    spawned = {}
+    for kind, config in CONFIGS.items():
+        stream = await start(nursery, app, config())
+        client = h11.Connection(h11.CLIENT)
+        async with stream:
+            await exchange(stream, client, "/json")
+            spawns = Spawns()
+            trio.lowlevel.add_instrument(spawns)
+            try:
+                for _ in range(5):
+                    await exchange(stream, client, "/json")
+            finally:
+                trio.lowlevel.remove_instrument(spawns)
+        spawned[kind] = spawns.names
+    assert len(spawned["edge"]) == 5 and all(name.endswith("_handle") for name in spawned["edge"])
+    # hypercorn's own starts an idle task after every response, besides the app's task
+    assert len(spawned["plain"]) == 10
+
+
+async def body_app(scope, receive, send) -> None:
+    """Answers the request body it read and the number of messages it came in."""
+    if await lifespan(scope, receive, send):
+        return
+    body, messages = b"", 0
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        messages += 1
+        if not message.get("more_body"):
+            break
+    answer = b"%d:%s" % (messages, body)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(answer)).encode())]})
+    await send({"type": "http.response.body", "body": answer, "more_body": False})
+
+
+async def test_a_body_that_arrives_whole_reaches_the_app_in_one_message_and_one_in_pieces_whole(nursery):
+    answers = {}
+    for kind, config in CONFIGS.items():
+        stream = await start(nursery, body_app, config())
+        client = h11.Connection(h11.CLIENT)
+        async with stream:
+            answers[kind] = (await exchange(stream, client, "/whole")).rsplit(b"\r\n\r\n", 1)[1]
+            pieces = [b'{"a": ', b'"b", "c"', b": 3}"]
+            await stream.send_all(client.send(h11.Request(method="POST", target="/pieces", headers=[
+                ("host", "x"), ("content-length", str(sum(map(len, pieces))))])))
+            for piece in pieces:
+                await stream.send_all(client.send(h11.Data(data=piece)))
+            with trio.fail_after(10):
+                received = b""
+                while not received.endswith(b'{"a": "b", "c": 3}'):
+                    received += await stream.receive_some()
+    assert answers == {"edge": b'1:{"question": 1}', "plain": b'2:{"question": 1}'}
