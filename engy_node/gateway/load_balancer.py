@@ -4,8 +4,9 @@ miner port for every host behind them (docs/scale-out.md).
 What it must route, and why so:
 
 * Buyers (`/v1/...`) go to any healthy host, least connections first: every host serves every
-  buyer, its state being in the shared store. A host is taken out after two failed `/health`
-  checks a second apart, and a request whose connection to a host fails is sent to another
+  buyer, its state being in the shared store. A host is taken out after three failed `/health`
+  checks a second apart (each may take up to 5 s: a host busy with a storm of miner legs is slow,
+  not gone), and a request whose connection to a host fails is sent to another
   (`retry-on conn-failure`: only then is it certain that host never saw the request; a retry
   after it had, of a request that may already have been charged, is the buyer's SDK's call).
 * Miner legs (`/gw/{i}`) go by path to the host that serves leg i, because each gateway worker
@@ -85,7 +86,7 @@ def haproxy_config(hosts: Sequence[FleetHost], *, bind: str = "0.0.0.0", buyer_p
     """The whole `haproxy.cfg` for `hosts`, listening for buyers on `bind:buyer_port` and for
     miners on `bind:miner_port`."""
     fleet_legs = check_layout(hosts)
-    check = f"check inter {check_interval_ms} fall 2 rise 2"
+    check = f"check inter {check_interval_ms} fall 3 rise 2"
     lines = [
         f"# engy gateway fleet: {len(hosts)} host(s), {fleet_legs} miner leg(s). Each host sets",
         "# gateway.store_url (the shared PostgreSQL), gateway.fleet_legs = "
@@ -105,6 +106,10 @@ def haproxy_config(hosts: Sequence[FleetHost], *, bind: str = "0.0.0.0", buyer_p
         "    timeout server 10m",
         "    timeout tunnel 1h",
         "    timeout queue 5s",
+        # A host busy admitting a storm of miner legs answers its check late, not never: a check
+        # timed out at its interval would take every host out at once and turn the storm into
+        # 503s and miner back-offs (bench/fleet.py measured 9-18 s with no server at all).
+        "    timeout check 5s",
         "    retries 2",
         "    option redispatch",
         "    retry-on conn-failure",

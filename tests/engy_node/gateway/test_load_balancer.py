@@ -89,3 +89,12 @@ def test_the_cli_names_the_fix_for_a_layout_that_cannot_work(tmp_path):
                               "--host", "gw-a=10.0.0.1:8080:8081:0:2", "--host", "gw-b=10.0.0.2:8080:8081:3:2"],
                              capture_output=True, text=True, timeout=60)
     assert printed.returncode == 2 and "gateway.fleet_offset" in printed.stderr and "Traceback" not in printed.stderr
+
+
+def test_the_configuration_in_the_operators_docs_is_the_one_the_generator_writes():
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "scale-out.md").read_text()
+    shown = docs.split("```haproxy\n", 1)[1].split("```", 1)[0]
+    written = haproxy_config([parse_host("gw-a=10.0.0.1:8080:8081:0:2"), parse_host("gw-b=10.0.0.2:8080:8081:2:2")])
+    assert shown == "".join(line + "\n" for line in written.splitlines() if not line.startswith("#"))
