@@ -18,7 +18,7 @@ home. This is the exponential race behind weighted rendezvous hashing: the neare
 many points lies at a distance that is close to an exponential draw with the same rate for every
 worker, so distance ÷ capacity is exponential with a rate proportional to capacity, and a worker
 is home to a share of keys proportional to its capacity (within about 1 / sqrt(points) for the
-placement of its points, 9 % at 128; the load bound absorbs what is left). A worker's score
+placement of its points, 6 % at 256; the load bound absorbs what is left). A worker's score
 depends only on the key, its own id and its own capacity, so adding, removing or resizing one
 worker moves keys only to or from that worker, and every retry (`exclude`) goes to the next
 worker in the same order.
@@ -42,16 +42,15 @@ once more per candidate (`admit`), so a worker pulled since the last refresh is 
 only lingers in the counts until then.
 
 What stays on the rings. Every worker with a capacity, admitted or not, free or full: moving a
-worker's points costs ~0.5 ms, so a pull of thousands of workers at once, or a gateway's legs
-all re-admitted after a restart, would stall the event loop for seconds if admission moved
-points. An admission or a load change touches only the counts; the walk passes over the workers
-that are not eligible. When few of a class's workers are eligible (most of the fleet still
-probing, or nearly all of it full), walking past the others costs more than scoring the eligible
-ones one by one, each over its own points, and `choose` does that instead: the same order, by
-its definition, at about 10 µs a worker. Walking meets an eligible worker about every (workers on
-the class's rings ÷ eligible workers) workers at ~1 µs each, so it scans when eligible² × 8 ≤
-workers on the rings: at 10,000 workers, with 35 or fewer eligible. A decision then costs at most
-~0.4 ms at 10,000 workers, where the snapshot router always paid ~5 ms.
+worker's points costs about a millisecond, so a pull of thousands of workers at once, or a
+gateway's legs all re-admitted after a restart, would stall the event loop for seconds if
+admission moved points. An admission or a load change touches only the counts; the walk passes
+over the workers that are not eligible. When few of a class's workers are eligible (most of the
+fleet still probing, or nearly all of it full), walking past the others costs more than scoring
+the eligible ones one by one, and `choose` does that instead (`_SCAN_WHILE`): each worker keeps
+its points sorted, so its nearest point clockwise of the key is one bisection, and the order is
+the same by its definition. A decision then costs at most ~0.2 ms at 10,000 workers, where the
+snapshot router always paid ~5 ms.
 
 Failure posture as in `router`: `choose` returns None when no worker is eligible and never raises
 on a well-formed table; a caller's nonsense (a load factor below 1, a negative count, an unknown
@@ -91,11 +90,20 @@ __all__ = [
 # prefix ends up cached on a few workers rather than recomputed on a random one each time.
 DEFAULT_LOAD_FACTOR = 1.25
 
-# 128 points put a worker's share of keys within about 9 % (one standard deviation) of its
-# capacity share. They cost 3 KiB a worker (their positions on the ring, the ring's references to
-# their owner, and the worker's own copy, to scan and to leave by): 35 MiB for a table of 10,000
-# workers, measured. Four points come out of each SHA-256, so a join hashes 32 times.
-POINTS_PER_WORKER = 128
+# 256 points put a worker's share of keys within about 6 % (one standard deviation) of its
+# capacity share. At 128 (9 %) the affinity simulation in bench/router_decision.py lost 0.16
+# points of cache hits to the snapshot router's exact rendezvous, every seed below it; at 256 the
+# two are level within the seeds' spread. Each point costs 20 bytes: its position and its
+# owner's number on the ring, and the worker's own sorted copy. That is 5 KiB a worker, ~50 MiB
+# for a table of 10,000 workers. Four points come out of each SHA-256, so a join hashes 64 times.
+POINTS_PER_WORKER = 256
+
+# A keyed decision scans the eligible workers instead of walking the rings while eligible² ≤
+# this × the workers on the class's rings. Measured at 10,000 workers: scoring one eligible worker
+# (a bisection of its sorted points) costs ~1 µs, and the walk meets an eligible worker about
+# every (workers ÷ eligible) workers, about 35,000 ÷ eligible µs in all; the two cost the same
+# near 170 eligible, where 170² ≈ 3 × 10,000.
+_SCAN_WHILE = 3
 
 # Sorted runs of positions are split past twice this length. A run this size costs ~1 µs to
 # insert into (a memmove of 8 KiB), and 10,000 workers make ~1,300 runs, two bisections deep.
@@ -187,7 +195,11 @@ class _Worker:
     lacks: frozenset[str]
     admitted: bool
     group: "_Group"
+    serial: int
+    """Its number in the table, which the rings store for each point in 4 bytes rather than an
+    8-byte reference; a number is reused once its worker has left."""
     points: array
+    """Its positions, sorted: its nearest point clockwise of a key is one bisection away."""
     ring: "_Ring | None" = None
     """The ring holding its points: None while its capacity is 0."""
     level: Fraction | None = None
@@ -202,7 +214,8 @@ class _Ring:
 
     def __init__(self) -> None:
         self.positions: list[array] = []
-        self.owners: list[list[_Worker]] = []
+        self.owners: list[array] = []
+        """The serial of each position's worker, run by run."""
         self.maxes: list[int] = []
         """The last position of each run: bisecting it finds the run a position belongs in."""
         self.size = 0
@@ -213,15 +226,15 @@ class _Ring:
 
     def add(self, worker: _Worker) -> None:
         for position in worker.points:
-            self._insert(position, worker)
-        self.size += len(worker.points)
+            self._insert(position, worker.serial)
+        self.size += POINTS_PER_WORKER
         self.workers += 1
         self.count_capacity(worker.capacity, +1)
 
     def remove(self, worker: _Worker, capacity: int) -> None:
         for position in worker.points:
-            self._delete(position, worker)
-        self.size -= len(worker.points)
+            self._delete(position, worker.serial)
+        self.size -= POINTS_PER_WORKER
         self.workers -= 1
         self.count_capacity(capacity, -1)
 
@@ -235,17 +248,17 @@ class _Ring:
             if capacity == self.max_capacity:
                 self.max_capacity = max(self.capacities, default=0)
 
-    def _insert(self, position: int, worker: _Worker) -> None:
+    def _insert(self, position: int, serial: int) -> None:
         if not self.maxes:
             self.positions.append(array("Q", (position,)))
-            self.owners.append([worker])
+            self.owners.append(array("I", (serial,)))
             self.maxes.append(position)
             return
         run = min(bisect_left(self.maxes, position), len(self.maxes) - 1)
         positions, owners = self.positions[run], self.owners[run]
         at = bisect_left(positions, position)
         positions.insert(at, position)
-        owners.insert(at, worker)
+        owners.insert(at, serial)
         if position > self.maxes[run]:
             self.maxes[run] = position
         if len(positions) > 2 * _RUN:
@@ -255,7 +268,7 @@ class _Ring:
             self.maxes[run] = positions[-1]
             self.maxes.insert(run + 1, self.positions[run + 1][-1])
 
-    def _delete(self, position: int, worker: _Worker) -> None:
+    def _delete(self, position: int, serial: int) -> None:
         # Two workers can share a position (a 64-bit collision), and equal positions can span
         # runs: look along them for this worker's.
         run = bisect_left(self.maxes, position)
@@ -263,7 +276,7 @@ class _Ring:
             positions, owners = self.positions[run], self.owners[run]
             at = bisect_left(positions, position)
             while at < len(positions) and positions[at] == position:
-                if owners[at] is worker:
+                if owners[at] == serial:
                     del positions[at], owners[at]
                     if positions:
                         self.maxes[run] = positions[-1]
@@ -324,6 +337,8 @@ class RouteTable:
         self.keyed_search = keyed_search
         self._workers: dict[str, _Worker] = {}
         self._groups: dict[tuple[int, frozenset[str]], _Group] = {}
+        self._by_serial: list[_Worker | None] = []
+        self._free_serials: list[int] = []
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -351,8 +366,13 @@ class RouteTable:
         if group is None:
             group = self._groups[key] = _Group(candidate.priority, candidate.lacks)
         group.workers += 1
+        serial = self._free_serials.pop() if self._free_serials else len(self._by_serial)
         worker = _Worker(candidate.worker_id, candidate.capacity, candidate.inflight, candidate.priority, candidate.lacks,
-                         bool(admitted), group, array("Q", worker_points(candidate.worker_id)))
+                         bool(admitted), group, serial, array("Q", sorted(worker_points(candidate.worker_id))))
+        if serial == len(self._by_serial):
+            self._by_serial.append(worker)
+        else:
+            self._by_serial[serial] = worker
         self._workers[candidate.worker_id] = worker
         self._place(worker, worker.capacity)
         self._list(worker)
@@ -363,6 +383,8 @@ class RouteTable:
         if worker.ring is not None:
             self._take_off_ring(worker, worker.capacity)
         del self._workers[worker_id]
+        self._by_serial[worker.serial] = None
+        self._free_serials.append(worker.serial)
         group = worker.group
         group.workers -= 1
         if not group.workers:
@@ -548,10 +570,11 @@ class RouteTable:
                 inflight = sum(row[2] for row in rows)
                 capacity = sum(row[3] for row in rows)
                 rings = [ring for g in top_class for ring in g.rings.values()]
-                if self.keyed_search == "scan" or (self.keyed_search == "auto" and count * count * 8 <= sum(r.workers for r in rings)):
+                if self.keyed_search == "scan" or (self.keyed_search == "auto"
+                                                   and count * count <= _SCAN_WHILE * sum(r.workers for r in rings)):
                     order: Iterable[_Worker] = self._scored(top_class, point)
                 else:
-                    order = _key_order(rings, point)
+                    order = _key_order(rings, point, self._by_serial)
                 choice = _keyed(order, load_factor * (inflight + 1), capacity, exclude, admit)
             if choice is not None:
                 return choice
@@ -565,7 +588,9 @@ class RouteTable:
             for members in group.members.values():
                 for worker_id in members:
                     worker = self._workers[worker_id]
-                    distance = min([(position - point) & _MASK for position in worker.points])
+                    points = worker.points
+                    nearest = bisect_left(points, point)
+                    distance = (points[nearest] if nearest < len(points) else points[0] + _RING) - point
                     scored.append(((distance << _SCORE_SHIFT) // worker.capacity, worker_id, worker))
         scored.sort()
         return [entry[2] for entry in scored]
@@ -584,7 +609,7 @@ def _keyed(order: Iterable[_Worker], slots_demanded: float, total_capacity: int,
     return None if home is None else Choice(home.worker_id, "affinity")
 
 
-def _key_order(rings: list[_Ring], point: int) -> Iterator[_Worker]:
+def _key_order(rings: list[_Ring], point: int, by_serial: list[_Worker | None]) -> Iterator[_Worker]:
     """The rings' workers in the key's order, read lazily (module docstring).
 
     The heap holds two kinds of entries. A worker met on a ring: (its score, 1, its id, it).
@@ -612,7 +637,7 @@ def _key_order(rings: list[_Ring], point: int) -> Iterator[_Worker]:
         ring = rings[index]
         cursor = cursors[index]
         run, at, unmet = cursor
-        worker = ring.owners[run][at]
+        worker = by_serial[ring.owners[run][at]]
         if worker.worker_id not in met:
             met.add(worker.worker_id)
             distance = (ring.positions[run][at] - point) & _MASK

@@ -79,7 +79,7 @@ def busy_workers(draw, *, max_size: int = 12):
 # --- the key's order ---------------------------------------------------------------------------
 
 
-@settings(deadline=None)  # builds tables of 128 points a worker per example: slow on a busy machine
+@settings(deadline=None)  # builds tables of 256 points a worker per example: slow on a busy machine
 @given(workers=idle_workers(), prefix=keys, search=searches)
 def test_the_keys_order_ranks_workers_by_their_nearest_points_distance_over_capacity(workers, prefix, search):
     # Capacities up to 2**20 put many capacity bit lengths, so many rings, in one walk.
@@ -92,7 +92,7 @@ def test_the_keys_order_ranks_workers_by_their_nearest_points_distance_over_capa
     assert read == slow_order(workers, prefix)
 
 
-@settings(deadline=None)  # builds tables of 128 points a worker per example: slow on a busy machine
+@settings(deadline=None)  # builds tables of 256 points a worker per example: slow on a busy machine
 @given(workers=busy_workers(), prefix=keys, load_factor=load_factors, search=searches, data=st.data())
 def test_a_keyed_choice_is_the_first_eligible_worker_in_the_keys_order_within_the_load_bound(workers, prefix, load_factor, search,
                                                                                              data):
@@ -108,7 +108,7 @@ def test_a_keyed_choice_is_the_first_eligible_worker_in_the_keys_order_within_th
     assert choice == Choice(expected, "affinity" if expected == order[0] else "affinity-spill")
 
 
-@settings(deadline=None)  # builds tables of 128 points a worker per example: slow on a busy machine
+@settings(deadline=None)  # builds tables of 256 points a worker per example: slow on a busy machine
 @given(workers=idle_workers(min_size=2), prefix=keys, search=searches, data=st.data())
 def test_each_retry_goes_to_the_next_worker_in_the_keys_order(workers, prefix, search, data):
     order = slow_order(workers, prefix)
@@ -126,7 +126,7 @@ operations = st.lists(
 )
 
 
-@settings(deadline=None)  # builds tables of 128 points a worker per example: slow on a busy machine
+@settings(deadline=None)  # builds tables of 256 points a worker per example: slow on a busy machine
 @given(history=operations, ids=st.lists(worker_ids, min_size=8, max_size=8, unique=True),
        prefixes=st.lists(st.one_of(st.none(), keys), min_size=1, max_size=4), counter=counters, load_factor=load_factors,
        needs=st.frozensets(st.sampled_from(FEATURES)), prefer=st.frozensets(st.sampled_from(FEATURES)), data=st.data())
@@ -171,7 +171,7 @@ def test_a_table_kept_current_decides_as_one_built_afresh_in_any_order(history, 
         assert table.choose(**arguments) == fresh.choose(**arguments)
 
 
-@settings(deadline=None)  # builds tables of 128 points a worker per example: slow on a busy machine
+@settings(deadline=None)  # builds tables of 256 points a worker per example: slow on a busy machine
 @given(workers=busy_workers(), prefix=st.one_of(st.none(), keys), counter=counters, search=searches, data=st.data())
 def test_only_admitted_workers_that_admit_accepts_are_chosen(workers, prefix, counter, search, data):
     ids = [w.worker_id for w in workers]

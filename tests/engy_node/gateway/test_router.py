@@ -228,7 +228,7 @@ def test_a_lower_class_serves_only_while_the_higher_class_is_full():
 # --- choose: affinity in the key's order and the load bound --------------------------------------------
 
 
-@settings(deadline=None)  # builds a table (128 points a worker) per decision: slow on a busy machine
+@settings(deadline=None)  # builds a table (256 points a worker) per decision: slow on a busy machine
 @given(snapshot=snapshots(min_size=1), prefix=keys, load_factor=load_factors)
 def test_a_keyed_request_goes_to_the_highest_ranked_worker_within_the_load_bound(snapshot, prefix, load_factor):
     choice = choose(candidates=snapshot, prefix=prefix, rr_counter=0, load_factor=load_factor)
@@ -291,7 +291,7 @@ idle_snapshots = st.lists(st.tuples(worker_ids, st.integers(1, 8)), min_size=2, 
 prefix_sets = st.lists(keys, min_size=1, max_size=40, unique=True)
 
 
-@settings(deadline=None)  # builds a table (128 points a worker) per decision: slow on a busy machine
+@settings(deadline=None)  # builds a table (256 points a worker) per decision: slow on a busy machine
 @given(snapshot=idle_snapshots, prefixes=prefix_sets, data=st.data())
 def test_removing_a_worker_moves_only_the_keys_it_was_home_to(snapshot, prefixes, data):
     removed = data.draw(st.sampled_from([w.worker_id for w in snapshot]))
@@ -300,7 +300,7 @@ def test_removing_a_worker_moves_only_the_keys_it_was_home_to(snapshot, prefixes
     assert all(after[p] == before[p] for p in prefixes if before[p] != removed)
 
 
-@settings(deadline=None)  # builds a table (128 points a worker) per decision: slow on a busy machine
+@settings(deadline=None)  # builds a table (256 points a worker) per decision: slow on a busy machine
 @given(snapshot=idle_snapshots, prefixes=prefix_sets, capacity=st.integers(1, 8))
 def test_adding_a_worker_moves_keys_only_to_it(snapshot, prefixes, capacity):
     added = Candidate(worker_id="added!", capacity=capacity, inflight=0)
@@ -309,7 +309,7 @@ def test_adding_a_worker_moves_keys_only_to_it(snapshot, prefixes, capacity):
     assert all(after[p] in (before[p], "added!") for p in prefixes)
 
 
-@settings(deadline=None)  # builds a table (128 points a worker) per decision: slow on a busy machine
+@settings(deadline=None)  # builds a table (256 points a worker) per decision: slow on a busy machine
 @given(snapshot=idle_snapshots, prefixes=prefix_sets, data=st.data())
 def test_resizing_a_worker_moves_keys_only_to_or_from_it(snapshot, prefixes, data):
     index = data.draw(st.integers(0, len(snapshot) - 1))
@@ -323,7 +323,7 @@ def test_resizing_a_worker_moves_keys_only_to_or_from_it(snapshot, prefixes, dat
 # count is Binomial(K, p_i), standard deviation sqrt(K p_i (1 - p_i)). Unlike rendezvous hashing
 # over every worker, p_i is not exactly the capacity share c_i: it is set by where the worker's
 # points fall, a sum over its POINTS_PER_WORKER nearest arcs, off the capacity share by about
-# c_i / sqrt(POINTS_PER_WORKER) (one standard deviation, 9 % at 128 points; route_table's
+# c_i / sqrt(POINTS_PER_WORKER) (one standard deviation, 6 % at 256 points; route_table's
 # docstring). So a worker's count has both spreads, and we allow 6 standard deviations of their
 # sum: for draws that behave as random, the chance that any worker in these cases falls outside
 # is below 31 workers × 2e-9 (two-sided normal tail at 6 σ), so a failure means bias, not bad
