@@ -20,8 +20,9 @@ to the whole answer. Both report the gateway's CPU per request and its RSS (all 
 processes together, `--gateway-workers`), and the client's CPU per request (this process), which
 shares the machine's cores with the gateway. Every request asks a different question. Last, the
 same client against the HTTP server alone (hypercorn's trio worker with a 15-line ASGI app: the
-floor under any gateway on this stack; `--floor-levels`). All these processes share the
-machine.
+floor under any gateway on this stack; `--floor-levels`), both as hypercorn comes and as the
+gateway runs it (`hypercorn_edges.EdgeConfig`: fewer writes, no idle-timer task per request),
+in alternating order. All these processes share the machine.
 
 With `--baseline REV` (a commit of this repository, exported with `git archive` into a temporary
 directory) or `--baseline DIR` (a code tree already on disk), a second gateway runs that code,
@@ -95,12 +96,18 @@ FLOOR_SSE = [b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n
              b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n']
 
 
-def run_floor_server() -> None:
-    """The HTTP server alone: hypercorn's trio worker, as the gateway runs it, with an ASGI app
-    that reads the body and answers a fixed three-write SSE stream. What any gateway on this
-    stack pays per request before doing anything of its own."""
+FLOOR_SERVERS = ("hypercorn", "edge")
+"""The floor's HTTP server: hypercorn as it comes, and with this checkout's `EdgeConfig`."""
+
+
+def run_floor_server(kind: str) -> None:
+    """The HTTP server alone: hypercorn's trio worker, as it comes or as the gateway runs it
+    (`kind`), with an ASGI app that reads the body and answers a fixed SSE stream in three body
+    messages. What any gateway on this stack pays per request before doing anything of its own."""
     from hypercorn.config import Config
     from hypercorn.trio import serve
+
+    from engy_node.hypercorn_edges import EdgeConfig
 
     async def app(scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -114,7 +121,7 @@ def run_floor_server() -> None:
         for index, event in enumerate(FLOOR_SSE):
             await send({"type": "http.response.body", "body": event, "more_body": index < len(FLOOR_SSE) - 1})
 
-    config = Config()
+    config = EdgeConfig(protocol_error_body=lambda status, path: ([], b"")) if kind == "edge" else Config()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
 
@@ -419,8 +426,18 @@ async def measure(levels: list[tuple[bool, int]], total: int, rounds: int, home:
     return rows
 
 
-def measure_floor(concurrency: int, total: int) -> dict:
-    server = subprocess.Popen([sys.executable, __file__, "--floor-server"], stdout=subprocess.PIPE, text=True)
+def measure_floors(levels: list[int], total: int, rounds: int) -> list[dict]:
+    rows = []
+    for number in range(rounds):
+        for index, concurrency in enumerate(levels):
+            first = (number + index) % len(FLOOR_SERVERS)
+            for kind in FLOOR_SERVERS[first:] + FLOOR_SERVERS[:first]:
+                rows.append({"server": kind, "round": number + 1, **measure_floor(kind, concurrency, total)})
+    return rows
+
+
+def measure_floor(kind: str, concurrency: int, total: int) -> dict:
+    server = subprocess.Popen([sys.executable, __file__, "--floor-server", kind], stdout=subprocess.PIPE, text=True)
     try:
         url = server.stdout.readline().split("floor ready: ", 1)[1].strip()
         trio.run(lambda: gateway_level(url, "unused", 4, 64, stream=True))
@@ -490,7 +507,7 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="REV|DIR",
                         help="also measure the gateway of this commit (or code tree), side by side with this checkout's")
     parser.add_argument("--rounds", type=int, default=1, help="measure every level this many times")
-    parser.add_argument("--floor-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--floor-server", choices=FLOOR_SERVERS, help=argparse.SUPPRESS)
     parser.add_argument("--miner", help=argparse.SUPPRESS)
     parser.add_argument("--key", help=argparse.SUPPRESS)
     parser.add_argument("--home", help=argparse.SUPPRESS)
@@ -499,7 +516,7 @@ def main() -> None:
         run_synthetic_miner(args.miner, args.key, args.home)
         return
     if args.floor_server:
-        run_floor_server()
+        run_floor_server(args.floor_server)
         return
     if args.rounds < 1:
         raise SystemExit(f"--rounds {args.rounds}: must be at least 1")
@@ -523,17 +540,18 @@ def main() -> None:
         finally:
             for gateway in gateways:
                 gateway.stop()
-    floor = [measure_floor(int(level), args.requests) for level in args.floor_levels.split(",") if level]
+    floor = measure_floors([int(level) for level in args.floor_levels.split(",") if level], args.requests, args.rounds)
     print(json.dumps({"levels": rows, "http_server_floor": floor}, indent=2))
     for gateway in gateways:
         print_tables(rows, gateway.label, titled=len(gateways) > 1)
     if floor:
-        print("\nThe HTTP server alone (hypercorn, trio worker, a fixed 3-write SSE answer; same client)\n")
-        print("| streams | TTFT p50 | TTFT p99 | req/s | server CPU per request |")
-        print("|---|---|---|---|---|")
+        print("\nThe HTTP server alone (trio worker, an SSE answer in three body messages; same client): hypercorn as it "
+              "comes, and with hypercorn_edges' EdgeConfig as the gateway runs it\n")
+        print("| server | streams | round | TTFT p50 | TTFT p99 | req/s | server CPU per request |")
+        print("|---|---|---|---|---|---|---|")
         for row in floor:
-            print(f"| {row['concurrency']} | {row['ttft_p50_ms']:.1f} ms | {row['ttft_p99_ms']:.1f} ms | {row['rps']:.0f} "
-                  f"| {row['cpu_ms_per_request']:.2f} ms |")
+            print(f"| {row['server']} | {row['concurrency']} | {row['round']} | {row['ttft_p50_ms']:.1f} ms | {row['ttft_p99_ms']:.1f} ms "
+                  f"| {row['rps']:.0f} | {row['cpu_ms_per_request']:.2f} ms |")
     if args.baseline:
         print_comparison(rows)
     print(f"\nours: {describe(ROOT)}" + "".join(f"; baseline: {args.baseline} ({describe(g.root)})" for g in gateways if g.label == "baseline"))
