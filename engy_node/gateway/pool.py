@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import itertools
 import logging
 import math
@@ -195,7 +196,7 @@ class MinerPool:
         if self.draining:
             await self._deny(websocket, "gateway is draining; retry shortly")
             return
-        leg = Leg(uuid.uuid4().hex, identity, hello, websocket, self.clock())
+        leg = Leg(self._leg_id(identity.miner, hello), identity, hello, websocket, self.clock())
         for other in list(self._by_miner.get(identity.miner, {}).values()):
             if other.hello.worker_name == hello.worker_name and (other.hello.worker_id != hello.worker_id or not hello.worker_id):
                 log.info("miner %s/%s re-dialled from a new process; closing its old leg", identity.miner, hello.worker_name)
@@ -293,6 +294,18 @@ class MinerPool:
                 log.warning("closing leg %s of %s: unexpected %s after admission", leg.leg_id[:8], leg.identity.miner, kind)
                 await _close(websocket, 1002, f"unexpected {kind} after admission")
                 return
+
+    def _leg_id(self, miner: str, hello: Hello) -> str:
+        """A leg's id, and so its place in the route table: derived from the miner, its rig and
+        its process, not drawn at random, so that every gateway worker and every host of a fleet
+        holding a leg of the same miner process ranks it the same for a conversation (the same
+        membership gives the same choice, SPEC §8.5), and a re-dialled leg takes back the keys it
+        had. A second leg of one process in one pool (a fleet host serving a dead host's leg too)
+        takes the next ordinal."""
+        base = f"{miner}\0{hello.worker_name}\0{hello.worker_id}"
+        ids = (hashlib.sha256(f"{base}\0{ordinal}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+               for ordinal in itertools.count())
+        return next(leg_id for leg_id in ids if leg_id not in self.legs)
 
     def _drop(self, leg: Leg, reason: str) -> None:
         leg.closed = True

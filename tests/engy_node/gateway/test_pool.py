@@ -400,3 +400,27 @@ async def test_a_probe_goes_to_its_target_miner_whether_or_not_it_is_eligible(ga
         clock.now += 91
         assert route(pool, target="key:7") is None, "a stale leg takes no probe either"
         await connection.aclose()
+
+
+async def test_two_hosts_holding_legs_of_the_same_miners_send_a_conversation_to_the_same_one(nursery):
+    """In a fleet each host's pool ranks the legs it holds; a leg's id comes from its miner, rig and
+    process, so two hosts with the same miners agree on every conversation's miner (and so cache it
+    once), and a second leg of one process in one pool still gets an id of its own."""
+    async with contextlib.AsyncExitStack() as connections:
+        pools, urls = [], []
+        for _ in range(2):
+            pool = MinerPool(served_models={MODEL: ROOT}, authenticate_key=lookup, allowed_hotkeys=set,
+                             settings=PoolSettings(stale_after_s=90))
+            binds = await nursery.start(serve, build_miner_app(pool), hypercorn_config("127.0.0.1:0"))
+            pools.append(pool)
+            urls.append(binds[0].replace("http://", "ws://") + "/gw")
+        rigs = [hello(worker_name=f"rig-{index}", worker_id=f"process-{index}") for index in range(12)]
+        for url in urls:
+            for rig in rigs:
+                await dial(connections, url, rig)
+        assert set(pools[0].legs) == set(pools[1].legs) and len(pools[0].legs) == len(rigs)
+        prefixes = [bytes([index]) * 32 for index in range(64)]
+        chosen = [[pool.route(MODEL, prefix=prefix, rr_counter=0).worker_id for prefix in prefixes] for pool in pools]
+        assert chosen[0] == chosen[1] and len(set(chosen[0])) > 1
+        _, answer = await dial(connections, urls[0], rigs[0])  # the same process's leg a dead host had
+        assert isinstance(answer, Admit) and len(pools[0].legs) == len(rigs) + 1
