@@ -301,7 +301,9 @@ class MinerPool:
         holding a leg of the same miner process ranks it the same for a conversation (the same
         membership gives the same choice, SPEC §8.5), and a re-dialled leg takes back the keys it
         had. A second leg of one process in one pool (a fleet host serving a dead host's leg too)
-        takes the next ordinal."""
+        takes the next ordinal. A miner names its own worker id, so it could search for one whose
+        ring points fall where it likes: that changes which conversations it is home to, not how
+        many (its share follows its capacity), and the load bound caps what any one key brings it."""
         base = f"{miner}\0{hello.worker_name}\0{hello.worker_id}"
         ids = (hashlib.sha256(f"{base}\0{ordinal}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
                for ordinal in itertools.count())
