@@ -1,7 +1,7 @@
 """How long one routing decision takes at fleet scale, and how well it keeps prefixes cached:
 the routing table (ours) and the snapshot router it replaced (today), side by side in one run.
 
-    .venv/bin/python bench/router_decision.py [--repeats 5] [--requests 90000] [--workers 200]
+    .venv/bin/python bench/router_decision.py [--repeats 5] [--seeds 5] [--requests 90000] [--workers 200]
 
 Today is the router as it was before `route_table`, kept here verbatim: per request, the pool
 built a list of every leg, and `choose` hashed every eligible worker for a keyed request
@@ -23,8 +23,10 @@ with Zipf popularity (s = 1), arriving at a rate that keeps the fleet about 60 %
 lasting a geometric number of ticks; meanwhile workers leave (their requests end) and join
 (empty caches), and capacities change. Each worker keeps an LRU cache of 4 prefixes per slot. A
 hit is a request that lands on a worker that already holds its prefix. Both routers see the
-same requests and the same membership events. Prints the hit rate, how often the load bound
-spilled a request, the mean over ticks of (busiest worker's load ÷ the mean load) and the
+same requests and the same membership events. Each of `--seeds` seeds draws another stream and
+other events; the hit rates differ between seeds by more than between the routers, so the run
+prints each seed's difference and their mean with its standard error, besides the means of the
+hit rate, how often the load bound spilled a request, the mean over ticks of (busiest worker's load ÷ the mean load) and the
 busiest worker's peak load, among workers within their capacity (a capacity cut can leave a
 worker over it, which no router causes).
 """
@@ -368,36 +370,46 @@ def simulate(router, plan: Scenario) -> dict[str, float]:
             "max/mean": statistics.fmean(ratios), "peak": peak, "seconds": time.perf_counter() - started}
 
 
-def affinity(requests: int, workers: int, prefixes: int) -> None:
-    plan = scenario(workers=workers, requests=requests, prefixes=prefixes)
-    joins = sum(kind == "join" for tick in plan.events for kind, _, _ in tick)
-    leaves = sum(kind == "leave" for tick in plan.events for kind, _, _ in tick)
-    resizes = sum(kind == "resize" for tick in plan.events for kind, _, _ in tick)
-    print(f"### Prefix affinity under churn: {sum(map(len, plan.arrivals)):,} keyed requests over {prefixes:,} Zipf(1) "
-          f"prefixes, {workers} workers at the start, {len(plan.arrivals):,} ticks with {joins} joins, {leaves} leaves and "
-          f"{resizes} capacity changes; LRU of 4 prefixes per slot\n")
+def affinity(requests: int, workers: int, prefixes: int, seeds: int) -> None:
+    routers = {"today (rendezvous over a snapshot)": TodayRouter, "ours (route table)": OurRouter}
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in routers}
+    plans = []
+    for seed in range(53, 53 + seeds):
+        plan = scenario(workers=workers, requests=requests, prefixes=prefixes, seed=seed)
+        plans.append(plan)
+        for name, router in routers.items():
+            results[name].append(simulate(router(), plan))
+    events = collections.Counter(kind for plan in plans for tick in plan.events for kind, _, _ in tick)
+    print(f"### Prefix affinity under churn: {seeds} seeds × {sum(map(len, plans[0].arrivals)):,} keyed requests over "
+          f"{prefixes:,} Zipf(1) prefixes, {workers} workers at the start, {len(plans[0].arrivals):,} ticks; per seed on "
+          f"average {events['join'] / seeds:.0f} joins, {events['leave'] / seeds:.0f} leaves and {events['resize'] / seeds:.0f} "
+          "capacity changes; LRU of 4 prefixes per slot; means over the seeds\n")
     print("| router | hit rate | spilled | refused (no room) | mean busiest ÷ mean load | peak busiest load | sim seconds |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    results = {}
-    for name, router in (("today (rendezvous over a snapshot)", TodayRouter()), ("ours (route table)", OurRouter())):
-        results[name] = result = simulate(router, plan)
-        print(f"| {name} | {result['hit rate']:.2%} | {result['spilled']:.2%} | {result['refused']:,} | {result['max/mean']:.2f} "
-              f"| {result['peak']:.2f} | {result['seconds']:.1f} |")
+    for name, runs in results.items():
+        def mean(field: str) -> float:
+            return statistics.fmean(run[field] for run in runs)
+        print(f"| {name} | {mean('hit rate'):.2%} | {mean('spilled'):.2%} | {mean('refused'):,.0f} | {mean('max/mean'):.2f} "
+              f"| {max(run['peak'] for run in runs):.2f} | {sum(run['seconds'] for run in runs):.1f} |")
     today, ours = results.values()
-    print(f"\nhit rate ours − today: {(ours['hit rate'] - today['hit rate']) * 100:+.2f} points\n")
+    differences = [(o["hit rate"] - t["hit rate"]) * 100 for t, o in zip(today, ours)]
+    spread = statistics.stdev(differences) / math.sqrt(seeds) if seeds > 1 else math.nan
+    print(f"\nhit rate ours − today, points, per seed: {', '.join(f'{d:+.2f}' for d in differences)}; "
+          f"mean {statistics.fmean(differences):+.2f} ± {spread:.2f} (standard error)\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=90_000, help="keyed requests in the affinity simulation")
+    parser.add_argument("--seeds", type=int, default=5, help="affinity simulations, each with its own seed")
+    parser.add_argument("--requests", type=int, default=90_000, help="keyed requests in each affinity simulation")
     parser.add_argument("--workers", type=int, default=200, help="workers at the start of the affinity simulation")
     parser.add_argument("--prefixes", type=int, default=20_000, help="distinct prefixes in the affinity simulation")
     args = parser.parse_args()
     print(f"router at fleet scale; Python {platform.python_version()} on {platform.machine()} "
           f"({platform.processor() or 'unknown CPU'})\n")
     decision_time(args.repeats)
-    affinity(args.requests, args.workers, args.prefixes)
+    affinity(args.requests, args.workers, args.prefixes, args.seeds)
 
 
 if __name__ == "__main__":
