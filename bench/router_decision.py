@@ -14,9 +14,10 @@ keyed requests spill), µs per keyed and per unkeyed decision, the median over `
 of the mean; today and ours alternate within a round, so drift hits both alike. Also what ours
 pays to stay current (an in-flight change, a join and a leave), what today's pool paid per
 request to build the snapshot on top of its decision, ours with 90 % of the workers full (the
-walk passes over full workers), and ours in its worst case: only about sqrt(workers / 8) free,
-where walking past the full ones and scoring the free ones cost about the same. Before timing, ours is checked against a brute-force reading of its
-own policy (every worker's distance to the key, the load bound in exact fractions).
+walk passes over full workers), and ours in its worst case: only about sqrt(3 × workers) free,
+where walking past the full ones and scoring the free ones cost about the same (`_SCAN_WHILE`).
+Before timing, ours is checked against a brute-force reading of its own policy (every worker's
+distance to the key, the load bound in exact fractions).
 
 Part 2, prefix affinity under churn. A seeded stream of keyed requests over `--prefixes` prefixes
 with Zipf popularity (s = 1), arriving at a rate that keeps the fleet about 60 % busy, each
@@ -170,14 +171,14 @@ def time_per_call(call: Callable[[int], object], calls: int) -> float:
 def decision_time(repeats: int) -> None:
     print("### Decision time, µs (median of", repeats, "rounds)\n")
     print("| workers | today keyed | ours keyed | today ÷ ours | today unkeyed | ours unkeyed | today ÷ ours "
-          "| today's snapshot build | ours keyed, 90 % full | ours keyed, √(n/8) free | ours: in-flight change | ours: join "
+          "| today's snapshot build | ours keyed, 90 % full | ours keyed, √(3n) free | ours: in-flight change | ours: join "
           "| ours: leave |")
     print("|---:|" + "---:|" * 12)
     for size in SIZES:
         candidates = snapshot(size, random.Random(53 + size))
         table = table_of(candidates)
         busy = table_of(snapshot(size, random.Random(53 + size), full_share=0.9))
-        scarce = table_of(snapshot(size, random.Random(53 + size), free=max(1, math.isqrt(size // 8))))
+        scarce = table_of(snapshot(size, random.Random(53 + size), free=math.isqrt(3 * size)))
         points = {c.worker_id: worker_points(c.worker_id) for c in candidates}
         for prefix in PREFIXES[:CHECKED_PREFIXES]:
             choice = table.choose(prefix=prefix, rr_counter=0)

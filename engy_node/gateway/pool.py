@@ -353,14 +353,16 @@ class MinerPool:
             return leg is not None and self._usable(leg, now, eligible)
 
         if target is not None:
-            legs = [leg for leg in self._by_miner.get(target, {}).values() if leg.hello.model == model and self._usable(leg, now, None)]
+            legs = [leg for leg in self._by_miner.get(target, {}).values()
+                    if leg.hello.model == model and self._usable(leg, now, None)]
             return choose(candidates=[Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight),
                                                 lacks=leg.lacks) for leg in legs],
                           prefix=prefix, rr_counter=rr_counter, exclude=exclude, needs=needs, prefer=prefer)
         table = self.tables.get(model)
         if table is None:
             return None
-        if now - self._asked_at.get(model, -math.inf) >= ADMISSION_REFRESH_S:
+        # A clock that went back counts as due as well, or the asking would stop until it caught up.
+        if not 0 <= now - self._asked_at.get(model, -math.inf) < ADMISSION_REFRESH_S:
             self._asked_at[model] = now
             self._unasked[model].clear()
             asked: Iterable[str] = list(table)
