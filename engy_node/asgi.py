@@ -3,7 +3,9 @@
 A handler that waits for long work (a generation, a miner's answer) must notice a client that
 hung up, or the work runs on for nobody. Starlette's streaming responses watch for that
 themselves; these helpers do it for handlers that wait before responding, and for raw ASGI
-handlers that wait and then stream under one watch.
+handlers that wait and then stream under one watch. ASGI tells an app that its client left only
+through `receive`, which costs a task blocked there for each request; a server that says so
+directly (`CLIENT_GONE`, which the gateway's hypercorn offers: `hypercorn_edges`) spares it.
 """
 
 from __future__ import annotations
