@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from engy_node.gateway.admission import WaitingRoom
@@ -49,6 +49,9 @@ operations = st.lists(st.one_of(
 
 
 @given(operations)
+# A buyer whose last ticket gave up comes back as a fresh arrival (a random draw found it).
+@example([("join", "a")] * 5 + [("join", "b"), ("join", "c"), ("serve", ""), ("serve", ""), ("give_up", 0), ("give_up", 3),
+          ("join", "c"), ("serve", "")])
 def test_any_sequence_keeps_the_counts_bounds_and_fairness(steps):
     room = WaitingRoom(max_waiting=8)
     waiting = []
@@ -76,4 +79,8 @@ def test_any_sequence_keeps_the_counts_bounds_and_fairness(steps):
         elif waiting:
             ticket = waiting.pop(argument % len(waiting))
             room.leave(ticket, served=False)
+            if all(t.buyer != ticket.buyer for t in waiting):
+                # A buyer with nothing left waiting waited through no later turn: if it comes
+                # back, its count starts again (a fresh arrival, not one passed over).
+                served_since.pop(ticket.buyer, None)
         assert room.depth("m") == len(waiting)
