@@ -150,3 +150,18 @@ def postgres_cluster():
 def postgres_url(postgres_cluster) -> str:
     """An empty database of its own for one test."""
     return postgres_cluster.create_database()
+
+
+@pytest.fixture(scope="session")
+def haproxy_binary() -> str:
+    """Debian's HAProxy, for the tests that put a real load balancer in front of gateway hosts.
+    CI installs it (scripts/bootstrap.sh), so there a missing one fails; elsewhere it skips."""
+    import shutil
+
+    found = shutil.which("haproxy") or ("/usr/sbin/haproxy" if os.access("/usr/sbin/haproxy", os.X_OK) else None)
+    if found is None:
+        message = "HAProxy is not installed: apt-get install haproxy (scripts/bootstrap.sh does it as root)"
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot run the load-balancer tests in CI: {message}")
+        pytest.skip(message)
+    return found

@@ -12,13 +12,11 @@ throwaway PostgreSQL cluster, synthetic miners on the real websocket link, OpenA
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import subprocess
 import time
 
 import httpx
 import openai
-import pytest
 import trio
 
 from engy_node.gateway.load_balancer import FleetHost, haproxy_config
@@ -36,14 +34,6 @@ ANSWER = words(8)
 TRAFFIC_BEFORE_KILL_S = 4.0
 TRAFFIC_AFTER_KILL_S = 10.0
 CALL_TIMEOUT_S = 30.0
-
-
-@pytest.fixture(scope="module")
-def haproxy_binary() -> str:
-    found = shutil.which("haproxy") or ("/usr/sbin/haproxy" if shutil.which("/usr/sbin/haproxy") else None)
-    if found is None:
-        pytest.skip("HAProxy is not installed (apt-get install haproxy; scripts/bootstrap.sh does it as root)")
-    return found
 
 
 class Balancer(NodeProcess):
