@@ -26,6 +26,7 @@ from engy_node.testing.faults import ProcessAccount, check_books
 from tests.faults.conftest import new_buyer, start_synthetic_miner, words
 from tests.faults.nodes import GatewayProcess, NodeProcess, free_port
 from engy_node.testing.synthetic_miner import Script
+from tests.waiting import ProcessOutput
 
 LEASE_S = 4.0
 BUYERS = 6
@@ -51,8 +52,6 @@ class Balancer(NodeProcess):
         self.starts += 1
         self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         encoding="utf-8", errors="replace")
-        from tests.waiting import ProcessOutput
-
         self.output = ProcessOutput(self.process, self.home / "haproxy.log")
         self.account.note(self.process.pid)
 

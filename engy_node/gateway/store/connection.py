@@ -149,11 +149,6 @@ class Connection:
         self._db = open_database(location, busy_timeout_s=busy_timeout_s, pool_size=pool_size)
         self.where = self._db.where
 
-    @property
-    def backend(self) -> str:
-        """`sqlite` or `postgresql`."""
-        return "postgresql" if is_url(self.where) else "sqlite"
-
     def _write(self, *, durable: bool = True) -> ContextManager[Session]:
         """One write transaction (a savepoint inside a group commit). `durable=False`: its
         commit need not wait for the disk (holds and releases; see the package's posture)."""
