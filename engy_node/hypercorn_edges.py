@@ -23,7 +23,10 @@ dozen scheduler steps):
 * Its keep-alive timer is a task started when a response is done and cancelled when the next
   request comes: a task, a cancellation and a few scheduler steps per request.
 * A body that arrives whole reaches the app as two messages (the data, then its end), and the
-  `http.disconnect` after a complete response is queued with a scheduler step of its own.
+  `http.disconnect` after a complete response is queued with a scheduler step of its own; so is
+  each websocket message.
+* Every write, to a buyer or to a miner's websocket, takes the server's send lock and then
+  sends: two scheduler steps even when the socket has room for the bytes at once.
 
 Hypercorn has no hook for any of these, so `install()` (run by creating an `EdgeConfig`) puts
 subclasses where hypercorn looks its protocol classes up for each new connection, the module
@@ -35,7 +38,9 @@ globals `hypercorn.protocol.H11Protocol`, `HTTPStream` in `hypercorn.protocol.h1
   public `trailing_data`; None when the request line itself is unreadable). It can also gather
   the bytes of several events into one write (`hold_writes`), and from a connection's first
   request on it keeps the keep-alive time itself, in one task per connection whose deadline
-  moves (`_keeps_time`).
+  moves (`_keeps_time`). While no write holds the server's send lock it writes bytes straight
+  to the socket, as many as it takes without waiting (`_write_now`); only the rest goes through
+  the server, which waits for the socket under its lock as before.
 * `EdgeHTTPStream` holds the response's start until the first body message (ASGI itself says a
   server must not start the response before it) and writes what each body message makes (the
   head, the data, after the last one the terminator) in one write: a short streamed answer is
@@ -50,7 +55,8 @@ globals `hypercorn.protocol.H11Protocol`, `HTTPStream` in `hypercorn.protocol.h1
 * `EdgeWSStream` counts a message's UTF-8 bytes as its frames arrive and refuses it before
   storing more than the limit: it closes with 1009 and the reason "frame exceeds N bytes", tells
   the app at once with a `websocket.disconnect` carrying that code and reason, and drops
-  whatever else the peer sends.
+  whatever else the peer sends. It queues each message for the app without a step where the
+  app's queue has room.
 
 They behave exactly as hypercorn's own classes unless the server's config is an `EdgeConfig`,
 so other servers in the process are unchanged. What they override is private hypercorn API:
@@ -62,6 +68,7 @@ upgrade is re-read, not assumed.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -121,9 +128,20 @@ class EdgeH11Protocol(H11Protocol):
         """The connection's keep-alive timer once its first request came (`_keep_alive`)."""
         self._idle_deadline = math.inf
         self._closed = False
+        self._socket: trio.socket.SocketType | None = None
+        """The connection's socket where bytes may be written to it without waiting (see
+        `_write_now`); None: every write goes through the server."""
+        self._server_lock: trio.Lock | None = None
         if isinstance(self.config, EdgeConfig):
             self._write = self.send
             self.send = self._send_or_hold
+            # `send` is the trio server's `protocol_send` (`TCPServer.run`), which writes under the
+            # server's `send_lock` to its `stream`: a plain `SocketStream` unless TLS wraps it.
+            server = getattr(self._write, "__self__", None)
+            stream = getattr(server, "stream", None)
+            lock = getattr(server, "send_lock", None)
+            if os.name == "posix" and isinstance(stream, trio.SocketStream) and isinstance(lock, trio.Lock):
+                self._socket, self._server_lock = stream.socket, lock
 
     async def handle(self, event: Event) -> None:
         if isinstance(event, Closed):
@@ -139,7 +157,7 @@ class EdgeH11Protocol(H11Protocol):
     async def release_writes(self) -> None:
         held, self._held = self._held, None
         if held:
-            await self._write(RawData(data=b"".join(held)))
+            await self._write_now(RawData(data=b"".join(held)))
 
     async def _maybe_recycle(self) -> None:
         # The response is complete: write it before deciding whether the connection can take the
@@ -158,7 +176,37 @@ class EdgeH11Protocol(H11Protocol):
             await self.release_writes()
         if isinstance(event, Closed):
             self._stop_keep_alive()
+        await self._write_now(event)
+
+    async def _write_now(self, event: Event) -> None:
+        """Write `event`'s bytes to the socket at once, as far as its buffer takes them, and
+        only what is left through the server (which waits for the socket under its lock).
+
+        The server's way costs two scheduler steps per write even when the socket can take the
+        bytes at once (its lock's and the send's checkpoints), and a streamed answer is several
+        writes to the buyer and one to the miner's websocket. Writing directly keeps the order:
+        it is taken only while no write holds the server's lock, and nothing between the check
+        and the write yields. A socket already closed, or an error, goes the server's way, which
+        raises or reports it as it always has."""
+        if isinstance(event, RawData):
+            written = self._write_directly(event.data)
+            if written == len(event.data):
+                return
+            if written:
+                event = RawData(data=event.data[written:])
         await self._write(event)
+
+    def _write_directly(self, data: bytes) -> int:
+        """How many of `data`'s bytes the socket took without waiting (0: none, or not now)."""
+        if self._socket is None or self._server_lock.locked():
+            return 0
+        fd = self._socket.fileno()
+        if fd < 0:
+            return 0
+        try:
+            return os.write(fd, data)
+        except OSError:  # it would block, or the peer is gone: the server's way waits or tells
+            return 0
 
     def _keeps_time(self, *, idle: bool) -> bool:
         """Whether this protocol, rather than hypercorn's server, times the connection's idleness.
@@ -211,6 +259,19 @@ class EdgeH11Protocol(H11Protocol):
         await self._send_h11_event(h11.EndOfMessage())
 
 
+async def put_for_app(app_put: Callable[[dict], Any], message: dict) -> None:
+    """Queue `message` for the app without a scheduler step where its queue has room (the queue
+    is a trio memory channel, `app_put` its `send`), as `app_put` does otherwise."""
+    channel = getattr(app_put, "__self__", None)
+    if isinstance(channel, trio.MemorySendChannel):
+        try:
+            channel.send_nowait(message)
+            return
+        except trio.WouldBlock:
+            pass
+    await app_put(message)
+
+
 class EdgeHTTPStream(HTTPStream):
     """An HTTP/1.1 request's stream: the response's start goes out with its first body message,
     each body message in one write, and the app is told at once when the client hangs up before
@@ -261,16 +322,7 @@ class EdgeHTTPStream(HTTPStream):
             self.scope["extensions"][CLIENT_GONE] = self.client_gone
 
     async def _put(self, message: dict) -> None:
-        """Queue `message` for the app without a scheduler step where its queue has room (the
-        queue is a trio memory channel, `app_put` its `send`), as `app_put` does otherwise."""
-        channel = getattr(self.app_put, "__self__", None)
-        if isinstance(channel, trio.MemorySendChannel):
-            try:
-                channel.send_nowait(message)
-                return
-            except trio.WouldBlock:
-                pass
-        await self.app_put(message)
+        await put_for_app(self.app_put, message)
 
     async def app_send(self, message: dict | None) -> None:
         if not isinstance(self.config, EdgeConfig):
@@ -321,7 +373,7 @@ class EdgeWSStream(WSStream):
                     continue
                 self.buffer.extend(event)
                 if event.message_finished:
-                    await self.app_put(self.buffer.to_message())
+                    await put_for_app(self.app_put, self.buffer.to_message())
                     self.buffer.clear()
                     self.message_bytes = 0
             elif isinstance(event, Ping):

@@ -29,9 +29,13 @@ from hypercorn.config import Config
 from hypercorn.events import RawData
 from hypercorn.trio import serve
 from hypercorn.trio.tcp_server import TCPServer
+from starlette.applications import Starlette
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
+from trio_websocket import open_websocket_url
 
 from engy_node.asgi import CLIENT_GONE, ClientGone, watch_disconnect
-from engy_node.hypercorn_edges import EdgeConfig, EdgeHTTPStream
+from engy_node.hypercorn_edges import EdgeConfig, EdgeH11Protocol, EdgeHTTPStream
 
 UPSTREAM = {
     # What EdgeHTTPStream wraps: the scope it finds, the states it reads, the events it sees.
@@ -49,7 +53,10 @@ UPSTREAM = {
     "trio.task_group.TaskGroup.spawn_app": (hypercorn.trio.task_group.TaskGroup.spawn_app, "b4c1131427529801"),
     # A write to a connection the client closed tells the protocol (and so the app) at once; the
     # idle task it starts and stops on `Updated`, which EdgeH11Protocol's timer replaces after the
-    # first request; where the first one starts and a closed connection is handled.
+    # first request; where the first one starts and a closed connection is handled. Every write
+    # it makes is under its `send_lock` to its `stream`, which EdgeH11Protocol writes to directly
+    # while that lock is free.
+    "trio.tcp_server.TCPServer.__init__": (hypercorn.trio.tcp_server.TCPServer.__init__, "4c1d42457bc197b2"),
     "trio.tcp_server.TCPServer.protocol_send": (hypercorn.trio.tcp_server.TCPServer.protocol_send, "225856426bff7be0"),
     "trio.tcp_server.TCPServer._idle_timeout": (hypercorn.trio.tcp_server.TCPServer._idle_timeout, "210ce1014d98e1cb"),
     "trio.tcp_server.TCPServer.run": (hypercorn.trio.tcp_server.TCPServer.run, "fd34b021d1a86c98"),
@@ -115,16 +122,25 @@ async def app(scope, receive, send) -> None:
 
 @pytest.fixture
 def writes(monkeypatch) -> list[int]:
-    """The size of every non-empty write the server makes to a connection."""
+    """The size of every non-empty write the server makes to a connection: through hypercorn's
+    server, or straight to the socket (an edge connection's, when the socket can take it)."""
     sizes: list[int] = []
-    original = TCPServer.protocol_send
+    through_server = TCPServer.protocol_send
+    straight = EdgeH11Protocol._write_directly
 
     async def counting(self, event) -> None:
         if isinstance(event, RawData) and event.data:
             sizes.append(len(event.data))
-        await original(self, event)
+        await through_server(self, event)
+
+    def counting_straight(self, data: bytes) -> int:
+        written = straight(self, data)
+        if written:
+            sizes.append(written)
+        return written
 
     monkeypatch.setattr(TCPServer, "protocol_send", counting)
+    monkeypatch.setattr(EdgeH11Protocol, "_write_directly", counting_straight)
     return sizes
 
 
@@ -312,3 +328,81 @@ async def test_a_body_that_arrives_whole_reaches_the_app_in_one_message_and_one_
                 while not received.endswith(b'{"a": "b", "c": 3}'):
                     received += await stream.receive_some()
     assert answers == {"edge": b'1:{"question": 1}', "plain": b'2:{"question": 1}'}
+
+
+LARGE = [bytes([ord("a") + index % 26]) * 65536 for index in range(160)]
+"""An answer of 10 MiB in 64 KiB messages: more than loopback's socket buffers take while the
+client is not reading, so some writes must wait for the socket."""
+
+
+async def large_app(scope, receive, send) -> None:
+    if await lifespan(scope, receive, send):
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    for index, piece in enumerate(LARGE):
+        await send({"type": "http.response.body", "body": piece, "more_body": index < len(LARGE) - 1})
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+async def test_an_answer_larger_than_the_socket_takes_at_once_arrives_whole_and_in_order(nursery, kind, monkeypatch):
+    waited = []
+    through_server = TCPServer.protocol_send
+
+    async def counting(self, event) -> None:
+        if isinstance(event, RawData) and event.data:
+            waited.append(len(event.data))
+        await through_server(self, event)
+
+    monkeypatch.setattr(TCPServer, "protocol_send", counting)
+    stream = await start(nursery, large_app, CONFIGS[kind]())
+    client = h11.Connection(h11.CLIENT)
+    body = b""
+    async with stream:
+        await stream.send_all(client.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+                              + client.send(h11.EndOfMessage()))
+        await trio.sleep(0.3)  # the server fills the socket and has to wait for the rest
+        with trio.fail_after(20):
+            while not isinstance(event := client.next_event(), h11.EndOfMessage):
+                if event is h11.NEED_DATA:
+                    client.receive_data(await stream.receive_some())
+                elif isinstance(event, h11.Data):
+                    body += event.data
+    assert body == b"".join(LARGE)
+    if kind == "edge":
+        # Straight to the socket while it had room, the rest through the server's waiting write.
+        assert 0 < len(waited) < len(LARGE)
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+async def test_websocket_messages_sent_by_several_tasks_at_once_each_arrive_whole_and_in_order(nursery, kind):
+    """What the gateway's miner legs do: dispatch and cancel send on one websocket from several
+    tasks, with no lock of their own."""
+    senders, messages, size = 4, 25, 40_000
+
+    async def sending(websocket: WebSocket) -> None:
+        await websocket.accept()
+
+        async def send_all(sender: int) -> None:
+            for index in range(messages):
+                await websocket.send_text(f"{sender}:{index}:" + chr(ord("a") + sender) * size)
+
+        async with trio.open_nursery() as senders_nursery:
+            for sender in range(senders):
+                senders_nursery.start_soon(send_all, sender)
+        await websocket.receive_text()
+
+    config = CONFIGS[kind]()
+    config.bind, config.accesslog = ["127.0.0.1:0"], None
+    url = (await nursery.start(serve, Starlette(routes=[WebSocketRoute("/ws", sending)]), config))[0]
+    seen: dict[int, list[int]] = {sender: [] for sender in range(senders)}
+    async with open_websocket_url(url.replace("http://", "ws://") + "/ws", max_message_size=2 * size) as websocket:
+        await trio.sleep(0.3)  # the server's writes outrun the socket while nothing is read
+        with trio.fail_after(20):
+            for _ in range(senders * messages):
+                sender, index, text = (await websocket.get_message()).split(":", 2)
+                assert text == chr(ord("a") + int(sender)) * size
+                seen[int(sender)].append(int(index))
+        await websocket.send_message("done")
+    assert seen == {sender: list(range(messages)) for sender in range(senders)}
