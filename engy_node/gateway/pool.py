@@ -36,8 +36,8 @@ import hashlib
 import itertools
 import logging
 import math
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -113,7 +113,6 @@ class Leg:
     websocket: WebSocket
     last_heartbeat: float
     inflight: dict[str, PendingRequest] = dataclasses.field(default_factory=dict)
-    send_lock: trio.Lock = dataclasses.field(default_factory=trio.Lock)
     closed: bool = False
 
     capacity: int = 0
@@ -127,8 +126,9 @@ class Leg:
         self.lacks = OPTIONAL_FEATURES - self.hello.features
 
     async def send(self, frame: Serve | Cancel | Reconnect | Admit | Deny) -> None:
-        async with self.send_lock:
-            await self.websocket.send_text(encode(frame))
+        # No lock of our own: the server encodes each message whole and writes them under its
+        # connection's lock in the order they were sent, so frames from several tasks never mix.
+        await self.websocket.send_text(encode(frame))
 
 
 MinerKeyLookup = Callable[[str], Awaitable[str | None]]
@@ -151,6 +151,9 @@ class MinerPool:
         self.legs: dict[str, Leg] = {}
         self.replay = keys.ReplayGuard()
         self._corr_ids = itertools.count()
+        self._corr_salt = os.urandom(4).hex()
+        """Drawn once per pool: with the counter, a correlation id this process never used
+        before, nor a restarted one (a miner may still hold frames of the last)."""
         self.draining = False
         self.room_changed = trio.Event()
         """Set (and replaced) whenever a leg may have room it did not have: a request on it
@@ -392,7 +395,7 @@ class MinerPool:
         leg = self.legs.get(leg_id)
         if leg is None or leg.closed:
             raise LegLost("the chosen miner disconnected")
-        corr_id = f"c{next(self._corr_ids)}-{uuid.uuid4().hex[:8]}"
+        corr_id = f"c{next(self._corr_ids)}-{self._corr_salt}"
         pending = PendingRequest(corr_id, leg)
         leg.inflight[corr_id] = pending
         self._count_inflight(leg)
