@@ -303,10 +303,12 @@ class Ledger(Connection):
             "WHERE id = ? RETURNING available",
             (charged, released, charged, released, account_id),
         ).fetchone()[0]
-        insert = ("INSERT INTO ledger (account_id, kind, amount, request_id, hold_id, available_after, created_at) "
-                  "VALUES (?, ?, ?, ?, ?, ?, ?)")
-        conn.execute(insert, (account_id, "settle", charged, request_id, hold_id, available - released, now))
-        conn.execute(insert, (account_id, "release", released, request_id, hold_id, available, now))
+        conn.execute(
+            "INSERT INTO ledger (account_id, kind, amount, request_id, hold_id, available_after, created_at) "
+            "VALUES (?, 'settle', ?, ?, ?, ?, ?), (?, 'release', ?, ?, ?, ?, ?)",
+            (account_id, charged, request_id, hold_id, available - released, now,
+             account_id, released, request_id, hold_id, available, now),
+        )
 
     @serialised
     def recover_open_holds(self, *, older_than: float | None = None) -> list[Hold]:
