@@ -27,6 +27,7 @@ dozen scheduler steps):
   each websocket message.
 * Every write, to a buyer or to a miner's websocket, takes the server's send lock and then
   sends: two scheduler steps even when the socket has room for the bytes at once.
+* It formats the `date` header anew for every response, though the header changes once a second.
 
 Hypercorn has no hook for any of these, so `install()` (run by creating an `EdgeConfig`) puts
 subclasses where hypercorn looks its protocol classes up for each new connection, the module
@@ -69,6 +70,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -96,12 +98,22 @@ The headers must include `content-type` and `content-length`; `connection: close
 
 class EdgeConfig(Config):
     """A hypercorn `Config` whose server answers protocol errors with a body and refuses an
-    oversized websocket message with its limit named. Creating one installs the classes."""
+    oversized websocket message with its limit named, and which builds the headers it adds to
+    every response once a second. Creating one installs the classes."""
 
     def __init__(self, *, protocol_error_body: ProtocolErrorBody) -> None:
         super().__init__()
         self.protocol_error_body = protocol_error_body
+        self._response_headers: dict[str, tuple[int, list[tuple[bytes, bytes]]]] = {}
         install()
+
+    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
+        # The date header has a resolution of one second, so one second's responses share it.
+        second = int(time.time())
+        built = self._response_headers.get(protocol)
+        if built is None or built[0] != second:
+            built = self._response_headers[protocol] = (second, super().response_headers(protocol))
+        return list(built[1])
 
 
 def request_path(head: bytes) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 
+import hypercorn.config
 import hypercorn.protocol
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
@@ -34,6 +35,8 @@ UPSTREAM = {
     "ProtocolWrapper.__init__": (hypercorn.protocol.ProtocolWrapper.__init__, "df25e181b9e2e64d"),
     "h11.H11Protocol._create_stream": (hypercorn.protocol.h11.H11Protocol._create_stream, "a2338a57ab343908"),
     "h2.H2Protocol._create_stream": (hypercorn.protocol.h2.H2Protocol._create_stream, "91eb123ddf247ede"),
+    # What EdgeConfig.response_headers builds once a second: only the date in it changes.
+    "Config.response_headers": (hypercorn.config.Config.response_headers, "5a637c3d48180e55"),
 }
 
 
@@ -49,6 +52,22 @@ def test_creating_an_edge_config_installs_the_classes_where_hypercorn_looks_them
     EdgeConfig(protocol_error_body=lambda status, path: ([], b""))
     assert hypercorn.protocol.H11Protocol is EdgeH11Protocol
     assert hypercorn.protocol.h11.WSStream is EdgeWSStream and hypercorn.protocol.h2.WSStream is EdgeWSStream
+
+
+def test_the_headers_added_to_every_response_are_those_hypercorn_adds_and_dated_to_the_second(monkeypatch):
+    now = [1_764_000_000.2]
+    monkeypatch.setattr("engy_node.hypercorn_edges.time.time", lambda: now[0])
+    monkeypatch.setattr("hypercorn.config.time", lambda: now[0])
+    edge, plain = EdgeConfig(protocol_error_body=lambda status, path: ([], b"")), Config()
+    first = edge.response_headers("h11")
+    assert first == plain.response_headers("h11")
+    assert dict(first)[b"date"] == b"Mon, 24 Nov 2025 16:00:00 GMT"
+    first.append((b"x-mutated", b"by a caller"))
+    now[0] += 0.7
+    assert edge.response_headers("h11") == plain.response_headers("h11")
+    now[0] += 0.2
+    assert dict(edge.response_headers("h11"))[b"date"] == b"Mon, 24 Nov 2025 16:00:01 GMT"
+    assert edge.response_headers("h2") == plain.response_headers("h2")
 
 
 @pytest.mark.parametrize(("head", "path"), [
