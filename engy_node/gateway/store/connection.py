@@ -71,7 +71,10 @@ class Database(Protocol):
     for_update: str
     """Appended to a SELECT that must lock the rows it reads until the transaction ends."""
 
-    def write(self, *, durable: bool) -> ContextManager[Session]: ...
+    def write(self, *, durable: bool, pipelined: bool = False) -> ContextManager[Session]:
+        """One write transaction. `pipelined`: the operation reads every result it needs through
+        `fetchone`/`fetchall` (never `rowcount`), so a backend with round trips may send its
+        statements without waiting for each answer."""
     def read(self) -> ContextManager[Session]: ...
     def snapshot(self) -> ContextManager[Session]: ...
     def batch(self, *, durable: bool) -> ContextManager[None]: ...
@@ -149,10 +152,11 @@ class Connection:
         self._db = open_database(location, busy_timeout_s=busy_timeout_s, pool_size=pool_size)
         self.where = self._db.where
 
-    def _write(self, *, durable: bool = True) -> ContextManager[Session]:
+    def _write(self, *, durable: bool = True, pipelined: bool = False) -> ContextManager[Session]:
         """One write transaction (a savepoint inside a group commit). `durable=False`: its
-        commit need not wait for the disk (holds and releases; see the package's posture)."""
-        return self._db.write(durable=durable)
+        commit need not wait for the disk (holds and releases; see the package's posture).
+        `pipelined`: see `Database.write`; the request path's operations use it."""
+        return self._db.write(durable=durable, pipelined=pipelined)
 
     def _read(self) -> ContextManager[Session]:
         """A single statement's worth of reading, outside any transaction of ours."""

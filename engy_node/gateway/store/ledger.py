@@ -26,9 +26,10 @@ import dataclasses
 import logging
 import math
 from collections.abc import Collection
+from typing import Any
 
 from engy_node.gateway.store.checks import identifier, integer
-from engy_node.gateway.store.connection import Connection, Session, group_commit, serialised
+from engy_node.gateway.store.connection import Connection, Cursor, Session, group_commit, serialised
 from engy_node.gateway.store.keys import BUYER_KEY_PREFIX, new_key, sha256
 from engy_node.gateway.store.schema import StoreError
 
@@ -194,7 +195,7 @@ class Ledger(Connection):
         identifier("request_id", request_id)
         now = self._clock()
         try:
-            with self._write(durable=False) as conn:
+            with self._write(durable=False, pipelined=True) as conn:
                 row = conn.execute(
                     "UPDATE accounts SET available = available - ?, held = held + ? "
                     "WHERE id = ? AND available >= ? RETURNING available",
@@ -238,7 +239,7 @@ class Ledger(Connection):
 
     def _close(self, hold: Hold, *, cost: int, durable: bool) -> Settlement:
         now = self._clock()
-        with self._write(durable=durable) as conn:
+        with self._write(durable=durable, pipelined=True) as conn:
             return self._close_in(conn, hold, cost=cost, now=now)
 
     def _close_in(self, conn: Session, hold: Hold, *, cost: int, now: float) -> Settlement:
@@ -246,11 +247,16 @@ class Ledger(Connection):
         # The hold row first, locked (PostgreSQL; SQLite's write lock already covers it): two
         # closures of one hold, from any two hosts, then run one after the other, and the
         # second finds the first's rows below instead of failing on the unique index.
-        row = conn.execute("SELECT account_id, amount, request_id FROM ledger WHERE id = ? AND kind = 'hold'"
-                           + self._db.for_update, (hold.hold_id,)).fetchone()
+        # Both SELECTs are sent before either answer is read: one round trip where there are
+        # any. The second still runs after the first has its lock, so it sees a closure the
+        # other host committed while this one waited.
+        hold_row = conn.execute("SELECT account_id, amount, request_id FROM ledger WHERE id = ? AND kind = 'hold'"
+                                + self._db.for_update, (hold.hold_id,))
+        closure_rows = self._closure_rows(conn, hold.hold_id)
+        row = hold_row.fetchone()
         if row is None or (row[0], row[1]) != (hold.account_id, hold.amount):
             raise ValueError(f"{hold} is not a hold in {self.where}")
-        earlier = self._closure(conn, hold.hold_id)
+        earlier = self._settlement(hold.hold_id, closure_rows.fetchall())
         if earlier is not None:
             return earlier
         account_id, amount, request_id = row
@@ -286,9 +292,18 @@ class Ledger(Connection):
                                 charged=0, released=hold.amount, now=now)
         return still_open
 
+    @classmethod
+    def _closure(cls, conn: Session, hold_id: int) -> Settlement | None:
+        return cls._settlement(hold_id, cls._closure_rows(conn, hold_id).fetchall())
+
     @staticmethod
-    def _closure(conn: Session, hold_id: int) -> Settlement | None:
-        rows = dict(conn.execute("SELECT kind, amount FROM ledger WHERE hold_id = ?", (hold_id,)).fetchall())
+    def _closure_rows(conn: Session, hold_id: int) -> Cursor:
+        return conn.execute("SELECT kind, amount FROM ledger WHERE hold_id = ?", (hold_id,))
+
+    @staticmethod
+    def _settlement(hold_id: int, closure_rows: list[Any]) -> Settlement | None:
+        """The earlier closure of the hold its rows record, or None if there are none."""
+        rows = dict(closure_rows)
         if not rows:
             return None
         return Settlement(hold_id=hold_id, charged=rows["settle"], released=rows["release"], applied=False)
@@ -298,16 +313,18 @@ class Ledger(Connection):
                        charged: int, released: int, now: float) -> None:
         # Both rows are always written, zero amounts included, so "closed" has one meaning the
         # unique index can enforce: this hold has its settle row and its release row.
-        available = conn.execute(
-            "UPDATE accounts SET held = held - ? - ?, charged = charged + ?, available = available + ? "
-            "WHERE id = ? RETURNING available",
+        conn.execute(
+            "UPDATE accounts SET held = held - ? - ?, charged = charged + ?, available = available + ? WHERE id = ?",
             (charged, released, charged, released, account_id),
-        ).fetchone()[0]
+        )
+        # The balance after that UPDATE is read by the INSERT itself, not sent back to the
+        # client, so nothing waits between the two (the account row stays locked until commit).
+        available = "(SELECT available FROM accounts WHERE id = ?)"
         conn.execute(
             "INSERT INTO ledger (account_id, kind, amount, request_id, hold_id, available_after, created_at) "
-            "VALUES (?, 'settle', ?, ?, ?, ?, ?), (?, 'release', ?, ?, ?, ?, ?)",
-            (account_id, charged, request_id, hold_id, available - released, now,
-             account_id, released, request_id, hold_id, available, now),
+            f"VALUES (?, 'settle', ?, ?, ?, {available} - ?, ?), (?, 'release', ?, ?, ?, {available}, ?)",
+            (account_id, charged, request_id, hold_id, account_id, released, now,
+             account_id, released, request_id, hold_id, account_id, now),
         )
 
     @serialised

@@ -309,7 +309,8 @@ class SqliteDatabase:
             self._sync_level = level
 
     @contextlib.contextmanager
-    def write(self, *, durable: bool) -> Iterator[sqlite3.Connection]:
+    def write(self, *, durable: bool, pipelined: bool = False) -> Iterator[sqlite3.Connection]:
+        # `pipelined` saves round trips to a server; a file has none to save.
         if self._in_batch:
             # Inside a group commit: a savepoint makes this operation all-or-nothing on its own
             # while the batch's one COMMIT makes every operation in it durable together.

@@ -141,7 +141,7 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
         if entry.request_id != hold.request_id:
             raise ValueError(f"the log row is for request {entry.request_id}, the hold for {hold.request_id}")
         now = self._clock()
-        with self._write() as conn:
+        with self._write(pipelined=True) as conn:
             settlement = self._close_in(conn, hold, cost=cost, now=now)
             self._insert_entries(conn, [dataclasses.replace(entry, cost_micro=settlement.charged)])
         return settlement

@@ -300,6 +300,9 @@ def test_a_log_row_that_cannot_be_written_leaves_the_hold_open(store):
     assert store.balance(account_id).held == 100 and store.requests_in(since=0.0, until=2_000.0) == []
     with pytest.raises(ValueError, match="the log row is for request other"):
         store.settle_and_log(hold, cost=40, entry=entry(request_id="other", account_id=account_id))
+    settled = store.settle_and_log(hold, cost=40, entry=entry(request_id="r1", account_id=account_id))
+    assert (settled.charged, settled.applied) == (40, True), "the failed attempts left nothing behind"
+    assert_books_balance(store, account_id)
 
 
 async def test_settle_and_log_is_awaitable_and_joins_the_group_commit(store):
