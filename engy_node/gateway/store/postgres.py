@@ -321,8 +321,8 @@ class PostgresDatabase:
         answers, and the client waits only where the operation reads a result and at the end,
         where the COMMIT's answer comes back with those of every statement not read.
 
-        A paid request's store work was 15 round trips (each statement, BEGIN and COMMIT, the
-        request-log row's own sync); this way a hold is 3 and a settlement 2. A statement whose
+        A paid request's store work was 11 round trips (one per statement, BEGIN and COMMIT
+        included); this way a hold is 3 and a settlement 2. A statement whose
         result is not read fails at the COMMIT instead of where it was sent: the transaction is
         rolled back as any failed one, and the error is the statement's own."""
         try:
