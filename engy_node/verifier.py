@@ -274,7 +274,10 @@ class Verifier:
         job = leased.job
         try:
             started = time.perf_counter()
-            verdict = await trio.to_thread.run_sync(self._judge_safely, job, abandon_on_cancel=True)
+            # Not abandoned on cancellation: a model pass cannot be interrupted, and a process
+            # that exits while a thread is still inside torch is aborted by its C++ runtime
+            # (SIGABRT at shutdown instead of a clean exit). Stopping waits for the pass instead.
+            verdict = await trio.to_thread.run_sync(self._judge_safely, job)
             elapsed = time.perf_counter() - started
         finally:
             self.limiter.release_on_behalf_of(slot)

@@ -72,6 +72,28 @@ async def test_a_judge_that_fails_answers_unproven(nursery, desk):
     assert (record.verdict, record.reason) == ("unproven", "verifier-error")
 
 
+async def test_stopping_waits_for_a_judgement_in_progress_rather_than_leaving_its_thread_running(desk):
+    """A process that exits while a thread is inside torch is aborted (SIGABRT), so a verifier
+    cancelled mid-judgement lets the judgement finish before it stops."""
+    desk.offer(job("r0"))
+    started, finished = threading.Event(), threading.Event()
+
+    def judge(audit_job: AuditJob) -> proof.Verdict:
+        started.set()
+        time.sleep(0.5)
+        finished.set()
+        return proof.Verdict("pass", "ok")
+
+    verifier = Verifier(DeskAuditSource(desk), judge, concurrency=1, poll_s=0.05)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(verifier.run)
+            while not started.is_set():
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert finished.is_set(), "the verifier stopped while its judge's thread was still running"
+
+
 @pytest.mark.parametrize("audit_job, reason", [
     (job("a", model="qwen3.6-35b-a3b"), "model-not-verifiable"),
     (job("b", commitment={}), "no-commitment"),
