@@ -13,14 +13,23 @@ each cell is the median over rounds. Prints a Markdown table with the ratio Post
 
 The cluster runs with fsync on, as production does; on this VM's disk a commit's flush is the
 floor of a durable write on either backend.
+
+With `--baseline REV` (a commit of this repository, or a directory holding another code tree) the
+same work runs on this tree's store and on the baseline's, side by side: each run in a process of
+its own that imports that tree's `engy_node`, each tree on a database and a file of its own (so
+two schema versions never meet), the trees alternating within a round. `--backends` picks which.
+
+    .venv/bin/python bench/store_backends.py --baseline 267dab4 --backends postgresql --concurrency 1,16
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,10 +38,13 @@ from pathlib import Path
 import psutil
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+TREE_ENV = "ENGY_BENCH_TREE"
+"""Set for a side-by-side run's process: the code tree whose `engy_node` it measures."""
+sys.path.insert(0, os.environ.get(TREE_ENV, str(ROOT)))
 
+import engy_node  # noqa: E402
 from engy_node.gateway.store import RequestLogEntry, Store  # noqa: E402
-from engy_node.testing.postgres import throwaway_cluster  # noqa: E402
 
 
 def entry(request_id: str, account_id: int) -> RequestLogEntry:
@@ -84,8 +96,23 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline", help="a commit or a code tree to measure side by side with this one")
+    parser.add_argument("--backends", default="sqlite,postgresql", help="with --baseline: which backends")
+    parser.add_argument("--one-run", metavar="LOCATION", help=argparse.SUPPRESS)
+    parser.add_argument("--tag", default="run", help=argparse.SUPPRESS)
     args = parser.parse_args()
     levels = [int(level) for level in args.concurrency.split(",")]
+    if args.one_run:
+        await one_run(args.one_run, requests=args.requests, concurrency=levels[0], tag=args.tag)
+    elif args.baseline:
+        side_by_side(args, levels, [backend for backend in args.backends.split(",") if backend])
+    else:
+        await both_backends(args, levels)
+
+
+async def both_backends(args: argparse.Namespace, levels: list[int]) -> None:
+    from engy_node.testing.postgres import throwaway_cluster
+
     with tempfile.TemporaryDirectory(prefix="engy-store-bench-") as tmp, throwaway_cluster() as cluster:
         stores = {"sqlite": Store(Path(tmp) / "gateway.sqlite3"), "postgresql": Store(cluster.create_database())}
         keys = {name: funded_keys(store, 64) for name, store in stores.items()}
@@ -116,12 +143,74 @@ async def main() -> None:
             print(f"| {level} | {name} | {rps:,.0f} | {p50:.2f} | {p99:.2f} | {cpu:.3f} | {server} | {ratio:.2f}× |")
 
 
+async def one_run(location: str, *, requests: int, concurrency: int, tag: str) -> None:
+    """One tree's run of a side-by-side cell, in a process of its own: prints its figures as JSON."""
+    with Store(location) as store:
+        keys = funded_keys(store, 64)
+        wall, latencies, cpu = await drive(store, keys=keys, requests=requests, concurrency=concurrency, tag=tag)
+    print(json.dumps({"engy_node": engy_node.__file__, "rps": requests / wall, "p50_ms": percentile(latencies, 50) * 1e3,
+                      "p99_ms": percentile(latencies, 99) * 1e3, "cpu_ms": cpu / requests * 1e3}))
+
+
+def side_by_side(args: argparse.Namespace, levels: list[int], backends: list[str]) -> None:
+    from bench.gateway_overhead import baseline_tree, describe
+    from engy_node.testing.postgres import throwaway_cluster
+
+    unknown = set(backends) - {"sqlite", "postgresql"}
+    if unknown or not backends:
+        raise SystemExit(f"--backends takes sqlite and/or postgresql, comma-separated; got {args.backends!r}")
+    with tempfile.TemporaryDirectory(prefix="engy-store-bench-") as tmp, throwaway_cluster() as cluster:
+        trees = {"ours": ROOT, "baseline": baseline_tree(args.baseline, Path(tmp))}
+        locations = {(name, backend): cluster.create_database() if backend == "postgresql" else str(Path(tmp) / f"{name}.sqlite3")
+                     for name in trees for backend in backends}
+        server = next((p for p in psutil.process_iter(["cmdline"]) if str(cluster.data_dir) in " ".join(p.info["cmdline"] or [])), None)
+        cells: dict[tuple[int, str, str], list[dict]] = {}
+        for round_index in range(args.rounds):
+            for level in levels:
+                for backend in backends:
+                    for name in ("ours", "baseline") if round_index % 2 == 0 else ("baseline", "ours"):
+                        server_cpu_before = _tree_cpu(server) if backend == "postgresql" else 0.0
+                        run = subprocess.run(
+                            [sys.executable, __file__, "--one-run", locations[(name, backend)], "--requests", str(args.requests),
+                             "--concurrency", str(level), "--tag", f"r{round_index}-c{level}"],
+                            env={**os.environ, TREE_ENV: str(trees[name]), "PYTHONPATH": str(trees[name])}, cwd=trees[name],
+                            capture_output=True, text=True, timeout=1800)
+                        if run.returncode != 0:
+                            raise SystemExit(f"the {name} tree's run failed:\n{run.stderr}")
+                        figures = json.loads(run.stdout.splitlines()[-1])
+                        if not Path(figures["engy_node"]).resolve().is_relative_to(trees[name].resolve()):
+                            raise SystemExit(f"the {name} run imported {figures['engy_node']}, not its tree's engy_node")
+                        figures["server_cpu_ms"] = ((_tree_cpu(server) - server_cpu_before) / args.requests * 1e3
+                                                    if backend == "postgresql" else None)
+                        cells.setdefault((level, backend, name), []).append(figures)
+    print(f"store work of one paid request (authenticate, hold, settle_and_log), {args.requests} requests per cell, "
+          f"median of {args.rounds} rounds; ours: {describe(ROOT)}, baseline: {args.baseline}; "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores\n")
+    print("| in flight | backend | requests/s, baseline → ours | latency p50 ms | latency p99 ms "
+          "| client CPU ms/req | server CPU ms/req |")
+    print("|---|---|---|---|---|---|---|")
+    for level in levels:
+        for backend in backends:
+            def median(name: str, key: str) -> float:
+                return statistics.median(run[key] for run in cells[(level, backend, name)])
+
+            def pair(key: str, digits: int) -> str:
+                before, after = median("baseline", key), median("ours", key)
+                return f"{before:,.{digits}f} → {after:,.{digits}f} ({after / before:.2f}×)"
+
+            server = pair("server_cpu_ms", 3) if backend == "postgresql" else "—"
+            print(f"| {level} | {backend} | {pair('rps', 0)} | {pair('p50_ms', 2)} | {pair('p99_ms', 2)} "
+                  f"| {pair('cpu_ms', 3)} | {server} |")
+
+
 def _tree_cpu(process: psutil.Process | None) -> float:
-    """CPU seconds of a process and its children (the PostgreSQL postmaster and its backends)."""
+    """CPU seconds of a process and its children (the PostgreSQL postmaster and its backends),
+    those that have exited included: a side-by-side run's backends end with its process."""
     if process is None:
         return 0.0
-    total = 0.0
-    for member in [process, *process.children(recursive=True)]:
+    times = process.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for member in process.children(recursive=True):
         try:
             times = member.cpu_times()
             total += times.user + times.system
