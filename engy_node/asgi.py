@@ -6,6 +6,9 @@ themselves; these helpers do it for handlers that wait before responding, and fo
 handlers that wait and then stream under one watch. ASGI tells an app that its client left only
 through `receive`, which costs a task blocked there for each request; a server that says so
 directly (`CLIENT_GONE`, which the gateway's hypercorn offers: `hypercorn_edges`) spares it.
+
+Every app served through `start_listener` or `serve_listener` takes what is already queued for
+it without a scheduler step (`receive_queued_first`).
 """
 
 from __future__ import annotations
@@ -142,6 +145,40 @@ async def watching_disconnect(receive: Receive, work: Callable[[], Awaitable[T]]
     return (False, None) if watch.client_gone else (True, result)
 
 
+def receive_queued_first(receive: Receive) -> Receive:
+    """`receive`, except that a message already queued for the app is taken without a scheduler
+    step.
+
+    Hypercorn's trio worker hands an app the `receive` of a trio memory channel, which yields to
+    the scheduler even when a message is waiting: a step for every request body that arrived
+    with its head, and for every websocket message (a gateway's miner leg carries three per
+    request). The queue is bounded (the config's `max_app_queue_size`) and filled only while the
+    app yields, so a loop over it still yields every few messages. Any other `receive` is
+    returned as it is."""
+    channel = getattr(receive, "__self__", None)
+    if not isinstance(channel, trio.MemoryReceiveChannel):
+        return receive
+
+    async def take_or_wait() -> MutableMapping[str, Any]:
+        try:
+            return channel.receive_nowait()
+        except trio.WouldBlock:
+            return await channel.receive()
+
+    return take_or_wait
+
+
+class QueuedFirst:
+    """An ASGI app whose `receive` is `receive_queued_first`'s (what `start_listener` and
+    `serve_listener` serve)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+        await self.app(scope, receive_queued_first(receive), send)
+
+
 async def start_listener(nursery: trio.Nursery, app, config, *, what: str, flag: str,
                          shutdown_trigger: Callable[[], Awaitable[Any]] | None = None) -> list[str]:
     """Start a hypercorn listener in `nursery`; returns its bound URLs once it accepts.
@@ -151,7 +188,7 @@ async def start_listener(nursery: trio.Nursery, app, config, *, what: str, flag:
     from hypercorn.trio import serve
 
     try:
-        return await nursery.start(functools.partial(serve, app, config, shutdown_trigger=shutdown_trigger))
+        return await nursery.start(functools.partial(serve, QueuedFirst(app), config, shutdown_trigger=shutdown_trigger))
     except (OSError, BaseExceptionGroup) as raised:
         error = collapse(raised)
         if not isinstance(error, OSError):
@@ -175,7 +212,7 @@ async def serve_listener(app, config, listener: trio.abc.Listener[trio.SocketStr
     from hypercorn.typing import ConnectionState
     from hypercorn.utils import wrap_app
 
-    handler = functools.partial(TCPServer, wrap_app(app, config.wsgi_max_body_size, "asgi"), config,
+    handler = functools.partial(TCPServer, wrap_app(QueuedFirst(app), config.wsgi_max_body_size, "asgi"), config,
                                 WorkerContext(None), ConnectionState({}))
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handler, [listener])

@@ -1,12 +1,16 @@
 """asgi.watch_disconnect with a server's `ClientGone` in the scope: the server's word cancels the
 watched block (also when it came before the watch began), the watch lets go of the notice when
-it ends, and `receive` is never read. Against a real server: tests/engy_node/test_hypercorn_http.py."""
+it ends, and `receive` is never read. Against a real server: tests/engy_node/test_hypercorn_http.py.
+asgi.receive_queued_first: a queued message without a step, an empty queue waited on, the
+channel's own end and errors, any other receive untouched."""
 
 from __future__ import annotations
 
+import pytest
 import trio
+import trio.testing
 
-from engy_node.asgi import CLIENT_GONE, ClientGone, watch_disconnect
+from engy_node.asgi import CLIENT_GONE, ClientGone, receive_queued_first, watch_disconnect
 
 
 async def unread_receive():
@@ -39,3 +43,40 @@ async def test_a_block_that_ends_first_is_not_cancelled_and_lets_go_of_the_notic
     assert not watch.client_gone and notice.callback is None
     notice.notify()  # the client leaving afterwards reaches nobody
     assert notice.gone
+
+
+async def test_a_queued_message_is_taken_without_a_scheduler_step():
+    send, receive = trio.open_memory_channel(10)
+    send.send_nowait({"type": "http.request", "body": b"{}"})
+    with trio.testing.assert_no_checkpoints():
+        assert await receive_queued_first(receive.receive)() == {"type": "http.request", "body": b"{}"}
+
+
+async def test_an_empty_queue_is_waited_on_until_a_message_comes(nursery):
+    send, receive = trio.open_memory_channel(10)
+
+    async def later():
+        await trio.sleep(0.01)
+        await send.send({"type": "websocket.receive", "text": "x"})
+
+    nursery.start_soon(later)
+    with trio.testing.assert_checkpoints():
+        assert await receive_queued_first(receive.receive)() == {"type": "websocket.receive", "text": "x"}
+
+
+async def test_the_channel_ends_and_fails_as_it_does_on_its_own():
+    send, receive = trio.open_memory_channel(10)
+    queued = receive_queued_first(receive.receive)
+    await send.aclose()
+    with pytest.raises(trio.EndOfChannel):
+        await queued()
+    await receive.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        await queued()
+
+
+def test_any_other_receive_is_returned_as_it_is():
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    assert receive_queued_first(receive) is receive
