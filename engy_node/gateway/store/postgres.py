@@ -19,6 +19,8 @@ to one fsync per transaction; the server already groups concurrent commits into 
 so here every operation is its own transaction and several run at once (`concurrency`), while
 holds and releases commit with `synchronous_commit = off` (atomic and at once visible to every
 session, durable within the WAL writer's delay — the package's posture says why that is safe).
+The request path's operations (holds and closures) run in pipeline mode (`_pipelined_write`):
+their statements go out without waiting for each other, so a paid request costs 5 round trips.
 
 Migrations. `meta` holds the schema version; each version's statements (`MIGRATIONS`) run in one
 transaction under an advisory lock, so two hosts starting together migrate once. A database of
@@ -301,8 +303,8 @@ class PostgresDatabase:
                 with self._pipelined_write(conn, durable=durable) as session:
                     yield session
                 return
-            # BEGIN by hand (an autocommit connection allows it): a hold's relaxed commit is then
-            # set in the same round trip as the BEGIN, two statements in one simple query.
+            # BEGIN by hand (an autocommit connection allows it): a relaxed commit is then set in
+            # the same round trip as the BEGIN, two statements in one simple query.
             conn.execute("BEGIN" if durable else "BEGIN; SET LOCAL synchronous_commit = off")
             try:
                 yield Session(conn)
