@@ -246,10 +246,9 @@ class Ledger(Connection):
         """`settle`'s work inside the caller's transaction."""
         # The hold row first, locked (PostgreSQL; SQLite's write lock already covers it): two
         # closures of one hold, from any two hosts, then run one after the other, and the
-        # second finds the first's rows below instead of failing on the unique index.
-        # Both SELECTs are sent before either answer is read: one round trip where there are
-        # any. The second still runs after the first has its lock, so it sees a closure the
-        # other host committed while this one waited.
+        # second finds the first's rows below instead of failing on the unique index. The
+        # closure's SELECT is sent before the hold row is read (one round trip for both) and
+        # still runs after the lock is taken, so it sees a closure committed meanwhile.
         hold_row = conn.execute("SELECT account_id, amount, request_id FROM ledger WHERE id = ? AND kind = 'hold'"
                                 + self._db.for_update, (hold.hold_id,))
         closure_rows = self._closure_rows(conn, hold.hold_id)
@@ -319,10 +318,10 @@ class Ledger(Connection):
         )
         # The balance after that UPDATE is read by the INSERT itself, not sent back to the
         # client, so nothing waits between the two (the account row stays locked until commit).
-        available = "(SELECT available FROM accounts WHERE id = ?)"
+        balance_now = "(SELECT available FROM accounts WHERE id = ?)"
         conn.execute(
             "INSERT INTO ledger (account_id, kind, amount, request_id, hold_id, available_after, created_at) "
-            f"VALUES (?, 'settle', ?, ?, ?, {available} - ?, ?), (?, 'release', ?, ?, ?, {available}, ?)",
+            f"VALUES (?, 'settle', ?, ?, ?, {balance_now} - ?, ?), (?, 'release', ?, ?, ?, {balance_now}, ?)",
             (account_id, charged, request_id, hold_id, account_id, released, now,
              account_id, released, request_id, hold_id, account_id, now),
         )
