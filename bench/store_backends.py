@@ -116,7 +116,7 @@ async def both_backends(args: argparse.Namespace, levels: list[int]) -> None:
     with tempfile.TemporaryDirectory(prefix="engy-store-bench-") as tmp, throwaway_cluster() as cluster:
         stores = {"sqlite": Store(Path(tmp) / "gateway.sqlite3"), "postgresql": Store(cluster.create_database())}
         keys = {name: funded_keys(store, 64) for name, store in stores.items()}
-        server = next((p for p in psutil.process_iter(["cmdline"]) if str(cluster.data_dir) in " ".join(p.info["cmdline"] or [])), None)
+        server = _postmaster(cluster)
         cells: dict[tuple[int, str], list[tuple[float, float, float, float, float]]] = {}
         for round_index in range(args.rounds):
             for level in levels:
@@ -163,25 +163,16 @@ def side_by_side(args: argparse.Namespace, levels: list[int], backends: list[str
         trees = {"ours": ROOT, "baseline": baseline_tree(args.baseline, Path(tmp))}
         locations = {(name, backend): cluster.create_database() if backend == "postgresql" else str(Path(tmp) / f"{name}.sqlite3")
                      for name in trees for backend in backends}
-        server = next((p for p in psutil.process_iter(["cmdline"]) if str(cluster.data_dir) in " ".join(p.info["cmdline"] or [])), None)
+        server = _postmaster(cluster)
         cells: dict[tuple[int, str, str], list[dict]] = {}
         for round_index in range(args.rounds):
             for level in levels:
                 for backend in backends:
                     for name in ("ours", "baseline") if round_index % 2 == 0 else ("baseline", "ours"):
-                        server_cpu_before = _tree_cpu(server) if backend == "postgresql" else 0.0
-                        run = subprocess.run(
-                            [sys.executable, __file__, "--one-run", locations[(name, backend)], "--requests", str(args.requests),
-                             "--concurrency", str(level), "--tag", f"r{round_index}-c{level}"],
-                            env={**os.environ, TREE_ENV: str(trees[name]), "PYTHONPATH": str(trees[name])}, cwd=trees[name],
-                            capture_output=True, text=True, timeout=1800)
-                        if run.returncode != 0:
-                            raise SystemExit(f"the {name} tree's run failed:\n{run.stderr}")
-                        figures = json.loads(run.stdout.splitlines()[-1])
-                        if not Path(figures["engy_node"]).resolve().is_relative_to(trees[name].resolve()):
-                            raise SystemExit(f"the {name} run imported {figures['engy_node']}, not its tree's engy_node")
-                        figures["server_cpu_ms"] = ((_tree_cpu(server) - server_cpu_before) / args.requests * 1e3
-                                                    if backend == "postgresql" else None)
+                        server_cpu_before = _tree_cpu(server)
+                        figures = run_in_tree(name, trees[name], locations[(name, backend)], requests=args.requests,
+                                              concurrency=level, tag=f"r{round_index}-c{level}")
+                        figures["server_cpu_ms"] = (_tree_cpu(server) - server_cpu_before) / args.requests * 1e3
                         cells.setdefault((level, backend, name), []).append(figures)
     print(f"store work of one paid request (authenticate, hold, settle_and_log), {args.requests} requests per cell, "
           f"median of {args.rounds} rounds; ours: {describe(ROOT)}, baseline: {args.baseline}; "
@@ -201,6 +192,26 @@ def side_by_side(args: argparse.Namespace, levels: list[int], backends: list[str
             server = pair("server_cpu_ms", 3) if backend == "postgresql" else "—"
             print(f"| {level} | {backend} | {pair('rps', 0)} | {pair('p50_ms', 2)} | {pair('p99_ms', 2)} "
                   f"| {pair('cpu_ms', 3)} | {server} |")
+
+
+def run_in_tree(name: str, tree: Path, location: str, *, requests: int, concurrency: int, tag: str) -> dict:
+    """`one_run` in a process that imports `tree`'s engy_node; its figures."""
+    run = subprocess.run(
+        [sys.executable, __file__, "--one-run", location, "--requests", str(requests), "--concurrency", str(concurrency),
+         "--tag", tag],
+        env={**os.environ, TREE_ENV: str(tree), "PYTHONPATH": str(tree)}, cwd=tree, capture_output=True, text=True,
+        timeout=1800)
+    if run.returncode != 0:
+        raise SystemExit(f"the {name} tree's run failed:\n{run.stderr}")
+    figures = json.loads(run.stdout.splitlines()[-1])
+    if not Path(figures["engy_node"]).resolve().is_relative_to(tree.resolve()):
+        raise SystemExit(f"the {name} run imported {figures['engy_node']}, not its tree's engy_node")
+    return figures
+
+
+def _postmaster(cluster) -> psutil.Process | None:
+    """The throwaway cluster's server process, whose tree `_tree_cpu` reads."""
+    return next((p for p in psutil.process_iter(["cmdline"]) if str(cluster.data_dir) in " ".join(p.info["cmdline"] or [])), None)
 
 
 def _tree_cpu(process: psutil.Process | None) -> float:
