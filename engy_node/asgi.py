@@ -207,12 +207,14 @@ async def serve_listener(app, config, listener: trio.abc.Listener[trio.SocketStr
     sockets (no lifespan: our apps have none), which is why pyproject pins hypercorn's minor
     version. Cancelling it closes every connection at once: drain first (the gateway tells its
     miners to re-dial while their legs are open)."""
-    from hypercorn.trio.tcp_server import TCPServer
+    from hypercorn.trio import run
     from hypercorn.trio.worker_context import WorkerContext
     from hypercorn.typing import ConnectionState
     from hypercorn.utils import wrap_app
 
-    handler = functools.partial(TCPServer, wrap_app(QueuedFirst(app), config.wsgi_max_body_size, "asgi"), config,
+    # `run.TCPServer`, looked up now as `worker_serve` does: the connection handler a server's
+    # config may have put there (`hypercorn_edges.install`).
+    handler = functools.partial(run.TCPServer, wrap_app(QueuedFirst(app), config.wsgi_max_body_size, "asgi"), config,
                                 WorkerContext(None), ConnectionState({}))
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handler, [listener])

@@ -28,11 +28,17 @@ dozen scheduler steps):
 * Every write, to a buyer or to a miner's websocket, takes the server's send lock and then
   sends: two scheduler steps even when the socket has room for the bytes at once.
 * It formats the `date` header anew for every response, though the header changes once a second.
+* Its read loop tries each read before waiting for the socket, and on a keep-alive connection
+  that read nearly always finds nothing: a failed system call and three context managers per
+  read.
 
 Hypercorn has no hook for any of these, so `install()` (run by creating an `EdgeConfig`) puts
-subclasses where hypercorn looks its protocol classes up for each new connection, the module
-globals `hypercorn.protocol.H11Protocol`, `HTTPStream` in `hypercorn.protocol.h11`, and
-`WSStream` in `hypercorn.protocol.h11` and `.h2`:
+subclasses where hypercorn looks its classes up for each new connection, the module globals
+`TCPServer` in `hypercorn.trio.run`, `hypercorn.protocol.H11Protocol`, `HTTPStream` in
+`hypercorn.protocol.h11`, and `WSStream` in `hypercorn.protocol.h11` and `.h2`:
+
+* `EdgeTCPServer` waits for the socket to have data before each read (`_read_data`), on a plain
+  socket and with no `read_timeout` (which hypercorn's own loop keeps).
 
 * `EdgeH11Protocol` answers a request h11 refused with the body `EdgeConfig.protocol_error_body`
   builds from the status and the request's path (read from the unparsed head h11 keeps, its
@@ -84,6 +90,8 @@ from hypercorn.protocol.events import Body, EndBody, Request, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
 from hypercorn.protocol.ws_stream import WSStream
+import hypercorn.trio.run
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 import trio
 from wsproto.connection import ConnectionState
 from wsproto.events import CloseConnection, Message, Ping
@@ -403,8 +411,44 @@ class EdgeWSStream(WSStream):
         await self.app_put({"type": "websocket.disconnect", "code": int(CloseReason.MESSAGE_TOO_BIG), "reason": reason})
 
 
+class EdgeTCPServer(TCPServer):
+    async def _read_data(self) -> None:
+        """hypercorn's read loop, except that it waits for the socket before reading from it.
+
+        hypercorn reads first (trio's `receive_some`, under a `fail_after` scope for the config's
+        `read_timeout`, which is unset) and waits only when nothing is there. On a keep-alive
+        connection nothing is there nearly every time (a buyer sends its next request after the
+        answer; a miner's frames come as it generates), so each read was a failed system call,
+        and three cancel scopes and context managers around it. Waiting first, then reading what
+        the socket has, costs one wait and one read. What ends the loop is what ended hypercorn's:
+        end of file, the peer resetting the connection, or the socket closed under it (then the
+        wait raises `ClosedResourceError`, or the read finds no descriptor)."""
+        stream = self.stream
+        if (not isinstance(self.config, EdgeConfig) or self.config.read_timeout is not None or os.name != "posix"
+                or not isinstance(stream, trio.SocketStream)):
+            await super()._read_data()
+            return
+        socket = stream.socket
+        while socket.fileno() >= 0:  # -1: closed here, after an answer that ended the connection
+            try:
+                await trio.lowlevel.wait_readable(socket)
+                data = self._read_now(socket)
+            except BlockingIOError:
+                continue  # woken with nothing to read after all
+            except (trio.ClosedResourceError, OSError):
+                break
+            await self.protocol.handle(RawData(data))
+            if not data:
+                break
+        await self.protocol.handle(Closed())
+
+    def _read_now(self, socket: trio.socket.SocketType) -> bytes:
+        return os.read(socket.fileno(), MAX_RECV)
+
+
 def install() -> None:
     """Make new connections use the classes above (idempotent)."""
+    hypercorn.trio.run.TCPServer = EdgeTCPServer
     hypercorn.protocol.H11Protocol = EdgeH11Protocol
     hypercorn.protocol.h11.HTTPStream = EdgeHTTPStream
     hypercorn.protocol.h11.WSStream = EdgeWSStream

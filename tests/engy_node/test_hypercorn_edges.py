@@ -16,13 +16,15 @@ import hypercorn.protocol
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
 import hypercorn.protocol.ws_stream
+import hypercorn.trio.run
+import hypercorn.trio.tcp_server
 import pytest
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 from starlette.applications import Starlette
 
-from engy_node.hypercorn_edges import EdgeConfig, EdgeH11Protocol, EdgeWSStream, frame_refusal, request_path
+from engy_node.hypercorn_edges import EdgeConfig, EdgeH11Protocol, EdgeTCPServer, EdgeWSStream, frame_refusal, request_path
 
 UPSTREAM = {
     # The loop EdgeWSStream._handle_events copies, and the constructor that sets what it uses.
@@ -35,6 +37,10 @@ UPSTREAM = {
     "ProtocolWrapper.__init__": (hypercorn.protocol.ProtocolWrapper.__init__, "df25e181b9e2e64d"),
     "h11.H11Protocol._create_stream": (hypercorn.protocol.h11.H11Protocol._create_stream, "a2338a57ab343908"),
     "h2.H2Protocol._create_stream": (hypercorn.protocol.h2.H2Protocol._create_stream, "91eb123ddf247ede"),
+    # The read loop EdgeTCPServer replaces, and where hypercorn's trio server looks its
+    # connection handler up (`serve_listener` looks it up there too).
+    "trio.TCPServer._read_data": (hypercorn.trio.tcp_server.TCPServer._read_data, "7ca747d922c65cf1"),
+    "trio.run.worker_serve": (hypercorn.trio.run.worker_serve, "8dc8347a9fc357ca"),
     # What EdgeConfig.response_headers builds once a second: only the date in it changes.
     "Config.response_headers": (hypercorn.config.Config.response_headers, "5a637c3d48180e55"),
 }
@@ -50,7 +56,7 @@ def test_the_upstream_code_is_the_code_these_classes_were_written_against(name):
 
 def test_creating_an_edge_config_installs_the_classes_where_hypercorn_looks_them_up():
     EdgeConfig(protocol_error_body=lambda status, path: ([], b""))
-    assert hypercorn.protocol.H11Protocol is EdgeH11Protocol
+    assert hypercorn.protocol.H11Protocol is EdgeH11Protocol and hypercorn.trio.run.TCPServer is EdgeTCPServer
     assert hypercorn.protocol.h11.WSStream is EdgeWSStream and hypercorn.protocol.h2.WSStream is EdgeWSStream
 
 

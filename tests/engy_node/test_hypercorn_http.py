@@ -35,7 +35,7 @@ from starlette.websockets import WebSocket
 from trio_websocket import open_websocket_url
 
 from engy_node.asgi import CLIENT_GONE, ClientGone, watch_disconnect
-from engy_node.hypercorn_edges import EdgeConfig, EdgeH11Protocol, EdgeHTTPStream
+from engy_node.hypercorn_edges import EdgeConfig, EdgeH11Protocol, EdgeHTTPStream, EdgeTCPServer
 
 UPSTREAM = {
     # What EdgeHTTPStream wraps: the scope it finds, the states it reads, the events it sees.
@@ -406,3 +406,88 @@ async def test_websocket_messages_sent_by_several_tasks_at_once_each_arrive_whol
                 seen[int(sender)].append(int(index))
         await websocket.send_message("done")
     assert seen == {sender: list(range(messages)) for sender in range(senders)}
+
+
+@pytest.fixture
+def reads(monkeypatch) -> list[bytes | None]:
+    """What every read of an edge connection's read loop returned (None: it found nothing)."""
+    results: list[bytes | None] = []
+    read = EdgeTCPServer._read_now
+
+    def recording(self, socket) -> bytes:
+        try:
+            data = read(self, socket)
+        except BlockingIOError:
+            results.append(None)
+            raise
+        results.append(data)
+        return data
+
+    monkeypatch.setattr(EdgeTCPServer, "_read_now", recording)
+    return results
+
+
+async def test_an_edge_connection_reads_only_once_its_socket_has_data_and_answers_as_before(nursery, reads):
+    """Each read follows a wait for the socket, so none finds nothing, also when a request comes
+    in pieces a while apart, and the answers are hypercorn's own byte for byte."""
+    body = b'{"question": 1}'
+    answers = {}
+    for name, config in CONFIGS.items():
+        stream = await start(nursery, app, config())
+        client = h11.Connection(h11.CLIENT)
+        received = []
+        async with stream:
+            for cuts in ((), (7, 40, 90), ()):
+                request = client.send(h11.Request(method="POST", target="/sse", headers=[
+                    ("host", "x"), ("content-type", "application/json"), ("content-length", str(len(body)))]))
+                request += client.send(h11.Data(data=body)) + client.send(h11.EndOfMessage())
+                for start_at, end_at in zip((0, *cuts), (*cuts, len(request))):
+                    await stream.send_all(request[start_at:end_at])
+                    await trio.sleep(0.05)
+                raw = b""
+                with trio.fail_after(10):
+                    while not isinstance(event := client.next_event(), h11.EndOfMessage):
+                        if event is h11.NEED_DATA:
+                            data = await stream.receive_some()
+                            raw += data
+                            client.receive_data(data)
+                client.start_next_cycle()
+                received.append(without_date(raw))
+            await stream.send_eof()
+            with trio.fail_after(10):
+                assert await stream.receive_some() == b""  # the server closed its side in turn
+        answers[name] = received
+    assert answers["edge"] == answers["plain"]
+    assert None not in reads and reads[-1] == b""
+    assert len(reads) == 1 + 4 + 1 + 1  # one read per piece sent, then the end of the file
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+async def test_a_peer_resetting_its_connection_ends_that_connection_only(nursery, kind):
+    import socket as stdlib_socket
+    import struct
+
+    stream = await start(nursery, app, CONFIGS[kind]())
+    server = stream.socket.getpeername()[:2]
+    await stream.send_all(b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: 50\r\n\r\n{")
+    await trio.sleep(0.05)
+    # SO_LINGER with a zero timeout makes close() send a reset rather than a FIN.
+    stream.socket.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_LINGER, struct.pack("ii", 1, 0))
+    await stream.aclose()
+    await trio.sleep(0.05)
+    async with await trio.open_tcp_stream(*server) as other:
+        assert (await exchange(other, h11.Connection(h11.CLIENT), "/json")).endswith(JSON)
+
+
+async def test_an_edge_server_with_a_read_timeout_reads_as_hypercorn_does(nursery):
+    """The timeout is hypercorn's to keep: such a server keeps hypercorn's read loop, and a client
+    that stops halfway through its request is cut off after it."""
+    config = edge_config()
+    config.read_timeout = 0.3
+    config.keep_alive_timeout = 30
+    stream = await start(nursery, app, config)
+    async with stream:
+        await stream.send_all(b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: 50\r\n\r\n{")
+        with trio.fail_after(10):
+            while await stream.receive_some():
+                pass

@@ -52,6 +52,19 @@ def test_parsing_arbitrary_json_either_succeeds_or_raises_a_format_error(value):
         pass
 
 
+@given(st.lists(st.integers(-3, 2**31 + 3) | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=2), max_size=6))
+def test_a_token_list_is_accepted_exactly_when_every_item_is_a_plain_integer_id(items):
+    wire = honest_commitment(5)[0].to_wire()
+    wire["output_token_ids"] = items
+    valid = all(type(t) is int and 0 <= t <= proof.MAX_TOKEN_ID for t in items)
+    try:
+        parsed = proof.Commitment.from_wire(wire)
+    except proof.ProofFormatError as error:
+        assert not valid and "commitment.output_token_ids" in str(error)
+    else:
+        assert valid and parsed.output_token_ids == tuple(items)
+
+
 @pytest.mark.parametrize("field", ["topk", "n_tokens", "decode_batching_size"])
 def test_a_boolean_where_an_integer_belongs_is_rejected(field):
     wire = honest_commitment(5)[0].to_wire()
