@@ -31,6 +31,8 @@ dozen scheduler steps):
 * Its read loop tries each read before waiting for the socket, and on a keep-alive connection
   that read nearly always finds nothing: a failed system call and three context managers per
   read.
+* h11, under it, rebuilds and re-validates a streamed response's header list twice to settle
+  its framing headers.
 
 Hypercorn has no hook for any of these, so `install()` (run by creating an `EdgeConfig`) puts
 subclasses where hypercorn looks its classes up for each new connection, the module globals
@@ -39,6 +41,8 @@ subclasses where hypercorn looks its classes up for each new connection, the mod
 
 * `EdgeTCPServer` waits for the socket to have data before each read (`_read_data`), on a plain
   socket and with no `read_timeout` (which hypercorn's own loop keeps).
+* `EdgeH11Protocol`'s connection is an `EdgeConnection`, which settles a plain answer's framing
+  headers in one pass, to the same headers h11 would send.
 
 * `EdgeH11Protocol` answers a request h11 refused with the body `EdgeConfig.protocol_error_body`
   builds from the status and the request's path (read from the unparsed head h11 keeps, its
@@ -67,7 +71,7 @@ subclasses where hypercorn looks its classes up for each new connection, the mod
 
 They behave exactly as hypercorn's own classes unless the server's config is an `EdgeConfig`,
 so other servers in the process are unchanged. What they override is private hypercorn API:
-pyproject pins hypercorn's minor version, and tests/engy_node/test_hypercorn_edges.py and
+pyproject pins hypercorn's and h11's minor versions, and tests/engy_node/test_hypercorn_edges.py and
 test_hypercorn_http.py fail when the upstream code these classes copy or rely on changes, so an
 upgrade is re-read, not assumed.
 """
@@ -81,6 +85,7 @@ from collections.abc import Callable
 from typing import Any
 
 import h11
+from h11._headers import Headers
 import hypercorn.protocol
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
@@ -139,6 +144,35 @@ def frame_refusal(limit: int) -> str:
     return f"frame exceeds {limit} bytes"
 
 
+class EdgeConnection(h11.Connection):
+    """h11's server connection, which settles a response's framing headers in one pass where the
+    answer is plain: a keep-alive HTTP/1.1 client and no `transfer-encoding` from the app.
+
+    h11 rebuilds and re-validates the whole header list twice for every response of unknown
+    length (to drop a `content-length`, then to add `transfer-encoding: chunked`) and works out
+    the framing from the headers once more: about a third of what a response costs h11, though
+    for such an answer it only appends the one header. Here the same outcome, the same headers
+    in the same order, is reached by looking at each header's name once; anything else (an
+    HTTP/1.0 client, a connection that must close, a `transfer-encoding` to rewrite) goes h11's
+    own way."""
+
+    def _clean_up_response_headers_for_sending(self, response: h11.Response) -> h11.Response:
+        version = self.their_http_version
+        if not self._cstate.keep_alive or version is None or version < b"1.1":
+            return super()._clean_up_response_headers_for_sending(response)
+        items = response.headers._full_items
+        has_length = False
+        for _, name, _ in items:
+            if name == b"transfer-encoding":
+                return super()._clean_up_response_headers_for_sending(response)
+            has_length = has_length or name == b"content-length"
+        status = response.status_code
+        if has_length or status in (204, 304) or (self._request_method == b"CONNECT" and 200 <= status < 300):
+            return response  # its length is known: h11 changes nothing
+        return h11.Response(headers=Headers([*items, (b"Transfer-Encoding", b"transfer-encoding", b"chunked")]),
+                            status_code=status, http_version=response.http_version, reason=response.reason)
+
+
 class EdgeH11Protocol(H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -153,6 +187,7 @@ class EdgeH11Protocol(H11Protocol):
         `_write_now`); None: every write goes through the server."""
         self._server_lock: trio.Lock | None = None
         if isinstance(self.config, EdgeConfig):
+            self.connection = EdgeConnection(h11.SERVER, max_incomplete_event_size=self.config.h11_max_incomplete_size)
             self._write = self.send
             self.send = self._send_or_hold
             # `send` is the trio server's `protocol_send` (`TCPServer.run`), which writes under the

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 
+import h11
 import hypercorn.config
 import hypercorn.protocol
 import hypercorn.protocol.h2
@@ -20,11 +21,14 @@ import hypercorn.trio.run
 import hypercorn.trio.tcp_server
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 from hypercorn.config import Config
 from hypercorn.trio import serve
 from starlette.applications import Starlette
 
-from engy_node.hypercorn_edges import EdgeConfig, EdgeH11Protocol, EdgeTCPServer, EdgeWSStream, frame_refusal, request_path
+from engy_node.hypercorn_edges import (EdgeConfig, EdgeConnection, EdgeH11Protocol, EdgeTCPServer, EdgeWSStream, frame_refusal,
+                                      request_path)
 
 UPSTREAM = {
     # The loop EdgeWSStream._handle_events copies, and the constructor that sets what it uses.
@@ -41,6 +45,11 @@ UPSTREAM = {
     # connection handler up (`serve_listener` looks it up there too).
     "trio.TCPServer._read_data": (hypercorn.trio.tcp_server.TCPServer._read_data, "7ca747d922c65cf1"),
     "trio.run.worker_serve": (hypercorn.trio.run.worker_serve, "8dc8347a9fc357ca"),
+    # What EdgeConnection settles in one pass where the answer is plain, and the framing rule
+    # that pass follows.
+    "h11.Connection._clean_up_response_headers_for_sending": (h11.Connection._clean_up_response_headers_for_sending,
+                                                              "a190401e4767c641"),
+    "h11._connection._body_framing": (h11._connection._body_framing, "bbbb12006a0c9b1d"),
     # What EdgeConfig.response_headers builds once a second: only the date in it changes.
     "Config.response_headers": (hypercorn.config.Config.response_headers, "5a637c3d48180e55"),
 }
@@ -87,6 +96,46 @@ def test_the_headers_added_to_every_response_are_those_hypercorn_adds_and_dated_
 ])
 def test_the_request_path_is_read_from_the_request_line_or_is_none(head, path):
     assert request_path(head) == path
+
+
+HEADER_NAMES = ["Content-Type", "content-length", "Content-Length", "transfer-encoding", "Connection", "connection",
+                "x-request-id", "Cache-Control"]
+HEADER_VALUES = {"content-length": ["0", "12", "12, 12"], "transfer-encoding": ["chunked", "Chunked"],
+                 "connection": ["close", "keep-alive", "Upgrade", "keep-alive, x-thing"]}
+
+
+@st.composite
+def exchanges(draw):
+    """A request as a client sends it and the response an app gives back, in every combination
+    of what decides a response's framing headers."""
+    method = draw(st.sampled_from(["GET", "POST", "HEAD", "CONNECT"]))
+    version = draw(st.sampled_from(["1.0", "1.1"]))
+    request_headers = [("host", "x")] + draw(st.sampled_from([[], [("connection", "close")], [("connection", "keep-alive")]]))
+    if method == "POST":
+        request_headers.append(("content-length", "0"))
+    names = draw(st.lists(st.sampled_from(HEADER_NAMES), max_size=4))
+    if sum(name.lower() == "transfer-encoding" for name in names) > 1:
+        names = [name for name in names if name.lower() != "transfer-encoding"]
+    headers = [(name, draw(st.sampled_from(HEADER_VALUES.get(name.lower(), ["text/plain", "abc"])))) for name in names]
+    if len({value.split(",")[0].strip() for name, value in headers if name.lower() == "content-length"}) > 1:
+        headers = [(name, value) for name, value in headers if name.lower() != "content-length"]
+    status = draw(st.sampled_from([200, 201, 204, 304, 404, 500]))
+    return (f"{method} / HTTP/{version}\r\n" + "".join(f"{n}: {v}\r\n" for n, v in request_headers) + "\r\n").encode(), \
+        headers, status
+
+
+@given(exchanges())
+def test_an_edge_connection_frames_every_response_exactly_as_h11_does(exchange):
+    request, headers, status = exchange
+    sent = []
+    for kind in (h11.Connection, EdgeConnection):
+        connection = kind(h11.SERVER)
+        connection.receive_data(request)
+        while not isinstance(connection.next_event(), h11.EndOfMessage):
+            pass
+        response = h11.Response(status_code=status, headers=headers, reason=b"X")
+        sent.append((connection.send(response), connection.our_state, connection.their_state))
+    assert sent[0] == sent[1]
 
 
 def test_the_close_reason_names_the_limit_and_fits_a_close_frame():
