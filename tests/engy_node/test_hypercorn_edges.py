@@ -1,6 +1,7 @@
 """hypercorn_edges: the upstream code it replaces is the code it was written against, a server
 with an `EdgeConfig` answers what h11 refuses with the body it is given, and a server without one
-still answers as hypercorn does (the classes are installed process-wide).
+still answers as hypercorn does (the classes are installed process-wide); an edge connection
+frames every response exactly as h11 does.
 
 The gateway's own answers (JSON in each API's dialect, the miner endpoint's frame limit) are
 tested end to end in tests/engy_node/gateway/test_edges.py and test_pool.py.

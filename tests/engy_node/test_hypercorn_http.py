@@ -5,7 +5,9 @@ one message (and one in pieces still whole), connections are still reused, a cli
 cancels an app's `watch_disconnect` through the scope's `ClientGone` with no task reading
 `receive` (under a plain `Config` the watch falls back on reading it), and the keep-alive timer
 is one task per connection that closes an idle connection as hypercorn's does: after the
-timeout, at once when the server stops, never during a request.
+timeout, at once when the server stops, never during a request. An edge connection reads only
+once its socket has data (none of its reads finds nothing), a peer resetting its connection ends
+only that one, and a server given a `read_timeout` keeps hypercorn's read loop, which keeps it.
 
 The gateway's use of them (a buyer hanging up mid-stream, shutdown, the queue) is tested end to
 end in tests/engy_node/gateway/test_gateway.py and test_hostile.py.
