@@ -61,6 +61,11 @@ class _Slot:
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = trio.Event()
+        """Set once the group it was written in is written."""
+        self.woken = trio.Event()
+        """Set when it is done, or when the writing of what is queued is handed to its caller."""
+        self.writes = False
+        """Its caller was handed the writing of the next group."""
 
     def run(self) -> None:
         try:
@@ -105,7 +110,8 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
         super().__init__(location, clock=clock, busy_timeout_s=busy_timeout_s, pool_size=pool_size)
         self._limiter = trio.CapacityLimiter(self._db.concurrency)
         self._queue: list[_Slot] = []
-        self._flush_lock = trio.Lock()
+        self._writing = False
+        """A group is being written, or its writing was handed to a queued caller (`_grouped`)."""
 
     @classmethod
     def open(cls, location: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
@@ -153,30 +159,53 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
         """Run `call` in the next group commit (see `_commit_group`); `durable=False` for a
         write that may be lost to a power cut (see the package's posture).
 
-        Calls queue while a group is being written; whoever takes the flush lock next writes
-        everything queued, its own call included, in one transaction. Cancellation keeps the
-        class's promise: a call still queued is withdrawn and has done nothing; a call already
-        in a group being written completes and returns its result."""
+        The first caller while no group is being written writes everything queued, its own call
+        included, in one transaction; calls that come meanwhile queue, and when that group is
+        written the first of them is handed the writing of the next. Each waiting caller is woken
+        once, by its own event (one pass on the loop answers a whole group), where a lock would
+        wake them one after another. Cancellation keeps the class's promise: a call still queued
+        is withdrawn and has done nothing (one handed the writing hands it on); a group once
+        taken is written whatever happens to its writer, and every call in it completes and
+        returns its result."""
+        await trio.lowlevel.checkpoint_if_cancelled()  # a call in a cancelled scope does nothing
         slot = _Slot(call, durable=durable)
         self._queue.append(slot)
+        if self._writing:
+            try:
+                await slot.woken.wait()
+            except trio.Cancelled:
+                if slot in self._queue:
+                    self._queue.remove(slot)
+                    if slot.writes:
+                        self._hand_on()
+                    raise
+                with trio.CancelScope(shield=True):
+                    await slot.done.wait()
+                return slot.outcome()
+            if slot.done.is_set():
+                return slot.outcome()
+        self._writing = True
+        group, self._queue = self._queue, []
         try:
-            async with self._flush_lock:
-                if not slot.done.is_set():
-                    group, self._queue = self._queue, []
-                    try:
-                        await trio.to_thread.run_sync(self._commit_group, group, limiter=self._limiter)
-                    finally:
-                        # The thread has returned (a cancellation waits for it): every outcome
-                        # is in, and one pass on the loop tells every caller in the group.
-                        for queued in group:
-                            queued.done.set()
-        except trio.Cancelled:
-            if slot in self._queue:
-                self._queue.remove(slot)
-                raise
+            # Shielded: the group's calls are no longer queued, so they are answered only by
+            # being written, however long the store's thread takes to be free.
             with trio.CancelScope(shield=True):
-                await slot.done.wait()
+                await trio.to_thread.run_sync(self._commit_group, group, limiter=self._limiter)
+        finally:
+            for queued in group:
+                queued.done.set()
+                queued.woken.set()
+            self._hand_on()
         return slot.outcome()
+
+    def _hand_on(self) -> None:
+        """Hand the writing of what is queued to the first queued caller, or stop writing."""
+        if self._queue:
+            first = self._queue[0]
+            first.writes = True
+            first.woken.set()
+        else:
+            self._writing = False
 
     def _commit_group(self, group: list[_Slot]) -> None:
         """Several operations, one transaction, one fsync. Each runs in its own savepoint, so

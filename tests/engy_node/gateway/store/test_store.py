@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from engy_node.gateway.billing import billable_usage, charge, worst_case_hold
 from engy_node.gateway.chat import ChatRequest, Usage
@@ -201,6 +202,101 @@ async def test_operations_awaited_together_share_one_commit_and_one_failure_stay
     balance = store.balance(account_id)
     assert balance.held == 310 and balance.available == 690
     assert store.check_books() == []
+
+
+async def queue_holds(store: Store, account_id: int, request_ids: list[str], outcomes: dict, nursery) -> dict[str, trio.CancelScope]:
+    """Start a hold for each id, one after the other, each queued behind the one before while the
+    store's thread is taken (the caller holds the limiter); returns each caller's cancel scope."""
+    scopes = {}
+
+    async def hold(request_id: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scopes[request_id]:
+            task_status.started()
+            outcomes[request_id] = await store.run(store.hold, account_id, amount=10, request_id=request_id)
+            return
+        outcomes[request_id] = "cancelled"
+
+    for request_id in request_ids:
+        await nursery.start(hold, request_id)
+        await trio.testing.wait_all_tasks_blocked()
+    return scopes
+
+
+async def test_calls_cancelled_while_their_group_waits_for_the_thread_are_written_or_withdrawn_never_dropped(path):
+    """Whoever writes a group writes it for every call in it: cancelled before the store's thread
+    was free, it must still write it, or the calls in it would be told nothing was done (a hold
+    refused, a settlement without an answer) when it was not. Each call either returns its real
+    result or raises the cancellation having done nothing."""
+    store = Store(path)
+    account_id = funded(store, 1_000)
+    outcomes: dict[str, object] = {}
+    await store._limiter.acquire()  # the store's one thread is busy with something else
+
+    async def hold(request_id: str) -> None:
+        try:
+            outcomes[request_id] = await store.run(store.hold, account_id, amount=10, request_id=request_id)
+        except trio.Cancelled:
+            outcomes[request_id] = "cancelled"
+            raise
+
+    async with trio.open_nursery() as nursery:
+        for request_id in ("first", "second", "third"):
+            nursery.start_soon(hold, request_id)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+        store._limiter.release()
+    assert outcomes.keys() == {"first", "second", "third"}
+    assert all(isinstance(outcome, Hold) or outcome == "cancelled" for outcome in outcomes.values()), outcomes
+    assert any(isinstance(outcome, Hold) for outcome in outcomes.values()), "the group being written was written"
+    assert store.balance(account_id).held == 10 * sum(isinstance(outcome, Hold) for outcome in outcomes.values())
+    assert store.check_books() == []
+    store.close()
+
+
+async def test_a_call_still_queued_when_cancelled_is_withdrawn_and_the_rest_of_its_group_is_written(path):
+    store = Store(path)
+    account_id = funded(store, 1_000)
+    outcomes: dict[str, object] = {}
+    await store._limiter.acquire()
+    async with trio.open_nursery() as nursery:
+        scopes = await queue_holds(store, account_id, ["writer", "a", "b", "c"], outcomes, nursery)
+        scopes["b"].cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        store._limiter.release()
+    assert outcomes["b"] == "cancelled"
+    assert all(isinstance(outcomes[name], Hold) for name in ("writer", "a", "c")), outcomes
+    assert store.balance(account_id).held == 30
+    store.close()
+
+
+async def test_calls_queued_behind_a_group_being_written_are_written_in_the_next_one_even_if_the_first_of_them_goes(path):
+    """While a group is written, later calls queue for the next; whoever of them is first writes
+    it, and if that one is cancelled before its turn comes, the next one does."""
+    store = Store(path)
+    account_id = funded(store, 1_000)
+    outcomes: dict[str, object] = {}
+    commits: list[int] = []
+    first_written = threading.Event()
+    commit_group = store._commit_group
+
+    def gated(group) -> None:
+        commits.append(len(group))
+        if len(commits) == 1:
+            first_written.wait(10)  # the first group is in the thread until the test lets it go
+        commit_group(group)
+
+    store._commit_group = gated
+    async with trio.open_nursery() as nursery:
+        scopes = await queue_holds(store, account_id, ["writer"], outcomes, nursery)
+        scopes.update(await queue_holds(store, account_id, ["next", "a", "b"], outcomes, nursery))
+        scopes["next"].cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        first_written.set()
+    assert outcomes["next"] == "cancelled"
+    assert all(isinstance(outcomes[name], Hold) for name in ("writer", "a", "b")), outcomes
+    assert commits == [1, 2]
+    assert store.balance(account_id).held == 30
+    store.close()
 
 
 async def test_holds_and_releases_skip_the_disk_flush_and_charges_wait_for_it(path):
