@@ -1,7 +1,7 @@
 """What the gateway adds to a request, measured side by side in one run.
 
     .venv/bin/python bench/gateway_overhead.py [--levels 1,16,64,256] [--plain-levels 1,16,64] [--floor-levels 16] [--requests 512]
-                                               [--gateway-workers N] [--baseline REV|DIR] [--rounds N]
+                                               [--gateway-workers N] [--baseline REV|DIR [--together]] [--rounds N]
 
 A fast synthetic miner (the real link and protocol, an instant scripted 90-character answer,
 chunks coalesced as the real miner coalesces them: the first at once, the rest in the next) runs
@@ -28,8 +28,12 @@ With `--baseline REV` (a commit of this repository, exported with `git archive` 
 directory) or `--baseline DIR` (a code tree already on disk), a second gateway runs that code,
 from this venv, in its own home with its own synthetic miner, and every level is measured on both
 gateways, one after the other, in an order that alternates from level to level and round to
-round (`--rounds`), so that the machine's drift falls on both alike. A last table puts them side
-by side: CPU per request, requests/s and TTFT, baseline → ours, with the ratio. Everything binds
+round (`--rounds`), so that the machine's drift falls on both alike. With `--together` both are
+loaded at the same time instead, each with its own connections and requests, so that even the
+machine's speed from one second to the next falls on both alike (each then shares the cores
+with the other, so its figures are not those it shows alone; their ratio is what to read). A
+last table puts them side by side: CPU per request, requests/s and TTFT, baseline → ours, with
+the ratio. Everything binds
 127.0.0.1; every process and directory made here is removed here.
 """
 
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import io
 import json
 import os
@@ -393,7 +398,30 @@ async def measure_gateway(gateway: Gateway, concurrency: int, count: int, *, str
             "rss_mib": sum(process.memory_info().rss for process in processes) / 2**20}
 
 
-async def measure(levels: list[tuple[bool, int]], total: int, rounds: int, home: str, gateways: list[Gateway]) -> list[dict]:
+async def measure_together(gateways: list[Gateway], concurrency: int, count: int, *, stream: bool) -> dict[str, dict]:
+    """Every gateway at once, each with its own `concurrency` connections and `count` requests:
+    the machine's speed at each moment falls on all of them alike. The client's CPU is shared,
+    so each gateway is given its share per request of all of them."""
+    trees = {gateway.label: process_tree(gateway.process.pid) for gateway in gateways}
+    before = {label: cpu_seconds(processes) for label, processes in trees.items()}
+    client_before = time.process_time()
+    through: dict[str, dict] = {}
+
+    async def one(gateway: Gateway) -> None:
+        through[gateway.label] = await gateway_level(gateway.api, gateway.buyer_key, concurrency, count, stream=stream)
+
+    async with trio.open_nursery() as nursery:
+        for gateway in gateways:
+            nursery.start_soon(one, gateway)
+    client_ms = (time.process_time() - client_before) * 1000 / (count * len(gateways))
+    return {label: {**through[label], "cpu_ms_per_request": (cpu_seconds(processes) - before[label]) * 1000 / count,
+                    "client_cpu_ms_per_request": client_ms,
+                    "rss_mib": sum(process.memory_info().rss for process in processes) / 2**20}
+            for label, processes in trees.items()}
+
+
+async def measure(levels: list[tuple[bool, int]], total: int, rounds: int, home: str, gateways: list[Gateway], *,
+                  together: bool = False) -> list[dict]:
     from engy_node.testing.gateway import GatewayHarness
 
     rows = []
@@ -412,10 +440,12 @@ async def measure(levels: list[tuple[bool, int]], total: int, rounds: int, home:
                     count = max(total, concurrency * 2)
                     direct = await direct_level(harness, concurrency, count, stream=stream)
                     measured = {}
+                    if together:
+                        measured = await measure_together(gateways, concurrency, count, stream=stream)
                     # Who goes first alternates from level to level and round to round, so that a
                     # machine slowing down or speeding up during the run favours no gateway.
                     first = (number + index) % len(gateways)
-                    for gateway in gateways[first:] + gateways[:first]:
+                    for gateway in [] if together else gateways[first:] + gateways[:first]:
                         measured[gateway.label] = await measure_gateway(gateway, concurrency, count, stream=stream)
                     rows.append({"stream": stream, "concurrency": concurrency, "requests": count, "round": number + 1,
                                  "direct": direct, "gateways": measured})
@@ -507,6 +537,8 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="REV|DIR",
                         help="also measure the gateway of this commit (or code tree), side by side with this checkout's")
     parser.add_argument("--rounds", type=int, default=1, help="measure every level this many times")
+    parser.add_argument("--together", action="store_true",
+                        help="with --baseline: load both gateways at the same time rather than one after the other")
     parser.add_argument("--floor-server", choices=FLOOR_SERVERS, help=argparse.SUPPRESS)
     parser.add_argument("--miner", help=argparse.SUPPRESS)
     parser.add_argument("--key", help=argparse.SUPPRESS)
@@ -536,7 +568,8 @@ def main() -> None:
             for gateway in gateways:
                 gateway.start(args.gateway_workers)
             time.sleep(3)
-            rows = trio.run(measure, levels, args.requests, args.rounds, gateways[0].home, gateways)
+            rows = trio.run(functools.partial(measure, levels, args.requests, args.rounds, gateways[0].home, gateways,
+                                              together=args.together))
         finally:
             for gateway in gateways:
                 gateway.stop()
