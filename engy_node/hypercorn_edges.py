@@ -43,7 +43,6 @@ subclasses where hypercorn looks its classes up for each new connection, the mod
   socket and with no `read_timeout` (which hypercorn's own loop keeps).
 * `EdgeH11Protocol`'s connection is an `EdgeConnection`, which settles a plain answer's framing
   headers in one pass, to the same headers h11 would send.
-
 * `EdgeH11Protocol` answers a request h11 refused with the body `EdgeConfig.protocol_error_body`
   builds from the status and the request's path (read from the unparsed head h11 keeps, its
   public `trailing_data`; None when the request line itself is unreadable). It can also gather
