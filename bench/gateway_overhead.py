@@ -389,19 +389,10 @@ def describe(root: Path) -> str:
     return lines[1][:10] + (f" + {dirty} changed files under engy_node/" if dirty else "")
 
 
-async def measure_gateway(gateway: Gateway, concurrency: int, count: int, *, stream: bool) -> dict:
-    processes = process_tree(gateway.process.pid)
-    cpu_before, client_before = cpu_seconds(processes), time.process_time()
-    through = await gateway_level(gateway.api, gateway.buyer_key, concurrency, count, stream=stream)
-    return {**through, "cpu_ms_per_request": (cpu_seconds(processes) - cpu_before) * 1000 / count,
-            "client_cpu_ms_per_request": (time.process_time() - client_before) * 1000 / count,
-            "rss_mib": sum(process.memory_info().rss for process in processes) / 2**20}
-
-
-async def measure_together(gateways: list[Gateway], concurrency: int, count: int, *, stream: bool) -> dict[str, dict]:
-    """Every gateway at once, each with its own `concurrency` connections and `count` requests:
-    the machine's speed at each moment falls on all of them alike. The client's CPU is shared,
-    so each gateway is given its share per request of all of them."""
+async def measure_gateways(gateways: list[Gateway], concurrency: int, count: int, *, stream: bool) -> dict[str, dict]:
+    """The gateways at once (one, or all for `--together`), each with its own `concurrency`
+    connections and `count` requests: the machine's speed at each moment falls on all of them
+    alike. The client's CPU is shared, so each gateway is given its share per request of all."""
     trees = {gateway.label: process_tree(gateway.process.pid) for gateway in gateways}
     before = {label: cpu_seconds(processes) for label, processes in trees.items()}
     client_before = time.process_time()
@@ -439,14 +430,15 @@ async def measure(levels: list[tuple[bool, int]], total: int, rounds: int, home:
                 for index, (stream, concurrency) in enumerate(levels):
                     count = max(total, concurrency * 2)
                     direct = await direct_level(harness, concurrency, count, stream=stream)
-                    measured = {}
                     if together:
-                        measured = await measure_together(gateways, concurrency, count, stream=stream)
-                    # Who goes first alternates from level to level and round to round, so that a
-                    # machine slowing down or speeding up during the run favours no gateway.
-                    first = (number + index) % len(gateways)
-                    for gateway in [] if together else gateways[first:] + gateways[:first]:
-                        measured[gateway.label] = await measure_gateway(gateway, concurrency, count, stream=stream)
+                        measured = await measure_gateways(gateways, concurrency, count, stream=stream)
+                    else:
+                        # Who goes first alternates from level to level and round to round, so that a
+                        # machine slowing down or speeding up during the run favours no gateway.
+                        first = (number + index) % len(gateways)
+                        measured = {}
+                        for gateway in gateways[first:] + gateways[:first]:
+                            measured |= await measure_gateways([gateway], concurrency, count, stream=stream)
                     rows.append({"stream": stream, "concurrency": concurrency, "requests": count, "round": number + 1,
                                  "direct": direct, "gateways": measured})
         finally:
