@@ -19,6 +19,8 @@ import functools
 import hashlib
 import inspect
 import re
+import socket as stdlib_socket
+import struct
 
 import h11
 import hypercorn.protocol.h11
@@ -160,6 +162,11 @@ async def exchange(stream: trio.SocketStream, client: h11.Connection, path: str)
     await stream.send_all(client.send(h11.Request(method="POST", target=path, headers=[
         ("host", "x"), ("content-type", "application/json"), ("content-length", str(len(body)))])))
     await stream.send_all(client.send(h11.Data(data=body)) + client.send(h11.EndOfMessage()))
+    return await read_answer(stream, client)
+
+
+async def read_answer(stream: trio.SocketStream, client: h11.Connection) -> bytes:
+    """Read one whole answer on the connection; its bytes as received."""
     received = b""
     with trio.fail_after(10):
         while True:
@@ -446,15 +453,7 @@ async def test_an_edge_connection_reads_only_once_its_socket_has_data_and_answer
                 for start_at, end_at in zip((0, *cuts), (*cuts, len(request))):
                     await stream.send_all(request[start_at:end_at])
                     await trio.sleep(0.05)
-                raw = b""
-                with trio.fail_after(10):
-                    while not isinstance(event := client.next_event(), h11.EndOfMessage):
-                        if event is h11.NEED_DATA:
-                            data = await stream.receive_some()
-                            raw += data
-                            client.receive_data(data)
-                client.start_next_cycle()
-                received.append(without_date(raw))
+                received.append(without_date(await read_answer(stream, client)))
             await stream.send_eof()
             with trio.fail_after(10):
                 assert await stream.receive_some() == b""  # the server closed its side in turn
@@ -466,9 +465,6 @@ async def test_an_edge_connection_reads_only_once_its_socket_has_data_and_answer
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 async def test_a_peer_resetting_its_connection_ends_that_connection_only(nursery, kind):
-    import socket as stdlib_socket
-    import struct
-
     stream = await start(nursery, app, CONFIGS[kind]())
     server = stream.socket.getpeername()[:2]
     await stream.send_all(b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: 50\r\n\r\n{")
