@@ -77,7 +77,7 @@ class Database(Protocol):
         statements without waiting for each answer."""
     def read(self) -> ContextManager[Session]: ...
     def snapshot(self) -> ContextManager[Session]: ...
-    def batch(self, *, durable: bool) -> ContextManager[None]: ...
+    def batch(self, *, durable: bool, savepoints: bool = True) -> ContextManager[None]: ...
     def explain(self, error: BaseException) -> Exception | None: ...
     def is_unique_violation(self, error: BaseException) -> bool: ...
     def reclaim_space(self) -> None: ...
@@ -111,7 +111,13 @@ def group_commit(*, durable: bool) -> Callable[[F], F]:
     """Mark an operation that `Store.run` joins to the next group commit rather than running it
     alone: the operations on every request's path, where one transaction and one fsync per batch
     of concurrent calls pays. `durable=False` lets the group's commit skip waiting for the disk
-    when no other operation in it needs that (see the package's posture for which may)."""
+    when no other operation in it needs that (see the package's posture for which may).
+
+    A marked operation must let every failure raise, a database error above all: a group is
+    first written without savepoints (`Store._commit_group`), and only an operation that fails
+    tells it to undo the others' writes and write them again, each in a savepoint of its own.
+    One that caught a failing statement and returned would leave that statement's companions
+    written."""
 
     def mark(operation: F) -> F:
         setattr(operation, _GROUP_COMMIT, durable)
@@ -166,8 +172,8 @@ class Connection:
         """Several SELECTs that see one consistent state."""
         return self._db.snapshot()
 
-    def _batch(self, *, durable: bool) -> ContextManager[None]:
-        return self._db.batch(durable=durable)
+    def _batch(self, *, durable: bool, savepoints: bool = True) -> ContextManager[None]:
+        return self._db.batch(durable=durable, savepoints=savepoints)
 
     @serialised
     def close(self) -> None:

@@ -350,7 +350,7 @@ class PostgresDatabase:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             yield Session(conn)
 
-    def batch(self, *, durable: bool) -> contextlib.AbstractContextManager[None]:
+    def batch(self, *, durable: bool, savepoints: bool = True) -> contextlib.AbstractContextManager[None]:
         raise RuntimeError("PostgreSQL stores do not batch operations (groups_commits is False)")
 
     def reclaim_space(self) -> None:

@@ -82,6 +82,13 @@ class RequestLogEntry:
 
 
 _COLUMNS = tuple(field.name for field in dataclasses.fields(RequestLogEntry))
+COST_COLUMN = _COLUMNS.index("cost_micro")
+"""Where `cost_micro` is in a `log_row`."""
+
+
+def log_row(entry: RequestLogEntry) -> list[Any]:
+    """The entry's values in the request log's column order, as `RequestLog._insert_rows` takes them."""
+    return [getattr(entry, column) for column in _COLUMNS]
 
 
 def _entry(row: Sequence[object]) -> RequestLogEntry:
@@ -117,14 +124,13 @@ class RequestLog(Connection):
             if not isinstance(entry, RequestLogEntry):
                 raise TypeError(f"log_requests takes RequestLogEntry rows, got {type(entry).__name__}")
         with self._write() as conn:
-            self._insert_entries(conn, entries)
+            self._insert_rows(conn, [log_row(entry) for entry in entries])
 
     @staticmethod
-    def _insert_entries(conn: Session, entries: Sequence[RequestLogEntry]) -> None:
+    def _insert_rows(conn: Session, rows: Sequence[Sequence[Any]]) -> None:
+        """Append `log_row`s (of entries, so each value has been checked)."""
         conn.executemany(
-            f"INSERT INTO request_log ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
-            [[getattr(entry, column) for column in _COLUMNS] for entry in entries],
-        )
+            f"INSERT INTO request_log ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", rows)
 
     @serialised
     def requests_in(self, *, since: float, until: float) -> list[RequestLogEntry]:

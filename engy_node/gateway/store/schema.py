@@ -292,6 +292,7 @@ class SqliteDatabase:
         # Re-entrant: a group commit runs several serialised methods inside one transaction.
         self.lock = threading.RLock()
         self._in_batch = False
+        self._savepoints = True
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = connect(self.path, busy_timeout_s=busy_timeout_s)
         self._sync_level: Literal["FULL", "NORMAL"] = "FULL"
@@ -311,6 +312,9 @@ class SqliteDatabase:
     @contextlib.contextmanager
     def write(self, *, durable: bool, pipelined: bool = False) -> Iterator[sqlite3.Connection]:
         # `pipelined` saves round trips to a server; a file has none to save.
+        if self._in_batch and not self._savepoints:
+            yield self._conn
+            return
         if self._in_batch:
             # Inside a group commit: a savepoint makes this operation all-or-nothing on its own
             # while the batch's one COMMIT makes every operation in it durable together.
@@ -354,18 +358,20 @@ class SqliteDatabase:
             self._conn.execute("COMMIT")
 
     @contextlib.contextmanager
-    def batch(self, *, durable: bool) -> Iterator[None]:
+    def batch(self, *, durable: bool, savepoints: bool = True) -> Iterator[None]:
         """One transaction around several operations (a group commit), under the caller's hold
-        of the lock. Each operation's `write` inside it is a savepoint of its own. The commit
+        of the lock. With `savepoints`, each operation's `write` inside it is a savepoint of its
+        own; without, the operations' writes share the transaction bare, so the caller must roll
+        it back whole (leave the block with an exception) when any operation fails. The commit
         waits for the disk only when `durable`."""
         try:
             self._synchronous("FULL" if durable else "NORMAL")
             self._conn.execute("BEGIN IMMEDIATE")
-            self._in_batch = True
+            self._in_batch, self._savepoints = True, savepoints
             try:
                 yield
             finally:
-                self._in_batch = False
+                self._in_batch, self._savepoints = False, True
             self._conn.execute("COMMIT")
         except BaseException:
             if self._conn.in_transaction:

@@ -22,7 +22,6 @@ operation runs alone, several at once (`postgres.py`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import time
@@ -38,7 +37,7 @@ from engy_node.gateway.store.epochs import Epochs
 from engy_node.gateway.store.leases import Leases
 from engy_node.gateway.store.ledger import Hold, Ledger, Settlement
 from engy_node.gateway.store.miners import Miners
-from engy_node.gateway.store.requests import RequestLog, RequestLogEntry
+from engy_node.gateway.store.requests import COST_COLUMN, RequestLog, RequestLogEntry, log_row
 from engy_node.gateway.store.schema import BUSY_TIMEOUT_S
 from engy_node.gateway.store.validators import Validators
 from engy_node.gateway.store.verdicts import Verdicts
@@ -80,6 +79,10 @@ class _Slot:
         if self.error is not None:
             raise self.error
         return self.result
+
+
+class _GroupFailed(Exception):
+    """An operation of a group written without savepoints failed: roll the group back."""
 
 
 class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, EligibilityTable, Leases):
@@ -147,9 +150,13 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
         if entry.request_id != hold.request_id:
             raise ValueError(f"the log row is for request {entry.request_id}, the hold for {hold.request_id}")
         now = self._clock()
+        row = log_row(entry)
         with self._write(pipelined=True) as conn:
             settlement = self._close_in(conn, hold, cost=cost, now=now)
-            self._insert_entries(conn, [dataclasses.replace(entry, cost_micro=settlement.charged)])
+            # The charge is an integer from 0 to the hold's amount, so the row stays one that the
+            # entry's checks pass, without building and checking an entry again.
+            row[COST_COLUMN] = settlement.charged
+            self._insert_rows(conn, [row])
         return settlement
 
     async def aclose(self) -> None:
@@ -208,15 +215,38 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
             self._writing = False
 
     def _commit_group(self, group: list[_Slot]) -> None:
-        """Several operations, one transaction, one fsync. Each runs in its own savepoint, so
-        one failing (a refused hold, a bad entry) rolls back only itself. The commit waits for
-        the disk if any operation in the group must be durable."""
+        """Several operations, one transaction, one fsync. One failing (a reused request id, a
+        bad entry) rolls back only itself, as if each ran in a savepoint of its own. The commit
+        waits for the disk if any operation in the group must be durable.
+
+        Savepoints are taken only when needed: the group is first written bare, and if an
+        operation fails, the whole transaction is rolled back and the group written again with
+        each operation in its own savepoint. Failures are rare (bugs, a request id used twice),
+        and the savepoints would cost two statements per operation every time, each a return to
+        the GIL, which this thread shares with the event loop."""
+        durable = any(slot.durable for slot in group)
         with self._db.lock:
             try:
-                with self._batch(durable=any(slot.durable for slot in group)):
+                if not self._written_bare(group, durable=durable) and len(group) > 1:
                     for slot in group:
-                        slot.run()
+                        slot.result = slot.error = None
+                    with self._batch(durable=durable):
+                        for slot in group:
+                            slot.run()
             except BaseException as error:  # broad on purpose: every caller in the group must hear of it
                 explained = self._db.explain(error)
                 for slot in group:
                     slot.fail(explained or error)
+
+    def _written_bare(self, group: list[_Slot], *, durable: bool) -> bool:
+        """Write the group without savepoints; False if an operation failed, and then nothing
+        is written (the failing operation's error stays in its slot)."""
+        try:
+            with self._batch(durable=durable, savepoints=False):
+                for slot in group:
+                    slot.run()
+                    if slot.error is not None:
+                        raise _GroupFailed
+        except _GroupFailed:
+            return False
+        return True

@@ -204,6 +204,55 @@ async def test_operations_awaited_together_share_one_commit_and_one_failure_stay
     assert store.check_books() == []
 
 
+async def test_an_operation_failing_alone_in_its_group_leaves_nothing_written(store):
+    account_id, _ = store.create_buyer("alone")
+    store.credit(account_id, micro_usd=1_000)
+    store.hold(account_id, amount=10, request_id="taken")
+    with pytest.raises(ValueError, match="already has a hold"):
+        # The reservation's UPDATE runs before the INSERT that fails; the group's rollback takes it back.
+        await store.run(store.hold, account_id, amount=500, request_id="taken")
+    assert store.balance(account_id) == Balance(available=990, held=10, credited=1_000, charged=0)
+    assert store.check_books() == []
+
+
+async def test_a_group_that_succeeds_is_written_without_savepoints_and_one_that_fails_with_them(path):
+    """Savepoints cost two statements per operation; they are taken only to isolate a failure."""
+    with Store(path) as store:
+        account_id, _ = store.create_buyer("traced")
+        store.credit(account_id, micro_usd=1_000)
+        statements: list[str] = []
+        store._db._conn.set_trace_callback(statements.append)
+
+        async def hold_in_one_group(request_ids: list[str]) -> dict[str, object]:
+            """Hold for each id, all in one group: queued behind a first hold that waits for the
+            store's thread (taken here) in a group of its own."""
+            outcomes: dict[str, object] = {}
+
+            async def hold(request_id: str) -> None:
+                try:
+                    outcomes[request_id] = await store.run(store.hold, account_id, amount=10, request_id=request_id)
+                except ValueError as error:
+                    outcomes[request_id] = error
+
+            async with trio.open_nursery() as nursery:
+                async with store._limiter:
+                    for request_id in [f"before-{request_ids[0]}", *request_ids]:
+                        nursery.start_soon(hold, request_id)
+                        await trio.testing.wait_all_tasks_blocked()
+                    statements.clear()
+            return outcomes
+
+        await hold_in_one_group(["a", "b", "c"])
+        assert statements.count("COMMIT") == 2, "the first hold's group, then the three holds'"
+        assert not [s for s in statements if s.startswith(("SAVEPOINT", "RELEASE", "ROLLBACK"))]
+        outcomes = await hold_in_one_group(["d", "a", "e"])
+        assert isinstance(outcomes["a"], ValueError) and outcomes["d"].amount == outcomes["e"].amount == 10
+        assert statements.count("ROLLBACK") == 1 and statements.count("COMMIT") == 2
+        assert statements.count("SAVEPOINT operation") == 3, "written again, each hold in its own savepoint"
+        assert store.balance(account_id).held == 70
+        assert store.check_books() == []
+
+
 async def queue_holds(store: Store, account_id: int, request_ids: list[str], outcomes: dict, nursery) -> dict[str, trio.CancelScope]:
     """Start a hold for each id, one after the other, each queued behind the one before while the
     store's thread is taken (the caller holds the limiter); returns each caller's cancel scope."""
