@@ -42,7 +42,8 @@ subclasses where hypercorn looks its classes up for each new connection, the mod
 * `EdgeTCPServer` waits for the socket to have data before each read (`_read_data`), on a plain
   socket and with no `read_timeout` (which hypercorn's own loop keeps).
 * `EdgeH11Protocol`'s connection is an `EdgeConnection`, which settles a plain answer's framing
-  headers in one pass, to the same headers h11 would send.
+  headers in one pass, to the same headers h11 would send, and frames each chunk of a chunked
+  body without h11's state machine, to the same bytes.
 * `EdgeH11Protocol` answers a request h11 refused with the body `EdgeConfig.protocol_error_body`
   builds from the status and the request's path (read from the unparsed head h11 keeps, its
   public `trailing_data`; None when the request line itself is unreadable). It can also gather
@@ -85,6 +86,7 @@ from typing import Any
 
 import h11
 from h11._headers import Headers
+from h11._writers import ChunkedWriter
 import hypercorn.protocol
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
@@ -153,7 +155,19 @@ class EdgeConnection(h11.Connection):
     for such an answer it only appends the one header. Here the same outcome, the same headers
     in the same order, is reached by looking at each header's name once; anything else (an
     HTTP/1.0 client, a connection that must close, a `transfer-encoding` to rewrite) goes h11's
-    own way."""
+    own way.
+
+    A chunk of a chunked body is framed here too: h11 runs its state machine for every `Data`
+    event (copying the states, firing transitions that for body data never fire) to frame it as
+    `ChunkedWriter` does, and a streamed answer is mostly such chunks. Only while our side is
+    sending a chunked body; any other event or framing goes through h11."""
+
+    def send(self, event: h11.Event) -> bytes | None:
+        if type(event) is h11.Data and self.our_state is h11.SEND_BODY and type(self._writer) is ChunkedWriter:
+            data = event.data
+            # Empty data would read as the end of the body: h11 sends nothing for it.
+            return b"%x\r\n%b\r\n" % (len(data), data) if data else b""
+        return super().send(event)
 
     def _clean_up_response_headers_for_sending(self, response: h11.Response) -> h11.Response:
         version = self.their_http_version

@@ -51,6 +51,11 @@ UPSTREAM = {
     "h11.Connection._clean_up_response_headers_for_sending": (h11.Connection._clean_up_response_headers_for_sending,
                                                               "a190401e4767c641"),
     "h11._connection._body_framing": (h11._connection._body_framing, "bbbb12006a0c9b1d"),
+    # What EdgeConnection.send frames itself: a chunk of a chunked body, and how h11 sends one.
+    "h11._writers.ChunkedWriter.send_data": (h11._writers.ChunkedWriter.send_data, "0fbc8fb565f7029f"),
+    "h11.Connection.send": (h11.Connection.send, "cd6b139277cf57fa"),
+    "h11.Connection.send_with_data_passthrough": (h11.Connection.send_with_data_passthrough, "e8332d21fb1a2963"),
+    "h11.Connection._process_event": (h11.Connection._process_event, "34a61e13cd672ae1"),
     # What EdgeConfig.response_headers builds once a second: only the date in it changes.
     "Config.response_headers": (hypercorn.config.Config.response_headers, "5a637c3d48180e55"),
 }
@@ -125,8 +130,18 @@ def exchanges(draw):
         headers, status
 
 
-@given(exchanges())
-def test_an_edge_connection_frames_every_response_exactly_as_h11_does(exchange):
+def sent_by(connection: h11.Connection, event: h11.Event) -> tuple:
+    """What sending `event` gives back, or the error it raises, and the states after it."""
+    try:
+        outcome: object = connection.send(event)
+    except h11.LocalProtocolError as error:
+        outcome = ("refused", str(error))
+    return outcome, connection.our_state, connection.their_state
+
+
+@given(exchanges(), st.lists(st.binary(max_size=40), max_size=4), st.booleans())
+def test_an_edge_connection_frames_every_response_exactly_as_h11_does(exchange, chunks, ends):
+    """The head, each body chunk (empty ones too) and the end: the same bytes, errors and states."""
     request, headers, status = exchange
     sent = []
     for kind in (h11.Connection, EdgeConnection):
@@ -135,7 +150,8 @@ def test_an_edge_connection_frames_every_response_exactly_as_h11_does(exchange):
         while not isinstance(connection.next_event(), h11.EndOfMessage):
             pass
         response = h11.Response(status_code=status, headers=headers, reason=b"X")
-        sent.append((connection.send(response), connection.our_state, connection.their_state))
+        events = [response, *(h11.Data(data=chunk) for chunk in chunks), *([h11.EndOfMessage()] if ends else [])]
+        sent.append([sent_by(connection, event) for event in events])
     assert sent[0] == sent[1]
 
 
