@@ -187,13 +187,20 @@ class Accounting:
 
 
 def new_request_id() -> str:
-    """A request id: 128 random bits from the OS as 32 lowercase hex digits, the shape of
-    `uuid4().hex` with 6 more random bits, at a seventh of its cost (no `UUID` object is built).
-    Random rather than counted, so ids from any number of processes and hosts do not collide
-    (with ~10^12 ids the chance is ~10^-15), and nobody learns the gateway's request rate from
-    the ids a miner or a buyer sees. The id is a store `identifier`, and its first 12 digits name
-    the request's tool calls (`relay`)."""
-    return os.urandom(16).hex()
+    """A request id: 32 lowercase hex digits, the shape of `uuid4().hex`, at under half its cost
+    (no `UUID` object is built): the milliseconds since the Unix epoch in the first 12, then 80
+    random bits from the OS.
+
+    Time first, so ids made later sort later, the way UUIDv7 orders them: the store's index of
+    holds by request id then grows at its end, where its pages are already in memory. With
+    random ids, each hold went to a random page of that index: measured alone on a store with
+    100,000 requests in it, 2.2 page reads and 20 KB of log written per request rather than 0.2
+    and 11 KB, and 1.5× the store's CPU (`docs/performance.md`). Random after that, so ids from
+    any number of processes and hosts do not collide (10^6 ids in one millisecond collide with
+    a chance of ~10^-12), and nobody learns the gateway's request rate from the ids a miner or
+    a buyer sees; the time in them is the request's, which both know. The id is a store
+    `identifier`, and its last 12 digits name the request's tool calls (`relay`)."""
+    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
 def _new_seed() -> int:

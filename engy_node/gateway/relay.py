@@ -203,7 +203,7 @@ class ChatEndpoint:
             stops = StopScanner(flight.chat.sampling.stop)
             flight.relayed_text = stops.feed(content) + stops.finish()
             flight.first_output_at = flight.first_output_at or gateway.monotonic()
-            parser = OutputParser(call_id_prefix=flight.request_id[:12])
+            parser = OutputParser(call_id_prefix=flight.request_id[-12:])
             events = parser.feed(flight.relayed_text) + parser.finish()
             accounting = await gateway.account_for(flight, pending, cut_at=stops.matched)
             usage = await gateway.settle(flight, status=200, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens)
@@ -247,7 +247,7 @@ class ChatEndpoint:
         cancelled and the stream finishes as if the miner had stopped."""
         gateway = self.gateway
         encoder = self.api.encoder(flight)
-        parser = OutputParser(call_id_prefix=flight.request_id[:12])
+        parser = OutputParser(call_id_prefix=flight.request_id[-12:])
         stops = StopScanner(flight.chat.sampling.stop)
         received = ""
         events_seen: list[OutputEvent] = []
