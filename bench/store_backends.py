@@ -12,7 +12,9 @@ the server's and is printed apart). Backends alternate within a round so drift h
 each cell is the median over rounds. Prints a Markdown table with the ratio PostgreSQL/SQLite.
 
 The cluster runs with fsync on, as production does; on this VM's disk a commit's flush is the
-floor of a durable write on either backend.
+floor of a durable write on either backend. Request ids are the gateway's own
+(`lifecycle.new_request_id`). `--prefill N` first serves N requests, unmeasured, into each store:
+a store that has been serving a while, whose indexes no longer fit in memory as a new one's do.
 
 With `--baseline REV` (a commit of this repository, or a directory holding another code tree) the
 same work runs on this tree's store and on the baseline's, side by side: each run in a process of
@@ -20,6 +22,7 @@ its own that imports that tree's `engy_node`, each tree on a database and a file
 two schema versions never meet), the trees alternating within a round. `--backends` picks which.
 
     .venv/bin/python bench/store_backends.py --baseline 267dab4 --backends postgresql --concurrency 1,16
+    .venv/bin/python bench/store_backends.py --baseline 85d563a --backends sqlite --concurrency 16 --prefill 100000
 """
 
 from __future__ import annotations
@@ -46,6 +49,14 @@ sys.path.insert(0, os.environ.get(TREE_ENV, str(ROOT)))
 import engy_node  # noqa: E402
 from engy_node.gateway.store import RequestLogEntry, Store  # noqa: E402
 
+try:
+    from engy_node.gateway.lifecycle import new_request_id  # noqa: E402
+except ImportError:  # a tree from before the gateway's ids had a function of their own: they were uuid4s
+    import uuid
+
+    def new_request_id() -> str:
+        return uuid.uuid4().hex
+
 
 def entry(request_id: str, account_id: int) -> RequestLogEntry:
     return RequestLogEntry(request_id=request_id, account_id=account_id, miner="key:1", model="smollm2-135m", api="openai",
@@ -53,18 +64,19 @@ def entry(request_id: str, account_id: int) -> RequestLogEntry:
                            ttft_ms=40.0, tpot_ms=8.0, created_at=time.time())
 
 
-async def drive(store: Store, *, keys: list[tuple[int, str]], requests: int, concurrency: int, tag: str) -> tuple[float, list[float], float]:
+async def drive(store: Store, *, keys: list[tuple[int, str]], requests: int, concurrency: int) -> tuple[float, list[float], float]:
     """(wall seconds, per-request latencies, this process's CPU seconds) for `requests` requests."""
     latencies: list[float] = []
     counter = iter(range(requests))
 
     async def buyer(index: int) -> None:
         account_id, key = keys[index % len(keys)]
-        for n in counter:
+        for _ in counter:
             started = time.perf_counter()
+            request_id = new_request_id()
             account = await store.run(store.authenticate, key)
-            hold = await store.run(store.hold, account.account_id, amount=500, request_id=f"{tag}-{n}")
-            await store.run(store.settle_and_log, hold, cost=120, entry=entry(f"{tag}-{n}", account_id))
+            hold = await store.run(store.hold, account.account_id, amount=500, request_id=request_id)
+            await store.run(store.settle_and_log, hold, cost=120, entry=entry(request_id, account_id))
             latencies.append(time.perf_counter() - started)
 
     process = psutil.Process()
@@ -98,12 +110,13 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", help="a commit or a code tree to measure side by side with this one")
     parser.add_argument("--backends", default="sqlite,postgresql", help="with --baseline: which backends")
+    parser.add_argument("--prefill", type=int, default=0, metavar="N",
+                        help="requests served into each store, unmeasured, before the first round")
     parser.add_argument("--one-run", metavar="LOCATION", help=argparse.SUPPRESS)
-    parser.add_argument("--tag", default="run", help=argparse.SUPPRESS)
     args = parser.parse_args()
     levels = [int(level) for level in args.concurrency.split(",")]
     if args.one_run:
-        await one_run(args.one_run, requests=args.requests, concurrency=levels[0], tag=args.tag)
+        await one_run(args.one_run, requests=args.requests, concurrency=levels[0])
     elif args.baseline:
         side_by_side(args, levels, [backend for backend in args.backends.split(",") if backend])
     else:
@@ -116,14 +129,16 @@ async def both_backends(args: argparse.Namespace, levels: list[int]) -> None:
     with tempfile.TemporaryDirectory(prefix="engy-store-bench-") as tmp, throwaway_cluster() as cluster:
         stores = {"sqlite": Store(Path(tmp) / "gateway.sqlite3"), "postgresql": Store(cluster.create_database())}
         keys = {name: funded_keys(store, 64) for name, store in stores.items()}
+        if args.prefill:
+            for name, store in stores.items():
+                await drive(store, keys=keys[name], requests=args.prefill, concurrency=64)
         server = _postmaster(cluster)
         cells: dict[tuple[int, str], list[tuple[float, float, float, float, float]]] = {}
         for round_index in range(args.rounds):
             for level in levels:
                 for name in (("sqlite", "postgresql") if round_index % 2 == 0 else ("postgresql", "sqlite")):
                     server_cpu_before = _tree_cpu(server) if name == "postgresql" else 0.0
-                    wall, latencies, cpu = await drive(stores[name], keys=keys[name], requests=args.requests, concurrency=level,
-                                                       tag=f"r{round_index}-c{level}-{name}")
+                    wall, latencies, cpu = await drive(stores[name], keys=keys[name], requests=args.requests, concurrency=level)
                     server_cpu = (_tree_cpu(server) - server_cpu_before) if name == "postgresql" else 0.0
                     cells.setdefault((level, name), []).append((
                         args.requests / wall, percentile(latencies, 50) * 1e3, percentile(latencies, 99) * 1e3,
@@ -131,7 +146,8 @@ async def both_backends(args: argparse.Namespace, levels: list[int]) -> None:
         for store in stores.values():
             store.close()
     print(f"store work of one paid request (authenticate, hold, settle_and_log), {args.requests} requests per cell, "
-          f"median of {args.rounds} rounds; {platform.processor() or platform.machine()}, {os.cpu_count()} cores\n")
+          f"median of {args.rounds} rounds, {args.prefill} requests served before; "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores\n")
     print("| in flight | backend | requests/s | latency p50 ms | latency p99 ms | client CPU ms/req | server CPU ms/req | req/s vs SQLite |")
     print("|---|---|---|---|---|---|---|---|")
     for level in levels:
@@ -143,11 +159,11 @@ async def both_backends(args: argparse.Namespace, levels: list[int]) -> None:
             print(f"| {level} | {name} | {rps:,.0f} | {p50:.2f} | {p99:.2f} | {cpu:.3f} | {server} | {ratio:.2f}× |")
 
 
-async def one_run(location: str, *, requests: int, concurrency: int, tag: str) -> None:
+async def one_run(location: str, *, requests: int, concurrency: int) -> None:
     """One tree's run of a side-by-side cell, in a process of its own: prints its figures as JSON."""
     with Store(location) as store:
         keys = funded_keys(store, 64)
-        wall, latencies, cpu = await drive(store, keys=keys, requests=requests, concurrency=concurrency, tag=tag)
+        wall, latencies, cpu = await drive(store, keys=keys, requests=requests, concurrency=concurrency)
     print(json.dumps({"engy_node": engy_node.__file__, "rps": requests / wall, "p50_ms": percentile(latencies, 50) * 1e3,
                       "p99_ms": percentile(latencies, 99) * 1e3, "cpu_ms": cpu / requests * 1e3}))
 
@@ -163,6 +179,9 @@ def side_by_side(args: argparse.Namespace, levels: list[int], backends: list[str
         trees = {"ours": ROOT, "baseline": baseline_tree(args.baseline, Path(tmp))}
         locations = {(name, backend): cluster.create_database() if backend == "postgresql" else str(Path(tmp) / f"{name}.sqlite3")
                      for name in trees for backend in backends}
+        if args.prefill:
+            for (name, _), location in locations.items():
+                run_in_tree(name, trees[name], location, requests=args.prefill, concurrency=64)
         server = _postmaster(cluster)
         cells: dict[tuple[int, str, str], list[dict]] = {}
         for round_index in range(args.rounds):
@@ -171,11 +190,12 @@ def side_by_side(args: argparse.Namespace, levels: list[int], backends: list[str
                     for name in ("ours", "baseline") if round_index % 2 == 0 else ("baseline", "ours"):
                         server_cpu_before = _tree_cpu(server)
                         figures = run_in_tree(name, trees[name], locations[(name, backend)], requests=args.requests,
-                                              concurrency=level, tag=f"r{round_index}-c{level}")
+                                              concurrency=level)
                         figures["server_cpu_ms"] = (_tree_cpu(server) - server_cpu_before) / args.requests * 1e3
                         cells.setdefault((level, backend, name), []).append(figures)
     print(f"store work of one paid request (authenticate, hold, settle_and_log), {args.requests} requests per cell, "
-          f"median of {args.rounds} rounds; ours: {describe(ROOT)}, baseline: {args.baseline}; "
+          f"median of {args.rounds} rounds, {args.prefill} requests served before; ours: {describe(ROOT)}, "
+          f"baseline: {args.baseline}; "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores\n")
     print("| in flight | backend | requests/s, baseline → ours | latency p50 ms | latency p99 ms "
           "| client CPU ms/req | server CPU ms/req |")
@@ -194,11 +214,10 @@ def side_by_side(args: argparse.Namespace, levels: list[int], backends: list[str
                   f"| {pair('cpu_ms', 3)} | {server} |")
 
 
-def run_in_tree(name: str, tree: Path, location: str, *, requests: int, concurrency: int, tag: str) -> dict:
+def run_in_tree(name: str, tree: Path, location: str, *, requests: int, concurrency: int) -> dict:
     """`one_run` in a process that imports `tree`'s engy_node; its figures."""
     run = subprocess.run(
-        [sys.executable, __file__, "--one-run", location, "--requests", str(requests), "--concurrency", str(concurrency),
-         "--tag", tag],
+        [sys.executable, __file__, "--one-run", location, "--requests", str(requests), "--concurrency", str(concurrency)],
         env={**os.environ, TREE_ENV: str(tree), "PYTHONPATH": str(tree)}, cwd=tree, capture_output=True, text=True,
         timeout=1800)
     if run.returncode != 0:
