@@ -10,6 +10,8 @@ flight). Per level and backend: requests/s and the latency of one request's stor
 p99), and CPU seconds per request of this process (the gateway's side; PostgreSQL's own CPU is
 the server's and is printed apart). Backends alternate within a round so drift hits both alike;
 each cell is the median over rounds. Prints a Markdown table with the ratio PostgreSQL/SQLite.
+Side by side, also the process's read calls and bytes written (an SQLite file's page reads and
+its log; PostgreSQL's happen in the server) per request.
 
 The cluster runs with fsync on, as production does; on this VM's disk a commit's flush is the
 floor of a durable write on either backend. Request ids are the gateway's own
@@ -163,9 +165,13 @@ async def one_run(location: str, *, requests: int, concurrency: int) -> None:
     """One tree's run of a side-by-side cell, in a process of its own: prints its figures as JSON."""
     with Store(location) as store:
         keys = funded_keys(store, 64)
+        io_before = psutil.Process().io_counters()
         wall, latencies, cpu = await drive(store, keys=keys, requests=requests, concurrency=concurrency)
+        io_after = psutil.Process().io_counters()
     print(json.dumps({"engy_node": engy_node.__file__, "rps": requests / wall, "p50_ms": percentile(latencies, 50) * 1e3,
-                      "p99_ms": percentile(latencies, 99) * 1e3, "cpu_ms": cpu / requests * 1e3}))
+                      "p99_ms": percentile(latencies, 99) * 1e3, "cpu_ms": cpu / requests * 1e3,
+                      "reads": (io_after.read_count - io_before.read_count) / requests,
+                      "written_kb": (io_after.write_chars - io_before.write_chars) / requests / 1024}))
 
 
 def side_by_side(args: argparse.Namespace, levels: list[int], backends: list[str]) -> None:
@@ -198,8 +204,8 @@ def side_by_side(args: argparse.Namespace, levels: list[int], backends: list[str
           f"baseline: {args.baseline}; "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores\n")
     print("| in flight | backend | requests/s, baseline → ours | latency p50 ms | latency p99 ms "
-          "| client CPU ms/req | server CPU ms/req |")
-    print("|---|---|---|---|---|---|---|")
+          "| client CPU ms/req | server CPU ms/req | client reads/req | client KB written/req |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for level in levels:
         for backend in backends:
             def median(name: str, key: str) -> float:
@@ -207,11 +213,12 @@ def side_by_side(args: argparse.Namespace, levels: list[int], backends: list[str
 
             def pair(key: str, digits: int) -> str:
                 before, after = median("baseline", key), median("ours", key)
-                return f"{before:,.{digits}f} → {after:,.{digits}f} ({after / before:.2f}×)"
+                ratio = f" ({after / before:.2f}×)" if before else ""
+                return f"{before:,.{digits}f} → {after:,.{digits}f}{ratio}"
 
             server = pair("server_cpu_ms", 3) if backend == "postgresql" else "—"
             print(f"| {level} | {backend} | {pair('rps', 0)} | {pair('p50_ms', 2)} | {pair('p99_ms', 2)} "
-                  f"| {pair('cpu_ms', 3)} | {server} |")
+                  f"| {pair('cpu_ms', 3)} | {server} | {pair('reads', 2)} | {pair('written_kb', 1)} |")
 
 
 def run_in_tree(name: str, tree: Path, location: str, *, requests: int, concurrency: int) -> dict:
