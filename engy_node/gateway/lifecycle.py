@@ -193,13 +193,15 @@ def new_request_id() -> str:
 
     Time first, so ids made later sort later, the way UUIDv7 orders them: the store's index of
     holds by request id then grows at its end, where its pages are already in memory. With
-    random ids, each hold went to a random page of that index: measured alone on a store with
-    100,000 requests in it, 2.2 page reads and 20 KB of log written per request rather than 0.2
-    and 11 KB, and 1.5× the store's CPU (`docs/performance.md`). Random after that, so ids from
-    any number of processes and hosts do not collide (10^6 ids in one millisecond collide with
-    a chance of ~10^-12), and nobody learns the gateway's request rate from the ids a miner or
-    a buyer sees; the time in them is the request's, which both know. The id is a store
-    `identifier`, and its last 12 digits name the request's tool calls (`relay`)."""
+    random ids, each hold went to a random page of that index: on a store that had served
+    200,000 requests, 2.7 reads and 30 KB written per request rather than 0.4 and 20 KB, and
+    1.12× the store's CPU (`bench/store_backends.py --prefill`, `docs/performance.md`).
+
+    Random after that, so ids from any number of processes and hosts do not collide (10^6 ids
+    in one millisecond collide with a chance of ~10^-12), and nobody learns the gateway's
+    request rate from the ids a miner or a buyer sees; the time in them is the request's, which
+    both know. The id is a store `identifier`, and its last 12 digits name the request's tool
+    calls (`relay`)."""
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
