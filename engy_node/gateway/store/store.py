@@ -149,6 +149,8 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
             raise TypeError(f"settle_and_log takes a RequestLogEntry, got {type(entry).__name__}")
         if entry.request_id != hold.request_id:
             raise ValueError(f"the log row is for request {entry.request_id}, the hold for {hold.request_id}")
+        if entry.kind != "paid":
+            raise ValueError(f"settle_and_log settles a paid request; a {entry.kind} row has no hold (log it with log_request)")
         now = self._clock()
         row = log_row(entry)
         with self._write(pipelined=True) as conn:

@@ -445,6 +445,8 @@ def test_a_log_row_that_cannot_be_written_leaves_the_hold_open(store):
     assert store.balance(account_id).held == 100 and store.requests_in(since=0.0, until=2_000.0) == []
     with pytest.raises(ValueError, match="the log row is for request other"):
         store.settle_and_log(hold, cost=40, entry=entry(request_id="other", account_id=account_id))
+    with pytest.raises(ValueError, match="settles a paid request"):
+        store.settle_and_log(hold, cost=40, entry=entry(request_id="r1", account_id=None, kind="probe", cost_micro=0))
     settled = store.settle_and_log(hold, cost=40, entry=entry(request_id="r1", account_id=account_id))
     assert (settled.charged, settled.applied) == (40, True), "the failed attempts left nothing behind"
     assert_books_balance(store, account_id)
