@@ -67,6 +67,7 @@ class _Slot:
         """Its caller was handed the writing of the next group."""
 
     def run(self) -> None:
+        self.result, self.error = None, None  # a group written again runs its calls again
         try:
             self.result = self.call()
         except Exception as error:  # broad on purpose: the caller re-raises it as its own
@@ -229,25 +230,21 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
         durable = any(slot.durable for slot in group)
         with self._db.lock:
             try:
-                if not self._written_bare(group, durable=durable) and len(group) > 1:
-                    for slot in group:
-                        slot.result = slot.error = None
-                    with self._batch(durable=durable):
-                        for slot in group:
-                            slot.run()
+                if not self._written(group, durable=durable, savepoints=False) and len(group) > 1:
+                    self._written(group, durable=durable, savepoints=True)
             except BaseException as error:  # broad on purpose: every caller in the group must hear of it
                 explained = self._db.explain(error)
                 for slot in group:
                     slot.fail(explained or error)
 
-    def _written_bare(self, group: list[_Slot], *, durable: bool) -> bool:
-        """Write the group without savepoints; False if an operation failed, and then nothing
-        is written (the failing operation's error stays in its slot)."""
+    def _written(self, group: list[_Slot], *, durable: bool, savepoints: bool) -> bool:
+        """Write the group in one transaction. False when, without savepoints, an operation
+        failed: then nothing is written, and the failing operation's error stays in its slot."""
         try:
-            with self._batch(durable=durable, savepoints=False):
+            with self._batch(durable=durable, savepoints=savepoints):
                 for slot in group:
                     slot.run()
-                    if slot.error is not None:
+                    if slot.error is not None and not savepoints:
                         raise _GroupFailed
         except _GroupFailed:
             return False
