@@ -35,8 +35,8 @@ inserts its points in O(points × log) steps, not by shifting one list of every 
 
 What is counted. Per group of workers with equal priority and equal `lacks`: how many admitted
 workers have a free slot, with their in-flight and capacity sums (the load bound's m and C), and
-those workers by load `inflight / capacity` (exact fractions), each load's workers sorted by id
-(round-robin). Admission is the pool's word on whether the traffic plane lets the worker serve
+those workers by load `inflight / capacity` (exactly, as scaled integers), each load's workers
+sorted by id (round-robin). Admission is the pool's word on whether the traffic plane lets the worker serve
 and its leg is fresh; the pool refreshes it at least once a second, and `choose` can check it
 once more per candidate (`admit`), so a worker pulled since the last refresh is never chosen, it
 only lingers in the counts until then.
@@ -68,7 +68,6 @@ import struct
 from array import array
 from bisect import bisect_left, insort
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from fractions import Fraction
 from typing import Literal
 
 __all__ = [
@@ -202,8 +201,8 @@ class _Worker:
     """Its positions, sorted: its nearest point clockwise of a key is one bisection away."""
     ring: "_Ring | None" = None
     """The ring holding its points: None while its capacity is 0."""
-    level: Fraction | None = None
-    """Its load while it is admitted and has a free slot (it is then listed under it), else None:
+    level: int | None = None
+    """Its load (`_load_level`) while it is admitted and has a free slot (it is then listed under it), else None:
     a worker is eligible, but for `exclude` and `admit`, exactly when this is set."""
 
 
@@ -312,9 +311,9 @@ class _Group:
         """Admitted workers with a free slot, and below, their in-flight and capacity sums."""
         self.free_inflight = 0
         self.free_capacity = 0
-        self.levels: list[Fraction] = []
-        """The distinct loads of those workers, ascending."""
-        self.members: dict[Fraction, list[str]] = {}
+        self.levels: list[int] = []
+        """The distinct loads of those workers (`_load_level`), ascending."""
+        self.members: dict[int, list[str]] = {}
         """load -> the ids of those workers at that load, sorted."""
 
 
@@ -448,7 +447,7 @@ class RouteTable:
         group.free += 1
         group.free_inflight += worker.inflight
         group.free_capacity += worker.capacity
-        level = Fraction(worker.inflight, worker.capacity)
+        level = _load_level(worker.inflight, worker.capacity)
         members = group.members.get(level)
         if members is None:
             members = group.members[level] = []
@@ -513,7 +512,7 @@ class RouteTable:
            counts still hold can every eligible worker be over the bound; the key's first
            eligible worker then takes the request.)
         5. Without a prefix, round-robin over the least-loaded workers: those whose load
-           `inflight / capacity` equals the class minimum (exact fractions), in a cycle of group
+           `inflight / capacity` equals the class minimum (compared exactly), in a cycle of group
            after group (by what they lack), each group's in worker-id order; the pick is the one
            at `rr_counter % len(cycle)`, or the next eligible one after it. While the loads are
            equal, as in a lightly used cluster, the counter visits every worker once per cycle.
@@ -652,6 +651,14 @@ def _key_order(rings: list[_Ring], point: int, by_serial: list[_Worker | None]) 
         cursor[0], cursor[1], cursor[2] = run, at, unmet
         distance = (ring.positions[run][at] - point) & _MASK
         push(heap, ((distance << _SCORE_SHIFT) // ring.max_capacity, 0, index))
+
+
+def _load_level(inflight: int, capacity: int) -> int:
+    """The load `inflight / capacity` as an integer that is equal for equal loads and ordered as
+    they are: the ratio scaled by 2**128 and floored, exact for the same reason scores are
+    (`_SCORE_SHIFT`). Hashing and comparing it costs a tenth of an exact `Fraction`'s, and the
+    pool relists a worker on every change of its in-flight count."""
+    return (inflight << _SCORE_SHIFT) // capacity
 
 
 def _round_robin(top_class: Sequence[_Group], rr_counter: int, exclude: Collection[str],
