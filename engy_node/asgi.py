@@ -98,30 +98,50 @@ class DisconnectWatch:
         self.client_gone = False
 
 
-@contextlib.asynccontextmanager
-async def watch_disconnect(receive: Receive, scope: MutableMapping[str, Any] | None = None) -> AsyncIterator[DisconnectWatch]:
+def watch_disconnect(receive: Receive,
+                     scope: MutableMapping[str, Any] | None = None) -> contextlib.AbstractAsyncContextManager[DisconnectWatch]:
     """Run the body in a scope that is cancelled if the client hangs up (the request body must
     already be read). Leaving the block stops the watch; a single failure of the body is raised
     as itself, not inside an exception group. One watch can span a whole response, so a handler
     that waits, then streams, pays for one watch rather than one per phase. Given the request's
     `scope` from a server that offers `CLIENT_GONE`, the watch is that server's callback and
     costs no task; otherwise a task waits in `receive` for the `http.disconnect`."""
-    watch = DisconnectWatch()
     notice = ((scope or {}).get("extensions") or {}).get(CLIENT_GONE)
     if notice is not None:
-        with trio.CancelScope() as cancel_scope:
-            def gone() -> None:
-                watch.client_gone = True
-                cancel_scope.cancel(reason="client disconnected")
+        return _NoticeWatch(notice)
+    return _receiving_watch(receive)
 
-            notice.callback = gone
-            try:
-                if notice.gone:
-                    gone()
-                yield watch
-            finally:
-                notice.callback = None
-        return
+
+class _NoticeWatch:
+    """A watch that is the server's `ClientGone` callback. A class rather than a generator-based
+    context manager, which would cost as much again: it spans every buyer request."""
+
+    __slots__ = ("_notice", "_scope", "_watch")
+
+    def __init__(self, notice: ClientGone) -> None:
+        self._notice = notice
+        self._scope = trio.CancelScope()
+        self._watch = DisconnectWatch()
+
+    async def __aenter__(self) -> DisconnectWatch:
+        self._scope.__enter__()
+        self._notice.callback = self._gone
+        if self._notice.gone:
+            self._gone()
+        return self._watch
+
+    async def __aexit__(self, *exc_info: Any) -> bool:
+        self._notice.callback = None
+        return self._scope.__exit__(*exc_info)
+
+    def _gone(self) -> None:
+        self._watch.client_gone = True
+        self._scope.cancel(reason="client disconnected")
+
+
+@contextlib.asynccontextmanager
+async def _receiving_watch(receive: Receive) -> AsyncIterator[DisconnectWatch]:
+    watch = DisconnectWatch()
 
     async def watcher(scope: trio.CancelScope) -> None:
         while (await receive())["type"] != "http.disconnect":

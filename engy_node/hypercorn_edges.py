@@ -282,33 +282,42 @@ class EdgeH11Protocol(H11Protocol):
         Hypercorn's server stops a task when a request arrives and starts a new one when the
         response is done (`TCPServer.protocol_send` on `Updated`): a task, a cancellation and
         four scheduler steps per request. Here one task per connection (`_keep_alive`) keeps the
-        time, and each change between busy and idle only moves its deadline. The server's own
-        task still times the wait for the first request (a client that connects and sends
-        nothing, or a head a byte at a time); the first request's `Updated` stops it as before."""
+        time, and each change between busy and idle only notes when the connection may be closed;
+        the task's timer is not moved for it (a change of a cancel scope's deadline reorders
+        the run's deadlines, twice per request), but checks that note when it fires and sets
+        itself again. The server's own task still times the wait for the first request (a client
+        that connects and sends nothing, or a head a byte at a time); the first request's
+        `Updated` stops it as before."""
         if self._idle_timer is None:
-            self._idle_timer = trio.CancelScope()
+            self._idle_timer = trio.CancelScope(deadline=trio.current_time() + self.config.keep_alive_timeout)
             self.task_group.spawn(self._keep_alive)
             return False
         self._idle_deadline = trio.current_time() + self.config.keep_alive_timeout if idle else math.inf
-        self._idle_timer.deadline = self._idle_deadline
         return True
 
     async def _keep_alive(self) -> None:
         """Close the connection when it has been idle (between requests) for the config's
         `keep_alive_timeout`, or at once when idle while the server is stopping: what hypercorn's
         idle task does. A stopping server with a request in flight closes the connection when
-        the response is done (`H11Protocol._maybe_recycle`), as before."""
+        the response is done (`H11Protocol._maybe_recycle`), as before.
+
+        The timer fires no later than the idle deadline: it is set, at the latest, one
+        `keep_alive_timeout` after it last looked, and a connection that went idle since then
+        has its deadline at least that far off. Fired early (the connection went busy, or busy
+        and idle again, since), it sets itself for the deadline now noted, or, while a request
+        is in flight, for one more timeout."""
         while not self._closed:
             with self._idle_timer:
                 await self.context.terminated.wait()
             idle = self._idle_deadline != math.inf
             if self._closed or (not idle and self.context.terminated.is_set()):
                 return
-            if idle and (self.context.terminated.is_set() or trio.current_time() >= self._idle_deadline):
+            now = trio.current_time()
+            if idle and (self.context.terminated.is_set() or now >= self._idle_deadline):
                 with trio.CancelScope(shield=True):
                     await self.send(Closed())
                 return
-            self._idle_timer = trio.CancelScope(deadline=self._idle_deadline)
+            self._idle_timer = trio.CancelScope(deadline=self._idle_deadline if idle else now + self.config.keep_alive_timeout)
 
     def _stop_keep_alive(self) -> None:
         self._closed = True
