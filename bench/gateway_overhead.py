@@ -509,13 +509,13 @@ def print_comparison(rows: list[dict]) -> None:
         cpu, rps = o["cpu_ms_per_request"] / b["cpu_ms_per_request"], o["rps"] / b["rps"]
         ratios.setdefault((row["stream"], row["concurrency"]), []).append((cpu, rps))
         print(f"| {'streamed' if row['stream'] else 'not streamed'} | {row['concurrency']} | {row['round']} "
-              f"| {b['cpu_ms_per_request']:.2f} → {o['cpu_ms_per_request']:.2f} ms ({cpu:.2f}×) "
+              f"| {b['cpu_ms_per_request']:.3f} → {o['cpu_ms_per_request']:.3f} ms ({cpu:.3f}×) "
               f"| {b['rps']:.0f} → {o['rps']:.0f} ({rps:.2f}×) "
               f"| {b['ttft_p50_ms']:.1f} → {o['ttft_p50_ms']:.1f} ms | {b['ttft_p99_ms']:.1f} → {o['ttft_p99_ms']:.1f} ms |")
     print()
     for (stream, concurrency), pairs in ratios.items():
         print(f"{'streamed' if stream else 'not streamed'}, {concurrency} concurrent, {len(pairs)} round(s): CPU per request "
-              f"{statistics.median(cpu for cpu, _ in pairs):.2f}× the baseline's, requests/s "
+              f"{statistics.median(cpu for cpu, _ in pairs):.3f}× the baseline's, requests/s "
               f"{statistics.median(rps for _, rps in pairs):.2f}× (medians)")
 
 

@@ -128,6 +128,9 @@ def _environment() -> ImmutableSandboxedEnvironment:
 
 
 _ENVIRONMENT = _environment()
+_GLOBALS = dict(_ENVIRONMENT.globals)
+"""What every template sees besides its variables (templates are compiled without globals of
+their own)."""
 
 
 class ChatTemplates:
@@ -170,8 +173,12 @@ class ChatTemplates:
             raise ChatTemplateError("each tool must be a JSON object (a function's JSON schema)")
         chat = [_with_reasoning_aliases(_plain({key: value for key, value in _message(message).items() if value is not None}))
                 for message in messages]
-        return template.render(messages=chat, tools=_plain(list(tools)) if tools is not None else None, documents=None,
-                               add_generation_prompt=add_generation_prompt, **_plain(dict(variables or {})))
+        # The globals go in with the variables, as `template.render` would put them, but from a
+        # dict flattened once: `render` copies them out of their ChainMap on every call, which
+        # cost about as much as rendering a short conversation itself.
+        names = {**_GLOBALS, "messages": chat, "tools": _plain(list(tools)) if tools is not None else None, "documents": None,
+                 "add_generation_prompt": add_generation_prompt, **_plain(dict(variables or {}))}
+        return str(template.make_module(names, shared=True))
 
 
 def _message(message: Any) -> Mapping[str, Any]:
