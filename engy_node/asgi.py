@@ -176,7 +176,7 @@ def receive_queued_first(receive: Receive) -> Receive:
     app yields, so a loop over it still yields every few messages. Any other `receive` is
     returned as it is."""
     channel = getattr(receive, "__self__", None)
-    if not isinstance(channel, trio.MemoryReceiveChannel):
+    if type(channel) is not trio.MemoryReceiveChannel:  # a final class; `isinstance` would go through ABCMeta
         return receive
 
     async def take_or_wait() -> MutableMapping[str, Any]:

@@ -100,7 +100,7 @@ import hypercorn.trio.run
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 import trio
 from wsproto.connection import ConnectionState
-from wsproto.events import CloseConnection, Message, Ping
+from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
 from wsproto.frame_protocol import CloseReason
 
 from engy_node.asgi import CLIENT_GONE, ClientGone
@@ -212,7 +212,7 @@ class EdgeH11Protocol(H11Protocol):
                 self._socket, self._server_lock = stream.socket, lock
 
     async def handle(self, event: Event) -> None:
-        if isinstance(event, Closed):
+        if type(event) is Closed:
             self._stop_keep_alive()
         await super().handle(event)
 
@@ -235,14 +235,18 @@ class EdgeH11Protocol(H11Protocol):
         await super()._maybe_recycle()
 
     async def _send_or_hold(self, event: Event) -> None:
-        if isinstance(event, Updated) and self._keeps_time(idle=event.idle):
+        # Exact type tests here and below: hypercorn's and wsproto's events are `ABC`s, whose
+        # `isinstance` goes through `ABCMeta` (several per write, on every request), and none
+        # of these has subclasses.
+        kind = type(event)
+        if kind is Updated and self._keeps_time(idle=event.idle):
             return
         if self._held is not None:
-            if isinstance(event, RawData):
+            if kind is RawData:
                 self._held.append(event.data)
                 return
             await self.release_writes()
-        if isinstance(event, Closed):
+        if kind is Closed:
             self._stop_keep_alive()
         await self._write_now(event)
 
@@ -256,7 +260,7 @@ class EdgeH11Protocol(H11Protocol):
         it is taken only while no write holds the server's lock, and nothing between the check
         and the write yields. A socket already closed, or an error, goes the server's way, which
         raises or reports it as it always has."""
-        if isinstance(event, RawData):
+        if type(event) is RawData:
             written = self._write_directly(event.data)
             if written == len(event.data):
                 return
@@ -340,7 +344,7 @@ async def put_for_app(app_put: Callable[[dict], Any], message: dict) -> None:
     """Queue `message` for the app without a scheduler step where its queue has room (the queue
     is a trio memory channel, `app_put` its `send`), as `app_put` does otherwise."""
     channel = getattr(app_put, "__self__", None)
-    if isinstance(channel, trio.MemorySendChannel):
+    if type(channel) is trio.MemorySendChannel:
         try:
             channel.send_nowait(message)
             return
@@ -427,6 +431,10 @@ class EdgeHTTPStream(HTTPStream):
             await super().app_send(start)
 
 
+_MESSAGES = (TextMessage, BytesMessage)
+"""wsproto's `Message` events: its only two kinds."""
+
+
 class EdgeWSStream(WSStream):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -440,7 +448,8 @@ class EdgeWSStream(WSStream):
             await super()._handle_events()
             return
         for event in self.connection.events():
-            if isinstance(event, Message):
+            kind = type(event)
+            if kind in _MESSAGES:
                 if self.refused:
                     continue
                 data = event.data
@@ -453,9 +462,9 @@ class EdgeWSStream(WSStream):
                     await put_for_app(self.app_put, self.buffer.to_message())
                     self.buffer.clear()
                     self.message_bytes = 0
-            elif isinstance(event, Ping):
+            elif kind is Ping:
                 await self._send_wsproto_event(event.response())
-            elif isinstance(event, CloseConnection):
+            elif kind is CloseConnection:
                 if self.connection.state == ConnectionState.REMOTE_CLOSING:
                     await self._send_wsproto_event(event.response())
                 await self.send(StreamClosed(stream_id=self.stream_id))
