@@ -2,7 +2,9 @@
 watched block (also when it came before the watch began), the watch lets go of the notice when
 it ends, and `receive` is never read. Against a real server: tests/engy_node/test_hypercorn_http.py.
 asgi.receive_queued_first: a queued message without a step, an empty queue waited on, the
-channel's own end and errors, any other receive untouched."""
+channel's own end and errors, any other receive untouched. asgi.read_json_object's deadline: a
+body queued whole is read without a step, one that does not come in time is a 408, and the time
+counts from the first wait, for the whole body."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from engy_node.asgi import CLIENT_GONE, ClientGone, receive_queued_first, watch_disconnect
+from engy_node.asgi import CLIENT_GONE, BodyError, ClientGone, read_json_object, receive_queued_first, take_queued, watch_disconnect
 
 
 async def unread_receive():
@@ -80,3 +82,46 @@ def test_any_other_receive_is_returned_as_it_is():
         return {"type": "http.disconnect"}
 
     assert receive_queued_first(receive) is receive
+
+
+def test_nothing_is_taken_without_waiting_from_any_other_receive():
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    assert take_queued(receive) is None
+
+
+async def test_a_body_queued_whole_is_read_without_a_step_or_a_timer():
+    send, receive = trio.open_memory_channel(10)
+    send.send_nowait({"type": "http.request", "body": b'{"a": 1}', "more_body": False})
+    with trio.testing.assert_no_checkpoints():
+        assert await read_json_object(receive_queued_first(receive.receive), max_bytes=100, timeout_s=0) == {"a": 1}
+
+
+async def test_a_body_that_does_not_arrive_in_time_is_a_408_and_the_time_covers_the_whole_body(autojump_clock, nursery):
+    send, receive = trio.open_memory_channel(10)
+    send.send_nowait({"type": "http.request", "body": b'{"a": ', "more_body": True})
+
+    async def trickle():
+        for piece in (b"1", b"2", b"3"):
+            await trio.sleep(4)
+            await send.send({"type": "http.request", "body": piece, "more_body": True})
+
+    nursery.start_soon(trickle)
+    started = trio.current_time()
+    with pytest.raises(BodyError) as raised:
+        await read_json_object(receive_queued_first(receive.receive), max_bytes=100, timeout_s=10)
+    assert raised.value.status == 408 and "10 s" in str(raised.value)
+    assert trio.current_time() - started == pytest.approx(10), "each piece came in time; the body as a whole did not"
+
+
+async def test_a_body_that_comes_in_pieces_within_the_time_is_read_whole(nursery):
+    send, receive = trio.open_memory_channel(10)
+
+    async def pieces():
+        for piece, more in ((b'{"a"', True), (b": 2}", False)):
+            await trio.sleep(0.01)
+            await send.send({"type": "http.request", "body": piece, "more_body": more})
+
+    nursery.start_soon(pieces)
+    assert await read_json_object(receive_queued_first(receive.receive), max_bytes=100, timeout_s=10) == {"a": 2}
