@@ -196,6 +196,8 @@ def receive_queued_first(receive: Receive) -> Receive:
 
 
 class _QueuedFirst:
+    """`receive_queued_first`'s `receive`: a queued message at once, else a wait for one."""
+
     __slots__ = ("_channel",)
 
     def __init__(self, channel: trio.MemoryReceiveChannel[MutableMapping[str, Any]]) -> None:

@@ -36,10 +36,10 @@ inserts its points in O(points × log) steps, not by shifting one list of every 
 What is counted. Per group of workers with equal priority and equal `lacks`: how many admitted
 workers have a free slot, with their in-flight and capacity sums (the load bound's m and C), and
 those workers by load `inflight / capacity` (exactly, as scaled integers), each load's workers
-sorted by id (round-robin). Admission is the pool's word on whether the traffic plane lets the worker serve
-and its leg is fresh; the pool refreshes it at least once a second, and `choose` can check it
-once more per candidate (`admit`), so a worker pulled since the last refresh is never chosen, it
-only lingers in the counts until then.
+sorted by id (round-robin). Admission is the pool's word on whether the traffic plane lets the
+worker serve and its leg is fresh; the pool refreshes it at least once a second, and `choose`
+can check it once more per candidate (`admit`), so a worker pulled since the last refresh is
+never chosen, it only lingers in the counts until then.
 
 What stays on the rings. Every worker with a capacity, admitted or not, free or full: moving a
 worker's points costs about a millisecond, so a pull of thousands of workers at once, or a
@@ -202,8 +202,8 @@ class _Worker:
     ring: "_Ring | None" = None
     """The ring holding its points: None while its capacity is 0."""
     level: int | None = None
-    """Its load (`_load_level`) while it is admitted and has a free slot (it is then listed under it), else None:
-    a worker is eligible, but for `exclude` and `admit`, exactly when this is set."""
+    """Its load (`_load_level`) while it is admitted and has a free slot (it is then listed under
+    it), else None: a worker is eligible, but for `exclude` and `admit`, exactly when this is set."""
 
 
 class _Ring:
