@@ -204,10 +204,8 @@ class _QueuedFirst:
         self._channel = channel
 
     async def __call__(self) -> MutableMapping[str, Any]:
-        try:
-            return self._channel.receive_nowait()
-        except trio.WouldBlock:
-            return await self._channel.receive()
+        message = self.queued()
+        return message if message is not None else await self._channel.receive()
 
     def queued(self) -> MutableMapping[str, Any] | None:
         try:
