@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 
 import pytest
 import torch
@@ -221,12 +222,56 @@ def test_greedy_check_fails_whenever_a_gap_exceeds_the_margin(gaps):
         assert not check.ok and check.reason == "greedy-gap"
 
 
-def test_a_few_near_tie_misses_pass_but_many_fail():
-    few = stats_from([0.1, 0.0, 0.05] + [0.0] * 97, [1, 0, 1] + [0] * 97)
-    assert proof.token_check(few, greedy=True, params=TOKEN_PARAMS).ok
-    many = stats_from([0.1] * 30 + [0.0] * 70, [1] * 30 + [0] * 70)
+def test_near_ties_inside_the_drift_band_are_noise_however_many():
+    # The public miner's 35-token answer, bf16 served and fp32 recomputed: 4 near-ties, the
+    # largest 0.163 logits. A count rule (at most max(2, 10 %)) judged it a cheat.
+    gaps = [0.163, 0.05, 0.12, 0.02] + [0.0] * 31
+    check = proof.token_check(stats_from(gaps, [1 if g else 0 for g in gaps]), greedy=True, params=TOKEN_PARAMS)
+    assert check.ok and check.evidence < 0
+    crowded = [TOKEN_PARAMS.greedy_drift_band] * 30 + [0.0] * 70
+    assert proof.token_check(stats_from(crowded, [1] * 30 + [0] * 70), greedy=True, params=TOKEN_PARAMS).ok
+
+
+def test_misses_beyond_the_band_accumulate_into_a_verdict():
+    beyond = TOKEN_PARAMS.greedy_drift_band + 0.1
+    one = stats_from([beyond] + [0.0] * 99, [1] + [0] * 99)
+    assert proof.token_check(one, greedy=True, params=TOKEN_PARAMS).ok, "one token beyond the band is honest often enough"
+    many = stats_from([beyond] * 30 + [0.0] * 70, [1] * 30 + [0] * 70)
     check = proof.token_check(many, greedy=True, params=TOKEN_PARAMS)
     assert (check.ok, check.reason) == (False, "greedy-misses")
+    assert check.evidence >= math.log(1 / TOKEN_PARAMS.miss_false_positive_rate)
+
+
+def test_seeded_replay_weighs_its_misses_by_the_same_rule():
+    def replayed(gaps):
+        n = len(gaps)
+        return dataclasses.replace(stats_from([0.0] * n, [0] * n), replay_gap=tuple(gaps))
+
+    assert proof.token_check(replayed([0.2] * 10 + [0.0] * 54), greedy=False, params=TOKEN_PARAMS).ok
+    check = proof.token_check(replayed([0.6] * 12 + [0.0] * 52), greedy=False, params=TOKEN_PARAMS)
+    assert (check.ok, check.reason) == (False, "seeded-misses")
+    assert proof.token_check(replayed([1.5] + [0.0] * 63), greedy=False, params=TOKEN_PARAMS).reason == "seeded-gap"
+
+
+@given(st.lists(st.floats(0, 1), max_size=300), st.floats(0.01, 0.9), st.floats(1e-4, 0.2))
+def test_miss_evidence_grows_with_every_miss_beyond_the_band_and_never_with_one_inside(gaps, band, rate):
+    base = proof.miss_evidence(gaps, band=band, rate=rate)
+    assert proof.miss_evidence([*gaps, band / 2], band=band, rate=rate) <= base + 1e-9
+    assert proof.miss_evidence([*gaps, band + 0.01], band=band, rate=rate) > base
+    assert proof.miss_evidence([g for g in gaps if g <= band], band=band, rate=rate) <= 0.0
+
+
+def test_miss_evidence_is_an_e_value_under_honest_drift():
+    # Every token beyond the band with the bounded chance, independently: the e-value's mean
+    # stays at most 1, and it reaches 1/α (here α = 1/20) on at most α of the answers.
+    rng = random.Random(20261204)
+    rate, band = 2e-3, 0.3
+    values = []
+    for _ in range(4000):
+        n = rng.choice((8, 35, 64, 256))
+        values.append(proof.miss_evidence([band + 0.1 if rng.random() < rate else 0.0 for _ in range(n)], band=band, rate=rate))
+    assert sum(math.exp(v) for v in values) / len(values) <= 1.1
+    assert sum(1 for v in values if v >= math.log(20)) / len(values) <= 1 / 20
 
 
 def sample_rows(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> list[int]:
