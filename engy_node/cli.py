@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 from collections.abc import Sequence
 
 from engy_node import __version__
@@ -152,6 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--sampled-only", action="store_true", help="skip the cases; only count false positives over --sampled-requests")
     calibrate.add_argument("--sampled-recompute", default="bfloat16", metavar="DTYPE[,DTYPE]",
                            help="recompute precisions for those requests (float32, bfloat16)")
+    calibrate.add_argument("--drift-prompts", type=int, default=0, metavar="N",
+                           help="measure honest numeric drift instead: serve N buyer-like prompts greedily (bf16) and "
+                                "recompute each answer on every verifier path, printing the gap distribution per path pair")
+    calibrate.add_argument("--drift-out", default="", metavar="FILE", help="also write every measured gap there (JSON)")
     return parser
 
 
@@ -338,9 +343,17 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
     spec = get_model(args.model)
     path = resolve_checkpoint(model_id=args.model, checkpoint=args.checkpoint, models_dir=config.paths.models_dir,
                               cache_dir=config.paths.model_cache_dir)
+    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    if args.drift_prompts > 0:
+        from engy_node import drift
+
+        samples = drift.run_greedy_drift(path, prompts=args.drift_prompts, progress=say)
+        if args.drift_out:
+            drift.save_samples(samples, Path(args.drift_out))
+        print(drift.format_drift(drift.summarise(samples)))
+        return 0
     if args.sampled_only and args.sampled_requests <= 0:
         raise EngyError("--sampled-only needs --sampled-requests N (N > 0)")
-    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
     results = [] if args.sampled_only else run_calibration(
         path, model=spec, prompts=DEFAULT_PROMPTS[: args.prompts], max_new_tokens=args.max_new_tokens,
         device=args.device, recompute_device=args.recompute_device, progress=say)
