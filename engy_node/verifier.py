@@ -15,6 +15,8 @@ down or refuses a call is retried with backoff, logged with the reason.
 
 A job the verifier cannot judge (an unknown model, a malformed commitment, a recompute that
 fails) gets `unproven` with the reason, never `cheat`: only established misbehaviour is a cheat.
+An answer that came with no commitment at all is still judged, on its delivered tokens against
+the canonical model (`proof.judge_delivered`); its verdict's reason says so (`recompute:…`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -217,7 +219,7 @@ class Judge:
         if job.model not in self.checkpoints:
             return proof.Verdict("unproven", "model-not-verifiable")
         if not job.commitment:
-            return proof.Verdict("unproven", "no-commitment")
+            return self._judge_delivered(job)
         try:
             commitment = proof.Commitment.from_wire(job.commitment)
         except proof.ProofFormatError:
@@ -228,6 +230,63 @@ class Judge:
             commitment, model=spec, canonical_root=root, expected_prompt_ids=job.prompt_ids, recompute=runner.prefill,
             greedy=job.greedy, delivery=job.delivery, end_token_ids=end_ids, sampling=job.sampling_terms(),
         )
+
+    def _judge_delivered(self, job: AuditJob) -> proof.Verdict:
+        """No commitment (a TEE miner, or any miner that sends `commitment: {}`): the delivered
+        tokens judged on the canonical model alone (`proof.judge_delivered`)."""
+        runner, _, _ = self._runner(job.model)
+        return proof.judge_delivered(job.prompt_ids, job.delivery.relayed_output_ids, model=get_model(job.model),
+                                     recompute=runner.prefill, greedy=job.greedy, sampling=job.sampling_terms(),
+                                     resegment=functools.partial(model_segmentation, runner))
+
+
+SEGMENTATION_CANDIDATES = 256
+"""The most probable tokens at each step among which `model_segmentation` looks for the piece."""
+SEGMENTATION_WINDOW = 4
+
+
+def model_segmentation(runner, prompt_ids: Sequence[int], delivered_ids: Sequence[int]) -> list[int] | None:
+    """The delivered text in the pieces the canonical model would most likely have written it
+    in: decoding after the prompt, each step takes the most probable of the step's likeliest
+    tokens that keeps the decoded output a prefix of the text, and the tokenizer's own next
+    piece only when none does. An honest greedy answer comes back exactly as the model wrote
+    it (its argmax always fits). None when the text cannot be followed piece by piece (a
+    character split across tokens at a point the model did not split it)."""
+    import torch
+
+    text = runner.decode_text(list(delivered_ids))
+    cache = runner.new_cache()
+    _, logits = runner.forward(list(prompt_ids), cache)
+    pieces: list[int] = []
+    written = ""
+
+    def extended(token: int) -> str:
+        # The text a token adds, decoded with the few tokens before it (a byte-level piece may
+        # finish a character they began), rather than the whole answer again per candidate.
+        window = pieces[-SEGMENTATION_WINDOW:]
+        before = runner.decode_text(window)
+        after = runner.decode_text(window + [token])
+        if "\ufffd" in after or not after.startswith(before):
+            return runner.decode_text(pieces + [token])
+        return written + after[len(before):]
+
+    for _ in range(2 * len(delivered_ids) + 8):
+        if written == text:
+            return pieces
+        chosen = None
+        for token in torch.topk(logits, SEGMENTATION_CANDIDATES).indices.tolist():
+            candidate = extended(token)
+            if len(candidate) > len(written) and text.startswith(candidate):
+                chosen, written = token, candidate
+                break
+        if chosen is None:
+            rest = runner.tokenizer.encode(text[len(written):], add_special_tokens=False)
+            if not rest or not text.startswith(candidate := extended(rest[0])) or len(candidate) <= len(written):
+                return None
+            chosen, written = rest[0], candidate
+        pieces.append(chosen)
+        _, logits = runner.forward([chosen], cache)
+    return None
 
 
 class Verifier:
@@ -285,7 +344,7 @@ class Verifier:
         for attempt, pause in enumerate((*BACKOFF_S[:3], None)):
             try:
                 with trio.fail_after(HTTP_TIMEOUT_S + 5):
-                    await self.source.post([PostedVerdict(job.request_id, verdict.kind, _reason_code(verdict.reason))])
+                    await self.source.post([PostedVerdict(job.request_id, verdict.kind, _reason_code(verdict.code))])
                 break
             except (AuditCallFailed, AuditRefused, trio.TooSlowError) as error:
                 if pause is None or isinstance(error, AuditRefused) and error.status < 500:
@@ -296,7 +355,7 @@ class Verifier:
         self.judged += 1
         log.log(logging.WARNING if verdict.kind == "cheat" else logging.INFO,
                 "job %s (%s, %d output tokens): %s (%s) in %.2f s", job.request_id, job.model,
-                len(job.commitment.get("output_token_ids") or ()), verdict.kind, verdict.reason, elapsed)
+                len(job.commitment.get("output_token_ids") or job.delivery.relayed_output_ids), verdict.kind, verdict.code, elapsed)
 
     def _judge_safely(self, job: AuditJob) -> proof.Verdict:
         try:

@@ -582,8 +582,8 @@ class Gateway:
                 await self.log_outcome(flight, status=499, usage=None)
             await self.release(flight)
 
-    def count_tokens(self, model: ServedModel, text: str) -> int:
-        return len(model.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+    def encode(self, model: ServedModel, text: str) -> list[int]:
+        return model.tokenizer.encode(text, add_special_tokens=False) if text else []
 
     async def account_for(self, flight: Flight, pending: PendingRequest, *, cut_at: str | None = None) -> Accounting:
         """What settlement needs, checking the commitment against what was relayed (SPEC §8.9),
@@ -598,12 +598,14 @@ class Gateway:
             except proof.ProofFormatError as error:
                 log.warning("request %s: miner %s sent a malformed commitment (%s)", flight.request_id, flight.miner, error)
         if commitment is None:
-            relayed = await trio.to_thread.run_sync(self.count_tokens, flight.model, flight.relayed_text, limiter=self.tokenize_limiter)
-            # Audited all the same: an answer without a usable proof is `unproven`, and a rising
-            # share of those is what pulls a miner hiding behind them (SPEC §5, §8.6).
+            relayed = await trio.to_thread.run_sync(self.encode, flight.model, flight.relayed_text, limiter=self.tokenize_limiter)
+            # Audited all the same: with no commitment at all the verifier judges the delivered
+            # tokens on the canonical model (`proof.judge_delivered`); with an unreadable one the
+            # answer is `unproven`, and a rising share of those pulls a miner hiding behind them.
             self._offer_audit(flight, (response.commitment if response is not None else None) or {},
-                              proof.Delivery(relayed_output_ids=(), ended_at_stop=cut_at is not None, max_tokens=flight.chat.max_tokens))
-            return Accounting(claim=None, relayed_tokens=relayed, output_ids=None, stop=cut_at)
+                              proof.Delivery(relayed_output_ids=tuple(relayed), ended_at_stop=cut_at is not None,
+                                             max_tokens=flight.chat.max_tokens))
+            return Accounting(claim=None, relayed_tokens=len(relayed), output_ids=None, stop=cut_at)
         if list(commitment.prompt_ids) != flight.prompt_ids:
             log.warning("request %s: miner %s proved a different prompt than the one sent", flight.request_id, flight.miner)
         padding = usage_padding(response.output, prompt_tokens=len(flight.prompt_ids),

@@ -336,8 +336,8 @@ class ChatEndpoint:
             await gateway.release(flight)
             await gateway.log_outcome(flight, status=status, usage=None)
             return
-        relayed = await trio.to_thread.run_sync(gateway.count_tokens, flight.model, flight.relayed_text)
-        await gateway.settle(flight, status=status, completion_claim=None, relayed_tokens=relayed)
+        relayed = await trio.to_thread.run_sync(gateway.encode, flight.model, flight.relayed_text)
+        await gateway.settle(flight, status=status, completion_claim=None, relayed_tokens=len(relayed))
 
 
 BUYER_CAUSED = frozenset({"authentication", "invalid_request", "not_found", "request_too_large", "billing", "request_timeout",

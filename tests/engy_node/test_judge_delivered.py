@@ -1,0 +1,86 @@
+"""Answers with no commitment (a TEE miner's `commitment: {}`) judged on their delivered tokens
+against the canonical model, through the verifier's own `Judge`: honest greedy and sampled
+answers pass, a 4-bit model's are caught, and the gateway's tokenisation of an honest answer
+that the model wrote in other pieces is not taken for a different answer."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engy_node import proof
+from engy_node.calibration import chat_ids, greedy_generation, quantise_linear_weights, seeded_generation
+from engy_node.gateway.audit import AuditJob
+from engy_node.models import SMOLLM2_135M
+from engy_node.protocol.miner import Sampling
+from engy_node.serve.engine import ModelRunner
+from engy_node.verifier import Judge
+
+MODEL = SMOLLM2_135M.id
+PROMPTS = ("Explain why the sky is blue in two sentences.", "Give me a simple recipe for pancakes.")
+RESPLIT = ("Translate into Brazilian Portuguese, output only the translation: Our team will contact you within 24 "
+           "hours to confirm your appointment.")
+"""The model writes a word of its answer in two pieces the tokenizer would write as one."""
+
+
+@pytest.fixture(scope="module")
+def judge(checkpoint):
+    return Judge({MODEL: checkpoint}, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def quantised(checkpoint):
+    return quantise_linear_weights(ModelRunner.load(checkpoint, device="cpu", dtype="bfloat16"))
+
+
+def delivered_job(runner, prompt_ids, output_ids, *, sampling: Sampling = Sampling(), greedy: bool = True) -> AuditJob:
+    """The job the gateway files for an answer without a commitment: the relayed text, as the
+    gateway tokenises it."""
+    text = runner.decode_text([t for t in output_ids if t not in runner.eos_token_ids])
+    ids = tuple(runner.tokenizer.encode(text, add_special_tokens=False))
+    return AuditJob(request_id="r", model=MODEL, miner="key:tee", kind="probe", prompt_ids=tuple(prompt_ids), commitment={},
+                    greedy=greedy, sampling=sampling, seeded=False,
+                    delivery=proof.Delivery(relayed_output_ids=ids, ended_at_stop=False, max_tokens=64), created_at=time.time())
+
+
+def test_honest_greedy_answers_pass_by_recompute_and_say_so(judge, runner):
+    for prompt in PROMPTS:
+        prompt_ids = chat_ids(runner, prompt)
+        served = greedy_generation(runner, prompt_ids, 48)
+        verdict = judge.judge(delivered_job(runner, prompt_ids, served.output_ids))
+        assert (verdict.kind, verdict.code) == ("pass", "recompute:ok"), verdict
+
+
+def test_an_honest_answer_in_other_pieces_than_the_tokenizer_would_write_still_passes(judge, runner):
+    prompt_ids = chat_ids(runner, RESPLIT)
+    served = greedy_generation(runner, prompt_ids, 40).output_ids
+    text = runner.decode_text([t for t in served if t not in runner.eos_token_ids])
+    assert runner.tokenizer.encode(text, add_special_tokens=False) != [t for t in served if t not in runner.eos_token_ids], \
+        "the fixture needs an answer the tokenizer splits differently"
+    verdict = judge.judge(delivered_job(runner, prompt_ids, served))
+    assert verdict.kind == "pass", verdict
+
+
+def test_a_four_bit_model_without_a_commitment_is_caught(judge, runner, quantised):
+    verdicts = []
+    for prompt in PROMPTS:
+        prompt_ids = chat_ids(runner, prompt)
+        cheap = greedy_generation(quantised, prompt_ids, 48)
+        verdicts.append(judge.judge(delivered_job(runner, prompt_ids, cheap.output_ids)))
+    assert [(v.kind, v.code) for v in verdicts] == [("cheat", "recompute:tokens")] * len(PROMPTS), verdicts
+
+
+def test_honest_sampled_answers_pass_the_statistical_test_by_recompute(judge, runner):
+    for index, (temperature, top_p) in enumerate(((1.0, 1.0), (0.7, 0.9))):
+        prompt_ids = chat_ids(runner, PROMPTS[index])
+        served = seeded_generation(runner, prompt_ids, 48, temperature=temperature, top_p=top_p, seed=index)
+        job = delivered_job(runner, prompt_ids, served.output_ids, greedy=False,
+                            sampling=Sampling(temperature=temperature, top_p=top_p, seed=None))
+        verdict = judge.judge(job)
+        assert (verdict.kind, verdict.path) == ("pass", "recompute"), verdict
+
+
+def test_an_answer_with_nothing_delivered_is_unproven(judge, runner):
+    job = delivered_job(runner, chat_ids(runner, PROMPTS[0]), [])
+    assert (judge.judge(job).kind, judge.judge(job).code) == ("unproven", "recompute:empty-output")
