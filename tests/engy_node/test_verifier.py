@@ -96,7 +96,6 @@ async def test_stopping_waits_for_a_judgement_in_progress_rather_than_leaving_it
 
 @pytest.mark.parametrize("audit_job, reason", [
     (job("a", model="qwen3.6-35b-a3b"), "model-not-verifiable"),
-    (job("b", commitment={}), "no-commitment"),
     (job("c", commitment={"model_root": 7}), "malformed-commitment"),
 ])
 def test_the_judge_answers_unproven_for_what_it_cannot_judge(audit_job, reason, tmp_path):
