@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from engy_node.serve.sampling import SamplingParams, choose_token, find_stop, stop_holdback
+from engy_node.serve.sampling import REPLACEMENT_CHARACTER, SamplingParams, choose_token, find_stop, stream_holdback
 
 log = logging.getLogger("engy.serve.engine")
 
@@ -176,8 +176,10 @@ class Generation:
     hidden_rows: list[Any] = dataclasses.field(default_factory=list)
     """One decode vector [H] per output token after the first."""
     text: str = ""
-    """Decoded output so far, stop strings trimmed; `visible_text` holds back a possible stop."""
-    holdback: int = 0
+    """Decoded output so far, stop strings trimmed."""
+    _visible: str = ""
+    """The part of `text` an unfinished generation may stream. One attribute, so a reader on
+    another thread never pairs a new text with the previous token's hold-back."""
     finish_reason: dict[str, Any] | None = None
     first_token_perf: float | None = None
     last_token_perf: float | None = None
@@ -196,7 +198,10 @@ class Generation:
 
     @property
     def visible_text(self) -> str:
-        return self.text[: len(self.text) - self.holdback] if self.holdback else self.text
+        """What a stream may show now: all of `text` once finished; before that, `text` less a
+        tail a later token may still change (`stream_holdback`), so each visible text is a
+        prefix of the next and of the final text."""
+        return self.text if self.finished else self._visible
 
     @property
     def hidden_states_count(self) -> int:
@@ -206,7 +211,6 @@ class Generation:
         if self.finish_reason is None:
             self.finish_reason = reason
             self.finished_perf = time.perf_counter()
-            self.holdback = 0
             self._cache = None
 
     def step(self, runner: ModelRunner) -> None:
@@ -260,9 +264,13 @@ class Generation:
             return
         full_text = runner.decode_text(self.output_ids, skip_special_tokens=params.skip_special_tokens)
         if params.stop and produced > params.min_new_tokens:
-            # A stop string can only be completed by the new token's characters.
-            search_from = max(0, len(self.text) + self.holdback - max(map(len, params.stop)))
-            match = find_stop(full_text, params.stop, search_from=search_from)
+            # The new decode extends the last one up to its trailing U+FFFD run (UTF-8 is
+            # self-synchronising: only an incomplete last character changes). Text before that
+            # was searched at the last token, or decoded while min_new_tokens kept stops off and
+            # perhaps streamed, so only a stop string ending past it counts; such a match starts
+            # at or after the streamed text, which stream_holdback kept clear of stop prefixes.
+            settled = len(self.text.rstrip(REPLACEMENT_CHARACTER))
+            match = find_stop(full_text, params.stop, ends_after=settled)
             if match is not None:
                 self.text = full_text if params.no_stop_trim else full_text[: match.index]
                 self.finish({"type": "stop", "matched": match.matched})
@@ -271,7 +279,7 @@ class Generation:
         if produced >= params.max_new_tokens:
             self.finish({"type": "length", "length": params.max_new_tokens})
             return
-        self.holdback = stop_holdback(full_text, params.stop) if params.stop else 0
+        self._visible = full_text[: len(full_text) - stream_holdback(full_text, params.stop)]
 
     def hidden_states_tensors(self) -> list[Any]:
         """The ragged list sglang returns: [prefill block, v_1, …, v_{n-1}]."""

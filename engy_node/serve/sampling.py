@@ -3,7 +3,8 @@
 These follow sglang 0.5.x (`reference/sglang-native-api.md` §1.2, §2.2) so a client written for
 real sglang sees the same defaults and the same 400s here: `max_new_tokens` defaults to 128,
 `temperature` below 1e-6 means greedy, unknown keys are rejected, stop strings are trimmed from
-the text and streamed text is held back while its tail could still become a stop string.
+the text and streamed text is held back while its tail could still become a stop string or
+ends in a character whose UTF-8 bytes have not all been generated (`stream_holdback`).
 
 Parsing and stop matching are pure. `choose_token` works on a logits tensor. An unseeded sampled
 request draws from its own torch generator, so requests never share random state. A request
@@ -66,6 +67,8 @@ GREEDY_TEMPERATURE = 1e-6
 MAX_STOP_STRINGS = 32
 SEED_RANGE = (-(2**63), 2**63 - 1)
 """sglang keeps a request's `sampling_seed` in an int64 tensor and rejects anything outside."""
+REPLACEMENT_CHARACTER = "\ufffd"
+"""What the tokenizer decodes bytes that are not (yet) valid UTF-8 to."""
 
 FIELDS = (
     "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p",
@@ -222,11 +225,15 @@ class StopMatch:
     matched: str
 
 
-def find_stop(text: str, stops: Sequence[str], *, search_from: int = 0) -> StopMatch | None:
-    """The earliest stop string in `text[search_from:]` (earliest start wins, then the longest)."""
+def find_stop(text: str, stops: Sequence[str], *, ends_after: int = 0) -> StopMatch | None:
+    """The earliest stop string in `text` that ends past its first `ends_after` characters
+    (earliest start wins, then the longest). A streaming caller passes the length of the text
+    it has already searched, so that only a stop string the new characters complete is found,
+    however it straddles the boundary. With 0 every match counts."""
     best: StopMatch | None = None
     for stop in stops:
-        index = text.find(stop, search_from)
+        # A match ends past `ends_after` exactly when it starts at or after this.
+        index = text.find(stop, max(0, ends_after - len(stop) + 1) if ends_after else 0)
         if index >= 0 and (best is None or index < best.index or (index == best.index and len(stop) > len(best.matched))):
             best = StopMatch(index, stop)
     return best
@@ -242,6 +249,21 @@ def stop_holdback(text: str, stops: Sequence[str]) -> int:
                 longest = size
                 break
     return longest
+
+
+def stream_holdback(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters of an unfinished generation's text must not be streamed yet.
+
+    A byte-level tokenizer splits a multi-byte character across tokens, and until its last byte
+    is generated the decode ends in U+FFFD; the next token turns that into the character, so
+    the run of U+FFFD at the end is held back (sglang's detokenizer holds back new text that
+    ends in U+FFFD). An invalid byte the model really produced stays U+FFFD and comes out once
+    the run is followed by other text or the generation finishes. Before that run, a tail that
+    could still become a stop string is held back as well. This is never less than
+    `stop_holdback(text, stops)`: a stop prefix that reaches into the run, cut where the run
+    starts, is still a stop prefix that ends the text before it."""
+    settled = len(text.rstrip(REPLACEMENT_CHARACTER))
+    return len(text) - settled + stop_holdback(text[:settled], stops)
 
 
 # --- seeded sampling (sglang's deterministic inference; see the module docstring) -----------

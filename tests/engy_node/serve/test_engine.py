@@ -7,9 +7,11 @@ import threading
 
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from engy_node.serve.engine import Engine, Generation, RequestError, run_to_completion
-from engy_node.serve.sampling import choose_token, parse_sampling_params, seeded_choice
+from engy_node.serve.sampling import REPLACEMENT_CHARACTER, choose_token, find_stop, parse_sampling_params, seeded_choice
 
 from .numerics import assert_top_choices
 
@@ -104,6 +106,80 @@ def test_min_new_tokens_suppresses_an_early_stop(runner):
     probe = run_to_completion(runner, generation(ignore_eos=True))
     done = run_to_completion(runner, generation(stop_token_ids=[probe.output_ids[0]], min_new_tokens=3, ignore_eos=True))
     assert len(done.output_ids) > 1
+
+
+class ScriptedRunner:
+    """Predicts a fixed script of tokens and decodes with the real tokenizer: the engine's text
+    handling (stop strings, what may be streamed) without the model's arithmetic."""
+
+    device = "cpu"
+
+    def __init__(self, runner, script: list[int]) -> None:
+        self.script = script
+        self.vocab_size = runner.vocab_size
+        self.eos_token_ids = runner.eos_token_ids
+        self.decode_text = runner.decode_text
+        self.forwards = 0
+
+    def new_cache(self) -> None:
+        return None
+
+    def forward(self, token_ids, cache):
+        logits = torch.zeros(self.vocab_size)
+        logits[self.script[self.forwards]] = 1.0
+        self.forwards += 1
+        return torch.zeros(len(token_ids), 1), logits
+
+
+# Accented letters, CJK and emoji take two to four UTF-8 bytes, which the byte-level BPE splits
+# across tokens; any other character can turn up too.
+MULTI_BYTE_TEXT = st.text(st.one_of(st.sampled_from(" aèé中文😀🎉"), st.characters(codec="utf-8")), min_size=1, max_size=16)
+
+
+@given(data=st.data())
+@settings(max_examples=100, deadline=None)
+def test_streamed_text_never_shows_a_partial_character_and_only_grows_into_the_final_text(runner, data):
+    ids = runner.tokenizer.encode(data.draw(MULTI_BYTE_TEXT, label="text"), add_special_tokens=False)
+    assume(ids)
+    # Dropping tokens leaves bytes that are invalid for good: those U+FFFD must come out.
+    dropped = data.draw(st.sets(st.integers(0, len(ids) - 1), max_size=2), label="dropped")
+    ids = [token for index, token in enumerate(ids) if index not in dropped]
+    assume(ids)
+    whole = runner.decode_text(ids)
+    stops = []
+    if whole:
+        for start in data.draw(st.lists(st.integers(0, len(whole) - 1), max_size=2), label="stop starts"):
+            stops.append(whole[start : start + data.draw(st.integers(1, 3))])
+    sampling = {"temperature": 0, "max_new_tokens": len(ids), "ignore_eos": True, "stop": stops,
+                "min_new_tokens": data.draw(st.integers(0, 3), label="min_new_tokens")}
+    if data.draw(st.booleans(), label="a stop token"):
+        sampling["stop_token_ids"] = [data.draw(st.sampled_from(ids))]
+    g = Generation(rid="utf8", input_ids=[1], params=parse_sampling_params(sampling))
+    scripted = ScriptedRunner(runner, ids)
+
+    shown: list[str] = []
+    while not g.finished:
+        g.step(scripted)
+        if g.finished:
+            break
+        so_far = runner.decode_text(g.output_ids)
+        assert len(g.visible_text) <= len(so_far.rstrip(REPLACEMENT_CHARACTER)), "a partial character was shown"
+        if not stops:
+            assert g.visible_text == so_far.rstrip(REPLACEMENT_CHARACTER), "nothing but the partial character is held"
+        shown.append(g.visible_text)
+    final = g.text
+    shown.append(final)
+    for earlier, later in zip(shown, shown[1:]):
+        assert later.startswith(earlier)
+    stopped_by_token = isinstance(g.finish_reason.get("matched"), int)
+    decoded = runner.decode_text(g.output_ids[:-1] if stopped_by_token else g.output_ids)
+    assert decoded.startswith(final)
+    for text in shown:
+        assert all(decoded[i] == REPLACEMENT_CHARACTER for i, char in enumerate(text) if char == REPLACEMENT_CHARACTER)
+    if not stops and "stop_token_ids" not in sampling:
+        assert final == whole, "once finished, the text is shown as decoded, invalid bytes and all"
+    if sampling["min_new_tokens"] == 0:
+        assert find_stop(final, stops) is None, "every stop string was caught as the token completed it"
 
 
 def test_the_engine_rejects_a_request_longer_than_the_context(runner):

@@ -15,12 +15,14 @@ from engy_node.serve.sampling import (
     GREEDY_TEMPERATURE,
     MAX_STOP_STRINGS,
     SamplingError,
+    REPLACEMENT_CHARACTER,
     SamplingParams,
     StopMatch,
     choose_token,
     find_stop,
     parse_sampling_params,
     stop_holdback,
+    stream_holdback,
 )
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -329,9 +331,9 @@ def test_a_temperature_below_one_millionth_means_greedy(temperature, greedy):
 # --- find_stop --------------------------------------------------------------------------------
 
 
-def reference_find_stop(text: str, stops: list[str], search_from: int) -> StopMatch | None:
-    for start in range(search_from, len(text) + 1):
-        matching = [stop for stop in stops if text.startswith(stop, start)]
+def reference_find_stop(text: str, stops: list[str], ends_after: int) -> StopMatch | None:
+    for start in range(len(text) + 1):
+        matching = [stop for stop in stops if text.startswith(stop, start) and start + len(stop) > ends_after]
         if matching:
             return StopMatch(start, max(matching, key=len))
     return None
@@ -342,12 +344,16 @@ def test_find_stop_returns_the_earliest_match_and_prefers_the_longer_stop_at_the
     assert find_stop("abcdef", ["cd", "cde", "c"]) == StopMatch(2, "cde")
     assert find_stop("abc", ["x"]) is None
     assert find_stop("abc", []) is None
+    # The miner passes a buyer's stop strings unfiltered; an empty one matches at the start.
+    assert find_stop("abc", [""]) == StopMatch(0, "")
 
 
-def test_find_stop_ignores_matches_before_search_from():
-    assert find_stop("stop here, stop there", ["stop"], search_from=1) == StopMatch(11, "stop")
-    # A match that starts before search_from is not found even if it ends after it.
-    assert find_stop("xxSTOP", ["STOP"], search_from=3) is None
+def test_find_stop_finds_only_matches_that_end_past_ends_after():
+    assert find_stop("stop here, stop there", ["stop"], ends_after=4) == StopMatch(11, "stop")
+    # A match that starts before ends_after counts when the new characters complete it.
+    assert find_stop("xxSTOP", ["STOP"], ends_after=3) == StopMatch(2, "STOP")
+    # A shorter stop lying wholly in the searched text does not hide a longer one that ends later.
+    assert find_stop("xabcd", ["ab", "bcd"], ends_after=3) == StopMatch(2, "bcd")
 
 
 SMALL_TEXT = st.text(alphabet="abc", max_size=30)
@@ -356,8 +362,8 @@ STOPS = st.lists(st.text(alphabet="abc", min_size=1, max_size=4), max_size=5)
 
 @given(SMALL_TEXT, STOPS, st.integers(min_value=0, max_value=35))
 @settings(max_examples=200)
-def test_find_stop_equals_a_brute_force_scan_from_left_to_right(text, stops, search_from):
-    assert find_stop(text, stops, search_from=search_from) == reference_find_stop(text, stops, search_from)
+def test_find_stop_equals_a_brute_force_scan_from_left_to_right(text, stops, ends_after):
+    assert find_stop(text, stops, ends_after=ends_after) == reference_find_stop(text, stops, ends_after)
 
 
 # --- stop_holdback ----------------------------------------------------------------------------
@@ -399,6 +405,32 @@ def test_stop_holdback_is_the_longest_suffix_that_is_a_proper_prefix_of_a_stop(t
 @settings(max_examples=100)
 def test_stop_holdback_never_holds_back_when_the_text_ends_in_a_character_no_stop_contains(prefix, stops):
     assert stop_holdback(prefix + "z", stops) == 0
+
+
+# --- stream_holdback --------------------------------------------------------------------------
+
+
+def test_stream_holdback_holds_back_a_trailing_replacement_run_and_a_stop_prefix_before_it():
+    assert stream_holdback("dottore \ufffd", []) == 1
+    assert stream_holdback("a\ufffdb\ufffd\ufffd", []) == 2, "only the trailing run; the inner one is settled"
+    assert stream_holdback("dottore è", []) == 0
+    assert stream_holdback("", []) == 0
+    assert stream_holdback("\ufffd\ufffd", ["x"]) == 2
+    # The stop prefix "<|" sits before the partial character, which may yet complete "<|é".
+    assert stream_holdback("ok <|\ufffd", ["<|é|>"]) == 3
+    assert stream_holdback("ok <|", ["<|é|>"]) == 2
+    assert stream_holdback("\ufffd<", ["<<"]) == 1, "a settled U+FFFD before a stop prefix is shown"
+
+
+@given(st.text(alphabet=f"ab<{REPLACEMENT_CHARACTER}", max_size=30),
+       st.lists(st.text(alphabet=f"ab<{REPLACEMENT_CHARACTER}", min_size=1, max_size=4), max_size=4))
+@settings(max_examples=200)
+def test_stream_holdback_never_streams_the_trailing_replacement_run_and_holds_back_at_least_a_stop_prefix(text, stops):
+    held = stream_holdback(text, stops)
+    assert 0 <= held <= len(text)
+    # A U+FFFD followed by other text is settled and may be shown (a stop prefix held after it).
+    assert len(text) - held <= len(text.rstrip(REPLACEMENT_CHARACTER))
+    assert held >= stop_holdback(text, stops), "a stop prefix reaching into the run is held back too"
 
 
 # --- choose_token: greedy ---------------------------------------------------------------------

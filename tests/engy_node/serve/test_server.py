@@ -150,6 +150,25 @@ def test_stream_events_are_cumulative_and_end_with_done(client):
     assert direct["meta_info"]["hidden_states"] == final["meta_info"]["hidden_states"]
 
 
+def test_a_stream_holds_back_a_partial_character_and_ends_with_the_bytes_as_generated(client, runner):
+    # " è" is two tokens, " " plus the lead byte 0xC3, then the continuation byte. Forcing the
+    # first on every step leaves a partial character at the end of each event, and makes each
+    # earlier 0xC3 an invalid byte for good once the next token's space follows it.
+    lead, _continuation = runner.tokenizer.encode(" è", add_special_tokens=False)
+    events = sglang_stream(client, {"input_ids": PROMPT_IDS, "sampling_params": {
+        "temperature": 0, "max_new_tokens": 4, "ignore_eos": True, "logit_bias": {str(lead): 100}}})
+    assert events[-1] == "[DONE]"
+    results = events[:-1]
+    for earlier, later in zip(results, results[1:]):
+        assert later["text"].startswith(earlier["text"])
+    for event in results[:-1]:
+        assert event["output_ids"] == [lead] * len(event["output_ids"])
+        assert event["text"] == " \ufffd" * (len(event["output_ids"]) - 1) + " ", "only the partial character is held back"
+    final = results[-1]
+    assert final["output_ids"] == [lead] * 4
+    assert final["text"] == " \ufffd" * 4 == runner.decode_text(final["output_ids"])
+
+
 def test_a_stop_string_is_trimmed_from_the_text_and_reported(client):
     probe = sglang_generate(client, {"input_ids": PROMPT_IDS, "sampling_params": {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}})
     stop = probe["text"].split()[2]
