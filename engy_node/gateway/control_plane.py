@@ -250,3 +250,53 @@ class EligibilityView:
                 await self.refresh()
             except StoreError as error:
                 log.error("could not re-read eligibility (%s); keeping the previous view", error)
+
+
+class CheatBans:
+    """Eligibility with qualification off (`gateway.qualification = false`, a private gateway):
+    every admitted miner serves at once, except one caught cheating, which is out for
+    `cooldown_s` from the verdict (the breaker's cheat cooldown). With qualification on the
+    breaker pulls a cheat; without it nothing else would, and buyers would go on paying a miner
+    whose answers are established wrong. Every worker process follows the store's verdicts
+    (written by any verifier and by the gateway's own findings) with a cursor, every `REFRESH_S`.
+    First-party miners are the operator's own and stay eligible, as everywhere."""
+
+    def __init__(self, store: Store, *, cooldown_s: float, first_party: Iterable[str] = (),
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.cooldown_s = cooldown_s
+        self.first_party = frozenset(first_party)
+        self.clock = clock
+        self._until: dict[tuple[str, str], float] = {}
+        self._cursor = 0
+
+    def eligible(self, miner: str, model: str) -> bool:
+        return miner in self.first_party or self._until.get((miner, model), 0.0) <= self.clock()
+
+    async def refresh(self) -> None:
+        while True:
+            rows = await self.store.run(self.store.verdicts_after, self._cursor, limit=ROWS_PER_READ)
+            for row_id, record in rows:
+                self._cursor = row_id
+                if record.verdict != "cheat":
+                    continue
+                until = record.judged_at + self.cooldown_s
+                key = (record.miner, record.model)
+                if until > self.clock() and until > self._until.get(key, 0.0):
+                    if key not in self._until or self._until[key] <= self.clock():
+                        log.warning("%s (%s) judged a cheat (%s, request %s): out of the pool until %s", record.miner,
+                                    record.model, record.reason, record.request_id,
+                                    time.strftime("%H:%M:%S", time.localtime(until)))
+                    self._until[key] = until
+            if len(rows) < ROWS_PER_READ:
+                return
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await self.refresh()
+        task_status.started()
+        while True:
+            await trio.sleep(REFRESH_S)
+            try:
+                await self.refresh()
+            except StoreError as error:
+                log.error("could not read new verdicts (%s); cheat bans as they were", error)

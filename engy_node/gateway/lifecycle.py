@@ -183,6 +183,10 @@ class Accounting:
     """The committed output token ids (None: no readable commitment)."""
     stop: str | None
     """The stop string the answer ended at, when one did."""
+    refused: str | None = None
+    """Why the answer is proven wrong before its delivery ended (`prompt-mismatch`: the proof
+    covers another prompt): it is not delivered whole nor charged, and the miner is recorded
+    as a cheat."""
 
 
 def new_request_id() -> str:
@@ -263,6 +267,8 @@ class Gateway:
         self._none_in_flight = trio.Event()
         self.cut_off = False
         """Set when a drain ran out of time: requests still running end now, in-band."""
+        self._proof_waits: trio.Nursery | None = None
+        """Where answers cut at a stop string wait for their miner's commitment (`keep_proofs`)."""
 
     # ---- drain --------------------------------------------------------------------------------
     def serving(self) -> _Serving:
@@ -607,7 +613,14 @@ class Gateway:
                                              max_tokens=flight.chat.max_tokens))
             return Accounting(claim=None, relayed_tokens=len(relayed), output_ids=None, stop=cut_at)
         if list(commitment.prompt_ids) != flight.prompt_ids:
-            log.warning("request %s: miner %s proved a different prompt than the one sent", flight.request_id, flight.miner)
+            # Established before the answer is delivered: whatever the text says, it was not
+            # computed for this buyer's prompt. Recorded as a cheat at once (it pulls the miner,
+            # qualification or not) and refused: the buyer is not charged for it.
+            log.warning("request %s: miner %s proved a different prompt than the one sent; the answer is refused and "
+                        "not charged", flight.request_id, flight.miner)
+            self._offer_audit(flight, response.commitment, proof.Delivery((), cut_at is not None, flight.chat.max_tokens),
+                              found=("cheat", "prompt-mismatch"))
+            return Accounting(claim=None, relayed_tokens=0, output_ids=None, stop=cut_at, refused="prompt-mismatch")
         padding = usage_padding(response.output, prompt_tokens=len(flight.prompt_ids),
                                 committed_tokens=len(commitment.output_token_ids))
         finish_stop = cut_at is None and (response.output.get("choices") or [{}])[0].get("finish_reason") == "stop"
@@ -627,6 +640,49 @@ class Gateway:
         return Accounting(claim={**response.output, "committed_completion": len(commitment.output_token_ids)},
                           relayed_tokens=relay.tokens, output_ids=tuple(commitment.output_token_ids), stop=relay.stop)
 
+
+    async def keep_proofs(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The service that lets an answer cut at a stop string stay provable (`account_for_cut`):
+        its miner finishes and commits after the buyer's stream has ended, and the audit waits
+        for that here rather than in the buyer's request."""
+        async with trio.open_nursery() as nursery:
+            self._proof_waits = nursery
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._proof_waits = None
+
+    async def account_for_cut(self, flight: Flight, pending: PendingRequest, *, cut_at: str) -> Accounting:
+        """An answer the gateway ended at a stop string while its miner was still generating (a
+        miner that ignores stop strings, as the public one does). The buyer's stream ends now,
+        billed for the relayed text as it stands; the miner is not cancelled, because its
+        commitment comes only with its last frame, and a cancelled miner would leave the answer
+        unproven for the gateway's own cut. The audit waits for that frame in `keep_proofs`, up
+        to the request's time limit; a miner that never sends it is stopped then, and the answer
+        is judged on its delivered tokens alone (`proof.judge_delivered`)."""
+        relayed = await trio.to_thread.run_sync(self.encode, flight.model, flight.relayed_text, limiter=self.tokenize_limiter)
+        waits = self._proof_waits
+        if waits is None:
+            await self.pool.cancel(pending)
+            self._offer_audit(flight, {}, proof.Delivery(tuple(relayed), True, flight.chat.max_tokens))
+        else:
+            waits.start_soon(self._audit_when_proven, flight, pending, cut_at, tuple(relayed))
+        return Accounting(claim=None, relayed_tokens=len(relayed), output_ids=None, stop=cut_at)
+
+    async def _audit_when_proven(self, flight: Flight, pending: PendingRequest, cut_at: str, relayed: tuple[int, ...]) -> None:
+        with trio.move_on_after(max(0.0, flight.started + flight.model.spec.max_request_s - self.monotonic())):
+            while not pending.finished:
+                await pending.changed.wait()
+        response = pending.response
+        if response is not None and response.output is not None and response.commitment:
+            await self.account_for(flight, pending, cut_at=cut_at)
+            return
+        if not pending.finished:
+            log.info("request %s: miner %s sent no commitment within the request's time after the gateway cut its answer at a "
+                     "stop string; stopped, and its delivered tokens are audited", flight.request_id, flight.miner)
+            await self.pool.cancel(pending)
+        self._offer_audit(flight, {}, proof.Delivery(relayed, True, flight.chat.max_tokens))
 
     def _offer_audit(self, flight: Flight, commitment: dict, delivery: proof.Delivery, *,
                      found: tuple[str, str] | None = None) -> None:

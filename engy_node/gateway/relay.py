@@ -206,6 +206,9 @@ class ChatEndpoint:
             parser = OutputParser(call_id_prefix=flight.request_id[-12:])
             events = parser.feed(flight.relayed_text) + parser.finish()
             accounting = await gateway.account_for(flight, pending, cut_at=stops.matched)
+            if accounting.refused is not None:
+                await gateway.log_outcome(flight, status=502, usage=None)
+                raise GatewayError("upstream", _REFUSED[accounting.refused])
             usage = await gateway.settle(flight, status=200, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens)
             settled = True
         finally:
@@ -243,8 +246,9 @@ class ChatEndpoint:
     async def _relay(self, flight: Flight, pending: PendingRequest, send: Send) -> None:
         """Everything after status 200: relay, then finish in-band. A buyer hanging up cancels
         this; whatever the way out short of the end, the miner is stopped and only what was
-        relayed is charged. A stop string the miner ignored ends the answer here: the miner is
-        cancelled and the stream finishes as if the miner had stopped."""
+        relayed is charged. A stop string the miner ignored ends the answer here: the stream
+        finishes as if the miner had stopped, and the miner goes on to its commitment, which the
+        audit waits for (`Gateway.account_for_cut`)."""
         gateway = self.gateway
         encoder = self.api.encoder(flight)
         parser = OutputParser(call_id_prefix=flight.request_id[-12:])
@@ -290,9 +294,6 @@ class ChatEndpoint:
                 if not await _wait_changed(pending, gateway.settings.keepalive_s):
                     await _send_body(send, b"".join(encoder.keepalive()), more=True)
             if stops.matched is not None:
-                with trio.CancelScope(shield=True):
-                    if not pending.finished:
-                        await gateway.pool.cancel(pending)
                 reported = "stop"
             elif outcome == "shutdown":
                 await _send_body(send, b"".join(out + encoder.error(gateway.shutting_down())), more=False)
@@ -313,14 +314,24 @@ class ChatEndpoint:
             events_seen += tail
             out += encoder.events(tail)
             with trio.CancelScope(shield=True):
-                accounting = await gateway.account_for(flight, pending, cut_at=stops.matched)
+                if stops.matched is not None and not pending.finished:
+                    accounting = await gateway.account_for_cut(flight, pending, cut_at=stops.matched)
+                else:
+                    accounting = await gateway.account_for(flight, pending, cut_at=stops.matched)
+                if accounting.refused is not None:
+                    await gateway.release(flight)
+                    await gateway.log_outcome(flight, status=502, usage=None)
+                    outcome = "refused"
+                    await _send_body(send, b"".join(out + encoder.error(GatewayError("upstream", _REFUSED[accounting.refused]))),
+                                     more=False)
+                    return
                 usage = await gateway.settle(flight, status=200, completion_claim=accounting.claim,
                                              relayed_tokens=accounting.relayed_tokens)
                 finish, stop_sequence = self._finish(flight, stops, accounting, usage, reported)
             outcome = "ok"
             await _send_body(send, b"".join(out + encoder.finish(_finish_for(events_seen, finish), usage, stop_sequence)), more=False)
         finally:
-            if outcome != "ok":
+            if outcome not in ("ok", "refused"):
                 with trio.CancelScope(shield=True):
                     await self._settle_partial(flight, pending, outcome)
 
@@ -339,6 +350,9 @@ class ChatEndpoint:
         relayed = await trio.to_thread.run_sync(gateway.encode, flight.model, flight.relayed_text)
         await gateway.settle(flight, status=status, completion_claim=None, relayed_tokens=len(relayed))
 
+
+_REFUSED = {"prompt-mismatch": "the miner's answer failed verification (its proof covers another prompt); nothing is "
+                                "charged for it, retry the request"}
 
 BUYER_CAUSED = frozenset({"authentication", "invalid_request", "not_found", "request_too_large", "billing", "request_timeout",
                           "method_not_allowed", "unsupported_media_type"})

@@ -207,6 +207,7 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
                                          queue_max=settings.queue_max),
                 registry=hub.registry,
             )
+            await nursery.start(gateway.keep_proofs)
             if first:
                 trust.start_traffic_control(config, gateway=gateway, store=store, hub=hub)
             miner_app = build_miner_app(pool, workers=fleet_legs(config))

@@ -85,6 +85,9 @@ class TrustPlane:
         `gateway` (so it needs the gateway, which needs `eligible`: hence this second step)."""
         settings = config.gateway
         if not settings.qualification:
+            bans = _cheat_bans(config, store)
+            gateway.eligible = bans.eligible
+            self.services.append(bans.run)
             return
         endpoint = ChatEndpoint(gateway, OPENAI)
         try:
@@ -145,7 +148,17 @@ class TrustPlane:
             view = control_plane.EligibilityView(store, first_party=frozenset(comma_list(settings.first_party)))
             plane.eligible = view.eligible
             plane.services.append(view.run)
+        else:
+            bans = _cheat_bans(config, store)
+            plane.eligible = bans.eligible
+            plane.services.append(bans.run)
         return plane
+
+
+def _cheat_bans(config: Config, store: Store) -> control_plane.CheatBans:
+    settings = config.gateway
+    policy = control_plane.scaled_policy(time_scale=settings.traffic_time_scale, qualify_probes=settings.qualify_probes)
+    return control_plane.CheatBans(store, cooldown_s=policy.cheat_cooldown_s, first_party=frozenset(comma_list(settings.first_party)))
 
 
 def _master_keypair(config: Config):

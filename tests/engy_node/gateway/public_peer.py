@@ -37,8 +37,11 @@ HW = {"parallelism": "tp", "host": "rig-1", "cpus": 32, "ram_gb": 125.7, "gpu": 
 
 
 class PublicMiner:
-    def __init__(self, *, url: str, miner_key: str, model: ServedModel, serve: ServeClient, heartbeat_s: float) -> None:
+    def __init__(self, *, url: str, miner_key: str, model: ServedModel, serve: ServeClient, heartbeat_s: float,
+                 proved_prompt=lambda prompt_ids: prompt_ids) -> None:
         self.url = url
+        self.proved_prompt = proved_prompt
+        """The prompt ids its commitment names: the prompt it was sent, unless a test makes it cheat."""
         self.miner_key = miner_key
         self.model = model
         self.serve = serve
@@ -119,7 +122,7 @@ class PublicMiner:
             output_ids = [int(entry[1]) for entry in meta["output_token_logprobs"]]
             rows = [item[-1] if isinstance(item[0], list) else item for item in meta["hidden_states"] if len(item)]
             commitment = proof.build_commitment(
-                model_root=self.model.model_root, prompt_ids=prompt_ids, output_ids=output_ids,
+                model_root=self.model.model_root, prompt_ids=self.proved_prompt(prompt_ids), output_ids=output_ids,
                 rows=torch.from_numpy(np.asarray(rows, dtype=np.float32)).to(torch.bfloat16), params=self.model.spec.proof)
             text = self.model.tokenizer.decode(output_ids, skip_special_tokens=True)
             await ws.send_message(json.dumps({
