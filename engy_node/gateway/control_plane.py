@@ -226,6 +226,19 @@ class TrafficControl:
                 self.next_probe[key] = at
 
 
+async def _keep_refreshed(refresh: Callable[[], Awaitable[None]], on_store_error: str, task_status) -> None:
+    """Read once before reporting started, then every `REFRESH_S`; a store outage keeps the last
+    view rather than ending the worker's task."""
+    await refresh()
+    task_status.started()
+    while True:
+        await trio.sleep(REFRESH_S)
+        try:
+            await refresh()
+        except StoreError as error:
+            log.error(on_store_error, error)
+
+
 class EligibilityView:
     """Every worker process's copy of the eligibility table, refreshed every `REFRESH_S`."""
 
@@ -242,14 +255,7 @@ class EligibilityView:
         self._active = {(row.miner, row.model) for row in rows if row.state == traffic.Eligibility.ACTIVE.value}
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await self.refresh()
-        task_status.started()
-        while True:
-            await trio.sleep(REFRESH_S)
-            try:
-                await self.refresh()
-            except StoreError as error:
-                log.error("could not re-read eligibility (%s); keeping the previous view", error)
+        await _keep_refreshed(self.refresh, "could not re-read eligibility (%s); keeping the previous view", task_status)
 
 
 class CheatBans:
@@ -292,11 +298,4 @@ class CheatBans:
                 return
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await self.refresh()
-        task_status.started()
-        while True:
-            await trio.sleep(REFRESH_S)
-            try:
-                await self.refresh()
-            except StoreError as error:
-                log.error("could not read new verdicts (%s); cheat bans as they were", error)
+        await _keep_refreshed(self.refresh, "could not read new verdicts (%s); cheat bans as they were", task_status)
