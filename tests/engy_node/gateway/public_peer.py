@@ -69,8 +69,11 @@ class PublicMiner:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._heartbeats, ws)
                     await self._receive(ws, nursery)
-            except ConnectionClosed as closed:
-                self.close_reason = closed.reason.reason if closed.reason else None
+            except* ConnectionClosed as closed:
+                # Either task may be the first to meet the closed socket (a heartbeat sent after
+                # the gateway went away): the leg ends the same way.
+                reason = closed.exceptions[0].reason
+                self.close_reason = reason.reason if reason else None
             finally:
                 self.closed.set()
 
