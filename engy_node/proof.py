@@ -246,6 +246,10 @@ class Delivery:
     """The answer ended at one of the request's stop strings (cut by the gateway or the miner),
     so the committed output may go on past what was relayed, into the stop string."""
     max_tokens: int
+    defect: str | None = None
+    """How the miner's text differed from its proven tokens in presentation only (a held-back
+    tail, whitespace, U+FFFD; `gateway.lifecycle.Relayed.defect`): the buyer was given the proven
+    text, and a verdict that passes says so (`defect:<kind>`), never a cheat."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -216,6 +216,14 @@ class Judge:
             return self._loaded[model]
 
     def judge(self, job: AuditJob) -> proof.Verdict:
+        """The verdict on one job; one that passes on a delivery the gateway repaired says how
+        the miner's text fell short of its proven tokens (`defect:<kind>`: counted, never a cheat)."""
+        verdict = self._judge(job)
+        if verdict.kind == "pass" and job.delivery.defect is not None:
+            return dataclasses.replace(verdict, reason=f"defect:{job.delivery.defect}")
+        return verdict
+
+    def _judge(self, job: AuditJob) -> proof.Verdict:
         if job.model not in self.checkpoints:
             return proof.Verdict("unproven", "model-not-verifiable")
         if not job.commitment:
@@ -250,8 +258,10 @@ def model_segmentation(runner, prompt_ids: Sequence[int], delivered_ids: Sequenc
     in: decoding after the prompt, each step takes the most probable of the step's likeliest
     tokens that keeps the decoded output a prefix of the text, and the tokenizer's own next
     piece only when none does. An honest greedy answer comes back exactly as the model wrote
-    it (its argmax always fits). None when the text cannot be followed piece by piece (a
-    character split across tokens at a point the model did not split it)."""
+    it (its argmax always fits). Text that ends inside a piece (a tail a peer held back, a stop
+    string cut mid-token) ends with the likeliest piece that covers what is left of it. None
+    when the text cannot be followed piece by piece (a character split across tokens at a point
+    the model did not split it)."""
     import torch
 
     text = runner.decode_text(list(delivered_ids))
@@ -276,7 +286,7 @@ def model_segmentation(runner, prompt_ids: Sequence[int], delivered_ids: Sequenc
         chosen = None
         for token in torch.topk(logits, SEGMENTATION_CANDIDATES).indices.tolist():
             candidate = extended(token)
-            if len(candidate) > len(written) and text.startswith(candidate):
+            if len(candidate) > len(written) and (text.startswith(candidate) or candidate.startswith(text)):
                 chosen, written = token, candidate
                 break
         if chosen is None:
@@ -285,6 +295,8 @@ def model_segmentation(runner, prompt_ids: Sequence[int], delivered_ids: Sequenc
                 return None
             chosen, written = rest[0], candidate
         pieces.append(chosen)
+        if written.startswith(text):
+            return pieces
         _, logits = runner.forward([chosen], cache)
     return None
 

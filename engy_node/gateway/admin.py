@@ -123,16 +123,21 @@ def show_trust(store: Store, *, now: float) -> str:
     """Each (miner, model)'s eligibility and why, with the verdicts on its audited requests."""
     rows = store.eligibility()
     verdicts = store.verdict_counts(since=0.0, until=now + 1)
+    defects = store.defect_counts(since=0.0, until=now + 1)
     if not rows and not verdicts:
         return "no miner has been probed or audited yet"
-    lines = [f"{'miner':<50} {'model':<16} {'state':<8} {'since':<20} {'pass':>5} {'cheat':>5} {'unpr.':>5}  why"]
+    lines = [f"{'miner':<50} {'model':<16} {'state':<8} {'since':<20} {'pass':>5} {'cheat':>5} {'unpr.':>5} {'def.':>5}  why"]
     for row in rows:
         passed, cheat, unproven = verdicts.get(row.miner, (0, 0, 0))
         lines.append(f"{row.miner:<50} {row.model:<16} {row.state:<8} {_timestamp(row.since):<20} {passed:>5} {cheat:>5} "
-                     f"{unproven:>5}  {row.reason}")
+                     f"{unproven:>5} {defects.get(row.miner, 0):>5}  {row.reason}")
     for miner in sorted(set(verdicts) - {row.miner for row in rows}):
         passed, cheat, unproven = verdicts[miner]
-        lines.append(f"{miner:<50} {'-':<16} {'-':<8} {'-':<20} {passed:>5} {cheat:>5} {unproven:>5}  (not connected since the restart)")
+        lines.append(f"{miner:<50} {'-':<16} {'-':<8} {'-':<20} {passed:>5} {cheat:>5} {unproven:>5} {defects.get(miner, 0):>5}  "
+                     "(not connected since the restart)")
+    if any(defects.values()):
+        lines.append("def.: answers that passed but whose text differed from the proven tokens in presentation (a held-back "
+                     "tail, whitespace, U+FFFD); buyers got the proven text. The miner's software needs fixing, its pay does not change.")
     return "\n".join(lines)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -76,7 +77,8 @@ class AuditJob:
             "sampling": {"temperature": self.sampling.temperature, "top_p": self.sampling.top_p, "seed": self.sampling.seed},
             "seeded": self.seeded,
             "delivery": {"relayed_output_ids": list(self.delivery.relayed_output_ids),
-                         "ended_at_stop": self.delivery.ended_at_stop, "max_tokens": self.delivery.max_tokens},
+                         "ended_at_stop": self.delivery.ended_at_stop, "max_tokens": self.delivery.max_tokens,
+                         **({"defect": self.delivery.defect} if self.delivery.defect is not None else {})},
             "created_at": self.created_at,
         }
         if for_verifier:
@@ -104,12 +106,24 @@ class AuditJob:
                 seeded=_flag(wire["seeded"], "seeded"),
                 delivery=Delivery(relayed_output_ids=_ids(delivery["relayed_output_ids"], "delivery.relayed_output_ids"),
                                   ended_at_stop=_flag(delivery["ended_at_stop"], "delivery.ended_at_stop"),
-                                  max_tokens=_uint(delivery["max_tokens"], "delivery.max_tokens")),
+                                  max_tokens=_uint(delivery["max_tokens"], "delivery.max_tokens"),
+                                  defect=_defect(delivery.get("defect"))),
                 created_at=float(_number(wire["created_at"], "created_at") or 0.0),
                 found=_found(wire.get("found")),
             )
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"malformed audit job: {error!r}") from None
+
+
+def _defect(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or DEFECT.fullmatch(value) is None:
+        raise ValueError(f"delivery.defect must be a short code, got {value!r}")
+    return value
+
+
+DEFECT = re.compile(r"[a-z-]{1,40}")
 
 
 def audited(kind: JobKind, *, draw: float, paid_sample_pct: float) -> bool:

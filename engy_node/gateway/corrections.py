@@ -7,7 +7,14 @@ request's `max_tokens` and stop strings, the completion tokens it bills, and whe
 committed output ends with the model's end-of-answer token. A miner that got them right is not
 changed by any of this: applying a stop string twice, or confirming a true `length`, is a no-op.
 
-Pure: no IO, no clock. `StopScanner` keeps a little state across a stream's chunks.
+Peers also get the text wrong around the tokens they proved: a stream that holds back a tail and
+drops it, spaces lost where a stream was sliced out of cumulative text, a U+FFFD streamed for a
+character whose bytes had not all arrived. The proven tokens settle that too: the buyer is given
+their decode (`presentation_match` says how far a peer's text covers it), and a peer whose text
+differs from it only in presentation has a defect to fix, not a fraud to answer for.
+
+Pure: no IO, no clock. `StopScanner` and `ReplacementHold` keep a little state across a
+stream's chunks.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from engy_node.serve.sampling import find_stop, stop_holdback
+from engy_node.serve.sampling import REPLACEMENT_CHARACTER, find_stop, stop_holdback
 
 
 class StopScanner:
@@ -50,6 +57,69 @@ class StopScanner:
         """At the end of the answer: the held tail, which never became a stop string."""
         tail, self.held = self.held, ""
         return "" if self.matched is not None else tail
+
+
+class ReplacementHold:
+    """Keeps U+FFFD a peer streams for a character still incomplete from reaching the buyer.
+
+    sglang never streams one (its detokenizer holds incomplete bytes back), but a peer slicing
+    a server's cumulative text that does not hold them back sends U+FFFD and then the text after
+    the character, never the character itself. A run of U+FFFD at the end of what has arrived is
+    held; when more text follows, the run is dropped, since what it stood for cannot be known
+    until the proven tokens come (`presentation_match` then accounts for it). At the end of the
+    answer a held run is simply not sent: the relay sends what the buyer lacks of the proven
+    text, which has the run only if the model produced it.
+    """
+
+    def __init__(self) -> None:
+        self.holding = False
+
+    def feed(self, text: str) -> str:
+        if self.holding:
+            text = text.lstrip(REPLACEMENT_CHARACTER)  # the rest of the run being held
+        if not text:
+            return ""
+        settled = text.rstrip(REPLACEMENT_CHARACTER)
+        self.holding = len(settled) < len(text)
+        return settled
+
+
+def presentation_match(text: str, proven: str) -> int | None:
+    """How much of `proven` (the decode of the proven tokens) a peer's `text` covers, as an end
+    index into it, when the two differ only in presentation; None when they differ in content.
+
+    Presentation is whitespace (added, lost or changed anywhere), and U+FFFD: a run of them in
+    `text` stands for one or more non-ASCII characters of `proven` (bytes of one multi-byte
+    character, or a replacement the model's own bytes produced), and a U+FFFD in `proven` may be
+    missing from `text`. Every other character must appear in the same order in both. The end
+    index falls after the last character `text` accounts for, and after the whitespace that
+    follows it only when `text` ends with whitespace too.
+    """
+    i = j = covered = 0
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        while j < len(proven) and (proven[j].isspace() or proven[j] == REPLACEMENT_CHARACTER) and not (
+                i < len(text) and text[i] == REPLACEMENT_CHARACTER and proven[j] == REPLACEMENT_CHARACTER):
+            j += 1
+        if i == len(text):
+            break
+        if j < len(proven) and text[i] == proven[j]:
+            i += 1
+            j += 1
+        elif text[i] == REPLACEMENT_CHARACTER:
+            while i < len(text) and text[i] == REPLACEMENT_CHARACTER:
+                i += 1
+            if j == len(proven) or proven[j].isascii():
+                return None
+            j += 1
+            following = next((ch for ch in text[i:] if not ch.isspace()), None)
+            while j < len(proven) and not proven[j].isascii() and not proven[j].isspace() and proven[j] != following:
+                j += 1
+        else:
+            return None
+        covered = j
+    return j if text and text[-1].isspace() else covered
 
 
 def corrected_finish(*, reported: str, completion_tokens: int, max_tokens: int, ended_by_end_token: bool,

@@ -57,12 +57,14 @@ from engy_node.gateway import billing, intake
 from engy_node.gateway.admission import WaitingRoom
 from engy_node.gateway.audit import AuditJob, audited
 from engy_node.gateway.chat import ChatRequest, GatewayError, Usage
+from engy_node.gateway.corrections import presentation_match
 from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.router import prefix_key, retry_allowed
 from engy_node.gateway.store import RequestLogEntry, Store, StoreError
 from engy_node.metrics import Registry
 from engy_node.protocol.miner import FEATURE_SAMPLING, FEATURE_SEEDED, FEATURE_TOOLS, Message, ServeRequest
+from engy_node.serve.sampling import REPLACEMENT_CHARACTER
 from engy_node.served_model import ServedModel
 
 log = logging.getLogger("engy.gateway")
@@ -153,6 +155,10 @@ class Flight:
     pending: PendingRequest | None = None
     miner: str = ""
     relayed_text: str = ""
+    """What the buyer has been sent of the answer."""
+    miner_text: str = ""
+    """What the miner sent of the answer (up to the stop string that ended it), before the
+    gateway repaired it to the proven text: the delivery its verdict judges."""
     created: int = 0
     """Wall-clock seconds when the request began (the APIs' `created`)."""
     first_output_at: float | None = None
@@ -185,8 +191,11 @@ class Accounting:
     """The stop string the answer ended at, when one did."""
     refused: str | None = None
     """Why the answer is proven wrong before its delivery ended (`prompt-mismatch`: the proof
-    covers another prompt): it is not delivered whole nor charged, and the miner is recorded
-    as a cheat."""
+    covers another prompt; `output-mismatch`: the miner's text is not what its tokens decode
+    to): it is not delivered whole nor charged, and the miner is recorded as a cheat."""
+    proven_text: str | None = None
+    """What the buyer is to be given: the decode of the proven tokens, up to the stop string
+    that ended the answer (None: nothing proven to repair the miner's text to)."""
 
 
 def new_request_id() -> str:
@@ -604,7 +613,7 @@ class Gateway:
             except proof.ProofFormatError as error:
                 log.warning("request %s: miner %s sent a malformed commitment (%s)", flight.request_id, flight.miner, error)
         if commitment is None:
-            relayed = await trio.to_thread.run_sync(self.encode, flight.model, flight.relayed_text, limiter=self.tokenize_limiter)
+            relayed = await trio.to_thread.run_sync(self.encode, flight.model, flight.miner_text, limiter=self.tokenize_limiter)
             # Audited all the same: with no commitment at all the verifier judges the delivered
             # tokens on the canonical model (`proof.judge_delivered`); with an unreadable one the
             # answer is `unproven`, and a rising share of those pulls a miner hiding behind them.
@@ -625,20 +634,30 @@ class Gateway:
                                 committed_tokens=len(commitment.output_token_ids))
         finish_stop = cut_at is None and (response.output.get("choices") or [{}])[0].get("finish_reason") == "stop"
         relay = await self.off_loop_if_large(
-            len(flight.relayed_text), functools.partial(relayed_tokens, stops=flight.chat.sampling.stop, cut_at=cut_at,
-                                                        finish_stop=finish_stop),
-            flight.model, flight.relayed_text, list(commitment.output_token_ids))
+            len(flight.miner_text), functools.partial(relayed_tokens, stops=flight.chat.sampling.stop, cut_at=cut_at,
+                                                      finish_stop=finish_stop),
+            flight.model, flight.miner_text, list(commitment.output_token_ids))
         if not relay.proved:
-            # Billing still takes the smallest count; the audit judges the delivery.
-            log.warning("request %s: miner %s relayed text its committed tokens do not decode to", flight.request_id, flight.miner)
+            # Established before the answer's end, like a proof of another prompt: the text is
+            # not what the proven tokens say, so it is neither completed nor charged.
+            log.warning("request %s: miner %s sent text its proven tokens do not decode to; the answer is refused and not "
+                        "charged", flight.request_id, flight.miner)
+            self._offer_audit(flight, response.commitment,
+                              proof.Delivery(relay.output_ids, relay.stop is not None, flight.chat.max_tokens),
+                              found=("cheat", "output-mismatch"))
+            return Accounting(claim=None, relayed_tokens=0, output_ids=None, stop=cut_at, refused="output-mismatch")
+        if relay.defect is not None:
+            log.info("request %s: miner %s sent text that differs from its proven tokens in presentation only (%s); the "
+                     "buyer is given the proven text", flight.request_id, flight.miner, relay.defect)
         if padding is not None:
             log.warning("request %s: miner %s claims more usage than it served (%s)", flight.request_id, flight.miner, padding)
         self._offer_audit(flight, response.commitment,
                           proof.Delivery(relayed_output_ids=relay.output_ids, ended_at_stop=relay.stop is not None,
-                                         max_tokens=flight.chat.max_tokens),
+                                         max_tokens=flight.chat.max_tokens, defect=relay.defect),
                           found=None if padding is None else ("cheat", "usage-padding"))
         return Accounting(claim={**response.output, "committed_completion": len(commitment.output_token_ids)},
-                          relayed_tokens=relay.tokens, output_ids=tuple(commitment.output_token_ids), stop=relay.stop)
+                          relayed_tokens=relay.tokens, output_ids=tuple(commitment.output_token_ids), stop=relay.stop,
+                          proven_text=relay.proven_text)
 
 
     async def keep_proofs(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -661,7 +680,7 @@ class Gateway:
         unproven for the gateway's own cut. The audit waits for that frame in `keep_proofs`, up
         to the request's time limit; a miner that never sends it is stopped then, and the answer
         is judged on its delivered tokens alone (`proof.judge_delivered`)."""
-        relayed = await trio.to_thread.run_sync(self.encode, flight.model, flight.relayed_text, limiter=self.tokenize_limiter)
+        relayed = await trio.to_thread.run_sync(self.encode, flight.model, flight.miner_text, limiter=self.tokenize_limiter)
         waits = self._proof_waits
         if waits is None:
             await self.pool.cancel(pending)
@@ -700,33 +719,60 @@ class Gateway:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Relayed:
-    """What reached the buyer, measured against the committed output."""
+    """What the miner sent, measured against the committed output."""
 
     tokens: int
-    """Completion tokens to bill: all committed ones when the relay is exactly what they decode
-    to (the end token as the end of the answer); otherwise the relayed text recounted."""
+    """Completion tokens to bill: all committed ones when the buyer is given the whole proven
+    answer (the end token as the end of the answer); otherwise the text up to the stop recounted."""
     output_ids: tuple[int, ...]
-    """The relay as token ids (`proof.Delivery.relayed_output_ids`)."""
+    """The delivery as token ids (`proof.Delivery.relayed_output_ids`): the committed ids, or the
+    shortest prefix of them that covers an answer ended at a stop string; for text that is not
+    what they decode to, that text's own tokenisation (which then disagrees)."""
     proved: bool
-    """The relayed text is what the committed ids decode to, or a prefix of it."""
+    """The miner's text is what the committed ids decode to, or a prefix of it, or differs from
+    that only in presentation (`corrections.presentation_match`)."""
     stop: str | None
     """The stop string the answer ended at: where the gateway cut it, or where the committed
-    output goes on past the relayed text with one of the request's stop strings."""
+    output goes on past the miner's text with one of the request's stop strings."""
+    proven_text: str | None = None
+    """The decode of the proven tokens, as far as the answer goes: what the buyer is given."""
+    defect: str | None = None
+    """How the miner's text differs from `proven_text` when it is proved but not equal:
+    `held-back` (a tail it never sent), `whitespace`, `replacement-character` (U+FFFD for a
+    character it did not wait for)."""
 
 
-def relayed_tokens(model: ServedModel, relayed_text: str, output_ids: list[int], *, stops: Sequence[str],
+def relayed_tokens(model: ServedModel, miner_text: str, output_ids: list[int], *, stops: Sequence[str],
                    cut_at: str | None, finish_stop: bool) -> Relayed:
-    """Blocking (decodes and tokenises): measure a relay against the committed output ids."""
+    """Blocking (decodes and tokenises): measure a miner's text against its committed output ids."""
     committed_text = model.decode(output_ids)
-    if committed_text == relayed_text and cut_at is None:
-        return Relayed(tokens=len(output_ids), output_ids=tuple(output_ids), proved=True, stop=None)
-    relayed_ids = model.tokenizer.encode(relayed_text, add_special_tokens=False) if relayed_text else []
-    tokens = len(relayed_ids) + (1 if finish_stop and output_ids else 0)
-    if not committed_text.startswith(relayed_text):
-        return Relayed(tokens=tokens, output_ids=tuple(relayed_ids), proved=False, stop=cut_at)
-    rest = committed_text[len(relayed_text):]
-    stop = cut_at if cut_at is not None else next((s for s in stops if s and rest.startswith(s)), None)
-    return Relayed(tokens=tokens, output_ids=_covering_prefix(model, output_ids, relayed_text), proved=True, stop=stop)
+    if committed_text == miner_text and cut_at is None:
+        return Relayed(tokens=len(output_ids), output_ids=tuple(output_ids), proved=True, stop=None, proven_text=committed_text)
+    covered = len(miner_text) if committed_text.startswith(miner_text) else presentation_match(miner_text, committed_text)
+    if covered is None:
+        relayed_ids = model.tokenizer.encode(miner_text, add_special_tokens=False) if miner_text else []
+        return Relayed(tokens=len(relayed_ids) + (1 if finish_stop and output_ids else 0), output_ids=tuple(relayed_ids),
+                       proved=False, stop=cut_at)
+    rest = committed_text[covered:]
+    stop = cut_at if cut_at is not None else next((s for s in stops if s and rest.lstrip().startswith(s)), None)
+    if stop is None:
+        # The whole proven answer goes to the buyer, whatever part of it the miner's text lacked.
+        return Relayed(tokens=len(output_ids), output_ids=tuple(output_ids), proved=True, stop=None,
+                       proven_text=committed_text, defect=_defect(miner_text, committed_text, covered))
+    proven = committed_text[:covered]
+    tokens = len(model.tokenizer.encode(proven, add_special_tokens=False) if proven else []) + (1 if finish_stop and output_ids else 0)
+    return Relayed(tokens=tokens, output_ids=_covering_prefix(model, output_ids, proven), proved=True, stop=stop,
+                   proven_text=proven, defect=_defect(miner_text, proven, covered))
+
+
+def _defect(miner_text: str, proven: str, covered: int) -> str | None:
+    if miner_text == proven:
+        return None
+    if REPLACEMENT_CHARACTER in miner_text and miner_text.count(REPLACEMENT_CHARACTER) != proven[:covered].count(REPLACEMENT_CHARACTER):
+        return "replacement-character"
+    if miner_text != proven[:covered]:
+        return "whitespace"
+    return "held-back"
 
 
 def _covering_prefix(model: ServedModel, output_ids: list[int], text: str) -> tuple[int, ...]:

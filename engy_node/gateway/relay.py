@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse
 from engy_node.asgi import Receive, Send, watch_disconnect
 from engy_node.gateway import anthropic_api, openai_api
 from engy_node.gateway.chat import ChatRequest, GatewayError, OutputEvent, ToolCall, Usage
-from engy_node.gateway.corrections import StopScanner, corrected_finish
+from engy_node.gateway.corrections import ReplacementHold, StopScanner, corrected_finish, presentation_match
 from engy_node.gateway.lifecycle import Accounting, Flight, Gateway
 from engy_node.gateway.output_parser import OutputParser
 from engy_node.gateway.pool import PendingRequest
@@ -201,14 +201,15 @@ class ChatEndpoint:
                 raise GatewayError("upstream", f"the miner failed: {reason}")
             content, reported = _final_content(pending)
             stops = StopScanner(flight.chat.sampling.stop)
-            flight.relayed_text = stops.feed(content) + stops.finish()
+            flight.miner_text = stops.feed(content) + stops.finish()
             flight.first_output_at = flight.first_output_at or gateway.monotonic()
-            parser = OutputParser(call_id_prefix=flight.request_id[-12:])
-            events = parser.feed(flight.relayed_text) + parser.finish()
             accounting = await gateway.account_for(flight, pending, cut_at=stops.matched)
             if accounting.refused is not None:
                 await gateway.log_outcome(flight, status=502, usage=None)
                 raise GatewayError("upstream", _REFUSED[accounting.refused])
+            flight.relayed_text = flight.miner_text if accounting.proven_text is None else accounting.proven_text
+            parser = OutputParser(call_id_prefix=flight.request_id[-12:])
+            events = parser.feed(flight.relayed_text) + parser.finish()
             usage = await gateway.settle(flight, status=200, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens)
             settled = True
         finally:
@@ -248,21 +249,28 @@ class ChatEndpoint:
         this; whatever the way out short of the end, the miner is stopped and only what was
         relayed is charged. A stop string the miner ignored ends the answer here: the stream
         finishes as if the miner had stopped, and the miner goes on to its commitment, which the
-        audit waits for (`Gateway.account_for_cut`)."""
+        audit waits for (`Gateway.account_for_cut`). The buyer is never sent a U+FFFD the miner
+        streamed for an incomplete character (`ReplacementHold`), and at the end is sent what the
+        miner's text lacked of the proven text (a held-back tail)."""
         gateway = self.gateway
         encoder = self.api.encoder(flight)
         parser = OutputParser(call_id_prefix=flight.request_id[-12:])
         stops = StopScanner(flight.chat.sampling.stop)
+        replacements = ReplacementHold()
         received = ""
         events_seen: list[OutputEvent] = []
         deadline = gateway.monotonic() + flight.model.spec.max_request_s
         outcome = "buyer-gone"
 
-        def relay(text: str) -> list[bytes]:
+        def send_text(text: str) -> list[bytes]:
             flight.relayed_text += text
             events = parser.feed(text)
             events_seen.extend(events)
             return encoder.events(events)
+
+        def relay(text: str) -> list[bytes]:
+            flight.miner_text += text
+            return send_text(replacements.feed(text))
 
         try:
             # Everything ready at a wake-up goes out as one write: under load several chunks
@@ -310,9 +318,6 @@ class ChatEndpoint:
                 if content.startswith(received) and len(content) > len(received):
                     out += relay(stops.feed(content[len(received):]))
                 out += relay(stops.finish())
-            tail = parser.finish()
-            events_seen += tail
-            out += encoder.events(tail)
             with trio.CancelScope(shield=True):
                 if stops.matched is not None and not pending.finished:
                     accounting = await gateway.account_for_cut(flight, pending, cut_at=stops.matched)
@@ -325,6 +330,10 @@ class ChatEndpoint:
                     await _send_body(send, b"".join(out + encoder.error(GatewayError("upstream", _REFUSED[accounting.refused]))),
                                      more=False)
                     return
+                out += send_text(_missing(flight.relayed_text, accounting.proven_text or flight.miner_text))
+                tail = parser.finish()
+                events_seen += tail
+                out += encoder.events(tail)
                 usage = await gateway.settle(flight, status=200, completion_claim=accounting.claim,
                                              relayed_tokens=accounting.relayed_tokens)
                 finish, stop_sequence = self._finish(flight, stops, accounting, usage, reported)
@@ -352,7 +361,16 @@ class ChatEndpoint:
 
 
 _REFUSED = {"prompt-mismatch": "the miner's answer failed verification (its proof covers another prompt); nothing is "
-                                "charged for it, retry the request"}
+                                "charged for it, retry the request",
+            "output-mismatch": "the miner's answer failed verification (its text is not what it proved); nothing is "
+                               "charged for it, retry the request"}
+
+
+def _missing(relayed: str, answer: str) -> str:
+    """What the buyer has not been sent of `answer` (the proven text, or the miner's own): the
+    part past what the relayed text covers; nothing when the two differ in content."""
+    covered = presentation_match(relayed, answer)
+    return "" if covered is None else answer[covered:]
 
 BUYER_CAUSED = frozenset({"authentication", "invalid_request", "not_found", "request_too_large", "billing", "request_timeout",
                           "method_not_allowed", "unsupported_media_type"})

@@ -5,6 +5,7 @@ that the model wrote in other pieces is not taken for a different answer."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -50,6 +51,15 @@ def test_honest_greedy_answers_pass_by_recompute_and_say_so(judge, runner):
         served = greedy_generation(runner, prompt_ids, 48)
         verdict = judge.judge(delivered_job(runner, prompt_ids, served.output_ids))
         assert (verdict.kind, verdict.code) == ("pass", "recompute:ok"), verdict
+
+
+def test_a_pass_on_a_delivery_the_gateway_repaired_names_the_defect_and_a_cheat_stays_a_cheat(judge, runner, quantised):
+    prompt_ids = chat_ids(runner, PROMPTS[0])
+    for model, expected in ((runner, ("pass", "recompute:defect:held-back")), (quantised, ("cheat", "recompute:tokens"))):
+        job = delivered_job(runner, prompt_ids, greedy_generation(model, prompt_ids, 48).output_ids)
+        job = dataclasses.replace(job, delivery=dataclasses.replace(job.delivery, defect="held-back"))
+        verdict = judge.judge(job)
+        assert (verdict.kind, verdict.code) == expected, verdict
 
 
 def test_an_honest_answer_in_other_pieces_than_the_tokenizer_would_write_still_passes(judge, runner):

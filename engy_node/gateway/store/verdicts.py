@@ -128,3 +128,18 @@ class Verdicts(Connection):
                 (since, until),
             ).fetchall()
         return {miner: (passed, cheat, unproven) for miner, passed, cheat, unproven in rows}
+
+    @serialised
+    def defect_counts(self, *, since: float, until: float) -> dict[str, int]:
+        """Per miner, the passing verdicts on answers whose text the gateway repaired to the
+        proven tokens (reason `defect:<kind>`, `proof.Delivery.defect`), over requests served in
+        `[since, until)`: a peer's bug to report to its operator, never held against its pay."""
+        timestamp("since", since)
+        timestamp("until", until)
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT miner, count(*) FROM verdicts WHERE verdict = 'pass' AND reason LIKE ? "
+                "AND request_created_at >= ? AND request_created_at < ? GROUP BY miner",
+                ("%defect:%", since, until),
+            ).fetchall()
+        return {miner: count for miner, count in rows}

@@ -38,10 +38,16 @@ HW = {"parallelism": "tp", "host": "rig-1", "cpus": 32, "ram_gb": 125.7, "gpu": 
 
 class PublicMiner:
     def __init__(self, *, url: str, miner_key: str, model: ServedModel, serve: ServeClient, heartbeat_s: float,
-                 proved_prompt=lambda prompt_ids: prompt_ids) -> None:
+                 proved_prompt=lambda prompt_ids: prompt_ids, shown=lambda text: text, held_back_chars: int = 0) -> None:
         self.url = url
         self.proved_prompt = proved_prompt
         """The prompt ids its commitment names: the prompt it was sent, unless a test makes it cheat."""
+        self.shown = shown
+        """What it makes of the server's cumulative text before slicing deltas out of it by
+        length, and of its final text: unchanged, unless a test gives it a formatting bug."""
+        self.held_back_chars = held_back_chars
+        """A tail of the text it never streams and strips from its final text (a newer public
+        miner's habit)."""
         self.miner_key = miner_key
         self.model = model
         self.serve = serve
@@ -113,10 +119,12 @@ class PublicMiner:
 
             async def relay(ids: list[int], server_text: str) -> None:
                 nonlocal sent
-                if frame.get("stream") and len(server_text) > len(sent):
+                shown = self.shown(server_text)
+                shown = shown[:max(0, len(shown) - self.held_back_chars)]
+                if frame.get("stream") and len(shown) > len(sent):
                     await ws.send_message(json.dumps({"type": "chunk", "corr_id": corr_id,
-                                                      "delta": {"content": server_text[len(sent):]}}))
-                    sent = server_text
+                                                      "delta": {"content": shown[len(sent):]}}))
+                    sent = shown
 
             result = await self.serve.generate_once(
                 prompt_ids, {"temperature": 0.0, "max_new_tokens": request.get("max_tokens") or 512},
@@ -127,11 +135,54 @@ class PublicMiner:
             commitment = proof.build_commitment(
                 model_root=self.model.model_root, prompt_ids=self.proved_prompt(prompt_ids), output_ids=output_ids,
                 rows=torch.from_numpy(np.asarray(rows, dtype=np.float32)).to(torch.bfloat16), params=self.model.spec.proof)
-            text = self.model.tokenizer.decode(output_ids, skip_special_tokens=True)
+            text = self.shown(self.model.tokenizer.decode(output_ids, skip_special_tokens=True))
+            text = text[:max(0, len(text) - self.held_back_chars)]
             await ws.send_message(json.dumps({
                 "type": "response", "corr_id": corr_id, "request_id": request.get("engy_request_id") or uuid.uuid4().hex,
                 "commitment": commitment.to_wire(),
                 "output": {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+                           "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids),
+                                     "total_tokens": len(prompt_ids) + len(output_ids)}},
+            }))
+
+
+class TeeLikeMiner(PublicMiner):
+    """A miner like the newest public `tee_miner.py` on the wire, with the newest one-file miner's
+    streaming habits: the public frames above, but `commitment: {}` (it relies on attestation),
+    streamed text with a tail held back and stripped from the final text, stop strings and
+    sampling ignored. It generates greedily on a model of its own (`runner`: the canonical
+    weights in bf16, or a cheaper copy), one request at a time, so a test can run an honest one
+    and a 4-bit one side by side without a model server each."""
+
+    def __init__(self, *, runner, lock: trio.Lock, **kwargs) -> None:
+        super().__init__(serve=None, **kwargs)
+        self.runner = runner
+        self.lock = lock
+
+    async def _serve(self, ws, frame: dict, scope: trio.CancelScope) -> None:
+        from engy_node.calibration import greedy_generation
+
+        with scope:
+            request = frame["request"]
+            self.served.append(request)
+            messages = [{"role": m["role"], "content": m["content"]} for m in request["messages"]]
+            rendered = self.model.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+            prompt_ids = list(rendered if isinstance(rendered, list) else rendered["input_ids"])
+            async with self.lock:
+                generation = await trio.to_thread.run_sync(greedy_generation, self.runner, prompt_ids,
+                                                           request.get("max_tokens") or 512)
+            output_ids = list(generation.output_ids)
+            text = self.model.tokenizer.decode(output_ids, skip_special_tokens=True)
+            shown = text[:max(0, len(text) - self.held_back_chars)]
+            corr_id = frame["corr_id"]
+            if frame.get("stream"):
+                for start in range(0, len(shown), 8):
+                    await ws.send_message(json.dumps({"type": "chunk", "corr_id": corr_id,
+                                                      "delta": {"content": shown[start:start + 8]}}))
+            await ws.send_message(json.dumps({
+                "type": "response", "corr_id": corr_id, "request_id": request.get("engy_request_id") or uuid.uuid4().hex,
+                "commitment": {},
+                "output": {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": shown}}],
                            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids),
                                      "total_tokens": len(prompt_ids) + len(output_ids)}},
             }))

@@ -118,14 +118,16 @@ def test_trust_shows_each_miners_state_reason_and_verdicts(store):
         store.record_verdict(VerdictRecord(request_id=f"p{index}", miner="key:1", model="smollm2-135m", kind="probe",
                                            verdict=verdict, reason="ok", verifier="local",
                                            request_created_at=1_700_000_000.0, judged_at=1_700_000_001.0))
-    store.record_verdict(VerdictRecord(request_id="q", miner="key:2", model="smollm2-135m", kind="paid", verdict="pass",
-                                       reason="ok", verifier="local", request_created_at=1_700_000_000.0,
-                                       judged_at=1_700_000_001.0))
+    for request_id, reason in (("q", "ok"), ("r", "defect:held-back"), ("s", "recompute:defect:whitespace")):
+        store.record_verdict(VerdictRecord(request_id=request_id, miner="key:2", model="smollm2-135m", kind="paid", verdict="pass",
+                                           reason=reason, verifier="local", request_created_at=1_700_000_000.0,
+                                           judged_at=1_700_000_001.0))
     text = admin.show_trust(store, now=1_700_000_100.0)
-    first, second = text.splitlines()[1:]
+    first, second, note = text.splitlines()[1:]
     assert first.startswith("key:1") and " pulled " in first
-    assert first.endswith("    1     1     0  pulled: cheat verdict on probe p1")
-    assert "key:2" in second and "not connected" in second
+    assert first.endswith("    1     1     0     0  pulled: cheat verdict on probe p1")
+    assert "key:2" in second and "not connected" in second and "    3     0     0     2  " in second
+    assert note.startswith("def.: answers that passed but whose text differed")
 
 
 def test_epochs_lists_what_was_published(store, alice):

@@ -11,7 +11,8 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engy_node.gateway.corrections import StopScanner, corrected_finish
+from engy_node.gateway.corrections import ReplacementHold, StopScanner, corrected_finish, presentation_match
+from engy_node.serve.sampling import REPLACEMENT_CHARACTER as FFFD
 
 alphabet = st.sampled_from("ab \n.Pé")
 texts = st.text(alphabet=alphabet, max_size=60)
@@ -82,3 +83,54 @@ def test_the_public_miners_stop_at_the_token_limit_is_a_length():
                             stop_matched=False) == "length"
     assert corrected_finish(reported="stop", completion_tokens=16, max_tokens=16, ended_by_end_token=True,
                             stop_matched=False) == "stop", "an answer may end naturally on its last allowed token"
+
+
+# ---- presentation: a peer's text against the proven text ------------------------------------
+
+TEXT = st.text(alphabet=st.sampled_from(list("ab é\n") + ["è", FFFD]), max_size=24)
+
+
+@given(TEXT)
+def test_the_proven_text_and_every_prefix_of_it_match_themselves(proven):
+    assert presentation_match(proven, proven) == len(proven)
+    for end in range(len(proven) + 1):
+        covered = presentation_match(proven[:end], proven)
+        # a trailing U+FFFD run may stand for more of the non-ASCII characters after it
+        assert covered is not None and covered >= len(proven[:end].rstrip())
+
+
+@given(TEXT, st.data())
+def test_whitespace_anywhere_is_presentation(proven, data):
+    respaced = "".join(ch + data.draw(st.sampled_from(["", " ", "\n"])) for ch in proven if not ch.isspace())
+    assert presentation_match(respaced, proven) is not None
+
+
+@given(TEXT, st.data())
+def test_a_changed_character_is_content(proven, data):
+    letters = [i for i, ch in enumerate(proven) if ch in "ab"]
+    if not letters:
+        return
+    i = data.draw(st.sampled_from(letters))
+    changed = proven[:i] + ("b" if proven[i] == "a" else "a") + proven[i + 1:]
+    assert presentation_match(changed, proven) is None
+
+
+def test_a_replacement_character_stands_for_non_ascii_characters_only():
+    assert presentation_match(f"dottore {FFFD} il", "dottore è il") == len("dottore è il")
+    assert presentation_match(f"dottore {FFFD}{FFFD} il", "dottore è il") == len("dottore è il")
+    assert presentation_match(f"dottore {FFFD} il", "dottore e il") is None
+    assert presentation_match("dottore  il", "dottore è il") is None, "a lost character is content"
+    assert presentation_match("ab", f"a{FFFD}b") == 3, "a replacement the miner left out is presentation"
+
+
+def test_the_covered_end_stops_before_whitespace_the_text_has_not_reached():
+    assert presentation_match("To improveit", "To improve it. Then") == len("To improve it")
+    assert presentation_match("To improve it ", "To improve it  Then") == len("To improve it  ")
+
+
+def test_replacement_characters_at_the_end_of_what_arrived_are_held_and_dropped_when_text_follows():
+    hold = ReplacementHold()
+    assert hold.feed("dottore " + FFFD) == "dottore "
+    assert hold.feed(FFFD) == ""
+    assert hold.feed(FFFD + " il") == " il", "what the run stood for is not known until the proof comes"
+    assert hold.feed("a" + FFFD + "b") == "a" + FFFD + "b", "a replacement inside text that arrived together is the model's own"

@@ -58,8 +58,41 @@ def test_a_relay_that_is_not_what_was_proved_is_caught(model, committed):
     assert judged(model, committed, relay) == "output-mismatch"
 
 
-def test_an_unrelated_continuation_is_not_taken_for_a_stop(model, committed):
-    relayed = ANSWER[:ANSWER.index(" It is")]
-    relay = relayed_tokens(model, relayed, committed, stops=("Paris",), cut_at=None, finish_stop=True)
-    assert relay.proved and relay.stop is None
-    assert judged(model, committed, relay) == "output-mismatch", "a truncated relay is only honest at a stop string"
+def test_a_tail_the_miner_held_back_is_a_defect_and_the_buyer_gets_the_whole_proven_answer(model, committed):
+    held_back = ANSWER[:ANSWER.index(" It is")]
+    relay = relayed_tokens(model, held_back, committed, stops=("Paris",), cut_at=None, finish_stop=True)
+    assert relay.proved and relay.stop is None, "an unrelated continuation is not taken for a stop"
+    assert relay.defect == "held-back" and relay.proven_text == ANSWER
+    assert relay.output_ids == tuple(committed) and relay.tokens == len(committed)
+    assert judged(model, committed, relay) is None
+
+
+@pytest.mark.parametrize("sent, defect", [
+    (ANSWER.replace("known for", "knownfor"), "whitespace"),
+    (ANSWER.replace(". It", ".\n\nIt"), "whitespace"),
+    (ANSWER.replace("France ", "France  "), "whitespace"),
+])
+def test_text_that_differs_from_the_proof_in_whitespace_only_is_a_defect(model, committed, sent, defect):
+    relay = relayed_tokens(model, sent, committed, stops=(), cut_at=None, finish_stop=True)
+    assert relay.proved and relay.defect == defect
+    assert relay.proven_text == ANSWER, "the buyer is given the proven text"
+    assert judged(model, committed, relay) is None
+
+
+def test_a_replacement_character_for_a_character_the_miner_did_not_wait_for_is_a_defect(model):
+    answer = "Il dottore è il migliore."
+    ids = model.tokenizer.encode(answer, add_special_tokens=False) + [min(model.end_token_ids)]
+    relay = relayed_tokens(model, answer.replace("è", "\ufffd"), ids, stops=(), cut_at=None, finish_stop=True)
+    assert relay.proved and relay.defect == "replacement-character" and relay.proven_text == answer
+
+
+@pytest.mark.parametrize("sent", [
+    ANSWER.replace("Paris", "Paris!"),
+    ANSWER.replace("Eiffel", "Eifel"),
+    ANSWER.replace("Paris", "\ufffd"),
+    ANSWER + " Visit soon.",
+])
+def test_a_different_character_anywhere_is_still_a_mismatch(model, committed, sent):
+    relay = relayed_tokens(model, sent, committed, stops=(), cut_at=None, finish_stop=True)
+    assert not relay.proved and relay.proven_text is None
+    assert judged(model, committed, relay) == "output-mismatch"

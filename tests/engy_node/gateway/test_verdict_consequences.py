@@ -1,8 +1,10 @@
 """Verdicts in the live path, with the public miner's habits: a miner whose proof covers another
 prompt than the buyer's has its answer refused before delivery ends and not charged, and leaves
 the pool although the gateway runs without qualification (a private gateway, where nothing else
-would pull it); and an answer the gateway cuts at a stop string the miner ignores stays provable,
-judged on the miner's commitment rather than left unproven by the cut."""
+would pull it); an answer the gateway cuts at a stop string the miner ignores stays provable,
+judged on the miner's commitment rather than left unproven by the cut; and a miner whose text
+loses spaces and a held-back tail against the tokens it proved has a defect, not a cheat: the
+buyer gets the proven text and pays for it, and the miner stays in the pool."""
 
 from __future__ import annotations
 
@@ -105,5 +107,49 @@ async def test_an_answer_cut_at_a_stop_string_the_miner_ignores_is_judged_on_its
                     await trio.sleep(0.2)
             [(_, record)] = verdicts
             assert (record.verdict, record.reason) == ("pass", "ok"), "judged on its TOPLOC commitment, and passed"
+        finally:
+            store.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_miner_whose_text_differs_from_its_proof_in_presentation_has_a_defect_and_the_buyer_gets_the_proof(
+        nursery, tmp_path, checkpoint, reference_server, stream):
+    async with httpx.AsyncClient(timeout=120) as http:
+        urls, store, miner = await public_network(nursery, tmp_path, checkpoint, reference_server, http,
+                                                  gateway={"audit_paid_pct": 100, "local_verifier": True},
+                                                  shown=lambda text: text.replace("of France", "ofFrance"), held_back_chars=4)
+        try:
+            account, key = buyer(store)
+            before = store.balance(account)
+            client = openai_client(urls, key)
+
+            def ask():
+                if not stream:
+                    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24)
+                    return reply.choices[0].message.content, reply.usage.completion_tokens
+                chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, stream=True,
+                                                             stream_options={"include_usage": True}))
+                text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+                return text, chunks[-1].usage.completion_tokens
+
+            text, completion_tokens = await trio.to_thread.run_sync(ask)
+            served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)
+            prompt = served.tokenizer.apply_chat_template(QUESTION, tokenize=True, add_generation_prompt=True)
+            proven = (await ServeClient(reference_server.url, http).generate_once(
+                list(prompt if isinstance(prompt, list) else prompt["input_ids"]), {"temperature": 0.0, "max_new_tokens": 24},
+                rid="proof-of-the-test"))["text"]
+            assert "of France" in proven and len(proven) > 4, "the fixture needs the bug to show"
+            if stream:
+                assert "ofFrance" in text and text.replace("ofFrance", "of France") == proven, \
+                    "the held-back tail is sent from the proven text"
+            else:
+                assert text == proven, "a whole answer is the proven text"
+            assert store.balance(account).charged > before.charged and completion_tokens > 0, "the answer is charged"
+            with trio.fail_after(120):
+                while not (verdicts := store.verdicts_after(0)):
+                    await trio.sleep(0.2)
+            [(_, record)] = verdicts
+            assert (record.verdict, record.reason) == ("pass", "defect:whitespace")
+            assert store.defect_counts(since=0.0, until=2e9) == {record.miner: 1}
         finally:
             store.close()
