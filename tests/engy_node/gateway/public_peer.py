@@ -107,13 +107,17 @@ class PublicMiner:
                 nursery.cancel_scope.cancel()
                 return
 
+    def take(self, request: dict) -> list[int]:
+        """Record a routed request and render its prompt from each message's role and content only."""
+        self.served.append(request)
+        messages = [{"role": m["role"], "content": m["content"]} for m in request["messages"]]
+        rendered = self.model.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        return list(rendered if isinstance(rendered, list) else rendered["input_ids"])
+
     async def _serve(self, ws, frame: dict, scope: trio.CancelScope) -> None:
         with scope:
             request = frame["request"]
-            self.served.append(request)
-            messages = [{"role": m["role"], "content": m["content"]} for m in request["messages"]]
-            rendered = self.model.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-            prompt_ids = list(rendered if isinstance(rendered, list) else rendered["input_ids"])
+            prompt_ids = self.take(request)
             corr_id = frame["corr_id"]
             sent = ""
 
@@ -164,10 +168,7 @@ class TeeLikeMiner(PublicMiner):
 
         with scope:
             request = frame["request"]
-            self.served.append(request)
-            messages = [{"role": m["role"], "content": m["content"]} for m in request["messages"]]
-            rendered = self.model.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-            prompt_ids = list(rendered if isinstance(rendered, list) else rendered["input_ids"])
+            prompt_ids = self.take(request)
             async with self.lock:
                 generation = await trio.to_thread.run_sync(greedy_generation, self.runner, prompt_ids,
                                                            request.get("max_tokens") or 512)
