@@ -170,7 +170,7 @@ def checks(runner: ModelRunner, requests: dict[str, tuple[Request, proof.Samplin
 
         def tokens() -> None:
             stats = proof.token_stats(row_logits, request.output_ids, sampling=sampling, nucleus_margin=tc.nucleus_margin,
-                                      first_position=first, rank_tolerance=tc.seeded_rank_tolerance)
+                                      first_position=first, edge_band=tc.nucleus_edge_band)
             assert proof.token_check(stats, greedy=sampling is None, params=tc).ok, label
 
         parts = {name: [s / n for s in timed(fn, repeats)] for name, fn in (("shape", shape), ("chunks", chunks), ("tokens", tokens))}

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from engy_node import proof
 from engy_node.models import ModelSpec, model_root
+from engy_node.protocol.miner import SEEDED_TOP_K
 from engy_node.serve.engine import Generation, ModelRunner, run_to_completion
 from engy_node.serve.sampling import parse_sampling_params
 from engy_node.served_model import end_token_ids_of
@@ -162,8 +163,10 @@ POWER_CASES: tuple[tuple[str, Callable[[ModelRunner], ModelRunner]], ...] = (
 # ---- serving -----------------------------------------------------------------------------------
 
 
-def chat_ids(runner: ModelRunner, prompt: str) -> list[int]:
-    ids = runner.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+def chat_ids(runner: ModelRunner, prompt: str | Sequence[dict[str, str]]) -> list[int]:
+    """The prompt ids of a user message, or of a whole conversation, under the chat template."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    ids = runner.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return list(ids if isinstance(ids, list) else ids["input_ids"])
 
 
@@ -182,7 +185,7 @@ def seeded_generation(runner: ModelRunner, prompt_ids: Sequence[int], max_new_to
     """A sampled request as our miner sends it: every knob explicit, a seed from the gateway."""
     generation = Generation(
         rid="calibration", input_ids=list(prompt_ids), return_hidden_states=True,
-        params=parse_sampling_params({"temperature": temperature, "top_p": top_p, "top_k": -1, "min_p": 0.0,
+        params=parse_sampling_params({"temperature": temperature, "top_p": top_p, "top_k": SEEDED_TOP_K, "min_p": 0.0,
                                       "sampling_seed": seed, "max_new_tokens": max_new_tokens}),
     )
     return run_to_completion(runner, generation)

@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--drift-prompts", type=int, default=0, metavar="N",
                            help="measure honest numeric drift instead: serve N buyer-like prompts greedily (bf16) and "
                                 "recompute each answer on every verifier path, printing the gap distribution per path pair")
+    calibrate.add_argument("--seeded-drift-prompts", type=int, default=0, metavar="N",
+                           help="measure honest seeded-replay drift instead: serve N buyer-like prompts at every sampled setting "
+                                "(bf16, seeded) and replay each draw on the verifier paths")
     calibrate.add_argument("--drift-out", default="", metavar="FILE", help="also write every measured gap there (JSON)")
     return parser
 
@@ -344,10 +347,12 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
     path = resolve_checkpoint(model_id=args.model, checkpoint=args.checkpoint, models_dir=config.paths.models_dir,
                               cache_dir=config.paths.model_cache_dir)
     say = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    if args.drift_prompts > 0:
+    if args.drift_prompts > 0 or args.seeded_drift_prompts > 0:
         from engy_node import drift
 
-        samples = drift.run_greedy_drift(path, prompts=args.drift_prompts, progress=say)
+        samples = (drift.run_greedy_drift(path, prompts=args.drift_prompts, progress=say) if args.drift_prompts > 0 else [])
+        if args.seeded_drift_prompts > 0:
+            samples += drift.run_seeded_drift(path, model=spec, prompts=args.seeded_drift_prompts, progress=say)
         if args.drift_out:
             drift.save_samples(samples, Path(args.drift_out))
         print(drift.format_drift(drift.summarise(samples)))

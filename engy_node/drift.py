@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from engy_node import proof
-from engy_node.calibration import SAMPLED_SETTINGS, greedy_generation, proportion_interval, sampling_label, seeded_generation
+from engy_node.calibration import (
+    SAMPLED_SETTINGS, chat_ids, greedy_generation, proportion_interval, sampling_label, seeded_generation,
+)
 from engy_node.models import ModelSpec
 from engy_node.serve.engine import ModelRunner
 
@@ -89,11 +91,6 @@ def drift_conversations(limit: int | None = None) -> list[list[dict[str, str]]]:
     return conversations[:limit]
 
 
-def _chat_ids(runner: ModelRunner, messages: list[dict[str, str]]) -> list[int]:
-    ids = runner.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids if isinstance(ids, list) else ids["input_ids"])
-
-
 def gaps_of(logits, tokens: Sequence[int]) -> list[float]:
     """Per token, the recompute's largest logit minus the served token's (0 for the argmax)."""
     import torch
@@ -141,7 +138,7 @@ def run_greedy_drift(
             budgets += [(index, long_tokens) for index in range(min(long_count, len(conversations)))]
             for done, (index, budget) in enumerate(budgets, start=1):
                 server = runner_for(serve_path)
-                prompt_ids = _chat_ids(server, conversations[index])
+                prompt_ids = chat_ids(server, conversations[index])
                 output = greedy_generation(server, prompt_ids, budget).output_ids
                 for recompute_path in recompute_paths[serve_path]:
                     verifier = runner_for(recompute_path)
@@ -162,14 +159,19 @@ def run_seeded_drift(
     model: ModelSpec,
     prompts: int = 200,
     answer_tokens: int = 40,
+    long_prompts: int = 30,
+    long_tokens: int = 128,
     settings: Sequence[tuple[float, float]] = SAMPLED_SETTINGS,
     serve_path: NumericPath = SERVE_PATHS[0],
     recompute_paths: Sequence[NumericPath] = RECOMPUTE_PATHS[SERVE_PATHS[0]][:2],
     progress: Callable[[str], None] = lambda line: None,
 ) -> list[DriftSample]:
-    """Serve `prompts` conversations, each at every sampling setting with its own seed, as our
-    miner does (the reference server's seeded draw), and replay each draw on the verifier paths
-    as `proof.verify_commitment` does: every positive gap to the replayed winner, per token."""
+    """Serve `prompts` conversations with `answer_tokens` and the first `long_prompts` with
+    `long_tokens`, each at every sampling setting with its own seed, as our miner does (the
+    reference server's seeded draw on sglang's rank path), and replay each draw on the verifier
+    paths as `proof.verify_commitment` does: every positive replay gap, per token. A seeded draw
+    reaches deep into the distribution's tail, whose logits drift further between numeric paths
+    than the argmax's do, so its gaps are measured apart from the greedy ones."""
     import torch
 
     runners: dict[str, ModelRunner] = {}
@@ -181,28 +183,32 @@ def run_seeded_drift(
         return runners[path.dtype]
 
     conversations = drift_conversations(prompts)
+    if len(conversations) < prompts:
+        progress(f"only {len(conversations)} distinct prompts; measuring those")
+    budgets = [(index, answer_tokens) for index in range(len(conversations))]
+    budgets += [(index, long_tokens) for index in range(min(long_prompts, len(conversations)))]
     samples: list[DriftSample] = []
     threads_before = torch.get_num_threads()
     check = model.token_check
     try:
-        for index, messages in enumerate(conversations):
+        for done, (index, budget) in enumerate(budgets, start=1):
             for setting, (temperature, top_p) in enumerate(settings):
-                seed = 7919 * index + setting
+                seed = 7919 * index + 31 * budget + setting
                 server = runner_for(serve_path)
-                prompt_ids = _chat_ids(server, messages)
-                output = seeded_generation(server, prompt_ids, answer_tokens, temperature=temperature, top_p=top_p,
+                prompt_ids = chat_ids(server, conversations[index])
+                output = seeded_generation(server, prompt_ids, budget, temperature=temperature, top_p=top_p,
                                            seed=seed).output_ids
                 for recompute_path in recompute_paths:
                     verifier = runner_for(recompute_path)
                     _, logits = verifier.prefill(prompt_ids + output[:-1], start=len(prompt_ids) - 1)
                     stats = proof.token_stats(logits, output, sampling=proof.SamplingTerms(temperature, top_p, seed=seed),
                                               nucleus_margin=check.nucleus_margin, first_position=len(prompt_ids) - 1,
-                                              rank_tolerance=check.seeded_rank_tolerance)
+                                              edge_band=check.nucleus_edge_band)
                     samples.append(DriftSample(index, f"{serve_path.label} {sampling_label(temperature, top_p)}",
-                                               recompute_path.label, answer_tokens, len(output),
+                                               recompute_path.label, budget, len(output),
                                                tuple(gap for gap in stats.replay_gap if gap > 0)))
-            if (index + 1) % 25 == 0:
-                progress(f"seeded: {index + 1}/{len(conversations)} prompts served at every setting and replayed")
+            if done % 25 == 0:
+                progress(f"seeded: {done}/{len(budgets)} answers served at every setting and replayed")
     finally:
         torch.set_num_threads(threads_before)
     return samples

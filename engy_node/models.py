@@ -84,12 +84,11 @@ class TokenCheckParams:
     seeded_drift_rate: float = 5e-3
     """Seeded requests: the chance, at most, that an honest token trails the replayed winner by
     more than the band."""
-    seeded_rank_tolerance: float = 0.4
-    """Sampled requests with top_p/top_k (sglang draws by rank, and the nucleus is cut in rank
-    order): tokens whose logits are this close may stand in either order between serving and
-    recompute, on either side of the nucleus edge. Measured on the embedded model at
-    T = 1: bf16 decode and bf16 prefill disagree by up to 0.3 on a token's log-probability, which
-    swapped neighbours with gaps of 3-8 under a tolerance of 0.1 and none under 0.4."""
+    nucleus_edge_band: float = 0.3
+    """Sampled requests with top_p < 1: tokens whose logits lie within this of the nucleus's last
+    token may stand on either side of its edge between serving and recompute (the measured drift
+    band, as `greedy_drift_band`: one honest answer's served token had an exact bf16 twin at the
+    edge, whose mass the recompute counted before it and the miner after)."""
     nucleus_margin: float = 0.02
     """Sampled requests with top_p < 1: a served token may lie outside the recompute's nucleus
     by this much probability mass (its boundary moves between numeric paths)."""

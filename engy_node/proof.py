@@ -191,9 +191,10 @@ class SamplingTerms:
     temperature: float
     top_p: float = 1.0
     seed: int | None = None
-    """Set when the miner samples deterministically from it (sglang's
-    `--enable-deterministic-inference`, the reference server always): the verifier then replays
-    the draw on the canonical logits, as strictly as a greedy answer."""
+    """Set when the miner samples deterministically from it on sglang's rank path (sglang's
+    `--enable-deterministic-inference` with `protocol.miner.SEEDED_TOP_K`; the reference server
+    takes the same path for the same knobs): the verifier then replays that one draw on the
+    canonical logits, as strictly as a greedy answer."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -216,8 +217,9 @@ class TokenStats:
     in_nucleus: tuple[bool, ...] = ()
     """Sampled requests: whether the served token lies inside the top_p nucleus (with the margin)."""
     replay_gap: tuple[float, ...] = ()
-    """Seeded requests: how far the served token trails the winner of the replayed seeded draw
-    (0 when it is the winner; infinite when the draw could not pick it)."""
+    """Seeded requests: how far, in logits, serving's numerics would have to differ from the
+    recompute's for the served token to win the replayed seeded draw (0 when it wins it;
+    infinite when no rank it could hold was in the draw). `_replay_gaps`."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -369,7 +371,7 @@ answer over Qwen's 151k vocabulary would otherwise hold ~5 GB per working copy."
 
 
 def token_stats(logits, tokens: Sequence[int], *, sampling: SamplingTerms | None = None,
-                nucleus_margin: float = 0.0, first_position: int = 0, rank_tolerance: float = 0.0) -> TokenStats:
+                nucleus_margin: float = 0.0, first_position: int = 0, edge_band: float = 0.0) -> TokenStats:
     """Summarise recomputed logits ([n, vocab], row i predicts tokens[i]) for the token check;
     with `sampling` (a sampled request), also each token's surprisal under the distribution the
     request was sampled from (temperature, then the top_p nucleus, renormalised), and with a
@@ -380,7 +382,7 @@ def token_stats(logits, tokens: Sequence[int], *, sampling: SamplingTerms | None
     rows_per_block = max(1, TOKEN_STATS_BLOCK_ELEMENTS // max(1, logits.shape[-1]))
     blocks = [
         _token_stats_block(logits[start:start + rows_per_block], tokens[start:start + rows_per_block], sampling=sampling,
-                           nucleus_margin=nucleus_margin, first_position=first_position + start, rank_tolerance=rank_tolerance)
+                           nucleus_margin=nucleus_margin, first_position=first_position + start, edge_band=edge_band)
         for start in range(0, len(tokens), rows_per_block)
     ]
     if len(blocks) == 1:
@@ -390,7 +392,7 @@ def token_stats(logits, tokens: Sequence[int], *, sampling: SamplingTerms | None
 
 
 def _token_stats_block(logits, tokens: Sequence[int], *, sampling: SamplingTerms | None, nucleus_margin: float,
-                       first_position: int, rank_tolerance: float) -> TokenStats:
+                       first_position: int, edge_band: float) -> TokenStats:
     import torch
 
     logits = logits.float()
@@ -423,7 +425,7 @@ def _token_stats_block(logits, tokens: Sequence[int], *, sampling: SamplingTerms
             # nucleus is at least as likely as its edge, so widening by logits (a margin, never
             # negative) takes in the whole nucleus.
             edge = _nucleus_edge(logp, min(1.0, sampling.top_p + nucleus_margin))
-            kept = logp >= edge[:, None] - rank_tolerance / judged_at
+            kept = logp >= edge[:, None] - edge_band / judged_at
             in_nucleus = tuple(kept.gather(1, target[:, None])[:, 0].tolist())
             logp = torch.log_softmax(logp.masked_fill(~kept, -math.inf), dim=1)
         else:
@@ -432,7 +434,7 @@ def _token_stats_block(logits, tokens: Sequence[int], *, sampling: SamplingTerms
         surprisal = tuple((-token_logp).clamp(max=1e6).tolist())
         tilts = _tilts(logp)
         if sampling.seed is not None:
-            replay_gap = _replay_gaps(logits, tokens, sampling, first_position, rank_tolerance=rank_tolerance,
+            replay_gap = _replay_gaps(logits, tokens, sampling, first_position, edge_band=edge_band,
                                       nucleus_margin=nucleus_margin)
     return TokenStats(
         tokens=tuple(tokens),
@@ -493,126 +495,78 @@ def _tilts(logp) -> tuple[tuple[float, ...], ...]:
     return tuple(zip(*(column.tolist() for column in sums)))
 
 
+REPLAY_BLOCK_ELEMENTS = 1 << 21
+"""Logits replayed at once: a dozen float64/int64 working copies of 2M values (~200 MB at most)."""
+
+
 def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_position: int, *,
-                 rank_tolerance: float, nucleus_margin: float) -> tuple[float, ...]:
-    """Per position, how far the served token trails the replayed seeded draw's winner, in logits
-    (the draw's log-weights are logits / T; `rank_tolerance` is in logits too). On the
-    rank path the noise goes by rank, and serving and recompute may order tokens of nearly equal
-    probability differently: every token could have held any rank whose log-weight is within
-    `rank_tolerance` of its own, so the served token is credited with the best noise in its
-    window and every other token with the worst in its own — the draw is judged against the
-    strongest winner no ordering could have avoided. The nucleus edge moves between numeric
-    paths too, both ways: the served token may lie just outside the request's nucleus (widened
-    by `nucleus_margin` of mass, or `rank_tolerance` in logits), and only tokens inside it by
-    those margins can be the winner it lost to.
+                 edge_band: float, nucleus_margin: float) -> tuple[float, ...]:
+    """Per position, how far (in logits) the numeric paths would have to disagree for the served
+    token to have won the seeded draw the miner announced: sglang's rank path (`serve/sampling.py`,
+    the miner sends `protocol.miner.SEEDED_TOP_K`), where the Gumbel noise goes by rank in
+    descending probability, not by token id.
 
-    This is `seeded_draw` (serve/sampling.py) four times per position — at the request's top_p,
-    widened, narrowed and with no nucleus — computed once: the draws differ only in where their
-    mass cut falls, so they share the softmax, the sorted probabilities and the noise. The rank
-    path depends on the order only through the sorted probabilities (tied tokens have equal
-    ones, whichever way they stand) and the served token's rank, which is counted; and noise is
-    drawn only at the ranks some window reaches."""
+    Serving and recompute order tokens of nearly equal probability differently, so which token
+    held which rank (and so which noise) is not known exactly — but the sorted values are: a
+    sorted list moves no further than its entries do, so if every log-weight differs by at most
+    ε between the two paths, the r-th largest does too, whichever token holds it. The draw is
+    therefore decided by ranks, values known to ±ε, and noise known exactly; the served token t
+    can have won at rank r only if its own log-weight is within 2ε of the r-th value, and that
+    rank's value plus noise beat every other rank's less 2ε. The gap is the least 2ε (times T:
+    log-weights are logits / T, and numeric drift is in logits at any temperature) for which
+    some rank satisfies both — 0 when the recompute's own draw picks t. That is the greedy
+    check's gap with the argmax replaced by the draw: an honest token trails by the paths'
+    drift, a token the draw did not pick by how far it lost, with no window of ranks to hide in.
+
+    The nucleus edge moves between numeric paths too, both ways: t may have held a rank just
+    outside the request's nucleus (widened by `nucleus_margin` of mass, or by `edge_band` in
+    logits), and a rank inside the nucleus only by those margins cannot be the one it lost to.
+    Without top_p every rank competes."""
     import torch
 
-    from engy_node.serve.sampling import parse_sampling_params, seeded_gumbel
+    from engy_node.serve.sampling import seeded_gumbels
 
-    params = parse_sampling_params({"temperature": sampling.temperature, "sampling_seed": sampling.seed, "top_p": sampling.top_p})
-    seed, tolerance = params.sampling_seed, rank_tolerance / sampling.temperature
-
-    def float32(value: float):
-        """A scalar as sglang keeps it (and `seeded_draw` compares with it)."""
-        return torch.tensor(value, dtype=torch.float32, device=logits.device)
-
-    # The rank path is replayed whatever the request asked: sglang takes it for a whole batch
-    # when any request in it has a top-k (a greedy one counts), so a request without top_p may
-    # have been drawn either way, and either one will do (the token path is tried below).
-    widened, narrowed = min(1.0, sampling.top_p + nucleus_margin), max(1e-6, sampling.top_p - nucleus_margin)
-    # Where each draw cuts its nucleus. Without a nucleus three of the four cut at 1, and draws
-    # cut alike have the same log-weights.
-    cuts = {top_p: float32(top_p) for top_p in (params.top_p, widened, 1.0, narrowed)}
-    probs = torch.softmax(logits.float() / float32(params.temperature), dim=1)
-    gaps = []
-    for index, token in enumerate(tokens):
-        row, position = probs[index], first_position + index
-        # Non-negative float32 values sort as their bit patterns, and an integer sort of one row
-        # takes the radix path: 4x a float sort's speed, the same values.
-        ordered = torch.sort(row.view(torch.int32)).values.flip(0).view(torch.float32)
-        mass_before = torch.cumsum(ordered, dim=-1) - ordered
-        log_weights = torch.log(ordered.to(torch.float64))
-        within = {top_p: log_weights.masked_fill(mass_before > cut, -math.inf) for top_p, cut in cuts.items()}
-        weights, loose, full = within[params.top_p], within[widened], within[1.0]
-        # The nucleus edge moves with the numerics too: by mass at any temperature, and by
-        # logits, which matters at a low one (where a 0.1-logit drift moves a lot of mass).
-        edge = weights[torch.isfinite(weights)].min()
-        loose_edge = edge if loose is weights else loose[torch.isfinite(loose)].min()
-        if loose is not full:  # (else the widening by logits has nothing to add)
-            loose = torch.maximum(loose, full.masked_fill(full < loose_edge - tolerance, -math.inf))
-        # The other way too: a token the recompute puts just inside the nucleus may have been
-        # just outside it when the miner drew, so it cannot be the winner the served token lost
-        # to. Only tokens inside by the margin (mass and logits) compete; the top one always does.
-        rivals = within[narrowed]
+    n, vocab = len(tokens), logits.shape[-1]
+    temperature = torch.tensor(sampling.temperature, dtype=torch.float32)
+    cut = torch.tensor(sampling.top_p, dtype=torch.float32)
+    widened = torch.tensor(min(1.0, sampling.top_p + nucleus_margin), dtype=torch.float32)
+    narrowed = torch.tensor(max(0.0, sampling.top_p - nucleus_margin), dtype=torch.float32)
+    band = edge_band / sampling.temperature
+    gaps: list[float] = []
+    rows_per_block = max(1, REPLAY_BLOCK_ELEMENTS // vocab)
+    for start in range(0, n, rows_per_block):
+        block = logits[start:start + rows_per_block]
+        served = torch.tensor(list(tokens[start:start + rows_per_block]), dtype=torch.long, device=logits.device)
+        # As sglang: float32 softmax of logits / T, sorted descending, float32 mass before each rank.
+        probs = torch.softmax(block.float() / temperature, dim=1)
+        # Non-negative float32 values sort as their bit patterns, and an integer sort takes the
+        # radix path: 4x a float sort's speed, the same values.
+        ordered = torch.sort(probs.view(torch.int32), dim=1).values.flip(1).view(torch.float32)
+        mass_before = torch.cumsum(ordered, dim=1) - ordered
+        weights = torch.log(ordered.to(torch.float64))
+        own = torch.log(probs.gather(1, served[:, None]).to(torch.float64))
         if sampling.top_p < 1.0:
-            rivals = rivals.masked_fill(rivals < edge + tolerance, -math.inf)
-        others = torch.isfinite(rivals[1:]).nonzero()[:, 0] + 1
-        contenders, contender_weights = torch.cat([others.new_zeros(1), others]), torch.cat([weights[:1], rivals[others]])
-        # The stable descending order puts the served token after every likelier token and
-        # after its equals with lower ids.
-        served_prob = row[token]
-        rank = int((row > served_prob).sum()) + int((row[:token] == served_prob).sum())
-        lowest, highest = _rank_windows(loose, torch.cat([contenders, contenders.new_tensor([rank])]), tolerance)
-        # One stretch of noise covers every contender's window and, when it can win, the served
-        # token's (honest tokens are contenders themselves, so it adds little).
-        served_can_win = bool(torch.isfinite(loose[rank]))
-        ends = torch.cat([lowest, highest]) if served_can_win else torch.cat([lowest[:-1], highest[:-1]])
-        start = int(ends.min())
-        noise = seeded_gumbel(seed, position, range(start, int(ends.max()) + 1), logits.device)
-        reach = torch.cat([lowest[:-1], highest[:-1]])
-        offset = int(reach.min())
-        worst = _window_extreme(noise[offset - start:int(reach.max()) - start + 1], lowest[:-1] - offset,
-                                highest[:-1] - offset, torch.minimum)
-        best = float((contender_weights + worst).max())
-        if served_can_win:
-            served = float(loose[rank] + noise[int(lowest[-1]) - start:int(highest[-1]) - start + 1].max())
+            inside = mass_before <= cut
+            edge = weights.masked_fill(~inside, math.inf).min(dim=1, keepdim=True).values
+            could_hold = (mass_before <= widened) | (weights >= edge - band)
+            rivals = (mass_before <= narrowed) & (weights >= edge + band)
+            rivals[:, 0] = True
         else:
-            served = -math.inf
-        gap = max(0.0, best - served)
-        if sampling.top_p >= 1.0 and gap > 0:
-            # The token path: log-probabilities by token id, each with its own column's noise.
-            perturbed = torch.log(row).to(torch.float64) + seeded_gumbel(seed, position, len(row), logits.device)
-            gap = min(gap, max(0.0, float(perturbed.max() - perturbed[token])))
-        # Log-weights are logits / T: in logits, a near-tie flip trails by the numeric drift
-        # whatever the temperature, which is what the margin bounds.
-        gaps.append(gap * sampling.temperature)
+            could_hold = torch.ones_like(weights, dtype=torch.bool)
+            rivals = mass_before <= cut
+        could_hold &= torch.isfinite(weights)
+        positions = range(first_position + start, first_position + start + len(served))
+        noise = seeded_gumbels(sampling.seed, positions, vocab, logits.device)
+        scores = (weights + noise).masked_fill_(~rivals, -math.inf)
+        best, leader = scores.topk(2, dim=1)
+        # What rank r must beat: the best other rank, i.e. the leader unless r is the leader.
+        beat = best[:, :1].expand(-1, vocab).clone()
+        beat.scatter_(1, leader[:, :1], best[:, 1:2])
+        apart = (weights - own).abs_()
+        short = beat.sub_(torch.minimum(weights, own)).sub_(noise)
+        need = torch.maximum(apart, short).masked_fill_(~could_hold, math.inf)
+        gaps.extend((need.min(dim=1).values.clamp_(min=0.0) * sampling.temperature).tolist())
     return tuple(gaps)
-
-
-def _rank_windows(weights, ranks, tolerance: float):
-    """For log-weights sorted descending (-inf at the end), the first and last rank whose weight
-    is within `tolerance` of each of `ranks`' own."""
-    import torch
-
-    ascending = (-weights).contiguous()
-    own = ascending[ranks]
-    lowest = torch.searchsorted(ascending, own - tolerance, side="left")
-    highest = torch.searchsorted(ascending, own + tolerance, side="right") - 1
-    return lowest, torch.maximum(highest, ranks)
-
-
-def _window_extreme(values, lowest, highest, pick):
-    """`pick` (torch.minimum or torch.maximum) of `values[lowest[i]:highest[i] + 1]` for every i:
-    a sparse table, log2(n) levels of pairwise extremes (level k at row k, its tail unused), read
-    once for all windows."""
-    import torch
-
-    n = len(values)
-    table = values.new_empty((n.bit_length(), n))
-    table[0] = values
-    for k in range(1, len(table)):
-        width, step = n - (1 << k) + 1, 1 << (k - 1)
-        pick(table[k - 1, :width], table[k - 1, step:step + width], out=table[k, :width])
-    length = (highest - lowest + 1).clamp(min=1)
-    level = torch.floor(torch.log2(length.to(torch.float64))).to(torch.long)
-    return pick(table[level, lowest], table[level, highest - (1 << level) + 1])
 
 
 def token_check(stats: TokenStats, *, greedy: bool, params: TokenCheckParams) -> TokenCheck:
@@ -774,7 +728,7 @@ def verify_commitment(
         return Verdict("unproven", "malformed-proof")
     terms = None if greedy else (sampling or SamplingTerms(temperature=1.0))
     stats = token_stats(row_logits, output, sampling=terms, nucleus_margin=model.token_check.nucleus_margin,
-                        first_position=first, rank_tolerance=model.token_check.seeded_rank_tolerance)
+                        first_position=first, edge_band=model.token_check.nucleus_edge_band)
     tokens = token_check(stats, greedy=greedy, params=model.token_check)
     return judge(chunks, tokens, model.proof)
 
@@ -834,7 +788,7 @@ def _judge_tokens(prompt: list[int], delivered: list[int], *, model: ModelSpec, 
         return Verdict("unproven", "output-outside-vocabulary", path="recompute")
     terms = None if greedy else (sampling or SamplingTerms(temperature=1.0))
     stats = token_stats(row_logits, delivered, sampling=terms, nucleus_margin=model.token_check.nucleus_margin,
-                        first_position=first, rank_tolerance=model.token_check.seeded_rank_tolerance)
+                        first_position=first, edge_band=model.token_check.nucleus_edge_band)
     tokens = token_check(stats, greedy=greedy, params=model.token_check)
     details = dict(token_misses=tokens.misses, max_logit_gap=tokens.max_gap, token_evidence=tokens.evidence)
     if not tokens.ok:

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from engy_node import proof
-from engy_node.protocol.miner import Chunk, MinerFrame, Response, Serve, ServeRequest
+from engy_node.protocol.miner import SEEDED_TOP_K, Chunk, MinerFrame, Response, Serve, ServeRequest
 from engy_node.serve.client import GenerateResult, ServeClient, ServeError
 from engy_node.serve.sampling import find_stop, stop_holdback
 from engy_node.served_model import ServedModel
@@ -49,6 +49,8 @@ def sampling_params(request: ServeRequest) -> dict[str, Any]:
                               "top_p": 1.0 if sampling.top_p is None else sampling.top_p, "top_k": -1, "min_p": 0.0}
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
+        if not sampling.greedy:
+            params["top_k"] = SEEDED_TOP_K
     if sampling.stop:
         params["stop"] = list(sampling.stop)
     return params

@@ -37,10 +37,19 @@ PROTOCOL_VERSION = 1
 FEATURE_SAMPLING = "sampling"
 """A miner that announces this in hello's `features` honours `sampling` (temperature, top_p,
 seed); one that does not is taken to answer greedily, as the public miner does."""
-FEATURE_SEEDED = "seeded-sampling"
+FEATURE_SEEDED = "seeded-rank-sampling"
 """A miner that announces this samples deterministically from `sampling.seed` as sglang does with
-`--enable-deterministic-inference` (the reference server always does), so a verifier can replay
-each draw on the canonical logits and judge a sampled answer as strictly as a greedy one."""
+`--enable-deterministic-inference` (the reference server always does), and always on sglang's
+rank path (`SEEDED_TOP_K`), so a verifier can replay the one draw it made on the canonical logits
+and judge a sampled answer as strictly as a greedy one. (Miners before 2026-12 announced
+`seeded-sampling` and drew a request without top_p on whichever path its batch took; they are
+judged by the statistical test, as a miner that cannot be replayed.)"""
+SEEDED_TOP_K = 2**30 - 1
+"""The top_k a seeded-sampling miner sends with every seeded request that has none: one below
+sglang's whole-vocabulary sentinel (`TOP_K_ALL`, 2**30), so it masks nothing in any vocabulary,
+yet it puts the request on sglang's rank path whatever else shares its batch. sglang picks the
+path per batch (any request with a top-k, and a greedy one counts, sends the whole batch by
+rank), so without it the verifier could not know which of two draws to replay."""
 FEATURE_STOP = "stop"
 FEATURE_TOOLS = "tools"
 """A miner that announces this renders `tools` into the prompt with the chat template; the public

@@ -305,14 +305,25 @@ def seeded_hash(seed: int, position: int, columns: int | range, device=None):
     """MurmurHash3_x86_32 (hash seed 0) of (seed low, seed high, position, column) as four
     little-endian uint32 words, for columns 0..columns-1 (or the columns of a range): an int64
     tensor of uint32 values."""
+    return seeded_hashes(seed, (position,), columns, device)[0]
+
+
+def seeded_hashes(seed: int, positions: Sequence[int], columns: int | range, device=None):
+    """`seeded_hash` for several positions at once: an int64 tensor [len(positions), columns].
+    The seed and position words are mixed per row in Python; only the column word is a tensor,
+    broadcast against every row."""
     import torch
 
     span = columns if isinstance(columns, range) else range(columns)
     unsigned = seed & 0xFFFF_FFFF_FFFF_FFFF
-    h = 0
-    for word in (unsigned & _MASK32, unsigned >> 32, position & _MASK32):
-        h = _murmur3_block(h, word)
-    h = _murmur3_block(h, torch.arange(span.start, span.stop, span.step, dtype=torch.int64, device=device))
+    prefixes = []
+    for position in positions:
+        h = 0
+        for word in (unsigned & _MASK32, unsigned >> 32, position & _MASK32):
+            h = _murmur3_block(h, word)
+        prefixes.append(h)
+    h = torch.tensor(prefixes, dtype=torch.int64, device=device)[:, None]
+    h = _murmur3_block(h, torch.arange(span.start, span.stop, span.step, dtype=torch.int64, device=device)[None, :])
     return _murmur3_finish(h ^ 16)
 
 
@@ -320,9 +331,14 @@ def seeded_gumbel(seed: int, position: int, columns: int | range, device=None):
     """sglang's float64 Gumbel noise for one row: -log(-log u), u = hash / (2**32 - 1). Each
     column's noise depends on that column alone, so a range of columns gets the same values as
     the corresponding slice of the whole row (a verifier draws only the ranks it compares)."""
+    return seeded_gumbels(seed, (position,), columns, device)[0]
+
+
+def seeded_gumbels(seed: int, positions: Sequence[int], columns: int | range, device=None):
+    """`seeded_gumbel` for several positions at once: float64 [len(positions), columns]."""
     import torch
 
-    u = seeded_hash(seed, position, columns, device).to(torch.float64) / _UINT32_MAX
+    u = seeded_hashes(seed, positions, columns, device).to(torch.float64) / _UINT32_MAX
     return torch.log(u).clamp(min=torch.finfo(torch.float64).min, max=_LOG_U_CAP).neg().log().neg()
 
 

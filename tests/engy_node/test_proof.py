@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from engy_node import proof
 from engy_node.models import SMOLLM2_135M, ProofParams, TokenCheckParams
+from engy_node.protocol.miner import SEEDED_TOP_K
 
 PARAMS = ProofParams()
 ROOT = "ab" * 32
@@ -353,16 +354,89 @@ def test_seeded_replay_forgives_numeric_drift_at_any_temperature(temperature, to
     from engy_node.serve.sampling import parse_sampling_params, seeded_choice
 
     generator = torch.Generator().manual_seed(5)
-    params = parse_sampling_params({"temperature": temperature, "top_p": top_p, "sampling_seed": 42})
+    params = parse_sampling_params({"temperature": temperature, "top_p": top_p, "top_k": SEEDED_TOP_K, "sampling_seed": 42})
     for trial in range(10):
         recompute = torch.randn(64, 200, generator=generator) * 3
         served = recompute + torch.randn(64, 200, generator=generator) * 0.1
         tokens = [seeded_choice(served[i], params, 100 + i) for i in range(64)]
         stats = proof.token_stats(recompute, tokens, sampling=proof.SamplingTerms(temperature, top_p, seed=42),
-                                  first_position=100, rank_tolerance=TOKEN_PARAMS.seeded_rank_tolerance,
+                                  first_position=100, edge_band=TOKEN_PARAMS.nucleus_edge_band,
                                   nucleus_margin=TOKEN_PARAMS.nucleus_margin)
         check = proof.token_check(stats, greedy=False, params=TOKEN_PARAMS)
         assert check.ok, (trial, check)
+
+
+def replayed_gaps(recompute: torch.Tensor, tokens, terms: proof.SamplingTerms, first_position: int = 100):
+    return proof.token_stats(recompute, tokens, sampling=terms, first_position=first_position,
+                             edge_band=TOKEN_PARAMS.nucleus_edge_band, nucleus_margin=TOKEN_PARAMS.nucleus_margin).replay_gap
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**63 - 1), drift=st.floats(0.0, 0.5), temperature=st.sampled_from([1.0, 0.7, 0.3, 0.05]),
+       row_seed=st.integers(0, 2**31))
+def test_an_honest_draw_trails_the_replay_by_at_most_twice_the_numeric_drift(seed, drift, temperature, row_seed):
+    # The rule's premise, exactly: when every logit of the miner's differs from the verifier's by
+    # at most ε, the sorted values differ by at most ε too, whichever token holds which rank, so
+    # the served token's gap is at most 2ε, at any temperature.
+    from engy_node.serve.sampling import parse_sampling_params, seeded_choice
+
+    generator = torch.Generator().manual_seed(row_seed)
+    recompute = torch.randn(12, 120, generator=generator) * 3
+    served = recompute + (torch.rand(12, 120, generator=generator) * 2 - 1) * drift
+    params = parse_sampling_params({"temperature": temperature, "top_k": SEEDED_TOP_K, "sampling_seed": seed})
+    tokens = [seeded_choice(served[i], params, 100 + i) for i in range(12)]
+    assert max(replayed_gaps(recompute, tokens, proof.SamplingTerms(temperature, seed=seed))) <= 2 * drift + 1e-4
+
+
+def answers_served_as(cheat: dict, *, trials: int = 20, rows: int = 64):
+    """(recompute logits, seed, tokens) per trial: tokens drawn by `cheat`'s sampling knobs from
+    the verifier's own logits (a miner computing exactly as the verifier does, so every gap is
+    the cheat's), where the request asked for T 1, no top_p, no top-k, and a seed."""
+    from engy_node.serve.sampling import parse_sampling_params, seeded_choice
+
+    generator = torch.Generator().manual_seed(17)
+    for trial in range(trials):
+        logits = peaked_logits(rows, 200, generator).float()
+        seed = 1000 + trial
+        if cheat.get("temperature") == 0:
+            yield logits, seed, logits.argmax(dim=1).tolist()
+        elif "unseeded" in cheat:
+            yield logits, seed, sample_rows(logits.double(), 1.0, 1.0, generator)
+        else:
+            params = parse_sampling_params({"temperature": 1.0, "top_k": SEEDED_TOP_K, "sampling_seed": seed, **cheat})
+            yield logits, seed, [seeded_choice(logits[i], params, 100 + i) for i in range(rows)]
+
+
+@pytest.mark.parametrize(("cheat", "caught_at_least"), [
+    ({}, 0), ({"temperature": 0}, 20), ({"top_p": 0.5}, 20), ({"top_k": 5}, 20), ({"temperature": 0.3}, 20),
+    ({"temperature": 0.5}, 20), ({"unseeded": True}, 20),
+])
+def test_seeded_replay_catches_sampling_other_than_what_was_asked(cheat, caught_at_least):
+    # The cheats of the adversarial audit that found replay weaker than greedy: cached greedy
+    # answers, a narrower nucleus or top-k, a lower temperature (each drawn with the request's own
+    # seed, the hardest case), and tokens from the miner's own randomness. The honest draw ({})
+    # must never be caught.
+    caught = 0
+    for logits, seed, tokens in answers_served_as(cheat):
+        terms = proof.SamplingTerms(1.0, seed=seed)
+        stats = proof.token_stats(logits, tokens, sampling=terms, first_position=100, nucleus_margin=TOKEN_PARAMS.nucleus_margin,
+                                  edge_band=TOKEN_PARAMS.nucleus_edge_band)
+        caught += not proof.token_check(stats, greedy=False, params=TOKEN_PARAMS).ok
+    assert caught >= caught_at_least if caught_at_least else caught == 0
+
+
+def test_a_rank_any_token_could_hold_is_the_rank_the_draw_is_judged_by():
+    # Two tokens of equal probability swap ranks between numeric paths, and with them their noise:
+    # the served token is credited whichever of the two ranks won, and nothing further away.
+    from engy_node.serve.sampling import parse_sampling_params, seeded_draw
+
+    logits = torch.tensor([2.0, 1.0, 1.0, -1.0, -3.0])
+    params = parse_sampling_params({"temperature": 1.0, "top_k": SEEDED_TOP_K, "sampling_seed": 5})
+    position = next(p for p in range(10_000) if int(torch.argmax(sum(seeded_draw(logits, params, p)[::2]))) == 1)
+    terms = proof.SamplingTerms(1.0, seed=5)
+    assert replayed_gaps(logits[None, :], [1], terms, position) == (0.0,)
+    assert replayed_gaps(logits[None, :], [2], terms, position) == (0.0,), "its twin could have held rank 1"
+    assert replayed_gaps(logits[None, :], [3], terms, position)[0] > TOKEN_PARAMS.seeded_margin, "2 logits below the winner's"
 
 
 @pytest.mark.parametrize("sampling", [None, proof.SamplingTerms(0.8, 0.9), proof.SamplingTerms(1.0, 1.0, seed=7)])
@@ -372,10 +446,11 @@ def test_token_stats_in_blocks_equal_token_stats_at_once(monkeypatch, sampling):
     generator = torch.Generator().manual_seed(11)
     logits = torch.randn(23, 50, generator=generator) * 3
     tokens = torch.multinomial(torch.softmax(logits, dim=1), 1, generator=generator)[:, 0].tolist()
-    options = dict(sampling=sampling, first_position=40, rank_tolerance=TOKEN_PARAMS.seeded_rank_tolerance,
+    options = dict(sampling=sampling, first_position=40, edge_band=TOKEN_PARAMS.nucleus_edge_band,
                    nucleus_margin=TOKEN_PARAMS.nucleus_margin)
     whole = proof.token_stats(logits, tokens, **options)
     monkeypatch.setattr(proof, "TOKEN_STATS_BLOCK_ELEMENTS", 5 * 50)
+    monkeypatch.setattr(proof, "REPLAY_BLOCK_ELEMENTS", 2 * 50)
     assert proof.token_stats(logits, tokens, **options) == whole
 
 
@@ -402,13 +477,13 @@ def test_seeded_replay_forgives_a_rival_the_miner_had_just_outside_its_nucleus()
     served_logits = torch.tensor([0.7803, 0.12, 0.05] + [0.0497 / 47] * 47).log()  # mass before rank 2: 0.9003
     recompute = served_logits.clone()
     recompute[1] -= 0.05  # now 0.8997: rank 2 is inside the recompute's nucleus
-    params = parse_sampling_params({"temperature": 1.0, "top_p": 0.9, "top_k": 1 << 30, "sampling_seed": 3})
+    params = parse_sampling_params({"temperature": 1.0, "top_p": 0.9, "top_k": SEEDED_TOP_K, "sampling_seed": 3})
     position = next(p for p in range(10_000)
                     if int(torch.argmax(seeded_draw(recompute, params, p)[0] + seeded_draw(recompute, params, p)[2])) == 2)
     served = seeded_choice(served_logits, params, position)
     assert served in (0, 1), "the miner's nucleus held ranks 0 and 1 only"
     stats = proof.token_stats(recompute[None, :], [served], sampling=proof.SamplingTerms(1.0, 0.9, seed=3),
-                              first_position=position, rank_tolerance=TOKEN_PARAMS.seeded_rank_tolerance,
+                              first_position=position, edge_band=TOKEN_PARAMS.nucleus_edge_band,
                               nucleus_margin=TOKEN_PARAMS.nucleus_margin)
     assert stats.replay_gap == (0.0,)
 
@@ -422,7 +497,7 @@ def test_a_token_tied_with_the_nucleus_edge_is_inside_it_for_the_statistical_che
     # of the 0.9 nucleus; the recompute counted the twin's mass before it, the miner after.
     twin_first = tied_edge_logits([0.6, 0.22, 0.078, 0.0314, 0.03139], 1 - 0.96079)
     terms = proof.SamplingTerms(1.0, 0.9)
-    options = dict(sampling=terms, nucleus_margin=TOKEN_PARAMS.nucleus_margin, rank_tolerance=TOKEN_PARAMS.seeded_rank_tolerance)
+    options = dict(sampling=terms, nucleus_margin=TOKEN_PARAMS.nucleus_margin, edge_band=TOKEN_PARAMS.nucleus_edge_band)
     assert proof.token_stats(twin_first[None, :], [4], **options).in_nucleus == (True,)
     far_outside = proof.token_stats(twin_first[None, :], [10], **options)
     assert far_outside.in_nucleus == (False,)
@@ -436,10 +511,10 @@ def test_seeded_replay_credits_a_token_tied_with_the_widened_nucleus_edge():
 
     served_logits = tied_edge_logits([0.6, 0.22, 0.07, 0.0314, 0.0316], 1 - 0.953)    # B (id 4) at 0.89
     recompute = tied_edge_logits([0.6, 0.22, 0.0805, 0.0314, 0.0313], 1 - 0.9632)     # A at 0.9005, B at 0.9319
-    params = parse_sampling_params({"temperature": 1.0, "top_p": 0.9, "sampling_seed": 11})
+    params = parse_sampling_params({"temperature": 1.0, "top_p": 0.9, "top_k": SEEDED_TOP_K, "sampling_seed": 11})
     position = next(p for p in range(20_000) if seeded_choice(served_logits, params, p) == 4)
     stats = proof.token_stats(recompute[None, :], [4], sampling=proof.SamplingTerms(1.0, 0.9, seed=11), first_position=position,
-                              rank_tolerance=TOKEN_PARAMS.seeded_rank_tolerance, nucleus_margin=TOKEN_PARAMS.nucleus_margin)
+                              edge_band=TOKEN_PARAMS.nucleus_edge_band, nucleus_margin=TOKEN_PARAMS.nucleus_margin)
     assert stats.replay_gap[0] <= TOKEN_PARAMS.seeded_margin / 2
 
 

@@ -1,8 +1,9 @@
 """Seeded sampling verified by replay, on the embedded model: the reference server draws a seeded
-request's tokens as sglang's deterministic sampler does, and the verifier replays the draw on
-its own prefill's logits (`proof.token_stats` with a seed). Honest seeded serving passes as a
-greedy answer does; the same tokens claimed under another seed, and a 4-bit model's seeded
-tokens under the canonical model's proofs (the prefill attack), do not."""
+request's tokens as sglang's deterministic sampler does on its rank path (the miner's explicit
+`SEEDED_TOP_K`), and the verifier replays that draw on its own prefill's logits
+(`proof.token_stats` with a seed). Honest seeded serving passes as a greedy answer does; the
+same tokens claimed under another seed, a 4-bit model's seeded tokens under the canonical
+model's proofs (the prefill attack), and the canonical model sampled other than as asked do not."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from engy_node import proof
 from engy_node.calibration import chat_ids, quantise_linear_weights
 from engy_node.models import SMOLLM2_135M, model_root
+from engy_node.protocol.miner import SEEDED_TOP_K
 from engy_node.serve.engine import Generation, ModelRunner, run_to_completion
 from engy_node.serve.sampling import parse_sampling_params
 
@@ -21,7 +23,7 @@ PROMPT = "Write a short poem about the sea."
 
 def seeded_answer(runner: ModelRunner, prompt_ids, *, seed: int, temperature: float, top_p: float, **more) -> list[int]:
     generation = Generation(rid="seeded", input_ids=list(prompt_ids), return_hidden_states=True, params=parse_sampling_params(
-        {"temperature": temperature, "top_p": top_p, "sampling_seed": seed, "max_new_tokens": 48, **more}))
+        {"temperature": temperature, "top_p": top_p, "top_k": SEEDED_TOP_K, "sampling_seed": seed, "max_new_tokens": 48, **more}))
     return run_to_completion(runner, generation).output_ids
 
 
@@ -49,13 +51,17 @@ def test_honest_seeded_serving_passes_and_another_seed_does_not(runner, checkpoi
     assert (wrong_seed.kind, wrong_seed.reason) == ("cheat", "tokens")
 
 
-def test_a_draw_sglang_made_on_its_rank_path_for_the_batch_passes_too(runner, checkpoint):
-    # sglang draws a whole batch by rank when any request in it has a top-k (a greedy one counts),
-    # so a request without top_p may come back drawn either way.
+@pytest.mark.parametrize(("case", "served_as"), [
+    ("greedy answer", {"temperature": 0}), ("lower temperature", {"temperature": 0.5}), ("top-k", {"top_k": 5}),
+    ("own randomness", {"sampling_seed": None}),
+])
+def test_the_canonical_model_sampled_other_than_as_asked_is_caught(runner, checkpoint, case, served_as):
+    # The audit that found replay weaker than greedy: a miner with the real model and real proofs
+    # that caches greedy answers or draws more cheaply than the request asked.
     prompt_ids = chat_ids(runner, PROMPT)
-    output = seeded_answer(runner, prompt_ids, seed=99, temperature=1.0, top_p=1.0, top_k=1 << 30)
-    verdict = judge(runner, checkpoint, prompt_ids, output, proof.SamplingTerms(1.0, 1.0, seed=99))
-    assert (verdict.kind, verdict.reason) == ("pass", "ok")
+    output = seeded_answer(runner, prompt_ids, seed=20261205, **{"temperature": 1.0, "top_p": 1.0, **served_as})
+    verdict = judge(runner, checkpoint, prompt_ids, output, proof.SamplingTerms(1.0, 1.0, seed=20261205))
+    assert (verdict.kind, verdict.reason) == ("cheat", "tokens"), case
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9])

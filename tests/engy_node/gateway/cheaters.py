@@ -19,7 +19,7 @@ import trio
 from engy_node import proof
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
 from engy_node.miner.serving import Send
-from engy_node.protocol.miner import FEATURE_SAMPLING, FEATURE_SEEDED, Capacity, Chunk, Response, Serve
+from engy_node.protocol.miner import FEATURE_SAMPLING, FEATURE_SEEDED, SEEDED_TOP_K, Capacity, Chunk, Response, Serve
 from engy_node.serve.engine import Generation, ModelRunner, run_to_completion
 from engy_node.serve.sampling import parse_sampling_params
 from engy_node.served_model import ServedModel
@@ -93,7 +93,7 @@ class CheatingHandler:
             params["temperature"] = 0
         else:
             params.update(temperature=sampling.temperature, top_p=sampling.top_p if sampling.top_p is not None else 1.0,
-                          top_k=-1, min_p=0.0, sampling_seed=sampling.seed)
+                          top_k=SEEDED_TOP_K, min_p=0.0, sampling_seed=sampling.seed)
         generation = Generation(rid=frame.corr_id, input_ids=list(prompt_ids), params=parse_sampling_params(params),
                                 return_hidden_states=True)
         return run_to_completion(self.runners[self.cheat.generator], generation)

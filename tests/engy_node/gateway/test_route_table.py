@@ -26,7 +26,7 @@ from engy_node.gateway.route_table import (
     worker_points,
 )
 
-FEATURES = ("sampling", "tools", "seeded-sampling")
+FEATURES = ("sampling", "tools", "seeded-rank-sampling")
 worker_ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-/", min_size=1, max_size=10)
 keys = st.binary(min_size=1, max_size=32)
 counters = st.integers(min_value=0, max_value=10**9)

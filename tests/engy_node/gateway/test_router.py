@@ -493,7 +493,7 @@ def test_the_default_load_factor_lets_a_hot_key_hold_its_home_a_quarter_past_its
 
 # --- requests that need what some workers do not honour ----------------------------------------
 
-FEATURES = ("sampling", "tools", "seeded-sampling")
+FEATURES = ("sampling", "tools", "seeded-rank-sampling")
 
 
 def free(worker: Candidate, exclude=frozenset()) -> bool:
@@ -546,9 +546,9 @@ def test_a_preference_is_met_whenever_a_worker_with_it_has_room_and_never_at_the
 
 def test_a_sampled_request_goes_to_a_seeded_sampler_first_then_any_sampler_then_anyone():
     seeded = Candidate(worker_id="seeded", capacity=1, inflight=0)
-    sampler = Candidate(worker_id="sampler", capacity=1, inflight=0, lacks=frozenset({"seeded-sampling"}))
-    greedy = Candidate(worker_id="greedy", capacity=1, inflight=0, lacks=frozenset({"sampling", "seeded-sampling", "tools"}))
-    sampled = dict(needs=frozenset({"sampling"}), prefer=frozenset({"seeded-sampling"}))
+    sampler = Candidate(worker_id="sampler", capacity=1, inflight=0, lacks=frozenset({"seeded-rank-sampling"}))
+    greedy = Candidate(worker_id="greedy", capacity=1, inflight=0, lacks=frozenset({"sampling", "seeded-rank-sampling", "tools"}))
+    sampled = dict(needs=frozenset({"sampling"}), prefer=frozenset({"seeded-rank-sampling"}))
     picks = []
     for exclude in (frozenset(), {"seeded"}, {"seeded", "sampler"}):
         picks.append(choose(candidates=[greedy, sampler, seeded], prefix=None, rr_counter=0, exclude=exclude, **sampled).worker_id)
