@@ -49,6 +49,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never reach
 from engy_node import proof  # noqa: E402
 from engy_node.calibration import chat_ids, greedy_generation  # noqa: E402
 from engy_node.models import get_model, model_root  # noqa: E402
+from engy_node.protocol.miner import SEEDED_TOP_K  # noqa: E402
 from engy_node.serve.engine import Generation, ModelRunner, run_to_completion  # noqa: E402
 from engy_node.serve.sampling import parse_sampling_params  # noqa: E402
 from engy_node.served_model import end_token_ids_of  # noqa: E402
@@ -113,7 +114,7 @@ def prompt_of(runner: ModelRunner, tokens: int) -> list[int]:
 def seeded_answer(runner: ModelRunner, prompt_ids: Sequence[int], tokens: int, temperature: float, top_p: float) -> Generation:
     generation = Generation(
         rid="bench", input_ids=list(prompt_ids), return_hidden_states=True,
-        params=parse_sampling_params({"temperature": temperature, "top_p": top_p, "top_k": -1, "min_p": 0.0,
+        params=parse_sampling_params({"temperature": temperature, "top_p": top_p, "top_k": SEEDED_TOP_K, "min_p": 0.0,
                                       "sampling_seed": SEED, "max_new_tokens": tokens, "ignore_eos": True}),
     )
     return run_to_completion(runner, generation)

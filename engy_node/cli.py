@@ -160,6 +160,18 @@ def build_parser() -> argparse.ArgumentParser:
                            help="measure honest seeded-replay drift instead: serve N buyer-like prompts at every sampled setting "
                                 "(bf16, seeded) and replay each draw on the verifier paths")
     calibrate.add_argument("--drift-out", default="", metavar="FILE", help="also write every measured gap there (JSON)")
+    calibrate.add_argument("--cheat-answers", type=int, default=0, metavar="N",
+                           help="also serve N buyer-like prompts through each sampling cheat (greedy claimed as sampled, a "
+                                "narrower nucleus or top-k, a lower temperature, the prefill attack) and report how often seeded "
+                                "replay catches them within the first n tokens")
+    calibrate.add_argument("--cheat-tokens", type=int, default=256, metavar="N", help="answer length of those (ignore_eos)")
+    calibrate.add_argument("--no-commitment-answers", type=int, default=0, metavar="N",
+                           help="also judge N answers per setting sent without a commitment (a TEE miner's), honest and by a "
+                                "4-bit copy, on the delivered tokens alone")
+    calibrate.add_argument("--all", action="store_true",
+                           help="every measurement docs/verification.md publishes, at its documented size (hours on a CPU): "
+                                "the cases, greedy and seeded drift, the sampling cheats, answers without a commitment, and "
+                                "1,000 honest sampled requests")
     return parser
 
 
@@ -347,19 +359,16 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
     path = resolve_checkpoint(model_id=args.model, checkpoint=args.checkpoint, models_dir=config.paths.models_dir,
                               cache_dir=config.paths.model_cache_dir)
     say = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    if args.drift_prompts > 0 or args.seeded_drift_prompts > 0:
-        from engy_node import drift
-
-        samples = (drift.run_greedy_drift(path, prompts=args.drift_prompts, progress=say) if args.drift_prompts > 0 else [])
-        if args.seeded_drift_prompts > 0:
-            samples += drift.run_seeded_drift(path, model=spec, prompts=args.seeded_drift_prompts, progress=say)
-        if args.drift_out:
-            drift.save_samples(samples, Path(args.drift_out))
-        print(drift.format_drift(drift.summarise(samples)))
-        return 0
+    if args.all:
+        args.drift_prompts, args.seeded_drift_prompts = args.drift_prompts or 500, args.seeded_drift_prompts or 200
+        args.cheat_answers, args.no_commitment_answers = args.cheat_answers or 50, args.no_commitment_answers or 50
+        args.sampled_requests = args.sampled_requests or 1000
     if args.sampled_only and args.sampled_requests <= 0:
         raise EngyError("--sampled-only needs --sampled-requests N (N > 0)")
-    results = [] if args.sampled_only else run_calibration(
+    # Each measurement flag alone runs just that measurement; the cases run by default and with --all.
+    measured_only = not args.all and (args.drift_prompts > 0 or args.seeded_drift_prompts > 0 or args.cheat_answers > 0
+                                      or args.no_commitment_answers > 0)
+    results = [] if args.sampled_only or measured_only else run_calibration(
         path, model=spec, prompts=DEFAULT_PROMPTS[: args.prompts], max_new_tokens=args.max_new_tokens,
         device=args.device, recompute_device=args.recompute_device, progress=say)
     if results:
@@ -368,14 +377,40 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
     for result in wrong:
         say(f"UNEXPECTED: {result.case} ({result.sampling}, {result.check}) prompt {result.prompt} ({result.recompute_dtype}) "
             f"judged {result.verdict.kind}/{result.verdict.reason}, expected {result.expected}")
+    if args.drift_prompts > 0 or args.seeded_drift_prompts > 0:
+        from engy_node import drift
+
+        samples = drift.run_greedy_drift(path, prompts=args.drift_prompts, progress=say) if args.drift_prompts > 0 else []
+        if args.seeded_drift_prompts > 0:
+            samples += drift.run_seeded_drift(path, model=spec, prompts=args.seeded_drift_prompts, progress=say)
+        if args.drift_out:
+            drift.save_samples(samples, Path(args.drift_out))
+        _section("Honest numeric drift", drift.format_drift(drift.summarise(samples)))
     false_positives = 0
+    if args.cheat_answers > 0 or args.no_commitment_answers > 0:
+        from engy_node import strictness
+        from engy_node.drift import drift_conversations
+
+        if args.cheat_answers > 0:
+            judged = strictness.run_sampling_cheats(path, model=spec, conversations=drift_conversations(args.cheat_answers),
+                                                    answer_tokens=args.cheat_tokens, progress=say)
+            _section("Sampling cheats against seeded replay", strictness.format_catch_rates(judged, params=spec.token_check))
+            false_positives += sum(1 for j in judged if j.case == "honest" and not j.verdict_within(len(j.gaps), spec.token_check).ok)
+        if args.no_commitment_answers > 0:
+            judged_alone = strictness.run_recompute_judged(
+                path, model=spec, conversations=drift_conversations(args.no_commitment_answers), progress=say)
+            _section("Answers without a commitment", strictness.format_recompute_judged(judged_alone))
+            false_positives += sum(1 for r in judged_alone if r.served_by == "honest" and r.verdict.kind == "cheat")
     if args.sampled_requests > 0:
         soundness = run_sampled_soundness(path, model=spec, requests=args.sampled_requests, answer_tokens=args.sampled_answer_tokens,
                                           recompute_dtypes=dtypes, progress=say)
-        print()
-        print(format_soundness(soundness))
-        false_positives = sum(1 for r in soundness if r.verdict.kind == "cheat")
+        _section("Honest sampled requests", format_soundness(soundness))
+        false_positives += sum(1 for r in soundness if r.verdict.kind == "cheat")
     return 1 if wrong or false_positives else 0
+
+
+def _section(title: str, table: str) -> None:
+    print(f"\n## {title}\n\n{table}")
 
 
 def _start_logging(config):
