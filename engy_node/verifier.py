@@ -366,8 +366,9 @@ class Verifier:
                 await trio.sleep(pause)
         self.judged += 1
         log.log(logging.WARNING if verdict.kind == "cheat" else logging.INFO,
-                "job %s (%s, %d output tokens): %s (%s) in %.2f s", job.request_id, job.model,
-                len(job.commitment.get("output_token_ids") or job.delivery.relayed_output_ids), verdict.kind, verdict.code, elapsed)
+                "job %s (%s, %d output tokens, %s): %s (%s) in %.2f s%s", job.request_id, job.model,
+                len(job.commitment.get("output_token_ids") or job.delivery.relayed_output_ids), _asked(job), verdict.kind,
+                verdict.code, elapsed, _evidence(verdict) if verdict.kind == "cheat" else "")
 
     def _judge_safely(self, job: AuditJob) -> proof.Verdict:
         try:
@@ -375,6 +376,23 @@ class Verifier:
         except Exception as error:  # broad on purpose: a verifier bug is "could not judge", never "cheat"
             log.exception("judging job %s failed (%s); answering unproven", job.request_id, type(error).__name__)
             return proof.Verdict("unproven", "verifier-error")
+
+
+def _asked(job: AuditJob) -> str:
+    """How the answer was asked for, as the token check judged it."""
+    terms = job.sampling_terms()
+    if terms is None:
+        return "greedy"
+    return f"T {terms.temperature:g} top_p {terms.top_p:g}, {'replayed' if terms.seed is not None else 'statistical'}"
+
+
+def _evidence(verdict: proof.Verdict) -> str:
+    """What a cheat verdict rests on, for the operator reading the log: the chunk statistics and
+    the token check's (no buyer content: counts and distances only)."""
+    return (f"; chunks {verdict.chunks_passed}/{verdict.chunks_total} passed (worst {verdict.max_exp_mismatches} exponent "
+            f"mismatches, mantissa error mean {verdict.max_mant_err_mean:.1f}, median {verdict.max_mant_err_median:.1f}); "
+            f"tokens: {verdict.token_misses} not chosen, largest gap {verdict.max_logit_gap:.3f} logits, "
+            f"log e-value {verdict.token_evidence:.1f}")
 
 
 def _reason_code(reason: str) -> str:

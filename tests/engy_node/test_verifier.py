@@ -57,6 +57,24 @@ async def test_every_job_is_judged_at_most_n_at_a_time_and_filed(nursery, desk):
     assert len(desk.queue) == 0
 
 
+async def test_a_cheat_verdict_is_logged_with_what_it_rests_on(nursery, desk, caplog):
+    desk.offer(job("r0"))
+
+    def judge(audit_job: AuditJob) -> proof.Verdict:
+        return proof.Verdict("cheat", "tokens", chunks_total=2, chunks_passed=2, max_exp_mismatches=7, token_misses=3,
+                             max_logit_gap=1.25, token_evidence=13.2)
+
+    verifier = Verifier(DeskAuditSource(desk), judge, poll_s=0.05)
+    await nursery.start(verifier.run)
+    with trio.fail_after(30):
+        while verifier.judged < 1:
+            await trio.sleep(0.05)
+    line = next(record.getMessage() for record in caplog.records if "output tokens" in record.getMessage())
+    assert "(smollm2-135m, 1 output tokens, greedy): cheat (tokens)" in line
+    assert "chunks 2/2 passed (worst 7 exponent mismatches" in line
+    assert "tokens: 3 not chosen, largest gap 1.250 logits, log e-value 13.2" in line
+
+
 async def test_a_judge_that_fails_answers_unproven(nursery, desk):
     desk.offer(job("r0"))
 
