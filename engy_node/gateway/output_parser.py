@@ -22,9 +22,14 @@ What it decides:
   leading newlines are dropped, so an answer never starts with blank lines and the newlines
   between consecutive tool calls produce no text.
 * Tool calls. A block whose body is a JSON object with a string `name` and an object `arguments`
-  (absent means `{}`; a string holding a JSON object is accepted) becomes a `ToolCall` with id
-  `call_<prefix>_<n>`, `n` counting calls from 0, and `arguments` re-serialised with
-  `json.dumps(ensure_ascii=False)` (the spacing chat templates use, so history round-trips).
+  (absent means `{}`; a string holding a JSON object is accepted; the Hermes format) becomes a
+  `ToolCall` with id `call_<prefix>_<n>`, `n` counting calls from 0, and `arguments`
+  re-serialised with `json.dumps(ensure_ascii=False)` (the spacing chat templates use, so history
+  round-trips). So does a body in the XML format of Qwen3-Coder and Qwen3.5+ templates (sglang's
+  `qwen3_coder` tool parser): `<function=NAME>` holding `<parameter=KEY>VALUE</parameter>`
+  blocks, each value less the newline the template puts on either side of it, converted by the
+  type the request's tool schema declares for that parameter (integer, number, boolean, object,
+  array; a value that does not convert stays a string, as does one of an undeclared parameter).
   Anything else, including invalid JSON, is passed through verbatim as text (with the `\\n`
   dropped before it restored): the buyer sees what the model wrote rather than losing it. A block
   still open at `finish()` becomes a call if its body is a valid call (the model stopped before
@@ -42,6 +47,9 @@ from __future__ import annotations
 
 import enum
 import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from engy_node.gateway.chat import OutputEvent, ReasoningDelta, TextDelta, ToolCall
 
@@ -66,8 +74,63 @@ def _partial_tag_length(buffer: str, tag: str) -> int:
     return 1 if buffer.endswith("\n") else 0
 
 
+_XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+
+
+def parameter_types(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, dict[str, str]]:
+    """Per function name, the JSON-schema type of each declared parameter, from OpenAI tools."""
+    types: dict[str, dict[str, str]] = {}
+    for tool in tools or ():
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            continue
+        properties = (function.get("parameters") or {}).get("properties") if isinstance(function.get("parameters"), Mapping) else None
+        types[function["name"]] = {key: spec["type"] for key, spec in (properties or {}).items()
+                                   if isinstance(spec, Mapping) and isinstance(spec.get("type"), str)}
+    return types
+
+
+def _converted(value: str, kind: str | None) -> Any:
+    """An XML parameter's text as the schema's type, or the text itself when it does not convert."""
+    try:
+        if kind == "integer":
+            return int(value)
+        if kind == "number":
+            try:
+                return int(value)
+            except ValueError:
+                return float(value)
+        if kind == "boolean" and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        if kind in ("object", "array"):
+            parsed = json.loads(value)
+            if isinstance(parsed, dict if kind == "object" else list):
+                return parsed
+    except ValueError:
+        pass
+    return value
+
+
+def _tool_call_from_xml(body: str, *, index: int, call_id_prefix: str, types: Mapping[str, Mapping[str, str]]) -> ToolCall | None:
+    function = _XML_FUNCTION.fullmatch(body)
+    if function is None:
+        return None
+    name = function.group(1).strip()
+    if not name:
+        return None
+    declared = types.get(name, {})
+    arguments = {}
+    for key, value in _XML_PARAMETER.findall(function.group(2)):
+        value = value[1:] if value.startswith("\n") else value
+        value = value[:-1] if value.endswith("\n") else value
+        arguments[key.strip()] = _converted(value, declared.get(key.strip()))
+    return ToolCall(index=index, id=f"call_{call_id_prefix}_{index}", name=name,
+                    arguments=json.dumps(arguments, ensure_ascii=False))
+
+
 def _tool_call_from_json(body: str, *, index: int, call_id_prefix: str) -> ToolCall | None:
-    """The call a `<tool_call>` block's body describes, or None when it does not describe one."""
+    """The call a `<tool_call>` block's JSON body describes, or None when it does not describe one."""
     try:
         parsed = json.loads(body)
     except ValueError:
@@ -96,8 +159,10 @@ class OutputParser:
     Not reusable: after `finish()` the parser is spent.
     """
 
-    def __init__(self, *, call_id_prefix: str, starts_in_reasoning: bool = False) -> None:
+    def __init__(self, *, call_id_prefix: str, starts_in_reasoning: bool = False,
+                 tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         self._call_id_prefix = call_id_prefix
+        self._types = parameter_types(tools)
         self._state = _State.REASONING if starts_in_reasoning else _State.TEXT
         self._buffer = ""
         # Only the very start of the output may open reasoning; cleared once anything else is seen.
@@ -205,7 +270,8 @@ class OutputParser:
         body = self._buffer[:end] if end >= 0 else self._buffer
         self._buffer = self._buffer[end + len(TOOL_CLOSE):] if end >= 0 else ""
         self._state = _State.TEXT
-        call = _tool_call_from_json(body, index=self._calls, call_id_prefix=self._call_id_prefix)
+        call = (_tool_call_from_json(body, index=self._calls, call_id_prefix=self._call_id_prefix)
+                or _tool_call_from_xml(body, index=self._calls, call_id_prefix=self._call_id_prefix, types=self._types))
         if call is not None:
             self._calls += 1
             events.append(call)
@@ -216,7 +282,8 @@ class OutputParser:
         return True
 
 
-def parse_output(text: str, *, call_id_prefix: str, starts_in_reasoning: bool = False) -> list[OutputEvent]:
+def parse_output(text: str, *, call_id_prefix: str, starts_in_reasoning: bool = False,
+                 tools: Sequence[Mapping[str, Any]] | None = None) -> list[OutputEvent]:
     """All events of a complete output (the non-streaming path), adjacent deltas not yet joined."""
-    parser = OutputParser(call_id_prefix=call_id_prefix, starts_in_reasoning=starts_in_reasoning)
+    parser = OutputParser(call_id_prefix=call_id_prefix, starts_in_reasoning=starts_in_reasoning, tools=tools)
     return parser.feed(text) + parser.finish()

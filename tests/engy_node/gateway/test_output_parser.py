@@ -190,3 +190,40 @@ def test_events_reconstruct_the_output_modulo_the_tags_and_their_newlines(data, 
             calls += 1
     cuts = data.draw(st.lists(st.integers(min_value=0, max_value=len(rendered)), max_size=8))
     assert joined(parse_chunked(rendered, cuts)) == expected
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"}, "scale": {"type": "number"},
+    "hours": {"type": "array"}, "where": {"type": "object"}}}}}
+
+
+def xml_block(name: str, parameters: dict[str, str]) -> str:
+    """A tool call as Qwen3-Coder / Qwen3.5+ chat templates write one (sglang's `qwen3_coder`)."""
+    body = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in parameters.items())
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+def test_a_qwen3_coder_xml_call_is_a_tool_call_with_arguments_typed_by_the_schema():
+    raw = "<think>\nWeather, then.\n</think>\n\nChecking.\n" + xml_block("get_weather", {
+        "city": "New York", "days": "3", "metric": "True", "scale": "1.5", "hours": "[1, 2]", "where": '{"lat": 1}'})
+    assert joined(parse_output(raw, call_id_prefix="q", tools=[WEATHER_TOOL])) == [
+        ReasoningDelta("Weather, then."), TextDelta("Checking."),
+        ToolCall(index=0, id="call_q_0", name="get_weather", arguments=json.dumps(
+            {"city": "New York", "days": 3, "metric": True, "scale": 1.5, "hours": [1, 2], "where": {"lat": 1}})),
+    ]
+
+
+def test_xml_values_that_do_not_convert_or_are_undeclared_stay_text():
+    raw = xml_block("get_weather", {"days": "three", "note": "line one\nline two", "city": "  Oslo "})
+    (call,) = parse_output(raw, call_id_prefix="q", tools=[WEATHER_TOOL])
+    assert json.loads(call.arguments) == {"days": "three", "note": "line one\nline two", "city": "  Oslo "}
+    (untyped,) = parse_output(xml_block("get_weather", {"days": "3"}), call_id_prefix="q")
+    assert json.loads(untyped.arguments) == {"days": "3"}, "without the request's tools nothing says it is a number"
+
+
+@settings(max_examples=200, deadline=None)
+@given(cuts=st.lists(st.integers(0, 200), max_size=8))
+def test_an_xml_call_parses_the_same_however_the_text_is_chunked(cuts):
+    raw = "Sure.\n" + xml_block("get_weather", {"city": "Lyon", "days": "2"}) + "\n" + xml_block("get_weather", {"city": "Nice"})
+    cuts = [cut for cut in cuts if cut <= len(raw)]
+    assert joined(parse_chunked(raw, cuts)) == joined(parse_output(raw, call_id_prefix="req"))
