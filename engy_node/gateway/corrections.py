@@ -13,15 +13,27 @@ character whose bytes had not all arrived. The proven tokens settle that too: th
 their decode (`presentation_match` says how far a peer's text covers it), and a peer whose text
 differs from it only in presentation has a defect to fix, not a fraud to answer for.
 
-Pure: no IO, no clock. `StopScanner` and `ReplacementHold` keep a little state across a
-stream's chunks.
+Newer peers send an answer's parts apart: reasoning as `reasoning_content`, tool calls as
+`tool_calls` (whole or in fragments), the text alone as `content` (null when there is none).
+The proven tokens hold the same answer as raw text (`<think>` reasoning, `<tool_call>` blocks),
+and the gateway reads the parts out of it with the parser it gives buyers
+(`output_parser`); `structured_account` measures the peer's parts against those, so a peer that
+only split its answer as sglang's parsers do is neither refused nor a defect, and one whose
+parts say something its tokens do not is a mismatch like any other.
+
+Pure: no IO, no clock. `StopScanner`, `ReplacementHold` and `StructuredParts` keep a little
+state across a stream's chunks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
+from engy_node.gateway.chat import ReasoningDelta, TextDelta, ToolCall
+from engy_node.gateway.output_parser import parse_output
 from engy_node.serve.sampling import REPLACEMENT_CHARACTER, find_stop, stop_holdback
 
 
@@ -136,3 +148,121 @@ def corrected_finish(*, reported: str, completion_tokens: int, max_tokens: int, 
     if completion_tokens >= max_tokens and not ended_by_end_token:
         return "length"
     return "length" if reported == "length" else "stop"
+
+
+@dataclasses.dataclass
+class StructuredParts:
+    """A peer's answer sent in parts: its reasoning, and its tool calls as `(name, arguments)`
+    (the text itself is the flight's miner text). Fragments of a streamed call are merged by
+    their `index`, as OpenAI clients merge them: the first names the call, every one adds to its
+    arguments. The final message's own parts, complete, replace what was streamed."""
+
+    reasoning: str = ""
+    calls: dict[int, list[str]] = dataclasses.field(default_factory=dict)
+    """index -> [name, arguments text]."""
+
+    def add_calls(self, fragments: Sequence[Mapping[str, Any]]) -> None:
+        for position, fragment in enumerate(fragments):
+            index = fragment.get("index")
+            index = index if isinstance(index, int) and not isinstance(index, bool) else len(self.calls) + position
+            function = fragment.get("function") if isinstance(fragment.get("function"), Mapping) else {}
+            call = self.calls.setdefault(index, ["", ""])
+            if isinstance(function.get("name"), str) and function["name"]:
+                call[0] = function["name"]
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                call[1] += arguments
+            elif isinstance(arguments, Mapping):
+                call[1] += json.dumps(arguments, ensure_ascii=False)
+
+    def settle(self, message: Mapping[str, Any]) -> None:
+        """Take the final message's parts where it has them."""
+        reasoning = message.get("reasoning_content")
+        if isinstance(reasoning, str) and reasoning:
+            self.reasoning = reasoning
+        calls = message.get("tool_calls")
+        if isinstance(calls, list) and calls:
+            self.calls = {}
+            self.add_calls([call for call in calls if isinstance(call, Mapping)])
+
+    @property
+    def tool_calls(self) -> list[tuple[str, str]]:
+        return [tuple(self.calls[index]) for index in sorted(self.calls)]
+
+
+def _loose(value: Any) -> Any:
+    """A tool argument as far as fraud goes: scalars by their text (a template's `3` and a
+    schema's 3 are one answer), case-folded; containers element by element. The buyer is given
+    the proven calls either way; this only decides whether the peer said something else."""
+    if isinstance(value, Mapping):
+        return {str(key): _loose(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_loose(item) for item in value]
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text.strip().casefold()
+
+
+def _same_call(sent: tuple[str, str], proven: ToolCall) -> bool:
+    if sent[0] != proven.name:
+        return False
+    try:
+        return _loose(json.loads(sent[1] or "{}")) == _loose(json.loads(proven.arguments))
+    except ValueError:
+        return "".join(sent[1].split()) == "".join(proven.arguments.split())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StructuredAccount:
+    text: str
+    """The prefix of the proven raw text that the peer's parts account for: what the relayed
+    tokens are measured as (`lifecycle.relayed_tokens`)."""
+    defect: str | None
+    """How the parts differ from the proven ones in presentation only, or None."""
+
+
+def structured_account(content: str, parts: StructuredParts, proven: str, *,
+                       tools: Sequence[Mapping[str, Any]] | None = None) -> StructuredAccount | None:
+    """Measure a peer's answer sent in parts (`content`, its reasoning and tool calls) against
+    the proven raw text, read into parts as the buyer is given them. None when the parts say
+    something the proven text does not: reasoning or text that differ other than in presentation
+    (`presentation_match`), or a call the proven text does not make, by name and arguments.
+
+    The account covers the proven text up to what the peer's text covers of the proven text,
+    so an answer the gateway cut at a stop string, or whose tail the peer held back, is measured
+    as far as it went (calls come after the text in every template, so they count only when the
+    text was covered whole)."""
+    events = parse_output(proven, call_id_prefix="proven", tools=tools)
+    proven_reasoning = "".join(event.text for event in events if isinstance(event, ReasoningDelta))
+    proven_content = "".join(event.text for event in events if isinstance(event, TextDelta))
+    proven_calls = [event for event in events if isinstance(event, ToolCall)]
+    reasoning_covered = presentation_match(parts.reasoning, proven_reasoning)
+    content_covered = presentation_match(content, proven_content)
+    sent_calls = parts.tool_calls
+    if reasoning_covered is None or content_covered is None or len(sent_calls) > len(proven_calls):
+        return None
+    if not all(_same_call(sent, called) for sent, called in zip(sent_calls, proven_calls)):
+        return None
+    whole = content_covered == len(proven_content) and reasoning_covered == len(proven_reasoning)
+    if whole and len(sent_calls) == len(proven_calls):
+        exact = parts.reasoning == proven_reasoning and content == proven_content
+        return StructuredAccount(text=proven, defect=None if exact else "whitespace")
+    defect = "held-back" if content == proven_content[:content_covered] else "whitespace"
+    return StructuredAccount(text=_raw_prefix(proven, proven_content[:content_covered], tools=tools), defect=defect)
+
+
+def _raw_prefix(proven: str, content: str, *, tools) -> str:
+    """The shortest prefix of the proven raw text whose parts include `content` whole: the
+    raw text a buyer given `content` (after the reasoning) has in effect received. A longer
+    prefix never shows less text (the parser's output grows with its input), so a binary search
+    finds it."""
+    def shown(end: int) -> str:
+        return "".join(e.text for e in parse_output(proven[:end], call_id_prefix="p", tools=tools) if isinstance(e, TextDelta))
+
+    low, high = 0, len(proven)
+    while low < high:
+        middle = (low + high) // 2
+        if shown(middle).startswith(content):
+            high = middle
+        else:
+            low = middle + 1
+    return proven[:low]

@@ -57,7 +57,7 @@ from engy_node.gateway import billing, intake
 from engy_node.gateway.admission import WaitingRoom
 from engy_node.gateway.audit import AuditJob, audited
 from engy_node.gateway.chat import ChatRequest, GatewayError, Usage
-from engy_node.gateway.corrections import presentation_match
+from engy_node.gateway.corrections import StructuredParts, presentation_match, structured_account
 from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.router import prefix_key, retry_allowed
@@ -157,8 +157,11 @@ class Flight:
     relayed_text: str = ""
     """What the buyer has been sent of the answer."""
     miner_text: str = ""
-    """What the miner sent of the answer (up to the stop string that ended it), before the
-    gateway repaired it to the proven text: the delivery its verdict judges."""
+    """What the miner sent of the answer's text (up to the stop string that ended it), before
+    the gateway repaired it to the proven text: the delivery its verdict judges."""
+    miner_parts: StructuredParts | None = None
+    """The reasoning and tool calls of a miner that sent its answer in parts (None: one that
+    sent raw text, its reasoning and calls inside it)."""
     created: int = 0
     """Wall-clock seconds when the request began (the APIs' `created`)."""
     first_output_at: float | None = None
@@ -170,6 +173,16 @@ class Flight:
     kind: Literal["paid", "probe"] = "paid"
     target: str | None = None
     """A probe's miner (identity): it goes there or nowhere."""
+
+    @property
+    def delivered_text(self) -> str:
+        """The miner's answer as the model's raw text, as far as it can be told without a proof:
+        the text itself, after its reasoning in the `<think>` block the chat templates write.
+        Tool calls sent in parts are left out: their raw form (JSON or XML) is the model's own,
+        and the answer's tokens up to them are judged as a prefix."""
+        if self.miner_parts is None or not self.miner_parts.reasoning:
+            return self.miner_text
+        return f"<think>\n{self.miner_parts.reasoning}\n</think>\n\n{self.miner_text}"
 
     @property
     def served_greedily(self) -> bool:
@@ -613,7 +626,7 @@ class Gateway:
             except proof.ProofFormatError as error:
                 log.warning("request %s: miner %s sent a malformed commitment (%s)", flight.request_id, flight.miner, error)
         if commitment is None:
-            relayed = await trio.to_thread.run_sync(self.encode, flight.model, flight.miner_text, limiter=self.tokenize_limiter)
+            relayed = await trio.to_thread.run_sync(self.encode, flight.model, flight.delivered_text, limiter=self.tokenize_limiter)
             # Audited all the same: with no commitment at all the verifier judges the delivered
             # tokens on the canonical model (`proof.judge_delivered`); with an unreadable one the
             # answer is `unproven`, and a rising share of those pulls a miner hiding behind them.
@@ -633,10 +646,14 @@ class Gateway:
         padding = usage_padding(response.output, prompt_tokens=len(flight.prompt_ids),
                                 committed_tokens=len(commitment.output_token_ids))
         finish_stop = cut_at is None and (response.output.get("choices") or [{}])[0].get("finish_reason") == "stop"
-        relay = await self.off_loop_if_large(
-            len(flight.miner_text), functools.partial(relayed_tokens, stops=flight.chat.sampling.stop, cut_at=cut_at,
-                                                      finish_stop=finish_stop),
-            flight.model, flight.miner_text, list(commitment.output_token_ids))
+        terms = dict(stops=flight.chat.sampling.stop, cut_at=cut_at, finish_stop=finish_stop)
+        if flight.miner_parts is None:
+            relay = await self.off_loop_if_large(len(flight.miner_text), functools.partial(relayed_tokens, **terms),
+                                                 flight.model, flight.miner_text, list(commitment.output_token_ids))
+        else:
+            relay = await trio.to_thread.run_sync(
+                functools.partial(structured_relayed_tokens, parts=flight.miner_parts, tools=flight.chat.tools, **terms),
+                flight.model, flight.miner_text, list(commitment.output_token_ids), limiter=self.tokenize_limiter)
         if not relay.proved:
             # Established before the answer's end, like a proof of another prompt: the text is
             # not what the proven tokens say, so it is neither completed nor charged.
@@ -680,7 +697,7 @@ class Gateway:
         unproven for the gateway's own cut. The audit waits for that frame in `keep_proofs`, up
         to the request's time limit; a miner that never sends it is stopped then, and the answer
         is judged on its delivered tokens alone (`proof.judge_delivered`)."""
-        relayed = await trio.to_thread.run_sync(self.encode, flight.model, flight.miner_text, limiter=self.tokenize_limiter)
+        relayed = await trio.to_thread.run_sync(self.encode, flight.model, flight.delivered_text, limiter=self.tokenize_limiter)
         waits = self._proof_waits
         if waits is None:
             await self.pool.cancel(pending)
@@ -750,9 +767,7 @@ def relayed_tokens(model: ServedModel, miner_text: str, output_ids: list[int], *
         return Relayed(tokens=len(output_ids), output_ids=tuple(output_ids), proved=True, stop=None, proven_text=committed_text)
     covered = len(miner_text) if committed_text.startswith(miner_text) else presentation_match(miner_text, committed_text)
     if covered is None:
-        relayed_ids = model.tokenizer.encode(miner_text, add_special_tokens=False) if miner_text else []
-        return Relayed(tokens=len(relayed_ids) + (1 if finish_stop and output_ids else 0), output_ids=tuple(relayed_ids),
-                       proved=False, stop=cut_at)
+        return _unproved(model, miner_text, output_ids, cut_at=cut_at, finish_stop=finish_stop)
     rest = committed_text[covered:]
     stop = cut_at if cut_at is not None else next((s for s in stops if s and rest.lstrip().startswith(s)), None)
     if stop is None:
@@ -763,6 +778,28 @@ def relayed_tokens(model: ServedModel, miner_text: str, output_ids: list[int], *
     tokens = len(model.tokenizer.encode(proven, add_special_tokens=False) if proven else []) + (1 if finish_stop and output_ids else 0)
     return Relayed(tokens=tokens, output_ids=_covering_prefix(model, output_ids, proven), proved=True, stop=stop,
                    proven_text=proven, defect=_defect(miner_text, proven, covered))
+
+
+def structured_relayed_tokens(model: ServedModel, miner_text: str, output_ids: list[int], *, parts: StructuredParts,
+                              tools: Sequence[dict] | None, stops: Sequence[str], cut_at: str | None,
+                              finish_stop: bool) -> Relayed:
+    """Blocking: `relayed_tokens` for a miner that sent its answer in parts (`miner_text` is its
+    text alone): the parts are measured against the proven text read into parts
+    (`corrections.structured_account`), and the relayed tokens are those of the proven text
+    they account for."""
+    account = structured_account(miner_text, parts, model.decode(output_ids), tools=tools)
+    if account is None:
+        return _unproved(model, miner_text, output_ids, cut_at=cut_at, finish_stop=finish_stop)
+    relay = relayed_tokens(model, account.text, output_ids, stops=stops, cut_at=cut_at, finish_stop=finish_stop)
+    # Text that ends at a stop string was not held back: it ended there.
+    defect = None if account.defect == "held-back" and relay.stop is not None else account.defect
+    return dataclasses.replace(relay, defect=defect or relay.defect) if relay.proved else relay
+
+
+def _unproved(model: ServedModel, miner_text: str, output_ids: list[int], *, cut_at: str | None, finish_stop: bool) -> Relayed:
+    relayed_ids = model.tokenizer.encode(miner_text, add_special_tokens=False) if miner_text else []
+    return Relayed(tokens=len(relayed_ids) + (1 if finish_stop and output_ids else 0), output_ids=tuple(relayed_ids),
+                   proved=False, stop=cut_at)
 
 
 def _defect(miner_text: str, proven: str, covered: int) -> str | None:

@@ -91,7 +91,8 @@ class PendingRequest:
 
     corr_id: str
     leg: "Leg"
-    chunks: collections.deque[str] = dataclasses.field(default_factory=collections.deque)
+    chunks: collections.deque[str | Chunk] = dataclasses.field(default_factory=collections.deque)
+    """What the miner streamed, in order: text, or a chunk that carries reasoning or tool calls."""
     response: Response | None = None
     lost: str | None = None
     changed: trio.Event = dataclasses.field(default_factory=trio.Event)
@@ -283,7 +284,7 @@ class MinerPool:
             elif isinstance(frame, Chunk):
                 pending = leg.inflight.get(frame.corr_id)
                 if pending is not None:
-                    pending.chunks.append(frame.content)
+                    pending.chunks.append(frame.content if frame.plain else frame)
                     pending.notify()
             elif isinstance(frame, Response):
                 pending = leg.inflight.pop(frame.corr_id, None)

@@ -27,22 +27,43 @@ from starlette.responses import JSONResponse
 
 from engy_node.asgi import Receive, Send, watch_disconnect
 from engy_node.gateway import anthropic_api, openai_api
-from engy_node.gateway.chat import ChatRequest, GatewayError, OutputEvent, ToolCall, Usage
-from engy_node.gateway.corrections import ReplacementHold, StopScanner, corrected_finish, presentation_match
+from engy_node.gateway.chat import ChatRequest, GatewayError, OutputEvent, ReasoningDelta, TextDelta, ToolCall, Usage
+from engy_node.gateway.corrections import ReplacementHold, StopScanner, StructuredParts, corrected_finish, presentation_match
 from engy_node.gateway.lifecycle import Accounting, Flight, Gateway
 from engy_node.gateway.output_parser import OutputParser
 from engy_node.gateway.pool import PendingRequest
+from engy_node.protocol.miner import Chunk
 
 log = logging.getLogger("engy.gateway")
 
 
-def _final_content(pending: PendingRequest) -> tuple[str, str]:
-    """(content, finish_reason) from the miner's response."""
+def _final_content(flight: Flight, pending: PendingRequest) -> tuple[str, str]:
+    """(content, finish_reason) from the miner's response; its reasoning and tool calls, when
+    its message carries them apart from the text, go to `flight.miner_parts`."""
     output = pending.response.output if pending.response is not None else None
     choice = ((output or {}).get("choices") or [{}])[0]
-    content = (choice.get("message") or {}).get("content")
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    if message.get("reasoning_content") or message.get("tool_calls"):
+        if flight.miner_parts is None:
+            flight.miner_parts = StructuredParts()
+        flight.miner_parts.settle(message)
+    content = message.get("content")
     finish = choice.get("finish_reason")
     return (content if isinstance(content, str) else ""), ("length" if finish == "length" else "stop")
+
+
+def _answer_events(flight: Flight, proven_text: str | None) -> list[OutputEvent]:
+    """The events a buyer is given for a whole answer: the proven raw text read into parts; with
+    no proof, the miner's own text read so, after its reasoning and before its tool calls when
+    it sent those apart."""
+    parser = OutputParser(call_id_prefix=flight.request_id[-12:], tools=flight.chat.tools)
+    events = parser.feed(flight.miner_text if proven_text is None else proven_text) + parser.finish()
+    parts = flight.miner_parts
+    if parts is None or proven_text is not None:
+        return events
+    calls = [ToolCall(index=i, id=f"call_{flight.request_id[-12:]}_{i}", name=name, arguments=arguments or "{}")
+             for i, (name, arguments) in enumerate(parts.tool_calls) if name]
+    return ([ReasoningDelta(parts.reasoning)] if parts.reasoning else []) + events + calls
 
 
 def _finish_for(events: list[OutputEvent], finish: str) -> str:
@@ -199,7 +220,7 @@ class ChatEndpoint:
                 reason = pending.lost or (pending.response.error if pending.response else "no response")
                 await gateway.log_outcome(flight, status=502, usage=None)
                 raise GatewayError("upstream", f"the miner failed: {reason}")
-            content, reported = _final_content(pending)
+            content, reported = _final_content(flight, pending)
             stops = StopScanner(flight.chat.sampling.stop)
             flight.miner_text = stops.feed(content) + stops.finish()
             flight.first_output_at = flight.first_output_at or gateway.monotonic()
@@ -208,8 +229,7 @@ class ChatEndpoint:
                 await gateway.log_outcome(flight, status=502, usage=None)
                 raise GatewayError("upstream", _REFUSED[accounting.refused])
             flight.relayed_text = flight.miner_text if accounting.proven_text is None else accounting.proven_text
-            parser = OutputParser(call_id_prefix=flight.request_id[-12:])
-            events = parser.feed(flight.relayed_text) + parser.finish()
+            events = _answer_events(flight, accounting.proven_text)
             usage = await gateway.settle(flight, status=200, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens)
             settled = True
         finally:
@@ -254,7 +274,7 @@ class ChatEndpoint:
         miner's text lacked of the proven text (a held-back tail)."""
         gateway = self.gateway
         encoder = self.api.encoder(flight)
-        parser = OutputParser(call_id_prefix=flight.request_id[-12:])
+        parser = OutputParser(call_id_prefix=flight.request_id[-12:], tools=flight.chat.tools)
         stops = StopScanner(flight.chat.sampling.stop)
         replacements = ReplacementHold()
         received = ""
@@ -272,6 +292,21 @@ class ChatEndpoint:
             flight.miner_text += text
             return send_text(replacements.feed(text))
 
+        def relay_parts(chunk: Chunk) -> list[bytes]:
+            """A chunk of an answer sent in parts: its reasoning goes out as reasoning while no
+            text has (every API puts reasoning first), its tool calls are kept for the end, when
+            the proven text has them whole; its text is returned to go the way of any text."""
+            parts = flight.miner_parts = flight.miner_parts or StructuredParts()
+            parts.add_calls(chunk.tool_calls)
+            if not chunk.reasoning:
+                return []
+            parts.reasoning += chunk.reasoning
+            if flight.relayed_text:
+                return []
+            events = [ReasoningDelta(chunk.reasoning)]
+            events_seen.extend(events)
+            return encoder.events(events)
+
         try:
             # Everything ready at a wake-up goes out as one write: under load several chunks
             # arrive per wake-up, and each separate send costs the server a trip through its
@@ -283,6 +318,9 @@ class ChatEndpoint:
             while stops.matched is None:
                 while pending.chunks and stops.matched is None:
                     text = pending.chunks.popleft()
+                    if type(text) is not str:
+                        out += relay_parts(text)
+                        text = text.content
                     flight.first_output_at = flight.first_output_at or gateway.monotonic()
                     received += text
                     out += relay(stops.feed(text))
@@ -314,7 +352,7 @@ class ChatEndpoint:
                 await _send_body(send, b"".join(out + encoder.error(error)), more=False)
                 return
             else:
-                content, reported = _final_content(pending)
+                content, reported = _final_content(flight, pending)
                 if content.startswith(received) and len(content) > len(received):
                     out += relay(stops.feed(content[len(received):]))
                 out += relay(stops.finish())
@@ -330,8 +368,11 @@ class ChatEndpoint:
                     await _send_body(send, b"".join(out + encoder.error(GatewayError("upstream", _REFUSED[accounting.refused]))),
                                      more=False)
                     return
-                out += send_text(_missing(flight.relayed_text, accounting.proven_text or flight.miner_text))
-                tail = parser.finish()
+                if flight.miner_parts is None:
+                    out += send_text(_missing(flight.relayed_text, accounting.proven_text or flight.miner_text))
+                    tail = parser.finish()
+                else:
+                    tail = parser.finish() + self._rest_of_parts(flight, accounting, events_seen)
                 events_seen += tail
                 out += encoder.events(tail)
                 usage = await gateway.settle(flight, status=200, completion_claim=accounting.claim,
@@ -343,6 +384,23 @@ class ChatEndpoint:
             if outcome not in ("ok", "refused"):
                 with trio.CancelScope(shield=True):
                     await self._settle_partial(flight, pending, outcome)
+
+    @staticmethod
+    def _rest_of_parts(flight: Flight, accounting: Accounting, events_seen: list[OutputEvent]) -> list[OutputEvent]:
+        """For an answer sent in parts, what the buyer still lacks of the answer it is given (the
+        proven text read into parts, or the miner's own parts without a proof): the reasoning's
+        tail while no text has gone out, the text's tail, and every tool call."""
+        answer = _answer_events(flight, accounting.proven_text)
+        reasoning = "".join(event.text for event in answer if isinstance(event, ReasoningDelta))
+        text = "".join(event.text for event in answer if isinstance(event, TextDelta))
+        sent_reasoning = "".join(event.text for event in events_seen if isinstance(event, ReasoningDelta))
+        rest: list[OutputEvent] = []
+        if not flight.relayed_text and (more := _missing(sent_reasoning, reasoning)):
+            rest.append(ReasoningDelta(more))
+        if more := _missing(flight.relayed_text, text):
+            flight.relayed_text += more
+            rest.append(TextDelta(more))
+        return rest + [event for event in answer if isinstance(event, ToolCall)]
 
     async def _settle_partial(self, flight: Flight, pending: PendingRequest, outcome: str) -> None:
         """A stream that did not complete: stop the miner, charge only what was relayed."""

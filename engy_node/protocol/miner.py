@@ -303,22 +303,48 @@ class Heartbeat:
 class Chunk:
     corr_id: str
     content: str
+    reasoning: str = ""
+    """`delta.reasoning_content`: a miner whose serve splits reasoning out (sglang's reasoning
+    parser, or its own) streams it apart from the answer's text (the newest public miners do)."""
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    """`delta.tool_calls`: OpenAI-style call fragments (`index`, then `id`, `function.name` and
+    pieces of `function.arguments`), or whole calls, as the miner streams them."""
+
+    @property
+    def plain(self) -> bool:
+        """Text alone, as the public protocol's first miners stream it."""
+        return not self.reasoning and not self.tool_calls
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": "chunk", "corr_id": self.corr_id, "delta": {"content": self.content}}
+        delta: dict[str, Any] = {}
+        if self.reasoning:
+            delta["reasoning_content"] = self.reasoning
+        if self.content or self.plain:
+            delta["content"] = self.content
+        if self.tool_calls:
+            delta["tool_calls"] = list(self.tool_calls)
+        return {"type": "chunk", "corr_id": self.corr_id, "delta": delta}
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any]) -> "Chunk":
-        """`delta` is OpenAI-shaped; only its text is relayed (a delta without `content`, such
-        as `{}`, relays nothing). A bare string is taken as the text."""
+        """`delta` is OpenAI-shaped: `content`, `reasoning_content` and `tool_calls`, any of them
+        absent or null (a delta without any, such as `{}`, relays nothing). A bare string is
+        taken as the text. Tool-call fragments that are not objects are dropped, not refused:
+        whether the calls hold together is judged against the proven tokens at the end."""
         delta = obj.get("delta")
+        corr_id = _text(obj, "corr_id", "chunk")
         if isinstance(delta, str):
-            content = delta
-        elif delta is None:
-            content = ""
-        else:
-            content = _text(_object(delta, "chunk.delta"), "content", "chunk.delta", default="")
-        return cls(corr_id=_text(obj, "corr_id", "chunk"), content=content)
+            return cls(corr_id=corr_id, content=delta)
+        if delta is None:
+            return cls(corr_id=corr_id, content="")
+        delta = _object(delta, "chunk.delta")
+        calls = delta.get("tool_calls")
+        return cls(
+            corr_id=corr_id,
+            content=_text(delta, "content", "chunk.delta", default=""),
+            reasoning=_text(delta, "reasoning_content", "chunk.delta", default=""),
+            tool_calls=tuple(call for call in calls if isinstance(call, dict)) if isinstance(calls, list) else (),
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -21,6 +21,8 @@ from collections.abc import Callable
 
 import trio
 
+from engy_node.gateway.chat import ReasoningDelta, TextDelta, ToolCall
+from engy_node.gateway.output_parser import parse_output
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
 from engy_node.miner.serving import STREAM_COALESCE_S, Send
 from engy_node.served_model import ServedModel
@@ -40,6 +42,13 @@ class Script:
     fail_after_chunks: int | None = None
     """Raise mid-stream after this many chunks: the leg drops, as a crashed miner's would."""
     finish_reason: str = "stop"
+    in_parts: bool = False
+    """Send the answer in parts, as the newest public miner does: reasoning as
+    `reasoning_content`, each tool call whole in `tool_calls`, the text alone as `content` (null
+    in the final message when there is none), read out of `text` by the gateway's own parser."""
+    lie_in_parts: Callable[[dict], dict] | None = None
+    """With `in_parts`: what to make of the final message before it goes (a miner whose parts
+    say something its tokens do not)."""
 
 
 class MinerCrashed(Exception):
@@ -58,6 +67,9 @@ class SyntheticHandler:
         script = self.script(frame)
         prompt_ids = self.model.render_prompt(frame.request)
         text = script.text
+        if script.in_parts:
+            await self._send_in_parts(frame, script, prompt_ids, send)
+            return
         if frame.stream:
             unsent, last_sent = "", -math.inf
             for index in range(0, len(text), script.chunk_chars):
@@ -71,6 +83,30 @@ class SyntheticHandler:
                     unsent, last_sent = "", time.perf_counter()
             if unsent:
                 await send(Chunk(corr_id=frame.corr_id, content=unsent))
+        await send(self._response(frame, script, prompt_ids, {"role": "assistant", "content": text}, script.finish_reason))
+
+    async def _send_in_parts(self, frame: Serve, script: Script, prompt_ids: list[int], send: Send) -> None:
+        events = parse_output(script.text, call_id_prefix=frame.corr_id[-8:], tools=frame.request.tools)
+        reasoning = "".join(event.text for event in events if isinstance(event, ReasoningDelta))
+        content = "".join(event.text for event in events if isinstance(event, TextDelta))
+        calls = [{"index": event.index, "id": event.id, "type": "function",
+                  "function": {"name": event.name, "arguments": event.arguments}} for event in events if isinstance(event, ToolCall)]
+        if frame.stream:
+            for event in events:
+                if isinstance(event, ReasoningDelta):
+                    await send(Chunk(corr_id=frame.corr_id, content="", reasoning=event.text))
+                elif isinstance(event, TextDelta):
+                    await send(Chunk(corr_id=frame.corr_id, content=event.text))
+                else:
+                    await send(Chunk(corr_id=frame.corr_id, content="", tool_calls=(calls[event.index],)))
+        message = {"role": "assistant", "content": content or None, **({"reasoning_content": reasoning} if reasoning else {}),
+                   **({"tool_calls": [{k: v for k, v in call.items() if k != "index"} for call in calls]} if calls else {})}
+        if script.lie_in_parts is not None:
+            message = script.lie_in_parts(message)
+        await send(self._response(frame, script, prompt_ids, message, "tool_calls" if calls else script.finish_reason))
+
+    def _response(self, frame: Serve, script: Script, prompt_ids: list[int], message: dict, finish_reason: str) -> Response:
+        text = script.text
         if text not in self._answer_ids:
             if len(self._answer_ids) >= 64:
                 self._answer_ids.clear()
@@ -87,9 +123,8 @@ class SyntheticHandler:
         }
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids),
                  "total_tokens": len(prompt_ids) + len(output_ids), "prompt_tokens_details": {"cached_tokens": 0}}
-        output = {"choices": [{"index": 0, "finish_reason": script.finish_reason,
-                               "message": {"role": "assistant", "content": text}}], "usage": usage}
-        await send(Response(corr_id=frame.corr_id, request_id=frame.request.engy_request_id, commitment=commitment, output=output))
+        output = {"choices": [{"index": 0, "finish_reason": finish_reason, "message": message}], "usage": usage}
+        return Response(corr_id=frame.corr_id, request_id=frame.request.engy_request_id, commitment=commitment, output=output)
 
 
 def synthetic_link(*, gateway_url: str, model: ServedModel, identity: Identity, handler: SyntheticHandler,

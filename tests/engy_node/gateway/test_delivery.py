@@ -96,3 +96,82 @@ def test_a_different_character_anywhere_is_still_a_mismatch(model, committed, se
     relay = relayed_tokens(model, sent, committed, stops=(), cut_at=None, finish_stop=True)
     assert not relay.proved and relay.proven_text is None
     assert judged(model, committed, relay) == "output-mismatch"
+
+
+# ---- answers sent in parts (the newest public miners: reasoning_content, tool_calls, content null)
+
+from engy_node.gateway.corrections import StructuredParts  # noqa: E402
+from engy_node.gateway.lifecycle import structured_relayed_tokens  # noqa: E402
+
+REASONING = "The user asks for a capital. France's is Paris."
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "year": {"type": "integer"}}}}}]
+RAW = (f"<think>\n{REASONING}\n</think>\n\n{ANSWER}\n<tool_call>\n<function=lookup>\n<parameter=city>\nParis\n</parameter>\n"
+       "<parameter=year>\n1889\n</parameter>\n</function>\n</tool_call>")
+"""What a Qwen3-family model writes: its reasoning, its answer, then a call in the XML format."""
+
+
+@pytest.fixture(scope="module")
+def raw_committed(model) -> list[int]:
+    return model.tokenizer.encode(RAW, add_special_tokens=False) + [min(model.end_token_ids)]
+
+
+def parts(reasoning: str = REASONING, calls=(("lookup", '{"city": "Paris", "year": 1889}'),)) -> StructuredParts:
+    sent = StructuredParts(reasoning=reasoning)
+    sent.add_calls([{"index": i, "id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+                    for i, (name, arguments) in enumerate(calls)])
+    return sent
+
+
+def judged_raw(model, raw_committed, relay) -> str | None:
+    return judged(model, raw_committed, relay, max_tokens=len(raw_committed))
+
+
+def structured(model, raw_committed, content, sent, **terms):
+    return structured_relayed_tokens(model, content, raw_committed, parts=sent, tools=TOOLS,
+                                     **{"stops": (), "cut_at": None, "finish_stop": True, **terms})
+
+
+def test_an_answer_sent_in_parts_that_the_proof_says_whole_is_proved_and_no_defect(model, raw_committed):
+    relay = structured(model, raw_committed, ANSWER, parts())
+    assert relay.proved and relay.defect is None and relay.proven_text == RAW
+    assert relay.output_ids == tuple(raw_committed) and relay.tokens == len(raw_committed), "reasoning is billed"
+    assert judged_raw(model, raw_committed, relay) is None
+
+
+def test_call_arguments_typed_otherwise_are_the_same_call(model, raw_committed):
+    # A template-typed "1889", a schema-typed 1889, key order and spacing: one call.
+    relay = structured(model, raw_committed, ANSWER, parts(calls=(("lookup", '{"year":"1889","city":"Paris"}'),)))
+    assert relay.proved and relay.defect is None
+
+
+@pytest.mark.parametrize("content, sent, defect", [
+    (ANSWER.replace("known for", "knownfor"), parts(), "whitespace"),
+    (ANSWER, parts(reasoning=REASONING.replace(" ", "  ")), "whitespace"),
+    (ANSWER[:ANSWER.index(" It is")], parts(calls=()), "held-back"),
+])
+def test_parts_that_differ_in_presentation_only_are_a_defect(model, raw_committed, content, sent, defect):
+    relay = structured(model, raw_committed, content, sent)
+    assert relay.proved and relay.defect == defect and relay.proven_text == RAW
+    assert judged_raw(model, raw_committed, relay) is None
+
+
+@pytest.mark.parametrize("content, sent", [
+    (ANSWER.replace("Paris", "Lyon"), parts()),
+    (ANSWER, parts(reasoning="Something else entirely.")),
+    (ANSWER, parts(calls=(("lookup", '{"city": "Lyon", "year": 1889}'),))),
+    (ANSWER, parts(calls=(("delete_everything", "{}"),))),
+    (ANSWER, parts(calls=(("lookup", '{"city": "Paris", "year": 1889}'), ("lookup", "{}")))),
+])
+def test_parts_that_say_something_the_proof_does_not_are_a_mismatch(model, raw_committed, content, sent):
+    relay = structured(model, raw_committed, content, sent)
+    assert not relay.proved
+    assert judged_raw(model, raw_committed, relay) == "output-mismatch"
+
+
+def test_an_answer_in_parts_cut_at_a_stop_string_relays_the_proven_prefix_through_the_reasoning(model, raw_committed):
+    content = ANSWER[:ANSWER.index("Paris")]
+    relay = structured(model, raw_committed, content, parts(calls=()), stops=("Paris",), cut_at="Paris", finish_stop=False)
+    assert relay.proved and relay.stop == "Paris" and relay.defect is None
+    assert relay.proven_text == RAW[:RAW.index(content) + len(content)]
+    assert judged_raw(model, raw_committed, relay) is None

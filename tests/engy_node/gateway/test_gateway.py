@@ -269,6 +269,64 @@ async def test_tool_calls_and_reasoning_reach_both_sdks(nursery, network, http):
     assert message.content[1].input == {"city": "Paris"} and message.stop_reason == "tool_use"
 
 
+PARTS_ANSWER = ('<think>\nThe user wants the weather.\n</think>\n\nLet me check.\n<tool_call>\n<function=get_weather>\n'
+                '<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>')
+"""A Qwen3-Coder-style answer: reasoning, text, and a call in the XML format."""
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_sent_in_parts_reaches_both_sdks_as_its_proof_says_it(nursery, network, http, stream):
+    # The newest public miner: reasoning_content, whole tool_calls, content null or alone.
+    await network.add_synthetic_miner(nursery, lambda frame: Script(text=PARTS_ANSWER, in_parts=True), http)
+    account, key = network.buyer(1.0)
+
+    def openai_call():
+        client = network.openai(key)
+        request = dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=WEATHER, max_tokens=128)
+        if not stream:
+            return client.chat.completions.create(**request)
+        with client.chat.completions.stream(**request) as events:
+            return events.get_final_completion()
+
+    completion = await trio.to_thread.run_sync(openai_call)
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me check."
+    assert choice.message.tool_calls[0].function.name == "get_weather"
+    assert choice.message.tool_calls[0].function.arguments == '{"city": "Paris", "days": 2}'
+    assert getattr(choice.message, "reasoning_content", None) == "The user wants the weather."
+
+    def anthropic_call():
+        client = network.anthropic(key)
+        request = dict(model=MODEL, max_tokens=128, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                       tools=[{"name": "get_weather", "description": "Weather", "input_schema": WEATHER[0]["function"]["parameters"]}])
+        if not stream:
+            return client.messages.create(**request)
+        with client.messages.stream(**request) as events:
+            return events.get_final_message()
+
+    message = await trio.to_thread.run_sync(anthropic_call)
+    assert [block.type for block in message.content] == ["thinking", "text", "tool_use"]
+    assert message.content[2].input == {"city": "Paris", "days": 2} and message.stop_reason == "tool_use"
+    assert network.store.balance(account).charged > 0
+    network.books_balance(account)
+
+
+async def test_parts_that_say_something_the_proof_does_not_are_refused_uncharged(nursery, network, http):
+    def lie(message: dict) -> dict:
+        call = message["tool_calls"][0]
+        return {**message, "tool_calls": [{**call, "function": {**call["function"], "arguments": '{"city": "Lyon", "days": 2}'}}]}
+
+    await network.add_synthetic_miner(nursery, lambda frame: Script(text=PARTS_ANSWER, in_parts=True, lie_in_parts=lie), http)
+    account, key = network.buyer(1.0)
+    with pytest.raises(openai.APIStatusError) as refused:
+        await trio.to_thread.run_sync(lambda: network.openai(key).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=WEATHER, max_tokens=128))
+    assert refused.value.status_code == 502 and "not what it proved" in str(refused.value)
+    assert network.store.balance(account).charged == 0
+
+
 async def test_a_buyer_hanging_up_cancels_the_miner_and_pays_only_for_what_was_relayed(nursery, network, http, reference_server,
                                                                                         holds_closed):
     await network.add_real_miner(nursery, reference_server.url, http)

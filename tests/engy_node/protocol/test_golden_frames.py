@@ -382,6 +382,31 @@ def test_a_chunk_whose_delta_is_a_bare_string_relays_that_string():
     assert parse_miner_frame('{"type":"chunk","corr_id":"c","delta":"Par"}') == Chunk(corr_id="c", content="Par")
 
 
+def test_structured_deltas_of_the_newest_public_miners_are_read_apart_from_the_text():
+    # engy_miner.py after 0.4.4 sends one kind per frame and whole tool calls; tee_miner.py
+    # passes sglang's deltas through (several kinds at once, call fragments, chunk logprobs).
+    reasoning = parse_miner_frame('{"type":"chunk","corr_id":"c","delta":{"reasoning_content":"Let me think."}}')
+    assert reasoning == Chunk(corr_id="c", content="", reasoning="Let me think.") and not reasoning.plain
+    call = {"index": 0, "id": "call_0123456789abcdef01234567", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    whole = parse_miner_frame(orjson.dumps({"type": "chunk", "corr_id": "c", "delta": {"tool_calls": [call]}}))
+    assert whole == Chunk(corr_id="c", content="", tool_calls=(call,))
+    mixed = parse_miner_frame('{"type":"chunk","corr_id":"c","delta":{"content":"Hi","reasoning_content":null,'
+                              '"tool_calls":[{"index":0,"function":{"arguments":"{\\"ci"}}, 7]},"logprobs":{"content":[]}}')
+    assert mixed == Chunk(corr_id="c", content="Hi", tool_calls=({"index": 0, "function": {"arguments": '{"ci'}},))
+    assert parse_miner_frame('{"type":"chunk","corr_id":"c","delta":{"content":null}}') == Chunk(corr_id="c", content="")
+
+
+def test_a_structured_chunk_goes_out_as_the_public_miners_send_it():
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    assert Chunk(corr_id="c", content="", reasoning="hm").to_wire() == {
+        "type": "chunk", "corr_id": "c", "delta": {"reasoning_content": "hm"}}
+    assert Chunk(corr_id="c", content="", tool_calls=(call,)).to_wire()["delta"] == {"tool_calls": [call]}
+    assert Chunk(corr_id="c", content="").to_wire()["delta"] == {"content": ""}
+    for chunk in (Chunk(corr_id="c", content="a", reasoning="b", tool_calls=(call,)), Chunk(corr_id="c", content="x")):
+        assert parse_miner_frame(orjson.dumps(chunk.to_wire())) == chunk
+
+
 def test_an_error_object_without_a_message_is_kept_whole_as_json_text():
     response = parse_miner_frame('{"type":"response","corr_id":"c","error":{"type":"Timeout","code":504}}')
     assert response.error == 'Timeout: {"type":"Timeout","code":504}'
