@@ -134,3 +134,25 @@ def test_replacement_characters_at_the_end_of_what_arrived_are_held_and_dropped_
     assert hold.feed(FFFD) == ""
     assert hold.feed(FFFD + " il") == " il", "what the run stood for is not known until the proof comes"
     assert hold.feed("a" + FFFD + "b") == "a" + FFFD + "b", "a replacement inside text that arrived together is the model's own"
+
+
+def test_streamed_call_fragments_merge_by_index_as_openai_clients_merge_them():
+    from engy_node.gateway.corrections import StructuredParts
+
+    parts = StructuredParts()
+    parts.add_calls([{"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}])
+    parts.add_calls([{"index": 0, "function": {"arguments": '{"city": '}}, {"index": 1, "function": {"name": "now"}}])
+    parts.add_calls([{"index": 0, "function": {"arguments": '"Paris"}'}}, {"index": 1, "function": {"arguments": {}}}])
+    assert parts.tool_calls == [("get_weather", '{"city": "Paris"}'), ("now", "{}")]
+
+
+def test_the_final_messages_parts_replace_what_was_streamed():
+    from engy_node.gateway.corrections import StructuredParts
+
+    parts = StructuredParts(reasoning="partial")
+    parts.add_calls([{"index": 0, "function": {"name": "f", "arguments": '{"x"'}}])
+    parts.settle({"reasoning_content": "whole reasoning", "content": None,
+                  "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]})
+    assert (parts.reasoning, parts.tool_calls) == ("whole reasoning", [("f", '{"x": 1}')])
+    parts.settle({"content": "no parts here"})
+    assert (parts.reasoning, parts.tool_calls) == ("whole reasoning", [("f", '{"x": 1}')]), "absent parts keep the streamed ones"
