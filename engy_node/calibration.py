@@ -371,7 +371,7 @@ def run_sampled_soundness(
     model: ModelSpec,
     requests: int,
     answer_tokens: int = 32,
-    prompts: Sequence[str] = DEFAULT_PROMPTS,
+    prompts: Sequence[str | Sequence[dict[str, str]]] = DEFAULT_PROMPTS,
     settings: Sequence[tuple[float, float]] = SAMPLED_SETTINGS,
     serve_dtype: str = "bfloat16",
     recompute_dtypes: Sequence[str] = ("bfloat16",),

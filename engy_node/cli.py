@@ -165,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "narrower nucleus or top-k, a lower temperature, the prefill attack) and report how often seeded "
                                 "replay catches them within the first n tokens")
     calibrate.add_argument("--cheat-tokens", type=int, default=256, metavar="N", help="answer length of those (ignore_eos)")
+    calibrate.add_argument("--cheat-out", default="", metavar="FILE", help="also write every cheat answer's replay gaps there (JSON)")
     calibrate.add_argument("--no-commitment-answers", type=int, default=0, metavar="N",
                            help="also judge N answers per setting sent without a commitment (a TEE miner's), honest and by a "
                                 "4-bit copy, on the delivered tokens alone")
@@ -394,6 +395,8 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
         if args.cheat_answers > 0:
             judged = strictness.run_sampling_cheats(path, model=spec, conversations=drift_conversations(args.cheat_answers),
                                                     answer_tokens=args.cheat_tokens, progress=say)
+            if args.cheat_out:
+                Path(args.cheat_out).write_text(json.dumps([{"case": j.case, "answer": j.answer, "gaps": j.gaps} for j in judged]))
             _section("Sampling cheats against seeded replay", strictness.format_catch_rates(judged, params=spec.token_check))
             false_positives += sum(1 for j in judged if j.case == "honest" and not j.verdict_within(len(j.gaps), spec.token_check).ok)
         if args.no_commitment_answers > 0:
@@ -402,11 +405,18 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
             _section("Answers without a commitment", strictness.format_recompute_judged(judged_alone))
             false_positives += sum(1 for r in judged_alone if r.served_by == "honest" and r.verdict.kind == "cheat")
     if args.sampled_requests > 0:
+        from engy_node.drift import drift_conversations
+
         soundness = run_sampled_soundness(path, model=spec, requests=args.sampled_requests, answer_tokens=args.sampled_answer_tokens,
-                                          recompute_dtypes=dtypes, progress=say)
+                                          prompts=drift_conversations(SOUNDNESS_CONVERSATIONS), recompute_dtypes=dtypes, progress=say)
         _section("Honest sampled requests", format_soundness(soundness))
         false_positives += sum(1 for r in soundness if r.verdict.kind == "cheat")
     return 1 if wrong or false_positives else 0
+
+
+SOUNDNESS_CONVERSATIONS = 250
+"""Buyer-like conversations the honest sampled requests cycle through (each at every setting):
+the five built-in prompts alone missed an edge case that 200 of these found."""
 
 
 def _section(title: str, table: str) -> None:

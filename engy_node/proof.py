@@ -424,7 +424,8 @@ def _token_stats_block(logits, tokens: Sequence[int], *, sampling: SamplingTerms
             # the recompute counted before it and the miner after). Every token inside the
             # nucleus is at least as likely as its edge, so widening by logits (a margin, never
             # negative) takes in the whole nucleus.
-            edge = _nucleus_edge(logp, min(1.0, sampling.top_p + nucleus_margin))
+            margin = edge_mass_margin(sampling.top_p, judged_at, floor=nucleus_margin, band=edge_band)
+            edge = _nucleus_edge(logp, min(1.0, sampling.top_p + margin))
             kept = logp >= edge[:, None] - edge_band / judged_at
             in_nucleus = tuple(kept.gather(1, target[:, None])[:, 0].tolist())
             logp = torch.log_softmax(logp.masked_fill(~kept, -math.inf), dim=1)
@@ -447,6 +448,17 @@ def _token_stats_block(logits, tokens: Sequence[int], *, sampling: SamplingTerms
         in_nucleus=in_nucleus,
         replay_gap=replay_gap,
     )
+
+
+def edge_mass_margin(top_p: float, temperature: float, *, floor: float, band: float) -> float:
+    """How far, in probability mass, a nucleus edge at `top_p` may move between serving and
+    recompute. The mass S before a rank moves with the logits by dS = Σ p_j (1[j before] − S)
+    dl_j / T, so logits that disagree by at most `band` between the two sides (each by half of
+    it, in opposite directions at worst) move it by at most S (1 − S) band / T: little where one
+    token holds nearly all the mass or none, most at a low temperature. One honest answer, T 0.7
+    top_p 0.9 recomputed in bf16, had its top token's logit 0.25 apart, which moved the edge by
+    0.024 of mass; a fixed 0.02 judged it a cheat. `floor` keeps the margin for rounding and ties."""
+    return max(floor, top_p * (1 - top_p) * band / temperature)
 
 
 NUCLEUS_CANDIDATES = 1024
@@ -519,7 +531,7 @@ def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_p
     drift, a token the draw did not pick by how far it lost, with no window of ranks to hide in.
 
     The nucleus edge moves between numeric paths too, both ways: t may have held a rank just
-    outside the request's nucleus (widened by `nucleus_margin` of mass, or by `edge_band` in
+    outside the request's nucleus (widened by `edge_mass_margin` of mass, or by `edge_band` in
     logits), and a rank inside the nucleus only by those margins cannot be the one it lost to.
     Without top_p every rank competes."""
     import torch
@@ -529,8 +541,9 @@ def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_p
     n, vocab = len(tokens), logits.shape[-1]
     temperature = torch.tensor(sampling.temperature, dtype=torch.float32)
     cut = torch.tensor(sampling.top_p, dtype=torch.float32)
-    widened = torch.tensor(min(1.0, sampling.top_p + nucleus_margin), dtype=torch.float32)
-    narrowed = torch.tensor(max(0.0, sampling.top_p - nucleus_margin), dtype=torch.float32)
+    margin = edge_mass_margin(sampling.top_p, sampling.temperature, floor=nucleus_margin, band=edge_band)
+    widened = torch.tensor(min(1.0, sampling.top_p + margin), dtype=torch.float32)
+    narrowed = torch.tensor(max(0.0, sampling.top_p - margin), dtype=torch.float32)
     band = edge_band / sampling.temperature
     gaps: list[float] = []
     rows_per_block = max(1, REPLAY_BLOCK_ELEMENTS // vocab)
