@@ -46,7 +46,7 @@ from engy_node.errors import single_failure
 from engy_node.miner.drain import ABORTED_ERROR, REFUSED_ERROR, DrainPhase, StopBudget, request_action
 from engy_node.miner.serving import RequestHandler
 from engy_node.protocol.miner import (
-    OUR_FEATURES, Admit, Cancel, Capacity, Deny, Heartbeat, Hello, MinerFrame, Ping, ProtocolError, Reconnect, Response,
+    MAX_FRAME_BYTES, OUR_FEATURES, Admit, Cancel, Capacity, Deny, Heartbeat, Hello, MinerFrame, Ping, ProtocolError, Reconnect, Response,
     Serve, close_reason, encode, parse_gateway_frame,
 )
 from engy_node.retry import backoff_delay
@@ -73,7 +73,7 @@ class LinkSettings:
     """A denied leg waits at least this long: denial is an operator's problem, not a glitch."""
     reconnect_delay_s: float = 0.5
     """After the gateway's `reconnect` (it is draining), re-dial after up to this (jittered)."""
-    max_message_bytes: int = 64 * 1024 * 1024
+    max_message_bytes: int = MAX_FRAME_BYTES
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

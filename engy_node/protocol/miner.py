@@ -88,16 +88,17 @@ def close_reason(text: str) -> str:
 # per decode_batching_size output tokens; and the answer's text, which stays under
 # ANSWER_BYTES_PER_TOKEN per output token even JSON-escaped (a token is about 4 characters; the
 # longest are runs of tens of spaces or dashes, and an escaped non-ASCII character takes 6-12
-# bytes). The frame limit is the largest model's bound with half again as margin, in whole MiB:
-# 7 MiB for Qwen3.6-35B-A3B (229,376 + 32,768 token ids at 8 bytes, 1,024 proofs of 348 bytes,
-# 2 MiB of text: 4.4 MiB, times 1.5). Every other frame (hello, heartbeat, chunk) is a few KiB.
+# bytes). For Qwen3.6-35B-A3B that is 4.4 MiB (229,376 + 32,768 token ids at 8 bytes, 1,024
+# proofs of 348 bytes, 2 MiB of text). The live protocol allows 64 MiB either way (the newest
+# public TEE miner raised its own limit to that after 1 MiB cut off prompts of ~156k tokens,
+# and answers with images or long tool results grow as models do), so that is the limit, read
+# as the frame arrives: a larger one closes its leg before it is buffered whole.
 TOKEN_ID_BYTES = 8
 """A token id in a JSON list: up to 6 digits (the catalog's vocabularies have fewer than 10**6
 entries) and the ", " Python's json module puts between items."""
 ANSWER_BYTES_PER_TOKEN = 64
 FRAME_ENVELOPE_BYTES = 16 * 1024
 """Keys, ids, model_root, usage, finish_reason and an error string around the lists and text."""
-FRAME_MARGIN = 1.5
 
 
 def largest_response_bytes(spec: ModelSpec) -> int:
@@ -108,9 +109,9 @@ def largest_response_bytes(spec: ModelSpec) -> int:
     return token_ids + proofs + spec.max_output_tokens * ANSWER_BYTES_PER_TOKEN + FRAME_ENVELOPE_BYTES
 
 
-_MIB = 1024 * 1024
-MAX_FRAME_BYTES = math.ceil(max(largest_response_bytes(spec) for spec in CATALOG.values()) * FRAME_MARGIN / _MIB) * _MIB
-"""The largest frame the gateway reads from a miner; a larger one closes that leg with 1009."""
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+"""The largest frame either side reads from the other (the live protocol's); a larger one closes
+that leg with 1009."""
 
 
 _MISSING: Any = object()

@@ -21,7 +21,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from engy_node.protocol.miner import (
-    Admit, Cancel, Chunk, Deny, Heartbeat, Hello, Ping, ProtocolError, Reconnect, Response, Serve, ServeRequest, encode,
+    MAX_FRAME_BYTES, Admit, Cancel, Chunk, Deny, Heartbeat, Hello, Ping, ProtocolError, Reconnect, Response, Serve, ServeRequest, encode,
     parse_miner_frame,
 )
 
@@ -65,7 +65,7 @@ class GatewayHarness:
         config = HypercornConfig()
         config.bind = ["127.0.0.1:0"]
         config.accesslog = None
-        config.websocket_max_message_size = 64 * 1024 * 1024
+        config.websocket_max_message_size = MAX_FRAME_BYTES
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(serve, self.app(), config)
             self.url = binds[0].replace("http://", "ws://") + "/gw"

@@ -569,3 +569,10 @@ def test_an_unknown_type_is_quoted_at_most_forty_characters_long():
     with pytest.raises(ProtocolError) as refused:
         parse_miner_frame(json.dumps({"type": "x" * 10_000}))
     assert "x" * 40 in refused.value.reason and "x" * 41 not in refused.value.reason
+
+
+def test_the_largest_honest_answer_of_every_catalog_model_fits_a_frame():
+    from engy_node.models import CATALOG
+    from engy_node.protocol.miner import MAX_FRAME_BYTES, largest_response_bytes
+
+    assert all(largest_response_bytes(spec) < MAX_FRAME_BYTES / 8 for spec in CATALOG.values())
