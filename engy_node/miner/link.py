@@ -34,6 +34,7 @@ import dataclasses
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -53,6 +54,9 @@ from engy_node.retry import backoff_delay
 
 log = logging.getLogger("engy.miner.link")
 
+RECONNECT = "gateway is draining (reconnect)"
+"""How a leg ends that the gateway asked to reconnect: re-dialled at once, the old connection
+finishing its requests in flight meanwhile."""
 GOING_AWAY = 1001
 """The websocket close code for an endpoint that is shutting down (RFC 6455 §7.4.1)."""
 CLOSE_TIMEOUT_S = 2.0
@@ -72,7 +76,11 @@ class LinkSettings:
     deny_backoff_s: float = 60.0
     """A denied leg waits at least this long: denial is an operator's problem, not a glitch."""
     reconnect_delay_s: float = 0.5
-    """After the gateway's `reconnect` (it is draining), re-dial after up to this (jittered)."""
+    """After a leg ends without an error (closed by the gateway), re-dial after up to this (jittered)."""
+    reconnect_drain_s: float = 1800.0
+    """After the gateway's `reconnect` (that host is draining), the leg is re-dialled at once and
+    the old connection keeps serving the requests it has in flight for up to this long (the live
+    protocol's 1,800 s, the longest a request may run); what is still running then is aborted."""
     max_message_bytes: int = MAX_FRAME_BYTES
 
 
@@ -198,29 +206,32 @@ class GatewayLink:
     async def _leg_loop(self, leg: Leg, workers: int) -> None:
         url = leg_url(self.gateway_url, worker=leg.worker, workers=workers)
         failures = 0
-        # Bounded by the miner's life: once its drain has begun, a leg that ends is not re-dialled.
-        while self.phase == "serving":
-            delay: float
-            try:
-                outcome = await self._leg_session(url, leg)
-            except LegDenied as denied:
-                failures += 1
-                delay = max(self.settings.deny_backoff_s, backoff_delay(consecutive_failures=failures, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random()))
-                log.warning("gateway denied leg %s: %s; retrying in %.0f s", url, denied, delay)
-            except (ConnectionClosed, HandshakeError, OSError, trio.TooSlowError, ProtocolError) as error:
-                failures += 1
-                delay = backoff_delay(consecutive_failures=failures, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random())
-                if self.phase == "serving":
-                    log.warning("leg %s lost (%s: %s); re-dialling in %.1f s", url, type(error).__name__, error, delay)
+        # A session the gateway asked to reconnect goes on finishing its requests in `retiring`
+        # (bounded by `reconnect_drain_s`) while this loop dials its successor at once.
+        async with trio.open_nursery() as retiring:
+            # Bounded by the miner's life: once its drain has begun, a leg that ends is not re-dialled.
+            while self.phase == "serving":
+                delay: float
+                try:
+                    outcome = await retiring.start(self._leg_session, url, leg)
+                except LegDenied as denied:
+                    failures += 1
+                    delay = max(self.settings.deny_backoff_s, backoff_delay(consecutive_failures=failures, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random()))
+                    log.warning("gateway denied leg %s: %s; retrying in %.0f s", url, denied, delay)
+                except (ConnectionClosed, HandshakeError, OSError, trio.TooSlowError, ProtocolError) as error:
+                    failures += 1
+                    delay = backoff_delay(consecutive_failures=failures, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random())
+                    if self.phase == "serving":
+                        log.warning("leg %s lost (%s: %s); re-dialling in %.1f s", url, type(error).__name__, error, delay)
+                    else:
+                        log.info("leg %s closed: the miner is stopping", url)
                 else:
-                    log.info("leg %s closed: the miner is stopping", url)
-            else:
-                failures = 0
-                delay = self.settings.reconnect_delay_s * self.rng.random()
-                log.info("leg %s: %s%s", url, outcome, "; re-dialling" if self.phase == "serving" else "")
-            self._set_leg(leg.worker, False)
-            if self.phase == "serving":
-                await trio.sleep(delay)
+                    failures = 0
+                    delay = 0.0 if outcome == RECONNECT else self.settings.reconnect_delay_s * self.rng.random()
+                    log.info("leg %s: %s%s", url, outcome, "; re-dialling" if self.phase == "serving" else "")
+                self._set_leg(leg.worker, False)
+                if self.phase == "serving":
+                    await trio.sleep(delay)
 
     def _set_leg(self, worker: int, up: bool) -> None:
         self.legs_up[worker] = up
@@ -275,7 +286,10 @@ class GatewayLink:
         while self.inflight:
             await self._changed.wait()
 
-    async def _leg_session(self, url: str, leg: Leg) -> str:
+    async def _leg_session(self, url: str, leg: Leg, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """One connection of a leg. Reports how it ended through `task_status` (an error before
+        that is raised to the leg loop): at its end, or as soon as the gateway asks it to
+        reconnect (`RECONNECT`), after which it goes on serving its requests in flight."""
         async with open_websocket_url(
             url, max_message_size=self.settings.max_message_bytes,
             connect_timeout=self.settings.connect_timeout_s, disconnect_timeout=CLOSE_TIMEOUT_S,
@@ -292,10 +306,26 @@ class GatewayLink:
             self._admitted.set()
             session = _LegSession(self, connection, leg)
             self._sessions.add(session)
+            retired = False
+
+            def retire(outcome: str) -> None:
+                nonlocal retired
+                retired = True
+                task_status.started(outcome)
+
             try:
-                return await session.run()
+                outcome = await session.run(retire=retire)
+            except (ConnectionClosed, OSError) as error:
+                if not retired:
+                    raise
+                # Its successor is up; what the old connection still had in flight is lost.
+                log.warning("leg %s: the connection finishing %d request(s) after a reconnect ended (%s: %s)", url,
+                            len(session.active), type(error).__name__, error)
+                return
             finally:
                 self._sessions.discard(session)
+            if not retired:
+                task_status.started(outcome)
 
 
 class _LegSession:
@@ -310,6 +340,10 @@ class _LegSession:
         """Requests the drain aborted: each still gets its terminal response, with an error."""
         self.send_lock = trio.Lock()
         self.idle_since = time.monotonic()
+        self.retiring = False
+        """The gateway asked for a new connection: this one serves only what it has in flight."""
+        self.waiting = trio.CancelScope()
+        """The receive loop's wait for a frame, cancelled to let a retired leg end once idle."""
 
     async def send(self, frame: MinerFrame) -> None:
         async with self.send_lock:
@@ -340,10 +374,12 @@ class _LegSession:
         with contextlib.suppress(ConnectionClosed):
             await self.connection.aclose(code=GOING_AWAY, reason=reason)
 
-    async def run(self) -> str:
+    async def run(self, *, retire: Callable[[str], None]) -> str:
+        """Serve until the connection ends; `RECONNECT` when the gateway asked for a new one,
+        after `retire(RECONNECT)` was called and the requests in flight here have ended."""
         try:
             with single_failure():
-                return await self._run()
+                return await self._run(retire)
         except BaseExceptionGroup as group:
             # The receive loop and a heartbeat can meet the closed connection in the same tick
             # (a miner whose loop stalled while its gateway died): one lost connection, seen
@@ -353,11 +389,17 @@ class _LegSession:
                 raise
             raise _first_leaf(lost) from None
 
-    async def _run(self) -> str:
+    async def _run(self, retire: Callable[[str], None]) -> str:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._heartbeats)
             while True:
-                message = await self.connection.get_message()
+                if self.retiring and not self.active:
+                    nursery.cancel_scope.cancel(reason="the retired leg's requests have all ended")
+                    return RECONNECT
+                with trio.CancelScope() as self.waiting:
+                    message = await self.connection.get_message()
+                if self.waiting.cancelled_caught:
+                    continue
                 try:
                     frame = parse_gateway_frame(message)
                 except ProtocolError as error:
@@ -375,9 +417,14 @@ class _LegSession:
                         log.info("request %s cancelled by the gateway", frame.corr_id)
                 elif isinstance(frame, Ping):
                     await self.send(self.heartbeat())
-                elif isinstance(frame, Reconnect):
-                    nursery.cancel_scope.cancel(reason="gateway asked to reconnect")
-                    return "gateway is draining (reconnect)"
+                elif isinstance(frame, Reconnect) and not self.retiring:
+                    self.retiring = True
+                    retire(RECONNECT)
+                    if self.active:
+                        log.info("leg to worker %d: the gateway asked to reconnect; re-dialled, and %d request(s) in "
+                                 "flight here go on for up to %g s", self.leg.worker, len(self.active),
+                                 self.link.settings.reconnect_drain_s)
+                    nursery.start_soon(self._abort_after_drain)
                 elif isinstance(frame, Deny):
                     raise LegDenied(frame.reason)
         return "closed"
@@ -386,7 +433,7 @@ class _LegSession:
         if frame.corr_id in self.active:
             log.warning("duplicate serve for %s ignored", frame.corr_id)
             return
-        if request_action(self.link.phase, new=True) == "refuse":
+        if request_action(self.link.phase, new=True) == "refuse" or self.retiring:
             log.info("request %s refused: the miner is stopping", frame.corr_id)
             nursery.start_soon(self._send_error, frame, REFUSED_ERROR)
             return
@@ -413,6 +460,18 @@ class _LegSession:
             self.link.publish()
             if not self.active:
                 self.idle_since = time.monotonic()
+                if self.retiring:
+                    self.waiting.cancel(reason="the retired leg has nothing left in flight")
+
+    async def _abort_after_drain(self) -> None:
+        """A retired leg's limit: what still runs after `reconnect_drain_s` is aborted."""
+        await trio.sleep(self.link.settings.reconnect_drain_s)
+        for corr_id, scope in list(self.active.items()):
+            self.drain_aborted.add(corr_id)
+            scope.cancel(reason="the retired leg's drain limit passed")
+        if self.active:
+            log.warning("leg to worker %d: %d request(s) still running %g s after the gateway asked to reconnect; aborted",
+                        self.leg.worker, len(self.active), self.link.settings.reconnect_drain_s)
 
     async def _send_error(self, frame: Serve, error: str) -> None:
         """The request's terminal response, carrying `error`; quiet if the leg is gone."""

@@ -21,9 +21,10 @@ from engy_node.miner.link import GatewayLink, Identity, Leg, LinkSettings, leg_u
 from engy_node.miner.serving import RequestHandler
 from engy_node.served_model import load_served_model
 from engy_node.models import SMOLLM2_135M
-from engy_node.protocol.miner import OUR_FEATURES, Capacity, Message, ProtocolError, Sampling, ServeRequest
+from engy_node.miner.drain import REFUSED_ERROR
+from engy_node.protocol.miner import OUR_FEATURES, Capacity, Message, ProtocolError, Sampling, Serve, ServeRequest, encode
 from engy_node.serve.client import ServeClient
-from engy_node.testing.gateway import GatewayHarness
+from engy_node.testing.gateway import GatewayHarness, RequestRecord
 from tests.waiting import wait_until_async
 
 FAST = LinkSettings(heartbeat_s=0.5, backoff_base_s=0.05, backoff_cap_s=0.2, deny_backoff_s=0.2, reconnect_delay_s=0.05)
@@ -174,6 +175,30 @@ async def test_the_miner_redials_after_reconnect_and_after_a_dropped_connection(
     assert len(gateway.hellos) == 4
     record = await gateway.result(await gateway.serve(request("Say hello.", max_tokens=8)))
     assert record.response.error is None
+
+
+async def test_after_reconnect_the_old_connection_finishes_what_it_has_in_flight_while_its_successor_serves(
+        nursery, gateway, served_model, reference_server):
+    # The live protocol's drain: re-dial at once, keep the old leg until its requests end.
+    await start_miner(nursery, gateway.url, served_model, reference_server.url)
+    await gateway.wait_for(lambda: len(gateway.legs) == 2)
+    first = gateway.legs[0]
+    running = await gateway.serve(request("Write a long story about a lighthouse keeper.", max_tokens=120), stream=True)
+    await gateway.wait_for(lambda: gateway.requests[running].chunks, timeout=120)
+    await gateway.reconnect(0)
+    await gateway.wait_for(lambda: 0 in gateway.legs and gateway.legs[0] is not first, timeout=60)
+    assert not first.closed.is_set() and not gateway.requests[running].done.is_set(), "re-dialled before the request ended"
+    late = await gateway.serve(request("Say hi.", max_tokens=4))  # on the new leg
+    refused_id = "corr-late-on-old"
+    gateway.requests[refused_id] = RequestRecord()
+    await first.websocket.send_text(encode(Serve(refused_id, request("Say hi.", max_tokens=4), False)))
+    finished = await gateway.result(running)
+    assert finished.response.error is None and finished.response.commitment is not None
+    assert "".join(finished.chunks) == finished.response.output["choices"][0]["message"]["content"]
+    assert (await gateway.result(refused_id, timeout=60)).response.error == REFUSED_ERROR
+    assert (await gateway.result(late)).response.error is None
+    with trio.fail_after(60):
+        await first.closed.wait()
 
 
 async def test_a_denied_miner_keeps_retrying_without_crashing(nursery, served_model, reference_server):
