@@ -118,6 +118,8 @@ class Leg:
 
     capacity: int = 0
     """This leg's share of the miner's concurrency, from hello and then each heartbeat."""
+    reconnecting: bool = False
+    """Told to re-dial (`reconnect`): it finishes what it serves and is sent nothing new."""
     lacks: frozenset[str] = frozenset()
     """Features a request may need that this miner did not announce (fixed by its hello; read
     for every leg on every dispatch, so computed once)."""
@@ -379,7 +381,7 @@ class MinerPool:
         return table.choose(prefix=prefix, rr_counter=rr_counter, exclude=exclude, needs=needs, prefer=prefer, admit=usable)
 
     def _usable(self, leg: Leg, now: float, eligible: Callable[[str], bool] | None) -> bool:
-        return (not leg.closed and now - leg.last_heartbeat < self.settings.stale_after_s
+        return (not leg.closed and not leg.reconnecting and now - leg.last_heartbeat < self.settings.stale_after_s
                 and (eligible is None or eligible(leg.identity.miner)))
 
     def _count_inflight(self, leg: Leg) -> None:
@@ -435,6 +437,7 @@ class MinerPool:
         """Tell every miner to re-dial (the gateway is going away) and stop admitting."""
         self.draining = True
         for leg in list(self.legs.values()):
+            leg.reconnecting = True
             try:
                 with trio.move_on_after(2):
                     await leg.send(Reconnect())

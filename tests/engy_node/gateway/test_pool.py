@@ -280,6 +280,8 @@ async def test_draining_tells_every_miner_to_reconnect_and_refuses_new_ones(gate
         connection, _ = await dial(connections, url, hello())
         await pool.drain()
         assert isinstance(parse_gateway_frame(await connection.get_message()), Reconnect)
+        assert pool.route(MODEL, prefix=b"", rr_counter=0, needs=frozenset(), prefer=frozenset(), exclude=frozenset(),
+                          target=None, eligible=None) is None, "a leg told to re-dial is sent nothing new"
         late, answer = await dial(connections, url, hello(worker_name="late"))
         assert isinstance(answer, Deny) and "draining" in answer.reason
         await connection.aclose()
