@@ -48,13 +48,15 @@ class GatewayError(Exception):
     message: str
     param: str | None = None
     retry_after_s: int | None = None
+    status_from_miner: int | None = None
+    """A miner's own 4xx for a request that was at fault, passed through as it is."""
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
 
     @property
     def status(self) -> int:
-        return STATUS_BY_KIND[self.kind]
+        return self.status_from_miner or STATUS_BY_KIND[self.kind]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 import trio
 
 from engy_node.gateway import traffic
+from engy_node.gateway.settlement import BUYER_FAULTS, HUNG_UP
 from engy_node.gateway.probe_corpus import ProbePrompt
 from engy_node.gateway.store import EligibilityRow, Store, StoreError
 from engy_node.hub import Hub
@@ -166,8 +167,11 @@ class TrafficControl:
         rows = await self.store.run(self.store.requests_after, self._request_cursor, limit=ROWS_PER_READ)
         for row_id, entry in rows:
             self._request_cursor = row_id
-            if entry.miner is None or entry.model is None or entry.status == 499:
-                continue  # reached no miner, or the buyer hung up: says nothing about the miner
+            if entry.miner is None or entry.model is None or entry.status == HUNG_UP or (
+                    entry.kind != "probe" and entry.status in BUYER_FAULTS):
+                # Reached no miner, or the buyer hung up or sent what its miner could not serve:
+                # says nothing about the miner. A probe, the gateway's own, is never at fault.
+                continue
             ok = 200 <= entry.status < 300
             ttft = None if entry.ttft_ms is None else int(round(entry.ttft_ms))
             tpot = None if entry.tpot_ms is None else int(round(entry.tpot_ms))

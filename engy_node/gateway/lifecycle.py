@@ -58,6 +58,7 @@ from engy_node.gateway.admission import WaitingRoom
 from engy_node.gateway.audit import AuditJob, audited
 from engy_node.gateway.chat import ChatRequest, GatewayError, Usage
 from engy_node.gateway.corrections import StructuredParts, presentation_match, structured_account
+from engy_node.gateway.settlement import BUYER_FAULTS
 from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.router import prefix_key, retry_allowed
@@ -506,7 +507,16 @@ class Gateway:
                     last_error = f"the miner disconnected: {pending.lost}"
                     await self.log_outcome(flight, status=502, usage=None)
                 elif pending.response is not None and pending.response.error is not None and not pending.chunks:
-                    last_error = f"the miner failed: {pending.response.error}"
+                    status = pending.response.error_status
+                    if status in BUYER_FAULTS and flight.kind == "paid":
+                        # The request itself was at fault (a prompt past the model's context, a
+                        # tool schema its template rejects): any miner would refuse it, so it is
+                        # not retried, and it is the buyer's to read, with the miner's status.
+                        await self.log_outcome(flight, status=status, usage=None)
+                        raise GatewayError("request_too_large" if status == 413 else "invalid_request",
+                                           f"the model cannot serve this request: {pending.response.error}",
+                                           status_from_miner=status)
+                    last_error = f"the miner failed: {pending.response.error_text}"
                     await self.log_outcome(flight, status=502, usage=None)
                 else:
                     return pending

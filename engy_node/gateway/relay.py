@@ -217,7 +217,7 @@ class ChatEndpoint:
             if not pending.finished:
                 raise GatewayError("timeout", f"the miner did not finish within {deadline_s} s")
             if pending.lost is not None or pending.response is None or pending.response.error is not None:
-                reason = pending.lost or (pending.response.error if pending.response else "no response")
+                reason = pending.lost or (pending.response.error_text if pending.response else "no response")
                 await gateway.log_outcome(flight, status=502, usage=None)
                 raise GatewayError("upstream", f"the miner failed: {reason}")
             content, reported = _final_content(flight, pending)
@@ -347,7 +347,7 @@ class ChatEndpoint:
             elif outcome == "timeout" or pending.lost is not None or pending.response is None or pending.response.error is not None:
                 outcome = "timeout" if outcome == "timeout" else "miner-failed"
                 reason = ("the miner did not finish in time" if outcome == "timeout"
-                          else pending.lost or (pending.response.error if pending.response else "no response"))
+                          else pending.lost or (pending.response.error_text if pending.response else "no response"))
                 error = GatewayError("timeout" if outcome == "timeout" else "upstream", f"the miner failed mid-stream: {reason}")
                 await _send_body(send, b"".join(out + encoder.error(error)), more=False)
                 return

@@ -14,9 +14,10 @@ epoch. Of the remaining (paid-kind) records:
 * an *attempt* is any non-probe record. The attempt set is chosen by kind, not by
   `cost_micro > 0`, because a failed attempt is never billed: selecting by cost would drop
   every failure and the acceptance gate could never fail;
-* the acceptance denominator is every attempt whose status is not 499. A 499 means the buyer
-  hung up, which says nothing about the miner, so it leaves the denominator (it is still
-  reported in the row). Every other non-2xx status counts against the miner: 502 and 504 are the
+* the acceptance denominator is every attempt whose status is not 499 nor a buyer's fault the
+  miner passed on (`BUYER_FAULTS`: 400, 413, 422). A 499 means the buyer hung up, a passed-on
+  4xx that the request itself was at fault; neither says anything about the miner, so both leave
+  the denominator (they are still reported in the row). Every other non-2xx status counts against the miner: 502 and 504 are the
   miner-attributable failures SPEC names, and anything else (a 500, a 503 after dispatch) is
   counted too, because the request log names a miner only once a request reached one;
 * a *counted* request is a 2xx attempt with `cost_micro > 0`. Only counted requests earn tokens
@@ -65,6 +66,11 @@ GateReason = Literal["acceptance", "ttft_p99", "tpot_p99", "cheat"]
 
 HUNG_UP = 499
 """The buyer closed the connection: no verdict on the miner, so not an acceptance attempt."""
+BUYER_FAULTS = frozenset({400, 413, 422})
+"""Statuses a miner answers a request with when the request itself was at fault (a prompt past
+the model's context, a tool schema the chat template rejects). The gateway refuses its own such
+requests before any miner sees them, so with a miner named these are the miner passing the
+buyer's fault on: like a 499 they say nothing about the miner and are not acceptance attempts."""
 
 
 class ScoringTerms(Protocol):
@@ -171,10 +177,13 @@ class RowAggregate:
     """Non-probe attempts, 499s included."""
     ok_2xx: int
     status_499: int
+    buyer_faults: int
+    """Attempts the miner answered with a 4xx the request itself caused (`BUYER_FAULTS`); not
+    acceptance attempts."""
     status_502: int
     status_504: int
     other_failures: int
-    """Non-2xx attempts other than 499, 502 and 504; they count against acceptance."""
+    """Non-2xx attempts other than 499, 502, 504 and buyer faults; they count against acceptance."""
     counted: int
     """2xx attempts with `cost_micro > 0`: the requests that earn."""
     tokens: int
@@ -243,13 +252,14 @@ def _row(
     statuses = [record.status for record in records]
     ok = sum(1 for status in statuses if 200 <= status <= 299)
     status_499, status_502, status_504 = (statuses.count(code) for code in (HUNG_UP, 502, 504))
+    buyer_faults = sum(1 for status in statuses if status in BUYER_FAULTS)
     counted = [record for record in records if 200 <= record.status <= 299 and record.cost_micro > 0]
     tokens = sum(record.prompt_tokens + record.completion_tokens for record in counted)
     ttft = [record.ttft_ms for record in counted if record.ttft_ms is not None]
     tpot = [record.tpot_ms for record in counted if record.tpot_ms is not None]
     ttft_p99 = nearest_rank_p99(ttft) if ttft else None
     tpot_p99 = nearest_rank_p99(tpot) if tpot else None
-    attempts = len(records) - status_499
+    attempts = len(records) - status_499 - buyer_faults
     rendered = verdicts.passed + verdicts.cheat
 
     gate_reason: GateReason | None = None
@@ -268,9 +278,10 @@ def _row(
         requests=len(records),
         ok_2xx=ok,
         status_499=status_499,
+        buyer_faults=buyer_faults,
         status_502=status_502,
         status_504=status_504,
-        other_failures=len(records) - ok - status_499 - status_502 - status_504,
+        other_failures=len(records) - ok - status_499 - buyer_faults - status_502 - status_504,
         counted=len(counted),
         tokens=tokens,
         ttft_p99_ms=ttft_p99,

@@ -119,14 +119,18 @@ class RequestHandler:
             response = await self._serve(frame, send, outcome, started)
         except ServeError as error:
             outcome.error_class = "serve"
+            # The model server's 4xx (a prompt past its context) is the request's fault, and the
+            # gateway passes it to the buyer with its status; anything else is the miner's.
+            fault = error.status if error.status is not None and 400 <= error.status < 500 else None
             response = Response(corr_id=frame.corr_id, request_id=request.engy_request_id, commitment=None, output=None,
-                                error=f"model server error: {error}")
+                                error=f"model server error: {error}", error_type="ServeError", error_status=fault or 500)
         except (ValueError, TypeError, KeyError) as error:
             # Broad on purpose within these types: a template or tokenizer rejecting the input is
             # the request's problem, reported to the gateway, not a miner crash.
             outcome.error_class = "request"
             response = Response(corr_id=frame.corr_id, request_id=request.engy_request_id, commitment=None, output=None,
-                                error=f"bad request: {type(error).__name__}: {error}")
+                                error=f"bad request: {type(error).__name__}: {error}", error_type=type(error).__name__,
+                                error_status=400)
         finally:
             if self.on_outcome is not None:
                 self.on_outcome(outcome)

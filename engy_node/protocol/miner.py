@@ -355,42 +355,58 @@ class Response:
     commitment: dict[str, Any] | None
     output: dict[str, Any] | None
     error: str | None = None
+    """The failure's message: `error` when a string, its `message` when an object."""
+    error_type: str | None = None
+    error_status: int | None = None
+    """The HTTP status of a failure, when the miner gives one (`error: {message, type, status}`,
+    the newest public protocol): a 4xx says the request itself was at fault."""
+
+    @property
+    def error_text(self) -> str | None:
+        """The failure as one line: its type, then its message."""
+        return f"{self.error_type}: {self.error}" if self.error_type and self.error is not None else self.error
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"type": "response", "corr_id": self.corr_id, "request_id": self.request_id,
                                 "commitment": self.commitment, "output": self.output}
         if self.error is not None:
-            wire["error"] = self.error
+            if self.error_type is None and self.error_status is None:
+                wire["error"] = self.error
+            else:
+                wire["error"] = {"message": self.error, **({"type": self.error_type} if self.error_type else {}),
+                                 **({"status": self.error_status} if self.error_status is not None else {})}
         return wire
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any]) -> "Response":
         """An empty `commitment` or `output` object means none; `error` may be a string or an
-        object (`{"message", "type"}`), kept as text."""
+        object (`{"message", "type", "status"}`; one without a message is kept whole as JSON text)."""
         commitment = obj.get("commitment")
         output = obj.get("output")
+        error, error_type, error_status = _error_parts(obj.get("error"))
         return cls(
             corr_id=_text(obj, "corr_id", "response"),
             request_id=_text(obj, "request_id", "response", default=""),
             commitment=dict(_object(commitment, "response.commitment")) or None if commitment is not None else None,
             output=dict(_object(output, "response.output")) or None if output is not None else None,
-            error=_error_text(obj.get("error")),
+            error=error, error_type=error_type, error_status=error_status,
         )
 
 
-def _error_text(error: Any) -> str | None:
+def _error_parts(error: Any) -> tuple[str | None, str | None, int | None]:
     if error is None or error == "" or error == {}:
-        return None
+        return None, None, None
     if isinstance(error, str):
-        return error
+        return error, None, None
     if isinstance(error, Mapping):
-        message, kind = error.get("message"), error.get("type")
+        message, kind, status = error.get("message"), error.get("type"), error.get("status")
         if not isinstance(message, str) or not message:
             try:
                 message = orjson.dumps(error).decode()
             except orjson.JSONEncodeError:  # nested past what orjson writes (it reads deeper)
                 message = "an error object too deeply nested to show"
-        return f"{kind}: {message}" if isinstance(kind, str) and kind else message
+        return (message, kind if isinstance(kind, str) and kind else None,
+                status if type(status) is int and 100 <= status <= 599 else None)
     raise ProtocolError("response.error", f"must be a string or an object, got {_describe(error)}")
 
 

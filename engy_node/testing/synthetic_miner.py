@@ -46,6 +46,9 @@ class Script:
     """Send the answer in parts, as the newest public miner does: reasoning as
     `reasoning_content`, each tool call whole in `tool_calls`, the text alone as `content` (null
     in the final message when there is none), read out of `text` by the gateway's own parser."""
+    refuse: tuple[str, int] | None = None
+    """Answer with this error (message, HTTP status) instead, as a miner does when its model
+    server refuses the request (a 4xx: the request was at fault)."""
     lie_in_parts: Callable[[dict], dict] | None = None
     """With `in_parts`: what to make of the final message before it goes (a miner whose parts
     say something its tokens do not)."""
@@ -67,6 +70,11 @@ class SyntheticHandler:
         script = self.script(frame)
         prompt_ids = self.model.render_prompt(frame.request)
         text = script.text
+        if script.refuse is not None:
+            message, status = script.refuse
+            await send(Response(corr_id=frame.corr_id, request_id=frame.request.engy_request_id, commitment={}, output={},
+                                error=message, error_type="ServeError", error_status=status))
+            return
         if script.in_parts:
             await self._send_in_parts(frame, script, prompt_ids, send)
             return

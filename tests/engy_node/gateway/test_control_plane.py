@@ -98,6 +98,26 @@ async def test_failing_probes_lose_the_round(nursery, store):
     assert plane.states[(MINER, MODEL)].strikes == 1
 
 
+async def test_paid_requests_the_buyer_was_at_fault_for_never_pull_an_active_miner(nursery, store):
+    probed = Probed(store)
+    plane = control(store, probed, {(MINER, MODEL)})
+    await nursery.start(plane.run)
+    await wait_for(lambda: table(store).get((MINER, MODEL)) == "active")
+    now = time.time()
+    buyer, _ = store.create_buyer("buyer")
+    for index in range(20):  # far past the breaker's three failures in a row
+        store.log_request(RequestLogEntry(
+            request_id=f"paid{index}", account_id=buyer, miner=MINER, model=MODEL, api="openai", kind="paid", status=400,
+            prompt_tokens=9000, completion_tokens=0, cached_tokens=0, cost_micro=0, ttft_ms=None, tpot_ms=None, created_at=now))
+    await trio.sleep(1.0)
+    assert table(store)[(MINER, MODEL)] == "active"
+    store.log_request(RequestLogEntry(
+        request_id="paid-502", account_id=buyer, miner=MINER, model=MODEL, api="openai", kind="paid", status=502,
+        prompt_tokens=10, completion_tokens=0, cached_tokens=0, cost_micro=0, ttft_ms=None, tpot_ms=None, created_at=now))
+    await trio.sleep(1.0)
+    assert plane.states[(MINER, MODEL)].served[-1].ok is False, "a miner's own failure is still counted"
+
+
 async def test_first_party_miners_are_eligible_before_any_probe(nursery, store):
     probed = Probed(store)
     plane = control(store, probed, set(), first_party={MINER})

@@ -327,6 +327,29 @@ async def test_parts_that_say_something_the_proof_does_not_are_refused_uncharged
     assert network.store.balance(account).charged == 0
 
 
+async def test_a_request_the_model_cannot_serve_reaches_the_buyer_with_the_miners_status_and_is_not_the_miners_failure(
+        nursery, network, http):
+    refused = await network.add_synthetic_miner(
+        nursery, lambda frame: Script(refuse=("the prompt is 9000 tokens; this model's context is 8192", 400)), http)
+    account, key = network.buyer(1.0)
+    with pytest.raises(openai.BadRequestError) as openai_refusal:
+        await trio.to_thread.run_sync(lambda: network.openai(key).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8))
+    assert "this model's context is 8192" in str(openai_refusal.value)
+    with pytest.raises(anthropic.BadRequestError) as anthropic_refusal:
+        await trio.to_thread.run_sync(lambda: network.anthropic(key).messages.create(
+            model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}]))
+    assert anthropic_refusal.value.status_code == 400
+    assert len(refused.served) == 2, "a request at fault is not retried on another miner"
+    assert network.store.balance(account).charged == 0
+    async def logged() -> bool:
+        return len(network.store.requests_after(0, limit=10)) == 2
+
+    await wait_until_async(logged, timeout_s=30, what="both refusals in the request log")
+    rows = [entry for _, entry in network.store.requests_after(0, limit=10)]
+    assert [row.status for row in rows] == [400, 400] and all(row.miner for row in rows)
+
+
 async def test_a_buyer_hanging_up_cancels_the_miner_and_pays_only_for_what_was_relayed(nursery, network, http, reference_server,
                                                                                         holds_closed):
     await network.add_real_miner(nursery, reference_server.url, http)

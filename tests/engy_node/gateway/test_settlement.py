@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from engy_node.gateway import settlement
 from engy_node.gateway.settlement import (
+    BUYER_FAULTS,
     WEIGHT_TOTAL,
     EpochSettlement,
     GateMinimums,
@@ -139,6 +140,14 @@ def test_a_499_leaves_the_acceptance_denominator():
     # Counted as failures the 50 hang-ups would make 99 / 150.
     assert (row.gate_reason, row.requests, row.status_499, row.ok_2xx) == (None, 150, 50, 99)
     assert row.score == 99 * 150
+
+
+@pytest.mark.parametrize("status", sorted(BUYER_FAULTS))
+def test_a_buyers_fault_a_miner_passed_on_leaves_the_acceptance_denominator(status):
+    row = only_row(settle(honest(99) + [request(status=502)] + [request(status=status, cost=0) for _ in range(20)]))
+    assert (row.gate_reason, row.requests, row.buyer_faults, row.other_failures) == (None, 120, 20, 0)
+    failing = only_row(settle(honest(99) + [request(status=502), request(status=401, cost=0)]))
+    assert (failing.gate_reason, failing.other_failures) == ("acceptance", 1), "other 4xx are the miner's"
 
 
 def test_free_successes_count_toward_acceptance_but_earn_nothing():
@@ -272,7 +281,7 @@ def test_rows_become_json_with_fixed_keys_and_plain_values():
     assert payload["weights"] == [["hk-a", WEIGHT_TOTAL]]
     (row,) = payload["rows"]
     assert row == {
-        "hotkey": "hk-a", "model": "m", "requests": 5, "ok_2xx": 4, "status_499": 1, "status_502": 0, "status_504": 0,
+        "hotkey": "hk-a", "model": "m", "requests": 5, "ok_2xx": 4, "status_499": 1, "buyer_faults": 0, "status_502": 0, "status_504": 0,
         "other_failures": 0, "counted": 4, "tokens": 600, "ttft_p99_ms": 200, "tpot_p99_ms": 20, "verdict_pass": 1,
         "verdict_cheat": 0, "verdict_unproven": 2, "score": 600, "gate_reason": None,
     }

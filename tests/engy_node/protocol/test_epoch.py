@@ -112,7 +112,7 @@ def test_non_ascii_text_is_escaped_so_the_bytes_survive_any_re_encoding():
 
 def test_a_real_settlement_builds_as_is():
     row = RowAggregate(
-        hotkey=MINER_A, model="smol", requests=120, ok_2xx=120, status_499=0, status_502=0, status_504=0,
+        hotkey=MINER_A, model="smol", requests=120, ok_2xx=120, status_499=0, buyer_faults=0, status_502=0, status_504=0,
         other_failures=0, counted=118, tokens=90_000, ttft_p99_ms=410, tpot_p99_ms=None, verdict_pass=3,
         verdict_cheat=0, verdict_unproven=1, score=90, gate_reason=None,
     )

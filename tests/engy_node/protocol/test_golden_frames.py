@@ -121,7 +121,7 @@ OUR_FRAMES = {
     "response": Response(corr_id=CORR_ID, request_id="req-5c0ffee0", commitment=COMMITMENT,
                          output=answer("length", prompt_tokens_details={"cached_tokens": 0})),
     "response_with_error": Response(corr_id=CORR_ID, request_id="req-5c0ffee0", commitment=None, output=None,
-                                    error="model server error: HTTP 500"),
+                                    error="model server error: HTTP 500", error_type="ServeError", error_status=500),
     "admit": Admit(),
     "deny": Deny(reason="signature: stale ts"),
     "serve": Serve(
@@ -222,7 +222,7 @@ PUBLIC_READINGS = {
     "response_with_error": Response(corr_id=CORR_ID, request_id="req-5c0ffee0", commitment=None, output=None,
                                     error="RuntimeError('serve 500')"),
     "tee_response_with_error_object": Response(corr_id=CORR_ID, request_id="req-5c0ffee0", commitment=None, output=None,
-                                               error="RuntimeError: boom"),
+                                               error="boom", error_type="RuntimeError"),
     "admit": Admit(),
     "deny_without_reason": Deny(reason="denied"),
     "serve_without_stream": Serve(
@@ -314,7 +314,7 @@ def test_error_responses_read_as_no_commitment_no_output_and_the_error_as_text()
     public = parse_public("response_with_error")
     assert (public.commitment, public.output, public.error) == (None, None, "RuntimeError('serve 500')")
     tee = parse_public("tee_response_with_error_object")
-    assert (tee.commitment, tee.output, tee.error) == (None, None, "RuntimeError: boom")
+    assert (tee.commitment, tee.output, tee.error_text) == (None, None, "RuntimeError: boom")
 
 
 def test_a_serve_request_without_a_sampling_object_reads_the_openai_fields_at_its_top():
@@ -409,7 +409,20 @@ def test_a_structured_chunk_goes_out_as_the_public_miners_send_it():
 
 def test_an_error_object_without_a_message_is_kept_whole_as_json_text():
     response = parse_miner_frame('{"type":"response","corr_id":"c","error":{"type":"Timeout","code":504}}')
-    assert response.error == 'Timeout: {"type":"Timeout","code":504}'
+    assert response.error_text == 'Timeout: {"type":"Timeout","code":504}' and response.error_status is None
+
+
+def test_an_error_objects_status_is_read_and_sent_as_the_newest_public_miners_send_it():
+    response = parse_miner_frame('{"type":"response","corr_id":"c","request_id":"r","commitment":{},"output":{},'
+                                 '"error":{"message":"prompt too long","type":"ServeError","status":400}}')
+    assert (response.error, response.error_type, response.error_status) == ("prompt too long", "ServeError", 400)
+    assert response.error_text == "ServeError: prompt too long"
+    assert parse_miner_frame(orjson.dumps(response.to_wire())) == response
+    for odd in ("400", 99, 600, True, 400.0):
+        assert parse_miner_frame(orjson.dumps({"type": "response", "corr_id": "c", "error": {"message": "x", "status": odd}})
+                                 ).error_status is None
+    plain = Response(corr_id="c", request_id="r", commitment=None, output=None, error="boom")
+    assert plain.to_wire()["error"] == "boom", "a failure without a status goes as text, as 0.4.4 sends it"
 
 
 def test_a_message_with_null_content_reads_as_empty_text_and_keeps_its_other_fields():
