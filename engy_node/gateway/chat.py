@@ -2,8 +2,8 @@
 
 OpenAI and Anthropic requests are both parsed into one `ChatRequest` (OpenAI-style chat messages
 and tools, because that is what chat templates consume); miners stream raw model text, which
-`output_parser` turns into `OutputEvent`s (text, reasoning, tool calls); each API's encoder turns
-those events back into its own wire format. Nothing here does IO.
+`engy_node.model_output` turns into `OutputEvent`s (text, reasoning, tool calls); each API's
+encoder turns those events back into its own wire format. Nothing here does IO.
 
 `GatewayError` is the one error type the buyer-facing handlers raise: it carries an HTTP status
 and a kind, and each API renders it in its own error shape (OpenAI `{"error": {...}}`,
@@ -90,28 +90,5 @@ class Usage:
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TextDelta:
-    text: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ReasoningDelta:
-    text: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ToolCall:
-    """A complete tool call parsed from the model's output."""
-
-    index: int
-    id: str
-    name: str
-    arguments: str
-    """JSON text of the arguments object."""
-
-
-OutputEvent = TextDelta | ReasoningDelta | ToolCall
 
 FinishReason = Literal["stop", "length", "tool_calls"]

@@ -17,7 +17,7 @@ Newer peers send an answer's parts apart: reasoning as `reasoning_content`, tool
 `tool_calls` (whole or in fragments), the text alone as `content` (null when there is none).
 The proven tokens hold the same answer as raw text (`<think>` reasoning, `<tool_call>` blocks),
 and the gateway reads the parts out of it with the parser it gives buyers
-(`output_parser`); `structured_account` measures the peer's parts against those, so a peer that
+(`engy_node.model_output`); `structured_account` measures the peer's parts against those, so a peer that
 only split its answer as sglang's parsers do is neither refused nor a defect, and one whose
 parts say something its tokens do not is a mismatch like any other.
 
@@ -32,8 +32,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from engy_node.gateway.chat import ReasoningDelta, TextDelta, ToolCall
-from engy_node.gateway.output_parser import parse_output
+from engy_node.model_output import ReasoningDelta, TextDelta, ToolCall, parse_output
 from engy_node.serve.sampling import REPLACEMENT_CHARACTER, find_stop, stop_holdback
 
 

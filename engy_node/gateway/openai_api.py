@@ -52,12 +52,11 @@ from typing import Any
 
 import orjson
 
-from engy_node.gateway.chat import (
-    ChatRequest, FinishReason, GatewayError, OutputEvent, ReasoningDelta, TextDelta, ToolCall, Usage,
-)
+from engy_node.gateway.chat import ChatRequest, FinishReason, GatewayError, Usage
 from engy_node.gateway.validation import (
     USED, FieldChecks, FieldRule, Harmless, Refused, equals, error_headers, invalid, is_int, is_zero, one_of,
 )
+from engy_node.model_output import OutputEvent, ReasoningDelta, TextDelta, ToolCall
 from engy_node.protocol.miner import Sampling
 
 __all__ = [

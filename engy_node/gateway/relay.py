@@ -27,10 +27,10 @@ from starlette.responses import JSONResponse
 
 from engy_node.asgi import Receive, Send, watch_disconnect
 from engy_node.gateway import anthropic_api, openai_api
-from engy_node.gateway.chat import ChatRequest, GatewayError, OutputEvent, ReasoningDelta, TextDelta, ToolCall, Usage
+from engy_node.gateway.chat import ChatRequest, GatewayError, Usage
+from engy_node.model_output import OutputEvent, OutputParser, ReasoningDelta, TextDelta, ToolCall
 from engy_node.gateway.corrections import ReplacementHold, StopScanner, StructuredParts, corrected_finish, presentation_match
 from engy_node.gateway.lifecycle import Accounting, Flight, Gateway
-from engy_node.gateway.output_parser import OutputParser
 from engy_node.gateway.pool import PendingRequest
 from engy_node.protocol.miner import Chunk
 

@@ -21,8 +21,7 @@ from collections.abc import Callable
 
 import trio
 
-from engy_node.gateway.chat import ReasoningDelta, TextDelta, ToolCall
-from engy_node.gateway.output_parser import parse_output
+from engy_node.model_output import ReasoningDelta, TextDelta, ToolCall, parse_output
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
 from engy_node.miner.serving import STREAM_COALESCE_S, Send
 from engy_node.served_model import ServedModel

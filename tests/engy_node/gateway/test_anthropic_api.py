@@ -15,8 +15,8 @@ from hypothesis import given, settings
 
 from engy_node.gateway import anthropic_api
 from engy_node.gateway.anthropic_api import EventEncoder, message_body, parse_messages_request
-from engy_node.gateway.chat import STATUS_BY_KIND, GatewayError, ReasoningDelta, TextDelta, ToolCall, Usage
-from engy_node.gateway.output_parser import OutputParser, parse_output
+from engy_node.gateway.chat import STATUS_BY_KIND, GatewayError, Usage
+from engy_node.model_output import OutputParser, ReasoningDelta, TextDelta, ToolCall, parse_output
 from tests.engy_node.gateway.wire_helpers import (
     MAX_OUTPUT, MODEL, QWEN_OUTPUT, SERVED, USAGE, event_batches, httpx, mock_http, stream_response,
 )

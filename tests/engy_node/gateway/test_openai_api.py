@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engy_node.gateway import openai_api
-from engy_node.gateway.chat import STATUS_BY_KIND, GatewayError, ReasoningDelta, TextDelta, ToolCall
+from engy_node.gateway.chat import STATUS_BY_KIND, GatewayError
+from engy_node.model_output import OutputParser, ReasoningDelta, TextDelta, ToolCall, parse_output
 from engy_node.gateway.openai_api import ChunkEncoder, completion_body, parse_chat_request
-from engy_node.gateway.output_parser import OutputParser, parse_output
 from tests.engy_node.gateway.wire_helpers import (
     MAX_OUTPUT, MODEL, QWEN_OUTPUT, SERVED, USAGE, event_batches, httpx, mock_http, stream_response,
 )

@@ -3,7 +3,7 @@ encode, the SDKs' HTTP library behind an in-memory transport, and generated even
 
 The two test modules check different formats against different SDKs, so their request builders
 and SSE decoders stay in each; what is here is the same for both, so that a change to the
-gateway's internal language (`chat.py`, `output_parser`) is made once for both suites.
+gateway's internal language (`chat.py`, `engy_node.model_output`) is made once for both suites.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ try:  # The SDKs' HTTP library: httpx2 since openai 3 and anthropic 2 (which rej
 except ImportError:
     import httpx
 
-from engy_node.gateway.chat import OutputEvent, ReasoningDelta, TextDelta, ToolCall, Usage
+from engy_node.gateway.chat import Usage
+from engy_node.model_output import OutputEvent, ReasoningDelta, TextDelta, ToolCall
 
 MODEL = "Qwen/Qwen3-8B"
 MAX_OUTPUT = 8192

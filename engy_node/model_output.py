@@ -1,10 +1,13 @@
-"""Turns raw model text, as miners stream it, into reasoning, visible text and tool calls.
+"""Turns raw model text, as a model server writes it, into reasoning, visible text and tool calls.
 
 Qwen3-family models (and other Hermes-format models) write their reasoning between `<think>` and
 `</think>` and their tool calls as `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
 blocks. `OutputParser` is fed the text in whatever pieces the miner sent and returns
 `OutputEvent`s: `ReasoningDelta`, `TextDelta` and, once a block has closed, a complete `ToolCall`.
 Pure: no IO, no clock, no randomness; tool-call ids come from a caller-supplied prefix.
+
+It is shared core: the gateway reads buyers' answers (and a proof's text) with it, and the miner
+sends its answers in these parts, so both read a model's output the same way.
 
 What it decides:
 
@@ -45,13 +48,36 @@ chunking yields the same events once adjacent deltas of one kind are joined (pro
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engy_node.gateway.chat import OutputEvent, ReasoningDelta, TextDelta, ToolCall
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A complete tool call parsed from the model's output."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+    """JSON text of the arguments object."""
+
+
+OutputEvent = TextDelta | ReasoningDelta | ToolCall
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

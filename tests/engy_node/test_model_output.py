@@ -1,4 +1,4 @@
-"""output_parser: Qwen3 reasoning and Hermes tool calls out of raw text, whatever the chunking."""
+"""model_output: Qwen3 reasoning and Hermes or Qwen3-Coder tool calls out of raw text, whatever the chunking."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from engy_node.gateway.chat import OutputEvent, ReasoningDelta, TextDelta, ToolCall
-from engy_node.gateway.output_parser import OutputParser, parse_output
+from engy_node.model_output import OutputEvent, OutputParser, ReasoningDelta, TextDelta, ToolCall, parse_output
 
 
 def joined(events: list[OutputEvent]) -> list[OutputEvent]:
