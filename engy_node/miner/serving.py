@@ -3,17 +3,19 @@
 This is the miner's unit of work, independent of how the request arrived. It tokenises locally
 with the checkpoint's own tokenizer and chat template (the gateway checks `prompt_ids` against its
 own rendering, so the miner must not trust the server to tokenise), generates through the shared
-serve client (chunked, abortable), streams text deltas coalesced to ~50 ms when the gateway asked
-for streaming, and builds the proof off the event loop.
+serve client (chunked, abortable), streams deltas coalesced to ~50 ms when the gateway asked for
+streaming, and builds the proof off the event loop. The answer goes out in the parts the newest
+public miner sends (`model_output`): reasoning as `reasoning_content`, tool calls whole, the text
+alone as `content`; a model that writes no such markup (SmolLM2) sends its text as it was.
 
 Failure posture: a request that fails ends with a `response` carrying `error` and no commitment;
 it never takes the leg down. A cancelled request (the buyer hung up) sends nothing more: the
 cancellation propagates, and the serve client aborts the generation on the server.
 
-Text relayed while streaming is always a prefix of the final text: the tail that could still turn
-into a stop string, or that ends in an incomplete UTF-8 sequence, is held back until it resolves.
-That keeps the gateway's check — the commitment's tokens decode to exactly what was relayed —
-true for honest miners.
+What is relayed while streaming is always the start of the final answer's parts: the tail that
+could still turn into a stop string or a tag, or that ends in an incomplete UTF-8 sequence, is held
+back until it resolves. That keeps the gateway's check — the commitment's tokens, read into parts,
+say exactly what was relayed — true for honest miners.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import trio
 
 from engy_node import proof
+from engy_node.model_output import OutputEvent, OutputParser, ReasoningDelta, TextDelta, ToolCall, parse_output
 from engy_node.protocol.miner import SEEDED_TOP_K, Chunk, MinerFrame, Response, Serve, ServeRequest
 from engy_node.serve.client import GenerateResult, ServeClient, ServeError
 from engy_node.serve.sampling import find_stop, stop_holdback
@@ -80,6 +83,32 @@ def streamable_prefix(text: str, stops: Sequence[str]) -> str:
 
 def finish_reason_for_buyer(finish: dict[str, Any]) -> str:
     return "length" if finish.get("type") == "length" else "stop"
+
+
+def _call(event: ToolCall) -> dict[str, Any]:
+    return {"id": event.id, "type": "function", "function": {"name": event.name, "arguments": event.arguments}}
+
+
+def chunk_of(corr_id: str, events: Sequence[OutputEvent]) -> Chunk:
+    """A streamed chunk carrying events in the newest public protocol's parts: reasoning as
+    `reasoning_content`, text as `content`, each tool call whole."""
+    return Chunk(corr_id=corr_id, content="".join(e.text for e in events if isinstance(e, TextDelta)),
+                 reasoning="".join(e.text for e in events if isinstance(e, ReasoningDelta)),
+                 tool_calls=tuple({"index": e.index, **_call(e)} for e in events if isinstance(e, ToolCall)))
+
+
+def message_of(events: Sequence[OutputEvent]) -> dict[str, Any]:
+    """The final message in parts, as the newest public miner sends it: the text as `content`
+    (null when an answer has only reasoning or tool calls), `reasoning_content`, `tool_calls`."""
+    content = "".join(e.text for e in events if isinstance(e, TextDelta))
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    calls = [_call(e) for e in events if isinstance(e, ToolCall)]
+    message: dict[str, Any] = {"role": "assistant", "content": content or (None if reasoning or calls else "")}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return message
 
 
 @dataclasses.dataclass
@@ -144,13 +173,19 @@ class RequestHandler:
         stops = request.sampling.stop
         relayed = ""
         last_sent = 0.0
+        parts = OutputParser(call_id_prefix=frame.corr_id[-12:], tools=request.tools)
 
-        async def relay(text: str) -> None:
+        async def relay(text: str, *, final: bool = False) -> None:
             nonlocal relayed, last_sent
             ready = streamable_prefix(text, stops)
+            events = []
             if len(ready) > len(relayed) and ready.startswith(relayed):
-                await send(Chunk(corr_id=frame.corr_id, content=ready[len(relayed):]))
+                events = parts.feed(ready[len(relayed):])
                 relayed = ready
+            if final:
+                events += parts.finish()
+            if events:
+                await send(chunk_of(frame.corr_id, events))
                 last_sent = time.perf_counter()
 
         async def on_progress(ids: list[int], _server_text: str) -> None:
@@ -166,7 +201,7 @@ class RequestHandler:
             raise ServeError(f"generation aborted by the model server: {result.finish_reason.get('message')}")
         text = await trio.to_thread.run_sync(final_text, model, result, stops)
         if frame.stream:
-            await relay(text)
+            await relay(text, final=True)
             if relayed != text:
                 log.warning("request %s: relayed text diverged from the final decode; the gateway will see a mismatch",
                             request.engy_request_id)
@@ -188,9 +223,11 @@ class RequestHandler:
             "total_tokens": len(prompt_ids) + result.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
         }
+        message = message_of(parse_output(text, call_id_prefix=frame.corr_id[-12:], tools=request.tools))
+        finish = finish_reason_for_buyer(result.finish_reason)
         output = {
-            "choices": [{"index": 0, "finish_reason": finish_reason_for_buyer(result.finish_reason),
-                         "message": {"role": "assistant", "content": text}}],
+            "choices": [{"index": 0, "finish_reason": "tool_calls" if message.get("tool_calls") and finish == "stop" else finish,
+                         "message": message}],
             "usage": usage,
         }
         return Response(corr_id=frame.corr_id, request_id=request.engy_request_id, commitment=commitment.to_wire(), output=output)
