@@ -46,6 +46,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 Templates = str | Mapping[str, str] | None
 """A checkpoint's chat templates: one, several by name, or none."""
 
+RESERVED_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+"""What the renderer itself sets; a request's `chat_template_kwargs` may not name them."""
+
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 """Names a message's reasoning comes under; templates read the first (gpt-oss's the second)."""
 

@@ -127,9 +127,11 @@ class CheckpointTokenizer:
         return self.unk_token_id if found is None else found
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
-               add_generation_prompt: bool = False) -> str:
-        return self.templates.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                     variables=self.special_tokens_map)
+               add_generation_prompt: bool = False, template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """The conversation's text; `template_kwargs` go to the template as variables, as
+        transformers passes `apply_chat_template`'s extra keyword arguments (`enable_thinking`)."""
+        variables = {**self.special_tokens_map, **(template_kwargs or {})}
+        return self.templates.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, variables=variables)
 
     def apply_chat_template(self, conversation: Sequence[Mapping[str, Any]],
                             tools: Sequence[Mapping[str, Any]] | None = None, *, add_generation_prompt: bool = False,

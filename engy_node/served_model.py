@@ -52,7 +52,8 @@ class ServedModel:
         pieces were there on its previous turn."""
         messages = [m.for_template() for m in request.messages]
         tools = list(request.tools) if request.tools else None
-        return self.pieces.encode(self.tokenizer.render(messages, tools=tools, add_generation_prompt=True))
+        return self.pieces.encode(self.tokenizer.render(messages, tools=tools, add_generation_prompt=True,
+                                                        template_kwargs=request.template_variables()))
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

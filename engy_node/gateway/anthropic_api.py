@@ -382,7 +382,15 @@ def parse_messages_request(body: Any, *, known_models: Collection[str],
                                    accept_string=False),
     )
     return ChatRequest(api="anthropic", model=model, messages=messages, max_tokens=max_tokens, stream=bool(stream),
-                       sampling=sampling, tools=tools, tool_choice=tool_choice)
+                       sampling=sampling, tools=tools, tool_choice=tool_choice,
+                       chat_template_kwargs=_thinking_switch(body.get("thinking")))
+
+
+def _thinking_switch(thinking: Any) -> dict[str, Any] | None:
+    """`thinking` on or off, as the chat templates that can switch reasoning take it
+    (`enable_thinking`, Qwen3's); any other setting leaves the template's default."""
+    kind = thinking.get("type") if isinstance(thinking, Mapping) else None
+    return {"enable_thinking": kind == "enabled"} if kind in ("enabled", "disabled") else None
 
 
 def parse_count_tokens_request(body: Any, *, known_models: Collection[str],

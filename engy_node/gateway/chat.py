@@ -74,6 +74,9 @@ class ChatRequest:
     tools: tuple[dict[str, Any], ...] | None = None
     """OpenAI function tools: {"type": "function", "function": {name, description, parameters}}."""
     tool_choice: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Variables for the model's chat template (`enable_thinking`): the OpenAI API's
+    `chat_template_kwargs`, as sglang and vLLM take it; Anthropic's `thinking` switch."""
     include_usage: bool = False
     """OpenAI `stream_options.include_usage`."""
 

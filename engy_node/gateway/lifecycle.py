@@ -372,7 +372,8 @@ class Gateway:
             # it can then be verified by replaying its draws (`proof.SamplingTerms.seed`).
             sampling = dataclasses.replace(sampling, seed=self.new_seed())
         return ServeRequest(messages=messages, max_tokens=chat.max_tokens, engy_request_id=request_id,
-                            tools=chat.tools, sampling=sampling)
+                            tools=chat.tools, sampling=sampling, tool_choice=chat.tool_choice,
+                            chat_template_kwargs=chat.chat_template_kwargs)
 
     async def begin(self, api: str, account, chat: ChatRequest) -> Flight:
         model = self.models[chat.model]

@@ -52,6 +52,7 @@ from typing import Any
 
 import orjson
 
+from engy_node.chat_template import RESERVED_VARIABLES
 from engy_node.gateway.chat import ChatRequest, FinishReason, GatewayError, Usage
 from engy_node.gateway.validation import (
     USED, FieldChecks, FieldRule, Harmless, Refused, equals, error_headers, invalid, is_int, is_zero, one_of,
@@ -171,7 +172,12 @@ FIELDS: dict[str, FieldRule] = {
 with it (`validation` says what each kind means). A field not listed is refused as OpenAI
 refuses it."""
 
+EXTENSION_FIELDS: dict[str, FieldRule] = {"chat_template_kwargs": USED}
+"""Fields beyond the SDK's that open-model servers take (sglang, vLLM) and buyers send through
+`extra_body`: variables for the model's chat template (`{"enable_thinking": false}`)."""
+
 _STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation"})
+_ALL_FIELDS = {**FIELDS, **EXTENSION_FIELDS}
 
 
 # ---- request ------------------------------------------------------------------------------
@@ -332,7 +338,7 @@ def parse_chat_request(body: Any, *, known_models: Collection[str],
     """
     if not isinstance(body, Mapping):
         raise invalid(param="body", message="the request body must be a JSON object")
-    _CHECK.known_fields(body, FIELDS)
+    _CHECK.known_fields(body, _ALL_FIELDS)
     model = _CHECK.model(body.get("model"), known_models=known_models)
     messages = _messages(body.get("messages"))
     max_tokens = _max_tokens(body, max_output_tokens_for(model))
@@ -355,7 +361,21 @@ def parse_chat_request(body: Any, *, known_models: Collection[str],
     return ChatRequest(
         api="openai", model=model, messages=messages, max_tokens=max_tokens, stream=bool(stream),
         sampling=sampling, tools=tools, tool_choice=tool_choice, include_usage=bool(stream and include_usage),
+        chat_template_kwargs=_chat_template_kwargs(body.get("chat_template_kwargs")),
     )
+
+
+def _chat_template_kwargs(raw: Any) -> dict[str, Any] | None:
+    """sglang's and vLLM's extension: variables for the chat template (`{"enable_thinking":
+    false}`). An object of JSON values; names the renderer sets itself are refused."""
+    if raw is None:
+        return None
+    kwargs = _CHECK.json_object(raw, param="chat_template_kwargs")
+    for key in kwargs:
+        if key in RESERVED_VARIABLES:
+            raise _CHECK.invalid(param=f"chat_template_kwargs.{key}",
+                                 complaint="is set by the gateway from the request itself; send it in its own field")
+    return dict(kwargs) or None
 
 
 # ---- responses ----------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from engy_node.chat_template import RESERVED_VARIABLES
 from engy_node.models import CATALOG, ModelSpec
 
 PROTOCOL_VERSION = 1
@@ -447,6 +448,17 @@ class ServeRequest:
     engy_request_id: str
     tools: tuple[dict[str, Any], ...] | None = None
     sampling: Sampling = Sampling()
+    tool_choice: Any = None
+    """OpenAI's `tool_choice` ("auto", "required", or a function by name), for a serve that
+    enforces it (sglang's OpenAI route constrains decoding by it). Not a template variable:
+    neither transformers nor the public miners render it, and the prompt must be theirs."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Variables for the chat template (`enable_thinking`), as sglang's and vLLM's OpenAI
+    servers take them; the newest public miner passes them to `apply_chat_template`."""
+
+    def template_variables(self) -> dict[str, Any]:
+        """What the chat template is rendered with beyond the conversation and the tools."""
+        return dict(self.chat_template_kwargs or {})
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {
@@ -456,6 +468,10 @@ class ServeRequest:
         }
         if self.tools is not None:
             wire["tools"] = list(self.tools)
+        if self.tool_choice is not None:
+            wire["tool_choice"] = self.tool_choice
+        if self.chat_template_kwargs:
+            wire["chat_template_kwargs"] = dict(self.chat_template_kwargs)
         sampling = {k: v for k, v in (("temperature", self.sampling.temperature), ("top_p", self.sampling.top_p),
                                       ("seed", self.sampling.seed)) if v is not None}
         if self.sampling.stop:
@@ -586,7 +602,13 @@ def _parse_request(raw: Any, corr_id: str) -> ServeRequest:
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools)):
         raise ProtocolError("serve.request.tools", "must be a list of objects")
     sampling = raw.get("sampling")
+    choice = raw.get("tool_choice")
+    kwargs = raw.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise ProtocolError("serve.request.chat_template_kwargs", f"must be an object, got {_describe(kwargs)}")
     return ServeRequest(
+        tool_choice=choice if isinstance(choice, (str, Mapping)) else None,
+        chat_template_kwargs={str(k): v for k, v in kwargs.items() if k not in RESERVED_VARIABLES} or None if kwargs else None,
         messages=tuple(messages),
         max_tokens=_count(raw, "max_tokens", "serve.request", default=None),
         engy_request_id=_text(raw, "engy_request_id", "serve.request", default=corr_id),

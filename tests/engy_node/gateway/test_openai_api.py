@@ -211,6 +211,7 @@ def test_every_field_the_sdk_declares_has_a_decision_and_no_other_field_does():
     declared = set(inspect.signature(openai.resources.chat.Completions.create).parameters) - {
         "self", "extra_headers", "extra_query", "extra_body", "timeout"}
     assert set(openai_api.FIELDS) == declared
+    assert not set(openai_api.EXTENSION_FIELDS) & declared, "an extension the SDK came to declare belongs in FIELDS"
 
 
 def test_a_refused_field_reaches_the_sdk_as_a_bad_request_naming_it():
