@@ -166,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "replay catches them within the first n tokens")
     calibrate.add_argument("--cheat-tokens", type=int, default=256, metavar="N", help="answer length of those (ignore_eos)")
     calibrate.add_argument("--cheat-out", default="", metavar="FILE", help="also write every cheat answer's replay gaps there (JSON)")
+    calibrate.add_argument("--cheat-cases", default="", metavar="CASE[,CASE]",
+                           help="only these sampling cheats (names as the table prints them, e.g. 'T 0.8 for 1'); default: all")
     calibrate.add_argument("--no-commitment-answers", type=int, default=0, metavar="N",
                            help="also judge N answers per setting sent without a commitment (a TEE miner's), honest and by a "
                                 "4-bit copy, on the delivered tokens alone")
@@ -393,8 +395,14 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
         from engy_node.drift import drift_conversations
 
         if args.cheat_answers > 0:
+            chosen = {name.strip() for name in args.cheat_cases.split(",") if name.strip()}
+            unknown = chosen - {case for case, _ in strictness.SAMPLING_CHEATS}
+            if unknown:
+                raise EngyError(f"--cheat-cases: unknown {', '.join(sorted(unknown))}; the cases are "
+                                f"{', '.join(case for case, _ in strictness.SAMPLING_CHEATS)}")
+            cases = [(case, knobs) for case, knobs in strictness.SAMPLING_CHEATS if not chosen or case in chosen]
             judged = strictness.run_sampling_cheats(path, model=spec, conversations=drift_conversations(args.cheat_answers),
-                                                    answer_tokens=args.cheat_tokens, progress=say)
+                                                    answer_tokens=args.cheat_tokens, cases=cases, progress=say)
             if args.cheat_out:
                 Path(args.cheat_out).write_text(json.dumps([{"case": j.case, "answer": j.answer, "gaps": j.gaps} for j in judged]))
             _section("Sampling cheats against seeded replay", strictness.format_catch_rates(judged, params=spec.token_check))
