@@ -420,6 +420,7 @@ class Gateway:
         prefer = frozenset({FEATURE_SEEDED}) if FEATURE_SAMPLING in needs else frozenset()
         self.rr_counter += 1
         choice = self.pool.route(chat.model, prefix=prefix_key(messages=chat.messages, tools=chat.tools), rr_counter=self.rr_counter,
+                                 prompt_tokens=len(flight.prompt_ids),
                                  needs=needs, prefer=prefer, exclude=tried, target=flight.target,
                                  eligible=lambda miner: self.eligible(miner, chat.model))
         if choice is None:

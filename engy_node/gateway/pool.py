@@ -48,7 +48,7 @@ from engy_node import keys
 from engy_node.gateway.route_table import RouteTable
 from engy_node.gateway.router import Candidate, Choice, choose
 from engy_node.protocol.miner import (
-    OPTIONAL_FEATURES, Admit, Cancel, Chunk, Deny, Heartbeat, Hello, ProtocolError, Reconnect, Response, Serve, encode,
+    OPTIONAL_FEATURES, Admit, Cancel, Chunk, Deny, Heartbeat, Hello, KvLoad, ProtocolError, Reconnect, Response, Serve, encode,
     close_reason, parse_miner_frame,
 )
 
@@ -59,6 +59,9 @@ FRAME_TOO_BIG = 1009
 assembled (`hypercorn_edges`), closes with this code and a reason naming the limit, and tells
 the endpoint with a disconnect carrying both."""
 
+KV_FULL = 0.98
+"""A serve whose KV cache is this full takes no new request until it frees some: it would only
+queue it, while another miner may start it at once (the TEE miner's `kv` heartbeat says so)."""
 ADMISSION_REFRESH_S = 1.0
 """The longest the routing table's word on a leg's admission may lag: as long as a gateway
 worker process's own view of eligibility does (`control_plane.REFRESH_S`). Asking for every leg
@@ -120,13 +123,26 @@ class Leg:
     """This leg's share of the miner's concurrency, from hello and then each heartbeat."""
     reconnecting: bool = False
     """Told to re-dial (`reconnect`): it finishes what it serves and is sent nothing new."""
+    kv: KvLoad | None = None
+    """The serve's KV cache and queue, from the latest heartbeat that carried them."""
+    context_length: int | None = None
+    """The serve's context window (hello, then any heartbeat's capacity that says it)."""
     lacks: frozenset[str] = frozenset()
     """Features a request may need that this miner did not announce (fixed by its hello; read
     for every leg on every dispatch, so computed once)."""
 
     def __post_init__(self) -> None:
         self.capacity = self.hello.capacity.max_inflight
+        self.context_length = self.hello.capacity.context_length
         self.lacks = OPTIONAL_FEATURES - self.hello.features
+
+    def takes(self, prompt_tokens: int) -> bool:
+        """Whether one more request of `prompt_tokens` fits: the prompt in the serve's context,
+        and its KV cache not full (`KV_FULL`): a serve that holds all it can would only queue it."""
+        if self.context_length is not None and prompt_tokens >= self.context_length:
+            return False
+        fraction = None if self.kv is None else self.kv.fraction
+        return fraction is None or fraction < KV_FULL
 
     async def send(self, frame: Serve | Cancel | Reconnect | Admit | Deny) -> None:
         # No lock of our own: the server encodes each message whole and writes them under its
@@ -270,12 +286,16 @@ class MinerPool:
                 return
             if isinstance(frame, Heartbeat):
                 leg.last_heartbeat = self.clock()
+                if frame.kv is not None:
+                    leg.kv = frame.kv
                 # A closed leg (superseded) may still be heard from before its socket goes; it is
                 # in no routing table any more.
                 table = None if leg.closed else self.tables[leg.hello.model]
                 if table is not None and not table.admitted(leg.leg_id):
                     # It may have been refused as stale, and just stopped being so.
                     self._unasked[leg.hello.model].add(leg.leg_id)
+                if frame.capacity is not None and frame.capacity.context_length is not None:
+                    leg.context_length = frame.capacity.context_length
                 if frame.capacity is not None and frame.capacity.max_inflight != leg.capacity:
                     log.info("leg %s of %s: capacity %d -> %d", leg.leg_id[:8], leg.identity.miner, leg.capacity,
                              frame.capacity.max_inflight)
@@ -343,24 +363,25 @@ class MinerPool:
     def route(
         self, model: str, *, prefix: bytes | None, rr_counter: int, needs: frozenset[str] = frozenset(),
         prefer: frozenset[str] = frozenset(), exclude: frozenset[str] = frozenset(),
-        eligible: Callable[[str], bool] | None = None, target: str | None = None,
+        eligible: Callable[[str], bool] | None = None, target: str | None = None, prompt_tokens: int = 0,
     ) -> Choice | None:
         """The leg to send one dispatch of a request for `model` to, or None when none may take it
         (the router's decision: `RouteTable.choose` for the arguments).
 
         A leg may take paid traffic while its heartbeat is fresh and `eligible(miner identity)`
-        says so (None: every miner). With `target`, only that miner's legs are considered,
-        eligible or not: a probe goes to the miner it tests.
+        says so (None: every miner), and a request while it `takes` the prompt's size. With
+        `target`, only that miner's legs are considered, eligible or not: a probe goes to the
+        miner it tests.
         """
         now = self.clock()
 
         def usable(leg_id: str) -> bool:
             leg = self.legs.get(leg_id)
-            return leg is not None and self._usable(leg, now, eligible)
+            return leg is not None and self._usable(leg, now, eligible) and leg.takes(prompt_tokens)
 
         if target is not None:
             legs = [leg for leg in self._by_miner.get(target, {}).values()
-                    if leg.hello.model == model and self._usable(leg, now, None)]
+                    if leg.hello.model == model and self._usable(leg, now, None) and leg.takes(prompt_tokens)]
             return choose(candidates=[Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight),
                                                 lacks=leg.lacks) for leg in legs],
                           prefix=prefix, rr_counter=rr_counter, exclude=exclude, needs=needs, prefer=prefer)
@@ -447,8 +468,26 @@ class MinerPool:
     def snapshot(self) -> list[dict[str, Any]]:
         now = self.clock()
         return [{"leg": leg.leg_id[:8], "miner": leg.identity.miner, "worker": leg.hello.worker_name, "model": leg.hello.model,
-                 "capacity": leg.capacity, "inflight": len(leg.inflight), "heartbeat_age_s": round(now - leg.last_heartbeat, 1)}
+                 "capacity": leg.capacity, "inflight": len(leg.inflight), "heartbeat_age_s": round(now - leg.last_heartbeat, 1),
+                 **_announced(leg)}
                 for leg in self.legs.values()]
+
+
+def _announced(leg: Leg) -> dict[str, Any]:
+    """What a leg's miner told about its serve beyond its capacity, for `status` and the TUI:
+    its region and TEE mode (`hw`, informational), context window and KV cache."""
+    hw = leg.hello.hw
+    tee = hw.get("tee")
+    shown: dict[str, Any] = {}
+    if isinstance(hw.get("region"), str):
+        shown["region"] = hw["region"]
+    if isinstance(tee, Mapping) and isinstance(tee.get("gpu_cc"), str):
+        shown["tee"] = tee["gpu_cc"]
+    if leg.context_length is not None:
+        shown["context_length"] = leg.context_length
+    if leg.kv is not None and leg.kv.fraction is not None:
+        shown["kv_used"] = round(leg.kv.fraction, 3)
+    return shown
 
 
 async def _close(websocket: WebSocket, code: int, reason: str = "") -> None:

@@ -195,25 +195,77 @@ class Capacity:
     max_input_tokens: int
     max_output_tokens: int
     max_request_s: int
+    context_length: int | None = None
+    """The serve's context window in tokens (TEE miners announce it): a longer prompt is never
+    routed to it."""
+    input_modalities: tuple[str, ...] = ()
+    """What the serve takes besides text (`["text", "image"]`); empty: text only."""
 
     def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        wire: dict[str, Any] = {"max_inflight": self.max_inflight, "max_inflight_total": self.max_inflight_total,
+                                "max_input_tokens": self.max_input_tokens, "max_output_tokens": self.max_output_tokens,
+                                "max_request_s": self.max_request_s}
+        if self.context_length is not None:
+            wire["context_length"] = self.context_length
+        if self.input_modalities:
+            wire["input_modalities"] = list(self.input_modalities)
+        return wire
 
     @classmethod
     def parse(cls, raw: Any, where: str) -> "Capacity":
         """Only `max_inflight` is required; the total defaults to it and an unstated limit to 0
-        (not announced). A fractional `max_request_s` rounds up: it is a deadline."""
+        (not announced). A fractional `max_request_s` rounds up: it is a deadline. A zero
+        `context_length` is none announced; modalities that are not strings are dropped."""
         where = f"{where}.capacity"
         raw = _object(raw, where)
         max_inflight = _count(raw, "max_inflight", where)
         seconds = raw.get("max_request_s")
+        modalities = raw.get("input_modalities")
         return cls(
             max_inflight=max_inflight,
             max_inflight_total=_count(raw, "max_inflight_total", where, default=max_inflight),
             max_input_tokens=_count(raw, "max_input_tokens", where, default=0),
             max_output_tokens=_count(raw, "max_output_tokens", where, default=0),
             max_request_s=0 if seconds is None else _deadline_s(seconds, f"{where}.max_request_s"),
+            context_length=_count(raw, "context_length", where, default=None) or None,
+            input_modalities=tuple(m for m in modalities if isinstance(m, str)) if isinstance(modalities, list) else (),
         )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KvLoad:
+    """A serve's KV cache and queue, as sglang's `/get_load` reports them summed over its ranks
+    (the `kv` block of the TEE miner's heartbeats): tokens held and the most it can hold,
+    requests running and waiting."""
+
+    used: int = 0
+    limit: int | None = None
+    running: int = 0
+    waiting: int = 0
+
+    @property
+    def fraction(self) -> float | None:
+        """How full the cache is (0..1), when its size is known."""
+        return None if not self.limit else min(1.0, self.used / self.limit)
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {"used": self.used, "reqs": self.running, "waiting": self.waiting}
+        if self.limit:
+            wire.update(limit=self.limit, frac=round(self.used / self.limit, 4))
+        return wire
+
+    @classmethod
+    def parse(cls, raw: Any) -> "KvLoad | None":
+        """Liberal: a block that is not an object, or counts that are not whole numbers, read as
+        no report (it only refines routing; the gateway counts requests itself)."""
+        if not isinstance(raw, Mapping):
+            return None
+        try:
+            return cls(used=_count(raw, "used", "heartbeat.kv", default=0), limit=_count(raw, "limit", "heartbeat.kv", default=None),
+                       running=_count(raw, "reqs", "heartbeat.kv", default=0),
+                       waiting=_count(raw, "waiting", "heartbeat.kv", default=0))
+        except ProtocolError:
+            return None
 
 
 def _deadline_s(value: Any, field: str) -> int:
@@ -283,11 +335,15 @@ class Heartbeat:
     """As the miner reports it; the public miner always says 0, so the gateway counts its own."""
     idle_seconds: float
     capacity: Capacity | None = None
+    kv: KvLoad | None = None
+    """The serve's KV cache and queue, when the miner reads them (TEE, ours on sglang)."""
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"type": "heartbeat", "inflight": self.inflight, "idle_seconds": round(self.idle_seconds, 3)}
         if self.capacity is not None:
             wire["capacity"] = self.capacity.to_wire()
+        if self.kv is not None:
+            wire["kv"] = self.kv.to_wire()
         return wire
 
     @classmethod
@@ -298,6 +354,7 @@ class Heartbeat:
             inflight=_count(obj, "inflight", "heartbeat", default=0),
             idle_seconds=0.0 if idle is None else _as_seconds(idle, "heartbeat.idle_seconds"),
             capacity=None if capacity is None or capacity == {} else Capacity.parse(capacity, "heartbeat"),
+            kv=KvLoad.parse(obj.get("kv")),
         )
 
 

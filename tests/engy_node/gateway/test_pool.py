@@ -425,3 +425,27 @@ async def test_two_hosts_holding_legs_of_the_same_miners_send_a_conversation_to_
         assert chosen[0] == chosen[1] and len(set(chosen[0])) > 1
         _, answer = await dial(connections, urls[0], rigs[0])  # the same process's leg a dead host had
         assert isinstance(answer, Admit) and len(pools[0].legs) == len(rigs) + 1
+
+
+async def test_a_prompt_past_a_serves_context_or_a_full_kv_cache_is_routed_elsewhere(gateway):
+    # The TEE miner announces its context window and reports its KV cache in heartbeats.
+    async with contextlib.AsyncExitStack() as connections:
+        pool, url, _, _ = gateway
+        short, _ = await dial(connections, url, hello(worker_name="short", hw={"region": "eu-west", "tee": {"gpu_cc": "on"}},
+                                                      capacity=Capacity(2, 2, 6144, 2048, 600, context_length=1000)))
+        roomy, _ = await dial(connections, url, hello(worker_name="roomy"))
+        legs = {leg.hello.worker_name: leg.leg_id for leg in pool.legs.values()}
+        assert route(pool, prompt_tokens=1500, exclude=frozenset()) == legs["roomy"]
+        assert route(pool, prompt_tokens=1500, exclude=frozenset({legs["roomy"]})) is None, "no other serve takes it"
+        assert route(pool, prompt_tokens=200, exclude=frozenset({legs["roomy"]})) == legs["short"]
+        await short.send_message(orjson.dumps({"type": "heartbeat", "inflight": 1, "idle_seconds": 0,
+                                               "kv": {"used": 99_000, "limit": 100_000, "reqs": 1, "waiting": 3, "frac": 0.99}}).decode())
+        with trio.fail_after(5):
+            while pool.legs[legs["short"]].kv is None:
+                await trio.sleep(0.01)
+        assert route(pool, prompt_tokens=200, exclude=frozenset({legs["roomy"]})) is None, "a full cache only queues"
+        shown = {row["worker"]: row for row in pool.snapshot()}
+        assert (shown["short"]["region"], shown["short"]["tee"], shown["short"]["context_length"]) == ("eu-west", "on", 1000)
+        assert shown["short"]["kv_used"] == 0.99 and "region" not in shown["roomy"]
+        await short.aclose()
+        await roomy.aclose()

@@ -65,7 +65,10 @@ def is_json_object(value: Any) -> bool:
 
 def assert_capacity(capacity: Any) -> None:
     assert type(capacity) is Capacity
-    assert all(is_count(getattr(capacity, field)) for field in capacity.__dataclass_fields__), capacity
+    counts = ("max_inflight", "max_inflight_total", "max_input_tokens", "max_output_tokens", "max_request_s")
+    assert all(is_count(getattr(capacity, field)) for field in counts), capacity
+    assert capacity.context_length is None or (is_count(capacity.context_length) and capacity.context_length > 0)
+    assert type(capacity.input_modalities) is tuple and all(is_text(m) for m in capacity.input_modalities)
 
 
 def assert_well_typed(frame: Any) -> None:
@@ -84,13 +87,19 @@ def assert_well_typed(frame: Any) -> None:
             assert type(frame.idle_seconds) is float and math.isfinite(frame.idle_seconds) and frame.idle_seconds >= 0
             if frame.capacity is not None:
                 assert_capacity(frame.capacity)
+            if frame.kv is not None:
+                assert all(is_count(v) for v in (frame.kv.used, frame.kv.running, frame.kv.waiting))
+                assert frame.kv.limit is None or is_count(frame.kv.limit)
         case Chunk():
-            assert is_text(frame.corr_id) and is_text(frame.content)
+            assert is_text(frame.corr_id) and is_text(frame.content) and is_text(frame.reasoning)
+            assert type(frame.tool_calls) is tuple and all(is_json_object(call) for call in frame.tool_calls)
         case Response():
             assert is_text(frame.corr_id) and is_text(frame.request_id)
             for part in (frame.commitment, frame.output):
                 assert part is None or (is_json_object(part) and part)
             assert frame.error is None or (is_text(frame.error) and frame.error)
+            assert frame.error_type is None or (is_text(frame.error_type) and frame.error_type)
+            assert frame.error_status is None or (type(frame.error_status) is int and 100 <= frame.error_status <= 599)
         case Serve():
             assert is_text(frame.corr_id) and type(frame.stream) is bool
             request = frame.request
@@ -103,6 +112,9 @@ def assert_well_typed(frame: Any) -> None:
             assert request.max_tokens is None or is_count(request.max_tokens)
             assert is_text(request.engy_request_id)
             assert request.tools is None or (type(request.tools) is tuple and all(is_json_object(t) for t in request.tools))
+            assert request.tool_choice is None or is_text(request.tool_choice) or is_json_object(request.tool_choice)
+            assert request.chat_template_kwargs is None or (is_json_object(request.chat_template_kwargs)
+                                                            and request.chat_template_kwargs)
             sampling = request.sampling
             assert type(sampling) is Sampling
             for number in (sampling.temperature, sampling.top_p):
