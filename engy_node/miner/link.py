@@ -77,6 +77,11 @@ class LinkSettings:
     """A denied leg waits at least this long: denial is an operator's problem, not a glitch."""
     reconnect_delay_s: float = 0.5
     """After a leg ends without an error (closed by the gateway), re-dial after up to this (jittered)."""
+    load_heartbeat_gap_s: float = 0.2
+    """Between the short heartbeats a leg sends when requests start or end (as the newest public
+    TEE miner does, so a gateway sees the load at once), at least this long: a burst is one."""
+    serve_check_s: float = 1.0
+    """How often the link looks whether its model server can take requests."""
     reconnect_drain_s: float = 1800.0
     """After the gateway's `reconnect` (that host is draining), the leg is re-dialled at once and
     the old connection keeps serving the requests it has in flight for up to this long (the live
@@ -152,8 +157,13 @@ class GatewayLink:
         self, *, gateway_url: str, identity: Identity, hello: dict[str, Any], limits: Capacity,
         handler: RequestHandler, http: httpx.AsyncClient, settings: LinkSettings = LinkSettings(),
         rng: random.Random | None = None, on_state=None, features: frozenset[str] = OUR_FEATURES,
+        serve_ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self.gateway_url = gateway_url
+        self.serve_ready = serve_ready
+        """Whether the model server can take requests (`ModelServerSupervisor.ready`): while it
+        cannot, every leg announces capacity 0 and is sent nothing, without re-dialling."""
+        self.serving_ready = True
         self.features = features
         """What the miner announces it honours (`protocol.miner.FEATURE_*`)."""
         self.identity = identity
@@ -170,6 +180,8 @@ class GatewayLink:
         self._admitted = trio.Event()
         self._sessions: set[_LegSession] = set()
         self._changed = trio.Event()
+        self.changes = 0
+        """How many changes of legs, load or readiness `publish` has announced."""
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         workers = await self._worker_count()
@@ -177,10 +189,22 @@ class GatewayLink:
         log.info("gateway %s has %d worker(s); opening %d leg(s): %s", self.gateway_url, workers, len(legs),
                  ", ".join(f"worker {leg.worker} × {leg.capacity}" for leg in legs))
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_serve)
             for leg in legs:
                 nursery.start_soon(self._leg_loop, leg, workers)
             await self._admitted.wait()
             task_status.started(self.gateway_url)
+
+    async def _watch_serve(self) -> None:
+        """Follow the model server's readiness; a change goes out at once as a heartbeat."""
+        while True:
+            ready = self.serve_ready()
+            if ready != self.serving_ready:
+                self.serving_ready = ready
+                log.warning("the model server %s; legs announce capacity %s", "is ready again" if ready else "cannot take requests",
+                            "restored" if ready else "0 until it can")
+                self.publish()
+            await trio.sleep(self.settings.serve_check_s)
 
     async def _worker_count(self) -> int:
         attempt = 0
@@ -237,8 +261,14 @@ class GatewayLink:
         self.legs_up[worker] = up
         self.publish()
 
+    @property
+    def changed(self) -> trio.Event:
+        """Set at the next change of legs, load or the serve's readiness."""
+        return self._changed
+
     def publish(self) -> None:
         self.on_state(legs_up=sum(self.legs_up.values()), legs=len(self.legs_up), inflight=self.inflight)
+        self.changes += 1
         self._changed.set()
         self._changed = trio.Event()
 
@@ -342,6 +372,9 @@ class _LegSession:
         self.idle_since = time.monotonic()
         self.retiring = False
         """The gateway asked for a new connection: this one serves only what it has in flight."""
+        self.withheld = False
+        """The last heartbeat announced capacity 0 (the serve cannot take requests, or the link
+        is stopping)."""
         self.waiting = trio.CancelScope()
         """The receive loop's wait for a frame, cancelled to let a retired leg end once idle."""
 
@@ -351,9 +384,26 @@ class _LegSession:
 
     def heartbeat(self) -> Heartbeat:
         idle = 0.0 if self.active else time.monotonic() - self.idle_since
-        # Once stopping, every heartbeat says capacity 0, so a later one cannot undo the first.
-        capacity = None if self.link.phase == "serving" else dataclasses.replace(self.link.limits, max_inflight=0)
+        # Once stopping, every heartbeat says capacity 0, so a later one cannot undo the first;
+        # while the model server cannot take requests, so does every one, and the first after it
+        # recovers says the leg's capacity again.
+        if self.link.phase != "serving" or not self.link.serving_ready:
+            capacity = dataclasses.replace(self.link.limits, max_inflight=0)
+        elif self.withheld:
+            capacity = dataclasses.replace(self.link.limits, max_inflight=self.leg.capacity)
+        else:
+            capacity = None
+        self.withheld = capacity is not None and capacity.max_inflight == 0
         return Heartbeat(inflight=len(self.active), idle_seconds=idle, capacity=capacity)
+
+    def load_heartbeat(self) -> Heartbeat:
+        """The short heartbeat that tells a request started or ended: counts only, unless the
+        serve's readiness changed with it (then the capacity that says so)."""
+        withheld_now = self.link.phase != "serving" or not self.link.serving_ready
+        if withheld_now != self.withheld:
+            return self.heartbeat()
+        idle = 0.0 if self.active else time.monotonic() - self.idle_since
+        return Heartbeat(inflight=len(self.active), idle_seconds=idle)
 
     async def announce_no_capacity(self) -> None:
         """Send a heartbeat that says capacity 0 (the link is stopping); quiet if the leg is gone."""
@@ -481,9 +531,21 @@ class _LegSession:
             await self.send(response)
 
     async def _heartbeats(self) -> None:
+        """A full heartbeat every `heartbeat_s`, and a short one whenever the link's load or the
+        serve's readiness changes (at most one per `load_heartbeat_gap_s`)."""
+        settings = self.link.settings
+        due = trio.current_time() + settings.heartbeat_s
+        seen = self.link.changes
         while True:
-            await trio.sleep(self.link.settings.heartbeat_s)
+            with trio.move_on_at(due):
+                while self.link.changes == seen:
+                    await self.link.changed.wait()
+                seen = self.link.changes
+                await self.send(self.load_heartbeat())
+                await trio.sleep(settings.load_heartbeat_gap_s)  # a change meanwhile is sent next
+                continue
             await self.send(self.heartbeat())
+            due = trio.current_time() + settings.heartbeat_s
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:

@@ -31,6 +31,7 @@ import platform
 import socket
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -294,17 +295,19 @@ async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = Fal
         # Each is shielded as soon as it has started: until then a cancel stops it as usual.
         server_scope, link_scope = trio.CancelScope(), trio.CancelScope()
         link: GatewayLink | None = None
+        serve_ready: Callable[[], bool] = lambda: True
         try:
             if setup.launch is not None:
                 supervisor = ModelServerSupervisor(setup.launch, hub, hub_component=server_hub_component,
                                                    record_path=server_record_path(config, server_hub_component))
                 serve_urls: tuple[str, ...] = (await nursery.start(_run_in, server_scope, supervisor.run),)
                 server_scope.shield = True
+                serve_ready = lambda: supervisor.ready  # noqa: E731
                 if actions is not None:
                     register_restart(actions, supervisor, hub_component)
             else:
                 serve_urls = setup.serve_urls
-            link = _link(config, setup, served, miner_identity, hub, hub_component, http, metrics, serve_urls)
+            link = _link(config, setup, served, miner_identity, hub, hub_component, http, metrics, serve_urls, serve_ready)
             if ready_when_admitted:
                 await nursery.start(_run_in, link_scope, link.run)
             else:
@@ -322,8 +325,9 @@ async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = Fal
 
 
 def _link(config: Config, setup: MinerSetup, served: ServedModel, miner_identity: Identity, hub: Hub, hub_component: str,
-          http: httpx.AsyncClient, metrics: MinerMetrics, serve_urls: tuple[str, ...]) -> GatewayLink:
-    """The gateway link for `setup`, serving through `serve_urls`."""
+          http: httpx.AsyncClient, metrics: MinerMetrics, serve_urls: tuple[str, ...],
+          serve_ready: Callable[[], bool]) -> GatewayLink:
+    """The gateway link for `setup`, serving through `serve_urls` while `serve_ready()`."""
     settings = config.miner
     handler = RequestHandler(model=served, serve=ServeRotation(serve_urls, http, request_timeout_s=setup.spec.max_request_s), chunk_tokens=settings.chunk_tokens,
                              on_outcome=metrics.record)
@@ -340,6 +344,7 @@ def _link(config: Config, setup: MinerSetup, served: ServedModel, miner_identity
         # A server this miner launched samples deterministically (sglang with the flag, or the
         # reference server); one the operator runs (--serve-url) may not, so it is not claimed.
         features=OUR_FEATURES | {FEATURE_SEEDED} if setup.launch is not None else OUR_FEATURES,
+        serve_ready=serve_ready,
     )
 
 

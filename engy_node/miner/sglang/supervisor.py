@@ -291,6 +291,13 @@ class ModelServerSupervisor:
         self.last_failure: Failure | None = None
         self.truncated_lines = 0
         """Output lines cut at `max_line_bytes`, across restarts."""
+        self.state = "starting"
+        """The server's state as last published: starting, ready, unhealthy, restarting, …"""
+
+    @property
+    def ready(self) -> bool:
+        """The server answers its health probe: it can take requests."""
+        return self.state == "ready"
 
     @property
     def log_tail(self) -> tuple[str, ...]:
@@ -298,6 +305,8 @@ class ModelServerSupervisor:
         return tuple(self._tail)
 
     def _publish(self, **values: Any) -> None:
+        if "state" in values:
+            self.state = values["state"]
         self._hub.set_state(self.hub_component, **values)
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> NoReturn:

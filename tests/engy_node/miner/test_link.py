@@ -7,6 +7,7 @@ canonical checkpoint — nothing the miner computed is trusted.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import signal
 import uuid
@@ -27,7 +28,8 @@ from engy_node.serve.client import ServeClient
 from engy_node.testing.gateway import GatewayHarness, RequestRecord
 from tests.waiting import wait_until_async
 
-FAST = LinkSettings(heartbeat_s=0.5, backoff_base_s=0.05, backoff_cap_s=0.2, deny_backoff_s=0.2, reconnect_delay_s=0.05)
+FAST = LinkSettings(heartbeat_s=0.5, backoff_base_s=0.05, backoff_cap_s=0.2, deny_backoff_s=0.2, reconnect_delay_s=0.05,
+                    serve_check_s=0.1)
 LIMITS = Capacity(max_inflight=0, max_inflight_total=3, max_input_tokens=6144, max_output_tokens=2048, max_request_s=600)
 
 
@@ -46,12 +48,13 @@ def independent_prompt_ids(runner, req: ServeRequest) -> list[int]:
     return list(ids if isinstance(ids, list) else ids["input_ids"])
 
 
-async def start_miner(nursery, harness_url, served_model, serve_url, *, identity=Identity(miner_key="mk-test"), limits=LIMITS, settings=FAST):
+async def start_miner(nursery, harness_url, served_model, serve_url, *, identity=Identity(miner_key="mk-test"), limits=LIMITS,
+                      settings=FAST, serve_ready=lambda: True):
     http = httpx.AsyncClient(timeout=120)
     handler = RequestHandler(model=served_model, serve=lambda: ServeClient(serve_url, http))
     link = GatewayLink(
         gateway_url=harness_url, identity=identity, limits=limits, handler=handler, http=http, settings=settings,
-        rng=random.Random(7),
+        rng=random.Random(7), serve_ready=serve_ready,
         hello={"model": "smollm2-135m", "model_root": served_model.model_root, "hw": {"host": "test", "gpu_count": 0},
                "versions": {"engy_node": "test"}, "worker_name": "rig-1", "worker_id": uuid.uuid4().hex},
     )
@@ -277,3 +280,26 @@ async def test_the_close_frame_for_an_unreadable_gateway_frame_carries_the_field
         await link._leg_session(f"ws://127.0.0.1:{server.port}/gw", Leg(0, 1))
     assert [(reason.code, reason.reason) for reason in closes] == [
         (1002, "invalid frame: serve.request.messages: must be a non-empty list")]
+
+
+async def test_heartbeats_follow_the_load_and_a_serve_that_cannot_take_requests_announces_capacity_0(
+        nursery, gateway, served_model, reference_server):
+    # The newest public TEE miner's event heartbeats, and health gating without re-dialling.
+    ready = [True]
+    # No periodic heartbeat within the test: every one it sees was sent for a change.
+    await start_miner(nursery, gateway.url, served_model, reference_server.url, serve_ready=lambda: ready[0],
+                      settings=dataclasses.replace(FAST, heartbeat_s=600))
+    await gateway.wait_for(lambda: len(gateway.legs) == 2)
+    leg = gateway.legs[0]
+    first = len(leg.heartbeats)
+    record = await gateway.result(await gateway.serve(request("Say hello.", max_tokens=8)))
+    assert record.response.error is None
+    await gateway.wait_for(lambda: any(h.inflight == 1 for h in leg.heartbeats[first:]), timeout=10)
+    await gateway.wait_for(lambda: leg.heartbeats[-1].inflight == 0, timeout=10)
+    ready[0] = False
+    await gateway.wait_for(lambda: leg.heartbeats[-1].capacity is not None and leg.heartbeats[-1].capacity.max_inflight == 0,
+                           timeout=10)
+    ready[0] = True
+    await gateway.wait_for(lambda: leg.heartbeats[-1].capacity is not None and leg.heartbeats[-1].capacity.max_inflight > 0,
+                           timeout=10)
+    assert gateway.legs[0] is leg, "the same connection throughout"
