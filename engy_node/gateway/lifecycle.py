@@ -251,6 +251,28 @@ class _Serving:
         self._gateway._served()
 
 
+@dataclasses.dataclass
+class PromptCacheTally:
+    """How much of the prompts the miners served came from their prefix caches: what prefix
+    affinity routing (`router.prefix_key`) earns, and what buyers are billed at the cached rate."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, usage: Usage) -> None:
+        self.prompt_tokens += usage.prompt_tokens
+        self.cached_tokens += usage.cached_tokens
+
+    @property
+    def hit_rate(self) -> float | None:
+        return None if not self.prompt_tokens else self.cached_tokens / self.prompt_tokens
+
+    def to_state(self) -> dict[str, Any]:
+        rate = self.hit_rate
+        return {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "hit_rate": None if rate is None else round(rate, 4)}
+
+
 class Gateway:
     """The steps of a request's life, shared by both buyer APIs (`relay.ChatEndpoint` drives them).
 
@@ -280,6 +302,8 @@ class Gateway:
         self.new_id = new_id
         self.new_seed = new_seed
         self.rr_counter = 0
+        self.prompt_cache = PromptCacheTally()
+        """Prompt tokens settled in this process, and how many came from the miners' caches."""
         self.tokenize_limiter = trio.CapacityLimiter(settings.tokenize_threads)
         self.waiting_room = WaitingRoom(max_waiting=settings.queue_max)
         self.queue_metrics = QueueMetrics(registry if registry is not None else Registry())
@@ -539,6 +563,7 @@ class Gateway:
             committed_completion = completion_claim.get("committed_completion", relayed_tokens)
         usage = billing.billable_usage(claimed=claimed, committed_prompt=prompt, committed_completion=committed_completion,
                                        relayed_completion=relayed_tokens)
+        self.prompt_cache.add(usage)
         if flight.hold is None:
             await self.log_outcome(flight, status=status, usage=usage)
             return usage

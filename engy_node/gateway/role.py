@@ -243,7 +243,7 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
                 await nursery.start(service)
             urls = await nursery.start(_run_servers, servers, start_servers)
             try:
-                nursery.start_soon(_sweep_stale, pool, hub)
+                nursery.start_soon(_sweep_stale, pool, gateway, hub)
                 if first:
                     nursery.start_soon(_release_orphaned_holds, store, _longest_request_s(models, settings))
                     nursery.start_soon(_publish_buyers, store, hub)
@@ -302,8 +302,8 @@ async def _release_orphaned_holds(store: Store, longest_request_s: float) -> Non
             log.error("could not sweep orphaned holds (%s); retrying in %.0f s", error, ORPHAN_SWEEP_S)
 
 
-async def _sweep_stale(pool: MinerPool, hub: Hub) -> None:
+async def _sweep_stale(pool: MinerPool, gateway: Gateway, hub: Hub) -> None:
     while True:
         await trio.sleep(STALE_SWEEP_S)
         await pool.expire_stale()
-        hub.set_state("gateway", legs=pool.snapshot())
+        hub.set_state("gateway", legs=pool.snapshot(), prompt_cache=gateway.prompt_cache.to_state())

@@ -29,6 +29,8 @@ def format_status(status: Mapping[str, Any], *, now: float | None = None) -> str
         lines += _validator(_map(states["validator"]), names, now)
     if "epochs" in states:
         lines += _epochs(_map(states["epochs"]), names)
+    if "gateway" in states:
+        lines += _gateway(_map(states["gateway"]))
     if "traffic" in states:
         lines += _miners(_map(states["traffic"]), names, now)
     if "verifier" in states:
@@ -42,6 +44,17 @@ def format_status(status: Mapping[str, Any], *, now: float | None = None) -> str
                       f"{_show(demo.get('succeeded'), '0')} ok, {_show(demo.get('failed'), '0')} failed"
                       + (f" (last error: {demo['last_error']})" if demo.get("last_error") and demo.get("failed") else "")]
     return "\n".join(lines)
+
+
+def _gateway(gateway: Mapping[str, Any]) -> list[str]:
+    """The gateway's legs and how much of the prompts its miners served from their caches (what
+    prefix-affinity routing earns)."""
+    legs = _list(gateway.get("legs"))
+    cache = _map(gateway.get("prompt_cache"))
+    rate = cache.get("hit_rate")
+    hit = (f"{100 * rate:.1f} % of {cache.get('prompt_tokens')} prompt tokens from the miners' caches"
+           if isinstance(rate, (int, float)) else "no prompts settled yet")
+    return ["", f"gateway    {_show(gateway.get('state'))}; {len(legs)} miner leg(s); prefix cache: {hit}"]
 
 
 def _header(node: Mapping[str, Any], now: float) -> str:

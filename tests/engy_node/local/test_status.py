@@ -60,6 +60,8 @@ def full_document() -> dict:
                           "last_tick": NOW - 30, "last_outcome": "applied", "last_applied": 3, "last_submit_block": 1100,
                           "last_submit_ts": NOW - 1608, "blocks_since_submit": 134, "next_resubmit_in_blocks": 226},
             "epochs": {"latest": 3, "digest": DIGEST, "weights": [[MINER_1, 49151], [MINER_2, 16384]]},
+            "gateway": {"state": "ready", "legs": [{"leg": "0a1b2c3d", "miner": MINER_1}, {"leg": "4e5f6a7b", "miner": MINER_2}],
+                        "prompt_cache": {"prompt_tokens": 12_000, "cached_tokens": 4_500, "hit_rate": 0.375}},
             "traffic": {"workers": [worker(MINER_1, "smollm2-135m", "active", NOW - 600, "qualified: 3 of 3 probes passed"),
                                     worker(STRANGER, "smollm2-135m", "probing", NOW - 45, "connected")]},
             "verifier": {"state": "running", "gateway": "http://127.0.0.1:8090", "hotkey": VALIDATOR,
@@ -114,6 +116,8 @@ def test_a_full_document_renders_every_section(transport):
     assert miners[2].endswith("probing for 45 s: connected")
 
     assert section(text, "verifier ") == ["verifier   running; verdicts: pass 10, unproven 1"]
+    assert section(text, "gateway ") == [
+        "gateway    ready; 2 miner leg(s); prefix cache: 37.5 % of 12000 prompt tokens from the miners' caches"]
     assert section(text, "demo traffic") == ["demo traffic  running: 12 sent, 11 ok, 1 failed (last error: HTTP 500: boom)"]
 
     # Local names stand in for every hotkey the local network named.
