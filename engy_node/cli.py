@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--stream-hidden-states", choices=("cumulative", "final"),
                        help="cumulative: every SSE event repeats all hidden states (stock sglang); final: last event only")
     serve.add_argument("--disable-return-hidden-states", action="store_true", help="answer return_hidden_states with a 400, as sglang without the flag")
+    serve.add_argument("--disable-radix-cache", action="store_true",
+                       help="prefill every prompt whole, as sglang's flag: no reuse of a cached prefix (cached_tokens 0)")
     serve.add_argument("--served-model-name")
 
     checkpoint = sub.add_parser("checkpoint", help="prepare a model checkpoint and print its path and model_root")
@@ -208,6 +210,7 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
         "device": args.device, "dtype": args.dtype, "max_running_requests": args.max_running_requests,
         "stream_hidden_states": args.stream_hidden_states, "served_model_name": args.served_model_name,
         "enable_return_hidden_states": False if args.disable_return_hidden_states else None,
+        "prefix_cache_tokens": 0 if args.disable_radix_cache else None,
     }}
 
 

@@ -76,6 +76,10 @@ class ServeSection:
     """Name reported by /model_info and /v1/models. Empty: the catalog id."""
     request_timeout_s: float = 1800.0
     """A request still running after this long is aborted."""
+    prefix_cache_tokens: int = 16384
+    """Tokens of recent prompts and answers whose KV cache is kept for requests that start the
+    same way (sglang's radix cache; `cached_tokens` reports the hits). 0 turns it off, as
+    sglang's `--disable-radix-cache` does."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -566,5 +570,7 @@ def _validate(config: Config) -> None:
                           "e.g. https://provider.engy.ai")
     if serve.request_timeout_s <= 0:
         raise ConfigError("serve.request_timeout_s must be positive")
+    if serve.prefix_cache_tokens < 0:
+        raise ConfigError("serve.prefix_cache_tokens must be 0 (off) or a number of tokens")
     if config.node.log_ring_size < 100:
         raise ConfigError("node.log_ring_size must be at least 100")

@@ -323,7 +323,7 @@ class ReferenceApp:
             meta["output_token_logprobs_length"] = count
         meta["reasoning_tokens"] = 0
         meta["completion_tokens"] = count
-        meta["cached_tokens"] = 0
+        meta["cached_tokens"] = generation.cached_tokens
         if final:
             meta["weight_versions"] = [{"version": "default", "start": 0, "end": count}]
         meta["cached_tokens_details"] = None

@@ -46,6 +46,78 @@ IDLE_WAIT_S = 0.5
 """How long the idle thread sleeps between checks for stop when no work arrives."""
 
 
+PREFIX_CACHE_MIN_TOKENS = 16
+"""A shared prefix shorter than this is prefilled again: reusing it would save little."""
+
+
+class PrefixCache:
+    """KV caches of recent sequences, reused by a request whose prompt starts the same way:
+    sglang's radix cache, in miniature. A multi-turn conversation resends its history, a
+    system prompt or a tool list opens many requests, and a probe corpus repeats: their shared
+    prefix is prefilled once. Each kept sequence is the prompt and the answer of one finished
+    request (what its cache held when it ended); a new prompt takes the longest common prefix
+    with any of them, as a copy cut to that length, and prefills only the rest (at least its
+    last token, whose logits choose the first output token). Bounded in tokens, least recently
+    used first out. Engine-thread only: no lock."""
+
+    def __init__(self, runner: ModelRunner, *, max_tokens: int) -> None:
+        self.runner = runner
+        self.max_tokens = max_tokens
+        self._entries: collections.OrderedDict[tuple[int, ...], Any] = collections.OrderedDict()
+        self._tokens = 0
+        self.hit_tokens = 0
+        self.prompt_tokens = 0
+
+    def take(self, ids: Sequence[int]) -> tuple[int, Any] | None:
+        """(prefix length, a cache holding that prefix) for the best match of `ids`, or None."""
+        self.prompt_tokens += len(ids)
+        limit = len(ids) - 1
+        best, best_key = 0, None
+        for key in self._entries:
+            shared = _common_prefix(key, ids, limit)
+            if shared > best:
+                best, best_key = shared, key
+        if best_key is None or best < PREFIX_CACHE_MIN_TOKENS:
+            return None
+        self._entries.move_to_end(best_key)
+        self.hit_tokens += best
+        return best, self._clone(self._entries[best_key], best)
+
+    def keep(self, ids: Sequence[int], cache: Any) -> None:
+        """Remember `cache`, which holds the KV of exactly `ids`."""
+        key = tuple(ids)
+        if not PREFIX_CACHE_MIN_TOKENS <= len(key) <= self.max_tokens:
+            return
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return
+        self._entries[key] = self._clone(cache, len(key))
+        self._tokens += len(key)
+        while self._tokens > self.max_tokens:
+            evicted, _ = self._entries.popitem(last=False)
+            self._tokens -= len(evicted)
+
+    def _clone(self, cache: Any, length: int) -> Any:
+        copy = self.runner.new_cache()
+        for index, layer in enumerate(cache.layers):
+            copy.update(layer.keys[:, :, :length, :].clone(), layer.values[:, :, :length, :].clone(), index)
+        return copy
+
+
+def _common_prefix(key: tuple[int, ...], ids: Sequence[int], limit: int) -> int:
+    end = min(len(key), limit)
+    if tuple(ids[:end]) == key[:end]:
+        return end
+    low, high = 0, end  # the first `low` agree; somewhere before `high` they part
+    while low + 1 < high:
+        middle = (low + high) // 2
+        if tuple(ids[low:middle]) == key[low:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
 class RequestError(ValueError):
     """The request cannot be run as given (too long, bad ids); sent back as a 400."""
 
@@ -188,6 +260,10 @@ class Generation:
 
     abort_requested: str | None = None
     on_update: Callable[["Generation"], None] | None = None
+    cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache instead of a prefill."""
+    on_finish: Callable[[list[int], Any], None] | None = None
+    """Called with the tokens the KV cache holds and the cache, when the generation ends."""
     _cache: Any = None
     _prefilled: int = 0
     _generator: Any = None
@@ -211,7 +287,16 @@ class Generation:
         if self.finish_reason is None:
             self.finish_reason = reason
             self.finished_perf = time.perf_counter()
+            if self.on_finish is not None and self._cache is not None:
+                # The last output token was never fed back, so the cache holds the rest.
+                held = self.input_ids[:self._prefilled] + (self.output_ids[:-1] if self._prefilled == len(self.input_ids) else [])
+                self.on_finish(held, self._cache)
             self._cache = None
+
+    def resume_from(self, prefix: int, cache: Any) -> None:
+        """Start from a cache that already holds the first `prefix` prompt tokens."""
+        self._cache = cache
+        self._prefilled = self.cached_tokens = prefix
 
     def step(self, runner: ModelRunner) -> None:
         """Advance by one unit of work: a prefill chunk or one decoded token."""
@@ -315,9 +400,10 @@ class Engine:
 
     def __init__(
         self, runner: ModelRunner, *, max_running: int = 8, request_timeout_s: float = 1800.0,
-        metrics: "EngineMetrics | None" = None,
+        metrics: "EngineMetrics | None" = None, prefix_cache_tokens: int = 0,
     ) -> None:
         self.runner = runner
+        self.prefix_cache = PrefixCache(runner, max_tokens=prefix_cache_tokens) if prefix_cache_tokens else None
         self.max_running = max_running
         self.request_timeout_s = request_timeout_s
         self.metrics = metrics
@@ -461,7 +547,13 @@ class Engine:
                     self._notify(generation)
                     self._count_abort()
             while self._waiting and len(self._running) < self.max_running:
-                self._running.append(self._waiting.pop(0))
+                generation = self._waiting.pop(0)
+                if self.prefix_cache is not None:
+                    hit = self.prefix_cache.take(generation.input_ids)
+                    if hit is not None:
+                        generation.resume_from(*hit)
+                    generation.on_finish = self.prefix_cache.keep
+                self._running.append(generation)
 
     def _step(self, generation: Generation) -> None:
         if generation.abort_requested is None and time.perf_counter() - generation.created_perf > self.request_timeout_s:

@@ -74,7 +74,8 @@ async def serve_reference(config: Config, hub: Hub, *, task_status=trio.TASK_STA
     hub.set_state("serve", state="loading", model=serve.model)
     runner = await load_runner(config)
     metrics = EngineMetrics(hub.registry, model_name=serve.served_model_name or serve.model)
-    engine = Engine(runner, max_running=serve.max_running_requests, request_timeout_s=serve.request_timeout_s, metrics=metrics)
+    engine = Engine(runner, max_running=serve.max_running_requests, request_timeout_s=serve.request_timeout_s, metrics=metrics,
+                    prefix_cache_tokens=serve.prefix_cache_tokens)
     engine.start()
     try:
         async with trio.open_nursery() as nursery:

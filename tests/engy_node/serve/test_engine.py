@@ -285,3 +285,49 @@ def test_a_request_past_its_deadline_is_aborted(runner):
     finally:
         engine.stop()
 
+
+
+def test_a_prompt_that_starts_like_a_finished_conversation_reuses_its_cache_and_answers_the_same(runner):
+    # A second turn resends the first turn's prompt and answer: those tokens come from the cache.
+    from engy_node.serve.engine import PREFIX_CACHE_MIN_TOKENS
+
+    first_prompt = runner.tokenizer.encode("The history of the lighthouse on the rocky coast begins with a storm.")
+    engine = Engine(runner, max_running=1, prefix_cache_tokens=4096)
+    engine.start()
+    try:
+        first = Generation(rid="t1", input_ids=list(first_prompt), params=parse_sampling_params({"temperature": 0, "max_new_tokens": 12}))
+        _collect(engine, [first])
+        assert first.cached_tokens == 0
+        follow_up = first_prompt + first.output_ids + runner.tokenizer.encode(" And then?")
+        second = Generation(rid="t2", input_ids=list(follow_up), params=parse_sampling_params({"temperature": 0, "max_new_tokens": 12}),
+                            return_hidden_states=True)
+        _collect(engine, [second])
+        assert second.cached_tokens == len(first_prompt) + len(first.output_ids) - 1 >= PREFIX_CACHE_MIN_TOKENS
+        cold = run_to_completion(runner, Generation(rid="cold", input_ids=list(follow_up), return_hidden_states=True,
+                                                    params=parse_sampling_params({"temperature": 0, "max_new_tokens": 12})))
+        assert second.output_ids == cold.output_ids, "the cached prefix answers as a cold prefill does"
+        assert len(second.proof_rows()) == len(second.output_ids), "a proof row per output token all the same"
+        assert engine.prefix_cache.hit_tokens == second.cached_tokens
+    finally:
+        engine.stop()
+
+
+def test_without_a_shared_prefix_or_with_the_cache_off_every_prompt_is_prefilled_whole(runner):
+    prompt = runner.tokenizer.encode("A completely different question about gardening, the seasons of the year, and which vegetables "
+                                     "grow best in a small garden on a windy hill.")
+    for tokens in (4096, 0):
+        engine = Engine(runner, max_running=1, prefix_cache_tokens=tokens)
+        engine.start()
+        try:
+            once = Generation(rid="a", input_ids=list(prompt), params=parse_sampling_params({"temperature": 0, "max_new_tokens": 4}))
+            _collect(engine, [once])
+            other = Generation(rid="b", input_ids=runner.tokenizer.encode("Unrelated: what is the boiling point of water?"),
+                               params=parse_sampling_params({"temperature": 0, "max_new_tokens": 4}))
+            again = Generation(rid="c", input_ids=list(prompt) + [prompt[-1]],
+                               params=parse_sampling_params({"temperature": 0, "max_new_tokens": 4}))
+            _collect(engine, [other])
+            _collect(engine, [again])
+            assert other.cached_tokens == 0
+            assert again.cached_tokens == (len(prompt) if tokens else 0)
+        finally:
+            engine.stop()

@@ -330,3 +330,11 @@ def test_the_server_stops_cleanly_on_sigterm(checkpoint, tmp_path):
     assert httpx.get(server.url + "/health").status_code == 200
     assert server.stop() == 0
     assert "SIGTERM received; shutting down" in server.log_text()
+
+
+def test_a_prompt_seen_before_reports_its_cached_tokens_as_sglangs_radix_cache_does(client, runner):
+    ids = runner.tokenizer.encode("You are a support assistant for a bicycle shop. Answer briefly and politely, "
+                                  "and never promise a delivery date. Question:")
+    sglang_generate(client, {"input_ids": ids + [260], "sampling_params": {"temperature": 0, "max_new_tokens": 3}})
+    second = sglang_generate(client, {"input_ids": ids + [1101], "sampling_params": {"temperature": 0, "max_new_tokens": 3}})
+    assert second["meta_info"]["cached_tokens"] == len(ids), "the shared system text comes from the cache"
