@@ -88,6 +88,9 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    """Of the completion tokens, those of the answer's reasoning (billed as output, as every API
+    bills them; reported apart as OpenAI's `completion_tokens_details.reasoning_tokens`)."""
 
     @property
     def total_tokens(self) -> int:

@@ -59,6 +59,7 @@ from engy_node.gateway.audit import AuditJob, audited
 from engy_node.gateway.chat import ChatRequest, GatewayError, Usage
 from engy_node.gateway.corrections import StructuredParts, presentation_match, structured_account
 from engy_node.gateway.settlement import BUYER_FAULTS
+from engy_node.model_output import THINK_CLOSE, ReasoningDelta, parse_output
 from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.router import prefix_key, retry_allowed
@@ -550,6 +551,14 @@ class Gateway:
                 break
         raise GatewayError("upstream", f"{last_error}; try again")
 
+    async def reasoning_tokens(self, flight: Flight, accounting: Accounting) -> int:
+        """How many of the answer's completion tokens are its reasoning (`reasoning_tokens`)."""
+        answer = accounting.proven_text if accounting.proven_text is not None else flight.delivered_text
+        if THINK_CLOSE not in answer and not answer.startswith("<think>"):
+            return 0
+        return await trio.to_thread.run_sync(reasoning_tokens, flight.model, accounting.output_ids, answer,
+                                             limiter=self.tokenize_limiter)
+
     async def settle(self, flight: Flight, *, status: int, completion_claim: dict | None, relayed_tokens: int) -> Usage:
         """Charge for what the buyer got, release the rest of the hold, record metadata."""
         prompt = len(flight.prompt_ids)
@@ -847,6 +856,21 @@ def _defect(miner_text: str, proven: str, covered: int) -> str | None:
     if miner_text != proven[:covered]:
         return "whitespace"
     return "held-back"
+
+
+def reasoning_tokens(model: ServedModel, output_ids: Sequence[int] | None, answer: str) -> int:
+    """Blocking: how many of an answer's tokens are its reasoning. With proven tokens, those up
+    to the one that closes the `<think>` block (all of them when the answer never closed it);
+    without, the reasoning's own tokenisation. 0 for an answer that does not reason."""
+    reasoning = "".join(event.text for event in parse_output(answer, call_id_prefix="r") if isinstance(event, ReasoningDelta))
+    if not reasoning:
+        return 0
+    if not output_ids:
+        return len(model.tokenizer.encode(reasoning, add_special_tokens=False))
+    end = answer.find(THINK_CLOSE)
+    if end < 0:
+        return len(output_ids)
+    return len(_covering_prefix(model, list(output_ids), answer[:end + len(THINK_CLOSE)]))
 
 
 def _covering_prefix(model: ServedModel, output_ids: list[int], text: str) -> tuple[int, ...]:

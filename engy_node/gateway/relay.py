@@ -232,6 +232,7 @@ class ChatEndpoint:
             events = _answer_events(flight, accounting.proven_text)
             usage = await gateway.settle(flight, status=200, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens)
             settled = True
+            usage = dataclasses.replace(usage, reasoning_tokens=await gateway.reasoning_tokens(flight, accounting))
         finally:
             if not settled:
                 await gateway.abandon(flight)
@@ -377,6 +378,7 @@ class ChatEndpoint:
                 out += encoder.events(tail)
                 usage = await gateway.settle(flight, status=200, completion_claim=accounting.claim,
                                              relayed_tokens=accounting.relayed_tokens)
+                usage = dataclasses.replace(usage, reasoning_tokens=await gateway.reasoning_tokens(flight, accounting))
                 finish, stop_sequence = self._finish(flight, stops, accounting, usage, reported)
             outcome = "ok"
             await _send_body(send, b"".join(out + encoder.finish(_finish_for(events_seen, finish), usage, stop_sequence)), more=False)

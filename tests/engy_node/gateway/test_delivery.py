@@ -175,3 +175,16 @@ def test_an_answer_in_parts_cut_at_a_stop_string_relays_the_proven_prefix_throug
     assert relay.proved and relay.stop == "Paris" and relay.defect is None
     assert relay.proven_text == RAW[:RAW.index(content) + len(content)]
     assert judged_raw(model, raw_committed, relay) is None
+
+
+def test_the_reasoning_tokens_are_the_proven_tokens_up_to_the_closing_tag(model, raw_committed):
+    from engy_node.gateway.lifecycle import reasoning_tokens
+
+    count = reasoning_tokens(model, raw_committed, RAW)
+    closed = RAW[:RAW.index("</think>") + len("</think>")]
+    assert model.decode(raw_committed[:count]).startswith(closed)
+    assert not model.decode(raw_committed[:count - 1]).startswith(closed)
+    assert reasoning_tokens(model, raw_committed, ANSWER) == 0, "an answer without reasoning has none"
+    assert reasoning_tokens(model, None, RAW) == len(model.tokenizer.encode(REASONING, add_special_tokens=False))
+    unclosed = "<think>\nStill thinking when the budget ran out"
+    assert reasoning_tokens(model, [1, 2, 3], unclosed) == 3

@@ -296,6 +296,7 @@ async def test_an_answer_sent_in_parts_reaches_both_sdks_as_its_proof_says_it(nu
     assert choice.message.tool_calls[0].function.name == "get_weather"
     assert choice.message.tool_calls[0].function.arguments == '{"city": "Paris", "days": 2}'
     assert getattr(choice.message, "reasoning_content", None) == "The user wants the weather."
+    assert 0 < completion.usage.completion_tokens_details.reasoning_tokens < completion.usage.completion_tokens
 
     def anthropic_call():
         client = network.anthropic(key)

@@ -253,7 +253,7 @@ def test_the_non_stream_body_carries_reasoning_tool_calls_and_inclusive_usage():
     assert choice["message"]["tool_calls"] == [{"id": "call_r1_0", "type": "function", "function": {
         "name": "get_weather", "arguments": '{"city": "Paris"}'}}]
     assert body["usage"] == {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150,
-                             "prompt_tokens_details": {"cached_tokens": 64}}
+                             "prompt_tokens_details": {"cached_tokens": 64}, "completion_tokens_details": {"reasoning_tokens": 0}}
 
 
 def test_a_cut_off_response_stays_length_even_after_a_tool_call():
