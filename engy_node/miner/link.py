@@ -57,6 +57,7 @@ log = logging.getLogger("engy.miner.link")
 RECONNECT = "gateway is draining (reconnect)"
 """How a leg ends that the gateway asked to reconnect: re-dialled at once, the old connection
 finishing its requests in flight meanwhile."""
+RETIRED = "retired: the gateway's workers changed and the legs were planned anew"
 GOING_AWAY = 1001
 """The websocket close code for an endpoint that is shutting down (RFC 6455 §7.4.1)."""
 CLOSE_TIMEOUT_S = 2.0
@@ -82,6 +83,9 @@ class LinkSettings:
     TEE miner does, so a gateway sees the load at once), at least this long: a burst is one."""
     serve_check_s: float = 1.0
     """How often the link looks whether its model server can take requests."""
+    meta_check_s: float = 30.0
+    """How often `/gw/meta` is read again: when the gateway's worker count changes, the legs are
+    planned anew (the old ones finish what they serve, then close) without a restart."""
     reconnect_drain_s: float = 1800.0
     """After the gateway's `reconnect` (that host is draining), the leg is re-dialled at once and
     the old connection keeps serving the requests it has in flight for up to this long (the live
@@ -182,18 +186,46 @@ class GatewayLink:
         self._changed = trio.Event()
         self.changes = 0
         """How many changes of legs, load or readiness `publish` has announced."""
+        self.workers = 0
+        """The gateway's worker count the legs are planned for."""
+        self.plan = 0
+        """Which plan of legs is current (`_plan`); a leg of an older one is not re-dialled."""
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         workers = await self._worker_count()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_serve)
+            self._plan(nursery, workers)
+            nursery.start_soon(self._follow_meta, nursery)
+            await self._admitted.wait()
+            task_status.started(self.gateway_url)
+
+    def _plan(self, nursery: trio.Nursery, workers: int) -> None:
+        """Open the legs for a gateway of `workers` workers (a new plan retires the old legs)."""
+        self.workers = workers
+        self.plan += 1
         legs = plan_legs(workers=workers, max_inflight=self.limits.max_inflight_total, rng=self.rng)
         log.info("gateway %s has %d worker(s); opening %d leg(s): %s", self.gateway_url, workers, len(legs),
                  ", ".join(f"worker {leg.worker} × {leg.capacity}" for leg in legs))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch_serve)
-            for leg in legs:
-                nursery.start_soon(self._leg_loop, leg, workers)
-            await self._admitted.wait()
-            task_status.started(self.gateway_url)
+        for leg in legs:
+            nursery.start_soon(self._leg_loop, leg, workers, self.plan)
+
+    async def _follow_meta(self, nursery: trio.Nursery) -> None:
+        """Read `/gw/meta` again now and then, and plan the legs anew when the count changed."""
+        while True:
+            await trio.sleep(self.settings.meta_check_s)
+            try:
+                workers = await fetch_worker_count(self.http, self.gateway_url, timeout_s=self.settings.meta_timeout_s)
+            except (httpx.HTTPError, trio.TooSlowError, ValueError) as error:
+                log.info("could not re-read %s (%s: %s); keeping %d worker(s)", meta_url(self.gateway_url),
+                         type(error).__name__, error, self.workers)
+                continue
+            if workers != self.workers and self.phase == "serving":
+                log.info("gateway %s now has %d worker(s), not %d: retiring %d leg(s) once their requests end",
+                         self.gateway_url, workers, self.workers, len(self._sessions))
+                for session in list(self._sessions):
+                    session.retire()
+                self._plan(nursery, workers)
 
     async def _watch_serve(self) -> None:
         """Follow the model server's readiness; a change goes out at once as a heartbeat."""
@@ -227,14 +259,15 @@ class GatewayLink:
             hotkey=extra.get("hotkey"), ts=extra.get("ts"), signature=extra.get("signature"), features=self.features,
         )
 
-    async def _leg_loop(self, leg: Leg, workers: int) -> None:
+    async def _leg_loop(self, leg: Leg, workers: int, plan: int) -> None:
         url = leg_url(self.gateway_url, worker=leg.worker, workers=workers)
         failures = 0
         # A session the gateway asked to reconnect goes on finishing its requests in `retiring`
         # (bounded by `reconnect_drain_s`) while this loop dials its successor at once.
         async with trio.open_nursery() as retiring:
-            # Bounded by the miner's life: once its drain has begun, a leg that ends is not re-dialled.
-            while self.phase == "serving":
+            # Bounded by the miner's life: once its drain has begun, or the legs were planned
+            # anew, a leg that ends is not re-dialled.
+            while self.phase == "serving" and plan == self.plan:
                 delay: float
                 try:
                     outcome = await retiring.start(self._leg_session, url, leg)
@@ -254,7 +287,7 @@ class GatewayLink:
                     delay = 0.0 if outcome == RECONNECT else self.settings.reconnect_delay_s * self.rng.random()
                     log.info("leg %s: %s%s", url, outcome, "; re-dialling" if self.phase == "serving" else "")
                 self._set_leg(leg.worker, False)
-                if self.phase == "serving":
+                if self.phase == "serving" and plan == self.plan:
                     await trio.sleep(delay)
 
     def _set_leg(self, worker: int, up: bool) -> None:
@@ -371,7 +404,9 @@ class _LegSession:
         self.send_lock = trio.Lock()
         self.idle_since = time.monotonic()
         self.retiring = False
-        """The gateway asked for a new connection: this one serves only what it has in flight."""
+        """This connection serves only what it has in flight: the gateway asked for a new one
+        (`reconnected`), or the legs were planned anew (`retire`)."""
+        self.reconnected = False
         self.withheld = False
         """The last heartbeat announced capacity 0 (the serve cannot take requests, or the link
         is stopping)."""
@@ -410,6 +445,12 @@ class _LegSession:
         with contextlib.suppress(ConnectionClosed):
             await self.send(self.heartbeat())
 
+    def retire(self) -> None:
+        """Serve only what is in flight here, then close (the legs were planned anew)."""
+        self.retiring = True
+        if not self.active:
+            self.waiting.cancel(reason="the leg was retired with nothing in flight")
+
     def abort_inflight(self) -> int:
         """Cancel every request in flight that the drain's phase says to abort; how many."""
         aborted = 0
@@ -445,7 +486,7 @@ class _LegSession:
             while True:
                 if self.retiring and not self.active:
                     nursery.cancel_scope.cancel(reason="the retired leg's requests have all ended")
-                    return RECONNECT
+                    return RECONNECT if self.reconnected else RETIRED
                 with trio.CancelScope() as self.waiting:
                     message = await self.connection.get_message()
                 if self.waiting.cancelled_caught:
@@ -468,7 +509,7 @@ class _LegSession:
                 elif isinstance(frame, Ping):
                     await self.send(self.heartbeat())
                 elif isinstance(frame, Reconnect) and not self.retiring:
-                    self.retiring = True
+                    self.retiring = self.reconnected = True
                     retire(RECONNECT)
                     if self.active:
                         log.info("leg to worker %d: the gateway asked to reconnect; re-dialled, and %d request(s) in "

@@ -303,3 +303,21 @@ async def test_heartbeats_follow_the_load_and_a_serve_that_cannot_take_requests_
     await gateway.wait_for(lambda: leg.heartbeats[-1].capacity is not None and leg.heartbeats[-1].capacity.max_inflight > 0,
                            timeout=10)
     assert gateway.legs[0] is leg, "the same connection throughout"
+
+
+async def test_a_change_in_the_gateways_workers_replans_the_legs_without_a_restart(nursery, served_model):
+    # The live protocol re-reads /gw/meta (the newest public TEE miner every 5 s).
+    harness = GatewayHarness(workers=1)
+    await nursery.start(harness.run)
+    link = await start_miner(nursery, harness.url, served_model, "http://127.0.0.1:9",
+                             settings=dataclasses.replace(FAST, meta_check_s=0.2))
+    await harness.wait_for(lambda: len(harness.hellos) == 1 and 0 in harness.legs)
+    only = harness.legs[0]
+    harness.workers = 2
+    await harness.wait_for(lambda: set(harness.legs) == {0, 1} and harness.legs[0] is not only, timeout=20)
+    with trio.fail_after(20):
+        await only.closed.wait()
+    assert link.workers == 2 and len(harness.hellos) == 3
+    with trio.move_on_after(1.0):
+        await harness.wait_for(lambda: len(harness.hellos) > 3)
+    assert len(harness.hellos) == 3, "the retired leg is not re-dialled"
