@@ -41,6 +41,7 @@ from starlette.routing import Route
 from engy_node import __version__
 from engy_node.asgi import BodyError, read_json_object, watching_disconnect
 from engy_node.serve.engine import Engine, Generation, ModelRunner, RequestError
+from engy_node.serve.openai_routes import OpenAiRoutes
 from engy_node.serve.sampling import SamplingError, parse_sampling_params
 
 log = logging.getLogger("engy.serve")
@@ -608,7 +609,10 @@ async def _json_body(request: Request, *, allow_empty: bool = False) -> dict[str
 
 
 def build_app(reference: ReferenceApp) -> Starlette:
+    openai = OpenAiRoutes(reference.engine, model_name=reference.info.served_model_name)
     routes = [
+        Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
+        Route("/v1/completions", openai.completions, methods=["POST"]),
         Route("/generate", reference.generate, methods=["POST", "PUT"]),
         Route("/abort_request", reference.abort_request, methods=["POST"]),
         Route("/health", reference.health, methods=["GET"]),
