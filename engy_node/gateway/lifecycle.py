@@ -65,7 +65,7 @@ from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.router import prefix_key, retry_allowed
 from engy_node.gateway.store import RequestLogEntry, Store, StoreError
 from engy_node.metrics import Registry
-from engy_node.protocol.miner import FEATURE_SAMPLING, FEATURE_SEEDED, FEATURE_TOOLS, Message, ServeRequest
+from engy_node.protocol.miner import FEATURE_SAMPLING, FEATURE_SEEDED, FEATURE_TOOLS, Message, Response, ServeRequest
 from engy_node.serve.sampling import REPLACEMENT_CHARACTER
 from engy_node.served_model import ServedModel
 
@@ -211,6 +211,18 @@ class Accounting:
     proven_text: str | None = None
     """What the buyer is to be given: the decode of the proven tokens, up to the stop string
     that ended the answer (None: nothing proven to repair the miner's text to)."""
+
+
+def _cache_claim(response: Response | None, relayed_tokens: int) -> dict | None:
+    """An unproven answer's claim: the miner's cached-token count (a TEE miner reports its
+    serve's cache reads with `commitment: {}`), which can only lower the bill, and the relayed
+    completion as its completion, since a count that is no proof's must not lower it."""
+    output = response.output if response is not None else None
+    usage = output.get("usage") if isinstance(output, dict) else None
+    if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens_details"), dict):
+        return None
+    return {"usage": {"completion_tokens": relayed_tokens, "prompt_tokens_details": usage["prompt_tokens_details"]},
+            "committed_completion": relayed_tokens}
 
 
 def new_request_id() -> str:
@@ -679,7 +691,8 @@ class Gateway:
             self._offer_audit(flight, (response.commitment if response is not None else None) or {},
                               proof.Delivery(relayed_output_ids=tuple(relayed), ended_at_stop=cut_at is not None,
                                              max_tokens=flight.chat.max_tokens))
-            return Accounting(claim=None, relayed_tokens=len(relayed), output_ids=None, stop=cut_at)
+            return Accounting(claim=_cache_claim(response, len(relayed)), relayed_tokens=len(relayed), output_ids=None,
+                              stop=cut_at)
         if list(commitment.prompt_ids) != flight.prompt_ids:
             # Established before the answer is delivered: whatever the text says, it was not
             # computed for this buyer's prompt. Recorded as a cheat at once (it pulls the miner,

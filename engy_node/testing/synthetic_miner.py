@@ -48,6 +48,8 @@ class Script:
     refuse: tuple[str, int] | None = None
     """Answer with this error (message, HTTP status) instead, as a miner does when its model
     server refuses the request (a 4xx: the request was at fault)."""
+    cached_tokens: int = 0
+    """Prompt tokens its serve reports read from its prefix cache."""
     lie_in_parts: Callable[[dict], dict] | None = None
     """With `in_parts`: what to make of the final message before it goes (a miner whose parts
     say something its tokens do not)."""
@@ -129,7 +131,7 @@ class SyntheticHandler:
                        "n_tokens": len(output_ids), "prompt_ids": prompt_ids},
         }
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids),
-                 "total_tokens": len(prompt_ids) + len(output_ids), "prompt_tokens_details": {"cached_tokens": 0}}
+                 "total_tokens": len(prompt_ids) + len(output_ids), "prompt_tokens_details": {"cached_tokens": min(script.cached_tokens, len(prompt_ids))}}
         output = {"choices": [{"index": 0, "finish_reason": finish_reason, "message": message}], "usage": usage}
         return Response(corr_id=frame.corr_id, request_id=frame.request.engy_request_id, commitment=commitment, output=output)
 
