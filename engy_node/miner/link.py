@@ -34,7 +34,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -47,8 +47,8 @@ from engy_node.errors import single_failure
 from engy_node.miner.drain import ABORTED_ERROR, REFUSED_ERROR, DrainPhase, StopBudget, request_action
 from engy_node.miner.serving import RequestHandler
 from engy_node.protocol.miner import (
-    MAX_FRAME_BYTES, OUR_FEATURES, Admit, Cancel, Capacity, Deny, Heartbeat, Hello, MinerFrame, Ping, ProtocolError, Reconnect, Response,
-    Serve, close_reason, encode, parse_gateway_frame,
+    MAX_FRAME_BYTES, OUR_FEATURES, Admit, Cancel, Capacity, Deny, Heartbeat, Hello, KvLoad, MinerFrame, Ping, ProtocolError, Reconnect,
+    Response, Serve, close_reason, encode, parse_gateway_frame,
 )
 from engy_node.retry import backoff_delay
 
@@ -83,6 +83,8 @@ class LinkSettings:
     TEE miner does, so a gateway sees the load at once), at least this long: a burst is one."""
     serve_check_s: float = 1.0
     """How often the link looks whether its model server can take requests."""
+    kv_check_s: float = 5.0
+    """How often it reads the model server's KV cache and queue for its heartbeats' `kv`."""
     meta_check_s: float = 30.0
     """How often `/gw/meta` is read again: when the gateway's worker count changes, the legs are
     planned anew (the old ones finish what they serve, then close) without a restart."""
@@ -161,13 +163,17 @@ class GatewayLink:
         self, *, gateway_url: str, identity: Identity, hello: dict[str, Any], limits: Capacity,
         handler: RequestHandler, http: httpx.AsyncClient, settings: LinkSettings = LinkSettings(),
         rng: random.Random | None = None, on_state=None, features: frozenset[str] = OUR_FEATURES,
-        serve_ready: Callable[[], bool] = lambda: True,
+        serve_ready: Callable[[], bool] = lambda: True, serve_load: Callable[[], Awaitable[KvLoad | None]] | None = None,
     ) -> None:
         self.gateway_url = gateway_url
         self.serve_ready = serve_ready
         """Whether the model server can take requests (`ModelServerSupervisor.ready`): while it
         cannot, every leg announces capacity 0 and is sent nothing, without re-dialling."""
         self.serving_ready = True
+        self.serve_load = serve_load
+        """The model servers' KV cache and queue (`ServeRotation.kv_load`), read every
+        `kv_check_s` and sent in each periodic heartbeat as `kv`, as the TEE miner does."""
+        self.kv: KvLoad | None = None
         self.features = features
         """What the miner announces it honours (`protocol.miner.FEATURE_*`)."""
         self.identity = identity
@@ -228,7 +234,9 @@ class GatewayLink:
                 self._plan(nursery, workers)
 
     async def _watch_serve(self) -> None:
-        """Follow the model server's readiness; a change goes out at once as a heartbeat."""
+        """Follow the model server's readiness (a change goes out at once as a heartbeat) and,
+        less often, its KV cache and queue (they go out with the next periodic heartbeat)."""
+        kv_due = 0.0
         while True:
             ready = self.serve_ready()
             if ready != self.serving_ready:
@@ -236,6 +244,10 @@ class GatewayLink:
                 log.warning("the model server %s; legs announce capacity %s", "is ready again" if ready else "cannot take requests",
                             "restored" if ready else "0 until it can")
                 self.publish()
+            if self.serve_load is not None and trio.current_time() >= kv_due:
+                kv_due = trio.current_time() + self.settings.kv_check_s
+                with trio.move_on_after(self.settings.kv_check_s):
+                    self.kv = await self.serve_load()
             await trio.sleep(self.settings.serve_check_s)
 
     async def _worker_count(self) -> int:
@@ -429,7 +441,7 @@ class _LegSession:
         else:
             capacity = None
         self.withheld = capacity is not None and capacity.max_inflight == 0
-        return Heartbeat(inflight=len(self.active), idle_seconds=idle, capacity=capacity)
+        return Heartbeat(inflight=len(self.active), idle_seconds=idle, capacity=capacity, kv=self.link.kv)
 
     def load_heartbeat(self) -> Heartbeat:
         """The short heartbeat that tells a request started or ended: counts only, unless the

@@ -51,9 +51,9 @@ from engy_node.miner.serving import RequestHandler, RequestOutcome
 from engy_node.served_model import ServedModel, load_served_model
 from engy_node.miner.sglang import LaunchSpec, ModelServerSupervisor, reference_launch, sglang_launch, shell_command
 from engy_node.models import ModelSpec, get_model
-from engy_node.protocol.miner import FEATURE_SEEDED, OUR_FEATURES, Capacity
+from engy_node.protocol.miner import FEATURE_SEEDED, OUR_FEATURES, Capacity, KvLoad
 from engy_node.serve.checkpoint import resolve_checkpoint
-from engy_node.serve.client import ServeClient
+from engy_node.serve.client import ServeClient, ServeError
 
 log = logging.getLogger("engy.miner")
 
@@ -251,6 +251,23 @@ class ServeRotation:
         self._next += 1
         return client
 
+    async def kv_load(self) -> KvLoad | None:
+        """The servers' KV cache and queue summed, as the TEE miner reports them (`kv`); None
+        when no server says (an sglang without `/get_load`)."""
+        ranks: list = []
+        limit = 0
+        for client in self.clients:
+            if client.http.is_closed:
+                return None  # shutting down
+            try:
+                loads, size = await client.load()
+            except (httpx.HTTPError, ServeError, ValueError) as error:
+                log.debug("no load from %s (%s: %s)", client.base_url, type(error).__name__, error)
+                continue
+            ranks += loads if isinstance(loads, list) else []
+            limit += size or 0
+        return KvLoad.of_ranks(ranks, limit or None)
+
 
 def server_record_path(config: Config, server_hub_component: str) -> Path:
     """Where the miner records the model server it runs, for the next start in this home
@@ -329,8 +346,8 @@ def _link(config: Config, setup: MinerSetup, served: ServedModel, miner_identity
           serve_ready: Callable[[], bool]) -> GatewayLink:
     """The gateway link for `setup`, serving through `serve_urls` while `serve_ready()`."""
     settings = config.miner
-    handler = RequestHandler(model=served, serve=ServeRotation(serve_urls, http, request_timeout_s=setup.spec.max_request_s), chunk_tokens=settings.chunk_tokens,
-                             on_outcome=metrics.record)
+    serves = ServeRotation(serve_urls, http, request_timeout_s=setup.spec.max_request_s)
+    handler = RequestHandler(model=served, serve=serves, chunk_tokens=settings.chunk_tokens, on_outcome=metrics.record)
     spec = setup.spec
     return GatewayLink(
         gateway_url=settings.gateway_url, identity=miner_identity, http=http, handler=handler, settings=LinkSettings(),
@@ -344,7 +361,7 @@ def _link(config: Config, setup: MinerSetup, served: ServedModel, miner_identity
         # A server this miner launched samples deterministically (sglang with the flag, or the
         # reference server); one the operator runs (--serve-url) may not, so it is not claimed.
         features=OUR_FEATURES | {FEATURE_SEEDED} if setup.launch is not None else OUR_FEATURES,
-        serve_ready=serve_ready,
+        serve_ready=serve_ready, serve_load=serves.kv_load,
     )
 
 

@@ -255,6 +255,23 @@ class KvLoad:
         return wire
 
     @classmethod
+    def of_ranks(cls, ranks: Any, limit: int | None) -> "KvLoad | None":
+        """Summed over sglang's `/get_load` list (one entry per scheduler rank); `limit` is the
+        servers' `max_total_num_tokens` summed (None: unknown). None when the list holds no rank
+        it can read: then no `kv` block is sent, and the gateway counts requests alone."""
+        if not isinstance(ranks, list):
+            return None
+        read = [rank for rank in ranks if isinstance(rank, Mapping)]
+        if not read:
+            return None
+
+        def total(key: str) -> int:
+            return sum(value for rank in read if isinstance(value := rank.get(key), int) and not isinstance(value, bool)
+                       and value >= 0)
+
+        return cls(used=total("num_tokens"), limit=limit or None, running=total("num_reqs"), waiting=total("num_waiting_reqs"))
+
+    @classmethod
     def parse(cls, raw: Any) -> "KvLoad | None":
         """Liberal: a block that is not an object, or counts that are not whole numbers, read as
         no report (it only refines routing; the gateway counts requests itself)."""

@@ -467,7 +467,12 @@ class ReferenceApp:
                 "root": name, "parent": None, "max_model_len": self.engine.runner.context_length}
 
     async def flush_cache(self, request: Request) -> Response:
-        return Response("Cache flushed.\nThe engy reference server keeps no prefix cache; nothing to flush.\n", media_type="text/plain")
+        self.engine.flush_cache()
+        return Response("Cache flushed.\n", media_type="text/plain")
+
+    async def get_load(self, request: Request) -> Response:
+        """sglang's per-rank load list (one rank here): what a miner reports as its `kv`."""
+        return JSONResponse([{"dp_rank": 0, **self.engine.kv_load()}])
 
     async def metrics(self, request: Request) -> Response:
         running, waiting = self.engine.load()
@@ -625,6 +630,7 @@ def build_app(reference: ReferenceApp) -> Starlette:
         Route("/v1/models", reference.models, methods=["GET"]),
         Route("/v1/models/{name:path}", reference.model, methods=["GET"]),
         Route("/flush_cache", reference.flush_cache, methods=["GET", "POST"]),
+        Route("/get_load", reference.get_load, methods=["GET"]),
         Route("/metrics", reference.metrics, methods=["GET"]),
         Route("/engy/prefill", reference.prefill, methods=["POST"]),
     ]

@@ -38,6 +38,7 @@ log = logging.getLogger("engy.serve.client")
 
 DEFAULT_CHUNK_TOKENS = 4096
 ABORT_TIMEOUT_S = 5.0
+LOAD_TIMEOUT_S = 3.0
 
 
 class ServeError(Exception):
@@ -138,6 +139,7 @@ class ServeClient:
         self.base_url = base_url.rstrip("/")
         self.http = http
         self.request_timeout_s = request_timeout_s
+        self._kv_limit: int | None = None
 
     async def abort(self, rid: str) -> bool:
         """Ask the server to stop `rid`; True when it answered below 400. Never raises."""
@@ -153,6 +155,20 @@ class ServeClient:
         except (httpx.HTTPError, trio.TooSlowError) as error:
             log.warning("could not abort %s on %s: %s", rid, self.base_url, type(error).__name__)
             return False
+
+    async def load(self) -> tuple[list, int | None]:
+        """(sglang's `/get_load` list, `max_total_num_tokens` from `/get_server_info`): what the
+        server holds and can hold. The size is read once; raises `httpx.HTTPError`, `ServeError`
+        or `ValueError` (a body that is not JSON) when the server does not say."""
+        if self._kv_limit is None:
+            response = await self.http.get(f"{self.base_url}/get_server_info", timeout=LOAD_TIMEOUT_S)
+            _raise_for_status(response)
+            info = orjson.loads(response.content)
+            limit = info.get("max_total_num_tokens") if isinstance(info, dict) else None
+            self._kv_limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else 0
+        response = await self.http.get(f"{self.base_url}/get_load", timeout=LOAD_TIMEOUT_S)
+        _raise_for_status(response)
+        return orjson.loads(response.content), self._kv_limit or None
 
     async def generate_once(
         self,

@@ -97,6 +97,10 @@ class PrefixCache:
             evicted, _ = self._entries.popitem(last=False)
             self._tokens -= len(evicted)
 
+    def clear(self) -> None:
+        self._entries.clear()
+        self._tokens = 0
+
     def _clone(self, cache: Any, length: int) -> Any:
         copy = self.runner.new_cache()
         for index, layer in enumerate(cache.layers):
@@ -479,6 +483,20 @@ class Engine:
     def load(self) -> tuple[int, int]:
         with self._lock:
             return len(self._running), len(self._waiting)
+
+    def kv_load(self) -> dict[str, int]:
+        """The KV cache and queue as sglang's `/get_load` reports one rank's: tokens the running
+        requests hold (prompt and output so far), requests running and waiting, and the prompt
+        tokens waiting to be prefilled. The prefix cache is left out: it gives way to requests."""
+        with self._lock:
+            return {"num_reqs": len(self._running), "num_waiting_reqs": len(self._waiting),
+                    "num_tokens": sum(len(g.input_ids) + len(g.output_ids) for g in self._running),
+                    "num_pending_tokens": sum(len(g.input_ids) for g in self._waiting)}
+
+    def flush_cache(self) -> None:
+        """Empty the prefix cache, on the engine thread between steps."""
+        if self.prefix_cache is not None:
+            self.run_job(lambda runner: self.prefix_cache.clear(), lambda result, error: None)
 
     def gen_throughput(self) -> float:
         """Tokens per second over the last THROUGHPUT_WINDOW_S."""

@@ -19,6 +19,7 @@ from trio_websocket import ConnectionClosed, serve_websocket
 
 from engy_node import keys, proof
 from engy_node.miner.link import GatewayLink, Identity, Leg, LinkSettings, leg_url, meta_url, plan_legs
+from engy_node.miner.role import ServeRotation
 from engy_node.miner.serving import RequestHandler
 from engy_node.served_model import load_served_model
 from engy_node.models import SMOLLM2_135M
@@ -51,10 +52,11 @@ def independent_prompt_ids(runner, req: ServeRequest) -> list[int]:
 async def start_miner(nursery, harness_url, served_model, serve_url, *, identity=Identity(miner_key="mk-test"), limits=LIMITS,
                       settings=FAST, serve_ready=lambda: True):
     http = httpx.AsyncClient(timeout=120)
-    handler = RequestHandler(model=served_model, serve=lambda: ServeClient(serve_url, http))
+    serves = ServeRotation((serve_url,), http, request_timeout_s=600)
+    handler = RequestHandler(model=served_model, serve=serves)
     link = GatewayLink(
         gateway_url=harness_url, identity=identity, limits=limits, handler=handler, http=http, settings=settings,
-        rng=random.Random(7), serve_ready=serve_ready,
+        rng=random.Random(7), serve_ready=serve_ready, serve_load=serves.kv_load,
         hello={"model": "smollm2-135m", "model_root": served_model.model_root, "hw": {"host": "test", "gpu_count": 0},
                "versions": {"engy_node": "test"}, "worker_name": "rig-1", "worker_id": uuid.uuid4().hex},
     )
@@ -303,6 +305,19 @@ async def test_heartbeats_follow_the_load_and_a_serve_that_cannot_take_requests_
     await gateway.wait_for(lambda: leg.heartbeats[-1].capacity is not None and leg.heartbeats[-1].capacity.max_inflight > 0,
                            timeout=10)
     assert gateway.legs[0] is leg, "the same connection throughout"
+
+
+async def test_periodic_heartbeats_carry_the_model_servers_kv_cache_and_queue(nursery, gateway, served_model, reference_server):
+    # As the newest public TEE miner does, from sglang's /get_load and /get_server_info.
+    await start_miner(nursery, gateway.url, served_model, reference_server.url,
+                      settings=dataclasses.replace(FAST, heartbeat_s=0.2, kv_check_s=0.1))
+    await gateway.wait_for(lambda: len(gateway.legs) == 2)
+    leg = gateway.legs[0]
+    await gateway.wait_for(lambda: any(h.kv is not None for h in leg.heartbeats), timeout=10)
+    kv = next(h.kv for h in leg.heartbeats if h.kv is not None)
+    async with httpx.AsyncClient() as http:
+        size = (await http.get(reference_server.url + "/get_server_info")).json()["max_total_num_tokens"]
+    assert kv.limit == size and kv.used == 0 and kv.running == 0 and kv.fraction == 0.0
 
 
 async def test_a_change_in_the_gateways_workers_replans_the_legs_without_a_restart(nursery, served_model):

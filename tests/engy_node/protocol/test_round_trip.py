@@ -24,6 +24,7 @@ from engy_node.protocol.miner import (
     Capacity,
     Heartbeat,
     Hello,
+    KvLoad,
     Message,
     Response,
     Serve,
@@ -121,3 +122,31 @@ def test_a_serve_without_sampling_sends_no_sampling_object_and_reads_back_greedy
         '{"type":"serve","corr_id":"c","request":{"messages":[{"role":"user","content":"x"}]}}').request, stream=False)
     assert "sampling" not in serve.to_wire()["request"]
     assert parse_gateway_frame(encode(serve)).request.sampling.greedy
+
+
+_ranks = st.lists(st.one_of(
+    st.fixed_dictionaries({"num_tokens": st.integers(0, 10**7), "num_reqs": st.integers(0, 512),
+                           "num_waiting_reqs": st.integers(0, 512), "num_pending_tokens": st.integers(0, 10**6)}),
+    st.dictionaries(st.sampled_from(["num_tokens", "num_reqs", "dp_rank"]), st.one_of(st.none(), st.booleans(), st.text(max_size=3),
+                                                                                    st.integers(-5, 5), st.floats(allow_nan=False))),
+    st.integers(), st.text(max_size=3)), max_size=6)
+
+
+@given(_ranks, st.one_of(st.none(), st.integers(1, 10**8)))
+def test_sglangs_load_list_sums_into_a_kv_block_that_reads_back(ranks, limit):
+    load = KvLoad.of_ranks(ranks, limit)
+    read = [rank for rank in ranks if isinstance(rank, dict)]
+    if not read:
+        assert load is None
+        return
+
+    def total(key: str) -> int:
+        return sum(v for rank in read if type(v := rank.get(key)) is int and v >= 0)
+
+    assert load == KvLoad(used=total("num_tokens"), limit=limit, running=total("num_reqs"), waiting=total("num_waiting_reqs"))
+    assert parse_miner_frame(encode(Heartbeat(inflight=0, idle_seconds=0.0, kv=load))).kv == load
+
+
+def test_a_load_that_is_not_sglangs_list_is_no_kv_block():
+    assert KvLoad.of_ranks({"num_tokens": 5}, 10) is None
+    assert KvLoad.of_ranks([], 10) is None

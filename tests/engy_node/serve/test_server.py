@@ -69,12 +69,16 @@ def test_health_model_info_and_server_info_answer_like_sglang(client):
     server = client.get("/server_info").json()
     assert server["status"] == "ready"
     assert server["max_running_requests"] == 4
+    assert client.get("/get_load").json() == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0,
+                                               "num_pending_tokens": 0}]
     models = client.get("/v1/models").json()
     assert models["data"][0]["id"] == "smollm2-135m"
     assert client.get("/v1/models/no-such-model").status_code == 404
 
 
 def test_greedy_generation_answers_the_capital_of_france(client, runner):
+    # The server is shared by the session: another test may have asked this before.
+    assert client.post("/flush_cache").status_code == 200
     ids = runner.tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=True)
     ids = list(ids if isinstance(ids, list) else ids["input_ids"])
