@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from engy_node.chat_template import RESERVED_VARIABLES
-from engy_node.models import CATALOG, ModelSpec
+from engy_node.models import ModelSpec
 
 PROTOCOL_VERSION = 1
 

@@ -25,7 +25,6 @@ from engy_node.served_model import load_served_model
 from engy_node.models import SMOLLM2_135M
 from engy_node.miner.drain import REFUSED_ERROR
 from engy_node.protocol.miner import OUR_FEATURES, Capacity, Message, ProtocolError, Sampling, Serve, ServeRequest, encode
-from engy_node.serve.client import ServeClient
 from engy_node.testing.gateway import GatewayHarness, RequestRecord
 from tests.waiting import wait_until_async
 
