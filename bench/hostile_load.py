@@ -874,7 +874,7 @@ def print_report(results: list[dict], plan: Plan, args, info: dict) -> None:
         left_out = (f"; settings it does not know, left out: {', '.join(result['settings_left_out'])}"
                     if result["settings_left_out"] else "")
         print(f"{result['label']}: commit {result['commit']}{dirty}, run from {result['root']}; load average before it {load}{left_out}")
-        print(f"  gateway log (warnings, errors, failed requests by kind, miner admissions):" + "".join(
+        print("  gateway log (warnings, errors, failed requests by kind, miner admissions):" + "".join(
             f"\n    {count} × {text}" for text, count in sorted(result["gateway_log"].items())))
         for text, lines in result["gateway_log_errors"].items():
             print(f"  the first {text!r}, as logged:", *(f"    {line}" for line in lines), sep="\n")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import trio
 
 from engy_node.gateway import role

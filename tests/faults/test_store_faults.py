@@ -17,7 +17,6 @@ import os
 import httpx
 import openai
 import pytest
-import trio
 
 from engy_node.testing.faults import FaultUnavailable, LoopFilesystem, ProcessAccount, account_row, check_books
 from tests.faults.conftest import BuyerCall, new_buyer, plain_script, start_synthetic_miner, words
