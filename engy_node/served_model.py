@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,20 @@ class ServedModel:
         tools = list(request.tools) if request.tools else None
         return self.pieces.encode(self.tokenizer.render(messages, tools=tools, add_generation_prompt=True,
                                                         template_kwargs=request.template_variables()))
+
+    def public_miner_prompts(self, request: ServeRequest) -> list[list[int]]:
+        """The prompts the public one-file miners render for `request` where they differ from
+        `render_prompt`'s: release 0.4.4 keeps each message's role and content only and drops
+        `tools` and `chat_template_kwargs`; the newest turns each history tool call's arguments
+        from a JSON string into an object before the template sees them (the Qwen3 templates
+        print an object with their own spacing). An honest public miner proves one of these, not
+        the gateway's prompt, when the request carries what it does not render."""
+        plain = [{"role": m.role, "content": m.content} for m in request.messages]
+        normalised = [_arguments_as_objects(m.for_template()) for m in request.messages]
+        tools = list(request.tools) if request.tools else None
+        return [self.pieces.encode(self.tokenizer.render(plain, tools=None, add_generation_prompt=True, template_kwargs={})),
+                self.pieces.encode(self.tokenizer.render(normalised, tools=tools, add_generation_prompt=True,
+                                                         template_kwargs=request.template_variables()))]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -112,3 +126,19 @@ def end_token_ids_of(checkpoint: Path, tokenizer: Any) -> frozenset[int]:
             if isinstance(token, int) and not isinstance(token, bool):
                 ids.add(token)
     return frozenset(ids)
+
+
+def _arguments_as_objects(message: dict[str, Any]) -> dict[str, Any]:
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list) or not calls:
+        return message
+    fixed = []
+    for call in calls:
+        function = dict(call.get("function") or {}) if isinstance(call, Mapping) else {}
+        if isinstance(function.get("arguments"), str):
+            try:
+                function["arguments"] = json.loads(function["arguments"])
+            except ValueError:
+                function["arguments"] = {}
+        fixed.append({**call, "function": function} if isinstance(call, Mapping) else call)
+    return {**message, "tool_calls": fixed}

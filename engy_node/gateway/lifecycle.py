@@ -693,6 +693,12 @@ class Gateway:
                                              max_tokens=flight.chat.max_tokens))
             return Accounting(claim=_cache_claim(response, len(relayed)), relayed_tokens=len(relayed), output_ids=None,
                               stop=cut_at)
+        if list(commitment.prompt_ids) != flight.prompt_ids and await self._rendered_as_public_miner(flight, pending, commitment):
+            # An honest public miner: it proved the prompt as it renders the request, without
+            # what it does not honour. That is what it computed, and what is billed and audited.
+            log.info("request %s: miner %s proved the prompt as the public miner renders it (%d tokens, not %d)",
+                     flight.request_id, flight.miner, len(commitment.prompt_ids), len(flight.prompt_ids))
+            flight.prompt_ids = list(commitment.prompt_ids)
         if list(commitment.prompt_ids) != flight.prompt_ids:
             # Established before the answer is delivered: whatever the text says, it was not
             # computed for this buyer's prompt. Recorded as a cheat at once (it pulls the miner,
@@ -735,6 +741,15 @@ class Gateway:
                           relayed_tokens=relay.tokens, output_ids=tuple(commitment.output_token_ids), stop=relay.stop,
                           proven_text=relay.proven_text)
 
+
+    async def _rendered_as_public_miner(self, flight: Flight, pending: PendingRequest, commitment: proof.Commitment) -> bool:
+        """Whether a miner that does not announce our features (a public one) proved the prompt
+        one of the public miners renders for this request (`ServedModel.public_miner_prompts`)."""
+        if FEATURE_TOOLS not in pending.leg.lacks:
+            return False
+        proven = list(commitment.prompt_ids)
+        renders = await trio.to_thread.run_sync(flight.model.public_miner_prompts, flight.serve, limiter=self.tokenize_limiter)
+        return proven in renders
 
     async def keep_proofs(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The service that lets an answer cut at a stop string stay provable (`account_for_cut`):

@@ -283,12 +283,12 @@ class ScriptedPeer:
         tokenizer = self.model.tokenizer
         if not self.dialect.renders_tools:
             messages = [{"role": m["role"], "content": m.get("content")} for m in request["messages"]]
-            rendered = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+            text = tokenizer.render(messages, add_generation_prompt=True)
         else:
             messages = [_arguments_as_objects(m) for m in request["messages"]]
-            rendered = tokenizer.apply_chat_template(messages, tools=request.get("tools") or None, tokenize=True,
-                                                     add_generation_prompt=True, **(request.get("chat_template_kwargs") or {}))
-        return list(rendered if isinstance(rendered, list) else rendered["input_ids"])
+            text = tokenizer.render(messages, tools=request.get("tools") or None, add_generation_prompt=True,
+                                    template_kwargs=request.get("chat_template_kwargs") or {})
+        return list(tokenizer.encode(text, add_special_tokens=False))
 
     def _compose(self, request: dict, answer: Answer, prompt_ids: list[int]) -> Sent:
         tokenizer = self.model.tokenizer

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -31,6 +32,7 @@ from engy_node.gateway.store import Store
 from engy_node.hub import Hub
 from engy_node.miner.link import Identity, LinkSettings
 from engy_node.models import SMOLLM2_135M
+from engy_node.protocol.miner import parse_gateway_frame
 from engy_node.served_model import load_served_model
 from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
 
@@ -134,11 +136,10 @@ def running() -> StoppableGateway:
     return StoppableGateway()
 
 
-@pytest.fixture
-async def network(nursery, tmp_path, checkpoint, running):
+async def open_network(nursery, home: Path, checkpoint: Path, running: StoppableGateway, **gateway):
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(home=tmp_path, env=env, overrides={"gateway": {
-        "port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "queue_wait_s": 0.5, "drain_s": 5.0}})
+    config = load_config(home=home, env=env, overrides={"gateway": {
+        "port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "queue_wait_s": 0.5, "drain_s": 5.0, **gateway}})
     hub = Hub()
     urls = await nursery.start(running.run, config, hub)
     store = Store.open(store_path(config))
@@ -146,6 +147,50 @@ async def network(nursery, tmp_path, checkpoint, running):
     async with httpx.AsyncClient(timeout=60) as http:
         yield Network(nursery, urls, store, served, hub, http)
     store.close()
+
+
+@pytest.fixture
+async def network(nursery, tmp_path, checkpoint, running):
+    async for opened in open_network(nursery, tmp_path, checkpoint, running):
+        yield opened
+
+
+TOOLS_TEMPLATE = """{%- if tools %}<|im_start|>system
+# Tools
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}<|im_end|>
+{% endif %}
+{%- for message in messages %}<|im_start|>{{ message.role }}
+{{ message.content }}
+{%- for call in message.tool_calls or [] %}
+<tool_call>
+{%- if call.function.arguments is string %}{{ call.function.arguments }}{% else %}{{ call.function.arguments | tojson }}{% endif %}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% if enable_thinking is defined and enable_thinking is false %}<think>
+
+</think>
+
+{% endif %}{% endif %}"""
+"""A chat template in the manner of Qwen3's: it renders the tools, each history tool call's
+arguments (an object with its own spacing), and an empty think block when thinking is off."""
+
+
+@pytest.fixture
+async def tools_network(nursery, tmp_path, checkpoint, running):
+    """The gateway serving the embedded model under `TOOLS_TEMPLATE` (the same weights and
+    model root: only the chat template differs), as it serves the catalog's Qwen models."""
+    variant = tmp_path / "smollm2-135m-tools"
+    variant.mkdir()
+    for item in checkpoint.iterdir():
+        if item.name != "chat_template.jinja":
+            (variant / item.name).symlink_to(item.resolve())
+    (variant / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
+    async for opened in open_network(nursery, tmp_path / "home", variant, running, checkpoints=f"{MODEL}={variant}"):
+        yield opened
 
 
 def openai_usage(usage) -> Usage:
@@ -232,6 +277,31 @@ async def test_a_two_step_tool_call_loop_with_thinking_completes_on_both_sdks(ne
     assert done.content[1].text == "It is sunny in Paris for the next 2 days."
     network.charged_as_told(account, *(openai_usage(c.usage) for c in (first, second)),
                             *(anthropic_usage(m.usage) for m in (turn, done)))
+
+
+@pytest.mark.parametrize("peer", [ENGY_MINER_0_4_4.name, ENGY_MINER_NEWEST.name])
+async def test_a_public_miner_proving_the_prompt_as_it_renders_it_is_served_and_billed_for_that_prompt(tools_network, peer):
+    # Release 0.4.4 drops the tools and the template's variables; the newest renders a history
+    # tool call's arguments as an object. Either proves its own rendering of the buyer's
+    # request, honestly: the answer is relayed, billed for the prompt it computed, not refused.
+    network = tools_network
+    miner = await network.peer(peer)
+    account, key = network.buyer()
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": "Let me check.", "tool_calls": [
+                   {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    completion = await trio.to_thread.run_sync(lambda: ask_openai(network.openai(key), stream=False, messages=history,
+                                                                  tools=[WEATHER]))
+    assert completion.choices[0].message.content == "Paris is the capital of France."
+    assert completion.usage.prompt_tokens == len(miner.sent[0].prompt_ids)
+    message = await trio.to_thread.run_sync(lambda: ask_anthropic(network.anthropic(key), stream=True, messages=QUESTION[1:],
+                                                                  thinking={"type": "disabled"}))
+    assert message.content[0].text == "Paris is the capital of France."
+    assert message.usage.input_tokens == len(miner.sent[1].prompt_ids)
+    rendered_by_gateway = network.served.render_prompt(parse_gateway_frame(json.dumps(miner.frames("serve")[0])).request)
+    assert rendered_by_gateway != miner.sent[0].prompt_ids, "the miner rendered this request as the gateway does"
+    network.charged_as_told(account, openai_usage(completion.usage), anthropic_usage(message.usage))
 
 
 @pytest.mark.parametrize("peer", PEERS)
