@@ -192,11 +192,10 @@ class OpenAiRoutes:
             return OpenAiError(int(failure["status_code"]), str(failure.get("message"))).response()
         return None
 
-    async def _chat_stream(self, generation: Generation, answer: "_Answer", include_usage: bool) -> AsyncIterator[bytes]:
-        parser = OutputParser(call_id_prefix=answer.id[-12:], tools=answer.tools)
-        sent, called = "", False
-        finished_cleanly = False
-        try:
+    def _chat_stream(self, generation: Generation, answer: "_Answer", include_usage: bool) -> AsyncIterator[bytes]:
+        async def chunks() -> AsyncIterator[bytes]:
+            parser = OutputParser(call_id_prefix=answer.id[-12:], tools=answer.tools)
+            sent, called = "", False
             yield answer.chunk({"role": "assistant", "content": ""})
             async for text, final in _texts(generation):
                 events = parser.feed(text[len(sent):]) + (parser.finish() if final else [])
@@ -207,25 +206,30 @@ class OpenAiRoutes:
                     yield answer.chunk(delta)
                 if final:
                     yield answer.chunk({}, finish=answer.finish(generation, called=called))
-            if include_usage:
-                yield answer.usage_chunk(generation)
-            finished_cleanly = True
-            yield b"data: [DONE]\n\n"
-        finally:
-            if not finished_cleanly:
-                self.engine.abort(generation.rid, prefix=False, message="client disconnected")
 
-    async def _completion_stream(self, generation: Generation, answer: "_Answer", include_usage: bool, *,
-                                 echo: bool) -> AsyncIterator[bytes]:
-        sent = ""
-        finished_cleanly = False
-        try:
+        return self._stream(generation, answer, include_usage, chunks())
+
+    def _completion_stream(self, generation: Generation, answer: "_Answer", include_usage: bool, *,
+                           echo: bool) -> AsyncIterator[bytes]:
+        async def chunks() -> AsyncIterator[bytes]:
+            sent = ""
             if echo:
                 yield answer.text_chunk(self.engine.runner.decode_text(generation.input_ids))
             async for text, final in _texts(generation):
                 piece, sent = text[len(sent):], text
                 if piece or final:
                     yield answer.text_chunk(piece, finish=answer.finish(generation, called=False) if final else None)
+
+        return self._stream(generation, answer, include_usage, chunks())
+
+    async def _stream(self, generation: Generation, answer: "_Answer", include_usage: bool,
+                      chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """An SSE stream of `chunks`, then the usage chunk if asked for and `[DONE]`; a client
+        that leaves before the end aborts the generation."""
+        finished_cleanly = False
+        try:
+            async for chunk in chunks:
+                yield chunk
             if include_usage:
                 yield answer.usage_chunk(generation)
             finished_cleanly = True
