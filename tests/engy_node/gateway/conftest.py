@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import trio
 
+from engy_node.gateway.role import run_gateway
 from engy_node.gateway.store import Store
+from engy_node.hub import Hub
 from tests.waiting import Changes
 
 
@@ -25,3 +28,29 @@ def holds_closed(monkeypatch) -> Changes:
 
     monkeypatch.setattr(Store, "run", run_and_tell)
     return changes
+
+
+class StoppableGateway:
+    """The gateway role in the test's nursery, stopped on demand: stopping drains its request-log
+    writer, so the log can be read whole afterwards."""
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.stopped = trio.Event()
+
+    async def run(self, config, hub: Hub | None = None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with self.scope:
+                await run_gateway(config, hub or Hub(), task_status=task_status)
+        finally:
+            self.stopped.set()
+
+    async def stop(self) -> None:
+        self.scope.cancel()
+        with trio.fail_after(30):
+            await self.stopped.wait()
+
+
+@pytest.fixture
+def running() -> StoppableGateway:
+    return StoppableGateway()

@@ -23,13 +23,13 @@ import trio
 from engy_node.config import load_config
 from engy_node.gateway import billing
 from engy_node.gateway.chat import Usage
-from engy_node.gateway.role import run_gateway, store_path
+from engy_node.gateway.role import store_path
 from engy_node.gateway.store import Store
-from engy_node.hub import Hub
 from engy_node.models import SMOLLM2_135M
 from engy_node.serve.client import ServeClient
 from engy_node.served_model import load_served_model
 
+from .conftest import StoppableGateway
 from .public_peer import PublicMiner
 
 MODEL = SMOLLM2_135M.id
@@ -37,32 +37,6 @@ HEARTBEAT_S = 0.2
 STALE_AFTER_S = 1.0
 """Five heartbeat intervals: a leg whose heartbeats the gateway refused would be gone by then."""
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-class StoppableGateway:
-    """The gateway role in the test's nursery, stopped on demand: stopping drains its request-log
-    writer, so the log can be read whole afterwards."""
-
-    def __init__(self) -> None:
-        self.scope = trio.CancelScope()
-        self.stopped = trio.Event()
-
-    async def run(self, config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            with self.scope:
-                await run_gateway(config, Hub(), task_status=task_status)
-        finally:
-            self.stopped.set()
-
-    async def stop(self) -> None:
-        self.scope.cancel()
-        with trio.fail_after(30):
-            await self.stopped.wait()
-
-
-@pytest.fixture
-def running():
-    return StoppableGateway()
 
 
 @pytest.fixture

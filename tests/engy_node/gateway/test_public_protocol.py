@@ -27,7 +27,7 @@ import trio
 from engy_node.config import load_config
 from engy_node.gateway import billing
 from engy_node.gateway.chat import Usage
-from engy_node.gateway.role import run_gateway, store_path
+from engy_node.gateway.role import store_path
 from engy_node.gateway.store import Store
 from engy_node.hub import Hub
 from engy_node.miner.link import Identity, LinkSettings
@@ -36,6 +36,7 @@ from engy_node.protocol.miner import parse_gateway_frame
 from engy_node.served_model import load_served_model
 from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
 
+from .conftest import StoppableGateway
 from .scripted_peers import DIALECTS, ENGY_MINER_0_4_4, ENGY_MINER_NEWEST, TEE_MINER_NEWEST, Answer, ScriptedPeer
 
 MODEL = SMOLLM2_135M.id
@@ -111,29 +112,6 @@ class Network:
         balance = self.store.balance(account_id)
         assert balance.charged == sum(billing.charge(price=PRICE, usage=usage) for usage in usages)
         assert balance.held == 0 and balance.credited == balance.charged + balance.available
-
-
-class StoppableGateway:
-    def __init__(self) -> None:
-        self.scope = trio.CancelScope()
-        self.stopped = trio.Event()
-
-    async def run(self, config, hub: Hub, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            with self.scope:
-                await run_gateway(config, hub, task_status=task_status)
-        finally:
-            self.stopped.set()
-
-    async def stop(self) -> None:
-        self.scope.cancel()
-        with trio.fail_after(30):
-            await self.stopped.wait()
-
-
-@pytest.fixture
-def running() -> StoppableGateway:
-    return StoppableGateway()
 
 
 async def open_network(nursery, home: Path, checkpoint: Path, running: StoppableGateway, **gateway):
