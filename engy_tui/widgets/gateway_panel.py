@@ -15,7 +15,8 @@ Where each fact comes from (read the producers before changing a key):
   when a state or reason changes, so its counts can trail the live ones.
 * "gateway" (`gateway/role.py`): state, buyer_url, miner_url, provider_url, models, worker,
   workers (processes), and `legs` (`MinerPool.snapshot()`: leg, miner, worker, model, capacity,
-  inflight, heartbeat_age_s; refreshed every 10 s).
+  inflight, heartbeat_age_s, and what the miner announced: region, tee (its GPU confidential
+  computing mode, as told, not attested), context_length, kv_used; refreshed every 10 s).
 * "audit" (`gateway/trust_plane.py`): waiting, leased, dropped_full, dropped_expired,
   dropped_unjudged, recorded.
 * "epochs" (`gateway/publisher.py`): latest, digest, weights [[hotkey, u16], ...].
@@ -195,10 +196,14 @@ def state_cell(worker: Mapping[str, Any]) -> Cell:
 
 
 def link_cell(worker: Mapping[str, Any], legs: Sequence[Mapping[str, Any]]) -> Cell:
-    """The legs the gateway holds to this (miner, model), and the oldest heartbeat among them;
-    without legs, what the control plane last said about the connection."""
+    """The legs the gateway holds to this (miner, model), where the miner says it is and whether
+    it says it serves in a TEE, and the oldest heartbeat among them; without legs, what the
+    control plane last said about the connection."""
     if legs:
         text = f"{len(legs)} leg{'s' if len(legs) != 1 else ''}"
+        told = sorted({f"TEE {tee}" if tee != "on" else "TEE" for tee in (_text(leg.get("tee")) for leg in legs) if tee}
+                      | {region for region in (_text(leg.get("region")) for leg in legs) if region})
+        text = " · ".join([text, *told])
         ages = [age for age in (_num(leg.get("heartbeat_age_s")) for leg in legs) if age is not None]
         if not ages:
             return Cell(text)
@@ -216,7 +221,8 @@ def link_cell(worker: Mapping[str, Any], legs: Sequence[Mapping[str, Any]]) -> C
 
 
 def load_cell(legs: Sequence[Mapping[str, Any]]) -> Cell:
-    """Requests in flight over the capacity the legs advertise, summed over the legs: "12/32"."""
+    """Requests in flight over the capacity the legs advertise, summed over the legs, and the
+    fullest KV cache a leg reports: "12/32 · kv 71%" (the router sends nothing to a full one)."""
     if not legs:
         return DASH_CELL
     inflight = [_int(leg.get("inflight")) for leg in legs]
@@ -226,7 +232,12 @@ def load_cell(legs: Sequence[Mapping[str, Any]]) -> Cell:
     if used is None and room is None:
         return NA_CELL
     text = f"{NA if used is None else used}/{NA if room is None else room}"
+    kv = [fraction for fraction in (_num(leg.get("kv_used")) for leg in legs) if fraction is not None]
+    if kv:
+        text += f" · kv {round(100 * max(kv))}%"
     if used is not None and room is not None and used >= room:
+        return Cell(f"{text} full", "warning")
+    if kv and max(kv) >= 1:
         return Cell(f"{text} full", "warning")
     return Cell(text)
 

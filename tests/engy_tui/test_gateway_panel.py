@@ -201,6 +201,13 @@ def test_the_link_shows_legs_and_the_oldest_heartbeat_and_flags_a_late_one():
     assert link_cell({}, []) == Cell("n/a", "na")
 
 
+def test_the_link_says_where_the_miner_says_it_is_and_whether_it_says_it_serves_in_a_tee():
+    tee = {**leg(A, "a", 4, 0, 2.0), "region": "eu-north", "tee": "on"}
+    assert link_cell({}, [tee, tee]) == Cell("2 legs · TEE · eu-north · hb 2 s")
+    assert link_cell({}, [{**tee, "tee": "devtools"}]) == Cell("1 leg · TEE devtools · eu-north · hb 2 s")
+    assert link_cell({}, [{**tee, "region": 3, "tee": None}]) == Cell("1 leg · hb 2 s"), "what is not a string is not shown"
+
+
 def test_load_is_inflight_over_capacity_summed_over_the_legs():
     assert load_cell([leg(A, "a", 16, 12, 1), leg(A, "a", 16, 3, 1)]) == Cell("15/32")
     assert load_cell([leg(A, "a", 4, 4, 1)]) == Cell("4/4 full", "warning")
@@ -208,6 +215,12 @@ def test_load_is_inflight_over_capacity_summed_over_the_legs():
     assert load_cell([{"inflight": 2}]) == Cell("2/n/a")
     assert load_cell([{}]) == Cell("n/a", "na")
     assert load_cell([]) == Cell("—", "na"), "no leg: nothing in flight, but no capacity either"
+
+
+def test_load_shows_the_fullest_kv_cache_a_leg_reports_and_flags_a_full_one():
+    assert load_cell([{**leg(A, "a", 8, 3, 1), "kv_used": 0.714}, {**leg(A, "a", 8, 0, 1), "kv_used": 0.2}]) == Cell("3/16 · kv 71%")
+    assert load_cell([{**leg(A, "a", 8, 1, 1), "kv_used": 1.0}]) == Cell("1/8 · kv 100% full", "warning")
+    assert load_cell([{**leg(A, "a", 8, 1, 1), "kv_used": "most"}]) == Cell("1/8")
 
 
 def test_the_round_shows_its_probes_and_verdicts_and_flags_a_cheat_or_a_failed_probe():
