@@ -50,7 +50,7 @@ SAMPLING_CHEATS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("T 0.5 for 1", {"temperature": 0.5}),
     ("T 0.8 for 1", {"temperature": 0.8}),
     ("prefill attack", {"model": "quantised", "seeded": False}),
-    ("prefill attack, seeded", {"model": "quantised"}),
+    ("seeded prefill attack", {"model": "quantised"}),
 )
 """(case, how it departs from `ASKED`): knobs the serving draw uses instead of the request's
 (with the request's seed), `model: quantised` for tokens from the 4-bit copy (proved by a
