@@ -34,7 +34,6 @@ sys.path.insert(0, os.environ.get(TREE_ENV, str(ROOT)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never reach for the Hub
 
 SAMPLED = ((0.7, 1.0), (1.0, 0.9))
-SEED = 20261205
 DTYPES = ("float32", "bfloat16")
 
 
@@ -43,7 +42,7 @@ def serve_and_recompute(workdir: Path, *, output_tokens: int, prompt_tokens: int
     the recompute's seconds per output token."""
     import torch
 
-    from bench.verifier import checkpoint_path, prompt_of, seeded_answer
+    from bench.verifier import SEED, checkpoint_path, prompt_of, seeded_answer
     from engy_node.calibration import greedy_generation
     from engy_node.serve.engine import ModelRunner
 
@@ -69,8 +68,10 @@ def serve_and_recompute(workdir: Path, *, output_tokens: int, prompt_tokens: int
             torch.save(logits, path)
             checks = ["greedy"] if sampling is None else ["statistical", "replay"]
             for check in checks:
+                # Replay is told the seed the answer was drawn with; an honest draw judged against
+                # another seed is a cheat, and its cost is not the cost of passing.
                 cases.append({"dtype": dtype, "answer": label, "check": check, "logits": str(path), "tokens": output,
-                              "first_position": len(prompt_ids) - 1, "sampling": sampling})
+                              "first_position": len(prompt_ids) - 1, "sampling": sampling, "seed": SEED})
     return {"cases": cases, "recompute_s": recompute_s}
 
 
@@ -89,7 +90,7 @@ def one_run(cases_file: str, repeats: int) -> None:
     for case in json.loads(Path(cases_file).read_text()):
         logits = torch.load(case["logits"])
         sampling = case["sampling"]
-        terms = None if sampling is None else proof.SamplingTerms(*sampling, seed=SEED if case["check"] == "replay" else None)
+        terms = None if sampling is None else proof.SamplingTerms(*sampling, seed=case["seed"] if case["check"] == "replay" else None)
         samples = []
         for attempt in range(repeats + 1):
             started = time.perf_counter()

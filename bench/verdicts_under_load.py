@@ -109,7 +109,8 @@ async def buyers(network: dict, *, concurrency: int, until, counts: collections.
                     await client.chat.completions.create(**body)
                 counts["answered"] += 1
             except openai.OpenAIError as error:
-                counts[f"failed: {type(error).__name__}"] += 1
+                status = getattr(error, "status_code", None)
+                counts[f"failed: {type(error).__name__}" + (f" {status}" if status else "")] += 1
                 await trio.sleep(1)
 
     async with trio.open_nursery() as nursery:
