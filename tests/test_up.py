@@ -178,7 +178,7 @@ def ask_openai(client: openai.OpenAI, *, stream: bool, **request):
 
 def ask_anthropic(client: anthropic.Anthropic, *, stream: bool, **request):
     # The SDK no longer takes `temperature`; the wire format still does, and greedy keeps the
-    # model in the format its one example showed it.
+    # model in the format the earlier turns show it.
     request = {"model": "smollm2-135m", "max_tokens": 48, "extra_body": {"temperature": 0}, **request}
     if not stream:
         return client.messages.create(**request)
