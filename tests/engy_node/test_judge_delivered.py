@@ -12,6 +12,7 @@ import pytest
 
 from engy_node import proof
 from engy_node.calibration import chat_ids, greedy_generation, quantise_linear_weights, seeded_generation
+from engy_node.drift import drift_conversations
 from engy_node.gateway.audit import AuditJob
 from engy_node.models import SMOLLM2_135M
 from engy_node.protocol.miner import Sampling
@@ -20,9 +21,10 @@ from engy_node.verifier import Judge
 
 MODEL = SMOLLM2_135M.id
 PROMPTS = ("Explain why the sky is blue in two sentences.", "Give me a simple recipe for pancakes.")
-RESPLIT = ("Translate into Brazilian Portuguese, output only the translation: Our team will contact you within 24 "
-           "hours to confirm your appointment.")
-"""The model writes a word of its answer in two pieces the tokenizer would write as one."""
+RESPLIT_SEARCH = 60
+"""How many buyer-like conversations to try for an answer the model writes in other pieces than
+the tokenizer would: which answer does so moves with the checkpoint's numerics (a pinned prompt
+stopped doing it), and about one in twenty does."""
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +64,20 @@ def test_a_pass_on_a_delivery_the_gateway_repaired_names_the_defect_and_a_cheat_
         assert (verdict.kind, verdict.code) == expected, verdict
 
 
+def resplit_answer(runner) -> tuple[list[int], list[int]]:
+    """(prompt ids, greedy answer) of the first conversation whose answer the tokenizer would
+    write in other pieces."""
+    for conversation in drift_conversations(RESPLIT_SEARCH):
+        prompt_ids = chat_ids(runner, conversation)
+        served = greedy_generation(runner, prompt_ids, 40).output_ids
+        pieces = [t for t in served if t not in runner.eos_token_ids]
+        if runner.tokenizer.encode(runner.decode_text(pieces), add_special_tokens=False) != pieces:
+            return prompt_ids, served
+    raise AssertionError(f"none of {RESPLIT_SEARCH} conversations' answers is split differently by the tokenizer")
+
+
 def test_an_honest_answer_in_other_pieces_than_the_tokenizer_would_write_still_passes(judge, runner):
-    prompt_ids = chat_ids(runner, RESPLIT)
-    served = greedy_generation(runner, prompt_ids, 40).output_ids
-    text = runner.decode_text([t for t in served if t not in runner.eos_token_ids])
-    assert runner.tokenizer.encode(text, add_special_tokens=False) != [t for t in served if t not in runner.eos_token_ids], \
-        "the fixture needs an answer the tokenizer splits differently"
+    prompt_ids, served = resplit_answer(runner)
     verdict = judge.judge(delivered_job(runner, prompt_ids, served))
     assert verdict.kind == "pass", verdict
 

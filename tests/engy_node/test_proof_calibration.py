@@ -42,10 +42,12 @@ def test_honest_serving_stays_far_below_every_threshold(results):
 
 
 def test_a_seeded_sampled_answer_is_checked_as_strictly_as_a_greedy_one(results):
-    # The same margin, and honest near-ties stay as far inside it.
+    # Misses beyond the same measured drift band carry the evidence, and honest near-ties stay
+    # well inside the margin that is enough on its own (wider than greedy's: a draw reaches the
+    # tail, whose logits drift further between numeric paths).
     replayed = [r.verdict for r in of(results, "honest", check="replay")]
     assert replayed and max(v.max_logit_gap for v in replayed) <= TOKENS.seeded_margin / 2
-    assert TOKENS.seeded_margin == TOKENS.greedy_logit_margin
+    assert TOKENS.seeded_drift_band == TOKENS.greedy_drift_band
     attacks = [r.verdict for r in of(results, "prefill-attack", check="replay")]
     assert attacks and min(v.max_logit_gap for v in attacks) > TOKENS.seeded_margin
 
