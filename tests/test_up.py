@@ -22,6 +22,7 @@ import psutil
 from engy_node.gateway import billing
 from engy_node.gateway.chat import Usage
 from engy_node.models import SMOLLM2_135M
+from tests.sdk_usage import anthropic_usage, openai_usage
 from tests.waiting import ProcessOutput
 
 START_TIMEOUT_S = 240
@@ -141,10 +142,7 @@ def test_up_runs_the_whole_network_until_weights_land_then_restarts_with_its_sta
     assert "buyer key" in first.log_path.read_text()
     assert network["buyer_key"] not in (tmp_path / "data" / "logs" / "engy-node.log").read_text(), "secrets are never logged"
 
-    balance_after_first = subprocess.run(
-        [sys.executable, "-m", "engy_node", "--home", str(tmp_path), "gateway", "balance", str(network["buyer_account"])],
-        capture_output=True, text=True, timeout=60)
-    assert balance_after_first.returncode == 0, balance_after_first.stderr
+    balance_after_first = balance(tmp_path, network["buyer_account"])
 
     second = Up(tmp_path)
     try:
@@ -162,10 +160,7 @@ def test_up_runs_the_whole_network_until_weights_land_then_restarts_with_its_sta
             billing.charge(price=SMOLLM2_135M.price, usage=usage) for usage in usages)
     finally:
         assert second.stop() == 0
-    balance_after_second = subprocess.run(
-        [sys.executable, "-m", "engy_node", "--home", str(tmp_path), "gateway", "balance", str(network["buyer_account"])],
-        capture_output=True, text=True, timeout=60)
-    assert balance_after_second.stdout != balance_after_first.stdout, "the second run spent from the same account"
+    assert balance(tmp_path, network["buyer_account"]) != balance_after_first, "the second run spent from the same account"
 
 
 def ask_openai(client: openai.OpenAI, *, stream: bool, **request):
@@ -215,23 +210,19 @@ def agent_turns(network: dict, *, stream: bool) -> list[Usage]:
     assert done.stop_reason == "end_turn" and [block.type for block in done.content] == ["text"]
     thinking = ask_anthropic(claude, stream=stream, messages=THINK_QUESTION, thinking={"type": "enabled", "budget_tokens": 1024})
     assert thinking.content[0].type == "thinking" and thinking.content[0].thinking
-
-    def chat_usage(usage) -> Usage:
-        cached = (usage.prompt_tokens_details.cached_tokens or 0) if usage.prompt_tokens_details else 0
-        return Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, cached_tokens=cached)
-
-    def messages_usage(usage) -> Usage:
-        cached = usage.cache_read_input_tokens or 0
-        return Usage(prompt_tokens=usage.input_tokens + cached, completion_tokens=usage.output_tokens, cached_tokens=cached)
-
-    return [chat_usage(r.usage) for r in (first, second, thought)] + [messages_usage(m.usage) for m in (turn, done, thinking)]
+    return [openai_usage(r.usage) for r in (first, second, thought)] + [anthropic_usage(m.usage) for m in (turn, done, thinking)]
 
 
-def charged_micro_usd(home, account: int) -> int:
+def balance(home, account: int) -> str:
+    """What `engy-node gateway balance` prints for the account."""
     result = subprocess.run([sys.executable, "-m", "engy_node", "--home", str(home), "gateway", "balance", str(account)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    dollars = re.search(r"charged\s+\$(\d+)\.(\d{6})", result.stdout)
+    return result.stdout
+
+
+def charged_micro_usd(home, account: int) -> int:
+    dollars = re.search(r"charged\s+\$(\d+)\.(\d{6})", balance(home, account))
     return int(dollars.group(1)) * 1_000_000 + int(dollars.group(2))
 
 

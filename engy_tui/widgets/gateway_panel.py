@@ -235,9 +235,7 @@ def load_cell(legs: Sequence[Mapping[str, Any]]) -> Cell:
     kv = [fraction for fraction in (_num(leg.get("kv_used")) for leg in legs) if fraction is not None]
     if kv:
         text += f" · kv {round(100 * max(kv))}%"
-    if used is not None and room is not None and used >= room:
-        return Cell(f"{text} full", "warning")
-    if kv and max(kv) >= 1:
+    if (used is not None and room is not None and used >= room) or (kv and max(kv) >= 1):
         return Cell(f"{text} full", "warning")
     return Cell(text)
 

@@ -35,6 +35,7 @@ from engy_node.models import SMOLLM2_135M
 from engy_node.protocol.miner import parse_gateway_frame
 from engy_node.served_model import load_served_model
 from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
+from tests.sdk_usage import anthropic_usage, openai_usage
 
 from .conftest import StoppableGateway
 from .scripted_peers import DIALECTS, ENGY_MINER_0_4_4, ENGY_MINER_NEWEST, TEE_MINER_NEWEST, Answer, ScriptedPeer
@@ -169,17 +170,6 @@ async def tools_network(nursery, tmp_path, checkpoint, running):
     (variant / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
     async for opened in open_network(nursery, tmp_path / "home", variant, running, checkpoints=f"{MODEL}={variant}"):
         yield opened
-
-
-def openai_usage(usage) -> Usage:
-    details = usage.prompt_tokens_details
-    return Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                 cached_tokens=(details.cached_tokens or 0) if details else 0)
-
-
-def anthropic_usage(usage) -> Usage:
-    cached = usage.cache_read_input_tokens or 0
-    return Usage(prompt_tokens=usage.input_tokens + cached, completion_tokens=usage.output_tokens, cached_tokens=cached)
 
 
 def ask_openai(client: openai.OpenAI, *, stream: bool, **request):
