@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test bootstrap calibrate clean
+.PHONY: run test lint format bootstrap calibrate clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -13,6 +13,15 @@ run: bootstrap
 
 test: bootstrap
 	@$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Lint and format check (ruff). CI runs it before the tests.
+lint: bootstrap
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/ruff format --check .
+
+format: bootstrap
+	@$(VENV)/bin/ruff check --fix .
+	@$(VENV)/bin/ruff format .
 
 calibrate: bootstrap
 	@$(VENV)/bin/engy-node calibrate

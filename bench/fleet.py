@@ -111,8 +111,28 @@ MIN_PEAK_SPAN_S = 0.2
 ADMITTED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*engy\.gateway\.pool: admitted key:", re.M)
 CONTROL = re.compile(r"control API on (http://127\.0\.0\.1:\d+);")
 LEADS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*this host leads the gateway fleet", re.M)
-SYSTEM_WORDS = ("cache", "prefix", "miner", "gateway", "token", "stream", "ledger", "epoch", "route", "fleet", "answer",
-                "buyer", "lease", "proof", "verify", "shard", "queue", "slot", "latency", "budget")
+SYSTEM_WORDS = (
+    "cache",
+    "prefix",
+    "miner",
+    "gateway",
+    "token",
+    "stream",
+    "ledger",
+    "epoch",
+    "route",
+    "fleet",
+    "answer",
+    "buyer",
+    "lease",
+    "proof",
+    "verify",
+    "shard",
+    "queue",
+    "slot",
+    "latency",
+    "budget",
+)
 
 
 # ---- the workload -------------------------------------------------------------------------------
@@ -122,7 +142,9 @@ def conversations(count: int, seed: int) -> list[tuple[str, str]]:
     rng = random.Random(seed)
     heads = []
     for number in range(count):
-        system = f"You are assistant {number} of the fleet benchmark. " + " ".join(rng.choice(SYSTEM_WORDS) for _ in range(48))
+        system = f"You are assistant {number} of the fleet benchmark. " + " ".join(
+            rng.choice(SYSTEM_WORDS) for _ in range(48)
+        )
         first = f"Conversation {number}: " + " ".join(rng.choice(SYSTEM_WORDS) for _ in range(16)) + "?"
         heads.append((system, first))
     return heads
@@ -130,8 +152,12 @@ def conversations(count: int, seed: int) -> list[tuple[str, str]]:
 
 def messages_of(head: tuple[str, str], *, buyer: int, turn: int) -> list[dict]:
     system, first = head
-    return [{"role": "system", "content": system}, {"role": "user", "content": first},
-            {"role": "assistant", "content": "Noted."}, {"role": "user", "content": f"Follow-up {turn} from buyer {buyer}."}]
+    return [
+        {"role": "system", "content": system},
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": f"Follow-up {turn} from buyer {buyer}."},
+    ]
 
 
 def check_keys(heads: Sequence[tuple[str, str]]) -> None:
@@ -151,8 +177,10 @@ def zipf_cum_weights(count: int, exponent: float) -> list[float]:
 
 def chat_request(host: str, port: int, key: str, messages: list[dict]) -> bytes:
     body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 64, "stream": True}).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\nauthorization: Bearer {key}\r\n"
-            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n")
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\nauthorization: Bearer {key}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -204,7 +232,9 @@ def oracle_hits(samples: Sequence[Sample], *, miners: Sequence[int], slots: int,
     miner's LRU: each goes to a miner holding its conversation whenever one has a free slot
     (the least loaded such, then the lowest index), else to the next miner with room in turn.
     Returns a hit per sample, in the samples' order."""
-    events = sorted([(s.started, 1, i) for i, s in enumerate(samples)] + [(s.ended, 0, i) for i, s in enumerate(samples)])
+    events = sorted(
+        [(s.started, 1, i) for i, s in enumerate(samples)] + [(s.ended, 0, i) for i, s in enumerate(samples)]
+    )
     caches: dict[int, collections.OrderedDict] = {miner: collections.OrderedDict() for miner in miners}
     holders: dict[int, set[int]] = collections.defaultdict(set)
     inflight = dict.fromkeys(miners, 0)
@@ -238,8 +268,9 @@ def oracle_hits(samples: Sequence[Sample], *, miners: Sequence[int], slots: int,
     return hits
 
 
-def affinity_rows(samples: Sequence[Sample], hits: Sequence[bool], oracle: Sequence[bool], *, kill_at: float
-                  ) -> list[dict]:
+def affinity_rows(
+    samples: Sequence[Sample], hits: Sequence[bool], oracle: Sequence[bool], *, kill_at: float
+) -> list[dict]:
     """Hit rates per host and phase (before / after the kill), then per phase and overall."""
     groups: dict[tuple[str, str], list[tuple[bool, bool]]] = collections.defaultdict(list)
     for sample, hit, best in zip(samples, hits, oracle):
@@ -248,16 +279,27 @@ def affinity_rows(samples: Sequence[Sample], hits: Sequence[bool], oracle: Seque
             groups[key].append((hit, best))
     order = {"before the kill": 0, "after the kill": 1, "whole run": 2}
     rows = []
-    for (host, phase), pairs in sorted(groups.items(), key=lambda item: (order[item[0][1]], item[0][0] == "both hosts", item[0][0])):
-        rows.append({"host": host, "phase": phase, "requests": len(pairs), "hit_rate": sum(h for h, _ in pairs) / len(pairs),
-                     "oracle_hit_rate": sum(b for _, b in pairs) / len(pairs)})
+    for (host, phase), pairs in sorted(
+        groups.items(), key=lambda item: (order[item[0][1]], item[0][0] == "both hosts", item[0][0])
+    ):
+        rows.append(
+            {
+                "host": host,
+                "phase": phase,
+                "requests": len(pairs),
+                "hit_rate": sum(h for h, _ in pairs) / len(pairs),
+                "oracle_hit_rate": sum(b for _, b in pairs) / len(pairs),
+            }
+        )
     return rows
 
 
 def home_agreement(samples: Sequence[Sample], *, kill_at: float) -> tuple[int, int]:
     """Of the conversations both hosts served before the kill, how many each host sent mostly
     to the same miner: (agreeing, both served)."""
-    per_host: dict[str, dict[int, collections.Counter]] = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
+    per_host: dict[str, dict[int, collections.Counter]] = collections.defaultdict(
+        lambda: collections.defaultdict(collections.Counter)
+    )
     for sample in samples:
         if sample.started < kill_at and sample.host is not None:
             per_host[sample.host][sample.prefix][sample.miner] += 1
@@ -296,8 +338,10 @@ def log_time(stamp: str) -> float:
 
 LEG_LOST = re.compile(r"^leg \S+ lost \((\w+): ?(\(\d{3})?", re.M)
 META_FAILED = re.compile(r"^cannot read \S+ \((\w+): (?:Server error '(\d{3}))?", re.M)
-BALANCER_STATE = re.compile(r"^\[WARNING\] +\(\d+\) : (?:Backup )?Server ([\w.-]+)/([\w.-]+) is (DOWN|UP), reason: ([^,]+).*?"
-                            r"(\d+) active and (\d+) backup servers (?:left|online)")
+BALANCER_STATE = re.compile(
+    r"^\[WARNING\] +\(\d+\) : (?:Backup )?Server ([\w.-]+)/([\w.-]+) is (DOWN|UP), reason: ([^,]+).*?"
+    r"(\d+) active and (\d+) backup servers (?:left|online)"
+)
 
 
 def dial_failures(scratch: Path) -> dict[str, int]:
@@ -339,7 +383,9 @@ def checks_between(events: Sequence[CheckEvent], start: float, end: float) -> di
     """Servers taken down in [start, end] (by backend, server and reason), and for each backend
     the seconds within it during which none of its servers was serving (the balancer answered
     503 for it)."""
-    downs = collections.Counter(f"{e.backend}/{e.server} ({e.reason})" for e in events if start <= e.at <= end and not e.up)
+    downs = collections.Counter(
+        f"{e.backend}/{e.server} ({e.reason})" for e in events if start <= e.at <= end and not e.up
+    )
     outage: dict[str, float] = collections.defaultdict(float)
     for backend in {e.backend for e in events}:
         since = None
@@ -351,7 +397,10 @@ def checks_between(events: Sequence[CheckEvent], start: float, end: float) -> di
                 since = None
         if since is not None:
             outage[backend] += max(0.0, end - max(since, start))
-    return {"downs": dict(downs), "no_server_s": {backend: seconds for backend, seconds in outage.items() if seconds > 0}}
+    return {
+        "downs": dict(downs),
+        "no_server_s": {backend: seconds for backend, seconds in outage.items() if seconds > 0},
+    }
 
 
 class BalancerLog:
@@ -382,8 +431,9 @@ def request_fates(url: str, request_ids: Sequence[str]) -> dict[str, str]:
     kinds: dict[str, set[tuple[str, bool]]] = collections.defaultdict(set)
     conn = connect_raw(url)
     try:
-        for request_id, kind, amount in conn.execute("SELECT request_id, kind, amount FROM ledger WHERE request_id = ANY(%s)",
-                                                     (list(request_ids),)):
+        for request_id, kind, amount in conn.execute(
+            "SELECT request_id, kind, amount FROM ledger WHERE request_id = ANY(%s)", (list(request_ids),)
+        ):
             kinds[request_id].add((kind, amount > 0))
     finally:
         conn.close()
@@ -451,14 +501,33 @@ class Host:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def start(self, store_url: str, *, legs: int, lease_s: float) -> None:
-        settings = {"port": self.buyer_port, "miner_port": self.miner_port, "provider_port": self.provider_port,
-                    "store_url": store_url, "fleet_legs": legs, "fleet_offset": self.offset, "workers": 1,
-                    "host_name": self.name, "leader_lease_s": lease_s, "qualification": "false", "drain_s": 5}
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **{f"ENGY_GATEWAY__{k.upper()}": str(v) for k, v in settings.items()}}
+        settings = {
+            "port": self.buyer_port,
+            "miner_port": self.miner_port,
+            "provider_port": self.provider_port,
+            "store_url": store_url,
+            "fleet_legs": legs,
+            "fleet_offset": self.offset,
+            "workers": 1,
+            "host_name": self.name,
+            "leader_lease_s": lease_s,
+            "qualification": "false",
+            "drain_s": 5,
+        }
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            **{f"ENGY_GATEWAY__{k.upper()}": str(v) for k, v in settings.items()},
+        }
         self.home.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("w") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "engy_node", "--home", str(self.home), "--role", "gateway"],
-                                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "engy_node", "--home", str(self.home), "--role", "gateway"],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + READY_WAIT_S
@@ -470,8 +539,14 @@ class Host:
     def fleet_host(self, legs: int):
         from engy_node.gateway.load_balancer import FleetHost
 
-        return FleetHost(name=self.name, address="127.0.0.1", buyer_port=self.buyer_port, miner_port=self.miner_port,
-                         first_leg=self.offset, legs=legs)
+        return FleetHost(
+            name=self.name,
+            address="127.0.0.1",
+            buyer_port=self.buyer_port,
+            miner_port=self.miner_port,
+            first_leg=self.offset,
+            legs=legs,
+        )
 
     def kill(self) -> float:
         self.killed_at = time.monotonic()
@@ -487,7 +562,9 @@ class Host:
             return None
         token = (self.home / "data" / "control.token").read_text().strip()
         try:
-            status = httpx.get(f"{found.group(1)}/v1/status", headers={"authorization": f"Bearer {token}"}, timeout=5).json()
+            status = httpx.get(
+                f"{found.group(1)}/v1/status", headers={"authorization": f"Bearer {token}"}, timeout=5
+            ).json()
         except (httpx.HTTPError, ValueError):
             return None
         legs = status.get("states", {}).get("gateway", {}).get("legs")
@@ -507,15 +584,21 @@ def balancer_config(hosts: Sequence[Host], *, buyer_port: int, miner_port: int, 
     configuration), health checks wait that long for an answer instead of their interval."""
     from engy_node.gateway.load_balancer import haproxy_config
 
-    text = haproxy_config([host.fleet_host(1) for host in hosts], bind="127.0.0.1", buyer_port=buyer_port, miner_port=miner_port)
+    text = haproxy_config(
+        [host.fleet_host(1) for host in hosts], bind="127.0.0.1", buyer_port=buyer_port, miner_port=miner_port
+    )
     marker = "\nbackend buyers\n"
     if text.count(marker) != 1:
-        raise SystemExit("load_balancer.haproxy_config no longer has one `backend buyers` section; update balancer_config")
+        raise SystemExit(
+            "load_balancer.haproxy_config no longer has one `backend buyers` section; update balancer_config"
+        )
     text = text.replace(marker, marker + f"    http-response set-header {HOST_HEADER.decode()} %s\n")
     if check_timeout_ms is not None:
         defaults = "    timeout connect 2s\n"
         if text.count(defaults) != 1:
-            raise SystemExit("load_balancer.haproxy_config's defaults changed; update balancer_config's --check-timeout-ms")
+            raise SystemExit(
+                "load_balancer.haproxy_config's defaults changed; update balancer_config's --check-timeout-ms"
+            )
         text = text.replace(defaults, defaults + f"    timeout check {check_timeout_ms}ms\n")
     return text
 
@@ -550,7 +633,9 @@ class CpuGroup:
         total = 0
         for root in self.roots:
             with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
-                total += sum(p.memory_info().rss for p in [root, *(root.children(recursive=True) if self.children else [])])
+                total += sum(
+                    p.memory_info().rss for p in [root, *(root.children(recursive=True) if self.children else [])]
+                )
         return total / 2**20
 
 
@@ -564,7 +649,9 @@ class CpuSampler:
     def mark(self) -> tuple[float, dict[str, float]]:
         reading = (time.monotonic(), {name: group.seconds() for name, group in self.groups.items()})
         machine = psutil.cpu_times()
-        reading[1]["whole machine"] = machine.user + machine.nice + machine.system + machine.irq + machine.softirq + machine.steal
+        reading[1]["whole machine"] = (
+            machine.user + machine.nice + machine.system + machine.irq + machine.softirq + machine.steal
+        )
         self.samples.append(reading)
         return reading
 
@@ -575,13 +662,18 @@ class CpuSampler:
 
     def phase(self, start: tuple[float, dict], end: tuple[float, dict]) -> dict[str, dict[str, float]]:
         """Per group: mean CPU over the phase and the peak over its samples, in % of one core."""
-        within = sorted([start, *[s for s in self.samples if start[0] < s[0] < end[0]], end], key=lambda reading: reading[0])
+        within = sorted(
+            [start, *[s for s in self.samples if start[0] < s[0] < end[0]], end], key=lambda reading: reading[0]
+        )
         result = {}
         for name in start[1]:
             mean = (end[1][name] - start[1][name]) / max(end[0] - start[0], 1e-9) * 100
             # Readings closer than that are dominated by the kernel's 10 ms accounting tick.
-            peaks = [(b[1][name] - a[1][name]) / (b[0] - a[0]) * 100 for a, b in zip(within, within[1:])
-                     if b[0] - a[0] >= MIN_PEAK_SPAN_S]
+            peaks = [
+                (b[1][name] - a[1][name]) / (b[0] - a[0]) * 100
+                for a, b in zip(within, within[1:])
+                if b[0] - a[0] >= MIN_PEAK_SPAN_S
+            ]
             result[name] = {"mean": mean, "peak": max(peaks, default=mean)}
         return result
 
@@ -610,12 +702,25 @@ class MinerProcess:
     def legs(self) -> int:
         return self.events[-1]["legs"] if self.events else 0
 
-    async def run(self, miner_url: str, checkpoint: Path, slots: int, log_path: Path,
-                  task_status=trio.TASK_STATUS_IGNORED) -> None:
-        command = [sys.executable, str(ROOT / "bench" / "fleet_miners.py"), "--gateway", miner_url, "--keys",
-                   str(self.keys_path), "--checkpoint", str(checkpoint), "--slots", str(slots)]
+    async def run(
+        self, miner_url: str, checkpoint: Path, slots: int, log_path: Path, task_status=trio.TASK_STATUS_IGNORED
+    ) -> None:
+        command = [
+            sys.executable,
+            str(ROOT / "bench" / "fleet_miners.py"),
+            "--gateway",
+            miner_url,
+            "--keys",
+            str(self.keys_path),
+            "--checkpoint",
+            str(checkpoint),
+            "--slots",
+            str(slots),
+        ]
         with log_path.open("w") as log:
-            self.process = await trio.lowlevel.open_process(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+            self.process = await trio.lowlevel.open_process(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
+            )
         task_status.started()
         buffered = b""
         ended = False
@@ -693,8 +798,16 @@ class FleetClient(KeepAliveClient):
         await self._exactly(2)
 
 
-async def buyer(number: int, key: str, port: int, heads: Sequence[tuple[str, str]], cum_weights: Sequence[float],
-                seed: int, deadline: float, samples: list[Sample]) -> None:
+async def buyer(
+    number: int,
+    key: str,
+    port: int,
+    heads: Sequence[tuple[str, str]],
+    cum_weights: Sequence[float],
+    seed: int,
+    deadline: float,
+    samples: list[Sample],
+) -> None:
     rng = random.Random(seed * 100_003 + number)
     client: FleetClient | None = None
     prefixes = range(len(heads))
@@ -726,7 +839,14 @@ async def buyer(number: int, key: str, port: int, heads: Sequence[tuple[str, str
                 if client.closing:
                     await client.stream.aclose()
                     client = None
-            except (OSError, ConnectionError, trio.TooSlowError, trio.BrokenResourceError, ValueError, IndexError) as error:
+            except (
+                OSError,
+                ConnectionError,
+                trio.TooSlowError,
+                trio.BrokenResourceError,
+                ValueError,
+                IndexError,
+            ) as error:
                 sample.error = f"{type(error).__name__}: {error}"[:200]
                 if client is not None:
                     await client.stream.aclose()
@@ -782,7 +902,7 @@ async def measure(fleet: Fleet) -> dict:
     args = fleet.args
     out: dict = {}
     leg_count = len(fleet.hosts)
-    chunks = [fleet.miner_keys[i::args.miner_processes] for i in range(args.miner_processes)]
+    chunks = [fleet.miner_keys[i :: args.miner_processes] for i in range(args.miner_processes)]
     miners = [MinerProcess(n, chunk, fleet.scratch / f"miners-{n}.json") for n, chunk in enumerate(chunks) if chunk]
     deadline = time.monotonic() + 30
     while not await health(fleet.buyer_port):
@@ -791,8 +911,13 @@ async def measure(fleet: Fleet) -> dict:
         await trio.sleep(0.2)
     async with trio.open_nursery() as nursery:
         for miner in miners:
-            await nursery.start(miner.run, f"ws://127.0.0.1:{fleet.miner_port}/gw", fleet.checkpoint, args.slots,
-                                fleet.scratch / f"miners-{miner.number}.log")
+            await nursery.start(
+                miner.run,
+                f"ws://127.0.0.1:{fleet.miner_port}/gw",
+                fleet.checkpoint,
+                args.slots,
+                fleet.scratch / f"miners-{miner.number}.log",
+            )
         for miner in miners:
             await miner.wait_for(miner.ready.is_set, timeout_s=READY_WAIT_S, what="ready")
         groups = {host.name: CpuGroup([host.process.pid]) for host in fleet.hosts}
@@ -810,23 +935,37 @@ async def measure(fleet: Fleet) -> dict:
         for miner in miners:
             await miner.send(b"go\n")
         for miner in miners:
-            await miner.wait_for(lambda m=miner: m.legs == m.expected_legs, timeout_s=STORM_TIMEOUT_S,
-                                 what=f"{miner.expected_legs} legs admitted")
+            await miner.wait_for(
+                lambda m=miner: m.legs == m.expected_legs,
+                timeout_s=STORM_TIMEOUT_S,
+                what=f"{miner.expected_legs} legs admitted",
+            )
         full_at = max(first_full_at(miner.events, expected=miner.expected_legs) for miner in miners)
         storm_end = sampler.mark()
         # A leg whose host the balancer had marked down lands on its backup, the other host.
-        await wait_until(lambda: sum(len(host.admissions()) for host in fleet.hosts) >= args.miners * leg_count, timeout_s=30,
-                         what="the hosts logging every leg's admission")
+        await wait_until(
+            lambda: sum(len(host.admissions()) for host in fleet.hosts) >= args.miners * leg_count,
+            timeout_s=30,
+            what="the hosts logging every leg's admission",
+        )
         out["storm"] = {
-            "miners": args.miners, "legs": args.miners * leg_count, "seconds": full_at - go_at,
+            "miners": args.miners,
+            "legs": args.miners * leg_count,
+            "seconds": full_at - go_at,
             "dial_started_s": max(miner.go_at for miner in miners) - go_at,
-            "host_last_admission_s": {host.name: max(host.admissions(), default=go_wall) - go_wall for host in fleet.hosts},
+            "host_last_admission_s": {
+                host.name: max(host.admissions(), default=go_wall) - go_wall for host in fleet.hosts
+            },
             "host_admissions": {host.name: len(host.admissions()) for host in fleet.hosts},
             "cpu": sampler.phase(storm_start, storm_end),
-            "rss_before_mib": rss_before, "rss_after_mib": {host.name: groups[host.name].rss_mib() for host in fleet.hosts},
-            "refusals": dial_failures(fleet.scratch), "checks": checks_between(fleet.balancer_log.events(), go_at, full_at),
+            "rss_before_mib": rss_before,
+            "rss_after_mib": {host.name: groups[host.name].rss_mib() for host in fleet.hosts},
+            "refusals": dial_failures(fleet.scratch),
+            "checks": checks_between(fleet.balancer_log.events(), go_at, full_at),
         }
-        print(f"admission storm: {args.miners * leg_count} legs in {full_at - go_at:.1f} s", file=sys.stderr, flush=True)
+        print(
+            f"admission storm: {args.miners * leg_count} legs in {full_at - go_at:.1f} s", file=sys.stderr, flush=True
+        )
 
         # 2. Idle, every miner connected.
         idle_start = sampler.mark()
@@ -866,28 +1005,48 @@ async def measure(fleet: Fleet) -> dict:
         async with trio.open_nursery() as traffic:
             traffic.start_soon(kill_halfway)
             for number, key in enumerate(fleet.buyer_keys):
-                traffic.start_soon(buyer, number, key, fleet.buyer_port, heads, cum_weights, args.seed, deadline, samples)
+                traffic.start_soon(
+                    buyer, number, key, fleet.buyer_port, heads, cum_weights, args.seed, deadline, samples
+                )
         traffic_end = sampler.mark()
         kill_mark, (killed_at, killed_wall) = kill_marks
-        out["cpu_traffic"] = {"before the kill": sampler.phase(traffic_start, kill_mark),
-                              "after the kill": sampler.phase(kill_mark, traffic_end)}
+        out["cpu_traffic"] = {
+            "before the kill": sampler.phase(traffic_start, kill_mark),
+            "after the kill": sampler.phase(kill_mark, traffic_end),
+        }
 
         # 4. The failover's end: every leg back, the lease on the survivor.
         for miner in miners:
-            await miner.wait_for(lambda m=miner: legs_back_at(m.events, expected=m.expected_legs, since=killed_at) is not None,
-                                 timeout_s=RECOVERY_TIMEOUT_S, what="every leg back after the kill")
+            await miner.wait_for(
+                lambda m=miner: legs_back_at(m.events, expected=m.expected_legs, since=killed_at) is not None,
+                timeout_s=RECOVERY_TIMEOUT_S,
+                what="every leg back after the kill",
+            )
         back = [legs_back_at(m.events, expected=m.expected_legs, since=killed_at) for m in miners]
-        lost = sum(m.events[-1]["drops"] - next((e["drops"] for e in reversed(m.events) if e["t"] < killed_at), 0) for m in miners)
+        lost = sum(
+            m.events[-1]["drops"] - next((e["drops"] for e in reversed(m.events) if e["t"] < killed_at), 0)
+            for m in miners
+        )
         takeover = None
         if victim is leader:
-            await wait_until(lambda: any(t > killed_wall for t in survivor.leadership_claims()),
-                             timeout_s=3 * args.lease_s + 30, what="the survivor taking the leader lease", every_s=0.5)
+            await wait_until(
+                lambda: any(t > killed_wall for t in survivor.leadership_claims()),
+                timeout_s=3 * args.lease_s + 30,
+                what="the survivor taking the leader lease",
+                every_s=0.5,
+            )
             takeover = min(t for t in survivor.leadership_claims() if t > killed_wall) - killed_wall
-        out["failover"] = {"refusals": dial_failures(fleet.scratch),
-                           "checks": checks_between(fleet.balancer_log.events(), killed_at, max(back)),
-                           "victim": victim.name, "victim_led": victim is leader, "survivor": survivor.name,
-                           "legs_lost": lost, "legs_back_s": max(back) - killed_at, "lease_takeover_s": takeover,
-                           "survivor_admissions_after_kill": sum(t > killed_wall for t in survivor.admissions())}
+        out["failover"] = {
+            "refusals": dial_failures(fleet.scratch),
+            "checks": checks_between(fleet.balancer_log.events(), killed_at, max(back)),
+            "victim": victim.name,
+            "victim_led": victim is leader,
+            "survivor": survivor.name,
+            "legs_lost": lost,
+            "legs_back_s": max(back) - killed_at,
+            "lease_takeover_s": takeover,
+            "survivor_admissions_after_kill": sum(t > killed_wall for t in survivor.admissions()),
+        }
 
         for miner in miners:
             await miner.send(b"stop\n")
@@ -897,28 +1056,52 @@ async def measure(fleet: Fleet) -> dict:
         nursery.cancel_scope.cancel()
 
     samples = [s for s in samples if s.ended]
-    out.update(analyse(samples, miners, args, killed_at=killed_at, victim=victim.name,
-                       traffic=(traffic_start[0], killed_at, traffic_end[0])))
+    out.update(
+        analyse(
+            samples,
+            miners,
+            args,
+            killed_at=killed_at,
+            victim=victim.name,
+            traffic=(traffic_start[0], killed_at, traffic_end[0]),
+        )
+    )
     out["survivor"] = survivor.name
     return out
 
 
-def analyse(samples: list[Sample], miners: list[MinerProcess], args, *, killed_at: float, victim: str,
-            traffic: tuple[float, float, float]) -> dict:
+def analyse(
+    samples: list[Sample],
+    miners: list[MinerProcess],
+    args,
+    *,
+    killed_at: float,
+    victim: str,
+    traffic: tuple[float, float, float],
+) -> dict:
     start, kill, end = traffic
     answered = sorted((s for s in samples if s.ok), key=lambda s: s.started)
     failed = [s for s in samples if not s.ok]
     own_ms = [value for miner in miners for value in miner.own_ms]
-    phases = {"before the kill": [s for s in answered if s.started < kill], "after the kill": [s for s in answered if s.started >= kill],
-              "whole run": answered}
+    phases = {
+        "before the kill": [s for s in answered if s.started < kill],
+        "after the kill": [s for s in answered if s.started >= kill],
+        "whole run": answered,
+    }
     spans = {"before the kill": kill - start, "after the kill": end - kill, "whole run": end - start}
     own = quantiles_ms([ms / 1000 for ms in own_ms])
     latency = {}
     for phase, chosen in phases.items():
         ttft = quantiles_ms([s.ttft for s in chosen if s.ttft is not None])
         whole = quantiles_ms([s.ended - s.started for s in chosen])
-        latency[phase] = {"requests": len(chosen), "rps": len(chosen) / spans[phase], "ttft_ms": ttft, "whole_ms": whole,
-                          "per_host": dict(collections.Counter(s.host or "?" for s in chosen)), "span_s": spans[phase]}
+        latency[phase] = {
+            "requests": len(chosen),
+            "rps": len(chosen) / spans[phase],
+            "ttft_ms": ttft,
+            "whole_ms": whole,
+            "per_host": dict(collections.Counter(s.host or "?" for s in chosen)),
+            "span_s": spans[phase],
+        }
     served = collections.Counter(s.miner for s in answered)
     loads = [served.get(index, 0) for index in range(args.miners)]
     hits = served_hits(answered, lru=args.lru)
@@ -928,18 +1111,25 @@ def analyse(samples: list[Sample], miners: list[MinerProcess], args, *, killed_a
     first_after = min((s.ended for s in answered if s.started > killed_at), default=None)
     spanning = collections.Counter(s.host or "no response yet" for s in samples if s.started <= killed_at <= s.ended)
     return {
-        "in_flight_at_kill": dict(spanning), "samples": [dataclasses.astuple(s) for s in samples],
-        "latency": latency, "own_ms": own, "own_samples": len(own_ms),
+        "in_flight_at_kill": dict(spanning),
+        "samples": [dataclasses.astuple(s) for s in samples],
+        "latency": latency,
+        "own_ms": own,
+        "own_samples": len(own_ms),
         "load": {"max": max(loads), "mean": sum(loads) / len(loads), "min": min(loads), "idle_miners": loads.count(0)},
         "affinity": affinity_rows(answered, hits, oracle, kill_at=kill),
         "distinct_prefixes": len({s.prefix for s in answered}),
         "home_agreement": home_agreement(answered, kill_at=kill),
-        "failures": {"total": len(failed), "in_flight_on_victim": len(in_flight_on_victim), "other": len(other_failures),
-                     "started_after_kill": sum(s.started > killed_at for s in failed),
-                     "after_kill": [(s.started - killed_at, s.error) for s in failed if s.started > killed_at][:10],
-                     "errors": dict(collections.Counter(re.sub(r"\d+", "N", s.error) for s in failed).most_common(6)),
-                     "failed": [dataclasses.asdict(s) for s in failed],
-                     "other_examples": [dataclasses.asdict(s) for s in other_failures[:5]]},
+        "failures": {
+            "total": len(failed),
+            "in_flight_on_victim": len(in_flight_on_victim),
+            "other": len(other_failures),
+            "started_after_kill": sum(s.started > killed_at for s in failed),
+            "after_kill": [(s.started - killed_at, s.error) for s in failed if s.started > killed_at][:10],
+            "errors": dict(collections.Counter(re.sub(r"\d+", "N", s.error) for s in failed).most_common(6)),
+            "failed": [dataclasses.asdict(s) for s in failed],
+            "other_examples": [dataclasses.asdict(s) for s in other_failures[:5]],
+        },
         "first_answer_after_kill_s": None if first_after is None else first_after - killed_at,
         "answered": len(answered),
     }
@@ -972,7 +1162,9 @@ def run(args) -> dict:
     from engy_node.testing.postgres import throwaway_cluster
 
     if not Path(HAPROXY).is_file():
-        raise SystemExit(f"HAProxy is not installed at {HAPROXY}: apt-get install haproxy (scripts/bootstrap.sh does it as root)")
+        raise SystemExit(
+            f"HAProxy is not installed at {HAPROXY}: apt-get install haproxy (scripts/bootstrap.sh does it as root)"
+        )
     check_keys(conversations(args.prefixes, args.seed))
     with tempfile.TemporaryDirectory(prefix="engy-fleet-bench-") as scratch_dir, throwaway_cluster() as cluster:
         scratch = Path(scratch_dir)
@@ -980,8 +1172,11 @@ def run(args) -> dict:
         url = cluster.create_database()
         started = time.monotonic()
         buyer_keys, miner_keys = setup_store(url, miners=args.miners, buyers=args.buyers)
-        print(f"store ready ({args.miners} miners, {args.buyers} buyers) in {time.monotonic() - started:.1f} s", file=sys.stderr,
-              flush=True)
+        print(
+            f"store ready ({args.miners} miners, {args.buyers} buyers) in {time.monotonic() - started:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         hosts = [Host(name, scratch / name, offset) for offset, name in enumerate(HOST_NAMES)]
         buyer_port, miner_port = free_port(), free_port()
         balancer = None
@@ -991,24 +1186,53 @@ def run(args) -> dict:
             for host in hosts:
                 host.wait_ready()
             config_path = scratch / "haproxy.cfg"
-            config_path.write_text(balancer_config(hosts, buyer_port=buyer_port, miner_port=miner_port,
-                                                   check_timeout_ms=args.check_timeout_ms))
+            config_path.write_text(
+                balancer_config(
+                    hosts, buyer_port=buyer_port, miner_port=miner_port, check_timeout_ms=args.check_timeout_ms
+                )
+            )
             checked = subprocess.run([HAPROXY, "-c", "-f", str(config_path)], capture_output=True, text=True)
             if checked.returncode != 0:
                 raise SystemExit(f"HAProxy refused the configuration:\n{checked.stdout}{checked.stderr}")
-            balancer = subprocess.Popen([HAPROXY, "-db", "-f", str(config_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, errors="replace")
+            balancer = subprocess.Popen(
+                [HAPROXY, "-db", "-f", str(config_path)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+            )
             balancer_log = BalancerLog(balancer, scratch / "haproxy.log")
             postmaster = int((cluster.data_dir / "postmaster.pid").read_text().split()[0])
-            fleet = Fleet(args, scratch, postmaster, checkpoint, hosts, balancer, balancer_log, buyer_port, miner_port,
-                          buyer_keys, miner_keys)
+            fleet = Fleet(
+                args,
+                scratch,
+                postmaster,
+                checkpoint,
+                hosts,
+                balancer,
+                balancer_log,
+                buyer_port,
+                miner_port,
+                buyer_keys,
+                miner_keys,
+            )
             try:
                 result = trio.run(measure, fleet)
             except BaseException:
                 for host in hosts:
-                    print(f"--- {host.name}'s log, last lines ---", *host.log().splitlines()[-30:], sep="\n", file=sys.stderr)
+                    print(
+                        f"--- {host.name}'s log, last lines ---",
+                        *host.log().splitlines()[-30:],
+                        sep="\n",
+                        file=sys.stderr,
+                    )
                 for path in sorted(scratch.glob("miners-*.log")):
-                    print(f"--- {path.name}, last lines ---", *path.read_text().splitlines()[-15:], sep="\n", file=sys.stderr)
+                    print(
+                        f"--- {path.name}, last lines ---",
+                        *path.read_text().splitlines()[-15:],
+                        sep="\n",
+                        file=sys.stderr,
+                    )
                 raise
             survivor = next(host for host in hosts if host.name == result["survivor"])
             result["survivor_exit"] = stop_process(survivor.process)
@@ -1020,22 +1244,43 @@ def run(args) -> dict:
                 stop_process(balancer)
             if args.logs is not None:
                 args.logs.mkdir(parents=True, exist_ok=True)
-                for path in [scratch / "haproxy.log", *sorted(scratch.glob("miners-*.log")), *(host.log_path for host in hosts)]:
+                for path in [
+                    scratch / "haproxy.log",
+                    *sorted(scratch.glob("miners-*.log")),
+                    *(host.log_path for host in hosts),
+                ]:
                     if path.exists():
-                        shutil.copy(path, args.logs / (f"{path.parent.name}.log" if path.name == "gateway.log" else path.name))
+                        shutil.copy(
+                            path, args.logs / (f"{path.parent.name}.log" if path.name == "gateway.log" else path.name)
+                        )
         failed = result["failures"]["failed"]
         fates = request_fates(url, [s["request_id"] for s in failed if s["request_id"]])
-        result["failures"]["fates"] = dict(collections.Counter(
-            (f"{fates[s['request_id']]}, {'after part of the answer reached the buyer' if s['ttft'] else 'before any content'}"
-             if s["request_id"] else "no response began") for s in failed))
+        result["failures"]["fates"] = dict(
+            collections.Counter(
+                (
+                    f"{fates[s['request_id']]}, {'after part of the answer reached the buyer' if s['ttft'] else 'before any content'}"
+                    if s["request_id"]
+                    else "no response began"
+                )
+                for s in failed
+            )
+        )
         books = read_books(url)
-        result["books"] = {"holds": books.holds, "open_holds": len(books.open_holds), "charges": books.charges,
-                           "charged_micro": books.charged_micro, "unlogged_charges": len(books.unlogged_charges),
-                           "problems": list(books.problems)}
+        result["books"] = {
+            "holds": books.holds,
+            "open_holds": len(books.open_holds),
+            "charges": books.charges,
+            "charged_micro": books.charged_micro,
+            "unlogged_charges": len(books.unlogged_charges),
+            "problems": list(books.problems),
+        }
         result["logs"] = {host.name: notable(host.log()) for host in hosts}
-        result["versions"] = {"haproxy": subprocess.run([HAPROXY, "-v"], capture_output=True, text=True).stdout.split("\n")[0],
-                              "postgresql": subprocess.run([str(cluster.bin_dir / "postgres"), "--version"], capture_output=True,
-                                                           text=True).stdout.strip()}
+        result["versions"] = {
+            "haproxy": subprocess.run([HAPROXY, "-v"], capture_output=True, text=True).stdout.split("\n")[0],
+            "postgresql": subprocess.run(
+                [str(cluster.bin_dir / "postgres"), "--version"], capture_output=True, text=True
+            ).stdout.strip(),
+        }
     return result
 
 
@@ -1062,9 +1307,13 @@ def counted(counts: dict[str, int], since: dict[str, int] | None = None) -> str:
 
 
 def checks_rows(checks: dict, *, during: str = "storm") -> list[tuple[str, str]]:
-    outages = "; ".join(f"{backend} {seconds:.1f} s" for backend, seconds in sorted(checks["no_server_s"].items())) or "none"
-    return [(f"health checks that took a server down, {during} (HAProxy)", counted(checks["downs"])),
-            (f"backends with no server up, {during} (503 to every dial or request)", outages)]
+    outages = (
+        "; ".join(f"{backend} {seconds:.1f} s" for backend, seconds in sorted(checks["no_server_s"].items())) or "none"
+    )
+    return [
+        (f"health checks that took a server down, {during} (HAProxy)", counted(checks["downs"])),
+        (f"backends with no server up, {during} (503 to every dial or request)", outages),
+    ]
 
 
 def pair(values: tuple[float, float] | None) -> str:
@@ -1076,96 +1325,192 @@ def machine(load_before: tuple[float, float, float]) -> str:
     with open("/proc/cpuinfo") as cpuinfo:
         cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), cpu)
     memory = psutil.virtual_memory().total / 2**30
-    return (f"{os.cpu_count()} cores ({cpu}), {memory:.0f} GiB, Linux {platform.release()}, Python {platform.python_version()}; "
-            f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; load average before the run "
-            + ", ".join(f"{value:.2f}" for value in load_before) + " (other work on a shared machine shows in `whole machine`)")
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {memory:.0f} GiB, Linux {platform.release()}, Python {platform.python_version()}; "
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; load average before the run "
+        + ", ".join(f"{value:.2f}" for value in load_before)
+        + " (other work on a shared machine shows in `whole machine`)"
+    )
 
 
 def print_report(result: dict, args, command: str) -> None:
     storm, failover = result["storm"], result["failover"]
     hosts = list(storm["host_admissions"])
-    print(f"\nAdmission storm: {storm['miners']} miners, {storm['legs']} legs ({len(hosts)} hosts × one leg per miner), "
-          f"{args.miner_processes} miner processes\n")
-    rows = [("every leg admitted (as the miners see it)", f"{storm['seconds']:.1f} s"),
-            ("all links dialling (the last process started them)", f"{storm['dial_started_s']:.2f} s")]
-    rows += [(f"{name}: last admission logged, admissions logged", f"{storm['host_last_admission_s'][name]:.1f} s, "
-              f"{storm['host_admissions'][name]}") for name in hosts]
+    print(
+        f"\nAdmission storm: {storm['miners']} miners, {storm['legs']} legs ({len(hosts)} hosts × one leg per miner), "
+        f"{args.miner_processes} miner processes\n"
+    )
+    rows = [
+        ("every leg admitted (as the miners see it)", f"{storm['seconds']:.1f} s"),
+        ("all links dialling (the last process started them)", f"{storm['dial_started_s']:.2f} s"),
+    ]
+    rows += [
+        (
+            f"{name}: last admission logged, admissions logged",
+            f"{storm['host_last_admission_s'][name]:.1f} s, {storm['host_admissions'][name]}",
+        )
+        for name in hosts
+    ]
     rows += [(f"{name}: legs in its pool afterwards (control API)", str(storm["pool_legs"][name])) for name in hosts]
-    rows += [(f"{name}: RSS before → after", f"{storm['rss_before_mib'][name]:.0f} → {storm['rss_after_mib'][name]:.0f} MiB")
-             for name in hosts]
+    rows += [
+        (f"{name}: RSS before → after", f"{storm['rss_before_mib'][name]:.0f} → {storm['rss_after_mib'][name]:.0f} MiB")
+        for name in hosts
+    ]
     rows.append(("dials that failed (miners' logs)", counted(storm["refusals"])))
     rows += checks_rows(storm["checks"])
     print(table(("", "figure"), rows))
 
     print("\nCPU per process group, % of one core: mean (peak over 0.5 s samples)\n")
-    phases = [("storm", storm["cpu"]), ("idle, all connected", result["idle"]["cpu"]),
-              ("traffic, before the kill", result["cpu_traffic"]["before the kill"]),
-              ("traffic, after the kill", result["cpu_traffic"]["after the kill"])]
+    phases = [
+        ("storm", storm["cpu"]),
+        ("idle, all connected", result["idle"]["cpu"]),
+        ("traffic, before the kill", result["cpu_traffic"]["before the kill"]),
+        ("traffic, after the kill", result["cpu_traffic"]["after the kill"]),
+    ]
     names = list(storm["cpu"])
-    print(table(("process group", *(name for name, _ in phases)),
-                [(name, *(f"{cpu[name]['mean']:.0f} ({cpu[name]['peak']:.0f})" for _, cpu in phases)) for name in names]))
+    print(
+        table(
+            ("process group", *(name for name, _ in phases)),
+            [(name, *(f"{cpu[name]['mean']:.0f} ({cpu[name]['peak']:.0f})" for _, cpu in phases)) for name in names],
+        )
+    )
 
-    print(f"\nBuyers: {args.buyers} closed-loop, streamed, {args.seconds:g} s; {args.prefixes} conversations, Zipf {args.zipf:g}; "
-          f"{failover['victim']} killed at half time\n")
+    print(
+        f"\nBuyers: {args.buyers} closed-loop, streamed, {args.seconds:g} s; {args.prefixes} conversations, Zipf {args.zipf:g}; "
+        f"{failover['victim']} killed at half time\n"
+    )
     own = result["own_ms"]
     rows = []
     for phase, figures in result["latency"].items():
         ttft = figures["ttft_ms"]
         added = None if ttft is None or own is None else (ttft[0] - own[0], ttft[1] - own[1])
         hosts_text = ", ".join(f"{name} {count}" for name, count in sorted(figures["per_host"].items()))
-        rows.append((phase, str(figures["requests"]), f"{figures['rps']:.0f}", pair(ttft), pair(own), pair(added),
-                     pair(figures["whole_ms"]), hosts_text))
-    print(table(("phase", "answered", "req/s", "TTFT p50 / p99", "miner's own p50 / p99", "added p50 / p99",
-                 "whole answer p50 / p99", "relayed by"), rows))
+        rows.append(
+            (
+                phase,
+                str(figures["requests"]),
+                f"{figures['rps']:.0f}",
+                pair(ttft),
+                pair(own),
+                pair(added),
+                pair(figures["whole_ms"]),
+                hosts_text,
+            )
+        )
+    print(
+        table(
+            (
+                "phase",
+                "answered",
+                "req/s",
+                "TTFT p50 / p99",
+                "miner's own p50 / p99",
+                "added p50 / p99",
+                "whole answer p50 / p99",
+                "relayed by",
+            ),
+            rows,
+        )
+    )
     per_request = []
     for phase in ("before the kill", "after the kill"):
         figures, cpu = result["latency"][phase], result["cpu_traffic"][phase]
         for name, count in sorted(figures["per_host"].items()):
             if name in cpu and count:
-                per_request.append(f"{name} {cpu[name]['mean'] / 100 * figures['span_s'] * 1000 / count:.1f} ms {phase}")
-    print("\nGateway CPU per request relayed (the host's CPU over the phase / the requests it relayed): " + ", ".join(per_request))
+                per_request.append(
+                    f"{name} {cpu[name]['mean'] / 100 * figures['span_s'] * 1000 / count:.1f} ms {phase}"
+                )
+    print(
+        "\nGateway CPU per request relayed (the host's CPU over the phase / the requests it relayed): "
+        + ", ".join(per_request)
+    )
     load = result["load"]
-    print(f"\nRequests served per miner: max {load['max']}, mean {load['mean']:.2f} (max/mean {load['max'] / max(load['mean'], 1e-9):.1f}), "
-          f"min {load['min']}; {load['idle_miners']} of {args.miners} miners served none")
+    print(
+        f"\nRequests served per miner: max {load['max']}, mean {load['mean']:.2f} (max/mean {load['max'] / max(load['mean'], 1e-9):.1f}), "
+        f"min {load['min']}; {load['idle_miners']} of {args.miners} miners served none"
+    )
 
     agreeing, shared = result["home_agreement"]
-    print(f"\nPrefix affinity (each miner an LRU of {args.lru} conversations, {args.slots} slots per miner; "
-          f"{result['distinct_prefixes']} conversations seen)\n")
-    print(table(("host", "phase", "requests", "hit rate", "oracle", "ours / oracle"),
-                [(row["host"], row["phase"], str(row["requests"]), f"{row['hit_rate']:.1%}", f"{row['oracle_hit_rate']:.1%}",
-                  f"{row['hit_rate'] / row['oracle_hit_rate']:.2f}" if row["oracle_hit_rate"] else "—")
-                 for row in result["affinity"]]))
-    print(f"\nSame home on both hosts: {agreeing} of the {shared} conversations both hosts served before the kill went mostly "
-          "to the same miner on each")
+    print(
+        f"\nPrefix affinity (each miner an LRU of {args.lru} conversations, {args.slots} slots per miner; "
+        f"{result['distinct_prefixes']} conversations seen)\n"
+    )
+    print(
+        table(
+            ("host", "phase", "requests", "hit rate", "oracle", "ours / oracle"),
+            [
+                (
+                    row["host"],
+                    row["phase"],
+                    str(row["requests"]),
+                    f"{row['hit_rate']:.1%}",
+                    f"{row['oracle_hit_rate']:.1%}",
+                    f"{row['hit_rate'] / row['oracle_hit_rate']:.2f}" if row["oracle_hit_rate"] else "—",
+                )
+                for row in result["affinity"]
+            ],
+        )
+    )
+    print(
+        f"\nSame home on both hosts: {agreeing} of the {shared} conversations both hosts served before the kill went mostly "
+        "to the same miner on each"
+    )
 
     failures, books = result["failures"], result["books"]
     print("\nFailover\n")
-    rows = [("killed", f"{failover['victim']} ({'the leader' if failover['victim_led'] else 'a follower'}), SIGKILL"),
-            ("legs lost", str(failover["legs_lost"])),
-            ("dials that failed, kill → every leg back (miners' logs)", counted(failover["refusals"], storm["refusals"])),
-            *checks_rows(failover["checks"], during="kill → every leg back"),
-            ("every leg back (kill → last re-admission, as the miners see it)", f"{failover['legs_back_s']:.1f} s"),
-            (f"{failover['survivor']}: admissions logged after the kill", str(failover["survivor_admissions_after_kill"])),
-            ("survivor took the leader lease", "—" if failover["lease_takeover_s"] is None
-             else f"{failover['lease_takeover_s']:.1f} s after the kill (lease {args.lease_s:g} s)"),
-            ("first answer to a request started after the kill", "—" if result["first_answer_after_kill_s"] is None
-             else f"{result['first_answer_after_kill_s'] * 1000:.0f} ms after the kill"),
-            ("buyer requests open at the kill (as the buyers saw them), by relaying host", counted(result["in_flight_at_kill"])),
-            ("buyer requests failed", f"{failures['total']}: {failures['in_flight_on_victim']} in flight on "
-             f"{failover['victim']} at the kill, {failures['other']} other; {failures['started_after_kill']} started after it"),
-            ("failed requests started after the kill (start, how)", "; ".join(
-                f"+{offset * 1000:.0f} ms, {error}" for offset, error in failures["after_kill"]) or "none"),
-            ("failures by error", "; ".join(f"{count} × {text}" for text, count in failures["errors"].items()) or "none"),
-            ("the ledger on the failed requests (by the stream's id)", counted(failures["fates"])),
-            ("survivor stopped cleanly (exit status)", str(result["survivor_exit"])),
-            ("books (check_books on PostgreSQL)", "sound" if not books["problems"] else "BROKEN: " + "; ".join(books["problems"][:5])),
-            ("holds / charges / charged", f"{books['holds']} / {books['charges']} / {books['charged_micro'] / 1e6:.4f} USD"),
-            ("open holds (the killed host's requests in flight)", str(books["open_holds"])),
-            ("charges without a request-log row (queued on the killed host)", str(books["unlogged_charges"]))]
+    rows = [
+        ("killed", f"{failover['victim']} ({'the leader' if failover['victim_led'] else 'a follower'}), SIGKILL"),
+        ("legs lost", str(failover["legs_lost"])),
+        ("dials that failed, kill → every leg back (miners' logs)", counted(failover["refusals"], storm["refusals"])),
+        *checks_rows(failover["checks"], during="kill → every leg back"),
+        ("every leg back (kill → last re-admission, as the miners see it)", f"{failover['legs_back_s']:.1f} s"),
+        (f"{failover['survivor']}: admissions logged after the kill", str(failover["survivor_admissions_after_kill"])),
+        (
+            "survivor took the leader lease",
+            "—"
+            if failover["lease_takeover_s"] is None
+            else f"{failover['lease_takeover_s']:.1f} s after the kill (lease {args.lease_s:g} s)",
+        ),
+        (
+            "first answer to a request started after the kill",
+            "—"
+            if result["first_answer_after_kill_s"] is None
+            else f"{result['first_answer_after_kill_s'] * 1000:.0f} ms after the kill",
+        ),
+        (
+            "buyer requests open at the kill (as the buyers saw them), by relaying host",
+            counted(result["in_flight_at_kill"]),
+        ),
+        (
+            "buyer requests failed",
+            f"{failures['total']}: {failures['in_flight_on_victim']} in flight on "
+            f"{failover['victim']} at the kill, {failures['other']} other; {failures['started_after_kill']} started after it",
+        ),
+        (
+            "failed requests started after the kill (start, how)",
+            "; ".join(f"+{offset * 1000:.0f} ms, {error}" for offset, error in failures["after_kill"]) or "none",
+        ),
+        ("failures by error", "; ".join(f"{count} × {text}" for text, count in failures["errors"].items()) or "none"),
+        ("the ledger on the failed requests (by the stream's id)", counted(failures["fates"])),
+        ("survivor stopped cleanly (exit status)", str(result["survivor_exit"])),
+        (
+            "books (check_books on PostgreSQL)",
+            "sound" if not books["problems"] else "BROKEN: " + "; ".join(books["problems"][:5]),
+        ),
+        (
+            "holds / charges / charged",
+            f"{books['holds']} / {books['charges']} / {books['charged_micro'] / 1e6:.4f} USD",
+        ),
+        ("open holds (the killed host's requests in flight)", str(books["open_holds"])),
+        ("charges without a request-log row (queued on the killed host)", str(books["unlogged_charges"])),
+    ]
     print(table(("", "figure"), rows))
     for name, records in result["logs"].items():
         if records:
-            print(f"\n{name}'s log, warnings and errors:" + "".join(f"\n    {count} × {text}" for text, count in records.items()))
+            print(
+                f"\n{name}'s log, warnings and errors:"
+                + "".join(f"\n    {count} × {text}" for text, count in records.items())
+            )
     print(f"\nCommand: {command}")
     print(f"Machine: {machine(result['load_before'])}")
     print(f"Code: {describe(ROOT)}; {result['versions']['haproxy']}; {result['versions']['postgresql']}")
@@ -1179,15 +1524,21 @@ def main() -> None:
     parser.add_argument("--miner-processes", type=int, default=4, help="processes the miners are spread over")
     parser.add_argument("--slots", type=int, default=4, help="concurrent requests per miner (split over its legs)")
     parser.add_argument("--prefixes", type=int, default=500, help="conversations the buyers' requests continue")
-    parser.add_argument("--zipf", type=float, default=1.0, help="exponent of the conversations' popularity (0: uniform)")
+    parser.add_argument(
+        "--zipf", type=float, default=1.0, help="exponent of the conversations' popularity (0: uniform)"
+    )
     parser.add_argument("--lru", type=int, default=16, help="conversations each miner's modelled prefix cache holds")
     parser.add_argument("--kill", choices=("leader", "follower"), default="leader", help="which host is killed")
     parser.add_argument("--lease-s", type=float, default=6.0, help="gateway.leader_lease_s on both hosts")
     parser.add_argument("--idle-seconds", type=float, default=5.0, help="all miners connected, no buyers")
     parser.add_argument("--seed", type=int, default=0, help="seeds the conversations and the buyers' draws")
-    parser.add_argument("--check-timeout-ms", type=int, metavar="MS",
-                        help="experiment: add `timeout check MS` to the balancer's configuration (the product's has none, so "
-                             "a health check times out after its interval, 1 s)")
+    parser.add_argument(
+        "--check-timeout-ms",
+        type=int,
+        metavar="MS",
+        help="experiment: add `timeout check MS` to the balancer's configuration (the product's has none, so "
+        "a health check times out after its interval, 1 s)",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the raw results here")
     parser.add_argument("--logs", type=Path, metavar="DIR", help="copy every process's log here before cleaning up")
     args = parser.parse_args()

@@ -131,9 +131,18 @@ async def run(gateway_url: str, keys: list[tuple[int, str]], checkpoint: Path, s
         links = []
         for position, (index, key) in enumerate(keys):
             text = answer_text(index)
-            handler = TimedHandler(SyntheticHandler(served, lambda frame, text=text: Script(text=text, chunk_chars=16)), own_s)
-            link = synthetic_link(gateway_url=gateway_url, model=served, identity=Identity(miner_key=key), handler=handler,
-                                  http=http, max_inflight=slots, worker_name=f"fleet-m{index}")
+            handler = TimedHandler(
+                SyntheticHandler(served, lambda frame, text=text: Script(text=text, chunk_chars=16)), own_s
+            )
+            link = synthetic_link(
+                gateway_url=gateway_url,
+                model=served,
+                identity=Identity(miner_key=key),
+                handler=handler,
+                http=http,
+                max_inflight=slots,
+                worker_name=f"fleet-m{index}",
+            )
             link.rng = random.Random(index)
             link.on_state = lambda position=position, **state: count.update(position, state["legs_up"])
             links.append(link)

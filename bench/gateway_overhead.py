@@ -47,8 +47,8 @@ import json
 import os
 import re
 import signal
-import subprocess
 import statistics
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -73,32 +73,45 @@ READY = re.compile(r"gateway ready: buyer API (http://127\.0\.0\.1:\d+), miners 
 def run_synthetic_miner(gateway_url: str, miner_key: str, home: str) -> None:
     from engy_node.config import load_config
     from engy_node.miner.link import Identity
-    from engy_node.served_model import load_served_model
     from engy_node.models import SMOLLM2_135M
     from engy_node.serve.checkpoint import embedded_checkpoint
+    from engy_node.served_model import load_served_model
     from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
 
     config = load_config(home=home, env={k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"})
-    served = load_served_model(SMOLLM2_135M, embedded_checkpoint(models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir))
+    served = load_served_model(
+        SMOLLM2_135M, embedded_checkpoint(models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir)
+    )
     handler = SyntheticHandler(served, lambda frame: Script(text=ANSWER, chunk_chars=CHUNK_CHARS))
 
     async def main() -> None:
         async with httpx.AsyncClient() as http:
-            link = synthetic_link(gateway_url=gateway_url, model=served, identity=Identity(miner_key=miner_key),
-                                  handler=handler, http=http, max_inflight=1024)
+            link = synthetic_link(
+                gateway_url=gateway_url,
+                model=served,
+                identity=Identity(miner_key=miner_key),
+                handler=handler,
+                http=http,
+                max_inflight=1024,
+            )
             await link.run()
 
     trio.run(main)
 
 
 def spawn_miner(gateway_url: str, miner_key: str, home: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, __file__, "--miner", gateway_url, "--key", miner_key, "--home", home],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, __file__, "--miner", gateway_url, "--key", miner_key, "--home", home],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
-FLOOR_SSE = [b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n',
-             b'data: {"choices":[{"delta":{"content":"The quick brown fox jumps over the lazy dog."}}]}\n\n',
-             b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n']
+FLOOR_SSE = [
+    b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n',
+    b'data: {"choices":[{"delta":{"content":"The quick brown fox jumps over the lazy dog."}}]}\n\n',
+    b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n',
+]
 
 
 FLOOR_SERVERS = ("hypercorn", "edge")
@@ -150,7 +163,9 @@ async def direct_level(harness, concurrency: int, total: int, *, stream: bool) -
 
     async def worker() -> None:
         for number in counter:
-            request = ServeRequest(messages=(Message("user", question(number)),), max_tokens=64, engy_request_id=uuid.uuid4().hex)
+            request = ServeRequest(
+                messages=(Message("user", question(number)),), max_tokens=64, engy_request_id=uuid.uuid4().hex
+            )
             started = time.perf_counter()
             corr_id = await harness.serve(request, stream=stream)
             record = harness.requests[corr_id]
@@ -164,7 +179,11 @@ async def direct_level(harness, concurrency: int, total: int, *, stream: bool) -
         for _ in range(concurrency):
             nursery.start_soon(worker)
     elapsed = time.perf_counter() - started
-    return {"ttft_p50_ms": percentile(ttfts, 50) * 1000, "ttft_p99_ms": percentile(ttfts, 99) * 1000, "rps": total / elapsed}
+    return {
+        "ttft_p50_ms": percentile(ttfts, 50) * 1000,
+        "ttft_p99_ms": percentile(ttfts, 99) * 1000,
+        "rps": total / elapsed,
+    }
 
 
 class KeepAliveClient:
@@ -182,7 +201,7 @@ class KeepAliveClient:
         """The server said `connection: close` (hypercorn does after 1,000 requests): reconnect."""
 
     @classmethod
-    async def connect(cls, host: str, port: int) -> "KeepAliveClient":
+    async def connect(cls, host: str, port: int) -> KeepAliveClient:
         return cls(await trio.open_tcp_stream(host, port))
 
     async def _fill(self) -> None:
@@ -195,7 +214,7 @@ class KeepAliveClient:
         while (end := self.buffer.find(b"\r\n")) < 0:
             await self._fill()
         line = bytes(self.buffer[:end])
-        del self.buffer[:end + 2]
+        del self.buffer[: end + 2]
         return line
 
     async def _exactly(self, size: int) -> bytes:
@@ -236,10 +255,18 @@ def question(number: int) -> str:
 
 
 def chat_request(host: str, port: int, key: str, *, stream: bool, number: int) -> bytes:
-    body = json.dumps({"model": "smollm2-135m", "messages": [{"role": "user", "content": question(number)}],
-                       "max_tokens": 64, "stream": stream}).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\nauthorization: Bearer {key}\r\n"
-            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n")
+    body = json.dumps(
+        {
+            "model": "smollm2-135m",
+            "messages": [{"role": "user", "content": question(number)}],
+            "max_tokens": 64,
+            "stream": stream,
+        }
+    ).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\nauthorization: Bearer {key}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -282,8 +309,13 @@ async def gateway_level(api: str, key: str, concurrency: int, total: int, *, str
         for _ in range(concurrency):
             nursery.start_soon(worker)
     elapsed = time.perf_counter() - started
-    return {"ttft_p50_ms": percentile(ttfts, 50) * 1000, "ttft_p99_ms": percentile(ttfts, 99) * 1000,
-            "rps": (total - errors) / elapsed, "chunks_per_s": chunks_seen / elapsed, "errors": errors}
+    return {
+        "ttft_p50_ms": percentile(ttfts, 50) * 1000,
+        "ttft_p99_ms": percentile(ttfts, 99) * 1000,
+        "rps": (total - errors) / elapsed,
+        "chunks_per_s": chunks_seen / elapsed,
+        "errors": errors,
+    }
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
@@ -330,22 +362,43 @@ class Gateway:
         return {**os.environ, "PYTHONPATH": str(self.root), "PYTHONUNBUFFERED": "1"}
 
     def start(self, workers: int) -> None:
-        made = subprocess.run([sys.executable, "-c", SETUP_HOME, self.home], cwd=self.root, env=self.env(),
-                              capture_output=True, text=True, timeout=120)
+        made = subprocess.run(
+            [sys.executable, "-c", SETUP_HOME, self.home],
+            cwd=self.root,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if made.returncode != 0:
-            raise SystemExit(f"setting up the {self.label} gateway's store with the code in {self.root} failed:\n{made.stderr}")
+            raise SystemExit(
+                f"setting up the {self.label} gateway's store with the code in {self.root} failed:\n{made.stderr}"
+            )
         found = json.loads(made.stdout)
         if not Path(found["package"]).resolve().is_relative_to(self.root.resolve()):
-            raise SystemExit(f"run from {self.root}, Python loaded engy_node from {found['package']}: the {self.label} gateway "
-                             "would not be measured; check for a PYTHONPATH or .pth entry that shadows it")
+            raise SystemExit(
+                f"run from {self.root}, Python loaded engy_node from {found['package']}: the {self.label} gateway "
+                "would not be measured; check for a PYTHONPATH or .pth entry that shadows it"
+            )
         self.buyer_key = found["buyer_key"]
         # Qualification off: the synthetic miner would otherwise stay on probation (probes only,
         # every paid request refused) for the whole run; what is measured is the relay.
-        env = {**self.env(), "ENGY_GATEWAY__PORT": "0", "ENGY_GATEWAY__MINER_PORT": "0", "ENGY_GATEWAY__PROVIDER_PORT": "0",
-               "ENGY_GATEWAY__QUALIFICATION": "false", "ENGY_GATEWAY__WORKERS": str(workers)}
+        env = {
+            **self.env(),
+            "ENGY_GATEWAY__PORT": "0",
+            "ENGY_GATEWAY__MINER_PORT": "0",
+            "ENGY_GATEWAY__PROVIDER_PORT": "0",
+            "ENGY_GATEWAY__QUALIFICATION": "false",
+            "ENGY_GATEWAY__WORKERS": str(workers),
+        }
         with self.log_path.open("w") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "engy_node", "--home", self.home, "--role", "gateway"],
-                                            cwd=self.root, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "engy_node", "--home", self.home, "--role", "gateway"],
+                cwd=self.root,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         deadline = time.monotonic() + 120
         while not (match := READY.search(self.log_path.read_text())):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -366,11 +419,14 @@ def baseline_tree(baseline: str, parent: Path) -> Path:
     exported into `parent` (`git archive`: nothing in the repository changes)."""
     if Path(baseline).is_dir():
         return Path(baseline).resolve()
-    exported = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", f"{baseline}^{{commit}}"],
-                              capture_output=True, timeout=120)
+    exported = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", f"{baseline}^{{commit}}"], capture_output=True, timeout=120
+    )
     if exported.returncode != 0:
-        raise SystemExit(f"--baseline {baseline}: neither a directory nor a commit of {ROOT} "
-                         f"({exported.stderr.decode().strip()}); name one `git log --oneline` lists")
+        raise SystemExit(
+            f"--baseline {baseline}: neither a directory nor a commit of {ROOT} "
+            f"({exported.stderr.decode().strip()}); name one `git log --oneline` lists"
+        )
     tree = parent / "baseline"
     with tarfile.open(fileobj=io.BytesIO(exported.stdout)) as archive:
         archive.extractall(tree, filter="data")
@@ -380,11 +436,15 @@ def baseline_tree(baseline: str, parent: Path) -> Path:
 def describe(root: Path) -> str:
     """The commit a code tree is at, and whether it has changes under engy_node/ (an exported or
     copied tree: its path)."""
-    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True)
+    head = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True
+    )
     lines = head.stdout.split()
     if head.returncode != 0 or Path(lines[0]).resolve() != root.resolve():
         return str(root)
-    changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "engy_node"], capture_output=True, text=True)
+    changed = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--", "engy_node"], capture_output=True, text=True
+    )
     dirty = len(changed.stdout.splitlines())
     return lines[1][:10] + (f" + {dirty} changed files under engy_node/" if dirty else "")
 
@@ -405,14 +465,26 @@ async def measure_gateways(gateways: list[Gateway], concurrency: int, count: int
         for gateway in gateways:
             nursery.start_soon(one, gateway)
     client_ms = (time.process_time() - client_before) * 1000 / (count * len(gateways))
-    return {label: {**through[label], "cpu_ms_per_request": (cpu_seconds(processes) - before[label]) * 1000 / count,
-                    "client_cpu_ms_per_request": client_ms,
-                    "rss_mib": sum(process.memory_info().rss for process in processes) / 2**20}
-            for label, processes in trees.items()}
+    return {
+        label: {
+            **through[label],
+            "cpu_ms_per_request": (cpu_seconds(processes) - before[label]) * 1000 / count,
+            "client_cpu_ms_per_request": client_ms,
+            "rss_mib": sum(process.memory_info().rss for process in processes) / 2**20,
+        }
+        for label, processes in trees.items()
+    }
 
 
-async def measure(levels: list[tuple[bool, int]], total: int, rounds: int, home: str, gateways: list[Gateway], *,
-                  together: bool = False) -> list[dict]:
+async def measure(
+    levels: list[tuple[bool, int]],
+    total: int,
+    rounds: int,
+    home: str,
+    gateways: list[Gateway],
+    *,
+    together: bool = False,
+) -> list[dict]:
     from engy_node.testing.gateway import GatewayHarness
 
     rows = []
@@ -439,8 +511,16 @@ async def measure(levels: list[tuple[bool, int]], total: int, rounds: int, home:
                         measured = {}
                         for gateway in gateways[first:] + gateways[:first]:
                             measured |= await measure_gateways([gateway], concurrency, count, stream=stream)
-                    rows.append({"stream": stream, "concurrency": concurrency, "requests": count, "round": number + 1,
-                                 "direct": direct, "gateways": measured})
+                    rows.append(
+                        {
+                            "stream": stream,
+                            "concurrency": concurrency,
+                            "requests": count,
+                            "round": number + 1,
+                            "direct": direct,
+                            "gateways": measured,
+                        }
+                    )
         finally:
             direct_miner.send_signal(signal.SIGTERM)
             direct_miner.wait(30)
@@ -471,31 +551,40 @@ def measure_floor(kind: str, concurrency: int, total: int) -> dict:
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(30)
-    return {"concurrency": concurrency, "rps": result["rps"], "cpu_ms_per_request": cpu_ms,
-            "ttft_p50_ms": result["ttft_p50_ms"], "ttft_p99_ms": result["ttft_p99_ms"]}
-
+    return {
+        "concurrency": concurrency,
+        "rps": result["rps"],
+        "cpu_ms_per_request": cpu_ms,
+        "ttft_p50_ms": result["ttft_p50_ms"],
+        "ttft_p99_ms": result["ttft_p99_ms"],
+    }
 
 
 def print_tables(rows: list[dict], label: str, titled: bool) -> None:
-    for stream, title, unit, latency in ((True, "Streamed (TTFT: to the first content event)", "streams", "TTFT"),
-                                         (False, "Not streamed (latency: to the whole answer)", "concurrent requests", "latency")):
+    for stream, title, unit, latency in (
+        (True, "Streamed (TTFT: to the first content event)", "streams", "TTFT"),
+        (False, "Not streamed (latency: to the whole answer)", "concurrent requests", "latency"),
+    ):
         chosen = [row for row in rows if row["stream"] == stream]
         if not chosen:
             continue
         chunks_column = " streamed chunks/s |" if stream else ""
         print(f"\n{title}" + (f", the {label} gateway" if titled else "") + "\n")
-        print(f"| {unit} | {latency} p50 direct → gateway (added) | {latency} p99 direct → gateway (added) | req/s direct "
-              f"| req/s gateway | ratio |{chunks_column} gateway CPU per request | client CPU per request | gateway RSS |")
+        print(
+            f"| {unit} | {latency} p50 direct → gateway (added) | {latency} p99 direct → gateway (added) | req/s direct "
+            f"| req/s gateway | ratio |{chunks_column} gateway CPU per request | client CPU per request | gateway RSS |"
+        )
         print("|---" * (10 if stream else 9) + "|")
         for row in chosen:
             d, g = row["direct"], row["gateways"][label]
             chunks = f" {g['chunks_per_s']:.0f} |" if stream else ""
-            print(f"| {row['concurrency']} | {d['ttft_p50_ms']:.1f} → {g['ttft_p50_ms']:.1f} ms (+{g['ttft_p50_ms'] - d['ttft_p50_ms']:.1f}) "
-                  f"| {d['ttft_p99_ms']:.1f} → {g['ttft_p99_ms']:.1f} ms (+{g['ttft_p99_ms'] - d['ttft_p99_ms']:.1f}) "
-                  f"| {d['rps']:.0f} | {g['rps']:.0f} | {g['rps'] / d['rps']:.2f}× |{chunks} "
-                  f"{g['cpu_ms_per_request']:.2f} ms | {g['client_cpu_ms_per_request']:.2f} ms "
-                  f"| {g['rss_mib']:.0f} MiB |"
-                  + (f" ({g['errors']} errors)" if g["errors"] else ""))
+            print(
+                f"| {row['concurrency']} | {d['ttft_p50_ms']:.1f} → {g['ttft_p50_ms']:.1f} ms (+{g['ttft_p50_ms'] - d['ttft_p50_ms']:.1f}) "
+                f"| {d['ttft_p99_ms']:.1f} → {g['ttft_p99_ms']:.1f} ms (+{g['ttft_p99_ms'] - d['ttft_p99_ms']:.1f}) "
+                f"| {d['rps']:.0f} | {g['rps']:.0f} | {g['rps'] / d['rps']:.2f}× |{chunks} "
+                f"{g['cpu_ms_per_request']:.2f} ms | {g['client_cpu_ms_per_request']:.2f} ms "
+                f"| {g['rss_mib']:.0f} MiB |" + (f" ({g['errors']} errors)" if g["errors"] else "")
+            )
 
 
 def print_comparison(rows: list[dict]) -> None:
@@ -508,15 +597,19 @@ def print_comparison(rows: list[dict]) -> None:
         b, o = row["gateways"]["baseline"], row["gateways"]["ours"]
         cpu, rps = o["cpu_ms_per_request"] / b["cpu_ms_per_request"], o["rps"] / b["rps"]
         ratios.setdefault((row["stream"], row["concurrency"]), []).append((cpu, rps))
-        print(f"| {'streamed' if row['stream'] else 'not streamed'} | {row['concurrency']} | {row['round']} "
-              f"| {b['cpu_ms_per_request']:.3f} → {o['cpu_ms_per_request']:.3f} ms ({cpu:.3f}×) "
-              f"| {b['rps']:.0f} → {o['rps']:.0f} ({rps:.2f}×) "
-              f"| {b['ttft_p50_ms']:.1f} → {o['ttft_p50_ms']:.1f} ms | {b['ttft_p99_ms']:.1f} → {o['ttft_p99_ms']:.1f} ms |")
+        print(
+            f"| {'streamed' if row['stream'] else 'not streamed'} | {row['concurrency']} | {row['round']} "
+            f"| {b['cpu_ms_per_request']:.3f} → {o['cpu_ms_per_request']:.3f} ms ({cpu:.3f}×) "
+            f"| {b['rps']:.0f} → {o['rps']:.0f} ({rps:.2f}×) "
+            f"| {b['ttft_p50_ms']:.1f} → {o['ttft_p50_ms']:.1f} ms | {b['ttft_p99_ms']:.1f} → {o['ttft_p99_ms']:.1f} ms |"
+        )
     print()
     for (stream, concurrency), pairs in ratios.items():
-        print(f"{'streamed' if stream else 'not streamed'}, {concurrency} concurrent, {len(pairs)} round(s): CPU per request "
-              f"{statistics.median(cpu for cpu, _ in pairs):.3f}× the baseline's, requests/s "
-              f"{statistics.median(rps for _, rps in pairs):.2f}× (medians)")
+        print(
+            f"{'streamed' if stream else 'not streamed'}, {concurrency} concurrent, {len(pairs)} round(s): CPU per request "
+            f"{statistics.median(cpu for cpu, _ in pairs):.3f}× the baseline's, requests/s "
+            f"{statistics.median(rps for _, rps in pairs):.2f}× (medians)"
+        )
 
 
 def main() -> None:
@@ -524,13 +617,21 @@ def main() -> None:
     parser.add_argument("--levels", default="1,16,64,256", help="concurrent streams, streamed requests")
     parser.add_argument("--plain-levels", default="1,16,64", help="concurrent requests, non-streamed short completions")
     parser.add_argument("--requests", type=int, default=256, help="requests per level (at least 2 per stream)")
-    parser.add_argument("--floor-levels", default="16", help="concurrent streams against the bare HTTP server (empty: skip)")
+    parser.add_argument(
+        "--floor-levels", default="16", help="concurrent streams against the bare HTTP server (empty: skip)"
+    )
     parser.add_argument("--gateway-workers", type=int, default=1, help="gateway worker processes (gateway.workers)")
-    parser.add_argument("--baseline", metavar="REV|DIR",
-                        help="also measure the gateway of this commit (or code tree), side by side with this checkout's")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV|DIR",
+        help="also measure the gateway of this commit (or code tree), side by side with this checkout's",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="measure every level this many times")
-    parser.add_argument("--together", action="store_true",
-                        help="with --baseline: load both gateways at the same time rather than one after the other")
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="with --baseline: load both gateways at the same time rather than one after the other",
+    )
     parser.add_argument("--floor-server", choices=FLOOR_SERVERS, help=argparse.SUPPRESS)
     parser.add_argument("--miner", help=argparse.SUPPRESS)
     parser.add_argument("--key", help=argparse.SUPPRESS)
@@ -560,8 +661,11 @@ def main() -> None:
             for gateway in gateways:
                 gateway.start(args.gateway_workers)
             time.sleep(3)
-            rows = trio.run(functools.partial(measure, levels, args.requests, args.rounds, gateways[0].home, gateways,
-                                              together=args.together))
+            rows = trio.run(
+                functools.partial(
+                    measure, levels, args.requests, args.rounds, gateways[0].home, gateways, together=args.together
+                )
+            )
         finally:
             for gateway in gateways:
                 gateway.stop()
@@ -570,16 +674,23 @@ def main() -> None:
     for gateway in gateways:
         print_tables(rows, gateway.label, titled=len(gateways) > 1)
     if floor:
-        print("\nThe HTTP server alone (trio worker, an SSE answer in three body messages; same client): hypercorn as it "
-              "comes, and with hypercorn_edges' EdgeConfig as the gateway runs it\n")
+        print(
+            "\nThe HTTP server alone (trio worker, an SSE answer in three body messages; same client): hypercorn as it "
+            "comes, and with hypercorn_edges' EdgeConfig as the gateway runs it\n"
+        )
         print("| server | streams | round | TTFT p50 | TTFT p99 | req/s | server CPU per request |")
         print("|---|---|---|---|---|---|---|")
         for row in floor:
-            print(f"| {row['server']} | {row['concurrency']} | {row['round']} | {row['ttft_p50_ms']:.1f} ms | {row['ttft_p99_ms']:.1f} ms "
-                  f"| {row['rps']:.0f} | {row['cpu_ms_per_request']:.2f} ms |")
+            print(
+                f"| {row['server']} | {row['concurrency']} | {row['round']} | {row['ttft_p50_ms']:.1f} ms | {row['ttft_p99_ms']:.1f} ms "
+                f"| {row['rps']:.0f} | {row['cpu_ms_per_request']:.2f} ms |"
+            )
     if args.baseline:
         print_comparison(rows)
-    print(f"\nours: {describe(ROOT)}" + "".join(f"; baseline: {args.baseline} ({describe(g.root)})" for g in gateways if g.label == "baseline"))
+    print(
+        f"\nours: {describe(ROOT)}"
+        + "".join(f"; baseline: {args.baseline} ({describe(g.root)})" for g in gateways if g.label == "baseline")
+    )
 
 
 if __name__ == "__main__":

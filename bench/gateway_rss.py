@@ -77,8 +77,9 @@ def children(pid: int) -> list[int]:
 def tree_of(baseline: str, parent: Path) -> Path:
     if Path(baseline).is_dir():
         return Path(baseline).resolve()
-    exported = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", f"{baseline}^{{commit}}"],
-                              capture_output=True, check=False)
+    exported = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", f"{baseline}^{{commit}}"], capture_output=True, check=False
+    )
     if exported.returncode != 0:
         raise SystemExit(f"--baseline {baseline}: neither a directory nor a commit of {ROOT}")
     tree = parent / "baseline"
@@ -89,21 +90,36 @@ def tree_of(baseline: str, parent: Path) -> Path:
 
 def measure(label: str, root: Path, *, workers: int, idle_s: float, cache_home: str | None) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"engy-rss-{label}-") as home:
-        env = {**os.environ, "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1", "ENGY_GATEWAY__PORT": "0",
-               "ENGY_GATEWAY__MINER_PORT": "0", "ENGY_GATEWAY__PROVIDER_PORT": "0", "ENGY_GATEWAY__QUALIFICATION": "false",
-               "ENGY_GATEWAY__WORKERS": str(workers)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(root),
+            "PYTHONUNBUFFERED": "1",
+            "ENGY_GATEWAY__PORT": "0",
+            "ENGY_GATEWAY__MINER_PORT": "0",
+            "ENGY_GATEWAY__PROVIDER_PORT": "0",
+            "ENGY_GATEWAY__QUALIFICATION": "false",
+            "ENGY_GATEWAY__WORKERS": str(workers),
+        }
         if cache_home is not None:
             from engy_node.config import load_config
 
             # The converted embedded model stays in the current cache; only the rest moves.
-            env["ENGY_MODEL_CACHE"] = str(load_config(home=home, env={k: v for k, v in os.environ.items()
-                                                                      if k == "ENGY_MODEL_CACHE"}).paths.model_cache_dir)
+            env["ENGY_MODEL_CACHE"] = str(
+                load_config(
+                    home=home, env={k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
+                ).paths.model_cache_dir
+            )
             env["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix=f"{label}-", dir=cache_home)
         log_path = Path(home) / "gateway.log"
         started = time.monotonic()
         with log_path.open("w") as log:
-            gateway = subprocess.Popen([sys.executable, "-m", "engy_node", "--home", home, "--role", "gateway"],
-                                       cwd=root, stdout=log, stderr=subprocess.STDOUT, env=env)
+            gateway = subprocess.Popen(
+                [sys.executable, "-m", "engy_node", "--home", home, "--role", "gateway"],
+                cwd=root,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         try:
             while not READY.search(log_path.read_text()):
                 if gateway.poll() is not None or time.monotonic() - started > START_TIMEOUT_S:
@@ -121,8 +137,12 @@ def measure(label: str, root: Path, *, workers: int, idle_s: float, cache_home: 
             processes = {}
             for name, pid in pids.items():
                 last = status(pid)
-                processes[name] = {"steady_mib": statistics.median(samples[name]) / 1024, "peak_mib": last["VmHWM"] / 1024,
-                                   "private_mib": last["RssAnon"] / 1024, "maps_torch": maps_torch(pid)}
+                processes[name] = {
+                    "steady_mib": statistics.median(samples[name]) / 1024,
+                    "peak_mib": last["VmHWM"] / 1024,
+                    "private_mib": last["RssAnon"] / 1024,
+                    "maps_torch": maps_torch(pid),
+                }
         finally:
             gateway.send_signal(signal.SIGTERM)
             try:
@@ -142,19 +162,30 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="engy-rss-") as scratch:
         trees = [("ours", ROOT)] + ([("baseline", tree_of(args.baseline, Path(scratch)))] if args.baseline else [])
-        runs = [measure(label, root, workers=args.workers, idle_s=args.idle_seconds, cache_home=scratch if args.cold else None)
-                for label, root in trees]
+        runs = [
+            measure(
+                label, root, workers=args.workers, idle_s=args.idle_seconds, cache_home=scratch if args.cold else None
+            )
+            for label, root in trees
+        ]
     print(json.dumps(runs, indent=2))
     by_label = {run["label"]: run for run in runs}
-    print("\n| process | " + " | ".join(f"{run['label']} steady / peak / private" for run in runs)
-          + (" | ours ÷ baseline (peak) |" if "baseline" in by_label else " |"))
+    print(
+        "\n| process | "
+        + " | ".join(f"{run['label']} steady / peak / private" for run in runs)
+        + (" | ours ÷ baseline (peak) |" if "baseline" in by_label else " |")
+    )
     print("|---|" + "---|" * len(runs) + ("---|" if "baseline" in by_label else ""))
     for name in by_label["ours"]["processes"]:
         cells = []
         for run in runs:
             figures = run["processes"].get(name)
-            cells.append("—" if figures is None else f"{figures['steady_mib']:.1f} / {figures['peak_mib']:.1f} / "
-                         f"{figures['private_mib']:.1f} MiB{' (torch mapped)' if figures['maps_torch'] else ''}")
+            cells.append(
+                "—"
+                if figures is None
+                else f"{figures['steady_mib']:.1f} / {figures['peak_mib']:.1f} / "
+                f"{figures['private_mib']:.1f} MiB{' (torch mapped)' if figures['maps_torch'] else ''}"
+            )
         ratio = ""
         if "baseline" in by_label and name in by_label["baseline"]["processes"]:
             ratio = f" | {by_label['ours']['processes'][name]['peak_mib'] / by_label['baseline']['processes'][name]['peak_mib']:.2f}×"

@@ -158,6 +158,7 @@ class Plan:
     """How each hostile kind runs in the hostile phase: `rates` (paced kinds, requests/s, at most
     `max_in_flight` unanswered each), `flood_clients` (paced kinds under `--flood`) and `held`
     (connections of each held kind)."""
+
     rates: dict[str, float]
     max_in_flight: int
     flood_clients: dict[str, int]
@@ -182,13 +183,16 @@ def filler(chars: int) -> str:
 
 
 def chat_body(content: str, *, stream: bool = True) -> bytes:
-    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 64,
-                       "stream": stream}).encode()
+    return json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 64, "stream": stream}
+    ).encode()
 
 
 def head(host: str, port: int, key: str, *, content_length: int) -> bytes:
-    return (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\nauthorization: Bearer {key}\r\n"
-            f"content-type: application/json\r\ncontent-length: {content_length}\r\n\r\n").encode()
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\nauthorization: Bearer {key}\r\n"
+        f"content-type: application/json\r\ncontent-length: {content_length}\r\n\r\n"
+    ).encode()
 
 
 def post(host: str, port: int, key: str, body: bytes) -> bytes:
@@ -353,8 +357,14 @@ def tick_sends(*, in_flight: int, max_in_flight: int) -> bool:
     return in_flight < max_in_flight
 
 
-async def send_paced(endpoint: Endpoint, rate: float, max_in_flight: int, make_raw: Callable[[], bytes], deadline: float,
-                     tally: KindTally) -> None:
+async def send_paced(
+    endpoint: Endpoint,
+    rate: float,
+    max_in_flight: int,
+    make_raw: Callable[[], bytes],
+    deadline: float,
+    tally: KindTally,
+) -> None:
     """Open loop: a request every 1/`rate` s until `deadline`, each on its own task, whatever the
     earlier ones are doing. Ticks are scheduled from the start, so a slow tick does not shift
     the later ones."""
@@ -391,12 +401,13 @@ async def trickle_once(endpoint: Endpoint, opening: bytes, payload: bytes) -> st
     answer = bytearray()
     outcome = "closed"
     async with stream:
+
         async def send_slowly() -> None:
             try:
                 await stream.send_all(opening)
                 for index in range(len(payload)):
                     await trio.sleep(TRICKLE_INTERVAL_S)
-                    await stream.send_all(payload[index:index + 1])
+                    await stream.send_all(payload[index : index + 1])
             except trio.BrokenResourceError:
                 pass  # the server hung up; the reader sees it too
 
@@ -416,7 +427,9 @@ async def trickle_once(endpoint: Endpoint, opening: bytes, payload: bytes) -> st
     return outcome
 
 
-async def hold_trickling(endpoint: Endpoint, make: Callable[[], tuple[bytes, bytes]], deadline: float, tally: KindTally) -> None:
+async def hold_trickling(
+    endpoint: Endpoint, make: Callable[[], tuple[bytes, bytes]], deadline: float, tally: KindTally
+) -> None:
     """One held connection trickling (opening, payload), re-opened each time the gateway answers
     or closes it, until `deadline` (the phase cancels the one open then)."""
     while trio.current_time() < deadline:
@@ -431,8 +444,9 @@ async def hold_trickling(endpoint: Endpoint, make: Callable[[], tuple[bytes, byt
         tally.answers.append((status, time.perf_counter() - started))
 
 
-def hostile_clients(endpoint: Endpoint, plan: Plan, numbers: Iterator[int], deadline: float,
-                    tallies: dict[str, KindTally]) -> list[Callable[[], Awaitable[None]]]:
+def hostile_clients(
+    endpoint: Endpoint, plan: Plan, numbers: Iterator[int], deadline: float, tallies: dict[str, KindTally]
+) -> list[Callable[[], Awaitable[None]]]:
     """A coroutine function for every hostile task of the phase: one sender per paced kind (or
     its closed-loop clients under `--flood`), one per held connection."""
     host, port = endpoint.host, endpoint.port
@@ -450,23 +464,31 @@ def hostile_clients(endpoint: Endpoint, plan: Plan, numbers: Iterator[int], dead
     }
     trickles: dict[str, Callable[[], tuple[bytes, bytes]]] = {
         "slow-body": lambda: (head(host, port, endpoint.funded_key, content_length=len(slow_body)), slow_body),
-        "slow-head": lambda: (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\n".encode(),
-                              b"x-slow: " + b"a" * SLOW_HEADER_BYTES + b"\r\n\r\n"),
+        "slow-head": lambda: (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\n".encode(),
+            b"x-slow: " + b"a" * SLOW_HEADER_BYTES + b"\r\n\r\n",
+        ),
     }
     tasks: list[Callable[[], Awaitable[None]]] = []
     for kind in KINDS:
         tally = tallies[kind.name]
         if not kind.paced:
             make = trickles[kind.name]
-            tasks += [lambda make=make, tally=tally: hold_trickling(endpoint, make, deadline, tally)] * plan.held[kind.name]
+            tasks += [lambda make=make, tally=tally: hold_trickling(endpoint, make, deadline, tally)] * plan.held[
+                kind.name
+            ]
         elif plan.flood_clients:
             make_raw = requests[kind.name]
-            tasks += ([lambda make_raw=make_raw, tally=tally: repeat_fast(endpoint, make_raw, deadline, tally)]
-                      * plan.flood_clients[kind.name])
+            tasks += [
+                lambda make_raw=make_raw, tally=tally: repeat_fast(endpoint, make_raw, deadline, tally)
+            ] * plan.flood_clients[kind.name]
         elif (rate := plan.rates[kind.name]) > 0:
             make_raw = requests[kind.name]
-            tasks.append(lambda rate=rate, make_raw=make_raw, tally=tally:
-                         send_paced(endpoint, rate, plan.max_in_flight, make_raw, deadline, tally))
+            tasks.append(
+                lambda rate=rate, make_raw=make_raw, tally=tally: send_paced(
+                    endpoint, rate, plan.max_in_flight, make_raw, deadline, tally
+                )
+            )
     return tasks
 
 
@@ -492,8 +514,9 @@ def machine_busy_seconds() -> float:
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
-async def phase(endpoint: Endpoint, seconds: float, buyers: int, pids: dict[str, int], numbers: Iterator[int], *,
-                plan: Plan | None) -> dict:
+async def phase(
+    endpoint: Endpoint, seconds: float, buyers: int, pids: dict[str, int], numbers: Iterator[int], *, plan: Plan | None
+) -> dict:
     """One phase: the normal load for `seconds`, with the hostile clients beside it when `plan`
     is given. Hostile requests stop at the deadline; buyers finish the request they are in."""
     processes = process_tree(pids["gateway"])
@@ -520,12 +543,19 @@ async def phase(endpoint: Endpoint, seconds: float, buyers: int, pids: dict[str,
     elapsed = time.perf_counter() - started
     gateway_cpu, client_cpu = cpu_seconds(processes) - cpu_before, time.process_time() - client_before
     miner_cpu, machine_cpu = cpu_seconds([miner]) - miner_before, machine_busy_seconds() - machine_before
-    return {"buyers": summarise_buyers(samples, elapsed), "models": summarise_latencies(models_latencies, models_errors),
-            "gateway_cpu_pct": gateway_cpu * 100 / elapsed, "client_cpu_pct": client_cpu * 100 / elapsed,
-            "miner_cpu_pct": miner_cpu * 100 / elapsed,
-            "others_cpu_pct": (machine_cpu - gateway_cpu - client_cpu - miner_cpu) * 100 / elapsed,
-            "gateway_peak_rss_mib": peak_rss[0], "seconds": elapsed,
-            "hostile": {kind.name: summarise_kind(tallies[kind.name], seconds) for kind in KINDS if plan and plan.active(kind)}}
+    return {
+        "buyers": summarise_buyers(samples, elapsed),
+        "models": summarise_latencies(models_latencies, models_errors),
+        "gateway_cpu_pct": gateway_cpu * 100 / elapsed,
+        "client_cpu_pct": client_cpu * 100 / elapsed,
+        "miner_cpu_pct": miner_cpu * 100 / elapsed,
+        "others_cpu_pct": (machine_cpu - gateway_cpu - client_cpu - miner_cpu) * 100 / elapsed,
+        "gateway_peak_rss_mib": peak_rss[0],
+        "seconds": elapsed,
+        "hostile": {
+            kind.name: summarise_kind(tallies[kind.name], seconds) for kind in KINDS if plan and plan.active(kind)
+        },
+    }
 
 
 async def wait_until_served(endpoint: Endpoint) -> None:
@@ -542,8 +572,10 @@ async def wait_until_served(endpoint: Endpoint) -> None:
             return
     finally:
         await connection.close()
-    raise SystemExit(f"no buyer request was served within {READY_WAIT_S:g} s (answers: {errors_text(statuses)}); "
-                     "see the gateway's and the miner's logs below")
+    raise SystemExit(
+        f"no buyer request was served within {READY_WAIT_S:g} s (answers: {errors_text(statuses)}); "
+        "see the gateway's and the miner's logs below"
+    )
 
 
 async def measure(endpoint: Endpoint, args, pids: dict[str, int], plan: Plan) -> dict:
@@ -559,14 +591,21 @@ async def measure(endpoint: Endpoint, args, pids: dict[str, int], plan: Plan) ->
 def summarise_latencies(values: list[float], errors: collections.Counter) -> dict:
     if not values:
         return {"count": 0, "p50_ms": None, "p99_ms": None, "errors": dict(errors)}
-    return {"count": len(values), "p50_ms": percentile(values, 50) * 1000, "p99_ms": percentile(values, 99) * 1000,
-            "errors": dict(errors)}
+    return {
+        "count": len(values),
+        "p50_ms": percentile(values, 50) * 1000,
+        "p99_ms": percentile(values, 99) * 1000,
+        "errors": dict(errors),
+    }
 
 
 def summarise_buyers(samples: BuyerSamples, elapsed: float) -> dict:
-    return {"ttft": summarise_latencies(samples.ttfts, collections.Counter()),
-            "total": summarise_latencies(samples.totals, collections.Counter()),
-            "rps": len(samples.totals) / elapsed, "errors": dict(samples.errors)}
+    return {
+        "ttft": summarise_latencies(samples.ttfts, collections.Counter()),
+        "total": summarise_latencies(samples.totals, collections.Counter()),
+        "rps": len(samples.totals) / elapsed,
+        "errors": dict(samples.errors),
+    }
 
 
 def summarise_kind(tally: KindTally, seconds: float) -> dict:
@@ -574,10 +613,17 @@ def summarise_kind(tally: KindTally, seconds: float) -> dict:
     by_status: dict[str, list[float]] = collections.defaultdict(list)
     for status, elapsed in tally.answers:
         by_status[status].append(elapsed)
-    return {"sent_per_s": tally.sent / seconds, "answered_per_s": len(tally.answers) / seconds, "skipped": tally.skipped,
-            "answers": {status: {"count": len(times), "p50_s": percentile(times, 50), "max_s": max(times)}
-                        for status, times in sorted(by_status.items())},
-            "open_at_end": len(tally.open_at_end), "oldest_open_s": max(tally.open_at_end, default=0.0)}
+    return {
+        "sent_per_s": tally.sent / seconds,
+        "answered_per_s": len(tally.answers) / seconds,
+        "skipped": tally.skipped,
+        "answers": {
+            status: {"count": len(times), "p50_s": percentile(times, 50), "max_s": max(times)}
+            for status, times in sorted(by_status.items())
+        },
+        "open_at_end": len(tally.open_at_end),
+        "oldest_open_s": max(tally.open_at_end, default=0.0),
+    }
 
 
 def ratio(hostile: float | None, normal: float | None) -> str:
@@ -607,13 +653,29 @@ def buyer_rows(normal: dict, hostile: dict) -> list[tuple[str, str, str, str]]:
     for q in ("p50", "p99"):
         a, b = normal["models"][f"{q}_ms"], hostile["models"][f"{q}_ms"]
         rows.append((f"`GET /v1/models` {q}", ms(a), ms(b), ratio(b, a)))
-    rows.append(("`GET /v1/models` answered", str(normal["models"]["count"]), str(hostile["models"]["count"]),
-                 ratio(hostile["models"]["count"], normal["models"]["count"])))
-    rows.append(("`GET /v1/models` errors", errors_text(normal["models"]["errors"]), errors_text(hostile["models"]["errors"]), ""))
-    for label, key, unit in (("gateway CPU (% of one core)", "gateway_cpu_pct", " %"), ("client CPU (% of one core)", "client_cpu_pct", " %"),
-                             ("miner CPU (% of one core)", "miner_cpu_pct", " %"),
-                             ("everything else on the machine (% of one core)", "others_cpu_pct", " %"),
-                             ("gateway peak RSS", "gateway_peak_rss_mib", " MiB")):
+    rows.append(
+        (
+            "`GET /v1/models` answered",
+            str(normal["models"]["count"]),
+            str(hostile["models"]["count"]),
+            ratio(hostile["models"]["count"], normal["models"]["count"]),
+        )
+    )
+    rows.append(
+        (
+            "`GET /v1/models` errors",
+            errors_text(normal["models"]["errors"]),
+            errors_text(hostile["models"]["errors"]),
+            "",
+        )
+    )
+    for label, key, unit in (
+        ("gateway CPU (% of one core)", "gateway_cpu_pct", " %"),
+        ("client CPU (% of one core)", "client_cpu_pct", " %"),
+        ("miner CPU (% of one core)", "miner_cpu_pct", " %"),
+        ("everything else on the machine (% of one core)", "others_cpu_pct", " %"),
+        ("gateway peak RSS", "gateway_peak_rss_mib", " MiB"),
+    ):
         a, b = normal[key], hostile[key]
         rows.append((label, f"{a:.0f}{unit}", f"{b:.0f}{unit}", ratio(b, a)))
     return rows
@@ -625,7 +687,10 @@ def side_by_side(results: list[dict]) -> tuple[tuple[str, ...], list[tuple[str, 
     for result in results:
         header += [f"{result['label']} normal", f"{result['label']} hostile", f"{result['label']} ratio"]
     per_gateway = [buyer_rows(result["normal"], result["hostile"]) for result in results]
-    rows = [tuple([rows_of_all[0][0], *(cell for row in rows_of_all for cell in row[1:])]) for rows_of_all in zip(*per_gateway)]
+    rows = [
+        tuple([rows_of_all[0][0], *(cell for row in rows_of_all for cell in row[1:])])
+        for rows_of_all in zip(*per_gateway)
+    ]
     return tuple(header), rows
 
 
@@ -639,11 +704,20 @@ def kind_rows(hostile: dict, plan: Plan) -> list[tuple[str, ...]]:
         summary = hostile["hostile"].get(kind.name)
         if summary is None:
             continue
-        answers = "; ".join(f"{status} × {entry['count']} ({seconds_text(entry['p50_s'])} p50, {seconds_text(entry['max_s'])} max)"
-                            for status, entry in summary["answers"].items()) or "none"
-        still_open = (f"{summary['open_at_end']} (oldest {summary['oldest_open_s']:.1f} s)" if summary["open_at_end"] else "0")
+        answers = (
+            "; ".join(
+                f"{status} × {entry['count']} ({seconds_text(entry['p50_s'])} p50, {seconds_text(entry['max_s'])} max)"
+                for status, entry in summary["answers"].items()
+            )
+            or "none"
+        )
+        still_open = (
+            f"{summary['open_at_end']} (oldest {summary['oldest_open_s']:.1f} s)" if summary["open_at_end"] else "0"
+        )
         skipped = str(summary["skipped"]) if kind.paced and not plan.flood_clients else "—"
-        rows.append((kind.name, kind.sends, plan.describe(kind), f"{summary['sent_per_s']:.1f}", skipped, answers, still_open))
+        rows.append(
+            (kind.name, kind.sends, plan.describe(kind), f"{summary['sent_per_s']:.1f}", skipped, answers, still_open)
+        )
     return rows
 
 
@@ -657,6 +731,7 @@ def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 @dataclasses.dataclass(frozen=True)
 class Target:
     """A gateway to measure: `label` in the tables, run from the code tree `root`."""
+
     label: str
     root: Path
     commit: str
@@ -670,14 +745,18 @@ def git(*arguments: str) -> subprocess.CompletedProcess:
 def this_checkout() -> Target:
     """This checkout, and how many files under engy_node/ differ from its commit (measured too)."""
     changed = git("--no-optional-locks", "status", "--porcelain", "--untracked-files=all", "--", "engy_node").stdout
-    return Target("ours", ROOT, git("rev-parse", "--short", "HEAD").stdout.strip() or "unknown", len(changed.splitlines()))
+    return Target(
+        "ours", ROOT, git("rev-parse", "--short", "HEAD").stdout.strip() or "unknown", len(changed.splitlines())
+    )
 
 
 def add_worktree(revision: str, parent: Path) -> Target:
     resolved = git("rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}")
     if resolved.returncode != 0:
-        raise SystemExit(f"--baseline {revision}: not a commit of this repository; name one `git log --oneline` lists, "
-                         "or pass --no-baseline to measure this checkout alone")
+        raise SystemExit(
+            f"--baseline {revision}: not a commit of this repository; name one `git log --oneline` lists, "
+            "or pass --no-baseline to measure this checkout alone"
+        )
     commit = resolved.stdout.strip()
     tree = parent / "tree"
     added = git("worktree", "add", "--detach", str(tree), commit)
@@ -689,8 +768,11 @@ def add_worktree(revision: str, parent: Path) -> Target:
 def remove_worktree(tree: Path) -> None:
     removed = git("worktree", "remove", "--force", str(tree))
     if removed.returncode != 0:
-        print(f"could not remove the baseline's worktree {tree}: {removed.stderr.strip()}; "
-              "remove it with `git worktree remove --force` and `git worktree prune`", file=sys.stderr)
+        print(
+            f"could not remove the baseline's worktree {tree}: {removed.stderr.strip()}; "
+            "remove it with `git worktree remove --force` and `git worktree prune`",
+            file=sys.stderr,
+        )
 
 
 def code_env(root: Path) -> dict[str, str]:
@@ -702,29 +784,47 @@ def code_env(root: Path) -> dict[str, str]:
 def known_gateway_settings(target: Target) -> set[str]:
     """The gateway settings `target`'s code knows, after checking that its engy_node is the one
     a process run from `target.root` loads."""
-    checked = subprocess.run([sys.executable, "-c", GATEWAY_SETTINGS_CHECK], cwd=target.root, env=code_env(target.root),
-                             capture_output=True, text=True, timeout=READY_WAIT_S)
+    checked = subprocess.run(
+        [sys.executable, "-c", GATEWAY_SETTINGS_CHECK],
+        cwd=target.root,
+        env=code_env(target.root),
+        capture_output=True,
+        text=True,
+        timeout=READY_WAIT_S,
+    )
     if checked.returncode != 0:
         raise SystemExit(f"importing engy_node from {target.root} failed:\n{checked.stderr}")
     found = json.loads(checked.stdout)
     if not Path(found["package"]).resolve().is_relative_to(target.root.resolve()):
-        raise SystemExit(f"run from {target.root}, Python loaded engy_node from {found['package']}: the {target.label} "
-                         "would not be measured; check for a PYTHONPATH or .pth entry that shadows it")
+        raise SystemExit(
+            f"run from {target.root}, Python loaded engy_node from {found['package']}: the {target.label} "
+            "would not be measured; check for a PYTHONPATH or .pth entry that shadows it"
+        )
     return set(found["settings"])
 
 
 def gateway_settings(args) -> dict[str, str]:
     # Qualification off: the one miner is the bench's own (a private gateway's first-party rig),
     # so it serves at once and no probes run beside the measured traffic.
-    return {"port": "0", "miner_port": "0", "provider_port": "0", "qualification": "false",
-            "body_timeout_s": f"{args.body_timeout_s:g}"}
+    return {
+        "port": "0",
+        "miner_port": "0",
+        "provider_port": "0",
+        "qualification": "false",
+        "body_timeout_s": f"{args.body_timeout_s:g}",
+    }
 
 
 def start_gateway(target: Target, home: str, log_path: Path, settings: dict[str, str]) -> subprocess.Popen:
     env = {**code_env(target.root), **{f"ENGY_GATEWAY__{name.upper()}": value for name, value in settings.items()}}
     with log_path.open("w") as log:
-        return subprocess.Popen([sys.executable, "-m", "engy_node", "--home", home, "--role", "gateway"], cwd=target.root,
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(
+            [sys.executable, "-m", "engy_node", "--home", home, "--role", "gateway"],
+            cwd=target.root,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
 
 
 def wait_for_ready(gateway: subprocess.Popen, log_path: Path) -> re.Match:
@@ -781,7 +881,7 @@ def notable_records(log_text: str) -> tuple[collections.Counter, dict[str, list[
                 records[current] += 1
                 if current.startswith("ERROR") and current not in examples:
                     examples[current] = lines[:ERROR_EXAMPLE_LINES]
-            level, message = record.group(1), line[record.end():].strip()
+            level, message = record.group(1), line[record.end() :].strip()
             current, lines = None, [line]
             if level in NOTABLE_LEVELS:
                 current = f"{level} {record.group(2)}: {VARYING.sub('N', message)}"
@@ -806,7 +906,11 @@ def measure_target(target: Target, args, plan: Plan) -> dict:
     wanted = gateway_settings(args)
     settings = {name: value for name, value in wanted.items() if name in known}
     load_before = os.getloadavg()
-    print(f"measuring {target.label}: the gateway at {target.commit}, run from {target.root} …", file=sys.stderr, flush=True)
+    print(
+        f"measuring {target.label}: the gateway at {target.commit}, run from {target.root} …",
+        file=sys.stderr,
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="engy-hostile-bench-") as home:
         # The store is made with this checkout's code: its schema is the baseline's too (the
         # gateway refuses, naming it, a store whose schema it does not know).
@@ -824,15 +928,22 @@ def measure_target(target: Target, args, plan: Plan) -> dict:
             match = wait_for_ready(gateway, log_path)
             api, miner_ws = httpx.URL(match.group(1)), match.group(2)
             with miner_log_path.open("w") as miner_log:
-                miner = subprocess.Popen([sys.executable, __file__, "--miner", miner_ws, "--key", miner_key, "--home", home],
-                                         stdout=miner_log, stderr=subprocess.STDOUT)
+                miner = subprocess.Popen(
+                    [sys.executable, __file__, "--miner", miner_ws, "--key", miner_key, "--home", home],
+                    stdout=miner_log,
+                    stderr=subprocess.STDOUT,
+                )
             endpoint = Endpoint(api.host, api.port, funded_key, broke_key)
             result = trio.run(measure, endpoint, args, {"gateway": gateway.pid, "miner": miner.pid}, plan)
         except BaseException:
             for name, path in (("gateway", log_path), ("miner", miner_log_path)):
                 if path.exists():
-                    print(f"--- the {target.label} {name}'s log, last {LOG_TAIL_LINES} lines ---",
-                          *path.read_text().splitlines()[-LOG_TAIL_LINES:], sep="\n", file=sys.stderr)
+                    print(
+                        f"--- the {target.label} {name}'s log, last {LOG_TAIL_LINES} lines ---",
+                        *path.read_text().splitlines()[-LOG_TAIL_LINES:],
+                        sep="\n",
+                        file=sys.stderr,
+                    )
             raise
         finally:
             for process in (miner, gateway):
@@ -840,9 +951,15 @@ def measure_target(target: Target, args, plan: Plan) -> dict:
                     stop(process)
         records, examples = notable_records(log_path.read_text())
         result["gateway_log"], result["gateway_log_errors"] = dict(records), examples
-    return {**result, "label": target.label, "commit": target.commit, "root": str(target.root),
-            "engy_node_files_changed": target.engy_node_files_changed, "load_average_before": load_before,
-            "settings_left_out": sorted(set(wanted) - known)}
+    return {
+        **result,
+        "label": target.label,
+        "commit": target.commit,
+        "root": str(target.root),
+        "engy_node_files_changed": target.engy_node_files_changed,
+        "load_average_before": load_before,
+        "settings_left_out": sorted(set(wanted) - known),
+    }
 
 
 # ---- the run ----------------------------------------------------------------------------------
@@ -853,29 +970,61 @@ def machine() -> dict:
             if line.startswith("model name"):
                 cpu_model = line.split(":", 1)[1].strip()
                 break
-    return {"cores": os.cpu_count(), "cpu": cpu_model, "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")}
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu_model,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
 
 
 def print_report(results: list[dict], plan: Plan, args, info: dict) -> None:
     mode = "closed-loop clients (--flood)" if plan.flood_clients else "open loop at fixed rates"
-    print(f"\nBuyers: {args.buyers} concurrent streamed short completions, {args.seconds:g} s per phase; "
-          f"hostile clients {mode}\n")
+    print(
+        f"\nBuyers: {args.buyers} concurrent streamed short completions, {args.seconds:g} s per phase; "
+        f"hostile clients {mode}\n"
+    )
     print(table(*side_by_side(results)))
     for result in results:
-        body_timeout = (f"gateway.body_timeout_s = {args.body_timeout_s:g} s" if "body_timeout_s" not in result["settings_left_out"]
-                        else "no body timeout at this commit")
+        body_timeout = (
+            f"gateway.body_timeout_s = {args.body_timeout_s:g} s"
+            if "body_timeout_s" not in result["settings_left_out"]
+            else "no body timeout at this commit"
+        )
         print(f"\nHostile clients against {result['label']} (the gateway at {result['commit']}; {body_timeout})\n")
-        print(table(("kind", "sends", "runs as", "sent/s (held: opened/s)", "ticks skipped", "answers (time to answer)", "unanswered at the end"),
-                    kind_rows(result["hostile"], plan)))
+        print(
+            table(
+                (
+                    "kind",
+                    "sends",
+                    "runs as",
+                    "sent/s (held: opened/s)",
+                    "ticks skipped",
+                    "answers (time to answer)",
+                    "unanswered at the end",
+                ),
+                kind_rows(result["hostile"], plan),
+            )
+        )
     print(f"\nMachine: {info['cores']} cores, {info['cpu']}; {info['date']}")
     for result in results:
         load = ", ".join(f"{value:.2f}" for value in result["load_average_before"])
-        dirty = f" + {result['engy_node_files_changed']} changed files under engy_node/" if result["engy_node_files_changed"] else ""
-        left_out = (f"; settings it does not know, left out: {', '.join(result['settings_left_out'])}"
-                    if result["settings_left_out"] else "")
-        print(f"{result['label']}: commit {result['commit']}{dirty}, run from {result['root']}; load average before it {load}{left_out}")
-        print("  gateway log (warnings, errors, failed requests by kind, miner admissions):" + "".join(
-            f"\n    {count} × {text}" for text, count in sorted(result["gateway_log"].items())))
+        dirty = (
+            f" + {result['engy_node_files_changed']} changed files under engy_node/"
+            if result["engy_node_files_changed"]
+            else ""
+        )
+        left_out = (
+            f"; settings it does not know, left out: {', '.join(result['settings_left_out'])}"
+            if result["settings_left_out"]
+            else ""
+        )
+        print(
+            f"{result['label']}: commit {result['commit']}{dirty}, run from {result['root']}; load average before it {load}{left_out}"
+        )
+        print(
+            "  gateway log (warnings, errors, failed requests by kind, miner admissions):"
+            + "".join(f"\n    {count} × {text}" for text, count in sorted(result["gateway_log"].items()))
+        )
         for text, lines in result["gateway_log_errors"].items():
             print(f"  the first {text!r}, as logged:", *(f"    {line}" for line in lines), sep="\n")
 
@@ -892,8 +1041,13 @@ def parse_plan(args) -> Plan:
         rates={kind.name: getattr(args, kind.option) for kind in KINDS if kind.paced},
         max_in_flight=args.max_in_flight,
         flood_clients={kind.name: kind.flood_clients for kind in KINDS if kind.paced} if args.flood else {},
-        held={kind.name: int(getattr(args, kind.option) if getattr(args, kind.option) is not None else held_default or kind.default)
-              for kind in KINDS if not kind.paced},
+        held={
+            kind.name: int(
+                getattr(args, kind.option) if getattr(args, kind.option) is not None else held_default or kind.default
+            )
+            for kind in KINDS
+            if not kind.paced
+        },
     )
 
 
@@ -901,21 +1055,40 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--buyers", type=int, default=4, help="concurrent normal buyers")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
-    parser.add_argument("--baseline", default=DEFAULT_BASELINE, metavar="REV",
-                        help=f"the commit whose gateway is measured beside this checkout's (default {DEFAULT_BASELINE}, before issue 12)")
+    parser.add_argument(
+        "--baseline",
+        default=DEFAULT_BASELINE,
+        metavar="REV",
+        help=f"the commit whose gateway is measured beside this checkout's (default {DEFAULT_BASELINE}, before issue 12)",
+    )
     parser.add_argument("--no-baseline", action="store_true", help="measure this checkout's gateway alone")
     for kind in KINDS:
         if kind.paced:
-            parser.add_argument(f"--{kind.name}-per-s", type=float, default=kind.default,
-                                help=f"requests/s sending {kind.sends} (default {kind.default:g}; 0: none)")
+            parser.add_argument(
+                f"--{kind.name}-per-s",
+                type=float,
+                default=kind.default,
+                help=f"requests/s sending {kind.sends} (default {kind.default:g}; 0: none)",
+            )
         else:
-            parser.add_argument(f"--{kind.name}", type=int, default=None,
-                                help=f"connections held sending {kind.sends} (default {kind.default:g}, "
-                                     f"{FLOOD_HELD_CONNECTIONS} under --flood; 0: none)")
-    parser.add_argument("--max-in-flight", type=int, default=4, help="unanswered requests per paced kind before its ticks are skipped")
-    parser.add_argument("--flood", action="store_true",
-                        help="closed-loop hostile clients instead (a CPU flood; this benchmark's first configuration)")
-    parser.add_argument("--body-timeout-s", type=float, default=10.0, help="our gateway's gateway.body_timeout_s (default 60)")
+            parser.add_argument(
+                f"--{kind.name}",
+                type=int,
+                default=None,
+                help=f"connections held sending {kind.sends} (default {kind.default:g}, "
+                f"{FLOOD_HELD_CONNECTIONS} under --flood; 0: none)",
+            )
+    parser.add_argument(
+        "--max-in-flight", type=int, default=4, help="unanswered requests per paced kind before its ticks are skipped"
+    )
+    parser.add_argument(
+        "--flood",
+        action="store_true",
+        help="closed-loop hostile clients instead (a CPU flood; this benchmark's first configuration)",
+    )
+    parser.add_argument(
+        "--body-timeout-s", type=float, default=10.0, help="our gateway's gateway.body_timeout_s (default 60)"
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the raw results here")
     parser.add_argument("--miner", help=argparse.SUPPRESS)
     parser.add_argument("--key", help=argparse.SUPPRESS)
@@ -941,7 +1114,9 @@ def main() -> None:
         if worktree_parent is not None:
             shutil.rmtree(worktree_parent, ignore_errors=True)
     if args.json:
-        args.json.write_text(json.dumps({"machine": info, "plan": dataclasses.asdict(plan), "results": results}, indent=2))
+        args.json.write_text(
+            json.dumps({"machine": info, "plan": dataclasses.asdict(plan), "results": results}, indent=2)
+        )
     print_report(results, plan, args, info)
 
 

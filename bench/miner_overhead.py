@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engy_node import proof  # noqa: E402
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings  # noqa: E402
 from engy_node.miner.serving import RequestHandler  # noqa: E402
-from engy_node.served_model import load_served_model  # noqa: E402
 from engy_node.models import SMOLLM2_135M, ProofParams  # noqa: E402
 from engy_node.protocol.miner import Capacity, Message, ServeRequest  # noqa: E402
 from engy_node.serve.client import ServeClient, SseParser  # noqa: E402
+from engy_node.served_model import load_served_model  # noqa: E402
 from engy_node.testing.gateway import GatewayHarness  # noqa: E402
 
 PROMPTS = (
@@ -58,8 +58,12 @@ READY = re.compile(r"ready to roll! \(\S+ on (http://127\.0\.0\.1:\d+)\)")
 
 def start_server(home: Path) -> tuple[subprocess.Popen, str]:
     log = (home / "server.log").open("w")
-    process = subprocess.Popen([sys.executable, "-m", "engy_node", "--home", str(home), "serve", "--port", "0"],
-                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "engy_node", "--home", str(home), "serve", "--port", "0"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         match = READY.search((home / "server.log").read_text())
@@ -80,17 +84,31 @@ async def end_to_end(url: str, checkpoint: Path, rounds: int, max_tokens: int) -
         outcomes = []
         handler = RequestHandler(model=served, serve=lambda: ServeClient(url, http), on_outcome=outcomes.append)
         link = GatewayLink(
-            gateway_url=harness.url, identity=Identity(miner_key="bench"), http=http, handler=handler, settings=LinkSettings(),
-            limits=Capacity(0, 1, SMOLLM2_135M.max_input_tokens, SMOLLM2_135M.max_output_tokens, SMOLLM2_135M.max_request_s),
-            hello={"model": SMOLLM2_135M.id, "model_root": served.model_root, "hw": {}, "versions": {},
-                   "worker_name": "bench", "worker_id": uuid.uuid4().hex},
+            gateway_url=harness.url,
+            identity=Identity(miner_key="bench"),
+            http=http,
+            handler=handler,
+            settings=LinkSettings(),
+            limits=Capacity(
+                0, 1, SMOLLM2_135M.max_input_tokens, SMOLLM2_135M.max_output_tokens, SMOLLM2_135M.max_request_s
+            ),
+            hello={
+                "model": SMOLLM2_135M.id,
+                "model_root": served.model_root,
+                "hw": {},
+                "versions": {},
+                "worker_name": "bench",
+                "worker_id": uuid.uuid4().hex,
+            },
         )
         nursery.start_soon(link.run)
         await harness.wait_for(lambda: 0 in harness.legs, timeout=60)
         serve = ServeClient(url, http)
         for _ in range(rounds):
             for text in PROMPTS:
-                request = ServeRequest(messages=(Message("user", text),), max_tokens=max_tokens, engy_request_id=uuid.uuid4().hex)
+                request = ServeRequest(
+                    messages=(Message("user", text),), max_tokens=max_tokens, engy_request_id=uuid.uuid4().hex
+                )
                 ids = served.render_prompt(request)
                 started = time.perf_counter()
                 direct = await serve.generate(ids, {"temperature": 0.0}, max_new_tokens=max_tokens)
@@ -131,7 +149,7 @@ def naive_parse(data: bytes, piece: int) -> bytes:
     buffer = b""
     latest = b""
     for start in range(0, len(data), piece):
-        buffer += data[start:start + piece]
+        buffer += data[start : start + piece]
         *complete, buffer = buffer.split(b"\n\n")
         for event in complete:
             if event.startswith(b"data: "):
@@ -143,7 +161,7 @@ def ours_parse(data: bytes, piece: int) -> bytes:
     parser = SseParser()
     latest = b""
     for start in range(0, len(data), piece):
-        events = parser.feed(data[start:start + piece])
+        events = parser.feed(data[start : start + piece])
         if events:
             latest = events[-1]
     return latest
@@ -153,7 +171,11 @@ def sse_throughput(rows: int, width: int = 2048, piece: int = 65536) -> dict:
     import numpy as np
 
     hidden = np.random.default_rng(0).standard_normal((rows, width)).astype(np.float32).astype(np.float64)
-    event = b"data: " + orjson.dumps({"text": "x", "meta_info": {"hidden_states": hidden}}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n\n"
+    event = (
+        b"data: "
+        + orjson.dumps({"text": "x", "meta_info": {"hidden_states": hidden}}, option=orjson.OPT_SERIALIZE_NUMPY)
+        + b"\n\n"
+    )
     result = {"event_mb": len(event) / 1e6}
     for name, parse in (("ours", ours_parse), ("naive", naive_parse)):
         started = time.perf_counter()
@@ -190,15 +212,21 @@ def main() -> None:
         "sse_parse": sse_throughput(args.sse_rows),
     }
     print(json.dumps(report, indent=2))
-    print(f"\nminer vs direct /generate: {e2e['ratio_of_totals']:.3f}x total time "
-          f"(median {e2e['miner_median_s'] * 1000:.0f} ms vs {e2e['direct_median_s'] * 1000:.0f} ms, "
-          f"+{e2e['added_median_ms']:.1f} ms per request)")
-    print(f"proof build: {report['proof_build_us_per_token']['hidden_576']:.1f} µs/token (H=576), "
-          f"{report['proof_build_us_per_token']['hidden_2048']:.1f} µs/token (H=2048); "
-          f"in the miner {e2e['proof_us_per_token_in_miner']:.1f} µs/token")
+    print(
+        f"\nminer vs direct /generate: {e2e['ratio_of_totals']:.3f}x total time "
+        f"(median {e2e['miner_median_s'] * 1000:.0f} ms vs {e2e['direct_median_s'] * 1000:.0f} ms, "
+        f"+{e2e['added_median_ms']:.1f} ms per request)"
+    )
+    print(
+        f"proof build: {report['proof_build_us_per_token']['hidden_576']:.1f} µs/token (H=576), "
+        f"{report['proof_build_us_per_token']['hidden_2048']:.1f} µs/token (H=2048); "
+        f"in the miner {e2e['proof_us_per_token_in_miner']:.1f} µs/token"
+    )
     sse = report["sse_parse"]
-    print(f"SSE parse, {sse['event_mb']:.0f} MB event: ours {sse['ours_mb_per_s']:.0f} MB/s, "
-          f"naive {sse['naive_mb_per_s']:.0f} MB/s ({sse['speedup']:.1f}x)")
+    print(
+        f"SSE parse, {sse['event_mb']:.0f} MB event: ours {sse['ours_mb_per_s']:.0f} MB/s, "
+        f"naive {sse['naive_mb_per_s']:.0f} MB/s ({sse['speedup']:.1f}x)"
+    )
 
 
 if __name__ == "__main__":

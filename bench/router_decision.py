@@ -52,7 +52,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engy_node.gateway.route_table import (  # noqa: E402
-    DEFAULT_LOAD_FACTOR, Candidate, Choice, RouteTable, key_point, worker_points,
+    DEFAULT_LOAD_FACTOR,
+    Candidate,
+    Choice,
+    RouteTable,
+    key_point,
+    worker_points,
 )
 
 SIZES = (10, 100, 1_000, 10_000)
@@ -65,8 +70,15 @@ CHECKED_PREFIXES = 8
 
 # ---- today: the snapshot router before the routing table, verbatim --------------------------
 
-def today_choose(*, candidates: Sequence, prefix: bytes | None, rr_counter: int,
-                 load_factor: float = DEFAULT_LOAD_FACTOR, exclude=frozenset()) -> Choice | None:
+
+def today_choose(
+    *,
+    candidates: Sequence,
+    prefix: bytes | None,
+    rr_counter: int,
+    load_factor: float = DEFAULT_LOAD_FACTOR,
+    exclude=frozenset(),
+) -> Choice | None:
     eligible = [c for c in candidates if c.inflight < c.capacity and c.worker_id not in exclude]
     if not eligible:
         return None
@@ -84,7 +96,9 @@ def _today_round_robin(workers: list, rr_counter: int):
     for worker in workers:
         if worker.inflight * least.capacity < least.inflight * worker.capacity:
             least = worker
-    tier = sorted((w for w in workers if w.inflight * least.capacity == least.inflight * w.capacity), key=lambda w: w.worker_id)
+    tier = sorted(
+        (w for w in workers if w.inflight * least.capacity == least.inflight * w.capacity), key=lambda w: w.worker_id
+    )
     return tier[rr_counter % len(tier)]
 
 
@@ -96,8 +110,11 @@ def _today_rendezvous(workers: list, prefix: bytes, load_factor: float) -> Choic
     home = _today_highest_score(zip(digests, workers))
     if home.inflight * total_capacity < slots_demanded * home.capacity:
         return Choice(home.worker_id, "affinity")
-    spill = _today_highest_score((digest, worker) for digest, worker in zip(digests, workers)
-                                 if worker.inflight * total_capacity < slots_demanded * worker.capacity)
+    spill = _today_highest_score(
+        (digest, worker)
+        for digest, worker in zip(digests, workers)
+        if worker.inflight * total_capacity < slots_demanded * worker.capacity
+    )
     return Choice(spill.worker_id, "affinity-spill")
 
 
@@ -116,6 +133,7 @@ def _today_score(capacity: int, digest: bytes) -> float:
 
 
 # ---- part 1: decision time --------------------------------------------------------------------
+
 
 def snapshot(size: int, rng: random.Random, *, full_share: float = 0.0, free: int | None = None) -> list[Candidate]:
     """`full_share`: each worker is full with this chance; `free`: exactly this many are not."""
@@ -170,9 +188,11 @@ def time_per_call(call: Callable[[int], object], calls: int) -> float:
 
 def decision_time(repeats: int) -> None:
     print("### Decision time, µs (median of", repeats, "rounds)\n")
-    print("| workers | today keyed | ours keyed | today ÷ ours | today unkeyed | ours unkeyed | today ÷ ours "
-          "| today's snapshot build | ours keyed, 90 % full | ours keyed, √(3n) free | ours: in-flight change | ours: join "
-          "| ours: leave |")
+    print(
+        "| workers | today keyed | ours keyed | today ÷ ours | today unkeyed | ours unkeyed | today ÷ ours "
+        "| today's snapshot build | ours keyed, 90 % full | ours keyed, √(3n) free | ours: in-flight change | ours: join "
+        "| ours: leave |"
+    )
     print("|---:|" + "---:|" * 12)
     for size in SIZES:
         candidates = snapshot(size, random.Random(53 + size))
@@ -190,21 +210,33 @@ def decision_time(repeats: int) -> None:
         ours_decisions = 20_000
         columns: dict[str, Callable[[], float]] = {
             "today keyed": lambda: time_per_call(
-                lambda n: today_choose(candidates=candidates, prefix=PREFIXES[n % 256], rr_counter=n), decisions),
+                lambda n: today_choose(candidates=candidates, prefix=PREFIXES[n % 256], rr_counter=n), decisions
+            ),
             "ours keyed": lambda: time_per_call(
-                lambda n: table.choose(prefix=PREFIXES[n % 256], rr_counter=n), ours_decisions),
+                lambda n: table.choose(prefix=PREFIXES[n % 256], rr_counter=n), ours_decisions
+            ),
             "today unkeyed": lambda: time_per_call(
-                lambda n: today_choose(candidates=candidates, prefix=None, rr_counter=n), decisions),
+                lambda n: today_choose(candidates=candidates, prefix=None, rr_counter=n), decisions
+            ),
             "ours unkeyed": lambda: time_per_call(lambda n: table.choose(prefix=None, rr_counter=n), ours_decisions),
             "snapshot build": lambda: time_per_call(
-                lambda n: [Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight), lacks=leg.lacks)
-                           for leg in legs], decisions),
-            "busy keyed": lambda: time_per_call(lambda n: busy.choose(prefix=PREFIXES[n % 256], rr_counter=n), ours_decisions),
-            "scarce keyed": lambda: time_per_call(lambda n: scarce.choose(prefix=PREFIXES[n % 256], rr_counter=n), 2_000),
+                lambda n: [
+                    Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight), lacks=leg.lacks)
+                    for leg in legs
+                ],
+                decisions,
+            ),
+            "busy keyed": lambda: time_per_call(
+                lambda n: busy.choose(prefix=PREFIXES[n % 256], rr_counter=n), ours_decisions
+            ),
+            "scarce keyed": lambda: time_per_call(
+                lambda n: scarce.choose(prefix=PREFIXES[n % 256], rr_counter=n), 2_000
+            ),
             # A dispatch then its completion: two in-flight changes, on a spread of workers.
             "update": lambda: time_per_call(
                 lambda n: table.update(ids[n * 7919 % size], inflight=inflight[ids[n * 7919 % size]] + (n & 1 ^ 1)),
-                ours_decisions),
+                ours_decisions,
+            ),
             "leave": lambda: time_per_call(lambda n: table.leave(ids[n]), min(size, 200)),
             "join": lambda: time_per_call(lambda n: table.join(candidates[n], admitted=True), min(size, 200)),
         }
@@ -213,17 +245,20 @@ def decision_time(repeats: int) -> None:
             for name, measure in columns.items():
                 samples[name].append(measure())
         median = {name: statistics.median(values) for name, values in samples.items()}
-        print(f"| {size:,} | {median['today keyed']:,.1f} | {median['ours keyed']:,.1f} "
-              f"| {median['today keyed'] / median['ours keyed']:,.1f}× "
-              f"| {median['today unkeyed']:,.1f} | {median['ours unkeyed']:,.1f} "
-              f"| {median['today unkeyed'] / median['ours unkeyed']:,.1f}× "
-              f"| {median['snapshot build']:,.1f} | {median['busy keyed']:,.1f} | {median['scarce keyed']:,.1f} "
-              f"| {median['update']:,.1f} "
-              f"| {median['join']:,.0f} | {median['leave']:,.0f} |")
+        print(
+            f"| {size:,} | {median['today keyed']:,.1f} | {median['ours keyed']:,.1f} "
+            f"| {median['today keyed'] / median['ours keyed']:,.1f}× "
+            f"| {median['today unkeyed']:,.1f} | {median['ours unkeyed']:,.1f} "
+            f"| {median['today unkeyed'] / median['ours unkeyed']:,.1f}× "
+            f"| {median['snapshot build']:,.1f} | {median['busy keyed']:,.1f} | {median['scarce keyed']:,.1f} "
+            f"| {median['update']:,.1f} "
+            f"| {median['join']:,.0f} | {median['leave']:,.0f} |"
+        )
     print()
 
 
 # ---- part 2: prefix affinity under churn ------------------------------------------------------
+
 
 @dataclasses.dataclass
 class SimWorker:
@@ -273,7 +308,9 @@ def scenario(*, workers: int, requests: int, prefixes: int, seed: int = 53) -> S
         events.append(changes)
         picks = rng.choices(range(prefixes), cum_weights=weights, k=per_tick)
         arrivals.append([(p, 1 + int(rng.expovariate(1 / (mean_duration - 1)))) for p in picks])
-    return Scenario(initial, arrivals, events, [hashlib.sha256(b"prefix" + i.to_bytes(4, "big")).digest() for i in range(prefixes)])
+    return Scenario(
+        initial, arrivals, events, [hashlib.sha256(b"prefix" + i.to_bytes(4, "big")).digest() for i in range(prefixes)]
+    )
 
 
 class TodayRouter:
@@ -367,8 +404,15 @@ def simulate(router, plan: Scenario) -> dict[str, float]:
         peak = max(peak, busiest)
         if mean:
             ratios.append(busiest / mean)
-    return {"hit rate": hits / served, "spilled": spilled / served, "refused": refused, "served": served,
-            "max/mean": statistics.fmean(ratios), "peak": peak, "seconds": time.perf_counter() - started}
+    return {
+        "hit rate": hits / served,
+        "spilled": spilled / served,
+        "refused": refused,
+        "served": served,
+        "max/mean": statistics.fmean(ratios),
+        "peak": peak,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def affinity(requests: int, workers: int, prefixes: int, seeds: int) -> None:
@@ -381,22 +425,32 @@ def affinity(requests: int, workers: int, prefixes: int, seeds: int) -> None:
         for name, router in routers.items():
             results[name].append(simulate(router(), plan))
     events = collections.Counter(kind for plan in plans for tick in plan.events for kind, _, _ in tick)
-    print(f"### Prefix affinity under churn: {seeds} seeds × {sum(map(len, plans[0].arrivals)):,} keyed requests over "
-          f"{prefixes:,} Zipf(1) prefixes, {workers} workers at the start, {len(plans[0].arrivals):,} ticks; per seed on "
-          f"average {events['join'] / seeds:.0f} joins, {events['leave'] / seeds:.0f} leaves and {events['resize'] / seeds:.0f} "
-          "capacity changes; LRU of 4 prefixes per slot; means over the seeds\n")
-    print("| router | hit rate | spilled | refused (no room) | mean busiest ÷ mean load | peak busiest load | sim seconds |")
+    print(
+        f"### Prefix affinity under churn: {seeds} seeds × {sum(map(len, plans[0].arrivals)):,} keyed requests over "
+        f"{prefixes:,} Zipf(1) prefixes, {workers} workers at the start, {len(plans[0].arrivals):,} ticks; per seed on "
+        f"average {events['join'] / seeds:.0f} joins, {events['leave'] / seeds:.0f} leaves and {events['resize'] / seeds:.0f} "
+        "capacity changes; LRU of 4 prefixes per slot; means over the seeds\n"
+    )
+    print(
+        "| router | hit rate | spilled | refused (no room) | mean busiest ÷ mean load | peak busiest load | sim seconds |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, runs in results.items():
+
         def mean(field: str) -> float:
             return statistics.fmean(run[field] for run in runs)
-        print(f"| {name} | {mean('hit rate'):.2%} | {mean('spilled'):.2%} | {mean('refused'):,.0f} | {mean('max/mean'):.2f} "
-              f"| {max(run['peak'] for run in runs):.2f} | {sum(run['seconds'] for run in runs):.1f} |")
+
+        print(
+            f"| {name} | {mean('hit rate'):.2%} | {mean('spilled'):.2%} | {mean('refused'):,.0f} | {mean('max/mean'):.2f} "
+            f"| {max(run['peak'] for run in runs):.2f} | {sum(run['seconds'] for run in runs):.1f} |"
+        )
     today, ours = results.values()
     differences = [(o["hit rate"] - t["hit rate"]) * 100 for t, o in zip(today, ours)]
     spread = statistics.stdev(differences) / math.sqrt(seeds) if seeds > 1 else math.nan
-    print(f"\nhit rate ours − today, points, per seed: {', '.join(f'{d:+.2f}' for d in differences)}; "
-          f"mean {statistics.fmean(differences):+.2f} ± {spread:.2f} (standard error)\n")
+    print(
+        f"\nhit rate ours − today, points, per seed: {', '.join(f'{d:+.2f}' for d in differences)}; "
+        f"mean {statistics.fmean(differences):+.2f} ± {spread:.2f} (standard error)\n"
+    )
 
 
 def main() -> None:
@@ -407,8 +461,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=200, help="workers at the start of the affinity simulation")
     parser.add_argument("--prefixes", type=int, default=20_000, help="distinct prefixes in the affinity simulation")
     args = parser.parse_args()
-    print(f"router at fleet scale; Python {platform.python_version()} on {platform.machine()} "
-          f"({platform.processor() or 'unknown CPU'})\n")
+    print(
+        f"router at fleet scale; Python {platform.python_version()} on {platform.machine()} "
+        f"({platform.processor() or 'unknown CPU'})\n"
+    )
     decision_time(args.repeats)
     affinity(args.requests, args.workers, args.prefixes, args.seeds)
 

@@ -61,12 +61,27 @@ except ImportError:  # a tree from before the gateway's ids had a function of th
 
 
 def entry(request_id: str, account_id: int) -> RequestLogEntry:
-    return RequestLogEntry(request_id=request_id, account_id=account_id, miner="key:1", model="smollm2-135m", api="openai",
-                           kind="paid", status=200, prompt_tokens=30, completion_tokens=12, cached_tokens=0, cost_micro=0,
-                           ttft_ms=40.0, tpot_ms=8.0, created_at=time.time())
+    return RequestLogEntry(
+        request_id=request_id,
+        account_id=account_id,
+        miner="key:1",
+        model="smollm2-135m",
+        api="openai",
+        kind="paid",
+        status=200,
+        prompt_tokens=30,
+        completion_tokens=12,
+        cached_tokens=0,
+        cost_micro=0,
+        ttft_ms=40.0,
+        tpot_ms=8.0,
+        created_at=time.time(),
+    )
 
 
-async def drive(store: Store, *, keys: list[tuple[int, str]], requests: int, concurrency: int) -> tuple[float, list[float], float]:
+async def drive(
+    store: Store, *, keys: list[tuple[int, str]], requests: int, concurrency: int
+) -> tuple[float, list[float], float]:
     """(wall seconds, per-request latencies, this process's CPU seconds) for `requests` requests."""
     latencies: list[float] = []
     counter = iter(range(requests))
@@ -112,8 +127,13 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", help="a commit or a code tree to measure side by side with this one")
     parser.add_argument("--backends", default="sqlite,postgresql", help="with --baseline: which backends")
-    parser.add_argument("--prefill", type=int, default=0, metavar="N",
-                        help="requests served into each store, unmeasured, before the first round")
+    parser.add_argument(
+        "--prefill",
+        type=int,
+        default=0,
+        metavar="N",
+        help="requests served into each store, unmeasured, before the first round",
+    )
     parser.add_argument("--one-run", metavar="LOCATION", help=argparse.SUPPRESS)
     args = parser.parse_args()
     levels = [int(level) for level in args.concurrency.split(",")]
@@ -138,22 +158,37 @@ async def both_backends(args: argparse.Namespace, levels: list[int]) -> None:
         cells: dict[tuple[int, str], list[tuple[float, float, float, float, float]]] = {}
         for round_index in range(args.rounds):
             for level in levels:
-                for name in (("sqlite", "postgresql") if round_index % 2 == 0 else ("postgresql", "sqlite")):
+                for name in ("sqlite", "postgresql") if round_index % 2 == 0 else ("postgresql", "sqlite"):
                     server_cpu_before = _tree_cpu(server) if name == "postgresql" else 0.0
-                    wall, latencies, cpu = await drive(stores[name], keys=keys[name], requests=args.requests, concurrency=level)
+                    wall, latencies, cpu = await drive(
+                        stores[name], keys=keys[name], requests=args.requests, concurrency=level
+                    )
                     server_cpu = (_tree_cpu(server) - server_cpu_before) if name == "postgresql" else 0.0
-                    cells.setdefault((level, name), []).append((
-                        args.requests / wall, percentile(latencies, 50) * 1e3, percentile(latencies, 99) * 1e3,
-                        cpu / args.requests * 1e3, server_cpu / args.requests * 1e3))
+                    cells.setdefault((level, name), []).append(
+                        (
+                            args.requests / wall,
+                            percentile(latencies, 50) * 1e3,
+                            percentile(latencies, 99) * 1e3,
+                            cpu / args.requests * 1e3,
+                            server_cpu / args.requests * 1e3,
+                        )
+                    )
         for store in stores.values():
             store.close()
-    print(f"store work of one paid request (authenticate, hold, settle_and_log), {args.requests} requests per cell, "
-          f"median of {args.rounds} rounds, {args.prefill} requests served before; "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores\n")
-    print("| in flight | backend | requests/s | latency p50 ms | latency p99 ms | client CPU ms/req | server CPU ms/req | req/s vs SQLite |")
+    print(
+        f"store work of one paid request (authenticate, hold, settle_and_log), {args.requests} requests per cell, "
+        f"median of {args.rounds} rounds, {args.prefill} requests served before; "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores\n"
+    )
+    print(
+        "| in flight | backend | requests/s | latency p50 ms | latency p99 ms | client CPU ms/req | server CPU ms/req | req/s vs SQLite |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for level in levels:
-        medians = {name: [statistics.median(column) for column in zip(*cells[(level, name)])] for name in ("sqlite", "postgresql")}
+        medians = {
+            name: [statistics.median(column) for column in zip(*cells[(level, name)])]
+            for name in ("sqlite", "postgresql")
+        }
         for name in ("sqlite", "postgresql"):
             rps, p50, p99, cpu, server_cpu = medians[name]
             ratio = rps / medians["sqlite"][0]
@@ -168,10 +203,19 @@ async def one_run(location: str, *, requests: int, concurrency: int) -> None:
         io_before = psutil.Process().io_counters()
         wall, latencies, cpu = await drive(store, keys=keys, requests=requests, concurrency=concurrency)
         io_after = psutil.Process().io_counters()
-    print(json.dumps({"engy_node": engy_node.__file__, "rps": requests / wall, "p50_ms": percentile(latencies, 50) * 1e3,
-                      "p99_ms": percentile(latencies, 99) * 1e3, "cpu_ms": cpu / requests * 1e3,
-                      "reads": (io_after.read_count - io_before.read_count) / requests,
-                      "written_kb": (io_after.write_chars - io_before.write_chars) / requests / 1024}))
+    print(
+        json.dumps(
+            {
+                "engy_node": engy_node.__file__,
+                "rps": requests / wall,
+                "p50_ms": percentile(latencies, 50) * 1e3,
+                "p99_ms": percentile(latencies, 99) * 1e3,
+                "cpu_ms": cpu / requests * 1e3,
+                "reads": (io_after.read_count - io_before.read_count) / requests,
+                "written_kb": (io_after.write_chars - io_before.write_chars) / requests / 1024,
+            }
+        )
+    )
 
 
 def side_by_side(args: argparse.Namespace, levels: list[int], backends: list[str]) -> None:
@@ -183,8 +227,13 @@ def side_by_side(args: argparse.Namespace, levels: list[int], backends: list[str
         raise SystemExit(f"--backends takes sqlite and/or postgresql, comma-separated; got {args.backends!r}")
     with tempfile.TemporaryDirectory(prefix="engy-store-bench-") as tmp, throwaway_cluster() as cluster:
         trees = {"ours": ROOT, "baseline": baseline_tree(args.baseline, Path(tmp))}
-        locations = {(name, backend): cluster.create_database() if backend == "postgresql" else str(Path(tmp) / f"{name}.sqlite3")
-                     for name in trees for backend in backends}
+        locations = {
+            (name, backend): cluster.create_database()
+            if backend == "postgresql"
+            else str(Path(tmp) / f"{name}.sqlite3")
+            for name in trees
+            for backend in backends
+        }
         if args.prefill:
             for (name, _), location in locations.items():
                 run_in_tree(name, trees[name], location, requests=args.prefill, concurrency=64)
@@ -195,19 +244,25 @@ def side_by_side(args: argparse.Namespace, levels: list[int], backends: list[str
                 for backend in backends:
                     for name in ("ours", "baseline") if round_index % 2 == 0 else ("baseline", "ours"):
                         server_cpu_before = _tree_cpu(server)
-                        figures = run_in_tree(name, trees[name], locations[(name, backend)], requests=args.requests,
-                                              concurrency=level)
+                        figures = run_in_tree(
+                            name, trees[name], locations[(name, backend)], requests=args.requests, concurrency=level
+                        )
                         figures["server_cpu_ms"] = (_tree_cpu(server) - server_cpu_before) / args.requests * 1e3
                         cells.setdefault((level, backend, name), []).append(figures)
-    print(f"store work of one paid request (authenticate, hold, settle_and_log), {args.requests} requests per cell, "
-          f"median of {args.rounds} rounds, {args.prefill} requests served before; ours: {describe(ROOT)}, "
-          f"baseline: {args.baseline}; "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores\n")
-    print("| in flight | backend | requests/s, baseline → ours | latency p50 ms | latency p99 ms "
-          "| client CPU ms/req | server CPU ms/req | client reads/req | client KB written/req |")
+    print(
+        f"store work of one paid request (authenticate, hold, settle_and_log), {args.requests} requests per cell, "
+        f"median of {args.rounds} rounds, {args.prefill} requests served before; ours: {describe(ROOT)}, "
+        f"baseline: {args.baseline}; "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores\n"
+    )
+    print(
+        "| in flight | backend | requests/s, baseline → ours | latency p50 ms | latency p99 ms "
+        "| client CPU ms/req | server CPU ms/req | client reads/req | client KB written/req |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for level in levels:
         for backend in backends:
+
             def median(name: str, key: str) -> float:
                 return statistics.median(run[key] for run in cells[(level, backend, name)])
 
@@ -217,16 +272,31 @@ def side_by_side(args: argparse.Namespace, levels: list[int], backends: list[str
                 return f"{before:,.{digits}f} → {after:,.{digits}f}{ratio}"
 
             server = pair("server_cpu_ms", 3) if backend == "postgresql" else "—"
-            print(f"| {level} | {backend} | {pair('rps', 0)} | {pair('p50_ms', 2)} | {pair('p99_ms', 2)} "
-                  f"| {pair('cpu_ms', 3)} | {server} | {pair('reads', 2)} | {pair('written_kb', 1)} |")
+            print(
+                f"| {level} | {backend} | {pair('rps', 0)} | {pair('p50_ms', 2)} | {pair('p99_ms', 2)} "
+                f"| {pair('cpu_ms', 3)} | {server} | {pair('reads', 2)} | {pair('written_kb', 1)} |"
+            )
 
 
 def run_in_tree(name: str, tree: Path, location: str, *, requests: int, concurrency: int) -> dict:
     """`one_run` in a process that imports `tree`'s engy_node; its figures."""
     run = subprocess.run(
-        [sys.executable, __file__, "--one-run", location, "--requests", str(requests), "--concurrency", str(concurrency)],
-        env={**os.environ, TREE_ENV: str(tree), "PYTHONPATH": str(tree)}, cwd=tree, capture_output=True, text=True,
-        timeout=1800)
+        [
+            sys.executable,
+            __file__,
+            "--one-run",
+            location,
+            "--requests",
+            str(requests),
+            "--concurrency",
+            str(concurrency),
+        ],
+        env={**os.environ, TREE_ENV: str(tree), "PYTHONPATH": str(tree)},
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if run.returncode != 0:
         raise SystemExit(f"the {name} tree's run failed:\n{run.stderr}")
     figures = json.loads(run.stdout.splitlines()[-1])
@@ -237,7 +307,10 @@ def run_in_tree(name: str, tree: Path, location: str, *, requests: int, concurre
 
 def _postmaster(cluster) -> psutil.Process | None:
     """The throwaway cluster's server process, whose tree `_tree_cpu` reads."""
-    return next((p for p in psutil.process_iter(["cmdline"]) if str(cluster.data_dir) in " ".join(p.info["cmdline"] or [])), None)
+    return next(
+        (p for p in psutil.process_iter(["cmdline"]) if str(cluster.data_dir) in " ".join(p.info["cmdline"] or [])),
+        None,
+    )
 
 
 def _tree_cpu(process: psutil.Process | None) -> float:

@@ -70,8 +70,18 @@ def serve_and_recompute(workdir: Path, *, output_tokens: int, prompt_tokens: int
             for check in checks:
                 # Replay is told the seed the answer was drawn with; an honest draw judged against
                 # another seed is a cheat, and its cost is not the cost of passing.
-                cases.append({"dtype": dtype, "answer": label, "check": check, "logits": str(path), "tokens": output,
-                              "first_position": len(prompt_ids) - 1, "sampling": sampling, "seed": SEED})
+                cases.append(
+                    {
+                        "dtype": dtype,
+                        "answer": label,
+                        "check": check,
+                        "logits": str(path),
+                        "tokens": output,
+                        "first_position": len(prompt_ids) - 1,
+                        "sampling": sampling,
+                        "seed": SEED,
+                    }
+                )
     return {"cases": cases, "recompute_s": recompute_s}
 
 
@@ -84,18 +94,31 @@ def one_run(cases_file: str, repeats: int) -> None:
 
     check_params = get_model("smollm2-135m").token_check
     # The edge tolerance was `rank_tolerance` (the rank window) before the one-draw replay.
-    edge = ({"edge_band": check_params.nucleus_edge_band} if "edge_band" in inspect.signature(proof.token_stats).parameters
-            else {"rank_tolerance": check_params.seeded_rank_tolerance})
+    edge = (
+        {"edge_band": check_params.nucleus_edge_band}
+        if "edge_band" in inspect.signature(proof.token_stats).parameters
+        else {"rank_tolerance": check_params.seeded_rank_tolerance}
+    )
     timings = {}
     for case in json.loads(Path(cases_file).read_text()):
         logits = torch.load(case["logits"])
         sampling = case["sampling"]
-        terms = None if sampling is None else proof.SamplingTerms(*sampling, seed=case["seed"] if case["check"] == "replay" else None)
+        terms = (
+            None
+            if sampling is None
+            else proof.SamplingTerms(*sampling, seed=case["seed"] if case["check"] == "replay" else None)
+        )
         samples = []
         for attempt in range(repeats + 1):
             started = time.perf_counter()
-            stats = proof.token_stats(logits, case["tokens"], sampling=terms, nucleus_margin=check_params.nucleus_margin,
-                                      first_position=case["first_position"], **edge)
+            stats = proof.token_stats(
+                logits,
+                case["tokens"],
+                sampling=terms,
+                nucleus_margin=check_params.nucleus_margin,
+                first_position=case["first_position"],
+                **edge,
+            )
             verdict = proof.token_check(stats, greedy=terms is None, params=check_params)
             if attempt:  # the first is a warm-up
                 samples.append((time.perf_counter() - started) / len(case["tokens"]))
@@ -105,8 +128,14 @@ def one_run(cases_file: str, repeats: int) -> None:
 
 def run_in_tree(tree: Path, cases_file: Path, repeats: int) -> dict:
     env = {**os.environ, TREE_ENV: str(tree), "PYTHONPATH": str(tree)}
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one-run", str(cases_file), "--repeats", str(repeats)],
-                          cwd=tree, env=env, capture_output=True, text=True, timeout=3600)
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--one-run", str(cases_file), "--repeats", str(repeats)],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     if done.returncode != 0:
         raise SystemExit(f"the run in {tree} failed:\n{done.stderr[-3000:]}")
     figures = json.loads(done.stdout.strip().splitlines()[-1])
@@ -117,7 +146,9 @@ def run_in_tree(tree: Path, cases_file: Path, repeats: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", required=False, help="a commit or a code tree to measure side by side with this one")
+    parser.add_argument(
+        "--baseline", required=False, help="a commit or a code tree to measure side by side with this one"
+    )
     parser.add_argument("--rounds", type=int, default=7, help="alternating rounds, each tree once per round")
     parser.add_argument("--repeats", type=int, default=1, help="timed repeats per case within a round")
     parser.add_argument("--output-tokens", type=int, default=128)
@@ -136,8 +167,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="engy-token-checks-") as tmp:
         workdir = Path(tmp)
-        served = serve_and_recompute(workdir, output_tokens=args.output_tokens, prompt_tokens=args.prompt_tokens,
-                                     repeats=args.rounds)
+        served = serve_and_recompute(
+            workdir, output_tokens=args.output_tokens, prompt_tokens=args.prompt_tokens, repeats=args.rounds
+        )
         cases_file = workdir / "cases.json"
         cases_file.write_text(json.dumps(served["cases"]))
         trees = {"ours": ROOT, "baseline": baseline_tree(args.baseline, workdir)}
@@ -145,11 +177,15 @@ def main() -> None:
         for round_index in range(args.rounds):
             for name in ("ours", "baseline") if round_index % 2 == 0 else ("baseline", "ours"):
                 runs[name].append(run_in_tree(trees[name], cases_file, args.repeats))
-    print(f"token check per output token: SmolLM2-135M, {args.output_tokens}-token answers after a ~{args.prompt_tokens}-token "
-          f"prompt, served in bf16; {torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs; median (min–max) of "
-          f"{args.rounds} alternating rounds; ours: {describe(ROOT)}, baseline: {args.baseline}\n")
-    print("| recompute | answer | check | baseline ms/token | ours ms/token | ours ÷ baseline | verdicts (baseline, ours) | "
-          "recompute ms/token | whole verification ms/token, baseline → ours | ratio |")
+    print(
+        f"token check per output token: SmolLM2-135M, {args.output_tokens}-token answers after a ~{args.prompt_tokens}-token "
+        f"prompt, served in bf16; {torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs; median (min–max) of "
+        f"{args.rounds} alternating rounds; ours: {describe(ROOT)}, baseline: {args.baseline}\n"
+    )
+    print(
+        "| recompute | answer | check | baseline ms/token | ours ms/token | ours ÷ baseline | verdicts (baseline, ours) | "
+        "recompute ms/token | whole verification ms/token, baseline → ours | ratio |"
+    )
     print("|---|---|---|---:|---:|---:|---|---:|---:|---:|")
     for key in runs["ours"][0]:
         dtype, answer, check = key.split("|")
@@ -161,9 +197,11 @@ def main() -> None:
         def cell(values: list[float]) -> str:
             return f"{statistics.median(values) * 1e3:,.2f} ({min(values) * 1e3:,.2f}–{max(values) * 1e3:,.2f})"
 
-        print(f"| {dtype} | {answer} | {check} | {cell(per['baseline'])} | {cell(per['ours'])} | {ours / base:.2f}× | {verdicts} | "
-              f"{recompute * 1e3:.2f} | {(recompute + base) * 1e3:.2f} → {(recompute + ours) * 1e3:.2f} | "
-              f"{(recompute + ours) / (recompute + base):.2f}× |")
+        print(
+            f"| {dtype} | {answer} | {check} | {cell(per['baseline'])} | {cell(per['ours'])} | {ours / base:.2f}× | {verdicts} | "
+            f"{recompute * 1e3:.2f} | {(recompute + base) * 1e3:.2f} → {(recompute + ours) * 1e3:.2f} | "
+            f"{(recompute + ours) / (recompute + base):.2f}× |"
+        )
 
 
 if __name__ == "__main__":

@@ -141,39 +141,124 @@ def _miner(rng: random.Random) -> str:
 # (weight, level, logger, format, arguments): the node's real message shapes, from ten loggers.
 Template = tuple[int, int, str, str, Callable[[random.Random], tuple[Any, ...]]]
 TEMPLATES: list[Template] = [
-    (14, logging.DEBUG, "engy.gateway", "request %s: routed to %s (%s), %d candidates, load %.2f",
-     lambda r: (_rid(r), _miner(r), MODEL, r.randint(3, 30), r.random())),
-    (10, logging.DEBUG, "engy.gateway.pool", "leg %s of %s: capacity %d -> %d, %d in flight",
-     lambda r: (_rid(r)[:8], _miner(r), r.randint(4, 16), r.randint(4, 16), r.randint(0, 16))),
-    (8, logging.DEBUG, "engy.miner.link", "frame for request %s: %d bytes, %d chunks",
-     lambda r: (_rid(r), r.randint(200, 9000), r.randint(1, 3))),
-    (7, logging.DEBUG, "engy.verifier", "request %s: recomputed %d rows in %.1f ms",
-     lambda r: (_rid(r), r.randint(40, 400), r.uniform(30, 300))),
-    (6, logging.DEBUG, "engy.devchain", "block %d sealed with %d extrinsics",
-     lambda r: (r.randint(1_000, 9_999), r.randint(0, 4))),
-    (16, logging.INFO, "engy.gateway", "request %s: %s served %d tokens in %d ms (ttft %d ms), charged %d",
-     lambda r: (_rid(r), _miner(r), r.randint(8, 512), r.randint(80, 4000), r.randint(20, 400), r.randint(10, 9000))),
-    (10, logging.INFO, "engy.miner.serving", "request %s: %d prompt + %d output tokens, %.1f tok/s",
-     lambda r: (_rid(r), r.randint(20, 3000), r.randint(8, 512), r.uniform(20, 180))),
-    (9, logging.INFO, "engy.verifier", "request %s from %s: verdict %s (%d tokens, %.1f ms)",
-     lambda r: (_rid(r), _miner(r), r.choice(("pass", "pass", "pass", "unproven")), r.randint(8, 512),
-                r.uniform(20, 900))),
-    (6, logging.INFO, "engy.gateway.traffic", "probe %s to %s (%s): %s",
-     lambda r: (_rid(r), _miner(r), MODEL, r.choice(("ok, verdict pass", "ok, verdict pass", "timed out")))),
-    (3, logging.INFO, "engy.gateway.http", "%s %s %d %.1f ms",
-     lambda r: ("POST", "/v1/chat/completions", r.choice((200, 200, 200, 429)), r.uniform(1, 40))),
-    (1, logging.INFO, "engy.validator", "epoch %d: weights for %d uid(s) on chain at block %d",
-     lambda r: (r.randint(40, 60), MINERS, r.randint(1_000, 9_999))),
-    (4, logging.WARNING, "engy.gateway", "request %s: miner %s was slow to its first token (%d ms); retrying on %s",
-     lambda r: (_rid(r), _miner(r), r.randint(2000, 9000), _miner(r))),
-    (2, logging.WARNING, "engy.miner.link", "link to the gateway is backed up: %d frames queued",
-     lambda r: (r.randint(10, 400),)),
-    (2, logging.WARNING, "engy.gpus", "GPU %d at %d °C: check the case airflow and the fan curve",
-     lambda r: (r.randint(0, 4), r.randint(80, 86))),
-    (1, logging.ERROR, "engy.gateway", "request %s: miner %s disconnected mid-stream (ConnectionClosed); %s",
-     lambda r: (_rid(r), _miner(r), "the buyer got an error")),
-    (1, logging.ERROR, "engy.verifier", "request %s from %s: commitment check failed (%s)",
-     lambda r: (_rid(r), _miner(r), "hidden states differ at row 17")),
+    (
+        14,
+        logging.DEBUG,
+        "engy.gateway",
+        "request %s: routed to %s (%s), %d candidates, load %.2f",
+        lambda r: (_rid(r), _miner(r), MODEL, r.randint(3, 30), r.random()),
+    ),
+    (
+        10,
+        logging.DEBUG,
+        "engy.gateway.pool",
+        "leg %s of %s: capacity %d -> %d, %d in flight",
+        lambda r: (_rid(r)[:8], _miner(r), r.randint(4, 16), r.randint(4, 16), r.randint(0, 16)),
+    ),
+    (
+        8,
+        logging.DEBUG,
+        "engy.miner.link",
+        "frame for request %s: %d bytes, %d chunks",
+        lambda r: (_rid(r), r.randint(200, 9000), r.randint(1, 3)),
+    ),
+    (
+        7,
+        logging.DEBUG,
+        "engy.verifier",
+        "request %s: recomputed %d rows in %.1f ms",
+        lambda r: (_rid(r), r.randint(40, 400), r.uniform(30, 300)),
+    ),
+    (
+        6,
+        logging.DEBUG,
+        "engy.devchain",
+        "block %d sealed with %d extrinsics",
+        lambda r: (r.randint(1_000, 9_999), r.randint(0, 4)),
+    ),
+    (
+        16,
+        logging.INFO,
+        "engy.gateway",
+        "request %s: %s served %d tokens in %d ms (ttft %d ms), charged %d",
+        lambda r: (_rid(r), _miner(r), r.randint(8, 512), r.randint(80, 4000), r.randint(20, 400), r.randint(10, 9000)),
+    ),
+    (
+        10,
+        logging.INFO,
+        "engy.miner.serving",
+        "request %s: %d prompt + %d output tokens, %.1f tok/s",
+        lambda r: (_rid(r), r.randint(20, 3000), r.randint(8, 512), r.uniform(20, 180)),
+    ),
+    (
+        9,
+        logging.INFO,
+        "engy.verifier",
+        "request %s from %s: verdict %s (%d tokens, %.1f ms)",
+        lambda r: (
+            _rid(r),
+            _miner(r),
+            r.choice(("pass", "pass", "pass", "unproven")),
+            r.randint(8, 512),
+            r.uniform(20, 900),
+        ),
+    ),
+    (
+        6,
+        logging.INFO,
+        "engy.gateway.traffic",
+        "probe %s to %s (%s): %s",
+        lambda r: (_rid(r), _miner(r), MODEL, r.choice(("ok, verdict pass", "ok, verdict pass", "timed out"))),
+    ),
+    (
+        3,
+        logging.INFO,
+        "engy.gateway.http",
+        "%s %s %d %.1f ms",
+        lambda r: ("POST", "/v1/chat/completions", r.choice((200, 200, 200, 429)), r.uniform(1, 40)),
+    ),
+    (
+        1,
+        logging.INFO,
+        "engy.validator",
+        "epoch %d: weights for %d uid(s) on chain at block %d",
+        lambda r: (r.randint(40, 60), MINERS, r.randint(1_000, 9_999)),
+    ),
+    (
+        4,
+        logging.WARNING,
+        "engy.gateway",
+        "request %s: miner %s was slow to its first token (%d ms); retrying on %s",
+        lambda r: (_rid(r), _miner(r), r.randint(2000, 9000), _miner(r)),
+    ),
+    (
+        2,
+        logging.WARNING,
+        "engy.miner.link",
+        "link to the gateway is backed up: %d frames queued",
+        lambda r: (r.randint(10, 400),),
+    ),
+    (
+        2,
+        logging.WARNING,
+        "engy.gpus",
+        "GPU %d at %d °C: check the case airflow and the fan curve",
+        lambda r: (r.randint(0, 4), r.randint(80, 86)),
+    ),
+    (
+        1,
+        logging.ERROR,
+        "engy.gateway",
+        "request %s: miner %s disconnected mid-stream (ConnectionClosed); %s",
+        lambda r: (_rid(r), _miner(r), "the buyer got an error"),
+    ),
+    (
+        1,
+        logging.ERROR,
+        "engy.verifier",
+        "request %s from %s: commitment check failed (%s)",
+        lambda r: (_rid(r), _miner(r), "hidden states differ at row 17"),
+    ),
 ]
 
 
@@ -203,8 +288,15 @@ class Messages:
         out = []
         for i in range(count):
             level, name, fmt, args = self.draw()
-            out.append({"seq": i, "ts": start_ts + span_s * i / count, "level": names[level],
-                        "component": name.removeprefix("engy."), "message": fmt % args})
+            out.append(
+                {
+                    "seq": i,
+                    "ts": start_ts + span_s * i / count,
+                    "level": names[level],
+                    "component": name.removeprefix("engy."),
+                    "message": fmt % args,
+                }
+            )
         return out
 
 
@@ -226,8 +318,14 @@ class SyntheticNode:
         self.metrics = MinerMetrics(hub)
         for name in LOCAL_MINERS:  # the keys `run_miner` and its link publish
             hub.set_state(name, model=MODEL, max_inflight=8, cpu_mode=False, inflight=0)
-        hub.set_state("node", roles=["chain", "gateway", "miner", "validator", "verifier"], network="local",
-                      started_at=self.started, pid=os.getpid(), hotkeys=NAMES)
+        hub.set_state(
+            "node",
+            roles=["chain", "gateway", "miner", "validator", "verifier"],
+            network="local",
+            started_at=self.started,
+            pid=os.getpid(),
+            hotkeys=NAMES,
+        )
         hub.set_state("verifier", state="running", gateway="http://127.0.0.1:8091", hotkey=ss58("verifier"))
         await self._publish(hub)  # the whole shape once, even when idle from the start
         task_status.started()
@@ -284,57 +382,147 @@ class SyntheticNode:
         self.block += 1
         if self.block % 30 == 0:
             self.epoch += 1
-        neurons = [{"uid": uid, "hotkey": hotkey, "stake": 1000.0 if uid == 0 else rng.uniform(0, 5),
-                    "permit": uid == 0, "active": uid != 37,
-                    "last_update": self.block - (3 if uid == 0 else rng.randint(1, 300)),
-                    "incentive": 0.0 if uid == 0 else rng.random() / MINERS, "dividends": 1.0 if uid == 0 else 0.0,
-                    "emission": rng.uniform(0, 2)} for uid, hotkey in enumerate(HOTKEYS)]
+        neurons = [
+            {
+                "uid": uid,
+                "hotkey": hotkey,
+                "stake": 1000.0 if uid == 0 else rng.uniform(0, 5),
+                "permit": uid == 0,
+                "active": uid != 37,
+                "last_update": self.block - (3 if uid == 0 else rng.randint(1, 300)),
+                "incentive": 0.0 if uid == 0 else rng.random() / MINERS,
+                "dividends": 1.0 if uid == 0 else 0.0,
+                "emission": rng.uniform(0, 2),
+            }
+            for uid, hotkey in enumerate(HOTKEYS)
+        ]
         weights = {uid: rng.randint(200, 65_535) for uid in range(1, MINERS + 1)}
-        hub.set_state("chain", network="dev chain", netuid=53, block=self.block, block_time_s=1.0, tempo=30,
-                      epochs_run=self.epoch, neurons=neurons,
-                      weights={"0": {str(uid): value for uid, value in weights.items()}})
-        submissions = [{"ts": now - 12 * i, "block": self.block - 12 * i, "epoch": self.epoch - i // 3,
-                        "kind": "applied" if i % 3 == 2 else "resubmitted", "landed": i != 7,
-                        "detail": "chain refusal: SettingWeightsTooFast [rate_limited]" if i == 7
-                        else f"included as {self.block - 12 * i + 1}-{i % 4}"} for i in range(SUBMISSIONS)]
-        hub.set_state("validator", hotkey=NAMES["validator"], network="dev chain", provider="http://127.0.0.1:8090",
-                      netuid=53, resubmit_blocks=12, poll_s=1.0, block=self.block, block_time_s=1.0, uid=0, permit=True,
-                      last_update=self.block - 3, weights_rate_limit=10, activity_cutoff=416, tempo=30,
-                      commit_reveal=False, submitted_epoch=self.epoch, submitted_block=self.block - 3,
-                      digest=hashlib.sha256(str(self.epoch).encode()).hexdigest(), dropped=[], dropped_share=0.0,
-                      weights=[{"uid": uid, "hotkey": HOTKEYS[uid], "weight": value} for uid, value in weights.items()],
-                      submissions=submissions, last_tick=now, last_outcome="skipped:too-soon", last_applied=self.epoch,
-                      last_submit_block=self.block - 3, last_submit_ts=now - 3, blocks_since_submit=3,
-                      next_resubmit_in_blocks=9)
-        hub.set_state("epochs", latest=self.epoch, digest=hashlib.sha256(str(self.epoch).encode()).hexdigest(),
-                      weights=[[HOTKEYS[uid], value] for uid, value in weights.items()])
+        hub.set_state(
+            "chain",
+            network="dev chain",
+            netuid=53,
+            block=self.block,
+            block_time_s=1.0,
+            tempo=30,
+            epochs_run=self.epoch,
+            neurons=neurons,
+            weights={"0": {str(uid): value for uid, value in weights.items()}},
+        )
+        submissions = [
+            {
+                "ts": now - 12 * i,
+                "block": self.block - 12 * i,
+                "epoch": self.epoch - i // 3,
+                "kind": "applied" if i % 3 == 2 else "resubmitted",
+                "landed": i != 7,
+                "detail": "chain refusal: SettingWeightsTooFast [rate_limited]"
+                if i == 7
+                else f"included as {self.block - 12 * i + 1}-{i % 4}",
+            }
+            for i in range(SUBMISSIONS)
+        ]
+        hub.set_state(
+            "validator",
+            hotkey=NAMES["validator"],
+            network="dev chain",
+            provider="http://127.0.0.1:8090",
+            netuid=53,
+            resubmit_blocks=12,
+            poll_s=1.0,
+            block=self.block,
+            block_time_s=1.0,
+            uid=0,
+            permit=True,
+            last_update=self.block - 3,
+            weights_rate_limit=10,
+            activity_cutoff=416,
+            tempo=30,
+            commit_reveal=False,
+            submitted_epoch=self.epoch,
+            submitted_block=self.block - 3,
+            digest=hashlib.sha256(str(self.epoch).encode()).hexdigest(),
+            dropped=[],
+            dropped_share=0.0,
+            weights=[{"uid": uid, "hotkey": HOTKEYS[uid], "weight": value} for uid, value in weights.items()],
+            submissions=submissions,
+            last_tick=now,
+            last_outcome="skipped:too-soon",
+            last_applied=self.epoch,
+            last_submit_block=self.block - 3,
+            last_submit_ts=now - 3,
+            blocks_since_submit=3,
+            next_resubmit_in_blocks=9,
+        )
+        hub.set_state(
+            "epochs",
+            latest=self.epoch,
+            digest=hashlib.sha256(str(self.epoch).encode()).hexdigest(),
+            weights=[[HOTKEYS[uid], value] for uid, value in weights.items()],
+        )
         # The GPUs under load: utilisation, power, temperature and memory move every second.
-        self.nvml.gpus = tuple(dataclasses.replace(
-            gpu, gpu_util_percent=rng.randint(70, 100), memory_util_percent=rng.randint(30, 80),
-            power_draw_w=int(gpu.power_limit_w * rng.uniform(0.6, 0.98)), temperature_c=rng.randint(60, 84),
-            fan_percent=rng.randint(50, 90), memory_used_mib=int(gpu.memory_total_mib * 0.9),
-            sm_clock_mhz=rng.randint(2500, 2800), mem_clock_mhz=gpu.mem_clock_max_mhz, clock_event_reasons=0,
-        ) for gpu in self.idle_gpus)
+        self.nvml.gpus = tuple(
+            dataclasses.replace(
+                gpu,
+                gpu_util_percent=rng.randint(70, 100),
+                memory_util_percent=rng.randint(30, 80),
+                power_draw_w=int(gpu.power_limit_w * rng.uniform(0.6, 0.98)),
+                temperature_c=rng.randint(60, 84),
+                fan_percent=rng.randint(50, 90),
+                memory_used_mib=int(gpu.memory_total_mib * 0.9),
+                sm_clock_mhz=rng.randint(2500, 2800),
+                mem_clock_mhz=gpu.mem_clock_max_mhz,
+                clock_event_reasons=0,
+            )
+            for gpu in self.idle_gpus
+        )
         samples = await trio.to_thread.run_sync(gpu_monitor.sample, self.nvml)
-        hub.set_state("gpus", samples=[s.as_dict() for s in samples],
-                      findings=[f.as_dict() for f in gpu_monitor.assess(samples)], reason=None, error=None,
-                      sampled_at=now)
+        hub.set_state(
+            "gpus",
+            samples=[s.as_dict() for s in samples],
+            findings=[f.as_dict() for f in gpu_monitor.assess(samples)],
+            reason=None,
+            error=None,
+            sampled_at=now,
+        )
         states = ("active",) * 6 + ("probing", "pulled")
         workers = []
         for i in range(1, TRAFFIC_WORKERS + 1):
             state = states[i % len(states)]
-            workers.append({
-                "miner": HOTKEYS[i], "model": MODEL, "state": state, "since": now - 60 * i,
-                "reason": {"active": "qualified: 5/5 probes passed", "probing": "connected; probing",
-                           "pulled": "3 unproven verdicts in the window"}[state],
-                "eligible": state == "active", "first_party": i <= 2, "connected": state != "pulled",
-                "until": now + 300 if state == "pulled" else None, "strikes": int(state == "pulled"),
-                "round": {"probes": 5, "ok": 5, "pass": 5, "unproven": 0, "cheat": 0},
-                "window": {"requests": rng.randint(50, 400), "failed": rng.randint(0, 3), "verdicts": 40, "unproven": 0},
-                "history": [{"from": "new", "to": "probing", "reason": "connected", "at": now - 900, "code": "connected"},
-                            {"from": "probing", "to": "active", "reason": "5/5 probes passed", "at": now - 800,
-                             "code": "qualified"}],
-            })
+            workers.append(
+                {
+                    "miner": HOTKEYS[i],
+                    "model": MODEL,
+                    "state": state,
+                    "since": now - 60 * i,
+                    "reason": {
+                        "active": "qualified: 5/5 probes passed",
+                        "probing": "connected; probing",
+                        "pulled": "3 unproven verdicts in the window",
+                    }[state],
+                    "eligible": state == "active",
+                    "first_party": i <= 2,
+                    "connected": state != "pulled",
+                    "until": now + 300 if state == "pulled" else None,
+                    "strikes": int(state == "pulled"),
+                    "round": {"probes": 5, "ok": 5, "pass": 5, "unproven": 0, "cheat": 0},
+                    "window": {
+                        "requests": rng.randint(50, 400),
+                        "failed": rng.randint(0, 3),
+                        "verdicts": 40,
+                        "unproven": 0,
+                    },
+                    "history": [
+                        {"from": "new", "to": "probing", "reason": "connected", "at": now - 900, "code": "connected"},
+                        {
+                            "from": "probing",
+                            "to": "active",
+                            "reason": "5/5 probes passed",
+                            "at": now - 800,
+                            "code": "qualified",
+                        },
+                    ],
+                }
+            )
         hub.set_state("traffic", workers=workers)
         for name in LOCAL_MINERS:
             hub.set_state(name, inflight=rng.randint(2, 8))
@@ -376,8 +564,17 @@ class Probe:
         self.current: Frame | None = None
         self.recording = False
         self._depth = 0
-        self.console = Console(color_system="truecolor", file=io.StringIO(), force_terminal=True, width=SIZE[0],
-                               height=SIZE[1], legacy_windows=False, markup=False, highlight=False, emoji=False)
+        self.console = Console(
+            color_system="truecolor",
+            file=io.StringIO(),
+            force_terminal=True,
+            width=SIZE[0],
+            height=SIZE[1],
+            legacy_windows=False,
+            markup=False,
+            highlight=False,
+            emoji=False,
+        )
         self._saved: dict[str, Any] = {}
         self.in_work = False
         self._gc_t0 = 0.0
@@ -538,7 +735,9 @@ def node_alone(rate: int, seconds: float, warmup: float) -> Phase:
 
     trio.run(main)
     window = result["window"]
-    return Phase(f"node alone, {rate:,} events/s", rate, None, window.wall_s, window.pct, result["emitted"] / window.wall_s)
+    return Phase(
+        f"node alone, {rate:,} events/s", rate, None, window.wall_s, window.pct, result["emitted"] / window.wall_s
+    )
 
 
 def node_and_bridge(rate: int, seconds: float, warmup: float) -> Phase:
@@ -572,16 +771,34 @@ def node_and_bridge(rate: int, seconds: float, warmup: float) -> Phase:
 
     asyncio.run(main())
     window = result["window"]
-    return Phase(f"node + bridge, {rate:,} events/s", rate, None, window.wall_s, window.pct,
-                 result["emitted"] / window.wall_s, note=f"{result['taken']:,} events drained, {result['missed']} missed")
+    return Phase(
+        f"node + bridge, {rate:,} events/s",
+        rate,
+        None,
+        window.wall_s,
+        window.pct,
+        result["emitted"] / window.wall_s,
+        note=f"{result['taken']:,} events drained, {result['missed']} missed",
+    )
 
 
-def app_run(rates: list[int], tabs: list[str], seconds: float, warmup: float, prefill: int) -> tuple[list[Phase], dict[str, Any]]:
+def app_run(
+    rates: list[int], tabs: list[str], seconds: float, warmup: float, prefill: int
+) -> tuple[list[Phase], dict[str, Any]]:
     """The real app, headless, with the synthetic node as its local network."""
     load = Load(0)
     node = SyntheticNode(load)
-    bridge = NodeBridge.local(node.run, node_info={"version": "bench", "pid": os.getpid(), "roles": ["local network"],
-                                                    "network": "local", "started_at": time.time()}, hub=fresh_hub())
+    bridge = NodeBridge.local(
+        node.run,
+        node_info={
+            "version": "bench",
+            "pid": os.getpid(),
+            "roles": ["local network"],
+            "network": "local",
+            "started_at": time.time(),
+        },
+        hub=fresh_hub(),
+    )
     app = NodeManager(bridge)
     probe = Probe()
     probe.install(app, bridge)
@@ -620,8 +837,18 @@ def app_run(rates: list[int], tabs: list[str], seconds: float, warmup: float, pr
                     note = ""
                     if tab == "logs":
                         note = f"follow {'on' if logs.follow else 'OFF'}, {len(logs.buffer):,} lines buffered"
-                    phases.append(Phase(f"app, {tab}, {rate:,} events/s", rate, tab, window.wall_s, window.pct,
-                                        (load.emitted - before) / window.wall_s, frames, note))
+                    phases.append(
+                        Phase(
+                            f"app, {tab}, {rate:,} events/s",
+                            rate,
+                            tab,
+                            window.wall_s,
+                            window.pct,
+                            (load.emitted - before) / window.wall_s,
+                            frames,
+                            note,
+                        )
+                    )
             info["missed"] = bridge.missed_events
             info["tracked"] = len(gc.get_objects())
             started = time.perf_counter()
@@ -653,13 +880,15 @@ def frame_row(phase: Phase) -> str:
     without_gc = [f.work_ms - f.gc_ms for f in frames]
     events = statistics.mean(f.events for f in frames)
     kib = statistics.mean(f.output_bytes for f in frames) / 1024
-    return (f"| {phase.tab} | {phase.rate:,} ({events:,.0f}/frame) | {len(frames)} "
-            f"| {pct(work, 50):.1f} / {pct(work, 95):.1f} / **{pct(work, 99):.1f}** / {max(work):.1f} "
-            f"| {pct(cpu, 99):.1f} "
-            f"| {pct(render, 50):.1f} / {pct(render, 99):.1f} | {pct(refresh, 50):.1f} / {pct(refresh, 99):.1f} "
-            f"| {pct(output, 50):.1f} ({kib:.1f} KiB) "
-            f"| {(f'{pct(screen, 50):.1f} / {pct(screen, 99):.1f}' if screen else 'no refresh')} "
-            f"| {collected:.1f} | {pct(without_gc, 99):.1f} | {phase.cpu_pct:.1f} % |")
+    return (
+        f"| {phase.tab} | {phase.rate:,} ({events:,.0f}/frame) | {len(frames)} "
+        f"| {pct(work, 50):.1f} / {pct(work, 95):.1f} / **{pct(work, 99):.1f}** / {max(work):.1f} "
+        f"| {pct(cpu, 99):.1f} "
+        f"| {pct(render, 50):.1f} / {pct(render, 99):.1f} | {pct(refresh, 50):.1f} / {pct(refresh, 99):.1f} "
+        f"| {pct(output, 50):.1f} ({kib:.1f} KiB) "
+        f"| {(f'{pct(screen, 50):.1f} / {pct(screen, 99):.1f}' if screen else 'no refresh')} "
+        f"| {collected:.1f} | {pct(without_gc, 99):.1f} | {phase.cpu_pct:.1f} % |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -667,31 +896,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per phase (default 10)")
     parser.add_argument("--warmup", type=float, default=1.5, help="seconds before each phase is measured")
     parser.add_argument("--rate", type=int, default=1000, help="log events per second under load (default 1000)")
-    parser.add_argument("--tabs", default="overview,validator,logs",
-                        help="tabs to measure, each visible in turn (overview, validator, chain, gpus, logs)")
+    parser.add_argument(
+        "--tabs",
+        default="overview,validator,logs",
+        help="tabs to measure, each visible in turn (overview, validator, chain, gpus, logs)",
+    )
     parser.add_argument("--prefill", type=int, default=DEFAULT_CAPACITY, help="lines put in the Logs view first")
-    parser.add_argument("--baseline-seconds", type=float, default=None, help="seconds per baseline (default: --seconds)")
+    parser.add_argument(
+        "--baseline-seconds", type=float, default=None, help="seconds per baseline (default: --seconds)"
+    )
     args = parser.parse_args(argv)
     tabs = [tab.strip() for tab in args.tabs.split(",") if tab.strip()]
     base_s = args.seconds if args.baseline_seconds is None else args.baseline_seconds
     rates = [args.rate, 0]
 
     started = time.perf_counter()
-    baselines = [node_alone(args.rate, base_s, args.warmup), node_and_bridge(args.rate, base_s, args.warmup),
-                 node_alone(0, base_s / 2, args.warmup), node_and_bridge(0, base_s / 2, args.warmup)]
+    baselines = [
+        node_alone(args.rate, base_s, args.warmup),
+        node_and_bridge(args.rate, base_s, args.warmup),
+        node_alone(0, base_s / 2, args.warmup),
+        node_and_bridge(0, base_s / 2, args.warmup),
+    ]
     phases, info = app_run(rates, tabs, args.seconds, args.warmup, args.prefill)
     total_s = time.perf_counter() - started
 
-    print(f"\n## Node manager frames at {SIZE[0]}×{SIZE[1]}, {args.seconds:g} s per phase "
-          f"({os.cpu_count()} CPUs, pid {os.getpid()}, {total_s:.0f} s in all)\n")
-    print(f"Logs view: {info['buffered']:,} lines buffered before the phases"
-          + (f" (prefill {info['prefill_s']:.1f} s)" if "prefill_s" in info else "")
-          + f"; events missed by the bridge over the run: {info['missed']}. At the end: "
-          f"{info['tracked']:,} objects tracked by the garbage collector, a full collection "
-          f"{info['full_gc_ms']:.0f} ms; collections by generation over the process's life: {info['collections']}\n")
-    print("| tab | events/s (drained per frame) | frames | frame work p50 / p95 / p99 / max, ms | work CPU p99, ms "
-          "| `render_frame` p50 / p99 | refresh p50 / p99 | of which escape sequences p50 (per frame) "
-          "| to screen p50 / p99 | GC inside work, max | work less GC, p99 | process CPU |")
+    print(
+        f"\n## Node manager frames at {SIZE[0]}×{SIZE[1]}, {args.seconds:g} s per phase "
+        f"({os.cpu_count()} CPUs, pid {os.getpid()}, {total_s:.0f} s in all)\n"
+    )
+    print(
+        f"Logs view: {info['buffered']:,} lines buffered before the phases"
+        + (f" (prefill {info['prefill_s']:.1f} s)" if "prefill_s" in info else "")
+        + f"; events missed by the bridge over the run: {info['missed']}. At the end: "
+        f"{info['tracked']:,} objects tracked by the garbage collector, a full collection "
+        f"{info['full_gc_ms']:.0f} ms; collections by generation over the process's life: {info['collections']}\n"
+    )
+    print(
+        "| tab | events/s (drained per frame) | frames | frame work p50 / p95 / p99 / max, ms | work CPU p99, ms "
+        "| `render_frame` p50 / p99 | refresh p50 / p99 | of which escape sequences p50 (per frame) "
+        "| to screen p50 / p99 | GC inside work, max | work less GC, p99 | process CPU |"
+    )
     print("|---|---|---:|---|---:|---|---|---|---|---:|---:|---:|")
     for phase in phases:
         print(frame_row(phase))
@@ -703,14 +947,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {phase.name} | {phase.emitted_per_s:,.0f} | {phase.cpu_pct:.1f} % | {phase.note} |")
     alone = {p.rate: p.cpu_pct for p in baselines if p.name.startswith("node alone")}
     bridged = {p.rate: p.cpu_pct for p in baselines if p.name.startswith("node + bridge")}
-    print("\n| at | app, mean over tabs | node alone | app − node alone | app ÷ node alone | bridge's share "
-          "(node + bridge − node alone) | the UI's share (app − (node + bridge)) |")
+    print(
+        "\n| at | app, mean over tabs | node alone | app − node alone | app ÷ node alone | bridge's share "
+        "(node + bridge − node alone) | the UI's share (app − (node + bridge)) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for rate in rates:
         app_pct = statistics.mean(p.cpu_pct for p in by_rate[rate])
         ratio = f"{app_pct / alone[rate]:.1f}×" if alone[rate] >= 0.05 else "—"
-        print(f"| {rate:,} events/s | {app_pct:.1f} % | {alone[rate]:.1f} % | {app_pct - alone[rate]:.1f} % | {ratio} "
-              f"| {bridged[rate] - alone[rate]:.1f} % | {app_pct - bridged[rate]:.1f} % |")
+        print(
+            f"| {rate:,} events/s | {app_pct:.1f} % | {alone[rate]:.1f} % | {app_pct - alone[rate]:.1f} % | {ratio} "
+            f"| {bridged[rate] - alone[rate]:.1f} % | {app_pct - bridged[rate]:.1f} % |"
+        )
 
     failures = []
     for phase in by_rate[args.rate]:
@@ -718,8 +966,9 @@ def main(argv: list[str] | None = None) -> int:
         if not work:
             failures.append(f"{phase.tab} at {args.rate:,} events/s: no frame was rendered")
         elif pct(work, 99) > FRAME_TARGET_MS:
-            failures.append(f"{phase.tab} at {args.rate:,} events/s: frame work p99 {pct(work, 99):.1f} ms "
-                            f"> {FRAME_TARGET_MS:g} ms")
+            failures.append(
+                f"{phase.tab} at {args.rate:,} events/s: frame work p99 {pct(work, 99):.1f} ms > {FRAME_TARGET_MS:g} ms"
+            )
         if phase.note.startswith("follow OFF"):
             failures.append(f"{phase.tab}: follow turned off during the phase")
     for phase in by_rate[0]:
@@ -731,8 +980,10 @@ def main(argv: list[str] | None = None) -> int:
     if failures:
         print("TARGETS MISSED:\n" + "\n".join(f"* {failure}" for failure in failures))
         return 1
-    print(f"Targets met: frame work p99 ≤ {FRAME_TARGET_MS:g} ms on every tab at {args.rate:,} events/s; "
-          f"process CPU ≤ {IDLE_CPU_TARGET:g} % of a core on every tab at 0 events/s.")
+    print(
+        f"Targets met: frame work p99 ≤ {FRAME_TARGET_MS:g} ms on every tab at {args.rate:,} events/s; "
+        f"process CPU ≤ {IDLE_CPU_TARGET:g} % of a core on every tab at 0 events/s."
+    )
     return 0
 
 

@@ -105,8 +105,11 @@ def run_provider() -> None:
 
     master = Keypair.create_from_uri("//bench-master")
     miners = [Keypair.create_from_uri(f"//bench-miner-{name}").ss58_address for name in ("a", "b")]
-    result = build_result_json(netuid=NETUID, epoch_index=EPOCH_INDEX,
-                               settlement_json={"weights": [[miners[0], 3000], [miners[1], 1000]], "rows": []})
+    result = build_result_json(
+        netuid=NETUID,
+        epoch_index=EPOCH_INDEX,
+        settlement_json={"weights": [[miners[0], 3000], [miners[1], 1000]], "rows": []},
+    )
     body = encode_payload(sign_epoch(master, netuid=NETUID, epoch_index=EPOCH_INDEX, result_json=result))
     counts = {"epoch_fetches": 0, "heartbeats": 0}
 
@@ -122,8 +125,13 @@ def run_provider() -> None:
     async def show_counts(request: Request) -> Response:
         return JSONResponse(counts)
 
-    app = Starlette(routes=[Route(EPOCH_PATH, epoch), Route(HEARTBEAT_PATH, heartbeat, methods=["POST"]),
-                            Route("/bench/counts", show_counts)])
+    app = Starlette(
+        routes=[
+            Route(EPOCH_PATH, epoch),
+            Route(HEARTBEAT_PATH, heartbeat, methods=["POST"]),
+            Route("/bench/counts", show_counts),
+        ]
+    )
     config = Config()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
@@ -145,7 +153,9 @@ def run_validator_child(home: str, validator_hotkey: str, miners: list[str], res
     from engy_node.validator import role
     from engy_node.validator.devchain import DevChain, SubnetParams
 
-    chain = DevChain(netuid=NETUID, params=SubnetParams(weights_rate_limit=RATE_LIMIT, tempo=TEMPO), block_time_s=BLOCK_S)
+    chain = DevChain(
+        netuid=NETUID, params=SubnetParams(weights_rate_limit=RATE_LIMIT, tempo=TEMPO), block_time_s=BLOCK_S
+    )
     validator_uid = chain.register(validator_hotkey, stake_tao=1000.0)
     for miner in miners:
         chain.register(miner)
@@ -203,8 +213,17 @@ def stop(process: subprocess.Popen, timeout: float = 30.0) -> None:
         process.wait()
 
 
-def measure(name: str, argv: list[str], *, ready: re.Pattern | str, window_s: float, interval_s: float,
-            log_path: Path, start_timeout_s: float = 180.0, env: dict | None = None) -> dict:
+def measure(
+    name: str,
+    argv: list[str],
+    *,
+    ready: re.Pattern | str,
+    window_s: float,
+    interval_s: float,
+    log_path: Path,
+    start_timeout_s: float = 180.0,
+    env: dict | None = None,
+) -> dict:
     """Start `argv`, wait until its stderr shows `ready`, sample it for `window_s`, stop it."""
     pattern = re.compile(re.escape(ready)) if isinstance(ready, str) else ready
     with log_path.open("w") as log:
@@ -213,7 +232,9 @@ def measure(name: str, argv: list[str], *, ready: re.Pattern | str, window_s: fl
     try:
         while not pattern.search(log_path.read_text()):
             if process.poll() is not None:
-                raise RuntimeError(f"{name}: exited with {process.returncode} before it was ready:\n{log_path.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"{name}: exited with {process.returncode} before it was ready:\n{log_path.read_text()[-3000:]}"
+                )
             if time.monotonic() - started > start_timeout_s:
                 raise RuntimeError(f"{name}: not ready after {start_timeout_s:.0f} s:\n{log_path.read_text()[-3000:]}")
             time.sleep(interval_s / 5)
@@ -222,7 +243,9 @@ def measure(name: str, argv: list[str], *, ready: re.Pattern | str, window_s: fl
         window_start = time.monotonic()
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"{name}: exited with {process.returncode} during the window:\n{log_path.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"{name}: exited with {process.returncode} during the window:\n{log_path.read_text()[-3000:]}"
+                )
             samples.append(proc_status(process.pid))
             if time.monotonic() - window_start >= window_s:
                 break
@@ -232,10 +255,19 @@ def measure(name: str, argv: list[str], *, ready: re.Pattern | str, window_s: fl
     finally:
         stop(process)
     rss = [s["VmRSS"] for s in samples]
-    return {"name": name, "ready_s": ready_s, "samples": len(samples), "window_s": window_s,
-            "steady_rss": statistics.median(rss), "max_sampled_rss": max(rss), "peak_hwm": final["VmHWM"],
-            "steady_anon": statistics.median(s["RssAnon"] for s in samples), "growth": rss[-1] - rss[0],
-            "torch_maps": torch_maps, "exit_code": process.returncode}
+    return {
+        "name": name,
+        "ready_s": ready_s,
+        "samples": len(samples),
+        "window_s": window_s,
+        "steady_rss": statistics.median(rss),
+        "max_sampled_rss": max(rss),
+        "peak_hwm": final["VmHWM"],
+        "steady_anon": statistics.median(s["RssAnon"] for s in samples),
+        "growth": rss[-1] - rss[0],
+        "torch_maps": torch_maps,
+        "exit_code": process.returncode,
+    }
 
 
 def wait_line(process: subprocess.Popen, timeout_s: float) -> str:
@@ -259,13 +291,17 @@ def mib(value: float) -> str:
 
 
 def print_table(rows: list[dict], validator: dict) -> None:
-    print("\n| process | ready after | steady RSS (median) | peak (VmHWM) | private (RssAnon) | growth over window "
-          "| validator ÷ this, steady | validator ÷ this, peak |")
+    print(
+        "\n| process | ready after | steady RSS (median) | peak (VmHWM) | private (RssAnon) | growth over window "
+        "| validator ÷ this, steady | validator ÷ this, peak |"
+    )
     print("|---" * 8 + "|")
     for row in rows:
-        print(f"| {row['name']} | {row['ready_s']:.1f} s | {mib(row['steady_rss'])} | {mib(row['peak_hwm'])} "
-              f"| {mib(row['steady_anon'])} | {row['growth'] / MIB:+.1f} MiB ({row['window_s']:.0f} s) "
-              f"| {validator['steady_rss'] / row['steady_rss']:.2f}× | {validator['peak_hwm'] / row['peak_hwm']:.2f}× |")
+        print(
+            f"| {row['name']} | {row['ready_s']:.1f} s | {mib(row['steady_rss'])} | {mib(row['peak_hwm'])} "
+            f"| {mib(row['steady_anon'])} | {row['growth'] / MIB:+.1f} MiB ({row['window_s']:.0f} s) "
+            f"| {validator['steady_rss'] / row['steady_rss']:.2f}× | {validator['peak_hwm'] / row['peak_hwm']:.2f}× |"
+        )
 
 
 def main() -> int:
@@ -297,11 +333,16 @@ def main() -> int:
         tmp_path = Path(tmp)
         home = tmp_path / "home"
         home.mkdir()
-        env = {**os.environ, "BTCLI_TOKEN_SYMBOLS_CACHE": str(tmp_path / "token_symbols.json"),
-               "BITTENSOR_RUNTIME_CACHE_DIR": str(tmp_path / "runtime-cache"), "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "BTCLI_TOKEN_SYMBOLS_CACHE": str(tmp_path / "token_symbols.json"),
+            "BITTENSOR_RUNTIME_CACHE_DIR": str(tmp_path / "runtime-cache"),
+            "PYTHONUNBUFFERED": "1",
+        }
         env.pop("ENGY_HOME", None)
-        provider = subprocess.Popen([python, __file__, "--child", "provider"], stdout=subprocess.PIPE, text=True,
-                                    cwd=ROOT, env=env)
+        provider = subprocess.Popen(
+            [python, __file__, "--child", "provider"], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env
+        )
         try:
             served = json.loads(wait_line(provider, 120))
             hotkey = keys.create_wallet(tmp_path / "wallets", "bench", "default")
@@ -315,19 +356,52 @@ def main() -> int:
                 'wallet_hotkey = "default"\n'
                 f"poll_s = {POLL_S}\n"
                 f"resubmit_blocks = {RESUBMIT_BLOCKS}\n"
-                f"block_s = {BLOCK_S}\n")
+                f"block_s = {BLOCK_S}\n"
+            )
             common = {"interval_s": args.interval, "env": env}
-            rows.append(measure("bare `import trio, httpx`", [python, "-c", BARE], ready=READY,
-                                window_s=args.idle_seconds, log_path=tmp_path / "bare.log", **common))
-            rows.append(measure("bittensor SDK + dev chain, connected", [python, "-c", SDK], ready=READY,
-                                window_s=args.idle_seconds, log_path=tmp_path / "sdk.log", **common))
+            rows.append(
+                measure(
+                    "bare `import trio, httpx`",
+                    [python, "-c", BARE],
+                    ready=READY,
+                    window_s=args.idle_seconds,
+                    log_path=tmp_path / "bare.log",
+                    **common,
+                )
+            )
+            rows.append(
+                measure(
+                    "bittensor SDK + dev chain, connected",
+                    [python, "-c", SDK],
+                    ready=READY,
+                    window_s=args.idle_seconds,
+                    log_path=tmp_path / "sdk.log",
+                    **common,
+                )
+            )
             result_path = tmp_path / "validator-result.json"
             before = provider_counts(served["url"])
             validator = measure(
                 "**validator** (`engy-node --role validator`, dev chain)",
-                [python, __file__, "--child", "validator", "--home", str(home), "--hotkey", hotkey,
-                 "--miners", ",".join(served["miners"]), "--result", str(result_path)],
-                ready=LANDED, window_s=args.seconds, log_path=tmp_path / "validator.log", **common)
+                [
+                    python,
+                    __file__,
+                    "--child",
+                    "validator",
+                    "--home",
+                    str(home),
+                    "--hotkey",
+                    hotkey,
+                    "--miners",
+                    ",".join(served["miners"]),
+                    "--result",
+                    str(result_path),
+                ],
+                ready=LANDED,
+                window_s=args.seconds,
+                log_path=tmp_path / "validator.log",
+                **common,
+            )
             after = provider_counts(served["url"])
             log_text = (tmp_path / "validator.log").read_text()
             validator["log_landed_lines"] = len(LANDED.findall(log_text))
@@ -336,8 +410,16 @@ def main() -> int:
             validator["report"] = json.loads(result_path.read_text()) if result_path.exists() else None
             rows.append(validator)
             if not args.no_torch:
-                rows.append(measure("torch + transformers imported (contrast)", [python, "-c", TORCH], ready=READY,
-                                    window_s=args.idle_seconds, log_path=tmp_path / "torch.log", **common))
+                rows.append(
+                    measure(
+                        "torch + transformers imported (contrast)",
+                        [python, "-c", TORCH],
+                        ready=READY,
+                        window_s=args.idle_seconds,
+                        log_path=tmp_path / "torch.log",
+                        **common,
+                    )
+                )
         finally:
             stop(provider)
 
@@ -354,7 +436,9 @@ def main() -> int:
     if validator["torch_maps"]:
         problems.append(f"torch libraries are mapped in the validator: {', '.join(validator['torch_maps'][:3])}")
     if validator["peak_hwm"] > LIMIT_BYTES:
-        problems.append(f"the validator's peak resident size {mib(validator['peak_hwm'])} exceeds 150 MB ({mib(LIMIT_BYTES)})")
+        problems.append(
+            f"the validator's peak resident size {mib(validator['peak_hwm'])} exceeds 150 MB ({mib(LIMIT_BYTES)})"
+        )
     if validator["tick_errors"]:
         problems.append(f"{validator['tick_errors']} tick(s) failed (see the validator log)")
 
@@ -362,13 +446,19 @@ def main() -> int:
     print_table(rows, validator)
     if report is not None:
         refused = report["submissions"] - report["landed"]
-        print(f"\nvalidator, start-up and its {validator['window_s']:.0f} s window: {validator['provider']['heartbeats']} ticks, "
-              f"{validator['log_landed_lines']} weight submissions landed, {refused} refused by the chain"
-              f"{' (' + ', '.join(report['refused']) + ')' if report['refused'] else ''}, "
-              f"weights row {report['weights']}, {report['modules']} modules loaded, torch/transformers: "
-              f"{'LOADED' if report['forbidden_modules'] else 'not imported'}, libtorch mapped: "
-              f"{'yes' if validator['torch_maps'] else 'no'}"
-              + (f", hub log ring {report['hub_ring'][0]:,} of {report['hub_ring'][1]:,} records" if report["hub_ring"] else ""))
+        print(
+            f"\nvalidator, start-up and its {validator['window_s']:.0f} s window: {validator['provider']['heartbeats']} ticks, "
+            f"{validator['log_landed_lines']} weight submissions landed, {refused} refused by the chain"
+            f"{' (' + ', '.join(report['refused']) + ')' if report['refused'] else ''}, "
+            f"weights row {report['weights']}, {report['modules']} modules loaded, torch/transformers: "
+            f"{'LOADED' if report['forbidden_modules'] else 'not imported'}, libtorch mapped: "
+            f"{'yes' if validator['torch_maps'] else 'no'}"
+            + (
+                f", hub log ring {report['hub_ring'][0]:,} of {report['hub_ring'][1]:,} records"
+                if report["hub_ring"]
+                else ""
+            )
+        )
     print(f"limit: peak ≤ 150 MB ({mib(LIMIT_BYTES)}); validator peak {mib(validator['peak_hwm'])}")
     if problems:
         for problem in problems:

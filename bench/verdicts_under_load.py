@@ -50,9 +50,15 @@ class Network:
     def __init__(self, home: Path) -> None:
         self.home = home
         self.lines: list[str] = []
-        self.process = subprocess.Popen([sys.executable, "-m", "engy_node", "--home", str(home), "up", "--port-base", "0"],
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=ROOT)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "engy_node", "--home", str(home), "up", "--port-base", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cwd=ROOT,
+        )
         self.ready = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
         if not self.ready.wait(timeout=300):
@@ -94,8 +100,11 @@ async def buyers(network: dict, *, concurrency: int, until, counts: collections.
         rng = random.Random(index)
         while not until():
             shape = rng.choices(DEFAULT_SAMPLING_MIX, weights)[0]
-            body = {"model": model, "messages": [dict(m) for m in rng.choice(prompts).messages],
-                    "max_tokens": rng.choice(MAX_TOKENS)}
+            body = {
+                "model": model,
+                "messages": [dict(m) for m in rng.choice(prompts).messages],
+                "max_tokens": rng.choice(MAX_TOKENS),
+            }
             if shape.temperature is not None:
                 body["temperature"] = shape.temperature
             if shape.top_p is not None:
@@ -136,8 +145,11 @@ def main() -> None:
                 now = time.monotonic()
                 if now - last_check[0] > 10:
                     last_check[0], last_check[1] = now, len(network.verdicts())
-                    print(f"{(now - started) / 60:5.1f} min: {counts['answered']} answered, {last_check[1]} verdicts",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"{(now - started) / 60:5.1f} min: {counts['answered']} answered, {last_check[1]} verdicts",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return last_check[1] >= args.verdicts or now > deadline
 
             trio.run(lambda: buyers(network.network, concurrency=args.concurrency, until=until, counts=counts))

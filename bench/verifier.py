@@ -111,11 +111,24 @@ def prompt_of(runner: ModelRunner, tokens: int) -> list[int]:
     return chat_ids(runner, " ".join(words[:low]) + "\n\n" + QUESTION)
 
 
-def seeded_answer(runner: ModelRunner, prompt_ids: Sequence[int], tokens: int, temperature: float, top_p: float) -> Generation:
+def seeded_answer(
+    runner: ModelRunner, prompt_ids: Sequence[int], tokens: int, temperature: float, top_p: float
+) -> Generation:
     generation = Generation(
-        rid="bench", input_ids=list(prompt_ids), return_hidden_states=True,
-        params=parse_sampling_params({"temperature": temperature, "top_p": top_p, "top_k": SEEDED_TOP_K, "min_p": 0.0,
-                                      "sampling_seed": SEED, "max_new_tokens": tokens, "ignore_eos": True}),
+        rid="bench",
+        input_ids=list(prompt_ids),
+        return_hidden_states=True,
+        params=parse_sampling_params(
+            {
+                "temperature": temperature,
+                "top_p": top_p,
+                "top_k": SEEDED_TOP_K,
+                "min_p": 0.0,
+                "sampling_seed": SEED,
+                "max_new_tokens": tokens,
+                "ignore_eos": True,
+            }
+        ),
     )
     return run_to_completion(runner, generation)
 
@@ -123,14 +136,27 @@ def seeded_answer(runner: ModelRunner, prompt_ids: Sequence[int], tokens: int, t
 class Request:
     """One served answer and everything a verifier is handed about it."""
 
-    def __init__(self, runner: ModelRunner, root: str, prompt_ids: list[int], served: Generation,
-                 sampling: proof.SamplingTerms | None, end_tokens: frozenset[int]) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        root: str,
+        prompt_ids: list[int],
+        served: Generation,
+        sampling: proof.SamplingTerms | None,
+        end_tokens: frozenset[int],
+    ) -> None:
         self.prompt_ids = prompt_ids
         self.output_ids = list(served.output_ids)
-        self.commitment = proof.build_commitment(model_root=root, prompt_ids=prompt_ids, output_ids=self.output_ids,
-                                                 rows=served.proof_rows(), params=MODEL.proof)
-        self.delivery = proof.Delivery(relayed_output_ids=tuple(self.output_ids), ended_at_stop=False,
-                                       max_tokens=len(self.output_ids))
+        self.commitment = proof.build_commitment(
+            model_root=root,
+            prompt_ids=prompt_ids,
+            output_ids=self.output_ids,
+            rows=served.proof_rows(),
+            params=MODEL.proof,
+        )
+        self.delivery = proof.Delivery(
+            relayed_output_ids=tuple(self.output_ids), ended_at_stop=False, max_tokens=len(self.output_ids)
+        )
         # `ignore_eos` may run an answer on past an end token, which the verifier rightly calls
         # a cheat before any arithmetic; the end tokens are then left out so the work is timed.
         self.end_tokens = frozenset() if end_tokens & set(self.output_ids[:-1]) else end_tokens
@@ -139,8 +165,14 @@ class Request:
 
     def verify(self, recompute, sampling: proof.SamplingTerms | None) -> proof.Verdict:
         return proof.verify_commitment(
-            self.commitment, model=MODEL, canonical_root=self.root, expected_prompt_ids=self.prompt_ids,
-            recompute=recompute, greedy=sampling is None, delivery=self.delivery, end_token_ids=self.end_tokens,
+            self.commitment,
+            model=MODEL,
+            canonical_root=self.root,
+            expected_prompt_ids=self.prompt_ids,
+            recompute=recompute,
+            greedy=sampling is None,
+            delivery=self.delivery,
+            end_token_ids=self.end_tokens,
             sampling=sampling,
         )
 
@@ -152,7 +184,9 @@ def label_of(sampling: proof.SamplingTerms | None) -> str:
     return f"{check}, T {sampling.temperature:g} top_p {sampling.top_p:g}"
 
 
-def checks(runner: ModelRunner, requests: dict[str, tuple[Request, proof.SamplingTerms | None]], repeats: int) -> list[dict]:
+def checks(
+    runner: ModelRunner, requests: dict[str, tuple[Request, proof.SamplingTerms | None]], repeats: int
+) -> list[dict]:
     """Part 1: per judged answer, µs per output token of each check beyond the recompute."""
     rows = []
     for label, (request, sampling) in requests.items():
@@ -162,19 +196,36 @@ def checks(runner: ModelRunner, requests: dict[str, tuple[Request, proof.Samplin
         tc = MODEL.token_check
 
         def shape() -> None:
-            assert proof.check_shape(request.commitment, params=MODEL.proof, canonical_root=request.root,
-                                     expected_prompt_ids=request.prompt_ids, delivery=request.delivery,
-                                     end_token_ids=request.end_tokens) is None
+            assert (
+                proof.check_shape(
+                    request.commitment,
+                    params=MODEL.proof,
+                    canonical_root=request.root,
+                    expected_prompt_ids=request.prompt_ids,
+                    delivery=request.delivery,
+                    end_token_ids=request.end_tokens,
+                )
+                is None
+            )
 
         def chunks() -> None:
             assert all(c.passes(MODEL.proof) for c in proof.verify_chunks(request.commitment, hidden_rows, MODEL.proof))
 
         def tokens() -> None:
-            stats = proof.token_stats(row_logits, request.output_ids, sampling=sampling, nucleus_margin=tc.nucleus_margin,
-                                      first_position=first, edge_band=tc.nucleus_edge_band)
+            stats = proof.token_stats(
+                row_logits,
+                request.output_ids,
+                sampling=sampling,
+                nucleus_margin=tc.nucleus_margin,
+                first_position=first,
+                edge_band=tc.nucleus_edge_band,
+            )
             assert proof.token_check(stats, greedy=sampling is None, params=tc).ok, label
 
-        parts = {name: [s / n for s in timed(fn, repeats)] for name, fn in (("shape", shape), ("chunks", chunks), ("tokens", tokens))}
+        parts = {
+            name: [s / n for s in timed(fn, repeats)]
+            for name, fn in (("shape", shape), ("chunks", chunks), ("tokens", tokens))
+        }
         total = [sum(values) for values in zip(*parts.values())]
         rows.append({"label": label, "n": n, **parts, "total": total})
     return rows
@@ -192,7 +243,9 @@ def recompute_vs_forward(runner: ModelRunner, lengths: Sequence[int], repeats: i
 
         def plain() -> None:
             with torch.inference_mode():
-                logits = runner.model(input_ids=torch.tensor([ids], dtype=torch.long, device=runner.device), use_cache=False).logits
+                logits = runner.model(
+                    input_ids=torch.tensor([ids], dtype=torch.long, device=runner.device), use_cache=False
+                ).logits
             assert logits.shape[1] == length
 
         def prefill() -> None:
@@ -204,8 +257,13 @@ def recompute_vs_forward(runner: ModelRunner, lengths: Sequence[int], repeats: i
     return rows
 
 
-def verify_vs_generate(runner: ModelRunner, requests: dict[str, tuple[Request, proof.SamplingTerms | None]],
-                       prompt_ids: list[int], output_tokens: int, repeats: int) -> dict:
+def verify_vs_generate(
+    runner: ModelRunner,
+    requests: dict[str, tuple[Request, proof.SamplingTerms | None]],
+    prompt_ids: list[int],
+    output_tokens: int,
+    repeats: int,
+) -> dict:
     """Part 3: generating the greedy answer against verifying each judged answer (whole
     `verify_commitment`, a fresh recompute each time)."""
     decode_s: list[float] = []
@@ -249,8 +307,12 @@ def checkpoint_path(explicit: str) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a tiny run: short request, two lengths, 2 repeats")
-    parser.add_argument("--dtype", default="float32,bfloat16", help="recompute (and generation) dtypes, comma-separated")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads for parts 1 and 2 (default: torch's, one per core)")
+    parser.add_argument(
+        "--dtype", default="float32,bfloat16", help="recompute (and generation) dtypes, comma-separated"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads for parts 1 and 2 (default: torch's, one per core)"
+    )
     parser.add_argument("--verify-threads", type=int, default=1, help="torch threads for part 3 (per-core figures)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prompt-tokens", type=int, default=200)
@@ -275,9 +337,11 @@ def main() -> None:
         toploc_version = version("toploc")
     except Exception:  # noqa: BLE001 - informational only
         toploc_version = "?"
-    print(f"verifier benchmark: {MODEL.display_name} on CPU; torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"toploc {toploc_version}; Python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs; "
-          f"parts 1-2 at {threads} thread(s), part 3 at {args.verify_threads}; median (min–max) of {args.repeats} after a warm-up\n")
+    print(
+        f"verifier benchmark: {MODEL.display_name} on CPU; torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"toploc {toploc_version}; Python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs; "
+        f"parts 1-2 at {threads} thread(s), part 3 at {args.verify_threads}; median (min–max) of {args.repeats} after a warm-up\n"
+    )
 
     results = {}
     for dtype in dtypes:
@@ -287,7 +351,8 @@ def main() -> None:
         prompt_ids = prompt_of(runner, args.prompt_tokens)
         served = greedy_generation(runner, prompt_ids, args.output_tokens, ignore_eos=True)
         requests: dict[str, tuple[Request, proof.SamplingTerms | None]] = {
-            "greedy": (Request(runner, root, prompt_ids, served, None, end_tokens), None)}
+            "greedy": (Request(runner, root, prompt_ids, served, None, end_tokens), None)
+        }
         for temperature, top_p in SAMPLED:
             answer = seeded_answer(runner, prompt_ids, args.output_tokens, temperature, top_p)
             request = Request(runner, root, prompt_ids, answer, None, end_tokens)
@@ -301,35 +366,49 @@ def main() -> None:
         del runner
 
     prompt_len = next(iter(results.values()))[0]
-    print(f"## 1. The check beyond the recompute, µs per output token ({prompt_len}-token prompt, {args.output_tokens} output "
-          f"tokens, {threads} thread(s)); target ≤ 10\n")
-    print("| recompute dtype | answer judged as | shape checks | verify_chunks | token check (token_stats + token_check) "
-          "| total | target ≤ 10 µs |")
+    print(
+        f"## 1. The check beyond the recompute, µs per output token ({prompt_len}-token prompt, {args.output_tokens} output "
+        f"tokens, {threads} thread(s)); target ≤ 10\n"
+    )
+    print(
+        "| recompute dtype | answer judged as | shape checks | verify_chunks | token check (token_stats + token_check) "
+        "| total | target ≤ 10 µs |"
+    )
     print("|---|---|---:|---:|---:|---:|---|")
     for dtype, (_, part1, _, _) in results.items():
         for row in part1:
             total = statistics.median(row["total"])
-            print(f"| {dtype} | {row['label']} | {spread(row['shape'], 1e6)} | {spread(row['chunks'], 1e6)} | "
-                  f"{spread(row['tokens'], 1e6)} | {spread(row['total'], 1e6)} | {'met' if total <= 10e-6 else 'not met'} |")
+            print(
+                f"| {dtype} | {row['label']} | {spread(row['shape'], 1e6)} | {spread(row['chunks'], 1e6)} | "
+                f"{spread(row['tokens'], 1e6)} | {spread(row['total'], 1e6)} | {'met' if total <= 10e-6 else 'not met'} |"
+            )
     for dtype, (_, part1, _, _) in results.items():
         by_label = {row["label"]: statistics.median(row["tokens"]) * 1e6 for row in part1}
         greedy = by_label["greedy"]
         extras = ", ".join(f"{label}: +{value - greedy:,.1f}" for label, value in by_label.items() if label != "greedy")
         print(f"\n{dtype}: token check over greedy's (the sampled extras), µs/token: {extras}")
 
-    print(f"\n## 2. Recompute (`ModelRunner.prefill`) vs a plain forward pass, ms ({threads} thread(s)); target ≤ 1.1×\n")
+    print(
+        f"\n## 2. Recompute (`ModelRunner.prefill`) vs a plain forward pass, ms ({threads} thread(s)); target ≤ 1.1×\n"
+    )
     print("| dtype | tokens | prefill | plain forward | ratio (medians) | target ≤ 1.1× |")
     print("|---|---:|---:|---:|---:|---|")
     for dtype, (_, _, part2, _) in results.items():
         for row in part2:
             ratio = statistics.median(row["prefill"]) / statistics.median(row["plain"])
-            print(f"| {dtype} | {row['length']:,} | {spread(row['prefill'], 1e3)} | {spread(row['plain'], 1e3)} | "
-                  f"{ratio:.3f}× | {'met' if ratio <= 1.1 else 'not met'} |")
+            print(
+                f"| {dtype} | {row['length']:,} | {spread(row['prefill'], 1e3)} | {spread(row['plain'], 1e3)} | "
+                f"{ratio:.3f}× | {'met' if ratio <= 1.1 else 'not met'} |"
+            )
 
-    print(f"\n## 3. Verifying vs generating, {prompt_len}-token prompt + {args.output_tokens} output tokens, "
-          f"{args.verify_threads} thread(s); target generate ÷ verify ≥ 50×\n")
-    print("| dtype | answer judged as | generate (greedy, s) | of which decode (s) | verify_commitment (s) | "
-          "verifications/s per core | generate ÷ verify | target ≥ 50× |")
+    print(
+        f"\n## 3. Verifying vs generating, {prompt_len}-token prompt + {args.output_tokens} output tokens, "
+        f"{args.verify_threads} thread(s); target generate ÷ verify ≥ 50×\n"
+    )
+    print(
+        "| dtype | answer judged as | generate (greedy, s) | of which decode (s) | verify_commitment (s) | "
+        "verifications/s per core | generate ÷ verify | target ≥ 50× |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---|")
     for dtype, (_, _, _, part3) in results.items():
         generate = statistics.median(part3["generate"])
@@ -337,8 +416,10 @@ def main() -> None:
             verify = statistics.median(verify_s)
             ratio = generate / verify
             per_core = 1 / verify / args.verify_threads
-            print(f"| {dtype} | {label} | {spread(part3['generate'], 1, '{:.2f}')} | {spread(part3['decode'], 1, '{:.2f}')} | "
-                  f"{spread(verify_s, 1, '{:.3f}')} | {per_core:.2f} | {ratio:.1f}× | {'met' if ratio >= 50 else 'not met'} |")
+            print(
+                f"| {dtype} | {label} | {spread(part3['generate'], 1, '{:.2f}')} | {spread(part3['decode'], 1, '{:.2f}')} | "
+                f"{spread(verify_s, 1, '{:.3f}')} | {per_core:.2f} | {ratio:.1f}× | {'met' if ratio >= 50 else 'not met'} |"
+            )
 
 
 if __name__ == "__main__":

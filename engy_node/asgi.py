@@ -36,8 +36,9 @@ class BodyError(ValueError):
         self.status = status
 
 
-async def read_json_object(receive: Receive, *, max_bytes: int, allow_empty: bool = False,
-                           timeout_s: float = math.inf) -> dict[str, Any]:
+async def read_json_object(
+    receive: Receive, *, max_bytes: int, allow_empty: bool = False, timeout_s: float = math.inf
+) -> dict[str, Any]:
     """The request body, read from ASGI `receive`, as a JSON object, read no further than
     `max_bytes` and for no longer than `timeout_s` (408). Each server turns a `BodyError` into its
     own API's error shape (499: the client hung up before sending all of it).
@@ -112,8 +113,9 @@ class DisconnectWatch:
         self.client_gone = False
 
 
-def watch_disconnect(receive: Receive,
-                     scope: MutableMapping[str, Any] | None = None) -> contextlib.AbstractAsyncContextManager[DisconnectWatch]:
+def watch_disconnect(
+    receive: Receive, scope: MutableMapping[str, Any] | None = None
+) -> contextlib.AbstractAsyncContextManager[DisconnectWatch]:
     """Run the body in a scope that is cancelled if the client hangs up (the request body must
     already be read). Leaving the block stops the watch; a single failure of the body is raised
     as itself, not inside an exception group. One watch can span a whole response, so a handler
@@ -231,8 +233,15 @@ class QueuedFirst:
         await self.app(scope, receive_queued_first(receive), send)
 
 
-async def start_listener(nursery: trio.Nursery, app, config, *, what: str, flag: str,
-                         shutdown_trigger: Callable[[], Awaitable[Any]] | None = None) -> list[str]:
+async def start_listener(
+    nursery: trio.Nursery,
+    app,
+    config,
+    *,
+    what: str,
+    flag: str,
+    shutdown_trigger: Callable[[], Awaitable[Any]] | None = None,
+) -> list[str]:
     """Start a hypercorn listener in `nursery`; returns its bound URLs once it accepts.
     A port in use is the operator's to fix, so it becomes a `ConfigError` naming the flag.
     When `shutdown_trigger` returns, the listener stops accepting and closes idle connections;
@@ -240,17 +249,22 @@ async def start_listener(nursery: trio.Nursery, app, config, *, what: str, flag:
     from hypercorn.trio import serve
 
     try:
-        return await nursery.start(functools.partial(serve, QueuedFirst(app), config, shutdown_trigger=shutdown_trigger))
+        return await nursery.start(
+            functools.partial(serve, QueuedFirst(app), config, shutdown_trigger=shutdown_trigger)
+        )
     except (OSError, BaseExceptionGroup) as raised:
         error = collapse(raised)
         if not isinstance(error, OSError):
             raise
-        raise ConfigError(f"cannot listen for the {what} on {config.bind[0]} ({error.strerror or error}); "
-                          f"stop whatever uses that port or choose another with {flag}") from None
+        raise ConfigError(
+            f"cannot listen for the {what} on {config.bind[0]} ({error.strerror or error}); "
+            f"stop whatever uses that port or choose another with {flag}"
+        ) from None
 
 
-async def serve_listener(app, config, listener: trio.abc.Listener[trio.SocketStream], *,
-                         task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve_listener(
+    app, config, listener: trio.abc.Listener[trio.SocketStream], *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
     """Serve `app` with hypercorn's trio connection handler on connections from `listener`.
 
     `hypercorn.trio.serve` only accepts from sockets it binds or is given as file descriptors;
@@ -266,8 +280,13 @@ async def serve_listener(app, config, listener: trio.abc.Listener[trio.SocketStr
 
     # `run.TCPServer`, looked up now as `worker_serve` does: the connection handler a server's
     # config may have put there (`hypercorn_edges.install`).
-    handler = functools.partial(run.TCPServer, wrap_app(QueuedFirst(app), config.wsgi_max_body_size, "asgi"), config,
-                                WorkerContext(None), ConnectionState({}))
+    handler = functools.partial(
+        run.TCPServer,
+        wrap_app(QueuedFirst(app), config.wsgi_max_body_size, "asgi"),
+        config,
+        WorkerContext(None),
+        ConnectionState({}),
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handler, [listener])
         task_status.started()

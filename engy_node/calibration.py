@@ -170,23 +170,36 @@ def chat_ids(runner: ModelRunner, prompt: str | Sequence[dict[str, str]]) -> lis
     return list(ids if isinstance(ids, list) else ids["input_ids"])
 
 
-def greedy_generation(runner: ModelRunner, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                      ignore_eos: bool = False) -> Generation:
+def greedy_generation(
+    runner: ModelRunner, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = False
+) -> Generation:
     generation = Generation(
-        rid="calibration", input_ids=list(prompt_ids),
+        rid="calibration",
+        input_ids=list(prompt_ids),
         params=parse_sampling_params({"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos}),
         return_hidden_states=True,
     )
     return run_to_completion(runner, generation)
 
 
-def seeded_generation(runner: ModelRunner, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                      temperature: float, top_p: float, seed: int) -> Generation:
+def seeded_generation(
+    runner: ModelRunner, prompt_ids: Sequence[int], max_new_tokens: int, *, temperature: float, top_p: float, seed: int
+) -> Generation:
     """A sampled request as our miner sends it: every knob explicit, a seed from the gateway."""
     generation = Generation(
-        rid="calibration", input_ids=list(prompt_ids), return_hidden_states=True,
-        params=parse_sampling_params({"temperature": temperature, "top_p": top_p, "top_k": SEEDED_TOP_K, "min_p": 0.0,
-                                      "sampling_seed": seed, "max_new_tokens": max_new_tokens}),
+        rid="calibration",
+        input_ids=list(prompt_ids),
+        return_hidden_states=True,
+        params=parse_sampling_params(
+            {
+                "temperature": temperature,
+                "top_p": top_p,
+                "top_k": SEEDED_TOP_K,
+                "min_p": 0.0,
+                "sampling_seed": seed,
+                "max_new_tokens": max_new_tokens,
+            }
+        ),
     )
     return run_to_completion(runner, generation)
 
@@ -242,31 +255,55 @@ def run_calibration(
     quantised = quantise_linear_weights(load())
     truncated = truncate_layers(load())
     verifiers = {
-        dtype: CachedPrefill(honest if dtype == serve_dtype and recompute_device == device
-                             else ModelRunner.load(checkpoint, device=recompute_device, dtype=dtype))
+        dtype: CachedPrefill(
+            honest
+            if dtype == serve_dtype and recompute_device == device
+            else ModelRunner.load(checkpoint, device=recompute_device, dtype=dtype)
+        )
         for dtype in recompute_dtypes
     }
     results: list[CaseResult] = []
     end_tokens = end_token_ids_of(checkpoint, honest.tokenizer)
 
     def commit(prompt_ids: Sequence[int], output_ids: Sequence[int], rows) -> proof.Commitment:
-        return proof.build_commitment(model_root=root, prompt_ids=prompt_ids, output_ids=output_ids, rows=rows, params=model.proof)
+        return proof.build_commitment(
+            model_root=root, prompt_ids=prompt_ids, output_ids=output_ids, rows=rows, params=model.proof
+        )
 
-    def judge(case: str, expected: proof.VerdictKind | None, index: int, commitment: proof.Commitment,
-              prompt_ids: Sequence[int], *, relayed: Sequence[int] | None = None,
-              sampling: proof.SamplingTerms | None = None) -> None:
-        delivery = proof.Delivery(relayed_output_ids=tuple(commitment.output_token_ids if relayed is None else relayed),
-                                  ended_at_stop=False, max_tokens=max_new_tokens)
+    def judge(
+        case: str,
+        expected: proof.VerdictKind | None,
+        index: int,
+        commitment: proof.Commitment,
+        prompt_ids: Sequence[int],
+        *,
+        relayed: Sequence[int] | None = None,
+        sampling: proof.SamplingTerms | None = None,
+    ) -> None:
+        delivery = proof.Delivery(
+            relayed_output_ids=tuple(commitment.output_token_ids if relayed is None else relayed),
+            ended_at_stop=False,
+            max_tokens=max_new_tokens,
+        )
         label = "greedy" if sampling is None else sampling_label(sampling.temperature, sampling.top_p)
         check = "greedy" if sampling is None else "replay" if sampling.seed is not None else "statistical"
         for dtype, verifier in verifiers.items():
             verdict = proof.verify_commitment(
-                commitment, model=model, canonical_root=root, expected_prompt_ids=prompt_ids,
-                recompute=verifier, greedy=sampling is None, delivery=delivery, end_token_ids=end_tokens, sampling=sampling,
+                commitment,
+                model=model,
+                canonical_root=root,
+                expected_prompt_ids=prompt_ids,
+                recompute=verifier,
+                greedy=sampling is None,
+                delivery=delivery,
+                end_token_ids=end_tokens,
+                sampling=sampling,
             )
             where = dtype if recompute_device == device else f"{dtype} on {recompute_device}"
             results.append(CaseResult(case, expected, index, where, commitment.n_tokens, verdict, label, check))
-            progress(f"prompt {index} {case:22} {label:18} {check:11} recompute {where:8} -> {verdict.kind} ({verdict.reason})")
+            progress(
+                f"prompt {index} {case:22} {label:18} {check:11} recompute {where:8} -> {verdict.kind} ({verdict.reason})"
+            )
 
     prompt_ids_of = [chat_ids(honest, prompt) for prompt in prompts]
     for index, prompt_ids in enumerate(prompt_ids_of):
@@ -294,17 +331,29 @@ def run_calibration(
             short_prompt = chat_ids(honest, SHORT_ANSWER_PROMPT)
             padded = greedy_generation(honest, short_prompt, max_new_tokens, ignore_eos=True)
             if any(token in end_tokens for token in padded.output_ids[:-1]):
-                judge("past-eos", "cheat", index, commit(short_prompt, padded.output_ids, padded.proof_rows()), short_prompt)
+                judge(
+                    "past-eos",
+                    "cheat",
+                    index,
+                    commit(short_prompt, padded.output_ids, padded.proof_rows()),
+                    short_prompt,
+                )
             else:
-                progress(f"past-eos skipped: the model did not end its answer to {SHORT_ANSWER_PROMPT!r} within {max_new_tokens} tokens")
+                progress(
+                    f"past-eos skipped: the model did not end its answer to {SHORT_ANSWER_PROMPT!r} within {max_new_tokens} tokens"
+                )
 
         for setting, (temperature, top_p) in enumerate(sampled_settings):
             seed = 1000 * index + setting
             seeded = proof.SamplingTerms(temperature, top_p, seed=seed)
             unseeded = proof.SamplingTerms(temperature, top_p)
-            sampled = seeded_generation(honest, prompt_ids, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+            sampled = seeded_generation(
+                honest, prompt_ids, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+            )
             sampled_commitment = commit(prompt_ids, sampled.output_ids, sampled.proof_rows())
-            cheap = seeded_generation(quantised, prompt_ids, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+            cheap = seeded_generation(
+                quantised, prompt_ids, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+            )
             cheap_commitment = commit(prompt_ids, cheap.output_ids, cheap.proof_rows())
             hidden, _ = honest.prefill(prompt_ids + cheap.output_ids[:-1], start=len(prompt_ids) - 1)
             attack_commitment = commit(prompt_ids, cheap.output_ids, hidden)
@@ -313,8 +362,14 @@ def run_calibration(
                 judge("honest", "pass", index, sampled_commitment, prompt_ids, sampling=terms)
             for case, commitment in (("quantised-4bit", cheap_commitment), ("prefill-attack", attack_commitment)):
                 for terms in (seeded, unseeded):
-                    judge(case, _sampled_expectation(case, terms, len(cheap.output_ids), model), index, commitment,
-                          prompt_ids, sampling=terms)
+                    judge(
+                        case,
+                        _sampled_expectation(case, terms, len(cheap.output_ids), model),
+                        index,
+                        commitment,
+                        prompt_ids,
+                        sampling=terms,
+                    )
 
     for case, alter in power_cases:
         altered = alter(load())
@@ -325,7 +380,9 @@ def run_calibration(
     return results
 
 
-def _sampled_expectation(case: str, terms: proof.SamplingTerms, n_tokens: int, model: ModelSpec) -> proof.VerdictKind | None:
+def _sampled_expectation(
+    case: str, terms: proof.SamplingTerms, n_tokens: int, model: ModelSpec
+) -> proof.VerdictKind | None:
     """What is promised for a cheat's sampled answer. The 4-bit model's own proofs fail TOPLOC
     whatever the tokens. The prefill attack's proofs are genuine, so only its tokens can give it
     away: without a seed the statistical test's power on a 4-bit copy is measured, not promised;
@@ -383,26 +440,47 @@ def run_sampled_soundness(
     recompute dtype. Every `cheat` among them is a false positive."""
     root = model_root(checkpoint)
     runner = runner or ModelRunner.load(checkpoint, device="cpu", dtype=serve_dtype)
-    verifiers = {dtype: CachedPrefill(runner if dtype == serve_dtype and runner.dtype == serve_dtype
-                                      else ModelRunner.load(checkpoint, device="cpu", dtype=dtype))
-                 for dtype in recompute_dtypes}
+    verifiers = {
+        dtype: CachedPrefill(
+            runner
+            if dtype == serve_dtype and runner.dtype == serve_dtype
+            else ModelRunner.load(checkpoint, device="cpu", dtype=dtype)
+        )
+        for dtype in recompute_dtypes
+    }
     prompt_ids_of = [chat_ids(runner, prompt) for prompt in prompts]
     results: list[SoundnessResult] = []
     cases = itertools.islice(itertools.cycle(itertools.product(prompt_ids_of, settings)), requests)
     for request, (prompt_ids, (temperature, top_p)) in enumerate(cases):
         seed = NOISE_SEED + request
         served = seeded_generation(runner, prompt_ids, answer_tokens, temperature=temperature, top_p=top_p, seed=seed)
-        commitment = proof.build_commitment(model_root=root, prompt_ids=prompt_ids, output_ids=served.output_ids,
-                                            rows=served.proof_rows(), params=model.proof)
+        commitment = proof.build_commitment(
+            model_root=root,
+            prompt_ids=prompt_ids,
+            output_ids=served.output_ids,
+            rows=served.proof_rows(),
+            params=model.proof,
+        )
         for dtype, verifier in verifiers.items():
-            for check, terms in (("replay", proof.SamplingTerms(temperature, top_p, seed=seed)),
-                                 ("statistical", proof.SamplingTerms(temperature, top_p))):
-                verdict = proof.verify_commitment(commitment, model=model, canonical_root=root, expected_prompt_ids=prompt_ids,
-                                                  recompute=verifier, greedy=False, sampling=terms)
+            for check, terms in (
+                ("replay", proof.SamplingTerms(temperature, top_p, seed=seed)),
+                ("statistical", proof.SamplingTerms(temperature, top_p)),
+            ):
+                verdict = proof.verify_commitment(
+                    commitment,
+                    model=model,
+                    canonical_root=root,
+                    expected_prompt_ids=prompt_ids,
+                    recompute=verifier,
+                    greedy=False,
+                    sampling=terms,
+                )
                 results.append(SoundnessResult(request, temperature, top_p, check, dtype, commitment.n_tokens, verdict))
                 if verdict.kind != "pass":
-                    progress(f"request {request} ({sampling_label(temperature, top_p)}, {check}, {dtype}): "
-                             f"{verdict.kind}/{verdict.reason}")
+                    progress(
+                        f"request {request} ({sampling_label(temperature, top_p)}, {check}, {dtype}): "
+                        f"{verdict.kind}/{verdict.reason}"
+                    )
         if (request + 1) % 50 == 0:
             progress(f"{request + 1}/{requests} sampled requests judged")
     return results
@@ -411,11 +489,15 @@ def run_sampled_soundness(
 def format_soundness(results: Sequence[SoundnessResult]) -> str:
     """A Markdown table: per (setting, check, recompute dtype), requests, how many were judged
     `cheat` with the 95 % interval of the rate, and the largest replay gap / e-value seen."""
-    header = ("| sampling | check | recompute | requests | judged cheat | 95 % interval | largest replay gap (logits) | "
-              "largest log e-value |\n|---|---|---|---|---|---|---|---|")
+    header = (
+        "| sampling | check | recompute | requests | judged cheat | 95 % interval | largest replay gap (logits) | "
+        "largest log e-value |\n|---|---|---|---|---|---|---|---|"
+    )
     groups: dict[tuple[str, str, str], list[SoundnessResult]] = {}
     for result in results:
-        groups.setdefault((sampling_label(result.temperature, result.top_p), result.check, result.recompute_dtype), []).append(result)
+        groups.setdefault(
+            (sampling_label(result.temperature, result.top_p), result.check, result.recompute_dtype), []
+        ).append(result)
     by_check: dict[tuple[str, str], list[SoundnessResult]] = {}
     for result in results:
         by_check.setdefault(("all", result.check, result.recompute_dtype), []).append(result)
@@ -425,8 +507,10 @@ def format_soundness(results: Sequence[SoundnessResult]) -> str:
         low, high = proportion_interval(cheats, len(members))
         gap = max(m.verdict.max_logit_gap for m in members) if check == "replay" else None
         evidence = max(m.verdict.token_evidence for m in members) if check == "statistical" else None
-        rows.append(f"| {label} | {check} | {dtype} | {len(members)} | {cheats} | {100 * low:.2f}–{100 * high:.2f} % | "
-                    f"{'–' if gap is None else f'{gap:.2f}'} | {'–' if evidence is None else f'{evidence:.1f}'} |")
+        rows.append(
+            f"| {label} | {check} | {dtype} | {len(members)} | {cheats} | {100 * low:.2f}–{100 * high:.2f} % | "
+            f"{'–' if gap is None else f'{gap:.2f}'} | {'–' if evidence is None else f'{evidence:.1f}'} |"
+        )
     return "\n".join([header, *rows])
 
 
@@ -456,7 +540,10 @@ def _binomial_cdf(k: int, n: int, p: float) -> float:
     if p >= 1.0:
         return 1.0 if k >= n else 0.0
     log_p, log_q = math.log(p), math.log1p(-p)
-    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q for i in range(k + 1)]
+    terms = [
+        math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q
+        for i in range(k + 1)
+    ]
     top = max(terms)
     return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 
@@ -482,16 +569,20 @@ def format_table(results: Sequence[CaseResult]) -> str:
     honest serving the top of the range is the margin that matters, for a cheat the bottom.
     The token gap is from the argmax for greedy checks, from the replayed draw's winner for
     replay; the statistical test shows its log e-value instead."""
-    header = ("| case | sampling | check | recompute | requests | verdicts | worst-chunk exp mismatches /128 | "
-              "worst-chunk mant err mean | worst-chunk mant err median | max token gap (logits) or log e-value | "
-              "missed tokens |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    header = (
+        "| case | sampling | check | recompute | requests | verdicts | worst-chunk exp mismatches /128 | "
+        "worst-chunk mant err mean | worst-chunk mant err median | max token gap (logits) or log e-value | "
+        "missed tokens |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    )
     groups: dict[tuple[str, str, str, str], list[CaseResult]] = {}
     for result in results:
         groups.setdefault((result.case, result.sampling, result.check, result.recompute_dtype), []).append(result)
     rows = []
     for (case, sampling, check, dtype), members in groups.items():
         judged = [m.verdict for m in members if m.verdict.chunks_total]
-        verdicts = ", ".join(f"{kind} {count}" for kind, count in _counts(f"{m.verdict.kind}/{m.verdict.reason}" for m in members))
+        verdicts = ", ".join(
+            f"{kind} {count}" for kind, count in _counts(f"{m.verdict.kind}/{m.verdict.reason}" for m in members)
+        )
         prefix = f"| {case} | {sampling} | {check} | {dtype} | {len(members)} | {verdicts} |"
         if not judged:
             rows.append(f"{prefix} – | – | – | – | – |")

@@ -77,8 +77,9 @@ def _raise_exception(message: str) -> None:
     raise jinja2.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -116,12 +117,14 @@ class _TemplateNamespace(jinja2.utils.Namespace):
     def _check(name: Any) -> None:
         if isinstance(name, str) and name.startswith("_"):
             raise jinja2.exceptions.SecurityError(
-                f"chat templates cannot store underscore-prefixed attributes on a namespace (got {name!r})")
+                f"chat templates cannot store underscore-prefixed attributes on a namespace (got {name!r})"
+            )
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
     environment.filters["tojson"] = _tojson
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now
@@ -142,7 +145,9 @@ class ChatTemplates:
 
     def __init__(self, templates: Templates) -> None:
         self.named = isinstance(templates, Mapping)
-        self._sources = dict(templates) if isinstance(templates, Mapping) else {} if templates is None else {"default": templates}
+        self._sources = (
+            dict(templates) if isinstance(templates, Mapping) else {} if templates is None else {"default": templates}
+        )
         self._compiled: dict[str, jinja2.Template] = {}
 
     def select(self, *, tools: Sequence[Any] | None) -> jinja2.Template:
@@ -153,10 +158,14 @@ class ChatTemplates:
         if "default" in self._sources:
             return self._template("default")
         if not self._sources:
-            raise ChatTemplateError("this checkpoint has no chat template; use an instruction-tuned checkpoint, "
-                                    "whose tokenizer_config.json or chat_template.jinja carries one")
-        raise ChatTemplateError(f"this checkpoint has several chat templates ({', '.join(sorted(self._sources))}) "
-                                "and none named default; name one default in its tokenizer_config.json")
+            raise ChatTemplateError(
+                "this checkpoint has no chat template; use an instruction-tuned checkpoint, "
+                "whose tokenizer_config.json or chat_template.jinja carries one"
+            )
+        raise ChatTemplateError(
+            f"this checkpoint has several chat templates ({', '.join(sorted(self._sources))}) "
+            "and none named default; name one default in its tokenizer_config.json"
+        )
 
     def _template(self, name: str) -> jinja2.Template:
         # Two threads may both compile a template the first time; either result serves.
@@ -165,8 +174,14 @@ class ChatTemplates:
             compiled = self._compiled[name] = _ENVIRONMENT.from_string(self._sources[name])
         return compiled
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Any] | None = None,
-               add_generation_prompt: bool = False, variables: Mapping[str, Any] | None = None) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Any] | None = None,
+        add_generation_prompt: bool = False,
+        variables: Mapping[str, Any] | None = None,
+    ) -> str:
         """The conversation's text; `variables` are the tokenizer's named special tokens (and
         anything else the caller passes the template)."""
         template = self.select(tools=tools)
@@ -174,13 +189,23 @@ class ChatTemplates:
             raise ChatTemplateError("cannot render an empty conversation; send at least one message")
         if tools is not None and not all(isinstance(tool, Mapping) for tool in tools):
             raise ChatTemplateError("each tool must be a JSON object (a function's JSON schema)")
-        chat = [_with_reasoning_aliases(_plain({key: value for key, value in _message(message).items() if value is not None}))
-                for message in messages]
+        chat = [
+            _with_reasoning_aliases(
+                _plain({key: value for key, value in _message(message).items() if value is not None})
+            )
+            for message in messages
+        ]
         # The globals go in with the variables, as `template.render` would put them, but from a
         # dict flattened once: `render` copies them out of their ChainMap on every call, which
         # cost about as much as rendering a short conversation itself.
-        names = {**_GLOBALS, "messages": chat, "tools": _plain(list(tools)) if tools is not None else None, "documents": None,
-                 "add_generation_prompt": add_generation_prompt, **_plain(dict(variables or {}))}
+        names = {
+            **_GLOBALS,
+            "messages": chat,
+            "tools": _plain(list(tools)) if tools is not None else None,
+            "documents": None,
+            "add_generation_prompt": add_generation_prompt,
+            **_plain(dict(variables or {})),
+        }
         return str(template.make_module(names, shared=True))
 
 

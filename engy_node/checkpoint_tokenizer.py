@@ -29,6 +29,7 @@ it and write it atomically; one that cannot write (a read-only cache) uses it al
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -56,34 +57,89 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgp
 """Files transformers' tokenizer loading never reads, left out of the snapshot's key."""
 CONTENT_HASHED_MAX_BYTES = 64 * 2**20
 """Larger non-weight files (no tokenizer file is near this) count by name, size and mtime only."""
-SNAPSHOT_FIELDS = ("backend", "special_tokens", "chat_template", "eos_token_id", "unk_token_id", "split_special_tokens",
-                   "decode_cleans_up")
+SNAPSHOT_FIELDS = (
+    "backend",
+    "special_tokens",
+    "chat_template",
+    "eos_token_id",
+    "unk_token_id",
+    "split_special_tokens",
+    "decode_cleans_up",
+)
 
-PROBE_TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "The weather now in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city, e.g. Paris"},
-                                                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city"]}}}]
+PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather now in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "description": "The city, e.g. Paris"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city"],
+            },
+        },
+    }
+]
 PROBE_CONVERSATIONS: tuple[tuple[list[dict[str, Any]], list[dict[str, Any]] | None], ...] = (
     ([{"role": "user", "content": "Hello!"}], None),
-    ([{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."},
-      {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "Another, in 東京 style ✓"}], None),
+    (
+        [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "Blue."},
+            {"role": "user", "content": "Another, in 東京 style ✓"},
+        ],
+        None,
+    ),
     ([{"role": "user", "content": ""}], None),
     ([{"role": "user", "content": "What is the weather in Paris?"}], PROBE_TOOLS),
-    ([{"role": "user", "content": "Weather in Paris?"},
-      {"role": "assistant", "content": None, "reasoning_content": "I should call the tool.",
-       "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-      {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 21}"}], PROBE_TOOLS),
+    (
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning_content": "I should call the tool.",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'},
+        ],
+        PROBE_TOOLS,
+    ),
 )
 """Conversations rendered both ways when a snapshot is taken (each with and without the
 generation prompt): plain, multi-turn, empty content, tools offered, and a tool call answered
 with reasoning, None content and a tool message."""
-PROBE_TEXTS = ("Hello , world . Isn 't it ? I 'm sure they 've said it 's so !", "  spaced\tout\n\nlines  ",
-               "ünïcode ✓ 東京 e\u0301 🙂", "<|im_start|>user\nhi<|im_end|>", "")
+PROBE_TEXTS = (
+    "Hello , world . Isn 't it ? I 'm sure they 've said it 's so !",
+    "  spaced\tout\n\nlines  ",
+    "ünïcode ✓ 東京 e\u0301 🙂",
+    "<|im_start|>user\nhi<|im_end|>",
+    "",
+)
 """Texts encoded and decoded both ways: the clean-up's patterns, whitespace, unicode (a
 combining accent, which a normaliser composes), and the usual added tokens' text."""
-OVERRIDE_CHECKED = ("__call__", "encode", "_encode_plus", "decode", "_decode", "clean_up_tokenization",
-                    "convert_tokens_to_ids", "apply_chat_template", "get_chat_template")
+OVERRIDE_CHECKED = (
+    "__call__",
+    "encode",
+    "_encode_plus",
+    "decode",
+    "_decode",
+    "clean_up_tokenization",
+    "convert_tokens_to_ids",
+    "apply_chat_template",
+    "get_chat_template",
+)
 """transformers methods whose base behaviour a snapshot reproduces: a tokenizer class that
 overrides one is refused."""
 
@@ -126,16 +182,29 @@ class CheckpointTokenizer:
         found = self.backend_tokenizer.token_to_id(token)
         return self.unk_token_id if found is None else found
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
-               add_generation_prompt: bool = False, template_kwargs: Mapping[str, Any] | None = None) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         """The conversation's text; `template_kwargs` go to the template as variables, as
         transformers passes `apply_chat_template`'s extra keyword arguments (`enable_thinking`)."""
         variables = {**self.special_tokens_map, **(template_kwargs or {})}
-        return self.templates.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, variables=variables)
+        return self.templates.render(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, variables=variables
+        )
 
-    def apply_chat_template(self, conversation: Sequence[Mapping[str, Any]],
-                            tools: Sequence[Mapping[str, Any]] | None = None, *, add_generation_prompt: bool = False,
-                            tokenize: bool = True) -> list[int] | str:
+    def apply_chat_template(
+        self,
+        conversation: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = False,
+        tokenize: bool = True,
+    ) -> list[int] | str:
         """transformers' `apply_chat_template` for one conversation: the rendered text, or its
         ids (special tokens are the template's to write, so none are added)."""
         text = self.render(conversation, tools=tools, add_generation_prompt=add_generation_prompt)
@@ -144,8 +213,18 @@ class CheckpointTokenizer:
 
 def clean_up_tokenization(text: str) -> str:
     """transformers' clean-up of spaces a WordPiece decode leaves before punctuation."""
-    for spaced, joined in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-                           (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+    for spaced, joined in (
+        (" .", "."),
+        (" ?", "?"),
+        (" !", "!"),
+        (" ,", ","),
+        (" ' ", "'"),
+        (" n't", "n't"),
+        (" 'm", "'m"),
+        (" 's", "'s"),
+        (" 've", "'ve"),
+        (" 're", "'re"),
+    ):
         text = text.replace(spaced, joined)
     return text
 
@@ -228,14 +307,17 @@ def _write_atomically(path: Path, snapshot: Mapping[str, Any]) -> None:
     temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".snapshot-", suffix=".tmp", delete=False,
-                                         encoding="utf-8") as handle:
+        with tempfile.NamedTemporaryFile(
+            "w", dir=path.parent, prefix=".snapshot-", suffix=".tmp", delete=False, encoding="utf-8"
+        ) as handle:
             temporary = handle.name
             json.dump(snapshot, handle, ensure_ascii=False)
         os.replace(temporary, path)
     except OSError as error:
         # The tokenizer is loaded all the same; the next start takes the snapshot again.
-        log.warning("could not cache the tokenizer snapshot in %s (%s); it is retaken at every start", path.parent, error)
+        log.warning(
+            "could not cache the tokenizer snapshot in %s (%s); it is retaken at every start", path.parent, error
+        )
         if temporary is not None:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
@@ -247,10 +329,14 @@ def snapshot_in_child(checkpoint: Path) -> dict[str, Any]:
     try:
         result = subprocess.run(command, capture_output=True, timeout=SNAPSHOT_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
-        raise ModelError(f"reading the tokenizer of {checkpoint} took over {SNAPSHOT_TIMEOUT_S:.0f} s; "
-                         "check the disk, then start again") from None
+        raise ModelError(
+            f"reading the tokenizer of {checkpoint} took over {SNAPSHOT_TIMEOUT_S:.0f} s; "
+            "check the disk, then start again"
+        ) from None
     if result.returncode != 0:
-        reason = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {result.returncode}"]
+        reason = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or [
+            f"exit status {result.returncode}"
+        ]
         raise ModelError(f"could not read the tokenizer of {checkpoint}: {reason[0]}")
     try:
         snapshot = json.loads(result.stdout)
@@ -265,39 +351,54 @@ def take_snapshot(checkpoint: Path) -> dict[str, Any]:
     """In the child: load the tokenizer with transformers, check that a snapshot reproduces it
     on the probe conversations, and return the snapshot."""
     from transformers import AutoTokenizer
-    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     except (OSError, ValueError) as error:
-        raise ModelError(f"transformers cannot load a tokenizer from {checkpoint} ({error}); point --checkpoint "
-                         "at a directory with tokenizer.json and tokenizer_config.json") from None
+        raise ModelError(
+            f"transformers cannot load a tokenizer from {checkpoint} ({error}); point --checkpoint "
+            "at a directory with tokenizer.json and tokenizer_config.json"
+        ) from None
     if not isinstance(tokenizer, TokenizersBackend):
-        raise ModelError(f"{checkpoint}'s tokenizer ({type(tokenizer).__name__}) has no Rust backend; "
-                         "use a checkpoint that ships tokenizer.json")
+        raise ModelError(
+            f"{checkpoint}'s tokenizer ({type(tokenizer).__name__}) has no Rust backend; "
+            "use a checkpoint that ships tokenizer.json"
+        )
     # A snapshot reproduces the base classes' encoding, decoding and chat template; a class
     # that overrides any of them would tokenise or decode some other way.
-    overridden = [name for name in OVERRIDE_CHECKED if getattr(type(tokenizer), name) is not getattr(TokenizersBackend, name)]
+    overridden = [
+        name for name in OVERRIDE_CHECKED if getattr(type(tokenizer), name) is not getattr(TokenizersBackend, name)
+    ]
     if overridden:
-        raise ModelError(f"{checkpoint}'s tokenizer class {type(tokenizer).__name__} overrides {', '.join(overridden)}, "
-                         "which the node cannot reproduce without transformers; serve a checkpoint with another tokenizer")
+        raise ModelError(
+            f"{checkpoint}'s tokenizer class {type(tokenizer).__name__} overrides {', '.join(overridden)}, "
+            "which the node cannot reproduce without transformers; serve a checkpoint with another tokenizer"
+        )
     backend = tokenizer.backend_tokenizer
     snapshot = {
-        "format": SNAPSHOT_FORMAT, "transformers": importlib.metadata.version("transformers"),
-        "tokenizer_class": type(tokenizer).__name__, "backend": backend.to_str(),
-        "special_tokens": dict(tokenizer.special_tokens_map), "chat_template": tokenizer.chat_template,
-        "eos_token_id": tokenizer.eos_token_id, "unk_token_id": tokenizer.unk_token_id,
+        "format": SNAPSHOT_FORMAT,
+        "transformers": importlib.metadata.version("transformers"),
+        "tokenizer_class": type(tokenizer).__name__,
+        "backend": backend.to_str(),
+        "special_tokens": dict(tokenizer.special_tokens_map),
+        "chat_template": tokenizer.chat_template,
+        "eos_token_id": tokenizer.eos_token_id,
+        "unk_token_id": tokenizer.unk_token_id,
         "split_special_tokens": bool(tokenizer.split_special_tokens),
         # As transformers' `_decode`: its clean-up is skipped for BPE, which it would corrupt.
-        "decode_cleans_up": bool(tokenizer.clean_up_tokenization_spaces) and not (
+        "decode_cleans_up": bool(tokenizer.clean_up_tokenization_spaces)
+        and not (
             type(backend.model).__name__ == "BPE"
-            and not getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)),
+            and not getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)
+        ),
     }
     differences = compare(tokenizer, CheckpointTokenizer(snapshot))
     if differences:
-        raise ModelError(f"the node's tokenizer for {checkpoint} differs from transformers' ({differences[0]}); "
-                         "serve it with an engy-node release that supports its chat template")
+        raise ModelError(
+            f"the node's tokenizer for {checkpoint} differs from transformers' ({differences[0]}); "
+            "serve it with an engy-node release that supports its chat template"
+        )
     return snapshot
 
 
@@ -309,13 +410,14 @@ def compare(reference: Any, tokenizer: CheckpointTokenizer) -> list[str]:
     for index, (messages, tools) in enumerate(PROBE_CONVERSATIONS):
         for add_generation_prompt in (True, False):
             for tokenize in (False, True):
-                theirs = outcome(lambda: reference.apply_chat_template(
-                    messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=tokenize))
-                ours = outcome(lambda: tokenizer.apply_chat_template(
-                    messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=tokenize))
+                terms = {"tools": tools, "add_generation_prompt": add_generation_prompt, "tokenize": tokenize}
+                theirs = outcome(functools.partial(reference.apply_chat_template, messages, **terms))
+                ours = outcome(functools.partial(tokenizer.apply_chat_template, messages, **terms))
                 if theirs != ours and not theirs[0] == ours[0] == "error":
-                    differences.append(f"probe conversation {index}, add_generation_prompt={add_generation_prompt}, "
-                                       f"tokenize={tokenize}: {ours!r:.200} against {theirs!r:.200}")
+                    differences.append(
+                        f"probe conversation {index}, add_generation_prompt={add_generation_prompt}, "
+                        f"tokenize={tokenize}: {ours!r:.200} against {theirs!r:.200}"
+                    )
     for text in PROBE_TEXTS:
         for add_special_tokens in (False, True):
             ids = reference.encode(text, add_special_tokens=add_special_tokens)
@@ -333,7 +435,10 @@ def outcome(call: Any) -> tuple:
         result = call()
     except Exception as error:  # broad on purpose: what matters is that both fail alike
         return ("error", type(error).__name__, str(error))
-    return ("ok", result if isinstance(result, str) else list(result["input_ids"] if isinstance(result, Mapping) else result))
+    return (
+        "ok",
+        result if isinstance(result, str) else list(result["input_ids"] if isinstance(result, Mapping) else result),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

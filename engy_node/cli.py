@@ -25,8 +25,8 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 from engy_node import __version__
 from engy_node.errors import EngyError, RoleError
@@ -44,29 +44,61 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"engy-node {__version__}")
     parser.add_argument("--home", help="keep config and state in DIR instead of the user dirs (also $ENGY_HOME)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="stderr/log file level")
-    parser.add_argument("--role", action="append", default=[], metavar="ROLE",
-                        help=f"run this role (repeatable): {', '.join(ROLES)}")
-    _miner_options(parser.add_argument_group("miner role (the public miner's flags and env GW, MINER_KEY, MODEL, "
-                                             "MAX_INFLIGHT, ENGY_WORKER_NAME, SERVE_URL are accepted)"))
+    parser.add_argument(
+        "--role", action="append", default=[], metavar="ROLE", help=f"run this role (repeatable): {', '.join(ROLES)}"
+    )
+    _miner_options(
+        parser.add_argument_group(
+            "miner role (the public miner's flags and env GW, MINER_KEY, MODEL, "
+            "MAX_INFLIGHT, ENGY_WORKER_NAME, SERVE_URL are accepted)"
+        )
+    )
     validator = parser.add_argument_group("validator role (puts the provider's signed epoch weights on chain)")
-    validator.add_argument("--network", dest="validator_network", metavar="NET",
-                           help="finney, test, local or a ws(s):// URL (default finney)")
-    validator.add_argument("--master-hotkey", dest="validator_master_hotkey", metavar="SS58",
-                           help="the pinned master hotkey the provider's epoch results must be signed by")
-    validator.add_argument("--validator-wallet", dest="validator_wallet", metavar="NAME", help="wallet of the validator's hotkey")
-    validator.add_argument("--validator-hotkey", dest="validator_hotkey", metavar="NAME",
-                           help="the validator's hotkey (registered, with a validator permit); it signs the weights")
+    validator.add_argument(
+        "--network",
+        dest="validator_network",
+        metavar="NET",
+        help="finney, test, local or a ws(s):// URL (default finney)",
+    )
+    validator.add_argument(
+        "--master-hotkey",
+        dest="validator_master_hotkey",
+        metavar="SS58",
+        help="the pinned master hotkey the provider's epoch results must be signed by",
+    )
+    validator.add_argument(
+        "--validator-wallet", dest="validator_wallet", metavar="NAME", help="wallet of the validator's hotkey"
+    )
+    validator.add_argument(
+        "--validator-hotkey",
+        dest="validator_hotkey",
+        metavar="NAME",
+        help="the validator's hotkey (registered, with a validator permit); it signs the weights",
+    )
     verifier = parser.add_argument_group("verifier role (judges a gateway's audit jobs)")
-    verifier.add_argument("--provider", dest="verifier_provider", metavar="URL",
-                          help="the provider API: the gateway's for a verifier (e.g. http://127.0.0.1:8082), "
-                               "the epoch publisher's for a validator (default https://provider.engy.ai)")
-    verifier.add_argument("--verifier-wallet", dest="verifier_wallet", metavar="NAME", help="wallet of the signing hotkey")
-    verifier.add_argument("--verifier-hotkey", dest="verifier_hotkey", metavar="NAME",
-                          help="hotkey the gateway allow-lists in gateway.verifiers")
+    verifier.add_argument(
+        "--provider",
+        dest="verifier_provider",
+        metavar="URL",
+        help="the provider API: the gateway's for a verifier (e.g. http://127.0.0.1:8082), "
+        "the epoch publisher's for a validator (default https://provider.engy.ai)",
+    )
+    verifier.add_argument(
+        "--verifier-wallet", dest="verifier_wallet", metavar="NAME", help="wallet of the signing hotkey"
+    )
+    verifier.add_argument(
+        "--verifier-hotkey",
+        dest="verifier_hotkey",
+        metavar="NAME",
+        help="hotkey the gateway allow-lists in gateway.verifiers",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the sglang-compatible reference server",
-                           description="Serve a model over sglang's native HTTP API (/generate, /abort_request, /health, ...).")
+    serve = sub.add_parser(
+        "serve",
+        help="run the sglang-compatible reference server",
+        description="Serve a model over sglang's native HTTP API (/generate, /abort_request, /health, ...).",
+    )
     serve.add_argument("--model", help="catalog id (default: smollm2-135m, the embedded model)")
     serve.add_argument("--checkpoint", help="checkpoint directory (default: the embedded model, converted once)")
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
@@ -74,11 +106,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", choices=("auto", "cpu", "cuda"))
     serve.add_argument("--dtype", choices=("bfloat16", "float32", "float16"))
     serve.add_argument("--max-running-requests", type=int)
-    serve.add_argument("--stream-hidden-states", choices=("cumulative", "final"),
-                       help="cumulative: every SSE event repeats all hidden states (stock sglang); final: last event only")
-    serve.add_argument("--disable-return-hidden-states", action="store_true", help="answer return_hidden_states with a 400, as sglang without the flag")
-    serve.add_argument("--disable-radix-cache", action="store_true",
-                       help="prefill every prompt whole, as sglang's flag: no reuse of a cached prefix (cached_tokens 0)")
+    serve.add_argument(
+        "--stream-hidden-states",
+        choices=("cumulative", "final"),
+        help="cumulative: every SSE event repeats all hidden states (stock sglang); final: last event only",
+    )
+    serve.add_argument(
+        "--disable-return-hidden-states",
+        action="store_true",
+        help="answer return_hidden_states with a 400, as sglang without the flag",
+    )
+    serve.add_argument(
+        "--disable-radix-cache",
+        action="store_true",
+        help="prefill every prompt whole, as sglang's flag: no reuse of a cached prefix (cached_tokens 0)",
+    )
     serve.add_argument("--served-model-name")
 
     checkpoint = sub.add_parser("checkpoint", help="prepare a model checkpoint and print its path and model_root")
@@ -86,26 +128,45 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint.add_argument("--checkpoint", default="")
 
     sub.add_parser("models", help="list the model catalog")
-    status = sub.add_parser("status", help="the running node's state: chain, validator weights, epochs, miners and their eligibility",
-                            description="Reads the control API of the node running in this home (control.json in its data dir).")
+    status = sub.add_parser(
+        "status",
+        help="the running node's state: chain, validator weights, epochs, miners and their eligibility",
+        description="Reads the control API of the node running in this home (control.json in its data dir).",
+    )
     status.add_argument("--json", action="store_true", help="print the raw status document")
     sub.add_parser("health", help="is the validator loop in this home still completing ticks? (exit 0 yes, 1 no)")
-    diagnose = sub.add_parser("diagnose", help="write a support bundle: versions, masked config, GPUs, recent logs, the node's status",
-                              description="Collect what support needs into one .tar.gz (mode 0600), secrets masked and no "
-                                          "buyer content: versions, config, GPU facts, log tails, and the running node's "
-                                          "status, metrics and events.")
-    diagnose.add_argument("--output", metavar="PATH",
-                          help="bundle file, or a directory for the default name (default: "
-                               "./engy-diagnose-<host>-<UTC time>.tar.gz)")
-    diagnose.add_argument("--log-lines", type=int, metavar="N", help="lines kept from the end of each log file (default 2000)")
+    diagnose = sub.add_parser(
+        "diagnose",
+        help="write a support bundle: versions, masked config, GPUs, recent logs, the node's status",
+        description="Collect what support needs into one .tar.gz (mode 0600), secrets masked and no "
+        "buyer content: versions, config, GPU facts, log tails, and the running node's "
+        "status, metrics and events.",
+    )
+    diagnose.add_argument(
+        "--output",
+        metavar="PATH",
+        help="bundle file, or a directory for the default name (default: ./engy-diagnose-<host>-<UTC time>.tar.gz)",
+    )
+    diagnose.add_argument(
+        "--log-lines", type=int, metavar="N", help="lines kept from the end of each log file (default 2000)"
+    )
 
-    up = sub.add_parser("up", help="run a local network: dev chain, gateway, two miners, validator and verifier, with a credited buyer key",
-                        description="A working SN53 network on loopback with no GPU and no chain access (SPEC §11).")
-    up.add_argument("--port-base", type=int, metavar="N",
-                    help="buyer API on N, miner websocket N+1, provider API N+2, control API N+3 (0: free ports)")
+    up = sub.add_parser(
+        "up",
+        help="run a local network: dev chain, gateway, two miners, validator and verifier, with a credited buyer key",
+        description="A working SN53 network on loopback with no GPU and no chain access (SPEC §11).",
+    )
+    up.add_argument(
+        "--port-base",
+        type=int,
+        metavar="N",
+        help="buyer API on N, miner websocket N+1, provider API N+2, control API N+3 (0: free ports)",
+    )
     up.add_argument("--port", type=int, help="buyer API port (default 8080; 0 picks a free one)")
     up.add_argument("--miner-port", type=int, help="miner websocket port (default 8081; 0 picks a free one)")
-    up.add_argument("--provider-port", type=int, help="provider API port: epochs, audit (default 8082; 0 picks a free one)")
+    up.add_argument(
+        "--provider-port", type=int, help="provider API port: epochs, audit (default 8082; 0 picks a free one)"
+    )
     up.add_argument("--control-port", type=int, help="control API port (default: a free one)")
     up.add_argument("--traffic", action="store_true", help="run a demo buyer that keeps requests flowing")
 
@@ -127,91 +188,221 @@ def build_parser() -> argparse.ArgumentParser:
     admin_sub.add_parser("miners", help="list registered miners")
     admin_sub.add_parser("trust", help="each miner's eligibility (probing, active, pulled) and why, with its verdicts")
     admin_sub.add_parser("epochs", help="the latest published epochs and their weights")
-    lb = admin_sub.add_parser("haproxy-config", help="print the HAProxy configuration for a fleet of gateway hosts",
-                              description="One public buyer port and miner port for several gateway hosts on one "
-                                          "PostgreSQL store (docs/scale-out.md).")
-    lb.add_argument("--host", action="append", required=True, metavar="NAME=ADDRESS:BUYER_PORT:MINER_PORT:FIRST_LEG:LEGS",
-                    help="one gateway host (repeat for each): FIRST_LEG is its gateway.fleet_offset, LEGS its gateway.workers")
+    lb = admin_sub.add_parser(
+        "haproxy-config",
+        help="print the HAProxy configuration for a fleet of gateway hosts",
+        description="One public buyer port and miner port for several gateway hosts on one "
+        "PostgreSQL store (docs/scale-out.md).",
+    )
+    lb.add_argument(
+        "--host",
+        action="append",
+        required=True,
+        metavar="NAME=ADDRESS:BUYER_PORT:MINER_PORT:FIRST_LEG:LEGS",
+        help="one gateway host (repeat for each): FIRST_LEG is its gateway.fleet_offset, LEGS its gateway.workers",
+    )
     lb.add_argument("--bind", default="0.0.0.0", help="address HAProxy listens on (default 0.0.0.0)")
     lb.add_argument("--buyer-port", type=int, default=8080, help="public buyer API port (default 8080)")
     lb.add_argument("--miner-port", type=int, default=8081, help="public miner port (default 8081)")
 
-    plan_parser = sub.add_parser("plan", help="detect GPUs, plan the model server and print the exact command",
-                                 description="What `--role miner` would launch, without launching it.")
+    plan_parser = sub.add_parser(
+        "plan",
+        help="detect GPUs, plan the model server and print the exact command",
+        description="What `--role miner` would launch, without launching it.",
+    )
     _miner_options(plan_parser, suppress=True)
 
-    calibrate = sub.add_parser("calibrate", help="measure TOPLOC/token-check separation of honest serving and known cheats",
-                               description="Serve prompts honestly and through known cheats on this machine, verify them as a "
-                                           "validator would, and print the statistics behind each verdict as a Markdown table.")
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="measure TOPLOC/token-check separation of honest serving and known cheats",
+        description="Serve prompts honestly and through known cheats on this machine, verify them as a "
+        "validator would, and print the statistics behind each verdict as a Markdown table.",
+    )
     calibrate.add_argument("--model", default="smollm2-135m")
     calibrate.add_argument("--checkpoint", default="")
     calibrate.add_argument("--prompts", type=int, default=5, help="how many of the built-in prompts to use (1-5)")
     calibrate.add_argument("--max-new-tokens", type=int, default=96)
-    calibrate.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the honest and cheating miners serve")
-    calibrate.add_argument("--recompute-device", choices=("cpu", "cuda"), help="where the verifier recomputes (default: --device)")
-    calibrate.add_argument("--sampled-requests", type=int, default=0, metavar="N",
-                           help="also serve N honest sampled requests and count how many each check judges a cheat")
-    calibrate.add_argument("--sampled-answer-tokens", type=int, default=32, metavar="N", help="answer length of those requests")
-    calibrate.add_argument("--sampled-only", action="store_true", help="skip the cases; only count false positives over --sampled-requests")
-    calibrate.add_argument("--sampled-recompute", default="bfloat16", metavar="DTYPE[,DTYPE]",
-                           help="recompute precisions for those requests (float32, bfloat16)")
-    calibrate.add_argument("--drift-prompts", type=int, default=0, metavar="N",
-                           help="measure honest numeric drift instead: serve N buyer-like prompts greedily (bf16) and "
-                                "recompute each answer on every verifier path, printing the gap distribution per path pair")
-    calibrate.add_argument("--seeded-drift-prompts", type=int, default=0, metavar="N",
-                           help="measure honest seeded-replay drift instead: serve N buyer-like prompts at every sampled setting "
-                                "(bf16, seeded) and replay each draw on the verifier paths")
+    calibrate.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the honest and cheating miners serve"
+    )
+    calibrate.add_argument(
+        "--recompute-device", choices=("cpu", "cuda"), help="where the verifier recomputes (default: --device)"
+    )
+    calibrate.add_argument(
+        "--sampled-requests",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also serve N honest sampled requests and count how many each check judges a cheat",
+    )
+    calibrate.add_argument(
+        "--sampled-answer-tokens", type=int, default=32, metavar="N", help="answer length of those requests"
+    )
+    calibrate.add_argument(
+        "--sampled-only", action="store_true", help="skip the cases; only count false positives over --sampled-requests"
+    )
+    calibrate.add_argument(
+        "--sampled-recompute",
+        default="bfloat16",
+        metavar="DTYPE[,DTYPE]",
+        help="recompute precisions for those requests (float32, bfloat16)",
+    )
+    calibrate.add_argument(
+        "--drift-prompts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure honest numeric drift instead: serve N buyer-like prompts greedily (bf16) and "
+        "recompute each answer on every verifier path, printing the gap distribution per path pair",
+    )
+    calibrate.add_argument(
+        "--seeded-drift-prompts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure honest seeded-replay drift instead: serve N buyer-like prompts at every sampled setting "
+        "(bf16, seeded) and replay each draw on the verifier paths",
+    )
     calibrate.add_argument("--drift-out", default="", metavar="FILE", help="also write every measured gap there (JSON)")
-    calibrate.add_argument("--cheat-answers", type=int, default=0, metavar="N",
-                           help="also serve N buyer-like prompts through each sampling cheat (greedy claimed as sampled, a "
-                                "narrower nucleus or top-k, a lower temperature, the prefill attack) and report how often seeded "
-                                "replay catches them within the first n tokens")
-    calibrate.add_argument("--cheat-tokens", type=int, default=256, metavar="N", help="answer length of those (ignore_eos)")
-    calibrate.add_argument("--cheat-out", default="", metavar="FILE", help="also write every cheat answer's replay gaps there (JSON)")
-    calibrate.add_argument("--cheat-cases", default="", metavar="CASE[,CASE]",
-                           help="only these sampling cheats (names as the table prints them, e.g. 'T 0.8 for 1'); default: all")
-    calibrate.add_argument("--no-commitment-answers", type=int, default=0, metavar="N",
-                           help="also judge N answers per setting sent without a commitment (a TEE miner's), honest and by a "
-                                "4-bit copy, on the delivered tokens alone")
-    calibrate.add_argument("--all", action="store_true",
-                           help="every measurement docs/verification.md publishes, at its documented size (hours on a CPU): "
-                                "the cases, greedy and seeded drift, the sampling cheats, answers without a commitment, and "
-                                "1,000 honest sampled requests")
+    calibrate.add_argument(
+        "--cheat-answers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also serve N buyer-like prompts through each sampling cheat (greedy claimed as sampled, a "
+        "narrower nucleus or top-k, a lower temperature, the prefill attack) and report how often seeded "
+        "replay catches them within the first n tokens",
+    )
+    calibrate.add_argument(
+        "--cheat-tokens", type=int, default=256, metavar="N", help="answer length of those (ignore_eos)"
+    )
+    calibrate.add_argument(
+        "--cheat-out", default="", metavar="FILE", help="also write every cheat answer's replay gaps there (JSON)"
+    )
+    calibrate.add_argument(
+        "--cheat-cases",
+        default="",
+        metavar="CASE[,CASE]",
+        help="only these sampling cheats (names as the table prints them, e.g. 'T 0.8 for 1'); default: all",
+    )
+    calibrate.add_argument(
+        "--no-commitment-answers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also judge N answers per setting sent without a commitment (a TEE miner's), honest and by a "
+        "4-bit copy, on the delivered tokens alone",
+    )
+    calibrate.add_argument(
+        "--all",
+        action="store_true",
+        help="every measurement docs/verification.md publishes, at its documented size (hours on a CPU): "
+        "the cases, greedy and seeded drift, the sampling cheats, answers without a commitment, and "
+        "1,000 honest sampled requests",
+    )
     return parser
 
 
 def _miner_options(group, *, suppress: bool = False) -> None:
     default = {"default": argparse.SUPPRESS} if suppress else {}
-    group.add_argument("--gateway", dest="miner_gateway", metavar="URL", help="gateway websocket base, e.g. wss://api.engy.ai/gw (env GW)", **default)
-    group.add_argument("--model", dest="miner_model", metavar="ID", help="catalog id of the served model (env MODEL)", **default)
-    group.add_argument("--checkpoint", dest="miner_checkpoint", metavar="DIR", help="checkpoint directory (default: the embedded model)", **default)
-    group.add_argument("--serve-url", dest="miner_serve_url", metavar="URL[,URL]", help="use already-running model server(s) instead of launching one (env SERVE_URL)", **default)
-    group.add_argument("--max-inflight", dest="miner_max_inflight", type=int, metavar="N", help="total concurrent requests advertised (env MAX_INFLIGHT)", **default)
-    group.add_argument("--worker-name", dest="miner_worker_name", metavar="NAME", help="this rig's name at the gateway (env ENGY_WORKER_NAME)", **default)
-    group.add_argument("--fake-gpus", dest="miner_fake_gpus", metavar="SPEC", help="plan for simulated GPUs, e.g. 4xRTX4090, print the plan and command, launch nothing", **default)
-    group.add_argument("--context-length", dest="miner_context_length", type=int, metavar="N", help="context length to plan for (default: the model's)", **default)
-    group.add_argument("--wallet", dest="miner_wallet", metavar="NAME", help="sign hello with this wallet's hotkey instead of a miner key", **default)
+    group.add_argument(
+        "--gateway",
+        dest="miner_gateway",
+        metavar="URL",
+        help="gateway websocket base, e.g. wss://api.engy.ai/gw (env GW)",
+        **default,
+    )
+    group.add_argument(
+        "--model", dest="miner_model", metavar="ID", help="catalog id of the served model (env MODEL)", **default
+    )
+    group.add_argument(
+        "--checkpoint",
+        dest="miner_checkpoint",
+        metavar="DIR",
+        help="checkpoint directory (default: the embedded model)",
+        **default,
+    )
+    group.add_argument(
+        "--serve-url",
+        dest="miner_serve_url",
+        metavar="URL[,URL]",
+        help="use already-running model server(s) instead of launching one (env SERVE_URL)",
+        **default,
+    )
+    group.add_argument(
+        "--max-inflight",
+        dest="miner_max_inflight",
+        type=int,
+        metavar="N",
+        help="total concurrent requests advertised (env MAX_INFLIGHT)",
+        **default,
+    )
+    group.add_argument(
+        "--worker-name",
+        dest="miner_worker_name",
+        metavar="NAME",
+        help="this rig's name at the gateway (env ENGY_WORKER_NAME)",
+        **default,
+    )
+    group.add_argument(
+        "--fake-gpus",
+        dest="miner_fake_gpus",
+        metavar="SPEC",
+        help="plan for simulated GPUs, e.g. 4xRTX4090, print the plan and command, launch nothing",
+        **default,
+    )
+    group.add_argument(
+        "--context-length",
+        dest="miner_context_length",
+        type=int,
+        metavar="N",
+        help="context length to plan for (default: the model's)",
+        **default,
+    )
+    group.add_argument(
+        "--wallet",
+        dest="miner_wallet",
+        metavar="NAME",
+        help="sign hello with this wallet's hotkey instead of a miner key",
+        **default,
+    )
     group.add_argument("--hotkey", dest="miner_hotkey", metavar="NAME", **default)
 
 
 def _miner_overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
     get = lambda name: getattr(args, name, None)  # noqa: E731
-    return {"miner": {
-        "gateway_url": get("miner_gateway"), "model": get("miner_model"), "checkpoint": get("miner_checkpoint"),
-        "serve_urls": get("miner_serve_url"), "max_inflight": get("miner_max_inflight"),
-        "worker_name": get("miner_worker_name"), "fake_gpus": get("miner_fake_gpus"),
-        "context_length": get("miner_context_length"), "wallet_name": get("miner_wallet"), "wallet_hotkey": get("miner_hotkey"),
-    }}
+    return {
+        "miner": {
+            "gateway_url": get("miner_gateway"),
+            "model": get("miner_model"),
+            "checkpoint": get("miner_checkpoint"),
+            "serve_urls": get("miner_serve_url"),
+            "max_inflight": get("miner_max_inflight"),
+            "worker_name": get("miner_worker_name"),
+            "fake_gpus": get("miner_fake_gpus"),
+            "context_length": get("miner_context_length"),
+            "wallet_name": get("miner_wallet"),
+            "wallet_hotkey": get("miner_hotkey"),
+        }
+    }
 
 
 def _serve_overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
-    return {"serve": {
-        "model": args.model, "checkpoint": args.checkpoint, "host": args.host, "port": args.port,
-        "device": args.device, "dtype": args.dtype, "max_running_requests": args.max_running_requests,
-        "stream_hidden_states": args.stream_hidden_states, "served_model_name": args.served_model_name,
-        "enable_return_hidden_states": False if args.disable_return_hidden_states else None,
-        "prefix_cache_tokens": 0 if args.disable_radix_cache else None,
-    }}
+    return {
+        "serve": {
+            "model": args.model,
+            "checkpoint": args.checkpoint,
+            "host": args.host,
+            "port": args.port,
+            "device": args.device,
+            "dtype": args.dtype,
+            "max_running_requests": args.max_running_requests,
+            "stream_hidden_states": args.stream_hidden_states,
+            "served_model_name": args.served_model_name,
+            "enable_return_hidden_states": False if args.disable_return_hidden_states else None,
+            "prefix_cache_tokens": 0 if args.disable_radix_cache else None,
+        }
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -238,8 +429,13 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "up":
         from engy_node.local.up import port_plan
 
-        ports = port_plan(args.port_base, buyer=args.port, miner=args.miner_port, provider=args.provider_port,
-                          control=args.control_port)
+        ports = port_plan(
+            args.port_base,
+            buyer=args.port,
+            miner=args.miner_port,
+            provider=args.provider_port,
+            control=args.control_port,
+        )
         return _run_up(load_config(home=args.home, overrides=node_overrides), ports=ports, traffic=args.traffic)
     if args.command == "status":
         return _print_status(load_config(home=args.home, overrides=node_overrides), as_json=args.json)
@@ -252,7 +448,9 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "plan":
         from engy_node.miner.role import plan_report
 
-        config = load_config(home=args.home, overrides={**node_overrides, **_miner_overrides(args)}, public_miner_env=True)
+        config = load_config(
+            home=args.home, overrides={**node_overrides, **_miner_overrides(args)}, public_miner_env=True
+        )
         print(plan_report(config))
         return 0
     if args.command == "calibrate":
@@ -270,14 +468,24 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if unknown:
         raise RoleError(f"unknown role {unknown[0]!r}; choose from {', '.join(ROLES)}")
     role_overrides = {
-        "verifier": {"gateway_url": args.verifier_provider, "wallet_name": args.verifier_wallet,
-                     "wallet_hotkey": args.verifier_hotkey},
-        "validator": {"provider_url": args.verifier_provider, "network": args.validator_network,
-                      "master_hotkey": args.validator_master_hotkey, "wallet_name": args.validator_wallet,
-                      "wallet_hotkey": args.validator_hotkey},
+        "verifier": {
+            "gateway_url": args.verifier_provider,
+            "wallet_name": args.verifier_wallet,
+            "wallet_hotkey": args.verifier_hotkey,
+        },
+        "validator": {
+            "provider_url": args.verifier_provider,
+            "network": args.validator_network,
+            "master_hotkey": args.validator_master_hotkey,
+            "wallet_name": args.validator_wallet,
+            "wallet_hotkey": args.validator_hotkey,
+        },
     }
-    config = load_config(home=args.home, overrides={**node_overrides, **_miner_overrides(args), **role_overrides},
-                         public_miner_env="miner" in args.role)
+    config = load_config(
+        home=args.home,
+        overrides={**node_overrides, **_miner_overrides(args), **role_overrides},
+        public_miner_env="miner" in args.role,
+    )
     return _run_roles(config, args.role)
 
 
@@ -293,16 +501,28 @@ def _print_status(config, *, as_json: bool) -> int:
 
 def node_info(config, roles: Sequence[str]) -> dict:
     """Who the control API says it is."""
-    return {"version": __version__, "pid": os.getpid(), "roles": list(roles), "started_at": time.time(),
-            "home": str(config.paths.data_dir), "netuid": config.node.netuid}
+    return {
+        "version": __version__,
+        "pid": os.getpid(),
+        "roles": list(roles),
+        "started_at": time.time(),
+        "home": str(config.paths.data_dir),
+        "netuid": config.node.netuid,
+    }
 
 
 def _control_service(config, hub, roles: Sequence[str], actions, *, extra_info: dict | None = None):
     from engy_node.control import serve_control
 
-    return functools.partial(serve_control, hub, data_dir=config.paths.data_dir, actions=actions,
-                             node_info={**node_info(config, roles), **(extra_info or {})},
-                             host=config.control.host, port=config.control.port)
+    return functools.partial(
+        serve_control,
+        hub,
+        data_dir=config.paths.data_dir,
+        actions=actions,
+        node_info={**node_info(config, roles), **(extra_info or {})},
+        host=config.control.host,
+        port=config.control.port,
+    )
 
 
 def _print_health(config) -> int:
@@ -343,15 +563,24 @@ def _print_checkpoint(config, model_id: str, checkpoint: str) -> int:
     from engy_node.models import model_root
     from engy_node.serve.checkpoint import resolve_checkpoint
 
-    path = resolve_checkpoint(model_id=model_id, checkpoint=checkpoint, models_dir=config.paths.models_dir,
-                              cache_dir=config.paths.model_cache_dir)
+    path = resolve_checkpoint(
+        model_id=model_id,
+        checkpoint=checkpoint,
+        models_dir=config.paths.models_dir,
+        cache_dir=config.paths.model_cache_dir,
+    )
     print(json.dumps({"model": model_id, "checkpoint": str(path), "model_root": model_root(path)}))
     return 0
 
 
 def _run_calibration(config, args: argparse.Namespace) -> int:
     from engy_node.calibration import (
-        DEFAULT_PROMPTS, format_soundness, format_table, run_calibration, run_sampled_soundness, unexpected,
+        DEFAULT_PROMPTS,
+        format_soundness,
+        format_table,
+        run_calibration,
+        run_sampled_soundness,
+        unexpected,
     )
     from engy_node.models import get_model
     from engy_node.serve.checkpoint import resolve_checkpoint
@@ -362,8 +591,12 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
     if not dtypes or set(dtypes) - {"float32", "bfloat16"}:
         raise EngyError(f"--sampled-recompute takes float32 and/or bfloat16, got {args.sampled_recompute!r}")
     spec = get_model(args.model)
-    path = resolve_checkpoint(model_id=args.model, checkpoint=args.checkpoint, models_dir=config.paths.models_dir,
-                              cache_dir=config.paths.model_cache_dir)
+    path = resolve_checkpoint(
+        model_id=args.model,
+        checkpoint=args.checkpoint,
+        models_dir=config.paths.models_dir,
+        cache_dir=config.paths.model_cache_dir,
+    )
     say = lambda line: print(line, file=sys.stderr)  # noqa: E731
     if args.all:
         args.drift_prompts, args.seeded_drift_prompts = args.drift_prompts or 500, args.seeded_drift_prompts or 200
@@ -372,21 +605,39 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
     if args.sampled_only and args.sampled_requests <= 0:
         raise EngyError("--sampled-only needs --sampled-requests N (N > 0)")
     # Each measurement flag alone runs just that measurement; the cases run by default and with --all.
-    measured_only = not args.all and (args.drift_prompts > 0 or args.seeded_drift_prompts > 0 or args.cheat_answers > 0
-                                      or args.no_commitment_answers > 0)
-    results = [] if args.sampled_only or measured_only else run_calibration(
-        path, model=spec, prompts=DEFAULT_PROMPTS[: args.prompts], max_new_tokens=args.max_new_tokens,
-        device=args.device, recompute_device=args.recompute_device, progress=say)
+    measured_only = not args.all and (
+        args.drift_prompts > 0
+        or args.seeded_drift_prompts > 0
+        or args.cheat_answers > 0
+        or args.no_commitment_answers > 0
+    )
+    results = (
+        []
+        if args.sampled_only or measured_only
+        else run_calibration(
+            path,
+            model=spec,
+            prompts=DEFAULT_PROMPTS[: args.prompts],
+            max_new_tokens=args.max_new_tokens,
+            device=args.device,
+            recompute_device=args.recompute_device,
+            progress=say,
+        )
+    )
     if results:
         print(format_table(results))
     wrong = unexpected(results)
     for result in wrong:
-        say(f"UNEXPECTED: {result.case} ({result.sampling}, {result.check}) prompt {result.prompt} ({result.recompute_dtype}) "
-            f"judged {result.verdict.kind}/{result.verdict.reason}, expected {result.expected}")
+        say(
+            f"UNEXPECTED: {result.case} ({result.sampling}, {result.check}) prompt {result.prompt} ({result.recompute_dtype}) "
+            f"judged {result.verdict.kind}/{result.verdict.reason}, expected {result.expected}"
+        )
     if args.drift_prompts > 0 or args.seeded_drift_prompts > 0:
         from engy_node import drift
 
-        samples = drift.run_greedy_drift(path, prompts=args.drift_prompts, progress=say) if args.drift_prompts > 0 else []
+        samples = (
+            drift.run_greedy_drift(path, prompts=args.drift_prompts, progress=say) if args.drift_prompts > 0 else []
+        )
         if args.seeded_drift_prompts > 0:
             samples += drift.run_seeded_drift(path, model=spec, prompts=args.seeded_drift_prompts, progress=say)
         if args.drift_out:
@@ -401,25 +652,47 @@ def _run_calibration(config, args: argparse.Namespace) -> int:
             chosen = {name.strip() for name in args.cheat_cases.split(",") if name.strip()}
             unknown = chosen - {case for case, _ in strictness.SAMPLING_CHEATS}
             if unknown:
-                raise EngyError(f"--cheat-cases: unknown {', '.join(sorted(unknown))}; the cases are "
-                                f"{', '.join(case for case, _ in strictness.SAMPLING_CHEATS)}")
+                raise EngyError(
+                    f"--cheat-cases: unknown {', '.join(sorted(unknown))}; the cases are "
+                    f"{', '.join(case for case, _ in strictness.SAMPLING_CHEATS)}"
+                )
             cases = [(case, knobs) for case, knobs in strictness.SAMPLING_CHEATS if not chosen or case in chosen]
-            judged = strictness.run_sampling_cheats(path, model=spec, conversations=drift_conversations(args.cheat_answers),
-                                                    answer_tokens=args.cheat_tokens, cases=cases, progress=say)
+            judged = strictness.run_sampling_cheats(
+                path,
+                model=spec,
+                conversations=drift_conversations(args.cheat_answers),
+                answer_tokens=args.cheat_tokens,
+                cases=cases,
+                progress=say,
+            )
             if args.cheat_out:
-                Path(args.cheat_out).write_text(json.dumps([{"case": j.case, "answer": j.answer, "gaps": j.gaps} for j in judged]))
-            _section("Sampling cheats against seeded replay", strictness.format_catch_rates(judged, params=spec.token_check))
-            false_positives += sum(1 for j in judged if j.case == "honest" and not j.verdict_within(len(j.gaps), spec.token_check).ok)
+                Path(args.cheat_out).write_text(
+                    json.dumps([{"case": j.case, "answer": j.answer, "gaps": j.gaps} for j in judged])
+                )
+            _section(
+                "Sampling cheats against seeded replay", strictness.format_catch_rates(judged, params=spec.token_check)
+            )
+            false_positives += sum(
+                1 for j in judged if j.case == "honest" and not j.verdict_within(len(j.gaps), spec.token_check).ok
+            )
         if args.no_commitment_answers > 0:
             judged_alone = strictness.run_recompute_judged(
-                path, model=spec, conversations=drift_conversations(args.no_commitment_answers), progress=say)
+                path, model=spec, conversations=drift_conversations(args.no_commitment_answers), progress=say
+            )
             _section("Answers without a commitment", strictness.format_recompute_judged(judged_alone))
             false_positives += sum(1 for r in judged_alone if r.served_by == "honest" and r.verdict.kind == "cheat")
     if args.sampled_requests > 0:
         from engy_node.drift import drift_conversations
 
-        soundness = run_sampled_soundness(path, model=spec, requests=args.sampled_requests, answer_tokens=args.sampled_answer_tokens,
-                                          prompts=drift_conversations(SOUNDNESS_CONVERSATIONS), recompute_dtypes=dtypes, progress=say)
+        soundness = run_sampled_soundness(
+            path,
+            model=spec,
+            requests=args.sampled_requests,
+            answer_tokens=args.sampled_answer_tokens,
+            prompts=drift_conversations(SOUNDNESS_CONVERSATIONS),
+            recompute_dtypes=dtypes,
+            progress=say,
+        )
         _section("Honest sampled requests", format_soundness(soundness))
         false_positives += sum(1 for r in soundness if r.verdict.kind == "cheat")
     return 1 if wrong or false_positives else 0
@@ -453,7 +726,9 @@ def _run_up(config, *, ports: dict, traffic: bool) -> int:
     def on_ready(document) -> None:
         print(banner(document, network_file(config)), flush=True)
 
-    return node.run([("local network", functools.partial(run_up, config, hub, ports=ports, traffic=traffic, on_ready=on_ready))])
+    return node.run(
+        [("local network", functools.partial(run_up, config, hub, ports=ports, traffic=traffic, on_ready=on_ready))]
+    )
 
 
 def _run_admin(config, args: argparse.Namespace) -> int:
@@ -466,8 +741,15 @@ def _run_admin(config, args: argparse.Namespace) -> int:
         from engy_node.gateway.load_balancer import haproxy_config, parse_host
 
         try:
-            print(haproxy_config([parse_host(spec) for spec in args.host], bind=args.bind, buyer_port=args.buyer_port,
-                                 miner_port=args.miner_port), end="")
+            print(
+                haproxy_config(
+                    [parse_host(spec) for spec in args.host],
+                    bind=args.bind,
+                    buyer_port=args.buyer_port,
+                    miner_port=args.miner_port,
+                ),
+                end="",
+            )
         except ValueError as error:
             raise ConfigError(str(error)) from None
         return 0
@@ -507,7 +789,10 @@ def _run_roles(config, roles: list[str]) -> int:
     hub = _start_logging(config)
     log.info("engy-node %s: roles %s (pid %d)", __version__, ", ".join(roles), os.getpid())
     actions = node_actions()
-    services = [("control API", _control_service(config, hub, roles, actions)), *role_services(config, hub, roles, actions)]
+    services = [
+        ("control API", _control_service(config, hub, roles, actions)),
+        *role_services(config, hub, roles, actions),
+    ]
     return node.run(services)
 
 
@@ -516,6 +801,12 @@ def _run_serve(config) -> int:
     from engy_node.serve.server import serve_reference
 
     hub = _start_logging(config)
-    log.info("engy-node %s serve: model %s on %s:%d (pid %d)", __version__, config.serve.model,
-             config.serve.host, config.serve.port, os.getpid())
+    log.info(
+        "engy-node %s serve: model %s on %s:%d (pid %d)",
+        __version__,
+        config.serve.model,
+        config.serve.host,
+        config.serve.port,
+        os.getpid(),
+    )
     return node.run([("reference server", functools.partial(serve_reference, config, hub))])

@@ -315,9 +315,15 @@ class Config:
     control: ControlSection = ControlSection()
 
 
-SECTIONS: dict[str, type] = {"node": NodeSection, "serve": ServeSection, "miner": MinerSection, "gateway": GatewaySection,
-                             "verifier": VerifierSection, "validator": ValidatorSection,
-                             "control": ControlSection}
+SECTIONS: dict[str, type] = {
+    "node": NodeSection,
+    "serve": ServeSection,
+    "miner": MinerSection,
+    "gateway": GatewaySection,
+    "verifier": VerifierSection,
+    "validator": ValidatorSection,
+    "control": ControlSection,
+}
 
 PUBLIC_MINER_ENV: dict[str, tuple[str, str]] = {
     "GW": ("miner", "gateway_url"),
@@ -339,7 +345,10 @@ def comma_list(text: str) -> list[str]:
 
 def checkpoint_pairs(text: str) -> dict[str, str]:
     """A `model=DIR,...` setting (`gateway.checkpoints`, `verifier.checkpoints`) as model -> directory."""
-    return dict((model.strip(), path.strip()) for model, path in (item.split("=", 1) for item in comma_list(text) if "=" in item))
+    return dict(
+        (model.strip(), path.strip())
+        for model, path in (item.split("=", 1) for item in comma_list(text) if "=" in item)
+    )
 
 
 def config_document(config: Config) -> dict[str, Any]:
@@ -427,7 +436,7 @@ def _env_settings(env: Mapping[str, str]) -> list[tuple[str, str, str]]:
     for name, raw in env.items():
         if not name.startswith(ENV_PREFIX) or "__" not in name or name in PUBLIC_MINER_ENV:
             continue
-        section, _, key = name[len(ENV_PREFIX):].lower().partition("__")
+        section, _, key = name[len(ENV_PREFIX) :].lower().partition("__")
         _check_section(section, f"${name}")
         settings.append((section, key, raw))
     return settings
@@ -505,10 +514,14 @@ def _validate(config: Config) -> None:
     if not 0 <= miner.serve_port <= 65535:
         raise ConfigError(f"miner.serve_port = {miner.serve_port}: must be 0..65535")
     if not 0 <= miner.drain_s <= MAX_DRAIN_S:
-        raise ConfigError(f"miner.drain_s = {miner.drain_s}: must be 0..{MAX_DRAIN_S:g} seconds, so the miner's whole stop "
-                          "fits systemd's default 90 s before it kills the service")
+        raise ConfigError(
+            f"miner.drain_s = {miner.drain_s}: must be 0..{MAX_DRAIN_S:g} seconds, so the miner's whole stop "
+            "fits systemd's default 90 s before it kills the service"
+        )
     if miner.gateway_url and not miner.gateway_url.startswith(("ws://", "wss://")):
-        raise ConfigError(f"miner.gateway_url = {miner.gateway_url!r}: use a ws:// or wss:// URL, e.g. wss://api.engy.ai/gw")
+        raise ConfigError(
+            f"miner.gateway_url = {miner.gateway_url!r}: use a ws:// or wss:// URL, e.g. wss://api.engy.ai/gw"
+        )
     gateway = config.gateway
     for name in ("port", "miner_port"):
         if not 0 <= getattr(gateway, name) <= 65535:
@@ -523,20 +536,28 @@ def _validate(config: Config) -> None:
         raise ConfigError("gateway.body_timeout_s must be positive and gateway.drain_s 0 or more")
     if gateway.fleet_legs:
         if not gateway.store_url:
-            raise ConfigError("gateway.fleet_legs is set but gateway.store_url is empty: the hosts of a fleet share one "
-                              "PostgreSQL store; set gateway.store_url = \"postgresql://USER:PASSWORD@HOST/DB\"")
+            raise ConfigError(
+                "gateway.fleet_legs is set but gateway.store_url is empty: the hosts of a fleet share one "
+                'PostgreSQL store; set gateway.store_url = "postgresql://USER:PASSWORD@HOST/DB"'
+            )
         if gateway.fleet_offset < 0 or gateway.fleet_offset + gateway.workers > gateway.fleet_legs:
-            raise ConfigError(f"gateway.fleet_offset = {gateway.fleet_offset} with {gateway.workers} worker(s) does not fit "
-                              f"gateway.fleet_legs = {gateway.fleet_legs}: this host's legs must lie in 0..fleet_legs-1")
+            raise ConfigError(
+                f"gateway.fleet_offset = {gateway.fleet_offset} with {gateway.workers} worker(s) does not fit "
+                f"gateway.fleet_legs = {gateway.fleet_legs}: this host's legs must lie in 0..fleet_legs-1"
+            )
     elif gateway.fleet_offset:
         raise ConfigError("gateway.fleet_offset is set but gateway.fleet_legs is 0; set both, or neither")
     if not 3.0 <= gateway.leader_lease_s <= 3600.0:
         raise ConfigError(f"gateway.leader_lease_s = {gateway.leader_lease_s:g}: must be 3..3600 seconds")
     if gateway.host_name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", gateway.host_name):
-        raise ConfigError(f"gateway.host_name = {gateway.host_name!r}: use letters, digits and . _ : - (a hostname fits)")
+        raise ConfigError(
+            f"gateway.host_name = {gateway.host_name!r}: use letters, digits and . _ : - (a hostname fits)"
+        )
     if gateway.store_url and not gateway.store_url.startswith(("postgresql://", "postgres://")):
-        raise ConfigError(f"gateway.store_url must be a postgresql:// URL (got {gateway.store_url[:24]!r}…); leave it empty "
-                          "for the SQLite file in the data dir")
+        raise ConfigError(
+            f"gateway.store_url must be a postgresql:// URL (got {gateway.store_url[:24]!r}…); leave it empty "
+            "for the SQLite file in the data dir"
+        )
     if not 0 <= gateway.provider_port <= 65535:
         raise ConfigError(f"gateway.provider_port = {gateway.provider_port}: must be 0..65535 (0 picks a free port)")
     if not 0.0 <= gateway.audit_paid_pct <= 100.0:
@@ -552,22 +573,32 @@ def _validate(config: Config) -> None:
     if gateway.master_wallet and gateway.master_wallet.count("/") != 1:
         raise ConfigError(f"gateway.master_wallet = {gateway.master_wallet!r}: write it as NAME/HOTKEY")
     if gateway.master_wallet and not gateway.owner_hotkey:
-        raise ConfigError("gateway.master_wallet is set but gateway.owner_hotkey is empty: set the subnet owner's "
-                          "hotkey (an epoch with no score burns to it)")
+        raise ConfigError(
+            "gateway.master_wallet is set but gateway.owner_hotkey is empty: set the subnet owner's "
+            "hotkey (an epoch with no score burns to it)"
+        )
     verifier = config.verifier
     if verifier.concurrency < 1 or verifier.poll_s <= 0 or verifier.threads < 0:
-        raise ConfigError("verifier.concurrency must be at least 1, verifier.poll_s positive and verifier.threads 0 or more")
+        raise ConfigError(
+            "verifier.concurrency must be at least 1, verifier.poll_s positive and verifier.threads 0 or more"
+        )
     if verifier.gateway_url and not verifier.gateway_url.startswith(("http://", "https://")):
-        raise ConfigError(f"verifier.gateway_url = {verifier.gateway_url!r}: use the provider API's http(s):// URL, "
-                          "e.g. http://127.0.0.1:8082")
+        raise ConfigError(
+            f"verifier.gateway_url = {verifier.gateway_url!r}: use the provider API's http(s):// URL, "
+            "e.g. http://127.0.0.1:8082"
+        )
     if not 0 <= config.control.port <= 65535:
         raise ConfigError(f"control.port = {config.control.port}: must be 0..65535 (0 picks a free port)")
     validator = config.validator
     if validator.poll_s <= 0 or validator.block_s <= 0 or validator.resubmit_blocks < 1:
-        raise ConfigError("validator.poll_s and validator.block_s must be positive, validator.resubmit_blocks at least 1")
+        raise ConfigError(
+            "validator.poll_s and validator.block_s must be positive, validator.resubmit_blocks at least 1"
+        )
     if validator.provider_url and not validator.provider_url.startswith(("http://", "https://")):
-        raise ConfigError(f"validator.provider_url = {validator.provider_url!r}: use the provider's http(s):// URL, "
-                          "e.g. https://provider.engy.ai")
+        raise ConfigError(
+            f"validator.provider_url = {validator.provider_url!r}: use the provider's http(s):// URL, "
+            "e.g. https://provider.engy.ai"
+        )
     if serve.request_timeout_s <= 0:
         raise ConfigError("serve.request_timeout_s must be positive")
     if serve.prefix_cache_tokens < 0:

@@ -132,11 +132,16 @@ def control_token(data_dir: Path) -> str:
     except FileNotFoundError:
         return _write_new_token(path)
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        raise ConfigError(f"the control token {path} belongs to another user (uid {info.st_uid}); "
-                          "run the node as its owner, or delete the file so a new one is made")
+        raise ConfigError(
+            f"the control token {path} belongs to another user (uid {info.st_uid}); "
+            "run the node as its owner, or delete the file so a new one is made"
+        )
     if stat.S_IMODE(info.st_mode) & 0o077:
-        log.warning("the control token %s was readable by others (mode %o); replaced it with a new one",
-                    path, stat.S_IMODE(info.st_mode))
+        log.warning(
+            "the control token %s was readable by others (mode %o); replaced it with a new one",
+            path,
+            stat.S_IMODE(info.st_mode),
+        )
         return _write_new_token(path)
     token = _read_token_text(path)
     if not token:
@@ -151,10 +156,14 @@ def read_token(token_file: Path) -> str:
     try:
         token = _read_token_text(Path(token_file))
     except FileNotFoundError:
-        raise NodeNotRunningError(f"no control token at {token_file}: no node has run with this data dir; "
-                                  "start one (engy-node --role …, engy-node up) or pass the --home it runs with") from None
+        raise NodeNotRunningError(
+            f"no control token at {token_file}: no node has run with this data dir; "
+            "start one (engy-node --role …, engy-node up) or pass the --home it runs with"
+        ) from None
     except PermissionError:
-        raise ControlAuthError(f"cannot read the control token {token_file}; run this as the user the node runs as") from None
+        raise ControlAuthError(
+            f"cannot read the control token {token_file}; run this as the user the node runs as"
+        ) from None
     if not token:
         raise ControlAuthError(f"the control token {token_file} is empty; restart the node to make a new one")
     return token
@@ -163,8 +172,10 @@ def read_token(token_file: Path) -> str:
 def _read_token_text(path: Path) -> str:
     token = path.read_text(encoding="ascii", errors="replace").strip()
     if token and TOKEN_CHARS.fullmatch(token) is None:
-        raise ConfigError(f"the control token {path} holds characters an HTTP header cannot carry; "
-                          "delete the file and a new one is made")
+        raise ConfigError(
+            f"the control token {path} holds characters an HTTP header cannot carry; "
+            "delete the file and a new one is made"
+        )
     return token
 
 
@@ -205,8 +216,10 @@ def read_endpoint(data_dir: Path) -> ControlEndpoint:
         record = orjson.loads(path.read_bytes())
         return ControlEndpoint(url=str(record["url"]), token_file=Path(record["token_file"]))
     except FileNotFoundError:
-        raise NodeNotRunningError(f"no engy node is serving with the data dir {data_dir} (no {path}); "
-                                  "start one (engy-node --role …, engy-node up) or pass the --home it runs with") from None
+        raise NodeNotRunningError(
+            f"no engy node is serving with the data dir {data_dir} (no {path}); "
+            "start one (engy-node --role …, engy-node up) or pass the --home it runs with"
+        ) from None
     except (orjson.JSONDecodeError, KeyError, TypeError):
         raise ControlError(f"{path} is not a control endpoint record; delete it and restart the node") from None
 
@@ -236,7 +249,9 @@ class Actions:
     def __init__(self) -> None:
         self._actions: dict[str, Action] = {}
 
-    def register(self, id: str, description: str, handler: ActionHandler, *, timeout_s: float = ACTION_TIMEOUT_S) -> None:
+    def register(
+        self, id: str, description: str, handler: ActionHandler, *, timeout_s: float = ACTION_TIMEOUT_S
+    ) -> None:
         """Raises ValueError for an id that is not lowercase letters, digits and dashes, or that
         is taken: two roles claiming one id is a bug to find at start-up, not at first use."""
         if ACTION_ID.fullmatch(id) is None:
@@ -268,12 +283,13 @@ def node_actions() -> Actions:
         try:
             set_log_level(level if isinstance(level, str) else "")
         except ValueError as error:
-            raise ControlError(f"{error}; send {{\"level\": \"debug\"}}") from None
+            raise ControlError(f'{error}; send {{"level": "debug"}}') from None
         logging.getLogger("engy.control").info("log level set to %s", level)
         return {"level": level}
 
-    actions.register("set-log-level", "change the node's stderr and log-file level (debug, info, warning, error)",
-                     log_level)
+    actions.register(
+        "set-log-level", "change the node's stderr and log-file level (debug, info, warning, error)", log_level
+    )
     return actions
 
 
@@ -281,8 +297,12 @@ def node_actions() -> Actions:
 def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     # orjson, not JSONResponse: role states may hold values json.dumps rejects (a Path, a NaN
     # gauge); `default=str` and orjson's null-for-NaN keep a status answer from becoming a 500.
-    return Response(orjson.dumps(body, default=str, option=orjson.OPT_NON_STR_KEYS), status_code=status,
-                    media_type="application/json", headers=headers)
+    return Response(
+        orjson.dumps(body, default=str, option=orjson.OPT_NON_STR_KEYS),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 def _error(status: int, type_: str, message: str, headers: Mapping[str, str] | None = None) -> Response:
@@ -303,7 +323,13 @@ def _int_param(request: Request, name: str, default: int, *, minimum: int) -> in
 
 
 def _event_dict(event: Event) -> dict[str, Any]:
-    return {"seq": event.seq, "ts": event.ts, "level": event.level, "component": event.component, "message": event.message}
+    return {
+        "seq": event.seq,
+        "ts": event.ts,
+        "level": event.level,
+        "component": event.component,
+        "message": event.message,
+    }
 
 
 class _TokenAuth:
@@ -318,8 +344,10 @@ class _TokenAuth:
     async def __call__(self, scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not self._authorised(scope):
             given = any(name == b"authorization" for name, _ in scope["headers"])
-            message = (f"{'wrong' if given else 'missing'} control token; send Authorization: Bearer <token>, "
-                       f"with the token from {self.token_file}")
+            message = (
+                f"{'wrong' if given else 'missing'} control token; send Authorization: Bearer <token>, "
+                f"with the token from {self.token_file}"
+            )
             await _error(401, "unauthorized", message, {"www-authenticate": "Bearer"})(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -366,7 +394,9 @@ class _EventStream(Response):
             chunks = []
             if batch.missed:
                 chunks.append(b"event: missed\ndata: " + orjson.dumps({"missed": batch.missed}) + b"\n\n")
-            chunks.extend(b"id: %d\ndata: %s\n\n" % (event.seq, orjson.dumps(_event_dict(event))) for event in batch.events)
+            chunks.extend(
+                b"id: %d\ndata: %s\n\n" % (event.seq, orjson.dumps(_event_dict(event))) for event in batch.events
+            )
             now = trio.current_time()
             if not chunks and now - last_sent >= STREAM_KEEPALIVE_S:
                 chunks.append(b": keep-alive\n\n")
@@ -393,8 +423,13 @@ class _ControlApi:
         except _BadParameter as bad:
             return _error(400, "invalid_request", str(bad))
         batch = self.hub.events_since(since, limit=limit)
-        return _json({"events": [_event_dict(event) for event in batch.events], "next_seq": batch.next_seq,
-                      "missed": batch.missed})
+        return _json(
+            {
+                "events": [_event_dict(event) for event in batch.events],
+                "next_seq": batch.next_seq,
+                "missed": batch.missed,
+            }
+        )
 
     async def stream(self, request: Request) -> Response:
         # EventSource clients reconnect with the id of the last event they saw.
@@ -430,22 +465,32 @@ class _ControlApi:
                 result = await action.handler(params)
         except trio.TooSlowError:
             log.warning("action %s did not finish within %g s; cancelled it", action_id, action.timeout_s)
-            return _error(504, "timeout", f"action {action_id} did not finish within {action.timeout_s:g} s and was cancelled")
+            return _error(
+                504, "timeout", f"action {action_id} did not finish within {action.timeout_s:g} s and was cancelled"
+            )
         except EngyError as refused:
             log.info("action %s refused: %s", action_id, refused)
             return _error(400, "action_failed", str(refused))
         except Exception:  # broad on purpose: a broken action must answer, and be logged, not kill the API
             log.exception("action %s failed", action_id)
-            return _error(500, "internal_error", f"action {action_id} failed unexpectedly; the node's log has the details")
+            return _error(
+                500, "internal_error", f"action {action_id} failed unexpectedly; the node's log has the details"
+            )
         if not isinstance(result, dict):
             log.error("action %s returned %s, not a dict", action_id, type(result).__name__)
-            return _error(500, "internal_error", f"action {action_id} returned no result object; the node's log has the details")
+            return _error(
+                500, "internal_error", f"action {action_id} returned no result object; the node's log has the details"
+            )
         return _json({"action": action_id, "result": result})
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
-    return _error(404, "not_found", f"no route {request.url.path}; the control API serves /v1/status, /v1/events, "
-                  "/v1/events/stream, /v1/actions and /metrics")
+    return _error(
+        404,
+        "not_found",
+        f"no route {request.url.path}; the control API serves /v1/status, /v1/events, "
+        "/v1/events/stream, /v1/actions and /metrics",
+    )
 
 
 async def _not_allowed(request: Request, exc: Exception) -> Response:
@@ -456,7 +501,9 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return _error(500, "internal_error", "the control API failed on this request; the node's log has the details")
 
 
-def build_control_app(hub: Hub, *, token: str, token_file: Path, node_info: Mapping[str, Any], actions: Actions) -> Starlette:
+def build_control_app(
+    hub: Hub, *, token: str, token_file: Path, node_info: Mapping[str, Any], actions: Actions
+) -> Starlette:
     """The control API as an ASGI app. `node_info` (version, pid, roles, started_at, home, …)
     is copied once and answered under "node" in every status."""
     api = _ControlApi(hub, node_info=node_info, actions=actions)
@@ -485,16 +532,26 @@ def loopback_bind(host: str, port: int) -> str:
     except ValueError:
         address = None
     if address is None or not address.is_loopback:
-        raise ConfigError(f"the control API listens on loopback only (127.0.0.1 or ::1), not {host!r}: it can run "
-                          f"actions on this node. Set {HOST_SETTING} to 127.0.0.1, and reach it from another machine "
-                          "through an SSH tunnel (ssh -L)")
+        raise ConfigError(
+            f"the control API listens on loopback only (127.0.0.1 or ::1), not {host!r}: it can run "
+            f"actions on this node. Set {HOST_SETTING} to 127.0.0.1, and reach it from another machine "
+            "through an SSH tunnel (ssh -L)"
+        )
     if not 0 <= port <= 65535:
         raise ConfigError(f"{PORT_SETTING} must be a port number (0 picks a free one), not {port}")
     return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
 
 
-async def serve_control(hub: Hub, *, data_dir: Path, actions: Actions, node_info: Mapping[str, Any],
-                        host: str = "127.0.0.1", port: int = 0, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve_control(
+    hub: Hub,
+    *,
+    data_dir: Path,
+    actions: Actions,
+    node_info: Mapping[str, Any],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
     """A node service (see `node.py`): serve the control API on `host:port` until cancelled.
     Ready, it reports a `ControlEndpoint`, records it in the hub's "control" state and in
     `<data_dir>/control.json` (removed again on the way out)."""
@@ -548,11 +605,15 @@ def fetch_status(url: str, token: str, *, timeout: float = 5.0) -> dict[str, Any
         with httpx.Client(timeout=timeout, trust_env=False) as client:
             response = client.get(f"{url}/v1/status", headers={"authorization": f"Bearer {token}"})
     except httpx.ConnectError as error:
-        raise NodeNotRunningError(f"no engy node answers at {url} ({error}); start one (engy-node --role …, "
-                                  "engy-node up), or check --home and the control port") from None
+        raise NodeNotRunningError(
+            f"no engy node answers at {url} ({error}); start one (engy-node --role …, "
+            "engy-node up), or check --home and the control port"
+        ) from None
     except httpx.TimeoutException:
-        raise ControlError(f"the node at {url} did not answer within {timeout:g} s; it may be overloaded or stuck "
-                           "(engy-node diagnose collects its logs)") from None
+        raise ControlError(
+            f"the node at {url} did not answer within {timeout:g} s; it may be overloaded or stuck "
+            "(engy-node diagnose collects its logs)"
+        ) from None
     except httpx.HTTPError as error:
         raise ControlError(f"cannot read the status from {url}: {error}") from None
     try:
@@ -560,8 +621,9 @@ def fetch_status(url: str, token: str, *, timeout: float = 5.0) -> dict[str, Any
     except ValueError:
         body = None
     if not isinstance(body, dict):
-        raise ControlError(f"{url} answered HTTP {response.status_code} without a JSON object; "
-                           "is it an engy node's control API?")
+        raise ControlError(
+            f"{url} answered HTTP {response.status_code} without a JSON object; is it an engy node's control API?"
+        )
     error = body.get("error")
     message = error.get("message") if isinstance(error, dict) else None
     if response.status_code == 401:

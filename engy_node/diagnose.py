@@ -112,6 +112,7 @@ def mask_value(value: Any) -> str:
 
 def masked_config(document: Mapping[str, Any]) -> dict[str, Any]:
     """`config_document`'s output with every secret field masked, at any depth."""
+
     def walk(value: Any) -> Any:
         if isinstance(value, Mapping):
             return {key: mask_value(item) if is_secret_field(str(key)) else walk(item) for key, item in value.items()}
@@ -173,7 +174,7 @@ class Scrubber:
 def bundle_stem(host: str, now: dt.datetime) -> str:
     """`engy-diagnose-<host>-<UTC timestamp>`; the host reduced to characters safe in a file name."""
     safe_host = _HOST_CHARS.sub("-", host).strip("-.") or "host"
-    return f"engy-diagnose-{safe_host}-{now.astimezone(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
+    return f"engy-diagnose-{safe_host}-{now.astimezone(dt.UTC):%Y%m%dT%H%M%SZ}"
 
 
 def last_lines(data: bytes, count: int) -> list[str]:
@@ -195,8 +196,9 @@ def gpu_document(inventory: Any) -> dict[str, Any]:
     return document
 
 
-def model_server_report(status: Mapping[str, Any], events: Sequence[Mapping[str, Any]], *,
-                        lines: int = MODEL_SERVER_LOG_LINES) -> str | None:
+def model_server_report(
+    status: Mapping[str, Any], events: Sequence[Mapping[str, Any]], *, lines: int = MODEL_SERVER_LOG_LINES
+) -> str | None:
     """Each supervised model server's state, command and last failure from a status document,
     then the last `lines` model-server events (its output and the supervisor's notes); None when
     the node supervises no model server."""
@@ -206,9 +208,11 @@ def model_server_report(status: Mapping[str, Any], events: Sequence[Mapping[str,
         return None
     out: list[str] = []
     for name, state in sorted(servers.items()):
-        out += [f"[{name}] state: {state.get('state')}, kind: {state.get('kind')}, url: {state.get('url')}, "
-                f"restarts: {state.get('restarts')}",
-                f"command: {state['command']}"]
+        out += [
+            f"[{name}] state: {state.get('state')}, kind: {state.get('kind')}, url: {state.get('url')}, "
+            f"restarts: {state.get('restarts')}",
+            f"command: {state['command']}",
+        ]
         failure = state.get("last_failure")
         if isinstance(failure, Mapping):
             out.append(f"last failure: {failure.get('kind')}: {failure.get('summary')} (fix: {failure.get('fix')})")
@@ -219,13 +223,20 @@ def model_server_report(status: Mapping[str, Any], events: Sequence[Mapping[str,
     return "\n".join(out) + "\n"
 
 
-def build_manifest(*, created_at: dt.datetime, data_dir: Path, config_file: Path, files: Mapping[str, int],
-                   skipped: Sequence[tuple[str, str]], errors: Sequence[str]) -> dict[str, Any]:
+def build_manifest(
+    *,
+    created_at: dt.datetime,
+    data_dir: Path,
+    config_file: Path,
+    files: Mapping[str, int],
+    skipped: Sequence[tuple[str, str]],
+    errors: Sequence[str],
+) -> dict[str, Any]:
     """What the bundle holds (name -> bytes), when, from which home, and what was left out and why."""
     return {
         "format": 1,
         "engy_node_version": __version__,
-        "created_at": created_at.astimezone(dt.timezone.utc).isoformat(),
+        "created_at": created_at.astimezone(dt.UTC).isoformat(),
         "data_dir": str(data_dir),
         "config_file": str(config_file),
         "files": [{"name": name, "bytes": size} for name, size in files.items()],
@@ -262,8 +273,10 @@ class Bundle:
         """One line for the terminal."""
         node = "node status, metrics and events" if self.node_running else "no running node"
         errors = f"; {len(self.errors)} problem(s) collecting, see errors.txt" if self.errors else ""
-        return (f"versions, config (secrets masked), GPUs ({self.gpu_summary}), {self.log_files} log file(s) "
-                f"({self.log_lines} lines), {node}{errors}")
+        return (
+            f"versions, config (secrets masked), GPUs ({self.gpu_summary}), {self.log_files} log file(s) "
+            f"({self.log_lines} lines), {node}{errors}"
+        )
 
 
 class _Contents:
@@ -287,8 +300,15 @@ class _Contents:
         self.errors.append(self.scrubber.text(f"{what}: {detail}"))
 
 
-def collect(config: Config, *, output: str | os.PathLike[str] | None = None, log_lines: int = DEFAULT_LOG_LINES,
-            config_error: str | None = None, now: dt.datetime | None = None, nvml: Any = None) -> Bundle:
+def collect(
+    config: Config,
+    *,
+    output: str | os.PathLike[str] | None = None,
+    log_lines: int = DEFAULT_LOG_LINES,
+    config_error: str | None = None,
+    now: dt.datetime | None = None,
+    nvml: Any = None,
+) -> Bundle:
     """Gather the bundle for `config`'s home and write it to `output` (a file, or a directory for
     the default name; default: the default name in the current directory).
 
@@ -302,14 +322,16 @@ def collect(config: Config, *, output: str | os.PathLike[str] | None = None, log
     """
     if log_lines < 0:
         raise DiagnoseError(f"--log-lines must be 0 or more, not {log_lines}")
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     host = platform.node()
     stem = bundle_stem(host, now)
     target = _output_path(output, stem)
     if not (target.parent.is_dir() and os.access(target.parent, os.W_OK | os.X_OK)):
         # Checked before collecting too, so a typo costs no wait; the write below is what counts.
-        raise DiagnoseError(f"cannot write the bundle to {target}: {target.parent} is not a directory you can write to; "
-                            "pass --output with a file or directory you can write to")
+        raise DiagnoseError(
+            f"cannot write the bundle to {target}: {target.parent} is not a directory you can write to; "
+            "pass --output with a file or directory you can write to"
+        )
     data_dir = config.paths.data_dir
     document = config_document(config)
     contents = _Contents(Scrubber([*secret_values(document), *_control_tokens(data_dir)]))
@@ -317,7 +339,11 @@ def collect(config: Config, *, output: str | os.PathLike[str] | None = None, log
     contents.json("versions.json", versions(host))
     config_json = masked_config(document)
     if config_error is not None:
-        config_json = {"error": config_error, "note": "the config could not be loaded; these are the defaults", **config_json}
+        config_json = {
+            "error": config_error,
+            "note": "the config could not be loaded; these are the defaults",
+            **config_json,
+        }
         contents.error("config", config_error)
     contents.json("config.json", config_json)
     gpu_summary = _collect_gpus(contents, nvml)
@@ -329,13 +355,25 @@ def collect(config: Config, *, output: str | os.PathLike[str] | None = None, log
         node_running = False
     if contents.errors:
         contents.text("errors.txt", "\n".join(contents.errors) + "\n")
-    manifest = build_manifest(created_at=now, data_dir=data_dir, config_file=config.paths.config_file,
-                              files={name: len(data) for name, data in contents.files.items()},
-                              skipped=contents.skipped, errors=contents.errors)
+    manifest = build_manifest(
+        created_at=now,
+        data_dir=data_dir,
+        config_file=config.paths.config_file,
+        files={name: len(data) for name, data in contents.files.items()},
+        skipped=contents.skipped,
+        errors=contents.errors,
+    )
     contents.json("manifest.json", manifest)
     _write_bundle(target, stem, contents.files, mtime=now.timestamp())
-    return Bundle(path=target, files=tuple(contents.files), log_files=log_files, log_lines=kept_lines,
-                  gpu_summary=gpu_summary, node_running=node_running, errors=tuple(contents.errors))
+    return Bundle(
+        path=target,
+        files=tuple(contents.files),
+        log_files=log_files,
+        log_lines=kept_lines,
+        gpu_summary=gpu_summary,
+        node_running=node_running,
+        errors=tuple(contents.errors),
+    )
 
 
 def versions(host: str, *, lookup: Callable[[str], str] = metadata.version) -> dict[str, Any]:
@@ -392,10 +430,14 @@ def _collect_gpus(contents: _Contents, nvml: Any) -> str:
 def _log_dirs(contents: _Contents, data_dir: Path) -> list[tuple[str, Path, str]]:
     """(label in the bundle, directory, file pattern) for every log this home can hold: the node's
     own, its reference server's, and each local-network miner's and its model server's."""
+
     def server_logs(home: Path) -> Path:
         return resolve_paths(home, {}).log_dir
 
-    dirs = [("", data_dir / "logs", "engy-node*.log"), (MODEL_SERVER_HOME, server_logs(data_dir / MODEL_SERVER_HOME), "*.log")]
+    dirs = [
+        ("", data_dir / "logs", "engy-node*.log"),
+        (MODEL_SERVER_HOME, server_logs(data_dir / MODEL_SERVER_HOME), "*.log"),
+    ]
     local = data_dir / LOCAL_HOMES
     try:
         miner_dirs = sorted(path for path in local.iterdir() if path.is_dir()) if local.is_dir() else []
@@ -459,9 +501,12 @@ def _collect_node(contents: _Contents, data_dir: Path) -> bool:
         token = read_token(endpoint.token_file)
         status = fetch_status(endpoint.url, token, timeout=CONTROL_TIMEOUT_S)
     except NodeNotRunningError as error:
-        contents.text("node/README.txt", f"No engy node answered for the data dir {data_dir}, so there is no status, "
-                                         f"metrics or events here.\n{error}\nRun `engy-node diagnose` while the node "
-                                         "runs to include them.\n")
+        contents.text(
+            "node/README.txt",
+            f"No engy node answered for the data dir {data_dir}, so there is no status, "
+            f"metrics or events here.\n{error}\nRun `engy-node diagnose` while the node "
+            "runs to include them.\n",
+        )
         contents.skipped.append(("node/", "no node is running in this home"))
         if endpoint_path(data_dir).exists():
             contents.error("node", error)  # a record left behind: the node died or hangs
@@ -518,8 +563,10 @@ def _write_bundle(path: Path, stem: str, files: Mapping[str, bytes], *, mtime: f
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     except OSError as error:
-        raise DiagnoseError(f"cannot write the bundle to {path} ({error.strerror}); pass --output with a file "
-                            "or directory you can write to") from None
+        raise DiagnoseError(
+            f"cannot write the bundle to {path} ({error.strerror}); pass --output with a file "
+            "or directory you can write to"
+        ) from None
     try:
         os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a leftover temporary file
         with os.fdopen(fd, "wb") as raw:
@@ -533,8 +580,10 @@ def _write_bundle(path: Path, stem: str, files: Mapping[str, bytes], *, mtime: f
             os.fsync(raw.fileno())
         os.replace(temporary, path)
     except OSError as error:
-        raise DiagnoseError(f"cannot write the bundle to {path} ({error.strerror or error}); pass --output with a "
-                            "file or directory you can write to, with space to spare") from None
+        raise DiagnoseError(
+            f"cannot write the bundle to {path} ({error.strerror or error}); pass --output with a "
+            "file or directory you can write to, with space to spare"
+        ) from None
     finally:
         if fd != -1:
             os.close(fd)

@@ -29,7 +29,12 @@ from typing import Any
 
 from engy_node import proof
 from engy_node.calibration import (
-    SAMPLED_SETTINGS, chat_ids, greedy_generation, proportion_interval, sampling_label, seeded_generation,
+    SAMPLED_SETTINGS,
+    chat_ids,
+    greedy_generation,
+    proportion_interval,
+    sampling_label,
+    seeded_generation,
 )
 from engy_node.models import ModelSpec
 from engy_node.serve.engine import ModelRunner
@@ -80,7 +85,7 @@ def drift_conversations(limit: int | None = None) -> list[list[dict[str, str]]]:
     for messages in corpus:
         first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
         if first_user + 1 < len(messages):
-            first_turns.append(messages[:first_user + 1])
+            first_turns.append(messages[: first_user + 1])
     without_system = [messages[1:] for messages in corpus if messages[0]["role"] == "system" and len(messages) > 1]
     conversations, seen = [], set()
     for messages in (*corpus, *first_turns, *without_system):
@@ -144,8 +149,16 @@ def run_greedy_drift(
                     verifier = runner_for(recompute_path)
                     _, logits = verifier.prefill(prompt_ids + output[:-1], start=len(prompt_ids) - 1)
                     gaps = gaps_of(logits, output)
-                    samples.append(DriftSample(index, serve_path.label, recompute_path.label, budget, len(output),
-                                               tuple(gap for gap in gaps if gap > 0)))
+                    samples.append(
+                        DriftSample(
+                            index,
+                            serve_path.label,
+                            recompute_path.label,
+                            budget,
+                            len(output),
+                            tuple(gap for gap in gaps if gap > 0),
+                        )
+                    )
                 if done % 50 == 0:
                     progress(f"{serve_path.label}: {done}/{len(budgets)} answers served and recomputed")
     finally:
@@ -196,17 +209,30 @@ def run_seeded_drift(
                 seed = 7919 * index + 31 * budget + setting
                 server = runner_for(serve_path)
                 prompt_ids = chat_ids(server, conversations[index])
-                output = seeded_generation(server, prompt_ids, budget, temperature=temperature, top_p=top_p,
-                                           seed=seed).output_ids
+                output = seeded_generation(
+                    server, prompt_ids, budget, temperature=temperature, top_p=top_p, seed=seed
+                ).output_ids
                 for recompute_path in recompute_paths:
                     verifier = runner_for(recompute_path)
                     _, logits = verifier.prefill(prompt_ids + output[:-1], start=len(prompt_ids) - 1)
-                    stats = proof.token_stats(logits, output, sampling=proof.SamplingTerms(temperature, top_p, seed=seed),
-                                              nucleus_margin=check.nucleus_margin, first_position=len(prompt_ids) - 1,
-                                              edge_band=check.nucleus_edge_band)
-                    samples.append(DriftSample(index, f"{serve_path.label} {sampling_label(temperature, top_p)}",
-                                               recompute_path.label, budget, len(output),
-                                               tuple(gap for gap in stats.replay_gap if gap > 0)))
+                    stats = proof.token_stats(
+                        logits,
+                        output,
+                        sampling=proof.SamplingTerms(temperature, top_p, seed=seed),
+                        nucleus_margin=check.nucleus_margin,
+                        first_position=len(prompt_ids) - 1,
+                        edge_band=check.nucleus_edge_band,
+                    )
+                    samples.append(
+                        DriftSample(
+                            index,
+                            f"{serve_path.label} {sampling_label(temperature, top_p)}",
+                            recompute_path.label,
+                            budget,
+                            len(output),
+                            tuple(gap for gap in stats.replay_gap if gap > 0),
+                        )
+                    )
             if done % 25 == 0:
                 progress(f"seeded: {done}/{len(budgets)} answers served at every setting and replayed")
     finally:
@@ -252,8 +278,19 @@ def summarise(samples: Sequence[DriftSample], *, short_budget: int = 40) -> list
         # The 99.9th percentile over all tokens: the zeros are the tokens not listed.
         rank = math.ceil(0.999 * tokens)
         p999 = sorted(gaps, reverse=True)[tokens - rank] if tokens - rank < len(gaps) else 0.0
-        rows.append(DriftRow(serve, recompute, answers, len(members), tokens, len(gaps), p999, max(gaps, default=0.0),
-                             {band: sum(1 for gap in gaps if gap > band) for band in BANDS}))
+        rows.append(
+            DriftRow(
+                serve,
+                recompute,
+                answers,
+                len(members),
+                tokens,
+                len(gaps),
+                p999,
+                max(gaps, default=0.0),
+                {band: sum(1 for gap in gaps if gap > band) for band in BANDS},
+            )
+        )
     order = {"short": 0, "long": 1, "all": 2}
     return sorted(rows, key=lambda row: (row.serve, row.recompute, order[row.answers]))
 
@@ -261,15 +298,19 @@ def summarise(samples: Sequence[DriftSample], *, short_budget: int = 40) -> list
 def format_drift(rows: Sequence[DriftRow]) -> str:
     """A Markdown table of `summarise`'s rows, with exact 95 % intervals on the per-token rates."""
     bands = " | ".join(f"> {band:g}" for band in BANDS)
-    header = (f"| serve | recompute | answers | count | tokens | non-argmax tokens (95 % interval) | 99.9th pct gap | "
-              f"largest gap | tokens trailing by {bands} |\n|" + "---|" * (8 + len(BANDS)))
+    header = (
+        f"| serve | recompute | answers | count | tokens | non-argmax tokens (95 % interval) | 99.9th pct gap | "
+        f"largest gap | tokens trailing by {bands} |\n|" + "---|" * (8 + len(BANDS))
+    )
     lines = [header]
     for row in rows:
         low, high = proportion_interval(row.misses, row.tokens)
         rate = f"{row.misses} ({100 * row.misses / max(1, row.tokens):.2f} %, {100 * low:.2f}–{100 * high:.2f} %)"
         counts = " | ".join(str(row.beyond[band]) for band in BANDS)
-        lines.append(f"| {row.serve} | {row.recompute} | {row.answers} | {row.count} | {row.tokens} | {rate} | "
-                     f"{row.p999:.3f} | {row.largest:.3f} | {counts} |")
+        lines.append(
+            f"| {row.serve} | {row.recompute} | {row.answers} | {row.count} | {row.tokens} | {rate} | "
+            f"{row.p999:.3f} | {row.largest:.3f} | {counts} |"
+        )
     return "\n".join(lines)
 
 

@@ -337,11 +337,15 @@ def assess(samples: Sequence[GpuSample]) -> tuple[Finding, ...]:
     findings: list[Finding] = []
     for gpu in samples:
         if gpu.lost:
-            findings.append(Finding(
-                gpu.index, "lost", "error",
-                f"GPU {gpu.index} stopped answering NVML (GPU is lost): reboot the machine; if it happens "
-                "again, reseat the card and its riser and check its power cables",
-            ))
+            findings.append(
+                Finding(
+                    gpu.index,
+                    "lost",
+                    "error",
+                    f"GPU {gpu.index} stopped answering NVML (GPU is lost): reboot the machine; if it happens "
+                    "again, reseat the card and its riser and check its power cables",
+                )
+            )
             continue
         pcie = _pcie_finding(gpu, several=several)
         throttling = _throttling_finding(gpu)
@@ -349,10 +353,14 @@ def assess(samples: Sequence[GpuSample]) -> tuple[Finding, ...]:
         fan = _fan_finding(gpu)
         findings += [f for f in (pcie, throttling, temperature, fan) if f is not None]
         if gpu.errors:
-            findings.append(Finding(
-                gpu.index, "read_errors", "warning",
-                f"GPU {gpu.index}: NVML failed to read {', '.join(gpu.errors)}; those readings show n/a",
-            ))
+            findings.append(
+                Finding(
+                    gpu.index,
+                    "read_errors",
+                    "warning",
+                    f"GPU {gpu.index}: NVML failed to read {', '.join(gpu.errors)}; those readings show n/a",
+                )
+            )
     return tuple(findings)
 
 
@@ -390,8 +398,12 @@ def _throttling_finding(gpu: GpuSample) -> Finding | None:
     if not fixes:
         # HW slowdown and no temperature reading: heat and power delivery are equally likely.
         fixes = [COOLING_FIX, POWER_FIX]
-    return Finding(gpu.index, "throttling", "warning",
-                   f"GPU {gpu.index} is throttling: {labels}{_temperature_evidence(gpu)}: {'; '.join(fixes)}")
+    return Finding(
+        gpu.index,
+        "throttling",
+        "warning",
+        f"GPU {gpu.index} is throttling: {labels}{_temperature_evidence(gpu)}: {'; '.join(fixes)}",
+    )
 
 
 def _temperature_evidence(gpu: GpuSample) -> str:
@@ -416,15 +428,21 @@ def _temperature_finding(gpu: GpuSample) -> Finding | None:
         where = f"at or above its {gpu.temperature_slowdown_c}°C slowdown"
     else:
         where = f"{gpu.temperature_slowdown_c - temperature}°C below its {gpu.temperature_slowdown_c}°C slowdown"
-    return Finding(gpu.index, "temperature", "warning", f"GPU {gpu.index} is at {temperature}°C, {where}: {COOLING_FIX}")
+    return Finding(
+        gpu.index, "temperature", "warning", f"GPU {gpu.index} is at {temperature}°C, {where}: {COOLING_FIX}"
+    )
 
 
 def _fan_finding(gpu: GpuSample) -> Finding | None:
     if gpu.fan_percent is None or gpu.fan_percent < 100:
         return None
-    return Finding(gpu.index, "fan", "warning",
-                   f"GPU {gpu.index}'s fan runs at {gpu.fan_percent}%: it cannot cool any harder; "
-                   "improve case airflow or lower the power limit")
+    return Finding(
+        gpu.index,
+        "fan",
+        "warning",
+        f"GPU {gpu.index}'s fan runs at {gpu.fan_percent}%: it cannot cool any harder; "
+        "improve case airflow or lower the power limit",
+    )
 
 
 # ---- the service -------------------------------------------------------------------------------
@@ -509,8 +527,11 @@ async def _sample_forever(hub: Hub, api: MonitorApi, interval_s: float, task_sta
             _log_changes(active, findings)
             hub.set_state(
                 STATE_COMPONENT,
-                samples=[s.as_dict() for s in samples], findings=[f.as_dict() for f in findings],
-                reason=None, error=None, sampled_at=time.time(),
+                samples=[s.as_dict() for s in samples],
+                findings=[f.as_dict() for f in findings],
+                reason=None,
+                error=None,
+                sampled_at=time.time(),
             )
         if not started:
             task_status.started()

@@ -126,11 +126,14 @@ class _TolerantFileHandler(logging.handlers.RotatingFileHandler):
         self.dropped += 1
         if self.dropped == 1:
             exc = sys.exc_info()[1]
-            print(f"engy: cannot write the log file {self.baseFilename} ({exc}); logging to stderr only", file=sys.stderr)
+            print(
+                f"engy: cannot write the log file {self.baseFilename} ({exc}); logging to stderr only", file=sys.stderr
+            )
 
 
-def install_logging(hub: Hub, *, level: str = "info", log_dir: Path | None = None, process: str | None = None,
-                    stderr: bool = True) -> None:
+def install_logging(
+    hub: Hub, *, level: str = "info", log_dir: Path | None = None, process: str | None = None, stderr: bool = True
+) -> None:
     """Route `engy.*` loggers to the hub (everything), stderr and a rotating file (at `level`).
     A helper process (`process`, e.g. "gateway-1") tags its stderr lines and keeps its own file,
     since a rotating file cannot be shared between processes. A node inside the TUI passes
@@ -153,7 +156,9 @@ def install_logging(hub: Hub, *, level: str = "info", log_dir: Path | None = Non
         try:
             log_dir.mkdir(parents=True, exist_ok=True)
             file_name = f"engy-node-{process}.log" if process else "engy-node.log"
-            file_handler = _TolerantFileHandler(log_dir / file_name, maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_BACKUPS, encoding="utf-8")
+            file_handler = _TolerantFileHandler(
+                log_dir / file_name, maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_BACKUPS, encoding="utf-8"
+            )
         except OSError as err:
             print(f"engy: cannot open a log file in {log_dir} ({err}); logging to stderr only", file=sys.stderr)
         else:

@@ -85,20 +85,20 @@ from collections.abc import Callable
 from typing import Any
 
 import h11
-from h11._headers import Headers
-from h11._writers import ChunkedWriter
 import hypercorn.protocol
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
+import hypercorn.trio.run
+import trio
+from h11._headers import Headers
+from h11._writers import ChunkedWriter
 from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.events import Body, EndBody, Request, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
 from hypercorn.protocol.ws_stream import WSStream
-import hypercorn.trio.run
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
-import trio
 from wsproto.connection import ConnectionState
 from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
 from wsproto.frame_protocol import CloseReason
@@ -182,8 +182,12 @@ class EdgeConnection(h11.Connection):
         status = response.status_code
         if has_length or status in (204, 304) or (self._request_method == b"CONNECT" and 200 <= status < 300):
             return response  # its length is known: h11 changes nothing
-        return h11.Response(headers=Headers([*items, (b"Transfer-Encoding", b"transfer-encoding", b"chunked")]),
-                            status_code=status, http_version=response.http_version, reason=response.reason)
+        return h11.Response(
+            headers=Headers([*items, (b"Transfer-Encoding", b"transfer-encoding", b"chunked")]),
+            status_code=status,
+            http_version=response.http_version,
+            reason=response.reason,
+        )
 
 
 class EdgeH11Protocol(H11Protocol):
@@ -321,7 +325,9 @@ class EdgeH11Protocol(H11Protocol):
                 with trio.CancelScope(shield=True):
                     await self.send(Closed())
                 return
-            self._idle_timer = trio.CancelScope(deadline=self._idle_deadline if idle else now + self.config.keep_alive_timeout)
+            self._idle_timer = trio.CancelScope(
+                deadline=self._idle_deadline if idle else now + self.config.keep_alive_timeout
+            )
 
     def _stop_keep_alive(self) -> None:
         self._closed = True
@@ -334,8 +340,12 @@ class EdgeH11Protocol(H11Protocol):
             return
         head = self.connection.trailing_data[0] if isinstance(self.connection, h11.Connection) else b""
         headers, body = self.config.protocol_error_body(status_code, request_path(head))
-        await self._send_h11_event(h11.Response(
-            status_code=status_code, headers=[*headers, (b"connection", b"close"), *self.config.response_headers("h11")]))
+        await self._send_h11_event(
+            h11.Response(
+                status_code=status_code,
+                headers=[*headers, (b"connection", b"close"), *self.config.response_headers("h11")],
+            )
+        )
         await self._send_h11_event(h11.Data(data=body))
         await self._send_h11_event(h11.EndOfMessage())
 
@@ -409,12 +419,20 @@ class EdgeHTTPStream(HTTPStream):
         if not isinstance(self.config, EdgeConfig):
             await super().app_send(message)
             return
-        if message is not None and message["type"] == "http.response.start" and self.state == ASGIHTTPState.REQUEST \
-                and self._start is None:
+        if (
+            message is not None
+            and message["type"] == "http.response.start"
+            and self.state == ASGIHTTPState.REQUEST
+            and self._start is None
+        ):
             self._start = message
             return
-        if (message is None or message["type"] != "http.response.body" or self._protocol is None
-                or (self._start is None and message.get("more_body", False))):
+        if (
+            message is None
+            or message["type"] != "http.response.body"
+            or self._protocol is None
+            or (self._start is None and message.get("more_body", False))
+        ):
             await self._send_start()
             await super().app_send(message)
             return
@@ -490,8 +508,12 @@ class EdgeTCPServer(TCPServer):
         end of file, the peer resetting the connection, or the socket closed under it (then the
         wait raises `ClosedResourceError`, or the read finds no descriptor)."""
         stream = self.stream
-        if (not isinstance(self.config, EdgeConfig) or self.config.read_timeout is not None or os.name != "posix"
-                or not isinstance(stream, trio.SocketStream)):
+        if (
+            not isinstance(self.config, EdgeConfig)
+            or self.config.read_timeout is not None
+            or os.name != "posix"
+            or not isinstance(stream, trio.SocketStream)
+        ):
             await super()._read_data()
             return
         socket = stream.socket

@@ -180,9 +180,7 @@ def verify_signature(ss58: str, message: bytes, sig_hex: str) -> bool:
     return _verify_exact(ss58, message, signature)
 
 
-def signed_headers(
-    keypair: Keypair, netuid: int, method: str, path: str, body: bytes, now: int
-) -> dict[str, str]:
+def signed_headers(keypair: Keypair, netuid: int, method: str, path: str, body: bytes, now: int) -> dict[str, str]:
     """The headers that authenticate one API request as coming from `keypair`'s hotkey."""
     message = api_message(netuid, method, path, now, body)
     return {
@@ -408,15 +406,11 @@ def create_wallet(wallets_path: str | os.PathLike[str], name: str, hotkey: str) 
     if not wallet.hotkey_file.exists_on_device():
         try:
             # A coldkeypub alone is a watch-only wallet; it still owns the hotkey, so keep it.
-            if not (
-                wallet.coldkey_file.exists_on_device() or wallet.coldkeypub_file.exists_on_device()
-            ):
+            if not (wallet.coldkey_file.exists_on_device() or wallet.coldkeypub_file.exists_on_device()):
                 wallet.create_new_coldkey(use_password=False, suppress=True)
             wallet.create_new_hotkey(use_password=False, suppress=True)
         except (OSError, KeyfileError) as err:
-            raise WalletError(
-                f"cannot create hotkey {hotkey!r} of wallet {name!r} under {wallet.path}: {err}"
-            ) from err
+            raise WalletError(f"cannot create hotkey {hotkey!r} of wallet {name!r} under {wallet.path}: {err}") from err
     return load_hotkey(wallets_path, name, hotkey).ss58_address
 
 

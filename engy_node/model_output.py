@@ -111,9 +111,16 @@ def parameter_types(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, dict
         function = tool.get("function") if isinstance(tool, Mapping) else None
         if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
             continue
-        properties = (function.get("parameters") or {}).get("properties") if isinstance(function.get("parameters"), Mapping) else None
-        types[function["name"]] = {key: spec["type"] for key, spec in (properties or {}).items()
-                                   if isinstance(spec, Mapping) and isinstance(spec.get("type"), str)}
+        properties = (
+            (function.get("parameters") or {}).get("properties")
+            if isinstance(function.get("parameters"), Mapping)
+            else None
+        )
+        types[function["name"]] = {
+            key: spec["type"]
+            for key, spec in (properties or {}).items()
+            if isinstance(spec, Mapping) and isinstance(spec.get("type"), str)
+        }
     return types
 
 
@@ -138,7 +145,9 @@ def _converted(value: str, kind: str | None) -> Any:
     return value
 
 
-def _tool_call_from_xml(body: str, *, index: int, call_id_prefix: str, types: Mapping[str, Mapping[str, str]]) -> ToolCall | None:
+def _tool_call_from_xml(
+    body: str, *, index: int, call_id_prefix: str, types: Mapping[str, Mapping[str, str]]
+) -> ToolCall | None:
     function = _XML_FUNCTION.fullmatch(body)
     if function is None:
         return None
@@ -151,8 +160,9 @@ def _tool_call_from_xml(body: str, *, index: int, call_id_prefix: str, types: Ma
         value = value[1:] if value.startswith("\n") else value
         value = value[:-1] if value.endswith("\n") else value
         arguments[key.strip()] = _converted(value, declared.get(key.strip()))
-    return ToolCall(index=index, id=f"call_{call_id_prefix}_{index}", name=name,
-                    arguments=json.dumps(arguments, ensure_ascii=False))
+    return ToolCall(
+        index=index, id=f"call_{call_id_prefix}_{index}", name=name, arguments=json.dumps(arguments, ensure_ascii=False)
+    )
 
 
 def _tool_call_from_json(body: str, *, index: int, call_id_prefix: str) -> ToolCall | None:
@@ -174,7 +184,9 @@ def _tool_call_from_json(body: str, *, index: int, call_id_prefix: str) -> ToolC
     if not isinstance(name, str) or not name or not isinstance(arguments, dict):
         return None
     return ToolCall(
-        index=index, id=f"call_{call_id_prefix}_{index}", name=name,
+        index=index,
+        id=f"call_{call_id_prefix}_{index}",
+        name=name,
         arguments=json.dumps(arguments, ensure_ascii=False),
     )
 
@@ -185,8 +197,13 @@ class OutputParser:
     Not reusable: after `finish()` the parser is spent.
     """
 
-    def __init__(self, *, call_id_prefix: str, starts_in_reasoning: bool = False,
-                 tools: Sequence[Mapping[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        call_id_prefix: str,
+        starts_in_reasoning: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
         self._call_id_prefix = call_id_prefix
         self._types = parameter_types(tools)
         self._state = _State.REASONING if starts_in_reasoning else _State.TEXT
@@ -223,7 +240,7 @@ class OutputParser:
         while self._buffer or (final and self._state is _State.TOOL_CALL):
             if self._may_open_think:
                 if self._buffer.startswith(THINK_OPEN):
-                    self._buffer = self._buffer[len(THINK_OPEN):]
+                    self._buffer = self._buffer[len(THINK_OPEN) :]
                     self._state = _State.REASONING
                     self._drop_one_newline = True
                     self._may_open_think = False
@@ -255,14 +272,14 @@ class OutputParser:
                 text = text[:-1]
             if text:
                 events.append(TextDelta(text))
-            self._buffer = self._buffer[start + len(TOOL_OPEN):]
+            self._buffer = self._buffer[start + len(TOOL_OPEN) :]
             self._state = _State.TOOL_CALL
             return True
         held = 0 if final else _partial_tag_length(self._buffer, TOOL_OPEN)
-        ready = self._buffer[:len(self._buffer) - held]
+        ready = self._buffer[: len(self._buffer) - held]
         if ready:
             events.append(TextDelta(ready))
-        self._buffer = self._buffer[len(ready):]
+        self._buffer = self._buffer[len(ready) :]
         return False
 
     def _drain_reasoning(self, events: list[OutputEvent], *, final: bool) -> bool:
@@ -278,15 +295,15 @@ class OutputParser:
                 reasoning = reasoning[:-1]
             if reasoning:
                 events.append(ReasoningDelta(reasoning))
-            self._buffer = self._buffer[end + len(THINK_CLOSE):]
+            self._buffer = self._buffer[end + len(THINK_CLOSE) :]
             self._state = _State.TEXT
             self._drop_leading_newlines = True
             return True
         held = 0 if final else _partial_tag_length(self._buffer, THINK_CLOSE)
-        ready = self._buffer[:len(self._buffer) - held]
+        ready = self._buffer[: len(self._buffer) - held]
         if ready:
             events.append(ReasoningDelta(ready))
-        self._buffer = self._buffer[len(ready):]
+        self._buffer = self._buffer[len(ready) :]
         return False
 
     def _drain_tool_call(self, events: list[OutputEvent], *, final: bool) -> bool:
@@ -294,10 +311,11 @@ class OutputParser:
         if end < 0 and not final:
             return False
         body = self._buffer[:end] if end >= 0 else self._buffer
-        self._buffer = self._buffer[end + len(TOOL_CLOSE):] if end >= 0 else ""
+        self._buffer = self._buffer[end + len(TOOL_CLOSE) :] if end >= 0 else ""
         self._state = _State.TEXT
-        call = (_tool_call_from_json(body, index=self._calls, call_id_prefix=self._call_id_prefix)
-                or _tool_call_from_xml(body, index=self._calls, call_id_prefix=self._call_id_prefix, types=self._types))
+        call = _tool_call_from_json(
+            body, index=self._calls, call_id_prefix=self._call_id_prefix
+        ) or _tool_call_from_xml(body, index=self._calls, call_id_prefix=self._call_id_prefix, types=self._types)
         if call is not None:
             self._calls += 1
             events.append(call)
@@ -308,8 +326,13 @@ class OutputParser:
         return True
 
 
-def parse_output(text: str, *, call_id_prefix: str, starts_in_reasoning: bool = False,
-                 tools: Sequence[Mapping[str, Any]] | None = None) -> list[OutputEvent]:
+def parse_output(
+    text: str,
+    *,
+    call_id_prefix: str,
+    starts_in_reasoning: bool = False,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> list[OutputEvent]:
     """All events of a complete output (the non-streaming path), adjacent deltas not yet joined."""
     parser = OutputParser(call_id_prefix=call_id_prefix, starts_in_reasoning=starts_in_reasoning, tools=tools)
     return parser.feed(text) + parser.finish()

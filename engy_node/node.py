@@ -32,8 +32,9 @@ Service = Callable[..., Awaitable[Any]]
 FORCED_EXIT_CODE = 130
 
 
-async def run_services(services: Sequence[tuple[str, Service]], *, handle_signals: bool = True,
-                       exit_on_second_signal: bool = True) -> None:
+async def run_services(
+    services: Sequence[tuple[str, Service]], *, handle_signals: bool = True, exit_on_second_signal: bool = True
+) -> None:
     """Run `services` until cancelled. A single failure is re-raised as itself rather than
     inside an exception group, so `cli.py` can report a user error (`EngyError`) plainly.
 
@@ -52,7 +53,9 @@ async def run_services(services: Sequence[tuple[str, Service]], *, handle_signal
                             value = await nursery.start(service)
                             log.info("%s ready%s", name, f": {value}" if value is not None else "")
                         freeze_startup_objects()
-                        log.info("node running (%s); Ctrl-C or SIGTERM stops it", ", ".join(name for name, _ in services))
+                        log.info(
+                            "node running (%s); Ctrl-C or SIGTERM stops it", ", ".join(name for name, _ in services)
+                        )
             finally:
                 watchers.cancel_scope.cancel(reason="the services stopped")
 
@@ -69,8 +72,9 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-async def _stop_on_signals(scope: trio.CancelScope, exit_on_second_signal: bool, *,
-                           task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def _stop_on_signals(
+    scope: trio.CancelScope, exit_on_second_signal: bool, *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
         async for signum in signals:

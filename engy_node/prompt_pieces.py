@@ -57,8 +57,11 @@ class PieceEncoder:
         added = self.backend.get_added_tokens_decoder().values()
         self._added_ids = {token.content: self.backend.token_to_id(token.content) for token in added}
         # With encode_special_tokens the tokenizer tokenises added tokens' text like any other.
-        splittable = added and not self.backend.encode_special_tokens and all(
-            not (token.lstrip or token.rstrip or token.single_word or token.normalized) for token in added)
+        splittable = (
+            added
+            and not self.backend.encode_special_tokens
+            and all(not (token.lstrip or token.rstrip or token.single_word or token.normalized) for token in added)
+        )
         contents = sorted(self._added_ids, key=len, reverse=True)
         # Longest first: at one position the regex takes the first alternative that matches,
         # which then is the longest, as the tokenizer's own leftmost-longest match does.

@@ -78,7 +78,7 @@ class Commitment:
         }
 
     @classmethod
-    def from_wire(cls, wire: Any) -> "Commitment":
+    def from_wire(cls, wire: Any) -> Commitment:
         """Parse SPEC §4's `commitment` object; `ProofFormatError` names the bad field."""
         if not isinstance(wire, Mapping):
             raise ProofFormatError("commitment must be an object")
@@ -99,7 +99,9 @@ class Commitment:
             output_token_ids=_token_list(wire.get("output_token_ids"), "commitment.output_token_ids"),
             proofs=tuple(proofs),
             topk=_plain_int(toploc.get("topk"), "commitment.toploc.topk"),
-            decode_batching_size=_plain_int(toploc.get("decode_batching_size"), "commitment.toploc.decode_batching_size"),
+            decode_batching_size=_plain_int(
+                toploc.get("decode_batching_size"), "commitment.toploc.decode_batching_size"
+            ),
             skip_prefill=skip_prefill,
             n_tokens=_plain_int(toploc.get("n_tokens"), "commitment.toploc.n_tokens"),
             prompt_ids=_token_list(toploc.get("prompt_ids"), "commitment.toploc.prompt_ids"),
@@ -120,7 +122,9 @@ def _token_list(value: Any, field: str) -> tuple[int, ...]:
     # Every response's commitment is checked on the gateway's event loop, so the check runs in C
     # (the set of the items' types, then their bounds) rather than a Python test per id. A bool
     # is its own type here, so it is refused like any other non-integer.
-    if not isinstance(value, list) or (value and (set(map(type, value)) != {int} or min(value) < 0 or max(value) > MAX_TOKEN_ID)):
+    if not isinstance(value, list) or (
+        value and (set(map(type, value)) != {int} or min(value) < 0 or max(value) > MAX_TOKEN_ID)
+    ):
         raise ProofFormatError(f"{field} must be a list of token ids between 0 and 2**31-1")
     return tuple(value)
 
@@ -152,7 +156,9 @@ def build_proofs(rows, params: ProofParams) -> list[str]:
     return proofs
 
 
-def build_commitment(*, model_root: str, prompt_ids: Sequence[int], output_ids: Sequence[int], rows, params: ProofParams) -> Commitment:
+def build_commitment(
+    *, model_root: str, prompt_ids: Sequence[int], output_ids: Sequence[int], rows, params: ProofParams
+) -> Commitment:
     if rows.shape[0] != len(output_ids):
         raise ValueError(f"{rows.shape[0]} hidden rows for {len(output_ids)} output tokens; need one per token")
     return Commitment(
@@ -341,7 +347,7 @@ def check_delivery(output_ids: Sequence[int], delivery: Delivery, end_token_ids:
     """
     output_ids = tuple(output_ids)
     relayed = tuple(delivery.relayed_output_ids)
-    if relayed != output_ids and not (delivery.ended_at_stop and output_ids[:len(relayed)] == relayed):
+    if relayed != output_ids and not (delivery.ended_at_stop and output_ids[: len(relayed)] == relayed):
         return "output-mismatch"
     if any(token in end_token_ids for token in output_ids[:-1]):
         return "past-eos"
@@ -359,8 +365,11 @@ def verify_chunks(commitment: Commitment, recomputed_rows, params: ProofParams) 
         raise ValueError(f"recompute gave {recomputed_rows.shape[0]} rows for {commitment.n_tokens} tokens")
     activations = recomputed_rows.detach().to("cpu", dtype=torch.bfloat16).contiguous()
     results = toploc.verify_proofs_base64(
-        activations, list(commitment.proofs),
-        decode_batching_size=params.decode_batching_size, topk=params.topk, skip_prefill=True,
+        activations,
+        list(commitment.proofs),
+        decode_batching_size=params.decode_batching_size,
+        topk=params.topk,
+        skip_prefill=True,
     )
     return [ChunkResult(int(r.exp_mismatches), float(r.mant_err_mean), float(r.mant_err_median)) for r in results]
 
@@ -370,8 +379,15 @@ TOKEN_STATS_BLOCK_ELEMENTS = 1 << 24
 answer over Qwen's 151k vocabulary would otherwise hold ~5 GB per working copy."""
 
 
-def token_stats(logits, tokens: Sequence[int], *, sampling: SamplingTerms | None = None,
-                nucleus_margin: float = 0.0, first_position: int = 0, edge_band: float = 0.0) -> TokenStats:
+def token_stats(
+    logits,
+    tokens: Sequence[int],
+    *,
+    sampling: SamplingTerms | None = None,
+    nucleus_margin: float = 0.0,
+    first_position: int = 0,
+    edge_band: float = 0.0,
+) -> TokenStats:
     """Summarise recomputed logits ([n, vocab], row i predicts tokens[i]) for the token check;
     with `sampling` (a sampled request), also each token's surprisal under the distribution the
     request was sampled from (temperature, then the top_p nucleus, renormalised), and with a
@@ -381,18 +397,35 @@ def token_stats(logits, tokens: Sequence[int], *, sampling: SamplingTerms | None
     tokens = list(tokens)
     rows_per_block = max(1, TOKEN_STATS_BLOCK_ELEMENTS // max(1, logits.shape[-1]))
     blocks = [
-        _token_stats_block(logits[start:start + rows_per_block], tokens[start:start + rows_per_block], sampling=sampling,
-                           nucleus_margin=nucleus_margin, first_position=first_position + start, edge_band=edge_band)
+        _token_stats_block(
+            logits[start : start + rows_per_block],
+            tokens[start : start + rows_per_block],
+            sampling=sampling,
+            nucleus_margin=nucleus_margin,
+            first_position=first_position + start,
+            edge_band=edge_band,
+        )
         for start in range(0, len(tokens), rows_per_block)
     ]
     if len(blocks) == 1:
         return blocks[0]
-    return TokenStats(**{field.name: tuple(itertools.chain.from_iterable(getattr(block, field.name) for block in blocks))
-                         for field in dataclasses.fields(TokenStats)})
+    return TokenStats(
+        **{
+            field.name: tuple(itertools.chain.from_iterable(getattr(block, field.name) for block in blocks))
+            for field in dataclasses.fields(TokenStats)
+        }
+    )
 
 
-def _token_stats_block(logits, tokens: Sequence[int], *, sampling: SamplingTerms | None, nucleus_margin: float,
-                       first_position: int, edge_band: float) -> TokenStats:
+def _token_stats_block(
+    logits,
+    tokens: Sequence[int],
+    *,
+    sampling: SamplingTerms | None,
+    nucleus_margin: float,
+    first_position: int,
+    edge_band: float,
+) -> TokenStats:
     import torch
 
     logits = logits.float()
@@ -435,8 +468,9 @@ def _token_stats_block(logits, tokens: Sequence[int], *, sampling: SamplingTerms
         surprisal = tuple((-token_logp).clamp(max=1e6).tolist())
         tilts = _tilts(logp)
         if sampling.seed is not None:
-            replay_gap = _replay_gaps(logits, tokens, sampling, first_position, edge_band=edge_band,
-                                      nucleus_margin=nucleus_margin)
+            replay_gap = _replay_gaps(
+                logits, tokens, sampling, first_position, edge_band=edge_band, nucleus_margin=nucleus_margin
+            )
     return TokenStats(
         tokens=tuple(tokens),
         argmax=tuple(argmax.tolist()),
@@ -511,8 +545,15 @@ REPLAY_BLOCK_ELEMENTS = 1 << 21
 """Logits replayed at once: a dozen float64/int64 working copies of 2M values (~200 MB at most)."""
 
 
-def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_position: int, *,
-                 edge_band: float, nucleus_margin: float) -> tuple[float, ...]:
+def _replay_gaps(
+    logits,
+    tokens: Sequence[int],
+    sampling: SamplingTerms,
+    first_position: int,
+    *,
+    edge_band: float,
+    nucleus_margin: float,
+) -> tuple[float, ...]:
     """Per position, how far (in logits) the numeric paths would have to disagree for the served
     token to have won the seeded draw the miner announced: sglang's rank path (`serve/sampling.py`,
     the miner sends `protocol.miner.SEEDED_TOP_K`), where the Gumbel noise goes by rank in
@@ -548,8 +589,8 @@ def _replay_gaps(logits, tokens: Sequence[int], sampling: SamplingTerms, first_p
     gaps: list[float] = []
     rows_per_block = max(1, REPLAY_BLOCK_ELEMENTS // vocab)
     for start in range(0, n, rows_per_block):
-        block = logits[start:start + rows_per_block]
-        served = torch.tensor(list(tokens[start:start + rows_per_block]), dtype=torch.long, device=logits.device)
+        block = logits[start : start + rows_per_block]
+        served = torch.tensor(list(tokens[start : start + rows_per_block]), dtype=torch.long, device=logits.device)
         # As sglang: float32 softmax of logits / T, sorted descending, float32 mass before each rank.
         probs = torch.softmax(block.float() / temperature, dim=1)
         # Non-negative float32 values sort as their bit patterns, and an integer sort takes the
@@ -720,8 +761,12 @@ def verify_commitment(
     `end_token_ids` are the canonical model's end-of-answer tokens; `sampling` how a request that
     was not `greedy` asked to be sampled (temperature 1, no nucleus, when not known)."""
     shape = check_shape(
-        commitment, params=model.proof, canonical_root=canonical_root,
-        expected_prompt_ids=expected_prompt_ids, delivery=delivery, end_token_ids=end_token_ids,
+        commitment,
+        params=model.proof,
+        canonical_root=canonical_root,
+        expected_prompt_ids=expected_prompt_ids,
+        delivery=delivery,
+        end_token_ids=end_token_ids,
     )
     if shape is not None:
         return shape
@@ -740,8 +785,14 @@ def verify_commitment(
     except (ValueError, RuntimeError):
         return Verdict("unproven", "malformed-proof")
     terms = None if greedy else (sampling or SamplingTerms(temperature=1.0))
-    stats = token_stats(row_logits, output, sampling=terms, nucleus_margin=model.token_check.nucleus_margin,
-                        first_position=first, edge_band=model.token_check.nucleus_edge_band)
+    stats = token_stats(
+        row_logits,
+        output,
+        sampling=terms,
+        nucleus_margin=model.token_check.nucleus_margin,
+        first_position=first,
+        edge_band=model.token_check.nucleus_edge_band,
+    )
     tokens = token_check(stats, greedy=greedy, params=model.token_check)
     return judge(chunks, tokens, model.proof)
 
@@ -790,8 +841,15 @@ def judge_delivered(
     return _judge_tokens(prompt, list(pieces), model=model, recompute=recompute, greedy=greedy, sampling=sampling)
 
 
-def _judge_tokens(prompt: list[int], delivered: list[int], *, model: ModelSpec, recompute: Recompute, greedy: bool,
-                  sampling: SamplingTerms | None) -> Verdict:
+def _judge_tokens(
+    prompt: list[int],
+    delivered: list[int],
+    *,
+    model: ModelSpec,
+    recompute: Recompute,
+    greedy: bool,
+    sampling: SamplingTerms | None,
+) -> Verdict:
     first = len(prompt) - 1
     try:
         _, row_logits = recompute(prompt + delivered[:-1], start=first)
@@ -800,8 +858,14 @@ def _judge_tokens(prompt: list[int], delivered: list[int], *, model: ModelSpec, 
     if max(delivered) >= row_logits.shape[-1]:
         return Verdict("unproven", "output-outside-vocabulary", path="recompute")
     terms = None if greedy else (sampling or SamplingTerms(temperature=1.0))
-    stats = token_stats(row_logits, delivered, sampling=terms, nucleus_margin=model.token_check.nucleus_margin,
-                        first_position=first, edge_band=model.token_check.nucleus_edge_band)
+    stats = token_stats(
+        row_logits,
+        delivered,
+        sampling=terms,
+        nucleus_margin=model.token_check.nucleus_margin,
+        first_position=first,
+        edge_band=model.token_check.nucleus_edge_band,
+    )
     tokens = token_check(stats, greedy=greedy, params=model.token_check)
     details = dict(token_misses=tokens.misses, max_logit_gap=tokens.max_gap, token_evidence=tokens.evidence)
     if not tokens.ok:

@@ -52,8 +52,11 @@ class ServedModel:
         pieces were there on its previous turn."""
         messages = [m.for_template() for m in request.messages]
         tools = list(request.tools) if request.tools else None
-        return self.pieces.encode(self.tokenizer.render(messages, tools=tools, add_generation_prompt=True,
-                                                        template_kwargs=request.template_variables()))
+        return self.pieces.encode(
+            self.tokenizer.render(
+                messages, tools=tools, add_generation_prompt=True, template_kwargs=request.template_variables()
+            )
+        )
 
     def public_miner_prompts(self, request: ServeRequest) -> list[list[int]]:
         """The prompts the public one-file miners render for `request` where they differ from
@@ -65,16 +68,24 @@ class ServedModel:
         plain = [{"role": m.role, "content": m.content} for m in request.messages]
         normalised = [_arguments_as_objects(m.for_template()) for m in request.messages]
         tools = list(request.tools) if request.tools else None
-        return [self.pieces.encode(self.tokenizer.render(plain, tools=None, add_generation_prompt=True, template_kwargs={})),
-                self.pieces.encode(self.tokenizer.render(normalised, tools=tools, add_generation_prompt=True,
-                                                         template_kwargs=request.template_variables()))]
+        return [
+            self.pieces.encode(
+                self.tokenizer.render(plain, tools=None, add_generation_prompt=True, template_kwargs={})
+            ),
+            self.pieces.encode(
+                self.tokenizer.render(
+                    normalised, tools=tools, add_generation_prompt=True, template_kwargs=request.template_variables()
+                )
+            ),
+        ]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def load_served_model(spec: ModelSpec, checkpoint: Path, *, with_token_floor: bool = False,
-                      cache_dir: Path | None = None) -> ServedModel:
+def load_served_model(
+    spec: ModelSpec, checkpoint: Path, *, with_token_floor: bool = False, cache_dir: Path | None = None
+) -> ServedModel:
     """Blocking (tokenizer load, shard sizes): call it through `trio.to_thread.run_sync`. The
     first load of a checkpoint takes its tokenizer snapshot in a child process
     (`checkpoint_tokenizer`; `cache_dir` moves the cache). `with_token_floor` measures
@@ -88,10 +99,15 @@ def load_served_model(spec: ModelSpec, checkpoint: Path, *, with_token_floor: bo
     if with_token_floor:
         floor = longest_token_bytes(backend)
         return_freed_heap()  # the pass decodes every token: ~28 MiB kept for a 151,643-token vocabulary, ~3 trimmed
-    return ServedModel(spec=spec, checkpoint=checkpoint, model_root=model_root(checkpoint), tokenizer=tokenizer,
-                       pieces=PieceEncoder(backend), end_token_ids=end_token_ids_of(checkpoint, tokenizer),
-                       max_token_bytes=floor)
-
+    return ServedModel(
+        spec=spec,
+        checkpoint=checkpoint,
+        model_root=model_root(checkpoint),
+        tokenizer=tokenizer,
+        pieces=PieceEncoder(backend),
+        end_token_ids=end_token_ids_of(checkpoint, tokenizer),
+        max_token_bytes=floor,
+    )
 
 
 def longest_token_bytes(backend: Any) -> int | None:

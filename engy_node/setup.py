@@ -125,8 +125,11 @@ def machine_line(inventory: GpuInventory, *, ram_bytes: int | None = None) -> st
     described = []
     for (name, memory), gpus in groups.items():
         facts = [f"{memory / GIB:.0f} GiB" if memory else "? GiB"]
-        links = [f"{'?' if gpu.pcie_gen is None else f'{gpu.pcie_gen}.0'} x{gpu.pcie_width or '?'}"
-                 for gpu in gpus if gpu.pcie_gen is not None or gpu.pcie_width is not None]
+        links = [
+            f"{'?' if gpu.pcie_gen is None else f'{gpu.pcie_gen}.0'} x{gpu.pcie_width or '?'}"
+            for gpu in gpus
+            if gpu.pcie_gen is not None or gpu.pcie_width is not None
+        ]
         if links:
             facts.append("PCIe " + _slash_join(links))
         described.append(f"{len(gpus)} × {name} ({', '.join(facts)})")
@@ -194,15 +197,23 @@ def list_wallets(wallets_path: str | os.PathLike[str]) -> list[WalletEntry]:
         if not is_wallet:
             continue
         try:
-            files = {entry.name: entry for entry in hotkeys_dir.iterdir() if entry.is_file()} if hotkeys_dir.is_dir() else {}
+            files = (
+                {entry.name: entry for entry in hotkeys_dir.iterdir() if entry.is_file()}
+                if hotkeys_dir.is_dir()
+                else {}
+            )
         except OSError:
             files = {}
-        names = sorted(name for name in files if not (name.endswith("pub.txt") and name.removesuffix("pub.txt") in files))
-        wallets.append(WalletEntry(
-            name=directory.name,
-            coldkey_ss58=_public_ss58(directory / "coldkeypub.txt"),
-            hotkeys=tuple(_hotkey_entry(files, name) for name in names),
-        ))
+        names = sorted(
+            name for name in files if not (name.endswith("pub.txt") and name.removesuffix("pub.txt") in files)
+        )
+        wallets.append(
+            WalletEntry(
+                name=directory.name,
+                coldkey_ss58=_public_ss58(directory / "coldkeypub.txt"),
+                hotkeys=tuple(_hotkey_entry(files, name) for name in names),
+            )
+        )
     return wallets
 
 
@@ -297,32 +308,56 @@ def model_choices(
 
 def _choice(spec: ModelSpec, inventory: GpuInventory, checkpoint: str, target_context: int | None) -> ModelChoice:
     def made(fits: bool | None, verdict: str, reasons: tuple[str, ...]) -> ModelChoice:
-        return ModelChoice(id=spec.id, display_name=spec.display_name, fits=fits, verdict=verdict, reasons=reasons,
-                           checkpoint=checkpoint)
+        return ModelChoice(
+            id=spec.id,
+            display_name=spec.display_name,
+            fits=fits,
+            verdict=verdict,
+            reasons=reasons,
+            checkpoint=checkpoint,
+        )
 
     if checkpoint:
         try:
             shape, weight_bytes = read_model_shape(Path(checkpoint).expanduser())
         except ModelError as err:
             return made(None, f"checkpoint unreadable: {err}", (f"checkpoint: {err}",))
-        chosen = plan(shape=shape, weight_bytes=weight_bytes, gpus=inventory.gpus, p2p=inventory.p2p_ok_matrix,
-                      target_context=target_context, cpu_capable=spec.embedded)
-        return made(chosen.fits, plan_verdict(chosen), tuple(f"{name}: {reason}" for name, reason in chosen.reasons.items()))
+        chosen = plan(
+            shape=shape,
+            weight_bytes=weight_bytes,
+            gpus=inventory.gpus,
+            p2p=inventory.p2p_ok_matrix,
+            target_context=target_context,
+            cpu_capable=spec.embedded,
+        )
+        return made(
+            chosen.fits, plan_verdict(chosen), tuple(f"{name}: {reason}" for name, reason in chosen.reasons.items())
+        )
     if spec.embedded:
         where = "on this machine's CPU (the reference server)" if inventory.cpu_mode else "on any GPU"
-        return made(True, f"fits: the embedded model runs {where}", (
-            "embedded: it ships inside a Python package and runs with no GPU and no download",
-            "plan: the miner converts its checkpoint once at first start (~15 s) and plans exactly from it then",
-        ))
+        return made(
+            True,
+            f"fits: the embedded model runs {where}",
+            (
+                "embedded: it ships inside a Python package and runs with no GPU and no download",
+                "plan: the miner converts its checkpoint once at first start (~15 s) and plans exactly from it then",
+            ),
+        )
     if inventory.cpu_mode:
-        return made(False, "does not fit: no NVIDIA GPU (in CPU mode only the embedded model runs)", (
-            f"gpus: {inventory.reason}",
-        ))
-    return made(None, CHECKPOINT_NEEDED, (
-        "plan: the planner sizes tensor parallelism, memory and concurrency from the checkpoint's "
-        "config.json and shard sizes",
-        f"checkpoint: download {spec.hf_repo} and enter the directory sglang loads",
-    ))
+        return made(
+            False,
+            "does not fit: no NVIDIA GPU (in CPU mode only the embedded model runs)",
+            (f"gpus: {inventory.reason}",),
+        )
+    return made(
+        None,
+        CHECKPOINT_NEEDED,
+        (
+            "plan: the planner sizes tensor parallelism, memory and concurrency from the checkpoint's "
+            "config.json and shard sizes",
+            f"checkpoint: download {spec.hf_repo} and enter the directory sglang loads",
+        ),
+    )
 
 
 def plan_verdict(chosen: Plan) -> str:
@@ -331,7 +366,9 @@ def plan_verdict(chosen: Plan) -> str:
     if not chosen.fits:
         return f"does not fit: {chosen.summary}"
     if chosen.server == "reference":
-        return f"fits: CPU mode, the reference server, {chosen.max_inflight} concurrent, {chosen.context_length} context"
+        return (
+            f"fits: CPU mode, the reference server, {chosen.max_inflight} concurrent, {chosen.context_length} context"
+        )
     parallel = f"tp {chosen.tp}" + (f" × dp {chosen.dp}" if chosen.dp > 1 else "")
     fraction = f"mem-fraction {chosen.mem_fraction_static:.2f}" if chosen.mem_fraction_static is not None else ""
     kv = "FP8 KV" if chosen.kv_cache_dtype.startswith("fp8") else f"{chosen.kv_cache_dtype} KV"
@@ -372,7 +409,9 @@ def answers_from(existing: Mapping[str, Any]) -> SetupAnswers:
         value = table.get(key)
         return value if isinstance(value, str) else default
 
-    role: Role = "validator" if text(validator, "wallet_hotkey", "") and not text(miner, "wallet_hotkey", "") else "miner"
+    role: Role = (
+        "validator" if text(validator, "wallet_hotkey", "") and not text(miner, "wallet_hotkey", "") else "miner"
+    )
     model = text(miner, "model", defaults.model)
     if model not in CATALOG:
         model = defaults.model
@@ -421,30 +460,42 @@ def _model_problems(answers: SetupAnswers, choices: Sequence[ModelChoice]) -> li
         return [f"model {answers.model!r} is not in the catalog: choose one of {', '.join(CATALOG)}"]
     problems = []
     if not answers.checkpoint and not spec.embedded:
-        problems.append(f"model {spec.id} needs its checkpoint: enter the directory sglang loads "
-                        "(config.json and *.safetensors) in the Model step")
+        problems.append(
+            f"model {spec.id} needs its checkpoint: enter the directory sglang loads "
+            "(config.json and *.safetensors) in the Model step"
+        )
     if answers.role == "gateway" and "," in answers.checkpoint:
-        problems.append("checkpoint path has a comma, which gateway.checkpoints uses between models: "
-                        "move or link the checkpoint to a path without one")
+        problems.append(
+            "checkpoint path has a comma, which gateway.checkpoints uses between models: "
+            "move or link the checkpoint to a path without one"
+        )
     chosen = next((choice for choice in choices if choice.id == spec.id), None)
     if answers.role == "miner" and chosen is not None and chosen.fits is False:
-        problems.append(f"model {spec.id} does not fit this machine ({chosen.verdict.removeprefix('does not fit: ')}): "
-                        "choose a model marked ✔")
+        problems.append(
+            f"model {spec.id} does not fit this machine ({chosen.verdict.removeprefix('does not fit: ')}): "
+            "choose a model marked ✔"
+        )
     return problems
 
 
 def _wallet_problems(answers: SetupAnswers) -> list[str]:
     problems = []
     if answers.role == "validator" and not (answers.wallet_name and answers.wallet_hotkey):
-        problems.append("a validator signs weights with its own hotkey: choose a wallet and hotkey in the Wallet step "
-                        "(registered on the subnet, with a validator permit)")
+        problems.append(
+            "a validator signs weights with its own hotkey: choose a wallet and hotkey in the Wallet step "
+            "(registered on the subnet, with a validator permit)"
+        )
     elif bool(answers.wallet_name) != bool(answers.wallet_hotkey):
         problems.append("choose both a wallet and one of its hotkeys in the Wallet step, or neither")
     for label, value in (("wallet name", answers.wallet_name), ("hotkey name", answers.wallet_hotkey)):
         if value and (not _PLAIN_NAME.fullmatch(value) or value in (".", "..")):
-            problems.append(f"{label} {value!r}: use a plain name of letters, digits, '.', '_' or '-' such as 'default'")
+            problems.append(
+                f"{label} {value!r}: use a plain name of letters, digits, '.', '_' or '-' such as 'default'"
+            )
     if answers.wallet_name and not answers.wallets_path.strip():
-        problems.append(f"wallets path is empty: enter the directory that holds your wallets, e.g. {DEFAULT_WALLETS_PATH}")
+        problems.append(
+            f"wallets path is empty: enter the directory that holds your wallets, e.g. {DEFAULT_WALLETS_PATH}"
+        )
     return problems
 
 
@@ -454,16 +505,22 @@ def _gateway_problems(answers: SetupAnswers) -> list[str]:
     if not url:
         problems.append(f"gateway URL is empty: enter the gateway's websocket URL, e.g. {DEFAULT_GATEWAY_URL}")
     elif any(ch.isspace() for ch in url) or not url.isprintable():
-        problems.append(f"gateway URL {url!r} has spaces or control characters: paste it again, e.g. {DEFAULT_GATEWAY_URL}")
+        problems.append(
+            f"gateway URL {url!r} has spaces or control characters: paste it again, e.g. {DEFAULT_GATEWAY_URL}"
+        )
     elif not url.startswith(("ws://", "wss://")):
         problems.append(f"gateway URL {url!r}: use the gateway's wss:// URL, e.g. {DEFAULT_GATEWAY_URL}")
     elif url.startswith("ws://") and _host(url) not in LOOPBACK_HOSTS:
-        problems.append(f"gateway URL {url!r}: plain ws:// sends the miner key unencrypted; use wss:// "
-                        "(ws:// is only for a gateway on this machine)")
+        problems.append(
+            f"gateway URL {url!r}: plain ws:// sends the miner key unencrypted; use wss:// "
+            "(ws:// is only for a gateway on this machine)"
+        )
     key = answers.miner_key
     if not key and not (answers.wallet_name and answers.wallet_hotkey):
-        problems.append("a miner needs a miner key (issued by the gateway operator) or a registered hotkey: "
-                        "enter the key in the Gateway step, or choose a hotkey in the Wallet step")
+        problems.append(
+            "a miner needs a miner key (issued by the gateway operator) or a registered hotkey: "
+            "enter the key in the Gateway step, or choose a hotkey in the Wallet step"
+        )
     if key and (any(ch.isspace() for ch in key) or not key.isprintable()):
         problems.append("the miner key has spaces, line breaks or control characters in it: paste it again as one word")
     return problems
@@ -481,11 +538,15 @@ def _chain_problems(answers: SetupAnswers) -> list[str]:
     if answers.network not in NETWORKS and not answers.network.startswith(("ws://", "wss://")):
         problems.append(f"network {answers.network!r}: use finney, test, local or a ws(s):// URL")
     if not answers.provider_url.startswith(("http://", "https://")):
-        problems.append(f"provider URL {answers.provider_url!r}: use the provider's https:// URL, "
-                        f"e.g. {VALIDATOR_DEFAULTS.provider_url}")
+        problems.append(
+            f"provider URL {answers.provider_url!r}: use the provider's https:// URL, "
+            f"e.g. {VALIDATOR_DEFAULTS.provider_url}"
+        )
     if not _SS58.fullmatch(answers.master_hotkey):
-        problems.append(f"master hotkey {answers.master_hotkey!r}: enter the provider's master hotkey as an ss58 "
-                        f"address (the public provider's is {VALIDATOR_DEFAULTS.master_hotkey})")
+        problems.append(
+            f"master hotkey {answers.master_hotkey!r}: enter the provider's master hotkey as an ss58 "
+            f"address (the public provider's is {VALIDATOR_DEFAULTS.master_hotkey})"
+        )
     return problems
 
 
@@ -498,32 +559,49 @@ def decided_settings(answers: SetupAnswers, existing: Mapping[str, Any]) -> dict
     `checkpoints` keeps the other models' entries. A local network needs no settings:
     `engy-node up` generates its own."""
     if answers.role == "miner":
-        return {"miner": {
-            "model": answers.model, "checkpoint": answers.checkpoint, "gateway_url": answers.gateway_url,
-            "miner_key": answers.miner_key, "wallets_path": answers.wallets_path,
-            "wallet_name": answers.wallet_name, "wallet_hotkey": answers.wallet_hotkey,
-        }}
+        return {
+            "miner": {
+                "model": answers.model,
+                "checkpoint": answers.checkpoint,
+                "gateway_url": answers.gateway_url,
+                "miner_key": answers.miner_key,
+                "wallets_path": answers.wallets_path,
+                "wallet_name": answers.wallet_name,
+                "wallet_hotkey": answers.wallet_hotkey,
+            }
+        }
     if answers.role == "validator":
-        return {"validator": {
-            "network": answers.network, "provider_url": answers.provider_url, "master_hotkey": answers.master_hotkey,
-            "wallets_path": answers.wallets_path, "wallet_name": answers.wallet_name,
-            "wallet_hotkey": answers.wallet_hotkey,
-        }}
+        return {
+            "validator": {
+                "network": answers.network,
+                "provider_url": answers.provider_url,
+                "master_hotkey": answers.master_hotkey,
+                "wallets_path": answers.wallets_path,
+                "wallet_name": answers.wallet_name,
+                "wallet_hotkey": answers.wallet_hotkey,
+            }
+        }
     if answers.role == "gateway":
         current = _table(existing, "gateway").get("checkpoints")
         pairs = checkpoint_pairs(current if isinstance(current, str) else "")
         pairs.pop(answers.model, None)
         if answers.checkpoint:
             pairs[answers.model] = answers.checkpoint
-        return {"gateway": {"models": answers.model,
-                            "checkpoints": ",".join(f"{model}={path}" for model, path in pairs.items())}}
+        return {
+            "gateway": {
+                "models": answers.model,
+                "checkpoints": ",".join(f"{model}={path}" for model, path in pairs.items()),
+            }
+        }
     return {}
 
 
 def node_toml(answers: SetupAnswers, existing: Mapping[str, Any]) -> str:
     """node.toml's text: `existing` (a parsed node.toml) with `decided_settings` written over it;
     other sections and keys keep their values and order, new ones go at the end."""
-    document: dict[str, Any] = {name: dict(value) if isinstance(value, Mapping) else value for name, value in existing.items()}
+    document: dict[str, Any] = {
+        name: dict(value) if isinstance(value, Mapping) else value for name, value in existing.items()
+    }
     for section, values in decided_settings(answers, existing).items():
         table = document.get(section)
         document[section] = {**(table if isinstance(table, dict) else {}), **values}
@@ -538,8 +616,12 @@ def preview_toml(answers: SetupAnswers, existing: Mapping[str, Any]) -> str:
 
 def _mask_secrets(value: Any) -> Any:
     if isinstance(value, Mapping):
-        return {key: mask_value(item) if is_secret_field(str(key)) and isinstance(item, str) and item else _mask_secrets(item)
-                for key, item in value.items()}
+        return {
+            key: mask_value(item)
+            if is_secret_field(str(key)) and isinstance(item, str) and item
+            else _mask_secrets(item)
+            for key, item in value.items()
+        }
     if isinstance(value, list):
         return [_mask_secrets(item) for item in value]
     return value
@@ -548,7 +630,9 @@ def _mask_secrets(value: Any) -> Any:
 def dumps_toml(document: Mapping[str, Any]) -> str:
     """TOML text for a document as tomllib returns them: top-level values first, then one
     `[table]` per table, nested tables inline. tomllib parses it back to an equal document."""
-    lines = [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in document.items() if not isinstance(value, Mapping)]
+    lines = [
+        f"{_toml_key(key)} = {_toml_value(value)}" for key, value in document.items() if not isinstance(value, Mapping)
+    ]
     for name, table in document.items():
         if isinstance(table, Mapping):
             lines += [*([""] if lines else []), f"[{_toml_key(name)}]"]
@@ -643,8 +727,17 @@ def commands(answers: SetupAnswers, *, home: str | None = None) -> list[str]:
     if answers.role == "miner":
         argvs = [[*base, "plan"], [*base, "--role", "miner"]]
     elif answers.role == "validator":
-        argvs = [[*base, "--role", "validator", "--validator-wallet", answers.wallet_name,
-                  "--validator-hotkey", answers.wallet_hotkey]]
+        argvs = [
+            [
+                *base,
+                "--role",
+                "validator",
+                "--validator-wallet",
+                answers.wallet_name,
+                "--validator-hotkey",
+                answers.wallet_hotkey,
+            ]
+        ]
     elif answers.role == "gateway":
         argvs = [[*base, "--role", "gateway"]]
     else:

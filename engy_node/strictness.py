@@ -74,8 +74,11 @@ class JudgedAnswer:
 
     def verdict_within(self, tokens: int, params: TokenCheckParams) -> proof.TokenCheck:
         """The token check's verdict on the answer's first `tokens` tokens."""
-        cut = {field.name: getattr(self.stats, field.name)[:tokens] for field in dataclasses.fields(proof.TokenStats)
-               if getattr(self.stats, field.name)}
+        cut = {
+            field.name: getattr(self.stats, field.name)[:tokens]
+            for field in dataclasses.fields(proof.TokenStats)
+            if getattr(self.stats, field.name)
+        }
         return proof.token_check(dataclasses.replace(self.stats, **cut), greedy=False, params=params)
 
 
@@ -101,7 +104,9 @@ def run_sampling_cheats(
     runners = {"honest": honest}
     if any(knobs.get("model") == "quantised" for _, knobs in cases):
         runners["quantised"] = quantise_linear_weights(ModelRunner.load(checkpoint, device="cpu", dtype=serve_dtype))
-    verifier = honest if recompute_dtype == serve_dtype else ModelRunner.load(checkpoint, device="cpu", dtype=recompute_dtype)
+    verifier = (
+        honest if recompute_dtype == serve_dtype else ModelRunner.load(checkpoint, device="cpu", dtype=recompute_dtype)
+    )
     check = model.token_check
     judged: list[JudgedAnswer] = []
     for answer, messages in enumerate(conversations):
@@ -115,11 +120,19 @@ def run_sampling_cheats(
                 drawn["sampling_seed"] = seed
             output = _serve(runners[departure.get("model", "honest")], prompt_ids, answer_tokens, drawn)
             _, logits = verifier.prefill(prompt_ids + output[:-1], start=len(prompt_ids) - 1)
-            stats = proof.token_stats(logits, output, sampling=asked, first_position=len(prompt_ids) - 1,
-                                      nucleus_margin=check.nucleus_margin, edge_band=check.nucleus_edge_band)
+            stats = proof.token_stats(
+                logits,
+                output,
+                sampling=asked,
+                first_position=len(prompt_ids) - 1,
+                nucleus_margin=check.nucleus_margin,
+                edge_band=check.nucleus_edge_band,
+            )
             judged.append(JudgedAnswer(case, answer, stats))
         if (answer + 1) % 10 == 0:
-            progress(f"sampling cheats: {answer + 1}/{len(conversations)} conversations served in every case and replayed")
+            progress(
+                f"sampling cheats: {answer + 1}/{len(conversations)} conversations served in every case and replayed"
+            )
     return judged
 
 
@@ -141,8 +154,12 @@ def format_catch_rates(judged: Sequence[JudgedAnswer], *, params: TokenCheckPara
     order = {case: index for index, (case, _) in enumerate(SAMPLING_CHEATS)}
     rates = sorted(catch_rates(judged, params=params), key=lambda row: (order.get(row[0], len(order)), row[0], row[1]))
     lengths = sorted({tokens for _, tokens, _, _ in rates})
-    header = ("| case | answers | " + " | ".join(f"judged cheat within {n} tokens (95 % interval)" for n in lengths) +
-              " |\n|---|---|" + "---|" * len(lengths))
+    header = (
+        "| case | answers | "
+        + " | ".join(f"judged cheat within {n} tokens (95 % interval)" for n in lengths)
+        + " |\n|---|---|"
+        + "---|" * len(lengths)
+    )
     lines = [header]
     for case, group in itertools.groupby(rates, key=lambda row: row[0]):
         group = list(group)
@@ -154,16 +171,21 @@ def format_catch_rates(judged: Sequence[JudgedAnswer], *, params: TokenCheckPara
     honest = [gap for j in judged if j.case == "honest" for gap in j.gaps]
     if honest:
         lines.append("")
-        lines.append(f"Honest answers: {len(honest)} tokens, largest replay gap {max(honest):.3f} logits, "
-                     f"{sum(1 for gap in honest if gap > params.seeded_drift_band)} beyond the seeded band "
-                     f"({params.seeded_drift_band:g}).")
+        lines.append(
+            f"Honest answers: {len(honest)} tokens, largest replay gap {max(honest):.3f} logits, "
+            f"{sum(1 for gap in honest if gap > params.seeded_drift_band)} beyond the seeded band "
+            f"({params.seeded_drift_band:g})."
+        )
     return "\n".join(lines)
 
 
 # ---- answers with no commitment ----------------------------------------------------------------
 
 RECOMPUTE_SETTINGS: tuple[tuple[str, float, float], ...] = (
-    ("greedy", 0.0, 1.0), ("T 0.7 top_p 1", 0.7, 1.0), ("T 1 top_p 1", 1.0, 1.0), ("T 1 top_p 0.9", 1.0, 0.9),
+    ("greedy", 0.0, 1.0),
+    ("T 0.7 top_p 1", 0.7, 1.0),
+    ("T 1 top_p 1", 1.0, 1.0),
+    ("T 1 top_p 0.9", 1.0, 0.9),
 )
 
 
@@ -193,8 +215,10 @@ def run_recompute_judged(
     """Answers sent with no commitment, judged through `proof.judge_delivered` as the verifier
     does: served by the canonical model and by its 4-bit copy, greedy and sampled, sampled ones
     both unseeded (statistical test) and seeded (replay). Answers end where the model ends them."""
-    runners = {"honest": ModelRunner.load(checkpoint, device="cpu", dtype=serve_dtype),
-               "quantised-4bit": quantise_linear_weights(ModelRunner.load(checkpoint, device="cpu", dtype=serve_dtype))}
+    runners = {
+        "honest": ModelRunner.load(checkpoint, device="cpu", dtype=serve_dtype),
+        "quantised-4bit": quantise_linear_weights(ModelRunner.load(checkpoint, device="cpu", dtype=serve_dtype)),
+    }
     verifier = ModelRunner.load(checkpoint, device="cpu", dtype=recompute_dtype)
     results: list[RecomputeJudged] = []
     for answer, messages in enumerate(conversations):
@@ -208,10 +232,13 @@ def run_recompute_judged(
                 if seeded:
                     knobs.update(top_k=SEEDED_TOP_K, sampling_seed=seed)
                 params = parse_sampling_params({"max_new_tokens": answer_tokens, **knobs})
-                output = run_to_completion(runner, Generation(rid="recompute", input_ids=list(prompt_ids), params=params)).output_ids
+                output = run_to_completion(
+                    runner, Generation(rid="recompute", input_ids=list(prompt_ids), params=params)
+                ).output_ids
                 terms = None if greedy else proof.SamplingTerms(temperature, top_p, seed=seed if seeded else None)
-                verdict = proof.judge_delivered(prompt_ids, output, model=model, recompute=verifier.prefill, greedy=greedy,
-                                                sampling=terms)
+                verdict = proof.judge_delivered(
+                    prompt_ids, output, model=model, recompute=verifier.prefill, greedy=greedy, sampling=terms
+                )
                 results.append(RecomputeJudged(served_by, label, check, answer, len(output), verdict))
         if (answer + 1) % 10 == 0:
             progress(f"no commitment: {answer + 1}/{len(conversations)} conversations served and judged")
@@ -221,8 +248,10 @@ def run_recompute_judged(
 def format_recompute_judged(results: Sequence[RecomputeJudged]) -> str:
     """A Markdown table: per (served by, setting, check), answers, judged cheat with its exact 95 %
     interval, and the answers' lengths."""
-    header = ("| served by | sampling | check | answers | judged cheat (95 % interval) | tokens per answer |\n"
-              "|---|---|---|---|---|---|")
+    header = (
+        "| served by | sampling | check | answers | judged cheat (95 % interval) | tokens per answer |\n"
+        "|---|---|---|---|---|---|"
+    )
     groups: dict[tuple[str, str, str], list[RecomputeJudged]] = {}
     for result in results:
         groups.setdefault((result.served_by, result.setting, result.check), []).append(result)
@@ -231,6 +260,8 @@ def format_recompute_judged(results: Sequence[RecomputeJudged]) -> str:
         cheats = sum(1 for m in members if m.verdict.kind == "cheat")
         low, high = proportion_interval(cheats, len(members))
         lengths = sorted(m.n_tokens for m in members)
-        lines.append(f"| {served_by} | {setting} | {check} | {len(members)} | {cheats} ({100 * low:.1f}–{100 * high:.1f} %) | "
-                     f"{lengths[0]}–{lengths[-1]} (median {lengths[len(lengths) // 2]}) |")
+        lines.append(
+            f"| {served_by} | {setting} | {check} | {len(members)} | {cheats} ({100 * low:.1f}–{100 * high:.1f} %) | "
+            f"{lengths[0]}–{lengths[-1]} (median {lengths[len(lengths) // 2]}) |"
+        )
     return "\n".join(lines)

@@ -84,7 +84,9 @@ class AuditCallFailed(Exception):
 class HttpAuditSource:
     """A gateway's signed audit API (`provider_api.py`)."""
 
-    def __init__(self, provider_url: str, *, keypair: Any, netuid: int, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self, provider_url: str, *, keypair: Any, netuid: int, client: httpx.AsyncClient | None = None
+    ) -> None:
         self.base = provider_url.rstrip("/")
         self.keypair = keypair
         self.netuid = netuid
@@ -98,8 +100,11 @@ class HttpAuditSource:
             try:
                 jobs.append(LeasedJob(AuditJob.from_wire(wire), float(wire.get("lease_expires_in_s") or 0.0)))
             except ValueError as error:
-                log.warning("skipped a leased job the gateway sent malformed (%s); it returns to the queue when its "
-                            "lease runs out", error)
+                log.warning(
+                    "skipped a leased job the gateway sent malformed (%s); it returns to the queue when its "
+                    "lease runs out",
+                    error,
+                )
         return jobs
 
     async def post(self, verdicts: list[PostedVerdict]) -> None:
@@ -111,8 +116,9 @@ class HttpAuditSource:
         raw = orjson.dumps(payload)
         headers = keys.signed_headers(self.keypair, self.netuid, "POST", path, raw, int(time.time()))
         try:
-            response = await self.client.post(self.base + path, content=raw,
-                                              headers={**headers, "content-type": "application/json"})
+            response = await self.client.post(
+                self.base + path, content=raw, headers={**headers, "content-type": "application/json"}
+            )
         except httpx.HTTPError as error:
             raise AuditCallFailed(f"cannot reach {self.base} ({type(error).__name__}: {error})") from None
         if response.status_code != 200:
@@ -149,7 +155,7 @@ class GatheredAuditSource:
         jobs: list[LeasedJob] = []
         failures: list[str] = []
         # Start at a different host each call, so a small `limit` does not always go to the first.
-        order = self.sources[self._turn:] + self.sources[:self._turn]
+        order = self.sources[self._turn :] + self.sources[: self._turn]
         self._turn = (self._turn + 1) % len(self.sources)
         for source in order:
             if len(jobs) >= limit:
@@ -188,7 +194,9 @@ class Judge:
     """Judges jobs on the canonical models. Blocking; safe to call from several threads (each
     model loads once; prefill runs under the runner's own inference mode)."""
 
-    def __init__(self, checkpoints: Mapping[str, Path], *, device: str = "cpu", dtype: str = "float32", threads: int = 0) -> None:
+    def __init__(
+        self, checkpoints: Mapping[str, Path], *, device: str = "cpu", dtype: str = "float32", threads: int = 0
+    ) -> None:
         self.checkpoints = dict(checkpoints)
         self.device = device
         self.dtype = dtype
@@ -235,17 +243,30 @@ class Judge:
         spec: ModelSpec = get_model(job.model)
         runner, root, end_ids = self._runner(job.model)
         return proof.verify_commitment(
-            commitment, model=spec, canonical_root=root, expected_prompt_ids=job.prompt_ids, recompute=runner.prefill,
-            greedy=job.greedy, delivery=job.delivery, end_token_ids=end_ids, sampling=job.sampling_terms(),
+            commitment,
+            model=spec,
+            canonical_root=root,
+            expected_prompt_ids=job.prompt_ids,
+            recompute=runner.prefill,
+            greedy=job.greedy,
+            delivery=job.delivery,
+            end_token_ids=end_ids,
+            sampling=job.sampling_terms(),
         )
 
     def _judge_delivered(self, job: AuditJob) -> proof.Verdict:
         """No commitment (a TEE miner, or any miner that sends `commitment: {}`): the delivered
         tokens judged on the canonical model alone (`proof.judge_delivered`)."""
         runner, _, _ = self._runner(job.model)
-        return proof.judge_delivered(job.prompt_ids, job.delivery.relayed_output_ids, model=get_model(job.model),
-                                     recompute=runner.prefill, greedy=job.greedy, sampling=job.sampling_terms(),
-                                     resegment=functools.partial(model_segmentation, runner))
+        return proof.judge_delivered(
+            job.prompt_ids,
+            job.delivery.relayed_output_ids,
+            model=get_model(job.model),
+            recompute=runner.prefill,
+            greedy=job.greedy,
+            sampling=job.sampling_terms(),
+            resegment=functools.partial(model_segmentation, runner),
+        )
 
 
 SEGMENTATION_CANDIDATES = 256
@@ -278,7 +299,7 @@ def model_segmentation(runner, prompt_ids: Sequence[int], delivered_ids: Sequenc
         after = runner.decode_text(window + [token])
         if "\ufffd" in after or not after.startswith(before):
             return runner.decode_text(pieces + [token])
-        return written + after[len(before):]
+        return written + after[len(before) :]
 
     for _ in range(2 * len(delivered_ids) + 8):
         if written == text:
@@ -290,7 +311,7 @@ def model_segmentation(runner, prompt_ids: Sequence[int], delivered_ids: Sequenc
                 chosen, written = token, candidate
                 break
         if chosen is None:
-            rest = runner.tokenizer.encode(text[len(written):], add_special_tokens=False)
+            rest = runner.tokenizer.encode(text[len(written) :], add_special_tokens=False)
             if not rest or not text.startswith(candidate := extended(rest[0])) or len(candidate) <= len(written):
                 return None
             chosen, written = rest[0], candidate
@@ -302,8 +323,15 @@ def model_segmentation(runner, prompt_ids: Sequence[int], delivered_ids: Sequenc
 
 
 class Verifier:
-    def __init__(self, source: AuditSource, judge: Callable[[AuditJob], proof.Verdict], *, concurrency: int = 1,
-                 poll_s: float = 2.0, on_verdict: Callable[[AuditJob, proof.Verdict], None] = lambda job, verdict: None) -> None:
+    def __init__(
+        self,
+        source: AuditSource,
+        judge: Callable[[AuditJob], proof.Verdict],
+        *,
+        concurrency: int = 1,
+        poll_s: float = 2.0,
+        on_verdict: Callable[[AuditJob, proof.Verdict], None] = lambda job, verdict: None,
+    ) -> None:
         if concurrency < 1:
             raise ValueError("a verifier needs a concurrency of at least 1")
         self.source = source
@@ -353,22 +381,33 @@ class Verifier:
         finally:
             self.limiter.release_on_behalf_of(slot)
         self.on_verdict(job, verdict)
-        for attempt, pause in enumerate((*BACKOFF_S[:3], None)):
+        for pause in (*BACKOFF_S[:3], None):
             try:
                 with trio.fail_after(HTTP_TIMEOUT_S + 5):
                     await self.source.post([PostedVerdict(job.request_id, verdict.kind, _reason_code(verdict.code))])
                 break
             except (AuditCallFailed, AuditRefused, trio.TooSlowError) as error:
                 if pause is None or isinstance(error, AuditRefused) and error.status < 500:
-                    log.warning("verdict on job %s not delivered (%s); the job returns to the queue when its lease "
-                                "runs out", job.request_id, _why(error))
+                    log.warning(
+                        "verdict on job %s not delivered (%s); the job returns to the queue when its lease runs out",
+                        job.request_id,
+                        _why(error),
+                    )
                     return
                 await trio.sleep(pause)
         self.judged += 1
-        log.log(logging.WARNING if verdict.kind == "cheat" else logging.INFO,
-                "job %s (%s, %d output tokens, %s): %s (%s) in %.2f s%s", job.request_id, job.model,
-                len(job.commitment.get("output_token_ids") or job.delivery.relayed_output_ids), _asked(job), verdict.kind,
-                verdict.code, elapsed, _evidence(verdict) if verdict.kind == "cheat" else "")
+        log.log(
+            logging.WARNING if verdict.kind == "cheat" else logging.INFO,
+            "job %s (%s, %d output tokens, %s): %s (%s) in %.2f s%s",
+            job.request_id,
+            job.model,
+            len(job.commitment.get("output_token_ids") or job.delivery.relayed_output_ids),
+            _asked(job),
+            verdict.kind,
+            verdict.code,
+            elapsed,
+            _evidence(verdict) if verdict.kind == "cheat" else "",
+        )
 
     def _judge_safely(self, job: AuditJob) -> proof.Verdict:
         try:
@@ -389,10 +428,12 @@ def _asked(job: AuditJob) -> str:
 def _evidence(verdict: proof.Verdict) -> str:
     """What a cheat verdict rests on, for the operator reading the log: the chunk statistics and
     the token check's (no buyer content: counts and distances only)."""
-    return (f"; chunks {verdict.chunks_passed}/{verdict.chunks_total} passed (worst {verdict.max_exp_mismatches} exponent "
-            f"mismatches, mantissa error mean {verdict.max_mant_err_mean:.1f}, median {verdict.max_mant_err_median:.1f}); "
-            f"tokens: {verdict.token_misses} not chosen, largest gap {verdict.max_logit_gap:.3f} logits, "
-            f"log e-value {verdict.token_evidence:.1f}")
+    return (
+        f"; chunks {verdict.chunks_passed}/{verdict.chunks_total} passed (worst {verdict.max_exp_mismatches} exponent "
+        f"mismatches, mantissa error mean {verdict.max_mant_err_mean:.1f}, median {verdict.max_mant_err_median:.1f}); "
+        f"tokens: {verdict.token_misses} not chosen, largest gap {verdict.max_logit_gap:.3f} logits, "
+        f"log e-value {verdict.token_evidence:.1f}"
+    )
 
 
 def _reason_code(reason: str) -> str:
@@ -416,12 +457,17 @@ async def run_verifier_role(config, hub, *, task_status=trio.TASK_STATUS_IGNORED
 
     settings = config.verifier
     if not settings.gateway_url:
-        raise ConfigError("verifier.gateway_url is empty: name the gateway's provider API, e.g. "
-                          "--provider http://127.0.0.1:8082")
+        raise ConfigError(
+            "verifier.gateway_url is empty: name the gateway's provider API, e.g. --provider http://127.0.0.1:8082"
+        )
     if not settings.wallet_name or not settings.wallet_hotkey:
-        raise ConfigError("the verifier signs its calls: set --verifier-wallet and --verifier-hotkey (verifier.wallet_name, "
-                          "verifier.wallet_hotkey): a hotkey the gateway lists in gateway.verifiers")
-    keypair = await trio.to_thread.run_sync(load_hotkey, settings.wallets_path, settings.wallet_name, settings.wallet_hotkey)
+        raise ConfigError(
+            "the verifier signs its calls: set --verifier-wallet and --verifier-hotkey (verifier.wallet_name, "
+            "verifier.wallet_hotkey): a hotkey the gateway lists in gateway.verifiers"
+        )
+    keypair = await trio.to_thread.run_sync(
+        load_hotkey, settings.wallets_path, settings.wallet_name, settings.wallet_hotkey
+    )
     checkpoints = await trio.to_thread.run_sync(functools.partial(verifier_checkpoints, config))
     urls = comma_list(settings.gateway_url)
     sources = [HttpAuditSource(url, keypair=keypair, netuid=config.node.netuid) for url in urls]
@@ -435,8 +481,14 @@ async def run_verifier_role(config, hub, *, task_status=trio.TASK_STATUS_IGNORED
 
     verifier = Verifier(source, judge.judge, concurrency=settings.concurrency, poll_s=settings.poll_s, on_verdict=count)
     hub.set_state("verifier", state="running", gateway=settings.gateway_url, hotkey=keypair.ss58_address)
-    log.info("verifier %s leasing from %s (%s on %s, %d at a time)", keypair.ss58_address, settings.gateway_url,
-             settings.dtype, settings.device, settings.concurrency)
+    log.info(
+        "verifier %s leasing from %s (%s on %s, %d at a time)",
+        keypair.ss58_address,
+        settings.gateway_url,
+        settings.dtype,
+        settings.device,
+        settings.concurrency,
+    )
     try:
         await verifier.run(task_status=task_status)
     finally:
@@ -455,9 +507,17 @@ def verifier_checkpoints(config) -> dict[str, Path]:
     for model_id in comma_list(settings.models):
         spec = get_model(model_id)
         if not spec.embedded and model_id not in pairs:
-            log.warning("verifier: no checkpoint for %s (set verifier.checkpoints = \"%s=/path\"); its jobs are "
-                        "answered unproven", model_id, model_id)
+            log.warning(
+                'verifier: no checkpoint for %s (set verifier.checkpoints = "%s=/path"); its jobs are '
+                "answered unproven",
+                model_id,
+                model_id,
+            )
             continue
-        checkpoints[model_id] = resolve_checkpoint(model_id=model_id, checkpoint=pairs.get(model_id, ""),
-                                                   models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir)
+        checkpoints[model_id] = resolve_checkpoint(
+            model_id=model_id,
+            checkpoint=pairs.get(model_id, ""),
+            models_dir=config.paths.models_dir,
+            cache_dir=config.paths.model_cache_dir,
+        )
     return checkpoints

@@ -46,7 +46,13 @@ class EngyTui(App[None]):
     TITLE = "engy-tui"
     BINDINGS = [
         Binding("q", "quit", "Quit", id="quit", tooltip="Stop polling and leave engy-tui."),
-        Binding("r", "refresh", "Refresh", id="refresh", tooltip="Poll the model server now rather than at the next interval."),
+        Binding(
+            "r",
+            "refresh",
+            "Refresh",
+            id="refresh",
+            tooltip="Poll the model server now rather than at the next interval.",
+        ),
     ]
 
     def __init__(
@@ -122,22 +128,38 @@ def build_parser() -> argparse.ArgumentParser:
             "sglang-compatible model server (real sglang, or `engy-node serve`)."
         ),
         epilog="Keys: 1 overview, 2 miner, 3 validator, 4 gateway, 5 chain, 6 GPUs, 7 logs, p pause/resume demo traffic, r restart model server, c copy its "
-               "command, d diagnostics bundle, ctrl+p every command (setup too), q quit (a local network stops with it).",
+        "command, d diagnostics bundle, ctrl+p every command (setup too), q quit (a local network stops with it).",
     )
     parser.add_argument("--home", help="the node's home (as engy-node --home; also $ENGY_HOME)")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--setup", action="store_true",
-                      help="first-run setup: GPUs, role, model, wallet, gateway; writes node.toml and shows the commands")
-    mode.add_argument("--local", action="store_true", help="run the local network inside the TUI (engy-node up)")
-    mode.add_argument("--role", action="append", choices=("miner", "validator", "gateway", "verifier"),
-                      help="run this node role inside the TUI, as engy-node --role does (repeatable; settings from node.toml)")
-    mode.add_argument("--attach", nargs="?", const="", metavar="URL",
-                      help="watch a running node: its control API URL (default: the one in the home's control.json)")
     mode.add_argument(
-        "--serve-url", type=_serve_url, metavar="URL",
+        "--setup",
+        action="store_true",
+        help="first-run setup: GPUs, role, model, wallet, gateway; writes node.toml and shows the commands",
+    )
+    mode.add_argument("--local", action="store_true", help="run the local network inside the TUI (engy-node up)")
+    mode.add_argument(
+        "--role",
+        action="append",
+        choices=("miner", "validator", "gateway", "verifier"),
+        help="run this node role inside the TUI, as engy-node --role does (repeatable; settings from node.toml)",
+    )
+    mode.add_argument(
+        "--attach",
+        nargs="?",
+        const="",
+        metavar="URL",
+        help="watch a running node: its control API URL (default: the one in the home's control.json)",
+    )
+    mode.add_argument(
+        "--serve-url",
+        type=_serve_url,
+        metavar="URL",
         help=f"monitor one model server (e.g. {DEFAULT_SERVE_URL}); sglang needs --enable-metrics for latencies",
     )
-    parser.add_argument("--token-file", metavar="FILE", help="the control API token file (default: the one control.json names)")
+    parser.add_argument(
+        "--token-file", metavar="FILE", help="the control API token file (default: the one control.json names)"
+    )
     parser.add_argument("--traffic", action="store_true", help="with --local: a demo buyer keeps requests flowing")
     return parser
 
@@ -146,16 +168,25 @@ def build_app(argv: Sequence[str] | None = None, *, poll: bool = True) -> App[No
     """The app as `engy-tui ARGV` builds it; tests use this too, so they run what users run."""
     args = build_parser().parse_args(argv)
     if args.setup:
-        return NodeManager(None, home=args.home, keymap=_user_keymap(args.home), setup_first=True,
-                           start_after_setup=start_after_setup if poll else None)
+        return NodeManager(
+            None,
+            home=args.home,
+            keymap=_user_keymap(args.home),
+            setup_first=True,
+            start_after_setup=start_after_setup if poll else None,
+        )
     if args.role:
-        return NodeManager(roles_bridge(args.home, args.role) if poll else None, home=args.home,
-                           keymap=_user_keymap(args.home))
+        return NodeManager(
+            roles_bridge(args.home, args.role) if poll else None, home=args.home, keymap=_user_keymap(args.home)
+        )
     if args.local or args.attach is not None:
         bridge = None
         if poll:
-            bridge = (_local_bridge(args.home, traffic=args.traffic) if args.local
-                      else _attached_bridge(args.home, args.attach, args.token_file))
+            bridge = (
+                _local_bridge(args.home, traffic=args.traffic)
+                if args.local
+                else _attached_bridge(args.home, args.attach, args.token_file)
+            )
         return NodeManager(bridge, home=args.home, keymap=_user_keymap(args.home))
     return EngyTui(args.serve_url or DEFAULT_SERVE_URL, poll=poll)
 
@@ -206,14 +237,28 @@ def roles_bridge(home: str | None, roles: Sequence[str]) -> NodeBridge:
     check_roles(config, roles)
     hub = Hub(ring_size=config.node.log_ring_size)
     install_logging(hub, level=config.node.log_level, log_dir=config.paths.log_dir, stderr=False)
-    info = {"version": __version__, "pid": os.getpid(), "roles": list(roles), "home": str(config.paths.data_dir),
-            "started_at": time.time(), "netuid": config.node.netuid}
+    info = {
+        "version": __version__,
+        "pid": os.getpid(),
+        "roles": list(roles),
+        "home": str(config.paths.data_dir),
+        "started_at": time.time(),
+        "netuid": config.node.netuid,
+    }
 
     async def start(hub: Hub, actions, *, task_status) -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(lambda task_status: serve_control(
-                hub, data_dir=config.paths.data_dir, actions=actions, node_info=info, host=config.control.host,
-                port=config.control.port, task_status=task_status))
+            await nursery.start(
+                lambda task_status: serve_control(
+                    hub,
+                    data_dir=config.paths.data_dir,
+                    actions=actions,
+                    node_info=info,
+                    host=config.control.host,
+                    port=config.control.port,
+                    task_status=task_status,
+                )
+            )
             for _, service in role_services(config, hub, roles, actions):
                 await nursery.start(service)
             task_status.started()
@@ -238,8 +283,14 @@ def _local_bridge(home: str | None, *, traffic: bool) -> NodeBridge:
     async def start(hub: Hub, actions, *, task_status) -> None:
         await run_up(config, hub, traffic=traffic, actions=actions, task_status=task_status)
 
-    info = {"version": __version__, "pid": os.getpid(), "roles": ["local network"], "network": "local",
-            "home": str(config.paths.data_dir), "started_at": time.time()}
+    info = {
+        "version": __version__,
+        "pid": os.getpid(),
+        "roles": ["local network"],
+        "network": "local",
+        "home": str(config.paths.data_dir),
+        "started_at": time.time(),
+    }
     return NodeBridge.local(functools.partial(start), node_info=info, hub=hub)
 
 

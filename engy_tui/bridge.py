@@ -98,7 +98,9 @@ class GuestRun(abc.ABC):
 class StatusBridge(GuestRun):
     """Polls one model server from a trio guest run hosted on the running asyncio loop."""
 
-    def __init__(self, serve_url: str, *, interval_s: float = POLL_INTERVAL_S, timeout_s: float = POLL_TIMEOUT_S) -> None:
+    def __init__(
+        self, serve_url: str, *, interval_s: float = POLL_INTERVAL_S, timeout_s: float = POLL_TIMEOUT_S
+    ) -> None:
         super().__init__()
         self.serve_url = serve_url
         self.interval_s = interval_s

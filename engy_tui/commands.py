@@ -50,11 +50,21 @@ def command_specs(actions: Iterable[Mapping[str, Any]], states: Mapping[str, Map
         if not action_id:
             continue
         if action_id == "set-log-level":
-            specs += [CommandSpec(f"Log level: {level}", f"stderr and the log file get {level} and above", "action",
-                                  action_id, {"level": level}) for level in LOG_LEVELS]
+            specs += [
+                CommandSpec(
+                    f"Log level: {level}",
+                    f"stderr and the log file get {level} and above",
+                    "action",
+                    action_id,
+                    {"level": level},
+                )
+                for level in LOG_LEVELS
+            ]
         elif action_id.startswith("restart-model-server"):
             which = action_id.removeprefix("restart-model-server").lstrip("-")
-            specs.append(CommandSpec(f"Restart model server{f' ({which})' if which else ''}", description, "action", action_id))
+            specs.append(
+                CommandSpec(f"Restart model server{f' ({which})' if which else ''}", description, "action", action_id)
+            )
         elif action_id == "pause-traffic":
             specs.append(CommandSpec("Pause demo traffic", description, "action", action_id))
         elif action_id == "resume-traffic":
@@ -65,10 +75,22 @@ def command_specs(actions: Iterable[Mapping[str, Any]], states: Mapping[str, Map
         command = state.get("command") if isinstance(state, Mapping) else None
         if component.startswith("model_server") and isinstance(command, str) and command:
             which = component.removeprefix("model_server").lstrip(".")
-            specs.append(CommandSpec(f"Copy model server launch command{f' ({which})' if which else ''}",
-                                     "the exact command the miner runs, to the clipboard", "copy", text=command))
-    specs.append(CommandSpec("Export diagnostics bundle", "versions, masked config, GPUs, logs and this node's status "
-                             "as a .tar.gz in the current directory (as engy-node diagnose)", "diagnose"))
+            specs.append(
+                CommandSpec(
+                    f"Copy model server launch command{f' ({which})' if which else ''}",
+                    "the exact command the miner runs, to the clipboard",
+                    "copy",
+                    text=command,
+                )
+            )
+    specs.append(
+        CommandSpec(
+            "Export diagnostics bundle",
+            "versions, masked config, GPUs, logs and this node's status "
+            "as a .tar.gz in the current directory (as engy-node diagnose)",
+            "diagnose",
+        )
+    )
     return specs
 
 

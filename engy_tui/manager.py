@@ -29,8 +29,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from engy_node.errors import EngyError
-from engy_node.node import freeze_startup_objects
 from engy_node.local.status import age_text, format_status
+from engy_node.node import freeze_startup_objects
 from engy_tui.commands import CommandSpec, NodeCommands, command_specs
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot
 from engy_tui.screens.setup import SetupCommand, open_setup
@@ -106,16 +106,39 @@ class NodeManager(App[None]):
         Binding("6", "show_tab('gpus')", "GPUs", id="app.tab.gpus"),
         Binding("7", "show_tab('logs')", "Logs", id="app.tab.logs"),
         Binding("p", "toggle_traffic", "Pause/resume traffic", id="app.traffic"),
-        Binding("r", "restart_model_server", "Restart server", id="app.restart_server",
-                tooltip="Restart the model server (the first, on a node with several; the palette has each)."),
-        Binding("c", "copy_command", "Copy command", id="app.copy_command", tooltip="Copy the model server's launch command."),
-        Binding("d", "diagnostics", "Diagnostics", id="app.diagnostics",
-                tooltip="Write a diagnostics bundle (.tar.gz) to the current directory, as engy-node diagnose does."),
+        Binding(
+            "r",
+            "restart_model_server",
+            "Restart server",
+            id="app.restart_server",
+            tooltip="Restart the model server (the first, on a node with several; the palette has each).",
+        ),
+        Binding(
+            "c",
+            "copy_command",
+            "Copy command",
+            id="app.copy_command",
+            tooltip="Copy the model server's launch command.",
+        ),
+        Binding(
+            "d",
+            "diagnostics",
+            "Diagnostics",
+            id="app.diagnostics",
+            tooltip="Write a diagnostics bundle (.tar.gz) to the current directory, as engy-node diagnose does.",
+        ),
     ]
 
-    def __init__(self, bridge: NodeBridge | None, *, clock: Callable[[], float] = time.time, home: str | None = None,
-                 keymap: Mapping[str, str] | None = None, setup_first: bool = False,
-                 start_after_setup: Callable[[str | None, str], NodeBridge] | None = None) -> None:
+    def __init__(
+        self,
+        bridge: NodeBridge | None,
+        *,
+        clock: Callable[[], float] = time.time,
+        home: str | None = None,
+        keymap: Mapping[str, str] | None = None,
+        setup_first: bool = False,
+        start_after_setup: Callable[[str | None, str], NodeBridge] | None = None,
+    ) -> None:
         super().__init__()
         self.setup_first = setup_first
         self.start_after_setup = start_after_setup
@@ -175,8 +198,12 @@ class NodeManager(App[None]):
         try:
             bridge = self.start_after_setup(self.home, answers.role)
         except EngyError as err:
-            self.notify(f"node.toml is written, but the node cannot start yet: {err}", title="setup", severity="warning",
-                        timeout=20)
+            self.notify(
+                f"node.toml is written, but the node cannot start yet: {err}",
+                title="setup",
+                severity="warning",
+                timeout=20,
+            )
             return
         self.notify(f"starting the {answers.role} node…", title="setup")
         self._start_bridge(bridge)
@@ -206,11 +233,16 @@ class NodeManager(App[None]):
             component = str(event.get("component", ""))
             if component.startswith("model_server"):
                 self._server_log.setdefault(component, collections.deque(maxlen=SERVER_LOG_LINES)).append(
-                    str(event.get("message", "")))
+                    str(event.get("message", ""))
+                )
         if events or missed:
             self.query_one(LogsView).append(events, missed=missed)
-        changed = snapshot is None or self._shown is None or (
-            snapshot.states, snapshot.metrics, snapshot.node) != (self._shown.states, self._shown.metrics, self._shown.node)
+        changed = (
+            snapshot is None
+            or self._shown is None
+            or (snapshot.states, snapshot.metrics, snapshot.node)
+            != (self._shown.states, self._shown.metrics, self._shown.node)
+        )
         self._shown = snapshot
         if changed:
             self._drawn_at.clear()
@@ -223,14 +255,18 @@ class NodeManager(App[None]):
         states = snapshot.states if snapshot is not None else {}
         names = (snapshot.node.get("hotkeys") if snapshot is not None else None) or None
         if tab == "overview":
-            self.query_one(RequestsPanel).update_metrics(snapshot.metrics if snapshot is not None else None, now=now,
-                                                         states=states)
+            self.query_one(RequestsPanel).update_metrics(
+                snapshot.metrics if snapshot is not None else None, now=now, states=states
+            )
             self.query_one("#overview-text", Static).update(overview_text(snapshot, now=now))
         elif tab == "miner":
-            self.query_one(MinerPanel).update_state(states, now=now, names=names,
-                                                    server_log={name: list(lines) for name, lines in self._server_log.items()})
+            self.query_one(MinerPanel).update_state(
+                states, now=now, names=names, server_log={name: list(lines) for name, lines in self._server_log.items()}
+            )
         elif tab == "validator":
-            self.query_one(ValidatorPanel).update_state(states.get("validator"), now=now, names=names, chain=states.get("chain"))
+            self.query_one(ValidatorPanel).update_state(
+                states.get("validator"), now=now, names=names, chain=states.get("chain")
+            )
         elif tab == "gateway":
             self.query_one(GatewayPanel).update_state(states, now=now, names=names)
         elif tab == "chain":
@@ -288,8 +324,14 @@ class NodeManager(App[None]):
             self.notify(", ".join(f"{key}: {value}" for key, value in result.items()) or "done", title=spec.title)
 
     async def _first(self, kind: str, prefix: str = "") -> CommandSpec | None:
-        return next((spec for spec in await self.palette_commands()
-                     if spec.kind == kind and (spec.action_id or "").startswith(prefix)), None)
+        return next(
+            (
+                spec
+                for spec in await self.palette_commands()
+                if spec.kind == kind and (spec.action_id or "").startswith(prefix)
+            ),
+            None,
+        )
 
     async def action_restart_model_server(self) -> None:
         spec = await self._first("action", "restart-model-server")
@@ -348,12 +390,15 @@ class NodeManager(App[None]):
             await self.bridge.stop()
 
     def _bridge_crashed(self, error: BaseException) -> None:
-        self.exit(return_code=1, message=f"engy-tui: the node link stopped unexpectedly ({type(error).__name__}: "
-                                         f"{error}). This is a bug; please report it with this message.")
+        self.exit(
+            return_code=1,
+            message=f"engy-tui: the node link stopped unexpectedly ({type(error).__name__}: "
+            f"{error}). This is a bug; please report it with this message.",
+        )
 
 
 class ConfirmQuit(ModalScreen[bool]):
-    """"Stop the node and quit?" — the node runs inside this TUI, so quitting stops it."""
+    """ "Stop the node and quit?" — the node runs inside this TUI, so quitting stops it."""
 
     DEFAULT_CSS = """
     ConfirmQuit {
@@ -372,8 +417,10 @@ class ConfirmQuit(ModalScreen[bool]):
     ]
 
     def compose(self) -> ComposeResult:
-        yield Static("The node runs inside engy-tui: quitting stops it and every process it started.\n\n"
-                     "Stop it and quit?   y / enter: yes   n / escape: keep running")
+        yield Static(
+            "The node runs inside engy-tui: quitting stops it and every process it started.\n\n"
+            "Stop it and quit?   y / enter: yes   n / escape: keep running"
+        )
 
     def action_answer(self, confirmed: bool) -> None:
         self.dismiss(confirmed)

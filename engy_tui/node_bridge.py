@@ -67,9 +67,16 @@ class NodeSnapshot:
 class NodeBridge(GuestRun):
     """Feeds the node manager from a node: `NodeBridge.attach(url, token)` or `NodeBridge.local(start)`."""
 
-    def __init__(self, *, url: str | None = None, token: str | None = None, start: LocalStart | None = None,
-                 node_info: Mapping[str, Any] | None = None, hub: Hub | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        token: str | None = None,
+        start: LocalStart | None = None,
+        node_info: Mapping[str, Any] | None = None,
+        hub: Hub | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         super().__init__()
         if (url is None) == (start is None):
             raise ValueError("a NodeBridge either attaches to a URL or runs a node locally")
@@ -95,8 +102,9 @@ class NodeBridge(GuestRun):
         return cls(url=url, token=token, **kwargs)
 
     @classmethod
-    def local(cls, start: LocalStart, *, node_info: Mapping[str, Any] | None = None, hub: Hub | None = None,
-              **kwargs: Any) -> NodeBridge:
+    def local(
+        cls, start: LocalStart, *, node_info: Mapping[str, Any] | None = None, hub: Hub | None = None, **kwargs: Any
+    ) -> NodeBridge:
         return cls(start=start, node_info=node_info, hub=hub, **kwargs)
 
     @property
@@ -131,8 +139,9 @@ class NodeBridge(GuestRun):
             return await action.handler(dict(params or {}))
         try:
             async with httpx.AsyncClient(trust_env=False, timeout=ACTION_TIMEOUT_S) as client:
-                response = await client.post(f"{self.url}/v1/actions/{action_id}", json=dict(params or {}),
-                                             headers=self._headers())
+                response = await client.post(
+                    f"{self.url}/v1/actions/{action_id}", json=dict(params or {}), headers=self._headers()
+                )
         except httpx.HTTPError as err:
             raise EngyError(f"the node at {self.url} did not answer ({type(err).__name__})") from None
         body = _json(response)
@@ -149,7 +158,10 @@ class NodeBridge(GuestRun):
             await self._local()
 
     async def _attached(self) -> None:
-        async with httpx.AsyncClient(trust_env=False, timeout=REQUEST_TIMEOUT_S) as client, trio.open_nursery() as nursery:
+        async with (
+            httpx.AsyncClient(trust_env=False, timeout=REQUEST_TIMEOUT_S) as client,
+            trio.open_nursery() as nursery,
+        ):
             nursery.start_soon(self._poll_events, client)
             while True:
                 self.latest = await self._fetch_status(client)
@@ -162,19 +174,29 @@ class NodeBridge(GuestRun):
         try:
             response = await client.get(f"{self.url}/v1/status", headers=self._headers())
         except httpx.HTTPError as err:
-            return _stale(previous, now, f"the node at {self.url} does not answer ({type(err).__name__}); is it running?")
+            return _stale(
+                previous, now, f"the node at {self.url} does not answer ({type(err).__name__}); is it running?"
+            )
         body = _json(response)
         if response.status_code != 200:
             message = (body.get("error") or {}).get("message") or f"HTTP {response.status_code}"
             return _stale(previous, now, f"the node refused: {message}")
-        return NodeSnapshot(node=body.get("node") or {}, states=body.get("states") or {}, metrics=body.get("metrics") or {},
-                            taken_at=now, connected=True)
+        return NodeSnapshot(
+            node=body.get("node") or {},
+            states=body.get("states") or {},
+            metrics=body.get("metrics") or {},
+            taken_at=now,
+            connected=True,
+        )
 
     async def _poll_events(self, client: httpx.AsyncClient) -> None:
         while True:
             try:
-                response = await client.get(f"{self.url}/v1/events", params={"since": self._next_seq, "limit": EVENT_BATCH},
-                                            headers=self._headers())
+                response = await client.get(
+                    f"{self.url}/v1/events",
+                    params={"since": self._next_seq, "limit": EVENT_BATCH},
+                    headers=self._headers(),
+                )
             except httpx.HTTPError:
                 await trio.sleep(SNAPSHOT_INTERVAL_S)  # the status poll says what is wrong
                 continue
@@ -208,8 +230,14 @@ class NodeBridge(GuestRun):
             snapshot = self.hub.snapshot()
             # A node that describes itself (the local network publishes its hotkeys) wins.
             node = {**self.node_info, **snapshot["states"].get("node", {})}
-            self.latest = NodeSnapshot(node=node, states=snapshot["states"], metrics=snapshot["metrics"],
-                                       taken_at=self.clock(), connected=self._error is None, error=self._error)
+            self.latest = NodeSnapshot(
+                node=node,
+                states=snapshot["states"],
+                metrics=snapshot["metrics"],
+                taken_at=self.clock(),
+                connected=self._error is None,
+                error=self._error,
+            )
             await trio.sleep(EVENTS_INTERVAL_S)
 
     def _take(self, events: list[dict[str, Any]], next_seq: Any, missed: Any) -> None:

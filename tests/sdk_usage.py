@@ -8,8 +8,11 @@ from engy_node.gateway.chat import Usage
 
 def openai_usage(usage) -> Usage:
     details = usage.prompt_tokens_details
-    return Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                 cached_tokens=(details.cached_tokens or 0) if details else 0)
+    return Usage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_tokens=(details.cached_tokens or 0) if details else 0,
+    )
 
 
 def anthropic_usage(usage) -> Usage:

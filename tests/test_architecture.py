@@ -44,7 +44,9 @@ def role_of(module: str) -> str | None:
 def test_the_checker_sees_relative_and_nested_imports(tmp_path):
     module = tmp_path / "engy_node" / "gateway" / "sneaky.py"
     module.parent.mkdir(parents=True)
-    module.write_text("from . import pool\n\ndef later():\n    from ..miner import link\n    import engy_node.validator.role\n")
+    module.write_text(
+        "from . import pool\n\ndef later():\n    from ..miner import link\n    import engy_node.validator.role\n"
+    )
     roles = {role_of(name) for _, name in imported_modules(module, root=tmp_path)}
     assert roles == {"gateway", "miner", "validator"}
 
@@ -58,12 +60,16 @@ def test_no_role_imports_another_role(role):
             other = role_of(module)
             if other is not None and other != role:
                 offending.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}")
-    assert not offending, "a role imports another role's folder; move what they share into the core:\n" + "\n".join(offending)
+    assert not offending, "a role imports another role's folder; move what they share into the core:\n" + "\n".join(
+        offending
+    )
 
 
 def test_the_core_never_imports_the_tui():
-    offending = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
-                 for path in sorted(PACKAGE.rglob("*.py"))
-                 for line, module in imported_modules(path)
-                 if module.split(".")[0] in ("textual", "engy_tui")]
+    offending = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line, module in imported_modules(path)
+        if module.split(".")[0] in ("textual", "engy_tui")
+    ]
     assert not offending, "\n".join(offending)

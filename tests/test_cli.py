@@ -11,7 +11,9 @@ from engy_node import __version__
 
 def engy_node(*args: str, home=None) -> subprocess.CompletedProcess[str]:
     prefix = ["--home", str(home)] if home else []
-    return subprocess.run([sys.executable, "-m", "engy_node", *prefix, *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "engy_node", *prefix, *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_version_prints_the_package_version():
@@ -31,8 +33,17 @@ def test_a_validator_without_a_hotkey_names_the_flags_before_starting_anything(t
 
 
 def test_a_validator_on_an_unknown_network_lists_the_known_ones(tmp_path):
-    result = engy_node("--role", "validator", "--network", "mainnet", "--validator-wallet", "v", "--validator-hotkey", "h",
-                       home=tmp_path)
+    result = engy_node(
+        "--role",
+        "validator",
+        "--network",
+        "mainnet",
+        "--validator-wallet",
+        "v",
+        "--validator-hotkey",
+        "h",
+        home=tmp_path,
+    )
     assert result.returncode == 2 and "unknown chain network 'mainnet'" in result.stderr and "finney" in result.stderr
 
 
@@ -59,7 +70,11 @@ def test_a_gateway_url_that_is_not_a_websocket_is_refused(tmp_path):
 
 def test_an_unknown_role_lists_the_known_ones():
     result = engy_node("--role", "minr")
-    assert result.returncode == 2 and "unknown role 'minr'" in result.stderr and "miner, validator, gateway" in result.stderr
+    assert (
+        result.returncode == 2
+        and "unknown role 'minr'" in result.stderr
+        and "miner, validator, gateway" in result.stderr
+    )
 
 
 def test_serving_an_unknown_model_names_the_catalog(tmp_path):
@@ -104,8 +119,11 @@ def test_a_gateway_port_in_use_is_reported_with_the_flag_to_change(tmp_path, che
         port = taken.getsockname()[1]
         result = subprocess.run(
             [sys.executable, "-m", "engy_node", "--home", str(tmp_path), "--role", "gateway"],
-            capture_output=True, text=True, timeout=120,
-            env={**os.environ, "ENGY_GATEWAY__PORT": str(port), "ENGY_GATEWAY__MINER_PORT": "0"})
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "ENGY_GATEWAY__PORT": str(port), "ENGY_GATEWAY__MINER_PORT": "0"},
+        )
     assert result.returncode == 2, result.stderr
     assert f"127.0.0.1:{port}" in result.stderr and "--port" in result.stderr
 

@@ -18,7 +18,11 @@ FORBIDDEN = ("textual", "rich", "torch", "transformers", "bittensor", "toploc")
 
 
 def engy_node_modules() -> list[str]:
-    return sorted(m.name for m in pkgutil.walk_packages(engy_node.__path__, prefix="engy_node.") if not m.name.endswith("__main__"))
+    return sorted(
+        m.name
+        for m in pkgutil.walk_packages(engy_node.__path__, prefix="engy_node.")
+        if not m.name.endswith("__main__")
+    )
 
 
 def test_every_engy_node_module_imports_without_textual_rich_or_heavy_libraries():

@@ -20,11 +20,14 @@ async def test_services_start_in_order_and_each_waits_for_the_previous_to_be_rea
             task_status.started(name)
             ready[name].set()
             await trio.sleep_forever()
+
         return run
 
     with trio.move_on_after(5) as scope:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(lambda: run_services([("a", service("a", 0.2)), ("b", service("b", 0.0))], handle_signals=False))
+            nursery.start_soon(
+                lambda: run_services([("a", service("a", 0.2)), ("b", service("b", 0.0))], handle_signals=False)
+            )
             for event in ready.values():
                 await event.wait()
             nursery.cancel_scope.cancel()
@@ -58,6 +61,7 @@ async def test_cancelling_the_node_runs_every_services_cleanup(autojump_clock):
                 await trio.sleep_forever()
             finally:
                 cleaned.append(name)
+
         return run
 
     with trio.move_on_after(0.5):
@@ -86,7 +90,9 @@ async def test_what_start_up_created_is_frozen_out_of_garbage_collection_once_th
             nursery.cancel_scope.cancel()
         assert gc.get_freeze_count() > 0, "start-up's objects are frozen once the node runs"
         assert frozen_at_ready == [0], "nothing is frozen before every service is ready"
-        assert not any(obj is kept[0] for obj in gc.get_objects()), "start-up's objects are out of the collector's sight"
+        assert not any(obj is kept[0] for obj in gc.get_objects()), (
+            "start-up's objects are out of the collector's sight"
+        )
     finally:
         gc.unfreeze()
 
@@ -110,8 +116,11 @@ def test_a_second_signal_during_a_slow_shutdown_exits_at_once(tmp_path):
         "        with trio.CancelScope(shield=True):\n"
         "            print('draining', flush=True)\n"
         "            await trio.sleep(30)\n"
-        "sys.exit(node.run([('slow', service)]))\n")
-    process = subprocess.Popen([sys.executable, str(program)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        "sys.exit(node.run([('slow', service)]))\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, str(program)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         assert process.stdout.readline().strip() == "running"
         process.send_signal(signal.SIGTERM)

@@ -32,23 +32,35 @@ READY_LINE = "engy local network is up."
 WEIGHTS_LINE = re.compile(r"engy\.validator: epoch (\d+): weights for 2 uid\(s\) on chain at block (\d+)")
 """The first epoch with both miners in it on chain (an epoch the network only started in may
 hold too little traffic and burn to the owner instead)."""
-INCENTIVE_LINE = re.compile(r"engy\.devchain: block (\d+): epoch \d+ on subnet 53, incentive \{2: [0-9.]+, 3: [0-9.]+\}")
+INCENTIVE_LINE = re.compile(
+    r"engy\.devchain: block (\d+): epoch \d+ on subnet 53, incentive \{2: [0-9.]+, 3: [0-9.]+\}"
+)
 """A chain epoch paying both miners (uids 2 and 3: the owner is 0, the validator 1)."""
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city now",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 TOOL_QUESTION = [
     {"role": "user", "content": "Call get_weather for Rome."},
-    {"role": "assistant", "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'},
-    {"role": "user", "content": "Call get_weather for Paris."}]
+    {
+        "role": "assistant",
+        "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
+    },
+    {"role": "user", "content": "Call get_weather for Paris."},
+]
 THINK_QUESTION = [
     {"role": "user", "content": "What is 3 + 4?"},
     {"role": "assistant", "content": "<think>\nThree plus four is seven.\n</think>\n\n7"},
     {"role": "user", "content": "What is 1 + 1?"},
     {"role": "assistant", "content": "<think>\nOne plus one is two.\n</think>\n\n2"},
-    {"role": "user", "content": "What is 2 + 3?"}]
+    {"role": "user", "content": "What is 2 + 3?"},
+]
 """SmolLM2 was not trained to call tools or to think aloud, and its chat template renders neither
 tools nor `enable_thinking`; earlier turns written in the Qwen3/Hermes format are enough for it
 to answer in that format (greedily, with its first token ahead of the next by well over the
@@ -69,8 +81,13 @@ class Up:
         self.network_path = home / "data" / "local" / "network.json"
         self.process = subprocess.Popen(
             [sys.executable, "-m", "engy_node", "--home", str(home), "up", "--port-base", "0", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace",
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         self.output = ProcessOutput(self.process, self.log_path)
         try:
             self.output.wait_for(READY_LINE, timeout_s=START_TIMEOUT_S, what="the local network up")
@@ -84,8 +101,12 @@ class Up:
         self.network = json.loads(self.network_path.read_text())
 
     def status(self) -> dict:
-        result = subprocess.run([sys.executable, "-m", "engy_node", "--home", str(self.home), "status", "--json"],
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "engy_node", "--home", str(self.home), "status", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)
 
@@ -94,7 +115,9 @@ class Up:
         self.process.send_signal(signal.SIGTERM)
         code = self.process.wait(timeout=60)
         self.output.wait_ended(timeout_s=30, what="engy-node up's output complete")
-        assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE], "a child outlived engy-node up"
+        assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE], (
+            "a child outlived engy-node up"
+        )
         return code
 
 
@@ -107,12 +130,17 @@ def test_up_runs_the_whole_network_until_weights_land_then_restarts_with_its_sta
         assert set(network["hotkeys"]) == {"owner", "master", "validator", "verifier", "miner-1", "miner-2"}
         assert network["control_api"]["url"].startswith("http://127.0.0.1:")
         client = openai.OpenAI(base_url=network["buyer_api"], api_key=network["buyer_key"], max_retries=0, timeout=120)
-        completion = client.chat.completions.create(model="smollm2-135m", max_tokens=32,
-                                                    messages=[{"role": "user", "content": "What is the capital of France?"}])
+        completion = client.chat.completions.create(
+            model="smollm2-135m",
+            max_tokens=32,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+        )
         assert "Paris" in completion.choices[0].message.content
         assert [m.id for m in client.models.list().data] == ["smollm2-135m"]
 
-        landed = first.output.wait_for(WEIGHTS_LINE, timeout_s=FIRST_WEIGHTS_TIMEOUT_S, what="the validator's weights for both miners")
+        landed = first.output.wait_for(
+            WEIGHTS_LINE, timeout_s=FIRST_WEIGHTS_TIMEOUT_S, what="the validator's weights for both miners"
+        )
         epoch_index = int(landed.group(1))
         first.output.wait_for(INCENTIVE_LINE, timeout_s=120, what="a dev chain epoch paying both miners")
         status = first.status()
@@ -140,7 +168,9 @@ def test_up_runs_the_whole_network_until_weights_land_then_restarts_with_its_sta
         assert first.stop() == 0
     assert not first.network_path.exists(), "a clean exit removes network.json"
     assert "buyer key" in first.log_path.read_text()
-    assert network["buyer_key"] not in (tmp_path / "data" / "logs" / "engy-node.log").read_text(), "secrets are never logged"
+    assert network["buyer_key"] not in (tmp_path / "data" / "logs" / "engy-node.log").read_text(), (
+        "secrets are never logged"
+    )
 
     balance_after_first = balance(tmp_path, network["buyer_account"])
 
@@ -151,16 +181,23 @@ def test_up_runs_the_whole_network_until_weights_land_then_restarts_with_its_sta
         status = second.status()
         assert status["states"]["chain"]["block"] >= block_before_restart, "the dev chain continues its blocks"
         assert status["states"]["chain"]["weights"], "the weights on chain survived the restart"
-        client = openai.OpenAI(base_url=second.network["buyer_api"], api_key=second.network["buyer_key"], max_retries=0, timeout=120)
+        client = openai.OpenAI(
+            base_url=second.network["buyer_api"], api_key=second.network["buyer_key"], max_retries=0, timeout=120
+        )
         client.chat.completions.create(model="smollm2-135m", max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
         charged_before = charged_micro_usd(tmp_path, network["buyer_account"])
         usages = [usage for stream in (False, True) for usage in agent_turns(second.network, stream=stream)]
-        assert any(usage.cached_tokens for usage in usages), "a loop's second step reads its first step's prompt from the cache"
+        assert any(usage.cached_tokens for usage in usages), (
+            "a loop's second step reads its first step's prompt from the cache"
+        )
         assert charged_micro_usd(tmp_path, network["buyer_account"]) - charged_before == sum(
-            billing.charge(price=SMOLLM2_135M.price, usage=usage) for usage in usages)
+            billing.charge(price=SMOLLM2_135M.price, usage=usage) for usage in usages
+        )
     finally:
         assert second.stop() == 0
-    assert balance(tmp_path, network["buyer_account"]) != balance_after_first, "the second run spent from the same account"
+    assert balance(tmp_path, network["buyer_account"]) != balance_after_first, (
+        "the second run spent from the same account"
+    )
 
 
 def ask_openai(client: openai.OpenAI, *, stream: bool, **request):
@@ -188,35 +225,55 @@ def agent_turns(network: dict, *, stream: bool) -> list[Usage]:
     assert first.choices[0].finish_reason == "tool_calls" and not first.choices[0].message.content
     call = first.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
-    history = TOOL_QUESTION + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump(exclude_none=True)]},
-                               {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 degrees"}]
+    history = TOOL_QUESTION + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump(exclude_none=True)]},
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 degrees"},
+    ]
     second = ask_openai(chat, stream=stream, messages=history, tools=[WEATHER])
     assert second.choices[0].finish_reason == "stop" and second.choices[0].message.content
-    thought = ask_openai(chat, stream=stream, messages=THINK_QUESTION, extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    thought = ask_openai(
+        chat, stream=stream, messages=THINK_QUESTION, extra_body={"chat_template_kwargs": {"enable_thinking": True}}
+    )
     assert getattr(thought.choices[0].message, "reasoning_content", None)
     assert 0 < thought.usage.completion_tokens_details.reasoning_tokens < thought.usage.completion_tokens
 
-    claude = anthropic.Anthropic(base_url=network["buyer_api"].removesuffix("/v1"), api_key=network["buyer_key"],
-                                 max_retries=0, timeout=120)
-    tools = [{"name": "get_weather", "description": "The weather in a city now", "input_schema": WEATHER["function"]["parameters"]}]
+    claude = anthropic.Anthropic(
+        base_url=network["buyer_api"].removesuffix("/v1"), api_key=network["buyer_key"], max_retries=0, timeout=120
+    )
+    tools = [
+        {
+            "name": "get_weather",
+            "description": "The weather in a city now",
+            "input_schema": WEATHER["function"]["parameters"],
+        }
+    ]
     turn = ask_anthropic(claude, stream=stream, messages=TOOL_QUESTION, tools=tools)
     assert turn.stop_reason == "tool_use" and [block.type for block in turn.content] == ["tool_use"]
     use = turn.content[0]
     assert use.name == "get_weather" and use.input == {"city": "Paris"}
     history = TOOL_QUESTION + [
         {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in turn.content]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 21 degrees"}]}]
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 21 degrees"}]},
+    ]
     done = ask_anthropic(claude, stream=stream, messages=history, tools=tools)
     assert done.stop_reason == "end_turn" and [block.type for block in done.content] == ["text"]
-    thinking = ask_anthropic(claude, stream=stream, messages=THINK_QUESTION, thinking={"type": "enabled", "budget_tokens": 1024})
+    thinking = ask_anthropic(
+        claude, stream=stream, messages=THINK_QUESTION, thinking={"type": "enabled", "budget_tokens": 1024}
+    )
     assert thinking.content[0].type == "thinking" and thinking.content[0].thinking
-    return [openai_usage(r.usage) for r in (first, second, thought)] + [anthropic_usage(m.usage) for m in (turn, done, thinking)]
+    return [openai_usage(r.usage) for r in (first, second, thought)] + [
+        anthropic_usage(m.usage) for m in (turn, done, thinking)
+    ]
 
 
 def balance(home, account: int) -> str:
     """What `engy-node gateway balance` prints for the account."""
-    result = subprocess.run([sys.executable, "-m", "engy_node", "--home", str(home), "gateway", "balance", str(account)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "engy_node", "--home", str(home), "gateway", "balance", str(account)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -228,8 +285,12 @@ def charged_micro_usd(home, account: int) -> int:
 
 def test_gateway_admin_creates_credits_and_reports_a_buyer(tmp_path):
     def admin(*args: str) -> str:
-        result = subprocess.run([sys.executable, "-m", "engy_node", "--home", str(tmp_path), "gateway", *args],
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "engy_node", "--home", str(tmp_path), "gateway", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 0, result.stderr
         return result.stdout
 
@@ -240,6 +301,10 @@ def test_gateway_admin_creates_credits_and_reports_a_buyer(tmp_path):
     assert "requests" in admin("usage", "1").lower()
     assert "engy-mk-" in admin("register-miner", "rig-7")
     assert "rig-7" in admin("miners")
-    bad = subprocess.run([sys.executable, "-m", "engy_node", "--home", str(tmp_path), "gateway", "credit", "1", "-3"],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "engy_node", "--home", str(tmp_path), "gateway", "credit", "1", "-3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "engy-node:" in bad.stderr

@@ -139,8 +139,10 @@ class ProcessOutput:
                         return match
                 checked = len(self._lines)
                 if self._ended:
-                    raise AssertionError(f"not {what}: the process ended its output first ({self._exit_status()}):\n"
-                                         + "".join(self._lines))
+                    raise AssertionError(
+                        f"not {what}: the process ended its output first ({self._exit_status()}):\n"
+                        + "".join(self._lines)
+                    )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise AssertionError(f"not {what} within {timeout_s} s:\n" + "".join(self._lines))
@@ -150,8 +152,9 @@ class ProcessOutput:
         """Return once the output has ended and all of it is in `log_path`."""
         self._reader.join(timeout_s)
         if self._reader.is_alive():
-            raise AssertionError(f"not {what} within {timeout_s} s: something still holds the output pipe open:\n"
-                                 + self.text())
+            raise AssertionError(
+                f"not {what} within {timeout_s} s: something still holds the output pipe open:\n" + self.text()
+            )
 
     def _exit_status(self) -> str:
         try:

@@ -55,9 +55,14 @@ def main() -> int:
         install_logging(hub, level=config.node.log_level, log_dir=config.paths.log_dir, process=f"gateway-{seat.index}")
         # A second SIGTERM (a service manager signalling every process, then the first process
         # passing it on) must not cut the drain short; the first process decides when to kill.
-        return node.run([(f"gateway worker {seat.index}", functools.partial(serve_gateway, config, hub, seat=seat)),
-                         ("parent watch", functools.partial(_stop_with_parent, parent_pid)), ("ready signal", _say_ready)],
-                        exit_on_second_signal=False)
+        return node.run(
+            [
+                (f"gateway worker {seat.index}", functools.partial(serve_gateway, config, hub, seat=seat)),
+                ("parent watch", functools.partial(_stop_with_parent, parent_pid)),
+                ("ready signal", _say_ready),
+            ],
+            exit_on_second_signal=False,
+        )
     except EngyError as error:
         print(f"engy-node gateway worker {seat.index}: {error.title}: {error}", file=sys.stderr)
         return error.exit_code

@@ -16,7 +16,7 @@ from __future__ import annotations
 import decimal
 import json
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from engy_node.errors import EngyError
 from engy_node.gateway.store import Store
@@ -44,7 +44,9 @@ def parse_usd(text: str) -> int:
     if match is None:
         raise AdminError(f"{text!r} is not a dollar amount; write it like 25 or 0.50")
     if len(match["fraction"] or "") > USD_DECIMALS:
-        raise AdminError(f"{text!r} has more than {USD_DECIMALS} decimal places; the ledger counts whole micro-dollars ($0.000001)")
+        raise AdminError(
+            f"{text!r} has more than {USD_DECIMALS} decimal places; the ledger counts whole micro-dollars ($0.000001)"
+        )
     number = match["number"]
     with decimal.localcontext() as context:
         # Enough digits for the whole product, and a trap in case that reasoning is ever wrong:
@@ -65,7 +67,7 @@ def format_usd(micro: int) -> str:
 
 
 def _timestamp(unix_s: float) -> str:
-    return datetime.fromtimestamp(unix_s, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return datetime.fromtimestamp(unix_s, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def create_buyer(store: Store, *, name: str) -> str:
@@ -87,26 +89,30 @@ def credit(store: Store, *, account_id: int, dollars: str, memo: str = "") -> st
 
 def show_balance(store: Store, *, account_id: int) -> str:
     balance = store.balance(account_id)
-    return "\n".join((
-        f"account {account_id}",
-        f"  available {format_usd(balance.available)}",
-        f"  held      {format_usd(balance.held)}  (requests in flight)",
-        f"  credited  {format_usd(balance.credited)}",
-        f"  charged   {format_usd(balance.charged)}",
-    ))
+    return "\n".join(
+        (
+            f"account {account_id}",
+            f"  available {format_usd(balance.available)}",
+            f"  held      {format_usd(balance.held)}  (requests in flight)",
+            f"  credited  {format_usd(balance.credited)}",
+            f"  charged   {format_usd(balance.charged)}",
+        )
+    )
 
 
 def show_usage(store: Store, *, account_id: int, since: float | None = None) -> str:
     """Paid usage of the account since `since` (unix seconds; None: all retained history)."""
     usage = store.usage(account_id, since=since)
     window = "all retained history" if since is None else f"since {_timestamp(since)}"
-    return "\n".join((
-        f"account {account_id}, {window}",
-        f"  requests          {usage.requests}",
-        f"  prompt tokens     {usage.prompt_tokens} ({usage.cached_tokens} cached)",
-        f"  completion tokens {usage.completion_tokens}",
-        f"  cost              {format_usd(usage.cost_micro)}",
-    ))
+    return "\n".join(
+        (
+            f"account {account_id}, {window}",
+            f"  requests          {usage.requests}",
+            f"  prompt tokens     {usage.prompt_tokens} ({usage.cached_tokens} cached)",
+            f"  completion tokens {usage.completion_tokens}",
+            f"  cost              {format_usd(usage.cost_micro)}",
+        )
+    )
 
 
 def register_miner(store: Store, *, name: str, hotkey: str | None = None) -> str:
@@ -126,18 +132,26 @@ def show_trust(store: Store, *, now: float) -> str:
     defects = store.defect_counts(since=0.0, until=now + 1)
     if not rows and not verdicts:
         return "no miner has been probed or audited yet"
-    lines = [f"{'miner':<50} {'model':<16} {'state':<8} {'since':<20} {'pass':>5} {'cheat':>5} {'unpr.':>5} {'def.':>5}  why"]
+    lines = [
+        f"{'miner':<50} {'model':<16} {'state':<8} {'since':<20} {'pass':>5} {'cheat':>5} {'unpr.':>5} {'def.':>5}  why"
+    ]
     for row in rows:
         passed, cheat, unproven = verdicts.get(row.miner, (0, 0, 0))
-        lines.append(f"{row.miner:<50} {row.model:<16} {row.state:<8} {_timestamp(row.since):<20} {passed:>5} {cheat:>5} "
-                     f"{unproven:>5} {defects.get(row.miner, 0):>5}  {row.reason}")
+        lines.append(
+            f"{row.miner:<50} {row.model:<16} {row.state:<8} {_timestamp(row.since):<20} {passed:>5} {cheat:>5} "
+            f"{unproven:>5} {defects.get(row.miner, 0):>5}  {row.reason}"
+        )
     for miner in sorted(set(verdicts) - {row.miner for row in rows}):
         passed, cheat, unproven = verdicts[miner]
-        lines.append(f"{miner:<50} {'-':<16} {'-':<8} {'-':<20} {passed:>5} {cheat:>5} {unproven:>5} {defects.get(miner, 0):>5}  "
-                     "(not connected since the restart)")
+        lines.append(
+            f"{miner:<50} {'-':<16} {'-':<8} {'-':<20} {passed:>5} {cheat:>5} {unproven:>5} {defects.get(miner, 0):>5}  "
+            "(not connected since the restart)"
+        )
     if any(defects.values()):
-        lines.append("def.: answers that passed but whose text differed from the proven tokens in presentation (a held-back "
-                     "tail, whitespace, U+FFFD); buyers got the proven text. The miner's software needs fixing, its pay does not change.")
+        lines.append(
+            "def.: answers that passed but whose text differed from the proven tokens in presentation (a held-back "
+            "tail, whitespace, U+FFFD); buyers got the proven text. The miner's software needs fixing, its pay does not change."
+        )
     return "\n".join(lines)
 
 

@@ -66,8 +66,8 @@ from typing import Any
 import orjson
 
 from engy_node.gateway.chat import ChatRequest, FinishReason, GatewayError, Usage
-from engy_node.model_output import OutputEvent, TextDelta, ToolCall
 from engy_node.gateway.validation import USED, FieldChecks, FieldRule, Harmless, Refused, error_headers, is_int, one_of
+from engy_node.model_output import OutputEvent, TextDelta, ToolCall
 from engy_node.protocol.miner import Sampling
 
 __all__ = [
@@ -121,28 +121,39 @@ ERROR_TYPE_BY_KIND: dict[str, str] = {
 _UNSUPPORTED_BLOCKS = {"image": "images", "document": "documents"}
 _STOP_REASON_BY_FINISH = {"length": "max_tokens", "tool_calls": "tool_use"}
 
-_CHECK = FieldChecks(separator=": ", item_path="{param}.{index}", unknown_model="model: {model}",
-                     unknown_field="{field}: Extra inputs are not permitted")
+_CHECK = FieldChecks(
+    separator=": ",
+    item_path="{param}.{index}",
+    unknown_model="model: {model}",
+    unknown_field="{field}: Extra inputs are not permitted",
+)
 """Anthropic's wording: the field's path first, then what is wrong (`messages.2.content: must be ...`)."""
 
-_NO_JSON_FORMAT = ("the miners cannot guarantee JSON output; ask for JSON in the messages and validate what comes back, "
-                   "or omit it")
+_NO_JSON_FORMAT = (
+    "the miners cannot guarantee JSON output; ask for JSON in the messages and validate what comes back, or omit it"
+)
 
 _CONVERSATION_FIELDS: dict[str, FieldRule] = {
     # Read by `_conversation` (and the model by `_model`).
     **dict.fromkeys(("model", "messages", "system", "tools", "tool_choice", "thinking", "output_config"), USED),
     # Accepted and dropped: none of them asks anything of the answer, its price or its handling.
-    "cache_control": Harmless("prompt caching is automatic on the miners and never billed as a cache write here, "
-                              "so the marker changes neither the answer nor its price", Mapping),
+    "cache_control": Harmless(
+        "prompt caching is automatic on the miners and never billed as a cache write here, "
+        "so the marker changes neither the answer nor its price",
+        Mapping,
+    ),
     "user_profile_id": Harmless("attributes the request to a party; accounts here are per API key", str),
     "workspace_id": Harmless("selects a credential's workspace; an API key here belongs to one account", str),
     # Refused unless they ask for what the gateway does anyway.
-    "speed": Refused("'fast' is not supported: this gateway has one speed; omit it or send 'standard'",
-                     allows=one_of("standard")),
-    "mcp_servers": Refused("is not supported: this gateway connects to no MCP servers; run the tools yourself and "
-                           "send them as tools"),
-    "context_management": Refused("is not supported: this gateway does not edit the context; send the messages you "
-                                  "want the model to see"),
+    "speed": Refused(
+        "'fast' is not supported: this gateway has one speed; omit it or send 'standard'", allows=one_of("standard")
+    ),
+    "mcp_servers": Refused(
+        "is not supported: this gateway connects to no MCP servers; run the tools yourself and send them as tools"
+    ),
+    "context_management": Refused(
+        "is not supported: this gateway does not edit the context; send the messages you want the model to see"
+    ),
 }
 
 MESSAGES_FIELDS: dict[str, FieldRule] = {
@@ -150,10 +161,14 @@ MESSAGES_FIELDS: dict[str, FieldRule] = {
     # Read by `parse_messages_request`.
     **dict.fromkeys(("max_tokens", "stream", "stop_sequences", "temperature", "top_p"), USED),
     "metadata": Harmless("the end user's id, for the provider's abuse monitoring", Mapping),
-    "service_tier": Refused("must be 'auto' or 'standard_only' (this gateway has the standard tier only)",
-                            allows=one_of("auto", "standard_only")),
-    "top_k": Refused("is not supported: the miners sample from the whole distribution, narrowed by top_p only; omit "
-                     "it, or send top_p"),
+    "service_tier": Refused(
+        "must be 'auto' or 'standard_only' (this gateway has the standard tier only)",
+        allows=one_of("auto", "standard_only"),
+    ),
+    "top_k": Refused(
+        "is not supported: the miners sample from the whole distribution, narrowed by top_p only; omit "
+        "it, or send top_p"
+    ),
     "container": Refused("is not supported: this gateway runs no code-execution containers; omit it"),
     "diagnostics": Refused("is not supported: answers here carry no cache diagnostics; omit it"),
     "inference_geo": Refused("is not supported: this gateway cannot choose where the miners run; omit it"),
@@ -183,10 +198,13 @@ def _text_blocks(content: Any, param: str) -> str:
     for block_param, block in _CHECK.items(content, param=param, complaint="must be a string or a list of text blocks"):
         kind = block.get("type") if isinstance(block, Mapping) else None
         if isinstance(kind, str) and kind in _UNSUPPORTED_BLOCKS:
-            raise _CHECK.invalid(param=f"{block_param}.type", complaint=f"{_UNSUPPORTED_BLOCKS[kind]} are not supported; "
-                                 "the models served here take text only, so send text blocks")
+            raise _CHECK.invalid(
+                param=f"{block_param}.type",
+                complaint=f"{_UNSUPPORTED_BLOCKS[kind]} are not supported; "
+                "the models served here take text only, so send text blocks",
+            )
         if kind != "text" or not isinstance(block.get("text"), str):
-            raise _CHECK.invalid(param=block_param, complaint="must be a text block ({\"type\": \"text\", \"text\": ...})")
+            raise _CHECK.invalid(param=block_param, complaint='must be a text block ({"type": "text", "text": ...})')
         texts.append(block["text"])
     return "\n".join(texts)
 
@@ -212,8 +230,13 @@ def _user_messages(content: Any, param: str) -> list[dict[str, Any]]:
             flush()
             tool_use_id = _CHECK.string(block.get("tool_use_id"), param=f"{block_param}.tool_use_id")
             result = block.get("content")
-            messages.append({"role": "tool", "tool_call_id": tool_use_id,
-                             "content": "" if result is None else _text_blocks(result, f"{block_param}.content")})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": tool_use_id,
+                    "content": "" if result is None else _text_blocks(result, f"{block_param}.content"),
+                }
+            )
         else:
             _reject_block(kind, block_param, allowed="text or tool_result")
     flush()
@@ -225,7 +248,9 @@ def _assistant_message(content: Any, param: str) -> dict[str, Any]:
         return {"role": "assistant", "content": content}
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
-    for block_param, block in _CHECK.items(content, param=param, complaint="must be a string or a list of content blocks"):
+    for block_param, block in _CHECK.items(
+        content, param=param, complaint="must be a string or a list of content blocks"
+    ):
         kind = block.get("type") if isinstance(block, Mapping) else None
         if kind == "text":
             texts.append(_CHECK.string(block.get("text"), param=f"{block_param}.text"))
@@ -233,8 +258,13 @@ def _assistant_message(content: Any, param: str) -> dict[str, Any]:
             call_id = _CHECK.string(block.get("id"), param=f"{block_param}.id")
             name = _CHECK.string(block.get("name"), param=f"{block_param}.name")
             arguments = _CHECK.json_object(block.get("input"), param=f"{block_param}.input")
-            calls.append({"id": call_id, "type": "function", "function": {
-                "name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
+            calls.append(
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+                }
+            )
         elif kind not in ("thinking", "redacted_thinking"):
             _reject_block(kind, block_param, allowed="text, tool_use or thinking")
     message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
@@ -245,8 +275,10 @@ def _assistant_message(content: Any, param: str) -> dict[str, Any]:
 
 def _reject_block(kind: Any, param: str, *, allowed: str) -> None:
     if isinstance(kind, str) and kind in _UNSUPPORTED_BLOCKS:
-        raise _CHECK.invalid(param=f"{param}.type", complaint=f"{_UNSUPPORTED_BLOCKS[kind]} are not supported; "
-                             "the models served here take text only")
+        raise _CHECK.invalid(
+            param=f"{param}.type",
+            complaint=f"{_UNSUPPORTED_BLOCKS[kind]} are not supported; the models served here take text only",
+        )
     raise _CHECK.invalid(param=f"{param}.type", complaint=f"block type {kind!r} is not supported here; use {allowed}")
 
 
@@ -265,8 +297,11 @@ def _messages(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
         elif role == "assistant":
             messages.append(_assistant_message(message.get("content"), f"{param}.content"))
         else:
-            raise _CHECK.invalid(param=f"{param}.role", complaint="must be 'user' or 'assistant' (the system prompt "
-                                 f"goes in the top-level system field), got {role!r}")
+            raise _CHECK.invalid(
+                param=f"{param}.role",
+                complaint="must be 'user' or 'assistant' (the system prompt "
+                f"goes in the top-level system field), got {role!r}",
+            )
     return tuple(messages)
 
 
@@ -274,8 +309,11 @@ def _function_spec(tool: Any, param: str) -> dict[str, Any]:
     """One custom tool as a function spec; server tools run on Anthropic's side and are refused."""
     tool = _CHECK.json_object(tool, param=param)
     if tool.get("type", "custom") != "custom":
-        raise _CHECK.invalid(param=f"{param}.type", complaint=f"server tool {tool.get('type')!r} is not supported; "
-                             "only custom tools (name, description, input_schema) are")
+        raise _CHECK.invalid(
+            param=f"{param}.type",
+            complaint=f"server tool {tool.get('type')!r} is not supported; "
+            "only custom tools (name, description, input_schema) are",
+        )
     spec: dict[str, Any] = {"name": _CHECK.string(tool.get("name"), param=f"{param}.name", non_empty=True)}
     parameters = _CHECK.json_schema(tool.get("input_schema"), param=f"{param}.input_schema")
     if tool.get("description") is not None:
@@ -291,10 +329,13 @@ def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...] | None) -> Any:
     kind = raw.get("type") if isinstance(raw, Mapping) else None
     if kind == "none":
         return "none"
-    if kind is not None and _CHECK.optional_bool(raw.get("disable_parallel_tool_use"),
-                                                 param="tool_choice.disable_parallel_tool_use"):
-        raise _CHECK.invalid(param="tool_choice.disable_parallel_tool_use",
-                             complaint="true is not supported: the model may call several tools in one turn; omit it")
+    if kind is not None and _CHECK.optional_bool(
+        raw.get("disable_parallel_tool_use"), param="tool_choice.disable_parallel_tool_use"
+    ):
+        raise _CHECK.invalid(
+            param="tool_choice.disable_parallel_tool_use",
+            complaint="true is not supported: the model may call several tools in one turn; omit it",
+        )
     if kind == "auto":
         return "auto" if tools else None
     if kind == "any":
@@ -306,20 +347,32 @@ def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...] | None) -> Any:
         if not isinstance(name, str) or name not in {tool["function"]["name"] for tool in tools or ()}:
             raise _CHECK.invalid(param="tool_choice.name", complaint=f"names the tool {name!r}, which is not in tools")
         return {"type": "function", "function": {"name": name}}
-    raise _CHECK.invalid(param="tool_choice", complaint="must be {\"type\": \"auto\"}, {\"type\": \"any\"}, "
-                         "{\"type\": \"tool\", \"name\": ...} or {\"type\": \"none\"}")
+    raise _CHECK.invalid(
+        param="tool_choice",
+        complaint='must be {"type": "auto"}, {"type": "any"}, {"type": "tool", "name": ...} or {"type": "none"}',
+    )
 
 
 def _check_thinking(thinking: Any) -> None:
     """Accepted as sent (the module docstring says why), but type-checked, so a typo is reported."""
     if thinking is None:
         return
-    if not isinstance(thinking, Mapping) or thinking.get("type") not in ("enabled", "disabled", "adaptive", "between_tools"):
-        raise _CHECK.invalid(param="thinking", complaint="must be {\"type\": \"enabled\", \"budget_tokens\": N}, "
-                             "{\"type\": \"adaptive\"}, {\"type\": \"between_tools\"} or {\"type\": \"disabled\"}")
+    if not isinstance(thinking, Mapping) or thinking.get("type") not in (
+        "enabled",
+        "disabled",
+        "adaptive",
+        "between_tools",
+    ):
+        raise _CHECK.invalid(
+            param="thinking",
+            complaint='must be {"type": "enabled", "budget_tokens": N}, '
+            '{"type": "adaptive"}, {"type": "between_tools"} or {"type": "disabled"}',
+        )
     budget = thinking.get("budget_tokens")
     if budget is not None and (not is_int(budget) or budget < 0):
-        raise _CHECK.invalid(param="thinking.budget_tokens", complaint=f"must be a non-negative integer, got {budget!r}")
+        raise _CHECK.invalid(
+            param="thinking.budget_tokens", complaint=f"must be a non-negative integer, got {budget!r}"
+        )
 
 
 def _check_output_config(raw: Any) -> None:
@@ -332,8 +385,10 @@ def _check_output_config(raw: Any) -> None:
         if key == "format":
             raise _CHECK.invalid(param="output_config.format", complaint=f"is not supported: {_NO_JSON_FORMAT}")
         if key == "effort":
-            raise _CHECK.invalid(param="output_config.effort", complaint="is not supported: the served models reason as "
-                                 "their chat template makes them; omit it")
+            raise _CHECK.invalid(
+                param="output_config.effort",
+                complaint="is not supported: the served models reason as their chat template makes them; omit it",
+            )
         raise _CHECK.invalid(param=f"output_config.{key}", complaint="Extra inputs are not permitted")
 
 
@@ -357,8 +412,9 @@ def _conversation(body: Mapping[str, Any]) -> tuple[tuple[dict[str, Any], ...], 
     return messages, tools, tool_choice
 
 
-def parse_messages_request(body: Any, *, known_models: Collection[str],
-                           max_output_tokens_for: Callable[[str], int]) -> ChatRequest:
+def parse_messages_request(
+    body: Any, *, known_models: Collection[str], max_output_tokens_for: Callable[[str], int]
+) -> ChatRequest:
     """A buyer's Messages body as a `ChatRequest`.
 
     Raises `GatewayError`: `invalid_request` (400) for a malformed, missing, unknown or
@@ -369,21 +425,34 @@ def parse_messages_request(body: Any, *, known_models: Collection[str],
     limit = max_output_tokens_for(model)
     max_tokens = body.get("max_tokens")
     if not is_int(max_tokens) or max_tokens < 1:
-        raise _CHECK.invalid(param="max_tokens", complaint=f"is required and must be a positive integer, got {max_tokens!r}")
+        raise _CHECK.invalid(
+            param="max_tokens", complaint=f"is required and must be a positive integer, got {max_tokens!r}"
+        )
     if max_tokens > limit:
-        raise _CHECK.invalid(param="max_tokens", complaint=f"{max_tokens} > {limit}, which is the maximum allowed number "
-                             f"of output tokens for {model}")
+        raise _CHECK.invalid(
+            param="max_tokens",
+            complaint=f"{max_tokens} > {limit}, which is the maximum allowed number of output tokens for {model}",
+        )
     messages, tools, tool_choice = _conversation(body)
     stream = _CHECK.optional_bool(body.get("stream"), param="stream")
     sampling = Sampling(
         temperature=_CHECK.temperature(body.get("temperature"), maximum=MAX_TEMPERATURE),
         top_p=_CHECK.top_p(body.get("top_p")),
-        stop=_CHECK.stop_sequences(body.get("stop_sequences"), param="stop_sequences", max_count=MAX_STOP_SEQUENCES,
-                                   accept_string=False),
+        stop=_CHECK.stop_sequences(
+            body.get("stop_sequences"), param="stop_sequences", max_count=MAX_STOP_SEQUENCES, accept_string=False
+        ),
     )
-    return ChatRequest(api="anthropic", model=model, messages=messages, max_tokens=max_tokens, stream=bool(stream),
-                       sampling=sampling, tools=tools, tool_choice=tool_choice,
-                       chat_template_kwargs=_thinking_switch(body.get("thinking")))
+    return ChatRequest(
+        api="anthropic",
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        stream=bool(stream),
+        sampling=sampling,
+        tools=tools,
+        tool_choice=tool_choice,
+        chat_template_kwargs=_thinking_switch(body.get("thinking")),
+    )
 
 
 def _thinking_switch(thinking: Any) -> dict[str, Any] | None:
@@ -393,8 +462,9 @@ def _thinking_switch(thinking: Any) -> dict[str, Any] | None:
     return {"enable_thinking": kind == "enabled"} if kind in ("enabled", "disabled") else None
 
 
-def parse_count_tokens_request(body: Any, *, known_models: Collection[str],
-                               max_output_tokens_for: Callable[[str], int]) -> ChatRequest:
+def parse_count_tokens_request(
+    body: Any, *, known_models: Collection[str], max_output_tokens_for: Callable[[str], int]
+) -> ChatRequest:
     """A `count_tokens` body (no `max_tokens`) as a `ChatRequest` to render and count.
 
     `max_tokens` is set to the model's maximum only to fill the field; nothing is generated.
@@ -402,8 +472,15 @@ def parse_count_tokens_request(body: Any, *, known_models: Collection[str],
     """
     model = _model(body, known_models, COUNT_TOKENS_FIELDS)
     messages, tools, tool_choice = _conversation(body)
-    return ChatRequest(api="anthropic", model=model, messages=messages, max_tokens=max_output_tokens_for(model),
-                       stream=False, tools=tools, tool_choice=tool_choice)
+    return ChatRequest(
+        api="anthropic",
+        model=model,
+        messages=messages,
+        max_tokens=max_output_tokens_for(model),
+        stream=False,
+        tools=tools,
+        tool_choice=tool_choice,
+    )
 
 
 def count_tokens_body(input_tokens: int) -> dict[str, Any]:
@@ -436,7 +513,9 @@ def _content_blocks(events: list[OutputEvent]) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     for event in events:
         if isinstance(event, ToolCall):
-            blocks.append({"type": "tool_use", "id": event.id, "name": event.name, "input": json.loads(event.arguments)})
+            blocks.append(
+                {"type": "tool_use", "id": event.id, "name": event.name, "input": json.loads(event.arguments)}
+            )
         elif event.text:
             kind, key = ("text", "text") if isinstance(event, TextDelta) else ("thinking", "thinking")
             if blocks and blocks[-1]["type"] == kind:
@@ -448,16 +527,27 @@ def _content_blocks(events: list[OutputEvent]) -> list[dict[str, Any]]:
     return blocks
 
 
-def message_body(*, message_id: str, model: str, events: list[OutputEvent], finish: FinishReason,
-                 stop_sequence: str | None, usage: Usage) -> dict[str, Any]:
+def message_body(
+    *,
+    message_id: str,
+    model: str,
+    events: list[OutputEvent],
+    finish: FinishReason,
+    stop_sequence: str | None,
+    usage: Usage,
+) -> dict[str, Any]:
     """A non-streaming `message`. `stop_sequence` is the buyer's stop sequence that ended the
     output, if one did."""
     called_tools = any(isinstance(event, ToolCall) for event in events)
     reason = stop_reason(finish, called_tools=called_tools, stop_sequence=stop_sequence)
     return {
-        "id": message_id, "type": "message", "role": "assistant", "model": model,
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
         "content": _content_blocks(events),
-        "stop_reason": reason, "stop_sequence": stop_sequence if reason == "stop_sequence" else None,
+        "stop_reason": reason,
+        "stop_sequence": stop_sequence if reason == "stop_sequence" else None,
         "usage": _usage(usage, output_tokens=usage.completion_tokens),
     }
 
@@ -485,11 +575,23 @@ class EventEncoder:
     def start(self, usage_so_far: Usage) -> list[bytes]:
         """The one `message_start`: empty content, no stop reason, the input usage, and
         `output_tokens` at least 1, because Claude Code treats a zero there as a broken stream."""
-        return [_sse("message_start", {"message": {
-            "id": self._message_id, "type": "message", "role": "assistant", "model": self._model,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": _usage(usage_so_far, output_tokens=max(1, usage_so_far.completion_tokens)),
-        }})]
+        return [
+            _sse(
+                "message_start",
+                {
+                    "message": {
+                        "id": self._message_id,
+                        "type": "message",
+                        "role": "assistant",
+                        "model": self._model,
+                        "content": [],
+                        "stop_reason": None,
+                        "stop_sequence": None,
+                        "usage": _usage(usage_so_far, output_tokens=max(1, usage_so_far.completion_tokens)),
+                    }
+                },
+            )
+        ]
 
     def _close(self) -> list[bytes]:
         if self._open is None:
@@ -507,10 +609,21 @@ class EventEncoder:
                 out += self._close()
                 self._called_tools = True
                 index = self._blocks
-                out.append(_sse("content_block_start", {"index": index, "content_block": {
-                    "type": "tool_use", "id": event.id, "name": event.name, "input": {}}}))
-                out.append(_sse("content_block_delta", {"index": index, "delta": {
-                    "type": "input_json_delta", "partial_json": event.arguments}}))
+                out.append(
+                    _sse(
+                        "content_block_start",
+                        {
+                            "index": index,
+                            "content_block": {"type": "tool_use", "id": event.id, "name": event.name, "input": {}},
+                        },
+                    )
+                )
+                out.append(
+                    _sse(
+                        "content_block_delta",
+                        {"index": index, "delta": {"type": "input_json_delta", "partial_json": event.arguments}},
+                    )
+                )
                 out.append(_sse("content_block_stop", {"index": index}))
                 self._blocks += 1
                 continue
@@ -519,12 +632,18 @@ class EventEncoder:
             kind = "text" if isinstance(event, TextDelta) else "thinking"
             if self._open != kind:
                 out += self._close()
-                block = {"type": "text", "text": ""} if kind == "text" else {
-                    "type": "thinking", "thinking": "", "signature": THINKING_SIGNATURE}
+                block = (
+                    {"type": "text", "text": ""}
+                    if kind == "text"
+                    else {"type": "thinking", "thinking": "", "signature": THINKING_SIGNATURE}
+                )
                 out.append(_sse("content_block_start", {"index": self._blocks, "content_block": block}))
                 self._open = kind
-            delta = {"type": "text_delta", "text": event.text} if kind == "text" else {
-                "type": "thinking_delta", "thinking": event.text}
+            delta = (
+                {"type": "text_delta", "text": event.text}
+                if kind == "text"
+                else {"type": "thinking_delta", "thinking": event.text}
+            )
             out.append(_sse("content_block_delta", {"index": self._blocks, "delta": delta}))
         return out
 
@@ -539,13 +658,20 @@ class EventEncoder:
         are keyword-only: both are optional-looking values of different types that a positional
         call could swap without any error until a buyer saw the wrong usage."""
         reason = stop_reason(finish, called_tools=self._called_tools, stop_sequence=stop_sequence)
-        return [*self._close(),
-                _sse("message_delta", {
-                    "delta": {"stop_reason": reason,
-                              "stop_sequence": stop_sequence if reason == "stop_sequence" else None},
+        return [
+            *self._close(),
+            _sse(
+                "message_delta",
+                {
+                    "delta": {
+                        "stop_reason": reason,
+                        "stop_sequence": stop_sequence if reason == "stop_sequence" else None,
+                    },
                     "usage": _usage(usage, output_tokens=usage.completion_tokens),
-                }),
-                _sse("message_stop", {})]
+                },
+            ),
+            _sse("message_stop", {}),
+        ]
 
     def error(self, err: GatewayError) -> list[bytes]:
         """An in-band `error` event after the 200 was sent; the stream must close right after it."""
@@ -558,8 +684,10 @@ class EventEncoder:
 def unsupported_content_type(content_type: str | None) -> GatewayError:
     """The 400 for a body that is not declared JSON (the module docstring says why not a 415)."""
     sent = f"got {content_type!r}" if content_type else "got no content-type header"
-    return GatewayError("invalid_request", f"content-type: must be application/json, {sent}; send the body as JSON with "
-                        "content-type: application/json")
+    return GatewayError(
+        "invalid_request",
+        f"content-type: must be application/json, {sent}; send the body as JSON with content-type: application/json",
+    )
 
 
 def status_for(err: GatewayError) -> int:
@@ -568,5 +696,8 @@ def status_for(err: GatewayError) -> int:
 
 
 def error_body(err: GatewayError, request_id: str) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": ERROR_TYPE_BY_KIND[err.kind], "message": err.message},
-            "request_id": request_id}
+    return {
+        "type": "error",
+        "error": {"type": ERROR_TYPE_BY_KIND[err.kind], "message": err.message},
+        "request_id": request_id,
+    }

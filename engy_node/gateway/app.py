@@ -43,16 +43,25 @@ is still to come: hypercorn's default, far above what SDKs send (well under 1 Ki
 a head only while it is incomplete, so one that arrives whole in one read (hypercorn reads
 64 KiB at a time) may be larger; one that does not is answered 431."""
 
-ROUTES = ("POST /v1/chat/completions", "POST /v1/messages", "POST /v1/messages/count_tokens", "GET /v1/models",
-          "GET /v1/models/{model}", "GET /health")
+ROUTES = (
+    "POST /v1/chat/completions",
+    "POST /v1/messages",
+    "POST /v1/messages/count_tokens",
+    "GET /v1/models",
+    "GET /v1/models/{model}",
+    "GET /health",
+)
 """What the buyer API serves, as a 404 lists it."""
 
-INTERNAL_ERROR = GatewayError("api_error", "the gateway failed on this request; retry it, and report the request id if "
-                              "it fails again")
+INTERNAL_ERROR = GatewayError(
+    "api_error", "the gateway failed on this request; retry it, and report the request id if it fails again"
+)
 """A 500 for a failure of the gateway's own (the log has the cause; the buyer gets the request id)."""
 
-_UNSUPPORTED_CONTENT_TYPE = {OPENAI.name: openai_api.unsupported_content_type,
-                             ANTHROPIC.name: anthropic_api.unsupported_content_type}
+_UNSUPPORTED_CONTENT_TYPE = {
+    OPENAI.name: openai_api.unsupported_content_type,
+    ANTHROPIC.name: anthropic_api.unsupported_content_type,
+}
 
 
 def api_for_path(path: str) -> Api:
@@ -69,11 +78,17 @@ def protocol_error_body(status: int, path: str | None) -> tuple[list[tuple[bytes
     """The answer to a request hypercorn refused before the app saw it (`EdgeConfig`), in the
     dialect of its path (OpenAI's when even the request line could not be read)."""
     if status == 431:
-        err = GatewayError("request_too_large", f"the request's headers exceed {MAX_HEADER_BYTES} bytes; send fewer or "
-                           "smaller headers (an oversized cookie or token is the usual cause)")
+        err = GatewayError(
+            "request_too_large",
+            f"the request's headers exceed {MAX_HEADER_BYTES} bytes; send fewer or "
+            "smaller headers (an oversized cookie or token is the usual cause)",
+        )
     else:
-        err = GatewayError("invalid_request", f"the request is not valid HTTP/1.1 (the server's parser answered {status}); "
-                           "check the request line and headers your client sends")
+        err = GatewayError(
+            "invalid_request",
+            f"the request is not valid HTTP/1.1 (the server's parser answered {status}); "
+            "check the request line and headers your client sends",
+        )
     response = api_for_path(path or "").error_response(err, new_request_id())
     return response.raw_headers, bytes(response.body)
 
@@ -130,19 +145,26 @@ class Handlers:
             if not is_json(content_type):
                 raise anthropic_api.unsupported_content_type(content_type)
             await gateway.authenticate(ANTHROPIC.api_key(request.headers))
-            chat = anthropic_api.parse_count_tokens_request(await gateway.read_body(request.receive), known_models=set(gateway.models),
-                                                            max_output_tokens_for=gateway.max_output_tokens_for)
+            chat = anthropic_api.parse_count_tokens_request(
+                await gateway.read_body(request.receive),
+                known_models=set(gateway.models),
+                max_output_tokens_for=gateway.max_output_tokens_for,
+            )
             return JSONResponse(anthropic_api.count_tokens_body(await gateway.count_prompt(chat, request_id)))
         except GatewayError as err:
             return ANTHROPIC.error_response(err, request_id)
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse(openai_api.models_body([(model, self.gateway.created, "engy") for model in sorted(self.gateway.models)]))
+        return JSONResponse(
+            openai_api.models_body([(model, self.gateway.created, "engy") for model in sorted(self.gateway.models)])
+        )
 
     async def model(self, request: Request) -> Response:
         name = request.path_params["name"]
         if name not in self.gateway.models:
-            return OPENAI.error_response(GatewayError("not_found", f"The model `{name}` does not exist", param="model"), self.gateway.new_id())
+            return OPENAI.error_response(
+                GatewayError("not_found", f"The model `{name}` does not exist", param="model"), self.gateway.new_id()
+            )
         return JSONResponse(openai_api.model_body((name, self.gateway.created, "engy")))
 
     async def health(self, request: Request) -> Response:
@@ -163,7 +185,11 @@ class BuyerApp:
         self.router = router
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and (endpoint := self.chat.get(scope["path"])) is not None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and (endpoint := self.chat.get(scope["path"])) is not None
+        ):
             await self._chat(endpoint, scope, receive, send)
         else:
             await self.router(scope, receive, send)
@@ -172,7 +198,9 @@ class BuyerApp:
         api = endpoint.api
         content_type = Headers(scope=scope).get("content-type")
         if not is_json(content_type):
-            await api.error_response(_UNSUPPORTED_CONTENT_TYPE[api.name](content_type), endpoint.gateway.new_id())(scope, receive, send)
+            await api.error_response(_UNSUPPORTED_CONTENT_TYPE[api.name](content_type), endpoint.gateway.new_id())(
+                scope, receive, send
+            )
             return
         answered = False
 
@@ -190,7 +218,10 @@ class BuyerApp:
 
 
 def build_buyer_app(handlers: Handlers) -> BuyerApp:
-    chat = {"/v1/chat/completions": ChatEndpoint(handlers.gateway, OPENAI), "/v1/messages": ChatEndpoint(handlers.gateway, ANTHROPIC)}
+    chat = {
+        "/v1/chat/completions": ChatEndpoint(handlers.gateway, OPENAI),
+        "/v1/messages": ChatEndpoint(handlers.gateway, ANTHROPIC),
+    }
     routes = [
         *(Route(path, endpoint, methods=["POST"]) for path, endpoint in chat.items()),
         Route("/v1/messages/count_tokens", handlers.count_tokens, methods=["POST"]),
@@ -205,5 +236,11 @@ def build_miner_app(pool: MinerPool, *, workers: int = 1) -> Starlette:
     async def meta(request: Request) -> Response:
         return JSONResponse({"workers": workers})
 
-    return Starlette(routes=[Route("/gw/meta", meta, methods=["GET"]), WebSocketRoute("/gw", pool.endpoint),
-                             WebSocketRoute("/gw/{worker:int}", pool.endpoint)], exception_handlers=ERROR_HANDLERS)
+    return Starlette(
+        routes=[
+            Route("/gw/meta", meta, methods=["GET"]),
+            WebSocketRoute("/gw", pool.endpoint),
+            WebSocketRoute("/gw/{worker:int}", pool.endpoint),
+        ],
+        exception_handlers=ERROR_HANDLERS,
+    )

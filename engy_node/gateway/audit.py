@@ -67,18 +67,32 @@ class AuditJob:
         if self.greedy:
             return None
         temperature = self.sampling.temperature if self.sampling.temperature is not None else 1.0
-        return SamplingTerms(temperature=temperature, top_p=self.sampling.top_p if self.sampling.top_p is not None else 1.0,
-                             seed=self.sampling.seed if self.seeded else None)
+        return SamplingTerms(
+            temperature=temperature,
+            top_p=self.sampling.top_p if self.sampling.top_p is not None else 1.0,
+            seed=self.sampling.seed if self.seeded else None,
+        )
 
     def to_wire(self, *, for_verifier: bool = False) -> dict[str, Any]:
         wire: dict[str, Any] = {
-            "job_id": self.request_id, "model": self.model, "kind": self.kind, "prompt_ids": list(self.prompt_ids),
-            "commitment": self.commitment, "greedy": self.greedy,
-            "sampling": {"temperature": self.sampling.temperature, "top_p": self.sampling.top_p, "seed": self.sampling.seed},
+            "job_id": self.request_id,
+            "model": self.model,
+            "kind": self.kind,
+            "prompt_ids": list(self.prompt_ids),
+            "commitment": self.commitment,
+            "greedy": self.greedy,
+            "sampling": {
+                "temperature": self.sampling.temperature,
+                "top_p": self.sampling.top_p,
+                "seed": self.sampling.seed,
+            },
             "seeded": self.seeded,
-            "delivery": {"relayed_output_ids": list(self.delivery.relayed_output_ids),
-                         "ended_at_stop": self.delivery.ended_at_stop, "max_tokens": self.delivery.max_tokens,
-                         **({"defect": self.delivery.defect} if self.delivery.defect is not None else {})},
+            "delivery": {
+                "relayed_output_ids": list(self.delivery.relayed_output_ids),
+                "ended_at_stop": self.delivery.ended_at_stop,
+                "max_tokens": self.delivery.max_tokens,
+                **({"defect": self.delivery.defect} if self.delivery.defect is not None else {}),
+            },
             "created_at": self.created_at,
         }
         if for_verifier:
@@ -96,18 +110,25 @@ class AuditJob:
         try:
             sampling, delivery = wire["sampling"], wire["delivery"]
             return cls(
-                request_id=_text(wire["job_id"], "job_id"), model=_text(wire["model"], "model"),
-                miner=_text(wire.get("miner", ""), "miner", allow_empty=True), kind=_kind(wire.get("kind", "paid")),
-                prompt_ids=_ids(wire["prompt_ids"], "prompt_ids"), commitment=_mapping(wire["commitment"], "commitment"),
+                request_id=_text(wire["job_id"], "job_id"),
+                model=_text(wire["model"], "model"),
+                miner=_text(wire.get("miner", ""), "miner", allow_empty=True),
+                kind=_kind(wire.get("kind", "paid")),
+                prompt_ids=_ids(wire["prompt_ids"], "prompt_ids"),
+                commitment=_mapping(wire["commitment"], "commitment"),
                 greedy=_flag(wire["greedy"], "greedy"),
-                sampling=Sampling(temperature=_number(sampling.get("temperature"), "sampling.temperature"),
-                                  top_p=_number(sampling.get("top_p"), "sampling.top_p"),
-                                  seed=_seed(sampling.get("seed"))),
+                sampling=Sampling(
+                    temperature=_number(sampling.get("temperature"), "sampling.temperature"),
+                    top_p=_number(sampling.get("top_p"), "sampling.top_p"),
+                    seed=_seed(sampling.get("seed")),
+                ),
                 seeded=_flag(wire["seeded"], "seeded"),
-                delivery=Delivery(relayed_output_ids=_ids(delivery["relayed_output_ids"], "delivery.relayed_output_ids"),
-                                  ended_at_stop=_flag(delivery["ended_at_stop"], "delivery.ended_at_stop"),
-                                  max_tokens=_uint(delivery["max_tokens"], "delivery.max_tokens"),
-                                  defect=_defect(delivery.get("defect"))),
+                delivery=Delivery(
+                    relayed_output_ids=_ids(delivery["relayed_output_ids"], "delivery.relayed_output_ids"),
+                    ended_at_stop=_flag(delivery["ended_at_stop"], "delivery.ended_at_stop"),
+                    max_tokens=_uint(delivery["max_tokens"], "delivery.max_tokens"),
+                    defect=_defect(delivery.get("defect")),
+                ),
                 created_at=float(_number(wire["created_at"], "created_at") or 0.0),
                 found=_found(wire.get("found")),
             )
@@ -160,9 +181,13 @@ class QueueCounts:
 class AuditQueue:
     """The jobs waiting for a verifier, and those leased to one."""
 
-    def __init__(self, *, lease_s: float = 120.0, ttl_s: float = 3600.0, max_jobs: int = 20_000, max_leases: int = 3) -> None:
+    def __init__(
+        self, *, lease_s: float = 120.0, ttl_s: float = 3600.0, max_jobs: int = 20_000, max_leases: int = 3
+    ) -> None:
         if lease_s <= 0 or ttl_s <= 0 or max_jobs < 1 or max_leases < 1:
-            raise ValueError("the audit queue needs a positive lease time and TTL, room for a job, and at least one lease")
+            raise ValueError(
+                "the audit queue needs a positive lease time and TTL, room for a job, and at least one lease"
+            )
         self.lease_s = lease_s
         self.ttl_s = ttl_s
         self.max_jobs = max_jobs
@@ -225,8 +250,13 @@ class AuditQueue:
     def counts(self, *, now: float) -> QueueCounts:
         self._expire(now)
         leased = sum(1 for slot in self._slots.values() if slot.leased_to is not None and slot.lease_expires_at > now)
-        return QueueCounts(waiting=len(self._slots) - leased, leased=leased, dropped_full=self.dropped_full,
-                           dropped_expired=self.dropped_expired, dropped_unjudged=self.dropped_unjudged)
+        return QueueCounts(
+            waiting=len(self._slots) - leased,
+            leased=leased,
+            dropped_full=self.dropped_full,
+            dropped_expired=self.dropped_expired,
+            dropped_unjudged=self.dropped_unjudged,
+        )
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -243,8 +273,13 @@ class AuditQueue:
 def _found(value: Any) -> tuple[str, str] | None:
     if value is None:
         return None
-    if (not isinstance(value, list) or len(value) != 2 or value[0] not in ("pass", "cheat", "unproven")
-            or not isinstance(value[1], str) or not value[1]):
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or value[0] not in ("pass", "cheat", "unproven")
+        or not isinstance(value[1], str)
+        or not value[1]
+    ):
         raise ValueError("malformed audit job: found must be [verdict, reason]")
     return value[0], value[1]
 

@@ -64,8 +64,14 @@ class PostedVerdict:
 
 
 class AuditDesk:
-    def __init__(self, *, queue: AuditQueue, store: Store, clock: Callable[[], float] = time.time,
-                 on_verdict: Callable[[AuditJob, VerdictKind], None] = lambda job, verdict: None) -> None:
+    def __init__(
+        self,
+        *,
+        queue: AuditQueue,
+        store: Store,
+        clock: Callable[[], float] = time.time,
+        on_verdict: Callable[[AuditJob, VerdictKind], None] = lambda job, verdict: None,
+    ) -> None:
         self.queue = queue
         self.store = store
         self.clock = clock
@@ -80,8 +86,11 @@ class AuditDesk:
         try:
             self._found_in.send_nowait(job)
         except trio.WouldBlock:
-            log.error("job %s: the gateway's own verdict (%s) was dropped: the store is not keeping up", job.request_id,
-                      job.found[1])
+            log.error(
+                "job %s: the gateway's own verdict (%s) was dropped: the store is not keeping up",
+                job.request_id,
+                job.found[1],
+            )
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Record the verdicts the gateway established itself."""
@@ -89,16 +98,33 @@ class AuditDesk:
         async for job in self._found_out:
             verdict, reason = job.found
             try:
-                outcome = await self.store.run(self.store.record_verdict, VerdictRecord(
-                    request_id=job.request_id, miner=job.miner, model=job.model, kind=job.kind, verdict=verdict, reason=reason,
-                    verifier=GATEWAY_VERIFIER, request_created_at=job.created_at, judged_at=self.clock()))
+                outcome = await self.store.run(
+                    self.store.record_verdict,
+                    VerdictRecord(
+                        request_id=job.request_id,
+                        miner=job.miner,
+                        model=job.model,
+                        kind=job.kind,
+                        verdict=verdict,
+                        reason=reason,
+                        verifier=GATEWAY_VERIFIER,
+                        request_created_at=job.created_at,
+                        judged_at=self.clock(),
+                    ),
+                )
             except StoreError as error:
                 log.error("job %s: could not record the gateway's verdict %s (%s)", job.request_id, verdict, error)
                 continue
             if outcome == "recorded":
                 self.recorded += 1
-                log.warning("job %s (%s by %s): %s (%s), established by the gateway", job.request_id, job.model, job.miner,
-                            verdict, reason)
+                log.warning(
+                    "job %s (%s by %s): %s (%s), established by the gateway",
+                    job.request_id,
+                    job.model,
+                    job.miner,
+                    verdict,
+                    reason,
+                )
                 self.on_verdict(job, verdict)
 
     def lease(self, verifier: str, *, limit: int) -> list[Lease]:
@@ -122,29 +148,50 @@ class AuditDesk:
             if held is None:
                 earlier = await self.store.run(self.store.verdict, posted.job_id)
                 if earlier is None:
-                    raise AuditRefused(404, "unknown_job", f"job {posted.job_id} is not waiting for a verdict here "
-                                       "(never offered, or expired); nothing was recorded")
+                    raise AuditRefused(
+                        404,
+                        "unknown_job",
+                        f"job {posted.job_id} is not waiting for a verdict here "
+                        "(never offered, or expired); nothing was recorded",
+                    )
                 if (earlier.verdict, earlier.reason) != (posted.verdict, posted.reason):
-                    raise AuditRefused(409, "already_judged", f"job {posted.job_id} was already judged "
-                                       f"{earlier.verdict} ({earlier.reason}); a verdict is final, nothing was recorded")
+                    raise AuditRefused(
+                        409,
+                        "already_judged",
+                        f"job {posted.job_id} was already judged "
+                        f"{earlier.verdict} ({earlier.reason}); a verdict is final, nothing was recorded",
+                    )
                 plan.append((posted, None))
                 continue
             job, holder = held
             if holder is not None and holder != verifier:
-                raise AuditRefused(409, "leased_elsewhere", f"job {posted.job_id} is leased to another verifier; "
-                                   "nothing was recorded")
+                raise AuditRefused(
+                    409, "leased_elsewhere", f"job {posted.job_id} is leased to another verifier; nothing was recorded"
+                )
             if holder is None and not self.queue.was_leased_to(posted.job_id, verifier):
-                raise AuditRefused(409, "not_leased", f"job {posted.job_id} is not leased to you: lease it first; "
-                                   "nothing was recorded")
+                raise AuditRefused(
+                    409, "not_leased", f"job {posted.job_id} is not leased to you: lease it first; nothing was recorded"
+                )
             plan.append((posted, job))
         results = []
         for posted, job in plan:
             if job is None:
                 results.append((posted.job_id, "duplicate"))
                 continue
-            outcome = await self.store.run(self.store.record_verdict, VerdictRecord(
-                request_id=job.request_id, miner=job.miner, model=job.model, kind=job.kind, verdict=posted.verdict,
-                reason=posted.reason, verifier=verifier, request_created_at=job.created_at, judged_at=now))
+            outcome = await self.store.run(
+                self.store.record_verdict,
+                VerdictRecord(
+                    request_id=job.request_id,
+                    miner=job.miner,
+                    model=job.model,
+                    kind=job.kind,
+                    verdict=posted.verdict,
+                    reason=posted.reason,
+                    verifier=verifier,
+                    request_created_at=job.created_at,
+                    judged_at=now,
+                ),
+            )
             self.queue.finish(job.request_id)
             if outcome == "conflict":
                 # Only this process writes verdicts, so this is another gateway on the same file.
@@ -152,8 +199,17 @@ class AuditDesk:
                 results.append((posted.job_id, "duplicate"))
                 continue
             self.recorded += 1
-            log.log(logging.WARNING if posted.verdict == "cheat" else logging.DEBUG, "job %s (%s, %s by %s): %s (%s) from %s",
-                    job.request_id, job.kind, job.model, job.miner, posted.verdict, posted.reason, verifier)
+            log.log(
+                logging.WARNING if posted.verdict == "cheat" else logging.DEBUG,
+                "job %s (%s, %s by %s): %s (%s) from %s",
+                job.request_id,
+                job.kind,
+                job.model,
+                job.miner,
+                posted.verdict,
+                posted.reason,
+                verifier,
+            )
             self.on_verdict(job, posted.verdict)
             results.append((posted.job_id, "recorded"))
         return results
@@ -163,7 +219,9 @@ def parse_verdicts(body: object) -> list[PostedVerdict]:
     """`{"verdicts": [{"job_id", "verdict", "reason"}, …]}` from a verifier; AuditRefused(400)
     naming the field on anything else."""
     if not isinstance(body, dict) or not isinstance(body.get("verdicts"), list):
-        raise AuditRefused(400, "invalid_request", 'the body must be {"verdicts": [{"job_id", "verdict", "reason"}, …]}')
+        raise AuditRefused(
+            400, "invalid_request", 'the body must be {"verdicts": [{"job_id", "verdict", "reason"}, …]}'
+        )
     parsed = []
     for index, item in enumerate(body["verdicts"]):
         where = f"verdicts[{index}]"
@@ -176,6 +234,8 @@ def parse_verdicts(body: object) -> list[PostedVerdict]:
             raise AuditRefused(400, "invalid_request", f"{where}.verdict must be pass, cheat or unproven")
         # A verdict's reason is a short code (`proof.Verdict.reason`), never free text: the store's own rule.
         if not isinstance(reason, str) or CODE.fullmatch(reason) is None:
-            raise AuditRefused(400, "invalid_request", f"{where}.reason must be a short code ([A-Za-z0-9_.:+-], at most 128)")
+            raise AuditRefused(
+                400, "invalid_request", f"{where}.reason must be a short code ([A-Za-z0-9_.:+-], at most 128)"
+            )
         parsed.append(PostedVerdict(job_id, verdict, reason))
     return parsed

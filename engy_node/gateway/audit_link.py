@@ -79,8 +79,8 @@ class AuditLinkServer:
                         return
                     if len(buffer) < _HEADER.size + size:
                         break
-                    frame = bytes(buffer[_HEADER.size:_HEADER.size + size])
-                    del buffer[:_HEADER.size + size]
+                    frame = bytes(buffer[_HEADER.size : _HEADER.size + size])
+                    del buffer[: _HEADER.size + size]
                     try:
                         job = AuditJob.from_wire(orjson.loads(frame))
                     except (ValueError, orjson.JSONDecodeError) as error:
@@ -105,8 +105,9 @@ class AuditLinkClient:
         except trio.WouldBlock:
             self.dropped += 1
             if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
-                log.warning("audit link to the first gateway process is backed up; %d audit job(s) dropped so far",
-                            self.dropped)
+                log.warning(
+                    "audit link to the first gateway process is backed up; %d audit job(s) dropped so far", self.dropped
+                )
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()

@@ -108,7 +108,9 @@ def charge(*, price: PriceCard, usage: Usage) -> int:
     return _ceil_div(exact, TOKENS_PER_PRICE_UNIT)
 
 
-def billable_usage(*, claimed: Usage, committed_prompt: int, committed_completion: int, relayed_completion: int) -> Usage:
+def billable_usage(
+    *, claimed: Usage, committed_prompt: int, committed_completion: int, relayed_completion: int
+) -> Usage:
     """The usage the buyer is billed for and the miner is scored on (SPEC §8.9).
 
     Args:

@@ -18,27 +18,37 @@ from typing import Any, Literal
 from engy_node.protocol.miner import Sampling
 
 ErrorKind = Literal[
-    "invalid_request",   # 400
-    "authentication",    # 401
-    "billing",           # 402: prepaid balance cannot cover the worst case
-    "permission",        # 403
-    "not_found",         # 404: unknown model or route
-    "request_timeout",   # 408: the body did not arrive in time
-    "request_too_large", # 413
-    "method_not_allowed", # 405: a route sent the wrong HTTP method
-    "unsupported_media_type", # 415 (OpenAI): a body not sent as application/json
-    "rate_limit",        # 429
-    "api_error",         # 500
-    "upstream",          # 502: the miner failed
-    "overloaded",        # 503 (OpenAI) / 529 (Anthropic): no miner capacity
-    "timeout",           # 504
+    "invalid_request",  # 400
+    "authentication",  # 401
+    "billing",  # 402: prepaid balance cannot cover the worst case
+    "permission",  # 403
+    "not_found",  # 404: unknown model or route
+    "request_timeout",  # 408: the body did not arrive in time
+    "request_too_large",  # 413
+    "method_not_allowed",  # 405: a route sent the wrong HTTP method
+    "unsupported_media_type",  # 415 (OpenAI): a body not sent as application/json
+    "rate_limit",  # 429
+    "api_error",  # 500
+    "upstream",  # 502: the miner failed
+    "overloaded",  # 503 (OpenAI) / 529 (Anthropic): no miner capacity
+    "timeout",  # 504
 ]
 
 STATUS_BY_KIND: dict[str, int] = {
-    "invalid_request": 400, "authentication": 401, "billing": 402, "permission": 403, "not_found": 404,
-    "request_timeout": 408, "request_too_large": 413, "rate_limit": 429, "api_error": 500, "upstream": 502, "overloaded": 503,
+    "invalid_request": 400,
+    "authentication": 401,
+    "billing": 402,
+    "permission": 403,
+    "not_found": 404,
+    "request_timeout": 408,
+    "request_too_large": 413,
+    "rate_limit": 429,
+    "api_error": 500,
+    "upstream": 502,
+    "overloaded": 503,
     "timeout": 504,
-    "method_not_allowed": 405, "unsupported_media_type": 415,
+    "method_not_allowed": 405,
+    "unsupported_media_type": 415,
 }
 
 

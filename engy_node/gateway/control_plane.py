@@ -35,8 +35,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 import trio
 
 from engy_node.gateway import traffic
-from engy_node.gateway.settlement import BUYER_FAULTS, HUNG_UP
 from engy_node.gateway.probe_corpus import ProbePrompt
+from engy_node.gateway.settlement import BUYER_FAULTS, HUNG_UP
 from engy_node.gateway.store import EligibilityRow, Store, StoreError
 from engy_node.hub import Hub
 from engy_node.models import ModelSpec
@@ -59,16 +59,31 @@ def scaled_policy(*, time_scale: float = 1.0, qualify_probes: int = 20) -> traff
     """The default policy with every duration multiplied by `time_scale` (local networks run
     minutes-long epochs and cannot wait production's minutes) and rounds of `qualify_probes`."""
     base = traffic.TrafficPolicy()
-    durations = {field.name: getattr(base, field.name) * time_scale for field in dataclasses.fields(base)
-                 if field.name.endswith("_s")}
+    durations = {
+        field.name: getattr(base, field.name) * time_scale
+        for field in dataclasses.fields(base)
+        if field.name.endswith("_s")
+    }
     return dataclasses.replace(base, **durations, min_probes=qualify_probes, max_probes=2 * qualify_probes)
 
 
 class TrafficControl:
-    def __init__(self, *, store: Store, connected: Callable[[], set[tuple[str, str]]], models: Mapping[str, ModelSpec],
-                 send_probe: ProbeSender, corpus: Sequence[ProbePrompt], hub: Hub,
-                 policy: traffic.TrafficPolicy = traffic.TrafficPolicy(), first_party: Iterable[str] = (),
-                 max_probe_tokens: int = 0, probe_concurrency: int = 16, rng: random.Random | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        connected: Callable[[], set[tuple[str, str]]],
+        models: Mapping[str, ModelSpec],
+        send_probe: ProbeSender,
+        corpus: Sequence[ProbePrompt],
+        hub: Hub,
+        policy: traffic.TrafficPolicy = traffic.TrafficPolicy(),
+        first_party: Iterable[str] = (),
+        max_probe_tokens: int = 0,
+        probe_concurrency: int = 16,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self.connected = connected
         self.models = dict(models)
@@ -103,9 +118,16 @@ class TrafficControl:
         for row in await self.store.run(self.store.eligibility):
             if row.model in self.models:
                 key = (row.miner, row.model)
-                self.states[key] = traffic.resumed_state(miner=row.miner, model=row.model, stored=traffic.Eligibility(row.state),
-                                                         since=row.since, reason=row.reason, now=now, policy=self.policy,
-                                                         first_party=row.miner in self.first_party)
+                self.states[key] = traffic.resumed_state(
+                    miner=row.miner,
+                    model=row.model,
+                    stored=traffic.Eligibility(row.state),
+                    since=row.since,
+                    reason=row.reason,
+                    now=now,
+                    policy=self.policy,
+                    first_party=row.miner in self.first_party,
+                )
         task_status.started()
         async with trio.open_nursery() as probes:
             while True:
@@ -128,7 +150,9 @@ class TrafficControl:
     # ---- observations ----------------------------------------------------------------------
     def _state(self, key: tuple[str, str], now: float) -> traffic.TrafficState:
         if key not in self.states:
-            self.states[key] = traffic.initial_state(miner=key[0], model=key[1], now=now, first_party=key[0] in self.first_party)
+            self.states[key] = traffic.initial_state(
+                miner=key[0], model=key[1], now=now, first_party=key[0] in self.first_party
+            )
             self._changed.add(key)
         return self.states[key]
 
@@ -136,9 +160,13 @@ class TrafficControl:
         if key[1] not in self.models:
             return
         state = self._state(key, now)
-        self._apply(key, traffic.step(state, observation, now=now, policy=self.policy, model_terms=self.models[key[1]]), now)
+        self._apply(
+            key, traffic.step(state, observation, now=now, policy=self.policy, model_terms=self.models[key[1]]), now
+        )
 
-    def _apply(self, key: tuple[str, str], outcome: tuple[traffic.TrafficState, list[traffic.Transition]], now: float) -> None:
+    def _apply(
+        self, key: tuple[str, str], outcome: tuple[traffic.TrafficState, list[traffic.Transition]], now: float
+    ) -> None:
         state, transitions = outcome
         before = self.states.get(key)
         self.states[key] = state
@@ -146,9 +174,20 @@ class TrafficControl:
             self._changed.add(key)
         for transition in transitions:
             self.history.setdefault(key, collections.deque(maxlen=HISTORY_PER_WORKER)).append(transition)
-            level = logging.WARNING if transition.to_state is traffic.Eligibility.PULLED or transition.code == "cheat" else logging.INFO
-            log.log(level, "miner %s (%s): %s -> %s: %s", key[0], key[1], transition.from_state.value,
-                    transition.to_state.value, transition.reason)
+            level = (
+                logging.WARNING
+                if transition.to_state is traffic.Eligibility.PULLED or transition.code == "cheat"
+                else logging.INFO
+            )
+            log.log(
+                level,
+                "miner %s (%s): %s -> %s: %s",
+                key[0],
+                key[1],
+                transition.from_state.value,
+                transition.to_state.value,
+                transition.reason,
+            )
             self.next_probe.pop(key, None)
         if key not in self.next_probe:
             at = traffic.next_probe_at(state, now=now, policy=self.policy, rng_value=self.rng.random())
@@ -167,8 +206,12 @@ class TrafficControl:
         rows = await self.store.run(self.store.requests_after, self._request_cursor, limit=ROWS_PER_READ)
         for row_id, entry in rows:
             self._request_cursor = row_id
-            if entry.miner is None or entry.model is None or entry.status == HUNG_UP or (
-                    entry.kind != "probe" and entry.status in BUYER_FAULTS):
+            if (
+                entry.miner is None
+                or entry.model is None
+                or entry.status == HUNG_UP
+                or (entry.kind != "probe" and entry.status in BUYER_FAULTS)
+            ):
                 # Reached no miner, or the buyer hung up or sent what its miner could not serve:
                 # says nothing about the miner. A probe, the gateway's own, is never at fault.
                 continue
@@ -187,18 +230,30 @@ class TrafficControl:
         if not self._changed:
             return
         now = self.clock()
-        rows = [EligibilityRow(miner=miner, model=model, state=state.state.value, reason=state.reason[:500], since=state.since,
-                               updated_at=now)
-                for (miner, model), state in ((key, self.states[key]) for key in sorted(self._changed))]
+        rows = [
+            EligibilityRow(
+                miner=miner,
+                model=model,
+                state=state.state.value,
+                reason=state.reason[:500],
+                since=state.since,
+                updated_at=now,
+            )
+            for (miner, model), state in ((key, self.states[key]) for key in sorted(self._changed))
+        ]
         try:
             await self.store.run(self.store.save_eligibility, rows)
         except StoreError as error:
             log.error("could not save eligibility (%s); workers keep the previous view until the next tick", error)
             return
         self._changed.clear()
-        self.hub.set_state("traffic", workers=[
-            {**state.to_json(), "history": [transition.to_json() for transition in self.history.get(key, ())]}
-            for key, state in sorted(self.states.items())])
+        self.hub.set_state(
+            "traffic",
+            workers=[
+                {**state.to_json(), "history": [transition.to_json() for transition in self.history.get(key, ())]}
+                for key, state in sorted(self.states.items())
+            ],
+        )
 
     # ---- probes ----------------------------------------------------------------------------
     def _send_due_probes(self, now: float, nursery: trio.Nursery) -> None:
@@ -211,8 +266,11 @@ class TrafficControl:
             limit = self.models[key[1]].max_output_tokens
             if self.max_probe_tokens:
                 limit = min(limit, self.max_probe_tokens)
-            plan = traffic.probe_plan(corpus=self.corpus, draws=[self.rng.random() for _ in range(traffic.PROBE_PLAN_DRAWS)],
-                                      max_output_tokens=limit)
+            plan = traffic.probe_plan(
+                corpus=self.corpus,
+                draws=[self.rng.random() for _ in range(traffic.PROBE_PLAN_DRAWS)],
+                max_output_tokens=limit,
+            )
             self.in_flight.add(key)
             nursery.start_soon(self._probe, key, plan)
 
@@ -220,12 +278,16 @@ class TrafficControl:
         try:
             await self.send_probe(key[0], key[1], plan, self.corpus[plan.prompt_index])
         except Exception as error:  # broad on purpose: one failed probe must not stop the control plane
-            log.warning("probe to miner %s (%s) not sent (%s); trying again in %.0f s", key[0], key[1], error, PROBE_RETRY_S)
+            log.warning(
+                "probe to miner %s (%s) not sent (%s); trying again in %.0f s", key[0], key[1], error, PROBE_RETRY_S
+            )
             self.next_probe.setdefault(key, self.clock() + PROBE_RETRY_S)
         finally:
             self.in_flight.discard(key)
         if key not in self.next_probe and key in self.states:
-            at = traffic.next_probe_at(self.states[key], now=self.clock(), policy=self.policy, rng_value=self.rng.random())
+            at = traffic.next_probe_at(
+                self.states[key], now=self.clock(), policy=self.policy, rng_value=self.rng.random()
+            )
             if at is not None:
                 self.next_probe[key] = at
 
@@ -259,7 +321,9 @@ class EligibilityView:
         self._active = {(row.miner, row.model) for row in rows if row.state == traffic.Eligibility.ACTIVE.value}
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await _keep_refreshed(self.refresh, "could not re-read eligibility (%s); keeping the previous view", task_status)
+        await _keep_refreshed(
+            self.refresh, "could not re-read eligibility (%s); keeping the previous view", task_status
+        )
 
 
 class CheatBans:
@@ -271,8 +335,14 @@ class CheatBans:
     (written by any verifier and by the gateway's own findings) with a cursor, every `REFRESH_S`.
     First-party miners are the operator's own and stay eligible, as everywhere."""
 
-    def __init__(self, store: Store, *, cooldown_s: float, first_party: Iterable[str] = (),
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        cooldown_s: float,
+        first_party: Iterable[str] = (),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self.cooldown_s = cooldown_s
         self.first_party = frozenset(first_party)
@@ -294,9 +364,14 @@ class CheatBans:
                 key = (record.miner, record.model)
                 if until > self.clock() and until > self._until.get(key, 0.0):
                     if key not in self._until or self._until[key] <= self.clock():
-                        log.warning("%s (%s) judged a cheat (%s, request %s): out of the pool until %s", record.miner,
-                                    record.model, record.reason, record.request_id,
-                                    time.strftime("%H:%M:%S", time.localtime(until)))
+                        log.warning(
+                            "%s (%s) judged a cheat (%s, request %s): out of the pool until %s",
+                            record.miner,
+                            record.model,
+                            record.reason,
+                            record.request_id,
+                            time.strftime("%H:%M:%S", time.localtime(until)),
+                        )
                     self._until[key] = until
             if len(rows) < ROWS_PER_READ:
                 return

@@ -59,10 +59,10 @@ class StopScanner:
         match = find_stop(pending, self.stops)
         if match is not None:
             self.matched, self.held = match.matched, ""
-            return pending[:match.index]
+            return pending[: match.index]
         keep = stop_holdback(pending, self.stops)
-        self.held = pending[len(pending) - keep:] if keep else ""
-        return pending[:len(pending) - keep]
+        self.held = pending[len(pending) - keep :] if keep else ""
+        return pending[: len(pending) - keep]
 
     def finish(self) -> str:
         """At the end of the answer: the held tail, which never became a stop string."""
@@ -110,8 +110,11 @@ def presentation_match(text: str, proven: str) -> int | None:
     while True:
         while i < len(text) and text[i].isspace():
             i += 1
-        while j < len(proven) and (proven[j].isspace() or proven[j] == REPLACEMENT_CHARACTER) and not (
-                i < len(text) and text[i] == REPLACEMENT_CHARACTER and proven[j] == REPLACEMENT_CHARACTER):
+        while (
+            j < len(proven)
+            and (proven[j].isspace() or proven[j] == REPLACEMENT_CHARACTER)
+            and not (i < len(text) and text[i] == REPLACEMENT_CHARACTER and proven[j] == REPLACEMENT_CHARACTER)
+        ):
             j += 1
         if i == len(text):
             break
@@ -133,8 +136,9 @@ def presentation_match(text: str, proven: str) -> int | None:
     return j if text and text[-1].isspace() else covered
 
 
-def corrected_finish(*, reported: str, completion_tokens: int, max_tokens: int, ended_by_end_token: bool,
-                     stop_matched: bool) -> Literal["stop", "length"]:
+def corrected_finish(
+    *, reported: str, completion_tokens: int, max_tokens: int, ended_by_end_token: bool, stop_matched: bool
+) -> Literal["stop", "length"]:
     """The real finish reason of an answer.
 
     `stop` when a stop string ended it. Otherwise `length` when the billed completion reached
@@ -219,8 +223,9 @@ class StructuredAccount:
     """How the parts differ from the proven ones in presentation only, or None."""
 
 
-def structured_account(content: str, parts: StructuredParts, proven: str, *,
-                       tools: Sequence[Mapping[str, Any]] | None = None) -> StructuredAccount | None:
+def structured_account(
+    content: str, parts: StructuredParts, proven: str, *, tools: Sequence[Mapping[str, Any]] | None = None
+) -> StructuredAccount | None:
     """Measure a peer's answer sent in parts (`content`, its reasoning and tool calls) against
     the proven raw text, read into parts as the buyer is given them. None when the parts say
     something the proven text does not: reasoning or text that differ other than in presentation
@@ -254,8 +259,11 @@ def _raw_prefix(proven: str, content: str, *, tools) -> str:
     raw text a buyer given `content` (after the reasoning) has in effect received. A longer
     prefix never shows less text (the parser's output grows with its input), so a binary search
     finds it."""
+
     def shown(end: int) -> str:
-        return "".join(e.text for e in parse_output(proven[:end], call_id_prefix="p", tools=tools) if isinstance(e, TextDelta))
+        return "".join(
+            e.text for e in parse_output(proven[:end], call_id_prefix="p", tools=tools) if isinstance(e, TextDelta)
+        )
 
     low, high = 0, len(proven)
     while low < high:

@@ -64,7 +64,9 @@ class EpochClock:
         return list(range(max(first, last - MAX_CATCH_UP_EPOCHS + 1), last + 1))
 
 
-def settlement_records(entries: Iterable[RequestLogEntry], hotkeys: Mapping[str, str]) -> list[settlement.RequestRecord]:
+def settlement_records(
+    entries: Iterable[RequestLogEntry], hotkeys: Mapping[str, str]
+) -> list[settlement.RequestRecord]:
     """The request log's rows as settlement reads them. A row that reached no miner or named no
     catalog model says nothing about any miner and is left out; so is a miner admitted by key
     without a registered hotkey (`hotkeys` maps identity to hotkey), which cannot hold weight."""
@@ -75,17 +77,25 @@ def settlement_records(entries: Iterable[RequestLogEntry], hotkeys: Mapping[str,
         hotkey = hotkeys.get(entry.miner)
         if hotkey is None:
             continue
-        records.append(settlement.RequestRecord(
-            hotkey=hotkey, model=entry.model, status=entry.status, cost_micro=entry.cost_micro,
-            prompt_tokens=entry.prompt_tokens, completion_tokens=entry.completion_tokens,
-            ttft_ms=None if entry.ttft_ms is None else int(round(entry.ttft_ms)),
-            tpot_ms=None if entry.tpot_ms is None else int(round(entry.tpot_ms)),
-            probe=entry.kind == "probe",
-        ))
+        records.append(
+            settlement.RequestRecord(
+                hotkey=hotkey,
+                model=entry.model,
+                status=entry.status,
+                cost_micro=entry.cost_micro,
+                prompt_tokens=entry.prompt_tokens,
+                completion_tokens=entry.completion_tokens,
+                ttft_ms=None if entry.ttft_ms is None else int(round(entry.ttft_ms)),
+                tpot_ms=None if entry.tpot_ms is None else int(round(entry.tpot_ms)),
+                probe=entry.kind == "probe",
+            )
+        )
     return records
 
 
-def verdict_totals(counts: Mapping[str, tuple[int, int, int]], hotkeys: Mapping[str, str]) -> dict[str, settlement.VerdictCounts]:
+def verdict_totals(
+    counts: Mapping[str, tuple[int, int, int]], hotkeys: Mapping[str, str]
+) -> dict[str, settlement.VerdictCounts]:
     """Per-identity (passed, cheat, unproven) summed per hotkey."""
     totals: dict[str, list[int]] = {}
     for identity, (passed, cheat, unproven) in counts.items():
@@ -106,25 +116,45 @@ class SettledEpoch:
     result_json: bytes
 
 
-def settlement_of(*, entries: Sequence[RequestLogEntry], verdicts: Mapping[str, tuple[int, int, int]],
-                  hotkeys: Mapping[str, str], models: Mapping[str, settlement.ScoringTerms], owner_hotkey: str,
-                  minimums: settlement.GateMinimums = settlement.GateMinimums()) -> settlement.EpochSettlement:
+def settlement_of(
+    *,
+    entries: Sequence[RequestLogEntry],
+    verdicts: Mapping[str, tuple[int, int, int]],
+    hotkeys: Mapping[str, str],
+    models: Mapping[str, settlement.ScoringTerms],
+    owner_hotkey: str,
+    minimums: settlement.GateMinimums = settlement.GateMinimums(),
+) -> settlement.EpochSettlement:
     """Settle an epoch (or the part of one so far) from its request-log rows and verdict counts."""
     return settlement.settle_epoch(
-        records=settlement_records(entries, hotkeys), verdicts=verdict_totals(verdicts, hotkeys), models=models,
-        owner_hotkey=owner_hotkey, uids={}, minimums=minimums,
+        records=settlement_records(entries, hotkeys),
+        verdicts=verdict_totals(verdicts, hotkeys),
+        models=models,
+        owner_hotkey=owner_hotkey,
+        uids={},
+        minimums=minimums,
     )
 
 
-def settle(*, clock: EpochClock, index: int, netuid: int, entries: Sequence[RequestLogEntry],
-           verdicts: Mapping[str, tuple[int, int, int]], hotkeys: Mapping[str, str],
-           models: Mapping[str, settlement.ScoringTerms], owner_hotkey: str,
-           minimums: settlement.GateMinimums = settlement.GateMinimums()) -> SettledEpoch:
+def settle(
+    *,
+    clock: EpochClock,
+    index: int,
+    netuid: int,
+    entries: Sequence[RequestLogEntry],
+    verdicts: Mapping[str, tuple[int, int, int]],
+    hotkeys: Mapping[str, str],
+    models: Mapping[str, settlement.ScoringTerms],
+    owner_hotkey: str,
+    minimums: settlement.GateMinimums = settlement.GateMinimums(),
+) -> SettledEpoch:
     """Settle closed epoch `index` into canonical `result_json`, carrying the epoch's window as
     `start`/`end` (unix seconds) so anyone can recompute it from the rows."""
-    outcome = settlement_of(entries=entries, verdicts=verdicts, hotkeys=hotkeys, models=models, owner_hotkey=owner_hotkey,
-                            minimums=minimums)
+    outcome = settlement_of(
+        entries=entries, verdicts=verdicts, hotkeys=hotkeys, models=models, owner_hotkey=owner_hotkey, minimums=minimums
+    )
     start, end = clock.window(index)
-    result_json = build_result_json(netuid=netuid, epoch_index=index, settlement_json=outcome.to_json(),
-                                    extra={"start": start, "end": end})
+    result_json = build_result_json(
+        netuid=netuid, epoch_index=index, settlement_json=outcome.to_json(), extra={"start": start, "end": end}
+    )
     return SettledEpoch(index=index, settlement=outcome, result_json=result_json)

@@ -73,6 +73,8 @@ def token_floor(size: PromptSize, *, max_token_bytes: int | None) -> int:
 def too_long(size: PromptSize, *, floor: int, max_input_tokens: int, model: str) -> str | None:
     """Why the conversation cannot fit the model's input, known without tokenising, or None."""
     if floor > max_input_tokens:
-        return (f"the prompt is at least {floor} tokens ({size.content_bytes} bytes of message text); {model} accepts at "
-                f"most {max_input_tokens}: shorten the conversation")
+        return (
+            f"the prompt is at least {floor} tokens ({size.content_bytes} bytes of message text); {model} accepts at "
+            f"most {max_input_tokens}: shorten the conversation"
+        )
     return None

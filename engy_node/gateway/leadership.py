@@ -39,11 +39,20 @@ class Leadership:
     host may act as leader now; `changed` is set when a claim finds that changed (a lease that
     lapses between claims turns `leading` false by itself: `while_leading` watches for that)."""
 
-    def __init__(self, store: Store, *, holder: str, ttl_s: float = LEASE_TTL_S, renew_s: float = RENEW_S,
-                 safety_s: float = SAFETY_S, monotonic: Callable[[], float] = trio.current_time) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        holder: str,
+        ttl_s: float = LEASE_TTL_S,
+        renew_s: float = RENEW_S,
+        safety_s: float = SAFETY_S,
+        monotonic: Callable[[], float] = trio.current_time,
+    ) -> None:
         if not 0 < safety_s < ttl_s or not 0 < renew_s < ttl_s - safety_s:
-            raise ValueError(f"a lease of {ttl_s:g} s needs 0 < safety ({safety_s:g}) and renewals ({renew_s:g} s) "
-                             "well inside it")
+            raise ValueError(
+                f"a lease of {ttl_s:g} s needs 0 < safety ({safety_s:g}) and renewals ({renew_s:g} s) well inside it"
+            )
         self.store = store
         self.holder = holder
         self.ttl_s = ttl_s
@@ -66,17 +75,24 @@ class Leadership:
                 was_leading = self.leading
                 sent_at = self.monotonic()
                 try:
-                    holder, _expires_at = await self.store.run(self.store.claim_lease, LEADER_LEASE, holder=self.holder,
-                                                               ttl_s=self.ttl_s)
+                    holder, _expires_at = await self.store.run(
+                        self.store.claim_lease, LEADER_LEASE, holder=self.holder, ttl_s=self.ttl_s
+                    )
                 except StoreError as error:
-                    log.error("could not renew the leader lease (%s); retrying in %.0f s%s", error, self.renew_s,
-                              " (this host stops leading when its lease runs out)" if was_leading else "")
+                    log.error(
+                        "could not renew the leader lease (%s); retrying in %.0f s%s",
+                        error,
+                        self.renew_s,
+                        " (this host stops leading when its lease runs out)" if was_leading else "",
+                    )
                 else:
                     if holder == self.holder:
                         self._valid_until = sent_at + self.ttl_s - self.safety_s
                     if holder != self.leader:
-                        log.info("%s leads the gateway fleet (closes epochs, runs traffic control)",
-                                 "this host" if holder == self.holder else f"host {holder}")
+                        log.info(
+                            "%s leads the gateway fleet (closes epochs, runs traffic control)",
+                            "this host" if holder == self.holder else f"host {holder}",
+                        )
                         self.leader = holder
                 if self.leading != was_leading:
                     self._flip()

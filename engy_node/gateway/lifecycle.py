@@ -58,13 +58,13 @@ from engy_node.gateway.admission import WaitingRoom
 from engy_node.gateway.audit import AuditJob, audited
 from engy_node.gateway.chat import ChatRequest, GatewayError, Usage
 from engy_node.gateway.corrections import StructuredParts, presentation_match, structured_account
-from engy_node.gateway.settlement import BUYER_FAULTS
-from engy_node.model_output import THINK_CLOSE, ReasoningDelta, parse_output
 from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.router import prefix_key, retry_allowed
+from engy_node.gateway.settlement import BUYER_FAULTS
 from engy_node.gateway.store import RequestLogEntry, Store, StoreError
 from engy_node.metrics import Registry
+from engy_node.model_output import THINK_CLOSE, ReasoningDelta, parse_output
 from engy_node.protocol.miner import FEATURE_SAMPLING, FEATURE_SEEDED, FEATURE_TOOLS, Message, Response, ServeRequest
 from engy_node.serve.sampling import REPLACEMENT_CHARACTER
 from engy_node.served_model import ServedModel
@@ -106,13 +106,21 @@ class QueueMetrics:
     """The waiting room's depth, waits and outcomes per model, in the node's metrics registry."""
 
     def __init__(self, registry: Registry) -> None:
-        self._depth = registry.gauge("engy_gateway_queue_depth", "Requests waiting for a miner with room.", labelnames=("model",))
-        self._wait = registry.histogram("engy_gateway_queue_wait_seconds", "Time requests waited for a miner with room.",
-                                        labelnames=("model",), buckets=QUEUE_WAIT_BUCKETS)
-        self._outcomes = registry.counter("engy_gateway_queue_outcomes_total",
-                                          "Requests that waited, by how the wait ended (served, timed_out, gone: the buyer hung up; full: "
-                                          "refused at a full queue).",
-                                          labelnames=("model", "outcome"))
+        self._depth = registry.gauge(
+            "engy_gateway_queue_depth", "Requests waiting for a miner with room.", labelnames=("model",)
+        )
+        self._wait = registry.histogram(
+            "engy_gateway_queue_wait_seconds",
+            "Time requests waited for a miner with room.",
+            labelnames=("model",),
+            buckets=QUEUE_WAIT_BUCKETS,
+        )
+        self._outcomes = registry.counter(
+            "engy_gateway_queue_outcomes_total",
+            "Requests that waited, by how the wait ended (served, timed_out, gone: the buyer hung up; full: "
+            "refused at a full queue).",
+            labelnames=("model", "outcome"),
+        )
 
     def depth(self, model: str, depth: int) -> None:
         self._depth.labels(model=model).set(depth)
@@ -221,8 +229,10 @@ def _cache_claim(response: Response | None, relayed_tokens: int) -> dict | None:
     usage = output.get("usage") if isinstance(output, dict) else None
     if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens_details"), dict):
         return None
-    return {"usage": {"completion_tokens": relayed_tokens, "prompt_tokens_details": usage["prompt_tokens_details"]},
-            "committed_completion": relayed_tokens}
+    return {
+        "usage": {"completion_tokens": relayed_tokens, "prompt_tokens_details": usage["prompt_tokens_details"]},
+        "committed_completion": relayed_tokens,
+    }
 
 
 def new_request_id() -> str:
@@ -282,8 +292,11 @@ class PromptCacheTally:
 
     def to_state(self) -> dict[str, Any]:
         rate = self.hit_rate
-        return {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
-                "hit_rate": None if rate is None else round(rate, 4)}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "hit_rate": None if rate is None else round(rate, 4),
+        }
 
 
 class Gateway:
@@ -293,12 +306,23 @@ class Gateway:
     deadlines, the auth cache), `new_id` names requests, `new_seed` seeds sampled ones.
     """
 
-    def __init__(self, *, store: Store, pool: MinerPool, models: dict[str, ServedModel], audit: AuditSink | None = None,
-                 settings: GatewaySettings = GatewaySettings(), clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.perf_counter, new_id: Callable[[], str] = new_request_id,
-                 new_seed: Callable[[], int] = _new_seed, audit_draw: Callable[[], float] = random.random,
-                 eligible: Callable[[str, str], bool] = _always_eligible,
-                 request_log: RequestLogWriter | None = None, registry: Registry | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        pool: MinerPool,
+        models: dict[str, ServedModel],
+        audit: AuditSink | None = None,
+        settings: GatewaySettings = GatewaySettings(),
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.perf_counter,
+        new_id: Callable[[], str] = new_request_id,
+        new_seed: Callable[[], int] = _new_seed,
+        audit_draw: Callable[[], float] = random.random,
+        eligible: Callable[[str, str], bool] = _always_eligible,
+        request_log: RequestLogWriter | None = None,
+        registry: Registry | None = None,
+    ) -> None:
         self.store = store
         self.request_log = request_log
         """Where request-log rows queue, so a buyer never waits for them (None: written inline)."""
@@ -377,8 +401,11 @@ class Gateway:
             return await read_json_object(receive, max_bytes=self.settings.max_body_bytes, timeout_s=timeout_s)
         except BodyError as error:
             if error.status == 408:
-                raise GatewayError("request_timeout", f"the request body did not arrive within {timeout_s:g} s; "
-                                   "send it in one go, or check the client's network") from None
+                raise GatewayError(
+                    "request_timeout",
+                    f"the request body did not arrive within {timeout_s:g} s; "
+                    "send it in one go, or check the client's network",
+                ) from None
             raise GatewayError("request_too_large" if error.status == 413 else "invalid_request", str(error)) from None
 
     async def authenticate(self, api_key: str | None):
@@ -401,16 +428,28 @@ class Gateway:
         return self.models[model].spec.max_output_tokens
 
     def serve_request(self, chat: ChatRequest, request_id: str) -> ServeRequest:
-        messages = tuple(Message(role=m["role"], content=m.get("content") or "",
-                                 extra={k: v for k, v in m.items() if k not in ("role", "content")}) for m in chat.messages)
+        messages = tuple(
+            Message(
+                role=m["role"],
+                content=m.get("content") or "",
+                extra={k: v for k, v in m.items() if k not in ("role", "content")},
+            )
+            for m in chat.messages
+        )
         sampling = chat.sampling
         if not sampling.greedy and sampling.seed is None:
             # Every sampled request carries a seed: a miner that samples deterministically from
             # it can then be verified by replaying its draws (`proof.SamplingTerms.seed`).
             sampling = dataclasses.replace(sampling, seed=self.new_seed())
-        return ServeRequest(messages=messages, max_tokens=chat.max_tokens, engy_request_id=request_id,
-                            tools=chat.tools, sampling=sampling, tool_choice=chat.tool_choice,
-                            chat_template_kwargs=chat.chat_template_kwargs)
+        return ServeRequest(
+            messages=messages,
+            max_tokens=chat.max_tokens,
+            engy_request_id=request_id,
+            tools=chat.tools,
+            sampling=sampling,
+            tool_choice=chat.tool_choice,
+            chat_template_kwargs=chat.chat_template_kwargs,
+        )
 
     async def begin(self, api: str, account, chat: ChatRequest) -> Flight:
         model = self.models[chat.model]
@@ -424,17 +463,34 @@ class Gateway:
             least = billing.worst_case_hold(price=spec.price, prompt_tokens=floor, max_tokens=chat.max_tokens)
             balance = await self.store.run(self.store.balance, account.account_id)
             if balance.available < least:
-                raise GatewayError("billing", _insufficient(least, f"at least {floor} prompt + {chat.max_tokens} max tokens"))
+                raise GatewayError(
+                    "billing", _insufficient(least, f"at least {floor} prompt + {chat.max_tokens} max tokens")
+                )
         prompt_ids = await self.render(chat, model, serve, size)
         if len(prompt_ids) > spec.max_input_tokens:
-            raise GatewayError("invalid_request", f"the prompt is {len(prompt_ids)} tokens; {chat.model} accepts at most "
-                               f"{spec.max_input_tokens}", param="messages")
+            raise GatewayError(
+                "invalid_request",
+                f"the prompt is {len(prompt_ids)} tokens; {chat.model} accepts at most {spec.max_input_tokens}",
+                param="messages",
+            )
         amount = billing.worst_case_hold(price=spec.price, prompt_tokens=len(prompt_ids), max_tokens=chat.max_tokens)
         hold = await self.store.run(self.store.hold, account.account_id, amount=amount, request_id=request_id)
         if hold is None:
-            raise GatewayError("billing", _insufficient(amount, f"{len(prompt_ids)} prompt + {chat.max_tokens} max tokens"))
-        return Flight(request_id, api, account.account_id, chat, serve, model, prompt_ids, hold, self.monotonic(),
-                      created=int(self.clock()))
+            raise GatewayError(
+                "billing", _insufficient(amount, f"{len(prompt_ids)} prompt + {chat.max_tokens} max tokens")
+            )
+        return Flight(
+            request_id,
+            api,
+            account.account_id,
+            chat,
+            serve,
+            model,
+            prompt_ids,
+            hold,
+            self.monotonic(),
+            created=int(self.clock()),
+        )
 
     async def begin_probe(self, chat: ChatRequest, *, target: str) -> Flight:
         """A probe for miner `target`, shaped by the caller like a buyer's request (the same
@@ -443,8 +499,20 @@ class Gateway:
         request_id = self.new_id()
         serve = self.serve_request(chat, request_id)
         prompt_ids = await self.render(chat, model, serve, intake.prompt_size(chat))
-        return Flight(request_id, "openai", None, chat, serve, model, prompt_ids, None, self.monotonic(),
-                      created=int(self.clock()), kind="probe", target=target)
+        return Flight(
+            request_id,
+            "openai",
+            None,
+            chat,
+            serve,
+            model,
+            prompt_ids,
+            None,
+            self.monotonic(),
+            created=int(self.clock()),
+            kind="probe",
+            target=target,
+        )
 
     def _route(self, flight: Flight) -> tuple[str, frozenset[str]] | None:
         """(the leg to send `flight` to, what the request needs that its miner lacks), or None
@@ -456,10 +524,17 @@ class Gateway:
         # replay, as strictly as a greedy one; from any other, only statistically.
         prefer = frozenset({FEATURE_SEEDED}) if FEATURE_SAMPLING in needs else frozenset()
         self.rr_counter += 1
-        choice = self.pool.route(chat.model, prefix=prefix_key(messages=chat.messages, tools=chat.tools), rr_counter=self.rr_counter,
-                                 prompt_tokens=len(flight.prompt_ids),
-                                 needs=needs, prefer=prefer, exclude=tried, target=flight.target,
-                                 eligible=lambda miner: self.eligible(miner, chat.model))
+        choice = self.pool.route(
+            chat.model,
+            prefix=prefix_key(messages=chat.messages, tools=chat.tools),
+            rr_counter=self.rr_counter,
+            prompt_tokens=len(flight.prompt_ids),
+            needs=needs,
+            prefer=prefer,
+            exclude=tried,
+            target=flight.target,
+            eligible=lambda miner: self.eligible(miner, chat.model),
+        )
         if choice is None:
             return None
         return choice.worker_id, needs & self.pool.legs[choice.worker_id].lacks
@@ -471,15 +546,20 @@ class Gateway:
         the wait, and the ticket leaves with it."""
         model = flight.chat.model
         retry_after_s = self.settings.no_capacity_retry_after_s
-        no_room = GatewayError("overloaded", f"no miner has capacity for {model} right now; retry shortly",
-                               retry_after_s=retry_after_s)
+        no_room = GatewayError(
+            "overloaded", f"no miner has capacity for {model} right now; retry shortly", retry_after_s=retry_after_s
+        )
         if flight.target is not None or flight.tried or self.settings.queue_wait_s <= 0:
             raise no_room
         ticket = self.waiting_room.join(model, flight.account_id)
         if ticket is None:
             self.queue_metrics.outcome(model, "full")
-            raise GatewayError("overloaded", f"no miner has capacity for {model} and {self.settings.queue_max} requests are "
-                               "already waiting for it; retry shortly", retry_after_s=retry_after_s)
+            raise GatewayError(
+                "overloaded",
+                f"no miner has capacity for {model} and {self.settings.queue_max} requests are "
+                "already waiting for it; retry shortly",
+                retry_after_s=retry_after_s,
+            )
         self.queue_metrics.depth(model, self.waiting_room.depth(model))
         joined = self.monotonic()
         route = None
@@ -500,10 +580,15 @@ class Gateway:
         finally:
             self.waiting_room.leave(ticket, served=route is not None)
             self.pool.notify_room()
-            self.queue_metrics.left(model, waited_s=self.monotonic() - joined, outcome=outcome, depth=self.waiting_room.depth(model))
+            self.queue_metrics.left(
+                model, waited_s=self.monotonic() - joined, outcome=outcome, depth=self.waiting_room.depth(model)
+            )
         if route is None:
-            raise GatewayError("overloaded", f"no miner had capacity for {model} within {self.settings.queue_wait_s:g} s; "
-                               "retry shortly", retry_after_s=retry_after_s)
+            raise GatewayError(
+                "overloaded",
+                f"no miner had capacity for {model} within {self.settings.queue_wait_s:g} s; retry shortly",
+                retry_after_s=retry_after_s,
+            )
         return route
 
     async def dispatch(self, flight: Flight) -> PendingRequest:
@@ -514,8 +599,11 @@ class Gateway:
         worker_id, flight.unmet = route
         flight.tried.add(worker_id)
         if flight.unmet:
-            log.debug("request %s: no miner that honours %s had room; one that does not serves it", flight.request_id,
-                     ", ".join(sorted(flight.unmet)))
+            log.debug(
+                "request %s: no miner that honours %s had room; one that does not serves it",
+                flight.request_id,
+                ", ".join(sorted(flight.unmet)),
+            )
         pending = await self.pool.dispatch(worker_id, flight.serve, stream=chat.stream)
         flight.pending = pending
         flight.miner = pending.leg.identity.miner
@@ -552,9 +640,11 @@ class Gateway:
                         # tool schema its template rejects): any miner would refuse it, so it is
                         # not retried, and it is the buyer's to read, with the miner's status.
                         await self.log_outcome(flight, status=status, usage=None)
-                        raise GatewayError("request_too_large" if status == 413 else "invalid_request",
-                                           f"the model cannot serve this request: {pending.response.error}",
-                                           status_from_miner=status)
+                        raise GatewayError(
+                            "request_too_large" if status == 413 else "invalid_request",
+                            f"the model cannot serve this request: {pending.response.error}",
+                            status_from_miner=status,
+                        )
                     last_error = f"the miner failed: {pending.response.error_text}"
                     await self.log_outcome(flight, status=502, usage=None)
                 else:
@@ -568,8 +658,9 @@ class Gateway:
         answer = accounting.proven_text if accounting.proven_text is not None else flight.delivered_text
         if THINK_CLOSE not in answer and not answer.startswith("<think>"):
             return 0
-        return await trio.to_thread.run_sync(reasoning_tokens, flight.model, accounting.output_ids, answer,
-                                             limiter=self.tokenize_limiter)
+        return await trio.to_thread.run_sync(
+            reasoning_tokens, flight.model, accounting.output_ids, answer, limiter=self.tokenize_limiter
+        )
 
     async def settle(self, flight: Flight, *, status: int, completion_claim: dict | None, relayed_tokens: int) -> Usage:
         """Charge for what the buyer got, release the rest of the hold, record metadata."""
@@ -579,23 +670,38 @@ class Gateway:
         if completion_claim is not None:
             usage = completion_claim.get("usage") or {}
             details = usage.get("prompt_tokens_details") or {}
-            claimed = Usage(prompt_tokens=prompt, completion_tokens=_int(usage.get("completion_tokens")),
-                            cached_tokens=min(prompt, _int(details.get("cached_tokens"))))
+            claimed = Usage(
+                prompt_tokens=prompt,
+                completion_tokens=_int(usage.get("completion_tokens")),
+                cached_tokens=min(prompt, _int(details.get("cached_tokens"))),
+            )
             committed_completion = completion_claim.get("committed_completion", relayed_tokens)
-        usage = billing.billable_usage(claimed=claimed, committed_prompt=prompt, committed_completion=committed_completion,
-                                       relayed_completion=relayed_tokens)
+        usage = billing.billable_usage(
+            claimed=claimed,
+            committed_prompt=prompt,
+            committed_completion=committed_completion,
+            relayed_completion=relayed_tokens,
+        )
         self.prompt_cache.add(usage)
         if flight.hold is None:
             await self.log_outcome(flight, status=status, usage=usage)
             return usage
         # One write: the charge and the request's log row (which epochs are settled from, so it
         # records what the ledger charged) land together or not at all.
-        settlement = await self.store.run(self.store.settle_and_log, flight.hold,
-                                          cost=billing.charge(price=flight.model.spec.price, usage=usage),
-                                          entry=self._log_entry(flight, status=status, usage=usage, cost=0))
+        settlement = await self.store.run(
+            self.store.settle_and_log,
+            flight.hold,
+            cost=billing.charge(price=flight.model.spec.price, usage=usage),
+            entry=self._log_entry(flight, status=status, usage=usage, cost=0),
+        )
         if not settlement.applied:
-            log.error("request %s: its hold was closed before it settled (charged %d µUSD, released %d); the answer is "
-                      "not charged again", flight.request_id, settlement.charged, settlement.released)
+            log.error(
+                "request %s: its hold was closed before it settled (charged %d µUSD, released %d); the answer is "
+                "not charged again",
+                flight.request_id,
+                settlement.charged,
+                settlement.released,
+            )
         return usage
 
     async def log_outcome(self, flight: Flight, *, status: int, usage: Usage | None, cost: int = 0) -> None:
@@ -616,11 +722,21 @@ class Gateway:
         if usage is not None and ttft_ms is not None and usage.completion_tokens > 1:
             tpot_ms = max(0, (elapsed_ms - ttft_ms) // (usage.completion_tokens - 1))
         return RequestLogEntry(
-            request_id=flight.request_id, account_id=flight.account_id, miner=flight.miner or None, model=flight.chat.model,
-            api=flight.api, kind=flight.kind, status=status,
-            prompt_tokens=usage.prompt_tokens if usage else 0, completion_tokens=usage.completion_tokens if usage else 0,
-            cached_tokens=usage.cached_tokens if usage else 0, cost_micro=cost, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
-            created_at=self.clock(), served_greedily=flight.served_greedily,
+            request_id=flight.request_id,
+            account_id=flight.account_id,
+            miner=flight.miner or None,
+            model=flight.chat.model,
+            api=flight.api,
+            kind=flight.kind,
+            status=status,
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+            cached_tokens=usage.cached_tokens if usage else 0,
+            cost_micro=cost,
+            ttft_ms=ttft_ms,
+            tpot_ms=tpot_ms,
+            created_at=self.clock(),
+            served_greedily=flight.served_greedily,
         )
 
     def size_up(self, chat: ChatRequest, model: ServedModel) -> tuple[intake.PromptSize, int]:
@@ -639,13 +755,17 @@ class Gateway:
         size, _ = self.size_up(chat, model)
         return len(await self.render(chat, model, self.serve_request(chat, request_id), size))
 
-    async def render(self, chat: ChatRequest, model: ServedModel, serve: ServeRequest, size: intake.PromptSize) -> list[int]:
+    async def render(
+        self, chat: ChatRequest, model: ServedModel, serve: ServeRequest, size: intake.PromptSize
+    ) -> list[int]:
         """The request's prompt ids under the model's chat template; a template that rejects the
         conversation is the buyer's 400."""
         try:
             return await self.off_loop_if_large(size.chars, model.render_prompt, serve)
         except Exception as error:  # broad on purpose: a template rejecting input is the buyer's 400
-            raise GatewayError("invalid_request", f"the conversation cannot be rendered for {chat.model}: {error}") from None
+            raise GatewayError(
+                "invalid_request", f"the conversation cannot be rendered for {chat.model}: {error}"
+            ) from None
 
     async def off_loop_if_large(self, size_chars: int, work: Callable[..., Any], *args: Any) -> Any:
         """Run tokenizer work inline when it is small, in a worker thread when it is not: a thread
@@ -682,73 +802,139 @@ class Gateway:
             try:
                 commitment = proof.Commitment.from_wire(response.commitment)
             except proof.ProofFormatError as error:
-                log.warning("request %s: miner %s sent a malformed commitment (%s)", flight.request_id, flight.miner, error)
+                log.warning(
+                    "request %s: miner %s sent a malformed commitment (%s)", flight.request_id, flight.miner, error
+                )
         if commitment is None:
-            relayed = await trio.to_thread.run_sync(self.encode, flight.model, flight.delivered_text, limiter=self.tokenize_limiter)
+            relayed = await trio.to_thread.run_sync(
+                self.encode, flight.model, flight.delivered_text, limiter=self.tokenize_limiter
+            )
             # Audited all the same: with no commitment at all the verifier judges the delivered
             # tokens on the canonical model (`proof.judge_delivered`); with an unreadable one the
             # answer is `unproven`, and a rising share of those pulls a miner hiding behind them.
-            self._offer_audit(flight, (response.commitment if response is not None else None) or {},
-                              proof.Delivery(relayed_output_ids=tuple(relayed), ended_at_stop=cut_at is not None,
-                                             max_tokens=flight.chat.max_tokens))
-            return Accounting(claim=_cache_claim(response, len(relayed)), relayed_tokens=len(relayed), output_ids=None,
-                              stop=cut_at)
-        if list(commitment.prompt_ids) != flight.prompt_ids and await self._rendered_as_public_miner(flight, pending, commitment):
+            self._offer_audit(
+                flight,
+                (response.commitment if response is not None else None) or {},
+                proof.Delivery(
+                    relayed_output_ids=tuple(relayed),
+                    ended_at_stop=cut_at is not None,
+                    max_tokens=flight.chat.max_tokens,
+                ),
+            )
+            return Accounting(
+                claim=_cache_claim(response, len(relayed)), relayed_tokens=len(relayed), output_ids=None, stop=cut_at
+            )
+        if list(commitment.prompt_ids) != flight.prompt_ids and await self._rendered_as_public_miner(
+            flight, pending, commitment
+        ):
             # An honest public miner: it proved the prompt as it renders the request, without
             # what it does not honour. That is what it computed, and what is billed and audited.
-            log.info("request %s: miner %s proved the prompt as the public miner renders it (%d tokens, not %d)",
-                     flight.request_id, flight.miner, len(commitment.prompt_ids), len(flight.prompt_ids))
+            log.info(
+                "request %s: miner %s proved the prompt as the public miner renders it (%d tokens, not %d)",
+                flight.request_id,
+                flight.miner,
+                len(commitment.prompt_ids),
+                len(flight.prompt_ids),
+            )
             flight.prompt_ids = list(commitment.prompt_ids)
         if list(commitment.prompt_ids) != flight.prompt_ids:
             # Established before the answer is delivered: whatever the text says, it was not
             # computed for this buyer's prompt. Recorded as a cheat at once (it pulls the miner,
             # qualification or not) and refused: the buyer is not charged for it.
-            log.warning("request %s: miner %s proved a different prompt than the one sent; the answer is refused and "
-                        "not charged", flight.request_id, flight.miner)
-            self._offer_audit(flight, response.commitment, proof.Delivery((), cut_at is not None, flight.chat.max_tokens),
-                              found=("cheat", "prompt-mismatch"))
+            log.warning(
+                "request %s: miner %s proved a different prompt than the one sent; the answer is refused and "
+                "not charged",
+                flight.request_id,
+                flight.miner,
+            )
+            self._offer_audit(
+                flight,
+                response.commitment,
+                proof.Delivery((), cut_at is not None, flight.chat.max_tokens),
+                found=("cheat", "prompt-mismatch"),
+            )
             return Accounting(claim=None, relayed_tokens=0, output_ids=None, stop=cut_at, refused="prompt-mismatch")
-        padding = usage_padding(response.output, prompt_tokens=len(flight.prompt_ids),
-                                committed_tokens=len(commitment.output_token_ids))
+        padding = usage_padding(
+            response.output, prompt_tokens=len(flight.prompt_ids), committed_tokens=len(commitment.output_token_ids)
+        )
         finish_stop = cut_at is None and (response.output.get("choices") or [{}])[0].get("finish_reason") == "stop"
         terms = dict(stops=flight.chat.sampling.stop, cut_at=cut_at, finish_stop=finish_stop)
         if flight.miner_parts is None:
-            relay = await self.off_loop_if_large(len(flight.miner_text), functools.partial(relayed_tokens, **terms),
-                                                 flight.model, flight.miner_text, list(commitment.output_token_ids))
+            relay = await self.off_loop_if_large(
+                len(flight.miner_text),
+                functools.partial(relayed_tokens, **terms),
+                flight.model,
+                flight.miner_text,
+                list(commitment.output_token_ids),
+            )
         else:
             relay = await trio.to_thread.run_sync(
-                functools.partial(structured_relayed_tokens, parts=flight.miner_parts, tools=flight.chat.tools, **terms),
-                flight.model, flight.miner_text, list(commitment.output_token_ids), limiter=self.tokenize_limiter)
+                functools.partial(
+                    structured_relayed_tokens, parts=flight.miner_parts, tools=flight.chat.tools, **terms
+                ),
+                flight.model,
+                flight.miner_text,
+                list(commitment.output_token_ids),
+                limiter=self.tokenize_limiter,
+            )
         if not relay.proved:
             # Established before the answer's end, like a proof of another prompt: the text is
             # not what the proven tokens say, so it is neither completed nor charged.
-            log.warning("request %s: miner %s sent text its proven tokens do not decode to; the answer is refused and not "
-                        "charged", flight.request_id, flight.miner)
-            self._offer_audit(flight, response.commitment,
-                              proof.Delivery(relay.output_ids, relay.stop is not None, flight.chat.max_tokens),
-                              found=("cheat", "output-mismatch"))
+            log.warning(
+                "request %s: miner %s sent text its proven tokens do not decode to; the answer is refused and not "
+                "charged",
+                flight.request_id,
+                flight.miner,
+            )
+            self._offer_audit(
+                flight,
+                response.commitment,
+                proof.Delivery(relay.output_ids, relay.stop is not None, flight.chat.max_tokens),
+                found=("cheat", "output-mismatch"),
+            )
             return Accounting(claim=None, relayed_tokens=0, output_ids=None, stop=cut_at, refused="output-mismatch")
         if relay.defect is not None:
-            log.info("request %s: miner %s sent text that differs from its proven tokens in presentation only (%s); the "
-                     "buyer is given the proven text", flight.request_id, flight.miner, relay.defect)
+            log.info(
+                "request %s: miner %s sent text that differs from its proven tokens in presentation only (%s); the "
+                "buyer is given the proven text",
+                flight.request_id,
+                flight.miner,
+                relay.defect,
+            )
         if padding is not None:
-            log.warning("request %s: miner %s claims more usage than it served (%s)", flight.request_id, flight.miner, padding)
-        self._offer_audit(flight, response.commitment,
-                          proof.Delivery(relayed_output_ids=relay.output_ids, ended_at_stop=relay.stop is not None,
-                                         max_tokens=flight.chat.max_tokens, defect=relay.defect),
-                          found=None if padding is None else ("cheat", "usage-padding"))
-        return Accounting(claim={**response.output, "committed_completion": len(commitment.output_token_ids)},
-                          relayed_tokens=relay.tokens, output_ids=tuple(commitment.output_token_ids), stop=relay.stop,
-                          proven_text=relay.proven_text)
+            log.warning(
+                "request %s: miner %s claims more usage than it served (%s)", flight.request_id, flight.miner, padding
+            )
+        self._offer_audit(
+            flight,
+            response.commitment,
+            proof.Delivery(
+                relayed_output_ids=relay.output_ids,
+                ended_at_stop=relay.stop is not None,
+                max_tokens=flight.chat.max_tokens,
+                defect=relay.defect,
+            ),
+            found=None if padding is None else ("cheat", "usage-padding"),
+        )
+        return Accounting(
+            claim={**response.output, "committed_completion": len(commitment.output_token_ids)},
+            relayed_tokens=relay.tokens,
+            output_ids=tuple(commitment.output_token_ids),
+            stop=relay.stop,
+            proven_text=relay.proven_text,
+        )
 
-
-    async def _rendered_as_public_miner(self, flight: Flight, pending: PendingRequest, commitment: proof.Commitment) -> bool:
+    async def _rendered_as_public_miner(
+        self, flight: Flight, pending: PendingRequest, commitment: proof.Commitment
+    ) -> bool:
         """Whether a miner that does not announce our features (a public one) proved the prompt
         one of the public miners renders for this request (`ServedModel.public_miner_prompts`)."""
         if FEATURE_TOOLS not in pending.leg.lacks:
             return False
         proven = list(commitment.prompt_ids)
-        renders = await trio.to_thread.run_sync(flight.model.public_miner_prompts, flight.serve, limiter=self.tokenize_limiter)
+        renders = await trio.to_thread.run_sync(
+            flight.model.public_miner_prompts, flight.serve, limiter=self.tokenize_limiter
+        )
         return proven in renders
 
     async def keep_proofs(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -771,7 +957,9 @@ class Gateway:
         unproven for the gateway's own cut. The audit waits for that frame in `keep_proofs`, up
         to the request's time limit; a miner that never sends it is stopped then, and the answer
         is judged on its delivered tokens alone (`proof.judge_delivered`)."""
-        relayed = await trio.to_thread.run_sync(self.encode, flight.model, flight.delivered_text, limiter=self.tokenize_limiter)
+        relayed = await trio.to_thread.run_sync(
+            self.encode, flight.model, flight.delivered_text, limiter=self.tokenize_limiter
+        )
         waits = self._proof_waits
         if waits is None:
             await self.pool.cancel(pending)
@@ -780,7 +968,9 @@ class Gateway:
             waits.start_soon(self._audit_when_proven, flight, pending, cut_at, tuple(relayed))
         return Accounting(claim=None, relayed_tokens=len(relayed), output_ids=None, stop=cut_at)
 
-    async def _audit_when_proven(self, flight: Flight, pending: PendingRequest, cut_at: str, relayed: tuple[int, ...]) -> None:
+    async def _audit_when_proven(
+        self, flight: Flight, pending: PendingRequest, cut_at: str, relayed: tuple[int, ...]
+    ) -> None:
         with trio.move_on_after(max(0.0, flight.started + flight.model.spec.max_request_s - self.monotonic())):
             while not pending.finished:
                 await pending.changed.wait()
@@ -789,23 +979,40 @@ class Gateway:
             await self.account_for(flight, pending, cut_at=cut_at)
             return
         if not pending.finished:
-            log.info("request %s: miner %s sent no commitment within the request's time after the gateway cut its answer at a "
-                     "stop string; stopped, and its delivered tokens are audited", flight.request_id, flight.miner)
+            log.info(
+                "request %s: miner %s sent no commitment within the request's time after the gateway cut its answer at a "
+                "stop string; stopped, and its delivered tokens are audited",
+                flight.request_id,
+                flight.miner,
+            )
             await self.pool.cancel(pending)
         self._offer_audit(flight, {}, proof.Delivery(relayed, True, flight.chat.max_tokens))
 
-    def _offer_audit(self, flight: Flight, commitment: dict, delivery: proof.Delivery, *,
-                     found: tuple[str, str] | None = None) -> None:
+    def _offer_audit(
+        self, flight: Flight, commitment: dict, delivery: proof.Delivery, *, found: tuple[str, str] | None = None
+    ) -> None:
         if self.audit is None:
             return
-        if found is None and not audited(flight.kind, draw=self.audit_draw(), paid_sample_pct=self.settings.audit_paid_pct):
+        if found is None and not audited(
+            flight.kind, draw=self.audit_draw(), paid_sample_pct=self.settings.audit_paid_pct
+        ):
             return
-        self.audit.offer(AuditJob(
-            request_id=flight.request_id, model=flight.chat.model, miner=flight.miner, kind=flight.kind,
-            prompt_ids=tuple(flight.prompt_ids), commitment=commitment,
-            greedy=flight.chat.sampling.greedy or flight.served_greedily, sampling=flight.serve.sampling,
-            seeded=flight.seeded, delivery=delivery, created_at=self.clock(), found=found,
-        ))
+        self.audit.offer(
+            AuditJob(
+                request_id=flight.request_id,
+                model=flight.chat.model,
+                miner=flight.miner,
+                kind=flight.kind,
+                prompt_ids=tuple(flight.prompt_ids),
+                commitment=commitment,
+                greedy=flight.chat.sampling.greedy or flight.served_greedily,
+                sampling=flight.serve.sampling,
+                seeded=flight.seeded,
+                delivery=delivery,
+                created_at=self.clock(),
+                found=found,
+            )
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -833,30 +1040,63 @@ class Relayed:
     character it did not wait for)."""
 
 
-def relayed_tokens(model: ServedModel, miner_text: str, output_ids: list[int], *, stops: Sequence[str],
-                   cut_at: str | None, finish_stop: bool) -> Relayed:
+def relayed_tokens(
+    model: ServedModel,
+    miner_text: str,
+    output_ids: list[int],
+    *,
+    stops: Sequence[str],
+    cut_at: str | None,
+    finish_stop: bool,
+) -> Relayed:
     """Blocking (decodes and tokenises): measure a miner's text against its committed output ids."""
     committed_text = model.decode(output_ids)
     if committed_text == miner_text and cut_at is None:
-        return Relayed(tokens=len(output_ids), output_ids=tuple(output_ids), proved=True, stop=None, proven_text=committed_text)
-    covered = len(miner_text) if committed_text.startswith(miner_text) else presentation_match(miner_text, committed_text)
+        return Relayed(
+            tokens=len(output_ids), output_ids=tuple(output_ids), proved=True, stop=None, proven_text=committed_text
+        )
+    covered = (
+        len(miner_text) if committed_text.startswith(miner_text) else presentation_match(miner_text, committed_text)
+    )
     if covered is None:
         return _unproved(model, miner_text, output_ids, cut_at=cut_at, finish_stop=finish_stop)
     rest = committed_text[covered:]
     stop = cut_at if cut_at is not None else next((s for s in stops if s and rest.lstrip().startswith(s)), None)
     if stop is None:
         # The whole proven answer goes to the buyer, whatever part of it the miner's text lacked.
-        return Relayed(tokens=len(output_ids), output_ids=tuple(output_ids), proved=True, stop=None,
-                       proven_text=committed_text, defect=_defect(miner_text, committed_text, covered))
+        return Relayed(
+            tokens=len(output_ids),
+            output_ids=tuple(output_ids),
+            proved=True,
+            stop=None,
+            proven_text=committed_text,
+            defect=_defect(miner_text, committed_text, covered),
+        )
     proven = committed_text[:covered]
-    tokens = len(model.tokenizer.encode(proven, add_special_tokens=False) if proven else []) + (1 if finish_stop and output_ids else 0)
-    return Relayed(tokens=tokens, output_ids=_covering_prefix(model, output_ids, proven), proved=True, stop=stop,
-                   proven_text=proven, defect=_defect(miner_text, proven, covered))
+    tokens = len(model.tokenizer.encode(proven, add_special_tokens=False) if proven else []) + (
+        1 if finish_stop and output_ids else 0
+    )
+    return Relayed(
+        tokens=tokens,
+        output_ids=_covering_prefix(model, output_ids, proven),
+        proved=True,
+        stop=stop,
+        proven_text=proven,
+        defect=_defect(miner_text, proven, covered),
+    )
 
 
-def structured_relayed_tokens(model: ServedModel, miner_text: str, output_ids: list[int], *, parts: StructuredParts,
-                              tools: Sequence[dict] | None, stops: Sequence[str], cut_at: str | None,
-                              finish_stop: bool) -> Relayed:
+def structured_relayed_tokens(
+    model: ServedModel,
+    miner_text: str,
+    output_ids: list[int],
+    *,
+    parts: StructuredParts,
+    tools: Sequence[dict] | None,
+    stops: Sequence[str],
+    cut_at: str | None,
+    finish_stop: bool,
+) -> Relayed:
     """Blocking: `relayed_tokens` for a miner that sent its answer in parts (`miner_text` is its
     text alone): the parts are measured against the proven text read into parts
     (`corrections.structured_account`), and the relayed tokens are those of the proven text
@@ -870,16 +1110,24 @@ def structured_relayed_tokens(model: ServedModel, miner_text: str, output_ids: l
     return dataclasses.replace(relay, defect=defect or relay.defect) if relay.proved else relay
 
 
-def _unproved(model: ServedModel, miner_text: str, output_ids: list[int], *, cut_at: str | None, finish_stop: bool) -> Relayed:
+def _unproved(
+    model: ServedModel, miner_text: str, output_ids: list[int], *, cut_at: str | None, finish_stop: bool
+) -> Relayed:
     relayed_ids = model.tokenizer.encode(miner_text, add_special_tokens=False) if miner_text else []
-    return Relayed(tokens=len(relayed_ids) + (1 if finish_stop and output_ids else 0), output_ids=tuple(relayed_ids),
-                   proved=False, stop=cut_at)
+    return Relayed(
+        tokens=len(relayed_ids) + (1 if finish_stop and output_ids else 0),
+        output_ids=tuple(relayed_ids),
+        proved=False,
+        stop=cut_at,
+    )
 
 
 def _defect(miner_text: str, proven: str, covered: int) -> str | None:
     if miner_text == proven:
         return None
-    if REPLACEMENT_CHARACTER in miner_text and miner_text.count(REPLACEMENT_CHARACTER) != proven[:covered].count(REPLACEMENT_CHARACTER):
+    if REPLACEMENT_CHARACTER in miner_text and miner_text.count(REPLACEMENT_CHARACTER) != proven[:covered].count(
+        REPLACEMENT_CHARACTER
+    ):
         return "replacement-character"
     if miner_text != proven[:covered]:
         return "whitespace"
@@ -890,7 +1138,9 @@ def reasoning_tokens(model: ServedModel, output_ids: Sequence[int] | None, answe
     """Blocking: how many of an answer's tokens are its reasoning. With proven tokens, those up
     to the one that closes the `<think>` block (all of them when the answer never closed it);
     without, the reasoning's own tokenisation. 0 for an answer that does not reason."""
-    reasoning = "".join(event.text for event in parse_output(answer, call_id_prefix="r") if isinstance(event, ReasoningDelta))
+    reasoning = "".join(
+        event.text for event in parse_output(answer, call_id_prefix="r") if isinstance(event, ReasoningDelta)
+    )
     if not reasoning:
         return 0
     if not output_ids:
@@ -898,7 +1148,7 @@ def reasoning_tokens(model: ServedModel, output_ids: Sequence[int] | None, answe
     end = answer.find(THINK_CLOSE)
     if end < 0:
         return len(output_ids)
-    return len(_covering_prefix(model, list(output_ids), answer[:end + len(THINK_CLOSE)]))
+    return len(_covering_prefix(model, list(output_ids), answer[: end + len(THINK_CLOSE)]))
 
 
 def _covering_prefix(model: ServedModel, output_ids: list[int], text: str) -> tuple[int, ...]:
@@ -947,5 +1197,3 @@ def _insufficient(amount: int, worst_case: str) -> str:
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-

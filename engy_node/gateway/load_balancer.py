@@ -61,11 +61,15 @@ def parse_host(spec: str) -> FleetHost:
     name, _, rest = spec.partition("=")
     parts = rest.rsplit(":", 4)
     if not name or len(parts) != 5 or not all(part.isdigit() for part in parts[1:]) or not parts[0]:
-        raise ValueError(f"--host {spec!r}: write it as {HOST_FORMAT} (FIRST_LEG is that host's gateway.fleet_offset, "
-                         "LEGS its gateway.workers), e.g. gw-a=10.0.0.1:8080:8081:0:2")
+        raise ValueError(
+            f"--host {spec!r}: write it as {HOST_FORMAT} (FIRST_LEG is that host's gateway.fleet_offset, "
+            "LEGS its gateway.workers), e.g. gw-a=10.0.0.1:8080:8081:0:2"
+        )
     address = parts[0].strip("[]")
     buyer_port, miner_port, first_leg, legs = (int(part) for part in parts[1:])
-    return FleetHost(name=name, address=address, buyer_port=buyer_port, miner_port=miner_port, first_leg=first_leg, legs=legs)
+    return FleetHost(
+        name=name, address=address, buyer_port=buyer_port, miner_port=miner_port, first_leg=first_leg, legs=legs
+    )
 
 
 def check_layout(hosts: Sequence[FleetHost]) -> int:
@@ -76,13 +80,22 @@ def check_layout(hosts: Sequence[FleetHost]) -> int:
         raise ValueError("host names must be unique")
     legs = sorted(leg for host in hosts for leg in range(host.first_leg, host.first_leg + host.legs))
     if legs != list(range(len(legs))):
-        raise ValueError(f"the hosts' legs must cover 0..{len(legs) - 1} once each (gateway.fleet_offset and workers per "
-                         f"host); they cover {legs}")
+        raise ValueError(
+            f"the hosts' legs must cover 0..{len(legs) - 1} once each (gateway.fleet_offset and workers per "
+            f"host); they cover {legs}"
+        )
     return len(legs)
 
 
-def haproxy_config(hosts: Sequence[FleetHost], *, bind: str = "0.0.0.0", buyer_port: int = 8080, miner_port: int = 8081,
-                   check_interval_ms: int = 1000, stats_port: int | None = None) -> str:
+def haproxy_config(
+    hosts: Sequence[FleetHost],
+    *,
+    bind: str = "0.0.0.0",
+    buyer_port: int = 8080,
+    miner_port: int = 8081,
+    check_interval_ms: int = 1000,
+    stats_port: int | None = None,
+) -> str:
     """The whole `haproxy.cfg` for `hosts`, listening for buyers on `bind:buyer_port` and for
     miners on `bind:miner_port`."""
     fleet_legs = check_layout(hosts)
@@ -144,10 +157,19 @@ def haproxy_config(hosts: Sequence[FleetHost], *, bind: str = "0.0.0.0", buyer_p
             f"backend legs_{host.name}",
             "    option httpchk GET /gw/meta",
             f"    server {host.name} {host.address}:{host.miner_port} {check}",
-            *(f"    server {other.name} {other.address}:{other.miner_port} {check} backup"
-              for other in hosts if other is not host),
+            *(
+                f"    server {other.name} {other.address}:{other.miner_port} {check} backup"
+                for other in hosts
+                if other is not host
+            ),
         ]
     if stats_port is not None:
-        lines += ["", "frontend stats", f"    bind 127.0.0.1:{stats_port}", "    stats enable", "    stats uri /",
-                  "    stats refresh 5s"]
+        lines += [
+            "",
+            "frontend stats",
+            f"    bind 127.0.0.1:{stats_port}",
+            "    stats enable",
+            "    stats uri /",
+            "    stats refresh 5s",
+        ]
     return "\n".join(lines) + "\n"

@@ -55,7 +55,17 @@ import orjson
 from engy_node.chat_template import RESERVED_VARIABLES
 from engy_node.gateway.chat import ChatRequest, FinishReason, GatewayError, Usage
 from engy_node.gateway.validation import (
-    USED, FieldChecks, FieldRule, Harmless, Refused, equals, error_headers, invalid, is_int, is_zero, one_of,
+    USED,
+    FieldChecks,
+    FieldRule,
+    Harmless,
+    Refused,
+    equals,
+    error_headers,
+    invalid,
+    is_int,
+    is_zero,
+    one_of,
 )
 from engy_node.model_output import OutputEvent, ReasoningDelta, TextDelta, ToolCall
 from engy_node.protocol.miner import Sampling
@@ -120,49 +130,87 @@ ERROR_CODE_BY_KIND: dict[str, str] = {
 `insufficient_quota`, `rate_limit_exceeded`, `server_is_overloaded`), a descriptive one of ours
 for the rest, null for kinds whose type already says everything."""
 
-_CHECK = FieldChecks(separator=" ", item_path="{param}[{index}]",
-                     unknown_model="The model `{model}` does not exist or you do not have access to it.",
-                     unknown_field="Unrecognized request argument supplied: {field}")
+_CHECK = FieldChecks(
+    separator=" ",
+    item_path="{param}[{index}]",
+    unknown_model="The model `{model}` does not exist or you do not have access to it.",
+    unknown_field="Unrecognized request argument supplied: {field}",
+)
 """OpenAI's wording: a sentence that starts with the field's path (`messages[2].content must be ...`)."""
 
 _NO_LOGPROBS = "the miners' answers carry no log probabilities"
-_NO_JSON_MODE = ("the miners cannot guarantee JSON output; ask for JSON in the messages and validate what comes "
-                 "back, or send {\"type\": \"text\"}")
+_NO_JSON_MODE = (
+    "the miners cannot guarantee JSON output; ask for JSON in the messages and validate what comes "
+    'back, or send {"type": "text"}'
+)
 
 FIELDS: dict[str, FieldRule] = {
     # Read by `parse_chat_request`, which implements them or refuses what it cannot honour.
-    **dict.fromkeys(("model", "messages", "max_completion_tokens", "max_tokens", "stream", "stream_options", "n",
-                     "temperature", "top_p", "seed", "stop", "tools", "tool_choice", "response_format"), USED),
+    **dict.fromkeys(
+        (
+            "model",
+            "messages",
+            "max_completion_tokens",
+            "max_tokens",
+            "stream",
+            "stream_options",
+            "n",
+            "temperature",
+            "top_p",
+            "seed",
+            "stop",
+            "tools",
+            "tool_choice",
+            "response_format",
+        ),
+        USED,
+    ),
     # Accepted and dropped: none of them asks anything of the answer, its price or its handling.
     "user": Harmless("an end-user id for the provider's abuse monitoring", str),
     "safety_identifier": Harmless("an end-user id for the provider's abuse monitoring", str),
     "metadata": Harmless("tags for stored completions, and nothing is stored here (store: true is refused)", Mapping),
-    "prompt_cache_key": Harmless("a hint for routing to a warm cache; miners reuse prompt prefixes by themselves, "
-                                 "and the answer and its price are the same", str),
-    "prompt_cache_retention": Harmless("how long a cache entry lives; it changes neither the answer nor its price "
-                                       "here", str),
-    "prompt_cache_options": Harmless("where cache breakpoints go; it changes neither the answer nor its price here",
-                                     Mapping),
-    "prediction": Harmless("predicted output only lets a server skip ahead where it matches; the answer is the same",
-                           Mapping),
+    "prompt_cache_key": Harmless(
+        "a hint for routing to a warm cache; miners reuse prompt prefixes by themselves, "
+        "and the answer and its price are the same",
+        str,
+    ),
+    "prompt_cache_retention": Harmless(
+        "how long a cache entry lives; it changes neither the answer nor its price here", str
+    ),
+    "prompt_cache_options": Harmless(
+        "where cache breakpoints go; it changes neither the answer nor its price here", Mapping
+    ),
+    "prediction": Harmless(
+        "predicted output only lets a server skip ahead where it matches; the answer is the same", Mapping
+    ),
     # Refused unless they ask for what the gateway does anyway.
-    "parallel_tool_calls": Refused("false is not supported: the model may call several tools in one turn; omit it "
-                                   "or send true", allows=equals(True)),
-    "store": Refused("true is not supported: this gateway never stores completions; omit it or send false",
-                     allows=equals(False)),
+    "parallel_tool_calls": Refused(
+        "false is not supported: the model may call several tools in one turn; omit it or send true",
+        allows=equals(True),
+    ),
+    "store": Refused(
+        "true is not supported: this gateway never stores completions; omit it or send false", allows=equals(False)
+    ),
     "logprobs": Refused(f"is not supported: {_NO_LOGPROBS}; omit it or send false", allows=equals(False)),
     "top_logprobs": Refused(f"is not supported: {_NO_LOGPROBS}; omit it"),
     "frequency_penalty": Refused("is not supported: the miners apply no penalties; omit it or send 0", allows=is_zero),
     "presence_penalty": Refused("is not supported: the miners apply no penalties; omit it or send 0", allows=is_zero),
     "logit_bias": Refused("is not supported: the miners apply no logit bias; omit it", allows=equals({})),
-    "service_tier": Refused("is not supported beyond 'auto' and 'default': this gateway has one tier; omit it",
-                            allows=one_of("auto", "default")),
-    "modalities": Refused("is not supported beyond [\"text\"]: the models served here write text only; omit it",
-                          allows=equals(["text"])),
+    "service_tier": Refused(
+        "is not supported beyond 'auto' and 'default': this gateway has one tier; omit it",
+        allows=one_of("auto", "default"),
+    ),
+    "modalities": Refused(
+        'is not supported beyond ["text"]: the models served here write text only; omit it', allows=equals(["text"])
+    ),
     "audio": Refused("is not supported: the models served here write text only; omit it"),
-    "verbosity": Refused("is not supported: the served models cannot be told how much to write; bound the answer "
-                         "with max_completion_tokens, or ask in the messages"),
-    "reasoning_effort": Refused("is not supported: the served models reason as their chat template makes them; omit it"),
+    "verbosity": Refused(
+        "is not supported: the served models cannot be told how much to write; bound the answer "
+        "with max_completion_tokens, or ask in the messages"
+    ),
+    "reasoning_effort": Refused(
+        "is not supported: the served models reason as their chat template makes them; omit it"
+    ),
     "functions": Refused("is deprecated and not supported; send the functions as tools"),
     "function_call": Refused("is deprecated and not supported; send tools and tool_choice"),
     "web_search_options": Refused("is not supported: this gateway does no web search; omit it"),
@@ -195,8 +243,11 @@ def _text_content(content: Any, param: str, *, allow_null: bool) -> str:
             raise invalid(param=f"{part_param}.type", message=f"{part_param} must be an object with a string type")
         kind = part["type"]
         if kind in _UNSUPPORTED_PARTS:
-            raise invalid(param=f"{part_param}.type", message=f"{part_param}: {_UNSUPPORTED_PARTS[kind]} are not "
-                          "supported; the models served here take text only, so send text parts")
+            raise invalid(
+                param=f"{part_param}.type",
+                message=f"{part_param}: {_UNSUPPORTED_PARTS[kind]} are not "
+                "supported; the models served here take text only, so send text parts",
+            )
         if kind not in ("text", "refusal"):
             raise _CHECK.invalid(param=f"{part_param}.type", complaint=f"{kind!r} is not supported; use 'text'")
         texts.append(_CHECK.string(part.get(kind), param=f"{part_param}.{kind}"))
@@ -212,8 +263,9 @@ def _assistant_tool_calls(raw: Any, param: str) -> list[dict[str, Any]]:
             raise _CHECK.invalid(param=f"{call_param}.type", complaint="must be 'function'")
         function = _CHECK.json_object(call.get("function"), param=f"{call_param}.function")
         name = _CHECK.string(function.get("name"), param=f"{call_param}.function.name")
-        arguments = _CHECK.string(function.get("arguments"), param=f"{call_param}.function.arguments",
-                                  complaint="must be a JSON string")
+        arguments = _CHECK.string(
+            function.get("arguments"), param=f"{call_param}.function.arguments", complaint="must be a JSON string"
+        )
         calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
     return calls
 
@@ -243,8 +295,10 @@ def _messages(raw: Any) -> tuple[dict[str, Any], ...]:
 def _function_spec(tool: Any, param: str) -> dict[str, Any]:
     """One tool's `function`, checked: function tools are the only kind supported."""
     if not isinstance(tool, Mapping) or tool.get("type") != "function":
-        raise invalid(param=f"{param}.type",
-                      message=f"{param} must be an object with type 'function' (the only tool type supported)")
+        raise invalid(
+            param=f"{param}.type",
+            message=f"{param} must be an object with type 'function' (the only tool type supported)",
+        )
     function = _CHECK.json_object(tool.get("function"), param=f"{param}.function")
     name = function.get("name")
     if not isinstance(name, str) or not _FUNCTION_NAME.fullmatch(name):
@@ -272,11 +326,15 @@ def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...] | None) -> Any:
     if isinstance(raw, Mapping) and raw.get("type") == "function" and isinstance(raw.get("function"), Mapping):
         name = raw["function"].get("name")
         if not isinstance(name, str) or name not in names:
-            raise invalid(param="tool_choice.function.name",
-                          message=f"tool_choice names the function {name!r}, which is not in tools")
+            raise invalid(
+                param="tool_choice.function.name",
+                message=f"tool_choice names the function {name!r}, which is not in tools",
+            )
         return {"type": "function", "function": {"name": name}}
-    raise _CHECK.invalid(param="tool_choice", complaint="must be 'none', 'auto', 'required' or {\"type\": \"function\", "
-                         "\"function\": {\"name\": ...}}")
+    raise _CHECK.invalid(
+        param="tool_choice",
+        complaint='must be \'none\', \'auto\', \'required\' or {"type": "function", "function": {"name": ...}}',
+    )
 
 
 def _max_tokens(body: Mapping[str, Any], limit: int) -> int:
@@ -287,8 +345,11 @@ def _max_tokens(body: Mapping[str, Any], limit: int) -> int:
     if not is_int(value) or value < 1:
         raise _CHECK.invalid(param=key, complaint=f"must be a positive integer, got {value!r}")
     if value > limit:
-        raise _CHECK.invalid(param=key, complaint=f"is too large: {value}. This model supports at most {limit} "
-                             f"completion tokens, whereas you provided {value}.")
+        raise _CHECK.invalid(
+            param=key,
+            complaint=f"is too large: {value}. This model supports at most {limit} "
+            f"completion tokens, whereas you provided {value}.",
+        )
     return value
 
 
@@ -308,11 +369,15 @@ def _include_usage(raw: Any) -> bool | None:
     options = _CHECK.json_object(raw, param="stream_options")
     for key in options:
         if key not in _STREAM_OPTIONS:
-            raise _CHECK.invalid(param=f"stream_options.{key}", complaint="is not a stream option; the options are "
-                                 "include_usage and include_obfuscation")
+            raise _CHECK.invalid(
+                param=f"stream_options.{key}",
+                complaint="is not a stream option; the options are include_usage and include_obfuscation",
+            )
     if _CHECK.optional_bool(options.get("include_obfuscation"), param="stream_options.include_obfuscation"):
-        raise _CHECK.invalid(param="stream_options.include_obfuscation",
-                             complaint="true is not supported: this gateway pads no stream events; omit it or send false")
+        raise _CHECK.invalid(
+            param="stream_options.include_obfuscation",
+            complaint="true is not supported: this gateway pads no stream events; omit it or send false",
+        )
     return _CHECK.optional_bool(options.get("include_usage"), param="stream_options.include_usage")
 
 
@@ -324,12 +389,14 @@ def _check_response_format(raw: Any) -> None:
     if kind in ("json_object", "json_schema"):
         raise _CHECK.invalid(param="response_format", complaint=f"type {kind!r} is not supported: {_NO_JSON_MODE}")
     if kind != "text":
-        raise _CHECK.invalid(param="response_format.type", complaint=f"must be 'text', 'json_object' or 'json_schema', "
-                             f"got {kind!r}")
+        raise _CHECK.invalid(
+            param="response_format.type", complaint=f"must be 'text', 'json_object' or 'json_schema', got {kind!r}"
+        )
 
 
-def parse_chat_request(body: Any, *, known_models: Collection[str],
-                       max_output_tokens_for: Callable[[str], int]) -> ChatRequest:
+def parse_chat_request(
+    body: Any, *, known_models: Collection[str], max_output_tokens_for: Callable[[str], int]
+) -> ChatRequest:
     """A buyer's chat-completions body as a `ChatRequest`.
 
     Raises `GatewayError`: `invalid_request` (400, with `param`) for a malformed, unknown or
@@ -359,8 +426,15 @@ def parse_chat_request(body: Any, *, known_models: Collection[str],
         stop=_CHECK.stop_sequences(body.get("stop"), param="stop", max_count=MAX_STOP_SEQUENCES, accept_string=True),
     )
     return ChatRequest(
-        api="openai", model=model, messages=messages, max_tokens=max_tokens, stream=bool(stream),
-        sampling=sampling, tools=tools, tool_choice=tool_choice, include_usage=bool(stream and include_usage),
+        api="openai",
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        stream=bool(stream),
+        sampling=sampling,
+        tools=tools,
+        tool_choice=tool_choice,
+        include_usage=bool(stream and include_usage),
         chat_template_kwargs=_chat_template_kwargs(body.get("chat_template_kwargs")),
     )
 
@@ -373,8 +447,10 @@ def _chat_template_kwargs(raw: Any) -> dict[str, Any] | None:
     kwargs = _CHECK.json_object(raw, param="chat_template_kwargs")
     for key in kwargs:
         if key in RESERVED_VARIABLES:
-            raise _CHECK.invalid(param=f"chat_template_kwargs.{key}",
-                                 complaint="is set by the gateway from the request itself; send it in its own field")
+            raise _CHECK.invalid(
+                param=f"chat_template_kwargs.{key}",
+                complaint="is set by the gateway from the request itself; send it in its own field",
+            )
     return dict(kwargs) or None
 
 
@@ -400,8 +476,9 @@ def _finish_reason(finish: FinishReason, *, called_tools: bool) -> FinishReason:
     return "tool_calls" if finish == "stop" and called_tools else finish
 
 
-def completion_body(*, request_id: str, created: int, model: str, events: list[OutputEvent],
-                    finish: FinishReason, usage: Usage) -> dict[str, Any]:
+def completion_body(
+    *, request_id: str, created: int, model: str, events: list[OutputEvent], finish: FinishReason, usage: Usage
+) -> dict[str, Any]:
     """A non-streaming `chat.completion` object. `request_id` is used as the completion id as is."""
     text = "".join(event.text for event in events if isinstance(event, TextDelta))
     reasoning = "".join(event.text for event in events if isinstance(event, ReasoningDelta))
@@ -412,9 +489,18 @@ def completion_body(*, request_id: str, created: int, model: str, events: list[O
     if calls:
         message["tool_calls"] = calls
     return {
-        "id": request_id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None,
-                     "finish_reason": _finish_reason(finish, called_tools=bool(calls))}],
+        "id": request_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": _finish_reason(finish, called_tools=bool(calls)),
+            }
+        ],
         "usage": usage_body(usage),
     }
 
@@ -446,11 +532,16 @@ class ChunkEncoder:
         self._called_tools = False
 
     def _chunk(self, *, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        return _sse({
-            "id": self._request_id, "object": "chat.completion.chunk", "created": self._created, "model": self._model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-            "usage": None,
-        })
+        return _sse(
+            {
+                "id": self._request_id,
+                "object": "chat.completion.chunk",
+                "created": self._created,
+                "model": self._model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+                "usage": None,
+            }
+        )
 
     def start(self) -> list[bytes]:
         """The first chunk: the assistant role, announced once, with empty content."""
@@ -476,13 +567,32 @@ class ChunkEncoder:
             if isinstance(event, ToolCall):
                 flush()
                 self._called_tools = True
-                chunks.append(self._chunk(delta={"tool_calls": [{
-                    "index": event.index, "id": event.id, "type": "function",
-                    "function": {"name": event.name, "arguments": ""},
-                }]}))
-                chunks.append(self._chunk(delta={"tool_calls": [{
-                    "index": event.index, "function": {"arguments": event.arguments},
-                }]}))
+                chunks.append(
+                    self._chunk(
+                        delta={
+                            "tool_calls": [
+                                {
+                                    "index": event.index,
+                                    "id": event.id,
+                                    "type": "function",
+                                    "function": {"name": event.name, "arguments": ""},
+                                }
+                            ]
+                        }
+                    )
+                )
+                chunks.append(
+                    self._chunk(
+                        delta={
+                            "tool_calls": [
+                                {
+                                    "index": event.index,
+                                    "function": {"arguments": event.arguments},
+                                }
+                            ]
+                        }
+                    )
+                )
             elif event.text:
                 if type(event) is not pending_kind:
                     flush()
@@ -496,10 +606,18 @@ class ChunkEncoder:
         chunk with `choices: []` when the buyer asked for it, then `[DONE]`."""
         chunks = [self._chunk(delta={}, finish_reason=_finish_reason(finish_reason, called_tools=self._called_tools))]
         if self._include_usage:
-            chunks.append(_sse({
-                "id": self._request_id, "object": "chat.completion.chunk", "created": self._created,
-                "model": self._model, "choices": [], "usage": usage_body(usage),
-            }))
+            chunks.append(
+                _sse(
+                    {
+                        "id": self._request_id,
+                        "object": "chat.completion.chunk",
+                        "created": self._created,
+                        "model": self._model,
+                        "choices": [],
+                        "usage": usage_body(usage),
+                    }
+                )
+            )
         chunks.append(DONE)
         return chunks
 
@@ -526,9 +644,16 @@ def error_body(err: GatewayError, request_id: str) -> dict[str, Any]:
 
 def unsupported_content_type(content_type: str | None) -> GatewayError:
     """The 415 for a body that is not declared JSON, worded as OpenAI words it."""
-    sent = f"you specified the header 'Content-Type: {content_type}'" if content_type else "you sent no Content-Type header"
-    return GatewayError("unsupported_media_type", f"Unsupported content type: {content_type or 'none'!r}. This API method "
-                        f"only accepts 'application/json' requests, but {sent}. Please try again with a supported content type.")
+    sent = (
+        f"you specified the header 'Content-Type: {content_type}'"
+        if content_type
+        else "you sent no Content-Type header"
+    )
+    return GatewayError(
+        "unsupported_media_type",
+        f"Unsupported content type: {content_type or 'none'!r}. This API method "
+        f"only accepts 'application/json' requests, but {sent}. Please try again with a supported content type.",
+    )
 
 
 # ---- models -------------------------------------------------------------------------------

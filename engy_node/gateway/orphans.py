@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 
-def sweep(first_seen: Mapping[int, float], open_now: Iterable[int], *, now: float, max_age_s: float
-          ) -> tuple[list[int], dict[int, float]]:
+def sweep(
+    first_seen: Mapping[int, float], open_now: Iterable[int], *, now: float, max_age_s: float
+) -> tuple[list[int], dict[int, float]]:
     """(hold ids to release, in order; when each still-open hold was first seen open). A hold
     that closed since the last sweep is forgotten; one seen open for more than `max_age_s` is
     released and forgotten."""

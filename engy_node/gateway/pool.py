@@ -48,8 +48,21 @@ from engy_node import keys
 from engy_node.gateway.route_table import RouteTable
 from engy_node.gateway.router import Candidate, Choice, choose
 from engy_node.protocol.miner import (
-    OPTIONAL_FEATURES, Admit, Cancel, Chunk, Deny, Heartbeat, Hello, KvLoad, ProtocolError, Reconnect, Response, Serve, encode,
-    close_reason, parse_miner_frame,
+    OPTIONAL_FEATURES,
+    Admit,
+    Cancel,
+    Chunk,
+    Deny,
+    Heartbeat,
+    Hello,
+    KvLoad,
+    ProtocolError,
+    Reconnect,
+    Response,
+    Serve,
+    close_reason,
+    encode,
+    parse_miner_frame,
 )
 
 log = logging.getLogger("engy.gateway.pool")
@@ -93,7 +106,7 @@ class PendingRequest:
     """One request in flight on a leg: what the miner has sent so far."""
 
     corr_id: str
-    leg: "Leg"
+    leg: Leg
     chunks: collections.deque[str | Chunk] = dataclasses.field(default_factory=collections.deque)
     """What the miner streamed, in order: text, or a chunk that carries reasoning or tool calls."""
     response: Response | None = None
@@ -156,9 +169,14 @@ MinerKeyLookup = Callable[[str], Awaitable[str | None]]
 
 class MinerPool:
     def __init__(
-        self, *, served_models: Mapping[str, str | None], authenticate_key: MinerKeyLookup,
-        allowed_hotkeys: Callable[[], set[str]], settings: PoolSettings = PoolSettings(),
-        clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+        self,
+        *,
+        served_models: Mapping[str, str | None],
+        authenticate_key: MinerKeyLookup,
+        allowed_hotkeys: Callable[[], set[str]],
+        settings: PoolSettings = PoolSettings(),
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.served_models = dict(served_models)
         """model id -> canonical model_root (None: not pinned)."""
@@ -220,14 +238,20 @@ class MinerPool:
             return
         leg = Leg(self._leg_id(identity.miner, hello), identity, hello, websocket, self.clock())
         for other in list(self._by_miner.get(identity.miner, {}).values()):
-            if other.hello.worker_name == hello.worker_name and (other.hello.worker_id != hello.worker_id or not hello.worker_id):
-                log.info("miner %s/%s re-dialled from a new process; closing its old leg", identity.miner, hello.worker_name)
+            if other.hello.worker_name == hello.worker_name and (
+                other.hello.worker_id != hello.worker_id or not hello.worker_id
+            ):
+                log.info(
+                    "miner %s/%s re-dialled from a new process; closing its old leg", identity.miner, hello.worker_name
+                )
                 await self._close_leg(other, "superseded by a new hello")
         # Routable before the miner hears `admit`: a miner (or a local network) that reports
         # ready on admission may be sent a request at once.
         self.legs[leg.leg_id] = leg
         self._by_miner.setdefault(identity.miner, {})[leg.leg_id] = leg
-        self.tables[hello.model].join(Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=0, lacks=leg.lacks))
+        self.tables[hello.model].join(
+            Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=0, lacks=leg.lacks)
+        )
         self._unasked[hello.model].add(leg.leg_id)
         self.notify_room()
         try:
@@ -235,8 +259,14 @@ class MinerPool:
         except Exception as error:  # broad on purpose: any send failure means this leg never came up
             self._drop(leg, f"admit not delivered ({type(error).__name__})")
             return
-        log.info("admitted %s (%s, %s) with capacity %d%s", identity.miner, hello.worker_name, hello.model, leg.capacity,
-                 f"; it does not honour {', '.join(sorted(leg.lacks))}" if leg.lacks else "")
+        log.info(
+            "admitted %s (%s, %s) with capacity %d%s",
+            identity.miner,
+            hello.worker_name,
+            hello.model,
+            leg.capacity,
+            f"; it does not honour {', '.join(sorted(leg.lacks))}" if leg.lacks else "",
+        )
         try:
             await self._receive(leg)
         finally:
@@ -255,8 +285,15 @@ class MinerPool:
         if canonical is not None and hello.model_root != canonical:
             return None, f"model_root {hello.model_root[:16]}… is not the canonical {hello.model} checkpoint"
         if hello.hotkey is not None and hello.signature is not None and hello.ts is not None:
-            check = keys.check_hello(hotkey=hello.hotkey, ts=hello.ts, worker_id=hello.worker_id, sig_hex=hello.signature,
-                                     netuid=self.settings.netuid, now=int(self.wall_clock()), replay=self.replay)
+            check = keys.check_hello(
+                hotkey=hello.hotkey,
+                ts=hello.ts,
+                worker_id=hello.worker_id,
+                sig_hex=hello.signature,
+                netuid=self.settings.netuid,
+                now=int(self.wall_clock()),
+                replay=self.replay,
+            )
             if not check.ok:
                 return None, f"hotkey signature rejected ({check.reason})"
             if hello.hotkey not in self.allowed_hotkeys():
@@ -275,13 +312,20 @@ class MinerPool:
                 text = await websocket.receive_text()
             except WebSocketDisconnect as gone:
                 if gone.code == FRAME_TOO_BIG:
-                    log.warning("closing leg %s of %s: refused a frame, %s", leg.leg_id[:8], leg.identity.miner, gone.reason)
+                    log.warning(
+                        "closing leg %s of %s: refused a frame, %s", leg.leg_id[:8], leg.identity.miner, gone.reason
+                    )
                 return
             try:
                 frame = parse_miner_frame(text)
             except ProtocolError as error:
-                log.warning("closing leg %s of %s: refused a frame, %s is invalid (%s)", leg.leg_id[:8], leg.identity.miner,
-                            error.field, error.reason)
+                log.warning(
+                    "closing leg %s of %s: refused a frame, %s is invalid (%s)",
+                    leg.leg_id[:8],
+                    leg.identity.miner,
+                    error.field,
+                    error.reason,
+                )
                 await _close(websocket, 1002, f"invalid frame: {error}")
                 return
             if isinstance(frame, Heartbeat):
@@ -297,8 +341,13 @@ class MinerPool:
                 if frame.capacity is not None and frame.capacity.context_length is not None:
                     leg.context_length = frame.capacity.context_length
                 if frame.capacity is not None and frame.capacity.max_inflight != leg.capacity:
-                    log.info("leg %s of %s: capacity %d -> %d", leg.leg_id[:8], leg.identity.miner, leg.capacity,
-                             frame.capacity.max_inflight)
+                    log.info(
+                        "leg %s of %s: capacity %d -> %d",
+                        leg.leg_id[:8],
+                        leg.identity.miner,
+                        leg.capacity,
+                        frame.capacity.max_inflight,
+                    )
                     leg.capacity = frame.capacity.max_inflight
                     if table is not None:
                         table.update(leg.leg_id, capacity=leg.capacity)
@@ -317,7 +366,9 @@ class MinerPool:
                     self.notify_room()
             else:
                 kind = type(frame).__name__.lower()
-                log.warning("closing leg %s of %s: unexpected %s after admission", leg.leg_id[:8], leg.identity.miner, kind)
+                log.warning(
+                    "closing leg %s of %s: unexpected %s after admission", leg.leg_id[:8], leg.identity.miner, kind
+                )
                 await _close(websocket, 1002, f"unexpected {kind} after admission")
                 return
 
@@ -331,8 +382,10 @@ class MinerPool:
         ring points fall where it likes: that changes which conversations it is home to, not how
         many (its share follows its capacity), and the load bound caps what any one key brings it."""
         base = f"{miner}\0{hello.worker_name}\0{hello.worker_id}"
-        ids = (hashlib.sha256(f"{base}\0{ordinal}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
-               for ordinal in itertools.count())
+        ids = (
+            hashlib.sha256(f"{base}\0{ordinal}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+            for ordinal in itertools.count()
+        )
         return next(leg_id for leg_id in ids if leg_id not in self.legs)
 
     def _drop(self, leg: Leg, reason: str) -> None:
@@ -361,9 +414,17 @@ class MinerPool:
 
     # ---- routing support -------------------------------------------------------------------
     def route(
-        self, model: str, *, prefix: bytes | None, rr_counter: int, needs: frozenset[str] = frozenset(),
-        prefer: frozenset[str] = frozenset(), exclude: frozenset[str] = frozenset(),
-        eligible: Callable[[str], bool] | None = None, target: str | None = None, prompt_tokens: int = 0,
+        self,
+        model: str,
+        *,
+        prefix: bytes | None,
+        rr_counter: int,
+        needs: frozenset[str] = frozenset(),
+        prefer: frozenset[str] = frozenset(),
+        exclude: frozenset[str] = frozenset(),
+        eligible: Callable[[str], bool] | None = None,
+        target: str | None = None,
+        prompt_tokens: int = 0,
     ) -> Choice | None:
         """The leg to send one dispatch of a request for `model` to, or None when none may take it
         (the router's decision: `RouteTable.choose` for the arguments).
@@ -380,11 +441,22 @@ class MinerPool:
             return leg is not None and self._usable(leg, now, eligible) and leg.takes(prompt_tokens)
 
         if target is not None:
-            legs = [leg for leg in self._by_miner.get(target, {}).values()
-                    if leg.hello.model == model and self._usable(leg, now, None) and leg.takes(prompt_tokens)]
-            return choose(candidates=[Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight),
-                                                lacks=leg.lacks) for leg in legs],
-                          prefix=prefix, rr_counter=rr_counter, exclude=exclude, needs=needs, prefer=prefer)
+            legs = [
+                leg
+                for leg in self._by_miner.get(target, {}).values()
+                if leg.hello.model == model and self._usable(leg, now, None) and leg.takes(prompt_tokens)
+            ]
+            return choose(
+                candidates=[
+                    Candidate(worker_id=leg.leg_id, capacity=leg.capacity, inflight=len(leg.inflight), lacks=leg.lacks)
+                    for leg in legs
+                ],
+                prefix=prefix,
+                rr_counter=rr_counter,
+                exclude=exclude,
+                needs=needs,
+                prefer=prefer,
+            )
         table = self.tables.get(model)
         if table is None:
             return None
@@ -399,11 +471,17 @@ class MinerPool:
             admitted = self._usable(self.legs[leg_id], now, eligible)
             if admitted != table.admitted(leg_id):
                 table.update(leg_id, admitted=admitted)
-        return table.choose(prefix=prefix, rr_counter=rr_counter, exclude=exclude, needs=needs, prefer=prefer, admit=usable)
+        return table.choose(
+            prefix=prefix, rr_counter=rr_counter, exclude=exclude, needs=needs, prefer=prefer, admit=usable
+        )
 
     def _usable(self, leg: Leg, now: float, eligible: Callable[[str], bool] | None) -> bool:
-        return (not leg.closed and not leg.reconnecting and now - leg.last_heartbeat < self.settings.stale_after_s
-                and (eligible is None or eligible(leg.identity.miner)))
+        return (
+            not leg.closed
+            and not leg.reconnecting
+            and now - leg.last_heartbeat < self.settings.stale_after_s
+            and (eligible is None or eligible(leg.identity.miner))
+        )
 
     def _count_inflight(self, leg: Leg) -> None:
         """Tell the routing table that the leg's in-flight count changed. A closed leg has left it."""
@@ -450,8 +528,12 @@ class MinerPool:
         now = self.clock()
         for leg in list(self.legs.values()):
             if now - leg.last_heartbeat >= self.settings.stale_after_s:
-                log.warning("leg %s of %s is stale (no heartbeat for %.0f s); closing it", leg.leg_id[:8],
-                            leg.identity.miner, now - leg.last_heartbeat)
+                log.warning(
+                    "leg %s of %s is stale (no heartbeat for %.0f s); closing it",
+                    leg.leg_id[:8],
+                    leg.identity.miner,
+                    now - leg.last_heartbeat,
+                )
                 await self._close_leg(leg, "stale")
 
     async def drain(self) -> None:
@@ -467,10 +549,19 @@ class MinerPool:
 
     def snapshot(self) -> list[dict[str, Any]]:
         now = self.clock()
-        return [{"leg": leg.leg_id[:8], "miner": leg.identity.miner, "worker": leg.hello.worker_name, "model": leg.hello.model,
-                 "capacity": leg.capacity, "inflight": len(leg.inflight), "heartbeat_age_s": round(now - leg.last_heartbeat, 1),
-                 **_announced(leg)}
-                for leg in self.legs.values()]
+        return [
+            {
+                "leg": leg.leg_id[:8],
+                "miner": leg.identity.miner,
+                "worker": leg.hello.worker_name,
+                "model": leg.hello.model,
+                "capacity": leg.capacity,
+                "inflight": len(leg.inflight),
+                "heartbeat_age_s": round(now - leg.last_heartbeat, 1),
+                **_announced(leg),
+            }
+            for leg in self.legs.values()
+        ]
 
 
 def _announced(leg: Leg) -> dict[str, Any]:

@@ -51,8 +51,16 @@ MAX_HEARTBEAT_VALIDATORS = 256
 
 
 class ProviderApi:
-    def __init__(self, *, desk: AuditDesk | None, store: Store, netuid: int, verifiers: frozenset[str],
-                 current_epoch: Callable[[], Awaitable[dict]], clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        desk: AuditDesk | None,
+        store: Store,
+        netuid: int,
+        verifiers: frozenset[str],
+        current_epoch: Callable[[], Awaitable[dict]],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.desk = desk
         """None: this gateway keeps no audit queue (its audit API then answers 404)."""
         self.store = store
@@ -91,8 +99,15 @@ class ProviderApi:
         now = self.clock()
         if leases:
             log.debug("leased %d audit job(s) to %s", len(leases), verifier)
-        return JSONResponse({"jobs": [{**lease.job.to_wire(for_verifier=True), "lease_expires_in_s": round(lease.expires_at - now, 3)}
-                                      for lease in leases], "lease_s": self.desk.queue.lease_s})
+        return JSONResponse(
+            {
+                "jobs": [
+                    {**lease.job.to_wire(for_verifier=True), "lease_expires_in_s": round(lease.expires_at - now, 3)}
+                    for lease in leases
+                ],
+                "lease_s": self.desk.queue.lease_s,
+            }
+        )
 
     async def verdicts(self, request: Request) -> Response:
         try:
@@ -107,8 +122,11 @@ class ProviderApi:
             raise AuditRefused(404, "no_audit", "this gateway runs no audit queue")
         hotkey, body = await self._signed(request)
         if hotkey not in self.verifiers:
-            raise AuditRefused(403, "not_a_verifier", f"hotkey {hotkey} is not on this gateway's verifier allow-list "
-                               "(gateway.verifiers)")
+            raise AuditRefused(
+                403,
+                "not_a_verifier",
+                f"hotkey {hotkey} is not on this gateway's verifier allow-list (gateway.verifiers)",
+            )
         return hotkey, body
 
     # ---- validator heartbeats --------------------------------------------------------------
@@ -118,8 +136,9 @@ class ProviderApi:
             beat = _heartbeat(hotkey, body, received_at=self.clock())
             known = {existing.hotkey for existing in await self.store.run(self.store.validator_heartbeats)}
             if hotkey not in known and len(known) >= MAX_HEARTBEAT_VALIDATORS:
-                raise AuditRefused(429, "too_many_validators", f"heartbeats are kept for {MAX_HEARTBEAT_VALIDATORS} "
-                                   "validators at most")
+                raise AuditRefused(
+                    429, "too_many_validators", f"heartbeats are kept for {MAX_HEARTBEAT_VALIDATORS} validators at most"
+                )
             await self.store.run(self.store.record_heartbeat, beat)
         except AuditRefused as refused:
             return _refused(refused)
@@ -128,12 +147,23 @@ class ProviderApi:
     async def _signed(self, request: Request) -> tuple[str, dict]:
         """The proven signer and the JSON body of a signed request (SPEC §6)."""
         raw = await _read_capped(request)
-        check = keys.check_signed_request(headers=request.headers, netuid=self.netuid, method=request.method,
-                                          path=request.url.path, body=raw, now=int(self.clock()), replay=self.replay)
+        check = keys.check_signed_request(
+            headers=request.headers,
+            netuid=self.netuid,
+            method=request.method,
+            path=request.url.path,
+            body=raw,
+            now=int(self.clock()),
+            replay=self.replay,
+        )
         if not check.ok:
-            raise AuditRefused(401, check.reason, f"signature check failed ({check.reason}); sign "
-                               f"engy-sn53:api:v1:{self.netuid}:METHOD:PATH:TS:SHA256(BODY) with the hotkey in "
-                               f"{keys.HEADER_HOTKEY}, within {keys.SIGNATURE_WINDOW_S} s of now, once")
+            raise AuditRefused(
+                401,
+                check.reason,
+                f"signature check failed ({check.reason}); sign "
+                f"engy-sn53:api:v1:{self.netuid}:METHOD:PATH:TS:SHA256(BODY) with the hotkey in "
+                f"{keys.HEADER_HOTKEY}, within {keys.SIGNATURE_WINDOW_S} s of now, once",
+            )
         try:
             body = orjson.loads(raw) if raw.strip() else {}
         except orjson.JSONDecodeError as error:
@@ -147,15 +177,18 @@ class ProviderApi:
 
 
 def build_provider_app(api: ProviderApi) -> Starlette:
-    return Starlette(routes=[
-        Route(f"{PREFIX}/epoch/latest", api.latest, methods=["GET"]),
-        Route(f"{PREFIX}/epoch/current", api.current, methods=["GET"]),
-        Route(f"{PREFIX}/epoch/{{index}}", api.by_index, methods=["GET"]),
-        Route(f"{PREFIX}/audit/lease", api.lease, methods=["POST"]),
-        Route(f"{PREFIX}/audit/verdicts", api.verdicts, methods=["POST"]),
-        Route(f"{PREFIX}/validator/heartbeat", api.heartbeat, methods=["POST"]),
-        Route("/health", api.health, methods=["GET"]),
-    ], exception_handlers={404: _not_found, 405: _not_allowed})
+    return Starlette(
+        routes=[
+            Route(f"{PREFIX}/epoch/latest", api.latest, methods=["GET"]),
+            Route(f"{PREFIX}/epoch/current", api.current, methods=["GET"]),
+            Route(f"{PREFIX}/epoch/{{index}}", api.by_index, methods=["GET"]),
+            Route(f"{PREFIX}/audit/lease", api.lease, methods=["POST"]),
+            Route(f"{PREFIX}/audit/verdicts", api.verdicts, methods=["POST"]),
+            Route(f"{PREFIX}/validator/heartbeat", api.heartbeat, methods=["POST"]),
+            Route("/health", api.health, methods=["GET"]),
+        ],
+        exception_handlers={404: _not_found, 405: _not_allowed},
+    )
 
 
 async def _read_capped(request: Request) -> bytes:
@@ -176,7 +209,9 @@ def _heartbeat(hotkey: str, body: dict, *, received_at: float) -> ValidatorHeart
     synced = body.get("synced_epoch")
     consensus = body.get("consensus") or {}
     if not isinstance(version, str) or VERSION.fullmatch(version) is None:
-        raise AuditRefused(400, "invalid_request", "version must be a version such as 0.4.1 or engy-lv 0.4.4 (at most one space)")
+        raise AuditRefused(
+            400, "invalid_request", "version must be a version such as 0.4.1 or engy-lv 0.4.4 (at most one space)"
+        )
     if synced is not None and not _uint(synced):
         raise AuditRefused(400, "invalid_request", "synced_epoch must be an epoch index or null")
     if not isinstance(consensus, dict):
@@ -186,8 +221,14 @@ def _heartbeat(hotkey: str, body: dict, *, received_at: float) -> ValidatorHeart
         raise AuditRefused(400, "invalid_request", "consensus.epoch_index must be an epoch index")
     if digest is not None and (not isinstance(digest, str) or DIGEST.fullmatch(digest) is None):
         raise AuditRefused(400, "invalid_request", "consensus.digest must be 64 lowercase hex digits")
-    return ValidatorHeartbeat(hotkey=hotkey, version=version, synced_epoch=synced, consensus_epoch=epoch_index,
-                              consensus_digest=digest, received_at=received_at)
+    return ValidatorHeartbeat(
+        hotkey=hotkey,
+        version=version,
+        synced_epoch=synced,
+        consensus_epoch=epoch_index,
+        consensus_digest=digest,
+        received_at=received_at,
+    )
 
 
 def _uint(value: object) -> bool:

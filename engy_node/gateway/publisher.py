@@ -42,9 +42,20 @@ OWNER_NOT_SET = "(gateway.owner_hotkey not set)"
 
 
 class EpochPublisher:
-    def __init__(self, *, store: Store, clock: epochs.EpochClock, netuid: int, master, owner_hotkey: str,
-                 models: Mapping[str, ModelSpec], minimums: GateMinimums, hub: Hub,
-                 wall: Callable[[], float] = time.time, leadership: Leadership | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        clock: epochs.EpochClock,
+        netuid: int,
+        master,
+        owner_hotkey: str,
+        models: Mapping[str, ModelSpec],
+        minimums: GateMinimums,
+        hub: Hub,
+        wall: Callable[[], float] = time.time,
+        leadership: Leadership | None = None,
+    ) -> None:
         self.store = store
         self.leadership = leadership
         """None: this gateway is alone on its store and closes every epoch."""
@@ -61,8 +72,10 @@ class EpochPublisher:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if self.master is None:
-            log.warning("epochs are settled but not published: set gateway.master_wallet (NAME/HOTKEY) and "
-                        "gateway.owner_hotkey to sign and serve them")
+            log.warning(
+                "epochs are settled but not published: set gateway.master_wallet (NAME/HOTKEY) and "
+                "gateway.owner_hotkey to sign and serve them"
+            )
             task_status.started()
             await trio.sleep_forever()
         first_seen = await self.store.run(self.store.first_request_at) or self.wall()
@@ -75,7 +88,9 @@ class EpochPublisher:
                 continue
             try:
                 latest = await self.store.run(self.store.latest_epoch)
-                due = self.clock.due(now=now, last_published=None if latest is None else latest[0], first_seen=first_seen)
+                due = self.clock.due(
+                    now=now, last_published=None if latest is None else latest[0], first_seen=first_seen
+                )
                 for index in due:
                     await self.close(index)
             except StoreError as error:
@@ -95,21 +110,43 @@ class EpochPublisher:
 
     async def settle(self, index: int) -> epochs.SettledEpoch:
         entries, verdicts, hotkeys = await self._rows(index)
-        return epochs.settle(clock=self.clock, index=index, netuid=self.netuid, entries=entries, verdicts=verdicts,
-                             hotkeys=hotkeys, models=self.models, owner_hotkey=self.owner_hotkey, minimums=self.minimums)
+        return epochs.settle(
+            clock=self.clock,
+            index=index,
+            netuid=self.netuid,
+            entries=entries,
+            verdicts=verdicts,
+            hotkeys=hotkeys,
+            models=self.models,
+            owner_hotkey=self.owner_hotkey,
+            minimums=self.minimums,
+        )
 
     async def close(self, index: int) -> bytes:
         settled = await self.settle(index)
-        payload = encode_payload(sign_epoch(self.master, netuid=self.netuid, epoch_index=index, result_json=settled.result_json))
+        payload = encode_payload(
+            sign_epoch(self.master, netuid=self.netuid, epoch_index=index, result_json=settled.result_json)
+        )
         digest = epoch_digest(settled.result_json)
         inserted = await self.store.run(self.store.save_epoch, index, payload, digest, closed_at=self.wall())
         if inserted:
             self.published.append(index)
             weights = ", ".join(f"{hotkey[:8]}…={weight}" for hotkey, weight in settled.settlement.weights)
-            gated = [f"{row.hotkey[:8]}…/{row.model}: {row.gate_reason}" for row in settled.settlement.rows if row.gate_reason]
-            log.info("epoch %d published (digest %s…): weights %s%s", index, digest[:12], weights,
-                     f"; gated {', '.join(gated)}" if gated else "")
-            self.hub.set_state("epochs", latest=index, digest=digest, weights=[list(pair) for pair in settled.settlement.weights])
+            gated = [
+                f"{row.hotkey[:8]}…/{row.model}: {row.gate_reason}"
+                for row in settled.settlement.rows
+                if row.gate_reason
+            ]
+            log.info(
+                "epoch %d published (digest %s…): weights %s%s",
+                index,
+                digest[:12],
+                weights,
+                f"; gated {', '.join(gated)}" if gated else "",
+            )
+            self.hub.set_state(
+                "epochs", latest=index, digest=digest, weights=[list(pair) for pair in settled.settlement.weights]
+            )
         return payload
 
     async def current(self) -> dict:
@@ -118,10 +155,24 @@ class EpochPublisher:
         index = max(self.clock.index_at(now), 0)
         start, end = self.clock.window(index)
         entries, verdicts, hotkeys = await self._rows(index, until=now)
-        so_far = epochs.settlement_of(entries=entries, verdicts=verdicts, hotkeys=hotkeys, models=self.models,
-                                      owner_hotkey=self.owner_hotkey or OWNER_NOT_SET, minimums=self.minimums)
-        return {"v": 1, "netuid": self.netuid, "epoch_index": index, "start": start, "end": end,
-                "closes_at": self.clock.closes_at(index), "final": False, **so_far.to_json()}
+        so_far = epochs.settlement_of(
+            entries=entries,
+            verdicts=verdicts,
+            hotkeys=hotkeys,
+            models=self.models,
+            owner_hotkey=self.owner_hotkey or OWNER_NOT_SET,
+            minimums=self.minimums,
+        )
+        return {
+            "v": 1,
+            "netuid": self.netuid,
+            "epoch_index": index,
+            "start": start,
+            "end": end,
+            "closes_at": self.clock.closes_at(index),
+            "final": False,
+            **so_far.to_json(),
+        }
 
     async def _hotkeys(self, identities: set[str]) -> dict[str, str]:
         """Identity -> hotkey: a hotkey-admitted miner is its hotkey; a key-admitted one has the

@@ -28,10 +28,16 @@ from starlette.responses import JSONResponse
 from engy_node.asgi import Receive, Send, watch_disconnect
 from engy_node.gateway import anthropic_api, openai_api
 from engy_node.gateway.chat import ChatRequest, GatewayError, Usage
-from engy_node.model_output import OutputEvent, OutputParser, ReasoningDelta, TextDelta, ToolCall
-from engy_node.gateway.corrections import ReplacementHold, StopScanner, StructuredParts, corrected_finish, presentation_match
+from engy_node.gateway.corrections import (
+    ReplacementHold,
+    StopScanner,
+    StructuredParts,
+    corrected_finish,
+    presentation_match,
+)
 from engy_node.gateway.lifecycle import Accounting, Flight, Gateway
 from engy_node.gateway.pool import PendingRequest
+from engy_node.model_output import OutputEvent, OutputParser, ReasoningDelta, TextDelta, ToolCall
 from engy_node.protocol.miner import Chunk
 
 log = logging.getLogger("engy.gateway")
@@ -61,8 +67,11 @@ def _answer_events(flight: Flight, proven_text: str | None) -> list[OutputEvent]
     parts = flight.miner_parts
     if parts is None or proven_text is not None:
         return events
-    calls = [ToolCall(index=i, id=f"call_{flight.request_id[-12:]}_{i}", name=name, arguments=arguments or "{}")
-             for i, (name, arguments) in enumerate(parts.tool_calls) if name]
+    calls = [
+        ToolCall(index=i, id=f"call_{flight.request_id[-12:]}_{i}", name=name, arguments=arguments or "{}")
+        for i, (name, arguments) in enumerate(parts.tool_calls)
+        if name
+    ]
     return ([ReasoningDelta(parts.reasoning)] if parts.reasoning else []) + events + calls
 
 
@@ -86,30 +95,49 @@ class Api(abc.ABC):
     def error_response(self, err: GatewayError, request_id: str) -> JSONResponse: ...
 
     @abc.abstractmethod
-    def body(self, flight: Flight, events: list[OutputEvent], finish: str, usage: Usage, stop_sequence: str | None) -> dict: ...
+    def body(
+        self, flight: Flight, events: list[OutputEvent], finish: str, usage: Usage, stop_sequence: str | None
+    ) -> dict: ...
 
     @abc.abstractmethod
-    def encoder(self, flight: Flight) -> "_Encoder": ...
+    def encoder(self, flight: Flight) -> _Encoder: ...
 
 
 class _OpenAi(Api):
     name = "openai"
 
     def parse(self, body: dict, gateway: Gateway) -> ChatRequest:
-        return openai_api.parse_chat_request(body, known_models=set(gateway.models), max_output_tokens_for=gateway.max_output_tokens_for)
+        return openai_api.parse_chat_request(
+            body, known_models=set(gateway.models), max_output_tokens_for=gateway.max_output_tokens_for
+        )
 
     def error_response(self, err: GatewayError, request_id: str) -> JSONResponse:
         headers = {**openai_api.error_headers(err), "x-request-id": request_id}
         return JSONResponse(openai_api.error_body(err, request_id), status_code=err.status, headers=headers)
 
-    def body(self, flight: Flight, events: list[OutputEvent], finish: str, usage: Usage, stop_sequence: str | None) -> dict:
-        return openai_api.completion_body(request_id=f"chatcmpl-{flight.request_id}", created=flight.created,
-                                          model=flight.chat.model, events=events, finish=finish, usage=usage)
+    def body(
+        self, flight: Flight, events: list[OutputEvent], finish: str, usage: Usage, stop_sequence: str | None
+    ) -> dict:
+        return openai_api.completion_body(
+            request_id=f"chatcmpl-{flight.request_id}",
+            created=flight.created,
+            model=flight.chat.model,
+            events=events,
+            finish=finish,
+            usage=usage,
+        )
 
-    def encoder(self, flight: Flight) -> "_Encoder":
-        encoder = openai_api.ChunkEncoder(f"chatcmpl-{flight.request_id}", flight.created, flight.chat.model, flight.chat.include_usage)
-        return _Encoder(start=encoder.start, events=encoder.events, keepalive=encoder.keepalive, error=encoder.error,
-                        finish=lambda finish, usage, stop_sequence: encoder.finish(finish, usage))
+    def encoder(self, flight: Flight) -> _Encoder:
+        encoder = openai_api.ChunkEncoder(
+            f"chatcmpl-{flight.request_id}", flight.created, flight.chat.model, flight.chat.include_usage
+        )
+        return _Encoder(
+            start=encoder.start,
+            events=encoder.events,
+            keepalive=encoder.keepalive,
+            error=encoder.error,
+            finish=lambda finish, usage, stop_sequence: encoder.finish(finish, usage),
+        )
 
 
 class _Anthropic(Api):
@@ -119,22 +147,40 @@ class _Anthropic(Api):
         return headers.get("x-api-key") or super().api_key(headers)
 
     def parse(self, body: dict, gateway: Gateway) -> ChatRequest:
-        return anthropic_api.parse_messages_request(body, known_models=set(gateway.models), max_output_tokens_for=gateway.max_output_tokens_for)
+        return anthropic_api.parse_messages_request(
+            body, known_models=set(gateway.models), max_output_tokens_for=gateway.max_output_tokens_for
+        )
 
     def error_response(self, err: GatewayError, request_id: str) -> JSONResponse:
         headers = {**anthropic_api.error_headers(err), "request-id": request_id, "x-request-id": request_id}
-        return JSONResponse(anthropic_api.error_body(err, request_id), status_code=anthropic_api.status_for(err), headers=headers)
+        return JSONResponse(
+            anthropic_api.error_body(err, request_id), status_code=anthropic_api.status_for(err), headers=headers
+        )
 
-    def body(self, flight: Flight, events: list[OutputEvent], finish: str, usage: Usage, stop_sequence: str | None) -> dict:
-        return anthropic_api.message_body(message_id=f"msg_{flight.request_id}", model=flight.chat.model, events=events,
-                                          finish=finish, stop_sequence=stop_sequence, usage=usage)
+    def body(
+        self, flight: Flight, events: list[OutputEvent], finish: str, usage: Usage, stop_sequence: str | None
+    ) -> dict:
+        return anthropic_api.message_body(
+            message_id=f"msg_{flight.request_id}",
+            model=flight.chat.model,
+            events=events,
+            finish=finish,
+            stop_sequence=stop_sequence,
+            usage=usage,
+        )
 
-    def encoder(self, flight: Flight) -> "_Encoder":
+    def encoder(self, flight: Flight) -> _Encoder:
         encoder = anthropic_api.EventEncoder(f"msg_{flight.request_id}", flight.chat.model)
         prompt = len(flight.prompt_ids)
-        return _Encoder(start=lambda: encoder.start(Usage(prompt_tokens=prompt, completion_tokens=1)), events=encoder.events,
-                        keepalive=encoder.ping, error=encoder.error,
-                        finish=lambda finish, usage, stop_sequence: encoder.finish(finish, stop_sequence=stop_sequence, usage=usage))
+        return _Encoder(
+            start=lambda: encoder.start(Usage(prompt_tokens=prompt, completion_tokens=1)),
+            events=encoder.events,
+            keepalive=encoder.ping,
+            error=encoder.error,
+            finish=lambda finish, usage, stop_sequence: encoder.finish(
+                finish, stop_sequence=stop_sequence, usage=usage
+            ),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +236,7 @@ class ChatEndpoint:
     async def run_probe(self, flight: Flight) -> None:
         """Serve a probe (`Gateway.begin_probe`) exactly as a buyer's request from dispatch on;
         the answer goes nowhere. Its outcome is in the request log, like any request's."""
+
         async def discard(message: dict) -> None:
             return None
 
@@ -230,7 +277,9 @@ class ChatEndpoint:
                 raise GatewayError("upstream", _REFUSED[accounting.refused])
             flight.relayed_text = flight.miner_text if accounting.proven_text is None else accounting.proven_text
             events = _answer_events(flight, accounting.proven_text)
-            usage = await gateway.settle(flight, status=200, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens)
+            usage = await gateway.settle(
+                flight, status=200, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens
+            )
             settled = True
             usage = dataclasses.replace(usage, reasoning_tokens=await gateway.reasoning_tokens(flight, accounting))
         finally:
@@ -240,13 +289,18 @@ class ChatEndpoint:
         body = self.api.body(flight, events, _finish_for(events, finish), usage, stop_sequence)
         await _send_json(send, body, request_id=flight.request_id)
 
-    def _finish(self, flight: Flight, stops: StopScanner, accounting: Accounting, usage: Usage,
-                reported: str) -> tuple[str, str | None]:
+    def _finish(
+        self, flight: Flight, stops: StopScanner, accounting: Accounting, usage: Usage, reported: str
+    ) -> tuple[str, str | None]:
         """(finish reason, the stop string that ended the answer) as they really were, whatever
         the miner reported (`corrections`)."""
-        finish = corrected_finish(reported=reported, completion_tokens=usage.completion_tokens, max_tokens=flight.chat.max_tokens,
-                                  ended_by_end_token=flight.model.ends_answer(accounting.output_ids or ()),
-                                  stop_matched=stops.matched is not None or accounting.stop is not None)
+        finish = corrected_finish(
+            reported=reported,
+            completion_tokens=usage.completion_tokens,
+            max_tokens=flight.chat.max_tokens,
+            ended_by_end_token=flight.model.ends_answer(accounting.output_ids or ()),
+            stop_matched=stops.matched is not None or accounting.stop is not None,
+        )
         return finish, accounting.stop if finish == "stop" else None
 
     async def _stream(self, flight: Flight, send: Send) -> None:
@@ -261,8 +315,13 @@ class ChatEndpoint:
             if not committed:
                 await gateway.abandon(flight)
         request_id = flight.request_id.encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [*SSE_HEADERS, (b"x-request-id", request_id), (b"request-id", request_id)]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*SSE_HEADERS, (b"x-request-id", request_id), (b"request-id", request_id)],
+            }
+        )
         await self._relay(flight, pending, send)
 
     async def _relay(self, flight: Flight, pending: PendingRequest, send: Send) -> None:
@@ -345,17 +404,27 @@ class ChatEndpoint:
             elif outcome == "shutdown":
                 await _send_body(send, b"".join(out + encoder.error(gateway.shutting_down())), more=False)
                 return
-            elif outcome == "timeout" or pending.lost is not None or pending.response is None or pending.response.error is not None:
+            elif (
+                outcome == "timeout"
+                or pending.lost is not None
+                or pending.response is None
+                or pending.response.error is not None
+            ):
                 outcome = "timeout" if outcome == "timeout" else "miner-failed"
-                reason = ("the miner did not finish in time" if outcome == "timeout"
-                          else pending.lost or (pending.response.error_text if pending.response else "no response"))
-                error = GatewayError("timeout" if outcome == "timeout" else "upstream", f"the miner failed mid-stream: {reason}")
+                reason = (
+                    "the miner did not finish in time"
+                    if outcome == "timeout"
+                    else pending.lost or (pending.response.error_text if pending.response else "no response")
+                )
+                error = GatewayError(
+                    "timeout" if outcome == "timeout" else "upstream", f"the miner failed mid-stream: {reason}"
+                )
                 await _send_body(send, b"".join(out + encoder.error(error)), more=False)
                 return
             else:
                 content, reported = _final_content(flight, pending)
                 if content.startswith(received) and len(content) > len(received):
-                    out += relay(stops.feed(content[len(received):]))
+                    out += relay(stops.feed(content[len(received) :]))
                 out += relay(stops.finish())
             with trio.CancelScope(shield=True):
                 if stops.matched is not None and not pending.finished:
@@ -366,8 +435,11 @@ class ChatEndpoint:
                     await gateway.release(flight)
                     await gateway.log_outcome(flight, status=502, usage=None)
                     outcome = "refused"
-                    await _send_body(send, b"".join(out + encoder.error(GatewayError("upstream", _REFUSED[accounting.refused]))),
-                                     more=False)
+                    await _send_body(
+                        send,
+                        b"".join(out + encoder.error(GatewayError("upstream", _REFUSED[accounting.refused]))),
+                        more=False,
+                    )
                     return
                 if flight.miner_parts is None:
                     out += send_text(_missing(flight.relayed_text, accounting.proven_text or flight.miner_text))
@@ -376,12 +448,15 @@ class ChatEndpoint:
                     tail = parser.finish() + self._rest_of_parts(flight, accounting, events_seen)
                 events_seen += tail
                 out += encoder.events(tail)
-                usage = await gateway.settle(flight, status=200, completion_claim=accounting.claim,
-                                             relayed_tokens=accounting.relayed_tokens)
+                usage = await gateway.settle(
+                    flight, status=200, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens
+                )
                 usage = dataclasses.replace(usage, reasoning_tokens=await gateway.reasoning_tokens(flight, accounting))
                 finish, stop_sequence = self._finish(flight, stops, accounting, usage, reported)
             outcome = "ok"
-            await _send_body(send, b"".join(out + encoder.finish(_finish_for(events_seen, finish), usage, stop_sequence)), more=False)
+            await _send_body(
+                send, b"".join(out + encoder.finish(_finish_for(events_seen, finish), usage, stop_sequence)), more=False
+            )
         finally:
             if outcome not in ("ok", "refused"):
                 with trio.CancelScope(shield=True):
@@ -420,23 +495,35 @@ class ChatEndpoint:
         await gateway.settle(flight, status=status, completion_claim=None, relayed_tokens=len(relayed))
 
 
-_REFUSED = {"prompt-mismatch": "the miner's answer failed verification (its proof covers another prompt); nothing is "
-                                "charged for it, retry the request",
-            "output-mismatch": "the miner's answer failed verification (its text is not what it proved); nothing is "
-                               "charged for it, retry the request"}
+_REFUSED = {
+    "prompt-mismatch": "the miner's answer failed verification (its proof covers another prompt); nothing is "
+    "charged for it, retry the request",
+    "output-mismatch": "the miner's answer failed verification (its text is not what it proved); nothing is "
+    "charged for it, retry the request",
+}
 
 
 def _missing(relayed: str, answer: str) -> str:
     """What the buyer has not been sent of `answer` (the proven text, or the miner's own): the
     part past what the relayed text covers; nothing when the two differ in content."""
     if answer.startswith(relayed):  # nearly always, and at C speed: the match below is Python
-        return answer[len(relayed):]
+        return answer[len(relayed) :]
     covered = presentation_match(relayed, answer)
     return "" if covered is None else answer[covered:]
 
 
-BUYER_CAUSED = frozenset({"authentication", "invalid_request", "not_found", "request_too_large", "billing", "request_timeout",
-                          "method_not_allowed", "unsupported_media_type"})
+BUYER_CAUSED = frozenset(
+    {
+        "authentication",
+        "invalid_request",
+        "not_found",
+        "request_too_large",
+        "billing",
+        "request_timeout",
+        "method_not_allowed",
+        "unsupported_media_type",
+    }
+)
 
 SSE_HEADERS = ((b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"))
 
@@ -448,11 +535,19 @@ async def _send_body(send: Send, data: bytes, *, more: bool) -> None:
 async def _send_json(send: Send, body: dict, *, request_id: str) -> None:
     payload = orjson.dumps(body)
     rid = request_id.encode()
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                            (b"x-request-id", rid), (b"request-id", rid)]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                (b"x-request-id", rid),
+                (b"request-id", rid),
+            ],
+        }
+    )
     await _send_body(send, payload, more=False)
-
 
 
 async def _wait_changed(pending: PendingRequest, timeout_s: float) -> bool:
@@ -460,5 +555,3 @@ async def _wait_changed(pending: PendingRequest, timeout_s: float) -> bool:
         await pending.changed.wait()
         return True
     return False
-
-

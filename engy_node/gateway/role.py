@@ -32,8 +32,8 @@ from pathlib import Path
 
 import trio
 
-from engy_node.config import Config, checkpoint_pairs, comma_list
 from engy_node.asgi import serve_listener, start_listener
+from engy_node.config import Config, checkpoint_pairs, comma_list
 from engy_node.errors import ConfigError
 from engy_node.gateway import orphans
 from engy_node.gateway.app import Handlers, build_buyer_app, build_miner_app, hypercorn_config
@@ -45,9 +45,9 @@ from engy_node.gateway.store import Store, StoreError
 from engy_node.gateway.trust_plane import TrustPlane
 from engy_node.gateway.workers import MinerListener, Seat, SharedSockets, run_worker_process
 from engy_node.hub import Hub
-from engy_node.served_model import ServedModel, load_served_model
 from engy_node.models import get_model
 from engy_node.serve.checkpoint import resolve_checkpoint
+from engy_node.served_model import ServedModel, load_served_model
 
 log = logging.getLogger("engy.gateway")
 
@@ -114,10 +114,16 @@ def load_models(config: Config) -> dict[str, ServedModel]:
     for model_id in comma_list(settings.models):
         spec = get_model(model_id)
         if not spec.embedded and model_id not in pairs:
-            raise ConfigError(f"gateway serves {model_id} but has no checkpoint for its tokenizer: set "
-                              f"gateway.checkpoints = \"{model_id}=/path/to/checkpoint\"")
-        checkpoint = resolve_checkpoint(model_id=model_id, checkpoint=pairs.get(model_id, ""),
-                                        models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir)
+            raise ConfigError(
+                f"gateway serves {model_id} but has no checkpoint for its tokenizer: set "
+                f'gateway.checkpoints = "{model_id}=/path/to/checkpoint"'
+            )
+        checkpoint = resolve_checkpoint(
+            model_id=model_id,
+            checkpoint=pairs.get(model_id, ""),
+            models_dir=config.paths.models_dir,
+            cache_dir=config.paths.model_cache_dir,
+        )
         models[model_id] = load_served_model(spec, checkpoint, with_token_floor=True)
     if not models:
         raise ConfigError("gateway.models is empty; name at least one catalog model")
@@ -132,18 +138,26 @@ async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_
         await serve_gateway(config, hub, task_status=task_status)
         return
     if not sys.platform.startswith("linux"):
-        raise ConfigError(f"gateway.workers = {settings.workers} needs Linux (SO_REUSEPORT balancing and abstract Unix "
-                          "sockets); set gateway.workers = 1 here")
+        raise ConfigError(
+            f"gateway.workers = {settings.workers} needs Linux (SO_REUSEPORT balancing and abstract Unix "
+            "sockets); set gateway.workers = 1 here"
+        )
     shared = SharedSockets.bind(settings)
     seat = shared.seat(0)
     buyer_socket = shared.take_buyer()
     try:
         async with trio.open_nursery() as nursery:
-            urls = await nursery.start(functools.partial(serve_gateway, config, hub, seat=seat, buyer_socket=buyer_socket))
+            urls = await nursery.start(
+                functools.partial(serve_gateway, config, hub, seat=seat, buyer_socket=buyer_socket)
+            )
             for index in range(1, settings.workers):
                 await nursery.start(run_worker_process, config, shared.seat(index))
-            log.info("gateway ready: buyer API %s, miners dial %s (%d worker processes)", urls.buyer_url, urls.miner_url,
-                     settings.workers)
+            log.info(
+                "gateway ready: buyer API %s, miners dial %s (%d worker processes)",
+                urls.buyer_url,
+                urls.miner_url,
+                settings.workers,
+            )
             task_status.started(urls)
     finally:
         if buyer_socket.fileno() != -1:  # start-up failed before worker 0 took it over
@@ -151,8 +165,14 @@ async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_
         shared.close()
 
 
-async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, buyer_socket: socket.socket | None = None,
-                        task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve_gateway(
+    config: Config,
+    hub: Hub,
+    *,
+    seat: Seat | None = None,
+    buyer_socket: socket.socket | None = None,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
     """One gateway process: on its own ports, or as worker `seat.index` of several (listening
     for buyers on `buyer_socket`, which it then owns, or on a socket of its own)."""
     settings = config.gateway
@@ -175,16 +195,35 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
 
     pool = MinerPool(
         served_models={model_id: model.model_root for model_id, model in models.items()},
-        authenticate_key=miner_key_lookup, allowed_hotkeys=lambda: registered_hotkeys,
+        authenticate_key=miner_key_lookup,
+        allowed_hotkeys=lambda: registered_hotkeys,
         settings=PoolSettings(stale_after_s=settings.stale_after_s, netuid=config.node.netuid),
     )
     registered_hotkeys.update(record.hotkey for record in await store.run(store.list_miners) if record.hotkey)
     link_token = None if seat is None or seat.workers == 1 else seat.token
     if first:
-        leadership = Leadership(store, holder=fleet_host_name(config), ttl_s=settings.leader_lease_s,
-                                renew_s=settings.leader_lease_s / 3, safety_s=settings.leader_lease_s / 6) if settings.store_url else None
-        trust = await trio.to_thread.run_sync(functools.partial(TrustPlane.first_process, config, store=store, models=models,
-                                                                hub=hub, link_token=link_token, leadership=leadership))
+        leadership = (
+            Leadership(
+                store,
+                holder=fleet_host_name(config),
+                ttl_s=settings.leader_lease_s,
+                renew_s=settings.leader_lease_s / 3,
+                safety_s=settings.leader_lease_s / 6,
+            )
+            if settings.store_url
+            else None
+        )
+        trust = await trio.to_thread.run_sync(
+            functools.partial(
+                TrustPlane.first_process,
+                config,
+                store=store,
+                models=models,
+                hub=hub,
+                link_token=link_token,
+                leadership=leadership,
+            )
+        )
     else:
         trust = TrustPlane.other_process(config, store=store, link_token=link_token)
 
@@ -198,13 +237,23 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
             request_log = RequestLogWriter(store)
             await nursery.start(request_log.run)
             gateway = Gateway(
-                store=store, pool=pool, models=models, audit=trust.audit, eligible=trust.eligible, request_log=request_log,
-                settings=GatewaySettings(max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s,
-                                         keepalive_s=settings.keepalive_s,
-                                         first_byte_wait_s=settings.first_byte_wait_s, max_attempts=settings.max_attempts,
-                                         no_capacity_retry_after_s=settings.no_capacity_retry_after_s,
-                                         audit_paid_pct=settings.audit_paid_pct, queue_wait_s=settings.queue_wait_s,
-                                         queue_max=settings.queue_max),
+                store=store,
+                pool=pool,
+                models=models,
+                audit=trust.audit,
+                eligible=trust.eligible,
+                request_log=request_log,
+                settings=GatewaySettings(
+                    max_body_bytes=settings.max_body_bytes,
+                    body_timeout_s=settings.body_timeout_s,
+                    keepalive_s=settings.keepalive_s,
+                    first_byte_wait_s=settings.first_byte_wait_s,
+                    max_attempts=settings.max_attempts,
+                    no_capacity_retry_after_s=settings.no_capacity_retry_after_s,
+                    audit_paid_pct=settings.audit_paid_pct,
+                    queue_wait_s=settings.queue_wait_s,
+                    queue_max=settings.queue_max,
+                ),
                 registry=hub.registry,
             )
             await nursery.start(gateway.keep_proofs)
@@ -215,8 +264,13 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
 
             async def start_servers(http: trio.Nursery) -> GatewayUrls:
                 if seat is None:
-                    miner_binds = await start_listener(http, miner_app, hypercorn_config(f"{settings.host}:{settings.miner_port}"),
-                                                       what="miner endpoint", flag="--miner-port / gateway.miner_port")
+                    miner_binds = await start_listener(
+                        http,
+                        miner_app,
+                        hypercorn_config(f"{settings.host}:{settings.miner_port}"),
+                        what="miner endpoint",
+                        flag="--miner-port / gateway.miner_port",
+                    )
                     miner_url = miner_binds[0].replace("http://", "ws://") + "/gw"
                     buyer_bind = f"{settings.host}:{settings.port}"
                 else:
@@ -229,13 +283,23 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
                 # hypercorn's own deadline for requests still open once the buyer listener stops
                 # is only the backstop: the drain ends them first, in-band (`Gateway.drain`).
                 buyer_config.graceful_timeout = settings.drain_s + CUTOFF_WAIT_S + 5.0
-                buyer_binds = await start_listener(http, buyer_app, buyer_config, what="buyer API", flag="--port / gateway.port",
-                                                   shutdown_trigger=stop_taking_buyers.wait)
+                buyer_binds = await start_listener(
+                    http,
+                    buyer_app,
+                    buyer_config,
+                    what="buyer API",
+                    flag="--port / gateway.port",
+                    shutdown_trigger=stop_taking_buyers.wait,
+                )
                 provider_url = None
                 if trust.provider_app is not None:
-                    provider_binds = await start_listener(http, trust.provider_app,
-                                                          hypercorn_config(f"{settings.host}:{settings.provider_port}"),
-                                                          what="provider API", flag="gateway.provider_port")
+                    provider_binds = await start_listener(
+                        http,
+                        trust.provider_app,
+                        hypercorn_config(f"{settings.host}:{settings.provider_port}"),
+                        what="provider API",
+                        flag="gateway.provider_port",
+                    )
                     provider_url = provider_binds[0]
                 return GatewayUrls(buyer_url=buyer_binds[0], miner_url=miner_url, provider_url=provider_url)
 
@@ -247,11 +311,23 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
                 if first:
                     nursery.start_soon(_release_orphaned_holds, store, _longest_request_s(models, settings))
                     nursery.start_soon(_publish_buyers, store, hub)
-                hub.set_state("gateway", state="ready", buyer_url=urls.buyer_url, miner_url=urls.miner_url,
-                              provider_url=urls.provider_url, models=sorted(models),
-                              worker=0 if seat is None else seat.index, workers=1 if seat is None else seat.workers)
-                log.info("gateway %s: buyer API %s, miners dial %s%s", "ready" if seat is None else f"worker {seat.index} serving",
-                         urls.buyer_url, urls.miner_url, f", provider API {urls.provider_url}" if urls.provider_url else "")
+                hub.set_state(
+                    "gateway",
+                    state="ready",
+                    buyer_url=urls.buyer_url,
+                    miner_url=urls.miner_url,
+                    provider_url=urls.provider_url,
+                    models=sorted(models),
+                    worker=0 if seat is None else seat.index,
+                    workers=1 if seat is None else seat.workers,
+                )
+                log.info(
+                    "gateway %s: buyer API %s, miners dial %s%s",
+                    "ready" if seat is None else f"worker {seat.index} serving",
+                    urls.buyer_url,
+                    urls.miner_url,
+                    f", provider API {urls.provider_url}" if urls.provider_url else "",
+                )
                 task_status.started(urls)
                 await trio.sleep_forever()
             finally:
@@ -261,8 +337,11 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
                     # then are the miners told to re-dial, since a re-dial drops what a leg serves.
                     stop_taking_buyers.set()
                     hub.set_state("gateway", state="draining", in_flight=gateway.in_flight)
-                    log.info("gateway stopping: no new buyer requests; %d in flight get up to %g s to finish",
-                             gateway.in_flight, settings.drain_s)
+                    log.info(
+                        "gateway stopping: no new buyer requests; %d in flight get up to %g s to finish",
+                        gateway.in_flight,
+                        settings.drain_s,
+                    )
                     await gateway.drain(grace_s=settings.drain_s, cutoff_wait_s=CUTOFF_WAIT_S)
                     with trio.move_on_after(DRAIN_S):
                         await pool.drain()
@@ -273,8 +352,12 @@ async def serve_gateway(config: Config, hub: Hub, *, seat: Seat | None = None, b
         store.close()
 
 
-async def _run_servers(scope: trio.CancelScope, start: Callable[[trio.Nursery], Awaitable[GatewayUrls]], *,
-                       task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def _run_servers(
+    scope: trio.CancelScope,
+    start: Callable[[trio.Nursery], Awaitable[GatewayUrls]],
+    *,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
     """Run the HTTP servers `start` starts, inside `scope` (cancelled by their owner)."""
     with scope:
         async with trio.open_nursery() as http:
@@ -295,8 +378,12 @@ async def _release_orphaned_holds(store: Store, longest_request_s: float) -> Non
     while True:
         await trio.sleep(ORPHAN_SWEEP_S)
         try:
-            release, first_seen = orphans.sweep(first_seen, await store.run(store.open_hold_ids), now=trio.current_time(),
-                                                max_age_s=2 * longest_request_s)
+            release, first_seen = orphans.sweep(
+                first_seen,
+                await store.run(store.open_hold_ids),
+                now=trio.current_time(),
+                max_age_s=2 * longest_request_s,
+            )
             await store.run(store.release_holds, release)
         except StoreError as error:
             log.error("could not sweep orphaned holds (%s); retrying in %.0f s", error, ORPHAN_SWEEP_S)

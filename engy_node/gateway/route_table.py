@@ -193,13 +193,13 @@ class _Worker:
     priority: int
     lacks: frozenset[str]
     admitted: bool
-    group: "_Group"
+    group: _Group
     serial: int
     """Its number in the table, which the rings store for each point in 4 bytes rather than an
     8-byte reference; a number is reused once its worker has left."""
     points: array
     """Its positions, sorted: its nearest point clockwise of a key is one bisection away."""
-    ring: "_Ring | None" = None
+    ring: _Ring | None = None
     """The ring holding its points: None while its capacity is 0."""
     level: int | None = None
     """Its load (`_load_level`) while it is admitted and has a free slot (it is then listed under
@@ -296,8 +296,18 @@ class _Ring:
 class _Group:
     """The workers of one priority and one `lacks`: their rings, counts and loads."""
 
-    __slots__ = ("priority", "lacks", "order", "workers", "rings", "free", "free_inflight", "free_capacity", "levels",
-                 "members")
+    __slots__ = (
+        "priority",
+        "lacks",
+        "order",
+        "workers",
+        "rings",
+        "free",
+        "free_inflight",
+        "free_capacity",
+        "levels",
+        "members",
+    )
 
     def __init__(self, priority: int, lacks: frozenset[str]) -> None:
         self.priority = priority
@@ -350,8 +360,13 @@ class RouteTable:
 
     def __getitem__(self, worker_id: str) -> Candidate:
         worker = self._worker(worker_id)
-        return Candidate(worker_id=worker.worker_id, capacity=worker.capacity, inflight=worker.inflight,
-                         priority=worker.priority, lacks=worker.lacks)
+        return Candidate(
+            worker_id=worker.worker_id,
+            capacity=worker.capacity,
+            inflight=worker.inflight,
+            priority=worker.priority,
+            lacks=worker.lacks,
+        )
 
     def admitted(self, worker_id: str) -> bool:
         return self._worker(worker_id).admitted
@@ -366,8 +381,17 @@ class RouteTable:
             group = self._groups[key] = _Group(candidate.priority, candidate.lacks)
         group.workers += 1
         serial = self._free_serials.pop() if self._free_serials else len(self._by_serial)
-        worker = _Worker(candidate.worker_id, candidate.capacity, candidate.inflight, candidate.priority, candidate.lacks,
-                         bool(admitted), group, serial, array("Q", sorted(worker_points(candidate.worker_id))))
+        worker = _Worker(
+            candidate.worker_id,
+            candidate.capacity,
+            candidate.inflight,
+            candidate.priority,
+            candidate.lacks,
+            bool(admitted),
+            group,
+            serial,
+            array("Q", sorted(worker_points(candidate.worker_id))),
+        )
         if serial == len(self._by_serial):
             self._by_serial.append(worker)
         else:
@@ -389,8 +413,9 @@ class RouteTable:
         if not group.workers:
             del self._groups[(group.priority, group.lacks)]
 
-    def update(self, worker_id: str, *, capacity: int | None = None, inflight: int | None = None,
-               admitted: bool | None = None) -> None:
+    def update(
+        self, worker_id: str, *, capacity: int | None = None, inflight: int | None = None, admitted: bool | None = None
+    ) -> None:
         worker = self._worker(worker_id)
         if capacity is not None:
             _check_count("capacity", capacity, worker_id)
@@ -549,8 +574,15 @@ class RouteTable:
                     return choice
         return None
 
-    def _choose_among(self, groups: list[tuple[_Group, int, int, int]], point: int | None, rr_counter: int,
-                      load_factor: float, exclude: Collection[str], admit: Callable[[str], bool] | None) -> Choice | None:
+    def _choose_among(
+        self,
+        groups: list[tuple[_Group, int, int, int]],
+        point: int | None,
+        rr_counter: int,
+        load_factor: float,
+        exclude: Collection[str],
+        admit: Callable[[str], bool] | None,
+    ) -> Choice | None:
         """Among (group, eligible, in-flight, capacity) rows, each with an eligible worker."""
         eligible = sum(row[1] for row in groups)
         priorities = {row[0].priority for row in groups}
@@ -559,7 +591,9 @@ class RouteTable:
             top_class = [row[0] for row in rows]
             count = sum(row[1] for row in rows)
             if count == 1 and eligible > 1:
-                worker_id = next(w for g in top_class for level in g.levels for w in g.members[level] if w not in exclude)
+                worker_id = next(
+                    w for g in top_class for level in g.levels for w in g.members[level] if w not in exclude
+                )
                 if admit is None or admit(worker_id):
                     return Choice(worker_id, "priority")
                 continue
@@ -569,8 +603,9 @@ class RouteTable:
                 inflight = sum(row[2] for row in rows)
                 capacity = sum(row[3] for row in rows)
                 rings = [ring for g in top_class for ring in g.rings.values()]
-                if self.keyed_search == "scan" or (self.keyed_search == "auto"
-                                                   and count * count <= _SCAN_WHILE * sum(r.workers for r in rings)):
+                if self.keyed_search == "scan" or (
+                    self.keyed_search == "auto" and count * count <= _SCAN_WHILE * sum(r.workers for r in rings)
+                ):
                     order: Iterable[_Worker] = self._scored(top_class, point)
                 else:
                     order = _key_order(rings, point, self._by_serial)
@@ -595,8 +630,13 @@ class RouteTable:
         return [entry[2] for entry in scored]
 
 
-def _keyed(order: Iterable[_Worker], slots_demanded: float, total_capacity: int, exclude: Collection[str],
-           admit: Callable[[str], bool] | None) -> Choice | None:
+def _keyed(
+    order: Iterable[_Worker],
+    slots_demanded: float,
+    total_capacity: int,
+    exclude: Collection[str],
+    admit: Callable[[str], bool] | None,
+) -> Choice | None:
     home = None
     for worker in order:
         if worker.level is None or worker.worker_id in exclude or (admit is not None and not admit(worker.worker_id)):
@@ -661,8 +701,9 @@ def _load_level(inflight: int, capacity: int) -> int:
     return (inflight << _SCORE_SHIFT) // capacity
 
 
-def _round_robin(top_class: Sequence[_Group], rr_counter: int, exclude: Collection[str],
-                 admit: Callable[[str], bool] | None) -> Choice | None:
+def _round_robin(
+    top_class: Sequence[_Group], rr_counter: int, exclude: Collection[str], admit: Callable[[str], bool] | None
+) -> Choice | None:
     last = None
     for level in top_class[0].levels if len(top_class) == 1 else heapq.merge(*(g.levels for g in top_class)):
         if level == last:
@@ -684,7 +725,7 @@ def _rotated(cycle: list[list[str]], start: int) -> Iterator[str]:
     head = cycle[first]
     for at in range(start, len(head)):
         yield head[at]
-    for ids in cycle[first + 1:] + cycle[:first]:
+    for ids in cycle[first + 1 :] + cycle[:first]:
         yield from ids
     for at in range(start):
         yield head[at]

@@ -84,7 +84,9 @@ MIN_USEFUL_PREFIX_CHARS = 256
 _KEY_SCHEME = b"engy-prefix/1"
 
 
-def prefix_key(*, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None) -> bytes | None:
+def prefix_key(
+    *, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+) -> bytes | None:
     """The routing key of a chat request: 32 bytes, or None when it has no useful prefix.
 
     The key is the SHA-256 of the request's head, taken part by part: the tools, then the
@@ -108,7 +110,9 @@ def prefix_key(*, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping
     """
     parts = [_render(tools) if tools else ""]
     head_chars = len(parts[0])
-    first_user = next((index for index, message in enumerate(messages) if message.get("role") == "user"), len(messages) - 1)
+    first_user = next(
+        (index for index, message in enumerate(messages) if message.get("role") == "user"), len(messages) - 1
+    )
     for index, message in enumerate(messages):
         part = _render(message)
         parts.append(part)
@@ -150,8 +154,9 @@ def choose(
     table = RouteTable(keyed_search="scan")
     for candidate in candidates:
         table.join(candidate, admitted=True)
-    return table.choose(prefix=prefix, rr_counter=rr_counter, load_factor=load_factor, exclude=exclude, needs=needs,
-                        prefer=prefer)
+    return table.choose(
+        prefix=prefix, rr_counter=rr_counter, load_factor=load_factor, exclude=exclude, needs=needs, prefer=prefer
+    )
 
 
 def retry_allowed(*, first_byte_sent: bool, attempts: int, max_attempts: int) -> bool:
@@ -172,7 +177,9 @@ def retry_allowed(*, first_byte_sent: bool, attempts: int, max_attempts: int) ->
 
 
 def _render(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain)[:PREFIX_PART_CHARS]
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain)[
+        :PREFIX_PART_CHARS
+    ]
 
 
 def _plain(value: Any) -> Any:

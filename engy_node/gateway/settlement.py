@@ -214,7 +214,10 @@ class EpochSettlement:
 
     def to_json(self) -> dict[str, list]:
         """Weights and rows as plain JSON values, ready for the canonical `result_json`."""
-        return {"weights": [[hotkey, weight] for hotkey, weight in self.weights], "rows": [row.to_json() for row in self.rows]}
+        return {
+            "weights": [[hotkey, weight] for hotkey, weight in self.weights],
+            "rows": [row.to_json() for row in self.rows],
+        }
 
 
 def nearest_rank_p99(values: Iterable[int]) -> int:
@@ -246,7 +249,12 @@ def _latency_fails(samples: Sequence[int], p99: int | None, ceiling: int, minimu
 
 
 def _row(
-    hotkey: str, model: str, records: Sequence[RequestRecord], *, verdicts: VerdictCounts, terms: ScoringTerms,
+    hotkey: str,
+    model: str,
+    records: Sequence[RequestRecord],
+    *,
+    verdicts: VerdictCounts,
+    terms: ScoringTerms,
     minimums: GateMinimums,
 ) -> RowAggregate:
     statuses = [record.status for record in records]
@@ -342,7 +350,14 @@ def settle_epoch(
         for name in ("score_rate", "qual_ttft_p99_ms", "qual_tpot_p99_ms"):
             _count(f"{model}.{name}", getattr(models[model], name))
     rows = tuple(
-        _row(hotkey, model, by_row[hotkey, model], verdicts=verdicts.get(hotkey, VerdictCounts()), terms=models[model], minimums=minimums)
+        _row(
+            hotkey,
+            model,
+            by_row[hotkey, model],
+            verdicts=verdicts.get(hotkey, VerdictCounts()),
+            terms=models[model],
+            minimums=minimums,
+        )
         for hotkey, model in sorted(by_row, key=lambda row: (order(row[0]), row[1]))
     )
     scores: dict[str, int] = {}

@@ -162,6 +162,7 @@ class LatencyCeilings(Protocol):
 
 # --- validation helpers -------------------------------------------------------------------------
 
+
 def _count(name: str, value: object, *, minimum: int = 0) -> int:
     # bool is an int subclass; a True latency is always a bug.
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -193,6 +194,7 @@ def _verdict(value: object) -> None:
 
 
 # --- observations ---------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkerConnected:
@@ -262,6 +264,7 @@ Observation = WorkerConnected | WorkerDisconnected | ProbeFinished | PaidFinishe
 
 
 # --- policy ---------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TrafficPolicy:
@@ -356,8 +359,15 @@ class TrafficPolicy:
     busy worker's traffic and enough evidence for the breaker on a quiet one."""
 
     def __post_init__(self) -> None:
-        for name in ("min_probes", "max_probes", "failures_in_a_row", "min_requests", "min_slow", "min_verdicts",
-                     "max_window_entries"):
+        for name in (
+            "min_probes",
+            "max_probes",
+            "failures_in_a_row",
+            "min_requests",
+            "min_slow",
+            "min_verdicts",
+            "max_window_entries",
+        ):
             _count(name, getattr(self, name), minimum=1)
         _count("max_unproven_probes", self.max_unproven_probes)
         for name in ("min_success_pct", "max_failure_pct", "max_unproven_pct"):
@@ -377,6 +387,7 @@ class TrafficPolicy:
 
 
 # --- state ----------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ProbeOutcome:
@@ -485,8 +496,13 @@ class Transition:
     code: TransitionCode
 
     def to_json(self) -> dict[str, object]:
-        return {"from": self.from_state.value, "to": self.to_state.value, "reason": self.reason, "at": self.at,
-                "code": self.code}
+        return {
+            "from": self.from_state.value,
+            "to": self.to_state.value,
+            "reason": self.reason,
+            "at": self.at,
+            "code": self.code,
+        }
 
 
 def initial_state(*, miner: str, model: str, now: float, first_party: bool = False) -> TrafficState:
@@ -497,11 +513,22 @@ def initial_state(*, miner: str, model: str, now: float, first_party: bool = Fal
     if not isinstance(first_party, bool):
         raise ValueError(f"first_party must be a bool, got {first_party!r}")
     reason = "configured first-party worker: eligible without qualification" if first_party else "not yet connected"
-    return TrafficState(miner=miner, model=model, state=Eligibility.NEW, since=now, reason=reason, first_party=first_party)
+    return TrafficState(
+        miner=miner, model=model, state=Eligibility.NEW, since=now, reason=reason, first_party=first_party
+    )
 
 
-def resumed_state(*, miner: str, model: str, stored: Eligibility, since: float, reason: str, now: float,
-                  policy: TrafficPolicy = TrafficPolicy(), first_party: bool = False) -> TrafficState:
+def resumed_state(
+    *,
+    miner: str,
+    model: str,
+    stored: Eligibility,
+    since: float,
+    reason: str,
+    now: float,
+    policy: TrafficPolicy = TrafficPolicy(),
+    first_party: bool = False,
+) -> TrafficState:
     """The state of a (miner, model) as a control plane starting up finds it in the store (a
     restarted gateway, or another host of a fleet taking over as leader), not yet connected.
 
@@ -536,7 +563,10 @@ def eligible(state: TrafficState) -> bool:
 
 # --- the decisions ------------------------------------------------------------------------------
 
-def tick(state: TrafficState, *, now: float, policy: TrafficPolicy = TrafficPolicy()) -> tuple[TrafficState, list[Transition]]:
+
+def tick(
+    state: TrafficState, *, now: float, policy: TrafficPolicy = TrafficPolicy()
+) -> tuple[TrafficState, list[Transition]]:
     """The changes time alone makes, at `now`. The shell calls it every few seconds (once a
     second is plenty); `step` calls it first too, so a late tick never lets an observation meet a
     stale state.
@@ -549,19 +579,42 @@ def tick(state: TrafficState, *, now: float, policy: TrafficPolicy = TrafficPoli
     """
     state = _prune(state, now=now, policy=policy)
     if state.state is Eligibility.PULLED and state.connected and state.until is not None and now >= state.until:
-        return _start_round(state, now=now, code="cooldown-over",
-                            reason=f"cooldown over after {_secs(now - state.since)}: qualifying again")
-    if (state.state is Eligibility.ACTIVE and not state.first_party and not state.connected
-            and state.disconnected_at is not None and now - state.disconnected_at >= policy.reconnect_grace_s):
+        return _start_round(
+            state,
+            now=now,
+            code="cooldown-over",
+            reason=f"cooldown over after {_secs(now - state.since)}: qualifying again",
+        )
+    if (
+        state.state is Eligibility.ACTIVE
+        and not state.first_party
+        and not state.connected
+        and state.disconnected_at is not None
+        and now - state.disconnected_at >= policy.reconnect_grace_s
+    ):
         gone = _secs(now - state.disconnected_at)
-        return _move(state, Eligibility.NEW, now=now, code="disconnected",
-                     reason=f"disconnected for {gone} (grace {_secs(policy.reconnect_grace_s)}): must qualify again",
-                     disconnected_at=None, round_started=None, probes=(), served=(), verdicts=())
-    if (state.state is Eligibility.PROBING and state.round_started is not None
-            and now - state.round_started >= policy.round_timeout_s):
+        return _move(
+            state,
+            Eligibility.NEW,
+            now=now,
+            code="disconnected",
+            reason=f"disconnected for {gone} (grace {_secs(policy.reconnect_grace_s)}): must qualify again",
+            disconnected_at=None,
+            round_started=None,
+            probes=(),
+            served=(),
+            verdicts=(),
+        )
+    if (
+        state.state is Eligibility.PROBING
+        and state.round_started is not None
+        and now - state.round_started >= policy.round_timeout_s
+    ):
         tally = _Tally.of(state.probes)
-        detail = (f"did not qualify within {_secs(policy.round_timeout_s)}: {tally.passed}/{policy.min_probes} "
-                  f"verdicts pass, {tally.pending} pending, {tally.finished} probes finished")
+        detail = (
+            f"did not qualify within {_secs(policy.round_timeout_s)}: {tally.passed}/{policy.min_probes} "
+            f"verdicts pass, {tally.pending} pending, {tally.finished} probes finished"
+        )
         return _pull(state, now=now, policy=policy, code="round-timeout", detail=detail)
     return state, []
 
@@ -613,8 +666,9 @@ def step(
     return state, transitions + more
 
 
-def next_probe_at(state: TrafficState, *, now: float, policy: TrafficPolicy = TrafficPolicy(),
-                  rng_value: float) -> float | None:
+def next_probe_at(
+    state: TrafficState, *, now: float, policy: TrafficPolicy = TrafficPolicy(), rng_value: float
+) -> float | None:
     """When the shell should send this worker its next probe, or None for no probe now.
 
     `probing` workers are probed until the round has `max_probes` finished probes; connected
@@ -644,6 +698,7 @@ def next_probe_at(state: TrafficState, *, now: float, policy: TrafficPolicy = Tr
 
 
 # --- probe shapes -------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SamplingShape:
@@ -683,7 +738,13 @@ DEFAULT_SAMPLING_MIX: tuple[SamplingShape, ...] = (
 # model's maximum (`openai_api._max_tokens`). Values past the model's maximum are clamped to it,
 # since a buyer sending more is refused and a probe must look like an accepted request.
 DEFAULT_MAX_TOKENS_MIX: tuple[tuple[int, int | None], ...] = (
-    (30, None), (10, 256), (15, 512), (20, 1024), (10, 2048), (10, 4096), (5, 8192),
+    (30, None),
+    (10, 256),
+    (15, 512),
+    (20, 1024),
+    (10, 2048),
+    (10, 4096),
+    (5, 8192),
 )
 
 PROBE_PLAN_DRAWS = 4
@@ -714,8 +775,9 @@ class BuyerMix:
             raise ValueError(f"stream_pct is a whole percentage, 0 to 100, got {self.stream_pct!r}")
 
 
-def probe_plan(*, corpus: Sequence[str], draws: Sequence[float], max_output_tokens: int,
-               mix: BuyerMix = BuyerMix()) -> ProbePlan:
+def probe_plan(
+    *, corpus: Sequence[str], draws: Sequence[float], max_output_tokens: int, mix: BuyerMix = BuyerMix()
+) -> ProbePlan:
     """A buyer-like probe: a corpus prompt and settings drawn from `mix`.
 
     Args:
@@ -735,7 +797,9 @@ def probe_plan(*, corpus: Sequence[str], draws: Sequence[float], max_output_toke
     if not corpus:
         raise ValueError("the probe corpus is empty; ship at least one prompt")
     if len(draws) != PROBE_PLAN_DRAWS:
-        raise ValueError(f"draws must hold {PROBE_PLAN_DRAWS} values (prompt, max_tokens, sampling, stream), got {len(draws)}")
+        raise ValueError(
+            f"draws must hold {PROBE_PLAN_DRAWS} values (prompt, max_tokens, sampling, stream), got {len(draws)}"
+        )
     for index, value in enumerate(draws):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
             raise ValueError(f"draws[{index}] must be a float in [0, 1), got {value!r}")
@@ -764,26 +828,40 @@ def _weighted(values: list, weights: list[int], draw: float):
 
 # --- internals ------------------------------------------------------------------------------------
 
+
 def _secs(value: float) -> str:
     return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
 
 
-def _move(state: TrafficState, to: Eligibility, *, now: float, code: TransitionCode, reason: str,
-          **changes: object) -> tuple[TrafficState, list[Transition]]:
+def _move(
+    state: TrafficState, to: Eligibility, *, now: float, code: TransitionCode, reason: str, **changes: object
+) -> tuple[TrafficState, list[Transition]]:
     moved = dataclasses.replace(state, state=to, since=now, reason=reason, **changes)
     return moved, [Transition(state.state, to, reason, now, code)]
 
 
-def _report(state: TrafficState, *, now: float, code: TransitionCode, reason: str,
-            **changes: object) -> tuple[TrafficState, list[Transition]]:
+def _report(
+    state: TrafficState, *, now: float, code: TransitionCode, reason: str, **changes: object
+) -> tuple[TrafficState, list[Transition]]:
     reported = dataclasses.replace(state, reason=reason, **changes)
     return reported, [Transition(state.state, state.state, reason, now, code)]
 
 
-def _start_round(state: TrafficState, *, now: float, code: TransitionCode,
-                 reason: str) -> tuple[TrafficState, list[Transition]]:
-    return _move(state, Eligibility.PROBING, now=now, code=code, reason=reason, until=None, round_started=now,
-                 probes=(), served=(), verdicts=())
+def _start_round(
+    state: TrafficState, *, now: float, code: TransitionCode, reason: str
+) -> tuple[TrafficState, list[Transition]]:
+    return _move(
+        state,
+        Eligibility.PROBING,
+        now=now,
+        code=code,
+        reason=reason,
+        until=None,
+        round_started=now,
+        probes=(),
+        served=(),
+        verdicts=(),
+    )
 
 
 def _cooldown(strikes: int, policy: TrafficPolicy) -> float:
@@ -791,26 +869,48 @@ def _cooldown(strikes: int, policy: TrafficPolicy) -> float:
     return min(policy.cooldown_s * 2 ** min(strikes - 1, 32), policy.max_cooldown_s)
 
 
-def _pull(state: TrafficState, *, now: float, policy: TrafficPolicy, code: TransitionCode,
-          detail: str) -> tuple[TrafficState, list[Transition]]:
+def _pull(
+    state: TrafficState, *, now: float, policy: TrafficPolicy, code: TransitionCode, detail: str
+) -> tuple[TrafficState, list[Transition]]:
     """Pull the worker (or report, for a first-party worker or one already pulled)."""
     cheat = code == "cheat"
     if state.first_party:
-        return _report(state, now=now, code=code, reason=f"degraded (first-party, stays eligible): {detail}",
-                       served=(), verdicts=())
+        return _report(
+            state,
+            now=now,
+            code=code,
+            reason=f"degraded (first-party, stays eligible): {detail}",
+            served=(),
+            verdicts=(),
+        )
     if state.state is Eligibility.PULLED:
         # Only a cheat reaches a pulled worker: its cooldown runs to the later of the two ends.
         until = max(state.until if state.until is not None else now, now + policy.cheat_cooldown_s)
-        return _report(state, now=now, code=code, until=until,
-                       reason=f"still pulled: {detail}; cooldown ends in {_secs(until - now)}")
+        return _report(
+            state,
+            now=now,
+            code=code,
+            until=until,
+            reason=f"still pulled: {detail}; cooldown ends in {_secs(until - now)}",
+        )
     fresh = state.state is Eligibility.ACTIVE and now - state.since >= policy.strike_reset_s
     strikes = 1 if fresh else state.strikes + 1
     cooldown = _cooldown(strikes, policy)
     if cheat:
         cooldown = max(cooldown, policy.cheat_cooldown_s)
-    return _move(state, Eligibility.PULLED, now=now, code=code, until=now + cooldown, strikes=strikes,
-                 round_started=None, served=(), verdicts=(), disconnected_at=None,
-                 reason=f"pulled: {detail}; qualifies again after {_secs(cooldown)} (strike {strikes})")
+    return _move(
+        state,
+        Eligibility.PULLED,
+        now=now,
+        code=code,
+        until=now + cooldown,
+        strikes=strikes,
+        round_started=None,
+        served=(),
+        verdicts=(),
+        disconnected_at=None,
+        reason=f"pulled: {detail}; qualifies again after {_secs(cooldown)} (strike {strikes})",
+    )
 
 
 def _prune(state: TrafficState, *, now: float, policy: TrafficPolicy) -> TrafficState:
@@ -829,8 +929,13 @@ def _connected(state: TrafficState, *, now: float, policy: TrafficPolicy) -> tup
     state = dataclasses.replace(state, connected=True, disconnected_at=None)
     if state.state is Eligibility.NEW:
         if state.first_party:
-            return _move(state, Eligibility.ACTIVE, now=now, code="connected",
-                         reason="connected: first-party, eligible without qualification")
+            return _move(
+                state,
+                Eligibility.ACTIVE,
+                now=now,
+                code="connected",
+                reason="connected: first-party, eligible without qualification",
+            )
         return _start_round(state, now=now, code="connected", reason="connected: qualifying with probes")
     if state.state is Eligibility.PULLED:
         # A cooldown that ended while the worker was away: the tick that would have started the
@@ -842,50 +947,78 @@ def _connected(state: TrafficState, *, now: float, policy: TrafficPolicy) -> tup
 def _disconnected(state: TrafficState, *, now: float) -> tuple[TrafficState, list[Transition]]:
     if state.state is Eligibility.PROBING:
         finished = len(state.probes)
-        return _move(state, Eligibility.NEW, now=now, code="disconnected", connected=False, round_started=None,
-                     probes=(), reason=f"disconnected during qualification: round dropped after {finished} probes")
+        return _move(
+            state,
+            Eligibility.NEW,
+            now=now,
+            code="disconnected",
+            connected=False,
+            round_started=None,
+            probes=(),
+            reason=f"disconnected during qualification: round dropped after {finished} probes",
+        )
     if state.state is Eligibility.ACTIVE and state.connected:
         return dataclasses.replace(state, connected=False, disconnected_at=now), []
     return dataclasses.replace(state, connected=False), []
 
 
-def _finished(state: TrafficState, observation: ProbeFinished | PaidFinished, *, now: float, policy: TrafficPolicy,
-              terms: LatencyCeilings) -> tuple[TrafficState, list[Transition]]:
+def _finished(
+    state: TrafficState,
+    observation: ProbeFinished | PaidFinished,
+    *,
+    now: float,
+    policy: TrafficPolicy,
+    terms: LatencyCeilings,
+) -> tuple[TrafficState, list[Transition]]:
     probe = isinstance(observation, ProbeFinished)
     if state.state is Eligibility.PROBING and probe:
         if any(entry.request_id == observation.request_id for entry in state.probes):
             return state, []
         outcome = ProbeOutcome(observation.request_id, observation.ok, observation.ttft_ms, observation.tpot_ms)
-        return _judge_round(dataclasses.replace(state, probes=state.probes + (outcome,)), now=now, policy=policy,
-                            terms=terms)
+        return _judge_round(
+            dataclasses.replace(state, probes=state.probes + (outcome,)), now=now, policy=policy, terms=terms
+        )
     if state.state is Eligibility.ACTIVE:
         entry = Served(observation.request_id, now, observation.ok, observation.ttft_ms, observation.tpot_ms, probe)
-        served = (state.served + (entry,))[-policy.max_window_entries:]
+        served = (state.served + (entry,))[-policy.max_window_entries :]
         return _judge_breaker(dataclasses.replace(state, served=served), now=now, policy=policy, terms=terms)
     # A request that ends after its worker left the state that counts it (pulled, dropped round).
     return state, []
 
 
-def _judged(state: TrafficState, observation: ProbeVerdict | PaidVerdict, *, now: float, policy: TrafficPolicy,
-            terms: LatencyCeilings) -> tuple[TrafficState, list[Transition]]:
+def _judged(
+    state: TrafficState,
+    observation: ProbeVerdict | PaidVerdict,
+    *,
+    now: float,
+    policy: TrafficPolicy,
+    terms: LatencyCeilings,
+) -> tuple[TrafficState, list[Transition]]:
     probe = isinstance(observation, ProbeVerdict)
     in_round = probe and any(entry.request_id == observation.request_id for entry in state.probes)
     if in_round:
-        state = dataclasses.replace(state, probes=tuple(
-            dataclasses.replace(entry, verdict=observation.verdict)
-            if entry.request_id == observation.request_id and (entry.verdict is None or observation.verdict == "cheat")
-            else entry
-            for entry in state.probes))
+        state = dataclasses.replace(
+            state,
+            probes=tuple(
+                dataclasses.replace(entry, verdict=observation.verdict)
+                if entry.request_id == observation.request_id
+                and (entry.verdict is None or observation.verdict == "cheat")
+                else entry
+                for entry in state.probes
+            ),
+        )
     if observation.verdict == "cheat":
         what = "probe" if probe else "request"
-        return _pull(state, now=now, policy=policy, code="cheat", detail=f"cheat verdict on {what} {observation.request_id}")
+        return _pull(
+            state, now=now, policy=policy, code="cheat", detail=f"cheat verdict on {what} {observation.request_id}"
+        )
     if state.state is Eligibility.PROBING and in_round:
         return _judge_round(state, now=now, policy=policy, terms=terms)
     if state.state is Eligibility.ACTIVE and not in_round:
         if any(entry.request_id == observation.request_id for entry in state.verdicts):
             return state, []
         entry = Judged(observation.request_id, now, observation.verdict)
-        verdicts = (state.verdicts + (entry,))[-policy.max_window_entries:]
+        verdicts = (state.verdicts + (entry,))[-policy.max_window_entries :]
         return _judge_breaker(dataclasses.replace(state, verdicts=verdicts), now=now, policy=policy, terms=terms)
     return state, []
 
@@ -903,8 +1036,14 @@ class _Tally:
     def of(cls, probes: Sequence[ProbeOutcome]) -> _Tally:
         verdicts = [probe.verdict for probe in probes]
         ok = sum(1 for probe in probes if probe.ok)
-        return cls(finished=len(probes), ok=ok, passed=verdicts.count("pass"), unproven=verdicts.count("unproven"),
-                   cheat=verdicts.count("cheat"), pending=sum(1 for probe in probes if probe.ok and probe.verdict is None))
+        return cls(
+            finished=len(probes),
+            ok=ok,
+            passed=verdicts.count("pass"),
+            unproven=verdicts.count("unproven"),
+            cheat=verdicts.count("cheat"),
+            pending=sum(1 for probe in probes if probe.ok and probe.verdict is None),
+        )
 
 
 def _p99_tolerance(samples: int) -> int:
@@ -919,8 +1058,9 @@ def _latency_line(name: str, samples: list[int], ceiling: int) -> str:
     return f"{name} p99 {nearest_rank_p99(samples)} ms ≤ {ceiling} ms"
 
 
-def _judge_round(state: TrafficState, *, now: float, policy: TrafficPolicy,
-                 terms: LatencyCeilings) -> tuple[TrafficState, list[Transition]]:
+def _judge_round(
+    state: TrafficState, *, now: float, policy: TrafficPolicy, terms: LatencyCeilings
+) -> tuple[TrafficState, list[Transition]]:
     tally = _Tally.of(state.probes)
     ttft_ceiling, tpot_ceiling = terms.qual_ttft_p99_ms, terms.qual_tpot_p99_ms
     ttft = [probe.ttft_ms for probe in state.probes if probe.ok and probe.ttft_ms is not None]
@@ -935,20 +1075,26 @@ def _judge_round(state: TrafficState, *, now: float, policy: TrafficPolicy,
     lost: str | None = None
     if failed * 100 > (100 - policy.min_success_pct) * final_size:
         allowed = (100 - policy.min_success_pct) * final_size // 100
-        lost = (f"{failed} of {tally.finished} probes failed (last {last}); {policy.min_success_pct} % success "
-                f"over up to {final_size} probes allows {allowed}")
+        lost = (
+            f"{failed} of {tally.finished} probes failed (last {last}); {policy.min_success_pct} % success "
+            f"over up to {final_size} probes allows {allowed}"
+        )
     elif tally.unproven > policy.max_unproven_probes:
         lost = f"{tally.unproven} unproven probe verdicts (tolerates {policy.max_unproven_probes})"
     elif tally.passed + tally.pending + remaining < policy.min_probes:
-        lost = f"at most {tally.passed + tally.pending + remaining} verdicts can still pass of {policy.min_probes} needed"
+        lost = (
+            f"at most {tally.passed + tally.pending + remaining} verdicts can still pass of {policy.min_probes} needed"
+        )
     else:
         for name, samples, ceiling in (("ttft", ttft, ttft_ceiling), ("tpot", tpot, tpot_ceiling)):
             slow = sum(1 for value in samples if value > ceiling)
             allowed = _p99_tolerance(len(samples) + remaining)
             if slow > allowed:
-                lost = (f"{slow} of {len(samples)} probes over the {name} ceiling of {ceiling} ms "
-                        f"(slowest {max(samples)} ms); "
-                        f"a p99 over up to {len(samples) + remaining} probes allows {allowed}")
+                lost = (
+                    f"{slow} of {len(samples)} probes over the {name} ceiling of {ceiling} ms "
+                    f"(slowest {max(samples)} ms); "
+                    f"a p99 over up to {len(samples) + remaining} probes allows {allowed}"
+                )
                 break
     if lost is not None:
         return _pull(state, now=now, policy=policy, code="not-qualified", detail=f"did not qualify: {lost}")
@@ -966,35 +1112,64 @@ def _judge_round(state: TrafficState, *, now: float, policy: TrafficPolicy,
         return state, []
     unproven = f", {tally.unproven} unproven" if tally.unproven else ""
     pending = f", {tally.pending} pending" if tally.pending else ""
-    reason = (f"qualified: {tally.ok}/{tally.finished} probes ok, {tally.passed} verdicts pass{unproven}{pending}, "
-              f"{_latency_line('ttft', ttft, ttft_ceiling)}, {_latency_line('tpot', tpot, tpot_ceiling)}")
-    return _move(state, Eligibility.ACTIVE, now=now, code="qualified", reason=reason, round_started=None,
-                 served=(), verdicts=())
+    reason = (
+        f"qualified: {tally.ok}/{tally.finished} probes ok, {tally.passed} verdicts pass{unproven}{pending}, "
+        f"{_latency_line('ttft', ttft, ttft_ceiling)}, {_latency_line('tpot', tpot, tpot_ceiling)}"
+    )
+    return _move(
+        state, Eligibility.ACTIVE, now=now, code="qualified", reason=reason, round_started=None, served=(), verdicts=()
+    )
 
 
-def _judge_breaker(state: TrafficState, *, now: float, policy: TrafficPolicy,
-                   terms: LatencyCeilings) -> tuple[TrafficState, list[Transition]]:
+def _judge_breaker(
+    state: TrafficState, *, now: float, policy: TrafficPolicy, terms: LatencyCeilings
+) -> tuple[TrafficState, list[Transition]]:
     window = _secs(policy.window_s)
     served = state.served
     failed = sum(1 for entry in served if not entry.ok)
-    streak = served[-policy.failures_in_a_row:]
+    streak = served[-policy.failures_in_a_row :]
     if len(streak) == policy.failures_in_a_row and not any(entry.ok for entry in streak):
-        return _pull(state, now=now, policy=policy, code="failures-in-a-row",
-                     detail=f"{policy.failures_in_a_row} failures in a row within {window} (last {streak[-1].request_id})")
+        return _pull(
+            state,
+            now=now,
+            policy=policy,
+            code="failures-in-a-row",
+            detail=f"{policy.failures_in_a_row} failures in a row within {window} (last {streak[-1].request_id})",
+        )
     if len(served) >= policy.min_requests and failed * 100 > policy.max_failure_pct * len(served):
-        return _pull(state, now=now, policy=policy, code="failure-rate",
-                     detail=f"{failed}/{len(served)} requests failed within {window} (over {policy.max_failure_pct} %)")
-    for code, name, ceiling in (("slow-ttft", "ttft", terms.qual_ttft_p99_ms), ("slow-tpot", "tpot", terms.qual_tpot_p99_ms)):
-        samples = [getattr(entry, f"{name}_ms") for entry in served if entry.ok and getattr(entry, f"{name}_ms") is not None]
+        return _pull(
+            state,
+            now=now,
+            policy=policy,
+            code="failure-rate",
+            detail=f"{failed}/{len(served)} requests failed within {window} (over {policy.max_failure_pct} %)",
+        )
+    for code, name, ceiling in (
+        ("slow-ttft", "ttft", terms.qual_ttft_p99_ms),
+        ("slow-tpot", "tpot", terms.qual_tpot_p99_ms),
+    ):
+        samples = [
+            getattr(entry, f"{name}_ms") for entry in served if entry.ok and getattr(entry, f"{name}_ms") is not None
+        ]
         slow = sum(1 for value in samples if value > ceiling)
         if slow >= policy.min_slow and nearest_rank_p99(samples) > ceiling:
-            return _pull(state, now=now, policy=policy, code=code,
-                         detail=f"{name} p99 {nearest_rank_p99(samples)} ms > {ceiling} ms over {len(samples)} requests "
-                                f"within {window} ({slow} slow)")
+            return _pull(
+                state,
+                now=now,
+                policy=policy,
+                code=code,
+                detail=f"{name} p99 {nearest_rank_p99(samples)} ms > {ceiling} ms over {len(samples)} requests "
+                f"within {window} ({slow} slow)",
+            )
     judged = len(state.verdicts)
     unproven = sum(1 for entry in state.verdicts if entry.verdict == "unproven")
     if judged >= policy.min_verdicts and unproven * 100 > policy.max_unproven_pct * judged:
-        return _pull(state, now=now, policy=policy, code="unproven-rate",
-                     detail=f"{unproven}/{judged} verdicts unproven within {_secs(policy.verdict_window_s)} "
-                            f"(over {policy.max_unproven_pct} %)")
+        return _pull(
+            state,
+            now=now,
+            policy=policy,
+            code="unproven-rate",
+            detail=f"{unproven}/{judged} verdicts unproven within {_secs(policy.verdict_window_s)} "
+            f"(over {policy.max_unproven_pct} %)",
+        )
     return state, []

@@ -54,24 +54,50 @@ class TrustPlane:
     leadership: Leadership | None = None
 
     @classmethod
-    def first_process(cls, config: Config, *, store: Store, models: dict[str, ServedModel], hub: Hub,
-                      link_token: str | None, leadership: Leadership | None = None) -> TrustPlane:
+    def first_process(
+        cls,
+        config: Config,
+        *,
+        store: Store,
+        models: dict[str, ServedModel],
+        hub: Hub,
+        link_token: str | None,
+        leadership: Leadership | None = None,
+    ) -> TrustPlane:
         """`leadership`: this host's claim on the fleet's leader lease (None: alone on its store);
         only the leader closes epochs and runs traffic control."""
         settings = config.gateway
-        desk = AuditDesk(queue=AuditQueue(lease_s=settings.audit_lease_s, ttl_s=settings.proof_tee_ttl_s,
-                                          max_jobs=settings.proof_tee_max_entries), store=store)
-        publisher = EpochPublisher(
-            store=store, clock=EpochClock(settings.epoch_genesis, settings.epoch_s, settings.epoch_grace_s),
-            netuid=config.node.netuid, master=_master_keypair(config), owner_hotkey=settings.owner_hotkey,
-            models={model_id: model.spec for model_id, model in models.items()},
-            minimums=GateMinimums(*(settings.gate_min_samples,) * 3), hub=hub, leadership=leadership,
+        desk = AuditDesk(
+            queue=AuditQueue(
+                lease_s=settings.audit_lease_s, ttl_s=settings.proof_tee_ttl_s, max_jobs=settings.proof_tee_max_entries
+            ),
+            store=store,
         )
-        api = ProviderApi(desk=desk, store=store, netuid=config.node.netuid, verifiers=frozenset(comma_list(settings.verifiers)),
-                          current_epoch=publisher.current)
-        plane = cls(audit=desk, eligible=lambda miner, model: True,
-                    services=[desk.run, publisher.run, functools.partial(_publish_audit_counts, desk, hub)],
-                    provider_app=build_provider_app(api), leadership=leadership)
+        publisher = EpochPublisher(
+            store=store,
+            clock=EpochClock(settings.epoch_genesis, settings.epoch_s, settings.epoch_grace_s),
+            netuid=config.node.netuid,
+            master=_master_keypair(config),
+            owner_hotkey=settings.owner_hotkey,
+            models={model_id: model.spec for model_id, model in models.items()},
+            minimums=GateMinimums(*(settings.gate_min_samples,) * 3),
+            hub=hub,
+            leadership=leadership,
+        )
+        api = ProviderApi(
+            desk=desk,
+            store=store,
+            netuid=config.node.netuid,
+            verifiers=frozenset(comma_list(settings.verifiers)),
+            current_epoch=publisher.current,
+        )
+        plane = cls(
+            audit=desk,
+            eligible=lambda miner, model: True,
+            services=[desk.run, publisher.run, functools.partial(_publish_audit_counts, desk, hub)],
+            provider_app=build_provider_app(api),
+            leadership=leadership,
+        )
         if leadership is not None:
             plane.services.insert(0, leadership.run)
         if link_token is not None:
@@ -93,12 +119,17 @@ class TrustPlane:
         try:
             corpus = load_probe_corpus(Path(settings.probe_corpus).expanduser() if settings.probe_corpus else None)
         except (OSError, ValueError) as error:
-            raise ConfigError(f"gateway.probe_corpus: {error}; fix the file or leave the setting empty for the "
-                              "shipped corpus") from None
+            raise ConfigError(
+                f"gateway.probe_corpus: {error}; fix the file or leave the setting empty for the shipped corpus"
+            ) from None
 
         async def send_probe(miner: str, model: str, plan: ProbePlan, prompt: ProbePrompt) -> None:
-            body: dict = {"model": model, "messages": [dict(message) for message in prompt.messages],
-                          "max_tokens": plan.max_tokens, "stream": plan.stream}
+            body: dict = {
+                "model": model,
+                "messages": [dict(message) for message in prompt.messages],
+                "max_tokens": plan.max_tokens,
+                "stream": plan.stream,
+            }
             if plan.temperature is not None:
                 body["temperature"] = plan.temperature
             if plan.top_p is not None:
@@ -110,12 +141,19 @@ class TrustPlane:
 
         def new_control() -> control_plane.TrafficControl:
             return control_plane.TrafficControl(
-                store=store, connected=gateway.pool.connected,
+                store=store,
+                connected=gateway.pool.connected,
                 models={model_id: model.spec for model_id, model in gateway.models.items()},
-                send_probe=send_probe, hub=hub, corpus=corpus,
-                max_probe_tokens=settings.probe_max_tokens, probe_concurrency=settings.probe_concurrency,
-                policy=control_plane.scaled_policy(time_scale=settings.traffic_time_scale, qualify_probes=settings.qualify_probes),
-                first_party=frozenset(comma_list(settings.first_party)), rng=random.SystemRandom(),
+                send_probe=send_probe,
+                hub=hub,
+                corpus=corpus,
+                max_probe_tokens=settings.probe_max_tokens,
+                probe_concurrency=settings.probe_concurrency,
+                policy=control_plane.scaled_policy(
+                    time_scale=settings.traffic_time_scale, qualify_probes=settings.qualify_probes
+                ),
+                first_party=frozenset(comma_list(settings.first_party)),
+                rng=random.SystemRandom(),
             )
 
         leadership = self.leadership
@@ -158,7 +196,9 @@ class TrustPlane:
 def _cheat_bans(config: Config, store: Store) -> control_plane.CheatBans:
     settings = config.gateway
     policy = control_plane.scaled_policy(time_scale=settings.traffic_time_scale, qualify_probes=settings.qualify_probes)
-    return control_plane.CheatBans(store, cooldown_s=policy.cheat_cooldown_s, first_party=frozenset(comma_list(settings.first_party)))
+    return control_plane.CheatBans(
+        store, cooldown_s=policy.cheat_cooldown_s, first_party=frozenset(comma_list(settings.first_party))
+    )
 
 
 def _master_keypair(config: Config):
@@ -180,11 +220,14 @@ async def _publish_audit_counts(desk: AuditDesk, hub: Hub, *, task_status=trio.T
         await trio.sleep(AUDIT_COUNTS_S)
 
 
-async def _run_local_verifier(desk: AuditDesk, models: dict[str, ServedModel], *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def _run_local_verifier(
+    desk: AuditDesk, models: dict[str, ServedModel], *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
     from engy_node.verifier import DeskAuditSource, Judge, Verifier
 
     # One thread: this verifier shares the machine with the gateway and, on a local network, the miners' model servers.
-    judge = Judge({model_id: model.checkpoint for model_id, model in models.items()}, device="cpu", dtype="float32", threads=1)
+    judge = Judge(
+        {model_id: model.checkpoint for model_id, model in models.items()}, device="cpu", dtype="float32", threads=1
+    )
     log.info("judging audit jobs inside the gateway (gateway.local_verifier)")
     await Verifier(DeskAuditSource(desk), judge.judge).run(task_status=task_status)
-

@@ -38,8 +38,18 @@ from typing import Any
 
 from engy_node.gateway.chat import GatewayError
 
-NO_RETRY_KINDS = frozenset({"invalid_request", "authentication", "billing", "permission", "not_found", "method_not_allowed",
-                            "unsupported_media_type", "request_too_large"})
+NO_RETRY_KINDS = frozenset(
+    {
+        "invalid_request",
+        "authentication",
+        "billing",
+        "permission",
+        "not_found",
+        "method_not_allowed",
+        "unsupported_media_type",
+        "request_too_large",
+    }
+)
 """Kinds where the buyer must change something first: `x-should-retry: false` stops SDK retries."""
 
 
@@ -168,8 +178,9 @@ class FieldChecks:
             raise GatewayError("not_found", self.unknown_model.format(model=value), param="model")
         return value
 
-    def items(self, value: Any, *, param: str, non_empty: bool = False,
-              complaint: str | None = None) -> list[tuple[str, Any]]:
+    def items(
+        self, value: Any, *, param: str, non_empty: bool = False, complaint: str | None = None
+    ) -> list[tuple[str, Any]]:
         """`(path, item)` for each item of the list at `param`, the paths in this API's notation.
 
         A value that is not a list (or, with `non_empty`, an empty list) is refused with
@@ -179,15 +190,22 @@ class FieldChecks:
             raise self.invalid(param=param, complaint=complaint or f"must be a {'non-empty ' if non_empty else ''}list")
         return [(self.item_path.format(param=param, index=index), item) for index, item in enumerate(value)]
 
-    def tools(self, value: Any, *, function_spec: Callable[[Any, str], dict[str, Any]]) -> tuple[dict[str, Any], ...] | None:
+    def tools(
+        self, value: Any, *, function_spec: Callable[[Any, str], dict[str, Any]]
+    ) -> tuple[dict[str, Any], ...] | None:
         """The buyer's tools as OpenAI function tools (what chat templates render), None for none.
 
         `function_spec(tool, path)` checks one tool in the API's own shape and returns its
         function spec (`name`, optional `description`, `parameters`). An empty list is no tools."""
         if value is None:
             return None
-        return tuple({"type": "function", "function": function_spec(tool, path)}
-                     for path, tool in self.items(value, param="tools")) or None
+        return (
+            tuple(
+                {"type": "function", "function": function_spec(tool, path)}
+                for path, tool in self.items(value, param="tools")
+            )
+            or None
+        )
 
     def json_object(self, value: Any, *, param: str) -> Mapping[str, Any]:
         if not isinstance(value, Mapping):
@@ -204,7 +222,9 @@ class FieldChecks:
     def string(self, value: Any, *, param: str, non_empty: bool = False, complaint: str | None = None) -> str:
         """A string (a non-empty one with `non_empty`); `complaint` replaces "must be a (non-empty) string"."""
         if not isinstance(value, str) or (non_empty and not value):
-            raise self.invalid(param=param, complaint=complaint or f"must be a {'non-empty ' if non_empty else ''}string")
+            raise self.invalid(
+                param=param, complaint=complaint or f"must be a {'non-empty ' if non_empty else ''}string"
+            )
         return value
 
     def optional_bool(self, value: Any, *, param: str) -> bool | None:
@@ -217,7 +237,9 @@ class FieldChecks:
             return None
         if not (_is_number(value) and (low < value if low_open else low <= value) and value <= high):
             bound = "greater than" if low_open else "at least"
-            raise self.invalid(param=param, complaint=f"must be a number {bound} {low:g} and at most {high:g}, got {value!r}")
+            raise self.invalid(
+                param=param, complaint=f"must be a number {bound} {low:g} and at most {high:g}, got {value!r}"
+            )
         return float(value)
 
     def temperature(self, value: Any, *, maximum: float) -> float | None:
@@ -237,7 +259,9 @@ class FieldChecks:
             return ()
         stops = [value] if accept_string and isinstance(value, str) else value
         if not isinstance(stops, list) or not all(isinstance(stop, str) and stop for stop in stops):
-            shape = "a non-empty string or a list of non-empty strings" if accept_string else "a list of non-empty strings"
+            shape = (
+                "a non-empty string or a list of non-empty strings" if accept_string else "a list of non-empty strings"
+            )
             raise self.invalid(param=param, complaint=f"must be {shape}")
         if len(stops) > max_count:
             raise self.invalid(param=param, complaint=f"takes at most {max_count} sequences, got {len(stops)}")

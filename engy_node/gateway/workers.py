@@ -67,9 +67,27 @@ LISTEN_BACKLOG = 1024
 ACCEPT_PAUSE_S = 0.1
 ACCEPT_PAUSE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 """Accept failures that mean "out of resources right now": pause instead of spinning or dying."""
-ACCEPT_IGNORED_ERRNOS = frozenset(getattr(errno, name) for name in (
-    "EPERM", "ECONNABORTED", "EPROTO", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN", "ENONET", "EHOSTUNREACH", "EOPNOTSUPP",
-    "ENETUNREACH", "ENOSR", "ESOCKTNOSUPPORT", "EPROTONOSUPPORT", "ETIMEDOUT", "ECONNRESET") if hasattr(errno, name))
+ACCEPT_IGNORED_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "EPERM",
+        "ECONNABORTED",
+        "EPROTO",
+        "ENETDOWN",
+        "ENOPROTOOPT",
+        "EHOSTDOWN",
+        "ENONET",
+        "EHOSTUNREACH",
+        "EOPNOTSUPP",
+        "ENETUNREACH",
+        "ENOSR",
+        "ESOCKTNOSUPPORT",
+        "EPROTONOSUPPORT",
+        "ETIMEDOUT",
+        "ECONNRESET",
+    )
+    if hasattr(errno, name)
+)
 """Accept failures that concern only the connection being accepted (as trio's own listener)."""
 WORKER_START_TIMEOUT_S = 300.0
 """A worker loads every served model's tokenizer before it serves; a cold disk can be slow."""
@@ -123,7 +141,9 @@ class Seat:
 
     def buyer_socket(self) -> socket.socket:
         """This worker's own listening socket on the buyer port."""
-        return _listen(self.buyer_host, self.buyer_port, what="buyer API", flag="--port / gateway.port", reuse_port=True)
+        return _listen(
+            self.buyer_host, self.buyer_port, what="buyer API", flag="--port / gateway.port", reuse_port=True
+        )
 
 
 class SharedSockets:
@@ -141,7 +161,9 @@ class SharedSockets:
     def bind(cls, settings: GatewaySection) -> SharedSockets:
         buyer = _listen(settings.host, settings.port, what="buyer API", flag="--port / gateway.port", reuse_port=True)
         try:
-            miner = _listen(settings.host, settings.miner_port, what="miner endpoint", flag="--miner-port / gateway.miner_port")
+            miner = _listen(
+                settings.host, settings.miner_port, what="miner endpoint", flag="--miner-port / gateway.miner_port"
+            )
         except BaseException:
             buyer.close()
             raise
@@ -157,8 +179,15 @@ class SharedSockets:
     def seat(self, index: int) -> Seat:
         buyer_host, buyer_port = self.buyer_address
         host, port = self.miner.getsockname()[:2]
-        return Seat(index=index, workers=self.workers, buyer_host=buyer_host, buyer_port=buyer_port, miner_fd=self.miner.fileno(),
-                    miner_url=f"ws://{f'[{host}]' if ':' in host else host}:{port}/gw", token=self.token)
+        return Seat(
+            index=index,
+            workers=self.workers,
+            buyer_host=buyer_host,
+            buyer_port=buyer_port,
+            miner_fd=self.miner.fileno(),
+            miner_url=f"ws://{f'[{host}]' if ':' in host else host}:{port}/gw",
+            token=self.token,
+        )
 
     def close(self) -> None:
         if self.buyer is not None:
@@ -168,11 +197,17 @@ class SharedSockets:
 
 def _listen(host: str, port: int, *, what: str, flag: str, reuse_port: bool = False) -> socket.socket:
     try:
-        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                    backlog=LISTEN_BACKLOG, reuse_port=reuse_port)
+        return socket.create_server(
+            (host, port),
+            family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+            backlog=LISTEN_BACKLOG,
+            reuse_port=reuse_port,
+        )
     except OSError as error:
-        raise ConfigError(f"cannot listen for the {what} on {host}:{port} ({error.strerror or error}); "
-                          f"stop whatever uses that port or choose another with {flag}") from None
+        raise ConfigError(
+            f"cannot listen for the {what} on {host}:{port} ({error.strerror or error}); "
+            f"stop whatever uses that port or choose another with {flag}"
+        ) from None
 
 
 def own_copy(fd: int) -> socket.socket:
@@ -181,8 +216,9 @@ def own_copy(fd: int) -> socket.socket:
     return socket.socket(fileno=os.dup(fd))
 
 
-async def peek_request_line(connection: trio.socket.SocketType, *, timeout_s: float,
-                            max_bytes: int = REQUEST_LINE_MAX_BYTES) -> bytes | None:
+async def peek_request_line(
+    connection: trio.socket.SocketType, *, timeout_s: float, max_bytes: int = REQUEST_LINE_MAX_BYTES
+) -> bytes | None:
     """The connection's first line, read without consuming it; None if it closes or stays silent."""
     with trio.move_on_after(timeout_s):
         while True:
@@ -205,8 +241,9 @@ class MinerListener(trio.abc.Listener[trio.SocketStream]):
     """This worker's miner connections: those it accepts that name it (or no worker), and those
     other workers pass to it. `run` must be running for `accept` to yield anything."""
 
-    def __init__(self, seat: Seat, *, peek_timeout_s: float = PEEK_TIMEOUT_S, fleet_offset: int = 0,
-                 fleet_legs: int = 0) -> None:
+    def __init__(
+        self, seat: Seat, *, peek_timeout_s: float = PEEK_TIMEOUT_S, fleet_offset: int = 0, fleet_legs: int = 0
+    ) -> None:
         self.seat = seat
         self.peek_timeout_s = peek_timeout_s
         self.fleet_offset = fleet_offset
@@ -264,7 +301,11 @@ class MinerListener(trio.abc.Listener[trio.SocketStream]):
                     continue
                 if error.errno not in ACCEPT_PAUSE_ERRNOS:
                     raise
-                log.error("cannot accept miner connections (%s); pausing %.0f ms", os.strerror(error.errno), ACCEPT_PAUSE_S * 1000)
+                log.error(
+                    "cannot accept miner connections (%s); pausing %.0f ms",
+                    os.strerror(error.errno),
+                    ACCEPT_PAUSE_S * 1000,
+                )
                 await trio.sleep(ACCEPT_PAUSE_S)
                 continue
             nursery.start_soon(self._route, connection)
@@ -275,7 +316,9 @@ class MinerListener(trio.abc.Listener[trio.SocketStream]):
             if line is None:
                 connection.close()
                 return
-            target = leg_worker(line, workers=self.seat.workers, fleet_offset=self.fleet_offset, fleet_legs=self.fleet_legs)
+            target = leg_worker(
+                line, workers=self.seat.workers, fleet_offset=self.fleet_offset, fleet_legs=self.fleet_legs
+            )
             if target is not None and target != self.seat.index:
                 # Passed on, or refused: a leg served by the wrong worker would stay there, and
                 # the buyers of the worker it names would find no miner. Refused, the miner
@@ -300,14 +343,20 @@ class MinerListener(trio.abc.Listener[trio.SocketStream]):
                 self._outbox.sendmsg([b"c"], descriptors, 0, self.seat.inbox(target))
             except BlockingIOError:
                 if trio.current_time() >= deadline:
-                    log.warning("gateway worker %d did not take a miner leg within %.0f s; closed it (the miner re-dials)",
-                                target, PASS_TIMEOUT_S)
+                    log.warning(
+                        "gateway worker %d did not take a miner leg within %.0f s; closed it (the miner re-dials)",
+                        target,
+                        PASS_TIMEOUT_S,
+                    )
                     return False
                 await trio.sleep(PASS_RETRY_S)
                 continue
             except OSError as error:
-                log.info("gateway worker %d cannot take a miner leg now (%s); closed it (the miner re-dials)",
-                         target, error.strerror or error)
+                log.info(
+                    "gateway worker %d cannot take a miner leg now (%s); closed it (the miner re-dials)",
+                    target,
+                    error.strerror or error,
+                )
                 return False
             self.passed += 1
             return True
@@ -317,7 +366,8 @@ class MinerListener(trio.abc.Listener[trio.SocketStream]):
         own_uid = os.getuid()
         while True:
             _, ancillary, _, _ = await self._inbox.recvmsg(
-                1, socket.CMSG_SPACE(4 * item) + socket.CMSG_SPACE(struct.calcsize("3i")))
+                1, socket.CMSG_SPACE(4 * item) + socket.CMSG_SPACE(struct.calcsize("3i"))
+            )
             descriptors, sender_uid = array.array("i"), None
             for level, kind, data in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -329,8 +379,12 @@ class MinerListener(trio.abc.Listener[trio.SocketStream]):
                 if connection is None:
                     if sender_uid != own_uid:
                         os.close(fd)
-                    log.warning("ignored a descriptor handed to gateway worker %d that is not a miner connection "
-                                "(sender uid %s)", self.seat.index, sender_uid)
+                    log.warning(
+                        "ignored a descriptor handed to gateway worker %d that is not a miner connection "
+                        "(sender uid %s)",
+                        self.seat.index,
+                        sender_uid,
+                    )
                     continue
                 self.received += 1
                 await self._hand_over(connection)
@@ -357,9 +411,11 @@ def _stream_socket(fd: int) -> trio.socket.SocketType | None:
     return trio.socket.from_stdlib_socket(plain)
 
 
-LEG_REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-type: application/json\r\n"
-               b"content-length: 62\r\nconnection: close\r\n\r\n"
-               b'{"error":"this gateway worker is restarting; re-dial shortly"}')
+LEG_REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-type: application/json\r\n"
+    b"content-length: 62\r\nconnection: close\r\n\r\n"
+    b'{"error":"this gateway worker is restarting; re-dial shortly"}'
+)
 """What a miner hears when the worker its leg names cannot take it: an answer to its handshake,
 which its websocket client reports at once. A connection closed mid-handshake without one makes
 trio-websocket wait out its whole connect timeout (15 s) before it re-dials."""
@@ -382,18 +438,31 @@ async def run_worker_process(config: Config, seat: Seat, *, task_status=trio.TAS
         async with trio.open_nursery() as nursery:
             # Its own session: a Ctrl-C in the terminal reaches the first process only, which
             # then stops this one (SIGTERM; SIGKILL once its drain and WORKER_STOP_MARGIN_S are past).
-            process = await nursery.start(functools.partial(
-                trio.run_process, command, stdin=document, stdout=subprocess.PIPE, check=False,
-                pass_fds=(seat.miner_fd,), start_new_session=True, deliver_cancel=stop))
+            process = await nursery.start(
+                functools.partial(
+                    trio.run_process,
+                    command,
+                    stdin=document,
+                    stdout=subprocess.PIPE,
+                    check=False,
+                    pass_fds=(seat.miner_fd,),
+                    start_new_session=True,
+                    deliver_cancel=stop,
+                )
+            )
             ready = await _read_ready(process.stdout)
             if not ready:
                 if ready is None:
-                    log.error("gateway worker %d did not serve within %.0f s; stopping it", seat.index, WORKER_START_TIMEOUT_S)
+                    log.error(
+                        "gateway worker %d did not serve within %.0f s; stopping it", seat.index, WORKER_START_TIMEOUT_S
+                    )
                     await stop(process)
                 await process.wait()
                 if not served_before:
-                    raise RoleError(f"gateway worker {seat.index} exited before it served (exit status {process.returncode}); "
-                                    "its error is logged above")
+                    raise RoleError(
+                        f"gateway worker {seat.index} exited before it served (exit status {process.returncode}); "
+                        "its error is logged above"
+                    )
             elif not served_before:
                 served_before = True
                 task_status.started()
@@ -401,7 +470,9 @@ async def run_worker_process(config: Config, seat: Seat, *, task_status=trio.TAS
                 log.info("gateway worker %d serves again (pid %d)", seat.index, process.pid)
         failures = 0 if trio.current_time() - began >= STABLE_RUN_S else failures + 1
         pause = RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)]
-        log.error("gateway worker %d exited (status %s); restarting it in %.0f s", seat.index, process.returncode, pause)
+        log.error(
+            "gateway worker %d exited (status %s); restarting it in %.0f s", seat.index, process.returncode, pause
+        )
         await trio.sleep(pause)
 
 

@@ -21,8 +21,10 @@ def format_status(status: Mapping[str, Any], *, now: float | None = None) -> str
     names = _hotkey_names(node)
     if "network" in states:
         network = _map(states["network"])
-        lines += [f"buyer API  {_show(network.get('buyer_api'))}   (key in {_show(network.get('details'))})",
-                  f"provider   {_show(network.get('provider_api'))} · miners dial {_show(network.get('miner_ws'))}"]
+        lines += [
+            f"buyer API  {_show(network.get('buyer_api'))}   (key in {_show(network.get('details'))})",
+            f"provider   {_show(network.get('provider_api'))} · miners dial {_show(network.get('miner_ws'))}",
+        ]
     if "chain" in states:
         lines += _chain(_map(states["chain"]), names)
     if "validator" in states:
@@ -36,13 +38,19 @@ def format_status(status: Mapping[str, Any], *, now: float | None = None) -> str
     if "verifier" in states:
         verifier = _map(states["verifier"])
         verdicts = _map(verifier.get("verdicts"))
-        tally = ", ".join(f"{kind} {count}" for kind, count in sorted(verdicts.items(), key=lambda item: str(item[0]))) or "none yet"
+        tally = (
+            ", ".join(f"{kind} {count}" for kind, count in sorted(verdicts.items(), key=lambda item: str(item[0])))
+            or "none yet"
+        )
         lines += ["", f"verifier   {_show(verifier.get('state'))}; verdicts: {tally}"]
     if "traffic_generator" in states:
         demo = _map(states["traffic_generator"])
-        lines += ["", f"demo traffic  {'paused' if demo.get('paused') else 'running'}: {_show(demo.get('sent'), '0')} sent, "
-                      f"{_show(demo.get('succeeded'), '0')} ok, {_show(demo.get('failed'), '0')} failed"
-                      + (f" (last error: {demo['last_error']})" if demo.get("last_error") and demo.get("failed") else "")]
+        lines += [
+            "",
+            f"demo traffic  {'paused' if demo.get('paused') else 'running'}: {_show(demo.get('sent'), '0')} sent, "
+            f"{_show(demo.get('succeeded'), '0')} ok, {_show(demo.get('failed'), '0')} failed"
+            + (f" (last error: {demo['last_error']})" if demo.get("last_error") and demo.get("failed") else ""),
+        ]
     return "\n".join(lines)
 
 
@@ -52,8 +60,11 @@ def _gateway(gateway: Mapping[str, Any]) -> list[str]:
     legs = _list(gateway.get("legs"))
     cache = _map(gateway.get("prompt_cache"))
     rate = cache.get("hit_rate")
-    hit = (f"{100 * rate:.1f} % of {cache.get('prompt_tokens')} prompt tokens from the miners' caches"
-           if isinstance(rate, (int, float)) else "no prompts settled yet")
+    hit = (
+        f"{100 * rate:.1f} % of {cache.get('prompt_tokens')} prompt tokens from the miners' caches"
+        if isinstance(rate, (int, float))
+        else "no prompts settled yet"
+    )
     return ["", f"gateway    {_show(gateway.get('state'))}; {len(legs)} miner leg(s); prefix cache: {hit}"]
 
 
@@ -76,35 +87,52 @@ def _who(hotkey: Any, names: Mapping[str, str]) -> str:
 
 
 def _chain(chain: Mapping[str, Any], names: Mapping[str, str]) -> list[str]:
-    lines = ["", f"chain      {_show(chain.get('network'))}, netuid {_show(chain.get('netuid'))}, block {_show(chain.get('block'))}"
-                 f" ({_show(chain.get('block_time_s'))} s blocks), tempo {_show(chain.get('tempo'))}, "
-                 f"epochs run {_show(chain.get('epochs_run'))}"]
+    lines = [
+        "",
+        f"chain      {_show(chain.get('network'))}, netuid {_show(chain.get('netuid'))}, block {_show(chain.get('block'))}"
+        f" ({_show(chain.get('block_time_s'))} s blocks), tempo {_show(chain.get('tempo'))}, "
+        f"epochs run {_show(chain.get('epochs_run'))}",
+    ]
     neurons = [_map(neuron) for neuron in _list(chain.get("neurons"))]
     if neurons:
-        lines.append(f"  {'uid':>3}  {'name':<12} {'stake':>10}  {'permit':<6} {'last_update':>11}  {'incentive':>9}  {'emission':>10}")
+        lines.append(
+            f"  {'uid':>3}  {'name':<12} {'stake':>10}  {'permit':<6} {'last_update':>11}  {'incentive':>9}  {'emission':>10}"
+        )
         for neuron in neurons:
-            lines.append(f"  {_show(neuron.get('uid')):>3}  {_who(neuron.get('hotkey'), names):<12} {_num(neuron.get('stake')):>10}  "
-                         f"{'yes' if neuron.get('permit') else 'no':<6} {_show(neuron.get('last_update')):>11}  "
-                         f"{_num(neuron.get('incentive'), 4):>9}  {_num(neuron.get('emission'), 4):>10}")
+            lines.append(
+                f"  {_show(neuron.get('uid')):>3}  {_who(neuron.get('hotkey'), names):<12} {_num(neuron.get('stake')):>10}  "
+                f"{'yes' if neuron.get('permit') else 'no':<6} {_show(neuron.get('last_update')):>11}  "
+                f"{_num(neuron.get('incentive'), 4):>9}  {_num(neuron.get('emission'), 4):>10}"
+            )
     weights = _map(chain.get("weights"))
     for validator_uid, row in sorted(weights.items(), key=lambda item: str(item[0])):
-        shown = ", ".join(f"uid {uid}: {_show(value)}" for uid, value in sorted(_map(row).items(), key=lambda item: str(item[0])))
+        shown = ", ".join(
+            f"uid {uid}: {_show(value)}" for uid, value in sorted(_map(row).items(), key=lambda item: str(item[0]))
+        )
         lines.append(f"  weights on chain from uid {validator_uid}: {shown or 'none'}")
     return lines
 
 
 def _validator(validator: Mapping[str, Any], names: Mapping[str, str], now: float) -> list[str]:
     permit = validator.get("permit")
-    lines = ["", f"validator  {_who(validator.get('hotkey'), names)} uid {_show(validator.get('uid'))}, "
-                 f"permit {'yes' if permit else 'no' if permit is not None else 'n/a'}, provider {_show(validator.get('provider'))}"]
+    lines = [
+        "",
+        f"validator  {_who(validator.get('hotkey'), names)} uid {_show(validator.get('uid'))}, "
+        f"permit {'yes' if permit else 'no' if permit is not None else 'n/a'}, provider {_show(validator.get('provider'))}",
+    ]
     applied = validator.get("last_applied")
     if applied is None:
         lines.append("  nothing submitted yet")
     else:
         since = validator.get("blocks_since_submit")
-        lines.append(f"  epoch {applied} on chain, last submit at block {_show(validator.get('last_submit_block'))}"
-                     + (f" ({since} blocks ago, next resubmit in {_show(validator.get('next_resubmit_in_blocks'))} blocks)"
-                        if since is not None else ""))
+        lines.append(
+            f"  epoch {applied} on chain, last submit at block {_show(validator.get('last_submit_block'))}"
+            + (
+                f" ({since} blocks ago, next resubmit in {_show(validator.get('next_resubmit_in_blocks'))} blocks)"
+                if since is not None
+                else ""
+            )
+        )
     tick = _elapsed(now, validator.get("last_tick"))
     if tick is not None:
         lines.append(f"  last tick {tick} ago: {_show(validator.get('last_outcome'))}")
@@ -112,13 +140,19 @@ def _validator(validator: Mapping[str, Any], names: Mapping[str, str], now: floa
 
 
 def _epochs(epochs: Mapping[str, Any], names: Mapping[str, str]) -> list[str]:
-    weights = [(pair[0], pair[1]) for pair in _list(epochs.get("weights"))
-               if isinstance(pair, (list, tuple)) and len(pair) == 2 and _is_number(pair[1])]
+    weights = [
+        (pair[0], pair[1])
+        for pair in _list(epochs.get("weights"))
+        if isinstance(pair, (list, tuple)) and len(pair) == 2 and _is_number(pair[1])
+    ]
     total = sum(weight for _, weight in weights) or 1
     shown = ", ".join(f"{_who(hotkey, names)} {_share(weight, total)}" for hotkey, weight in weights)
     digest = epochs.get("digest")
     digest = digest if isinstance(digest, str) else ""
-    return ["", f"epoch      latest published {_show(epochs.get('latest'))} (digest {digest[:12]}…): {shown or 'no weights'}"]
+    return [
+        "",
+        f"epoch      latest published {_show(epochs.get('latest'))} (digest {digest[:12]}…): {shown or 'no weights'}",
+    ]
 
 
 def _miners(traffic: Mapping[str, Any], names: Mapping[str, str], now: float) -> list[str]:
@@ -129,8 +163,10 @@ def _miners(traffic: Mapping[str, Any], names: Mapping[str, str], now: float) ->
     for worker in workers:
         since = _elapsed(now, worker.get("since"))
         age = f" for {since}" if since is not None else ""
-        lines.append(f"  {_who(worker.get('miner'), names):<12} {_show(worker.get('model')):<14} {_show(worker.get('state'))}{age}: "
-                     f"{_show(worker.get('reason'), '')}")
+        lines.append(
+            f"  {_who(worker.get('miner'), names):<12} {_show(worker.get('model')):<14} {_show(worker.get('state'))}{age}: "
+            f"{_show(worker.get('reason'), '')}"
+        )
     return lines
 
 

@@ -58,8 +58,12 @@ def plan_request(rng: random.Random, prompts: Sequence[ProbePrompt], model: str,
             body["temperature"] = round(rng.uniform(0.2, 1.0), 2)
         return RequestPlan("openai", stream, "/chat/completions", body)
     system = [message["content"] for message in messages if message["role"] == "system"]
-    body = {"model": model, "max_tokens": max_tokens, "stream": stream,
-            "messages": [message for message in messages if message["role"] != "system"]}
+    body = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "messages": [message for message in messages if message["role"] != "system"],
+    }
     if system:
         body["system"] = system[0]
     return RequestPlan("anthropic", stream, "/messages", body)
@@ -75,8 +79,18 @@ class TrafficStats:
 
 
 class TrafficGenerator:
-    def __init__(self, *, buyer_api: str, buyer_key: str, models: Sequence[str], hub: Hub, concurrency: int = 1,
-                 gap_s: float = 2.0, max_tokens: int = 48, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        buyer_api: str,
+        buyer_key: str,
+        models: Sequence[str],
+        hub: Hub,
+        concurrency: int = 1,
+        gap_s: float = 2.0,
+        max_tokens: int = 48,
+        seed: int | None = None,
+    ) -> None:
         self.buyer_api = buyer_api.rstrip("/")
         self.buyer_key = buyer_key
         self.models = tuple(models)
@@ -109,13 +123,24 @@ class TrafficGenerator:
             self._publish()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        log.info("demo traffic: %d slot(s), a request every ~%.0f s per slot, up to %d output tokens, to %s",
-                 self.concurrency, self.gap_s, self.max_tokens, self.buyer_api)
+        log.info(
+            "demo traffic: %d slot(s), a request every ~%.0f s per slot, up to %d output tokens, to %s",
+            self.concurrency,
+            self.gap_s,
+            self.max_tokens,
+            self.buyer_api,
+        )
         self._publish()
         # trust_env=False: the buyer API is the node's own, on loopback; a proxy from the environment
         # must neither see the buyer key nor stand between them.
-        async with httpx.AsyncClient(headers={"User-Agent": "engy-node demo traffic"}, trust_env=False,
-                                     timeout=httpx.Timeout(REQUEST_TIMEOUT_S)) as http, trio.open_nursery() as nursery:
+        async with (
+            httpx.AsyncClient(
+                headers={"User-Agent": "engy-node demo traffic"},
+                trust_env=False,
+                timeout=httpx.Timeout(REQUEST_TIMEOUT_S),
+            ) as http,
+            trio.open_nursery() as nursery,
+        ):
             for _ in range(self.concurrency):
                 nursery.start_soon(self._slot, http)
             task_status.started()
@@ -130,12 +155,17 @@ class TrafficGenerator:
             await trio.sleep(self.gap_s * self.rng.uniform(0.5, 1.5))
 
     async def _send(self, http: httpx.AsyncClient, plan: RequestPlan) -> None:
-        headers = ({"Authorization": f"Bearer {self.buyer_key}"} if plan.dialect == "openai"
-                   else {"x-api-key": self.buyer_key, "anthropic-version": "2023-06-01"})
+        headers = (
+            {"Authorization": f"Bearer {self.buyer_key}"}
+            if plan.dialect == "openai"
+            else {"x-api-key": self.buyer_key, "anthropic-version": "2023-06-01"}
+        )
         self.stats.sent += 1
         try:
             with trio.fail_after(REQUEST_TIMEOUT_S):
-                async with http.stream("POST", f"{self.buyer_api}{plan.path}", json=plan.body, headers=headers) as response:
+                async with http.stream(
+                    "POST", f"{self.buyer_api}{plan.path}", json=plan.body, headers=headers
+                ) as response:
                     if response.status_code != 200:
                         raise RequestFailed(f"HTTP {response.status_code}: {_error_message(await response.aread())}")
                     text = await _read_answer(response, plan)
@@ -156,8 +186,15 @@ class TrafficGenerator:
             log.warning("demo request failed (%s); %d of %d failed so far", reason, self.stats.failed, self.stats.sent)
 
     def _publish(self) -> None:
-        self.hub.set_state("traffic_generator", paused=self.paused, sent=self.stats.sent, succeeded=self.stats.succeeded,
-                           failed=self.stats.failed, output_chars=self.stats.output_chars, last_error=self.stats.last_error)
+        self.hub.set_state(
+            "traffic_generator",
+            paused=self.paused,
+            sent=self.stats.sent,
+            succeeded=self.stats.succeeded,
+            failed=self.stats.failed,
+            output_chars=self.stats.output_chars,
+            last_error=self.stats.last_error,
+        )
 
 
 class RequestFailed(Exception):

@@ -49,9 +49,9 @@ from engy_node import __version__, keys
 from engy_node.config import Config
 from engy_node.control import Actions, node_actions, serve_control
 from engy_node.errors import EngyError
-from engy_node.gpu_monitor import run_gpu_monitor
 from engy_node.gateway.role import GatewayUrls, run_gateway, store_path
 from engy_node.gateway.store import Store
+from engy_node.gpu_monitor import run_gpu_monitor
 from engy_node.hub import Hub
 from engy_node.miner.role import run_miner
 from engy_node.models import DEFAULT_LOCAL_MODEL
@@ -138,16 +138,21 @@ def remove_network(config: Config, pid: int) -> None:
         path.unlink(missing_ok=True)
 
 
-def port_plan(base: int | None, *, buyer: int | None, miner: int | None, provider: int | None,
-              control: int | None) -> dict[str, int | None]:
+def port_plan(
+    base: int | None, *, buyer: int | None, miner: int | None, provider: int | None, control: int | None
+) -> dict[str, int | None]:
     """The four ports from `--port-base` and the single-port flags (which win). None leaves the
     configured value."""
     derived = {"buyer": None, "miner": None, "provider": None, "control": None}
     if base is not None:
         if base != 0 and not 1 <= base <= 65532:
-            raise EngyError(f"--port-base {base}: the network takes ports N..N+3, so N must be 1..65532 (0: free ports)")
-        derived = {name: 0 if base == 0 else base + offset
-                   for offset, name in enumerate(("buyer", "miner", "provider", "control"))}
+            raise EngyError(
+                f"--port-base {base}: the network takes ports N..N+3, so N must be 1..65532 (0: free ports)"
+            )
+        derived = {
+            name: 0 if base == 0 else base + offset
+            for offset, name in enumerate(("buyer", "miner", "provider", "control"))
+        }
     chosen = {"buyer": buyer, "miner": miner, "provider": provider, "control": control}
     return {name: chosen[name] if chosen[name] is not None else derived[name] for name in derived}
 
@@ -189,12 +194,27 @@ def open_chain(config: Config, hotkeys: dict[str, str]) -> DevChain:
         except (OSError, ValueError, KeyError, TypeError) as err:
             aside = path.with_suffix(".unreadable.json")
             os.replace(path, aside)
-            log.warning("the saved dev chain %s could not be read (%s); moved it to %s and started a new chain", path, err, aside)
+            log.warning(
+                "the saved dev chain %s could not be read (%s); moved it to %s and started a new chain",
+                path,
+                err,
+                aside,
+            )
     if chain is None:
-        chain = DevChain(netuid=config.node.netuid, params=CHAIN_PARAMS, owner_hotkey=hotkeys["owner"],
-                         block_time_s=CHAIN_BLOCK_S, state_path=path)
-        log.info("started a dev chain for netuid %d (%.0f s blocks, tempo %d, weights rate limit %d)",
-                 config.node.netuid, CHAIN_BLOCK_S, CHAIN_PARAMS.tempo, CHAIN_PARAMS.weights_rate_limit)
+        chain = DevChain(
+            netuid=config.node.netuid,
+            params=CHAIN_PARAMS,
+            owner_hotkey=hotkeys["owner"],
+            block_time_s=CHAIN_BLOCK_S,
+            state_path=path,
+        )
+        log.info(
+            "started a dev chain for netuid %d (%.0f s blocks, tempo %d, weights rate limit %d)",
+            config.node.netuid,
+            CHAIN_BLOCK_S,
+            CHAIN_PARAMS.tempo,
+            CHAIN_PARAMS.weights_rate_limit,
+        )
     chain.register(hotkeys["validator"], stake_tao=VALIDATOR_STAKE)
     for name in MINERS:
         chain.register(hotkeys[name])
@@ -205,14 +225,25 @@ def local_config(config: Config, identities: LocalIdentities, ports: dict[str, i
     """The settings of a short CPU-only local network (docs/trust.md's profile), over `config`."""
     hotkeys = identities.hotkeys
     gateway = dataclasses.replace(
-        config.gateway, workers=1,
-        port=_pick(ports.get("buyer"), config.gateway.port), miner_port=_pick(ports.get("miner"), config.gateway.miner_port),
+        config.gateway,
+        workers=1,
+        port=_pick(ports.get("buyer"), config.gateway.port),
+        miner_port=_pick(ports.get("miner"), config.gateway.miner_port),
         provider_port=_pick(ports.get("provider"), config.gateway.provider_port),
         # The local miners are the operator's own: serving at once, still judged by the control plane.
         first_party=",".join(hotkeys[name] for name in MINERS),
-        verifiers=hotkeys["verifier"], owner_hotkey=hotkeys["owner"], master_wallet=f"{LOCAL_WALLET}/master",
-        wallets_path=str(wallets_dir(config)), epoch_s=EPOCH_S, epoch_grace_s=EPOCH_GRACE_S, gate_min_samples=1,
-        traffic_time_scale=0.1, qualify_probes=3, probe_max_tokens=40, probe_concurrency=2, audit_paid_pct=25.0,
+        verifiers=hotkeys["verifier"],
+        owner_hotkey=hotkeys["owner"],
+        master_wallet=f"{LOCAL_WALLET}/master",
+        wallets_path=str(wallets_dir(config)),
+        epoch_s=EPOCH_S,
+        epoch_grace_s=EPOCH_GRACE_S,
+        gate_min_samples=1,
+        traffic_time_scale=0.1,
+        qualify_probes=3,
+        probe_max_tokens=40,
+        probe_concurrency=2,
+        audit_paid_pct=25.0,
     )
     control = dataclasses.replace(config.control, port=_pick(ports.get("control"), config.control.port))
     return dataclasses.replace(config, gateway=gateway, control=control)
@@ -245,9 +276,16 @@ Epochs close every {EPOCH_S // 60} min ({EPOCH_GRACE_S} s grace); the validator 
 """
 
 
-async def run_up(config: Config, hub: Hub, *, ports: dict[str, int | None] | None = None, traffic: bool = False,
-                 actions: Actions | None = None, on_ready: Callable[[dict[str, Any]], None] | None = None,
-                 task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def run_up(
+    config: Config,
+    hub: Hub,
+    *,
+    ports: dict[str, int | None] | None = None,
+    traffic: bool = False,
+    actions: Actions | None = None,
+    on_ready: Callable[[dict[str, Any]], None] | None = None,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
     """Run the local network until cancelled. `actions` is the registry its control API serves
     (the TUI passes its own, to call them in-process)."""
     identities = await trio.to_thread.run_sync(prepare_identities, config)
@@ -258,14 +296,24 @@ async def run_up(config: Config, hub: Hub, *, ports: dict[str, int | None] | Non
     hub.set_state("node", **_node_info(config, hotkeys))
     try:
         async with trio.open_nursery() as nursery:
-            control = await nursery.start(functools.partial(
-                serve_control, hub, data_dir=config.paths.data_dir, actions=actions,
-                node_info=_node_info(config, hotkeys), host=config.control.host, port=config.control.port))
+            control = await nursery.start(
+                functools.partial(
+                    serve_control,
+                    hub,
+                    data_dir=config.paths.data_dir,
+                    actions=actions,
+                    node_info=_node_info(config, hotkeys),
+                    host=config.control.host,
+                    port=config.control.port,
+                )
+            )
             await nursery.start(_publish_chain, chain, hub, config.node.netuid)
             await nursery.start(run_gpu_monitor, hub)
             urls: GatewayUrls = await nursery.start(run_gateway, config, hub)
             await _start_together(nursery, [_miner_service(config, hub, name, urls, actions) for name in MINERS])
-            await nursery.start(functools.partial(run_validator, _validator_config(config, urls, hotkeys), hub, substrate=chain))
+            await nursery.start(
+                functools.partial(run_validator, _validator_config(config, urls, hotkeys), hub, substrate=chain)
+            )
             await nursery.start(run_verifier_role, _verifier_config(config, urls), hub)
             document = {
                 "pid": os.getpid(),
@@ -277,16 +325,27 @@ async def run_up(config: Config, hub: Hub, *, ports: dict[str, int | None] | Non
                 "control_api": {"url": control.url, "token_file": str(control.token_file)},
                 "models": [DEFAULT_LOCAL_MODEL],
                 "hotkeys": hotkeys,
-                "chain": {"kind": "dev", "netuid": config.node.netuid, "block_time_s": CHAIN_BLOCK_S,
-                          "tempo": CHAIN_PARAMS.tempo, "state": str(chain_file(config))},
+                "chain": {
+                    "kind": "dev",
+                    "netuid": config.node.netuid,
+                    "block_time_s": CHAIN_BLOCK_S,
+                    "tempo": CHAIN_PARAMS.tempo,
+                    "state": str(chain_file(config)),
+                },
                 "epoch_s": EPOCH_S,
             }
             if traffic:
                 await nursery.start(_run_traffic, document, hub, actions)
             await trio.to_thread.run_sync(write_network, config, document)
             # Where to call it, for the dashboards; the key itself stays in the file (0600).
-            hub.set_state("network", buyer_api=document["buyer_api"], provider_api=urls.provider_url, miner_ws=urls.miner_url,
-                          control_api=control.url, details=str(network_file(config)))
+            hub.set_state(
+                "network",
+                buyer_api=document["buyer_api"],
+                provider_api=urls.provider_url,
+                miner_ws=urls.miner_url,
+                control_api=control.url,
+                details=str(network_file(config)),
+            )
             if on_ready is not None:
                 on_ready(document)
             task_status.started(document["buyer_api"])
@@ -297,35 +356,79 @@ async def run_up(config: Config, hub: Hub, *, ports: dict[str, int | None] | Non
 
 
 def _node_info(config: Config, hotkeys: dict[str, str]) -> dict[str, Any]:
-    return {"version": __version__, "pid": os.getpid(), "roles": ["chain", "gateway", *MINERS, "validator", "verifier"],
-            "started_at": time.time(), "home": str(config.paths.data_dir), "netuid": config.node.netuid,
-            "network": "local", "hotkeys": hotkeys}
+    return {
+        "version": __version__,
+        "pid": os.getpid(),
+        "roles": ["chain", "gateway", *MINERS, "validator", "verifier"],
+        "started_at": time.time(),
+        "home": str(config.paths.data_dir),
+        "netuid": config.node.netuid,
+        "network": "local",
+        "hotkeys": hotkeys,
+    }
 
 
-def _miner_service(config: Config, hub: Hub, name: str, urls: GatewayUrls, actions: Actions) -> Callable[..., Awaitable[Any]]:
+def _miner_service(
+    config: Config, hub: Hub, name: str, urls: GatewayUrls, actions: Actions
+) -> Callable[..., Awaitable[Any]]:
     # Each miner gets a home of its own inside ours, for its model server's home and logs.
     paths = dataclasses.replace(config.paths, data_dir=config.paths.data_dir / "local" / name)
-    miner_config = dataclasses.replace(config, paths=paths, miner=dataclasses.replace(
-        config.miner, gateway_url=urls.miner_url, model=DEFAULT_LOCAL_MODEL, miner_key="", serve_urls="",
-        wallets_path=str(wallets_dir(config)), wallet_name=LOCAL_WALLET, wallet_hotkey=name, worker_name=name,
-    ))
-    return functools.partial(run_miner, miner_config, hub, ready_when_admitted=True, hub_component=name,
-                             server_hub_component=f"model_server.{name}", actions=actions)
+    miner_config = dataclasses.replace(
+        config,
+        paths=paths,
+        miner=dataclasses.replace(
+            config.miner,
+            gateway_url=urls.miner_url,
+            model=DEFAULT_LOCAL_MODEL,
+            miner_key="",
+            serve_urls="",
+            wallets_path=str(wallets_dir(config)),
+            wallet_name=LOCAL_WALLET,
+            wallet_hotkey=name,
+            worker_name=name,
+        ),
+    )
+    return functools.partial(
+        run_miner,
+        miner_config,
+        hub,
+        ready_when_admitted=True,
+        hub_component=name,
+        server_hub_component=f"model_server.{name}",
+        actions=actions,
+    )
 
 
 def _validator_config(config: Config, urls: GatewayUrls, hotkeys: dict[str, str]) -> Config:
-    return dataclasses.replace(config, validator=dataclasses.replace(
-        config.validator, network="local", provider_url=urls.provider_url or "", master_hotkey=hotkeys["master"],
-        wallets_path=str(wallets_dir(config)), wallet_name=LOCAL_WALLET, wallet_hotkey="validator",
-        poll_s=5.0, resubmit_blocks=CHAIN_PARAMS.weights_rate_limit + 2, block_s=CHAIN_BLOCK_S,
-    ))
+    return dataclasses.replace(
+        config,
+        validator=dataclasses.replace(
+            config.validator,
+            network="local",
+            provider_url=urls.provider_url or "",
+            master_hotkey=hotkeys["master"],
+            wallets_path=str(wallets_dir(config)),
+            wallet_name=LOCAL_WALLET,
+            wallet_hotkey="validator",
+            poll_s=5.0,
+            resubmit_blocks=CHAIN_PARAMS.weights_rate_limit + 2,
+            block_s=CHAIN_BLOCK_S,
+        ),
+    )
 
 
 def _verifier_config(config: Config, urls: GatewayUrls) -> Config:
-    return dataclasses.replace(config, verifier=dataclasses.replace(
-        config.verifier, gateway_url=urls.provider_url or "", wallets_path=str(wallets_dir(config)),
-        wallet_name=LOCAL_WALLET, wallet_hotkey="verifier", threads=1,
-    ))
+    return dataclasses.replace(
+        config,
+        verifier=dataclasses.replace(
+            config.verifier,
+            gateway_url=urls.provider_url or "",
+            wallets_path=str(wallets_dir(config)),
+            wallet_name=LOCAL_WALLET,
+            wallet_hotkey="verifier",
+            threads=1,
+        ),
+    )
 
 
 async def _start_together(nursery: trio.Nursery, services: Sequence[Callable[..., Awaitable[Any]]]) -> None:
@@ -352,21 +455,46 @@ async def _publish_chain(chain: DevChain, hub: Hub, netuid: int, *, task_status=
 
 def _chain_snapshot(chain: DevChain, netuid: int) -> dict[str, Any]:
     return {
-        "network": "dev chain", "netuid": netuid, "block": chain.block, "block_time_s": chain.block_time_s,
-        "tempo": CHAIN_PARAMS.tempo, "epochs_run": chain.epochs_run,
-        "neurons": [{"uid": n.uid, "hotkey": n.hotkey, "stake": n.stake, "permit": n.permit, "active": n.active,
-                     "last_update": n.last_update, "incentive": n.incentive, "dividends": n.dividends,
-                     "emission": n.emission} for n in chain.neurons(netuid)],
-        "weights": {str(uid): {str(target): value for target, value in row.items()}
-                    for uid, row in chain.weights(netuid).items()},
+        "network": "dev chain",
+        "netuid": netuid,
+        "block": chain.block,
+        "block_time_s": chain.block_time_s,
+        "tempo": CHAIN_PARAMS.tempo,
+        "epochs_run": chain.epochs_run,
+        "neurons": [
+            {
+                "uid": n.uid,
+                "hotkey": n.hotkey,
+                "stake": n.stake,
+                "permit": n.permit,
+                "active": n.active,
+                "last_update": n.last_update,
+                "incentive": n.incentive,
+                "dividends": n.dividends,
+                "emission": n.emission,
+            }
+            for n in chain.neurons(netuid)
+        ],
+        "weights": {
+            str(uid): {str(target): value for target, value in row.items()}
+            for uid, row in chain.weights(netuid).items()
+        },
     }
 
 
-async def _run_traffic(document: dict[str, Any], hub: Hub, actions: Actions, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def _run_traffic(
+    document: dict[str, Any], hub: Hub, actions: Actions, *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
     from engy_node.local.traffic import TrafficGenerator
 
-    generator = TrafficGenerator(buyer_api=document["buyer_api"], buyer_key=document["buyer_key"],
-                                 models=document["models"], hub=hub, gap_s=3.0, max_tokens=48)
+    generator = TrafficGenerator(
+        buyer_api=document["buyer_api"],
+        buyer_key=document["buyer_key"],
+        models=document["models"],
+        hub=hub,
+        gap_s=3.0,
+        max_tokens=48,
+    )
 
     async def pause(params: dict[str, Any]) -> dict[str, Any]:
         generator.pause()

@@ -31,8 +31,15 @@ import math
 from typing import Literal
 
 __all__ = [
-    "ABORTED_ERROR", "DEFAULT_DRAIN_S", "MAX_DRAIN_S", "REFUSED_ERROR", "DrainPhase", "RequestAction", "StopBudget",
-    "request_action", "stop_budget",
+    "ABORTED_ERROR",
+    "DEFAULT_DRAIN_S",
+    "MAX_DRAIN_S",
+    "REFUSED_ERROR",
+    "DrainPhase",
+    "RequestAction",
+    "StopBudget",
+    "request_action",
+    "stop_budget",
 ]
 
 SYSTEMD_STOP_S = 90.0
@@ -90,8 +97,9 @@ def stop_budget(*, drain_s: float, server_stop_s: float = SERVER_STOP_S) -> Stop
     for name, value in (("drain_s", drain_s), ("server_stop_s", server_stop_s)):
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
             raise ValueError(f"{name} must be a non-negative number of seconds, got {value!r}")
-    return StopBudget(announce_s=ANNOUNCE_S, finish_s=float(drain_s), abort_s=ABORT_S, close_s=CLOSE_S,
-                      server_s=float(server_stop_s))
+    return StopBudget(
+        announce_s=ANNOUNCE_S, finish_s=float(drain_s), abort_s=ABORT_S, close_s=CLOSE_S, server_s=float(server_stop_s)
+    )
 
 
 def request_action(phase: DrainPhase, *, new: bool) -> RequestAction:

@@ -118,6 +118,7 @@ class NvmlApi(Protocol):
     def cuda_driver_version(self) -> int:
         """As NVML encodes it: 12080 means CUDA 12.8."""
         ...
+
     def device_count(self) -> int: ...
     def handle(self, index: int) -> object: ...
     def name(self, handle: object) -> str: ...
@@ -129,11 +130,13 @@ class NvmlApi(Protocol):
     def utilization(self, handle: object) -> tuple[int, int]:
         """(GPU %, memory-controller %) over the driver's last sample window."""
         ...
+
     def temperature(self, handle: object) -> int: ...
     def power_usage_mw(self, handle: object) -> int: ...
     def power_limit_mw(self, handle: object) -> int:
         """The enforced limit (what the card actually holds to), in milliwatts."""
         ...
+
     def fan_speed(self, handle: object) -> int: ...
     def clock_mhz(self, handle: object, kind: ClockKind) -> int: ...
     def max_clock_mhz(self, handle: object, kind: ClockKind) -> int: ...
@@ -283,9 +286,13 @@ class GpuInfo:
         (max 4.0 x16) 41 °C`; unreported values show as `?`."""
         parts = [f"GPU{self.index}", self.name or "unknown GPU"]
         parts.append(f"{self.memory_total_bytes / GIB:.1f} GiB" if self.memory_total_bytes is not None else "? GiB")
-        parts.append("cc " + (f"{self.compute_capability[0]}.{self.compute_capability[1]}" if self.compute_capability else "?"))
+        parts.append(
+            "cc " + (f"{self.compute_capability[0]}.{self.compute_capability[1]}" if self.compute_capability else "?")
+        )
         if any(v is not None for v in (self.pcie_gen, self.pcie_width, self.pcie_gen_max, self.pcie_width_max)):
-            parts.append(f"PCIe {_link(self.pcie_gen, self.pcie_width)} (max {_link(self.pcie_gen_max, self.pcie_width_max)})")
+            parts.append(
+                f"PCIe {_link(self.pcie_gen, self.pcie_width)} (max {_link(self.pcie_gen_max, self.pcie_width_max)})"
+            )
         if self.temperature_c is not None:
             parts.append(f"{self.temperature_c} °C")
         throttling = [r for r in self.clock_event_reasons or () if r != "gpu_idle"]
@@ -339,10 +346,12 @@ class GpuInventory:
         if not self.available:
             return self.reason
         versions = ", ".join(
-            text for text in (
+            text
+            for text in (
                 f"driver {self.driver_version}" if self.driver_version else "",
                 f"CUDA {self.cuda_driver_version}" if self.cuda_driver_version else "",
-            ) if text
+            )
+            if text
         )
         return f"{self.reason}; {versions}" if versions else self.reason
 
@@ -443,22 +452,31 @@ def _read_inventory(api: NvmlApi) -> GpuInventory:
         gpus.append(_read_gpu(api, reader, index, handle))
     if not gpus:
         return GpuInventory(
-            available=False, reason=f"NVML lists {count} GPU(s) but none could be opened: {CPU_MODE}",
-            warnings=tuple(reader.warnings), **versions,
+            available=False,
+            reason=f"NVML lists {count} GPU(s) but none could be opened: {CPU_MODE}",
+            warnings=tuple(reader.warnings),
+            **versions,
         )
 
     p2p = tuple(
         tuple(
-            None if a == b else _p2p_name(reader.read(f"P2P GPU{gpus[a].index}->GPU{gpus[b].index}",
-                                                      lambda a=a, b=b: api.p2p_read_status(handles[a], handles[b])))
+            None
+            if a == b
+            else _p2p_name(
+                reader.read(
+                    f"P2P GPU{gpus[a].index}->GPU{gpus[b].index}",
+                    lambda a=a, b=b: api.p2p_read_status(handles[a], handles[b]),
+                )
+            )
             for b in range(len(gpus))
         )
         for a in range(len(gpus))
     )
     names = sorted({gpu.name or "unknown GPU" for gpu in gpus})
     found = f"{len(gpus)} NVIDIA GPU{'s' if len(gpus) != 1 else ''} found ({', '.join(names)})"
-    return GpuInventory(available=True, reason=found, gpus=tuple(gpus), p2p_status=p2p,
-                        warnings=tuple(reader.warnings), **versions)
+    return GpuInventory(
+        available=True, reason=found, gpus=tuple(gpus), p2p_status=p2p, warnings=tuple(reader.warnings), **versions
+    )
 
 
 def _p2p_name(status: int | None) -> str | None:

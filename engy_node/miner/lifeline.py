@@ -68,7 +68,7 @@ def parse_args(argv: Sequence[str]) -> tuple[int, float, list[str]]:
     if "--" not in words:
         raise ValueError("expected --fd N --grace S -- COMMAND...")
     split = words.index("--")
-    options, command = words[:split], words[split + 1:]
+    options, command = words[:split], words[split + 1 :]
     if len(options) != 4 or options[0] != "--fd" or options[2] != "--grace":
         raise ValueError(f"expected --fd N --grace S before --, got {' '.join(options)!r}")
     fd, grace_s = int(options[1]), float(options[3])
@@ -140,7 +140,11 @@ def _others_running(group: int) -> bool:
     me = os.getpid()
     for process in psutil.process_iter(["status"]):
         try:
-            if process.pid != me and os.getpgid(process.pid) == group and process.info["status"] != psutil.STATUS_ZOMBIE:
+            if (
+                process.pid != me
+                and os.getpgid(process.pid) == group
+                and process.info["status"] != psutil.STATUS_ZOMBIE
+            ):
                 return True
         except (OSError, psutil.Error):
             continue  # gone while we looked

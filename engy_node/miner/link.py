@@ -47,8 +47,24 @@ from engy_node.errors import single_failure
 from engy_node.miner.drain import ABORTED_ERROR, REFUSED_ERROR, DrainPhase, StopBudget, request_action
 from engy_node.miner.serving import RequestHandler
 from engy_node.protocol.miner import (
-    MAX_FRAME_BYTES, OUR_FEATURES, Admit, Cancel, Capacity, Deny, Heartbeat, Hello, KvLoad, MinerFrame, Ping, ProtocolError, Reconnect,
-    Response, Serve, close_reason, encode, parse_gateway_frame,
+    MAX_FRAME_BYTES,
+    OUR_FEATURES,
+    Admit,
+    Cancel,
+    Capacity,
+    Deny,
+    Heartbeat,
+    Hello,
+    KvLoad,
+    MinerFrame,
+    Ping,
+    ProtocolError,
+    Reconnect,
+    Response,
+    Serve,
+    close_reason,
+    encode,
+    parse_gateway_frame,
 )
 from engy_node.retry import backoff_delay
 
@@ -160,10 +176,20 @@ class GatewayLink:
     """All legs to one gateway. `run` is a service: started once the first leg is admitted."""
 
     def __init__(
-        self, *, gateway_url: str, identity: Identity, hello: dict[str, Any], limits: Capacity,
-        handler: RequestHandler, http: httpx.AsyncClient, settings: LinkSettings = LinkSettings(),
-        rng: random.Random | None = None, on_state=None, features: frozenset[str] = OUR_FEATURES,
-        serve_ready: Callable[[], bool] = lambda: True, serve_load: Callable[[], Awaitable[KvLoad | None]] | None = None,
+        self,
+        *,
+        gateway_url: str,
+        identity: Identity,
+        hello: dict[str, Any],
+        limits: Capacity,
+        handler: RequestHandler,
+        http: httpx.AsyncClient,
+        settings: LinkSettings = LinkSettings(),
+        rng: random.Random | None = None,
+        on_state=None,
+        features: frozenset[str] = OUR_FEATURES,
+        serve_ready: Callable[[], bool] = lambda: True,
+        serve_load: Callable[[], Awaitable[KvLoad | None]] | None = None,
     ) -> None:
         self.gateway_url = gateway_url
         self.serve_ready = serve_ready
@@ -211,8 +237,13 @@ class GatewayLink:
         self.workers = workers
         self.plan += 1
         legs = plan_legs(workers=workers, max_inflight=self.limits.max_inflight_total, rng=self.rng)
-        log.info("gateway %s has %d worker(s); opening %d leg(s): %s", self.gateway_url, workers, len(legs),
-                 ", ".join(f"worker {leg.worker} × {leg.capacity}" for leg in legs))
+        log.info(
+            "gateway %s has %d worker(s); opening %d leg(s): %s",
+            self.gateway_url,
+            workers,
+            len(legs),
+            ", ".join(f"worker {leg.worker} × {leg.capacity}" for leg in legs),
+        )
         for leg in legs:
             nursery.start_soon(self._leg_loop, leg, workers, self.plan)
 
@@ -223,12 +254,22 @@ class GatewayLink:
             try:
                 workers = await fetch_worker_count(self.http, self.gateway_url, timeout_s=self.settings.meta_timeout_s)
             except (httpx.HTTPError, trio.TooSlowError, ValueError) as error:
-                log.info("could not re-read %s (%s: %s); keeping %d worker(s)", meta_url(self.gateway_url),
-                         type(error).__name__, error, self.workers)
+                log.info(
+                    "could not re-read %s (%s: %s); keeping %d worker(s)",
+                    meta_url(self.gateway_url),
+                    type(error).__name__,
+                    error,
+                    self.workers,
+                )
                 continue
             if workers != self.workers and self.phase == "serving":
-                log.info("gateway %s now has %d worker(s), not %d: retiring %d leg(s) once their requests end",
-                         self.gateway_url, workers, self.workers, len(self._sessions))
+                log.info(
+                    "gateway %s now has %d worker(s), not %d: retiring %d leg(s) once their requests end",
+                    self.gateway_url,
+                    workers,
+                    self.workers,
+                    len(self._sessions),
+                )
                 for session in list(self._sessions):
                     session.retire()
                 self._plan(nursery, workers)
@@ -241,8 +282,11 @@ class GatewayLink:
             ready = self.serve_ready()
             if ready != self.serving_ready:
                 self.serving_ready = ready
-                log.warning("the model server %s; legs announce capacity %s", "is ready again" if ready else "cannot take requests",
-                            "restored" if ready else "0 until it can")
+                log.warning(
+                    "the model server %s; legs announce capacity %s",
+                    "is ready again" if ready else "cannot take requests",
+                    "restored" if ready else "0 until it can",
+                )
                 self.publish()
             if self.serve_load is not None and trio.current_time() >= kv_due:
                 kv_due = trio.current_time() + self.settings.kv_check_s
@@ -257,8 +301,19 @@ class GatewayLink:
                 return await fetch_worker_count(self.http, self.gateway_url, timeout_s=self.settings.meta_timeout_s)
             except (httpx.HTTPError, trio.TooSlowError, ValueError) as error:
                 attempt += 1
-                delay = backoff_delay(consecutive_failures=attempt, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random())
-                log.warning("cannot read %s (%s: %s); retrying in %.1f s", meta_url(self.gateway_url), type(error).__name__, error, delay)
+                delay = backoff_delay(
+                    consecutive_failures=attempt,
+                    base_s=self.settings.backoff_base_s,
+                    cap_s=self.settings.backoff_cap_s,
+                    jitter=self.rng.random(),
+                )
+                log.warning(
+                    "cannot read %s (%s: %s); retrying in %.1f s",
+                    meta_url(self.gateway_url),
+                    type(error).__name__,
+                    error,
+                    delay,
+                )
                 await trio.sleep(delay)
 
     def _hello(self, leg: Leg) -> Hello:
@@ -266,9 +321,18 @@ class GatewayLink:
         extra = self.identity.hello_fields(worker_id=base["worker_id"], now=int(time.time()))
         capacity = dataclasses.replace(self.limits, max_inflight=leg.capacity)
         return Hello(
-            miner_key=self.identity.miner_key, model=base["model"], model_root=base["model_root"], hw=base["hw"],
-            versions=base["versions"], capacity=capacity, worker_name=base["worker_name"], worker_id=base["worker_id"],
-            hotkey=extra.get("hotkey"), ts=extra.get("ts"), signature=extra.get("signature"), features=self.features,
+            miner_key=self.identity.miner_key,
+            model=base["model"],
+            model_root=base["model_root"],
+            hw=base["hw"],
+            versions=base["versions"],
+            capacity=capacity,
+            worker_name=base["worker_name"],
+            worker_id=base["worker_id"],
+            hotkey=extra.get("hotkey"),
+            ts=extra.get("ts"),
+            signature=extra.get("signature"),
+            features=self.features,
         )
 
     async def _leg_loop(self, leg: Leg, workers: int, plan: int) -> None:
@@ -285,13 +349,28 @@ class GatewayLink:
                     outcome = await retiring.start(self._leg_session, url, leg)
                 except LegDenied as denied:
                     failures += 1
-                    delay = max(self.settings.deny_backoff_s, backoff_delay(consecutive_failures=failures, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random()))
+                    delay = max(
+                        self.settings.deny_backoff_s,
+                        backoff_delay(
+                            consecutive_failures=failures,
+                            base_s=self.settings.backoff_base_s,
+                            cap_s=self.settings.backoff_cap_s,
+                            jitter=self.rng.random(),
+                        ),
+                    )
                     log.warning("gateway denied leg %s: %s; retrying in %.0f s", url, denied, delay)
                 except (ConnectionClosed, HandshakeError, OSError, trio.TooSlowError, ProtocolError) as error:
                     failures += 1
-                    delay = backoff_delay(consecutive_failures=failures, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s, jitter=self.rng.random())
+                    delay = backoff_delay(
+                        consecutive_failures=failures,
+                        base_s=self.settings.backoff_base_s,
+                        cap_s=self.settings.backoff_cap_s,
+                        jitter=self.rng.random(),
+                    )
                     if self.phase == "serving":
-                        log.warning("leg %s lost (%s: %s); re-dialling in %.1f s", url, type(error).__name__, error, delay)
+                        log.warning(
+                            "leg %s lost (%s: %s); re-dialling in %.1f s", url, type(error).__name__, error, delay
+                        )
                     else:
                         log.info("leg %s closed: the miner is stopping", url)
                 else:
@@ -328,8 +407,12 @@ class GatewayLink:
         """
         inflight = self.inflight
         self.phase = "finishing"
-        log.info("stopping: no new requests; %d in flight on %d leg(s) may finish for %g s",
-                 inflight, len(self._sessions), budget.finish_s)
+        log.info(
+            "stopping: no new requests; %d in flight on %d leg(s) may finish for %g s",
+            inflight,
+            len(self._sessions),
+            budget.finish_s,
+        )
         with trio.move_on_after(budget.announce_s):
             async with trio.open_nursery() as nursery:
                 for session in list(self._sessions):
@@ -344,8 +427,11 @@ class GatewayLink:
         with trio.move_on_after(budget.abort_s):
             await self._wait_idle()
         if self.inflight:
-            log.warning("%d request(s) still running %g s after they were aborted; closing their legs anyway",
-                        self.inflight, budget.abort_s)
+            log.warning(
+                "%d request(s) still running %g s after they were aborted; closing their legs anyway",
+                self.inflight,
+                budget.abort_s,
+            )
 
         self.phase = "closing"
         sessions = list(self._sessions)
@@ -353,8 +439,12 @@ class GatewayLink:
             async with trio.open_nursery() as nursery:
                 for session in sessions:
                     nursery.start_soon(session.close, "the miner is shutting down")
-        log.info("stopped serving: %d request(s) ended within the drain, %d aborted; %d leg(s) closed",
-                 max(inflight - aborted, 0), aborted, len(sessions))
+        log.info(
+            "stopped serving: %d request(s) ended within the drain, %d aborted; %d leg(s) closed",
+            max(inflight - aborted, 0),
+            aborted,
+            len(sessions),
+        )
 
     async def _wait_idle(self) -> None:
         """Return once no request is in flight (the caller bounds the wait)."""
@@ -366,8 +456,10 @@ class GatewayLink:
         that is raised to the leg loop): at its end, or as soon as the gateway asks it to
         reconnect (`RECONNECT`), after which it goes on serving its requests in flight."""
         async with open_websocket_url(
-            url, max_message_size=self.settings.max_message_bytes,
-            connect_timeout=self.settings.connect_timeout_s, disconnect_timeout=CLOSE_TIMEOUT_S,
+            url,
+            max_message_size=self.settings.max_message_bytes,
+            connect_timeout=self.settings.connect_timeout_s,
+            disconnect_timeout=CLOSE_TIMEOUT_S,
         ) as connection:
             await connection.send_message(encode(self._hello(leg)))
             with trio.fail_after(self.settings.hello_timeout_s):
@@ -375,7 +467,9 @@ class GatewayLink:
             if isinstance(first, Deny):
                 raise LegDenied(first.reason)
             if not isinstance(first, Admit):
-                raise ProtocolError("frame.type", f"expected admit or deny after hello, got {type(first).__name__.lower()}")
+                raise ProtocolError(
+                    "frame.type", f"expected admit or deny after hello, got {type(first).__name__.lower()}"
+                )
             log.info("leg %s admitted (capacity %d)", url, leg.capacity)
             self._set_leg(leg.worker, True)
             self._admitted.set()
@@ -394,8 +488,13 @@ class GatewayLink:
                 if not retired:
                     raise
                 # Its successor is up; what the old connection still had in flight is lost.
-                log.warning("leg %s: the connection finishing %d request(s) after a reconnect ended (%s: %s)", url,
-                            len(session.active), type(error).__name__, error)
+                log.warning(
+                    "leg %s: the connection finishing %d request(s) after a reconnect ended (%s: %s)",
+                    url,
+                    len(session.active),
+                    type(error).__name__,
+                    error,
+                )
                 return
             finally:
                 self._sessions.discard(session)
@@ -506,8 +605,12 @@ class _LegSession:
                 try:
                     frame = parse_gateway_frame(message)
                 except ProtocolError as error:
-                    log.warning("leg to worker %d: closing it, the gateway sent a frame whose %s is invalid (%s)",
-                                self.leg.worker, error.field, error.reason)
+                    log.warning(
+                        "leg to worker %d: closing it, the gateway sent a frame whose %s is invalid (%s)",
+                        self.leg.worker,
+                        error.field,
+                        error.reason,
+                    )
                     await self.connection.aclose(code=1002, reason=close_reason(f"invalid frame: {error}"))
                     raise
                 if isinstance(frame, Serve):
@@ -524,9 +627,13 @@ class _LegSession:
                     self.retiring = self.reconnected = True
                     retire(RECONNECT)
                     if self.active:
-                        log.info("leg to worker %d: the gateway asked to reconnect; re-dialled, and %d request(s) in "
-                                 "flight here go on for up to %g s", self.leg.worker, len(self.active),
-                                 self.link.settings.reconnect_drain_s)
+                        log.info(
+                            "leg to worker %d: the gateway asked to reconnect; re-dialled, and %d request(s) in "
+                            "flight here go on for up to %g s",
+                            self.leg.worker,
+                            len(self.active),
+                            self.link.settings.reconnect_drain_s,
+                        )
                     nursery.start_soon(self._abort_after_drain)
                 elif isinstance(frame, Deny):
                     raise LegDenied(frame.reason)
@@ -541,7 +648,9 @@ class _LegSession:
             nursery.start_soon(self._send_error, frame, REFUSED_ERROR)
             return
         if len(self.active) >= self.leg.capacity:
-            log.warning("gateway routed %s beyond this leg's capacity %d; serving it anyway", frame.corr_id, self.leg.capacity)
+            log.warning(
+                "gateway routed %s beyond this leg's capacity %d; serving it anyway", frame.corr_id, self.leg.capacity
+            )
         scope = trio.CancelScope()
         self.active[frame.corr_id] = scope
         self.link.inflight += 1
@@ -573,13 +682,18 @@ class _LegSession:
             self.drain_aborted.add(corr_id)
             scope.cancel(reason="the retired leg's drain limit passed")
         if self.active:
-            log.warning("leg to worker %d: %d request(s) still running %g s after the gateway asked to reconnect; aborted",
-                        self.leg.worker, len(self.active), self.link.settings.reconnect_drain_s)
+            log.warning(
+                "leg to worker %d: %d request(s) still running %g s after the gateway asked to reconnect; aborted",
+                self.leg.worker,
+                len(self.active),
+                self.link.settings.reconnect_drain_s,
+            )
 
     async def _send_error(self, frame: Serve, error: str) -> None:
         """The request's terminal response, carrying `error`; quiet if the leg is gone."""
-        response = Response(corr_id=frame.corr_id, request_id=frame.request.engy_request_id, commitment=None, output=None,
-                            error=error)
+        response = Response(
+            corr_id=frame.corr_id, request_id=frame.request.engy_request_id, commitment=None, output=None, error=error
+        )
         with contextlib.suppress(ConnectionClosed):
             await self.send(response)
 

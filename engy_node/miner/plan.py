@@ -152,8 +152,10 @@ class ModelShape:
         """The MLP widths tensor parallelism splits and FP8 blocks must tile: expert and shared
         expert widths for MoE models, the dense width otherwise."""
         if self.num_experts:
-            widths = (("moe_intermediate_size", self.moe_intermediate_size),
-                      ("shared_expert_intermediate_size", self.shared_expert_intermediate_size))
+            widths = (
+                ("moe_intermediate_size", self.moe_intermediate_size),
+                ("shared_expert_intermediate_size", self.shared_expert_intermediate_size),
+            )
         else:
             widths = (("intermediate_size", self.intermediate_size),)
         return tuple((label, width) for label, width in widths if width)
@@ -263,8 +265,11 @@ def model_shape_from_config(config: Mapping[str, Any]) -> ModelShape:
     quant = merged.get("quantization_config")
     quant = quant if isinstance(quant, Mapping) else {}
     block = quant.get("weight_block_size")
-    if block is not None and not (isinstance(block, (list, tuple)) and len(block) == 2
-                                  and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+    if block is not None and not (
+        isinstance(block, (list, tuple))
+        and len(block) == 2
+        and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+    ):
         raise ModelError(f"config.json has weight_block_size={block!r}; expected two positive integers")
     architectures = config.get("architectures")
     return ModelShape(
@@ -347,8 +352,10 @@ def tp_problem(shape: ModelShape, tp: int) -> str | None:
     kv = shape.num_kv_heads
     if kv % tp and tp % kv:
         return f"{kv} KV heads neither split {tp} ways nor replicate evenly over {tp} GPUs"
-    for label, count in (("linear-attention key heads", shape.linear_num_key_heads),
-                         ("linear-attention value heads", shape.linear_num_value_heads)):
+    for label, count in (
+        ("linear-attention key heads", shape.linear_num_key_heads),
+        ("linear-attention value heads", shape.linear_num_value_heads),
+    ):
         if shape.linear_attention_layers and count and count % tp:
             return f"{count} {label} do not split {tp} ways"
     if shape.quant_block:
@@ -444,10 +451,20 @@ def plan(
     if not gpus:
         if cpu_capable:
             return _cpu_plan(shape=shape, context=context, target_concurrency=target_concurrency, reasons=reasons)
-        return _no_fit(f"no NVIDIA GPU found, and {_gib(weight_bytes)} of weights need GPUs "
-                       "(in CPU mode only the embedded model runs)", reasons)
-    return _gpu_plan(shape=shape, weight_bytes=weight_bytes, gpus=gpus, p2p=p2p, context=context,
-                     target_concurrency=target_concurrency, reasons=reasons)
+        return _no_fit(
+            f"no NVIDIA GPU found, and {_gib(weight_bytes)} of weights need GPUs "
+            "(in CPU mode only the embedded model runs)",
+            reasons,
+        )
+    return _gpu_plan(
+        shape=shape,
+        weight_bytes=weight_bytes,
+        gpus=gpus,
+        p2p=p2p,
+        context=context,
+        target_concurrency=target_concurrency,
+        reasons=reasons,
+    )
 
 
 def _target_context(shape: ModelShape, target: int | None, reasons: dict[str, str]) -> int:
@@ -456,7 +473,9 @@ def _target_context(shape: ModelShape, target: int | None, reasons: dict[str, st
         reasons["context_length"] = f"{limit}: the model's maximum (max_position_embeddings)"
         return limit
     if target > limit:
-        reasons["context_length"] = f"{limit}: the model's maximum; the target {target} is longer than the model supports"
+        reasons["context_length"] = (
+            f"{limit}: the model's maximum; the target {target} is longer than the model supports"
+        )
         return limit
     reasons["context_length"] = f"{target}: the target context"
     return target
@@ -464,24 +483,38 @@ def _target_context(shape: ModelShape, target: int | None, reasons: dict[str, st
 
 def _cpu_plan(*, shape: ModelShape, context: int, target_concurrency: int, reasons: dict[str, str]) -> Plan:
     running = min(target_concurrency, CPU_MAX_RUNNING_REQUESTS)
-    reasons.update({
-        "server": "no NVIDIA GPU: the reference server (transformers) runs the model on CPU; sglang needs a GPU",
-        "tp": "1: one CPU process, no tensor parallelism",
-        "dp": "1: one reference server",
-        "mem_fraction_static": "not used: the reference server has no static GPU memory pool",
-        "max_running_requests": (
-            f"{running}: requests decode round-robin in one CPU worker thread, so each added one slows the others"
-            + ("" if running == target_concurrency else f" (target {target_concurrency} capped at {CPU_MAX_RUNNING_REQUESTS})")
-        ),
-        "kv_cache_dtype": "auto: the model's own dtype; FP8 KV cache is a GPU feature",
-    })
+    reasons.update(
+        {
+            "server": "no NVIDIA GPU: the reference server (transformers) runs the model on CPU; sglang needs a GPU",
+            "tp": "1: one CPU process, no tensor parallelism",
+            "dp": "1: one reference server",
+            "mem_fraction_static": "not used: the reference server has no static GPU memory pool",
+            "max_running_requests": (
+                f"{running}: requests decode round-robin in one CPU worker thread, so each added one slows the others"
+                + (
+                    ""
+                    if running == target_concurrency
+                    else f" (target {target_concurrency} capped at {CPU_MAX_RUNNING_REQUESTS})"
+                )
+            ),
+            "kv_cache_dtype": "auto: the model's own dtype; FP8 KV cache is a GPU feature",
+        }
+    )
     return Plan(
         fits=True,
         summary=f"CPU mode: the reference server runs {shape.architecture} on CPU "
-                f"({running} concurrent requests of up to {context} tokens)",
-        server="reference", device="cpu", tp=1, dp=1, mem_fraction_static=None,
-        max_running_requests=running, context_length=context, kv_cache_dtype="auto",
-        chunked_prefill_size=None, extra_flags=(), reasons=types.MappingProxyType(reasons),
+        f"({running} concurrent requests of up to {context} tokens)",
+        server="reference",
+        device="cpu",
+        tp=1,
+        dp=1,
+        mem_fraction_static=None,
+        max_running_requests=running,
+        context_length=context,
+        kv_cache_dtype="auto",
+        chunked_prefill_size=None,
+        extra_flags=(),
+        reasons=types.MappingProxyType(reasons),
     )
 
 
@@ -491,26 +524,47 @@ def _no_fit(summary: str, reasons: dict[str, str]) -> Plan:
     reasons = {key: reasons[key] for key in ("gpus",) if key in reasons}
     reasons["fit"] = summary
     return Plan(
-        fits=False, summary=summary, server="sglang", device="cuda", tp=0, dp=0, mem_fraction_static=None,
-        max_running_requests=0, context_length=0, kv_cache_dtype="auto", chunked_prefill_size=None, extra_flags=(),
+        fits=False,
+        summary=summary,
+        server="sglang",
+        device="cuda",
+        tp=0,
+        dp=0,
+        mem_fraction_static=None,
+        max_running_requests=0,
+        context_length=0,
+        kv_cache_dtype="auto",
+        chunked_prefill_size=None,
+        extra_flags=(),
         reasons=types.MappingProxyType(reasons),
     )
 
 
 def _gpu_plan(
-    *, shape: ModelShape, weight_bytes: int, gpus: Sequence[GpuLike], p2p: Sequence[Sequence[bool | None]] | None,
-    context: int, target_concurrency: int, reasons: dict[str, str],
+    *,
+    shape: ModelShape,
+    weight_bytes: int,
+    gpus: Sequence[GpuLike],
+    p2p: Sequence[Sequence[bool | None]] | None,
+    context: int,
+    target_concurrency: int,
+    reasons: dict[str, str],
 ) -> Plan:
     count = len(gpus)
     unknown = [str(i) for i, gpu in enumerate(gpus) if not gpu.memory_total_bytes]
     if unknown:
-        return _no_fit(f"GPU {', '.join(unknown)} did not report its memory size; the plan cannot size anything", reasons)
+        return _no_fit(
+            f"GPU {', '.join(unknown)} did not report its memory size; the plan cannot size anything", reasons
+        )
     vram = min(gpu.memory_total_bytes or 0 for gpu in gpus)
     reasons["gpus"] = _describe_gpus(gpus, vram)
     fraction = mem_fraction_static_for(vram_bytes=vram)
     if fraction is None:
-        return _no_fit(f"GPUs of {_gib(vram)} are smaller than the {_gib(ACTIVATION_RESERVE_BYTES)} "
-                       "sglang needs outside its static pool", reasons)
+        return _no_fit(
+            f"GPUs of {_gib(vram)} are smaller than the {_gib(ACTIVATION_RESERVE_BYTES)} "
+            "sglang needs outside its static pool",
+            reasons,
+        )
     budget = vram * round(fraction * 100) // 100
     reasons["mem_fraction_static"] = (
         f"{fraction:.2f}: keeps {_gib(vram - budget)} of each {_gib(vram)} GPU for activations, CUDA graphs "
@@ -520,47 +574,83 @@ def _gpu_plan(
     kv_dtype, kv_dtype_bytes = _kv_cache_dtype(shape, gpus, reasons)
 
     if not legal_tp_sizes(shape, max_tp=shape.num_attention_heads):
-        return _no_fit(f"no tensor-parallel size can shard this model: tp 1 fails because {tp_problem(shape, 1)}", reasons)
+        return _no_fit(
+            f"no tensor-parallel size can shard this model: tp 1 fails because {tp_problem(shape, 1)}", reasons
+        )
     legal = legal_tp_sizes(shape, max_tp=count)
     weight_tps = [tp for tp in legal if math.ceil(weight_bytes / tp) <= budget]
     if not weight_tps:
-        return _no_fit(_weights_do_not_fit(shape=shape, weight_bytes=weight_bytes, vram=vram, budget=budget,
-                                           fraction=fraction, count=count), reasons)
+        return _no_fit(
+            _weights_do_not_fit(
+                shape=shape, weight_bytes=weight_bytes, vram=vram, budget=budget, fraction=fraction, count=count
+            ),
+            reasons,
+        )
 
-    choice = _choose(shape=shape, weight_bytes=weight_bytes, tps=weight_tps, gpu_count=count, context=context,
-                     target_concurrency=target_concurrency, budget=budget, kv_dtype_bytes=kv_dtype_bytes)
+    choice = _choose(
+        shape=shape,
+        weight_bytes=weight_bytes,
+        tps=weight_tps,
+        gpu_count=count,
+        context=context,
+        target_concurrency=target_concurrency,
+        budget=budget,
+        kv_dtype_bytes=kv_dtype_bytes,
+    )
     if choice is None:
         shortest = _context_candidates(context)[-1]
-        largest = _option(shape=shape, weight_bytes=weight_bytes, tp=weight_tps[-1], context=shortest, budget=budget,
-                          kv_dtype_bytes=kv_dtype_bytes)
+        largest = _option(
+            shape=shape,
+            weight_bytes=weight_bytes,
+            tp=weight_tps[-1],
+            context=shortest,
+            budget=budget,
+            kv_dtype_bytes=kv_dtype_bytes,
+        )
         return _no_fit(
             f"the weights fit with tp {largest.tp} ({_gib(largest.weights)} per GPU) but leave {_gib(largest.free)} "
             f"of the {_gib(budget)} budget, less than the KV cache of one {shortest}-token request "
-            f"({_gib(largest.per_request)}); use more or larger GPUs", reasons)
+            f"({_gib(largest.per_request)}); use more or larger GPUs",
+            reasons,
+        )
 
     chosen, running, ctx = choice
     tp, dp = chosen.tp, count // chosen.tp
     if ctx != context:
         reasons["context_length"] = (
             f"{ctx}: reduced from {context}, because not even one {context}-token request's KV cache fits "
-            "next to the weights on any legal tp")
-    reasons["tp"] = _tp_reason(shape=shape, weight_bytes=weight_bytes, chosen=chosen, running=running, context=ctx,
-                               budget=budget, kv_dtype_bytes=kv_dtype_bytes, count=count,
-                               full=running == target_concurrency)
+            "next to the weights on any legal tp"
+        )
+    reasons["tp"] = _tp_reason(
+        shape=shape,
+        weight_bytes=weight_bytes,
+        chosen=chosen,
+        running=running,
+        context=ctx,
+        budget=budget,
+        kv_dtype_bytes=kv_dtype_bytes,
+        count=count,
+        full=running == target_concurrency,
+    )
     idle = [str(i) for i in range(tp * dp, count)]
     reasons["dp"] = f"{dp}: {count} GPU{'s' if count != 1 else ''} / tp {tp}" + (
         f"; GPU {', '.join(idle)} {'stays' if len(idle) == 1 else 'stay'} idle (not enough for another tp group)"
-        if idle else "")
+        if idle
+        else ""
+    )
     reasons["max_running_requests"] = (
         f"{running}: the target concurrency; the KV cache holds {_requests(running)} of {ctx} tokens per replica"
-        if running == target_concurrency else
-        f"{running} (target {target_concurrency}): the {_gib(chosen.free)} per GPU left after the weights holds the "
+        if running == target_concurrency
+        else f"{running} (target {target_concurrency}): the {_gib(chosen.free)} per GPU left after the weights holds the "
         f"KV cache of {_requests(running)} of {ctx} tokens, not {running + 1}"
-        + ("; context is kept, concurrency gives" if ctx == context else ""))
+        + ("; context is kept, concurrency gives" if ctx == context else "")
+    )
     reasons["server"] = "sglang on the GPUs"
     flags = _extra_flags(gpus=gpus, p2p=p2p, tp=tp, dp=dp, reasons=reasons)
     memory = MemoryEstimate(
-        vram_bytes=vram, budget_bytes=budget, weights_bytes=chosen.weights,
+        vram_bytes=vram,
+        budget_bytes=budget,
+        weights_bytes=chosen.weights,
         kv_cache_bytes=running * ctx * kv_bytes_per_token(shape, tp=tp, kv_dtype_bytes=kv_dtype_bytes),
         linear_state_bytes=running * linear_state_bytes_per_request(shape, tp=tp),
         reserve_bytes=vram - budget,
@@ -570,25 +660,47 @@ def _gpu_plan(
     mixed = len({gpus[i].name for i in used}) > 1
     return Plan(
         fits=True,
-        summary=(f"tp {tp} × dp {dp} on {f'{len(used)} mixed GPUs' if mixed else f'{len(used)}× {name}'}: "
-                 f"{_requests(running)} of up to {ctx} tokens per replica, {running * dp} in flight"),
-        server="sglang", device="cuda", tp=tp, dp=dp, mem_fraction_static=fraction,
-        max_running_requests=running, context_length=ctx, kv_cache_dtype=kv_dtype,
-        chunked_prefill_size=CHUNKED_PREFILL_SIZE, extra_flags=flags,
-        reasons=types.MappingProxyType(reasons), memory=memory, gpu_indices=used,
+        summary=(
+            f"tp {tp} × dp {dp} on {f'{len(used)} mixed GPUs' if mixed else f'{len(used)}× {name}'}: "
+            f"{_requests(running)} of up to {ctx} tokens per replica, {running * dp} in flight"
+        ),
+        server="sglang",
+        device="cuda",
+        tp=tp,
+        dp=dp,
+        mem_fraction_static=fraction,
+        max_running_requests=running,
+        context_length=ctx,
+        kv_cache_dtype=kv_dtype,
+        chunked_prefill_size=CHUNKED_PREFILL_SIZE,
+        extra_flags=flags,
+        reasons=types.MappingProxyType(reasons),
+        memory=memory,
+        gpu_indices=used,
     )
 
 
 def _choose(
-    *, shape: ModelShape, weight_bytes: int, tps: Sequence[int], gpu_count: int, context: int,
-    target_concurrency: int, budget: int, kv_dtype_bytes: int,
+    *,
+    shape: ModelShape,
+    weight_bytes: int,
+    tps: Sequence[int],
+    gpu_count: int,
+    context: int,
+    target_concurrency: int,
+    budget: int,
+    kv_dtype_bytes: int,
 ) -> tuple[_Option, int, int] | None:
     """(option, max_running_requests, context) or None. At the longest context that serves at
     least one request: the smallest tp that serves the target concurrency, else the tp that serves
     the most full-context requests across its replicas (ties: the smaller tp, less communication)."""
     for ctx in _context_candidates(context):
-        options = [_option(shape=shape, weight_bytes=weight_bytes, tp=tp, context=ctx, budget=budget,
-                           kv_dtype_bytes=kv_dtype_bytes) for tp in tps]
+        options = [
+            _option(
+                shape=shape, weight_bytes=weight_bytes, tp=tp, context=ctx, budget=budget, kv_dtype_bytes=kv_dtype_bytes
+            )
+            for tp in tps
+        ]
         full = [o for o in options if o.requests >= target_concurrency]
         if full:
             return full[0], target_concurrency, ctx
@@ -607,10 +719,13 @@ def _context_candidates(context: int) -> list[int]:
     return candidates
 
 
-def _option(*, shape: ModelShape, weight_bytes: int, tp: int, context: int, budget: int, kv_dtype_bytes: int) -> _Option:
+def _option(
+    *, shape: ModelShape, weight_bytes: int, tp: int, context: int, budget: int, kv_dtype_bytes: int
+) -> _Option:
     weights = math.ceil(weight_bytes / tp)
-    per_request = (context * kv_bytes_per_token(shape, tp=tp, kv_dtype_bytes=kv_dtype_bytes)
-                   + linear_state_bytes_per_request(shape, tp=tp))
+    per_request = context * kv_bytes_per_token(
+        shape, tp=tp, kv_dtype_bytes=kv_dtype_bytes
+    ) + linear_state_bytes_per_request(shape, tp=tp)
     return _Option(tp=tp, weights=weights, per_request=max(1, per_request), free=budget - weights)
 
 
@@ -619,31 +734,40 @@ def _kv_cache_dtype(shape: ModelShape, gpus: Sequence[GpuLike], reasons: dict[st
     if all(cc is not None and cc >= FP8_KV_MIN_COMPUTE_CAPABILITY for cc in capabilities):
         reasons["kv_cache_dtype"] = (
             "fp8_e4m3: half the bytes of a bf16 cache, so twice the tokens; every GPU has compute capability "
-            "8.9 or newer (FP8 hardware) and the published config uses it")
+            "8.9 or newer (FP8 hardware) and the published config uses it"
+        )
         return "fp8_e4m3", KV_DTYPE_BYTES["fp8_e4m3"]
     oldest = "unknown" if None in capabilities else ".".join(map(str, min(cc for cc in capabilities if cc)))
     reasons["kv_cache_dtype"] = (
-        f"auto ({shape.dtype}): FP8 KV cache needs compute capability 8.9 or newer and the oldest GPU here is "
-        f"{oldest}")
+        f"auto ({shape.dtype}): FP8 KV cache needs compute capability 8.9 or newer and the oldest GPU here is {oldest}"
+    )
     return "auto", DTYPE_BYTES.get(shape.dtype, 2)
 
 
-def _extra_flags(*, gpus: Sequence[GpuLike], p2p: Sequence[Sequence[bool | None]] | None, tp: int, dp: int,
-                 reasons: dict[str, str]) -> tuple[str, ...]:
+def _extra_flags(
+    *, gpus: Sequence[GpuLike], p2p: Sequence[Sequence[bool | None]] | None, tp: int, dp: int, reasons: dict[str, str]
+) -> tuple[str, ...]:
     flags: list[str] = []
     reasons["chunked_prefill_size"] = (
         f"--chunked-prefill-size {CHUNKED_PREFILL_SIZE}: the published config; the activation reserve behind "
-        "mem_fraction_static is sized for prefill chunks of this many tokens")
+        "mem_fraction_static is sized for prefill chunks of this many tokens"
+    )
     if tp > 1:
-        missing = [(a, b) for group in range(dp) for a in range(group * tp, (group + 1) * tp)
-                   for b in range(a + 1, (group + 1) * tp) if not _p2p_ok(p2p, a, b)]
+        missing = [
+            (a, b)
+            for group in range(dp)
+            for a in range(group * tp, (group + 1) * tp)
+            for b in range(a + 1, (group + 1) * tp)
+            if not _p2p_ok(p2p, a, b)
+        ]
         if missing:
             a, b = missing[0]
             flags.append("--disable-custom-all-reduce")
             reasons["custom_all_reduce"] = (
                 f"--disable-custom-all-reduce: GPU {a} and GPU {b} have no (or unknown) P2P access, as GeForce "
                 "cards report; sglang's custom all-reduce needs peer access and fails without it (sglang #4814), "
-                "so NCCL does the all-reduce")
+                "so NCCL does the all-reduce"
+            )
         else:
             reasons["custom_all_reduce"] = "kept: every pair of GPUs in each tp group has P2P access"
     capabilities = {gpus[i].compute_capability for i in range(tp * dp)}
@@ -652,7 +776,8 @@ def _extra_flags(*, gpus: Sequence[GpuLike], p2p: Sequence[Sequence[bool | None]
         reasons["attention_backend"] = (
             "--attention-backend triton: compute capability 12.x (RTX 50xx, sm_120) lacks the FlashAttention-3 "
             "kernels (Hopper only), and on Blackwell sglang allows only trtllm_mha, triton or fa4 for hybrid "
-            "linear-attention models (sglang #35080); triton compiles for the local GPU (needs CUDA 12.8+)")
+            "linear-attention models (sglang #35080); triton compiles for the local GPU (needs CUDA 12.8+)"
+        )
     return tuple(flags)
 
 
@@ -662,12 +787,25 @@ def _p2p_ok(p2p: Sequence[Sequence[bool | None]] | None, a: int, b: int) -> bool
     return p2p[a][b] is True and p2p[b][a] is True
 
 
-def _tp_reason(*, shape: ModelShape, weight_bytes: int, chosen: _Option, running: int, context: int, budget: int,
-               kv_dtype_bytes: int, count: int, full: bool) -> str:
+def _tp_reason(
+    *,
+    shape: ModelShape,
+    weight_bytes: int,
+    chosen: _Option,
+    running: int,
+    context: int,
+    budget: int,
+    kv_dtype_bytes: int,
+    count: int,
+    full: bool,
+) -> str:
     kv = running * context * kv_bytes_per_token(shape, tp=chosen.tp, kv_dtype_bytes=kv_dtype_bytes)
     state = running * linear_state_bytes_per_request(shape, tp=chosen.tp)
-    fit = (f"{_gib(chosen.weights)} of weights + {_gib(kv)} KV cache for {running} × {context} tokens"
-           + (f" + {_gib(state)} linear-attention state" if state else "") + f" fit in {_gib(budget)} per GPU")
+    fit = (
+        f"{_gib(chosen.weights)} of weights + {_gib(kv)} KV cache for {running} × {context} tokens"
+        + (f" + {_gib(state)} linear-attention state" if state else "")
+        + f" fit in {_gib(budget)} per GPU"
+    )
     if full:
         head = f"{chosen.tp}: the smallest tensor-parallel size that fits the targets ({fit})"
     else:
@@ -681,21 +819,30 @@ def _tp_reason(*, shape: ModelShape, weight_bytes: int, chosen: _Option, running
         if problem and count % tp == 0:
             notes.append(f"tp {tp} is not allowed ({problem})")
         elif not problem and full and tp < chosen.tp:
-            option = _option(shape=shape, weight_bytes=weight_bytes, tp=tp, context=context, budget=budget,
-                             kv_dtype_bytes=kv_dtype_bytes)
+            option = _option(
+                shape=shape,
+                weight_bytes=weight_bytes,
+                tp=tp,
+                context=context,
+                budget=budget,
+                kv_dtype_bytes=kv_dtype_bytes,
+            )
             notes.append(f"tp {tp} would need {_gib(option.weights + running * option.per_request)}")
     return head + "; " + "; ".join(notes)
 
 
-def _weights_do_not_fit(*, shape: ModelShape, weight_bytes: int, vram: int, budget: int, fraction: float, count: int) -> str:
+def _weights_do_not_fit(
+    *, shape: ModelShape, weight_bytes: int, vram: int, budget: int, fraction: float, count: int
+) -> str:
     any_count = legal_tp_sizes(shape, max_tp=shape.num_attention_heads)
     needed = next((tp for tp in any_count if math.ceil(weight_bytes / tp) <= budget), None)
     holds = f"each holds {_gib(budget)} of weights and KV cache at --mem-fraction-static {fraction:.2f}"
     if needed is None:
-        return (f"{_gib(weight_bytes)} of weights do not fit on GPUs of {_gib(vram)} even at the largest tensor-parallel "
-                f"size this model allows (tp {any_count[-1]}; {holds})")
-    return (f"{_gib(weight_bytes)} of weights need at least {needed} GPUs of {_gib(vram)} ({holds}); "
-            f"found {count}")
+        return (
+            f"{_gib(weight_bytes)} of weights do not fit on GPUs of {_gib(vram)} even at the largest tensor-parallel "
+            f"size this model allows (tp {any_count[-1]}; {holds})"
+        )
+    return f"{_gib(weight_bytes)} of weights need at least {needed} GPUs of {_gib(vram)} ({holds}); found {count}"
 
 
 def _describe_gpus(gpus: Sequence[GpuLike], vram: int) -> str:
@@ -706,8 +853,10 @@ def _describe_gpus(gpus: Sequence[GpuLike], vram: int) -> str:
     listed = ", ".join(f"{n}× {name or 'GPU'} ({_gib(memory or 0)})" for (name, memory, _), n in kinds.items())
     if len(kinds) == 1:
         return listed
-    return (f"mixed GPUs ({listed}): planning every GPU as the smallest ({_gib(vram)}), "
-            "as sglang sizes its pools by the smallest rank")
+    return (
+        f"mixed GPUs ({listed}): planning every GPU as the smallest ({_gib(vram)}), "
+        "as sglang sizes its pools by the smallest rank"
+    )
 
 
 def _gib(value: int) -> str:

@@ -48,12 +48,12 @@ from engy_node.miner.gpu import GpuInventory, detect
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
 from engy_node.miner.plan import Plan, plan, read_model_shape
 from engy_node.miner.serving import RequestHandler, RequestOutcome
-from engy_node.served_model import ServedModel, load_served_model
 from engy_node.miner.sglang import LaunchSpec, ModelServerSupervisor, reference_launch, sglang_launch, shell_command
 from engy_node.models import ModelSpec, get_model
 from engy_node.protocol.miner import FEATURE_SEEDED, OUR_FEATURES, Capacity, KvLoad
 from engy_node.serve.checkpoint import resolve_checkpoint
 from engy_node.serve.client import ServeClient, ServeError
+from engy_node.served_model import ServedModel, load_served_model
 
 log = logging.getLogger("engy.miner")
 
@@ -120,35 +120,70 @@ def decide(config: Config, inventory: GpuInventory) -> MinerSetup:
     spec = get_model(settings.model)
     if not settings.checkpoint and not spec.embedded:
         raise MinerError(f"model {spec.id} needs its checkpoint: pass --checkpoint DIR (the directory sglang loads)")
-    checkpoint = resolve_checkpoint(model_id=spec.id, checkpoint=settings.checkpoint,
-                                    models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir)
+    checkpoint = resolve_checkpoint(
+        model_id=spec.id,
+        checkpoint=settings.checkpoint,
+        models_dir=config.paths.models_dir,
+        cache_dir=config.paths.model_cache_dir,
+    )
     serve_urls = tuple(url.strip().rstrip("/") for url in settings.serve_urls.split(",") if url.strip())
     if serve_urls:
-        return MinerSetup(spec, checkpoint, inventory, None, None, serve_urls,
-                          settings.max_inflight or EXTERNAL_SERVE_DEFAULT_INFLIGHT)
+        return MinerSetup(
+            spec,
+            checkpoint,
+            inventory,
+            None,
+            None,
+            serve_urls,
+            settings.max_inflight or EXTERNAL_SERVE_DEFAULT_INFLIGHT,
+        )
 
     shape, weight_bytes = read_model_shape(checkpoint)
-    chosen = plan(shape=shape, weight_bytes=weight_bytes, gpus=inventory.gpus, p2p=inventory.p2p_ok_matrix,
-                  target_context=settings.context_length or None, cpu_capable=spec.embedded)
+    chosen = plan(
+        shape=shape,
+        weight_bytes=weight_bytes,
+        gpus=inventory.gpus,
+        p2p=inventory.p2p_ok_matrix,
+        target_context=settings.context_length or None,
+        cpu_capable=spec.embedded,
+    )
     if not chosen.fits:
         raise MinerError(f"{spec.id} cannot be served here: {chosen.summary}")
     port = settings.serve_port or free_loopback_port()
     if chosen.server == "reference":
         # The child gets a home of its own inside ours: its own log file, no shared state.
-        launch = reference_launch(python=sys.executable, home=config.paths.data_dir / "model-server", model=spec.id,
-                                  port=port, checkpoint=checkpoint, max_running_requests=chosen.max_running_requests)
+        launch = reference_launch(
+            python=sys.executable,
+            home=config.paths.data_dir / "model-server",
+            model=spec.id,
+            port=port,
+            checkpoint=checkpoint,
+            max_running_requests=chosen.max_running_requests,
+        )
     else:
         launch = sglang_launch(
-            python=sys.executable, checkpoint=checkpoint, served_model_name=spec.id, port=port, tp=chosen.tp, dp=chosen.dp,
-            mem_fraction_static=chosen.mem_fraction_static, max_running_requests=chosen.max_running_requests,
-            context_length=chosen.context_length, kv_cache_dtype=chosen.kv_cache_dtype,
-            chunked_prefill_size=chosen.chunked_prefill_size, extra_flags=chosen.extra_flags,
+            python=sys.executable,
+            checkpoint=checkpoint,
+            served_model_name=spec.id,
+            port=port,
+            tp=chosen.tp,
+            dp=chosen.dp,
+            mem_fraction_static=chosen.mem_fraction_static,
+            max_running_requests=chosen.max_running_requests,
+            context_length=chosen.context_length,
+            kv_cache_dtype=chosen.kv_cache_dtype,
+            chunked_prefill_size=chosen.chunked_prefill_size,
+            extra_flags=chosen.extra_flags,
         )
-        launch = dataclasses.replace(launch, env=launch.env + (
-            # NVML numbers GPUs in PCI order; CUDA's default order is "fastest first".
-            ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
-            ("CUDA_VISIBLE_DEVICES", ",".join(map(str, chosen.gpu_indices))),
-        ))
+        launch = dataclasses.replace(
+            launch,
+            env=launch.env
+            + (
+                # NVML numbers GPUs in PCI order; CUDA's default order is "fastest first".
+                ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+                ("CUDA_VISIBLE_DEVICES", ",".join(map(str, chosen.gpu_indices))),
+            ),
+        )
     return MinerSetup(spec, checkpoint, inventory, chosen, launch, (), settings.max_inflight or chosen.max_inflight)
 
 
@@ -189,11 +224,15 @@ def preflight(config: Config) -> Identity:
 def identity(config: Config) -> Identity:
     settings = config.miner
     if settings.wallet_name and settings.wallet_hotkey:
-        keypair = keys.load_hotkey(Path(settings.wallets_path).expanduser(), settings.wallet_name, settings.wallet_hotkey)
+        keypair = keys.load_hotkey(
+            Path(settings.wallets_path).expanduser(), settings.wallet_name, settings.wallet_hotkey
+        )
         return Identity(miner_key=settings.miner_key, keypair=keypair, netuid=config.node.netuid)
     if not settings.miner_key:
-        raise MinerError("no miner identity: set MINER_KEY (or ENGY_MINER__MINER_KEY), or a registered hotkey "
-                         "with --wallet NAME --hotkey HOTKEY")
+        raise MinerError(
+            "no miner identity: set MINER_KEY (or ENGY_MINER__MINER_KEY), or a registered hotkey "
+            "with --wallet NAME --hotkey HOTKEY"
+        )
     return Identity(miner_key=settings.miner_key, netuid=config.node.netuid)
 
 
@@ -208,8 +247,9 @@ def register_restart(actions: Actions, supervisor: ModelServerSupervisor, hub_co
             raise MinerError(str(error)) from None
         return {"restarted": True, "command": supervisor.command}
 
-    actions.register(f"restart-model-server{suffix}", f"restart the model server of {hub_component}", restart,
-                     timeout_s=120.0)
+    actions.register(
+        f"restart-model-server{suffix}", f"restart the model server of {hub_component}", restart, timeout_s=120.0
+    )
 
 
 class MinerMetrics:
@@ -220,11 +260,20 @@ class MinerMetrics:
         from engy_node.metrics import ITL_BUCKETS, TTFT_BUCKETS
 
         self.hub = hub
-        self.ttft = registry.histogram("engy_miner_ttft_seconds", "Time to first token seen by the miner.", buckets=TTFT_BUCKETS)
-        self.tpot = registry.histogram("engy_miner_tpot_seconds", "Time per output token after the first.", buckets=ITL_BUCKETS)
-        self.proof = registry.histogram("engy_miner_proof_seconds", "TOPLOC commitment build time per request.",
-                                        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
-        self.requests = registry.counter("engy_miner_requests_total", "Requests served, by outcome.", labelnames=("outcome",))
+        self.ttft = registry.histogram(
+            "engy_miner_ttft_seconds", "Time to first token seen by the miner.", buckets=TTFT_BUCKETS
+        )
+        self.tpot = registry.histogram(
+            "engy_miner_tpot_seconds", "Time per output token after the first.", buckets=ITL_BUCKETS
+        )
+        self.proof = registry.histogram(
+            "engy_miner_proof_seconds",
+            "TOPLOC commitment build time per request.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
+        self.requests = registry.counter(
+            "engy_miner_requests_total", "Requests served, by outcome.", labelnames=("outcome",)
+        )
         self.tokens = registry.counter("engy_miner_tokens_total", "Tokens processed, by kind.", labelnames=("kind",))
 
     def record(self, outcome: RequestOutcome) -> None:
@@ -281,9 +330,16 @@ async def _run_in(scope: trio.CancelScope, service, *, task_status=trio.TASK_STA
         await service(task_status=task_status)
 
 
-async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = False, hub_component: str = "miner",
-                    server_hub_component: str = "model_server", actions: Actions | None = None,
-                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def run_miner(
+    config: Config,
+    hub: Hub,
+    *,
+    ready_when_admitted: bool = False,
+    hub_component: str = "miner",
+    server_hub_component: str = "model_server",
+    actions: Actions | None = None,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
     """The miner service: ready once the model server answers, and the link keeps dialling; with
     `ready_when_admitted`, ready once the gateway has admitted a leg too (a local network says
     it is up only when a buyer's first request can be served). Several miners in one process
@@ -300,11 +356,19 @@ async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = Fal
     setup = await trio.to_thread.run_sync(decide, config, inventory)
     for line in setup.describe():
         log.info("%s", line)
-    hub.set_state(hub_component, model=setup.spec.id, max_inflight=setup.max_inflight, cpu_mode=inventory.cpu_mode,
-                  plan=setup.plan.summary if setup.plan else None, command=shell_command(setup.launch) if setup.launch else None)
+    hub.set_state(
+        hub_component,
+        model=setup.spec.id,
+        max_inflight=setup.max_inflight,
+        cpu_mode=inventory.cpu_mode,
+        plan=setup.plan.summary if setup.plan else None,
+        command=shell_command(setup.launch) if setup.launch else None,
+    )
     if setup.launch is not None and setup.launch.kind == "sglang" and not _sglang_installed():
-        raise MinerError("sglang is not installed in this environment: pip install 'engy-node[gpu]', "
-                         "or run sglang yourself and pass --serve-url")
+        raise MinerError(
+            "sglang is not installed in this environment: pip install 'engy-node[gpu]', "
+            "or run sglang yourself and pass --serve-url"
+        )
 
     served: ServedModel = await trio.to_thread.run_sync(load_served_model, setup.spec, setup.checkpoint)
     metrics = MinerMetrics(hub)
@@ -312,11 +376,15 @@ async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = Fal
         # Each is shielded as soon as it has started: until then a cancel stops it as usual.
         server_scope, link_scope = trio.CancelScope(), trio.CancelScope()
         link: GatewayLink | None = None
-        serve_ready: Callable[[], bool] = lambda: True
+        serve_ready: Callable[[], bool] = lambda: True  # noqa: E731 (a remote serve is always ready)
         try:
             if setup.launch is not None:
-                supervisor = ModelServerSupervisor(setup.launch, hub, hub_component=server_hub_component,
-                                                   record_path=server_record_path(config, server_hub_component))
+                supervisor = ModelServerSupervisor(
+                    setup.launch,
+                    hub,
+                    hub_component=server_hub_component,
+                    record_path=server_record_path(config, server_hub_component),
+                )
                 serve_urls: tuple[str, ...] = (await nursery.start(_run_in, server_scope, supervisor.run),)
                 server_scope.shield = True
                 serve_ready = lambda: supervisor.ready  # noqa: E731
@@ -324,7 +392,9 @@ async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = Fal
                     register_restart(actions, supervisor, hub_component)
             else:
                 serve_urls = setup.serve_urls
-            link = _link(config, setup, served, miner_identity, hub, hub_component, http, metrics, serve_urls, serve_ready)
+            link = _link(
+                config, setup, served, miner_identity, hub, hub_component, http, metrics, serve_urls, serve_ready
+            )
             if ready_when_admitted:
                 await nursery.start(_run_in, link_scope, link.run)
             else:
@@ -341,27 +411,56 @@ async def run_miner(config: Config, hub: Hub, *, ready_when_admitted: bool = Fal
             server_scope.cancel(reason="the miner's legs are closed")
 
 
-def _link(config: Config, setup: MinerSetup, served: ServedModel, miner_identity: Identity, hub: Hub, hub_component: str,
-          http: httpx.AsyncClient, metrics: MinerMetrics, serve_urls: tuple[str, ...],
-          serve_ready: Callable[[], bool]) -> GatewayLink:
+def _link(
+    config: Config,
+    setup: MinerSetup,
+    served: ServedModel,
+    miner_identity: Identity,
+    hub: Hub,
+    hub_component: str,
+    http: httpx.AsyncClient,
+    metrics: MinerMetrics,
+    serve_urls: tuple[str, ...],
+    serve_ready: Callable[[], bool],
+) -> GatewayLink:
     """The gateway link for `setup`, serving through `serve_urls` while `serve_ready()`."""
     settings = config.miner
     serves = ServeRotation(serve_urls, http, request_timeout_s=setup.spec.max_request_s)
     handler = RequestHandler(model=served, serve=serves, chunk_tokens=settings.chunk_tokens, on_outcome=metrics.record)
     spec = setup.spec
     return GatewayLink(
-        gateway_url=settings.gateway_url, identity=miner_identity, http=http, handler=handler, settings=LinkSettings(),
-        limits=Capacity(max_inflight=0, max_inflight_total=setup.max_inflight, max_input_tokens=spec.max_input_tokens,
-                        max_output_tokens=spec.max_output_tokens, max_request_s=spec.max_request_s),
-        hello={"model": spec.id, "model_root": served.model_root, "hw": hardware(setup.inventory, setup.plan),
-               "versions": {"engy_node": __version__, "protocol": 1, "toploc": _version("toploc"),
-                            "transformers": _version("transformers"), "sglang": _version("sglang")},
-               "worker_name": settings.worker_name or platform.node(), "worker_id": uuid.uuid4().hex},
+        gateway_url=settings.gateway_url,
+        identity=miner_identity,
+        http=http,
+        handler=handler,
+        settings=LinkSettings(),
+        limits=Capacity(
+            max_inflight=0,
+            max_inflight_total=setup.max_inflight,
+            max_input_tokens=spec.max_input_tokens,
+            max_output_tokens=spec.max_output_tokens,
+            max_request_s=spec.max_request_s,
+        ),
+        hello={
+            "model": spec.id,
+            "model_root": served.model_root,
+            "hw": hardware(setup.inventory, setup.plan),
+            "versions": {
+                "engy_node": __version__,
+                "protocol": 1,
+                "toploc": _version("toploc"),
+                "transformers": _version("transformers"),
+                "sglang": _version("sglang"),
+            },
+            "worker_name": settings.worker_name or platform.node(),
+            "worker_id": uuid.uuid4().hex,
+        },
         on_state=lambda **values: hub.set_state(hub_component, **values),
         # A server this miner launched samples deterministically (sglang with the flag, or the
         # reference server); one the operator runs (--serve-url) may not, so it is not claimed.
         features=OUR_FEATURES | {FEATURE_SEEDED} if setup.launch is not None else OUR_FEATURES,
-        serve_ready=serve_ready, serve_load=serves.kv_load,
+        serve_ready=serve_ready,
+        serve_load=serves.kv_load,
     )
 
 
@@ -377,5 +476,3 @@ def plan_report(config: Config) -> str:
     inventory = detect_gpus(config.miner.fake_gpus)
     setup = decide(config, inventory)
     return "\n".join(setup.describe())
-
-

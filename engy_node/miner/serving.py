@@ -48,8 +48,12 @@ def sampling_params(request: ServeRequest) -> dict[str, Any]:
     sampling = request.sampling
     # Every knob is explicit: sglang fills omitted ones from the model's generation_config (a
     # top_k of 20, say), and a verifier replaying a seeded draw must know what was applied.
-    params: dict[str, Any] = {"temperature": 0.0 if sampling.temperature is None else sampling.temperature,
-                              "top_p": 1.0 if sampling.top_p is None else sampling.top_p, "top_k": -1, "min_p": 0.0}
+    params: dict[str, Any] = {
+        "temperature": 0.0 if sampling.temperature is None else sampling.temperature,
+        "top_p": 1.0 if sampling.top_p is None else sampling.top_p,
+        "top_k": -1,
+        "min_p": 0.0,
+    }
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
         if not sampling.greedy:
@@ -92,9 +96,12 @@ def _call(event: ToolCall) -> dict[str, Any]:
 def chunk_of(corr_id: str, events: Sequence[OutputEvent]) -> Chunk:
     """A streamed chunk carrying events in the newest public protocol's parts: reasoning as
     `reasoning_content`, text as `content`, each tool call whole."""
-    return Chunk(corr_id=corr_id, content="".join(e.text for e in events if isinstance(e, TextDelta)),
-                 reasoning="".join(e.text for e in events if isinstance(e, ReasoningDelta)),
-                 tool_calls=tuple({"index": e.index, **_call(e)} for e in events if isinstance(e, ToolCall)))
+    return Chunk(
+        corr_id=corr_id,
+        content="".join(e.text for e in events if isinstance(e, TextDelta)),
+        reasoning="".join(e.text for e in events if isinstance(e, ReasoningDelta)),
+        tool_calls=tuple({"index": e.index, **_call(e)} for e in events if isinstance(e, ToolCall)),
+    )
 
 
 def message_of(events: Sequence[OutputEvent]) -> dict[str, Any]:
@@ -130,8 +137,15 @@ Send = Callable[[MinerFrame], Awaitable[None]]
 class RequestHandler:
     """Turns `serve` frames into `chunk`s and a `response`."""
 
-    def __init__(self, *, model: ServedModel, serve: Callable[[], ServeClient], chunk_tokens: int = 4096,
-                 proof_limiter: trio.CapacityLimiter | None = None, on_outcome: Callable[[RequestOutcome], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        model: ServedModel,
+        serve: Callable[[], ServeClient],
+        chunk_tokens: int = 4096,
+        proof_limiter: trio.CapacityLimiter | None = None,
+        on_outcome: Callable[[RequestOutcome], None] | None = None,
+    ) -> None:
         self.model = model
         self.serve = serve
         self.chunk_tokens = chunk_tokens
@@ -151,15 +165,28 @@ class RequestHandler:
             # The model server's 4xx (a prompt past its context) is the request's fault, and the
             # gateway passes it to the buyer with its status; anything else is the miner's.
             fault = error.status if error.status is not None and 400 <= error.status < 500 else None
-            response = Response(corr_id=frame.corr_id, request_id=request.engy_request_id, commitment=None, output=None,
-                                error=f"model server error: {error}", error_type="ServeError", error_status=fault or 500)
+            response = Response(
+                corr_id=frame.corr_id,
+                request_id=request.engy_request_id,
+                commitment=None,
+                output=None,
+                error=f"model server error: {error}",
+                error_type="ServeError",
+                error_status=fault or 500,
+            )
         except (ValueError, TypeError, KeyError) as error:
             # Broad on purpose within these types: a template or tokenizer rejecting the input is
             # the request's problem, reported to the gateway, not a miner crash.
             outcome.error_class = "request"
-            response = Response(corr_id=frame.corr_id, request_id=request.engy_request_id, commitment=None, output=None,
-                                error=f"bad request: {type(error).__name__}: {error}", error_type=type(error).__name__,
-                                error_status=400)
+            response = Response(
+                corr_id=frame.corr_id,
+                request_id=request.engy_request_id,
+                commitment=None,
+                output=None,
+                error=f"bad request: {type(error).__name__}: {error}",
+                error_type=type(error).__name__,
+                error_status=400,
+            )
         finally:
             if self.on_outcome is not None:
                 self.on_outcome(outcome)
@@ -180,7 +207,7 @@ class RequestHandler:
             ready = streamable_prefix(text, stops)
             events = []
             if len(ready) > len(relayed) and ready.startswith(relayed):
-                events = parts.feed(ready[len(relayed):])
+                events = parts.feed(ready[len(relayed) :])
                 relayed = ready
             if final:
                 events += parts.finish()
@@ -193,8 +220,12 @@ class RequestHandler:
                 await relay(await trio.to_thread.run_sync(model.decode, ids))
 
         result = await self.serve().generate(
-            prompt_ids, sampling_params(request), max_new_tokens=max_tokens,
-            rid_prefix=f"engy-{frame.corr_id}", stream=frame.stream, chunk_tokens=self.chunk_tokens,
+            prompt_ids,
+            sampling_params(request),
+            max_new_tokens=max_tokens,
+            rid_prefix=f"engy-{frame.corr_id}",
+            stream=frame.stream,
+            chunk_tokens=self.chunk_tokens,
             on_progress=on_progress if frame.stream else None,
         )
         if result.finish_reason.get("type") == "abort":
@@ -203,8 +234,10 @@ class RequestHandler:
         if frame.stream:
             await relay(text, final=True)
             if relayed != text:
-                log.warning("request %s: relayed text diverged from the final decode; the gateway will see a mismatch",
-                            request.engy_request_id)
+                log.warning(
+                    "request %s: relayed text diverged from the final decode; the gateway will see a mismatch",
+                    request.engy_request_id,
+                )
 
         proof_started = time.perf_counter()
         commitment = await trio.to_thread.run_sync(self._commit, prompt_ids, result, limiter=self.proof_limiter)
@@ -226,16 +259,28 @@ class RequestHandler:
         message = message_of(parse_output(text, call_id_prefix=frame.corr_id[-12:], tools=request.tools))
         finish = finish_reason_for_buyer(result.finish_reason)
         output = {
-            "choices": [{"index": 0, "finish_reason": "tool_calls" if message.get("tool_calls") and finish == "stop" else finish,
-                         "message": message}],
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "tool_calls" if message.get("tool_calls") and finish == "stop" else finish,
+                    "message": message,
+                }
+            ],
             "usage": usage,
         }
-        return Response(corr_id=frame.corr_id, request_id=request.engy_request_id, commitment=commitment.to_wire(), output=output)
+        return Response(
+            corr_id=frame.corr_id, request_id=request.engy_request_id, commitment=commitment.to_wire(), output=output
+        )
 
     def _commit(self, prompt_ids: list[int], result: GenerateResult) -> proof.Commitment:
         import numpy as np
         import torch
 
         rows = torch.from_numpy(np.asarray(result.hidden_rows, dtype=np.float32))
-        return proof.build_commitment(model_root=self.model.model_root, prompt_ids=prompt_ids,
-                                      output_ids=result.output_ids, rows=rows, params=self.model.spec.proof)
+        return proof.build_commitment(
+            model_root=self.model.model_root,
+            prompt_ids=prompt_ids,
+            output_ids=result.output_ids,
+            rows=rows,
+            params=self.model.spec.proof,
+        )

@@ -83,8 +83,16 @@ RESERVED_KEYS = frozenset({"epoch_index", "netuid", "weights", "rows"})
 """Keys of `result_json` this module writes itself; `extra` may not set them."""
 
 Reason = Literal[
-    "too-large", "not-json", "malformed", "version", "netuid", "digest", "epoch-index",
-    "wrong-signer", "signature", "weights",
+    "too-large",
+    "not-json",
+    "malformed",
+    "version",
+    "netuid",
+    "digest",
+    "epoch-index",
+    "wrong-signer",
+    "signature",
+    "weights",
 ]
 REASONS: tuple[Reason, ...] = get_args(Reason)
 """Every reason code `EpochPayloadError` can carry."""
@@ -178,8 +186,10 @@ def build_result_json(
             raise TypeError(f"extra must be a mapping or None, got {type(extra).__name__}")
         clashing |= (RESERVED_KEYS | set(settlement_json)) & set(extra)
     if clashing:
-        raise ValueError(f"key(s) {sorted(clashing, key=str)} would be written twice; the module sets "
-                         "epoch_index and netuid, the settlement sets weights and rows")
+        raise ValueError(
+            f"key(s) {sorted(clashing, key=str)} would be written twice; the module sets "
+            "epoch_index and netuid, the settlement sets weights and rows"
+        )
     document = {**(extra or {}), **settlement_json, "epoch_index": epoch_index, "netuid": netuid}
     plain = _plain(document, "result_json")
     read_weights(plain["weights"])  # raises EpochPayloadError (a ValueError) on a bad vector
@@ -209,8 +219,13 @@ def sign_epoch(keypair: Keypair, *, netuid: int, epoch_index: int, result_json: 
     digest = keys.epoch_digest(result_json)
     signature = keys.sign(keypair, keys.epoch_message(netuid, epoch_index, digest))
     payload = EpochPayload(
-        netuid=netuid, epoch_index=epoch_index, digest=digest, result_json=result_json,
-        signature=signature, signed_hotkey=keypair.ss58_address, weights=weights,
+        netuid=netuid,
+        epoch_index=epoch_index,
+        digest=digest,
+        result_json=result_json,
+        signature=signature,
+        signed_hotkey=keypair.ss58_address,
+        weights=weights,
     ).to_wire()
     size = len(encode_payload(payload))
     if size > MAX_PAYLOAD_BYTES:
@@ -228,7 +243,9 @@ def encode_payload(payload: Mapping[str, Any]) -> bytes:
 # Verifying
 
 
-def parse_and_verify(raw: bytes, *, master_hotkey: str, netuid: int, max_bytes: int = MAX_PAYLOAD_BYTES) -> VerifiedEpoch:
+def parse_and_verify(
+    raw: bytes, *, master_hotkey: str, netuid: int, max_bytes: int = MAX_PAYLOAD_BYTES
+) -> VerifiedEpoch:
     """Verify a fetched payload as a validator does, and return what it proves.
 
     `raw` is the response body; `master_hotkey` the pinned ss58 of the master (never the
@@ -287,7 +304,12 @@ def parse_and_verify(raw: bytes, *, master_hotkey: str, netuid: int, max_bytes: 
     result = _json_object(result_text, "result_json")
     weights = _read_result(result, netuid=netuid, epoch_index=epoch_index)
     return VerifiedEpoch(
-        netuid=netuid, epoch_index=epoch_index, digest=digest, result_json=result_json, weights=weights, result=result,
+        netuid=netuid,
+        epoch_index=epoch_index,
+        digest=digest,
+        result_json=result_json,
+        weights=weights,
+        result=result,
     )
 
 

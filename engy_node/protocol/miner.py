@@ -138,7 +138,9 @@ def _as_count(value: Any, field: str) -> int:
     elif isinstance(value, float) and value.is_integer():
         number = int(value)
     else:
-        raise ProtocolError(field, f"must be a whole number, got {_describe(value) if not isinstance(value, float) else value}")
+        raise ProtocolError(
+            field, f"must be a whole number, got {_describe(value) if not isinstance(value, float) else value}"
+        )
     if not 0 <= number <= MAX_COUNT:
         raise ProtocolError(field, f"must be between 0 and 2**64-1, got {value}")
     return number
@@ -202,9 +204,13 @@ class Capacity:
     """What the serve takes besides text (`["text", "image"]`); empty: text only."""
 
     def to_wire(self) -> dict[str, Any]:
-        wire: dict[str, Any] = {"max_inflight": self.max_inflight, "max_inflight_total": self.max_inflight_total,
-                                "max_input_tokens": self.max_input_tokens, "max_output_tokens": self.max_output_tokens,
-                                "max_request_s": self.max_request_s}
+        wire: dict[str, Any] = {
+            "max_inflight": self.max_inflight,
+            "max_inflight_total": self.max_inflight_total,
+            "max_input_tokens": self.max_input_tokens,
+            "max_output_tokens": self.max_output_tokens,
+            "max_request_s": self.max_request_s,
+        }
         if self.context_length is not None:
             wire["context_length"] = self.context_length
         if self.input_modalities:
@@ -212,7 +218,7 @@ class Capacity:
         return wire
 
     @classmethod
-    def parse(cls, raw: Any, where: str) -> "Capacity":
+    def parse(cls, raw: Any, where: str) -> Capacity:
         """Only `max_inflight` is required; the total defaults to it and an unstated limit to 0
         (not announced). A fractional `max_request_s` rounds up: it is a deadline. A zero
         `context_length` is none announced; modalities that are not strings are dropped."""
@@ -255,7 +261,7 @@ class KvLoad:
         return wire
 
     @classmethod
-    def of_ranks(cls, ranks: Any, limit: int | None) -> "KvLoad | None":
+    def of_ranks(cls, ranks: Any, limit: int | None) -> KvLoad | None:
         """Summed over sglang's `/get_load` list (one entry per scheduler rank); `limit` is the
         servers' `max_total_num_tokens` summed (None: unknown). None when the list holds no rank
         it can read: then no `kv` block is sent, and the gateway counts requests alone."""
@@ -266,21 +272,29 @@ class KvLoad:
             return None
 
         def total(key: str) -> int:
-            return sum(value for rank in read if isinstance(value := rank.get(key), int) and not isinstance(value, bool)
-                       and value >= 0)
+            return sum(
+                value
+                for rank in read
+                if isinstance(value := rank.get(key), int) and not isinstance(value, bool) and value >= 0
+            )
 
-        return cls(used=total("num_tokens"), limit=limit or None, running=total("num_reqs"), waiting=total("num_waiting_reqs"))
+        return cls(
+            used=total("num_tokens"), limit=limit or None, running=total("num_reqs"), waiting=total("num_waiting_reqs")
+        )
 
     @classmethod
-    def parse(cls, raw: Any) -> "KvLoad | None":
+    def parse(cls, raw: Any) -> KvLoad | None:
         """Liberal: a block that is not an object, or counts that are not whole numbers, read as
         no report (it only refines routing; the gateway counts requests itself)."""
         if not isinstance(raw, Mapping):
             return None
         try:
-            return cls(used=_count(raw, "used", "heartbeat.kv", default=0), limit=_count(raw, "limit", "heartbeat.kv", default=None),
-                       running=_count(raw, "reqs", "heartbeat.kv", default=0),
-                       waiting=_count(raw, "waiting", "heartbeat.kv", default=0))
+            return cls(
+                used=_count(raw, "used", "heartbeat.kv", default=0),
+                limit=_count(raw, "limit", "heartbeat.kv", default=None),
+                running=_count(raw, "reqs", "heartbeat.kv", default=0),
+                waiting=_count(raw, "waiting", "heartbeat.kv", default=0),
+            )
         except ProtocolError:
             return None
 
@@ -312,9 +326,16 @@ class Hello:
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {
-            "type": "hello", "miner_key": self.miner_key, "model": self.model, "model_root": self.model_root,
-            "hw": self.hw, "versions": self.versions, "capacity": self.capacity.to_wire(),
-            "worker_name": self.worker_name, "instance_id": self.worker_name, "worker_id": self.worker_id,
+            "type": "hello",
+            "miner_key": self.miner_key,
+            "model": self.model,
+            "model_root": self.model_root,
+            "hw": self.hw,
+            "versions": self.versions,
+            "capacity": self.capacity.to_wire(),
+            "worker_name": self.worker_name,
+            "instance_id": self.worker_name,
+            "worker_id": self.worker_id,
         }
         if self.features:
             wire["features"] = sorted(self.features)
@@ -323,7 +344,7 @@ class Hello:
         return wire
 
     @classmethod
-    def parse(cls, obj: Mapping[str, Any]) -> "Hello":
+    def parse(cls, obj: Mapping[str, Any]) -> Hello:
         hw = obj.get("hw")
         versions = obj.get("versions")
         features = obj.get("features")
@@ -342,7 +363,9 @@ class Hello:
             hotkey=_text(obj, "hotkey", "hello", default=None),
             ts=_count(obj, "ts", "hello", default=None),
             signature=_text(obj, "signature", "hello", default=None),
-            features=frozenset(f for f in features if isinstance(f, str)) if isinstance(features, list) else frozenset(),
+            features=frozenset(f for f in features if isinstance(f, str))
+            if isinstance(features, list)
+            else frozenset(),
         )
 
 
@@ -356,7 +379,11 @@ class Heartbeat:
     """The serve's KV cache and queue, when the miner reads them (TEE, ours on sglang)."""
 
     def to_wire(self) -> dict[str, Any]:
-        wire: dict[str, Any] = {"type": "heartbeat", "inflight": self.inflight, "idle_seconds": round(self.idle_seconds, 3)}
+        wire: dict[str, Any] = {
+            "type": "heartbeat",
+            "inflight": self.inflight,
+            "idle_seconds": round(self.idle_seconds, 3),
+        }
         if self.capacity is not None:
             wire["capacity"] = self.capacity.to_wire()
         if self.kv is not None:
@@ -364,7 +391,7 @@ class Heartbeat:
         return wire
 
     @classmethod
-    def parse(cls, obj: Mapping[str, Any]) -> "Heartbeat":
+    def parse(cls, obj: Mapping[str, Any]) -> Heartbeat:
         idle = obj.get("idle_seconds")
         capacity = obj.get("capacity")
         return cls(
@@ -402,7 +429,7 @@ class Chunk:
         return {"type": "chunk", "corr_id": self.corr_id, "delta": delta}
 
     @classmethod
-    def parse(cls, obj: Mapping[str, Any]) -> "Chunk":
+    def parse(cls, obj: Mapping[str, Any]) -> Chunk:
         """`delta` is OpenAI-shaped: `content`, `reasoning_content` and `tool_calls`, any of them
         absent or null (a delta without any, such as `{}`, relays nothing). A bare string is
         taken as the text. Tool-call fragments that are not objects are dropped, not refused:
@@ -442,18 +469,26 @@ class Response:
         return f"{self.error_type}: {self.error}" if self.error_type and self.error is not None else self.error
 
     def to_wire(self) -> dict[str, Any]:
-        wire: dict[str, Any] = {"type": "response", "corr_id": self.corr_id, "request_id": self.request_id,
-                                "commitment": self.commitment, "output": self.output}
+        wire: dict[str, Any] = {
+            "type": "response",
+            "corr_id": self.corr_id,
+            "request_id": self.request_id,
+            "commitment": self.commitment,
+            "output": self.output,
+        }
         if self.error is not None:
             if self.error_type is None and self.error_status is None:
                 wire["error"] = self.error
             else:
-                wire["error"] = {"message": self.error, **({"type": self.error_type} if self.error_type else {}),
-                                 **({"status": self.error_status} if self.error_status is not None else {})}
+                wire["error"] = {
+                    "message": self.error,
+                    **({"type": self.error_type} if self.error_type else {}),
+                    **({"status": self.error_status} if self.error_status is not None else {}),
+                }
         return wire
 
     @classmethod
-    def parse(cls, obj: Mapping[str, Any]) -> "Response":
+    def parse(cls, obj: Mapping[str, Any]) -> Response:
         """An empty `commitment` or `output` object means none; `error` may be a string or an
         object (`{"message", "type", "status"}`; one without a message is kept whole as JSON text)."""
         commitment = obj.get("commitment")
@@ -464,7 +499,9 @@ class Response:
             request_id=_text(obj, "request_id", "response", default=""),
             commitment=dict(_object(commitment, "response.commitment")) or None if commitment is not None else None,
             output=dict(_object(output, "response.output")) or None if output is not None else None,
-            error=error, error_type=error_type, error_status=error_status,
+            error=error,
+            error_type=error_type,
+            error_status=error_status,
         )
 
 
@@ -480,8 +517,11 @@ def _error_parts(error: Any) -> tuple[str | None, str | None, int | None]:
                 message = orjson.dumps(error).decode()
             except orjson.JSONEncodeError:  # nested past what orjson writes (it reads deeper)
                 message = "an error object too deeply nested to show"
-        return (message, kind if isinstance(kind, str) and kind else None,
-                status if type(status) is int and 100 <= status <= 599 else None)
+        return (
+            message,
+            kind if isinstance(kind, str) and kind else None,
+            status if type(status) is int and 100 <= status <= 599 else None,
+        )
     raise ProtocolError("response.error", f"must be a string or an object, got {_describe(error)}")
 
 
@@ -546,8 +586,15 @@ class ServeRequest:
             wire["tool_choice"] = self.tool_choice
         if self.chat_template_kwargs:
             wire["chat_template_kwargs"] = dict(self.chat_template_kwargs)
-        sampling = {k: v for k, v in (("temperature", self.sampling.temperature), ("top_p", self.sampling.top_p),
-                                      ("seed", self.sampling.seed)) if v is not None}
+        sampling = {
+            k: v
+            for k, v in (
+                ("temperature", self.sampling.temperature),
+                ("top_p", self.sampling.top_p),
+                ("seed", self.sampling.seed),
+            )
+            if v is not None
+        }
         if self.sampling.stop:
             sampling["stop"] = list(self.sampling.stop)
         if sampling:
@@ -614,7 +661,9 @@ def _load(text: str | bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise ProtocolError("frame", f"must be a JSON object, got {_describe(obj)}")
     if not isinstance(obj.get("type"), str):
-        raise ProtocolError("frame.type", "missing" if obj.get("type") is None else f"must be a string, got {_describe(obj['type'])}")
+        raise ProtocolError(
+            "frame.type", "missing" if obj.get("type") is None else f"must be a string, got {_describe(obj['type'])}"
+        )
     return obj
 
 
@@ -650,8 +699,12 @@ def _parse_sampling(raw: Mapping[str, Any], where: str) -> Sampling:
         stops = tuple(stop)
     else:
         raise ProtocolError(f"{where}.stop", "must be a string or a list of strings")
-    return Sampling(temperature=_parse_number(raw, "temperature", where), top_p=_parse_number(raw, "top_p", where),
-                    seed=_parse_seed(raw, where), stop=stops)
+    return Sampling(
+        temperature=_parse_number(raw, "temperature", where),
+        top_p=_parse_number(raw, "top_p", where),
+        seed=_parse_seed(raw, where),
+        stop=stops,
+    )
 
 
 def _parse_request(raw: Any, corr_id: str) -> ServeRequest:
@@ -682,13 +735,18 @@ def _parse_request(raw: Any, corr_id: str) -> ServeRequest:
         raise ProtocolError("serve.request.chat_template_kwargs", f"must be an object, got {_describe(kwargs)}")
     return ServeRequest(
         tool_choice=choice if isinstance(choice, (str, Mapping)) else None,
-        chat_template_kwargs={str(k): v for k, v in kwargs.items() if k not in RESERVED_VARIABLES} or None if kwargs else None,
+        chat_template_kwargs={str(k): v for k, v in kwargs.items() if k not in RESERVED_VARIABLES} or None
+        if kwargs
+        else None,
         messages=tuple(messages),
         max_tokens=_count(raw, "max_tokens", "serve.request", default=None),
         engy_request_id=_text(raw, "engy_request_id", "serve.request", default=corr_id),
         tools=tuple(dict(t) for t in tools) if tools is not None else None,
-        sampling=(_parse_sampling(_object(sampling, "serve.request.sampling"), "serve.request.sampling") if sampling is not None
-                  else _parse_sampling(raw, "serve.request")),
+        sampling=(
+            _parse_sampling(_object(sampling, "serve.request.sampling"), "serve.request.sampling")
+            if sampling is not None
+            else _parse_sampling(raw, "serve.request")
+        ),
     )
 
 

@@ -137,10 +137,14 @@ class HiddenStatesJson:
         if count == 0 or generation.hidden_block is None:
             return b"[]"
         if self.block is None:
-            self.block = orjson.dumps(generation.hidden_block.to("cpu", dtype=torch.float64).numpy(), option=ORJSON_OPTIONS)
+            self.block = orjson.dumps(
+                generation.hidden_block.to("cpu", dtype=torch.float64).numpy(), option=ORJSON_OPTIONS
+            )
         rows = generation.hidden_rows
         while len(self.rows) < count - 1:
-            self.rows.append(orjson.dumps(rows[len(self.rows)].to("cpu", dtype=torch.float64).numpy(), option=ORJSON_OPTIONS))
+            self.rows.append(
+                orjson.dumps(rows[len(self.rows)].to("cpu", dtype=torch.float64).numpy(), option=ORJSON_OPTIONS)
+            )
         return b"[" + b",".join([self.block, *self.rows[: count - 1]]) + b"]"
 
 
@@ -214,8 +218,11 @@ class ReferenceApp:
             if want_hidden and not self.info.enable_return_hidden_states:
                 raise ApiError(400, HIDDEN_STATES_DISABLED)
             generation = Generation(
-                rid=rid_list[i], input_ids=prompt, params=params,
-                return_hidden_states=want_hidden, return_logprob=_bool_field(logprob[i], "return_logprob"),
+                rid=rid_list[i],
+                input_ids=prompt,
+                params=params,
+                return_hidden_states=want_hidden,
+                return_logprob=_bool_field(logprob[i], "return_logprob"),
                 on_update=waker,
             )
             items.append(_Item(generation, HiddenStatesJson(generation)))
@@ -248,6 +255,7 @@ class ReferenceApp:
 
     async def _complete(self, request: Request, items: list[_Item], waker: Waker, *, batch: bool) -> Response:
         """Wait for every item; a client hang-up aborts them all."""
+
         async def wait_all() -> None:
             while not all(item.generation.finished for item in items):
                 await waker.wait()
@@ -290,7 +298,11 @@ class ReferenceApp:
                         item.sent_first = True
                         item.sent_final = final
                         progressed = True
-                        yield b"data: " + self._result_json(item, final=final, sent_ts=sent_ts, index=index if batch else None) + b"\n\n"
+                        yield (
+                            b"data: "
+                            + self._result_json(item, final=final, sent_ts=sent_ts, index=index if batch else None)
+                            + b"\n\n"
+                        )
                 if not progressed:
                     await waker.wait()
             finished_cleanly = True
@@ -308,7 +320,9 @@ class ReferenceApp:
         """One result object in sglang's shape, for the generation's current state."""
         generation = item.generation
         finish = generation.finish_reason if final else None
-        count = len(generation.output_ids) if final else min(len(generation.output_ids), len(generation.output_logprobs))
+        count = (
+            len(generation.output_ids) if final else min(len(generation.output_ids), len(generation.output_logprobs))
+        )
         output_ids = generation.output_ids[:count]
         text = generation.text if final else generation.visible_text
         meta: dict[str, Any] = {
@@ -320,7 +334,9 @@ class ReferenceApp:
         }
         if generation.return_logprob:
             meta["input_token_logprobs"] = []
-            meta["output_token_logprobs"] = [[lp, tid, None] for lp, tid in zip(generation.output_logprobs[:count], output_ids)]
+            meta["output_token_logprobs"] = [
+                [lp, tid, None] for lp, tid in zip(generation.output_logprobs[:count], output_ids)
+            ]
             meta["output_token_logprobs_length"] = count
         meta["reasoning_tokens"] = 0
         meta["completion_tokens"] = count
@@ -375,7 +391,8 @@ class ReferenceApp:
         if running and time.time() - self.engine.last_step_at < HEALTH_CHECK_TIMEOUT_S:
             return Response(status_code=200)
         generation = Generation(
-            rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", input_ids=[0],
+            rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+            input_ids=[0],
             params=parse_sampling_params({"max_new_tokens": 1, "temperature": 0}),
         )
         waker = Waker(trio.lowlevel.current_trio_token())
@@ -410,7 +427,12 @@ class ReferenceApp:
             "has_audio_understanding": False,
             "model_type": info.model_type,
             "architectures": list(info.architectures),
-            "engy": {"model_id": info.model_id, "model_root": info.model_root, "dtype": info.dtype, "device": info.device},
+            "engy": {
+                "model_id": info.model_id,
+                "model_root": info.model_root,
+                "dtype": info.dtype,
+                "device": info.device,
+            },
         }
 
     async def model_info(self, request: Request) -> Response:
@@ -438,11 +460,13 @@ class ReferenceApp:
             "max_total_num_tokens": runner.context_length * info.max_running_requests,
             "max_req_input_len": runner.context_length - 1,
             "startup_time": self.started_at,
-            "internal_states": [{
-                "last_gen_throughput": self.engine.gen_throughput(),
-                "num_running_reqs": running,
-                "num_queue_reqs": waiting,
-            }],
+            "internal_states": [
+                {
+                    "last_gen_throughput": self.engine.gen_throughput(),
+                    "num_running_reqs": running,
+                    "num_queue_reqs": waiting,
+                }
+            ],
             "version": __version__,
             "frontend": "engy-reference",
             "model_root": info.model_root,
@@ -456,15 +480,29 @@ class ReferenceApp:
         name = request.path_params["name"]
         if name != self.info.served_model_name:
             return JSONResponse(
-                {"error": {"message": f"The model `{name}` does not exist.", "type": "NotFoundError", "param": None, "code": 404}},
+                {
+                    "error": {
+                        "message": f"The model `{name}` does not exist.",
+                        "type": "NotFoundError",
+                        "param": None,
+                        "code": 404,
+                    }
+                },
                 status_code=404,
             )
         return JSONResponse(self._model_card())
 
     def _model_card(self) -> dict[str, Any]:
         name = self.info.served_model_name
-        return {"id": name, "object": "model", "created": int(self.started_at), "owned_by": "engy",
-                "root": name, "parent": None, "max_model_len": self.engine.runner.context_length}
+        return {
+            "id": name,
+            "object": "model",
+            "created": int(self.started_at),
+            "owned_by": "engy",
+            "root": name,
+            "parent": None,
+            "max_model_len": self.engine.runner.context_length,
+        }
 
     async def flush_cache(self, request: Request) -> Response:
         self.engine.flush_cache()
@@ -489,7 +527,11 @@ class ReferenceApp:
         try:
             body = await _json_body(request)
             ids = body.get("input_ids")
-            if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            if (
+                not isinstance(ids, list)
+                or not ids
+                or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+            ):
                 raise ApiError(400, "input_ids must be a non-empty list of integers")
             start = body.get("start", 0)
             if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < len(ids):
@@ -503,17 +545,25 @@ class ReferenceApp:
             targets = body.get("target_ids")
             rows = len(ids) - start
             if logits_mode == "summary":
-                if not isinstance(targets, list) or len(targets) != rows or not all(isinstance(t, int) and not isinstance(t, bool) for t in targets):
+                if (
+                    not isinstance(targets, list)
+                    or len(targets) != rows
+                    or not all(isinstance(t, int) and not isinstance(t, bool) for t in targets)
+                ):
                     raise ApiError(400, f"logits=summary needs target_ids: {rows} token ids, one per returned position")
             if logits_mode == "full" and rows * self.engine.runner.vocab_size > PREFILL_FULL_LOGITS_MAX:
                 raise ApiError(400, "too many positions for full logits; use logits=summary")
             if len(ids) > self.engine.runner.context_length:
-                raise ApiError(400, f"input_ids has {len(ids)} tokens; the context length is {self.engine.runner.context_length}")
+                raise ApiError(
+                    400, f"input_ids has {len(ids)} tokens; the context length is {self.engine.runner.context_length}"
+                )
         except ApiError as err:
             return err.response()
 
         def work(runner: ModelRunner) -> dict[str, Any]:
-            return _prefill_payload(runner, ids, start=start, hidden_dtype=hidden_dtype, logits_mode=logits_mode, targets=targets)
+            return _prefill_payload(
+                runner, ids, start=start, hidden_dtype=hidden_dtype, logits_mode=logits_mode, targets=targets
+            )
 
         try:
             payload = await run_on_engine(self.engine, work)
@@ -522,7 +572,9 @@ class ReferenceApp:
         return Response(orjson.dumps(payload), media_type="application/json")
 
 
-def _prefill_payload(runner: ModelRunner, ids: list[int], *, start: int, hidden_dtype: str, logits_mode: str, targets: list[int] | None) -> dict[str, Any]:
+def _prefill_payload(
+    runner: ModelRunner, ids: list[int], *, start: int, hidden_dtype: str, logits_mode: str, targets: list[int] | None
+) -> dict[str, Any]:
     import torch
 
     from engy_node.proof import token_stats
@@ -533,7 +585,12 @@ def _prefill_payload(runner: ModelRunner, ids: list[int], *, start: int, hidden_
         payload["logits"] = encode_array(logits.float())
     elif logits_mode == "summary":
         stats = token_stats(logits, targets or [])
-        payload["token_stats"] = {"argmax": stats.argmax, "gap": stats.gap, "rank": stats.rank, "logprob": stats.logprob}
+        payload["token_stats"] = {
+            "argmax": stats.argmax,
+            "gap": stats.gap,
+            "rank": stats.rank,
+            "logprob": stats.logprob,
+        }
     return payload
 
 
@@ -579,7 +636,12 @@ async def run_on_engine(engine: Engine, work) -> Any:
 def _public_finish(finish: dict[str, Any] | None) -> dict[str, Any] | None:
     if finish is None or finish.get("type") != "abort":
         return finish
-    return {"type": "abort", "message": finish.get("message"), "status_code": finish.get("status_code"), "err_type": finish.get("err_type")}
+    return {
+        "type": "abort",
+        "message": finish.get("message"),
+        "status_code": finish.get("status_code"),
+        "err_type": finish.get("err_type"),
+    }
 
 
 def _is_batch(body: dict[str, Any]) -> bool:

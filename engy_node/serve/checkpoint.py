@@ -153,7 +153,5 @@ def resolve_checkpoint(*, model_id: str, checkpoint: str, models_dir: Path, cach
             raise ModelError(f"--checkpoint {directory}: no config.json there; point it at a model directory")
         return directory
     if not spec.embedded:
-        raise ModelError(
-            f"model {model_id!r} is not embedded; pass --checkpoint DIR with its downloaded checkpoint"
-        )
+        raise ModelError(f"model {model_id!r} is not embedded; pass --checkpoint DIR with its downloaded checkpoint")
     return embedded_checkpoint(models_dir=models_dir, cache_dir=cache_dir)

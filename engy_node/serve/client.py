@@ -146,7 +146,9 @@ class ServeClient:
         if self.http.is_closed:
             # Shutdown: the owner's client closed before this request's cleanup ran, so the
             # server (stopping too) cannot be told; httpx would raise RuntimeError here.
-            log.warning("could not abort %s on %s: the HTTP client is already closed (shutting down)", rid, self.base_url)
+            log.warning(
+                "could not abort %s on %s: the HTTP client is already closed (shutting down)", rid, self.base_url
+            )
             return False
         try:
             with trio.fail_after(ABORT_TIMEOUT_S):
@@ -279,8 +281,12 @@ class ServeClient:
                         await outcome
 
             result = await self.generate_once(
-                sent, {**sampling_params, "max_new_tokens": budget}, rid=f"{rid_prefix}-{call}",
-                return_hidden_states=return_hidden_states, stream=stream, on_progress=progress,
+                sent,
+                {**sampling_params, "max_new_tokens": budget},
+                rid=f"{rid_prefix}-{call}",
+                return_hidden_states=return_hidden_states,
+                stream=stream,
+                on_progress=progress,
             )
             meta = result.get("meta_info") or {}
             ids = list(result.get("output_ids") or [])
@@ -292,15 +298,21 @@ class ServeClient:
             if return_hidden_states:
                 new_rows, missing = rows_per_token(meta.get("hidden_states") or [])
                 if missing and not overlap:
-                    raise ServeError("the model server returned no hidden state for the first output token "
-                                     "(empty prefill block); cannot build a proof")
+                    raise ServeError(
+                        "the model server returned no hidden state for the first output token "
+                        "(empty prefill block); cannot build a proof"
+                    )
                 if len(new_rows) + missing != len(ids):
-                    raise ServeError(f"the model server returned {len(new_rows) + missing} hidden states for {len(ids)} tokens")
+                    raise ServeError(
+                        f"the model server returned {len(new_rows) + missing} hidden states for {len(ids)} tokens"
+                    )
             if overlap and ids:
                 if ids[0] != output[-1]:
                     # A sampled re-derivation chose differently: keep the new token and its row.
                     if return_hidden_states and missing:
-                        raise ServeError("the re-derived overlap token differs and has no hidden state; cannot build a proof")
+                        raise ServeError(
+                            "the re-derived overlap token differs and has no hidden state; cannot build a proof"
+                        )
                     output[-1] = ids[0]
                     if return_hidden_states:
                         rows[-1] = new_rows[0]
@@ -313,8 +325,14 @@ class ServeClient:
         if finish.get("type") == "length":
             finish = {"type": "length", "length": max_new_tokens}
         return GenerateResult(
-            output_ids=output, finish_reason=finish, prompt_tokens=len(prompt), cached_tokens=cached_tokens,
-            text=text, hidden_rows=rows, calls=call, first_token_s=first_token_s,
+            output_ids=output,
+            finish_reason=finish,
+            prompt_tokens=len(prompt),
+            cached_tokens=cached_tokens,
+            text=text,
+            hidden_rows=rows,
+            calls=call,
+            first_token_s=first_token_s,
         )
 
 

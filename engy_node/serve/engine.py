@@ -155,7 +155,7 @@ class ModelRunner:
         self._cache_keyword = "cache" if "cache" in parameters else "past_key_values"
 
     @classmethod
-    def load(cls, checkpoint: Path, *, device: str = "auto", dtype: str = "bfloat16") -> "ModelRunner":
+    def load(cls, checkpoint: Path, *, device: str = "auto", dtype: str = "bfloat16") -> ModelRunner:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -189,7 +189,9 @@ class ModelRunner:
 
         with torch.inference_mode():
             inputs = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-            hidden = self.model.model(input_ids=inputs, **{self._cache_keyword: cache}, use_cache=True).last_hidden_state[0]
+            hidden = self.model.model(
+                input_ids=inputs, **{self._cache_keyword: cache}, use_cache=True
+            ).last_hidden_state[0]
             logits = self.model.lm_head(hidden[-1:]).float()[0]
         return hidden, logits
 
@@ -211,10 +213,14 @@ class ModelRunner:
         hidden_parts, logit_parts = [], []
         with torch.inference_mode():
             for first in range(0, len(token_ids), chunk_tokens):
-                piece = torch.tensor([list(token_ids[first : first + chunk_tokens])], dtype=torch.long, device=self.device)
-                hidden = self.model.model(input_ids=piece, **{self._cache_keyword: cache}, use_cache=True).last_hidden_state[0]
+                piece = torch.tensor(
+                    [list(token_ids[first : first + chunk_tokens])], dtype=torch.long, device=self.device
+                )
+                hidden = self.model.model(
+                    input_ids=piece, **{self._cache_keyword: cache}, use_cache=True
+                ).last_hidden_state[0]
                 if first + len(hidden) > start:
-                    hidden = hidden[max(0, start - first):]
+                    hidden = hidden[max(0, start - first) :]
                     hidden_parts.append(hidden)
                     logit_parts.append(self.model.lm_head(hidden).float())
         if len(hidden_parts) == 1:  # one chunk, the usual case: nothing to copy
@@ -222,7 +228,10 @@ class ModelRunner:
         return torch.cat(hidden_parts), torch.cat(logit_parts)
 
     def check_ids(self, token_ids: Sequence[int]) -> None:
-        bad = next((t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size), None)
+        bad = next(
+            (t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size),
+            None,
+        )
         if bad is not None:
             raise RequestError(f"token id {bad!r} is outside the vocabulary (0..{self.vocab_size - 1})")
 
@@ -263,7 +272,7 @@ class Generation:
     version: int = 0
 
     abort_requested: str | None = None
-    on_update: Callable[["Generation"], None] | None = None
+    on_update: Callable[[Generation], None] | None = None
     cached_tokens: int = 0
     """Prompt tokens whose KV came from the prefix cache instead of a prefill."""
     on_finish: Callable[[list[int], Any], None] | None = None
@@ -293,7 +302,9 @@ class Generation:
             self.finished_perf = time.perf_counter()
             if self.on_finish is not None and self._cache is not None:
                 # The last output token was never fed back, so the cache holds the rest.
-                held = self.input_ids[:self._prefilled] + (self.output_ids[:-1] if self._prefilled == len(self.input_ids) else [])
+                held = self.input_ids[: self._prefilled] + (
+                    self.output_ids[:-1] if self._prefilled == len(self.input_ids) else []
+                )
                 self.on_finish(held, self._cache)
             self._cache = None
 
@@ -403,8 +414,13 @@ class Engine:
     """The scheduler thread around a `ModelRunner` (see the module docstring)."""
 
     def __init__(
-        self, runner: ModelRunner, *, max_running: int = 8, request_timeout_s: float = 1800.0,
-        metrics: "EngineMetrics | None" = None, prefix_cache_tokens: int = 0,
+        self,
+        runner: ModelRunner,
+        *,
+        max_running: int = 8,
+        request_timeout_s: float = 1800.0,
+        metrics: EngineMetrics | None = None,
+        prefix_cache_tokens: int = 0,
     ) -> None:
         self.runner = runner
         self.prefix_cache = PrefixCache(runner, max_tokens=prefix_cache_tokens) if prefix_cache_tokens else None
@@ -489,9 +505,12 @@ class Engine:
         requests hold (prompt and output so far), requests running and waiting, and the prompt
         tokens waiting to be prefilled. The prefix cache is left out: it gives way to requests."""
         with self._lock:
-            return {"num_reqs": len(self._running), "num_waiting_reqs": len(self._waiting),
-                    "num_tokens": sum(len(g.input_ids) + len(g.output_ids) for g in self._running),
-                    "num_pending_tokens": sum(len(g.input_ids) for g in self._waiting)}
+            return {
+                "num_reqs": len(self._running),
+                "num_waiting_reqs": len(self._waiting),
+                "num_tokens": sum(len(g.input_ids) + len(g.output_ids) for g in self._running),
+                "num_pending_tokens": sum(len(g.input_ids) for g in self._waiting),
+            }
 
     def flush_cache(self) -> None:
         """Empty the prefix cache, on the engine thread between steps."""
@@ -527,7 +546,14 @@ class Engine:
                 victims = list(self._live.values())
                 self._waiting, self._running, self._live = [], [], {}
             for generation in victims:
-                generation.finish({"type": "abort", "message": f"engine failure: {type(error).__name__}", "status_code": 500, "err_type": "InternalServerError"})
+                generation.finish(
+                    {
+                        "type": "abort",
+                        "message": f"engine failure: {type(error).__name__}",
+                        "status_code": 500,
+                        "err_type": "InternalServerError",
+                    }
+                )
                 self._notify(generation)
             raise
 
@@ -574,11 +600,16 @@ class Engine:
                 self._running.append(generation)
 
     def _step(self, generation: Generation) -> None:
-        if generation.abort_requested is None and time.perf_counter() - generation.created_perf > self.request_timeout_s:
+        if (
+            generation.abort_requested is None
+            and time.perf_counter() - generation.created_perf > self.request_timeout_s
+        ):
             log.warning("request %s ran past %.0f s; aborting it", generation.rid, self.request_timeout_s)
             generation.abort_requested = "Request timed out"
         if generation.abort_requested is not None:
-            generation.finish({"type": "abort", "message": generation.abort_requested, "status_code": None, "err_type": None})
+            generation.finish(
+                {"type": "abort", "message": generation.abort_requested, "status_code": None, "err_type": None}
+            )
             self._count_abort()
             self._notify(generation)
             return
@@ -588,7 +619,14 @@ class Engine:
             generation.step(self.runner)
         except Exception as error:  # broad on purpose: one bad request must not stop the others
             log.exception("request %s failed in the engine", generation.rid)
-            generation.finish({"type": "abort", "message": f"{type(error).__name__}: {error}", "status_code": 500, "err_type": "InternalServerError"})
+            generation.finish(
+                {
+                    "type": "abort",
+                    "message": f"{type(error).__name__}: {error}",
+                    "status_code": 500,
+                    "err_type": "InternalServerError",
+                }
+            )
         self.steps += 1
         self.last_step_at = time.time()
         produced = len(generation.output_ids) - before
@@ -636,26 +674,47 @@ class EngineMetrics:
         labels = {"model_name": model_name, "engine_type": "unified"}
         self._labels = labels
         self.ttft = registry.histogram(
-            "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-            labelnames=("model_name", "engine_type"), buckets=TTFT_BUCKETS).labels(**labels)
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            labelnames=("model_name", "engine_type"),
+            buckets=TTFT_BUCKETS,
+        ).labels(**labels)
         self.itl = registry.histogram(
-            "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-            labelnames=("model_name", "engine_type"), buckets=ITL_BUCKETS).labels(**labels)
+            "sglang:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            labelnames=("model_name", "engine_type"),
+            buckets=ITL_BUCKETS,
+        ).labels(**labels)
         self.e2e = registry.histogram(
-            "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
-            labelnames=("model_name", "engine_type"), buckets=E2E_BUCKETS).labels(**labels)
-        self.running = registry.gauge("sglang:num_running_reqs", "The number of running requests.",
-                                      labelnames=("model_name", "engine_type")).labels(**labels)
-        self.queued = registry.gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.",
-                                     labelnames=("model_name", "engine_type")).labels(**labels)
-        self.prompt_tokens = registry.counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.",
-                                              labelnames=("model_name", "engine_type")).labels(**labels)
-        self.generation_tokens = registry.counter("sglang:generation_tokens_total", "Number of generation tokens processed.",
-                                                  labelnames=("model_name", "engine_type")).labels(**labels)
-        self.requests = registry.counter("sglang:num_requests_total", "Number of requests processed.",
-                                         labelnames=("model_name", "engine_type")).labels(**labels)
-        self.aborts = registry.counter("sglang:num_aborted_requests_total", "Number of requests aborted.",
-                                       labelnames=("model_name", "engine_type")).labels(**labels)
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            labelnames=("model_name", "engine_type"),
+            buckets=E2E_BUCKETS,
+        ).labels(**labels)
+        self.running = registry.gauge(
+            "sglang:num_running_reqs", "The number of running requests.", labelnames=("model_name", "engine_type")
+        ).labels(**labels)
+        self.queued = registry.gauge(
+            "sglang:num_queue_reqs",
+            "The number of requests in the waiting queue.",
+            labelnames=("model_name", "engine_type"),
+        ).labels(**labels)
+        self.prompt_tokens = registry.counter(
+            "sglang:prompt_tokens_total",
+            "Number of prefill tokens processed.",
+            labelnames=("model_name", "engine_type"),
+        ).labels(**labels)
+        self.generation_tokens = registry.counter(
+            "sglang:generation_tokens_total",
+            "Number of generation tokens processed.",
+            labelnames=("model_name", "engine_type"),
+        ).labels(**labels)
+        self.requests = registry.counter(
+            "sglang:num_requests_total", "Number of requests processed.", labelnames=("model_name", "engine_type")
+        ).labels(**labels)
+        self.aborts = registry.counter(
+            "sglang:num_aborted_requests_total", "Number of requests aborted.", labelnames=("model_name", "engine_type")
+        ).labels(**labels)
 
     def set_load(self, running: int, waiting: int) -> None:
         self.running.set(running)

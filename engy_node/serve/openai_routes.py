@@ -54,23 +54,43 @@ class OpenAiError(Exception):
 
     def response(self) -> JSONResponse:
         kind = "BadRequestError" if self.status == 400 else "InternalServerError"
-        return JSONResponse({"object": "error", "message": str(self), "type": kind, "param": self.param, "code": self.status},
-                            status_code=self.status)
+        return JSONResponse(
+            {"object": "error", "message": str(self), "type": kind, "param": self.param, "code": self.status},
+            status_code=self.status,
+        )
 
 
 def _sampling(body: Mapping[str, Any], *, default_max_tokens: int) -> dict[str, Any]:
     """sglang sampling parameters from an OpenAI body (validated by `parse_sampling_params`)."""
     if body.get("n") not in (None, 1):
-        raise OpenAiError(400, "n > 1 is not supported by the engy reference server; send n separate requests", param="n")
+        raise OpenAiError(
+            400, "n > 1 is not supported by the engy reference server; send n separate requests", param="n"
+        )
     top = body.get("top_logprobs")
-    if top not in (None, 0) or (isinstance(body.get("logprobs"), int) and not isinstance(body.get("logprobs"), bool)
-                                 and body["logprobs"] > 0):
-        raise OpenAiError(400, "alternatives per position are not computed by the engy reference server; ask for the "
-                          "chosen tokens' log probabilities only (top_logprobs 0)", param="top_logprobs")
+    if top not in (None, 0) or (
+        isinstance(body.get("logprobs"), int) and not isinstance(body.get("logprobs"), bool) and body["logprobs"] > 0
+    ):
+        raise OpenAiError(
+            400,
+            "alternatives per position are not computed by the engy reference server; ask for the "
+            "chosen tokens' log probabilities only (top_logprobs 0)",
+            param="top_logprobs",
+        )
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     params: dict[str, Any] = {"max_new_tokens": default_max_tokens if max_tokens is None else max_tokens}
-    for key in ("temperature", "top_p", "top_k", "min_p", "stop", "frequency_penalty", "presence_penalty",
-                "repetition_penalty", "logit_bias", "ignore_eos", "skip_special_tokens"):
+    for key in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "stop",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "ignore_eos",
+        "skip_special_tokens",
+    ):
         if body.get(key) is not None:
             params[key] = body[key]
     if body.get("seed") is not None:
@@ -105,7 +125,9 @@ class OpenAiRoutes:
             return error.response()
         answer = _Answer(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, tools=tools)
         if body.get("stream"):
-            return StreamingResponse(self._chat_stream(generation, answer, _include_usage(body)), media_type="text/event-stream")
+            return StreamingResponse(
+                self._chat_stream(generation, answer, _include_usage(body)), media_type="text/event-stream"
+            )
         finished = await self._wait(request, generation)
         if finished is not None:
             return finished
@@ -125,18 +147,24 @@ class OpenAiRoutes:
         if echo and logprobs:
             prompt_logprobs = await self._prompt_logprobs(prompt)
         if body.get("stream"):
-            return StreamingResponse(self._completion_stream(generation, answer, _include_usage(body), echo=echo),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                self._completion_stream(generation, answer, _include_usage(body), echo=echo),
+                media_type="text/event-stream",
+            )
         finished = await self._wait(request, generation)
         if finished is not None:
             return finished
-        return JSONResponse(answer.completion_body(generation, self.engine.runner, echo=echo, logprobs=logprobs,
-                                                   prompt_logprobs=prompt_logprobs))
+        return JSONResponse(
+            answer.completion_body(
+                generation, self.engine.runner, echo=echo, logprobs=logprobs, prompt_logprobs=prompt_logprobs
+            )
+        )
 
     # ---- the work ----------------------------------------------------------------------------
     def _render(self, messages: list, tools: Any, kwargs: Mapping[str, Any]) -> list[int]:
-        ids = self.engine.runner.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
-                                                               **dict(kwargs))
+        ids = self.engine.runner.tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=True, **dict(kwargs)
+        )
         return list(ids if isinstance(ids, list) else ids["input_ids"])
 
     def _prompt(self, prompt: Any) -> list[int]:
@@ -146,16 +174,21 @@ class OpenAiRoutes:
             return self._prompt(prompt[0])
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt)
-        raise OpenAiError(400, "prompt must be a string or a non-empty list of token ids (one prompt per request)",
-                          param="prompt")
+        raise OpenAiError(
+            400, "prompt must be a string or a non-empty list of token ids (one prompt per request)", param="prompt"
+        )
 
     def _generation(self, body: Mapping[str, Any], prompt: list[int], *, logprobs: bool) -> Generation:
         runner = self.engine.runner
         try:
-            params = parse_sampling_params(_sampling(body, default_max_tokens=max(1, runner.context_length - len(prompt))))
+            params = parse_sampling_params(
+                _sampling(body, default_max_tokens=max(1, runner.context_length - len(prompt)))
+            )
         except SamplingError as error:
             raise OpenAiError(400, str(error)) from None
-        generation = Generation(rid=f"openai-{uuid.uuid4().hex}", input_ids=prompt, params=params, return_logprob=logprobs)
+        generation = Generation(
+            rid=f"openai-{uuid.uuid4().hex}", input_ids=prompt, params=params, return_logprob=logprobs
+        )
         generation.on_update = _Wake(trio.lowlevel.current_trio_token())
         try:
             self.engine.submit(generation)
@@ -192,13 +225,13 @@ class OpenAiRoutes:
             return OpenAiError(int(failure["status_code"]), str(failure.get("message"))).response()
         return None
 
-    def _chat_stream(self, generation: Generation, answer: "_Answer", include_usage: bool) -> AsyncIterator[bytes]:
+    def _chat_stream(self, generation: Generation, answer: _Answer, include_usage: bool) -> AsyncIterator[bytes]:
         async def chunks() -> AsyncIterator[bytes]:
             parser = OutputParser(call_id_prefix=answer.id[-12:], tools=answer.tools)
             sent, called = "", False
             yield answer.chunk({"role": "assistant", "content": ""})
             async for text, final in _texts(generation):
-                events = parser.feed(text[len(sent):]) + (parser.finish() if final else [])
+                events = parser.feed(text[len(sent) :]) + (parser.finish() if final else [])
                 sent = text
                 called = called or any(isinstance(e, ToolCall) for e in events)
                 delta = _delta(events)
@@ -209,21 +242,23 @@ class OpenAiRoutes:
 
         return self._stream(generation, answer, include_usage, chunks())
 
-    def _completion_stream(self, generation: Generation, answer: "_Answer", include_usage: bool, *,
-                           echo: bool) -> AsyncIterator[bytes]:
+    def _completion_stream(
+        self, generation: Generation, answer: _Answer, include_usage: bool, *, echo: bool
+    ) -> AsyncIterator[bytes]:
         async def chunks() -> AsyncIterator[bytes]:
             sent = ""
             if echo:
                 yield answer.text_chunk(self.engine.runner.decode_text(generation.input_ids))
             async for text, final in _texts(generation):
-                piece, sent = text[len(sent):], text
+                piece, sent = text[len(sent) :], text
                 if piece or final:
                     yield answer.text_chunk(piece, finish=answer.finish(generation, called=False) if final else None)
 
         return self._stream(generation, answer, include_usage, chunks())
 
-    async def _stream(self, generation: Generation, answer: "_Answer", include_usage: bool,
-                      chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async def _stream(
+        self, generation: Generation, answer: _Answer, include_usage: bool, chunks: AsyncIterator[bytes]
+    ) -> AsyncIterator[bytes]:
         """An SSE stream of `chunks`, then the usage chunk if asked for and `[DONE]`; a client
         that leaves before the end aborts the generation."""
         finished_cleanly = False
@@ -278,8 +313,11 @@ def _delta(events: Sequence[Any]) -> dict[str, Any]:
     delta: dict[str, Any] = {}
     reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
     content = "".join(e.text for e in events if isinstance(e, TextDelta))
-    calls = [{"index": e.index, "id": e.id, "type": "function", "function": {"name": e.name, "arguments": e.arguments}}
-             for e in events if isinstance(e, ToolCall)]
+    calls = [
+        {"index": e.index, "id": e.id, "type": "function", "function": {"name": e.name, "arguments": e.arguments}}
+        for e in events
+        if isinstance(e, ToolCall)
+    ]
     if reasoning:
         delta["reasoning_content"] = reasoning
     if content:
@@ -306,8 +344,12 @@ class _Answer:
 
     def usage(self, generation: Generation) -> dict[str, Any]:
         prompt, completion = len(generation.input_ids), len(generation.output_ids)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": generation.cached_tokens}}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": generation.cached_tokens},
+        }
 
     def chat_body(self, generation: Generation, runner) -> dict[str, Any]:
         events = parse_output(generation.text, call_id_prefix=self.id[-12:], tools=self.tools)
@@ -317,43 +359,100 @@ class _Answer:
             message["reasoning_content"] = delta["reasoning_content"]
         if "tool_calls" in delta:
             message["tool_calls"] = [{k: v for k, v in call.items() if k != "index"} for call in delta["tool_calls"]]
-        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
-                                  "finish_reason": self.finish(generation, called="tool_calls" in delta)}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": self.finish(generation, called="tool_calls" in delta),
+        }
         if generation.return_logprob:
-            choice["logprobs"] = {"content": [
-                {"token": runner.decode_text([token], skip_special_tokens=False), "logprob": logprob, "top_logprobs": []}
-                for token, logprob in zip(generation.output_ids, generation.output_logprobs)]}
-        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [choice], "usage": self.usage(generation)}
+            choice["logprobs"] = {
+                "content": [
+                    {
+                        "token": runner.decode_text([token], skip_special_tokens=False),
+                        "logprob": logprob,
+                        "top_logprobs": [],
+                    }
+                    for token, logprob in zip(generation.output_ids, generation.output_logprobs)
+                ]
+            }
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": self.usage(generation),
+        }
 
-    def completion_body(self, generation: Generation, runner, *, echo: bool, logprobs: bool,
-                        prompt_logprobs: list[float | None] | None) -> dict[str, Any]:
+    def completion_body(
+        self, generation: Generation, runner, *, echo: bool, logprobs: bool, prompt_logprobs: list[float | None] | None
+    ) -> dict[str, Any]:
         text = generation.text
-        choice: dict[str, Any] = {"index": 0, "text": (runner.decode_text(generation.input_ids) if echo else "") + text,
-                                  "logprobs": None, "finish_reason": self.finish(generation, called=False)}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": (runner.decode_text(generation.input_ids) if echo else "") + text,
+            "logprobs": None,
+            "finish_reason": self.finish(generation, called=False),
+        }
         if logprobs:
             ids = (list(generation.input_ids) if echo else []) + list(generation.output_ids)
-            values = (prompt_logprobs or [None] * len(generation.input_ids) if echo else []) + list(generation.output_logprobs)
+            values = (prompt_logprobs or [None] * len(generation.input_ids) if echo else []) + list(
+                generation.output_logprobs
+            )
             tokens = [runner.decode_text([token], skip_special_tokens=False) for token in ids]
             offsets, at = [], 0
             for token in tokens:
                 offsets.append(at)
                 at += len(token)
-            choice["logprobs"] = {"tokens": tokens, "token_logprobs": values, "top_logprobs": None, "text_offset": offsets}
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [choice], "usage": self.usage(generation)}
+            choice["logprobs"] = {
+                "tokens": tokens,
+                "token_logprobs": values,
+                "top_logprobs": None,
+                "text_offset": offsets,
+            }
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": self.usage(generation),
+        }
 
     def chunk(self, delta: dict[str, Any], *, finish: str | None = None) -> bytes:
-        return _sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                     "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+        return _sse(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            }
+        )
 
     def text_chunk(self, text: str, *, finish: str | None = None) -> bytes:
-        return _sse({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                     "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]})
+        return _sse(
+            {
+                "id": self.id,
+                "object": "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+            }
+        )
 
     def usage_chunk(self, generation: Generation) -> bytes:
-        return _sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                     "choices": [], "usage": self.usage(generation)})
+        return _sse(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": self.usage(generation),
+            }
+        )
 
 
 def _sse(payload: dict[str, Any]) -> bytes:

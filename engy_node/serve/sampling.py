@@ -71,11 +71,31 @@ REPLACEMENT_CHARACTER = "\ufffd"
 """What the tokenizer decodes bytes that are not (yet) valid UTF-8 to."""
 
 FIELDS = (
-    "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "stop", "stop_token_ids",
-    "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "n",
-    "sampling_seed", "stream_interval", "json_schema", "regex", "ebnf", "structural_tag",
-    "logit_bias", "custom_params", "stop_regex",
+    "max_new_tokens",
+    "min_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "n",
+    "sampling_seed",
+    "stream_interval",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "logit_bias",
+    "custom_params",
+    "stop_regex",
 )
 """Every key sglang's HTTP contract accepts; anything else is a 400 naming these."""
 
@@ -148,7 +168,9 @@ def parse_sampling_params(raw: Mapping[str, Any] | None) -> SamplingParams:
             raise SamplingError(f"unknown field `{key}`, expected one of {expected}")
     for key in UNSUPPORTED:
         if raw.get(key) is not None:
-            raise SamplingError(f"`{key}` is not supported by the engy reference server; use sglang for constrained decoding")
+            raise SamplingError(
+                f"`{key}` is not supported by the engy reference server; use sglang for constrained decoding"
+            )
 
     values: dict[str, Any] = {}
     if raw.get("n") is not None and _int("n", raw["n"], minimum=1) != 1:
@@ -234,7 +256,9 @@ def find_stop(text: str, stops: Sequence[str], *, ends_after: int = 0) -> StopMa
     for stop in stops:
         # A match ends past `ends_after` exactly when it starts at or after this.
         index = text.find(stop, max(0, ends_after - len(stop) + 1) if ends_after else 0)
-        if index >= 0 and (best is None or index < best.index or (index == best.index and len(stop) > len(best.matched))):
+        if index >= 0 and (
+            best is None or index < best.index or (index == best.index and len(stop) > len(best.matched))
+        ):
             best = StopMatch(index, stop)
     return best
 
@@ -413,7 +437,9 @@ def choose_token(logits, params: SamplingParams, history: Sequence[int], generat
     if params.logit_bias:
         ids = torch.tensor([token for token, _ in params.logit_bias], dtype=torch.long, device=scores.device)
         valid = (ids >= 0) & (ids < scores.shape[-1])
-        scores[ids[valid]] += torch.tensor([bias for _, bias in params.logit_bias], dtype=scores.dtype, device=scores.device)[valid]
+        scores[ids[valid]] += torch.tensor(
+            [bias for _, bias in params.logit_bias], dtype=scores.dtype, device=scores.device
+        )[valid]
     if history and (params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0):
         seen = torch.tensor(list(history), dtype=torch.long, device=scores.device)
         counts = torch.bincount(seen, minlength=scores.shape[-1]).to(scores.dtype)[: scores.shape[-1]]

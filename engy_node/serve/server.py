@@ -38,8 +38,10 @@ async def load_runner(config: Config) -> ModelRunner:
     get_model(serve.model)
     checkpoint = await trio.to_thread.run_sync(
         lambda: resolve_checkpoint(
-            model_id=serve.model, checkpoint=serve.checkpoint,
-            models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir,
+            model_id=serve.model,
+            checkpoint=serve.checkpoint,
+            models_dir=config.paths.models_dir,
+            cache_dir=config.paths.model_cache_dir,
         )
     )
     log.info("loading %s from %s (%s, %s)", serve.model, checkpoint, serve.dtype, serve.device)
@@ -74,8 +76,13 @@ async def serve_reference(config: Config, hub: Hub, *, task_status=trio.TASK_STA
     hub.set_state("serve", state="loading", model=serve.model)
     runner = await load_runner(config)
     metrics = EngineMetrics(hub.registry, model_name=serve.served_model_name or serve.model)
-    engine = Engine(runner, max_running=serve.max_running_requests, request_timeout_s=serve.request_timeout_s, metrics=metrics,
-                    prefix_cache_tokens=serve.prefix_cache_tokens)
+    engine = Engine(
+        runner,
+        max_running=serve.max_running_requests,
+        request_timeout_s=serve.request_timeout_s,
+        metrics=metrics,
+        prefix_cache_tokens=serve.prefix_cache_tokens,
+    )
     engine.start()
     try:
         async with trio.open_nursery() as nursery:
@@ -94,8 +101,15 @@ async def serve_reference(config: Config, hub: Hub, *, task_status=trio.TASK_STA
 
             await run_on_engine(engine, _warm_up)
             reference.ready = True
-            hub.set_state("serve", state="ready", url=url, model=serve.model, model_root=reference.info.model_root,
-                          device=runner.device, dtype=serve.dtype)
+            hub.set_state(
+                "serve",
+                state="ready",
+                url=url,
+                model=serve.model,
+                model_root=reference.info.model_root,
+                device=runner.device,
+                dtype=serve.dtype,
+            )
             log.info("%s (%s on %s)", READY_LINE, serve.model, url)
             task_status.started(url)
     finally:
@@ -108,4 +122,7 @@ async def serve_reference(config: Config, hub: Hub, *, task_status=trio.TASK_STA
 def _warm_up(runner: ModelRunner) -> None:
     """One short greedy generation, as sglang's warm-up does, so the first request is not slow."""
     ids = list(runner.tokenizer(WARMUP_PROMPT)["input_ids"])
-    run_to_completion(runner, Generation(rid="warmup", input_ids=ids, params=parse_sampling_params({"temperature": 0, "max_new_tokens": 8})))
+    run_to_completion(
+        runner,
+        Generation(rid="warmup", input_ids=ids, params=parse_sampling_params({"temperature": 0, "max_new_tokens": 8})),
+    )

@@ -308,13 +308,23 @@ def _status_from(
         dtype=_first(_str(engy.get("dtype")), _str(server_info.get("dtype"))),
         # /server_info's internal_states is read live; sglang's gauges only move every few dozen
         # decode steps, so they are the fallback (real sglang's internal_states lacks these keys).
-        running=_int(_first(_internal_state_total(server_info, "num_running_reqs"),
-                            _total(samples, "sglang:num_running_reqs", primary_ranks_only=True))),
-        queued=_int(_first(_internal_state_total(server_info, "num_queue_reqs"),
-                           _total(samples, "sglang:num_queue_reqs", primary_ranks_only=True))),
+        running=_int(
+            _first(
+                _internal_state_total(server_info, "num_running_reqs"),
+                _total(samples, "sglang:num_running_reqs", primary_ranks_only=True),
+            )
+        ),
+        queued=_int(
+            _first(
+                _internal_state_total(server_info, "num_queue_reqs"),
+                _total(samples, "sglang:num_queue_reqs", primary_ranks_only=True),
+            )
+        ),
         max_running_requests=_int(server_info.get("max_running_requests")),
-        gen_throughput=_first(_internal_state_total(server_info, "last_gen_throughput"),
-                              _total(samples, "sglang:gen_throughput", primary_ranks_only=True)),
+        gen_throughput=_first(
+            _internal_state_total(server_info, "last_gen_throughput"),
+            _total(samples, "sglang:gen_throughput", primary_ranks_only=True),
+        ),
         requests_total=_int(_total(samples, "sglang:num_requests_total")),
         aborted_total=_int(_total(samples, "sglang:num_aborted_requests_total")),
         generation_tokens_total=_int(_total(samples, "sglang:generation_tokens_total")),

@@ -98,7 +98,9 @@ class Books:
         assert not problems, "the books are broken:\n" + "\n".join(problems)
 
 
-def books_problems(accounts: Sequence[AccountRow], ledger: Sequence[LedgerRow], requests: Sequence[RequestRow]) -> list[str]:
+def books_problems(
+    accounts: Sequence[AccountRow], ledger: Sequence[LedgerRow], requests: Sequence[RequestRow]
+) -> list[str]:
     """Every broken money invariant, one sentence each:
 
     - per account, credited − charged − held = available, each recomputed from its ledger rows
@@ -118,11 +120,15 @@ def books_problems(accounts: Sequence[AccountRow], ledger: Sequence[LedgerRow], 
         credited, charged = total["credit"], total["settle"]
         held = total["hold"] - total["settle"] - total["release"]
         if (account.credited, account.charged, account.held) != (credited, charged, held):
-            problems.append(f"account {account.account_id}: cached credited/charged/held {account.credited}/{account.charged}/"
-                            f"{account.held}, the ledger's rows say {credited}/{charged}/{held}")
+            problems.append(
+                f"account {account.account_id}: cached credited/charged/held {account.credited}/{account.charged}/"
+                f"{account.held}, the ledger's rows say {credited}/{charged}/{held}"
+            )
         if credited - charged - held != account.available:
-            problems.append(f"account {account.account_id}: credited {credited} − charged {charged} − held {held} is "
-                            f"{credited - charged - held}, but {account.available} is available")
+            problems.append(
+                f"account {account.account_id}: credited {credited} − charged {charged} − held {held} is "
+                f"{credited - charged - held}, but {account.available} is available"
+            )
     known_accounts = {account.account_id for account in accounts}
     for account_id in sorted(set(sums) - known_accounts):
         problems.append(f"ledger rows name account {account_id}, which does not exist")
@@ -145,10 +151,14 @@ def books_problems(accounts: Sequence[AccountRow], ledger: Sequence[LedgerRow], 
             continue
         kinds = sorted(row.kind for row in rows)
         if kinds != ["release", "settle"]:
-            problems.append(f"hold {hold_id} (request {hold.request_id}) is closed by {kinds}, not one settle and one release")
+            problems.append(
+                f"hold {hold_id} (request {hold.request_id}) is closed by {kinds}, not one settle and one release"
+            )
         if sum(row.amount for row in rows) != hold.amount:
-            problems.append(f"hold {hold_id} (request {hold.request_id}) of {hold.amount} is closed by "
-                            f"{sum(row.amount for row in rows)}")
+            problems.append(
+                f"hold {hold_id} (request {hold.request_id}) of {hold.amount} is closed by "
+                f"{sum(row.amount for row in rows)}"
+            )
         for row in rows:
             if (row.account_id, row.request_id) != (hold.account_id, hold.request_id):
                 problems.append(f"ledger row {row.row_id} closes hold {hold_id} for another account or request")
@@ -172,7 +182,9 @@ def books_problems(accounts: Sequence[AccountRow], ledger: Sequence[LedgerRow], 
             problems.append(f"request {request_id} is logged as charged {len(rows)} times")
         charged = charge_of.get(request_id, 0)
         if rows[0].cost_micro != charged:
-            problems.append(f"request {request_id} is logged as costing {rows[0].cost_micro} µUSD, the ledger charged {charged}")
+            problems.append(
+                f"request {request_id} is logged as costing {rows[0].cost_micro} µUSD, the ledger charged {charged}"
+            )
     return problems
 
 
@@ -190,11 +202,19 @@ def read_books(path: str | os.PathLike[str]) -> Books:
         begin = "BEGIN"
     try:
         conn.execute(begin)
-        accounts = [AccountRow(*row) for row in conn.execute("SELECT id, available, held, credited, charged FROM accounts")]
-        ledger = [LedgerRow(*row) for row in conn.execute(
-            "SELECT id, account_id, kind, amount, request_id, hold_id FROM ledger ORDER BY id")]
-        requests = [RequestRow(*row) for row in conn.execute(
-            "SELECT request_id, account_id, kind, status, cost_micro FROM request_log ORDER BY id")]
+        accounts = [
+            AccountRow(*row) for row in conn.execute("SELECT id, available, held, credited, charged FROM accounts")
+        ]
+        ledger = [
+            LedgerRow(*row)
+            for row in conn.execute("SELECT id, account_id, kind, amount, request_id, hold_id FROM ledger ORDER BY id")
+        ]
+        requests = [
+            RequestRow(*row)
+            for row in conn.execute(
+                "SELECT request_id, account_id, kind, status, cost_micro FROM request_log ORDER BY id"
+            )
+        ]
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -202,10 +222,15 @@ def read_books(path: str | os.PathLike[str]) -> Books:
     open_holds = tuple(row.request_id or "" for row in ledger if row.kind == "hold" and row.row_id not in closed)
     settles = [row for row in ledger if row.kind == "settle" and row.amount > 0]
     logged = {row.request_id for row in requests if row.kind == "paid" and row.cost_micro > 0}
-    return Books(accounts=len(accounts), holds=sum(row.kind == "hold" for row in ledger), open_holds=open_holds,
-                 charges=len(settles), charged_micro=sum(row.amount for row in settles),
-                 unlogged_charges=tuple(row.request_id or "" for row in settles if row.request_id not in logged),
-                 problems=tuple(books_problems(accounts, ledger, requests)))
+    return Books(
+        accounts=len(accounts),
+        holds=sum(row.kind == "hold" for row in ledger),
+        open_holds=open_holds,
+        charges=len(settles),
+        charged_micro=sum(row.amount for row in settles),
+        unlogged_charges=tuple(row.request_id or "" for row in settles if row.request_id not in logged),
+        problems=tuple(books_problems(accounts, ledger, requests)),
+    )
 
 
 def check_books(path: str | os.PathLike[str], *, open_holds_allowed: bool = False) -> Books:
@@ -232,7 +257,9 @@ def holds_of(path: str | os.PathLike[str], account_id: int) -> list[HoldRow]:
             "SELECT h.request_id, h.amount, "
             "(SELECT amount FROM ledger s WHERE s.hold_id = h.id AND s.kind = 'settle'), "
             "(SELECT amount FROM ledger r WHERE r.hold_id = h.id AND r.kind = 'release') "
-            "FROM ledger h WHERE h.kind = 'hold' AND h.account_id = ? ORDER BY h.id", (account_id,)).fetchall()
+            "FROM ledger h WHERE h.kind = 'hold' AND h.account_id = ? ORDER BY h.id",
+            (account_id,),
+        ).fetchall()
     finally:
         conn.close()
     return [HoldRow(*row) for row in rows]
@@ -243,7 +270,9 @@ def account_row(path: str | os.PathLike[str], account_id: int) -> AccountRow:
     on a full or read-only disk: opening checks the schema in a write transaction)."""
     conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, timeout=10.0)
     try:
-        row = conn.execute("SELECT id, available, held, credited, charged FROM accounts WHERE id = ?", (account_id,)).fetchone()
+        row = conn.execute(
+            "SELECT id, available, held, credited, charged FROM accounts WHERE id = ?", (account_id,)
+        ).fetchone()
     finally:
         conn.close()
     assert row is not None, f"no account {account_id} in {path}"
@@ -317,8 +346,10 @@ class ProcessAccount:
         candidates = {(seen.pid, seen.created): seen for seen in self._seen.values()}
         for process in self._marked():
             try:
-                candidates.setdefault((process.pid, process.create_time()),
-                                      _Seen(process.pid, process.create_time(), " ".join(process.cmdline())[:300]))
+                candidates.setdefault(
+                    (process.pid, process.create_time()),
+                    _Seen(process.pid, process.create_time(), " ".join(process.cmdline())[:300]),
+                )
             except psutil.Error:
                 continue
         for seen in candidates.values():
@@ -449,7 +480,10 @@ class LoopFilesystem:
         return self
 
     def _mount(self) -> None:
-        _run(["mount", "-o", "loop,errors=remount-ro", str(self.image), str(self.mount_point)], what="mount the test filesystem")
+        _run(
+            ["mount", "-o", "loop,errors=remount-ro", str(self.image), str(self.mount_point)],
+            what="mount the test filesystem",
+        )
         self.device = _loop_device(self.mount_point)
 
     def __exit__(self, *exc_info: object) -> None:
@@ -510,7 +544,9 @@ class LoopFilesystem:
         # e2fsck exits 1 when it fixed something, which after an injected error it must.
         result = subprocess.run(["e2fsck", "-f", "-y", str(self.image)], capture_output=True, text=True, timeout=60)
         if result.returncode not in (0, 1):
-            raise RuntimeError(f"e2fsck could not repair the test filesystem (exit {result.returncode}): {result.stdout}{result.stderr}")
+            raise RuntimeError(
+                f"e2fsck could not repair the test filesystem (exit {result.returncode}): {result.stdout}{result.stderr}"
+            )
         self._mount()
 
 

@@ -21,7 +21,20 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from engy_node.protocol.miner import (
-    MAX_FRAME_BYTES, Admit, Cancel, Chunk, Deny, Heartbeat, Hello, Ping, ProtocolError, Reconnect, Response, Serve, ServeRequest, encode,
+    MAX_FRAME_BYTES,
+    Admit,
+    Cancel,
+    Chunk,
+    Deny,
+    Heartbeat,
+    Hello,
+    Ping,
+    ProtocolError,
+    Reconnect,
+    Response,
+    Serve,
+    ServeRequest,
+    encode,
     parse_miner_frame,
 )
 
@@ -58,7 +71,11 @@ class GatewayHarness:
         self.url = ""
 
     def app(self) -> Starlette:
-        routes = [Route("/gw/meta", self._meta), WebSocketRoute("/gw", self._leg), WebSocketRoute("/gw/{worker:int}", self._leg)]
+        routes = [
+            Route("/gw/meta", self._meta),
+            WebSocketRoute("/gw", self._leg),
+            WebSocketRoute("/gw/{worker:int}", self._leg),
+        ]
         return Starlette(routes=routes)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -155,4 +172,3 @@ class GatewayHarness:
 
     async def drop(self, worker: int = 0) -> None:
         await self.legs[worker].websocket.close(code=1011)
-

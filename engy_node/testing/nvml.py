@@ -81,14 +81,27 @@ FAKE_GPU_MODELS: dict[str, FakeGpu] = {
     # A stock RTX 4090 as NVML reports it: 24564 MiB, 450 W default limit, compute capability
     # 8.9, PCIe 4.0 x16; clocks are typical, not any one board's.
     "RTX4090": FakeGpu(
-        model="RTX4090", name="NVIDIA GeForce RTX 4090", memory_total_mib=24564,
-        compute_capability=(8, 9), power_limit_w=450, power_draw_w=21, temperature_c=41,
+        model="RTX4090",
+        name="NVIDIA GeForce RTX 4090",
+        memory_total_mib=24564,
+        compute_capability=(8, 9),
+        power_limit_w=450,
+        power_draw_w=21,
+        temperature_c=41,
     ),
     # A stock RTX 5090: 32607 MiB, 575 W, compute capability 12.0, PCIe 5.0 x16; typical clocks.
     "RTX5090": FakeGpu(
-        model="RTX5090", name="NVIDIA GeForce RTX 5090", memory_total_mib=32607,
-        compute_capability=(12, 0), power_limit_w=575, power_draw_w=30, temperature_c=38,
-        sm_clock_max_mhz=3090, mem_clock_max_mhz=14001, pcie_gen=5, pcie_gen_max=5,
+        model="RTX5090",
+        name="NVIDIA GeForce RTX 5090",
+        memory_total_mib=32607,
+        compute_capability=(12, 0),
+        power_limit_w=575,
+        power_draw_w=30,
+        temperature_c=38,
+        sm_clock_max_mhz=3090,
+        mem_clock_max_mhz=14001,
+        pcie_gen=5,
+        pcie_gen_max=5,
     ),
 }
 
@@ -106,11 +119,15 @@ def parse_fake_gpu_spec(spec: str) -> tuple[FakeGpu, ...]:
     for item in spec.split(","):
         match = _FAKE_ITEM.match(item.strip())
         if not match:
-            raise ConfigError(f"cannot read fake GPU spec {spec!r} at {item.strip()!r}; accepted forms: {FAKE_SPEC_FORMS}")
+            raise ConfigError(
+                f"cannot read fake GPU spec {spec!r} at {item.strip()!r}; accepted forms: {FAKE_SPEC_FORMS}"
+            )
         count_text, model_text = match.groups()
         model = FAKE_GPU_MODELS.get(model_text.upper())
         if model is None:
-            raise ConfigError(f"unknown GPU model {model_text!r} in fake GPU spec {spec!r}; accepted forms: {FAKE_SPEC_FORMS}")
+            raise ConfigError(
+                f"unknown GPU model {model_text!r} in fake GPU spec {spec!r}; accepted forms: {FAKE_SPEC_FORMS}"
+            )
         count = 1 if count_text is None else int(count_text)
         if count < 1:
             raise ConfigError(f"fake GPU spec {spec!r} asks for {count} GPUs; accepted forms: {FAKE_SPEC_FORMS}")

@@ -45,8 +45,10 @@ def find_bin_dir() -> Path:
     on_path = shutil.which("pg_ctl")
     if on_path and shutil.which("initdb"):
         return Path(on_path).parent
-    raise PostgresUnavailable("PostgreSQL's server binaries are not installed (initdb, pg_ctl): "
-                              "apt-get install postgresql-15, or run scripts/bootstrap.sh")
+    raise PostgresUnavailable(
+        "PostgreSQL's server binaries are not installed (initdb, pg_ctl): "
+        "apt-get install postgresql-15, or run scripts/bootstrap.sh"
+    )
 
 
 def _free_port() -> int:
@@ -77,9 +79,13 @@ class Cluster:
         return ["runuser", "-u", self.run_as, "--", *command] if self.run_as else command
 
     def _run(self, tool: str, *args: str, timeout: float = START_TIMEOUT_S) -> None:
-        done = subprocess.run(self._command(tool, *args), capture_output=True, text=True, timeout=timeout, cwd=self.root)
+        done = subprocess.run(
+            self._command(tool, *args), capture_output=True, text=True, timeout=timeout, cwd=self.root
+        )
         if done.returncode != 0:
-            raise RuntimeError(f"{tool} {' '.join(args)} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
+            raise RuntimeError(
+                f"{tool} {' '.join(args)} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
+            )
 
     def create_database(self, name: str | None = None) -> str:
         """A new empty database; returns its URL."""
@@ -93,12 +99,34 @@ class Cluster:
     def start(self) -> None:
         log = self.root / "server.log"
         options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=on -c max_connections=300"
-        self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(log), "-o", options, "-w", "-t", str(START_TIMEOUT_S), "start",
-                  timeout=START_TIMEOUT_S + 10)
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data_dir),
+            "-l",
+            str(log),
+            "-o",
+            options,
+            "-w",
+            "-t",
+            str(START_TIMEOUT_S),
+            "start",
+            timeout=START_TIMEOUT_S + 10,
+        )
 
     def stop(self, mode: str = "fast") -> None:
-        self._run("pg_ctl", "-D", str(self.data_dir), "-m", mode, "-w", "-t", str(START_TIMEOUT_S), "stop",
-                  timeout=START_TIMEOUT_S + 10)
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data_dir),
+            "-m",
+            mode,
+            "-w",
+            "-t",
+            str(START_TIMEOUT_S),
+            "stop",
+            timeout=START_TIMEOUT_S + 10,
+        )
 
 
 def _owner() -> str | None:
@@ -108,8 +136,10 @@ def _owner() -> str | None:
     try:
         pwd.getpwnam("postgres")
     except KeyError:
-        raise PostgresUnavailable("running as root, PostgreSQL needs an unprivileged `postgres` system user to own its "
-                                  "cluster (apt-get install postgresql-15 creates it)") from None
+        raise PostgresUnavailable(
+            "running as root, PostgreSQL needs an unprivileged `postgres` system user to own its "
+            "cluster (apt-get install postgresql-15 creates it)"
+        ) from None
     return "postgres"
 
 
@@ -126,8 +156,17 @@ def throwaway_cluster() -> Iterator[Cluster]:
     cluster = Cluster(root, port=_free_port(), bin_dir=bin_dir, run_as=run_as)
     try:
         # C collation: text sorts by code point, as SQLite sorts it, whatever the machine's locale.
-        cluster._run("initdb", "-D", str(cluster.data_dir), "-U", SUPERUSER, "--auth=trust", "--locale=C",
-                     "--encoding=UTF8", "--no-sync")
+        cluster._run(
+            "initdb",
+            "-D",
+            str(cluster.data_dir),
+            "-U",
+            SUPERUSER,
+            "--auth=trust",
+            "--locale=C",
+            "--encoding=UTF8",
+            "--no-sync",
+        )
         cluster.start()
         try:
             yield cluster

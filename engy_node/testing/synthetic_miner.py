@@ -21,11 +21,11 @@ from collections.abc import Callable
 
 import trio
 
-from engy_node.model_output import ReasoningDelta, TextDelta, ToolCall, parse_output
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
 from engy_node.miner.serving import STREAM_COALESCE_S, Send
-from engy_node.served_model import ServedModel
+from engy_node.model_output import ReasoningDelta, TextDelta, ToolCall, parse_output
 from engy_node.protocol.miner import Capacity, Chunk, Response, Serve
+from engy_node.served_model import ServedModel
 
 
 @dataclasses.dataclass
@@ -73,8 +73,17 @@ class SyntheticHandler:
         text = script.text
         if script.refuse is not None:
             message, status = script.refuse
-            await send(Response(corr_id=frame.corr_id, request_id=frame.request.engy_request_id, commitment={}, output={},
-                                error=message, error_type="ServeError", error_status=status))
+            await send(
+                Response(
+                    corr_id=frame.corr_id,
+                    request_id=frame.request.engy_request_id,
+                    commitment={},
+                    output={},
+                    error=message,
+                    error_type="ServeError",
+                    error_status=status,
+                )
+            )
             return
         if script.in_parts:
             await self._send_in_parts(frame, script, prompt_ids, send)
@@ -86,20 +95,30 @@ class SyntheticHandler:
                     raise MinerCrashed("scripted crash")
                 if script.delay_s:
                     await trio.sleep(script.delay_s)
-                unsent += text[index:index + script.chunk_chars]
+                unsent += text[index : index + script.chunk_chars]
                 if time.perf_counter() - last_sent >= script.coalesce_s:
                     await send(Chunk(corr_id=frame.corr_id, content=unsent))
                     unsent, last_sent = "", time.perf_counter()
             if unsent:
                 await send(Chunk(corr_id=frame.corr_id, content=unsent))
-        await send(self._response(frame, script, prompt_ids, {"role": "assistant", "content": text}, script.finish_reason))
+        await send(
+            self._response(frame, script, prompt_ids, {"role": "assistant", "content": text}, script.finish_reason)
+        )
 
     async def _send_in_parts(self, frame: Serve, script: Script, prompt_ids: list[int], send: Send) -> None:
         events = parse_output(script.text, call_id_prefix=frame.corr_id[-8:], tools=frame.request.tools)
         reasoning = "".join(event.text for event in events if isinstance(event, ReasoningDelta))
         content = "".join(event.text for event in events if isinstance(event, TextDelta))
-        calls = [{"index": event.index, "id": event.id, "type": "function",
-                  "function": {"name": event.name, "arguments": event.arguments}} for event in events if isinstance(event, ToolCall)]
+        calls = [
+            {
+                "index": event.index,
+                "id": event.id,
+                "type": "function",
+                "function": {"name": event.name, "arguments": event.arguments},
+            }
+            for event in events
+            if isinstance(event, ToolCall)
+        ]
         if frame.stream:
             for event in events:
                 if isinstance(event, ReasoningDelta):
@@ -108,13 +127,19 @@ class SyntheticHandler:
                     await send(Chunk(corr_id=frame.corr_id, content=event.text))
                 else:
                     await send(Chunk(corr_id=frame.corr_id, content="", tool_calls=(calls[event.index],)))
-        message = {"role": "assistant", "content": content or None, **({"reasoning_content": reasoning} if reasoning else {}),
-                   **({"tool_calls": [{k: v for k, v in call.items() if k != "index"} for call in calls]} if calls else {})}
+        message = {
+            "role": "assistant",
+            "content": content or None,
+            **({"reasoning_content": reasoning} if reasoning else {}),
+            **({"tool_calls": [{k: v for k, v in call.items() if k != "index"} for call in calls]} if calls else {}),
+        }
         if script.lie_in_parts is not None:
             message = script.lie_in_parts(message)
         await send(self._response(frame, script, prompt_ids, message, "tool_calls" if calls else script.finish_reason))
 
-    def _response(self, frame: Serve, script: Script, prompt_ids: list[int], message: dict, finish_reason: str) -> Response:
+    def _response(
+        self, frame: Serve, script: Script, prompt_ids: list[int], message: dict, finish_reason: str
+    ) -> Response:
         text = script.text
         if text not in self._answer_ids:
             if len(self._answer_ids) >= 64:
@@ -126,23 +151,61 @@ class SyntheticHandler:
         if script.finish_reason == "stop":
             output_ids.append(int(self.model.tokenizer.eos_token_id))
         commitment = {
-            "model_root": self.model.model_root, "output_token_ids": output_ids,
-            "toploc": {"proofs": [], "topk": 128, "decode_batching_size": 32, "skip_prefill": True,
-                       "n_tokens": len(output_ids), "prompt_ids": prompt_ids},
+            "model_root": self.model.model_root,
+            "output_token_ids": output_ids,
+            "toploc": {
+                "proofs": [],
+                "topk": 128,
+                "decode_batching_size": 32,
+                "skip_prefill": True,
+                "n_tokens": len(output_ids),
+                "prompt_ids": prompt_ids,
+            },
         }
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids),
-                 "total_tokens": len(prompt_ids) + len(output_ids), "prompt_tokens_details": {"cached_tokens": min(script.cached_tokens, len(prompt_ids))}}
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(output_ids),
+            "total_tokens": len(prompt_ids) + len(output_ids),
+            "prompt_tokens_details": {"cached_tokens": min(script.cached_tokens, len(prompt_ids))},
+        }
         output = {"choices": [{"index": 0, "finish_reason": finish_reason, "message": message}], "usage": usage}
-        return Response(corr_id=frame.corr_id, request_id=frame.request.engy_request_id, commitment=commitment, output=output)
+        return Response(
+            corr_id=frame.corr_id, request_id=frame.request.engy_request_id, commitment=commitment, output=output
+        )
 
 
-def synthetic_link(*, gateway_url: str, model: ServedModel, identity: Identity, handler: SyntheticHandler,
-                   http, max_inflight: int = 256, settings: LinkSettings = LinkSettings(), worker_name: str = "synthetic") -> GatewayLink:
+def synthetic_link(
+    *,
+    gateway_url: str,
+    model: ServedModel,
+    identity: Identity,
+    handler: SyntheticHandler,
+    http,
+    max_inflight: int = 256,
+    settings: LinkSettings = LinkSettings(),
+    worker_name: str = "synthetic",
+) -> GatewayLink:
     spec = model.spec
     return GatewayLink(
-        gateway_url=gateway_url, identity=identity, http=http, handler=handler, settings=settings, rng=random.Random(0),
-        limits=Capacity(max_inflight=0, max_inflight_total=max_inflight, max_input_tokens=spec.max_input_tokens,
-                        max_output_tokens=spec.max_output_tokens, max_request_s=spec.max_request_s),
-        hello={"model": spec.id, "model_root": model.model_root, "hw": {"host": worker_name, "gpu_count": 0},
-               "versions": {"engy_node": "synthetic"}, "worker_name": worker_name, "worker_id": uuid.uuid4().hex},
+        gateway_url=gateway_url,
+        identity=identity,
+        http=http,
+        handler=handler,
+        settings=settings,
+        rng=random.Random(0),
+        limits=Capacity(
+            max_inflight=0,
+            max_inflight_total=max_inflight,
+            max_input_tokens=spec.max_input_tokens,
+            max_output_tokens=spec.max_output_tokens,
+            max_request_s=spec.max_request_s,
+        ),
+        hello={
+            "model": spec.id,
+            "model_root": model.model_root,
+            "hw": {"host": worker_name, "gpu_count": 0},
+            "versions": {"engy_node": "synthetic"},
+            "worker_name": worker_name,
+            "worker_id": uuid.uuid4().hex,
+        },
     )

@@ -62,8 +62,10 @@ def check_network(network: str) -> str:
     """`network` if the SDK can reach it, else a `ConfigError` listing what it accepts."""
     if network in NAMED_NETWORKS or network.startswith(("ws://", "wss://")):
         return network
-    raise ConfigError(f"unknown chain network {network!r}: use one of {', '.join(NAMED_NETWORKS)} "
-                      "or a ws:// / wss:// endpoint URL (validator.network)")
+    raise ConfigError(
+        f"unknown chain network {network!r}: use one of {', '.join(NAMED_NETWORKS)} "
+        "or a ws:// / wss:// endpoint URL (validator.network)"
+    )
 
 
 def isolate_sdk_caches(data_dir: Path) -> None:
@@ -155,8 +157,9 @@ class ChainClient:
         if self._client is None:
             import bittensor as bt
 
-            client = bt.SyncClient(self.network, substrate=self._substrate,
-                                   fallback_endpoints=[] if self._substrate is not None else None)
+            client = bt.SyncClient(
+                self.network, substrate=self._substrate, fallback_endpoints=[] if self._substrate is not None else None
+            )
             client.connect()
             self._client = client
         return self._client
@@ -185,17 +188,25 @@ class ChainClient:
             neurons=tuple(_neuron(entry) for entry in graph.neurons),
         )
 
-    def set_weights_blocking(self, signer: Keypair, *, netuid: int, uids: Sequence[int], values: Sequence[int],
-                             version_key: int = 0) -> SubmitOutcome:
+    def set_weights_blocking(
+        self, signer: Keypair, *, netuid: int, uids: Sequence[int], values: Sequence[int], version_key: int = 0
+    ) -> SubmitOutcome:
         import bittensor as bt
 
-        intent = bt.SetWeights(netuid=netuid, uids=list(uids), weights=[float(value) for value in values],
-                               version_key=version_key)
+        intent = bt.SetWeights(
+            netuid=netuid, uids=list(uids), weights=[float(value) for value in values], version_key=version_key
+        )
         try:
             # Inclusion, not finalisation: finality adds ~a minute and changes nothing the
             # schedule needs. `retries` covers only transient pool errors ("priority too low").
-            result = self._sdk().execute(intent, signer, wait_for_inclusion=True, wait_for_finalization=False,
-                                         period=SUBMIT_PERIOD_BLOCKS, retries=2)
+            result = self._sdk().execute(
+                intent,
+                signer,
+                wait_for_inclusion=True,
+                wait_for_finalization=False,
+                period=SUBMIT_PERIOD_BLOCKS,
+                retries=2,
+            )
         except bt.ChainError as err:
             stage: Stage = "preflight" if _code(err) in PREFLIGHT_CODES else "transport"
             return SubmitOutcome(stage, str(err), err.name, _code(err), remediation=_remediation(err))
@@ -207,24 +218,41 @@ class ChainClient:
         if result.success:
             return SubmitOutcome("landed", result.message or "included", extrinsic_id=result.extrinsic_id)
         error = result.error
-        return SubmitOutcome("chain", result.message or (str(error) if error else "refused"),
-                             error.name if error else None, _code(error) if error else None,
-                             remediation=_remediation(error) if error else None)
+        return SubmitOutcome(
+            "chain",
+            result.message or (str(error) if error else "refused"),
+            error.name if error else None,
+            _code(error) if error else None,
+            remediation=_remediation(error) if error else None,
+        )
 
     async def read(self, netuid: int, *, timeout_s: float = READ_TIMEOUT_S) -> ChainView:
         with trio.fail_after(timeout_s):
-            return await trio.to_thread.run_sync(self.read_blocking, netuid, limiter=self._limiter,
-                                                 abandon_on_cancel=True)
+            return await trio.to_thread.run_sync(
+                self.read_blocking, netuid, limiter=self._limiter, abandon_on_cancel=True
+            )
 
-    async def set_weights(self, signer: Keypair, *, netuid: int, uids: Sequence[int], values: Sequence[int],
-                          timeout_s: float = SUBMIT_TIMEOUT_S) -> SubmitOutcome:
+    async def set_weights(
+        self,
+        signer: Keypair,
+        *,
+        netuid: int,
+        uids: Sequence[int],
+        values: Sequence[int],
+        timeout_s: float = SUBMIT_TIMEOUT_S,
+    ) -> SubmitOutcome:
         with trio.move_on_after(timeout_s):
             # Abandoning the thread stops the wait, not the extrinsic: it may still land.
             return await trio.to_thread.run_sync(
                 lambda: self.set_weights_blocking(signer, netuid=netuid, uids=uids, values=values),
-                limiter=self._limiter, abandon_on_cancel=True)
-        return SubmitOutcome("transport", f"no answer from the chain within {timeout_s:.0f} s; the extrinsic may "
-                                          "still land (the next read's last_update shows it)")
+                limiter=self._limiter,
+                abandon_on_cancel=True,
+            )
+        return SubmitOutcome(
+            "transport",
+            f"no answer from the chain within {timeout_s:.0f} s; the extrinsic may "
+            "still land (the next read's last_update shows it)",
+        )
 
     def close(self) -> None:
         client, self._client = self._client, None
@@ -234,10 +262,16 @@ class ChainClient:
 
 def _neuron(entry: Any) -> Neuron:
     return Neuron(
-        uid=int(entry.uid), hotkey=str(entry.hotkey), coldkey=str(entry.coldkey),
-        validator_permit=bool(entry.validator_permit), last_update=int(entry.last_update),
-        stake=_amount(entry.total_stake), incentive=float(entry.incentive), dividends=float(entry.dividends),
-        emission=_amount(entry.emission), active=bool(entry.active),
+        uid=int(entry.uid),
+        hotkey=str(entry.hotkey),
+        coldkey=str(entry.coldkey),
+        validator_permit=bool(entry.validator_permit),
+        last_update=int(entry.last_update),
+        stake=_amount(entry.total_stake),
+        incentive=float(entry.incentive),
+        dividends=float(entry.dividends),
+        emission=_amount(entry.emission),
+        active=bool(entry.active),
     )
 
 

@@ -80,9 +80,10 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from engy_node.validator import yuma
 
@@ -167,8 +168,10 @@ class SubnetParams:
         if self.tempo < 1:
             raise ValueError(f"tempo must be >= 1, got {self.tempo!r}")
         if not 1_000 <= self.activity_cutoff_factor_milli <= 50_000:
-            raise ValueError("activity_cutoff_factor_milli must be in 1000..50000 (the chain's bounds), "
-                             f"got {self.activity_cutoff_factor_milli!r}")
+            raise ValueError(
+                "activity_cutoff_factor_milli must be in 1000..50000 (the chain's bounds), "
+                f"got {self.activity_cutoff_factor_milli!r}"
+            )
         for name in ("max_weights_limit", "kappa", "bonds_penalty"):
             if not 0 <= getattr(self, name) <= U16_MAX:
                 raise ValueError(f"{name} is a u16, got {getattr(self, name)!r}")
@@ -210,11 +213,11 @@ class Submission:
     `block`), `call` as "Pallet.function", and the chain's error name when it failed."""
 
     block: int
-    netuid: Optional[int]
+    netuid: int | None
     hotkey: str
     call: str
     ok: bool
-    error: Optional[str]
+    error: str | None
 
 
 @dataclass
@@ -263,7 +266,9 @@ class _Subnet:
         return [getattr(neuron, name) for neuron in self.neurons]
 
     def refresh_permits(self) -> None:
-        permits = yuma.top_stake_permits(self.column("stake_rao"), max_validators=self.params.max_validators, owner_uid=0)
+        permits = yuma.top_stake_permits(
+            self.column("stake_rao"), max_validators=self.params.max_validators, owner_uid=0
+        )
         for neuron, permit in zip(self.neurons, permits):
             neuron.permit = permit
 
@@ -323,15 +328,15 @@ class DevChain:
     def __init__(
         self,
         *,
-        netuid: Optional[int] = 53,
+        netuid: int | None = 53,
         params: SubnetParams = SubnetParams(),
-        owner_hotkey: Optional[str] = None,
-        owner_coldkey: Optional[str] = None,
+        owner_hotkey: str | None = None,
+        owner_coldkey: str | None = None,
         owner_stake_tao: float = 0.0,
         start_block: int = 1000,
         block_time_s: float = 12.0,
         clock: Callable[[], float] = time.monotonic,
-        state_path: Optional[PathLike] = None,
+        state_path: PathLike | None = None,
     ):
         if start_block < 1:
             # Block 0 would make a registration's last_update 0, which the rate limit reads as "never set".
@@ -349,7 +354,7 @@ class DevChain:
         self._extra_blocks = 0
         self._block = start_block
         self._subnets: dict[int, _Subnet] = {}
-        self._default_netuid: Optional[int] = None
+        self._default_netuid: int | None = None
         self._pool_rejections: deque[int] = deque()
         self._submissions: deque[Submission] = deque(maxlen=SUBMISSION_HISTORY)
         self._nonces: dict[str, int] = {}
@@ -358,7 +363,11 @@ class DevChain:
         self._dirty = False
         if netuid is not None:
             self.add_subnet(
-                netuid, params=params, owner_hotkey=owner_hotkey, owner_coldkey=owner_coldkey, owner_stake_tao=owner_stake_tao
+                netuid,
+                params=params,
+                owner_hotkey=owner_hotkey,
+                owner_coldkey=owner_coldkey,
+                owner_stake_tao=owner_stake_tao,
             )
 
     # Administration ---------------------------------------------------------------
@@ -368,8 +377,8 @@ class DevChain:
         netuid: int,
         *,
         params: SubnetParams = SubnetParams(),
-        owner_hotkey: Optional[str] = None,
-        owner_coldkey: Optional[str] = None,
+        owner_hotkey: str | None = None,
+        owner_coldkey: str | None = None,
         owner_stake_tao: float = 0.0,
     ) -> None:
         """Create a subnet at the head block, its owner's hotkey at uid 0. The first subnet added is
@@ -395,8 +404,9 @@ class DevChain:
                 self._default_netuid = netuid
             self._dirty = True
 
-    def register(self, hotkey_ss58: str, coldkey_ss58: Optional[str] = None, *, stake_tao: float = 0.0,
-                 netuid: Optional[int] = None) -> int:
+    def register(
+        self, hotkey_ss58: str, coldkey_ss58: str | None = None, *, stake_tao: float = 0.0, netuid: int | None = None
+    ) -> int:
         """Register a hotkey at the head block and return its uid; an already registered hotkey
         returns its uid unchanged. The coldkey defaults to the hotkey itself (a dev shortcut)."""
         stake_rao = _rao(stake_tao)
@@ -405,7 +415,9 @@ class DevChain:
             if hotkey_ss58 in subnet.uids:
                 return subnet.uids[hotkey_ss58]
             if len(subnet.neurons) >= subnet.params.max_uids:
-                raise ValueError(f"subnet {subnet.netuid} is full ({subnet.params.max_uids} uids) and the dev chain never prunes")
+                raise ValueError(
+                    f"subnet {subnet.netuid} is full ({subnet.params.max_uids} uids) and the dev chain never prunes"
+                )
             head = self._catch_up()
             uid = len(subnet.neurons)
             coldkey = coldkey_ss58 or hotkey_ss58
@@ -415,7 +427,7 @@ class DevChain:
             self._dirty = True
             return uid
 
-    def set_stake(self, hotkey_ss58: str, stake_tao: float, *, netuid: Optional[int] = None) -> None:
+    def set_stake(self, hotkey_ss58: str, stake_tao: float, *, netuid: int | None = None) -> None:
         """Set a registered hotkey's stake; permits are recomputed at once."""
         stake_rao = _rao(stake_tao)
         with self._changing():
@@ -425,7 +437,7 @@ class DevChain:
             subnet.refresh_permits()
             self._dirty = True
 
-    def set_hyperparameters(self, netuid: Optional[int] = None, **changes: Any) -> SubnetParams:
+    def set_hyperparameters(self, netuid: int | None = None, **changes: Any) -> SubnetParams:
         """Change fields of a subnet's `SubnetParams` (e.g. `commit_reveal=True`) and return the new set."""
         with self._changing():
             subnet = self._subnet(netuid)
@@ -472,7 +484,7 @@ class DevChain:
         with self._lock:
             return list(self._submissions)
 
-    def neurons(self, netuid: Optional[int] = None) -> list[NeuronStatus]:
+    def neurons(self, netuid: int | None = None) -> list[NeuronStatus]:
         with self._changing():
             self._catch_up()
             return [
@@ -492,7 +504,7 @@ class DevChain:
                 for uid, neuron in enumerate(self._subnet(netuid).neurons)
             ]
 
-    def weights(self, netuid: Optional[int] = None) -> dict[int, dict[int, int]]:
+    def weights(self, netuid: int | None = None) -> dict[int, dict[int, int]]:
         """Stored weight rows as {validator_uid: {uid: u16}}."""
         with self._changing():
             self._catch_up()
@@ -500,7 +512,7 @@ class DevChain:
 
     # Persistence ----------------------------------------------------------------------
 
-    def save(self, path: Optional[PathLike] = None) -> Path:
+    def save(self, path: PathLike | None = None) -> Path:
         """Write the whole state as JSON (atomically) to `path`, or to the chain's `state_path`."""
         with self._lock:
             target = Path(path) if path is not None else self._state_path
@@ -518,8 +530,13 @@ class DevChain:
         data = json.loads(Path(path).read_text())
         if data.get("format") != STATE_FORMAT:
             raise ValueError(f"{path} is not a {STATE_FORMAT} state file (format {data.get('format')!r})")
-        chain = cls(netuid=None, start_block=int(data["block"]), block_time_s=float(data["block_time_s"]), clock=clock,
-                    state_path=path)
+        chain = cls(
+            netuid=None,
+            start_block=int(data["block"]),
+            block_time_s=float(data["block_time_s"]),
+            clock=clock,
+            state_path=path,
+        )
         for record in data["subnets"]:
             subnet = _Subnet(
                 netuid=int(record["netuid"]),
@@ -583,7 +600,7 @@ class DevChain:
 
     # Substrate protocol: reads ---------------------------------------------------------
 
-    async def block_hash(self, block: Optional[int] = None) -> str:
+    async def block_hash(self, block: int | None = None) -> str:
         with self._changing():
             head = self._catch_up()
             if block is not None and not 0 <= block <= head:
@@ -602,7 +619,7 @@ class DevChain:
     async def spec_version(self) -> int:
         return SPEC_VERSION
 
-    async def get_block(self, block_number: Optional[int] = None, block_hash: Optional[str] = None) -> Optional[dict]:
+    async def get_block(self, block_number: int | None = None, block_hash: str | None = None) -> dict | None:
         head = self.block
         number = _block_of(block_hash) if block_hash is not None else (head if block_number is None else block_number)
         if not 0 <= number <= head:
@@ -613,8 +630,8 @@ class DevChain:
         self,
         module: str,
         storage_function: str,
-        params: Optional[list] = None,
-        block_hash: Optional[str] = None,
+        params: list | None = None,
+        block_hash: str | None = None,
     ) -> Any:
         with self._changing():
             head = self._catch_up()
@@ -626,7 +643,7 @@ class DevChain:
         module: str,
         storage_function: str,
         params: list,
-        block_hash: Optional[str] = None,
+        block_hash: str | None = None,
     ) -> bool:
         return bool(await self.query_map(module, storage_function, params, block_hash))
 
@@ -634,8 +651,8 @@ class DevChain:
         self,
         module: str,
         storage_function: str,
-        params: Optional[list] = None,
-        block_hash: Optional[str] = None,
+        params: list | None = None,
+        block_hash: str | None = None,
     ) -> list[tuple[Any, Any]]:
         with self._changing():
             self._catch_up()
@@ -646,11 +663,11 @@ class DevChain:
         module: str,
         storage_function: str,
         param_sets: list[list],
-        block_hash: Optional[str] = None,
+        block_hash: str | None = None,
     ) -> list[Any]:
         return [await self.query(module, storage_function, params, block_hash) for params in param_sets]
 
-    async def runtime_call(self, api: str, method: str, params: list, block_hash: Optional[str] = None) -> Any:
+    async def runtime_call(self, api: str, method: str, params: list, block_hash: str | None = None) -> Any:
         builders: dict[tuple[str, str], Callable[[_Subnet, int], Any]] = {
             ("SubnetInfoRuntimeApi", "get_metagraph"): self._metagraph,
             ("SubnetInfoRuntimeApi", "get_subnet_hyperparams_v3"): _hyperparameters,
@@ -679,7 +696,7 @@ class DevChain:
         """Headers of new blocks as the clock (or `advance`) produces them, polled a few times a block."""
         lag = FINALITY_LAG if finalized else 0
         poll_s = min(1.0, max(0.05, self._block_time_s / 4))
-        last: Optional[int] = None
+        last: int | None = None
         while True:
             newest = self.block - lag
             for number in range(newest if last is None else last + 1, newest + 1):
@@ -687,7 +704,7 @@ class DevChain:
             last = newest if last is None else max(last, newest)
             await asyncio.sleep(poll_s)
 
-    async def events(self, block_hash: Optional[str] = None) -> list[dict]:
+    async def events(self, block_hash: str | None = None) -> list[dict]:
         # The dev chain records outcomes in ExtrinsicResult and `submissions`, not as events.
         return []
 
@@ -715,14 +732,14 @@ class DevChain:
 
     # Substrate protocol: writes -------------------------------------------------------------
 
-    async def mev_next_key(self) -> Optional[bytes]:
+    async def mev_next_key(self) -> bytes | None:
         # No MEV shield on the dev chain.
         return None
 
     async def sign_extrinsic(self, call, keypair, *, nonce: int, period: int) -> tuple[bytes, str]:
         raise _unsupported("signing without submitting")
 
-    async def find_extrinsic(self, extrinsic_hash: str, block_hash: str) -> Optional[ExtrinsicResult]:
+    async def find_extrinsic(self, extrinsic_hash: str, block_hash: str) -> ExtrinsicResult | None:
         raise _unsupported("finding extrinsics by hash")
 
     async def prepare(
@@ -731,10 +748,10 @@ class DevChain:
         *,
         address: str,
         crypto_type: int = 1,
-        nonce: Optional[int] = None,
-        period: Optional[int] = DEFAULT_ERA_PERIOD,
+        nonce: int | None = None,
+        period: int | None = DEFAULT_ERA_PERIOD,
         tip: int = 0,
-        metadata_hash: Optional[bytes] = None,
+        metadata_hash: bytes | None = None,
     ) -> Any:
         raise _unsupported("out-of-process signing")
 
@@ -753,8 +770,8 @@ class DevChain:
         call,
         keypair,
         *,
-        nonce: Optional[int] = None,
-        period: Optional[int] = DEFAULT_ERA_PERIOD,
+        nonce: int | None = None,
+        period: int | None = DEFAULT_ERA_PERIOD,
         wait_for_inclusion: bool = True,
         wait_for_finalization: bool = True,
     ) -> ExtrinsicResult:
@@ -775,13 +792,17 @@ class DevChain:
                 error = chain_error_from_substrate_request(
                     Exception(str({"code": 1010, "message": "Invalid Transaction", "data": f"Custom error: {code}"}))
                 )
-                self._submissions.append(Submission(self._catch_up(), netuid, signer, f"{module}.{function}", False, error.name))
+                self._submissions.append(
+                    Submission(self._catch_up(), netuid, signer, f"{module}.{function}", False, error.name)
+                )
                 self._dirty = True
                 return ExtrinsicResult(success=False, message=error.message, error=error)
             block = self._seal_next_block()
             error_name = self._dispatch(block, signer, function, params)
             self._nonces[signer] = self._nonces.get(signer, 0) + 1
-            self._submissions.append(Submission(block, netuid, signer, f"{module}.{function}", error_name is None, error_name))
+            self._submissions.append(
+                Submission(block, netuid, signer, f"{module}.{function}", error_name is None, error_name)
+            )
             self._dirty = True
         if error_name is None:
             log.info("block %d: %s.%s from %s applied", block, module, function, signer)
@@ -792,7 +813,11 @@ class DevChain:
         extrinsic_id = f"{block}-{EXTRINSIC_INDEX:04d}"
         if error_name is None:
             return ExtrinsicResult(
-                success=True, message="Success", block_hash=_hash_of(block), extrinsic_id=extrinsic_id, fee=Balance.from_rao(0)
+                success=True,
+                message="Success",
+                block_hash=_hash_of(block),
+                extrinsic_id=extrinsic_id,
+                fee=Balance.from_rao(0),
             )
         error = _dispatch_error(error_name)
         return ExtrinsicResult(
@@ -836,7 +861,7 @@ class DevChain:
                 _write_atomically(self._state_path, self._state())
             self._dirty = False
 
-    def _subnet(self, netuid: Optional[int]) -> _Subnet:
+    def _subnet(self, netuid: int | None) -> _Subnet:
         key = self._default_netuid if netuid is None else netuid
         if key not in self._subnets:
             raise KeyError(f"the dev chain has no subnet {key}")
@@ -907,20 +932,26 @@ class DevChain:
         subnet.epoch_index += 1
         self._epochs_run += 1
         self._dirty = True
-        log.info("block %d: epoch %d on subnet %d, incentive %s", block, subnet.epoch_index, subnet.netuid,
-                 {uid: round(i, 4) for uid, i in enumerate(result.incentive) if i})
+        log.info(
+            "block %d: epoch %d on subnet %d, incentive %s",
+            block,
+            subnet.epoch_index,
+            subnet.netuid,
+            {uid: round(i, 4) for uid, i in enumerate(result.incentive) if i},
+        )
 
-    def _dispatch(self, block: int, signer: str, function: str, params: dict) -> Optional[str]:
+    def _dispatch(self, block: int, signer: str, function: str, params: dict) -> str | None:
         """Apply one of the SUPPORTED_CALLS at `block`; the chain's error name when it fails, else None.
         The calls without a `mecid` are the mechanism-0 forms of the ones with it."""
         netuid = int(params["netuid"])
         mecid = int(params.get("mecid", 0))
         if function in ("set_mechanism_weights", "set_weights"):
-            return self._set_weights(block, signer, netuid, mecid, list(params["dests"]), list(params["weights"]),
-                                     int(params["version_key"]))
+            return self._set_weights(
+                block, signer, netuid, mecid, list(params["dests"]), list(params["weights"]), int(params["version_key"])
+            )
         return self._commit_weights(block, signer, netuid, mecid, params["commit"], int(params["reveal_round"]))
 
-    def _registered_neuron(self, signer: str, netuid: int, mecid: int) -> tuple[Optional[_Subnet], Optional[int], Optional[str]]:
+    def _registered_neuron(self, signer: str, netuid: int, mecid: int) -> tuple[_Subnet | None, int | None, str | None]:
         subnet = self._subnets.get(netuid)
         if subnet is None:
             return None, None, "SubnetNotExists"
@@ -935,8 +966,9 @@ class DevChain:
         last = subnet.neurons[uid].last_update
         return last != 0 and block - last < subnet.params.weights_rate_limit
 
-    def _set_weights(self, block: int, signer: str, netuid: int, mecid: int, dests: list, values: list,
-                     version_key: int) -> Optional[str]:
+    def _set_weights(
+        self, block: int, signer: str, netuid: int, mecid: int, dests: list, values: list, version_key: int
+    ) -> str | None:
         if len(dests) != len(values):
             return "WeightVecNotEqualSize"
         subnet, uid, error = self._registered_neuron(signer, netuid, mecid)
@@ -965,7 +997,9 @@ class DevChain:
         subnet.neurons[uid].last_update = block
         return None
 
-    def _commit_weights(self, block: int, signer: str, netuid: int, mecid: int, commit: Any, reveal_round: int) -> Optional[str]:
+    def _commit_weights(
+        self, block: int, signer: str, netuid: int, mecid: int, commit: Any, reveal_round: int
+    ) -> str | None:
         subnet, uid, error = self._registered_neuron(signer, netuid, mecid)
         if error is not None:
             return error
@@ -1006,7 +1040,9 @@ class DevChain:
                 return []
             return list(subnet.weights.get(int(params[1]), []))
         if item == "Owner":
-            return next((s.neurons[s.uids[params[0]]].coldkey for s in self._subnets.values() if params[0] in s.uids), None)
+            return next(
+                (s.neurons[s.uids[params[0]]].coldkey for s in self._subnets.values() if params[0] in s.uids), None
+            )
         if item == "IsNetworkMember":
             subnet = self._subnets.get(int(params[1]))
             return subnet is not None and params[0] in subnet.uids
@@ -1017,7 +1053,9 @@ class DevChain:
 
     def _storage_map(self, module: str, item: str, params: list) -> list[tuple[Any, Any]]:
         if module == PALLET and not params and item in _SUBNET_ITEMS:
-            return [(netuid, _SUBNET_ITEMS[item](subnet, self._block)) for netuid, subnet in sorted(self._subnets.items())]
+            return [
+                (netuid, _SUBNET_ITEMS[item](subnet, self._block)) for netuid, subnet in sorted(self._subnets.items())
+            ]
         if module == PALLET and item in ("Uids", "Keys") and params:
             subnet = self._subnets.get(int(params[0]))
             pairs = [] if subnet is None else sorted(subnet.uids.items(), key=lambda pair: pair[1])
@@ -1038,7 +1076,7 @@ class DevChain:
         log.debug("dev chain has no storage map %s.%s %s", module, item, params)
         return []
 
-    def _mechanism_subnet(self, storage_index: int) -> Optional[_Subnet]:
+    def _mechanism_subnet(self, storage_index: int) -> _Subnet | None:
         # Mechanisms other than 0 do not exist on the dev chain.
         return self._subnets.get(storage_index) if storage_index < MECHANISM_STRIDE else None
 
@@ -1182,7 +1220,7 @@ def _unsupported(what: str) -> ChainError:
     return _chain_error(f"the dev chain does not support {what}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dispatch_error_index(name: str) -> tuple[int, int]:
     from bittensor._generated.errors import ERRORS
 

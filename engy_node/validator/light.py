@@ -98,8 +98,16 @@ class TickResult:
 class LightValidator:
     """One validator hotkey's loop. `tick` is one poll cycle; `run` is the node service."""
 
-    def __init__(self, settings: LightSettings, *, chain: ChainClient, signer: Keypair, http: httpx.AsyncClient,
-                 hub: Hub | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: LightSettings,
+        *,
+        chain: ChainClient,
+        signer: Keypair,
+        http: httpx.AsyncClient,
+        hub: Hub | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.settings = settings
         self.chain = chain
         self.signer = signer
@@ -116,11 +124,20 @@ class LightValidator:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         settings = self.settings
-        log.info("light loop: provider %s, master %s, netuid %d, hotkey %s, poll every %.0f s, resubmit every %d blocks",
-                 settings.provider_url, settings.master_hotkey, settings.netuid, self.signer.ss58_address,
-                 settings.poll_s, settings.resubmit_blocks)
-        log.info("liveness: heartbeat file %s, watchdog exits after %.0f s without a completed tick",
-                 settings.heartbeat_path, schedule.stall_limit(settings.poll_s))
+        log.info(
+            "light loop: provider %s, master %s, netuid %d, hotkey %s, poll every %.0f s, resubmit every %d blocks",
+            settings.provider_url,
+            settings.master_hotkey,
+            settings.netuid,
+            self.signer.ss58_address,
+            settings.poll_s,
+            settings.resubmit_blocks,
+        )
+        log.info(
+            "liveness: heartbeat file %s, watchdog exits after %.0f s without a completed tick",
+            settings.heartbeat_path,
+            schedule.stall_limit(settings.poll_s),
+        )
         async with trio.open_nursery() as nursery:
             task_status.started(self.signer.ss58_address)
             await self._check_registration()
@@ -138,8 +155,11 @@ class LightValidator:
     async def tick(self) -> TickResult:
         state, discarded = await trio.to_thread.run_sync(read_state, self.settings.state_path)
         if discarded:
-            log.warning("state file %s: discarded invalid %s; continuing with the rest", self.settings.state_path,
-                        ", ".join(discarded))
+            log.warning(
+                "state file %s: discarded invalid %s; continuing with the rest",
+                self.settings.state_path,
+                ", ".join(discarded),
+            )
         candidate, failure = await self._candidate(state)
         if candidate is None:
             return TickResult(failure)
@@ -147,11 +167,18 @@ class LightValidator:
         now = self.clock()
         is_new = state.last_applied is None or candidate.epoch_index > state.last_applied
         if not is_new:
-            wait_s = schedule.pregate_skip(now=now, last_submit_ts=state.last_submit_ts,
-                                           interval_blocks=self.settings.resubmit_blocks, block_s=self.block_s)
+            wait_s = schedule.pregate_skip(
+                now=now,
+                last_submit_ts=state.last_submit_ts,
+                interval_blocks=self.settings.resubmit_blocks,
+                block_s=self.block_s,
+            )
             if wait_s is not None:
-                log.info("epoch %d already submitted; next resubmit in ~%s (not contacting the chain yet)",
-                         candidate.epoch_index, _duration(wait_s))
+                log.info(
+                    "epoch %d already submitted; next resubmit in ~%s (not contacting the chain yet)",
+                    candidate.epoch_index,
+                    _duration(wait_s),
+                )
                 return TickResult("skipped:too-soon", candidate.epoch_index)
 
         try:
@@ -162,19 +189,34 @@ class LightValidator:
         self._observe(view)
 
         decision = schedule.decide(
-            epoch_index=candidate.epoch_index, last_applied=state.last_applied, current_block=view.block,
-            last_submit_block=state.last_submit_block, now=now, last_submit_ts=state.last_submit_ts,
-            interval_blocks=self.settings.resubmit_blocks, block_s=self.block_s)
+            epoch_index=candidate.epoch_index,
+            last_applied=state.last_applied,
+            current_block=view.block,
+            last_submit_block=state.last_submit_block,
+            now=now,
+            last_submit_ts=state.last_submit_ts,
+            interval_blocks=self.settings.resubmit_blocks,
+            block_s=self.block_s,
+        )
         if not decision.submit:
             if decision.reason == "replay":
                 return TickResult("skipped:replay", candidate.epoch_index, view.block)
             left = f"{decision.blocks_left} more blocks" if decision.blocks_left is not None else "the wall clock"
-            log.info("epoch %d already submitted at block %s; resubmit after %s (%s)", candidate.epoch_index,
-                     state.last_submit_block, left, decision.reason)
+            log.info(
+                "epoch %d already submitted at block %s; resubmit after %s (%s)",
+                candidate.epoch_index,
+                state.last_submit_block,
+                left,
+                decision.reason,
+            )
             return TickResult("skipped:too-soon", candidate.epoch_index, view.block)
         if decision.reason == "chain-behind":
-            log.warning("the chain is at block %d, before this validator's last submit at block %s: the state file "
-                        "was written against another chain; submitting", view.block, state.last_submit_block)
+            log.warning(
+                "the chain is at block %d, before this validator's last submit at block %s: the state file "
+                "was written against another chain; submitting",
+                view.block,
+                state.last_submit_block,
+            )
 
         return await self._submit(state, candidate, view, is_new=is_new)
 
@@ -188,13 +230,23 @@ class LightValidator:
         self._observe(view)
         me = view.neuron_of(self.signer.ss58_address)
         if me is None:
-            log.warning("hotkey %s is not registered on netuid %d: register it (and stake for a validator permit) "
-                        "before weights can be set", self.signer.ss58_address, self.settings.netuid)
+            log.warning(
+                "hotkey %s is not registered on netuid %d: register it (and stake for a validator permit) "
+                "before weights can be set",
+                self.signer.ss58_address,
+                self.settings.netuid,
+            )
         elif not me.validator_permit:
-            log.warning("hotkey %s is uid %d but has no validator permit yet: the chain refuses weights until its "
-                        "stake ranks among the subnet's validators", self.signer.ss58_address, me.uid)
+            log.warning(
+                "hotkey %s is uid %d but has no validator permit yet: the chain refuses weights until its "
+                "stake ranks among the subnet's validators",
+                self.signer.ss58_address,
+                me.uid,
+            )
         else:
-            log.info("hotkey %s is uid %d with a validator permit, at block %d", self.signer.ss58_address, me.uid, view.block)
+            log.info(
+                "hotkey %s is uid %d with a validator permit, at block %d", self.signer.ss58_address, me.uid, view.block
+            )
 
     # ---- the steps --------------------------------------------------------------------------
 
@@ -206,16 +258,28 @@ class LightValidator:
         except ProviderAnswer as err:
             # 404 is a provider that has not closed an epoch yet (a new gateway): expected, not alarming.
             level = logging.INFO if err.status == 404 else logging.WARNING
-            log.log(level, "fetch of %s%s answered HTTP %d: %s", self.settings.provider_url, EPOCH_PATH, err.status, err)
+            log.log(
+                level, "fetch of %s%s answered HTTP %d: %s", self.settings.provider_url, EPOCH_PATH, err.status, err
+            )
             if err.status == 404:
                 failure = "no-epoch-yet"
         except (httpx.HTTPError, trio.TooSlowError) as err:
-            log.warning("fetch of %s%s failed: %s", self.settings.provider_url, EPOCH_PATH,
-                        f"no complete answer within {FETCH_TIMEOUT_S:.0f} s" if isinstance(err, trio.TooSlowError) else _reason(err))
+            log.warning(
+                "fetch of %s%s failed: %s",
+                self.settings.provider_url,
+                EPOCH_PATH,
+                f"no complete answer within {FETCH_TIMEOUT_S:.0f} s"
+                if isinstance(err, trio.TooSlowError)
+                else _reason(err),
+            )
         else:
             try:
-                verified = parse_and_verify(raw, master_hotkey=self.settings.master_hotkey, netuid=self.settings.netuid,
-                                            max_bytes=self.settings.max_payload_bytes)
+                verified = parse_and_verify(
+                    raw,
+                    master_hotkey=self.settings.master_hotkey,
+                    netuid=self.settings.netuid,
+                    max_bytes=self.settings.max_payload_bytes,
+                )
             except EpochPayloadError as err:
                 log.warning("payload rejected (%s): %s", err.reason, err.detail)
                 failure = f"rejected:{err.reason}"
@@ -223,15 +287,25 @@ class LightValidator:
                 replayed = state.last_applied is not None and verified.epoch_index < state.last_applied
                 if not replayed:
                     return _fresh(verified), ""
-                log.warning("payload refused: epoch %d is older than epoch %d already applied (replay guard)",
-                            verified.epoch_index, state.last_applied)
+                log.warning(
+                    "payload refused: epoch %d is older than epoch %d already applied (replay guard)",
+                    verified.epoch_index,
+                    state.last_applied,
+                )
                 failure = "rejected:replay"
         if state.cached_weights is None or state.last_applied is None:
-            log.log(logging.INFO if failure == "no-epoch-yet" else logging.WARNING,
-                    "no usable payload (%s) and no cached vector yet; nothing to submit", failure)
+            log.log(
+                logging.INFO if failure == "no-epoch-yet" else logging.WARNING,
+                "no usable payload (%s) and no cached vector yet; nothing to submit",
+                failure,
+            )
             return None, failure
-        log.info("no usable payload (%s); resubmitting the cached epoch %d vector (%d hotkeys)", failure,
-                 state.last_applied, len(state.cached_weights))
+        log.info(
+            "no usable payload (%s); resubmitting the cached epoch %d vector (%d hotkeys)",
+            failure,
+            state.last_applied,
+            len(state.cached_weights),
+        )
         return Candidate(state.cached_weights, state.last_applied, state.cached_digest, from_cache=True), ""
 
     async def _fetch(self) -> bytes:
@@ -253,62 +327,118 @@ class LightValidator:
                     chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _submit(self, state: ValidatorState, candidate: Candidate, view: ChainView, *, is_new: bool) -> TickResult:
+    async def _submit(
+        self, state: ValidatorState, candidate: Candidate, view: ChainView, *, is_new: bool
+    ) -> TickResult:
         weights = candidate.weights
         target = uids.burn_target(weights)
         if target is not None and view.owner_hotkey and target != view.owner_hotkey:
-            log.warning("the payload burns to %s but the chain's subnet owner is %s; submitting anyway (check the "
-                        "provider's owner_hotkey)", target, view.owner_hotkey)
+            log.warning(
+                "the payload burns to %s but the chain's subnet owner is %s; submitting anyway (check the "
+                "provider's owner_hotkey)",
+                target,
+                view.owner_hotkey,
+            )
         resolution = uids.resolve(weights, view.hotkeys)
         if resolution.dropped:
-            log.warning("%d payload hotkey(s) not registered on chain, holding %.1f%% of the weight, dropped: %s",
-                        len(resolution.dropped), resolution.dropped_share * 100, ", ".join(resolution.dropped))
+            log.warning(
+                "%d payload hotkey(s) not registered on chain, holding %.1f%% of the weight, dropped: %s",
+                len(resolution.dropped),
+                resolution.dropped_share * 100,
+                ", ".join(resolution.dropped),
+            )
         standby_kind = None
         if not resolution.lands:
             who = ", ".join(hotkey for hotkey, _ in weights[:5])
-            log.warning("none of the vector's hotkeys are registered on chain (%s); for a burn this usually means the "
-                        "provider's owner_hotkey is wrong", who)
-            fallback = uids.standby(cached=state.cached_weights, hotkeys_by_uid=view.hotkeys,
-                                    owner_hotkey=view.owner_hotkey, cache_already_tried=candidate.from_cache)
+            log.warning(
+                "none of the vector's hotkeys are registered on chain (%s); for a burn this usually means the "
+                "provider's owner_hotkey is wrong",
+                who,
+            )
+            fallback = uids.standby(
+                cached=state.cached_weights,
+                hotkeys_by_uid=view.hotkeys,
+                owner_hotkey=view.owner_hotkey,
+                cache_already_tried=candidate.from_cache,
+            )
             if fallback is None:
-                log.warning("no standby vector lands either (no cache, owner hotkey not registered); submitting nothing")
+                log.warning(
+                    "no standby vector lands either (no cache, owner hotkey not registered); submitting nothing"
+                )
                 return TickResult("submit-failed", candidate.epoch_index, view.block)
             standby_kind, standby_weights = fallback
-            log.info("%s: submitting %s instead", standby_kind,
-                     "the last vector this validator landed" if standby_kind == "standby:cached"
-                     else f"a burn to the owner hotkey {view.owner_hotkey}")
+            log.info(
+                "%s: submitting %s instead",
+                standby_kind,
+                "the last vector this validator landed"
+                if standby_kind == "standby:cached"
+                else f"a burn to the owner hotkey {view.owner_hotkey}",
+            )
             resolution = uids.resolve(standby_weights, view.hotkeys)
 
         me = view.neuron_of(self.signer.ss58_address)
         if me is None:
-            log.warning("this validator's hotkey %s is not registered on netuid %d; the submit will be refused",
-                        self.signer.ss58_address, self.settings.netuid)
+            log.warning(
+                "this validator's hotkey %s is not registered on netuid %d; the submit will be refused",
+                self.signer.ss58_address,
+                self.settings.netuid,
+            )
         elif not me.validator_permit:
-            log.warning("hotkey %s (uid %d) has no validator permit; the chain will refuse weights until it has one",
-                        self.signer.ss58_address, me.uid)
-        outcome = await self.chain.set_weights(self.signer, netuid=self.settings.netuid, uids=resolution.uids,
-                                               values=resolution.values)
+            log.warning(
+                "hotkey %s (uid %d) has no validator permit; the chain will refuse weights until it has one",
+                self.signer.ss58_address,
+                me.uid,
+            )
+        outcome = await self.chain.set_weights(
+            self.signer, netuid=self.settings.netuid, uids=resolution.uids, values=resolution.values
+        )
         if not outcome.landed:
             advice = f" ({outcome.remediation})" if outcome.remediation else ""
-            log.warning("submit of epoch %d refused, nothing recorded: %s%s", candidate.epoch_index, outcome.describe(), advice)
-            self._record_submission(view.block, candidate.epoch_index, "new" if is_new else "resubmit", outcome.describe(),
-                                    landed=False)
+            log.warning(
+                "submit of epoch %d refused, nothing recorded: %s%s", candidate.epoch_index, outcome.describe(), advice
+            )
+            self._record_submission(
+                view.block, candidate.epoch_index, "new" if is_new else "resubmit", outcome.describe(), landed=False
+            )
             return TickResult("submit-failed", candidate.epoch_index, view.block)
 
-        new_state = after_submit(state, epoch_index=candidate.epoch_index, block=view.block, now=self.clock(),
-                                 weights=candidate.weights, digest=candidate.digest, standby=standby_kind is not None)
+        new_state = after_submit(
+            state,
+            epoch_index=candidate.epoch_index,
+            block=view.block,
+            now=self.clock(),
+            weights=candidate.weights,
+            digest=candidate.digest,
+            standby=standby_kind is not None,
+        )
         await trio.to_thread.run_sync(write_state, self.settings.state_path, new_state)
-        gap = "first submit" if state.last_submit_block is None else f"{view.block - state.last_submit_block} blocks since the last"
-        log.info("epoch %d: weights for %d uid(s) on chain at block %d, %s (%s)", candidate.epoch_index,
-                 len(resolution.uids), view.block, outcome.describe(), gap)
+        gap = (
+            "first submit"
+            if state.last_submit_block is None
+            else f"{view.block - state.last_submit_block} blocks since the last"
+        )
+        log.info(
+            "epoch %d: weights for %d uid(s) on chain at block %d, %s (%s)",
+            candidate.epoch_index,
+            len(resolution.uids),
+            view.block,
+            outcome.describe(),
+            gap,
+        )
         if standby_kind is not None:
             outcome_name = standby_kind
         elif candidate.from_cache:
             outcome_name = "resubmitted:cached"
         else:
             outcome_name = "applied" if is_new else "resubmitted"
-        self._publish_weights(view, resolution, candidate.epoch_index, dropped=resolution.dropped,
-                              dropped_share=resolution.dropped_share, digest=candidate.digest)
+        self._publish_weights(
+            view,
+            resolution,
+            candidate.epoch_index,
+            dropped=resolution.dropped,
+            dropped_share=resolution.dropped_share,
+            digest=candidate.digest,
+        )
         self._record_submission(view.block, candidate.epoch_index, outcome_name, outcome.describe(), landed=True)
         return TickResult(outcome_name, candidate.epoch_index, view.block)
 
@@ -324,26 +454,50 @@ class LightValidator:
             self._warned_interval = True
         if self.hub is not None:
             me = view.neuron_of(self.signer.ss58_address)
-            self.hub.set_state("validator", block=view.block, block_time_s=view.block_time_s,
-                               uid=me.uid if me else None, permit=me.validator_permit if me else None,
-                               last_update=me.last_update if me else None,
-                               weights_rate_limit=view.weights_rate_limit, activity_cutoff=view.activity_cutoff,
-                               tempo=view.tempo, commit_reveal=view.commit_reveal)
+            self.hub.set_state(
+                "validator",
+                block=view.block,
+                block_time_s=view.block_time_s,
+                uid=me.uid if me else None,
+                permit=me.validator_permit if me else None,
+                last_update=me.last_update if me else None,
+                weights_rate_limit=view.weights_rate_limit,
+                activity_cutoff=view.activity_cutoff,
+                tempo=view.tempo,
+                commit_reveal=view.commit_reveal,
+            )
 
-    def _publish_weights(self, view: ChainView, resolution: uids.Resolution, epoch_index: int, *,
-                         dropped: tuple[str, ...], dropped_share: float, digest: str | None) -> None:
+    def _publish_weights(
+        self,
+        view: ChainView,
+        resolution: uids.Resolution,
+        epoch_index: int,
+        *,
+        dropped: tuple[str, ...],
+        dropped_share: float,
+        digest: str | None,
+    ) -> None:
         if self.hub is None:
             return
         by_uid = dict(enumerate(view.hotkeys))
-        self.hub.set_state("validator", submitted_epoch=epoch_index, submitted_block=view.block, digest=digest,
-                           dropped=list(dropped), dropped_share=dropped_share,
-                           weights=[{"uid": uid, "hotkey": by_uid.get(uid), "weight": value}
-                                    for uid, value in zip(resolution.uids, resolution.values)])
+        self.hub.set_state(
+            "validator",
+            submitted_epoch=epoch_index,
+            submitted_block=view.block,
+            digest=digest,
+            dropped=list(dropped),
+            dropped_share=dropped_share,
+            weights=[
+                {"uid": uid, "hotkey": by_uid.get(uid), "weight": value}
+                for uid, value in zip(resolution.uids, resolution.values)
+            ],
+        )
 
     def _record_submission(self, block: int, epoch_index: int, kind: str, detail: str, *, landed: bool) -> None:
         """The newest submissions first, for the dashboards: what went to the chain and how it ended."""
-        self.submissions.appendleft({"ts": self.clock(), "block": block, "epoch": epoch_index, "kind": kind,
-                                     "landed": landed, "detail": detail})
+        self.submissions.appendleft(
+            {"ts": self.clock(), "block": block, "epoch": epoch_index, "kind": kind, "landed": landed, "detail": detail}
+        )
         if self.hub is not None:
             self.hub.set_state("validator", submissions=list(self.submissions))
 
@@ -351,19 +505,30 @@ class LightValidator:
         now = self.clock()
         self.last_tick_monotonic = time.monotonic()
         detail = {"outcome": result.outcome, "epoch": result.epoch, "block": result.block}
-        error = await trio.to_thread.run_sync(lambda: liveness.write_heartbeat(self.settings.heartbeat_path, now=now,
-                                                                                detail=detail))
+        error = await trio.to_thread.run_sync(
+            lambda: liveness.write_heartbeat(self.settings.heartbeat_path, now=now, detail=detail)
+        )
         if error:
             log.warning("heartbeat file not written (%s); `engy-node health` will report it stale", error)
         if self.hub is not None:
             state, _ = await trio.to_thread.run_sync(read_state, self.settings.state_path)
-            blocks_since = (self.last_view.block - state.last_submit_block
-                            if self.last_view is not None and state.last_submit_block is not None else None)
-            self.hub.set_state("validator", last_tick=now, last_outcome=result.outcome, last_applied=state.last_applied,
-                               last_submit_block=state.last_submit_block, last_submit_ts=state.last_submit_ts,
-                               blocks_since_submit=blocks_since,
-                               next_resubmit_in_blocks=(max(0, self.settings.resubmit_blocks - blocks_since)
-                                                        if blocks_since is not None else None))
+            blocks_since = (
+                self.last_view.block - state.last_submit_block
+                if self.last_view is not None and state.last_submit_block is not None
+                else None
+            )
+            self.hub.set_state(
+                "validator",
+                last_tick=now,
+                last_outcome=result.outcome,
+                last_applied=state.last_applied,
+                last_submit_block=state.last_submit_block,
+                last_submit_ts=state.last_submit_ts,
+                blocks_since_submit=blocks_since,
+                next_resubmit_in_blocks=(
+                    max(0, self.settings.resubmit_blocks - blocks_since) if blocks_since is not None else None
+                ),
+            )
 
     async def _post_heartbeat(self) -> None:
         """Tell the provider which epoch and digest this validator runs on chain. Never raises."""
@@ -374,8 +539,10 @@ class LightValidator:
             if state.cached_digest:
                 body["consensus"] = {"epoch_index": state.last_applied, "digest": state.cached_digest}
         raw = json.dumps(body, separators=(",", ":")).encode()
-        headers = {**keys.signed_headers(self.signer, self.settings.netuid, "POST", HEARTBEAT_PATH, raw, int(self.clock())),
-                   "Content-Type": "application/json"}
+        headers = {
+            **keys.signed_headers(self.signer, self.settings.netuid, "POST", HEARTBEAT_PATH, raw, int(self.clock())),
+            "Content-Type": "application/json",
+        }
         url = f"{self.settings.provider_url.rstrip('/')}{HEARTBEAT_PATH}"
         try:
             with trio.fail_after(HEARTBEAT_TIMEOUT_S):
@@ -402,8 +569,14 @@ class Watchdog:
     blocking call that never returns), and then no trio task would run to notice. `exit_fn` is
     `os._exit` in production: a wedged process cannot be trusted to unwind."""
 
-    def __init__(self, loop: LightValidator, *, limit_s: float, check_s: float = WATCHDOG_CHECK_S,
-                 exit_fn: Callable[[int], Any] = os._exit) -> None:
+    def __init__(
+        self,
+        loop: LightValidator,
+        *,
+        limit_s: float,
+        check_s: float = WATCHDOG_CHECK_S,
+        exit_fn: Callable[[int], Any] = os._exit,
+    ) -> None:
         self.loop = loop
         self.limit_s = limit_s
         self.check_s = check_s
@@ -422,8 +595,12 @@ class Watchdog:
         while not self._stop.wait(self.check_s):
             age = time.monotonic() - self.loop.last_tick_monotonic
             if age > self.limit_s:
-                log.error("watchdog: no completed tick in %.0f s (limit %.0f s); exiting so the service manager "
-                          "restarts the validator", age, self.limit_s)
+                log.error(
+                    "watchdog: no completed tick in %.0f s (limit %.0f s); exiting so the service manager "
+                    "restarts the validator",
+                    age,
+                    self.limit_s,
+                )
                 self.exit_fn(1)
                 return
 

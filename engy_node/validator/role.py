@@ -43,12 +43,19 @@ def light_settings(config: Config) -> LightSettings:
     if not settings.provider_url:
         raise ConfigError("validator.provider_url is empty: set the provider API URL, e.g. https://provider.engy.ai")
     if not settings.master_hotkey:
-        raise ConfigError("validator.master_hotkey is empty: pin the ss58 of the master hotkey that signs the "
-                          "provider's epoch results")
+        raise ConfigError(
+            "validator.master_hotkey is empty: pin the ss58 of the master hotkey that signs the "
+            "provider's epoch results"
+        )
     return LightSettings(
-        provider_url=settings.provider_url, master_hotkey=settings.master_hotkey, netuid=config.node.netuid,
-        state_path=state_path(config), heartbeat_path=heartbeat_path(config), poll_s=settings.poll_s,
-        resubmit_blocks=settings.resubmit_blocks, block_s=settings.block_s,
+        provider_url=settings.provider_url,
+        master_hotkey=settings.master_hotkey,
+        netuid=config.node.netuid,
+        state_path=state_path(config),
+        heartbeat_path=heartbeat_path(config),
+        poll_s=settings.poll_s,
+        resubmit_blocks=settings.resubmit_blocks,
+        block_s=settings.block_s,
         provider_heartbeat=settings.provider_heartbeat,
     )
 
@@ -59,28 +66,39 @@ def preflight(config: Config, *, substrate: Any = None) -> None:
     if substrate is None:
         check_network(settings.network)
     if not settings.wallet_name or not settings.wallet_hotkey:
-        raise ConfigError("the validator needs its hotkey: pass --validator-wallet NAME --validator-hotkey HOTKEY "
-                          "(or set validator.wallet_name and validator.wallet_hotkey); it signs the weights")
+        raise ConfigError(
+            "the validator needs its hotkey: pass --validator-wallet NAME --validator-hotkey HOTKEY "
+            "(or set validator.wallet_name and validator.wallet_hotkey); it signs the weights"
+        )
     light_settings(config)
 
 
-async def run_validator(config: Config, hub: Hub, *, substrate: Any = None,
-                        task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def run_validator(
+    config: Config, hub: Hub, *, substrate: Any = None, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
     preflight(config, substrate=substrate)
     settings = config.validator
-    signer = await trio.to_thread.run_sync(keys.load_hotkey, settings.wallets_path, settings.wallet_name,
-                                           settings.wallet_hotkey)
+    signer = await trio.to_thread.run_sync(
+        keys.load_hotkey, settings.wallets_path, settings.wallet_name, settings.wallet_hotkey
+    )
     isolate_sdk_caches(config.paths.data_dir)
     chain = ChainClient(settings.network, substrate=substrate)
-    hub.set_state("validator", hotkey=signer.ss58_address, network=settings.network if substrate is None else "dev chain",
-                  provider=settings.provider_url, netuid=config.node.netuid, resubmit_blocks=settings.resubmit_blocks,
-                  poll_s=settings.poll_s)
+    hub.set_state(
+        "validator",
+        hotkey=signer.ss58_address,
+        network=settings.network if substrate is None else "dev chain",
+        provider=settings.provider_url,
+        netuid=config.node.netuid,
+        resubmit_blocks=settings.resubmit_blocks,
+        poll_s=settings.poll_s,
+    )
     light = light_settings(config)
     try:
         # Connections are not kept between polls: a server closing an idle keep-alive just as the
         # next poll reuses it (hypercorn's default is 5 s) fails the fetch for nothing.
-        async with httpx.AsyncClient(headers={"User-Agent": "engy-node validator"},
-                                     limits=httpx.Limits(keepalive_expiry=1.0)) as http:
+        async with httpx.AsyncClient(
+            headers={"User-Agent": "engy-node validator"}, limits=httpx.Limits(keepalive_expiry=1.0)
+        ) as http:
             loop = LightValidator(light, chain=chain, signer=signer, http=http, hub=hub)
             watchdog = Watchdog(loop, limit_s=schedule.stall_limit(light.poll_s))
             watchdog.start()
@@ -95,5 +113,6 @@ async def run_validator(config: Config, hub: Hub, *, substrate: Any = None,
 
 def health_report(config: Config, *, now: float | None = None) -> tuple[bool, str]:
     """What `engy-node health` prints: whether the validator's loop is still completing ticks."""
-    return liveness.health(heartbeat_path(config), now=time.time() if now is None else now,
-                           poll_s=config.validator.poll_s)
+    return liveness.health(
+        heartbeat_path(config), now=time.time() if now is None else now, poll_s=config.validator.poll_s
+    )

@@ -45,8 +45,8 @@ What it simplifies versus the chain:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
 
 U16_MAX = 65535
 
@@ -96,7 +96,7 @@ def run_epoch(
     current_block: int,
     activity_cutoff: int,
     kappa: float = DEFAULT_KAPPA,
-    owner_uid: Optional[int] = None,
+    owner_uid: int | None = None,
     bonds_penalty: float = 1.0,
     max_validators: int = DEFAULT_MAX_VALIDATORS,
 ) -> EpochResult:
@@ -128,8 +128,14 @@ def run_epoch(
     normalised_stake = _normalised([float(s) for s in stake])
     active_stake = _normalised([s if active[i] and permits[i] else 0.0 for i, s in enumerate(normalised_stake)])
 
-    rows = _masked_rows(weights, n, permits=permits, owner_uid=owner_uid, last_update=last_update,
-                        block_at_registration=block_at_registration)
+    rows = _masked_rows(
+        weights,
+        n,
+        permits=permits,
+        owner_uid=owner_uid,
+        last_update=last_update,
+        block_at_registration=block_at_registration,
+    )
 
     # Every uid with active stake votes in every column, a missing weight counting as 0.
     voters = [i for i in range(n) if active_stake[i] > 0]
@@ -176,7 +182,7 @@ def run_epoch(
     )
 
 
-def top_stake_permits(stake: Sequence[float], *, max_validators: int, owner_uid: Optional[int] = None) -> list[bool]:
+def top_stake_permits(stake: Sequence[float], *, max_validators: int, owner_uid: int | None = None) -> list[bool]:
     """Validator permits as the chain assigns them: the `max_validators` uids with the most stake,
     among those with any stake, plus the owner's uid. Ties go to the lower uid."""
     if max_validators < 0:
@@ -201,7 +207,7 @@ def _masked_rows(
     n: int,
     *,
     permits: list[bool],
-    owner_uid: Optional[int],
+    owner_uid: int | None,
     last_update: Sequence[int],
     block_at_registration: Sequence[int],
 ) -> dict[int, dict[int, float]]:
@@ -215,10 +221,7 @@ def _masked_rows(
         kept = {
             j: float(w)
             for j, w in row.items()
-            if 0 <= j < n
-            and w > 0
-            and (j != i or i == owner_uid)
-            and last_update[i] > block_at_registration[j]
+            if 0 <= j < n and w > 0 and (j != i or i == owner_uid) and last_update[i] > block_at_registration[j]
         }
         total = sum(kept.values())
         if total > 0:

@@ -71,12 +71,23 @@ STEPS: dict[Role, tuple[str, ...]] = {
     "local": ("role", "review"),
 }
 """The questions each role answers, in order."""
-STEP_TITLES = {"role": "Role", "model": "Model", "wallet": "Wallet", "gateway": "Gateway", "chain": "Chain",
-               "review": "Review"}
+STEP_TITLES = {
+    "role": "Role",
+    "model": "Model",
+    "wallet": "Wallet",
+    "gateway": "Gateway",
+    "chain": "Chain",
+    "review": "Review",
+}
 NO_HOTKEY = "none"
 CREATE = "create"
-TEXT_FIELDS = {"gateway-url": "gateway_url", "miner-key": "miner_key", "network": "network",
-               "provider-url": "provider_url", "master-hotkey": "master_hotkey"}
+TEXT_FIELDS = {
+    "gateway-url": "gateway_url",
+    "miner-key": "miner_key",
+    "network": "network",
+    "provider-url": "provider_url",
+    "master-hotkey": "master_hotkey",
+}
 """Input id -> the answer it sets."""
 MARK_STYLES = {"✔": "green", "✘": "red", "?": "yellow"}
 
@@ -84,16 +95,24 @@ MARK_STYLES = {"✔": "green", "✘": "red", "?": "yellow"}
 def tilde(path: str | Path) -> str:
     """`path` with the home directory written as `~`, as people read paths."""
     text, home = str(path), str(Path.home())
-    return "~" + text[len(home):] if text == home or text.startswith(home + "/") else text
+    return "~" + text[len(home) :] if text == home or text.startswith(home + "/") else text
 
 
 def hotkey_address(wallets: Sequence[WalletEntry], wallet: str, hotkey: str) -> str | None:
-    return next((entry.ss58 for found in wallets if found.name == wallet for entry in found.hotkeys
-                 if entry.name == hotkey), None)
+    return next(
+        (entry.ss58 for found in wallets if found.name == wallet for entry in found.hotkeys if entry.name == hotkey),
+        None,
+    )
 
 
-def step_summary(step: str, answers: SetupAnswers, *, choices: Sequence[ModelChoice], wallets: Sequence[WalletEntry],
-                 config_file: Path) -> str:
+def step_summary(
+    step: str,
+    answers: SetupAnswers,
+    *,
+    choices: Sequence[ModelChoice],
+    wallets: Sequence[WalletEntry],
+    config_file: Path,
+) -> str:
     """What a step has decided, in one line (the wizard lists one per step)."""
     if step == "role":
         return ROLE_LABELS[answers.role]
@@ -104,7 +123,11 @@ def step_summary(step: str, answers: SetupAnswers, *, choices: Sequence[ModelCho
         return f"{choice.id} — {choice.verdict}  {choice.mark}" + (" recommended" if choice.recommended else "")
     if step == "wallet":
         if not answers.wallet_name:
-            return "no hotkey: the gateway admits this miner by its miner key" if answers.role == "miner" else "none chosen"
+            return (
+                "no hotkey: the gateway admits this miner by its miner key"
+                if answers.role == "miner"
+                else "none chosen"
+            )
         address = short_ss58(hotkey_address(wallets, answers.wallet_name, answers.wallet_hotkey))
         return f"{tilde(answers.wallets_path.rstrip('/'))}/{answers.wallet_name} · hotkey {answers.wallet_hotkey} ({address})"
     if step == "gateway":
@@ -136,10 +159,17 @@ class SetupScreen(Screen[SetupAnswers | None]):
     """
 
     BINDINGS = [
-        Binding("ctrl+n", "next", "Next", id="setup.next", tooltip="Go to the next question (Enter in a field does too)."),
+        Binding(
+            "ctrl+n", "next", "Next", id="setup.next", tooltip="Go to the next question (Enter in a field does too)."
+        ),
         Binding("ctrl+b", "back", "Back", id="setup.back", tooltip="Go back one question; nothing is lost."),
-        Binding("c", "copy", "Copy commands", id="setup.copy",
-                tooltip="Copy the exact commands that start this node to the clipboard."),
+        Binding(
+            "c",
+            "copy",
+            "Copy commands",
+            id="setup.copy",
+            tooltip="Copy the exact commands that start this node to the clipboard.",
+        ),
         Binding("escape", "cancel", "Cancel", id="setup.cancel", tooltip="Leave setup without writing node.toml."),
     ]
 
@@ -194,7 +224,9 @@ class SetupScreen(Screen[SetupAnswers | None]):
                     for role in ROLES:
                         yield RadioButton(ROLE_LABELS[role], value=role == answers.role, id=f"role-{role}")
             with VerticalScroll(id="step-model"):
-                yield Label("Which model? ✔ fits this machine · ✘ does not · ? needs its checkpoint", classes="question")
+                yield Label(
+                    "Which model? ✔ fits this machine · ✘ does not · ? needs its checkpoint", classes="question"
+                )
                 yield OptionList(id="models")
                 yield Label("Checkpoint directory (config.json + *.safetensors, what sglang loads)", classes="field")
                 yield Input(id="checkpoint")
@@ -279,8 +311,11 @@ class SetupScreen(Screen[SetupAnswers | None]):
         try:
             backup = write_node_toml(self.facts.config_file, node_toml(self.answers, self.facts.existing))
         except OSError as err:
-            self.notify(f"cannot write {self.facts.config_file}: {err.strerror or err}; check the directory's permissions",
-                        title="node.toml not written", severity="error")
+            self.notify(
+                f"cannot write {self.facts.config_file}: {err.strerror or err}; check the directory's permissions",
+                title="node.toml not written",
+                severity="error",
+            )
             return
         kept = f" (the old one is {tilde(backup)})" if backup else ""
         self.notify(f"wrote {tilde(self.facts.config_file)}{kept}", title="setup")
@@ -318,8 +353,14 @@ class SetupScreen(Screen[SetupAnswers | None]):
         if self.step == "review":
             self._show_review()
         self._show_summary()
-        first = {"role": "#role", "model": "#models", "wallet": "#wallets", "gateway": "#gateway-url",
-                 "chain": "#network", "review": "#write"}[self.step]
+        first = {
+            "role": "#role",
+            "model": "#models",
+            "wallet": "#wallets",
+            "gateway": "#gateway-url",
+            "chain": "#network",
+            "review": "#write",
+        }[self.step]
         if first == "#write" and self.query_one("#write", Button).disabled:
             first = "#back"
         self.query_one(first).focus()
@@ -328,8 +369,9 @@ class SetupScreen(Screen[SetupAnswers | None]):
         text = Text()
         for number, step in enumerate(self.steps, start=1):
             current = step == self.step
-            line = step_summary(step, self.answers, choices=self.choices, wallets=self.wallets,
-                                config_file=self.facts.config_file)
+            line = step_summary(
+                step, self.answers, choices=self.choices, wallets=self.wallets, config_file=self.facts.config_file
+            )
             text.append(f"{'▶' if current else ' '} {number} {STEP_TITLES[step]:<9} ", style="bold" if current else "")
             text.append(line + "\n", style="" if current else "dim")
         text.rstrip()
@@ -389,8 +431,11 @@ class SetupScreen(Screen[SetupAnswers | None]):
         model = str(event.option_id)
         checkpoint = self.checkpoints.get(model, "")
         field = self.query_one("#checkpoint", Input)
-        field.placeholder = ("embedded: none needed (converted at first start)" if CATALOG[model].embedded
-                             else f"the directory holding {CATALOG[model].hf_repo}")
+        field.placeholder = (
+            "embedded: none needed (converted at first start)"
+            if CATALOG[model].embedded
+            else f"the directory holding {CATALOG[model].hf_repo}"
+        )
         if field.value != checkpoint:
             field.value = checkpoint
         self._set(model=model, checkpoint=checkpoint)
@@ -430,10 +475,14 @@ class SetupScreen(Screen[SetupAnswers | None]):
         """The hotkeys found, "no hotkey" for a miner, and "create new"; the current answer
         highlighted, else the first usable hotkey."""
         options = [
-            Option(f"{wallet.name} · hotkey {entry.name} ({short_ss58(entry.ss58)})"
-                   + (" — encrypted: the node signs unattended and cannot use it" if entry.encrypted else ""),
-                   id=f"hotkey:{wallet.name}/{entry.name}", disabled=entry.encrypted)
-            for wallet in self.wallets for entry in wallet.hotkeys
+            Option(
+                f"{wallet.name} · hotkey {entry.name} ({short_ss58(entry.ss58)})"
+                + (" — encrypted: the node signs unattended and cannot use it" if entry.encrypted else ""),
+                id=f"hotkey:{wallet.name}/{entry.name}",
+                disabled=entry.encrypted,
+            )
+            for wallet in self.wallets
+            for entry in wallet.hotkeys
         ]
         if self.answers.role == "miner":
             options.append(Option("no hotkey — the gateway admits this miner by its miner key", id=NO_HOTKEY))
@@ -449,7 +498,8 @@ class SetupScreen(Screen[SetupAnswers | None]):
         self.query_one("#wallet-note", Static).update(
             f"{found} hotkey{'s' if found != 1 else ''} in {len(self.wallets)} wallet{'s' if len(self.wallets) != 1 else ''} "
             f"under {tilde(self.answers.wallets_path)}. Create makes an unencrypted coldkey and hotkey where missing "
-            "(btcli's default for hotkeys); protect a coldkey that will hold funds with btcli.")
+            "(btcli's default for hotkeys); protect a coldkey that will hold funds with btcli."
+        )
 
     @on(OptionList.OptionHighlighted, "#wallets")
     def _wallet_highlighted(self, event: OptionList.OptionHighlighted) -> None:
@@ -524,8 +574,9 @@ class SetupScreen(Screen[SetupAnswers | None]):
         for line in lines:
             listing.append(f"  $ {line}\n")
         if self.answers.role == "miner":
-            listing.append("  (engy-node plan prints the exact sglang command the miner launches and supervises)\n",
-                           style="dim")
+            listing.append(
+                "  (engy-node plan prints the exact sglang command the miner launches and supervises)\n", style="dim"
+            )
         listing.rstrip()
         self.query_one("#review-commands", Static).update(listing)
         preview = self.query_one("#review-toml", Static)
@@ -537,11 +588,14 @@ class SetupScreen(Screen[SetupAnswers | None]):
 # ---- opening it ---------------------------------------------------------------------------------
 
 COMMAND_TITLE = "Setup: run first-run setup"
-COMMAND_HELP = "choose role, model, wallet and gateway again and rewrite node.toml (the old one is kept as node.toml.bak)"
+COMMAND_HELP = (
+    "choose role, model, wallet and gateway again and rewrite node.toml (the old one is kept as node.toml.bak)"
+)
 
 
-async def open_setup(app: App, *, home: str | None = None,
-                     on_done: Callable[[SetupAnswers | None], None] | None = None) -> None:
+async def open_setup(
+    app: App, *, home: str | None = None, on_done: Callable[[SetupAnswers | None], None] | None = None
+) -> None:
     """Gather this machine's facts in a thread (NVML, node.toml, memory) and push the wizard.
     `on_done` gets its result; by default a written setup is answered with the commands to run.
     A node.toml that is not TOML is reported, not overwritten."""

@@ -64,5 +64,6 @@ def as_text(value: Any) -> str | None:
 
 def cells_content(lines: Iterable[Sequence[Cell]], styles: Mapping[str, str]) -> Content:
     """Lines of cells as Textual content, one line each, styled from `styles`."""
-    return Content("\n").join(Content.assemble(*((cell.text, styles.get(cell.style, "")) for cell in line))
-                              for line in lines)
+    return Content("\n").join(
+        Content.assemble(*((cell.text, styles.get(cell.style, "")) for cell in line)) for line in lines
+    )

@@ -47,10 +47,20 @@ from engy_tui.widgets.cells import (
     NA,
     Cell,
     cells_content,
+)
+from engy_tui.widgets.cells import (
     as_int as _int,
+)
+from engy_tui.widgets.cells import (
     as_list as _list,
+)
+from engy_tui.widgets.cells import (
     as_map as _map,
+)
+from engy_tui.widgets.cells import (
     as_number as _num,
+)
+from engy_tui.widgets.cells import (
     as_text as _text,
 )
 
@@ -89,8 +99,18 @@ OK = "✔"
 BAD = "✘"
 WARN = "⚠"
 
-COLUMNS = ("miner/worker", "model", "state", "in state", "breaker", "link", "load", "qualifying round", "served",
-           "audited")
+COLUMNS = (
+    "miner/worker",
+    "model",
+    "state",
+    "in state",
+    "breaker",
+    "link",
+    "load",
+    "qualifying round",
+    "served",
+    "audited",
+)
 """The miners table; "model" is left out while every row serves the same one."""
 GAP = "  "
 
@@ -179,8 +199,12 @@ def miner_label(miner: Any, names: Mapping[str, str]) -> str:
 
 # ---- the miners table ---------------------------------------------------------------------------
 
-_STATES = {"active": ("active " + OK, "ok"), "probing": ("probing", "info"), "new": ("new", "na"),
-           "pulled": ("pulled " + BAD, "error")}
+_STATES = {
+    "active": ("active " + OK, "ok"),
+    "probing": ("probing", "info"),
+    "new": ("new", "na"),
+    "pulled": ("pulled " + BAD, "error"),
+}
 
 
 def state_cell(worker: Mapping[str, Any]) -> Cell:
@@ -201,8 +225,10 @@ def link_cell(worker: Mapping[str, Any], legs: Sequence[Mapping[str, Any]]) -> C
     control plane last said about the connection."""
     if legs:
         text = f"{len(legs)} leg{'s' if len(legs) != 1 else ''}"
-        told = sorted({f"TEE {tee}" if tee != "on" else "TEE" for tee in (_text(leg.get("tee")) for leg in legs) if tee}
-                      | {region for region in (_text(leg.get("region")) for leg in legs) if region})
+        told = sorted(
+            {f"TEE {tee}" if tee != "on" else "TEE" for tee in (_text(leg.get("tee")) for leg in legs) if tee}
+            | {region for region in (_text(leg.get("region")) for leg in legs) if region}
+        )
         text = " · ".join([text, *told])
         ages = [age for age in (_num(leg.get("heartbeat_age_s")) for leg in legs) if age is not None]
         if not ages:
@@ -305,7 +331,7 @@ def _report(worker: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def breaker_cell(worker: Mapping[str, Any], *, now: float) -> Cell:
-    """"closed ✔" while active; "open ✘ <why> · <cooldown> left" while pulled; "tripped ⚠ <why>"
+    """ "closed ✔" while active; "open ✘ <why> · <cooldown> left" while pulled; "tripped ⚠ <why>"
     when a first-party worker would have been pulled; a dash while new or probing."""
     state = _text(worker.get("state"))
     if state == "pulled":
@@ -354,8 +380,10 @@ def _rows(states: Mapping[str, Any], names: Mapping[str, str]) -> list[_Row]:
         if isinstance(leg, Mapping):
             legs.setdefault((_text(leg.get("miner")), _text(leg.get("model"))), []).append(leg)
     keys = list(workers) + [key for key in legs if key not in workers]
-    rows = [_Row(miner, model, workers.get((miner, model), {}), tuple(legs.get((miner, model), ())))
-            for miner, model in keys]
+    rows = [
+        _Row(miner, model, workers.get((miner, model), {}), tuple(legs.get((miner, model), ())))
+        for miner, model in keys
+    ]
 
     def order(row: _Row) -> tuple[int, str, str]:
         state = _text(row.worker.get("state")) or ""
@@ -431,10 +459,15 @@ def worker_notes(states: Mapping[str, Any], *, now: float, names: Mapping[str, s
             notes.append(Cell(f"{WARN} {who} has no live leg: {reason or 'disconnected'}", "warning"))
         ages = [age for age in (_num(leg.get("heartbeat_age_s")) for leg in row.legs) if age is not None]
         if ages and max(ages) > HEARTBEAT_LATE_S:
-            notes.append(Cell(f"{WARN} {who}: no heartbeat for {format_age(max(ages))} (a miner beats every 30 s; "
-                              "the gateway drops a leg after 90 s): check the miner's network", "warning"))
+            notes.append(
+                Cell(
+                    f"{WARN} {who}: no heartbeat for {format_age(max(ages))} (a miner beats every 30 s; "
+                    "the gateway drops a leg after 90 s): check the miner's network",
+                    "warning",
+                )
+            )
     if len(notes) > MAX_NOTES:
-        return (*notes[:MAX_NOTES - 1], Cell(f"… and {len(notes) - MAX_NOTES + 1} more", "na"))
+        return (*notes[: MAX_NOTES - 1], Cell(f"… and {len(notes) - MAX_NOTES + 1} more", "na"))
     return tuple(notes)
 
 
@@ -464,11 +497,19 @@ def audit_line(audit: Any) -> tuple[Cell, ...]:
     if not isinstance(audit, Mapping) or not audit:
         return (Cell("audit  no counts published (no audit desk on this node, or not started yet)", "na"),)
     cells = [Cell("audit  ", "header")]
-    parts = [f"{_count(audit.get(key)) or NA} {label}" for key, label in
-             (("waiting", "waiting"), ("leased", "leased to verifiers"), ("recorded", "verdicts recorded"))]
+    parts = [
+        f"{_count(audit.get(key)) or NA} {label}"
+        for key, label in (("waiting", "waiting"), ("leased", "leased to verifiers"), ("recorded", "verdicts recorded"))
+    ]
     cells.append(Cell(" · ".join(parts)))
-    dropped = {label: _int(audit.get(key)) for key, label in
-               (("dropped_full", "queue full"), ("dropped_expired", "expired"), ("dropped_unjudged", "never judged"))}
+    dropped = {
+        label: _int(audit.get(key))
+        for key, label in (
+            ("dropped_full", "queue full"),
+            ("dropped_expired", "expired"),
+            ("dropped_unjudged", "never judged"),
+        )
+    }
     known = {label: n for label, n in dropped.items() if n is not None}
     if not known:
         cells.append(Cell(f" · dropped {NA}", "na"))
@@ -504,17 +545,37 @@ def epoch_lines(epochs: Any, *, names: Mapping[str, str]) -> tuple[tuple[Cell, .
         if len(pair) == 2 and _text(pair[0]) and _int(pair[1]) is not None and pair[1] >= 0:
             pairs.append((pair[0], pair[1]))
     title = f"epoch {latest:,} published · digest {short_key(digest, head=8, tail=4) if digest else NA}"
-    head = (Cell("epochs  ", "header"), Cell(f"{title} · {len(pairs):,} hotkey{'s' if len(pairs) != 1 else ''} weighted"))
+    head = (
+        Cell("epochs  ", "header"),
+        Cell(f"{title} · {len(pairs):,} hotkey{'s' if len(pairs) != 1 else ''} weighted"),
+    )
     if not pairs:
         return (head,)
     total = sum(weight for _, weight in pairs)
     pairs.sort(key=lambda pair: (-pair[1], pair[0]))
-    rows = [(Cell(names.get(hotkey, "")), Cell(short_key(hotkey)), Cell(f"{weight:,}"),
-             Cell(f"{100 * weight / total:.1f}%" if total else NA, "" if total else "na"),
-             Cell(weight_bar(weight / total) if total else "", "info"))
-            for hotkey, weight in pairs[:MAX_WEIGHT_ROWS]]
-    table = _pad([(Cell("name", "header"), Cell("hotkey", "header"), Cell("weight", "header"), Cell("share", "header"),
-                   Cell("", "header"))] + rows, right=(2, 3))
+    rows = [
+        (
+            Cell(names.get(hotkey, "")),
+            Cell(short_key(hotkey)),
+            Cell(f"{weight:,}"),
+            Cell(f"{100 * weight / total:.1f}%" if total else NA, "" if total else "na"),
+            Cell(weight_bar(weight / total) if total else "", "info"),
+        )
+        for hotkey, weight in pairs[:MAX_WEIGHT_ROWS]
+    ]
+    table = _pad(
+        [
+            (
+                Cell("name", "header"),
+                Cell("hotkey", "header"),
+                Cell("weight", "header"),
+                Cell("share", "header"),
+                Cell("", "header"),
+            )
+        ]
+        + rows,
+        right=(2, 3),
+    )
     lines: list[tuple[Cell, ...]] = [head, *((Cell("  "), *row) for row in table)]
     rest = pairs[MAX_WEIGHT_ROWS:]
     if rest:
@@ -537,10 +598,18 @@ def buyers_lines(buyers: Any) -> tuple[tuple[Cell, ...], ...]:
     rows = [tuple(Cell(name, "header") for name in ("  account", "spent", "balance", "in flight"))]
     for account in _list(buyers.get("top")):
         account = _map(account)
-        label = f"  #{_int(account.get('account_id')) if _int(account.get('account_id')) is not None else NA} " \
-                f"{_text(account.get('name')) or ''}".rstrip()
-        rows.append((Cell(label), Cell(_usd(account.get("charged"))), Cell(_usd(account.get("available"))),
-                     Cell(_usd(account.get("held")))))
+        label = (
+            f"  #{_int(account.get('account_id')) if _int(account.get('account_id')) is not None else NA} "
+            f"{_text(account.get('name')) or ''}".rstrip()
+        )
+        rows.append(
+            (
+                Cell(label),
+                Cell(_usd(account.get("charged"))),
+                Cell(_usd(account.get("available"))),
+                Cell(_usd(account.get("held"))),
+            )
+        )
     return (head, *(_pad(rows, right=(1, 2, 3)) if len(rows) > 1 else ()))
 
 
@@ -598,7 +667,7 @@ def panel_view(states: Any, *, now: float, names: Any = None) -> PanelView:
         table_rows = [tuple(Cell(name, "header") for name in COLUMNS), *rows]
         if one_model(states):
             model = COLUMNS.index("model")
-            table_rows = [row[:model] + row[model + 1:] for row in table_rows]
+            table_rows = [row[:model] + row[model + 1 :] for row in table_rows]
         table = _pad(table_rows)
     else:
         table = ()
@@ -682,17 +751,23 @@ class GatewayPanel(Widget):
     def on_mount(self) -> None:
         self.update_state(None, now=0.0)
 
-    def update_state(self, states: Mapping[str, Any] | None, *, now: float,
-                     names: Mapping[str, str] | None = None) -> None:
+    def update_state(
+        self, states: Mapping[str, Any] | None, *, now: float, names: Mapping[str, str] | None = None
+    ) -> None:
         """Show the hub's states (None: no snapshot yet) as of wall-clock `now`; `names` is node
         info's `hotkeys` {name: ss58}, to show known hotkeys by name."""
         view = panel_view(states, now=now, names=names)
         self.border_title = view.title
         self.set_class(view.state == "stopped", "-stopped")
         self.set_class(view.state == "absent", "-absent")
-        for widget_id, lines in (("status", [(c,) for c in view.status]), ("table", view.table),
-                                 ("notes", [(c,) for c in view.notes]), ("audit", [view.audit] if view.audit else []),
-                                 ("epoch", view.epoch), ("buyers", view.buyers)):
+        for widget_id, lines in (
+            ("status", [(c,) for c in view.status]),
+            ("table", view.table),
+            ("notes", [(c,) for c in view.notes]),
+            ("audit", [view.audit] if view.audit else []),
+            ("epoch", view.epoch),
+            ("buyers", view.buyers),
+        ):
             static = self.query_one(f"#{widget_id}", Static)
             static.update(_content(lines))
             static.display = bool(lines)

@@ -94,7 +94,7 @@ def model_cell(name: str | None) -> Cell:
 
 
 def temperature_cell(temperature_c: int | None, slowdown_c: int | None) -> Cell:
-    """"64°C" green, "71°C warm" yellow, "84°C hot" red, "88°C limit" bold red (bands from
+    """ "64°C" green, "71°C warm" yellow, "84°C hot" red, "88°C limit" bold red (bands from
     `gpu_monitor.temperature_band`)."""
     band = temperature_band(temperature_c, slowdown_c)
     if band is None:
@@ -181,7 +181,7 @@ def row_cells(sample: Mapping[str, Any], flagged: Iterable[str] = ()) -> tuple[C
 
 
 def finding_cell(finding: Mapping[str, Any]) -> Cell:
-    """"⚠ GPU 1 runs at PCIe x8 (max x16): check the riser/slot"; errors get "✖"."""
+    """ "⚠ GPU 1 runs at PCIe x8 (max x16): check the riser/slot"; errors get "✖"."""
     if finding.get("level") == "error":
         return Cell(f"{ERROR} {finding['text']}", "error")
     return Cell(f"{WARN} {finding['text']}", "warning")
@@ -209,7 +209,9 @@ def panel_view(state: Mapping[str, Any] | None, now: float) -> PanelView:
     reason = state.get("reason")
     if reason:
         # gpu.detect's reasons end in "running in CPU mode", which this line already says.
-        return PanelView("GPUs", None, (Cell(f"no NVIDIA GPU — CPU mode: {reason.removesuffix(f': {CPU_MODE}')}"),), (), ())
+        return PanelView(
+            "GPUs", None, (Cell(f"no NVIDIA GPU — CPU mode: {reason.removesuffix(f': {CPU_MODE}')}"),), (), ()
+        )
     samples = state.get("samples") or []
     findings = state.get("findings") or []
     status = (Cell(f"{ERROR} {state['error']}", "error"),) if state.get("error") else ()
@@ -218,15 +220,18 @@ def panel_view(state: Mapping[str, Any] | None, now: float) -> PanelView:
     kinds: dict[int, set[str]] = {}
     for finding in findings:
         kinds.setdefault(finding["gpu"], set()).add(finding["kind"])
-    table = _pad([tuple(Cell(name, "header") for name in COLUMNS)]
-                 + [row_cells(sample, kinds.get(sample.get("index"), ())) for sample in samples])
+    table = _pad(
+        [tuple(Cell(name, "header") for name in COLUMNS)]
+        + [row_cells(sample, kinds.get(sample.get("index"), ())) for sample in samples]
+    )
     notes = tuple(finding_cell(f) for f in findings)
     sampled_at = state.get("sampled_at")
     age = None if sampled_at is None else now - sampled_at
     if age is None or age <= STALE_AFTER_S:
         return PanelView(f"GPUs · {len(samples)}", None, status, table, notes)
-    return PanelView(f"GPUs · {len(samples)} · stale {age:.0f} s", age, status,
-                     tuple(_grey(row) for row in table), _grey(notes))
+    return PanelView(
+        f"GPUs · {len(samples)} · stale {age:.0f} s", age, status, tuple(_grey(row) for row in table), _grey(notes)
+    )
 
 
 def _grey(cells: Iterable[Cell]) -> tuple[Cell, ...]:
@@ -240,7 +245,9 @@ def _pad(rows: list[tuple[Cell, ...]]) -> tuple[tuple[Cell, ...], ...]:
     last = len(COLUMNS) - 1
     return tuple(
         tuple(
-            cell if column == last else cell._replace(text=cell.text + " " * (widths[column] - cell_len(cell.text)) + GAP)
+            cell
+            if column == last
+            else cell._replace(text=cell.text + " " * (widths[column] - cell_len(cell.text)) + GAP)
             for column, cell in enumerate(row)
         )
         for row in rows
@@ -285,8 +292,11 @@ class GpuPanel(Widget):
         view = panel_view(state, now)
         self.border_title = view.title
         self.set_class(view.stale_s is not None, "-stale")
-        for widget_id, lines in (("status", [(c,) for c in view.status]), ("table", view.table),
-                                 ("findings", [(c,) for c in view.findings])):
+        for widget_id, lines in (
+            ("status", [(c,) for c in view.status]),
+            ("table", view.table),
+            ("findings", [(c,) for c in view.findings]),
+        ):
             static = self.query_one(f"#{widget_id}", Static)
             static.update(_content(lines))
             static.display = bool(lines)

@@ -270,7 +270,7 @@ def compile_search(query: str) -> Search | None:
         return None
     if query.startswith(_REGEX_PREFIX):
         try:
-            pattern = re.compile(query[len(_REGEX_PREFIX):], re.IGNORECASE)
+            pattern = re.compile(query[len(_REGEX_PREFIX) :], re.IGNORECASE)
         except re.error as err:
             raise SearchError(
                 f"{query!r} is not a valid regular expression ({err}); fix it, or drop the re: prefix to search for the text"
@@ -302,7 +302,11 @@ class LogBuffer:
     """
 
     def __init__(
-        self, *, capacity: int = DEFAULT_CAPACITY, log_filter: LogFilter = LogFilter(), tz: datetime.tzinfo | None = None
+        self,
+        *,
+        capacity: int = DEFAULT_CAPACITY,
+        log_filter: LogFilter = LogFilter(),
+        tz: datetime.tzinfo | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1 line, not {capacity}")
@@ -344,7 +348,9 @@ class LogBuffer:
     def line(self, number: int) -> LogLine:
         index = number - self._first
         if not 0 <= index < len(self._rows):
-            raise IndexError(f"line {number} is not buffered (lines {self._first}..{self._first + len(self._rows) - 1} are)")
+            raise IndexError(
+                f"line {number} is not buffered (lines {self._first}..{self._first + len(self._rows) - 1} are)"
+            )
         return LogLine._make(self._rows[index])
 
     def number_at_row(self, row: int) -> int:
@@ -616,20 +622,57 @@ class LogsView(Widget):
     """
 
     BINDINGS = [
-        Binding("f", "toggle_follow", "Follow", id="logs.follow", tooltip="Keep the newest line in view, or stop scrolling."),
-        Binding("end,G", "follow_newest", "Newest", id="logs.newest", show=False, tooltip="Jump to the newest line and follow."),
+        Binding(
+            "f", "toggle_follow", "Follow", id="logs.follow", tooltip="Keep the newest line in view, or stop scrolling."
+        ),
+        Binding(
+            "end,G",
+            "follow_newest",
+            "Newest",
+            id="logs.newest",
+            show=False,
+            tooltip="Jump to the newest line and follow.",
+        ),
         Binding("l", "cycle_level", "Level", id="logs.level", tooltip="Show only lines at or above the next level."),
         Binding("c", "pick_components", "Components", id="logs.components", tooltip="Choose which components to show."),
-        Binding("slash", "open_search", "Search", id="logs.search", tooltip="Search the shown lines (re: for a regex)."),
+        Binding(
+            "slash", "open_search", "Search", id="logs.search", tooltip="Search the shown lines (re: for a regex)."
+        ),
         Binding("n", "next_match", "Next", id="logs.next_match", tooltip="Select the next (newer) match."),
-        Binding("N", "previous_match", "Previous", id="logs.previous_match", tooltip="Select the previous (older) match."),
-        Binding("enter", "open_context", "Context", id="logs.context", tooltip="Show the 50 lines around the selected line, to copy."),
-        Binding("escape", "close_search", "Close search", id="logs.search_close", show=False, tooltip="Close the search box, or clear the search."),
+        Binding(
+            "N", "previous_match", "Previous", id="logs.previous_match", tooltip="Select the previous (older) match."
+        ),
+        Binding(
+            "enter",
+            "open_context",
+            "Context",
+            id="logs.context",
+            tooltip="Show the 50 lines around the selected line, to copy.",
+        ),
+        Binding(
+            "escape",
+            "close_search",
+            "Close search",
+            id="logs.search_close",
+            show=False,
+            tooltip="Close the search box, or clear the search.",
+        ),
         Binding("up", "move_cursor(-1)", "Up", id="logs.cursor_up", show=False, tooltip="Select the line above."),
         Binding("down", "move_cursor(1)", "Down", id="logs.cursor_down", show=False, tooltip="Select the line below."),
-        Binding("pageup", "move_page(-1)", "Page up", id="logs.cursor_page_up", show=False, tooltip="Select a page up."),
-        Binding("pagedown", "move_page(1)", "Page down", id="logs.cursor_page_down", show=False, tooltip="Select a page down."),
-        Binding("home", "oldest", "Oldest", id="logs.cursor_oldest", show=False, tooltip="Select the oldest shown line."),
+        Binding(
+            "pageup", "move_page(-1)", "Page up", id="logs.cursor_page_up", show=False, tooltip="Select a page up."
+        ),
+        Binding(
+            "pagedown",
+            "move_page(1)",
+            "Page down",
+            id="logs.cursor_page_down",
+            show=False,
+            tooltip="Select a page down.",
+        ),
+        Binding(
+            "home", "oldest", "Oldest", id="logs.cursor_oldest", show=False, tooltip="Select the oldest shown line."
+        ),
         Binding("left", "pan(-8)", "Left", id="logs.pan_left", show=False, tooltip="Scroll long lines left."),
         Binding("right", "pan(8)", "Right", id="logs.pan_right", show=False, tooltip="Scroll long lines right."),
     ]
@@ -942,7 +985,10 @@ class LogContextScreen(ModalScreen[None]):
         with Vertical() as box:
             box.border_title = f"{len(self.rows)} lines around the selected one (all components and levels)"
             yield TextArea(self.text, read_only=True, soft_wrap=False, id="context-text")
-            yield Static("y copies all · select with the mouse or shift+arrows, ctrl+c copies that · escape closes", id="context-hint")
+            yield Static(
+                "y copies all · select with the mouse or shift+arrows, ctrl+c copies that · escape closes",
+                id="context-hint",
+            )
 
     def on_mount(self) -> None:
         text_area = self.query_one(TextArea)
@@ -996,4 +1042,6 @@ class ComponentPicker(ModalScreen[frozenset[str]]):
         for selection_list in self.query(SelectionList):
             shown.update(selection_list.selected)
         # Hidden components nobody could untick here (none seen yet) stay hidden.
-        self.dismiss(frozenset(name for name in self.components if name not in shown) | (self.hidden - set(self.components)))
+        self.dismiss(
+            frozenset(name for name in self.components if name not in shown) | (self.hidden - set(self.components))
+        )

@@ -61,17 +61,27 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from engy_node.gateway.traffic import TrafficPolicy
-from engy_tui.widgets.validator_panel import format_age, format_duration, miner_lines, short_hotkey
 from engy_tui.widgets.cells import (
     NA,
     Cell,
     cells_content,
+)
+from engy_tui.widgets.cells import (
     as_int as _int,
+)
+from engy_tui.widgets.cells import (
     as_list as _list,
+)
+from engy_tui.widgets.cells import (
     as_map as _map,
+)
+from engy_tui.widgets.cells import (
     as_number as _num,
+)
+from engy_tui.widgets.cells import (
     as_text as _text,
 )
+from engy_tui.widgets.validator_panel import format_age, format_duration, miner_lines, short_hotkey
 
 __all__ = [
     "FAILURE_WORDS",
@@ -170,13 +180,13 @@ _BREAKER_CODES = frozenset({"failures-in-a-row", "failure-rate", "slow-ttft", "s
 
 _PULL_FIXES: dict[str, str] = {
     "cheat": "serve the catalog checkpoint unmodified, with the command the plan gives; it qualifies again after "
-             "the cooldown",
+    "the cooldown",
     "failures-in-a-row": "requests failed: see the model server box and its log; it qualifies again after the cooldown",
     "failure-rate": "requests failed: see the model server box and its log; it qualifies again after the cooldown",
     "slow-ttft": "too slow for the model's latency ceiling: lower --max-running-requests (fewer requests at once)",
     "slow-tpot": "too slow for the model's latency ceiling: lower --max-running-requests (fewer requests at once)",
     "unproven-rate": "too many proofs could not be checked: keep the planned flags (--enable-return-hidden-states, "
-                     "--enable-deterministic-inference) and the catalog checkpoint",
+    "--enable-deterministic-inference) and the catalog checkpoint",
     "not-qualified": "the qualification round was lost (the reason names the bar missed); it retries after the cooldown",
     "round-timeout": "the qualification round ran out of time (a verifier may be behind); it retries after the cooldown",
 }
@@ -207,8 +217,9 @@ def _ms(value: Any) -> str:
 
 def _natural(name: str) -> tuple[tuple[int, int, str], ...]:
     # miner-2 before miner-10; digits compare by length then text, so no int() of huge numbers.
-    return tuple((0, 0, part) if i % 2 == 0 else (1, len(part), part)
-                 for i, part in enumerate(re.split(r"(\d+)", name)))
+    return tuple(
+        (0, 0, part) if i % 2 == 0 else (1, len(part), part) for i, part in enumerate(re.split(r"(\d+)", name))
+    )
 
 
 def miner_names(states: Any) -> list[str]:
@@ -257,11 +268,20 @@ def tp_dp(command: Any) -> tuple[int | None, int | None]:
     """The tensor- and data-parallel sizes an sglang command line asks for (None: not given)."""
     words = _words(command) or []
     found: dict[str, int | None] = {"tp": None, "dp": None}
-    for flag, key in (("--tp-size", "tp"), ("--tensor-parallel-size", "tp"), ("--tp", "tp"), ("--dp-size", "dp"),
-                      ("--dp", "dp"), ("--data-parallel-size", "dp")):
+    for flag, key in (
+        ("--tp-size", "tp"),
+        ("--tensor-parallel-size", "tp"),
+        ("--tp", "tp"),
+        ("--dp-size", "dp"),
+        ("--dp", "dp"),
+        ("--data-parallel-size", "dp"),
+    ):
         for i, word in enumerate(words):
-            value = word.split("=", 1)[1] if word.startswith(flag + "=") else (
-                words[i + 1] if word == flag and i + 1 < len(words) else None)
+            value = (
+                word.split("=", 1)[1]
+                if word.startswith(flag + "=")
+                else (words[i + 1] if word == flag and i + 1 < len(words) else None)
+            )
             if value is not None and value.isascii() and value.isdigit() and len(value) < 6:
                 found[key] = int(value)
     return found["tp"], found["dp"]
@@ -290,7 +310,7 @@ def compact_command(command: Any) -> str | None:
 
 
 def command_line(miner: Any, server: Any) -> Line:
-    """"cmd: python -m sglang.launch_server …", the supervisor's command (else the plan's)."""
+    """ "cmd: python -m sglang.launch_server …", the supervisor's command (else the plan's)."""
     text = compact_command(_map(server).get("command")) or compact_command(_map(miner).get("command"))
     if text is None:
         if "command" in _map(miner) and _map(miner).get("command") is None and not _map(server):
@@ -336,7 +356,8 @@ def _failed_now(server: Mapping[Any, Any]) -> bool:
     "restarting" without a backoff and leaves the last failure as it was."""
     state = _text(server.get("state"))
     return state in ("exited", "timed_out", "stalled", "failed") or (
-        state == "restarting" and _num(server.get("restart_in_s")) is not None)
+        state == "restarting" and _num(server.get("restart_in_s")) is not None
+    )
 
 
 def server_level(miner: Any, server: Any) -> Level:
@@ -351,7 +372,7 @@ def server_level(miner: Any, server: Any) -> Level:
 
 
 def server_title(miner: Any, server: Any) -> str:
-    """"sglang · qwen3.6-35b-a3b · tp 2 · ready ✔ · 0 restarts"."""
+    """ "sglang · qwen3.6-35b-a3b · tp 2 · ready ✔ · 0 restarts"."""
     miner, server = _map(miner), _map(server)
     parts = [_text(server.get("kind")), _text(miner.get("model"))]
     tp, dp = tp_dp(server.get("command") if _text(server.get("command")) else miner.get("command"))
@@ -386,8 +407,11 @@ def load_line(server: Any) -> Line:
         return (Cell("load: ", "header"), Cell(f"none while {state or 'state is n/a'}", "na"))
     throughput = _num(server.get("gen_throughput"))
     cells: list[Cell] = [
-        Cell("load: ", "header"), Cell("running "), Cell(_count(server.get("running")), "" if _int(server.get("running")) is not None else "na"),
-        Cell(" · queue "), Cell(_count(server.get("queued")), "" if _int(server.get("queued")) is not None else "na"),
+        Cell("load: ", "header"),
+        Cell("running "),
+        Cell(_count(server.get("running")), "" if _int(server.get("running")) is not None else "na"),
+        Cell(" · queue "),
+        Cell(_count(server.get("queued")), "" if _int(server.get("queued")) is not None else "na"),
         Cell(SEP),
         Cell(f"{throughput:,.1f} tok/s") if throughput is not None else Cell(f"tok/s {NA}", "na"),
     ]
@@ -442,8 +466,15 @@ def failure_lines(server: Any) -> list[Line]:
     if state == "failed":
         failures = _int(server.get("startup_failures"))
         times = f"{failures:,} times in a row" if failures is not None else "repeatedly"
-        lines.append((Cell(f"{BAD} it failed to start {times} and is not restarted: apply the fix, then restart it "
-                           "(r, or restart the node)", "error"),))
+        lines.append(
+            (
+                Cell(
+                    f"{BAD} it failed to start {times} and is not restarted: apply the fix, then restart it "
+                    "(r, or restart the node)",
+                    "error",
+                ),
+            )
+        )
     elif state == "unhealthy":
         lines.append((Cell(f"{WARN} health checks failing: it is restarted after 3 misses in a row", "warning"),))
     truncated = _int(server.get("log_lines_truncated"))
@@ -455,7 +486,7 @@ def failure_lines(server: Any) -> list[Line]:
 def log_lines(lines: Any, *, shared: bool = False, limit: int = LOG_LINES) -> list[Line]:
     """The newest `limit` model-server log lines ("log: …"); `shared`: the lines are every model
     server's of this node, not told apart by the log (said so)."""
-    kept = [text for text in (_text(line) for line in _list(lines)) if text is not None][-max(1, limit):]
+    kept = [text for text in (_text(line) for line in _list(lines)) if text is not None][-max(1, limit) :]
     label = "log (all servers): " if shared else "log: "
     if not kept:
         return [(Cell(label, "header"), Cell("no lines yet", "na"))]
@@ -516,7 +547,7 @@ def eligibility_cell(worker: Any, *, has_traffic: bool, hotkey: str | None) -> C
 
 
 def link_title(miner: Any, worker: Any, *, has_traffic: bool, hotkey: str | None, url: str | None = None) -> str:
-    """"wss://… · 4 legs ✔ · eligibility: active ✔"."""
+    """ "wss://… · 4 legs ✔ · eligibility: active ✔"."""
     parts = [url, legs_cell(miner).text, eligibility_cell(worker, has_traffic=has_traffic, hotkey=hotkey).text]
     return SEP.join(p for p in parts if p)
 
@@ -546,8 +577,12 @@ def served_line(worker: Any) -> Line | None:
         return (Cell("served "), NA_CELL)
     if failed is None:
         return (Cell(f"served {requests:,} ({NA} failed) in {span}"),)
-    return (Cell(f"served {requests:,} ({failed:,} failed{f' {WARN}' if failed else ''}) in {span}",
-                 "warning" if failed else ""),)
+    return (
+        Cell(
+            f"served {requests:,} ({failed:,} failed{f' {WARN}' if failed else ''}) in {span}",
+            "warning" if failed else "",
+        ),
+    )
 
 
 def gateway_proof_line(worker: Any) -> Line | None:
@@ -566,8 +601,12 @@ def gateway_proof_line(worker: Any) -> Line | None:
     share = f" ({100 * unproven / verdicts:.1f}%)" if verdicts > 0 and 0 < unproven <= verdicts else ""
     high = verdicts > 0 and unproven * 100 > MAX_UNPROVEN_PCT * verdicts
     mark = f" {WARN} over {MAX_UNPROVEN_PCT}%" if high else (f" {OK}" if verdicts and not unproven else "")
-    return (Cell(f"audited {verdicts:,} · {unproven:,} unproven{share}{mark} in {span}",
-                 "warning" if high else ("ok" if verdicts and not unproven else "")),)
+    return (
+        Cell(
+            f"audited {verdicts:,} · {unproven:,} unproven{share}{mark} in {span}",
+            "warning" if high else ("ok" if verdicts and not unproven else ""),
+        ),
+    )
 
 
 def _round_text(worker: Mapping[Any, Any]) -> str | None:
@@ -582,12 +621,16 @@ def _round_text(worker: Mapping[Any, Any]) -> str | None:
     return ", ".join(parts)
 
 
-def link_lines(miner: Any, worker: Any, legs: Sequence[Mapping[Any, Any]], *, now: float,
-               has_traffic: bool) -> list[Line]:
+def link_lines(
+    miner: Any, worker: Any, legs: Sequence[Mapping[Any, Any]], *, now: float, has_traffic: bool
+) -> list[Line]:
     """In flight over the miner's slots and the heartbeat; how long it has been in its
     eligibility state and the control plane's own reason; the served window."""
     miner, worker = _map(miner), _map(worker)
-    first: list[Cell] = [Cell("in flight "), Cell(f"{_count(miner.get('inflight'))}/{_count(miner.get('max_inflight'))}")]
+    first: list[Cell] = [
+        Cell("in flight "),
+        Cell(f"{_count(miner.get('inflight'))}/{_count(miner.get('max_inflight'))}"),
+    ]
     if _int(miner.get("inflight")) is None:
         first[1] = Cell(first[1].text, "na")
     beat = heartbeat_cell(legs)
@@ -602,7 +645,9 @@ def link_lines(miner: Any, worker: Any, legs: Sequence[Mapping[Any, Any]], *, no
         lines.append((Cell(text + (f": {reason}" if reason else "")),))
         if state == "probing":
             progress = _round_text(worker)
-            lines.append((Cell(f"qualifying round: {progress or 'no probe finished yet'}", "info" if progress else "na"),))
+            lines.append(
+                (Cell(f"qualifying round: {progress or 'no probe finished yet'}", "info" if progress else "na"),)
+            )
         served = served_line(worker)
         if served is not None:
             lines.append(served)
@@ -611,8 +656,9 @@ def link_lines(miner: Any, worker: Any, legs: Sequence[Mapping[Any, Any]], *, no
     return lines
 
 
-def link_summary(miner: Any, worker: Any, legs: Sequence[Mapping[Any, Any]], *, now: float, has_traffic: bool,
-                 hotkey: str | None) -> Line:
+def link_summary(
+    miner: Any, worker: Any, legs: Sequence[Mapping[Any, Any]], *, now: float, has_traffic: bool, hotkey: str | None
+) -> Line:
     """The link on one line, for a compact block: legs, eligibility and for how long, in flight,
     heartbeat, and the gateway's served and audited windows."""
     miner, worker = _map(miner), _map(worker)
@@ -624,8 +670,10 @@ def link_summary(miner: Any, worker: Any, legs: Sequence[Mapping[Any, Any]], *, 
     if since:
         cells.append(Cell(f" for {since}"))
     inflight = _int(miner.get("inflight"))
-    cells += [Cell(f"{SEP}in flight "), Cell(f"{_count(inflight)}/{_count(miner.get('max_inflight'))}",
-                                             "" if inflight is not None else "na")]
+    cells += [
+        Cell(f"{SEP}in flight "),
+        Cell(f"{_count(inflight)}/{_count(miner.get('max_inflight'))}", "" if inflight is not None else "na"),
+    ]
     beat = heartbeat_cell(legs)
     if beat is not None:
         cells += [Cell(SEP), beat]
@@ -653,12 +701,26 @@ def link_notes(miner: Any, worker: Any, *, now: float) -> list[Line]:
     up, legs = _int(miner.get("legs_up")), _int(miner.get("legs"))
     if up is not None and legs is not None and legs > 0:
         if up <= 0:
-            notes += [(Cell(f"{BAD} no leg to the gateway is admitted: it routes no request here", "error"),),
-                      (Cell("  → fix: ", "error"), Cell("the miner.link log says why: a deny names the refused key or "
-                                                        "hotkey; a lost leg re-dials by itself with backoff"))]
+            notes += [
+                (Cell(f"{BAD} no leg to the gateway is admitted: it routes no request here", "error"),),
+                (
+                    Cell("  → fix: ", "error"),
+                    Cell(
+                        "the miner.link log says why: a deny names the refused key or "
+                        "hotkey; a lost leg re-dials by itself with backoff"
+                    ),
+                ),
+            ]
         elif up < legs:
-            notes.append((Cell(f"{WARN} {legs - up:,} of {legs:,} legs down: the gateway workers behind them route "
-                               "nothing here; they re-dial by themselves (the miner.link log says why)", "warning"),))
+            notes.append(
+                (
+                    Cell(
+                        f"{WARN} {legs - up:,} of {legs:,} legs down: the gateway workers behind them route "
+                        "nothing here; they re-dial by themselves (the miner.link log says why)",
+                        "warning",
+                    ),
+                )
+            )
     if _text(worker.get("state")) == "pulled":
         history = [entry for entry in _list(worker.get("history")) if isinstance(entry, Mapping)]
         pull = next((entry for entry in reversed(history) if entry.get("to") == "pulled"), {})
@@ -667,14 +729,28 @@ def link_notes(miner: Any, worker: Any, *, now: float) -> list[Line]:
         left = ""
         if until is not None and math.isfinite(now):
             left = f" · {format_duration(until - now)} of cooldown left" if until > now else " · cooldown over"
-        notes.append((Cell(f"{BAD} pulled by the gateway{f' ({code})' if code else ''}{left}: "
-                           f"{_text(worker.get('reason')) or 'no reason given'}", "error"),))
+        notes.append(
+            (
+                Cell(
+                    f"{BAD} pulled by the gateway{f' ({code})' if code else ''}{left}: "
+                    f"{_text(worker.get('reason')) or 'no reason given'}",
+                    "error",
+                ),
+            )
+        )
         notes.append((Cell("  → fix: ", "error"), Cell(_PULL_FIXES.get(code or "", _PULL_FIX))))
     report = _report(worker)
     if report is not None:
         code = _text(report.get("code")) or ""
-        notes.append((Cell(f"{WARN} would have been pulled ({code}), kept as first-party: "
-                           f"{_text(report.get('reason')) or code}", "warning"),))
+        notes.append(
+            (
+                Cell(
+                    f"{WARN} would have been pulled ({code}), kept as first-party: "
+                    f"{_text(report.get('reason')) or code}",
+                    "warning",
+                ),
+            )
+        )
         notes.append((Cell("  → fix: ", "warning"), Cell(_PULL_FIXES.get(code, _PULL_FIX))))
     return notes
 
@@ -699,15 +775,25 @@ def node_proof_lines(states: Any) -> list[Line]:
             total = sum(known)
             share = f" ({100 * unproven / total:.1f}%)" if unproven is not None and total > 0 and unproven > 0 else ""
             high = unproven is not None and total > 0 and unproven * 100 > MAX_UNPROVEN_PCT * total
-            lines.append((
-                Cell("verifier: ", "header"),
-                Cell(f"pass {_count(passed)}", "" if passed is not None else "na"), Cell("  "),
-                (Cell(f"cheat {cheat:,} {BAD}", "error") if cheat else Cell(f"cheat 0 {OK}", "ok") if cheat == 0
-                 else Cell(f"cheat {NA}", "na")),
-                Cell("  "),
-                Cell(f"unproven {_count(unproven)}{share}{f' {WARN}' if high else ''}",
-                     "warning" if high else ("" if unproven is not None else "na")),
-            ))
+            lines.append(
+                (
+                    Cell("verifier: ", "header"),
+                    Cell(f"pass {_count(passed)}", "" if passed is not None else "na"),
+                    Cell("  "),
+                    (
+                        Cell(f"cheat {cheat:,} {BAD}", "error")
+                        if cheat
+                        else Cell(f"cheat 0 {OK}", "ok")
+                        if cheat == 0
+                        else Cell(f"cheat {NA}", "na")
+                    ),
+                    Cell("  "),
+                    Cell(
+                        f"unproven {_count(unproven)}{share}{f' {WARN}' if high else ''}",
+                        "warning" if high else ("" if unproven is not None else "na"),
+                    ),
+                )
+            )
     if isinstance(audit, Mapping) and audit:
         dropped = [_int(audit.get(key)) for key in ("dropped_full", "dropped_expired", "dropped_unjudged")]
         known_dropped = [n for n in dropped if n is not None]
@@ -717,12 +803,21 @@ def node_proof_lines(states: Any) -> list[Line]:
             tail = Cell(f" · {sum(known_dropped):,} dropped unjudged {WARN}", "warning")
         else:
             tail = Cell(f" · none dropped {OK}", "ok")
-        lines.append((Cell("audit: ", "header"),
-                      Cell(f"{_count(audit.get('waiting'))} waiting · {_count(audit.get('leased'))} leased · "
-                           f"{_count(audit.get('recorded'))} judged"), tail))
+        lines.append(
+            (
+                Cell("audit: ", "header"),
+                Cell(
+                    f"{_count(audit.get('waiting'))} waiting · {_count(audit.get('leased'))} leased · "
+                    f"{_count(audit.get('recorded'))} judged"
+                ),
+                tail,
+            )
+        )
     if not lines:
-        lines += [(Cell("no verifier or audit desk on this node:", "na"),),
-                  (Cell("the gateway's verifiers judge its proofs", "na"),)]
+        lines += [
+            (Cell("no verifier or audit desk on this node:", "na"),),
+            (Cell("the gateway's verifiers judge its proofs", "na"),),
+        ]
     return lines
 
 
@@ -735,8 +830,12 @@ def chain_lines(chain: Any, hotkey: str | None) -> list[Line]:
         return [(Cell(f"chain state {NA}: only a local network's dev chain is published", "na"),)]
     lines = [tuple(line) for line in miner_lines(chain, hotkey)]
     if len(lines) == 1 and lines[0] and lines[0][0].style == "error":
-        lines.append((Cell("  → fix: ", "error"), Cell(f"register the hotkey on netuid {_count(chain.get('netuid'))} "
-                                                       "(btcli subnet register)")))
+        lines.append(
+            (
+                Cell("  → fix: ", "error"),
+                Cell(f"register the hotkey on netuid {_count(chain.get('netuid'))} (btcli subnet register)"),
+            )
+        )
     return lines
 
 
@@ -787,8 +886,9 @@ def _server_log(server_log: Any, miner: str, several: bool) -> tuple[Any, bool]:
     return (shared, several) if isinstance(shared, (list, tuple)) else ((), False)
 
 
-def miner_view(name: str, states: Any, *, now: float, names: Any = None, server_log: Any = None,
-               several: bool = False) -> MinerView:
+def miner_view(
+    name: str, states: Any, *, now: float, names: Any = None, server_log: Any = None, several: bool = False
+) -> MinerView:
     """One miner's block for the hub's `states` at wall-clock `now`; `names` is node info's
     `hotkeys` {name: ss58}, `server_log` {component: [newest lines]}."""
     states = _map(states)
@@ -804,8 +904,13 @@ def miner_view(name: str, states: Any, *, now: float, names: Any = None, server_
     failure = failure_lines(server)
     down = _text(server.get("state")) in _DOWN
     lines, shared = _server_log(server_log, name, several)
-    link_level: Level = "error" if legs_cell(miner).style == "error" or _text(_map(worker).get("state")) == "pulled" \
-        else "warning" if legs_cell(miner).style == "warning" else ""
+    link_level: Level = (
+        "error"
+        if legs_cell(miner).style == "error" or _text(_map(worker).get("state")) == "pulled"
+        else "warning"
+        if legs_cell(miner).style == "warning"
+        else ""
+    )
     window = gateway_proof_line(worker)
     proofs = ((Cell("gateway: ", "header"), *window),) if window is not None else ()
     short = short_hotkey(hotkey) if hotkey else NA
@@ -841,8 +946,9 @@ def panel_view(states: Any, *, now: float, names: Any = None, server_log: Any = 
         why = "waiting for the node's first snapshot" if not states else "no miner on this node"
         return PanelView("empty", (), proofs, (Cell(why, "na"),))
     several = len(miners) > 1
-    views = tuple(miner_view(name, states, now=now, names=names, server_log=server_log, several=several)
-                  for name in miners)
+    views = tuple(
+        miner_view(name, states, now=now, names=names, server_log=server_log, several=several) for name in miners
+    )
     return PanelView("compact" if several else "full", views, proofs, ())
 
 
@@ -949,8 +1055,11 @@ class _CompactBlock(Vertical):
         if not self._composed:
             return  # on_mount shows it
         self.border_title = _title(f"{view.name} · {view.server_title}")
-        level = "error" if "error" in (view.server_level, view.link_level) else (
-            "warning" if "warning" in (view.server_level, view.link_level) else view.server_level)
+        level = (
+            "error"
+            if "error" in (view.server_level, view.link_level)
+            else ("warning" if "warning" in (view.server_level, view.link_level) else view.server_level)
+        )
         _frame(self, level)
         chain: list[Cell] = [Cell("chain: ", "header")]
         for index, line in enumerate(view.chain):
@@ -1025,8 +1134,14 @@ class MinerPanel(Widget):
     def on_mount(self) -> None:
         self.update_state(None, now=0.0)
 
-    def update_state(self, states: Mapping[str, Any] | None, *, now: float, names: Mapping[str, str] | None = None,
-                     server_log: Mapping[str, Sequence[str]] | None = None) -> None:
+    def update_state(
+        self,
+        states: Mapping[str, Any] | None,
+        *,
+        now: float,
+        names: Mapping[str, str] | None = None,
+        server_log: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
         """Show the hub's states (None: no snapshot yet) as of wall-clock `now`; `names` is node
         info's `hotkeys` {name: ss58}; `server_log` the newest model-server log lines by
         component ("model_server", "model_server.miner-1", …) that the app kept."""

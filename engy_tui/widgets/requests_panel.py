@@ -39,17 +39,25 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from engy_node.models import CATALOG
-from engy_tui.widgets.server_panel import format_ms
 from engy_tui.widgets.cells import (
     DASH,
     NA,
     Cell,
     cells_content,
+)
+from engy_tui.widgets.cells import (
     as_int as _int,
+)
+from engy_tui.widgets.cells import (
     as_list as _list,
+)
+from engy_tui.widgets.cells import (
     as_map as _map,
+)
+from engy_tui.widgets.cells import (
     as_number as _num,
 )
+from engy_tui.widgets.server_panel import format_ms
 
 __all__ = [
     "HISTORY_POINTS",
@@ -199,8 +207,12 @@ def counters_of(metrics: Any) -> Counters:
             if value and value > 0:
                 label = outcome if isinstance(outcome, str) and outcome else "unlabelled"
                 by_class[label] = by_class.get(label, 0.0) + value
-        result = dataclasses.replace(result, requests=_sum(children), errors=_sum(failed),
-                                     errors_by_class=tuple(sorted(by_class.items(), key=lambda item: (-item[1], item[0]))))
+        result = dataclasses.replace(
+            result,
+            requests=_sum(children),
+            errors=_sum(failed),
+            errors_by_class=tuple(sorted(by_class.items(), key=lambda item: (-item[1], item[0]))),
+        )
     if tokens is not None:
         children = _children(tokens)
 
@@ -259,8 +271,12 @@ def rates(previous: Sample | None, current: Sample) -> Rates | None:
 
 
 def _went_down(before: Counters, now: Counters) -> bool:
-    pairs = ((before.requests, now.requests), (before.errors, now.errors), (before.prompt_tokens, now.prompt_tokens),
-             (before.completion_tokens, now.completion_tokens))
+    pairs = (
+        (before.requests, now.requests),
+        (before.errors, now.errors),
+        (before.prompt_tokens, now.prompt_tokens),
+        (before.completion_tokens, now.completion_tokens),
+    )
     return any(a is not None and b is not None and b < a for a, b in pairs)
 
 
@@ -270,8 +286,14 @@ Point = tuple[float, float | None]
 """(the frame's now, the p50 in seconds or None when nothing was measured)."""
 
 
-def push_point(history: tuple[Point, ...], at: float, value: float | None, *, step_s: float = HISTORY_STEP_S,
-               points: int = HISTORY_POINTS) -> tuple[Point, ...]:
+def push_point(
+    history: tuple[Point, ...],
+    at: float,
+    value: float | None,
+    *,
+    step_s: float = HISTORY_STEP_S,
+    points: int = HISTORY_POINTS,
+) -> tuple[Point, ...]:
     """`history` with (at, value) appended when `step_s` has passed since its last point, keeping
     the newest `points`; unchanged otherwise."""
     if history and at - history[-1][0] < step_s:
@@ -374,7 +396,7 @@ def limits_for(models: Sequence[str]) -> tuple[int | None, int | None]:
 
 
 def limit_cell(p99_s: float | None, limit_ms: int | None) -> Cell:
-    """"p99 limit 10,000 ms ✔", "⚠ p99 over limit 200 ms", or nothing without a limit."""
+    """ "p99 limit 10,000 ms ✔", "⚠ p99 over limit 200 ms", or nothing without a limit."""
     if limit_ms is None:
         return Cell("")
     if p99_s is None:
@@ -403,20 +425,44 @@ def _ms(value: float | None, bound: bool) -> str:
     return DASH if value is None else ("≤" if bound else "") + format_ms(value)
 
 
-def _latency_row(label: str, latency: Latency | None, history: Sequence[Point], limit_ms: int | None) -> tuple[Cell, ...]:
+def _latency_row(
+    label: str, latency: Latency | None, history: Sequence[Point], limit_ms: int | None
+) -> tuple[Cell, ...]:
     spark = Cell(sparkline([value for _, value in history]), "spark")
     if latency is None:
-        return (Cell(label, "header"), Cell("p50", "header"), NA_CELL, Cell("p95", "header"), NA_CELL,
-                Cell("p99", "header"), NA_CELL, spark, limit_cell(None, limit_ms), Cell("not reported", "na"))
-    values = [Cell(_ms(v, latency.upper_bound), "na" if v is None else "") for v in (latency.p50, latency.p95, latency.p99)]
+        return (
+            Cell(label, "header"),
+            Cell("p50", "header"),
+            NA_CELL,
+            Cell("p95", "header"),
+            NA_CELL,
+            Cell("p99", "header"),
+            NA_CELL,
+            spark,
+            limit_cell(None, limit_ms),
+            Cell("not reported", "na"),
+        )
+    values = [
+        Cell(_ms(v, latency.upper_bound), "na" if v is None else "") for v in (latency.p50, latency.p95, latency.p99)
+    ]
     if latency.count is None:
         n = NA_CELL
     elif latency.count == 0:
         n = Cell("no requests yet", "na")
     else:
         n = Cell(f"last {latency.count:,} requests", "na")
-    return (Cell(label, "header"), Cell("p50", "header"), values[0], Cell("p95", "header"), values[1],
-            Cell("p99", "header"), values[2], spark, limit_cell(latency.p99, limit_ms), n)
+    return (
+        Cell(label, "header"),
+        Cell("p50", "header"),
+        values[0],
+        Cell("p95", "header"),
+        values[1],
+        Cell("p99", "header"),
+        values[2],
+        spark,
+        limit_cell(latency.p99, limit_ms),
+        n,
+    )
 
 
 def _per_s(value: float | None, unit: str) -> str:
@@ -428,16 +474,28 @@ def _per_s(value: float | None, unit: str) -> str:
 def _traffic(load: Load, counters: Counters, window: Rates | None) -> tuple[tuple[Cell, ...], ...]:
     if load.miners:
         inflight = f"{NA if load.inflight is None else f'{load.inflight:,}'}/{NA if load.capacity is None else f'{load.capacity:,}'}"
-        full = load.inflight is not None and load.capacity is not None and load.capacity > 0 and load.inflight >= load.capacity
-        first = [Cell("in flight ", "header"), Cell(f"{inflight} full" if full else inflight, "warning" if full else "")]
+        full = (
+            load.inflight is not None
+            and load.capacity is not None
+            and load.capacity > 0
+            and load.inflight >= load.capacity
+        )
+        first = [
+            Cell("in flight ", "header"),
+            Cell(f"{inflight} full" if full else inflight, "warning" if full else ""),
+        ]
     else:
         first = [Cell("in flight ", "header"), NA_CELL]
     if window is None:
         first += [Cell(f" · {DASH} req/s · {DASH} tok/s out · {DASH} tok/s in", "na"), Cell("  (measuring)", "na")]
     else:
-        first += [Cell(f" · {_per_s(window.requests_per_s, 'req')} · {_per_s(window.completion_tokens_per_s, 'tok')} out"
-                       f" · {_per_s(window.prompt_tokens_per_s, 'tok')} in"),
-                  Cell(f"  (last {window.span_s:,.0f} s)", "na")]
+        first += [
+            Cell(
+                f" · {_per_s(window.requests_per_s, 'req')} · {_per_s(window.completion_tokens_per_s, 'tok')} out"
+                f" · {_per_s(window.prompt_tokens_per_s, 'tok')} in"
+            ),
+            Cell(f"  (last {window.span_s:,.0f} s)", "na"),
+        ]
     second: list[Cell] = [Cell("errors    ", "header")]
     if window is None or window.errors is None:
         second.append(Cell(f"{DASH} recently", "na"))
@@ -473,15 +531,23 @@ def panel_view(metrics: Any, frames: Frames, *, states: Any = None) -> PanelView
     if ttft is None and tpot is None and counters == Counters():
         return PanelView(title, (Cell("no miner on this node: no request metrics", "na"),), (), (), ())
     ttft_limit, tpot_limit = limits_for(load.models)
-    table = _pad([_latency_row("TTFT", ttft, frames.ttft, ttft_limit), _latency_row("TPOT", tpot, frames.tpot, tpot_limit)],
-                 right={2, 4, 6}, tight={0, 1, 3, 5})
+    table = _pad(
+        [_latency_row("TTFT", ttft, frames.ttft, ttft_limit), _latency_row("TPOT", tpot, frames.tpot, tpot_limit)],
+        right={2, 4, 6},
+        tight={0, 1, 3, 5},
+    )
     window = rates(frames.samples[0], frames.samples[-1]) if len(frames.samples) > 1 else None
     notes = []
     for label, latency, limit in (("TTFT", ttft, ttft_limit), ("TPOT", tpot, tpot_limit)):
         if latency is not None and latency.p99 is not None and limit is not None and latency.p99 * 1000 > limit:
-            notes.append(Cell(f"{WARN} {label} p99 {format_ms(latency.p99)} is over {load.models[0]}'s {limit:,} ms ceiling: "
-                              "the gateway pulls a worker whose p99 stays over it (check GPU load, batch size, "
-                              "or serve fewer requests at once)", "warning"))
+            notes.append(
+                Cell(
+                    f"{WARN} {label} p99 {format_ms(latency.p99)} is over {load.models[0]}'s {limit:,} ms ceiling: "
+                    "the gateway pulls a worker whose p99 stays over it (check GPU load, batch size, "
+                    "or serve fewer requests at once)",
+                    "warning",
+                )
+            )
     return PanelView(title, (), table, _traffic(load, counters, window), tuple(notes))
 
 
@@ -538,7 +604,9 @@ class RequestsPanel(Widget):
     def on_mount(self) -> None:
         self._show(panel_view(None, self.frames))
 
-    def update_metrics(self, metrics: Mapping[str, Any] | None, *, now: float, states: Mapping[str, Any] | None = None) -> None:
+    def update_metrics(
+        self, metrics: Mapping[str, Any] | None, *, now: float, states: Mapping[str, Any] | None = None
+    ) -> None:
         """Show the hub's metrics snapshot (None: none yet) as of wall-clock `now`; `states` (the
         hub's states) gives in-flight requests and the served model."""
         if metrics is not None:
@@ -548,8 +616,12 @@ class RequestsPanel(Widget):
     def _show(self, view: PanelView) -> None:
         self.border_title = view.title
         self.set_class(bool(view.status), "-idle")
-        for widget_id, lines in (("status", [(c,) for c in view.status]), ("table", view.table),
-                                 ("traffic", view.traffic), ("notes", [(c,) for c in view.notes])):
+        for widget_id, lines in (
+            ("status", [(c,) for c in view.status]),
+            ("table", view.table),
+            ("traffic", view.traffic),
+            ("notes", [(c,) for c in view.notes]),
+        ):
             static = self.query_one(f"#{widget_id}", Static)
             static.update(_content(lines))
             static.display = bool(lines)

@@ -40,10 +40,20 @@ from engy_tui.widgets.cells import (
     NA,
     Cell,
     cells_content,
+)
+from engy_tui.widgets.cells import (
     as_int as _int,
+)
+from engy_tui.widgets.cells import (
     as_list as _list,
+)
+from engy_tui.widgets.cells import (
     as_map as _map,
+)
+from engy_tui.widgets.cells import (
     as_number as _num,
+)
+from engy_tui.widgets.cells import (
     as_text as _text,
 )
 
@@ -121,7 +131,7 @@ class Finding(NamedTuple):
     fix: str
 
     def lines(self) -> tuple[Line, Line]:
-        """"✘ what is wrong" (or ⚠), then "  → what to do"."""
+        """ "✘ what is wrong" (or ⚠), then "  → what to do"."""
         symbol = ERROR if self.level == "error" else WARN
         return (Cell(f"{symbol} {self.text}", self.level),), (Cell(f"  → {self.fix}"),)
 
@@ -164,7 +174,7 @@ def _short_digest(digest: Any) -> str:
 
 
 def format_duration(seconds: float | None) -> str:
-    """"41 s", "12 min", "3 h 5 min", "2 d 4 h"; n/a for an unknown or non-finite time."""
+    """ "41 s", "12 min", "3 h 5 min", "2 d 4 h"; n/a for an unknown or non-finite time."""
     if seconds is None or not math.isfinite(seconds):
         return NA
     whole = max(0, int(seconds))
@@ -276,8 +286,15 @@ def _me(validator: Mapping[Any, Any], chain: Any) -> _Me:
     uid = _int(validator.get("uid"))
     # The loop publishes uid=None after a chain read that did not find the hotkey; before any
     # read there is no "uid" key at all (or no block).
-    registered = True if uid is not None else (False if "uid" in validator and _int(validator.get("block")) is not None
-                                                and validator.get("uid") is None else None)
+    registered = (
+        True
+        if uid is not None
+        else (
+            False
+            if "uid" in validator and _int(validator.get("block")) is not None and validator.get("uid") is None
+            else None
+        )
+    )
     return _Me(uid, _bool(validator.get("permit")), _int(validator.get("last_update")), registered)
 
 
@@ -348,9 +365,10 @@ def _weights(validator: Mapping[Any, Any]) -> list[_Weight]:
     entries = [_map(entry) for entry in _list(validator.get("weights"))]
     values = [_int(entry.get("weight")) for entry in entries]
     total = sum(value for value in values if value is not None and value > 0)
-    rows = [_Weight(_int(entry.get("uid")), entry.get("hotkey"), value,
-                    _ratio(value, total))
-            for entry, value in zip(entries, values)]
+    rows = [
+        _Weight(_int(entry.get("uid")), entry.get("hotkey"), value, _ratio(value, total))
+        for entry, value in zip(entries, values)
+    ]
     rows.sort(key=lambda row: -(row.weight or 0))
     return rows
 
@@ -361,18 +379,25 @@ def weights_rows(validator: Mapping[str, Any] | None, names: Mapping[str, str] |
     by_ss58 = _names_by_ss58(names)
     lines = []
     for uid, hotkey, weight, share in _weights(_map(validator)):
-        lines.append((
-            Cell(str(uid)) if uid is not None else NA_CELL,
-            Cell(short_hotkey(hotkey, by_ss58), "" if _text(hotkey) else "na"),
-            Cell(f"{weight:,}") if weight is not None else NA_CELL,
-            Cell(_percent(share), "" if share is not None else "na"),
-            Cell(share_bar(share), "bar"),
-        ))
+        lines.append(
+            (
+                Cell(str(uid)) if uid is not None else NA_CELL,
+                Cell(short_hotkey(hotkey, by_ss58), "" if _text(hotkey) else "na"),
+                Cell(f"{weight:,}") if weight is not None else NA_CELL,
+                Cell(_percent(share), "" if share is not None else "na"),
+                Cell(share_bar(share), "bar"),
+            )
+        )
     return lines
 
 
-def weights_lines(validator: Mapping[str, Any] | None, names: Mapping[str, str] | None = None, *,
-                  chain: Mapping[str, Any] | None = None, max_rows: int = MAX_WEIGHT_ROWS) -> list[Line]:
+def weights_lines(
+    validator: Mapping[str, Any] | None,
+    names: Mapping[str, str] | None = None,
+    *,
+    chain: Mapping[str, Any] | None = None,
+    max_rows: int = MAX_WEIGHT_ROWS,
+) -> list[Line]:
     """The "Weights on chain" box: who this validator is, which epoch it has on chain and how
     that vector came (master-signed, cached, burn), its last submit, then the weights table."""
     validator = _map(validator)
@@ -382,16 +407,32 @@ def weights_lines(validator: Mapping[str, Any] | None, names: Mapping[str, str] 
     who = short_hotkey(hotkey)
     if isinstance(hotkey, str) and hotkey in by_ss58:
         who = f"{by_ss58[hotkey]} ({who})"
-    permit = (Cell(f"permit {OK}", "ok") if me.permit is True else Cell(f"no permit {ERROR}", "error")
-              if me.permit is False else Cell(f"permit {NA}", "na"))
-    uid = (Cell(f"uid {me.uid}") if me.uid is not None
-           else Cell(f"not registered {ERROR}", "error") if me.registered is False else Cell(f"uid {NA}", "na"))
+    permit = (
+        Cell(f"permit {OK}", "ok")
+        if me.permit is True
+        else Cell(f"no permit {ERROR}", "error")
+        if me.permit is False
+        else Cell(f"permit {NA}", "na")
+    )
+    uid = (
+        Cell(f"uid {me.uid}")
+        if me.uid is not None
+        else Cell(f"not registered {ERROR}", "error")
+        if me.registered is False
+        else Cell(f"uid {NA}", "na")
+    )
     netuid = _int(validator.get("netuid"))
     network = _text(validator.get("network"))
-    lines: list[Line] = [(
-        Cell(who, "" if who != NA else "na"), Cell(" · "), uid, Cell(" · "), permit,
-        Cell(f" · netuid {_count(netuid)} on {network or NA}"),
-    )]
+    lines: list[Line] = [
+        (
+            Cell(who, "" if who != NA else "na"),
+            Cell(" · "),
+            uid,
+            Cell(" · "),
+            permit,
+            Cell(f" · netuid {_count(netuid)} on {network or NA}"),
+        )
+    ]
 
     epoch = _int(validator.get("submitted_epoch"))
     if epoch is None:
@@ -409,9 +450,14 @@ def weights_lines(validator: Mapping[str, Any] | None, names: Mapping[str, str] 
         source = Cell(f"signed by master {OK}", "ok")
     else:
         source = NA_CELL
-    lines.append((Cell(f"epoch {_count(epoch)} · digest "), Cell(_short_digest(validator.get("digest")),
-                                                                  "" if _text(validator.get("digest")) else "na"),
-                  Cell(" · "), source))
+    lines.append(
+        (
+            Cell(f"epoch {_count(epoch)} · digest "),
+            Cell(_short_digest(validator.get("digest")), "" if _text(validator.get("digest")) else "na"),
+            Cell(" · "),
+            source,
+        )
+    )
     since = _blocks_since_submit(validator, chain)
     ago = f" ({since:,} ago)" if since is not None else ""
     if last is not None:
@@ -423,9 +469,9 @@ def weights_lines(validator: Mapping[str, Any] | None, names: Mapping[str, str] 
     if not _list(validator.get("weights")):
         lines.append((Cell("the weights table appears after this process's first submit", "na"),))
     else:
-        shown = rows[:max(0, max_rows)]
+        shown = rows[: max(0, max_rows)]
         lines += _pad([_header("uid", "hotkey", "weight", "share", ""), *shown], "llrrl")
-        rest = _weights(validator)[len(shown):]
+        rest = _weights(validator)[len(shown) :]
         if rest:
             shares = [row.share for row in rest if row.share is not None and row.share > 0]
             share = sum(shares) if shares else (0.0 if any(row.share is not None for row in rest) else None)
@@ -474,8 +520,9 @@ def _outcome_cell(outcome: Any) -> Cell:
     return Cell(f"{text} {symbol}".rstrip(), style)
 
 
-def next_action_lines(validator: Mapping[str, Any] | None, now: float, *,
-                      chain: Mapping[str, Any] | None = None) -> list[Line]:
+def next_action_lines(
+    validator: Mapping[str, Any] | None, now: float, *, chain: Mapping[str, Any] | None = None
+) -> list[Line]:
     """The "Next action" box: the resubmit countdown against the rate limit, the room left
     before the activity cutoff, the last tick, commit-reveal, the provider."""
     validator = _map(validator)
@@ -505,8 +552,9 @@ def next_action_lines(validator: Mapping[str, Any] | None, now: float, *,
     else:
         spare = cutoff - idle
         if spare < 0:
-            lines.append((Cell(f"activity cutoff {cutoff:,} blocks: passed {-spare:,} blocks ago {ERROR} inactive",
-                               "error"),))
+            lines.append(
+                (Cell(f"activity cutoff {cutoff:,} blocks: passed {-spare:,} blocks ago {ERROR} inactive", "error"),)
+            )
         elif 2 * idle > cutoff:
             lines.append((Cell(f"activity cutoff {cutoff:,} blocks: only {spare:,} to spare {WARN}", "warning"),))
         else:
@@ -520,11 +568,13 @@ def next_action_lines(validator: Mapping[str, Any] | None, now: float, *,
 
     reveal = _bool(validator.get("commit_reveal"))
     tempo = _int(validator.get("tempo"))
-    lines.append((
-        Cell("commit-reveal: "),
-        Cell("on (weights count after the reveal)") if reveal else Cell("off") if reveal is False else NA_CELL,
-        Cell(f" · tempo {_count(tempo)}" + (f" · {block_s:g} s blocks" if block_s is not None else "")),
-    ))
+    lines.append(
+        (
+            Cell("commit-reveal: "),
+            Cell("on (weights count after the reveal)") if reveal else Cell("off") if reveal is False else NA_CELL,
+            Cell(f" · tempo {_count(tempo)}" + (f" · {block_s:g} s blocks" if block_s is not None else "")),
+        )
+    )
     provider = _text(validator.get("provider"))
     lines.append((Cell("provider "), Cell(provider) if provider else NA_CELL))
     return lines
@@ -551,19 +601,25 @@ def _idle_blocks(validator: Mapping[Any, Any], chain: Any) -> int | None:
 
 
 REFUSAL_FIXES: tuple[tuple[str, str], ...] = (
-    ("NeuronNoValidatorPermit", "get a validator permit: stake more on this hotkey (permits go to the largest "
-                                "stakes, recomputed each epoch)"),
+    (
+        "NeuronNoValidatorPermit",
+        "get a validator permit: stake more on this hotkey (permits go to the largest stakes, recomputed each epoch)",
+    ),
     ("NotEnoughStakeToSetWeights", "stake more on this hotkey: the subnet sets a minimum stake for weights"),
     ("HotKeyNotRegisteredInSubNet", "register this hotkey on the subnet"),
-    ("SettingWeightsTooFast", "raise validator.resubmit_blocks above the weights rate limit; the next interval "
-                              "retries"),
+    (
+        "SettingWeightsTooFast",
+        "raise validator.resubmit_blocks above the weights rate limit; the next interval retries",
+    ),
     ("RateLimitExceeded", "raise validator.resubmit_blocks above the weights rate limit; the next interval retries"),
     ("rate_limited", "raise validator.resubmit_blocks above the weights rate limit; the next interval retries"),
     ("Custom error: 6", "raise validator.resubmit_blocks above the weights rate limit; the next interval retries"),
     ("CommitRevealEnabled", "the subnet now requires commit-reveal: update engy-node"),
     ("IncorrectWeightVersionKey", "update engy-node: the subnet expects another weights version"),
-    ("transport", "the chain endpoint did not answer: check validator.network and the connection; the next "
-                  "interval retries"),
+    (
+        "transport",
+        "the chain endpoint did not answer: check validator.network and the connection; the next interval retries",
+    ),
 )
 
 
@@ -577,27 +633,49 @@ def refusal_fix(detail: str | None) -> str:
 
 
 OUTCOME_FIXES: dict[str, tuple[Literal["warning", "error"], str, str]] = {
-    "fetch-failed": ("warning", "the provider did not answer the last poll",
-                     "check validator.provider_url and the provider; the cached vector is resubmitted meanwhile"),
-    "resubmitted:cached": ("warning", "the provider gave no usable payload: the cached vector was resubmitted",
-                           "check the provider; nothing is lost while the cache lasts"),
-    "standby:cached": ("warning", "no hotkey of the payload is registered: the last landed vector was resubmitted",
-                       "tell the provider: its payload names hotkeys this subnet does not have"),
-    "standby:burn": ("warning", "no hotkey of the payload is registered: the weights were burned to the subnet owner",
-                     "check the provider's owner_hotkey and netuid"),
-    "skipped:replay": ("warning", "the provider serves an epoch older than the one on chain (replay guard)",
-                       "tell the provider; the validator keeps the newer epoch on chain"),
-    "chain-failed": ("error", "the last chain read failed: nothing was submitted",
-                     "check validator.network and the connection; the next tick retries"),
-    "submit-failed": ("error", "the last tick could not submit",
-                      "see the submissions below and the validator log"),
-    "error": ("error", "the last tick raised an error",
-              "see the validator log (this is a bug if it repeats)"),
+    "fetch-failed": (
+        "warning",
+        "the provider did not answer the last poll",
+        "check validator.provider_url and the provider; the cached vector is resubmitted meanwhile",
+    ),
+    "resubmitted:cached": (
+        "warning",
+        "the provider gave no usable payload: the cached vector was resubmitted",
+        "check the provider; nothing is lost while the cache lasts",
+    ),
+    "standby:cached": (
+        "warning",
+        "no hotkey of the payload is registered: the last landed vector was resubmitted",
+        "tell the provider: its payload names hotkeys this subnet does not have",
+    ),
+    "standby:burn": (
+        "warning",
+        "no hotkey of the payload is registered: the weights were burned to the subnet owner",
+        "check the provider's owner_hotkey and netuid",
+    ),
+    "skipped:replay": (
+        "warning",
+        "the provider serves an epoch older than the one on chain (replay guard)",
+        "tell the provider; the validator keeps the newer epoch on chain",
+    ),
+    "chain-failed": (
+        "error",
+        "the last chain read failed: nothing was submitted",
+        "check validator.network and the connection; the next tick retries",
+    ),
+    "submit-failed": ("error", "the last tick could not submit", "see the submissions below and the validator log"),
+    "error": ("error", "the last tick raised an error", "see the validator log (this is a bug if it repeats)"),
 }
 
 
-def validator_warnings(validator: Mapping[str, Any] | None, chain: Mapping[str, Any] | None, now: float, *,
-                       names: Mapping[str, str] | None = None, poll_s: float | None = None) -> list[Finding]:
+def validator_warnings(
+    validator: Mapping[str, Any] | None,
+    chain: Mapping[str, Any] | None,
+    now: float,
+    *,
+    names: Mapping[str, str] | None = None,
+    poll_s: float | None = None,
+) -> list[Finding]:
     """Everything about this validator an operator must act on, worst first, each with its fix:
     not registered, no permit, an interval that does not clear the rate limit, the activity
     cutoff coming near or passed, an old last tick (more than three polls: `poll_s`, else the
@@ -612,51 +690,80 @@ def validator_warnings(validator: Mapping[str, Any] | None, chain: Mapping[str, 
     where = f"netuid {netuid}" if netuid is not None else "the subnet"
     who = short_hotkey(validator.get("hotkey"), _names_by_ss58(names))
     if me.registered is False:
-        findings.append(Finding("error", f"hotkey {who} is not registered on {where}",
-                                f"register it (btcli subnets register --netuid {_count(netuid)}); until then "
-                                "every submit is refused"))
+        findings.append(
+            Finding(
+                "error",
+                f"hotkey {who} is not registered on {where}",
+                f"register it (btcli subnets register --netuid {_count(netuid)}); until then every submit is refused",
+            )
+        )
     elif me.permit is False:
-        findings.append(Finding("error", f"uid {_count(me.uid)} has no validator permit: the chain refuses its weights",
-                                "stake more on this hotkey (permits go to the largest stakes, recomputed each epoch)"))
+        findings.append(
+            Finding(
+                "error",
+                f"uid {_count(me.uid)} has no validator permit: the chain refuses its weights",
+                "stake more on this hotkey (permits go to the largest stakes, recomputed each epoch)",
+            )
+        )
 
     interval = _int(validator.get("resubmit_blocks"))
     limit = _int(validator.get("weights_rate_limit"))
     if interval is not None and limit is not None and interval <= limit:
-        findings.append(Finding("warning", f"resubmit interval {interval:,} blocks does not clear the weights rate "
-                                           f"limit of {limit:,}",
-                                f"set validator.resubmit_blocks above {limit:,} (default {RESUBMIT_BLOCKS}), or the "
-                                "chain refuses resubmits as too fast"))
+        findings.append(
+            Finding(
+                "warning",
+                f"resubmit interval {interval:,} blocks does not clear the weights rate limit of {limit:,}",
+                f"set validator.resubmit_blocks above {limit:,} (default {RESUBMIT_BLOCKS}), or the "
+                "chain refuses resubmits as too fast",
+            )
+        )
 
     cutoff = _int(validator.get("activity_cutoff"))
     idle = _idle_blocks(validator, chain)
     if cutoff is not None and idle is not None and me.registered is not False:
         if idle > cutoff:
-            findings.append(Finding("error", f"{idle:,} blocks since this validator's last update, past the activity "
-                                             f"cutoff of {cutoff:,}: out of consensus, earning nothing",
-                                    "a landed submit restores it: fix what the other warnings and the submissions "
-                                    "say"))
+            findings.append(
+                Finding(
+                    "error",
+                    f"{idle:,} blocks since this validator's last update, past the activity "
+                    f"cutoff of {cutoff:,}: out of consensus, earning nothing",
+                    "a landed submit restores it: fix what the other warnings and the submissions say",
+                )
+            )
         elif 2 * idle > cutoff:
-            findings.append(Finding("warning", f"{idle:,} blocks since this validator's last update: {cutoff - idle:,} "
-                                               f"left before the activity cutoff of {cutoff:,}",
-                                    "resubmits have stopped landing: see the submissions and the validator log"))
+            findings.append(
+                Finding(
+                    "warning",
+                    f"{idle:,} blocks since this validator's last update: {cutoff - idle:,} "
+                    f"left before the activity cutoff of {cutoff:,}",
+                    "resubmits have stopped landing: see the submissions and the validator log",
+                )
+            )
 
     poll = poll_s if poll_s is not None and poll_s > 0 else _num(validator.get("poll_s"))
     poll = poll if poll is not None and poll > 0 else DEFAULT_POLL_S
     tick = _num(validator.get("last_tick"))
     if tick is not None and math.isfinite(now) and now - tick > 3 * poll:
-        findings.append(Finding("warning", f"no tick for {format_duration(now - tick)} (polls every "
-                                           f"{format_duration(poll)})",
-                                "the loop may be stuck in a chain call; the watchdog restarts it — see the "
-                                "validator log"))
+        findings.append(
+            Finding(
+                "warning",
+                f"no tick for {format_duration(now - tick)} (polls every {format_duration(poll)})",
+                "the loop may be stuck in a chain call; the watchdog restarts it — see the validator log",
+            )
+        )
 
     dropped = _list(validator.get("dropped"))
     dropped_share = _num(validator.get("dropped_share"))
     if dropped_share is not None and dropped_share > 0:
         count = f"{len(dropped)} payload hotkey{'s' if len(dropped) != 1 else ''}" if dropped else "payload hotkeys"
-        findings.append(Finding("warning", f"{count} not registered on chain, {_percent(dropped_share)} of the "
-                                           "weight, dropped",
-                                "miners that left the subnet; the provider's next epoch should leave them out — "
-                                "tell the provider if it persists"))
+        findings.append(
+            Finding(
+                "warning",
+                f"{count} not registered on chain, {_percent(dropped_share)} of the weight, dropped",
+                "miners that left the subnet; the provider's next epoch should leave them out — "
+                "tell the provider if it persists",
+            )
+        )
 
     newest = _map(next(iter(_list(validator.get("submissions"))), None))
     if newest.get("landed") is False:
@@ -669,8 +776,11 @@ def validator_warnings(validator: Mapping[str, Any] | None, chain: Mapping[str, 
     if outcome is not None:
         known = OUTCOME_FIXES.get(outcome)
         if outcome.startswith("rejected:"):
-            known = ("warning", f"the provider's payload was rejected ({outcome.removeprefix('rejected:')})",
-                     "check validator.master_hotkey and netuid match the provider; nothing unverified is submitted")
+            known = (
+                "warning",
+                f"the provider's payload was rejected ({outcome.removeprefix('rejected:')})",
+                "check validator.master_hotkey and netuid match the provider; nothing unverified is submitted",
+            )
         # A refused submission already has its own warning above.
         if known is not None and not (outcome == "submit-failed" and newest.get("landed") is False):
             findings.append(Finding(*known))
@@ -684,15 +794,14 @@ def warning_lines(findings: Sequence[Finding]) -> list[Line]:
     return [line for finding in findings for line in finding.lines()]
 
 
-def submission_lines(validator: Mapping[str, Any] | None, now: float, *,
-                     max_rows: int = MAX_SUBMISSIONS) -> list[Line]:
+def submission_lines(validator: Mapping[str, Any] | None, now: float, *, max_rows: int = MAX_SUBMISSIONS) -> list[Line]:
     """The newest submissions first: local time and age, block, epoch, kind, and how it ended
     (✔ included, or ✘ the chain's refusal and that nothing was recorded)."""
     submissions = [_map(s) for s in _list(_map(validator).get("submissions"))]
     if not submissions:
         return [(Cell("no submissions from this process yet", "na"),)]
     rows: list[Line] = []
-    for submission in submissions[:max(0, max_rows)]:
+    for submission in submissions[: max(0, max_rows)]:
         age = format_age(now, submission.get("ts"))
         block = _int(submission.get("block"))
         epoch = _int(submission.get("epoch"))
@@ -705,14 +814,16 @@ def submission_lines(validator: Mapping[str, Any] | None, now: float, *,
             end = Cell(f"{ERROR} {detail or 'refused'} (not recorded; retried next interval)", "error")
         else:
             end = Cell(f"{detail or NA}", "" if detail else "na")
-        rows.append((
-            Cell(_clock(submission.get("ts")), "" if age is not None else "na"),
-            Cell(f"{age} ago" if age is not None else NA, "" if age is not None else "na"),
-            Cell(f"block {block:,}") if block is not None else Cell(f"block {NA}", "na"),
-            Cell(f"epoch {epoch}") if epoch is not None else Cell(f"epoch {NA}", "na"),
-            Cell(kind) if kind else NA_CELL,
-            end,
-        ))
+        rows.append(
+            (
+                Cell(_clock(submission.get("ts")), "" if age is not None else "na"),
+                Cell(f"{age} ago" if age is not None else NA, "" if age is not None else "na"),
+                Cell(f"block {block:,}") if block is not None else Cell(f"block {NA}", "na"),
+                Cell(f"epoch {epoch}") if epoch is not None else Cell(f"epoch {NA}", "na"),
+                Cell(kind) if kind else NA_CELL,
+                end,
+            )
+        )
     lines = list(_pad(rows, "lrrlll"))
     if len(submissions) > len(rows):
         older = len(submissions) - len(rows)
@@ -734,19 +845,34 @@ class ValidatorView:
     submissions: tuple[Line, ...]
 
 
-def validator_view(validator: Mapping[str, Any] | None, *, now: float, chain: Mapping[str, Any] | None = None,
-                   names: Mapping[str, str] | None = None, poll_s: float | None = None) -> ValidatorView:
+def validator_view(
+    validator: Mapping[str, Any] | None,
+    *,
+    now: float,
+    chain: Mapping[str, Any] | None = None,
+    names: Mapping[str, str] | None = None,
+    poll_s: float | None = None,
+) -> ValidatorView:
     """What the validator panel shows for the hub's "validator" state (None or {}: not reported
     yet) at wall-clock `now`; `chain` (the hub's "chain" state) and `names` ({name: ss58}) when
     the node has them."""
     validator = _map(validator)
     if not validator:
         waiting = ((Cell("waiting for the validator's first report", "na"),),)
-        return ValidatorView("Weights on chain", waiting, waiting, "Warnings", ((Cell(NA, "na"),),), "none",
-                             "Submissions (newest first)", waiting)
+        return ValidatorView(
+            "Weights on chain",
+            waiting,
+            waiting,
+            "Warnings",
+            ((Cell(NA, "na"),),),
+            "none",
+            "Submissions (newest first)",
+            waiting,
+        )
     findings = validator_warnings(validator, chain, now, names=names, poll_s=poll_s)
     worst: Literal["none", "warning", "error"] = (
-        "error" if any(f.level == "error" for f in findings) else "warning" if findings else "none")
+        "error" if any(f.level == "error" for f in findings) else "warning" if findings else "none"
+    )
     epoch = _int(validator.get("submitted_epoch"))
     epoch = epoch if epoch is not None else _int(validator.get("last_applied"))
     submissions = [_map(s) for s in _list(validator.get("submissions"))]
@@ -758,8 +884,8 @@ def validator_view(validator: Mapping[str, Any] | None, *, now: float, chain: Ma
         warnings_title="Warnings" + (f" ({len(findings)})" if findings else ""),
         warnings=tuple(warning_lines(findings)),
         worst=worst,
-        submissions_title="Submissions (newest first)" + (
-            f" · {len(submissions)} kept, {refused} refused" if submissions else ""),
+        submissions_title="Submissions (newest first)"
+        + (f" · {len(submissions)} kept, {refused} refused" if submissions else ""),
         submissions=tuple(submission_lines(validator, now)),
     )
 
@@ -775,9 +901,12 @@ def chain_summary_line(chain: Mapping[str, Any] | None) -> Line:
     chain = _map(chain)
     block = _int(chain.get("block"))
     block_s = _num(chain.get("block_time_s"))
-    return (Cell(
-        f"block {_count(block)} · {f'{block_s:g} s' if block_s is not None else NA} blocks · "
-        f"tempo {_count(_int(chain.get('tempo')))} · epochs run {_count(_int(chain.get('epochs_run')))}"),)
+    return (
+        Cell(
+            f"block {_count(block)} · {f'{block_s:g} s' if block_s is not None else NA} blocks · "
+            f"tempo {_count(_int(chain.get('tempo')))} · epochs run {_count(_int(chain.get('epochs_run')))}"
+        ),
+    )
 
 
 def _fraction(value: Any) -> Cell:
@@ -805,18 +934,21 @@ def neuron_rows(chain: Mapping[str, Any] | None, names: Mapping[str, str] | None
         else:
             ago = f" ({head - last_update:,} ago)" if head is not None else ""
             inactive = neuron.get("active") is False
-            update = Cell(f"{last_update:,}{ago}" + (f" {WARN} inactive" if inactive else ""),
-                          "warning" if inactive else "")
-        rows.append((
-            Cell(str(uid)) if uid is not None else NA_CELL,
-            Cell(short_hotkey(hotkey, by_ss58), "" if _text(hotkey) else "na"),
-            Cell(f"{stake:,.2f}") if stake is not None else NA_CELL,
-            Cell(OK, "ok") if permit else Cell(DASH) if permit is False else NA_CELL,
-            update,
-            _fraction(neuron.get("incentive")),
-            _fraction(neuron.get("dividends")),
-            Cell(f"{emission:,.4f}") if emission is not None else NA_CELL,
-        ))
+            update = Cell(
+                f"{last_update:,}{ago}" + (f" {WARN} inactive" if inactive else ""), "warning" if inactive else ""
+            )
+        rows.append(
+            (
+                Cell(str(uid)) if uid is not None else NA_CELL,
+                Cell(short_hotkey(hotkey, by_ss58), "" if _text(hotkey) else "na"),
+                Cell(f"{stake:,.2f}") if stake is not None else NA_CELL,
+                Cell(OK, "ok") if permit else Cell(DASH) if permit is False else NA_CELL,
+                update,
+                _fraction(neuron.get("incentive")),
+                _fraction(neuron.get("dividends")),
+                Cell(f"{emission:,.4f}") if emission is not None else NA_CELL,
+            )
+        )
     return rows
 
 
@@ -825,8 +957,9 @@ def _uid_key(key: Any) -> tuple[int, int | str]:
     return (0, int(text)) if text.isascii() and text.isdigit() and len(text) < 20 else (1, text)
 
 
-def chain_weight_lines(chain: Mapping[str, Any] | None, names: Mapping[str, str] | None = None, *,
-                       max_targets: int = MAX_TARGETS) -> list[Line]:
+def chain_weight_lines(
+    chain: Mapping[str, Any] | None, names: Mapping[str, str] | None = None, *, max_targets: int = MAX_TARGETS
+) -> list[Line]:
     """The weights each validator has on chain: per validator uid, its targets heaviest first
     with their share of the row and a bar; past `max_targets`, one line sums up the rest."""
     chain = _map(chain)
@@ -847,22 +980,25 @@ def chain_weight_lines(chain: Mapping[str, Any] | None, names: Mapping[str, str]
         if not targets:
             rows.append((Cell(source), Cell("→"), Cell("none", "na"), Cell(""), Cell(""), Cell("")))
             continue
-        for index, (target, value) in enumerate(targets[:max(1, max_targets)]):
+        for index, (target, value) in enumerate(targets[: max(1, max_targets)]):
             share = _ratio(value, total)
             name = short_hotkey(hotkeys.get(str(target)), by_ss58) if hotkeys.get(str(target)) is not None else ""
-            rows.append((
-                Cell(source if index == 0 else ""),
-                Cell("→" if index == 0 else ""),
-                Cell(f"uid {_one(target)} {name}".rstrip()),
-                Cell(f"{value:,}") if value is not None else NA_CELL,
-                Cell(_percent(share), "" if share is not None else "na"),
-                Cell(share_bar(share), "bar"),
-            ))
-        rest = targets[max(1, max_targets):]
+            rows.append(
+                (
+                    Cell(source if index == 0 else ""),
+                    Cell("→" if index == 0 else ""),
+                    Cell(f"uid {_one(target)} {name}".rstrip()),
+                    Cell(f"{value:,}") if value is not None else NA_CELL,
+                    Cell(_percent(share), "" if share is not None else "na"),
+                    Cell(share_bar(share), "bar"),
+                )
+            )
+        rest = targets[max(1, max_targets) :]
         if rest:
             kept = sum(value for _, value in rest if value is not None and value > 0)
-            extra[len(rows) - 1] = (Cell(f"… {len(rest)} more uid{'s' if len(rest) != 1 else ''} "
-                                         f"({_percent(_ratio(kept, total))})", "na"),)
+            extra[len(rows) - 1] = (
+                Cell(f"… {len(rest)} more uid{'s' if len(rest) != 1 else ''} ({_percent(_ratio(kept, total))})", "na"),
+            )
     table = _pad([_header("set by", "", "on", "weight", "share", ""), *rows], "lllrrl")
     indent = Cell(" " * sum(cell_len(cell.text) for cell in table[0][:2]))
     lines: list[Line] = [table[0]]
@@ -892,17 +1028,19 @@ def miner_lines(chain: Mapping[str, Any] | None, hotkey: str | None) -> list[Lin
     head = _int(chain.get("block"))
     validators = [n for n in neurons if n.get("permit") is True and _int(n.get("uid")) is not None]
     weights = _map(chain.get("weights"))
-    weighting = [n for n in validators
-                 if (_int(_map(weights.get(str(n["uid"]))).get(str(uid))) or 0) > 0]
+    weighting = [n for n in validators if (_int(_map(weights.get(str(n["uid"]))).get(str(uid))) or 0) > 0]
     updates = [_int(n.get("last_update")) for n in weighting]
     newest = max((u for u in updates if u is not None), default=None)
     age = f", newest {head - newest:,} blocks ago" if newest is not None and head is not None else ""
     style = "ok" if weighting else "warning"
     return [
-        (Cell(f"uid {_count(uid)} · incentive "), _fraction(mine.get("incentive")), Cell(" · emission "),
-         Cell(f"{emission:,.4f} α/epoch") if emission is not None else NA_CELL),
-        (Cell(f"weights from {len(weighting)}/{len(validators)} validators{age} "
-              f"{OK if weighting else WARN}", style),),
+        (
+            Cell(f"uid {_count(uid)} · incentive "),
+            _fraction(mine.get("incentive")),
+            Cell(" · emission "),
+            Cell(f"{emission:,.4f} α/epoch") if emission is not None else NA_CELL,
+        ),
+        (Cell(f"weights from {len(weighting)}/{len(validators)} validators{age} {OK if weighting else WARN}", style),),
     ]
 
 
@@ -914,8 +1052,9 @@ class ChainPanelView:
     weights: tuple[Line, ...]
 
 
-def chain_view(chain: Mapping[str, Any] | None, *, now: float | None = None,
-               names: Mapping[str, str] | None = None) -> ChainPanelView:
+def chain_view(
+    chain: Mapping[str, Any] | None, *, now: float | None = None, names: Mapping[str, str] | None = None
+) -> ChainPanelView:
     """What the chain panel shows for the hub's "chain" state (None or {}: not reported yet).
     `now` is accepted for symmetry; the chain state carries blocks, not times."""
     chain = _map(chain)
@@ -924,8 +1063,11 @@ def chain_view(chain: Mapping[str, Any] | None, *, now: float | None = None,
     network = _text(chain.get("network")) or NA
     title = f"Chain · {network} · netuid {_count(_int(chain.get('netuid')))}"
     rows = neuron_rows(chain, names)
-    neurons = _pad([_header(*NEURON_COLUMNS), *rows], NEURON_ALIGN) if rows else (
-        (Cell("no neurons" if "neurons" in chain else f"neurons {NA}", "na"),),)
+    neurons = (
+        _pad([_header(*NEURON_COLUMNS), *rows], NEURON_ALIGN)
+        if rows
+        else ((Cell("no neurons" if "neurons" in chain else f"neurons {NA}", "na"),),)
+    )
     return ChainPanelView(title, chain_summary_line(chain), tuple(neurons), tuple(chain_weight_lines(chain, names)))
 
 
@@ -978,8 +1120,9 @@ class ValidatorPanel(Widget):
     }}
     """
 
-    def __init__(self, *, poll_s: float | None = None, name: str | None = None, id: str | None = None,
-                 classes: str | None = None) -> None:
+    def __init__(
+        self, *, poll_s: float | None = None, name: str | None = None, id: str | None = None, classes: str | None = None
+    ) -> None:
         super().__init__(name=name, id=id, classes=classes)
         self.poll_s = poll_s
         self._shown: ValidatorView | None = None
@@ -995,8 +1138,14 @@ class ValidatorPanel(Widget):
     def on_mount(self) -> None:
         self.update_state(None, now=0.0)
 
-    def update_state(self, state: Mapping[str, Any] | None, *, now: float, names: Mapping[str, str] | None = None,
-                     chain: Mapping[str, Any] | None = None) -> None:
+    def update_state(
+        self,
+        state: Mapping[str, Any] | None,
+        *,
+        now: float,
+        names: Mapping[str, str] | None = None,
+        chain: Mapping[str, Any] | None = None,
+    ) -> None:
         """Show the hub's "validator" state as of wall-clock `now`; `names` is the node's
         `hotkeys` ({name: ss58}), `chain` its "chain" state, when it has them."""
         view = validator_view(state, now=now, chain=chain, names=names, poll_s=self.poll_s)
@@ -1044,16 +1193,20 @@ class ChainPanel(Widget):
     def on_mount(self) -> None:
         self.update_state(None, now=0.0)
 
-    def update_state(self, state: Mapping[str, Any] | None, *, now: float,
-                     names: Mapping[str, str] | None = None) -> None:
+    def update_state(
+        self, state: Mapping[str, Any] | None, *, now: float, names: Mapping[str, str] | None = None
+    ) -> None:
         """Show the hub's "chain" state; `names` is the node's `hotkeys` ({name: ss58})."""
         view = chain_view(state, now=now, names=names)
         if view == self._shown:
             return
         self._shown = view
         self.border_title = view.title
-        for widget_id, lines in (("chain-summary", (view.summary,)), ("chain-neurons", view.neurons),
-                                 ("chain-weights", view.weights)):
+        for widget_id, lines in (
+            ("chain-summary", (view.summary,)),
+            ("chain-neurons", view.neurons),
+            ("chain-weights", view.weights),
+        ):
             static = self.query_one(f"#{widget_id}", Static)
             static.update(lines_content(lines))
             static.display = bool(lines)

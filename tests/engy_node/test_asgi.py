@@ -12,7 +12,15 @@ import pytest
 import trio
 import trio.testing
 
-from engy_node.asgi import CLIENT_GONE, BodyError, ClientGone, read_json_object, receive_queued_first, take_queued, watch_disconnect
+from engy_node.asgi import (
+    CLIENT_GONE,
+    BodyError,
+    ClientGone,
+    read_json_object,
+    receive_queued_first,
+    take_queued,
+    watch_disconnect,
+)
 
 
 async def unread_receive():

@@ -23,7 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engy_node.checkpoint_tokenizer import (
-    CheckpointTokenizer, outcome, compare, load_tokenizer, snapshot_key, take_snapshot,
+    CheckpointTokenizer,
+    compare,
+    load_tokenizer,
+    outcome,
+    snapshot_key,
+    take_snapshot,
 )
 from engy_node.errors import ModelError
 
@@ -90,23 +95,52 @@ Tools:
 {{- mask_token ~ strftime_now('%%') ~ (dict.fromkeys(['k'], 1) | tojson) }}
 """
 
-TOOL = {"type": "function", "function": {"name": "lookup", "description": "Find 東京 ✓ facts.", "parameters": {
-    "type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}}, "required": ["query"]}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Find 東京 ✓ facts.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+            "required": ["query"],
+        },
+    },
+}
 
-text = st.lists(st.one_of(st.text(max_size=20), st.sampled_from(["", " ", "\n", "  x\t", "<|im_end|>", "東京 ✓", "e\u0301", "🙂"])),
-                max_size=4).map("".join)
-content = st.one_of(text, st.none(), st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image"]), "text": text}),
-                                              max_size=4))
-call = st.builds(lambda name, arguments: {"type": "function", "function": {"name": name, "arguments": arguments}},
-                 st.sampled_from(["lookup", "other"]), st.dictionaries(st.sampled_from(["query", "limit"]), st.one_of(text, st.integers())))
+text = st.lists(
+    st.one_of(st.text(max_size=20), st.sampled_from(["", " ", "\n", "  x\t", "<|im_end|>", "東京 ✓", "e\u0301", "🙂"])),
+    max_size=4,
+).map("".join)
+content = st.one_of(
+    text,
+    st.none(),
+    st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image"]), "text": text}), max_size=4),
+)
+call = st.builds(
+    lambda name, arguments: {"type": "function", "function": {"name": name, "arguments": arguments}},
+    st.sampled_from(["lookup", "other"]),
+    st.dictionaries(st.sampled_from(["query", "limit"]), st.one_of(text, st.integers())),
+)
 message = st.builds(
-    lambda role, body, reasoning, calls: {"role": role, "content": body, **reasoning, **({"tool_calls": calls} if calls else {})},
-    st.sampled_from(["system", "user", "assistant", "tool", "bogus"]), content,
-    st.dictionaries(st.sampled_from(["reasoning_content", "thinking", "reasoning"]), st.one_of(st.none(), text), max_size=2),
-    st.lists(call, max_size=2))
+    lambda role, body, reasoning, calls: {
+        "role": role,
+        "content": body,
+        **reasoning,
+        **({"tool_calls": calls} if calls else {}),
+    },
+    st.sampled_from(["system", "user", "assistant", "tool", "bogus"]),
+    content,
+    st.dictionaries(
+        st.sampled_from(["reasoning_content", "thinking", "reasoning"]), st.one_of(st.none(), text), max_size=2
+    ),
+    st.lists(call, max_size=2),
+)
 
 
-def make_checkpoint(directory: Path, source: Path, *, config: dict | None = None, files: dict[str, str] | None = None) -> Path:
+def make_checkpoint(
+    directory: Path, source: Path, *, config: dict | None = None, files: dict[str, str] | None = None
+) -> Path:
     directory.mkdir(parents=True)
     for name in ("tokenizer.json", "config.json"):
         shutil.copy(source / name, directory / name)
@@ -126,8 +160,12 @@ def both(directory: Path):
 
 @pytest.fixture(scope="module")
 def tool_checkpoint(checkpoint, tmp_path_factory) -> Path:
-    return make_checkpoint(tmp_path_factory.mktemp("tools") / "checkpoint", checkpoint, config={"mask_token": "<mask>"},
-                           files={"chat_template.jinja": TOOL_TEMPLATE})
+    return make_checkpoint(
+        tmp_path_factory.mktemp("tools") / "checkpoint",
+        checkpoint,
+        config={"mask_token": "<mask>"},
+        files={"chat_template.jinja": TOOL_TEMPLATE},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -143,39 +181,74 @@ def test_a_named_special_token_missing_from_the_vocabulary_is_added_as_transform
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(messages=st.lists(message, min_size=1, max_size=5), tools=st.one_of(st.none(), st.lists(st.just(TOOL), max_size=2)),
-       add_generation_prompt=st.booleans(), tokenize=st.booleans())
-def test_a_tool_calling_template_renders_and_tokenises_as_transformers(tool_pair, messages, tools, add_generation_prompt, tokenize):
+@given(
+    messages=st.lists(message, min_size=1, max_size=5),
+    tools=st.one_of(st.none(), st.lists(st.just(TOOL), max_size=2)),
+    add_generation_prompt=st.booleans(),
+    tokenize=st.booleans(),
+)
+def test_a_tool_calling_template_renders_and_tokenises_as_transformers(
+    tool_pair, messages, tools, add_generation_prompt, tokenize
+):
     reference, ours = tool_pair
-    theirs = outcome(lambda: reference.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                                            tokenize=tokenize))
-    assert outcome(lambda: ours.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                                     tokenize=tokenize)) == theirs
+    theirs = outcome(
+        lambda: reference.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=tokenize
+        )
+    )
+    assert (
+        outcome(
+            lambda: ours.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=tokenize
+            )
+        )
+        == theirs
+    )
 
 
 def test_the_probe_conversations_agree_and_a_different_template_is_caught(tool_pair, tool_checkpoint):
     reference, ours = tool_pair
     assert compare(reference, ours) == []
-    tampered = {**take_snapshot(tool_checkpoint), "chat_template": TOOL_TEMPLATE.replace("tojson(separators=(',', ':'))", "tojson")}
+    tampered = {
+        **take_snapshot(tool_checkpoint),
+        "chat_template": TOOL_TEMPLATE.replace("tojson(separators=(',', ':'))", "tojson"),
+    }
     assert any("probe conversation 3" in difference for difference in compare(reference, CheckpointTokenizer(tampered)))
 
 
-NAMED = {"chat_template.jinja": "default {{ messages[0].content }}{{ tools | length if tools is not none else '-' }}",
-         "additional_chat_templates/tool_use.jinja": "tool_use {{ tools | tojson }}"}
+NAMED = {
+    "chat_template.jinja": "default {{ messages[0].content }}{{ tools | length if tools is not none else '-' }}",
+    "additional_chat_templates/tool_use.jinja": "tool_use {{ tools | tojson }}",
+}
 
 
-@pytest.mark.parametrize("files, config", [
-    (NAMED, {}),
-    ({}, {"chat_template": [{"name": "default", "template": NAMED["chat_template.jinja"]},
-                            {"name": "rag", "template": "rag {{ documents }}"}]}),
-    ({}, {"chat_template": [{"name": "one", "template": "1"}, {"name": "two", "template": "2"}]}),
-    ({}, {}),
-], ids=["files with tool_use", "config list without tool_use", "no default", "no template"])
+@pytest.mark.parametrize(
+    "files, config",
+    [
+        (NAMED, {}),
+        (
+            {},
+            {
+                "chat_template": [
+                    {"name": "default", "template": NAMED["chat_template.jinja"]},
+                    {"name": "rag", "template": "rag {{ documents }}"},
+                ]
+            },
+        ),
+        ({}, {"chat_template": [{"name": "one", "template": "1"}, {"name": "two", "template": "2"}]}),
+        ({}, {}),
+    ],
+    ids=["files with tool_use", "config list without tool_use", "no default", "no template"],
+)
 def test_the_template_chosen_is_transformers_choice(checkpoint, tmp_path, files, config):
     reference, ours = both(make_checkpoint(tmp_path / "checkpoint", checkpoint, config=config, files=files))
     for tools in (None, [], [TOOL]):
-        theirs = outcome(lambda: reference.apply_chat_template([{"role": "user", "content": "hi"}], tools=tools, tokenize=False))
-        mine = outcome(lambda: ours.apply_chat_template([{"role": "user", "content": "hi"}], tools=tools, tokenize=False))
+        theirs = outcome(
+            lambda: reference.apply_chat_template([{"role": "user", "content": "hi"}], tools=tools, tokenize=False)
+        )
+        mine = outcome(
+            lambda: ours.apply_chat_template([{"role": "user", "content": "hi"}], tools=tools, tokenize=False)
+        )
         if theirs[0] == "error":  # transformers words its own refusals; both must refuse
             assert (mine[0], mine[1], theirs[1]) == ("error", "ChatTemplateError", "ValueError")
         else:
@@ -190,9 +263,13 @@ def test_a_class_that_rebuilds_the_tokenizer_is_snapshotted_as_rebuilt(checkpoin
     reference, ours = both(directory)
     assert type(reference).__name__ == "Qwen2Tokenizer"
     composed_by_nfc = "e\u0301 café 12345"
-    assert ours.encode(composed_by_nfc, add_special_tokens=False) == reference.encode(composed_by_nfc, add_special_tokens=False)
+    assert ours.encode(composed_by_nfc, add_special_tokens=False) == reference.encode(
+        composed_by_nfc, add_special_tokens=False
+    )
     raw = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    assert raw.encode(composed_by_nfc, add_special_tokens=False).ids != reference.encode(composed_by_nfc, add_special_tokens=False)
+    assert raw.encode(composed_by_nfc, add_special_tokens=False).ids != reference.encode(
+        composed_by_nfc, add_special_tokens=False
+    )
     assert compare(reference, ours) == []
 
 
@@ -205,9 +282,17 @@ def test_a_word_level_tokenizer_decodes_with_transformers_clean_up(tmp_path):
     directory = tmp_path / "checkpoint"
     directory.mkdir()
     tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "TokenizersBackend", "clean_up_tokenization_spaces": True, "unk_token": "[UNK]", "eos_token": "[EOS]",
-        "chat_template": "{% for m in messages %}{{ m.content }} {{ eos_token }} {% endfor %}"}))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "TokenizersBackend",
+                "clean_up_tokenization_spaces": True,
+                "unk_token": "[UNK]",
+                "eos_token": "[EOS]",
+                "chat_template": "{% for m in messages %}{{ m.content }} {{ eos_token }} {% endfor %}",
+            }
+        )
+    )
     reference, ours = both(directory)
     ids = reference.encode("Hello , world . is n't it ? I 'm sure !", add_special_tokens=False)
     for skip in (False, True):
@@ -218,7 +303,9 @@ def test_a_word_level_tokenizer_decodes_with_transformers_clean_up(tmp_path):
     assert ours.eos_token_id == reference.eos_token_id == 1
 
 
-def test_a_snapshot_is_taken_in_a_child_cached_read_back_and_retaken_when_unreadable(tool_checkpoint, tool_pair, tmp_path):
+def test_a_snapshot_is_taken_in_a_child_cached_read_back_and_retaken_when_unreadable(
+    tool_checkpoint, tool_pair, tmp_path
+):
     reference, _ = tool_pair
     cache = tmp_path / "cache"
     first = load_tokenizer(tool_checkpoint, cache_dir=cache)
@@ -227,7 +314,9 @@ def test_a_snapshot_is_taken_in_a_child_cached_read_back_and_retaken_when_unread
     assert compare(reference, first) == []
     marked = {**json.loads(path.read_text()), "special_tokens": {**first.special_tokens_map, "bos_token": "<marked>"}}
     path.write_text(json.dumps(marked))
-    assert load_tokenizer(tool_checkpoint, cache_dir=cache).special_tokens_map["bos_token"] == "<marked>", "read from the cache"
+    assert load_tokenizer(tool_checkpoint, cache_dir=cache).special_tokens_map["bos_token"] == "<marked>", (
+        "read from the cache"
+    )
     path.write_text('{"format": 1, "backend": "trunc')
     retaken = load_tokenizer(tool_checkpoint, cache_dir=cache)
     assert retaken.special_tokens_map == reference.special_tokens_map
@@ -248,7 +337,9 @@ def test_a_directory_without_a_tokenizer_is_refused_with_the_fix(tmp_path):
     directory = tmp_path / "checkpoint"
     directory.mkdir()
     (directory / "config.json").write_text("{}")
-    with pytest.raises(ModelError, match="could not read the tokenizer of .*point --checkpoint at a directory with tokenizer.json"):
+    with pytest.raises(
+        ModelError, match="could not read the tokenizer of .*point --checkpoint at a directory with tokenizer.json"
+    ):
         load_tokenizer(directory, cache_dir=tmp_path / "cache")
 
 

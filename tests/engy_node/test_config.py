@@ -13,7 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engy_node.config import (
-    MAX_GATEWAY_WORKERS, Config, NodeSection, ServeSection, config_document, config_from_document, load_config, resolve_paths,
+    MAX_GATEWAY_WORKERS,
+    Config,
+    NodeSection,
+    ServeSection,
+    config_document,
+    config_from_document,
+    load_config,
+    resolve_paths,
 )
 from engy_node.errors import ConfigError, EngyError
 
@@ -257,8 +264,18 @@ def test_a_value_of_the_wrong_type_in_the_file_names_the_file_and_the_setting(tm
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("1", True), ("true", True), ("TRUE", True), ("yes", True), ("On", True),
-     ("0", False), ("false", False), ("False", False), ("no", False), ("OFF", False)],
+    [
+        ("1", True),
+        ("true", True),
+        ("TRUE", True),
+        ("yes", True),
+        ("On", True),
+        ("0", False),
+        ("false", False),
+        ("False", False),
+        ("no", False),
+        ("OFF", False),
+    ],
 )
 def test_a_boolean_from_the_environment_accepts_the_usual_spellings(tmp_path, raw, expected):
     config = load_config(home=tmp_path, env={"ENGY_SERVE__ENABLE_RETURN_HIDDEN_STATES": raw})
@@ -330,7 +347,9 @@ def test_a_string_setting_refuses_a_number_from_the_file(tmp_path):
         load_config(home=tmp_path, env={})
 
 
-@pytest.mark.parametrize(("value", "ok"), [("cpu", True), ("cuda", True), ("auto", True), ("gpu", False), ("CPU", False)])
+@pytest.mark.parametrize(
+    ("value", "ok"), [("cpu", True), ("cuda", True), ("auto", True), ("gpu", False), ("CPU", False)]
+)
 def test_a_choice_setting_accepts_only_its_listed_values(tmp_path, value, ok):
     env = {"ENGY_SERVE__DEVICE": value}
     if ok:
@@ -372,7 +391,10 @@ def test_a_port_outside_0_to_65535_is_rejected(tmp_path, port):
 def test_max_running_requests_must_be_at_least_one(tmp_path, value):
     with pytest.raises(ConfigError, match="max_running_requests must be at least 1"):
         load_config(home=tmp_path, env={}, overrides={"serve": {"max_running_requests": value}})
-    assert load_config(home=tmp_path, env={}, overrides={"serve": {"max_running_requests": 1}}).serve.max_running_requests == 1
+    assert (
+        load_config(home=tmp_path, env={}, overrides={"serve": {"max_running_requests": 1}}).serve.max_running_requests
+        == 1
+    )
 
 
 def test_the_log_ring_must_hold_at_least_a_hundred_records(tmp_path):
@@ -397,12 +419,18 @@ def test_gateway_workers_outside_the_range_are_refused_naming_the_setting(tmp_pa
 # --- a gateway fleet --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("settings", "fix"), [
-    ({"fleet_legs": "4"}, "gateway.store_url is empty"),
-    ({"fleet_legs": "4", "fleet_offset": "3", "workers": "2", "store_url": "postgresql://engy@db/engy"}, "does not fit"),
-    ({"fleet_offset": "2"}, "set both, or neither"),
-    ({"store_url": "sqlite:///tmp/x"}, "must be a postgresql:// URL"),
-])
+@pytest.mark.parametrize(
+    ("settings", "fix"),
+    [
+        ({"fleet_legs": "4"}, "gateway.store_url is empty"),
+        (
+            {"fleet_legs": "4", "fleet_offset": "3", "workers": "2", "store_url": "postgresql://engy@db/engy"},
+            "does not fit",
+        ),
+        ({"fleet_offset": "2"}, "set both, or neither"),
+        ({"store_url": "sqlite:///tmp/x"}, "must be a postgresql:// URL"),
+    ],
+)
 def test_fleet_settings_that_cannot_work_are_refused_with_the_fix(tmp_path, settings, fix):
     env = {f"ENGY_GATEWAY__{name.upper()}": value for name, value in settings.items()}
     with pytest.raises(ConfigError, match=fix):
@@ -410,7 +438,14 @@ def test_fleet_settings_that_cannot_work_are_refused_with_the_fix(tmp_path, sett
 
 
 def test_a_fleet_host_is_configured_by_its_store_url_and_its_legs(tmp_path):
-    config = load_config(home=tmp_path, env={"ENGY_GATEWAY__STORE_URL": "postgresql://engy:pw@db:5432/engy",
-                                             "ENGY_GATEWAY__FLEET_LEGS": "4", "ENGY_GATEWAY__FLEET_OFFSET": "2",
-                                             "ENGY_GATEWAY__WORKERS": "2", "ENGY_GATEWAY__HOST_NAME": "gw-b"})
+    config = load_config(
+        home=tmp_path,
+        env={
+            "ENGY_GATEWAY__STORE_URL": "postgresql://engy:pw@db:5432/engy",
+            "ENGY_GATEWAY__FLEET_LEGS": "4",
+            "ENGY_GATEWAY__FLEET_OFFSET": "2",
+            "ENGY_GATEWAY__WORKERS": "2",
+            "ENGY_GATEWAY__HOST_NAME": "gw-b",
+        },
+    )
     assert (config.gateway.fleet_legs, config.gateway.fleet_offset, config.gateway.host_name) == (4, 2, "gw-b")

@@ -14,8 +14,19 @@ import pytest
 import trio
 
 from engy_node.control import (
-    STREAM_POLL_S, Actions, ControlAuthError, ControlEndpoint, NodeNotRunningError, control_token, endpoint_path,
-    fetch_status, loopback_bind, read_endpoint, read_token, serve_control, token_path,
+    STREAM_POLL_S,
+    Actions,
+    ControlAuthError,
+    ControlEndpoint,
+    NodeNotRunningError,
+    control_token,
+    endpoint_path,
+    fetch_status,
+    loopback_bind,
+    read_endpoint,
+    read_token,
+    serve_control,
+    token_path,
 )
 from engy_node.errors import ConfigError
 from engy_node.hub import Hub
@@ -34,8 +45,9 @@ class Node:
         self.data_dir = data_dir
         self.token = token_path(data_dir).read_text().strip()
         # trust_env=False, as the CLI's client: an environment proxy must not see the token.
-        self.client = httpx.AsyncClient(base_url=endpoint.url, timeout=TIMEOUT_S, trust_env=False,
-                                        headers={"authorization": f"Bearer {self.token}"})
+        self.client = httpx.AsyncClient(
+            base_url=endpoint.url, timeout=TIMEOUT_S, trust_env=False, headers={"authorization": f"Bearer {self.token}"}
+        )
         self.anonymous = httpx.AsyncClient(base_url=endpoint.url, timeout=TIMEOUT_S, trust_env=False)
 
 
@@ -44,7 +56,9 @@ async def node(nursery, tmp_path):
     hub = Hub(ring_size=RING)
     actions = Actions()
     data_dir = tmp_path / "data"
-    endpoint = await nursery.start(functools.partial(serve_control, hub, data_dir=data_dir, actions=actions, node_info=NODE_INFO))
+    endpoint = await nursery.start(
+        functools.partial(serve_control, hub, data_dir=data_dir, actions=actions, node_info=NODE_INFO)
+    )
     node = Node(hub, actions, endpoint, data_dir)
     yield node
     await node.client.aclose()
@@ -231,8 +245,12 @@ async def test_actions_are_listed_and_run_with_their_parameters(node):
     node.actions.register("pause-traffic", "stop routing requests here", echo)
     node.actions.register("echo", "answer the parameters", echo)
     listed = (await node.client.get("/v1/actions")).json()
-    assert listed == {"actions": [{"id": "echo", "description": "answer the parameters"},
-                                  {"id": "pause-traffic", "description": "stop routing requests here"}]}
+    assert listed == {
+        "actions": [
+            {"id": "echo", "description": "answer the parameters"},
+            {"id": "pause-traffic", "description": "stop routing requests here"},
+        ]
+    }
     ran = await node.client.post("/v1/actions/echo", json={"level": "debug"})
     assert ran.status_code == 200 and ran.json() == {"action": "echo", "result": {"got": {"level": "debug"}}}
     without_body = await node.client.post("/v1/actions/echo")
@@ -268,7 +286,10 @@ async def test_action_failures_answer_with_the_status_that_fits(node):
     node.actions.register("list", "answers a list", not_a_dict)
     refused = await node.client.post("/v1/actions/refuse")
     assert refused.status_code == 400
-    assert error_of(refused) == {"message": "no model server runs on this node; start the miner role", "type": "action_failed"}
+    assert error_of(refused) == {
+        "message": "no model server runs on this node; start the miner role",
+        "type": "action_failed",
+    }
     with logged("engy.control", "action crash failed") as logged_crash:
         crashed = await node.client.post("/v1/actions/crash")
     assert crashed.status_code == 500 and error_of(crashed)["type"] == "internal_error"
@@ -307,8 +328,9 @@ def test_action_ids_are_checked_at_registration():
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.10", "example.com", ""])
 async def test_a_non_loopback_host_is_refused(nursery, tmp_path, host):
     with pytest.raises(ConfigError, match="loopback only"):
-        await nursery.start(functools.partial(serve_control, Hub(), data_dir=tmp_path, actions=Actions(),
-                                              node_info={}, host=host))
+        await nursery.start(
+            functools.partial(serve_control, Hub(), data_dir=tmp_path, actions=Actions(), node_info={}, host=host)
+        )
     assert not token_path(tmp_path).exists(), "refused before anything is written"
 
 
@@ -326,8 +348,11 @@ async def test_a_busy_port_is_a_config_error_naming_the_setting(nursery, tmp_pat
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         with pytest.raises(ConfigError, match="control.port"):
-            await nursery.start(functools.partial(serve_control, Hub(), data_dir=tmp_path, actions=Actions(),
-                                                  node_info={}, port=busy.getsockname()[1]))
+            await nursery.start(
+                functools.partial(
+                    serve_control, Hub(), data_dir=tmp_path, actions=Actions(), node_info={}, port=busy.getsockname()[1]
+                )
+            )
 
 
 async def test_the_endpoint_record_exists_while_serving_and_a_restart_keeps_the_token(tmp_path):
@@ -335,8 +360,9 @@ async def test_the_endpoint_record_exists_while_serving_and_a_restart_keeps_the_
     tokens = []
     for _ in range(2):
         async with trio.open_nursery() as nursery:
-            endpoint = await nursery.start(functools.partial(serve_control, Hub(), data_dir=data_dir, actions=Actions(),
-                                                             node_info={}))
+            endpoint = await nursery.start(
+                functools.partial(serve_control, Hub(), data_dir=data_dir, actions=Actions(), node_info={})
+            )
             assert read_endpoint(data_dir) == endpoint
             assert str(endpoint) == f"{endpoint.url} (token in {token_path(data_dir)})"
             assert stat.S_IMODE(endpoint_path(data_dir).stat().st_mode) == 0o600
@@ -349,8 +375,9 @@ async def test_the_endpoint_record_exists_while_serving_and_a_restart_keeps_the_
 # ---- the CLI's client ------------------------------------------------------------------------
 async def test_fetch_status_reads_a_running_node(node):
     endpoint = read_endpoint(node.data_dir)
-    status = await trio.to_thread.run_sync(functools.partial(fetch_status, endpoint.url, read_token(endpoint.token_file),
-                                                             timeout=TIMEOUT_S))
+    status = await trio.to_thread.run_sync(
+        functools.partial(fetch_status, endpoint.url, read_token(endpoint.token_file), timeout=TIMEOUT_S)
+    )
     assert status["node"] == NODE_INFO and "states" in status
 
 

@@ -24,8 +24,22 @@ from engy_node import __version__, cli
 from engy_node.config import config_document, load_config
 from engy_node.control import Actions, control_token, serve_control
 from engy_node.diagnose import (
-    MASK, NOT_INSTALLED, PACKAGES, DiagnoseError, Scrubber, build_manifest, bundle_stem, collect, gpu_document,
-    is_secret_field, last_lines, mask_value, masked_config, model_server_report, secret_values, versions,
+    MASK,
+    NOT_INSTALLED,
+    PACKAGES,
+    DiagnoseError,
+    Scrubber,
+    build_manifest,
+    bundle_stem,
+    collect,
+    gpu_document,
+    is_secret_field,
+    last_lines,
+    mask_value,
+    masked_config,
+    model_server_report,
+    secret_values,
+    versions,
 )
 from engy_node.hub import Hub
 from engy_node.miner.gpu import CPU_MODE, detect
@@ -35,7 +49,7 @@ BUYER_KEY = "engy-sk-Qm9vYmFyQmF6UXV4MTIzNDU2Nzg5MGFiY2RlZmdoaWprbG1u"
 MINER_KEY = "engy-mk-TWluZXJLZXlGb3JUZXN0c09ubHlfXzEyMzQ1Njc4OTBhYmNk"
 WALLET_SEED = "0xwalletseedthatmustneverleave"
 STORE_MARKER = "STORE-ROW-balance-of-alice"
-NOW = dt.datetime(2026, 1, 5, 12, 30, 45, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 1, 5, 12, 30, 45, tzinfo=dt.UTC)
 NO_NVML = FakeNvml([], init_error=pynvml.NVMLError_LibraryNotFound)
 
 
@@ -45,8 +59,19 @@ def test_fields_named_for_a_secret_are_secret(name):
     assert is_secret_field(name)
 
 
-@pytest.mark.parametrize("name", ["wallet_hotkey", "master_hotkey", "keepalive_s", "chunk_tokens", "probe_max_tokens",
-                                  "wallet_name", "wallets_path", "gateway_url"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "wallet_hotkey",
+        "master_hotkey",
+        "keepalive_s",
+        "chunk_tokens",
+        "probe_max_tokens",
+        "wallet_name",
+        "wallets_path",
+        "gateway_url",
+    ],
+)
 def test_hotkeys_paths_and_token_counts_are_not_secret(name):
     assert not is_secret_field(name)
 
@@ -70,13 +95,17 @@ def test_the_config_is_masked_by_field_name_at_any_depth(tmp_path):
 
 def test_the_scrubber_removes_keys_tokens_url_passwords_and_literal_secrets():
     scrubber = Scrubber(["s3cret-literal-value", "abc"])
-    text = (f"buyer {BUYER_KEY}, miner={MINER_KEY}; Authorization: Bearer tok.en-123 "
-            "wss://user:hunter22@gw.example/gw and s3cret-literal-value and abc")
+    text = (
+        f"buyer {BUYER_KEY}, miner={MINER_KEY}; Authorization: Bearer tok.en-123 "
+        "wss://user:hunter22@gw.example/gw and s3cret-literal-value and abc"
+    )
     scrubbed = scrubber.text(text)
     assert f"buyer engy-sk-{MASK}, miner=engy-mk-{MASK}" in scrubbed
     assert f"Bearer {MASK} " in scrubbed and f"wss://user:{MASK}@gw.example/gw" in scrubbed
     assert "s3cret-literal-value" not in scrubbed and scrubbed.endswith("and abc"), "too short to scrub as a literal"
-    assert scrubber.data({BUYER_KEY: [f"x {BUYER_KEY}", 3, None]}) == {f"engy-sk-{MASK}": [f"x engy-sk-{MASK}", 3, None]}
+    assert scrubber.data({BUYER_KEY: [f"x {BUYER_KEY}", 3, None]}) == {
+        f"engy-sk-{MASK}": [f"x engy-sk-{MASK}", 3, None]
+    }
 
 
 def test_a_literal_secret_inside_another_is_removed_whole():
@@ -111,10 +140,19 @@ def test_versions_come_from_metadata_and_say_what_is_missing():
 
 
 def test_the_model_server_report_has_the_command_the_failure_and_the_output_tail():
-    status = {"states": {"model_server": {"state": "ready", "kind": "sglang", "url": "http://127.0.0.1:3", "restarts": 1,
-                                          "command": "python -m sglang.launch_server --tp 2",
-                                          "last_failure": {"kind": "oom", "summary": "out of memory", "fix": "lower it"}},
-                         "gateway": {"state": "ready"}}}
+    status = {
+        "states": {
+            "model_server": {
+                "state": "ready",
+                "kind": "sglang",
+                "url": "http://127.0.0.1:3",
+                "restarts": 1,
+                "command": "python -m sglang.launch_server --tp 2",
+                "last_failure": {"kind": "oom", "summary": "out of memory", "fix": "lower it"},
+            },
+            "gateway": {"state": "ready"},
+        }
+    }
     events = [{"component": "model_server", "level": "info", "message": f"line {i}"} for i in range(5)]
     events.append({"component": "gateway", "level": "info", "message": "not the model server"})
     report = model_server_report(status, events, lines=3)
@@ -125,8 +163,14 @@ def test_the_model_server_report_has_the_command_the_failure_and_the_output_tail
 
 
 def test_the_manifest_lists_what_is_never_collected_and_why():
-    manifest = build_manifest(created_at=NOW, data_dir=Path("/d"), config_file=Path("/n.toml"), files={"a.json": 3},
-                              skipped=[("node/", "no node")], errors=["x: y"])
+    manifest = build_manifest(
+        created_at=NOW,
+        data_dir=Path("/d"),
+        config_file=Path("/n.toml"),
+        files={"a.json": 3},
+        skipped=[("node/", "no node")],
+        errors=["x: y"],
+    )
     whats = [entry["what"] for entry in manifest["skipped"]]
     assert "gateway store (SQLite)" in whats and "control.token" in whats and whats[-1] == "node/"
     assert manifest["files"] == [{"name": "a.json", "bytes": 3}] and manifest["errors"] == ["x: y"]
@@ -152,8 +196,12 @@ def plant_home(home: Path) -> dict[str, str]:
     logs = data / "logs"
     logs.mkdir(parents=True)
     lines = [f"2026-01-05 12:00:{i % 60:02d} INFO    engy.gateway: request {i}" for i in range(3000)]
-    lines += [f"INFO engy.local: buyer key {BUYER_KEY}", f"INFO engy.miner: hello with {MINER_KEY}",
-              f"DEBUG engy.control: token {token} and Authorization: Bearer {token}", "INFO engy.node: the last line"]
+    lines += [
+        f"INFO engy.local: buyer key {BUYER_KEY}",
+        f"INFO engy.miner: hello with {MINER_KEY}",
+        f"DEBUG engy.control: token {token} and Authorization: Bearer {token}",
+        "INFO engy.node: the last line",
+    ]
     (logs / "engy-node.log").write_text("\n".join(lines) + "\n")
     (logs / "engy-node-gateway-1.log").write_text(f"INFO [gateway-1] engy.gateway: key {BUYER_KEY}\n")
     (logs / "unrelated.txt").write_text(f"{BUYER_KEY}\n")
@@ -170,8 +218,13 @@ def plant_home(home: Path) -> dict[str, str]:
     wallet.mkdir(parents=True)
     (wallet / "miner-a").write_text(json.dumps({"secretSeed": WALLET_SEED}))
     (data / "gateway.sqlite3").write_text(STORE_MARKER)
-    return {"buyer key": BUYER_KEY, "miner key": MINER_KEY, "control token": token, "wallet seed": WALLET_SEED,
-            "store row": STORE_MARKER}
+    return {
+        "buyer key": BUYER_KEY,
+        "miner key": MINER_KEY,
+        "control token": token,
+        "wallet seed": WALLET_SEED,
+        "store row": STORE_MARKER,
+    }
 
 
 def extract(bundle: Path) -> dict[str, bytes]:
@@ -188,8 +241,10 @@ def assert_no_secret(files: dict[str, bytes], secrets: dict[str, str]) -> None:
     for name, data in files.items():
         for what, secret in secrets.items():
             assert secret.encode() not in data, f"the {what} leaked into {name}"
-    assert not any(Path(name).name in ("network.json", "buyer.json", "control.token", "node.toml", "gateway.sqlite3")
-                   for name in files)
+    assert not any(
+        Path(name).name in ("network.json", "buyer.json", "control.token", "node.toml", "gateway.sqlite3")
+        for name in files
+    )
     assert not any("wallets" in name for name in files)
 
 
@@ -204,8 +259,14 @@ def test_a_bundle_holds_versions_masked_config_gpus_logs_and_a_manifest_and_no_s
     files = extract(bundle.path)
     assert_no_secret(files, secrets)
     assert set(files) == {
-        "versions.json", "config.json", "gpus.json", "logs/engy-node.log", "logs/engy-node-gateway-1.log",
-        "logs/model-server/engy-node.log", "logs/local/miner-a/model-server/engy-node.log", "node/README.txt",
+        "versions.json",
+        "config.json",
+        "gpus.json",
+        "logs/engy-node.log",
+        "logs/engy-node-gateway-1.log",
+        "logs/model-server/engy-node.log",
+        "logs/local/miner-a/model-server/engy-node.log",
+        "node/README.txt",
         "manifest.json",
     }
     assert json.loads(files["versions.json"])["engy_node"] == __version__
@@ -265,7 +326,9 @@ def test_an_output_path_that_cannot_be_written_names_the_flag(tmp_path):
 def test_a_control_record_left_by_a_dead_node_is_an_error_in_the_bundle_not_a_failure(tmp_path):
     data = tmp_path / "data"
     token = control_token(data)
-    (data / "control.json").write_text(json.dumps({"url": "http://127.0.0.1:9", "token_file": str(data / "control.token")}))
+    (data / "control.json").write_text(
+        json.dumps({"url": "http://127.0.0.1:9", "token_file": str(data / "control.token")})
+    )
     bundle = collect(load_config(home=tmp_path, env={}), output=tmp_path / "b.tar.gz", nvml=NO_NVML)
     files = extract(bundle.path)
     assert "no engy node answers at http://127.0.0.1:9" in files["errors.txt"].decode()
@@ -278,15 +341,30 @@ async def test_a_running_node_gives_its_status_metrics_events_and_model_server(n
     secrets = plant_home(tmp_path)
     config = load_config(home=tmp_path, env={})
     hub = Hub(ring_size=100)
-    hub.set_state("model_server", state="ready", kind="reference", url="http://127.0.0.1:30001",
-                  command="python -m engy_node --home /h serve --model smollm2-135m", restarts=0)
+    hub.set_state(
+        "model_server",
+        state="ready",
+        kind="reference",
+        url="http://127.0.0.1:30001",
+        command="python -m engy_node --home /h serve --model smollm2-135m",
+        restarts=0,
+    )
     hub.emit("info", "model_server", "ready to roll! (smollm2-135m on http://127.0.0.1:30001)")
     hub.emit("info", "gateway", f"created buyer key {BUYER_KEY}")
     hub.registry.gauge("engy_test_inflight", "requests in flight").set(3)
-    await nursery.start(functools.partial(serve_control, hub, data_dir=config.paths.data_dir, actions=Actions(),
-                                          node_info={"version": __version__, "roles": ["miner"]}))
+    await nursery.start(
+        functools.partial(
+            serve_control,
+            hub,
+            data_dir=config.paths.data_dir,
+            actions=Actions(),
+            node_info={"version": __version__, "roles": ["miner"]},
+        )
+    )
 
-    bundle = await trio.to_thread.run_sync(functools.partial(collect, config, output=tmp_path / "b.tar.gz", nvml=NO_NVML))
+    bundle = await trio.to_thread.run_sync(
+        functools.partial(collect, config, output=tmp_path / "b.tar.gz", nvml=NO_NVML)
+    )
 
     files = extract(bundle.path)
     assert_no_secret(files, secrets)
@@ -305,9 +383,23 @@ async def test_a_running_node_gives_its_status_metrics_events_and_model_server(n
 def test_the_cli_writes_the_bundle_and_prints_its_path_and_summary(tmp_path):
     secrets = plant_home(tmp_path / "home")
     output = tmp_path / "bundle.tar.gz"
-    result = subprocess.run([sys.executable, "-m", "engy_node", "--home", str(tmp_path / "home"), "diagnose",
-                             "--output", str(output), "--log-lines", "10"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engy_node",
+            "--home",
+            str(tmp_path / "home"),
+            "diagnose",
+            "--output",
+            str(output),
+            "--log-lines",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     printed = result.stdout.splitlines()
     assert printed[0] == str(output) and "config (secrets masked)" in printed[1]

@@ -21,6 +21,7 @@ async def test_several_real_errors_stay_a_group():
 
 async def test_an_outer_cancellation_beside_one_real_error_yields_the_real_error():
     """What a nursery raises when its body fails while an enclosing scope is being cancelled."""
+
     async def fail_when_cancelled() -> None:
         try:
             await trio.sleep_forever()

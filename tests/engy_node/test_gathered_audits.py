@@ -23,9 +23,19 @@ NETUID = 53
 
 
 def job(request_id: str) -> AuditJob:
-    return AuditJob(request_id=request_id, model="smollm2-135m", miner="5MinerHotkey", kind="paid", prompt_ids=(1, 2, 3),
-                    commitment={"output_token_ids": [4]}, greedy=True, sampling=Sampling(), seeded=False,
-                    delivery=Delivery(relayed_output_ids=(4,), ended_at_stop=False, max_tokens=8), created_at=time.time())
+    return AuditJob(
+        request_id=request_id,
+        model="smollm2-135m",
+        miner="5MinerHotkey",
+        kind="paid",
+        prompt_ids=(1, 2, 3),
+        commitment={"output_token_ids": [4]},
+        greedy=True,
+        sampling=Sampling(),
+        seeded=False,
+        delivery=Delivery(relayed_output_ids=(4,), ended_at_stop=False, max_tokens=8),
+        created_at=time.time(),
+    )
 
 
 async def provider_host(nursery, store: Store, alice) -> tuple[str, AuditDesk]:
@@ -34,7 +44,9 @@ async def provider_host(nursery, store: Store, alice) -> tuple[str, AuditDesk]:
     async def current() -> dict:
         return {"v": 1, "epoch_index": 0, "final": False}
 
-    api = ProviderApi(desk=desk, store=store, netuid=NETUID, verifiers=frozenset({alice.ss58_address}), current_epoch=current)
+    api = ProviderApi(
+        desk=desk, store=store, netuid=NETUID, verifiers=frozenset({alice.ss58_address}), current_epoch=current
+    )
     config = HypercornConfig()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
@@ -50,7 +62,9 @@ def fleet_store(postgres_url):
         store.close()
 
 
-async def test_a_verifier_gathers_jobs_from_every_host_and_files_each_verdict_where_it_leased(nursery, fleet_store, alice):
+async def test_a_verifier_gathers_jobs_from_every_host_and_files_each_verdict_where_it_leased(
+    nursery, fleet_store, alice
+):
     (url_a, desk_a), (url_b, desk_b) = [await provider_host(nursery, store, alice) for store in fleet_store]
     desk_a.offer(job("served-by-a-1"))
     desk_a.offer(job("served-by-a-2"))

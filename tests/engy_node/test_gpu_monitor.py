@@ -40,8 +40,15 @@ def busy(model: str, **changes: object) -> FakeGpu:
     """A card serving a model: loaded, warm, near its power limit, VRAM nearly full."""
     gpu = FAKE_GPU_MODELS[model]
     loaded = dataclasses.replace(
-        gpu, temperature_c=64, fan_percent=48, power_draw_w=301, gpu_util_percent=93, memory_util_percent=41,
-        memory_used_mib=gpu.memory_total_mib - 2150, sm_clock_mhz=2520, mem_clock_mhz=gpu.mem_clock_max_mhz,
+        gpu,
+        temperature_c=64,
+        fan_percent=48,
+        power_draw_w=301,
+        gpu_util_percent=93,
+        memory_util_percent=41,
+        memory_used_mib=gpu.memory_total_mib - 2150,
+        sm_clock_mhz=2520,
+        mem_clock_mhz=gpu.mem_clock_max_mhz,
         clock_event_reasons=0,
     )
     return dataclasses.replace(loaded, **changes)
@@ -50,14 +57,22 @@ def busy(model: str, **changes: object) -> FakeGpu:
 def rig() -> FakeNvml:
     """4x RTX 4090 + 1x RTX 5090 serving: GPU 1 on a x8 riser, GPU 2 overheating and throttling,
     GPU 3 on a board whose fan speed NVML does not report."""
-    return FakeNvml([
-        busy("RTX4090"),
-        busy("RTX4090", temperature_c=71, fan_percent=55, power_draw_w=318, pcie_width=8),
-        busy("RTX4090", temperature_c=88, fan_percent=100, sm_clock_mhz=1260,
-             clock_event_reasons=pynvml.nvmlClocksEventReasonHwSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown),
-        busy("RTX4090", unsupported=frozenset({"fan_speed"})),
-        busy("RTX5090", temperature_c=58, power_draw_w=402),
-    ])
+    return FakeNvml(
+        [
+            busy("RTX4090"),
+            busy("RTX4090", temperature_c=71, fan_percent=55, power_draw_w=318, pcie_width=8),
+            busy(
+                "RTX4090",
+                temperature_c=88,
+                fan_percent=100,
+                sm_clock_mhz=1260,
+                clock_event_reasons=pynvml.nvmlClocksEventReasonHwSlowdown
+                | pynvml.nvmlClocksEventReasonHwThermalSlowdown,
+            ),
+            busy("RTX4090", unsupported=frozenset({"fan_speed"})),
+            busy("RTX5090", temperature_c=58, power_draw_w=402),
+        ]
+    )
 
 
 def sample_of(*gpus: FakeGpu, **nvml: object) -> tuple[GpuSample, ...]:
@@ -69,10 +84,27 @@ def sample_of(*gpus: FakeGpu, **nvml: object) -> tuple[GpuSample, ...]:
 def gpu(**readings: object) -> GpuSample:
     """A healthy loaded GPU 0 as `sample` reads it, with `readings` changed."""
     healthy = GpuSample(
-        index=0, name="NVIDIA GeForce RTX 4090", temperature_c=64, temperature_slowdown_c=87, temperature_shutdown_c=90,
-        fan_percent=48, power_draw_w=301.0, power_limit_w=450.0, memory_used_bytes=22 * GIB, memory_total_bytes=24 * GIB,
-        gpu_util_percent=93, memory_util_percent=41, sm_clock_mhz=2520, sm_clock_max_mhz=3120, mem_clock_mhz=10501,
-        mem_clock_max_mhz=10501, pcie_gen=4, pcie_width=16, pcie_gen_max=4, pcie_width_max=16, clock_event_reasons=(),
+        index=0,
+        name="NVIDIA GeForce RTX 4090",
+        temperature_c=64,
+        temperature_slowdown_c=87,
+        temperature_shutdown_c=90,
+        fan_percent=48,
+        power_draw_w=301.0,
+        power_limit_w=450.0,
+        memory_used_bytes=22 * GIB,
+        memory_total_bytes=24 * GIB,
+        gpu_util_percent=93,
+        memory_util_percent=41,
+        sm_clock_mhz=2520,
+        sm_clock_max_mhz=3120,
+        mem_clock_mhz=10501,
+        mem_clock_max_mhz=10501,
+        pcie_gen=4,
+        pcie_width=16,
+        pcie_gen_max=4,
+        pcie_width_max=16,
+        clock_event_reasons=(),
     )
     return dataclasses.replace(healthy, **readings)
 
@@ -88,11 +120,29 @@ def test_every_reading_of_a_loaded_gpu_is_sampled():
     first = sample_of(busy("RTX4090"))[0]
 
     assert first == GpuSample(
-        index=0, name="NVIDIA GeForce RTX 4090", temperature_c=64, temperature_slowdown_c=87, temperature_shutdown_c=90,
-        fan_percent=48, power_draw_w=301.0, power_limit_w=450.0, memory_used_bytes=(24564 - 2150) * MIB,
-        memory_total_bytes=24564 * MIB, gpu_util_percent=93, memory_util_percent=41, sm_clock_mhz=2520,
-        sm_clock_max_mhz=3120, mem_clock_mhz=10501, mem_clock_max_mhz=10501, pcie_gen=4, pcie_width=16, pcie_gen_max=4,
-        pcie_width_max=16, clock_event_reasons=(), errors=(), lost=False,
+        index=0,
+        name="NVIDIA GeForce RTX 4090",
+        temperature_c=64,
+        temperature_slowdown_c=87,
+        temperature_shutdown_c=90,
+        fan_percent=48,
+        power_draw_w=301.0,
+        power_limit_w=450.0,
+        memory_used_bytes=(24564 - 2150) * MIB,
+        memory_total_bytes=24564 * MIB,
+        gpu_util_percent=93,
+        memory_util_percent=41,
+        sm_clock_mhz=2520,
+        sm_clock_max_mhz=3120,
+        mem_clock_mhz=10501,
+        mem_clock_max_mhz=10501,
+        pcie_gen=4,
+        pcie_width=16,
+        pcie_gen_max=4,
+        pcie_width_max=16,
+        clock_event_reasons=(),
+        errors=(),
+        lost=False,
     )
 
 
@@ -101,7 +151,12 @@ def test_the_rig_is_sampled_gpu_by_gpu_with_its_faults_visible():
 
     assert [s.index for s in samples] == [0, 1, 2, 3, 4]
     assert [s.name for s in samples] == ["NVIDIA GeForce RTX 4090"] * 4 + ["NVIDIA GeForce RTX 5090"]
-    assert (samples[1].pcie_gen, samples[1].pcie_width, samples[1].pcie_gen_max, samples[1].pcie_width_max) == (4, 8, 4, 16)
+    assert (samples[1].pcie_gen, samples[1].pcie_width, samples[1].pcie_gen_max, samples[1].pcie_width_max) == (
+        4,
+        8,
+        4,
+        16,
+    )
     assert samples[2].clock_event_reasons == ("hw_slowdown", "hw_thermal")
     assert (samples[4].pcie_gen_max, samples[4].power_limit_w) == (5, 575.0)
     assert all(s.errors == () and not s.lost for s in samples)
@@ -118,7 +173,11 @@ def test_a_reading_nvml_does_not_support_is_none_not_zero_and_not_an_error():
 def test_a_reading_this_user_may_not_see_is_none_and_silent():
     restricted = sample_of(busy("RTX4090", forbidden=frozenset({"power_limit_mw", "temperature_threshold"})))[0]
 
-    assert (restricted.power_limit_w, restricted.temperature_slowdown_c, restricted.temperature_shutdown_c) == (None, None, None)
+    assert (restricted.power_limit_w, restricted.temperature_slowdown_c, restricted.temperature_shutdown_c) == (
+        None,
+        None,
+        None,
+    )
     assert restricted.power_draw_w == 301.0
     assert restricted.errors == ()
 
@@ -127,7 +186,10 @@ def test_any_other_nvml_error_leaves_the_reading_none_and_names_it():
     old_driver = sample_of(busy("RTX4090"), missing_functions=frozenset({"temperature_threshold"}))[0]
 
     assert old_driver.temperature_slowdown_c is None
-    assert old_driver.errors == ("slowdown temperature (Function Not Found)", "shutdown temperature (Function Not Found)")
+    assert old_driver.errors == (
+        "slowdown temperature (Function Not Found)",
+        "shutdown temperature (Function Not Found)",
+    )
     assert not old_driver.lost
 
 
@@ -232,7 +294,10 @@ def test_the_rig_gets_one_finding_per_fault_in_gpu_order():
 
     assert kinds(findings) == [(1, "pcie"), (2, "throttling"), (2, "fan")]
     assert findings[0].text == f"GPU 1 runs at PCIe x8 (max x16): check the riser/slot{TP}"
-    assert findings[1].text == f"GPU 2 is throttling: HW slowdown, HW thermal (temperature 88°C ≥ 87°C slowdown): {COOLING_FIX}"
+    assert (
+        findings[1].text
+        == f"GPU 2 is throttling: HW slowdown, HW thermal (temperature 88°C ≥ 87°C slowdown): {COOLING_FIX}"
+    )
 
 
 def test_a_narrow_link_is_named_with_the_fix_and_the_multi_gpu_cost_only_with_several_gpus():
@@ -249,14 +314,19 @@ def test_a_narrow_link_counts_even_at_idle_since_the_width_does_not_drop_to_save
 
 def test_a_slow_generation_counts_only_under_load():
     (loaded,) = assess([gpu(pcie_gen=3)])
-    assert loaded.text == "GPU 0 runs at PCIe 3.0 under load (max 4.0): check the riser/slot and the slot's PCIe speed in the BIOS"
+    assert (
+        loaded.text
+        == "GPU 0 runs at PCIe 3.0 under load (max 4.0): check the riser/slot and the slot's PCIe speed in the BIOS"
+    )
     assert assess([gpu(pcie_gen=1, gpu_util_percent=0)]) == (), "gen 1 at idle is power saving"
     assert assess([gpu(pcie_gen=1, gpu_util_percent=None)]) == (), "no utilisation reading: no claim"
 
 
 def test_a_link_below_max_on_both_counts_is_one_finding():
     (both,) = assess([gpu(pcie_gen=3, pcie_width=8)])
-    assert both.text.startswith("GPU 0 runs at PCIe 3.0 x8 (max 4.0 x16): check the riser/slot and the slot's PCIe speed")
+    assert both.text.startswith(
+        "GPU 0 runs at PCIe 3.0 x8 (max 4.0 x16): check the riser/slot and the slot's PCIe speed"
+    )
 
 
 def test_an_unreported_link_is_no_finding():
@@ -267,18 +337,30 @@ def test_an_unreported_link_is_no_finding():
 @pytest.mark.parametrize(
     ("readings", "text"),
     [
-        (dict(temperature_c=88, clock_event_reasons=("hw_slowdown",)),
-         f"GPU 0 is throttling: HW slowdown (temperature 88°C ≥ 87°C slowdown): {COOLING_FIX}"),
-        (dict(temperature_c=84, clock_event_reasons=("sw_thermal",)),
-         f"GPU 0 is throttling: SW thermal (temperature 84°C, slowdown at 87°C): {COOLING_FIX}"),
-        (dict(temperature_c=60, clock_event_reasons=("hw_slowdown",)),
-         f"GPU 0 is throttling: HW slowdown (temperature 60°C, slowdown at 87°C): {POWER_FIX}"),
-        (dict(temperature_c=60, clock_event_reasons=("sw_power_cap", "hw_power_brake")),
-         f"GPU 0 is throttling: power brake (temperature 60°C, slowdown at 87°C): {POWER_FIX}"),
-        (dict(temperature_c=None, clock_event_reasons=("hw_slowdown",)),
-         f"GPU 0 is throttling: HW slowdown: {COOLING_FIX}; {POWER_FIX}"),
-        (dict(temperature_c=88, temperature_slowdown_c=None, clock_event_reasons=("hw_thermal", "hw_power_brake")),
-         f"GPU 0 is throttling: HW thermal, power brake (temperature 88°C): {COOLING_FIX}; {POWER_FIX}"),
+        (
+            dict(temperature_c=88, clock_event_reasons=("hw_slowdown",)),
+            f"GPU 0 is throttling: HW slowdown (temperature 88°C ≥ 87°C slowdown): {COOLING_FIX}",
+        ),
+        (
+            dict(temperature_c=84, clock_event_reasons=("sw_thermal",)),
+            f"GPU 0 is throttling: SW thermal (temperature 84°C, slowdown at 87°C): {COOLING_FIX}",
+        ),
+        (
+            dict(temperature_c=60, clock_event_reasons=("hw_slowdown",)),
+            f"GPU 0 is throttling: HW slowdown (temperature 60°C, slowdown at 87°C): {POWER_FIX}",
+        ),
+        (
+            dict(temperature_c=60, clock_event_reasons=("sw_power_cap", "hw_power_brake")),
+            f"GPU 0 is throttling: power brake (temperature 60°C, slowdown at 87°C): {POWER_FIX}",
+        ),
+        (
+            dict(temperature_c=None, clock_event_reasons=("hw_slowdown",)),
+            f"GPU 0 is throttling: HW slowdown: {COOLING_FIX}; {POWER_FIX}",
+        ),
+        (
+            dict(temperature_c=88, temperature_slowdown_c=None, clock_event_reasons=("hw_thermal", "hw_power_brake")),
+            f"GPU 0 is throttling: HW thermal, power brake (temperature 88°C): {COOLING_FIX}; {POWER_FIX}",
+        ),
     ],
     ids=["hw-slowdown-hot", "sw-thermal", "hw-slowdown-cool-means-power", "power-brake", "no-temperature", "both"],
 )
@@ -308,8 +390,10 @@ def test_a_gpu_at_its_slowdown_without_a_throttle_reason_still_gets_a_warning():
 
 def test_without_its_own_slowdown_a_gpu_is_judged_against_the_fallback_and_says_so():
     (finding,) = assess([gpu(temperature_c=86, temperature_slowdown_c=None)])
-    assert finding.text == (f"GPU 0 is at 86°C, near the 90°C where GPUs commonly slow down "
-                            f"(this one does not report its own): {COOLING_FIX}")
+    assert finding.text == (
+        f"GPU 0 is at 86°C, near the 90°C where GPUs commonly slow down "
+        f"(this one does not report its own): {COOLING_FIX}"
+    )
 
 
 @pytest.mark.parametrize("temperature", [None, 64, 75, 81])
@@ -324,8 +408,9 @@ def test_a_throttling_gpu_gets_the_throttling_finding_not_a_second_temperature_o
 def test_a_fan_at_full_speed_is_a_warning():
     (finding,) = assess([gpu(fan_percent=100)])
     assert (finding.kind, finding.level) == ("fan", "warning")
-    assert finding.text == ("GPU 0's fan runs at 100%: it cannot cool any harder; "
-                            "improve case airflow or lower the power limit")
+    assert finding.text == (
+        "GPU 0's fan runs at 100%: it cannot cool any harder; improve case airflow or lower the power limit"
+    )
 
 
 @pytest.mark.parametrize("fan", [None, 0, 99])
@@ -337,8 +422,10 @@ def test_a_lost_gpu_is_one_error_with_the_fix_and_nothing_else():
     lost = GpuSample(index=3, errors=("handle (GPU is lost)",), lost=True, pcie_width=8, pcie_width_max=16)
     (finding,) = assess([lost])
     assert (finding.gpu, finding.kind, finding.level) == (3, "lost", "error")
-    assert finding.text == ("GPU 3 stopped answering NVML (GPU is lost): reboot the machine; if it happens again, "
-                            "reseat the card and its riser and check its power cables")
+    assert finding.text == (
+        "GPU 3 stopped answering NVML (GPU is lost): reboot the machine; if it happens again, "
+        "reseat the card and its riser and check its power cables"
+    )
 
 
 def test_readings_nvml_failed_on_are_named():
@@ -371,14 +458,19 @@ async def test_the_monitor_publishes_samples_and_findings_to_the_hub_and_shuts_n
         nursery.cancel_scope.cancel()
     # detect() for the CPU-mode decision, then the monitor's own session: both closed.
     assert (api.init_calls, api.shutdown_calls) == (2, 2)
-    assert json.loads(json.dumps(hub.snapshot()))["states"]["gpus"]["samples"][2]["clock_event_reasons"] == ["hw_slowdown", "hw_thermal"]
+    assert json.loads(json.dumps(hub.snapshot()))["states"]["gpus"]["samples"][2]["clock_event_reasons"] == [
+        "hw_slowdown",
+        "hw_thermal",
+    ]
 
 
 async def test_findings_are_logged_when_they_appear_and_when_they_clear(caplog):
     hub, api = Hub(), rig()
     with caplog.at_level(logging.INFO, logger="engy.gpus"):
         async with trio.open_nursery() as nursery:
-            await nursery.start(lambda task_status: run_gpu_monitor(hub, api=api, interval_s=0.01, task_status=task_status))
+            await nursery.start(
+                lambda task_status: run_gpu_monitor(hub, api=api, interval_s=0.01, task_status=task_status)
+            )
             first = hub.states()["gpus"]["sampled_at"]
             await wait_for(lambda: hub.states()["gpus"]["sampled_at"] > first, "a second round")
             api.gpus = (api.gpus[0], busy("RTX4090"), *api.gpus[2:])  # the riser is replaced
@@ -394,8 +486,10 @@ async def test_findings_are_logged_when_they_appear_and_when_they_clear(caplog):
 @pytest.mark.parametrize(
     ("api", "reason"),
     [
-        (FakeNvml([], init_error=pynvml.NVMLError_LibraryNotFound),
-         "no NVIDIA driver found (libnvidia-ml.so not loadable): running in CPU mode"),
+        (
+            FakeNvml([], init_error=pynvml.NVMLError_LibraryNotFound),
+            "no NVIDIA driver found (libnvidia-ml.so not loadable): running in CPU mode",
+        ),
         (FakeNvml([]), "NVIDIA driver found but no GPU: running in CPU mode"),
     ],
     ids=["no-driver", "no-gpu"],
@@ -404,9 +498,16 @@ async def test_without_nvml_the_monitor_publishes_the_cpu_mode_reason_once_and_i
     hub = Hub()
     with caplog.at_level(logging.INFO, logger="engy.gpus"):
         async with trio.open_nursery() as nursery:
-            await nursery.start(lambda task_status: run_gpu_monitor(hub, api=api, interval_s=0.01, task_status=task_status))
-            assert hub.states()["gpus"] == {"samples": [], "findings": [], "reason": reason, "error": None,
-                                            "sampled_at": hub.states()["gpus"]["sampled_at"]}
+            await nursery.start(
+                lambda task_status: run_gpu_monitor(hub, api=api, interval_s=0.01, task_status=task_status)
+            )
+            assert hub.states()["gpus"] == {
+                "samples": [],
+                "findings": [],
+                "reason": reason,
+                "error": None,
+                "sampled_at": hub.states()["gpus"]["sampled_at"],
+            }
             await trio.sleep(0.1)  # ten intervals: an idle monitor must not retry
             nursery.cancel_scope.cancel()
     assert api.init_calls == 1
@@ -417,7 +518,9 @@ async def test_nvml_failing_later_is_published_once_as_an_error_and_readings_go_
     hub, api = Hub(), rig()
     with caplog.at_level(logging.INFO, logger="engy.gpus"):
         async with trio.open_nursery() as nursery:
-            await nursery.start(lambda task_status: run_gpu_monitor(hub, api=api, interval_s=0.01, task_status=task_status))
+            await nursery.start(
+                lambda task_status: run_gpu_monitor(hub, api=api, interval_s=0.01, task_status=task_status)
+            )
             api.missing_functions = frozenset({"device_count"})
             await wait_for(lambda: hub.states()["gpus"]["error"] is not None, "the error")
             frozen = hub.states()["gpus"]

@@ -22,21 +22,31 @@ import hypercorn.trio.run
 import hypercorn.trio.tcp_server
 import pytest
 import trio
-from hypothesis import given
-from hypothesis import strategies as st
 from hypercorn.config import Config
 from hypercorn.trio import serve
+from hypothesis import given
+from hypothesis import strategies as st
 from starlette.applications import Starlette
 
-from engy_node.hypercorn_edges import (EdgeConfig, EdgeConnection, EdgeH11Protocol, EdgeTCPServer, EdgeWSStream, frame_refusal,
-                                      request_path)
+from engy_node.hypercorn_edges import (
+    EdgeConfig,
+    EdgeConnection,
+    EdgeH11Protocol,
+    EdgeTCPServer,
+    EdgeWSStream,
+    frame_refusal,
+    request_path,
+)
 
 UPSTREAM = {
     # The loop EdgeWSStream._handle_events copies, and the constructor that sets what it uses.
     "ws_stream.WSStream._handle_events": (hypercorn.protocol.ws_stream.WSStream._handle_events, "b90f3f595ff9fd47"),
     "ws_stream.WSStream.__init__": (hypercorn.protocol.ws_stream.WSStream.__init__, "3534d3ebe8f7a1a4"),
     # The method EdgeH11Protocol replaces, and its one caller (which passes h11's status hint).
-    "h11.H11Protocol._send_error_response": (hypercorn.protocol.h11.H11Protocol._send_error_response, "58c2b47ae295d000"),
+    "h11.H11Protocol._send_error_response": (
+        hypercorn.protocol.h11.H11Protocol._send_error_response,
+        "58c2b47ae295d000",
+    ),
     "h11.H11Protocol._handle_events": (hypercorn.protocol.h11.H11Protocol._handle_events, "bd4a76b2837e8722"),
     # Where the module globals `install` sets are looked up.
     "ProtocolWrapper.__init__": (hypercorn.protocol.ProtocolWrapper.__init__, "df25e181b9e2e64d"),
@@ -48,8 +58,10 @@ UPSTREAM = {
     "trio.run.worker_serve": (hypercorn.trio.run.worker_serve, "8dc8347a9fc357ca"),
     # What EdgeConnection settles in one pass where the answer is plain, and the framing rule
     # that pass follows.
-    "h11.Connection._clean_up_response_headers_for_sending": (h11.Connection._clean_up_response_headers_for_sending,
-                                                              "a190401e4767c641"),
+    "h11.Connection._clean_up_response_headers_for_sending": (
+        h11.Connection._clean_up_response_headers_for_sending,
+        "a190401e4767c641",
+    ),
     "h11._connection._body_framing": (h11._connection._body_framing, "bbbb12006a0c9b1d"),
     # What EdgeConnection.send frames itself: a chunk of a chunked body, and how h11 sends one.
     "h11._writers.ChunkedWriter.send_data": (h11._writers.ChunkedWriter.send_data, "0fbc8fb565f7029f"),
@@ -91,23 +103,37 @@ def test_the_headers_added_to_every_response_are_those_hypercorn_adds_and_dated_
     assert edge.response_headers("h2") == plain.response_headers("h2")
 
 
-@pytest.mark.parametrize(("head", "path"), [
-    (b"POST /v1/messages?beta=true HTTP/1.1\r\nhost: x\r\ncookie: ccc", "/v1/messages"),
-    (b"GET /health HTTP/1.1\n", "/health"),
-    (b"POST /v1/chat/completions HTTP/1.1", "/v1/chat/completions"),
-    (b"POST /v1/chat/comp", None),
-    (b"POST * HTTP/1.1\r\n", None),
-    (b"", None),
-    (b"\xff\xfe garbage \x00", None),
-])
+@pytest.mark.parametrize(
+    ("head", "path"),
+    [
+        (b"POST /v1/messages?beta=true HTTP/1.1\r\nhost: x\r\ncookie: ccc", "/v1/messages"),
+        (b"GET /health HTTP/1.1\n", "/health"),
+        (b"POST /v1/chat/completions HTTP/1.1", "/v1/chat/completions"),
+        (b"POST /v1/chat/comp", None),
+        (b"POST * HTTP/1.1\r\n", None),
+        (b"", None),
+        (b"\xff\xfe garbage \x00", None),
+    ],
+)
 def test_the_request_path_is_read_from_the_request_line_or_is_none(head, path):
     assert request_path(head) == path
 
 
-HEADER_NAMES = ["Content-Type", "content-length", "Content-Length", "transfer-encoding", "Connection", "connection",
-                "x-request-id", "Cache-Control"]
-HEADER_VALUES = {"content-length": ["0", "12", "12, 12"], "transfer-encoding": ["chunked", "Chunked"],
-                 "connection": ["close", "keep-alive", "Upgrade", "keep-alive, x-thing"]}
+HEADER_NAMES = [
+    "Content-Type",
+    "content-length",
+    "Content-Length",
+    "transfer-encoding",
+    "Connection",
+    "connection",
+    "x-request-id",
+    "Cache-Control",
+]
+HEADER_VALUES = {
+    "content-length": ["0", "12", "12, 12"],
+    "transfer-encoding": ["chunked", "Chunked"],
+    "connection": ["close", "keep-alive", "Upgrade", "keep-alive, x-thing"],
+}
 
 
 @st.composite
@@ -116,7 +142,9 @@ def exchanges(draw):
     of what decides a response's framing headers."""
     method = draw(st.sampled_from(["GET", "POST", "HEAD", "CONNECT"]))
     version = draw(st.sampled_from(["1.0", "1.1"]))
-    request_headers = [("host", "x")] + draw(st.sampled_from([[], [("connection", "close")], [("connection", "keep-alive")]]))
+    request_headers = [("host", "x")] + draw(
+        st.sampled_from([[], [("connection", "close")], [("connection", "keep-alive")]])
+    )
     if method == "POST":
         request_headers.append(("content-length", "0"))
     names = draw(st.lists(st.sampled_from(HEADER_NAMES), max_size=4))
@@ -126,8 +154,11 @@ def exchanges(draw):
     if len({value.split(",")[0].strip() for name, value in headers if name.lower() == "content-length"}) > 1:
         headers = [(name, value) for name, value in headers if name.lower() != "content-length"]
     status = draw(st.sampled_from([200, 201, 204, 304, 404, 500]))
-    return (f"{method} / HTTP/{version}\r\n" + "".join(f"{n}: {v}\r\n" for n, v in request_headers) + "\r\n").encode(), \
-        headers, status
+    return (
+        (f"{method} / HTTP/{version}\r\n" + "".join(f"{n}: {v}\r\n" for n, v in request_headers) + "\r\n").encode(),
+        headers,
+        status,
+    )
 
 
 def sent_by(connection: h11.Connection, event: h11.Event) -> tuple:
@@ -183,7 +214,9 @@ async def test_an_edge_server_answers_a_refused_head_with_its_body_and_a_plain_o
         return [(b"content-type", b"application/json"), (b"content-length", b"2")], b"{}"
 
     edge = await answer_to_oversized_head(nursery, EdgeConfig(protocol_error_body=body))
-    assert edge.startswith(b"HTTP/1.1 431 ") and b"content-type: application/json" in edge and edge.endswith(b"\r\n\r\n{}")
+    assert (
+        edge.startswith(b"HTTP/1.1 431 ") and b"content-type: application/json" in edge and edge.endswith(b"\r\n\r\n{}")
+    )
     assert seen == [(431, "/v1/messages")]
     plain = await answer_to_oversized_head(nursery, Config())
     assert plain.startswith(b"HTTP/1.1 431 ") and b"content-length: 0" in plain and plain.endswith(b"\r\n\r\n")

@@ -119,8 +119,13 @@ async def app(scope, receive, send) -> None:
         for index, event in enumerate(SSE):
             await send({"type": "http.response.body", "body": event, "more_body": index < len(SSE) - 1})
     else:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(JSON)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(JSON)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": JSON, "more_body": False})
 
 
@@ -159,8 +164,15 @@ async def start(nursery, served, config: Config, **serving) -> trio.SocketStream
 async def exchange(stream: trio.SocketStream, client: h11.Connection, path: str) -> bytes:
     """Send a POST to `path` on the connection, read the whole answer; its bytes as received."""
     body = b'{"question": 1}'
-    await stream.send_all(client.send(h11.Request(method="POST", target=path, headers=[
-        ("host", "x"), ("content-type", "application/json"), ("content-length", str(len(body)))])))
+    await stream.send_all(
+        client.send(
+            h11.Request(
+                method="POST",
+                target=path,
+                headers=[("host", "x"), ("content-type", "application/json"), ("content-length", str(len(body)))],
+            )
+        )
+    )
     await stream.send_all(client.send(h11.Data(data=body)) + client.send(h11.EndOfMessage()))
     return await read_answer(stream, client)
 
@@ -316,7 +328,9 @@ async def body_app(scope, receive, send) -> None:
         if not message.get("more_body"):
             break
     answer = b"%d:%s" % (messages, body)
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(answer)).encode())]})
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(answer)).encode())]}
+    )
     await send({"type": "http.response.body", "body": answer, "more_body": False})
 
 
@@ -328,8 +342,15 @@ async def test_a_body_that_arrives_whole_reaches_the_app_in_one_message_and_one_
         async with stream:
             answers[kind] = (await exchange(stream, client, "/whole")).rsplit(b"\r\n\r\n", 1)[1]
             pieces = [b'{"a": ', b'"b", "c"', b": 3}"]
-            await stream.send_all(client.send(h11.Request(method="POST", target="/pieces", headers=[
-                ("host", "x"), ("content-length", str(sum(map(len, pieces))))])))
+            await stream.send_all(
+                client.send(
+                    h11.Request(
+                        method="POST",
+                        target="/pieces",
+                        headers=[("host", "x"), ("content-length", str(sum(map(len, pieces))))],
+                    )
+                )
+            )
             for piece in pieces:
                 await stream.send_all(client.send(h11.Data(data=piece)))
             with trio.fail_after(10):
@@ -369,8 +390,10 @@ async def test_an_answer_larger_than_the_socket_takes_at_once_arrives_whole_and_
     client = h11.Connection(h11.CLIENT)
     body = b""
     async with stream:
-        await stream.send_all(client.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
-                              + client.send(h11.EndOfMessage()))
+        await stream.send_all(
+            client.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+            + client.send(h11.EndOfMessage())
+        )
         await trio.sleep(0.3)  # the server fills the socket and has to wait for the rest
         with trio.fail_after(20):
             while not isinstance(event := client.next_event(), h11.EndOfMessage):
@@ -447,8 +470,17 @@ async def test_an_edge_connection_reads_only_once_its_socket_has_data_and_answer
         received = []
         async with stream:
             for cuts in ((), (7, 40, 90), ()):
-                request = client.send(h11.Request(method="POST", target="/sse", headers=[
-                    ("host", "x"), ("content-type", "application/json"), ("content-length", str(len(body)))]))
+                request = client.send(
+                    h11.Request(
+                        method="POST",
+                        target="/sse",
+                        headers=[
+                            ("host", "x"),
+                            ("content-type", "application/json"),
+                            ("content-length", str(len(body))),
+                        ],
+                    )
+                )
                 request += client.send(h11.Data(data=body)) + client.send(h11.EndOfMessage())
                 for start_at, end_at in zip((0, *cuts), (*cuts, len(request))):
                     await stream.send_all(request[start_at:end_at])

@@ -42,9 +42,19 @@ def delivered_job(runner, prompt_ids, output_ids, *, sampling: Sampling = Sampli
     gateway tokenises it."""
     text = runner.decode_text([t for t in output_ids if t not in runner.eos_token_ids])
     ids = tuple(runner.tokenizer.encode(text, add_special_tokens=False))
-    return AuditJob(request_id="r", model=MODEL, miner="key:tee", kind="probe", prompt_ids=tuple(prompt_ids), commitment={},
-                    greedy=greedy, sampling=sampling, seeded=False,
-                    delivery=proof.Delivery(relayed_output_ids=ids, ended_at_stop=False, max_tokens=64), created_at=time.time())
+    return AuditJob(
+        request_id="r",
+        model=MODEL,
+        miner="key:tee",
+        kind="probe",
+        prompt_ids=tuple(prompt_ids),
+        commitment={},
+        greedy=greedy,
+        sampling=sampling,
+        seeded=False,
+        delivery=proof.Delivery(relayed_output_ids=ids, ended_at_stop=False, max_tokens=64),
+        created_at=time.time(),
+    )
 
 
 def test_honest_greedy_answers_pass_by_recompute_and_say_so(judge, runner):
@@ -57,7 +67,10 @@ def test_honest_greedy_answers_pass_by_recompute_and_say_so(judge, runner):
 
 def test_a_pass_on_a_delivery_the_gateway_repaired_names_the_defect_and_a_cheat_stays_a_cheat(judge, runner, quantised):
     prompt_ids = chat_ids(runner, PROMPTS[0])
-    for model, expected in ((runner, ("pass", "recompute:defect:held-back")), (quantised, ("cheat", "recompute:tokens"))):
+    for model, expected in (
+        (runner, ("pass", "recompute:defect:held-back")),
+        (quantised, ("cheat", "recompute:tokens")),
+    ):
         job = delivered_job(runner, prompt_ids, greedy_generation(model, prompt_ids, 48).output_ids)
         job = dataclasses.replace(job, delivery=dataclasses.replace(job.delivery, defect="held-back"))
         verdict = judge.judge(job)
@@ -95,8 +108,13 @@ def test_honest_sampled_answers_pass_the_statistical_test_by_recompute(judge, ru
     for index, (temperature, top_p) in enumerate(((1.0, 1.0), (0.7, 0.9))):
         prompt_ids = chat_ids(runner, PROMPTS[index])
         served = seeded_generation(runner, prompt_ids, 48, temperature=temperature, top_p=top_p, seed=index)
-        job = delivered_job(runner, prompt_ids, served.output_ids, greedy=False,
-                            sampling=Sampling(temperature=temperature, top_p=top_p, seed=None))
+        job = delivered_job(
+            runner,
+            prompt_ids,
+            served.output_ids,
+            greedy=False,
+            sampling=Sampling(temperature=temperature, top_p=top_p, seed=None),
+        )
         verdict = judge.judge(job)
         assert (verdict.kind, verdict.path) == ("pass", "recompute"), verdict
 

@@ -63,9 +63,7 @@ def _hello(alice, *, ts=NOW, worker_id="gpu-0", now=NOW, replay=None, netuid=NET
 def test_importing_the_module_does_not_import_bittensor():
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     code = "import engy_node.keys, sys; assert 'bittensor' not in sys.modules"
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True
-    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 
@@ -315,28 +313,20 @@ def test_a_header_given_twice_with_different_values_is_reported_as_missing(alice
     assert _check(headers) == SignatureCheck(False, "missing-header")
 
 
-@pytest.mark.parametrize(
-    "ts", ["abc", "-5", "+5", "05", " 5", "5 ", "1.5", "1e3", "1_000", "٣", "9" * 20]
-)
+@pytest.mark.parametrize("ts", ["abc", "-5", "+5", "05", " 5", "5 ", "1.5", "1e3", "1_000", "٣", "9" * 20])
 def test_a_non_canonical_timestamp_header_is_a_bad_timestamp(alice, ts):
     headers = keys.signed_headers(alice, NETUID, "POST", PATH, BODY, NOW)
     headers[HEADER_TS] = ts
     assert _check(headers) == SignatureCheck(False, "bad-timestamp")
 
 
-@pytest.mark.parametrize(
-    ("method", "path"), [("GET POST", PATH), ("", PATH), ("GET", "no-slash"), ("GET", "/a\nb")]
-)
-def test_a_method_or_path_no_signer_would_sign_is_a_bad_signature_not_an_exception(
-    alice, method, path
-):
+@pytest.mark.parametrize(("method", "path"), [("GET POST", PATH), ("", PATH), ("GET", "no-slash"), ("GET", "/a\nb")])
+def test_a_method_or_path_no_signer_would_sign_is_a_bad_signature_not_an_exception(alice, method, path):
     headers = keys.signed_headers(alice, NETUID, "POST", PATH, BODY, NOW)
     assert _check(headers, method=method, path=path) == SignatureCheck(False, "bad-signature")
 
 
-header_names = st.sampled_from(
-    [HEADER_HOTKEY, HEADER_TS, HEADER_SIG, HEADER_TS.upper(), HEADER_SIG.lower(), "Other"]
-)
+header_names = st.sampled_from([HEADER_HOTKEY, HEADER_TS, HEADER_SIG, HEADER_TS.upper(), HEADER_SIG.lower(), "Other"])
 
 
 @settings(max_examples=150, deadline=None)

@@ -36,8 +36,12 @@ def tool_block(name: str, arguments: dict) -> str:
 
 
 def test_a_qwen3_response_splits_into_reasoning_text_and_tool_calls():
-    raw = ("<think>\nThe user wants the weather.\n</think>\n\nLet me check.\n"
-           + tool_block("get_weather", {"city": "Paris"}) + "\n" + tool_block("get_time", {"tz": "CET"}))
+    raw = (
+        "<think>\nThe user wants the weather.\n</think>\n\nLet me check.\n"
+        + tool_block("get_weather", {"city": "Paris"})
+        + "\n"
+        + tool_block("get_time", {"tz": "CET"})
+    )
     assert joined(parse_output(raw, call_id_prefix="abc")) == [
         ReasoningDelta("The user wants the weather."),
         TextDelta("Let me check."),
@@ -49,11 +53,13 @@ def test_a_qwen3_response_splits_into_reasoning_text_and_tool_calls():
 def test_output_that_starts_inside_reasoning_needs_no_opening_tag():
     raw = "Thinking it over.\n</think>\n\nThe answer is 4."
     assert joined(parse_output(raw, call_id_prefix="x", starts_in_reasoning=True)) == [
-        ReasoningDelta("Thinking it over."), TextDelta("The answer is 4."),
+        ReasoningDelta("Thinking it over."),
+        TextDelta("The answer is 4."),
     ]
     # A redundant opening tag, and the template's newline after it, are consumed too.
     assert joined(parse_output("<think>\nhm\n</think>\n\nok", call_id_prefix="x", starts_in_reasoning=True)) == [
-        ReasoningDelta("hm"), TextDelta("ok"),
+        ReasoningDelta("hm"),
+        TextDelta("ok"),
     ]
 
 
@@ -69,20 +75,31 @@ def test_think_after_the_start_of_the_answer_is_plain_text():
 def test_a_tool_call_mentioned_inside_reasoning_stays_reasoning():
     raw = "<think>\nI could emit " + tool_block("f", {}) + " here.\n</think>\n\nDone."
     assert joined(parse_output(raw, call_id_prefix="x")) == [
-        ReasoningDelta("I could emit " + tool_block("f", {}) + " here."), TextDelta("Done."),
+        ReasoningDelta("I could emit " + tool_block("f", {}) + " here."),
+        TextDelta("Done."),
     ]
 
 
-@pytest.mark.parametrize("body", ['{"name": "f", "arguments": {', '[1, 2]', '{"arguments": {}}',
-                                  '{"name": "f", "arguments": [1]}', '{"name": "", "arguments": {}}'])
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"name": "f", "arguments": {',
+        "[1, 2]",
+        '{"arguments": {}}',
+        '{"name": "f", "arguments": [1]}',
+        '{"name": "", "arguments": {}}',
+    ],
+)
 def test_a_tool_call_block_that_is_not_a_call_passes_through_verbatim_as_text(body):
     raw = f"Before\n<tool_call>\n{body}\n</tool_call>\nAfter"
     assert joined(parse_output(raw, call_id_prefix="x")) == [TextDelta(raw)]
 
 
 def test_arguments_double_encoded_as_a_string_and_missing_arguments_are_accepted():
-    events = parse_output('<tool_call>\n{"name": "f", "arguments": "{\\"q\\": 1}"}\n</tool_call>'
-                          '<tool_call>\n{"name": "g"}\n</tool_call>', call_id_prefix="x")
+    events = parse_output(
+        '<tool_call>\n{"name": "f", "arguments": "{\\"q\\": 1}"}\n</tool_call><tool_call>\n{"name": "g"}\n</tool_call>',
+        call_id_prefix="x",
+    )
     assert [(e.name, e.arguments) for e in events if isinstance(e, ToolCall)] == [("f", '{"q": 1}'), ("g", "{}")]
 
 
@@ -119,10 +136,31 @@ def test_a_spent_parser_refuses_more_input():
 # ---- properties ---------------------------------------------------------------------------
 
 # Pieces that collide with the tags and the newline conventions as often as possible.
-tag_rich_text = st.lists(st.sampled_from([
-    "<think>", "</think>", "<tool_call>", "</tool_call>", "\n", "\n\n", "<", "/", "think>", "_call>", "<tool",
-    "</th", "a", " ", "é", '{"name": "f", "arguments": {"k": "v"}}', '{"name": ', "}",
-]), max_size=24).map("".join)
+tag_rich_text = st.lists(
+    st.sampled_from(
+        [
+            "<think>",
+            "</think>",
+            "<tool_call>",
+            "</tool_call>",
+            "\n",
+            "\n\n",
+            "<",
+            "/",
+            "think>",
+            "_call>",
+            "<tool",
+            "</th",
+            "a",
+            " ",
+            "é",
+            '{"name": "f", "arguments": {"k": "v"}}',
+            '{"name": ',
+            "}",
+        ]
+    ),
+    max_size=24,
+).map("".join)
 
 
 @settings(max_examples=300, deadline=None)
@@ -152,12 +190,15 @@ json_values = st.recursive(
 plain = st.text(min_size=1, max_size=20).filter(lambda t: "<tool_call>" not in t and not t.startswith("\n"))
 segments = st.tuples(
     st.none() | st.text(max_size=20).filter(lambda t: "</think>" not in t),
-    st.lists(st.one_of(
-        plain.map(lambda t: ("text", t)),
-        st.tuples(st.text(min_size=1, max_size=8), st.dictionaries(st.text(max_size=5), json_values, max_size=3))
-        .filter(lambda call: "</tool_call>" not in json.dumps(call, ensure_ascii=False))
-        .map(lambda call: ("call", call)),
-    ), max_size=5),
+    st.lists(
+        st.one_of(
+            plain.map(lambda t: ("text", t)),
+            st.tuples(st.text(min_size=1, max_size=8), st.dictionaries(st.text(max_size=5), json_values, max_size=3))
+            .filter(lambda call: "</tool_call>" not in json.dumps(call, ensure_ascii=False))
+            .map(lambda call: ("call", call)),
+        ),
+        max_size=5,
+    ),
 )
 
 
@@ -184,16 +225,33 @@ def test_events_reconstruct_the_output_modulo_the_tags_and_their_newlines(data, 
         else:
             name, arguments = value
             rendered += ("\n" if i else "") + tool_block(name, arguments)
-            expected.append(ToolCall(index=calls, id=f"call_req_{calls}", name=name,
-                                     arguments=json.dumps(arguments, ensure_ascii=False)))
+            expected.append(
+                ToolCall(
+                    index=calls, id=f"call_req_{calls}", name=name, arguments=json.dumps(arguments, ensure_ascii=False)
+                )
+            )
             calls += 1
     cuts = data.draw(st.lists(st.integers(min_value=0, max_value=len(rendered)), max_size=8))
     assert joined(parse_chunked(rendered, cuts)) == expected
 
 
-WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
-    "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"}, "scale": {"type": "number"},
-    "hours": {"type": "array"}, "where": {"type": "object"}}}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer"},
+                "metric": {"type": "boolean"},
+                "scale": {"type": "number"},
+                "hours": {"type": "array"},
+                "where": {"type": "object"},
+            },
+        },
+    },
+}
 
 
 def xml_block(name: str, parameters: dict[str, str]) -> str:
@@ -203,12 +261,21 @@ def xml_block(name: str, parameters: dict[str, str]) -> str:
 
 
 def test_a_qwen3_coder_xml_call_is_a_tool_call_with_arguments_typed_by_the_schema():
-    raw = "<think>\nWeather, then.\n</think>\n\nChecking.\n" + xml_block("get_weather", {
-        "city": "New York", "days": "3", "metric": "True", "scale": "1.5", "hours": "[1, 2]", "where": '{"lat": 1}'})
+    raw = "<think>\nWeather, then.\n</think>\n\nChecking.\n" + xml_block(
+        "get_weather",
+        {"city": "New York", "days": "3", "metric": "True", "scale": "1.5", "hours": "[1, 2]", "where": '{"lat": 1}'},
+    )
     assert joined(parse_output(raw, call_id_prefix="q", tools=[WEATHER_TOOL])) == [
-        ReasoningDelta("Weather, then."), TextDelta("Checking."),
-        ToolCall(index=0, id="call_q_0", name="get_weather", arguments=json.dumps(
-            {"city": "New York", "days": 3, "metric": True, "scale": 1.5, "hours": [1, 2], "where": {"lat": 1}})),
+        ReasoningDelta("Weather, then."),
+        TextDelta("Checking."),
+        ToolCall(
+            index=0,
+            id="call_q_0",
+            name="get_weather",
+            arguments=json.dumps(
+                {"city": "New York", "days": 3, "metric": True, "scale": 1.5, "hours": [1, 2], "where": {"lat": 1}}
+            ),
+        ),
     ]
 
 
@@ -223,6 +290,11 @@ def test_xml_values_that_do_not_convert_or_are_undeclared_stay_text():
 @settings(max_examples=200, deadline=None)
 @given(cuts=st.lists(st.integers(0, 200), max_size=8))
 def test_an_xml_call_parses_the_same_however_the_text_is_chunked(cuts):
-    raw = "Sure.\n" + xml_block("get_weather", {"city": "Lyon", "days": "2"}) + "\n" + xml_block("get_weather", {"city": "Nice"})
+    raw = (
+        "Sure.\n"
+        + xml_block("get_weather", {"city": "Lyon", "days": "2"})
+        + "\n"
+        + xml_block("get_weather", {"city": "Nice"})
+    )
     cuts = [cut for cut in cuts if cut <= len(raw)]
     assert joined(parse_chunked(raw, cuts)) == joined(parse_output(raw, call_id_prefix="req"))

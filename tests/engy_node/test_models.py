@@ -112,8 +112,10 @@ def test_model_root_from_matches_a_hashlib_reference():
     shards = [("model-00002-of-00002.safetensors", 1000), ("model-00001-of-00002.safetensors", 4_000_000_000)]
     expected = hashlib.sha256(
         CONFIG_JSON
-        + b"model-00001-of-00002.safetensors" + b"4000000000"
-        + b"model-00002-of-00002.safetensors" + b"1000"
+        + b"model-00001-of-00002.safetensors"
+        + b"4000000000"
+        + b"model-00002-of-00002.safetensors"
+        + b"1000"
     ).hexdigest()
     assert model_root_from(CONFIG_JSON, shards) == expected
     assert len(expected) == 64
@@ -128,7 +130,9 @@ def test_model_root_from_uses_only_the_basename_of_each_shard():
 SHARD_NAMES = st.from_regex(r"[a-z0-9_\-]{1,12}\.safetensors", fullmatch=True)
 SHARDS = st.lists(
     st.tuples(SHARD_NAMES, st.integers(min_value=0, max_value=2**40)),
-    min_size=1, max_size=8, unique_by=lambda shard: shard[0],
+    min_size=1,
+    max_size=8,
+    unique_by=lambda shard: shard[0],
 )
 
 
@@ -193,7 +197,9 @@ def test_model_root_of_a_directory_hashes_its_config_and_shards(tmp_path):
 
 def test_model_root_is_the_same_for_a_copy_in_another_directory(tmp_path):
     shards = {"model.safetensors": 64}
-    assert model_root(make_checkpoint(tmp_path / "a", shards)) == model_root(make_checkpoint(tmp_path / "deeper" / "b", shards))
+    assert model_root(make_checkpoint(tmp_path / "a", shards)) == model_root(
+        make_checkpoint(tmp_path / "deeper" / "b", shards)
+    )
 
 
 def test_model_root_changes_when_a_shard_grows(tmp_path):

@@ -12,13 +12,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-from engy_node.served_model import load_served_model
 from engy_node.models import SMOLLM2_135M
 from engy_node.prompt_pieces import PieceEncoder
+from engy_node.served_model import load_served_model
 
 ADDED = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>", "<reponame>"]
-piece = st.one_of(st.text(max_size=60), st.sampled_from(ADDED), st.sampled_from([" ", "\n", "\n\n", "  x", "é", "🙂", "system\n"]),
-                  st.sampled_from(["You are a helpful assistant. " * 3, "def f(x):\n    return x  # 東京\n"]))
+piece = st.one_of(
+    st.text(max_size=60),
+    st.sampled_from(ADDED),
+    st.sampled_from([" ", "\n", "\n\n", "  x", "é", "🙂", "system\n"]),
+    st.sampled_from(["You are a helpful assistant. " * 3, "def f(x):\n    return x  # 東京\n"]),
+)
 text = st.lists(piece, max_size=12).map("".join)
 
 
@@ -57,7 +61,9 @@ def test_the_cache_keeps_to_its_character_budget_dropping_the_least_recently_use
 
 def char_tokenizer(pre_tokenizer=None, added: AddedToken | None = None) -> Tokenizer:
     alphabet = sorted(set("abcdefghijklmnopqrstuvwxyz ▁\n\t"))
-    tokenizer = Tokenizer(models.BPE(vocab={"[UNK]": 0, **{c: i + 1 for i, c in enumerate(alphabet)}}, merges=[], unk_token="[UNK]"))
+    tokenizer = Tokenizer(
+        models.BPE(vocab={"[UNK]": 0, **{c: i + 1 for i, c in enumerate(alphabet)}}, merges=[], unk_token="[UNK]")
+    )
     if pre_tokenizer is not None:
         tokenizer.pre_tokenizer = pre_tokenizer
     tokenizer.add_special_tokens([added or AddedToken("<x>", special=True, normalized=False)])
@@ -72,9 +78,14 @@ def test_a_plain_tokenizer_is_encoded_piecewise():
     assert encoder.encode(value) == whole(tokenizer, value)
 
 
-@pytest.mark.parametrize("added", [AddedToken("<x>", special=True, lstrip=True, normalized=False),
-                                   AddedToken("<x>", special=True, rstrip=True, normalized=False),
-                                   AddedToken("<x>", special=True, normalized=True)])
+@pytest.mark.parametrize(
+    "added",
+    [
+        AddedToken("<x>", special=True, lstrip=True, normalized=False),
+        AddedToken("<x>", special=True, rstrip=True, normalized=False),
+        AddedToken("<x>", special=True, normalized=True),
+    ],
+)
 def test_an_added_token_that_touches_its_neighbours_means_whole_encoding(added):
     tokenizer = char_tokenizer(added=added)
     encoder = PieceEncoder(tokenizer)

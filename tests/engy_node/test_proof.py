@@ -23,7 +23,8 @@ def honest_commitment(n_tokens: int = 70, hidden: int = 64, seed: int = 0) -> tu
     generator = torch.Generator().manual_seed(seed)
     rows = torch.randn(n_tokens, hidden, generator=generator).to(torch.bfloat16)
     commitment = proof.build_commitment(
-        model_root=ROOT, prompt_ids=[1, 2, 3], output_ids=list(range(10, 10 + n_tokens)), rows=rows, params=PARAMS)
+        model_root=ROOT, prompt_ids=[1, 2, 3], output_ids=list(range(10, 10 + n_tokens)), rows=rows, params=PARAMS
+    )
     return commitment, rows
 
 
@@ -31,6 +32,7 @@ def test_a_commitment_has_one_258_byte_proof_per_32_tokens():
     commitment, _ = honest_commitment(70)
     assert len(commitment.proofs) == 3 == proof.expected_proof_count(70, 32)
     import base64
+
     assert all(len(base64.b64decode(p)) == 258 for p in commitment.proofs)
     assert commitment.n_tokens == 70 and commitment.skip_prefill is True
 
@@ -43,9 +45,13 @@ def test_the_wire_form_matches_spec_section_4_and_round_trips():
     assert proof.Commitment.from_wire(wire) == commitment
 
 
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                    max_leaves=12))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=12,
+    )
+)
 @settings(max_examples=200)
 def test_parsing_arbitrary_json_either_succeeds_or_raises_a_format_error(value):
     try:
@@ -54,7 +60,9 @@ def test_parsing_arbitrary_json_either_succeeds_or_raises_a_format_error(value):
         pass
 
 
-@given(st.lists(st.integers(-3, 2**31 + 3) | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=2), max_size=6))
+@given(
+    st.lists(st.integers(-3, 2**31 + 3) | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=2), max_size=6)
+)
 def test_a_token_list_is_accepted_exactly_when_every_item_is_a_plain_integer_id(items):
     wire = honest_commitment(5)[0].to_wire()
     wire["output_token_ids"] = items
@@ -92,7 +100,10 @@ def test_unrelated_rows_fail_every_chunk():
 def test_small_numeric_noise_passes_and_large_noise_fails():
     commitment, rows = honest_commitment(64, hidden=256)
     generator = torch.Generator().manual_seed(5)
-    noisy = lambda scale: (rows.float() * (1 + scale * torch.randn(rows.shape, generator=generator))).to(torch.bfloat16)
+
+    def noisy(scale):
+        return (rows.float() * (1 + scale * torch.randn(rows.shape, generator=generator))).to(torch.bfloat16)
+
     assert all(c.passes(PARAMS) for c in proof.verify_chunks(commitment, noisy(0.005), PARAMS))
     assert not any(c.passes(PARAMS) for c in proof.verify_chunks(commitment, noisy(0.5), PARAMS))
 
@@ -123,15 +134,23 @@ def test_shape_checks_judge_before_any_arithmetic(mutate, kind, reason):
 
 
 def test_a_well_formed_commitment_passes_the_shape_checks():
-    assert proof.check_shape(honest_commitment(40)[0], params=PARAMS, canonical_root=ROOT, expected_prompt_ids=[1, 2, 3]) is None
+    assert (
+        proof.check_shape(honest_commitment(40)[0], params=PARAMS, canonical_root=ROOT, expected_prompt_ids=[1, 2, 3])
+        is None
+    )
 
 
 def test_output_ids_other_than_those_relayed_are_a_cheat():
     commitment = honest_commitment(40)[0]
     swapped = list(commitment.output_token_ids)
     swapped[7] += 1
-    verdict = proof.check_shape(commitment, params=PARAMS, canonical_root=ROOT, expected_prompt_ids=[1, 2, 3],
-                                delivery=proof.Delivery(relayed_output_ids=tuple(swapped), ended_at_stop=False, max_tokens=64))
+    verdict = proof.check_shape(
+        commitment,
+        params=PARAMS,
+        canonical_root=ROOT,
+        expected_prompt_ids=[1, 2, 3],
+        delivery=proof.Delivery(relayed_output_ids=tuple(swapped), ended_at_stop=False, max_tokens=64),
+    )
     assert (verdict.kind, verdict.reason) == ("cheat", "output-mismatch")
 
 
@@ -158,7 +177,10 @@ def test_output_that_goes_on_past_the_end_token_is_a_cheat(output, extra, positi
     delivery = proof.Delivery(relayed_output_ids=tuple(padded), ended_at_stop=False, max_tokens=1000)
     assert proof.check_delivery(padded, delivery, frozenset({END})) == "past-eos"
     ended = output + [END]
-    assert proof.check_delivery(ended, dataclasses.replace(delivery, relayed_output_ids=tuple(ended)), frozenset({END})) is None
+    assert (
+        proof.check_delivery(ended, dataclasses.replace(delivery, relayed_output_ids=tuple(ended)), frozenset({END}))
+        is None
+    )
 
 
 def test_a_relay_that_is_not_a_prefix_is_a_cheat_even_at_a_stop():
@@ -178,8 +200,14 @@ def test_a_failing_recompute_is_unproven():
     def broken(_ids, *, start):
         raise RuntimeError("out of memory")
 
-    verdict = proof.verify_commitment(commitment, model=SMOLLM2_135M, canonical_root=ROOT, expected_prompt_ids=[1, 2, 3],
-                                      recompute=broken, greedy=True)
+    verdict = proof.verify_commitment(
+        commitment,
+        model=SMOLLM2_135M,
+        canonical_root=ROOT,
+        expected_prompt_ids=[1, 2, 3],
+        recompute=broken,
+        greedy=True,
+    )
     assert (verdict.kind, verdict.reason) == ("unproven", "recompute-failed")
 
 
@@ -208,8 +236,13 @@ def test_a_failing_token_check_turns_passing_chunks_into_a_cheat():
 
 def stats_from(gaps: list[float], ranks: list[int], logprobs: list[float] | None = None) -> proof.TokenStats:
     n = len(gaps)
-    return proof.TokenStats(tokens=tuple(range(n)), argmax=tuple(range(n)), gap=tuple(gaps), rank=tuple(ranks),
-                            logprob=tuple(logprobs or [-0.5] * n))
+    return proof.TokenStats(
+        tokens=tuple(range(n)),
+        argmax=tuple(range(n)),
+        gap=tuple(gaps),
+        rank=tuple(ranks),
+        logprob=tuple(logprobs or [-0.5] * n),
+    )
 
 
 TOKEN_PARAMS = TokenCheckParams()
@@ -236,7 +269,9 @@ def test_near_ties_inside_the_drift_band_are_noise_however_many():
 def test_misses_beyond_the_band_accumulate_into_a_verdict():
     beyond = TOKEN_PARAMS.greedy_drift_band + 0.1
     one = stats_from([beyond] + [0.0] * 99, [1] + [0] * 99)
-    assert proof.token_check(one, greedy=True, params=TOKEN_PARAMS).ok, "one token beyond the band is honest often enough"
+    assert proof.token_check(one, greedy=True, params=TOKEN_PARAMS).ok, (
+        "one token beyond the band is honest often enough"
+    )
     many = stats_from([beyond] * 30 + [0.0] * 70, [1] * 30 + [0] * 70)
     check = proof.token_check(many, greedy=True, params=TOKEN_PARAMS)
     assert (check.ok, check.reason) == (False, "greedy-misses")
@@ -251,7 +286,12 @@ def test_seeded_replay_weighs_its_misses_by_the_same_rule():
     assert proof.token_check(replayed([0.2] * 10 + [0.0] * 54), greedy=False, params=TOKEN_PARAMS).ok
     check = proof.token_check(replayed([0.6] * 12 + [0.0] * 52), greedy=False, params=TOKEN_PARAMS)
     assert (check.ok, check.reason) == (False, "seeded-misses")
-    assert proof.token_check(replayed([TOKEN_PARAMS.seeded_margin + 0.1] + [0.0] * 63), greedy=False, params=TOKEN_PARAMS).reason == "seeded-gap"
+    assert (
+        proof.token_check(
+            replayed([TOKEN_PARAMS.seeded_margin + 0.1] + [0.0] * 63), greedy=False, params=TOKEN_PARAMS
+        ).reason
+        == "seeded-gap"
+    )
 
 
 @given(st.lists(st.floats(0, 1), max_size=300), st.floats(0.01, 0.9), st.floats(1e-4, 0.2))
@@ -270,7 +310,9 @@ def test_miss_evidence_is_an_e_value_under_honest_drift():
     values = []
     for _ in range(4000):
         n = rng.choice((8, 35, 64, 256))
-        values.append(proof.miss_evidence([band + 0.1 if rng.random() < rate else 0.0 for _ in range(n)], band=band, rate=rate))
+        values.append(
+            proof.miss_evidence([band + 0.1 if rng.random() < rate else 0.0 for _ in range(n)], band=band, rate=rate)
+        )
     assert sum(math.exp(v) for v in values) / len(values) <= 1.1
     assert sum(1 for v in values if v >= math.log(20)) / len(values) <= 1 / 20
 
@@ -285,8 +327,9 @@ def sample_rows(logits: torch.Tensor, temperature: float, top_p: float, generato
 
 
 def sampled_check(logits, tokens, temperature, top_p=1.0) -> proof.TokenCheck:
-    stats = proof.token_stats(logits, tokens, sampling=proof.SamplingTerms(temperature, top_p),
-                              nucleus_margin=TOKEN_PARAMS.nucleus_margin)
+    stats = proof.token_stats(
+        logits, tokens, sampling=proof.SamplingTerms(temperature, top_p), nucleus_margin=TOKEN_PARAMS.nucleus_margin
+    )
     return proof.token_check(stats, greedy=False, params=TOKEN_PARAMS)
 
 
@@ -354,26 +397,43 @@ def test_seeded_replay_forgives_numeric_drift_at_any_temperature(temperature, to
     from engy_node.serve.sampling import parse_sampling_params, seeded_choice
 
     generator = torch.Generator().manual_seed(5)
-    params = parse_sampling_params({"temperature": temperature, "top_p": top_p, "top_k": SEEDED_TOP_K, "sampling_seed": 42})
+    params = parse_sampling_params(
+        {"temperature": temperature, "top_p": top_p, "top_k": SEEDED_TOP_K, "sampling_seed": 42}
+    )
     for trial in range(10):
         recompute = torch.randn(64, 200, generator=generator) * 3
         served = recompute + torch.randn(64, 200, generator=generator) * 0.1
         tokens = [seeded_choice(served[i], params, 100 + i) for i in range(64)]
-        stats = proof.token_stats(recompute, tokens, sampling=proof.SamplingTerms(temperature, top_p, seed=42),
-                                  first_position=100, edge_band=TOKEN_PARAMS.nucleus_edge_band,
-                                  nucleus_margin=TOKEN_PARAMS.nucleus_margin)
+        stats = proof.token_stats(
+            recompute,
+            tokens,
+            sampling=proof.SamplingTerms(temperature, top_p, seed=42),
+            first_position=100,
+            edge_band=TOKEN_PARAMS.nucleus_edge_band,
+            nucleus_margin=TOKEN_PARAMS.nucleus_margin,
+        )
         check = proof.token_check(stats, greedy=False, params=TOKEN_PARAMS)
         assert check.ok, (trial, check)
 
 
 def replayed_gaps(recompute: torch.Tensor, tokens, terms: proof.SamplingTerms, first_position: int = 100):
-    return proof.token_stats(recompute, tokens, sampling=terms, first_position=first_position,
-                             edge_band=TOKEN_PARAMS.nucleus_edge_band, nucleus_margin=TOKEN_PARAMS.nucleus_margin).replay_gap
+    return proof.token_stats(
+        recompute,
+        tokens,
+        sampling=terms,
+        first_position=first_position,
+        edge_band=TOKEN_PARAMS.nucleus_edge_band,
+        nucleus_margin=TOKEN_PARAMS.nucleus_margin,
+    ).replay_gap
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**63 - 1), drift=st.floats(0.0, 0.5), temperature=st.sampled_from([1.0, 0.7, 0.3, 0.05]),
-       row_seed=st.integers(0, 2**31))
+@given(
+    seed=st.integers(0, 2**63 - 1),
+    drift=st.floats(0.0, 0.5),
+    temperature=st.sampled_from([1.0, 0.7, 0.3, 0.05]),
+    row_seed=st.integers(0, 2**31),
+)
 def test_an_honest_draw_trails_the_replay_by_at_most_twice_the_numeric_drift(seed, drift, temperature, row_seed):
     # The rule's premise, exactly: when every logit of the miner's differs from the verifier's by
     # at most ε, the sorted values differ by at most ε too, whichever token holds which rank, so
@@ -407,10 +467,18 @@ def answers_served_as(cheat: dict, *, trials: int = 20, rows: int = 64):
             yield logits, seed, [seeded_choice(logits[i], params, 100 + i) for i in range(rows)]
 
 
-@pytest.mark.parametrize(("cheat", "caught_at_least"), [
-    ({}, 0), ({"temperature": 0}, 20), ({"top_p": 0.5}, 20), ({"top_k": 5}, 20), ({"temperature": 0.3}, 20),
-    ({"temperature": 0.5}, 20), ({"unseeded": True}, 20),
-])
+@pytest.mark.parametrize(
+    ("cheat", "caught_at_least"),
+    [
+        ({}, 0),
+        ({"temperature": 0}, 20),
+        ({"top_p": 0.5}, 20),
+        ({"top_k": 5}, 20),
+        ({"temperature": 0.3}, 20),
+        ({"temperature": 0.5}, 20),
+        ({"unseeded": True}, 20),
+    ],
+)
 def test_seeded_replay_catches_sampling_other_than_what_was_asked(cheat, caught_at_least):
     # The cheats of the adversarial audit that found replay weaker than greedy: cached greedy
     # answers, a narrower nucleus or top-k, a lower temperature (each drawn with the request's own
@@ -419,8 +487,14 @@ def test_seeded_replay_catches_sampling_other_than_what_was_asked(cheat, caught_
     caught = 0
     for logits, seed, tokens in answers_served_as(cheat):
         terms = proof.SamplingTerms(1.0, seed=seed)
-        stats = proof.token_stats(logits, tokens, sampling=terms, first_position=100, nucleus_margin=TOKEN_PARAMS.nucleus_margin,
-                                  edge_band=TOKEN_PARAMS.nucleus_edge_band)
+        stats = proof.token_stats(
+            logits,
+            tokens,
+            sampling=terms,
+            first_position=100,
+            nucleus_margin=TOKEN_PARAMS.nucleus_margin,
+            edge_band=TOKEN_PARAMS.nucleus_edge_band,
+        )
         caught += not proof.token_check(stats, greedy=False, params=TOKEN_PARAMS).ok
     assert caught >= caught_at_least if caught_at_least else caught == 0
 
@@ -436,7 +510,9 @@ def test_a_rank_any_token_could_hold_is_the_rank_the_draw_is_judged_by():
     terms = proof.SamplingTerms(1.0, seed=5)
     assert replayed_gaps(logits[None, :], [1], terms, position) == (0.0,)
     assert replayed_gaps(logits[None, :], [2], terms, position) == (0.0,), "its twin could have held rank 1"
-    assert replayed_gaps(logits[None, :], [3], terms, position)[0] > TOKEN_PARAMS.seeded_margin, "2 logits below the winner's"
+    assert replayed_gaps(logits[None, :], [3], terms, position)[0] > TOKEN_PARAMS.seeded_margin, (
+        "2 logits below the winner's"
+    )
 
 
 @pytest.mark.parametrize("sampling", [None, proof.SamplingTerms(0.8, 0.9), proof.SamplingTerms(1.0, 1.0, seed=7)])
@@ -446,8 +522,12 @@ def test_token_stats_in_blocks_equal_token_stats_at_once(monkeypatch, sampling):
     generator = torch.Generator().manual_seed(11)
     logits = torch.randn(23, 50, generator=generator) * 3
     tokens = torch.multinomial(torch.softmax(logits, dim=1), 1, generator=generator)[:, 0].tolist()
-    options = dict(sampling=sampling, first_position=40, edge_band=TOKEN_PARAMS.nucleus_edge_band,
-                   nucleus_margin=TOKEN_PARAMS.nucleus_margin)
+    options = dict(
+        sampling=sampling,
+        first_position=40,
+        edge_band=TOKEN_PARAMS.nucleus_edge_band,
+        nucleus_margin=TOKEN_PARAMS.nucleus_margin,
+    )
     whole = proof.token_stats(logits, tokens, **options)
     monkeypatch.setattr(proof, "TOKEN_STATS_BLOCK_ELEMENTS", 5 * 50)
     monkeypatch.setattr(proof, "REPLAY_BLOCK_ELEMENTS", 2 * 50)
@@ -478,13 +558,21 @@ def test_seeded_replay_forgives_a_rival_the_miner_had_just_outside_its_nucleus()
     recompute = served_logits.clone()
     recompute[1] -= 0.05  # now 0.8997: rank 2 is inside the recompute's nucleus
     params = parse_sampling_params({"temperature": 1.0, "top_p": 0.9, "top_k": SEEDED_TOP_K, "sampling_seed": 3})
-    position = next(p for p in range(10_000)
-                    if int(torch.argmax(seeded_draw(recompute, params, p)[0] + seeded_draw(recompute, params, p)[2])) == 2)
+    position = next(
+        p
+        for p in range(10_000)
+        if int(torch.argmax(seeded_draw(recompute, params, p)[0] + seeded_draw(recompute, params, p)[2])) == 2
+    )
     served = seeded_choice(served_logits, params, position)
     assert served in (0, 1), "the miner's nucleus held ranks 0 and 1 only"
-    stats = proof.token_stats(recompute[None, :], [served], sampling=proof.SamplingTerms(1.0, 0.9, seed=3),
-                              first_position=position, edge_band=TOKEN_PARAMS.nucleus_edge_band,
-                              nucleus_margin=TOKEN_PARAMS.nucleus_margin)
+    stats = proof.token_stats(
+        recompute[None, :],
+        [served],
+        sampling=proof.SamplingTerms(1.0, 0.9, seed=3),
+        first_position=position,
+        edge_band=TOKEN_PARAMS.nucleus_edge_band,
+        nucleus_margin=TOKEN_PARAMS.nucleus_margin,
+    )
     assert stats.replay_gap == (0.0,)
 
 
@@ -501,8 +589,14 @@ def test_a_dominant_tokens_drift_moving_the_nucleus_edge_is_forgiven_both_ways()
     params = parse_sampling_params({"temperature": 0.7, "top_p": 0.9, "top_k": SEEDED_TOP_K, "sampling_seed": 66})
     position = next(p for p in range(10_000) if seeded_choice(served, params, p) == 1)
     terms = proof.SamplingTerms(0.7, 0.9, seed=66)
-    stats = proof.token_stats(recompute[None, :], [1], sampling=terms, first_position=position,
-                              nucleus_margin=TOKEN_PARAMS.nucleus_margin, edge_band=TOKEN_PARAMS.nucleus_edge_band)
+    stats = proof.token_stats(
+        recompute[None, :],
+        [1],
+        sampling=terms,
+        first_position=position,
+        nucleus_margin=TOKEN_PARAMS.nucleus_margin,
+        edge_band=TOKEN_PARAMS.nucleus_edge_band,
+    )
     assert stats.replay_gap[0] <= TOKEN_PARAMS.seeded_drift_band
     assert stats.in_nucleus == (True,), "and the statistical check takes it as inside the nucleus"
 
@@ -528,19 +622,27 @@ def test_seeded_replay_credits_a_token_tied_with_the_widened_nucleus_edge():
     # and inside the nucleus; the recompute puts A first, just past top_p, and B behind it.
     from engy_node.serve.sampling import parse_sampling_params, seeded_choice
 
-    served_logits = tied_edge_logits([0.6, 0.22, 0.07, 0.0314, 0.0316], 1 - 0.953)    # B (id 4) at 0.89
-    recompute = tied_edge_logits([0.6, 0.22, 0.0805, 0.0314, 0.0313], 1 - 0.9632)     # A at 0.9005, B at 0.9319
+    served_logits = tied_edge_logits([0.6, 0.22, 0.07, 0.0314, 0.0316], 1 - 0.953)  # B (id 4) at 0.89
+    recompute = tied_edge_logits([0.6, 0.22, 0.0805, 0.0314, 0.0313], 1 - 0.9632)  # A at 0.9005, B at 0.9319
     params = parse_sampling_params({"temperature": 1.0, "top_p": 0.9, "top_k": SEEDED_TOP_K, "sampling_seed": 11})
     position = next(p for p in range(20_000) if seeded_choice(served_logits, params, p) == 4)
-    stats = proof.token_stats(recompute[None, :], [4], sampling=proof.SamplingTerms(1.0, 0.9, seed=11), first_position=position,
-                              edge_band=TOKEN_PARAMS.nucleus_edge_band, nucleus_margin=TOKEN_PARAMS.nucleus_margin)
+    stats = proof.token_stats(
+        recompute[None, :],
+        [4],
+        sampling=proof.SamplingTerms(1.0, 0.9, seed=11),
+        first_position=position,
+        edge_band=TOKEN_PARAMS.nucleus_edge_band,
+        nucleus_margin=TOKEN_PARAMS.nucleus_margin,
+    )
     assert stats.replay_gap[0] <= TOKEN_PARAMS.seeded_margin / 2
 
 
 def test_a_statistical_check_at_a_low_temperature_forgives_a_near_tie_flip():
     logits = torch.tensor([[5.0, 4.8, 0.0, -1.0]] * 8, dtype=torch.float64)
     tokens = [0] * 7 + [1]  # one flip between tokens 0.2 logits apart, as numerics may cause
-    stats = proof.token_stats(logits, tokens, sampling=proof.SamplingTerms(0.01), nucleus_margin=TOKEN_PARAMS.nucleus_margin)
+    stats = proof.token_stats(
+        logits, tokens, sampling=proof.SamplingTerms(0.01), nucleus_margin=TOKEN_PARAMS.nucleus_margin
+    )
     assert proof.token_check(stats, greedy=False, params=TOKEN_PARAMS).ok
 
 
@@ -550,11 +652,17 @@ def test_output_ids_outside_the_vocabulary_are_refused_or_judged():
     wire["output_token_ids"] = [2**40] * 8
     with pytest.raises(proof.ProofFormatError):
         proof.Commitment.from_wire(wire)
-    outside = dataclasses.replace(commitment, output_token_ids=tuple(range(8)) [:-1] + (10_000,))
+    outside = dataclasses.replace(commitment, output_token_ids=tuple(range(8))[:-1] + (10_000,))
 
     def hundred_token_vocabulary(ids, *, start):
         return torch.zeros(len(ids) - start, rows.shape[1]), torch.zeros(len(ids) - start, 100)
 
-    verdict = proof.verify_commitment(outside, model=SMOLLM2_135M, canonical_root=ROOT, expected_prompt_ids=[1, 2, 3],
-                                      recompute=hundred_token_vocabulary, greedy=True)
+    verdict = proof.verify_commitment(
+        outside,
+        model=SMOLLM2_135M,
+        canonical_root=ROOT,
+        expected_prompt_ids=[1, 2, 3],
+        recompute=hundred_token_vocabulary,
+        greedy=True,
+    )
     assert (verdict.kind, verdict.reason) == ("cheat", "output-outside-vocabulary")

@@ -19,8 +19,14 @@ PARAMS, TOKENS = SMOLLM2_135M.proof, SMOLLM2_135M.token_check
 @pytest.fixture(scope="module")
 def results(checkpoint):
     # Both temperatures and both top_p values, on three prompts each.
-    return run_calibration(checkpoint, model=SMOLLM2_135M, prompts=DEFAULT_PROMPTS[:3], max_new_tokens=64,
-                           sampled_settings=((0.7, 1.0), (1.0, 0.9)), power_prompts=2)
+    return run_calibration(
+        checkpoint,
+        model=SMOLLM2_135M,
+        prompts=DEFAULT_PROMPTS[:3],
+        max_new_tokens=64,
+        sampled_settings=((0.7, 1.0), (1.0, 0.9)),
+        power_prompts=2,
+    )
 
 
 def of(results, case, *, check=None):

@@ -12,13 +12,16 @@ from hypothesis import strategies as st
 from engy_node.calibration import proportion_interval
 
 
-@pytest.mark.parametrize(("successes", "trials", "low", "high"), [
-    (0, 1000, 0.0, 1 - 0.025 ** (1 / 1000)),   # closed form at 0 of n
-    (1000, 1000, 0.025 ** (1 / 1000), 1.0),
-    (46, 99, 0.3638, 0.5677),                   # the figure for the old rank rule
-    (5, 15, 0.1182, 0.6162),
-    (1, 1, 0.025, 1.0),
-])
+@pytest.mark.parametrize(
+    ("successes", "trials", "low", "high"),
+    [
+        (0, 1000, 0.0, 1 - 0.025 ** (1 / 1000)),  # closed form at 0 of n
+        (1000, 1000, 0.025 ** (1 / 1000), 1.0),
+        (46, 99, 0.3638, 0.5677),  # the figure for the old rank rule
+        (5, 15, 0.1182, 0.6162),
+        (1, 1, 0.025, 1.0),
+    ],
+)
 def test_known_intervals(successes, trials, low, high):
     got = proportion_interval(successes, trials)
     assert got == pytest.approx((low, high), abs=1e-4)

@@ -47,5 +47,3 @@ def test_the_default_backoff_doubles_to_a_minute_and_no_failure_waits_nothing():
 def test_nonsense_backoff_inputs_are_refused(kwargs):
     with pytest.raises(ValueError):
         backoff_delay(**kwargs)
-
-

@@ -26,5 +26,6 @@ def test_honest_sampled_answers_are_never_judged_a_cheat(runner, checkpoint):
     for check in ("replay", "statistical"):
         assert len({r.request for r in results if r.check == check}) == REQUESTS
     replayed = [r.verdict for r in results if r.check == "replay"]
-    assert max(v.max_logit_gap for v in replayed) <= SMOLLM2_135M.token_check.seeded_margin / 2, \
+    assert max(v.max_logit_gap for v in replayed) <= SMOLLM2_135M.token_check.seeded_margin / 2, (
         "a seeded answer is held as strictly as a greedy one: only near-ties may lose the draw"
+    )

@@ -22,17 +22,42 @@ PROMPT = "Write a short poem about the sea."
 
 
 def seeded_answer(runner: ModelRunner, prompt_ids, *, seed: int, temperature: float, top_p: float, **more) -> list[int]:
-    generation = Generation(rid="seeded", input_ids=list(prompt_ids), return_hidden_states=True, params=parse_sampling_params(
-        {"temperature": temperature, "top_p": top_p, "top_k": SEEDED_TOP_K, "sampling_seed": seed, "max_new_tokens": 48, **more}))
+    generation = Generation(
+        rid="seeded",
+        input_ids=list(prompt_ids),
+        return_hidden_states=True,
+        params=parse_sampling_params(
+            {
+                "temperature": temperature,
+                "top_p": top_p,
+                "top_k": SEEDED_TOP_K,
+                "sampling_seed": seed,
+                "max_new_tokens": 48,
+                **more,
+            }
+        ),
+    )
     return run_to_completion(runner, generation).output_ids
 
 
 def judge(runner: ModelRunner, checkpoint, prompt_ids, output_ids, terms: proof.SamplingTerms) -> proof.Verdict:
     hidden, _ = runner.prefill(list(prompt_ids) + list(output_ids[:-1]))
-    commitment = proof.build_commitment(model_root=model_root(checkpoint), prompt_ids=prompt_ids, output_ids=output_ids,
-                                        rows=hidden[len(prompt_ids) - 1:], params=SMOLLM2_135M.proof)
-    return proof.verify_commitment(commitment, model=SMOLLM2_135M, canonical_root=model_root(checkpoint),
-                                   expected_prompt_ids=prompt_ids, recompute=runner.prefill, greedy=False, sampling=terms)
+    commitment = proof.build_commitment(
+        model_root=model_root(checkpoint),
+        prompt_ids=prompt_ids,
+        output_ids=output_ids,
+        rows=hidden[len(prompt_ids) - 1 :],
+        params=SMOLLM2_135M.proof,
+    )
+    return proof.verify_commitment(
+        commitment,
+        model=SMOLLM2_135M,
+        canonical_root=model_root(checkpoint),
+        expected_prompt_ids=prompt_ids,
+        recompute=runner.prefill,
+        greedy=False,
+        sampling=terms,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +76,15 @@ def test_honest_seeded_serving_passes_and_another_seed_does_not(runner, checkpoi
     assert (wrong_seed.kind, wrong_seed.reason) == ("cheat", "tokens")
 
 
-@pytest.mark.parametrize(("case", "served_as"), [
-    ("greedy answer", {"temperature": 0}), ("lower temperature", {"temperature": 0.5}), ("top-k", {"top_k": 5}),
-    ("own randomness", {"sampling_seed": None}),
-])
+@pytest.mark.parametrize(
+    ("case", "served_as"),
+    [
+        ("greedy answer", {"temperature": 0}),
+        ("lower temperature", {"temperature": 0.5}),
+        ("top-k", {"top_k": 5}),
+        ("own randomness", {"sampling_seed": None}),
+    ],
+)
 def test_the_canonical_model_sampled_other_than_as_asked_is_caught(runner, checkpoint, case, served_as):
     # The audit that found replay weaker than greedy: a miner with the real model and real proofs
     # that caches greedy answers or draws more cheaply than the request asked.

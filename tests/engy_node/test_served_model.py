@@ -31,17 +31,40 @@ from engy_node.served_model import end_token_ids_of, load_served_model, longest_
 from tests.waiting import wait_until_async
 
 ADDED = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>", "<file_sep>"]
-text = st.lists(st.one_of(st.text(max_size=30), st.sampled_from(ADDED),
-                          st.sampled_from(["", " ", "\n", "\n\n", "  x", "é", "e\u0301", "東京 ✓", "🙂", "{{ x }}", "{% raw %}"])),
-                max_size=6).map("".join)
-content = st.one_of(text, st.none(), st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}), max_size=2))
-extra = st.dictionaries(st.sampled_from(["name", "tool_call_id", "reasoning_content", "thinking", "reasoning"]),
-                        st.one_of(st.none(), text), max_size=3)
-message = st.builds(lambda role, body, fields: {**fields, "role": role, "content": body},
-                    st.sampled_from(["system", "user", "assistant", "tool"]), content, extra)
-tool = st.builds(lambda name, description: {"type": "function", "function": {
-    "name": name, "description": description, "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}},
-    st.from_regex(r"[a-z_]{1,12}", fullmatch=True), text)
+text = st.lists(
+    st.one_of(
+        st.text(max_size=30),
+        st.sampled_from(ADDED),
+        st.sampled_from(["", " ", "\n", "\n\n", "  x", "é", "e\u0301", "東京 ✓", "🙂", "{{ x }}", "{% raw %}"]),
+    ),
+    max_size=6,
+).map("".join)
+content = st.one_of(
+    text, st.none(), st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}), max_size=2)
+)
+extra = st.dictionaries(
+    st.sampled_from(["name", "tool_call_id", "reasoning_content", "thinking", "reasoning"]),
+    st.one_of(st.none(), text),
+    max_size=3,
+)
+message = st.builds(
+    lambda role, body, fields: {**fields, "role": role, "content": body},
+    st.sampled_from(["system", "user", "assistant", "tool"]),
+    content,
+    extra,
+)
+tool = st.builds(
+    lambda name, description: {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    },
+    st.from_regex(r"[a-z_]{1,12}", fullmatch=True),
+    text,
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,32 +85,52 @@ def without_runtime_settings(serialised: str) -> dict:
 
 
 def test_the_rust_tokenizer_is_the_one_transformers_built(served, reference):
-    assert without_runtime_settings(served.tokenizer.backend_tokenizer.to_str()) == \
-        without_runtime_settings(reference.backend_tokenizer.to_str())
+    assert without_runtime_settings(served.tokenizer.backend_tokenizer.to_str()) == without_runtime_settings(
+        reference.backend_tokenizer.to_str()
+    )
     assert served.tokenizer.special_tokens_map == reference.special_tokens_map
     assert served.tokenizer.eos_token_id == reference.eos_token_id
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(messages=st.lists(message, max_size=5), tools=st.one_of(st.none(), st.lists(tool, max_size=2)),
-       add_generation_prompt=st.booleans(), tokenize=st.booleans())
+@given(
+    messages=st.lists(message, max_size=5),
+    tools=st.one_of(st.none(), st.lists(tool, max_size=2)),
+    add_generation_prompt=st.booleans(),
+    tokenize=st.booleans(),
+)
 def test_apply_chat_template_is_transformers(served, reference, messages, tools, add_generation_prompt, tokenize):
-    ours = outcome(lambda: served.tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=tokenize))
-    theirs = outcome(lambda: reference.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=tokenize))
+    ours = outcome(
+        lambda: served.tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=tokenize
+        )
+    )
+    theirs = outcome(
+        lambda: reference.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=tokenize
+        )
+    )
     # transformers refuses an empty conversation with a ValueError of its own wording.
-    assert ours == theirs or (not messages and ours[:2] == ("error", "ChatTemplateError") and theirs[:2] == ("error", "ValueError"))
+    assert ours == theirs or (
+        not messages and ours[:2] == ("error", "ChatTemplateError") and theirs[:2] == ("error", "ValueError")
+    )
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(turns=st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), text), min_size=1, max_size=5),
-       tools=st.lists(tool, max_size=2))
+@given(
+    turns=st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), text), min_size=1, max_size=5),
+    tools=st.lists(tool, max_size=2),
+)
 def test_render_prompt_is_transformers_ids_with_the_generation_prompt(served, reference, turns, tools):
-    request = ServeRequest(messages=tuple(Message(role=role, content=body) for role, body in turns), max_tokens=8,
-                           engy_request_id="r", tools=tuple(tools) or None)
-    expected = reference.apply_chat_template([m.for_template() for m in request.messages], tools=tools or None,
-                                             add_generation_prompt=True, tokenize=True)["input_ids"]
+    request = ServeRequest(
+        messages=tuple(Message(role=role, content=body) for role, body in turns),
+        max_tokens=8,
+        engy_request_id="r",
+        tools=tuple(tools) or None,
+    )
+    expected = reference.apply_chat_template(
+        [m.for_template() for m in request.messages], tools=tools or None, add_generation_prompt=True, tokenize=True
+    )["input_ids"]
     assert served.render_prompt(request) == expected
     assert served.render_prompt(request) == expected, "again, from the piece cache"
 
@@ -95,8 +138,9 @@ def test_render_prompt_is_transformers_ids_with_the_generation_prompt(served, re
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=text, add_special_tokens=st.booleans())
 def test_encode_is_transformers(served, reference, value, add_special_tokens):
-    assert served.tokenizer.encode(value, add_special_tokens=add_special_tokens) == \
-        reference.encode(value, add_special_tokens=add_special_tokens)
+    assert served.tokenizer.encode(value, add_special_tokens=add_special_tokens) == reference.encode(
+        value, add_special_tokens=add_special_tokens
+    )
 
 
 def test_long_text_is_encoded_as_transformers_does(served, reference):
@@ -131,16 +175,26 @@ print(json.dumps({"loaded": sorted({name.split('.')[0] for name in sys.modules} 
 
 
 def test_a_fresh_interpreter_imports_the_gateway_and_loads_the_model_without_torch_or_transformers(served, checkpoint):
-    result = subprocess.run([sys.executable, "-c", IMPORTS_AND_LOAD, str(checkpoint)], capture_output=True, text=True,
-                            timeout=300, cwd=Path(__file__).resolve().parents[2])
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORTS_AND_LOAD, str(checkpoint)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["loaded"] == []
-    assert report["ids"] == served.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert report["ids"] == served.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True
+    )
 
 
 def maps_torch(process: psutil.Process) -> bool:
-    return any("libtorch" in line or f"{os.sep}torch{os.sep}" in line for line in Path(f"/proc/{process.pid}/maps").read_text().splitlines())
+    return any(
+        "libtorch" in line or f"{os.sep}torch{os.sep}" in line
+        for line in Path(f"/proc/{process.pid}/maps").read_text().splitlines()
+    )
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gateway worker processes need Linux")
@@ -148,8 +202,11 @@ async def test_a_gateway_worker_process_does_not_map_torch(nursery, tmp_path, ch
     from engy_node.gateway.role import run_gateway
 
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(home=tmp_path, env=env, overrides={"gateway": {
-        "port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "workers": 2}})
+    config = load_config(
+        home=tmp_path,
+        env=env,
+        overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "workers": 2}},
+    )
     await nursery.start(run_gateway, config, Hub())
 
     def workers() -> list[psutil.Process]:

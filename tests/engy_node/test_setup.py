@@ -63,8 +63,15 @@ RIG = "4xRTX4090,1xRTX5090"
 # ---- fixtures shared with the TUI's tests --------------------------------------------------------
 
 
-def make_wallet(root: Path, name: str, hotkeys: dict[str, str], *, coldkey: str = BOB, public_files: bool = True,
-                encrypted: frozenset[str] = frozenset()) -> None:
+def make_wallet(
+    root: Path,
+    name: str,
+    hotkeys: dict[str, str],
+    *,
+    coldkey: str = BOB,
+    public_files: bool = True,
+    encrypted: frozenset[str] = frozenset(),
+) -> None:
     """A wallet in bittensor's layout with made-up (but well-formed) keyfiles: `coldkey` is an
     encrypted blob, `coldkeypub.txt` and `hotkeys/HKpub.txt` public JSON, `hotkeys/HK` a JSON
     keyfile (or an encrypted blob for the names in `encrypted`)."""
@@ -76,7 +83,9 @@ def make_wallet(root: Path, name: str, hotkeys: dict[str, str], *, coldkey: str 
         if hotkey in encrypted:
             (hotkeys_dir / hotkey).write_bytes(b"$NACL" + bytes(range(64)))
         else:
-            (hotkeys_dir / hotkey).write_text(json.dumps({"ss58Address": ss58, "secretPhrase": "made up", "cryptoType": 1}))
+            (hotkeys_dir / hotkey).write_text(
+                json.dumps({"ss58Address": ss58, "secretPhrase": "made up", "cryptoType": 1})
+            )
         if public_files:
             (hotkeys_dir / f"{hotkey}pub.txt").write_text(json.dumps({"ss58Address": ss58, "cryptoType": 1}))
 
@@ -109,8 +118,12 @@ def qwen_checkpoint(tmp_path) -> Path:
 def test_the_machine_line_groups_gpus_and_names_p2p_driver_cuda_and_memory():
     assert machine_line(rig(), ram_bytes=125 * GIB) == (
         "4 × RTX 4090 (24 GiB, PCIe 4.0 x16) + 1 × RTX 5090 (32 GiB, PCIe 5.0 x16) · no P2P · driver 570.133.07 · "
-        "CUDA 12.8 · 125 GiB RAM")
-    assert machine_line(rig("2xRTX4090", p2p_ok=True)) == "2 × RTX 4090 (24 GiB, PCIe 4.0 x16) · P2P · driver 570.133.07 · CUDA 12.8"
+        "CUDA 12.8 · 125 GiB RAM"
+    )
+    assert (
+        machine_line(rig("2xRTX4090", p2p_ok=True))
+        == "2 × RTX 4090 (24 GiB, PCIe 4.0 x16) · P2P · driver 570.133.07 · CUDA 12.8"
+    )
     assert machine_line(rig("RTX5090")) == "1 × RTX 5090 (32 GiB, PCIe 5.0 x16) · driver 570.133.07 · CUDA 12.8"
 
 
@@ -122,7 +135,8 @@ def test_a_card_on_a_narrower_link_shows_both_widths():
 
 def test_without_a_gpu_the_machine_line_says_cpu_mode_and_why():
     assert machine_line(no_gpu(), ram_bytes=16 * GIB) == (
-        "no NVIDIA GPU — CPU mode: no NVIDIA driver found (libnvidia-ml.so not loadable) · 16 GiB RAM")
+        "no NVIDIA GPU — CPU mode: no NVIDIA driver found (libnvidia-ml.so not loadable) · 16 GiB RAM"
+    )
 
 
 # ---- wallets ------------------------------------------------------------------------------------
@@ -149,8 +163,10 @@ def test_an_encrypted_hotkey_is_flagged_and_its_address_comes_only_from_its_publ
     make_wallet(tmp_path, "with-pub", {"hk": ALICE}, encrypted=frozenset({"hk"}))
     make_wallet(tmp_path, "without-pub", {"hk": ALICE}, encrypted=frozenset({"hk"}), public_files=False)
     by_name = {wallet.name: wallet.hotkeys for wallet in list_wallets(tmp_path)}
-    assert by_name == {"with-pub": (HotkeyEntry("hk", ALICE, encrypted=True),),
-                       "without-pub": (HotkeyEntry("hk", None, encrypted=True),)}
+    assert by_name == {
+        "with-pub": (HotkeyEntry("hk", ALICE, encrypted=True),),
+        "without-pub": (HotkeyEntry("hk", None, encrypted=True),),
+    }
 
 
 def test_listing_never_opens_a_coldkey(tmp_path, monkeypatch):
@@ -263,16 +279,37 @@ def test_a_first_run_starts_from_the_public_defaults():
 
 
 def test_running_setup_again_starts_from_what_node_toml_says():
-    existing = {"miner": {"model": QWEN, "checkpoint": "/models/qwen", "gateway_url": "wss://gw.example/gw",
-                          "miner_key": MINER_KEY, "wallets_path": "/w", "wallet_name": "default", "wallet_hotkey": "miner1"}}
+    existing = {
+        "miner": {
+            "model": QWEN,
+            "checkpoint": "/models/qwen",
+            "gateway_url": "wss://gw.example/gw",
+            "miner_key": MINER_KEY,
+            "wallets_path": "/w",
+            "wallet_name": "default",
+            "wallet_hotkey": "miner1",
+        }
+    }
     assert answers_from(existing) == SetupAnswers(
-        role="miner", model=QWEN, checkpoint="/models/qwen", gateway_url="wss://gw.example/gw", miner_key=MINER_KEY,
-        wallets_path="/w", wallet_name="default", wallet_hotkey="miner1")
+        role="miner",
+        model=QWEN,
+        checkpoint="/models/qwen",
+        gateway_url="wss://gw.example/gw",
+        miner_key=MINER_KEY,
+        wallets_path="/w",
+        wallet_name="default",
+        wallet_hotkey="miner1",
+    )
 
 
 def test_a_node_toml_naming_only_a_validator_hotkey_starts_as_a_validator():
     answers = answers_from({"validator": {"wallet_name": "v", "wallet_hotkey": "hk", "network": "test"}})
-    assert (answers.role, answers.wallet_name, answers.wallet_hotkey, answers.network) == ("validator", "v", "hk", "test")
+    assert (answers.role, answers.wallet_name, answers.wallet_hotkey, answers.network) == (
+        "validator",
+        "v",
+        "hk",
+        "test",
+    )
 
 
 def test_values_of_the_wrong_type_or_unknown_models_fall_back_to_defaults():
@@ -291,43 +328,74 @@ GOOD_MINER = SetupAnswers(role="miner", model=QWEN, checkpoint="/models/qwen", m
 GOOD_VALIDATOR = SetupAnswers(role="validator", wallet_name="default", wallet_hotkey="validator")
 
 
-@pytest.mark.parametrize("answers", [
-    GOOD_MINER,
-    dataclasses.replace(GOOD_MINER, miner_key="", wallet_name="default", wallet_hotkey="miner1"),
-    dataclasses.replace(GOOD_MINER, gateway_url="ws://127.0.0.1:8081/gw"),
-    dataclasses.replace(GOOD_MINER, gateway_url="ws://localhost:8081/gw"),
-    SetupAnswers(role="miner", miner_key=MINER_KEY),
-    GOOD_VALIDATOR,
-    dataclasses.replace(GOOD_VALIDATOR, network="ws://127.0.0.1:9944"),
-    SetupAnswers(role="gateway"),
-    SetupAnswers(role="gateway", model=QWEN, checkpoint="/models/qwen"),
-    SetupAnswers(role="local", gateway_url="", miner_key="", master_hotkey=""),
-])
+@pytest.mark.parametrize(
+    "answers",
+    [
+        GOOD_MINER,
+        dataclasses.replace(GOOD_MINER, miner_key="", wallet_name="default", wallet_hotkey="miner1"),
+        dataclasses.replace(GOOD_MINER, gateway_url="ws://127.0.0.1:8081/gw"),
+        dataclasses.replace(GOOD_MINER, gateway_url="ws://localhost:8081/gw"),
+        SetupAnswers(role="miner", miner_key=MINER_KEY),
+        GOOD_VALIDATOR,
+        dataclasses.replace(GOOD_VALIDATOR, network="ws://127.0.0.1:9944"),
+        SetupAnswers(role="gateway"),
+        SetupAnswers(role="gateway", model=QWEN, checkpoint="/models/qwen"),
+        SetupAnswers(role="local", gateway_url="", miner_key="", master_hotkey=""),
+    ],
+)
 def test_complete_answers_have_no_problems(answers):
     assert validate(answers) == []
 
 
-@pytest.mark.parametrize(("answers", "problem"), [
-    (dataclasses.replace(GOOD_MINER, gateway_url="ws://gw.example.com/gw"), "plain ws:// sends the miner key unencrypted; use wss://"),
-    (dataclasses.replace(GOOD_MINER, gateway_url="https://gw.example.com"), "use the gateway's wss:// URL"),
-    (dataclasses.replace(GOOD_MINER, gateway_url=""), "gateway URL is empty"),
-    (dataclasses.replace(GOOD_MINER, gateway_url="wss://gw example/gw"), "has spaces or control characters"),
-    (dataclasses.replace(GOOD_MINER, miner_key=""), "a miner needs a miner key (issued by the gateway operator) or a registered hotkey"),
-    (dataclasses.replace(GOOD_MINER, miner_key="engy-mk-abc\n"), "the miner key has spaces, line breaks"),
-    (dataclasses.replace(GOOD_MINER, checkpoint=""), f"model {QWEN} needs its checkpoint"),
-    (dataclasses.replace(GOOD_MINER, model="gpt-9"), "model 'gpt-9' is not in the catalog"),
-    (dataclasses.replace(GOOD_MINER, wallet_name="default"), "choose both a wallet and one of its hotkeys"),
-    (dataclasses.replace(GOOD_MINER, wallet_name="a/b", wallet_hotkey="hk"), "wallet name 'a/b': use a plain name"),
-    (dataclasses.replace(GOOD_MINER, wallet_name="w", wallet_hotkey="..", ), "hotkey name '..': use a plain name"),
-    (dataclasses.replace(GOOD_MINER, wallet_name="w", wallet_hotkey="hk", wallets_path=" "), "wallets path is empty"),
-    (dataclasses.replace(GOOD_VALIDATOR, wallet_hotkey=""), "a validator signs weights with its own hotkey"),
-    (dataclasses.replace(GOOD_VALIDATOR, network="mainnet"), "network 'mainnet': use finney, test, local or a ws(s):// URL"),
-    (dataclasses.replace(GOOD_VALIDATOR, provider_url="provider.engy.ai"), "provider URL 'provider.engy.ai': use the provider's https:// URL"),
-    (dataclasses.replace(GOOD_VALIDATOR, master_hotkey="0xabc"), "master hotkey '0xabc': enter the provider's master hotkey"),
-    (SetupAnswers(role="gateway", model=QWEN), f"model {QWEN} needs its checkpoint"),
-    (SetupAnswers(role="gateway", model=QWEN, checkpoint="/a,b"), "checkpoint path has a comma"),
-    (dataclasses.replace(GOOD_MINER, role="farmer"), "role 'farmer': choose miner, validator, gateway or local"),
-])
+@pytest.mark.parametrize(
+    ("answers", "problem"),
+    [
+        (
+            dataclasses.replace(GOOD_MINER, gateway_url="ws://gw.example.com/gw"),
+            "plain ws:// sends the miner key unencrypted; use wss://",
+        ),
+        (dataclasses.replace(GOOD_MINER, gateway_url="https://gw.example.com"), "use the gateway's wss:// URL"),
+        (dataclasses.replace(GOOD_MINER, gateway_url=""), "gateway URL is empty"),
+        (dataclasses.replace(GOOD_MINER, gateway_url="wss://gw example/gw"), "has spaces or control characters"),
+        (
+            dataclasses.replace(GOOD_MINER, miner_key=""),
+            "a miner needs a miner key (issued by the gateway operator) or a registered hotkey",
+        ),
+        (dataclasses.replace(GOOD_MINER, miner_key="engy-mk-abc\n"), "the miner key has spaces, line breaks"),
+        (dataclasses.replace(GOOD_MINER, checkpoint=""), f"model {QWEN} needs its checkpoint"),
+        (dataclasses.replace(GOOD_MINER, model="gpt-9"), "model 'gpt-9' is not in the catalog"),
+        (dataclasses.replace(GOOD_MINER, wallet_name="default"), "choose both a wallet and one of its hotkeys"),
+        (dataclasses.replace(GOOD_MINER, wallet_name="a/b", wallet_hotkey="hk"), "wallet name 'a/b': use a plain name"),
+        (
+            dataclasses.replace(
+                GOOD_MINER,
+                wallet_name="w",
+                wallet_hotkey="..",
+            ),
+            "hotkey name '..': use a plain name",
+        ),
+        (
+            dataclasses.replace(GOOD_MINER, wallet_name="w", wallet_hotkey="hk", wallets_path=" "),
+            "wallets path is empty",
+        ),
+        (dataclasses.replace(GOOD_VALIDATOR, wallet_hotkey=""), "a validator signs weights with its own hotkey"),
+        (
+            dataclasses.replace(GOOD_VALIDATOR, network="mainnet"),
+            "network 'mainnet': use finney, test, local or a ws(s):// URL",
+        ),
+        (
+            dataclasses.replace(GOOD_VALIDATOR, provider_url="provider.engy.ai"),
+            "provider URL 'provider.engy.ai': use the provider's https:// URL",
+        ),
+        (
+            dataclasses.replace(GOOD_VALIDATOR, master_hotkey="0xabc"),
+            "master hotkey '0xabc': enter the provider's master hotkey",
+        ),
+        (SetupAnswers(role="gateway", model=QWEN), f"model {QWEN} needs its checkpoint"),
+        (SetupAnswers(role="gateway", model=QWEN, checkpoint="/a,b"), "checkpoint path has a comma"),
+        (dataclasses.replace(GOOD_MINER, role="farmer"), "role 'farmer': choose miner, validator, gateway or local"),
+    ],
+)
 def test_each_problem_names_the_fix(answers, problem):
     problems = validate(answers)
     assert any(problem in found for found in problems), problems
@@ -336,9 +404,11 @@ def test_each_problem_names_the_fix(answers, problem):
 def test_a_model_that_does_not_fit_this_machine_is_a_problem_for_a_miner(qwen_checkpoint):
     choices = model_choices(rig("RTX4090"), checkpoints={QWEN: str(qwen_checkpoint)})
     problems = validate(dataclasses.replace(GOOD_MINER, checkpoint=str(qwen_checkpoint)), choices)
-    assert problems == [f"model {QWEN} does not fit this machine (32.7 GiB of weights need at least 2 GPUs of 24.0 GiB "
-                        "(each holds 19.9 GiB of weights and KV cache at --mem-fraction-static 0.83); found 1): "
-                        "choose a model marked ✔"]
+    assert problems == [
+        f"model {QWEN} does not fit this machine (32.7 GiB of weights need at least 2 GPUs of 24.0 GiB "
+        "(each holds 19.9 GiB of weights and KV cache at --mem-fraction-static 0.83); found 1): "
+        "choose a model marked ✔"
+    ]
 
 
 def test_every_problem_is_reported_at_once():
@@ -373,9 +443,15 @@ def test_node_toml_writes_the_miners_answers_and_keeps_everything_else(tmp_path)
     assert document["node"] == {"log_level": "debug"} and document["serve"] == {"port": 8000}
     assert document["validator"] == {"poll_s": 60.0}
     assert document["miner"] == {
-        "worker_name": "rig-a", "miner_key": MINER_KEY, "context_length": 131072, "model": QWEN,
-        "checkpoint": "/models/qwen", "gateway_url": DEFAULT_GATEWAY_URL, "wallets_path": "/w",
-        "wallet_name": "default", "wallet_hotkey": "miner1",
+        "worker_name": "rig-a",
+        "miner_key": MINER_KEY,
+        "context_length": 131072,
+        "model": QWEN,
+        "checkpoint": "/models/qwen",
+        "gateway_url": DEFAULT_GATEWAY_URL,
+        "wallets_path": "/w",
+        "wallet_name": "default",
+        "wallet_hotkey": "miner1",
     }
     config = parsed_config(tmp_path, text)
     assert (config.miner.model, config.miner.miner_key, config.miner.worker_name) == (QWEN, MINER_KEY, "rig-a")
@@ -430,11 +506,22 @@ def test_values_toml_cannot_hold_are_refused():
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=24)
 NAME = st.from_regex(r"[A-Za-z0-9_.-]{1,12}", fullmatch=True).filter(lambda name: name not in (".", ".."))
 ANY_ANSWERS = st.builds(
-    SetupAnswers, role=st.sampled_from(ROLES), model=st.sampled_from(list(CATALOG)), checkpoint=TEXT, wallets_path=TEXT,
-    wallet_name=TEXT, wallet_hotkey=TEXT, gateway_url=TEXT, miner_key=TEXT, network=TEXT, provider_url=TEXT,
+    SetupAnswers,
+    role=st.sampled_from(ROLES),
+    model=st.sampled_from(list(CATALOG)),
+    checkpoint=TEXT,
+    wallets_path=TEXT,
+    wallet_name=TEXT,
+    wallet_hotkey=TEXT,
+    gateway_url=TEXT,
+    miner_key=TEXT,
+    network=TEXT,
+    provider_url=TEXT,
     master_hotkey=TEXT,
 )
-PRINTABLE_WORD = st.text(st.characters(blacklist_categories=("Cs", "Cc", "Cf", "Zs", "Zl", "Zp", "Co", "Cn")), min_size=1, max_size=24)
+PRINTABLE_WORD = st.text(
+    st.characters(blacklist_categories=("Cs", "Cc", "Cf", "Zs", "Zl", "Zp", "Co", "Cn")), min_size=1, max_size=24
+)
 VALID_ANSWERS = st.builds(
     SetupAnswers,
     role=st.sampled_from(ROLES),
@@ -443,28 +530,48 @@ VALID_ANSWERS = st.builds(
     wallets_path=TEXT.map(lambda text: "~/" + text),
     wallet_name=NAME,
     wallet_hotkey=NAME,
-    gateway_url=st.tuples(st.sampled_from(["wss://api.engy.ai/gw", "ws://127.0.0.1:8081/gw", "wss://[::1]/"]),
-                          st.from_regex(r"[a-z0-9/]{0,8}", fullmatch=True)).map("".join),
+    gateway_url=st.tuples(
+        st.sampled_from(["wss://api.engy.ai/gw", "ws://127.0.0.1:8081/gw", "wss://[::1]/"]),
+        st.from_regex(r"[a-z0-9/]{0,8}", fullmatch=True),
+    ).map("".join),
     miner_key=PRINTABLE_WORD | st.just(""),
     network=st.sampled_from(["finney", "test", "local", "ws://127.0.0.1:9944"]),
     provider_url=st.from_regex(r"https?://[a-z.]{1,12}(:[0-9]{1,4})?", fullmatch=True),
     master_hotkey=st.sampled_from([ALICE, BOB, CHARLIE]),
 )
 SCALARS = st.one_of(
-    st.booleans(), st.integers(min_value=-(2**63), max_value=2**63 - 1), st.floats(allow_nan=False), TEXT,
-    st.dates(), st.times(), st.datetimes(timezones=st.none() | st.just(datetime.timezone.utc)),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=False),
+    TEXT,
+    st.dates(),
+    st.times(),
+    st.datetimes(timezones=st.none() | st.just(datetime.UTC)),
 )
-TOML_VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
-                           max_leaves=8)
+TOML_VALUES = st.recursive(
+    SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3), max_leaves=8
+)
 ANY_EXISTING = st.dictionaries(TEXT, st.dictionaries(TEXT, TOML_VALUES, max_size=4) | TOML_VALUES, max_size=4)
-VALID_EXISTING = st.fixed_dictionaries({}, optional={
-    "node": st.fixed_dictionaries({}, optional={"log_level": st.sampled_from(["debug", "info", "warning", "error"])}),
-    "serve": st.fixed_dictionaries({}, optional={"port": st.integers(0, 65535), "served_model_name": TEXT}),
-    "miner": st.fixed_dictionaries({}, optional={"worker_name": TEXT, "max_inflight": st.integers(0, 512),
-                                                 "miner_key": TEXT, "model": st.sampled_from(list(CATALOG))}),
-    "gateway": st.fixed_dictionaries({}, optional={"verifiers": TEXT, "keepalive_s": st.floats(0.1, 60)}),
-    "validator": st.fixed_dictionaries({}, optional={"poll_s": st.floats(1, 1000), "wallet_name": TEXT}),
-})
+VALID_EXISTING = st.fixed_dictionaries(
+    {},
+    optional={
+        "node": st.fixed_dictionaries(
+            {}, optional={"log_level": st.sampled_from(["debug", "info", "warning", "error"])}
+        ),
+        "serve": st.fixed_dictionaries({}, optional={"port": st.integers(0, 65535), "served_model_name": TEXT}),
+        "miner": st.fixed_dictionaries(
+            {},
+            optional={
+                "worker_name": TEXT,
+                "max_inflight": st.integers(0, 512),
+                "miner_key": TEXT,
+                "model": st.sampled_from(list(CATALOG)),
+            },
+        ),
+        "gateway": st.fixed_dictionaries({}, optional={"verifiers": TEXT, "keepalive_s": st.floats(0.1, 60)}),
+        "validator": st.fixed_dictionaries({}, optional={"poll_s": st.floats(1, 1000), "wallet_name": TEXT}),
+    },
+)
 
 
 def documents_equal(a, b) -> bool:
@@ -516,19 +623,24 @@ def test_answers_that_validate_load_through_the_real_config_loader_unchanged(ans
 # ---- commands -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("answers", "expected"), [
-    (GOOD_MINER, ["engy-node plan", "engy-node --role miner"]),
-    (GOOD_VALIDATOR, ["engy-node --role validator --validator-wallet default --validator-hotkey validator"]),
-    (SetupAnswers(role="gateway"), ["engy-node --role gateway"]),
-    (SetupAnswers(role="local"), ["engy-node up --traffic"]),
-])
+@pytest.mark.parametrize(
+    ("answers", "expected"),
+    [
+        (GOOD_MINER, ["engy-node plan", "engy-node --role miner"]),
+        (GOOD_VALIDATOR, ["engy-node --role validator --validator-wallet default --validator-hotkey validator"]),
+        (SetupAnswers(role="gateway"), ["engy-node --role gateway"]),
+        (SetupAnswers(role="local"), ["engy-node up --traffic"]),
+    ],
+)
 def test_the_commands_are_the_clis_exact_forms(answers, expected):
     assert commands(answers) == expected
 
 
 def test_a_home_is_passed_before_the_subcommand_and_quoted():
-    assert commands(GOOD_MINER, home="/srv/my node") == ["engy-node --home '/srv/my node' plan",
-                                                         "engy-node --home '/srv/my node' --role miner"]
+    assert commands(GOOD_MINER, home="/srv/my node") == [
+        "engy-node --home '/srv/my node' plan",
+        "engy-node --home '/srv/my node' --role miner",
+    ]
     assert commands(SetupAnswers(role="local"), home="/h") == ["engy-node --home /h up --traffic"]
 
 
@@ -591,7 +703,8 @@ def test_reading_node_toml(tmp_path):
 def test_gather_facts_reads_the_homes_node_toml_and_the_gpus(tmp_path):
     (tmp_path / "node.toml").write_text(
         '[miner]\nmodel = "qwen3.6-35b-a3b"\ncheckpoint = "/m/qwen"\nwallets_path = "/w"\n'
-        '[gateway]\ncheckpoints = "glm-5.2=/m/glm"\n')
+        '[gateway]\ncheckpoints = "glm-5.2=/m/glm"\n'
+    )
     facts = gather_facts(str(tmp_path), env={}, nvml=FakeNvml.from_spec("2xRTX4090"))
     assert facts.config_file == tmp_path.resolve() / "node.toml" and facts.home == str(tmp_path)
     assert facts.existing["miner"]["model"] == QWEN and facts.wallets_path == "/w"

@@ -12,8 +12,17 @@ PARAMS = SMOLLM2_135M.token_check
 
 def answer(case: str, index: int, gaps: list[float]) -> JudgedAnswer:
     n = len(gaps)
-    stats = proof.TokenStats(tokens=(1,) * n, argmax=(1,) * n, gap=(0.0,) * n, rank=(0,) * n, logprob=(-1.0,) * n,
-                             surprisal=(1.0,) * n, tilts=((0.0,) * 5,) * n, in_nucleus=(True,) * n, replay_gap=tuple(gaps))
+    stats = proof.TokenStats(
+        tokens=(1,) * n,
+        argmax=(1,) * n,
+        gap=(0.0,) * n,
+        rank=(0,) * n,
+        logprob=(-1.0,) * n,
+        surprisal=(1.0,) * n,
+        tilts=((0.0,) * 5,) * n,
+        in_nucleus=(True,) * n,
+        replay_gap=tuple(gaps),
+    )
     return JudgedAnswer(case, index, stats)
 
 
@@ -33,10 +42,20 @@ def test_the_verdict_on_a_prefix_is_the_verdict_on_the_answer_cut_there():
 
 def test_catch_rates_count_each_case_at_every_length_its_answers_reach():
     caught_late = [PARAMS.seeded_margin + 1 if i == 20 else 0.0 for i in range(64)]
-    judged = [answer("honest", 0, [0.0] * 64), answer("honest", 1, [0.1] * 64),
-              answer("cheat", 0, caught_late), answer("cheat", 1, [PARAMS.seeded_margin + 1] + [0.0] * 63)]
-    assert catch_rates(judged, params=PARAMS) == [("cheat", 16, 2, 1), ("cheat", 32, 2, 2), ("cheat", 64, 2, 2),
-                                                   ("honest", 16, 2, 0), ("honest", 32, 2, 0), ("honest", 64, 2, 0)]
+    judged = [
+        answer("honest", 0, [0.0] * 64),
+        answer("honest", 1, [0.1] * 64),
+        answer("cheat", 0, caught_late),
+        answer("cheat", 1, [PARAMS.seeded_margin + 1] + [0.0] * 63),
+    ]
+    assert catch_rates(judged, params=PARAMS) == [
+        ("cheat", 16, 2, 1),
+        ("cheat", 32, 2, 2),
+        ("cheat", 64, 2, 2),
+        ("honest", 16, 2, 0),
+        ("honest", 32, 2, 0),
+        ("honest", 64, 2, 0),
+    ]
     table = format_catch_rates(judged, params=PARAMS)
     assert "| cheat | 2 | 1/2 (1.3–98.7 %) | 2/2 (15.8–100.0 %) | 2/2 (15.8–100.0 %) |" in table
     assert "Honest answers: 128 tokens, largest replay gap 0.100 logits, 0 beyond" in table

@@ -19,9 +19,19 @@ from engy_node.verifier import LOCAL_VERIFIER, DeskAuditSource, Judge, Verifier
 
 
 def job(request_id: str, *, model: str = "smollm2-135m", commitment: dict | None = None) -> AuditJob:
-    return AuditJob(request_id=request_id, model=model, miner="key:1", kind="paid", prompt_ids=(1, 2),
-                    commitment={"output_token_ids": [3]} if commitment is None else commitment, greedy=True,
-                    sampling=Sampling(), seeded=False, delivery=Delivery((3,), False, 8), created_at=time.time())
+    return AuditJob(
+        request_id=request_id,
+        model=model,
+        miner="key:1",
+        kind="paid",
+        prompt_ids=(1, 2),
+        commitment={"output_token_ids": [3]} if commitment is None else commitment,
+        greedy=True,
+        sampling=Sampling(),
+        seeded=False,
+        delivery=Delivery((3,), False, 8),
+        created_at=time.time(),
+    )
 
 
 @pytest.fixture
@@ -44,7 +54,9 @@ async def test_every_job_is_judged_at_most_n_at_a_time_and_filed(nursery, desk):
         time.sleep(0.05)
         with lock:
             running -= 1
-        return proof.Verdict("cheat" if audit_job.request_id == "r3" else "pass", "chunks" if audit_job.request_id == "r3" else "ok")
+        return proof.Verdict(
+            "cheat" if audit_job.request_id == "r3" else "pass", "chunks" if audit_job.request_id == "r3" else "ok"
+        )
 
     verifier = Verifier(DeskAuditSource(desk), judge, concurrency=2, poll_s=0.05)
     await nursery.start(verifier.run)
@@ -61,8 +73,16 @@ async def test_a_cheat_verdict_is_logged_with_what_it_rests_on(nursery, desk, ca
     desk.offer(job("r0"))
 
     def judge(audit_job: AuditJob) -> proof.Verdict:
-        return proof.Verdict("cheat", "tokens", chunks_total=2, chunks_passed=2, max_exp_mismatches=7, token_misses=3,
-                             max_logit_gap=1.25, token_evidence=13.2)
+        return proof.Verdict(
+            "cheat",
+            "tokens",
+            chunks_total=2,
+            chunks_passed=2,
+            max_exp_mismatches=7,
+            token_misses=3,
+            max_logit_gap=1.25,
+            token_evidence=13.2,
+        )
 
     verifier = Verifier(DeskAuditSource(desk), judge, poll_s=0.05)
     await nursery.start(verifier.run)
@@ -112,10 +132,13 @@ async def test_stopping_waits_for_a_judgement_in_progress_rather_than_leaving_it
     assert finished.is_set(), "the verifier stopped while its judge's thread was still running"
 
 
-@pytest.mark.parametrize("audit_job, reason", [
-    (job("a", model="qwen3.6-35b-a3b"), "model-not-verifiable"),
-    (job("c", commitment={"model_root": 7}), "malformed-commitment"),
-])
+@pytest.mark.parametrize(
+    "audit_job, reason",
+    [
+        (job("a", model="qwen3.6-35b-a3b"), "model-not-verifiable"),
+        (job("c", commitment={"model_root": 7}), "malformed-commitment"),
+    ],
+)
 def test_the_judge_answers_unproven_for_what_it_cannot_judge(audit_job, reason, tmp_path):
     judge = Judge({"smollm2-135m": tmp_path / "never-loaded"})
     assert judge.judge(audit_job) == proof.Verdict("unproven", reason)

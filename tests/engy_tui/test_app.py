@@ -35,14 +35,28 @@ from engy_tui.widgets.server_panel import (
 SIZE = (100, 30)
 WAIT_S = 20.0
 UNREACHABLE = ServerStatus(
-    url="http://127.0.0.1:9", reachable=False, healthy=False,
+    url="http://127.0.0.1:9",
+    reachable=False,
+    healthy=False,
     error="cannot reach http://127.0.0.1:9: GET /health: ConnectError: all attempts to connect to 127.0.0.1:9 failed",
 )
 SERVING = ServerStatus(
-    url="http://127.0.0.1:30000", reachable=True, healthy=True, model_id="smollm2-135m",
-    served_model_name="smollm2-135m", model_root="0123456789abcdef" * 4, device="cpu", dtype="bfloat16",
-    running=1, queued=2, max_running_requests=4, gen_throughput=12.345, requests_total=1200, aborted_total=3,
-    generation_tokens_total=45678, ttft=LatencySummary(count=1200, mean_s=0.2, p50_s=0.15, p95_s=0.4, p99_s=1.25),
+    url="http://127.0.0.1:30000",
+    reachable=True,
+    healthy=True,
+    model_id="smollm2-135m",
+    served_model_name="smollm2-135m",
+    model_root="0123456789abcdef" * 4,
+    device="cpu",
+    dtype="bfloat16",
+    running=1,
+    queued=2,
+    max_running_requests=4,
+    gen_throughput=12.345,
+    requests_total=1200,
+    aborted_total=3,
+    generation_tokens_total=45678,
+    ttft=LatencySummary(count=1200, mean_s=0.2, p50_s=0.15, p95_s=0.4, p99_s=1.25),
 )
 
 
@@ -112,7 +126,9 @@ def test_help_names_the_three_ways_to_run(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "node manager" in text and "--local" in text and "--attach" in text and "monitors one sglang-compatible" in text
+    assert (
+        "node manager" in text and "--local" in text and "--attach" in text and "monitors one sglang-compatible" in text
+    )
 
 
 # ---- the app under Pilot ----------------------------------------------------------------------

@@ -20,21 +20,38 @@ WAIT_S = 20.0
 
 def test_a_nodes_actions_become_palette_entries_with_their_parameters():
     specs = command_specs(
-        [{"id": "set-log-level", "description": "level"}, {"id": "pause-traffic", "description": "pause"},
-         {"id": "restart-model-server-miner-2", "description": "restart"}, {"id": "flush-cache", "description": "x"}],
-        {"model_server.miner-2": {"command": "python -m engy_node serve --port 1"}, "gateway": {"command": "not a server"}},
+        [
+            {"id": "set-log-level", "description": "level"},
+            {"id": "pause-traffic", "description": "pause"},
+            {"id": "restart-model-server-miner-2", "description": "restart"},
+            {"id": "flush-cache", "description": "x"},
+        ],
+        {
+            "model_server.miner-2": {"command": "python -m engy_node serve --port 1"},
+            "gateway": {"command": "not a server"},
+        },
     )
     titles = [spec.title for spec in specs]
-    assert titles == ["Log level: debug", "Log level: info", "Log level: warning", "Log level: error", "Pause demo traffic",
-                      "Restart model server (miner-2)", "Flush cache", "Copy model server launch command (miner-2)",
-                      "Export diagnostics bundle"]
+    assert titles == [
+        "Log level: debug",
+        "Log level: info",
+        "Log level: warning",
+        "Log level: error",
+        "Pause demo traffic",
+        "Restart model server (miner-2)",
+        "Flush cache",
+        "Copy model server launch command (miner-2)",
+        "Export diagnostics bundle",
+    ]
     assert specs[1].params == {"level": "info"} and specs[5].action_id == "restart-model-server-miner-2"
     assert specs[7].text == "python -m engy_node serve --port 1"
 
 
 def test_a_node_with_nothing_registered_still_offers_diagnostics():
     assert [spec.kind for spec in command_specs([], {})] == ["diagnose"]
-    assert [spec.kind for spec in command_specs([{"description": "no id"}], {"model_server": "not a dict"})] == ["diagnose"]
+    assert [spec.kind for spec in command_specs([{"description": "no id"}], {"model_server": "not a dict"})] == [
+        "diagnose"
+    ]
 
 
 def test_the_keymap_file_rebinds_by_id_and_a_broken_one_names_itself(tmp_path):
@@ -90,8 +107,11 @@ def test_r_restarts_the_model_server_and_c_copies_its_command():
     app.copy_to_clipboard = copied.append  # the terminal's clipboard is not the test's to read
 
     async def script(pilot) -> None:
-        await wait_until(pilot, lambda: app.bridge.latest is not None and "model_server" in app.bridge.latest.states,
-                         "the node's state read")
+        await wait_until(
+            pilot,
+            lambda: app.bridge.latest is not None and "model_server" in app.bridge.latest.states,
+            "the node's state read",
+        )
         await pilot.press("r")
         await wait_until(pilot, lambda: ran == ["restart"], "the restart action run")
         await pilot.press("c")

@@ -79,25 +79,38 @@ def qualified(miner: str, start: float) -> list[tuple[float, traffic.Observation
     observations: list[tuple[float, traffic.Observation]] = [(start, traffic.WorkerConnected())]
     for i in range(POLICY.min_probes):
         request = f"{miner[:4]}-probe-{i}"
-        observations += [(start + 10 + i, traffic.ProbeFinished(request, True, 400, 30)),
-                         (start + 20 + i, traffic.ProbeVerdict(request, "pass"))]
+        observations += [
+            (start + 10 + i, traffic.ProbeFinished(request, True, 400, 30)),
+            (start + 20 + i, traffic.ProbeVerdict(request, "pass")),
+        ]
     return observations
 
 
 def active_worker() -> dict:
-    return published(traffic.initial_state(miner=A, model=MODEL, now=T0), qualified(A, T0)
-                     + [(NOW - 30 + i, traffic.PaidFinished(f"a{i}", True, 380, 25)) for i in range(5)])
+    return published(
+        traffic.initial_state(miner=A, model=MODEL, now=T0),
+        qualified(A, T0) + [(NOW - 30 + i, traffic.PaidFinished(f"a{i}", True, 380, 25)) for i in range(5)],
+    )
 
 
 def probing_worker() -> dict:
-    return published(traffic.initial_state(miner=B, model=MODEL, now=NOW - 200), [
-        (NOW - 200, traffic.WorkerConnected()), (NOW - 150, traffic.ProbeFinished("b0", True, 500, 40)),
-        (NOW - 140, traffic.ProbeVerdict("b0", "pass")), (NOW - 100, traffic.ProbeFinished("b1", True, 520, 41))])
+    return published(
+        traffic.initial_state(miner=B, model=MODEL, now=NOW - 200),
+        [
+            (NOW - 200, traffic.WorkerConnected()),
+            (NOW - 150, traffic.ProbeFinished("b0", True, 500, 40)),
+            (NOW - 140, traffic.ProbeVerdict("b0", "pass")),
+            (NOW - 100, traffic.ProbeFinished("b1", True, 520, 41)),
+        ],
+    )
 
 
 def pulled_worker() -> dict:
-    return published(traffic.initial_state(miner=C, model=MODEL, now=T0), qualified(C, T0)
-                     + [(NOW - 600, traffic.PaidFinished("c1", True, 300, 20)), (NOW - 590, traffic.PaidVerdict("c1", "cheat"))])
+    return published(
+        traffic.initial_state(miner=C, model=MODEL, now=T0),
+        qualified(C, T0)
+        + [(NOW - 600, traffic.PaidFinished("c1", True, 300, 20)), (NOW - 590, traffic.PaidVerdict("c1", "cheat"))],
+    )
 
 
 def new_worker() -> dict:
@@ -106,28 +119,60 @@ def new_worker() -> dict:
 
 def degraded_own_worker() -> dict:
     """A first-party worker the breaker would have pulled for slow TTFT (45 s > 30 s)."""
-    return published(traffic.initial_state(miner=OWN, model=MODEL, now=T0, first_party=True),
-                     [(T0, traffic.WorkerConnected())]
-                     + [(NOW - 120 + i, traffic.PaidFinished(f"o{i}", True, 45_000, 30)) for i in range(3)])
+    return published(
+        traffic.initial_state(miner=OWN, model=MODEL, now=T0, first_party=True),
+        [(T0, traffic.WorkerConnected())]
+        + [(NOW - 120 + i, traffic.PaidFinished(f"o{i}", True, 45_000, 30)) for i in range(3)],
+    )
 
 
-def leg(miner: str, worker: str, capacity: int, inflight: int, heartbeat_age_s: float, leg_id: str = "a1b2c3d4") -> dict:
-    return {"leg": leg_id, "miner": miner, "worker": worker, "model": MODEL, "capacity": capacity, "inflight": inflight,
-            "heartbeat_age_s": heartbeat_age_s}
+def leg(
+    miner: str, worker: str, capacity: int, inflight: int, heartbeat_age_s: float, leg_id: str = "a1b2c3d4"
+) -> dict:
+    return {
+        "leg": leg_id,
+        "miner": miner,
+        "worker": worker,
+        "model": MODEL,
+        "capacity": capacity,
+        "inflight": inflight,
+        "heartbeat_age_s": heartbeat_age_s,
+    }
 
 
 def gateway_states() -> dict:
     return {
         "node": {"version": "0.1"},
-        "gateway": {"state": "ready", "buyer_url": "http://127.0.0.1:8080", "miner_url": "ws://127.0.0.1:8081",
-                    "provider_url": "http://127.0.0.1:8082", "models": [MODEL], "worker": 0, "workers": 1,
-                    "legs": [leg(A, "rig-a", 16, 12, 4.2), leg(A, "rig-a", 16, 3, 12.0, "a1b2c3d5"),
-                             leg(B, "home-5090", 8, 0, 61.0), leg(C, "x", 16, 0, 2.0), leg(OWN, "own-1", 4, 4, 9.9)]},
-        "traffic": {"workers": [active_worker(), probing_worker(), pulled_worker(), new_worker(), degraded_own_worker()]},
-        "audit": {**dataclasses.asdict(QueueCounts(waiting=3, leased=1, dropped_full=0, dropped_expired=2, dropped_unjudged=0)),
-                  "recorded": 61},
-        "epochs": {"latest": 211, "digest": "9f2c4a1be0d8a7c6b5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3e1",
-                   "weights": [[A, 21804], [B, 19112], [OWN, 3000], [C, 0]]},
+        "gateway": {
+            "state": "ready",
+            "buyer_url": "http://127.0.0.1:8080",
+            "miner_url": "ws://127.0.0.1:8081",
+            "provider_url": "http://127.0.0.1:8082",
+            "models": [MODEL],
+            "worker": 0,
+            "workers": 1,
+            "legs": [
+                leg(A, "rig-a", 16, 12, 4.2),
+                leg(A, "rig-a", 16, 3, 12.0, "a1b2c3d5"),
+                leg(B, "home-5090", 8, 0, 61.0),
+                leg(C, "x", 16, 0, 2.0),
+                leg(OWN, "own-1", 4, 4, 9.9),
+            ],
+        },
+        "traffic": {
+            "workers": [active_worker(), probing_worker(), pulled_worker(), new_worker(), degraded_own_worker()]
+        },
+        "audit": {
+            **dataclasses.asdict(
+                QueueCounts(waiting=3, leased=1, dropped_full=0, dropped_expired=2, dropped_unjudged=0)
+            ),
+            "recorded": 61,
+        },
+        "epochs": {
+            "latest": 211,
+            "digest": "9f2c4a1be0d8a7c6b5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3e1",
+            "weights": [[A, 21804], [B, 19112], [OWN, 3000], [C, 0]],
+        },
     }
 
 
@@ -138,11 +183,25 @@ def text(line) -> str:
 # ---- formatting ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("seconds", "words"), [
-    (0, "0 s"), (4.9, "4 s"), (119, "119 s"), (120, "2 min"), (7199, "119 min"), (7200, "2 h 0 min"),
-    (3 * 3600 + 125, "3 h 2 min"), (2 * 86400 + 4 * 3600 + 59, "2 d 4 h"), (-1.5, "0 s"),
-    (None, None), ("12", None), (True, None), (float("nan"), None), (float("inf"), None),
-])
+@pytest.mark.parametrize(
+    ("seconds", "words"),
+    [
+        (0, "0 s"),
+        (4.9, "4 s"),
+        (119, "119 s"),
+        (120, "2 min"),
+        (7199, "119 min"),
+        (7200, "2 h 0 min"),
+        (3 * 3600 + 125, "3 h 2 min"),
+        (2 * 86400 + 4 * 3600 + 59, "2 d 4 h"),
+        (-1.5, "0 s"),
+        (None, None),
+        ("12", None),
+        (True, None),
+        (float("nan"), None),
+        (float("inf"), None),
+    ],
+)
 def test_ages_are_words_that_fit_a_column(seconds, words):
     assert format_age(seconds) == words
 
@@ -170,22 +229,31 @@ def test_local_names_come_from_the_node_infos_hotkeys():
 
 def test_every_style_a_cell_can_have_is_defined():
     view = panel_view(gateway_states(), now=NOW, names=NAMES)
-    cells = [*view.status, *(c for row in view.table for c in row), *view.notes, *view.audit, *(c for row in view.epoch for c in row)]
+    cells = [
+        *view.status,
+        *(c for row in view.table for c in row),
+        *view.notes,
+        *view.audit,
+        *(c for row in view.epoch for c in row),
+    ]
     assert {cell.style for cell in cells} <= set(STYLES)
     assert {"", "header", "na", "ok", "info", "warning", "error"} <= set(STYLES)
 
 
-@pytest.mark.parametrize(("worker", "cell"), [
-    ({"state": "active"}, Cell("active ✔", "ok")),
-    ({"state": "probing"}, Cell("probing", "info")),
-    ({"state": "new"}, Cell("new", "na")),
-    ({"state": "pulled"}, Cell("pulled ✘", "error")),
-    ({"state": "active", "first_party": True}, Cell("active ✔ own", "ok")),
-    ({"state": "new", "first_party": True}, Cell("new own", "ok")),
-    ({"state": "retired"}, Cell("retired")),
-    ({}, Cell("n/a", "na")),
-    ({"state": 3}, Cell("n/a", "na")),
-])
+@pytest.mark.parametrize(
+    ("worker", "cell"),
+    [
+        ({"state": "active"}, Cell("active ✔", "ok")),
+        ({"state": "probing"}, Cell("probing", "info")),
+        ({"state": "new"}, Cell("new", "na")),
+        ({"state": "pulled"}, Cell("pulled ✘", "error")),
+        ({"state": "active", "first_party": True}, Cell("active ✔ own", "ok")),
+        ({"state": "new", "first_party": True}, Cell("new own", "ok")),
+        ({"state": "retired"}, Cell("retired")),
+        ({}, Cell("n/a", "na")),
+        ({"state": 3}, Cell("n/a", "na")),
+    ],
+)
 def test_the_state_is_a_word_with_a_mark_for_the_two_that_decide_traffic(worker, cell):
     assert state_cell(worker) == cell
 
@@ -205,7 +273,9 @@ def test_the_link_says_where_the_miner_says_it_is_and_whether_it_says_it_serves_
     tee = {**leg(A, "a", 4, 0, 2.0), "region": "eu-north", "tee": "on"}
     assert link_cell({}, [tee, tee]) == Cell("2 legs · TEE · eu-north · hb 2 s")
     assert link_cell({}, [{**tee, "tee": "devtools"}]) == Cell("1 leg · TEE devtools · eu-north · hb 2 s")
-    assert link_cell({}, [{**tee, "region": 3, "tee": None}]) == Cell("1 leg · hb 2 s"), "what is not a string is not shown"
+    assert link_cell({}, [{**tee, "region": 3, "tee": None}]) == Cell("1 leg · hb 2 s"), (
+        "what is not a string is not shown"
+    )
 
 
 def test_load_is_inflight_over_capacity_summed_over_the_legs():
@@ -218,20 +288,29 @@ def test_load_is_inflight_over_capacity_summed_over_the_legs():
 
 
 def test_load_shows_the_fullest_kv_cache_a_leg_reports_and_flags_a_full_one():
-    assert load_cell([{**leg(A, "a", 8, 3, 1), "kv_used": 0.714}, {**leg(A, "a", 8, 0, 1), "kv_used": 0.2}]) == Cell("3/16 · kv 71%")
+    assert load_cell([{**leg(A, "a", 8, 3, 1), "kv_used": 0.714}, {**leg(A, "a", 8, 0, 1), "kv_used": 0.2}]) == Cell(
+        "3/16 · kv 71%"
+    )
     assert load_cell([{**leg(A, "a", 8, 1, 1), "kv_used": 1.0}]) == Cell("1/8 · kv 100% full", "warning")
     assert load_cell([{**leg(A, "a", 8, 1, 1), "kv_used": "most"}]) == Cell("1/8")
 
 
 def test_the_round_shows_its_probes_and_verdicts_and_flags_a_cheat_or_a_failed_probe():
-    assert round_cell({"round": {"probes": 3, "ok": 3, "pass": 3, "cheat": 0, "unproven": 0}}) == Cell("3/3 ok · 3 pass")
-    assert round_cell({"round": {"probes": 1_204, "ok": 1_204, "pass": 1_202, "cheat": 0, "unproven": 2}}) == \
-        Cell("1,204/1,204 ok · 1,202 pass · 2 unproven")
-    assert round_cell({"round": {"probes": 14, "ok": 14, "pass": 12, "cheat": 1, "unproven": 0}}) == \
-        Cell("14/14 ok · 12 pass · 1 cheat ✘", "error")
-    assert round_cell({"round": {"probes": 5, "ok": 4, "pass": 3, "cheat": 0, "unproven": 0}}) == \
-        Cell("4/5 ok · 3 pass ⚠", "warning")
-    assert round_cell({"round": {"probes": 2}}) == Cell("n/a/2 ok · n/a pass · n/a unproven · n/a cheat"), "unknown is said"
+    assert round_cell({"round": {"probes": 3, "ok": 3, "pass": 3, "cheat": 0, "unproven": 0}}) == Cell(
+        "3/3 ok · 3 pass"
+    )
+    assert round_cell({"round": {"probes": 1_204, "ok": 1_204, "pass": 1_202, "cheat": 0, "unproven": 2}}) == Cell(
+        "1,204/1,204 ok · 1,202 pass · 2 unproven"
+    )
+    assert round_cell({"round": {"probes": 14, "ok": 14, "pass": 12, "cheat": 1, "unproven": 0}}) == Cell(
+        "14/14 ok · 12 pass · 1 cheat ✘", "error"
+    )
+    assert round_cell({"round": {"probes": 5, "ok": 4, "pass": 3, "cheat": 0, "unproven": 0}}) == Cell(
+        "4/5 ok · 3 pass ⚠", "warning"
+    )
+    assert round_cell({"round": {"probes": 2}}) == Cell("n/a/2 ok · n/a pass · n/a unproven · n/a cheat"), (
+        "unknown is said"
+    )
     assert round_cell({"round": {"probes": 0}}) == Cell("—", "na")
     assert round_cell({}) == round_cell({"round": "x"}) == round_cell({"round": {"probes": True}}) == Cell("n/a", "na")
 
@@ -249,8 +328,12 @@ def test_the_breaker_is_closed_while_active_and_open_with_why_and_how_long_while
     assert breaker_cell(active_worker(), now=NOW) == Cell("closed ✔", "ok")
     assert breaker_cell(pulled_worker(), now=NOW) == Cell("open ✘ cheat · 50 min left", "error")
     assert breaker_cell(pulled_worker(), now=NOW + 7200) == Cell("open ✘ cheat · cooldown over", "error")
-    striking = {"state": "pulled", "until": NOW + 30, "strikes": 3,
-                "history": [{"from": "active", "to": "pulled", "code": "failure-rate", "at": NOW, "reason": "x"}]}
+    striking = {
+        "state": "pulled",
+        "until": NOW + 30,
+        "strikes": 3,
+        "history": [{"from": "active", "to": "pulled", "code": "failure-rate", "at": NOW, "reason": "x"}],
+    }
     assert breaker_cell(striking, now=NOW) == Cell("open ✘ failure-rate · 30 s left · strike 3", "error")
     assert breaker_cell({"state": "pulled"}, now=NOW) == Cell("open ✘", "error")
     assert breaker_cell(probing_worker(), now=NOW) == breaker_cell(new_worker(), now=NOW) == Cell("—", "na")
@@ -259,25 +342,34 @@ def test_the_breaker_is_closed_while_active_and_open_with_why_and_how_long_while
 
 def test_a_first_party_worker_the_breaker_would_have_pulled_says_tripped():
     assert breaker_cell(degraded_own_worker(), now=NOW) == Cell("tripped ⚠ slow-ttft 119 s ago", "warning")
-    healthy_own = published(traffic.initial_state(miner=OWN, model=MODEL, now=T0, first_party=True), [(T0, traffic.WorkerConnected())])
+    healthy_own = published(
+        traffic.initial_state(miner=OWN, model=MODEL, now=T0, first_party=True), [(T0, traffic.WorkerConnected())]
+    )
     assert breaker_cell(healthy_own, now=NOW) == Cell("closed ✔", "ok")
 
 
 def test_the_gateway_line_says_where_it_listens():
     assert text(gateway_line(gateway_states()["gateway"])) == (
-        "buyers http://127.0.0.1:8080 · miners ws://127.0.0.1:8081 · provider http://127.0.0.1:8082 · model smollm2-135m")
-    assert text(gateway_line({"buyer_url": "http://x", "models": ["a", "b"], "workers": 4})) == \
-        "buyers http://x · models a, b · 4 processes"
+        "buyers http://127.0.0.1:8080 · miners ws://127.0.0.1:8081 · provider http://127.0.0.1:8082 · model smollm2-135m"
+    )
+    assert (
+        text(gateway_line({"buyer_url": "http://x", "models": ["a", "b"], "workers": 4}))
+        == "buyers http://x · models a, b · 4 processes"
+    )
     assert gateway_line({}) == ()
 
 
 def test_the_audit_line_flags_requests_dropped_unaudited():
-    assert text(audit_line(gateway_states()["audit"])) == \
-        "audit  3 waiting · 1 leased to verifiers · 61 verdicts recorded · ⚠ dropped 2 unaudited (2 expired)"
+    assert (
+        text(audit_line(gateway_states()["audit"]))
+        == "audit  3 waiting · 1 leased to verifiers · 61 verdicts recorded · ⚠ dropped 2 unaudited (2 expired)"
+    )
     clean = {**dataclasses.asdict(QueueCounts(0, 0, 0, 0, 0)), "recorded": 0}
     assert audit_line(clean)[-1] == Cell(" · none dropped ✔", "ok")
     assert audit_line({"waiting": 1})[-1] == Cell(" · dropped n/a", "na")
-    assert text(audit_line({"waiting": 1})).startswith("audit  1 waiting · n/a leased to verifiers · n/a verdicts recorded")
+    assert text(audit_line({"waiting": 1})).startswith(
+        "audit  1 waiting · n/a leased to verifiers · n/a verdicts recorded"
+    )
     assert audit_line(None)[0].style == "na" and audit_line({}) == audit_line(None)
 
 
@@ -308,13 +400,19 @@ def test_the_epoch_lists_at_most_a_few_hotkeys_and_says_how_many_more():
 
 
 def test_an_epoch_without_weights_or_digest_is_still_shown():
-    assert text(epoch_lines({"latest": 0, "weights": []}, names={})[0]) == "epochs  epoch 0 published · digest n/a · 0 hotkeys weighted"
+    assert (
+        text(epoch_lines({"latest": 0, "weights": []}, names={})[0])
+        == "epochs  epoch 0 published · digest n/a · 0 hotkeys weighted"
+    )
     zero = [text(line) for line in epoch_lines({"latest": 1, "digest": "d", "weights": [[A, 0]]}, names={})]
     assert zero[2].split() == ["5F3s…YjQX", "0", "n/a"], "a share of nothing is n/a, not 0%"
     junk = {"latest": 2, "weights": [[A], [B, -1], [3, 4], "x", [C, 1.5], [OWN, 7]]}
     assert [text(line).split()[0] for line in epoch_lines(junk, names={})[2:]] == ["5HGj…4Sxy"]
-    assert epoch_lines(None, names={}) == epoch_lines({"latest": "7"}, names={}) == ((Cell("epochs  ", "header"),
-                                                                                     Cell("none published yet", "na")),)
+    assert (
+        epoch_lines(None, names={})
+        == epoch_lines({"latest": "7"}, names={})
+        == ((Cell("epochs  ", "header"), Cell("none published yet", "na")),)
+    )
 
 
 # ---- the view of whole states -------------------------------------------------------------------
@@ -326,10 +424,26 @@ def test_the_gateway_is_a_table_of_its_miners_needing_attention_first():
     assert view.title == "Gateway ✔ ready · 5 miners, 2 eligible"
     assert view.state == "ready"
     lines = [text(line) for line in view.table]
-    assert lines[0].split() == ["miner/worker", "state", "in", "state", "breaker", "link", "load", "qualifying", "round",
-                                "served", "audited"], "one model: the gateway line names it, the table does not"
-    assert [line.split()[0] for line in lines[1:]] == ["5Cz0…v1wQ/x", "miner2/home-5090", "key:9f8e7d…", "miner1/rig-a",
-                                                      "owner/own-1"]
+    assert lines[0].split() == [
+        "miner/worker",
+        "state",
+        "in",
+        "state",
+        "breaker",
+        "link",
+        "load",
+        "qualifying",
+        "round",
+        "served",
+        "audited",
+    ], "one model: the gateway line names it, the table does not"
+    assert [line.split()[0] for line in lines[1:]] == [
+        "5Cz0…v1wQ/x",
+        "miner2/home-5090",
+        "key:9f8e7d…",
+        "miner1/rig-a",
+        "owner/own-1",
+    ]
     pulled, probing, new, active, own = lines[1:]
     assert "pulled ✘" in pulled and "open ✘ cheat · 50 min left" in pulled
     assert "probing" in probing and "1 leg · hb 61 s ⚠" in probing and "2/2 ok · 1 pass" in probing
@@ -351,7 +465,10 @@ def test_with_several_models_the_table_and_notes_name_them():
     view = panel_view(states, now=NOW, names=NAMES)
     lines = [text(line) for line in view.table]
     assert lines[0].split()[:2] == ["miner/worker", "model"] and len(view.table[0]) == len(COLUMNS)
-    assert lines[1].split()[:2] == ["5Cz0…v1wQ", "qwen3.6-35b-a3b"] and lines[2].split()[:2] == ["miner1", "smollm2-135m"]
+    assert lines[1].split()[:2] == ["5Cz0…v1wQ", "qwen3.6-35b-a3b"] and lines[2].split()[:2] == [
+        "miner1",
+        "smollm2-135m",
+    ]
     assert view.notes[0].text.startswith("✘ 5Cz0…v1wQ (qwen3.6-35b-a3b): pulled: cheat verdict")
 
 
@@ -370,15 +487,20 @@ def test_the_notes_give_the_control_planes_reasons():
 def test_an_active_worker_without_a_leg_is_noted():
     states = gateway_states()
     states["gateway"]["legs"] = []
-    gone = published(traffic.initial_state(miner=A, model=MODEL, now=T0), qualified(A, T0) + [(NOW - 5, traffic.WorkerDisconnected())])
+    gone = published(
+        traffic.initial_state(miner=A, model=MODEL, now=T0),
+        qualified(A, T0) + [(NOW - 5, traffic.WorkerDisconnected())],
+    )
     states["traffic"]["workers"] = [gone]
     notes = worker_notes(states, now=NOW, names=display_names(NAMES))
     assert [note.text for note in notes] == [f"⚠ miner1 has no live leg: {gone['reason']}"]
 
 
 def test_notes_are_capped_and_say_how_many_more():
-    pulled = [{"miner": f"5Pulled{i:02d}xxxxxxxxxxxxxxxxxxxxxxxxxx", "model": MODEL, "state": "pulled", "reason": f"r{i}"}
-              for i in range(MAX_NOTES + 4)]
+    pulled = [
+        {"miner": f"5Pulled{i:02d}xxxxxxxxxxxxxxxxxxxxxxxxxx", "model": MODEL, "state": "pulled", "reason": f"r{i}"}
+        for i in range(MAX_NOTES + 4)
+    ]
     notes = worker_notes({"gateway": {}, "traffic": {"workers": pulled}}, now=NOW, names={})
     assert len(notes) == MAX_NOTES
     assert notes[-1] == Cell("… and 5 more", "na")
@@ -395,8 +517,13 @@ def test_rows_come_from_legs_too_when_eligibility_is_not_published():
 
 
 def test_a_miner_with_several_workers_names_the_first_and_counts_the_others():
-    states = {"gateway": {"state": "ready", "legs": [leg(A, "rig-b", 8, 0, 1), leg(A, "rig-a", 8, 0, 1), leg(A, "rig-c", 8, 0, 1)]},
-              "traffic": {"workers": [active_worker()]}}
+    states = {
+        "gateway": {
+            "state": "ready",
+            "legs": [leg(A, "rig-b", 8, 0, 1), leg(A, "rig-a", 8, 0, 1), leg(A, "rig-c", 8, 0, 1)],
+        },
+        "traffic": {"workers": [active_worker()]},
+    }
     rows = miner_rows(states, now=NOW, names={})
     assert len(rows) == 1 and rows[0][0] == Cell("5F3s…YjQX/rig-a +2")
     assert rows[0][COLUMNS.index("load")] == Cell("0/24")
@@ -437,27 +564,71 @@ JSON = st.recursive(
 
 def field_values(keys: list[str]) -> st.SearchStrategy[dict]:
     """Dicts with the producers' keys (any subset) holding any JSON, and the odd stranger."""
-    return st.dictionaries(st.sampled_from(keys), JSON | st.sampled_from(["active", "pulled", "probing", "new", "ok", A]),
-                           max_size=len(keys)) | JSON
+    return (
+        st.dictionaries(
+            st.sampled_from(keys),
+            JSON | st.sampled_from(["active", "pulled", "probing", "new", "ok", A]),
+            max_size=len(keys),
+        )
+        | JSON
+    )
 
 
-WORKER = field_values(["miner", "model", "state", "since", "reason", "eligible", "first_party", "connected", "until",
-                       "strikes", "round", "window", "history"])
+WORKER = field_values(
+    [
+        "miner",
+        "model",
+        "state",
+        "since",
+        "reason",
+        "eligible",
+        "first_party",
+        "connected",
+        "until",
+        "strikes",
+        "round",
+        "window",
+        "history",
+    ]
+)
 LEG = field_values(["leg", "miner", "worker", "model", "capacity", "inflight", "heartbeat_age_s"])
-STATES = st.fixed_dictionaries({}, optional={
-    "gateway": st.fixed_dictionaries({}, optional={"state": JSON | st.just("ready"), "buyer_url": JSON, "models": JSON,
-                                                   "workers": JSON, "legs": st.lists(LEG, max_size=4) | JSON}) | JSON,
-    "traffic": st.fixed_dictionaries({}, optional={"workers": st.lists(WORKER, max_size=4) | JSON}) | JSON,
-    "audit": field_values(["waiting", "leased", "dropped_full", "dropped_expired", "dropped_unjudged", "recorded"]),
-    "epochs": field_values(["latest", "digest", "weights"]),
-}) | JSON
+STATES = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "gateway": st.fixed_dictionaries(
+                {},
+                optional={
+                    "state": JSON | st.just("ready"),
+                    "buyer_url": JSON,
+                    "models": JSON,
+                    "workers": JSON,
+                    "legs": st.lists(LEG, max_size=4) | JSON,
+                },
+            )
+            | JSON,
+            "traffic": st.fixed_dictionaries({}, optional={"workers": st.lists(WORKER, max_size=4) | JSON}) | JSON,
+            "audit": field_values(
+                ["waiting", "leased", "dropped_full", "dropped_expired", "dropped_unjudged", "recorded"]
+            ),
+            "epochs": field_values(["latest", "digest", "weights"]),
+        },
+    )
+    | JSON
+)
 
 
 @settings(max_examples=300, deadline=None)
 @given(states=STATES, now=st.floats(), names=JSON | st.dictionaries(st.text(max_size=6), st.text(max_size=6) | JSON))
 def test_no_json_makes_the_panel_raise(states, now, names):
     view = panel_view(states, now=now, names=names)
-    cells = [*view.status, *(c for row in view.table for c in row), *view.notes, *view.audit, *(c for row in view.epoch for c in row)]
+    cells = [
+        *view.status,
+        *(c for row in view.table for c in row),
+        *view.notes,
+        *view.audit,
+        *(c for row in view.epoch for c in row),
+    ]
     assert all(isinstance(cell.text, str) and cell.style in STYLES for cell in cells)
 
 
@@ -466,8 +637,15 @@ def test_no_json_makes_the_panel_raise(states, now, names):
 def test_no_worker_or_leg_makes_a_cell_raise(worker, legs, now):
     worker = worker if isinstance(worker, dict) else {}
     legs = [leg for leg in legs if isinstance(leg, dict)]
-    for cell in (state_cell(worker), link_cell(worker, legs), load_cell(legs), round_cell(worker), served_cell(worker),
-                 audited_cell(worker), breaker_cell(worker, now=now)):
+    for cell in (
+        state_cell(worker),
+        link_cell(worker, legs),
+        load_cell(legs),
+        round_cell(worker),
+        served_cell(worker),
+        audited_cell(worker),
+        breaker_cell(worker, now=now),
+    ):
         assert isinstance(cell.text, str) and cell.text and cell.style in STYLES
 
 
@@ -528,8 +706,12 @@ def test_the_widget_renders_the_states_and_follows_new_ones():
 
 def test_text_from_the_network_is_never_read_as_markup():
     async def scenario() -> None:
-        states = {"gateway": {"state": "ready", "buyer_url": "http://[bold]x[/bold]"},
-                  "traffic": {"workers": [{"miner": "[red]m", "model": MODEL, "state": "pulled", "reason": "[Errno 111] refused"}]}}
+        states = {
+            "gateway": {"state": "ready", "buyer_url": "http://[bold]x[/bold]"},
+            "traffic": {
+                "workers": [{"miner": "[red]m", "model": MODEL, "state": "pulled", "reason": "[Errno 111] refused"}]
+            },
+        }
         app = PanelApp(states, NOW)
         async with app.run_test(size=SIZE):
             assert "http://[bold]x[/bold]" in shown(app, "status")
@@ -557,12 +739,17 @@ def test_no_gateway_snapshot(snap_compare):
 def test_buyers_show_accounts_by_spend_with_their_balances_and_never_a_key():
     from engy_tui.widgets.gateway_panel import buyers_lines
 
-    lines = buyers_lines({"accounts": 3, "top": [
-        {"account_id": 1, "name": "local-buyer", "available": 9_876_543, "held": 12_000, "charged": 123_457},
-        {"account_id": 2, "name": "acme", "available": 0, "held": 0, "charged": 0}]})
+    lines = buyers_lines(
+        {
+            "accounts": 3,
+            "top": [
+                {"account_id": 1, "name": "local-buyer", "available": 9_876_543, "held": 12_000, "charged": 123_457},
+                {"account_id": 2, "name": "acme", "available": 0, "held": 0, "charged": 0},
+            ],
+        }
+    )
     text = ["".join(cell.text for cell in line) for line in lines]
     assert text[0] == "buyers  3 accounts · top by spend"
     assert "#1 local-buyer" in text[2] and "$0.1235" in text[2] and "$9.8765" in text[2] and "$0.0120" in text[2]
     assert "#2 acme" in text[3]
     assert buyers_lines(None) == () and buyers_lines({"accounts": "x"}) == ()
-

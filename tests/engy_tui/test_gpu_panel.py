@@ -49,8 +49,11 @@ def rig_state() -> dict:
     api.init()
     samples = sample(api)
     return {
-        "samples": [s.as_dict() for s in samples], "findings": [f.as_dict() for f in assess(samples)],
-        "reason": None, "error": None, "sampled_at": SAMPLED_AT,
+        "samples": [s.as_dict() for s in samples],
+        "findings": [f.as_dict() for f in assess(samples)],
+        "reason": None,
+        "error": None,
+        "sampled_at": SAMPLED_AT,
     }
 
 
@@ -87,7 +90,11 @@ def test_temperature_has_a_colour_and_a_word_from_its_distance_to_slowdown(tempe
 
 
 def test_fan_says_max_at_full_speed():
-    assert (fan_cell(48), fan_cell(100), fan_cell(None)) == (Cell("48%"), Cell("100% max", "warning"), Cell("n/a", "na"))
+    assert (fan_cell(48), fan_cell(100), fan_cell(None)) == (
+        Cell("48%"),
+        Cell("100% max", "warning"),
+        Cell("n/a", "na"),
+    )
 
 
 def test_power_is_draw_against_limit_and_n_a_without_a_draw():
@@ -151,7 +158,19 @@ def test_the_rig_is_a_table_with_its_findings_under_it():
 
     assert view.title == "GPUs · 5" and view.stale_s is None and view.status == ()
     lines = [text(line) for line in view.table]
-    assert lines[0].split() == ["#", "model", "temp", "fan", "power", "VRAM", "util", "SM/mem", "MHz", "PCIe", "throttle"]
+    assert lines[0].split() == [
+        "#",
+        "model",
+        "temp",
+        "fan",
+        "power",
+        "VRAM",
+        "util",
+        "SM/mem",
+        "MHz",
+        "PCIe",
+        "throttle",
+    ]
     assert lines[1] == "0  RTX 4090  64°C        48%       301/450 W  21.9/24.0 GiB  93%   2520/10501  4.0 x16   —"
     assert "4.0 x8 ⚠" in lines[2] and "71°C warm" in lines[2]
     assert "88°C limit" in lines[3] and "100% max" in lines[3] and lines[3].endswith("HW slowdown, HW thermal")
@@ -248,7 +267,9 @@ def test_the_widget_renders_the_table_and_follows_new_states():
             await pilot.pause()
             assert panel.border_title == "GPUs · 5 · stale 30 s" and panel.has_class("-stale")
 
-            panel.update_state({"samples": [], "findings": [], "reason": CPU_REASON, "error": None, "sampled_at": 0.0}, 0.0)
+            panel.update_state(
+                {"samples": [], "findings": [], "reason": CPU_REASON, "error": None, "sampled_at": 0.0}, 0.0
+            )
             await pilot.pause()
             assert shown(app, "status").startswith("no NVIDIA GPU — CPU mode: no NVIDIA driver found")
             assert not app.query_one("#table").display and not app.query_one("#findings").display

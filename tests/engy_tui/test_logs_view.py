@@ -44,7 +44,7 @@ from engy_tui.widgets.logs import (
     status_text,
 )
 
-UTC = datetime.timezone.utc
+UTC = datetime.UTC
 # 2026-12-01 09:14:02 UTC: a fixed moment, so rows and the snapshot are reproducible.
 T0 = 1_796_116_442.0
 SIZE = (100, 24)
@@ -92,8 +92,14 @@ def test_newlines_and_control_characters_never_break_the_one_row_per_line_grid()
 
 @pytest.mark.parametrize(
     ("ts", "text"),
-    [(T0, "09:14:02.000"), (T0 + 0.9999, "09:14:02.999"), (T0 + 59.5, "09:15:01.500"), (float("nan"), "--:--:--.---"),
-     (float("inf"), "--:--:--.---"), (1e300, "--:--:--.---")],
+    [
+        (T0, "09:14:02.000"),
+        (T0 + 0.9999, "09:14:02.999"),
+        (T0 + 59.5, "09:15:01.500"),
+        (float("nan"), "--:--:--.---"),
+        (float("inf"), "--:--:--.---"),
+        (1e300, "--:--:--.---"),
+    ],
 )
 def test_format_clock_shows_milliseconds_truncated_never_rounded_into_the_next_second(ts, text):
     assert format_clock(ts, UTC) == text
@@ -113,8 +119,16 @@ def test_component_group_is_the_first_part_of_the_name():
 
 @pytest.mark.parametrize(
     ("level", "min_level", "shown"),
-    [("debug", "debug", True), ("debug", "info", False), ("info", "info", True), ("warning", "error", False),
-     ("error", "error", True), ("critical", "error", True), ("trace", "error", True), ("", "error", True)],
+    [
+        ("debug", "debug", True),
+        ("debug", "info", False),
+        ("info", "info", True),
+        ("warning", "error", False),
+        ("error", "error", True),
+        ("critical", "error", True),
+        ("trace", "error", True),
+        ("", "error", True),
+    ],
 )
 def test_level_threshold_hides_lower_levels_and_never_an_unknown_one(level, min_level, shown):
     assert (hidden_by(level, "gateway", LogFilter(min_level)) is None) is shown
@@ -141,8 +155,10 @@ def test_a_line_both_filters_hide_counts_under_component():
 def test_hidden_by_agrees_with_the_rule_written_out(level, component, min_level, hidden):
     known = level in LEVELS
     expected = (
-        "component" if component.split(".")[0] in hidden
-        else "level" if known and LEVELS.index(level) < LEVELS.index(min_level)
+        "component"
+        if component.split(".")[0] in hidden
+        else "level"
+        if known and LEVELS.index(level) < LEVELS.index(min_level)
         else None
     )
     each = line(level, component)
@@ -199,7 +215,9 @@ def test_a_plain_search_matches_exactly_when_the_text_contains_the_query_ignorin
 # ---- context window -----------------------------------------------------------------------------
 
 
-@given(st.integers(1, 500).flatmap(lambda total: st.tuples(st.just(total), st.integers(0, total - 1), st.integers(1, 80))))
+@given(
+    st.integers(1, 500).flatmap(lambda total: st.tuples(st.just(total), st.integers(0, total - 1), st.integers(1, 80)))
+)
 def test_context_window_is_full_size_in_bounds_and_holds_the_line(case):
     total, index, size = case
     start, stop = context_window(total, index, size)
@@ -217,7 +235,11 @@ def test_context_window_refuses_an_index_outside_the_items():
 # ---- the buffer against a brute-force model -------------------------------------------------------
 
 appends = st.lists(
-    st.tuples(st.sampled_from((*LEVELS, "trace")), st.sampled_from(COMPONENTS), st.sampled_from(("abort", "ok", "Abort!", "x"))),
+    st.tuples(
+        st.sampled_from((*LEVELS, "trace")),
+        st.sampled_from(COMPONENTS),
+        st.sampled_from(("abort", "ok", "Abort!", "x")),
+    ),
     max_size=12,
 ).map(lambda rows: ("append", rows))
 filters = st.tuples(st.sampled_from(LEVELS[:4]), st.frozensets(st.sampled_from(("gateway", "miner", "verifier")))).map(
@@ -253,7 +275,9 @@ def test_the_buffer_keeps_the_same_rows_matches_and_counts_as_recomputing_from_s
             number for number in shown if search is not None and search.pattern.search(everything[number].text)
         ]
         for reason in ("level", "component"):
-            assert buffer.hidden[reason] == sum(1 for _, each in kept if hidden_by(each.level, each.group, buffer.filter) == reason)
+            assert buffer.hidden[reason] == sum(
+                1 for _, each in kept if hidden_by(each.level, each.group, buffer.filter) == reason
+            )
         assert [buffer.line(number) for number, _ in kept] == [each for _, each in kept]
         assert buffer.missed == batches
 
@@ -436,7 +460,14 @@ def test_scrolling_up_stops_follow_and_end_or_G_resumes_it():
         assert not view.follow
         await pilot.press("f")
         assert view.follow
-        assert [m.following for m in app.messages if isinstance(m, LogsView.FollowChanged)] == [False, True, False, True, False, True]
+        assert [m.following for m in app.messages if isinstance(m, LogsView.FollowChanged)] == [
+            False,
+            True,
+            False,
+            True,
+            False,
+            True,
+        ]
 
     run_host(scenario)
 
@@ -470,13 +501,20 @@ def test_the_component_picker_hides_the_unticked_groups():
         assert isinstance(picker, ComponentPicker)
         options = picker.query_one(SelectionList)
         assert [options.get_option_at_index(i).value for i in range(options.option_count)] == [
-            "gateway", "miner", "model_server", "validator", "verifier"
+            "gateway",
+            "miner",
+            "model_server",
+            "validator",
+            "verifier",
         ]
         await pilot.press("down", "space", "escape")  # untick "miner"
         assert not isinstance(app.screen, ComponentPicker)
         assert view.buffer.filter.hidden_components == {"miner"}
         assert {view.buffer.line(n).group for n in view.buffer.visible_numbers()} == {
-            "gateway", "model_server", "validator", "verifier"
+            "gateway",
+            "model_server",
+            "validator",
+            "verifier",
         }
         assert "10 filtered out by component (miner)" in status(view)
         await pilot.press("c", "a", "escape")
@@ -487,7 +525,9 @@ def test_the_component_picker_hides_the_unticked_groups():
 
 def test_search_selects_the_newest_match_and_n_and_N_step_through_matches():
     async def scenario(app: LogsHost, view: LogsView, pilot: Pilot) -> None:
-        view.append([event(i, message=f"request {i} aborted" if i % 25 == 0 else f"request {i} ok") for i in range(200)])
+        view.append(
+            [event(i, message=f"request {i} aborted" if i % 25 == 0 else f"request {i} ok") for i in range(200)]
+        )
         await pilot.pause()
         await pilot.press("slash")
         await pilot.press(*"ABORTED")

@@ -29,16 +29,38 @@ SIZE = (120, 40)
 WAIT_S = 20.0
 NOW = 1_800_000_000.0
 STATES = {
-    "chain": {"network": "dev chain", "netuid": 53, "block": 1234, "block_time_s": 1.0, "tempo": 30, "epochs_run": 7,
-              "neurons": [{"uid": 2, "hotkey": "5Miner", "stake": 0.0, "permit": False, "last_update": 1000,
-                           "incentive": 0.75, "emission": 5.0}], "weights": {"1": {"2": 65535}}},
+    "chain": {
+        "network": "dev chain",
+        "netuid": 53,
+        "block": 1234,
+        "block_time_s": 1.0,
+        "tempo": 30,
+        "epochs_run": 7,
+        "neurons": [
+            {
+                "uid": 2,
+                "hotkey": "5Miner",
+                "stake": 0.0,
+                "permit": False,
+                "last_update": 1000,
+                "incentive": 0.75,
+                "emission": 5.0,
+            }
+        ],
+        "weights": {"1": {"2": 65535}},
+    },
     "epochs": {"latest": 42, "digest": "ab" * 32, "weights": [["5Miner", 65535]]},
 }
 
 
 def snapshot(**overrides) -> NodeSnapshot:
-    values = {"node": {"roles": ["gateway", "validator"], "network": "local", "started_at": NOW - 300},
-              "states": STATES, "metrics": {}, "taken_at": NOW, "connected": True}
+    values = {
+        "node": {"roles": ["gateway", "validator"], "network": "local", "started_at": NOW - 300},
+        "states": STATES,
+        "metrics": {},
+        "taken_at": NOW,
+        "connected": True,
+    }
     return NodeSnapshot(**{**values, **overrides})
 
 
@@ -49,8 +71,10 @@ def test_the_header_names_roles_block_epoch_uptime_and_a_state_word():
 
 
 def test_the_header_says_why_a_node_is_not_connected_and_when_data_is_stale():
-    assert "✘ the node at x does not answer" in header_text(
-        snapshot(connected=False, error="the node at x does not answer"), mode="attached", now=NOW).plain
+    assert (
+        "✘ the node at x does not answer"
+        in header_text(snapshot(connected=False, error="the node at x does not answer"), mode="attached", now=NOW).plain
+    )
     assert "⚠ stale 30 s" in header_text(snapshot(), mode="attached", now=NOW + 30).plain
     assert "waiting for the node" in header_text(None, mode="local", now=NOW).plain
 
@@ -109,10 +133,18 @@ def test_attached_the_manager_shows_the_nodes_status_and_logs(tmp_path):
 
     async def serve() -> None:
         async with trio.open_nursery() as nursery:
-            endpoint.append(await nursery.start(lambda task_status: serve_control(
-                hub, data_dir=tmp_path, actions=Actions(), node_info={"roles": ["validator"], "network": "local",
-                                                                      "started_at": time.time()},
-                port=port, task_status=task_status)))
+            endpoint.append(
+                await nursery.start(
+                    lambda task_status: serve_control(
+                        hub,
+                        data_dir=tmp_path,
+                        actions=Actions(),
+                        node_info={"roles": ["validator"], "network": "local", "started_at": time.time()},
+                        port=port,
+                        task_status=task_status,
+                    )
+                )
+            )
             started.set()
             while not stop.is_set():
                 await trio.sleep(0.05)
@@ -122,8 +154,16 @@ def test_attached_the_manager_shows_the_nodes_status_and_logs(tmp_path):
     server.start()
     assert started.wait(WAIT_S)
     try:
-        app = build_app(["--home", str(tmp_path.parent / tmp_path.name), "--attach", endpoint[0].url,
-                         "--token-file", str(endpoint[0].token_file)])
+        app = build_app(
+            [
+                "--home",
+                str(tmp_path.parent / tmp_path.name),
+                "--attach",
+                endpoint[0].url,
+                "--token-file",
+                str(endpoint[0].token_file),
+            ]
+        )
         assert isinstance(app, NodeManager)
 
         async def check(pilot) -> None:
@@ -131,10 +171,13 @@ def test_attached_the_manager_shows_the_nodes_status_and_logs(tmp_path):
             assert "weights on chain from uid 1" in static_text(app, "#overview-text")
             await pilot.press("7")
             logs = app.query_one(LogsView)
+
             def logged() -> bool:
                 buffer = logs.buffer
-                return any("epoch 42: weights" in buffer.line(number).message
-                           for number in range(buffer.first_number, buffer.first_number + len(buffer)))
+                return any(
+                    "epoch 42: weights" in buffer.line(number).message
+                    for number in range(buffer.first_number, buffer.first_number + len(buffer))
+                )
 
             await wait_for(pilot, logged, "the log line in the logs view")
             await pilot.press("q")
@@ -156,8 +199,11 @@ def test_a_wrong_token_is_shown_in_the_header_not_crashed_on(tmp_path):
 
     async def serve() -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(lambda task_status: serve_control(hub, data_dir=tmp_path, actions=Actions(), node_info={},
-                                                                  port=port, task_status=task_status))
+            await nursery.start(
+                lambda task_status: serve_control(
+                    hub, data_dir=tmp_path, actions=Actions(), node_info={}, port=port, task_status=task_status
+                )
+            )
             started.set()
             while not stop.is_set():
                 await trio.sleep(0.05)
@@ -251,9 +297,14 @@ def test_quitting_a_local_node_stops_the_child_processes_it_started(tmp_path):
 
     async def start(hub: Hub, actions: Actions, *, task_status) -> None:
         async with trio.open_nursery() as nursery:
-            process = await nursery.start(lambda task_status: trio.run_process(
-                [sys.executable, "-c", "import time; time.sleep(600)"], task_status=task_status,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            process = await nursery.start(
+                lambda task_status: trio.run_process(
+                    [sys.executable, "-c", "import time; time.sleep(600)"],
+                    task_status=task_status,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             pids.append(process.pid)
             hub.set_state("chain", block=5)
             task_status.started()

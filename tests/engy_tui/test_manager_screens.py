@@ -21,14 +21,29 @@ def gpus_state() -> dict:
     api = rig()
     api.init()
     samples = sample(api)
-    return {"samples": [gpu.as_dict() for gpu in samples], "findings": [f.as_dict() for f in assess(samples)],
-            "reason": None, "error": None, "sampled_at": NOW - 1}
+    return {
+        "samples": [gpu.as_dict() for gpu in samples],
+        "findings": [f.as_dict() for f in assess(samples)],
+        "reason": None,
+        "error": None,
+        "sampled_at": NOW - 1,
+    }
 
 
 def worker(name: str, state: str, reason: str) -> dict:
-    return {"miner": NAMES[name], "model": "smollm2-135m", "state": state, "since": NOW - 420, "reason": reason,
-            "eligible": state == "active", "first_party": True, "connected": True, "until": None, "strikes": 0,
-            "history": []}
+    return {
+        "miner": NAMES[name],
+        "model": "smollm2-135m",
+        "state": state,
+        "since": NOW - 420,
+        "reason": reason,
+        "eligible": state == "active",
+        "first_party": True,
+        "connected": True,
+        "until": None,
+        "strikes": 0,
+        "history": [],
+    }
 
 
 def node_snapshot() -> NodeSnapshot:
@@ -36,32 +51,77 @@ def node_snapshot() -> NodeSnapshot:
         "chain": local_chain(),
         "validator": local_validator(),
         "gpus": gpus_state(),
-        "gateway": {"state": "ready", "buyer_url": "http://127.0.0.1:8080", "miner_url": "ws://127.0.0.1:8081/gw",
-                    "provider_url": "http://127.0.0.1:8082", "models": ["smollm2-135m"], "worker": 0, "workers": 1},
-        "traffic": {"workers": [worker("miner-1", "active", "connected: first-party, eligible without qualification"),
-                                worker("miner-2", "active", "connected: first-party, eligible without qualification")]},
-        "epochs": {"latest": 238170, "digest": "5de557b0" + "0" * 52 + "6ee1",
-                   "weights": [[NAMES["miner-2"], 52428], [NAMES["miner-1"], 13107]]},
+        "gateway": {
+            "state": "ready",
+            "buyer_url": "http://127.0.0.1:8080",
+            "miner_url": "ws://127.0.0.1:8081/gw",
+            "provider_url": "http://127.0.0.1:8082",
+            "models": ["smollm2-135m"],
+            "worker": 0,
+            "workers": 1,
+        },
+        "traffic": {
+            "workers": [
+                worker("miner-1", "active", "connected: first-party, eligible without qualification"),
+                worker("miner-2", "active", "connected: first-party, eligible without qualification"),
+            ]
+        },
+        "epochs": {
+            "latest": 238170,
+            "digest": "5de557b0" + "0" * 52 + "6ee1",
+            "weights": [[NAMES["miner-2"], 52428], [NAMES["miner-1"], 13107]],
+        },
         "verifier": {"state": "running", "verdicts": {"pass": 23, "cheat": 0, "unproven": 0}},
-        "traffic_generator": {"paused": False, "sent": 41, "succeeded": 41, "failed": 0, "output_chars": 7020,
-                              "last_error": None},
-        "network": {"buyer_api": "http://127.0.0.1:8080/v1", "provider_api": "http://127.0.0.1:8082",
-                    "miner_ws": "ws://127.0.0.1:8081/gw", "details": "/home/you/.local/share/engy/local/network.json"},
+        "traffic_generator": {
+            "paused": False,
+            "sent": 41,
+            "succeeded": 41,
+            "failed": 0,
+            "output_chars": 7020,
+            "last_error": None,
+        },
+        "network": {
+            "buyer_api": "http://127.0.0.1:8080/v1",
+            "provider_api": "http://127.0.0.1:8082",
+            "miner_ws": "ws://127.0.0.1:8081/gw",
+            "details": "/home/you/.local/share/engy/local/network.json",
+        },
     }
     miners = local_network()
     states.update({name: miners[name] for name in miners if name.startswith(("miner-", "model_server"))})
-    node = {"version": "0.1.0", "pid": 4242, "roles": ["chain", "gateway", "miner-1", "miner-2", "validator", "verifier"],
-            "network": "local", "started_at": NOW - 600, "hotkeys": NAMES}
+    node = {
+        "version": "0.1.0",
+        "pid": 4242,
+        "roles": ["chain", "gateway", "miner-1", "miner-2", "validator", "verifier"],
+        "network": "local",
+        "started_at": NOW - 600,
+        "hotkeys": NAMES,
+    }
     return NodeSnapshot(node=node, states=states, metrics={}, taken_at=NOW - 0.2, connected=True)
 
 
 EVENTS = [
-    {"seq": 1, "ts": NOW - 5, "level": "info", "component": "validator",
-     "message": "epoch 238170: weights for 2 uid(s) on chain at block 1,143, included as 1144-0001"},
-    {"seq": 2, "ts": NOW - 3, "level": "warning", "component": "gateway.traffic",
-     "message": "miner 5Fgo…RUgd (smollm2-135m): slow TTFT p99 2,185 ms"},
-    {"seq": 3, "ts": NOW - 1, "level": "info", "component": "verifier",
-     "message": "job 5f0c… (smollm2-135m, 22 output tokens): pass (ok) in 0.50 s"},
+    {
+        "seq": 1,
+        "ts": NOW - 5,
+        "level": "info",
+        "component": "validator",
+        "message": "epoch 238170: weights for 2 uid(s) on chain at block 1,143, included as 1144-0001",
+    },
+    {
+        "seq": 2,
+        "ts": NOW - 3,
+        "level": "warning",
+        "component": "gateway.traffic",
+        "message": "miner 5Fgo…RUgd (smollm2-135m): slow TTFT p99 2,185 ms",
+    },
+    {
+        "seq": 3,
+        "ts": NOW - 1,
+        "level": "info",
+        "component": "verifier",
+        "message": "job 5f0c… (smollm2-135m, 22 output tokens): pass (ok) in 0.50 s",
+    },
 ]
 
 

@@ -36,11 +36,11 @@ from engy_tui.widgets.miner_panel import (
     gateway_proof_line,
     heartbeat_cell,
     legs_cell,
+    lines_content,
     link_lines,
     link_notes,
     link_summary,
     link_title,
-    lines_content,
     load_line,
     log_lines,
     miner_hotkey,
@@ -56,7 +56,6 @@ from engy_tui.widgets.miner_panel import (
     server_title,
     tp_dp,
 )
-
 from tests.engy_tui.test_validator_panel import NAMES, NOW, ss58
 
 HOME = ss58("home-miner")
@@ -68,15 +67,29 @@ SGLANG_COMMAND = (
     "--chunked-prefill-size 8192 --max-running-requests 32 --context-length 32768 --enable-return-hidden-states "
     "--enable-cache-report --enable-metrics --enable-deterministic-inference --host 127.0.0.1 --port 30000"
 )
-CUDA_OOM_FIX = ("lower --mem-fraction-static a little (e.g. 0.83 -> 0.80), --max-running-requests, or "
-                "--chunked-prefill-size (e.g. 4096) for long prompts; raising it is the fix for the opposite "
-                "error, 'Not enough memory' at init")
+CUDA_OOM_FIX = (
+    "lower --mem-fraction-static a little (e.g. 0.83 -> 0.80), --max-running-requests, or "
+    "--chunked-prefill-size (e.g. 4096) for long prompts; raising it is the fix for the opposite "
+    "error, 'Not enough memory' at init"
+)
 
 
 def _metrics(**values: Any) -> dict[str, Any]:
     """`supervisor._metric_fields`: all None when there is no poll to show."""
-    fields = {key: None for key in ("running", "queued", "generation_tokens_total", "gen_throughput", "ttft_p50_ms",
-                                    "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "poll_error")}
+    fields = {
+        key: None
+        for key in (
+            "running",
+            "queued",
+            "generation_tokens_total",
+            "gen_throughput",
+            "ttft_p50_ms",
+            "ttft_p95_ms",
+            "itl_p50_ms",
+            "itl_p95_ms",
+            "poll_error",
+        )
+    }
     return fields | values
 
 
@@ -84,34 +97,63 @@ def gpu_miner() -> dict[str, Any]:
     """The miner state of a tp 2 sglang miner on two RTX 4090s, 4 legs admitted."""
     return {
         # role.run_miner
-        "model": QWEN, "max_inflight": 32, "cpu_mode": False,
+        "model": QWEN,
+        "max_inflight": 32,
+        "cpu_mode": False,
         "plan": "tp 2 × dp 1 on 2× NVIDIA GeForce RTX 4090: 32 requests of up to 32768 tokens per replica, 32 in flight",
         "command": SGLANG_COMMAND,
         # link.GatewayLink.publish
-        "legs_up": 4, "legs": 4, "inflight": 12,
+        "legs_up": 4,
+        "legs": 4,
+        "inflight": 12,
     }
 
 
 def ready_server() -> dict[str, Any]:
     """The supervisor's state of a healthy sglang after its last poll."""
     return {
-        "state": "ready", "kind": "sglang", "url": "http://127.0.0.1:30000", "command": SGLANG_COMMAND, "pid": 48211,
-        "restarts": 0, "startup_failures": 0, "last_failure": None, "restart_in_s": None, "log_lines_truncated": 0,
-        **_metrics(running=12, queued=0, generation_tokens_total=9_812_334.0, gen_throughput=412.3, ttft_p50_ms=182.0,
-                   ttft_p95_ms=410.0, itl_p50_ms=21.0, itl_p95_ms=29.0),
+        "state": "ready",
+        "kind": "sglang",
+        "url": "http://127.0.0.1:30000",
+        "command": SGLANG_COMMAND,
+        "pid": 48211,
+        "restarts": 0,
+        "startup_failures": 0,
+        "last_failure": None,
+        "restart_in_s": None,
+        "log_lines_truncated": 0,
+        **_metrics(
+            running=12,
+            queued=0,
+            generation_tokens_total=9_812_334.0,
+            gen_throughput=412.3,
+            ttft_p50_ms=182.0,
+            ttft_p95_ms=410.0,
+            itl_p50_ms=21.0,
+            itl_p95_ms=29.0,
+        ),
     }
 
 
 def crashed_server() -> dict[str, Any]:
     """The supervisor right after sglang died of CUDA OOM while serving, waiting out its backoff."""
     return {
-        "state": "restarting", "kind": "sglang", "url": "http://127.0.0.1:30000", "command": SGLANG_COMMAND, "pid": None,
-        "restarts": 2, "startup_failures": 0, "restart_in_s": 4.0, "log_lines_truncated": 0,
+        "state": "restarting",
+        "kind": "sglang",
+        "url": "http://127.0.0.1:30000",
+        "command": SGLANG_COMMAND,
+        "pid": None,
+        "restarts": 2,
+        "startup_failures": 0,
+        "restart_in_s": 4.0,
+        "log_lines_truncated": 0,
         "last_failure": {
             "kind": "cuda_oom",
             "summary": "CUDA ran out of memory (while serving): torch.OutOfMemoryError: CUDA out of memory. Tried to "
-                       "allocate 2.00 GiB. GPU 1 has a total capacity of 23.52 GiB of which 1.12 GiB is free.",
-            "fix": CUDA_OOM_FIX, "phase": "runtime", "exit_code": 1,
+            "allocate 2.00 GiB. GPU 1 has a total capacity of 23.52 GiB of which 1.12 GiB is free.",
+            "fix": CUDA_OOM_FIX,
+            "phase": "runtime",
+            "exit_code": 1,
         },
         **_metrics(),
     }
@@ -132,49 +174,120 @@ def gpu_gateway_states(hotkey: str = HOME) -> dict[str, Any]:
     """A gateway, its verifier and a dev chain on the same node as the GPU miner: every fact the
     panel can show."""
     return {
-        "traffic": {"workers": [{
-            "miner": hotkey, "model": QWEN, "state": "active", "since": NOW - (3 * 86400 + 2 * 3600),
-            "reason": "qualified: 200/200 probes ok, 200 verdicts pass, ttft p99 702 ms ≤ 2000 ms, tpot p99 35 ms ≤ 80 ms",
-            "eligible": True, "first_party": False, "connected": True, "until": None, "strikes": 0,
-            "round": {"probes": 0, "ok": 0, "pass": 0, "unproven": 0, "cheat": 0},
-            "window": {"requests": 120, "failed": 0, "verdicts": 61, "unproven": 2},
-            "history": [{"from": "probing", "to": "active", "reason": "qualified: …", "at": NOW - 266_400,
-                         "code": "qualified"}],
-        }]},
-        "gateway": {"state": "ready", "legs": [
-            {"leg": f"a1b2c3d{i}", "miner": hotkey, "worker": "rig-a", "model": QWEN, "capacity": 8, "inflight": 3,
-             "heartbeat_age_s": age} for i, age in enumerate((4.1, 12.0, 2.2, 27.9))]},
-        "verifier": {"state": "running", "gateway": "http://127.0.0.1:8082", "hotkey": NAMES["verifier"],
-                     "verdicts": {"pass": 1204, "cheat": 0, "unproven": 2}},
-        "audit": {"waiting": 3, "leased": 1, "dropped_full": 0, "dropped_expired": 0, "dropped_unjudged": 0,
-                  "recorded": 1206},
+        "traffic": {
+            "workers": [
+                {
+                    "miner": hotkey,
+                    "model": QWEN,
+                    "state": "active",
+                    "since": NOW - (3 * 86400 + 2 * 3600),
+                    "reason": "qualified: 200/200 probes ok, 200 verdicts pass, ttft p99 702 ms ≤ 2000 ms, tpot p99 35 ms ≤ 80 ms",
+                    "eligible": True,
+                    "first_party": False,
+                    "connected": True,
+                    "until": None,
+                    "strikes": 0,
+                    "round": {"probes": 0, "ok": 0, "pass": 0, "unproven": 0, "cheat": 0},
+                    "window": {"requests": 120, "failed": 0, "verdicts": 61, "unproven": 2},
+                    "history": [
+                        {
+                            "from": "probing",
+                            "to": "active",
+                            "reason": "qualified: …",
+                            "at": NOW - 266_400,
+                            "code": "qualified",
+                        }
+                    ],
+                }
+            ]
+        },
+        "gateway": {
+            "state": "ready",
+            "legs": [
+                {
+                    "leg": f"a1b2c3d{i}",
+                    "miner": hotkey,
+                    "worker": "rig-a",
+                    "model": QWEN,
+                    "capacity": 8,
+                    "inflight": 3,
+                    "heartbeat_age_s": age,
+                }
+                for i, age in enumerate((4.1, 12.0, 2.2, 27.9))
+            ],
+        },
+        "verifier": {
+            "state": "running",
+            "gateway": "http://127.0.0.1:8082",
+            "hotkey": NAMES["verifier"],
+            "verdicts": {"pass": 1204, "cheat": 0, "unproven": 2},
+        },
+        "audit": {
+            "waiting": 3,
+            "leased": 1,
+            "dropped_full": 0,
+            "dropped_expired": 0,
+            "dropped_unjudged": 0,
+            "recorded": 1206,
+        },
         "chain": finney_like_chain(hotkey),
     }
 
 
 def finney_like_chain(hotkey: str) -> dict[str, Any]:
     def neuron(uid, key, stake, permit, last_update, incentive, dividends, emission):
-        return {"uid": uid, "hotkey": key, "stake": stake, "permit": permit, "active": True, "last_update": last_update,
-                "incentive": incentive, "dividends": dividends, "emission": emission}
+        return {
+            "uid": uid,
+            "hotkey": key,
+            "stake": stake,
+            "permit": permit,
+            "active": True,
+            "last_update": last_update,
+            "incentive": incentive,
+            "dividends": dividends,
+            "emission": emission,
+        }
 
     return {
-        "network": "dev chain", "netuid": 53, "block": 4_812_330, "block_time_s": 12.0, "tempo": 360, "epochs_run": 211,
-        "neurons": [neuron(3, ss58("v3"), 9000.0, True, 4_812_289, 0.0, 0.4, 40.0),
-                    neuron(5, ss58("v5"), 7000.0, True, 4_812_201, 0.0, 0.35, 35.0),
-                    neuron(8, ss58("v8"), 4000.0, True, 4_812_120, 0.0, 0.25, 25.0),
-                    neuron(17, hotkey, 0.0, False, 0, 0.0231, 0.0, 1.8421)],
+        "network": "dev chain",
+        "netuid": 53,
+        "block": 4_812_330,
+        "block_time_s": 12.0,
+        "tempo": 360,
+        "epochs_run": 211,
+        "neurons": [
+            neuron(3, ss58("v3"), 9000.0, True, 4_812_289, 0.0, 0.4, 40.0),
+            neuron(5, ss58("v5"), 7000.0, True, 4_812_201, 0.0, 0.35, 35.0),
+            neuron(8, ss58("v8"), 4000.0, True, 4_812_120, 0.0, 0.25, 25.0),
+            neuron(17, hotkey, 0.0, False, 0, 0.0231, 0.0, 1.8421),
+        ],
         "weights": {"3": {"17": 1_512}, "5": {"17": 1_490}, "8": {"17": 1_433}},
     }
 
 
 def local_chain() -> dict[str, Any]:
     """`_chain_snapshot` of a local network's dev chain after 51 epochs."""
+
     def neuron(uid, name, stake, permit, last_update, incentive, dividends, emission, active=True):
-        return {"uid": uid, "hotkey": NAMES[name], "stake": stake, "permit": permit, "active": active,
-                "last_update": last_update, "incentive": incentive, "dividends": dividends, "emission": emission}
+        return {
+            "uid": uid,
+            "hotkey": NAMES[name],
+            "stake": stake,
+            "permit": permit,
+            "active": active,
+            "last_update": last_update,
+            "incentive": incentive,
+            "dividends": dividends,
+            "emission": emission,
+        }
 
     return {
-        "network": "dev chain", "netuid": 53, "block": 1_540, "block_time_s": 1.0, "tempo": 30, "epochs_run": 51,
+        "network": "dev chain",
+        "netuid": 53,
+        "block": 1_540,
+        "block_time_s": 1.0,
+        "tempo": 30,
+        "epochs_run": 51,
         "neurons": [
             neuron(0, "owner", 0.0, True, 0, 0.0, 0.0, 0.0, active=False),
             neuron(1, "validator", 1000.0, True, 1_532, 0.0, 1.0, 15.0),
@@ -186,55 +299,128 @@ def local_chain() -> dict[str, Any]:
 
 
 def reference_command(name: str, port: int) -> str:
-    return (f"/home/engy/.venv/bin/python -m engy_node --home /home/engy/.local/share/engy/local/{name}/model-server "
-            f"serve --model smollm2-135m --checkpoint /home/engy/.local/share/engy/models/smollm2-135m "
-            f"--host 127.0.0.1 --port {port} --max-running-requests 4")
+    return (
+        f"/home/engy/.venv/bin/python -m engy_node --home /home/engy/.local/share/engy/local/{name}/model-server "
+        f"serve --model smollm2-135m --checkpoint /home/engy/.local/share/engy/models/smollm2-135m "
+        f"--host 127.0.0.1 --port {port} --max-running-requests 4"
+    )
 
 
 def local_network() -> dict[str, Any]:
     """A local network a few minutes after `engy-node up`: two CPU miners (first-party, active),
     one of which restarted its reference server once, the gateway, verifier and dev chain."""
     states: dict[str, Any] = {
-        "node": {"version": "0.1.0", "pid": 4242, "roles": ["chain", "gateway", "miner-1", "miner-2", "validator",
-                                                             "verifier"], "network": "local", "hotkeys": NAMES},
-        "network": {"buyer_api": "http://127.0.0.1:8080/v1", "provider_api": "http://127.0.0.1:8082",
-                    "miner_ws": "ws://127.0.0.1:8081/gw"},
-        "verifier": {"state": "running", "gateway": "http://127.0.0.1:8082", "hotkey": NAMES["verifier"],
-                     "verdicts": {"pass": 41, "cheat": 0, "unproven": 1}},
-        "audit": {"waiting": 0, "leased": 1, "dropped_full": 0, "dropped_expired": 0, "dropped_unjudged": 0,
-                  "recorded": 42},
+        "node": {
+            "version": "0.1.0",
+            "pid": 4242,
+            "roles": ["chain", "gateway", "miner-1", "miner-2", "validator", "verifier"],
+            "network": "local",
+            "hotkeys": NAMES,
+        },
+        "network": {
+            "buyer_api": "http://127.0.0.1:8080/v1",
+            "provider_api": "http://127.0.0.1:8082",
+            "miner_ws": "ws://127.0.0.1:8081/gw",
+        },
+        "verifier": {
+            "state": "running",
+            "gateway": "http://127.0.0.1:8082",
+            "hotkey": NAMES["verifier"],
+            "verdicts": {"pass": 41, "cheat": 0, "unproven": 1},
+        },
+        "audit": {
+            "waiting": 0,
+            "leased": 1,
+            "dropped_full": 0,
+            "dropped_expired": 0,
+            "dropped_unjudged": 0,
+            "recorded": 42,
+        },
         "chain": local_chain(),
         "gateway": {"state": "ready", "legs": []},
         "traffic": {"workers": []},
     }
     for index, (name, running, port) in enumerate((("miner-1", 1, 8101), ("miner-2", 0, 8102))):
         command = reference_command(name, port)
-        states[name] = {"model": "smollm2-135m", "max_inflight": 4, "cpu_mode": True,
-                        "plan": "CPU mode: the reference server runs LlamaForCausalLM on CPU (4 concurrent requests of up "
-                                "to 8192 tokens)", "command": command, "legs_up": 1, "legs": 1, "inflight": running}
-        states[server_component(name)] = {
-            "state": "ready", "kind": "reference", "url": f"http://127.0.0.1:{port}", "command": command,
-            "pid": 5100 + index, "restarts": index, "startup_failures": 0, "restart_in_s": None, "log_lines_truncated": 0,
-            "last_failure": None if index == 0 else {
-                "kind": "unknown", "summary": "was killed by SIGKILL; last log line: INFO: 127.0.0.1:50312 - \"POST "
-                                              "/generate HTTP/1.1\" 200 OK",
-                "fix": "if nobody killed it, the kernel's OOM killer may have (host RAM, not GPU memory): check `dmesg`; "
-                       "otherwise read the log tail", "phase": "runtime", "exit_code": -9},
-            **_metrics(running=running, queued=0, generation_tokens_total=18_230.0 + index, gen_throughput=38.4 - index,
-                       ttft_p50_ms=61.0, ttft_p95_ms=140.0, itl_p50_ms=24.1, itl_p95_ms=31.0),
+        states[name] = {
+            "model": "smollm2-135m",
+            "max_inflight": 4,
+            "cpu_mode": True,
+            "plan": "CPU mode: the reference server runs LlamaForCausalLM on CPU (4 concurrent requests of up "
+            "to 8192 tokens)",
+            "command": command,
+            "legs_up": 1,
+            "legs": 1,
+            "inflight": running,
         }
-        states["gateway"]["legs"].append({"leg": f"0f{index}e8a1c", "miner": NAMES[name], "worker": name,
-                                          "model": "smollm2-135m", "capacity": 4, "inflight": running,
-                                          "heartbeat_age_s": 6.0 + 10 * index})
-        states["traffic"]["workers"].append({
-            "miner": NAMES[name], "model": "smollm2-135m", "state": "active", "since": NOW - 260 - index,
-            "reason": "connected: first-party, eligible without qualification", "eligible": True, "first_party": True,
-            "connected": True, "until": None, "strikes": 0,
-            "round": {"probes": 0, "ok": 0, "pass": 0, "unproven": 0, "cheat": 0},
-            "window": {"requests": 9 + index, "failed": 0, "verdicts": 21 - index, "unproven": index},
-            "history": [{"from": "new", "to": "active", "reason": "connected: first-party, eligible without qualification",
-                         "at": NOW - 260 - index, "code": "connected"}],
-        })
+        states[server_component(name)] = {
+            "state": "ready",
+            "kind": "reference",
+            "url": f"http://127.0.0.1:{port}",
+            "command": command,
+            "pid": 5100 + index,
+            "restarts": index,
+            "startup_failures": 0,
+            "restart_in_s": None,
+            "log_lines_truncated": 0,
+            "last_failure": None
+            if index == 0
+            else {
+                "kind": "unknown",
+                "summary": 'was killed by SIGKILL; last log line: INFO: 127.0.0.1:50312 - "POST '
+                '/generate HTTP/1.1" 200 OK',
+                "fix": "if nobody killed it, the kernel's OOM killer may have (host RAM, not GPU memory): check `dmesg`; "
+                "otherwise read the log tail",
+                "phase": "runtime",
+                "exit_code": -9,
+            },
+            **_metrics(
+                running=running,
+                queued=0,
+                generation_tokens_total=18_230.0 + index,
+                gen_throughput=38.4 - index,
+                ttft_p50_ms=61.0,
+                ttft_p95_ms=140.0,
+                itl_p50_ms=24.1,
+                itl_p95_ms=31.0,
+            ),
+        }
+        states["gateway"]["legs"].append(
+            {
+                "leg": f"0f{index}e8a1c",
+                "miner": NAMES[name],
+                "worker": name,
+                "model": "smollm2-135m",
+                "capacity": 4,
+                "inflight": running,
+                "heartbeat_age_s": 6.0 + 10 * index,
+            }
+        )
+        states["traffic"]["workers"].append(
+            {
+                "miner": NAMES[name],
+                "model": "smollm2-135m",
+                "state": "active",
+                "since": NOW - 260 - index,
+                "reason": "connected: first-party, eligible without qualification",
+                "eligible": True,
+                "first_party": True,
+                "connected": True,
+                "until": None,
+                "strikes": 0,
+                "round": {"probes": 0, "ok": 0, "pass": 0, "unproven": 0, "cheat": 0},
+                "window": {"requests": 9 + index, "failed": 0, "verdicts": 21 - index, "unproven": index},
+                "history": [
+                    {
+                        "from": "new",
+                        "to": "active",
+                        "reason": "connected: first-party, eligible without qualification",
+                        "at": NOW - 260 - index,
+                        "code": "connected",
+                    }
+                ],
+            }
+        )
     return states
 
 
@@ -253,8 +439,17 @@ def text(line) -> str:
 
 
 def test_miner_names_come_from_miner_and_model_server_components_in_natural_order():
-    states = {"miner-10": {}, "miner-2": {}, "model_server.miner-1": {}, "gateway": {}, "miner-": {}, "miners": {},
-              "model_server.": {}, "miner-3": "not a state", 7: {}}
+    states = {
+        "miner-10": {},
+        "miner-2": {},
+        "model_server.miner-1": {},
+        "gateway": {},
+        "miner-": {},
+        "miners": {},
+        "model_server.": {},
+        "miner-3": "not a state",
+        7: {},
+    }
     assert miner_names(states) == ["miner-1", "miner-2", "miner-10"]
     assert miner_names({"model_server": {}}) == ["miner"]
     assert miner_names({"miner": {}, "model_server": {}}) == ["miner"]
@@ -276,7 +471,10 @@ def test_the_command_is_shortened_to_the_flags_that_matter():
     short = compact_command(SGLANG_COMMAND)
     assert short.startswith("python -m sglang.launch_server --model-path …/qwen3.6-35b-a3b --served-model-name")
     assert "SGLANG_ENABLE" not in short and "--tp-size 2" in short and "--mem-fraction-static 0.86" in short
-    assert compact_command("/usr/bin/python3 -m engy_node serve --host 127.0.0.1") == "python3 -m engy_node serve --host 127.0.0.1"
+    assert (
+        compact_command("/usr/bin/python3 -m engy_node serve --host 127.0.0.1")
+        == "python3 -m engy_node serve --host 127.0.0.1"
+    )
     assert compact_command("python 'a b' \"unclosed") is not None  # shlex fails: split on spaces instead
     assert compact_command(None) is None and compact_command("") is None and compact_command("  ") is None
     assert text(command_line(gpu_miner(), ready_server())).startswith("cmd: python -m sglang.launch_server")
@@ -296,11 +494,15 @@ def test_tp_and_dp_are_read_from_the_command():
 
 def test_the_server_title_names_kind_model_parallelism_state_and_restarts():
     assert server_title(gpu_miner(), ready_server()) == "sglang · qwen3.6-35b-a3b · tp 2 · ready ✔ · 0 restarts"
-    assert server_title(gpu_miner(), crashed_server()) == \
-        "sglang · qwen3.6-35b-a3b · tp 2 · restarting in 4 s ⚠ · 2 restarts"
+    assert (
+        server_title(gpu_miner(), crashed_server())
+        == "sglang · qwen3.6-35b-a3b · tp 2 · restarting in 4 s ⚠ · 2 restarts"
+    )
     local = local_network()
-    assert server_title(local["miner-2"], local["model_server.miner-2"]) == \
-        "reference · smollm2-135m · CPU · ready ✔ · 1 restart"
+    assert (
+        server_title(local["miner-2"], local["model_server.miner-2"])
+        == "reference · smollm2-135m · CPU · ready ✔ · 1 restart"
+    )
     failed = {**crashed_server(), "state": "failed", "startup_failures": 5}
     assert server_title(gpu_miner(), failed).endswith("failed ✘ gave up · 2 restarts · 5 failed starts")
     assert server_title({"command": None, "model": QWEN}, {}) == "qwen3.6-35b-a3b · external server"
@@ -309,8 +511,20 @@ def test_the_server_title_names_kind_model_parallelism_state_and_restarts():
 
 
 def test_every_supervisor_state_reads_as_a_word_with_its_symbol():
-    words = {state: server_state_cell({"state": state}) for state in
-             ("starting", "ready", "unhealthy", "stalled", "timed_out", "exited", "restarting", "failed", "stopped")}
+    words = {
+        state: server_state_cell({"state": state})
+        for state in (
+            "starting",
+            "ready",
+            "unhealthy",
+            "stalled",
+            "timed_out",
+            "exited",
+            "restarting",
+            "failed",
+            "stopped",
+        )
+    }
     assert words["ready"] == Cell("ready ✔", "ok")
     assert words["starting"] == Cell("starting …", "")
     assert words["unhealthy"].style == words["restarting"].style == "warning"
@@ -325,8 +539,9 @@ def test_every_supervisor_state_reads_as_a_word_with_its_symbol():
 
 
 def test_the_load_line_shows_the_last_poll_and_says_why_there_is_none():
-    assert text(load_line(ready_server())) == ("load: running 12 · queue 0 · 412.3 tok/s · TTFT p50/p95 182/410 ms · "
-                                               "ITL p50/p95 21/29 ms")
+    assert text(load_line(ready_server())) == (
+        "load: running 12 · queue 0 · 412.3 tok/s · TTFT p50/p95 182/410 ms · ITL p50/p95 21/29 ms"
+    )
     assert text(load_line(crashed_server())) == "load: none while restarting"
     assert text(load_line({})) == "load: no model server reported"
     # Ready but sglang without --enable-metrics: n/a, never 0.
@@ -348,7 +563,9 @@ def test_a_crash_shows_its_class_what_happened_and_the_fix():
     assert texts(recovered)[0].startswith("⚠ recovered from: CUDA out of memory") and recovered[0][0].style == "warning"
     # An operator's restart (no backoff) does not make the old failure current.
     assert texts(failure_lines({**crashed_server(), "restart_in_s": None}))[0].startswith("⚠ last failure:")
-    killed = failure_lines({"state": "exited", "last_failure": {"kind": "unknown", "exit_code": -9, "phase": "startup"}})
+    killed = failure_lines(
+        {"state": "exited", "last_failure": {"kind": "unknown", "exit_code": -9, "phase": "startup"}}
+    )
     assert texts(killed)[0] == "✘ unrecognised failure, while starting, killed by SIGKILL"
     assert texts(killed)[-1] == "  → fix: n/a"
     odd = failure_lines({"state": "exited", "last_failure": {"kind": "new_kind", "exit_code": -(10**30)}})
@@ -356,12 +573,25 @@ def test_a_crash_shows_its_class_what_happened_and_the_fix():
     gave_up = failure_lines({**crashed_server(), "state": "failed", "startup_failures": 5})
     assert "failed to start 5 times in a row and is not restarted" in texts(gave_up)[-1]
     assert texts(failure_lines({"state": "unhealthy"})) == [
-        "⚠ health checks failing: it is restarted after 3 misses in a row"]
+        "⚠ health checks failing: it is restarted after 3 misses in a row"
+    ]
     assert failure_lines(ready_server()) == [] and failure_lines({}) == [] and failure_lines(None) == []
     assert texts(failure_lines({"state": "ready", "log_lines_truncated": 2})) == ["2 overlong log lines cut at 16 KB"]
-    assert set(FAILURE_WORDS) >= {"launch_failed", "oom_at_init", "cuda_oom", "no_p2p", "no_kernel_image",
-                                  "fp8_block_divisibility", "port_in_use", "hidden_states_flag", "model_not_found",
-                                  "startup_timeout", "unhealthy", "stalled", "unknown"}
+    assert set(FAILURE_WORDS) >= {
+        "launch_failed",
+        "oom_at_init",
+        "cuda_oom",
+        "no_p2p",
+        "no_kernel_image",
+        "fp8_block_divisibility",
+        "port_in_use",
+        "hidden_states_flag",
+        "model_not_found",
+        "startup_timeout",
+        "unhealthy",
+        "stalled",
+        "unknown",
+    }
 
 
 def test_every_failure_kind_the_supervisor_knows_has_words():
@@ -399,15 +629,21 @@ def test_eligibility_is_what_the_gateway_decided_or_why_it_is_not_known():
     worker = gpu_gateway_states()["traffic"]["workers"][0]
     assert eligibility_cell(worker, has_traffic=True, hotkey=HOME) == Cell("eligibility: active ✔", "ok")
     assert eligibility_cell({**worker, "state": "pulled"}, has_traffic=True, hotkey=HOME).style == "error"
-    assert eligibility_cell({**worker, "state": "probing"}, has_traffic=True, hotkey=HOME).text == \
-        "eligibility: probing (qualifying)"
-    assert eligibility_cell({**worker, "first_party": True}, has_traffic=True, hotkey=HOME).text == \
-        "eligibility: active own ✔"
+    assert (
+        eligibility_cell({**worker, "state": "probing"}, has_traffic=True, hotkey=HOME).text
+        == "eligibility: probing (qualifying)"
+    )
+    assert (
+        eligibility_cell({**worker, "first_party": True}, has_traffic=True, hotkey=HOME).text
+        == "eligibility: active own ✔"
+    )
     assert eligibility_cell(None, has_traffic=True, hotkey=HOME).text == "eligibility: not known to the gateway yet"
     assert eligibility_cell(worker, has_traffic=False, hotkey=HOME).text == "eligibility n/a (decided at the gateway)"
     assert eligibility_cell(worker, has_traffic=True, hotkey=None).text == "eligibility n/a (hotkey not known)"
-    assert link_title(gpu_miner(), worker, has_traffic=True, hotkey=HOME, url="wss://api.engy.ai/gw") == \
-        "wss://api.engy.ai/gw · 4 legs ✔ · eligibility: active ✔"
+    assert (
+        link_title(gpu_miner(), worker, has_traffic=True, hotkey=HOME, url="wss://api.engy.ai/gw")
+        == "wss://api.engy.ai/gw · 4 legs ✔ · eligibility: active ✔"
+    )
 
 
 def test_the_link_lines_say_load_heartbeat_state_and_the_served_window():
@@ -418,11 +654,14 @@ def test_the_link_lines_say_load_heartbeat_state_and_the_served_window():
     assert lines[1].startswith("active for 3 d 2 h: qualified: 200/200 probes ok")
     assert lines[2] == "served 120 (0 failed) in 60 s"
     assert texts(link_lines({}, None, [], now=NOW, has_traffic=False)) == ["in flight n/a/n/a"]
-    assert texts(link_lines({}, None, [], now=NOW, has_traffic=True))[1] == \
-        "the gateway on this node has not seen this miner yet"
+    assert (
+        texts(link_lines({}, None, [], now=NOW, has_traffic=True))[1]
+        == "the gateway on this node has not seen this miner yet"
+    )
     probing = {**worker, "state": "probing", "round": {"probes": 14, "ok": 14, "pass": 12, "unproven": 1, "cheat": 0}}
     assert "qualifying round: 14/14 probes ok, 12 pass, 1 unproven" in texts(
-        link_lines(gpu_miner(), probing, legs, now=NOW, has_traffic=True))
+        link_lines(gpu_miner(), probing, legs, now=NOW, has_traffic=True)
+    )
 
 
 def test_the_compact_link_summary_is_one_line():
@@ -430,9 +669,12 @@ def test_the_compact_link_summary_is_one_line():
     worker, legs = states["traffic"]["workers"][0], states["gateway"]["legs"]
     assert text(link_summary(gpu_miner(), worker, legs, now=NOW, has_traffic=True, hotkey=HOME)) == (
         "4 legs ✔ · active ✔ for 3 d 2 h · in flight 12/32 · heartbeat 27 s ago · served 120 (0 failed) in 60 s · "
-        "audited 61 · 2 unproven (3.3%) in 5 min")
-    assert text(link_summary({}, None, [], now=NOW, has_traffic=False, hotkey=None)) == \
-        "legs n/a · eligibility n/a (hotkey not known) · in flight n/a/n/a"
+        "audited 61 · 2 unproven (3.3%) in 5 min"
+    )
+    assert (
+        text(link_summary({}, None, [], now=NOW, has_traffic=False, hotkey=None))
+        == "legs n/a · eligibility n/a (hotkey not known) · in flight n/a/n/a"
+    )
 
 
 def test_a_late_heartbeat_is_flagged():
@@ -444,10 +686,13 @@ def test_a_late_heartbeat_is_flagged():
 def test_the_gateway_windows_count_served_and_audited_requests():
     assert texts([served_line({"window": {"requests": 9, "failed": 2}})]) == ["served 9 (2 failed ⚠) in 60 s"]
     assert served_line({}) is None and served_line({"window": {"requests": None}})[1].text == "n/a"
-    assert text(gateway_proof_line({"window": {"verdicts": 61, "unproven": 2}})) == \
-        "audited 61 · 2 unproven (3.3%) in 5 min"
-    assert gateway_proof_line({"window": {"verdicts": 20, "unproven": 0}})[0] == \
-        Cell("audited 20 · 0 unproven ✔ in 5 min", "ok")
+    assert (
+        text(gateway_proof_line({"window": {"verdicts": 61, "unproven": 2}}))
+        == "audited 61 · 2 unproven (3.3%) in 5 min"
+    )
+    assert gateway_proof_line({"window": {"verdicts": 20, "unproven": 0}})[0] == Cell(
+        "audited 20 · 0 unproven ✔ in 5 min", "ok"
+    )
     high = gateway_proof_line({"window": {"verdicts": 10, "unproven": 3}})[0]
     assert high.style == "warning" and f"⚠ over {MAX_UNPROVEN_PCT}%" in high.text
     assert text(gateway_proof_line({"window": {"verdicts": 0, "unproven": 0}})) == "audited 0 · 0 unproven in 5 min"
@@ -457,19 +702,36 @@ def test_the_gateway_windows_count_served_and_audited_requests():
 def test_link_notes_name_what_is_wrong_and_what_to_do():
     assert link_notes(gpu_miner(), gpu_gateway_states()["traffic"]["workers"][0], now=NOW) == []
     down = texts(link_notes({"legs_up": 0, "legs": 4}, None, now=NOW))
-    assert down[0].startswith("✘ no leg to the gateway is admitted") and down[1].startswith("  → fix: the miner.link log")
+    assert down[0].startswith("✘ no leg to the gateway is admitted") and down[1].startswith(
+        "  → fix: the miner.link log"
+    )
     assert texts(link_notes({"legs_up": 3, "legs": 4}, None, now=NOW))[0].startswith("⚠ 1 of 4 legs down")
-    pulled = {"state": "pulled", "until": NOW + 240, "reason": "pulled: cheat verdict on request r-1; qualifies again "
-                                                              "after 300 s (strike 1)",
-              "history": [{"from": "active", "to": "pulled", "code": "cheat", "at": NOW - 60}]}
+    pulled = {
+        "state": "pulled",
+        "until": NOW + 240,
+        "reason": "pulled: cheat verdict on request r-1; qualifies again after 300 s (strike 1)",
+        "history": [{"from": "active", "to": "pulled", "code": "cheat", "at": NOW - 60}],
+    }
     notes = texts(link_notes(gpu_miner(), pulled, now=NOW))
-    assert notes[0] == ("✘ pulled by the gateway (cheat) · 4 min of cooldown left: pulled: cheat verdict on request "
-                        "r-1; qualifies again after 300 s (strike 1)")
+    assert notes[0] == (
+        "✘ pulled by the gateway (cheat) · 4 min of cooldown left: pulled: cheat verdict on request "
+        "r-1; qualifies again after 300 s (strike 1)"
+    )
     assert notes[1].startswith("  → fix: serve the catalog checkpoint unmodified")
     over = texts(link_notes({}, {"state": "pulled", "until": NOW - 1}, now=NOW))
     assert over[0] == "✘ pulled by the gateway · cooldown over: no reason given"
-    report = {"state": "active", "first_party": True, "history": [
-        {"from": "active", "to": "active", "code": "slow-ttft", "reason": "degraded (first-party, stays eligible): slow"}]}
+    report = {
+        "state": "active",
+        "first_party": True,
+        "history": [
+            {
+                "from": "active",
+                "to": "active",
+                "code": "slow-ttft",
+                "reason": "degraded (first-party, stays eligible): slow",
+            }
+        ],
+    }
     notes = texts(link_notes({}, report, now=NOW))
     assert notes[0].startswith("⚠ would have been pulled (slow-ttft), kept as first-party: degraded")
     assert "--max-running-requests" in notes[1]
@@ -480,8 +742,10 @@ def test_link_notes_name_what_is_wrong_and_what_to_do():
 
 def test_node_proofs_count_verdicts_and_the_audit_queue():
     lines = node_proof_lines(gpu_gateway_states())
-    assert texts(lines) == ["verifier: pass 1,204  cheat 0 ✔  unproven 2 (0.2%)",
-                            "audit: 3 waiting · 1 leased · 1,206 judged · none dropped ✔"]
+    assert texts(lines) == [
+        "verifier: pass 1,204  cheat 0 ✔  unproven 2 (0.2%)",
+        "audit: 3 waiting · 1 leased · 1,206 judged · none dropped ✔",
+    ]
     assert lines[0][3] == Cell("cheat 0 ✔", "ok")
     cheat = node_proof_lines({"verifier": {"verdicts": {"pass": 3, "cheat": 1, "unproven": 0}}})
     assert cheat[0][3] == Cell("cheat 1 ✘", "error")
@@ -489,17 +753,25 @@ def test_node_proofs_count_verdicts_and_the_audit_queue():
     assert texts(node_proof_lines({"verifier": {"verdicts": {}}})) == ["verifier: pass n/a  cheat n/a  unproven n/a"]
     dropped = node_proof_lines({"audit": {"waiting": 0, "dropped_full": 2, "dropped_expired": 1}})
     assert dropped[0][-1] == Cell(" · 3 dropped unjudged ⚠", "warning")
-    assert texts(node_proof_lines({"audit": {"waiting": 1}})) == ["audit: 1 waiting · n/a leased · n/a judged · dropped n/a"]
-    assert texts(node_proof_lines({})) == ["no verifier or audit desk on this node:",
-                                           "the gateway's verifiers judge its proofs"]
+    assert texts(node_proof_lines({"audit": {"waiting": 1}})) == [
+        "audit: 1 waiting · n/a leased · n/a judged · dropped n/a"
+    ]
+    assert texts(node_proof_lines({})) == [
+        "no verifier or audit desk on this node:",
+        "the gateway's verifiers judge its proofs",
+    ]
 
 
 def test_the_chain_box_reuses_the_validator_panels_miner_lines():
     lines = texts(chain_lines(finney_like_chain(HOME), HOME))
-    assert lines == ["uid 17 · incentive 0.0231 · emission 1.8421 α/epoch",
-                     "weights from 3/3 validators, newest 41 blocks ago ✔"]
-    assert texts(chain_lines(local_chain(), ss58("nobody"))) == ["not registered on netuid 53 ✘",
-                                                                 "  → fix: register the hotkey on netuid 53 (btcli subnet register)"]
+    assert lines == [
+        "uid 17 · incentive 0.0231 · emission 1.8421 α/epoch",
+        "weights from 3/3 validators, newest 41 blocks ago ✔",
+    ]
+    assert texts(chain_lines(local_chain(), ss58("nobody"))) == [
+        "not registered on netuid 53 ✘",
+        "  → fix: register the hotkey on netuid 53 (btcli subnet register)",
+    ]
     assert texts(chain_lines(local_chain(), None)) == ["hotkey n/a: this node does not publish the miner's hotkey"]
     assert texts(chain_lines(None, HOME)) == ["chain state n/a: only a local network's dev chain is published"]
 
@@ -534,8 +806,9 @@ def test_a_miner_beside_a_gateway_shows_what_the_gateway_sees_of_it():
 
 
 def test_a_standalone_miner_says_what_it_cannot_know():
-    view = miner_view("miner", {"miner": gpu_miner(), "model_server": ready_server()}, now=NOW,
-                      server_log={"model_server": READY_LOG})
+    view = miner_view(
+        "miner", {"miner": gpu_miner(), "model_server": ready_server()}, now=NOW, server_log={"model_server": READY_LOG}
+    )
     assert view.link_title == "4 legs ✔ · eligibility n/a (hotkey not known)"
     assert texts(view.chain) == ["hotkey n/a: this node does not publish the miner's hotkey"]
     assert view.proofs == ()
@@ -543,15 +816,27 @@ def test_a_standalone_miner_says_what_it_cannot_know():
 
 
 def test_a_crashed_server_shows_three_log_lines_and_an_error_frame():
-    view = miner_view("miner", {"miner": gpu_miner(), "model_server": crashed_server()}, now=NOW,
-                      server_log={"model_server": ["older", *CRASH_LOG]})
+    view = miner_view(
+        "miner",
+        {"miner": gpu_miner(), "model_server": crashed_server()},
+        now=NOW,
+        server_log={"model_server": ["older", *CRASH_LOG]},
+    )
     assert texts(view.log)[0] == "log: " + CRASH_LOG[0] and len(view.log) == 3
     assert view.server_level == "error" and view.failure[0][0].style == "error"
 
 
 def test_nothing_reported_is_never_shown_as_zero():
-    view = miner_view("miner", {"miner": {"model": QWEN}, "model_server": {"state": "ready"},
-                                "verifier": {"verdicts": {}}, "audit": {"waiting": None}}, now=NOW)
+    view = miner_view(
+        "miner",
+        {
+            "miner": {"model": QWEN},
+            "model_server": {"state": "ready"},
+            "verifier": {"verdicts": {}},
+            "audit": {"waiting": None},
+        },
+        now=NOW,
+    )
     every = " ".join(texts((view.command, view.load, *view.link, *view.chain, *view.log)))
     every += " " + " ".join(texts(node_proof_lines({"verifier": {"verdicts": {}}, "audit": {"leased": None}})))
     assert " 0 " not in f" {every} " and "0.0" not in every and "0%" not in every
@@ -561,46 +846,120 @@ def test_nothing_reported_is_never_shown_as_zero():
 # ---- never raising on arbitrary documents ------------------------------------------------------
 
 
-SCALARS = (st.none() | st.booleans() | st.integers() | st.integers(min_value=-(10**400), max_value=10**400)
-           | st.floats() | st.text(max_size=12))
-JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                         max_size=4), max_leaves=10)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(10**400), max_value=10**400)
+    | st.floats()
+    | st.text(max_size=12)
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=10,
+)
 
 
 def _doc(*keys: str, **special: st.SearchStrategy) -> st.SearchStrategy:
     return st.fixed_dictionaries({}, optional={**{key: SCALARS | JSON for key in keys}, **special}) | JSON
 
 
-MINERS = _doc("model", "max_inflight", "cpu_mode", "plan", "legs_up", "legs", "inflight", "hotkey",
-              command=st.sampled_from([SGLANG_COMMAND, "a 'b", "--tp-size 2 --dp-size"]) | SCALARS)
-SERVERS = _doc("kind", "url", "pid", "restarts", "startup_failures", "restart_in_s", "log_lines_truncated", "running",
-               "queued", "generation_tokens_total", "gen_throughput", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms",
-               "itl_p95_ms", "poll_error",
-               state=st.sampled_from(["ready", "restarting", "exited", "failed", "unhealthy", "x"]) | SCALARS,
-               command=st.just(SGLANG_COMMAND) | SCALARS,
-               last_failure=_doc("summary", "fix", "exit_code", kind=st.sampled_from(sorted(FAILURE_WORDS)) | SCALARS,
-                                 phase=st.sampled_from(["startup", "runtime"]) | SCALARS))
-WORKERS = _doc("model", "since", "reason", "eligible", "first_party", "connected", "until", "strikes",
-               miner=st.sampled_from([HOME, NAMES["miner-1"]]) | SCALARS,
-               state=st.sampled_from(["active", "pulled", "probing", "new"]) | SCALARS,
-               round=_doc("probes", "ok", "pass", "unproven", "cheat"),
-               window=_doc("requests", "failed", "verdicts", "unproven"),
-               history=st.lists(_doc("from", "to", "reason", "at", "code"), max_size=3) | JSON)
-STATES = st.fixed_dictionaries({}, optional={
-    "miner": MINERS, "miner-1": MINERS, "model_server": SERVERS, "model_server.miner-1": SERVERS,
-    "traffic": _doc(workers=st.lists(WORKERS, max_size=3) | JSON),
-    "gateway": _doc(legs=st.lists(_doc("heartbeat_age_s", "inflight", miner=st.just(HOME) | SCALARS), max_size=3) | JSON),
-    "verifier": _doc("state", verdicts=_doc("pass", "cheat", "unproven")),
-    "audit": _doc("waiting", "leased", "recorded", "dropped_full", "dropped_expired", "dropped_unjudged"),
-    "chain": _doc("netuid", "block", neurons=st.lists(_doc("uid", "hotkey", "permit", "incentive", "emission",
-                                                            "last_update"), max_size=3) | JSON),
-    "node": _doc(hotkeys=st.dictionaries(st.text(max_size=8), SCALARS, max_size=3) | JSON),
-    "network": _doc("miner_ws"),
-}) | st.dictionaries(st.text(max_size=14), JSON, max_size=4) | JSON
-NAMES_MAPS = st.none() | st.just({"miner": HOME, "miner-1": NAMES["miner-1"]}) | st.dictionaries(
-    st.text(max_size=8), SCALARS, max_size=3) | JSON
-LOGS = st.none() | st.dictionaries(st.sampled_from(["model_server", "model_server.miner-1"]) | st.text(max_size=6),
-                                   st.lists(SCALARS, max_size=4) | JSON, max_size=3) | JSON
+MINERS = _doc(
+    "model",
+    "max_inflight",
+    "cpu_mode",
+    "plan",
+    "legs_up",
+    "legs",
+    "inflight",
+    "hotkey",
+    command=st.sampled_from([SGLANG_COMMAND, "a 'b", "--tp-size 2 --dp-size"]) | SCALARS,
+)
+SERVERS = _doc(
+    "kind",
+    "url",
+    "pid",
+    "restarts",
+    "startup_failures",
+    "restart_in_s",
+    "log_lines_truncated",
+    "running",
+    "queued",
+    "generation_tokens_total",
+    "gen_throughput",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "itl_p50_ms",
+    "itl_p95_ms",
+    "poll_error",
+    state=st.sampled_from(["ready", "restarting", "exited", "failed", "unhealthy", "x"]) | SCALARS,
+    command=st.just(SGLANG_COMMAND) | SCALARS,
+    last_failure=_doc(
+        "summary",
+        "fix",
+        "exit_code",
+        kind=st.sampled_from(sorted(FAILURE_WORDS)) | SCALARS,
+        phase=st.sampled_from(["startup", "runtime"]) | SCALARS,
+    ),
+)
+WORKERS = _doc(
+    "model",
+    "since",
+    "reason",
+    "eligible",
+    "first_party",
+    "connected",
+    "until",
+    "strikes",
+    miner=st.sampled_from([HOME, NAMES["miner-1"]]) | SCALARS,
+    state=st.sampled_from(["active", "pulled", "probing", "new"]) | SCALARS,
+    round=_doc("probes", "ok", "pass", "unproven", "cheat"),
+    window=_doc("requests", "failed", "verdicts", "unproven"),
+    history=st.lists(_doc("from", "to", "reason", "at", "code"), max_size=3) | JSON,
+)
+STATES = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "miner": MINERS,
+            "miner-1": MINERS,
+            "model_server": SERVERS,
+            "model_server.miner-1": SERVERS,
+            "traffic": _doc(workers=st.lists(WORKERS, max_size=3) | JSON),
+            "gateway": _doc(
+                legs=st.lists(_doc("heartbeat_age_s", "inflight", miner=st.just(HOME) | SCALARS), max_size=3) | JSON
+            ),
+            "verifier": _doc("state", verdicts=_doc("pass", "cheat", "unproven")),
+            "audit": _doc("waiting", "leased", "recorded", "dropped_full", "dropped_expired", "dropped_unjudged"),
+            "chain": _doc(
+                "netuid",
+                "block",
+                neurons=st.lists(_doc("uid", "hotkey", "permit", "incentive", "emission", "last_update"), max_size=3)
+                | JSON,
+            ),
+            "node": _doc(hotkeys=st.dictionaries(st.text(max_size=8), SCALARS, max_size=3) | JSON),
+            "network": _doc("miner_ws"),
+        },
+    )
+    | st.dictionaries(st.text(max_size=14), JSON, max_size=4)
+    | JSON
+)
+NAMES_MAPS = (
+    st.none()
+    | st.just({"miner": HOME, "miner-1": NAMES["miner-1"]})
+    | st.dictionaries(st.text(max_size=8), SCALARS, max_size=3)
+    | JSON
+)
+LOGS = (
+    st.none()
+    | st.dictionaries(
+        st.sampled_from(["model_server", "model_server.miner-1"]) | st.text(max_size=6),
+        st.lists(SCALARS, max_size=4) | JSON,
+        max_size=3,
+    )
+    | JSON
+)
 NOWS = st.floats() | st.just(NOW)
 
 
@@ -620,14 +979,33 @@ def test_the_panel_functions_never_raise(states, names, server_log, now):
     for miner in view.miners:
         for title in (miner.server_title, miner.link_title, miner.chain_title):
             assert isinstance(title, str) and "\n" not in title
-        _shown((miner.command, miner.load, *([miner.plan] if miner.plan else []), *miner.failure, *miner.log,
-                *miner.link, miner.link_summary, *miner.link_notes, *miner.proofs, *miner.chain))
+        _shown(
+            (
+                miner.command,
+                miner.load,
+                *([miner.plan] if miner.plan else []),
+                *miner.failure,
+                *miner.log,
+                *miner.link,
+                miner.link_summary,
+                *miner.link_notes,
+                *miner.proofs,
+                *miner.chain,
+            )
+        )
     assert states == original or states != states  # never mutated (nan compares unequal)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(miner=MINERS, server=SERVERS, worker=WORKERS, legs=st.lists(_doc("heartbeat_age_s"), max_size=3),
-       now=NOWS, hotkey=st.none() | st.just(HOME), anything=JSON)
+@given(
+    miner=MINERS,
+    server=SERVERS,
+    worker=WORKERS,
+    legs=st.lists(_doc("heartbeat_age_s"), max_size=3),
+    now=NOWS,
+    hotkey=st.none() | st.just(HOME),
+    anything=JSON,
+)
 def test_the_line_functions_never_raise(miner, server, worker, legs, now, hotkey, anything):
     legs = [leg for leg in legs if isinstance(leg, dict)]
     _shown([command_line(miner, server), load_line(server), *failure_lines(server), *log_lines(anything)])
@@ -636,8 +1014,13 @@ def test_the_line_functions_never_raise(miner, server, worker, legs, now, hotkey
     _shown(link_lines(miner, worker, legs, now=now, has_traffic=True) + link_notes(miner, worker, now=now))
     _shown([link_summary(miner, worker, legs, now=now, has_traffic=True, hotkey=hotkey)])
     _shown(chain_lines(anything, hotkey) + node_proof_lines(anything))
-    assert isinstance(server_title(miner, server), str) and server_level(miner, server) in ("", "ok", "warning",
-                                                                                           "error", "na")
+    assert isinstance(server_title(miner, server), str) and server_level(miner, server) in (
+        "",
+        "ok",
+        "warning",
+        "error",
+        "na",
+    )
     assert isinstance(compact_command(anything) or "", str) and isinstance(tp_dp(anything), tuple)
     heartbeat_cell(legs)
 
@@ -665,8 +1048,9 @@ def static_text(widget) -> str:
 
 def test_miner_panel_shows_the_states_it_is_given():
     async def scenario() -> None:
-        app = Host(MinerPanel(), {"miner": gpu_miner(), "model_server": ready_server()},
-                   server_log={"model_server": READY_LOG})
+        app = Host(
+            MinerPanel(), {"miner": gpu_miner(), "model_server": ready_server()}, server_log={"model_server": READY_LOG}
+        )
         async with app.run_test(size=(160, 40)) as pilot:
             panel = app.widget
             assert static_text(panel.query_one("#miner-empty", Static)) == "waiting for the node's first snapshot"
@@ -687,15 +1071,19 @@ def test_miner_panel_shows_the_states_it_is_given():
 
             # It crashes: error text with its fix, error frame... and the same block is reused.
             block = panel.query_one("#miner-blocks").children[0]
-            app.states = {"miner": gpu_miner(), "model_server": {**crashed_server(), "state": "exited",
-                                                                 "restart_in_s": None}}
+            app.states = {
+                "miner": gpu_miner(),
+                "model_server": {**crashed_server(), "state": "exited", "restart_in_s": None},
+            }
             app.kwargs = {"server_log": {"model_server": CRASH_LOG}}
             app.feed()
             await pilot.pause()
             assert panel.query_one("#miner-blocks").children[0] is block
             assert server.has_class("-error")
             failure = static_text(panel.query_one(".failure", Static))
-            assert "✘ CUDA out of memory (cuda_oom), while serving, exit code 1" in failure and "→ fix: lower" in failure
+            assert (
+                "✘ CUDA out of memory (cuda_oom), while serving, exit code 1" in failure and "→ fix: lower" in failure
+            )
             assert static_text(panel.query_one(".log", Static)).count("\n") == 2
 
             # A local network: two compact boxes and the node's proofs once.
@@ -708,10 +1096,14 @@ def test_miner_panel_shows_the_states_it_is_given():
             proofs = panel.query_one("#miner-proofs", Static)
             assert proofs.display and static_text(proofs).startswith("verifier: pass 41  cheat 0 ✔")
             lines = static_text(boxes[0].query_one(".lines", Static)).split("\n")
-            assert lines[2] == ("gateway: 1 leg ✔ · active own ✔ for 4 min · in flight 1/4 · heartbeat 6 s ago · "
-                                "served 9 (0 failed) in 60 s · audited 21 · 0 unproven ✔ in 5 min")
-            assert lines[3] == ("chain: uid 2 · incentive 0.6123 · emission 9.1845 α/epoch · weights from 1/2 "
-                                "validators, newest 8 blocks ago ✔")
+            assert lines[2] == (
+                "gateway: 1 leg ✔ · active own ✔ for 4 min · in flight 1/4 · heartbeat 6 s ago · "
+                "served 9 (0 failed) in 60 s · audited 21 · 0 unproven ✔ in 5 min"
+            )
+            assert lines[3] == (
+                "chain: uid 2 · incentive 0.6123 · emission 9.1845 α/epoch · weights from 1/2 "
+                "validators, newest 8 blocks ago ✔"
+            )
             assert "⚠ recovered from: unrecognised failure" in static_text(boxes[1].query_one(".notes", Static))
 
             # The miners go away: say so.
@@ -745,8 +1137,11 @@ def test_miner_panel_skips_the_repaint_when_nothing_changed():
 def test_markup_in_the_states_is_shown_as_text():
     async def scenario() -> None:
         miner = {**gpu_miner(), "model": "[bold]x[/bold]"}
-        app = Host(MinerPanel(), {"miner": miner, "model_server": {**ready_server(), "poll_error": "[red]boom"}},
-                   server_log={"model_server": ["[b]not markup[/b]"]})
+        app = Host(
+            MinerPanel(),
+            {"miner": miner, "model_server": {**ready_server(), "poll_error": "[red]boom"}},
+            server_log={"model_server": ["[b]not markup[/b]"]},
+        )
         async with app.run_test(size=(160, 40)) as pilot:
             app.feed()
             await pilot.pause()
@@ -762,8 +1157,12 @@ def test_markup_in_the_states_is_shown_as_text():
 
 
 def gpu_states() -> dict[str, Any]:
-    return {"miner": gpu_miner(), "model_server": ready_server(), **gpu_gateway_states(),
-            "network": {"miner_ws": "wss://api.engy.ai/gw"}}
+    return {
+        "miner": gpu_miner(),
+        "model_server": ready_server(),
+        **gpu_gateway_states(),
+        "network": {"miner_ws": "wss://api.engy.ai/gw"},
+    }
 
 
 def test_gpu_miner_snapshot(snap_compare):
@@ -772,8 +1171,9 @@ def test_gpu_miner_snapshot(snap_compare):
 
 
 def test_crashed_model_server_snapshot(snap_compare):
-    app = Host(MinerPanel(), {"miner": gpu_miner(), "model_server": crashed_server()},
-               server_log={"model_server": CRASH_LOG})
+    app = Host(
+        MinerPanel(), {"miner": gpu_miner(), "model_server": crashed_server()}, server_log={"model_server": CRASH_LOG}
+    )
     assert snap_compare(app, terminal_size=(160, 20), run_before=lambda pilot: app.feed())
 
 

@@ -56,8 +56,10 @@ from engy_tui.widgets.requests_panel import (
 MODEL = "smollm2-135m"
 T0 = 1_000_000.0
 SIZE = (140, 8)
-MINER_STATES = {"miner1": {"model": MODEL, "max_inflight": 32, "inflight": 12, "cpu_mode": True, "legs_up": 1, "legs": 1},
-                "model_server.miner1": {"state": "ready", "model": MODEL}}
+MINER_STATES = {
+    "miner1": {"model": MODEL, "max_inflight": 32, "inflight": 12, "cpu_mode": True, "legs_up": 1, "legs": 1},
+    "model_server.miner1": {"state": "ready", "model": MODEL},
+}
 
 
 class Miner:
@@ -72,8 +74,15 @@ class Miner:
         for _ in range(n):
             k = self.served = self.served + 1
             # A little deterministic spread, so percentiles differ.
-            self.metrics.record(RequestOutcome(ok=True, prompt_tokens=120, completion_tokens=64,
-                                               ttft_s=ttft_s * (1 + 0.1 * (k % 7)), tpot_s=tpot_s * (1 + 0.05 * (k % 5))))
+            self.metrics.record(
+                RequestOutcome(
+                    ok=True,
+                    prompt_tokens=120,
+                    completion_tokens=64,
+                    ttft_s=ttft_s * (1 + 0.1 * (k % 7)),
+                    tpot_s=tpot_s * (1 + 0.05 * (k % 5)),
+                )
+            )
         for error in errors:
             self.metrics.record(RequestOutcome(ok=False, error_class=error))
         return self.snapshot()
@@ -126,10 +135,20 @@ def test_several_labelled_series_give_an_upper_bound_never_an_exact_percentile()
 
 
 def test_a_window_that_is_not_numbers_reads_as_unknown():
-    metrics = {TTFT_METRIC: {"type": "histogram", "children": [{"window": {"count": 5, "p50": "fast", "p95": 0.2, "p99": None}}]}}
+    metrics = {
+        TTFT_METRIC: {
+            "type": "histogram",
+            "children": [{"window": {"count": 5, "p50": "fast", "p95": 0.2, "p99": None}}],
+        }
+    }
     assert latency_of(metrics, TTFT_METRIC) == Latency(5, None, 0.2, None)
-    assert latency_of({TTFT_METRIC: {"type": "histogram", "children": "x"}}, TTFT_METRIC) == Latency(0, None, None, None)
-    assert latency_of({TTFT_METRIC: {"type": "histogram", "children": [{"window": {"count": "5"}}]}}, TTFT_METRIC).count is None
+    assert latency_of({TTFT_METRIC: {"type": "histogram", "children": "x"}}, TTFT_METRIC) == Latency(
+        0, None, None, None
+    )
+    assert (
+        latency_of({TTFT_METRIC: {"type": "histogram", "children": [{"window": {"count": "5"}}]}}, TTFT_METRIC).count
+        is None
+    )
 
 
 def test_counters_total_requests_errors_by_class_and_tokens_by_kind():
@@ -137,14 +156,24 @@ def test_counters_total_requests_errors_by_class_and_tokens_by_kind():
     nothing = Counters(requests=0.0, errors=0.0, prompt_tokens=0.0, completion_tokens=0.0)
     assert counters_of(miner.snapshot()) == nothing, "registered and never used: truly none served"
     metrics = miner.serve(10, errors=("timeout", "timeout", "ServeError"))
-    assert counters_of(metrics) == Counters(requests=13.0, errors=3.0, prompt_tokens=1200.0, completion_tokens=640.0,
-                                            errors_by_class=(("timeout", 2.0), ("ServeError", 1.0)))
+    assert counters_of(metrics) == Counters(
+        requests=13.0,
+        errors=3.0,
+        prompt_tokens=1200.0,
+        completion_tokens=640.0,
+        errors_by_class=(("timeout", 2.0), ("ServeError", 1.0)),
+    )
     assert counters_of(None) == counters_of({}) == Counters()
 
 
 def test_a_counter_that_is_not_a_finite_non_negative_number_is_unknown_not_zero():
     def requests(*values):
-        return {REQUESTS_METRIC: {"type": "counter", "children": [{"labels": {"outcome": "ok"}, "value": v} for v in values]}}
+        return {
+            REQUESTS_METRIC: {
+                "type": "counter",
+                "children": [{"labels": {"outcome": "ok"}, "value": v} for v in values],
+            }
+        }
 
     assert counters_of(requests(3, "4")).requests is None
     assert counters_of(requests(3, -1)).requests is None
@@ -158,16 +187,19 @@ def test_a_counter_that_is_not_a_finite_non_negative_number_is_unknown_not_zero(
 # ---- rates --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("previous", "current", "seconds", "expected"), [
-    (10, 31, 10.0, 2.1),
-    (10, 10, 5.0, 0.0),
-    (None, 10, 5.0, None),
-    (10, None, 5.0, None),
-    (10, 5, 5.0, None),
-    (10, 20, 0.0, None),
-    (10, 20, -1.0, None),
-    (10, 20, float("nan"), None),
-])
+@pytest.mark.parametrize(
+    ("previous", "current", "seconds", "expected"),
+    [
+        (10, 31, 10.0, 2.1),
+        (10, 10, 5.0, 0.0),
+        (None, 10, 5.0, None),
+        (10, None, 5.0, None),
+        (10, 5, 5.0, None),
+        (10, 20, 0.0, None),
+        (10, 20, -1.0, None),
+        (10, 20, float("nan"), None),
+    ],
+)
 def test_a_rate_is_a_counters_delta_over_the_time_between(previous, current, seconds, expected):
     assert rate(previous, current, seconds) == (None if expected is None else pytest.approx(expected))
 
@@ -306,7 +338,9 @@ def test_a_busy_miner_shows_percentiles_sparklines_limits_and_rates():
     assert view.title == f"Requests · {MODEL}" and view.status == () and view.notes == ()
     ttft, tpot = (text(row) for row in view.table)
     assert ttft.startswith("TTFT p50 ") and tpot.startswith("TPOT p50 ")
-    assert ttft.index("p95") == tpot.index("p95") and ttft.index("p99 limit") == tpot.index("p99 limit"), "columns line up"
+    assert ttft.index("p95") == tpot.index("p95") and ttft.index("p99 limit") == tpot.index("p99 limit"), (
+        "columns line up"
+    )
     spark = view.table[0][7].text.strip()
     assert len(spark) == HISTORY_POINTS and set(spark) <= set("▁▂▃▄▅▆▇█")
     assert "p99 limit 30,000 ms ✔" in ttft and "p99 limit 2,000 ms ✔" in tpot
@@ -365,8 +399,11 @@ def test_without_metrics_or_a_miner_the_panel_says_why():
 
 
 def test_several_miners_are_summed_and_counted_in_the_title():
-    states = {**MINER_STATES, "miner2": {"model": MODEL, "max_inflight": 8, "inflight": 8},
-              "miner3": {"model": "qwen3.6-35b-a3b", "max_inflight": 8, "inflight": 0}}
+    states = {
+        **MINER_STATES,
+        "miner2": {"model": MODEL, "max_inflight": 8, "inflight": 8},
+        "miner3": {"model": "qwen3.6-35b-a3b", "max_inflight": 8, "inflight": 0},
+    }
     metrics, frames = busy_frames()
     view = panel_view(metrics, frames, states=states)
     assert view.title == "Requests · 3 miners"
@@ -383,18 +420,61 @@ JSON = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=20,
 )
-CHILD = st.fixed_dictionaries({}, optional={
-    "labels": st.fixed_dictionaries({}, optional={"outcome": st.sampled_from(["ok", "timeout"]) | JSON,
-                                                  "kind": st.sampled_from(["prompt", "completion"]) | JSON}) | JSON,
-    "value": st.floats() | st.integers() | JSON,
-    "window": st.fixed_dictionaries({}, optional={k: st.floats() | st.integers() | JSON for k in ("count", "p50", "p95", "p99")}) | JSON,
-}) | JSON
-FAMILY = st.fixed_dictionaries({}, optional={"type": st.sampled_from(["counter", "histogram", "gauge"]) | JSON,
-                                             "children": st.lists(CHILD, max_size=3) | JSON}) | JSON
-METRICS = st.dictionaries(st.sampled_from([TTFT_METRIC, TPOT_METRIC, REQUESTS_METRIC, TOKENS_METRIC]) | st.text(max_size=5),
-                          FAMILY, max_size=5) | JSON
-STATES = st.dictionaries(st.text(max_size=5), st.fixed_dictionaries({}, optional={
-    "model": st.sampled_from([MODEL, "qwen3.6-35b-a3b"]) | JSON, "max_inflight": JSON, "inflight": JSON}) | JSON, max_size=3) | JSON
+CHILD = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "labels": st.fixed_dictionaries(
+                {},
+                optional={
+                    "outcome": st.sampled_from(["ok", "timeout"]) | JSON,
+                    "kind": st.sampled_from(["prompt", "completion"]) | JSON,
+                },
+            )
+            | JSON,
+            "value": st.floats() | st.integers() | JSON,
+            "window": st.fixed_dictionaries(
+                {}, optional={k: st.floats() | st.integers() | JSON for k in ("count", "p50", "p95", "p99")}
+            )
+            | JSON,
+        },
+    )
+    | JSON
+)
+FAMILY = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.sampled_from(["counter", "histogram", "gauge"]) | JSON,
+            "children": st.lists(CHILD, max_size=3) | JSON,
+        },
+    )
+    | JSON
+)
+METRICS = (
+    st.dictionaries(
+        st.sampled_from([TTFT_METRIC, TPOT_METRIC, REQUESTS_METRIC, TOKENS_METRIC]) | st.text(max_size=5),
+        FAMILY,
+        max_size=5,
+    )
+    | JSON
+)
+STATES = (
+    st.dictionaries(
+        st.text(max_size=5),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "model": st.sampled_from([MODEL, "qwen3.6-35b-a3b"]) | JSON,
+                "max_inflight": JSON,
+                "inflight": JSON,
+            },
+        )
+        | JSON,
+        max_size=3,
+    )
+    | JSON
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -404,7 +484,12 @@ def test_no_json_and_no_clock_makes_the_panel_raise(frames, states):
     for metrics, now in frames:
         remembered = advance(remembered, metrics, now)
         view = panel_view(metrics, remembered, states=states)
-        cells = [*view.status, *(c for row in view.table for c in row), *(c for row in view.traffic for c in row), *view.notes]
+        cells = [
+            *view.status,
+            *(c for row in view.table for c in row),
+            *(c for row in view.traffic for c in row),
+            *view.notes,
+        ]
         assert all(isinstance(cell.text, str) and cell.style in STYLES for cell in cells)
     assert len(remembered.ttft) <= HISTORY_POINTS and len(remembered.tpot) <= HISTORY_POINTS
 
@@ -453,8 +538,12 @@ def busy_sequence() -> list[tuple[dict, float]]:
     sequence = []
     for frame in range(32):
         ttft = 0.15 + 0.004 * frame + (0.3 if frame == 27 else 0.0)
-        sequence.append((miner.serve(4, ttft_s=ttft, tpot_s=0.02 + 0.0002 * frame, errors=("timeout",) if frame == 10 else ()),
-                         T0 + 2.0 * frame))
+        sequence.append(
+            (
+                miner.serve(4, ttft_s=ttft, tpot_s=0.02 + 0.0002 * frame, errors=("timeout",) if frame == 10 else ()),
+                T0 + 2.0 * frame,
+            )
+        )
     return sequence
 
 
@@ -493,7 +582,10 @@ def test_requests_snapshot(snap_compare):
 
 def test_over_the_limit_snapshot(snap_compare):
     miner = Miner()
-    sequence = [(miner.serve(5, ttft_s=20.0 + 5 * i, tpot_s=0.02, errors=("timeout",) * (i % 2)), T0 + 2.0 * i) for i in range(12)]
+    sequence = [
+        (miner.serve(5, ttft_s=20.0 + 5 * i, tpot_s=0.02, errors=("timeout",) * (i % 2)), T0 + 2.0 * i)
+        for i in range(12)
+    ]
     assert snap_compare(PanelApp(sequence, MINER_STATES), terminal_size=(140, 10))
 
 

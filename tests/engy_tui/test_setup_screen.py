@@ -77,8 +77,13 @@ def rig_facts(tmp_path: Path, **changes) -> SetupFacts:
     wallets = tmp_path / "wallets"
     make_wallet(wallets, "default", {"miner1": ALICE})
     checkpoint = make_qwen_checkpoint(tmp_path / "qwen")
-    facts = SetupFacts(inventory=rig(), config_file=tmp_path / "home" / "node.toml", wallets_path=str(wallets),
-                       checkpoints={QWEN: str(checkpoint)}, ram_bytes=RAM)
+    facts = SetupFacts(
+        inventory=rig(),
+        config_file=tmp_path / "home" / "node.toml",
+        wallets_path=str(wallets),
+        checkpoints={QWEN: str(checkpoint)},
+        ram_bytes=RAM,
+    )
     return dataclasses.replace(facts, **changes)
 
 
@@ -88,8 +93,16 @@ def rig_facts(tmp_path: Path, **changes) -> SetupFacts:
 def test_each_step_sums_up_its_answer_in_one_line(tmp_path):
     wallets = [WalletEntry("default", BOB, ())]
     answers = SetupAnswers(wallets_path="/w", wallet_name="default", wallet_hotkey="miner1", miner_key=MINER_KEY)
-    line = lambda step, **kw: step_summary(step, kw.pop("answers", answers), choices=(), wallets=wallets,  # noqa: E731
-                                           config_file=Path("/etc/engy/node.toml"))
+
+    def line(step, **kw):
+        return step_summary(
+            step,
+            kw.pop("answers", answers),
+            choices=(),
+            wallets=wallets,
+            config_file=Path("/etc/engy/node.toml"),
+        )
+
     assert line("role") == "miner"
     assert line("model") == "smollm2-135m — planning…"
     assert line("wallet") == "/w/default · hotkey miner1 (address unknown)"
@@ -113,7 +126,8 @@ def test_a_miner_walks_every_step_and_writes_a_private_node_toml(tmp_path):
             await settle(pilot)
             screen = wizard(app)
             assert text_of(app, "#setup-machine").startswith(
-                "Welcome to engy. This machine:  4 × RTX 4090 (24 GiB, PCIe 4.0 x16) + 1 × RTX 5090 (32 GiB, PCIe 5.0 x16)")
+                "Welcome to engy. This machine:  4 × RTX 4090 (24 GiB, PCIe 4.0 x16) + 1 × RTX 5090 (32 GiB, PCIe 5.0 x16)"
+            )
             assert screen.step == "role" and screen.query_one("#role-miner", RadioButton).value
             assert text_of(app, "#setup-summary").splitlines() == [
                 "▶ 1 Role      miner",
@@ -128,8 +142,9 @@ def test_a_miner_walks_every_step_and_writes_a_private_node_toml(tmp_path):
             assert screen.step == "model"
             models = options(app, "#models")
             assert models[0].startswith("✔ smollm2-135m")
-            assert models[1] == ("✔ qwen3.6-35b-a3b  — fits: tp 4, mem-fraction 0.83, 8 concurrent, FP8 KV, 262144 context"
-                                 "  recommended")
+            assert models[1] == (
+                "✔ qwen3.6-35b-a3b  — fits: tp 4, mem-fraction 0.83, 8 concurrent, FP8 KV, 262144 context  recommended"
+            )
             assert models[2] == "? glm-5.2          — checkpoint needed: pass its directory"
             assert screen.answers.model == QWEN and screen.answers.checkpoint == str(tmp_path / "qwen")
             assert "· tp: 4: the smallest tensor-parallel size" in text_of(app, "#model-reasons")
@@ -137,9 +152,11 @@ def test_a_miner_walks_every_step_and_writes_a_private_node_toml(tmp_path):
             await pilot.press("ctrl+n")
             await settle(pilot)
             assert screen.step == "wallet"
-            assert options(app, "#wallets") == ["default · hotkey miner1 (5Grw…utQY)",
-                                                "no hotkey — the gateway admits this miner by its miner key",
-                                                "create new wallet / hotkey…"]
+            assert options(app, "#wallets") == [
+                "default · hotkey miner1 (5Grw…utQY)",
+                "no hotkey — the gateway admits this miner by its miner key",
+                "create new wallet / hotkey…",
+            ]
             assert (screen.answers.wallet_name, screen.answers.wallet_hotkey) == ("default", "miner1")
 
             await pilot.press("ctrl+n")
@@ -170,8 +187,12 @@ def test_a_miner_walks_every_step_and_writes_a_private_node_toml(tmp_path):
         written = tomllib.loads(facts.config_file.read_text())
         assert written["serve"] == {"port": 8000}
         assert written["miner"] == {
-            "model": QWEN, "checkpoint": str(tmp_path / "qwen"), "gateway_url": DEFAULT_GATEWAY_URL,
-            "miner_key": MINER_KEY, "wallets_path": str(tmp_path / "wallets"), "wallet_name": "default",
+            "model": QWEN,
+            "checkpoint": str(tmp_path / "qwen"),
+            "gateway_url": DEFAULT_GATEWAY_URL,
+            "miner_key": MINER_KEY,
+            "wallets_path": str(tmp_path / "wallets"),
+            "wallet_name": "default",
             "wallet_hotkey": "miner1",
         }
         assert stat.S_IMODE(facts.config_file.stat().st_mode) == 0o600
@@ -223,7 +244,8 @@ def test_back_and_next_move_between_steps_and_the_role_decides_which(tmp_path):
                 assert screen.step == expected
             assert not screen.query_one("#next", Button).display and screen.query_one("#write", Button).display
             assert "engy-node --role validator --validator-wallet default --validator-hotkey miner1" in text_of(
-                app, "#review-commands")
+                app, "#review-commands"
+            )
 
             await pilot.press("escape")
             await settle(pilot)
@@ -286,8 +308,10 @@ def test_create_new_makes_a_wallet_and_selects_its_hotkey(tmp_path):
             for _ in range(2):
                 await pilot.press("ctrl+n")
             await settle(pilot)
-            assert options(app, "#wallets") == ["no hotkey — the gateway admits this miner by its miner key",
-                                                "create new wallet / hotkey…"]
+            assert options(app, "#wallets") == [
+                "no hotkey — the gateway admits this miner by its miner key",
+                "create new wallet / hotkey…",
+            ]
             assert not screen.query_one("#create-wallet").display
             await pilot.press("down")
             await settle(pilot)
@@ -391,8 +415,13 @@ def snapshot_facts(tmp_path: Path, monkeypatch) -> SetupFacts:
     monkeypatch.chdir(tmp_path)
     make_wallet(Path("wallets"), "default", {"miner1": ALICE})
     make_qwen_checkpoint(Path("qwen"))
-    return SetupFacts(inventory=rig(), config_file=Path("/home/miner/.config/engy/node.toml"), wallets_path="wallets",
-                      checkpoints={QWEN: "qwen"}, ram_bytes=RAM)
+    return SetupFacts(
+        inventory=rig(),
+        config_file=Path("/home/miner/.config/engy/node.toml"),
+        wallets_path="wallets",
+        checkpoints={QWEN: "qwen"},
+        ram_bytes=RAM,
+    )
 
 
 async def steps_forward(pilot: Pilot, count: int) -> None:

@@ -70,40 +70,94 @@ def finney_validator() -> dict[str, Any]:
     """A finney validator 83 blocks after a landed resubmit, 41 s after its last tick."""
     return {
         # role.py
-        "hotkey": ss58("finney-validator"), "network": "finney", "provider": "https://provider.engy.ai", "netuid": 53,
+        "hotkey": ss58("finney-validator"),
+        "network": "finney",
+        "provider": "https://provider.engy.ai",
+        "netuid": 53,
         "resubmit_blocks": 120,
         # light._observe
-        "block": 4_812_330, "block_time_s": 12.0, "uid": 3, "permit": True, "last_update": 4_812_247,
-        "weights_rate_limit": 100, "activity_cutoff": 5_000, "tempo": 360, "commit_reveal": False,
+        "block": 4_812_330,
+        "block_time_s": 12.0,
+        "uid": 3,
+        "permit": True,
+        "last_update": 4_812_247,
+        "weights_rate_limit": 100,
+        "activity_cutoff": 5_000,
+        "tempo": 360,
+        "commit_reveal": False,
         # light._publish_weights
-        "submitted_epoch": 210, "submitted_block": 4_812_247, "digest": DIGEST, "dropped": [STRANGER],
+        "submitted_epoch": 210,
+        "submitted_block": 4_812_247,
+        "digest": DIGEST,
+        "dropped": [STRANGER],
         "dropped_share": 0.004,
-        "weights": [{"uid": uid, "hotkey": hotkey, "weight": weight}
-                    for uid, hotkey, weight in zip((17, 22, 5, 31, 40, 8, 12, 51, 60, 9, 77, 80, 91, 102),
-                                                   MINERS, FINNEY_WEIGHTS)],
+        "weights": [
+            {"uid": uid, "hotkey": hotkey, "weight": weight}
+            for uid, hotkey, weight in zip(
+                (17, 22, 5, 31, 40, 8, 12, 51, 60, 9, 77, 80, 91, 102), MINERS, FINNEY_WEIGHTS
+            )
+        ],
         # light._record_submission
         "submissions": [
-            {"ts": NOW - 996, "block": 4_812_247, "epoch": 210, "kind": "resubmitted", "landed": True,
-             "detail": "included as 4812248-3"},
-            {"ts": NOW - 2_436, "block": 4_812_127, "epoch": 210, "kind": "resubmit", "landed": False,
-             "detail": "chain refusal: NotEnoughStakeToSetWeights [not_authorized] the hotkey's stake is below the minimum"},
-            {"ts": NOW - 3_876, "block": 4_812_007, "epoch": 210, "kind": "applied", "landed": True,
-             "detail": "included as 4812008-2"},
+            {
+                "ts": NOW - 996,
+                "block": 4_812_247,
+                "epoch": 210,
+                "kind": "resubmitted",
+                "landed": True,
+                "detail": "included as 4812248-3",
+            },
+            {
+                "ts": NOW - 2_436,
+                "block": 4_812_127,
+                "epoch": 210,
+                "kind": "resubmit",
+                "landed": False,
+                "detail": "chain refusal: NotEnoughStakeToSetWeights [not_authorized] the hotkey's stake is below the minimum",
+            },
+            {
+                "ts": NOW - 3_876,
+                "block": 4_812_007,
+                "epoch": 210,
+                "kind": "applied",
+                "landed": True,
+                "detail": "included as 4812008-2",
+            },
         ],
         # light._stamp
-        "last_tick": NOW - 41, "last_outcome": "skipped:too-soon", "last_applied": 210, "last_submit_block": 4_812_247,
-        "last_submit_ts": NOW - 996, "blocks_since_submit": 83, "next_resubmit_in_blocks": 37,
+        "last_tick": NOW - 41,
+        "last_outcome": "skipped:too-soon",
+        "last_applied": 210,
+        "last_submit_block": 4_812_247,
+        "last_submit_ts": NOW - 996,
+        "blocks_since_submit": 83,
+        "next_resubmit_in_blocks": 37,
     }
 
 
 def local_chain() -> dict[str, Any]:
     """`_chain_snapshot` of a local network's dev chain after 51 epochs."""
+
     def neuron(uid, name, stake, permit, last_update, incentive, dividends, emission, active=True):
-        return {"uid": uid, "hotkey": NAMES[name], "stake": stake, "permit": permit, "active": active,
-                "last_update": last_update, "incentive": incentive, "dividends": dividends, "emission": emission}
+        return {
+            "uid": uid,
+            "hotkey": NAMES[name],
+            "stake": stake,
+            "permit": permit,
+            "active": active,
+            "last_update": last_update,
+            "incentive": incentive,
+            "dividends": dividends,
+            "emission": emission,
+        }
 
     return {
-        "network": "dev chain", "netuid": 53, "block": 1_540, "block_time_s": 1.0, "tempo": 30, "epochs_run": 51,
+        "network": "dev chain",
+        "netuid": 53,
+        "block": 1_540,
+        "block_time_s": 1.0,
+        "tempo": 30,
+        "epochs_run": 51,
         "neurons": [
             neuron(0, "owner", 0.0, True, 0, 0.0, 0.0, 0.0, active=False),
             neuron(1, "validator", 1000.0, True, 1_532, 0.0, 1.0, 15.0),
@@ -117,17 +171,46 @@ def local_chain() -> dict[str, Any]:
 def local_validator() -> dict[str, Any]:
     """The local network's validator, healthy: it resubmitted 8 blocks ago."""
     return {
-        "hotkey": NAMES["validator"], "network": "dev chain", "provider": "http://127.0.0.1:8090", "netuid": 53,
+        "hotkey": NAMES["validator"],
+        "network": "dev chain",
+        "provider": "http://127.0.0.1:8090",
+        "netuid": 53,
         "resubmit_blocks": 12,
-        "block": 1_532, "block_time_s": 1.0, "uid": 1, "permit": True, "last_update": 1_520,
-        "weights_rate_limit": 10, "activity_cutoff": 416, "tempo": 30, "commit_reveal": False,
-        "submitted_epoch": 12, "submitted_block": 1_532, "digest": "ab" * 32, "dropped": [], "dropped_share": 0.0,
-        "weights": [{"uid": 2, "hotkey": NAMES["miner-1"], "weight": 65_535},
-                    {"uid": 3, "hotkey": NAMES["miner-2"], "weight": 41_496}],
-        "submissions": [{"ts": NOW - 8, "block": 1_532, "epoch": 12, "kind": "resubmitted", "landed": True,
-                         "detail": "included as 1533-1"}],
-        "last_tick": NOW - 3, "last_outcome": "skipped:too-soon", "last_applied": 12, "last_submit_block": 1_532,
-        "last_submit_ts": NOW - 8, "blocks_since_submit": 3, "next_resubmit_in_blocks": 9,
+        "block": 1_532,
+        "block_time_s": 1.0,
+        "uid": 1,
+        "permit": True,
+        "last_update": 1_520,
+        "weights_rate_limit": 10,
+        "activity_cutoff": 416,
+        "tempo": 30,
+        "commit_reveal": False,
+        "submitted_epoch": 12,
+        "submitted_block": 1_532,
+        "digest": "ab" * 32,
+        "dropped": [],
+        "dropped_share": 0.0,
+        "weights": [
+            {"uid": 2, "hotkey": NAMES["miner-1"], "weight": 65_535},
+            {"uid": 3, "hotkey": NAMES["miner-2"], "weight": 41_496},
+        ],
+        "submissions": [
+            {
+                "ts": NOW - 8,
+                "block": 1_532,
+                "epoch": 12,
+                "kind": "resubmitted",
+                "landed": True,
+                "detail": "included as 1533-1",
+            }
+        ],
+        "last_tick": NOW - 3,
+        "last_outcome": "skipped:too-soon",
+        "last_applied": 12,
+        "last_submit_block": 1_532,
+        "last_submit_ts": NOW - 8,
+        "blocks_since_submit": 3,
+        "next_resubmit_in_blocks": 9,
     }
 
 
@@ -138,13 +221,31 @@ def troubled() -> tuple[dict[str, Any], dict[str, Any]]:
     chain["neurons"][1].update(permit=False, last_update=1_100, active=False)
     validator = local_validator()
     validator.update(
-        permit=False, last_update=1_100, resubmit_blocks=10, last_tick=NOW - 60, last_outcome="submit-failed",
-        next_resubmit_in_blocks=0, blocks_since_submit=432, last_submit_block=1_100,
+        permit=False,
+        last_update=1_100,
+        resubmit_blocks=10,
+        last_tick=NOW - 60,
+        last_outcome="submit-failed",
+        next_resubmit_in_blocks=0,
+        blocks_since_submit=432,
+        last_submit_block=1_100,
         submissions=[
-            {"ts": NOW - 65, "block": 1_535, "epoch": 12, "kind": "resubmit", "landed": False,
-             "detail": "chain refusal: NeuronNoValidatorPermit [not_authorized] the neuron has no validator permit"},
-            {"ts": NOW - 440, "block": 1_100, "epoch": 12, "kind": "resubmitted", "landed": True,
-             "detail": "included as 1101-1"},
+            {
+                "ts": NOW - 65,
+                "block": 1_535,
+                "epoch": 12,
+                "kind": "resubmit",
+                "landed": False,
+                "detail": "chain refusal: NeuronNoValidatorPermit [not_authorized] the neuron has no validator permit",
+            },
+            {
+                "ts": NOW - 440,
+                "block": 1_100,
+                "epoch": 12,
+                "kind": "resubmitted",
+                "landed": True,
+                "detail": "included as 1101-1",
+            },
         ],
     )
     return validator, chain
@@ -173,10 +274,20 @@ def test_short_hotkey_prefers_the_local_name_then_shortens():
     assert short_hotkey(None) == short_hotkey(17) == short_hotkey("") == "n/a"
 
 
-@pytest.mark.parametrize(("seconds", "shown"), [
-    (None, "n/a"), (float("nan"), "n/a"), (float("inf"), "n/a"), (-5, "0 s"), (41, "41 s"), (119.9, "119 s"),
-    (420, "7 min"), (3 * 3600 + 300, "3 h 5 min"), (2 * 86400 + 4 * 3600, "2 d 4 h"),
-])
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (None, "n/a"),
+        (float("nan"), "n/a"),
+        (float("inf"), "n/a"),
+        (-5, "0 s"),
+        (41, "41 s"),
+        (119.9, "119 s"),
+        (420, "7 min"),
+        (3 * 3600 + 300, "3 h 5 min"),
+        (2 * 86400 + 4 * 3600, "2 d 4 h"),
+    ],
+)
 def test_format_duration(seconds, shown):
     assert format_duration(seconds) == shown
 
@@ -205,15 +316,20 @@ def test_weights_rows_are_heaviest_first_with_shares_of_the_row():
     validator["weights"].reverse()
     rows = weights_rows(validator, NAMES)
     assert [[cell.text for cell in row[:4]] for row in rows] == [
-        ["2", "miner-1", "65,535", "61.2%"], ["3", "miner-2", "41,496", "38.8%"]]
+        ["2", "miner-1", "65,535", "61.2%"],
+        ["3", "miner-2", "41,496", "38.8%"],
+    ]
     assert rows[0][4].text == share_bar(65_535 / 107_031) and rows[0][4].style == "bar"
 
 
 def test_weights_rows_say_na_for_missing_parts_never_zero():
     rows = weights_rows({"weights": [{"uid": 4}, {"hotkey": STRANGER, "weight": "12"}, "junk", None]})
     assert [[cell.text for cell in row[:4]] for row in rows] == [
-        ["4", "n/a", "n/a", "n/a"], ["n/a", short_hotkey(STRANGER), "n/a", "n/a"],
-        ["n/a", "n/a", "n/a", "n/a"], ["n/a", "n/a", "n/a", "n/a"]]
+        ["4", "n/a", "n/a", "n/a"],
+        ["n/a", short_hotkey(STRANGER), "n/a", "n/a"],
+        ["n/a", "n/a", "n/a", "n/a"],
+        ["n/a", "n/a", "n/a", "n/a"],
+    ]
     assert all(row[4].text == "" for row in rows)
     assert weights_rows({}) == weights_rows(None) == weights_rows({"weights": "many"}) == []
 
@@ -260,8 +376,10 @@ def test_weights_lines_before_anything_was_submitted():
 def test_weights_lines_after_a_restart_know_the_epoch_but_not_the_table():
     validator = {"last_applied": 7, "last_submit_block": 900}
     assert texts(weights_lines(validator))[1:] == [
-        "epoch 7 · digest n/a · n/a", "last submit block 900 ✔ landed",
-        "the weights table appears after this process's first submit"]
+        "epoch 7 · digest n/a · n/a",
+        "last submit block 900 ✔ landed",
+        "the weights table appears after this process's first submit",
+    ]
 
 
 # ---- next action ------------------------------------------------------------------------------
@@ -309,7 +427,9 @@ def test_next_action_flags_the_cutoff_and_the_rate_limit_in_words():
 
 
 def test_next_action_shows_commit_reveal_on():
-    assert texts(next_action_lines({"commit_reveal": True}, NOW))[3].startswith("commit-reveal: on (weights count after")
+    assert texts(next_action_lines({"commit_reveal": True}, NOW))[3].startswith(
+        "commit-reveal: on (weights count after"
+    )
 
 
 # ---- warnings ---------------------------------------------------------------------------------
@@ -361,7 +481,9 @@ def test_an_unregistered_hotkey_is_found_on_the_chain_or_from_the_validators_rea
     chain = local_chain()
     validator = {"hotkey": STRANGER, "netuid": 53}
     (finding,) = validator_warnings(validator, chain, NOW)
-    assert finding.level == "error" and finding.text == f"hotkey {short_hotkey(STRANGER)} is not registered on netuid 53"
+    assert (
+        finding.level == "error" and finding.text == f"hotkey {short_hotkey(STRANGER)} is not registered on netuid 53"
+    )
     assert "btcli subnets register --netuid 53" in finding.fix
     (finding,) = validator_warnings({"hotkey": STRANGER, "block": 5, "uid": None}, None, NOW)
     assert "not registered" in finding.text
@@ -380,29 +502,35 @@ def test_the_cutoff_warns_past_half_and_errs_past_it():
     assert finding.level == "warning"
 
 
-@pytest.mark.parametrize(("outcome", "level", "words"), [
-    ("fetch-failed", "warning", "provider did not answer"),
-    ("rejected:bad-signature", "warning", "rejected (bad-signature)"),
-    ("standby:burn", "warning", "burned to the subnet owner"),
-    ("chain-failed", "error", "chain read failed"),
-    ("error", "error", "raised an error"),
-    ("submit-failed", "error", "could not submit"),
-])
+@pytest.mark.parametrize(
+    ("outcome", "level", "words"),
+    [
+        ("fetch-failed", "warning", "provider did not answer"),
+        ("rejected:bad-signature", "warning", "rejected (bad-signature)"),
+        ("standby:burn", "warning", "burned to the subnet owner"),
+        ("chain-failed", "error", "chain read failed"),
+        ("error", "error", "raised an error"),
+        ("submit-failed", "error", "could not submit"),
+    ],
+)
 def test_a_tick_that_did_not_go_to_plan_is_a_warning(outcome, level, words):
     (finding,) = validator_warnings({"last_outcome": outcome}, None, NOW)
     assert finding.level == level and words in finding.text and finding.fix
 
 
-@pytest.mark.parametrize(("detail", "words"), [
-    ("chain refusal: NeuronNoValidatorPermit [not_authorized] x", "validator permit"),
-    ("chain refusal: NotEnoughStakeToSetWeights", "stake more"),
-    ("chain refusal: SettingWeightsTooFast [rate_limited]", "resubmit_blocks"),
-    ("transport refusal: Invalid Transaction Custom error: 6", "resubmit_blocks"),
-    ("chain refusal: HotKeyNotRegisteredInSubNet", "register"),
-    ("transport refusal: RpcConnectionError: closed", "chain endpoint"),
-    ("something new", "next interval retries"),
-    (None, "next interval retries"),
-])
+@pytest.mark.parametrize(
+    ("detail", "words"),
+    [
+        ("chain refusal: NeuronNoValidatorPermit [not_authorized] x", "validator permit"),
+        ("chain refusal: NotEnoughStakeToSetWeights", "stake more"),
+        ("chain refusal: SettingWeightsTooFast [rate_limited]", "resubmit_blocks"),
+        ("transport refusal: Invalid Transaction Custom error: 6", "resubmit_blocks"),
+        ("chain refusal: HotKeyNotRegisteredInSubNet", "register"),
+        ("transport refusal: RpcConnectionError: closed", "chain endpoint"),
+        ("something new", "next interval retries"),
+        (None, "next interval retries"),
+    ],
+)
 def test_refusal_fix_names_what_to_do(detail, words):
     assert words in refusal_fix(detail)
 
@@ -413,10 +541,25 @@ def test_refusal_fix_names_what_to_do(detail, words):
 def test_submission_lines_newest_first_with_clock_age_and_outcome(utc):
     lines = submission_lines(finney_validator(), NOW)
     shown = texts(lines)
-    assert shown[0].split() == ["20:10:04", "16", "min", "ago", "block", "4,812,247", "epoch", "210", "resubmitted",
-                                "✔", "included", "as", "4812248-3"]
-    assert shown[1].endswith("✘ chain refusal: NotEnoughStakeToSetWeights [not_authorized] the hotkey's stake is "
-                             "below the minimum (not recorded; retried next interval)")
+    assert shown[0].split() == [
+        "20:10:04",
+        "16",
+        "min",
+        "ago",
+        "block",
+        "4,812,247",
+        "epoch",
+        "210",
+        "resubmitted",
+        "✔",
+        "included",
+        "as",
+        "4812248-3",
+    ]
+    assert shown[1].endswith(
+        "✘ chain refusal: NotEnoughStakeToSetWeights [not_authorized] the hotkey's stake is "
+        "below the minimum (not recorded; retried next interval)"
+    )
     assert lines[1][-1].style == "error" and lines[0][-1].style == "ok"
     assert len({line.index("block") for line in shown}) == 1  # aligned columns
 
@@ -435,8 +578,16 @@ def test_submission_lines_cap_the_rows_and_say_nothing_was_submitted():
 def test_neuron_rows_name_local_hotkeys_and_show_every_column():
     rows = neuron_rows(local_chain(), NAMES)
     assert len(rows[0]) == len(NEURON_COLUMNS)
-    assert [cell.text for cell in rows[1]] == ["1", "validator", "1,000.00", "✔", "1,532 (8 ago)", "0.0000", "1.0000",
-                                              "15.0000"]
+    assert [cell.text for cell in rows[1]] == [
+        "1",
+        "validator",
+        "1,000.00",
+        "✔",
+        "1,532 (8 ago)",
+        "0.0000",
+        "1.0000",
+        "15.0000",
+    ]
     assert [cell.text for cell in rows[2]][:5] == ["2", "miner-1", "0.00", "—", "3 (1,537 ago)"]
     assert rows[0][4].text == "0 (1,540 ago) ⚠ inactive" and rows[0][4].style == "warning"
     assert neuron_rows(local_chain())[1][1].text == short_hotkey(NAMES["validator"])
@@ -471,16 +622,29 @@ def test_chain_summary_and_view():
     assert text(chain_summary_line({})) == "block n/a · n/a blocks · tempo n/a · epochs run n/a"
     view = chain_view(local_chain(), now=NOW, names=NAMES)
     assert view.title == "Chain · dev chain · netuid 53"
-    assert texts(view.neurons)[0].split() == ["uid", "name", "stake", "τ", "permit", "last", "update", "incentive",
-                                             "dividends", "emission", "α"]
+    assert texts(view.neurons)[0].split() == [
+        "uid",
+        "name",
+        "stake",
+        "τ",
+        "permit",
+        "last",
+        "update",
+        "incentive",
+        "dividends",
+        "emission",
+        "α",
+    ]
     assert texts(chain_view(None).neurons) == []
     assert texts(chain_view({"block": 3}).neurons) == ["neurons n/a"]
 
 
 def test_miner_lines_for_the_miner_dashboard():
     shown = texts(miner_lines(local_chain(), NAMES["miner-1"]))
-    assert shown == ["uid 2 · incentive 0.6123 · emission 9.1845 α/epoch",
-                     "weights from 1/2 validators, newest 8 blocks ago ✔"]
+    assert shown == [
+        "uid 2 · incentive 0.6123 · emission 9.1845 α/epoch",
+        "weights from 1/2 validators, newest 8 blocks ago ✔",
+    ]
     assert texts(miner_lines(local_chain(), STRANGER)) == ["not registered on netuid 53 ✘"]
     assert texts(miner_lines({}, STRANGER)) == ["chain state n/a"]
 
@@ -501,8 +665,12 @@ def test_validator_view_titles_and_worst_level():
 
 
 def test_nothing_reported_is_never_shown_as_zero():
-    validator = {"hotkey": NAMES["validator"], "submitted_epoch": 3, "weights": [{"uid": 2, "hotkey": NAMES["miner-1"]}],
-                 "submissions": [{"landed": True}]}
+    validator = {
+        "hotkey": NAMES["validator"],
+        "submitted_epoch": 3,
+        "weights": [{"uid": 2, "hotkey": NAMES["miner-1"]}],
+        "submissions": [{"landed": True}],
+    }
     view = validator_view(validator, now=NOW, names=NAMES)
     every = " ".join(texts(view.weights) + texts(view.next_action) + texts(view.submissions))
     assert " 0 " not in f" {every} " and "0.0" not in every and "0%" not in every
@@ -512,34 +680,82 @@ def test_nothing_reported_is_never_shown_as_zero():
 # ---- never raising on arbitrary documents -----------------------------------------------------
 
 
-SCALARS = (st.none() | st.booleans() | st.integers() | st.integers(min_value=-(10**400), max_value=10**400)
-           | st.floats() | st.text(max_size=12))
-JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                         max_size=4), max_leaves=10)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(10**400), max_value=10**400)
+    | st.floats()
+    | st.text(max_size=12)
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=10,
+)
 
 
 def _entries(*keys: str) -> st.SearchStrategy:
     return st.lists(st.fixed_dictionaries({}, optional={key: SCALARS for key in keys}) | JSON, max_size=5) | JSON
 
 
-VALIDATOR_KEYS = ("hotkey", "network", "provider", "netuid", "resubmit_blocks", "block", "block_time_s", "uid", "permit",
-                  "last_update", "weights_rate_limit", "activity_cutoff", "tempo", "commit_reveal", "submitted_epoch",
-                  "submitted_block", "digest", "dropped_share", "last_tick", "last_outcome", "last_applied",
-                  "last_submit_block", "last_submit_ts", "blocks_since_submit", "next_resubmit_in_blocks", "poll_s")
-VALIDATORS = st.fixed_dictionaries({}, optional={
-    **{key: SCALARS | JSON for key in VALIDATOR_KEYS},
-    "last_outcome": st.sampled_from(["applied", "submit-failed", "rejected:x", "standby:burn", "?"]) | SCALARS,
-    "dropped": st.lists(SCALARS, max_size=3) | JSON,
-    "weights": _entries("uid", "hotkey", "weight"),
-    "submissions": _entries("ts", "block", "epoch", "kind", "landed", "detail"),
-}) | JSON
+VALIDATOR_KEYS = (
+    "hotkey",
+    "network",
+    "provider",
+    "netuid",
+    "resubmit_blocks",
+    "block",
+    "block_time_s",
+    "uid",
+    "permit",
+    "last_update",
+    "weights_rate_limit",
+    "activity_cutoff",
+    "tempo",
+    "commit_reveal",
+    "submitted_epoch",
+    "submitted_block",
+    "digest",
+    "dropped_share",
+    "last_tick",
+    "last_outcome",
+    "last_applied",
+    "last_submit_block",
+    "last_submit_ts",
+    "blocks_since_submit",
+    "next_resubmit_in_blocks",
+    "poll_s",
+)
+VALIDATORS = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            **{key: SCALARS | JSON for key in VALIDATOR_KEYS},
+            "last_outcome": st.sampled_from(["applied", "submit-failed", "rejected:x", "standby:burn", "?"]) | SCALARS,
+            "dropped": st.lists(SCALARS, max_size=3) | JSON,
+            "weights": _entries("uid", "hotkey", "weight"),
+            "submissions": _entries("ts", "block", "epoch", "kind", "landed", "detail"),
+        },
+    )
+    | JSON
+)
 UID_KEYS = st.text(max_size=4) | st.integers(min_value=0, max_value=300).map(str)
-CHAINS = st.fixed_dictionaries({}, optional={
-    **{key: SCALARS for key in ("network", "netuid", "block", "block_time_s", "tempo", "epochs_run")},
-    "neurons": _entries("uid", "hotkey", "stake", "permit", "active", "last_update", "incentive", "dividends",
-                        "emission"),
-    "weights": st.dictionaries(UID_KEYS, st.dictionaries(UID_KEYS, SCALARS, max_size=10) | JSON, max_size=4) | JSON,
-}) | JSON | st.none()
+CHAINS = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            **{key: SCALARS for key in ("network", "netuid", "block", "block_time_s", "tempo", "epochs_run")},
+            "neurons": _entries(
+                "uid", "hotkey", "stake", "permit", "active", "last_update", "incentive", "dividends", "emission"
+            ),
+            "weights": st.dictionaries(UID_KEYS, st.dictionaries(UID_KEYS, SCALARS, max_size=10) | JSON, max_size=4)
+            | JSON,
+        },
+    )
+    | JSON
+    | st.none()
+)
 NAMES_MAPS = st.dictionaries(st.text(max_size=6), SCALARS, max_size=3) | JSON | st.none()
 NOWS = st.floats() | st.just(NOW)
 
@@ -551,8 +767,13 @@ def _shown_anywhere(lines) -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(validator=VALIDATORS, chain=CHAINS, names=NAMES_MAPS, now=NOWS,
-       poll_s=st.none() | st.floats(allow_nan=False, allow_infinity=False))
+@given(
+    validator=VALIDATORS,
+    chain=CHAINS,
+    names=NAMES_MAPS,
+    now=NOWS,
+    poll_s=st.none() | st.floats(allow_nan=False, allow_infinity=False),
+)
 def test_the_validator_functions_never_raise(validator, chain, names, now, poll_s):
     original = copy.deepcopy(validator)
     view = validator_view(validator, now=now, chain=chain, names=names, poll_s=poll_s)

@@ -19,7 +19,7 @@ from engy_node.gateway.store import Store
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
 from engy_node.models import SMOLLM2_135M
 from engy_node.served_model import ServedModel, load_served_model
-from engy_node.testing.faults import GatedHandler, Gate, ProcessAccount
+from engy_node.testing.faults import Gate, GatedHandler, ProcessAccount
 from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
 from tests.faults.nodes import GatewayProcess
 from tests.waiting import Changes
@@ -81,18 +81,35 @@ class SyntheticMiner:
 
     async def wait_legs(self, count: int, *, timeout_s: float = 30.0) -> None:
         """Until `count` legs are admitted (one per gateway worker)."""
-        await self.legs.wait_for(lambda: sum(self.link.legs_up.values()) >= count, timeout_s=timeout_s,
-                                 what=f"{count} leg(s) admitted")
+        await self.legs.wait_for(
+            lambda: sum(self.link.legs_up.values()) >= count, timeout_s=timeout_s, what=f"{count} leg(s) admitted"
+        )
 
 
-async def start_synthetic_miner(nursery: trio.Nursery, *, store_path, miner_url: str, served: ServedModel, http: httpx.AsyncClient,
-                                script, gate_for=lambda frame: None, name: str = "synthetic",
-                                hotkey: str | None = None) -> SyntheticMiner:
+async def start_synthetic_miner(
+    nursery: trio.Nursery,
+    *,
+    store_path,
+    miner_url: str,
+    served: ServedModel,
+    http: httpx.AsyncClient,
+    script,
+    gate_for=lambda frame: None,
+    name: str = "synthetic",
+    hotkey: str | None = None,
+) -> SyntheticMiner:
     """A synthetic miner on the real link, its answers passed through the gates `gate_for` gives."""
     key = register_miner(store_path, name, hotkey=hotkey)
     handler = GatedHandler(SyntheticHandler(served, script), gate_for)
-    link = synthetic_link(gateway_url=miner_url, model=served, identity=Identity(miner_key=key), handler=handler, http=http,
-                          settings=FAST, worker_name=name)
+    link = synthetic_link(
+        gateway_url=miner_url,
+        model=served,
+        identity=Identity(miner_key=key),
+        handler=handler,
+        http=http,
+        settings=FAST,
+        worker_name=name,
+    )
     legs = Changes()
     link.on_state = legs.notify
     await nursery.start(link.run)
@@ -134,15 +151,22 @@ class BuyerCall:
                     client = openai.AsyncOpenAI(base_url=self.api, api_key=self.key, max_retries=0, http_client=http)
                     messages = [{"role": "user", "content": self.content}]
                     if self.stream:
-                        stream = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=self.max_tokens,
-                                                                      stream=True, stream_options={"include_usage": True})
+                        stream = await client.chat.completions.create(
+                            model=MODEL,
+                            messages=messages,
+                            max_tokens=self.max_tokens,
+                            stream=True,
+                            stream_options={"include_usage": True},
+                        )
                         async for chunk in stream:
                             if chunk.usage is not None:
                                 self.usage = chunk.usage
                             if chunk.choices and chunk.choices[0].delta.content:
                                 self._add(chunk.choices[0].delta.content)
                     else:
-                        completion = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=self.max_tokens)
+                        completion = await client.chat.completions.create(
+                            model=MODEL, messages=messages, max_tokens=self.max_tokens
+                        )
                         self.usage = completion.usage
                         self._add(completion.choices[0].message.content or "")
         except (openai.APIError, httpx.HTTPError, trio.TooSlowError) as error:
@@ -169,7 +193,9 @@ class BuyerCall:
             while self.text != expected:
                 assert expected.startswith(self.text), f"the buyer received {self.text!r}, not a prefix of {expected!r}"
                 if self.done.is_set():
-                    raise AssertionError(f"the call ended ({self.error!r}) having received {self.text!r}, not {expected!r}")
+                    raise AssertionError(
+                        f"the call ended ({self.error!r}) having received {self.text!r}, not {expected!r}"
+                    )
                 await self.text_changed.wait()
 
     async def ended(self, *, timeout_s: float = CALL_TIMEOUT_S) -> None:
@@ -179,8 +205,10 @@ class BuyerCall:
 
 def gate_by_content(gates: dict[str, Gate]):
     """A `gate_for` that holds each request whose user message is one of `gates`' keys."""
+
     def gate_for(frame) -> Gate | None:
         return gates.get(frame.request.messages[-1].content)
+
     return gate_for
 
 

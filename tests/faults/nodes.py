@@ -56,12 +56,19 @@ class NodeProcess:
         self.starts += 1
         self.process = subprocess.Popen(
             [sys.executable, "-m", "engy_node", "--home", str(self.home), *self.args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace",
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+        )
         self.output = ProcessOutput(self.process, self.home / f"{self.name}-{self.starts}.log")
         self.account.note(self.process.pid)
 
-    def wait_for(self, pattern: str | re.Pattern[str], *, timeout_s: float = START_TIMEOUT_S, what: str) -> re.Match[str]:
+    def wait_for(
+        self, pattern: str | re.Pattern[str], *, timeout_s: float = START_TIMEOUT_S, what: str
+    ) -> re.Match[str]:
         assert self.output is not None
         return self.output.wait_for(pattern, timeout_s=timeout_s, what=what)
 
@@ -70,8 +77,9 @@ class NodeProcess:
         heartbeats, its buyers) for the seconds a node takes to start."""
         await trio.to_thread.run_sync(self.start)
 
-    async def wait_for_from_trio(self, pattern: str | re.Pattern[str], *, timeout_s: float = START_TIMEOUT_S,
-                                 what: str) -> re.Match[str]:
+    async def wait_for_from_trio(
+        self, pattern: str | re.Pattern[str], *, timeout_s: float = START_TIMEOUT_S, what: str
+    ) -> re.Match[str]:
         """`wait_for` in a worker thread, for the same reason."""
         return await trio.to_thread.run_sync(functools.partial(self.wait_for, pattern, timeout_s=timeout_s, what=what))
 
@@ -115,8 +123,15 @@ class GatewayProcess(NodeProcess):
 
     def __init__(self, home: Path, account: ProcessAccount, **settings: object) -> None:
         self.buyer_port, self.miner_port, self.provider_port = free_port(), free_port(), free_port()
-        values = {"port": self.buyer_port, "miner_port": self.miner_port, "provider_port": self.provider_port,
-                  "qualification": "false", "drain_s": 5, "keepalive_s": 1, **settings}
+        values = {
+            "port": self.buyer_port,
+            "miner_port": self.miner_port,
+            "provider_port": self.provider_port,
+            "qualification": "false",
+            "drain_s": 5,
+            "keepalive_s": 1,
+            **settings,
+        }
         env = {f"ENGY_GATEWAY__{key.upper()}": str(value) for key, value in values.items()}
         super().__init__(home, ["--role", "gateway"], env, account, name="gateway")
         self.buyer_url = f"http://127.0.0.1:{self.buyer_port}"
@@ -142,7 +157,9 @@ class MinerProcess(NodeProcess):
     (a child of its own, on a lifeline) and dials the gateway with `miner_key`."""
 
     def __init__(self, home: Path, account: ProcessAccount, *, gateway_url: str, miner_key: str) -> None:
-        super().__init__(home, ["--role", "miner", "--gateway", gateway_url], {"MINER_KEY": miner_key}, account, name="miner")
+        super().__init__(
+            home, ["--role", "miner", "--gateway", gateway_url], {"MINER_KEY": miner_key}, account, name="miner"
+        )
 
     def start(self) -> None:
         super().start()

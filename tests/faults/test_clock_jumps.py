@@ -43,10 +43,24 @@ class Wall:
 
 def serve(store: Store, *, at: float, request_id: str, hotkey: str) -> None:
     miner_id, _ = store.register_miner(f"m-{request_id}", hotkey=hotkey)
-    store.log_request(RequestLogEntry(
-        request_id=request_id, account_id=store.create_buyer(f"b-{request_id}")[0], miner=f"key:{miner_id}",
-        model=SMOLLM2_135M.id, api="openai", kind="paid", status=200, prompt_tokens=100, completion_tokens=100,
-        cached_tokens=0, cost_micro=10, ttft_ms=100.0, tpot_ms=10.0, created_at=at))
+    store.log_request(
+        RequestLogEntry(
+            request_id=request_id,
+            account_id=store.create_buyer(f"b-{request_id}")[0],
+            miner=f"key:{miner_id}",
+            model=SMOLLM2_135M.id,
+            api="openai",
+            kind="paid",
+            status=200,
+            prompt_tokens=100,
+            completion_tokens=100,
+            cached_tokens=0,
+            cost_micro=10,
+            ttft_ms=100.0,
+            tpot_ms=10.0,
+            created_at=at,
+        )
+    )
 
 
 async def test_wall_clock_steps_forward_and_back_publish_each_epoch_once_and_in_order(mock_clock, tmp_path, alice, bob):
@@ -60,12 +74,23 @@ async def test_wall_clock_steps_forward_and_back_publish_each_epoch_once_and_in_
         wall.now = to
         reads = wall.reads
         mock_clock.jump(MAX_SLEEP_S)
-        await wait_until_async(lambda: wall.reads >= reads + 2, timeout_s=30, what="the publisher reading the stepped clock")
+        await wait_until_async(
+            lambda: wall.reads >= reads + 2, timeout_s=30, what="the publisher reading the stepped clock"
+        )
 
     with Store.open(tmp_path / "gateway.sqlite3") as store:
         serve(store, at=GENESIS + 5, request_id="r0", hotkey=bob.ss58_address)
-        publisher = EpochPublisher(store=store, clock=EPOCH, netuid=53, master=alice, owner_hotkey=alice.ss58_address,
-                                   models={SMOLLM2_135M.id: SMOLLM2_135M}, minimums=GateMinimums(1, 1, 1), hub=Hub(), wall=wall)
+        publisher = EpochPublisher(
+            store=store,
+            clock=EPOCH,
+            netuid=53,
+            master=alice,
+            owner_hotkey=alice.ss58_address,
+            models={SMOLLM2_135M.id: SMOLLM2_135M},
+            minimums=GateMinimums(1, 1, 1),
+            hub=Hub(),
+            wall=wall,
+        )
         async with trio.open_nursery() as nursery:
             await nursery.start(publisher.run)
             await step(EPOCH.closes_at(3) + 1)  # forward over four epoch closes
@@ -83,8 +108,11 @@ async def test_wall_clock_steps_forward_and_back_publish_each_epoch_once_and_in_
             assert publisher.published == [0, 1, 2, 3, 4, 5]
 
             await step(EPOCH.closes_at(100_000) + 1)  # a year or more ahead: the latest epochs, not all of them
-            await wait_until_async(lambda: len(publisher.published) == 6 + MAX_CATCH_UP_EPOCHS, timeout_s=60,
-                                   what="the catch-up after a long step")
+            await wait_until_async(
+                lambda: len(publisher.published) == 6 + MAX_CATCH_UP_EPOCHS,
+                timeout_s=60,
+                what="the catch-up after a long step",
+            )
             assert publisher.published[6:] == list(range(100_000 - MAX_CATCH_UP_EPOCHS + 1, 100_001))
             nursery.cancel_scope.cancel()
         published = [index for index, _, _ in store.published_epochs(limit=1000)]

@@ -29,7 +29,14 @@ from engy_node.models import SMOLLM2_135M
 from engy_node.testing.faults import Gate, ProcessAccount, check_books, read_books
 from engy_node.testing.synthetic_miner import SyntheticHandler, synthetic_link
 from tests.faults.conftest import (
-    FAST, BuyerCall, gate_by_content, new_buyer, plain_script, register_miner, start_synthetic_miner, words,
+    FAST,
+    BuyerCall,
+    gate_by_content,
+    new_buyer,
+    plain_script,
+    register_miner,
+    start_synthetic_miner,
+    words,
 )
 from tests.faults.nodes import GatewayProcess
 from tests.waiting import Changes, logged, wait_until_async
@@ -61,8 +68,17 @@ def gateway(home, account, epoch_clock):
     wallets = home / "wallets"
     keys.create_wallet(wallets, "faults", "master")
     owner = keys.create_wallet(wallets, "faults", "owner")
-    gateway = GatewayProcess(home, account, master_wallet="faults/master", wallets_path=wallets, owner_hotkey=owner,
-                             epoch_genesis=epoch_clock.genesis, epoch_s=EPOCH_S, epoch_grace_s=EPOCH_GRACE_S, gate_min_samples=1)
+    gateway = GatewayProcess(
+        home,
+        account,
+        master_wallet="faults/master",
+        wallets_path=wallets,
+        owner_hotkey=owner,
+        epoch_genesis=epoch_clock.genesis,
+        epoch_s=EPOCH_S,
+        epoch_grace_s=EPOCH_GRACE_S,
+        gate_min_samples=1,
+    )
     gateway.start()
     yield gateway
     if gateway.process.poll() is None:
@@ -99,7 +115,8 @@ async def serve_again(gateway: GatewayProcess, key: str, *, killed_at: float) ->
 
 
 async def test_a_kill_with_requests_at_every_point_of_their_lives_refunds_each_open_hold_and_keeps_each_charge(
-        nursery, running, http, served, figures):
+    nursery, running, http, served, figures
+):
     gateway = running
     gates = {
         "held, nothing sent": Gate(before_chunk=0),
@@ -109,12 +126,26 @@ async def test_a_kill_with_requests_at_every_point_of_their_lives_refunds_each_o
         **{f"load {index}": Gate(before_chunk=1) for index in range(LOAD_STREAMS)},
     }
     settled_first = "settled just before the kill"
-    await start_synthetic_miner(nursery, store_path=gateway.store_path, miner_url=gateway.miner_url, served=served, http=http,
-                                script=lambda frame: plain_script(ANSWER), gate_for=gate_by_content(gates),
-                                hotkey=hotkey("fault-miner-1"))
+    await start_synthetic_miner(
+        nursery,
+        store_path=gateway.store_path,
+        miner_url=gateway.miner_url,
+        served=served,
+        http=http,
+        script=lambda frame: plain_script(ANSWER),
+        gate_for=gate_by_content(gates),
+        hotkey=hotkey("fault-miner-1"),
+    )
     buyers = {content: new_buyer(gateway.store_path) for content in [*gates, settled_first]}
-    calls = {content: BuyerCall(api=gateway.buyer_url + "/v1", key=key, content=content,
-                                stream=content != "not streamed, waiting for the answer") for content, (_, key) in buyers.items()}
+    calls = {
+        content: BuyerCall(
+            api=gateway.buyer_url + "/v1",
+            key=key,
+            content=content,
+            stream=content != "not streamed, waiting for the answer",
+        )
+        for content, (_, key) in buyers.items()
+    }
     async with trio.open_nursery() as buyer_tasks:
         for call in calls.values():
             buyer_tasks.start_soon(call.run)
@@ -135,7 +166,9 @@ async def test_a_kill_with_requests_at_every_point_of_their_lives_refunds_each_o
         for call in calls.values():
             await call.ended()
     for content in gates:
-        assert calls[content].told_of_a_failure, f"{content}: the buyer was told the gateway failed, not sent a complete answer"
+        assert calls[content].told_of_a_failure, (
+            f"{content}: the buyer was told the gateway failed, not sent a complete answer"
+        )
 
     await gateway.start_from_trio()
     books = check_books(gateway.store_path)
@@ -143,31 +176,45 @@ async def test_a_kill_with_requests_at_every_point_of_their_lives_refunds_each_o
         balances = {content: store.balance(account_id) for content, (account_id, _) in buyers.items()}
     for content in gates:
         balance = balances[content]
-        assert (balance.held, balance.charged, balance.available) == (0, 0, balance.credited), \
+        assert (balance.held, balance.charged, balance.available) == (0, 0, balance.credited), (
             f"{content}: a hold the crash left open is refunded in full"
+        )
     assert balances[settled_first].charged == charge_for(calls[settled_first]) > 0, "a settled charge stands, once"
     served_again, seconds = await serve_again(gateway, buyers["held, nothing sent"][1], killed_at=killed_at)
     check_books(gateway.store_path)
     with Store.open(gateway.store_path) as store:
         assert store.balance(buyers["held, nothing sent"][0]).charged == charge_for(served_again)
-    figures.record("gateway kill -9 with requests in flight", len(calls),
-                   f" requests: {len(gates)} open holds refunded in full, 1 settled charge kept once (its request-log row "
-                   f"{'lost' if len(books.unlogged_charges) else 'kept'})")
+    figures.record(
+        "gateway kill -9 with requests in flight",
+        len(calls),
+        f" requests: {len(gates)} open holds refunded in full, 1 settled charge kept once (its request-log row "
+        f"{'lost' if len(books.unlogged_charges) else 'kept'})",
+    )
     figures.record("gateway kill -9 -> restart -> first answer", seconds, " s")
     figures.record("books after the kill", f"{books.accounts} accounts, {books.holds} holds, none open, no problem")
 
 
 def charge_for(call: BuyerCall) -> int:
-    return billing.charge(price=SMOLLM2_135M.price, usage=billing.Usage(prompt_tokens=call.usage.prompt_tokens,
-                                                                         completion_tokens=call.usage.completion_tokens))
+    return billing.charge(
+        price=SMOLLM2_135M.price,
+        usage=billing.Usage(prompt_tokens=call.usage.prompt_tokens, completion_tokens=call.usage.completion_tokens),
+    )
 
 
-async def test_a_kill_in_the_middle_of_closing_an_epoch_publishes_it_once_after_the_restart(nursery, running, http, served,
-                                                                                           epoch_clock, figures):
+async def test_a_kill_in_the_middle_of_closing_an_epoch_publishes_it_once_after_the_restart(
+    nursery, running, http, served, epoch_clock, figures
+):
     gateway = running
     miner_hotkey = hotkey("fault-miner-3")
-    await start_synthetic_miner(nursery, store_path=gateway.store_path, miner_url=gateway.miner_url, served=served, http=http,
-                                script=lambda frame: plain_script(ANSWER), hotkey=miner_hotkey)
+    await start_synthetic_miner(
+        nursery,
+        store_path=gateway.store_path,
+        miner_url=gateway.miner_url,
+        served=served,
+        http=http,
+        script=lambda frame: plain_script(ANSWER),
+        hotkey=miner_hotkey,
+    )
     buyer, key = new_buyer(gateway.store_path)
     for index in range(3):
         call = BuyerCall(api=gateway.buyer_url + "/v1", key=key, content=f"paid traffic {index}")
@@ -176,8 +223,11 @@ async def test_a_kill_in_the_middle_of_closing_an_epoch_publishes_it_once_after_
 
     def logged_rows() -> list:
         with Store.open(gateway.store_path) as store:
-            return [entry for entry in store.requests_in(since=0, until=time.time() + 1)
-                    if entry.account_id == buyer and entry.cost_micro > 0]
+            return [
+                entry
+                for entry in store.requests_in(since=0, until=time.time() + 1)
+                if entry.account_id == buyer and entry.cost_micro > 0
+            ]
 
     # The request log is written by a task of the gateway process after each answer; its rows must
     # be in before the write lock is taken below, or the lock would make that write fail instead.
@@ -189,8 +239,11 @@ async def test_a_kill_in_the_middle_of_closing_an_epoch_publishes_it_once_after_
     lock = sqlite3.connect(gateway.store_path, timeout=10, isolation_level=None)
     try:
         lock.execute("BEGIN IMMEDIATE")
-        await gateway.wait_for_from_trio(r"could not close epochs \(.*locked by another process", timeout_s=60,
-                         what="the publisher's epoch close failing on the held write lock")
+        await gateway.wait_for_from_trio(
+            r"could not close epochs \(.*locked by another process",
+            timeout_s=60,
+            what="the publisher's epoch close failing on the held write lock",
+        )
         killed_at = gateway.kill()
     finally:
         lock.execute("ROLLBACK")
@@ -209,8 +262,11 @@ async def test_a_kill_in_the_middle_of_closing_an_epoch_publishes_it_once_after_
 
     # The publisher closes the due epochs at once after the restart, in the gateway process; the
     # store is where it says so.
-    await wait_until_async(lambda: published_through(max(interrupted, served_in)), timeout_s=60,
-                           what="the interrupted epoch and the traffic's epoch published")
+    await wait_until_async(
+        lambda: published_through(max(interrupted, served_in)),
+        timeout_s=60,
+        what="the interrupted epoch and the traffic's epoch published",
+    )
     recovered_in = time.monotonic() - killed_at
     with Store.open(gateway.store_path) as store:
         stored = store.epoch_payload(served_in)
@@ -222,18 +278,27 @@ async def test_a_kill_in_the_middle_of_closing_an_epoch_publishes_it_once_after_
     rows = [row for row in json.loads(published["result_json"])["rows"] if row["hotkey"] == miner_hotkey]
     window = epoch_clock.window(served_in)
     served_there = [entry for entry in logged_rows() if window[0] <= entry.created_at < window[1]]
-    assert sum(row["requests"] for row in rows) == len(served_there) > 0, "the epoch settles the paid requests its log holds"
+    assert sum(row["requests"] for row in rows) == len(served_there) > 0, (
+        "the epoch settles the paid requests its log holds"
+    )
     check_books(gateway.store_path)
     figures.record("gateway kill -9 mid epoch close -> epoch published after the restart", recovered_in, " s")
 
 
-async def test_a_miner_whose_event_loop_stalls_while_its_gateway_dies_re_dials_instead_of_stopping(running, http, served):
+async def test_a_miner_whose_event_loop_stalls_while_its_gateway_dies_re_dials_instead_of_stopping(
+    running, http, served
+):
     """Last in the module: it leaves the gateway killed (the module's teardown expects that)."""
     gateway = running
     key = register_miner(gateway.store_path, "stalling")
-    link = synthetic_link(gateway_url=gateway.miner_url, model=served, identity=Identity(miner_key=key),
-                          handler=SyntheticHandler(served, lambda frame: plain_script(ANSWER)), http=http,
-                          settings=dataclasses.replace(FAST, heartbeat_s=0.2))
+    link = synthetic_link(
+        gateway_url=gateway.miner_url,
+        model=served,
+        identity=Identity(miner_key=key),
+        handler=SyntheticHandler(served, lambda frame: plain_script(ANSWER)),
+        http=http,
+        settings=dataclasses.replace(FAST, heartbeat_s=0.2),
+    )
     legs = Changes()
     link.on_state = legs.notify
     ended: list[BaseException] = []

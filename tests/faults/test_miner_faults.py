@@ -43,8 +43,12 @@ def miner_account(miner_home):
 
 @pytest.fixture(scope="module")
 def miner(shared_gateway, miner_home, miner_account):
-    miner = MinerProcess(miner_home, miner_account, gateway_url=shared_gateway.miner_url,
-                         miner_key=register_miner(shared_gateway.store_path, "cpu-miner"))
+    miner = MinerProcess(
+        miner_home,
+        miner_account,
+        gateway_url=shared_gateway.miner_url,
+        miner_key=register_miner(shared_gateway.store_path, "cpu-miner"),
+    )
     miner.start()
     yield miner
     miner.stop()
@@ -66,6 +70,7 @@ async def stream_until_chunks(call: BuyerCall, nursery: trio.Nursery, chunks: in
 async def settled_for_what_was_relayed(store_path, account_id: int, *, status: int = 502) -> tuple[int, int]:
     """Wait for the cut-off request's settle and its log row with `status` (the miner's 502, or a
     buyer's hang-up, 499); (charged, the hold it was charged from)."""
+
     # The gateway settles and logs in its own process, which announces neither where a test can
     # listen: bounded polls of the store.
     def settled() -> bool:
@@ -76,16 +81,20 @@ async def settled_for_what_was_relayed(store_path, account_id: int, *, status: i
 
     def logged() -> bool:
         with Store.open(store_path) as store:
-            return any(entry.status == status and entry.miner for entry in store.requests_in(since=0, until=2e9)
-                       if entry.account_id == account_id)
+            return any(
+                entry.status == status and entry.miner
+                for entry in store.requests_in(since=0, until=2e9)
+                if entry.account_id == account_id
+            )
 
     await wait_until_async(logged, timeout_s=60, what=f"the request's {status} in the request log")
     [hold] = holds_of(store_path, account_id)
     return hold.charged, hold.amount
 
 
-async def test_a_model_server_killed_mid_stream_cuts_the_stream_in_band_and_is_restarted(nursery, shared_gateway, miner,
-                                                                                         served, figures):
+async def test_a_model_server_killed_mid_stream_cuts_the_stream_in_band_and_is_restarted(
+    nursery, shared_gateway, miner, served, figures
+):
     account_id, key = new_buyer(shared_gateway.store_path)
     call = BuyerCall(api=shared_gateway.buyer_url + "/v1", key=key, content=STORY, max_tokens=MAX_TOKENS)
     await stream_until_chunks(call, nursery, CHUNKS_BEFORE_THE_KILL)
@@ -99,35 +108,53 @@ async def test_a_model_server_killed_mid_stream_cuts_the_stream_in_band_and_is_r
     charged, hold = await settled_for_what_was_relayed(shared_gateway.store_path, account_id)
     assert 0 < charged < hold, f"charged {charged} µUSD for what was relayed, not the {hold} µUSD worst case"
 
-    restarted = await miner.wait_for_from_trio(re.compile(rf"model server ready on \S+ \(pid (?!{server_pid}\))\d+\)"),
-                                               timeout_s=120, what="the supervisor's new model server ready")
+    restarted = await miner.wait_for_from_trio(
+        re.compile(rf"model server ready on \S+ \(pid (?!{server_pid}\))\d+\)"),
+        timeout_s=120,
+        what="the supervisor's new model server ready",
+    )
     back_after = trio.current_time() - killed_at
     miner.account.note(miner.pid)
-    again = BuyerCall(api=shared_gateway.buyer_url + "/v1", key=key, content="What is the capital of France?", max_tokens=16)
+    again = BuyerCall(
+        api=shared_gateway.buyer_url + "/v1", key=key, content="What is the capital of France?", max_tokens=16
+    )
     await again.run()
     assert again.error is None and again.text, again.error
     check_books(shared_gateway.store_path)
-    figures.record("model server kill -9 mid-stream", "in-band error",
-                   f" after {len(call.text)} chars; charged {charged} of a {hold} µUSD hold; miner logged 502")
+    figures.record(
+        "model server kill -9 mid-stream",
+        "in-band error",
+        f" after {len(call.text)} chars; charged {charged} of a {hold} µUSD hold; miner logged 502",
+    )
     figures.record("model server kill -9 -> new server ready", back_after, f" s ({restarted.group(0)})")
 
 
 async def test_a_model_server_that_hangs_mid_stream_leaves_the_buyer_a_live_stream_and_a_hang_up_pays_what_was_relayed(
-        nursery, shared_gateway, miner, figures):
+    nursery, shared_gateway, miner, figures
+):
     """A hang is the server alive and silent: stopped (SIGSTOP), it holds its socket and produces
     nothing. Its supervisor restarts it once three health probes in a row have failed (each
     times out after 10 s at the defaults; tests/engy_node/miner/sglang/test_supervisor.py covers
     that); until then the buyer must keep a live stream and be able to give up without paying
     for tokens never produced."""
     account_id, key = new_buyer(shared_gateway.store_path)
-    body = {"model": "smollm2-135m", "max_tokens": MAX_TOKENS, "stream": True, "messages": [{"role": "user", "content": STORY}]}
+    body = {
+        "model": "smollm2-135m",
+        "max_tokens": MAX_TOKENS,
+        "stream": True,
+        "messages": [{"role": "user", "content": STORY}],
+    }
     server = psutil.Process(miner.model_server_pid())
     hung = False
     keepalives = 0
     try:
         async with httpx.AsyncClient(timeout=60) as http:
-            async with http.stream("POST", shared_gateway.buyer_url + "/v1/chat/completions", json=body,
-                                   headers={"authorization": f"Bearer {key}"}) as response:
+            async with http.stream(
+                "POST",
+                shared_gateway.buyer_url + "/v1/chat/completions",
+                json=body,
+                headers={"authorization": f"Bearer {key}"},
+            ) as response:
                 assert response.status_code == 200
                 with trio.fail_after(120):
                     async for line in response.aiter_lines():
@@ -144,16 +171,22 @@ async def test_a_model_server_that_hangs_mid_stream_leaves_the_buyer_a_live_stre
         if hung:
             server.resume()
     assert 0 < charged < hold, f"charged {charged} µUSD for what was relayed, not the {hold} µUSD worst case"
-    again = BuyerCall(api=shared_gateway.buyer_url + "/v1", key=key, content="What is the capital of France?", max_tokens=16)
+    again = BuyerCall(
+        api=shared_gateway.buyer_url + "/v1", key=key, content="What is the capital of France?", max_tokens=16
+    )
     await again.run()
     assert again.error is None and again.text, f"the server, going again, serves: {again.error!r}"
     check_books(shared_gateway.store_path)
-    figures.record("model server hang (SIGSTOP) mid-stream", f"{keepalives} keepalives to the buyer while hung",
-                   f"; hang-up charged {charged} of a {hold} µUSD hold")
+    figures.record(
+        "model server hang (SIGSTOP) mid-stream",
+        f"{keepalives} keepalives to the buyer while hung",
+        f"; hang-up charged {charged} of a {hold} µUSD hold",
+    )
 
 
 async def test_a_miner_killed_mid_stream_takes_its_model_server_with_it_and_the_gateway_serves_on(
-        nursery, shared_gateway, miner, miner_account, served, figures):
+    nursery, shared_gateway, miner, miner_account, served, figures
+):
     account_id, key = new_buyer(shared_gateway.store_path)
     call = BuyerCall(api=shared_gateway.buyer_url + "/v1", key=key, content=STORY, max_tokens=MAX_TOKENS)
     await stream_until_chunks(call, nursery, CHUNKS_BEFORE_THE_KILL)
@@ -169,16 +202,26 @@ async def test_a_miner_killed_mid_stream_takes_its_model_server_with_it_and_the_
     # The model server's lifeline watcher stops its group when the miner is gone; it is another
     # process that tells no one, so this is a bounded poll of the process table.
     miner_account.note_marked()
-    await wait_until_async(lambda: miner_account.alive() == [], timeout_s=60, what="the model server gone with its miner")
+    await wait_until_async(
+        lambda: miner_account.alive() == [], timeout_s=60, what="the model server gone with its miner"
+    )
     gone_after = trio.current_time() - killed_at
     assert miner_account.listening() == [], "the model server's port is closed"
 
     async with httpx.AsyncClient(timeout=60) as http:
-        await start_synthetic_miner(nursery, store_path=shared_gateway.store_path, miner_url=shared_gateway.miner_url,
-                                    served=served, http=http, script=lambda frame: plain_script(words(6)))
+        await start_synthetic_miner(
+            nursery,
+            store_path=shared_gateway.store_path,
+            miner_url=shared_gateway.miner_url,
+            served=served,
+            http=http,
+            script=lambda frame: plain_script(words(6)),
+        )
         again = BuyerCall(api=shared_gateway.buyer_url + "/v1", key=key, content="anyone else there?")
         await again.run()
         assert again.error is None and again.text == words(6), again.error
     check_books(shared_gateway.store_path)
-    figures.record("miner kill -9 mid-stream", "in-band error", f"; charged {charged} of a {hold} µUSD hold; miner logged 502")
+    figures.record(
+        "miner kill -9 mid-stream", "in-band error", f"; charged {charged} of a {hold} µUSD hold; miner logged 502"
+    )
     figures.record("miner kill -9 -> its model server gone too", gone_after, " s")

@@ -25,21 +25,33 @@ MAX_TOKENS = 2000
 
 
 async def test_a_miner_stalling_after_its_first_chunk_keeps_the_buyer_alive_and_a_hang_up_pays_only_what_was_relayed(
-        nursery, shared_gateway, served, figures):
+    nursery, shared_gateway, served, figures
+):
     gateway = shared_gateway
     stalled = Gate(before_chunk=1)
     async with httpx.AsyncClient(timeout=60) as http:
-        miner = await start_synthetic_miner(nursery, store_path=gateway.store_path, miner_url=gateway.miner_url, served=served,
-                                            http=http, script=lambda frame: plain_script(ANSWER),
-                                            gate_for=gate_by_content({"stall after the first chunk": stalled}))
+        miner = await start_synthetic_miner(
+            nursery,
+            store_path=gateway.store_path,
+            miner_url=gateway.miner_url,
+            served=served,
+            http=http,
+            script=lambda frame: plain_script(ANSWER),
+            gate_for=gate_by_content({"stall after the first chunk": stalled}),
+        )
         account_id, key = new_buyer(gateway.store_path)
         _, other_key = new_buyer(gateway.store_path)
-        body = {"model": SMOLLM2_135M.id, "max_tokens": MAX_TOKENS, "stream": True,
-                "messages": [{"role": "user", "content": "stall after the first chunk"}]}
+        body = {
+            "model": SMOLLM2_135M.id,
+            "max_tokens": MAX_TOKENS,
+            "stream": True,
+            "messages": [{"role": "user", "content": "stall after the first chunk"}],
+        }
         keepalives = 0
         relayed = b""
-        async with http.stream("POST", gateway.buyer_url + "/v1/chat/completions", json=body,
-                               headers={"authorization": f"Bearer {key}"}) as response:
+        async with http.stream(
+            "POST", gateway.buyer_url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+        ) as response:
             assert response.status_code == 200
             with trio.fail_after(30):
                 async for line in response.aiter_lines():
@@ -49,7 +61,10 @@ async def test_a_miner_stalling_after_its_first_chunk_keeps_the_buyer_alive_and_
                     # Two keepalives after the stall: the gateway is still there for this buyer.
                     if stalled.reached.is_set() and keepalives >= 2:
                         break
-            others = [BuyerCall(api=gateway.buyer_url + "/v1", key=other_key, content=f"meanwhile {index}") for index in range(3)]
+            others = [
+                BuyerCall(api=gateway.buyer_url + "/v1", key=other_key, content=f"meanwhile {index}")
+                for index in range(3)
+            ]
             for call in others:
                 await call.run()
                 assert call.error is None and call.text == ANSWER, "the stalled request holds up no one else"
@@ -57,8 +72,11 @@ async def test_a_miner_stalling_after_its_first_chunk_keeps_the_buyer_alive_and_
         with trio.fail_after(30):
             await stalled.cancelled.wait()
 
-    hold = billing.worst_case_hold(price=SMOLLM2_135M.price, prompt_tokens=len(served.render_prompt(miner.handler.served[0].request)),
-                                   max_tokens=MAX_TOKENS)
+    hold = billing.worst_case_hold(
+        price=SMOLLM2_135M.price,
+        prompt_tokens=len(served.render_prompt(miner.handler.served[0].request)),
+        max_tokens=MAX_TOKENS,
+    )
 
     def settled() -> bool:
         return account_row(gateway.store_path, account_id).held == 0
@@ -69,6 +87,9 @@ async def test_a_miner_stalling_after_its_first_chunk_keeps_the_buyer_alive_and_
     assert 0 < charged < hold, f"charged {charged} µUSD for the first chunk relayed, not the whole {hold} µUSD hold"
     books = check_books(gateway.store_path, open_holds_allowed=False)
     assert ANSWER[:6].encode() in relayed, "the first chunk reached the buyer before the stall"
-    figures.record("miner stalling after its first chunk", f"{keepalives} keepalives to the buyer",
-                   f", {len(others)} other requests served meanwhile, hang-up charged {charged} of a {hold} µUSD hold; "
-                   f"books: {books.holds} holds, none open")
+    figures.record(
+        "miner stalling after its first chunk",
+        f"{keepalives} keepalives to the buyer",
+        f", {len(others)} other requests served meanwhile, hang-up charged {charged} of a {hold} µUSD hold; "
+        f"books: {books.holds} holds, none open",
+    )

@@ -81,9 +81,16 @@ async def ask(gateway: GatewayProcess, key: str, content: str, *, stream: bool =
 
 
 async def test_a_full_disk_fails_requests_cleanly_without_charging_and_serving_resumes_when_it_has_room(
-        nursery, gateway, disk, http, served, figures):
-    await start_synthetic_miner(nursery, store_path=gateway.store_path, miner_url=gateway.miner_url, served=served, http=http,
-                                script=lambda frame: plain_script(ANSWER))
+    nursery, gateway, disk, http, served, figures
+):
+    await start_synthetic_miner(
+        nursery,
+        store_path=gateway.store_path,
+        miner_url=gateway.miner_url,
+        served=served,
+        http=http,
+        script=lambda frame: plain_script(ANSWER),
+    )
     account_id, key = new_buyer(gateway.store_path)
     warm = await ask(gateway, key, "before the disk fills")
     assert warm.error is None, warm.error
@@ -95,8 +102,9 @@ async def test_a_full_disk_fails_requests_cleanly_without_charging_and_serving_r
         assert isinstance(call.error, openai.APIStatusError), f"a prompt error answer, not {call.error!r}"
         assert call.error.status_code in (500, 503), call.error
     assert account_row(gateway.store_path, account_id) == before, "nothing is held or charged while the disk is full"
-    await gateway.wait_for_from_trio(r"disk holding .* is full; free space and retry", timeout_s=10,
-                                     what="the log naming the full disk and the fix")
+    await gateway.wait_for_from_trio(
+        r"disk holding .* is full; free space and retry", timeout_s=10, what="the log naming the full disk and the fix"
+    )
 
     disk.drain()
     again = await ask(gateway, key, "after the disk has room again")
@@ -105,19 +113,33 @@ async def test_a_full_disk_fails_requests_cleanly_without_charging_and_serving_r
     after = account_row(gateway.store_path, account_id)
     assert after.charged > before.charged and after.held == 0
     figures.record("disk full: the buyer's answer", f"{failed[0].error.status_code} {failed[0].error.message!r}")
-    figures.record("disk full under a running gateway", len(failed),
-                   f" requests refused cleanly (no charge, {ballast // (1024 * 1024)} MiB ballast), served again without a restart; "
-                   f"books: {books.holds} holds, none open")
+    figures.record(
+        "disk full under a running gateway",
+        len(failed),
+        f" requests refused cleanly (no charge, {ballast // (1024 * 1024)} MiB ballast), served again without a restart; "
+        f"books: {books.holds} holds, none open",
+    )
 
 
-async def test_a_buyer_refused_for_a_full_disk_gets_an_error_body_in_the_apis_format(nursery, gateway, disk, http, served):
-    await start_synthetic_miner(nursery, store_path=gateway.store_path, miner_url=gateway.miner_url, served=served, http=http,
-                                script=lambda frame: plain_script(ANSWER))
+async def test_a_buyer_refused_for_a_full_disk_gets_an_error_body_in_the_apis_format(
+    nursery, gateway, disk, http, served
+):
+    await start_synthetic_miner(
+        nursery,
+        store_path=gateway.store_path,
+        miner_url=gateway.miner_url,
+        served=served,
+        http=http,
+        script=lambda frame: plain_script(ANSWER),
+    )
     _, key = new_buyer(gateway.store_path)
     disk.fill()
     try:
-        response = await http.post(gateway.buyer_url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                                   json={"model": "smollm2-135m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+        response = await http.post(
+            gateway.buyer_url + "/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json={"model": "smollm2-135m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+        )
     finally:
         disk.drain()
     assert response.status_code >= 500
@@ -126,9 +148,16 @@ async def test_a_buyer_refused_for_a_full_disk_gets_an_error_body_in_the_apis_fo
 
 
 async def test_a_disk_failing_read_only_fails_requests_cleanly_and_a_restart_after_repair_serves_with_intact_books(
-        nursery, gateway, disk, http, served, figures):
-    await start_synthetic_miner(nursery, store_path=gateway.store_path, miner_url=gateway.miner_url, served=served, http=http,
-                                script=lambda frame: plain_script(ANSWER))
+    nursery, gateway, disk, http, served, figures
+):
+    await start_synthetic_miner(
+        nursery,
+        store_path=gateway.store_path,
+        miner_url=gateway.miner_url,
+        served=served,
+        http=http,
+        script=lambda frame: plain_script(ANSWER),
+    )
     account_id, key = new_buyer(gateway.store_path)
     warm = await ask(gateway, key, "before the disk fails")
     assert warm.error is None, warm.error
@@ -136,11 +165,16 @@ async def test_a_disk_failing_read_only_fails_requests_cleanly_and_a_restart_aft
 
     disk.fail_read_only()
     assert disk.read_only(), "the kernel turned the disk read-only"
-    failed = [await ask(gateway, key, f"while the disk is read-only {index}", stream=index % 2 == 0) for index in range(4)]
+    failed = [
+        await ask(gateway, key, f"while the disk is read-only {index}", stream=index % 2 == 0) for index in range(4)
+    ]
     for call in failed:
         assert isinstance(call.error, openai.APIStatusError), f"a prompt error answer, not {call.error!r}"
-    await gateway.wait_for_from_trio(r"cannot read or write .*gateway\.sqlite3 .*the disk failed or turned read-only; .*dmesg", timeout_s=10,
-                                     what="the log naming the failed disk and the fix")
+    await gateway.wait_for_from_trio(
+        r"cannot read or write .*gateway\.sqlite3 .*the disk failed or turned read-only; .*dmesg",
+        timeout_s=10,
+        what="the log naming the failed disk and the fix",
+    )
 
     assert gateway.stop() is not None
     disk.repair()
@@ -151,5 +185,8 @@ async def test_a_disk_failing_read_only_fails_requests_cleanly_and_a_restart_aft
     assert again.error is None and again.text == ANSWER, f"served after the repair: {again.error!r}"
     check_books(gateway.store_path)
     figures.record("disk read-only: the buyer's answer", f"{failed[0].error.status_code} {failed[0].error.message!r}")
-    figures.record("disk failed read-only under a running gateway", len(failed),
-                   f" requests refused cleanly (no charge); after e2fsck and a restart, books intact ({books.holds} holds, none open)")
+    figures.record(
+        "disk failed read-only under a running gateway",
+        len(failed),
+        f" requests refused cleanly (no charge); after e2fsck and a restart, books intact ({books.holds} holds, none open)",
+    )

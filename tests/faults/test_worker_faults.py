@@ -45,23 +45,36 @@ def gateway(tmp_path, account):
 
 
 def worker_process(gateway: GatewayProcess) -> psutil.Process:
-    [worker] = [child for child in psutil.Process(gateway.pid).children() if "engy_node.gateway" in " ".join(child.cmdline())]
+    [worker] = [
+        child for child in psutil.Process(gateway.pid).children() if "engy_node.gateway" in " ".join(child.cmdline())
+    ]
     return worker
 
 
 def buyer_connections(process: psutil.Process, buyer_port: int) -> int:
-    return sum(1 for c in process.net_connections(kind="tcp")
-               if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == buyer_port)
+    return sum(
+        1
+        for c in process.net_connections(kind="tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == buyer_port
+    )
 
 
 async def test_a_worker_killed_mid_stream_fails_only_its_own_buyers_and_its_holds_are_refunded_by_the_next_start(
-        nursery, gateway, served, figures):
+    nursery, gateway, served, figures
+):
     gates: dict[str, Gate] = {}
     calls: dict[str, BuyerCall] = {}
     buyers: dict[str, tuple[int, str]] = {}
     async with httpx.AsyncClient(timeout=60) as http:
-        miner = await start_synthetic_miner(nursery, store_path=gateway.store_path, miner_url=gateway.miner_url, served=served,
-                                            http=http, script=lambda frame: plain_script(ANSWER), gate_for=gate_by_content(gates))
+        miner = await start_synthetic_miner(
+            nursery,
+            store_path=gateway.store_path,
+            miner_url=gateway.miner_url,
+            served=served,
+            http=http,
+            script=lambda frame: plain_script(ANSWER),
+            gate_for=gate_by_content(gates),
+        )
         await miner.wait_legs(2)
         worker = worker_process(gateway)
         async with trio.open_nursery() as buyer_tasks:
@@ -96,7 +109,9 @@ async def test_a_worker_killed_mid_stream_fails_only_its_own_buyers_and_its_hold
         assert len(failed) == on_worker_1, "exactly the dead worker's streams failed"
         for content, call in calls.items():
             if content not in failed:
-                assert call.text == ANSWER and account_row(gateway.store_path, buyers[content][0]).charged == charge_for(call)
+                assert call.text == ANSWER and account_row(
+                    gateway.store_path, buyers[content][0]
+                ).charged == charge_for(call)
         await gateway.wait_for_from_trio("gateway worker 1 serves again", timeout_s=60, what="worker 1 restarted")
         gateway.account.note(gateway.pid)
         # Its buyers are served again once the miners' legs to it are back (they re-dial on their own).
@@ -114,19 +129,28 @@ async def test_a_worker_killed_mid_stream_fails_only_its_own_buyers_and_its_hold
         # Start-up recovery is the other way those holds close: kill the first process as well
         # (its worker stops once it sees its parent gone), then start the gateway again.
         killed_at = gateway.kill()
-        await trio.to_thread.run_sync(lambda: gateway.output.wait_ended(timeout_s=60, what="worker 1 gone with its parent"))
+        await trio.to_thread.run_sync(
+            lambda: gateway.output.wait_ended(timeout_s=60, what="worker 1 gone with its parent")
+        )
         await gateway.start_from_trio()
         check_books(gateway.store_path)
         for content in failed:
             row = account_row(gateway.store_path, buyers[content][0])
-            assert (row.held, row.charged, row.available) == (0, 0, row.credited), f"{content}: its hold refunded in full"
+            assert (row.held, row.charged, row.available) == (0, 0, row.credited), (
+                f"{content}: its hold refunded in full"
+            )
         await miner.wait_legs(2, timeout_s=60)
         back = BuyerCall(api=gateway.buyer_url + "/v1", key=later_key, content="after the restart")
         await back.run()
         assert back.error is None, back.error
-    figures.record("gateway worker kill -9 mid-stream", f"{len(failed)} of {len(calls)} streams cut (the dead worker's)",
-                   f", {len(calls) - len(failed)} finished and charged exactly; its holds refunded at the next start")
-    figures.record("gateway worker kill -9 -> worker restarted and the miner's leg back", leg_back_after - killed_worker_at, " s")
+    figures.record(
+        "gateway worker kill -9 mid-stream",
+        f"{len(failed)} of {len(calls)} streams cut (the dead worker's)",
+        f", {len(calls) - len(failed)} finished and charged exactly; its holds refunded at the next start",
+    )
+    figures.record(
+        "gateway worker kill -9 -> worker restarted and the miner's leg back", leg_back_after - killed_worker_at, " s"
+    )
     figures.record("gateway (2 workers) kill -9 -> restart -> first answer", back.ended_at - killed_at, " s")
 
 
@@ -149,5 +173,7 @@ async def ended(calls, *, count: int) -> None:
 
 
 def charge_for(call: BuyerCall) -> int:
-    return billing.charge(price=SMOLLM2_135M.price, usage=billing.Usage(prompt_tokens=call.usage.prompt_tokens,
-                                                                         completion_tokens=call.usage.completion_tokens))
+    return billing.charge(
+        price=SMOLLM2_135M.price,
+        usage=billing.Usage(prompt_tokens=call.usage.prompt_tokens, completion_tokens=call.usage.completion_tokens),
+    )

@@ -32,7 +32,8 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterator
-from typing import Any, ContextManager, ParamSpec, Protocol, Self, TypeVar
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any, ParamSpec, Protocol, Self, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -75,6 +76,7 @@ class Database(Protocol):
         """One write transaction. `pipelined`: the operation reads every result it needs through
         `fetchone`/`fetchall` (never `rowcount`), so a backend with round trips may send its
         statements without waiting for each answer."""
+
     def read(self) -> ContextManager[Session]: ...
     def snapshot(self) -> ContextManager[Session]: ...
     def batch(self, *, durable: bool, savepoints: bool = True) -> ContextManager[None]: ...
@@ -84,6 +86,7 @@ class Database(Protocol):
     def serialise_on(self, session: Session, space: int, key: int) -> None:
         """Make the rest of this write transaction wait for any other one that called this with
         the same `(space, key)`, until it ends (where the write lock does not already)."""
+
     def close(self) -> None: ...
 
 
@@ -152,8 +155,9 @@ class Connection:
     (`Ledger`, `RequestLog`, `Miners`, `Verdicts`, `Epochs`, `Validators`, `EligibilityTable`),
     which `Store` composes."""
 
-    def __init__(self, location: str | os.PathLike[str], *, clock: Callable[[], float], busy_timeout_s: float,
-                 pool_size: int) -> None:
+    def __init__(
+        self, location: str | os.PathLike[str], *, clock: Callable[[], float], busy_timeout_s: float, pool_size: int
+    ) -> None:
         self._clock = clock
         self._db = open_database(location, busy_timeout_s=busy_timeout_s, pool_size=pool_size)
         self.where = self._db.where

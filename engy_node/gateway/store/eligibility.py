@@ -46,7 +46,9 @@ class EligibilityRow:
         if self.state not in ("new", "probing", "active", "pulled"):
             raise ValueError(f"state must be 'new', 'probing', 'active' or 'pulled', got {self.state!r}")
         if not isinstance(self.reason, str) or len(self.reason) > MAX_REASON_CHARS or not self.reason.isprintable():
-            raise ValueError(f"reason must be one printable line of at most {MAX_REASON_CHARS} characters, got {self.reason!r}")
+            raise ValueError(
+                f"reason must be one printable line of at most {MAX_REASON_CHARS} characters, got {self.reason!r}"
+            )
         timestamp("since", self.since)
         timestamp("updated_at", self.updated_at)
 

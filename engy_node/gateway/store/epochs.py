@@ -67,8 +67,9 @@ class Epochs(Connection):
     def published_epochs(self, *, limit: int = 20) -> list[tuple[int, bytes, float]]:
         """`(epoch_index, payload, closed_at)` of the latest `limit` epochs, newest first."""
         with self._read() as conn:
-            rows = conn.execute("SELECT epoch_index, payload, closed_at FROM epochs ORDER BY epoch_index DESC LIMIT ?",
-                                (limit,)).fetchall()
+            rows = conn.execute(
+                "SELECT epoch_index, payload, closed_at FROM epochs ORDER BY epoch_index DESC LIMIT ?", (limit,)
+            ).fetchall()
         return [(index, payload, closed_at) for index, payload, closed_at in rows]
 
     @serialised

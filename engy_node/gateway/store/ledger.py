@@ -109,7 +109,9 @@ class Ledger(Connection):
             raise ValueError(f"a buyer needs a non-empty name, got {name!r}")
         now = self._clock()
         with self._write() as conn:
-            account_id = conn.execute("INSERT INTO accounts (name, created_at) VALUES (?, ?) RETURNING id", (name, now)).fetchone()[0]
+            account_id = conn.execute(
+                "INSERT INTO accounts (name, created_at) VALUES (?, ?) RETURNING id", (name, now)
+            ).fetchone()[0]
             return account_id, self._insert_key(conn, account_id=account_id, now=now)
 
     @serialised
@@ -122,7 +124,9 @@ class Ledger(Connection):
 
     def _insert_key(self, conn: Session, *, account_id: int, now: float) -> str:
         key, digest = new_key(BUYER_KEY_PREFIX)
-        conn.execute("INSERT INTO api_keys (account_id, key_sha256, created_at) VALUES (?, ?, ?)", (account_id, digest, now))
+        conn.execute(
+            "INSERT INTO api_keys (account_id, key_sha256, created_at) VALUES (?, ?, ?)", (account_id, digest, now)
+        )
         return key
 
     @group_commit(durable=True)
@@ -156,7 +160,9 @@ class Ledger(Connection):
 
     def _require_account(self, conn: Session, account_id: int) -> None:
         if conn.execute("SELECT 1 FROM accounts WHERE id = ?", (account_id,)).fetchone() is None:
-            raise StoreError(f"no buyer account {account_id} in {self.where}; use the id that creating the buyer printed")
+            raise StoreError(
+                f"no buyer account {account_id} in {self.where}; use the id that creating the buyer printed"
+            )
 
     # -- money --------------------------------------------------------------------------------
 
@@ -249,8 +255,10 @@ class Ledger(Connection):
         # second finds the first's rows below instead of failing on the unique index. The
         # closure's SELECT is sent before the hold row is read (one round trip for both) and
         # still runs after the lock is taken, so it sees a closure committed meanwhile.
-        hold_row = conn.execute("SELECT account_id, amount, request_id FROM ledger WHERE id = ? AND kind = 'hold'"
-                                + self._db.for_update, (hold.hold_id,))
+        hold_row = conn.execute(
+            "SELECT account_id, amount, request_id FROM ledger WHERE id = ? AND kind = 'hold'" + self._db.for_update,
+            (hold.hold_id,),
+        )
         closure_rows = self._closure_rows(conn, hold.hold_id)
         row = hold_row.fetchone()
         if row is None or (row[0], row[1]) != (hold.account_id, hold.amount):
@@ -260,11 +268,23 @@ class Ledger(Connection):
             return earlier
         account_id, amount, request_id = row
         if cost > amount:
-            log.warning("request %s cost %d µUSD, above its %d µUSD hold; charged the hold (the worst case was "
-                        "under-estimated upstream: a bug)", request_id, cost, amount)
+            log.warning(
+                "request %s cost %d µUSD, above its %d µUSD hold; charged the hold (the worst case was "
+                "under-estimated upstream: a bug)",
+                request_id,
+                cost,
+                amount,
+            )
         charged = min(cost, amount)
-        self._write_closure(conn, account_id=account_id, hold_id=hold.hold_id, request_id=request_id,
-                            charged=charged, released=amount - charged, now=now)
+        self._write_closure(
+            conn,
+            account_id=account_id,
+            hold_id=hold.hold_id,
+            request_id=request_id,
+            charged=charged,
+            released=amount - charged,
+            now=now,
+        )
         return Settlement(hold_id=hold.hold_id, charged=charged, released=amount - charged, applied=True)
 
     @staticmethod
@@ -287,8 +307,15 @@ class Ledger(Connection):
             conn.execute("SELECT id FROM ledger WHERE id = ?" + self._db.for_update, (hold.hold_id,))
         still_open = [hold for hold in holds if self._closure(conn, hold.hold_id) is None]
         for hold in still_open:
-            self._write_closure(conn, account_id=hold.account_id, hold_id=hold.hold_id, request_id=hold.request_id,
-                                charged=0, released=hold.amount, now=now)
+            self._write_closure(
+                conn,
+                account_id=hold.account_id,
+                hold_id=hold.hold_id,
+                request_id=hold.request_id,
+                charged=0,
+                released=hold.amount,
+                now=now,
+            )
         return still_open
 
     @classmethod
@@ -308,8 +335,9 @@ class Ledger(Connection):
         return Settlement(hold_id=hold_id, charged=rows["settle"], released=rows["release"], applied=False)
 
     @staticmethod
-    def _write_closure(conn: Session, *, account_id: int, hold_id: int, request_id: str,
-                       charged: int, released: int, now: float) -> None:
+    def _write_closure(
+        conn: Session, *, account_id: int, hold_id: int, request_id: str, charged: int, released: int, now: float
+    ) -> None:
         # Both rows are always written, zero amounts included, so "closed" has one meaning the
         # unique index can enforce: this hold has its settle row and its release row.
         conn.execute(
@@ -322,8 +350,21 @@ class Ledger(Connection):
         conn.execute(
             "INSERT INTO ledger (account_id, kind, amount, request_id, hold_id, available_after, created_at) "
             f"VALUES (?, 'settle', ?, ?, ?, {balance_now} - ?, ?), (?, 'release', ?, ?, ?, {balance_now}, ?)",
-            (account_id, charged, request_id, hold_id, account_id, released, now,
-             account_id, released, request_id, hold_id, account_id, now),
+            (
+                account_id,
+                charged,
+                request_id,
+                hold_id,
+                account_id,
+                released,
+                now,
+                account_id,
+                released,
+                request_id,
+                hold_id,
+                account_id,
+                now,
+            ),
         )
 
     @serialised
@@ -344,8 +385,13 @@ class Ledger(Connection):
         if recovered:
             named = ", ".join(h.request_id for h in recovered[:RECOVERED_IDS_LOGGED])
             more = len(recovered) - RECOVERED_IDS_LOGGED
-            log.warning("released %d hold(s) left open by an earlier run (%d µUSD refunded): %s%s", len(recovered),
-                        sum(h.amount for h in recovered), named, f" and {more} more" if more > 0 else "")
+            log.warning(
+                "released %d hold(s) left open by an earlier run (%d µUSD refunded): %s%s",
+                len(recovered),
+                sum(h.amount for h in recovered),
+                named,
+                f" and {more} more" if more > 0 else "",
+            )
         return recovered
 
     @serialised
@@ -366,14 +412,20 @@ class Ledger(Connection):
             wanted_open = [hold for hold in self._open_holds(conn, created_before=math.inf) if hold.hold_id in wanted]
             released = self._release(conn, wanted_open, now=now)
         if released:
-            log.warning("released %d hold(s) no live request owns (%d µUSD refunded): %s", len(released),
-                        sum(h.amount for h in released), ", ".join(h.request_id for h in released[:RECOVERED_IDS_LOGGED]))
+            log.warning(
+                "released %d hold(s) no live request owns (%d µUSD refunded): %s",
+                len(released),
+                sum(h.amount for h in released),
+                ", ".join(h.request_id for h in released[:RECOVERED_IDS_LOGGED]),
+            )
         return released
 
     @serialised
     def balance(self, account_id: int) -> Balance:
         with self._read() as conn:
-            row = conn.execute("SELECT available, held, credited, charged FROM accounts WHERE id = ?", (account_id,)).fetchone()
+            row = conn.execute(
+                "SELECT available, held, credited, charged FROM accounts WHERE id = ?", (account_id,)
+            ).fetchone()
             if row is None:
                 self._require_account(conn, account_id)
         return Balance(*row)
@@ -383,8 +435,9 @@ class Ledger(Connection):
         """How many buyer accounts there are, and the `limit` that have spent the most."""
         with self._snapshot() as conn:
             count = conn.execute("SELECT count(*) FROM accounts").fetchone()[0]
-            rows = conn.execute("SELECT id, name, available, held, charged FROM accounts ORDER BY charged DESC, id LIMIT ?",
-                                (limit,)).fetchall()
+            rows = conn.execute(
+                "SELECT id, name, available, held, charged FROM accounts ORDER BY charged DESC, id LIMIT ?", (limit,)
+            ).fetchall()
         return count, [AccountSummary(*row) for row in rows]
 
     @serialised

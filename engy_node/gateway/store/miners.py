@@ -39,7 +39,9 @@ class Miners(Connection):
         with self._write() as conn:
             clash = conn.execute("SELECT name FROM miners WHERE name = ? OR hotkey = ?", (name, hotkey)).fetchone()
             if clash is not None:
-                raise StoreError(f"miner {clash[0]!r} already has that name or hotkey; choose another name, or keep using its key")
+                raise StoreError(
+                    f"miner {clash[0]!r} already has that name or hotkey; choose another name, or keep using its key"
+                )
             miner_id = conn.execute(
                 "INSERT INTO miners (name, hotkey, key_sha256, created_at) VALUES (?, ?, ?, ?) RETURNING id",
                 (name, hotkey, digest, now),
@@ -60,4 +62,6 @@ class Miners(Connection):
     @serialised
     def list_miners(self) -> list[MinerRecord]:
         with self._read() as conn:
-            return [MinerRecord(*row) for row in conn.execute("SELECT id, name, hotkey, created_at FROM miners ORDER BY id")]
+            return [
+                MinerRecord(*row) for row in conn.execute("SELECT id, name, hotkey, created_at FROM miners ORDER BY id")
+            ]

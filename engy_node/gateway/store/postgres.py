@@ -156,7 +156,9 @@ SCHEMA: tuple[str, ...] = (
         PRIMARY KEY (miner, model))""",
 )
 
-_VERSION_4 = ("CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL)",)
+_VERSION_4 = (
+    "CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL)",
+)
 
 SCHEMA += _VERSION_4
 """The tables at `SCHEMA_VERSION`, the same as the SQLite file's at that version."""
@@ -225,9 +227,18 @@ class PostgresDatabase:
         self.lock = contextlib.nullcontext()
         self._timeout_s = busy_timeout_s
         self._pool = psycopg_pool.ConnectionPool(
-            url, min_size=min(POOL_MIN, pool_size), max_size=pool_size, open=False, timeout=busy_timeout_s,
-            kwargs={"autocommit": True, "application_name": APPLICATION, "connect_timeout": max(1, round(busy_timeout_s))},
-            configure=self._configure, name="engy-store",
+            url,
+            min_size=min(POOL_MIN, pool_size),
+            max_size=pool_size,
+            open=False,
+            timeout=busy_timeout_s,
+            kwargs={
+                "autocommit": True,
+                "application_name": APPLICATION,
+                "connect_timeout": max(1, round(busy_timeout_s)),
+            },
+            configure=self._configure,
+            name="engy-store",
         )
         try:
             self._pool.open(wait=True, timeout=busy_timeout_s)
@@ -247,22 +258,32 @@ class PostgresDatabase:
     def explain(self, error: BaseException) -> StoreError | None:
         where = self.where
         if isinstance(error, psycopg_pool.PoolTimeout):
-            return StoreError(f"no connection to {where} within {self._timeout_s:g} s: the database is unreachable or every "
-                              "pooled connection is busy; check that PostgreSQL is up and reachable from this host")
+            return StoreError(
+                f"no connection to {where} within {self._timeout_s:g} s: the database is unreachable or every "
+                "pooled connection is busy; check that PostgreSQL is up and reachable from this host"
+            )
         if isinstance(error, psycopg.errors.DiskFull):
-            return StoreError(f"the disk of the database server behind {where} is full; free space there and retry "
-                              "(the failed write was rolled back)")
+            return StoreError(
+                f"the disk of the database server behind {where} is full; free space there and retry "
+                "(the failed write was rolled back)"
+            )
         if isinstance(error, psycopg.errors.InsufficientPrivilege):
-            return StoreError(f"the database role in {where} lacks a privilege ({error}); grant it ownership of the "
-                              "database (ALTER DATABASE ... OWNER TO ...) or use the role that created the store")
+            return StoreError(
+                f"the database role in {where} lacks a privilege ({error}); grant it ownership of the "
+                "database (ALTER DATABASE ... OWNER TO ...) or use the role that created the store"
+            )
         if isinstance(error, psycopg.errors.ReadOnlySqlTransaction):
             return StoreError(f"{where} is read-only (a standby?); point gateway.store_url at the primary")
         if isinstance(error, psycopg.errors.LockNotAvailable):
-            return StoreError(f"a row in {where} stayed locked for over {self._timeout_s:g} s by another session; find it "
-                              "in pg_stat_activity (a stuck admin session or host) and end it, then retry")
+            return StoreError(
+                f"a row in {where} stayed locked for over {self._timeout_s:g} s by another session; find it "
+                "in pg_stat_activity (a stuck admin session or host) and end it, then retry"
+            )
         if isinstance(error, (psycopg.OperationalError, psycopg.errors.AdminShutdown)):
-            return StoreError(f"cannot use the database {where} ({str(error).strip()}); check that PostgreSQL is up, "
-                              "reachable from this host, and that gateway.store_url names the right user and database")
+            return StoreError(
+                f"cannot use the database {where} ({str(error).strip()}); check that PostgreSQL is up, "
+                "reachable from this host, and that gateway.store_url names the right user and database"
+            )
         return None
 
     @staticmethod
@@ -272,18 +293,26 @@ class PostgresDatabase:
     def _create_or_migrate(self) -> None:
         with self._pool.connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-            tables = {row[0] for row in conn.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")}
+            tables = {
+                row[0]
+                for row in conn.execute(
+                    "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+                )
+            }
             if not tables:
                 for statement in SCHEMA:
                     conn.execute(statement)
-                conn.execute("INSERT INTO meta (key, value) VALUES ('application', %s), ('schema_version', %s)",
-                             (APPLICATION, str(SCHEMA_VERSION)))
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('application', %s), ('schema_version', %s)",
+                    (APPLICATION, str(SCHEMA_VERSION)),
+                )
                 return
             meta = dict(conn.execute("SELECT key, value FROM meta").fetchall()) if "meta" in tables else {}
             if meta.get("application") != APPLICATION:
-                raise StoreError(f"{self.where} holds tables of some other program; point gateway.store_url at an empty "
-                                 "database of its own (CREATE DATABASE engy)")
+                raise StoreError(
+                    f"{self.where} holds tables of some other program; point gateway.store_url at an empty "
+                    "database of its own (CREATE DATABASE engy)"
+                )
             found = meta.get("schema_version")
             version = int(found) if found is not None and found.isdigit() else None
             while version is not None and version < SCHEMA_VERSION and version in MIGRATIONS:
@@ -293,8 +322,10 @@ class PostgresDatabase:
                 conn.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(version),))
                 found = str(version)
             if found != str(SCHEMA_VERSION):
-                raise StoreError(f"{self.where} has store schema version {found}, this engy-node uses {SCHEMA_VERSION}; "
-                                 "run the engy-node version that wrote it on every host, or point at another database")
+                raise StoreError(
+                    f"{self.where} has store schema version {found}, this engy-node uses {SCHEMA_VERSION}; "
+                    "run the engy-node version that wrote it on every host, or point at another database"
+                )
 
     @contextlib.contextmanager
     def write(self, *, durable: bool, pipelined: bool = False) -> Iterator[Session]:
@@ -369,4 +400,3 @@ def connect_raw(url: str) -> psycopg.Connection:
     conn = psycopg.connect(url, autocommit=True)
     conn.adapters.register_loader("numeric", _WholeNumbers)
     return conn
-

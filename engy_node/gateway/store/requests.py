@@ -130,7 +130,8 @@ class RequestLog(Connection):
     def _insert_rows(conn: Session, rows: Sequence[Sequence[Any]]) -> None:
         """Append `log_row`s (of entries, so each value has been checked)."""
         conn.executemany(
-            f"INSERT INTO request_log ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", rows)
+            f"INSERT INTO request_log ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", rows
+        )
 
     @serialised
     def requests_in(self, *, since: float, until: float) -> list[RequestLogEntry]:

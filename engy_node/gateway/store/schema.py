@@ -169,7 +169,9 @@ _VERSION_4 = (
 SCHEMA += _VERSION_4
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: ("ALTER TABLE request_log ADD COLUMN served_greedily INTEGER NOT NULL DEFAULT 0 CHECK (served_greedily IN (0, 1))",),
+    1: (
+        "ALTER TABLE request_log ADD COLUMN served_greedily INTEGER NOT NULL DEFAULT 0 CHECK (served_greedily IN (0, 1))",
+    ),
     2: _VERSION_3,
     3: _VERSION_4,
 }
@@ -192,7 +194,9 @@ def explain(path: Path, error: sqlite3.Error) -> StoreError | None:
     code = getattr(error, "sqlite_errorcode", None)
     primary = None if code is None else code & 0xFF
     if primary in _LOCKED_CODES:
-        return StoreError(f"{path} is locked by another process; stop the other engy-node or admin command using it, then retry")
+        return StoreError(
+            f"{path} is locked by another process; stop the other engy-node or admin command using it, then retry"
+        )
     if primary in _CORRUPT_CODES:
         return StoreError(
             f"{path} is not a readable engy database ({error}); restore it from a backup, or move it aside to start "
@@ -203,8 +207,10 @@ def explain(path: Path, error: sqlite3.Error) -> StoreError | None:
     if primary == sqlite3.SQLITE_IOERR:
         # What a disk that failed under an open file looks like (ext4 remounted read-only after an
         # error, a vanished network volume): permissions were fine when the file was opened.
-        return StoreError(f"cannot read or write {path} ({error}): the disk failed or turned read-only; check the kernel log "
-                          "(dmesg) and the filesystem, repair it, then restart (the failed write was rolled back)")
+        return StoreError(
+            f"cannot read or write {path} ({error}): the disk failed or turned read-only; check the kernel log "
+            "(dmesg) and the filesystem, repair it, then restart (the failed write was rolled back)"
+        )
     if primary in _UNWRITABLE_CODES:
         return StoreError(f"cannot use {path} ({error}); check that its directory exists and is writable by this user")
     return None

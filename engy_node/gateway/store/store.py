@@ -109,8 +109,14 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
     `pool_size` bounds a PostgreSQL store's connections (and so its operations at once).
     """
 
-    def __init__(self, location: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
-                 busy_timeout_s: float = BUSY_TIMEOUT_S, pool_size: int = DEFAULT_POOL_SIZE) -> None:
+    def __init__(
+        self,
+        location: str | os.PathLike[str],
+        *,
+        clock: Callable[[], float] = time.time,
+        busy_timeout_s: float = BUSY_TIMEOUT_S,
+        pool_size: int = DEFAULT_POOL_SIZE,
+    ) -> None:
         super().__init__(location, clock=clock, busy_timeout_s=busy_timeout_s, pool_size=pool_size)
         self._limiter = trio.CapacityLimiter(self._db.concurrency)
         self._queue: list[_Slot] = []
@@ -118,8 +124,14 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
         """A group is being written, or its writing was handed to a queued caller (`_grouped`)."""
 
     @classmethod
-    def open(cls, location: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
-             busy_timeout_s: float = BUSY_TIMEOUT_S, pool_size: int = DEFAULT_POOL_SIZE) -> Store:
+    def open(
+        cls,
+        location: str | os.PathLike[str],
+        *,
+        clock: Callable[[], float] = time.time,
+        busy_timeout_s: float = BUSY_TIMEOUT_S,
+        pool_size: int = DEFAULT_POOL_SIZE,
+    ) -> Store:
         """Open (or create) the store at `location`: an SQLite file's path, or a
         `postgresql://` URL. Blocking: from trio, call it through `trio.to_thread.run_sync`."""
         return cls(location, clock=clock, busy_timeout_s=busy_timeout_s, pool_size=pool_size)
@@ -151,7 +163,9 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
         if entry.request_id != hold.request_id:
             raise ValueError(f"the log row is for request {entry.request_id}, the hold for {hold.request_id}")
         if entry.kind != "paid":
-            raise ValueError(f"settle_and_log settles a paid request; a {entry.kind} row has no hold (log it with log_request)")
+            raise ValueError(
+                f"settle_and_log settles a paid request; a {entry.kind} row has no hold (log it with log_request)"
+            )
         now = self._clock()
         row = log_row(entry)
         with self._write(pipelined=True) as conn:

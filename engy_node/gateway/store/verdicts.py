@@ -93,7 +93,9 @@ class Verdicts(Connection):
     def verdict(self, request_id: str) -> VerdictRecord | None:
         """The verdict stored for `request_id`, or None."""
         with self._read() as conn:
-            row = conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM verdicts WHERE request_id = ?", (request_id,)).fetchone()
+            row = conn.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM verdicts WHERE request_id = ?", (request_id,)
+            ).fetchone()
         return None if row is None else VerdictRecord(*row)
 
     @serialised

@@ -126,16 +126,29 @@ def sglang_launch(
     if chunked_prefill_size != -1:
         _check_positive("chunked_prefill_size", chunked_prefill_size)
     if mem_fraction_static is not None and not 0 < mem_fraction_static < 1:
-        raise ValueError(f"mem_fraction_static must be between 0 and 1 (a share of each GPU's memory), got {mem_fraction_static!r}")
+        raise ValueError(
+            f"mem_fraction_static must be between 0 and 1 (a share of each GPU's memory), got {mem_fraction_static!r}"
+        )
     if not served_model_name:
         raise ValueError("served_model_name must not be empty: the gateway routes by it")
     extra = tuple(extra_flags)
     clashing = sorted({flag.split("=", 1)[0] for flag in extra} & _SGLANG_MANAGED_FLAGS)
     if clashing:
-        raise ValueError(f"extra_flags repeat {', '.join(clashing)}, which the plan already sets; change the plan value instead")
+        raise ValueError(
+            f"extra_flags repeat {', '.join(clashing)}, which the plan already sets; change the plan value instead"
+        )
 
-    argv = [python, "-m", "sglang.launch_server", "--model-path", os.fspath(checkpoint),
-            "--served-model-name", served_model_name, "--tp-size", str(tp)]
+    argv = [
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        os.fspath(checkpoint),
+        "--served-model-name",
+        served_model_name,
+        "--tp-size",
+        str(tp),
+    ]
     if dp > 1:
         argv += ["--dp-size", str(dp)]
     argv.append("--trust-remote-code")
@@ -152,8 +165,17 @@ def sglang_launch(
         argv += ["--context-length", str(context_length)]
     # Deterministic inference: sampled requests draw from `sampling_seed` reproducibly, so a
     # verifier can replay each draw (the miner announces FEATURE_SEEDED).
-    argv += ["--enable-return-hidden-states", "--enable-cache-report", "--enable-metrics",
-             "--enable-deterministic-inference", "--host", host, "--port", str(port), *extra]
+    argv += [
+        "--enable-return-hidden-states",
+        "--enable-cache-report",
+        "--enable-metrics",
+        "--enable-deterministic-inference",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *extra,
+    ]
     return LaunchSpec(kind="sglang", argv=tuple(argv), env=SGLANG_ENV, base_url=_base_url(host, port))
 
 

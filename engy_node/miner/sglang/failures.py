@@ -25,8 +25,19 @@ __all__ = ["Failure", "FailureKind", "classify_failure", "detect_stall"]
 # ---- failure classification ----------------------------------------------------------------------
 
 FailureKind = Literal[
-    "launch_failed", "oom_at_init", "cuda_oom", "no_p2p", "no_kernel_image", "fp8_block_divisibility", "port_in_use",
-    "hidden_states_flag", "model_not_found", "startup_timeout", "unhealthy", "stalled", "unknown",
+    "launch_failed",
+    "oom_at_init",
+    "cuda_oom",
+    "no_p2p",
+    "no_kernel_image",
+    "fp8_block_divisibility",
+    "port_in_use",
+    "hidden_states_flag",
+    "model_not_found",
+    "startup_timeout",
+    "unhealthy",
+    "stalled",
+    "unknown",
 ]
 Phase = Literal["startup", "runtime"]
 Detected = Literal["startup_timeout", "unhealthy", "stalled"]
@@ -56,12 +67,16 @@ class _Pattern:
 
 def _cuda_oom_fix(phase: Phase) -> str:
     if phase == "startup":
-        return ("lower --mem-fraction-static a little (e.g. 0.83 -> 0.80) so CUDA graphs and activations "
-                "have room, or lower --cuda-graph-max-bs; raising it is the fix for the opposite error, "
-                "'Not enough memory' at init")
-    return ("lower --mem-fraction-static a little (e.g. 0.83 -> 0.80), --max-running-requests, or "
-            "--chunked-prefill-size (e.g. 4096) for long prompts; raising it is the fix for the opposite "
-            "error, 'Not enough memory' at init")
+        return (
+            "lower --mem-fraction-static a little (e.g. 0.83 -> 0.80) so CUDA graphs and activations "
+            "have room, or lower --cuda-graph-max-bs; raising it is the fix for the opposite error, "
+            "'Not enough memory' at init"
+        )
+    return (
+        "lower --mem-fraction-static a little (e.g. 0.83 -> 0.80), --max-running-requests, or "
+        "--chunked-prefill-size (e.g. 4096) for long prompts; raising it is the fix for the opposite "
+        "error, 'Not enough memory' at init"
+    )
 
 
 # The supervisor writes this line into the tail when the command cannot even be executed.
@@ -88,16 +103,20 @@ _PATTERNS: tuple[_Pattern, ...] = (
     ),
     _Pattern(
         "model_not_found",
-        re.compile(r"is not a local folder and is not a valid model identifier|Repo id must be in the form"
-                   r"|does not appear to have a file named config\.json|no config\.json there"),
+        re.compile(
+            r"is not a local folder and is not a valid model identifier|Repo id must be in the form"
+            r"|does not appear to have a file named config\.json|no config\.json there"
+        ),
         "the model path does not lead to a checkpoint",
         "point --model-path (--checkpoint for the reference server) at the downloaded checkpoint directory, "
         "the one holding config.json and the *.safetensors shards",
     ),
     _Pattern(
         "no_kernel_image",
-        re.compile(r"no kernel image is available for execution on the device"
-                   r"|sm_\d+ is not compatible with the current PyTorch installation"),
+        re.compile(
+            r"no kernel image is available for execution on the device"
+            r"|sm_\d+ is not compatible with the current PyTorch installation"
+        ),
         "the installed CUDA build has no kernels for this GPU",
         "install a PyTorch/sglang build for CUDA 12.8 or newer (RTX 5090 is sm_120), and pick an attention "
         "backend that supports the GPU (e.g. --attention-backend triton)",
@@ -117,8 +136,10 @@ _PATTERNS: tuple[_Pattern, ...] = (
     ),
     _Pattern(
         "oom_at_init",
-        re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"
-                   r"|is larger than the profiled value -\d"),
+        re.compile(
+            r"Not enough memory\. Please try to increase --mem-fraction-static"
+            r"|is larger than the profiled value -\d"
+        ),
         "out of memory at start: after loading the weights no room is left for the KV cache",
         "increase --mem-fraction-static (e.g. 0.83 -> 0.85) or lower --context-length; lowering it is "
         "the fix for the opposite error, CUDA out of memory while serving",
@@ -195,26 +216,31 @@ def classify_failure(
     evidence = f"; last log line: {_quote(last_line)}" if last_line else "; it printed nothing"
     if detected == "startup_timeout":
         return Failure(
-            "startup_timeout", f"not answering /health with 200 before the startup deadline{evidence}",
+            "startup_timeout",
+            f"not answering /health with 200 before the startup deadline{evidence}",
             "if the log shows it still loading weights or compiling kernels, raise startup_timeout_s; "
             "otherwise the log shows where it hangs",
         )
     if detected == "unhealthy":
         return Failure(
-            "unhealthy", f"stopped answering its health check{evidence}",
+            "unhealthy",
+            f"stopped answering its health check{evidence}",
             "read the log tail for the cause; if it recurs under load, lower --max-running-requests",
         )
     if detected == "stalled":
         return Failure(
-            "stalled", f"requests were running but no token was generated for too long{evidence}",
+            "stalled",
+            f"requests were running but no token was generated for too long{evidence}",
             "it is restarted automatically; if it recurs, lower --max-running-requests or "
             "--chunked-prefill-size, or try --disable-cuda-graph",
         )
     error_line = _last_error_line(log_tail)
     summary = _exit_text(exit_code) + (f": {_quote(error_line)}" if error_line else evidence)
     if exit_code == -signal.SIGKILL:
-        fix = ("if nobody killed it, the kernel's OOM killer may have (host RAM, not GPU memory): "
-               "check `dmesg`; otherwise read the log tail")
+        fix = (
+            "if nobody killed it, the kernel's OOM killer may have (host RAM, not GPU memory): "
+            "check `dmesg`; otherwise read the log tail"
+        )
     else:
         fix = "read the log tail for the cause; run the command shown by hand to reproduce it"
     return Failure("unknown", summary, fix)

@@ -36,8 +36,20 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RUN_ID_ENV", "START_TIME_TOLERANCE_S", "ProcessView", "RecordError", "RunRecord", "describe_all",
-           "observe_group", "ours", "read_record", "remove_record", "start_time_of", "write_record"]
+__all__ = [
+    "RUN_ID_ENV",
+    "START_TIME_TOLERANCE_S",
+    "ProcessView",
+    "RecordError",
+    "RunRecord",
+    "describe_all",
+    "observe_group",
+    "ours",
+    "read_record",
+    "remove_record",
+    "start_time_of",
+    "write_record",
+]
 
 RUN_ID_ENV = "ENGY_MODEL_SERVER_RUN"
 """Set in the model server's environment; its forks (sglang's rank processes) inherit it."""
@@ -61,10 +73,12 @@ class RunRecord:
     run_id: str
 
     def to_json(self) -> str:
-        return json.dumps({"pid": self.pid, "start_time": self.start_time, "argv": list(self.argv), "run_id": self.run_id})
+        return json.dumps(
+            {"pid": self.pid, "start_time": self.start_time, "argv": list(self.argv), "run_id": self.run_id}
+        )
 
     @classmethod
-    def parse(cls, text: str) -> "RunRecord":
+    def parse(cls, text: str) -> RunRecord:
         """Raises RecordError naming the field that is wrong."""
         try:
             raw = json.loads(text)
@@ -172,8 +186,15 @@ def observe_group(record: RunRecord) -> list[ProcessView]:
             with process.oneshot():
                 if process.status() == psutil.STATUS_ZOMBIE:
                     continue
-                seen.append(ProcessView(pid=process.pid, pgid=pgid, start_time=process.create_time(),
-                                        cmdline=tuple(process.cmdline()), run_id=_run_id_of(process)))
+                seen.append(
+                    ProcessView(
+                        pid=process.pid,
+                        pgid=pgid,
+                        start_time=process.create_time(),
+                        cmdline=tuple(process.cmdline()),
+                        run_id=_run_id_of(process),
+                    )
+                )
         except (OSError, psutil.Error):
             continue  # gone while we looked, or not ours to read
     return seen

@@ -65,10 +65,27 @@ from engy_node.errors import EngyError
 from engy_node.hub import Hub
 from engy_node.miner.lifeline import guarded_argv
 from engy_node.miner.sglang.command import LaunchSpec, shell_command
-from engy_node.miner.sglang.failures import LAUNCH_FAILED_PREFIX, Detected, Failure, Phase, classify_failure, detect_stall
+from engy_node.miner.sglang.failures import (
+    LAUNCH_FAILED_PREFIX,
+    Detected,
+    Failure,
+    Phase,
+    classify_failure,
+    detect_stall,
+)
 from engy_node.miner.sglang.leftovers import (
-    RUN_ID_ENV, START_TIME_TOLERANCE_S, ProcessView, RecordError, RunRecord, describe_all, observe_group, ours,
-    read_record, remove_record, start_time_of, write_record,
+    RUN_ID_ENV,
+    START_TIME_TOLERANCE_S,
+    ProcessView,
+    RecordError,
+    RunRecord,
+    describe_all,
+    observe_group,
+    ours,
+    read_record,
+    remove_record,
+    start_time_of,
+    write_record,
 )
 from engy_node.miner.sglang.output_lines import LineBuffer
 from engy_node.retry import backoff_delay
@@ -94,7 +111,10 @@ State = Literal["starting", "ready", "unhealthy", "stalled", "timed_out", "exite
 
 # The state published right after a failure, by what the supervisor saw (None: the child exited).
 _STATE_AFTER: dict[Detected | None, State] = {
-    None: "exited", "startup_timeout": "timed_out", "unhealthy": "unhealthy", "stalled": "stalled",
+    None: "exited",
+    "startup_timeout": "timed_out",
+    "unhealthy": "unhealthy",
+    "stalled": "stalled",
 }
 
 
@@ -146,7 +166,11 @@ class SupervisorSettings:
             value = getattr(self, field.name)
             # A count's default is an int, a duration's a float; a duration may be given as an int.
             counts = type(field.default) is int
-            if isinstance(value, bool) or not isinstance(value, int if counts else int | float) or not 0 < value < math.inf:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int if counts else int | float)
+                or not 0 < value < math.inf
+            ):
                 kind = "a positive integer" if counts else "a positive number"
                 raise ValueError(f"SupervisorSettings.{field.name} must be {kind}, got {value!r}")
         if self.restart_base_s > self.restart_cap_s:
@@ -332,9 +356,19 @@ class ModelServerSupervisor:
         final_state: State = "stopped"
         restarts = startup_failures = consecutive_failures = 0
         announced = False
-        self._publish(state="starting", kind=self.spec.kind, url=self.spec.base_url, command=self.command, pid=None,
-                      restarts=0, startup_failures=0, last_failure=None, restart_in_s=None, log_lines_truncated=0,
-                      **_metric_fields(None))
+        self._publish(
+            state="starting",
+            kind=self.spec.kind,
+            url=self.spec.base_url,
+            command=self.command,
+            pid=None,
+            restarts=0,
+            startup_failures=0,
+            last_failure=None,
+            restart_in_s=None,
+            log_lines_truncated=0,
+            **_metric_fields(None),
+        )
         # trust_env=False: an HTTP(S)_PROXY meant for the internet must never carry loopback probes.
         try:
             async with httpx.AsyncClient(trust_env=False) as client:
@@ -349,15 +383,18 @@ class ModelServerSupervisor:
                         self._publish(state="restarting", restarts=restarts, pid=None)
                         continue
 
-                    failure = classify_failure(log_tail=ended.log_tail, exit_code=ended.exit_code,
-                                               phase=ended.phase, detected=ended.detected)
+                    failure = classify_failure(
+                        log_tail=ended.log_tail, exit_code=ended.exit_code, phase=ended.phase, detected=ended.detected
+                    )
                     consecutive_failures += 1
                     if ended.phase == "startup":
                         startup_failures += 1
                     self.last_failure = failure
                     log.error("model server %s: %s. Fix: %s", failure.kind, failure.summary.rstrip("."), failure.fix)
                     self._publish(
-                        state=_STATE_AFTER[ended.detected], pid=None, startup_failures=startup_failures,
+                        state=_STATE_AFTER[ended.detected],
+                        pid=None,
+                        startup_failures=startup_failures,
                         last_failure={**failure.as_dict(), "phase": ended.phase, "exit_code": ended.exit_code},
                         **_metric_fields(None),
                     )
@@ -365,8 +402,12 @@ class ModelServerSupervisor:
                         final_state = "failed"
                         raise ModelServerError(failure, attempts=startup_failures, command=self.command)
 
-                    delay = backoff_delay(consecutive_failures=consecutive_failures, jitter=self._jitter(),
-                                          base_s=self.settings.restart_base_s, cap_s=self.settings.restart_cap_s)
+                    delay = backoff_delay(
+                        consecutive_failures=consecutive_failures,
+                        jitter=self._jitter(),
+                        base_s=self.settings.restart_base_s,
+                        cap_s=self.settings.restart_cap_s,
+                    )
                     log.info("restarting the model server in %.1f s (failure %d in a row)", delay, consecutive_failures)
                     self._publish(state="restarting", restart_in_s=round(delay, 1))
                     self._wake = trio.Event()
@@ -401,7 +442,9 @@ class ModelServerSupervisor:
 
     # -- one child ---------------------------------------------------------------------------------
 
-    async def _run_child(self, client: httpx.AsyncClient, *, first_ready: bool, task_status: trio.TaskStatus[str]) -> _Ended:
+    async def _run_child(
+        self, client: httpx.AsyncClient, *, first_ready: bool, task_status: trio.TaskStatus[str]
+    ) -> _Ended:
         """Start the child, watch it until it ends or must be stopped, stop its process tree."""
         self._wake = trio.Event()
         self._restart_pending = False
@@ -423,8 +466,12 @@ class ModelServerSupervisor:
         try:
             try:
                 process = await trio.lowlevel.open_process(
-                    guarded_argv(self.spec.argv, python=sys.executable, lifeline_fd=lifeline_read,
-                                 grace_s=self.settings.stop_grace_s),
+                    guarded_argv(
+                        self.spec.argv,
+                        python=sys.executable,
+                        lifeline_fd=lifeline_read,
+                        grace_s=self.settings.stop_grace_s,
+                    ),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
@@ -448,8 +495,11 @@ class ModelServerSupervisor:
             os.close(lifeline_write)
             raise
 
-        attempt = _Attempt(process=process, lines=LineBuffer(max_line_bytes=self.settings.max_line_bytes),
-                           tail=collections.deque(maxlen=self.settings.log_tail_lines))
+        attempt = _Attempt(
+            process=process,
+            lines=LineBuffer(max_line_bytes=self.settings.max_line_bytes),
+            tail=collections.deque(maxlen=self.settings.log_tail_lines),
+        )
         self._attempt = attempt
         self._publish(pid=process.pid)
         try:
@@ -495,8 +545,13 @@ class ModelServerSupervisor:
         try:
             await trio.to_thread.run_sync(write_record, path, record)
         except OSError as error:
-            log.warning("cannot record the model server in %s (%s: %s); a server this run leaves behind will not be "
-                        "found by the next start", path, type(error).__name__, error)
+            log.warning(
+                "cannot record the model server in %s (%s: %s); a server this run leaves behind will not be "
+                "found by the next start",
+                path,
+                type(error).__name__,
+                error,
+            )
 
     async def _stop_leftover(self, path: Path) -> None:
         """Stop what an earlier run recorded at `path` and left running. Runs shielded and
@@ -505,25 +560,43 @@ class ModelServerSupervisor:
             try:
                 record = await trio.to_thread.run_sync(read_record, path)
             except RecordError as error:
-                log.warning("the model server record %s is unusable (%s); nothing is stopped on its word, and it is "
-                            "removed", path, error)
+                log.warning(
+                    "the model server record %s is unusable (%s); nothing is stopped on its word, and it is removed",
+                    path,
+                    error,
+                )
                 await trio.to_thread.run_sync(remove_record, path)
                 return
             if record is None:
                 return
             mine, others = ours(record, await trio.to_thread.run_sync(observe_group, record))
             if others:
-                log.warning("%s names pid %d (run %s), but %s %s no process of that model server: left alone",
-                            path, record.pid, record.run_id[:8], describe_all(others), "is" if len(others) == 1 else "are")
+                log.warning(
+                    "%s names pid %d (run %s), but %s %s no process of that model server: left alone",
+                    path,
+                    record.pid,
+                    record.run_id[:8],
+                    describe_all(others),
+                    "is" if len(others) == 1 else "are",
+                )
             if not mine:
-                log.info("the model server an earlier run recorded in %s (pid %d) is no longer running", path, record.pid)
+                log.info(
+                    "the model server an earlier run recorded in %s (pid %d) is no longer running", path, record.pid
+                )
             else:
-                log.warning("a model server left by an earlier run in this home is still running: %s; stopping it "
-                            "(SIGTERM, then SIGKILL after %g s)", describe_all(mine), self.settings.stop_grace_s)
+                log.warning(
+                    "a model server left by an earlier run in this home is still running: %s; stopping it "
+                    "(SIGTERM, then SIGKILL after %g s)",
+                    describe_all(mine),
+                    self.settings.stop_grace_s,
+                )
                 survivors = await _stop_processes(mine, grace_s=self.settings.stop_grace_s)
                 if survivors:
-                    log.error("the leftover model server survived SIGKILL for %g s: %s; stop it by hand (`kill -9 PID`)",
-                              KILL_WAIT_S, describe_all(survivors))
+                    log.error(
+                        "the leftover model server survived SIGKILL for %g s: %s; stop it by hand (`kill -9 PID`)",
+                        KILL_WAIT_S,
+                        describe_all(survivors),
+                    )
                     return  # keep the record: the next start tries again
                 log.info("stopped the leftover model server (%d process(es))", len(mine))
             await trio.to_thread.run_sync(remove_record, path)
@@ -594,8 +667,12 @@ class ModelServerSupervisor:
                 self._publish(state="ready", **_metric_fields(status))
             else:
                 failed_probes += 1
-                log.warning("model server health probe failed (%d of %d): %s", failed_probes,
-                            settings.unhealthy_after_probes, status.error)
+                log.warning(
+                    "model server health probe failed (%d of %d): %s",
+                    failed_probes,
+                    settings.unhealthy_after_probes,
+                    status.error,
+                )
                 self._publish(state="unhealthy", poll_error=status.error)
                 if failed_probes >= settings.unhealthy_after_probes:
                     return _Ended(phase="runtime", exit_code=None, detected="unhealthy")
@@ -603,17 +680,27 @@ class ModelServerSupervisor:
 
             if status.running is None or status.generation_tokens_total is None:
                 if not stall_check_skipped:
-                    log.info("stall detection off: the server reports no running-request or token counts "
-                             "(sglang needs --enable-metrics)")
+                    log.info(
+                        "stall detection off: the server reports no running-request or token counts "
+                        "(sglang needs --enable-metrics)"
+                    )
                     stall_check_skipped = True
                 continue
             tokens = float(status.generation_tokens_total)
             if last_tokens is None or tokens != last_tokens or status.running == 0:
                 last_tokens, last_progress_at = tokens, now
-            if detect_stall(running=status.running, generation_tokens_total=tokens, last_progress_tokens=last_tokens,
-                            seconds_since_progress=now - last_progress_at, stall_after_s=settings.stall_after_s):
-                log.warning("model server stalled: %d requests running, no token generated for %.0f s",
-                            status.running, now - last_progress_at)
+            if detect_stall(
+                running=status.running,
+                generation_tokens_total=tokens,
+                last_progress_tokens=last_tokens,
+                seconds_since_progress=now - last_progress_at,
+                stall_after_s=settings.stall_after_s,
+            ):
+                log.warning(
+                    "model server stalled: %d requests running, no token generated for %.0f s",
+                    status.running,
+                    now - last_progress_at,
+                )
                 return _Ended(phase="runtime", exit_code=None, detected="stalled")
 
     async def _read_output(self, attempt: _Attempt) -> None:
@@ -662,15 +749,22 @@ class ModelServerSupervisor:
                     await process.wait()
                     await _wait_group_gone(pgid)
                 if grace.cancelled_caught:
-                    log.warning("model server (process group %d) still running %g s after SIGTERM; sending SIGKILL",
-                                pgid, self.settings.stop_grace_s)
+                    log.warning(
+                        "model server (process group %d) still running %g s after SIGTERM; sending SIGKILL",
+                        pgid,
+                        self.settings.stop_grace_s,
+                    )
                     _signal_group(pgid, signal.SIGKILL)
                     with trio.move_on_after(KILL_WAIT_S) as kill_wait:
                         await process.wait()
                         await _wait_group_gone(pgid)
                     if kill_wait.cancelled_caught:
-                        log.error("model server process group %d survived SIGKILL for %g s; check `ps -g %d`",
-                                  pgid, KILL_WAIT_S, pgid)
+                        log.error(
+                            "model server process group %d survived SIGKILL for %g s; check `ps -g %d`",
+                            pgid,
+                            KILL_WAIT_S,
+                            pgid,
+                        )
                         return False
             return True
 

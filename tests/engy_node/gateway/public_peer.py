@@ -30,15 +30,40 @@ from engy_node import proof
 from engy_node.serve.client import ServeClient
 from engy_node.served_model import ServedModel
 
-CAPACITY = {"max_inflight": 4, "max_inflight_total": 4, "max_input_tokens": 229376, "max_output_tokens": 32768,
-            "max_request_s": 1800.0}
-HW = {"parallelism": "tp", "host": "rig-1", "cpus": 32, "ram_gb": 125.7, "gpu": "NVIDIA GeForce RTX 4090",
-      "gpu_count": 4, "gpu_mem_gb": 24.0, "torch": "2.9.1+cu128", "cuda": "12.8", "gpus": "4x NVIDIA GeForce RTX 4090"}
+CAPACITY = {
+    "max_inflight": 4,
+    "max_inflight_total": 4,
+    "max_input_tokens": 229376,
+    "max_output_tokens": 32768,
+    "max_request_s": 1800.0,
+}
+HW = {
+    "parallelism": "tp",
+    "host": "rig-1",
+    "cpus": 32,
+    "ram_gb": 125.7,
+    "gpu": "NVIDIA GeForce RTX 4090",
+    "gpu_count": 4,
+    "gpu_mem_gb": 24.0,
+    "torch": "2.9.1+cu128",
+    "cuda": "12.8",
+    "gpus": "4x NVIDIA GeForce RTX 4090",
+}
 
 
 class PublicMiner:
-    def __init__(self, *, url: str, miner_key: str, model: ServedModel, serve: ServeClient, heartbeat_s: float,
-                 proved_prompt=lambda prompt_ids: prompt_ids, shown=lambda text: text, held_back_chars: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        url: str,
+        miner_key: str,
+        model: ServedModel,
+        serve: ServeClient,
+        heartbeat_s: float,
+        proved_prompt=lambda prompt_ids: prompt_ids,
+        shown=lambda text: text,
+        held_back_chars: int = 0,
+    ) -> None:
         self.url = url
         self.proved_prompt = proved_prompt
         """The prompt ids its commitment names: the prompt it was sent, unless a test makes it cheat."""
@@ -62,11 +87,22 @@ class PublicMiner:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """One leg: hello, admit, then serve until the gateway closes the connection."""
         async with open_websocket_url(self.url) as ws:
-            await ws.send_message(json.dumps({
-                "type": "hello", "miner_key": self.miner_key, "model": self.model.spec.id, "model_root": self.model.model_root,
-                "hw": HW, "versions": {}, "capacity": CAPACITY, "worker_name": self.worker_name,
-                "instance_id": self.worker_name, "worker_id": uuid.uuid4().hex,
-            }))
+            await ws.send_message(
+                json.dumps(
+                    {
+                        "type": "hello",
+                        "miner_key": self.miner_key,
+                        "model": self.model.spec.id,
+                        "model_root": self.model.model_root,
+                        "hw": HW,
+                        "versions": {},
+                        "capacity": CAPACITY,
+                        "worker_name": self.worker_name,
+                        "instance_id": self.worker_name,
+                        "worker_id": uuid.uuid4().hex,
+                    }
+                )
+            )
             first = json.loads(await ws.get_message())
             if first.get("type") != "admit":
                 raise AssertionError(f"the gateway did not admit the public miner: {first}")
@@ -86,7 +122,9 @@ class PublicMiner:
     async def _heartbeats(self, ws) -> None:
         while True:
             await trio.sleep(self.heartbeat_s)
-            await ws.send_message(json.dumps({"type": "heartbeat", "inflight": 0, "idle_seconds": 0.0, "capacity": CAPACITY}))
+            await ws.send_message(
+                json.dumps({"type": "heartbeat", "inflight": 0, "idle_seconds": 0.0, "capacity": CAPACITY})
+            )
             self.heartbeats_sent += 1
             self.heartbeat_sent.set()
             self.heartbeat_sent = trio.Event()
@@ -102,7 +140,9 @@ class PublicMiner:
             elif frame["type"] == "cancel" and frame["corr_id"] in active:
                 active.pop(frame["corr_id"]).cancel()
             elif frame["type"] == "ping":
-                await ws.send_message(json.dumps({"type": "heartbeat", "inflight": 0, "idle_seconds": 0.0, "capacity": CAPACITY}))
+                await ws.send_message(
+                    json.dumps({"type": "heartbeat", "inflight": 0, "idle_seconds": 0.0, "capacity": CAPACITY})
+                )
             elif frame["type"] == "reconnect":
                 nursery.cancel_scope.cancel()
                 return
@@ -124,30 +164,52 @@ class PublicMiner:
             async def relay(ids: list[int], server_text: str) -> None:
                 nonlocal sent
                 shown = self.shown(server_text)
-                shown = shown[:max(0, len(shown) - self.held_back_chars)]
+                shown = shown[: max(0, len(shown) - self.held_back_chars)]
                 if frame.get("stream") and len(shown) > len(sent):
-                    await ws.send_message(json.dumps({"type": "chunk", "corr_id": corr_id,
-                                                      "delta": {"content": shown[len(sent):]}}))
+                    await ws.send_message(
+                        json.dumps({"type": "chunk", "corr_id": corr_id, "delta": {"content": shown[len(sent) :]}})
+                    )
                     sent = shown
 
             result = await self.serve.generate_once(
-                prompt_ids, {"temperature": 0.0, "max_new_tokens": request.get("max_tokens") or 512},
-                rid="engy-" + uuid.uuid4().hex, stream=bool(frame.get("stream")), on_progress=relay)
+                prompt_ids,
+                {"temperature": 0.0, "max_new_tokens": request.get("max_tokens") or 512},
+                rid="engy-" + uuid.uuid4().hex,
+                stream=bool(frame.get("stream")),
+                on_progress=relay,
+            )
             meta = result["meta_info"]
             output_ids = [int(entry[1]) for entry in meta["output_token_logprobs"]]
             rows = [item[-1] if isinstance(item[0], list) else item for item in meta["hidden_states"] if len(item)]
             commitment = proof.build_commitment(
-                model_root=self.model.model_root, prompt_ids=self.proved_prompt(prompt_ids), output_ids=output_ids,
-                rows=torch.from_numpy(np.asarray(rows, dtype=np.float32)).to(torch.bfloat16), params=self.model.spec.proof)
+                model_root=self.model.model_root,
+                prompt_ids=self.proved_prompt(prompt_ids),
+                output_ids=output_ids,
+                rows=torch.from_numpy(np.asarray(rows, dtype=np.float32)).to(torch.bfloat16),
+                params=self.model.spec.proof,
+            )
             text = self.shown(self.model.tokenizer.decode(output_ids, skip_special_tokens=True))
-            text = text[:max(0, len(text) - self.held_back_chars)]
-            await ws.send_message(json.dumps({
-                "type": "response", "corr_id": corr_id, "request_id": request.get("engy_request_id") or uuid.uuid4().hex,
-                "commitment": commitment.to_wire(),
-                "output": {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
-                           "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids),
-                                     "total_tokens": len(prompt_ids) + len(output_ids)}},
-            }))
+            text = text[: max(0, len(text) - self.held_back_chars)]
+            await ws.send_message(
+                json.dumps(
+                    {
+                        "type": "response",
+                        "corr_id": corr_id,
+                        "request_id": request.get("engy_request_id") or uuid.uuid4().hex,
+                        "commitment": commitment.to_wire(),
+                        "output": {
+                            "choices": [
+                                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}
+                            ],
+                            "usage": {
+                                "prompt_tokens": len(prompt_ids),
+                                "completion_tokens": len(output_ids),
+                                "total_tokens": len(prompt_ids) + len(output_ids),
+                            },
+                        },
+                    }
+                )
+            )
 
 
 class TeeLikeMiner(PublicMiner):
@@ -170,20 +232,41 @@ class TeeLikeMiner(PublicMiner):
             request = frame["request"]
             prompt_ids = self.take(request)
             async with self.lock:
-                generation = await trio.to_thread.run_sync(greedy_generation, self.runner, prompt_ids,
-                                                           request.get("max_tokens") or 512)
+                generation = await trio.to_thread.run_sync(
+                    greedy_generation, self.runner, prompt_ids, request.get("max_tokens") or 512
+                )
             output_ids = list(generation.output_ids)
             text = self.model.tokenizer.decode(output_ids, skip_special_tokens=True)
-            shown = text[:max(0, len(text) - self.held_back_chars)]
+            shown = text[: max(0, len(text) - self.held_back_chars)]
             corr_id = frame["corr_id"]
             if frame.get("stream"):
                 for start in range(0, len(shown), 8):
-                    await ws.send_message(json.dumps({"type": "chunk", "corr_id": corr_id,
-                                                      "delta": {"content": shown[start:start + 8]}}))
-            await ws.send_message(json.dumps({
-                "type": "response", "corr_id": corr_id, "request_id": request.get("engy_request_id") or uuid.uuid4().hex,
-                "commitment": {},
-                "output": {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": shown}}],
-                           "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids),
-                                     "total_tokens": len(prompt_ids) + len(output_ids)}},
-            }))
+                    await ws.send_message(
+                        json.dumps(
+                            {"type": "chunk", "corr_id": corr_id, "delta": {"content": shown[start : start + 8]}}
+                        )
+                    )
+            await ws.send_message(
+                json.dumps(
+                    {
+                        "type": "response",
+                        "corr_id": corr_id,
+                        "request_id": request.get("engy_request_id") or uuid.uuid4().hex,
+                        "commitment": {},
+                        "output": {
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": shown},
+                                }
+                            ],
+                            "usage": {
+                                "prompt_tokens": len(prompt_ids),
+                                "completion_tokens": len(output_ids),
+                                "total_tokens": len(prompt_ids) + len(output_ids),
+                            },
+                        },
+                    }
+                )
+            )

@@ -69,15 +69,42 @@ class Dialect:
     max_frame_bytes: int
 
 
-ENGY_MINER_0_4_4 = Dialect("engy_miner 0.4.4", renders_tools=False, streams_always=False, parts="raw", honest_finish=False,
-                           commitment=True, error_object=False, kv_and_events=False, drains_on_reconnect=False,
-                           max_frame_bytes=1 << 20)
-ENGY_MINER_NEWEST = Dialect("engy_miner df70f57", renders_tools=True, streams_always=False, parts="whole-calls",
-                            honest_finish=True, commitment=True, error_object=False, kv_and_events=False,
-                            drains_on_reconnect=False, max_frame_bytes=1 << 20)
-TEE_MINER_NEWEST = Dialect("tee_miner 1f03c32", renders_tools=True, streams_always=True, parts="fragments", honest_finish=True,
-                           commitment=False, error_object=True, kv_and_events=True, drains_on_reconnect=True,
-                           max_frame_bytes=64 << 20)
+ENGY_MINER_0_4_4 = Dialect(
+    "engy_miner 0.4.4",
+    renders_tools=False,
+    streams_always=False,
+    parts="raw",
+    honest_finish=False,
+    commitment=True,
+    error_object=False,
+    kv_and_events=False,
+    drains_on_reconnect=False,
+    max_frame_bytes=1 << 20,
+)
+ENGY_MINER_NEWEST = Dialect(
+    "engy_miner df70f57",
+    renders_tools=True,
+    streams_always=False,
+    parts="whole-calls",
+    honest_finish=True,
+    commitment=True,
+    error_object=False,
+    kv_and_events=False,
+    drains_on_reconnect=False,
+    max_frame_bytes=1 << 20,
+)
+TEE_MINER_NEWEST = Dialect(
+    "tee_miner 1f03c32",
+    renders_tools=True,
+    streams_always=True,
+    parts="fragments",
+    honest_finish=True,
+    commitment=False,
+    error_object=True,
+    kv_and_events=True,
+    drains_on_reconnect=True,
+    max_frame_bytes=64 << 20,
+)
 DIALECTS = (ENGY_MINER_0_4_4, ENGY_MINER_NEWEST, TEE_MINER_NEWEST)
 
 
@@ -107,6 +134,7 @@ class Answer:
 @dataclasses.dataclass
 class Sent:
     """One answer as the peer composed it."""
+
     prompt_ids: list[int]
     output_ids: list[int]
     reasoning: str
@@ -116,9 +144,19 @@ class Sent:
 
 
 class ScriptedPeer:
-    def __init__(self, dialect: Dialect, *, url: str, miner_key: str, model: ServedModel,
-                 answer: Callable[[dict], Answer], heartbeat_s: float = 0.5, max_inflight: int = 8,
-                 context_length: int | None = 4096, kv_frac: float = 0.25) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        *,
+        url: str,
+        miner_key: str,
+        model: ServedModel,
+        answer: Callable[[dict], Answer],
+        heartbeat_s: float = 0.5,
+        max_inflight: int = 8,
+        context_length: int | None = 4096,
+        kv_frac: float = 0.25,
+    ) -> None:
         self.dialect = dialect
         self.url = url
         self.miner_key = miner_key
@@ -160,26 +198,71 @@ class ScriptedPeer:
     # ---- frames ------------------------------------------------------------------------------
     def capacity(self) -> dict:
         if self.dialect.drains_on_reconnect:
-            capacity = {"max_inflight": self.max_inflight, "max_inflight_total": self.max_inflight,
-                        "input_modalities": ["text", "image"]}
+            capacity = {
+                "max_inflight": self.max_inflight,
+                "max_inflight_total": self.max_inflight,
+                "input_modalities": ["text", "image"],
+            }
             if self.context_length is not None:
                 capacity["context_length"] = self.context_length
             return capacity
-        return {"max_inflight": self.max_inflight, "max_inflight_total": self.max_inflight, "max_input_tokens": 229376,
-                "max_output_tokens": 32768, "max_request_s": 1800.0}
+        return {
+            "max_inflight": self.max_inflight,
+            "max_inflight_total": self.max_inflight,
+            "max_input_tokens": 229376,
+            "max_output_tokens": 32768,
+            "max_request_s": 1800.0,
+        }
 
     def hello(self) -> dict:
         spec = self.model.spec
         if self.dialect.drains_on_reconnect:
-            hw = {"host": "tee-host", "cpus": 0, "ram_gb": 0.0, "gpu": "NVIDIA H200", "gpu_count": 8, "gpu_mem_gb": 0.0,
-                  "gpus": "8x NVIDIA H200", "region": "eu-north", "tee": {"gpu_cc": "on", "gpu_cc_multigpu": " ppcie"}}
-            return {"type": "hello", "miner_key": self.miner_key, "model": spec.id, "model_root": self.model.model_root, "hw": hw,
-                    "versions": {}, "capacity": self.capacity(), "worker_name": self.worker_name, "worker_id": self.worker_id}
-        hw = {"parallelism": "tp", "host": "rig-1", "cpus": 32, "ram_gb": 125.7, "gpu": "NVIDIA GeForce RTX 4090", "gpu_count": 4,
-              "gpu_mem_gb": 24.0, "torch": "2.9.1+cu128", "cuda": "12.8", "gpus": "4x NVIDIA GeForce RTX 4090"}
-        return {"type": "hello", "miner_key": self.miner_key, "model": spec.id, "model_root": self.model.model_root, "hw": hw,
-                "versions": {}, "capacity": self.capacity(), "worker_name": self.worker_name,
-                "instance_id": self.worker_name, "worker_id": self.worker_id}
+            hw = {
+                "host": "tee-host",
+                "cpus": 0,
+                "ram_gb": 0.0,
+                "gpu": "NVIDIA H200",
+                "gpu_count": 8,
+                "gpu_mem_gb": 0.0,
+                "gpus": "8x NVIDIA H200",
+                "region": "eu-north",
+                "tee": {"gpu_cc": "on", "gpu_cc_multigpu": " ppcie"},
+            }
+            return {
+                "type": "hello",
+                "miner_key": self.miner_key,
+                "model": spec.id,
+                "model_root": self.model.model_root,
+                "hw": hw,
+                "versions": {},
+                "capacity": self.capacity(),
+                "worker_name": self.worker_name,
+                "worker_id": self.worker_id,
+            }
+        hw = {
+            "parallelism": "tp",
+            "host": "rig-1",
+            "cpus": 32,
+            "ram_gb": 125.7,
+            "gpu": "NVIDIA GeForce RTX 4090",
+            "gpu_count": 4,
+            "gpu_mem_gb": 24.0,
+            "torch": "2.9.1+cu128",
+            "cuda": "12.8",
+            "gpus": "4x NVIDIA GeForce RTX 4090",
+        }
+        return {
+            "type": "hello",
+            "miner_key": self.miner_key,
+            "model": spec.id,
+            "model_root": self.model.model_root,
+            "hw": hw,
+            "versions": {},
+            "capacity": self.capacity(),
+            "worker_name": self.worker_name,
+            "instance_id": self.worker_name,
+            "worker_id": self.worker_id,
+        }
 
     def heartbeat(self, *, event: bool = False) -> dict:
         if not self.dialect.kv_and_events:
@@ -188,8 +271,15 @@ class ScriptedPeer:
         if not event:
             limit = 200_000
             frame["capacity"] = self.capacity()
-            frame["kv"] = {"used": int(limit * self.kv_frac), "reqs": self.inflight, "waiting": 0, "pending": 0, "ranks": 1,
-                           "limit": limit, "frac": round(self.kv_frac, 4)}
+            frame["kv"] = {
+                "used": int(limit * self.kv_frac),
+                "reqs": self.inflight,
+                "waiting": 0,
+                "pending": 0,
+                "ranks": 1,
+                "limit": limit,
+                "frac": round(self.kv_frac, 4),
+            }
             if self.padding_bytes:
                 frame["padding"] = "x" * self.padding_bytes
                 self.padding_bytes = 0
@@ -286,8 +376,12 @@ class ScriptedPeer:
             text = tokenizer.render(messages, add_generation_prompt=True)
         else:
             messages = [_arguments_as_objects(m) for m in request["messages"]]
-            text = tokenizer.render(messages, tools=request.get("tools") or None, add_generation_prompt=True,
-                                    template_kwargs=request.get("chat_template_kwargs") or {})
+            text = tokenizer.render(
+                messages,
+                tools=request.get("tools") or None,
+                add_generation_prompt=True,
+                template_kwargs=request.get("chat_template_kwargs") or {},
+            )
         return list(tokenizer.encode(text, add_special_tokens=False))
 
     def _compose(self, request: dict, answer: Answer, prompt_ids: list[int]) -> Sent:
@@ -295,15 +389,21 @@ class ScriptedPeer:
         raw = answer.raw()
         output_ids = list(tokenizer.encode(raw, add_special_tokens=False))
         if answer.cut_at_max_tokens:
-            output_ids = output_ids[:request["max_tokens"]]
+            output_ids = output_ids[: request["max_tokens"]]
             raw = tokenizer.decode(output_ids, skip_special_tokens=True)
             finish = "length"
         else:
             output_ids.append(int(tokenizer.eos_token_id))
             finish = "tool_calls" if answer.calls else "stop"
         reasoning, text = ("", raw) if self.dialect.parts == "raw" else _split_reasoning(raw, answer)
-        calls = [{"id": "call_" + secrets.token_hex(12), "type": "function",
-                  "function": {"name": name, "arguments": json.dumps(arguments)}} for name, arguments in answer.calls]
+        calls = [
+            {
+                "id": "call_" + secrets.token_hex(12),
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
+            for name, arguments in answer.calls
+        ]
         if self.dialect.parts == "raw" or answer.cut_at_max_tokens:
             calls = []
         return Sent(prompt_ids, output_ids, reasoning, text, calls, finish)
@@ -348,19 +448,39 @@ class ScriptedPeer:
         if self.dialect.parts == "raw":
             return [{"delta": {"content": piece}} for piece in _pieces(sent.text)]
         if self.dialect.parts == "whole-calls":
-            return ([{"delta": {"reasoning_content": piece}} for piece in _pieces(sent.reasoning)]
-                    + [{"delta": {"content": piece}} for piece in _pieces(sent.text) if sent.text.strip()]
-                    + [{"delta": {"tool_calls": [{"index": i, **call}]}} for i, call in enumerate(sent.calls)])
+            return (
+                [{"delta": {"reasoning_content": piece}} for piece in _pieces(sent.reasoning)]
+                + [{"delta": {"content": piece}} for piece in _pieces(sent.text) if sent.text.strip()]
+                + [{"delta": {"tool_calls": [{"index": i, **call}]}} for i, call in enumerate(sent.calls)]
+            )
         chunks = [{"delta": {"reasoning_content": piece}} for piece in _pieces(sent.reasoning)]
-        chunks += [{"delta": {"content": piece},
-                    "logprobs": {"content": [{"token": piece[:1], "logprob": -0.25, "bytes": None, "top_logprobs": []}]}}
-                   for piece in _pieces(sent.text)]
+        chunks += [
+            {
+                "delta": {"content": piece},
+                "logprobs": {"content": [{"token": piece[:1], "logprob": -0.25, "bytes": None, "top_logprobs": []}]},
+            }
+            for piece in _pieces(sent.text)
+        ]
         for index, call in enumerate(sent.calls):
             arguments = call["function"]["arguments"]
-            chunks.append({"delta": {"tool_calls": [{"index": index, "id": call["id"], "type": "function",
-                                                     "function": {"name": call["function"]["name"], "arguments": ""}}]}})
-            chunks += [{"delta": {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}}
-                       for piece in _pieces(arguments, 5)]
+            chunks.append(
+                {
+                    "delta": {
+                        "tool_calls": [
+                            {
+                                "index": index,
+                                "id": call["id"],
+                                "type": "function",
+                                "function": {"name": call["function"]["name"], "arguments": ""},
+                            }
+                        ]
+                    }
+                }
+            )
+            chunks += [
+                {"delta": {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}}
+                for piece in _pieces(arguments, 5)
+            ]
         return chunks
 
     def _response(self, corr_id: str, request: dict, sent: Sent, answer: Answer) -> dict:
@@ -380,37 +500,70 @@ class ScriptedPeer:
                 message["reasoning_content"] = sent.reasoning
             finish = sent.finish
         else:
-            message = {"role": "assistant", "content": sent.text,
-                       "tool_calls": [{"index": i, **call} for i, call in enumerate(sent.calls)] or None,
-                       "reasoning_content": sent.reasoning or None}
+            message = {
+                "role": "assistant",
+                "content": sent.text,
+                "tool_calls": [{"index": i, **call} for i, call in enumerate(sent.calls)] or None,
+                "reasoning_content": sent.reasoning or None,
+            }
             finish = sent.finish
             if sent.reasoning:
                 usage["reasoning_tokens"] = len(self.model.tokenizer.encode(sent.reasoning, add_special_tokens=False))
         output = {"choices": [{"index": 0, "finish_reason": finish, "message": message}], "usage": usage}
         if dialect.kv_and_events:
-            output = {"id": "chatcmpl-" + secrets.token_hex(6), "object": "chat.completion", "model": request.get("model"),
-                      **output}
+            output = {
+                "id": "chatcmpl-" + secrets.token_hex(6),
+                "object": "chat.completion",
+                "model": request.get("model"),
+                **output,
+            }
             output["choices"][0]["logprobs"] = None
         commitment: dict = {}
         if dialect.commitment:
-            commitment = {"model_root": self.model.model_root, "output_token_ids": sent.output_ids,
-                          "toploc": {"proofs": [], "topk": 128, "decode_batching_size": 32, "skip_prefill": True,
-                                     "n_tokens": len(sent.output_ids), "prompt_ids": sent.prompt_ids}}
-        return {"type": "response", "corr_id": corr_id, "request_id": request.get("engy_request_id") or uuid.uuid4().hex,
-                "commitment": commitment, "output": output}
+            commitment = {
+                "model_root": self.model.model_root,
+                "output_token_ids": sent.output_ids,
+                "toploc": {
+                    "proofs": [],
+                    "topk": 128,
+                    "decode_batching_size": 32,
+                    "skip_prefill": True,
+                    "n_tokens": len(sent.output_ids),
+                    "prompt_ids": sent.prompt_ids,
+                },
+            }
+        return {
+            "type": "response",
+            "corr_id": corr_id,
+            "request_id": request.get("engy_request_id") or uuid.uuid4().hex,
+            "commitment": commitment,
+            "output": output,
+        }
 
     def _error(self, corr_id: str, request: dict, answer: Answer) -> dict:
         message, status = answer.error
         request_id = request.get("engy_request_id") or uuid.uuid4().hex
         if self.dialect.error_object:
-            return {"type": "response", "corr_id": corr_id, "request_id": request_id, "commitment": {}, "output": {},
-                    "error": {"message": message, "type": "ServeError", "status": status}}
-        return {"type": "response", "corr_id": corr_id, "request_id": request_id, "commitment": None, "output": {},
-                "error": f"RuntimeError({message!r})"}
+            return {
+                "type": "response",
+                "corr_id": corr_id,
+                "request_id": request_id,
+                "commitment": {},
+                "output": {},
+                "error": {"message": message, "type": "ServeError", "status": status},
+            }
+        return {
+            "type": "response",
+            "corr_id": corr_id,
+            "request_id": request_id,
+            "commitment": None,
+            "output": {},
+            "error": f"RuntimeError({message!r})",
+        }
 
 
 def _pieces(text: str, size: int = 12) -> list[str]:
-    return [text[i:i + size] for i in range(0, len(text), size)]
+    return [text[i : i + size] for i in range(0, len(text), size)]
 
 
 def _arguments_as_objects(message: dict) -> dict:

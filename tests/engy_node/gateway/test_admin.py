@@ -26,8 +26,15 @@ def test_the_ledger_counts_six_decimal_places():
 
 @pytest.mark.parametrize(
     ("text", "micro"),
-    [("25", 25_000_000), ("0.50", 500_000), ("0.1", 100_000), ("$3", 3_000_000), (" 7.000001 ", 7_000_001),
-     ("0.000001", 1), ("123456789012345678901234567890.123456", 123456789012345678901234567890_123456)],
+    [
+        ("25", 25_000_000),
+        ("0.50", 500_000),
+        ("0.1", 100_000),
+        ("$3", 3_000_000),
+        (" 7.000001 ", 7_000_001),
+        ("0.000001", 1),
+        ("123456789012345678901234567890.123456", 123456789012345678901234567890_123456),
+    ],
 )
 def test_dollar_text_becomes_exact_micro_dollars(text, micro):
     assert parse_usd(text) == micro
@@ -35,9 +42,18 @@ def test_dollar_text_becomes_exact_micro_dollars(text, micro):
 
 @pytest.mark.parametrize(
     ("text", "reason"),
-    [("0", "not more than"), ("0.000000", "not more than"), ("-1", "not a dollar amount"), ("1.0000001", "decimal places"),
-     ("abc", "not a dollar amount"), ("1e3", "not a dollar amount"), ("NaN", "not a dollar amount"),
-     ("1,000", "not a dollar amount"), ("", "not a dollar amount"), (".5", "not a dollar amount")],
+    [
+        ("0", "not more than"),
+        ("0.000000", "not more than"),
+        ("-1", "not a dollar amount"),
+        ("1.0000001", "decimal places"),
+        ("abc", "not a dollar amount"),
+        ("1e3", "not a dollar amount"),
+        ("NaN", "not a dollar amount"),
+        ("1,000", "not a dollar amount"),
+        ("", "not a dollar amount"),
+        (".5", "not a dollar amount"),
+    ],
 )
 def test_amounts_the_ledger_cannot_hold_exactly_are_refused_not_rounded(text, reason):
     with pytest.raises(AdminError, match=reason):
@@ -67,7 +83,8 @@ def test_a_new_buyers_key_is_printed_once_and_works(store):
 def test_credit_and_balance_print_exact_amounts(store):
     account_id, _ = store.create_buyer("acme")
     assert admin.credit(store, account_id=account_id, dollars="25") == (
-        f"credited $25.000000 to account {account_id}; available $25.000000")
+        f"credited $25.000000 to account {account_id}; available $25.000000"
+    )
     admin.credit(store, account_id=account_id, dollars="0.50", memo="top-up")
     store.settle(store.hold(account_id, amount=2_000_000, request_id="r1"), cost=1_234_567)
     balance = admin.show_balance(store, account_id=account_id)
@@ -83,11 +100,24 @@ def test_a_bad_credit_changes_nothing(store):
 
 def test_usage_prints_tokens_and_cost(store):
     account_id, _ = store.create_buyer("acme")
-    store.log_request(RequestLogEntry(
-        request_id="r1", account_id=account_id, miner="key:1", model="glm-5.2", api="anthropic", kind="paid", status=200,
-        prompt_tokens=1_000, completion_tokens=200, cached_tokens=400, cost_micro=801, ttft_ms=None, tpot_ms=None,
-        created_at=1_700_000_000.0,
-    ))
+    store.log_request(
+        RequestLogEntry(
+            request_id="r1",
+            account_id=account_id,
+            miner="key:1",
+            model="glm-5.2",
+            api="anthropic",
+            kind="paid",
+            status=200,
+            prompt_tokens=1_000,
+            completion_tokens=200,
+            cached_tokens=400,
+            cost_micro=801,
+            ttft_ms=None,
+            tpot_ms=None,
+            created_at=1_700_000_000.0,
+        )
+    )
     text = admin.show_usage(store, account_id=account_id)
     assert "requests          1" in text and "1000 (400 cached)" in text and "$0.000801" in text
     assert "all retained history" in text
@@ -111,17 +141,46 @@ def test_trust_shows_each_miners_state_reason_and_verdicts(store):
     from engy_node.gateway.store import EligibilityRow, VerdictRecord
 
     assert admin.show_trust(store, now=1_700_000_100.0) == "no miner has been probed or audited yet"
-    store.save_eligibility([EligibilityRow(miner="key:1", model="smollm2-135m", state="pulled",
-                                           reason="pulled: cheat verdict on probe p1", since=1_700_000_000.0,
-                                           updated_at=1_700_000_000.0)])
+    store.save_eligibility(
+        [
+            EligibilityRow(
+                miner="key:1",
+                model="smollm2-135m",
+                state="pulled",
+                reason="pulled: cheat verdict on probe p1",
+                since=1_700_000_000.0,
+                updated_at=1_700_000_000.0,
+            )
+        ]
+    )
     for index, verdict in enumerate(("pass", "cheat")):
-        store.record_verdict(VerdictRecord(request_id=f"p{index}", miner="key:1", model="smollm2-135m", kind="probe",
-                                           verdict=verdict, reason="ok", verifier="local",
-                                           request_created_at=1_700_000_000.0, judged_at=1_700_000_001.0))
+        store.record_verdict(
+            VerdictRecord(
+                request_id=f"p{index}",
+                miner="key:1",
+                model="smollm2-135m",
+                kind="probe",
+                verdict=verdict,
+                reason="ok",
+                verifier="local",
+                request_created_at=1_700_000_000.0,
+                judged_at=1_700_000_001.0,
+            )
+        )
     for request_id, reason in (("q", "ok"), ("r", "defect:held-back"), ("s", "recompute:defect:whitespace")):
-        store.record_verdict(VerdictRecord(request_id=request_id, miner="key:2", model="smollm2-135m", kind="paid", verdict="pass",
-                                           reason=reason, verifier="local", request_created_at=1_700_000_000.0,
-                                           judged_at=1_700_000_001.0))
+        store.record_verdict(
+            VerdictRecord(
+                request_id=request_id,
+                miner="key:2",
+                model="smollm2-135m",
+                kind="paid",
+                verdict="pass",
+                reason=reason,
+                verifier="local",
+                request_created_at=1_700_000_000.0,
+                judged_at=1_700_000_001.0,
+            )
+        )
     text = admin.show_trust(store, now=1_700_000_100.0)
     first, second, note = text.splitlines()[1:]
     assert first.startswith("key:1") and " pulled " in first
@@ -134,7 +193,9 @@ def test_epochs_lists_what_was_published(store, alice):
     from engy_node.protocol.epoch import build_result_json, encode_payload, sign_epoch
 
     assert "no epoch published yet" in admin.list_epochs(store)
-    result = build_result_json(netuid=53, epoch_index=4, settlement_json={"weights": [[alice.ss58_address, 65535]], "rows": []})
+    result = build_result_json(
+        netuid=53, epoch_index=4, settlement_json={"weights": [[alice.ss58_address, 65535]], "rows": []}
+    )
     payload = encode_payload(sign_epoch(alice, netuid=53, epoch_index=4, result_json=result))
     store.save_epoch(4, payload, json.loads(payload)["digest"], closed_at=1_700_000_000.0)
     line = admin.list_epochs(store)

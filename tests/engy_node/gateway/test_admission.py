@@ -41,17 +41,31 @@ def test_giving_up_keeps_the_rotation_and_leaving_twice_is_harmless():
     assert room.turn("m") is None and room.depth("m") == 0
 
 
-operations = st.lists(st.one_of(
-    st.tuples(st.just("join"), st.sampled_from("abcd")),
-    st.tuples(st.just("serve"), st.just("")),
-    st.tuples(st.just("give_up"), st.integers(0, 50)),
-), max_size=120)
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("join"), st.sampled_from("abcd")),
+        st.tuples(st.just("serve"), st.just("")),
+        st.tuples(st.just("give_up"), st.integers(0, 50)),
+    ),
+    max_size=120,
+)
 
 
 @given(operations)
 # A buyer whose last ticket gave up comes back as a fresh arrival (a random draw found it).
-@example([("join", "a")] * 5 + [("join", "b"), ("join", "c"), ("serve", ""), ("serve", ""), ("give_up", 0), ("give_up", 3),
-          ("join", "c"), ("serve", "")])
+@example(
+    [("join", "a")] * 5
+    + [
+        ("join", "b"),
+        ("join", "c"),
+        ("serve", ""),
+        ("serve", ""),
+        ("give_up", 0),
+        ("give_up", 3),
+        ("join", "c"),
+        ("serve", ""),
+    ]
+)
 def test_any_sequence_keeps_the_counts_bounds_and_fairness(steps):
     room = WaitingRoom(max_waiting=8)
     waiting = []

@@ -14,12 +14,28 @@ from engy_node.proof import Delivery, SamplingTerms
 from engy_node.protocol.miner import Sampling
 
 
-def job(request_id: str = "r1", *, kind: str = "paid", greedy: bool = True, seeded: bool = False,
-        sampling: Sampling = Sampling(), created_at: float = 100.0) -> AuditJob:
-    return AuditJob(request_id=request_id, model="smollm2-135m", miner="key:1", kind=kind, prompt_ids=(1, 2, 3),
-                    commitment={"model_root": "ab" * 32, "output_token_ids": [4, 5]}, greedy=greedy, sampling=sampling,
-                    seeded=seeded, delivery=Delivery(relayed_output_ids=(4, 5), ended_at_stop=False, max_tokens=16),
-                    created_at=created_at)
+def job(
+    request_id: str = "r1",
+    *,
+    kind: str = "paid",
+    greedy: bool = True,
+    seeded: bool = False,
+    sampling: Sampling = Sampling(),
+    created_at: float = 100.0,
+) -> AuditJob:
+    return AuditJob(
+        request_id=request_id,
+        model="smollm2-135m",
+        miner="key:1",
+        kind=kind,
+        prompt_ids=(1, 2, 3),
+        commitment={"model_root": "ab" * 32, "output_token_ids": [4, 5]},
+        greedy=greedy,
+        sampling=sampling,
+        seeded=seeded,
+        delivery=Delivery(relayed_output_ids=(4, 5), ended_at_stop=False, max_tokens=16),
+        created_at=created_at,
+    )
 
 
 def test_every_probe_and_a_share_of_paid_traffic_is_audited():
@@ -30,7 +46,10 @@ def test_every_probe_and_a_share_of_paid_traffic_is_audited():
     assert audited("paid", draw=0.999, paid_sample_pct=100.0)
 
 
-@given(st.lists(st.floats(min_value=0.0, max_value=0.9999999), min_size=1, max_size=200), st.floats(min_value=0, max_value=100))
+@given(
+    st.lists(st.floats(min_value=0.0, max_value=0.9999999), min_size=1, max_size=200),
+    st.floats(min_value=0, max_value=100),
+)
 def test_the_paid_share_is_the_fraction_of_draws_below_it(draws, pct):
     chosen = sum(audited("paid", draw=draw, paid_sample_pct=pct) for draw in draws)
     assert chosen == sum(draw * 100.0 < pct for draw in draws)
@@ -45,9 +64,17 @@ def test_the_wire_round_trips_and_hides_the_miner_and_kind_from_verifiers():
     assert back.miner == "" and back.kind == "paid" and back.prompt_ids == original.prompt_ids
 
 
-@pytest.mark.parametrize("field, value", [
-    ("job_id", ""), ("prompt_ids", [1, -2]), ("prompt_ids", "1,2"), ("greedy", 1), ("commitment", []), ("kind", "free"),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("job_id", ""),
+        ("prompt_ids", [1, -2]),
+        ("prompt_ids", "1,2"),
+        ("greedy", 1),
+        ("commitment", []),
+        ("kind", "free"),
+    ],
+)
 def test_a_malformed_wire_job_names_the_field(field, value):
     wire = job().to_wire()
     wire[field] = value
@@ -124,14 +151,17 @@ def test_a_queue_with_no_room_or_time_is_refused(kwargs):
         AuditQueue(**kwargs)
 
 
-@pytest.mark.parametrize("usage, expected", [
-    ({"prompt_tokens": 3, "completion_tokens": 2}, None),
-    ({"prompt_tokens": 3, "completion_tokens": 1}, None),
-    ({"prompt_tokens": 3, "completion_tokens": 6}, "6 completion tokens claimed, 2 committed"),
-    ({"prompt_tokens": 9, "completion_tokens": 2}, "9 prompt tokens claimed, 3 sent"),
-    ({"prompt_tokens": "9", "completion_tokens": True}, None),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    "usage, expected",
+    [
+        ({"prompt_tokens": 3, "completion_tokens": 2}, None),
+        ({"prompt_tokens": 3, "completion_tokens": 1}, None),
+        ({"prompt_tokens": 3, "completion_tokens": 6}, "6 completion tokens claimed, 2 committed"),
+        ({"prompt_tokens": 9, "completion_tokens": 2}, "9 prompt tokens claimed, 3 sent"),
+        ({"prompt_tokens": "9", "completion_tokens": True}, None),
+        ({}, None),
+    ],
+)
 def test_a_usage_claim_beyond_the_commitment_is_padding(usage, expected):
     assert usage_padding({"usage": usage}, prompt_tokens=3, committed_tokens=2) == expected
     assert usage_padding({}, prompt_tokens=3, committed_tokens=2) is None

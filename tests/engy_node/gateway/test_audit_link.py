@@ -20,10 +20,20 @@ from engy_node.protocol.miner import Sampling
 
 
 def job(request_id: str, *, found: tuple[str, str] | None = None) -> AuditJob:
-    return AuditJob(request_id=request_id, model="smollm2-135m", miner="key:1", kind="paid", prompt_ids=tuple(range(500)),
-                    commitment={"output_token_ids": [1, 2, 3], "toploc": {"proofs": ["AAAA"] * 4}}, greedy=False,
-                    sampling=Sampling(temperature=0.7, seed=5), seeded=True, delivery=Delivery((1, 2, 3), False, 16),
-                    created_at=time.time(), found=found)
+    return AuditJob(
+        request_id=request_id,
+        model="smollm2-135m",
+        miner="key:1",
+        kind="paid",
+        prompt_ids=tuple(range(500)),
+        commitment={"output_token_ids": [1, 2, 3], "toploc": {"proofs": ["AAAA"] * 4}},
+        greedy=False,
+        sampling=Sampling(temperature=0.7, seed=5),
+        seeded=True,
+        delivery=Delivery((1, 2, 3), False, 16),
+        created_at=time.time(),
+        found=found,
+    )
 
 
 @pytest.fixture

@@ -19,20 +19,27 @@ tokens = st.integers(min_value=0, max_value=2_000_000)
 @st.composite
 def price_cards(draw) -> PriceCard:
     input_per_m = draw(rates)
-    return PriceCard(input_per_m=input_per_m, cached_input_per_m=draw(st.integers(min_value=0, max_value=input_per_m)),
-                     output_per_m=draw(rates))
+    return PriceCard(
+        input_per_m=input_per_m,
+        cached_input_per_m=draw(st.integers(min_value=0, max_value=input_per_m)),
+        output_per_m=draw(rates),
+    )
 
 
 @st.composite
 def usages(draw, *, max_prompt: int = 2_000_000, max_completion: int = 2_000_000) -> Usage:
     prompt = draw(st.integers(min_value=0, max_value=max_prompt))
-    return Usage(prompt_tokens=prompt, completion_tokens=draw(st.integers(min_value=0, max_value=max_completion)),
-                 cached_tokens=draw(st.integers(min_value=0, max_value=prompt)))
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=draw(st.integers(min_value=0, max_value=max_completion)),
+        cached_tokens=draw(st.integers(min_value=0, max_value=prompt)),
+    )
 
 
 def exact_cost(price: PriceCard, usage: Usage) -> Fraction:
     return Fraction(
-        (usage.prompt_tokens - usage.cached_tokens) * price.input_per_m + usage.cached_tokens * price.cached_input_per_m
+        (usage.prompt_tokens - usage.cached_tokens) * price.input_per_m
+        + usage.cached_tokens * price.cached_input_per_m
         + usage.completion_tokens * price.output_per_m,
         TOKENS_PER_PRICE_UNIT,
     )
@@ -41,7 +48,9 @@ def exact_cost(price: PriceCard, usage: Usage) -> Fraction:
 @given(price=price_cards(), held_prompt=tokens, max_tokens=tokens, data=st.data())
 def test_a_charge_never_exceeds_the_hold_made_for_it(price, held_prompt, max_tokens, data):
     usage = data.draw(usages(max_prompt=held_prompt, max_completion=max_tokens))
-    assert charge(price=price, usage=usage) <= worst_case_hold(price=price, prompt_tokens=held_prompt, max_tokens=max_tokens)
+    assert charge(price=price, usage=usage) <= worst_case_hold(
+        price=price, prompt_tokens=held_prompt, max_tokens=max_tokens
+    )
 
 
 @given(price=price_cards(), usage=usages())
@@ -62,8 +71,11 @@ def test_the_hold_is_every_token_at_the_dearest_rate_rounded_up(price, prompt, m
 def test_one_billable_token_is_never_free_at_catalog_prices(spec):
     # At SmolLM2's $0.01 per 1M input tokens, a single token costs 1e-8 dollars: rounding
     # down would make tiny requests free, so it must cost at least one micro-dollar.
-    for usage in (Usage(prompt_tokens=1, completion_tokens=0), Usage(prompt_tokens=0, completion_tokens=1),
-                  Usage(prompt_tokens=1, completion_tokens=0, cached_tokens=1)):
+    for usage in (
+        Usage(prompt_tokens=1, completion_tokens=0),
+        Usage(prompt_tokens=0, completion_tokens=1),
+        Usage(prompt_tokens=1, completion_tokens=0, cached_tokens=1),
+    ):
         assert charge(price=spec.price, usage=usage) >= 1
     assert charge(price=CATALOG["smollm2-135m"].price, usage=Usage(prompt_tokens=1, completion_tokens=0)) == 1
 
@@ -81,9 +93,13 @@ def test_no_usage_costs_nothing():
 
 @pytest.mark.parametrize(
     "usage",
-    [Usage(prompt_tokens=-1, completion_tokens=0), Usage(prompt_tokens=1, completion_tokens=-1),
-     Usage(prompt_tokens=1, completion_tokens=0, cached_tokens=2), Usage(prompt_tokens=True, completion_tokens=0),
-     Usage(prompt_tokens=1.5, completion_tokens=0)],
+    [
+        Usage(prompt_tokens=-1, completion_tokens=0),
+        Usage(prompt_tokens=1, completion_tokens=-1),
+        Usage(prompt_tokens=1, completion_tokens=0, cached_tokens=2),
+        Usage(prompt_tokens=True, completion_tokens=0),
+        Usage(prompt_tokens=1.5, completion_tokens=0),
+    ],
 )
 def test_impossible_usage_is_refused_rather_than_billed(usage):
     with pytest.raises(ValueError):
@@ -98,8 +114,14 @@ def test_a_price_card_that_charges_more_for_cached_input_is_refused():
         charge(price=dearer_cache, usage=Usage(prompt_tokens=1, completion_tokens=1))
 
 
-@pytest.mark.parametrize("kwargs", [{"prompt_tokens": -1, "max_tokens": 1}, {"prompt_tokens": 1, "max_tokens": -1},
-                                    {"prompt_tokens": 1, "max_tokens": 2.0}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"prompt_tokens": -1, "max_tokens": 1},
+        {"prompt_tokens": 1, "max_tokens": -1},
+        {"prompt_tokens": 1, "max_tokens": 2.0},
+    ],
+)
 def test_a_nonsense_hold_request_is_refused(kwargs):
     with pytest.raises(ValueError):
         worst_case_hold(price=CATALOG["glm-5.2"].price, **kwargs)
@@ -108,14 +130,24 @@ def test_a_nonsense_hold_request_is_refused(kwargs):
 claims = st.integers(min_value=-1_000, max_value=10_000_000)
 
 
-@given(claimed_prompt=claims, claimed_completion=claims, claimed_cached=claims, committed_prompt=tokens,
-       committed_completion=tokens, relayed=tokens)
+@given(
+    claimed_prompt=claims,
+    claimed_completion=claims,
+    claimed_cached=claims,
+    committed_prompt=tokens,
+    committed_completion=tokens,
+    relayed=tokens,
+)
 def test_billed_usage_never_exceeds_any_bound_and_is_never_negative(
     claimed_prompt, claimed_completion, claimed_cached, committed_prompt, committed_completion, relayed
 ):
     claimed = Usage(prompt_tokens=claimed_prompt, completion_tokens=claimed_completion, cached_tokens=claimed_cached)
-    billed = billable_usage(claimed=claimed, committed_prompt=committed_prompt, committed_completion=committed_completion,
-                            relayed_completion=relayed)
+    billed = billable_usage(
+        claimed=claimed,
+        committed_prompt=committed_prompt,
+        committed_completion=committed_completion,
+        relayed_completion=relayed,
+    )
     assert billed.prompt_tokens == committed_prompt
     assert 0 <= billed.completion_tokens <= min(committed_completion, relayed, max(claimed_completion, 0))
     assert 0 <= billed.cached_tokens <= billed.prompt_tokens
@@ -145,5 +177,9 @@ def test_a_malformed_claim_counts_as_nothing():
 
 def test_negative_gateway_counts_are_a_bug_not_a_discount():
     with pytest.raises(ValueError, match="relayed_completion"):
-        billable_usage(claimed=Usage(prompt_tokens=1, completion_tokens=1), committed_prompt=1, committed_completion=1,
-                       relayed_completion=-1)
+        billable_usage(
+            claimed=Usage(prompt_tokens=1, completion_tokens=1),
+            committed_prompt=1,
+            committed_completion=1,
+            relayed_completion=-1,
+        )

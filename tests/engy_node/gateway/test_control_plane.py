@@ -32,14 +32,38 @@ class Probed:
         request_id = f"probe{len(self.sent)}"
         self.sent.append((miner, model, plan.max_tokens))
         now = time.time()
-        self.store.log_request(RequestLogEntry(
-            request_id=request_id, account_id=None, miner=miner, model=model, api="openai", kind="probe",
-            status=200 if self.ok else 502, prompt_tokens=10, completion_tokens=5, cached_tokens=0, cost_micro=0,
-            ttft_ms=50.0, tpot_ms=5.0, created_at=now))
+        self.store.log_request(
+            RequestLogEntry(
+                request_id=request_id,
+                account_id=None,
+                miner=miner,
+                model=model,
+                api="openai",
+                kind="probe",
+                status=200 if self.ok else 502,
+                prompt_tokens=10,
+                completion_tokens=5,
+                cached_tokens=0,
+                cost_micro=0,
+                ttft_ms=50.0,
+                tpot_ms=5.0,
+                created_at=now,
+            )
+        )
         if self.ok:
-            self.store.record_verdict(VerdictRecord(request_id=request_id, miner=miner, model=model, kind="probe",
-                                                    verdict=self.verdict, reason="ok" if self.verdict == "pass" else "chunks",
-                                                    verifier="local", request_created_at=now, judged_at=now))
+            self.store.record_verdict(
+                VerdictRecord(
+                    request_id=request_id,
+                    miner=miner,
+                    model=model,
+                    kind="probe",
+                    verdict=self.verdict,
+                    reason="ok" if self.verdict == "pass" else "chunks",
+                    verifier="local",
+                    request_created_at=now,
+                    judged_at=now,
+                )
+            )
 
 
 @pytest.fixture
@@ -50,9 +74,16 @@ def store(tmp_path):
 
 def control(store: Store, probed: Probed, connected: set, **kwargs) -> control_plane.TrafficControl:
     return control_plane.TrafficControl(
-        store=store, connected=lambda: set(connected), models={MODEL: SMOLLM2_135M}, send_probe=probed.send,
-        corpus=load_probe_corpus(), hub=Hub(), policy=control_plane.scaled_policy(time_scale=0.01, qualify_probes=3),
-        max_probe_tokens=24, **kwargs)
+        store=store,
+        connected=lambda: set(connected),
+        models={MODEL: SMOLLM2_135M},
+        send_probe=probed.send,
+        corpus=load_probe_corpus(),
+        hub=Hub(),
+        policy=control_plane.scaled_policy(time_scale=0.01, qualify_probes=3),
+        max_probe_tokens=24,
+        **kwargs,
+    )
 
 
 async def wait_for(condition, *, timeout_s: float = 30.0) -> None:
@@ -106,14 +137,44 @@ async def test_paid_requests_the_buyer_was_at_fault_for_never_pull_an_active_min
     now = time.time()
     buyer, _ = store.create_buyer("buyer")
     for index in range(20):  # far past the breaker's three failures in a row
-        store.log_request(RequestLogEntry(
-            request_id=f"paid{index}", account_id=buyer, miner=MINER, model=MODEL, api="openai", kind="paid", status=400,
-            prompt_tokens=9000, completion_tokens=0, cached_tokens=0, cost_micro=0, ttft_ms=None, tpot_ms=None, created_at=now))
+        store.log_request(
+            RequestLogEntry(
+                request_id=f"paid{index}",
+                account_id=buyer,
+                miner=MINER,
+                model=MODEL,
+                api="openai",
+                kind="paid",
+                status=400,
+                prompt_tokens=9000,
+                completion_tokens=0,
+                cached_tokens=0,
+                cost_micro=0,
+                ttft_ms=None,
+                tpot_ms=None,
+                created_at=now,
+            )
+        )
     await trio.sleep(1.0)
     assert table(store)[(MINER, MODEL)] == "active"
-    store.log_request(RequestLogEntry(
-        request_id="paid-502", account_id=buyer, miner=MINER, model=MODEL, api="openai", kind="paid", status=502,
-        prompt_tokens=10, completion_tokens=0, cached_tokens=0, cost_micro=0, ttft_ms=None, tpot_ms=None, created_at=now))
+    store.log_request(
+        RequestLogEntry(
+            request_id="paid-502",
+            account_id=buyer,
+            miner=MINER,
+            model=MODEL,
+            api="openai",
+            kind="paid",
+            status=502,
+            prompt_tokens=10,
+            completion_tokens=0,
+            cached_tokens=0,
+            cost_micro=0,
+            ttft_ms=None,
+            tpot_ms=None,
+            created_at=now,
+        )
+    )
     await trio.sleep(1.0)
     assert plane.states[(MINER, MODEL)].served[-1].ok is False, "a miner's own failure is still counted"
 
@@ -127,8 +188,19 @@ async def test_first_party_miners_are_eligible_before_any_probe(nursery, store):
 
 async def test_outcomes_logged_before_the_control_plane_started_are_not_replayed(nursery, store):
     now = time.time()
-    store.record_verdict(VerdictRecord(request_id="old", miner=MINER, model=MODEL, kind="paid", verdict="cheat",
-                                       reason="chunks", verifier="local", request_created_at=now, judged_at=now))
+    store.record_verdict(
+        VerdictRecord(
+            request_id="old",
+            miner=MINER,
+            model=MODEL,
+            kind="paid",
+            verdict="cheat",
+            reason="chunks",
+            verifier="local",
+            request_created_at=now,
+            judged_at=now,
+        )
+    )
     probed = Probed(store)
     plane = control(store, probed, {(MINER, MODEL)})
     await nursery.start(plane.run)
@@ -139,11 +211,19 @@ async def test_a_control_plane_that_takes_over_keeps_active_miners_active_and_pu
     """A restarted gateway, or another host of a fleet becoming leader: the table it finds is
     where it starts, not a fleet of miners to qualify all over again."""
     now = time.time()
-    store.save_eligibility([
-        EligibilityRow(miner="key:1", model=MODEL, state="active", reason="qualified", since=now - 60, updated_at=now - 1),
-        EligibilityRow(miner="key:2", model=MODEL, state="pulled", reason="pulled: cheat", since=now - 1, updated_at=now - 1),
-        EligibilityRow(miner="key:3", model=MODEL, state="probing", reason="qualifying", since=now - 60, updated_at=now - 1),
-    ])
+    store.save_eligibility(
+        [
+            EligibilityRow(
+                miner="key:1", model=MODEL, state="active", reason="qualified", since=now - 60, updated_at=now - 1
+            ),
+            EligibilityRow(
+                miner="key:2", model=MODEL, state="pulled", reason="pulled: cheat", since=now - 1, updated_at=now - 1
+            ),
+            EligibilityRow(
+                miner="key:3", model=MODEL, state="probing", reason="qualifying", since=now - 60, updated_at=now - 1
+            ),
+        ]
+    )
     probed = Probed(store, ok=False)  # any probe now would fail: what stays active was resumed, not requalified
     connected = {("key:1", MODEL), ("key:2", MODEL), ("key:3", MODEL)}
     plane = control(store, probed, connected)
@@ -151,7 +231,9 @@ async def test_a_control_plane_that_takes_over_keeps_active_miners_active_and_pu
     assert plane.eligible("key:1", MODEL), "active at once, before any probe"
     assert not plane.eligible("key:2", MODEL) and not plane.eligible("key:3", MODEL)
     await wait_for(lambda: table(store).get(("key:3", MODEL)) == "pulled")  # requalified afresh, and failed
-    assert table(store)[("key:2", MODEL)] == "pulled" and plane.states[("key:2", MODEL)].until >= now + 30  # 3,600 s scaled by 0.01, from 1 s ago
+    assert (
+        table(store)[("key:2", MODEL)] == "pulled" and plane.states[("key:2", MODEL)].until >= now + 30
+    )  # 3,600 s scaled by 0.01, from 1 s ago
 
 
 def test_the_scaled_policy_scales_every_duration_and_sets_the_round_size():

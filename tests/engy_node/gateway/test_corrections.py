@@ -37,7 +37,9 @@ def test_nothing_relayed_ever_holds_a_stop_string_and_the_relay_is_the_text_up_t
         assert (relayed + scanner.matched) in text and text.startswith(relayed + scanner.matched)
 
 
-@given(text=texts, stop=st.text(alphabet=alphabet, min_size=1, max_size=4), cuts=st.lists(st.integers(0, 100), max_size=10))
+@given(
+    text=texts, stop=st.text(alphabet=alphabet, min_size=1, max_size=4), cuts=st.lists(st.integers(0, 100), max_size=10)
+)
 def test_with_one_stop_string_the_relay_does_not_depend_on_how_the_text_was_chunked(text, stop, cuts):
     relayed, scanner, _ = relay(text, [stop], cuts)
     index = text.find(stop)
@@ -65,11 +67,21 @@ def test_an_empty_stop_string_stops_nothing():
     assert scanner.feed("text") == "text" and scanner.matched is None
 
 
-@given(reported=st.sampled_from(["stop", "length", "tool_calls", "eos", ""]), completion=st.integers(0, 50),
-       max_tokens=st.integers(1, 50), ended=st.booleans(), stopped=st.booleans())
+@given(
+    reported=st.sampled_from(["stop", "length", "tool_calls", "eos", ""]),
+    completion=st.integers(0, 50),
+    max_tokens=st.integers(1, 50),
+    ended=st.booleans(),
+    stopped=st.booleans(),
+)
 def test_the_finish_reason_follows_the_facts_the_gateway_holds(reported, completion, max_tokens, ended, stopped):
-    finish = corrected_finish(reported=reported, completion_tokens=completion, max_tokens=max_tokens,
-                              ended_by_end_token=ended, stop_matched=stopped)
+    finish = corrected_finish(
+        reported=reported,
+        completion_tokens=completion,
+        max_tokens=max_tokens,
+        ended_by_end_token=ended,
+        stop_matched=stopped,
+    )
     if stopped:
         assert finish == "stop"
     elif completion >= max_tokens and not ended:
@@ -79,10 +91,18 @@ def test_the_finish_reason_follows_the_facts_the_gateway_holds(reported, complet
 
 
 def test_the_public_miners_stop_at_the_token_limit_is_a_length():
-    assert corrected_finish(reported="stop", completion_tokens=16, max_tokens=16, ended_by_end_token=False,
-                            stop_matched=False) == "length"
-    assert corrected_finish(reported="stop", completion_tokens=16, max_tokens=16, ended_by_end_token=True,
-                            stop_matched=False) == "stop", "an answer may end naturally on its last allowed token"
+    assert (
+        corrected_finish(
+            reported="stop", completion_tokens=16, max_tokens=16, ended_by_end_token=False, stop_matched=False
+        )
+        == "length"
+    )
+    assert (
+        corrected_finish(
+            reported="stop", completion_tokens=16, max_tokens=16, ended_by_end_token=True, stop_matched=False
+        )
+        == "stop"
+    ), "an answer may end naturally on its last allowed token"
 
 
 # ---- presentation: a peer's text against the proven text ------------------------------------
@@ -111,7 +131,7 @@ def test_a_changed_character_is_content(proven, data):
     if not letters:
         return
     i = data.draw(st.sampled_from(letters))
-    changed = proven[:i] + ("b" if proven[i] == "a" else "a") + proven[i + 1:]
+    changed = proven[:i] + ("b" if proven[i] == "a" else "a") + proven[i + 1 :]
     assert presentation_match(changed, proven) is None
 
 
@@ -133,14 +153,18 @@ def test_replacement_characters_at_the_end_of_what_arrived_are_held_and_dropped_
     assert hold.feed("dottore " + FFFD) == "dottore "
     assert hold.feed(FFFD) == ""
     assert hold.feed(FFFD + " il") == " il", "what the run stood for is not known until the proof comes"
-    assert hold.feed("a" + FFFD + "b") == "a" + FFFD + "b", "a replacement inside text that arrived together is the model's own"
+    assert hold.feed("a" + FFFD + "b") == "a" + FFFD + "b", (
+        "a replacement inside text that arrived together is the model's own"
+    )
 
 
 def test_streamed_call_fragments_merge_by_index_as_openai_clients_merge_them():
     from engy_node.gateway.corrections import StructuredParts
 
     parts = StructuredParts()
-    parts.add_calls([{"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}])
+    parts.add_calls(
+        [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]
+    )
     parts.add_calls([{"index": 0, "function": {"arguments": '{"city": '}}, {"index": 1, "function": {"name": "now"}}])
     parts.add_calls([{"index": 0, "function": {"arguments": '"Paris"}'}}, {"index": 1, "function": {"arguments": {}}}])
     assert parts.tool_calls == [("get_weather", '{"city": "Paris"}'), ("now", "{}")]
@@ -151,8 +175,15 @@ def test_the_final_messages_parts_replace_what_was_streamed():
 
     parts = StructuredParts(reasoning="partial")
     parts.add_calls([{"index": 0, "function": {"name": "f", "arguments": '{"x"'}}])
-    parts.settle({"reasoning_content": "whole reasoning", "content": None,
-                  "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]})
+    parts.settle(
+        {
+            "reasoning_content": "whole reasoning",
+            "content": None,
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}],
+        }
+    )
     assert (parts.reasoning, parts.tool_calls) == ("whole reasoning", [("f", '{"x": 1}')])
     parts.settle({"content": "no parts here"})
-    assert (parts.reasoning, parts.tool_calls) == ("whole reasoning", [("f", '{"x": 1}')]), "absent parts keep the streamed ones"
+    assert (parts.reasoning, parts.tool_calls) == ("whole reasoning", [("f", '{"x": 1}')]), (
+        "absent parts keep the streamed ones"
+    )

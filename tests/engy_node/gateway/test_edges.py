@@ -52,8 +52,19 @@ class Edges:
 @pytest.fixture
 async def edges(nursery, tmp_path, checkpoint):
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(home=tmp_path, env=env, overrides={"gateway": {
-        "port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "max_body_bytes": MAX_BODY_BYTES}})
+    config = load_config(
+        home=tmp_path,
+        env=env,
+        overrides={
+            "gateway": {
+                "port": 0,
+                "miner_port": 0,
+                "provider_port": 0,
+                "qualification": False,
+                "max_body_bytes": MAX_BODY_BYTES,
+            }
+        },
+    )
     urls = await nursery.start(run_gateway, config, Hub())
     store = Store.open(store_path(config))
     yield Edges(urls, store)
@@ -87,15 +98,21 @@ def assert_anthropic_error(response: httpx.Response, status: int, kind: str) -> 
 
 async def test_openai_parameters_the_gateway_cannot_honour_are_refused_through_the_sdk(edges):
     client = edges.openai()
-    for extra, param in (({"logprobs": True}, "logprobs"), ({"logprobs": True, "top_logprobs": 3}, "logprobs"),
-                         ({"response_format": {"type": "json_object"}}, "response_format"),
-                         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-                          "response_format"),
-                         ({"n": 2}, "n"), ({"extra_body": {"response_format": {"type": "yaml"}}}, "response_format.type"),
-                         ({"extra_body": {"top_k": 5}}, "top_k")):
+    for extra, param in (
+        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": True, "top_logprobs": 3}, "logprobs"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+        ({"n": 2}, "n"),
+        ({"extra_body": {"response_format": {"type": "yaml"}}}, "response_format.type"),
+        ({"extra_body": {"top_k": 5}}, "top_k"),
+    ):
         with pytest.raises(openai.BadRequestError) as refused:
-            await trio.to_thread.run_sync(lambda: client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8, **extra))
+            await trio.to_thread.run_sync(
+                lambda: client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8, **extra
+                )
+            )
         assert refused.value.param == param and refused.value.type == "invalid_request_error"
         assert refused.value.response.headers["x-should-retry"] == "false"
     assert "Unrecognized request argument supplied: top_k" in refused.value.message
@@ -103,17 +120,27 @@ async def test_openai_parameters_the_gateway_cannot_honour_are_refused_through_t
 
 async def test_anthropic_parameters_the_gateway_cannot_honour_are_refused_through_the_sdk(edges):
     client = edges.anthropic()
-    for extra, says in (({"extra_body": {"top_k": 5}}, "top_k: is not supported"),
-                        ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
-                         "output_config.format: is not supported"),
-                        ({"extra_body": {"logprobs": True}}, "logprobs: Extra inputs are not permitted")):
+    for extra, says in (
+        ({"extra_body": {"top_k": 5}}, "top_k: is not supported"),
+        (
+            {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+            "output_config.format: is not supported",
+        ),
+        ({"extra_body": {"logprobs": True}}, "logprobs: Extra inputs are not permitted"),
+    ):
         with pytest.raises(anthropic.BadRequestError) as refused:
-            await trio.to_thread.run_sync(lambda: client.messages.create(
-                model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}], **extra))
+            await trio.to_thread.run_sync(
+                lambda: client.messages.create(
+                    model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}], **extra
+                )
+            )
         assert refused.value.body["error"]["type"] == "invalid_request_error" and says in refused.value.message
     with pytest.raises(anthropic.BadRequestError) as refused:
-        await trio.to_thread.run_sync(lambda: client.messages.count_tokens(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], extra_body={"max_tokens": 8}))
+        await trio.to_thread.run_sync(
+            lambda: client.messages.count_tokens(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], extra_body={"max_tokens": 8}
+            )
+        )
     assert "max_tokens: Extra inputs are not permitted" in refused.value.message
 
 
@@ -134,7 +161,9 @@ async def test_a_body_not_sent_as_json_is_refused_in_each_apis_shape(edges, http
 
 async def test_json_with_a_charset_is_json(edges, http):
     headers = {"authorization": f"Bearer {edges.key}", "content-type": "Application/JSON; charset=utf-8"}
-    response = await http.post(edges.base + "/v1/messages/count_tokens", content=orjson.dumps(COUNT_BODY), headers=headers)
+    response = await http.post(
+        edges.base + "/v1/messages/count_tokens", content=orjson.dumps(COUNT_BODY), headers=headers
+    )
     assert response.status_code == 200 and response.json()["input_tokens"] > 0
 
 
@@ -142,10 +171,16 @@ async def test_json_with_a_charset_is_json(edges, http):
 
 
 async def test_an_unknown_route_is_a_json_404_that_lists_the_routes(edges, http):
-    error = assert_openai_error(await http.post(edges.base + "/v1/chat/completion", json=CHAT_BODY), 404, "not_found_error")
-    assert error["message"].startswith("Invalid URL (POST /v1/chat/completion)") and "POST /v1/chat/completions" in error["message"]
-    error = assert_anthropic_error(await http.post(edges.base + "/v1/messages/batches", json=CHAT_BODY), 404,
-                                   "not_found_error")
+    error = assert_openai_error(
+        await http.post(edges.base + "/v1/chat/completion", json=CHAT_BODY), 404, "not_found_error"
+    )
+    assert (
+        error["message"].startswith("Invalid URL (POST /v1/chat/completion)")
+        and "POST /v1/chat/completions" in error["message"]
+    )
+    error = assert_anthropic_error(
+        await http.post(edges.base + "/v1/messages/batches", json=CHAT_BODY), 404, "not_found_error"
+    )
     assert "POST /v1/messages/count_tokens" in error["message"]
     with pytest.raises(openai.NotFoundError) as missing:
         await trio.to_thread.run_sync(lambda: edges.openai().embeddings.create(model=MODEL, input="hi"))
@@ -155,7 +190,10 @@ async def test_an_unknown_route_is_a_json_404_that_lists_the_routes(edges, http)
 async def test_a_wrong_method_is_a_json_405_naming_the_right_one(edges, http):
     response = await http.get(edges.base + "/v1/chat/completions")
     error = assert_openai_error(response, 405, "invalid_request_error")
-    assert response.headers["allow"] == "POST" and error["message"] == "GET is not allowed on /v1/chat/completions; use POST"
+    assert (
+        response.headers["allow"] == "POST"
+        and error["message"] == "GET is not allowed on /v1/chat/completions; use POST"
+    )
     assert_openai_error(await http.post(edges.base + "/v1/models"), 405, "invalid_request_error")
     assert_anthropic_error(await http.delete(edges.base + "/v1/messages"), 405, "invalid_request_error")
 
@@ -163,12 +201,18 @@ async def test_a_wrong_method_is_a_json_405_naming_the_right_one(edges, http):
 async def test_a_body_over_the_limit_is_a_json_413_in_each_apis_shape(edges, http):
     headers = {"authorization": f"Bearer {edges.key}"}
     huge = [{"role": "user", "content": "x" * MAX_BODY_BYTES}]
-    error = assert_openai_error(await http.post(edges.base + "/v1/chat/completions", json={**CHAT_BODY, "messages": huge},
-                                                headers=headers), 413, "invalid_request_error")
+    error = assert_openai_error(
+        await http.post(edges.base + "/v1/chat/completions", json={**CHAT_BODY, "messages": huge}, headers=headers),
+        413,
+        "invalid_request_error",
+    )
     assert str(MAX_BODY_BYTES) in error["message"]
     for path, body in (("/v1/messages", CHAT_BODY), ("/v1/messages/count_tokens", COUNT_BODY)):
-        assert_anthropic_error(await http.post(edges.base + path, json={**body, "messages": huge}, headers=headers), 413,
-                               "request_too_large")
+        assert_anthropic_error(
+            await http.post(edges.base + path, json={**body, "messages": huge}, headers=headers),
+            413,
+            "request_too_large",
+        )
 
 
 async def raw_exchange(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -191,10 +235,14 @@ async def raw_exchange(url: str, request: bytes) -> tuple[int, dict[str, str], b
 async def test_headers_over_the_limit_are_a_json_431_in_the_paths_dialect(edges, path, shape):
     # h11 measures a head only while it is incomplete, so it must be larger than one read of the
     # server's (64 KiB) to be refused for certain.
-    request = (f"POST {path} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
-               f"cookie: {'c' * 100_000}\r\ncontent-length: 2\r\n\r\n{{}}").encode()
+    request = (
+        f"POST {path} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+        f"cookie: {'c' * 100_000}\r\ncontent-length: 2\r\n\r\n{{}}"
+    ).encode()
     status, headers, body = await raw_exchange(edges.base, request)
-    assert status == 431 and headers["content-type"] == "application/json" and int(headers["content-length"]) == len(body)
+    assert (
+        status == 431 and headers["content-type"] == "application/json" and int(headers["content-length"]) == len(body)
+    )
     error = orjson.loads(body)["error"]
     assert f"exceed {MAX_HEADER_BYTES} bytes" in error["message"]
     assert error["type"] == ("invalid_request_error" if shape == "openai" else "request_too_large")
@@ -202,7 +250,9 @@ async def test_headers_over_the_limit_are_a_json_431_in_the_paths_dialect(edges,
 
 
 async def test_a_request_the_server_cannot_parse_is_a_json_400(edges):
-    status, headers, body = await raw_exchange(edges.base, b"POST /v1/chat/completions HTTP/1.1\r\nhost gateway\r\n\r\n")
+    status, headers, body = await raw_exchange(
+        edges.base, b"POST /v1/chat/completions HTTP/1.1\r\nhost gateway\r\n\r\n"
+    )
     assert status == 400 and headers["content-type"] == "application/json"
     assert orjson.loads(body)["error"]["type"] == "invalid_request_error"
 
@@ -211,8 +261,10 @@ async def test_a_handler_that_fails_is_a_json_500_in_the_routes_dialect(nursery,
     async def broken(request):
         raise RuntimeError("a bug")
 
-    router = Starlette(routes=[Route("/v1/models", broken), Route("/v1/messages/count_tokens", broken, methods=["POST"])],
-                       exception_handlers=ERROR_HANDLERS)
+    router = Starlette(
+        routes=[Route("/v1/models", broken), Route("/v1/messages/count_tokens", broken, methods=["POST"])],
+        exception_handlers=ERROR_HANDLERS,
+    )
     url = (await nursery.start(serve, router, hypercorn_config("127.0.0.1:0")))[0]
     error = assert_openai_error(await http.get(url + "/v1/models"), 500, "api_error")
     assert "retry it" in error["message"]

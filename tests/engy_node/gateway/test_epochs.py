@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from bittensor.sp_core import Keypair
 from hypothesis import given
 from hypothesis import strategies as st
-
-from bittensor.sp_core import Keypair
 
 from engy_node.gateway import epochs
 from engy_node.gateway.settlement import GateMinimums, VerdictCounts
@@ -17,15 +16,38 @@ from engy_node.models import get_model
 
 CLOCK = epochs.EpochClock(genesis=1000, epoch_s=100, grace_s=10)
 MODEL = "smollm2-135m"
-HONEST, CHEAT, KEYED, OWNER = (Keypair.create_from_uri(f"//{name}").ss58_address for name in ("Honest", "Cheat", "Keyed", "Owner"))
+HONEST, CHEAT, KEYED, OWNER = (
+    Keypair.create_from_uri(f"//{name}").ss58_address for name in ("Honest", "Cheat", "Keyed", "Owner")
+)
 
 
-def entry(miner: str | None, *, status: int = 200, cost: int = 5, kind: str = "paid", tokens: tuple[int, int] = (10, 20),
-          at: float = 1050.0, ttft: float | None = 12.4, tpot: float | None = 3.6) -> RequestLogEntry:
-    return RequestLogEntry(request_id=f"r{abs(hash((miner, status, cost, kind, at))) % 10**9}", account_id=None if kind == "probe" else 1,
-                           miner=miner, model=MODEL, api="openai", kind=kind, status=status, prompt_tokens=tokens[0],
-                           completion_tokens=tokens[1], cached_tokens=0, cost_micro=0 if kind == "probe" else cost,
-                           ttft_ms=ttft, tpot_ms=tpot, created_at=at)
+def entry(
+    miner: str | None,
+    *,
+    status: int = 200,
+    cost: int = 5,
+    kind: str = "paid",
+    tokens: tuple[int, int] = (10, 20),
+    at: float = 1050.0,
+    ttft: float | None = 12.4,
+    tpot: float | None = 3.6,
+) -> RequestLogEntry:
+    return RequestLogEntry(
+        request_id=f"r{abs(hash((miner, status, cost, kind, at))) % 10**9}",
+        account_id=None if kind == "probe" else 1,
+        miner=miner,
+        model=MODEL,
+        api="openai",
+        kind=kind,
+        status=status,
+        prompt_tokens=tokens[0],
+        completion_tokens=tokens[1],
+        cached_tokens=0,
+        cost_micro=0 if kind == "probe" else cost,
+        ttft_ms=ttft,
+        tpot_ms=tpot,
+        created_at=at,
+    )
 
 
 def test_the_clock_places_times_in_epochs():
@@ -43,7 +65,9 @@ def test_an_epoch_is_due_once_its_grace_is_over():
 def test_a_gateway_publishes_from_the_epoch_it_first_ran_in_and_catches_up_in_order():
     assert CLOCK.due(now=1550, last_published=None, first_seen=1250) == [2, 3, 4]
     assert CLOCK.due(now=1509, last_published=1, first_seen=1250) == [2, 3]
-    assert CLOCK.due(now=1000 + 100 * 500, last_published=None, first_seen=1000) == list(range(499 - epochs.MAX_CATCH_UP_EPOCHS, 499))
+    assert CLOCK.due(now=1000 + 100 * 500, last_published=None, first_seen=1000) == list(
+        range(499 - epochs.MAX_CATCH_UP_EPOCHS, 499)
+    )
 
 
 @given(st.integers(0, 10**6), st.integers(-1, 200), st.integers(0, 10**6))
@@ -69,15 +93,27 @@ def test_rows_become_records_by_the_miners_hotkey_and_rows_without_one_are_left_
 
 
 def test_verdict_counts_sum_per_hotkey():
-    totals = epochs.verdict_totals({HONEST: (3, 0, 1), "key:1": (2, 1, 0), "key:9": (5, 5, 5)}, {HONEST: HONEST, "key:1": HONEST})
+    totals = epochs.verdict_totals(
+        {HONEST: (3, 0, 1), "key:1": (2, 1, 0), "key:9": (5, 5, 5)}, {HONEST: HONEST, "key:1": HONEST}
+    )
     assert totals == {HONEST: VerdictCounts(passed=5, cheat=1, unproven=1)}
 
 
 def test_an_epoch_settles_into_canonical_result_json_with_its_window():
-    rows = [entry(HONEST, tokens=(100, 900))] * 3 + [entry(CHEAT, tokens=(100, 900))] * 3 + [entry(HONEST, kind="probe")]
-    settled = epochs.settle(clock=CLOCK, index=0, netuid=53, entries=rows, verdicts={HONEST: (3, 0, 0), CHEAT: (2, 1, 0)},
-                            hotkeys={HONEST: HONEST, CHEAT: CHEAT}, models={MODEL: get_model(MODEL)},
-                            owner_hotkey=OWNER, minimums=GateMinimums(1, 1, 1))
+    rows = (
+        [entry(HONEST, tokens=(100, 900))] * 3 + [entry(CHEAT, tokens=(100, 900))] * 3 + [entry(HONEST, kind="probe")]
+    )
+    settled = epochs.settle(
+        clock=CLOCK,
+        index=0,
+        netuid=53,
+        entries=rows,
+        verdicts={HONEST: (3, 0, 0), CHEAT: (2, 1, 0)},
+        hotkeys={HONEST: HONEST, CHEAT: CHEAT},
+        models={MODEL: get_model(MODEL)},
+        owner_hotkey=OWNER,
+        minimums=GateMinimums(1, 1, 1),
+    )
     result = json.loads(settled.result_json)
     assert settled.result_json == json.dumps(result, sort_keys=True, separators=(",", ":")).encode()
     assert (result["epoch_index"], result["netuid"], result["start"], result["end"]) == (0, 53, 1000, 1100)
@@ -88,6 +124,14 @@ def test_an_epoch_settles_into_canonical_result_json_with_its_window():
 
 
 def test_an_epoch_with_no_paid_traffic_burns_to_the_owner():
-    settled = epochs.settle(clock=CLOCK, index=4, netuid=53, entries=[entry(HONEST, kind="probe")], verdicts={},
-                            hotkeys={HONEST: HONEST}, models={MODEL: get_model(MODEL)}, owner_hotkey=OWNER)
+    settled = epochs.settle(
+        clock=CLOCK,
+        index=4,
+        netuid=53,
+        entries=[entry(HONEST, kind="probe")],
+        verdicts={},
+        hotkeys={HONEST: HONEST},
+        models={MODEL: get_model(MODEL)},
+        owner_hotkey=OWNER,
+    )
     assert json.loads(settled.result_json)["weights"] == [[OWNER, 65535]]

@@ -27,9 +27,9 @@ from engy_node.gateway.store import Store
 from engy_node.hub import Hub
 from engy_node.miner.link import Identity, LinkSettings
 from engy_node.miner.serving import RequestHandler
-from engy_node.served_model import load_served_model
 from engy_node.models import SMOLLM2_135M
 from engy_node.serve.client import ServeClient
+from engy_node.served_model import load_served_model
 from engy_node.testing.synthetic_miner import MinerCrashed, Script, SyntheticHandler, synthetic_link
 from tests.waiting import wait_until_async
 
@@ -64,17 +64,36 @@ class Network:
         from engy_node.protocol.miner import Capacity
 
         handler = RequestHandler(model=self.served, serve=lambda: ServeClient(serve_url, http))
-        link = GatewayLink(gateway_url=self.urls.miner_url, identity=Identity(miner_key=miner_key), http=http, handler=handler,
-                           settings=FAST, limits=Capacity(0, 4, 6144, 2048, 600),
-                           hello={"model": MODEL, "model_root": self.served.model_root, "hw": {}, "versions": {},
-                                  "worker_name": "real", "worker_id": uuid.uuid4().hex})
+        link = GatewayLink(
+            gateway_url=self.urls.miner_url,
+            identity=Identity(miner_key=miner_key),
+            http=http,
+            handler=handler,
+            settings=FAST,
+            limits=Capacity(0, 4, 6144, 2048, 600),
+            hello={
+                "model": MODEL,
+                "model_root": self.served.model_root,
+                "hw": {},
+                "versions": {},
+                "worker_name": "real",
+                "worker_id": uuid.uuid4().hex,
+            },
+        )
         await nursery.start(link.run)
 
     async def add_synthetic_miner(self, nursery, script, http, *, name="synthetic") -> SyntheticHandler:
         _, miner_key = self.store.register_miner(f"{name}-{uuid.uuid4().hex[:6]}")
         handler = SyntheticHandler(self.served, script)
-        link = synthetic_link(gateway_url=self.urls.miner_url, model=self.served, identity=Identity(miner_key=miner_key),
-                              handler=handler, http=http, settings=FAST, worker_name=name)
+        link = synthetic_link(
+            gateway_url=self.urls.miner_url,
+            model=self.served,
+            identity=Identity(miner_key=miner_key),
+            handler=handler,
+            http=http,
+            settings=FAST,
+            worker_name=name,
+        )
         await nursery.start(link.run)
         return handler
 
@@ -87,7 +106,11 @@ class Network:
 @pytest.fixture
 async def network(nursery, tmp_path, checkpoint):
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(home=tmp_path, env=env, overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False}})
+    config = load_config(
+        home=tmp_path,
+        env=env,
+        overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False}},
+    )
     urls = await nursery.start(run_gateway, config, Hub())
     store = Store.open(store_path(config))
     served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)
@@ -103,16 +126,25 @@ async def http():
 
 def usage_of(completion) -> Usage:
     details = completion.usage.prompt_tokens_details
-    return Usage(prompt_tokens=completion.usage.prompt_tokens, completion_tokens=completion.usage.completion_tokens,
-                 cached_tokens=(details.cached_tokens or 0) if details else 0)
+    return Usage(
+        prompt_tokens=completion.usage.prompt_tokens,
+        completion_tokens=completion.usage.completion_tokens,
+        cached_tokens=(details.cached_tokens or 0) if details else 0,
+    )
 
 
 async def test_an_openai_completion_is_served_and_billed_to_the_micro_dollar(nursery, network, http, reference_server):
     await network.add_real_miner(nursery, reference_server.url, http)
     account, key = network.buyer(1.0)
     client = network.openai(key)
-    completion = await trio.to_thread.run_sync(lambda: client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=32, temperature=0))
+    completion = await trio.to_thread.run_sync(
+        lambda: client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=32,
+            temperature=0,
+        )
+    )
     assert "Paris" in completion.choices[0].message.content
     assert completion.choices[0].finish_reason == "stop"
     usage = usage_of(completion)
@@ -128,8 +160,16 @@ async def test_an_openai_stream_with_usage_matches_the_non_stream_answer(nursery
     messages = [{"role": "user", "content": "Name three colours."}]
 
     def stream():
-        chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0,
-                                                     stream=True, stream_options={"include_usage": True}))
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL,
+                messages=messages,
+                max_tokens=24,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         return chunks
 
     chunks = await trio.to_thread.run_sync(stream)
@@ -137,26 +177,40 @@ async def test_an_openai_stream_with_usage_matches_the_non_stream_answer(nursery
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes and finishes[-1] in ("stop", "length")
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
-    whole = await trio.to_thread.run_sync(lambda: client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0))
+    whole = await trio.to_thread.run_sync(
+        lambda: client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+    )
     assert text == whole.choices[0].message.content
     charged = network.store.balance(account).charged
-    assert charged == billing.charge(price=PRICE, usage=usage_of(chunks[-1])) + billing.charge(price=PRICE, usage=usage_of(whole))
+    assert charged == billing.charge(price=PRICE, usage=usage_of(chunks[-1])) + billing.charge(
+        price=PRICE, usage=usage_of(whole)
+    )
 
 
 async def test_anthropic_messages_stream_and_count_tokens(nursery, network, http, reference_server):
     await network.add_real_miner(nursery, reference_server.url, http)
     account, key = network.buyer(1.0)
     client = network.anthropic(key)
-    message = await trio.to_thread.run_sync(lambda: client.messages.create(
-        model=MODEL, max_tokens=32, system="You are terse.", messages=[{"role": "user", "content": "What is the capital of France?"}]))
+    message = await trio.to_thread.run_sync(
+        lambda: client.messages.create(
+            model=MODEL,
+            max_tokens=32,
+            system="You are terse.",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+        )
+    )
     # What the 135M model says here depends on the CPU's bf16 kernels (on an EPYC without
     # AVX512-BF16 it is not "Paris"); the stream must say exactly the same, checked below.
     assert message.content[0].type == "text" and message.content[0].text.strip()
     assert message.stop_reason == "end_turn"
 
     def streamed():
-        with client.messages.stream(model=MODEL, max_tokens=32, system="You are terse.",
-                                    messages=[{"role": "user", "content": "What is the capital of France?"}]) as stream:
+        with client.messages.stream(
+            model=MODEL,
+            max_tokens=32,
+            system="You are terse.",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+        ) as stream:
             return stream.get_final_message()
 
     final = await trio.to_thread.run_sync(streamed)
@@ -164,12 +218,25 @@ async def test_anthropic_messages_stream_and_count_tokens(nursery, network, http
     # The second time the prompt is read from the serve's prefix cache; Anthropic's input_tokens
     # counts only what was not.
     prompt_tokens = message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
-    assert final.usage.cache_read_input_tokens and final.usage.input_tokens + final.usage.cache_read_input_tokens == prompt_tokens
-    count = await trio.to_thread.run_sync(lambda: client.messages.count_tokens(
-        model=MODEL, system="You are terse.", messages=[{"role": "user", "content": "What is the capital of France?"}]))
+    assert (
+        final.usage.cache_read_input_tokens
+        and final.usage.input_tokens + final.usage.cache_read_input_tokens == prompt_tokens
+    )
+    count = await trio.to_thread.run_sync(
+        lambda: client.messages.count_tokens(
+            model=MODEL,
+            system="You are terse.",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+        )
+    )
     assert count.input_tokens == prompt_tokens
-    spent = sum(billing.charge(price=PRICE, usage=Usage(prompt_tokens, answer.usage.output_tokens, answer.usage.cache_read_input_tokens or 0))
-                for answer in (message, final))
+    spent = sum(
+        billing.charge(
+            price=PRICE,
+            usage=Usage(prompt_tokens, answer.usage.output_tokens, answer.usage.cache_read_input_tokens or 0),
+        )
+        for answer in (message, final)
+    )
     assert network.store.balance(account).charged == spent
     network.books_balance(account)
 
@@ -177,11 +244,22 @@ async def test_anthropic_messages_stream_and_count_tokens(nursery, network, http
 async def test_errors_come_back_in_each_apis_shape(nursery, network, http):
     account, key = network.buyer(1.0)
     client = network.openai(key)
-    ask = lambda **kw: trio.to_thread.run_sync(lambda: client.chat.completions.create(  # noqa: E731
-        model=kw.get("model", MODEL), messages=[{"role": "user", "content": "hi"}], max_tokens=kw.get("max_tokens", 8)))
+
+    def ask(**kw):
+        return trio.to_thread.run_sync(
+            lambda: client.chat.completions.create(
+                model=kw.get("model", MODEL),
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=kw.get("max_tokens", 8),
+            )
+        )
+
     with pytest.raises(openai.AuthenticationError):
-        await trio.to_thread.run_sync(lambda: network.openai("engy-sk-nope").chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}]))
+        await trio.to_thread.run_sync(
+            lambda: network.openai("engy-sk-nope").chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}]
+            )
+        )
     with pytest.raises(openai.NotFoundError):
         await ask(model="gpt-9")
     with pytest.raises(openai.BadRequestError):
@@ -190,13 +268,19 @@ async def test_errors_come_back_in_each_apis_shape(nursery, network, http):
         await ask()
     assert no_miner.value.status_code == 503 and no_miner.value.response.headers["retry-after"]
     with pytest.raises(anthropic.InternalServerError) as overloaded:
-        await trio.to_thread.run_sync(lambda: network.anthropic(key).messages.create(
-            model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}]))
+        await trio.to_thread.run_sync(
+            lambda: network.anthropic(key).messages.create(
+                model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+        )
     assert overloaded.value.status_code == 529
     _, broke = network.buyer(0)
     with pytest.raises(openai.APIStatusError) as billing_error:
-        await trio.to_thread.run_sync(lambda: network.openai(broke).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8))
+        await trio.to_thread.run_sync(
+            lambda: network.openai(broke).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8
+            )
+        )
     assert billing_error.value.status_code == 402
     assert (await http.get(network.api + "/chat/completions")).status_code == 405
     assert (await http.post(network.api + "/models")).status_code == 405
@@ -214,8 +298,11 @@ async def test_concurrent_requests_racing_a_small_balance_never_overspend(nurser
 
     async def one():
         try:
-            await trio.to_thread.run_sync(lambda: client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "go"}], max_tokens=1000, stream=False))
+            await trio.to_thread.run_sync(
+                lambda: client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "go"}], max_tokens=1000, stream=False
+                )
+            )
             outcomes.append("ok")
         except openai.APIStatusError as error:
             outcomes.append(str(error.status_code))
@@ -230,14 +317,27 @@ async def test_concurrent_requests_racing_a_small_balance_never_overspend(nurser
 
 
 async def test_tool_calls_and_reasoning_reach_both_sdks(nursery, network, http):
-    answer = ('<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n'
-              '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    answer = (
+        "<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n"
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    )
     await network.add_synthetic_miner(nursery, lambda frame: Script(text=answer), http)
     _, key = network.buyer(1.0)
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-                                                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-    completion = await trio.to_thread.run_sync(lambda: network.openai(key).chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools, max_tokens=64))
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather for a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    completion = await trio.to_thread.run_sync(
+        lambda: network.openai(key).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools, max_tokens=64
+        )
+    )
     choice = completion.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.tool_calls[0].function.name == "get_weather"
@@ -245,8 +345,11 @@ async def test_tool_calls_and_reasoning_reach_both_sdks(nursery, network, http):
 
     def streamed():
         with network.anthropic(key).messages.stream(
-                model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "Weather in Paris?"}],
-                tools=[{"name": "get_weather", "description": "Weather", "input_schema": {"type": "object"}}]) as stream:
+            model=MODEL,
+            max_tokens=64,
+            messages=[{"role": "user", "content": "Weather in Paris?"}],
+            tools=[{"name": "get_weather", "description": "Weather", "input_schema": {"type": "object"}}],
+        ) as stream:
             return stream.get_final_message()
 
     message = await trio.to_thread.run_sync(streamed)
@@ -254,11 +357,21 @@ async def test_tool_calls_and_reasoning_reach_both_sdks(nursery, network, http):
     assert message.content[1].input == {"city": "Paris"} and message.stop_reason == "tool_use"
 
 
-PARTS_ANSWER = ('<think>\nThe user wants the weather.\n</think>\n\nLet me check.\n<tool_call>\n<function=get_weather>\n'
-                '<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>')
+PARTS_ANSWER = (
+    "<think>\nThe user wants the weather.\n</think>\n\nLet me check.\n<tool_call>\n<function=get_weather>\n"
+    "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
+)
 """A Qwen3-Coder-style answer: reasoning, text, and a call in the XML format."""
-WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}},
+        },
+    }
+]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -269,7 +382,9 @@ async def test_an_answer_sent_in_parts_reaches_both_sdks_as_its_proof_says_it(nu
 
     def openai_call():
         client = network.openai(key)
-        request = dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=WEATHER, max_tokens=128)
+        request = dict(
+            model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=WEATHER, max_tokens=128
+        )
         if not stream:
             return client.chat.completions.create(**request)
         with client.chat.completions.stream(stream_options={"include_usage": True}, **request) as events:
@@ -285,8 +400,14 @@ async def test_an_answer_sent_in_parts_reaches_both_sdks_as_its_proof_says_it(nu
 
     def anthropic_call():
         client = network.anthropic(key)
-        request = dict(model=MODEL, max_tokens=128, messages=[{"role": "user", "content": "Weather in Paris?"}],
-                       tools=[{"name": "get_weather", "description": "Weather", "input_schema": WEATHER[0]["function"]["parameters"]}])
+        request = dict(
+            model=MODEL,
+            max_tokens=128,
+            messages=[{"role": "user", "content": "Weather in Paris?"}],
+            tools=[
+                {"name": "get_weather", "description": "Weather", "input_schema": WEATHER[0]["function"]["parameters"]}
+            ],
+        )
         if not stream:
             return client.messages.create(**request)
         with client.messages.stream(**request) as events:
@@ -302,32 +423,49 @@ async def test_an_answer_sent_in_parts_reaches_both_sdks_as_its_proof_says_it(nu
 async def test_parts_that_say_something_the_proof_does_not_are_refused_uncharged(nursery, network, http):
     def lie(message: dict) -> dict:
         call = message["tool_calls"][0]
-        return {**message, "tool_calls": [{**call, "function": {**call["function"], "arguments": '{"city": "Lyon", "days": 2}'}}]}
+        return {
+            **message,
+            "tool_calls": [{**call, "function": {**call["function"], "arguments": '{"city": "Lyon", "days": 2}'}}],
+        }
 
-    await network.add_synthetic_miner(nursery, lambda frame: Script(text=PARTS_ANSWER, in_parts=True, lie_in_parts=lie), http)
+    await network.add_synthetic_miner(
+        nursery, lambda frame: Script(text=PARTS_ANSWER, in_parts=True, lie_in_parts=lie), http
+    )
     account, key = network.buyer(1.0)
     with pytest.raises(openai.APIStatusError) as refused:
-        await trio.to_thread.run_sync(lambda: network.openai(key).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=WEATHER, max_tokens=128))
+        await trio.to_thread.run_sync(
+            lambda: network.openai(key).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=WEATHER, max_tokens=128
+            )
+        )
     assert refused.value.status_code == 502 and "not what it proved" in str(refused.value)
     assert network.store.balance(account).charged == 0
 
 
 async def test_a_request_the_model_cannot_serve_reaches_the_buyer_with_the_miners_status_and_is_not_the_miners_failure(
-        nursery, network, http):
+    nursery, network, http
+):
     refused = await network.add_synthetic_miner(
-        nursery, lambda frame: Script(refuse=("the prompt is 9000 tokens; this model's context is 8192", 400)), http)
+        nursery, lambda frame: Script(refuse=("the prompt is 9000 tokens; this model's context is 8192", 400)), http
+    )
     account, key = network.buyer(1.0)
     with pytest.raises(openai.BadRequestError) as openai_refusal:
-        await trio.to_thread.run_sync(lambda: network.openai(key).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8))
+        await trio.to_thread.run_sync(
+            lambda: network.openai(key).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8
+            )
+        )
     assert "this model's context is 8192" in str(openai_refusal.value)
     with pytest.raises(anthropic.BadRequestError) as anthropic_refusal:
-        await trio.to_thread.run_sync(lambda: network.anthropic(key).messages.create(
-            model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}]))
+        await trio.to_thread.run_sync(
+            lambda: network.anthropic(key).messages.create(
+                model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+        )
     assert anthropic_refusal.value.status_code == 400
     assert len(refused.served) == 2, "a request at fault is not retried on another miner"
     assert network.store.balance(account).charged == 0
+
     async def logged() -> bool:
         return len(network.store.requests_after(0, limit=10)) == 2
 
@@ -336,16 +474,20 @@ async def test_a_request_the_model_cannot_serve_reaches_the_buyer_with_the_miner
     assert [row.status for row in rows] == [400, 400] and all(row.miner for row in rows)
 
 
-async def test_a_buyer_hanging_up_cancels_the_miner_and_pays_only_for_what_was_relayed(nursery, network, http, reference_server,
-                                                                                        holds_closed):
+async def test_a_buyer_hanging_up_cancels_the_miner_and_pays_only_for_what_was_relayed(
+    nursery, network, http, reference_server, holds_closed
+):
     await network.add_real_miner(nursery, reference_server.url, http)
     account, key = network.buyer(1.0)
     received = []
 
     def hang_up_early():
         stream = network.openai(key).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "Tell me a very long story about a dragon."}],
-            max_tokens=1500, stream=True)
+            model=MODEL,
+            messages=[{"role": "user", "content": "Tell me a very long story about a dragon."}],
+            max_tokens=1500,
+            stream=True,
+        )
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 received.append(chunk.choices[0].delta.content)
@@ -362,20 +504,29 @@ async def test_a_buyer_hanging_up_cancels_the_miner_and_pays_only_for_what_was_r
     # The server is another process and says nothing when it drops a generation: its request
     # counter is the only view of that, so this wait is a bounded poll.
     await wait_until_async(none_running, timeout_s=30, what="the abandoned generation aborted on the server")
-    await holds_closed.wait_for(lambda: not network.store.balance(account).held, timeout_s=30,
-                                what="the hung-up request settled")
+    await holds_closed.wait_for(
+        lambda: not network.store.balance(account).held, timeout_s=30, what="the hung-up request settled"
+    )
     charged = network.store.balance(account).charged
     full_hold = billing.worst_case_hold(price=PRICE, prompt_tokens=60, max_tokens=1500)
     assert 0 < charged < full_hold / 5, "charged for a few relayed tokens, not the whole budget"
     network.books_balance(account)
 
 
-async def test_a_miner_dying_mid_stream_gives_an_in_band_error_and_a_partial_charge(nursery, network, http, holds_closed):
+async def test_a_miner_dying_mid_stream_gives_an_in_band_error_and_a_partial_charge(
+    nursery, network, http, holds_closed
+):
     crashing = Script(text="partial answer that never finishes " * 4, chunk_chars=6, fail_after_chunks=3, delay_s=0.05)
 
     _, miner_key = network.store.register_miner("crashy")
-    link = synthetic_link(gateway_url=network.urls.miner_url, model=network.served, identity=Identity(miner_key=miner_key),
-                          handler=SyntheticHandler(network.served, lambda frame: crashing), http=http, settings=FAST)
+    link = synthetic_link(
+        gateway_url=network.urls.miner_url,
+        model=network.served,
+        identity=Identity(miner_key=miner_key),
+        handler=SyntheticHandler(network.served, lambda frame: crashing),
+        http=http,
+        settings=FAST,
+    )
 
     async def crashing_miner(task_status=trio.TASK_STATUS_IGNORED):
         try:
@@ -390,7 +541,8 @@ async def test_a_miner_dying_mid_stream_gives_an_in_band_error_and_a_partial_cha
 
         def consume():
             stream = network.openai(key).chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "go"}], max_tokens=200, stream=True)
+                model=MODEL, messages=[{"role": "user", "content": "go"}], max_tokens=200, stream=True
+            )
             for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
                     received.append(chunk.choices[0].delta.content)
@@ -399,8 +551,9 @@ async def test_a_miner_dying_mid_stream_gives_an_in_band_error_and_a_partial_cha
             await trio.to_thread.run_sync(consume)
         nursery_inner.cancel_scope.cancel()
     assert "".join(received) == "partial answer that never finishes "[:18]
-    await holds_closed.wait_for(lambda: not network.store.balance(account).held, timeout_s=10,
-                                what="the broken stream settled")
+    await holds_closed.wait_for(
+        lambda: not network.store.balance(account).held, timeout_s=10, what="the broken stream settled"
+    )
     balance = network.store.balance(account)
     assert 0 < balance.charged < billing.worst_case_hold(price=PRICE, prompt_tokens=30, max_tokens=200)
     network.books_balance(account)
@@ -410,8 +563,11 @@ async def test_no_prompt_or_completion_text_reaches_the_disk(nursery, network, h
     marker = "zebra-" + uuid.uuid4().hex[:10]
     await network.add_synthetic_miner(nursery, lambda frame: Script(text=f"reply {marker[::-1]} done"), http)
     _, key = network.buyer(1.0)
-    await trio.to_thread.run_sync(lambda: network.openai(key).chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": f"please remember {marker}"}], max_tokens=32))
+    await trio.to_thread.run_sync(
+        lambda: network.openai(key).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"please remember {marker}"}], max_tokens=32
+        )
+    )
     network.store.close()
     for path in Path(network.config.paths.data_dir).rglob("*"):
         if path.is_file() and path.suffix not in (".safetensors",):

@@ -38,7 +38,9 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 class Gateway:
     """One gateway role in its own cancel scope, so a test can stop it while requests run."""
 
-    def __init__(self, config, urls, store: Store, served, hub: Hub, scope: trio.CancelScope, stopped: trio.Event) -> None:
+    def __init__(
+        self, config, urls, store: Store, served, hub: Hub, scope: trio.CancelScope, stopped: trio.Event
+    ) -> None:
         self.config = config
         self.urls = urls
         self.store = store
@@ -60,8 +62,15 @@ class Gateway:
     async def add_miner(self, nursery, script, http, *, max_inflight: int = 256) -> SyntheticHandler:
         _, miner_key = self.store.register_miner(f"synthetic-{uuid.uuid4().hex[:6]}")
         handler = SyntheticHandler(self.served, script)
-        link = synthetic_link(gateway_url=self.urls.miner_url, model=self.served, identity=Identity(miner_key=miner_key),
-                              handler=handler, http=http, settings=FAST, max_inflight=max_inflight)
+        link = synthetic_link(
+            gateway_url=self.urls.miner_url,
+            model=self.served,
+            identity=Identity(miner_key=miner_key),
+            handler=handler,
+            http=http,
+            settings=FAST,
+            max_inflight=max_inflight,
+        )
         await nursery.start(link.run)
         return handler
 
@@ -81,8 +90,11 @@ class Gateway:
 
 async def start_gateway(nursery, home, checkpoint, **gateway) -> Gateway:
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(home=home, env=env, overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0,
-                                                                    "qualification": False, **gateway}})
+    config = load_config(
+        home=home,
+        env=env,
+        overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, **gateway}},
+    )
     hub = Hub()
     scope = trio.CancelScope()
     stopped = trio.Event()
@@ -121,7 +133,12 @@ async def gateway_factory(nursery, tmp_path, checkpoint):
 
 
 def chat_body(content: str, *, max_tokens: int = 16, stream: bool = False) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "stream": stream}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
 
 
 # ---- cheap checks before costly work ------------------------------------------------------------
@@ -133,8 +150,11 @@ async def test_a_prompt_too_large_for_the_model_is_refused_by_its_size_without_t
     gateway = await gateway_factory()
     _, key = gateway.buyer()
     huge = "lorem ipsum dolor sit amet " * 300_000  # 8.1 MB: under the body cap, far over 6,144 tokens
-    response = await http.post(gateway.api + "/chat/completions", json=chat_body(huge.strip()[:7_500_000]),
-                               headers={"authorization": f"Bearer {key}"})
+    response = await http.post(
+        gateway.api + "/chat/completions",
+        json=chat_body(huge.strip()[:7_500_000]),
+        headers={"authorization": f"Bearer {key}"},
+    )
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == "messages"
@@ -146,11 +166,16 @@ async def test_counting_a_prompt_too_large_for_the_model_is_refused_the_same_way
     gateway = await gateway_factory()
     _, key = gateway.buyer()
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 3_000_000}]}
-    response = await http.post(gateway.urls.buyer_url + "/v1/messages/count_tokens", json=body, headers={"x-api-key": key})
+    response = await http.post(
+        gateway.urls.buyer_url + "/v1/messages/count_tokens", json=body, headers={"x-api-key": key}
+    )
     assert response.status_code == 400
     assert "the prompt is at least" in response.json()["error"]["message"]
-    small = await http.post(gateway.urls.buyer_url + "/v1/messages/count_tokens", headers={"x-api-key": key},
-                            json={"model": MODEL, "messages": QUESTION})
+    small = await http.post(
+        gateway.urls.buyer_url + "/v1/messages/count_tokens",
+        headers={"x-api-key": key},
+        json={"model": MODEL, "messages": QUESTION},
+    )
     assert small.status_code == 200 and small.json()["input_tokens"] > 5
 
 
@@ -158,7 +183,9 @@ async def test_an_account_that_cannot_pay_is_refused_before_its_large_prompt_is_
     gateway = await gateway_factory()
     _, key = gateway.buyer(micro_usd=0)
     large = "word " * 4_000  # 20,000 characters: tokenised off the loop, so the balance is read first
-    response = await http.post(gateway.api + "/chat/completions", json=chat_body(large), headers={"authorization": f"Bearer {key}"})
+    response = await http.post(
+        gateway.api + "/chat/completions", json=chat_body(large), headers={"authorization": f"Bearer {key}"}
+    )
     assert response.status_code == 402
     message = response.json()["error"]["message"]
     assert "insufficient balance" in message and "at least" in message and "prompt" in message
@@ -171,8 +198,10 @@ async def test_a_trickled_body_is_cut_off_with_a_408_in_the_api_format(gateway_f
     host, port = gateway.urls.buyer_url.removeprefix("http://").split(":")
     stream = await trio.open_tcp_stream(host, int(port))
     async with stream:
-        head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {key}\r\n"
-                "content-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"model\"")
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {key}\r\n"
+            'content-type: application/json\r\ncontent-length: 1000\r\n\r\n{"model"'
+        )
         await stream.send_all(head.encode())
         received = b""
         with trio.fail_after(30):
@@ -201,8 +230,11 @@ async def test_a_burst_beyond_capacity_waits_for_a_slot_instead_of_503(nursery, 
 
     async def one() -> None:
         try:
-            results.append(await trio.to_thread.run_sync(lambda: client.chat.completions.create(
-                model=MODEL, messages=QUESTION, max_tokens=8, stream=False)))
+            results.append(
+                await trio.to_thread.run_sync(
+                    lambda: client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, stream=False)
+                )
+            )
         except openai.APIStatusError as error:
             results.append(error)
 
@@ -219,8 +251,9 @@ async def test_a_burst_beyond_capacity_waits_for_a_slot_instead_of_503(nursery, 
 async def test_a_full_queue_refuses_at_once_and_a_hang_up_leaves_the_queue(nursery, gateway_factory, http):
     gateway = await gateway_factory(queue_wait_s=60, queue_max=1)
     # The one slot is held by a stream its miner is slow to answer (it sleeps before each chunk).
-    handler = await gateway.add_miner(nursery, lambda frame: Script(text="x" * 400, chunk_chars=1, delay_s=0.05), http,
-                                      max_inflight=1)
+    handler = await gateway.add_miner(
+        nursery, lambda frame: Script(text="x" * 400, chunk_chars=1, delay_s=0.05), http, max_inflight=1
+    )
     _, key = gateway.buyer()
     headers = {"authorization": f"Bearer {key}"}
     release = trio.Event()
@@ -228,8 +261,12 @@ async def test_a_full_queue_refuses_at_once_and_a_hang_up_leaves_the_queue(nurse
 
     async def hold_the_slot() -> None:
         with holder:
-            async with http.stream("POST", gateway.api + "/chat/completions", json=chat_body("hold", max_tokens=400, stream=True),
-                                   headers=headers) as response:
+            async with http.stream(
+                "POST",
+                gateway.api + "/chat/completions",
+                json=chat_body("hold", max_tokens=400, stream=True),
+                headers=headers,
+            ) as response:
                 async for _ in response.aiter_bytes():
                     pass
         release.set()
@@ -244,7 +281,9 @@ async def test_a_full_queue_refuses_at_once_and_a_hang_up_leaves_the_queue(nurse
             await http.post(gateway.api + "/chat/completions", json=chat_body("queued"), headers=headers)
 
     nursery.start_soon(wait_in_queue)
-    await wait_until_async(lambda: gateway.queue_depth() == 1, timeout_s=30, what="the second request waiting in the queue")
+    await wait_until_async(
+        lambda: gateway.queue_depth() == 1, timeout_s=30, what="the second request waiting in the queue"
+    )
 
     refused = await http.post(gateway.api + "/chat/completions", json=chat_body("third"), headers=headers)
     assert refused.status_code == 503
@@ -252,7 +291,9 @@ async def test_a_full_queue_refuses_at_once_and_a_hang_up_leaves_the_queue(nurse
     assert "already waiting" in refused.json()["error"]["message"]
 
     waiter.cancel()  # the buyer hangs up while waiting
-    await wait_until_async(lambda: gateway.queue_depth() == 0, timeout_s=30, what="the hung-up request leaving the queue")
+    await wait_until_async(
+        lambda: gateway.queue_depth() == 0, timeout_s=30, what="the hung-up request leaving the queue"
+    )
     assert gateway.queue_outcomes().get("gone") == 1
     holder.cancel()
     await release.wait()
@@ -278,9 +319,12 @@ async def test_stopping_lets_a_stream_in_flight_finish_and_takes_no_new_requests
     first_chunk, events = trio.Event(), []
 
     async def stream() -> None:
-        async with http.stream("POST", gateway.api + "/chat/completions", headers={"authorization": f"Bearer {key}"},
-                               json={**chat_body("go", max_tokens=200, stream=True), "stream_options": {"include_usage": True}}
-                               ) as response:
+        async with http.stream(
+            "POST",
+            gateway.api + "/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json={**chat_body("go", max_tokens=200, stream=True), "stream_options": {"include_usage": True}},
+        ) as response:
             assert response.status_code == 200
             events.extend(await read_sse(response, first_chunk))
 
@@ -305,22 +349,32 @@ async def test_stopping_lets_a_stream_in_flight_finish_and_takes_no_new_requests
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == answer
     usage = chunks[-1]["usage"]
     await gateway.stopped.wait()
-    charged = billing.charge(price=SMOLLM2_135M.price, usage=Usage(prompt_tokens=usage["prompt_tokens"],
-                                                                  completion_tokens=usage["completion_tokens"]))
+    charged = billing.charge(
+        price=SMOLLM2_135M.price,
+        usage=Usage(prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"]),
+    )
     assert gateway.store.balance(account).charged == charged
     gateway.books_balance(account)
 
 
-async def test_a_stream_still_running_at_the_drain_deadline_ends_with_an_error_event_and_done(nursery, gateway_factory, http):
+async def test_a_stream_still_running_at_the_drain_deadline_ends_with_an_error_event_and_done(
+    nursery, gateway_factory, http
+):
     """Was: SIGTERM cut streams in flight with no error event and no [DONE]."""
     gateway = await gateway_factory(drain_s=0.5)
-    await gateway.add_miner(nursery, lambda frame: Script(text="slow " * 200, chunk_chars=5, delay_s=0.1, coalesce_s=0), http)
+    await gateway.add_miner(
+        nursery, lambda frame: Script(text="slow " * 200, chunk_chars=5, delay_s=0.1, coalesce_s=0), http
+    )
     account, key = gateway.buyer()
     first_chunk, events = trio.Event(), []
 
     async def stream() -> None:
-        async with http.stream("POST", gateway.api + "/chat/completions", headers={"authorization": f"Bearer {key}"},
-                               json=chat_body("go", max_tokens=1000, stream=True)) as response:
+        async with http.stream(
+            "POST",
+            gateway.api + "/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json=chat_body("go", max_tokens=1000, stream=True),
+        ) as response:
             assert response.status_code == 200
             events.extend(await read_sse(response, first_chunk))
 
@@ -331,15 +385,19 @@ async def test_a_stream_still_running_at_the_drain_deadline_ends_with_an_error_e
     assert events[-1] == b"[DONE]"
     error = orjson.loads(events[-2])["error"]
     assert "shutting down" in error["message"] and error["type"] == "service_unavailable_error"
-    relayed = "".join(orjson.loads(event)["choices"][0]["delta"].get("content") or "" for event in events[:-2]
-                      if orjson.loads(event).get("choices"))
+    relayed = "".join(
+        orjson.loads(event)["choices"][0]["delta"].get("content") or ""
+        for event in events[:-2]
+        if orjson.loads(event).get("choices")
+    )
     assert relayed
     await gateway.stopped.wait()
     # Charged for what was relayed, nothing held, the books balanced.
     prompt = len(gateway.served.render_prompt(_serve_request("go")))
     relayed_tokens = len(gateway.served.tokenizer.encode(relayed, add_special_tokens=False))
     assert gateway.store.balance(account).charged == billing.charge(
-        price=SMOLLM2_135M.price, usage=Usage(prompt_tokens=prompt, completion_tokens=relayed_tokens))
+        price=SMOLLM2_135M.price, usage=Usage(prompt_tokens=prompt, completion_tokens=relayed_tokens)
+    )
     gateway.books_balance(account)
 
 

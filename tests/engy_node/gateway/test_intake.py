@@ -19,19 +19,28 @@ def served(checkpoint):
 
 
 def chat(*contents: str, tools=None) -> ChatRequest:
-    messages = tuple({"role": "user" if index % 2 == 0 else "assistant", "content": content} for index, content in enumerate(contents))
+    messages = tuple(
+        {"role": "user" if index % 2 == 0 else "assistant", "content": content}
+        for index, content in enumerate(contents)
+    )
     return ChatRequest(api="openai", model=SMOLLM2_135M.id, messages=messages, max_tokens=1, stream=False, tools=tools)
 
 
 def prompt_ids(served, request: ChatRequest) -> list[int]:
-    return served.render_prompt(ServeRequest(
-        messages=tuple(Message(role=m["role"], content=m["content"], extra={}) for m in request.messages),
-        max_tokens=1, engy_request_id="r"))
+    return served.render_prompt(
+        ServeRequest(
+            messages=tuple(Message(role=m["role"], content=m["content"], extra={}) for m in request.messages),
+            max_tokens=1,
+            engy_request_id="r",
+        )
+    )
 
 
 # Text that stresses a byte-level tokenizer's longest tokens: whitespace and punctuation runs,
 # the added tokens' own spellings, multi-byte characters and lone surrogates' neighbours.
-RUNS = st.sampled_from([" " * 80, "\n" + " " * 80, "#" * 80, "=" * 65, "-" * 64, "<|im_start|>", "<|im_end|>", "\n\n", "\t"])
+RUNS = st.sampled_from(
+    [" " * 80, "\n" + " " * 80, "#" * 80, "=" * 65, "-" * 64, "<|im_start|>", "<|im_end|>", "\n\n", "\t"]
+)
 TEXT = st.lists(st.one_of(st.text(min_size=0, max_size=40), RUNS), max_size=20).map("".join)
 
 
@@ -50,13 +59,18 @@ def test_the_embedded_model_has_a_floor_and_it_is_tight_enough_to_matter(served)
     floor = intake.token_floor(size, max_token_bytes=served.max_token_bytes)
     assert floor > SMOLLM2_135M.max_input_tokens
     reason = intake.too_long(size, floor=floor, max_input_tokens=SMOLLM2_135M.max_input_tokens, model="smollm2-135m")
-    assert reason == (f"the prompt is at least {floor} tokens (1000000 bytes of message text); smollm2-135m accepts at most "
-                      "6144: shorten the conversation")
+    assert reason == (
+        f"the prompt is at least {floor} tokens (1000000 bytes of message text); smollm2-135m accepts at most "
+        "6144: shorten the conversation"
+    )
 
 
 def test_a_prompt_within_the_floor_is_left_to_the_exact_count():
     size = intake.prompt_size(chat("hello " * 100))
-    assert intake.too_long(size, floor=intake.token_floor(size, max_token_bytes=82), max_input_tokens=6144, model="m") is None
+    assert (
+        intake.too_long(size, floor=intake.token_floor(size, max_token_bytes=82), max_input_tokens=6144, model="m")
+        is None
+    )
 
 
 def test_sizes_count_characters_of_every_rendered_text_and_bytes_of_stripped_contents():

@@ -63,7 +63,9 @@ async def test_a_host_that_stops_hands_the_lease_back_at_once(shared):
             await wait_until(lambda: b.leader == "gw-a")
             a_nursery.cancel_scope.cancel()  # a clean stop: its finally hands the lease back
         assert shared[0].lease_holder(LEADER_LEASE) is None
-        assert await wait_until(lambda: b.leading) <= 3 * RENEW_S, "taken at the next renewal, not after the lease lapses"
+        assert await wait_until(lambda: b.leading) <= 3 * RENEW_S, (
+            "taken at the next renewal, not after the lease lapses"
+        )
         nursery.cancel_scope.cancel()
 
 

@@ -19,7 +19,18 @@ from engy_node.gateway.app import build_miner_app, hypercorn_config
 from engy_node.gateway.pool import ADMISSION_REFRESH_S, MinerPool, PoolSettings
 from engy_node.gateway.router import Candidate
 from engy_node.protocol.miner import (
-    MAX_FRAME_BYTES, Admit, Capacity, Deny, Heartbeat, Hello, Message, Reconnect, Response, Serve, ServeRequest, encode,
+    MAX_FRAME_BYTES,
+    Admit,
+    Capacity,
+    Deny,
+    Heartbeat,
+    Hello,
+    Message,
+    Reconnect,
+    Response,
+    Serve,
+    ServeRequest,
+    encode,
     parse_gateway_frame,
 )
 
@@ -43,15 +54,28 @@ async def lookup(key: str) -> str | None:
 async def gateway(nursery):
     clock = Clock()
     allowed: set[str] = set()
-    pool = MinerPool(served_models={"smollm2-135m": ROOT}, authenticate_key=lookup, allowed_hotkeys=lambda: allowed,
-                     settings=PoolSettings(stale_after_s=90), clock=clock)
+    pool = MinerPool(
+        served_models={"smollm2-135m": ROOT},
+        authenticate_key=lookup,
+        allowed_hotkeys=lambda: allowed,
+        settings=PoolSettings(stale_after_s=90),
+        clock=clock,
+    )
     binds = await nursery.start(serve, build_miner_app(pool), hypercorn_config("127.0.0.1:0"))
     return pool, binds[0].replace("http://", "ws://") + "/gw", clock, allowed
 
 
 def hello(**overrides) -> Hello:
-    fields = dict(miner_key=KEY, model="smollm2-135m", model_root=ROOT, hw={}, versions={},
-                  capacity=Capacity(2, 2, 6144, 2048, 600), worker_name="rig", worker_id=uuid.uuid4().hex)
+    fields = dict(
+        miner_key=KEY,
+        model="smollm2-135m",
+        model_root=ROOT,
+        hw={},
+        versions={},
+        capacity=Capacity(2, 2, 6144, 2048, 600),
+        worker_name="rig",
+        worker_id=uuid.uuid4().hex,
+    )
     fields.update(overrides)
     return Hello(**fields)
 
@@ -127,8 +151,13 @@ async def test_a_signed_hello_from_a_registered_hotkey_is_admitted_and_a_replay_
         assert isinstance(answer, Deny) and "not registered" in answer.reason
         await connection.aclose()
         allowed.add(keypair.ss58_address)
-        signed = hello(miner_key="", hotkey=keypair.ss58_address, ts=ts + 1, worker_id=worker_id,
-                       signature=keys.sign(keypair, keys.hello_message(53, keypair.ss58_address, ts + 1, worker_id)))
+        signed = hello(
+            miner_key="",
+            hotkey=keypair.ss58_address,
+            ts=ts + 1,
+            worker_id=worker_id,
+            signature=keys.sign(keypair, keys.hello_message(53, keypair.ss58_address, ts + 1, worker_id)),
+        )
         connection, answer = await dial(connections, url, signed)
         assert isinstance(answer, Admit)
         assert next(iter(pool.legs.values())).identity.miner == keypair.ss58_address
@@ -164,7 +193,9 @@ async def test_a_frame_over_the_limit_closes_only_that_leg_with_1009_naming_the_
         pool, url, _, _ = gateway
         big, _ = await dial(connections, url, hello(worker_name="big"))
         good, _ = await dial(connections, url, hello(worker_name="good"))
-        big_leg, good_leg = (next(leg for leg in pool.legs.values() if leg.hello.worker_name == name) for name in ("big", "good"))
+        big_leg, good_leg = (
+            next(leg for leg in pool.legs.values() if leg.hello.worker_name == name) for name in ("big", "good")
+        )
         request = ServeRequest(messages=(Message("user", "hi"),), max_tokens=4, engy_request_id="r1")
         lost = await pool.dispatch(big_leg.leg_id, request, stream=False)
         assert isinstance(parse_gateway_frame(await big.get_message()), Serve)
@@ -178,10 +209,15 @@ async def test_a_frame_over_the_limit_closes_only_that_leg_with_1009_naming_the_
             while not lost.finished:
                 await lost.changed.wait()
         assert lost.lost is not None and [leg.hello.worker_name for leg in pool.legs.values()] == ["good"]
-        assert f"closing leg {big_leg.leg_id[:8]} of key:7: refused a frame, frame exceeds {MAX_FRAME_BYTES} bytes" in caplog.text
+        assert (
+            f"closing leg {big_leg.leg_id[:8]} of key:7: refused a frame, frame exceeds {MAX_FRAME_BYTES} bytes"
+            in caplog.text
+        )
         served = await pool.dispatch(good_leg.leg_id, request, stream=False)
         serve_frame = parse_gateway_frame(await good.get_message())
-        await good.send_message(encode(Response(corr_id=serve_frame.corr_id, request_id="r1", commitment=None, output={"choices": []})))
+        await good.send_message(
+            encode(Response(corr_id=serve_frame.corr_id, request_id="r1", commitment=None, output={"choices": []}))
+        )
         with trio.fail_after(5):
             while not served.finished:
                 await served.changed.wait()
@@ -194,12 +230,20 @@ async def test_a_frame_just_under_the_limit_is_read(gateway):
         pool, url, _, _ = gateway
         connection, _ = await dial(connections, url, hello())
         leg_id = next(iter(pool.legs))
-        pending = await pool.dispatch(leg_id, ServeRequest(messages=(Message("user", "hi"),), max_tokens=4, engy_request_id="r3"),
-                                      stream=False)
+        pending = await pool.dispatch(
+            leg_id, ServeRequest(messages=(Message("user", "hi"),), max_tokens=4, engy_request_id="r3"), stream=False
+        )
         serve_frame = parse_gateway_frame(await connection.get_message())
-        frame = encode(Response(corr_id=serve_frame.corr_id, request_id="r3", commitment=None,
-                                output={"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant",
-                                                                                                      "content": ""}}]}))
+        frame = encode(
+            Response(
+                corr_id=serve_frame.corr_id,
+                request_id="r3",
+                commitment=None,
+                output={
+                    "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": ""}}]
+                },
+            )
+        )
         padding = MAX_FRAME_BYTES - len(frame.encode())
         await connection.send_message(frame.replace('"content":""', '"content":"' + "é" * (padding // 2) + '"'))
         with trio.fail_after(5):
@@ -240,7 +284,9 @@ async def test_a_heartbeat_with_capacity_changes_the_legs_capacity(gateway):
         connection, _ = await dial(connections, url, hello())
         leg = next(iter(pool.legs.values()))
         assert leg.capacity == 2
-        await connection.send_message(encode(Heartbeat(inflight=0, idle_seconds=1.0, capacity=Capacity(5, 5, 6144, 2048, 600))))
+        await connection.send_message(
+            encode(Heartbeat(inflight=0, idle_seconds=1.0, capacity=Capacity(5, 5, 6144, 2048, 600)))
+        )
         # Frames are read in order: once the gateway closes the leg over the next (bad) frame,
         # it has taken the heartbeat.
         await connection.send_message('{"type": "heartbeat", "inflight": -1}')
@@ -280,8 +326,19 @@ async def test_draining_tells_every_miner_to_reconnect_and_refuses_new_ones(gate
         connection, _ = await dial(connections, url, hello())
         await pool.drain()
         assert isinstance(parse_gateway_frame(await connection.get_message()), Reconnect)
-        assert pool.route(MODEL, prefix=b"", rr_counter=0, needs=frozenset(), prefer=frozenset(), exclude=frozenset(),
-                          target=None, eligible=None) is None, "a leg told to re-dial is sent nothing new"
+        assert (
+            pool.route(
+                MODEL,
+                prefix=b"",
+                rr_counter=0,
+                needs=frozenset(),
+                prefer=frozenset(),
+                exclude=frozenset(),
+                target=None,
+                eligible=None,
+            )
+            is None
+        ), "a leg told to re-dial is sent nothing new"
         late, answer = await dial(connections, url, hello(worker_name="late"))
         assert isinstance(answer, Deny) and "draining" in answer.reason
         await connection.aclose()
@@ -293,10 +350,14 @@ async def test_a_response_completes_the_pending_request(gateway):
         pool, url, _, _ = gateway
         connection, _ = await dial(connections, url, hello())
         leg_id = next(iter(pool.legs))
-        pending = await pool.dispatch(leg_id, ServeRequest(messages=(Message("user", "hi"),), max_tokens=4, engy_request_id="r2"), stream=True)
+        pending = await pool.dispatch(
+            leg_id, ServeRequest(messages=(Message("user", "hi"),), max_tokens=4, engy_request_id="r2"), stream=True
+        )
         serve_frame = parse_gateway_frame(await connection.get_message())
         assert pool.tables[MODEL][leg_id].inflight == 1
-        await connection.send_message(encode(Response(corr_id=serve_frame.corr_id, request_id="r2", commitment=None, output={"choices": []})))
+        await connection.send_message(
+            encode(Response(corr_id=serve_frame.corr_id, request_id="r2", commitment=None, output={"choices": []}))
+        )
         with trio.fail_after(5):
             while not pending.finished:
                 await pending.changed.wait()
@@ -313,21 +374,27 @@ async def test_the_routing_table_follows_every_change_to_the_legs(gateway):
         first, _ = await dial(connections, url, hello(worker_name="first"))
         second, _ = await dial(connections, url, hello(worker_name="second", capacity=Capacity(3, 3, 6144, 2048, 600)))
         assert_table_follows_the_legs(pool)
-        first_leg, second_leg = (next(leg for leg in pool.legs.values() if leg.hello.worker_name == name) for name in ("first", "second"))
+        first_leg, second_leg = (
+            next(leg for leg in pool.legs.values() if leg.hello.worker_name == name) for name in ("first", "second")
+        )
         answered = await pool.dispatch(first_leg.leg_id, request("r1"), stream=False)
         cancelled = await pool.dispatch(first_leg.leg_id, request("r2"), stream=False)
         lost = await pool.dispatch(second_leg.leg_id, request("r3"), stream=False)
         assert_table_follows_the_legs(pool)
         assert pool.tables[MODEL][first_leg.leg_id].inflight == 2
         serve_frame = parse_gateway_frame(await first.get_message())
-        await first.send_message(encode(Response(corr_id=serve_frame.corr_id, request_id="r1", commitment=None, output={"choices": []})))
+        await first.send_message(
+            encode(Response(corr_id=serve_frame.corr_id, request_id="r1", commitment=None, output={"choices": []}))
+        )
         with trio.fail_after(5):
             while not answered.finished:
                 await answered.changed.wait()
         await pool.cancel(cancelled)
         assert_table_follows_the_legs(pool)
         assert pool.tables[MODEL][first_leg.leg_id].inflight == 0
-        await second.send_message(encode(Heartbeat(inflight=1, idle_seconds=0.0, capacity=Capacity(7, 7, 6144, 2048, 600))))
+        await second.send_message(
+            encode(Heartbeat(inflight=1, idle_seconds=0.0, capacity=Capacity(7, 7, 6144, 2048, 600)))
+        )
         await second.send_message('{"type": "heartbeat", "inflight": -1}')  # closes the leg once the heartbeat is taken
         with trio.fail_after(5):
             while not lost.finished:
@@ -346,7 +413,9 @@ async def test_a_heartbeat_with_a_new_capacity_reaches_the_routing_table(gateway
         pool, url, _, _ = gateway
         connection, _ = await dial(connections, url, hello())
         leg_id = next(iter(pool.legs))
-        await connection.send_message(encode(Heartbeat(inflight=0, idle_seconds=1.0, capacity=Capacity(5, 5, 6144, 2048, 600))))
+        await connection.send_message(
+            encode(Heartbeat(inflight=0, idle_seconds=1.0, capacity=Capacity(5, 5, 6144, 2048, 600)))
+        )
         with trio.fail_after(5):
             while pool.tables[MODEL][leg_id].capacity != 5:
                 await trio.sleep(0.01)
@@ -410,8 +479,12 @@ async def test_two_hosts_holding_legs_of_the_same_miners_send_a_conversation_to_
     async with contextlib.AsyncExitStack() as connections:
         pools, urls = [], []
         for _ in range(2):
-            pool = MinerPool(served_models={MODEL: ROOT}, authenticate_key=lookup, allowed_hotkeys=set,
-                             settings=PoolSettings(stale_after_s=90))
+            pool = MinerPool(
+                served_models={MODEL: ROOT},
+                authenticate_key=lookup,
+                allowed_hotkeys=set,
+                settings=PoolSettings(stale_after_s=90),
+            )
             binds = await nursery.start(serve, build_miner_app(pool), hypercorn_config("127.0.0.1:0"))
             pools.append(pool)
             urls.append(binds[0].replace("http://", "ws://") + "/gw")
@@ -431,21 +504,40 @@ async def test_a_prompt_past_a_serves_context_or_a_full_kv_cache_is_routed_elsew
     # The TEE miner announces its context window and reports its KV cache in heartbeats.
     async with contextlib.AsyncExitStack() as connections:
         pool, url, _, _ = gateway
-        short, _ = await dial(connections, url, hello(worker_name="short", hw={"region": "eu-west", "tee": {"gpu_cc": "on"}},
-                                                      capacity=Capacity(2, 2, 6144, 2048, 600, context_length=1000)))
+        short, _ = await dial(
+            connections,
+            url,
+            hello(
+                worker_name="short",
+                hw={"region": "eu-west", "tee": {"gpu_cc": "on"}},
+                capacity=Capacity(2, 2, 6144, 2048, 600, context_length=1000),
+            ),
+        )
         roomy, _ = await dial(connections, url, hello(worker_name="roomy"))
         legs = {leg.hello.worker_name: leg.leg_id for leg in pool.legs.values()}
         assert route(pool, prompt_tokens=1500, exclude=frozenset()) == legs["roomy"]
         assert route(pool, prompt_tokens=1500, exclude=frozenset({legs["roomy"]})) is None, "no other serve takes it"
         assert route(pool, prompt_tokens=200, exclude=frozenset({legs["roomy"]})) == legs["short"]
-        await short.send_message(orjson.dumps({"type": "heartbeat", "inflight": 1, "idle_seconds": 0,
-                                               "kv": {"used": 99_000, "limit": 100_000, "reqs": 1, "waiting": 3, "frac": 0.99}}).decode())
+        await short.send_message(
+            orjson.dumps(
+                {
+                    "type": "heartbeat",
+                    "inflight": 1,
+                    "idle_seconds": 0,
+                    "kv": {"used": 99_000, "limit": 100_000, "reqs": 1, "waiting": 3, "frac": 0.99},
+                }
+            ).decode()
+        )
         with trio.fail_after(5):
             while pool.legs[legs["short"]].kv is None:
                 await trio.sleep(0.01)
         assert route(pool, prompt_tokens=200, exclude=frozenset({legs["roomy"]})) is None, "a full cache only queues"
         shown = {row["worker"]: row for row in pool.snapshot()}
-        assert (shown["short"]["region"], shown["short"]["tee"], shown["short"]["context_length"]) == ("eu-west", "on", 1000)
+        assert (shown["short"]["region"], shown["short"]["tee"], shown["short"]["context_length"]) == (
+            "eu-west",
+            "on",
+            1000,
+        )
         assert shown["short"]["kv_used"] == 0.99 and "region" not in shown["roomy"]
         await short.aclose()
         await roomy.aclose()

@@ -85,6 +85,7 @@ def test_a_probe_plan_indexes_the_corpus(corpus):
 
 # --- bad files ------------------------------------------------------------------------------------
 
+
 def _line(*messages: tuple[str, str]) -> str:
     return json.dumps({"messages": [{"role": r, "content": c} for r, c in messages]})
 
@@ -99,7 +100,9 @@ def _write(tmp_path: Path, *lines: str) -> Path:
 
 
 def test_a_good_custom_file_loads(tmp_path):
-    path = _write(tmp_path, GOOD, "", _line(("system", "be brief"), ("user", "hi"), ("assistant", "hey"), ("user", "bye")))
+    path = _write(
+        tmp_path, GOOD, "", _line(("system", "be brief"), ("user", "hi"), ("assistant", "hey"), ("user", "bye"))
+    )
     loaded = load_probe_corpus(path)
     assert len(loaded) == 2
     assert loaded[1].messages[0] == {"role": "system", "content": "be brief"}
@@ -120,9 +123,19 @@ def test_a_good_custom_file_loads(tmp_path):
         (json.dumps({"messages": [{"role": "user", "content": 3}]}), "non-empty string"),
         (_line(("user", "hi"), ("system", "be brief"), ("user", "hi again")), "system"),
     ],
-    ids=["not-json", "not-object", "empty-messages", "no-messages", "message-not-object",
-         "wrong-role", "assistant-last", "empty-content", "blank-content", "content-not-str",
-         "system-not-first"],
+    ids=[
+        "not-json",
+        "not-object",
+        "empty-messages",
+        "no-messages",
+        "message-not-object",
+        "wrong-role",
+        "assistant-last",
+        "empty-content",
+        "blank-content",
+        "content-not-str",
+        "system-not-first",
+    ],
 )
 def test_a_bad_line_is_refused_with_its_number(tmp_path, bad, message):
     path = _write(tmp_path, GOOD, GOOD, bad, GOOD)

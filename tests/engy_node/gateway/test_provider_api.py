@@ -27,9 +27,19 @@ HEARTBEAT = f"{PREFIX}/validator/heartbeat"
 
 
 def job(request_id: str, *, kind: str = "paid") -> AuditJob:
-    return AuditJob(request_id=request_id, model="smollm2-135m", miner="5MinerHotkey", kind=kind, prompt_ids=(1, 2, 3),
-                    commitment={"output_token_ids": [4]}, greedy=True, sampling=Sampling(), seeded=False,
-                    delivery=Delivery(relayed_output_ids=(4,), ended_at_stop=False, max_tokens=8), created_at=time.time())
+    return AuditJob(
+        request_id=request_id,
+        model="smollm2-135m",
+        miner="5MinerHotkey",
+        kind=kind,
+        prompt_ids=(1, 2, 3),
+        commitment={"output_token_ids": [4]},
+        greedy=True,
+        sampling=Sampling(),
+        seeded=False,
+        delivery=Delivery(relayed_output_ids=(4,), ended_at_stop=False, max_tokens=8),
+        created_at=time.time(),
+    )
 
 
 class Provider:
@@ -39,8 +49,16 @@ class Provider:
         self.desk = desk
         self.client = httpx.AsyncClient(timeout=10)
 
-    async def signed(self, keypair, path: str, body: object, *, ts: int | None = None, raw: bytes | None = None,
-                     headers: dict | None = None) -> httpx.Response:
+    async def signed(
+        self,
+        keypair,
+        path: str,
+        body: object,
+        *,
+        ts: int | None = None,
+        raw: bytes | None = None,
+        headers: dict | None = None,
+    ) -> httpx.Response:
         content = raw if raw is not None else orjson.dumps(body)
         signed = keys.signed_headers(keypair, NETUID, "POST", path, content, int(time.time()) if ts is None else ts)
         return await self.client.post(self.url + path, content=content, headers={**signed, **(headers or {})})
@@ -51,7 +69,9 @@ class Provider:
         return response.json()["jobs"]
 
     async def verdicts(self, keypair, *items: tuple[str, str, str]) -> httpx.Response:
-        return await self.signed(keypair, VERDICTS, {"verdicts": [{"job_id": j, "verdict": v, "reason": r} for j, v, r in items]})
+        return await self.signed(
+            keypair, VERDICTS, {"verdicts": [{"job_id": j, "verdict": v, "reason": r} for j, v, r in items]}
+        )
 
 
 @pytest.fixture
@@ -62,7 +82,9 @@ async def provider(nursery, tmp_path, alice):
     async def current() -> dict:
         return {"v": 1, "epoch_index": 7, "final": False}
 
-    api = ProviderApi(desk=desk, store=store, netuid=NETUID, verifiers=frozenset({alice.ss58_address}), current_epoch=current)
+    api = ProviderApi(
+        desk=desk, store=store, netuid=NETUID, verifiers=frozenset({alice.ss58_address}), current_epoch=current
+    )
     config = HypercornConfig()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
@@ -86,10 +108,17 @@ async def test_a_verifier_leases_judges_and_the_verdict_is_filed_under_the_servi
     assert all(0 < j["lease_expires_in_s"] <= 60 for j in jobs)
     response = await provider.verdicts(alice, ("req-1", "pass", "ok"), ("req-2", "cheat", "chunks"))
     assert response.status_code == 200
-    assert response.json() == {"results": [{"job_id": "req-1", "status": "recorded"}, {"job_id": "req-2", "status": "recorded"}]}
+    assert response.json() == {
+        "results": [{"job_id": "req-1", "status": "recorded"}, {"job_id": "req-2", "status": "recorded"}]
+    }
     stored = provider.store.verdict("req-2")
     assert (stored.miner, stored.kind, stored.verdict, stored.reason, stored.verifier) == (
-        "5MinerHotkey", "probe", "cheat", "chunks", alice.ss58_address)
+        "5MinerHotkey",
+        "probe",
+        "cheat",
+        "chunks",
+        alice.ss58_address,
+    )
     assert len(provider.desk.queue) == 0, "a judged job's proof material is dropped"
 
 
@@ -129,14 +158,17 @@ async def test_verdicts_only_for_jobs_you_hold(provider, alice, bob):
     assert provider.store.verdict("req-1") is None
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"verdicts": "pass"}, "the body must be"),
-    ({"verdicts": []}, "post 1 to"),
-    ({"verdicts": [{"job_id": "req-1", "verdict": "maybe", "reason": "ok"}]}, "verdict must be"),
-    ({"verdicts": [{"job_id": "req-1", "verdict": "pass", "reason": "free text with spaces"}]}, "short code"),
-    ({"verdicts": [{"job_id": "req-1", "verdict": "pass", "reason": "ok"}] * 2}, "appears twice"),
-    ({"max_jobs": 0}, "the body must be"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"verdicts": "pass"}, "the body must be"),
+        ({"verdicts": []}, "post 1 to"),
+        ({"verdicts": [{"job_id": "req-1", "verdict": "maybe", "reason": "ok"}]}, "verdict must be"),
+        ({"verdicts": [{"job_id": "req-1", "verdict": "pass", "reason": "free text with spaces"}]}, "short code"),
+        ({"verdicts": [{"job_id": "req-1", "verdict": "pass", "reason": "ok"}] * 2}, "appears twice"),
+        ({"max_jobs": 0}, "the body must be"),
+    ],
+)
 async def test_malformed_verdict_batches_are_refused_with_the_reason(provider, alice, body, message):
     provider.desk.offer(job("req-1"))
     await provider.lease(alice)
@@ -196,7 +228,11 @@ async def test_epochs_are_served_byte_for_byte_once_published(provider):
     assert (await provider.client.get(provider.url + f"{PREFIX}/epoch/3")).content == payload_3
     assert (await provider.client.get(provider.url + f"{PREFIX}/epoch/5")).status_code == 404
     assert (await provider.client.get(provider.url + f"{PREFIX}/epoch/-1")).status_code == 400
-    assert (await provider.client.get(provider.url + f"{PREFIX}/epoch/current")).json() == {"v": 1, "epoch_index": 7, "final": False}
+    assert (await provider.client.get(provider.url + f"{PREFIX}/epoch/current")).json() == {
+        "v": 1,
+        "epoch_index": 7,
+        "final": False,
+    }
 
 
 async def test_unknown_routes_and_methods_answer_json(provider):
@@ -212,7 +248,12 @@ async def test_a_validator_heartbeat_is_kept_per_hotkey(provider, bob):
     assert (await provider.signed(bob, HEARTBEAT, body)).status_code == 200
     [beat] = provider.store.validator_heartbeats()
     assert (beat.hotkey, beat.version, beat.synced_epoch, beat.consensus_epoch, beat.consensus_digest) == (
-        bob.ss58_address, "engy-lv 0.4.4", 12, 12, digest)
+        bob.ss58_address,
+        "engy-lv 0.4.4",
+        12,
+        12,
+        digest,
+    )
     bad = await provider.signed(bob, HEARTBEAT, {**body, "consensus": {"epoch_index": 12, "digest": "XYZ"}})
     assert bad.status_code == 400 and "digest" in bad.json()["error"]["message"]
     unsigned = await provider.client.post(provider.url + HEARTBEAT, json=body)

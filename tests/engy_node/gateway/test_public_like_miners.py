@@ -32,10 +32,25 @@ pytestmark = pytest.mark.model
 
 AUDITED = 50
 QUESTIONS = (
-    "What is the capital of {}?", "Name one famous dish from {}.", "In one sentence, what is {} known for?",
+    "What is the capital of {}?",
+    "Name one famous dish from {}.",
+    "In one sentence, what is {} known for?",
     "What language is spoken in {}?",
 )
-COUNTRIES = ("France", "Italy", "Spain", "Japan", "Egypt", "Peru", "Kenya", "Norway", "Chile", "Greece", "Poland", "Mexico")
+COUNTRIES = (
+    "France",
+    "Italy",
+    "Spain",
+    "Japan",
+    "Egypt",
+    "Peru",
+    "Kenya",
+    "Norway",
+    "Chile",
+    "Greece",
+    "Poland",
+    "Mexico",
+)
 
 
 @pytest.fixture
@@ -50,28 +65,55 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-async def test_an_honest_public_like_miner_stays_active_and_a_four_bit_one_is_pulled(nursery, tmp_path, checkpoint, runner,
-                                                                                      one_thread):
+async def test_an_honest_public_like_miner_stays_active_and_a_four_bit_one_is_pulled(
+    nursery, tmp_path, checkpoint, runner, one_thread
+):
     corpus = tmp_path / "probes.jsonl"
-    corpus.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q.format(c)}]}) + "\n"
-                              for q in QUESTIONS for c in COUNTRIES[:4]))
+    corpus.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": q.format(c)}]}) + "\n"
+            for q in QUESTIONS
+            for c in COUNTRIES[:4]
+        )
+    )
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(home=tmp_path, env=env, overrides={"gateway": {
-        "port": 0, "miner_port": 0, "provider_port": 0, "qualify_probes": 3, "traffic_time_scale": 0.1,
-        "probe_max_tokens": 24, "probe_concurrency": 2, "probe_corpus": str(corpus), "audit_paid_pct": 100.0,
-        "local_verifier": True,
-    }})
+    config = load_config(
+        home=tmp_path,
+        env=env,
+        overrides={
+            "gateway": {
+                "port": 0,
+                "miner_port": 0,
+                "provider_port": 0,
+                "qualify_probes": 3,
+                "traffic_time_scale": 0.1,
+                "probe_max_tokens": 24,
+                "probe_concurrency": 2,
+                "probe_corpus": str(corpus),
+                "audit_paid_pct": 100.0,
+                "local_verifier": True,
+            }
+        },
+    )
     urls = await nursery.start(StoppableGateway().run, config)
     store = Store.open(store_path(config))
     served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)
     quantised = await trio.to_thread.run_sync(
-        lambda: calibration.quantise_linear_weights(type(runner).load(checkpoint, device="cpu", dtype="bfloat16")))
+        lambda: calibration.quantise_linear_weights(type(runner).load(checkpoint, device="cpu", dtype="bfloat16"))
+    )
     identity = {}
     for name, model in (("honest", runner), ("four-bit", quantised)):
         miner_id, miner_key = store.register_miner(name)
         identity[name] = f"key:{miner_id}"
-        peer = TeeLikeMiner(url=urls.miner_url, miner_key=miner_key, model=served, heartbeat_s=0.5, runner=model,
-                            lock=trio.Lock(), held_back_chars=3)
+        peer = TeeLikeMiner(
+            url=urls.miner_url,
+            miner_key=miner_key,
+            model=served,
+            heartbeat_s=0.5,
+            runner=model,
+            lock=trio.Lock(),
+            held_back_chars=3,
+        )
         await nursery.start(peer.run)
 
     def verdicts_of(name: str) -> list:
@@ -84,9 +126,17 @@ async def test_an_honest_public_like_miner_stays_active_and_a_four_bit_one_is_pu
         return state_of("honest") == "active" and state_of("four-bit") == "pulled"
 
     try:
-        await wait_until(qualified, timeout_s=600, what=lambda: f"honest active, four-bit pulled: {store.eligibility()} "
-                                                              f"{[(r.miner, r.verdict, r.reason) for _, r in store.verdicts_after(0)]}")
-        assert [r.reason for r in verdicts_of("four-bit") if r.verdict == "cheat"], "the 4-bit miner is pulled on a cheat verdict"
+        await wait_until(
+            qualified,
+            timeout_s=600,
+            what=lambda: (
+                f"honest active, four-bit pulled: {store.eligibility()} "
+                f"{[(r.miner, r.verdict, r.reason) for _, r in store.verdicts_after(0)]}"
+            ),
+        )
+        assert [r.reason for r in verdicts_of("four-bit") if r.verdict == "cheat"], (
+            "the 4-bit miner is pulled on a cheat verdict"
+        )
 
         _, key = buyer(store)
         client = openai_client(urls, key)
@@ -97,7 +147,9 @@ async def test_an_honest_public_like_miner_stays_active_and_a_four_bit_one_is_pu
             stop = {"stop": ["."]} if index % 4 == 2 else {}
             messages = [{"role": "user", "content": question}]
             if index % 2:
-                for _ in client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, stream=True, **sampled, **stop):
+                for _ in client.chat.completions.create(
+                    model=MODEL, messages=messages, max_tokens=24, stream=True, **sampled, **stop
+                ):
                     pass
             else:
                 client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, **sampled, **stop)

@@ -42,15 +42,31 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture
 async def gateway(nursery, tmp_path, checkpoint, reference_server, running):
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(home=tmp_path, env=env,
-                         overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "stale_after_s": STALE_AFTER_S}})
+    config = load_config(
+        home=tmp_path,
+        env=env,
+        overrides={
+            "gateway": {
+                "port": 0,
+                "miner_port": 0,
+                "provider_port": 0,
+                "qualification": False,
+                "stale_after_s": STALE_AFTER_S,
+            }
+        },
+    )
     urls = await nursery.start(running.run, config)
     store = Store.open(store_path(config))
     served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)
     async with httpx.AsyncClient(timeout=120) as http:
         _, miner_key = store.register_miner("public-miner")
-        miner = PublicMiner(url=urls.miner_url, miner_key=miner_key, model=served,
-                            serve=ServeClient(reference_server.url, http), heartbeat_s=HEARTBEAT_S)
+        miner = PublicMiner(
+            url=urls.miner_url,
+            miner_key=miner_key,
+            model=served,
+            serve=ServeClient(reference_server.url, http),
+            heartbeat_s=HEARTBEAT_S,
+        )
         await nursery.start(miner.run)
         yield urls, store, miner
     store.close()
@@ -84,8 +100,9 @@ async def test_it_is_admitted_and_stays_admitted_across_heartbeats(gateway):
         health = (await http.get(urls.buyer_url + "/health")).json()
     assert health["miners"] == 1
     _, key = buyer(store)
-    completion = await trio.to_thread.run_sync(lambda: openai_client(urls, key).chat.completions.create(
-        model=MODEL, messages=QUESTION, max_tokens=32))
+    completion = await trio.to_thread.run_sync(
+        lambda: openai_client(urls, key).chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=32)
+    )
     assert "Paris" in completion.choices[0].message.content
 
 
@@ -93,7 +110,9 @@ async def test_plain_and_streamed_answers_are_relayed(gateway):
     urls, store, miner = gateway
     _, key = buyer(store)
     client = openai_client(urls, key)
-    plain = await trio.to_thread.run_sync(lambda: client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=32))
+    plain = await trio.to_thread.run_sync(
+        lambda: client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=32)
+    )
 
     def stream() -> tuple[str, str | None]:
         text, finish = "", None
@@ -140,18 +159,29 @@ async def test_stop_strings_it_ignores_are_honoured_and_billing_stops_there(gate
     urls, store, miner = gateway
     account, key = buyer(store)
     client = openai_client(urls, key)
-    whole = await trio.to_thread.run_sync(lambda: client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=32))
+    whole = await trio.to_thread.run_sync(
+        lambda: client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=32)
+    )
     assert "Paris" in whole.choices[0].message.content
     before = store.balance(account).charged
 
     def ask() -> tuple[str, str | None, Usage]:
         if not stream:
             reply = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=32, stop=["Paris"])
-            return (reply.choices[0].message.content, reply.choices[0].finish_reason,
-                    Usage(reply.usage.prompt_tokens, reply.usage.completion_tokens))
+            return (
+                reply.choices[0].message.content,
+                reply.choices[0].finish_reason,
+                Usage(reply.usage.prompt_tokens, reply.usage.completion_tokens),
+            )
         text, finish, usage = "", None, None
-        for chunk in client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=32, stop=["Paris"], stream=True,
-                                                    stream_options={"include_usage": True}):
+        for chunk in client.chat.completions.create(
+            model=MODEL,
+            messages=QUESTION,
+            max_tokens=32,
+            stop=["Paris"],
+            stream=True,
+            stream_options={"include_usage": True},
+        ):
             if chunk.choices:
                 text += chunk.choices[0].delta.content or ""
                 finish = chunk.choices[0].finish_reason or finish
@@ -169,8 +199,11 @@ async def test_stop_strings_it_ignores_are_honoured_and_billing_stops_there(gate
     balance = store.balance(account)
     assert balance.held == 0 and balance.credited == balance.charged + balance.available
 
-    reply = await trio.to_thread.run_sync(lambda: anthropic_client(urls, key).messages.create(
-        model=MODEL, messages=QUESTION, max_tokens=32, stop_sequences=["Paris"]))
+    reply = await trio.to_thread.run_sync(
+        lambda: anthropic_client(urls, key).messages.create(
+            model=MODEL, messages=QUESTION, max_tokens=32, stop_sequences=["Paris"]
+        )
+    )
     assert reply.stop_reason == "stop_sequence" and reply.stop_sequence == "Paris"
     assert reply.content[0].text == expected
 
@@ -185,20 +218,30 @@ async def request_log(running: StoppableGateway, path) -> list[tuple]:
 async def test_a_sampled_request_it_answers_greedily_is_served_and_recorded(gateway, running, tmp_path):
     urls, store, miner = gateway
     _, key = buyer(store)
-    reply = await trio.to_thread.run_sync(lambda: openai_client(urls, key).chat.completions.create(
-        model=MODEL, messages=QUESTION, max_tokens=16, temperature=0.8, seed=7))
+    reply = await trio.to_thread.run_sync(
+        lambda: openai_client(urls, key).chat.completions.create(
+            model=MODEL, messages=QUESTION, max_tokens=16, temperature=0.8, seed=7
+        )
+    )
     assert reply.choices[0].message.content
     assert miner.served[-1]["sampling"]["temperature"] == 0.8
     assert miner.served[-1]["sampling"]["seed"] == 7, "the buyer's seed is kept"
-    await trio.to_thread.run_sync(lambda: openai_client(urls, key).chat.completions.create(
-        model=MODEL, messages=QUESTION, max_tokens=4, temperature=0.8))
+    await trio.to_thread.run_sync(
+        lambda: openai_client(urls, key).chat.completions.create(
+            model=MODEL, messages=QUESTION, max_tokens=4, temperature=0.8
+        )
+    )
     drawn = miner.served[-1]["sampling"]["seed"]
     assert isinstance(drawn, int) and 0 <= drawn < 2**63, "the gateway seeds every sampled request, for replay"
     rows = await request_log(running, store_path_of(tmp_path))
-    assert [row[1:] for row in rows] == [(200, 1), (200, 1)], "recorded as served greedily although the buyer asked to sample"
+    assert [row[1:] for row in rows] == [(200, 1), (200, 1)], (
+        "recorded as served greedily although the buyer asked to sample"
+    )
 
 
-async def test_requests_that_sample_or_pass_tools_go_to_a_miner_that_honours_them(gateway, running, nursery, tmp_path, checkpoint):
+async def test_requests_that_sample_or_pass_tools_go_to_a_miner_that_honours_them(
+    gateway, running, nursery, tmp_path, checkpoint
+):
     from engy_node.miner.link import Identity, LinkSettings
     from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
 
@@ -207,19 +250,34 @@ async def test_requests_that_sample_or_pass_tools_go_to_a_miner_that_honours_the
     _, miner_key = store.register_miner("samples")
     handler = SyntheticHandler(served, lambda frame: Script(text="A sampled answer."))
     async with httpx.AsyncClient(timeout=30) as http:
-        link = synthetic_link(gateway_url=urls.miner_url, model=served, identity=Identity(miner_key=miner_key), handler=handler,
-                              http=http, settings=LinkSettings(heartbeat_s=HEARTBEAT_S), worker_name="samples")
+        link = synthetic_link(
+            gateway_url=urls.miner_url,
+            model=served,
+            identity=Identity(miner_key=miner_key),
+            handler=handler,
+            http=http,
+            settings=LinkSettings(heartbeat_s=HEARTBEAT_S),
+            worker_name="samples",
+        )
         await nursery.start(link.run)
         _, key = buyer(store)
         client = openai_client(urls, key)
         for _ in range(4):
-            reply = await trio.to_thread.run_sync(lambda: client.chat.completions.create(
-                model=MODEL, messages=QUESTION, max_tokens=16, temperature=0.7))
+            reply = await trio.to_thread.run_sync(
+                lambda: client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=16, temperature=0.7)
+            )
             assert reply.choices[0].message.content == "A sampled answer."
-        tool = {"type": "function", "function": {"name": "capital", "description": "The capital of a country",
-                                                 "parameters": {"type": "object", "properties": {"country": {"type": "string"}}}}}
-        reply = await trio.to_thread.run_sync(lambda: client.chat.completions.create(
-            model=MODEL, messages=QUESTION, max_tokens=16, tools=[tool]))
+        tool = {
+            "type": "function",
+            "function": {
+                "name": "capital",
+                "description": "The capital of a country",
+                "parameters": {"type": "object", "properties": {"country": {"type": "string"}}},
+            },
+        }
+        reply = await trio.to_thread.run_sync(
+            lambda: client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=16, tools=[tool])
+        )
         assert reply.choices[0].message.content == "A sampled answer."
         assert len(handler.served) == 5 and not miner.served, "the public miner renders no tools into its prompt"
         rows = await request_log(running, store_path_of(tmp_path))

@@ -46,11 +46,23 @@ OURS = "engy-node"
 PEERS = [dialect.name for dialect in DIALECTS] + [OURS]
 STRUCTURED = [ENGY_MINER_NEWEST.name, TEE_MINER_NEWEST.name, OURS]
 """The peers that send reasoning and tool calls apart from the text."""
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
-QUESTION = [{"role": "system", "content": "You answer questions about cities, briefly and accurately."},
-            {"role": "user", "content": "What is the capital of France?"}]
-TOOL_TURN = Answer(reasoning="The user wants the weather.", text="Let me check.", calls=(("get_weather", {"city": "Paris", "days": 2}),))
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}},
+    },
+}
+QUESTION = [
+    {"role": "system", "content": "You answer questions about cities, briefly and accurately."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+TOOL_TURN = Answer(
+    reasoning="The user wants the weather.",
+    text="Let me check.",
+    calls=(("get_weather", {"city": "Paris", "days": 2}),),
+)
 FAST = LinkSettings(heartbeat_s=0.5, backoff_base_s=0.05, backoff_cap_s=0.2, reconnect_delay_s=0.05)
 
 
@@ -70,9 +82,13 @@ class OurMiner:
             return Script(refuse=(message, status or 500))
         raw = answer.raw()
         if answer.cut_at_max_tokens:
-            ids = self.served.tokenizer.encode(raw, add_special_tokens=False)[:frame.request.max_tokens]
-            return Script(text=self.served.tokenizer.decode(ids), finish_reason="length", in_parts=True,
-                          cached_tokens=answer.cached_tokens)
+            ids = self.served.tokenizer.encode(raw, add_special_tokens=False)[: frame.request.max_tokens]
+            return Script(
+                text=self.served.tokenizer.decode(ids),
+                finish_reason="length",
+                in_parts=True,
+                cached_tokens=answer.cached_tokens,
+            )
         return Script(text=raw, in_parts=True, cached_tokens=answer.cached_tokens)
 
 
@@ -89,12 +105,21 @@ class Network:
         _, miner_key = self.store.register_miner(f"{name.split()[0]}-{uuid.uuid4().hex[:6]}")
         if name == OURS:
             ours = OurMiner(self.served, answer)
-            link = synthetic_link(gateway_url=self.urls.miner_url, model=self.served, identity=Identity(miner_key=miner_key),
-                                  handler=ours.handler, http=self.http, settings=FAST, worker_name="ours")
+            link = synthetic_link(
+                gateway_url=self.urls.miner_url,
+                model=self.served,
+                identity=Identity(miner_key=miner_key),
+                handler=ours.handler,
+                http=self.http,
+                settings=FAST,
+                worker_name="ours",
+            )
             await self.nursery.start(link.run)
             return ours
         dialect = next(dialect for dialect in DIALECTS if dialect.name == name)
-        peer = ScriptedPeer(dialect, url=self.urls.miner_url, miner_key=miner_key, model=self.served, answer=answer, **options)
+        peer = ScriptedPeer(
+            dialect, url=self.urls.miner_url, miner_key=miner_key, model=self.served, answer=answer, **options
+        )
         await self.nursery.start(peer.run)
         return peer
 
@@ -117,8 +142,21 @@ class Network:
 
 async def open_network(nursery, home: Path, checkpoint: Path, running: StoppableGateway, **gateway):
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(home=home, env=env, overrides={"gateway": {
-        "port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "queue_wait_s": 0.5, "drain_s": 5.0, **gateway}})
+    config = load_config(
+        home=home,
+        env=env,
+        overrides={
+            "gateway": {
+                "port": 0,
+                "miner_port": 0,
+                "provider_port": 0,
+                "qualification": False,
+                "queue_wait_s": 0.5,
+                "drain_s": 5.0,
+                **gateway,
+            }
+        },
+    )
     hub = Hub()
     urls = await nursery.start(running.run, config, hub)
     store = Store.open(store_path(config))
@@ -196,11 +234,16 @@ def ask_anthropic(client: anthropic.Anthropic, *, stream: bool, **request):
 async def test_a_plain_answer_is_relayed_and_charged_as_told(network, peer, stream):
     await network.peer(peer)
     account, key = network.buyer()
-    completion = await trio.to_thread.run_sync(lambda: ask_openai(network.openai(key), stream=stream, messages=QUESTION))
+    completion = await trio.to_thread.run_sync(
+        lambda: ask_openai(network.openai(key), stream=stream, messages=QUESTION)
+    )
     choice = completion.choices[0]
     assert choice.message.content == "Paris is the capital of France." and choice.finish_reason == "stop"
-    message = await trio.to_thread.run_sync(lambda: ask_anthropic(network.anthropic(key), stream=stream, messages=QUESTION[1:],
-                                                                  system=QUESTION[0]["content"]))
+    message = await trio.to_thread.run_sync(
+        lambda: ask_anthropic(
+            network.anthropic(key), stream=stream, messages=QUESTION[1:], system=QUESTION[0]["content"]
+        )
+    )
     assert [block.text for block in message.content] == ["Paris is the capital of France."]
     assert message.stop_reason == "end_turn"
     network.charged_as_told(account, openai_usage(completion.usage), anthropic_usage(message.usage))
@@ -227,47 +270,70 @@ async def test_a_two_step_tool_call_loop_with_thinking_completes_on_both_sdks(ne
     assert 0 < first.usage.completion_tokens_details.reasoning_tokens < first.usage.completion_tokens
     history = question + [
         {"role": "assistant", "content": choice.message.content, "tool_calls": [call.model_dump(exclude_none=True)]},
-        {"role": "tool", "tool_call_id": call.id, "content": '{"forecast": "sunny"}'}]
+        {"role": "tool", "tool_call_id": call.id, "content": '{"forecast": "sunny"}'},
+    ]
     second = await trio.to_thread.run_sync(lambda: ask_openai(client, stream=stream, messages=history, tools=[WEATHER]))
     assert second.choices[0].message.content == "It is sunny in Paris for the next 2 days."
     assert second.choices[0].finish_reason == "stop" and second.usage.completion_tokens_details.reasoning_tokens > 0
 
-    tools = [{"name": "get_weather", "description": "Weather for a city", "input_schema": WEATHER["function"]["parameters"]}]
+    tools = [
+        {"name": "get_weather", "description": "Weather for a city", "input_schema": WEATHER["function"]["parameters"]}
+    ]
     claude = network.anthropic(key)
     turn = await trio.to_thread.run_sync(lambda: ask_anthropic(claude, stream=stream, messages=question, tools=tools))
     assert [block.type for block in turn.content] == ["thinking", "text", "tool_use"] and turn.stop_reason == "tool_use"
     use = turn.content[2]
     assert use.input == {"city": "Paris", "days": 2} and turn.content[0].thinking == "The user wants the weather."
-    history = question + [{"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in turn.content]},
-                          {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]}]
+    history = question + [
+        {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in turn.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]},
+    ]
     done = await trio.to_thread.run_sync(lambda: ask_anthropic(claude, stream=stream, messages=history, tools=tools))
     assert [block.type for block in done.content] == ["thinking", "text"] and done.stop_reason == "end_turn"
     assert done.content[1].text == "It is sunny in Paris for the next 2 days."
-    network.charged_as_told(account, *(openai_usage(c.usage) for c in (first, second)),
-                            *(anthropic_usage(m.usage) for m in (turn, done)))
+    network.charged_as_told(
+        account, *(openai_usage(c.usage) for c in (first, second)), *(anthropic_usage(m.usage) for m in (turn, done))
+    )
 
 
 @pytest.mark.parametrize("peer", [ENGY_MINER_0_4_4.name, ENGY_MINER_NEWEST.name])
-async def test_a_public_miner_proving_the_prompt_as_it_renders_it_is_served_and_billed_for_that_prompt(tools_network, peer):
+async def test_a_public_miner_proving_the_prompt_as_it_renders_it_is_served_and_billed_for_that_prompt(
+    tools_network, peer
+):
     # Release 0.4.4 drops the tools and the template's variables; the newest renders a history
     # tool call's arguments as an object. Either proves its own rendering of the buyer's
     # request, honestly: the answer is relayed, billed for the prompt it computed, not refused.
     network = tools_network
     miner = await network.peer(peer)
     account, key = network.buyer()
-    history = [{"role": "user", "content": "Weather in Paris?"},
-               {"role": "assistant", "content": "Let me check.", "tool_calls": [
-                   {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
-               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
-    completion = await trio.to_thread.run_sync(lambda: ask_openai(network.openai(key), stream=False, messages=history,
-                                                                  tools=[WEATHER]))
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "Let me check.",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    completion = await trio.to_thread.run_sync(
+        lambda: ask_openai(network.openai(key), stream=False, messages=history, tools=[WEATHER])
+    )
     assert completion.choices[0].message.content == "Paris is the capital of France."
     assert completion.usage.prompt_tokens == len(miner.sent[0].prompt_ids)
-    message = await trio.to_thread.run_sync(lambda: ask_anthropic(network.anthropic(key), stream=True, messages=QUESTION[1:],
-                                                                  thinking={"type": "disabled"}))
+    message = await trio.to_thread.run_sync(
+        lambda: ask_anthropic(network.anthropic(key), stream=True, messages=QUESTION[1:], thinking={"type": "disabled"})
+    )
     assert message.content[0].text == "Paris is the capital of France."
     assert message.usage.input_tokens == len(miner.sent[1].prompt_ids)
-    rendered_by_gateway = network.served.render_prompt(parse_gateway_frame(json.dumps(miner.frames("serve")[0])).request)
+    rendered_by_gateway = network.served.render_prompt(
+        parse_gateway_frame(json.dumps(miner.frames("serve")[0])).request
+    )
     assert rendered_by_gateway != miner.sent[0].prompt_ids, "the miner rendered this request as the gateway does"
     network.charged_as_told(account, openai_usage(completion.usage), anthropic_usage(message.usage))
 
@@ -278,8 +344,11 @@ async def test_cached_prompt_tokens_reach_both_sdks_at_the_cache_read_price(netw
     account, key = network.buyer()
     completion = await trio.to_thread.run_sync(lambda: ask_openai(network.openai(key), stream=True, messages=QUESTION))
     assert completion.usage.prompt_tokens_details.cached_tokens == 16
-    message = await trio.to_thread.run_sync(lambda: ask_anthropic(network.anthropic(key), stream=False, messages=QUESTION[1:],
-                                                                  system=QUESTION[0]["content"]))
+    message = await trio.to_thread.run_sync(
+        lambda: ask_anthropic(
+            network.anthropic(key), stream=False, messages=QUESTION[1:], system=QUESTION[0]["content"]
+        )
+    )
     assert message.usage.cache_read_input_tokens == 16
     network.charged_as_told(account, openai_usage(completion.usage), anthropic_usage(message.usage))
 
@@ -288,14 +357,20 @@ async def test_cached_prompt_tokens_reach_both_sdks_at_the_cache_read_price(netw
 @pytest.mark.parametrize("peer", PEERS)
 async def test_an_answer_cut_at_max_tokens_finishes_with_length(network, peer, stream):
     # Release 0.4.4 says "stop" even then: the gateway knows better from the token count.
-    await network.peer(peer, lambda request: Answer(text="Paris is the capital of France, and its largest city by far.",
-                                                    cut_at_max_tokens=True))
+    await network.peer(
+        peer,
+        lambda request: Answer(
+            text="Paris is the capital of France, and its largest city by far.", cut_at_max_tokens=True
+        ),
+    )
     account, key = network.buyer()
-    completion = await trio.to_thread.run_sync(lambda: ask_openai(network.openai(key), stream=stream, messages=QUESTION,
-                                                                  max_tokens=5))
+    completion = await trio.to_thread.run_sync(
+        lambda: ask_openai(network.openai(key), stream=stream, messages=QUESTION, max_tokens=5)
+    )
     assert completion.choices[0].finish_reason == "length" and completion.usage.completion_tokens == 5
-    message = await trio.to_thread.run_sync(lambda: ask_anthropic(network.anthropic(key), stream=stream, messages=QUESTION[1:],
-                                                                  max_tokens=5))
+    message = await trio.to_thread.run_sync(
+        lambda: ask_anthropic(network.anthropic(key), stream=stream, messages=QUESTION[1:], max_tokens=5)
+    )
     assert message.stop_reason == "max_tokens"
     network.charged_as_told(account, openai_usage(completion.usage), anthropic_usage(message.usage))
 
@@ -314,7 +389,9 @@ async def test_a_refusal_with_a_4xx_status_reaches_the_buyer_and_is_not_the_mine
     with pytest.raises(openai.BadRequestError, match="cannot identify image file"):
         await trio.to_thread.run_sync(lambda: ask_openai(network.openai(key), stream=True, messages=QUESTION))
     with pytest.raises(anthropic.BadRequestError, match="cannot identify image file"):
-        await trio.to_thread.run_sync(lambda: ask_anthropic(network.anthropic(key), stream=False, messages=QUESTION[1:]))
+        await trio.to_thread.run_sync(
+            lambda: ask_anthropic(network.anthropic(key), stream=False, messages=QUESTION[1:])
+        )
     refusing["on"] = False
     completion = await trio.to_thread.run_sync(lambda: ask_openai(network.openai(key), stream=False, messages=QUESTION))
     assert completion.choices[0].message.content == "Paris is the capital of France."
@@ -339,7 +416,9 @@ async def test_a_buyer_hanging_up_mid_stream_sends_the_miner_cancel(network, pee
     account, key = network.buyer()
 
     def first_chunk_then_hang_up() -> str:
-        with network.openai(key).chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=128, stream=True) as events:
+        with network.openai(key).chat.completions.create(
+            model=MODEL, messages=QUESTION, max_tokens=128, stream=True
+        ) as events:
             for event in events:
                 if event.choices and event.choices[0].delta.content:
                     return event.choices[0].delta.content
@@ -370,7 +449,11 @@ async def test_heartbeats_carry_the_serves_state_into_status_and_routing(network
         while shown().get("kv_used") != 0.25:
             await trio.sleep(0.2)
     assert {k: shown()[k] for k in ("region", "tee", "context_length", "worker")} == {
-        "region": "eu-north", "tee": "on", "context_length": 4096, "worker": tee.worker_name}
+        "region": "eu-north",
+        "tee": "on",
+        "context_length": 4096,
+        "worker": tee.worker_name,
+    }
     _, key = network.buyer()
     client = network.openai(key)
     await trio.to_thread.run_sync(lambda: ask_openai(client, stream=False, messages=QUESTION))
@@ -385,8 +468,9 @@ async def test_heartbeats_carry_the_serves_state_into_status_and_routing(network
     tee.kv_frac = 0.5
     await heard_twice()
     with pytest.raises(openai.APIStatusError):  # longer than the serve's 4096-token context
-        await trio.to_thread.run_sync(lambda: ask_openai(client, stream=False, messages=[
-            {"role": "user", "content": "Paris " * 4200}]))
+        await trio.to_thread.run_sync(
+            lambda: ask_openai(client, stream=False, messages=[{"role": "user", "content": "Paris " * 4200}])
+        )
     assert len(tee.frames("serve")) == served
     await trio.to_thread.run_sync(lambda: ask_openai(client, stream=False, messages=QUESTION))
     assert len(tee.frames("serve")) == served + 1
@@ -409,7 +493,9 @@ async def test_a_tee_miner_that_redials_finishes_its_requests_on_the_old_connect
     results: list = []
 
     async def ask() -> None:
-        results.append(await trio.to_thread.run_sync(lambda: ask_openai(network.openai(key), stream=True, messages=QUESTION)))
+        results.append(
+            await trio.to_thread.run_sync(lambda: ask_openai(network.openai(key), stream=True, messages=QUESTION))
+        )
 
     async with trio.open_nursery() as buyers:
         buyers.start_soon(ask)

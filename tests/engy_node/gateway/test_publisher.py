@@ -36,20 +36,55 @@ def store(tmp_path):
         yield opened
 
 
-def serve(store: Store, miner: str, *, at: float, request_id: str, tokens: int = 500, verdict: str | None = "pass") -> None:
-    store.log_request(RequestLogEntry(
-        request_id=request_id, account_id=store.create_buyer(f"b-{request_id}")[0], miner=miner, model=MODEL, api="openai",
-        kind="paid", status=200, prompt_tokens=tokens, completion_tokens=tokens, cached_tokens=0, cost_micro=10, ttft_ms=100.0,
-        tpot_ms=10.0, created_at=at))
+def serve(
+    store: Store, miner: str, *, at: float, request_id: str, tokens: int = 500, verdict: str | None = "pass"
+) -> None:
+    store.log_request(
+        RequestLogEntry(
+            request_id=request_id,
+            account_id=store.create_buyer(f"b-{request_id}")[0],
+            miner=miner,
+            model=MODEL,
+            api="openai",
+            kind="paid",
+            status=200,
+            prompt_tokens=tokens,
+            completion_tokens=tokens,
+            cached_tokens=0,
+            cost_micro=10,
+            ttft_ms=100.0,
+            tpot_ms=10.0,
+            created_at=at,
+        )
+    )
     if verdict:
-        store.record_verdict(VerdictRecord(request_id=request_id, miner=miner, model=MODEL, kind="paid", verdict=verdict,
-                                           reason="ok" if verdict == "pass" else "chunks", verifier="local",
-                                           request_created_at=at, judged_at=at + 1))
+        store.record_verdict(
+            VerdictRecord(
+                request_id=request_id,
+                miner=miner,
+                model=MODEL,
+                kind="paid",
+                verdict=verdict,
+                reason="ok" if verdict == "pass" else "chunks",
+                verifier="local",
+                request_created_at=at,
+                judged_at=at + 1,
+            )
+        )
 
 
 def publisher(store: Store, wall: Wall, master, owner: str) -> EpochPublisher:
-    return EpochPublisher(store=store, clock=CLOCK, netuid=53, master=master, owner_hotkey=owner, models={MODEL: SMOLLM2_135M},
-                          minimums=GateMinimums(1, 1, 1), hub=Hub(), wall=wall)
+    return EpochPublisher(
+        store=store,
+        clock=CLOCK,
+        netuid=53,
+        master=master,
+        owner_hotkey=owner,
+        models={MODEL: SMOLLM2_135M},
+        minimums=GateMinimums(1, 1, 1),
+        hub=Hub(),
+        wall=wall,
+    )
 
 
 async def test_an_epoch_is_published_after_its_grace_signed_and_the_same_after_a_restart(nursery, store, alice, bob):
@@ -88,7 +123,8 @@ async def test_a_quiet_epoch_burns_to_the_owner(nursery, store, alice, bob):
         while store.latest_epoch() is None:
             await trio.sleep(0.05)
     assert dict(parse_and_verify(store.latest_epoch()[1], master_hotkey=alice.ss58_address, netuid=53).weights) == {
-        bob.ss58_address: 65535}
+        bob.ss58_address: 65535
+    }
 
 
 async def test_the_current_epoch_is_shown_unsigned_even_without_keys(store, bob):

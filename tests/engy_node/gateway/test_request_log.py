@@ -19,9 +19,22 @@ def store(tmp_path):
 
 
 def entry(**overrides) -> RequestLogEntry:
-    fields = dict(request_id=uuid.uuid4().hex, account_id=None, miner="key:1", model="smollm2-135m", api="openai",
-                  kind="probe", status=200, prompt_tokens=10, completion_tokens=5, cached_tokens=0, cost_micro=0,
-                  ttft_ms=12.0, tpot_ms=1.5, created_at=1_000.0)
+    fields = dict(
+        request_id=uuid.uuid4().hex,
+        account_id=None,
+        miner="key:1",
+        model="smollm2-135m",
+        api="openai",
+        kind="probe",
+        status=200,
+        prompt_tokens=10,
+        completion_tokens=5,
+        cached_tokens=0,
+        cost_micro=0,
+        ttft_ms=12.0,
+        tpot_ms=1.5,
+        created_at=1_000.0,
+    )
     return RequestLogEntry(**{**fields, **overrides})
 
 

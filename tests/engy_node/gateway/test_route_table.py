@@ -48,7 +48,9 @@ def slow_order(workers, prefix: bytes) -> list[str]:
     point = key_point(prefix)
 
     def score(worker: Candidate) -> tuple[Fraction, str]:
-        return Fraction(min((p - point) % 2**64 for p in worker_points(worker.worker_id)), worker.capacity), worker.worker_id
+        return Fraction(
+            min((p - point) % 2**64 for p in worker_points(worker.worker_id)), worker.capacity
+        ), worker.worker_id
 
     return [w.worker_id for w in sorted(workers, key=score)]
 
@@ -60,8 +62,14 @@ def within_bound(worker: Candidate, workers, load_factor: float) -> bool:
 
 @st.composite
 def idle_workers(draw, *, min_size: int = 1, max_size: int = 12):
-    rows = draw(st.lists(st.tuples(worker_ids, st.integers(1, 2**20)), min_size=min_size, max_size=max_size,
-                         unique_by=lambda row: row[0]))
+    rows = draw(
+        st.lists(
+            st.tuples(worker_ids, st.integers(1, 2**20)),
+            min_size=min_size,
+            max_size=max_size,
+            unique_by=lambda row: row[0],
+        )
+    )
     return [Candidate(worker_id=i, capacity=c, inflight=0) for i, c in rows]
 
 
@@ -71,8 +79,14 @@ def busy_workers(draw, *, max_size: int = 12):
     workers = []
     for worker_id in ids:
         capacity = draw(st.integers(0, 16))
-        workers.append(Candidate(worker_id=worker_id, capacity=capacity, inflight=draw(st.integers(0, capacity + 2)),
-                                 lacks=draw(st.frozensets(st.sampled_from(FEATURES)))))
+        workers.append(
+            Candidate(
+                worker_id=worker_id,
+                capacity=capacity,
+                inflight=draw(st.integers(0, capacity + 2)),
+                lacks=draw(st.frozensets(st.sampled_from(FEATURES))),
+            )
+        )
     return workers
 
 
@@ -94,10 +108,13 @@ def test_the_keys_order_ranks_workers_by_their_nearest_points_distance_over_capa
 
 @settings(deadline=None)  # builds tables of 256 points a worker per example: slow on a busy machine
 @given(workers=busy_workers(), prefix=keys, load_factor=load_factors, search=searches, data=st.data())
-def test_a_keyed_choice_is_the_first_eligible_worker_in_the_keys_order_within_the_load_bound(workers, prefix, load_factor, search,
-                                                                                             data):
+def test_a_keyed_choice_is_the_first_eligible_worker_in_the_keys_order_within_the_load_bound(
+    workers, prefix, load_factor, search, data
+):
     exclude = frozenset(data.draw(st.lists(st.sampled_from([w.worker_id for w in workers]))))
-    choice = table_of(workers, search=search).choose(prefix=prefix, rr_counter=0, load_factor=load_factor, exclude=exclude)
+    choice = table_of(workers, search=search).choose(
+        prefix=prefix, rr_counter=0, load_factor=load_factor, exclude=exclude
+    )
     eligible = [w for w in workers if w.inflight < w.capacity and w.worker_id not in exclude]
     assert (choice is None) == (not eligible)
     if choice is None:
@@ -120,18 +137,32 @@ def test_each_retry_goes_to_the_next_worker_in_the_keys_order(workers, prefix, s
 # --- a table kept current decides as one built afresh ------------------------------------------
 
 operations = st.lists(
-    st.tuples(st.sampled_from(["join", "leave", "capacity", "inflight", "admitted"]), st.integers(0, 7), st.integers(0, 18),
-              st.booleans(), st.integers(0, 2), st.frozensets(st.sampled_from(FEATURES))),
+    st.tuples(
+        st.sampled_from(["join", "leave", "capacity", "inflight", "admitted"]),
+        st.integers(0, 7),
+        st.integers(0, 18),
+        st.booleans(),
+        st.integers(0, 2),
+        st.frozensets(st.sampled_from(FEATURES)),
+    ),
     max_size=60,
 )
 
 
 @settings(deadline=None)  # builds tables of 256 points a worker per example: slow on a busy machine
-@given(history=operations, ids=st.lists(worker_ids, min_size=8, max_size=8, unique=True),
-       prefixes=st.lists(st.one_of(st.none(), keys), min_size=1, max_size=4), counter=counters, load_factor=load_factors,
-       needs=st.frozensets(st.sampled_from(FEATURES)), prefer=st.frozensets(st.sampled_from(FEATURES)), data=st.data())
-def test_a_table_kept_current_decides_as_one_built_afresh_in_any_order(history, ids, prefixes, counter, load_factor, needs,
-                                                                       prefer, data):
+@given(
+    history=operations,
+    ids=st.lists(worker_ids, min_size=8, max_size=8, unique=True),
+    prefixes=st.lists(st.one_of(st.none(), keys), min_size=1, max_size=4),
+    counter=counters,
+    load_factor=load_factors,
+    needs=st.frozensets(st.sampled_from(FEATURES)),
+    prefer=st.frozensets(st.sampled_from(FEATURES)),
+    data=st.data(),
+)
+def test_a_table_kept_current_decides_as_one_built_afresh_in_any_order(
+    history, ids, prefixes, counter, load_factor, needs, prefer, data
+):
     # The kept table walks the rings and the fresh one scans the eligible workers, so this also
     # checks that the two read one order on tables with full, unadmitted and unequal workers.
     table = RouteTable(keyed_search="walk")
@@ -139,7 +170,9 @@ def test_a_table_kept_current_decides_as_one_built_afresh_in_any_order(history, 
     for kind, index, number, flag, priority, lacks in history:
         worker_id = ids[index]
         if kind == "join" and worker_id not in state:
-            worker = Candidate(worker_id=worker_id, capacity=number, inflight=number // 2, priority=priority, lacks=lacks)
+            worker = Candidate(
+                worker_id=worker_id, capacity=number, inflight=number // 2, priority=priority, lacks=lacks
+            )
             table.join(worker, admitted=flag)
             state[worker_id] = (worker, flag)
         elif worker_id not in state:
@@ -150,13 +183,29 @@ def test_a_table_kept_current_decides_as_one_built_afresh_in_any_order(history, 
         elif kind == "capacity":
             table.update(worker_id, capacity=number)
             worker, admitted = state[worker_id]
-            state[worker_id] = (Candidate(worker_id=worker_id, capacity=number, inflight=worker.inflight,
-                                          priority=worker.priority, lacks=worker.lacks), admitted)
+            state[worker_id] = (
+                Candidate(
+                    worker_id=worker_id,
+                    capacity=number,
+                    inflight=worker.inflight,
+                    priority=worker.priority,
+                    lacks=worker.lacks,
+                ),
+                admitted,
+            )
         elif kind == "inflight":
             table.update(worker_id, inflight=number)
             worker, admitted = state[worker_id]
-            state[worker_id] = (Candidate(worker_id=worker_id, capacity=worker.capacity, inflight=number,
-                                          priority=worker.priority, lacks=worker.lacks), admitted)
+            state[worker_id] = (
+                Candidate(
+                    worker_id=worker_id,
+                    capacity=worker.capacity,
+                    inflight=number,
+                    priority=worker.priority,
+                    lacks=worker.lacks,
+                ),
+                admitted,
+            )
         else:
             table.update(worker_id, admitted=flag)
             state[worker_id] = (state[worker_id][0], flag)
@@ -167,7 +216,9 @@ def test_a_table_kept_current_decides_as_one_built_afresh_in_any_order(history, 
     assert sorted(table) == sorted(fresh) and all(table[w] == fresh[w] for w in table)
     exclude = frozenset(data.draw(st.lists(st.sampled_from(ids))))
     for prefix in prefixes:
-        arguments = dict(prefix=prefix, rr_counter=counter, load_factor=load_factor, exclude=exclude, needs=needs, prefer=prefer)
+        arguments = dict(
+            prefix=prefix, rr_counter=counter, load_factor=load_factor, exclude=exclude, needs=needs, prefer=prefer
+        )
         assert table.choose(**arguments) == fresh.choose(**arguments)
 
 
@@ -197,7 +248,7 @@ def test_a_hot_key_kept_in_the_table_fills_its_order_under_the_bound():
         table.update(choice.worker_id, inflight=inflight[choice.worker_id])
         assert max(inflight.values()) <= math.ceil(DEFAULT_LOAD_FACTOR * placed / len(workers))
         used = [w for w in order if inflight[w]]
-        assert used == order[:len(used)], "overflow skipped a worker earlier in the key's order"
+        assert used == order[: len(used)], "overflow skipped a worker earlier in the key's order"
     assert table.choose(prefix=b"hot", rr_counter=0) is None
     table.update(order[3], inflight=7)
     assert table.choose(prefix=b"hot", rr_counter=0) == Choice(order[3], "affinity")
@@ -220,7 +271,10 @@ SIGMAS = 6
 
 
 def fleet(count: int) -> list[Candidate]:
-    return [Candidate(worker_id=f"miner-{i:04d}/leg-{i % 3}", capacity=(4, 8, 16, 32)[i % 4], inflight=0) for i in range(count)]
+    return [
+        Candidate(worker_id=f"miner-{i:04d}/leg-{i % 3}", capacity=(4, 8, 16, 32)[i % 4], inflight=0)
+        for i in range(count)
+    ]
 
 
 def homes(table: RouteTable) -> list[str]:
@@ -258,8 +312,9 @@ def test_a_leave_moves_only_the_keys_the_worker_was_home_to_and_spreads_them():
     after = homes(table)
     assert all(a == b for b, a in zip(before, after) if b != gone)
     inherited = [a for b, a in zip(before, after) if b == gone]
-    assert len(inherited) > 100 and max(inherited.count(w) for w in set(inherited)) < len(inherited) / 4, \
+    assert len(inherited) > 100 and max(inherited.count(w) for w in set(inherited)) < len(inherited) / 4, (
         "its keys go to many workers, not to one neighbour"
+    )
 
 
 def test_shares_follow_capacity_on_a_large_sample():
@@ -286,8 +341,15 @@ def test_a_worker_id_twice_or_an_unknown_one_is_the_callers_bug():
             change()
 
 
-@pytest.mark.parametrize(("fields", "names"), [({"capacity": -1}, "capacity"), ({"inflight": -2}, "inflight"),
-                                               ({"inflight": True}, "inflight"), ({"capacity": 1.5}, "capacity")])
+@pytest.mark.parametrize(
+    ("fields", "names"),
+    [
+        ({"capacity": -1}, "capacity"),
+        ({"inflight": -2}, "inflight"),
+        ({"inflight": True}, "inflight"),
+        ({"capacity": 1.5}, "capacity"),
+    ],
+)
 def test_an_update_with_impossible_numbers_is_refused_and_changes_nothing(fields, names):
     table = table_of([Candidate(worker_id="w", capacity=2, inflight=1)])
     with pytest.raises(ValueError, match=names):
@@ -301,7 +363,9 @@ def test_an_unknown_keyed_search_is_refused_naming_the_choices():
         RouteTable(keyed_search="fast")
 
 
-@pytest.mark.parametrize(("arguments", "names"), [({"load_factor": 0.5}, "load_factor"), ({"rr_counter": -1}, "rr_counter")])
+@pytest.mark.parametrize(
+    ("arguments", "names"), [({"load_factor": 0.5}, "load_factor"), ({"rr_counter": -1}, "rr_counter")]
+)
 def test_nonsense_choose_arguments_are_refused_naming_the_argument(arguments, names):
     with pytest.raises(ValueError, match=names):
         RouteTable().choose(**{"prefix": None, "rr_counter": 0, **arguments})

@@ -43,10 +43,15 @@ def snapshots(draw, *, min_size: int = 0, max_size: int = 12, priorities=st.inte
     snapshot = []
     for worker_id in ids:
         capacity = draw(st.integers(0, 16))
-        snapshot.append(Candidate(
-            worker_id=worker_id, capacity=capacity, inflight=draw(st.integers(0, capacity + 2)), priority=draw(priorities),
-            lacks=draw(st.frozensets(st.sampled_from(FEATURES))),
-        ))
+        snapshot.append(
+            Candidate(
+                worker_id=worker_id,
+                capacity=capacity,
+                inflight=draw(st.integers(0, capacity + 2)),
+                priority=draw(priorities),
+                lacks=draw(st.frozensets(st.sampled_from(FEATURES))),
+            )
+        )
     return snapshot
 
 
@@ -94,7 +99,10 @@ def system(text: str) -> dict:
 
 
 def tool(name: str, description: str = "") -> dict:
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": {"type": "object"}}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": {"type": "object"}},
+    }
 
 
 turns = st.lists(
@@ -122,16 +130,23 @@ def test_appending_turns_never_changes_a_conversations_key(head, tools, first, l
 @given(head=system_prompts, tools=tool_lists, first=texts, later=turns)
 def test_a_request_with_a_useful_amount_of_text_always_has_a_key(head, tools, first, later):
     conversation = [*head, user(first), *later]
-    content_chars = sum(len(m["content"]) for m in conversation) + sum(len(t["function"]["description"]) for t in tools or ())
+    content_chars = sum(len(m["content"]) for m in conversation) + sum(
+        len(t["function"]["description"]) for t in tools or ()
+    )
     if content_chars >= MIN_USEFUL_PREFIX_CHARS:
         assert prefix_key(messages=conversation, tools=tools) is not None
 
 
 @given(
-    prompt=texts, tools=st.lists(st.builds(tool, worker_ids, texts), min_size=1, max_size=3), first=texts, later=turns,
+    prompt=texts,
+    tools=st.lists(st.builds(tool, worker_ids, texts), min_size=1, max_size=3),
+    first=texts,
+    later=turns,
     changed=st.sampled_from(["system prompt", "tools", "first user turn"]),
 )
-def test_changing_the_system_prompt_the_tools_or_the_first_user_turn_changes_the_key(prompt, tools, first, later, changed):
+def test_changing_the_system_prompt_the_tools_or_the_first_user_turn_changes_the_key(
+    prompt, tools, first, later, changed
+):
     # Every part here renders well under PREFIX_PART_CHARS, so each change falls inside the cap.
     def key(prompt, tools, first):
         return prefix_key(messages=[system(prompt), user(first), *later], tools=tools)
@@ -158,7 +173,9 @@ def test_conversations_sharing_a_long_system_prompt_are_told_apart_by_their_firs
 def test_each_part_counts_only_its_first_part_chars_characters():
     long_head = "a" * PREFIX_PART_CHARS
     assert prefix_key(messages=[user(long_head + "b")]) == prefix_key(messages=[user(long_head + "c")])
-    assert prefix_key(messages=[system(long_head + "b"), user("hi")]) == prefix_key(messages=[system(long_head + "c"), user("hi")])
+    assert prefix_key(messages=[system(long_head + "b"), user("hi")]) == prefix_key(
+        messages=[system(long_head + "c"), user("hi")]
+    )
 
 
 def test_a_short_request_has_no_key_and_so_goes_round_robin():
@@ -198,7 +215,9 @@ def test_a_message_holding_something_with_no_json_form_is_refused_naming_the_typ
 
 
 @given(snapshot=snapshots(), prefix=st.one_of(st.none(), keys), counter=counters, data=st.data())
-def test_only_a_worker_with_a_free_slot_not_yet_tried_is_chosen_and_none_means_there_was_none(snapshot, prefix, counter, data):
+def test_only_a_worker_with_a_free_slot_not_yet_tried_is_chosen_and_none_means_there_was_none(
+    snapshot, prefix, counter, data
+):
     ids = [w.worker_id for w in snapshot]
     exclude = data.draw(st.frozensets(st.sampled_from(ids)) if ids else st.just(frozenset()))
     choice = choose(candidates=snapshot, prefix=prefix, rr_counter=counter, exclude=exclude)
@@ -285,9 +304,9 @@ def idle_homes(snapshot: list[Candidate], prefixes: list[bytes]) -> dict[bytes, 
     return {p: table.choose(prefix=p, rr_counter=0).worker_id for p in prefixes}
 
 
-idle_snapshots = st.lists(st.tuples(worker_ids, st.integers(1, 8)), min_size=2, max_size=10, unique_by=lambda t: t[0]).map(
-    lambda rows: [Candidate(worker_id=i, capacity=c, inflight=0) for i, c in rows]
-)
+idle_snapshots = st.lists(
+    st.tuples(worker_ids, st.integers(1, 8)), min_size=2, max_size=10, unique_by=lambda t: t[0]
+).map(lambda rows: [Candidate(worker_id=i, capacity=c, inflight=0) for i, c in rows])
 prefix_sets = st.lists(keys, min_size=1, max_size=40, unique=True)
 
 
@@ -315,7 +334,7 @@ def test_resizing_a_worker_moves_keys_only_to_or_from_it(snapshot, prefixes, dat
     index = data.draw(st.integers(0, len(snapshot) - 1))
     resized = dataclasses.replace(snapshot[index], capacity=data.draw(st.integers(1, 8)))
     before = idle_homes(snapshot, prefixes)
-    after = idle_homes([*snapshot[:index], resized, *snapshot[index + 1:]], prefixes)
+    after = idle_homes([*snapshot[:index], resized, *snapshot[index + 1 :]], prefixes)
     assert all(after[p] == before[p] for p in prefixes if resized.worker_id not in (before[p], after[p]))
 
 
@@ -364,13 +383,20 @@ def test_keys_spread_evenly_over_equal_workers(workers):
 def test_keys_spread_in_proportion_to_capacity():
     capacities = {"small": 2, "medium": 4, "big": 6, "huge": 12}
     per_capacity = 24
-    snapshot = [Candidate(worker_id=f"{name}-{i}", capacity=c, inflight=0) for name, c in capacities.items() for i in range(per_capacity)]
+    snapshot = [
+        Candidate(worker_id=f"{name}-{i}", capacity=c, inflight=0)
+        for name, c in capacities.items()
+        for i in range(per_capacity)
+    ]
     counts: dict[str, int] = {}
     for home in homes(snapshot):
         name = home.split("-")[0]
         counts[name] = counts.get(name, 0) + 1
-    assert_spread(counts, {name: c / sum(capacities.values()) for name, c in capacities.items()},
-                  points=per_capacity * POINTS_PER_WORKER)
+    assert_spread(
+        counts,
+        {name: c / sum(capacities.values()) for name, c in capacities.items()},
+        points=per_capacity * POINTS_PER_WORKER,
+    )
 
 
 # --- choose: round-robin -----------------------------------------------------------------------
@@ -378,13 +404,18 @@ def test_keys_spread_in_proportion_to_capacity():
 
 @given(
     rows=st.lists(st.tuples(worker_ids, st.integers(1, 4)), min_size=1, max_size=12, unique_by=lambda t: t[0]),
-    base=st.integers(2, 8), busy=st.integers(0, 1), start=counters,
+    base=st.integers(2, 8),
+    busy=st.integers(0, 1),
+    start=counters,
 )
 def test_round_robin_visits_each_equally_loaded_worker_once_per_cycle_in_id_order(rows, base, busy, start):
     # Capacities differ, loads are equal: worker i has k_i * base slots and k_i * busy in flight.
     snapshot = [Candidate(worker_id=i, capacity=k * base, inflight=k * busy) for i, k in rows]
     ids = sorted(i for i, _ in rows)
-    picks = [choose(candidates=snapshot, prefix=None, rr_counter=start + n, exclude=frozenset()).worker_id for n in range(len(ids))]
+    picks = [
+        choose(candidates=snapshot, prefix=None, rr_counter=start + n, exclude=frozenset()).worker_id
+        for n in range(len(ids))
+    ]
     offset = start % len(ids)
     assert picks == ids[offset:] + ids[:offset]
     assert all(choose(candidates=snapshot, prefix=None, rr_counter=start).reason == "round-robin" for _ in range(2))
@@ -402,7 +433,9 @@ def test_round_robin_picks_among_the_least_loaded_workers(snapshot, counter):
 # --- choose: determinism -----------------------------------------------------------------------
 
 
-@given(snapshot=snapshots(), prefix=st.one_of(st.none(), keys), counter=counters, load_factor=load_factors, data=st.data())
+@given(
+    snapshot=snapshots(), prefix=st.one_of(st.none(), keys), counter=counters, load_factor=load_factors, data=st.data()
+)
 def test_a_decision_depends_only_on_its_inputs_not_on_candidate_order(snapshot, prefix, counter, load_factor, data):
     shuffled = data.draw(st.permutations(snapshot))
 
@@ -416,7 +449,9 @@ def test_a_decision_depends_only_on_its_inputs_not_on_candidate_order(snapshot, 
 
 
 @given(first_byte_sent=st.booleans(), attempts=st.integers(1, 10), max_attempts=st.integers(1, 10))
-def test_a_retry_happens_only_before_the_first_byte_and_within_the_attempt_budget(first_byte_sent, attempts, max_attempts):
+def test_a_retry_happens_only_before_the_first_byte_and_within_the_attempt_budget(
+    first_byte_sent, attempts, max_attempts
+):
     allowed = retry_allowed(first_byte_sent=first_byte_sent, attempts=attempts, max_attempts=max_attempts)
     assert allowed == (not first_byte_sent and attempts < max_attempts)
 
@@ -505,13 +540,21 @@ def test_a_request_that_needs_nothing_may_go_to_any_worker(snapshot, prefix, cou
     # What a worker lacks does not move it in a key's order or out of the load bound's counts.
     exclude = frozenset(data.draw(st.lists(st.sampled_from([c.worker_id for c in snapshot]))) if snapshot else [])
     lacking_nothing = [dataclasses.replace(c, lacks=frozenset()) for c in snapshot]
-    assert (choose(candidates=snapshot, prefix=prefix, rr_counter=counter, exclude=exclude)
-            == choose(candidates=lacking_nothing, prefix=prefix, rr_counter=counter, exclude=exclude))
+    assert choose(candidates=snapshot, prefix=prefix, rr_counter=counter, exclude=exclude) == choose(
+        candidates=lacking_nothing, prefix=prefix, rr_counter=counter, exclude=exclude
+    )
 
 
-@given(snapshot=snapshots(), needs=st.frozensets(st.sampled_from(FEATURES), min_size=1), prefix=st.one_of(st.none(), keys),
-       counter=counters, data=st.data())
-def test_a_request_goes_to_a_worker_that_honours_what_it_needs_whenever_one_has_room(snapshot, needs, prefix, counter, data):
+@given(
+    snapshot=snapshots(),
+    needs=st.frozensets(st.sampled_from(FEATURES), min_size=1),
+    prefix=st.one_of(st.none(), keys),
+    counter=counters,
+    data=st.data(),
+)
+def test_a_request_goes_to_a_worker_that_honours_what_it_needs_whenever_one_has_room(
+    snapshot, needs, prefix, counter, data
+):
     exclude = frozenset(data.draw(st.lists(st.sampled_from([c.worker_id for c in snapshot]))) if snapshot else [])
     choice = choose(candidates=snapshot, prefix=prefix, rr_counter=counter, exclude=exclude, needs=needs)
     by_id = {c.worker_id: c for c in snapshot}
@@ -527,13 +570,22 @@ def test_a_request_goes_to_a_worker_that_honours_what_it_needs_whenever_one_has_
 def test_a_sampled_request_waits_for_no_one_when_only_greedy_workers_have_room():
     sampler = Candidate(worker_id="sampler", capacity=1, inflight=1)
     greedy = Candidate(worker_id="greedy", capacity=4, inflight=0, lacks=frozenset({"sampling", "tools"}))
-    assert choose(candidates=[sampler, greedy], prefix=None, rr_counter=0, needs=frozenset({"sampling"})) == Choice("greedy", "round-robin")
+    assert choose(candidates=[sampler, greedy], prefix=None, rr_counter=0, needs=frozenset({"sampling"})) == Choice(
+        "greedy", "round-robin"
+    )
 
 
-@given(snapshot=snapshots(), needs=st.frozensets(st.sampled_from(FEATURES)), prefer=st.frozensets(st.sampled_from(FEATURES), min_size=1),
-       prefix=st.one_of(st.none(), keys), counter=counters, data=st.data())
+@given(
+    snapshot=snapshots(),
+    needs=st.frozensets(st.sampled_from(FEATURES)),
+    prefer=st.frozensets(st.sampled_from(FEATURES), min_size=1),
+    prefix=st.one_of(st.none(), keys),
+    counter=counters,
+    data=st.data(),
+)
 def test_a_preference_is_met_whenever_a_worker_with_it_has_room_and_never_at_the_cost_of_a_need(
-        snapshot, needs, prefer, prefix, counter, data):
+    snapshot, needs, prefer, prefix, counter, data
+):
     exclude = frozenset(data.draw(st.lists(st.sampled_from([c.worker_id for c in snapshot]))) if snapshot else [])
     choice = choose(candidates=snapshot, prefix=prefix, rr_counter=counter, exclude=exclude, needs=needs, prefer=prefer)
     by_id = {c.worker_id: c for c in snapshot}
@@ -547,9 +599,15 @@ def test_a_preference_is_met_whenever_a_worker_with_it_has_room_and_never_at_the
 def test_a_sampled_request_goes_to_a_seeded_sampler_first_then_any_sampler_then_anyone():
     seeded = Candidate(worker_id="seeded", capacity=1, inflight=0)
     sampler = Candidate(worker_id="sampler", capacity=1, inflight=0, lacks=frozenset({"seeded-rank-sampling"}))
-    greedy = Candidate(worker_id="greedy", capacity=1, inflight=0, lacks=frozenset({"sampling", "seeded-rank-sampling", "tools"}))
+    greedy = Candidate(
+        worker_id="greedy", capacity=1, inflight=0, lacks=frozenset({"sampling", "seeded-rank-sampling", "tools"})
+    )
     sampled = dict(needs=frozenset({"sampling"}), prefer=frozenset({"seeded-rank-sampling"}))
     picks = []
     for exclude in (frozenset(), {"seeded"}, {"seeded", "sampler"}):
-        picks.append(choose(candidates=[greedy, sampler, seeded], prefix=None, rr_counter=0, exclude=exclude, **sampled).worker_id)
+        picks.append(
+            choose(
+                candidates=[greedy, sampler, seeded], prefix=None, rr_counter=0, exclude=exclude, **sampled
+            ).worker_id
+        )
     assert picks == ["seeded", "sampler", "greedy"]

@@ -42,14 +42,26 @@ SMALL = GateMinimums(acceptance_attempts=10, latency_samples=10, cheat_verdicts=
 
 def request(hotkey="hk-a", model="m", *, status=200, cost=5, prompt=100, completion=50, ttft=200, tpot=20, probe=False):
     return RequestRecord(
-        hotkey=hotkey, model=model, status=status, cost_micro=cost, prompt_tokens=prompt, completion_tokens=completion,
-        ttft_ms=ttft, tpot_ms=tpot, probe=probe,
+        hotkey=hotkey,
+        model=model,
+        status=status,
+        cost_micro=cost,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        ttft_ms=ttft,
+        tpot_ms=tpot,
+        probe=probe,
     )
 
 
 def settle(records, *, verdicts=None, uids=None, minimums=SMALL, models=MODELS) -> EpochSettlement:
     return settle_epoch(
-        records=records, verdicts=verdicts or {}, models=models, owner_hotkey=OWNER, uids=uids or {}, minimums=minimums,
+        records=records,
+        verdicts=verdicts or {},
+        models=models,
+        owner_hotkey=OWNER,
+        uids=uids or {},
+        minimums=minimums,
     )
 
 
@@ -70,10 +82,17 @@ def test_two_miners_share_65535_by_score_and_the_remainder_goes_to_the_top_score
 
 
 def test_a_miners_rows_are_summed_before_the_one_normalisation():
-    records = [request("hk-a", prompt=1, completion=0), request("hk-a", "x", prompt=334, completion=0),
-               request("hk-b", prompt=6, completion=0)]
+    records = [
+        request("hk-a", prompt=1, completion=0),
+        request("hk-a", "x", prompt=334, completion=0),
+        request("hk-b", prompt=6, completion=0),
+    ]
     result = settle(records, uids={"hk-a": 0, "hk-b": 1})
-    assert [(row.hotkey, row.model, row.score) for row in result.rows] == [("hk-a", "m", 1), ("hk-a", "x", 1), ("hk-b", "m", 6)]
+    assert [(row.hotkey, row.model, row.score) for row in result.rows] == [
+        ("hk-a", "m", 1),
+        ("hk-a", "x", 1),
+        ("hk-b", "m", 6),
+    ]
     # Summed first, hk-a gets 2·65535 // 8 = 16383; floored per row it would get 2 × (65535 // 8) = 16382.
     # hk-b gets 6·65535 // 8 = 49151 plus the remainder of 1.
     assert result.weights == (("hk-a", 16383), ("hk-b", 49152))
@@ -88,8 +107,18 @@ def test_the_score_is_floored_once_per_row():
 def test_a_tied_remainder_goes_by_uid_then_to_registered_hotkeys_then_by_name():
     # Four equal scores: each share is 65535 // 4 = 16383, leaving 3 for one of them.
     records = [request(hotkey, prompt=1, completion=0) for hotkey in ("hk-d", "hk-c", "hk-b", "hk-a")]
-    assert settle(records, uids={"hk-c": 9, "hk-b": 4}).weights == (("hk-b", 16386), ("hk-c", 16383), ("hk-a", 16383), ("hk-d", 16383))
-    assert settle(records, uids={"hk-c": 9}).weights == (("hk-c", 16386), ("hk-a", 16383), ("hk-b", 16383), ("hk-d", 16383))
+    assert settle(records, uids={"hk-c": 9, "hk-b": 4}).weights == (
+        ("hk-b", 16386),
+        ("hk-c", 16383),
+        ("hk-a", 16383),
+        ("hk-d", 16383),
+    )
+    assert settle(records, uids={"hk-c": 9}).weights == (
+        ("hk-c", 16386),
+        ("hk-a", 16383),
+        ("hk-b", 16383),
+        ("hk-d", 16383),
+    )
     assert settle(records).weights == (("hk-a", 16386), ("hk-b", 16383), ("hk-c", 16383), ("hk-d", 16383))
 
 
@@ -173,7 +202,9 @@ def test_a_latency_ceiling_is_inclusive():
 
 
 def test_latency_gates_read_only_counted_requests_that_carry_the_measurement():
-    records = honest(100) + [request(ttft=None, tpot=None) for _ in range(5)] + [request(status=502, ttft=9000, tpot=900)]
+    records = (
+        honest(100) + [request(ttft=None, tpot=None) for _ in range(5)] + [request(status=502, ttft=9000, tpot=900)]
+    )
     records += [request(cost=0, ttft=9000, tpot=900), request(probe=True, cost=0, ttft=9000, tpot=900)]
     row = only_row(settle(records))
     assert (row.gate_reason, row.ttft_p99_ms, row.tpot_p99_ms) == (None, 200, 20)
@@ -189,7 +220,10 @@ def test_cheat_gate_fails_every_row_of_the_miner_and_only_that_miner():
     verdicts = {"hk-a": VerdictCounts(passed=98, cheat=2), "hk-b": VerdictCounts(passed=99, cheat=1)}
     result = settle(records, verdicts=verdicts)
     assert [(row.hotkey, row.model, row.gate_reason, row.verdict_cheat) for row in result.rows] == [
-        ("hk-a", "m", "cheat", 2), ("hk-a", "x", "cheat", 2), ("hk-b", "m", None, 1)]
+        ("hk-a", "m", "cheat", 2),
+        ("hk-a", "x", "cheat", 2),
+        ("hk-b", "m", None, 1),
+    ]
     assert result.weights == (("hk-b", WEIGHT_TOTAL),)
 
 
@@ -219,8 +253,14 @@ def test_each_gate_applies_from_exactly_its_minimum():
     assert only_row(settle(honest(4) + [request(status=502)], minimums=minimums)).gate_reason == "acceptance"
     assert only_row(settle(honest(3, ttft=9000), minimums=minimums)).gate_reason is None
     assert only_row(settle(honest(4, ttft=9000), minimums=minimums)).gate_reason == "ttft_p99"
-    assert only_row(settle(honest(1), verdicts={"hk-a": VerdictCounts(passed=3, cheat=1)}, minimums=minimums)).gate_reason is None
-    assert only_row(settle(honest(1), verdicts={"hk-a": VerdictCounts(passed=4, cheat=1)}, minimums=minimums)).gate_reason == "cheat"
+    assert (
+        only_row(settle(honest(1), verdicts={"hk-a": VerdictCounts(passed=3, cheat=1)}, minimums=minimums)).gate_reason
+        is None
+    )
+    assert (
+        only_row(settle(honest(1), verdicts={"hk-a": VerdictCounts(passed=4, cheat=1)}, minimums=minimums)).gate_reason
+        == "cheat"
+    )
 
 
 def test_each_default_minimum_is_the_smallest_sample_that_tolerates_one_bad_event():
@@ -251,7 +291,10 @@ def test_probes_never_make_a_row_never_gate_and_never_earn():
 
 def test_unpaid_traffic_makes_a_row_but_never_earns():
     result = settle(honest(5) + [request("hk-free", cost=0) for _ in range(50)])
-    assert [(row.hotkey, row.ok_2xx, row.counted, row.score) for row in result.rows] == [("hk-a", 5, 5, 750), ("hk-free", 50, 0, 0)]
+    assert [(row.hotkey, row.ok_2xx, row.counted, row.score) for row in result.rows] == [
+        ("hk-a", 5, 5, 750),
+        ("hk-free", 50, 0, 0),
+    ]
     assert result.weights == (("hk-a", WEIGHT_TOTAL),)
 
 
@@ -260,8 +303,17 @@ def test_unpaid_traffic_makes_a_row_but_never_earns():
 
 @pytest.mark.parametrize(
     ("values", "p99"),
-    [([7], 7), ([3, 1, 2], 3), ([5, 5], 5), (list(range(1, 100)), 99), (list(range(1, 101)), 99),
-     (list(range(1, 102)), 100), (list(range(200, 0, -1)), 198), ([0] * 98 + [10**9], 10**9), ([0] * 99 + [10**9], 0)],
+    [
+        ([7], 7),
+        ([3, 1, 2], 3),
+        ([5, 5], 5),
+        (list(range(1, 100)), 99),
+        (list(range(1, 101)), 99),
+        (list(range(1, 102)), 100),
+        (list(range(200, 0, -1)), 198),
+        ([0] * 98 + [10**9], 10**9),
+        ([0] * 99 + [10**9], 0),
+    ],
 )
 def test_p99_is_the_nearest_rank_of_the_sorted_values(values, p99):
     assert nearest_rank_p99(values) == p99
@@ -276,14 +328,32 @@ def test_p99_of_nothing_is_refused():
 
 
 def test_rows_become_json_with_fixed_keys_and_plain_values():
-    result = settle(honest(3) + [request(status=499, cost=0), request(ttft=None, tpot=None)], verdicts={"hk-a": VerdictCounts(1, 0, 2)})
+    result = settle(
+        honest(3) + [request(status=499, cost=0), request(ttft=None, tpot=None)],
+        verdicts={"hk-a": VerdictCounts(1, 0, 2)},
+    )
     payload = result.to_json()
     assert payload["weights"] == [["hk-a", WEIGHT_TOTAL]]
     (row,) = payload["rows"]
     assert row == {
-        "hotkey": "hk-a", "model": "m", "requests": 5, "ok_2xx": 4, "status_499": 1, "buyer_faults": 0, "status_502": 0, "status_504": 0,
-        "other_failures": 0, "counted": 4, "tokens": 600, "ttft_p99_ms": 200, "tpot_p99_ms": 20, "verdict_pass": 1,
-        "verdict_cheat": 0, "verdict_unproven": 2, "score": 600, "gate_reason": None,
+        "hotkey": "hk-a",
+        "model": "m",
+        "requests": 5,
+        "ok_2xx": 4,
+        "status_499": 1,
+        "buyer_faults": 0,
+        "status_502": 0,
+        "status_504": 0,
+        "other_failures": 0,
+        "counted": 4,
+        "tokens": 600,
+        "ttft_p99_ms": 200,
+        "tpot_p99_ms": 20,
+        "verdict_pass": 1,
+        "verdict_cheat": 0,
+        "verdict_unproven": 2,
+        "score": 600,
+        "gate_reason": None,
     }
     assert json.loads(json.dumps(payload, sort_keys=True, separators=(",", ":"))) == payload
 
@@ -301,8 +371,18 @@ def test_a_model_without_terms_is_refused_by_name():
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("status", 99), ("status", 600), ("cost_micro", -1), ("prompt_tokens", 1.0), ("completion_tokens", True),
-     ("ttft_ms", 1.5), ("tpot_ms", -2), ("probe", 0), ("hotkey", ""), ("model", None)],
+    [
+        ("status", 99),
+        ("status", 600),
+        ("cost_micro", -1),
+        ("prompt_tokens", 1.0),
+        ("completion_tokens", True),
+        ("ttft_ms", 1.5),
+        ("tpot_ms", -2),
+        ("probe", 0),
+        ("hotkey", ""),
+        ("model", None),
+    ],
 )
 def test_malformed_records_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
@@ -343,17 +423,20 @@ records_strategy = st.lists(
     max_size=60,
 )
 verdicts_strategy = st.dictionaries(
-    st.sampled_from(HOTKEYS), st.builds(VerdictCounts, st.integers(0, 50), st.integers(0, 3), st.integers(0, 5)),
+    st.sampled_from(HOTKEYS),
+    st.builds(VerdictCounts, st.integers(0, 50), st.integers(0, 3), st.integers(0, 5)),
 )
 uids_strategy = st.dictionaries(st.sampled_from(HOTKEYS), st.integers(0, 255))
 minimums_strategy = st.builds(GateMinimums, st.integers(0, 8), st.integers(0, 8), st.integers(0, 8))
-models_strategy = st.fixed_dictionaries({
-    name: st.builds(Terms, st.integers(0, 5000), st.integers(0, 2000), st.integers(0, 200)) for name in ("m", "x")
-})
+models_strategy = st.fixed_dictionaries(
+    {name: st.builds(Terms, st.integers(0, 5000), st.integers(0, 2000), st.integers(0, 200)) for name in ("m", "x")}
+)
 
 
 def settle_drawn(records, verdicts, uids, minimums, models):
-    return settle_epoch(records=records, verdicts=verdicts, models=models, owner_hotkey=OWNER, uids=uids, minimums=minimums)
+    return settle_epoch(
+        records=records, verdicts=verdicts, models=models, owner_hotkey=OWNER, uids=uids, minimums=minimums
+    )
 
 
 epochs = st.tuples(records_strategy, verdicts_strategy, uids_strategy, minimums_strategy, models_strategy)
@@ -398,8 +481,14 @@ def test_weights_follow_scores_with_the_remainder_on_the_top_scorer_only(epoch):
     assert all(scores[hotkey] == max(scores.values()) for hotkey in boosted)
 
 
-unpaid_or_probe = st.builds(request, st.just("hk-z"), st.sampled_from(("m", "x")), status=st.sampled_from((200, 499, 502)),
-                            cost=st.just(0), probe=st.booleans())
+unpaid_or_probe = st.builds(
+    request,
+    st.just("hk-z"),
+    st.sampled_from(("m", "x")),
+    status=st.sampled_from((200, 499, 502)),
+    cost=st.just(0),
+    probe=st.booleans(),
+)
 
 
 @given(epochs, st.lists(unpaid_or_probe, min_size=1), st.integers(0, 255))
@@ -409,9 +498,19 @@ def test_a_hotkey_with_only_probe_or_unpaid_traffic_gets_no_weight(epoch, extra,
     assert "hk-z" not in {hotkey for hotkey, _ in weights}
 
 
-@given(epochs, st.builds(request, st.sampled_from(HOTKEYS), st.sampled_from(("m", "x")), status=st.sampled_from((200, 499, 502, 504)),
-                         cost=st.integers(0, 3), ttft=st.none() | st.integers(0, 10**6), tpot=st.none() | st.integers(0, 10**6),
-                         probe=st.just(True)))
+@given(
+    epochs,
+    st.builds(
+        request,
+        st.sampled_from(HOTKEYS),
+        st.sampled_from(("m", "x")),
+        status=st.sampled_from((200, 499, 502, 504)),
+        cost=st.integers(0, 3),
+        ttft=st.none() | st.integers(0, 10**6),
+        tpot=st.none() | st.integers(0, 10**6),
+        probe=st.just(True),
+    ),
+)
 def test_adding_a_probe_never_changes_the_settlement(epoch, probe):
     records, *rest = epoch
     assert settle_drawn(records + [probe], *rest) == settle_drawn(records, *rest)

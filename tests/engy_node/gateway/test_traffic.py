@@ -75,7 +75,9 @@ class Worker:
         self._ids += 1
         return f"{prefix}-{self._ids}"
 
-    def probe(self, *, ok: bool = True, ttft: int | None = 200, tpot: int | None = 20, verdict: str | None = "pass") -> str:
+    def probe(
+        self, *, ok: bool = True, ttft: int | None = 200, tpot: int | None = 20, verdict: str | None = "pass"
+    ) -> str:
         request_id = self.new_id("p")
         self.feed(ProbeFinished(request_id, ok, ttft, tpot))
         if verdict is not None:
@@ -100,6 +102,7 @@ def last(worker: Worker) -> Transition:
 
 # --- qualification ------------------------------------------------------------------------------
 
+
 def test_a_new_worker_gets_nothing_and_connecting_starts_probing():
     worker = Worker()
     assert worker.state.state is NEW and not eligible(worker.state)
@@ -119,8 +122,9 @@ def test_twenty_good_probes_with_twenty_pass_verdicts_qualify_with_the_numbers_i
         worker.probe(ttft=793 + index, tpot=40)
     change = last(worker)
     assert (change.from_state, change.to_state, change.code) == (PROBING, ACTIVE, "qualified")
-    assert change.reason == ("qualified: 20/20 probes ok, 20 verdicts pass, ttft p99 812 ms ≤ 30000 ms, "
-                             "tpot p99 40 ms ≤ 2000 ms")
+    assert change.reason == (
+        "qualified: 20/20 probes ok, 20 verdicts pass, ttft p99 812 ms ≤ 30000 ms, tpot p99 40 ms ≤ 2000 ms"
+    )
     assert eligible(worker.state) and worker.state.reason == change.reason
 
 
@@ -158,7 +162,9 @@ def test_a_round_with_its_passes_qualifies_while_later_verdicts_are_pending_and_
     assert worker.state.state is ACTIVE
     worker.feed(ProbeVerdict(pending[1], "cheat"))
     assert worker.state.state is PULLED
-    assert last(worker).reason == f"pulled: cheat verdict on probe {pending[1]}; qualifies again after 3600 s (strike 1)"
+    assert (
+        last(worker).reason == f"pulled: cheat verdict on probe {pending[1]}; qualifies again after 3600 s (strike 1)"
+    )
 
 
 def test_a_cheat_probe_verdict_pulls_at_once_with_the_cheat_cooldown():
@@ -181,8 +187,10 @@ def test_one_failed_probe_loses_the_round_at_once():
     failed = worker.probe(ok=False, ttft=None, tpot=None, verdict=None)
     change = last(worker)
     assert (change.from_state, change.to_state, change.code) == (PROBING, PULLED, "not-qualified")
-    assert change.reason == (f"pulled: did not qualify: 1 of 8 probes failed (last {failed}); 99 % success over up "
-                             "to 40 probes allows 0; qualifies again after 300 s (strike 1)")
+    assert change.reason == (
+        f"pulled: did not qualify: 1 of 8 probes failed (last {failed}); 99 % success over up "
+        "to 40 probes allows 0; qualifies again after 300 s (strike 1)"
+    )
 
 
 def test_with_a_lower_success_bar_failed_probes_keep_the_round_going_until_it_cannot_qualify():
@@ -203,8 +211,10 @@ def test_one_slow_probe_loses_the_round():
     worker.probe(ttft=1001)
     change = last(worker)
     assert change.to_state is PULLED and change.code == "not-qualified"
-    assert change.reason == ("pulled: did not qualify: 1 of 2 probes over the ttft ceiling of 1000 ms (slowest 1001 ms); "
-                                    "a p99 over up to 40 probes allows 0; qualifies again after 300 s (strike 1)")
+    assert change.reason == (
+        "pulled: did not qualify: 1 of 2 probes over the ttft ceiling of 1000 ms (slowest 1001 ms); "
+        "a p99 over up to 40 probes allows 0; qualifies again after 300 s (strike 1)"
+    )
 
 
 def test_a_probe_exactly_at_the_ceiling_is_not_slow():
@@ -251,8 +261,9 @@ def test_a_round_that_runs_out_of_time_is_lost():
     assert worker.wait(worker.state.round_started + POLICY.round_timeout_s - 1 - worker.now) == []
     (change,) = worker.wait(1)
     assert (change.from_state, change.to_state, change.code) == (PROBING, PULLED, "round-timeout")
-    assert change.reason.startswith("pulled: did not qualify within 1800 s: 0/20 verdicts pass, 20 pending, "
-                                    "20 probes finished")
+    assert change.reason.startswith(
+        "pulled: did not qualify within 1800 s: 0/20 verdicts pass, 20 pending, 20 probes finished"
+    )
 
 
 def test_probing_stops_at_max_probes_and_waits_for_verdicts():
@@ -277,6 +288,7 @@ def test_a_duplicate_probe_outcome_is_ignored():
 
 # --- the circuit breaker -----------------------------------------------------------------------
 
+
 def test_three_failures_in_a_row_pull_an_active_worker():
     worker = Worker()
     worker.qualify()
@@ -287,8 +299,9 @@ def test_three_failures_in_a_row_pull_an_active_worker():
     failed = worker.paid(ok=False)
     change = last(worker)
     assert (change.from_state, change.to_state, change.code) == (ACTIVE, PULLED, "failures-in-a-row")
-    assert change.reason == (f"pulled: 3 failures in a row within 60 s (last {failed}); qualifies again after 300 s "
-                             "(strike 1)")
+    assert change.reason == (
+        f"pulled: 3 failures in a row within 60 s (last {failed}); qualifies again after 300 s (strike 1)"
+    )
     assert not eligible(worker.state)
     assert worker.state.served == () and worker.state.verdicts == ()
 
@@ -397,6 +410,7 @@ def test_probes_sent_while_active_feed_the_breaker():
 
 # --- cooldown and re-qualification ---------------------------------------------------------------
 
+
 def test_a_pulled_worker_probes_again_when_its_cooldown_is_over():
     worker = Worker()
     worker.qualify()
@@ -465,6 +479,7 @@ def test_a_cheat_verdict_pulls_even_a_new_worker():
 
 # --- disconnects ------------------------------------------------------------------------------
 
+
 def test_a_disconnect_while_probing_drops_the_round():
     worker = Worker()
     worker.feed(WorkerConnected())
@@ -525,12 +540,17 @@ def test_observations_that_arrive_out_of_place_are_ignored():
     for _ in range(3):
         worker.paid(ok=False)
     pulled = worker.state
-    for observation in (PaidFinished("r-late", False), ProbeFinished("p-late", True, 1, 1), PaidVerdict("r-late", "pass"),
-                        ProbeVerdict("p-late", "unproven")):
+    for observation in (
+        PaidFinished("r-late", False),
+        ProbeFinished("p-late", True, 1, 1),
+        PaidVerdict("r-late", "pass"),
+        ProbeVerdict("p-late", "unproven"),
+    ):
         assert step(pulled, observation, now=worker.now, policy=POLICY, model_terms=TERMS) == (pulled, [])
 
 
 # --- first-party workers ----------------------------------------------------------------------
+
 
 def test_a_first_party_worker_is_eligible_at_once_and_never_pulled():
     worker = Worker(first_party=True)
@@ -551,7 +571,8 @@ def test_a_first_party_worker_is_eligible_at_once_and_never_pulled():
     assert len(worker.transitions) == count
     worker.feed(PaidVerdict("r-99", "cheat"))
     assert last(worker).to_state is ACTIVE and last(worker).reason == (
-        "degraded (first-party, stays eligible): cheat verdict on request r-99")
+        "degraded (first-party, stays eligible): cheat verdict on request r-99"
+    )
     worker.feed(WorkerDisconnected())
     worker.wait(POLICY.reconnect_grace_s * 10)
     assert worker.state.state is ACTIVE and eligible(worker.state)
@@ -559,29 +580,36 @@ def test_a_first_party_worker_is_eligible_at_once_and_never_pulled():
 
 # --- validation -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("changes", "names"), [
-    ({"min_probes": 0}, "min_probes"),
-    ({"max_probes": 5}, "max_probes"),
-    ({"min_success_pct": 101}, "min_success_pct"),
-    ({"window_s": 0}, "window_s"),
-    ({"cooldown_s": float("nan")}, "cooldown_s"),
-    ({"max_cooldown_s": 10.0}, "max_cooldown_s"),
-    ({"qualifying_gap_max_s": 0.5}, "qualifying_gap_max_s"),
-    ({"failures_in_a_row": True}, "failures_in_a_row"),
-])
+
+@pytest.mark.parametrize(
+    ("changes", "names"),
+    [
+        ({"min_probes": 0}, "min_probes"),
+        ({"max_probes": 5}, "max_probes"),
+        ({"min_success_pct": 101}, "min_success_pct"),
+        ({"window_s": 0}, "window_s"),
+        ({"cooldown_s": float("nan")}, "cooldown_s"),
+        ({"max_cooldown_s": 10.0}, "max_cooldown_s"),
+        ({"qualifying_gap_max_s": 0.5}, "qualifying_gap_max_s"),
+        ({"failures_in_a_row": True}, "failures_in_a_row"),
+    ],
+)
 def test_a_nonsense_policy_is_refused_naming_the_field(changes, names):
     with pytest.raises(ValueError, match=names):
         TrafficPolicy(**changes)
 
 
-@pytest.mark.parametrize(("make", "names"), [
-    (lambda: ProbeFinished("", True), "request_id"),
-    (lambda: ProbeFinished("p", 1), "ok"),
-    (lambda: PaidFinished("r", True, ttft_ms=-1), "ttft_ms"),
-    (lambda: PaidFinished("r", True, tpot_ms=1.5), "tpot_ms"),
-    (lambda: PaidVerdict("r", "fail"), "verdict"),
-    (lambda: ProbeVerdict("p", None), "verdict"),
-])
+@pytest.mark.parametrize(
+    ("make", "names"),
+    [
+        (lambda: ProbeFinished("", True), "request_id"),
+        (lambda: ProbeFinished("p", 1), "ok"),
+        (lambda: PaidFinished("r", True, ttft_ms=-1), "ttft_ms"),
+        (lambda: PaidFinished("r", True, tpot_ms=1.5), "tpot_ms"),
+        (lambda: PaidVerdict("r", "fail"), "verdict"),
+        (lambda: ProbeVerdict("p", None), "verdict"),
+    ],
+)
 def test_a_malformed_observation_is_refused_naming_the_field(make, names):
     with pytest.raises(ValueError, match=names):
         make()
@@ -606,6 +634,7 @@ def test_the_catalog_models_carry_the_ceilings():
 
 # --- probe pacing ---------------------------------------------------------------------------
 
+
 def probing_state(policy: TrafficPolicy = POLICY) -> TrafficState:
     return dataclasses.replace(initial_state(miner="hk", model="m", now=0.0), state=PROBING, connected=True)
 
@@ -613,8 +642,9 @@ def probing_state(policy: TrafficPolicy = POLICY) -> TrafficState:
 def test_probe_gaps_run_from_the_minimum_toward_the_maximum():
     state = probing_state()
     assert next_probe_at(state, now=100.0, rng_value=0.0) == 100.0 + POLICY.qualifying_gap_min_s
-    assert next_probe_at(state, now=100.0, rng_value=0.999999999) == pytest.approx(100.0 + POLICY.qualifying_gap_max_s,
-                                                                                   abs=1e-3)
+    assert next_probe_at(state, now=100.0, rng_value=0.999999999) == pytest.approx(
+        100.0 + POLICY.qualifying_gap_max_s, abs=1e-3
+    )
     median = next_probe_at(state, now=0.0, rng_value=0.5)
     assert POLICY.qualifying_gap_min_s + 3 < median < POLICY.qualifying_gap_min_s + 5  # about scale · ln 2
     active = dataclasses.replace(state, state=ACTIVE)
@@ -634,8 +664,14 @@ gaps = st.floats(min_value=0.01, max_value=1000.0)
 def gap_policies(draw) -> TrafficPolicy:
     q_low, q_high = sorted((draw(gaps), draw(gaps)))
     a_low, a_high = sorted((draw(gaps), draw(gaps)))
-    return TrafficPolicy(qualifying_gap_min_s=q_low, qualifying_gap_max_s=q_high, qualifying_gap_scale_s=draw(gaps),
-                         active_gap_min_s=a_low, active_gap_max_s=a_high, active_gap_scale_s=draw(gaps))
+    return TrafficPolicy(
+        qualifying_gap_min_s=q_low,
+        qualifying_gap_max_s=q_high,
+        qualifying_gap_scale_s=draw(gaps),
+        active_gap_min_s=a_low,
+        active_gap_max_s=a_high,
+        active_gap_scale_s=draw(gaps),
+    )
 
 
 @given(
@@ -646,11 +682,13 @@ def gap_policies(draw) -> TrafficPolicy:
     now=st.floats(min_value=0.0, max_value=1e9),
     rng_value=st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
 )
-def test_the_next_probe_is_always_in_the_future_and_within_the_policys_bounds(policy, phase, connected, probes, now,
-                                                                               rng_value):
+def test_the_next_probe_is_always_in_the_future_and_within_the_policys_bounds(
+    policy, phase, connected, probes, now, rng_value
+):
     outcome = ProbeOutcome("p", True, 1, 1)
-    state = dataclasses.replace(initial_state(miner="hk", model="m", now=0.0), state=phase, connected=connected,
-                                probes=(outcome,) * probes)
+    state = dataclasses.replace(
+        initial_state(miner="hk", model="m", now=0.0), state=phase, connected=connected, probes=(outcome,) * probes
+    )
     at = next_probe_at(state, now=now, policy=policy, rng_value=rng_value)
     if phase is PROBING and probes < policy.max_probes:
         low, high = policy.qualifying_gap_min_s, policy.qualifying_gap_max_s
@@ -670,7 +708,13 @@ CORPUS = ["Summarise this contract.", "Write a haiku about rust.", "Explain TCP 
 
 def test_a_probe_plan_picks_by_each_draw():
     plan = probe_plan(corpus=CORPUS, draws=[0.0, 0.0, 0.0, 0.0], max_output_tokens=2048)
-    assert (plan.prompt_index, plan.max_tokens, plan.temperature, plan.top_p, plan.stream) == (0, 2048, None, None, True)
+    assert (plan.prompt_index, plan.max_tokens, plan.temperature, plan.top_p, plan.stream) == (
+        0,
+        2048,
+        None,
+        None,
+        True,
+    )
     plan = probe_plan(corpus=CORPUS, draws=[0.99, 0.35, 0.46, 0.85], max_output_tokens=2048)
     # max_tokens draw 0.35 of 100: past None (30) into 256 (10); sampling 0.46: past 35 + 10 into 0.7.
     assert (plan.prompt_index, plan.max_tokens, plan.temperature, plan.top_p, plan.stream) == (2, 256, 0.7, None, False)
@@ -695,8 +739,11 @@ def test_a_probe_plan_refuses_what_it_cannot_use():
 unit = st.floats(min_value=0.0, max_value=1.0, exclude_max=True)
 
 
-@given(corpus_size=st.integers(1, 500), draws=st.lists(unit, min_size=PROBE_PLAN_DRAWS, max_size=PROBE_PLAN_DRAWS),
-       max_output_tokens=st.integers(1, 40000))
+@given(
+    corpus_size=st.integers(1, 500),
+    draws=st.lists(unit, min_size=PROBE_PLAN_DRAWS, max_size=PROBE_PLAN_DRAWS),
+    max_output_tokens=st.integers(1, 40000),
+)
 def test_a_probe_plan_is_always_a_buyer_shape_and_depends_only_on_its_draws(corpus_size, draws, max_output_tokens):
     corpus = ["prompt"] * corpus_size
     plan = probe_plan(corpus=corpus, draws=draws, max_output_tokens=max_output_tokens)
@@ -709,9 +756,20 @@ def test_a_probe_plan_is_always_a_buyer_shape_and_depends_only_on_its_draws(corp
 # --- properties over any sequence of observations ---------------------------------------------
 
 # A small policy, so short sequences reach every state; the invariants do not depend on the size.
-SMALL = TrafficPolicy(min_probes=3, max_probes=5, max_unproven_probes=1, failures_in_a_row=2, min_requests=4,
-                      min_verdicts=3, cooldown_s=50.0, max_cooldown_s=200.0, cheat_cooldown_s=100.0,
-                      round_timeout_s=300.0, reconnect_grace_s=20.0, strike_reset_s=400.0)
+SMALL = TrafficPolicy(
+    min_probes=3,
+    max_probes=5,
+    max_unproven_probes=1,
+    failures_in_a_row=2,
+    min_requests=4,
+    min_verdicts=3,
+    cooldown_s=50.0,
+    max_cooldown_s=200.0,
+    cheat_cooldown_s=100.0,
+    round_timeout_s=300.0,
+    reconnect_grace_s=20.0,
+    strike_reset_s=400.0,
+)
 
 request_ids = st.integers(0, 40).map(lambda index: f"x-{index}")
 latencies = st.one_of(st.none(), st.integers(0, 1500))
@@ -728,16 +786,24 @@ observations = st.one_of(
 )
 # A good probe and its pass verdict, so that random sequences qualify workers often enough to
 # exercise everything after qualification.
-good_probes = st.builds(lambda request_id, ttft, tpot: [ProbeFinished(request_id, True, ttft, tpot),
-                                                         ProbeVerdict(request_id, "pass")],
-                        request_ids, st.integers(0, 900), st.integers(0, 90))
+good_probes = st.builds(
+    lambda request_id, ttft, tpot: [ProbeFinished(request_id, True, ttft, tpot), ProbeVerdict(request_id, "pass")],
+    request_ids,
+    st.integers(0, 900),
+    st.integers(0, 90),
+)
 singles = observations.map(lambda observation: [observation])
-actions = st.integers(0, 3).flatmap(lambda pick: singles if pick == 0 else good_probes)  # three good probes to one other
+actions = st.integers(0, 3).flatmap(
+    lambda pick: singles if pick == 0 else good_probes
+)  # three good probes to one other
 gaps_s = st.one_of(st.floats(min_value=0.0, max_value=5.0), st.floats(min_value=0.0, max_value=120.0))
 # Every sequence starts connected: a worker that never connects only ever meets verdicts.
 events = st.lists(st.tuples(gaps_s, actions), min_size=6, max_size=60).map(
-    lambda drawn: [(0.0, WorkerConnected())] + [(gap if index == 0 else 0.0, observation) for gap, group in drawn
-                                                for index, observation in enumerate(group)])
+    lambda drawn: (
+        [(0.0, WorkerConnected())]
+        + [(gap if index == 0 else 0.0, observation) for gap, group in drawn for index, observation in enumerate(group)]
+    )
+)
 
 
 def replay(events_, *, first_party: bool, policy: TrafficPolicy = SMALL):
@@ -816,8 +882,16 @@ def test_the_first_verdict_on_a_request_stands_unless_a_later_one_says_cheat():
 def resumed(stored: Eligibility, *, since: float = 900.0, now: float = 1000.0, first_party: bool = False) -> Worker:
     worker = Worker(first_party=first_party)
     worker.now = now
-    worker.state = resumed_state(miner="hk-a", model="m", stored=stored, since=since, reason="as stored", now=now,
-                                 policy=POLICY, first_party=first_party)
+    worker.state = resumed_state(
+        miner="hk-a",
+        model="m",
+        stored=stored,
+        since=since,
+        reason="as stored",
+        now=now,
+        policy=POLICY,
+        first_party=first_party,
+    )
     return worker
 
 
@@ -851,7 +925,9 @@ def test_new_and_probing_workers_start_afresh(stored):
 
 
 def test_a_first_party_worker_resumes_as_it_would_start():
-    assert resumed(PULLED, first_party=True).state == initial_state(miner="hk-a", model="m", now=1000.0, first_party=True)
+    assert resumed(PULLED, first_party=True).state == initial_state(
+        miner="hk-a", model="m", now=1000.0, first_party=True
+    )
 
 
 def test_resuming_twice_does_not_stack_the_note():

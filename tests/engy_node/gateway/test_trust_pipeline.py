@@ -62,8 +62,13 @@ CHEATS = (
     Cheat("past-eos", past_eos=True),
 )
 CAUGHT_BY = {
-    "quantised-4bit": {"chunks"}, "truncated": {"chunks"}, "prefill-greedy": {"tokens"}, "prefill-sampled": {"tokens"},
-    "garbage-proofs": {"chunks", "malformed-proof"}, "usage-padding": {"usage-padding"}, "token-swap": {"output-mismatch"},
+    "quantised-4bit": {"chunks"},
+    "truncated": {"chunks"},
+    "prefill-greedy": {"tokens"},
+    "prefill-sampled": {"tokens"},
+    "garbage-proofs": {"chunks", "malformed-proof"},
+    "usage-padding": {"usage-padding"},
+    "token-swap": {"output-mismatch"},
     "past-eos": {"past-eos"},
 }
 """The verdict reason(s) each cheat is caught by (`proof.Verdict.reason`, or the gateway's own)."""
@@ -75,8 +80,26 @@ LONG_ANSWERS = (
     "Give a thorough explanation of how vaccines train the immune system, with examples.",
     "Write a comprehensive guide to planning a two-week trip through Japan.",
 )
-COUNTRIES = ("France", "Italy", "Spain", "Germany", "Japan", "Egypt", "Canada", "Peru", "Kenya", "Norway", "Chile", "India",
-             "Greece", "Poland", "Cuba", "Iran", "Mexico", "Sweden")
+COUNTRIES = (
+    "France",
+    "Italy",
+    "Spain",
+    "Germany",
+    "Japan",
+    "Egypt",
+    "Canada",
+    "Peru",
+    "Kenya",
+    "Norway",
+    "Chile",
+    "India",
+    "Greece",
+    "Poland",
+    "Cuba",
+    "Iran",
+    "Mexico",
+    "Sweden",
+)
 SHORT_ANSWER = "What is the capital of {}? Answer with one word."
 
 
@@ -99,7 +122,9 @@ def one_thread():
 
 @pytest.fixture
 def honest_server(checkpoint, tmp_path_factory):
-    server = ServerProcess(tmp_path_factory.mktemp("honest-serve"), "--max-running-requests", "4", env={"OMP_NUM_THREADS": "1"})
+    server = ServerProcess(
+        tmp_path_factory.mktemp("honest-serve"), "--max-running-requests", "4", env={"OMP_NUM_THREADS": "1"}
+    )
     yield server
     server.stop()
 
@@ -124,21 +149,43 @@ async def wait_until(condition, *, timeout_s: float, what: str | Callable[[], st
 
 
 async def test_honest_miners_qualify_and_are_paid_and_every_cheater_is_caught_and_scores_zero(
-        nursery, tmp_path, checkpoint, honest_server, runner, cheap_runners, alice, one_thread):
+    nursery, tmp_path, checkpoint, honest_server, runner, cheap_runners, alice, one_thread
+):
     wallets = tmp_path / "wallets"
     master = keys.create_wallet(wallets, "master", "default")
     owner = hotkey_of("Owner")
     corpus = tmp_path / "probes.jsonl"
-    corpus.write_text("".join(json.dumps({"messages": [{"role": "user", "content": text}]}) + "\n" for text in LONG_ANSWERS))
+    corpus.write_text(
+        "".join(json.dumps({"messages": [{"role": "user", "content": text}]}) + "\n" for text in LONG_ANSWERS)
+    )
     genesis = int(time.time())
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(home=tmp_path, env=env, overrides={"gateway": {
-        "port": 0, "miner_port": 0, "provider_port": 0, "workers": 2,
-        "qualify_probes": 3, "traffic_time_scale": 0.1, "probe_max_tokens": 40, "probe_concurrency": 3, "probe_corpus": str(corpus),
-        "audit_paid_pct": 100.0, "verifiers": alice.ss58_address,
-        "epoch_genesis": genesis, "epoch_s": EPOCH_S, "epoch_grace_s": GRACE_S, "gate_min_samples": 1,
-        "wallets_path": str(wallets), "master_wallet": "master/default", "owner_hotkey": owner,
-    }})
+    config = load_config(
+        home=tmp_path,
+        env=env,
+        overrides={
+            "gateway": {
+                "port": 0,
+                "miner_port": 0,
+                "provider_port": 0,
+                "workers": 2,
+                "qualify_probes": 3,
+                "traffic_time_scale": 0.1,
+                "probe_max_tokens": 40,
+                "probe_concurrency": 3,
+                "probe_corpus": str(corpus),
+                "audit_paid_pct": 100.0,
+                "verifiers": alice.ss58_address,
+                "epoch_genesis": genesis,
+                "epoch_s": EPOCH_S,
+                "epoch_grace_s": GRACE_S,
+                "gate_min_samples": 1,
+                "wallets_path": str(wallets),
+                "master_wallet": "master/default",
+                "owner_hotkey": owner,
+            }
+        },
+    )
     hub = Hub()
     urls = await nursery.start(run_gateway, config, hub)
     store = Store.open(store_path(config))
@@ -153,19 +200,41 @@ async def test_honest_miners_qualify_and_are_paid_and_every_cheater_is_caught_an
 
     for name in HONEST:
         handler = RequestHandler(model=served, serve=lambda: ServeClient(honest_server.url, http))
-        link = GatewayLink(gateway_url=urls.miner_url, identity=Identity(miner_key=register(name)), http=http, handler=handler,
-                           settings=FAST, limits=Capacity(0, 4, 6144, 2048, 600),
-                           hello={"model": MODEL, "model_root": served.model_root, "hw": {}, "versions": {}, "worker_name": name,
-                                  "worker_id": uuid.uuid4().hex})
+        link = GatewayLink(
+            gateway_url=urls.miner_url,
+            identity=Identity(miner_key=register(name)),
+            http=http,
+            handler=handler,
+            settings=FAST,
+            limits=Capacity(0, 4, 6144, 2048, 600),
+            hello={
+                "model": MODEL,
+                "model_root": served.model_root,
+                "hw": {},
+                "versions": {},
+                "worker_name": name,
+                "worker_id": uuid.uuid4().hex,
+            },
+        )
         await nursery.start(link.run)
     runners = {"honest": runner, **cheap_runners}
     locks = {name: trio.Lock() for name in runners}
     for cheat in CHEATS:
         handler = CheatingHandler(served, runners, locks, cheat)
-        await nursery.start(cheating_link(gateway_url=urls.miner_url, served=served, identity=Identity(miner_key=register(cheat.name)),
-                                          handler=handler, http=http, settings=FAST).run)
+        await nursery.start(
+            cheating_link(
+                gateway_url=urls.miner_url,
+                served=served,
+                identity=Identity(miner_key=register(cheat.name)),
+                handler=handler,
+                http=http,
+                settings=FAST,
+            ).run
+        )
     judge = Judge({MODEL: checkpoint}, dtype="float32", threads=1)
-    await nursery.start(Verifier(HttpAuditSource(urls.provider_url, keypair=alice, netuid=53), judge.judge, poll_s=0.2).run)
+    await nursery.start(
+        Verifier(HttpAuditSource(urls.provider_url, keypair=alice, netuid=53), judge.judge, poll_s=0.2).run
+    )
     name_of = {identity: name for name, identity in identity_of.items()}
 
     def states() -> dict[str, dict]:
@@ -176,12 +245,15 @@ async def test_honest_miners_qualify_and_are_paid_and_every_cheater_is_caught_an
 
     async def settled() -> bool:
         now = states()
-        return (all(now.get(name, {}).get("state") == "active" for name in qualifying)
-                and all(now.get(c.name, {}).get("state") == "pulled" for c in CHEATS if c.name not in qualifying))
+        return all(now.get(name, {}).get("state") == "active" for name in qualifying) and all(
+            now.get(c.name, {}).get("state") == "pulled" for c in CHEATS if c.name not in qualifying
+        )
 
     # Qualification is probes served by SmolLM2 on the CPU: ~2 minutes alone here, and a loaded
     # machine has taken over 5.
-    await wait_until(settled, timeout_s=600, what=lambda: f"honest and past-eos active, the other cheaters pulled: {states()}")
+    await wait_until(
+        settled, timeout_s=600, what=lambda: f"honest and past-eos active, the other cheaters pulled: {states()}"
+    )
 
     buyer, key = store.create_buyer("buyer")
     store.credit(buyer, micro_usd=1_000_000)
@@ -194,8 +266,14 @@ async def test_honest_miners_qualify_and_are_paid_and_every_cheater_is_caught_an
 
     async def ask(country: str) -> None:
         async with limiter:
-            await trio.to_thread.run_sync(lambda: client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": SHORT_ANSWER.format(country)}], max_tokens=40, temperature=0))
+            await trio.to_thread.run_sync(
+                lambda: client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": SHORT_ANSWER.format(country)}],
+                    max_tokens=40,
+                    temperature=0,
+                )
+            )
 
     async with trio.open_nursery() as burst:
         for country in COUNTRIES:
@@ -207,10 +285,15 @@ async def test_honest_miners_qualify_and_are_paid_and_every_cheater_is_caught_an
         return audit.get("waiting") == 0 and audit.get("leased") == 0
 
     def unjudged() -> set[str]:
-        answered = {entry.request_id for entry in store.requests_in(since=paid_from, until=time.time() + 1)
-                    if entry.kind == "paid" and 200 <= entry.status < 300}
+        answered = {
+            entry.request_id
+            for entry in store.requests_in(since=paid_from, until=time.time() + 1)
+            if entry.kind == "paid" and 200 <= entry.status < 300
+        }
         assert answered
-        return answered - {record.request_id for _, record in store.verdicts_after(0, limit=100_000) if record.kind == "paid"}
+        return answered - {
+            record.request_id for _, record in store.verdicts_after(0, limit=100_000) if record.kind == "paid"
+        }
 
     async def every_paid_answer_judged() -> bool:
         return not unjudged()
@@ -227,12 +310,16 @@ async def test_honest_miners_qualify_and_are_paid_and_every_cheater_is_caught_an
         latest = await http.get(urls.provider_url + "/api/subnet/v1/epoch/latest")
         return latest.status_code == 200 and latest.json()["epoch_index"] >= last_paid_epoch
 
-    await wait_until(published, timeout_s=epoch_end + GRACE_S + 60 - time.time(), what="the epochs of the paid traffic to close")
+    await wait_until(
+        published, timeout_s=epoch_end + GRACE_S + 60 - time.time(), what="the epochs of the paid traffic to close"
+    )
 
     # Who qualified and who was pulled, and why.
     final = states()
     for name in HONEST:
-        assert final[name]["state"] == "active" and not any(t["to"] == "pulled" for t in final[name]["history"]), final[name]
+        assert final[name]["state"] == "active" and not any(t["to"] == "pulled" for t in final[name]["history"]), final[
+            name
+        ]
     for cheat in CHEATS:
         assert any(t["to"] == "pulled" for t in final[cheat.name]["history"]), final[cheat.name]
     assert any(t["to"] == "active" for t in final["past-eos"]["history"]), "past-eos qualified on long answers"
@@ -243,7 +330,9 @@ async def test_honest_miners_qualify_and_are_paid_and_every_cheater_is_caught_an
     for _, record in store.verdicts_after(0, limit=100_000):
         verdicts.setdefault(name_of[record.miner], []).append(record)
     for name in HONEST:
-        assert verdicts[name] and all(v.verdict == "pass" for v in verdicts[name]), [(v.verdict, v.reason) for v in verdicts[name]]
+        assert verdicts[name] and all(v.verdict == "pass" for v in verdicts[name]), [
+            (v.verdict, v.reason) for v in verdicts[name]
+        ]
     for cheat in CHEATS:
         reasons = {v.reason for v in verdicts[cheat.name] if v.verdict in ("cheat", "unproven")}
         assert reasons & CAUGHT_BY[cheat.name], (cheat.name, [(v.verdict, v.reason) for v in verdicts[cheat.name]])
@@ -255,12 +344,16 @@ async def test_honest_miners_qualify_and_are_paid_and_every_cheater_is_caught_an
         raw = (await http.get(urls.provider_url + f"/api/subnet/v1/epoch/{index}")).content
         epoch = parse_and_verify(raw, master_hotkey=master, netuid=53)
         wire = json.loads(raw)
-        assert keys.verify_signature(master, keys.epoch_message(53, index, keys.epoch_digest(wire["result_json"].encode())),
-                                     wire["signature"])
+        assert keys.verify_signature(
+            master, keys.epoch_message(53, index, keys.epoch_digest(wire["result_json"].encode())), wire["signature"]
+        )
         start, end = genesis + index * EPOCH_S, genesis + (index + 1) * EPOCH_S
-        expected = expected_weights(store.requests_in(since=start, until=end), store.verdict_counts(since=start, until=end),
-                                    hotkey_of_identity={identity: hotkey_of(name) for name, identity in identity_of.items()},
-                                    owner=owner)
+        expected = expected_weights(
+            store.requests_in(since=start, until=end),
+            store.verdict_counts(since=start, until=end),
+            hotkey_of_identity={identity: hotkey_of(name) for name, identity in identity_of.items()},
+            owner=owner,
+        )
         assert dict(epoch.weights) == expected, (index, epoch.weights, expected)
         for hotkey, weight in epoch.weights:
             paid_hotkeys[hotkey] = paid_hotkeys.get(hotkey, 0) + weight
@@ -289,11 +382,16 @@ def expected_weights(entries, verdict_counts, *, hotkey_of_identity, owner) -> d
             continue
         if entry.cost_micro > 0:
             tokens[hotkey] = tokens.get(hotkey, 0) + entry.prompt_tokens + entry.completion_tokens
-            if (entry.ttft_ms or 0) > SMOLLM2_135M.qual_ttft_p99_ms or (entry.tpot_ms or 0) > SMOLLM2_135M.qual_tpot_p99_ms:
+            if (entry.ttft_ms or 0) > SMOLLM2_135M.qual_ttft_p99_ms or (
+                entry.tpot_ms or 0
+            ) > SMOLLM2_135M.qual_tpot_p99_ms:
                 failed.add(hotkey)
     cheated = {hotkey_of_identity[identity] for identity, (_, cheat, _) in verdict_counts.items() if cheat}
-    scores = {hotkey: count * SMOLLM2_135M.score_rate // 1000 for hotkey, count in tokens.items()
-              if hotkey not in failed and hotkey not in cheated}
+    scores = {
+        hotkey: count * SMOLLM2_135M.score_rate // 1000
+        for hotkey, count in tokens.items()
+        if hotkey not in failed and hotkey not in cheated
+    }
     scores = {hotkey: score for hotkey, score in scores.items() if score > 0}
     total = sum(scores.values())
     if not total:

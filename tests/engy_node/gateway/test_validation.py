@@ -12,13 +12,30 @@ import pytest
 
 from engy_node.gateway.chat import GatewayError
 from engy_node.gateway.validation import (
-    USED, FieldChecks, Harmless, Refused, equals, error_headers, invalid, is_int, is_zero, one_of,
+    USED,
+    FieldChecks,
+    Harmless,
+    Refused,
+    equals,
+    error_headers,
+    invalid,
+    is_int,
+    is_zero,
+    one_of,
 )
 
-SENTENCE = FieldChecks(separator=" ", item_path="{param}[{index}]", unknown_model="The model `{model}` is unknown.",
-                       unknown_field="Unrecognized request argument supplied: {field}")
-PATH_FIRST = FieldChecks(separator=": ", item_path="{param}.{index}", unknown_model="model: {model}",
-                         unknown_field="{field}: Extra inputs are not permitted")
+SENTENCE = FieldChecks(
+    separator=" ",
+    item_path="{param}[{index}]",
+    unknown_model="The model `{model}` is unknown.",
+    unknown_field="Unrecognized request argument supplied: {field}",
+)
+PATH_FIRST = FieldChecks(
+    separator=": ",
+    item_path="{param}.{index}",
+    unknown_model="model: {model}",
+    unknown_field="{field}: Extra inputs are not permitted",
+)
 RULES = {
     "model": USED,
     "user": Harmless("an id", str),
@@ -41,15 +58,22 @@ def test_one_rule_reads_as_a_sentence_or_leads_with_the_path():
     assert refusal(PATH_FIRST.optional_bool, "yes", param="stream").message == "stream: must be a boolean"
     err = invalid(param="body", message="the request body must be a JSON object")
     assert (err.kind, err.status, err.param, err.message) == (
-        "invalid_request", 400, "body", "the request body must be a JSON object")
+        "invalid_request",
+        400,
+        "body",
+        "the request body must be a JSON object",
+    )
 
 
 def test_list_items_are_named_in_the_apis_path_notation():
     assert [path for path, _ in SENTENCE.items(["a", "b"], param="tools")] == ["tools[0]", "tools[1]"]
     assert [path for path, _ in PATH_FIRST.items(["a"], param="messages.2.content")] == ["messages.2.content.0"]
-    assert refusal(PATH_FIRST.items, [], param="messages", non_empty=True).message == "messages: must be a non-empty list"
+    assert (
+        refusal(PATH_FIRST.items, [], param="messages", non_empty=True).message == "messages: must be a non-empty list"
+    )
     assert refusal(SENTENCE.items, 5, param="c", complaint="must be a string or a list").message == (
-        "c must be a string or a list")
+        "c must be a string or a list"
+    )
 
 
 def test_an_unknown_model_is_a_404_in_the_apis_words_and_a_blank_one_a_400():
@@ -71,10 +95,12 @@ def test_top_p_excludes_zero_and_temperature_includes_it():
 
 def test_a_bare_stop_string_is_a_list_of_one_only_where_the_api_accepts_it():
     assert SENTENCE.stop_sequences("END", param="stop", max_count=4, accept_string=True) == ("END",)
-    assert refusal(PATH_FIRST.stop_sequences, "END", param="stop_sequences", max_count=16, accept_string=False).message == (
-        "stop_sequences: must be a list of non-empty strings")
+    assert refusal(
+        PATH_FIRST.stop_sequences, "END", param="stop_sequences", max_count=16, accept_string=False
+    ).message == ("stop_sequences: must be a list of non-empty strings")
     assert refusal(SENTENCE.stop_sequences, ["a"] * 5, param="stop", max_count=4, accept_string=True).message == (
-        "stop takes at most 4 sequences, got 5")
+        "stop takes at most 4 sequences, got 5"
+    )
 
 
 def test_tools_become_function_tools_and_an_empty_list_is_none():
@@ -93,22 +119,31 @@ def test_retry_headers_say_when_waiting_helps_and_when_only_a_changed_request_do
 
 
 def test_a_body_passes_with_used_harmless_and_default_valued_fields_and_null_anywhere():
-    PATH_FIRST.known_fields({"model": 5, "user": "u", "metadata": {}, "logprobs": False, "penalty": 0.0, "tier": "auto",
-                             "audio": None}, RULES)
+    PATH_FIRST.known_fields(
+        {"model": 5, "user": "u", "metadata": {}, "logprobs": False, "penalty": 0.0, "tier": "auto", "audio": None},
+        RULES,
+    )
 
 
-@pytest.mark.parametrize(("body", "param", "sentence", "path_first"), [
-    ({"model": "m", "extra": 1}, "extra", "Unrecognized request argument supplied: extra",
-     "extra: Extra inputs are not permitted"),
-    ({"user": 5}, "user", "user must be a string", "user: must be a string"),
-    ({"metadata": "tags"}, "metadata", "metadata must be an object", "metadata: must be an object"),
-    ({"logprobs": True}, "logprobs", "logprobs is not supported; omit it", "logprobs: is not supported; omit it"),
-    ({"logprobs": 0}, "logprobs", "logprobs is not supported; omit it", "logprobs: is not supported; omit it"),
-    ({"penalty": True}, "penalty", "penalty is not supported; send 0", "penalty: is not supported; send 0"),
-    ({"penalty": 0.5}, "penalty", "penalty is not supported; send 0", "penalty: is not supported; send 0"),
-    ({"tier": "flex"}, "tier", "tier must be 'auto'", "tier: must be 'auto'"),
-    ({"audio": {}}, "audio", "audio is not supported", "audio: is not supported"),
-])
+@pytest.mark.parametrize(
+    ("body", "param", "sentence", "path_first"),
+    [
+        (
+            {"model": "m", "extra": 1},
+            "extra",
+            "Unrecognized request argument supplied: extra",
+            "extra: Extra inputs are not permitted",
+        ),
+        ({"user": 5}, "user", "user must be a string", "user: must be a string"),
+        ({"metadata": "tags"}, "metadata", "metadata must be an object", "metadata: must be an object"),
+        ({"logprobs": True}, "logprobs", "logprobs is not supported; omit it", "logprobs: is not supported; omit it"),
+        ({"logprobs": 0}, "logprobs", "logprobs is not supported; omit it", "logprobs: is not supported; omit it"),
+        ({"penalty": True}, "penalty", "penalty is not supported; send 0", "penalty: is not supported; send 0"),
+        ({"penalty": 0.5}, "penalty", "penalty is not supported; send 0", "penalty: is not supported; send 0"),
+        ({"tier": "flex"}, "tier", "tier must be 'auto'", "tier: must be 'auto'"),
+        ({"audio": {}}, "audio", "audio is not supported", "audio: is not supported"),
+    ],
+)
 def test_an_unknown_field_or_a_value_that_cannot_be_honoured_is_a_400_naming_it(body, param, sentence, path_first):
     for check, message in ((SENTENCE, sentence), (PATH_FIRST, path_first)):
         err = refusal(check.known_fields, body, RULES)

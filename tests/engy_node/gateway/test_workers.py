@@ -33,9 +33,9 @@ from engy_node.gateway.store import Store
 from engy_node.gateway.workers import MinerListener, SharedSockets, leg_worker
 from engy_node.hub import Hub
 from engy_node.miner.link import Identity, LinkSettings
-from engy_node.served_model import load_served_model
 from engy_node.models import SMOLLM2_135M
 from engy_node.protocol.miner import Admit, Capacity, Hello, encode, parse_gateway_frame
+from engy_node.served_model import load_served_model
 from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
 from tests.waiting import Changes, ProcessOutput, logged, wait_until_async
 
@@ -45,18 +45,36 @@ FAST = LinkSettings(heartbeat_s=5, backoff_base_s=0.05, backoff_cap_s=0.2, recon
 
 # ---- which worker a request line names ----------------------------------------------------------
 
-@given(workers=st.integers(1, 64), index=st.integers(0, 200), method=st.sampled_from([b"GET", b"POST"]),
-       query=st.sampled_from([b"", b"?x=1"]))
+
+@given(
+    workers=st.integers(1, 64),
+    index=st.integers(0, 200),
+    method=st.sampled_from([b"GET", b"POST"]),
+    query=st.sampled_from([b"", b"?x=1"]),
+)
 def test_a_leg_path_names_its_worker_when_that_worker_exists(workers, index, method, query):
     line = method + b" /gw/" + str(index).encode() + query + b" HTTP/1.1"
     assert leg_worker(line, workers=workers) == (index if index < workers else None)
 
 
-@pytest.mark.parametrize("line", [
-    b"GET /gw HTTP/1.1", b"GET /gw/meta HTTP/1.1", b"GET /gw/ HTTP/1.1", b"GET /gw/1/ HTTP/1.1", b"GET /gw/-1 HTTP/1.1",
-    b"GET /gw/+1 HTTP/1.1", b"GET /gw/1x HTTP/1.1", b"GET /v1/models HTTP/1.1", b"GET /gw/1", b"", b"GET  /gw/1 HTTP/1.1",
-    b"GET /gw/99999999999 HTTP/1.1", "GET /gw/\u0661 HTTP/1.1".encode(),
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"GET /gw HTTP/1.1",
+        b"GET /gw/meta HTTP/1.1",
+        b"GET /gw/ HTTP/1.1",
+        b"GET /gw/1/ HTTP/1.1",
+        b"GET /gw/-1 HTTP/1.1",
+        b"GET /gw/+1 HTTP/1.1",
+        b"GET /gw/1x HTTP/1.1",
+        b"GET /v1/models HTTP/1.1",
+        b"GET /gw/1",
+        b"",
+        b"GET  /gw/1 HTTP/1.1",
+        b"GET /gw/99999999999 HTTP/1.1",
+        "GET /gw/\u0661 HTTP/1.1".encode(),
+    ],
+)
 def test_anything_but_a_leg_path_names_no_worker(line):
     assert leg_worker(line, workers=4) is None
 
@@ -71,8 +89,12 @@ def test_in_a_fleet_each_host_serves_its_own_legs_and_spreads_the_ones_failed_ov
     fleet_legs = workers * hosts
     fleet_offset = workers * data.draw(st.integers(0, hosts - 1))
     index = data.draw(st.integers(0, fleet_legs + 5))
-    named = leg_worker(b"GET /gw/" + str(index).encode() + b" HTTP/1.1", workers=workers, fleet_offset=fleet_offset,
-                       fleet_legs=fleet_legs)
+    named = leg_worker(
+        b"GET /gw/" + str(index).encode() + b" HTTP/1.1",
+        workers=workers,
+        fleet_offset=fleet_offset,
+        fleet_legs=fleet_legs,
+    )
     if index >= fleet_legs:
         assert named is None
     elif fleet_offset <= index < fleet_offset + workers:
@@ -88,9 +110,14 @@ def test_another_hosts_legs_spread_evenly_over_this_hosts_workers():
 
 # ---- the hand-off between two workers' listeners ------------------------------------------------
 
+
 @pytest.fixture
 def shared():
-    settings = load_config(home=None, env={}, overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "workers": 2}}).gateway
+    settings = load_config(
+        home=None,
+        env={},
+        overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "workers": 2}},
+    ).gateway
     sockets = SharedSockets.bind(settings)
     yield sockets
     sockets.close()
@@ -126,7 +153,9 @@ async def test_each_connection_comes_out_of_the_worker_it_names_whichever_worker
         for listener in listeners:
             await nursery.start(listener.run)
         for index, listener in enumerate(listeners):
-            nursery.start_soon(collect, listener, lines[index], all_seen, lambda: len(lines[0]) + len(lines[1]) >= len(heads))
+            nursery.start_soon(
+                collect, listener, lines[index], all_seen, lambda: len(lines[0]) + len(lines[1]) >= len(heads)
+            )
         clients = [await connect_and_send(shared, head) for head in heads]
         with trio.fail_after(10):
             await all_seen.wait()
@@ -172,8 +201,12 @@ async def test_a_descriptor_that_is_not_a_connection_is_ignored_and_the_listener
         seen = trio.Event()
         nursery.start_soon(collect, listener, lines, seen, lambda: len(lines) >= 1)
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-            sender.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [read_end]))], 0,
-                           shared.seat(0).inbox(0))
+            sender.sendmsg(
+                [b"c"],
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [read_end]))],
+                0,
+                shared.seat(0).inbox(0),
+            )
         client = await connect_and_send(shared, b"GET /gw/0 HTTP/1.1\r\n\r\n")
         with trio.fail_after(10):
             await seen.wait()
@@ -215,6 +248,7 @@ async def test_a_silent_connection_is_closed_without_holding_up_the_others(share
 
 # ---- holds a dead worker left behind ---------------------------------------------------------------
 
+
 async def test_the_sweep_releases_a_hold_left_open_and_never_one_that_settled(tmp_path, monkeypatch):
     """The loop around `orphans.sweep` (whose timing rules its own tests cover), on a real
     clock with short intervals: autojumping time would run past thread hand-offs to the store."""
@@ -237,10 +271,15 @@ async def test_the_sweep_releases_a_hold_left_open_and_never_one_that_settled(tm
 
 # ---- a two-worker gateway end to end --------------------------------------------------------------
 
+
 @pytest.fixture
 async def two_workers(nursery, tmp_path, checkpoint):
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(home=tmp_path, env=env, overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "workers": 2}})
+    config = load_config(
+        home=tmp_path,
+        env=env,
+        overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "workers": 2}},
+    )
     urls = await nursery.start(run_gateway, config, Hub())
     store = Store.open(store_path(config))
     served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)
@@ -262,8 +301,16 @@ def worker_processes() -> list[psutil.Process]:
 
 async def open_leg(miner_url: str, worker: int, miner_key: str, served, name: str) -> bool:
     """Open a leg to `/gw/{worker}` by hand; True once admitted."""
-    hello = Hello(miner_key=miner_key, model=MODEL, model_root=served.model_root, hw={}, versions={},
-                  capacity=Capacity(1, 1, 6144, 2048, 600), worker_name=name, worker_id=uuid.uuid4().hex)
+    hello = Hello(
+        miner_key=miner_key,
+        model=MODEL,
+        model_root=served.model_root,
+        hw={},
+        versions={},
+        capacity=Capacity(1, 1, 6144, 2048, 600),
+        worker_name=name,
+        worker_id=uuid.uuid4().hex,
+    )
     async with trio_websocket.open_websocket_url(f"{miner_url}/{worker}") as connection:
         await connection.send_message(encode(hello))
         return isinstance(parse_gateway_frame(await connection.get_message()), Admit)
@@ -275,8 +322,15 @@ async def test_two_workers_serve_buyers_with_legs_on_each_and_exact_books(nurser
         assert (await http.get(urls.miner_url.replace("ws://", "http://") + "/meta")).json() == {"workers": 2}
         _, miner_key = store.register_miner("synthetic")
         handler = SyntheticHandler(served, lambda frame: Script(text="Two workers, one answer."))
-        link = synthetic_link(gateway_url=urls.miner_url, model=served, identity=Identity(miner_key=miner_key), handler=handler,
-                              http=http, settings=FAST, max_inflight=64)
+        link = synthetic_link(
+            gateway_url=urls.miner_url,
+            model=served,
+            identity=Identity(miner_key=miner_key),
+            handler=handler,
+            http=http,
+            settings=FAST,
+            max_inflight=64,
+        )
         legs = Changes()
         link.on_state = legs.notify  # called whenever a leg goes up or down
         await nursery.start(link.run)
@@ -290,17 +344,28 @@ async def test_two_workers_serve_buyers_with_legs_on_each_and_exact_books(nurser
             # A fresh connection per request: the kernel hands them to both workers.
             async with httpx.AsyncClient(timeout=60) as own:
                 fresh = openai.AsyncOpenAI(base_url=urls.buyer_url + "/v1", api_key=key, max_retries=0, http_client=own)
-                answers.append(await fresh.chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": f"question {index}"}], max_tokens=20))
+                answers.append(
+                    await fresh.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": f"question {index}"}], max_tokens=20
+                    )
+                )
 
         async with trio.open_nursery() as buyers:
             for index in range(24):
                 buyers.start_soon(ask, index)
         await client.close()
     assert [answer.choices[0].message.content for answer in answers] == ["Two workers, one answer."] * 24
-    expected = sum(billing.charge(price=SMOLLM2_135M.price, usage=billing.Usage(
-        prompt_tokens=answer.usage.prompt_tokens, completion_tokens=answer.usage.completion_tokens, cached_tokens=0))
-        for answer in answers)
+    expected = sum(
+        billing.charge(
+            price=SMOLLM2_135M.price,
+            usage=billing.Usage(
+                prompt_tokens=answer.usage.prompt_tokens,
+                completion_tokens=answer.usage.completion_tokens,
+                cached_tokens=0,
+            ),
+        )
+        for answer in answers
+    )
     # Either worker settles a non-streamed answer before it sends it, so every hold is closed by now.
     assert store.balance(account).held == 0
     assert store.balance(account).charged == expected
@@ -316,8 +381,9 @@ async def test_a_leg_reaches_the_worker_it_names_and_a_dead_worker_is_restarted(
             assert await open_leg(urls.miner_url, worker, miner_key, served, f"to-{worker}-{attempt}")
     # Worker 1 is another process, which sends a leg its admit before it logs the admission, and
     # its log file is the only place it says which legs it admitted: bounded polls of that file.
-    await wait_until_async(lambda: child_log.read_text().count("admitted") >= 6, timeout_s=10,
-                           what="worker 1 logging its six admissions")
+    await wait_until_async(
+        lambda: child_log.read_text().count("admitted") >= 6, timeout_s=10, what="worker 1 logging its six admissions"
+    )
     admitted = child_log.read_text()
     assert all(f"to-1-{attempt}" in admitted for attempt in range(6))
     assert "to-0-" not in admitted
@@ -331,14 +397,21 @@ async def test_a_leg_reaches_the_worker_it_names_and_a_dead_worker_is_restarted(
     # The replacement logs that it serves before it tells this process it is ready.
     assert child_log.read_text().count("gateway worker 1 serving") >= 2
     assert await open_leg(urls.miner_url, 1, miner_key, served, "after-restart")
-    await wait_until_async(lambda: "after-restart" in child_log.read_text(), timeout_s=10,
-                           what="the new worker 1 logging the leg's admission")
+    await wait_until_async(
+        lambda: "after-restart" in child_log.read_text(),
+        timeout_s=10,
+        what="the new worker 1 logging the leg's admission",
+    )
     assert replacements[0].is_running()
 
 
 async def test_stopping_the_gateway_stops_its_worker_processes(tmp_path, checkpoint):
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(home=tmp_path, env=env, overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "workers": 2}})
+    config = load_config(
+        home=tmp_path,
+        env=env,
+        overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "workers": 2}},
+    )
     async with trio.open_nursery() as nursery:
         urls = await nursery.start(run_gateway, config, Hub())
         [child] = worker_processes()
@@ -355,17 +428,27 @@ async def test_workers_stop_when_the_first_process_is_killed_outright(tmp_path, 
 
     env = {**os.environ, "ENGY_GATEWAY__PORT": "0", "ENGY_GATEWAY__MINER_PORT": "0", "ENGY_GATEWAY__WORKERS": "2"}
     # The worker inherits the first process's stderr, this pipe: the output ends once both are gone.
-    first = subprocess.Popen([sys.executable, "-m", "engy_node", "--home", str(tmp_path), "--role", "gateway"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8",
-                             errors="replace", env=env)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "engy_node", "--home", str(tmp_path), "--role", "gateway"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        env=env,
+    )
     output = ProcessOutput(first, tmp_path / "gateway.log")
     worker = None
     try:
-        await trio.to_thread.run_sync(functools.partial(output.wait_for, "gateway ready", timeout_s=120, what="the gateway ready"))
+        await trio.to_thread.run_sync(
+            functools.partial(output.wait_for, "gateway ready", timeout_s=120, what="the gateway ready")
+        )
         [worker] = psutil.Process(first.pid).children()
         first.kill()
         first.wait(10)
-        await trio.to_thread.run_sync(functools.partial(output.wait_ended, timeout_s=30, what="the orphaned worker gone"))
+        await trio.to_thread.run_sync(
+            functools.partial(output.wait_ended, timeout_s=30, what="the orphaned worker gone")
+        )
         assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
         assert "is gone; stopping" in output.text()
     finally:
@@ -380,7 +463,9 @@ async def test_stopping_the_gateway_tells_its_miners_to_redial_before_closing(tm
     from engy_node.protocol.miner import Reconnect
 
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(home=tmp_path, env=env, overrides={"gateway": {"port": 0, "miner_port": 0, "workers": workers}})
+    config = load_config(
+        home=tmp_path, env=env, overrides={"gateway": {"port": 0, "miner_port": 0, "workers": workers}}
+    )
     served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)
     with Store.open(store_path(config)) as store:
         _, miner_key = store.register_miner("told")
@@ -393,8 +478,16 @@ async def test_stopping_the_gateway_tells_its_miners_to_redial_before_closing(tm
                 await run_gateway(config, Hub(), task_status=task_status)
 
         urls = await nursery.start(run_until_stopped)
-        hello = Hello(miner_key=miner_key, model=MODEL, model_root=served.model_root, hw={}, versions={},
-                      capacity=Capacity(1, 1, 6144, 2048, 600), worker_name="told", worker_id=uuid.uuid4().hex)
+        hello = Hello(
+            miner_key=miner_key,
+            model=MODEL,
+            model_root=served.model_root,
+            hw={},
+            versions={},
+            capacity=Capacity(1, 1, 6144, 2048, 600),
+            worker_name="told",
+            worker_id=uuid.uuid4().hex,
+        )
         async with trio_websocket.open_websocket_url(f"{urls.miner_url}/0" if workers > 1 else urls.miner_url) as leg:
             await leg.send_message(encode(hello))
             frames.append(parse_gateway_frame(await leg.get_message()))

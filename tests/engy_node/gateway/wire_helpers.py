@@ -26,8 +26,10 @@ MAX_OUTPUT = 8192
 SERVED = {"known_models": {MODEL}, "max_output_tokens_for": lambda model: MAX_OUTPUT}
 """The parsers' view of the gateway's catalogue: `parse_…_request(body, **SERVED)`."""
 
-QWEN_OUTPUT = ('<think>\nThey want the weather.\n</think>\n\nLet me check.\n<tool_call>\n'
-               '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+QWEN_OUTPUT = (
+    "<think>\nThey want the weather.\n</think>\n\nLet me check.\n<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
 """Raw miner text with reasoning, text and one tool call, as Qwen3's chat template has it answer."""
 
 USAGE = Usage(prompt_tokens=120, completion_tokens=30, cached_tokens=64)
@@ -42,11 +44,14 @@ def stream_response(chunks: list[bytes]) -> httpx.Response:
     return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b"".join(chunks))
 
 
-_raw_events = st.lists(st.one_of(
-    st.text(max_size=6).map(TextDelta),
-    st.text(max_size=6).map(ReasoningDelta),
-    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2).map(lambda args: json.dumps(args)),
-), max_size=12)
+_raw_events = st.lists(
+    st.one_of(
+        st.text(max_size=6).map(TextDelta),
+        st.text(max_size=6).map(ReasoningDelta),
+        st.dictionaries(st.text(max_size=4), st.integers(), max_size=2).map(lambda args: json.dumps(args)),
+    ),
+    max_size=12,
+)
 
 
 @st.composite

@@ -28,46 +28,118 @@ OWNER = "5HGjWAeFDfFCWPsjFQdVV2Msvz2XtMktvgocEZcCj68kUMaw"
 DIGEST = "ab12cd34ef56" + "0" * 52
 
 
-def neuron(uid: int, hotkey: str, *, stake: float, permit: bool, last_update: int, incentive: float, emission: float) -> dict:
-    return {"uid": uid, "hotkey": hotkey, "stake": stake, "permit": permit, "active": True, "last_update": last_update,
-            "incentive": incentive, "dividends": 0.0, "emission": emission}
+def neuron(
+    uid: int, hotkey: str, *, stake: float, permit: bool, last_update: int, incentive: float, emission: float
+) -> dict:
+    return {
+        "uid": uid,
+        "hotkey": hotkey,
+        "stake": stake,
+        "permit": permit,
+        "active": True,
+        "last_update": last_update,
+        "incentive": incentive,
+        "dividends": 0.0,
+        "emission": emission,
+    }
 
 
 def worker(miner: str, model: str, state: str, since: float, reason: str) -> dict:
-    return {"miner": miner, "model": model, "state": state, "since": since, "reason": reason,
-            "eligible": state == "active", "first_party": False, "connected": True, "until": None, "strikes": 0,
-            "round": {"probes": 3, "ok": 3, "pass": 3, "unproven": 0, "cheat": 0},
-            "window": {"requests": 40, "failed": 0, "verdicts": 5, "unproven": 0},
-            "history": [{"from": "new", "to": "probing", "reason": "connected", "at": since - 60, "code": "connected"}]}
+    return {
+        "miner": miner,
+        "model": model,
+        "state": state,
+        "since": since,
+        "reason": reason,
+        "eligible": state == "active",
+        "first_party": False,
+        "connected": True,
+        "until": None,
+        "strikes": 0,
+        "round": {"probes": 3, "ok": 3, "pass": 3, "unproven": 0, "cheat": 0},
+        "window": {"requests": 40, "failed": 0, "verdicts": 5, "unproven": 0},
+        "history": [{"from": "new", "to": "probing", "reason": "connected", "at": since - 60, "code": "connected"}],
+    }
 
 
 def full_document() -> dict:
     return {
-        "node": {"version": "0.3.0", "pid": 4242, "roles": ["chain", "gateway", "miner-1", "miner-2", "validator", "verifier"],
-                 "started_at": NOW - 3_700, "home": "/tmp/engy-home", "netuid": 2, "network": "local",
-                 "hotkeys": {"owner": OWNER, "validator": VALIDATOR, "miner-1": MINER_1, "miner-2": MINER_2}},
+        "node": {
+            "version": "0.3.0",
+            "pid": 4242,
+            "roles": ["chain", "gateway", "miner-1", "miner-2", "validator", "verifier"],
+            "started_at": NOW - 3_700,
+            "home": "/tmp/engy-home",
+            "netuid": 2,
+            "network": "local",
+            "hotkeys": {"owner": OWNER, "validator": VALIDATOR, "miner-1": MINER_1, "miner-2": MINER_2},
+        },
         "states": {
-            "chain": {"network": "dev chain", "netuid": 2, "block": 1234, "block_time_s": 12.0, "tempo": 360, "epochs_run": 3,
-                      "neurons": [neuron(0, VALIDATOR, stake=1000.0, permit=True, last_update=1100, incentive=0.0, emission=0.5),
-                                  neuron(1, MINER_1, stake=0.0, permit=False, last_update=900, incentive=0.75, emission=0.123456),
-                                  neuron(2, MINER_2, stake=0.0, permit=False, last_update=900, incentive=0.25, emission=0.04),
-                                  neuron(3, STRANGER, stake=2.5, permit=False, last_update=5, incentive=0.0, emission=0.0)],
-                      "weights": {"0": {"1": 49151, "2": 16384}}},
-            "validator": {"block": 1234, "block_time_s": 12.0, "uid": 0, "permit": True, "last_update": 1100,
-                          "weights_rate_limit": 100, "activity_cutoff": 5000, "tempo": 360, "commit_reveal": False,
-                          "submitted_epoch": 3, "submitted_block": 1100,
-                          "weights": [{"uid": 1, "hotkey": MINER_1, "weight": 49151}, {"uid": 2, "hotkey": MINER_2, "weight": 16384}],
-                          "last_tick": NOW - 30, "last_outcome": "applied", "last_applied": 3, "last_submit_block": 1100,
-                          "last_submit_ts": NOW - 1608, "blocks_since_submit": 134, "next_resubmit_in_blocks": 226},
+            "chain": {
+                "network": "dev chain",
+                "netuid": 2,
+                "block": 1234,
+                "block_time_s": 12.0,
+                "tempo": 360,
+                "epochs_run": 3,
+                "neurons": [
+                    neuron(0, VALIDATOR, stake=1000.0, permit=True, last_update=1100, incentive=0.0, emission=0.5),
+                    neuron(1, MINER_1, stake=0.0, permit=False, last_update=900, incentive=0.75, emission=0.123456),
+                    neuron(2, MINER_2, stake=0.0, permit=False, last_update=900, incentive=0.25, emission=0.04),
+                    neuron(3, STRANGER, stake=2.5, permit=False, last_update=5, incentive=0.0, emission=0.0),
+                ],
+                "weights": {"0": {"1": 49151, "2": 16384}},
+            },
+            "validator": {
+                "block": 1234,
+                "block_time_s": 12.0,
+                "uid": 0,
+                "permit": True,
+                "last_update": 1100,
+                "weights_rate_limit": 100,
+                "activity_cutoff": 5000,
+                "tempo": 360,
+                "commit_reveal": False,
+                "submitted_epoch": 3,
+                "submitted_block": 1100,
+                "weights": [
+                    {"uid": 1, "hotkey": MINER_1, "weight": 49151},
+                    {"uid": 2, "hotkey": MINER_2, "weight": 16384},
+                ],
+                "last_tick": NOW - 30,
+                "last_outcome": "applied",
+                "last_applied": 3,
+                "last_submit_block": 1100,
+                "last_submit_ts": NOW - 1608,
+                "blocks_since_submit": 134,
+                "next_resubmit_in_blocks": 226,
+            },
             "epochs": {"latest": 3, "digest": DIGEST, "weights": [[MINER_1, 49151], [MINER_2, 16384]]},
-            "gateway": {"state": "ready", "legs": [{"leg": "0a1b2c3d", "miner": MINER_1}, {"leg": "4e5f6a7b", "miner": MINER_2}],
-                        "prompt_cache": {"prompt_tokens": 12_000, "cached_tokens": 4_500, "hit_rate": 0.375}},
-            "traffic": {"workers": [worker(MINER_1, "smollm2-135m", "active", NOW - 600, "qualified: 3 of 3 probes passed"),
-                                    worker(STRANGER, "smollm2-135m", "probing", NOW - 45, "connected")]},
-            "verifier": {"state": "running", "gateway": "http://127.0.0.1:8090", "hotkey": VALIDATOR,
-                         "verdicts": {"pass": 10, "unproven": 1}},
-            "traffic_generator": {"paused": False, "sent": 12, "succeeded": 11, "failed": 1, "output_chars": 950,
-                                  "last_error": "HTTP 500: boom"},
+            "gateway": {
+                "state": "ready",
+                "legs": [{"leg": "0a1b2c3d", "miner": MINER_1}, {"leg": "4e5f6a7b", "miner": MINER_2}],
+                "prompt_cache": {"prompt_tokens": 12_000, "cached_tokens": 4_500, "hit_rate": 0.375},
+            },
+            "traffic": {
+                "workers": [
+                    worker(MINER_1, "smollm2-135m", "active", NOW - 600, "qualified: 3 of 3 probes passed"),
+                    worker(STRANGER, "smollm2-135m", "probing", NOW - 45, "connected"),
+                ]
+            },
+            "verifier": {
+                "state": "running",
+                "gateway": "http://127.0.0.1:8090",
+                "hotkey": VALIDATOR,
+                "verdicts": {"pass": 10, "unproven": 1},
+            },
+            "traffic_generator": {
+                "paused": False,
+                "sent": 12,
+                "succeeded": 11,
+                "failed": 1,
+                "output_chars": 950,
+                "last_error": "HTTP 500: boom",
+            },
         },
         "metrics": {},
         "last_seq": 99,
@@ -90,7 +162,10 @@ def as_json(document: dict) -> dict:
 def test_a_full_document_renders_every_section(transport):
     text = format_status(transport(full_document()), now=NOW)
 
-    assert text.splitlines()[0] == "engy-node 0.3.0 (pid 4242): chain, gateway, miner-1, miner-2, validator, verifier, up 61 min"
+    assert (
+        text.splitlines()[0]
+        == "engy-node 0.3.0 (pid 4242): chain, gateway, miner-1, miner-2, validator, verifier, up 61 min"
+    )
 
     chain = section(text, "chain ")
     assert chain[0] == "chain      dev chain, netuid 2, block 1234 (12.0 s blocks), tempo 360, epochs run 3"
@@ -107,7 +182,9 @@ def test_a_full_document_renders_every_section(transport):
     assert validator[1] == "  epoch 3 on chain, last submit at block 1100 (134 blocks ago, next resubmit in 226 blocks)"
     assert validator[2] == "  last tick 30 s ago: applied"
 
-    assert section(text, "epoch ") == ["epoch      latest published 3 (digest ab12cd34ef56…): miner-1 75.0%, miner-2 25.0%"]
+    assert section(text, "epoch ") == [
+        "epoch      latest published 3 (digest ab12cd34ef56…): miner-1 75.0%, miner-2 25.0%"
+    ]
 
     miners = section(text, "miners ")
     assert miners[1].split(None, 3)[:3] == ["miner-1", "smollm2-135m", "active"]
@@ -117,8 +194,11 @@ def test_a_full_document_renders_every_section(transport):
 
     assert section(text, "verifier ") == ["verifier   running; verdicts: pass 10, unproven 1"]
     assert section(text, "gateway ") == [
-        "gateway    ready; 2 miner leg(s); prefix cache: 37.5 % of 12000 prompt tokens from the miners' caches"]
-    assert section(text, "demo traffic") == ["demo traffic  running: 12 sent, 11 ok, 1 failed (last error: HTTP 500: boom)"]
+        "gateway    ready; 2 miner leg(s); prefix cache: 37.5 % of 12000 prompt tokens from the miners' caches"
+    ]
+    assert section(text, "demo traffic") == [
+        "demo traffic  running: 12 sent, 11 ok, 1 failed (last error: HTTP 500: boom)"
+    ]
 
     # Local names stand in for every hotkey the local network named.
     for ss58 in (VALIDATOR, MINER_1, MINER_2):
@@ -148,15 +228,24 @@ def test_missing_components_are_omitted():
     kept = {"traffic_generator": states["traffic_generator"]}
     document["states"] = kept
     lines = format_status(document, now=NOW).splitlines()
-    assert [line for line in lines if line] == [lines[0], "demo traffic  running: 12 sent, 11 ok, 1 failed (last error: HTTP 500: boom)"]
+    assert [line for line in lines if line] == [
+        lines[0],
+        "demo traffic  running: 12 sent, 11 ok, 1 failed (last error: HTTP 500: boom)",
+    ]
 
     document["states"] = {}
     assert format_status(document, now=NOW).splitlines() == [lines[0]]
 
 
 def test_a_paused_generator_and_an_old_error_after_recovery():
-    text = format_status({"states": {"traffic_generator": {"paused": True, "sent": 3, "succeeded": 3, "failed": 0,
-                                                           "last_error": "stale"}}}, now=NOW)
+    text = format_status(
+        {
+            "states": {
+                "traffic_generator": {"paused": True, "sent": 3, "succeeded": 3, "failed": 0, "last_error": "stale"}
+            }
+        },
+        now=NOW,
+    )
     assert text.splitlines()[-1] == "demo traffic  paused: 3 sent, 3 ok, 0 failed"
 
 
@@ -166,10 +255,22 @@ def test_an_empty_document_is_a_header_of_unknowns():
 
 
 def test_empty_components_say_n_a():
-    text = format_status({"node": {}, "states": {name: {} for name in (
-        "chain", "validator", "epochs", "traffic", "verifier", "traffic_generator")}}, now=NOW)
-    assert section(text, "chain ") == ["chain      n/a, netuid n/a, block n/a (n/a s blocks), tempo n/a, epochs run n/a"]
-    assert section(text, "validator ") == ["validator  n/a uid n/a, permit n/a, provider n/a", "  nothing submitted yet"]
+    text = format_status(
+        {
+            "node": {},
+            "states": {
+                name: {} for name in ("chain", "validator", "epochs", "traffic", "verifier", "traffic_generator")
+            },
+        },
+        now=NOW,
+    )
+    assert section(text, "chain ") == [
+        "chain      n/a, netuid n/a, block n/a (n/a s blocks), tempo n/a, epochs run n/a"
+    ]
+    assert section(text, "validator ") == [
+        "validator  n/a uid n/a, permit n/a, provider n/a",
+        "  nothing submitted yet",
+    ]
     assert section(text, "epoch ") == ["epoch      latest published n/a (digest …): no weights"]
     assert section(text, "miners ") == ["miners     eligibility at the gateway", "  none connected yet"]
     assert section(text, "verifier ") == ["verifier   n/a; verdicts: none yet"]
@@ -179,18 +280,41 @@ def test_empty_components_say_n_a():
 def test_fields_present_but_null_say_n_a():
     """Producers publish None for what they do not know yet (a validator not registered, a
     resubmit not scheduled); none of it may break the page."""
-    text = format_status({"node": {"version": None, "pid": None, "roles": None, "started_at": None, "hotkeys": None},
-                          "states": {
-                              "chain": {"network": None, "neurons": [{"uid": None, "hotkey": None, "stake": None, "permit": None,
-                                                                      "last_update": None, "incentive": None, "emission": None}],
-                                        "weights": {"0": {}}},
-                              "validator": {"uid": None, "permit": None, "last_applied": 2, "last_submit_block": None,
-                                            "blocks_since_submit": None, "last_tick": None},
-                              "epochs": {"latest": None, "digest": None, "weights": None},
-                              "traffic": {"workers": [{"miner": None, "model": None, "state": None, "since": None, "reason": None}]},
-                              "verifier": {"state": None, "verdicts": None},
-                              "traffic_generator": {"paused": None, "sent": None, "succeeded": None, "failed": None},
-                          }}, now=NOW)
+    text = format_status(
+        {
+            "node": {"version": None, "pid": None, "roles": None, "started_at": None, "hotkeys": None},
+            "states": {
+                "chain": {
+                    "network": None,
+                    "neurons": [
+                        {
+                            "uid": None,
+                            "hotkey": None,
+                            "stake": None,
+                            "permit": None,
+                            "last_update": None,
+                            "incentive": None,
+                            "emission": None,
+                        }
+                    ],
+                    "weights": {"0": {}},
+                },
+                "validator": {
+                    "uid": None,
+                    "permit": None,
+                    "last_applied": 2,
+                    "last_submit_block": None,
+                    "blocks_since_submit": None,
+                    "last_tick": None,
+                },
+                "epochs": {"latest": None, "digest": None, "weights": None},
+                "traffic": {"workers": [{"miner": None, "model": None, "state": None, "since": None, "reason": None}]},
+                "verifier": {"state": None, "verdicts": None},
+                "traffic_generator": {"paused": None, "sent": None, "succeeded": None, "failed": None},
+            },
+        },
+        now=NOW,
+    )
     assert "None" not in text
     row = section(text, "chain ")[2].split()
     assert row == ["n/a", "n/a", "n/a", "no", "n/a", "n/a", "n/a"]
@@ -204,15 +328,31 @@ def test_ages_read_as_seconds_minutes_and_hours():
     def uptime(seconds: float) -> str:
         return format_status({"node": {"started_at": NOW - seconds}}, now=NOW).split(", up ")[1]
 
-    assert [uptime(s) for s in (0, 119, 120, 7199, 7200, 90_061)] == ["0 s", "119 s", "2 min", "119 min", "2 h 0 min", "25 h 1 min"]
+    assert [uptime(s) for s in (0, 119, 120, 7199, 7200, 90_061)] == [
+        "0 s",
+        "119 s",
+        "2 min",
+        "119 min",
+        "2 h 0 min",
+        "25 h 1 min",
+    ]
     assert uptime(-5) == "0 s"  # a clock step back is not a negative age
 
 
 # ---- never raises ------------------------------------------------------------------------------
-SCALARS = (st.none() | st.booleans() | st.integers() | st.integers(-2**70, 2**70).map(lambda n: n * 2**400)
-           | st.floats() | st.text(max_size=8))
-JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(max_size=6) | st.integers(), inner, max_size=4), max_leaves=12)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(-(2**70), 2**70).map(lambda n: n * 2**400)
+    | st.floats()
+    | st.text(max_size=8)
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6) | st.integers(), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 def fields(**values) -> st.SearchStrategy:
@@ -220,23 +360,66 @@ def fields(**values) -> st.SearchStrategy:
     return st.fixed_dictionaries({}, optional=values) | JSON
 
 
-NEURON = fields(uid=JSON, hotkey=st.sampled_from([VALIDATOR, MINER_1]) | JSON, stake=JSON, permit=JSON,
-                last_update=JSON, incentive=JSON, emission=JSON)
-NODE = fields(version=JSON, pid=JSON, roles=st.lists(JSON, max_size=3) | JSON, started_at=SCALARS,
-              hotkeys=st.dictionaries(st.text(max_size=6), JSON, max_size=3) | JSON)
-STATES = st.fixed_dictionaries({}, optional={
-    "chain": fields(network=JSON, netuid=JSON, block=JSON, block_time_s=JSON, tempo=JSON, epochs_run=JSON,
-                    neurons=st.lists(NEURON, max_size=3) | JSON,
-                    weights=st.dictionaries(JSON.filter(lambda k: isinstance(k, (str, int))),
-                                            st.dictionaries(st.text(max_size=3) | st.integers(), JSON, max_size=3) | JSON,
-                                            max_size=3) | JSON),
-    "validator": fields(hotkey=JSON, uid=JSON, permit=JSON, provider=JSON, last_applied=JSON, last_submit_block=JSON,
-                        blocks_since_submit=JSON, next_resubmit_in_blocks=JSON, last_tick=SCALARS, last_outcome=JSON),
-    "epochs": fields(latest=JSON, digest=JSON, weights=st.lists(st.tuples(JSON, SCALARS).map(list) | JSON, max_size=3) | JSON),
-    "traffic": fields(workers=st.lists(fields(miner=JSON, model=JSON, state=JSON, since=SCALARS, reason=JSON), max_size=3) | JSON),
-    "verifier": fields(state=JSON, verdicts=st.dictionaries(st.text(max_size=6), JSON, max_size=3) | JSON),
-    "traffic_generator": fields(paused=JSON, sent=JSON, succeeded=JSON, failed=JSON, last_error=JSON),
-}) | JSON
+NEURON = fields(
+    uid=JSON,
+    hotkey=st.sampled_from([VALIDATOR, MINER_1]) | JSON,
+    stake=JSON,
+    permit=JSON,
+    last_update=JSON,
+    incentive=JSON,
+    emission=JSON,
+)
+NODE = fields(
+    version=JSON,
+    pid=JSON,
+    roles=st.lists(JSON, max_size=3) | JSON,
+    started_at=SCALARS,
+    hotkeys=st.dictionaries(st.text(max_size=6), JSON, max_size=3) | JSON,
+)
+STATES = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "chain": fields(
+                network=JSON,
+                netuid=JSON,
+                block=JSON,
+                block_time_s=JSON,
+                tempo=JSON,
+                epochs_run=JSON,
+                neurons=st.lists(NEURON, max_size=3) | JSON,
+                weights=st.dictionaries(
+                    JSON.filter(lambda k: isinstance(k, (str, int))),
+                    st.dictionaries(st.text(max_size=3) | st.integers(), JSON, max_size=3) | JSON,
+                    max_size=3,
+                )
+                | JSON,
+            ),
+            "validator": fields(
+                hotkey=JSON,
+                uid=JSON,
+                permit=JSON,
+                provider=JSON,
+                last_applied=JSON,
+                last_submit_block=JSON,
+                blocks_since_submit=JSON,
+                next_resubmit_in_blocks=JSON,
+                last_tick=SCALARS,
+                last_outcome=JSON,
+            ),
+            "epochs": fields(
+                latest=JSON, digest=JSON, weights=st.lists(st.tuples(JSON, SCALARS).map(list) | JSON, max_size=3) | JSON
+            ),
+            "traffic": fields(
+                workers=st.lists(fields(miner=JSON, model=JSON, state=JSON, since=SCALARS, reason=JSON), max_size=3)
+                | JSON
+            ),
+            "verifier": fields(state=JSON, verdicts=st.dictionaries(st.text(max_size=6), JSON, max_size=3) | JSON),
+            "traffic_generator": fields(paused=JSON, sent=JSON, succeeded=JSON, failed=JSON, last_error=JSON),
+        },
+    )
+    | JSON
+)
 DOCUMENT = st.fixed_dictionaries({}, optional={"node": NODE, "states": STATES, "metrics": JSON, "last_seq": JSON})
 
 
@@ -260,8 +443,18 @@ def test_uptime_is_never_negative_or_non_finite(now, started):
 def test_a_local_network_says_where_to_call_it_and_where_the_key_is():
     from engy_node.local.status import format_status
 
-    text = format_status({"states": {"network": {"buyer_api": "http://127.0.0.1:8080/v1", "details": "/h/data/local/network.json",
-                                                 "provider_api": "http://127.0.0.1:8082", "miner_ws": "ws://127.0.0.1:8081/gw"}}},
-                         now=0.0)
+    text = format_status(
+        {
+            "states": {
+                "network": {
+                    "buyer_api": "http://127.0.0.1:8080/v1",
+                    "details": "/h/data/local/network.json",
+                    "provider_api": "http://127.0.0.1:8082",
+                    "miner_ws": "ws://127.0.0.1:8081/gw",
+                }
+            }
+        },
+        now=0.0,
+    )
     assert "buyer API  http://127.0.0.1:8080/v1   (key in /h/data/local/network.json)" in text
     assert "miners dial ws://127.0.0.1:8081/gw" in text

@@ -74,7 +74,9 @@ def test_a_plan_is_a_valid_request_for_its_dialect(seed, max_tokens, model):
         if had_system:
             assert body["system"] == entry.messages[0]["content"]
         # The turns as the corpus has them: user first, then alternating.
-        assert [message["role"] for message in messages] == [message["role"] for message in entry.messages if message["role"] != "system"]
+        assert [message["role"] for message in messages] == [
+            message["role"] for message in entry.messages if message["role"] != "system"
+        ]
         assert [message["role"] for message in messages] == ["user", "assistant"] * (len(messages) // 2) + ["user"]
     # The body holds copies: a caller may change it without touching the shared corpus.
     assert all(mine is not theirs for mine in messages for theirs in entry.messages)
@@ -83,7 +85,9 @@ def test_a_plan_is_a_valid_request_for_its_dialect(seed, max_tokens, model):
 def test_plans_cover_both_dialects_both_stream_modes_and_system_prompts():
     rng = random.Random(7)
     plans = [plan_request(rng, PROMPTS, MODELS[0], max_tokens=48) for _ in range(400)]
-    assert {(plan.dialect, plan.stream) for plan in plans} == {(d, s) for d in ("openai", "anthropic") for s in (False, True)}
+    assert {(plan.dialect, plan.stream) for plan in plans} == {
+        (d, s) for d in ("openai", "anthropic") for s in (False, True)
+    }
     assert any(plan.dialect == "anthropic" and "system" in plan.body for plan in plans)
     assert any(plan.dialect == "openai" and plan.body["messages"][0]["role"] == "system" for plan in plans)
     assert any("temperature" in plan.body for plan in plans) and any("temperature" not in plan.body for plan in plans)
@@ -120,22 +124,37 @@ class BuyerApi:
     async def chat_completions(self, request: Request) -> Response:
         body = await request.json()
         if request.headers.get("authorization") != f"Bearer {KEY}":
-            return self._refuse("openai", body, {"error": {"message": "invalid api key", "type": "authentication_error"}})
+            return self._refuse(
+                "openai", body, {"error": {"message": "invalid api key", "type": "authentication_error"}}
+            )
         messages = body.get("messages") or [{}]
-        if body.get("model") not in MODELS or not isinstance(body.get("max_tokens"), int) or messages[-1].get("role") != "user":
+        if (
+            body.get("model") not in MODELS
+            or not isinstance(body.get("max_tokens"), int)
+            or messages[-1].get("role") != "user"
+        ):
             self.problems.append(f"openai: {body}")
         return self._answer("openai", bool(body.get("stream")))
 
     async def messages(self, request: Request) -> Response:
         body = await request.json()
         if request.headers.get("x-api-key") != KEY or not request.headers.get("anthropic-version"):
-            return self._refuse("anthropic", body, {"type": "error", "error": {"type": "authentication_error",
-                                                                               "message": "invalid x-api-key"}})
+            return self._refuse(
+                "anthropic",
+                body,
+                {"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}},
+            )
         if "authorization" in request.headers:
             self.problems.append("anthropic: a bearer token sent as well")
         roles = [message.get("role") for message in body.get("messages") or ()]
-        if (body.get("model") not in MODELS or not isinstance(body.get("max_tokens"), int) or "system" in roles
-                or not roles or roles[-1] != "user" or ("system" in body and not isinstance(body["system"], str))):
+        if (
+            body.get("model") not in MODELS
+            or not isinstance(body.get("max_tokens"), int)
+            or "system" in roles
+            or not roles
+            or roles[-1] != "user"
+            or ("system" in body and not isinstance(body["system"], str))
+        ):
             self.problems.append(f"anthropic: {body}")
         return self._answer("anthropic", bool(body.get("stream")))
 
@@ -147,8 +166,11 @@ class BuyerApi:
         fail = self.fail
         self.requests.append({"dialect": dialect, "stream": stream, "failed": self.failing(stream)})
         if fail == "http":
-            error = ({"error": {"message": "upstream exploded", "type": "server_error"}} if dialect == "openai"
-                     else {"type": "error", "error": {"type": "api_error", "message": "upstream exploded"}})
+            error = (
+                {"error": {"message": "upstream exploded", "type": "server_error"}}
+                if dialect == "openai"
+                else {"type": "error", "error": {"type": "api_error", "message": "upstream exploded"}}
+            )
             return JSONResponse(error, 500)
         if fail == "garbage":
             if stream:
@@ -156,24 +178,44 @@ class BuyerApi:
             return Response("<html>bad gateway</html>", 200, media_type="text/html")
         if fail == "shape":
             if stream:
-                return StreamingResponse(iter([sse([1, 2]), sse("[DONE]"), sse({"type": "message_stop"})]),
-                                         media_type="text/event-stream")
+                return StreamingResponse(
+                    iter([sse([1, 2]), sse("[DONE]"), sse({"type": "message_stop"})]), media_type="text/event-stream"
+                )
             return JSONResponse([1, 2])
         if not stream:
             if dialect == "openai":
-                return JSONResponse({"id": "chatcmpl-1", "object": "chat.completion", "model": MODELS[0],
-                                     "choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER},
-                                                  "finish_reason": "stop"}],
-                                     "usage": {"prompt_tokens": 20, "completion_tokens": 4, "total_tokens": 24}})
-            return JSONResponse({"id": "msg_1", "type": "message", "role": "assistant", "model": MODELS[0],
-                                 "content": [{"type": "text", "text": ANSWER}], "stop_reason": "end_turn",
-                                 "usage": {"input_tokens": 20, "output_tokens": 4}})
+                return JSONResponse(
+                    {
+                        "id": "chatcmpl-1",
+                        "object": "chat.completion",
+                        "model": MODELS[0],
+                        "choices": [
+                            {"index": 0, "message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"}
+                        ],
+                        "usage": {"prompt_tokens": 20, "completion_tokens": 4, "total_tokens": 24},
+                    }
+                )
+            return JSONResponse(
+                {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": MODELS[0],
+                    "content": [{"type": "text", "text": ANSWER}],
+                    "stop_reason": "end_turn",
+                    "usage": {"input_tokens": 20, "output_tokens": 4},
+                }
+            )
         events = openai_events(fail) if dialect == "openai" else anthropic_events(fail)
         return StreamingResponse(iter(events), media_type="text/event-stream")
 
     def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
-                                 Route("/v1/messages", self.messages, methods=["POST"])])
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route("/v1/messages", self.messages, methods=["POST"]),
+            ]
+        )
 
 
 def sse(data: dict | str, event: str | None = None) -> str:
@@ -183,27 +225,63 @@ def sse(data: dict | str, event: str | None = None) -> str:
 
 def openai_events(fail: str | None) -> list[str]:
     chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": MODELS[0]}
-    events = [": keep-alive\n\n", sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})]
-    events += [sse({**chunk, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}) for piece in PIECES]
+    events = [
+        ": keep-alive\n\n",
+        sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}),
+    ]
+    events += [
+        sse({**chunk, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
+        for piece in PIECES
+    ]
     if fail == "error_event":
         return events[:3] + [sse({"error": {"message": "overloaded", "type": "server_error"}})]
-    events += [sse({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
-               sse({**chunk, "choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 4, "total_tokens": 24}})]
+    events += [
+        sse({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        sse({**chunk, "choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 4, "total_tokens": 24}}),
+    ]
     return events if fail == "cut" else events + [sse("[DONE]")]
 
 
 def anthropic_events(fail: str | None) -> list[str]:
-    events = [sse({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [],
-                                                        "model": MODELS[0], "usage": {"input_tokens": 20, "output_tokens": 1}}},
-                  "message_start"),
-              sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}, "content_block_start"),
-              sse({"type": "ping"}, "ping")]
-    events += [sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}, "content_block_delta")
-               for piece in PIECES]
+    events = [
+        sse(
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [],
+                    "model": MODELS[0],
+                    "usage": {"input_tokens": 20, "output_tokens": 1},
+                },
+            },
+            "message_start",
+        ),
+        sse(
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            "content_block_start",
+        ),
+        sse({"type": "ping"}, "ping"),
+    ]
+    events += [
+        sse(
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}},
+            "content_block_delta",
+        )
+        for piece in PIECES
+    ]
     if fail == "error_event":
-        return events[:4] + [sse({"type": "error", "error": {"type": "overloaded_error", "message": "overloaded"}}, "error")]
-    events += [sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
-               sse({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 4}}, "message_delta")]
+        return events[:4] + [
+            sse({"type": "error", "error": {"type": "overloaded_error", "message": "overloaded"}}, "error")
+        ]
+    events += [
+        sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+        sse(
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 4}},
+            "message_delta",
+        ),
+    ]
     return events if fail == "cut" else events + [sse({"type": "message_stop"}, "message_stop")]
 
 
@@ -226,8 +304,11 @@ class Records(logging.Handler):
         self.records.append(record)
 
     def failures(self, containing: str = "") -> list[str]:
-        return [message for record in self.records
-                if "demo request failed" in (message := record.getMessage()) and containing in message]
+        return [
+            message
+            for record in self.records
+            if "demo request failed" in (message := record.getMessage()) and containing in message
+        ]
 
 
 @pytest.fixture
@@ -261,19 +342,24 @@ async def until(condition, what: str) -> None:
 async def settle(gen: TrafficGenerator, api: BuyerApi) -> None:
     """Pause, and wait until every request sent has its answer counted."""
     gen.pause()
-    await until(lambda: gen.stats.sent == gen.stats.succeeded + gen.stats.failed == len(api.requests), "requests settle")
+    await until(
+        lambda: gen.stats.sent == gen.stats.succeeded + gen.stats.failed == len(api.requests), "requests settle"
+    )
 
 
 def all_combinations(api: BuyerApi) -> bool:
     return len({(request["dialect"], request["stream"]) for request in api.requests}) == 4
 
 
-@pytest.mark.parametrize("fail, reasons", [
-    (None, set()),
-    ("http", {"HTTP 500: upstream exploded"}),
-    ("cut", {"the stream ended without its terminator"}),
-    ("error_event", {"error event: overloaded"}),
-])
+@pytest.mark.parametrize(
+    "fail, reasons",
+    [
+        (None, set()),
+        ("http", {"HTTP 500: upstream exploded"}),
+        ("cut", {"the stream ended without its terminator"}),
+        ("error_event", {"error event: overloaded"}),
+    ],
+)
 async def test_successes_and_failures_are_counted_and_published(buyer_api, logged, fail, reasons):
     hub = Hub()
     buyer_api.fail = fail
@@ -288,14 +374,23 @@ async def test_successes_and_failures_are_counted_and_published(buyer_api, logge
     assert buyer_api.problems == []
     failed = sum(request["failed"] for request in buyer_api.requests)
     stats = gen.stats
-    assert (stats.sent, stats.failed, stats.succeeded) == (len(buyer_api.requests), failed, len(buyer_api.requests) - failed)
+    assert (stats.sent, stats.failed, stats.succeeded) == (
+        len(buyer_api.requests),
+        failed,
+        len(buyer_api.requests) - failed,
+    )
     assert stats.output_chars == len(ANSWER) * stats.succeeded
     assert stats.last_error == (next(iter(reasons)) if reasons else None)
     if fail in STREAM_FAILURES:
         assert 0 < stats.failed < stats.sent  # the streamed requests failed, the others were answered
-    assert hub.states()["traffic_generator"] == {"paused": True, "sent": stats.sent, "succeeded": stats.succeeded,
-                                                 "failed": stats.failed, "output_chars": stats.output_chars,
-                                                 "last_error": stats.last_error}
+    assert hub.states()["traffic_generator"] == {
+        "paused": True,
+        "sent": stats.sent,
+        "succeeded": stats.succeeded,
+        "failed": stats.failed,
+        "output_chars": stats.output_chars,
+        "last_error": stats.last_error,
+    }
     # One warning per distinct reason, however many requests failed for it.
     assert len(logged.failures()) == len(reasons)
     for reason in reasons:
@@ -331,7 +426,9 @@ async def test_a_wrong_key_fails_with_the_apis_message(buyer_api, logged):
         nursery.cancel_scope.cancel()
     assert gen.stats.succeeded == 0 and gen.stats.failed == gen.stats.sent == len(buyer_api.requests)
     assert {message.split("(")[1].split(")")[0] for message in logged.failures()} <= {
-        "HTTP 401: invalid api key", "HTTP 401: invalid x-api-key"}
+        "HTTP 401: invalid api key",
+        "HTTP 401: invalid x-api-key",
+    }
     assert 1 <= len(logged.failures()) <= 2
 
 

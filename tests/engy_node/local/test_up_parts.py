@@ -14,7 +14,11 @@ from engy_node.local.up import network_file, port_plan, read_network, remove_net
 
 def test_a_port_base_lays_out_four_consecutive_ports():
     assert port_plan(9000, buyer=None, miner=None, provider=None, control=None) == {
-        "buyer": 9000, "miner": 9001, "provider": 9002, "control": 9003}
+        "buyer": 9000,
+        "miner": 9001,
+        "provider": 9002,
+        "control": 9003,
+    }
 
 
 def test_a_single_port_flag_wins_over_the_base():
@@ -28,7 +32,11 @@ def test_port_base_zero_picks_free_ports_everywhere():
 
 def test_without_a_base_only_the_flags_given_are_set():
     assert port_plan(None, buyer=8000, miner=None, provider=None, control=None) == {
-        "buyer": 8000, "miner": None, "provider": None, "control": None}
+        "buyer": 8000,
+        "miner": None,
+        "provider": None,
+        "control": None,
+    }
 
 
 @pytest.mark.parametrize("base", [65533, 70000, -1])

@@ -60,12 +60,19 @@ def test_the_config_refuses_a_drain_that_would_outlast_systemds_stop(tmp_path):
 # ---- what happens to a request -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("phase", "new", "action"), [
-    ("serving", True, "serve"), ("serving", False, "continue"),
-    ("finishing", True, "refuse"), ("finishing", False, "continue"),
-    ("aborting", True, "refuse"), ("aborting", False, "abort"),
-    ("closing", True, "refuse"), ("closing", False, "abort"),
-])
+@pytest.mark.parametrize(
+    ("phase", "new", "action"),
+    [
+        ("serving", True, "serve"),
+        ("serving", False, "continue"),
+        ("finishing", True, "refuse"),
+        ("finishing", False, "continue"),
+        ("aborting", True, "refuse"),
+        ("aborting", False, "abort"),
+        ("closing", True, "refuse"),
+        ("closing", False, "abort"),
+    ],
+)
 def test_what_the_link_does_with_a_request_in_each_phase(phase, new, action):
     assert request_action(phase, new=new) == action
 
@@ -73,12 +80,18 @@ def test_what_the_link_does_with_a_request_in_each_phase(phase, new, action):
 def test_the_gateway_reads_a_capacity_of_zero_and_routes_nothing_there():
     # What the gateway's pool does with the drain's heartbeat: it takes `capacity.max_inflight`
     # as the leg's capacity, and the router only picks legs with fewer requests than that.
-    heartbeat = parse_miner_frame('{"type": "heartbeat", "inflight": 1, "idle_seconds": 0, "capacity": {"max_inflight": 0}}')
+    heartbeat = parse_miner_frame(
+        '{"type": "heartbeat", "inflight": 1, "idle_seconds": 0, "capacity": {"max_inflight": 0}}'
+    )
     assert isinstance(heartbeat, Heartbeat) and heartbeat.capacity.max_inflight == 0
     draining = Candidate(worker_id="draining", capacity=heartbeat.capacity.max_inflight, inflight=0)
     assert choose(candidates=[draining], prefix=None, rr_counter=0) is None
-    assert choose(candidates=[draining, Candidate(worker_id="open", capacity=2, inflight=1)], prefix=None,
-                  rr_counter=0).worker_id == "open"
+    assert (
+        choose(
+            candidates=[draining, Candidate(worker_id="open", capacity=2, inflight=1)], prefix=None, rr_counter=0
+        ).worker_id
+        == "open"
+    )
 
 
 # ---- the miner stopped with requests in flight ---------------------------------------------------
@@ -122,8 +135,11 @@ class MinerRun:
 
     def __init__(self, tmp_path, gateway_url: str, *, drain_s: float) -> None:
         cache = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-        self.config = load_config(home=tmp_path / "home", env=cache, overrides={
-            "miner": {"gateway_url": gateway_url, "miner_key": "mk-drain", "drain_s": drain_s}})
+        self.config = load_config(
+            home=tmp_path / "home",
+            env=cache,
+            overrides={"miner": {"gateway_url": gateway_url, "miner_key": "mk-drain", "drain_s": drain_s}},
+        )
         self.hub = Hub()
         self.scope = trio.CancelScope()
         self.stopped = trio.Event()
@@ -156,7 +172,8 @@ def capacity_zero_announced(leg) -> bool:
 
 
 async def test_a_request_in_flight_when_the_miner_stops_finishes_and_one_routed_meanwhile_is_refused(
-        nursery, tmp_path, checkpoint, engy_records):
+    nursery, tmp_path, checkpoint, engy_records
+):
     harness = GatewayHarness(workers=1)
     await nursery.start(harness.run)
     miner = MinerRun(tmp_path, harness.url, drain_s=MAX_DRAIN_S)
@@ -181,14 +198,17 @@ async def test_a_request_in_flight_when_the_miner_stops_finishes_and_one_routed_
     await miner.wait_stopped()
     assert leg.closed.is_set() and not harness.protocol_errors
     assert not is_running(server_pid)
-    drained = engy_records.index("engy.miner.link",
-                                 "stopped serving: 1 request(s) ended within the drain, 0 aborted; 1 leg(s) closed")
-    assert drained < engy_records.index("engy.model_server", "stopping the model server"), \
+    drained = engy_records.index(
+        "engy.miner.link", "stopped serving: 1 request(s) ended within the drain, 0 aborted; 1 leg(s) closed"
+    )
+    assert drained < engy_records.index("engy.model_server", "stopping the model server"), (
         "the model server stops only after the legs are closed"
+    )
 
 
 async def test_past_the_deadline_a_request_is_aborted_on_the_running_model_server_and_the_gateway_told(
-        nursery, tmp_path, checkpoint, engy_records, monkeypatch):
+    nursery, tmp_path, checkpoint, engy_records, monkeypatch
+):
     # The real abort, with its answer kept: True means the model server took it.
     aborts: list[bool] = []
     real_abort = ServeClient.abort
@@ -218,6 +238,7 @@ async def test_past_the_deadline_a_request_is_aborted_on_the_running_model_serve
     assert not engy_records.containing("could not abort")
     assert not is_running(server_pid)
     aborting = engy_records.index("engy.miner.link", "aborting 1 request(s) still running")
-    drained = engy_records.index("engy.miner.link",
-                                 "stopped serving: 0 request(s) ended within the drain, 1 aborted; 1 leg(s) closed")
+    drained = engy_records.index(
+        "engy.miner.link", "stopped serving: 0 request(s) ended within the drain, 1 aborted; 1 leg(s) closed"
+    )
     assert aborting < drained < engy_records.index("engy.model_server", "stopping the model server")

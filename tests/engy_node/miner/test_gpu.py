@@ -92,7 +92,8 @@ def test_mixed_gpus_keep_the_spec_order_and_are_all_named():
 
 def test_unsupported_calls_leave_their_fields_none_and_keep_the_rest():
     quiet_card = dataclasses.replace(
-        RTX4090, unsupported=frozenset({"fan_speed", "temperature", "clock_event_reasons", "pcie_link_gen", "power_usage_mw"}),
+        RTX4090,
+        unsupported=frozenset({"fan_speed", "temperature", "clock_event_reasons", "pcie_link_gen", "power_usage_mw"}),
     )
     inventory = detect(nvml=FakeNvml([RTX4090, quiet_card]))
 
@@ -148,14 +149,22 @@ def test_memory_falls_back_to_v1_on_a_driver_without_the_v2_call():
 @pytest.mark.parametrize(
     ("error", "reason"),
     [
-        (pynvml.NVMLError_LibraryNotFound,
-         "no NVIDIA driver found (libnvidia-ml.so not loadable): running in CPU mode"),
-        (pynvml.NVMLError_DriverNotLoaded,
-         "NVIDIA driver not loaded (is the nvidia kernel module installed and loaded?): running in CPU mode"),
-        (pynvml.NVMLError_NoPermission,
-         "no permission to open the NVIDIA devices (check /dev/nvidia* access): running in CPU mode"),
-        (pynvml.NVMLError_LibRmVersionMismatch,
-         "NVIDIA driver and library versions differ (reboot after a driver update): running in CPU mode"),
+        (
+            pynvml.NVMLError_LibraryNotFound,
+            "no NVIDIA driver found (libnvidia-ml.so not loadable): running in CPU mode",
+        ),
+        (
+            pynvml.NVMLError_DriverNotLoaded,
+            "NVIDIA driver not loaded (is the nvidia kernel module installed and loaded?): running in CPU mode",
+        ),
+        (
+            pynvml.NVMLError_NoPermission,
+            "no permission to open the NVIDIA devices (check /dev/nvidia* access): running in CPU mode",
+        ),
+        (
+            pynvml.NVMLError_LibRmVersionMismatch,
+            "NVIDIA driver and library versions differ (reboot after a driver update): running in CPU mode",
+        ),
         (pynvml.NVMLError_Unknown, "NVML failed to start (Unknown Error): running in CPU mode"),
     ],
 )
@@ -232,7 +241,8 @@ def test_pcie_downgrade_is_unknown_without_link_data():
 
 def test_throttle_reasons_are_decoded_and_shown_when_they_hold_clocks():
     hot = dataclasses.replace(
-        RTX4090, clock_event_reasons=pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonHwThermalSlowdown,
+        RTX4090,
+        clock_event_reasons=pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonHwThermalSlowdown,
     )
     gpu = detect(nvml=FakeNvml([hot])).gpus[0]
 

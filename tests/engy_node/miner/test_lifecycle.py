@@ -33,8 +33,10 @@ async def start_miner_node(home: Path, gateway_url: str, log_path: Path, **env: 
     with log_path.open("a") as log:
         return await trio.lowlevel.open_process(
             [sys.executable, "-m", "engy_node", "--home", str(home), "--role", "miner", "--gateway", gateway_url],
-            stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "MINER_KEY": "mk-lifecycle", "PYTHONUNBUFFERED": "1", **env})
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "MINER_KEY": "mk-lifecycle", "PYTHONUNBUFFERED": "1", **env},
+        )
 
 
 def the_model_server(miner: trio.Process) -> psutil.Process:
@@ -80,15 +82,20 @@ async def test_a_miner_killed_with_sigkill_takes_its_model_server_with_it(nurser
 
         miner.kill()
         await miner.wait()
-        await wait_until_async(lambda: not group_running(server_pid), timeout_s=GONE_TIMEOUT_S,
-                               what="the model server's process group gone after its node was killed")
+        await wait_until_async(
+            lambda: not group_running(server_pid),
+            timeout_s=GONE_TIMEOUT_S,
+            what="the model server's process group gone after its node was killed",
+        )
     finally:
         await stop(miner)
         if server_pid is not None:
             kill_group(server_pid)
 
 
-async def test_a_restarted_miner_stops_the_server_an_earlier_run_left_and_runs_only_its_own(nursery, tmp_path, checkpoint):
+async def test_a_restarted_miner_stops_the_server_an_earlier_run_left_and_runs_only_its_own(
+    nursery, tmp_path, checkpoint
+):
     harness = GatewayHarness(workers=1)
     await nursery.start(harness.run)
     home, log_path = tmp_path / "home", tmp_path / "miner.log"
@@ -114,8 +121,9 @@ async def test_a_restarted_miner_stops_the_server_an_earlier_run_left_and_runs_o
         server = the_model_server(second)
         pgids.append(server.pid)
         assert not is_running(leftover.pid)
-        assert [p.pid for p in psutil.process_iter(["cmdline"]) if is_a_server_on(port, p.info["cmdline"] or [])] == [server.pid], \
-            "only the new run's model server runs on the port"
+        assert [p.pid for p in psutil.process_iter(["cmdline"]) if is_a_server_on(port, p.info["cmdline"] or [])] == [
+            server.pid
+        ], "only the new run's model server runs on the port"
         log = log_path.read_text()
         assert f"a model server left by an earlier run in this home is still running: pid {leftover.pid}" in log
         assert "stopped the leftover model server" in log

@@ -21,14 +21,26 @@ from tests.waiting import wait_until
 
 
 def test_the_guarded_command_line_parses_back_to_its_parts():
-    argv = guarded_argv(["python", "-m", "sglang.launch_server", "--port", "30000"], python="/venv/bin/python",
-                        lifeline_fd=7, grace_s=15)
+    argv = guarded_argv(
+        ["python", "-m", "sglang.launch_server", "--port", "30000"],
+        python="/venv/bin/python",
+        lifeline_fd=7,
+        grace_s=15,
+    )
     assert argv[:3] == ["/venv/bin/python", "-m", "engy_node.miner.lifeline"]
     assert parse_args(argv[3:]) == (7, 15.0, ["python", "-m", "sglang.launch_server", "--port", "30000"])
 
 
-@pytest.mark.parametrize("words", [[], ["--fd", "3", "--grace", "1"], ["--fd", "3", "--", "x"],
-                                   ["--fd", "3", "--grace", "0", "--", "x"], ["--fd", "3", "--grace", "1", "--"]])
+@pytest.mark.parametrize(
+    "words",
+    [
+        [],
+        ["--fd", "3", "--grace", "1"],
+        ["--fd", "3", "--", "x"],
+        ["--fd", "3", "--grace", "0", "--", "x"],
+        ["--fd", "3", "--grace", "1", "--"],
+    ],
+)
 def test_a_malformed_guard_command_line_is_refused(words):
     with pytest.raises(ValueError):
         parse_args(words)
@@ -45,9 +57,14 @@ def start_guarded(command: list[str], *, grace_s: float) -> tuple[subprocess.Pop
     """Start `command` on a lifeline as the supervisor does; returns the child and the write end."""
     read_end, write_end = os.pipe()
     try:
-        child = subprocess.Popen(guarded_argv(command, python=sys.executable, lifeline_fd=read_end, grace_s=grace_s),
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                 pass_fds=(read_end,))
+        child = subprocess.Popen(
+            guarded_argv(command, python=sys.executable, lifeline_fd=read_end, grace_s=grace_s),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            pass_fds=(read_end,),
+        )
     finally:
         os.close(read_end)
     return child, write_end
@@ -65,8 +82,9 @@ def group_running(pgid: int) -> list[int]:
 
 
 def test_the_child_is_the_command_itself_with_its_output_and_exit_code():
-    child, write_end = start_guarded([sys.executable, "-c", "import os; print('pid', os.getpid()); raise SystemExit(3)"],
-                                     grace_s=5)
+    child, write_end = start_guarded(
+        [sys.executable, "-c", "import os; print('pid', os.getpid()); raise SystemExit(3)"], grace_s=5
+    )
     try:
         output, _ = child.communicate(timeout=60)
     finally:

@@ -50,8 +50,9 @@ TRITON = ("--attention-backend", "triton")
 
 def plan_on(spec: str, *, p2p_ok: bool = False, **targets):
     inventory = detect(nvml=FakeNvml.from_spec(spec, p2p_ok=p2p_ok))
-    return plan(shape=QWEN36, weight_bytes=QWEN36_WEIGHT_BYTES, gpus=inventory.gpus,
-                p2p=inventory.p2p_ok_matrix, **targets)
+    return plan(
+        shape=QWEN36, weight_bytes=QWEN36_WEIGHT_BYTES, gpus=inventory.gpus, p2p=inventory.p2p_ok_matrix, **targets
+    )
 
 
 def test_the_qwen36_config_parses_as_a_hybrid_fp8_moe():
@@ -86,7 +87,8 @@ def test_the_published_4x4090_config_comes_out_of_the_rules():
     assert result.max_inflight == 8
     assert result.gpu_indices == (0, 1, 2, 3)
     assert result.summary == (
-        "tp 4 × dp 1 on 4× NVIDIA GeForce RTX 4090: 8 requests of up to 262144 tokens per replica, 8 in flight")
+        "tp 4 × dp 1 on 4× NVIDIA GeForce RTX 4090: 8 requests of up to 262144 tokens per replica, 8 in flight"
+    )
 
 
 @pytest.mark.parametrize(
@@ -105,7 +107,12 @@ def test_qwen36_plans_for_each_gpu_set(spec, tp, dp, fraction, running, flags):
     result = plan_on(spec)
 
     assert result.fits, result.summary
-    assert (result.tp, result.dp, result.mem_fraction_static, result.max_running_requests) == (tp, dp, fraction, running)
+    assert (result.tp, result.dp, result.mem_fraction_static, result.max_running_requests) == (
+        tp,
+        dp,
+        fraction,
+        running,
+    )
     assert result.extra_flags == flags
     assert result.context_length == 262144 and result.kv_cache_dtype == "fp8_e4m3"
     assert result.max_inflight == running * dp
@@ -115,10 +122,16 @@ def test_qwen36_plans_for_each_gpu_set(spec, tp, dp, fraction, running, flags):
 @pytest.mark.parametrize(
     ("spec", "summary"),
     [
-        ("1xRTX4090", "32.7 GiB of weights need at least 2 GPUs of 24.0 GiB (each holds 19.9 GiB of weights and KV cache "
-                      "at --mem-fraction-static 0.83); found 1"),
-        ("1xRTX5090", "32.7 GiB of weights need at least 2 GPUs of 31.8 GiB (each holds 27.7 GiB of weights and KV cache "
-                      "at --mem-fraction-static 0.87); found 1"),
+        (
+            "1xRTX4090",
+            "32.7 GiB of weights need at least 2 GPUs of 24.0 GiB (each holds 19.9 GiB of weights and KV cache "
+            "at --mem-fraction-static 0.83); found 1",
+        ),
+        (
+            "1xRTX5090",
+            "32.7 GiB of weights need at least 2 GPUs of 31.8 GiB (each holds 27.7 GiB of weights and KV cache "
+            "at --mem-fraction-static 0.87); found 1",
+        ),
     ],
 )
 def test_one_card_does_not_fit_and_says_why(spec, summary):
@@ -136,7 +149,10 @@ def test_eight_4090s_run_two_tp4_replicas_because_tp8_breaks_the_fp8_block():
 
     assert (result.tp, result.dp, result.max_inflight) == (4, 2, 16)
     assert result.gpu_indices == tuple(range(8))
-    assert "tp 8 is not allowed (moe_intermediate_size 512 / 8 = 64 is not a multiple of the FP8 block 128)" in result.reasons["tp"]
+    assert (
+        "tp 8 is not allowed (moe_intermediate_size 512 / 8 = 64 is not a multiple of the FP8 block 128)"
+        in result.reasons["tp"]
+    )
     assert "tp 2 would need 26.6 GiB" in result.reasons["tp"]
     assert result.reasons["dp"] == "2: 8 GPUs / tp 4"
 
@@ -162,7 +178,8 @@ def test_mixed_gpus_are_planned_as_the_smallest_and_say_so():
 
     assert result.reasons["gpus"] == (
         "mixed GPUs (1× NVIDIA GeForce RTX 4090 (24.0 GiB), 1× NVIDIA GeForce RTX 5090 (31.8 GiB)): planning every "
-        "GPU as the smallest (24.0 GiB), as sglang sizes its pools by the smallest rank")
+        "GPU as the smallest (24.0 GiB), as sglang sizes its pools by the smallest rank"
+    )
     assert result.memory.vram_bytes == 24564 * MIB
     assert result.summary.startswith("tp 2 × dp 1 on 2 mixed GPUs: ")
 
@@ -197,7 +214,8 @@ def test_gpus_older_than_ada_keep_a_bf16_kv_cache_and_serve_fewer_requests():
 
     assert result.kv_cache_dtype == "auto"
     assert result.reasons["kv_cache_dtype"] == (
-        "auto (bfloat16): FP8 KV cache needs compute capability 8.9 or newer and the oldest GPU here is 8.6")
+        "auto (bfloat16): FP8 KV cache needs compute capability 8.9 or newer and the oldest GPU here is 8.6"
+    )
     assert (result.tp, result.max_running_requests) == (4, 4), "a bf16 cache holds half the tokens of an fp8 one"
 
 
@@ -237,17 +255,20 @@ def test_weights_that_fit_but_leave_no_room_for_any_kv_cache_do_not_fit():
     result = plan(shape=QWEN36, weight_bytes=2 * (budget - 10 * MIB), gpus=[GpuSpec("GPU", 24564 * MIB, (8, 9))] * 2)
 
     assert not result.fits
-    assert result.summary.startswith("the weights fit with tp 2 (19.9 GiB per GPU) but leave 10 MiB of the 19.9 GiB budget")
+    assert result.summary.startswith(
+        "the weights fit with tp 2 (19.9 GiB per GPU) but leave 10 MiB of the 19.9 GiB budget"
+    )
 
 
 def test_weights_beyond_every_legal_tp_do_not_fit():
     result = plan_on("8xRTX4090")
-    huge = plan(shape=QWEN36, weight_bytes=10 * QWEN36_WEIGHT_BYTES,
-                gpus=[GpuSpec("GPU", 24564 * MIB, (8, 9))] * 8)
+    huge = plan(shape=QWEN36, weight_bytes=10 * QWEN36_WEIGHT_BYTES, gpus=[GpuSpec("GPU", 24564 * MIB, (8, 9))] * 8)
 
     assert result.fits
-    assert huge.summary.startswith("326.9 GiB of weights do not fit on GPUs of 24.0 GiB even at the largest "
-                                   "tensor-parallel size this model allows (tp 4;")
+    assert huge.summary.startswith(
+        "326.9 GiB of weights do not fit on GPUs of 24.0 GiB even at the largest "
+        "tensor-parallel size this model allows (tp 4;"
+    )
 
 
 def test_a_card_smaller_than_the_reserve_does_not_fit():
@@ -275,22 +296,36 @@ def test_smollm2_without_a_gpu_runs_the_reference_server_on_cpu():
     assert result.kv_cache_dtype == "auto"
     assert result.mem_fraction_static is None and result.memory is None
     assert result.extra_flags == ()
-    assert result.reasons["server"].startswith("no NVIDIA GPU: the reference server (transformers) runs the model on CPU")
-    assert result.summary == ("CPU mode: the reference server runs LlamaForCausalLM on CPU "
-                              "(4 concurrent requests of up to 8192 tokens)")
+    assert result.reasons["server"].startswith(
+        "no NVIDIA GPU: the reference server (transformers) runs the model on CPU"
+    )
+    assert result.summary == (
+        "CPU mode: the reference server runs LlamaForCausalLM on CPU (4 concurrent requests of up to 8192 tokens)"
+    )
 
 
 def test_a_gpu_model_without_a_gpu_does_not_fit():
     result = plan(shape=QWEN36, weight_bytes=QWEN36_WEIGHT_BYTES, gpus=[])
 
     assert not result.fits
-    assert result.summary == "no NVIDIA GPU found, and 32.7 GiB of weights need GPUs (in CPU mode only the embedded model runs)"
+    assert (
+        result.summary
+        == "no NVIDIA GPU found, and 32.7 GiB of weights need GPUs (in CPU mode only the embedded model runs)"
+    )
 
 
 def test_smollm2_on_one_4090_is_a_plain_tp1_sglang_plan():
-    result = plan(shape=SMOLLM2, weight_bytes=SMOLLM2_WEIGHT_BYTES, gpus=detect(nvml=FakeNvml.from_spec("RTX4090")).gpus)
+    result = plan(
+        shape=SMOLLM2, weight_bytes=SMOLLM2_WEIGHT_BYTES, gpus=detect(nvml=FakeNvml.from_spec("RTX4090")).gpus
+    )
 
-    assert (result.server, result.tp, result.dp, result.context_length, result.max_running_requests) == ("sglang", 1, 1, 8192, 8)
+    assert (result.server, result.tp, result.dp, result.context_length, result.max_running_requests) == (
+        "sglang",
+        1,
+        1,
+        8192,
+        8,
+    )
     assert result.extra_flags == CHUNK
     assert "custom_all_reduce" not in result.reasons
 
@@ -300,8 +335,17 @@ def test_legal_tp_sizes_follow_heads_kv_replication_and_fp8_blocks():
     assert tp_problem(QWEN36, 3) == "16 attention heads do not split 3 ways"
     assert tp_problem(QWEN36, 16) == "moe_intermediate_size 512 / 16 = 32 is not a multiple of the FP8 block 128"
     assert legal_tp_sizes(SMOLLM2, max_tp=9) == (1, 3, 9), "3 KV heads replicate evenly over 9 GPUs"
-    six_kv = ModelShape(architecture="x", hidden_size=1536, num_layers=2, num_attention_heads=12, num_kv_heads=8,
-                        head_dim=128, full_attention_layers=2, linear_attention_layers=0, max_position_embeddings=4096)
+    six_kv = ModelShape(
+        architecture="x",
+        hidden_size=1536,
+        num_layers=2,
+        num_attention_heads=12,
+        num_kv_heads=8,
+        head_dim=128,
+        full_attention_layers=2,
+        linear_attention_layers=0,
+        max_position_embeddings=4096,
+    )
     assert tp_problem(six_kv, 3) == "8 KV heads neither split 3 ways nor replicate evenly over 3 GPUs"
 
 
@@ -371,7 +415,8 @@ def test_without_layer_types_the_full_attention_interval_decides():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"target_concurrency": 0}, {"target_context": 0}, {"weight_bytes": 0}],
+    "kwargs",
+    [{"target_concurrency": 0}, {"target_context": 0}, {"weight_bytes": 0}],
 )
 def test_caller_bugs_raise_value_errors(kwargs):
     arguments = {"shape": QWEN36, "weight_bytes": QWEN36_WEIGHT_BYTES, "gpus": [], **kwargs}
@@ -428,8 +473,16 @@ def planning_inputs(draw) -> dict:
     )
     cards = draw(st.lists(card, min_size=count, max_size=count))
     gpus = [GpuSpec(f"GPU {memory // MIB} MiB", memory, cc) for memory, cc in cards]
-    p2p = draw(st.one_of(st.none(), st.lists(st.lists(st.sampled_from([True, False, None]), min_size=count, max_size=count),
-                                             min_size=count, max_size=count)))
+    p2p = draw(
+        st.one_of(
+            st.none(),
+            st.lists(
+                st.lists(st.sampled_from([True, False, None]), min_size=count, max_size=count),
+                min_size=count,
+                max_size=count,
+            ),
+        )
+    )
     return {
         "shape": shape,
         "weight_bytes": draw(st.integers(100 * MIB, 400 * GIB)),
@@ -463,11 +516,17 @@ def test_every_plan_keeps_its_invariants(inputs):
     assert memory.static_bytes <= memory.budget_bytes
     assert memory.budget_bytes + memory.reserve_bytes == memory.vram_bytes
     assert memory.reserve_bytes >= ACTIVATION_RESERVE_BYTES
-    assert {"tp", "dp", "mem_fraction_static", "max_running_requests", "context_length", "kv_cache_dtype"} <= set(result.reasons)
+    assert {"tp", "dp", "mem_fraction_static", "max_running_requests", "context_length", "kv_cache_dtype"} <= set(
+        result.reasons
+    )
     p2p = inputs["p2p"]
     groups_have_p2p = p2p is not None and all(
-        p2p[a][b] is True for g in range(result.dp) for a in range(g * result.tp, (g + 1) * result.tp)
-        for b in range(g * result.tp, (g + 1) * result.tp) if a != b)
+        p2p[a][b] is True
+        for g in range(result.dp)
+        for a in range(g * result.tp, (g + 1) * result.tp)
+        for b in range(g * result.tp, (g + 1) * result.tp)
+        if a != b
+    )
     assert ("--disable-custom-all-reduce" in result.extra_flags) == (result.tp > 1 and not groups_have_p2p)
 
 
@@ -480,7 +539,8 @@ def test_a_plan_that_meets_the_targets_uses_the_smallest_tp_that_does(inputs):
     shape, memory = inputs["shape"], result.memory
     kv_dtype_bytes = 1 if result.kv_cache_dtype == "fp8_e4m3" else 2
     for smaller in legal_tp_sizes(shape, max_tp=result.tp - 1):
-        per_request = (result.context_length * kv_bytes_per_token(shape, tp=smaller, kv_dtype_bytes=kv_dtype_bytes)
-                       + linear_state_bytes_per_request(shape, tp=smaller))
+        per_request = result.context_length * kv_bytes_per_token(
+            shape, tp=smaller, kv_dtype_bytes=kv_dtype_bytes
+        ) + linear_state_bytes_per_request(shape, tp=smaller)
         need = -(-inputs["weight_bytes"] // smaller) + result.max_running_requests * per_request
         assert need > memory.budget_bytes, f"tp {smaller} would have met the targets too"

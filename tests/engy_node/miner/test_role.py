@@ -52,10 +52,14 @@ def test_four_4090s_get_the_published_sglang_command(tmp_path, qwen_checkpoint):
     config = miner_config(tmp_path, model="qwen3.6-35b-a3b", checkpoint=str(qwen_checkpoint), serve_port=8000)
     setup = decide(config, detect(nvml=FakeNvml.from_spec("4xRTX4090")))
     argv = " ".join(setup.launch.argv)
-    assert ("-m sglang.launch_server --model-path " + str(qwen_checkpoint) + " --served-model-name qwen3.6-35b-a3b --tp-size 4 "
-            "--trust-remote-code --kv-cache-dtype fp8_e4m3 --mem-fraction-static 0.83 --chunked-prefill-size 8192 "
-            "--max-running-requests 8 --context-length 262144 --enable-return-hidden-states --enable-cache-report "
-            "--enable-metrics --enable-deterministic-inference --host 127.0.0.1 --port 8000 --disable-custom-all-reduce") in argv
+    assert (
+        "-m sglang.launch_server --model-path "
+        + str(qwen_checkpoint)
+        + " --served-model-name qwen3.6-35b-a3b --tp-size 4 "
+        "--trust-remote-code --kv-cache-dtype fp8_e4m3 --mem-fraction-static 0.83 --chunked-prefill-size 8192 "
+        "--max-running-requests 8 --context-length 262144 --enable-return-hidden-states --enable-cache-report "
+        "--enable-metrics --enable-deterministic-inference --host 127.0.0.1 --port 8000 --disable-custom-all-reduce"
+    ) in argv
     assert dict(setup.launch.env)["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     assert setup.max_inflight == 8
 
@@ -72,16 +76,34 @@ def test_a_gpu_model_without_a_checkpoint_names_the_flag(tmp_path):
 
 
 def test_an_already_running_server_is_used_instead_of_launching_one(tmp_path, checkpoint):
-    setup = decide(miner_config(tmp_path, serve_urls="http://127.0.0.1:8000/, http://127.0.0.1:8001", max_inflight=12), detect())
+    setup = decide(
+        miner_config(tmp_path, serve_urls="http://127.0.0.1:8000/, http://127.0.0.1:8001", max_inflight=12), detect()
+    )
     assert setup.launch is None and setup.plan is None
     assert setup.serve_urls == ("http://127.0.0.1:8000", "http://127.0.0.1:8001") and setup.max_inflight == 12
 
 
 def test_fake_gpus_print_the_plan_and_command_and_launch_nothing(tmp_path, qwen_checkpoint):
     result = subprocess.run(
-        [sys.executable, "-m", "engy_node", "--home", str(tmp_path / "h"), "--role", "miner", "--fake-gpus", "4xRTX4090",
-         "--model", "qwen3.6-35b-a3b", "--checkpoint", str(qwen_checkpoint)],
-        capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "engy_node",
+            "--home",
+            str(tmp_path / "h"),
+            "--role",
+            "miner",
+            "--fake-gpus",
+            "4xRTX4090",
+            "--model",
+            "qwen3.6-35b-a3b",
+            "--checkpoint",
+            str(qwen_checkpoint),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "plan: tp 4 × dp 1" in result.stdout
     assert "command: " in result.stdout and "-m sglang.launch_server" in result.stdout
@@ -91,38 +113,81 @@ def test_fake_gpus_print_the_plan_and_command_and_launch_nothing(tmp_path, qwen_
 def test_the_public_miners_environment_is_accepted(tmp_path, qwen_checkpoint):
     env = {**os.environ, "MODEL": "qwen3.6-35b-a3b", "MAX_INFLIGHT": "6", "GW": "wss://gw.example/gw"}
     result = subprocess.run(
-        [sys.executable, "-m", "engy_node", "--home", str(tmp_path / "h"), "--role", "miner", "--fake-gpus", "2xRTX5090",
-         "--checkpoint", str(qwen_checkpoint)], capture_output=True, text=True, timeout=120, env=env)
+        [
+            sys.executable,
+            "-m",
+            "engy_node",
+            "--home",
+            str(tmp_path / "h"),
+            "--role",
+            "miner",
+            "--fake-gpus",
+            "2xRTX5090",
+            "--checkpoint",
+            str(qwen_checkpoint),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     assert "model: qwen3.6-35b-a3b" in result.stdout and "max in flight: 6" in result.stdout
     assert "--tp-size 2" in result.stdout and "--attention-backend triton" in result.stdout
 
 
-async def test_cpu_mode_miner_serves_the_gateway_with_verifiable_proofs_and_stops_cleanly(nursery, tmp_path, checkpoint, runner):
+async def test_cpu_mode_miner_serves_the_gateway_with_verifiable_proofs_and_stops_cleanly(
+    nursery, tmp_path, checkpoint, runner
+):
     harness = GatewayHarness(workers=1)
     await nursery.start(harness.run)
     log_path = tmp_path / "miner.log"
     env = {**os.environ, "MINER_KEY": "mk-cpu", "PYTHONUNBUFFERED": "1"}
     with log_path.open("w") as log:
         miner = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "engy_node", "--home", str(tmp_path / "home"), "--role", "miner", "--gateway", harness.url],
-            stdout=log, stderr=subprocess.STDOUT, env=env)
+            [
+                sys.executable,
+                "-m",
+                "engy_node",
+                "--home",
+                str(tmp_path / "home"),
+                "--role",
+                "miner",
+                "--gateway",
+                harness.url,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     try:
         await harness.wait_for(lambda: 0 in harness.legs, timeout=120)
         hello = harness.legs[0].hello
         assert hello.miner_key == "mk-cpu" and hello.model == "smollm2-135m" and hello.hw["gpu_count"] == 0
         assert hello.model_root == model_root(checkpoint)
-        assert hello.features == OUR_FEATURES | {FEATURE_SEEDED}, "a server the miner launched samples deterministically"
-        request = ServeRequest(messages=(Message("user", "What is the capital of France?"),), max_tokens=32,
-                               engy_request_id=uuid.uuid4().hex)
+        assert hello.features == OUR_FEATURES | {FEATURE_SEEDED}, (
+            "a server the miner launched samples deterministically"
+        )
+        request = ServeRequest(
+            messages=(Message("user", "What is the capital of France?"),),
+            max_tokens=32,
+            engy_request_id=uuid.uuid4().hex,
+        )
         record = await harness.result(await harness.serve(request, stream=True))
         assert record.response.error is None, record.response.error
         commitment = proof.Commitment.from_wire(record.response.commitment)
-        ids = runner.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                                   add_generation_prompt=True, tokenize=True)
+        ids = runner.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=True
+        )
         ids = list(ids if isinstance(ids, list) else ids["input_ids"])
-        verdict = proof.verify_commitment(commitment, model=SMOLLM2_135M, canonical_root=model_root(checkpoint),
-                                          expected_prompt_ids=ids, recompute=runner.prefill, greedy=True)
+        verdict = proof.verify_commitment(
+            commitment,
+            model=SMOLLM2_135M,
+            canonical_root=model_root(checkpoint),
+            expected_prompt_ids=ids,
+            recompute=runner.prefill,
+            greedy=True,
+        )
         assert verdict.kind == "pass", verdict
         children = psutil.Process(miner.pid).children(recursive=True)
         assert children, "the miner supervises a reference server child"
@@ -133,4 +198,6 @@ async def test_cpu_mode_miner_serves_the_gateway_with_verifiable_proofs_and_stop
     text = log_path.read_text()
     assert code == 0, text
     assert "CPU mode" in text
-    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE], "no orphaned model server"
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE], (
+        "no orphaned model server"
+    )

@@ -9,19 +9,37 @@ from engy_node.protocol.miner import SEEDED_TOP_K, Message, Sampling, ServeReque
 
 
 def request(sampling: Sampling) -> ServeRequest:
-    return ServeRequest(messages=(Message(role="user", content="hi"),), max_tokens=8, engy_request_id="r", sampling=sampling)
+    return ServeRequest(
+        messages=(Message(role="user", content="hi"),), max_tokens=8, engy_request_id="r", sampling=sampling
+    )
 
 
 def test_a_seeded_sampled_request_goes_by_rank_whatever_its_batch():
     assert sampling_params(request(Sampling(temperature=0.7, seed=42))) == {
-        "temperature": 0.7, "top_p": 1.0, "top_k": SEEDED_TOP_K, "min_p": 0.0, "sampling_seed": 42}
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": SEEDED_TOP_K,
+        "min_p": 0.0,
+        "sampling_seed": 42,
+    }
     assert sampling_params(request(Sampling(temperature=1.0, top_p=0.9, seed=-5)))["top_k"] == SEEDED_TOP_K
 
 
 def test_unseeded_and_greedy_requests_keep_the_whole_vocabulary_without_a_top_k():
-    assert sampling_params(request(Sampling(temperature=0.7))) == {"temperature": 0.7, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
+    assert sampling_params(request(Sampling(temperature=0.7))) == {
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+    }
     assert sampling_params(request(Sampling(seed=3, stop=("\n\n",)))) == {
-        "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "sampling_seed": 3, "stop": ["\n\n"]}
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "sampling_seed": 3,
+        "stop": ["\n\n"],
+    }
 
 
 def test_the_rank_path_top_k_masks_nothing():

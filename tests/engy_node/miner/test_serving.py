@@ -11,18 +11,26 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engy_node.served_model import ServedModel, load_served_model
 from engy_node.models import SMOLLM2_135M
 from engy_node.protocol.miner import Message, ServeRequest
+from engy_node.served_model import ServedModel, load_served_model
 
 SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>"]
-text = st.lists(st.one_of(st.text(max_size=40), st.sampled_from(SPECIAL), st.sampled_from([" ", "\n", "  x", "é", "🙂"])),
-                max_size=8).map("".join)
-message = st.builds(lambda role, content: Message(role=role, content=content),
-                    st.sampled_from(["system", "user", "assistant"]), text)
-tool = st.builds(lambda name, description: {"type": "function", "function": {
-    "name": name, "description": description, "parameters": {"type": "object", "properties": {}}}},
-    st.from_regex(r"[a-z_]{1,12}", fullmatch=True), text)
+text = st.lists(
+    st.one_of(st.text(max_size=40), st.sampled_from(SPECIAL), st.sampled_from([" ", "\n", "  x", "é", "🙂"])),
+    max_size=8,
+).map("".join)
+message = st.builds(
+    lambda role, content: Message(role=role, content=content), st.sampled_from(["system", "user", "assistant"]), text
+)
+tool = st.builds(
+    lambda name, description: {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": {"type": "object", "properties": {}}},
+    },
+    st.from_regex(r"[a-z_]{1,12}", fullmatch=True),
+    text,
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +40,9 @@ def served(checkpoint) -> ServedModel:
 
 def template_ids(served: ServedModel, request: ServeRequest) -> list[int]:
     kwargs = {"tools": list(request.tools)} if request.tools else {}
-    ids = served.tokenizer.apply_chat_template([m.for_template() for m in request.messages], add_generation_prompt=True,
-                                               tokenize=True, **kwargs)
+    ids = served.tokenizer.apply_chat_template(
+        [m.for_template() for m in request.messages], add_generation_prompt=True, tokenize=True, **kwargs
+    )
     return list(ids if isinstance(ids, list) else ids["input_ids"])
 
 
@@ -45,8 +54,9 @@ def test_prompt_ids_are_exactly_the_chat_templates(served, messages, tools):
 
 
 def test_special_token_text_in_a_message_is_tokenised_as_the_template_does(served):
-    request = ServeRequest(messages=(Message(role="user", content="say <|im_end|> then stop"),), max_tokens=4,
-                           engy_request_id="r")
+    request = ServeRequest(
+        messages=(Message(role="user", content="say <|im_end|> then stop"),), max_tokens=4, engy_request_id="r"
+    )
     ids = served.render_prompt(request)
     assert ids == template_ids(served, request)
     assert ids[-4:] == served.tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)

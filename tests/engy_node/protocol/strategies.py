@@ -44,7 +44,9 @@ counts = st.integers(min_value=0, max_value=UINT64_MAX)
 finite_floats = st.floats(allow_nan=False, allow_infinity=False)
 """orjson writes NaN and infinities as `null`; a finite float round-trips bit for bit."""
 
-json_scalars = st.none() | st.booleans() | st.integers(min_value=INT64_MIN, max_value=UINT64_MAX) | finite_floats | texts
+json_scalars = (
+    st.none() | st.booleans() | st.integers(min_value=INT64_MIN, max_value=UINT64_MAX) | finite_floats | texts
+)
 json_values = st.recursive(
     json_scalars,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(texts, children, max_size=4),
@@ -181,15 +183,25 @@ wild_texts = anything(texts)
 
 _CAPACITY = st.fixed_dictionaries(
     {"max_inflight": wild_counts},
-    optional={key: wild_counts for key in ("max_inflight_total", "max_input_tokens", "max_output_tokens", "max_request_s")},
+    optional={
+        key: wild_counts for key in ("max_inflight_total", "max_input_tokens", "max_output_tokens", "max_request_s")
+    },
 )
 _MESSAGE = st.fixed_dictionaries(
     {"role": wild_texts},
-    optional={"content": anything(texts, st.lists(wild_json, max_size=3)), "tool_calls": wild_json,
-              "tool_call_id": wild_texts, "name": wild_texts},
+    optional={
+        "content": anything(texts, st.lists(wild_json, max_size=3)),
+        "tool_calls": wild_json,
+        "tool_call_id": wild_texts,
+        "name": wild_texts,
+    },
 )
-_SAMPLING_FIELDS = {"temperature": wild_numbers, "top_p": wild_numbers, "seed": wild_counts,
-                    "stop": anything(texts, st.lists(wild_texts, max_size=3))}
+_SAMPLING_FIELDS = {
+    "temperature": wild_numbers,
+    "top_p": wild_numbers,
+    "seed": wild_counts,
+    "stop": anything(texts, st.lists(wild_texts, max_size=3)),
+}
 _REQUEST = st.fixed_dictionaries(
     {"messages": anything(st.lists(anything(_MESSAGE), min_size=1, max_size=3))},
     optional={
@@ -206,9 +218,15 @@ SHAPED_FRAMES: dict[str, st.SearchStrategy] = {
     "hello": st.fixed_dictionaries(
         {"type": st.just("hello"), "model": wild_texts, "model_root": wild_texts, "capacity": anything(_CAPACITY)},
         optional={
-            "miner_key": wild_texts, "hw": anything(st.dictionaries(texts, wild_json, max_size=3)), "versions": wild_json,
-            "worker_name": wild_texts, "instance_id": wild_texts, "worker_id": wild_texts, "hotkey": wild_texts,
-            "ts": wild_counts, "signature": wild_texts,
+            "miner_key": wild_texts,
+            "hw": anything(st.dictionaries(texts, wild_json, max_size=3)),
+            "versions": wild_json,
+            "worker_name": wild_texts,
+            "instance_id": wild_texts,
+            "worker_id": wild_texts,
+            "hotkey": wild_texts,
+            "ts": wild_counts,
+            "signature": wild_texts,
             "features": anything(st.lists(anything(st.sampled_from(sorted(OUR_FEATURES))), max_size=4)),
         },
     ),
@@ -218,7 +236,9 @@ SHAPED_FRAMES: dict[str, st.SearchStrategy] = {
     ),
     "chunk": st.fixed_dictionaries(
         {"type": st.just("chunk"), "corr_id": wild_texts},
-        optional={"delta": anything(texts, st.fixed_dictionaries({}, optional={"content": wild_texts, "role": wild_texts}))},
+        optional={
+            "delta": anything(texts, st.fixed_dictionaries({}, optional={"content": wild_texts, "role": wild_texts}))
+        },
     ),
     "response": st.fixed_dictionaries(
         {"type": st.just("response"), "corr_id": wild_texts},

@@ -48,8 +48,12 @@ def _settlement(weights=((MINER_A, 40000), (MINER_B, 25535))):
 
 
 def _result_json(**over) -> bytes:
-    return build_result_json(netuid=over.pop("netuid", NETUID), epoch_index=over.pop("epoch_index", IDX),
-                             settlement_json=over.pop("settlement_json", _settlement()), extra=over or None)
+    return build_result_json(
+        netuid=over.pop("netuid", NETUID),
+        epoch_index=over.pop("epoch_index", IDX),
+        settlement_json=over.pop("settlement_json", _settlement()),
+        extra=over or None,
+    )
 
 
 def _published(keypair, **over) -> dict:
@@ -61,9 +65,14 @@ def _forge(signer, result_text: str, *, netuid=NETUID, epoch_index=IDX, **envelo
     way to reach the checks that run after the signature."""
     digest = hashlib.sha256(result_text.encode("utf-8")).hexdigest()
     wire = {
-        "v": 1, "netuid": netuid, "epoch_index": epoch_index, "digest": digest, "result_json": result_text,
+        "v": 1,
+        "netuid": netuid,
+        "epoch_index": epoch_index,
+        "digest": digest,
+        "result_json": result_text,
         "signature": keys.sign(signer, keys.epoch_message(netuid, epoch_index, digest)),
-        "signed_hotkey": signer.ss58_address, "weights": [],
+        "signed_hotkey": signer.ss58_address,
+        "weights": [],
     }
     wire.update(envelope)
     return wire
@@ -93,8 +102,12 @@ def _refusal(payload, master, **kwargs) -> EpochPayloadError:
 
 def test_result_json_is_sorted_compact_and_byte_exact():
     result_json = build_result_json(
-        netuid=53, epoch_index=12,
-        settlement_json={"weights": [["5Aaa", 65535]], "rows": [{"model": "smol", "hotkey": "5Aaa", "gate_reason": None, "score": 7}]},
+        netuid=53,
+        epoch_index=12,
+        settlement_json={
+            "weights": [["5Aaa", 65535]],
+            "rows": [{"model": "smol", "hotkey": "5Aaa", "gate_reason": None, "score": 7}],
+        },
         extra={"epoch_start": 1784505600, "epoch_end": 1785110400},
     )
     assert result_json == (
@@ -105,16 +118,33 @@ def test_result_json_is_sorted_compact_and_byte_exact():
 
 
 def test_non_ascii_text_is_escaped_so_the_bytes_survive_any_re_encoding():
-    result_json = build_result_json(netuid=53, epoch_index=0, settlement_json={"weights": [["5Aaa", 1]], "rows": [{"model": "modèle-€"}]})
+    result_json = build_result_json(
+        netuid=53, epoch_index=0, settlement_json={"weights": [["5Aaa", 1]], "rows": [{"model": "modèle-€"}]}
+    )
     assert b'"model":"mod\\u00e8le-\\u20ac"' in result_json
     assert json.loads(result_json)["rows"][0]["model"] == "modèle-€"
 
 
 def test_a_real_settlement_builds_as_is():
     row = RowAggregate(
-        hotkey=MINER_A, model="smol", requests=120, ok_2xx=120, status_499=0, buyer_faults=0, status_502=0, status_504=0,
-        other_failures=0, counted=118, tokens=90_000, ttft_p99_ms=410, tpot_p99_ms=None, verdict_pass=3,
-        verdict_cheat=0, verdict_unproven=1, score=90, gate_reason=None,
+        hotkey=MINER_A,
+        model="smol",
+        requests=120,
+        ok_2xx=120,
+        status_499=0,
+        buyer_faults=0,
+        status_502=0,
+        status_504=0,
+        other_failures=0,
+        counted=118,
+        tokens=90_000,
+        ttft_p99_ms=410,
+        tpot_p99_ms=None,
+        verdict_pass=3,
+        verdict_cheat=0,
+        verdict_unproven=1,
+        score=90,
+        gate_reason=None,
     )
     settlement = EpochSettlement(weights=((MINER_A, 65535),), rows=(row,))
     result = json.loads(build_result_json(netuid=53, epoch_index=3, settlement_json=settlement.to_json()))
@@ -160,7 +190,9 @@ def test_values_that_would_not_serialise_identically_everywhere_are_refused(extr
 
 
 def test_the_64_bit_edges_are_written():
-    result_json = build_result_json(netuid=53, epoch_index=1, settlement_json=_settlement(), extra={"hi": JSON_INT_MAX, "lo": JSON_INT_MIN})
+    result_json = build_result_json(
+        netuid=53, epoch_index=1, settlement_json=_settlement(), extra={"hi": JSON_INT_MAX, "lo": JSON_INT_MIN}
+    )
     assert json.loads(result_json)["hi"] == JSON_INT_MAX and json.loads(result_json)["lo"] == JSON_INT_MIN
 
 
@@ -186,7 +218,9 @@ def test_a_weight_vector_a_validator_would_refuse_is_never_built():
     assert caught.value.reason == "weights" and isinstance(caught.value, ValueError)
 
 
-@pytest.mark.parametrize(("netuid", "epoch_index", "error"), [(-1, 0, ValueError), (53, True, TypeError), (53.0, 0, TypeError)])
+@pytest.mark.parametrize(
+    ("netuid", "epoch_index", "error"), [(-1, 0, ValueError), (53, True, TypeError), (53.0, 0, TypeError)]
+)
 def test_bad_netuid_or_epoch_index_is_the_callers_mistake(netuid, epoch_index, error):
     with pytest.raises(error):
         build_result_json(netuid=netuid, epoch_index=epoch_index, settlement_json=_settlement())
@@ -198,7 +232,16 @@ def test_bad_netuid_or_epoch_index_is_the_callers_mistake(netuid, epoch_index, e
 def test_the_wire_object_is_exactly_specs_shape(alice):
     result_json = _result_json()
     wire = sign_epoch(alice, netuid=NETUID, epoch_index=IDX, result_json=result_json)
-    assert list(wire) == ["v", "netuid", "epoch_index", "digest", "result_json", "signature", "signed_hotkey", "weights"]
+    assert list(wire) == [
+        "v",
+        "netuid",
+        "epoch_index",
+        "digest",
+        "result_json",
+        "signature",
+        "signed_hotkey",
+        "weights",
+    ]
     assert wire["v"] == 1 and wire["netuid"] == NETUID and wire["epoch_index"] == IDX
     assert wire["digest"] == hashlib.sha256(result_json).hexdigest()
     assert wire["result_json"] == result_json.decode()
@@ -239,8 +282,20 @@ def test_the_public_light_validators_steps_accept_what_we_publish(alice):
 def test_a_payload_in_the_public_validators_test_shape_is_accepted(alice):
     # Their fixture: extra inner keys (miners, params, v, epoch bounds), extra envelope keys,
     # a short hotkey string.
-    inner = json.dumps({"epoch_end": 2, "epoch_index": IDX, "epoch_start": 1, "miners": [], "netuid": NETUID,
-                        "params": {}, "v": 1, "weights": [["5Aaa", 65535]]}, sort_keys=True, separators=(",", ":"))
+    inner = json.dumps(
+        {
+            "epoch_end": 2,
+            "epoch_index": IDX,
+            "epoch_start": 1,
+            "miners": [],
+            "netuid": NETUID,
+            "params": {},
+            "v": 1,
+            "weights": [["5Aaa", 65535]],
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
     payload = _forge(alice, inner, epoch_start=1, epoch_end=2, signed_at=612, weights=[["5Aaa", 65535]])
     assert _verify(payload, alice).weights == (("5Aaa", 65535),)
 
@@ -495,11 +550,15 @@ def test_importing_the_module_does_not_import_bittensor():
 # --- properties ------------------------------------------------------------------------------
 
 hotkeys = st.text(alphabet=BASE58, min_size=1, max_size=48)
-weight_vectors = st.lists(st.tuples(hotkeys, st.integers(0, 65535)), min_size=1, max_size=8, unique_by=lambda pair: pair[0]).filter(
-    lambda pairs: sum(weight for _, weight in pairs) > 0
-)
+weight_vectors = st.lists(
+    st.tuples(hotkeys, st.integers(0, 65535)), min_size=1, max_size=8, unique_by=lambda pair: pair[0]
+).filter(lambda pairs: sum(weight for _, weight in pairs) > 0)
 scalars = st.one_of(st.none(), st.integers(JSON_INT_MIN, JSON_INT_MAX), st.text(max_size=12))
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)), max_leaves=10)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    max_leaves=10,
+)
 rows = st.lists(st.dictionaries(st.text(max_size=10), scalars, max_size=6), max_size=4)
 extras = st.dictionaries(st.text(max_size=10).filter(lambda key: key not in RESERVED_KEYS), values, max_size=4)
 
@@ -508,7 +567,9 @@ extras = st.dictionaries(st.text(max_size=10).filter(lambda key: key not in RESE
 @given(weights=weight_vectors, rows=rows, extra=extras, netuid=st.integers(0, 65535), epoch_index=st.integers(0, 2**40))
 def test_any_settlement_round_trips_through_sign_and_verify(alice, weights, rows, extra, netuid, epoch_index):
     settlement_json = {"weights": [list(pair) for pair in weights], "rows": rows}
-    result_json = build_result_json(netuid=netuid, epoch_index=epoch_index, settlement_json=settlement_json, extra=extra)
+    result_json = build_result_json(
+        netuid=netuid, epoch_index=epoch_index, settlement_json=settlement_json, extra=extra
+    )
     wire = sign_epoch(alice, netuid=netuid, epoch_index=epoch_index, result_json=result_json)
     verified = parse_and_verify(encode_payload(wire), master_hotkey=alice.ss58_address, netuid=netuid)
     assert verified.weights == tuple(weights)
@@ -525,11 +586,13 @@ def test_the_digest_changes_when_any_weight_changes(weights, data):
     position = data.draw(st.integers(0, len(weights) - 1))
     hotkey, old = weights[position]
     new = data.draw(st.integers(0, 65535).filter(lambda weight: weight != old))
-    changed = [*weights[:position], (hotkey, new), *weights[position + 1:]]
+    changed = [*weights[:position], (hotkey, new), *weights[position + 1 :]]
     assume(sum(weight for _, weight in changed) > 0)
 
     def digest(vector):
-        return keys.epoch_digest(build_result_json(netuid=NETUID, epoch_index=IDX, settlement_json={"weights": vector, "rows": []}))
+        return keys.epoch_digest(
+            build_result_json(netuid=NETUID, epoch_index=IDX, settlement_json={"weights": vector, "rows": []})
+        )
 
     assert digest(changed) != digest(weights)
 

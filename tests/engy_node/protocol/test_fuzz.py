@@ -75,7 +75,9 @@ def assert_well_typed(frame: Any) -> None:
     """The frame's fields hold what its dataclass declares (the parsers' promise to the node)."""
     match frame:
         case Hello():
-            assert all(is_text(getattr(frame, f)) for f in ("miner_key", "model", "model_root", "worker_name", "worker_id"))
+            assert all(
+                is_text(getattr(frame, f)) for f in ("miner_key", "model", "model_root", "worker_name", "worker_id")
+            )
             assert is_json_object(frame.hw) and is_json_object(frame.versions)
             assert_capacity(frame.capacity)
             assert frame.hotkey is None or is_text(frame.hotkey)
@@ -111,10 +113,13 @@ def assert_well_typed(frame: Any) -> None:
                 assert is_json_object(message.extra) and not {"role", "content"} & set(message.extra)
             assert request.max_tokens is None or is_count(request.max_tokens)
             assert is_text(request.engy_request_id)
-            assert request.tools is None or (type(request.tools) is tuple and all(is_json_object(t) for t in request.tools))
+            assert request.tools is None or (
+                type(request.tools) is tuple and all(is_json_object(t) for t in request.tools)
+            )
             assert request.tool_choice is None or is_text(request.tool_choice) or is_json_object(request.tool_choice)
-            assert request.chat_template_kwargs is None or (is_json_object(request.chat_template_kwargs)
-                                                            and request.chat_template_kwargs)
+            assert request.chat_template_kwargs is None or (
+                is_json_object(request.chat_template_kwargs) and request.chat_template_kwargs
+            )
             sampling = request.sampling
             assert type(sampling) is Sampling
             for number in (sampling.temperature, sampling.top_p):
@@ -139,7 +144,11 @@ def read_or_refuse(parse, text: str | bytes) -> Any:
         assert isinstance(error.field, str) and error.field
         assert isinstance(error.reason, str) and error.reason
         return None
-    expected = (Hello, Heartbeat, Chunk, Response) if parse is parse_miner_frame else (Admit, Deny, Serve, Cancel, Ping, Reconnect)
+    expected = (
+        (Hello, Heartbeat, Chunk, Response)
+        if parse is parse_miner_frame
+        else (Admit, Deny, Serve, Cancel, Ping, Reconnect)
+    )
     assert isinstance(frame, expected), frame
     assert_well_typed(frame)
     return frame
@@ -205,14 +214,19 @@ def test_a_gateway_frame_with_any_values_in_its_fields_reads_well_typed_or_is_re
 
 def test_an_error_object_nested_past_orjsons_write_depth_raises_nothing_but_protocol_error():
     depth = 254
-    read_or_refuse(parse_miner_frame, '{"type":"response","corr_id":"c","error":{"detail":' + "[" * depth + "]" * depth + "}}")
+    read_or_refuse(
+        parse_miner_frame, '{"type":"response","corr_id":"c","error":{"detail":' + "[" * depth + "]" * depth + "}}"
+    )
 
 
-@pytest.mark.parametrize("text", [
-    '{"type":"heartbeat","inflight":1e300}',
-    '{"type":"heartbeat","capacity":{"max_inflight":18446744073709551616}}',
-    '{"type":"serve","corr_id":"c","request":{"messages":[{"role":"user","content":"x"}],"max_tokens":1e20}}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"type":"heartbeat","inflight":1e300}',
+        '{"type":"heartbeat","capacity":{"max_inflight":18446744073709551616}}',
+        '{"type":"serve","corr_id":"c","request":{"messages":[{"role":"user","content":"x"}],"max_tokens":1e20}}',
+    ],
+)
 def test_a_frame_read_from_the_wire_can_be_encoded_again(text):
     parse = parse_gateway_frame if '"serve"' in text else parse_miner_frame
     frame = read_or_refuse(parse, text)  # refusing such a count would keep the promise too

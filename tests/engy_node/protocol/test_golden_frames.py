@@ -77,51 +77,94 @@ WORKER_ID = "3f2a9c1e8b7d4e6fa1c2d3e4f5a6b7c8"
 CORR_ID = "9b1f0c2d4e5a4b6c8d7e6f5a4b3c2d1e"
 HOTKEY = "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
 RIG_HW = {
-    "parallelism": "tp", "host": "rig-1", "cpus": 32, "ram_gb": 125.7, "gpu": "NVIDIA GeForce RTX 4090", "gpu_count": 4,
-    "gpu_mem_gb": 24.0, "torch": "2.13.0", "cuda": "12.8", "gpus": "4x NVIDIA GeForce RTX 4090",
+    "parallelism": "tp",
+    "host": "rig-1",
+    "cpus": 32,
+    "ram_gb": 125.7,
+    "gpu": "NVIDIA GeForce RTX 4090",
+    "gpu_count": 4,
+    "gpu_mem_gb": 24.0,
+    "torch": "2.13.0",
+    "cuda": "12.8",
+    "gpus": "4x NVIDIA GeForce RTX 4090",
 }
-RIG_CAPACITY = Capacity(max_inflight=16, max_inflight_total=64, max_input_tokens=229376, max_output_tokens=32768, max_request_s=1800)
+RIG_CAPACITY = Capacity(
+    max_inflight=16, max_inflight_total=64, max_input_tokens=229376, max_output_tokens=32768, max_request_s=1800
+)
 COMMITMENT = {
     "model_root": MODEL_ROOT,
     "output_token_ids": [28305, 314, 260, 3575, 282, 4649, 28, 284],
     "toploc": {
-        "proofs": ["AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJw=="], "topk": 128, "decode_batching_size": 32,
-        "skip_prefill": True, "n_tokens": 8, "prompt_ids": [1, 9690, 198, 2683, 339, 253, 5356, 5646, 2, 198, 1, 4093],
+        "proofs": ["AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJw=="],
+        "topk": 128,
+        "decode_batching_size": 32,
+        "skip_prefill": True,
+        "n_tokens": 8,
+        "prompt_ids": [1, 9690, 198, 2683, 339, 253, 5356, 5646, 2, 198, 1, 4093],
     },
 }
 
 
 def answer(finish_reason: str, **usage_extra: Any) -> dict:
     return {
-        "choices": [{"index": 0, "finish_reason": finish_reason,
-                     "message": {"role": "assistant", "content": "Paris is the capital of France, and"}}],
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": finish_reason,
+                "message": {"role": "assistant", "content": "Paris is the capital of France, and"},
+            }
+        ],
         "usage": {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20, **usage_extra},
     }
 
 
 OUR_FRAMES = {
     "hello_signed": Hello(
-        miner_key="", model="smollm2-135m", model_root=MODEL_ROOT, hw=RIG_HW,
+        miner_key="",
+        model="smollm2-135m",
+        model_root=MODEL_ROOT,
+        hw=RIG_HW,
         versions={"engy_node": "0.1.0", "protocol": 1, "toploc": "0.1.6", "transformers": "5.24.0", "sglang": None},
-        capacity=RIG_CAPACITY, worker_name="rig-1", worker_id=WORKER_ID, hotkey=HOTKEY, ts=1764400000,
+        capacity=RIG_CAPACITY,
+        worker_name="rig-1",
+        worker_id=WORKER_ID,
+        hotkey=HOTKEY,
+        ts=1764400000,
         signature="0073ec266d4fb4adbf3d104aa714f9f11032fd8ab6d8829fc40b52c86f6485d7"
-                  "928cc2ebd4646f3fe3f374be11d905bf4be275fa86f3889d82a9f7dc5e41dd32",
+        "928cc2ebd4646f3fe3f374be11d905bf4be275fa86f3889d82a9f7dc5e41dd32",
         features=OUR_FEATURES,
     ),
     "hello_with_miner_key": Hello(
-        miner_key="mk-local-7d1e", model="smollm2-135m", model_root=MODEL_ROOT,
+        miner_key="mk-local-7d1e",
+        model="smollm2-135m",
+        model_root=MODEL_ROOT,
         hw={"parallelism": "none", "host": "laptop", "cpus": 8, "ram_gb": 31.2, "gpu_count": 0},
         versions={"engy_node": "0.1.0", "protocol": 1},
-        capacity=Capacity(max_inflight=1, max_inflight_total=2, max_input_tokens=8192, max_output_tokens=2048, max_request_s=600),
-        worker_name="laptop", worker_id="0a1b2c3d4e5f60718293a4b5c6d7e8f9", features=OUR_FEATURES,
+        capacity=Capacity(
+            max_inflight=1, max_inflight_total=2, max_input_tokens=8192, max_output_tokens=2048, max_request_s=600
+        ),
+        worker_name="laptop",
+        worker_id="0a1b2c3d4e5f60718293a4b5c6d7e8f9",
+        features=OUR_FEATURES,
     ),
     "heartbeat": Heartbeat(inflight=3, idle_seconds=12.5, capacity=RIG_CAPACITY),
     "heartbeat_without_capacity": Heartbeat(inflight=0, idle_seconds=0.0),
     "chunk": Chunk(corr_id=CORR_ID, content="Paris é 🗼"),
-    "response": Response(corr_id=CORR_ID, request_id="req-5c0ffee0", commitment=COMMITMENT,
-                         output=answer("length", prompt_tokens_details={"cached_tokens": 0})),
-    "response_with_error": Response(corr_id=CORR_ID, request_id="req-5c0ffee0", commitment=None, output=None,
-                                    error="model server error: HTTP 500", error_type="ServeError", error_status=500),
+    "response": Response(
+        corr_id=CORR_ID,
+        request_id="req-5c0ffee0",
+        commitment=COMMITMENT,
+        output=answer("length", prompt_tokens_details={"cached_tokens": 0}),
+    ),
+    "response_with_error": Response(
+        corr_id=CORR_ID,
+        request_id="req-5c0ffee0",
+        commitment=None,
+        output=None,
+        error="model server error: HTTP 500",
+        error_type="ServeError",
+        error_status=500,
+    ),
     "admit": Admit(),
     "deny": Deny(reason="signature: stale ts"),
     "serve": Serve(
@@ -130,24 +173,46 @@ OUR_FRAMES = {
             messages=(
                 Message(role="system", content="You can call tools."),
                 Message(role="user", content=[{"type": "text", "text": "Weather in Paris?"}]),
-                Message(role="assistant", content="", extra={"tool_calls": [
-                    {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}},
-                ]}),
+                Message(
+                    role="assistant",
+                    content="",
+                    extra={
+                        "tool_calls": [
+                            {
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+                            },
+                        ]
+                    },
+                ),
                 Message(role="tool", content="18 °C, clear", extra={"tool_call_id": "call_1"}),
             ),
             max_tokens=256,
             engy_request_id="req-5c0ffee0",
-            tools=({"type": "function", "function": {
-                "name": "weather", "description": "Current weather.",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-            }},),
+            tools=(
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "weather",
+                        "description": "Current weather.",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"city": {"type": "string"}},
+                            "required": ["city"],
+                        },
+                    },
+                },
+            ),
             sampling=Sampling(temperature=0.7, top_p=0.95, seed=1234, stop=("</s>", "\n\nUser:")),
         ),
         stream=True,
     ),
     "serve_greedy": Serve(
         corr_id="0d9c8b7a6f5e4d3c2b1a098765432100",
-        request=ServeRequest(messages=(Message(role="user", content="Hi"),), max_tokens=None, engy_request_id="req-0d9c8b7a"),
+        request=ServeRequest(
+            messages=(Message(role="user", content="Hi"),), max_tokens=None, engy_request_id="req-0d9c8b7a"
+        ),
         stream=False,
     ),
     "cancel": Cancel(corr_id=CORR_ID),
@@ -161,7 +226,16 @@ OUR_FRAMES = {
 def test_every_golden_frame_of_ours_is_built_here_and_every_frame_type_has_one():
     assert set(OUR_FRAMES) == {name for frames in OURS.values() for name in frames}
     assert {type(frame) for frame in OUR_FRAMES.values()} == {
-        Hello, Heartbeat, Chunk, Response, Admit, Deny, Serve, Cancel, Ping, Reconnect,
+        Hello,
+        Heartbeat,
+        Chunk,
+        Response,
+        Admit,
+        Deny,
+        Serve,
+        Cancel,
+        Ping,
+        Reconnect,
     }
 
 
@@ -203,38 +277,64 @@ def test_a_hello_sends_no_features_key_when_it_honours_nothing_extra():
 
 # ---- public: liberal in what we accept -----------------------------------------------------
 
-PUBLIC_CAPACITY = Capacity(max_inflight=16, max_inflight_total=64, max_input_tokens=229376, max_output_tokens=32768, max_request_s=1800)
+PUBLIC_CAPACITY = Capacity(
+    max_inflight=16, max_inflight_total=64, max_input_tokens=229376, max_output_tokens=32768, max_request_s=1800
+)
 PUBLIC_HW = PUBLIC["miner_to_gateway"]["hello"]["frame"]["hw"]
 PUBLIC_READINGS = {
     "hello": Hello(
-        miner_key=HOTKEY, model="smollm2-135m", model_root=MODEL_ROOT, hw=PUBLIC_HW, versions={},
-        capacity=PUBLIC_CAPACITY, worker_name="ins-0123456789ab", worker_id=WORKER_ID,
+        miner_key=HOTKEY,
+        model="smollm2-135m",
+        model_root=MODEL_ROOT,
+        hw=PUBLIC_HW,
+        versions={},
+        capacity=PUBLIC_CAPACITY,
+        worker_name="ins-0123456789ab",
+        worker_id=WORKER_ID,
     ),
     "hello_without_worker_id": Hello(
-        miner_key=HOTKEY, model="smollm2-135m", model_root=MODEL_ROOT,
-        hw={"parallelism": "tp", "host": "rig-1", "gpus": "4x NVIDIA GeForce RTX 4090"}, versions={},
-        capacity=PUBLIC_CAPACITY, worker_name="ins-0123456789ab", worker_id="",
+        miner_key=HOTKEY,
+        model="smollm2-135m",
+        model_root=MODEL_ROOT,
+        hw={"parallelism": "tp", "host": "rig-1", "gpus": "4x NVIDIA GeForce RTX 4090"},
+        versions={},
+        capacity=PUBLIC_CAPACITY,
+        worker_name="ins-0123456789ab",
+        worker_id="",
     ),
     "heartbeat": Heartbeat(inflight=0, idle_seconds=0.0, capacity=PUBLIC_CAPACITY),
     "chunk": Chunk(corr_id=CORR_ID, content="Par"),
     "chunk_with_empty_delta": Chunk(corr_id=CORR_ID, content=""),
     "response": Response(corr_id=CORR_ID, request_id="req-5c0ffee0", commitment=COMMITMENT, output=answer("stop")),
-    "response_with_error": Response(corr_id=CORR_ID, request_id="req-5c0ffee0", commitment=None, output=None,
-                                    error="RuntimeError('serve 500')"),
-    "tee_response_with_error_object": Response(corr_id=CORR_ID, request_id="req-5c0ffee0", commitment=None, output=None,
-                                               error="boom", error_type="RuntimeError"),
+    "response_with_error": Response(
+        corr_id=CORR_ID, request_id="req-5c0ffee0", commitment=None, output=None, error="RuntimeError('serve 500')"
+    ),
+    "tee_response_with_error_object": Response(
+        corr_id=CORR_ID,
+        request_id="req-5c0ffee0",
+        commitment=None,
+        output=None,
+        error="boom",
+        error_type="RuntimeError",
+    ),
     "admit": Admit(),
     "deny_without_reason": Deny(reason="denied"),
     "serve_without_stream": Serve(
         corr_id=CORR_ID,
-        request=ServeRequest(messages=(Message(role="user", content="What is the capital of France?"),), max_tokens=64,
-                             engy_request_id="req-5c0ffee0"),
+        request=ServeRequest(
+            messages=(Message(role="user", content="What is the capital of France?"),),
+            max_tokens=64,
+            engy_request_id="req-5c0ffee0",
+        ),
         stream=False,
     ),
     "serve_with_openai_sampling_at_top_level": Serve(
         corr_id="0d9c8b7a6f5e4d3c2b1a098765432100",
         request=ServeRequest(
-            messages=(Message(role="system", content="You are terse."), Message(role="user", content="Name three primes.")),
+            messages=(
+                Message(role="system", content="You are terse."),
+                Message(role="user", content="Name three primes."),
+            ),
             max_tokens=512,
             engy_request_id="0d9c8b7a6f5e4d3c2b1a098765432100",
             sampling=Sampling(temperature=0.7, top_p=0.9, seed=42, stop=("\n\n", "###")),
@@ -359,7 +459,9 @@ def test_a_hello_without_worker_name_is_known_by_its_instance_id():
 
 def test_capacity_with_only_max_inflight_defaults_the_total_to_it_and_the_limits_to_unannounced():
     hello = parse_miner_frame(text_of(hello_with(capacity={"max_inflight": 4})))
-    assert hello.capacity == Capacity(max_inflight=4, max_inflight_total=4, max_input_tokens=0, max_output_tokens=0, max_request_s=0)
+    assert hello.capacity == Capacity(
+        max_inflight=4, max_inflight_total=4, max_input_tokens=0, max_output_tokens=0, max_request_s=0
+    )
 
 
 def test_a_fractional_max_request_s_rounds_up_because_it_is_a_deadline():
@@ -387,20 +489,31 @@ def test_structured_deltas_of_the_newest_public_miners_are_read_apart_from_the_t
     # passes sglang's deltas through (several kinds at once, call fragments, chunk logprobs).
     reasoning = parse_miner_frame('{"type":"chunk","corr_id":"c","delta":{"reasoning_content":"Let me think."}}')
     assert reasoning == Chunk(corr_id="c", content="", reasoning="Let me think.") and not reasoning.plain
-    call = {"index": 0, "id": "call_0123456789abcdef01234567", "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    call = {
+        "index": 0,
+        "id": "call_0123456789abcdef01234567",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
     whole = parse_miner_frame(orjson.dumps({"type": "chunk", "corr_id": "c", "delta": {"tool_calls": [call]}}))
     assert whole == Chunk(corr_id="c", content="", tool_calls=(call,))
-    mixed = parse_miner_frame('{"type":"chunk","corr_id":"c","delta":{"content":"Hi","reasoning_content":null,'
-                              '"tool_calls":[{"index":0,"function":{"arguments":"{\\"ci"}}, 7]},"logprobs":{"content":[]}}')
+    mixed = parse_miner_frame(
+        '{"type":"chunk","corr_id":"c","delta":{"content":"Hi","reasoning_content":null,'
+        '"tool_calls":[{"index":0,"function":{"arguments":"{\\"ci"}}, 7]},"logprobs":{"content":[]}}'
+    )
     assert mixed == Chunk(corr_id="c", content="Hi", tool_calls=({"index": 0, "function": {"arguments": '{"ci'}},))
-    assert parse_miner_frame('{"type":"chunk","corr_id":"c","delta":{"content":null}}') == Chunk(corr_id="c", content="")
+    assert parse_miner_frame('{"type":"chunk","corr_id":"c","delta":{"content":null}}') == Chunk(
+        corr_id="c", content=""
+    )
 
 
 def test_a_structured_chunk_goes_out_as_the_public_miners_send_it():
     call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     assert Chunk(corr_id="c", content="", reasoning="hm").to_wire() == {
-        "type": "chunk", "corr_id": "c", "delta": {"reasoning_content": "hm"}}
+        "type": "chunk",
+        "corr_id": "c",
+        "delta": {"reasoning_content": "hm"},
+    }
     assert Chunk(corr_id="c", content="", tool_calls=(call,)).to_wire()["delta"] == {"tool_calls": [call]}
     assert Chunk(corr_id="c", content="").to_wire()["delta"] == {"content": ""}
     for chunk in (Chunk(corr_id="c", content="a", reasoning="b", tool_calls=(call,)), Chunk(corr_id="c", content="x")):
@@ -413,14 +526,20 @@ def test_an_error_object_without_a_message_is_kept_whole_as_json_text():
 
 
 def test_an_error_objects_status_is_read_and_sent_as_the_newest_public_miners_send_it():
-    response = parse_miner_frame('{"type":"response","corr_id":"c","request_id":"r","commitment":{},"output":{},'
-                                 '"error":{"message":"prompt too long","type":"ServeError","status":400}}')
+    response = parse_miner_frame(
+        '{"type":"response","corr_id":"c","request_id":"r","commitment":{},"output":{},'
+        '"error":{"message":"prompt too long","type":"ServeError","status":400}}'
+    )
     assert (response.error, response.error_type, response.error_status) == ("prompt too long", "ServeError", 400)
     assert response.error_text == "ServeError: prompt too long"
     assert parse_miner_frame(orjson.dumps(response.to_wire())) == response
     for odd in ("400", 99, 600, True, 400.0):
-        assert parse_miner_frame(orjson.dumps({"type": "response", "corr_id": "c", "error": {"message": "x", "status": odd}})
-                                 ).error_status is None
+        assert (
+            parse_miner_frame(
+                orjson.dumps({"type": "response", "corr_id": "c", "error": {"message": "x", "status": odd}})
+            ).error_status
+            is None
+        )
     plain = Response(corr_id="c", request_id="r", commitment=None, output=None, error="boom")
     assert plain.to_wire()["error"] == "boom", "a failure without a status goes as text, as 0.4.4 sends it"
 
@@ -443,7 +562,12 @@ def test_a_sampling_object_wins_over_fields_at_the_top_of_the_request():
 
 @pytest.mark.parametrize(("stream", "expected"), [(True, True), (False, False), (1, True), (0, False), (None, False)])
 def test_stream_reads_booleans_and_their_zero_one_spelling(stream, expected):
-    frame = {"type": "serve", "corr_id": "c", "request": {"messages": [{"role": "user", "content": "x"}]}, "stream": stream}
+    frame = {
+        "type": "serve",
+        "corr_id": "c",
+        "request": {"messages": [{"role": "user", "content": "x"}]},
+        "stream": stream,
+    }
     assert parse_gateway_frame(text_of(frame)).stream is expected
 
 

@@ -96,7 +96,9 @@ def test_idle_seconds_come_back_rounded_to_milliseconds(idle):
 @given(texts, texts)
 def test_an_empty_commitment_output_or_error_comes_back_as_none(corr_id, request_id):
     sent = Response(corr_id=corr_id, request_id=request_id, commitment={}, output={}, error="")
-    assert parse_miner_frame(encode(sent)) == Response(corr_id=corr_id, request_id=request_id, commitment=None, output=None)
+    assert parse_miner_frame(encode(sent)) == Response(
+        corr_id=corr_id, request_id=request_id, commitment=None, output=None
+    )
 
 
 @given(texts, texts)
@@ -107,29 +109,59 @@ def test_a_message_keeps_its_own_role_and_content_over_same_named_extra_fields(r
 
 @given(st.integers(min_value=0, max_value=2**53))
 def test_a_whole_max_request_s_comes_back_exactly(seconds):
-    capacity = Capacity(max_inflight=1, max_inflight_total=1, max_input_tokens=0, max_output_tokens=0, max_request_s=seconds)
+    capacity = Capacity(
+        max_inflight=1, max_inflight_total=1, max_input_tokens=0, max_output_tokens=0, max_request_s=seconds
+    )
     assert parse_miner_frame(encode(Heartbeat(inflight=0, idle_seconds=0.0, capacity=capacity))).capacity == capacity
 
 
 def test_a_hello_ts_and_signature_without_a_hotkey_are_not_sent():
-    hello = Hello(miner_key="k", model="m", model_root="r", hw={}, versions={},
-                  capacity=Capacity(1, 1, 0, 0, 0), worker_name="w", worker_id="", ts=5, signature="s")
+    hello = Hello(
+        miner_key="k",
+        model="m",
+        model_root="r",
+        hw={},
+        versions={},
+        capacity=Capacity(1, 1, 0, 0, 0),
+        worker_name="w",
+        worker_id="",
+        ts=5,
+        signature="s",
+    )
     assert not {"hotkey", "ts", "signature"} & set(hello.to_wire())
 
 
 def test_a_serve_without_sampling_sends_no_sampling_object_and_reads_back_greedy():
-    serve = Serve(corr_id="c", request=parse_gateway_frame(
-        '{"type":"serve","corr_id":"c","request":{"messages":[{"role":"user","content":"x"}]}}').request, stream=False)
+    serve = Serve(
+        corr_id="c",
+        request=parse_gateway_frame(
+            '{"type":"serve","corr_id":"c","request":{"messages":[{"role":"user","content":"x"}]}}'
+        ).request,
+        stream=False,
+    )
     assert "sampling" not in serve.to_wire()["request"]
     assert parse_gateway_frame(encode(serve)).request.sampling.greedy
 
 
-_ranks = st.lists(st.one_of(
-    st.fixed_dictionaries({"num_tokens": st.integers(0, 10**7), "num_reqs": st.integers(0, 512),
-                           "num_waiting_reqs": st.integers(0, 512), "num_pending_tokens": st.integers(0, 10**6)}),
-    st.dictionaries(st.sampled_from(["num_tokens", "num_reqs", "dp_rank"]), st.one_of(st.none(), st.booleans(), st.text(max_size=3),
-                                                                                    st.integers(-5, 5), st.floats(allow_nan=False))),
-    st.integers(), st.text(max_size=3)), max_size=6)
+_ranks = st.lists(
+    st.one_of(
+        st.fixed_dictionaries(
+            {
+                "num_tokens": st.integers(0, 10**7),
+                "num_reqs": st.integers(0, 512),
+                "num_waiting_reqs": st.integers(0, 512),
+                "num_pending_tokens": st.integers(0, 10**6),
+            }
+        ),
+        st.dictionaries(
+            st.sampled_from(["num_tokens", "num_reqs", "dp_rank"]),
+            st.one_of(st.none(), st.booleans(), st.text(max_size=3), st.integers(-5, 5), st.floats(allow_nan=False)),
+        ),
+        st.integers(),
+        st.text(max_size=3),
+    ),
+    max_size=6,
+)
 
 
 @given(_ranks, st.one_of(st.none(), st.integers(1, 10**8)))
@@ -143,7 +175,9 @@ def test_sglangs_load_list_sums_into_a_kv_block_that_reads_back(ranks, limit):
     def total(key: str) -> int:
         return sum(v for rank in read if type(v := rank.get(key)) is int and v >= 0)
 
-    assert load == KvLoad(used=total("num_tokens"), limit=limit, running=total("num_reqs"), waiting=total("num_waiting_reqs"))
+    assert load == KvLoad(
+        used=total("num_tokens"), limit=limit, running=total("num_reqs"), waiting=total("num_waiting_reqs")
+    )
     assert parse_miner_frame(encode(Heartbeat(inflight=0, idle_seconds=0.0, kv=load))).kv == load
 
 

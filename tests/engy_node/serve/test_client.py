@@ -19,15 +19,20 @@ def stream_bytes(payloads: list[bytes], separator: bytes = b"\n\n") -> bytes:
     return b"".join(b"data: " + p + separator for p in payloads)
 
 
-@given(st.lists(st.binary(min_size=1, max_size=40).filter(lambda b: b"\n" not in b and b"\r" not in b), min_size=1, max_size=8),
-       st.lists(st.integers(1, 50), min_size=1, max_size=30), st.sampled_from([b"\n\n", b"\r\n\r\n"]))
+@given(
+    st.lists(
+        st.binary(min_size=1, max_size=40).filter(lambda b: b"\n" not in b and b"\r" not in b), min_size=1, max_size=8
+    ),
+    st.lists(st.integers(1, 50), min_size=1, max_size=30),
+    st.sampled_from([b"\n\n", b"\r\n\r\n"]),
+)
 @settings(max_examples=200)
 def test_events_come_out_whole_and_in_order_however_the_stream_is_split(payloads, cuts, separator):
     data = stream_bytes(payloads, separator)
     parser = SseParser()
     received, position = [], 0
     for cut in cuts:
-        received += parser.feed(data[position:position + cut])
+        received += parser.feed(data[position : position + cut])
         position += cut
     received += parser.feed(data[position:])
     assert received == [p.lstrip(b" ") for p in payloads if p.lstrip(b" ")]
@@ -40,7 +45,7 @@ def test_a_huge_event_fed_in_small_pieces_is_scanned_once():
     parser = SseParser()
     events = []
     for start in range(0, len(data), 65536):
-        events += parser.feed(data[start:start + 65536])
+        events += parser.feed(data[start : start + 65536])
         assert parser._scanned >= len(parser._buffer) - 3, "already-scanned bytes are not rescanned"
     assert events == [payload]
 
@@ -68,14 +73,16 @@ async def test_chunked_generation_equals_a_single_call(serve, stream):
     assert chunked.output_ids == single.output_ids and len(chunked.output_ids) == 12
     assert len(chunked.hidden_rows) == len(single.hidden_rows) == 12
     import torch
+
     assert torch.allclose(torch.tensor(chunked.hidden_rows), torch.tensor(single.hidden_rows), atol=0.8)
     assert chunked.finish_reason == {"type": "length", "length": 12}
 
 
 async def test_streamed_progress_grows_monotonically_across_chunks(serve):
     seen: list[list[int]] = []
-    result = await serve.generate(PROMPT, GREEDY, max_new_tokens=9, chunk_tokens=4, stream=True,
-                                  on_progress=lambda ids, text: seen.append(ids))
+    result = await serve.generate(
+        PROMPT, GREEDY, max_new_tokens=9, chunk_tokens=4, stream=True, on_progress=lambda ids, text: seen.append(ids)
+    )
     assert seen and seen[-1] == result.output_ids
     for earlier, later in zip(seen, seen[1:]):
         assert len(later) >= len(earlier) - 1
@@ -96,7 +103,9 @@ async def test_cancelling_a_generation_aborts_it_on_the_server(serve, reference_
 
     with trio.CancelScope() as generating:
         # Cancelled once the first tokens arrive: the generation is then running on the server.
-        await serve.generate(PROMPT, GREEDY, max_new_tokens=2000, stream=True, on_progress=lambda ids, text: generating.cancel())
+        await serve.generate(
+            PROMPT, GREEDY, max_new_tokens=2000, stream=True, on_progress=lambda ids, text: generating.cancel()
+        )
     assert generating.cancelled_caught, "the generation finished before it was cancelled"
     # The server is another process and says nothing when it drops a generation: its request
     # counter is the only view of that, so the wait is a bounded poll.

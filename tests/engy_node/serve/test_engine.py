@@ -11,7 +11,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from engy_node.serve.engine import Engine, Generation, RequestError, run_to_completion
-from engy_node.serve.sampling import REPLACEMENT_CHARACTER, choose_token, find_stop, parse_sampling_params, seeded_choice
+from engy_node.serve.sampling import (
+    REPLACEMENT_CHARACTER,
+    choose_token,
+    find_stop,
+    parse_sampling_params,
+    seeded_choice,
+)
 
 from .numerics import assert_top_choices
 
@@ -20,7 +26,13 @@ PROMPT = [1, 504, 3575, 282, 4649, 314]
 
 def generation(rid: str = "r", **sampling) -> Generation:
     params = {"temperature": 0, "max_new_tokens": 8, **sampling}
-    return Generation(rid=rid, input_ids=list(PROMPT), params=parse_sampling_params(params), return_hidden_states=True, return_logprob=True)
+    return Generation(
+        rid=rid,
+        input_ids=list(PROMPT),
+        params=parse_sampling_params(params),
+        return_hidden_states=True,
+        return_logprob=True,
+    )
 
 
 def test_proof_rows_are_the_recomputed_final_hidden_states_of_each_output_token(runner):
@@ -28,17 +40,27 @@ def test_proof_rows_are_the_recomputed_final_hidden_states_of_each_output_token(
     rows = done.proof_rows()
     assert rows.shape == (8, runner.hidden_size)
     hidden, logits = runner.prefill(PROMPT + done.output_ids[:-1])
-    assert torch.allclose(rows.float(), hidden[len(PROMPT) - 1:].float(), atol=0.8)
-    assert_top_choices(logits[len(PROMPT) - 1:], done.output_ids)
+    assert torch.allclose(rows.float(), hidden[len(PROMPT) - 1 :].float(), atol=0.8)
+    assert_top_choices(logits[len(PROMPT) - 1 :], done.output_ids)
 
 
 def test_a_chunked_prefill_gives_the_same_tokens_as_a_single_pass(runner, monkeypatch):
     import engy_node.serve.engine as engine_module
 
     long_prompt = (PROMPT * 20)[:100]
-    whole = run_to_completion(runner, Generation(rid="a", input_ids=long_prompt, params=parse_sampling_params({"temperature": 0, "max_new_tokens": 6})))
+    whole = run_to_completion(
+        runner,
+        Generation(
+            rid="a", input_ids=long_prompt, params=parse_sampling_params({"temperature": 0, "max_new_tokens": 6})
+        ),
+    )
     monkeypatch.setattr(engine_module, "PREFILL_CHUNK_TOKENS", 7)
-    chunked = Generation(rid="b", input_ids=long_prompt, params=parse_sampling_params({"temperature": 0, "max_new_tokens": 6}), return_hidden_states=True)
+    chunked = Generation(
+        rid="b",
+        input_ids=long_prompt,
+        params=parse_sampling_params({"temperature": 0, "max_new_tokens": 6}),
+        return_hidden_states=True,
+    )
     run_to_completion(runner, chunked)
     assert chunked.output_ids == whole.output_ids
     assert chunked.hidden_block.shape[0] == len(long_prompt)
@@ -75,7 +97,9 @@ def test_each_token_is_chosen_at_sglangs_position_the_last_token_seen(runner, mo
 
 
 def test_a_seeded_generation_replays_from_its_seed_and_the_logits(runner):
-    done = run_to_completion(runner, generation(temperature=1.0, top_p=0.9, sampling_seed=2024, ignore_eos=True, max_new_tokens=6))
+    done = run_to_completion(
+        runner, generation(temperature=1.0, top_p=0.9, sampling_seed=2024, ignore_eos=True, max_new_tokens=6)
+    )
     cache = runner.new_cache()
     _, logits = runner.forward(PROMPT, cache)
     for k, token in enumerate(done.output_ids):
@@ -104,7 +128,9 @@ def test_a_stop_token_id_ends_the_generation_and_is_kept_in_output_ids(runner):
 
 def test_min_new_tokens_suppresses_an_early_stop(runner):
     probe = run_to_completion(runner, generation(ignore_eos=True))
-    done = run_to_completion(runner, generation(stop_token_ids=[probe.output_ids[0]], min_new_tokens=3, ignore_eos=True))
+    done = run_to_completion(
+        runner, generation(stop_token_ids=[probe.output_ids[0]], min_new_tokens=3, ignore_eos=True)
+    )
     assert len(done.output_ids) > 1
 
 
@@ -133,7 +159,9 @@ class ScriptedRunner:
 
 # Accented letters, CJK and emoji take two to four UTF-8 bytes, which the byte-level BPE splits
 # across tokens; any other character can turn up too.
-MULTI_BYTE_TEXT = st.text(st.one_of(st.sampled_from(" aèé中文😀🎉"), st.characters(codec="utf-8")), min_size=1, max_size=16)
+MULTI_BYTE_TEXT = st.text(
+    st.one_of(st.sampled_from(" aèé中文😀🎉"), st.characters(codec="utf-8")), min_size=1, max_size=16
+)
 
 
 @given(data=st.data())
@@ -150,8 +178,13 @@ def test_streamed_text_never_shows_a_partial_character_and_only_grows_into_the_f
     if whole:
         for start in data.draw(st.lists(st.integers(0, len(whole) - 1), max_size=2), label="stop starts"):
             stops.append(whole[start : start + data.draw(st.integers(1, 3))])
-    sampling = {"temperature": 0, "max_new_tokens": len(ids), "ignore_eos": True, "stop": stops,
-                "min_new_tokens": data.draw(st.integers(0, 3), label="min_new_tokens")}
+    sampling = {
+        "temperature": 0,
+        "max_new_tokens": len(ids),
+        "ignore_eos": True,
+        "stop": stops,
+        "min_new_tokens": data.draw(st.integers(0, 3), label="min_new_tokens"),
+    }
     if data.draw(st.booleans(), label="a stop token"):
         sampling["stop_token_ids"] = [data.draw(st.sampled_from(ids))]
     g = Generation(rid="utf8", input_ids=[1], params=parse_sampling_params(sampling))
@@ -211,7 +244,10 @@ def _collect(engine: Engine, generations: list[Generation], timeout: float = 60.
 
 
 def test_concurrent_requests_interleave_and_match_solo_runs(runner):
-    solo = [run_to_completion(runner, generation(rid=f"s{i}", max_new_tokens=5 + i, ignore_eos=True)).output_ids for i in range(3)]
+    solo = [
+        run_to_completion(runner, generation(rid=f"s{i}", max_new_tokens=5 + i, ignore_eos=True)).output_ids
+        for i in range(3)
+    ]
     engine = Engine(runner, max_running=3)
     engine.start()
     try:
@@ -286,7 +322,6 @@ def test_a_request_past_its_deadline_is_aborted(runner):
         engine.stop()
 
 
-
 def test_a_prompt_that_starts_like_a_finished_conversation_reuses_its_cache_and_answers_the_same(runner):
     # A second turn resends the first turn's prompt and answer: those tokens come from the cache.
     from engy_node.serve.engine import PREFIX_CACHE_MIN_TOKENS
@@ -295,16 +330,31 @@ def test_a_prompt_that_starts_like_a_finished_conversation_reuses_its_cache_and_
     engine = Engine(runner, max_running=1, prefix_cache_tokens=4096)
     engine.start()
     try:
-        first = Generation(rid="t1", input_ids=list(first_prompt), params=parse_sampling_params({"temperature": 0, "max_new_tokens": 12}))
+        first = Generation(
+            rid="t1",
+            input_ids=list(first_prompt),
+            params=parse_sampling_params({"temperature": 0, "max_new_tokens": 12}),
+        )
         _collect(engine, [first])
         assert first.cached_tokens == 0
         follow_up = first_prompt + first.output_ids + runner.tokenizer.encode(" And then?")
-        second = Generation(rid="t2", input_ids=list(follow_up), params=parse_sampling_params({"temperature": 0, "max_new_tokens": 12}),
-                            return_hidden_states=True)
+        second = Generation(
+            rid="t2",
+            input_ids=list(follow_up),
+            params=parse_sampling_params({"temperature": 0, "max_new_tokens": 12}),
+            return_hidden_states=True,
+        )
         _collect(engine, [second])
         assert second.cached_tokens == len(first_prompt) + len(first.output_ids) - 1 >= PREFIX_CACHE_MIN_TOKENS
-        cold = run_to_completion(runner, Generation(rid="cold", input_ids=list(follow_up), return_hidden_states=True,
-                                                    params=parse_sampling_params({"temperature": 0, "max_new_tokens": 12})))
+        cold = run_to_completion(
+            runner,
+            Generation(
+                rid="cold",
+                input_ids=list(follow_up),
+                return_hidden_states=True,
+                params=parse_sampling_params({"temperature": 0, "max_new_tokens": 12}),
+            ),
+        )
         assert second.output_ids == cold.output_ids, "the cached prefix answers as a cold prefill does"
         assert len(second.proof_rows()) == len(second.output_ids), "a proof row per output token all the same"
         assert engine.prefix_cache.hit_tokens == second.cached_tokens
@@ -313,18 +363,28 @@ def test_a_prompt_that_starts_like_a_finished_conversation_reuses_its_cache_and_
 
 
 def test_without_a_shared_prefix_or_with_the_cache_off_every_prompt_is_prefilled_whole(runner):
-    prompt = runner.tokenizer.encode("A completely different question about gardening, the seasons of the year, and which vegetables "
-                                     "grow best in a small garden on a windy hill.")
+    prompt = runner.tokenizer.encode(
+        "A completely different question about gardening, the seasons of the year, and which vegetables "
+        "grow best in a small garden on a windy hill."
+    )
     for tokens in (4096, 0):
         engine = Engine(runner, max_running=1, prefix_cache_tokens=tokens)
         engine.start()
         try:
-            once = Generation(rid="a", input_ids=list(prompt), params=parse_sampling_params({"temperature": 0, "max_new_tokens": 4}))
+            once = Generation(
+                rid="a", input_ids=list(prompt), params=parse_sampling_params({"temperature": 0, "max_new_tokens": 4})
+            )
             _collect(engine, [once])
-            other = Generation(rid="b", input_ids=runner.tokenizer.encode("Unrelated: what is the boiling point of water?"),
-                               params=parse_sampling_params({"temperature": 0, "max_new_tokens": 4}))
-            again = Generation(rid="c", input_ids=list(prompt) + [prompt[-1]],
-                               params=parse_sampling_params({"temperature": 0, "max_new_tokens": 4}))
+            other = Generation(
+                rid="b",
+                input_ids=runner.tokenizer.encode("Unrelated: what is the boiling point of water?"),
+                params=parse_sampling_params({"temperature": 0, "max_new_tokens": 4}),
+            )
+            again = Generation(
+                rid="c",
+                input_ids=list(prompt) + [prompt[-1]],
+                params=parse_sampling_params({"temperature": 0, "max_new_tokens": 4}),
+            )
             _collect(engine, [other])
             _collect(engine, [again])
             assert other.cached_tokens == 0

@@ -14,8 +14,8 @@ from engy_node.serve.sampling import (
     FIELDS,
     GREEDY_TEMPERATURE,
     MAX_STOP_STRINGS,
-    SamplingError,
     REPLACEMENT_CHARACTER,
+    SamplingError,
     SamplingParams,
     StopMatch,
     choose_token,
@@ -60,23 +60,54 @@ def test_missing_or_empty_sampling_params_give_the_sglang_defaults(raw):
 
 
 def test_a_key_given_as_null_keeps_its_default():
-    params = parse_sampling_params({"max_new_tokens": None, "temperature": None, "stop": None, "json_schema": None, "n": None})
+    params = parse_sampling_params(
+        {"max_new_tokens": None, "temperature": None, "stop": None, "json_schema": None, "n": None}
+    )
     assert params == SamplingParams()
 
 
 def test_valid_values_are_carried_into_the_params():
-    params = parse_sampling_params({
-        "max_new_tokens": 7, "min_new_tokens": 2, "temperature": 0.7, "top_p": 0.9, "top_k": 40,
-        "min_p": 0.05, "frequency_penalty": 0.5, "presence_penalty": -0.5, "repetition_penalty": 1.1,
-        "stop": ["\n\n", "END"], "stop_token_ids": [2, 3], "ignore_eos": True, "skip_special_tokens": False,
-        "spaces_between_special_tokens": False, "no_stop_trim": True, "n": 1, "sampling_seed": 42,
-        "stream_interval": 4, "logit_bias": {"5": 2.5, "1": -1},
-    })
+    params = parse_sampling_params(
+        {
+            "max_new_tokens": 7,
+            "min_new_tokens": 2,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": 40,
+            "min_p": 0.05,
+            "frequency_penalty": 0.5,
+            "presence_penalty": -0.5,
+            "repetition_penalty": 1.1,
+            "stop": ["\n\n", "END"],
+            "stop_token_ids": [2, 3],
+            "ignore_eos": True,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+            "no_stop_trim": True,
+            "n": 1,
+            "sampling_seed": 42,
+            "stream_interval": 4,
+            "logit_bias": {"5": 2.5, "1": -1},
+        }
+    )
     assert params == SamplingParams(
-        max_new_tokens=7, min_new_tokens=2, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05,
-        frequency_penalty=0.5, presence_penalty=-0.5, repetition_penalty=1.1, stop=("\n\n", "END"),
-        stop_token_ids=(2, 3), ignore_eos=True, skip_special_tokens=False,
-        spaces_between_special_tokens=False, no_stop_trim=True, sampling_seed=42, stream_interval=4,
+        max_new_tokens=7,
+        min_new_tokens=2,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.05,
+        frequency_penalty=0.5,
+        presence_penalty=-0.5,
+        repetition_penalty=1.1,
+        stop=("\n\n", "END"),
+        stop_token_ids=(2, 3),
+        ignore_eos=True,
+        skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+        no_stop_trim=True,
+        sampling_seed=42,
+        stream_interval=4,
         logit_bias=((1, -1.0), (5, 2.5)),
     )
 
@@ -89,12 +120,25 @@ def test_valid_values_are_carried_into_the_params():
     penalty=st.floats(min_value=-2, max_value=2),
 )
 @settings(max_examples=150)
-def test_any_value_inside_the_documented_ranges_is_accepted_as_given(max_new_tokens, temperature, top_p, top_k, penalty):
-    params = parse_sampling_params({
-        "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-        "frequency_penalty": penalty, "presence_penalty": penalty,
-    })
-    assert (params.max_new_tokens, params.temperature, params.top_p, params.top_k) == (max_new_tokens, temperature, top_p, top_k)
+def test_any_value_inside_the_documented_ranges_is_accepted_as_given(
+    max_new_tokens, temperature, top_p, top_k, penalty
+):
+    params = parse_sampling_params(
+        {
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+            "frequency_penalty": penalty,
+            "presence_penalty": penalty,
+        }
+    )
+    assert (params.max_new_tokens, params.temperature, params.top_p, params.top_k) == (
+        max_new_tokens,
+        temperature,
+        top_p,
+        top_k,
+    )
     assert params.frequency_penalty == params.presence_penalty == penalty
     assert params.greedy == (temperature < 1e-6)
 
@@ -129,8 +173,14 @@ def test_sampling_params_that_are_not_an_object_are_rejected(raw):
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("json_schema", '{"type": "object"}'), ("regex", "[a-z]+"), ("ebnf", "root ::= 'a'"),
-     ("structural_tag", "{}"), ("stop_regex", "\\d"), ("custom_params", {"x": 1})],
+    [
+        ("json_schema", '{"type": "object"}'),
+        ("regex", "[a-z]+"),
+        ("ebnf", "root ::= 'a'"),
+        ("structural_tag", "{}"),
+        ("stop_regex", "\\d"),
+        ("custom_params", {"x": 1}),
+    ],
 )
 def test_constrained_decoding_fields_are_rejected_with_a_clear_message(key, value):
     with pytest.raises(SamplingError) as caught:
@@ -170,7 +220,9 @@ def test_every_integer_field_refuses_a_bool(name):
         parse_sampling_params({name: True})
 
 
-@pytest.mark.parametrize(("seed", "ok"), [(0, True), (-1, True), (2**63 - 1, True), (-(2**63), True), (2**63, False), (-(2**63) - 1, False)])
+@pytest.mark.parametrize(
+    ("seed", "ok"), [(0, True), (-1, True), (2**63 - 1, True), (-(2**63), True), (2**63, False), (-(2**63) - 1, False)]
+)
 def test_sampling_seed_must_fit_in_a_signed_64_bit_integer_as_in_sglang(seed, ok):
     if ok:
         assert parse_sampling_params({"sampling_seed": seed}).sampling_seed == seed
@@ -187,7 +239,9 @@ def test_temperature_accepts_an_integer_and_stores_a_float():
     assert parse_sampling_params({"temperature": 2}).temperature == 2.0
 
 
-@pytest.mark.parametrize("name", ["temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"])
+@pytest.mark.parametrize(
+    "name", ["temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"]
+)
 @pytest.mark.parametrize("value", ["0.5", True, {"v": 0.5}, [0.5]])
 def test_every_number_field_refuses_strings_bools_and_other_types(name, value):
     with pytest.raises(SamplingError, match=f"invalid type: {name} must be a number"):
@@ -323,7 +377,9 @@ def test_a_logit_bias_value_that_is_not_a_number_is_reported_as_a_bad_value_not_
 # --- greedy -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("temperature", "greedy"), [(0.0, True), (1e-7, True), (GREEDY_TEMPERATURE, False), (0.01, False), (1.0, False)])
+@pytest.mark.parametrize(
+    ("temperature", "greedy"), [(0.0, True), (1e-7, True), (GREEDY_TEMPERATURE, False), (0.01, False), (1.0, False)]
+)
 def test_a_temperature_below_one_millionth_means_greedy(temperature, greedy):
     assert SamplingParams(temperature=temperature).greedy is greedy
 
@@ -373,7 +429,7 @@ def reference_holdback(text: str, stops: list[str]) -> int:
     """The longest suffix of `text` that is a proper prefix of some stop string."""
     best = 0
     for size in range(1, len(text) + 1):
-        suffix = text[len(text) - size:]
+        suffix = text[len(text) - size :]
         if any(len(stop) > size and stop.startswith(suffix) for stop in stops):
             best = size
     return best
@@ -397,7 +453,7 @@ def test_stop_holdback_is_the_longest_suffix_that_is_a_proper_prefix_of_a_stop(t
     assert held == reference_holdback(text, stops)
     assert 0 <= held <= len(text)
     if held:
-        tail = text[len(text) - held:]
+        tail = text[len(text) - held :]
         assert any(len(stop) > held and stop.startswith(tail) for stop in stops)
 
 
@@ -422,8 +478,10 @@ def test_stream_holdback_holds_back_a_trailing_replacement_run_and_a_stop_prefix
     assert stream_holdback("\ufffd<", ["<<"]) == 1, "a settled U+FFFD before a stop prefix is shown"
 
 
-@given(st.text(alphabet=f"ab<{REPLACEMENT_CHARACTER}", max_size=30),
-       st.lists(st.text(alphabet=f"ab<{REPLACEMENT_CHARACTER}", min_size=1, max_size=4), max_size=4))
+@given(
+    st.text(alphabet=f"ab<{REPLACEMENT_CHARACTER}", max_size=30),
+    st.lists(st.text(alphabet=f"ab<{REPLACEMENT_CHARACTER}", min_size=1, max_size=4), max_size=4),
+)
 @settings(max_examples=200)
 def test_stream_holdback_never_streams_the_trailing_replacement_run_and_holds_back_at_least_a_stop_prefix(text, stops):
     held = stream_holdback(text, stops)
@@ -463,8 +521,9 @@ def test_greedy_choice_works_on_half_precision_logits():
 def test_choose_token_does_not_modify_the_callers_logits():
     logits = random_logits()
     before = logits.clone()
-    params = SamplingParams(temperature=0.5, top_k=3, top_p=0.9, repetition_penalty=1.5,
-                            frequency_penalty=1.0, logit_bias=((0, 5.0),))
+    params = SamplingParams(
+        temperature=0.5, top_k=3, top_p=0.9, repetition_penalty=1.5, frequency_penalty=1.0, logit_bias=((0, 5.0),)
+    )
     choose_token(logits, params, [1, 2, 2], seeded(), position=0)
     assert torch.equal(logits, before)
 
@@ -535,7 +594,9 @@ def test_a_large_logit_bias_forces_its_token_when_sampling_and_when_greedy():
     weakest = int(torch.argmin(logits))
     params = SamplingParams(temperature=1.0, logit_bias=((weakest, 100.0),))
     assert set(draws(logits, params, 50)) == {weakest}
-    token, logprob = choose_token(logits, SamplingParams(temperature=0.0, logit_bias=((weakest, 100.0),)), [], None, position=0)
+    token, logprob = choose_token(
+        logits, SamplingParams(temperature=0.0, logit_bias=((weakest, 100.0),)), [], None, position=0
+    )
     assert token == weakest
     # The reported logprob is still the unbiased one.
     assert logprob == pytest.approx(float(torch.log_softmax(logits, dim=-1)[weakest]), abs=1e-6)
@@ -598,7 +659,9 @@ def test_penalties_lower_a_repeated_tokens_share_of_sampled_draws():
     logits = torch.zeros(4)
     history = [0, 0, 0]
     plain = draws(logits, SamplingParams(), 400, seed=11, history=history)
-    penalised = draws(logits, SamplingParams(frequency_penalty=0.5, repetition_penalty=1.5), 400, seed=11, history=history)
+    penalised = draws(
+        logits, SamplingParams(frequency_penalty=0.5, repetition_penalty=1.5), 400, seed=11, history=history
+    )
     assert penalised.count(0) < plain.count(0) / 2
 
 

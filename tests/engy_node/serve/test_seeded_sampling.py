@@ -123,18 +123,21 @@ def choose(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
 # --- the reference is MurmurHash3 ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("data", "seed", "expected"), [
-    (b"", 0, 0),
-    (b"", 1, 0x514E28B7),
-    (b"", 0xFFFFFFFF, 0x81F16F39),
-    (b"\xff\xff\xff\xff", 0, 0x76293B50),
-    (b"\x21\x43\x65\x87", 0, 0xF55B516B),
-    (b"\x21\x43\x65\x87", 0x5082EDEE, 0x2362F9DE),
-    (b"\x21\x43\x65", 0, 0x7E4A8634),
-    (b"\x21\x43", 0, 0xA0F7B07A),
-    (b"\x21", 0, 0x72661CF4),
-    (b"Hello, world!", 1234, 0xFAF6CDB3),
-])
+@pytest.mark.parametrize(
+    ("data", "seed", "expected"),
+    [
+        (b"", 0, 0),
+        (b"", 1, 0x514E28B7),
+        (b"", 0xFFFFFFFF, 0x81F16F39),
+        (b"\xff\xff\xff\xff", 0, 0x76293B50),
+        (b"\x21\x43\x65\x87", 0, 0xF55B516B),
+        (b"\x21\x43\x65\x87", 0x5082EDEE, 0x2362F9DE),
+        (b"\x21\x43\x65", 0, 0x7E4A8634),
+        (b"\x21\x43", 0, 0xA0F7B07A),
+        (b"\x21", 0, 0x72661CF4),
+        (b"Hello, world!", 1234, 0xFAF6CDB3),
+    ],
+)
 def test_the_reference_hash_is_murmur3_x86_32(data, seed, expected):
     assert murmur3_x86_32(data, seed) == expected
 
@@ -184,11 +187,13 @@ def _unmix(h: int, k: int) -> int:
 
 def _unfinish(h: int) -> int:
     """Invert murmur3's final avalanche."""
+
     def unshift(x: int, s: int) -> int:
         y = x
         for _ in range(32 // s + 1):
             y = x ^ (y >> s)
         return y & M32
+
     h = unshift(h, 16)
     h = (h * pow(0xC2B2AE35, -1, 2**32)) & M32
     h = unshift(h, 13)
@@ -238,10 +243,19 @@ def test_the_gumbel_max_equals_the_reference(seed, position, vocab):
 
 
 @pytest.mark.parametrize("seed", [0, 7, -3, 2**62 + 11])
-@pytest.mark.parametrize(("top_k", "top_p", "min_p"), [
-    (-1, 1.0, 0.0), (-1, 0.9, 0.0), (10, 1.0, 0.0), (5, 0.8, 0.0), (64, 1.0, 0.0), (1000, 1.0, 0.0),
-    (-1, 1.0, 0.05), (20, 0.95, 0.1),
-])
+@pytest.mark.parametrize(
+    ("top_k", "top_p", "min_p"),
+    [
+        (-1, 1.0, 0.0),
+        (-1, 0.9, 0.0),
+        (10, 1.0, 0.0),
+        (5, 0.8, 0.0),
+        (64, 1.0, 0.0),
+        (1000, 1.0, 0.0),
+        (-1, 1.0, 0.05),
+        (20, 0.95, 0.1),
+    ],
+)
 @pytest.mark.parametrize("temperature", [0.6, 1.0, 1.4])
 def test_a_seeded_choice_equals_the_reference_on_both_paths(seed, top_k, top_p, min_p, temperature):
     logits = formula_logits(64)
@@ -270,8 +284,10 @@ def test_without_top_k_or_top_p_the_columns_are_token_ids_and_with_them_ranks():
     probs = softmax_list(logits, 1.0)
     chosen = [(choose(logits, plain, p), choose(logits, ranked, p)) for p in range(50)]
     assert chosen == [
-        (reference_choice(probs, top_k=-1, top_p=1.0, min_p=0.0, seed=5, position=p),
-         reference_choice(probs, top_k=64, top_p=1.0, min_p=0.0, seed=5, position=p))
+        (
+            reference_choice(probs, top_k=-1, top_p=1.0, min_p=0.0, seed=5, position=p),
+            reference_choice(probs, top_k=64, top_p=1.0, min_p=0.0, seed=5, position=p),
+        )
         for p in range(50)
     ]
     assert any(a != b for a, b in chosen)
@@ -316,13 +332,18 @@ def test_the_same_seed_position_and_logits_give_the_same_token(seed, position, l
 
 
 @given(
-    INT64, POSITIONS, st.integers(min_value=0, max_value=10_000),
+    INT64,
+    POSITIONS,
+    st.integers(min_value=0, max_value=10_000),
     st.one_of(st.just(-1), st.integers(min_value=1, max_value=40)),
-    st.floats(min_value=0.01, max_value=1.0), st.sampled_from([0.0, 0.05, 0.5]),
+    st.floats(min_value=0.01, max_value=1.0),
+    st.sampled_from([0.0, 0.05, 0.5]),
     st.floats(min_value=0.1, max_value=3.0),
 )
 @settings(max_examples=200)
-def test_a_seeded_token_always_lies_in_the_top_k_top_p_min_p_nucleus(seed, position, logits_seed, top_k, top_p, min_p, temperature):
+def test_a_seeded_token_always_lies_in_the_top_k_top_p_min_p_nucleus(
+    seed, position, logits_seed, top_k, top_p, min_p, temperature
+):
     logits = torch.randn(40, generator=torch.Generator().manual_seed(logits_seed)) * 4
     params = seeded_params(seed, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     token = choose(logits, params, position)

@@ -39,7 +39,7 @@ def sglang_stream(client: httpx.Client, body: dict) -> list[dict]:
         for line in response.iter_lines():
             if not line.startswith("data:"):
                 continue
-            data = line[len("data:"):].strip()
+            data = line[len("data:") :].strip()
             if data == "[DONE]":
                 events.append("[DONE]")
                 break
@@ -69,8 +69,9 @@ def test_health_model_info_and_server_info_answer_like_sglang(client):
     server = client.get("/server_info").json()
     assert server["status"] == "ready"
     assert server["max_running_requests"] == 4
-    assert client.get("/get_load").json() == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0,
-                                               "num_pending_tokens": 0}]
+    assert client.get("/get_load").json() == [
+        {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0, "num_pending_tokens": 0}
+    ]
     models = client.get("/v1/models").json()
     assert models["data"][0]["id"] == "smollm2-135m"
     assert client.get("/v1/models/no-such-model").status_code == 404
@@ -80,7 +81,8 @@ def test_greedy_generation_answers_the_capital_of_france(client, runner):
     # The server is shared by the session: another test may have asked this before.
     assert client.post("/flush_cache").status_code == 200
     ids = runner.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=True)
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=True
+    )
     ids = list(ids if isinstance(ids, list) else ids["input_ids"])
     out = sglang_generate(client, {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 32}})
     assert "Paris" in out["text"]
@@ -94,15 +96,34 @@ def test_greedy_generation_answers_the_capital_of_france(client, runner):
 
 
 def test_non_stream_result_has_sglang_meta_info_keys_in_order(client):
-    out = sglang_generate(client, {
-        "input_ids": PROMPT_IDS, "sampling_params": {"temperature": 0, "max_new_tokens": 5},
-        "rid": "engy-order-check", "return_logprob": True, "return_hidden_states": True,
-    })
+    out = sglang_generate(
+        client,
+        {
+            "input_ids": PROMPT_IDS,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 5},
+            "rid": "engy-order-check",
+            "return_logprob": True,
+            "return_hidden_states": True,
+        },
+    )
     assert list(out) == ["text", "output_ids", "meta_info"]
     assert list(out["meta_info"]) == [
-        "id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions", "input_token_logprobs",
-        "output_token_logprobs", "output_token_logprobs_length", "reasoning_tokens", "completion_tokens",
-        "cached_tokens", "weight_versions", "cached_tokens_details", "hidden_states", "dp_rank", "e2e_latency",
+        "id",
+        "finish_reason",
+        "prompt_tokens",
+        "weight_version",
+        "num_retractions",
+        "input_token_logprobs",
+        "output_token_logprobs",
+        "output_token_logprobs_length",
+        "reasoning_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "weight_versions",
+        "cached_tokens_details",
+        "hidden_states",
+        "dp_rank",
+        "e2e_latency",
         "response_sent_to_client_ts",
     ]
     meta = out["meta_info"]
@@ -114,10 +135,14 @@ def test_non_stream_result_has_sglang_meta_info_keys_in_order(client):
 
 
 def test_hidden_states_are_ragged_prefill_block_then_one_vector_per_decode_step(client, runner):
-    out = sglang_generate(client, {
-        "input_ids": PROMPT_IDS, "sampling_params": {"temperature": 0, "max_new_tokens": 7, "ignore_eos": True},
-        "return_hidden_states": True,
-    })
+    out = sglang_generate(
+        client,
+        {
+            "input_ids": PROMPT_IDS,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 7, "ignore_eos": True},
+            "return_hidden_states": True,
+        },
+    )
     hidden = out["meta_info"]["hidden_states"]
     assert len(hidden) == len(out["output_ids"]) == 7
     block = hidden[0]
@@ -125,14 +150,23 @@ def test_hidden_states_are_ragged_prefill_block_then_one_vector_per_decode_step(
     assert all(len(vector) == runner.hidden_size and not isinstance(vector[0], list) for vector in hidden[1:])
     served = torch.tensor(kept_rows(hidden))
     recomputed, logits = runner.prefill(PROMPT_IDS + out["output_ids"][:-1])
-    assert torch.allclose(served, recomputed[len(PROMPT_IDS) - 1:].float(), atol=0.8), "same tolerance as sglang's own test"
-    assert_top_choices(logits[len(PROMPT_IDS) - 1:], out["output_ids"])
-    assert all(torch.tensor(row).to(torch.bfloat16).float().tolist() == row for row in kept_rows(hidden)), "values are bf16"
+    assert torch.allclose(served, recomputed[len(PROMPT_IDS) - 1 :].float(), atol=0.8), (
+        "same tolerance as sglang's own test"
+    )
+    assert_top_choices(logits[len(PROMPT_IDS) - 1 :], out["output_ids"])
+    assert all(torch.tensor(row).to(torch.bfloat16).float().tolist() == row for row in kept_rows(hidden)), (
+        "values are bf16"
+    )
 
 
 def test_stream_events_are_cumulative_and_end_with_done(client):
-    body = {"input_ids": PROMPT_IDS, "sampling_params": {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True},
-            "return_logprob": True, "return_hidden_states": True, "rid": "engy-stream"}
+    body = {
+        "input_ids": PROMPT_IDS,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True},
+        "return_logprob": True,
+        "return_hidden_states": True,
+        "rid": "engy-stream",
+    }
     events = sglang_stream(client, body)
     assert events[-1] == "[DONE]"
     results = events[:-1]
@@ -159,44 +193,76 @@ def test_a_stream_holds_back_a_partial_character_and_ends_with_the_bytes_as_gene
     # first on every step leaves a partial character at the end of each event, and makes each
     # earlier 0xC3 an invalid byte for good once the next token's space follows it.
     lead, _continuation = runner.tokenizer.encode(" è", add_special_tokens=False)
-    events = sglang_stream(client, {"input_ids": PROMPT_IDS, "sampling_params": {
-        "temperature": 0, "max_new_tokens": 4, "ignore_eos": True, "logit_bias": {str(lead): 100}}})
+    events = sglang_stream(
+        client,
+        {
+            "input_ids": PROMPT_IDS,
+            "sampling_params": {
+                "temperature": 0,
+                "max_new_tokens": 4,
+                "ignore_eos": True,
+                "logit_bias": {str(lead): 100},
+            },
+        },
+    )
     assert events[-1] == "[DONE]"
     results = events[:-1]
     for earlier, later in zip(results, results[1:]):
         assert later["text"].startswith(earlier["text"])
     for event in results[:-1]:
         assert event["output_ids"] == [lead] * len(event["output_ids"])
-        assert event["text"] == " \ufffd" * (len(event["output_ids"]) - 1) + " ", "only the partial character is held back"
+        assert event["text"] == " \ufffd" * (len(event["output_ids"]) - 1) + " ", (
+            "only the partial character is held back"
+        )
     final = results[-1]
     assert final["output_ids"] == [lead] * 4
     assert final["text"] == " \ufffd" * 4 == runner.decode_text(final["output_ids"])
 
 
 def test_a_stop_string_is_trimmed_from_the_text_and_reported(client):
-    probe = sglang_generate(client, {"input_ids": PROMPT_IDS, "sampling_params": {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}})
+    probe = sglang_generate(
+        client,
+        {"input_ids": PROMPT_IDS, "sampling_params": {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}},
+    )
     stop = probe["text"].split()[2]
-    out = sglang_generate(client, {"input_ids": PROMPT_IDS, "sampling_params": {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True, "stop": [stop]}})
+    out = sglang_generate(
+        client,
+        {
+            "input_ids": PROMPT_IDS,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True, "stop": [stop]},
+        },
+    )
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert stop not in out["text"] and probe["text"].startswith(out["text"])
 
 
 def test_a_seeded_sampled_request_is_reproducible(client):
-    body = {"input_ids": PROMPT_IDS, "sampling_params": {"temperature": 0.9, "top_p": 0.95, "sampling_seed": 1234, "max_new_tokens": 16}}
+    body = {
+        "input_ids": PROMPT_IDS,
+        "sampling_params": {"temperature": 0.9, "top_p": 0.95, "sampling_seed": 1234, "max_new_tokens": 16},
+    }
     assert sglang_generate(client, body)["output_ids"] == sglang_generate(client, body)["output_ids"]
 
 
 def test_text_prompts_and_batches_return_one_result_per_item_in_order(client):
-    response = client.post("/generate", json={
-        "text": ["The capital of France is", "One plus one equals"],
-        "sampling_params": {"temperature": 0, "max_new_tokens": 3}, "rid": "engy-batch",
-    })
+    response = client.post(
+        "/generate",
+        json={
+            "text": ["The capital of France is", "One plus one equals"],
+            "sampling_params": {"temperature": 0, "max_new_tokens": 3},
+            "rid": "engy-batch",
+        },
+    )
     results = response.json()
     assert isinstance(results, list) and [r["meta_info"]["id"] for r in results] == ["engy-batch_0", "engy-batch_1"]
-    single = sglang_generate(client, {"text": "One plus one equals", "sampling_params": {"temperature": 0, "max_new_tokens": 3}})
+    single = sglang_generate(
+        client, {"text": "One plus one equals", "sampling_params": {"temperature": 0, "max_new_tokens": 3}}
+    )
     assert results[1]["output_ids"] == single["output_ids"]
 
-    events = sglang_stream(client, {"input_ids": [PROMPT_IDS, PROMPT_IDS[:4]], "sampling_params": {"temperature": 0, "max_new_tokens": 3}})
+    events = sglang_stream(
+        client, {"input_ids": [PROMPT_IDS, PROMPT_IDS[:4]], "sampling_params": {"temperature": 0, "max_new_tokens": 3}}
+    )
     assert {e["index"] for e in events[:-1]} == {0, 1}
 
 
@@ -235,8 +301,12 @@ def _running(client) -> int:
 
 
 def test_abort_request_stops_a_running_stream_with_an_abort_finish(client, reference_server):
-    body = {"input_ids": PROMPT_IDS, "rid": "engy-abort-me-1", "stream": True,
-            "sampling_params": {"temperature": 0, "max_new_tokens": 2000, "ignore_eos": True}}
+    body = {
+        "input_ids": PROMPT_IDS,
+        "rid": "engy-abort-me-1",
+        "stream": True,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 2000, "ignore_eos": True},
+    }
     last = None
     with httpx.Client(base_url=reference_server.url, timeout=120) as streamer:
         with streamer.stream("POST", "/generate", json=body) as response:
@@ -266,13 +336,19 @@ def test_a_client_that_hangs_up_mid_stream_aborts_its_generation(client, referen
         return sum(s.value for s in samples if s.name == "sglang:num_aborted_requests_total")
 
     before = aborted_total()
-    body = {"input_ids": PROMPT_IDS, "stream": True, "sampling_params": {"temperature": 0, "max_new_tokens": 2000, "ignore_eos": True}}
+    body = {
+        "input_ids": PROMPT_IDS,
+        "stream": True,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 2000, "ignore_eos": True},
+    }
     with httpx.Client(base_url=reference_server.url, timeout=120) as streamer:
         with streamer.stream("POST", "/generate", json=body) as response:
             for line in response.iter_lines():
                 if line.startswith("data:"):
                     break
-    wait_until(lambda: aborted_total() == before + 1, timeout_s=30, what="the disconnect reaching the engine (one more abort)")
+    wait_until(
+        lambda: aborted_total() == before + 1, timeout_s=30, what="the disconnect reaching the engine (one more abort)"
+    )
     wait_until(lambda: _running(client) == 0, timeout_s=30, what="the abandoned generation gone from the server")
 
 
@@ -285,12 +361,22 @@ def test_a_non_streaming_client_that_hangs_up_aborts_its_generation(client, refe
 
 
 def test_a_long_generation_does_not_block_other_requests_or_their_abort(client, reference_server):
-    long_body = {"input_ids": PROMPT_IDS, "rid": "engy-long", "sampling_params": {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True}}
+    long_body = {
+        "input_ids": PROMPT_IDS,
+        "rid": "engy-long",
+        "sampling_params": {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True},
+    }
     outcome = {}
-    worker = threading.Thread(target=lambda: outcome.update(long=sglang_generate(httpx.Client(base_url=reference_server.url, timeout=120), long_body)))
+    worker = threading.Thread(
+        target=lambda: outcome.update(
+            long=sglang_generate(httpx.Client(base_url=reference_server.url, timeout=120), long_body)
+        )
+    )
     worker.start()
     wait_until(lambda: _running(client) >= 1, timeout_s=30, what="the long generation running")
-    short = sglang_generate(client, {"input_ids": PROMPT_IDS, "sampling_params": {"temperature": 0, "max_new_tokens": 4}})
+    short = sglang_generate(
+        client, {"input_ids": PROMPT_IDS, "sampling_params": {"temperature": 0, "max_new_tokens": 4}}
+    )
     assert _running(client) >= 1, "the short request finished while the long one was still generating"
     assert short["meta_info"]["finish_reason"]["type"] == "length"
     assert client.post("/abort_request", json={"rid": "engy-long"}).status_code == 200
@@ -304,25 +390,46 @@ def test_metrics_use_sglang_names(client):
     response = client.get("/metrics")
     assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     names = {sample.name for sample in exposition_samples(response.text)}
-    for name in ("sglang:time_to_first_token_seconds_count", "sglang:inter_token_latency_seconds_bucket",
-                 "sglang:e2e_request_latency_seconds_sum", "sglang:num_running_reqs", "sglang:num_queue_reqs",
-                 "sglang:generation_tokens_total", "sglang:num_requests_total"):
+    for name in (
+        "sglang:time_to_first_token_seconds_count",
+        "sglang:inter_token_latency_seconds_bucket",
+        "sglang:e2e_request_latency_seconds_sum",
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:generation_tokens_total",
+        "sglang:num_requests_total",
+    ):
         assert name in names
 
 
 def test_prefill_returns_the_hidden_states_the_generation_served(client, runner):
-    out = sglang_generate(client, {"input_ids": PROMPT_IDS, "sampling_params": {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True},
-                                   "return_hidden_states": True})
+    out = sglang_generate(
+        client,
+        {
+            "input_ids": PROMPT_IDS,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True},
+            "return_hidden_states": True,
+        },
+    )
     sequence = PROMPT_IDS + out["output_ids"][:-1]
-    response = client.post("/engy/prefill", json={
-        "input_ids": sequence, "start": len(PROMPT_IDS) - 1, "logits": "summary", "target_ids": out["output_ids"]})
+    response = client.post(
+        "/engy/prefill",
+        json={
+            "input_ids": sequence,
+            "start": len(PROMPT_IDS) - 1,
+            "logits": "summary",
+            "target_ids": out["output_ids"],
+        },
+    )
     assert response.status_code == 200
     payload = response.json()
     hidden = decode_array(payload["hidden_states"])
     assert hidden.dtype == torch.bfloat16 and tuple(hidden.shape) == (5, runner.hidden_size)
     assert torch.allclose(hidden.float(), torch.tensor(kept_rows(out["meta_info"]["hidden_states"])), atol=0.8)
     assert payload["token_stats"]["rank"] == [0] * 5, "greedy tokens are the recompute's argmax"
-    full = client.post("/engy/prefill", json={"input_ids": PROMPT_IDS, "logits": "full", "hidden_dtype": "float32"}).json()
+    full = client.post(
+        "/engy/prefill", json={"input_ids": PROMPT_IDS, "logits": "full", "hidden_dtype": "float32"}
+    ).json()
     assert tuple(decode_array(full["logits"]).shape) == (len(PROMPT_IDS), runner.vocab_size)
     assert client.post("/engy/prefill", json={"input_ids": PROMPT_IDS, "logits": "summary"}).status_code == 400
 
@@ -337,8 +444,12 @@ def test_the_server_stops_cleanly_on_sigterm(checkpoint, tmp_path):
 
 
 def test_a_prompt_seen_before_reports_its_cached_tokens_as_sglangs_radix_cache_does(client, runner):
-    ids = runner.tokenizer.encode("You are a support assistant for a bicycle shop. Answer briefly and politely, "
-                                  "and never promise a delivery date. Question:")
+    ids = runner.tokenizer.encode(
+        "You are a support assistant for a bicycle shop. Answer briefly and politely, "
+        "and never promise a delivery date. Question:"
+    )
     sglang_generate(client, {"input_ids": ids + [260], "sampling_params": {"temperature": 0, "max_new_tokens": 3}})
-    second = sglang_generate(client, {"input_ids": ids + [1101], "sampling_params": {"temperature": 0, "max_new_tokens": 3}})
+    second = sglang_generate(
+        client, {"input_ids": ids + [1101], "sampling_params": {"temperature": 0, "max_new_tokens": 3}}
+    )
     assert second["meta_info"]["cached_tokens"] == len(ids), "the shared system text comes from the cache"

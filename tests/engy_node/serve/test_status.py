@@ -22,7 +22,13 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from engy_node.metrics import nearest_rank
-from engy_node.serve.status import LatencySummary, bucket_quantile, exposition_samples, fetch_status, histogram_quantiles
+from engy_node.serve.status import (
+    LatencySummary,
+    bucket_quantile,
+    exposition_samples,
+    fetch_status,
+    histogram_quantiles,
+)
 from tests.waiting import wait_until_async
 
 INF = math.inf
@@ -180,12 +186,14 @@ def test_samples_of_a_realistic_sglang_exposition_come_back_in_order():
         "python_gc_objects_collected_total",
         "process_start_time_seconds",
     ]
-    assert fields(samples[:1]) == [(
-        "sglang:time_to_first_token_seconds_bucket",
-        {"engine_type": "unified", "is_streaming": "true", "le": "0.1", "model_name": "Qwen3.6"},
-        4.0,
-        None,
-    )]
+    assert fields(samples[:1]) == [
+        (
+            "sglang:time_to_first_token_seconds_bucket",
+            {"engine_type": "unified", "is_streaming": "true", "le": "0.1", "model_name": "Qwen3.6"},
+            4.0,
+            None,
+        )
+    ]
     assert samples[1].labels["le"] == "+Inf" and samples[1].value == 5.0
     assert samples[2].value == 0.61
     assert samples[4].labels == {
@@ -244,15 +252,15 @@ def test_a_counter_typed_without_total_is_read_under_the_suffixed_name():
     "bad_line",
     [
         "metric",
-        "metric{a=\"1\"}",
+        'metric{a="1"}',
         "metric abc",
         "metric 1_000",
         "metric 1.5x",
         "metric+1",
-        '9metric 1',
+        "9metric 1",
         'metric{a="1" 2',
         'metric{a="1} 2',
-        'metric{a=1} 2',
+        "metric{a=1} 2",
         'metric{a="1",a="2"} 2',
         "# TYPE 9metric gauge",
     ],
@@ -334,8 +342,11 @@ def test_histogram_quantiles_sum_every_label_set_of_a_sglang_histogram():
 def test_histogram_quantiles_of_an_itl_histogram():
     itl = histogram_quantiles(exposition_samples(SGLANG_METRICS), "sglang:inter_token_latency_seconds")
     assert itl == LatencySummary(
-        count=100, mean_s=pytest.approx(0.01), p50_s=pytest.approx(0.01),
-        p95_s=pytest.approx(0.01 + 0.005 * 45 / 50), p99_s=pytest.approx(0.01 + 0.005 * 49 / 50),
+        count=100,
+        mean_s=pytest.approx(0.01),
+        p50_s=pytest.approx(0.01),
+        p95_s=pytest.approx(0.01 + 0.005 * 45 / 50),
+        p99_s=pytest.approx(0.01 + 0.005 * 49 / 50),
     )
 
 
@@ -346,15 +357,27 @@ def test_histogram_quantiles_is_none_for_an_absent_metric():
 # ---- fetch_status against fake sglang answers (in-memory transport) ----------------------------
 
 SGLANG_MODEL_INFO = {
-    "model_path": "/data/models/Qwen/Qwen3.6-35B-A3B-FP8", "served_model_name": "Qwen3.6",
-    "tokenizer_path": "/data/models/Qwen/Qwen3.6-35B-A3B-FP8", "is_generation": True,
-    "model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+    "model_path": "/data/models/Qwen/Qwen3.6-35B-A3B-FP8",
+    "served_model_name": "Qwen3.6",
+    "tokenizer_path": "/data/models/Qwen/Qwen3.6-35B-A3B-FP8",
+    "is_generation": True,
+    "model_type": "qwen3_5_moe",
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"],
 }
 SGLANG_SERVER_INFO = {
-    "model_path": "/data/models/Qwen/Qwen3.6-35B-A3B-FP8", "served_model_name": "Qwen3.6", "tp_size": 2,
-    "dp_size": 2, "device": "cuda", "dtype": "auto", "max_running_requests": 48, "context_length": 262144,
-    "status": "ready", "internal_states": [{"last_gen_throughput": 410.5, "memory_usage": {}},
-                                           {"last_gen_throughput": 389.5, "memory_usage": {}}],
+    "model_path": "/data/models/Qwen/Qwen3.6-35B-A3B-FP8",
+    "served_model_name": "Qwen3.6",
+    "tp_size": 2,
+    "dp_size": 2,
+    "device": "cuda",
+    "dtype": "auto",
+    "max_running_requests": 48,
+    "context_length": 262144,
+    "status": "ready",
+    "internal_states": [
+        {"last_gen_throughput": 410.5, "memory_usage": {}},
+        {"last_gen_throughput": 389.5, "memory_usage": {}},
+    ],
     "version": "0.5.23",
 }
 
@@ -439,7 +462,8 @@ async def test_a_server_that_never_answers_is_unreachable_after_the_timeout(auto
 async def test_reference_server_status_after_one_generation(reference_server):
     async with httpx.AsyncClient(base_url=reference_server.url, timeout=120) as client:
         response = await client.post(
-            "/generate", json={"input_ids": [1, 504, 3575], "sampling_params": {"temperature": 0, "max_new_tokens": 4}},
+            "/generate",
+            json={"input_ids": [1, 504, 3575], "sampling_params": {"temperature": 0, "max_new_tokens": 4}},
         )
         response.raise_for_status()
         # The engine counts a request as finished in the step after its answer is handed over,

@@ -21,10 +21,24 @@ def test_books_written_through_the_store_are_sound_and_an_open_hold_is_reported(
         settled = store.hold(account, amount=300, request_id="settled")
         store.settle(settled, cost=120)
         store.hold(account, amount=200, request_id="in-flight")
-        store.log_request(RequestLogEntry(
-            request_id="settled", account_id=account, miner="key:1", model="smollm2-135m", api="openai", kind="paid",
-            status=200, prompt_tokens=10, completion_tokens=5, cached_tokens=0, cost_micro=120, ttft_ms=1.0, tpot_ms=1.0,
-            created_at=1.0))
+        store.log_request(
+            RequestLogEntry(
+                request_id="settled",
+                account_id=account,
+                miner="key:1",
+                model="smollm2-135m",
+                api="openai",
+                kind="paid",
+                status=200,
+                prompt_tokens=10,
+                completion_tokens=5,
+                cached_tokens=0,
+                cost_micro=120,
+                ttft_ms=1.0,
+                tpot_ms=1.0,
+                created_at=1.0,
+            )
+        )
     books = read_books(path)
     assert books.problems == ()
     assert books.open_holds == ("in-flight",) and (books.charges, books.charged_micro) == (1, 120)
@@ -65,19 +79,25 @@ def test_a_second_closure_of_a_hold_and_a_second_charge_are_problems():
 def test_a_closure_that_does_not_add_up_to_its_hold_is_a_problem():
     short = LedgerRow(4, 1, "release", 150, "r1", 2)
     account = AccountRow(account_id=1, available=650, held=50, credited=1_000, charged=300)
-    assert any("of 500 is closed by 450" in problem for problem in books_problems([account], [CREDIT, HOLD, SETTLE, short], []))
+    assert any(
+        "of 500 is closed by 450" in problem for problem in books_problems([account], [CREDIT, HOLD, SETTLE, short], [])
+    )
 
 
 def test_a_request_logged_at_another_cost_than_it_was_charged_or_logged_twice_is_a_problem():
     ledger = [CREDIT, HOLD, SETTLE, RELEASE]
-    assert any("logged as costing 250" in problem
-               for problem in books_problems([ACCOUNT], ledger, [RequestRow("r1", 1, "paid", 200, 250)]))
+    assert any(
+        "logged as costing 250" in problem
+        for problem in books_problems([ACCOUNT], ledger, [RequestRow("r1", 1, "paid", 200, 250)])
+    )
     twice = [RequestRow("r1", 1, "paid", 200, 300), RequestRow("r1", 1, "paid", 200, 300)]
     assert any("logged as charged 2 times" in problem for problem in books_problems([ACCOUNT], ledger, twice))
     refunded = [CREDIT, HOLD, LedgerRow(3, 1, "settle", 0, "r1", 2), LedgerRow(4, 1, "release", 500, "r1", 2)]
     unpaid = AccountRow(account_id=1, available=1_000, held=0, credited=1_000, charged=0)
-    assert any("the ledger charged 0" in problem
-               for problem in books_problems([unpaid], refunded, [RequestRow("r1", 1, "paid", 200, 300)]))
+    assert any(
+        "the ledger charged 0" in problem
+        for problem in books_problems([unpaid], refunded, [RequestRow("r1", 1, "paid", 200, 300)])
+    )
 
 
 def test_a_process_and_a_port_left_behind_are_found_and_gone_once_stopped(tmp_path):
@@ -85,8 +105,10 @@ def test_a_process_and_a_port_left_behind_are_found_and_gone_once_stopped(tmp_pa
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    script = ("import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); "
-              "print('listening', flush=True); time.sleep(600)")
+    script = (
+        "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); "
+        "print('listening', flush=True); time.sleep(600)"
+    )
     child = subprocess.Popen([sys.executable, "-c", script, str(port), marker], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "listening"

@@ -38,12 +38,18 @@ def test_the_fake_refuses_calls_before_init_like_nvml():
 @pytest.mark.parametrize(
     ("nvml", "error"),
     [
-        (FakeNvml([dataclasses.replace(FAKE_GPU_MODELS["RTX4090"], unsupported=frozenset({"fan_speed"}))]),
-         pynvml.NVMLError_NotSupported),
-        (FakeNvml([dataclasses.replace(FAKE_GPU_MODELS["RTX4090"], broken=frozenset({"fan_speed"}))]),
-         pynvml.NVMLError_GpuIsLost),
-        (FakeNvml([FAKE_GPU_MODELS["RTX4090"]], missing_functions=frozenset({"fan_speed"})),
-         pynvml.NVMLError_FunctionNotFound),
+        (
+            FakeNvml([dataclasses.replace(FAKE_GPU_MODELS["RTX4090"], unsupported=frozenset({"fan_speed"}))]),
+            pynvml.NVMLError_NotSupported,
+        ),
+        (
+            FakeNvml([dataclasses.replace(FAKE_GPU_MODELS["RTX4090"], broken=frozenset({"fan_speed"}))]),
+            pynvml.NVMLError_GpuIsLost,
+        ),
+        (
+            FakeNvml([FAKE_GPU_MODELS["RTX4090"]], missing_functions=frozenset({"fan_speed"})),
+            pynvml.NVMLError_FunctionNotFound,
+        ),
     ],
     ids=["unsupported", "broken", "missing function"],
 )

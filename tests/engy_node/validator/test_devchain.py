@@ -101,8 +101,13 @@ def network(chain, wallet):
 
 
 def set_weights(sub, signer, uids, weights, netuid=NETUID):
-    return sub.execute(bt.SetWeights(netuid=netuid, uids=uids, weights=weights), signer,
-                       wait_for_inclusion=True, wait_for_finalization=False, period=32)
+    return sub.execute(
+        bt.SetWeights(netuid=netuid, uids=uids, weights=weights),
+        signer,
+        wait_for_inclusion=True,
+        wait_for_finalization=False,
+        period=32,
+    )
 
 
 # --- reads ---------------------------------------------------------------------------------------------
@@ -190,7 +195,13 @@ def test_set_weights_is_applied_in_the_next_block_and_stored(chain, sub, network
     assert sub.epochs.blocks_since_last_update(NETUID, 1) == 0
     last = chain.submissions[-1]
     assert (last.block, last.netuid, last.hotkey, last.call, last.ok, last.error) == (
-        head + 1, NETUID, validator.hotkey.ss58_address, "SubtensorModule.set_mechanism_weights", True, None)
+        head + 1,
+        NETUID,
+        validator.hotkey.ss58_address,
+        "SubtensorModule.set_mechanism_weights",
+        True,
+        None,
+    )
 
 
 def test_a_second_set_inside_the_rate_limit_is_refused_by_the_preflight_without_an_extrinsic(chain, sub, network):
@@ -273,7 +284,9 @@ def test_raw_calls_meet_the_chains_own_checks(chain, sub, network, dests, weight
     # submit_call skips the intent's preflight, so these reach the chain as a careless client would send them.
     validator, _, _ = network
     chain.advance(blocks_first)
-    call = bt.calls.SubtensorModule.set_mechanism_weights(netuid=NETUID, mecid=0, dests=dests, weights=weights, version_key=0)
+    call = bt.calls.SubtensorModule.set_mechanism_weights(
+        netuid=NETUID, mecid=0, dests=dests, weights=weights, version_key=0
+    )
     result = sub.submit_call(call, validator, signer="hotkey", wait_for_finalization=False)
     assert not result.success
     assert (result.error.name, result.error.code.value) == (error_name, code)
@@ -282,8 +295,9 @@ def test_raw_calls_meet_the_chains_own_checks(chain, sub, network, dests, weight
 
 def test_calls_the_dev_chain_does_not_implement_are_refused_before_signing(sub, network):
     validator, _, _ = network
-    call = bt.calls.SubtensorModule.serve_axon(netuid=NETUID, version=1, ip=0, port=1, ip_type=4, protocol=4,
-                                               placeholder1=0, placeholder2=0)
+    call = bt.calls.SubtensorModule.serve_axon(
+        netuid=NETUID, version=1, ip=0, port=1, ip_type=4, protocol=4, placeholder1=0, placeholder2=0
+    )
     with pytest.raises(bt.ChainError, match="does not support the call SubtensorModule.serve_axon"):
         sub.submit_call(call, validator, signer="hotkey", wait_for_finalization=False)
 
@@ -291,8 +305,12 @@ def test_calls_the_dev_chain_does_not_implement_are_refused_before_signing(sub, 
 def test_not_waiting_for_inclusion_still_applies_the_call(chain, sub, network):
     validator, _, _ = network
     chain.advance(RATE_LIMIT)
-    result = sub.execute(bt.SetWeights(netuid=NETUID, uids=[2], weights=[1]), validator,
-                         wait_for_inclusion=False, wait_for_finalization=False)
+    result = sub.execute(
+        bt.SetWeights(netuid=NETUID, uids=[2], weights=[1]),
+        validator,
+        wait_for_inclusion=False,
+        wait_for_finalization=False,
+    )
     assert result.success and result.message == "Submitted (not waiting)."
     assert chain.weights() == {1: {2: 65535}}
 
@@ -311,7 +329,10 @@ def test_with_commit_reveal_on_a_commit_bumps_last_update_but_is_never_revealed(
     pending = sub.weights.timelocked_weight_commits(NETUID)
     [(epoch, [commit])] = pending.items()
     assert (commit["hotkey"], commit["commit_block"], commit["reveal_round"]) == (
-        validator.hotkey.ss58_address, head + 1, result.data["reveal_round"])
+        validator.hotkey.ss58_address,
+        head + 1,
+        result.data["reveal_round"],
+    )
     chain.advance(TEMPO * 2)
     assert chain.weights() == {}
     # A plain set is refused on a commit-reveal subnet, as on chain.
@@ -487,7 +508,9 @@ def test_loading_something_that_is_not_a_dev_chain_state_fails_clearly(tmp_path)
 
 
 def test_the_protocol_methods_keep_the_sdk_signatures():
-    protocol_methods = [name for name, member in vars(Substrate).items() if callable(member) and not name.startswith("_")]
+    protocol_methods = [
+        name for name, member in vars(Substrate).items() if callable(member) and not name.startswith("_")
+    ]
     assert "submit" in protocol_methods and "blocks" in protocol_methods
     for name in protocol_methods:
         expected = inspect.signature(getattr(Substrate, name))
@@ -501,8 +524,10 @@ def test_the_protocol_methods_keep_the_sdk_signatures():
 
 
 def test_importing_the_dev_chain_imports_no_bittensor_numpy_or_torch():
-    probe = ("import sys, engy_node.validator.devchain; "
-             "print(sorted(m for m in ('bittensor', 'numpy', 'torch') if m in sys.modules))")
+    probe = (
+        "import sys, engy_node.validator.devchain; "
+        "print(sorted(m for m in ('bittensor', 'numpy', 'torch') if m in sys.modules))"
+    )
     output = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert output.strip() == "[]"
 

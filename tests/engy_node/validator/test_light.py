@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 
+import httpx
 import pytest
 import trio
 from bittensor.sp_core import Keypair
@@ -22,7 +23,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-import httpx
 from engy_node import keys
 from engy_node.asgi import start_listener
 from engy_node.hub import Hub
@@ -86,7 +86,9 @@ class Provider:
         return Response(b"{}", media_type="application/json")
 
     def app(self) -> Starlette:
-        return Starlette(routes=[Route(EPOCH_PATH, self.epoch), Route(HEARTBEAT_PATH, self.heartbeat, methods=["POST"])])
+        return Starlette(
+            routes=[Route(EPOCH_PATH, self.epoch), Route(HEARTBEAT_PATH, self.heartbeat, methods=["POST"])]
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -102,8 +104,12 @@ def clocks():
 
 @pytest.fixture
 def chain(clocks):
-    return DevChain(clock=clocks.monotonic, start_block=1000, block_time_s=BLOCK_S,
-                    params=SubnetParams(weights_rate_limit=RATE_LIMIT, tempo=360))
+    return DevChain(
+        clock=clocks.monotonic,
+        start_block=1000,
+        block_time_s=BLOCK_S,
+        params=SubnetParams(weights_rate_limit=RATE_LIMIT, tempo=360),
+    )
 
 
 @pytest.fixture
@@ -137,11 +143,21 @@ async def provider(nursery):
 async def make_loop(tmp_path, chain, clocks, validator_key, provider):
     clients: list[ChainClient] = []
     async with httpx.AsyncClient() as http:
+
         def make(hub: Hub | None = None, **overrides) -> LightValidator:
-            settings = LightSettings(**{
-                "provider_url": provider.url, "master_hotkey": MASTER.ss58_address, "netuid": NETUID,
-                "state_path": tmp_path / "validator" / "state.json", "heartbeat_path": tmp_path / "validator" / "heartbeat.json",
-                "poll_s": 300.0, "resubmit_blocks": INTERVAL, "block_s": BLOCK_S, **overrides})
+            settings = LightSettings(
+                **{
+                    "provider_url": provider.url,
+                    "master_hotkey": MASTER.ss58_address,
+                    "netuid": NETUID,
+                    "state_path": tmp_path / "validator" / "state.json",
+                    "heartbeat_path": tmp_path / "validator" / "heartbeat.json",
+                    "poll_s": 300.0,
+                    "resubmit_blocks": INTERVAL,
+                    "block_s": BLOCK_S,
+                    **overrides,
+                }
+            )
             client = ChainClient("local", substrate=chain)
             clients.append(client)
             return LightValidator(settings, chain=client, signer=validator_key, http=http, clock=clocks.wall, hub=hub)
@@ -172,7 +188,9 @@ async def test_a_new_epoch_goes_on_chain_at_once_and_is_recorded(registered, cha
     assert state.cached_weights == ((MINER_A, 3000), (MINER_B, 1000))
 
 
-async def test_the_same_vector_is_resubmitted_every_interval_and_not_before(registered, chain, clocks, provider, make_loop):
+async def test_the_same_vector_is_resubmitted_every_interval_and_not_before(
+    registered, chain, clocks, provider, make_loop
+):
     provider.body = payload(5, [[MINER_A, 3000], [MINER_B, 1000]])
     loop = make_loop()
     first = await loop.tick()
@@ -204,7 +222,9 @@ async def test_a_provider_outage_resubmits_the_cached_vector(registered, chain, 
     assert chain.submissions[-1].ok
 
 
-async def test_nothing_is_submitted_without_a_verified_payload_or_a_cache(registered, chain, provider, make_loop, caplog):
+async def test_nothing_is_submitted_without_a_verified_payload_or_a_cache(
+    registered, chain, provider, make_loop, caplog
+):
     provider.status, provider.body = 503, b"down"
     loop = make_loop()
     with caplog.at_level(logging.WARNING, logger="engy.validator"):
@@ -213,8 +233,13 @@ async def test_nothing_is_submitted_without_a_verified_payload_or_a_cache(regist
     assert "no cached vector yet" in caplog.text
 
 
-async def test_a_provider_with_no_epoch_yet_is_a_quiet_wait_not_a_failure(registered, chain, provider, make_loop, caplog):
-    provider.status, provider.body = 404, b'{"error": {"code": "no_epoch", "message": "no epoch has been published yet"}}'
+async def test_a_provider_with_no_epoch_yet_is_a_quiet_wait_not_a_failure(
+    registered, chain, provider, make_loop, caplog
+):
+    provider.status, provider.body = (
+        404,
+        b'{"error": {"code": "no_epoch", "message": "no epoch has been published yet"}}',
+    )
     with caplog.at_level(logging.INFO, logger="engy.validator"):
         assert (await make_loop().tick()).outcome == "no-epoch-yet"
     assert submissions(chain) == 0
@@ -237,7 +262,9 @@ async def test_a_payload_over_the_size_cap_is_refused_without_reading_it_all(reg
     assert submissions(chain) == 0
 
 
-async def test_a_replayed_older_epoch_is_refused_and_the_cache_kept_on_chain(registered, chain, clocks, provider, make_loop, caplog):
+async def test_a_replayed_older_epoch_is_refused_and_the_cache_kept_on_chain(
+    registered, chain, clocks, provider, make_loop, caplog
+):
     provider.body = payload(6, [[MINER_A, 3000], [MINER_B, 1000]])
     loop = make_loop()
     assert (await loop.tick()).outcome == "applied"
@@ -251,7 +278,9 @@ async def test_a_replayed_older_epoch_is_refused_and_the_cache_kept_on_chain(reg
     assert row[2] == 65535 and row[3] < 65535  # still epoch 6's 3:1, never epoch 5's vector
 
 
-async def test_unregistered_hotkeys_fall_back_to_the_cache_then_to_a_burn(registered, chain, clocks, provider, make_loop, tmp_path):
+async def test_unregistered_hotkeys_fall_back_to_the_cache_then_to_a_burn(
+    registered, chain, clocks, provider, make_loop, tmp_path
+):
     loop = make_loop()
     provider.body = payload(7, [[STRANGER, 65535]])
     result = await loop.tick()
@@ -281,7 +310,8 @@ async def test_a_partly_registered_vector_drops_and_logs_the_rest(registered, ch
 
 
 async def test_a_validator_without_a_permit_is_refused_by_the_chain_and_nothing_is_recorded(
-        chain, clocks, validator_key, provider, make_loop, tmp_path, caplog):
+    chain, clocks, validator_key, provider, make_loop, tmp_path, caplog
+):
     chain.register(validator_key.ss58_address)  # no stake: no validator permit
     chain.register(MINER_A)
     clocks.blocks(RATE_LIMIT)
@@ -295,7 +325,9 @@ async def test_a_validator_without_a_permit_is_refused_by_the_chain_and_nothing_
     assert chain.submissions[-1].ok is False
 
 
-async def test_a_pool_rejection_is_not_recorded_and_the_next_tick_retries(registered, chain, provider, make_loop, tmp_path, caplog):
+async def test_a_pool_rejection_is_not_recorded_and_the_next_tick_retries(
+    registered, chain, provider, make_loop, tmp_path, caplog
+):
     provider.body = payload(5, [[MINER_A, 3000], [MINER_B, 1000]])
     loop = make_loop()
     chain.reject_next(6)
@@ -317,17 +349,28 @@ async def test_a_preflight_refusal_names_the_sdk_code(registered, chain, clocks,
     assert "does not clear the chain's weights_rate_limit" in caplog.text
 
 
-async def test_state_written_against_another_chain_does_not_block_submits(registered, chain, provider, make_loop, tmp_path):
+async def test_state_written_against_another_chain_does_not_block_submits(
+    registered, chain, provider, make_loop, tmp_path
+):
     from engy_node.validator.state import ValidatorState, write_state
 
-    write_state(tmp_path / "validator" / "state.json",
-                ValidatorState(last_applied=5, last_submit_block=10_000_000, last_submit_ts=0.0,
-                               cached_weights=((MINER_A, 3000),), cached_digest=None))
+    write_state(
+        tmp_path / "validator" / "state.json",
+        ValidatorState(
+            last_applied=5,
+            last_submit_block=10_000_000,
+            last_submit_ts=0.0,
+            cached_weights=((MINER_A, 3000),),
+            cached_digest=None,
+        ),
+    )
     provider.body = payload(5, [[MINER_A, 3000], [MINER_B, 1000]])
     assert (await make_loop().tick()).outcome == "resubmitted"
 
 
-async def test_run_stamps_the_heartbeat_and_posts_a_signed_provider_heartbeat(registered, chain, provider, make_loop, tmp_path):
+async def test_run_stamps_the_heartbeat_and_posts_a_signed_provider_heartbeat(
+    registered, chain, provider, make_loop, tmp_path
+):
     provider.body = payload(5, [[MINER_A, 3000], [MINER_B, 1000]])
     loop = make_loop(poll_s=3600.0)
     with trio.move_on_after(20):
@@ -342,7 +385,9 @@ async def test_run_stamps_the_heartbeat_and_posts_a_signed_provider_heartbeat(re
     assert provider.heartbeats[0]["consensus"]["epoch_index"] == 5
 
 
-async def test_the_hub_shows_weights_and_every_submission_landed_or_refused(registered, chain, clocks, provider, make_loop):
+async def test_the_hub_shows_weights_and_every_submission_landed_or_refused(
+    registered, chain, clocks, provider, make_loop
+):
     provider.body = payload(5, [[MINER_A, 3000], [MINER_B, 1000]])
     hub = Hub()
     loop = make_loop(hub=hub)

@@ -376,7 +376,12 @@ def test_atomic_write_json_refuses_what_is_not_plain_json_before_touching_the_di
 
 def test_a_scored_submission_moves_every_field() -> None:
     after = after_submit(
-        FULL, epoch_index=8, block=1500, now=1_700_001_000.0, weights=[(HOTKEY_B, 65535)], digest=OTHER_DIGEST,
+        FULL,
+        epoch_index=8,
+        block=1500,
+        now=1_700_001_000.0,
+        weights=[(HOTKEY_B, 65535)],
+        digest=OTHER_DIGEST,
         standby=False,
     )
     assert after == ValidatorState(8, 1500, 1_700_001_000.0, ((HOTKEY_B, 65535),), OTHER_DIGEST)
@@ -384,7 +389,12 @@ def test_a_scored_submission_moves_every_field() -> None:
 
 def test_a_standby_submission_moves_only_the_anchor_and_keeps_the_cache() -> None:
     after = after_submit(
-        FULL, epoch_index=8, block=1500, now=1_700_001_000.0, weights=[(HOTKEY_B, 65535)], digest=OTHER_DIGEST,
+        FULL,
+        epoch_index=8,
+        block=1500,
+        now=1_700_001_000.0,
+        weights=[(HOTKEY_B, 65535)],
+        digest=OTHER_DIGEST,
         standby=True,
     )
     assert after == ValidatorState(8, 1500, 1_700_001_000.0, FULL.cached_weights, FULL.cached_digest)

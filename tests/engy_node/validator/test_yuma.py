@@ -61,8 +61,9 @@ def test_the_reference_projection_example_is_reproduced_without_numpy():
 def test_an_inactive_validator_drops_out_of_consensus():
     weights = {0: {2: 0.6, 3: 0.3, 4: 0.1}, 1: {2: 0.2, 3: 0.2, 4: 0.6}}
     stale = BLOCK - CUTOFF - 1
-    result = epoch(weights, [700, 300, 1, 1, 1], permits=[True, True, False, False, False],
-                   last_update=[BLOCK - 1, stale, 0, 0, 0])
+    result = epoch(
+        weights, [700, 300, 1, 1, 1], permits=[True, True, False, False, False], last_update=[BLOCK - 1, stale, 0, 0, 0]
+    )
     assert result.active[:2] == (True, False)
     assert close(result.incentive, [0, 0, 0.6, 0.3, 0.1])
     assert close(result.dividends, [1.0, 0, 0, 0, 0])
@@ -133,8 +134,13 @@ def test_without_the_bonds_penalty_out_of_consensus_weight_still_earns_dividends
 
 def test_weights_set_before_a_uid_registered_are_masked_as_outdated():
     # Validator 0 last set weights at block 9000; uid 2 registered at 9500 (someone new took the slot).
-    result = epoch({0: {1: 1.0, 2: 1.0}}, [1, 0, 0], permits=[True, False, False],
-                   last_update=[9000, 0, 0], registered=[0, 0, 9500])
+    result = epoch(
+        {0: {1: 1.0, 2: 1.0}},
+        [1, 0, 0],
+        permits=[True, False, False],
+        last_update=[9000, 0, 0],
+        registered=[0, 0, 9500],
+    )
     assert close(result.incentive, [0, 1.0, 0])
 
 
@@ -154,8 +160,15 @@ def test_weights_naming_unknown_uids_are_ignored_like_the_chain_ignores_them():
 
 def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="last_update"):
-        run_epoch({}, [1, 2], validator_permits=[True, True], last_update=[0], block_at_registration=[0, 0],
-                  current_block=1, activity_cutoff=1)
+        run_epoch(
+            {},
+            [1, 2],
+            validator_permits=[True, True],
+            last_update=[0],
+            block_at_registration=[0, 0],
+            current_block=1,
+            activity_cutoff=1,
+        )
     with pytest.raises(ValueError, match="kappa"):
         epoch({}, [1], kappa=1.5)
     with pytest.raises(ValueError, match="non-negative"):
@@ -205,8 +218,13 @@ def subnets(draw):
     permits = draw(st.lists(st.booleans(), min_size=n, max_size=n))
     last_update = draw(st.lists(st.integers(0, BLOCK), min_size=n, max_size=n))
     registered = draw(st.lists(st.integers(0, BLOCK), min_size=n, max_size=n))
-    weights = draw(st.dictionaries(st.integers(0, n - 1),
-                                   st.dictionaries(st.integers(0, n - 1), st.integers(0, U16_MAX), max_size=n), max_size=n))
+    weights = draw(
+        st.dictionaries(
+            st.integers(0, n - 1),
+            st.dictionaries(st.integers(0, n - 1), st.integers(0, U16_MAX), max_size=n),
+            max_size=n,
+        )
+    )
     owner_uid = draw(st.one_of(st.none(), st.integers(0, n - 1)))
     kappa = draw(st.floats(0.0, 1.0))
     return weights, stake, permits, last_update, registered, owner_uid, kappa
@@ -216,10 +234,26 @@ def subnets(draw):
 @given(subnets())
 def test_every_epoch_keeps_its_invariants(case):
     weights, stake, permits, last_update, registered, owner_uid, kappa = case
-    result = epoch(weights, stake, permits=permits, last_update=last_update, registered=registered, owner_uid=owner_uid,
-                   kappa=kappa)
+    result = epoch(
+        weights,
+        stake,
+        permits=permits,
+        last_update=last_update,
+        registered=registered,
+        owner_uid=owner_uid,
+        kappa=kappa,
+    )
     n = len(stake)
-    fractions = ("stake", "active_stake", "consensus", "incentive", "trust", "dividends", "server_emission", "validator_emission")
+    fractions = (
+        "stake",
+        "active_stake",
+        "consensus",
+        "incentive",
+        "trust",
+        "dividends",
+        "server_emission",
+        "validator_emission",
+    )
     for name in fractions:
         values = getattr(result, name)
         assert len(values) == n
@@ -243,8 +277,12 @@ def test_every_epoch_keeps_its_invariants(case):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.floats(0.001, 1.0), st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.75, 1.0])), min_size=1, max_size=8),
-       st.floats(0.05, 0.95))
+@given(
+    st.lists(
+        st.tuples(st.floats(0.001, 1.0), st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.75, 1.0])), min_size=1, max_size=8
+    ),
+    st.floats(0.05, 0.95),
+)
 def test_the_kappa_median_is_the_largest_score_backed_by_kappa_of_the_stake(pairs, kappa):
     stakes = [s for s, _ in pairs]
     scores = [c for _, c in pairs]
@@ -294,7 +332,9 @@ def sixty_fourths(draw):
 @settings(max_examples=300, deadline=None)
 @given(sixty_fourths(), st.data(), st.sampled_from([DEFAULT_KAPPA, 16 / 64, 32 / 64, 33 / 64, 48 / 64]))
 def test_the_kappa_median_agrees_with_the_chains_pivot_search(stakes, data, kappa):
-    scores = data.draw(st.lists(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.75, 1.0]), min_size=len(stakes), max_size=len(stakes)))
+    scores = data.draw(
+        st.lists(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.75, 1.0]), min_size=len(stakes), max_size=len(stakes))
+    )
     assert _kappa_median(stakes, scores, kappa) == chain_pivot_median(stakes, scores, sum(stakes) - kappa)
 
 

@@ -36,15 +36,37 @@ def funded(store: Store, micro_usd: int, name: str = "buyer") -> int:
 
 
 def entry(**overrides) -> RequestLogEntry:
-    fields = dict(request_id=uuid.uuid4().hex, account_id=1, miner="key:1", model="smollm2-135m", api="openai", kind="paid",
-                  status=200, prompt_tokens=10, completion_tokens=5, cached_tokens=2, cost_micro=3, ttft_ms=120.0,
-                  tpot_ms=15.5, created_at=1_000.0)
+    fields = dict(
+        request_id=uuid.uuid4().hex,
+        account_id=1,
+        miner="key:1",
+        model="smollm2-135m",
+        api="openai",
+        kind="paid",
+        status=200,
+        prompt_tokens=10,
+        completion_tokens=5,
+        cached_tokens=2,
+        cost_micro=3,
+        ttft_ms=120.0,
+        tpot_ms=15.5,
+        created_at=1_000.0,
+    )
     return RequestLogEntry(**{**fields, **overrides})
 
 
 def verdict(**overrides) -> VerdictRecord:
-    fields = dict(request_id=uuid.uuid4().hex, miner="key:1", model="smollm2-135m", kind="paid", verdict="pass",
-                  reason="ok", verifier=LOCAL_VERIFIER, request_created_at=1_000.0, judged_at=1_010.0)
+    fields = dict(
+        request_id=uuid.uuid4().hex,
+        miner="key:1",
+        model="smollm2-135m",
+        kind="paid",
+        verdict="pass",
+        reason="ok",
+        verifier=LOCAL_VERIFIER,
+        request_created_at=1_000.0,
+        judged_at=1_010.0,
+    )
     return VerdictRecord(**{**fields, **overrides})
 
 

@@ -11,14 +11,18 @@ from tests.engy_node.gateway.store.support import INTEGRITY_ERRORS
 
 
 def row(**overrides) -> EligibilityRow:
-    fields = dict(miner="key:1", model="smollm2-135m", state="probing", reason="connected", since=1_000.0, updated_at=1_000.0)
+    fields = dict(
+        miner="key:1", model="smollm2-135m", state="probing", reason="connected", since=1_000.0, updated_at=1_000.0
+    )
     return EligibilityRow(**{**fields, **overrides})
 
 
 def test_saving_replaces_each_rows_state_and_keeps_the_others(store):
     assert store.eligibility() == []
     store.save_eligibility([row(miner="key:2"), row(), row(model="qwen3.6-35b-a3b")])
-    pulled = row(state="pulled", reason="breaker: 3 failures in a row (502, 502, timeout)", since=1_200.0, updated_at=1_200.0)
+    pulled = row(
+        state="pulled", reason="breaker: 3 failures in a row (502, 502, timeout)", since=1_200.0, updated_at=1_200.0
+    )
     store.save_eligibility([pulled])
     assert store.eligibility() == [row(model="qwen3.6-35b-a3b"), pulled, row(miner="key:2")]
     store.save_eligibility([])
@@ -37,9 +41,18 @@ def test_a_save_lands_whole_or_not_at_all(store):
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"miner": ""}, {"miner": "key 1"}, {"model": "gpt-4"}, {"state": "banned"}, {"state": "Active"},
-     {"reason": "x" * (MAX_REASON_CHARS + 1)}, {"reason": "two\nlines"}, {"reason": None}, {"since": float("nan")},
-     {"updated_at": "now"}],
+    [
+        {"miner": ""},
+        {"miner": "key 1"},
+        {"model": "gpt-4"},
+        {"state": "banned"},
+        {"state": "Active"},
+        {"reason": "x" * (MAX_REASON_CHARS + 1)},
+        {"reason": "two\nlines"},
+        {"reason": None},
+        {"since": float("nan")},
+        {"updated_at": "now"},
+    ],
 )
 def test_a_malformed_eligibility_row_is_refused(overrides):
     with pytest.raises(ValueError):

@@ -55,8 +55,11 @@ def test_the_database_refuses_to_update_or_delete_a_published_epoch(store, locat
                 conn.execute("INSERT OR REPLACE INTO epochs VALUES (7, x'00', ?, 0)", (DIGEST,))
         else:
             with pytest.raises(INTEGRITY_ERRORS, match="append-only"):
-                conn.execute("INSERT INTO epochs VALUES (7, ?, ?, 0) ON CONFLICT (epoch_index) DO UPDATE SET payload = "
-                             "excluded.payload", (b"\x00", DIGEST))
+                conn.execute(
+                    "INSERT INTO epochs VALUES (7, ?, ?, 0) ON CONFLICT (epoch_index) DO UPDATE SET payload = "
+                    "excluded.payload",
+                    (b"\x00", DIGEST),
+                )
             with pytest.raises(INTEGRITY_ERRORS, match="append-only"):
                 conn.execute("TRUNCATE epochs")
         with pytest.raises(INTEGRITY_ERRORS):

@@ -55,15 +55,23 @@ def test_keys_are_unique_per_issue(store):
 def test_credit_hold_settle_round_trip_keeps_every_micro_dollar(store, location, clock):
     account_id = funded(store, 1_000_000)
     hold = store.hold(account_id, amount=300_000, request_id="req-1")
-    assert hold == Hold(hold_id=hold.hold_id, account_id=account_id, amount=300_000, request_id="req-1", created_at=clock.now)
+    assert hold == Hold(
+        hold_id=hold.hold_id, account_id=account_id, amount=300_000, request_id="req-1", created_at=clock.now
+    )
     assert store.balance(account_id) == Balance(available=700_000, held=300_000, credited=1_000_000, charged=0)
     settlement = store.settle(hold, cost=123_456)
     assert (settlement.charged, settlement.released, settlement.applied) == (123_456, 176_544, True)
-    assert assert_books_balance(store, account_id) == Balance(available=876_544, held=0, credited=1_000_000, charged=123_456)
+    assert assert_books_balance(store, account_id) == Balance(
+        available=876_544, held=0, credited=1_000_000, charged=123_456
+    )
     with raw(location) as conn:
         ledger = conn.execute("SELECT kind, amount, request_id, available_after FROM ledger ORDER BY id").fetchall()
-    assert ledger == [("credit", 1_000_000, None, 1_000_000), ("hold", 300_000, "req-1", 700_000),
-                      ("settle", 123_456, "req-1", 700_000), ("release", 176_544, "req-1", 876_544)]
+    assert ledger == [
+        ("credit", 1_000_000, None, 1_000_000),
+        ("hold", 300_000, "req-1", 700_000),
+        ("settle", 123_456, "req-1", 700_000),
+        ("release", 176_544, "req-1", 876_544),
+    ]
 
 
 def test_a_hold_the_balance_cannot_cover_is_refused_and_changes_nothing(store):
@@ -152,7 +160,9 @@ def test_holds_left_open_by_a_crash_are_released_at_the_next_start(location, cap
         account_id = funded(before, 1_000)
         settled = before.hold(account_id, amount=100, request_id="finished")
         before.settle(settled, cost=60)
-    crashed = subprocess.run([sys.executable, "-c", CRASHING_GATEWAY, str(location), str(account_id)], capture_output=True, text=True)
+    crashed = subprocess.run(
+        [sys.executable, "-c", CRASHING_GATEWAY, str(location), str(account_id)], capture_output=True, text=True
+    )
     assert crashed.returncode == 1, crashed.stderr
     with Store(location) as after:
         assert after.balance(account_id).held == 400
@@ -186,4 +196,6 @@ def test_the_store_summarises_accounts_by_spend(store):
     hold = store.hold(second, amount=1_000_000, request_id="r1")
     store.settle(hold, cost=400_000)
     count, top = store.account_summaries(limit=1)
-    assert count == 2 and [(a.account_id, a.charged, a.available, a.held) for a in top] == [(second, 400_000, 4_600_000, 0)]
+    assert count == 2 and [(a.account_id, a.charged, a.available, a.held) for a in top] == [
+        (second, 400_000, 4_600_000, 0)
+    ]

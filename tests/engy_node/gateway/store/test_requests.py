@@ -17,11 +17,23 @@ def test_usage_sums_paid_requests_of_the_account_since_a_time(store):
     store.log_request(entry(request_id="a", account_id=account_id, created_at=100.0))
     store.log_request(entry(request_id="b", account_id=account_id, created_at=200.0))
     # A failed attempt on another miner before the retry that served it is one request.
-    store.log_request(entry(request_id="b", account_id=account_id, status=502, prompt_tokens=0, completion_tokens=0,
-                            cached_tokens=0, cost_micro=0, created_at=200.0))
+    store.log_request(
+        entry(
+            request_id="b",
+            account_id=account_id,
+            status=502,
+            prompt_tokens=0,
+            completion_tokens=0,
+            cached_tokens=0,
+            cost_micro=0,
+            created_at=200.0,
+        )
+    )
     store.log_request(entry(request_id="c", account_id=other, created_at=200.0))
     store.log_request(entry(request_id="probe-1", account_id=None, kind="probe", cost_micro=0, created_at=200.0))
-    assert store.usage(account_id) == UsageSummary(requests=2, prompt_tokens=20, completion_tokens=10, cached_tokens=4, cost_micro=6)
+    assert store.usage(account_id) == UsageSummary(
+        requests=2, prompt_tokens=20, completion_tokens=10, cached_tokens=4, cost_micro=6
+    )
     assert store.usage(account_id, since=150.0) == UsageSummary(1, 10, 5, 2, 3)
     assert store.usage(42) == UsageSummary(0, 0, 0, 0, 0)
 
@@ -52,10 +64,24 @@ def test_purging_the_request_log_returns_the_files_pages(path):
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"request_id": "has space"}, {"request_id": ""}, {"miner": "a/b"}, {"model": "gpt-4"}, {"api": "grpc"},
-     {"kind": "free"}, {"status": 42}, {"prompt_tokens": -1}, {"cached_tokens": 11}, {"cost_micro": 0.5},
-     {"ttft_ms": -1.0}, {"tpot_ms": float("nan")}, {"created_at": float("inf")}, {"account_id": None},
-     {"kind": "probe", "account_id": None, "cost_micro": 5}, {"kind": "probe", "account_id": 1, "cost_micro": 0}],
+    [
+        {"request_id": "has space"},
+        {"request_id": ""},
+        {"miner": "a/b"},
+        {"model": "gpt-4"},
+        {"api": "grpc"},
+        {"kind": "free"},
+        {"status": 42},
+        {"prompt_tokens": -1},
+        {"cached_tokens": 11},
+        {"cost_micro": 0.5},
+        {"ttft_ms": -1.0},
+        {"tpot_ms": float("nan")},
+        {"created_at": float("inf")},
+        {"account_id": None},
+        {"kind": "probe", "account_id": None, "cost_micro": 5},
+        {"kind": "probe", "account_id": 1, "cost_micro": 0},
+    ],
 )
 def test_a_malformed_request_log_entry_is_refused(overrides):
     with pytest.raises(ValueError):
@@ -73,12 +99,14 @@ def test_an_epoch_window_reads_the_rows_created_in_it_in_the_order_logged(store)
     funded(store, 1)
     for request_id, created_at in (("on-since", 100.0), ("before", 99.5), ("inside", 150.0), ("on-until", 200.0)):
         store.log_request(entry(request_id=request_id, created_at=created_at))
-    store.log_request(entry(request_id="probe", account_id=None, kind="probe", cost_micro=0, created_at=120.0,
-                            served_greedily=True))
+    store.log_request(
+        entry(request_id="probe", account_id=None, kind="probe", cost_micro=0, created_at=120.0, served_greedily=True)
+    )
     window = store.requests_in(since=100.0, until=200.0)
     assert [e.request_id for e in window] == ["on-since", "inside", "probe"]
-    assert window[2] == entry(request_id="probe", account_id=None, kind="probe", cost_micro=0, created_at=120.0,
-                              served_greedily=True)
+    assert window[2] == entry(
+        request_id="probe", account_id=None, kind="probe", cost_micro=0, created_at=120.0, served_greedily=True
+    )
     assert store.requests_in(since=200.0, until=100.0) == []
 
 

@@ -26,8 +26,11 @@ def test_the_database_refuses_to_update_or_delete_ledger_rows(store, location):
         # A second closure of the same hold, and an overdraft, are refused too.
         hold_id = conn.execute("SELECT id FROM ledger WHERE kind = 'hold'").fetchone()[0]
         with pytest.raises(INTEGRITY_ERRORS):
-            conn.execute("INSERT INTO ledger (account_id, kind, amount, request_id, hold_id, available_after, created_at) "
-                          "VALUES (?, 'settle', 50, 'r', ?, 0, 0)", (account_id, hold_id))
+            conn.execute(
+                "INSERT INTO ledger (account_id, kind, amount, request_id, hold_id, available_after, created_at) "
+                "VALUES (?, 'settle', 50, 'r', ?, 0, 0)",
+                (account_id, hold_id),
+            )
         with pytest.raises(INTEGRITY_ERRORS):
             conn.execute("UPDATE accounts SET available = available - 2000, held = held + 2000")
         assert conn.execute("SELECT count(*) FROM ledger").fetchone()[0] == 4
@@ -139,7 +142,9 @@ def test_a_postgres_database_is_versioned_and_names_its_owner(postgres_url):
     Store(postgres_url).close()
     with raw(postgres_url) as conn:
         assert dict(conn.execute("SELECT key, value FROM meta").fetchall()) == {
-            "application": "engy-gateway", "schema_version": str(SCHEMA_VERSION)}
+            "application": "engy-gateway",
+            "schema_version": str(SCHEMA_VERSION),
+        }
 
 
 def test_a_postgres_database_of_some_other_program_is_refused(postgres_url):

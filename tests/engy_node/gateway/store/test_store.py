@@ -93,7 +93,10 @@ def test_concurrent_os_threads_with_their_own_stores_never_hold_more_than_the_ba
         try:
             with Store(location) as store:
                 start.wait()
-                mine = [store.hold(account_id, amount=HOLD, request_id=f"thread-{n}-{i}") for i in range(ATTEMPTS // threads_n)]
+                mine = [
+                    store.hold(account_id, amount=HOLD, request_id=f"thread-{n}-{i}")
+                    for i in range(ATTEMPTS // threads_n)
+                ]
                 mine = [h for h in mine if h is not None]
                 with appending:
                     holds.extend(mine)
@@ -149,8 +152,17 @@ async def test_every_operation_is_awaitable(store):
     assert len(await store.run(store.list_miners)) == 1
     second_key = await store.run(store.issue_key, account_id)
     assert await store.run(store.revoke_key, second_key)
-    verdict = VerdictRecord(request_id="a1", miner="key:1", model="smollm2-135m", kind="paid", verdict="pass", reason="ok",
-                            verifier=LOCAL_VERIFIER, request_created_at=1_000.0, judged_at=1_001.0)
+    verdict = VerdictRecord(
+        request_id="a1",
+        miner="key:1",
+        model="smollm2-135m",
+        kind="paid",
+        verdict="pass",
+        reason="ok",
+        verifier=LOCAL_VERIFIER,
+        request_created_at=1_000.0,
+        judged_at=1_001.0,
+    )
     assert await store.run(store.record_verdict, verdict) == "recorded"
     assert await store.run(store.verdict, "a1") == verdict
     assert [v for _, v in await store.run(store.verdicts_after, 0)] == [verdict]
@@ -160,12 +172,14 @@ async def test_every_operation_is_awaitable(store):
     assert await store.run(store.save_epoch, 0, b"{}", "0" * 64, closed_at=1_000.0)
     assert await store.run(store.epoch_payload, 0) == b"{}"
     assert await store.run(store.latest_epoch) == (0, b"{}")
-    heartbeat = ValidatorHeartbeat(hotkey="5Val", version="0.1.0", synced_epoch=0, consensus_epoch=None,
-                                   consensus_digest=None, received_at=1_000.0)
+    heartbeat = ValidatorHeartbeat(
+        hotkey="5Val", version="0.1.0", synced_epoch=0, consensus_epoch=None, consensus_digest=None, received_at=1_000.0
+    )
     await store.run(store.record_heartbeat, heartbeat)
     assert await store.run(store.validator_heartbeats) == [heartbeat]
-    row = EligibilityRow(miner="key:1", model="smollm2-135m", state="active", reason="qualified", since=1_000.0,
-                         updated_at=1_000.0)
+    row = EligibilityRow(
+        miner="key:1", model="smollm2-135m", state="active", reason="qualified", since=1_000.0, updated_at=1_000.0
+    )
     await store.run(store.save_eligibility, [row])
     assert await store.run(store.eligibility) == [row]
     # The newest row stays (see purge_request_log), so one more is logged first.
@@ -253,7 +267,9 @@ async def test_a_group_that_succeeds_is_written_without_savepoints_and_one_that_
         assert store.check_books() == []
 
 
-async def queue_holds(store: Store, account_id: int, request_ids: list[str], outcomes: dict, nursery) -> dict[str, trio.CancelScope]:
+async def queue_holds(
+    store: Store, account_id: int, request_ids: list[str], outcomes: dict, nursery
+) -> dict[str, trio.CancelScope]:
     """Start a hold for each id, one after the other, each queued behind the one before while the
     store's thread is taken (the caller holds the limiter); returns each caller's cancel scope."""
     scopes = {}
@@ -318,7 +334,9 @@ async def test_a_call_still_queued_when_cancelled_is_withdrawn_and_the_rest_of_i
     store.close()
 
 
-async def test_calls_queued_behind_a_group_being_written_are_written_in_the_next_one_even_if_the_first_of_them_goes(path):
+async def test_calls_queued_behind_a_group_being_written_are_written_in_the_next_one_even_if_the_first_of_them_goes(
+    path,
+):
     """While a group is written, later calls queue for the next; whoever of them is first writes
     it, and if that one is cancelled before its turn comes, the next one does."""
     store = Store(path)
@@ -380,8 +398,13 @@ def database_bytes(path: Path) -> bytes:
 
 def test_no_prompt_or_completion_text_and_no_key_ever_reaches_the_disk(path, clock):
     marker = f"ZDR canary {uuid.uuid4().hex}: the heron sings at midnight"
-    chat = ChatRequest(api="openai", model="smollm2-135m", messages=({"role": "user", "content": f"Repeat this: {marker}"},),
-                       max_tokens=64, stream=True)
+    chat = ChatRequest(
+        api="openai",
+        model="smollm2-135m",
+        messages=({"role": "user", "content": f"Repeat this: {marker}"},),
+        max_tokens=64,
+        stream=True,
+    )
     completion_text = f"Sure. {marker}"
     price = CATALOG[chat.model].price
     request_id = uuid.uuid4().hex
@@ -393,27 +416,63 @@ def test_no_prompt_or_completion_text_and_no_key_ever_reaches_the_disk(path, clo
     miner_id, miner_key = store.register_miner("rig-zdr")
     assert store.authenticate_miner(miner_key).miner_id == miner_id
     prompt_tokens = len(chat.messages[0]["content"].split())  # a whitespace tokenizer stands in for the model's
-    hold = store.hold(account.account_id, amount=worst_case_hold(price=price, prompt_tokens=prompt_tokens, max_tokens=chat.max_tokens),
-                      request_id=request_id)
+    hold = store.hold(
+        account.account_id,
+        amount=worst_case_hold(price=price, prompt_tokens=prompt_tokens, max_tokens=chat.max_tokens),
+        request_id=request_id,
+    )
     relayed = len(completion_text.split())
-    usage = billable_usage(claimed=Usage(prompt_tokens=prompt_tokens, completion_tokens=relayed), committed_prompt=prompt_tokens,
-                           committed_completion=relayed, relayed_completion=relayed)
+    usage = billable_usage(
+        claimed=Usage(prompt_tokens=prompt_tokens, completion_tokens=relayed),
+        committed_prompt=prompt_tokens,
+        committed_completion=relayed,
+        relayed_completion=relayed,
+    )
     cost = charge(price=price, usage=usage)
     store.settle(hold, cost=cost)
-    store.log_request(RequestLogEntry(
-        request_id=request_id, account_id=account.account_id, miner=f"key:{miner_id}", model=chat.model, api=chat.api,
-        kind="paid", status=200, prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-        cached_tokens=usage.cached_tokens, cost_micro=cost, ttft_ms=80.0, tpot_ms=12.0, created_at=clock.now,
-    ))
+    store.log_request(
+        RequestLogEntry(
+            request_id=request_id,
+            account_id=account.account_id,
+            miner=f"key:{miner_id}",
+            model=chat.model,
+            api=chat.api,
+            kind="paid",
+            status=200,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+            cost_micro=cost,
+            ttft_ms=80.0,
+            tpot_ms=12.0,
+            created_at=clock.now,
+        )
+    )
     store.usage(account_id)
-    store.record_verdict(VerdictRecord(request_id=request_id, miner=f"key:{miner_id}", model=chat.model, kind="paid",
-                                       verdict="pass", reason="ok", verifier=LOCAL_VERIFIER, request_created_at=clock.now,
-                                       judged_at=clock.now))
+    store.record_verdict(
+        VerdictRecord(
+            request_id=request_id,
+            miner=f"key:{miner_id}",
+            model=chat.model,
+            kind="paid",
+            verdict="pass",
+            reason="ok",
+            verifier=LOCAL_VERIFIER,
+            request_created_at=clock.now,
+            judged_at=clock.now,
+        )
+    )
     failed = store.hold(account_id, amount=10, request_id=uuid.uuid4().hex)
     store.release(failed)
 
-    secrets_ = [marker.encode(), marker.split()[2].encode(), api_key.encode(), miner_key.encode(),
-                api_key[len(BUYER_KEY_PREFIX):].encode(), miner_key[len(MINER_KEY_PREFIX):].encode()]
+    secrets_ = [
+        marker.encode(),
+        marker.split()[2].encode(),
+        api_key.encode(),
+        miner_key.encode(),
+        api_key[len(BUYER_KEY_PREFIX) :].encode(),
+        miner_key[len(MINER_KEY_PREFIX) :].encode(),
+    ]
     live = database_bytes(path)
     # The scan sees what was written (operator-chosen names are stored), so its silence means something.
     assert b"zdr-visible-buyer-name" in live and request_id.encode() in live
@@ -457,7 +516,14 @@ async def test_settle_and_log_is_awaitable_and_joins_the_group_commit(store):
     holds = [store.hold(account_id, amount=50, request_id=f"r{i}") for i in range(4)]
     async with trio.open_nursery() as nursery:
         for hold in holds:
-            nursery.start_soon(functools.partial(store.run, store.settle_and_log, hold, cost=10,
-                                                 entry=entry(request_id=hold.request_id, account_id=account_id)))
+            nursery.start_soon(
+                functools.partial(
+                    store.run,
+                    store.settle_and_log,
+                    hold,
+                    cost=10,
+                    entry=entry(request_id=hold.request_id, account_id=account_id),
+                )
+            )
     assert sorted(e.request_id for e in store.requests_in(since=0.0, until=2_000.0)) == ["r0", "r1", "r2", "r3"]
     assert assert_books_balance(store, account_id).charged == 40

@@ -12,7 +12,9 @@ DIGEST = "ab" * 32
 
 
 def heartbeat(**overrides) -> ValidatorHeartbeat:
-    fields = dict(hotkey="5Val", version="0.4.1", synced_epoch=7, consensus_epoch=7, consensus_digest=DIGEST, received_at=1_000.0)
+    fields = dict(
+        hotkey="5Val", version="0.4.1", synced_epoch=7, consensus_epoch=7, consensus_digest=DIGEST, received_at=1_000.0
+    )
     return ValidatorHeartbeat(**{**fields, **overrides})
 
 
@@ -20,7 +22,9 @@ def test_each_validator_keeps_its_latest_heartbeat(store):
     assert store.validator_heartbeats() == []
     store.record_heartbeat(heartbeat(hotkey="5Zed"))
     store.record_heartbeat(heartbeat())
-    newer = heartbeat(version="0.5.0+local", synced_epoch=8, consensus_epoch=None, consensus_digest=None, received_at=1_060.0)
+    newer = heartbeat(
+        version="0.5.0+local", synced_epoch=8, consensus_epoch=None, consensus_digest=None, received_at=1_060.0
+    )
     store.record_heartbeat(newer)
     assert store.validator_heartbeats() == [newer, heartbeat(hotkey="5Zed")]
 
@@ -39,9 +43,21 @@ def test_a_validator_that_has_synced_nothing_yet_is_recorded(store):
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"hotkey": ""}, {"hotkey": "5 Val"}, {"version": ""}, {"version": "v 1 2"}, {"version": " 1"}, {"version": "x" * 129},
-     {"synced_epoch": -1}, {"synced_epoch": 1.0}, {"consensus_epoch": True}, {"consensus_digest": DIGEST.upper()},
-     {"consensus_digest": "ab"}, {"consensus_digest": ""}, {"received_at": float("-inf")}],
+    [
+        {"hotkey": ""},
+        {"hotkey": "5 Val"},
+        {"version": ""},
+        {"version": "v 1 2"},
+        {"version": " 1"},
+        {"version": "x" * 129},
+        {"synced_epoch": -1},
+        {"synced_epoch": 1.0},
+        {"consensus_epoch": True},
+        {"consensus_digest": DIGEST.upper()},
+        {"consensus_digest": "ab"},
+        {"consensus_digest": ""},
+        {"received_at": float("-inf")},
+    ],
 )
 def test_a_malformed_heartbeat_is_refused(overrides):
     with pytest.raises(ValueError):

@@ -12,8 +12,12 @@ from tests.engy_node.gateway.store.support import raw, verdict
 
 
 def test_a_verdict_is_recorded_once_and_read_back(store):
-    first = verdict(request_id="r1", verdict="cheat", reason="chunk:exp-mismatch",
-                    verifier="5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY")
+    first = verdict(
+        request_id="r1",
+        verdict="cheat",
+        reason="chunk:exp-mismatch",
+        verifier="5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY",
+    )
     assert store.record_verdict(first) == "recorded"
     assert store.verdict("r1") == first
     assert store.verdict("r2") is None
@@ -65,17 +69,20 @@ def test_the_cursor_pages_through_verdicts_in_the_order_they_were_stored(store):
 
 
 def test_counts_per_miner_cover_requests_served_in_a_half_open_window(store):
-    for i, (miner, kind, created) in enumerate([
-        ("key:1", "pass", 100.0),      # on `since`: in
-        ("key:1", "cheat", 150.0),
-        ("key:1", "unproven", 199.999),
-        ("key:2", "pass", 150.0),
-        ("key:2", "pass", 200.0),      # on `until`: out
-        ("key:3", "pass", 99.999),     # before: out
-    ]):
+    for i, (miner, kind, created) in enumerate(
+        [
+            ("key:1", "pass", 100.0),  # on `since`: in
+            ("key:1", "cheat", 150.0),
+            ("key:1", "unproven", 199.999),
+            ("key:2", "pass", 150.0),
+            ("key:2", "pass", 200.0),  # on `until`: out
+            ("key:3", "pass", 99.999),  # before: out
+        ]
+    ):
         # Judged long after it was served: the window goes by when the request was served.
-        store.record_verdict(verdict(request_id=f"r{i}", miner=miner, verdict=kind, request_created_at=created,
-                                     judged_at=5_000.0))
+        store.record_verdict(
+            verdict(request_id=f"r{i}", miner=miner, verdict=kind, request_created_at=created, judged_at=5_000.0)
+        )
     assert store.verdict_counts(since=100.0, until=200.0) == {"key:1": (1, 1, 1), "key:2": (1, 0, 0)}
     assert store.verdict_counts(since=200.0, until=300.0) == {"key:2": (1, 0, 0)}
     assert store.verdict_counts(since=300.0, until=400.0) == {}
@@ -85,17 +92,33 @@ def test_counts_per_miner_cover_requests_served_in_a_half_open_window(store):
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"request_id": "has space"}, {"miner": ""}, {"miner": "a/b"}, {"model": "gpt-4"}, {"kind": "free"},
-     {"verdict": "fail"}, {"verdict": "PASS"}, {"reason": ""}, {"reason": "x" * 129}, {"reason": "the proof was wrong"},
-     {"reason": "bad\nreason"}, {"reason": "päst-eos"}, {"verifier": "local verifier"}, {"request_created_at": float("inf")},
-     {"judged_at": None}, {"judged_at": True}],
+    [
+        {"request_id": "has space"},
+        {"miner": ""},
+        {"miner": "a/b"},
+        {"model": "gpt-4"},
+        {"kind": "free"},
+        {"verdict": "fail"},
+        {"verdict": "PASS"},
+        {"reason": ""},
+        {"reason": "x" * 129},
+        {"reason": "the proof was wrong"},
+        {"reason": "bad\nreason"},
+        {"reason": "päst-eos"},
+        {"verifier": "local verifier"},
+        {"request_created_at": float("inf")},
+        {"judged_at": None},
+        {"judged_at": True},
+    ],
 )
 def test_a_malformed_verdict_is_refused(overrides):
     with pytest.raises(ValueError):
         verdict(**overrides)
 
 
-@pytest.mark.parametrize("reason", ["ok", "past-eos", "chunk:exp-mismatch", "shape:decode_batching_size", "+1.5", "x" * 128])
+@pytest.mark.parametrize(
+    "reason", ["ok", "past-eos", "chunk:exp-mismatch", "shape:decode_batching_size", "+1.5", "x" * 128]
+)
 def test_short_reason_codes_are_accepted(reason):
     assert verdict(reason=reason).reason == reason
 

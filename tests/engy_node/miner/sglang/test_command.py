@@ -26,9 +26,17 @@ PUBLISHED = (
     "--enable-metrics --enable-deterministic-inference --host 127.0.0.1 --port 8000"
 )
 PUBLISHED_PLAN = dict(
-    python="python", checkpoint=QWEN_PATH, served_model_name="Qwen3.6", tp=4, kv_cache_dtype="fp8_e4m3",
-    mem_fraction_static=0.83, chunked_prefill_size=8192, max_running_requests=8, context_length=262144,
-    host="127.0.0.1", port=8000,
+    python="python",
+    checkpoint=QWEN_PATH,
+    served_model_name="Qwen3.6",
+    tp=4,
+    kv_cache_dtype="fp8_e4m3",
+    mem_fraction_static=0.83,
+    chunked_prefill_size=8192,
+    max_running_requests=8,
+    context_length=262144,
+    host="127.0.0.1",
+    port=8000,
 )
 
 
@@ -39,7 +47,9 @@ PUBLISHED_PLAN = dict(
     ("changes", "expected"),
     [
         pytest.param({}, PUBLISHED, id="published-4x4090"),
-        pytest.param({"tp": 2, "dp": 2}, PUBLISHED.replace("--tp-size 4", "--tp-size 2 --dp-size 2"), id="dp-follows-tp"),
+        pytest.param(
+            {"tp": 2, "dp": 2}, PUBLISHED.replace("--tp-size 4", "--tp-size 2 --dp-size 2"), id="dp-follows-tp"
+        ),
         pytest.param({"dp": 1}, PUBLISHED, id="dp-1-adds-no-flag"),
         pytest.param(
             {"tp": 2, "extra_flags": ("--disable-custom-all-reduce", "--attention-backend", "triton")},
@@ -47,15 +57,23 @@ PUBLISHED_PLAN = dict(
             id="extra-flags-come-last",
         ),
         pytest.param(
-            {"tp": 1, "kv_cache_dtype": None, "mem_fraction_static": None, "chunked_prefill_size": None,
-             "max_running_requests": None, "context_length": None},
+            {
+                "tp": 1,
+                "kv_cache_dtype": None,
+                "mem_fraction_static": None,
+                "chunked_prefill_size": None,
+                "max_running_requests": None,
+                "context_length": None,
+            },
             f"python -m sglang.launch_server --model-path {QWEN_PATH} --served-model-name Qwen3.6 --tp-size 1 "
             "--trust-remote-code --enable-return-hidden-states --enable-cache-report --enable-metrics "
             "--enable-deterministic-inference --host 127.0.0.1 --port 8000",
             id="unset-values-leave-sglang-defaults",
         ),
         pytest.param({"chunked_prefill_size": -1}, PUBLISHED.replace("8192", "-1"), id="chunked-prefill-off"),
-        pytest.param({"mem_fraction_static": 0.8333333}, PUBLISHED.replace("0.83", "0.8333333"), id="fraction-kept-exact"),
+        pytest.param(
+            {"mem_fraction_static": 0.8333333}, PUBLISHED.replace("0.83", "0.8333333"), id="fraction-kept-exact"
+        ),
     ],
 )
 def test_the_sglang_command_is_the_published_reference_form_flag_for_flag(changes, expected):
@@ -101,8 +119,17 @@ def test_a_wrong_plan_value_is_refused_naming_the_argument(changes, message):
     ("kwargs", "expected"),
     [
         pytest.param(
-            dict(python="/venv/bin/python", home="/tmp/h", model="smollm2-135m", checkpoint="/ckpt", host="127.0.0.1",
-                 port=30001, dtype="bfloat16", device="cpu", max_running_requests=4),
+            dict(
+                python="/venv/bin/python",
+                home="/tmp/h",
+                model="smollm2-135m",
+                checkpoint="/ckpt",
+                host="127.0.0.1",
+                port=30001,
+                dtype="bfloat16",
+                device="cpu",
+                max_running_requests=4,
+            ),
             "/venv/bin/python -m engy_node --home /tmp/h serve --model smollm2-135m --checkpoint /ckpt "
             "--host 127.0.0.1 --port 30001 --dtype bfloat16 --device cpu --max-running-requests 4",
             id="everything-set",
@@ -135,5 +162,5 @@ def test_the_shell_text_splits_back_into_the_exact_environment_and_argv(words, v
 
 
 def test_a_checkpoint_path_with_spaces_and_quotes_survives_the_shell_round_trip():
-    spec = sglang_launch(**{**PUBLISHED_PLAN, "checkpoint": "/models/it's a \"model\" $HOME"})
+    spec = sglang_launch(**{**PUBLISHED_PLAN, "checkpoint": '/models/it\'s a "model" $HOME'})
     assert shlex.split(shell_command(spec))[1:] == list(spec.argv)

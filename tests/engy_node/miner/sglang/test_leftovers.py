@@ -8,13 +8,23 @@ from __future__ import annotations
 
 import pytest
 
-from engy_node.miner.sglang.leftovers import ProcessView, RecordError, RunRecord, ours, read_record, remove_record, write_record
+from engy_node.miner.sglang.leftovers import (
+    ProcessView,
+    RecordError,
+    RunRecord,
+    ours,
+    read_record,
+    remove_record,
+    write_record,
+)
 
 ARGV = ("/venv/bin/python", "-m", "sglang.launch_server", "--port", "30000")
 RECORD = RunRecord(pid=4242, start_time=1_760_000_000.25, argv=ARGV, run_id="run-a")
 
 
-def view(pid: int, *, pgid: int = 4242, start_time: float = 1_760_000_000.25, cmdline=ARGV, run_id: str | None = "run-a"):
+def view(
+    pid: int, *, pgid: int = 4242, start_time: float = 1_760_000_000.25, cmdline=ARGV, run_id: str | None = "run-a"
+):
     return ProcessView(pid=pid, pgid=pgid, start_time=start_time, cmdline=tuple(cmdline), run_id=run_id)
 
 
@@ -34,22 +44,30 @@ def test_a_retitled_leader_is_recognised_by_its_run_id():
 
 
 def test_a_retitled_leader_without_the_run_id_is_left_alone_with_its_group():
-    mine, others = ours(RECORD, [view(4242, cmdline=("sglang::main",), run_id=None),
-                                 view(4300, cmdline=("other",), run_id=None)])
+    mine, others = ours(
+        RECORD, [view(4242, cmdline=("sglang::main",), run_id=None), view(4300, cmdline=("other",), run_id=None)]
+    )
     assert (mine, pids(others)) == ([], [4242, 4300])
 
 
 def test_a_reused_pid_is_never_ours_even_with_the_same_command_line():
     # Same pid and command, started later: another run of the same command, perhaps another
     # home's, whose environment does not carry this record's run id.
-    mine, others = ours(RECORD, [view(4242, start_time=1_760_000_500.0, run_id="run-b"),
-                                 view(4300, start_time=1_760_000_501.0, run_id="run-b")])
+    mine, others = ours(
+        RECORD,
+        [
+            view(4242, start_time=1_760_000_500.0, run_id="run-b"),
+            view(4300, start_time=1_760_000_501.0, run_id="run-b"),
+        ],
+    )
     assert (mine, pids(others)) == ([], [4242, 4300])
 
 
 def test_with_the_leader_gone_only_processes_carrying_the_run_id_are_ours():
-    mine, others = ours(RECORD, [view(4300, cmdline=("sglang::scheduler_TP0",)),
-                                 view(4301, cmdline=("sglang::detokenizer",), run_id=None)])
+    mine, others = ours(
+        RECORD,
+        [view(4300, cmdline=("sglang::scheduler_TP0",)), view(4301, cmdline=("sglang::detokenizer",), run_id=None)],
+    )
     assert (pids(mine), pids(others)) == ([4300], [4301])
 
 
@@ -68,14 +86,18 @@ def test_a_record_survives_the_round_trip_through_its_file(tmp_path):
     assert read_record(path) is None
 
 
-@pytest.mark.parametrize(("text", "field"), [
-    ("{", "not JSON"), ("[]", "not a JSON object"),
-    ('{"pid": true, "start_time": 1.0, "argv": ["x"], "run_id": "r"}', "pid"),
-    ('{"pid": 0, "start_time": 1.0, "argv": ["x"], "run_id": "r"}', "pid"),
-    ('{"pid": 5, "start_time": "now", "argv": ["x"], "run_id": "r"}', "start_time"),
-    ('{"pid": 5, "start_time": 1.0, "argv": [], "run_id": "r"}', "argv"),
-    ('{"pid": 5, "start_time": 1.0, "argv": ["x"], "run_id": ""}', "run_id"),
-])
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("{", "not JSON"),
+        ("[]", "not a JSON object"),
+        ('{"pid": true, "start_time": 1.0, "argv": ["x"], "run_id": "r"}', "pid"),
+        ('{"pid": 0, "start_time": 1.0, "argv": ["x"], "run_id": "r"}', "pid"),
+        ('{"pid": 5, "start_time": "now", "argv": ["x"], "run_id": "r"}', "start_time"),
+        ('{"pid": 5, "start_time": 1.0, "argv": [], "run_id": "r"}', "argv"),
+        ('{"pid": 5, "start_time": 1.0, "argv": ["x"], "run_id": ""}', "run_id"),
+    ],
+)
 def test_a_malformed_record_is_refused_naming_what_is_wrong(tmp_path, text, field):
     path = tmp_path / "model_server.json"
     path.write_text(text)

@@ -42,13 +42,17 @@ from tests.waiting import logged, wait_until_async
 def test_the_default_startup_failures_give_up_after_about_fifteen_seconds_of_backoff():
     # SupervisorSettings.max_startup_failures' docstring: the waits between 5 failed starts.
     settings = SupervisorSettings()
-    waits = [backoff_delay(consecutive_failures=n, jitter=0.0, base_s=settings.restart_base_s, cap_s=settings.restart_cap_s)
-             for n in range(1, settings.max_startup_failures)]
+    waits = [
+        backoff_delay(consecutive_failures=n, jitter=0.0, base_s=settings.restart_base_s, cap_s=settings.restart_cap_s)
+        for n in range(1, settings.max_startup_failures)
+    ]
     assert sum(waits) == 15.0
 
 
-@pytest.mark.parametrize(("field", "value"), [("probe_interval_s", 0), ("stop_grace_s", -1.0),
-                                              ("max_startup_failures", 1.5), ("log_tail_lines", True)])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("probe_interval_s", 0), ("stop_grace_s", -1.0), ("max_startup_failures", 1.5), ("log_tail_lines", True)],
+)
 def test_settings_refuse_nonsense_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SupervisorSettings(**{field: value})
@@ -59,7 +63,7 @@ def test_settings_refuse_nonsense_naming_the_field(field, value):
 # A stand-in model server for the cases the reference server cannot act out on cue.
 # argv: port, mode, marker file (exists after the first start, so "-once" modes misbehave once).
 CHILD_SCRIPT = textwrap.dedent(
-    '''
+    """
     import http.server, os, signal, subprocess, sys, threading, time
 
     port, mode, marker = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -107,13 +111,20 @@ CHILD_SCRIPT = textwrap.dedent(
               "23.53 GiB of which 512.00 MiB is free.", flush=True)
         sys.exit(1)
     time.sleep(LIFETIME_S)
-    '''
+    """
 )
 
 # Fast everything, so each scripted case takes about a second.
 FAST = SupervisorSettings(
-    startup_timeout_s=10, startup_poll_interval_s=0.05, probe_interval_s=0.05, probe_timeout_s=2,
-    stall_after_s=0.3, max_startup_failures=3, restart_base_s=0.01, restart_cap_s=0.02, stop_grace_s=5,
+    startup_timeout_s=10,
+    startup_poll_interval_s=0.05,
+    probe_interval_s=0.05,
+    probe_timeout_s=2,
+    stall_after_s=0.3,
+    max_startup_failures=3,
+    restart_base_s=0.01,
+    restart_cap_s=0.02,
+    stop_grace_s=5,
 )
 TEST_DEADLINE_S = 30
 
@@ -204,10 +215,25 @@ def model_server_log(handler: logging.Handler) -> Iterator[None]:
 
 
 async def test_the_reference_server_is_supervised_from_start_to_ready_to_restart_to_stop(checkpoint, tmp_path):
-    spec = reference_launch(python=sys.executable, home=tmp_path / "home", model="smollm2-135m", checkpoint=checkpoint,
-                            port=free_port(), dtype="bfloat16", device="cpu", max_running_requests=2)
-    settings = SupervisorSettings(startup_timeout_s=120, startup_poll_interval_s=0.1, probe_interval_s=0.2,
-                                  probe_timeout_s=5, restart_base_s=0.05, restart_cap_s=0.1, stop_grace_s=10)
+    spec = reference_launch(
+        python=sys.executable,
+        home=tmp_path / "home",
+        model="smollm2-135m",
+        checkpoint=checkpoint,
+        port=free_port(),
+        dtype="bfloat16",
+        device="cpu",
+        max_running_requests=2,
+    )
+    settings = SupervisorSettings(
+        startup_timeout_s=120,
+        startup_poll_interval_s=0.1,
+        probe_interval_s=0.2,
+        probe_timeout_s=5,
+        restart_base_s=0.05,
+        restart_cap_s=0.1,
+        stop_grace_s=10,
+    )
     hub = WatchedHub()
     supervisor = ModelServerSupervisor(spec, hub, settings=settings)
     # What install_logging does for a node: every engy.* record goes into the hub's ring.
@@ -221,11 +247,16 @@ async def test_the_reference_server_is_supervised_from_start_to_ready_to_restart
             first_pid = state["pid"]
 
             async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=60) as client:
-                response = await client.post("/generate", json={
-                    "input_ids": [1, 504, 3575], "sampling_params": {"temperature": 0, "max_new_tokens": 4}})
+                response = await client.post(
+                    "/generate",
+                    json={"input_ids": [1, 504, 3575], "sampling_params": {"temperature": 0, "max_new_tokens": 4}},
+                )
                 assert response.status_code == 200
-            await hub.wait_for_model_server(lambda state: (state.get("generation_tokens_total") or 0) >= 4
-                                            and state.get("ttft_p50_ms") is not None, timeout_s=10, what="scraped")
+            await hub.wait_for_model_server(
+                lambda state: (state.get("generation_tokens_total") or 0) >= 4 and state.get("ttft_p50_ms") is not None,
+                timeout_s=10,
+                what="scraped",
+            )
             state = model_server(hub)
             assert state["itl_p50_ms"] is not None and state["running"] == 0 and state["queued"] == 0
 
@@ -234,8 +265,11 @@ async def test_the_reference_server_is_supervised_from_start_to_ready_to_restart
             assert any(e.component == "model_server" and "ready to roll" in e.message for e in events)
 
             os.killpg(first_pid, signal.SIGKILL)
-            await hub.wait_for_model_server(lambda state: state["restarts"] == 1 and state["state"] == "ready",
-                                            timeout_s=60, what="restarted and ready again")
+            await hub.wait_for_model_server(
+                lambda state: state["restarts"] == 1 and state["state"] == "ready",
+                timeout_s=60,
+                what="restarted and ready again",
+            )
             state = model_server(hub)
             second_pid = state["pid"]
             assert second_pid != first_pid
@@ -254,8 +288,11 @@ async def test_a_child_that_crashes_after_becoming_ready_is_restarted_with_the_f
         async with trio.open_nursery() as nursery:
             await nursery.start(supervisor.run)
             first_pid = model_server(hub)["pid"]
-            await hub.wait_for_model_server(lambda state: state["restarts"] == 1 and state["state"] == "ready",
-                                            timeout_s=10, what="restarted and ready again")
+            await hub.wait_for_model_server(
+                lambda state: state["restarts"] == 1 and state["state"] == "ready",
+                timeout_s=10,
+                what="restarted and ready again",
+            )
             state = model_server(hub)
             assert state["last_failure"]["kind"] == "cuda_oom"
             assert state["last_failure"]["phase"] == "runtime"
@@ -292,8 +329,9 @@ async def test_a_failure_before_the_first_readiness_comes_out_of_nursery_start(t
 
 
 async def test_a_child_that_never_turns_healthy_is_stopped_at_the_startup_deadline(tmp_path):
-    settings = SupervisorSettings(startup_timeout_s=0.5, startup_poll_interval_s=0.05, probe_timeout_s=1,
-                                  max_startup_failures=1, stop_grace_s=5)
+    settings = SupervisorSettings(
+        startup_timeout_s=0.5, startup_poll_interval_s=0.05, probe_timeout_s=1, max_startup_failures=1, stop_grace_s=5
+    )
     supervisor = ModelServerSupervisor(scripted_spec(tmp_path, "never-ready"), Hub(), settings=settings)
     with trio.fail_after(TEST_DEADLINE_S), pytest.raises(ModelServerError) as raised:
         await supervisor.run()
@@ -309,8 +347,11 @@ async def test_a_server_running_requests_without_producing_tokens_is_restarted_a
     with trio.fail_after(TEST_DEADLINE_S):
         async with trio.open_nursery() as nursery:
             await nursery.start(supervisor.run)
-            await hub.wait_for_model_server(lambda state: state["restarts"] == 1 and state["state"] == "ready",
-                                            timeout_s=10, what="restarted after the stall")
+            await hub.wait_for_model_server(
+                lambda state: state["restarts"] == 1 and state["state"] == "ready",
+                timeout_s=10,
+                what="restarted after the stall",
+            )
             assert model_server(hub)["last_failure"]["kind"] == "stalled"
             pid = model_server(hub)["pid"]
             nursery.cancel_scope.cancel()
@@ -362,8 +403,12 @@ async def test_cancelling_kills_a_child_that_ignores_sigterm_and_everything_it_f
 
 
 async def test_a_command_that_cannot_be_executed_counts_as_a_failed_start(tmp_path):
-    spec = LaunchSpec(kind="sglang", argv=(str(tmp_path / "no-such-python"), "-m", "sglang.launch_server"), env=(),
-                      base_url=f"http://127.0.0.1:{free_port()}")
+    spec = LaunchSpec(
+        kind="sglang",
+        argv=(str(tmp_path / "no-such-python"), "-m", "sglang.launch_server"),
+        env=(),
+        base_url=f"http://127.0.0.1:{free_port()}",
+    )
     supervisor = ModelServerSupervisor(spec, Hub(), settings=FAST)
     with trio.fail_after(TEST_DEADLINE_S), pytest.raises(ModelServerError) as raised:
         await supervisor.run()
@@ -390,10 +435,19 @@ async def test_a_port_that_already_answers_fails_the_start_without_spawning_a_ch
 def start_leftover(spec: LaunchSpec, record_path: Path, *, run_id: str = "earlier-run") -> subprocess.Popen:
     """What a node killed with its watcher leaves behind: the server running in its own session,
     unsupervised, and the run record naming it (written as the supervisor writes it)."""
-    leftover = subprocess.Popen(list(spec.argv), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, RUN_ID_ENV: run_id})
-    write_record(record_path, RunRecord(pid=leftover.pid, start_time=psutil.Process(leftover.pid).create_time(),
-                                        argv=spec.argv, run_id=run_id))
+    leftover = subprocess.Popen(
+        list(spec.argv),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, RUN_ID_ENV: run_id},
+    )
+    write_record(
+        record_path,
+        RunRecord(
+            pid=leftover.pid, start_time=psutil.Process(leftover.pid).create_time(), argv=spec.argv, run_id=run_id
+        ),
+    )
     return leftover
 
 
