@@ -35,8 +35,9 @@ def role_services(config: Config, hub: Hub, roles: Sequence[str], actions: Actio
     services: list[tuple[str, Service]] = []
     if "gateway" in roles:
         from engy_node.gateway.role import run_gateway
+        from engy_node.verifier.role import run_local_verifier
 
-        services.append(("gateway", functools.partial(run_gateway, config, hub)))
+        services.append(("gateway", functools.partial(run_gateway, config, hub, local_verifier=run_local_verifier)))
     if "miner" in roles:
         from engy_node.gpu_monitor import run_gpu_monitor
         from engy_node.miner.role import run_miner
@@ -44,7 +45,7 @@ def role_services(config: Config, hub: Hub, roles: Sequence[str], actions: Actio
         services.append(("GPU monitor", functools.partial(run_gpu_monitor, hub)))
         services.append(("miner", functools.partial(run_miner, config, hub, actions=actions)))
     if "verifier" in roles:
-        from engy_node.verifier import run_verifier_role
+        from engy_node.verifier.role import run_verifier_role
 
         services.append(("verifier", functools.partial(run_verifier_role, config, hub)))
     if "validator" in roles:

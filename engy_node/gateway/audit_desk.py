@@ -1,7 +1,7 @@
 """The audit desk: where verifiers lease jobs and hand in verdicts, whoever they are.
 
 One desk per gateway, in its first process, over the one `AuditQueue`. The signed audit API
-(`provider_api.py`) and a verifier running inside the gateway (`verifier.py`, local networks)
+(`provider_api.py`) and a verifier running inside the gateway (`DeskAuditSource`, local networks)
 both come through here, so the rules are the same for both:
 
 * a verdict is taken only for a job the verifier leased (its lease may have run out, as long as
@@ -24,43 +24,31 @@ verdict is filed under the miner the gateway recorded, never one a verifier name
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Literal
 
 import trio
 
-from engy_node.gateway.audit import AuditJob, AuditQueue, Lease
+from engy_node.gateway.audit import AuditQueue, Lease
 from engy_node.gateway.store import Store, StoreError, VerdictRecord
 from engy_node.gateway.store.checks import CODE
+from engy_node.protocol.audit import (
+    LOCAL_VERIFIER,
+    AuditJob,
+    AuditRefused,
+    LeasedJob,
+    PostedVerdict,
+    VerdictKind,
+)
 
 log = logging.getLogger("engy.gateway.audit")
 
-VerdictKind = Literal["pass", "cheat", "unproven"]
 MAX_BATCH = 64
 """Most jobs leased, or verdicts posted, in one call."""
 GATEWAY_VERIFIER = "gateway"
 """The name verdicts the gateway established itself are filed under."""
 FOUND_QUEUE = 10_000
-
-
-class AuditRefused(Exception):
-    """A lease or verdict batch the desk will not take; `status` is the HTTP status to answer."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PostedVerdict:
-    job_id: str
-    verdict: VerdictKind
-    reason: str
 
 
 class AuditDesk:
@@ -239,3 +227,20 @@ def parse_verdicts(body: object) -> list[PostedVerdict]:
             )
         parsed.append(PostedVerdict(job_id, verdict, reason))
     return parsed
+
+
+class DeskAuditSource:
+    """The desk as a verifier's `AuditSource`, in process: what a gateway hands the verifier it
+    runs inside itself (`gateway.local_verifier`)."""
+
+    name = LOCAL_VERIFIER
+
+    def __init__(self, desk: AuditDesk) -> None:
+        self.desk = desk
+
+    async def lease(self, limit: int) -> list[LeasedJob]:
+        now = self.desk.clock()
+        return [LeasedJob(lease.job, lease.expires_at - now) for lease in self.desk.lease(LOCAL_VERIFIER, limit=limit)]
+
+    async def post(self, verdicts: list[PostedVerdict]) -> None:
+        await self.desk.submit(LOCAL_VERIFIER, verdicts)

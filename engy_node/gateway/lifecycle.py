@@ -55,7 +55,7 @@ from engy_node import proof
 from engy_node.asgi import BodyError, Receive, read_json_object
 from engy_node.gateway import billing, intake
 from engy_node.gateway.admission import WaitingRoom
-from engy_node.gateway.audit import AuditJob, audited
+from engy_node.gateway.audit import audited
 from engy_node.gateway.chat import ChatRequest, GatewayError, Usage
 from engy_node.gateway.corrections import StructuredParts, presentation_match, structured_account
 from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
@@ -65,6 +65,7 @@ from engy_node.gateway.settlement import BUYER_FAULTS
 from engy_node.gateway.store import RequestLogEntry, Store, StoreError
 from engy_node.metrics import Registry
 from engy_node.model_output import THINK_CLOSE, ReasoningDelta, parse_output
+from engy_node.protocol.audit import AuditJob
 from engy_node.protocol.miner import FEATURE_SAMPLING, FEATURE_SEEDED, FEATURE_TOOLS, Message, Response, ServeRequest
 from engy_node.serve.sampling import REPLACEMENT_CHARACTER
 from engy_node.served_model import ServedModel

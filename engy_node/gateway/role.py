@@ -46,6 +46,7 @@ from engy_node.gateway.trust_plane import TrustPlane
 from engy_node.gateway.workers import MinerListener, Seat, SharedSockets, run_worker_process
 from engy_node.hub import Hub
 from engy_node.models import get_model
+from engy_node.protocol.audit import LocalVerifier
 from engy_node.serve.checkpoint import resolve_checkpoint
 from engy_node.served_model import ServedModel, load_served_model
 
@@ -130,12 +131,19 @@ def load_models(config: Config) -> dict[str, ServedModel]:
     return models
 
 
-async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def run_gateway(
+    config: Config,
+    hub: Hub,
+    *,
+    local_verifier: LocalVerifier | None = None,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
     """The gateway role: one process, or the first of `gateway.workers`, which binds the shared
-    sockets, serves as worker 0 and starts the others (`workers.py`)."""
+    sockets, serves as worker 0 and starts the others (`workers.py`). `local_verifier` runs on
+    the audit desk with `gateway.local_verifier` (the node passes the verifier role's)."""
     settings = config.gateway
     if settings.workers == 1:
-        await serve_gateway(config, hub, task_status=task_status)
+        await serve_gateway(config, hub, local_verifier=local_verifier, task_status=task_status)
         return
     if not sys.platform.startswith("linux"):
         raise ConfigError(
@@ -148,7 +156,9 @@ async def run_gateway(config: Config, hub: Hub, *, task_status=trio.TASK_STATUS_
     try:
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(
-                functools.partial(serve_gateway, config, hub, seat=seat, buyer_socket=buyer_socket)
+                functools.partial(
+                    serve_gateway, config, hub, seat=seat, buyer_socket=buyer_socket, local_verifier=local_verifier
+                )
             )
             for index in range(1, settings.workers):
                 await nursery.start(run_worker_process, config, shared.seat(index))
@@ -171,6 +181,7 @@ async def serve_gateway(
     *,
     seat: Seat | None = None,
     buyer_socket: socket.socket | None = None,
+    local_verifier: LocalVerifier | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """One gateway process: on its own ports, or as worker `seat.index` of several (listening
@@ -222,6 +233,7 @@ async def serve_gateway(
                 hub=hub,
                 link_token=link_token,
                 leadership=leadership,
+                local_verifier=local_verifier,
             )
         )
     else:

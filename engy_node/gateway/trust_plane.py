@@ -22,7 +22,7 @@ from engy_node.config import Config, comma_list
 from engy_node.errors import ConfigError
 from engy_node.gateway import control_plane
 from engy_node.gateway.audit import AuditQueue
-from engy_node.gateway.audit_desk import AuditDesk
+from engy_node.gateway.audit_desk import AuditDesk, DeskAuditSource
 from engy_node.gateway.audit_link import AuditLinkClient, AuditLinkServer
 from engy_node.gateway.epochs import EpochClock
 from engy_node.gateway.leadership import Leadership
@@ -35,6 +35,7 @@ from engy_node.gateway.settlement import GateMinimums
 from engy_node.gateway.store import Store
 from engy_node.gateway.traffic import ProbePlan
 from engy_node.hub import Hub
+from engy_node.protocol.audit import LocalVerifier
 from engy_node.served_model import ServedModel
 
 log = logging.getLogger("engy.gateway")
@@ -63,10 +64,17 @@ class TrustPlane:
         hub: Hub,
         link_token: str | None,
         leadership: Leadership | None = None,
+        local_verifier: LocalVerifier | None = None,
     ) -> TrustPlane:
         """`leadership`: this host's claim on the fleet's leader lease (None: alone on its store);
-        only the leader closes epochs and runs traffic control."""
+        only the leader closes epochs and runs traffic control. `local_verifier`: the verifier to
+        run on the desk with `gateway.local_verifier` (the node supplies the verifier role's)."""
         settings = config.gateway
+        if settings.local_verifier and local_verifier is None:
+            raise ConfigError(
+                "gateway.local_verifier is on but this gateway was started without a verifier to run; "
+                "start it with `engy-node --role gateway`, or set gateway.local_verifier = false"
+            )
         desk = AuditDesk(
             queue=AuditQueue(
                 lease_s=settings.audit_lease_s, ttl_s=settings.proof_tee_ttl_s, max_jobs=settings.proof_tee_max_entries
@@ -102,8 +110,9 @@ class TrustPlane:
             plane.services.insert(0, leadership.run)
         if link_token is not None:
             plane.services.append(AuditLinkServer(link_token, desk).run)
-        if settings.local_verifier:
-            plane.services.append(functools.partial(_run_local_verifier, desk, models))
+        if settings.local_verifier and local_verifier is not None:
+            checkpoints = {model_id: model.checkpoint for model_id, model in models.items()}
+            plane.services.append(functools.partial(local_verifier, DeskAuditSource(desk), checkpoints))
         return plane
 
     def start_traffic_control(self, config: Config, *, gateway: Gateway, store: Store, hub: Hub) -> None:
@@ -218,16 +227,3 @@ async def _publish_audit_counts(desk: AuditDesk, hub: Hub, *, task_status=trio.T
         counts = desk.queue.counts(now=desk.clock())
         hub.set_state("audit", **dataclasses.asdict(counts), recorded=desk.recorded)
         await trio.sleep(AUDIT_COUNTS_S)
-
-
-async def _run_local_verifier(
-    desk: AuditDesk, models: dict[str, ServedModel], *, task_status=trio.TASK_STATUS_IGNORED
-) -> None:
-    from engy_node.verifier import DeskAuditSource, Judge, Verifier
-
-    # One thread: this verifier shares the machine with the gateway and, on a local network, the miners' model servers.
-    judge = Judge(
-        {model_id: model.checkpoint for model_id, model in models.items()}, device="cpu", dtype="float32", threads=1
-    )
-    log.info("judging audit jobs inside the gateway (gateway.local_verifier)")
-    await Verifier(DeskAuditSource(desk), judge.judge).run(task_status=task_status)

@@ -57,7 +57,7 @@ from engy_node.miner.role import run_miner
 from engy_node.models import DEFAULT_LOCAL_MODEL
 from engy_node.validator.devchain import DevChain, SubnetParams
 from engy_node.validator.role import run_validator
-from engy_node.verifier import run_verifier_role
+from engy_node.verifier.role import run_local_verifier, run_verifier_role
 
 log = logging.getLogger("engy.local")
 
@@ -309,7 +309,9 @@ async def run_up(
             )
             await nursery.start(_publish_chain, chain, hub, config.node.netuid)
             await nursery.start(run_gpu_monitor, hub)
-            urls: GatewayUrls = await nursery.start(run_gateway, config, hub)
+            urls: GatewayUrls = await nursery.start(
+                functools.partial(run_gateway, config, hub, local_verifier=run_local_verifier)
+            )
             await _start_together(nursery, [_miner_service(config, hub, name, urls, actions) for name in MINERS])
             await nursery.start(
                 functools.partial(run_validator, _validator_config(config, urls, hotkeys), hub, substrate=chain)

@@ -13,11 +13,11 @@ import pytest
 from engy_node import proof
 from engy_node.calibration import chat_ids, greedy_generation, quantise_linear_weights, seeded_generation
 from engy_node.drift import drift_conversations
-from engy_node.gateway.audit import AuditJob
 from engy_node.models import SMOLLM2_135M
+from engy_node.protocol.audit import AuditJob
 from engy_node.protocol.miner import Sampling
 from engy_node.serve.engine import ModelRunner
-from engy_node.verifier import Judge
+from engy_node.verifier.judge import Judge
 
 MODEL = SMOLLM2_135M.id
 PROMPTS = ("Explain why the sky is blue in two sentences.", "Give me a simple recipe for pancakes.")

@@ -10,12 +10,14 @@ import pytest
 import trio
 
 from engy_node import proof
-from engy_node.gateway.audit import AuditJob, AuditQueue
-from engy_node.gateway.audit_desk import AuditDesk
+from engy_node.gateway.audit import AuditQueue
+from engy_node.gateway.audit_desk import AuditDesk, DeskAuditSource
 from engy_node.gateway.store import Store
 from engy_node.proof import Delivery
+from engy_node.protocol.audit import LOCAL_VERIFIER, AuditJob
 from engy_node.protocol.miner import Sampling
-from engy_node.verifier import LOCAL_VERIFIER, DeskAuditSource, Judge, Verifier
+from engy_node.verifier.judge import Judge
+from engy_node.verifier.role import Verifier
 
 
 def job(request_id: str, *, model: str = "smollm2-135m", commitment: dict | None = None) -> AuditJob:

@@ -55,7 +55,8 @@ from engy_node.gateway.store.requests import RequestLogEntry, UsageSummary
 from engy_node.gateway.store.schema import APPLICATION_ID, BUSY_TIMEOUT_S, SCHEMA_VERSION, StoreError
 from engy_node.gateway.store.store import Store
 from engy_node.gateway.store.validators import ValidatorHeartbeat
-from engy_node.gateway.store.verdicts import LOCAL_VERIFIER, VerdictRecord
+from engy_node.gateway.store.verdicts import VerdictRecord
+from engy_node.protocol.audit import LOCAL_VERIFIER
 
 __all__ = [
     "APPLICATION_ID",

@@ -24,10 +24,6 @@ from typing import Literal
 from engy_node.gateway.store.checks import catalog_id, identifier, integer, short_code, timestamp
 from engy_node.gateway.store.connection import Connection, serialised
 
-LOCAL_VERIFIER = "local"
-"""`VerdictRecord.verifier` for the gateway's own verifier; any other verifier is named by its
-ss58 hotkey."""
-
 _COLUMNS = ("request_id", "miner", "model", "kind", "verdict", "reason", "verifier", "request_created_at", "judged_at")
 
 
@@ -46,7 +42,7 @@ class VerdictRecord:
     reason: str
     """Short code saying why (`chunk:exp-mismatch`, `past-eos`; `checks.CODE`)."""
     verifier: str
-    """ss58 hotkey of the verifier that judged it, or `LOCAL_VERIFIER`."""
+    """ss58 hotkey of the verifier that judged it, or `protocol.audit.LOCAL_VERIFIER`."""
     request_created_at: float
     """Unix seconds when the request was served; the epoch windows go by this."""
     judged_at: float

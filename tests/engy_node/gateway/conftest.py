@@ -8,6 +8,7 @@ import trio
 from engy_node.gateway.role import run_gateway
 from engy_node.gateway.store import Store
 from engy_node.hub import Hub
+from engy_node.verifier.role import run_local_verifier
 from tests.waiting import Changes
 
 
@@ -41,7 +42,7 @@ class StoppableGateway:
     async def run(self, config, hub: Hub | None = None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:
             with self.scope:
-                await run_gateway(config, hub or Hub(), task_status=task_status)
+                await run_gateway(config, hub or Hub(), local_verifier=run_local_verifier, task_status=task_status)
         finally:
             self.stopped.set()
 

@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engy_node.gateway.audit import AuditJob, AuditQueue, audited
+from engy_node.gateway.audit import AuditQueue, audited
 from engy_node.gateway.lifecycle import usage_padding
 from engy_node.proof import Delivery, SamplingTerms
+from engy_node.protocol.audit import AuditJob
 from engy_node.protocol.miner import Sampling
 
 

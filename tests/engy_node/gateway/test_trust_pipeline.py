@@ -40,7 +40,9 @@ from engy_node.protocol.miner import Capacity
 from engy_node.serve.client import ServeClient
 from engy_node.serve.engine import ModelRunner
 from engy_node.served_model import load_served_model
-from engy_node.verifier import HttpAuditSource, Judge, Verifier
+from engy_node.verifier.judge import Judge
+from engy_node.verifier.role import Verifier
+from engy_node.verifier.sources import HttpAuditSource
 from tests.conftest import ServerProcess
 from tests.engy_node.gateway.cheaters import Cheat, CheatingHandler, cheating_link
 

@@ -1,0 +1,155 @@
+"""The blocking part of a verifier: recompute an answer on the canonical model and judge it.
+
+`Judge` keeps one `ModelRunner` per model, loaded on first use, and runs
+`proof.verify_commitment` with the runner's prefill as the recompute; an answer that came with
+no commitment is judged on its delivered tokens alone (`proof.judge_delivered`), segmented as
+the model would have written them (`model_segmentation`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from engy_node import proof
+from engy_node.models import ModelSpec, get_model, model_root
+from engy_node.protocol.audit import AuditJob
+
+log = logging.getLogger("engy.verifier")
+
+
+class Judge:
+    """Judges jobs on the canonical models. Blocking; safe to call from several threads (each
+    model loads once; prefill runs under the runner's own inference mode)."""
+
+    def __init__(
+        self, checkpoints: Mapping[str, Path], *, device: str = "cpu", dtype: str = "float32", threads: int = 0
+    ) -> None:
+        self.checkpoints = dict(checkpoints)
+        self.device = device
+        self.dtype = dtype
+        self.threads = threads
+        """CPU threads for the recompute (torch's, process-wide); 0 leaves torch's default. A
+        verifier sharing a machine with a model server wants few: two thread pools spinning on
+        the same cores make both several times slower."""
+        self._loaded: dict[str, tuple[Any, str, frozenset[int]]] = {}
+        self._lock = threading.Lock()
+
+    def _runner(self, model: str):
+        with self._lock:
+            if model not in self._loaded:
+                from engy_node.serve.engine import ModelRunner
+                from engy_node.served_model import end_token_ids_of
+
+                if self.threads:
+                    import torch
+
+                    torch.set_num_threads(self.threads)
+                checkpoint = self.checkpoints[model]
+                runner = ModelRunner.load(checkpoint, device=self.device, dtype=self.dtype)
+                self._loaded[model] = (runner, model_root(checkpoint), end_token_ids_of(checkpoint, runner.tokenizer))
+                log.info("verifier loaded %s (%s on %s)", model, self.dtype, runner.device)
+            return self._loaded[model]
+
+    def judge(self, job: AuditJob) -> proof.Verdict:
+        """The verdict on one job; one that passes on a delivery the gateway repaired says how
+        the miner's text fell short of its proven tokens (`defect:<kind>`: counted, never a cheat)."""
+        verdict = self._judge(job)
+        if verdict.kind == "pass" and job.delivery.defect is not None:
+            return dataclasses.replace(verdict, reason=f"defect:{job.delivery.defect}")
+        return verdict
+
+    def _judge(self, job: AuditJob) -> proof.Verdict:
+        if job.model not in self.checkpoints:
+            return proof.Verdict("unproven", "model-not-verifiable")
+        if not job.commitment:
+            return self._judge_delivered(job)
+        try:
+            commitment = proof.Commitment.from_wire(job.commitment)
+        except proof.ProofFormatError:
+            return proof.Verdict("unproven", "malformed-commitment")
+        spec: ModelSpec = get_model(job.model)
+        runner, root, end_ids = self._runner(job.model)
+        return proof.verify_commitment(
+            commitment,
+            model=spec,
+            canonical_root=root,
+            expected_prompt_ids=job.prompt_ids,
+            recompute=runner.prefill,
+            greedy=job.greedy,
+            delivery=job.delivery,
+            end_token_ids=end_ids,
+            sampling=job.sampling_terms(),
+        )
+
+    def _judge_delivered(self, job: AuditJob) -> proof.Verdict:
+        """No commitment (a TEE miner, or any miner that sends `commitment: {}`): the delivered
+        tokens judged on the canonical model alone (`proof.judge_delivered`)."""
+        runner, _, _ = self._runner(job.model)
+        return proof.judge_delivered(
+            job.prompt_ids,
+            job.delivery.relayed_output_ids,
+            model=get_model(job.model),
+            recompute=runner.prefill,
+            greedy=job.greedy,
+            sampling=job.sampling_terms(),
+            resegment=functools.partial(model_segmentation, runner),
+        )
+
+
+SEGMENTATION_CANDIDATES = 256
+"""The most probable tokens at each step among which `model_segmentation` looks for the piece."""
+SEGMENTATION_WINDOW = 4
+
+
+def model_segmentation(runner, prompt_ids: Sequence[int], delivered_ids: Sequence[int]) -> list[int] | None:
+    """The delivered text in the pieces the canonical model would most likely have written it
+    in: decoding after the prompt, each step takes the most probable of the step's likeliest
+    tokens that keeps the decoded output a prefix of the text, and the tokenizer's own next
+    piece only when none does. An honest greedy answer comes back exactly as the model wrote
+    it (its argmax always fits). Text that ends inside a piece (a tail a peer held back, a stop
+    string cut mid-token) ends with the likeliest piece that covers what is left of it. None
+    when the text cannot be followed piece by piece (a character split across tokens at a point
+    the model did not split it)."""
+    import torch
+
+    text = runner.decode_text(list(delivered_ids))
+    cache = runner.new_cache()
+    _, logits = runner.forward(list(prompt_ids), cache)
+    pieces: list[int] = []
+    written = ""
+
+    def extended(token: int) -> str:
+        # The text a token adds, decoded with the few tokens before it (a byte-level piece may
+        # finish a character they began), rather than the whole answer again per candidate.
+        window = pieces[-SEGMENTATION_WINDOW:]
+        before = runner.decode_text(window)
+        after = runner.decode_text(window + [token])
+        if "\ufffd" in after or not after.startswith(before):
+            return runner.decode_text(pieces + [token])
+        return written + after[len(before) :]
+
+    for _ in range(2 * len(delivered_ids) + 8):
+        if written == text:
+            return pieces
+        chosen = None
+        for token in torch.topk(logits, SEGMENTATION_CANDIDATES).indices.tolist():
+            candidate = extended(token)
+            if len(candidate) > len(written) and (text.startswith(candidate) or candidate.startswith(text)):
+                chosen, written = token, candidate
+                break
+        if chosen is None:
+            rest = runner.tokenizer.encode(text[len(written) :], add_special_tokens=False)
+            if not rest or not text.startswith(candidate := extended(rest[0])) or len(candidate) <= len(written):
+                return None
+            chosen, written = rest[0], candidate
+        pieces.append(chosen)
+        if written.startswith(text):
+            return pieces
+        _, logits = runner.forward([chosen], cache)
+    return None
