@@ -63,7 +63,7 @@ import trio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engy_node.metrics import nearest_rank  # noqa: E402
+from engy_node.percentile import nearest_rank  # noqa: E402
 
 ANSWER = "The quick brown fox jumps over the lazy dog. " * 2
 CHUNK_CHARS = len(ANSWER) // 8

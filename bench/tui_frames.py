@@ -82,10 +82,10 @@ import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 from textual.screen import Screen  # noqa: E402
 
-from engy_node import gpu_monitor  # noqa: E402
+from engy_node.hardware import monitor as gpu_monitor  # noqa: E402
+from engy_node.hardware.fake_nvml import FakeNvml  # noqa: E402
 from engy_node.hub import Hub, install_logging  # noqa: E402
 from engy_node.miner.role import MinerMetrics  # noqa: E402
-from engy_node.testing.nvml import FakeNvml  # noqa: E402
 from engy_tui import manager as manager_module  # noqa: E402
 from engy_tui.manager import NodeManager  # noqa: E402
 from engy_tui.node_bridge import NodeBridge  # noqa: E402

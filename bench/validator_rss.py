@@ -71,7 +71,7 @@ READY = "ready"
 BARE = "import sys, time\nimport trio, httpx\nprint('ready', file=sys.stderr, flush=True)\ntime.sleep(3600)\n"
 SDK = """import sys, time
 import bittensor as bt
-from engy_node.validator.devchain import DevChain
+from engy_node.local.devchain import DevChain
 client = bt.SyncClient("local", substrate=DevChain(), fallback_endpoints=[])
 client.connect()
 client.block
@@ -150,8 +150,8 @@ def run_validator_child(home: str, validator_hotkey: str, miners: list[str], res
     import functools
 
     from engy_node import cli
+    from engy_node.local.devchain import DevChain, SubnetParams
     from engy_node.validator import role
-    from engy_node.validator.devchain import DevChain, SubnetParams
 
     chain = DevChain(
         netuid=NETUID, params=SubnetParams(weights_rate_limit=RATE_LIMIT, tempo=TEMPO), block_time_s=BLOCK_S

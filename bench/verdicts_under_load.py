@@ -35,8 +35,8 @@ import trio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engy_node.gateway.probe_corpus import load_probe_corpus  # noqa: E402
 from engy_node.gateway.traffic import DEFAULT_SAMPLING_MIX  # noqa: E402
+from engy_node.probe_corpus import load_probe_corpus  # noqa: E402
 
 READY_LINE = "engy local network is up."
 VERDICT_LINE = re.compile(r"engy\.verifier: job (\S+) \(.*\): (cheat|unproven) ")

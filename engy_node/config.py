@@ -34,12 +34,34 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engy_node.errors import ConfigError
-from engy_node.miner.drain import DEFAULT_DRAIN_S, MAX_DRAIN_S
 
 APP_NAME = "engy"
 ENV_PREFIX = "ENGY_"
 LogLevel = Literal["debug", "info", "warning", "error"]
 MAX_GATEWAY_WORKERS = 64
+
+
+# How long a miner's stop may take (`engy_node.miner.drain`): the steps' bounds, restated so that
+# loading a config can refuse a `miner.drain_s` that would outlast systemd's stop.
+SYSTEMD_STOP_S = 90.0
+"""systemd's DefaultTimeoutStopSec: SIGTERM, then SIGKILL after this long."""
+NODE_MARGIN_S = 10.0
+"""The rest of a node's stop around the miner's: other services' cleanup, the interpreter's exit."""
+ANNOUNCE_S = 2.0
+"""Sending the capacity-0 heartbeat on every leg at once (one small frame each)."""
+ABORT_S = 7.0
+"""The serve client's abort call (`serve.client.ABORT_TIMEOUT_S`, 5 s) and then sending the
+terminal responses (2 s)."""
+CLOSE_S = 2.0
+"""Closing every leg at once: the websocket close handshake (`link.CLOSE_TIMEOUT_S`)."""
+SERVER_STOP_S = 22.0
+"""The model server's stop: `SupervisorSettings.stop_grace_s` (15 s), the SIGKILL wait (5 s) and
+the output drain (2 s) of the supervisor."""
+MAX_DRAIN_S = SYSTEMD_STOP_S - NODE_MARGIN_S - ANNOUNCE_S - ABORT_S - CLOSE_S - SERVER_STOP_S
+"""The longest `miner.drain_s` whose stop still fits systemd's: 47 s."""
+DEFAULT_DRAIN_S = 30.0
+"""Enough for a chat answer of a few hundred tokens already under way to finish at consumer-GPU
+decode speeds; a 32k-token answer is aborted and the buyer told."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -201,7 +223,7 @@ class GatewaySection:
     """Probes out at once across all miners; a CPU-only local network wants a few."""
     probe_corpus: str = ""
     """A JSON Lines file of probe conversations of your own (a private corpus miners cannot
-    learn; format as `engy_node/gateway/data/probe_corpus.jsonl`). Empty: the shipped corpus."""
+    learn; format as `engy_node/data/probe_corpus.jsonl`). Empty: the shipped corpus."""
     audit_paid_pct: float = 5.0
     """Share of paid responses re-verified, in percent (every probe is)."""
     audit_lease_s: float = 120.0

@@ -44,7 +44,7 @@ from typing import Any
 from engy_node import __version__
 from engy_node.config import Config, config_document, resolve_paths
 from engy_node.errors import EngyError
-from engy_node.gateway.store.keys import BUYER_KEY_PREFIX, MINER_KEY_PREFIX
+from engy_node.protocol.api_keys import BUYER_KEY_PREFIX, MINER_KEY_PREFIX
 
 DEFAULT_LOG_LINES = 2000
 """Lines kept from the end of each log file: a few minutes of a busy node, about 300 KB."""
@@ -415,7 +415,7 @@ def _control_tokens(data_dir: Path) -> list[str]:
 
 
 def _collect_gpus(contents: _Contents, nvml: Any) -> str:
-    from engy_node.miner.gpu import detect
+    from engy_node.hardware.gpu import detect
 
     try:
         inventory = detect(nvml=nvml)

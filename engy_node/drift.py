@@ -78,7 +78,7 @@ def drift_conversations(limit: int | None = None) -> list[list[dict[str, str]]]:
     """The probe corpus's conversations, then, for those longer than one user message, the
     first user turn alone (with any system message), then every conversation that opens with a
     system message without it: distinct prompts, as buyers send them."""
-    from engy_node.gateway.probe_corpus import load_probe_corpus
+    from engy_node.probe_corpus import load_probe_corpus
 
     corpus = [[dict(m) for m in prompt.messages] for prompt in load_probe_corpus()]
     first_turns = []
@@ -257,12 +257,6 @@ class DriftRow:
 
 
 BANDS = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
-
-
-def _percentile(values: Sequence[float], fraction: float) -> float:
-    """Nearest rank."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)] if ordered else 0.0
 
 
 def summarise(samples: Sequence[DriftSample], *, short_budget: int = 40) -> list[DriftRow]:

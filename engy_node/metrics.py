@@ -25,8 +25,8 @@ end in `_total` (the library writes the suffix itself), and a histogram whose fi
 is negative is written without `_sum` and `_count` (OpenMetrics' rule, which the library
 applies); the snapshot keeps both either way.
 
-`nearest_rank()` is public because other modules (epoch settlement, over integer
-milliseconds) must use exactly the same percentile definition as the dashboards.
+Percentiles are `engy_node.percentile.nearest_rank`, the definition epoch settlement and the
+breaker use too.
 
 This module does no IO and reads no clock: callers measure durations and pass them in.
 
@@ -47,11 +47,12 @@ import math
 import re
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from fractions import Fraction
 from typing import Any, ClassVar, Generic, TypeVar
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
+
+from engy_node.percentile import checked, nearest_rank
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -67,7 +68,6 @@ __all__ = [
     "HistogramChild",
     "HistogramSummary",
     "Registry",
-    "nearest_rank",
 ]
 
 # prometheus_client's default buckets, for histograms that are not one of the latencies below.
@@ -103,30 +103,6 @@ DEFAULT_WINDOW = 4096
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 # Label names may not contain colons; names starting with "__" are reserved by Prometheus.
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-
-
-def _validate_q(q: float) -> None:
-    # Written as `not (...)` so that NaN is rejected too.
-    if not (0 < q <= 100):
-        raise ValueError(f"percentile must be in (0, 100], got {q!r}")
-
-
-T = TypeVar("T")
-
-
-def nearest_rank(sorted_values: Sequence[T], q: float) -> T:
-    """The q-th percentile of ascending `sorted_values` by the nearest-rank method.
-
-    That is the value at index ceil(q/100 * n) - 1: always one of the observations, never an
-    interpolation, so integer inputs give integer results. The rank is computed with exact
-    rational arithmetic; in floating point, 7/100 * 100 would round up to rank 8.
-    Raises ValueError for an empty sequence or q outside (0, 100].
-    """
-    _validate_q(q)
-    if not sorted_values:
-        raise ValueError("nearest_rank of an empty sequence")
-    rank = math.ceil(Fraction(q) * len(sorted_values) / 100)
-    return sorted_values[rank - 1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,7 +221,7 @@ class HistogramChild:
 
     def percentile(self, q: float) -> float | None:
         """Exact nearest-rank q-th percentile of the recent window; None when it is empty."""
-        _validate_q(q)
+        checked(q)
         values = self._sorted_window()
         return nearest_rank(values, q) if values else None
 

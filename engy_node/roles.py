@@ -39,7 +39,7 @@ def role_services(config: Config, hub: Hub, roles: Sequence[str], actions: Actio
 
         services.append(("gateway", functools.partial(run_gateway, config, hub, local_verifier=run_local_verifier)))
     if "miner" in roles:
-        from engy_node.gpu_monitor import run_gpu_monitor
+        from engy_node.hardware.monitor import run_gpu_monitor
         from engy_node.miner.role import run_miner
 
         services.append(("GPU monitor", functools.partial(run_gpu_monitor, hub)))

@@ -44,8 +44,8 @@ from urllib.parse import urlsplit
 from engy_node.config import ValidatorSection, checkpoint_pairs, resolve_paths
 from engy_node.diagnose import is_secret_field, mask_value
 from engy_node.errors import ConfigError, ModelError
-from engy_node.miner.gpu import CPU_MODE, GIB, GpuInfo, GpuInventory
-from engy_node.miner.plan import Plan, plan, read_model_shape
+from engy_node.hardware.gpu import CPU_MODE, GIB, GpuInfo, GpuInventory
+from engy_node.hardware.plan import Plan, plan, read_model_shape
 from engy_node.models import CATALOG, DEFAULT_LOCAL_MODEL, ModelSpec
 
 __all__ = [
@@ -771,7 +771,7 @@ def gather_facts(home: str | None = None, *, env: Mapping[str, str] | None = Non
     call it from a thread. Raises `ConfigError` when node.toml exists but is not readable TOML."""
     import psutil
 
-    from engy_node.miner.gpu import detect
+    from engy_node.hardware.gpu import detect
 
     paths = resolve_paths(home, os.environ if env is None else env)
     existing = read_existing(paths.config_file)

@@ -255,17 +255,7 @@ async def serve_gateway(
                 audit=trust.audit,
                 eligible=trust.eligible,
                 request_log=request_log,
-                settings=GatewaySettings(
-                    max_body_bytes=settings.max_body_bytes,
-                    body_timeout_s=settings.body_timeout_s,
-                    keepalive_s=settings.keepalive_s,
-                    first_byte_wait_s=settings.first_byte_wait_s,
-                    max_attempts=settings.max_attempts,
-                    no_capacity_retry_after_s=settings.no_capacity_retry_after_s,
-                    audit_paid_pct=settings.audit_paid_pct,
-                    queue_wait_s=settings.queue_wait_s,
-                    queue_max=settings.queue_max,
-                ),
+                settings=GatewaySettings.from_section(settings),
                 registry=hub.registry,
             )
             await nursery.start(gateway.keep_proofs)

@@ -56,6 +56,8 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal, Protocol
 
+from engy_node.percentile import nearest_rank
+
 WEIGHT_TOTAL = 65535
 """Weights are u16 on chain; one epoch's weights always sum to exactly this."""
 
@@ -220,17 +222,6 @@ class EpochSettlement:
         }
 
 
-def nearest_rank_p99(values: Iterable[int]) -> int:
-    """The 99th percentile by nearest rank: the value at 1-based rank ceil(0.99 · n) of the
-    sorted values. Integer arithmetic, so the result is exact and platform-independent.
-
-    Raises ValueError on no values (a gate with no sample has nothing to compare)."""
-    ordered = sorted(values)
-    if not ordered:
-        raise ValueError("the p99 of no values is undefined")
-    return ordered[(99 * len(ordered) + 99) // 100 - 1]
-
-
 HotkeyOrder = Callable[[str], tuple[int, int, str]]
 
 
@@ -265,8 +256,8 @@ def _row(
     tokens = sum(record.prompt_tokens + record.completion_tokens for record in counted)
     ttft = [record.ttft_ms for record in counted if record.ttft_ms is not None]
     tpot = [record.tpot_ms for record in counted if record.tpot_ms is not None]
-    ttft_p99 = nearest_rank_p99(ttft) if ttft else None
-    tpot_p99 = nearest_rank_p99(tpot) if tpot else None
+    ttft_p99 = nearest_rank(sorted(ttft), 99) if ttft else None
+    tpot_p99 = nearest_rank(sorted(tpot), 99) if tpot else None
     attempts = len(records) - status_499 - buyer_faults
     rendered = verdicts.passed + verdicts.cheat
 

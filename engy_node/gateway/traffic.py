@@ -84,8 +84,9 @@ import math
 from collections.abc import Sequence
 from typing import Literal, Protocol
 
-from engy_node.gateway.settlement import nearest_rank_p99
+from engy_node.percentile import nearest_rank
 from engy_node.proof import VerdictKind
+from engy_node.protocol import standing
 
 __all__ = [
     "DEFAULT_MAX_TOKENS_MIX",
@@ -297,7 +298,7 @@ class TrafficPolicy:
     lag. A verifier that is down therefore blocks qualification rather than waving workers in."""
 
     # Circuit breaker ----------------------------------------------------------------------------
-    window_s: float = 60.0
+    window_s: float = standing.SERVED_WINDOW_S
     """Served requests (paid, and probes while active) count for the breaker this long after they
     end: SPEC's "within about a minute"."""
     failures_in_a_row: int = 3
@@ -315,13 +316,13 @@ class TrafficPolicy:
     window's nearest-rank p99 being over the ceiling. Below 100 samples the p99 is the maximum,
     so one outlier (one very long prompt) would pull; at 100 samples the p99 first goes over the
     ceiling with the second slow request, and requiring two keeps that tolerance on small samples."""
-    verdict_window_s: float = 300.0
+    verdict_window_s: float = standing.VERDICT_WINDOW_S
     """Verdicts count for the unproven rate this long after they arrive. Longer than `window_s`
     because only a sample of paid traffic is audited and verdicts trickle in after the verifier's
     lag, so a minute would rarely hold `min_verdicts`."""
     min_verdicts: int = 10
     """Verdicts in the verdict window before the unproven rate is judged."""
-    max_unproven_pct: int = 20
+    max_unproven_pct: int = standing.MAX_UNPROVEN_PCT
     """The worker is pulled when more than this share (whole percent) of its recent verdicts are
     `unproven` (SPEC §5: a miner must not hide behind unusable proofs). Honest causes stay near
     zero; 20 % leaves room for a verifier hiccup over a short window."""
@@ -1055,7 +1056,7 @@ def _p99_tolerance(samples: int) -> int:
 def _latency_line(name: str, samples: list[int], ceiling: int) -> str:
     if not samples:
         return f"no {name} sample"
-    return f"{name} p99 {nearest_rank_p99(samples)} ms ≤ {ceiling} ms"
+    return f"{name} p99 {nearest_rank(sorted(samples), 99)} ms ≤ {ceiling} ms"
 
 
 def _judge_round(
@@ -1105,8 +1106,8 @@ def _judge_round(
         and tally.passed >= policy.min_probes
         and tally.cheat == 0
         and tally.unproven <= policy.max_unproven_probes
-        and (not ttft or nearest_rank_p99(ttft) <= ttft_ceiling)
-        and (not tpot or nearest_rank_p99(tpot) <= tpot_ceiling)
+        and (not ttft or nearest_rank(sorted(ttft), 99) <= ttft_ceiling)
+        and (not tpot or nearest_rank(sorted(tpot), 99) <= tpot_ceiling)
     )
     if not qualified:
         return state, []
@@ -1152,13 +1153,13 @@ def _judge_breaker(
             getattr(entry, f"{name}_ms") for entry in served if entry.ok and getattr(entry, f"{name}_ms") is not None
         ]
         slow = sum(1 for value in samples if value > ceiling)
-        if slow >= policy.min_slow and nearest_rank_p99(samples) > ceiling:
+        if slow >= policy.min_slow and nearest_rank(sorted(samples), 99) > ceiling:
             return _pull(
                 state,
                 now=now,
                 policy=policy,
                 code=code,
-                detail=f"{name} p99 {nearest_rank_p99(samples)} ms > {ceiling} ms over {len(samples)} requests "
+                detail=f"{name} p99 {nearest_rank(sorted(samples), 99)} ms > {ceiling} ms over {len(samples)} requests "
                 f"within {window} ({slow} slow)",
             )
     judged = len(state.verdicts)

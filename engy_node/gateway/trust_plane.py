@@ -27,7 +27,6 @@ from engy_node.gateway.audit_link import AuditLinkClient, AuditLinkServer
 from engy_node.gateway.epochs import EpochClock
 from engy_node.gateway.leadership import Leadership
 from engy_node.gateway.lifecycle import Gateway
-from engy_node.gateway.probe_corpus import ProbePrompt, load_probe_corpus
 from engy_node.gateway.provider_api import ProviderApi, build_provider_app
 from engy_node.gateway.publisher import EpochPublisher
 from engy_node.gateway.relay import OPENAI, ChatEndpoint
@@ -35,6 +34,7 @@ from engy_node.gateway.settlement import GateMinimums
 from engy_node.gateway.store import Store
 from engy_node.gateway.traffic import ProbePlan
 from engy_node.hub import Hub
+from engy_node.probe_corpus import ProbePrompt, load_probe_corpus
 from engy_node.protocol.audit import LocalVerifier
 from engy_node.served_model import ServedModel
 

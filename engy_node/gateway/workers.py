@@ -38,6 +38,7 @@ import functools
 import json
 import logging
 import os
+import random
 import secrets
 import socket
 import struct
@@ -48,6 +49,7 @@ import trio
 
 from engy_node.config import Config, GatewaySection, config_document
 from engy_node.errors import ConfigError, RoleError
+from engy_node.retry import backoff_delay
 
 log = logging.getLogger("engy.gateway.workers")
 
@@ -91,7 +93,8 @@ ACCEPT_IGNORED_ERRNOS = frozenset(
 """Accept failures that concern only the connection being accepted (as trio's own listener)."""
 WORKER_START_TIMEOUT_S = 300.0
 """A worker loads every served model's tokenizer before it serves; a cold disk can be slow."""
-RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+RESTART_CAP_S = 30.0
+"""The longest pause before restarting a worker that keeps dying (`retry.backoff_delay` from 1 s)."""
 WORKER_STOP_MARGIN_S = 15.0
 """Beyond `gateway.drain_s`, how long a stopping worker has to end the requests the drain cut
 off, tell its miners to re-dial and close (each step bounded by 5 s) before it is killed."""
@@ -468,10 +471,10 @@ async def run_worker_process(config: Config, seat: Seat, *, task_status=trio.TAS
                 task_status.started()
             else:
                 log.info("gateway worker %d serves again (pid %d)", seat.index, process.pid)
-        failures = 0 if trio.current_time() - began >= STABLE_RUN_S else failures + 1
-        pause = RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)]
+        failures = 1 if trio.current_time() - began >= STABLE_RUN_S else failures + 1
+        pause = backoff_delay(consecutive_failures=failures, jitter=random.random(), cap_s=RESTART_CAP_S)
         log.error(
-            "gateway worker %d exited (status %s); restarting it in %.0f s", seat.index, process.returncode, pause
+            "gateway worker %d exited (status %s); restarting it in %.1f s", seat.index, process.returncode, pause
         )
         await trio.sleep(pause)
 

@@ -24,8 +24,8 @@ from typing import Any, Literal
 import httpx
 import trio
 
-from engy_node.gateway.probe_corpus import ProbePrompt, load_probe_corpus
 from engy_node.hub import Hub
+from engy_node.probe_corpus import ProbePrompt, load_probe_corpus
 
 log = logging.getLogger("engy.local.traffic")
 

@@ -2,7 +2,7 @@
 
 One command on a laptop with no GPU and no chain access brings up, on loopback:
 
-* a dev chain (`validator/devchain.py`, netuid 53, 1 s blocks, short tempo) driven by the real
+* a dev chain (`local/devchain.py`, netuid 53, 1 s blocks, short tempo) driven by the real
   bittensor SDK, with the owner, the validator (staked, so it holds a permit) and the two miners
   registered;
 * a gateway with a credited buyer key, its provider API and an epoch publisher signing short
@@ -51,11 +51,11 @@ from engy_node.control import Actions, node_actions, serve_control
 from engy_node.errors import EngyError
 from engy_node.gateway.role import GatewayUrls, run_gateway, store_path
 from engy_node.gateway.store import Store
-from engy_node.gpu_monitor import run_gpu_monitor
+from engy_node.hardware.monitor import run_gpu_monitor
 from engy_node.hub import Hub
+from engy_node.local.devchain import DevChain, SubnetParams
 from engy_node.miner.role import run_miner
 from engy_node.models import DEFAULT_LOCAL_MODEL
-from engy_node.validator.devchain import DevChain, SubnetParams
 from engy_node.validator.role import run_validator
 from engy_node.verifier.role import run_local_verifier, run_verifier_role
 

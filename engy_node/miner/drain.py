@@ -19,9 +19,9 @@ find out from a dropped connection. So the stop is a sequence, run by the miner 
 Each step is bounded, and the bounds add up to less than systemd's default stop timeout, after
 which it kills the whole service with SIGKILL, requests and all.
 
-Pure: no IO, no clock reads. The bounds of the other modules' steps are restated here as
-constants, so that importing this module (config validation does) loads nothing heavy; the
-tests assert that each constant still covers the bound it restates.
+Pure: no IO, no clock reads. The bounds of the other modules' steps are restated as constants
+in `engy_node.config` (which validates `miner.drain_s` against them when it loads, before any
+role's code is imported); the tests assert that each constant still covers the bound it restates.
 """
 
 from __future__ import annotations
@@ -29,6 +29,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from typing import Literal
+
+from engy_node.config import (
+    ABORT_S,
+    ANNOUNCE_S,
+    CLOSE_S,
+    DEFAULT_DRAIN_S,
+    MAX_DRAIN_S,
+    SERVER_STOP_S,
+)
 
 __all__ = [
     "ABORTED_ERROR",
@@ -41,26 +50,6 @@ __all__ = [
     "request_action",
     "stop_budget",
 ]
-
-SYSTEMD_STOP_S = 90.0
-"""systemd's DefaultTimeoutStopSec: SIGTERM, then SIGKILL after this long."""
-NODE_MARGIN_S = 10.0
-"""The rest of a node's stop around the miner's: other services' cleanup, the interpreter's exit."""
-ANNOUNCE_S = 2.0
-"""Sending the capacity-0 heartbeat on every leg at once (one small frame each)."""
-ABORT_S = 7.0
-"""The serve client's abort call (`serve.client.ABORT_TIMEOUT_S`, 5 s) and then sending the
-terminal responses (2 s)."""
-CLOSE_S = 2.0
-"""Closing every leg at once: the websocket close handshake (`link.CLOSE_TIMEOUT_S`)."""
-SERVER_STOP_S = 22.0
-"""The model server's stop: `SupervisorSettings.stop_grace_s` (15 s), the SIGKILL wait (5 s) and
-the output drain (2 s) of the supervisor."""
-MAX_DRAIN_S = SYSTEMD_STOP_S - NODE_MARGIN_S - ANNOUNCE_S - ABORT_S - CLOSE_S - SERVER_STOP_S
-"""The longest `miner.drain_s` whose stop still fits systemd's: 47 s."""
-DEFAULT_DRAIN_S = 30.0
-"""Enough for a chat answer of a few hundred tokens already under way to finish at consumer-GPU
-decode speeds; a 32k-token answer is aborted and the buyer told."""
 
 REFUSED_ERROR = "the miner is shutting down and takes no new requests; retry on another miner"
 ABORTED_ERROR = "the miner is shutting down: the request was still running at its drain deadline"

@@ -42,11 +42,11 @@ from engy_node import __version__, keys
 from engy_node.config import Config
 from engy_node.control import Actions
 from engy_node.errors import EngyError
+from engy_node.hardware.gpu import GpuInventory, detect
+from engy_node.hardware.plan import Plan, plan, read_model_shape
 from engy_node.hub import Hub
 from engy_node.miner.drain import stop_budget
-from engy_node.miner.gpu import GpuInventory, detect
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
-from engy_node.miner.plan import Plan, plan, read_model_shape
 from engy_node.miner.serving import RequestHandler, RequestOutcome
 from engy_node.miner.sglang import LaunchSpec, ModelServerSupervisor, reference_launch, sglang_launch, shell_command
 from engy_node.models import ModelSpec, get_model
@@ -98,7 +98,7 @@ class MinerSetup:
 
 def detect_gpus(fake_spec: str) -> GpuInventory:
     if fake_spec:
-        from engy_node.testing.nvml import FakeNvml  # only --fake-gpus loads the fakes
+        from engy_node.hardware.fake_nvml import FakeNvml  # only --fake-gpus loads the fakes
 
         try:
             nvml = FakeNvml.from_spec(fake_spec)

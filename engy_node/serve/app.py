@@ -40,7 +40,7 @@ from starlette.routing import Route
 
 from engy_node import __version__
 from engy_node.asgi import BodyError, read_json_object, watching_disconnect
-from engy_node.serve.engine import Engine, Generation, ModelRunner, RequestError
+from engy_node.serve.engine import Engine, Generation, ModelRunner, RequestError, run_on_engine
 from engy_node.serve.openai_routes import OpenAiRoutes
 from engy_node.serve.sampling import SamplingError, parse_sampling_params
 
@@ -614,23 +614,6 @@ def decode_array(encoded: dict[str, Any]):
     if encoded["dtype"] == "bfloat16":
         return torch.from_numpy(np.frombuffer(raw, dtype=np.int16).copy()).view(torch.bfloat16).reshape(shape)
     return torch.from_numpy(np.frombuffer(raw, dtype=np.dtype(encoded["dtype"])).copy()).reshape(shape)
-
-
-async def run_on_engine(engine: Engine, work) -> Any:
-    """Run `work(runner)` on the engine thread and await its result without blocking trio."""
-    token = trio.lowlevel.current_trio_token()
-    done = trio.Event()
-    outcome: dict[str, Any] = {}
-
-    def finished(result: Any, error: BaseException | None) -> None:
-        outcome["result"], outcome["error"] = result, error
-        token.run_sync_soon(done.set)
-
-    engine.run_job(work, finished)
-    await done.wait()
-    if outcome["error"] is not None:
-        raise outcome["error"]
-    return outcome["result"]
 
 
 def _public_finish(finish: dict[str, Any] | None) -> dict[str, Any] | None:

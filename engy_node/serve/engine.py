@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from engy_node.serve.sampling import REPLACEMENT_CHARACTER, SamplingParams, choose_token, find_stop, stream_holdback
 
 log = logging.getLogger("engy.serve.engine")
@@ -663,6 +665,23 @@ class Engine:
                 generation.on_update(generation)
             except Exception:  # broad on purpose: a dead listener must not kill the engine
                 log.exception("update listener for %s failed", generation.rid)
+
+
+async def run_on_engine(engine: Engine, work) -> Any:
+    """Run `work(runner)` on the engine thread and await its result without blocking trio."""
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+    outcome: dict[str, Any] = {}
+
+    def finished(result: Any, error: BaseException | None) -> None:
+        outcome["result"], outcome["error"] = result, error
+        token.run_sync_soon(done.set)
+
+    engine.run_job(work, finished)
+    await done.wait()
+    if outcome["error"] is not None:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 class EngineMetrics:

@@ -40,7 +40,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from engy_node.asgi import BodyError, read_json_object, watching_disconnect
 from engy_node.model_output import OutputParser, ReasoningDelta, TextDelta, ToolCall, parse_output
-from engy_node.serve.engine import Engine, Generation, RequestError
+from engy_node.serve.engine import Engine, Generation, RequestError, run_on_engine
 from engy_node.serve.sampling import SamplingError, parse_sampling_params
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -197,7 +197,6 @@ class OpenAiRoutes:
         return generation
 
     async def _prompt_logprobs(self, prompt: list[int]) -> list[float | None]:
-        from engy_node.serve.app import run_on_engine
 
         def work(runner) -> list[float | None]:
             import torch

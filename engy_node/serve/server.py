@@ -22,9 +22,9 @@ from engy_node.asgi import start_listener
 from engy_node.config import Config
 from engy_node.hub import Hub
 from engy_node.models import get_model, model_root
-from engy_node.serve.app import ReferenceApp, ServerInfo, build_app, run_on_engine
+from engy_node.serve.app import ReferenceApp, ServerInfo, build_app
 from engy_node.serve.checkpoint import resolve_checkpoint
-from engy_node.serve.engine import Engine, EngineMetrics, Generation, ModelRunner, run_to_completion
+from engy_node.serve.engine import Engine, EngineMetrics, Generation, ModelRunner, run_on_engine, run_to_completion
 from engy_node.serve.sampling import parse_sampling_params
 
 log = logging.getLogger("engy.serve")

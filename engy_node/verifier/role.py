@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -20,12 +21,16 @@ import trio
 from engy_node import proof
 from engy_node.models import get_model
 from engy_node.protocol.audit import AuditJob, AuditRefused, AuditSource, LeasedJob, PostedVerdict
+from engy_node.retry import backoff_delay
 from engy_node.verifier.judge import Judge
 from engy_node.verifier.sources import HTTP_TIMEOUT_S, AuditCallFailed, GatheredAuditSource, HttpAuditSource
 
 log = logging.getLogger("engy.verifier")
 
-BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+BACKOFF_CAP_S = 30.0
+"""The longest pause between calls to a gateway that keeps failing (`retry.backoff_delay` from 1 s)."""
+POST_ATTEMPTS = 4
+"""Tries at posting one verdict before its job is left to return to the queue when its lease runs out."""
 
 
 class Verifier:
@@ -61,9 +66,11 @@ class Verifier:
                             jobs = await self.source.lease(room)
                         failures = 0
                     except (AuditCallFailed, AuditRefused, trio.TooSlowError) as error:
-                        pause = BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]
                         failures += 1
-                        log.warning("could not lease audit jobs (%s); retrying in %.0f s", _why(error), pause)
+                        pause = backoff_delay(
+                            consecutive_failures=failures, jitter=random.random(), cap_s=BACKOFF_CAP_S
+                        )
+                        log.warning("could not lease audit jobs (%s); retrying in %.1f s", _why(error), pause)
                         await trio.sleep(pause)
                         continue
                 for leased in jobs:
@@ -87,20 +94,22 @@ class Verifier:
         finally:
             self.limiter.release_on_behalf_of(slot)
         self.on_verdict(job, verdict)
-        for pause in (*BACKOFF_S[:3], None):
+        for attempt in range(1, POST_ATTEMPTS + 1):
             try:
                 with trio.fail_after(HTTP_TIMEOUT_S + 5):
                     await self.source.post([PostedVerdict(job.request_id, verdict.kind, _reason_code(verdict.code))])
                 break
             except (AuditCallFailed, AuditRefused, trio.TooSlowError) as error:
-                if pause is None or isinstance(error, AuditRefused) and error.status < 500:
+                if attempt == POST_ATTEMPTS or isinstance(error, AuditRefused) and error.status < 500:
                     log.warning(
                         "verdict on job %s not delivered (%s); the job returns to the queue when its lease runs out",
                         job.request_id,
                         _why(error),
                     )
                     return
-                await trio.sleep(pause)
+                await trio.sleep(
+                    backoff_delay(consecutive_failures=attempt, jitter=random.random(), cap_s=BACKOFF_CAP_S)
+                )
         self.judged += 1
         log.log(
             logging.WARNING if verdict.kind == "cheat" else logging.INFO,

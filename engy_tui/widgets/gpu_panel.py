@@ -1,7 +1,7 @@
 """The GPUs panel: one row per GPU from the hub's "gpus" state, and under it the findings, each
 with its fix.
 
-The widget is handed the state (plain dicts, the shape `engy_node.gpu_monitor.run_gpu_monitor`
+The widget is handed the state (plain dicts, the shape `engy_node.hardware.monitor.run_gpu_monitor`
 publishes) and the render time through `update_state` by the app's fixed-rate timer; it never
 polls or reads the clock. What every cell says and how it is styled is decided by the plain
 functions below, tested without a terminal; the widget only turns their `Cell`s into Textual
@@ -29,8 +29,8 @@ from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Static
 
-from engy_node.gpu_monitor import THROTTLE_LABELS, temperature_band
-from engy_node.miner.gpu import CPU_MODE, GIB
+from engy_node.hardware.gpu import CPU_MODE, GIB
+from engy_node.hardware.monitor import THROTTLE_LABELS, temperature_band
 from engy_tui.widgets.cells import DASH, NA, Cell, cells_content
 
 __all__ = [

@@ -60,7 +60,7 @@ from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Static
 
-from engy_node.gateway.traffic import TrafficPolicy
+from engy_node.protocol.standing import MAX_UNPROVEN_PCT, SERVED_WINDOW_S, VERDICT_WINDOW_S
 from engy_tui.widgets.cells import (
     NA,
     Cell,
@@ -129,12 +129,6 @@ HEARTBEAT_LATE_S = 45.0
 """A miner beats every 30 s and the gateway republishes its legs every 10 s, so up to about 40 s
 is normal; past 45 s one beat is late (the gateway drops a leg after 90 s)."""
 
-_POLICY = TrafficPolicy()
-SERVED_WINDOW_S = _POLICY.window_s
-VERDICT_WINDOW_S = _POLICY.verdict_window_s
-MAX_UNPROVEN_PCT = _POLICY.max_unproven_pct
-"""The gateway's default breaker: served requests count for `window_s`, verdicts for
-`verdict_window_s`, and more than `max_unproven_pct` % unproven verdicts pull a worker."""
 
 LOG_LINES = 1
 FAILED_LOG_LINES = 3

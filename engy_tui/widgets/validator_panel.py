@@ -34,7 +34,7 @@ from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Static
 
-from engy_node.validator.schedule import RESUBMIT_BLOCKS
+from engy_node.config import ValidatorSection
 from engy_tui.widgets.cells import (
     DASH,
     NA,
@@ -713,7 +713,7 @@ def validator_warnings(
             Finding(
                 "warning",
                 f"resubmit interval {interval:,} blocks does not clear the weights rate limit of {limit:,}",
-                f"set validator.resubmit_blocks above {limit:,} (default {RESUBMIT_BLOCKS}), or the "
+                f"set validator.resubmit_blocks above {limit:,} (default {ValidatorSection().resubmit_blocks}), or the "
                 "chain refuses resubmits as too fast",
             )
         )

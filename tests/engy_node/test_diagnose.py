@@ -41,9 +41,9 @@ from engy_node.diagnose import (
     secret_values,
     versions,
 )
+from engy_node.hardware.fake_nvml import FakeNvml
+from engy_node.hardware.gpu import CPU_MODE, detect
 from engy_node.hub import Hub
-from engy_node.miner.gpu import CPU_MODE, detect
-from engy_node.testing.nvml import FakeNvml
 
 BUYER_KEY = "engy-sk-Qm9vYmFyQmF6UXV4MTIzNDU2Nzg5MGFiY2RlZmdoaWprbG1u"
 MINER_KEY = "engy-mk-TWluZXJLZXlGb3JUZXN0c09ubHlfXzEyMzQ1Njc4OTBhYmNk"

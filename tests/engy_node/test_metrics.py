@@ -19,8 +19,8 @@ from engy_node.metrics import (
     TTFT_BUCKETS,
     HistogramSummary,
     Registry,
-    nearest_rank,
 )
+from engy_node.percentile import nearest_rank
 
 METRIC_NAMES = st.from_regex(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,20}", fullmatch=True)
 PERCENTILES = st.one_of(

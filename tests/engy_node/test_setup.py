@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from engy_node import keys
 from engy_node.config import load_config
 from engy_node.errors import ConfigError
-from engy_node.miner.gpu import detect
+from engy_node.hardware.fake_nvml import FAKE_GPU_MODELS, FakeNvml
+from engy_node.hardware.gpu import detect
 from engy_node.models import CATALOG, GLM_52, QWEN36_35B_A3B, SMOLLM2_135M
 from engy_node.setup import (
     CHECKPOINT_NEEDED,
@@ -48,7 +49,6 @@ from engy_node.setup import (
     validate,
     write_node_toml,
 )
-from engy_node.testing.nvml import FAKE_GPU_MODELS, FakeNvml
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 GIB = 2**30

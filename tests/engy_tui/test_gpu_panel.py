@@ -2,7 +2,7 @@
 (CPU mode, waiting, stale, failed), the widget under Pilot and one SVG snapshot per look.
 
 The state comes from the same pipeline as in the node: `sample` and `assess` over the fake rig
-of `tests/engy_node/test_gpu_monitor.py` (4x RTX 4090 + 1x RTX 5090, one on a x8 riser, one
+of `tests/engy_node/hardware/test_monitor.py` (4x RTX 4090 + 1x RTX 5090, one on a x8 riser, one
 throttling, one without a fan reading), published as plain dicts. Pilot tests are plain
 functions driving the app with `asyncio.run`, as in `test_app.py` (pytest-trio claims `async def`
 tests).
@@ -16,8 +16,8 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
-from engy_node.gpu_monitor import assess, sample
-from engy_node.miner.gpu import GIB
+from engy_node.hardware.gpu import GIB
+from engy_node.hardware.monitor import assess, sample
 from engy_tui.widgets.gpu_panel import (
     COLUMNS,
     STALE_AFTER_S,
@@ -37,7 +37,7 @@ from engy_tui.widgets.gpu_panel import (
     util_cell,
     vram_cell,
 )
-from tests.engy_node.test_gpu_monitor import rig
+from tests.engy_node.hardware.test_monitor import rig
 
 SAMPLED_AT = 1_000_000.0
 SIZE = (120, 16)

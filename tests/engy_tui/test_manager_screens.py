@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from engy_node.gpu_monitor import assess, sample
+from engy_node.hardware.monitor import assess, sample
 from engy_tui.manager import NodeManager
 from engy_tui.node_bridge import NodeSnapshot
-from tests.engy_node.test_gpu_monitor import rig
+from tests.engy_node.hardware.test_monitor import rig
 from tests.engy_tui.test_miner_panel import local_network
 from tests.engy_tui.test_validator_panel import NAMES, NOW, local_chain, local_validator
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 import hashlib
 import secrets
 
+from engy_node.protocol.api_keys import BUYER_KEY_PREFIX, MINER_KEY_PREFIX
+
+__all__ = ["BUYER_KEY_PREFIX", "KEY_ENTROPY_BYTES", "MINER_KEY_PREFIX", "new_key", "sha256"]
+
 KEY_ENTROPY_BYTES = 32
 """Random bytes per API or miner key: 256 bits, the security level of the sha256 that stores
 it. Guessing is hopeless at any request rate, which is also why a plain sha256 suffices: slow
 hashes (bcrypt, argon2) protect low-entropy human passwords from offline guessing, and would
 only add ~100 ms of CPU to every request here."""
-
-BUYER_KEY_PREFIX = "engy-sk-"
-MINER_KEY_PREFIX = "engy-mk-"
 
 
 def sha256(key: str) -> str:

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engy_node import percentile
 from engy_node.gateway import settlement
 from engy_node.gateway.settlement import (
     BUYER_FAULTS,
@@ -21,10 +22,10 @@ from engy_node.gateway.settlement import (
     RequestRecord,
     RowAggregate,
     VerdictCounts,
-    nearest_rank_p99,
     settle_epoch,
 )
 from engy_node.models import CATALOG
+from engy_node.percentile import nearest_rank
 
 OWNER = "owner-hotkey"
 
@@ -316,12 +317,12 @@ def test_unpaid_traffic_makes_a_row_but_never_earns():
     ],
 )
 def test_p99_is_the_nearest_rank_of_the_sorted_values(values, p99):
-    assert nearest_rank_p99(values) == p99
+    assert nearest_rank(sorted(values), 99) == p99
 
 
 def test_p99_of_nothing_is_refused():
     with pytest.raises(ValueError, match="no values"):
-        nearest_rank_p99([])
+        nearest_rank([], 99)
 
 
 # -- inputs and output shape -----------------------------------------------------------------
@@ -396,11 +397,17 @@ def test_negative_verdicts_and_minimums_are_refused():
         GateMinimums(latency_samples=-1)
 
 
-def test_settlement_imports_only_the_standard_library():
-    tree = ast.parse(Path(settlement.__file__).read_text())
+def imports_of(module) -> set[str]:
+    tree = ast.parse(Path(module.__file__).read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert {name.split(".")[0] for name in imported} <= set(sys.stdlib_module_names) | {"__future__"}
+    return imported | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+
+
+def test_settlement_imports_only_the_standard_library():
+    # And the one percentile definition, which is itself standard library only.
+    standard = set(sys.stdlib_module_names) | {"__future__"}
+    assert {name.split(".")[0] for name in imports_of(settlement) - {"engy_node.percentile"}} <= standard
+    assert {name.split(".")[0] for name in imports_of(percentile)} <= standard
 
 
 # -- properties ------------------------------------------------------------------------------

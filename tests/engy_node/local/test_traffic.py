@@ -24,10 +24,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engy_node.asgi import start_listener
-from engy_node.gateway.probe_corpus import load_probe_corpus
 from engy_node.hub import Hub
 from engy_node.local import traffic
 from engy_node.local.traffic import MAX_PROMPT_CHARS, TrafficGenerator, plan_request
+from engy_node.probe_corpus import load_probe_corpus
 
 KEY = "engy-local-buyer-key"
 MODELS = ("smollm2-135m", "tiny-chat")

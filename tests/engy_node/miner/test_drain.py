@@ -16,11 +16,11 @@ import uuid
 import pytest
 import trio
 
+from engy_node import config as budget_of_the_stop
 from engy_node.config import MinerSection, load_config
 from engy_node.errors import ConfigError
 from engy_node.gateway.router import Candidate, choose
 from engy_node.hub import Hub
-from engy_node.miner import drain
 from engy_node.miner.drain import ABORTED_ERROR, MAX_DRAIN_S, REFUSED_ERROR, request_action, stop_budget
 from engy_node.miner.link import CLOSE_TIMEOUT_S
 from engy_node.miner.role import run_miner
@@ -35,14 +35,14 @@ from tests.engy_node.miner.sglang.test_supervisor import is_running
 
 def test_the_longest_drain_allowed_still_fits_systemds_stop_with_the_margin():
     budget = stop_budget(drain_s=MAX_DRAIN_S)
-    assert budget.total_s + drain.NODE_MARGIN_S == drain.SYSTEMD_STOP_S
+    assert budget.total_s + budget_of_the_stop.NODE_MARGIN_S == budget_of_the_stop.SYSTEMD_STOP_S
     assert stop_budget(drain_s=MinerSection().drain_s).total_s < budget.total_s
 
 
 def test_each_step_bound_covers_the_bound_it_restates():
-    assert SupervisorSettings().stop_grace_s + KILL_WAIT_S + OUTPUT_DRAIN_S <= drain.SERVER_STOP_S
-    assert ABORT_TIMEOUT_S < drain.ABORT_S, "the abort call, and time left to send the terminal responses"
-    assert CLOSE_TIMEOUT_S <= drain.CLOSE_S
+    assert SupervisorSettings().stop_grace_s + KILL_WAIT_S + OUTPUT_DRAIN_S <= budget_of_the_stop.SERVER_STOP_S
+    assert ABORT_TIMEOUT_S < budget_of_the_stop.ABORT_S, "the abort call, and time left to send the terminal responses"
+    assert CLOSE_TIMEOUT_S <= budget_of_the_stop.CLOSE_S
 
 
 @pytest.mark.parametrize("drain_s", [-1, float("inf"), True])

@@ -14,12 +14,12 @@ import trio
 
 from engy_node import proof
 from engy_node.config import load_config
-from engy_node.miner.gpu import detect
+from engy_node.hardware.fake_nvml import FakeNvml
+from engy_node.hardware.gpu import detect
 from engy_node.miner.role import MinerError, decide
 from engy_node.models import SMOLLM2_135M, model_root
 from engy_node.protocol.miner import FEATURE_SEEDED, OUR_FEATURES, Message, ServeRequest
 from engy_node.testing.gateway import GatewayHarness
-from engy_node.testing.nvml import FakeNvml
 
 
 @pytest.fixture

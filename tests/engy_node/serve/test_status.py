@@ -21,7 +21,7 @@ import trio
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from engy_node.metrics import nearest_rank
+from engy_node.percentile import nearest_rank
 from engy_node.serve.status import (
     LatencySummary,
     bucket_quantile,

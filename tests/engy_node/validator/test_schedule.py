@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engy_node.config import ValidatorSection
 from engy_node.validator.schedule import (
     BLOCK_S,
     MIN_STALL_S,
@@ -320,3 +321,8 @@ def test_an_interval_that_does_not_clear_the_rate_limit_is_warned_about(interval
 @pytest.mark.parametrize(("interval_blocks", "rate_limit"), [(101, 100), (120, 100), (1, 0)])
 def test_an_interval_above_the_rate_limit_passes(interval_blocks: int, rate_limit: int) -> None:
     assert check_interval(interval_blocks, rate_limit) is None
+
+
+def test_the_configs_default_interval_is_the_schedules():
+    # The TUI explains the default from the config (it never imports the validator role).
+    assert ValidatorSection().resubmit_blocks == RESUBMIT_BLOCKS

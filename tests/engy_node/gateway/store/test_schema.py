@@ -4,6 +4,7 @@ is created once however many hosts start together."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 
@@ -196,3 +197,94 @@ def test_a_password_never_appears_in_the_stores_messages(postgres_cluster):
     with pytest.raises(StoreError) as raised:
         Store(url, busy_timeout_s=2.0)
     assert "hunter2" not in str(raised.value) and "engy:***@127.0.0.1:1" in str(raised.value)
+
+
+# ---- the two backends' schemas agree ------------------------------------------------------------
+
+_TYPES = {
+    "INTEGER": "integer",
+    "BIGINT": "integer",
+    "REAL": "real",
+    "DOUBLE PRECISION": "real",
+    "TEXT": "text",
+    "BLOB": "bytes",
+    "BYTEA": "bytes",
+    "BOOLEAN": "boolean",
+}
+_CREATE_TABLE = re.compile(r"CREATE TABLE (\w+) \((.*)\)", re.S)
+_CREATE_INDEX = re.compile(r"CREATE (UNIQUE )?INDEX (\w+) ON (\w+)\s*\(([^)]*)\)(?: WHERE (.*))?", re.S)
+
+
+def _column(definition: str) -> tuple[str, str, bool, bool, bool, str | None]:
+    """(name, type, not null, primary key, unique, references) of one column definition."""
+    name, rest = definition.split(None, 1)
+    kind = next(words for words in sorted(_TYPES, key=len, reverse=True) if rest.startswith(words))
+    normalised = _TYPES[kind]
+    if normalised == "integer" and re.search(rf"CHECK \({name} IN \(0, 1\)\)", rest):
+        normalised = "boolean"  # SQLite has no boolean: a 0/1 integer stands in for one
+    references = re.search(r"REFERENCES (\w+\(\w+\))", rest)
+    return (
+        name,
+        normalised,
+        "NOT NULL" in rest or "PRIMARY KEY" in rest,
+        "PRIMARY KEY" in rest,
+        "UNIQUE" in rest,
+        references.group(1) if references else None,
+    )
+
+
+def _split_top_level(body: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for char in body:
+        depth += char == "("
+        depth -= char == ")"
+        if char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return [*parts, current.strip()]
+
+
+def described(schema: tuple[str, ...]) -> dict[str, object]:
+    """Every table's columns and constraints, and every index, in backend-neutral words."""
+    found: dict[str, object] = {}
+    for statement in schema:
+        statement = " ".join(statement.replace("WITHOUT ROWID", "").split())
+        if table := _CREATE_TABLE.fullmatch(statement):
+            parts = _split_top_level(table.group(2))
+            columns = [_column(part) for part in parts if not part.startswith(("CHECK", "PRIMARY KEY"))]
+            constraints = sorted(" ".join(part.split()) for part in parts if part.startswith(("CHECK", "PRIMARY KEY")))
+            checks = sorted(re.findall(r"CHECK \(((?:[^()]|\([^()]*\))*)\)", table.group(2)))
+            found[f"table {table.group(1)}"] = (columns, constraints, [c for c in checks if " IN (0, 1)" not in c])
+        elif index := _CREATE_INDEX.fullmatch(statement):
+            found[f"index {index.group(2)}"] = (bool(index.group(1)), index.group(3), index.group(4), index.group(5))
+    return found
+
+
+def test_postgres_and_sqlite_define_the_same_tables_and_indexes():
+    from engy_node.gateway.store import postgres, schema
+
+    sqlite_schema, postgres_schema = described(schema.SCHEMA), described(postgres.SCHEMA)
+    # PostgreSQL only: a fleet host starting up releases only the holds older than any live request
+    # (`recover_open_holds(older_than=…)`, only with `gateway.store_url`), a scan by time.
+    only_postgres = {"index ledger_holds_by_time"}
+    assert set(postgres_schema) - set(sqlite_schema) == only_postgres
+    assert set(sqlite_schema) - set(postgres_schema) == set()
+    for name, shape in sqlite_schema.items():
+        assert postgres_schema[name] == shape, name
+    assert len([name for name in sqlite_schema if name.startswith("table")]) == 11
+
+
+def test_the_schema_comparison_sees_a_column_that_differs():
+    base = ("CREATE TABLE t (id INTEGER PRIMARY KEY, amount INTEGER NOT NULL CHECK (amount >= 0))",)
+    assert described(base) == described(
+        ("CREATE TABLE t (id BIGINT PRIMARY KEY, amount BIGINT NOT NULL CHECK (amount >= 0))",)
+    )
+    assert described(base) != described(("CREATE TABLE t (id BIGINT PRIMARY KEY, amount BIGINT CHECK (amount >= 0))",))
+    assert described(base) != described(
+        ("CREATE TABLE t (id BIGINT PRIMARY KEY, amount DOUBLE PRECISION NOT NULL CHECK (amount >= 0))",)
+    )
+    assert described(base) != described(
+        ("CREATE TABLE t (id BIGINT PRIMARY KEY, amount BIGINT NOT NULL CHECK (amount > 0))",)
+    )

@@ -11,8 +11,8 @@ import pynvml
 import pytest
 
 from engy_node.errors import ConfigError
-from engy_node.miner.gpu import NvmlApi, Pynvml
-from engy_node.testing.nvml import FAKE_GPU_MODELS, FakeNvml, parse_fake_gpu_spec
+from engy_node.hardware.fake_nvml import FAKE_GPU_MODELS, FakeNvml, parse_fake_gpu_spec
+from engy_node.hardware.gpu import NvmlApi, Pynvml
 
 NVML_CALLS = sorted(name for name, value in vars(NvmlApi).items() if callable(value) and not name.startswith("_"))
 

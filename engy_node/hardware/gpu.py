@@ -24,7 +24,7 @@ Trust and failure posture:
   below its max is only a problem when it stays there under load; the width does not drop.
 
 All NVML access goes through `NvmlApi`, a small interface with the calls used here; `Pynvml`
-implements it on `nvidia-ml-py`. `engy_node.testing.nvml.FakeNvml` implements it on made-up
+implements it on `nvidia-ml-py`. `engy_node.hardware.fake_nvml.FakeNvml` implements it on made-up
 devices for tests and for previewing plans without a GPU (`engy-node --fake-gpus 4xRTX4090`),
 raising the same `pynvml` error classes the real library does, so both paths run the same code
 here.
@@ -94,6 +94,7 @@ CPU_MODE = "running in CPU mode"
 
 ClockKind = Literal["sm", "mem"]
 LinkEnd = Literal["current", "max"]
+ThresholdKind = Literal["slowdown", "shutdown"]
 
 
 class MemoryReading(NamedTuple):

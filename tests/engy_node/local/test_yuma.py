@@ -1,4 +1,4 @@
-"""Tests for the pure-Python Yuma epoch the dev chain runs (engy_node/validator/yuma.py)."""
+"""Tests for the pure-Python Yuma epoch the dev chain runs (engy_node.local.yuma.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engy_node.validator.yuma import DEFAULT_KAPPA, U16_MAX, _kappa_median, run_epoch, to_u16, top_stake_permits
+from engy_node.local.yuma import DEFAULT_KAPPA, U16_MAX, _kappa_median, run_epoch, to_u16, top_stake_permits
 
 BLOCK = 10_000
 CUTOFF = 5_000

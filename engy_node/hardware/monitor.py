@@ -39,8 +39,16 @@ from typing import Any, Literal, Protocol, TypeVar
 import pynvml
 import trio
 
+from engy_node.hardware.gpu import (
+    CPU_MODE,
+    MemoryReading,
+    NvmlApi,
+    Pynvml,
+    ThresholdKind,
+    decode_clock_event_reasons,
+    detect,
+)
 from engy_node.hub import Hub
-from engy_node.miner.gpu import CPU_MODE, MemoryReading, NvmlApi, Pynvml, decode_clock_event_reasons, detect
 
 __all__ = [
     "FALLBACK_SLOWDOWN_C",
@@ -65,7 +73,6 @@ log = logging.getLogger("engy.gpus")
 
 STATE_COMPONENT = "gpus"
 
-ThresholdKind = Literal["slowdown", "shutdown"]
 TemperatureBand = Literal["cool", "warm", "hot", "limit"]
 Level = Literal["warning", "error"]
 
@@ -142,7 +149,7 @@ def monitor_api(fake_gpus: str = "") -> MonitorApi:
     """
     if not fake_gpus:
         return MonitorPynvml()
-    from engy_node.testing.nvml import FakeNvml  # only fake GPUs load the fakes
+    from engy_node.hardware.fake_nvml import FakeNvml  # only fake GPUs load the fakes
 
     return FakeNvml.from_spec(fake_gpus)
 

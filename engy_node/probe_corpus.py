@@ -76,7 +76,7 @@ def load_probe_corpus(path: Path | None = None) -> tuple[ProbePrompt, ...]:
 
 @functools.cache
 def _default_corpus() -> tuple[ProbePrompt, ...]:
-    resource = files("engy_node.gateway") / "data" / "probe_corpus.jsonl"
+    resource = files("engy_node") / "data" / "probe_corpus.jsonl"
     return _parse(resource.read_text(encoding="utf-8"), "the shipped probe corpus")
 
 

@@ -14,7 +14,9 @@ import pytest
 import trio
 
 from engy_node.errors import ConfigError
-from engy_node.gpu_monitor import (
+from engy_node.hardware.fake_nvml import FAKE_GPU_MODELS, FakeGpu, FakeNvml
+from engy_node.hardware.gpu import GIB, MIB
+from engy_node.hardware.monitor import (
     COOLING_FIX,
     FALLBACK_SLOWDOWN_C,
     POWER_FIX,
@@ -29,8 +31,6 @@ from engy_node.gpu_monitor import (
     temperature_band,
 )
 from engy_node.hub import Hub
-from engy_node.miner.gpu import GIB, MIB
-from engy_node.testing.nvml import FAKE_GPU_MODELS, FakeGpu, FakeNvml
 
 WAIT_S = 10.0
 TP = "; tensor-parallel all-reduce is slower through it"

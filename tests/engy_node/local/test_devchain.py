@@ -1,4 +1,4 @@
-"""Tests for the dev chain (engy_node/validator/devchain.py), driven through the REAL bittensor SDK.
+"""Tests for the dev chain (engy_node/local/devchain.py), driven through the REAL bittensor SDK.
 
 Every test talks to the chain as a validator would: `bt.SyncClient("local", substrate=chain)` with
 real wallets in tmp_path, so the SDK's reads, preflight, call composition and result mapping all
@@ -20,8 +20,8 @@ from bittensor import storage
 from bittensor._substrate import Substrate
 from bittensor.settings import DEFAULT_ERA_PERIOD
 
-from engy_node.validator import devchain
-from engy_node.validator.devchain import DevChain, SubnetParams
+from engy_node.local import devchain
+from engy_node.local.devchain import DevChain, SubnetParams
 
 NETUID = 53
 START = 1000
@@ -525,7 +525,7 @@ def test_the_protocol_methods_keep_the_sdk_signatures():
 
 def test_importing_the_dev_chain_imports_no_bittensor_numpy_or_torch():
     probe = (
-        "import sys, engy_node.validator.devchain; "
+        "import sys, engy_node.local.devchain; "
         "print(sorted(m for m in ('bittensor', 'numpy', 'torch') if m in sys.modules))"
     )
     output = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout

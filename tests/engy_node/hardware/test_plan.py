@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engy_node.errors import ModelError
-from engy_node.miner.gpu import detect
-from engy_node.miner.plan import (
+from engy_node.hardware.fake_nvml import FakeNvml
+from engy_node.hardware.gpu import detect
+from engy_node.hardware.plan import (
     ACTIVATION_RESERVE_BYTES,
     CHUNKED_PREFILL_SIZE,
     GpuSpec,
@@ -27,7 +28,6 @@ from engy_node.miner.plan import (
     read_model_shape,
     tp_problem,
 )
-from engy_node.testing.nvml import FakeNvml
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 MIB = 1024 * 1024

@@ -85,7 +85,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
-from engy_node.validator import yuma
+from engy_node.local import yuma
 
 if TYPE_CHECKING:
     from bittensor import Balance, ExtrinsicResult

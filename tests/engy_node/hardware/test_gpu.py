@@ -11,7 +11,8 @@ import pynvml
 import pytest
 import trio
 
-from engy_node.miner.gpu import (
+from engy_node.hardware.fake_nvml import FAKE_GPU_MODELS, FakeNvml
+from engy_node.hardware.gpu import (
     MIB,
     P2P_CAPS_INDEX_READ,
     GpuInfo,
@@ -19,7 +20,6 @@ from engy_node.miner.gpu import (
     decode_clock_event_reasons,
     detect,
 )
-from engy_node.testing.nvml import FAKE_GPU_MODELS, FakeNvml
 
 RTX4090 = FAKE_GPU_MODELS["RTX4090"]
 RTX5090 = FAKE_GPU_MODELS["RTX5090"]

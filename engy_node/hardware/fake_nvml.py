@@ -24,8 +24,7 @@ from collections.abc import Sequence
 import pynvml
 
 from engy_node.errors import ConfigError
-from engy_node.gpu_monitor import ThresholdKind
-from engy_node.miner.gpu import MIB, ClockKind, LinkEnd, MemoryReading
+from engy_node.hardware.gpu import MIB, ClockKind, LinkEnd, MemoryReading, ThresholdKind
 
 __all__ = [
     "FAKE_GPU_MODELS",

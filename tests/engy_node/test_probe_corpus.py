@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engy_node.gateway.probe_corpus import ProbePrompt, load_probe_corpus
 from engy_node.gateway.traffic import probe_plan
+from engy_node.probe_corpus import ProbePrompt, load_probe_corpus
 
 ROLES = {"system", "user", "assistant"}
 
