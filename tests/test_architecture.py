@@ -148,15 +148,20 @@ def test_the_core_never_imports_the_tui():
     assert not offending, "\n".join(offending)
 
 
+def modules() -> dict[str, Path]:
+    """Each of our modules by name (a package by its `__init__`'s path)."""
+    return {module_name(path): path for path in sources()}
+
+
 def import_graph() -> dict[str, set[str]]:
     """Each of our modules and the modules of ours it imports (packages count as their `__init__`)."""
-    modules = {module_name(path): path for path in sources()}
-    graph: dict[str, set[str]] = {name: set() for name in modules}
-    for name, path in modules.items():
+    modules_by_name = modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules_by_name}
+    for name, path in modules_by_name.items():
         for _, imported in imported_modules(path):
             parts = imported.split(".")
             target = next(
-                (".".join(parts[:k]) for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in modules), None
+                (".".join(parts[:k]) for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in modules_by_name), None
             )
             if target is not None and target != name and not name.startswith(target + "."):
                 graph[name].add(target)
