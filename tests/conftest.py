@@ -30,6 +30,14 @@ READY_PATTERN = re.compile(r"ready to roll! \(\S+ on (http://127\.0\.0\.1:\d+)\)
 SERVER_START_TIMEOUT_S = 180
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that loads the embedded model (through `checkpoint`, directly or via a
+    fixture built on it) `smollm2`, so `-m "not smollm2"` runs the rest in a fraction of the time."""
+    for item in items:
+        if "checkpoint" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.smollm2)
+
+
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory) -> Path:
     from engy_node.config import load_config

@@ -8,12 +8,8 @@ docs/verification.md records."""
 
 from __future__ import annotations
 
-import pytest
-
 from engy_node.calibration import SAMPLED_SETTINGS, format_soundness, run_sampled_soundness
 from engy_node.models import SMOLLM2_135M
-
-pytestmark = pytest.mark.model
 
 REQUESTS = 100
 

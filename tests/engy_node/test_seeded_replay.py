@@ -16,8 +16,6 @@ from engy_node.protocol.miner import SEEDED_TOP_K
 from engy_node.serve.engine import Generation, ModelRunner, run_to_completion
 from engy_node.serve.sampling import parse_sampling_params
 
-pytestmark = pytest.mark.model
-
 PROMPT = "Write a short poem about the sea."
 
 

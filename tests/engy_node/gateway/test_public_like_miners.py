@@ -28,8 +28,6 @@ from .public_peer import TeeLikeMiner
 from .test_public_miner import MODEL, StoppableGateway, buyer, openai_client
 from .test_trust_pipeline import wait_until
 
-pytestmark = pytest.mark.model
-
 AUDITED = 50
 QUESTIONS = (
     "What is the capital of {}?",

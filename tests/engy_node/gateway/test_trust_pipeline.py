@@ -46,8 +46,6 @@ from engy_node.verifier.sources import HttpAuditSource
 from tests.conftest import ServerProcess
 from tests.engy_node.gateway.cheaters import Cheat, CheatingHandler, cheating_link
 
-pytestmark = pytest.mark.model
-
 MODEL = SMOLLM2_135M.id
 FAST = LinkSettings(heartbeat_s=5, backoff_base_s=0.05, backoff_cap_s=0.2, reconnect_delay_s=0.05)
 EPOCH_S = 20
