@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/validator_rss.py [--seconds 40] [--idle-seconds 6] [--no-torch]
 
-SPEC §10 (issue 11): the validator process stays small — it must not import torch or
+docs/performance.md (issue 11): the validator process stays small — it must not import torch or
 transformers, and its resident set must stay ≤ 150 MB. This measures the process an operator
 runs, from the outside:
 

@@ -7,7 +7,7 @@ honestly and through each known cheat, builds the commitments a miner would send
 the way the verifier does (`proof.verify_commitment`, the same code path) and reports the
 statistics behind each verdict.
 
-The cheats are the ones SPEC §5 names:
+The cheats are the ones docs/verification.md measures:
 * `quantised-4bit` — every linear layer re-quantised to 4 bits (symmetric, groups of 32) while
   claiming the canonical checkpoint: the cheaper-hardware cheat;
 * `truncated` — the last layers dropped (a smaller model under the big one's name);

@@ -4,7 +4,7 @@ Exit codes: 0 clean stop, 2 a problem the user can fix (bad flag, config, missin
 message says what to change), 1 an unexpected failure (traceback in the log), 130 forced stop.
 
 Subcommands:
-  serve        the sglang-compatible reference server on the embedded model (SPEC §7.4)
+  serve        the sglang-compatible reference server on the embedded model (docs/architecture.md)
   checkpoint   prepare a model's checkpoint and print its path and model_root
   models       the model catalog
   up           a local network: dev chain, gateway, two miners, validator, verifier, a credited buyer key
@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser(
         "up",
         help="run a local network: dev chain, gateway, two miners, validator and verifier, with a credited buyer key",
-        description="A working SN53 network on loopback with no GPU and no chain access (SPEC §11).",
+        description="A working SN53 network on loopback with no GPU and no chain access.",
     )
     up.add_argument(
         "--port-base",

@@ -5,7 +5,7 @@ reads them generically, so adding a setting is adding a field. Everything is val
 startup and then passed explicitly to the component that owns the section — nothing reads a
 global config later.
 
-Where things live (SPEC §3):
+Where things live (docs/architecture.md, "Processes, ports and files"):
 
 | what | default | with `--home DIR` (or `ENGY_HOME`) |
 |---|---|---|
@@ -128,13 +128,13 @@ class MinerSection:
     context_length: int = 0
     """Context length to plan for; 0 = the model's full context."""
     chunk_tokens: int = 4096
-    """Tokens per /generate call for long outputs (SPEC §5)."""
+    """Tokens per /generate call for long outputs (docs/verification.md)."""
     fake_gpus: str = ""
     """Plan against simulated GPUs (e.g. `4xRTX4090`) and print the plan and command instead of
     launching anything."""
     wallets_path: str = "~/.bittensor/wallets"
     wallet_name: str = ""
-    """With `wallet_hotkey`: sign hello with this registered hotkey (SPEC §6)."""
+    """With `wallet_hotkey`: sign hello with this registered hotkey (docs/protocol.md, "Signed hello")."""
     wallet_hotkey: str = ""
     drain_s: float = DEFAULT_DRAIN_S
     """On SIGTERM or Ctrl-C, requests in flight may finish for this long while no new ones are
@@ -176,8 +176,8 @@ class GatewaySection:
     """On SIGTERM, how long requests in flight may run to their end while no new ones are taken;
     then the rest end with an error in the API's format. Fits systemd's default 90 s stop."""
     stale_after_s: float = 90.0
-    """A miner leg with no heartbeat for this long gets no new requests and is closed (SPEC §4:
-    three missed 30 s beats)."""
+    """A miner leg with no heartbeat for this long gets no new requests and is closed (three
+    missed 30 s beats: docs/protocol.md)."""
     proof_tee_ttl_s: float = 3600.0
     """Audit jobs (proof material, RAM only) not judged within this long are dropped."""
     proof_tee_max_entries: int = 20_000
@@ -185,7 +185,7 @@ class GatewaySection:
     no_capacity_retry_after_s: int = 5
     """Retry-After sent with 503/529 when no miner has a free slot."""
     workers: int = 1
-    """Gateway processes sharing both ports (SPEC §4: miners open one leg per worker). One
+    """Gateway processes sharing both ports (miners open one leg per worker: docs/protocol.md). One
     process serves about one core's worth of requests; each also loads the served models'
     tokenizers (~400 MiB of memory). Use up to one per core the gateway may have."""
     provider_port: int = 8082
@@ -206,7 +206,7 @@ class GatewaySection:
     """In a fleet, how long the leader's lease lasts unrenewed (it renews every third of it): a
     dead leader's epoch closing and traffic control pass to another host within about this long."""
     qualification: bool = True
-    """Miners serve paid traffic only once probes qualified them (SPEC §8.6). Off: every
+    """Miners serve paid traffic only once probes qualified them (docs/trust.md). Off: every
     admitted miner is eligible at once (a private gateway with only your own miners)."""
     first_party: str = ""
     """Miner identities (hotkeys, or `key:<id>` for key-admitted miners), comma-separated, that
@@ -239,7 +239,7 @@ class GatewaySection:
     epoch_grace_s: int = 900
     """An epoch closes this long after it ends, so verdicts on its last requests still count."""
     gate_min_samples: int = 100
-    """Sample below which each settlement gate passes (SPEC §9); short local epochs need less."""
+    """Sample below which each settlement gate passes (docs/trust.md, "Settlement"); short local epochs need less."""
     owner_hotkey: str = ""
     """The subnet owner's hotkey: an epoch with no score burns its weight to it. Needed to publish."""
     wallets_path: str = "~/.bittensor/wallets"

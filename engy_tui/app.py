@@ -34,8 +34,8 @@ __all__ = ["DEFAULT_SERVE_URL", "RENDER_INTERVAL_S", "EngyTui", "build_app", "bu
 
 # sglang's default --host/--port, and engy-node serve's.
 DEFAULT_SERVE_URL = "http://127.0.0.1:30000"
-# SPEC §2 asks for 2-5 Hz. 2 Hz is half the poll interval, so a finished poll shows within
-# half a second, and redraws stay cheap on a slow SSH link.
+# The design asks for 2-5 Hz (docs/architecture.md, "The TUI"). 2 Hz is half the poll interval,
+# so a finished poll shows within half a second, and redraws stay cheap on a slow SSH link.
 RENDER_INTERVAL_S = 0.5
 
 

@@ -1,5 +1,5 @@
 """The node manager: every role's state from one node, attached over its control API or run
-inside this process (SPEC §12).
+inside this process (docs/architecture.md, "The TUI").
 
 Data flows one way. `NodeBridge` (trio, guest mode) keeps the newest `NodeSnapshot` and the
 events since the last frame; a timer here copies them into the widgets at `RENDER_INTERVAL_S`,

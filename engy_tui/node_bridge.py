@@ -1,7 +1,7 @@
 """The node manager's link to a node: the node's hub, read at a fixed rate, from either side of a
 process boundary.
 
-Two ways to have a node (SPEC §2, §12):
+Two ways to have a node (docs/architecture.md, "The TUI"):
 
 * **attached** (`engy-tui --attach URL`): a headless node (`engy-node --role …`, `engy-node up`)
   serves its control API; the trio side polls `/v1/status` and `/v1/events` with the node's

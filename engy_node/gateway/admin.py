@@ -1,5 +1,5 @@
-"""The gateway operator's commands (SPEC §3): buyer keys and credit, balances and usage, miners,
-their eligibility and verdicts, published epochs.
+"""The gateway operator's commands (docs/architecture.md, docs/billing.md): buyer keys and credit,
+balances and usage, miners, their eligibility and verdicts, published epochs.
 
 Each function takes an open `Store`, calls its synchronous methods (the admin CLI runs outside
 trio) and returns the text to print; `cli.py` owns argument parsing, printing and exit

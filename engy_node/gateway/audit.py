@@ -1,4 +1,4 @@
-"""Audit jobs (SPEC §8.7): the proof material of sampled responses, in RAM, until a verifier
+"""Audit jobs (docs/trust.md, "Audit"): the proof material of sampled responses, in RAM, until a verifier
 judges it.
 
 Every response with a readable commitment is offered; `audited` decides which become jobs (all
@@ -8,7 +8,7 @@ so a verifier that dies mid-batch loses nothing, and a job leased `max_leases` t
 verdict is dropped (it stays unjudged: `unproven` by absence, which never gates settlement, and
 the same job failing every verifier is more likely a verifier bug than a miner's doing).
 
-Buyer content never touches disk (SPEC §8.3), and token ids are buyer content, so the queue is
+Buyer content never touches disk (docs/reliability.md, "Data"), and token ids are buyer content, so the queue is
 memory only: bounded in jobs and in age, oldest dropped first. Losing jobs on restart is the
 accepted cost. A recorded verdict removes its job at once: the material is needed for nothing
 else.

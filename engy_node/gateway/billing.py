@@ -4,7 +4,7 @@ Pure integer arithmetic over micro-USD: no IO, no clock, no floats. The store mo
 (`store/ledger.py`); this module only decides how much.
 
 Trust. Prices come from the catalog (`models.PriceCard`, micro-USD per 1M tokens). Token
-counts come from the gateway itself wherever it can count them (SPEC §8.9): the prompt is the
+counts come from the gateway itself wherever it can count them (docs/billing.md): the prompt is the
 gateway's own tokenisation, completion tokens are capped by what was relayed to the buyer and by
 the proof commitment. A miner's claimed usage is an upper bound at best, never a floor.
 
@@ -111,7 +111,7 @@ def charge(*, price: PriceCard, usage: Usage) -> int:
 def billable_usage(
     *, claimed: Usage, committed_prompt: int, committed_completion: int, relayed_completion: int
 ) -> Usage:
-    """The usage the buyer is billed for and the miner is scored on (SPEC §8.9).
+    """The usage the buyer is billed for and the miner is scored on (docs/billing.md, "What is billed").
 
     Args:
         claimed: what the miner reported. Untrusted: it can only lower the bill (its completion

@@ -1,4 +1,4 @@
-"""The traffic control plane's shell (SPEC §8.6): feeds `traffic.py`'s decisions and acts on them.
+"""The traffic control plane's shell (docs/trust.md): feeds `traffic.py`'s decisions and acts on them.
 
 `TrafficControl` runs in the gateway's first process. Once a second it
 

@@ -1,4 +1,4 @@
-"""What the gateway corrects in a miner's answer, from facts it holds (SPEC §4, §8.9).
+"""What the gateway corrects in a miner's answer, from facts it holds (docs/protocol.md, docs/billing.md).
 
 Miners the gateway does not control get some things wrong, and the buyer must not see it: the
 public one-file miner reports `finish_reason: "stop"` even when the answer hit `max_tokens`, and

@@ -1,4 +1,4 @@
-"""Epochs in time, and from the store's rows to a signed-ready `result_json` (SPEC §9).
+"""Epochs in time, and from the store's rows to a signed-ready `result_json` (docs/trust.md, "Epochs").
 
 Epoch `i` covers `[genesis + i·epoch_s, genesis + (i + 1)·epoch_s)` and closes `grace_s` after it
 ends, so verdicts on its last requests can still arrive (a verifier leases, recomputes, posts).

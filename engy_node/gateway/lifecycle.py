@@ -25,7 +25,7 @@ and tokenise, hold, dispatch (with retries before the first byte), settle, recor
    `request_log`), and hand the proof material of a sampled response to the audit
    (`audit.py`: in memory only).
 
-Probes (SPEC §8.6) take the same steps from dispatch on (`begin_probe`): the traffic control
+Probes (docs/trust.md) take the same steps from dispatch on (`begin_probe`): the traffic control
 plane sends them to one chosen miner, without an account, a hold or a charge, and they are
 logged as `probe`. Paid traffic goes only to miners the control plane made eligible.
 
@@ -33,7 +33,7 @@ What happens between dispatch and settlement — relaying to the buyer in each A
 is `relay.py`. The clocks and the request-id source are injected, so tests can pin them.
 
 Failures attributed to the miner are logged as 502 (it died or errored) or 504 (it timed out);
-a buyer hang-up is 499. Those statuses feed epoch settlement (SPEC §9).
+a buyer hang-up is 499. Those statuses feed epoch settlement (docs/trust.md, "Settlement").
 """
 
 from __future__ import annotations
@@ -802,7 +802,7 @@ class Gateway:
         return model.tokenizer.encode(text, add_special_tokens=False) if text else []
 
     async def account_for(self, flight: Flight, pending: PendingRequest, *, cut_at: str | None = None) -> Accounting:
-        """What settlement needs, checking the commitment against what was relayed (SPEC §8.9),
+        """What settlement needs, checking the commitment against what was relayed (docs/billing.md),
         and the delivery the audit judges the proof against. `cut_at`: the stop string at which
         the gateway ended an answer the miner went on with; the relayed text is then billed as
         it stands, with no stop token after it."""

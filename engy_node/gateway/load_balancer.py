@@ -10,7 +10,7 @@ What it must route, and why so:
   (`retry-on conn-failure`: only then is it certain that host never saw the request; a retry
   after it had, of a request that may already have been charged, is the buyer's SDK's call).
 * Miner legs (`/gw/{i}`) go by path to the host that serves leg i, because each gateway worker
-  routes its buyers only to the legs it holds (SPEC §4); every other host is that leg's backup,
+  routes its buyers only to the legs it holds (docs/protocol.md); every other host is that leg's backup,
   so when its host is down the miner's re-dial lands on a survivor (`leg_worker` spreads such
   legs over its workers) and the fleet's capacity stays whole. `/gw/meta` and `/gw` go to any
   healthy host: `/gw/meta` tells the fleet's leg count wherever it is asked.

@@ -1,9 +1,10 @@
-"""The miner pool: the websocket endpoint miners dial, and the legs it keeps (SPEC §4, §8.4).
+"""The miner pool: the websocket endpoint miners dial, and the legs it keeps (docs/protocol.md).
 
 A leg is one admitted miner connection. Admission needs either a miner key the store knows, or a
-hello signed by a hotkey the gateway allows (SPEC §6) within the signature window, not replayed.
-The hello must name a served model and, where the gateway knows the canonical checkpoint, its
-`model_root`: a miner announcing another checkpoint is denied rather than caught later by proofs.
+hello signed by a hotkey the gateway allows (docs/protocol.md, "Signed hello") within the
+signature window, not replayed. The hello must name a served model and, where the gateway knows
+the canonical checkpoint, its `model_root`: a miner announcing another checkpoint is denied rather
+than caught later by proofs.
 
 Each leg tracks its advertised capacity (a heartbeat that carries `capacity` updates it) and the
 requests in flight on it, counted here: a miner's own `inflight` report is not trusted (the public
@@ -85,7 +86,7 @@ flip), where asking on every decision would cost that per request."""
 @dataclasses.dataclass(frozen=True, slots=True)
 class PoolSettings:
     stale_after_s: float = 90.0
-    """SPEC §4: a leg without a heartbeat for this long is stale (three missed 30 s beats)."""
+    """A leg without a heartbeat for this long is stale: three missed 30 s beats (docs/protocol.md)."""
     hello_timeout_s: float = 10.0
     netuid: int = 53
 
@@ -376,7 +377,7 @@ class MinerPool:
         """A leg's id, and so its place in the route table: derived from the miner, its rig and
         its process, not drawn at random, so that every gateway worker and every host of a fleet
         holding a leg of the same miner process ranks it the same for a conversation (the same
-        membership gives the same choice, SPEC §8.5), and a re-dialled leg takes back the keys it
+        membership gives the same choice, docs/architecture.md, "Routing"), and a re-dialled leg takes back the keys it
         had. A second leg of one process in one pool (a fleet host serving a dead host's leg too)
         takes the next ordinal. A miner names its own worker id, so it could search for one whose
         ring points fall where it likes: that changes which conversations it is home to, not how

@@ -1,4 +1,4 @@
-"""The provider API (SPEC §8.7, §9): published epochs for validators, the signed audit API for
+"""The provider API (docs/trust.md, "Provider API"): published epochs for validators, the signed audit API for
 verifiers, and the validators' signed heartbeats.
 
 It has a port of its own (`gateway.provider_port`), served by the gateway's first process only:
@@ -12,7 +12,7 @@ Routes (under `/api/subnet/v1`):
 * `GET epoch/current`: the epoch in progress, settled so far, unsigned (`"final": false`).
 * `POST audit/lease` `{"max_jobs": n}` → `{"jobs": [...], "lease_s": s}`; `POST audit/verdicts`
   `{"verdicts": [{"job_id", "verdict", "reason"}]}` → `{"results": [{"job_id", "status"}]}`.
-  Signed (SPEC §6) by a hotkey on the verifier allow-list; the rules are `audit_desk.py`'s.
+  Signed (`keys.api_message`) by a hotkey on the verifier allow-list; the rules are `audit_desk.py`'s.
 * `POST validator/heartbeat` `{"v": 1, "version", "synced_epoch", "consensus": {"epoch_index",
   "digest"}}`, signed by any hotkey; the latest per hotkey is kept, for at most
   `MAX_HEARTBEAT_VALIDATORS` hotkeys (a signature proves a key, not a registration, and keys
@@ -146,7 +146,7 @@ class ProviderApi:
         return JSONResponse({"ok": True})
 
     async def _signed(self, request: Request) -> tuple[str, dict]:
-        """The proven signer and the JSON body of a signed request (SPEC §6)."""
+        """The proven signer and the JSON body of a signed request (`keys.check_signed_request`)."""
         raw = await _read_capped(request)
         check = keys.check_signed_request(
             headers=request.headers,

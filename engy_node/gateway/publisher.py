@@ -1,4 +1,4 @@
-"""Closes epochs and publishes them (SPEC §9): the shell around `epochs.py`.
+"""Closes epochs and publishes them (docs/trust.md, "Epochs"): the shell around `epochs.py`.
 
 Runs in the gateway's first process. When an epoch's close time comes (its end plus the grace
 for late verdicts) it settles the epoch from the store's request log and verdicts, builds the

@@ -1,7 +1,8 @@
 """Request-log rows written in batches, off every request's path.
 
-A request's metadata row (SPEC §8.3) is written after its answer; the buyer must not wait for it,
-and one write per request would cost the event loop a store round trip each. So rows queue here
+A request's metadata row (no buyer content: docs/reliability.md, "Data") is written after its
+answer; the buyer must not wait for it, and one write per request would cost the event loop a
+store round trip each. So rows queue here
 and one task writes whatever has queued, in one store operation, whenever anything has: under
 load that is many rows per write, idle it is one row as soon as it comes.
 

@@ -1,5 +1,5 @@
 """One model's routing state, kept current as workers join, leave and change, so that a routing
-decision costs a few dozen steps however many workers there are (§8.5).
+decision costs a few dozen steps however many workers there are (docs/architecture.md, "Routing").
 
 Why a table. A decision over a snapshot must look at every worker: the rendezvous hashing the
 router used hashed each one per keyed request (466 µs at 1,000 workers, 4.7 ms at 10,000), and
@@ -150,7 +150,7 @@ class Candidate:
     those off such workers while others have room."""
     first_party: bool = False
     """The operator's own worker. The router does not read it. Eligibility of first-party
-    workers is settled before the router sees them (§8.6), and any routing preference for them
+    workers is settled before the router sees them (docs/trust.md), and any routing preference for them
     is expressed as `priority`, so one lever decides, not two that could disagree."""
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""Which miner worker serves a buyer request: the gateway's routing decision (§8.5).
+"""Which miner worker serves a buyer request: the gateway's routing decision (docs/architecture.md, "Routing").
 
 Pure: no IO, no clock reads, no randomness. The same workers and request always give the same
 worker, so every gateway worker process sends a conversation to the same miner without sharing
@@ -19,7 +19,7 @@ whether a failed dispatch may go to the next worker in the key's order.
 
 What it trusts. Each worker's advertised `capacity` and the pool's `inflight` count, as given.
 Health is not judged here (smg's split, STYLE §1): the traffic plane passes only workers that are
-eligible to serve (§8.6), and the router only chooses among them. The request's messages are
+eligible to serve (docs/trust.md), and the router only chooses among them. The request's messages are
 buyer input. A buyer can craft prompts whose keys land on a chosen worker, but each such request
 is paid for and the load bound caps what any one key can pile on a worker. A miner can raise its
 advertised capacity to win a larger share of keys, but capacity already buys traffic under any

@@ -1,4 +1,4 @@
-"""Epoch settlement (SPEC §9): per-(miner, model) scores, quality gates and the u16 weights.
+"""Epoch settlement (docs/trust.md, "Settlement"): per-(miner, model) scores, quality gates and the u16 weights.
 
 Pure integer arithmetic over plain data: no IO, no clock reads, no floats, stdlib only. The
 gateway feeds it the closed epoch's request log and verdict counts; validators, and anyone else,
@@ -18,7 +18,7 @@ epoch. Of the remaining (paid-kind) records:
   miner passed on (`BUYER_FAULTS`: 400, 413, 422). A 499 means the buyer hung up, a passed-on
   4xx that the request itself was at fault; neither says anything about the miner, so both leave
   the denominator (they are still reported in the row). Every other non-2xx status counts against the miner: 502 and 504 are the
-  miner-attributable failures SPEC names, and anything else (a 500, a 503 after dispatch) is
+  miner-attributable failures docs/trust.md names, and anything else (a 500, a 503 after dispatch) is
   counted too, because the request log names a miner only once a request reached one;
 * a *counted* request is a 2xx attempt with `cost_micro > 0`. Only counted requests earn tokens
   and only they supply latency samples.
@@ -36,7 +36,7 @@ passes while its sample is smaller than its minimum (`GateMinimums`):
   `qual_ttft_p99_ms` / `qual_tpot_p99_ms`;
 * `cheat`: the miner's `cheat` verdicts above 1 % of its rendered verdicts (`pass` + `cheat`).
   Verdicts are judged per miner, so this gate fails every row of that miner together.
-  `unproven` has honest causes and never gates (SPEC §5). The verdict counts arrive already
+  `unproven` has honest causes and never gates (docs/verification.md). The verdict counts arrive already
   summed; which audited requests they cover is the caller's decision.
 
 Weights. A row's score is `Σ tokens · score_rate // 1000` when every gate passes, else 0. The
@@ -135,7 +135,7 @@ class RequestRecord:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class VerdictCounts:
-    """One miner's audit verdicts over the epoch (SPEC §5), across all its models."""
+    """One miner's audit verdicts over the epoch (docs/verification.md), across all its models."""
 
     passed: int = 0
     cheat: int = 0
@@ -155,7 +155,7 @@ class GateMinimums:
     p99 is the maximum, and one cheat verdict exceeds 1 %. One cold start, one network blip or
     one false verdict would then cost an honest miner the whole epoch. The cheaper mistake is to
     let a small row through: its failed requests earn nothing anyway, and the traffic control
-    plane (SPEC §8.6) pulls a flaky or slow miner within minutes, long before the epoch closes."""
+    plane (docs/trust.md) pulls a flaky or slow miner within minutes, long before the epoch closes."""
 
     acceptance_attempts: int = 100
     """Attempts in the acceptance denominator (499s excluded)."""

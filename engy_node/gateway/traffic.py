@@ -1,4 +1,4 @@
-"""Which miner workers may serve paid traffic: the traffic control plane's decisions (SPEC §8.6).
+"""Which miner workers may serve paid traffic: the traffic control plane's decisions (docs/trust.md).
 
 Per (miner, model), an eligibility state machine fed with observations: the worker connected or
 went away, a probe or a paid request finished, a verifier's verdict on one of them arrived.
@@ -38,8 +38,8 @@ States and their edges::
 What it trusts. Outcomes and latencies are the gateway's own measurements of what it relayed,
 so they are trusted as given; the shell reports no outcome for a request the buyer hung up on
 (that says nothing about the miner, settlement's 499 rule). Verdicts come from allow-listed
-verifiers (SPEC §8.7) and are trusted as given: `cheat` is affirmatively established
-misbehaviour and pulls at once; `unproven` has honest causes (SPEC §5), so a single one never
+verifiers (docs/trust.md, "Audit") and are trusted as given: `cheat` is affirmatively established
+misbehaviour and pulls at once; `unproven` has honest causes (docs/verification.md), so a single one never
 pulls, but it never counts as a pass either, and a rising share of them on served traffic pulls.
 
 What probes can and cannot hide. A worker in `probing` receives nothing but probes, so it can
@@ -239,7 +239,7 @@ class PaidFinished(_Finished):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ProbeVerdict:
-    """A verifier's verdict on one of this worker's probes (SPEC §5)."""
+    """A verifier's verdict on one of this worker's probes (docs/verification.md)."""
 
     request_id: str
     verdict: VerdictKind
@@ -251,7 +251,7 @@ class ProbeVerdict:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PaidVerdict:
-    """A verifier's verdict on one of this worker's audited paid requests (SPEC §5)."""
+    """A verifier's verdict on one of this worker's audited paid requests (docs/verification.md)."""
 
     request_id: str
     verdict: VerdictKind
@@ -286,11 +286,12 @@ class TrafficPolicy:
     verdicts still in flight. Up to 100 probes, 99 % success means no failure at all and a
     nearest-rank p99 is the maximum, so at the default one failed or slow probe loses the round."""
     min_success_pct: int = 99
-    """Finished probes that succeeded, in whole percent of the round (SPEC §8.6)."""
+    """Finished probes that succeeded, in whole percent of the round (docs/trust.md)."""
     max_unproven_probes: int = 2
-    """`unproven` probe verdicts a round tolerates. They never count as a pass (SPEC asks for every
-    probe proof verified), so the round still needs `min_probes` passes, but one honest audit
-    failure (an evicted tee entry, a failed recompute) does not lose it. Two is 10 % of
+    """`unproven` probe verdicts a round tolerates. They never count as a pass (qualification asks
+    for every probe's proof verified, docs/trust.md), so the round still needs `min_probes`
+    passes, but one honest audit failure (an evicted tee entry, a failed recompute) does not lose
+    it. Two is 10 % of
     `min_probes`, ten times the rate honest causes should reach; the third loses the round."""
     round_timeout_s: float = 1800.0
     """A round that has not qualified this long after it started is lost. The worst case of
@@ -300,7 +301,7 @@ class TrafficPolicy:
     # Circuit breaker ----------------------------------------------------------------------------
     window_s: float = standing.SERVED_WINDOW_S
     """Served requests (paid, and probes while active) count for the breaker this long after they
-    end: SPEC's "within about a minute"."""
+    end: docs/trust.md's "within about a minute"."""
     failures_in_a_row: int = 3
     """This many failed requests in a row within the window pull the worker whatever the sample
     size, so a dead worker on a quiet model goes within three requests. An honest worker at the
@@ -324,7 +325,7 @@ class TrafficPolicy:
     """Verdicts in the verdict window before the unproven rate is judged."""
     max_unproven_pct: int = standing.MAX_UNPROVEN_PCT
     """The worker is pulled when more than this share (whole percent) of its recent verdicts are
-    `unproven` (SPEC §5: a miner must not hide behind unusable proofs). Honest causes stay near
+    `unproven` (docs/verification.md: a miner must not hide behind unusable proofs). Honest causes stay near
     zero; 20 % leaves room for a verifier hiccup over a short window."""
     max_window_entries: int = 1000
     """Most recent served requests (and, separately, verdicts) the windows keep, so a busy worker's
@@ -337,7 +338,7 @@ class TrafficPolicy:
     max_cooldown_s: float = 3600.0
     cheat_cooldown_s: float = 3600.0
     """The cooldown after a cheat verdict, whatever the strikes. A cheat is established
-    misbehaviour, not bad luck; the epoch's cheat gate (SPEC §9) is the lasting penalty."""
+    misbehaviour, not bad luck; the epoch's cheat gate (docs/trust.md, "Settlement") is the lasting penalty."""
     strike_reset_s: float = 3600.0
     """A worker pulled after this long in `active` starts its strikes afresh: it was not
     flapping."""

@@ -13,7 +13,7 @@ once all 64 of them, to one worker while the other idled.
 
 Miner port. Shared the same way, but a leg must reach the worker it names: a worker routes its
 buyers only to the legs it holds, which is why a miner opens one leg per worker at `/gw/{i}`
-(SPEC §4). The acceptor peeks at the request line (`MSG_PEEK`: nothing is consumed) and, when
+(docs/protocol.md). The acceptor peeks at the request line (`MSG_PEEK`: nothing is consumed) and, when
 it names another worker, passes the socket itself to that worker (`SCM_RIGHTS` over a Unix
 datagram socket in the abstract namespace, named with a random per-gateway token) and forgets
 it; the receiving worker's HTTP server reads the untouched request as if it had accepted the

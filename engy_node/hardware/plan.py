@@ -68,7 +68,7 @@ GIB = 1024 * MIB
 
 PUBLISHED_MEM_FRACTION_STATIC = 0.83
 """`--mem-fraction-static` of the published working launch: Qwen3.6-35B-A3B-FP8 on 4× RTX 4090
-(SPEC §7.3)."""
+(docs/architecture.md, "The miner and its model server")."""
 RTX_4090_MEMORY_MIB = 24564
 """Total VRAM NVML reports for an RTX 4090."""
 
@@ -231,7 +231,7 @@ class Plan:
 
     @property
     def max_inflight(self) -> int:
-        """The concurrency the miner advertises (SPEC §7.2): max_running_requests × dp."""
+        """The concurrency the miner advertises (docs/architecture.md): max_running_requests × dp."""
         return self.max_running_requests * self.dp
 
 

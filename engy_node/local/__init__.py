@@ -1,1 +1,1 @@
-"""`engy-node up`: a whole SN53 network on one machine (SPEC §11)."""
+"""`engy-node up`: a whole SN53 network on one machine (docs/architecture.md)."""

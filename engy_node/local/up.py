@@ -1,4 +1,4 @@
-"""`engy-node up`: the whole SN53 network on one machine (SPEC §11).
+"""`engy-node up`: the whole SN53 network on one machine (docs/architecture.md, "The local network").
 
 One command on a laptop with no GPU and no chain access brings up, on loopback:
 

@@ -1,6 +1,6 @@
 """The miner's connection to a gateway: legs, hello, heartbeats, serve/cancel, reconnects.
 
-Miners dial out; they need no inbound port (SPEC §4). A gateway with N worker processes says N
+Miners dial out; they need no inbound port (docs/protocol.md). A gateway with N worker processes says N
 at `GET …/gw/meta`; the miner opens one websocket leg per worker and splits its concurrency
 across them (with fewer slots than workers, one slot each on randomly chosen workers), so every
 gateway worker can route to it.
@@ -83,7 +83,7 @@ CLOSE_TIMEOUT_S = 2.0
 @dataclasses.dataclass(frozen=True, slots=True)
 class LinkSettings:
     heartbeat_s: float = 30.0
-    """SPEC §4: the gateway marks a leg stale after 90 s without one; 30 s leaves two misses."""
+    """The gateway marks a leg stale after 90 s without one (docs/protocol.md); 30 s leaves two misses."""
     connect_timeout_s: float = 15.0
     hello_timeout_s: float = 15.0
     """How long to wait for `admit`/`deny` after sending hello."""
@@ -113,7 +113,7 @@ class LinkSettings:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Identity:
-    """How the miner proves who it is: a miner key, or a registered hotkey's signature (§6)."""
+    """How the miner proves who it is: a miner key, or a registered hotkey's signature (docs/protocol.md)."""
 
     miner_key: str = ""
     keypair: Any = None

@@ -38,7 +38,7 @@ from engy_node.served_model import ServedModel
 log = logging.getLogger("engy.miner.serving")
 
 STREAM_COALESCE_S = 0.05
-"""Streamed deltas are sent at most this often (SPEC §4: ≈50 ms), so a fast model does not send
+"""Streamed deltas are sent at most this often (≈50 ms, docs/protocol.md), so a fast model does not send
 one websocket frame per token."""
 REPLACEMENT_CHARACTER = "\ufffd"
 

@@ -1,5 +1,6 @@
-"""The published epoch result (SPEC §9): its canonical `result_json`, the master's signature over
-it, and the check a validator runs before it puts a single weight on chain (SPEC §10).
+"""The published epoch result (docs/trust.md, "The published result"): its canonical
+`result_json`, the master's signature over it, and the check a validator runs before it puts a
+single weight on chain (docs/validator.md).
 
 What it is for. When an epoch closes, the gateway publishes one signed object:
 
@@ -34,7 +35,7 @@ Python's `==` makes it accept `v`, `netuid` and the inner counts written as inte
 only a true integer can verify. Unknown keys anywhere are ignored.
 
 Where we are stricter, each time toward the cheaper mistake. Refusing a payload costs one
-resubmission of the cached vector (SPEC §10); accepting a bad one puts it on chain. So we also
+resubmission of the cached vector (docs/validator.md); accepting a bad one puts it on chain. So we also
 refuse: a weight vector with a repeated hotkey (its meaning, summed or last-wins, is ambiguous),
 one whose total is zero (nothing to normalise; our settlement burns instead), a hotkey that is
 not a plain base58 string, a bool where a number belongs, a negative epoch index, and a signature
@@ -114,7 +115,7 @@ class EpochPayloadError(ValueError):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EpochPayload:
-    """The signed epoch object as published (SPEC §9)."""
+    """The signed epoch object as published (docs/trust.md, "The published result")."""
 
     netuid: int
     epoch_index: int
@@ -197,8 +198,8 @@ def build_result_json(
 
 
 def sign_epoch(keypair: Keypair, *, netuid: int, epoch_index: int, result_json: bytes) -> dict[str, Any]:
-    """The wire object (SPEC §9) publishing `result_json` for epoch `epoch_index`, signed by
-    `keypair` (the master hotkey).
+    """The wire object (docs/trust.md, "The published result") publishing `result_json` for epoch
+    `epoch_index`, signed by `keypair` (the master hotkey).
 
     `result_json` must be what `build_result_json` produced for this netuid and epoch: canonical,
     free of floats, with matching `netuid` and `epoch_index` and a valid weight vector; and the

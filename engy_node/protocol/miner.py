@@ -1,4 +1,4 @@
-"""The miner ↔ gateway websocket protocol (SPEC §4), compatible with the public SN53 gateway.
+"""The miner ↔ gateway websocket protocol (docs/protocol.md), compatible with the public SN53 gateway.
 
 Frames are JSON text messages with a `type` field. This module is the one place their shapes are
 declared: each frame is a frozen dataclass with `to_wire()`, and `parse_miner_frame` /

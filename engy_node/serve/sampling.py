@@ -10,7 +10,7 @@ Parsing and stop matching are pure. `choose_token` works on a logits tensor. An 
 request draws from its own torch generator, so requests never share random state. A request
 with a `sampling_seed` is sampled the way sglang samples it under
 `--enable-deterministic-inference`, so a verifier can replay the choice from the seed, the
-position and the canonical logits (SPEC §5, seeded replay).
+position and the canonical logits (docs/verification.md, seeded replay).
 
 Seeded sampling, replicated from sglang 0.5.23 (`srt/layers/sampler.py`:
 `multinomial_with_seed`, `sampling_from_probs_torch`, `top_k_top_p_min_p_sampling_from_probs_torch`;

@@ -1,4 +1,4 @@
-"""A protocol-level gateway for miner tests and benchmarks: SPEC §4 exactly, nothing more.
+"""A protocol-level gateway for miner tests and benchmarks: docs/protocol.md exactly, nothing more.
 
 It serves `GET /gw/meta` and one websocket endpoint per worker on real hypercorn (the stack the
 gateway role uses), parses every miner frame with the protocol module's parser, and lets a

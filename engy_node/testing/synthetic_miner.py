@@ -37,7 +37,7 @@ class Script:
     """Pause before each chunk (0: as fast as possible)."""
     coalesce_s: float = STREAM_COALESCE_S
     """Text produced within this long after a chunk frame waits for the next one, as the real
-    miner's (SPEC §4: chunks are coalesced, ≈50 ms); 0 sends every chunk as its own frame."""
+    miner's (chunks are coalesced, ≈50 ms: docs/protocol.md); 0 sends every chunk as its own frame."""
     fail_after_chunks: int | None = None
     """Raise mid-stream after this many chunks: the leg drops, as a crashed miner's would."""
     finish_reason: str = "stop"

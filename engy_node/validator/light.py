@@ -1,4 +1,4 @@
-"""The light loop (SPEC §10): poll the provider's signed epoch result, verify it against the
+"""The light loop (docs/validator.md): poll the provider's signed epoch result, verify it against the
 pinned master hotkey, and keep it on chain all epoch.
 
 The public light validator's semantics, tick by tick:

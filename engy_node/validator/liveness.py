@@ -1,4 +1,4 @@
-"""The light loop's heartbeat file, and the watchdog's one decision (SPEC §10): has the loop
+"""The light loop's heartbeat file, and the watchdog's one decision (docs/validator.md): has the loop
 stopped completing ticks?
 
 Why a heartbeat and not the state file. A restart policy recovers a process that exits, not one

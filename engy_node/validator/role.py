@@ -1,6 +1,6 @@
 """`engy-node --role validator`: the light loop with its chain client, wallet and watchdog.
 
-The process stays small (no torch, no transformers: SPEC §10 asks ≤ 150 MB resident), so it can
+The process stays small (no torch, no transformers: the target is ≤ 150 MB resident, docs/performance.md), so it can
 run beside a miner or on a small VPS. `substrate` replaces the chain transport with an in-process
 dev chain (`engy-node up`, tests); everything else is the same code a finney validator runs.
 """

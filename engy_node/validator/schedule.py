@@ -1,4 +1,4 @@
-"""When the light loop puts weights on chain (SPEC §10). Pure decisions: no IO, no chain, no
+"""When the light loop puts weights on chain (docs/validator.md). Pure decisions: no IO, no chain, no
 clock reads; the block number and the time come in as arguments.
 
 Why resubmit at all. The provider closes an epoch and the validator submits its vector at once.

@@ -1,4 +1,4 @@
-"""The light loop's persisted state (SPEC §10): what this validator last put on chain, read
+"""The light loop's persisted state (docs/validator.md): what this validator last put on chain, read
 defensively and written atomically.
 
 The fields: which epoch was last applied, at which block and wall-clock time it was submitted,

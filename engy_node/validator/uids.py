@@ -1,5 +1,5 @@
 """From a verified hotkey vector to what `SetWeights` takes, and what to submit when that lands
-nothing (SPEC §10). Pure: the metagraph's hotkeys come in as a sequence indexed by uid, read fresh
+nothing (docs/validator.md). Pure: the metagraph's hotkeys come in as a sequence indexed by uid, read fresh
 by the caller on the same connection it submits on.
 
 What it trusts. The vector (already verified or read back from validated state) for its hotkeys

@@ -1,5 +1,5 @@
-"""The verifier role (SPEC §10): lease audit jobs, recompute each answer on the canonical model,
-judge it (SPEC §5), post the verdicts.
+"""The verifier role (docs/validator.md, "Running a verifier"): lease audit jobs, recompute each
+answer on the canonical model, judge it (docs/verification.md), post the verdicts.
 
 `engy-node --role verifier` leases from a gateway's signed audit API (`HttpAuditSource`, signed
 with the verifier's hotkey, which the gateway allow-lists); a gateway with

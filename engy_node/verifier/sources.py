@@ -81,7 +81,7 @@ class HttpAuditSource:
 
 class GatheredAuditSource:
     """Every host of a gateway fleet: each host keeps the audit jobs of the responses it served
-    (their proof material is buyer content and stays in that host's memory, SPEC §8.3), so a
+    (their proof material is buyer content and stays in that host's memory, docs/reliability.md), so a
     verifier gathers from all of them, and each verdict goes back to the host it leased from.
 
     A host that cannot be reached costs only its own jobs: the others are leased from as usual,

@@ -1,4 +1,4 @@
-"""The first-run setup wizard (SPEC §12, wireframe §4): one question per step, always showing
+"""The first-run setup wizard (docs/architecture.md, "The TUI"): one question per step, always showing
 what it found.
 
 Steps follow the role: a miner answers role, model, wallet, gateway and review; a validator

@@ -25,7 +25,7 @@ CONFIG_JSON = b'{"architectures": ["LlamaForCausalLM"], "hidden_size": 576}'
 
 
 def reference_root(config_json: bytes, shards: list[tuple[str, int]]) -> str:
-    """SPEC §4: sha256 of config.json's bytes, then for each shard in name order its basename
+    """docs/protocol.md: sha256 of config.json's bytes, then for each shard in name order its basename
     and its size in decimal."""
     digest = hashlib.sha256()
     digest.update(config_json)

@@ -1,8 +1,9 @@
 """The gateway's durable state: buyer accounts and keys, the money ledger, the request log, miner
 registrations, verifier verdicts, published epochs, validator heartbeats, traffic eligibility and
-leases (SPEC §8.3). One SQLite file for a gateway on one host (the default); one PostgreSQL
-database, named by `gateway.store_url`, for several hosts. Both run the same operations, the same
-SQL and the same test suite; the invariants below hold on either.
+leases; never buyer content (docs/reliability.md, "Data"). One SQLite file for a gateway on one
+host (the default); one PostgreSQL database, named by `gateway.store_url`, for several hosts.
+Both run the same operations, the same SQL and the same test suite; the invariants below hold on
+either.
 
 Posture. The ledger must never double-charge, lose a charge or let concurrent requests spend
 money a buyer does not have, across crashes and across processes or hosts sharing the store. So

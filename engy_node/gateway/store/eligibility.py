@@ -3,7 +3,7 @@ so that a restarted gateway resumes where it was (a pulled miner stays pulled th
 cooldown) and the operator's tools can show it. `engy_node.gateway.traffic` decides the states;
 this only stores the latest.
 
-Zero data retention (SPEC §8.3). `reason` is the one free-text field: the control plane's own
+Zero data retention (docs/reliability.md, "Data"). `reason` is the one free-text field: the control plane's own
 sentence about a transition, made from codes and numbers, never a buyer's content. It is capped
 at 500 characters and one printable line, which is what such a sentence needs and keeps a bug
 from pouring anything larger onto the disk.

@@ -1,4 +1,4 @@
-"""Published epoch results (SPEC §9): the exact bytes the gateway served for each closed epoch,
+"""Published epoch results (docs/trust.md, "Epochs"): the exact bytes the gateway served for each closed epoch,
 kept so that it serves the same bytes again after a restart and never publishes two different
 results for one epoch.
 

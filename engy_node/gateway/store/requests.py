@@ -2,7 +2,7 @@
 settle an epoch (`requests_in`) and feed the traffic control loop (`requests_after`), and
 retention.
 
-Zero data retention (SPEC §8.3). Nothing here accepts prompt or completion text. The request log
+Zero data retention (docs/reliability.md, "Data"). Nothing here accepts prompt or completion text. The request log
 is metadata only, and `RequestLogEntry` validates every string field as an identifier or catalog
 id, so free text cannot reach the disk through it even by mistake.
 

@@ -9,7 +9,7 @@ control loop may already have acted on. The insert is conditional on the unique 
 (`ON CONFLICT DO NOTHING`), so two processes or hosts recording the same request cannot both
 insert.
 
-Zero data retention (SPEC §8.3). A verdict carries ids, a catalog model id, closed choices and a
+Zero data retention (docs/reliability.md, "Data"). A verdict carries ids, a catalog model id, closed choices and a
 short reason code (`checks.CODE`, no spaces), so no prompt or completion text fits anywhere.
 
 Windows use `request_created_at`, when the request was served, not when it was judged: a

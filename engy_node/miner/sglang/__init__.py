@@ -1,5 +1,5 @@
 """Build the model server's command line, and keep that server running: sglang on a GPU box,
-our reference server everywhere else (SPEC §7.3).
+our reference server everywhere else (docs/architecture.md).
 
 The pure decisions sit in their own modules, and the one module that does IO calls them, never
 the reverse:

@@ -1,5 +1,5 @@
 """The model server's exact command line, built from a plan: sglang's `launch_server` in the
-published reference form (SPEC §7.3), or our reference server (§7.4).
+published reference form, or our reference server (docs/architecture.md).
 
 Pure: no IO, no clock reads. A plan goes in and a frozen `LaunchSpec` comes out, so the miner
 can print the exact command without running anything (`--fake-gpus` does only that), the
@@ -100,7 +100,7 @@ def sglang_launch(
     chunked_prefill_size: int | None = None,
     extra_flags: Sequence[str] = (),
 ) -> LaunchSpec:
-    """The sglang command in the published reference form (SPEC §7.3), flag for flag:
+    """The sglang command in the published reference form (docs/architecture.md), flag for flag:
 
     `python -m sglang.launch_server --model-path … --served-model-name … --tp-size 4
     --trust-remote-code --kv-cache-dtype fp8_e4m3 --mem-fraction-static 0.83
@@ -191,7 +191,7 @@ def reference_launch(
     device: str | None = None,
     max_running_requests: int | None = None,
 ) -> LaunchSpec:
-    """`python -m engy_node --home HOME serve …`: our reference server (SPEC §7.4).
+    """`python -m engy_node --home HOME serve …`: our reference server (docs/architecture.md).
 
     A value left as None omits its flag, so the server's config (that home's node.toml and
     `ENGY_SERVE__*`) decides. Pass `checkpoint` when it is already prepared, so the child does

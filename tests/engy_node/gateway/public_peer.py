@@ -1,6 +1,6 @@
 """The public one-file SN53 miner (release 0.4.4) as our gateway meets it: its frames, its habits.
 
-Written by hand from its frame shapes (SPEC §4, issue 8), not from its code, so a test can hold
+Written by hand from its frame shapes (docs/protocol.md, issue 8), not from its code, so a test can hold
 our gateway to living with it:
 
 * hello: `capacity.max_request_s` as a float (`1800.0`, it applies `float()` to the setting),

@@ -64,8 +64,8 @@ def eligible_top_class(snapshot, exclude=frozenset()) -> tuple[list[Candidate], 
 
 
 def within_bound(worker: Candidate, workers: list[Candidate], load_factor: float) -> bool:
-    """The bound in the words of §8.5: load after the assignment at most load_factor × the mean
-    load after it, rounded up to a whole request."""
+    """The bound in the words of docs/architecture.md ("Routing"): load after the assignment at
+    most load_factor × the mean load after it, rounded up to a whole request."""
     mean_after = Fraction(sum(w.inflight for w in workers) + 1, sum(w.capacity for w in workers))
     return worker.inflight + 1 <= math.ceil(Fraction(load_factor) * mean_after * worker.capacity)
 

@@ -366,7 +366,7 @@ async def test_honest_miners_qualify_and_are_paid_and_every_cheater_is_caught_an
 
 
 def expected_weights(entries, verdict_counts, *, hotkey_of_identity, owner) -> dict[str, int]:
-    """SPEC §9 by hand for small samples (every gate minimum 1): a hotkey scores its counted
+    """Epoch settlement (docs/trust.md) by hand for small samples (every gate minimum 1): a hotkey scores its counted
     tokens × score_rate // 1000 unless any paid attempt failed, a latency went over the model's
     ceiling, or any verdict on it was `cheat`."""
     tokens: dict[str, int] = {}

@@ -1,4 +1,4 @@
-"""Golden frames, written by hand, pin the wire in both dialects (SPEC §4).
+"""Golden frames, written by hand, pin the wire in both dialects (docs/protocol.md).
 
 `frames/ours.json` is exactly what this project sends: building each frame's dataclass and
 calling `to_wire()` must give that JSON, types included (an int stays an int: `max_request_s` is

@@ -17,7 +17,7 @@ from engy_node.miner.sglang.command import LaunchSpec, reference_launch, sglang_
 
 QWEN_PATH = "/data/models/Qwen/Qwen3.6-35B-A3B-FP8"
 
-# The published reference command (SPEC §7.3), as one string, with deterministic inference on
+# The published reference command (docs/architecture.md), as one string, with deterministic inference on
 # (issue 9: seeded sampled answers are verified by replaying the draw).
 PUBLISHED = (
     f"python -m sglang.launch_server --model-path {QWEN_PATH} --served-model-name Qwen3.6 --tp-size 4 "
