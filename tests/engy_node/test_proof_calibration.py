@@ -1,4 +1,4 @@
-"""Calibration on the real embedded model (SPEC §5, issue 9): honest serving, greedy and sampled,
+"""Calibration on the real embedded model (docs/verification.md, issue 9): honest serving, greedy and sampled,
 passes with a wide margin; known cheats are judged `cheat` by the check designed for each,
 malformed proofs `unproven`; the detection-power cases land where docs/verification.md says.
 docs/verification.md records the full table from `engy-node calibrate`; this test runs a smaller
