@@ -16,6 +16,7 @@ from engy_node.gateway.store import RequestLogEntry, Store, VerdictRecord
 from engy_node.hub import Hub
 from engy_node.models import SMOLLM2_135M
 from engy_node.protocol.epoch import parse_and_verify
+from tests.waiting import Changes
 
 GENESIS = 1_000_000
 CLOCK = EpochClock(genesis=GENESIS, epoch_s=60, grace_s=10)
@@ -23,11 +24,25 @@ MODEL = SMOLLM2_135M.id
 
 
 class Wall:
+    """The publisher's wall clock, counting its reads (one publisher to a wall)."""
+
     def __init__(self, now: float) -> None:
         self.now = now
+        self.reads = 0
+        self.read = Changes()
 
     def __call__(self) -> float:
+        self.reads += 1
+        self.read.notify()
         return self.now
+
+    async def first_pass_over(self) -> None:
+        """Return once the publisher's first pass is over: it has decided which epochs are due and
+        stored any it closed. A pass reads the wall at its top, for the close time of each epoch it
+        stores, and after storing them to plan its sleep (`first_seen` comes from the store, which
+        has requests in these tests), so the third read comes after a pass that closed an epoch has
+        stored it, or begins the pass after one that closed none."""
+        await self.read.wait_for(lambda: self.reads >= 3, timeout_s=30, what="the publisher's first pass over")
 
 
 @pytest.fixture
@@ -91,10 +106,10 @@ async def test_an_epoch_is_published_after_its_grace_signed_and_the_same_after_a
     honest_id, _ = store.register_miner("honest", hotkey=bob.ss58_address)
     serve(store, f"key:{honest_id}", at=GENESIS + 5, request_id="r1")
     serve(store, "5CheaterHotkeyxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", at=GENESIS + 6, request_id="r2", verdict="cheat")
-    wall = Wall(GENESIS + 69.0)
+    wall = Wall(GENESIS + 69.95)  # it sleeps 0.05 s until epoch 0 closes, and looks again
     first = publisher(store, wall, alice, alice.ss58_address)
     await nursery.start(first.run)
-    await trio.sleep(0.3)
+    await wall.first_pass_over()
     assert store.latest_epoch() is None, "epoch 0 is still in its grace"
     wall.now = GENESIS + 70.5
     with trio.fail_after(60):
@@ -108,9 +123,10 @@ async def test_an_epoch_is_published_after_its_grace_signed_and_the_same_after_a
     assert (result["start"], result["end"]) == (GENESIS, GENESIS + 60)
     assert {row["gate_reason"] for row in result["rows"]} == {None, "cheat"}
 
-    restarted = publisher(store, wall, alice, alice.ss58_address)
+    restarted_wall = Wall(GENESIS + 129.95)  # epoch 0 long closed, epoch 1 closing 0.05 s later
+    restarted = publisher(store, restarted_wall, alice, alice.ss58_address)
     await nursery.start(restarted.run)
-    await trio.sleep(0.3)
+    await restarted_wall.first_pass_over()
     assert restarted.published == [] and store.latest_epoch() == (0, payload)
 
 
