@@ -13,6 +13,7 @@ from engy_node.gateway.store import EligibilityRow, RequestLogEntry, Store, Verd
 from engy_node.hub import Hub
 from engy_node.models import SMOLLM2_135M
 from engy_node.probe_corpus import load_probe_corpus
+from tests.waiting import Changes
 
 MODEL = SMOLLM2_135M.id
 MINER = "key:1"
@@ -66,16 +67,39 @@ class Probed:
             )
 
 
+class Connected:
+    """The miners connected, counting how often the control plane asks: once, at the top of each tick."""
+
+    def __init__(self, miners: set) -> None:
+        self.miners = miners
+        self.asked = 0
+        self.changes = Changes()
+
+    def __call__(self) -> set:
+        self.asked += 1
+        self.changes.notify()
+        return set(self.miners)
+
+    async def a_whole_tick(self) -> None:
+        """Return once the control plane has made a whole tick after this call: the next tick to
+        begin reads everything logged before the call, decides and saves, and the one after it
+        begins only once that one is over."""
+        target = self.asked + 2
+        await self.changes.wait_for(
+            lambda: self.asked >= target, timeout_s=30, what="a whole tick of the control plane"
+        )
+
+
 @pytest.fixture
 def store(tmp_path):
     with Store.open(tmp_path / "gateway.sqlite3") as opened:
         yield opened
 
 
-def control(store: Store, probed: Probed, connected: set, **kwargs) -> control_plane.TrafficControl:
+def control(store: Store, probed: Probed, connected: set | Connected, **kwargs) -> control_plane.TrafficControl:
     return control_plane.TrafficControl(
         store=store,
-        connected=lambda: set(connected),
+        connected=connected if isinstance(connected, Connected) else lambda: set(connected),
         models={MODEL: SMOLLM2_135M},
         send_probe=probed.send,
         corpus=load_probe_corpus(),
@@ -129,9 +153,11 @@ async def test_failing_probes_lose_the_round(nursery, store):
     assert plane.states[(MINER, MODEL)].strikes == 1
 
 
-async def test_paid_requests_the_buyer_was_at_fault_for_never_pull_an_active_miner(nursery, store):
+async def test_paid_requests_the_buyer_was_at_fault_for_never_pull_an_active_miner(nursery, store, monkeypatch):
+    monkeypatch.setattr(control_plane, "TICK_S", 0.05)  # the ticks this test waits for, sooner
     probed = Probed(store)
-    plane = control(store, probed, {(MINER, MODEL)})
+    connected = Connected({(MINER, MODEL)})
+    plane = control(store, probed, connected)
     await nursery.start(plane.run)
     await wait_for(lambda: table(store).get((MINER, MODEL)) == "active")
     now = time.time()
@@ -155,7 +181,7 @@ async def test_paid_requests_the_buyer_was_at_fault_for_never_pull_an_active_min
                 created_at=now,
             )
         )
-    await trio.sleep(1.0)
+    await connected.a_whole_tick()
     assert table(store)[(MINER, MODEL)] == "active"
     store.log_request(
         RequestLogEntry(
@@ -175,8 +201,10 @@ async def test_paid_requests_the_buyer_was_at_fault_for_never_pull_an_active_min
             created_at=now,
         )
     )
-    await trio.sleep(1.0)
-    assert plane.states[(MINER, MODEL)].served[-1].ok is False, "a miner's own failure is still counted"
+    await connected.a_whole_tick()
+    # Looked up by id: a probe the plane sent meanwhile may have come after it.
+    counted = [entry.ok for entry in plane.states[(MINER, MODEL)].served if entry.request_id == "paid-502"]
+    assert counted == [False], "a miner's own failure is still counted"
 
 
 async def test_first_party_miners_are_eligible_before_any_probe(nursery, store):
