@@ -474,7 +474,8 @@ async def test_pause_stops_new_requests_and_resume_restarts_them(buyer_api):
         assert gen.paused and hub.states()["traffic_generator"]["paused"] is True
         gen.pause()  # idempotent
         held = len(buyer_api.requests)
-        await trio.sleep(0.2)  # ten times the longest gap between requests
+        # Each slot comes round to the pause once its gap is over, and waits there for a resume.
+        await until(lambda: gen._running.statistics().tasks_waiting == gen.concurrency, "pause holding every slot")
         assert len(buyer_api.requests) == held and gen.stats.sent == held
 
         gen.resume()
