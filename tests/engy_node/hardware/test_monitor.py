@@ -8,10 +8,12 @@ import dataclasses
 import inspect
 import json
 import logging
+import math
 
 import pynvml
 import pytest
 import trio
+import trio.testing
 
 from engy_node.errors import ConfigError
 from engy_node.hardware.fake_nvml import FAKE_GPU_MODELS, FakeGpu, FakeNvml
@@ -31,6 +33,7 @@ from engy_node.hardware.monitor import (
     temperature_band,
 )
 from engy_node.hub import Hub
+from tests.waiting import Changes
 
 WAIT_S = 10.0
 TP = "; tensor-parallel all-reduce is slower through it"
@@ -443,6 +446,21 @@ async def wait_for(condition, what: str) -> None:
             await trio.sleep(0.01)
 
 
+class RoundsHub(Hub):
+    """A hub that counts the monitor's updates: it publishes once a round, good or failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rounds = 0
+        self.changes = Changes()
+
+    def set_state(self, component: str, **values) -> None:
+        super().set_state(component, **values)
+        if component == "gpus":
+            self.rounds += 1
+            self.changes.notify()
+
+
 async def test_the_monitor_publishes_samples_and_findings_to_the_hub_and_shuts_nvml_down():
     hub, api = Hub(), rig()
     async with trio.open_nursery() as nursery:
@@ -494,7 +512,7 @@ async def test_findings_are_logged_when_they_appear_and_when_they_clear(caplog):
     ],
     ids=["no-driver", "no-gpu"],
 )
-async def test_without_nvml_the_monitor_publishes_the_cpu_mode_reason_once_and_idles(api, reason, caplog):
+async def test_without_nvml_the_monitor_publishes_the_cpu_mode_reason_once_and_idles(api, reason, caplog, mock_clock):
     hub = Hub()
     with caplog.at_level(logging.INFO, logger="engy.gpus"):
         async with trio.open_nursery() as nursery:
@@ -508,14 +526,17 @@ async def test_without_nvml_the_monitor_publishes_the_cpu_mode_reason_once_and_i
                 "error": None,
                 "sampled_at": hub.states()["gpus"]["sampled_at"],
             }
-            await trio.sleep(0.1)  # ten intervals: an idle monitor must not retry
+            # An idle monitor must not retry: once it has settled, nothing in this run waits on a
+            # timer that could wake it (the mock clock stands still, so one that did would still be waiting).
+            await trio.testing.wait_all_tasks_blocked()
+            assert trio.lowlevel.current_statistics().seconds_to_next_deadline == math.inf
             nursery.cancel_scope.cancel()
     assert api.init_calls == 1
     assert [r.getMessage() for r in caplog.records if r.name == "engy.gpus"] == [f"GPU monitor idle: {reason}"]
 
 
 async def test_nvml_failing_later_is_published_once_as_an_error_and_readings_go_stale(caplog):
-    hub, api = Hub(), rig()
+    hub, api = RoundsHub(), rig()
     with caplog.at_level(logging.INFO, logger="engy.gpus"):
         async with trio.open_nursery() as nursery:
             await nursery.start(
@@ -523,8 +544,10 @@ async def test_nvml_failing_later_is_published_once_as_an_error_and_readings_go_
             )
             api.missing_functions = frozenset({"device_count"})
             await wait_for(lambda: hub.states()["gpus"]["error"] is not None, "the error")
-            frozen = hub.states()["gpus"]
-            await trio.sleep(0.1)  # several failed rounds
+            frozen, failed = hub.states()["gpus"], hub.rounds
+            await hub.changes.wait_for(
+                lambda: hub.rounds >= failed + 3, timeout_s=WAIT_S, what="three more failed rounds"
+            )
             during = hub.states()["gpus"]
             api.missing_functions = frozenset()
             await wait_for(lambda: hub.states()["gpus"]["error"] is None, "the recovery")
