@@ -423,13 +423,23 @@ def test_the_watchdog_stays_quiet_while_ticks_complete():
     import time
 
     class Ticking:
+        """A loop that has always just completed a tick; the watchdog reads it once a check."""
+
+        def __init__(self) -> None:
+            self.checks = 0
+            self.checked = threading.Condition()
+
         @property
         def last_tick_monotonic(self) -> float:
+            with self.checked:
+                self.checks += 1
+                self.checked.notify_all()
             return time.monotonic()
 
-    codes: list[int] = []
-    watchdog = Watchdog(Ticking(), limit_s=1.0, check_s=0.01, exit_fn=codes.append)
+    ticking, codes = Ticking(), []
+    watchdog = Watchdog(ticking, limit_s=1.0, check_s=0.01, exit_fn=codes.append)
     watchdog.start()
-    time.sleep(0.2)
+    with ticking.checked:  # nine checks have decided, and `stop` waits for the tenth to
+        assert ticking.checked.wait_for(lambda: ticking.checks >= 10, timeout=5), f"checking stopped, exit {codes}"
     watchdog.stop()
     assert codes == []
