@@ -9,6 +9,7 @@ import time
 
 import pytest
 import trio
+import trio.testing
 
 from engy_node.gateway import audit_link
 from engy_node.gateway.audit import AuditQueue
@@ -69,7 +70,8 @@ async def test_the_client_waits_for_the_first_process_and_reconnects(nursery, de
     client = AuditLinkClient(token)
     await nursery.start(client.run)
     client.offer(job("early"))
-    await trio.sleep(0.3)
+    # Everything blocked: the client has found no first process and waits to dial again.
+    await trio.testing.wait_all_tasks_blocked()
     with trio.CancelScope() as first_server:
         async with trio.open_nursery() as inner:
             await inner.start(AuditLinkServer(token, desk).run)
