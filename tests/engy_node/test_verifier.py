@@ -8,6 +8,7 @@ import time
 
 import pytest
 import trio
+import trio.testing
 
 from engy_node import proof
 from engy_node.gateway.audit import AuditQueue
@@ -116,22 +117,36 @@ async def test_stopping_waits_for_a_judgement_in_progress_rather_than_leaving_it
     """A process that exits while a thread is inside torch is aborted (SIGABRT), so a verifier
     cancelled mid-judgement lets the judgement finish before it stops."""
     desk.offer(job("r0"))
-    started, finished = threading.Event(), threading.Event()
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
 
     def judge(audit_job: AuditJob) -> proof.Verdict:
         started.set()
-        time.sleep(0.5)
+        release.wait(30)
         finished.set()
         return proof.Verdict("pass", "ok")
 
+    async def release_once_stopping_waits(cancelled: trio.Event) -> None:
+        # Every task blocked after the cancel: a verifier that waits for its judge is waiting;
+        # one that left the thread running has already stopped, and the test has gone on.
+        await cancelled.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        release.set()
+
     verifier = Verifier(DeskAuditSource(desk), judge, concurrency=1, poll_s=0.05)
-    with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(verifier.run)
-            while not started.is_set():
-                await trio.sleep(0.01)
-            nursery.cancel_scope.cancel()
-    assert finished.is_set(), "the verifier stopped while its judge's thread was still running"
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as releaser:
+                cancelled = trio.Event()
+                releaser.start_soon(release_once_stopping_waits, cancelled)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(verifier.run)
+                    while not started.is_set():
+                        await trio.sleep(0.01)
+                    nursery.cancel_scope.cancel()
+                    cancelled.set()
+                assert finished.is_set(), "the verifier stopped while its judge's thread was still running"
+    finally:
+        release.set()
 
 
 @pytest.mark.parametrize(
