@@ -29,6 +29,7 @@ import hypercorn.trio.task_group
 import hypercorn.trio.tcp_server
 import pytest
 import trio
+import trio.testing
 from hypercorn.config import Config
 from hypercorn.events import RawData
 from hypercorn.trio import serve
@@ -394,7 +395,7 @@ async def test_an_answer_larger_than_the_socket_takes_at_once_arrives_whole_and_
             client.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
             + client.send(h11.EndOfMessage())
         )
-        await trio.sleep(0.3)  # the server fills the socket and has to wait for the rest
+        await trio.testing.wait_all_tasks_blocked()  # the server has filled the socket and waits to write the rest
         with trio.fail_after(20):
             while not isinstance(event := client.next_event(), h11.EndOfMessage):
                 if event is h11.NEED_DATA:
@@ -430,7 +431,7 @@ async def test_websocket_messages_sent_by_several_tasks_at_once_each_arrive_whol
     url = (await nursery.start(serve, Starlette(routes=[WebSocketRoute("/ws", sending)]), config))[0]
     seen: dict[int, list[int]] = {sender: [] for sender in range(senders)}
     async with open_websocket_url(url.replace("http://", "ws://") + "/ws", max_message_size=2 * size) as websocket:
-        await trio.sleep(0.3)  # the server's writes outrun the socket while nothing is read
+        await trio.testing.wait_all_tasks_blocked()  # the server's writes have filled the socket while nothing is read
         with trio.fail_after(20):
             for _ in range(senders * messages):
                 sender, index, text = (await websocket.get_message()).split(":", 2)
@@ -484,7 +485,7 @@ async def test_an_edge_connection_reads_only_once_its_socket_has_data_and_answer
                 request += client.send(h11.Data(data=body)) + client.send(h11.EndOfMessage())
                 for start_at, end_at in zip((0, *cuts), (*cuts, len(request))):
                     await stream.send_all(request[start_at:end_at])
-                    await trio.sleep(0.05)
+                    await trio.testing.wait_all_tasks_blocked()  # the server has taken the piece and waits for more
                 received.append(without_date(await read_answer(stream, client)))
             await stream.send_eof()
             with trio.fail_after(10):
@@ -500,11 +501,11 @@ async def test_a_peer_resetting_its_connection_ends_that_connection_only(nursery
     stream = await start(nursery, app, CONFIGS[kind]())
     server = stream.socket.getpeername()[:2]
     await stream.send_all(b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: 50\r\n\r\n{")
-    await trio.sleep(0.05)
+    await trio.testing.wait_all_tasks_blocked()  # the server has read the head and waits for the body
     # SO_LINGER with a zero timeout makes close() send a reset rather than a FIN.
     stream.socket.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_LINGER, struct.pack("ii", 1, 0))
     await stream.aclose()
-    await trio.sleep(0.05)
+    await trio.testing.wait_all_tasks_blocked()  # the server has met the reset and ended that connection
     async with await trio.open_tcp_stream(*server) as other:
         assert (await exchange(other, h11.Connection(h11.CLIENT), "/json")).endswith(JSON)
 
