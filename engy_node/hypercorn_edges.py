@@ -81,8 +81,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, overload
 
 import h11
 import hypercorn.protocol
@@ -95,10 +95,12 @@ from h11._writers import ChunkedWriter
 from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.events import Body, EndBody, Request, StreamClosed
+from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
 from hypercorn.protocol.ws_stream import WSStream
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
+from hypercorn.typing import ASGIReceiveEvent, ASGISendEvent, HTTPResponseStartEvent
 from wsproto.connection import ConnectionState
 from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
 from wsproto.frame_protocol import CloseReason
@@ -162,6 +164,15 @@ class EdgeConnection(h11.Connection):
     `ChunkedWriter` does, and a streamed answer is mostly such chunks. Only while our side is
     sending a chunked body; any other event or framing goes through h11."""
 
+    # h11's own overloads, so that callers keep its return types.
+    @overload
+    def send(self, event: h11.ConnectionClosed) -> None: ...
+    @overload
+    def send(
+        self, event: h11.Request | h11.InformationalResponse | h11.Response | h11.Data | h11.EndOfMessage
+    ) -> bytes: ...
+    @overload
+    def send(self, event: h11.Event) -> bytes | None: ...
     def send(self, event: h11.Event) -> bytes | None:
         if type(event) is h11.Data and self.our_state is h11.SEND_BODY and type(self._writer) is ChunkedWriter:
             data = event.data
@@ -242,15 +253,14 @@ class EdgeH11Protocol(H11Protocol):
         # Exact type tests here and below: hypercorn's and wsproto's events are `ABC`s, whose
         # `isinstance` goes through `ABCMeta` (several per write, on every request), and none
         # of these has subclasses.
-        kind = type(event)
-        if kind is Updated and self._keeps_time(idle=event.idle):
+        if type(event) is Updated and self._keeps_time(idle=event.idle):
             return
         if self._held is not None:
-            if kind is RawData:
+            if type(event) is RawData:
                 self._held.append(event.data)
                 return
             await self.release_writes()
-        if kind is Closed:
+        if type(event) is Closed:
             self._stop_keep_alive()
         await self._write_now(event)
 
@@ -274,7 +284,7 @@ class EdgeH11Protocol(H11Protocol):
 
     def _write_directly(self, data: bytes) -> int:
         """How many of `data`'s bytes the socket took without waiting (0: none, or not now)."""
-        if self._socket is None or self._server_lock.locked():
+        if self._socket is None or self._server_lock is None or self._server_lock.locked():
             return 0
         fd = self._socket.fileno()
         if fd < 0:
@@ -315,6 +325,7 @@ class EdgeH11Protocol(H11Protocol):
         and idle again, since), it sets itself for the deadline now noted, or, while a request
         is in flight, for one more timeout."""
         while not self._closed:
+            assert self._idle_timer is not None, "set before this task is started (`_keeps_time`)"
             with self._idle_timer:
                 await self.context.terminated.wait()
             idle = self._idle_deadline != math.inf
@@ -350,7 +361,10 @@ class EdgeH11Protocol(H11Protocol):
         await self._send_h11_event(h11.EndOfMessage())
 
 
-async def put_for_app(app_put: Callable[[dict], Any], message: dict) -> None:
+_Message = TypeVar("_Message")
+
+
+async def put_for_app(app_put: Callable[[_Message], Awaitable[object]], message: _Message) -> None:
     """Queue `message` for the app without a scheduler step where its queue has room (the queue
     is a trio memory channel, `app_put` its `send`), as `app_put` does otherwise."""
     channel = getattr(app_put, "__self__", None)
@@ -371,7 +385,7 @@ class EdgeHTTPStream(HTTPStream):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.client_gone = ClientGone()
-        self._start: dict | None = None
+        self._start: HTTPResponseStartEvent | None = None
         """The app's `http.response.start`, held until its first body message."""
         self._body: bytes | None = None
         """The request body's latest piece, held until the next one or the body's end."""
@@ -379,7 +393,7 @@ class EdgeHTTPStream(HTTPStream):
         # The stream's `send` is its protocol's `stream_send` (`H11Protocol._create_stream`).
         self._protocol = protocol if isinstance(protocol, EdgeH11Protocol) else None
 
-    async def handle(self, event: Event) -> None:
+    async def handle(self, event: StreamEvent) -> None:
         if not isinstance(self.config, EdgeConfig) or self.closed:
             await super().handle(event)
             return
@@ -410,12 +424,13 @@ class EdgeHTTPStream(HTTPStream):
         if isinstance(event, Request) and not self.closed:
             # The app's task has only been scheduled (`spawn_app` does not yield): it finds this
             # in its scope when it starts.
-            self.scope["extensions"][CLIENT_GONE] = self.client_gone
+            # hypercorn types an extension's value as a dict (the ASGI spec's are); this one is an object.
+            self.scope["extensions"][CLIENT_GONE] = self.client_gone  # type: ignore[assignment]
 
-    async def _put(self, message: dict) -> None:
+    async def _put(self, message: ASGIReceiveEvent) -> None:
         await put_for_app(self.app_put, message)
 
-    async def app_send(self, message: dict | None) -> None:
+    async def app_send(self, message: ASGISendEvent | None) -> None:
         if not isinstance(self.config, EdgeConfig):
             await super().app_send(message)
             return
@@ -449,12 +464,8 @@ class EdgeHTTPStream(HTTPStream):
             await super().app_send(start)
 
 
-_MESSAGES = (TextMessage, BytesMessage)
-"""wsproto's `Message` events: its only two kinds."""
-
-
 class EdgeWSStream(WSStream):
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.message_bytes = 0
         """UTF-8 bytes of the message being received so far (hypercorn counts characters)."""
@@ -465,13 +476,15 @@ class EdgeWSStream(WSStream):
         if not isinstance(self.config, EdgeConfig):
             await super()._handle_events()
             return
+        # Events are read once the app accepted the handshake, so it has been started.
+        assert self.app_put is not None
         for event in self.connection.events():
-            kind = type(event)
-            if kind in _MESSAGES:
+            # wsproto's `Message` events: its only two kinds (exact type tests, as in `EdgeH11Protocol`).
+            if type(event) is TextMessage or type(event) is BytesMessage:
                 if self.refused:
                     continue
                 data = event.data
-                self.message_bytes += len(data) if isinstance(data, bytes) or data.isascii() else len(data.encode())
+                self.message_bytes += len(data.encode()) if isinstance(data, str) and not data.isascii() else len(data)
                 if self.message_bytes > self.config.websocket_max_message_size:
                     await self._refuse_message()
                     continue
@@ -480,9 +493,9 @@ class EdgeWSStream(WSStream):
                     await put_for_app(self.app_put, self.buffer.to_message())
                     self.buffer.clear()
                     self.message_bytes = 0
-            elif kind is Ping:
+            elif type(event) is Ping:
                 await self._send_wsproto_event(event.response())
-            elif kind is CloseConnection:
+            elif type(event) is CloseConnection:
                 if self.connection.state == ConnectionState.REMOTE_CLOSING:
                     await self._send_wsproto_event(event.response())
                 await self.send(StreamClosed(stream_id=self.stream_id))
@@ -492,6 +505,7 @@ class EdgeWSStream(WSStream):
         self.buffer.clear()
         reason = frame_refusal(self.config.websocket_max_message_size)
         await self._send_wsproto_event(CloseConnection(code=CloseReason.MESSAGE_TOO_BIG, reason=reason))
+        assert self.app_put is not None  # a message came, so the app has been started (`_handle_events`)
         await self.app_put({"type": "websocket.disconnect", "code": int(CloseReason.MESSAGE_TOO_BIG), "reason": reason})
 
 
@@ -536,8 +550,12 @@ class EdgeTCPServer(TCPServer):
 
 def install() -> None:
     """Make new connections use the classes above (idempotent)."""
-    hypercorn.trio.run.TCPServer = EdgeTCPServer
-    hypercorn.protocol.H11Protocol = EdgeH11Protocol
-    hypercorn.protocol.h11.HTTPStream = EdgeHTTPStream
-    hypercorn.protocol.h11.WSStream = EdgeWSStream
-    hypercorn.protocol.h2.WSStream = EdgeWSStream
+    # setattr: a module's class is not a variable to mypy, though hypercorn looks it up as one.
+    for module, name, edge in (
+        (hypercorn.trio.run, "TCPServer", EdgeTCPServer),
+        (hypercorn.protocol, "H11Protocol", EdgeH11Protocol),
+        (hypercorn.protocol.h11, "HTTPStream", EdgeHTTPStream),
+        (hypercorn.protocol.h11, "WSStream", EdgeWSStream),
+        (hypercorn.protocol.h2, "WSStream", EdgeWSStream),
+    ):
+        setattr(module, name, edge)

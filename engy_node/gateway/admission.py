@@ -67,7 +67,9 @@ class WaitingRoom:
         the back, and the next buyer's line is up. One that gave up (deadline, hang-up) leaves
         its line's place in the rotation as it was."""
         lines = self._lines.get(ticket.model)
-        line = lines.get(ticket.buyer) if lines is not None else None
+        if lines is None:
+            return
+        line = lines.get(ticket.buyer)
         if line is None or ticket not in line:
             return
         line.remove(ticket)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import trio
 
@@ -84,7 +85,9 @@ class AuditDesk:
         """Record the verdicts the gateway established itself."""
         task_status.started()
         async for job in self._found_out:
-            verdict, reason = job.found
+            assert job.found is not None, "`offer` sends only the jobs the gateway judged itself here"
+            # A verdict kind (the gateway sets it, `protocol.audit` checks it on the wire), typed as a str there.
+            verdict, reason = cast(VerdictKind, job.found[0]), job.found[1]
             try:
                 outcome = await self.store.run(
                     self.store.record_verdict,
@@ -151,7 +154,7 @@ class AuditDesk:
                     )
                 plan.append((posted, None))
                 continue
-            job, holder = held
+            waiting, holder = held
             if holder is not None and holder != verifier:
                 raise AuditRefused(
                     409, "leased_elsewhere", f"job {posted.job_id} is leased to another verifier; nothing was recorded"
@@ -160,7 +163,7 @@ class AuditDesk:
                 raise AuditRefused(
                     409, "not_leased", f"job {posted.job_id} is not leased to you: lease it first; nothing was recorded"
                 )
-            plan.append((posted, job))
+            plan.append((posted, waiting))
         results = []
         for posted, job in plan:
             if job is None:

@@ -69,11 +69,15 @@ class GatewayError(Exception):
         return self.status_from_miner or STATUS_BY_KIND[self.kind]
 
 
+ApiName = Literal["openai", "anthropic"]
+"""The buyer APIs."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ChatRequest:
     """One buyer request, whichever API it came through."""
 
-    api: Literal["openai", "anthropic"]
+    api: ApiName
     model: str
     messages: tuple[dict[str, Any], ...]
     """OpenAI-style chat messages: {role: system|user|assistant|tool, content: str,

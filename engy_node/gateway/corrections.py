@@ -168,7 +168,8 @@ class StructuredParts:
         for position, fragment in enumerate(fragments):
             index = fragment.get("index")
             index = index if isinstance(index, int) and not isinstance(index, bool) else len(self.calls) + position
-            function = fragment.get("function") if isinstance(fragment.get("function"), Mapping) else {}
+            given = fragment.get("function")
+            function: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
             call = self.calls.setdefault(index, ["", ""])
             if isinstance(function.get("name"), str) and function["name"]:
                 call[0] = function["name"]
@@ -190,7 +191,7 @@ class StructuredParts:
 
     @property
     def tool_calls(self) -> list[tuple[str, str]]:
-        return [tuple(self.calls[index]) for index in sorted(self.calls)]
+        return [(call[0], call[1]) for _, call in sorted(self.calls.items())]
 
 
 def _loose(value: Any) -> Any:

@@ -17,7 +17,7 @@ monotonic clock, so a host cut off from the store stops acting before any other 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -111,7 +111,9 @@ class Leadership:
         self.changed.set()
         self.changed = trio.Event()
 
-    async def while_leading(self, job: Callable[[], object], *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def while_leading(
+        self, job: Callable[[], Awaitable[object]], *, task_status=trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Run `job()` (an async callable, fresh each term) for as long as this host leads,
         cancelling it when it stops leading; start it again on the next term."""
         task_status.started()

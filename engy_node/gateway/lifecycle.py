@@ -47,7 +47,7 @@ import random
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypedDict
 
 import trio
 
@@ -57,7 +57,7 @@ from engy_node.config import GatewaySection
 from engy_node.gateway import billing, intake
 from engy_node.gateway.admission import WaitingRoom
 from engy_node.gateway.audit import audited
-from engy_node.gateway.chat import ChatRequest, GatewayError, Usage
+from engy_node.gateway.chat import ApiName, ChatRequest, GatewayError, Usage
 from engy_node.gateway.corrections import StructuredParts, presentation_match, structured_account
 from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.request_log import RequestLogWriter
@@ -162,7 +162,7 @@ class Flight:
     """One buyer request in progress."""
 
     request_id: str
-    api: str
+    api: ApiName
     account_id: int | None
     """None for a probe."""
     chat: ChatRequest
@@ -461,7 +461,7 @@ class Gateway:
             chat_template_kwargs=chat.chat_template_kwargs,
         )
 
-    async def begin(self, api: str, account, chat: ChatRequest) -> Flight:
+    async def begin(self, api: ApiName, account, chat: ChatRequest) -> Flight:
         model = self.models[chat.model]
         spec = model.spec
         request_id = self.new_id()
@@ -834,6 +834,8 @@ class Gateway:
             return Accounting(
                 claim=_cache_claim(response, len(relayed)), relayed_tokens=len(relayed), output_ids=None, stop=cut_at
             )
+        # A commitment was read, so the response has one, and its output.
+        assert response is not None and response.output is not None and response.commitment is not None
         if list(commitment.prompt_ids) != flight.prompt_ids and await self._rendered_as_public_miner(
             flight, pending, commitment
         ):
@@ -868,7 +870,7 @@ class Gateway:
             response.output, prompt_tokens=len(flight.prompt_ids), committed_tokens=len(commitment.output_token_ids)
         )
         finish_stop = cut_at is None and (response.output.get("choices") or [{}])[0].get("finish_reason") == "stop"
-        terms = dict(stops=flight.chat.sampling.stop, cut_at=cut_at, finish_stop=finish_stop)
+        terms = _StopTerms(stops=flight.chat.sampling.stop, cut_at=cut_at, finish_stop=finish_stop)
         if flight.miner_parts is None:
             relay = await self.off_loop_if_large(
                 len(flight.miner_text),
@@ -1023,6 +1025,14 @@ class Gateway:
                 found=found,
             )
         )
+
+
+class _StopTerms(TypedDict):
+    """How an answer ended, as `relayed_tokens` and `structured_relayed_tokens` take it."""
+
+    stops: Sequence[str]
+    cut_at: str | None
+    finish_stop: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

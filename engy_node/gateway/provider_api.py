@@ -93,8 +93,8 @@ class ProviderApi:
     # ---- the audit API ---------------------------------------------------------------------
     async def lease(self, request: Request) -> Response:
         try:
-            verifier, body = await self._verifier_call(request)
-            leases = self.desk.lease(verifier, limit=body.get("max_jobs", 1))
+            desk, verifier, body = await self._verifier_call(request)
+            leases = desk.lease(verifier, limit=body.get("max_jobs", 1))
         except AuditRefused as refused:
             return _refused(refused)
         now = self.clock()
@@ -106,19 +106,20 @@ class ProviderApi:
                     {**lease.job.to_wire(for_verifier=True), "lease_expires_in_s": round(lease.expires_at - now, 3)}
                     for lease in leases
                 ],
-                "lease_s": self.desk.queue.lease_s,
+                "lease_s": desk.queue.lease_s,
             }
         )
 
     async def verdicts(self, request: Request) -> Response:
         try:
-            verifier, body = await self._verifier_call(request)
-            results = await self.desk.submit(verifier, parse_verdicts(body))
+            desk, verifier, body = await self._verifier_call(request)
+            results = await desk.submit(verifier, parse_verdicts(body))
         except AuditRefused as refused:
             return _refused(refused)
         return JSONResponse({"results": [{"job_id": job_id, "status": status} for job_id, status in results]})
 
-    async def _verifier_call(self, request: Request) -> tuple[str, dict]:
+    async def _verifier_call(self, request: Request) -> tuple[AuditDesk, str, dict]:
+        """The desk, the verifier and the body of a signed call to the audit API."""
         if self.desk is None:
             raise AuditRefused(404, "no_audit", "this gateway runs no audit queue")
         hotkey, body = await self._signed(request)
@@ -128,7 +129,7 @@ class ProviderApi:
                 "not_a_verifier",
                 f"hotkey {hotkey} is not on this gateway's verifier allow-list (gateway.verifiers)",
             )
-        return hotkey, body
+        return self.desk, hotkey, body
 
     # ---- validator heartbeats --------------------------------------------------------------
     async def heartbeat(self, request: Request) -> Response:
@@ -171,6 +172,7 @@ class ProviderApi:
             raise AuditRefused(400, "invalid_request", f"the body is not valid JSON: {error}") from None
         if not isinstance(body, dict):
             raise AuditRefused(400, "invalid_request", "the body must be a JSON object")
+        assert check.hotkey is not None, "a check that is ok names the proven signer (`SignatureCheck`)"
         return check.hotkey, body
 
     async def health(self, request: Request) -> Response:

@@ -101,8 +101,8 @@ class EpochPublisher:
             await trio.sleep(min(MAX_SLEEP_S, max(0.05, next_close - self.wall())))
 
     async def _rows(self, index: int, *, until: float | None = None):
-        start, end = self.clock.window(index)
-        end = end if until is None else min(end, until)
+        start, window_end = self.clock.window(index)
+        end = window_end if until is None else min(window_end, until)
         entries = await self.store.run(self.store.requests_in, since=start, until=end)
         verdicts = await self.store.run(self.store.verdict_counts, since=start, until=end)
         hotkeys = await self._hotkeys({entry.miner for entry in entries if entry.miner} | set(verdicts))

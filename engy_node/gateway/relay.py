@@ -18,7 +18,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
+from typing import Any
 
 import orjson
 import trio
@@ -27,7 +28,7 @@ from starlette.responses import JSONResponse
 
 from engy_node.asgi import Receive, Send, watch_disconnect
 from engy_node.gateway import anthropic_api, openai_api
-from engy_node.gateway.chat import ChatRequest, GatewayError, Usage
+from engy_node.gateway.chat import ApiName, ChatRequest, FinishReason, GatewayError, Usage
 from engy_node.gateway.corrections import (
     ReplacementHold,
     StopScanner,
@@ -75,14 +76,14 @@ def _answer_events(flight: Flight, proven_text: str | None) -> list[OutputEvent]
     return ([ReasoningDelta(parts.reasoning)] if parts.reasoning else []) + events + calls
 
 
-def _finish_for(events: list[OutputEvent], finish: str) -> str:
+def _finish_for(events: list[OutputEvent], finish: FinishReason) -> FinishReason:
     return "tool_calls" if any(isinstance(event, ToolCall) for event in events) else finish
 
 
 class Api(abc.ABC):
     """What differs between the two buyer APIs; the flow in `ChatEndpoint` is shared."""
 
-    name: str
+    name: ApiName
 
     def api_key(self, headers: Headers) -> str | None:
         header = headers.get("authorization", "")
@@ -96,7 +97,7 @@ class Api(abc.ABC):
 
     @abc.abstractmethod
     def body(
-        self, flight: Flight, events: list[OutputEvent], finish: str, usage: Usage, stop_sequence: str | None
+        self, flight: Flight, events: list[OutputEvent], finish: FinishReason, usage: Usage, stop_sequence: str | None
     ) -> dict: ...
 
     @abc.abstractmethod
@@ -116,7 +117,7 @@ class _OpenAi(Api):
         return JSONResponse(openai_api.error_body(err, request_id), status_code=err.status, headers=headers)
 
     def body(
-        self, flight: Flight, events: list[OutputEvent], finish: str, usage: Usage, stop_sequence: str | None
+        self, flight: Flight, events: list[OutputEvent], finish: FinishReason, usage: Usage, stop_sequence: str | None
     ) -> dict:
         return openai_api.completion_body(
             request_id=f"chatcmpl-{flight.request_id}",
@@ -158,7 +159,7 @@ class _Anthropic(Api):
         )
 
     def body(
-        self, flight: Flight, events: list[OutputEvent], finish: str, usage: Usage, stop_sequence: str | None
+        self, flight: Flight, events: list[OutputEvent], finish: FinishReason, usage: Usage, stop_sequence: str | None
     ) -> dict:
         return anthropic_api.message_body(
             message_id=f"msg_{flight.request_id}",
@@ -189,7 +190,7 @@ class _Encoder:
     events: Callable[[list[OutputEvent]], list[bytes]]
     keepalive: Callable[[], list[bytes]]
     error: Callable[[GatewayError], list[bytes]]
-    finish: Callable[[str, Usage, str | None], list[bytes]]
+    finish: Callable[[FinishReason, Usage, str | None], list[bytes]]
 
 
 OPENAI, ANTHROPIC = _OpenAi(), _Anthropic()
@@ -237,7 +238,7 @@ class ChatEndpoint:
         """Serve a probe (`Gateway.begin_probe`) exactly as a buyer's request from dispatch on;
         the answer goes nowhere. Its outcome is in the request log, like any request's."""
 
-        async def discard(message: dict) -> None:
+        async def discard(message: MutableMapping[str, Any]) -> None:
             return None
 
         try:
@@ -291,7 +292,7 @@ class ChatEndpoint:
 
     def _finish(
         self, flight: Flight, stops: StopScanner, accounting: Accounting, usage: Usage, reported: str
-    ) -> tuple[str, str | None]:
+    ) -> tuple[FinishReason, str | None]:
         """(finish reason, the stop string that ended the answer) as they really were, whatever
         the miner reported (`corrections`)."""
         finish = corrected_finish(
@@ -363,7 +364,7 @@ class ChatEndpoint:
             parts.reasoning += chunk.reasoning
             if flight.relayed_text:
                 return []
-            events = [ReasoningDelta(chunk.reasoning)]
+            events: list[OutputEvent] = [ReasoningDelta(chunk.reasoning)]
             events_seen.extend(events)
             return encoder.events(events)
 
@@ -378,7 +379,7 @@ class ChatEndpoint:
             while stops.matched is None:
                 while pending.chunks and stops.matched is None:
                     text = pending.chunks.popleft()
-                    if type(text) is not str:
+                    if isinstance(text, Chunk):
                         out += relay_parts(text)
                         text = text.content
                     flight.first_output_at = flight.first_output_at or gateway.monotonic()

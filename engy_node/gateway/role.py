@@ -237,6 +237,7 @@ async def serve_gateway(
             )
         )
     else:
+        assert link_token is not None, "a worker other than the first has siblings, so a link token"
         trust = TrustPlane.other_process(config, store=store, link_token=link_token)
 
     # The HTTP servers run in a scope of their own, shielded from the node's cancellation: on

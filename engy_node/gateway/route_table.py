@@ -460,6 +460,7 @@ class RouteTable:
 
     def _take_off_ring(self, worker: _Worker, capacity: int) -> None:
         ring = worker.ring
+        assert ring is not None, "callers take a worker off its ring only while it has one"
         ring.remove(worker, capacity)
         if not ring.size:
             del worker.group.rings[capacity.bit_length()]
@@ -561,13 +562,17 @@ class RouteTable:
                 counts[1] -= worker.inflight
                 counts[2] -= worker.capacity
         point = None if prefix is None else key_point(prefix)
-        tiers = [frozenset()]
+        tiers: list[frozenset[str]] = [frozenset()]
         if needs:
             tiers.insert(0, needs)
         if prefer - needs:
             tiers.insert(0, needs | prefer)
         for wanted in tiers:
-            groups = [(g, *counts) for g, counts in net.items() if counts[0] and not wanted & g.lacks]
+            groups = [
+                (g, eligible, inflight, capacity)
+                for g, (eligible, inflight, capacity) in net.items()
+                if eligible and not wanted & g.lacks
+            ]
             if groups:
                 choice = self._choose_among(groups, point, rr_counter, load_factor, exclude, admit)
                 if choice is not None:

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypedDict
 
 from engy_node.percentile import nearest_rank
 
@@ -205,6 +205,13 @@ class RowAggregate:
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
+class SettlementJson(TypedDict):
+    """`EpochSettlement.to_json()`: its weights as [hotkey, u16] pairs and its rows' `to_json()`."""
+
+    weights: list[list[str | int]]
+    rows: list[dict[str, int | str | None]]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class EpochSettlement:
     """The outcome of one epoch: what goes on chain and the rows that justify it."""
@@ -214,7 +221,7 @@ class EpochSettlement:
     rows: tuple[RowAggregate, ...]
     """Ordered by hotkey order, then model id."""
 
-    def to_json(self) -> dict[str, list]:
+    def to_json(self) -> SettlementJson:
         """Weights and rows as plain JSON values, ready for the canonical `result_json`."""
         return {
             "weights": [[hotkey, weight] for hotkey, weight in self.weights],

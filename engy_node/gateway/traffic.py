@@ -82,7 +82,7 @@ import dataclasses
 import enum
 import math
 from collections.abc import Sequence
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from engy_node.percentile import nearest_rank
 from engy_node.proof import VerdictKind
@@ -778,7 +778,7 @@ class BuyerMix:
 
 
 def probe_plan(
-    *, corpus: Sequence[str], draws: Sequence[float], max_output_tokens: int, mix: BuyerMix = BuyerMix()
+    *, corpus: Sequence[object], draws: Sequence[float], max_output_tokens: int, mix: BuyerMix = BuyerMix()
 ) -> ProbePlan:
     """A buyer-like probe: a corpus prompt and settings drawn from `mix`.
 
@@ -836,14 +836,14 @@ def _secs(value: float) -> str:
 
 
 def _move(
-    state: TrafficState, to: Eligibility, *, now: float, code: TransitionCode, reason: str, **changes: object
+    state: TrafficState, to: Eligibility, *, now: float, code: TransitionCode, reason: str, **changes: Any
 ) -> tuple[TrafficState, list[Transition]]:
     moved = dataclasses.replace(state, state=to, since=now, reason=reason, **changes)
     return moved, [Transition(state.state, to, reason, now, code)]
 
 
 def _report(
-    state: TrafficState, *, now: float, code: TransitionCode, reason: str, **changes: object
+    state: TrafficState, *, now: float, code: TransitionCode, reason: str, **changes: Any
 ) -> tuple[TrafficState, list[Transition]]:
     reported = dataclasses.replace(state, reason=reason, **changes)
     return reported, [Transition(state.state, state.state, reason, now, code)]
@@ -1146,10 +1146,11 @@ def _judge_breaker(
             code="failure-rate",
             detail=f"{failed}/{len(served)} requests failed within {window} (over {policy.max_failure_pct} %)",
         )
-    for code, name, ceiling in (
+    latencies: tuple[tuple[TransitionCode, str, int], ...] = (
         ("slow-ttft", "ttft", terms.qual_ttft_p99_ms),
         ("slow-tpot", "tpot", terms.qual_tpot_p99_ms),
-    ):
+    )
+    for code, name, ceiling in latencies:
         samples = [
             getattr(entry, f"{name}_ms") for entry in served if entry.ok and getattr(entry, f"{name}_ms") is not None
         ]

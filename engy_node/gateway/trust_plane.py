@@ -26,7 +26,7 @@ from engy_node.gateway.audit_desk import AuditDesk, DeskAuditSource
 from engy_node.gateway.audit_link import AuditLinkClient, AuditLinkServer
 from engy_node.gateway.epochs import EpochClock
 from engy_node.gateway.leadership import Leadership
-from engy_node.gateway.lifecycle import Gateway
+from engy_node.gateway.lifecycle import AuditSink, Gateway
 from engy_node.gateway.provider_api import ProviderApi, build_provider_app
 from engy_node.gateway.publisher import EpochPublisher
 from engy_node.gateway.relay import OPENAI, ChatEndpoint
@@ -45,8 +45,8 @@ AUDIT_COUNTS_S = 1.0
 
 @dataclasses.dataclass
 class TrustPlane:
-    audit: object | None
-    """Where this process's sampled responses go (`lifecycle.AuditSink`)."""
+    audit: AuditSink | None
+    """Where this process's sampled responses go."""
     eligible: Callable[[str, str], bool]
     services: list[Callable]
     """Background tasks this process runs (`nursery.start` each)."""

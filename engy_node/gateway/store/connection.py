@@ -43,7 +43,8 @@ _GROUP_COMMIT = "_store_group_commit_durable"
 
 
 class Cursor(Protocol):
-    rowcount: int
+    @property
+    def rowcount(self) -> int: ...
 
     def fetchone(self) -> Any: ...
     def fetchall(self) -> list[Any]: ...
@@ -51,10 +52,11 @@ class Cursor(Protocol):
 
 
 class Session(Protocol):
-    """What an operation runs its SQL on: `?` placeholders, DB-API cursors back."""
+    """What an operation runs its SQL on: `?` placeholders, DB-API cursors back. Arguments by
+    position, as sqlite3's connection takes them."""
 
-    def execute(self, sql: str, params: Any = ()) -> Cursor: ...
-    def executemany(self, sql: str, rows: Any) -> Cursor: ...
+    def execute(self, sql: str, params: Any = (), /) -> Cursor: ...
+    def executemany(self, sql: str, rows: Any, /) -> Cursor: ...
 
 
 class Database(Protocol):
@@ -62,15 +64,20 @@ class Database(Protocol):
 
     where: str
     """The database as messages name it: a file path, or a URL without its password."""
-    errors: tuple[type[BaseException], ...]
-    """The driver's exception types `explain` judges."""
-    lock: ContextManager[Any]
     concurrency: int
     """How many operations may run at once (`Store.run`'s limiter)."""
     groups_commits: bool
     """Whether `Store.run` batches the `group_commit` operations into one transaction."""
     for_update: str
     """Appended to a SELECT that must lock the rows it reads until the transaction ends."""
+
+    # Read-only, so that a backend may hold narrower types (its driver's errors, its kind of lock).
+    @property
+    def errors(self) -> tuple[type[BaseException], ...]:
+        """The driver's exception types `explain` judges."""
+
+    @property
+    def lock(self) -> ContextManager[Any]: ...
 
     def write(self, *, durable: bool, pipelined: bool = False) -> ContextManager[Session]:
         """One write transaction. `pipelined`: the operation reads every result it needs through

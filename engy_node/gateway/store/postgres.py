@@ -307,7 +307,9 @@ class PostgresDatabase:
                     (APPLICATION, str(SCHEMA_VERSION)),
                 )
                 return
-            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall()) if "meta" in tables else {}
+            meta: dict[str, str] = (
+                dict(conn.execute("SELECT key, value FROM meta").fetchall()) if "meta" in tables else {}
+            )
             if meta.get("application") != APPLICATION:
                 raise StoreError(
                     f"{self.where} holds tables of some other program; point gateway.store_url at an empty "
@@ -387,7 +389,9 @@ class PostgresDatabase:
     def reclaim_space(self) -> None:
         """Nothing to do: autovacuum returns a purged table's space to reuse by itself."""
 
-    def serialise_on(self, session: Session, space: int, key: int) -> None:
+    def serialise_on(self, session: Any, space: int, key: int) -> None:
+        # `session`: any `connection.Session` (`?` placeholders), as the protocol has it; that module imports
+        # this one, so it is not named here.
         session.execute("SELECT pg_advisory_xact_lock(?::int4, ?::int4)", (space, key))
 
     def close(self) -> None:

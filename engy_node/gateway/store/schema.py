@@ -389,7 +389,7 @@ class SqliteDatabase:
         # (the sqlite3 module steps a statement without result columns only once).
         self._conn.executescript("PRAGMA incremental_vacuum")
 
-    def serialise_on(self, session: sqlite3.Connection, space: int, key: int) -> None:
+    def serialise_on(self, session: object, space: int, key: int) -> None:
         """Nothing to do: BEGIN IMMEDIATE already holds the file's one write lock."""
 
     def close(self) -> None:
