@@ -16,8 +16,10 @@
 every `REFRESH_S`. A worker is eligible while it is `active`, or first-party. A miner the table
 does not know yet is not eligible: qualification comes first.
 
-What it does not keep across a restart: the states themselves. A restarted gateway qualifies
-every miner afresh (a few minutes of probes), which is also what a pulled miner must do.
+Across a restart (or a change of the fleet's leader) the states resume from the `eligibility`
+table (`traffic.resumed_state`): an active miner that re-dials within the reconnect grace stays
+active, a pulled one stays out for the longest cooldown a pull can have, and a round of
+qualification under way starts again (its probes are not in the store).
 
 Probes leave from the first process only, so they reach miners on that process's legs; paid
 traffic arrives on every leg, the first process's included, and is audited whichever leg it took.
