@@ -3,8 +3,9 @@
 What it decides: how a buyer's `POST /v1/messages` (and `/v1/messages/count_tokens`) body becomes
 the gateway's OpenAI-style `ChatRequest`, and how `OutputEvent`s, `Usage` and `GatewayError`s are
 written back so that the official `anthropic` SDK and agents built on it, Claude Code first, read
-them as they read Anthropic's own answers (reference/llm-gateways-and-wire-formats.md §5, and the
-complaints in §6.1 that this module exists to avoid). Pure: no IO, no clock reads; ids come in as
+them as they read Anthropic's own answers (Anthropic's Messages API reference, streaming included;
+gateways that translate it loosely break tool use and streaming in those clients, which this
+module exists to avoid). Pure: no IO, no clock reads; ids come in as
 arguments.
 
 Trust: the body is buyer input and untrusted. Every field the gateway relies on is type-checked

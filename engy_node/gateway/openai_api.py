@@ -3,7 +3,7 @@
 What it decides: how a buyer's `POST /v1/chat/completions` body becomes a `ChatRequest`, and how
 the gateway's `OutputEvent`s, `Usage` and `GatewayError`s are written back so that the official
 `openai` SDK and hand-rolled OpenAI clients read them exactly as they read OpenAI's own answers
-(reference/llm-gateways-and-wire-formats.md §4). Pure: no IO, no clock reads; ids and `created`
+(OpenAI's Chat Completions API reference, streaming included). Pure: no IO, no clock reads; ids and `created`
 come in as arguments.
 
 Trust: the request body is buyer input and untrusted. Every field the gateway relies on is

@@ -18,7 +18,7 @@ handful of workers rather than a table (a probe's one miner, tests). `retry_allo
 whether a failed dispatch may go to the next worker in the key's order.
 
 What it trusts. Each worker's advertised `capacity` and the pool's `inflight` count, as given.
-Health is not judged here (smg's split, STYLE §1): the traffic plane passes only workers that are
+Health is not judged here (as in sglang's model gateway, routing and health are apart): the traffic plane passes only workers that are
 eligible to serve (docs/trust.md), and the router only chooses among them. The request's messages are
 buyer input. A buyer can craft prompts whose keys land on a chosen worker, but each such request
 is paid for and the load bound caps what any one key can pile on a worker. A miner can raise its
