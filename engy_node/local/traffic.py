@@ -148,6 +148,9 @@ class TrafficGenerator:
     async def _slot(self, http: httpx.AsyncClient) -> None:
         while True:
             await self._running.wait()
+            if self.paused:
+                # `wait` yields even when the event is set: a pause that came meanwhile holds this slot too.
+                continue
             plan = plan_request(self.rng, self.prompts, self.rng.choice(self.models), max_tokens=self.max_tokens)
             await self._send(http, plan)
             self._publish()
