@@ -17,11 +17,14 @@ import contextlib
 import functools
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import trio
 
 from engy_node.errors import ConfigError, collapse, single_failure
+
+if TYPE_CHECKING:
+    from hypercorn.typing import ASGIFramework
 
 T = TypeVar("T")
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -59,6 +62,7 @@ async def read_json_object(
                 message = await receive()
             if waiting.cancelled_caught:
                 raise BodyError(408, f"the request body did not arrive within {timeout_s:g} s")
+            assert message is not None  # the wait was not cancelled, so receive() returned
         if message["type"] == "http.disconnect":
             raise BodyError(499, "the client disconnected before sending the whole body")
         chunk = message.get("body", b"")
@@ -232,6 +236,11 @@ class QueuedFirst:
     async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
         await self.app(scope, receive_queued_first(receive), send)
 
+    def for_hypercorn(self) -> ASGIFramework:
+        """Itself, as hypercorn's type: hypercorn types the scope and messages as TypedDicts, our
+        apps (as Starlette's) as plain mappings; they are the same dicts at run time."""
+        return cast("ASGIFramework", self)
+
 
 async def start_listener(
     nursery: trio.Nursery,
@@ -250,7 +259,7 @@ async def start_listener(
 
     try:
         return await nursery.start(
-            functools.partial(serve, QueuedFirst(app), config, shutdown_trigger=shutdown_trigger)
+            functools.partial(serve, QueuedFirst(app).for_hypercorn(), config, shutdown_trigger=shutdown_trigger)
         )
     except (OSError, BaseExceptionGroup) as raised:
         error = collapse(raised)
@@ -282,7 +291,7 @@ async def serve_listener(
     # config may have put there (`hypercorn_edges.install`).
     handler = functools.partial(
         run.TCPServer,
-        wrap_app(QueuedFirst(app), config.wsgi_max_body_size, "asgi"),
+        wrap_app(QueuedFirst(app).for_hypercorn(), config.wsgi_max_body_size, "asgi"),
         config,
         WorkerContext(None),
         ConnectionState({}),

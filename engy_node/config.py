@@ -425,9 +425,9 @@ def load_config(
                 layers[section][key] = _coerce(section, key, env[name], f"${name}")
     for section, key, raw in _env_settings(env):
         layers[section][key] = _coerce(section, key, raw, f"${ENV_PREFIX}{section.upper()}__{key.upper()}")
-    for section, values in (overrides or {}).items():
+    for section, flags in (overrides or {}).items():
         _check_section(section, "command line")
-        for key, value in values.items():
+        for key, value in flags.items():
             if value is not None:
                 layers[section][key] = _coerce(section, key, value, "command line")
 

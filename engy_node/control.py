@@ -624,8 +624,8 @@ def fetch_status(url: str, token: str, *, timeout: float = 5.0) -> dict[str, Any
         raise ControlError(
             f"{url} answered HTTP {response.status_code} without a JSON object; is it an engy node's control API?"
         )
-    error = body.get("error")
-    message = error.get("message") if isinstance(error, dict) else None
+    reported = body.get("error")
+    message = reported.get("message") if isinstance(reported, dict) else None
     if response.status_code == 401:
         raise ControlAuthError(f"the node at {url} refused the control token: {message or 'unauthorized'}")
     if response.status_code != 200:

@@ -167,7 +167,7 @@ def sign(keypair: Keypair, message: bytes) -> str:
     return bytes(keypair.sign(message)).hex()
 
 
-def verify_signature(ss58: str, message: bytes, sig_hex: str) -> bool:
+def verify_signature(ss58: str, message: bytes, sig_hex: object) -> bool:
     """True only if `sig_hex` is a signature by `ss58` over exactly `message`.
 
     Malformed hex, a malformed or non-canonical address, or a signature over the polkadot.js

@@ -93,6 +93,8 @@ class PieceEncoder:
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def _encode_pieces(self, text: str, *, remember: bool) -> list[int]:
+        # Called only while piecewise (check runs on a splitter just built, encode checks first).
+        assert self._splitter is not None
         ids: list[int] = []
         for index, piece in enumerate(self._splitter.split(text)):
             if not piece:

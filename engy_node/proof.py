@@ -579,6 +579,8 @@ def _replay_gaps(
 
     from engy_node.serve.sampling import seeded_gumbels
 
+    assert sampling.seed is not None, "a seeded draw only"  # token_stats calls it only then
+
     n, vocab = len(tokens), logits.shape[-1]
     temperature = torch.tensor(sampling.temperature, dtype=torch.float32)
     cut = torch.tensor(sampling.top_p, dtype=torch.float32)
@@ -721,7 +723,16 @@ def judge(chunks: Sequence[ChunkResult], tokens: TokenCheck | None, params: Proo
     if not chunks:
         return Verdict("unproven", "empty-output")
     passed = sum(1 for chunk in chunks if chunk.passes(params))
-    details = dict(
+    kind: VerdictKind
+    if passed / len(chunks) < params.min_pass_ratio:
+        kind, reason = "cheat", "chunks"
+    elif tokens is not None and not tokens.ok:
+        kind, reason = "cheat", "tokens"
+    else:
+        kind, reason = "pass", "ok"
+    return Verdict(
+        kind,
+        reason,
         chunks_total=len(chunks),
         chunks_passed=passed,
         mean_exp_mismatches=sum(c.exp_mismatches for c in chunks) / len(chunks) / params.topk,
@@ -732,11 +743,6 @@ def judge(chunks: Sequence[ChunkResult], tokens: TokenCheck | None, params: Proo
         max_logit_gap=tokens.max_gap if tokens else 0.0,
         token_evidence=tokens.evidence if tokens else 0.0,
     )
-    if passed / len(chunks) < params.min_pass_ratio:
-        return Verdict("cheat", "chunks", **details)
-    if tokens is not None and not tokens.ok:
-        return Verdict("cheat", "tokens", **details)
-    return Verdict("pass", "ok", **details)
 
 
 Recompute = Callable[..., tuple[Any, Any]]
@@ -867,7 +873,13 @@ def _judge_tokens(
         edge_band=model.token_check.nucleus_edge_band,
     )
     tokens = token_check(stats, greedy=greedy, params=model.token_check)
-    details = dict(token_misses=tokens.misses, max_logit_gap=tokens.max_gap, token_evidence=tokens.evidence)
-    if not tokens.ok:
-        return Verdict("cheat", "tokens", path="recompute", **details)
-    return Verdict("pass", "ok", path="recompute", **details)
+    kind: VerdictKind
+    kind, reason = ("pass", "ok") if tokens.ok else ("cheat", "tokens")
+    return Verdict(
+        kind,
+        reason,
+        path="recompute",
+        token_misses=tokens.misses,
+        max_logit_gap=tokens.max_gap,
+        token_evidence=tokens.evidence,
+    )

@@ -36,9 +36,10 @@ Blocking: NVML calls block (a few ms each, longer on a busy driver). Call `detec
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
-from typing import Literal, NamedTuple, Protocol, TypeVar
+from typing import Literal, NamedTuple, Protocol, TypedDict, TypeVar
 
 import pynvml
 
@@ -429,11 +430,21 @@ class _Reader:
             return None
 
 
+class _Versions(TypedDict):
+    """The system facts every `GpuInventory` carries, GPUs or none."""
+
+    driver_version: str | None
+    cuda_driver_version: str | None
+
+
 def _read_inventory(api: NvmlApi) -> GpuInventory:
     reader = _Reader()
     driver = reader.read("driver version", api.driver_version)
     cuda = reader.read("CUDA driver version", api.cuda_driver_version)
-    versions = {"driver_version": driver, "cuda_driver_version": None if cuda is None else cuda_version_text(cuda)}
+    versions: _Versions = {
+        "driver_version": driver,
+        "cuda_driver_version": None if cuda is None else cuda_version_text(cuda),
+    }
     try:
         count = api.device_count()
     except pynvml.NVMLError as err:
@@ -466,7 +477,7 @@ def _read_inventory(api: NvmlApi) -> GpuInventory:
             else _p2p_name(
                 reader.read(
                     f"P2P GPU{gpus[a].index}->GPU{gpus[b].index}",
-                    lambda a=a, b=b: api.p2p_read_status(handles[a], handles[b]),
+                    functools.partial(api.p2p_read_status, handles[a], handles[b]),
                 )
             )
             for b in range(len(gpus))

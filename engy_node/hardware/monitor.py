@@ -429,6 +429,7 @@ def _temperature_finding(gpu: GpuSample) -> Finding | None:
     if band not in ("hot", "limit"):
         return None
     temperature = gpu.temperature_c
+    assert temperature is not None  # temperature_band gives a band only for a reading
     if gpu.temperature_slowdown_c is None:
         where = f"near the {FALLBACK_SLOWDOWN_C}°C where GPUs commonly slow down (this one does not report its own)"
     elif band == "limit":

@@ -151,6 +151,7 @@ class ModelShape:
     def block_quantized_widths(self) -> tuple[tuple[str, int], ...]:
         """The MLP widths tensor parallelism splits and FP8 blocks must tile: expert and shared
         expert widths for MoE models, the dense width otherwise."""
+        widths: tuple[tuple[str, int | None], ...]
         if self.num_experts:
             widths = (
                 ("moe_intermediate_size", self.moe_intermediate_size),

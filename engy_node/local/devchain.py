@@ -951,15 +951,16 @@ class DevChain:
             )
         return self._commit_weights(block, signer, netuid, mecid, params["commit"], int(params["reveal_round"]))
 
-    def _registered_neuron(self, signer: str, netuid: int, mecid: int) -> tuple[_Subnet | None, int | None, str | None]:
+    def _registered_neuron(self, signer: str, netuid: int, mecid: int) -> tuple[_Subnet, int] | str:
+        """(the subnet, the signer's uid), or the chain's error name."""
         subnet = self._subnets.get(netuid)
         if subnet is None:
-            return None, None, "SubnetNotExists"
+            return "SubnetNotExists"
         if mecid != 0:
-            return None, None, "MechanismDoesNotExist"
+            return "MechanismDoesNotExist"
         if signer not in subnet.uids:
-            return None, None, "HotKeyNotRegisteredInSubNet"
-        return subnet, subnet.uids[signer], None
+            return "HotKeyNotRegisteredInSubNet"
+        return subnet, subnet.uids[signer]
 
     @staticmethod
     def _rate_limited(subnet: _Subnet, uid: int, block: int) -> bool:
@@ -971,9 +972,10 @@ class DevChain:
     ) -> str | None:
         if len(dests) != len(values):
             return "WeightVecNotEqualSize"
-        subnet, uid, error = self._registered_neuron(signer, netuid, mecid)
-        if error is not None:
-            return error
+        registered = self._registered_neuron(signer, netuid, mecid)
+        if isinstance(registered, str):
+            return registered
+        subnet, uid = registered
         params = subnet.params
         n = len(subnet.neurons)
         dests = [int(d) for d in dests]
@@ -1000,9 +1002,10 @@ class DevChain:
     def _commit_weights(
         self, block: int, signer: str, netuid: int, mecid: int, commit: Any, reveal_round: int
     ) -> str | None:
-        subnet, uid, error = self._registered_neuron(signer, netuid, mecid)
-        if error is not None:
-            return error
+        registered = self._registered_neuron(signer, netuid, mecid)
+        if isinstance(registered, str):
+            return registered
+        subnet, uid = registered
         if not subnet.params.commit_reveal:
             return "CommitRevealDisabled"
         if self._rate_limited(subnet, uid, block):

@@ -143,7 +143,7 @@ def port_plan(
 ) -> dict[str, int | None]:
     """The four ports from `--port-base` and the single-port flags (which win). None leaves the
     configured value."""
-    derived = {"buyer": None, "miner": None, "provider": None, "control": None}
+    derived: dict[str, int | None] = {"buyer": None, "miner": None, "provider": None, "control": None}
     if base is not None:
         if base != 0 and not 1 <= base <= 65532:
             raise EngyError(
@@ -172,6 +172,7 @@ def prepare_identities(config: Config) -> LocalIdentities:
             _write_private_json(buyer_file(config), {"buyer_account": account_id, "buyer_key": buyer_key})
             log.info("created the local buyer account %d with $%d of credit", account_id, LOCAL_CREDIT_USD)
         else:
+            assert isinstance(key, str)  # the account was found by it
             account_id, buyer_key = account.account_id, key
             if not buyer_file(config).exists():
                 _write_private_json(buyer_file(config), {"buyer_account": account_id, "buyer_key": buyer_key})
