@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import cast
 
 import trio
 
@@ -86,8 +85,7 @@ class AuditDesk:
         task_status.started()
         async for job in self._found_out:
             assert job.found is not None, "`offer` sends only the jobs the gateway judged itself here"
-            # A verdict kind (the gateway sets it, `protocol.audit` checks it on the wire), typed as a str there.
-            verdict, reason = cast(VerdictKind, job.found[0]), job.found[1]
+            verdict, reason = job.found
             try:
                 outcome = await self.store.run(
                     self.store.record_verdict,

@@ -1001,7 +1001,12 @@ class Gateway:
         self._offer_audit(flight, {}, proof.Delivery(relayed, True, flight.chat.max_tokens))
 
     def _offer_audit(
-        self, flight: Flight, commitment: dict, delivery: proof.Delivery, *, found: tuple[str, str] | None = None
+        self,
+        flight: Flight,
+        commitment: dict,
+        delivery: proof.Delivery,
+        *,
+        found: tuple[proof.VerdictKind, str] | None = None,
     ) -> None:
         if self.audit is None:
             return

@@ -46,7 +46,7 @@ class AuditJob:
     """What the buyer received and where the answer ended, which the proof must agree with."""
     created_at: float
     """Wall-clock seconds when the response ended; epochs count its verdict by this time."""
-    found: tuple[str, str] | None = None
+    found: tuple[VerdictKind, str] | None = None
     """A verdict the gateway established itself, as (verdict, reason): the miner's usage claim
     contradicts its own commitment. Recorded at once, never leased to a verifier."""
 
@@ -135,7 +135,7 @@ def _defect(value: Any) -> str | None:
 DEFECT = re.compile(r"[a-z-]{1,40}")
 
 
-def _found(value: Any) -> tuple[str, str] | None:
+def _found(value: Any) -> tuple[VerdictKind, str] | None:
     if value is None:
         return None
     if (
