@@ -84,8 +84,8 @@ LAUNCH_FAILED_PREFIX = "engy: cannot execute the model server command: "
 
 # Checked in this order; the first kind with a matching line wins, because a root cause
 # (a taken port, a missing kernel) often drags later, vaguer errors behind it in the same log.
-# Each phrase is quoted from sglang, PyTorch, huggingface_hub or our reference server
-# (reference/node-manager-tui-and-gpu-ops.md §6.3 and §6.5, reference/sglang-native-api.md §2.6).
+# Each phrase is quoted from the error messages of sglang 0.5 (its server launch and scheduler),
+# PyTorch, huggingface_hub or our reference server.
 _PATTERNS: tuple[_Pattern, ...] = (
     _Pattern(
         "launch_failed",

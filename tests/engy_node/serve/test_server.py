@@ -1,7 +1,7 @@
 """The reference server over real HTTP, as `engy-node serve` runs it.
 
-The client helpers below read responses the way the public SN53 miner reads real sglang
-(`reference/sglang-native-api.md` §0): `out[0] if list`, cumulative SSE `text`, the last event
+The client helpers below read responses the way the public SN53 miner (`engy_miner.py`) reads
+real sglang's native `/generate`: `out[0] if list`, cumulative SSE `text`, the last event
 as the result, ragged hidden states (2-D block: last row; 1-D: as is), `t[1]` of logprob
 entries, `finish_reason["type"]`. If these pass, a client written for sglang works unchanged.
 """
