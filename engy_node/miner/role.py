@@ -197,10 +197,12 @@ def hardware(inventory: GpuInventory, setup_plan: Plan | None) -> dict[str, Any]
         "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "gpu": gpus[0].name if gpus else "cpu",
         "gpu_count": len(gpus),
-        "gpu_mem_gb": round(gpus[0].memory_total / 2**30, 1) if gpus and gpus[0].memory_total else 0,
+        "gpu_mem_gb": round(gpus[0].memory_total_bytes / 2**30, 1) if gpus and gpus[0].memory_total_bytes else 0,
         "torch": _version("torch"),
         "cuda": inventory.cuda_driver_version,
-        "gpus": [{"name": g.name, "uuid": g.uuid, "mem_gb": round((g.memory_total or 0) / 2**30, 1)} for g in gpus],
+        "gpus": [
+            {"name": g.name, "uuid": g.uuid, "mem_gb": round((g.memory_total_bytes or 0) / 2**30, 1)} for g in gpus
+        ],
         "parallelism": {"tp": setup_plan.tp, "dp": setup_plan.dp} if setup_plan else {},
     }
 
