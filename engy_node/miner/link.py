@@ -35,7 +35,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -45,7 +45,7 @@ from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 from engy_node import keys
 from engy_node.errors import single_failure
 from engy_node.miner.drain import ABORTED_ERROR, REFUSED_ERROR, DrainPhase, StopBudget, request_action
-from engy_node.miner.serving import RequestHandler
+from engy_node.miner.serving import Send
 from engy_node.protocol.miner import (
     MAX_FRAME_BYTES,
     OUR_FEATURES,
@@ -172,6 +172,13 @@ class LegDenied(Exception):
     pass
 
 
+class FrameHandler(Protocol):
+    """What serves each `serve` frame a leg receives: `serving.RequestHandler`, or a stand-in
+    (`testing.synthetic_miner.SyntheticHandler`)."""
+
+    async def handle(self, frame: Serve, send: Send) -> None: ...
+
+
 class GatewayLink:
     """All legs to one gateway. `run` is a service: started once the first leg is admitted."""
 
@@ -182,7 +189,7 @@ class GatewayLink:
         identity: Identity,
         hello: dict[str, Any],
         limits: Capacity,
-        handler: RequestHandler,
+        handler: FrameHandler,
         http: httpx.AsyncClient,
         settings: LinkSettings = LinkSettings(),
         rng: random.Random | None = None,
@@ -716,6 +723,7 @@ class _LegSession:
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:
-    while isinstance(group, BaseExceptionGroup):
-        group = group.exceptions[0]
-    return group
+    leaf: BaseException = group
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    return leaf

@@ -120,7 +120,8 @@ def ours(record: RunRecord, seen: Iterable[ProcessView]) -> tuple[list[ProcessVi
     seen = list(seen)
     leader = next((view for view in seen if view.pid == record.pid), None)
     leader_ours = leader is not None and _is_recorded_leader(record, leader)
-    mine, others = [], []
+    mine: list[ProcessView] = []
+    others: list[ProcessView] = []
     for view in seen:
         if view is leader:
             belongs = leader_ours

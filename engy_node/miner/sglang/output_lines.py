@@ -31,7 +31,7 @@ class LineBuffer:
         self._partial = bytearray()
         self._discarding = False
 
-    def feed(self, data: bytes) -> list[str]:
+    def feed(self, data: bytes | bytearray) -> list[str]:
         """The lines completed by `data`, in order."""
         *complete, rest = re.split(rb"[\r\n]", data)
         lines: list[str] = []

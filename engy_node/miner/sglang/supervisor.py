@@ -529,6 +529,7 @@ class ModelServerSupervisor:
                 if gone and self.record_path is not None:
                     await trio.to_thread.run_sync(remove_record, self.record_path)
                 with trio.move_on_after(OUTPUT_DRAIN_S):
+                    assert process.stdout is not None  # opened with stdout=PIPE
                     await process.stdout.aclose()
             attempt.done.set()
         return dataclasses.replace(ended, log_tail=tuple(attempt.tail))
@@ -619,9 +620,11 @@ class ModelServerSupervisor:
     async def _port_answers(self) -> bool:
         """Whether something already accepts connections where the child is to listen."""
         url = httpx.URL(self.spec.base_url)
+        # httpx leaves out a port that is the scheme's default: port 80 of an http:// base URL.
+        port = url.port if url.port is not None else 80
         with trio.move_on_after(self.settings.probe_timeout_s):
             try:
-                stream = await trio.open_tcp_stream(url.host, url.port)
+                stream = await trio.open_tcp_stream(url.host, port)
             except OSError:
                 return False  # refused: the port is free
             await stream.aclose()
@@ -706,6 +709,7 @@ class ModelServerSupervisor:
     async def _read_output(self, attempt: _Attempt) -> None:
         """Copy the child's output into the log and the tails until the pipe closes."""
         stream = attempt.process.stdout
+        assert stream is not None  # opened with stdout=PIPE
         buffer = attempt.lines
         try:
             while True:
@@ -766,7 +770,7 @@ class ModelServerSupervisor:
                             pgid,
                         )
                         return False
-            return True
+        return True
 
 
 async def _stop_processes(views: Sequence[ProcessView], *, grace_s: float) -> list[ProcessView]:
