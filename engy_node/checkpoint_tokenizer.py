@@ -410,7 +410,11 @@ def compare(reference: Any, tokenizer: CheckpointTokenizer) -> list[str]:
     for index, (messages, tools) in enumerate(PROBE_CONVERSATIONS):
         for add_generation_prompt in (True, False):
             for tokenize in (False, True):
-                terms = {"tools": tools, "add_generation_prompt": add_generation_prompt, "tokenize": tokenize}
+                terms: dict[str, Any] = {
+                    "tools": tools,
+                    "add_generation_prompt": add_generation_prompt,
+                    "tokenize": tokenize,
+                }
                 theirs = outcome(functools.partial(reference.apply_chat_template, messages, **terms))
                 ours = outcome(functools.partial(tokenizer.apply_chat_template, messages, **terms))
                 if theirs != ours and not theirs[0] == ours[0] == "error":

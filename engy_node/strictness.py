@@ -139,8 +139,8 @@ def run_sampling_cheats(
 def catch_rates(judged: Sequence[JudgedAnswer], *, params: TokenCheckParams) -> list[tuple[str, int, int, int]]:
     """(case, tokens, answers, caught) for every case and every prefix length up to the answers'."""
     rows = []
-    for case, members in itertools.groupby(sorted(judged, key=lambda j: j.case), key=lambda j: j.case):
-        members = list(members)
+    for case, grouped in itertools.groupby(sorted(judged, key=lambda j: j.case), key=lambda j: j.case):
+        members = list(grouped)
         longest = min(len(m.gaps) for m in members)
         for tokens in [n for n in PREFIXES if n <= longest]:
             caught = sum(1 for m in members if not m.verdict_within(tokens, params).ok)
@@ -161,8 +161,8 @@ def format_catch_rates(judged: Sequence[JudgedAnswer], *, params: TokenCheckPara
         + "---|" * len(lengths)
     )
     lines = [header]
-    for case, group in itertools.groupby(rates, key=lambda row: row[0]):
-        group = list(group)
+    for case, grouped_rows in itertools.groupby(rates, key=lambda row: row[0]):
+        group = list(grouped_rows)
         cells = []
         for _, _, answers, caught in group:
             low, high = proportion_interval(caught, answers)

@@ -59,7 +59,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, get_args
 
 from engy_node import keys
 
@@ -402,7 +402,7 @@ def _require_uint(label: str, value: object) -> None:
         raise ValueError(f"{label} must be non-negative, got {value}")
 
 
-def _is_uint(value: object) -> bool:
+def _is_uint(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

@@ -586,7 +586,7 @@ class ServeRequest:
             wire["tool_choice"] = self.tool_choice
         if self.chat_template_kwargs:
             wire["chat_template_kwargs"] = dict(self.chat_template_kwargs)
-        sampling = {
+        sampling: dict[str, Any] = {
             k: v
             for k, v in (
                 ("temperature", self.sampling.temperature),
@@ -782,7 +782,12 @@ def parse_gateway_frame(text: str | bytes) -> GatewayFrame:
     raise ProtocolError("frame.type", f"unknown frame type {kind[:40]!r} from the gateway")
 
 
-_MINER_FRAMES = {"hello": Hello.parse, "heartbeat": Heartbeat.parse, "chunk": Chunk.parse, "response": Response.parse}
+_MINER_FRAMES: dict[str, Callable[[Mapping[str, Any]], MinerFrame]] = {
+    "hello": Hello.parse,
+    "heartbeat": Heartbeat.parse,
+    "chunk": Chunk.parse,
+    "response": Response.parse,
+}
 
 
 def parse_miner_frame(text: str | bytes) -> MinerFrame:

@@ -32,6 +32,7 @@ import sqlite3
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import trio
@@ -40,6 +41,9 @@ from engy_node.gateway.store.connection import is_url
 from engy_node.miner.serving import Send
 from engy_node.protocol.miner import Chunk, MinerFrame, Response, Serve
 from engy_node.testing.synthetic_miner import SyntheticHandler
+
+if TYPE_CHECKING:
+    import psycopg
 
 # ---- the books -----------------------------------------------------------------------------------
 
@@ -174,16 +178,16 @@ def books_problems(
             problems.append(f"request {request_id} was charged {count} times")
 
     logged_costs: dict[str, list[RequestRow]] = collections.defaultdict(list)
-    for row in requests:
-        if row.kind == "paid" and row.cost_micro > 0:
-            logged_costs[row.request_id].append(row)
-    for request_id, rows in logged_costs.items():
-        if len(rows) > 1:
-            problems.append(f"request {request_id} is logged as charged {len(rows)} times")
+    for request in requests:
+        if request.kind == "paid" and request.cost_micro > 0:
+            logged_costs[request.request_id].append(request)
+    for request_id, paid in logged_costs.items():
+        if len(paid) > 1:
+            problems.append(f"request {request_id} is logged as charged {len(paid)} times")
         charged = charge_of.get(request_id, 0)
-        if rows[0].cost_micro != charged:
+        if paid[0].cost_micro != charged:
             problems.append(
-                f"request {request_id} is logged as costing {rows[0].cost_micro} µUSD, the ledger charged {charged}"
+                f"request {request_id} is logged as costing {paid[0].cost_micro} µUSD, the ledger charged {charged}"
             )
     return problems
 
@@ -192,6 +196,7 @@ def read_books(path: str | os.PathLike[str]) -> Books:
     """The books of the store at `path` (an SQLite file, or a PostgreSQL URL), read through a
     read-only connection of its own (which cannot checkpoint or change the file a restarted
     gateway will recover from), in one snapshot."""
+    conn: sqlite3.Connection | psycopg.Connection
     if is_url(path):
         from engy_node.gateway.store.postgres import connect_raw
 

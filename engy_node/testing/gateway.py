@@ -28,6 +28,7 @@ from engy_node.protocol.miner import (
     Deny,
     Heartbeat,
     Hello,
+    MinerFrame,
     Ping,
     ProtocolError,
     Reconnect,
@@ -94,6 +95,7 @@ class GatewayHarness:
     async def _leg(self, websocket: WebSocket) -> None:
         worker = websocket.path_params.get("worker", 0)
         await websocket.accept()
+        hello: MinerFrame | ProtocolError
         try:
             hello = parse_miner_frame(await websocket.receive_text())
         except ProtocolError as error:

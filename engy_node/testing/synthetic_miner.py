@@ -149,7 +149,9 @@ class SyntheticHandler:
             self._answer_ids[text] = list(self.model.tokenizer.encode(text, add_special_tokens=False))
         output_ids = list(self._answer_ids[text])
         if script.finish_reason == "stop":
-            output_ids.append(int(self.model.tokenizer.eos_token_id))
+            eos = self.model.tokenizer.eos_token_id
+            assert eos is not None, "a stopped answer ends with the tokenizer's EOS"
+            output_ids.append(int(eos))
         commitment = {
             "model_root": self.model.model_root,
             "output_token_ids": output_ids,

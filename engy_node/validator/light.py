@@ -425,6 +425,7 @@ class LightValidator:
             outcome.describe(),
             gap,
         )
+        outcome_name: str
         if standby_kind is not None:
             outcome_name = standby_kind
         elif candidate.from_cache:

@@ -113,6 +113,6 @@ def standby(
     """
     if not cache_already_tried and cached is not None and resolve(cached, hotkeys_by_uid).lands:
         return "standby:cached", tuple((hotkey, weight) for hotkey, weight in cached)
-    if owner_hotkey in hotkeys_by_uid:
+    if owner_hotkey is not None and owner_hotkey in hotkeys_by_uid:
         return "standby:burn", ((owner_hotkey, WEIGHT_MAX),)
     return None
