@@ -2,6 +2,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): one per core, at most four (each may load the model and start
+# servers of its own); `make test PYTEST_WORKERS=0` runs in this process alone.
+PYTEST_WORKERS ?= auto
 
 .PHONY: run test lint format lock bootstrap calibrate clean
 
@@ -12,12 +15,13 @@ run: bootstrap
 	@$(VENV)/bin/engy-tui --local --traffic
 
 test: bootstrap
-	@$(PY) -m pytest -q $(PYTEST_ARGS)
+	@$(PY) -m pytest -q --numprocesses $(PYTEST_WORKERS) --maxprocesses 4 $(PYTEST_ARGS)
 
-# Lint and format check (ruff). CI runs it before the tests.
+# Lint, format and type checks (ruff, mypy). CI runs them before the tests.
 lint: bootstrap
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
+	@$(VENV)/bin/mypy
 
 format: bootstrap
 	@$(VENV)/bin/ruff check --fix .

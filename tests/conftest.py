@@ -23,6 +23,12 @@ from hypothesis import settings
 
 from tests.waiting import ProcessOutput
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Workers share the machine's cores: one compute thread each (and in every server a test
+    # starts, which inherits this), since torch's default of a thread per core would have the
+    # workers' model passes spin against each other, several times slower than taking turns.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 settings.register_profile("thorough", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
