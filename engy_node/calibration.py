@@ -498,7 +498,7 @@ def format_soundness(results: Sequence[SoundnessResult]) -> str:
         groups.setdefault(
             (sampling_label(result.temperature, result.top_p), result.check, result.recompute_dtype), []
         ).append(result)
-    by_check: dict[tuple[str, str], list[SoundnessResult]] = {}
+    by_check: dict[tuple[str, str, str], list[SoundnessResult]] = {}
     for result in results:
         by_check.setdefault(("all", result.check, result.recompute_dtype), []).append(result)
     rows = []

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +115,7 @@ def run_greedy_drift(
     other_prompts: int = 100,
     other_long_prompts: int = 20,
     serve_paths: Sequence[NumericPath] = SERVE_PATHS,
-    recompute_paths: dict[NumericPath, Sequence[NumericPath]] = RECOMPUTE_PATHS,
+    recompute_paths: Mapping[NumericPath, Sequence[NumericPath]] = RECOMPUTE_PATHS,
     progress: Callable[[str], None] = lambda line: None,
 ) -> list[DriftSample]:
     """Serve `prompts` conversations with `short_tokens` and the first `long_prompts` with

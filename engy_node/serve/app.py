@@ -268,7 +268,7 @@ class ReferenceApp:
                 self._abort_items(items, "client disconnected")
         if not done:
             return Response(status_code=499)
-        failures = [i.generation.finish_reason for i in items if (i.generation.finish_reason or {}).get("status_code")]
+        failures = [r for r in (i.generation.finish_reason for i in items) if r and r.get("status_code")]
         if failures:
             reason = failures[0]
             return ApiError(int(reason["status_code"]), str(reason.get("message"))).response()
@@ -404,10 +404,11 @@ class ReferenceApp:
         with trio.move_on_after(HEALTH_CHECK_TIMEOUT_S):
             while not generation.finished:
                 await waker.wait()
-        if not generation.finished:
+        reason = generation.finish_reason  # set once it finished
+        if reason is None:
             self.engine.abort(generation.rid, prefix=False)
             return Response(status_code=503)
-        ok = generation.finish_reason.get("status_code") is None
+        ok = reason.get("status_code") is None
         return Response(status_code=200 if ok else 503)
 
     def model_info_body(self) -> dict[str, Any]:

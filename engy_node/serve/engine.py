@@ -165,7 +165,8 @@ class ModelRunner:
         torch_dtype = getattr(torch, dtype)
         tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
         model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch_dtype)
-        model.to(device)
+        # transformers wraps `to` with functools.wraps, which mypy types as an unbound function.
+        model.to(device)  # type: ignore[arg-type]
         model.eval()
         return cls(model, tokenizer, checkpoint=checkpoint, device=device, dtype=dtype)
 
@@ -516,8 +517,9 @@ class Engine:
 
     def flush_cache(self) -> None:
         """Empty the prefix cache, on the engine thread between steps."""
-        if self.prefix_cache is not None:
-            self.run_job(lambda runner: self.prefix_cache.clear(), lambda result, error: None)
+        cache = self.prefix_cache
+        if cache is not None:
+            self.run_job(lambda runner: cache.clear(), lambda result, error: None)
 
     def gen_throughput(self) -> float:
         """Tokens per second over the last THROUGHPUT_WINDOW_S."""

@@ -209,7 +209,8 @@ class OpenAiRoutes:
 
     async def _wait(self, request: Request, generation: Generation) -> Response | None:
         """Wait for the generation; an error response when it failed, None when it finished."""
-        wake: _Wake = generation.on_update
+        wake = generation.on_update
+        assert isinstance(wake, _Wake)  # set by _generation
 
         async def done() -> None:
             while not generation.finished:
@@ -293,7 +294,8 @@ class _Wake:
 
 async def _texts(generation: Generation) -> AsyncIterator[tuple[str, bool]]:
     """The generation's streamable text as it grows (`visible_text`), and whether it is final."""
-    wake: _Wake = generation.on_update
+    wake = generation.on_update
+    assert isinstance(wake, _Wake)  # set by OpenAiRoutes._generation
     seen = -1
     while True:
         version = generation.version

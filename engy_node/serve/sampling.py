@@ -342,10 +342,10 @@ def seeded_hashes(seed: int, positions: Sequence[int], columns: int | range, dev
     unsigned = seed & 0xFFFF_FFFF_FFFF_FFFF
     prefixes = []
     for position in positions:
-        h = 0
+        prefix = 0
         for word in (unsigned & _MASK32, unsigned >> 32, position & _MASK32):
-            h = _murmur3_block(h, word)
-        prefixes.append(h)
+            prefix = _murmur3_block(prefix, word)
+        prefixes.append(prefix)
     h = torch.tensor(prefixes, dtype=torch.int64, device=device)[:, None]
     h = _murmur3_block(h, torch.arange(span.start, span.stop, span.step, dtype=torch.int64, device=device)[None, :])
     return _murmur3_finish(h ^ 16)
@@ -378,6 +378,7 @@ def sample_with_seed(scores, seed: int, position: int) -> int:
 def seeded_choice(scores, params: SamplingParams, position: int) -> int:
     """The token sglang with `--enable-deterministic-inference` picks for a request alone in its
     batch, from float32 `scores` that already carry the logit bias and penalties."""
+    assert params.sampling_seed is not None, "a seeded request only"
     weights, order = _seeded_weights(scores, params)
     column = sample_with_seed(weights, params.sampling_seed, position)
     return column if order is None else int(order[column])
@@ -398,6 +399,7 @@ def seeded_draw(scores, params: SamplingParams, position: int):
     a column that is a token id when `order` is None, else a rank in `order` (descending
     probability). A verifier replays it on canonical logits; on the rank path, tokens of nearly
     equal probability may stand in either order, so it needs the columns apart."""
+    assert params.sampling_seed is not None, "a seeded request only"
     weights, order = _seeded_weights(scores, params)
     return weights, order, seeded_gumbel(params.sampling_seed, position, weights.shape[-1], weights.device)
 

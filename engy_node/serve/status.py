@@ -220,7 +220,8 @@ class _NumberedLines(io.StringIO):
         self.number = 0
         self.line = ""
 
-    def __next__(self) -> str:
+    # typeshed's StringIO has two bases that disagree on __next__ (_IOBase's says bytes).
+    def __next__(self) -> str:  # type: ignore[override]
         self.line = super().__next__()
         self.number += 1
         return self.line
@@ -294,7 +295,8 @@ def _status_from(
     error: str | None,
 ) -> ServerStatus:
     """The status of a server that answered at least one endpoint."""
-    engy = model_info.get("engy") if isinstance(model_info.get("engy"), dict) else {}
+    raw_engy = model_info.get("engy")
+    engy = raw_engy if isinstance(raw_engy, dict) else {}
     return ServerStatus(
         url=url,
         reachable=True,
