@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +219,9 @@ class NodeManager(App[None]):
         missed, self._missed_seen = self.bridge.missed_events - self._missed_seen, self.bridge.missed_events
         self.show_snapshot(self.bridge.latest, events=self.bridge.drain_events(), missed=missed)
 
-    def show_snapshot(self, snapshot: NodeSnapshot | None, *, events: list[Mapping[str, Any]], missed: int = 0) -> None:
+    def show_snapshot(
+        self, snapshot: NodeSnapshot | None, *, events: Sequence[dict[str, Any]], missed: int = 0
+    ) -> None:
         """Display one frame (tests call this with fixed data and no bridge).
 
         Only the visible tab is drawn, and only when the node's state changed or its ages are due
@@ -366,7 +368,7 @@ class NodeManager(App[None]):
             return
         self.notify(f"{bundle.path}\n{bundle.summary()}", title="diagnostics bundle written", timeout=15)
 
-    def action_quit(self) -> None:
+    async def action_quit(self) -> None:
         # A node running inside the TUI stops with it: say so and ask, once.
         if self.bridge is not None and self.bridge.mode == "local" and self.bridge.running:
             self.push_screen(ConfirmQuit(), self._quit_confirmed)

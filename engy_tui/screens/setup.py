@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.text import Text
 from textual import on, work
@@ -377,8 +378,8 @@ class SetupScreen(Screen[SetupAnswers | None]):
         text.rstrip()
         self.query_one("#setup-summary", Static).update(text)
 
-    def _set(self, **changes: str) -> None:
-        """Change answers and show what that changes."""
+    def _set(self, **changes: Any) -> None:
+        """Change answers and show what that changes (`role` is a `Role`, the others text)."""
         self.answers = dataclasses.replace(self.answers, **changes)
         self._show_summary()
         if self.step == "review":

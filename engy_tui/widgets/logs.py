@@ -45,7 +45,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Final, Literal, NamedTuple, Protocol
 
 from rich.cells import cell_len
 from rich.style import Style
@@ -222,7 +222,11 @@ def log_line(event: LogEvent | dict[str, Any], tz: datetime.tzinfo | None = None
 
 # `LogLine`'s fields, as the plain tuple the buffer stores (see `LogLine` for why).
 _Row = tuple[float, str, str, str, str, str]
-_LEVEL, _GROUP, _TEXT = (LogLine._fields.index(name) for name in ("level", "group", "text"))
+# Literal positions, so that a row's field keeps its type (str) where the buffer reads it.
+_LEVEL: Final = 1
+_GROUP: Final = 3
+_TEXT: Final = 5
+assert (_LEVEL, _GROUP, _TEXT) == tuple(LogLine._fields.index(name) for name in ("level", "group", "text"))
 
 
 def _row(event: LogEvent | dict[str, Any], tz: datetime.tzinfo | None) -> _Row:
@@ -881,8 +885,13 @@ class LogsView(Widget):
     def action_pick_components(self) -> None:
         self.app.push_screen(
             ComponentPicker(sorted(self.buffer.components), self.buffer.filter.hidden_components),
-            self.set_hidden_components,
+            self._components_picked,
         )
+
+    def _components_picked(self, hidden: frozenset[str] | None) -> None:
+        # The picker always dismisses with a set; None (a dismiss without one) changes nothing.
+        if hidden is not None:
+            self.set_hidden_components(hidden)
 
     def action_open_search(self) -> None:
         box = self._search_box

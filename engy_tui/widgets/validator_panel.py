@@ -318,7 +318,7 @@ def _block_time(validator: Mapping[Any, Any], chain: Any) -> float | None:
 def _blocks_since_submit(validator: Mapping[Any, Any], chain: Any) -> int | None:
     head, current = _head(validator, chain)
     last = _int(validator.get("last_submit_block"))
-    if current and last is not None:
+    if current and head is not None and last is not None:
         return head - last
     return _int(validator.get("blocks_since_submit"))
 
@@ -329,7 +329,7 @@ def _resubmit_left(validator: Mapping[Any, Any], chain: Any, now: float) -> tupl
     head, current = _head(validator, chain)
     last = _int(validator.get("last_submit_block"))
     interval = _int(validator.get("resubmit_blocks"))
-    if current and last is not None and interval is not None:
+    if current and head is not None and last is not None and interval is not None:
         return last + interval - head, False
     left = _int(validator.get("next_resubmit_in_blocks"))
     if left is None:
@@ -377,7 +377,7 @@ def weights_rows(validator: Mapping[str, Any] | None, names: Mapping[str, str] |
     """One row per uid this validator last put on chain, heaviest first: uid, hotkey (local
     name when `names` {name: ss58} has it), weight (u16), share of the row, share bar."""
     by_ss58 = _names_by_ss58(names)
-    lines = []
+    lines: list[Line] = []
     for uid, hotkey, weight, share in _weights(_map(validator)):
         lines.append(
             (
@@ -921,7 +921,7 @@ def neuron_rows(chain: Mapping[str, Any] | None, names: Mapping[str, str] | None
     chain = _map(chain)
     head = _int(chain.get("block"))
     by_ss58 = _names_by_ss58(names)
-    rows = []
+    rows: list[Line] = []
     for neuron in _neurons(chain):
         uid = _int(neuron.get("uid"))
         hotkey = neuron.get("hotkey")
