@@ -1,6 +1,6 @@
 """sglang's native HTTP API over the engine: the routes, their shapes and their errors.
 
-A client written against real sglang 0.5.x (`reference/sglang-native-api.md`) must work here
+A client written against real sglang 0.5.x's native API (`/generate`, `/get_model_info`, …) must work here
 unchanged, so shapes follow it exactly: `meta_info` keys in sglang's order, ragged
 `hidden_states` ([prefill block, v_1, …, v_{n-1}]), `[logprob, token_id, null]` entries,
 finish_reason objects, cumulative SSE events ending in `data: [DONE]`, 400 bodies in both of

@@ -1,6 +1,6 @@
 """Request rules of the reference server: sampling parameters, token choice and stop matching.
 
-These follow sglang 0.5.x (`reference/sglang-native-api.md` §1.2, §2.2) so a client written for
+These follow sglang 0.5.x (its `SamplingParams` and the native `/generate` route) so a client written for
 real sglang sees the same defaults and the same 400s here: `max_new_tokens` defaults to 128,
 `temperature` below 1e-6 means greedy, unknown keys are rejected, stop strings are trimmed from
 the text and streamed text is held back while its tail could still become a stop string or

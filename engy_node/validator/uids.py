@@ -9,7 +9,7 @@ so the caller can log how much of the distribution went missing: ten zero-weight
 nothing, one hotkey holding 40% reshapes it.
 
 No renormalisation here. The values stay the payload's u16 weights; the SDK max-upscales every
-row to u16 before it submits (reference/bittensor-sdk-11.md, `_conform`), and the chain uses only
+row to u16 before it submits (bittensor 11's weight conforming before `set_weights`), and the chain uses only
 the proportions within a row, so scaling here as well would add a second rounding and nothing
 else.
 
