@@ -3,7 +3,7 @@ can price a buyer's answers with `billing.charge` and compare with the ledger.""
 
 from __future__ import annotations
 
-from engy_node.gateway.chat import Usage
+from engy_node.gateway.api.chat import Usage
 
 
 def openai_usage(usage) -> Usage:

@@ -20,7 +20,7 @@ import openai
 import psutil
 
 from engy_node.gateway import billing
-from engy_node.gateway.chat import Usage
+from engy_node.gateway.api.chat import Usage
 from engy_node.models import SMOLLM2_135M
 from tests.sdk_usage import anthropic_usage, openai_usage
 from tests.waiting import ProcessOutput

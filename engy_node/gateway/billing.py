@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from engy_node.gateway.chat import Usage
+from engy_node.gateway.api.chat import Usage
 from engy_node.models import PriceCard
 
 TOKENS_PER_PRICE_UNIT = 1_000_000

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from engy_node.gateway.chat import ChatRequest
+from engy_node.gateway.api.chat import ChatRequest
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

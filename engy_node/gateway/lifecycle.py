@@ -56,8 +56,8 @@ from engy_node.asgi import BodyError, Receive, read_json_object
 from engy_node.config import GatewaySection
 from engy_node.gateway import billing, intake
 from engy_node.gateway.admission import WaitingRoom
+from engy_node.gateway.api.chat import ApiName, ChatRequest, GatewayError, Usage
 from engy_node.gateway.audit import audited
-from engy_node.gateway.chat import ApiName, ChatRequest, GatewayError, Usage
 from engy_node.gateway.corrections import StructuredParts, presentation_match, structured_account
 from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.request_log import RequestLogWriter

@@ -27,8 +27,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
 from engy_node.asgi import Receive, Send, watch_disconnect
-from engy_node.gateway import anthropic_api, openai_api
-from engy_node.gateway.chat import ApiName, ChatRequest, FinishReason, GatewayError, Usage
+from engy_node.gateway.api import anthropic_api, openai_api
+from engy_node.gateway.api.chat import ApiName, ChatRequest, FinishReason, GatewayError, Usage
 from engy_node.gateway.corrections import (
     ReplacementHold,
     StopScanner,

@@ -36,7 +36,7 @@ from engy_node.asgi import serve_listener, start_listener
 from engy_node.config import Config, checkpoint_pairs, comma_list
 from engy_node.errors import ConfigError
 from engy_node.gateway import orphans
-from engy_node.gateway.app import Handlers, build_buyer_app, build_miner_app, hypercorn_config
+from engy_node.gateway.api.app import Handlers, build_buyer_app, build_miner_app, hypercorn_config
 from engy_node.gateway.leadership import Leadership
 from engy_node.gateway.lifecycle import Gateway, GatewaySettings
 from engy_node.gateway.pool import MinerPool, PoolSettings

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from engy_node.chat_template import RESERVED_VARIABLES, ChatTemplates
-from engy_node.gateway import anthropic_api, openai_api
-from engy_node.gateway.chat import GatewayError
+from engy_node.gateway.api import anthropic_api, openai_api
+from engy_node.gateway.api.chat import GatewayError
 from engy_node.protocol.miner import Message, Serve, ServeRequest, encode, parse_gateway_frame
 
 QWEN3 = ChatTemplates(

@@ -13,9 +13,9 @@ import anthropic
 import pytest
 from hypothesis import given, settings
 
-from engy_node.gateway import anthropic_api
-from engy_node.gateway.anthropic_api import EventEncoder, message_body, parse_messages_request
-from engy_node.gateway.chat import STATUS_BY_KIND, GatewayError, Usage
+from engy_node.gateway.api import anthropic_api
+from engy_node.gateway.api.anthropic_api import EventEncoder, message_body, parse_messages_request
+from engy_node.gateway.api.chat import STATUS_BY_KIND, GatewayError, Usage
 from engy_node.model_output import OutputParser, ReasoningDelta, TextDelta, ToolCall, parse_output
 from tests.engy_node.gateway.wire_helpers import (
     MAX_OUTPUT,

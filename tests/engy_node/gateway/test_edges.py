@@ -23,7 +23,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from engy_node.config import load_config
-from engy_node.gateway.app import ERROR_HANDLERS, MAX_HEADER_BYTES, hypercorn_config
+from engy_node.gateway.api.app import ERROR_HANDLERS, MAX_HEADER_BYTES, hypercorn_config
 from engy_node.gateway.role import run_gateway, store_path
 from engy_node.gateway.store import Store
 from engy_node.hub import Hub

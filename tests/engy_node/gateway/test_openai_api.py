@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engy_node.gateway import openai_api
-from engy_node.gateway.chat import STATUS_BY_KIND, GatewayError
-from engy_node.gateway.openai_api import ChunkEncoder, completion_body, parse_chat_request
+from engy_node.gateway.api import openai_api
+from engy_node.gateway.api.chat import STATUS_BY_KIND, GatewayError
+from engy_node.gateway.api.openai_api import ChunkEncoder, completion_body, parse_chat_request
 from engy_node.model_output import OutputParser, ReasoningDelta, TextDelta, ToolCall, parse_output
 from tests.engy_node.gateway.wire_helpers import (
     MAX_OUTPUT,

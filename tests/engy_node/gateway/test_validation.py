@@ -10,8 +10,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from engy_node.gateway.chat import GatewayError
-from engy_node.gateway.validation import (
+from engy_node.gateway.api.chat import GatewayError
+from engy_node.gateway.api.validation import (
     USED,
     FieldChecks,
     Harmless,

@@ -18,7 +18,7 @@ try:  # The SDKs' HTTP library: httpx2 since openai 3 and anthropic 2 (which rej
 except ImportError:
     import httpx
 
-from engy_node.gateway.chat import Usage
+from engy_node.gateway.api.chat import Usage
 from engy_node.model_output import OutputEvent, ReasoningDelta, TextDelta, ToolCall
 
 MODEL = "Qwen/Qwen3-8B"

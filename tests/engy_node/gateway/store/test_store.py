@@ -13,8 +13,8 @@ import pytest
 import trio
 import trio.testing
 
+from engy_node.gateway.api.chat import ChatRequest, Usage
 from engy_node.gateway.billing import billable_usage, charge, worst_case_hold
-from engy_node.gateway.chat import ChatRequest, Usage
 from engy_node.gateway.store import (
     BUYER_KEY_PREFIX,
     LOCAL_VERIFIER,

@@ -26,8 +26,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
 from engy_node.asgi import Receive, Send
-from engy_node.gateway import anthropic_api, openai_api
-from engy_node.gateway.chat import GatewayError
+from engy_node.gateway.api import anthropic_api, openai_api
+from engy_node.gateway.api.chat import GatewayError
 from engy_node.gateway.lifecycle import Gateway, new_request_id
 from engy_node.gateway.pool import MinerPool
 from engy_node.gateway.relay import ANTHROPIC, OPENAI, Api, ChatEndpoint

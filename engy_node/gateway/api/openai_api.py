@@ -53,8 +53,8 @@ from typing import Any
 import orjson
 
 from engy_node.chat_template import RESERVED_VARIABLES
-from engy_node.gateway.chat import ChatRequest, FinishReason, GatewayError, Usage
-from engy_node.gateway.validation import (
+from engy_node.gateway.api.chat import ChatRequest, FinishReason, GatewayError, Usage
+from engy_node.gateway.api.validation import (
     USED,
     FieldChecks,
     FieldRule,

@@ -36,7 +36,7 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from engy_node.gateway.chat import GatewayError
+from engy_node.gateway.api.chat import GatewayError
 
 NO_RETRY_KINDS = frozenset(
     {

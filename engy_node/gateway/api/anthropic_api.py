@@ -66,8 +66,17 @@ from typing import Any
 
 import orjson
 
-from engy_node.gateway.chat import ChatRequest, FinishReason, GatewayError, Usage
-from engy_node.gateway.validation import USED, FieldChecks, FieldRule, Harmless, Refused, error_headers, is_int, one_of
+from engy_node.gateway.api.chat import ChatRequest, FinishReason, GatewayError, Usage
+from engy_node.gateway.api.validation import (
+    USED,
+    FieldChecks,
+    FieldRule,
+    Harmless,
+    Refused,
+    error_headers,
+    is_int,
+    one_of,
+)
 from engy_node.model_output import OutputEvent, TextDelta, ToolCall
 from engy_node.protocol.miner import Sampling
 
