@@ -162,7 +162,7 @@ def messages_of(head: tuple[str, str], *, buyer: int, turn: int) -> list[dict]:
 
 def check_keys(heads: Sequence[tuple[str, str]]) -> None:
     """Every conversation has a routing key of its own, and its turns keep it."""
-    from engy_node.gateway.router import prefix_key
+    from engy_node.gateway.routing.router import prefix_key
 
     keys = [prefix_key(messages=messages_of(head, buyer=0, turn=0)) for head in heads]
     if None in keys or len(set(keys)) != len(keys):

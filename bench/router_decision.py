@@ -51,7 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engy_node.gateway.route_table import (  # noqa: E402
+from engy_node.gateway.routing.route_table import (  # noqa: E402
     DEFAULT_LOAD_FACTOR,
     Candidate,
     Choice,

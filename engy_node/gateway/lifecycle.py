@@ -59,9 +59,9 @@ from engy_node.gateway.admission import WaitingRoom
 from engy_node.gateway.api.chat import ApiName, ChatRequest, GatewayError, Usage
 from engy_node.gateway.audit import audited
 from engy_node.gateway.corrections import StructuredParts, presentation_match, structured_account
-from engy_node.gateway.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.request_log import RequestLogWriter
-from engy_node.gateway.router import prefix_key, retry_allowed
+from engy_node.gateway.routing.pool import LegLost, MinerPool, PendingRequest
+from engy_node.gateway.routing.router import prefix_key, retry_allowed
 from engy_node.gateway.settlement import BUYER_FAULTS
 from engy_node.gateway.store import RequestLogEntry, Store, StoreError
 from engy_node.metrics import Registry

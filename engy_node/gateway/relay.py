@@ -37,7 +37,7 @@ from engy_node.gateway.corrections import (
     presentation_match,
 )
 from engy_node.gateway.lifecycle import Accounting, Flight, Gateway
-from engy_node.gateway.pool import PendingRequest
+from engy_node.gateway.routing.pool import PendingRequest
 from engy_node.model_output import OutputEvent, OutputParser, ReasoningDelta, TextDelta, ToolCall
 from engy_node.protocol.miner import Chunk
 

@@ -16,8 +16,8 @@ from trio_websocket import ConnectionClosed, open_websocket_url
 
 from engy_node import keys
 from engy_node.gateway.api.app import build_miner_app, hypercorn_config
-from engy_node.gateway.pool import ADMISSION_REFRESH_S, MinerPool, PoolSettings
-from engy_node.gateway.router import Candidate
+from engy_node.gateway.routing.pool import ADMISSION_REFRESH_S, MinerPool, PoolSettings
+from engy_node.gateway.routing.router import Candidate
 from engy_node.protocol.miner import (
     MAX_FRAME_BYTES,
     Admit,

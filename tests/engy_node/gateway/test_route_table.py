@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engy_node.gateway.route_table import (
+from engy_node.gateway.routing.route_table import (
     DEFAULT_LOAD_FACTOR,
     POINTS_PER_WORKER,
     Candidate,

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from engy_node.gateway.route_table import POINTS_PER_WORKER, RouteTable
-from engy_node.gateway.router import (
+from engy_node.gateway.routing.route_table import POINTS_PER_WORKER, RouteTable
+from engy_node.gateway.routing.router import (
     DEFAULT_LOAD_FACTOR,
     MIN_USEFUL_PREFIX_CHARS,
     PREFIX_PART_CHARS,

@@ -19,7 +19,7 @@ import trio
 from engy_node import config as budget_of_the_stop
 from engy_node.config import MinerSection, load_config
 from engy_node.errors import ConfigError
-from engy_node.gateway.router import Candidate, choose
+from engy_node.gateway.routing.router import Candidate, choose
 from engy_node.hub import Hub
 from engy_node.miner.drain import ABORTED_ERROR, MAX_DRAIN_S, REFUSED_ERROR, request_action, stop_budget
 from engy_node.miner.link import CLOSE_TIMEOUT_S

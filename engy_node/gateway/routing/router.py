@@ -45,7 +45,7 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from engy_node.gateway.route_table import DEFAULT_LOAD_FACTOR, Candidate, Choice, Reason, RouteTable
+from engy_node.gateway.routing.route_table import DEFAULT_LOAD_FACTOR, Candidate, Choice, Reason, RouteTable
 
 __all__ = [
     "DEFAULT_LOAD_FACTOR",

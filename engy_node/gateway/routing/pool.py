@@ -46,8 +46,8 @@ import trio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from engy_node import keys
-from engy_node.gateway.route_table import RouteTable
-from engy_node.gateway.router import Candidate, Choice, choose
+from engy_node.gateway.routing.route_table import RouteTable
+from engy_node.gateway.routing.router import Candidate, Choice, choose
 from engy_node.protocol.miner import (
     OPTIONAL_FEATURES,
     Admit,
