@@ -537,7 +537,7 @@ class Host:
             time.sleep(0.1)
 
     def fleet_host(self, legs: int):
-        from engy_node.gateway.load_balancer import FleetHost
+        from engy_node.gateway.fleet.load_balancer import FleetHost
 
         return FleetHost(
             name=self.name,
@@ -582,7 +582,7 @@ def balancer_config(hosts: Sequence[Host], *, buyer_port: int, miner_port: int, 
     names the host that relayed it (HAProxy's `%s`, the server), which is how this benchmark
     attributes requests to hosts. With `check_timeout_ms` (an experiment, not the product's
     configuration), health checks wait that long for an answer instead of their interval."""
-    from engy_node.gateway.load_balancer import haproxy_config
+    from engy_node.gateway.fleet.load_balancer import haproxy_config
 
     text = haproxy_config(
         [host.fleet_host(1) for host in hosts], bind="127.0.0.1", buyer_port=buyer_port, miner_port=miner_port

@@ -738,7 +738,7 @@ def _run_admin(config, args: argparse.Namespace) -> int:
 
     if args.admin_command == "haproxy-config":
         from engy_node.errors import ConfigError
-        from engy_node.gateway.load_balancer import haproxy_config, parse_host
+        from engy_node.gateway.fleet.load_balancer import haproxy_config, parse_host
 
         try:
             print(

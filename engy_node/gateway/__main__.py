@@ -20,8 +20,8 @@ import trio
 from engy_node import node
 from engy_node.config import config_from_document
 from engy_node.errors import EngyError
+from engy_node.gateway.fleet.workers import Seat
 from engy_node.gateway.role import serve_gateway
-from engy_node.gateway.workers import Seat
 from engy_node.hub import Hub, install_logging
 
 PARENT_CHECK_S = 1.0

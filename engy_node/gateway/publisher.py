@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 import trio
 
 from engy_node.gateway import epochs
-from engy_node.gateway.leadership import Leadership
+from engy_node.gateway.fleet.leadership import Leadership
 from engy_node.gateway.settlement import GateMinimums
 from engy_node.gateway.store import Store, StoreError
 from engy_node.hub import Hub

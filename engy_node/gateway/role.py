@@ -37,13 +37,13 @@ from engy_node.config import Config, checkpoint_pairs, comma_list
 from engy_node.errors import ConfigError
 from engy_node.gateway import orphans
 from engy_node.gateway.api.app import Handlers, build_buyer_app, build_miner_app, hypercorn_config
-from engy_node.gateway.leadership import Leadership
+from engy_node.gateway.fleet.leadership import Leadership
+from engy_node.gateway.fleet.workers import MinerListener, Seat, SharedSockets, run_worker_process
 from engy_node.gateway.lifecycle import Gateway, GatewaySettings
 from engy_node.gateway.request_log import RequestLogWriter
 from engy_node.gateway.routing.pool import MinerPool, PoolSettings
 from engy_node.gateway.store import Store, StoreError
 from engy_node.gateway.trust_plane import TrustPlane
-from engy_node.gateway.workers import MinerListener, Seat, SharedSockets, run_worker_process
 from engy_node.hub import Hub
 from engy_node.models import get_model
 from engy_node.protocol.audit import LocalVerifier

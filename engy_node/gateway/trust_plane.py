@@ -25,7 +25,7 @@ from engy_node.gateway.audit import AuditQueue
 from engy_node.gateway.audit_desk import AuditDesk, DeskAuditSource
 from engy_node.gateway.audit_link import AuditLinkClient, AuditLinkServer
 from engy_node.gateway.epochs import EpochClock
-from engy_node.gateway.leadership import Leadership
+from engy_node.gateway.fleet.leadership import Leadership
 from engy_node.gateway.lifecycle import AuditSink, Gateway
 from engy_node.gateway.provider_api import ProviderApi, build_provider_app
 from engy_node.gateway.publisher import EpochPublisher

@@ -165,7 +165,7 @@ def test_token_lookups_end_tokens_and_the_token_floor_are_transformers(served, r
 IMPORTS_AND_LOAD = """
 import json, sys
 from pathlib import Path
-import engy_node.gateway.__main__, engy_node.gateway.api.app, engy_node.gateway.role, engy_node.gateway.workers
+import engy_node.gateway.__main__, engy_node.gateway.api.app, engy_node.gateway.role, engy_node.gateway.fleet.workers
 from engy_node.models import SMOLLM2_135M
 from engy_node.served_model import load_served_model
 served = load_served_model(SMOLLM2_135M, Path(sys.argv[1]), with_token_floor=True)

@@ -19,7 +19,7 @@ import httpx
 import openai
 import trio
 
-from engy_node.gateway.load_balancer import FleetHost, haproxy_config
+from engy_node.gateway.fleet.load_balancer import FleetHost, haproxy_config
 from engy_node.models import SMOLLM2_135M
 from engy_node.served_model import load_served_model
 from engy_node.testing.faults import ProcessAccount, check_books

@@ -28,10 +28,10 @@ from starlette.routing import Route, WebSocketRoute
 from engy_node.asgi import Receive, Send
 from engy_node.gateway.api import anthropic_api, openai_api
 from engy_node.gateway.api.chat import GatewayError
+from engy_node.gateway.fleet.workers import LISTEN_BACKLOG
 from engy_node.gateway.lifecycle import Gateway, new_request_id
 from engy_node.gateway.relay import ANTHROPIC, OPENAI, Api, ChatEndpoint
 from engy_node.gateway.routing.pool import MinerPool
-from engy_node.gateway.workers import LISTEN_BACKLOG
 from engy_node.hypercorn_edges import EdgeConfig
 from engy_node.protocol.miner import MAX_FRAME_BYTES
 

@@ -12,7 +12,7 @@ import sqlite3
 import pytest
 import trio
 
-from engy_node.gateway.leadership import LEADER_LEASE, Leadership
+from engy_node.gateway.fleet.leadership import LEADER_LEASE, Leadership
 from engy_node.gateway.store import Store
 
 TTL_S, RENEW_S, SAFETY_S = 2.0, 0.25, 0.5

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engy_node.gateway.load_balancer import FleetHost, check_layout, haproxy_config, parse_host
+from engy_node.gateway.fleet.load_balancer import FleetHost, check_layout, haproxy_config, parse_host
 
 
 def fleet(legs_per_host: list[int]) -> list[FleetHost]:

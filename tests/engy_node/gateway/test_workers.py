@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 
 from engy_node.config import load_config
 from engy_node.gateway import billing
+from engy_node.gateway.fleet.workers import MinerListener, SharedSockets, leg_worker
 from engy_node.gateway.role import run_gateway, store_path
 from engy_node.gateway.store import Store
-from engy_node.gateway.workers import MinerListener, SharedSockets, leg_worker
 from engy_node.hub import Hub
 from engy_node.miner.link import Identity, LinkSettings
 from engy_node.models import SMOLLM2_135M
