@@ -19,8 +19,8 @@ import httpx
 import openai
 import psutil
 
-from engy_node.gateway import billing
 from engy_node.gateway.api.chat import Usage
+from engy_node.gateway.billing import billing
 from engy_node.models import SMOLLM2_135M
 from tests.sdk_usage import anthropic_usage, openai_usage
 from tests.waiting import ProcessOutput

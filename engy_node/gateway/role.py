@@ -35,8 +35,8 @@ import trio
 from engy_node.asgi import serve_listener, start_listener
 from engy_node.config import Config, checkpoint_pairs, comma_list
 from engy_node.errors import ConfigError
-from engy_node.gateway import orphans
 from engy_node.gateway.api.app import Handlers, build_buyer_app, build_miner_app, hypercorn_config
+from engy_node.gateway.billing import orphans
 from engy_node.gateway.fleet.leadership import Leadership
 from engy_node.gateway.fleet.workers import MinerListener, Seat, SharedSockets, run_worker_process
 from engy_node.gateway.lifecycle import Gateway, GatewaySettings

@@ -19,7 +19,7 @@ Where each fact comes from (read the producers before changing a key):
   computing mode, as told, not attested), context_length, kv_used; refreshed every 10 s).
 * "audit" (`gateway/trust_plane.py`): waiting, leased, dropped_full, dropped_expired,
   dropped_unjudged, recorded.
-* "epochs" (`gateway/publisher.py`): latest, digest, weights [[hotkey, u16], ...].
+* "epochs" (`gateway/billing/publisher.py`): latest, digest, weights [[hotkey, u16], ...].
 
 The hub does not carry per-worker latency percentiles, buyer keys or balances, the epoch in
 flight or its gated rows, so the panel does not show them rather than guess.

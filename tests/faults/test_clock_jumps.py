@@ -15,9 +15,9 @@ import time
 import trio
 
 from engy_node.gateway import role
-from engy_node.gateway.epochs import MAX_CATCH_UP_EPOCHS, EpochClock
-from engy_node.gateway.publisher import MAX_SLEEP_S, EpochPublisher
-from engy_node.gateway.settlement import GateMinimums
+from engy_node.gateway.billing.epochs import MAX_CATCH_UP_EPOCHS, EpochClock
+from engy_node.gateway.billing.publisher import MAX_SLEEP_S, EpochPublisher
+from engy_node.gateway.billing.settlement import GateMinimums
 from engy_node.gateway.store import RequestLogEntry, Store
 from engy_node.hub import Hub
 from engy_node.models import SMOLLM2_135M

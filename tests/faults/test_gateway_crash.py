@@ -22,7 +22,7 @@ import trio
 from bittensor.sp_core import Keypair
 
 from engy_node import keys
-from engy_node.gateway import billing, epochs
+from engy_node.gateway.billing import billing, epochs
 from engy_node.gateway.store import Store
 from engy_node.miner.link import Identity
 from engy_node.models import SMOLLM2_135M

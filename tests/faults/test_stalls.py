@@ -12,7 +12,7 @@ from __future__ import annotations
 import httpx
 import trio
 
-from engy_node.gateway import billing
+from engy_node.gateway.billing import billing
 from engy_node.models import SMOLLM2_135M
 from engy_node.testing.faults import Gate, account_row, check_books
 from tests.faults.conftest import BuyerCall, gate_by_content, new_buyer, plain_script, start_synthetic_miner, words

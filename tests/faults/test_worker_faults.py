@@ -13,7 +13,7 @@ import psutil
 import pytest
 import trio
 
-from engy_node.gateway import billing
+from engy_node.gateway.billing import billing
 from engy_node.models import SMOLLM2_135M
 from engy_node.testing.faults import Gate, ProcessAccount, account_row, check_books
 from tests.faults.conftest import BuyerCall, gate_by_content, new_buyer, plain_script, start_synthetic_miner, words

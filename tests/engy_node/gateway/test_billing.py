@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engy_node.gateway.api.chat import Usage
-from engy_node.gateway.billing import TOKENS_PER_PRICE_UNIT, billable_usage, charge, worst_case_hold
+from engy_node.gateway.billing.billing import TOKENS_PER_PRICE_UNIT, billable_usage, charge, worst_case_hold
 from engy_node.models import CATALOG, PriceCard
 
 rates = st.integers(min_value=0, max_value=100_000_000)

@@ -9,8 +9,8 @@ from bittensor.sp_core import Keypair
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engy_node.gateway import epochs
-from engy_node.gateway.settlement import GateMinimums, VerdictCounts
+from engy_node.gateway.billing import epochs
+from engy_node.gateway.billing.settlement import GateMinimums, VerdictCounts
 from engy_node.gateway.store import RequestLogEntry
 from engy_node.models import get_model
 

@@ -20,8 +20,8 @@ import pytest
 import trio
 
 from engy_node.config import load_config
-from engy_node.gateway import billing
 from engy_node.gateway.api.chat import Usage
+from engy_node.gateway.billing import billing
 from engy_node.gateway.role import run_gateway, store_path
 from engy_node.gateway.store import Store
 from engy_node.hub import Hub

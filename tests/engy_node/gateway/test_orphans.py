@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engy_node.gateway.orphans import sweep
+from engy_node.gateway.billing.orphans import sweep
 
 
 def test_a_hold_is_released_only_after_being_seen_open_past_the_limit():

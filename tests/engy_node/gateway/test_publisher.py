@@ -9,9 +9,9 @@ import json
 import pytest
 import trio
 
-from engy_node.gateway.epochs import EpochClock
-from engy_node.gateway.publisher import OWNER_NOT_SET, EpochPublisher
-from engy_node.gateway.settlement import GateMinimums
+from engy_node.gateway.billing.epochs import EpochClock
+from engy_node.gateway.billing.publisher import OWNER_NOT_SET, EpochPublisher
+from engy_node.gateway.billing.settlement import GateMinimums
 from engy_node.gateway.store import RequestLogEntry, Store, VerdictRecord
 from engy_node.hub import Hub
 from engy_node.models import SMOLLM2_135M

@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engy_node import percentile
-from engy_node.gateway import settlement
-from engy_node.gateway.settlement import (
+from engy_node.gateway.billing import settlement
+from engy_node.gateway.billing.settlement import (
     BUYER_FAULTS,
     WEIGHT_TOTAL,
     EpochSettlement,

@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engy_node.config import load_config
-from engy_node.gateway import billing
+from engy_node.gateway.billing import billing
 from engy_node.gateway.fleet.workers import MinerListener, SharedSockets, leg_worker
 from engy_node.gateway.role import run_gateway, store_path
 from engy_node.gateway.store import Store

@@ -20,7 +20,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from engy_node import keys
-from engy_node.gateway.settlement import EpochSettlement, RowAggregate
+from engy_node.gateway.billing.settlement import EpochSettlement, RowAggregate
 from engy_node.protocol.epoch import (
     JSON_INT_MAX,
     JSON_INT_MIN,

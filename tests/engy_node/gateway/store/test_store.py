@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from engy_node.gateway.api.chat import ChatRequest, Usage
-from engy_node.gateway.billing import billable_usage, charge, worst_case_hold
+from engy_node.gateway.billing.billing import billable_usage, charge, worst_case_hold
 from engy_node.gateway.store import (
     BUYER_KEY_PREFIX,
     LOCAL_VERIFIER,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
-from engy_node.gateway import settlement
+from engy_node.gateway.billing import settlement
 from engy_node.gateway.store import RequestLogEntry
 from engy_node.protocol.epoch import build_result_json
 

@@ -23,9 +23,9 @@ from collections.abc import Callable, Mapping
 
 import trio
 
-from engy_node.gateway import epochs
+from engy_node.gateway.billing import epochs
+from engy_node.gateway.billing.settlement import GateMinimums
 from engy_node.gateway.fleet.leadership import Leadership
-from engy_node.gateway.settlement import GateMinimums
 from engy_node.gateway.store import Store, StoreError
 from engy_node.hub import Hub
 from engy_node.keys import epoch_digest
