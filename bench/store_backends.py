@@ -52,7 +52,7 @@ import engy_node  # noqa: E402
 from engy_node.gateway.store import RequestLogEntry, Store  # noqa: E402
 
 try:
-    from engy_node.gateway.lifecycle import new_request_id  # noqa: E402
+    from engy_node.gateway.request.lifecycle import new_request_id  # noqa: E402
 except ImportError:  # a tree from before the gateway's ids had a function of their own: they were uuid4s
     import uuid
 

@@ -39,8 +39,8 @@ from engy_node.gateway.api.app import Handlers, build_buyer_app, build_miner_app
 from engy_node.gateway.billing import orphans
 from engy_node.gateway.fleet.leadership import Leadership
 from engy_node.gateway.fleet.workers import MinerListener, Seat, SharedSockets, run_worker_process
-from engy_node.gateway.lifecycle import Gateway, GatewaySettings
-from engy_node.gateway.request_log import RequestLogWriter
+from engy_node.gateway.request.lifecycle import Gateway, GatewaySettings
+from engy_node.gateway.request.request_log import RequestLogWriter
 from engy_node.gateway.routing.pool import MinerPool, PoolSettings
 from engy_node.gateway.store import Store, StoreError
 from engy_node.gateway.trust_plane import TrustPlane

@@ -28,9 +28,9 @@ from engy_node.gateway.billing.epochs import EpochClock
 from engy_node.gateway.billing.publisher import EpochPublisher
 from engy_node.gateway.billing.settlement import GateMinimums
 from engy_node.gateway.fleet.leadership import Leadership
-from engy_node.gateway.lifecycle import AuditSink, Gateway
 from engy_node.gateway.provider_api import ProviderApi, build_provider_app
-from engy_node.gateway.relay import OPENAI, ChatEndpoint
+from engy_node.gateway.request.lifecycle import AuditSink, Gateway
+from engy_node.gateway.request.relay import OPENAI, ChatEndpoint
 from engy_node.gateway.store import Store
 from engy_node.gateway.traffic import ProbePlan
 from engy_node.hub import Hub

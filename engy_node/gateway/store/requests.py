@@ -9,7 +9,7 @@ id, so free text cannot reach the disk through it even by mistake.
 Unlike the ledger, the log is not the money's record: it is purged by age
 (`purge_request_log`), and lifetime spend comes from the ledger (`Ledger.balance`). Rows are
 written after the buyer has the answer, usually in batches by
-`engy_node.gateway.request_log.RequestLogWriter`; a batch lands whole or not at all.
+`engy_node.gateway.request.request_log.RequestLogWriter`; a batch lands whole or not at all.
 """
 
 from __future__ import annotations

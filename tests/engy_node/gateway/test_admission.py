@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from engy_node.gateway.admission import WaitingRoom
+from engy_node.gateway.request.admission import WaitingRoom
 
 
 def test_lines_take_turns_so_one_buyers_backlog_does_not_starve_another():

@@ -11,7 +11,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engy_node.gateway.corrections import ReplacementHold, StopScanner, corrected_finish, presentation_match
+from engy_node.gateway.request.corrections import ReplacementHold, StopScanner, corrected_finish, presentation_match
 from engy_node.serve.sampling import REPLACEMENT_CHARACTER as FFFD
 
 alphabet = st.sampled_from("ab \n.Pé")
@@ -159,7 +159,7 @@ def test_replacement_characters_at_the_end_of_what_arrived_are_held_and_dropped_
 
 
 def test_streamed_call_fragments_merge_by_index_as_openai_clients_merge_them():
-    from engy_node.gateway.corrections import StructuredParts
+    from engy_node.gateway.request.corrections import StructuredParts
 
     parts = StructuredParts()
     parts.add_calls(
@@ -171,7 +171,7 @@ def test_streamed_call_fragments_merge_by_index_as_openai_clients_merge_them():
 
 
 def test_the_final_messages_parts_replace_what_was_streamed():
-    from engy_node.gateway.corrections import StructuredParts
+    from engy_node.gateway.request.corrections import StructuredParts
 
     parts = StructuredParts(reasoning="partial")
     parts.add_calls([{"index": 0, "function": {"name": "f", "arguments": '{"x"'}}])

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engy_node.gateway import intake
 from engy_node.gateway.api.chat import ChatRequest
+from engy_node.gateway.request import intake
 from engy_node.models import SMOLLM2_135M
 from engy_node.protocol.miner import Message, ServeRequest
 from engy_node.served_model import load_served_model

@@ -8,7 +8,7 @@ import uuid
 import pytest
 import trio
 
-from engy_node.gateway.request_log import RequestLogWriter
+from engy_node.gateway.request.request_log import RequestLogWriter
 from engy_node.gateway.store import RequestLogEntry, Store
 
 

@@ -54,14 +54,14 @@ import trio
 from engy_node import proof
 from engy_node.asgi import BodyError, Receive, read_json_object
 from engy_node.config import GatewaySection
-from engy_node.gateway import intake
-from engy_node.gateway.admission import WaitingRoom
 from engy_node.gateway.api.chat import ApiName, ChatRequest, GatewayError, Usage
 from engy_node.gateway.audit import audited
 from engy_node.gateway.billing import billing
 from engy_node.gateway.billing.settlement import BUYER_FAULTS
-from engy_node.gateway.corrections import StructuredParts, presentation_match, structured_account
-from engy_node.gateway.request_log import RequestLogWriter
+from engy_node.gateway.request import intake
+from engy_node.gateway.request.admission import WaitingRoom
+from engy_node.gateway.request.corrections import StructuredParts, presentation_match, structured_account
+from engy_node.gateway.request.request_log import RequestLogWriter
 from engy_node.gateway.routing.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.routing.router import prefix_key, retry_allowed
 from engy_node.gateway.store import RequestLogEntry, Store, StoreError

@@ -29,14 +29,14 @@ from starlette.responses import JSONResponse
 from engy_node.asgi import Receive, Send, watch_disconnect
 from engy_node.gateway.api import anthropic_api, openai_api
 from engy_node.gateway.api.chat import ApiName, ChatRequest, FinishReason, GatewayError, Usage
-from engy_node.gateway.corrections import (
+from engy_node.gateway.request.corrections import (
     ReplacementHold,
     StopScanner,
     StructuredParts,
     corrected_finish,
     presentation_match,
 )
-from engy_node.gateway.lifecycle import Accounting, Flight, Gateway
+from engy_node.gateway.request.lifecycle import Accounting, Flight, Gateway
 from engy_node.gateway.routing.pool import PendingRequest
 from engy_node.model_output import OutputEvent, OutputParser, ReasoningDelta, TextDelta, ToolCall
 from engy_node.protocol.miner import Chunk
