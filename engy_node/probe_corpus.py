@@ -1,7 +1,7 @@
 """The probe corpus: the buyer-like conversations the gateway sends miners as probes.
 
 A probe is a synthetic chat request the gateway sends a miner to check that it serves the model
-it claims, fast enough and correctly (`engy_node.gateway.traffic`). Once a worker is `active`,
+it claims, fast enough and correctly (`engy_node.gateway.trust.traffic`). Once a worker is `active`,
 probes arrive mixed into paid traffic, and they only keep a miner honest if the miner cannot tell
 them apart from paid requests: a miner that could recognise probes could serve them faithfully
 and cut corners on everything else. `traffic.probe_plan` makes the request's settings

@@ -43,7 +43,7 @@ from engy_node.gateway.request.lifecycle import Gateway, GatewaySettings
 from engy_node.gateway.request.request_log import RequestLogWriter
 from engy_node.gateway.routing.pool import MinerPool, PoolSettings
 from engy_node.gateway.store import Store, StoreError
-from engy_node.gateway.trust_plane import TrustPlane
+from engy_node.gateway.trust.trust_plane import TrustPlane
 from engy_node.hub import Hub
 from engy_node.models import get_model
 from engy_node.protocol.audit import LocalVerifier

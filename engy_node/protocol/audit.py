@@ -2,7 +2,7 @@
 verdict it posts back, and the `AuditSource` a verifier leases through.
 
 Both sides of the audit import this and nothing of each other: the gateway's audit desk
-(`engy_node.gateway.audit_desk`) serves jobs over the signed provider API or in process
+(`engy_node.gateway.trust.audit_desk`) serves jobs over the signed provider API or in process
 (`DeskAuditSource`), and the verifier role (`engy_node.verifier`) judges whatever an
 `AuditSource` leases it. `AuditJob.to_wire` / `from_wire` is the format on every hop (gateway
 worker to first process, first process to verifier). Pure data and parsing: no IO.

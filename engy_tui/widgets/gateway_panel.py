@@ -8,7 +8,7 @@ a terminal; the widget only turns their `Cell`s into Textual content.
 
 Where each fact comes from (read the producers before changing a key):
 
-* "traffic" (`gateway/control_plane.py`): `workers`, one per (miner, model), each
+* "traffic" (`gateway/trust/control_plane.py`): `workers`, one per (miner, model), each
   `TrafficState.to_json()` (miner, model, state, since, reason, eligible, first_party, connected,
   until, strikes, round{probes, ok, pass, unproven, cheat}, window{requests, failed, verdicts,
   unproven}) plus `history` (its last transitions: from, to, reason, at, code). Published only
@@ -17,7 +17,7 @@ Where each fact comes from (read the producers before changing a key):
   workers (processes), and `legs` (`MinerPool.snapshot()`: leg, miner, worker, model, capacity,
   inflight, heartbeat_age_s, and what the miner announced: region, tee (its GPU confidential
   computing mode, as told, not attested), context_length, kv_used; refreshed every 10 s).
-* "audit" (`gateway/trust_plane.py`): waiting, leased, dropped_full, dropped_expired,
+* "audit" (`gateway/trust/trust_plane.py`): waiting, leased, dropped_full, dropped_expired,
   dropped_unjudged, recorded.
 * "epochs" (`gateway/billing/publisher.py`): latest, digest, weights [[hotkey, u16], ...].
 

@@ -11,10 +11,10 @@ import pytest
 from hypercorn.config import Config as HypercornConfig
 
 from engy_node.asgi import start_listener
-from engy_node.gateway.audit import AuditQueue
-from engy_node.gateway.audit_desk import AuditDesk
-from engy_node.gateway.provider_api import ProviderApi, build_provider_app
 from engy_node.gateway.store import Store
+from engy_node.gateway.trust.audit import AuditQueue
+from engy_node.gateway.trust.audit_desk import AuditDesk
+from engy_node.gateway.trust.provider_api import ProviderApi, build_provider_app
 from engy_node.proof import Delivery
 from engy_node.protocol.audit import AuditJob, PostedVerdict
 from engy_node.protocol.miner import Sampling

@@ -11,9 +11,9 @@ import trio
 import trio.testing
 
 from engy_node import proof
-from engy_node.gateway.audit import AuditQueue
-from engy_node.gateway.audit_desk import AuditDesk, DeskAuditSource
 from engy_node.gateway.store import Store
+from engy_node.gateway.trust.audit import AuditQueue
+from engy_node.gateway.trust.audit_desk import AuditDesk, DeskAuditSource
 from engy_node.proof import Delivery
 from engy_node.protocol.audit import LOCAL_VERIFIER, AuditJob
 from engy_node.protocol.miner import Sampling

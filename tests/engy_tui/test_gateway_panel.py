@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
-from engy_node.gateway import traffic
-from engy_node.gateway.audit import QueueCounts
+from engy_node.gateway.trust import traffic
+from engy_node.gateway.trust.audit import QueueCounts
 from engy_node.models import CATALOG
 from engy_tui.widgets.gateway_panel import (
     COLUMNS,

@@ -55,7 +55,6 @@ from engy_node import proof
 from engy_node.asgi import BodyError, Receive, read_json_object
 from engy_node.config import GatewaySection
 from engy_node.gateway.api.chat import ApiName, ChatRequest, GatewayError, Usage
-from engy_node.gateway.audit import audited
 from engy_node.gateway.billing import billing
 from engy_node.gateway.billing.settlement import BUYER_FAULTS
 from engy_node.gateway.request import intake
@@ -65,6 +64,7 @@ from engy_node.gateway.request.request_log import RequestLogWriter
 from engy_node.gateway.routing.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.routing.router import prefix_key, retry_allowed
 from engy_node.gateway.store import RequestLogEntry, Store, StoreError
+from engy_node.gateway.trust.audit import audited
 from engy_node.metrics import Registry
 from engy_node.model_output import THINK_CLOSE, ReasoningDelta, parse_output
 from engy_node.protocol.audit import AuditJob

@@ -1,6 +1,6 @@
 """Traffic eligibility: the traffic control plane's current state of each (miner, model), kept
 so that a restarted gateway resumes where it was (a pulled miner stays pulled through its
-cooldown) and the operator's tools can show it. `engy_node.gateway.traffic` decides the states;
+cooldown) and the operator's tools can show it. `engy_node.gateway.trust.traffic` decides the states;
 this only stores the latest.
 
 Zero data retention (docs/reliability.md, "Data"). `reason` is the one free-text field: the control plane's own

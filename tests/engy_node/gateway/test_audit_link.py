@@ -11,11 +11,11 @@ import pytest
 import trio
 import trio.testing
 
-from engy_node.gateway import audit_link
-from engy_node.gateway.audit import AuditQueue
-from engy_node.gateway.audit_desk import AuditDesk
-from engy_node.gateway.audit_link import AuditLinkClient, AuditLinkServer
 from engy_node.gateway.store import Store
+from engy_node.gateway.trust import audit_link
+from engy_node.gateway.trust.audit import AuditQueue
+from engy_node.gateway.trust.audit_desk import AuditDesk
+from engy_node.gateway.trust.audit_link import AuditLinkClient, AuditLinkServer
 from engy_node.proof import Delivery
 from engy_node.protocol.audit import AuditJob
 from engy_node.protocol.miner import Sampling

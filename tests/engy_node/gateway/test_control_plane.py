@@ -8,8 +8,8 @@ import time
 import pytest
 import trio
 
-from engy_node.gateway import control_plane
 from engy_node.gateway.store import EligibilityRow, RequestLogEntry, Store, VerdictRecord
+from engy_node.gateway.trust import control_plane
 from engy_node.hub import Hub
 from engy_node.models import SMOLLM2_135M
 from engy_node.probe_corpus import load_probe_corpus

@@ -13,10 +13,10 @@ from hypercorn.config import Config as HypercornConfig
 
 from engy_node import keys
 from engy_node.asgi import start_listener
-from engy_node.gateway.audit import AuditQueue
-from engy_node.gateway.audit_desk import AuditDesk
-from engy_node.gateway.provider_api import MAX_BODY_BYTES, PREFIX, ProviderApi, build_provider_app
 from engy_node.gateway.store import Store
+from engy_node.gateway.trust.audit import AuditQueue
+from engy_node.gateway.trust.audit_desk import AuditDesk
+from engy_node.gateway.trust.provider_api import MAX_BODY_BYTES, PREFIX, ProviderApi, build_provider_app
 from engy_node.proof import Delivery
 from engy_node.protocol.audit import AuditJob
 from engy_node.protocol.miner import Sampling

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engy_node.gateway.traffic import (
+from engy_node.gateway.trust.traffic import (
     DEFAULT_SAMPLING_MIX,
     PROBE_PLAN_DRAWS,
     BuyerMix,

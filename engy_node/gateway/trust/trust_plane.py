@@ -20,19 +20,19 @@ import trio
 
 from engy_node.config import Config, comma_list
 from engy_node.errors import ConfigError
-from engy_node.gateway import control_plane
-from engy_node.gateway.audit import AuditQueue
-from engy_node.gateway.audit_desk import AuditDesk, DeskAuditSource
-from engy_node.gateway.audit_link import AuditLinkClient, AuditLinkServer
 from engy_node.gateway.billing.epochs import EpochClock
 from engy_node.gateway.billing.publisher import EpochPublisher
 from engy_node.gateway.billing.settlement import GateMinimums
 from engy_node.gateway.fleet.leadership import Leadership
-from engy_node.gateway.provider_api import ProviderApi, build_provider_app
 from engy_node.gateway.request.lifecycle import AuditSink, Gateway
 from engy_node.gateway.request.relay import OPENAI, ChatEndpoint
 from engy_node.gateway.store import Store
-from engy_node.gateway.traffic import ProbePlan
+from engy_node.gateway.trust import control_plane
+from engy_node.gateway.trust.audit import AuditQueue
+from engy_node.gateway.trust.audit_desk import AuditDesk, DeskAuditSource
+from engy_node.gateway.trust.audit_link import AuditLinkClient, AuditLinkServer
+from engy_node.gateway.trust.provider_api import ProviderApi, build_provider_app
+from engy_node.gateway.trust.traffic import ProbePlan
 from engy_node.hub import Hub
 from engy_node.probe_corpus import ProbePrompt, load_probe_corpus
 from engy_node.protocol.audit import LocalVerifier

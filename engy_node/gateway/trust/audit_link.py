@@ -23,7 +23,7 @@ import struct
 import orjson
 import trio
 
-from engy_node.gateway.audit_desk import AuditDesk
+from engy_node.gateway.trust.audit_desk import AuditDesk
 from engy_node.protocol.audit import AuditJob
 
 log = logging.getLogger("engy.gateway.audit")

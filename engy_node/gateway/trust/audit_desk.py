@@ -30,9 +30,9 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from engy_node.gateway.audit import AuditQueue, Lease
 from engy_node.gateway.store import Store, StoreError, VerdictRecord
 from engy_node.gateway.store.checks import CODE
+from engy_node.gateway.trust.audit import AuditQueue, Lease
 from engy_node.protocol.audit import (
     LOCAL_VERIFIER,
     AuditJob,

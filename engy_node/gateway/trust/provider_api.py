@@ -37,9 +37,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engy_node import keys
-from engy_node.gateway.audit_desk import AuditDesk, parse_verdicts
 from engy_node.gateway.store import Store, ValidatorHeartbeat
 from engy_node.gateway.store.checks import DIGEST, VERSION
+from engy_node.gateway.trust.audit_desk import AuditDesk, parse_verdicts
 from engy_node.protocol.audit import AuditRefused
 
 log = logging.getLogger("engy.gateway.provider")

@@ -36,9 +36,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 import trio
 
-from engy_node.gateway import traffic
 from engy_node.gateway.billing.settlement import BUYER_FAULTS, HUNG_UP
 from engy_node.gateway.store import EligibilityRow, Store, StoreError
+from engy_node.gateway.trust import traffic
 from engy_node.hub import Hub
 from engy_node.models import ModelSpec
 from engy_node.probe_corpus import ProbePrompt
