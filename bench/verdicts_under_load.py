@@ -35,7 +35,7 @@ import trio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engy_node.gateway.trust.traffic import DEFAULT_SAMPLING_MIX  # noqa: E402
+from engy_node.gateway.trust.traffic_probes import DEFAULT_SAMPLING_MIX  # noqa: E402
 from engy_node.probe_corpus import load_probe_corpus  # noqa: E402
 
 READY_LINE = "engy local network is up."

@@ -4,7 +4,7 @@ A probe is a synthetic chat request the gateway sends a miner to check that it s
 it claims, fast enough and correctly (`engy_node.gateway.trust.traffic`). Once a worker is `active`,
 probes arrive mixed into paid traffic, and they only keep a miner honest if the miner cannot tell
 them apart from paid requests: a miner that could recognise probes could serve them faithfully
-and cut corners on everything else. `traffic.probe_plan` makes the request's settings
+and cut corners on everything else. `traffic_probes.probe_plan` makes the request's settings
 (max_tokens, sampling, streaming) look like buyers'; this corpus makes the conversation itself
 look like a buyer's. Each entry is a realistic request of the kind API traffic carries (coding
 questions and code review, debugging, SQL and shell, writing and editing, summaries,

@@ -1,7 +1,7 @@
 """The gateway's circuit-breaker bars as miners and their tools see them: how long served
 requests and verdicts count, and how many `unproven` verdicts pull a worker off paid traffic.
 
-The gateway's traffic control (`gateway.traffic.TrafficPolicy`) takes its defaults from here,
+The gateway's traffic control (`gateway.trust.traffic_state.TrafficPolicy`) takes its defaults from here,
 and the TUI's miner panel explains a miner's standing with the same numbers, without importing
 the gateway. `docs/trust.md` gives the reasons for each figure.
 """

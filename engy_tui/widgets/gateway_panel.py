@@ -122,7 +122,7 @@ MAX_WEIGHT_ROWS = 8
 BAR_WIDTH = 20
 
 BREAKER_CODES = frozenset({"failures-in-a-row", "failure-rate", "slow-ttft", "slow-tpot", "unproven-rate", "cheat"})
-"""`traffic.TransitionCode`s the breaker (or a cheat verdict) gives; a first-party worker gets them
+"""`traffic_state.TransitionCode`s the breaker (or a cheat verdict) gives; a first-party worker gets them
 as a report (`from == to`) where another worker would be pulled."""
 
 STYLES: dict[str, str] = {

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engy_node.gateway.trust.traffic import probe_plan
+from engy_node.gateway.trust.traffic_probes import probe_plan
 from engy_node.probe_corpus import ProbePrompt, load_probe_corpus
 
 ROLES = {"system", "user", "assistant"}

@@ -2,7 +2,7 @@
 stopped, absent, before the first snapshot), robustness against any JSON, the widget under Pilot
 and one SVG snapshot per look.
 
-The workers come from the same code as in the gateway: `traffic.initial_state` and `traffic.step`
+The workers come from the same code as in the gateway: `traffic_state.initial_state` and `traffic.step`
 over observations, published as `TrafficState.to_json()` plus the transitions, exactly as
 `control_plane.TrafficControl._persist` does; the audit counts are `QueueCounts` as
 `trust_plane._publish_audit_counts` publishes them. Legs and epochs are written in the shapes of
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
-from engy_node.gateway.trust import traffic
+from engy_node.gateway.trust import traffic, traffic_state
 from engy_node.gateway.trust.audit import QueueCounts
 from engy_node.models import CATALOG
 from engy_tui.widgets.gateway_panel import (
@@ -54,7 +54,7 @@ from engy_tui.widgets.gateway_panel import (
 
 MODEL = "smollm2-135m"
 TERMS = CATALOG[MODEL]
-POLICY = traffic.TrafficPolicy(min_probes=3, max_probes=6)
+POLICY = traffic_state.TrafficPolicy(min_probes=3, max_probes=6)
 T0 = 1_700_000_000.0
 NOW = T0 + 3600.0
 A = "5F3sa2TJAWMqDhXG6jhV4N8ko9SxwGy8TpaNS1repo5EYjQX"
@@ -66,7 +66,7 @@ NAMES = {"miner1": A, "miner2": B, "owner": OWN, "validator": "5DAAnrj7VHTznn2AW
 SIZE = (160, 32)
 
 
-def published(state: traffic.TrafficState, observations: list[tuple[float, traffic.Observation]]) -> dict:
+def published(state: traffic_state.TrafficState, observations: list[tuple[float, traffic_state.Observation]]) -> dict:
     """The worker as the control plane publishes it after these observations."""
     history = []
     for at, observation in observations:
@@ -75,54 +75,57 @@ def published(state: traffic.TrafficState, observations: list[tuple[float, traff
     return {**state.to_json(), "history": [transition.to_json() for transition in history]}
 
 
-def qualified(miner: str, start: float) -> list[tuple[float, traffic.Observation]]:
-    observations: list[tuple[float, traffic.Observation]] = [(start, traffic.WorkerConnected())]
+def qualified(miner: str, start: float) -> list[tuple[float, traffic_state.Observation]]:
+    observations: list[tuple[float, traffic_state.Observation]] = [(start, traffic_state.WorkerConnected())]
     for i in range(POLICY.min_probes):
         request = f"{miner[:4]}-probe-{i}"
         observations += [
-            (start + 10 + i, traffic.ProbeFinished(request, True, 400, 30)),
-            (start + 20 + i, traffic.ProbeVerdict(request, "pass")),
+            (start + 10 + i, traffic_state.ProbeFinished(request, True, 400, 30)),
+            (start + 20 + i, traffic_state.ProbeVerdict(request, "pass")),
         ]
     return observations
 
 
 def active_worker() -> dict:
     return published(
-        traffic.initial_state(miner=A, model=MODEL, now=T0),
-        qualified(A, T0) + [(NOW - 30 + i, traffic.PaidFinished(f"a{i}", True, 380, 25)) for i in range(5)],
+        traffic_state.initial_state(miner=A, model=MODEL, now=T0),
+        qualified(A, T0) + [(NOW - 30 + i, traffic_state.PaidFinished(f"a{i}", True, 380, 25)) for i in range(5)],
     )
 
 
 def probing_worker() -> dict:
     return published(
-        traffic.initial_state(miner=B, model=MODEL, now=NOW - 200),
+        traffic_state.initial_state(miner=B, model=MODEL, now=NOW - 200),
         [
-            (NOW - 200, traffic.WorkerConnected()),
-            (NOW - 150, traffic.ProbeFinished("b0", True, 500, 40)),
-            (NOW - 140, traffic.ProbeVerdict("b0", "pass")),
-            (NOW - 100, traffic.ProbeFinished("b1", True, 520, 41)),
+            (NOW - 200, traffic_state.WorkerConnected()),
+            (NOW - 150, traffic_state.ProbeFinished("b0", True, 500, 40)),
+            (NOW - 140, traffic_state.ProbeVerdict("b0", "pass")),
+            (NOW - 100, traffic_state.ProbeFinished("b1", True, 520, 41)),
         ],
     )
 
 
 def pulled_worker() -> dict:
     return published(
-        traffic.initial_state(miner=C, model=MODEL, now=T0),
+        traffic_state.initial_state(miner=C, model=MODEL, now=T0),
         qualified(C, T0)
-        + [(NOW - 600, traffic.PaidFinished("c1", True, 300, 20)), (NOW - 590, traffic.PaidVerdict("c1", "cheat"))],
+        + [
+            (NOW - 600, traffic_state.PaidFinished("c1", True, 300, 20)),
+            (NOW - 590, traffic_state.PaidVerdict("c1", "cheat")),
+        ],
     )
 
 
 def new_worker() -> dict:
-    return published(traffic.initial_state(miner=KEYED, model=MODEL, now=NOW - 50), [])
+    return published(traffic_state.initial_state(miner=KEYED, model=MODEL, now=NOW - 50), [])
 
 
 def degraded_own_worker() -> dict:
     """A first-party worker the breaker would have pulled for slow TTFT (45 s > 30 s)."""
     return published(
-        traffic.initial_state(miner=OWN, model=MODEL, now=T0, first_party=True),
-        [(T0, traffic.WorkerConnected())]
-        + [(NOW - 120 + i, traffic.PaidFinished(f"o{i}", True, 45_000, 30)) for i in range(3)],
+        traffic_state.initial_state(miner=OWN, model=MODEL, now=T0, first_party=True),
+        [(T0, traffic_state.WorkerConnected())]
+        + [(NOW - 120 + i, traffic_state.PaidFinished(f"o{i}", True, 45_000, 30)) for i in range(3)],
     )
 
 
@@ -343,7 +346,8 @@ def test_the_breaker_is_closed_while_active_and_open_with_why_and_how_long_while
 def test_a_first_party_worker_the_breaker_would_have_pulled_says_tripped():
     assert breaker_cell(degraded_own_worker(), now=NOW) == Cell("tripped ⚠ slow-ttft 119 s ago", "warning")
     healthy_own = published(
-        traffic.initial_state(miner=OWN, model=MODEL, now=T0, first_party=True), [(T0, traffic.WorkerConnected())]
+        traffic_state.initial_state(miner=OWN, model=MODEL, now=T0, first_party=True),
+        [(T0, traffic_state.WorkerConnected())],
     )
     assert breaker_cell(healthy_own, now=NOW) == Cell("closed ✔", "ok")
 
@@ -488,8 +492,8 @@ def test_an_active_worker_without_a_leg_is_noted():
     states = gateway_states()
     states["gateway"]["legs"] = []
     gone = published(
-        traffic.initial_state(miner=A, model=MODEL, now=T0),
-        qualified(A, T0) + [(NOW - 5, traffic.WorkerDisconnected())],
+        traffic_state.initial_state(miner=A, model=MODEL, now=T0),
+        qualified(A, T0) + [(NOW - 5, traffic_state.WorkerDisconnected())],
     )
     states["traffic"]["workers"] = [gone]
     notes = worker_notes(states, now=NOW, names=display_names(NAMES))

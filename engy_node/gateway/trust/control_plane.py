@@ -9,7 +9,7 @@
   already where every process's outcomes land, so nothing else has to travel between processes;
 * lets time act (`traffic.tick`), logs every transition with its reason, publishes the states to
   the hub, and writes the states that changed to the store's `eligibility` table;
-* sends the probes that are due (`traffic.next_probe_at`, `traffic.probe_plan` over the shipped
+* sends the probes that are due (`traffic_probes.next_probe_at`, `traffic_probes.probe_plan` over the shipped
   corpus), each as an ordinary request to that one miner through the same relay buyers get.
 
 `EligibilityView` is what every worker process's router asks: the `eligibility` table, re-read
@@ -17,7 +17,7 @@ every `REFRESH_S`. A worker is eligible while it is `active`, or first-party. A 
 does not know yet is not eligible: qualification comes first.
 
 Across a restart (or a change of the fleet's leader) the states resume from the `eligibility`
-table (`traffic.resumed_state`): an active miner that re-dials within the reconnect grace stays
+table (`traffic_state.resumed_state`): an active miner that re-dials within the reconnect grace stays
 active, a pulled one stays out for the longest cooldown a pull can have, and a round of
 qualification under way starts again (its probes are not in the store).
 
@@ -38,7 +38,7 @@ import trio
 
 from engy_node.gateway.billing.settlement import BUYER_FAULTS, HUNG_UP
 from engy_node.gateway.store import EligibilityRow, Store, StoreError
-from engy_node.gateway.trust import traffic
+from engy_node.gateway.trust import traffic, traffic_probes, traffic_state
 from engy_node.hub import Hub
 from engy_node.models import ModelSpec
 from engy_node.probe_corpus import ProbePrompt
@@ -53,14 +53,14 @@ PROBE_RETRY_S = 5.0
 ROWS_PER_READ = 1000
 HISTORY_PER_WORKER = 20
 
-ProbeSender = Callable[[str, str, traffic.ProbePlan, ProbePrompt], Awaitable[None]]
+ProbeSender = Callable[[str, str, traffic_probes.ProbePlan, ProbePrompt], Awaitable[None]]
 """(miner, model, plan, prompt): send one probe and wait for it to end."""
 
 
-def scaled_policy(*, time_scale: float = 1.0, qualify_probes: int = 20) -> traffic.TrafficPolicy:
+def scaled_policy(*, time_scale: float = 1.0, qualify_probes: int = 20) -> traffic_state.TrafficPolicy:
     """The default policy with every duration multiplied by `time_scale` (local networks run
     minutes-long epochs and cannot wait production's minutes) and rounds of `qualify_probes`."""
-    base = traffic.TrafficPolicy()
+    base = traffic_state.TrafficPolicy()
     durations = {
         field.name: getattr(base, field.name) * time_scale
         for field in dataclasses.fields(base)
@@ -79,7 +79,7 @@ class TrafficControl:
         send_probe: ProbeSender,
         corpus: Sequence[ProbePrompt],
         hub: Hub,
-        policy: traffic.TrafficPolicy = traffic.TrafficPolicy(),
+        policy: traffic_state.TrafficPolicy = traffic_state.TrafficPolicy(),
         first_party: Iterable[str] = (),
         max_probe_tokens: int = 0,
         probe_concurrency: int = 16,
@@ -100,10 +100,10 @@ class TrafficControl:
         """Probes out at once across all miners; a due probe waits for the next tick beyond this."""
         self.rng = rng or random.SystemRandom()
         self.clock = clock
-        self.states: dict[tuple[str, str], traffic.TrafficState] = {}
+        self.states: dict[tuple[str, str], traffic_state.TrafficState] = {}
         self.next_probe: dict[tuple[str, str], float] = {}
         self.in_flight: set[tuple[str, str]] = set()
-        self.history: dict[tuple[str, str], collections.deque[traffic.Transition]] = {}
+        self.history: dict[tuple[str, str], collections.deque[traffic_state.Transition]] = {}
         """Each worker's recent transitions, for the hub."""
         self._changed: set[tuple[str, str]] = set()
         self._seen: set[tuple[str, str]] = set()
@@ -112,7 +112,7 @@ class TrafficControl:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         # Outcomes from before this start belong to the states they were folded into, which
-        # resume from the store (`traffic.resumed_state`): an active miner stays active across
+        # resume from the store (`traffic_state.resumed_state`): an active miner stays active across
         # a restart or a change of the fleet's leader, a pulled one stays out.
         self._request_cursor = await self.store.run(self.store.last_request_row)
         self._verdict_cursor = await self.store.run(self.store.last_verdict_row)
@@ -120,10 +120,10 @@ class TrafficControl:
         for row in await self.store.run(self.store.eligibility):
             if row.model in self.models:
                 key = (row.miner, row.model)
-                self.states[key] = traffic.resumed_state(
+                self.states[key] = traffic_state.resumed_state(
                     miner=row.miner,
                     model=row.model,
-                    stored=traffic.Eligibility(row.state),
+                    stored=traffic_state.Eligibility(row.state),
                     since=row.since,
                     reason=row.reason,
                     now=now,
@@ -147,18 +147,18 @@ class TrafficControl:
 
     def eligible(self, miner: str, model: str) -> bool:
         state = self.states.get((miner, model))
-        return miner in self.first_party if state is None else traffic.eligible(state)
+        return miner in self.first_party if state is None else traffic_state.eligible(state)
 
     # ---- observations ----------------------------------------------------------------------
-    def _state(self, key: tuple[str, str], now: float) -> traffic.TrafficState:
+    def _state(self, key: tuple[str, str], now: float) -> traffic_state.TrafficState:
         if key not in self.states:
-            self.states[key] = traffic.initial_state(
+            self.states[key] = traffic_state.initial_state(
                 miner=key[0], model=key[1], now=now, first_party=key[0] in self.first_party
             )
             self._changed.add(key)
         return self.states[key]
 
-    def _observe(self, key: tuple[str, str], observation: traffic.Observation, now: float) -> None:
+    def _observe(self, key: tuple[str, str], observation: traffic_state.Observation, now: float) -> None:
         if key[1] not in self.models:
             return
         state = self._state(key, now)
@@ -167,7 +167,10 @@ class TrafficControl:
         )
 
     def _apply(
-        self, key: tuple[str, str], outcome: tuple[traffic.TrafficState, list[traffic.Transition]], now: float
+        self,
+        key: tuple[str, str],
+        outcome: tuple[traffic_state.TrafficState, list[traffic_state.Transition]],
+        now: float,
     ) -> None:
         state, transitions = outcome
         before = self.states.get(key)
@@ -178,7 +181,7 @@ class TrafficControl:
             self.history.setdefault(key, collections.deque(maxlen=HISTORY_PER_WORKER)).append(transition)
             level = (
                 logging.WARNING
-                if transition.to_state is traffic.Eligibility.PULLED or transition.code == "cheat"
+                if transition.to_state is traffic_state.Eligibility.PULLED or transition.code == "cheat"
                 else logging.INFO
             )
             log.log(
@@ -192,16 +195,16 @@ class TrafficControl:
             )
             self.next_probe.pop(key, None)
         if key not in self.next_probe:
-            at = traffic.next_probe_at(state, now=now, policy=self.policy, rng_value=self.rng.random())
+            at = traffic_probes.next_probe_at(state, now=now, policy=self.policy, rng_value=self.rng.random())
             if at is not None:
                 self.next_probe[key] = at
 
     def _follow_connections(self, now: float) -> None:
         live = self.connected()
         for key in live - self._seen:
-            self._observe(key, traffic.WorkerConnected(), now)
+            self._observe(key, traffic_state.WorkerConnected(), now)
         for key in self._seen - live:
-            self._observe(key, traffic.WorkerDisconnected(), now)
+            self._observe(key, traffic_state.WorkerDisconnected(), now)
         self._seen = live
 
     async def _ingest(self, now: float) -> None:
@@ -220,12 +223,12 @@ class TrafficControl:
             ok = 200 <= entry.status < 300
             ttft = None if entry.ttft_ms is None else int(round(entry.ttft_ms))
             tpot = None if entry.tpot_ms is None else int(round(entry.tpot_ms))
-            finished = traffic.ProbeFinished if entry.kind == "probe" else traffic.PaidFinished
+            finished = traffic_state.ProbeFinished if entry.kind == "probe" else traffic_state.PaidFinished
             self._observe((entry.miner, entry.model), finished(entry.request_id, ok, ttft, tpot), now)
         verdicts = await self.store.run(self.store.verdicts_after, self._verdict_cursor, limit=ROWS_PER_READ)
         for row_id, record in verdicts:
             self._verdict_cursor = row_id
-            judged = traffic.ProbeVerdict if record.kind == "probe" else traffic.PaidVerdict
+            judged = traffic_state.ProbeVerdict if record.kind == "probe" else traffic_state.PaidVerdict
             self._observe((record.miner, record.model), judged(record.request_id, record.verdict), now)
 
     async def _persist(self) -> None:
@@ -268,15 +271,15 @@ class TrafficControl:
             limit = self.models[key[1]].max_output_tokens
             if self.max_probe_tokens:
                 limit = min(limit, self.max_probe_tokens)
-            plan = traffic.probe_plan(
+            plan = traffic_probes.probe_plan(
                 corpus=self.corpus,
-                draws=[self.rng.random() for _ in range(traffic.PROBE_PLAN_DRAWS)],
+                draws=[self.rng.random() for _ in range(traffic_probes.PROBE_PLAN_DRAWS)],
                 max_output_tokens=limit,
             )
             self.in_flight.add(key)
             nursery.start_soon(self._probe, key, plan)
 
-    async def _probe(self, key: tuple[str, str], plan: traffic.ProbePlan) -> None:
+    async def _probe(self, key: tuple[str, str], plan: traffic_probes.ProbePlan) -> None:
         try:
             await self.send_probe(key[0], key[1], plan, self.corpus[plan.prompt_index])
         except Exception as error:  # broad on purpose: one failed probe must not stop the control plane
@@ -287,7 +290,7 @@ class TrafficControl:
         finally:
             self.in_flight.discard(key)
         if key not in self.next_probe and key in self.states:
-            at = traffic.next_probe_at(
+            at = traffic_probes.next_probe_at(
                 self.states[key], now=self.clock(), policy=self.policy, rng_value=self.rng.random()
             )
             if at is not None:
@@ -320,7 +323,7 @@ class EligibilityView:
 
     async def refresh(self) -> None:
         rows = await self.store.run(self.store.eligibility)
-        self._active = {(row.miner, row.model) for row in rows if row.state == traffic.Eligibility.ACTIVE.value}
+        self._active = {(row.miner, row.model) for row in rows if row.state == traffic_state.Eligibility.ACTIVE.value}
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await _keep_refreshed(

@@ -32,7 +32,7 @@ from engy_node.gateway.trust.audit import AuditQueue
 from engy_node.gateway.trust.audit_desk import AuditDesk, DeskAuditSource
 from engy_node.gateway.trust.audit_link import AuditLinkClient, AuditLinkServer
 from engy_node.gateway.trust.provider_api import ProviderApi, build_provider_app
-from engy_node.gateway.trust.traffic import ProbePlan
+from engy_node.gateway.trust.traffic_probes import ProbePlan
 from engy_node.hub import Hub
 from engy_node.probe_corpus import ProbePrompt, load_probe_corpus
 from engy_node.protocol.audit import LocalVerifier

@@ -266,7 +266,7 @@ async def test_a_control_plane_that_takes_over_keeps_active_miners_active_and_pu
 
 def test_the_scaled_policy_scales_every_duration_and_sets_the_round_size():
     policy = control_plane.scaled_policy(time_scale=0.5, qualify_probes=4)
-    base = control_plane.traffic.TrafficPolicy()
+    base = control_plane.traffic_state.TrafficPolicy()
     assert (policy.min_probes, policy.max_probes) == (4, 8)
     assert policy.cooldown_s == base.cooldown_s / 2 and policy.window_s == base.window_s / 2
     assert policy.failures_in_a_row == base.failures_in_a_row

@@ -9,17 +9,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engy_node.gateway.trust.traffic import (
+from engy_node.gateway.trust.traffic import step, tick
+from engy_node.gateway.trust.traffic_probes import (
     DEFAULT_SAMPLING_MIX,
     PROBE_PLAN_DRAWS,
     BuyerMix,
+    SamplingShape,
+    next_probe_at,
+    probe_plan,
+)
+from engy_node.gateway.trust.traffic_state import (
     Eligibility,
     PaidFinished,
     PaidVerdict,
     ProbeFinished,
     ProbeOutcome,
     ProbeVerdict,
-    SamplingShape,
     TrafficPolicy,
     TrafficState,
     Transition,
@@ -27,11 +32,7 @@ from engy_node.gateway.trust.traffic import (
     WorkerDisconnected,
     eligible,
     initial_state,
-    next_probe_at,
-    probe_plan,
     resumed_state,
-    step,
-    tick,
 )
 from engy_node.models import CATALOG
 
