@@ -39,7 +39,7 @@ from engy_tui.widgets.gpu_panel import GpuPanel
 from engy_tui.widgets.logs import LogsView
 from engy_tui.widgets.miner_panel import MinerPanel
 from engy_tui.widgets.requests_panel import RequestsPanel
-from engy_tui.widgets.validator_panel import ChainPanel, ValidatorPanel
+from engy_tui.widgets.validator import ChainPanel, ValidatorPanel
 
 RENDER_INTERVAL_S = 0.5
 SERVER_LOG_LINES = 5

@@ -1,6 +1,7 @@
 """What every dashboard panel is made of: cells of text with a style name, the readers that take
-values out of untrusted JSON (a hub state from another process, a control API answer), and the
-step that turns lines of cells into Textual content.
+values out of untrusted JSON (a hub state from another process, a control API answer), the
+formats more than one panel writes (durations, ages, short hotkeys), and the step that turns
+lines of cells into Textual content.
 
 Why cells. A panel's text is decided by plain functions tested without a terminal; they return
 `Cell(text, style)`, and only the widget maps style names to the theme (each panel has its
@@ -33,6 +34,10 @@ def as_map(value: Any) -> Mapping[Any, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def as_bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
 def as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else []
 
@@ -60,6 +65,39 @@ def as_text(value: Any) -> str | None:
     if value.isprintable():
         return value
     return "".join(ch if ch.isprintable() else " " for ch in value)
+
+
+def format_duration(seconds: float | None) -> str:
+    """ "41 s", "12 min", "3 h 5 min", "2 d 4 h"; n/a for an unknown or non-finite time."""
+    if seconds is None or not math.isfinite(seconds):
+        return NA
+    whole = max(0, int(seconds))
+    if whole < 120:
+        return f"{whole} s"
+    if whole < 7200:
+        return f"{whole // 60} min"
+    if whole < 2 * 86400:
+        return f"{whole // 3600} h {whole % 3600 // 60} min"
+    return f"{whole // 86400} d {whole % 86400 // 3600} h"
+
+
+def format_age(now: float, then: Any) -> str | None:
+    """How long ago `then` (a unix time) was, or None when it is not a usable time."""
+    then_s = as_number(then)
+    if then_s is None or not math.isfinite(now):
+        return None
+    return format_duration(now - then_s)
+
+
+def short_hotkey(ss58: Any, names: Mapping[str, str] | None = None) -> str:
+    """The local name of `ss58` if `names` ({ss58: name}) has one, else "5F3s…k9Qa"; n/a for a
+    missing hotkey."""
+    text = as_text(ss58)
+    if text is None:
+        return NA
+    if names and text in names:
+        return names[text]
+    return text if len(text) <= 10 else f"{text[:4]}…{text[-4:]}"
 
 
 def cells_content(lines: Iterable[Sequence[Cell]], styles: Mapping[str, str]) -> Content:

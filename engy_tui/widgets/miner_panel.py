@@ -27,7 +27,7 @@ Where each fact comes from (read the producers before changing a key):
   (`engy_node.gateway.traffic.TrafficState.to_json`: state, since, reason, eligible,
   first_party, until, strikes, round, window{requests, failed, verdicts, unproven}, history).
 * chain: "chain" (`engy_node.local.up._chain_snapshot`), read by
-  `validator_panel.miner_lines`; the miner's hotkey is node info's `hotkeys`[component name].
+  `validator.chain.miner_lines`; the miner's hotkey is node info's `hotkeys`[component name].
 * heartbeats: the "gateway" state's `legs` (`MinerPool.snapshot`) of this miner's hotkey.
 
 Not published anywhere, so not shown rather than guessed: the server's version, how long it has
@@ -65,6 +65,9 @@ from engy_tui.widgets.cells import (
     NA,
     Cell,
     cells_content,
+    format_age,
+    format_duration,
+    short_hotkey,
 )
 from engy_tui.widgets.cells import (
     as_int as _int,
@@ -81,7 +84,7 @@ from engy_tui.widgets.cells import (
 from engy_tui.widgets.cells import (
     as_text as _text,
 )
-from engy_tui.widgets.validator_panel import format_age, format_duration, miner_lines, short_hotkey
+from engy_tui.widgets.validator.chain import miner_lines
 
 __all__ = [
     "FAILURE_WORDS",
@@ -816,7 +819,7 @@ def node_proof_lines(states: Any) -> list[Line]:
 
 
 def chain_lines(chain: Any, hotkey: str | None) -> list[Line]:
-    """`validator_panel.miner_lines` (uid, incentive, emission, validators weighting it), or
+    """`validator.chain.miner_lines` (uid, incentive, emission, validators weighting it), or
     why it cannot be read: the hotkey or the chain state unknown to this node."""
     if hotkey is None:
         return [(Cell(f"hotkey {NA}: this node does not publish the miner's hotkey", "na"),)]

@@ -22,32 +22,22 @@ from hypothesis import strategies as st
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
-from engy_tui.widgets.validator_panel import (
-    BAR_WIDTH,
+from engy_tui.widgets.cells import Cell, format_age, format_duration, short_hotkey
+from engy_tui.widgets.validator import ChainPanel, ValidatorPanel
+from engy_tui.widgets.validator.chain import (
     NEURON_COLUMNS,
-    Cell,
-    ChainPanel,
-    Finding,
-    ValidatorPanel,
     chain_summary_line,
     chain_view,
     chain_weight_lines,
-    format_age,
-    format_duration,
-    lines_content,
     miner_lines,
     neuron_rows,
-    next_action_lines,
-    refusal_fix,
-    share_bar,
-    short_hotkey,
-    submission_lines,
-    validator_view,
-    validator_warnings,
-    warning_lines,
-    weights_lines,
-    weights_rows,
 )
+from engy_tui.widgets.validator.common import BAR_WIDTH, lines_content, share_bar
+from engy_tui.widgets.validator.findings import Finding, refusal_fix, validator_warnings, warning_lines
+from engy_tui.widgets.validator.next_action import next_action_lines
+from engy_tui.widgets.validator.submissions import submission_lines
+from engy_tui.widgets.validator.view import validator_view
+from engy_tui.widgets.validator.weights import weights_lines, weights_rows
 
 NOW = 1_780_000_000.0
 ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"

@@ -1,0 +1,232 @@
+"""The chain tab's lines (who is on the subnet, and whose weights does the chain hold?) and a
+miner's own standing on chain (`miner_lines`, shown by the miner tab's chain box).
+
+Every neuron of the subnet (stake, permit, last update, incentive, dividends, emission), the
+weights each validator has on chain with each target's share, and the summary line (head block,
+block time, tempo, epochs run). All of it comes from the hub's "chain" state
+(`engy_node.local.up._chain_snapshot`), which carries blocks, not times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from rich.cells import cell_len
+
+from engy_tui.widgets.cells import DASH, NA, Cell, as_bool, short_hotkey
+from engy_tui.widgets.cells import as_int as _int
+from engy_tui.widgets.cells import as_map as _map
+from engy_tui.widgets.cells import as_number as _num
+from engy_tui.widgets.cells import as_text as _text
+from engy_tui.widgets.validator.common import (
+    ERROR,
+    NA_CELL,
+    OK,
+    WARN,
+    Line,
+    count_or_na,
+    header_line,
+    names_by_ss58,
+    neuron_list,
+    pad_columns,
+    percent_text,
+    share_bar,
+    share_of,
+)
+
+__all__ = [
+    "ChainPanelView",
+    "MAX_TARGETS",
+    "NEURON_COLUMNS",
+    "chain_summary_line",
+    "chain_view",
+    "chain_weight_lines",
+    "miner_lines",
+    "neuron_rows",
+]
+
+MAX_TARGETS = 8
+"""Targets shown per validator before the rest is summed up in one line."""
+
+
+NEURON_COLUMNS = ("uid", "name", "stake τ", "permit", "last update", "incentive", "dividends", "emission α")
+NEURON_ALIGN = "llrllrrr"
+
+
+def chain_summary_line(chain: Mapping[str, Any] | None) -> Line:
+    chain = _map(chain)
+    block = _int(chain.get("block"))
+    block_s = _num(chain.get("block_time_s"))
+    return (
+        Cell(
+            f"block {count_or_na(block)} · {f'{block_s:g} s' if block_s is not None else NA} blocks · "
+            f"tempo {count_or_na(_int(chain.get('tempo')))} · epochs run {count_or_na(_int(chain.get('epochs_run')))}"
+        ),
+    )
+
+
+def _fraction(value: Any) -> Cell:
+    number = _num(value)
+    return NA_CELL if number is None else Cell(f"{number:.4f}")
+
+
+def neuron_rows(chain: Mapping[str, Any] | None, names: Mapping[str, str] | None = None) -> list[Line]:
+    """One row per neuron, in `NEURON_COLUMNS` order: uid, local name or short ss58, stake,
+    permit (✔/—), last update (and blocks ago, "⚠ inactive" when the chain says so), incentive,
+    dividends, emission at the last epoch."""
+    chain = _map(chain)
+    head = _int(chain.get("block"))
+    by_ss58 = names_by_ss58(names)
+    rows: list[Line] = []
+    for neuron in neuron_list(chain):
+        uid = _int(neuron.get("uid"))
+        hotkey = neuron.get("hotkey")
+        stake = _num(neuron.get("stake"))
+        permit = as_bool(neuron.get("permit"))
+        last_update = _int(neuron.get("last_update"))
+        emission = _num(neuron.get("emission"))
+        if last_update is None:
+            update = NA_CELL
+        else:
+            ago = f" ({head - last_update:,} ago)" if head is not None else ""
+            inactive = neuron.get("active") is False
+            update = Cell(
+                f"{last_update:,}{ago}" + (f" {WARN} inactive" if inactive else ""), "warning" if inactive else ""
+            )
+        rows.append(
+            (
+                Cell(str(uid)) if uid is not None else NA_CELL,
+                Cell(short_hotkey(hotkey, by_ss58), "" if _text(hotkey) else "na"),
+                Cell(f"{stake:,.2f}") if stake is not None else NA_CELL,
+                Cell(OK, "ok") if permit else Cell(DASH) if permit is False else NA_CELL,
+                update,
+                _fraction(neuron.get("incentive")),
+                _fraction(neuron.get("dividends")),
+                Cell(f"{emission:,.4f}") if emission is not None else NA_CELL,
+            )
+        )
+    return rows
+
+
+def _uid_key(key: Any) -> tuple[int, int | str]:
+    text = str(key)
+    return (0, int(text)) if text.isascii() and text.isdigit() and len(text) < 20 else (1, text)
+
+
+def chain_weight_lines(
+    chain: Mapping[str, Any] | None, names: Mapping[str, str] | None = None, *, max_targets: int = MAX_TARGETS
+) -> list[Line]:
+    """The weights each validator has on chain: per validator uid, its targets heaviest first
+    with their share of the row and a bar; past `max_targets`, one line sums up the rest."""
+    chain = _map(chain)
+    weights = _map(chain.get("weights"))
+    if not weights:
+        return [(Cell("no weights on chain yet" if "weights" in chain else f"weights {NA}", "na"),)]
+    by_ss58 = names_by_ss58(names)
+    hotkeys = {str(_int(n.get("uid"))): n.get("hotkey") for n in neuron_list(chain) if _int(n.get("uid")) is not None}
+    rows: list[Line] = []
+    extra: dict[int, Line] = {}
+    for validator_uid, row in sorted(weights.items(), key=lambda item: _uid_key(item[0])):
+        targets = [(target, _int(value)) for target, value in _map(row).items()]
+        total = sum(value for _, value in targets if value is not None and value > 0)
+        targets.sort(key=lambda item: (-(item[1] or 0), _uid_key(item[0])))
+        source = f"uid {_one(validator_uid)}"
+        if hotkeys.get(str(validator_uid)) is not None:
+            source += f" {short_hotkey(hotkeys[str(validator_uid)], by_ss58)}"
+        if not targets:
+            rows.append((Cell(source), Cell("→"), Cell("none", "na"), Cell(""), Cell(""), Cell("")))
+            continue
+        for index, (target, value) in enumerate(targets[: max(1, max_targets)]):
+            share = share_of(value, total)
+            name = short_hotkey(hotkeys.get(str(target)), by_ss58) if hotkeys.get(str(target)) is not None else ""
+            rows.append(
+                (
+                    Cell(source if index == 0 else ""),
+                    Cell("→" if index == 0 else ""),
+                    Cell(f"uid {_one(target)} {name}".rstrip()),
+                    Cell(f"{value:,}") if value is not None else NA_CELL,
+                    Cell(percent_text(share), "" if share is not None else "na"),
+                    Cell(share_bar(share), "bar"),
+                )
+            )
+        rest = targets[max(1, max_targets) :]
+        if rest:
+            kept = sum(value for _, value in rest if value is not None and value > 0)
+            extra[len(rows) - 1] = (
+                Cell(
+                    f"… {len(rest)} more uid{'s' if len(rest) != 1 else ''} ({percent_text(share_of(kept, total))})",
+                    "na",
+                ),
+            )
+    table = pad_columns([header_line("set by", "", "on", "weight", "share", ""), *rows], "lllrrl")
+    indent = Cell(" " * sum(cell_len(cell.text) for cell in table[0][:2]))
+    lines: list[Line] = [table[0]]
+    for index, line in enumerate(table[1:]):
+        lines.append(line)
+        if index in extra:
+            lines.append((indent, *extra[index]))
+    return lines
+
+
+def _one(value: Any) -> str:
+    return _text(str(value)) or NA
+
+
+def miner_lines(chain: Mapping[str, Any] | None, hotkey: str | None) -> list[Line]:
+    """A miner's own standing for its dashboard: uid, incentive, emission, and how many permit
+    holders weight it, with the newest such update's age in blocks."""
+    chain = _map(chain)
+    neurons = neuron_list(chain)
+    mine = next((n for n in neurons if hotkey is not None and n.get("hotkey") == hotkey), None)
+    if mine is None:
+        if not neurons:
+            return [(Cell("chain state n/a", "na"),)]
+        return [(Cell(f"not registered on netuid {count_or_na(_int(chain.get('netuid')))} {ERROR}", "error"),)]
+    uid = _int(mine.get("uid"))
+    emission = _num(mine.get("emission"))
+    head = _int(chain.get("block"))
+    validators = [n for n in neurons if n.get("permit") is True and _int(n.get("uid")) is not None]
+    weights = _map(chain.get("weights"))
+    weighting = [n for n in validators if (_int(_map(weights.get(str(n["uid"]))).get(str(uid))) or 0) > 0]
+    updates = [_int(n.get("last_update")) for n in weighting]
+    newest = max((u for u in updates if u is not None), default=None)
+    age = f", newest {head - newest:,} blocks ago" if newest is not None and head is not None else ""
+    style = "ok" if weighting else "warning"
+    return [
+        (
+            Cell(f"uid {count_or_na(uid)} · incentive "),
+            _fraction(mine.get("incentive")),
+            Cell(" · emission "),
+            Cell(f"{emission:,.4f} α/epoch") if emission is not None else NA_CELL,
+        ),
+        (Cell(f"weights from {len(weighting)}/{len(validators)} validators{age} {OK if weighting else WARN}", style),),
+    ]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChainPanelView:
+    title: str
+    summary: Line
+    neurons: tuple[Line, ...]
+    weights: tuple[Line, ...]
+
+
+def chain_view(
+    chain: Mapping[str, Any] | None, *, now: float | None = None, names: Mapping[str, str] | None = None
+) -> ChainPanelView:
+    """What the chain panel shows for the hub's "chain" state (None or {}: not reported yet).
+    `now` is accepted for symmetry; the chain state carries blocks, not times."""
+    chain = _map(chain)
+    if not chain:
+        return ChainPanelView("Chain", (Cell("waiting for the chain's first report", "na"),), (), ())
+    network = _text(chain.get("network")) or NA
+    title = f"Chain · {network} · netuid {count_or_na(_int(chain.get('netuid')))}"
+    rows = neuron_rows(chain, names)
+    neurons = (
+        pad_columns([header_line(*NEURON_COLUMNS), *rows], NEURON_ALIGN)
+        if rows
+        else ((Cell("no neurons" if "neurons" in chain else f"neurons {NA}", "na"),),)
+    )
+    return ChainPanelView(title, chain_summary_line(chain), tuple(neurons), tuple(chain_weight_lines(chain, names)))
