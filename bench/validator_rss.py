@@ -150,7 +150,8 @@ def run_validator_child(home: str, validator_hotkey: str, miners: list[str], res
     import functools
 
     from engy_node import cli
-    from engy_node.local.devchain import DevChain, SubnetParams
+    from engy_node.local.devchain import DevChain
+    from engy_node.local.devchain_state import SubnetParams
     from engy_node.validator import role
 
     chain = DevChain(

@@ -18,22 +18,11 @@ What it models, and how it decides:
   result is visible to the next read; finality is not modelled, so `wait_for_finalization`
   returns at the same moment. Each seal puts the head one block further ahead of the clock; at
   one submission per rate-limit window that drift is about 1%.
-* `set_mechanism_weights` / `set_weights` run the pallet's checks in its order and fail with its
-  error names: WeightVecNotEqualSize, SubnetNotExists / MechanismDoesNotExist,
-  HotKeyNotRegisteredInSubNet, CommitRevealEnabled, IncorrectWeightVersionKey,
-  SettingWeightsTooFast (`block - last_update < weights_rate_limit`, a `last_update` of 0 meaning
-  never set), DuplicateUids, UidsLengthExceedUidsInSubNet, UidVecContainInvalidOne,
-  WeightVecLengthIsLow and NeuronNoValidatorPermit (self-weight alone is exempt from the last two).
-  A stored row is max-upscaled to u16 as the pallet does (the SDK already sends it that way) and
-  sets `last_update[uid]` to the block. Failures become `ExtrinsicResult(success=False)` carrying
-  the SDK's own `ChainError` for that name, so `.code` matches the live chain (rate_limited,
-  not_authorized, ...). `max_weights_limit` is reported, and the SDK clips to it, but it is not
-  enforced here.
+* `set_mechanism_weights` / `set_weights` (and, with commit-reveal on, the timelocked commits) are
+  checked in the pallet's order and fail with its error names (`devchain_pallet`); a failure
+  becomes `ExtrinsicResult(success=False)` carrying the SDK's own `ChainError` for that name.
 * `reject_next(code)` makes the next submission fail in the pool as "Custom error: N" does on a
   node (6 is RateLimitExceeded); it is not included and consumes no block.
-* With commit-reveal on, `commit_timelocked_mechanism_weights` is checked like a weight set,
-  bumps `last_update` and is kept as the hotkey's pending commit, but it is never revealed: the
-  dev chain has no drand beacon, so a commit-reveal subnet's weights never change.
 * Registration (`register`) and stake (`set_stake`) are administrative actions applied at the
   head, not extrinsics. Registration sets `last_update` to the block, as the chain does, so a new
   validator waits one rate-limit window before its first weights. Uids are never pruned.
@@ -43,19 +32,14 @@ What it models, and how it decides:
   started with staked validators can set weights before its first epoch.
 * The epoch fires at `LastEpochBlock + tempo`, the schedule the SDK's `next_epoch_start_block`
   documents (the subnet's registration block starts it), not the legacy
-  `(block + netuid + 1) % (tempo + 1)` formula. It runs `yuma.run_epoch` and writes consensus,
-  incentive, dividends, trust, validator trust and emission; rank is reported equal to incentive,
-  as the chain's ranks are. The epoch pays `alpha_per_block` per block since the previous epoch,
-  all of it to miners and validators (no owner cut, no root share). The metagraph's `emission`
-  is, as on chain, the alpha (in rao) each uid earned at the last epoch; it is not added to stake,
-  so permits stay where the test put them.
-* Reads answer from the head state whatever block hash they are pinned to; only
-  `Timestamp.Now` is computed for the pinned block. Stake is one amount per hotkey, reported as
-  alpha stake and total stake at a price of 1.
+  `(block + netuid + 1) % (tempo + 1)` formula. It runs `yuma.run_epoch` and pays
+  `alpha_per_block` per block since the previous epoch (`devchain_pallet.run_epoch`).
+* Reads answer from the head state whatever block hash they are pinned to (`devchain_storage`);
+  only `Timestamp.Now` is computed for the pinned block.
 
 Persistence: `save()` / `DevChain.load()` write and read JSON through a temp file and
-`os.replace`. A chain built with `state_path` (or loaded from one) also saves itself after every
-applied extrinsic, epoch, registration and parameter change, so a crash never loses a block a
+`os.replace` (the format is `devchain_state`'s). A chain built with `state_path` (or loaded from
+one) also saves itself after every applied extrinsic, epoch, registration and parameter change, so a crash never loses a block a
 validator saw its weights included in; `close()` saves as well, so a clean restart continues
 from the exact head. A loaded chain continues from the saved block.
 
@@ -72,35 +56,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
-import json
 import logging
-import os
-import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
-from engy_node.local import yuma
+from engy_node.local import devchain_pallet, devchain_storage
+from engy_node.local.devchain_pallet import SUPPORTED_CALLS
+from engy_node.local.devchain_state import (
+    MECHANISM_STRIDE,
+    RAO_PER_TAO,
+    U16_MAX,
+    ChainState,
+    Neuron,
+    NeuronStatus,
+    PathLike,
+    Submission,
+    Subnet,
+    SubnetParams,
+    load_state,
+    rao,
+    to_document,
+    write_atomically,
+)
 
 if TYPE_CHECKING:
     from bittensor import Balance, ExtrinsicResult
     from bittensor.result import ChainError
 
 log = logging.getLogger("engy.devchain")
-
-PALLET = "SubtensorModule"
-RAO_PER_TAO = 10**9
-U16_MAX = yuma.U16_MAX
-
-# Weights, LastUpdate, Incentive and Bonds are keyed by the mechanism storage index
-# mechid * 4096 + netuid (bittensor.settings.GLOBAL_MAX_SUBNET_COUNT). The dev chain runs
-# mechanism 0 only, whose index is the netuid itself.
-MECHANISM_STRIDE = 4096
 
 # bittensor.settings.DEFAULT_ERA_PERIOD, the protocol's default for `period`; repeated here so
 # importing this module does not import bittensor (a test checks the two agree).
@@ -119,201 +106,10 @@ SPEC_VERSION = 400
 # Recent extrinsics kept for status displays and tests.
 SUBMISSION_HISTORY = 256
 
-STATE_FORMAT = "engy-devchain/1"
-
 # The owner keys a subnet gets when none are given: Alice's well-known dev coldkey and a hotkey
 # derived from it, so every dev chain without configuration has the same, recognisable owner.
 DEV_OWNER_COLDKEY_URI = "//Alice"
 DEV_OWNER_HOTKEY_URI = "//Alice//owner"
-
-# The calls the dev chain can dispatch; compose() refuses any other, so an unsupported call fails
-# at plan time with a clear message instead of at submit.
-SUPPORTED_CALLS = frozenset(
-    {
-        (PALLET, "set_mechanism_weights"),
-        (PALLET, "set_weights"),
-        (PALLET, "commit_timelocked_mechanism_weights"),
-        (PALLET, "commit_timelocked_weights"),
-    }
-)
-
-PathLike = Union[str, "os.PathLike[str]"]
-
-
-@dataclass(frozen=True)
-class SubnetParams:
-    """A subnet's hyperparameters, with the chain's defaults except `min_allowed_weights` (0, so a
-    validator with one miner can set weights).
-
-    `kappa`, `bonds_penalty` and `max_weights_limit` are u16 fractions over 65535, as stored on
-    chain. `alpha_per_block` is the subnet's emission per block, paid out at each epoch.
-    """
-
-    tempo: int = 360
-    weights_rate_limit: int = 100
-    activity_cutoff_factor_milli: int = 13_889
-    min_allowed_weights: int = 0
-    max_weights_limit: int = U16_MAX
-    commit_reveal: bool = False
-    kappa: int = 32_767
-    bonds_penalty: int = U16_MAX
-    max_validators: int = yuma.DEFAULT_MAX_VALIDATORS
-    max_uids: int = 256
-    weights_version: int = 0
-    alpha_per_block: float = 1.0
-    name: str = "engy devnet"
-    symbol: str = "α"
-
-    def __post_init__(self) -> None:
-        if self.tempo < 1:
-            raise ValueError(f"tempo must be >= 1, got {self.tempo!r}")
-        if not 1_000 <= self.activity_cutoff_factor_milli <= 50_000:
-            raise ValueError(
-                "activity_cutoff_factor_milli must be in 1000..50000 (the chain's bounds), "
-                f"got {self.activity_cutoff_factor_milli!r}"
-            )
-        for name in ("max_weights_limit", "kappa", "bonds_penalty"):
-            if not 0 <= getattr(self, name) <= U16_MAX:
-                raise ValueError(f"{name} is a u16, got {getattr(self, name)!r}")
-        for name in ("weights_rate_limit", "min_allowed_weights", "max_validators", "weights_version"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if not 1 <= self.max_uids <= U16_MAX:
-            raise ValueError(f"max_uids must be in 1..65535, got {self.max_uids!r}")
-        if self.alpha_per_block < 0:
-            raise ValueError(f"alpha_per_block must be >= 0, got {self.alpha_per_block!r}")
-
-    @property
-    def activity_cutoff(self) -> int:
-        """Blocks without weights after which a validator is inactive, derived as the chain does."""
-        return self.activity_cutoff_factor_milli * self.tempo // 1000
-
-
-@dataclass(frozen=True)
-class NeuronStatus:
-    """One uid as a status display shows it. `stake` is in TAO (alpha at price 1); `incentive`,
-    `dividends` and `consensus` are 0..1; `emission` is the alpha it earned at the last epoch."""
-
-    uid: int
-    hotkey: str
-    coldkey: str
-    stake: float
-    permit: bool
-    active: bool
-    last_update: int
-    incentive: float
-    dividends: float
-    consensus: float
-    emission: float
-
-
-@dataclass(frozen=True)
-class Submission:
-    """One extrinsic the dev chain received: included at `block` (or refused by the pool at the head
-    `block`), `call` as "Pallet.function", and the chain's error name when it failed."""
-
-    block: int
-    netuid: int | None
-    hotkey: str
-    call: str
-    ok: bool
-    error: str | None
-
-
-@dataclass
-class _Neuron:
-    hotkey: str
-    coldkey: str
-    stake_rao: int
-    registered_at: int
-    last_update: int
-    permit: bool = False
-    active: bool = True
-    consensus: int = 0
-    incentive: int = 0
-    dividends: int = 0
-    trust: int = 0
-    validator_trust: int = 0
-    emission_rao: int = 0
-
-
-@dataclass
-class _Commit:
-    hotkey: str
-    epoch: int
-    block: int
-    reveal_round: int
-    ciphertext: str
-
-
-@dataclass
-class _Subnet:
-    netuid: int
-    params: SubnetParams
-    registered_at: int
-    last_epoch_block: int
-    epoch_index: int = 0
-    neurons: list[_Neuron] = field(default_factory=list)
-    uids: dict[str, int] = field(default_factory=dict)
-    weights: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
-    commits: dict[str, _Commit] = field(default_factory=dict)
-
-    @property
-    def owner(self) -> _Neuron:
-        return self.neurons[0]
-
-    def column(self, name: str) -> list:
-        return [getattr(neuron, name) for neuron in self.neurons]
-
-    def refresh_permits(self) -> None:
-        permits = yuma.top_stake_permits(
-            self.column("stake_rao"), max_validators=self.params.max_validators, owner_uid=0
-        )
-        for neuron, permit in zip(self.neurons, permits):
-            neuron.permit = permit
-
-
-# Storage items keyed by [netuid], as (subnet, head block) -> decoded value.
-_SUBNET_ITEMS: dict[str, Callable[[_Subnet, int], Any]] = {
-    "Tempo": lambda s, head: s.params.tempo,
-    "WeightsSetRateLimit": lambda s, head: s.params.weights_rate_limit,
-    "CommitRevealWeightsEnabled": lambda s, head: s.params.commit_reveal,
-    "MinAllowedWeights": lambda s, head: s.params.min_allowed_weights,
-    "MaxWeightsLimit": lambda s, head: s.params.max_weights_limit,
-    "SubnetEpochConsensus": lambda s, head: "Yuma",
-    "ActivityCutoff": lambda s, head: s.params.activity_cutoff,
-    "ActivityCutoffFactorMilli": lambda s, head: s.params.activity_cutoff_factor_milli,
-    "Kappa": lambda s, head: s.params.kappa,
-    "BondsPenalty": lambda s, head: s.params.bonds_penalty,
-    "MaxAllowedValidators": lambda s, head: s.params.max_validators,
-    "MaxAllowedUids": lambda s, head: s.params.max_uids,
-    "WeightsVersionKey": lambda s, head: s.params.weights_version,
-    "RevealPeriodEpochs": lambda s, head: 1,
-    "Yuma3On": lambda s, head: False,
-    "LiquidAlphaOn": lambda s, head: False,
-    "LastEpochBlock": lambda s, head: s.last_epoch_block,
-    "PendingEpochAt": lambda s, head: 0,
-    "SubnetEpochIndex": lambda s, head: s.epoch_index,
-    "BlocksSinceLastStep": lambda s, head: head - s.last_epoch_block,
-    "SubnetOwnerHotkey": lambda s, head: s.owner.hotkey,
-    "SubnetOwner": lambda s, head: s.owner.coldkey,
-    "SubnetworkN": lambda s, head: len(s.neurons),
-    "NetworksAdded": lambda s, head: True,
-    "NetworkRegisteredAt": lambda s, head: s.registered_at,
-    "TokenSymbol": lambda s, head: list(s.params.symbol.encode()),
-    "ValidatorPermit": lambda s, head: s.column("permit"),
-    "Active": lambda s, head: s.column("active"),
-    "Consensus": lambda s, head: s.column("consensus"),
-    "Dividends": lambda s, head: s.column("dividends"),
-    "ValidatorTrust": lambda s, head: s.column("validator_trust"),
-    "Emission": lambda s, head: s.column("emission_rao"),
-}
-
-# Storage items keyed by the mechanism storage index [mechid * 4096 + netuid].
-_MECHANISM_ITEMS: dict[str, Callable[[_Subnet], Any]] = {
-    "LastUpdate": lambda s: s.column("last_update"),
-    "Incentive": lambda s: s.column("incentive"),
-}
 
 
 class DevChain:
@@ -353,7 +149,7 @@ class DevChain:
         self._block_time_s = float(block_time_s)
         self._extra_blocks = 0
         self._block = start_block
-        self._subnets: dict[int, _Subnet] = {}
+        self._subnets: dict[int, Subnet] = {}
         self._default_netuid: int | None = None
         self._pool_rejections: deque[int] = deque()
         self._submissions: deque[Submission] = deque(maxlen=SUBMISSION_HISTORY)
@@ -390,13 +186,13 @@ class DevChain:
 
             owner_hotkey = owner_hotkey or Keypair.create_from_uri(DEV_OWNER_HOTKEY_URI).ss58_address
             owner_coldkey = owner_coldkey or Keypair.create_from_uri(DEV_OWNER_COLDKEY_URI).ss58_address
-        stake_rao = _rao(owner_stake_tao)
+        stake_rao = rao(owner_stake_tao)
         with self._changing():
             if netuid in self._subnets:
                 raise ValueError(f"subnet {netuid} already exists")
             head = self._catch_up()
-            subnet = _Subnet(netuid=netuid, params=params, registered_at=head, last_epoch_block=head)
-            subnet.neurons.append(_Neuron(owner_hotkey, owner_coldkey, stake_rao, registered_at=head, last_update=head))
+            subnet = Subnet(netuid=netuid, params=params, registered_at=head, last_epoch_block=head)
+            subnet.neurons.append(Neuron(owner_hotkey, owner_coldkey, stake_rao, registered_at=head, last_update=head))
             subnet.uids[owner_hotkey] = 0
             subnet.refresh_permits()
             self._subnets[netuid] = subnet
@@ -409,7 +205,7 @@ class DevChain:
     ) -> int:
         """Register a hotkey at the head block and return its uid; an already registered hotkey
         returns its uid unchanged. The coldkey defaults to the hotkey itself (a dev shortcut)."""
-        stake_rao = _rao(stake_tao)
+        stake_rao = rao(stake_tao)
         with self._changing():
             subnet = self._subnet(netuid)
             if hotkey_ss58 in subnet.uids:
@@ -421,7 +217,7 @@ class DevChain:
             head = self._catch_up()
             uid = len(subnet.neurons)
             coldkey = coldkey_ss58 or hotkey_ss58
-            subnet.neurons.append(_Neuron(hotkey_ss58, coldkey, stake_rao, registered_at=head, last_update=head))
+            subnet.neurons.append(Neuron(hotkey_ss58, coldkey, stake_rao, registered_at=head, last_update=head))
             subnet.uids[hotkey_ss58] = uid
             subnet.refresh_permits()
             self._dirty = True
@@ -429,7 +225,7 @@ class DevChain:
 
     def set_stake(self, hotkey_ss58: str, stake_tao: float, *, netuid: int | None = None) -> None:
         """Set a registered hotkey's stake; permits are recomputed at once."""
-        stake_rao = _rao(stake_tao)
+        stake_rao = rao(stake_tao)
         with self._changing():
             subnet = self._subnet(netuid)
             self._catch_up()
@@ -519,7 +315,7 @@ class DevChain:
             if target is None:
                 raise ValueError("no path given and the chain has no state_path")
             self._catch_up()
-            _write_atomically(target, self._state())
+            write_atomically(target, self._document())
             if target == self._state_path:
                 self._dirty = False
             return target
@@ -527,60 +323,35 @@ class DevChain:
     @classmethod
     def load(cls, path: PathLike, *, clock: Callable[[], float] = time.monotonic) -> DevChain:
         """Restore a saved chain; its head continues from the saved block, and it keeps saving to `path`."""
-        data = json.loads(Path(path).read_text())
-        if data.get("format") != STATE_FORMAT:
-            raise ValueError(f"{path} is not a {STATE_FORMAT} state file (format {data.get('format')!r})")
+        state = load_state(path)
         chain = cls(
             netuid=None,
-            start_block=int(data["block"]),
-            block_time_s=float(data["block_time_s"]),
+            start_block=state.block,
+            block_time_s=state.block_time_s,
             clock=clock,
             state_path=path,
         )
-        for record in data["subnets"]:
-            subnet = _Subnet(
-                netuid=int(record["netuid"]),
-                params=SubnetParams(**record["params"]),
-                registered_at=int(record["registered_at"]),
-                last_epoch_block=int(record["last_epoch_block"]),
-                epoch_index=int(record["epoch_index"]),
-                neurons=[_Neuron(**neuron) for neuron in record["neurons"]],
-                weights={int(uid): [(int(j), int(w)) for j, w in row] for uid, row in record["weights"].items()},
-                commits={commit["hotkey"]: _Commit(**commit) for commit in record["commits"]},
-            )
-            subnet.uids = {neuron.hotkey: uid for uid, neuron in enumerate(subnet.neurons)}
-            chain._subnets[subnet.netuid] = subnet
-        chain._default_netuid = data["default_netuid"]
-        chain._epochs_run = int(data["epochs_run"])
-        chain._nonces = {address: int(nonce) for address, nonce in data["nonces"].items()}
-        chain._submissions.extend(Submission(**submission) for submission in data["submissions"])
-        chain._pool_rejections.extend(int(code) for code in data["pool_rejections"])
+        chain._subnets = state.subnets
+        chain._default_netuid = state.default_netuid
+        chain._epochs_run = state.epochs_run
+        chain._nonces = state.nonces
+        chain._submissions.extend(state.submissions)
+        chain._pool_rejections.extend(state.pool_rejections)
         return chain
 
-    def _state(self) -> dict:
-        return {
-            "format": STATE_FORMAT,
-            "block": self._block,
-            "block_time_s": self._block_time_s,
-            "default_netuid": self._default_netuid,
-            "epochs_run": self._epochs_run,
-            "nonces": dict(self._nonces),
-            "submissions": [dataclasses.asdict(submission) for submission in self._submissions],
-            "pool_rejections": list(self._pool_rejections),
-            "subnets": [
-                {
-                    "netuid": subnet.netuid,
-                    "params": dataclasses.asdict(subnet.params),
-                    "registered_at": subnet.registered_at,
-                    "last_epoch_block": subnet.last_epoch_block,
-                    "epoch_index": subnet.epoch_index,
-                    "neurons": [dataclasses.asdict(neuron) for neuron in subnet.neurons],
-                    "weights": {str(uid): [list(entry) for entry in row] for uid, row in subnet.weights.items()},
-                    "commits": [dataclasses.asdict(commit) for commit in subnet.commits.values()],
-                }
-                for subnet in self._subnets.values()
-            ],
-        }
+    def _document(self) -> dict:
+        return to_document(
+            ChainState(
+                block=self._block,
+                block_time_s=self._block_time_s,
+                default_netuid=self._default_netuid,
+                epochs_run=self._epochs_run,
+                nonces=self._nonces,
+                submissions=list(self._submissions),
+                pool_rejections=list(self._pool_rejections),
+                subnets=self._subnets,
+            )
+        )
 
     # Substrate protocol: display metadata and lifecycle --------------------------------
 
@@ -655,8 +426,8 @@ class DevChain:
         block_hash: str | None = None,
     ) -> list[tuple[Any, Any]]:
         with self._changing():
-            self._catch_up()
-            return self._storage_map(module, storage_function, list(params or []))
+            head = self._catch_up()
+            return devchain_storage.storage_map(self._subnets, module, storage_function, list(params or []), head)
 
     async def query_batch(
         self,
@@ -668,14 +439,7 @@ class DevChain:
         return [await self.query(module, storage_function, params, block_hash) for params in param_sets]
 
     async def runtime_call(self, api: str, method: str, params: list, block_hash: str | None = None) -> Any:
-        builders: dict[tuple[str, str], Callable[[_Subnet, int], Any]] = {
-            ("SubnetInfoRuntimeApi", "get_metagraph"): self._metagraph,
-            ("SubnetInfoRuntimeApi", "get_subnet_hyperparams_v3"): _hyperparameters,
-            ("SubnetInfoRuntimeApi", "get_next_epoch_start_block"): lambda s, head: s.last_epoch_block + s.params.tempo,
-            ("NeuronInfoRuntimeApi", "get_neurons_lite"): lambda s, head: _neuron_records(s, full=False),
-            ("NeuronInfoRuntimeApi", "get_neurons"): lambda s, head: _neuron_records(s, full=True),
-        }
-        build = builders.get((api, method))
+        build = devchain_storage.RUNTIME_CALLS.get((api, method))
         if build is None:
             raise _chain_error(f"the dev chain does not implement the runtime API {api}.{method}")
         with self._changing():
@@ -798,7 +562,7 @@ class DevChain:
                 self._dirty = True
                 return ExtrinsicResult(success=False, message=error.message, error=error)
             block = self._seal_next_block()
-            error_name = self._dispatch(block, signer, function, params)
+            error_name = devchain_pallet.dispatch(self._subnets, block, signer, function, params)
             self._nonces[signer] = self._nonces.get(signer, 0) + 1
             self._submissions.append(
                 Submission(block, netuid, signer, f"{module}.{function}", error_name is None, error_name)
@@ -819,7 +583,7 @@ class DevChain:
                 extrinsic_id=extrinsic_id,
                 fee=Balance.from_rao(0),
             )
-        error = _dispatch_error(error_name)
+        error = devchain_pallet.dispatch_error(error_name)
         return ExtrinsicResult(
             success=False, message=error.message, block_hash=_hash_of(block), extrinsic_id=extrinsic_id, error=error
         )
@@ -858,17 +622,17 @@ class DevChain:
         with self._lock:
             yield
             if self._dirty and self._state_path is not None:
-                _write_atomically(self._state_path, self._state())
+                write_atomically(self._state_path, self._document())
             self._dirty = False
 
-    def _subnet(self, netuid: int | None) -> _Subnet:
+    def _subnet(self, netuid: int | None) -> Subnet:
         key = self._default_netuid if netuid is None else netuid
         if key not in self._subnets:
             raise KeyError(f"the dev chain has no subnet {key}")
         return self._subnets[key]
 
     @staticmethod
-    def _uid(subnet: _Subnet, hotkey: str) -> int:
+    def _uid(subnet: Subnet, hotkey: str) -> int:
         if hotkey not in subnet.uids:
             raise KeyError(f"{hotkey} is not registered on subnet {subnet.netuid}")
         return subnet.uids[hotkey]
@@ -903,33 +667,8 @@ class DevChain:
                 self._run_epoch(self._subnets[netuid], block)
         self._block = max(self._block, target)
 
-    def _run_epoch(self, subnet: _Subnet, block: int) -> None:
-        params = subnet.params
-        result = yuma.run_epoch(
-            {uid: dict(row) for uid, row in subnet.weights.items()},
-            subnet.column("stake_rao"),
-            validator_permits=subnet.column("permit"),
-            last_update=subnet.column("last_update"),
-            block_at_registration=subnet.column("registered_at"),
-            current_block=block,
-            activity_cutoff=params.activity_cutoff,
-            kappa=params.kappa / U16_MAX,
-            owner_uid=0,
-            bonds_penalty=params.bonds_penalty / U16_MAX,
-            max_validators=params.max_validators,
-        )
-        epoch_emission_rao = round(params.alpha_per_block * RAO_PER_TAO) * (block - subnet.last_epoch_block)
-        for uid, neuron in enumerate(subnet.neurons):
-            neuron.active = result.active[uid]
-            neuron.consensus = yuma.to_u16(result.consensus[uid])
-            neuron.incentive = yuma.to_u16(result.incentive[uid])
-            neuron.dividends = yuma.to_u16(result.dividends[uid])
-            neuron.trust = yuma.to_u16(result.trust[uid])
-            neuron.validator_trust = yuma.to_u16(result.validator_trust[uid])
-            neuron.emission_rao = round(result.emission[uid] * epoch_emission_rao)
-            neuron.permit = result.validator_permits[uid]
-        subnet.last_epoch_block = block
-        subnet.epoch_index += 1
+    def _run_epoch(self, subnet: Subnet, block: int) -> None:
+        result = devchain_pallet.run_epoch(subnet, block)
         self._epochs_run += 1
         self._dirty = True
         log.info(
@@ -940,261 +679,10 @@ class DevChain:
             {uid: round(i, 4) for uid, i in enumerate(result.incentive) if i},
         )
 
-    def _dispatch(self, block: int, signer: str, function: str, params: dict) -> str | None:
-        """Apply one of the SUPPORTED_CALLS at `block`; the chain's error name when it fails, else None.
-        The calls without a `mecid` are the mechanism-0 forms of the ones with it."""
-        netuid = int(params["netuid"])
-        mecid = int(params.get("mecid", 0))
-        if function in ("set_mechanism_weights", "set_weights"):
-            return self._set_weights(
-                block, signer, netuid, mecid, list(params["dests"]), list(params["weights"]), int(params["version_key"])
-            )
-        return self._commit_weights(block, signer, netuid, mecid, params["commit"], int(params["reveal_round"]))
-
-    def _registered_neuron(self, signer: str, netuid: int, mecid: int) -> tuple[_Subnet, int] | str:
-        """(the subnet, the signer's uid), or the chain's error name."""
-        subnet = self._subnets.get(netuid)
-        if subnet is None:
-            return "SubnetNotExists"
-        if mecid != 0:
-            return "MechanismDoesNotExist"
-        if signer not in subnet.uids:
-            return "HotKeyNotRegisteredInSubNet"
-        return subnet, subnet.uids[signer]
-
-    @staticmethod
-    def _rate_limited(subnet: _Subnet, uid: int, block: int) -> bool:
-        last = subnet.neurons[uid].last_update
-        return last != 0 and block - last < subnet.params.weights_rate_limit
-
-    def _set_weights(
-        self, block: int, signer: str, netuid: int, mecid: int, dests: list, values: list, version_key: int
-    ) -> str | None:
-        if len(dests) != len(values):
-            return "WeightVecNotEqualSize"
-        registered = self._registered_neuron(signer, netuid, mecid)
-        if isinstance(registered, str):
-            return registered
-        subnet, uid = registered
-        params = subnet.params
-        n = len(subnet.neurons)
-        dests = [int(d) for d in dests]
-        is_self_weight = dests == [uid]
-        checks = (
-            (params.commit_reveal, "CommitRevealEnabled"),
-            (version_key < params.weights_version, "IncorrectWeightVersionKey"),
-            (self._rate_limited(subnet, uid, block), "SettingWeightsTooFast"),
-            (len(set(dests)) != len(dests), "DuplicateUids"),
-            (len(dests) > n, "UidsLengthExceedUidsInSubNet"),
-            (any(not 0 <= d < n for d in dests), "UidVecContainInvalidOne"),
-            (not is_self_weight and len(dests) < params.min_allowed_weights, "WeightVecLengthIsLow"),
-            (not is_self_weight and not subnet.neurons[uid].permit, "NeuronNoValidatorPermit"),
-        )
-        for failed, name in checks:
-            if failed:
-                return name
-        values = [int(v) for v in values]
-        top = max(values, default=0)
-        subnet.weights[uid] = [(d, round(v * U16_MAX / top) if top else 0) for d, v in zip(dests, values)]
-        subnet.neurons[uid].last_update = block
-        return None
-
-    def _commit_weights(
-        self, block: int, signer: str, netuid: int, mecid: int, commit: Any, reveal_round: int
-    ) -> str | None:
-        registered = self._registered_neuron(signer, netuid, mecid)
-        if isinstance(registered, str):
-            return registered
-        subnet, uid = registered
-        if not subnet.params.commit_reveal:
-            return "CommitRevealDisabled"
-        if self._rate_limited(subnet, uid, block):
-            return "CommittingWeightsTooFast"
-        ciphertext = commit if isinstance(commit, str) else "0x" + bytes(commit).hex()
-        subnet.commits[signer] = _Commit(signer, subnet.epoch_index, block, reveal_round, ciphertext)
-        subnet.neurons[uid].last_update = block
-        return None
-
     def _storage(self, module: str, item: str, params: list, head: int, at_block: int) -> Any:
         if (module, item) == ("Timestamp", "Now"):
             return round((self._wall_origin_s + (at_block - self._origin_block) * self._block_time_s) * 1000)
-        if module != PALLET:
-            log.debug("dev chain has no storage %s.%s", module, item)
-            return None
-        if item in _SUBNET_ITEMS and params:
-            subnet = self._subnets.get(int(params[0]))
-            return None if subnet is None else _SUBNET_ITEMS[item](subnet, head)
-        if item in _MECHANISM_ITEMS and params:
-            subnet = self._mechanism_subnet(int(params[0]))
-            return None if subnet is None else _MECHANISM_ITEMS[item](subnet)
-        if item in ("Uids", "Keys", "BlockAtRegistration"):
-            subnet = self._subnets.get(int(params[0]))
-            if subnet is None:
-                return None
-            if item == "Uids":
-                return subnet.uids.get(params[1])
-            uid = int(params[1])
-            if not 0 <= uid < len(subnet.neurons):
-                return None
-            return subnet.neurons[uid].hotkey if item == "Keys" else subnet.neurons[uid].registered_at
-        if item in ("Weights", "Bonds"):
-            subnet = self._mechanism_subnet(int(params[0]))
-            if subnet is None or item == "Bonds":
-                return []
-            return list(subnet.weights.get(int(params[1]), []))
-        if item == "Owner":
-            return next(
-                (s.neurons[s.uids[params[0]]].coldkey for s in self._subnets.values() if params[0] in s.uids), None
-            )
-        if item == "IsNetworkMember":
-            subnet = self._subnets.get(int(params[1]))
-            return subnet is not None and params[0] in subnet.uids
-        if item == "TotalNetworks":
-            return len(self._subnets)
-        log.debug("dev chain has no storage %s.%s", module, item)
-        return None
-
-    def _storage_map(self, module: str, item: str, params: list) -> list[tuple[Any, Any]]:
-        if module == PALLET and not params and item in _SUBNET_ITEMS:
-            return [
-                (netuid, _SUBNET_ITEMS[item](subnet, self._block)) for netuid, subnet in sorted(self._subnets.items())
-            ]
-        if module == PALLET and item in ("Uids", "Keys") and params:
-            subnet = self._subnets.get(int(params[0]))
-            pairs = [] if subnet is None else sorted(subnet.uids.items(), key=lambda pair: pair[1])
-            return pairs if item == "Uids" else [(uid, hotkey) for hotkey, uid in pairs]
-        if module == PALLET and item in ("Weights", "Bonds", "TimelockedWeightCommits") and params:
-            subnet = self._mechanism_subnet(int(params[0]))
-            if subnet is None or item == "Bonds":
-                return []
-            if item == "Weights":
-                return [(uid, list(row)) for uid, row in sorted(subnet.weights.items())]
-            by_epoch: dict[int, list] = {}
-            for commit in subnet.commits.values():
-                entry = (commit.hotkey, commit.block, commit.ciphertext, commit.reveal_round)
-                by_epoch.setdefault(commit.epoch, []).append(entry)
-            return sorted(by_epoch.items())
-        if module == PALLET and item == "IsNetworkMember" and params:
-            return [(netuid, True) for netuid, subnet in sorted(self._subnets.items()) if params[0] in subnet.uids]
-        log.debug("dev chain has no storage map %s.%s %s", module, item, params)
-        return []
-
-    def _mechanism_subnet(self, storage_index: int) -> _Subnet | None:
-        # Mechanisms other than 0 do not exist on the dev chain.
-        return self._subnets.get(storage_index) if storage_index < MECHANISM_STRIDE else None
-
-    def _metagraph(self, subnet: _Subnet, head: int) -> dict:
-        """The decoded `SubnetInfoRuntimeApi.get_metagraph` record, in the shape the SDK's metagraph reads."""
-        params = subnet.params
-        n = len(subnet.neurons)
-        stake = subnet.column("stake_rao")
-        # Spot price 1: equal reserves, and a moving price of 1.0 as I96F32 bits.
-        reserve_rao = 1_000 * RAO_PER_TAO
-        return {
-            "netuid": subnet.netuid,
-            "name": list(params.name.encode()),
-            "symbol": list(params.symbol.encode()),
-            "identity": None,
-            "network_registered_at": subnet.registered_at,
-            "owner_hotkey": subnet.owner.hotkey,
-            "owner_coldkey": subnet.owner.coldkey,
-            "block": head,
-            "tempo": params.tempo,
-            "last_step": subnet.last_epoch_block,
-            "blocks_since_last_step": head - subnet.last_epoch_block,
-            "tao_in": reserve_rao,
-            "alpha_in": reserve_rao,
-            "moving_price": {"bits": 2**32},
-            "num_uids": n,
-            "max_uids": params.max_uids,
-            "activity_cutoff": params.activity_cutoff,
-            "weights_rate_limit": params.weights_rate_limit,
-            "max_weights_limit": params.max_weights_limit,
-            "min_allowed_weights": params.min_allowed_weights,
-            "commit_reveal_weights_enabled": params.commit_reveal,
-            "kappa": params.kappa,
-            "weights_version": params.weights_version,
-            "hotkeys": subnet.column("hotkey"),
-            "coldkeys": subnet.column("coldkey"),
-            "identities": [None] * n,
-            "axons": [{"ip": 0, "port": 0, "ip_type": 4, "protocol": 4, "version": 0}] * n,
-            "active": subnet.column("active"),
-            "validator_permit": subnet.column("permit"),
-            "last_update": subnet.column("last_update"),
-            "block_at_registration": subnet.column("registered_at"),
-            "rank": subnet.column("incentive"),
-            "trust": subnet.column("trust"),
-            "consensus": subnet.column("consensus"),
-            "incentives": subnet.column("incentive"),
-            "dividends": subnet.column("dividends"),
-            "validator_trust": subnet.column("validator_trust"),
-            "pruning_score": [0] * n,
-            "emission": subnet.column("emission_rao"),
-            "alpha_stake": stake,
-            "tao_stake": [0] * n,
-            "total_stake": stake,
-        }
-
-
-def _hyperparameters(subnet: _Subnet, head: int) -> list[dict]:
-    """The decoded `get_subnet_hyperparams_v3` record: `{name, value: {TypeTag: payload}}` entries."""
-    params = subnet.params
-    entries = (
-        ("tempo", "U16", params.tempo),
-        ("weights_rate_limit", "U64", params.weights_rate_limit),
-        ("activity_cutoff", "U64", params.activity_cutoff),
-        ("activity_cutoff_factor", "U32", params.activity_cutoff_factor_milli),
-        ("min_allowed_weights", "U16", params.min_allowed_weights),
-        ("max_weights_limit", "U16", params.max_weights_limit),
-        ("kappa", "U16", params.kappa),
-        ("bonds_penalty", "U16", params.bonds_penalty),
-        ("max_validators", "U16", params.max_validators),
-        ("max_allowed_uids", "U16", params.max_uids),
-        ("weights_version", "U64", params.weights_version),
-        ("commit_reveal_weights_enabled", "Bool", params.commit_reveal),
-        ("commit_reveal_period", "U64", 1),
-        ("liquid_alpha_enabled", "Bool", False),
-        ("yuma3_enabled", "Bool", False),
-        ("epoch_consensus", "U8", 0),
-        ("registration_allowed", "Bool", True),
-        ("subnet_is_active", "Bool", True),
-    )
-    return [{"name": name, "value": {tag: value}} for name, tag, value in entries]
-
-
-def _neuron_records(subnet: _Subnet, *, full: bool) -> list[dict]:
-    """Decoded `NeuronInfoRuntimeApi.get_neurons(_lite)` records."""
-    records = []
-    for uid, neuron in enumerate(subnet.neurons):
-        record = {
-            "uid": uid,
-            "netuid": subnet.netuid,
-            "hotkey": neuron.hotkey,
-            "coldkey": neuron.coldkey,
-            "active": neuron.active,
-            "validator_permit": neuron.permit,
-            "last_update": neuron.last_update,
-            "stake": [(neuron.coldkey, neuron.stake_rao)],
-            "rank": neuron.incentive,
-            "trust": neuron.trust,
-            "consensus": neuron.consensus,
-            "incentive": neuron.incentive,
-            "dividends": neuron.dividends,
-            "validator_trust": neuron.validator_trust,
-            "emission": neuron.emission_rao,
-            "pruning_score": 0,
-        }
-        if full:
-            record["weights"] = list(subnet.weights.get(uid, []))
-            record["bonds"] = []
-        records.append(record)
-    return records
-
-
-def _rao(tao: float) -> int:
-    if tao < 0:
-        raise ValueError(f"stake must be >= 0, got {tao!r}")
-    return round(tao * RAO_PER_TAO)
+        return devchain_storage.storage(self._subnets, module, item, params, head)
 
 
 def _hash_of(block: int) -> str:
@@ -1221,38 +709,3 @@ def _chain_error(message: str) -> ChainError:
 
 def _unsupported(what: str) -> ChainError:
     return _chain_error(f"the dev chain does not support {what}")
-
-
-@functools.cache
-def _dispatch_error_index(name: str) -> tuple[int, int]:
-    from bittensor._generated.errors import ERRORS
-
-    for index, info in ERRORS.items():
-        if info.pallet == PALLET and info.name == name:
-            return index
-    raise KeyError(f"{PALLET} has no error named {name}")
-
-
-def _dispatch_error(name: str) -> ChainError:
-    """The ChainError the SDK builds for a failed dispatch of the pallet error `name`: the same
-    message, name and ErrorCode (e.g. NeuronNoValidatorPermit -> not_authorized) as on a node."""
-    from bittensor.result import chain_error_from_dispatch
-
-    pallet_index, error_index = _dispatch_error_index(name)
-    return chain_error_from_dispatch({"Module": {"index": pallet_index, "error": error_index}})
-
-
-def _write_atomically(path: Path, state: dict) -> None:
-    """Write `state` as JSON so a reader sees the old file or the new one, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(state, handle, ensure_ascii=False, separators=(",", ":"))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise

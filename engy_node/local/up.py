@@ -53,7 +53,8 @@ from engy_node.gateway.role import GatewayUrls, run_gateway, store_path
 from engy_node.gateway.store import Store
 from engy_node.hardware.monitor import run_gpu_monitor
 from engy_node.hub import Hub
-from engy_node.local.devchain import DevChain, SubnetParams
+from engy_node.local.devchain import DevChain
+from engy_node.local.devchain_state import SubnetParams
 from engy_node.miner.role import run_miner
 from engy_node.models import DEFAULT_LOCAL_MODEL
 from engy_node.validator.role import run_validator

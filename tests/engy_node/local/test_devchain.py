@@ -21,7 +21,8 @@ from bittensor._substrate import Substrate
 from bittensor.settings import DEFAULT_ERA_PERIOD
 
 from engy_node.local import devchain
-from engy_node.local.devchain import DevChain, SubnetParams
+from engy_node.local.devchain import DevChain
+from engy_node.local.devchain_state import SubnetParams
 
 NETUID = 53
 START = 1000

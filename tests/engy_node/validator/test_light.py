@@ -26,7 +26,8 @@ from starlette.routing import Route
 from engy_node import keys
 from engy_node.asgi import start_listener
 from engy_node.hub import Hub
-from engy_node.local.devchain import DevChain, SubnetParams
+from engy_node.local.devchain import DevChain
+from engy_node.local.devchain_state import SubnetParams
 from engy_node.protocol.epoch import build_result_json, encode_payload, sign_epoch
 from engy_node.validator.chain import ChainClient
 from engy_node.validator.light import EPOCH_PATH, HEARTBEAT_PATH, LightSettings, LightValidator, Watchdog
