@@ -1,7 +1,8 @@
 """Live node state that the TUI, the control API and `engy-node diagnose` read.
 
 The hub holds three things: a bounded ring of log records and events, the latest state of each
-component (a plain dict per component, replaced whole), and the metrics registry. Producers run
+component (JSON-ready, merged field by field; each component's fields are those its snapshot type
+in `snapshots.py` declares), and the metrics registry. Producers run
 on trio tasks and on worker threads (the model engine, NVML polling), so every method is
 thread-safe and none blocks for long.
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from engy_node.metrics import Registry
+from engy_node.snapshots import STATE_SCHEMA, SchemaError, state_type, wire_keys
 
 LOGGER_ROOT = "engy"
 LOG_FILE_BYTES = 10 * 1024 * 1024
@@ -81,7 +83,18 @@ class Hub:
         return EventBatch(events, next_seq, missed)
 
     def set_state(self, component: str, **values: Any) -> None:
-        """Replace what `component` reports about itself (merged over its previous state)."""
+        """Replace what `component` reports about itself (merged over its previous state). Each
+        field must be one that `component`'s snapshot type declares (`engy_node.snapshots`): a
+        renamed or new field fails here, where it is written, not in a dashboard that reads it."""
+        kind = state_type(component)
+        if kind is None:
+            raise SchemaError(f"hub component {component!r} has no snapshot type: declare one in engy_node.snapshots")
+        undeclared = sorted(set(values) - wire_keys(kind))
+        if undeclared:
+            raise SchemaError(
+                f"hub component {component!r}: {', '.join(undeclared)} not declared by {kind.__name__} "
+                "(engy_node.snapshots); add the field there"
+            )
         with self._lock:
             merged = dict(self._states.get(component, {}))
             merged.update(values)
@@ -95,7 +108,12 @@ class Hub:
         """Everything a dashboard frame needs, as plain JSON-ready data."""
         with self._lock:
             last_seq = self._next_seq - 1
-        return {"states": self.states(), "metrics": self.registry.snapshot(), "last_seq": last_seq}
+        return {
+            "schema": STATE_SCHEMA,
+            "states": self.states(),
+            "metrics": self.registry.snapshot(),
+            "last_seq": last_seq,
+        }
 
 
 class HubHandler(logging.Handler):

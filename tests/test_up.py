@@ -22,6 +22,7 @@ import psutil
 from engy_node.gateway.api.chat import Usage
 from engy_node.gateway.billing import billing
 from engy_node.models import SMOLLM2_135M
+from engy_node.snapshots import STATE_SCHEMA, decode_states
 from tests.sdk_usage import anthropic_usage, openai_usage
 from tests.waiting import ProcessOutput
 
@@ -144,6 +145,10 @@ def test_up_runs_the_whole_network_until_weights_land_then_restarts_with_its_sta
         epoch_index = int(landed.group(1))
         first.output.wait_for(INCENTIVE_LINE, timeout_s=120, what="a dev chain epoch paying both miners")
         status = first.status()
+        assert status["schema"] == STATE_SCHEMA
+        # Strict: every component and field the whole network published is one its type declares.
+        states = decode_states(status["states"], strict=True)
+        assert states.miner_names() == ["miner-1", "miner-2"] and states.verifier is not None
         chain = status["states"]["chain"]
         uids = {neuron["hotkey"]: neuron for neuron in chain["neurons"]}
         miners = [network["hotkeys"][name] for name in ("miner-1", "miner-2")]

@@ -29,12 +29,11 @@ so the colour of a cell and the warning under the table never disagree.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import pynvml
 import trio
@@ -49,6 +48,7 @@ from engy_node.hardware.gpu import (
     detect,
 )
 from engy_node.hub import Hub
+from engy_node.snapshots import Finding, GpuSample
 
 __all__ = [
     "FALLBACK_SLOWDOWN_C",
@@ -56,8 +56,6 @@ __all__ = [
     "NEAR_SLOWDOWN_C",
     "THROTTLE_LABELS",
     "WARM_FRACTION",
-    "Finding",
-    "GpuSample",
     "MonitorApi",
     "MonitorPynvml",
     "TemperatureBand",
@@ -74,7 +72,6 @@ log = logging.getLogger("engy.gpus")
 STATE_COMPONENT = "gpus"
 
 TemperatureBand = Literal["cool", "warm", "hot", "limit"]
-Level = Literal["warning", "error"]
 
 WARM_FRACTION = 0.75
 """Below this fraction of the slowdown temperature a GPU is "cool". With the usual 87-90 °C
@@ -152,66 +149,6 @@ def monitor_api(fake_gpus: str = "") -> MonitorApi:
     from engy_node.hardware.fake_nvml import FakeNvml  # only fake GPUs load the fakes
 
     return FakeNvml.from_spec(fake_gpus)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GpuSample:
-    """One GPU at one moment. Every reading may be None: NVML had none (see the module docstring)."""
-
-    index: int
-    """NVML index (PCI bus order)."""
-    name: str | None = None
-    temperature_c: int | None = None
-    temperature_slowdown_c: int | None = None
-    """Where the GPU starts cutting clocks to cool down."""
-    temperature_shutdown_c: int | None = None
-    fan_percent: int | None = None
-    """The speed the driver asks for, not a measurement: a blocked fan still reads its target."""
-    power_draw_w: float | None = None
-    power_limit_w: float | None = None
-    """The enforced limit."""
-    memory_used_bytes: int | None = None
-    memory_total_bytes: int | None = None
-    gpu_util_percent: int | None = None
-    memory_util_percent: int | None = None
-    sm_clock_mhz: int | None = None
-    sm_clock_max_mhz: int | None = None
-    mem_clock_mhz: int | None = None
-    mem_clock_max_mhz: int | None = None
-    pcie_gen: int | None = None
-    pcie_width: int | None = None
-    pcie_gen_max: int | None = None
-    pcie_width_max: int | None = None
-    clock_event_reasons: tuple[str, ...] | None = None
-    """Why clocks are below max right now (`gpu_idle`, `sw_power_cap`, `hw_thermal`, ...)."""
-    errors: tuple[str, ...] = ()
-    """Readings NVML failed on for a reason other than "not supported", e.g.
-    `"fan speed (Unknown Error)"`."""
-    lost: bool = False
-    """NVML said the GPU is lost: it stopped answering (fell off the bus)."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready: tuples become lists."""
-        return {
-            field.name: list(value) if isinstance(value, tuple) else value
-            for field in dataclasses.fields(self)
-            for value in (getattr(self, field.name),)
-        }
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Finding:
-    """One thing a miner should act on, with the fix in `text`."""
-
-    gpu: int
-    kind: str
-    """Short code, stable for tests and for the TUI to mark the cell it is about: `pcie`,
-    `throttling`, `temperature`, `fan`, `lost`, `read_errors`."""
-    level: Level
-    text: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 T = TypeVar("T")

@@ -140,12 +140,12 @@ async def test_unknown_paths_and_methods_answer_json(node):
 
 # ---- status ----------------------------------------------------------------------------------
 async def test_status_has_the_node_info_and_the_hub_snapshot(node):
-    node.hub.set_state("miner", state="ready", gpus=2, checkpoint=node.data_dir)
+    node.hub.set_state("miner", model="smollm2-135m", max_inflight=2, plan=str(node.data_dir))
     node.hub.registry.gauge("engy_test_inflight", "requests in flight").set(3)
     node.hub.emit("info", "miner", "hello")
     body = (await node.client.get("/v1/status")).json()
     assert body["node"] == NODE_INFO
-    assert body["states"]["miner"] == {"state": "ready", "gpus": 2, "checkpoint": str(node.data_dir)}
+    assert body["states"]["miner"] == {"model": "smollm2-135m", "max_inflight": 2, "plan": str(node.data_dir)}
     assert body["states"]["control"] == {"url": node.endpoint.url, "token_file": str(token_path(node.data_dir))}
     assert body["metrics"]["engy_test_inflight"]["children"][0]["value"] == 3
     assert body["last_seq"] == node.hub.snapshot()["last_seq"] >= 0

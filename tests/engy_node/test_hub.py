@@ -11,6 +11,7 @@ import pytest
 
 from engy_node.hub import Event, EventBatch, Hub, HubHandler, install_logging
 from engy_node.metrics import Registry
+from engy_node.snapshots import STATE_SCHEMA, SchemaError
 
 
 def emit_n(hub: Hub, count: int, *, start: int = 0) -> None:
@@ -130,30 +131,43 @@ def test_a_reader_ahead_of_the_producer_is_brought_back_to_the_producers_next_se
 
 def test_set_state_merges_new_values_over_the_components_previous_state():
     hub = Hub()
-    hub.set_state("serve", status="loading", model="smollm2-135m")
-    hub.set_state("serve", status="ready", port=30000)
-    hub.set_state("miner", status="idle")
+    hub.set_state("serve", state="loading", model="smollm2-135m")
+    hub.set_state("serve", state="ready", url="http://127.0.0.1:30000")
+    hub.set_state("miner", inflight=0)
     assert hub.states() == {
-        "serve": {"status": "ready", "model": "smollm2-135m", "port": 30000},
-        "miner": {"status": "idle"},
+        "serve": {"state": "ready", "model": "smollm2-135m", "url": "http://127.0.0.1:30000"},
+        "miner": {"inflight": 0},
     }
+
+
+def test_set_state_refuses_a_field_or_component_no_snapshot_type_declares():
+    hub = Hub()
+    with pytest.raises(SchemaError, match=r"'miner': gpus, status not declared by MinerState"):
+        hub.set_state("miner", status="idle", gpus=2, inflight=0)
+    with pytest.raises(SchemaError, match="'minr' has no snapshot type"):
+        hub.set_state("minr", inflight=0)
+    assert hub.states() == {}, "a refused state changes nothing"
+    hub.set_state("miner-2", inflight=1)
+    hub.set_state("model_server.miner-2", state="ready")
+    hub.set_state("verifier", verdicts={"pass": 1, "cheat": 0, "unproven": 0})
+    assert set(hub.states()) == {"miner-2", "model_server.miner-2", "verifier"}
 
 
 def test_states_returns_copies_that_callers_cannot_use_to_change_the_hub():
     hub = Hub()
-    hub.set_state("serve", status="ready")
+    hub.set_state("serve", state="ready")
     copy = hub.states()
-    copy["serve"]["status"] = "tampered"
+    copy["serve"]["state"] = "tampered"
     copy["intruder"] = {}
-    assert hub.states() == {"serve": {"status": "ready"}}
+    assert hub.states() == {"serve": {"state": "ready"}}
 
 
 def test_a_state_read_earlier_does_not_change_when_the_component_updates():
     hub = Hub()
-    hub.set_state("serve", status="loading")
+    hub.set_state("serve", state="loading")
     before = hub.states()
-    hub.set_state("serve", status="ready")
-    assert before == {"serve": {"status": "loading"}}
+    hub.set_state("serve", state="ready")
+    assert before == {"serve": {"state": "loading"}}
 
 
 def test_a_snapshot_holds_states_metrics_and_the_last_seq():
@@ -161,19 +175,20 @@ def test_a_snapshot_holds_states_metrics_and_the_last_seq():
     hub = Hub(registry=registry)
     assert hub.registry is registry
     empty = hub.snapshot()
-    assert set(empty) == {"states", "metrics", "last_seq"}
+    assert set(empty) == {"schema", "states", "metrics", "last_seq"}
+    assert empty["schema"] == STATE_SCHEMA
     assert empty["last_seq"] == -1
     assert empty["states"] == {}
     assert empty["metrics"] == registry.snapshot()
 
-    hub.set_state("serve", status="ready")
+    hub.set_state("serve", state="ready")
     emit_n(hub, 3)
     snap = hub.snapshot()
     assert snap["last_seq"] == 2
-    assert snap["states"] == {"serve": {"status": "ready"}}
+    assert snap["states"] == {"serve": {"state": "ready"}}
     json.dumps(snap)  # plain JSON-ready data
-    snap["states"]["serve"]["status"] = "changed"
-    assert hub.states()["serve"]["status"] == "ready"
+    snap["states"]["serve"]["state"] = "changed"
+    assert hub.states()["serve"]["state"] == "ready"
 
 
 def test_a_hub_without_a_registry_makes_its_own():
@@ -335,7 +350,7 @@ def test_concurrent_producers_get_unique_consecutive_seqs_and_lose_nothing():
         for i in range(per_thread):
             returned[index].append(hub.emit("info", f"thread{index}", str(i)).seq)
             if i % 50 == 0:
-                hub.set_state(f"thread{index}", progress=i)
+                hub.set_state(f"miner-{index + 1}", inflight=i)
                 hub.events_since(0, limit=10)
 
     threads = [threading.Thread(target=produce, args=(i,)) for i in range(threads_count)]

@@ -22,8 +22,6 @@ from engy_node.hardware.monitor import (
     COOLING_FIX,
     FALLBACK_SLOWDOWN_C,
     POWER_FIX,
-    Finding,
-    GpuSample,
     MonitorApi,
     MonitorPynvml,
     assess,
@@ -33,6 +31,7 @@ from engy_node.hardware.monitor import (
     temperature_band,
 )
 from engy_node.hub import Hub
+from engy_node.snapshots import Finding, GpuSample
 from tests.waiting import Changes
 
 WAIT_S = 10.0

@@ -1,0 +1,740 @@
+"""What each component of a node reports about itself, typed: the schema of the hub's states.
+
+Every component that calls `Hub.set_state` has one snapshot type here, and the hub refuses a
+field its type does not declare, so a producer cannot rename or invent a field without the
+change showing up in this file. The control API serves the states as JSON (`/v1/status`, with
+`STATE_SCHEMA`); the TUI and `engy-node status` decode that JSON back into these types with
+`decode_states` and read attributes, so a field the TUI reads cannot disappear without mypy
+and the schema tests failing.
+
+The wire form is the JSON the hub already holds: producers pass plain values, and a few wire
+keys are not Python names (`pass`, `from`) — those fields carry their wire key in
+`field(metadata={"key": ...})`. Decoding is liberal, because a TUI may watch a node of another
+version: unknown keys are ignored, a missing or ill-typed field takes its default. Tests decode
+strictly (`strict=True`), which raises on anything the types do not describe.
+
+Records nested in a state are declared here too, even those a role builds (a gateway leg, a
+traffic standing, a server failure): the TUI must read them without importing the role. The GPU
+monitor's sample and finding live here outright, since the monitor publishes them as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from collections.abc import Hashable, Mapping
+from typing import Any, Literal, TypeVar
+
+STATE_SCHEMA = 1
+"""The version of the states' shape that `/v1/status` reports. Raise it when a field is renamed
+or removed, or its meaning changes (adding a field does not need it: readers ignore unknowns)."""
+
+T = TypeVar("T")
+
+
+class SchemaError(ValueError):
+    """A state that does not match its snapshot type (raised only when decoding strictly, and by
+    `Hub.set_state` for an undeclared field)."""
+
+
+def _key(name: str) -> dict[str, str]:
+    return {"key": name}
+
+
+# ---- the node ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """Who the node is (`node`): from the control API's node info, and a local network's hub."""
+
+    version: str | None = None
+    pid: int | None = None
+    roles: tuple[str, ...] = ()
+    started_at: float | None = None
+    home: str | None = None
+    netuid: int | None = None
+    network: str | None = None
+    hotkeys: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Name -> ss58 of each identity a local network made (owner, validator, miner-1, …)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ControlState:
+    """Where this node's control API listens (`control`)."""
+
+    url: str | None = None
+    token_file: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NetworkState:
+    """Where a local network's services answer (`network`, `engy-node up`)."""
+
+    buyer_api: str | None = None
+    provider_api: str | None = None
+    miner_ws: str | None = None
+    control_api: str | None = None
+    details: str | None = None
+    """The network file with the buyer key."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChainNeuron:
+    uid: int | None = None
+    hotkey: str | None = None
+    stake: float = 0.0
+    permit: bool = False
+    active: bool = False
+    last_update: int | None = None
+    incentive: float = 0.0
+    dividends: float = 0.0
+    emission: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChainState:
+    """The local dev chain's subnet (`chain`, `engy-node up`)."""
+
+    network: str | None = None
+    netuid: int | None = None
+    block: int | None = None
+    block_time_s: float | None = None
+    tempo: int | None = None
+    epochs_run: int | None = None
+    neurons: tuple[ChainNeuron, ...] = ()
+    weights: dict[int, dict[int, int]] = dataclasses.field(default_factory=dict)
+    """Validator uid -> miner uid -> weight (u16) as last set on chain."""
+
+
+Level = Literal["warning", "error"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU at one moment. Every reading may be None: NVML had none (see `hardware.monitor`)."""
+
+    index: int
+    """NVML index (PCI bus order)."""
+    name: str | None = None
+    temperature_c: int | None = None
+    temperature_slowdown_c: int | None = None
+    """Where the GPU starts cutting clocks to cool down."""
+    temperature_shutdown_c: int | None = None
+    fan_percent: int | None = None
+    """The speed the driver asks for, not a measurement: a blocked fan still reads its target."""
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    """The enforced limit."""
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    gpu_util_percent: int | None = None
+    memory_util_percent: int | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    mem_clock_max_mhz: int | None = None
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_max: int | None = None
+    clock_event_reasons: tuple[str, ...] | None = None
+    """Why clocks are below max right now (`gpu_idle`, `sw_power_cap`, `hw_thermal`, ...)."""
+    errors: tuple[str, ...] = ()
+    """Readings NVML failed on for a reason other than "not supported", e.g.
+    `"fan speed (Unknown Error)"`."""
+    lost: bool = False
+    """NVML said the GPU is lost: it stopped answering (fell off the bus)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: tuples become lists."""
+        return {
+            field.name: list(value) if isinstance(value, tuple) else value
+            for field in dataclasses.fields(self)
+            for value in (getattr(self, field.name),)
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing a miner should act on, with the fix in `text`."""
+
+    gpu: int
+    kind: str
+    """Short code, stable for tests and for the TUI to mark the cell it is about: `pcie`,
+    `throttling`, `temperature`, `fan`, `lost`, `read_errors`."""
+    level: Level
+    text: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpusState:
+    """The GPU monitor's latest reading (`gpus`)."""
+
+    samples: tuple[GpuSample, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    reason: str | None = None
+    """Why there is nothing to monitor (CPU mode), if so."""
+    error: str | None = None
+    sampled_at: float | None = None
+
+
+# ---- the miner ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MinerState:
+    """One miner (`miner`, or `miner-N` in a local network): its plan and its link to the gateway."""
+
+    model: str | None = None
+    max_inflight: int | None = None
+    cpu_mode: bool | None = None
+    plan: str | None = None
+    command: str | None = None
+    """The model server's command line, when this miner launches one."""
+    legs_up: int | None = None
+    legs: int | None = None
+    inflight: int | None = None
+    hotkey: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerFailure:
+    """Why a supervised model server stopped, and what to change."""
+
+    kind: str = "unknown"
+    summary: str = ""
+    fix: str = ""
+    phase: str | None = None
+    """`startup` or `runtime`."""
+    exit_code: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelServerState:
+    """A miner's supervised model server (`model_server`, or `model_server.<miner>`)."""
+
+    state: str | None = None
+    """starting, ready, unhealthy, restarting, stopped, failed."""
+    kind: str | None = None
+    """`sglang` or `reference`."""
+    url: str | None = None
+    command: str | None = None
+    pid: int | None = None
+    restarts: int = 0
+    startup_failures: int = 0
+    last_failure: ServerFailure | None = None
+    restart_in_s: float | None = None
+    log_lines_truncated: int = 0
+    running: int | None = None
+    queued: int | None = None
+    generation_tokens_total: int | None = None
+    gen_throughput: float | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p95_ms: float | None = None
+    poll_error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServeState:
+    """A reference server run on its own (`serve`, `engy-node serve`)."""
+
+    state: str | None = None
+    url: str | None = None
+    model: str | None = None
+    model_root: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+
+
+# ---- the gateway --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GatewayLeg:
+    """One miner websocket leg the gateway holds."""
+
+    leg: str | None = None
+    miner: str | None = None
+    worker: str | None = None
+    model: str | None = None
+    capacity: int = 0
+    inflight: int = 0
+    heartbeat_age_s: float | None = None
+    kv_used: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PromptCacheState:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    hit_rate: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GatewayState:
+    """The gateway process (`gateway`)."""
+
+    state: str | None = None
+    """ready, draining, stopped."""
+    buyer_url: str | None = None
+    miner_url: str | None = None
+    provider_url: str | None = None
+    models: tuple[str, ...] = ()
+    worker: int | None = None
+    workers: int | None = None
+    in_flight: int | None = None
+    legs: tuple[GatewayLeg, ...] = ()
+    prompt_cache: PromptCacheState | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProbeRound:
+    """A qualification round's probes so far."""
+
+    probes: int = 0
+    ok: int = 0
+    passed: int = dataclasses.field(default=0, metadata=_key("pass"))
+    unproven: int = 0
+    cheat: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BreakerWindow:
+    """What the breaker weighs now: the last minutes of served requests and verdicts
+    (`protocol.standing` sets the windows), not lifetime totals."""
+
+    requests: int = 0
+    failed: int = 0
+    verdicts: int = 0
+    unproven: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LifetimeCounts:
+    """Everything a (miner, model) served and had judged since this gateway started."""
+
+    served: int = 0
+    failed: int = 0
+    audited: int = 0
+    passed: int = dataclasses.field(default=0, metadata=_key("pass"))
+    cheat: int = 0
+    unproven: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StandingChange:
+    """One move of a (miner, model) between traffic states, and why."""
+
+    from_state: str | None = dataclasses.field(default=None, metadata=_key("from"))
+    to_state: str | None = dataclasses.field(default=None, metadata=_key("to"))
+    reason: str | None = None
+    at: float | None = None
+    code: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrafficStanding:
+    """Where a (miner, model) stands for paid traffic, and why."""
+
+    miner: str | None = None
+    model: str | None = None
+    state: str | None = None
+    """new, qualifying, active, probation, pulled, …"""
+    since: float | None = None
+    reason: str | None = None
+    eligible: bool = False
+    first_party: bool = False
+    connected: bool = False
+    until: float | None = None
+    strikes: int = 0
+    round: ProbeRound = dataclasses.field(default_factory=ProbeRound)
+    window: BreakerWindow = dataclasses.field(default_factory=BreakerWindow)
+    lifetime: LifetimeCounts = dataclasses.field(default_factory=LifetimeCounts)
+    history: tuple[StandingChange, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrafficPolicyState:
+    """The gateway's traffic policy (`traffic`): every (miner, model) it knows."""
+
+    workers: tuple[TrafficStanding, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AuditState:
+    """The gateway's audit queue (`audit`)."""
+
+    waiting: int = 0
+    leased: int = 0
+    dropped_full: int = 0
+    dropped_expired: int = 0
+    dropped_unjudged: int = 0
+    recorded: int = 0
+    """Verdicts recorded since the gateway started."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BuyerAccount:
+    account_id: int | None = None
+    name: str | None = None
+    available: int = 0
+    """µUSD a new request can hold."""
+    held: int = 0
+    charged: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BuyersState:
+    """The buyers with the largest balances (`buyers`)."""
+
+    accounts: int = 0
+    top: tuple[BuyerAccount, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EpochsState:
+    """The newest epoch this gateway published (`epochs`)."""
+
+    latest: int | None = None
+    digest: str | None = None
+    weights: tuple[tuple[str, float], ...] = ()
+    """(hotkey, weight) pairs of the published settlement."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrafficGeneratorState:
+    """The demo buyer of a local network (`traffic_generator`, `engy-node up --traffic`)."""
+
+    paused: bool = False
+    sent: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    output_chars: int = 0
+    last_error: str | None = None
+
+
+# ---- the validator and the verifier ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WeightEntry:
+    uid: int | None = None
+    hotkey: str | None = None
+    weight: int = 0
+    """u16, as submitted."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Submission:
+    """One weights submission, newest first in `ValidatorState.submissions`."""
+
+    ts: float | None = None
+    block: int | None = None
+    epoch: int | None = None
+    kind: str | None = None
+    landed: bool = False
+    detail: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ValidatorState:
+    """The light validator's loop (`validator`)."""
+
+    hotkey: str | None = None
+    network: str | None = None
+    provider: str | None = None
+    netuid: int | None = None
+    resubmit_blocks: int | None = None
+    poll_s: float | None = None
+    block: int | None = None
+    block_time_s: float | None = None
+    uid: int | None = None
+    permit: bool | None = None
+    last_update: int | None = None
+    weights_rate_limit: int | None = None
+    activity_cutoff: int | None = None
+    tempo: int | None = None
+    commit_reveal: bool | None = None
+    last_tick: float | None = None
+    last_outcome: str | None = None
+    last_applied: int | None = None
+    last_submit_block: int | None = None
+    last_submit_ts: float | None = None
+    blocks_since_submit: int | None = None
+    next_resubmit_in_blocks: int | None = None
+    submitted_epoch: int | None = None
+    submitted_block: int | None = None
+    digest: str | None = None
+    dropped: tuple[str, ...] = ()
+    """Hotkeys of the epoch's weights that have no uid on chain."""
+    dropped_share: float = 0.0
+    weights: tuple[WeightEntry, ...] = ()
+    submissions: tuple[Submission, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VerdictCounts:
+    passed: int = dataclasses.field(default=0, metadata=_key("pass"))
+    cheat: int = 0
+    unproven: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.passed + self.cheat + self.unproven
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VerifierState:
+    """The verifier (`verifier`): where it leases and what it has judged."""
+
+    state: str | None = None
+    gateway: str | None = None
+    hotkey: str | None = None
+    verdicts: VerdictCounts = dataclasses.field(default_factory=VerdictCounts)
+
+
+# ---- the whole node ------------------------------------------------------------------------------
+
+SINGLE_COMPONENTS: Mapping[str, type] = {
+    "node": NodeInfo,
+    "control": ControlState,
+    "network": NetworkState,
+    "chain": ChainState,
+    "gpus": GpusState,
+    "serve": ServeState,
+    "gateway": GatewayState,
+    "traffic": TrafficPolicyState,
+    "audit": AuditState,
+    "buyers": BuyersState,
+    "epochs": EpochsState,
+    "traffic_generator": TrafficGeneratorState,
+    "validator": ValidatorState,
+    "verifier": VerifierState,
+}
+"""Each component a node has at most one of, by hub name."""
+
+MINER = "miner"
+MODEL_SERVER = "model_server"
+
+
+def is_miner(component: str) -> bool:
+    """`miner`, or a local network's `miner-N`."""
+    return component == MINER or (component.startswith(f"{MINER}-") and len(component) > len(MINER) + 1)
+
+
+def is_model_server(component: str) -> bool:
+    """`model_server`, or `model_server.<miner>`."""
+    return component == MODEL_SERVER or (
+        component.startswith(f"{MODEL_SERVER}.") and len(component) > len(MODEL_SERVER) + 1
+    )
+
+
+def server_component(miner: str) -> str:
+    """The hub component of `miner`'s model server (`miner.role.run_miner`, `local.up`)."""
+    return MODEL_SERVER if miner == MINER else f"{MODEL_SERVER}.{miner}"
+
+
+def miner_of_server(component: str) -> str:
+    return MINER if component == MODEL_SERVER else component.removeprefix(f"{MODEL_SERVER}.")
+
+
+def state_type(component: str) -> type | None:
+    """The snapshot type of hub component `component`, or None for a name no component has."""
+    if component in SINGLE_COMPONENTS:
+        return SINGLE_COMPONENTS[component]
+    if is_miner(component):
+        return MinerState
+    if is_model_server(component):
+        return ModelServerState
+    return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeStates:
+    """One node's states, decoded: what the TUI renders and `engy-node status` prints."""
+
+    node: NodeInfo = dataclasses.field(default_factory=NodeInfo)
+    control: ControlState | None = None
+    network: NetworkState | None = None
+    chain: ChainState | None = None
+    gpus: GpusState | None = None
+    serve: ServeState | None = None
+    gateway: GatewayState | None = None
+    traffic: TrafficPolicyState | None = None
+    audit: AuditState | None = None
+    buyers: BuyersState | None = None
+    epochs: EpochsState | None = None
+    traffic_generator: TrafficGeneratorState | None = None
+    validator: ValidatorState | None = None
+    verifier: VerifierState | None = None
+    miners: dict[str, MinerState] = dataclasses.field(default_factory=dict)
+    """By hub component (`miner`, `miner-1`, …)."""
+    model_servers: dict[str, ModelServerState] = dataclasses.field(default_factory=dict)
+    """By the miner they serve (`miner`, `miner-1`, …), not by hub component."""
+
+    def miner_names(self) -> list[str]:
+        """Every miner of this node, in natural order, including one whose server reported first."""
+        return sorted(set(self.miners) | set(self.model_servers), key=_natural)
+
+
+def _natural(name: str) -> tuple[str, int]:
+    head, _, tail = name.rpartition("-")
+    return (head, int(tail)) if head and tail.isdigit() else (name, 0)
+
+
+def decode_states(states: Mapping[str, Any], *, strict: bool = False) -> NodeStates:
+    """The hub's states (`Hub.states()`, or `/v1/status`'s `states`) as `NodeStates`. Liberal
+    unless `strict`: a component or field this version does not know is skipped."""
+    singles: dict[str, Any] = {}
+    miners: dict[str, MinerState] = {}
+    servers: dict[str, ModelServerState] = {}
+    for component, value in states.items():
+        if not isinstance(component, str):
+            continue
+        kind = state_type(component)
+        if kind is None:
+            if strict:
+                raise SchemaError(f"hub component {component!r} has no snapshot type in engy_node.snapshots")
+            continue
+        if not isinstance(value, Mapping):
+            if strict:
+                raise SchemaError(f"hub component {component!r} is {type(value).__name__}, not an object")
+            continue
+        decoded: Any = decode(kind, value, strict=strict, where=component)
+        if kind is MinerState:
+            miners[component] = decoded
+        elif kind is ModelServerState:
+            servers[miner_of_server(component)] = decoded
+        else:
+            singles[component] = decoded
+    return NodeStates(**singles, miners=miners, model_servers=servers)
+
+
+# ---- the codec --------------------------------------------------------------------------------------
+
+
+def wire_key(field: dataclasses.Field[Any]) -> str:
+    return str(field.metadata.get("key", field.name))
+
+
+@functools.cache
+def wire_keys(kind: type) -> frozenset[str]:
+    """The JSON keys a snapshot type declares."""
+    return frozenset(wire_key(field) for field in dataclasses.fields(kind))
+
+
+@functools.cache
+def _hints(kind: Hashable) -> dict[str, Any]:
+    return typing.get_type_hints(kind)
+
+
+_MISSING = object()
+
+
+def decode(kind: type[T], value: Any, *, strict: bool = False, where: str = "") -> T:
+    """`value` (JSON-ready data) as an instance of snapshot dataclass `kind`."""
+    if not isinstance(value, Mapping):
+        raise SchemaError(f"{where or kind.__name__}: expected an object, got {type(value).__name__}")
+    hints = _hints(typing.cast(Hashable, kind))
+    known = {wire_key(field): field for field in dataclasses.fields(kind)}  # type: ignore[arg-type]
+    if strict:
+        unknown = sorted(str(key) for key in value if key not in known)
+        if unknown:
+            raise SchemaError(f"{where or kind.__name__}: {', '.join(unknown)} not declared by {kind.__name__}")
+    values = {}
+    for key, field in known.items():
+        if key not in value:
+            continue
+        place = f"{where}.{key}" if where else key
+        converted = _convert(hints[field.name], value[key], strict=strict, where=place)
+        if converted is not _MISSING:
+            values[field.name] = converted
+    try:
+        return kind(**values)
+    except TypeError as error:  # a required field is missing
+        raise SchemaError(f"{where or kind.__name__}: {error}") from None
+
+
+def _convert(hint: Any, value: Any, *, strict: bool, where: str) -> Any:
+    """`value` as type `hint`, or `_MISSING` (liberal) / SchemaError (strict) if it is not one."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in (arg for arg in args if arg is not type(None)):
+            converted = _convert(arg, value, strict=False, where=where)
+            if converted is not _MISSING:
+                return converted
+        return _refuse(hint, value, strict=strict, where=where)
+    if origin is Literal:
+        return value if value in args else _refuse(hint, value, strict=strict, where=where)
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        try:
+            return decode(hint, value, strict=strict, where=where)
+        except SchemaError:
+            if strict:
+                raise
+            return _MISSING
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            return _refuse(hint, value, strict=strict, where=where)
+        if len(args) == 2 and args[1] is Ellipsis:
+            items = [_convert(args[0], item, strict=strict, where=f"{where}[{i}]") for i, item in enumerate(value)]
+            return tuple(item for item in items if item is not _MISSING)
+        if len(args) != len(value):
+            return _refuse(hint, value, strict=strict, where=where)
+        items = [_convert(arg, item, strict=strict, where=where) for arg, item in zip(args, value, strict=True)]
+        return _MISSING if _MISSING in items else tuple(items)
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            return _refuse(hint, value, strict=strict, where=where)
+        result = {}
+        for key, item in value.items():
+            k = _convert(args[0], key, strict=strict, where=where)
+            v = _convert(args[1], item, strict=strict, where=f"{where}[{key}]")
+            if k is not _MISSING and v is not _MISSING:
+                result[k] = v
+        return result
+    if hint is Any:
+        return value
+    if hint is bool:
+        return value if isinstance(value, bool) else _refuse(hint, value, strict=strict, where=where)
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lstrip("-").isdigit():
+            return int(value)  # JSON object keys are strings
+        return _refuse(hint, value, strict=strict, where=where)
+    if hint is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        return _refuse(hint, value, strict=strict, where=where)
+    if hint is str:
+        return value if isinstance(value, str) else _refuse(hint, value, strict=strict, where=where)
+    raise TypeError(f"{where}: snapshot types use no {hint!r}")
+
+
+def _refuse(hint: Any, value: Any, *, strict: bool, where: str) -> Any:
+    if strict:
+        raise SchemaError(f"{where}: {value!r} is not a {getattr(hint, '__name__', hint)}")
+    return _MISSING
+
+
+def encode(snapshot: Any) -> Any:
+    """A snapshot (or any value inside one) as JSON-ready data, with wire keys."""
+    if dataclasses.is_dataclass(snapshot) and not isinstance(snapshot, type):
+        return {wire_key(field): encode(getattr(snapshot, field.name)) for field in dataclasses.fields(snapshot)}
+    if isinstance(snapshot, tuple | list):
+        return [encode(item) for item in snapshot]
+    if isinstance(snapshot, Mapping):
+        return {key: encode(item) for key, item in snapshot.items()}
+    return snapshot
