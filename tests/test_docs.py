@@ -5,6 +5,7 @@
 * README's Layout section names every package and every top-level module of `engy_node`, and
   every module or folder it names under `engy_node/` and `engy_tui/` exists.
 * Every relative Markdown link in README.md and docs/*.md points to a file that exists.
+* docs/control-api.md lists every hub state's fields as `engy_node/snapshots.py` declares them.
 """
 
 from __future__ import annotations
@@ -166,3 +167,54 @@ def test_relative_links_point_to_files_that_exist(document):
         if not (document.parent / path).exists():
             broken.append(target)
     assert not broken, f"{document.relative_to(ROOT)} links to files that do not exist: {broken}"
+
+
+def state_schema_rows() -> list[str]:
+    """The control API's states as docs/control-api.md lists them: each component's snapshot
+    type, then the records nested in it, each with its wire keys in declaration order."""
+    import dataclasses
+    import typing
+
+    from engy_node import snapshots
+
+    roots: list[tuple[str, type]] = [(f"`{name}`", kind) for name, kind in snapshots.SINGLE_COMPONENTS.items()]
+    roots[5:5] = [
+        ("`miner`, `miner-N`", snapshots.MinerState),
+        ("`model_server`, `model_server.<miner>`", snapshots.ModelServerState),
+    ]
+    seen: set[type] = set()
+    rows: list[str] = []
+
+    def nested(kind: type) -> Iterator[type]:
+        for hint in typing.get_type_hints(kind).values():
+            stack = [hint]
+            while stack:
+                inner = stack.pop(0)
+                if dataclasses.is_dataclass(inner) and isinstance(inner, type):
+                    yield inner
+                stack.extend(typing.get_args(inner))
+
+    def walk(kind: type, label: str) -> None:
+        if kind in seen:
+            return
+        seen.add(kind)
+        fields = ", ".join(snapshots.wire_key(field) for field in dataclasses.fields(kind))
+        rows.append(f"| {label} | `{kind.__name__}` | {fields} |")
+        for inner in nested(kind):
+            walk(inner, "")
+
+    for label, kind in roots:
+        walk(kind, label)
+    return rows
+
+
+def test_the_control_api_document_lists_every_state_field_and_the_schema_version():
+    from engy_node.snapshots import STATE_SCHEMA
+
+    text = (ROOT / "docs" / "control-api.md").read_text()
+    assert f"## States (schema {STATE_SCHEMA})" in text, "docs/control-api.md names another schema version"
+    listed = [line for line in text.splitlines() if re.match(r"\| (`[^|]*`)? *\| `\w+` \|", line)]
+    expected = state_schema_rows()
+    assert listed == expected, "docs/control-api.md's state table differs from engy_node/snapshots.py:\n" + "\n".join(
+        expected
+    )
