@@ -37,7 +37,7 @@ from engy_tui.screens.setup import SetupCommand, open_setup
 from engy_tui.widgets.gateway_panel import GatewayPanel
 from engy_tui.widgets.gpu_panel import GpuPanel
 from engy_tui.widgets.logs import LogsView
-from engy_tui.widgets.miner_panel import MinerPanel
+from engy_tui.widgets.miner import MinerPanel
 from engy_tui.widgets.requests_panel import RequestsPanel
 from engy_tui.widgets.validator import ChainPanel, ValidatorPanel
 

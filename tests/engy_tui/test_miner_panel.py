@@ -23,39 +23,36 @@ from textual.app import App, ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from engy_tui.widgets.miner_panel import (
-    FAILURE_WORDS,
-    MAX_UNPROVEN_PCT,
-    Cell,
-    MinerPanel,
-    chain_lines,
-    command_line,
-    compact_command,
+from engy_node.protocol.standing import MAX_UNPROVEN_PCT
+from engy_tui.widgets.cells import Cell
+from engy_tui.widgets.miner import MinerPanel
+from engy_tui.widgets.miner.common import lines_content
+from engy_tui.widgets.miner.earnings import chain_lines
+from engy_tui.widgets.miner.link import (
     eligibility_cell,
-    failure_lines,
-    gateway_proof_line,
     heartbeat_cell,
     legs_cell,
-    lines_content,
     link_lines,
     link_notes,
     link_summary,
     link_title,
+    served_line,
+)
+from engy_tui.widgets.miner.proofs import gateway_proof_line, node_proof_lines
+from engy_tui.widgets.miner.serving import (
+    FAILURE_WORDS,
+    command_line,
+    compact_command,
+    failure_lines,
     load_line,
     log_lines,
-    miner_hotkey,
-    miner_names,
-    miner_view,
-    node_proof_lines,
-    panel_view,
     plan_line,
-    served_line,
-    server_component,
     server_level,
     server_state_cell,
     server_title,
     tp_dp,
 )
+from engy_tui.widgets.miner.view import miner_hotkey, miner_names, miner_view, panel_view, server_component
 from tests.engy_tui.test_validator_panel import NAMES, NOW, ss58
 
 HOME = ss58("home-miner")

@@ -1,0 +1,313 @@
+"""The model server block: is this miner's model server serving, and if it is not, why and what
+fixes it?
+
+Its title (engine, model, tp/dp, state, restarts), the command it runs (compacted; `c` copies
+the exact text), the plan's summary, its load (running, queued, throughput, TTFT and ITL), the
+last failure's class in words with its fix, and the newest log lines (the last three while it
+is down: a traceback's end is usually where the cause is).
+
+Where the facts come from: the model server's hub component ("model_server";
+"model_server.miner-1", … on a local network), published by `engy_node.miner.sglang.supervisor`
+(state, kind, url, command, pid, restarts, startup_failures, restart_in_s, last_failure {kind,
+summary, fix, phase, exit_code}, running, queued, generation_tokens_total, gen_throughput,
+ttft/itl p50/p95 in ms, poll_error, log_lines_truncated), and the miner's own component
+(`engy_node.miner.role.run_miner`: model, cpu_mode, plan, and command, None when the operator
+runs the server with `--serve-url`). Not published, so not shown rather than guessed: the
+server's version, how long it has been ready, its KV-cache use and last token time.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import signal
+from collections.abc import Mapping
+from typing import Any
+
+from engy_tui.widgets.cells import NA, Cell
+from engy_tui.widgets.cells import as_int as _int
+from engy_tui.widgets.cells import as_list as _list
+from engy_tui.widgets.cells import as_map as _map
+from engy_tui.widgets.cells import as_number as _num
+from engy_tui.widgets.cells import as_text as _text
+from engy_tui.widgets.miner.common import BAD, NA_CELL, OK, SEP, WARN, Level, Line, count_text, ms_text, plural
+
+__all__ = [
+    "DOWN",
+    "FAILED_LOG_LINES",
+    "FAILURE_WORDS",
+    "LOG_LINES",
+    "command_line",
+    "compact_command",
+    "failure_lines",
+    "load_line",
+    "log_lines",
+    "plan_line",
+    "server_level",
+    "server_state_cell",
+    "server_title",
+    "tp_dp",
+]
+
+LOG_LINES = 1
+FAILED_LOG_LINES = 3
+"""Model-server log lines shown: the newest one, or the last three while it is down (the
+traceback's end is usually where the cause is)."""
+DOWN = frozenset({"restarting", "exited", "timed_out", "stalled", "failed", "unhealthy"})
+
+
+FAILURE_WORDS: dict[str, str] = {
+    "launch_failed": "the command could not run",
+    "oom_at_init": "out of memory at start (no room for the KV cache)",
+    "cuda_oom": "CUDA out of memory",
+    "no_p2p": "no GPU peer access (P2P)",
+    "no_kernel_image": "no CUDA kernels for this GPU",
+    "fp8_block_divisibility": "FP8 weights do not split at this tp",
+    "port_in_use": "port already in use",
+    "hidden_states_flag": "hidden states switched off",
+    "model_not_found": "model checkpoint not found",
+    "startup_timeout": "start timed out",
+    "unhealthy": "stopped answering health checks",
+    "stalled": "stalled: requests running, no tokens",
+    "unknown": "unrecognised failure",
+}
+"""`engy_node.miner.sglang.failures.FailureKind` in words."""
+
+
+def _words(command: Any) -> list[str] | None:
+    text = _text(command)
+    if text is None:
+        return None
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return text.split()
+
+
+def tp_dp(command: Any) -> tuple[int | None, int | None]:
+    """The tensor- and data-parallel sizes an sglang command line asks for (None: not given)."""
+    words = _words(command) or []
+    found: dict[str, int | None] = {"tp": None, "dp": None}
+    for flag, key in (
+        ("--tp-size", "tp"),
+        ("--tensor-parallel-size", "tp"),
+        ("--tp", "tp"),
+        ("--dp-size", "dp"),
+        ("--dp", "dp"),
+        ("--data-parallel-size", "dp"),
+    ):
+        for i, word in enumerate(words):
+            value = (
+                word.split("=", 1)[1]
+                if word.startswith(flag + "=")
+                else (words[i + 1] if word == flag and i + 1 < len(words) else None)
+            )
+            if value is not None and value.isascii() and value.isdigit() and len(value) < 6:
+                found[key] = int(value)
+    return found["tp"], found["dp"]
+
+
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def compact_command(command: Any) -> str | None:
+    """The command as one short line: environment assignments left out, the interpreter by its
+    name, long paths by their last part ("…/qwen3.6-35b-a3b"), so the flags that matter fit.
+    The exact text is what `c` copies; None when there is no command."""
+    words = _words(command)
+    if not words:
+        return None
+    while len(words) > 1 and _ASSIGNMENT.match(words[0]):
+        words = words[1:]
+    short = []
+    for index, word in enumerate(words):
+        if word.startswith("/") and "/" in word[1:]:
+            tail = word.rstrip("/").rsplit("/", 1)[-1]
+            word = tail if index == 0 else (word if len(word) <= 24 else f"…/{tail}")
+        short.append(word if word and all(ch.isprintable() and not ch.isspace() for ch in word) else shlex.quote(word))
+    line = " ".join(short)
+    return _text(line) or None
+
+
+def command_line(miner: Any, server: Any) -> Line:
+    """ "cmd: python -m sglang.launch_server …", the supervisor's command (else the plan's)."""
+    text = compact_command(_map(server).get("command")) or compact_command(_map(miner).get("command"))
+    if text is None:
+        if "command" in _map(miner) and _map(miner).get("command") is None and not _map(server):
+            return (Cell("cmd: ", "header"), Cell("none: the operator runs the model server (--serve-url)", "na"))
+        return (Cell("cmd: ", "header"), NA_CELL)
+    return (Cell("cmd: ", "header"), Cell(text))
+
+
+def plan_line(miner: Any) -> Line | None:
+    """The plan's summary sentence, when the miner published one."""
+    plan = _text(_map(miner).get("plan"))
+    return (Cell("plan: ", "header"), Cell(plan)) if plan else None
+
+
+_STATE_WORDS: dict[str, tuple[str, Level]] = {
+    "ready": (f"ready {OK}", "ok"),
+    "starting": ("starting …", ""),
+    "restarting": (f"restarting {WARN}", "warning"),
+    "unhealthy": (f"unhealthy {WARN}", "warning"),
+    "stalled": (f"stalled {BAD}", "error"),
+    "timed_out": (f"start timed out {BAD}", "error"),
+    "exited": (f"exited {BAD}", "error"),
+    "failed": (f"failed {BAD} gave up", "error"),
+    "stopped": ("stopped", "na"),
+}
+
+
+def server_state_cell(server: Any) -> Cell:
+    """The supervisor's state in words, with ✔/⚠/✘; a restart's backoff when it is waiting."""
+    server = _map(server)
+    state = _text(server.get("state"))
+    if state is None:
+        return Cell(f"state {NA}", "na")
+    text, level = _STATE_WORDS.get(state, (state, ""))
+    wait = _num(server.get("restart_in_s"))
+    if state == "restarting" and wait is not None:
+        text = f"restarting in {wait:g} s {WARN}"
+    return Cell(text, level)
+
+
+def _failed_now(server: Mapping[Any, Any]) -> bool:
+    """Whether the last failure is why the server is down now. An operator's restart publishes
+    "restarting" without a backoff and leaves the last failure as it was."""
+    state = _text(server.get("state"))
+    return state in ("exited", "timed_out", "stalled", "failed") or (
+        state == "restarting" and _num(server.get("restart_in_s")) is not None
+    )
+
+
+def server_level(miner: Any, server: Any) -> Level:
+    """How the model server box is framed: error while a failure keeps it down (it serves
+    nothing), else by its state word; na when nothing is reported."""
+    server = _map(server)
+    if not server:
+        return "na"
+    if _failed_now(server):
+        return "error"
+    return server_state_cell(server).style or ""  # type: ignore[return-value]
+
+
+def server_title(miner: Any, server: Any) -> str:
+    """ "sglang · qwen3.6-35b-a3b · tp 2 · ready ✔ · 0 restarts"."""
+    miner, server = _map(miner), _map(server)
+    parts = [_text(server.get("kind")), _text(miner.get("model"))]
+    tp, dp = tp_dp(server.get("command") if _text(server.get("command")) else miner.get("command"))
+    if tp is not None:
+        parts.append(f"tp {tp}" + (f" × dp {dp}" if dp is not None and dp > 1 else ""))
+    if miner.get("cpu_mode") is True:
+        parts.append("CPU")
+    if not server:
+        if "command" in miner and miner.get("command") is None:
+            parts.append("external server")
+        else:
+            parts.append("not reported yet")
+        return SEP.join(p for p in parts if p)
+    parts.append(server_state_cell(server).text)
+    restarts = _int(server.get("restarts"))
+    parts.append(f"restarts {NA}" if restarts is None else plural(restarts, "restart"))
+    failures = _int(server.get("startup_failures"))
+    if failures:
+        parts.append(plural(failures, "failed start"))
+    return SEP.join(p for p in parts if p)
+
+
+def load_line(server: Any) -> Line:
+    """Requests running and queued, generation throughput, TTFT and ITL (p50/p95) from the
+    supervisor's last poll; why there are none while the server is not ready."""
+    server = _map(server)
+    if not server:
+        return (Cell("load: ", "header"), Cell("no model server reported", "na"))
+    keys = ("running", "queued", "gen_throughput", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms")
+    state = _text(server.get("state"))
+    if all(server.get(key) is None for key in keys) and state != "ready":
+        return (Cell("load: ", "header"), Cell(f"none while {state or 'state is n/a'}", "na"))
+    throughput = _num(server.get("gen_throughput"))
+    cells: list[Cell] = [
+        Cell("load: ", "header"),
+        Cell("running "),
+        Cell(count_text(server.get("running")), "" if _int(server.get("running")) is not None else "na"),
+        Cell(" · queue "),
+        Cell(count_text(server.get("queued")), "" if _int(server.get("queued")) is not None else "na"),
+        Cell(SEP),
+        Cell(f"{throughput:,.1f} tok/s") if throughput is not None else Cell(f"tok/s {NA}", "na"),
+    ]
+    for label, p50, p95 in (("TTFT", "ttft_p50_ms", "ttft_p95_ms"), ("ITL", "itl_p50_ms", "itl_p95_ms")):
+        a, b = ms_text(server.get(p50)), ms_text(server.get(p95))
+        text = f"{label} p50/p95 {a}/{b} ms" if (a, b) != (NA, NA) else f"{label} {NA}"
+        cells += [Cell(SEP), Cell(text, "" if (a, b) != (NA, NA) else "na")]
+    error = _text(server.get("poll_error"))
+    if error:
+        cells += [Cell(SEP), Cell(f"{WARN} poll: {error}", "warning")]
+    return tuple(cells)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except (ValueError, OverflowError):
+        return f"signal {number}"
+
+
+def _failure_what(failure: Mapping[Any, Any]) -> str:
+    kind = _text(failure.get("kind"))
+    words = FAILURE_WORDS.get(kind or "", kind or f"failure {NA}")
+    label = f"{words} ({kind})" if kind in FAILURE_WORDS and kind != "unknown" else words
+    phase = _text(failure.get("phase"))
+    details = []
+    if phase in ("startup", "runtime"):
+        details.append("while starting" if phase == "startup" else "while serving")
+    exit_code = _int(failure.get("exit_code"))
+    if exit_code is not None:
+        details.append(f"killed by {_signal_name(-exit_code)}" if exit_code < 0 else f"exit code {exit_code}")
+    return label + (f", {', '.join(details)}" if details else "")
+
+
+def failure_lines(server: Any) -> list[Line]:
+    """The last failure's class in words, what happened and its fix: "✘" while the server is
+    down, "⚠ recovered from" once it is ready again; a start given up on says to restart it."""
+    server = _map(server)
+    failure = _map(server.get("last_failure"))
+    state = _text(server.get("state"))
+    lines: list[Line] = []
+    if failure:
+        current = _failed_now(server)
+        level = "error" if current else "warning"
+        head = f"{BAD} " if current else f"{WARN} recovered from: " if state == "ready" else f"{WARN} last failure: "
+        lines.append((Cell(head + _failure_what(failure), level),))
+        summary = _text(failure.get("summary"))
+        if summary:
+            lines.append((Cell("  "), Cell(summary, "na")))
+        fix = _text(failure.get("fix"))
+        lines.append((Cell("  → fix: ", level), Cell(fix or NA, "" if fix else "na")))
+    if state == "failed":
+        failures = _int(server.get("startup_failures"))
+        times = f"{failures:,} times in a row" if failures is not None else "repeatedly"
+        lines.append(
+            (
+                Cell(
+                    f"{BAD} it failed to start {times} and is not restarted: apply the fix, then restart it "
+                    "(r, or restart the node)",
+                    "error",
+                ),
+            )
+        )
+    elif state == "unhealthy":
+        lines.append((Cell(f"{WARN} health checks failing: it is restarted after 3 misses in a row", "warning"),))
+    truncated = _int(server.get("log_lines_truncated"))
+    if truncated:
+        lines.append((Cell(f"{plural(truncated, 'overlong log line')} cut at 16 KB", "na"),))
+    return lines
+
+
+def log_lines(lines: Any, *, shared: bool = False, limit: int = LOG_LINES) -> list[Line]:
+    """The newest `limit` model-server log lines ("log: …"); `shared`: the lines are every model
+    server's of this node, not told apart by the log (said so)."""
+    kept = [text for text in (_text(line) for line in _list(lines)) if text is not None][-max(1, limit) :]
+    label = "log (all servers): " if shared else "log: "
+    if not kept:
+        return [(Cell(label, "header"), Cell("no lines yet", "na"))]
+    return [(Cell(label if i == 0 else " " * len(label), "header"), Cell(text)) for i, text in enumerate(kept)]
