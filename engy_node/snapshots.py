@@ -85,13 +85,13 @@ class NetworkState:
 class ChainNeuron:
     uid: int | None = None
     hotkey: str | None = None
-    stake: float = 0.0
+    stake: float | None = None
     permit: bool = False
     active: bool = False
     last_update: int | None = None
-    incentive: float = 0.0
-    dividends: float = 0.0
-    emission: float = 0.0
+    incentive: float | None = None
+    dividends: float | None = None
+    emission: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

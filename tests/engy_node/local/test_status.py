@@ -192,7 +192,7 @@ def test_a_full_document_renders_every_section(transport):
     assert miners[2].startswith(f"  {STRANGER[:10]}…")
     assert miners[2].endswith("probing for 45 s: connected")
 
-    assert section(text, "verifier ") == ["verifier   running; verdicts: pass 10, unproven 1"]
+    assert section(text, "verifier ") == ["verifier   running; verdicts: pass 10, cheat 0, unproven 1"]
     assert section(text, "gateway ") == [
         "gateway    ready; 2 miner leg(s); prefix cache: 37.5 % of 12000 prompt tokens from the miners' caches"
     ]
