@@ -89,7 +89,8 @@ from engy_node.miner.role import MinerMetrics  # noqa: E402
 from engy_tui import manager as manager_module  # noqa: E402
 from engy_tui.manager import NodeManager  # noqa: E402
 from engy_tui.node_bridge import NodeBridge  # noqa: E402
-from engy_tui.widgets.logs import DEFAULT_CAPACITY, LogsView  # noqa: E402
+from engy_tui.widgets.logs import LogsView  # noqa: E402
+from engy_tui.widgets.logs.buffer import DEFAULT_CAPACITY  # noqa: E402
 
 SIZE = (160, 45)
 BATCH_S = 0.01

@@ -23,26 +23,12 @@ from textual.pilot import Pilot
 from textual.widgets import SelectionList, TextArea
 
 from engy_node.hub import Event, Hub
-from engy_tui.widgets.logs import (
-    CONTEXT_LINES,
-    LEVELS,
-    ComponentPicker,
-    LogBuffer,
-    LogContextScreen,
-    LogFilter,
-    LogLine,
-    LogLines,
-    LogsView,
-    SearchError,
-    compile_search,
-    component_group,
-    context_window,
-    format_clock,
-    hidden_by,
-    log_line,
-    next_level,
-    status_text,
-)
+from engy_tui.widgets.logs import LogsView
+from engy_tui.widgets.logs.buffer import CONTEXT_LINES, LogBuffer, context_window, status_text
+from engy_tui.widgets.logs.filters import LEVELS, LogFilter, SearchError, compile_search, hidden_by, next_level
+from engy_tui.widgets.logs.rows import LogLine, component_group, format_clock, log_line
+from engy_tui.widgets.logs.screens import ComponentPicker, LogContextScreen
+from engy_tui.widgets.logs.view import LogLines
 
 UTC = datetime.UTC
 # 2026-12-01 09:14:02 UTC: a fixed moment, so rows and the snapshot are reproducible.
