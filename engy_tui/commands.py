@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
+from engy_node.snapshots import MINER, NodeStates
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 Kind = Literal["action", "copy", "diagnose"]
@@ -41,9 +43,9 @@ class CommandSpec:
     """For `copy`: what goes to the clipboard."""
 
 
-def command_specs(actions: Iterable[Mapping[str, Any]], states: Mapping[str, Mapping[str, Any]]) -> list[CommandSpec]:
+def command_specs(actions: Iterable[Mapping[str, Any]], states: NodeStates) -> list[CommandSpec]:
     """The palette's entries for a node offering `actions` (`[{id, description}]`) and
-    reporting `states` (its hub states)."""
+    reporting `states`."""
     specs: list[CommandSpec] = []
     for action in actions:
         action_id, description = str(action.get("id", "")), str(action.get("description", ""))
@@ -71,16 +73,15 @@ def command_specs(actions: Iterable[Mapping[str, Any]], states: Mapping[str, Map
             specs.append(CommandSpec("Resume demo traffic", description, "action", action_id))
         else:
             specs.append(CommandSpec(action_id.replace("-", " ").capitalize(), description, "action", action_id))
-    for component, state in sorted(states.items()):
-        command = state.get("command") if isinstance(state, Mapping) else None
-        if component.startswith("model_server") and isinstance(command, str) and command:
-            which = component.removeprefix("model_server").lstrip(".")
+    for miner, server in sorted(states.model_servers.items()):
+        if server.command:
+            which = "" if miner == MINER else f" ({miner})"
             specs.append(
                 CommandSpec(
-                    f"Copy model server launch command{f' ({which})' if which else ''}",
+                    f"Copy model server launch command{which}",
                     "the exact command the miner runs, to the clipboard",
                     "copy",
-                    text=command,
+                    text=server.command,
                 )
             )
     specs.append(

@@ -29,8 +29,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from engy_node.errors import EngyError
-from engy_node.local.status import age_text, format_status
+from engy_node.local.status import age_text, status_text
 from engy_node.node import freeze_startup_objects
+from engy_node.snapshots import NodeStates
 from engy_tui.commands import CommandSpec, NodeCommands, command_specs
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot
 from engy_tui.screens.setup import SetupCommand, open_setup
@@ -57,21 +58,18 @@ def header_text(snapshot: NodeSnapshot | None, *, mode: str, now: float) -> Text
         text.append(f"  {mode} · waiting for the node's first snapshot…", style="dim")
         return text
     node, states = snapshot.node, snapshot.states
-    roles = ", ".join(str(role) for role in node.get("roles") or ()) or "no roles"
-    parts = [roles]
-    if node.get("network"):
-        parts.append(str(node["network"]))
-    chain = states.get("chain") or {}
-    validator = states.get("validator") or {}
-    block = chain.get("block", validator.get("block"))
-    if isinstance(block, int):
+    parts = [", ".join(node.roles) or "no roles"]
+    if node.network:
+        parts.append(node.network)
+    block = states.chain.block if states.chain is not None else None
+    if block is None and states.validator is not None:
+        block = states.validator.block
+    if block is not None:
         parts.append(f"block {block:,}")
-    epochs = states.get("epochs") or {}
-    if isinstance(epochs.get("latest"), int):
-        parts.append(f"epoch {epochs['latest']}")
-    started = node.get("started_at")
-    if isinstance(started, (int, float)):
-        parts.append(f"up {age_text(now - started)}")
+    if states.epochs is not None and states.epochs.latest is not None:
+        parts.append(f"epoch {states.epochs.latest}")
+    if node.started_at is not None:
+        parts.append(f"up {age_text(now - node.started_at)}")
     text.append("  " + " · ".join(parts))
     age = now - snapshot.taken_at
     if not snapshot.connected:
@@ -86,8 +84,7 @@ def header_text(snapshot: NodeSnapshot | None, *, mode: str, now: float) -> Text
 def overview_text(snapshot: NodeSnapshot | None, *, now: float) -> str:
     if snapshot is None:
         return "Waiting for the node…"
-    document = {"node": dict(snapshot.node), "states": {name: dict(values) for name, values in snapshot.states.items()}}
-    return format_status(document, now=now)
+    return status_text(snapshot.node, snapshot.states, now=now)
 
 
 class NodeManager(App[None]):
@@ -254,8 +251,8 @@ class NodeManager(App[None]):
 
     def _draw_tab(self, tab: str, now: float) -> None:
         snapshot = self._shown
-        states = snapshot.states if snapshot is not None else {}
-        names = (snapshot.node.get("hotkeys") if snapshot is not None else None) or None
+        states = snapshot.wire_states if snapshot is not None else {}
+        names = (snapshot.node.hotkeys if snapshot is not None else None) or None
         if tab == "overview":
             self.query_one(RequestsPanel).update_metrics(
                 snapshot.metrics if snapshot is not None else None, now=now, states=states
@@ -301,13 +298,13 @@ class NodeManager(App[None]):
 
     async def palette_commands(self) -> list[CommandSpec]:
         if self.bridge is None:
-            return command_specs([], {})
+            return command_specs([], NodeStates())
         try:
             actions = await self.bridge.list_actions()
         except EngyError as err:
             self.notify(str(err), title="commands", severity="warning")
             actions = []
-        states = self.bridge.latest.states if self.bridge.latest is not None else {}
+        states = self.bridge.latest.states if self.bridge.latest is not None else NodeStates()
         return command_specs(actions, states)
 
     async def run_command(self, spec: CommandSpec) -> None:

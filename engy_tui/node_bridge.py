@@ -37,6 +37,7 @@ import trio
 from engy_node.control import node_actions
 from engy_node.errors import EngyError, collapse
 from engy_node.hub import Hub
+from engy_node.snapshots import STATE_SCHEMA, NodeInfo, NodeStates, decode, decode_states
 from engy_tui.bridge import GuestRun
 
 SNAPSHOT_INTERVAL_S = 0.5
@@ -54,14 +55,24 @@ LocalStart = Callable[..., Awaitable[Any]]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeSnapshot:
-    node: Mapping[str, Any]
-    states: Mapping[str, Mapping[str, Any]]
+    node: NodeInfo
+    states: NodeStates
+    """Decoded once per snapshot (`snapshots.decode_states`, liberal), for every panel to read."""
+    wire_states: Mapping[str, Mapping[str, Any]]
+    """The states as the node sent them, for the panels still reading keys."""
     metrics: Mapping[str, Any]
     taken_at: float
     """Wall-clock seconds when this snapshot was read."""
     connected: bool
     error: str | None = None
     """Why the node did not answer (attached), or why it stopped (local)."""
+    schema: int | None = None
+    """The node's state schema (`snapshots.STATE_SCHEMA` of its version); None before it had one."""
+
+    @property
+    def newer_schema(self) -> bool:
+        """The node speaks a state schema this TUI predates: some figures may be missing."""
+        return self.schema is not None and self.schema > STATE_SCHEMA
 
 
 class NodeBridge(GuestRun):
@@ -181,13 +192,7 @@ class NodeBridge(GuestRun):
         if response.status_code != 200:
             message = (body.get("error") or {}).get("message") or f"HTTP {response.status_code}"
             return _stale(previous, now, f"the node refused: {message}")
-        return NodeSnapshot(
-            node=body.get("node") or {},
-            states=body.get("states") or {},
-            metrics=body.get("metrics") or {},
-            taken_at=now,
-            connected=True,
-        )
+        return snapshot_of(body.get("node"), body, taken_at=now, connected=True)
 
     async def _poll_events(self, client: httpx.AsyncClient) -> None:
         while True:
@@ -228,15 +233,8 @@ class NodeBridge(GuestRun):
             batch = self.hub.events_since(self._next_seq, limit=EVENT_BATCH)
             self._take([dataclasses.asdict(event) for event in batch.events], batch.next_seq, batch.missed)
             snapshot = self.hub.snapshot()
-            # A node that describes itself (the local network publishes its hotkeys) wins.
-            node = {**self.node_info, **snapshot["states"].get("node", {})}
-            self.latest = NodeSnapshot(
-                node=node,
-                states=snapshot["states"],
-                metrics=snapshot["metrics"],
-                taken_at=self.clock(),
-                connected=self._error is None,
-                error=self._error,
+            self.latest = snapshot_of(
+                self.node_info, snapshot, taken_at=self.clock(), connected=self._error is None, error=self._error
             )
             await trio.sleep(EVENTS_INTERVAL_S)
 
@@ -258,10 +256,37 @@ def read_attach_token(token_file: str | Path) -> str:
     return read_token(Path(token_file))
 
 
+def snapshot_of(
+    node_info: Any, status: Mapping[str, Any], *, taken_at: float, connected: bool, error: str | None = None
+) -> NodeSnapshot:
+    """A `/v1/status` document (or `Hub.snapshot()`) and the node's info as a `NodeSnapshot`."""
+    wire = status.get("states")
+    wire = wire if isinstance(wire, Mapping) else {}
+    published = wire.get("node")
+    # A node that describes itself (the local network publishes its hotkeys) wins.
+    node = {**_mapping(node_info), **_mapping(published)}
+    metrics = status.get("metrics")
+    schema = status.get("schema")
+    return NodeSnapshot(
+        node=decode(NodeInfo, node),
+        states=decode_states(wire),
+        wire_states=wire,
+        metrics=metrics if isinstance(metrics, Mapping) else {},
+        taken_at=taken_at,
+        connected=connected,
+        error=error,
+        schema=schema if isinstance(schema, int) else None,
+    )
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _stale(previous: NodeSnapshot | None, now: float, error: str) -> NodeSnapshot:
     """What the node last said, marked as no longer current and why."""
     if previous is None:
-        return NodeSnapshot(node={}, states={}, metrics={}, taken_at=now, connected=False, error=error)
+        return snapshot_of({}, {}, taken_at=now, connected=False, error=error)
     return dataclasses.replace(previous, connected=False, error=error)
 
 

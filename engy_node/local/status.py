@@ -18,6 +18,7 @@ from engy_node.snapshots import (
     EpochsState,
     GatewayState,
     NodeInfo,
+    NodeStates,
     TrafficPolicyState,
     ValidatorState,
     decode,
@@ -26,9 +27,14 @@ from engy_node.snapshots import (
 
 
 def format_status(status: Mapping[str, Any], *, now: float | None = None) -> str:
-    now = time.time() if now is None else now
+    """The `/v1/status` document as text."""
     states = decode_states(_map(status.get("states")))
-    node = decode(NodeInfo, _map(status.get("node")))
+    return status_text(decode(NodeInfo, _map(status.get("node"))), states, now=now)
+
+
+def status_text(node: NodeInfo, states: NodeStates, *, now: float | None = None) -> str:
+    """A node's info and decoded states as text (what the TUI's overview shows)."""
+    now = time.time() if now is None else now
     lines = [_header(node, now)]
     names = {ss58: name for name, ss58 in node.hotkeys.items()}
     if states.network is not None:

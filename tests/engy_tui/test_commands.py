@@ -11,6 +11,7 @@ import trio
 
 from engy_node.control import Actions
 from engy_node.hub import Hub
+from engy_node.snapshots import NodeStates, decode_states
 from engy_tui.commands import KeymapError, command_specs, load_keymap
 from engy_tui.manager import NodeManager
 from engy_tui.node_bridge import NodeBridge
@@ -26,10 +27,13 @@ def test_a_nodes_actions_become_palette_entries_with_their_parameters():
             {"id": "restart-model-server-miner-2", "description": "restart"},
             {"id": "flush-cache", "description": "x"},
         ],
-        {
-            "model_server.miner-2": {"command": "python -m engy_node serve --port 1"},
-            "gateway": {"command": "not a server"},
-        },
+        decode_states(
+            {
+                "model_server.miner-2": {"command": "python -m engy_node serve --port 1"},
+                "miner-2": {"command": "the miner's own, not its server's"},
+            },
+            strict=True,
+        ),
     )
     titles = [spec.title for spec in specs]
     assert titles == [
@@ -48,10 +52,9 @@ def test_a_nodes_actions_become_palette_entries_with_their_parameters():
 
 
 def test_a_node_with_nothing_registered_still_offers_diagnostics():
-    assert [spec.kind for spec in command_specs([], {})] == ["diagnose"]
-    assert [spec.kind for spec in command_specs([{"description": "no id"}], {"model_server": "not a dict"})] == [
-        "diagnose"
-    ]
+    assert [spec.kind for spec in command_specs([], NodeStates())] == ["diagnose"]
+    no_command = decode_states({"model_server": "not an object", "model_server.miner-1": {"command": ""}})
+    assert [spec.kind for spec in command_specs([{"description": "no id"}], no_command)] == ["diagnose"]
 
 
 def test_the_keymap_file_rebinds_by_id_and_a_broken_one_names_itself(tmp_path):
@@ -109,7 +112,7 @@ def test_r_restarts_the_model_server_and_c_copies_its_command():
     async def script(pilot) -> None:
         await wait_until(
             pilot,
-            lambda: app.bridge.latest is not None and "model_server" in app.bridge.latest.states,
+            lambda: app.bridge.latest is not None and "miner" in app.bridge.latest.states.model_servers,
             "the node's state read",
         )
         await pilot.press("r")

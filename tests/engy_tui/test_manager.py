@@ -22,7 +22,7 @@ from engy_node.errors import EngyError
 from engy_node.hub import Hub
 from engy_tui.app import build_app, build_parser
 from engy_tui.manager import NodeManager, header_text
-from engy_tui.node_bridge import NodeBridge, NodeSnapshot
+from engy_tui.node_bridge import NodeBridge, NodeSnapshot, snapshot_of
 from engy_tui.widgets.logs import LogsView
 
 SIZE = (120, 40)
@@ -53,15 +53,9 @@ STATES = {
 }
 
 
-def snapshot(**overrides) -> NodeSnapshot:
-    values = {
-        "node": {"roles": ["gateway", "validator"], "network": "local", "started_at": NOW - 300},
-        "states": STATES,
-        "metrics": {},
-        "taken_at": NOW,
-        "connected": True,
-    }
-    return NodeSnapshot(**{**values, **overrides})
+def snapshot(*, connected: bool = True, error: str | None = None) -> NodeSnapshot:
+    node = {"roles": ["gateway", "validator"], "network": "local", "started_at": NOW - 300}
+    return snapshot_of(node, {"states": STATES}, taken_at=NOW, connected=connected, error=error)
 
 
 def test_the_header_names_roles_block_epoch_uptime_and_a_state_word():

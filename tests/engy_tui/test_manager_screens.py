@@ -9,7 +9,7 @@ import pytest
 
 from engy_node.hardware.monitor import assess, sample
 from engy_tui.manager import NodeManager
-from engy_tui.node_bridge import NodeSnapshot
+from engy_tui.node_bridge import NodeSnapshot, snapshot_of
 from tests.engy_node.hardware.test_monitor import rig
 from tests.engy_tui.test_miner_panel import local_network
 from tests.engy_tui.test_validator_panel import NAMES, NOW, local_chain, local_validator
@@ -97,7 +97,7 @@ def node_snapshot() -> NodeSnapshot:
         "started_at": NOW - 600,
         "hotkeys": NAMES,
     }
-    return NodeSnapshot(node=node, states=states, metrics={}, taken_at=NOW - 0.2, connected=True)
+    return snapshot_of(node, {"states": states}, taken_at=NOW - 0.2, connected=True)
 
 
 EVENTS = [
