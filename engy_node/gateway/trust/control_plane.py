@@ -7,8 +7,10 @@
 * reads the request-log rows and verdicts written since the last look, by every worker process,
   from the store (`PaidFinished` / `ProbeFinished`, `PaidVerdict` / `ProbeVerdict`): the store is
   already where every process's outcomes land, so nothing else has to travel between processes;
-* lets time act (`traffic.tick`), logs every transition with its reason, publishes the states to
-  the hub, and writes the states that changed to the store's `eligibility` table;
+* lets time act (`traffic.tick`), logs every transition with its reason, writes the states that
+  changed to the store's `eligibility` table, and publishes every state to the hub with what the
+  breaker weighs now (its windows) beside each (miner, model)'s totals since this process
+  started (`snapshots.LifetimeCounts`), so a dashboard never shows a window as a total;
 * sends the probes that are due (`traffic_probes.next_probe_at`, `traffic_probes.probe_plan` over the shipped
   corpus), each as an ordinary request to that one miner through the same relay buyers get.
 
@@ -42,6 +44,8 @@ from engy_node.gateway.trust import traffic, traffic_probes, traffic_state
 from engy_node.hub import Hub
 from engy_node.models import ModelSpec
 from engy_node.probe_corpus import ProbePrompt
+from engy_node.proof import VerdictKind
+from engy_node.snapshots import LifetimeCounts, encode
 
 log = logging.getLogger("engy.gateway.traffic")
 
@@ -105,6 +109,8 @@ class TrafficControl:
         self.in_flight: set[tuple[str, str]] = set()
         self.history: dict[tuple[str, str], collections.deque[traffic_state.Transition]] = {}
         """Each worker's recent transitions, for the hub."""
+        self.lifetime: dict[tuple[str, str], LifetimeCounts] = {}
+        """What each (miner, model) served and had judged since this control plane started."""
         self._changed: set[tuple[str, str]] = set()
         self._seen: set[tuple[str, str]] = set()
         self._request_cursor = 0
@@ -142,6 +148,7 @@ class TrafficControl:
                 for key in list(self.states):
                     self._apply(key, traffic.tick(self.states[key], now=now, policy=self.policy), now)
                 await self._persist()
+                self._publish()
                 self._send_due_probes(now, probes)
                 await trio.sleep(TICK_S)
 
@@ -224,12 +231,18 @@ class TrafficControl:
             ttft = None if entry.ttft_ms is None else int(round(entry.ttft_ms))
             tpot = None if entry.tpot_ms is None else int(round(entry.tpot_ms))
             finished = traffic_state.ProbeFinished if entry.kind == "probe" else traffic_state.PaidFinished
-            self._observe((entry.miner, entry.model), finished(entry.request_id, ok, ttft, tpot), now)
+            key = (entry.miner, entry.model)
+            self._observe(key, finished(entry.request_id, ok, ttft, tpot), now)
+            if key[1] in self.models:
+                self.lifetime[key] = served(self.lifetime.get(key, LifetimeCounts()), ok=ok)
         verdicts = await self.store.run(self.store.verdicts_after, self._verdict_cursor, limit=ROWS_PER_READ)
         for row_id, record in verdicts:
             self._verdict_cursor = row_id
             judged = traffic_state.ProbeVerdict if record.kind == "probe" else traffic_state.PaidVerdict
-            self._observe((record.miner, record.model), judged(record.request_id, record.verdict), now)
+            key = (record.miner, record.model)
+            self._observe(key, judged(record.request_id, record.verdict), now)
+            if key[1] in self.models:
+                self.lifetime[key] = audited(self.lifetime.get(key, LifetimeCounts()), record.verdict)
 
     async def _persist(self) -> None:
         if not self._changed:
@@ -252,10 +265,16 @@ class TrafficControl:
             log.error("could not save eligibility (%s); workers keep the previous view until the next tick", error)
             return
         self._changed.clear()
+
+    def _publish(self) -> None:
         self.hub.set_state(
             "traffic",
             workers=[
-                {**state.to_json(), "history": [transition.to_json() for transition in self.history.get(key, ())]}
+                {
+                    **state.to_json(),
+                    "lifetime": encode(self.lifetime.get(key, LifetimeCounts())),
+                    "history": [transition.to_json() for transition in self.history.get(key, ())],
+                }
                 for key, state in sorted(self.states.items())
             ],
         )
@@ -295,6 +314,17 @@ class TrafficControl:
             )
             if at is not None:
                 self.next_probe[key] = at
+
+
+def served(counts: LifetimeCounts, *, ok: bool) -> LifetimeCounts:
+    """`counts` with one more request served (`ok`: it succeeded)."""
+    return dataclasses.replace(counts, served=counts.served + 1, failed=counts.failed + (not ok))
+
+
+def audited(counts: LifetimeCounts, verdict: VerdictKind) -> LifetimeCounts:
+    """`counts` with one more verdict recorded."""
+    tallied = {"pass": "passed", "cheat": "cheat", "unproven": "unproven"}[verdict]
+    return dataclasses.replace(counts, audited=counts.audited + 1, **{tallied: getattr(counts, tallied) + 1})
 
 
 async def _keep_refreshed(refresh: Callable[[], Awaitable[None]], on_store_error: str, task_status) -> None:

@@ -13,6 +13,7 @@ from engy_node.gateway.trust import control_plane
 from engy_node.hub import Hub
 from engy_node.models import SMOLLM2_135M
 from engy_node.probe_corpus import load_probe_corpus
+from engy_node.snapshots import LifetimeCounts, decode_states
 from tests.waiting import Changes
 
 MODEL = SMOLLM2_135M.id
@@ -205,6 +206,70 @@ async def test_paid_requests_the_buyer_was_at_fault_for_never_pull_an_active_min
     # Looked up by id: a probe the plane sent meanwhile may have come after it.
     counted = [entry.ok for entry in plane.states[(MINER, MODEL)].served if entry.request_id == "paid-502"]
     assert counted == [False], "a miner's own failure is still counted"
+
+
+def paid(request_id: str, status: int, account_id: int | None) -> RequestLogEntry:
+    return RequestLogEntry(
+        request_id=request_id,
+        account_id=account_id,
+        miner=MINER,
+        model=MODEL,
+        api="openai",
+        kind="paid",
+        status=status,
+        prompt_tokens=10,
+        completion_tokens=5,
+        cached_tokens=0,
+        cost_micro=0,
+        ttft_ms=50.0,
+        tpot_ms=5.0,
+        created_at=time.time(),
+    )
+
+
+def judged(request_id: str, verdict: str) -> VerdictRecord:
+    now = time.time()
+    return VerdictRecord(
+        request_id=request_id,
+        miner=MINER,
+        model=MODEL,
+        kind="paid",
+        verdict=verdict,
+        reason="ok",
+        verifier="local",
+        request_created_at=now,
+        judged_at=now,
+    )
+
+
+async def test_the_hub_shows_lifetime_totals_beside_the_breakers_window_every_tick(nursery, store, monkeypatch):
+    """What a dashboard reads: every outcome and verdict since the start, not only the breaker's
+    last minutes, and republished each tick even when no miner changed state."""
+    monkeypatch.setattr(control_plane, "TICK_S", 0.05)
+    connected = Connected({(MINER, MODEL)})
+    probes_unanswered = Probed(store)
+    probes_unanswered.send = lambda *probe: trio.sleep(0)  # no row: only the paid outcomes below count
+    plane = control(store, probes_unanswered, connected, first_party={MINER})
+    await nursery.start(plane.run)
+    await connected.a_whole_tick()
+    buyer, _ = store.create_buyer("buyer")
+    for index, (status, verdict) in enumerate([(200, "pass"), (200, "pass"), (502, None), (200, "unproven")]):
+        store.log_request(paid(f"paid{index}", status, buyer))
+        if verdict is not None:
+            store.record_verdict(judged(f"paid{index}", verdict))
+    await connected.a_whole_tick()
+    [worker] = decode_states(plane.hub.states(), strict=True).traffic.workers
+    assert worker.state == "active", "no transition happened: the totals were published anyway"
+    assert worker.lifetime == LifetimeCounts(served=4, failed=1, audited=3, passed=2, cheat=0, unproven=1)
+    assert (worker.window.requests, worker.window.failed, worker.window.verdicts) == (4, 1, 3)
+
+
+def test_lifetime_counts_add_one_outcome_or_verdict_at_a_time():
+    counts = control_plane.served(LifetimeCounts(), ok=True)
+    counts = control_plane.served(counts, ok=False)
+    for verdict in ("pass", "cheat", "unproven", "pass"):
+        counts = control_plane.audited(counts, verdict)
+    assert counts == LifetimeCounts(served=2, failed=1, audited=4, passed=2, cheat=1, unproven=1)
 
 
 async def test_first_party_miners_are_eligible_before_any_probe(nursery, store):
