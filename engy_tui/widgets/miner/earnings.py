@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from engy_node.snapshots import ChainState, decode
 from engy_tui.widgets.cells import NA, Cell
 from engy_tui.widgets.miner.common import Line, count_text
 from engy_tui.widgets.validator.chain import miner_lines
@@ -28,7 +29,8 @@ def chain_lines(chain: Any, hotkey: str | None) -> list[Line]:
         return [(Cell(f"hotkey {NA}: this node does not publish the miner's hotkey", "na"),)]
     if not isinstance(chain, Mapping) or not chain:
         return [(Cell(f"chain state {NA}: only a local network's dev chain is published", "na"),)]
-    lines = [tuple(line) for line in miner_lines(chain, hotkey)]
+    # Wire form until the miner view passes the typed state.
+    lines = [tuple(line) for line in miner_lines(decode(ChainState, chain), hotkey)]
     if len(lines) == 1 and lines[0] and lines[0][0].style == "error":
         lines.append(
             (

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.cells import cell_len
 
+from engy_node.snapshots import ChainState
 from engy_tui.widgets.cells import DASH, NA, Cell, as_bool, short_hotkey
 from engy_tui.widgets.cells import as_int as _int
 from engy_tui.widgets.cells import as_map as _map
@@ -174,30 +175,28 @@ def _one(value: Any) -> str:
     return _text(str(value)) or NA
 
 
-def miner_lines(chain: Mapping[str, Any] | None, hotkey: str | None) -> list[Line]:
+def miner_lines(chain: ChainState | None, hotkey: str | None) -> list[Line]:
     """A miner's own standing for its dashboard: uid, incentive, emission, and how many permit
     holders weight it, with the newest such update's age in blocks."""
-    chain = _map(chain)
-    neurons = neuron_list(chain)
-    mine = next((n for n in neurons if hotkey is not None and n.get("hotkey") == hotkey), None)
+    if chain is None or not chain.neurons:
+        return [(Cell("chain state n/a", "na"),)]
+    mine = next((n for n in chain.neurons if hotkey is not None and n.hotkey == hotkey), None)
     if mine is None:
-        if not neurons:
-            return [(Cell("chain state n/a", "na"),)]
-        return [(Cell(f"not registered on netuid {count_or_na(_int(chain.get('netuid')))} {ERROR}", "error"),)]
-    uid = _int(mine.get("uid"))
-    emission = _num(mine.get("emission"))
-    head = _int(chain.get("block"))
-    validators = [n for n in neurons if n.get("permit") is True and _int(n.get("uid")) is not None]
-    weights = _map(chain.get("weights"))
-    weighting = [n for n in validators if (_int(_map(weights.get(str(n["uid"]))).get(str(uid))) or 0) > 0]
-    updates = [_int(n.get("last_update")) for n in weighting]
-    newest = max((u for u in updates if u is not None), default=None)
-    age = f", newest {head - newest:,} blocks ago" if newest is not None and head is not None else ""
+        return [(Cell(f"not registered on netuid {count_or_na(chain.netuid)} {ERROR}", "error"),)]
+    validators = [n for n in chain.neurons if n.permit and n.uid is not None]
+    weighting = [
+        n
+        for n in validators
+        if n.uid is not None and mine.uid is not None and chain.weights.get(n.uid, {}).get(mine.uid, 0) > 0
+    ]
+    newest = max((n.last_update for n in weighting if n.last_update is not None), default=None)
+    age = f", newest {chain.block - newest:,} blocks ago" if newest is not None and chain.block is not None else ""
     style = "ok" if weighting else "warning"
+    emission = _num(mine.emission)
     return [
         (
-            Cell(f"uid {count_or_na(uid)} · incentive "),
-            _fraction(mine.get("incentive")),
+            Cell(f"uid {count_or_na(mine.uid)} · incentive "),
+            _fraction(mine.incentive),
             Cell(" · emission "),
             Cell(f"{emission:,.4f} α/epoch") if emission is not None else NA_CELL,
         ),
