@@ -8,10 +8,11 @@ On the embedded SmolLM2-135M-Instruct, CPU: one typical request (a ~200-token ch
 and seeded-sampled at T 0.7 top_p 1 and T 1 top_p 0.9 by the reference server's own draw (sglang's
 rank path, as our miner asks for it). This process serves the answers and recomputes their
 logits once (float32 and bfloat16 recomputes, the verifier's two precisions) and times the
-recompute; each tree then times `proof.token_stats` + `proof.token_check` on those same logits
-in a process of its own, the trees alternating round by round so the machine's drift falls on
-both. Prints, per recompute dtype and check, ms per output token (median, min–max over rounds)
-in each tree, the ratio, and the whole verification (recompute + check) per token both ways.
+recompute; each tree then times `logit_stats.token_stats` + `token_evidence.token_check` (both in
+`proof.py` in trees from before its split) on those same logits in a process of its own, the
+trees alternating round by round so the machine's drift falls on both. Prints, per recompute
+dtype and check, ms per output token (median, min–max over rounds) in each tree, the ratio, and
+the whole verification (recompute + check) per token both ways.
 """
 
 from __future__ import annotations
@@ -89,14 +90,19 @@ def one_run(cases_file: str, repeats: int) -> None:
     """In the tree being measured: seconds per output token of each case's token check."""
     import torch
 
-    from engy_node import proof
     from engy_node.models import get_model
+
+    try:  # the token check's own modules, since proof.py was split
+        from engy_node import logit_stats, token_evidence
+    except ImportError:  # a baseline tree from before: all of it in proof.py
+        from engy_node import proof as logit_stats
+        from engy_node import proof as token_evidence
 
     check_params = get_model("smollm2-135m").token_check
     # The edge tolerance was `rank_tolerance` (the rank window) before the one-draw replay.
     edge = (
         {"edge_band": check_params.nucleus_edge_band}
-        if "edge_band" in inspect.signature(proof.token_stats).parameters
+        if "edge_band" in inspect.signature(logit_stats.token_stats).parameters
         else {"rank_tolerance": check_params.seeded_rank_tolerance}
     )
     timings = {}
@@ -106,12 +112,12 @@ def one_run(cases_file: str, repeats: int) -> None:
         terms = (
             None
             if sampling is None
-            else proof.SamplingTerms(*sampling, seed=case["seed"] if case["check"] == "replay" else None)
+            else logit_stats.SamplingTerms(*sampling, seed=case["seed"] if case["check"] == "replay" else None)
         )
         samples = []
         for attempt in range(repeats + 1):
             started = time.perf_counter()
-            stats = proof.token_stats(
+            stats = logit_stats.token_stats(
                 logits,
                 case["tokens"],
                 sampling=terms,
@@ -119,11 +125,11 @@ def one_run(cases_file: str, repeats: int) -> None:
                 first_position=case["first_position"],
                 **edge,
             )
-            verdict = proof.token_check(stats, greedy=terms is None, params=check_params)
+            verdict = token_evidence.token_check(stats, greedy=terms is None, params=check_params)
             if attempt:  # the first is a warm-up
                 samples.append((time.perf_counter() - started) / len(case["tokens"]))
         timings[f"{case['dtype']}|{case['answer']}|{case['check']}"] = {"s": samples, "ok": verdict.ok}
-    print(json.dumps({"engy_node": proof.__file__, "timings": timings}))
+    print(json.dumps({"engy_node": logit_stats.__file__, "timings": timings}))
 
 
 def run_in_tree(tree: Path, cases_file: Path, repeats: int) -> dict:

@@ -8,7 +8,7 @@ On the embedded SmolLM2-135M-Instruct checkpoint, on the CPU:
    logits of one typical request (a ~200-token chat prompt, 128 output tokens), the parts of
    `proof.verify_commitment` that are not the recompute: the shape checks (base64 of every
    proof), `proof.verify_chunks` (TOPLOC's chunk comparison) and the token check
-   (`proof.token_stats` + `proof.token_check`) as a greedy answer, and as sampled answers
+   (`logit_stats.token_stats` + `token_evidence.token_check`) as a greedy answer, and as sampled answers
    judged statistically and by seeded replay (T 0.7 top_p 1, T 1 top_p 0.9: the two settings
    the calibration test uses). Target: ≤ 10 µs per token.
 2. The recompute against a plain forward pass: `ModelRunner.prefill(ids)` (what the verifier
@@ -46,7 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never reach for the Hub
 
-from engy_node import proof  # noqa: E402
+from engy_node import logit_stats, proof, token_evidence  # noqa: E402
 from engy_node.calibration import chat_ids, greedy_generation  # noqa: E402
 from engy_node.models import get_model, model_root  # noqa: E402
 from engy_node.protocol.miner import SEEDED_TOP_K  # noqa: E402
@@ -142,7 +142,7 @@ class Request:
         root: str,
         prompt_ids: list[int],
         served: Generation,
-        sampling: proof.SamplingTerms | None,
+        sampling: logit_stats.SamplingTerms | None,
         end_tokens: frozenset[int],
     ) -> None:
         self.prompt_ids = prompt_ids
@@ -163,7 +163,7 @@ class Request:
         self.sampling = sampling
         self.root = root
 
-    def verify(self, recompute, sampling: proof.SamplingTerms | None) -> proof.Verdict:
+    def verify(self, recompute, sampling: logit_stats.SamplingTerms | None) -> proof.Verdict:
         return proof.verify_commitment(
             self.commitment,
             model=MODEL,
@@ -177,7 +177,7 @@ class Request:
         )
 
 
-def label_of(sampling: proof.SamplingTerms | None) -> str:
+def label_of(sampling: logit_stats.SamplingTerms | None) -> str:
     if sampling is None:
         return "greedy"
     check = "replay" if sampling.seed is not None else "statistical"
@@ -185,7 +185,7 @@ def label_of(sampling: proof.SamplingTerms | None) -> str:
 
 
 def checks(
-    runner: ModelRunner, requests: dict[str, tuple[Request, proof.SamplingTerms | None]], repeats: int
+    runner: ModelRunner, requests: dict[str, tuple[Request, logit_stats.SamplingTerms | None]], repeats: int
 ) -> list[dict]:
     """Part 1: per judged answer, µs per output token of each check beyond the recompute."""
     rows = []
@@ -212,7 +212,7 @@ def checks(
             assert all(c.passes(MODEL.proof) for c in proof.verify_chunks(request.commitment, hidden_rows, MODEL.proof))
 
         def tokens() -> None:
-            stats = proof.token_stats(
+            stats = logit_stats.token_stats(
                 row_logits,
                 request.output_ids,
                 sampling=sampling,
@@ -220,7 +220,7 @@ def checks(
                 first_position=first,
                 edge_band=tc.nucleus_edge_band,
             )
-            assert proof.token_check(stats, greedy=sampling is None, params=tc).ok, label
+            assert token_evidence.token_check(stats, greedy=sampling is None, params=tc).ok, label
 
         parts = {
             name: [s / n for s in timed(fn, repeats)]
@@ -259,7 +259,7 @@ def recompute_vs_forward(runner: ModelRunner, lengths: Sequence[int], repeats: i
 
 def verify_vs_generate(
     runner: ModelRunner,
-    requests: dict[str, tuple[Request, proof.SamplingTerms | None]],
+    requests: dict[str, tuple[Request, logit_stats.SamplingTerms | None]],
     prompt_ids: list[int],
     output_tokens: int,
     repeats: int,
@@ -285,7 +285,7 @@ def verify_vs_generate(
     return result
 
 
-def _verified(request: Request, runner: ModelRunner, sampling: proof.SamplingTerms | None) -> None:
+def _verified(request: Request, runner: ModelRunner, sampling: logit_stats.SamplingTerms | None) -> None:
     verdict = request.verify(runner.prefill, sampling)
     assert verdict.kind == "pass", verdict
 
@@ -350,13 +350,16 @@ def main() -> None:
         end_tokens = end_token_ids_of(checkpoint, runner.tokenizer)
         prompt_ids = prompt_of(runner, args.prompt_tokens)
         served = greedy_generation(runner, prompt_ids, args.output_tokens, ignore_eos=True)
-        requests: dict[str, tuple[Request, proof.SamplingTerms | None]] = {
+        requests: dict[str, tuple[Request, logit_stats.SamplingTerms | None]] = {
             "greedy": (Request(runner, root, prompt_ids, served, None, end_tokens), None)
         }
         for temperature, top_p in SAMPLED:
             answer = seeded_answer(runner, prompt_ids, args.output_tokens, temperature, top_p)
             request = Request(runner, root, prompt_ids, answer, None, end_tokens)
-            for terms in (proof.SamplingTerms(temperature, top_p), proof.SamplingTerms(temperature, top_p, seed=SEED)):
+            for terms in (
+                logit_stats.SamplingTerms(temperature, top_p),
+                logit_stats.SamplingTerms(temperature, top_p, seed=SEED),
+            ):
                 requests[label_of(terms)] = (request, terms)
         part1 = checks(runner, requests, args.repeats)
         part2 = recompute_vs_forward(runner, lengths, args.repeats)

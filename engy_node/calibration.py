@@ -43,7 +43,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from engy_node import proof
+from engy_node import logit_stats, proof
 from engy_node.models import ModelSpec, model_root
 from engy_node.protocol.miner import SEEDED_TOP_K
 from engy_node.serve.engine import Generation, ModelRunner, run_to_completion
@@ -278,7 +278,7 @@ def run_calibration(
         prompt_ids: Sequence[int],
         *,
         relayed: Sequence[int] | None = None,
-        sampling: proof.SamplingTerms | None = None,
+        sampling: logit_stats.SamplingTerms | None = None,
     ) -> None:
         delivery = proof.Delivery(
             relayed_output_ids=tuple(commitment.output_token_ids if relayed is None else relayed),
@@ -345,8 +345,8 @@ def run_calibration(
 
         for setting, (temperature, top_p) in enumerate(sampled_settings):
             seed = 1000 * index + setting
-            seeded = proof.SamplingTerms(temperature, top_p, seed=seed)
-            unseeded = proof.SamplingTerms(temperature, top_p)
+            seeded = logit_stats.SamplingTerms(temperature, top_p, seed=seed)
+            unseeded = logit_stats.SamplingTerms(temperature, top_p)
             sampled = seeded_generation(
                 honest, prompt_ids, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
             )
@@ -381,7 +381,7 @@ def run_calibration(
 
 
 def _sampled_expectation(
-    case: str, terms: proof.SamplingTerms, n_tokens: int, model: ModelSpec
+    case: str, terms: logit_stats.SamplingTerms, n_tokens: int, model: ModelSpec
 ) -> proof.VerdictKind | None:
     """What is promised for a cheat's sampled answer. The 4-bit model's own proofs fail TOPLOC
     whatever the tokens. The prefill attack's proofs are genuine, so only its tokens can give it
@@ -463,8 +463,8 @@ def run_sampled_soundness(
         )
         for dtype, verifier in verifiers.items():
             for check, terms in (
-                ("replay", proof.SamplingTerms(temperature, top_p, seed=seed)),
-                ("statistical", proof.SamplingTerms(temperature, top_p)),
+                ("replay", logit_stats.SamplingTerms(temperature, top_p, seed=seed)),
+                ("statistical", logit_stats.SamplingTerms(temperature, top_p)),
             ):
                 verdict = proof.verify_commitment(
                     commitment,

@@ -1,6 +1,6 @@
 """Measure the honest numeric drift between serving and recompute paths, token by token.
 
-The greedy and seeded token checks (`proof.miss_evidence`) tell numeric noise from a cheaper
+The greedy and seeded token checks (`token_evidence.miss_evidence`) tell numeric noise from a cheaper
 model by how far each served token trails the recompute's choice. That needs to know how far an
 honest token can trail when the miner and the verifier compute on different numeric paths —
 bf16 decode against an fp32 or bf16 cold prefill, different thread counts (a different reduction
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engy_node import proof
+from engy_node import logit_stats
 from engy_node.calibration import (
     SAMPLED_SETTINGS,
     chat_ids,
@@ -215,10 +215,10 @@ def run_seeded_drift(
                 for recompute_path in recompute_paths:
                     verifier = runner_for(recompute_path)
                     _, logits = verifier.prefill(prompt_ids + output[:-1], start=len(prompt_ids) - 1)
-                    stats = proof.token_stats(
+                    stats = logit_stats.token_stats(
                         logits,
                         output,
-                        sampling=proof.SamplingTerms(temperature, top_p, seed=seed),
+                        sampling=logit_stats.SamplingTerms(temperature, top_p, seed=seed),
                         nucleus_margin=check.nucleus_margin,
                         first_position=len(prompt_ids) - 1,
                         edge_band=check.nucleus_edge_band,

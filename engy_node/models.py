@@ -61,22 +61,22 @@ class TokenCheckParams:
     greedy_drift_band: float = 0.3
     """Greedy requests: a token trailing the argmax by at most this much is numeric noise, never
     evidence (the 99.9th percentile of honest gaps across the numeric paths measured,
-    docs/verification.md); only tokens beyond it count (`proof.miss_evidence`)."""
+    docs/verification.md); only tokens beyond it count (`token_evidence.miss_evidence`)."""
     greedy_drift_rate: float = 2e-3
     """Greedy requests: the chance, at most, that an honest token trails by more than the band
     (the measured rate's upper 95 % bound, rounded up)."""
     miss_false_positive_rate: float = 1e-5
     """Greedy and seeded requests: the chance, at most, that honest serving is judged a cheat on
-    its misses beyond the band (`proof.miss_evidence`, an e-value bounded by Ville's inequality)."""
+    its misses beyond the band (`token_evidence.miss_evidence`, an e-value bounded by Ville's inequality)."""
     sampled_false_positive_rate: float = 1e-5
     """Sampled requests: the chance, at most, that honest sampling is judged improbable
-    (`proof.sampled_evidence`, an e-value bounded by Ville's inequality)."""
+    (`token_evidence.sampled_evidence`, an e-value bounded by Ville's inequality)."""
     sampled_drift_per_token: float = 0.02
     """Sampled requests: nats per token of evidence set aside for serving and recompute computing
     the distribution on different numeric paths."""
     seeded_margin: float = 1.5
     """Seeded requests: a served token whose win of the replayed draw needs the numerics to
-    differ by more than this many logits is a cheat on its own (`proof._replay_gaps`). Wider than
+    differ by more than this many logits is a cheat on its own (`logit_stats._replay_gaps`). Wider than
     the greedy margin: a draw reaches into the distribution's tail, whose logits drift further
     between numeric paths than the argmax's (honest worst measured: 0.41 logits on an fp32
     recompute, 0.79 on a bf16 one, docs/verification.md)."""

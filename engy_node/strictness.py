@@ -5,7 +5,7 @@ TOPLOC binds hidden states to tokens, not to how the tokens were chosen, so a mi
 with the canonical model can still choose its tokens more cheaply than the request asked: serve
 a cached greedy answer for a sampled request, a narrower nucleus or a top-k, a lower
 temperature, or tokens from a cheaper model proved by a canonical prefill. For seeded requests
-only the replayed draw (`proof._replay_gaps`) can tell; `run_sampling_cheats` measures how often
+only the replayed draw (`logit_stats._replay_gaps`) can tell; `run_sampling_cheats` measures how often
 it does. Each answer is served with `ignore_eos`, so every one is exactly as long as asked, and
 judged on the verifier's path (the float32 recompute by default against bf16 serving); the gaps
 are kept per token, so the catch rate within the first n tokens of an answer is read from the
@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from engy_node import proof
+from engy_node import logit_stats, proof, token_evidence
 from engy_node.calibration import chat_ids, proportion_interval, quantise_linear_weights
 from engy_node.models import ModelSpec, TokenCheckParams
 from engy_node.protocol.miner import SEEDED_TOP_K
@@ -65,21 +65,21 @@ PREFIXES = (16, 32, 64, 128, 256, 512, 1024)
 class JudgedAnswer:
     case: str
     answer: int
-    stats: proof.TokenStats
+    stats: logit_stats.TokenStats
 
     @property
     def gaps(self) -> tuple[float, ...]:
         """Per token, the replayed draw's gap (logits)."""
         return self.stats.replay_gap
 
-    def verdict_within(self, tokens: int, params: TokenCheckParams) -> proof.TokenCheck:
+    def verdict_within(self, tokens: int, params: TokenCheckParams) -> token_evidence.TokenCheck:
         """The token check's verdict on the answer's first `tokens` tokens."""
         cut = {
             field.name: getattr(self.stats, field.name)[:tokens]
-            for field in dataclasses.fields(proof.TokenStats)
+            for field in dataclasses.fields(logit_stats.TokenStats)
             if getattr(self.stats, field.name)
         }
-        return proof.token_check(dataclasses.replace(self.stats, **cut), greedy=False, params=params)
+        return token_evidence.token_check(dataclasses.replace(self.stats, **cut), greedy=False, params=params)
 
 
 def _serve(runner: ModelRunner, prompt_ids: Sequence[int], tokens: int, knobs: dict[str, Any]) -> list[int]:
@@ -112,7 +112,7 @@ def run_sampling_cheats(
     for answer, messages in enumerate(conversations):
         prompt_ids = chat_ids(honest, messages)
         seed = 104_729 * (answer + 1)
-        asked = proof.SamplingTerms(ASKED["temperature"], ASKED["top_p"], seed=seed)
+        asked = logit_stats.SamplingTerms(ASKED["temperature"], ASKED["top_p"], seed=seed)
         for case, departure in cases:
             knobs = {key: value for key, value in departure.items() if key not in ("model", "seeded")}
             drawn = {**ASKED, "top_k": SEEDED_TOP_K, **knobs}
@@ -120,7 +120,7 @@ def run_sampling_cheats(
                 drawn["sampling_seed"] = seed
             output = _serve(runners[departure.get("model", "honest")], prompt_ids, answer_tokens, drawn)
             _, logits = verifier.prefill(prompt_ids + output[:-1], start=len(prompt_ids) - 1)
-            stats = proof.token_stats(
+            stats = logit_stats.token_stats(
                 logits,
                 output,
                 sampling=asked,
@@ -235,7 +235,7 @@ def run_recompute_judged(
                 output = run_to_completion(
                     runner, Generation(rid="recompute", input_ids=list(prompt_ids), params=params)
                 ).output_ids
-                terms = None if greedy else proof.SamplingTerms(temperature, top_p, seed=seed if seeded else None)
+                terms = None if greedy else logit_stats.SamplingTerms(temperature, top_p, seed=seed if seeded else None)
                 verdict = proof.judge_delivered(
                     prompt_ids, output, model=model, recompute=verifier.prefill, greedy=greedy, sampling=terms
                 )

@@ -15,7 +15,8 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal, Protocol
 
-from engy_node.proof import Delivery, SamplingTerms, VerdictKind
+from engy_node.logit_stats import SamplingTerms
+from engy_node.proof import Delivery, VerdictKind
 from engy_node.protocol.miner import Sampling
 
 JobKind = Literal["paid", "probe"]
@@ -41,7 +42,7 @@ class AuditJob:
     """How the request asked to be sampled, with the seed the gateway drew for it."""
     seeded: bool
     """The miner announced it samples deterministically from that seed: the verifier replays
-    its draws (`proof.SamplingTerms.seed`) instead of the statistical test."""
+    its draws (`SamplingTerms.seed`) instead of the statistical test."""
     delivery: Delivery
     """What the buyer received and where the answer ended, which the proof must agree with."""
     created_at: float

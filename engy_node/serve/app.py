@@ -578,7 +578,7 @@ def _prefill_payload(
 ) -> dict[str, Any]:
     import torch
 
-    from engy_node.proof import token_stats
+    from engy_node.logit_stats import token_stats
 
     hidden, logits = runner.prefill(ids, start=start)
     payload: dict[str, Any] = {"hidden_states": encode_array(hidden.to(getattr(torch, hidden_dtype)))}

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engy_node import proof
+from engy_node import logit_stats, proof, token_evidence
 from engy_node.models import SMOLLM2_135M, ProofParams, TokenCheckParams
 from engy_node.protocol.miner import SEEDED_TOP_K
 
@@ -229,14 +229,14 @@ def test_judge_of_no_chunks_is_unproven():
 
 def test_a_failing_token_check_turns_passing_chunks_into_a_cheat():
     chunks = [proof.ChunkResult(0, 0.0, 0.0)]
-    bad = proof.TokenCheck(False, "greedy-gap", 5, 3.0, -1.0, 7)
+    bad = token_evidence.TokenCheck(False, "greedy-gap", 5, 3.0, -1.0, 7)
     verdict = proof.judge(chunks, bad, PARAMS)
     assert (verdict.kind, verdict.reason) == ("cheat", "tokens")
 
 
-def stats_from(gaps: list[float], ranks: list[int], logprobs: list[float] | None = None) -> proof.TokenStats:
+def stats_from(gaps: list[float], ranks: list[int], logprobs: list[float] | None = None) -> logit_stats.TokenStats:
     n = len(gaps)
-    return proof.TokenStats(
+    return logit_stats.TokenStats(
         tokens=tuple(range(n)),
         argmax=tuple(range(n)),
         gap=tuple(gaps),
@@ -251,7 +251,7 @@ TOKEN_PARAMS = TokenCheckParams()
 @given(st.lists(st.floats(0, 5), min_size=1, max_size=200))
 def test_greedy_check_fails_whenever_a_gap_exceeds_the_margin(gaps):
     ranks = [0 if gap == 0 else 1 for gap in gaps]
-    check = proof.token_check(stats_from(gaps, ranks), greedy=True, params=TOKEN_PARAMS)
+    check = token_evidence.token_check(stats_from(gaps, ranks), greedy=True, params=TOKEN_PARAMS)
     if max(gaps) > TOKEN_PARAMS.greedy_logit_margin:
         assert not check.ok and check.reason == "greedy-gap"
 
@@ -260,20 +260,22 @@ def test_near_ties_inside_the_drift_band_are_noise_however_many():
     # The public miner's 35-token answer, bf16 served and fp32 recomputed: 4 near-ties, the
     # largest 0.163 logits. A count rule (at most max(2, 10 %)) judged it a cheat.
     gaps = [0.163, 0.05, 0.12, 0.02] + [0.0] * 31
-    check = proof.token_check(stats_from(gaps, [1 if g else 0 for g in gaps]), greedy=True, params=TOKEN_PARAMS)
+    check = token_evidence.token_check(
+        stats_from(gaps, [1 if g else 0 for g in gaps]), greedy=True, params=TOKEN_PARAMS
+    )
     assert check.ok and check.evidence < 0
     crowded = [TOKEN_PARAMS.greedy_drift_band] * 30 + [0.0] * 70
-    assert proof.token_check(stats_from(crowded, [1] * 30 + [0] * 70), greedy=True, params=TOKEN_PARAMS).ok
+    assert token_evidence.token_check(stats_from(crowded, [1] * 30 + [0] * 70), greedy=True, params=TOKEN_PARAMS).ok
 
 
 def test_misses_beyond_the_band_accumulate_into_a_verdict():
     beyond = TOKEN_PARAMS.greedy_drift_band + 0.1
     one = stats_from([beyond] + [0.0] * 99, [1] + [0] * 99)
-    assert proof.token_check(one, greedy=True, params=TOKEN_PARAMS).ok, (
+    assert token_evidence.token_check(one, greedy=True, params=TOKEN_PARAMS).ok, (
         "one token beyond the band is honest often enough"
     )
     many = stats_from([beyond] * 30 + [0.0] * 70, [1] * 30 + [0] * 70)
-    check = proof.token_check(many, greedy=True, params=TOKEN_PARAMS)
+    check = token_evidence.token_check(many, greedy=True, params=TOKEN_PARAMS)
     assert (check.ok, check.reason) == (False, "greedy-misses")
     assert check.evidence >= math.log(1 / TOKEN_PARAMS.miss_false_positive_rate)
 
@@ -283,11 +285,11 @@ def test_seeded_replay_weighs_its_misses_by_the_same_rule():
         n = len(gaps)
         return dataclasses.replace(stats_from([0.0] * n, [0] * n), replay_gap=tuple(gaps))
 
-    assert proof.token_check(replayed([0.2] * 10 + [0.0] * 54), greedy=False, params=TOKEN_PARAMS).ok
-    check = proof.token_check(replayed([0.6] * 12 + [0.0] * 52), greedy=False, params=TOKEN_PARAMS)
+    assert token_evidence.token_check(replayed([0.2] * 10 + [0.0] * 54), greedy=False, params=TOKEN_PARAMS).ok
+    check = token_evidence.token_check(replayed([0.6] * 12 + [0.0] * 52), greedy=False, params=TOKEN_PARAMS)
     assert (check.ok, check.reason) == (False, "seeded-misses")
     assert (
-        proof.token_check(
+        token_evidence.token_check(
             replayed([TOKEN_PARAMS.seeded_margin + 0.1] + [0.0] * 63), greedy=False, params=TOKEN_PARAMS
         ).reason
         == "seeded-gap"
@@ -296,10 +298,10 @@ def test_seeded_replay_weighs_its_misses_by_the_same_rule():
 
 @given(st.lists(st.floats(0, 1), max_size=300), st.floats(0.01, 0.9), st.floats(1e-4, 0.2))
 def test_miss_evidence_grows_with_every_miss_beyond_the_band_and_never_with_one_inside(gaps, band, rate):
-    base = proof.miss_evidence(gaps, band=band, rate=rate)
-    assert proof.miss_evidence([*gaps, band / 2], band=band, rate=rate) <= base + 1e-9
-    assert proof.miss_evidence([*gaps, band + 0.01], band=band, rate=rate) > base
-    assert proof.miss_evidence([g for g in gaps if g <= band], band=band, rate=rate) <= 0.0
+    base = token_evidence.miss_evidence(gaps, band=band, rate=rate)
+    assert token_evidence.miss_evidence([*gaps, band / 2], band=band, rate=rate) <= base + 1e-9
+    assert token_evidence.miss_evidence([*gaps, band + 0.01], band=band, rate=rate) > base
+    assert token_evidence.miss_evidence([g for g in gaps if g <= band], band=band, rate=rate) <= 0.0
 
 
 def test_miss_evidence_is_an_e_value_under_honest_drift():
@@ -311,7 +313,9 @@ def test_miss_evidence_is_an_e_value_under_honest_drift():
     for _ in range(4000):
         n = rng.choice((8, 35, 64, 256))
         values.append(
-            proof.miss_evidence([band + 0.1 if rng.random() < rate else 0.0 for _ in range(n)], band=band, rate=rate)
+            token_evidence.miss_evidence(
+                [band + 0.1 if rng.random() < rate else 0.0 for _ in range(n)], band=band, rate=rate
+            )
         )
     assert sum(math.exp(v) for v in values) / len(values) <= 1.1
     assert sum(1 for v in values if v >= math.log(20)) / len(values) <= 1 / 20
@@ -326,11 +330,14 @@ def sample_rows(logits: torch.Tensor, temperature: float, top_p: float, generato
     return torch.multinomial(nucleus, 1, generator=generator)[:, 0].tolist()
 
 
-def sampled_check(logits, tokens, temperature, top_p=1.0) -> proof.TokenCheck:
-    stats = proof.token_stats(
-        logits, tokens, sampling=proof.SamplingTerms(temperature, top_p), nucleus_margin=TOKEN_PARAMS.nucleus_margin
+def sampled_check(logits, tokens, temperature, top_p=1.0) -> token_evidence.TokenCheck:
+    stats = logit_stats.token_stats(
+        logits,
+        tokens,
+        sampling=logit_stats.SamplingTerms(temperature, top_p),
+        nucleus_margin=TOKEN_PARAMS.nucleus_margin,
     )
-    return proof.token_check(stats, greedy=False, params=TOKEN_PARAMS)
+    return token_evidence.token_check(stats, greedy=False, params=TOKEN_PARAMS)
 
 
 def peaked_logits(n: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
@@ -382,7 +389,7 @@ def test_a_token_outside_the_nucleus_is_a_cheat_and_one_at_its_edge_is_not():
 
 def test_token_stats_reads_argmax_gap_rank_and_logprob_from_logits():
     logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 5.0]])
-    stats = proof.token_stats(logits, [1, 0])
+    stats = logit_stats.token_stats(logits, [1, 0])
     assert stats.argmax == (1, 2)
     assert stats.rank == (0, 1)
     assert stats.gap == pytest.approx((0.0, 3.0))
@@ -404,20 +411,20 @@ def test_seeded_replay_forgives_numeric_drift_at_any_temperature(temperature, to
         recompute = torch.randn(64, 200, generator=generator) * 3
         served = recompute + torch.randn(64, 200, generator=generator) * 0.1
         tokens = [seeded_choice(served[i], params, 100 + i) for i in range(64)]
-        stats = proof.token_stats(
+        stats = logit_stats.token_stats(
             recompute,
             tokens,
-            sampling=proof.SamplingTerms(temperature, top_p, seed=42),
+            sampling=logit_stats.SamplingTerms(temperature, top_p, seed=42),
             first_position=100,
             edge_band=TOKEN_PARAMS.nucleus_edge_band,
             nucleus_margin=TOKEN_PARAMS.nucleus_margin,
         )
-        check = proof.token_check(stats, greedy=False, params=TOKEN_PARAMS)
+        check = token_evidence.token_check(stats, greedy=False, params=TOKEN_PARAMS)
         assert check.ok, (trial, check)
 
 
-def replayed_gaps(recompute: torch.Tensor, tokens, terms: proof.SamplingTerms, first_position: int = 100):
-    return proof.token_stats(
+def replayed_gaps(recompute: torch.Tensor, tokens, terms: logit_stats.SamplingTerms, first_position: int = 100):
+    return logit_stats.token_stats(
         recompute,
         tokens,
         sampling=terms,
@@ -445,7 +452,7 @@ def test_an_honest_draw_trails_the_replay_by_at_most_twice_the_numeric_drift(see
     served = recompute + (torch.rand(12, 120, generator=generator) * 2 - 1) * drift
     params = parse_sampling_params({"temperature": temperature, "top_k": SEEDED_TOP_K, "sampling_seed": seed})
     tokens = [seeded_choice(served[i], params, 100 + i) for i in range(12)]
-    assert max(replayed_gaps(recompute, tokens, proof.SamplingTerms(temperature, seed=seed))) <= 2 * drift + 1e-4
+    assert max(replayed_gaps(recompute, tokens, logit_stats.SamplingTerms(temperature, seed=seed))) <= 2 * drift + 1e-4
 
 
 def answers_served_as(cheat: dict, *, trials: int = 20, rows: int = 64):
@@ -486,8 +493,8 @@ def test_seeded_replay_catches_sampling_other_than_what_was_asked(cheat, caught_
     # must never be caught.
     caught = 0
     for logits, seed, tokens in answers_served_as(cheat):
-        terms = proof.SamplingTerms(1.0, seed=seed)
-        stats = proof.token_stats(
+        terms = logit_stats.SamplingTerms(1.0, seed=seed)
+        stats = logit_stats.token_stats(
             logits,
             tokens,
             sampling=terms,
@@ -495,7 +502,7 @@ def test_seeded_replay_catches_sampling_other_than_what_was_asked(cheat, caught_
             nucleus_margin=TOKEN_PARAMS.nucleus_margin,
             edge_band=TOKEN_PARAMS.nucleus_edge_band,
         )
-        caught += not proof.token_check(stats, greedy=False, params=TOKEN_PARAMS).ok
+        caught += not token_evidence.token_check(stats, greedy=False, params=TOKEN_PARAMS).ok
     assert caught >= caught_at_least if caught_at_least else caught == 0
 
 
@@ -507,7 +514,7 @@ def test_a_rank_any_token_could_hold_is_the_rank_the_draw_is_judged_by():
     logits = torch.tensor([2.0, 1.0, 1.0, -1.0, -3.0])
     params = parse_sampling_params({"temperature": 1.0, "top_k": SEEDED_TOP_K, "sampling_seed": 5})
     position = next(p for p in range(10_000) if int(torch.argmax(sum(seeded_draw(logits, params, p)[::2]))) == 1)
-    terms = proof.SamplingTerms(1.0, seed=5)
+    terms = logit_stats.SamplingTerms(1.0, seed=5)
     assert replayed_gaps(logits[None, :], [1], terms, position) == (0.0,)
     assert replayed_gaps(logits[None, :], [2], terms, position) == (0.0,), "its twin could have held rank 1"
     assert replayed_gaps(logits[None, :], [3], terms, position)[0] > TOKEN_PARAMS.seeded_margin, (
@@ -515,7 +522,9 @@ def test_a_rank_any_token_could_hold_is_the_rank_the_draw_is_judged_by():
     )
 
 
-@pytest.mark.parametrize("sampling", [None, proof.SamplingTerms(0.8, 0.9), proof.SamplingTerms(1.0, 1.0, seed=7)])
+@pytest.mark.parametrize(
+    "sampling", [None, logit_stats.SamplingTerms(0.8, 0.9), logit_stats.SamplingTerms(1.0, 1.0, seed=7)]
+)
 def test_token_stats_in_blocks_equal_token_stats_at_once(monkeypatch, sampling):
     # Long answers are judged a block of rows at a time; the seeded draw's positions must carry
     # across block edges.
@@ -528,10 +537,10 @@ def test_token_stats_in_blocks_equal_token_stats_at_once(monkeypatch, sampling):
         edge_band=TOKEN_PARAMS.nucleus_edge_band,
         nucleus_margin=TOKEN_PARAMS.nucleus_margin,
     )
-    whole = proof.token_stats(logits, tokens, **options)
-    monkeypatch.setattr(proof, "TOKEN_STATS_BLOCK_ELEMENTS", 5 * 50)
-    monkeypatch.setattr(proof, "REPLAY_BLOCK_ELEMENTS", 2 * 50)
-    assert proof.token_stats(logits, tokens, **options) == whole
+    whole = logit_stats.token_stats(logits, tokens, **options)
+    monkeypatch.setattr(logit_stats, "TOKEN_STATS_BLOCK_ELEMENTS", 5 * 50)
+    monkeypatch.setattr(logit_stats, "REPLAY_BLOCK_ELEMENTS", 2 * 50)
+    assert logit_stats.token_stats(logits, tokens, **options) == whole
 
 
 @pytest.mark.parametrize("top_p", [0.9, 0.5, 0.995])
@@ -541,10 +550,10 @@ def test_a_nucleus_is_the_same_however_many_candidates_are_sorted_first(monkeypa
     generator = torch.Generator().manual_seed(13)
     logits = torch.randn(40, 300, generator=generator) * torch.linspace(0.3, 4, 40)[:, None]
     tokens = torch.multinomial(torch.softmax(logits, dim=1), 1, generator=generator)[:, 0].tolist()
-    options = dict(sampling=proof.SamplingTerms(1.0, top_p), nucleus_margin=TOKEN_PARAMS.nucleus_margin)
-    whole = proof.token_stats(logits, tokens, **options)
-    monkeypatch.setattr(proof, "NUCLEUS_CANDIDATES", 2)
-    assert proof.token_stats(logits, tokens, **options) == whole
+    options = dict(sampling=logit_stats.SamplingTerms(1.0, top_p), nucleus_margin=TOKEN_PARAMS.nucleus_margin)
+    whole = logit_stats.token_stats(logits, tokens, **options)
+    monkeypatch.setattr(logit_stats, "NUCLEUS_CANDIDATES", 2)
+    assert logit_stats.token_stats(logits, tokens, **options) == whole
     assert all(whole.in_nucleus) == (top_p + TOKEN_PARAMS.nucleus_margin >= 1), "below 1 the cut leaves some out"
 
 
@@ -565,10 +574,10 @@ def test_seeded_replay_forgives_a_rival_the_miner_had_just_outside_its_nucleus()
     )
     served = seeded_choice(served_logits, params, position)
     assert served in (0, 1), "the miner's nucleus held ranks 0 and 1 only"
-    stats = proof.token_stats(
+    stats = logit_stats.token_stats(
         recompute[None, :],
         [served],
-        sampling=proof.SamplingTerms(1.0, 0.9, seed=3),
+        sampling=logit_stats.SamplingTerms(1.0, 0.9, seed=3),
         first_position=position,
         edge_band=TOKEN_PARAMS.nucleus_edge_band,
         nucleus_margin=TOKEN_PARAMS.nucleus_margin,
@@ -588,8 +597,8 @@ def test_a_dominant_tokens_drift_moving_the_nucleus_edge_is_forgiven_both_ways()
     recompute[0] = 16.375
     params = parse_sampling_params({"temperature": 0.7, "top_p": 0.9, "top_k": SEEDED_TOP_K, "sampling_seed": 66})
     position = next(p for p in range(10_000) if seeded_choice(served, params, p) == 1)
-    terms = proof.SamplingTerms(0.7, 0.9, seed=66)
-    stats = proof.token_stats(
+    terms = logit_stats.SamplingTerms(0.7, 0.9, seed=66)
+    stats = logit_stats.token_stats(
         recompute[None, :],
         [1],
         sampling=terms,
@@ -609,12 +618,14 @@ def test_a_token_tied_with_the_nucleus_edge_is_inside_it_for_the_statistical_che
     # Found in the 1,000-request calibration: the served token had an exact bf16 twin at the edge
     # of the 0.9 nucleus; the recompute counted the twin's mass before it, the miner after.
     twin_first = tied_edge_logits([0.6, 0.22, 0.078, 0.0314, 0.03139], 1 - 0.96079)
-    terms = proof.SamplingTerms(1.0, 0.9)
+    terms = logit_stats.SamplingTerms(1.0, 0.9)
     options = dict(sampling=terms, nucleus_margin=TOKEN_PARAMS.nucleus_margin, edge_band=TOKEN_PARAMS.nucleus_edge_band)
-    assert proof.token_stats(twin_first[None, :], [4], **options).in_nucleus == (True,)
-    far_outside = proof.token_stats(twin_first[None, :], [10], **options)
+    assert logit_stats.token_stats(twin_first[None, :], [4], **options).in_nucleus == (True,)
+    far_outside = logit_stats.token_stats(twin_first[None, :], [10], **options)
     assert far_outside.in_nucleus == (False,)
-    assert proof.token_check(far_outside, greedy=False, params=TOKEN_PARAMS).reason == "sampled-outside-nucleus"
+    assert (
+        token_evidence.token_check(far_outside, greedy=False, params=TOKEN_PARAMS).reason == "sampled-outside-nucleus"
+    )
 
 
 def test_seeded_replay_credits_a_token_tied_with_the_widened_nucleus_edge():
@@ -626,10 +637,10 @@ def test_seeded_replay_credits_a_token_tied_with_the_widened_nucleus_edge():
     recompute = tied_edge_logits([0.6, 0.22, 0.0805, 0.0314, 0.0313], 1 - 0.9632)  # A at 0.9005, B at 0.9319
     params = parse_sampling_params({"temperature": 1.0, "top_p": 0.9, "top_k": SEEDED_TOP_K, "sampling_seed": 11})
     position = next(p for p in range(20_000) if seeded_choice(served_logits, params, p) == 4)
-    stats = proof.token_stats(
+    stats = logit_stats.token_stats(
         recompute[None, :],
         [4],
-        sampling=proof.SamplingTerms(1.0, 0.9, seed=11),
+        sampling=logit_stats.SamplingTerms(1.0, 0.9, seed=11),
         first_position=position,
         edge_band=TOKEN_PARAMS.nucleus_edge_band,
         nucleus_margin=TOKEN_PARAMS.nucleus_margin,
@@ -640,10 +651,10 @@ def test_seeded_replay_credits_a_token_tied_with_the_widened_nucleus_edge():
 def test_a_statistical_check_at_a_low_temperature_forgives_a_near_tie_flip():
     logits = torch.tensor([[5.0, 4.8, 0.0, -1.0]] * 8, dtype=torch.float64)
     tokens = [0] * 7 + [1]  # one flip between tokens 0.2 logits apart, as numerics may cause
-    stats = proof.token_stats(
-        logits, tokens, sampling=proof.SamplingTerms(0.01), nucleus_margin=TOKEN_PARAMS.nucleus_margin
+    stats = logit_stats.token_stats(
+        logits, tokens, sampling=logit_stats.SamplingTerms(0.01), nucleus_margin=TOKEN_PARAMS.nucleus_margin
     )
-    assert proof.token_check(stats, greedy=False, params=TOKEN_PARAMS).ok
+    assert token_evidence.token_check(stats, greedy=False, params=TOKEN_PARAMS).ok
 
 
 def test_output_ids_outside_the_vocabulary_are_refused_or_judged():

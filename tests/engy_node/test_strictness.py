@@ -3,7 +3,7 @@ the token check's verdict on that shorter answer, and the catch rates count exac
 
 from __future__ import annotations
 
-from engy_node import proof
+from engy_node import logit_stats, token_evidence
 from engy_node.models import SMOLLM2_135M
 from engy_node.strictness import JudgedAnswer, catch_rates, format_catch_rates
 
@@ -12,7 +12,7 @@ PARAMS = SMOLLM2_135M.token_check
 
 def answer(case: str, index: int, gaps: list[float]) -> JudgedAnswer:
     n = len(gaps)
-    stats = proof.TokenStats(
+    stats = logit_stats.TokenStats(
         tokens=(1,) * n,
         argmax=(1,) * n,
         gap=(0.0,) * n,
@@ -37,7 +37,9 @@ def test_the_verdict_on_a_prefix_is_the_verdict_on_the_answer_cut_there():
     whole = answer("x", 0, gaps)
     for tokens in (1, 7, 16, 32):
         cut = answer("x", 0, gaps[:tokens])
-        assert whole.verdict_within(tokens, PARAMS) == proof.token_check(cut.stats, greedy=False, params=PARAMS)
+        assert whole.verdict_within(tokens, PARAMS) == token_evidence.token_check(
+            cut.stats, greedy=False, params=PARAMS
+        )
 
 
 def test_catch_rates_count_each_case_at_every_length_its_answers_reach():

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from engy_node.gateway.request.lifecycle import usage_padding
 from engy_node.gateway.trust.audit import AuditQueue, audited
-from engy_node.proof import Delivery, SamplingTerms
+from engy_node.logit_stats import SamplingTerms
+from engy_node.proof import Delivery
 from engy_node.protocol.audit import AuditJob
 from engy_node.protocol.miner import Sampling
 
