@@ -45,7 +45,8 @@ from engy_node.config import ValidatorSection, checkpoint_pairs, resolve_paths
 from engy_node.diagnose import is_secret_field, mask_value
 from engy_node.errors import ConfigError, ModelError
 from engy_node.hardware.gpu import CPU_MODE, GIB, GpuInfo, GpuInventory
-from engy_node.hardware.plan import Plan, plan, read_model_shape
+from engy_node.hardware.model_shape import read_model_shape
+from engy_node.hardware.plan import Plan, plan
 from engy_node.models import CATALOG, DEFAULT_LOCAL_MODEL, ModelSpec
 
 __all__ = [

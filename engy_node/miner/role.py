@@ -43,7 +43,8 @@ from engy_node.config import Config
 from engy_node.control import Actions
 from engy_node.errors import EngyError
 from engy_node.hardware.gpu import GpuInventory, detect
-from engy_node.hardware.plan import Plan, plan, read_model_shape
+from engy_node.hardware.model_shape import read_model_shape
+from engy_node.hardware.plan import Plan, plan
 from engy_node.hub import Hub
 from engy_node.miner.drain import stop_budget
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings

@@ -14,19 +14,21 @@ from hypothesis import strategies as st
 from engy_node.errors import ModelError
 from engy_node.hardware.fake_nvml import FakeNvml
 from engy_node.hardware.gpu import detect
-from engy_node.hardware.plan import (
-    ACTIVATION_RESERVE_BYTES,
-    CHUNKED_PREFILL_SIZE,
-    GpuSpec,
+from engy_node.hardware.gpu_features import GpuSpec
+from engy_node.hardware.model_shape import (
     ModelShape,
     kv_bytes_per_token,
     legal_tp_sizes,
     linear_state_bytes_per_request,
-    mem_fraction_static_for,
     model_shape_from_config,
-    plan,
     read_model_shape,
     tp_problem,
+)
+from engy_node.hardware.plan import (
+    ACTIVATION_RESERVE_BYTES,
+    CHUNKED_PREFILL_SIZE,
+    mem_fraction_static_for,
+    plan,
 )
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
