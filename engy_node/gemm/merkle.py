@@ -1,0 +1,114 @@
+"""A binary Merkle tree over leaf hashes: the commitment every GEMM-audit opening is checked against.
+
+The tree is the Merkle Tree Hash of RFC 6962 §2.1 (Certificate Transparency), with sha256:
+
+* a leaf hashes as ``sha256(0x00 || data)`` and an inner node as ``sha256(0x01 || left || right)``,
+  so no inner node can be passed off as a leaf (or the reverse): the second-preimage trick of
+  presenting two child hashes as leaf data fails on the first byte;
+* an odd level is never padded by duplicating its last node (Bitcoin's rule, under which
+  ``[a, b, c]`` and ``[a, b, c, c]`` share a root); the lone last node is promoted unchanged to the
+  level above. Built bottom-up this gives exactly RFC 6962's recursive split at the largest power
+  of two below the size, so the tree's shape depends on nothing but its number of leaves;
+* the empty tree's root is ``sha256(b"")``, as in the RFC.
+
+Because the shape depends on the size, `verify` takes the number of leaves (RFC 9162 §2.1.3.2's
+audit-path check): a path alone does not say at which levels its node was promoted. Callers know
+the size from what they committed to (a matrix's row count, a layer's matrix count).
+
+The tree works on leaf hashes, not leaf data, so a commitment can hash a row of weights once, as
+it streams past, and compose roots of smaller trees as the leaves of a larger one (a matrix's
+root is a leaf of its layer's tree): an opening from a row to the model's root is then the paths
+of each level, one after another. Pure functions over bytes; nothing here reads a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+LEAF_PREFIX = b"\x00"
+NODE_PREFIX = b"\x01"
+HASH_SIZE = 32
+EMPTY_ROOT = hashlib.sha256(b"").digest()
+
+
+def leaf_hash(*data: bytes | memoryview) -> bytes:
+    """The hash a leaf with this data (its parts concatenated) contributes to its tree."""
+    digest = hashlib.sha256(LEAF_PREFIX)
+    for part in data:
+        digest.update(part)
+    return digest.digest()
+
+
+def node_hash(left: bytes, right: bytes) -> bytes:
+    """The hash of an inner node over its two children."""
+    return hashlib.sha256(NODE_PREFIX + left + right).digest()
+
+
+def _next_level(level: Sequence[bytes]) -> list[bytes]:
+    paired = [node_hash(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+    if len(level) % 2:
+        paired.append(level[-1])
+    return paired
+
+
+def merkle_root(leaves: Sequence[bytes]) -> bytes:
+    """The root over these leaf hashes, keeping one level at a time."""
+    if not leaves:
+        return EMPTY_ROOT
+    level = list(leaves)
+    while len(level) > 1:
+        level = _next_level(level)
+    return level[0]
+
+
+class MerkleTree:
+    """Every level of the tree over `leaves` (leaf hashes), kept so any leaf can be opened."""
+
+    def __init__(self, leaves: Sequence[bytes]) -> None:
+        self.levels: list[list[bytes]] = [list(leaves)]
+        while len(self.levels[-1]) > 1:
+            self.levels.append(_next_level(self.levels[-1]))
+
+    @property
+    def size(self) -> int:
+        return len(self.levels[0])
+
+    @property
+    def root(self) -> bytes:
+        return self.levels[-1][0] if self.size else EMPTY_ROOT
+
+    def path(self, index: int) -> list[bytes]:
+        """The opening of leaf `index`: its siblings from the bottom up, skipping the levels where
+        its node is the lone last one and is promoted."""
+        if not 0 <= index < self.size:
+            raise IndexError(f"leaf {index} is outside a tree of {self.size} leaves")
+        siblings = []
+        for level in self.levels[:-1]:
+            sibling = index ^ 1
+            if sibling < len(level):
+                siblings.append(level[sibling])
+            index //= 2
+        return siblings
+
+
+def verify(root: bytes, index: int, leaf: bytes, path: Sequence[bytes], size: int) -> bool:
+    """Whether `path` opens leaf hash `leaf` at `index` of a tree of `size` leaves with this `root`
+    (RFC 9162 §2.1.3.2)."""
+    if not 0 <= index < size or len(leaf) != HASH_SIZE or any(len(s) != HASH_SIZE for s in path):
+        return False
+    node, last = index, size - 1
+    current = leaf
+    for sibling in path:
+        if last == 0:
+            return False
+        if node % 2 == 1 or node == last:
+            current = node_hash(sibling, current)
+            while node % 2 == 0 and node != 0:
+                node //= 2
+                last //= 2
+        else:
+            current = node_hash(current, sibling)
+        node //= 2
+        last //= 2
+    return last == 0 and current == root
