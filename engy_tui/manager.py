@@ -260,7 +260,10 @@ class NodeManager(App[None]):
             self.query_one("#overview-text", Static).update(overview_text(snapshot, now=now))
         elif tab == "miner":
             self.query_one(MinerPanel).update_state(
-                states, now=now, names=names, server_log={name: list(lines) for name, lines in self._server_log.items()}
+                snapshot.states if snapshot is not None else None,
+                now=now,
+                names=names,
+                server_log={name: list(lines) for name, lines in self._server_log.items()},
             )
         elif tab == "validator":
             self.query_one(ValidatorPanel).update_state(

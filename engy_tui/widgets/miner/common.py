@@ -1,5 +1,5 @@
 """What the miner tab's blocks share: the style names and symbols, the level a box is framed by,
-and counts and milliseconds that read n/a when unknown.
+and counts and milliseconds that read n/a when unknown (None).
 
 Plain values and functions, like `engy_tui.widgets.cells` (whose readers they use); only
 `lines_content` touches Textual, to turn the blocks' cells into content with this tab's
@@ -9,12 +9,11 @@ Plain values and functions, like `engy_tui.widgets.cells` (whose readers they us
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from textual.content import Content
 
 from engy_tui.widgets.cells import NA, Cell, cells_content
-from engy_tui.widgets.cells import as_int as _int
 from engy_tui.widgets.cells import as_number as _num
 
 __all__ = [
@@ -56,17 +55,16 @@ Level = Literal["", "ok", "warning", "error", "na"]
 NA_CELL = Cell(NA, "na")
 
 
-def count_text(value: Any) -> str:
-    number = _int(value)
-    return NA if number is None else f"{number:,}"
+def count_text(value: int | None) -> str:
+    return NA if value is None else f"{value:,}"
 
 
 def plural(n: int, word: str) -> str:
     return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
-def ms_text(value: Any) -> str:
-    ms = _num(value)
+def ms_text(value: float | None) -> str:
+    ms = _num(value)  # a float from the wire may be nan or inf
     if ms is None:
         return NA
     return f"{ms:.1f}" if abs(ms) < 10 else f"{ms:,.0f}"

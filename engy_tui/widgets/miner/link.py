@@ -2,33 +2,38 @@
 
 Its legs (admitted of those dialled), its eligibility at the gateway (active, probing, pulled,
 new) and for how long, in flight over its slots, the oldest heartbeat, the qualifying round's
-progress, the served window, and what is wrong with the link and its fix (legs down, pulled and
-the cooldown, a first-party worker that would have been pulled).
+progress, what it has served since the gateway started and the breaker's view of the last
+minute, and what is wrong with the link and its fix (legs down, pulled and the cooldown, a
+first-party worker that would have been pulled).
 
-Where the facts come from: the miner's component (`engy_node.miner.link.GatewayLink.publish`:
-legs_up, legs, inflight; `role.run_miner`: max_inflight, model); on a gateway node, the
-"traffic" worker whose `miner` is this miner's hotkey (`engy_node.gateway.traffic.TrafficState
-.to_json`: state, since, reason, first_party, until, round, window, history) and the "gateway"
-state's `legs` (`MinerPool.snapshot`) of that hotkey, for heartbeats; the "network" state's
-`miner_ws` for the URL. Not published, so not shown: the URL of a remote gateway, when it
-admitted the miner, and requests served per day.
+Where the facts come from: the miner's component, `MinerState` (`engy_node.miner.link
+.GatewayLink.publish`: legs_up, legs, inflight; `role.run_miner`: max_inflight, model); on a
+gateway node, the traffic worker (`TrafficStanding`) whose `miner` is this miner's hotkey
+(`engy_node.gateway.traffic.TrafficState.to_json`: state, since, reason, first_party, until,
+round, window, lifetime, history) and the gateway's `legs` (`GatewayLeg`, `MinerPool.snapshot`)
+of that hotkey, for heartbeats; the network's `miner_ws` for the URL. Not published, so not
+shown: the URL of a remote gateway, when it admitted the miner, and requests served per day.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from engy_node.protocol.standing import SERVED_WINDOW_S
+from engy_node.snapshots import (
+    GatewayLeg,
+    GatewayState,
+    MinerState,
+    StandingChange,
+    TrafficPolicyState,
+    TrafficStanding,
+)
 from engy_tui.widgets.cells import NA, Cell, format_age, format_duration
-from engy_tui.widgets.cells import as_int as _int
-from engy_tui.widgets.cells import as_list as _list
-from engy_tui.widgets.cells import as_map as _map
 from engy_tui.widgets.cells import as_number as _num
 from engy_tui.widgets.cells import as_text as _text
-from engy_tui.widgets.miner.common import BAD, NA_CELL, OK, SEP, WARN, Line, count_text, plural
-from engy_tui.widgets.miner.proofs import gateway_proof_line
+from engy_tui.widgets.miner.common import BAD, OK, SEP, WARN, Line, count_text, plural
+from engy_tui.widgets.miner.proofs import audited_cells, lifetime_of, verdict_breaker_cell
 
 __all__ = [
     "HEARTBEAT_LATE_S",
@@ -40,7 +45,9 @@ __all__ = [
     "link_notes",
     "link_summary",
     "link_title",
+    "served_breaker_cell",
     "served_line",
+    "work_summary",
     "worker_of",
 ]
 
@@ -66,24 +73,23 @@ _PULL_FIXES: dict[str, str] = {
 _PULL_FIX = "it qualifies again after the cooldown; the reason names what the gateway saw"
 
 
-def worker_of(traffic: Any, hotkey: str | None, model: str | None) -> Mapping[Any, Any] | None:
+def worker_of(traffic: TrafficPolicyState | None, hotkey: str | None, model: str | None) -> TrafficStanding | None:
     """The control plane's worker for this miner: its hotkey, and its model when one matches."""
-    if hotkey is None:
+    if hotkey is None or traffic is None:
         return None
-    workers = [w for w in _list(_map(traffic).get("workers")) if isinstance(w, Mapping) and w.get("miner") == hotkey]
-    return next((w for w in workers if w.get("model") == model), workers[0] if workers else None)
+    workers = [w for w in traffic.workers if w.miner == hotkey]
+    return next((w for w in workers if w.model == model), workers[0] if workers else None)
 
 
-def legs_of(gateway: Any, hotkey: str | None) -> list[Mapping[Any, Any]]:
-    if hotkey is None:
+def legs_of(gateway: GatewayState | None, hotkey: str | None) -> list[GatewayLeg]:
+    if hotkey is None or gateway is None:
         return []
-    return [leg for leg in _list(_map(gateway).get("legs")) if isinstance(leg, Mapping) and leg.get("miner") == hotkey]
+    return [leg for leg in gateway.legs if leg.miner == hotkey]
 
 
-def legs_cell(miner: Any) -> Cell:
+def legs_cell(miner: MinerState | None) -> Cell:
     """Legs admitted of those dialled: "4 legs ✔", "3/4 legs ⚠", "0/4 legs ✘", "dialling"."""
-    miner = _map(miner)
-    up, legs = _int(miner.get("legs_up")), _int(miner.get("legs"))
+    up, legs = (miner.legs_up, miner.legs) if miner else (None, None)
     if up is None or legs is None:
         return Cell(f"legs {NA}", "na")
     if legs <= 0:
@@ -93,18 +99,17 @@ def legs_cell(miner: Any) -> Cell:
     return Cell(f"{up:,}/{legs:,} legs {BAD if up <= 0 else WARN}", "error" if up <= 0 else "warning")
 
 
-def eligibility_cell(worker: Any, *, has_traffic: bool, hotkey: str | None) -> Cell:
+def eligibility_cell(worker: TrafficStanding | None, *, has_traffic: bool, hotkey: str | None) -> Cell:
     """The gateway's verdict on this miner: active ✔, probing, pulled ✘, new; "own" for a
     first-party worker (eligible whatever its state); n/a when this node cannot see it."""
     if hotkey is None:
         return Cell(f"eligibility {NA} (hotkey not known)", "na")
     if not has_traffic:
         return Cell(f"eligibility {NA} (decided at the gateway)", "na")
-    worker = _map(worker)
-    if not worker:
+    if worker is None:
         return Cell("eligibility: not known to the gateway yet", "na")
-    state = _text(worker.get("state"))
-    own = " own" if worker.get("first_party") is True else ""
+    state = _text(worker.state)
+    own = " own" if worker.first_party else ""
     if state == "active":
         return Cell(f"eligibility: active{own} {OK}", "ok")
     if state == "pulled":
@@ -116,16 +121,23 @@ def eligibility_cell(worker: Any, *, has_traffic: bool, hotkey: str | None) -> C
     return Cell(f"eligibility: {state or NA}{own}", "" if state else "na")
 
 
-def link_title(miner: Any, worker: Any, *, has_traffic: bool, hotkey: str | None, url: str | None = None) -> str:
+def link_title(
+    miner: MinerState | None,
+    worker: TrafficStanding | None,
+    *,
+    has_traffic: bool,
+    hotkey: str | None,
+    url: str | None = None,
+) -> str:
     """ "wss://… · 4 legs ✔ · eligibility: active ✔"."""
     parts = [url, legs_cell(miner).text, eligibility_cell(worker, has_traffic=has_traffic, hotkey=hotkey).text]
     return SEP.join(p for p in parts if p)
 
 
-def heartbeat_cell(legs: Sequence[Mapping[Any, Any]]) -> Cell | None:
+def heartbeat_cell(legs: Sequence[GatewayLeg]) -> Cell | None:
     """The oldest heartbeat the gateway holds from this miner's legs (a local gateway's view),
     ⚠ past `HEARTBEAT_LATE_S`; None without legs."""
-    ages = [age for age in (_num(leg.get("heartbeat_age_s")) for leg in legs) if age is not None]
+    ages = [age for age in (_num(leg.heartbeat_age_s) for leg in legs) if age is not None]
     if not legs:
         return None
     if not ages:
@@ -136,57 +148,70 @@ def heartbeat_cell(legs: Sequence[Mapping[Any, Any]]) -> Cell | None:
     return Cell(f"heartbeat {format_duration(oldest)} ago")
 
 
-def served_line(worker: Any) -> Line | None:
-    """The breaker's window of served requests at the gateway: "served 120 (0 failed) in 60 s"."""
-    window = _map(_map(worker).get("window"))
-    if not window:
-        return None
-    requests, failed = _int(window.get("requests")), _int(window.get("failed"))
-    span = format_duration(SERVED_WINDOW_S)
-    if requests is None:
-        return (Cell("served "), NA_CELL)
-    if failed is None:
-        return (Cell(f"served {requests:,} ({NA} failed) in {span}"),)
-    return (
-        Cell(
-            f"served {requests:,} ({failed:,} failed{f' {WARN}' if failed else ''}) in {span}",
-            "warning" if failed else "",
-        ),
+def served_breaker_cell(worker: TrafficStanding) -> Cell:
+    """The served requests the breaker weighs now, labelled as its view: "breaker, last 60 s:
+    14 served, 0 failed"; a failure in it is ⚠ (failures in a row, or too many, pull)."""
+    window = worker.window
+    failed = window.failed
+    return Cell(
+        f"breaker, last {format_duration(SERVED_WINDOW_S)}: {window.requests:,} served, "
+        f"{failed:,} failed{f' {WARN}' if failed else ''}",
+        "warning" if failed else "",
     )
 
 
-def _round_text(worker: Mapping[Any, Any]) -> str | None:
-    rnd = _map(worker.get("round"))
-    probes = _int(rnd.get("probes"))
-    if not probes:
+def _served_cell(worker: TrafficStanding) -> Cell:
+    life = lifetime_of(worker)
+    if life is None:
+        return Cell(f"served {NA}", "na")
+    return Cell(f"served {life.served:,} ({life.failed:,} failed)")
+
+
+def served_line(worker: TrafficStanding | None) -> Line | None:
+    """What the gateway served this miner since it started, then the breaker's window:
+    "served 120 (2 failed) · breaker, last 60 s: 14 served, 0 failed"; None without a worker."""
+    if worker is None:
         return None
-    parts = [f"{count_text(rnd.get('ok'))}/{probes:,} probes ok", f"{count_text(rnd.get('pass'))} pass"]
-    for key in ("unproven", "cheat"):
-        if _int(rnd.get(key)):
-            parts.append(f"{count_text(rnd.get(key))} {key}")
+    return (_served_cell(worker), Cell(SEP), served_breaker_cell(worker))
+
+
+def _round_text(worker: TrafficStanding) -> str | None:
+    rnd = worker.round
+    probes = rnd.probes
+    if probes <= 0:
+        return None
+    parts = [f"{count_text(rnd.ok)}/{probes:,} probes ok", f"{count_text(rnd.passed)} pass"]
+    for word, count in (("unproven", rnd.unproven), ("cheat", rnd.cheat)):
+        if count:
+            parts.append(f"{count_text(count)} {word}")
     return ", ".join(parts)
 
 
+def _inflight_cell(miner: MinerState | None) -> Cell:
+    inflight, most = (miner.inflight, miner.max_inflight) if miner else (None, None)
+    return Cell(f"{count_text(inflight)}/{count_text(most)}", "" if inflight is not None else "na")
+
+
 def link_lines(
-    miner: Any, worker: Any, legs: Sequence[Mapping[Any, Any]], *, now: float, has_traffic: bool
+    miner: MinerState | None,
+    worker: TrafficStanding | None,
+    legs: Sequence[GatewayLeg],
+    *,
+    now: float,
+    has_traffic: bool,
 ) -> list[Line]:
     """In flight over the miner's slots and the heartbeat; how long it has been in its
-    eligibility state and the control plane's own reason; the served window."""
-    miner, worker = _map(miner), _map(worker)
-    first: list[Cell] = [
-        Cell("in flight "),
-        Cell(f"{count_text(miner.get('inflight'))}/{count_text(miner.get('max_inflight'))}"),
-    ]
-    if _int(miner.get("inflight")) is None:
-        first[1] = Cell(first[1].text, "na")
+    eligibility state and the control plane's own reason; what it served, and the breaker's
+    window of it."""
+    first: list[Cell] = [Cell("in flight "), _inflight_cell(miner)]
     beat = heartbeat_cell(legs)
     if beat is not None:
         first += [Cell(SEP), beat]
     lines: list[Line] = [tuple(first)]
-    if worker:
-        state = _text(worker.get("state")) or NA
-        since = format_age(now, worker.get("since"))
-        reason = _text(worker.get("reason"))
+    if worker is not None:
+        state = _text(worker.state) or NA
+        since = format_age(now, worker.since)
+        reason = _text(worker.reason)
         text = f"{state} for {since}" if since else state
         lines.append((Cell(text + (f": {reason}" if reason else "")),))
         if state == "probing":
@@ -203,48 +228,58 @@ def link_lines(
 
 
 def link_summary(
-    miner: Any, worker: Any, legs: Sequence[Mapping[Any, Any]], *, now: float, has_traffic: bool, hotkey: str | None
+    miner: MinerState | None,
+    worker: TrafficStanding | None,
+    legs: Sequence[GatewayLeg],
+    *,
+    now: float,
+    has_traffic: bool,
+    hotkey: str | None,
 ) -> Line:
-    """The link on one line, for a compact block: legs, eligibility and for how long, in flight,
-    heartbeat, and the gateway's served and audited windows."""
-    miner, worker = _map(miner), _map(worker)
+    """The link on one line, for a compact block: legs, eligibility and for how long, in flight
+    and heartbeat (`work_summary` says what it served and had audited)."""
     eligibility = eligibility_cell(worker, has_traffic=has_traffic, hotkey=hotkey)
     # Under the "gateway:" label the state word says it ("active own ✔"); n/a keeps its why.
     eligibility = eligibility._replace(text=eligibility.text.removeprefix("eligibility: "))
     cells: list[Cell] = [legs_cell(miner), Cell(SEP), eligibility]
-    since = format_age(now, worker.get("since")) if worker else None
+    since = format_age(now, worker.since) if worker else None
     if since:
         cells.append(Cell(f" for {since}"))
-    inflight = _int(miner.get("inflight"))
-    cells += [
-        Cell(f"{SEP}in flight "),
-        Cell(f"{count_text(inflight)}/{count_text(miner.get('max_inflight'))}", "" if inflight is not None else "na"),
-    ]
+    cells += [Cell(f"{SEP}in flight "), _inflight_cell(miner)]
     beat = heartbeat_cell(legs)
     if beat is not None:
         cells += [Cell(SEP), beat]
-    for line in (served_line(worker), gateway_proof_line(worker)):
-        if line is not None:
-            cells += [Cell(SEP), *line]
     return tuple(cells)
 
 
-def _report(worker: Mapping[Any, Any]) -> Mapping[Any, Any] | None:
+def work_summary(worker: TrafficStanding | None) -> Line | None:
+    """What the gateway served and had audited of this miner since it started, and the
+    breaker's verdict window, on one line for a compact block: "served 9 (0 failed) · audited
+    21: 21 pass, 0 cheat, 0 unproven · breaker, last 5 min: 21 verdicts, 0 unproven ✔". The
+    breaker's served window joins only when a request in it failed (⚠). None without a worker."""
+    if worker is None:
+        return None
+    cells: list[Cell] = [_served_cell(worker)]
+    if worker.window.failed:
+        cells += [Cell(SEP), served_breaker_cell(worker)]
+    cells += [Cell(SEP), *audited_cells(worker), Cell(SEP), verdict_breaker_cell(worker)]
+    return tuple(cells)
+
+
+def _report(worker: TrafficStanding) -> StandingChange | None:
     """A first-party worker's latest transition when it is a breaker report (it would have been
     pulled: `from == to`), else None."""
-    history = [entry for entry in _list(worker.get("history")) if isinstance(entry, Mapping)]
-    if worker.get("first_party") is not True or not history:
+    if not worker.first_party or not worker.history:
         return None
-    last = history[-1]
-    return last if last.get("from") == last.get("to") and last.get("code") in _BREAKER_CODES else None
+    last = worker.history[-1]
+    return last if last.from_state == last.to_state and last.code in _BREAKER_CODES else None
 
 
-def link_notes(miner: Any, worker: Any, *, now: float) -> list[Line]:
+def link_notes(miner: MinerState | None, worker: TrafficStanding | None, *, now: float) -> list[Line]:
     """What is wrong with the link, and what to do: no leg admitted, legs down, pulled (with the
     control plane's reason and the cooldown), a first-party worker that would have been pulled."""
-    miner, worker = _map(miner), _map(worker)
     notes: list[Line] = []
-    up, legs = _int(miner.get("legs_up")), _int(miner.get("legs"))
+    up, legs = (miner.legs_up, miner.legs) if miner else (None, None)
     if up is not None and legs is not None and legs > 0:
         if up <= 0:
             notes += [
@@ -267,11 +302,12 @@ def link_notes(miner: Any, worker: Any, *, now: float) -> list[Line]:
                     ),
                 )
             )
-    if _text(worker.get("state")) == "pulled":
-        history = [entry for entry in _list(worker.get("history")) if isinstance(entry, Mapping)]
-        pull = next((entry for entry in reversed(history) if entry.get("to") == "pulled"), {})
-        code = _text(pull.get("code"))
-        until = _num(worker.get("until"))
+    if worker is None:
+        return notes
+    if worker.state == "pulled":
+        pull = next((entry for entry in reversed(worker.history) if entry.to_state == "pulled"), None)
+        code = _text(pull.code) if pull else None
+        until = _num(worker.until)
         left = ""
         if until is not None and math.isfinite(now):
             left = f" · {format_duration(until - now)} of cooldown left" if until > now else " · cooldown over"
@@ -279,7 +315,7 @@ def link_notes(miner: Any, worker: Any, *, now: float) -> list[Line]:
             (
                 Cell(
                     f"{BAD} pulled by the gateway{f' ({code})' if code else ''}{left}: "
-                    f"{_text(worker.get('reason')) or 'no reason given'}",
+                    f"{_text(worker.reason) or 'no reason given'}",
                     "error",
                 ),
             )
@@ -287,12 +323,11 @@ def link_notes(miner: Any, worker: Any, *, now: float) -> list[Line]:
         notes.append((Cell("  → fix: ", "error"), Cell(_PULL_FIXES.get(code or "", _PULL_FIX))))
     report = _report(worker)
     if report is not None:
-        code = _text(report.get("code")) or ""
+        code = _text(report.code) or ""
         notes.append(
             (
                 Cell(
-                    f"{WARN} would have been pulled ({code}), kept as first-party: "
-                    f"{_text(report.get('reason')) or code}",
+                    f"{WARN} would have been pulled ({code}), kept as first-party: {_text(report.reason) or code}",
                     "warning",
                 ),
             )

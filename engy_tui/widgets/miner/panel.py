@@ -1,7 +1,7 @@
 """The miner tab's widget: it lays the blocks out and turns their lines into content, and skips the
 repaint when the view did not change.
 
-It is handed the hub's states (plain dicts, component -> state) with the render time through
+It is handed the node's typed states (`NodeStates`) with the render time through
 `update_state` by the app's fixed-rate render timer, with node info's `hotkeys` and the last
 few model-server log lines the app kept from the events it drains; it never polls, reads the
 clock or reads events itself, and decides nothing a line says (the block modules do, tested
@@ -15,7 +15,6 @@ box each, and the node's proofs once under them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -23,6 +22,7 @@ from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Static
 
+from engy_node.snapshots import NodeStates
 from engy_tui.widgets.cells import Cell
 from engy_tui.widgets.miner.common import SEP, Line, lines_content
 from engy_tui.widgets.miner.view import MinerView, PanelView, panel_view
@@ -106,8 +106,8 @@ class _FullBlock(Vertical):
 
 
 class _CompactBlock(Vertical):
-    """One miner of several: one box, a line each for its command, load, link, chain and log,
-    then what is wrong and its fix."""
+    """One miner of several: one box, a line each for its command, load, link, what it served
+    and had audited, chain and log, then what is wrong and its fix."""
 
     def __init__(self, view: MinerView) -> None:
         super().__init__(classes="box miner-compact")
@@ -136,7 +136,15 @@ class _CompactBlock(Vertical):
         chain: list[Cell] = [Cell("chain: ", "header")]
         for index, line in enumerate(view.chain):
             chain += [*([Cell(SEP)] if index and not line[0].text.startswith("  →") else []), *line]
-        lines = [view.command, view.load, (Cell("gateway: ", "header"), *view.link_summary), tuple(chain), *view.log]
+        work = [(Cell("work: ", "header"), *view.work_summary)] if view.work_summary else []
+        lines = [
+            view.command,
+            view.load,
+            (Cell("gateway: ", "header"), *view.link_summary),
+            *work,
+            tuple(chain),
+            *view.log,
+        ]
         _show(self.query_one(".lines", Static), lines)
         _show(self.query_one(".notes", Static), (*view.failure, *view.link_notes))
 
@@ -208,13 +216,13 @@ class MinerPanel(Widget):
 
     def update_state(
         self,
-        states: Mapping[str, Any] | None,
+        states: NodeStates | None,
         *,
         now: float,
         names: Mapping[str, str] | None = None,
         server_log: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
-        """Show the hub's states (None: no snapshot yet) as of wall-clock `now`; `names` is node
+        """Show the node's states (None: no snapshot yet) as of wall-clock `now`; `names` is node
         info's `hotkeys` {name: ss58}; `server_log` the newest model-server log lines by
         component ("model_server", "model_server.miner-1", …) that the app kept."""
         view = panel_view(states, now=now, names=names, server_log=server_log)

@@ -7,12 +7,14 @@ last failure's class in words with its fix, and the newest log lines (the last t
 is down: a traceback's end is usually where the cause is).
 
 Where the facts come from: the model server's hub component ("model_server";
-"model_server.miner-1", … on a local network), published by `engy_node.miner.sglang.supervisor`
-(state, kind, url, command, pid, restarts, startup_failures, restart_in_s, last_failure {kind,
-summary, fix, phase, exit_code}, running, queued, generation_tokens_total, gen_throughput,
-ttft/itl p50/p95 in ms, poll_error, log_lines_truncated), and the miner's own component
-(`engy_node.miner.role.run_miner`: model, cpu_mode, plan, and command, None when the operator
-runs the server with `--serve-url`). Not published, so not shown rather than guessed: the
+"model_server.miner-1", … on a local network), `ModelServerState`, published by
+`engy_node.miner.sglang.supervisor` (state, kind, url, command, pid, restarts, startup_failures,
+restart_in_s, last_failure {kind, summary, fix, phase, exit_code}, running, queued,
+generation_tokens_total, gen_throughput, ttft/itl p50/p95 in ms, poll_error,
+log_lines_truncated), and the miner's own component, `MinerState`
+(`engy_node.miner.role.run_miner`: model, cpu_mode, plan, and command, published together; a
+model with no command means the operator runs the server with `--serve-url`). None for either
+means the component has not reported. Not published, so not shown rather than guessed: the
 server's version, how long it has been ready, its KV-cache use and last token time.
 """
 
@@ -21,13 +23,10 @@ from __future__ import annotations
 import re
 import shlex
 import signal
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Sequence
 
+from engy_node.snapshots import MinerState, ModelServerState, ServerFailure
 from engy_tui.widgets.cells import NA, Cell
-from engy_tui.widgets.cells import as_int as _int
-from engy_tui.widgets.cells import as_list as _list
-from engy_tui.widgets.cells import as_map as _map
 from engy_tui.widgets.cells import as_number as _num
 from engy_tui.widgets.cells import as_text as _text
 from engy_tui.widgets.miner.common import BAD, NA_CELL, OK, SEP, WARN, Level, Line, count_text, ms_text, plural
@@ -74,7 +73,7 @@ FAILURE_WORDS: dict[str, str] = {
 """`engy_node.miner.sglang.failures.FailureKind` in words."""
 
 
-def _words(command: Any) -> list[str] | None:
+def _words(command: str | None) -> list[str] | None:
     text = _text(command)
     if text is None:
         return None
@@ -84,7 +83,7 @@ def _words(command: Any) -> list[str] | None:
         return text.split()
 
 
-def tp_dp(command: Any) -> tuple[int | None, int | None]:
+def tp_dp(command: str | None) -> tuple[int | None, int | None]:
     """The tensor- and data-parallel sizes an sglang command line asks for (None: not given)."""
     words = _words(command) or []
     found: dict[str, int | None] = {"tp": None, "dp": None}
@@ -110,7 +109,7 @@ def tp_dp(command: Any) -> tuple[int | None, int | None]:
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 
-def compact_command(command: Any) -> str | None:
+def compact_command(command: str | None) -> str | None:
     """The command as one short line: environment assignments left out, the interpreter by its
     name, long paths by their last part ("…/qwen3.6-35b-a3b"), so the flags that matter fit.
     The exact text is what `c` copies; None when there is no command."""
@@ -129,19 +128,25 @@ def compact_command(command: Any) -> str | None:
     return _text(line) or None
 
 
-def command_line(miner: Any, server: Any) -> Line:
+def _external(miner: MinerState | None, server: ModelServerState | None) -> bool:
+    """The operator runs the model server (`--serve-url`): the miner published its model without
+    a command (`run_miner` publishes both at once), and no supervisor reports."""
+    return server is None and miner is not None and miner.model is not None and miner.command is None
+
+
+def command_line(miner: MinerState | None, server: ModelServerState | None) -> Line:
     """ "cmd: python -m sglang.launch_server …", the supervisor's command (else the plan's)."""
-    text = compact_command(_map(server).get("command")) or compact_command(_map(miner).get("command"))
+    text = compact_command(server.command if server else None) or compact_command(miner.command if miner else None)
     if text is None:
-        if "command" in _map(miner) and _map(miner).get("command") is None and not _map(server):
+        if _external(miner, server):
             return (Cell("cmd: ", "header"), Cell("none: the operator runs the model server (--serve-url)", "na"))
         return (Cell("cmd: ", "header"), NA_CELL)
     return (Cell("cmd: ", "header"), Cell(text))
 
 
-def plan_line(miner: Any) -> Line | None:
+def plan_line(miner: MinerState | None) -> Line | None:
     """The plan's summary sentence, when the miner published one."""
-    plan = _text(_map(miner).get("plan"))
+    plan = _text(miner.plan) if miner else None
     return (Cell("plan: ", "header"), Cell(plan)) if plan else None
 
 
@@ -158,88 +163,85 @@ _STATE_WORDS: dict[str, tuple[str, Level]] = {
 }
 
 
-def server_state_cell(server: Any) -> Cell:
+def server_state_cell(server: ModelServerState | None) -> Cell:
     """The supervisor's state in words, with ✔/⚠/✘; a restart's backoff when it is waiting."""
-    server = _map(server)
-    state = _text(server.get("state"))
-    if state is None:
+    state = _text(server.state) if server else None
+    if server is None or state is None:
         return Cell(f"state {NA}", "na")
     text, level = _STATE_WORDS.get(state, (state, ""))
-    wait = _num(server.get("restart_in_s"))
+    wait = _num(server.restart_in_s)
     if state == "restarting" and wait is not None:
         text = f"restarting in {wait:g} s {WARN}"
     return Cell(text, level)
 
 
-def _failed_now(server: Mapping[Any, Any]) -> bool:
+def _failed_now(server: ModelServerState) -> bool:
     """Whether the last failure is why the server is down now. An operator's restart publishes
     "restarting" without a backoff and leaves the last failure as it was."""
-    state = _text(server.get("state"))
+    state = server.state
     return state in ("exited", "timed_out", "stalled", "failed") or (
-        state == "restarting" and _num(server.get("restart_in_s")) is not None
+        state == "restarting" and _num(server.restart_in_s) is not None
     )
 
 
-def server_level(miner: Any, server: Any) -> Level:
+def server_level(miner: MinerState | None, server: ModelServerState | None) -> Level:
     """How the model server box is framed: error while a failure keeps it down (it serves
     nothing), else by its state word; na when nothing is reported."""
-    server = _map(server)
-    if not server:
+    if server is None:
         return "na"
     if _failed_now(server):
         return "error"
     return server_state_cell(server).style or ""  # type: ignore[return-value]
 
 
-def server_title(miner: Any, server: Any) -> str:
+def server_title(miner: MinerState | None, server: ModelServerState | None) -> str:
     """ "sglang · qwen3.6-35b-a3b · tp 2 · ready ✔ · 0 restarts"."""
-    miner, server = _map(miner), _map(server)
-    parts = [_text(server.get("kind")), _text(miner.get("model"))]
-    tp, dp = tp_dp(server.get("command") if _text(server.get("command")) else miner.get("command"))
+    parts = [_text(server.kind) if server else None, _text(miner.model) if miner else None]
+    server_command = _text(server.command) if server else None
+    tp, dp = tp_dp(server_command or (miner.command if miner else None))
     if tp is not None:
         parts.append(f"tp {tp}" + (f" × dp {dp}" if dp is not None and dp > 1 else ""))
-    if miner.get("cpu_mode") is True:
+    if miner is not None and miner.cpu_mode is True:
         parts.append("CPU")
-    if not server:
-        if "command" in miner and miner.get("command") is None:
-            parts.append("external server")
-        else:
-            parts.append("not reported yet")
+    if server is None:
+        parts.append("external server" if _external(miner, server) else "not reported yet")
         return SEP.join(p for p in parts if p)
     parts.append(server_state_cell(server).text)
-    restarts = _int(server.get("restarts"))
-    parts.append(f"restarts {NA}" if restarts is None else plural(restarts, "restart"))
-    failures = _int(server.get("startup_failures"))
+    parts.append(plural(server.restarts, "restart"))
+    failures = server.startup_failures
     if failures:
         parts.append(plural(failures, "failed start"))
     return SEP.join(p for p in parts if p)
 
 
-def load_line(server: Any) -> Line:
+def load_line(server: ModelServerState | None) -> Line:
     """Requests running and queued, generation throughput, TTFT and ITL (p50/p95) from the
     supervisor's last poll; why there are none while the server is not ready."""
-    server = _map(server)
-    if not server:
+    if server is None:
         return (Cell("load: ", "header"), Cell("no model server reported", "na"))
-    keys = ("running", "queued", "gen_throughput", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms")
-    state = _text(server.get("state"))
-    if all(server.get(key) is None for key in keys) and state != "ready":
+    latencies = (
+        ("TTFT", server.ttft_p50_ms, server.ttft_p95_ms),
+        ("ITL", server.itl_p50_ms, server.itl_p95_ms),
+    )
+    polled = (server.running, server.queued, server.gen_throughput, *(ms for _, *pair in latencies for ms in pair))
+    state = _text(server.state)
+    if all(value is None for value in polled) and state != "ready":
         return (Cell("load: ", "header"), Cell(f"none while {state or 'state is n/a'}", "na"))
-    throughput = _num(server.get("gen_throughput"))
+    throughput = _num(server.gen_throughput)
     cells: list[Cell] = [
         Cell("load: ", "header"),
         Cell("running "),
-        Cell(count_text(server.get("running")), "" if _int(server.get("running")) is not None else "na"),
+        Cell(count_text(server.running), "" if server.running is not None else "na"),
         Cell(" · queue "),
-        Cell(count_text(server.get("queued")), "" if _int(server.get("queued")) is not None else "na"),
+        Cell(count_text(server.queued), "" if server.queued is not None else "na"),
         Cell(SEP),
         Cell(f"{throughput:,.1f} tok/s") if throughput is not None else Cell(f"tok/s {NA}", "na"),
     ]
-    for label, p50, p95 in (("TTFT", "ttft_p50_ms", "ttft_p95_ms"), ("ITL", "itl_p50_ms", "itl_p95_ms")):
-        a, b = ms_text(server.get(p50)), ms_text(server.get(p95))
+    for label, p50, p95 in latencies:
+        a, b = ms_text(p50), ms_text(p95)
         text = f"{label} p50/p95 {a}/{b} ms" if (a, b) != (NA, NA) else f"{label} {NA}"
         cells += [Cell(SEP), Cell(text, "" if (a, b) != (NA, NA) else "na")]
-    error = _text(server.get("poll_error"))
+    error = _text(server.poll_error)
     if error:
         cells += [Cell(SEP), Cell(f"{WARN} poll: {error}", "warning")]
     return tuple(cells)
@@ -252,40 +254,41 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _failure_what(failure: Mapping[Any, Any]) -> str:
-    kind = _text(failure.get("kind"))
+def _failure_what(failure: ServerFailure) -> str:
+    kind = _text(failure.kind)
     words = FAILURE_WORDS.get(kind or "", kind or f"failure {NA}")
     label = f"{words} ({kind})" if kind in FAILURE_WORDS and kind != "unknown" else words
-    phase = _text(failure.get("phase"))
+    phase = failure.phase
     details = []
     if phase in ("startup", "runtime"):
         details.append("while starting" if phase == "startup" else "while serving")
-    exit_code = _int(failure.get("exit_code"))
+    exit_code = failure.exit_code
     if exit_code is not None:
         details.append(f"killed by {_signal_name(-exit_code)}" if exit_code < 0 else f"exit code {exit_code}")
     return label + (f", {', '.join(details)}" if details else "")
 
 
-def failure_lines(server: Any) -> list[Line]:
+def failure_lines(server: ModelServerState | None) -> list[Line]:
     """The last failure's class in words, what happened and its fix: "✘" while the server is
     down, "⚠ recovered from" once it is ready again; a start given up on says to restart it."""
-    server = _map(server)
-    failure = _map(server.get("last_failure"))
-    state = _text(server.get("state"))
+    if server is None:
+        return []
+    failure = server.last_failure
+    state = server.state
     lines: list[Line] = []
-    if failure:
+    if failure is not None:
         current = _failed_now(server)
         level = "error" if current else "warning"
         head = f"{BAD} " if current else f"{WARN} recovered from: " if state == "ready" else f"{WARN} last failure: "
         lines.append((Cell(head + _failure_what(failure), level),))
-        summary = _text(failure.get("summary"))
+        summary = _text(failure.summary)
         if summary:
             lines.append((Cell("  "), Cell(summary, "na")))
-        fix = _text(failure.get("fix"))
+        fix = _text(failure.fix)
         lines.append((Cell("  → fix: ", level), Cell(fix or NA, "" if fix else "na")))
     if state == "failed":
-        failures = _int(server.get("startup_failures"))
-        times = f"{failures:,} times in a row" if failures is not None else "repeatedly"
+        failures = server.startup_failures
+        times = f"{failures:,} times in a row" if failures > 0 else "repeatedly"
         lines.append(
             (
                 Cell(
@@ -297,16 +300,16 @@ def failure_lines(server: Any) -> list[Line]:
         )
     elif state == "unhealthy":
         lines.append((Cell(f"{WARN} health checks failing: it is restarted after 3 misses in a row", "warning"),))
-    truncated = _int(server.get("log_lines_truncated"))
+    truncated = server.log_lines_truncated
     if truncated:
         lines.append((Cell(f"{plural(truncated, 'overlong log line')} cut at 16 KB", "na"),))
     return lines
 
 
-def log_lines(lines: Any, *, shared: bool = False, limit: int = LOG_LINES) -> list[Line]:
+def log_lines(lines: Sequence[str], *, shared: bool = False, limit: int = LOG_LINES) -> list[Line]:
     """The newest `limit` model-server log lines ("log: …"); `shared`: the lines are every model
     server's of this node, not told apart by the log (said so)."""
-    kept = [text for text in (_text(line) for line in _list(lines)) if text is not None][-max(1, limit) :]
+    kept = [text for text in (_text(line) for line in lines) if text is not None][-max(1, limit) :]
     label = "log (all servers): " if shared else "log: "
     if not kept:
         return [(Cell(label, "header"), Cell("no lines yet", "na"))]

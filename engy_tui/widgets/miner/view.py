@@ -1,27 +1,37 @@
-"""What the miner tab shows for the hub's states at one time: which miners this node runs, and for
+"""What the miner tab shows for the node's states at one time: which miners this node runs, and for
 each the lines of its blocks (model server, gateway link, proofs, chain), plus the node's own
 proofs.
 
-This is the one place that picks each block's inputs out of the states: the miner's component,
-its model server's, the traffic worker and gateway legs of its hotkey, the "network", "chain",
-"verifier" and "audit" states and node info's `hotkeys`. Plain data out, so the widget can skip a
-repaint when nothing changed by comparing two views.
+This is the one place that picks each block's inputs out of the typed states (`NodeStates`):
+the miner's `MinerState`, its model server's `ModelServerState`, the traffic worker and gateway
+legs of its hotkey, the network, chain, verifier and audit states and node info's `hotkeys`.
+Plain data out, so the widget can skip a repaint when nothing changed by comparing two views.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Literal
 
+from engy_node.snapshots import MinerState, NodeStates
+from engy_node.snapshots import server_component as server_component
 from engy_tui.widgets.cells import NA, Cell, short_hotkey
-from engy_tui.widgets.cells import as_map as _map
 from engy_tui.widgets.cells import as_text as _text
 from engy_tui.widgets.miner.common import Level, Line
 from engy_tui.widgets.miner.earnings import chain_lines
-from engy_tui.widgets.miner.link import legs_cell, legs_of, link_lines, link_notes, link_summary, link_title, worker_of
-from engy_tui.widgets.miner.proofs import gateway_proof_line, node_proof_lines
+from engy_tui.widgets.miner.link import (
+    legs_cell,
+    legs_of,
+    link_lines,
+    link_notes,
+    link_summary,
+    link_title,
+    work_summary,
+    worker_of,
+)
+from engy_tui.widgets.miner.proofs import gateway_proof_lines, node_proof_lines
 from engy_tui.widgets.miner.serving import (
     DOWN,
     FAILED_LOG_LINES,
@@ -53,33 +63,17 @@ def _natural(name: str) -> tuple[tuple[int, int, str], ...]:
     )
 
 
-def miner_names(states: Any) -> list[str]:
+def miner_names(states: NodeStates) -> list[str]:
     """The miners of this node, in natural order: every "miner"/"miner-…" component, and the
-    miner of every "model_server"/"model_server.…" one (its server may report first)."""
-    found = set()
-    for key, value in _map(states).items():
-        if not isinstance(key, str) or not isinstance(value, Mapping):
-            continue
-        if not key.isprintable():
-            continue
-        if key == "miner" or (key.startswith("miner-") and len(key) > 6):
-            found.add(key)
-        elif key == "model_server":
-            found.add("miner")
-        elif key.startswith("model_server.") and len(key) > 13:
-            found.add(key.removeprefix("model_server."))
+    miner of every model server (its server may report first)."""
+    found = {name for name in (*states.miners, *states.model_servers) if name.isprintable()}
     return sorted(found, key=_natural)
 
 
-def server_component(miner: str) -> str:
-    """The hub component of `miner`'s model server (`role.run_miner`, `local.up._miner_service`)."""
-    return "model_server" if miner == "miner" else f"model_server.{miner}"
-
-
-def miner_hotkey(miner: str, names: Any, state: Any = None) -> str | None:
+def miner_hotkey(miner: str, names: Mapping[str, str] | None, state: MinerState | None = None) -> str | None:
     """`miner`'s ss58 hotkey: node info's `hotkeys`[name] (a local network names its miners'
     hotkeys after their components), else a `hotkey` the miner state carries."""
-    return _text(_map(names).get(miner)) or _text(_map(state).get("hotkey"))
+    return _text((names or {}).get(miner)) or (_text(state.hotkey) if state else None)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,7 +92,10 @@ class MinerView:
     link_level: Level
     link: tuple[Line, ...]
     link_summary: Line
-    """`link` and `proofs` on one line, for a compact block."""
+    """`link` on one line, for a compact block."""
+    work_summary: Line | None
+    """What the gateway served and audited of it, and the breaker's window, on one line for a
+    compact block (None when no gateway on this node knows it)."""
     link_notes: tuple[Line, ...]
     proofs: tuple[Line, ...]
     """This miner's verdicts at a gateway on this node (empty when there is none)."""
@@ -115,44 +112,52 @@ class PanelView:
     empty: Line
 
 
-def _server_log(server_log: Any, miner: str, several: bool) -> tuple[Any, bool]:
+ServerLog = Mapping[str, Sequence[str]]
+
+
+def _server_log(server_log: ServerLog | None, miner: str, several: bool) -> tuple[Sequence[str], bool]:
     """This server's lines, and whether they are every server's: the supervisor logs under one
     component ("model_server") whichever miner it serves, so the app may only have those."""
-    logs = _map(server_log)
+    logs = server_log or {}
     own = logs.get(server_component(miner))
-    if isinstance(own, (list, tuple)):
+    if own is not None:
         return own, False
-    shared = logs.get("model_server")
-    return (shared, several) if isinstance(shared, (list, tuple)) else ((), False)
+    shared = logs.get(server_component("miner"))
+    return (shared, several) if shared is not None else ((), False)
 
 
 def miner_view(
-    name: str, states: Any, *, now: float, names: Any = None, server_log: Any = None, several: bool = False
+    name: str,
+    states: NodeStates,
+    *,
+    now: float,
+    names: Mapping[str, str] | None = None,
+    server_log: ServerLog | None = None,
+    several: bool = False,
 ) -> MinerView:
-    """One miner's block for the hub's `states` at wall-clock `now`; `names` is node info's
+    """One miner's block for the node's `states` at wall-clock `now`; `names` is node info's
     `hotkeys` {name: ss58}, `server_log` {component: [newest lines]}."""
-    states = _map(states)
-    miner = _map(states.get(name))
-    server = _map(states.get(server_component(name)))
+    miner = states.miners.get(name)
+    server = states.model_servers.get(name)
     hotkey = miner_hotkey(name, names, miner)
-    traffic = states.get("traffic")
-    has_traffic = isinstance(traffic, Mapping)
-    worker = worker_of(traffic, hotkey, _text(miner.get("model")))
-    legs = legs_of(states.get("gateway"), hotkey)
-    url = _text(_map(states.get("network")).get("miner_ws"))
+    has_traffic = states.traffic is not None
+    worker = worker_of(states.traffic, hotkey, miner.model if miner else None)
+    legs = legs_of(states.gateway, hotkey)
+    url = _text(states.network.miner_ws) if states.network else None
 
     failure = failure_lines(server)
-    down = _text(server.get("state")) in DOWN
+    down = server is not None and server.state in DOWN
     lines, shared = _server_log(server_log, name, several)
+    legs_style = legs_cell(miner).style
     link_level: Level = (
         "error"
-        if legs_cell(miner).style == "error" or _text(_map(worker).get("state")) == "pulled"
+        if legs_style == "error" or (worker is not None and worker.state == "pulled")
         else "warning"
-        if legs_cell(miner).style == "warning"
+        if legs_style == "warning"
         else ""
     )
-    window = gateway_proof_line(worker)
-    proofs = ((Cell("gateway: ", "header"), *window),) if window is not None else ()
+    gateway = gateway_proof_lines(worker)
+    proofs = tuple((Cell("gateway: ", "header"), *line) if i == 0 else line for i, line in enumerate(gateway))
     short = short_hotkey(hotkey) if hotkey else NA
     return MinerView(
         name=name,
@@ -167,23 +172,31 @@ def miner_view(
         link_level=link_level,
         link=tuple(link_lines(miner, worker, legs, now=now, has_traffic=has_traffic)),
         link_summary=link_summary(miner, worker, legs, now=now, has_traffic=has_traffic, hotkey=hotkey),
+        work_summary=work_summary(worker),
         link_notes=tuple(link_notes(miner, worker, now=now)),
         proofs=proofs,
         chain_title=f"{name} ({short})" if hotkey else name,
-        chain=tuple(chain_lines(states.get("chain"), hotkey)),
+        chain=tuple(chain_lines(states.chain, hotkey)),
     )
 
 
-def panel_view(states: Any, *, now: float, names: Any = None, server_log: Any = None) -> PanelView:
-    """What the panel shows for the hub's states (None before the first snapshot) at wall-clock
-    `now`. `names` defaults to the "node" state's `hotkeys` (a local network publishes them)."""
-    states = _map(states)
+def panel_view(
+    states: NodeStates | None,
+    *,
+    now: float,
+    names: Mapping[str, str] | None = None,
+    server_log: ServerLog | None = None,
+) -> PanelView:
+    """What the panel shows for the node's states (None before the first snapshot) at wall-clock
+    `now`. `names` defaults to node info's `hotkeys` (a local network publishes them)."""
+    if states is None:
+        states = NodeStates()
     if names is None:
-        names = _map(states.get("node")).get("hotkeys")
+        names = states.node.hotkeys
     miners = miner_names(states)
     proofs = tuple(node_proof_lines(states))
     if not miners:
-        why = "waiting for the node's first snapshot" if not states else "no miner on this node"
+        why = "waiting for the node's first snapshot" if states == NodeStates() else "no miner on this node"
         return PanelView("empty", (), proofs, (Cell(why, "na"),))
     several = len(miners) > 1
     views = tuple(
