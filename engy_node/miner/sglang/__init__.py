@@ -11,6 +11,8 @@ the reverse:
 * `output_lines`: `LineBuffer` splits the child's output bytes into bounded lines.
 * `supervisor`: the imperative shell, `ModelServerSupervisor`, which starts the child, copies
   its log, waits for `/health`, probes and scrapes it while up, and restarts it with backoff.
+* `stopping`: how a child goes (SIGTERM to its process group, the grace, SIGKILL, shielded and
+  bounded) and how a start stops what an earlier run left behind (`leftovers` records it).
 
 The names the rest of the node uses are re-exported here.
 """

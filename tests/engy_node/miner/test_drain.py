@@ -24,7 +24,8 @@ from engy_node.hub import Hub
 from engy_node.miner.drain import ABORTED_ERROR, MAX_DRAIN_S, REFUSED_ERROR, request_action, stop_budget
 from engy_node.miner.link import CLOSE_TIMEOUT_S
 from engy_node.miner.role import run_miner
-from engy_node.miner.sglang.supervisor import KILL_WAIT_S, OUTPUT_DRAIN_S, SupervisorSettings
+from engy_node.miner.sglang.stopping import KILL_WAIT_S
+from engy_node.miner.sglang.supervisor import OUTPUT_DRAIN_S, SupervisorSettings
 from engy_node.protocol.miner import Heartbeat, Message, ServeRequest, parse_miner_frame
 from engy_node.serve.client import ABORT_TIMEOUT_S, ServeClient
 from engy_node.testing.gateway import GatewayHarness
