@@ -255,26 +255,28 @@ class NodeManager(App[None]):
         names = (snapshot.node.hotkeys if snapshot is not None else None) or None
         if tab == "overview":
             self.query_one(RequestsPanel).update_metrics(
-                snapshot.metrics if snapshot is not None else None, now=now, states=states
+                snapshot.metrics if snapshot is not None else None,
+                now=now,
+                states=snapshot.states if snapshot is not None else None,
+                roles=snapshot.node.roles if snapshot is not None else (),
             )
             self.query_one("#overview-text", Static).update(overview_text(snapshot, now=now))
         elif tab == "miner":
             self.query_one(MinerPanel).update_state(
-                snapshot.states if snapshot is not None else None,
-                now=now,
-                names=names,
-                server_log={name: list(lines) for name, lines in self._server_log.items()},
+                states, now=now, names=names, server_log={name: list(lines) for name, lines in self._server_log.items()}
             )
         elif tab == "validator":
             self.query_one(ValidatorPanel).update_state(
                 states.get("validator"), now=now, names=names, chain=states.get("chain")
             )
         elif tab == "gateway":
-            self.query_one(GatewayPanel).update_state(states, now=now, names=names)
+            self.query_one(GatewayPanel).update_state(
+                snapshot.states if snapshot is not None else None, now=now, names=names
+            )
         elif tab == "chain":
             self.query_one(ChainPanel).update_state(states.get("chain"), now=now, names=names)
         elif tab == "gpus":
-            self.query_one(GpuPanel).update_state(states.get("gpus"), now)
+            self.query_one(GpuPanel).update_state(snapshot.states.gpus if snapshot is not None else None, now)
         self._drawn_at[tab] = now
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:

@@ -1,40 +1,39 @@
 """The gateway panel: the miners a gateway knows (eligibility, legs, load, evidence, breaker), its
 audit queue and the latest epoch it published.
 
-The widget is handed the hub's states (plain dicts, as the gateway publishes them) and the render
-time through `update_state` by the app's fixed-rate timer; it never polls or reads the clock.
-What every cell says and how it is styled is decided by the plain functions below, tested without
-a terminal; the widget only turns their `Cell`s into Textual content.
+The widget is handed the node's decoded states (`NodeStates`) and the render time through
+`update_state` by the app's fixed-rate timer; it never polls or reads the clock. What every cell
+says and how it is styled is decided by the plain functions below, tested without a terminal; the
+widget only turns their `Cell`s into Textual content.
 
-Where each fact comes from (read the producers before changing a key):
+Where each fact comes from (`engy_node.snapshots` declares every field):
 
-* "traffic" (`gateway/trust/control_plane.py`): `workers`, one per (miner, model), each
-  `TrafficState.to_json()` (miner, model, state, since, reason, eligible, first_party, connected,
-  until, strikes, round{probes, ok, pass, unproven, cheat}, window{requests, failed, verdicts,
-  unproven}) plus `history` (its last transitions: from, to, reason, at, code). Published only
-  when a state or reason changes, so its counts can trail the live ones.
-* "gateway" (`gateway/role.py`): state, buyer_url, miner_url, provider_url, models, worker,
-  workers (processes), and `legs` (`MinerPool.snapshot()`: leg, miner, worker, model, capacity,
-  inflight, heartbeat_age_s, and what the miner announced: region, tee (its GPU confidential
-  computing mode, as told, not attested), context_length, kv_used; refreshed every 10 s).
-* "audit" (`gateway/trust/trust_plane.py`): waiting, leased, dropped_full, dropped_expired,
-  dropped_unjudged, recorded.
-* "epochs" (`gateway/billing/publisher.py`): latest, digest, weights [[hotkey, u16], ...].
+* `traffic` (`TrafficPolicyState`, `gateway/trust/control_plane.py`): one `TrafficStanding` per
+  (miner, model): its state and why, its qualification `round`, the breaker's `window` (what it
+  weighs now: served requests of the last `SERVED_WINDOW_S`, verdicts of the last
+  `VERDICT_WINDOW_S`), its `lifetime` totals since the gateway started, and its `history`.
+  The miners table shows the lifetime totals as "served" and "audited", and the window only in
+  the breaker column, whose header names its lengths: a window is never shown as a total.
+* `gateway` (`GatewayState`, `gateway/role.py`): its URLs, models, processes and `legs`
+  (`MinerPool.snapshot()`, refreshed every 10 s).
+* `audit` (`AuditState`, `gateway/trust/trust_plane.py`): the audit queue's counts.
+* `epochs` (`EpochsState`, `gateway/billing/publisher.py`): the latest epoch and its weights.
+* `buyers` (`BuyersState`): the accounts that spent most.
 
-The hub does not carry per-worker latency percentiles, buyer keys or balances, the epoch in
-flight or its gated rows, so the panel does not show them rather than guess.
+The hub does not carry per-worker latency percentiles, buyer keys, the epoch in flight or its
+gated rows, so the panel does not show them rather than guess.
 
-Honesty rules: a fact the hub did not give is "n/a" or "—", dimmed, never 0; every input is
-treated as untrusted JSON (a wrong type reads as missing, nothing raises); colour is never the
-only signal (✔ ✘ ⚠ and state words carry the meaning). Hotkeys show by their local name when the
-node info's `hotkeys` {name: ss58} knows them.
+Honesty rules: a fact the hub did not give is "n/a" or "—", dimmed, never 0; text from the
+network is shown as text (never markup, control characters blanked); colour is never the only
+signal (✔ ✘ ⚠ and state words carry the meaning). Hotkeys show by their local name when the node
+info's `hotkeys` {name: ss58} knows them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from rich.cells import cell_len
 from textual.app import ComposeResult
@@ -42,30 +41,23 @@ from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Static
 
-from engy_tui.widgets.cells import (
-    DASH,
-    NA,
-    Cell,
-    cells_content,
+from engy_node.protocol.standing import SERVED_WINDOW_S, VERDICT_WINDOW_S
+from engy_node.snapshots import (
+    AuditState,
+    BuyersState,
+    EpochsState,
+    GatewayLeg,
+    GatewayState,
+    NodeStates,
+    StandingChange,
+    TrafficStanding,
 )
-from engy_tui.widgets.cells import (
-    as_int as _int,
-)
-from engy_tui.widgets.cells import (
-    as_list as _list,
-)
-from engy_tui.widgets.cells import (
-    as_map as _map,
-)
-from engy_tui.widgets.cells import (
-    as_number as _num,
-)
-from engy_tui.widgets.cells import (
-    as_text as _text,
-)
+from engy_tui.widgets.cells import DASH, NA, Cell, cells_content, format_duration
+from engy_tui.widgets.cells import as_text as _text
 
 __all__ = [
     "BREAKER_CODES",
+    "BREAKER_HEADER",
     "COLUMNS",
     "HEARTBEAT_LATE_S",
     "MAX_NOTES",
@@ -75,7 +67,9 @@ __all__ = [
     "GatewayPanel",
     "PanelView",
     "audit_line",
+    "audited_cell",
     "breaker_cell",
+    "buyers_lines",
     "display_names",
     "epoch_lines",
     "format_age",
@@ -88,7 +82,6 @@ __all__ = [
     "panel_view",
     "round_cell",
     "served_cell",
-    "audited_cell",
     "short_key",
     "state_cell",
     "weight_bar",
@@ -99,19 +92,33 @@ OK = "✔"
 BAD = "✘"
 WARN = "⚠"
 
+
+def format_age(seconds: float | None) -> str | None:
+    """A duration in words that fit a column: "4 s", "12 min", "3 h 2 min", "2 d 4 h"; None when
+    it is not a finite number. A small negative (clocks a little apart) reads as 0 s."""
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return format_duration(seconds)
+
+
+BREAKER_HEADER = f"breaker (last {format_age(SERVED_WINDOW_S)} / {format_age(VERDICT_WINDOW_S)})"
+"""The breaker column's header: a closed breaker shows its windows (failed of the requests served
+in the first, unproven of the verdicts in the second), as `protocol.standing` sets them."""
+
 COLUMNS = (
     "miner/worker",
     "model",
     "state",
     "in state",
-    "breaker",
+    BREAKER_HEADER,
     "link",
     "load",
     "qualifying round",
     "served",
     "audited",
 )
-"""The miners table; "model" is left out while every row serves the same one."""
+"""The miners table; "model" is left out while every row serves the same one. "served" and
+"audited" are totals since the gateway started."""
 GAP = "  "
 
 HEARTBEAT_LATE_S = 45.0
@@ -141,34 +148,10 @@ NA_CELL = Cell(NA, "na")
 DASH_CELL = Cell(DASH, "na")
 
 
-# ---- reading untrusted JSON ---------------------------------------------------------------------
+# ---- names --------------------------------------------------------------------------------------
 
 
-def _count(value: Any) -> str | None:
-    number = _int(value)
-    return None if number is None else f"{number:,}"
-
-
-# ---- formatting ---------------------------------------------------------------------------------
-
-
-def format_age(seconds: Any) -> str | None:
-    """A duration in words that fit a column: "4 s", "12 min", "3 h 2 min", "2 d 4 h"; None when
-    it is not a finite number. A small negative (clocks a little apart) reads as 0 s."""
-    value = _num(seconds)
-    if value is None:
-        return None
-    s = int(max(0.0, value))
-    if s < 120:
-        return f"{s} s"
-    if s < 7200:
-        return f"{s // 60} min"
-    if s < 2 * 86400:
-        return f"{s // 3600} h {s % 3600 // 60} min"
-    return f"{s // 86400} d {s % 86400 // 3600} h"
-
-
-def short_key(key: Any, *, head: int = 4, tail: int = 4) -> str:
+def short_key(key: str | None, *, head: int = 4, tail: int = 4) -> str:
     """An ss58 hotkey as its first and last characters, "5F3s…k9Qa"; a key-admitted miner
     ("key:<id>") keeps its prefix, "key:a1b2c3…"."""
     text = _text(key)
@@ -180,16 +163,17 @@ def short_key(key: Any, *, head: int = 4, tail: int = 4) -> str:
     return text if len(text) <= head + tail + 1 else f"{text[:head]}…{text[-tail:]}"
 
 
-def display_names(names: Any) -> dict[str, str]:
+def display_names(names: Mapping[str, str] | None) -> dict[str, str]:
     """Node info's `hotkeys` {name: ss58} turned round: ss58 -> name (the first name, in sorted
-    order, when two share a key). Anything that is not a str -> str pair is ignored."""
+    order, when two share a key). Empty names and keys are ignored."""
     inverted: dict[str, str] = {}
-    for name, key in sorted(((n, k) for n, k in _map(names).items() if _text(n) and _text(k))):
-        inverted.setdefault(key, name)
+    for name, key in sorted((names or {}).items()):
+        if _text(name) and _text(key):
+            inverted.setdefault(key, name)
     return inverted
 
 
-def miner_label(miner: Any, names: Mapping[str, str]) -> str:
+def miner_label(miner: str | None, names: Mapping[str, str]) -> str:
     """The miner's local name if the node knows its hotkey, else its shortened hotkey."""
     text = _text(miner)
     if text is None:
@@ -207,152 +191,149 @@ _STATES = {
 }
 
 
-def state_cell(worker: Mapping[str, Any]) -> Cell:
+def state_cell(worker: TrafficStanding | None) -> Cell:
     """The eligibility state as a word (with ✔/✘ for the two that decide traffic); a first-party
     worker says "own", since it is eligible whatever its state."""
-    state = _text(worker.get("state"))
-    if state is None:
+    state = None if worker is None else _text(worker.state)
+    if worker is None or state is None:
         return NA_CELL
     text, style = _STATES.get(state, (state, ""))
-    if worker.get("first_party") is True:
+    if worker.first_party:
         text, style = f"{text} own", ("error" if state == "pulled" else "ok")
     return Cell(text, style)
 
 
-def link_cell(worker: Mapping[str, Any], legs: Sequence[Mapping[str, Any]]) -> Cell:
-    """The legs the gateway holds to this (miner, model), where the miner says it is and whether
-    it says it serves in a TEE, and the oldest heartbeat among them; without legs, what the
-    control plane last said about the connection."""
+def _oldest_heartbeat(legs: Sequence[GatewayLeg]) -> float | None:
+    ages = [
+        leg.heartbeat_age_s for leg in legs if leg.heartbeat_age_s is not None and math.isfinite(leg.heartbeat_age_s)
+    ]
+    return max(ages) if ages else None
+
+
+def link_cell(worker: TrafficStanding | None, legs: Sequence[GatewayLeg]) -> Cell:
+    """The legs the gateway holds to this (miner, model) and the oldest heartbeat among them;
+    without legs, what the control plane last said about the connection."""
     if legs:
         text = f"{len(legs)} leg{'s' if len(legs) != 1 else ''}"
-        told = sorted(
-            {f"TEE {tee}" if tee != "on" else "TEE" for tee in (_text(leg.get("tee")) for leg in legs) if tee}
-            | {region for region in (_text(leg.get("region")) for leg in legs) if region}
-        )
-        text = " · ".join([text, *told])
-        ages = [age for age in (_num(leg.get("heartbeat_age_s")) for leg in legs) if age is not None]
-        if not ages:
+        oldest = _oldest_heartbeat(legs)
+        if oldest is None:
             return Cell(text)
-        oldest = max(ages)
         if oldest > HEARTBEAT_LATE_S:
             return Cell(f"{text} · hb {format_age(oldest)} {WARN}", "warning")
         return Cell(f"{text} · hb {format_age(oldest)}")
-    connected = worker.get("connected")
-    if connected is True:
+    if worker is None:
+        return NA_CELL
+    if worker.connected:
         return Cell("connected")
-    if connected is False:
-        # An active worker without a leg is on its reconnect grace: worth a look.
-        return Cell(f"offline {WARN}", "warning") if worker.get("state") == "active" else Cell("offline", "na")
-    return NA_CELL
+    # An active worker without a leg is on its reconnect grace: worth a look.
+    return Cell(f"offline {WARN}", "warning") if worker.state == "active" else Cell("offline", "na")
 
 
-def load_cell(legs: Sequence[Mapping[str, Any]]) -> Cell:
+def load_cell(legs: Sequence[GatewayLeg]) -> Cell:
     """Requests in flight over the capacity the legs advertise, summed over the legs, and the
     fullest KV cache a leg reports: "12/32 · kv 71%" (the router sends nothing to a full one)."""
     if not legs:
         return DASH_CELL
-    inflight = [_int(leg.get("inflight")) for leg in legs]
-    capacity = [_int(leg.get("capacity")) for leg in legs]
-    used = None if None in inflight else sum(i for i in inflight if i is not None)
-    room = None if None in capacity else sum(c for c in capacity if c is not None)
-    if used is None and room is None:
-        return NA_CELL
-    text = f"{NA if used is None else used}/{NA if room is None else room}"
-    kv = [fraction for fraction in (_num(leg.get("kv_used")) for leg in legs) if fraction is not None]
+    used = sum(leg.inflight for leg in legs)
+    room = sum(leg.capacity for leg in legs)
+    text = f"{used:,}/{room:,}"
+    # A fraction; one out of [0, 1] is read as the nearest bound (a full cache is the one that matters).
+    kv = [min(max(leg.kv_used, 0.0), 1.0) for leg in legs if leg.kv_used is not None and math.isfinite(leg.kv_used)]
     if kv:
         text += f" · kv {round(100 * max(kv))}%"
-    if (used is not None and room is not None and used >= room) or (kv and max(kv) >= 1):
+    if used >= room or (kv and max(kv) >= 1):
         return Cell(f"{text} full", "warning")
     return Cell(text)
 
 
-def round_cell(worker: Mapping[str, Any]) -> Cell:
+def round_cell(worker: TrafficStanding | None) -> Cell:
     """The current (or last) qualification round: how many of its probes finished well, their
     `pass` verdicts, and any `unproven` or `cheat` ones ("14/14 ok · 12 pass · 1 unproven"). A
     dash when no probe has finished."""
-    rnd = _map(worker.get("round"))
-    probes = _int(rnd.get("probes"))
-    if not probes:
-        return DASH_CELL if probes == 0 else NA_CELL
-    ok = _int(rnd.get("ok"))
-    parts = [f"{NA if ok is None else f'{ok:,}'}/{probes:,} ok", f"{_count(rnd.get('pass')) or NA} pass"]
-    unproven, cheat = _int(rnd.get("unproven")), _int(rnd.get("cheat"))
-    for label, value in (("unproven", unproven), ("cheat", cheat)):
-        if value != 0:  # zero goes without saying; unknown does not
-            parts.append(f"{NA if value is None else f'{value:,}'} {label}")
+    if worker is None:
+        return NA_CELL
+    rnd = worker.round
+    if rnd.probes <= 0:
+        return DASH_CELL
+    parts = [f"{rnd.ok:,}/{rnd.probes:,} ok", f"{rnd.passed:,} pass"]
+    for label, value in (("unproven", rnd.unproven), ("cheat", rnd.cheat)):
+        if value:  # zero goes without saying
+            parts.append(f"{value:,} {label}")
     text = " · ".join(parts)
-    if cheat:
+    if rnd.cheat:
         return Cell(f"{text} {BAD}", "error")
-    if ok is not None and ok < probes:
+    if rnd.ok < rnd.probes:
         return Cell(f"{text} {WARN}", "warning")
     return Cell(text)
 
 
-def served_cell(worker: Mapping[str, Any]) -> Cell:
-    """The breaker's window of served requests: "120, 2 failed"."""
-    window = _map(worker.get("window"))
-    requests, failed = _int(window.get("requests")), _int(window.get("failed"))
-    if requests is None:
+def served_cell(worker: TrafficStanding | None) -> Cell:
+    """Requests served (paid and probes) since the gateway started, and how many failed:
+    "1,204 · 2 failed" (the breaker's window is in the breaker column)."""
+    if worker is None:
         return NA_CELL
-    if failed is None:
-        return Cell(f"{requests:,}, {NA} failed")
-    return Cell(f"{requests:,}, {failed:,} failed", "warning" if failed else "")
+    lifetime = worker.lifetime
+    if lifetime.failed:
+        return Cell(f"{lifetime.served:,} · {lifetime.failed:,} failed")
+    return Cell(f"{lifetime.served:,}")
 
 
-def audited_cell(worker: Mapping[str, Any]) -> Cell:
-    """The breaker's window of verdicts on served requests: "61, 2 unproven"."""
-    window = _map(worker.get("window"))
-    verdicts, unproven = _int(window.get("verdicts")), _int(window.get("unproven"))
-    if verdicts is None:
+def audited_cell(worker: TrafficStanding | None) -> Cell:
+    """Verdicts on its answers (paid and probes) since the gateway started, with the `unproven`
+    and `cheat` ones: "44 · 2 unproven" (the breaker's window is in the breaker column)."""
+    if worker is None:
         return NA_CELL
-    if unproven is None:
-        return Cell(f"{verdicts:,}, {NA} unproven")
-    return Cell(f"{verdicts:,}, {unproven:,} unproven", "warning" if unproven else "")
+    lifetime = worker.lifetime
+    parts = [f"{lifetime.audited:,}"]
+    for label, value in (("unproven", lifetime.unproven), ("cheat", lifetime.cheat)):
+        if value:
+            parts.append(f"{value:,} {label}")
+    if lifetime.cheat:
+        return Cell(f"{' · '.join(parts)} {BAD}", "error")
+    return Cell(" · ".join(parts))
 
 
-def _history(worker: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    return [entry for entry in _list(worker.get("history")) if isinstance(entry, Mapping)]
+def _last_pull(worker: TrafficStanding) -> StandingChange | None:
+    return next((entry for entry in reversed(worker.history) if entry.to_state == "pulled"), None)
 
 
-def _last_pull(worker: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    return next((entry for entry in reversed(_history(worker)) if entry.get("to") == "pulled"), None)
-
-
-def _report(worker: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def _report(worker: TrafficStanding | None) -> StandingChange | None:
     """A first-party worker's latest transition when it is a breaker report (it would have been
     pulled), else None."""
-    history = _history(worker)
-    if worker.get("first_party") is not True or not history:
+    if worker is None or not worker.first_party or not worker.history:
         return None
-    last = history[-1]
-    if last.get("from") == last.get("to") and last.get("code") in BREAKER_CODES:
+    last = worker.history[-1]
+    if last.from_state == last.to_state and last.code in BREAKER_CODES:
         return last
     return None
 
 
-def breaker_cell(worker: Mapping[str, Any], *, now: float) -> Cell:
-    """ "closed ✔" while active; "open ✘ <why> · <cooldown> left" while pulled; "tripped ⚠ <why>"
-    when a first-party worker would have been pulled; a dash while new or probing."""
-    state = _text(worker.get("state"))
+def breaker_cell(worker: TrafficStanding | None, *, now: float) -> Cell:
+    """ "closed ✔" while active, with its windows (`BREAKER_HEADER`): "closed ✔ · 0/5 failed ·
+    1/12 unproven"; "open ✘ <why> · <cooldown> left" while pulled; "tripped ⚠ <why>" when a
+    first-party worker would have been pulled; a dash while new or probing."""
+    if worker is None:
+        return NA_CELL
+    state = _text(worker.state)
     if state == "pulled":
         pull = _last_pull(worker)
         text = f"open {BAD}"
-        if pull is not None and _text(pull.get("code")):
-            text += f" {pull['code']}"
-        until = _num(worker.get("until"))
-        if until is not None:
+        if pull is not None and _text(pull.code):
+            text += f" {pull.code}"
+        until = worker.until
+        if until is not None and math.isfinite(until):
             text += f" · {format_age(until - now) or NA} left" if until > now else " · cooldown over"
-        strikes = _int(worker.get("strikes"))
-        if strikes is not None and strikes > 1:
-            text += f" · strike {strikes:,}"
+        if worker.strikes > 1:
+            text += f" · strike {worker.strikes:,}"
         return Cell(text, "error")
     report = _report(worker)
     if report is not None:
-        at = _num(report.get("at"))
-        ago = "" if at is None or format_age(now - at) is None else f" {format_age(now - at)} ago"
-        return Cell(f"tripped {WARN} {report['code']}{ago}", "warning")
+        age = None if report.at is None else format_age(now - report.at)
+        return Cell(f"tripped {WARN} {report.code}{f' {age} ago' if age else ''}", "warning")
     if state == "active":
-        return Cell(f"closed {OK}", "ok")
+        window = worker.window
+        text = f"closed {OK} · {window.failed:,}/{window.requests:,} failed · {window.unproven:,}/{window.verdicts:,} unproven"
+        return Cell(text, "warning" if window.failed or window.unproven else "ok")
     if state in ("new", "probing"):
         return DASH_CELL
     return NA_CELL
@@ -365,35 +346,33 @@ _ORDER = {"pulled": 0, "probing": 1, "new": 2, "active": 3}
 class _Row:
     miner: str | None
     model: str | None
-    worker: Mapping[str, Any]
-    legs: tuple[Mapping[str, Any], ...]
+    worker: TrafficStanding | None
+    """None when only the pool knows this (miner, model): eligibility not published."""
+    legs: tuple[GatewayLeg, ...]
 
 
-def _rows(states: Mapping[str, Any], names: Mapping[str, str]) -> list[_Row]:
+def _rows(states: NodeStates, names: Mapping[str, str]) -> list[_Row]:
     """Every (miner, model) the control plane or the pool knows, needing attention first."""
-    workers: dict[tuple[str | None, str | None], Mapping[str, Any]] = {}
-    for worker in _list(_map(states.get("traffic")).get("workers")):
-        if isinstance(worker, Mapping):
-            workers.setdefault((_text(worker.get("miner")), _text(worker.get("model"))), worker)
-    legs: dict[tuple[str | None, str | None], list[Mapping[str, Any]]] = {}
-    for leg in _list(_map(states.get("gateway")).get("legs")):
-        if isinstance(leg, Mapping):
-            legs.setdefault((_text(leg.get("miner")), _text(leg.get("model"))), []).append(leg)
+    workers: dict[tuple[str | None, str | None], TrafficStanding] = {}
+    for worker in states.traffic.workers if states.traffic is not None else ():
+        workers.setdefault((_text(worker.miner), _text(worker.model)), worker)
+    legs: dict[tuple[str | None, str | None], list[GatewayLeg]] = {}
+    for leg in states.gateway.legs if states.gateway is not None else ():
+        legs.setdefault((_text(leg.miner), _text(leg.model)), []).append(leg)
     keys = list(workers) + [key for key in legs if key not in workers]
     rows = [
-        _Row(miner, model, workers.get((miner, model), {}), tuple(legs.get((miner, model), ())))
-        for miner, model in keys
+        _Row(miner, model, workers.get((miner, model)), tuple(legs.get((miner, model), ()))) for miner, model in keys
     ]
 
     def order(row: _Row) -> tuple[int, str, str]:
-        state = _text(row.worker.get("state")) or ""
+        state = (_text(row.worker.state) if row.worker is not None else None) or ""
         return _ORDER.get(state, 4), miner_label(row.miner, names), row.model or ""
 
     return sorted(rows, key=order)
 
 
-def _worker_names(legs: Sequence[Mapping[str, Any]]) -> str:
-    workers = sorted({name for name in (_text(leg.get("worker")) for leg in legs) if name})
+def _worker_names(legs: Sequence[GatewayLeg]) -> str:
+    workers = sorted({name for name in (_text(leg.worker) for leg in legs) if name})
     if not workers:
         return ""
     return workers[0] if len(workers) == 1 else f"{workers[0]} +{len(workers) - 1}"
@@ -405,12 +384,12 @@ def _who(row: _Row, names: Mapping[str, str]) -> str:
     return f"{label}/{workers}" if workers else label
 
 
-def _for_cell(worker: Mapping[str, Any], now: float) -> Cell:
-    since = _num(worker.get("since"))
-    return NA_CELL if since is None else Cell(format_age(now - since) or NA)
+def _for_cell(worker: TrafficStanding | None, now: float) -> Cell:
+    since = None if worker is None or worker.since is None else format_age(now - worker.since)
+    return NA_CELL if since is None else Cell(since)
 
 
-def miner_rows(states: Mapping[str, Any], *, now: float, names: Mapping[str, str]) -> list[tuple[Cell, ...]]:
+def miner_rows(states: NodeStates, *, now: float, names: Mapping[str, str]) -> list[tuple[Cell, ...]]:
     """One row per (miner, model), in `COLUMNS` order, pulled ones first."""
     return [
         (
@@ -429,15 +408,15 @@ def miner_rows(states: Mapping[str, Any], *, now: float, names: Mapping[str, str
     ]
 
 
-def one_model(states: Mapping[str, Any]) -> bool:
+def one_model(states: NodeStates) -> bool:
     """Whether the gateway serves at most one model and every miner row is for it: then the
     gateway line names it once and the table and notes leave it out."""
     models = {row.model for row in _rows(states, {})}
-    served = [m for m in _list(_map(states.get("gateway")).get("models")) if _text(m)]
-    return len(models | set(served)) <= 1
+    served = {m for m in states.gateway.models if _text(m)} if states.gateway is not None else set()
+    return len(models | served) <= 1
 
 
-def worker_notes(states: Mapping[str, Any], *, now: float, names: Mapping[str, str]) -> tuple[Cell, ...]:
+def worker_notes(states: NodeStates, *, now: float, names: Mapping[str, str]) -> tuple[Cell, ...]:
     """Under the table, one line for each worker that needs a look, with the control plane's own
     reason: pulled (✘), a first-party worker that would have been pulled (⚠), an active worker
     without a leg (⚠), a late heartbeat (⚠). At most `MAX_NOTES`, then how many more."""
@@ -446,22 +425,22 @@ def worker_notes(states: Mapping[str, Any], *, now: float, names: Mapping[str, s
     for row in _rows(states, names):
         who = _who(row, names) if single else f"{_who(row, names)} ({row.model or NA})"
         worker = row.worker
-        state = worker.get("state")
-        reason = _text(worker.get("reason"))
-        # The control plane's reasons say what happened and what follows ("pulled: cheat verdict
-        # on request …; qualifies again after 3600 s (strike 1)"), so they are shown as they are.
-        if state == "pulled":
-            notes.append(Cell(f"{BAD} {who}: {reason or 'pulled (no reason given)'}", "error"))
-        report = _report(worker)
-        if report is not None:
-            notes.append(Cell(f"{WARN} {who}: {_text(report.get('reason')) or report['code']}", "warning"))
-        if state == "active" and worker.get("connected") is False and not row.legs:
-            notes.append(Cell(f"{WARN} {who} has no live leg: {reason or 'disconnected'}", "warning"))
-        ages = [age for age in (_num(leg.get("heartbeat_age_s")) for leg in row.legs) if age is not None]
-        if ages and max(ages) > HEARTBEAT_LATE_S:
+        if worker is not None:
+            reason = _text(worker.reason)
+            # The control plane's reasons say what happened and what follows ("pulled: cheat
+            # verdict on request …; qualifies again after 3600 s (strike 1)"), shown as they are.
+            if worker.state == "pulled":
+                notes.append(Cell(f"{BAD} {who}: {reason or 'pulled (no reason given)'}", "error"))
+            report = _report(worker)
+            if report is not None:
+                notes.append(Cell(f"{WARN} {who}: {_text(report.reason) or report.code}", "warning"))
+            if worker.state == "active" and not worker.connected and not row.legs:
+                notes.append(Cell(f"{WARN} {who} has no live leg: {reason or 'disconnected'}", "warning"))
+        oldest = _oldest_heartbeat(row.legs)
+        if oldest is not None and oldest > HEARTBEAT_LATE_S:
             notes.append(
                 Cell(
-                    f"{WARN} {who}: no heartbeat for {format_age(max(ages))} (a miner beats every 30 s; "
+                    f"{WARN} {who}: no heartbeat for {format_age(oldest)} (a miner beats every 30 s; "
                     "the gateway drops a leg after 90 s): check the miner's network",
                     "warning",
                 )
@@ -474,77 +453,69 @@ def worker_notes(states: Mapping[str, Any], *, now: float, names: Mapping[str, s
 # ---- the lines around it ------------------------------------------------------------------------
 
 
-def gateway_line(gateway: Mapping[str, Any]) -> tuple[Cell, ...]:
+def gateway_line(gateway: GatewayState) -> tuple[Cell, ...]:
     """Where buyers, miners and validators reach this gateway, the models it serves and its
     processes."""
     parts = []
-    for label, key in (("buyers", "buyer_url"), ("miners", "miner_url"), ("provider", "provider_url")):
-        url = _text(gateway.get(key))
-        if url:
-            parts.append(f"{label} {url}")
-    models = [m for m in _list(gateway.get("models")) if _text(m)]
+    for label, url in (
+        ("buyers", gateway.buyer_url),
+        ("miners", gateway.miner_url),
+        ("provider", gateway.provider_url),
+    ):
+        if _text(url):
+            parts.append(f"{label} {_text(url)}")
+    models = [m for m in (_text(m) for m in gateway.models) if m]
     if models:
         parts.append(f"model{'s' if len(models) != 1 else ''} {', '.join(models)}")
-    processes = _int(gateway.get("workers"))
-    if processes is not None and processes > 1:
-        parts.append(f"{processes} processes")
+    if gateway.workers is not None and gateway.workers > 1:
+        parts.append(f"{gateway.workers} processes")
     return (Cell(" · ".join(parts)),) if parts else ()
 
 
-def audit_line(audit: Any) -> tuple[Cell, ...]:
+def audit_line(audit: AuditState | None) -> tuple[Cell, ...]:
     """The audit queue: jobs waiting for a verifier, leased to one, verdicts recorded, and any
     dropped unjudged (⚠: those requests were never checked)."""
-    if not isinstance(audit, Mapping) or not audit:
+    if audit is None:
         return (Cell("audit  no counts published (no audit desk on this node, or not started yet)", "na"),)
-    cells = [Cell("audit  ", "header")]
     parts = [
-        f"{_count(audit.get(key)) or NA} {label}"
-        for key, label in (("waiting", "waiting"), ("leased", "leased to verifiers"), ("recorded", "verdicts recorded"))
+        f"{audit.waiting:,} waiting",
+        f"{audit.leased:,} leased to verifiers",
+        f"{audit.recorded:,} verdicts recorded",
     ]
-    cells.append(Cell(" · ".join(parts)))
+    cells = [Cell("audit  ", "header"), Cell(" · ".join(parts))]
     dropped = {
-        label: _int(audit.get(key))
-        for key, label in (
-            ("dropped_full", "queue full"),
-            ("dropped_expired", "expired"),
-            ("dropped_unjudged", "never judged"),
-        )
+        "queue full": audit.dropped_full,
+        "expired": audit.dropped_expired,
+        "never judged": audit.dropped_unjudged,
     }
-    known = {label: n for label, n in dropped.items() if n is not None}
-    if not known:
-        cells.append(Cell(f" · dropped {NA}", "na"))
-    elif any(known.values()):
-        detail = ", ".join(f"{n:,} {label}" for label, n in known.items() if n)
-        cells.append(Cell(f" · {WARN} dropped {sum(known.values()):,} unaudited ({detail})", "warning"))
+    if any(dropped.values()):
+        detail = ", ".join(f"{n:,} {label}" for label, n in dropped.items() if n)
+        cells.append(Cell(f" · {WARN} dropped {sum(dropped.values()):,} unaudited ({detail})", "warning"))
     else:
         cells.append(Cell(f" · none dropped {OK}", "ok"))
     return tuple(cells)
 
 
-def weight_bar(share: float, *, width: int = BAR_WIDTH) -> str:
+def weight_bar(share: float | None, *, width: int = BAR_WIDTH) -> str:
     """`share` (0 to 1) as a bar of `width` cells in eighths: "████▍"."""
-    value = _num(share)
-    if value is None or value <= 0:
+    if share is None or not math.isfinite(share) or share <= 0:
         return ""
-    eighths = round(min(value, 1.0) * width * 8)
+    eighths = round(min(share, 1.0) * width * 8)
     full, part = divmod(eighths, 8)
     return "█" * full + ("", "▏", "▎", "▍", "▌", "▋", "▊", "▉")[part]
 
 
-def epoch_lines(epochs: Any, *, names: Mapping[str, str]) -> tuple[tuple[Cell, ...], ...]:
+def epoch_lines(epochs: EpochsState | None, *, names: Mapping[str, str]) -> tuple[tuple[Cell, ...], ...]:
     """The latest epoch this gateway published: its index and digest, then each hotkey's weight
     and share of the total, largest first (at most `MAX_WEIGHT_ROWS`)."""
-    epochs = _map(epochs)
-    latest = _int(epochs.get("latest"))
-    if latest is None:
+    if epochs is None or epochs.latest is None:
         return ((Cell("epochs  ", "header"), Cell("none published yet", "na")),)
-    digest = _text(epochs.get("digest"))
-    pairs = []
-    for pair in _list(epochs.get("weights")):
-        pair = _list(pair)
-        if len(pair) == 2 and _text(pair[0]) and _int(pair[1]) is not None and pair[1] >= 0:
-            pairs.append((pair[0], pair[1]))
-    title = f"epoch {latest:,} published · digest {short_key(digest, head=8, tail=4) if digest else NA}"
+    digest = _text(epochs.digest)
+    # Weights are u16 (`EpochSettlement.weights`); one that is not a finite non-negative number is junk.
+    pairs = [
+        (hotkey, weight) for hotkey, weight in epochs.weights if _text(hotkey) and math.isfinite(weight) and weight >= 0
+    ]
+    title = f"epoch {epochs.latest:,} published · digest {short_key(digest, head=8, tail=4) if digest else NA}"
     head = (
         Cell("epochs  ", "header"),
         Cell(f"{title} · {len(pairs):,} hotkey{'s' if len(pairs) != 1 else ''} weighted"),
@@ -557,7 +528,7 @@ def epoch_lines(epochs: Any, *, names: Mapping[str, str]) -> tuple[tuple[Cell, .
         (
             Cell(names.get(hotkey, "")),
             Cell(short_key(hotkey)),
-            Cell(f"{weight:,}"),
+            Cell(f"{weight:,.0f}"),
             Cell(f"{100 * weight / total:.1f}%" if total else NA, "" if total else "na"),
             Cell(weight_bar(weight / total) if total else "", "info"),
         )
@@ -587,35 +558,22 @@ def epoch_lines(epochs: Any, *, names: Mapping[str, str]) -> tuple[tuple[Cell, .
 # ---- the whole panel ----------------------------------------------------------------------------
 
 
-def buyers_lines(buyers: Any) -> tuple[tuple[Cell, ...], ...]:
+def buyers_lines(buyers: BuyersState | None) -> tuple[tuple[Cell, ...], ...]:
     """The buyer accounts that spent most, with what each has left and has in flight (USD);
     accounts and balances only, never a key."""
-    buyers = _map(buyers)
-    count = _int(buyers.get("accounts"))
-    if count is None:
+    if buyers is None:
         return ()
+    count = buyers.accounts
     head = (Cell("buyers  ", "header"), Cell(f"{count:,} account{'s' if count != 1 else ''} · top by spend"))
     rows = [tuple(Cell(name, "header") for name in ("  account", "spent", "balance", "in flight"))]
-    for account in _list(buyers.get("top")):
-        account = _map(account)
-        label = (
-            f"  #{_int(account.get('account_id')) if _int(account.get('account_id')) is not None else NA} "
-            f"{_text(account.get('name')) or ''}".rstrip()
-        )
-        rows.append(
-            (
-                Cell(label),
-                Cell(_usd(account.get("charged"))),
-                Cell(_usd(account.get("available"))),
-                Cell(_usd(account.get("held"))),
-            )
-        )
+    for account in buyers.top:
+        label = f"  #{NA if account.account_id is None else account.account_id} {_text(account.name) or ''}".rstrip()
+        rows.append((Cell(label), Cell(_usd(account.charged)), Cell(_usd(account.available)), Cell(_usd(account.held))))
     return (head, *(_pad(rows, right=(1, 2, 3)) if len(rows) > 1 else ()))
 
 
-def _usd(micro: Any) -> str:
-    value = _int(micro)
-    return NA if value is None or value < 0 else f"${value / 1_000_000:,.4f}"
+def _usd(micro: int) -> str:
+    return NA if micro < 0 else f"${micro / 1_000_000:,.4f}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -636,16 +594,15 @@ class PanelView:
     buyers: tuple[tuple[Cell, ...], ...] = ()
 
 
-def panel_view(states: Any, *, now: float, names: Any = None) -> PanelView:
-    """What the panel shows for the hub's states (component -> state; None before the first
-    snapshot) at wall-clock time `now`; `names`: node info's `hotkeys` {name: ss58}."""
-    states = _map(states)
+def panel_view(states: NodeStates | None, *, now: float, names: Mapping[str, str] | None = None) -> PanelView:
+    """What the panel shows for the node's states (None before the first snapshot) at wall-clock
+    time `now`; `names`: node info's `hotkeys` {name: ss58}."""
     local = display_names(names)
-    gateway = states.get("gateway")
-    if not isinstance(gateway, Mapping):
-        why = "waiting for the node's first snapshot" if not states else "no gateway on this node"
+    gateway = None if states is None else states.gateway
+    if states is None or gateway is None:
+        why = "waiting for the node's first snapshot" if states is None else "no gateway on this node"
         return PanelView("Gateway", "absent", (Cell(why, "na"),), (), (), (), ())
-    word = _text(gateway.get("state"))
+    word = _text(gateway.state)
     if word == "ready":
         state_text = f"{OK} ready"
     elif word == "stopped":
@@ -653,11 +610,9 @@ def panel_view(states: Any, *, now: float, names: Any = None) -> PanelView:
     else:
         state_text = word or "state n/a"
     rows = miner_rows(states, now=now, names=local)
-    published = _map(states.get("traffic")).get("workers")
-    workers = [w for w in _list(published) if isinstance(w, Mapping)]
     summary = f"{len(rows):,} miner{'s' if len(rows) != 1 else ''}"
-    if isinstance(published, (list, tuple)):
-        eligible = sum(1 for worker in workers if worker.get("eligible") is True)
+    if states.traffic is not None:
+        eligible = sum(1 for worker in states.traffic.workers if worker.eligible)
         summary += f", {eligible:,} eligible"
     title = f"Gateway {state_text} · {summary}"
     status = gateway_line(gateway)
@@ -672,7 +627,7 @@ def panel_view(states: Any, *, now: float, names: Any = None) -> PanelView:
     else:
         table = ()
         status = (*status, Cell("no miner has connected yet", "na"))
-    if rows and not isinstance(published, (list, tuple)):
+    if rows and states.traffic is None:
         status = (*status, Cell("eligibility not published (qualification off, or no change yet): states n/a", "na"))
     return PanelView(
         title=title,
@@ -680,9 +635,9 @@ def panel_view(states: Any, *, now: float, names: Any = None) -> PanelView:
         status=status,
         table=table,
         notes=worker_notes(states, now=now, names=local),
-        audit=audit_line(states.get("audit")),
-        epoch=epoch_lines(states.get("epochs"), names=local),
-        buyers=buyers_lines(states.get("buyers")),
+        audit=audit_line(states.audit),
+        epoch=epoch_lines(states.epochs, names=local),
+        buyers=buyers_lines(states.buyers),
     )
 
 
@@ -751,10 +706,8 @@ class GatewayPanel(Widget):
     def on_mount(self) -> None:
         self.update_state(None, now=0.0)
 
-    def update_state(
-        self, states: Mapping[str, Any] | None, *, now: float, names: Mapping[str, str] | None = None
-    ) -> None:
-        """Show the hub's states (None: no snapshot yet) as of wall-clock `now`; `names` is node
+    def update_state(self, states: NodeStates | None, *, now: float, names: Mapping[str, str] | None = None) -> None:
+        """Show the node's states (None: no snapshot yet) as of wall-clock `now`; `names` is node
         info's `hotkeys` {name: ss58}, to show known hotkeys by name."""
         view = panel_view(states, now=now, names=names)
         self.border_title = view.title

@@ -1,8 +1,8 @@
 """The GPUs panel: one row per GPU from the hub's "gpus" state, and under it the findings, each
 with its fix.
 
-The widget is handed the state (plain dicts, the shape `engy_node.hardware.monitor.run_gpu_monitor`
-publishes) and the render time through `update_state` by the app's fixed-rate timer; it never
+The widget is handed the state (`GpusState`: the `GpuSample`s and `Finding`s that
+`engy_node.hardware.monitor.run_gpu_monitor` publishes, decoded) and the render time through `update_state` by the app's fixed-rate timer; it never
 polls or reads the clock. What every cell says and how it is styled is decided by the plain
 functions below, tested without a terminal; the widget only turns their `Cell`s into Textual
 content.
@@ -20,8 +20,7 @@ Honesty rules:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 from rich.cells import cell_len
 from textual.app import ComposeResult
@@ -31,6 +30,7 @@ from textual.widgets import Static
 
 from engy_node.hardware.gpu import CPU_MODE, GIB
 from engy_node.hardware.monitor import THROTTLE_LABELS, temperature_band
+from engy_node.snapshots import Finding, GpuSample, GpusState
 from engy_tui.widgets.cells import DASH, NA, Cell, cells_content
 
 __all__ = [
@@ -162,29 +162,28 @@ def throttle_cell(reasons: Sequence[str] | None, *, flagged: bool) -> Cell:
     return Cell(text, "warning" if flagged else "")
 
 
-def row_cells(sample: Mapping[str, Any], flagged: Iterable[str] = ()) -> tuple[Cell, ...]:
+def row_cells(sample: GpuSample, flagged: Iterable[str] = ()) -> tuple[Cell, ...]:
     """One GPU's row, in `COLUMNS` order. `flagged`: the kinds of this GPU's findings."""
     kinds = set(flagged)
-    s = sample.get
     return (
-        Cell(str(s("index")), "error" if s("lost") else ""),
-        model_cell(s("name")),
-        temperature_cell(s("temperature_c"), s("temperature_slowdown_c")),
-        fan_cell(s("fan_percent")),
-        power_cell(s("power_draw_w"), s("power_limit_w")),
-        vram_cell(s("memory_used_bytes"), s("memory_total_bytes")),
-        util_cell(s("gpu_util_percent")),
-        clocks_cell(s("sm_clock_mhz"), s("mem_clock_mhz")),
-        pcie_cell(s("pcie_gen"), s("pcie_width"), flagged="pcie" in kinds),
-        throttle_cell(s("clock_event_reasons"), flagged="throttling" in kinds),
+        Cell(str(sample.index), "error" if sample.lost else ""),
+        model_cell(sample.name),
+        temperature_cell(sample.temperature_c, sample.temperature_slowdown_c),
+        fan_cell(sample.fan_percent),
+        power_cell(sample.power_draw_w, sample.power_limit_w),
+        vram_cell(sample.memory_used_bytes, sample.memory_total_bytes),
+        util_cell(sample.gpu_util_percent),
+        clocks_cell(sample.sm_clock_mhz, sample.mem_clock_mhz),
+        pcie_cell(sample.pcie_gen, sample.pcie_width, flagged="pcie" in kinds),
+        throttle_cell(sample.clock_event_reasons, flagged="throttling" in kinds),
     )
 
 
-def finding_cell(finding: Mapping[str, Any]) -> Cell:
+def finding_cell(finding: Finding) -> Cell:
     """ "⚠ GPU 1 runs at PCIe x8 (max x16): check the riser/slot"; errors get "✖"."""
-    if finding.get("level") == "error":
-        return Cell(f"{ERROR} {finding['text']}", "error")
-    return Cell(f"{WARN} {finding['text']}", "warning")
+    if finding.level == "error":
+        return Cell(f"{ERROR} {finding.text}", "error")
+    return Cell(f"{WARN} {finding.text}", "warning")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -201,31 +200,30 @@ class PanelView:
     findings: tuple[Cell, ...]
 
 
-def panel_view(state: Mapping[str, Any] | None, now: float) -> PanelView:
+def panel_view(state: GpusState | None, now: float) -> PanelView:
     """What the panel shows for the hub's "gpus" state (None: the monitor has not reported) at
     wall-clock time `now`."""
-    if not state:
+    if state is None:
         return PanelView("GPUs", None, (Cell("waiting for the first GPU reading", "na"),), (), ())
-    reason = state.get("reason")
+    reason = state.reason
     if reason:
         # gpu.detect's reasons end in "running in CPU mode", which this line already says.
         return PanelView(
             "GPUs", None, (Cell(f"no NVIDIA GPU — CPU mode: {reason.removesuffix(f': {CPU_MODE}')}"),), (), ()
         )
-    samples = state.get("samples") or []
-    findings = state.get("findings") or []
-    status = (Cell(f"{ERROR} {state['error']}", "error"),) if state.get("error") else ()
+    samples, findings = state.samples, state.findings
+    status = (Cell(f"{ERROR} {state.error}", "error"),) if state.error else ()
     if not samples:
         return PanelView("GPUs", None, status or (Cell("waiting for the first GPU reading", "na"),), (), ())
     kinds: dict[int, set[str]] = {}
     for finding in findings:
-        kinds.setdefault(finding["gpu"], set()).add(finding["kind"])
+        kinds.setdefault(finding.gpu, set()).add(finding.kind)
     table = _pad(
         [tuple(Cell(name, "header") for name in COLUMNS)]
-        + [row_cells(sample, kinds.get(sample.get("index"), ())) for sample in samples]
+        + [row_cells(sample, kinds.get(sample.index, ())) for sample in samples]
     )
     notes = tuple(finding_cell(f) for f in findings)
-    sampled_at = state.get("sampled_at")
+    sampled_at = state.sampled_at
     age = None if sampled_at is None else now - sampled_at
     if age is None or age <= STALE_AFTER_S:
         return PanelView(f"GPUs · {len(samples)}", None, status, table, notes)
@@ -287,7 +285,7 @@ class GpuPanel(Widget):
     def on_mount(self) -> None:
         self.update_state(None, 0.0)
 
-    def update_state(self, state: Mapping[str, Any] | None, now: float) -> None:
+    def update_state(self, state: GpusState | None, now: float) -> None:
         """Show the hub's "gpus" state (None: nothing published yet) as of wall-clock `now`."""
         view = panel_view(state, now)
         self.border_title = view.title

@@ -11,7 +11,7 @@ clock. Everything it shows is computed by the plain functions below, tested with
   (the samples of the last `RATE_WINDOW_S` and a bounded p50 history, one point per
   `HISTORY_STEP_S`), and `rates` turns two samples into per-second rates: counter deltas over the
   `now` difference. A counter that went down (the node restarted) starts the rates afresh.
-* `load_of` reads in-flight requests and the cap from the miners' hub states, and
+* `load_of` reads in-flight requests and the cap from the miners' states (`NodeStates.miners`), and
   `limits_for` the model's p99 ceilings from the catalog: the gateway's breaker pulls a worker
   whose p99 stays over them.
 
@@ -20,8 +20,11 @@ The miner's metrics are `MinerMetrics` (`engy_node/miner/role.py`): `engy_miner_
 `engy_miner_tokens_total{kind}` (prompt, completion). A local network's miners share one registry,
 so their numbers are summed. The gateway registers no request metrics of its own.
 
-Honesty rules: a number the snapshot does not have is "—" or "n/a", dimmed, never 0; every input
-is treated as untrusted JSON (a wrong type reads as missing, nothing raises); colour is never the
+Until a miner has reported, the panel says why there is nothing: the node's roles tell a node that
+runs no miner from one whose miners are still starting (their states not in yet).
+
+Honesty rules: a number the snapshot does not have is "—" or "n/a", dimmed, never 0; the metrics
+are treated as untrusted JSON (a wrong type reads as missing, nothing raises); colour is never the
 only signal (✔ ⚠ and words carry it).
 """
 
@@ -39,6 +42,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from engy_node.models import CATALOG
+from engy_node.snapshots import NodeStates, is_miner
 from engy_tui.widgets.cells import (
     DASH,
     NA,
@@ -83,6 +87,7 @@ __all__ = [
     "limit_cell",
     "limits_for",
     "load_of",
+    "no_metrics",
     "panel_view",
     "push_point",
     "rate",
@@ -371,13 +376,13 @@ class Load:
     models: tuple[str, ...]
 
 
-def load_of(states: Any) -> Load:
-    """In-flight requests and the cap, summed over the node's miners. A miner's hub state is the
-    one with `max_inflight` (`run_miner`); its link adds `inflight` once it runs."""
-    miners = [state for state in _map(states).values() if isinstance(state, Mapping) and "max_inflight" in state]
-    inflight = [_int(state.get("inflight")) for state in miners]
-    capacity = [_int(state.get("max_inflight")) for state in miners]
-    models = sorted({model for model in (state.get("model") for state in miners) if isinstance(model, str) and model})
+def load_of(states: NodeStates | None) -> Load:
+    """In-flight requests and the cap, summed over the node's miners (`run_miner` publishes
+    `max_inflight`; its link adds `inflight` once it runs)."""
+    miners = list(states.miners.values()) if states is not None else []
+    inflight = [state.inflight for state in miners]
+    capacity = [state.max_inflight for state in miners]
+    models = sorted({state.model for state in miners if state.model})
     return Load(
         miners=len(miners),
         inflight=None if not miners or None in inflight else sum(i for i in inflight if i is not None),
@@ -515,9 +520,23 @@ def _traffic(load: Load, counters: Counters, window: Rates | None) -> tuple[tupl
     return tuple(first), tuple(second)
 
 
-def panel_view(metrics: Any, frames: Frames, *, states: Any = None) -> PanelView:
+def no_metrics(load: Load, roles: Sequence[str]) -> str:
+    """Why a metrics snapshot has no request metrics: the miners have not reported yet (their
+    states, or their first metrics), or the node runs no miner (none of its `roles`)."""
+    if load.miners:
+        return f"no request metrics from the miner{'s' if load.miners != 1 else ''} yet"
+    starting = sum(1 for role in roles if is_miner(role))
+    if starting:
+        return f"miner{'s' if starting != 1 else ''} starting…: no request metrics yet"
+    return "no miner on this node: no request metrics"
+
+
+def panel_view(
+    metrics: Any, frames: Frames, *, states: NodeStates | None = None, roles: Sequence[str] = ()
+) -> PanelView:
     """What the panel shows for a metrics snapshot (None before the first), the frames so far
-    (`advance` already applied for this one) and the hub's states (for in-flight and the model)."""
+    (`advance` already applied for this one), the node's states (for in-flight and the model) and
+    its roles (does it run a miner at all)."""
     load = load_of(states)
     title = "Requests"
     if len(load.models) == 1:
@@ -529,7 +548,7 @@ def panel_view(metrics: Any, frames: Frames, *, states: Any = None) -> PanelView
     ttft, tpot = latency_of(metrics, TTFT_METRIC), latency_of(metrics, TPOT_METRIC)
     counters = counters_of(metrics)
     if ttft is None and tpot is None and counters == Counters():
-        return PanelView(title, (Cell("no miner on this node: no request metrics", "na"),), (), (), ())
+        return PanelView(title, (Cell(no_metrics(load, roles), "na"),), (), (), ())
     ttft_limit, tpot_limit = limits_for(load.models)
     table = _pad(
         [_latency_row("TTFT", ttft, frames.ttft, ttft_limit), _latency_row("TPOT", tpot, frames.tpot, tpot_limit)],
@@ -573,7 +592,7 @@ def _content(lines: Iterable[Sequence[Cell]]) -> Content:
 
 class RequestsPanel(Widget):
     """Latency, throughput and errors of this node's miner; call `update_metrics(metrics, now=...,
-    states=...)` with each new hub snapshot."""
+    states=..., roles=...)` with each new hub snapshot."""
 
     DEFAULT_CSS = """
     RequestsPanel {
@@ -605,13 +624,19 @@ class RequestsPanel(Widget):
         self._show(panel_view(None, self.frames))
 
     def update_metrics(
-        self, metrics: Mapping[str, Any] | None, *, now: float, states: Mapping[str, Any] | None = None
+        self,
+        metrics: Mapping[str, Any] | None,
+        *,
+        now: float,
+        states: NodeStates | None = None,
+        roles: Sequence[str] = (),
     ) -> None:
         """Show the hub's metrics snapshot (None: none yet) as of wall-clock `now`; `states` (the
-        hub's states) gives in-flight requests and the served model."""
+        node's states) gives in-flight requests and the served model, `roles` (the node info's)
+        whether a miner that has not reported yet is starting."""
         if metrics is not None:
             self.frames = advance(self.frames, metrics, now)
-        self._show(panel_view(metrics, self.frames, states=states))
+        self._show(panel_view(metrics, self.frames, states=states, roles=roles))
 
     def _show(self, view: PanelView) -> None:
         self.border_title = view.title

@@ -3,7 +3,9 @@
 
 The state comes from the same pipeline as in the node: `sample` and `assess` over the fake rig
 of `tests/engy_node/hardware/test_monitor.py` (4x RTX 4090 + 1x RTX 5090, one on a x8 riser, one
-throttling, one without a fan reading), published as plain dicts. Pilot tests are plain
+throttling, one without a fan reading), published as plain dicts and decoded strictly into the
+`GpusState` the panel reads (`snapshots.decode_states`), so a fixture cannot use a field the
+schema lacks. Pilot tests are plain
 functions driving the app with `asyncio.run`, as in `test_app.py` (pytest-trio claims `async def`
 tests).
 """
@@ -18,6 +20,7 @@ from textual.widgets import Static
 
 from engy_node.hardware.gpu import GIB
 from engy_node.hardware.monitor import assess, sample
+from engy_node.snapshots import Finding, GpuSample, GpusState, decode_states
 from engy_tui.widgets.gpu_panel import (
     COLUMNS,
     STALE_AFTER_S,
@@ -55,6 +58,13 @@ def rig_state() -> dict:
         "error": None,
         "sampled_at": SAMPLED_AT,
     }
+
+
+def gpus(state: dict) -> GpusState:
+    """The hub's "gpus" state as the panel gets it: decoded (strictly: the fixture must fit the schema)."""
+    decoded = decode_states({"gpus": state}, strict=True).gpus
+    assert decoded is not None
+    return decoded
 
 
 def text(line: tuple[Cell, ...]) -> str:
@@ -139,12 +149,12 @@ def test_throttle_reasons_are_short_words(reasons, flagged, cell):
 
 
 def test_findings_carry_a_symbol_as_well_as_a_colour():
-    assert finding_cell({"level": "warning", "text": "x"}) == Cell("⚠ x", "warning")
-    assert finding_cell({"level": "error", "text": "y"}) == Cell("✖ y", "error")
+    assert finding_cell(Finding(0, "pcie", "warning", "x")) == Cell("⚠ x", "warning")
+    assert finding_cell(Finding(0, "lost", "error", "y")) == Cell("✖ y", "error")
 
 
 def test_a_lost_gpus_row_is_all_n_a_with_its_index_marked():
-    row = row_cells({"index": 3, "errors": ["handle (GPU is lost)"], "lost": True}, {"lost"})
+    row = row_cells(GpuSample(3, errors=("handle (GPU is lost)",), lost=True), {"lost"})
     assert len(row) == len(COLUMNS)
     assert row[0] == Cell("3", "error")
     assert all(cell == Cell("n/a", "na") for cell in row[1:])
@@ -154,7 +164,7 @@ def test_a_lost_gpus_row_is_all_n_a_with_its_index_marked():
 
 
 def test_the_rig_is_a_table_with_its_findings_under_it():
-    view = panel_view(rig_state(), SAMPLED_AT + 1)
+    view = panel_view(gpus(rig_state()), SAMPLED_AT + 1)
 
     assert view.title == "GPUs · 5" and view.stale_s is None and view.status == ()
     lines = [text(line) for line in view.table]
@@ -187,14 +197,14 @@ def test_the_rig_is_a_table_with_its_findings_under_it():
 
 
 def test_only_the_cells_a_finding_is_about_are_marked():
-    rows = panel_view(rig_state(), SAMPLED_AT).table
+    rows = panel_view(gpus(rig_state()), SAMPLED_AT).table
     pcie, throttle = COLUMNS.index("PCIe"), COLUMNS.index("throttle")
     assert rows[2][pcie].style == "warning" and rows[1][pcie].style == ""
     assert rows[3][throttle].style == "warning" and rows[1][throttle].style == ""
 
 
 def test_readings_older_than_the_limit_are_greyed_out_and_say_how_old():
-    state = rig_state()
+    state = gpus(rig_state())
     fresh = panel_view(state, SAMPLED_AT + STALE_AFTER_S)
     stale = panel_view(state, SAMPLED_AT + 12.4)
 
@@ -206,23 +216,25 @@ def test_readings_older_than_the_limit_are_greyed_out_and_say_how_old():
 
 
 def test_without_a_gpu_the_panel_says_cpu_mode_and_why():
-    view = panel_view({"samples": [], "findings": [], "reason": CPU_REASON, "error": None, "sampled_at": 0.0}, 999.0)
+    view = panel_view(
+        gpus({"samples": [], "findings": [], "reason": CPU_REASON, "error": None, "sampled_at": 0.0}), 999.0
+    )
     assert view.status == (Cell("no NVIDIA GPU — CPU mode: no NVIDIA driver found (libnvidia-ml.so not loadable)"),)
     assert view.table == () and view.findings == () and view.stale_s is None
 
 
 def test_before_the_first_reading_the_panel_says_it_is_waiting():
     assert panel_view(None, 0.0).status == (Cell("waiting for the first GPU reading", "na"),)
-    assert panel_view({}, 0.0).status == (Cell("waiting for the first GPU reading", "na"),)
+    assert panel_view(gpus({}), 0.0).status == (Cell("waiting for the first GPU reading", "na"),)
 
 
 def test_a_failed_reading_is_shown_above_the_last_good_table():
     state = rig_state() | {"error": "GPU readings failed (NVMLError_Unknown: Unknown Error)"}
-    view = panel_view(state, SAMPLED_AT)
+    view = panel_view(gpus(state), SAMPLED_AT)
     assert view.status == (Cell("✖ GPU readings failed (NVMLError_Unknown: Unknown Error)", "error"),)
     assert len(view.table) == 6
     never = {"samples": [], "findings": [], "reason": None, "error": "GPU readings failed (x)", "sampled_at": None}
-    assert panel_view(never, 0.0).status == (Cell("✖ GPU readings failed (x)", "error"),)
+    assert panel_view(gpus(never), 0.0).status == (Cell("✖ GPU readings failed (x)", "error"),)
 
 
 # ---- the widget ---------------------------------------------------------------------------------
@@ -239,7 +251,7 @@ class PanelApp(App[None]):
         yield GpuPanel()
 
     def on_mount(self) -> None:
-        self.query_one(GpuPanel).update_state(self.state, self.now)
+        self.query_one(GpuPanel).update_state(None if self.state is None else gpus(self.state), self.now)
 
 
 def shown(app: App, widget_id: str) -> str:
@@ -254,7 +266,7 @@ def test_the_widget_renders_the_table_and_follows_new_states():
             assert shown(app, "status") == "waiting for the first GPU reading"
             assert not app.query_one("#table").display
 
-            panel.update_state(rig_state(), SAMPLED_AT + 1)
+            panel.update_state(gpus(rig_state()), SAMPLED_AT + 1)
             await pilot.pause()
             assert panel.border_title == "GPUs · 5"
             assert not app.query_one("#status").display
@@ -263,12 +275,12 @@ def test_the_widget_renders_the_table_and_follows_new_states():
             assert "4.0 x8 ⚠" in table[2]
             assert shown(app, "findings").splitlines()[0].startswith("⚠ GPU 1 runs at PCIe x8 (max x16)")
 
-            panel.update_state(rig_state(), SAMPLED_AT + 30)
+            panel.update_state(gpus(rig_state()), SAMPLED_AT + 30)
             await pilot.pause()
             assert panel.border_title == "GPUs · 5 · stale 30 s" and panel.has_class("-stale")
 
             panel.update_state(
-                {"samples": [], "findings": [], "reason": CPU_REASON, "error": None, "sampled_at": 0.0}, 0.0
+                gpus({"samples": [], "findings": [], "reason": CPU_REASON, "error": None, "sampled_at": 0.0}), 0.0
             )
             await pilot.pause()
             assert shown(app, "status").startswith("no NVIDIA GPU — CPU mode: no NVIDIA driver found")

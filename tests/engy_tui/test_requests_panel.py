@@ -4,7 +4,8 @@ Pilot and one SVG snapshot per look.
 
 The metrics come from the same code as in the node: a hub's registry with the miner's
 `MinerMetrics`, fed `RequestOutcome`s the way `RequestHandler` reports them, read back with
-`Registry.snapshot()`. Pilot tests are plain functions driving the app with `asyncio.run`, as in
+`Registry.snapshot()`. The miners' states are written as the hub holds them and decoded strictly
+into the `NodeStates` the panel reads (`snapshots.decode_states`). Pilot tests are plain functions driving the app with `asyncio.run`, as in
 `test_app.py` (pytest-trio claims `async def` tests).
 """
 
@@ -24,6 +25,7 @@ from engy_node.metrics import Registry
 from engy_node.miner.role import MinerMetrics
 from engy_node.miner.serving import RequestOutcome
 from engy_node.models import CATALOG
+from engy_node.snapshots import NodeStates, decode_states
 from engy_tui.widgets.requests_panel import (
     HISTORY_POINTS,
     HISTORY_STEP_S,
@@ -46,6 +48,7 @@ from engy_tui.widgets.requests_panel import (
     limit_cell,
     limits_for,
     load_of,
+    no_metrics,
     panel_view,
     push_point,
     rate,
@@ -57,8 +60,8 @@ MODEL = "smollm2-135m"
 T0 = 1_000_000.0
 SIZE = (140, 8)
 MINER_STATES = {
-    "miner1": {"model": MODEL, "max_inflight": 32, "inflight": 12, "cpu_mode": True, "legs_up": 1, "legs": 1},
-    "model_server.miner1": {"state": "ready", "model": MODEL},
+    "miner-1": {"model": MODEL, "max_inflight": 32, "inflight": 12, "cpu_mode": True, "legs_up": 1, "legs": 1},
+    "model_server.miner-1": {"state": "ready", "kind": "reference"},
 }
 
 
@@ -102,6 +105,11 @@ def busy_frames() -> tuple[dict, Frames]:
         metrics = miner.serve(4, ttft_s=ttft, tpot_s=0.02 + 0.0002 * frame, errors=("timeout",) if frame == 10 else ())
         frames = advance(frames, metrics, T0 + 2.0 * frame)
     return metrics, frames
+
+
+def typed(states: dict | None) -> NodeStates | None:
+    """The hub's states as the panel gets them: decoded (strictly: the fixture must fit the schema)."""
+    return None if states is None else decode_states(states, strict=True)
 
 
 def text(line) -> str:
@@ -307,12 +315,14 @@ def test_a_ramp_uses_every_level():
 
 
 def test_in_flight_is_summed_over_the_nodes_miners():
-    assert load_of(MINER_STATES) == Load(miners=1, inflight=12, capacity=32, models=(MODEL,))
-    two = {**MINER_STATES, "miner2": {"model": MODEL, "max_inflight": 8, "inflight": 1}}
-    assert load_of(two) == Load(miners=2, inflight=13, capacity=40, models=(MODEL,))
-    starting = {"miner1": {"model": MODEL, "max_inflight": 32}}
-    assert load_of(starting) == Load(miners=1, inflight=None, capacity=32, models=(MODEL,)), "link not up yet: unknown"
-    assert load_of({"gateway": {"state": "ready"}}) == load_of(None) == Load(0, None, None, ())
+    assert load_of(typed(MINER_STATES)) == Load(miners=1, inflight=12, capacity=32, models=(MODEL,))
+    two = {**MINER_STATES, "miner-2": {"model": MODEL, "max_inflight": 8, "inflight": 1}}
+    assert load_of(typed(two)) == Load(miners=2, inflight=13, capacity=40, models=(MODEL,))
+    starting = {"miner-1": {"model": MODEL, "max_inflight": 32}}
+    assert load_of(typed(starting)) == Load(miners=1, inflight=None, capacity=32, models=(MODEL,)), (
+        "link not up yet: unknown"
+    )
+    assert load_of(typed({"gateway": {"state": "ready"}})) == load_of(None) == Load(0, None, None, ())
 
 
 def test_limits_are_the_catalogs_p99_ceilings_for_the_one_model_served():
@@ -333,7 +343,7 @@ def test_the_limit_cell_says_whether_p99_is_within_it_in_words():
 
 def test_a_busy_miner_shows_percentiles_sparklines_limits_and_rates():
     metrics, frames = busy_frames()
-    view = panel_view(metrics, frames, states=MINER_STATES)
+    view = panel_view(metrics, frames, states=typed(MINER_STATES))
 
     assert view.title == f"Requests · {MODEL}" and view.status == () and view.notes == ()
     ttft, tpot = (text(row) for row in view.table)
@@ -356,7 +366,7 @@ def test_latency_over_the_models_ceiling_is_flagged_with_what_it_means():
     for frame in range(3):
         metrics = miner.serve(5, ttft_s=40.0, tpot_s=0.02, errors=("timeout",) * frame)
         frames = advance(frames, metrics, T0 + frame)
-    view = panel_view(metrics, frames, states=MINER_STATES)
+    view = panel_view(metrics, frames, states=typed(MINER_STATES))
     assert "⚠ p99 over limit 30,000 ms" in text(view.table[0])
     p99 = latency_of(metrics, TTFT_METRIC).p99
     assert p99 == 64.0
@@ -367,7 +377,7 @@ def test_latency_over_the_models_ceiling_is_flagged_with_what_it_means():
 def test_before_any_request_the_rows_say_so_without_zeros():
     miner = Miner()
     frames = advance(Frames(), miner.snapshot(), T0)
-    view = panel_view(miner.snapshot(), frames, states={"miner1": {"model": MODEL, "max_inflight": 4}})
+    view = panel_view(miner.snapshot(), frames, states=typed({"miner-1": {"model": MODEL, "max_inflight": 4}}))
     ttft = text(view.table[0])
     assert ttft.split()[:7] == ["TTFT", "p50", "—", "p95", "—", "p99", "—"]
     assert ttft.endswith("p99 limit 30,000 ms  no requests yet")
@@ -379,13 +389,13 @@ def test_before_any_request_the_rows_say_so_without_zeros():
 
 def test_what_the_snapshot_lacks_reads_n_a_not_zero():
     counters_only = {REQUESTS_METRIC: {"type": "counter", "children": [{"labels": {"outcome": "ok"}, "value": 7}]}}
-    view = panel_view(counters_only, advance(Frames(), counters_only, T0), states=MINER_STATES)
+    view = panel_view(counters_only, advance(Frames(), counters_only, T0), states=typed(MINER_STATES))
     ttft = text(view.table[0])
     assert ttft.split()[:7] == ["TTFT", "p50", "n/a", "p95", "n/a", "p99", "n/a"] and ttft.endswith("not reported")
     assert text(view.traffic[1]).endswith("0 of 7 requests since the node started")
     histograms_only = Miner().serve(3)
     histograms_only = {name: family for name, family in histograms_only.items() if family["type"] == "histogram"}
-    view = panel_view(histograms_only, advance(Frames(), histograms_only, T0), states=MINER_STATES)
+    view = panel_view(histograms_only, advance(Frames(), histograms_only, T0), states=typed(MINER_STATES))
     assert text(view.traffic[1]) == "errors    — recently · totals n/a"
     assert text(view.table[0]).endswith("last 3 requests")
 
@@ -394,22 +404,44 @@ def test_without_metrics_or_a_miner_the_panel_says_why():
     assert panel_view(None, Frames()).status == (Cell("waiting for the node's first metrics", "na"),)
     gateway_only = Registry()
     gateway_only.counter("engy_gateway_other_total", "x")
-    view = panel_view(gateway_only.snapshot(), Frames(), states={"gateway": {"state": "ready"}})
+    view = panel_view(gateway_only.snapshot(), Frames(), states=typed({"gateway": {"state": "ready"}}))
     assert view.status == (Cell("no miner on this node: no request metrics", "na"),) and view.table == ()
+    roles = ["gateway", "validator"]
+    assert panel_view({}, Frames(), states=typed({"gateway": {}}), roles=roles).status == view.status
+
+
+def test_a_node_whose_roles_name_miners_not_reported_yet_says_they_are_starting():
+    """The first seconds of a node: its roles say it runs miners, their states are not in yet."""
+    gateway = typed({"gateway": {"state": "ready"}})
+    local = ["chain", "gateway", "miner-1", "miner-2", "validator", "verifier"]
+    view = panel_view({}, Frames(), states=gateway, roles=local)
+    assert view.status == (Cell("miners starting…: no request metrics yet", "na"),) and view.table == ()
+    assert panel_view({}, Frames(), states=None, roles=["miner"]).status == (
+        Cell("miner starting…: no request metrics yet", "na"),
+    )
+    assert panel_view({}, Frames(), roles=["miners", "miner-", "model_server"]).status == (
+        Cell("no miner on this node: no request metrics", "na"),
+    ), "only `miner` and `miner-N` are miners"
+    reported = panel_view({}, Frames(), states=typed(MINER_STATES), roles=local)
+    assert reported.status == (Cell("no request metrics from the miner yet", "na"),)
+    assert no_metrics(load_of(typed({**MINER_STATES, "miner-2": {}})), ["miner-1"]) == (
+        "no request metrics from the miners yet"
+    )
+    assert panel_view(None, Frames(), roles=local).status == (Cell("waiting for the node's first metrics", "na"),)
 
 
 def test_several_miners_are_summed_and_counted_in_the_title():
     states = {
         **MINER_STATES,
-        "miner2": {"model": MODEL, "max_inflight": 8, "inflight": 8},
-        "miner3": {"model": "qwen3.6-35b-a3b", "max_inflight": 8, "inflight": 0},
+        "miner-2": {"model": MODEL, "max_inflight": 8, "inflight": 8},
+        "miner-3": {"model": "qwen3.6-35b-a3b", "max_inflight": 8, "inflight": 0},
     }
     metrics, frames = busy_frames()
-    view = panel_view(metrics, frames, states=states)
+    view = panel_view(metrics, frames, states=typed(states))
     assert view.title == "Requests · 3 miners"
     assert "p99 limit" not in text(view.table[0]), "two models: no one limit applies"
     assert text(view.traffic[0]).startswith("in flight 20/48 ·")
-    full = panel_view(metrics, frames, states={"miner1": {"model": MODEL, "max_inflight": 4, "inflight": 4}})
+    full = panel_view(metrics, frames, states=typed({"miner-1": {"model": MODEL, "max_inflight": 4, "inflight": 4}}))
     assert full.traffic[0][1] == Cell("4/4 full", "warning")
 
 
@@ -461,7 +493,7 @@ METRICS = (
 )
 STATES = (
     st.dictionaries(
-        st.text(max_size=5),
+        st.sampled_from(["miner", "miner-1", "miner-2", "model_server", "gateway"]) | st.text(max_size=5),
         st.fixed_dictionaries(
             {},
             optional={
@@ -478,12 +510,17 @@ STATES = (
 
 
 @settings(max_examples=300, deadline=None)
-@given(frames=st.lists(st.tuples(METRICS, st.floats()), min_size=1, max_size=4), states=STATES)
-def test_no_json_and_no_clock_makes_the_panel_raise(frames, states):
+@given(
+    frames=st.lists(st.tuples(METRICS, st.floats()), min_size=1, max_size=4),
+    states=STATES,
+    roles=st.lists(st.sampled_from(["miner", "miner-1", "gateway"]) | st.text(max_size=6), max_size=4),
+)
+def test_no_json_and_no_clock_makes_the_panel_raise(frames, states, roles):
+    decoded = decode_states(states) if isinstance(states, dict) else None  # liberal, as the bridge decodes
     remembered = Frames()
     for metrics, now in frames:
         remembered = advance(remembered, metrics, now)
-        view = panel_view(metrics, remembered, states=states)
+        view = panel_view(metrics, remembered, states=decoded, roles=roles)
         cells = [
             *view.status,
             *(c for row in view.table for c in row),
@@ -521,16 +558,18 @@ def test_rates_are_never_negative(counts):
 class PanelApp(App[None]):
     """Just the panel, fed a sequence of (metrics, now) frames on mount."""
 
-    def __init__(self, frames: list[tuple[dict | None, float]], states: dict | None = None) -> None:
+    def __init__(
+        self, frames: list[tuple[dict | None, float]], states: dict | None = None, roles: tuple[str, ...] = ()
+    ) -> None:
         super().__init__()
-        self.frames, self.states = frames, states
+        self.frames, self.states, self.roles = frames, typed(states), roles
 
     def compose(self) -> ComposeResult:
         yield RequestsPanel()
 
     def on_mount(self) -> None:
         for metrics, now in self.frames:
-            self.query_one(RequestsPanel).update_metrics(metrics, now=now, states=self.states)
+            self.query_one(RequestsPanel).update_metrics(metrics, now=now, states=self.states, roles=self.roles)
 
 
 def busy_sequence() -> list[tuple[dict, float]]:
@@ -560,7 +599,7 @@ def test_the_widget_follows_frames_and_remembers_between_them():
             assert not app.query_one("#table").display
 
             for metrics, now in busy_sequence():
-                panel.update_metrics(metrics, now=now, states=MINER_STATES)
+                panel.update_metrics(metrics, now=now, states=typed(MINER_STATES))
             await pilot.pause()
             assert panel.border_title == f"Requests · {MODEL}" and not panel.has_class("-idle")
             ttft, tpot = shown(app, "table").splitlines()
@@ -568,10 +607,14 @@ def test_the_widget_follows_frames_and_remembers_between_them():
             assert shown(app, "traffic").splitlines()[0].startswith("in flight 12/32 · 2.0 req/s")
             assert len(panel.frames.ttft) == HISTORY_POINTS
 
-            panel.update_metrics(None, now=T0 + 100, states=MINER_STATES)
+            panel.update_metrics(None, now=T0 + 100, states=typed(MINER_STATES))
             await pilot.pause()
             assert shown(app, "status") == "waiting for the node's first metrics"
             assert len(panel.frames.ttft) == HISTORY_POINTS, "a frame without metrics forgets nothing"
+
+            panel.update_metrics({}, now=T0 + 200, states=typed({}), roles=("gateway", "miner"))
+            await pilot.pause()
+            assert shown(app, "status") == "miner starting…: no request metrics yet" and panel.has_class("-idle")
 
     asyncio.run(scenario())
 
