@@ -33,6 +33,9 @@ or removed, or its meaning changes (adding a field does not need it: readers ign
 
 T = TypeVar("T")
 
+MAX_KEY_DIGITS = 4000
+"""Longer digit strings are not read as numbers: Python refuses to parse past 4,300 digits."""
+
 
 class SchemaError(ValueError):
     """A state that does not match its snapshot type (raised only when decoding strictly, and by
@@ -587,7 +590,7 @@ class NodeStates:
 
 def _natural(name: str) -> tuple[str, int]:
     head, _, tail = name.rpartition("-")
-    return (head, int(tail)) if head and tail.isdigit() else (name, 0)
+    return (head, int(tail)) if head and tail.isdigit() and len(tail) <= MAX_KEY_DIGITS else (name, 0)
 
 
 def decode_states(states: Mapping[str, Any], *, strict: bool = False) -> NodeStates:
@@ -711,12 +714,17 @@ def _convert(hint: Any, value: Any, *, strict: bool, where: str) -> Any:
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lstrip("-").isdigit():
+        if isinstance(value, str) and value.lstrip("-").isdigit() and len(value.lstrip("-")) <= MAX_KEY_DIGITS:
             return int(value)  # JSON object keys are strings
         return _refuse(hint, value, strict=strict, where=where)
     if hint is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+        if isinstance(value, float):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return float(value)
+            except OverflowError:  # an integer past a float's range
+                return _refuse(hint, value, strict=strict, where=where)
         return _refuse(hint, value, strict=strict, where=where)
     if hint is str:
         return value if isinstance(value, str) else _refuse(hint, value, strict=strict, where=where)

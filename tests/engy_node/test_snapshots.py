@@ -108,3 +108,14 @@ def test_every_snapshot_field_has_a_type_the_codec_knows():
         for name, hint in typing.get_type_hints(kind).items():
             assert hint is not typing.Any, f"{kind.__name__}.{name} is untyped: the TUI could not rely on it"
         decode(kind, {}, strict=True)  # every field has a default: a node may not have reported it yet
+
+
+def test_numbers_past_what_a_field_holds_are_refused_not_raised():
+    decoded = decode_states(
+        {"model_server": {"gen_throughput": 10**400, "restarts": 2}, "chain": {"weights": {"9" * 5000: {"1": 1}}}}
+    )
+    assert decoded.model_servers["miner"].gen_throughput is None and decoded.model_servers["miner"].restarts == 2
+    assert decoded.chain is not None and decoded.chain.weights == {}
+    with pytest.raises(SchemaError, match="gen_throughput"):
+        decode_states({"model_server": {"gen_throughput": 10**400}}, strict=True)
+    assert decode_states({"miner-" + "9" * 5000: {}, "miner-2": {}}).miner_names()[0] == "miner-2"
