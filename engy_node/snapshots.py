@@ -271,6 +271,11 @@ class GatewayLeg:
     capacity: int = 0
     inflight: int = 0
     heartbeat_age_s: float | None = None
+    region: str | None = None
+    """Where the miner says it serves from (its hello's `hw`, informational)."""
+    tee: str | None = None
+    """Its GPU confidential-computing mode, if it claims one."""
+    context_length: int | None = None
     kv_used: float | None = None
 
 
@@ -360,7 +365,8 @@ class TrafficStanding:
     strikes: int = 0
     round: ProbeRound = dataclasses.field(default_factory=ProbeRound)
     window: BreakerWindow = dataclasses.field(default_factory=BreakerWindow)
-    lifetime: LifetimeCounts = dataclasses.field(default_factory=LifetimeCounts)
+    lifetime: LifetimeCounts | None = None
+    """None from a gateway older than these totals: unknown, which is not zero."""
     history: tuple[StandingChange, ...] = ()
 
 
@@ -408,8 +414,8 @@ class EpochsState:
 
     latest: int | None = None
     digest: str | None = None
-    weights: tuple[tuple[str, float], ...] = ()
-    """(hotkey, weight) pairs of the published settlement."""
+    weights: tuple[tuple[str, int], ...] = ()
+    """(hotkey, u16 weight) pairs of the published settlement."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -270,7 +270,7 @@ def round_cell(worker: TrafficStanding | None) -> Cell:
 def served_cell(worker: TrafficStanding | None) -> Cell:
     """Requests served (paid and probes) since the gateway started, and how many failed:
     "1,204 · 2 failed" (the breaker's window is in the breaker column)."""
-    if worker is None:
+    if worker is None or worker.lifetime is None:
         return NA_CELL
     lifetime = worker.lifetime
     if lifetime.failed:
@@ -281,7 +281,7 @@ def served_cell(worker: TrafficStanding | None) -> Cell:
 def audited_cell(worker: TrafficStanding | None) -> Cell:
     """Verdicts on its answers (paid and probes) since the gateway started, with the `unproven`
     and `cheat` ones: "44 · 2 unproven" (the breaker's window is in the breaker column)."""
-    if worker is None:
+    if worker is None or worker.lifetime is None:
         return NA_CELL
     lifetime = worker.lifetime
     parts = [f"{lifetime.audited:,}"]
@@ -511,10 +511,8 @@ def epoch_lines(epochs: EpochsState | None, *, names: Mapping[str, str]) -> tupl
     if epochs is None or epochs.latest is None:
         return ((Cell("epochs  ", "header"), Cell("none published yet", "na")),)
     digest = _text(epochs.digest)
-    # Weights are u16 (`EpochSettlement.weights`); one that is not a finite non-negative number is junk.
-    pairs = [
-        (hotkey, weight) for hotkey, weight in epochs.weights if _text(hotkey) and math.isfinite(weight) and weight >= 0
-    ]
+    # Weights are u16 (`EpochSettlement.weights`); a negative one is junk.
+    pairs = [(hotkey, weight) for hotkey, weight in epochs.weights if hotkey and weight >= 0]
     title = f"epoch {epochs.latest:,} published · digest {short_key(digest, head=8, tail=4) if digest else NA}"
     head = (
         Cell("epochs  ", "header"),

@@ -30,7 +30,7 @@ def gpus_state() -> dict:
     }
 
 
-def worker(name: str, state: str, reason: str) -> dict:
+def worker(name: str, state: str, reason: str, *, served: int, passed: int) -> dict:
     return {
         "miner": NAMES[name],
         "model": "smollm2-135m",
@@ -42,6 +42,8 @@ def worker(name: str, state: str, reason: str) -> dict:
         "connected": True,
         "until": None,
         "strikes": 0,
+        "window": {"requests": 3, "failed": 0, "verdicts": 2, "unproven": 0},
+        "lifetime": {"served": served, "failed": 0, "audited": passed, "pass": passed, "cheat": 0, "unproven": 0},
         "history": [],
     }
 
@@ -62,8 +64,13 @@ def node_snapshot() -> NodeSnapshot:
         },
         "traffic": {
             "workers": [
-                worker("miner-1", "active", "connected: first-party, eligible without qualification"),
-                worker("miner-2", "active", "connected: first-party, eligible without qualification"),
+                # Their verdicts add up to the verifier's 23: every tab tells the same story.
+                worker(
+                    "miner-1", "active", "connected: first-party, eligible without qualification", served=19, passed=9
+                ),
+                worker(
+                    "miner-2", "active", "connected: first-party, eligible without qualification", served=28, passed=14
+                ),
             ]
         },
         "epochs": {

@@ -762,18 +762,17 @@ def test_a_late_heartbeat_is_flagged():
 
 def test_lifetime_totals_lead_and_the_window_is_the_breakers_view():
     def worker(window=None, lifetime=None):
-        return as_worker({"window": window or {}, "lifetime": lifetime or {}})
+        return as_worker({"window": window or {}, **({"lifetime": lifetime} if lifetime is not None else {})})
 
     served = worker({"requests": 9, "failed": 2}, {"served": 480, "failed": 5})
     assert texts([served_line(served)]) == ["served 480 (5 failed) · breaker, last 60 s: 9 served, 2 failed ⚠"]
     assert served_line(served)[2].style == "warning" and served_line(served)[0].style == ""
     assert served_line(None) is None
-    # A gateway that publishes no lifetime totals decodes to zeros beneath a window that counts
-    # something: n/a, not 0.
+    # A gateway older than the lifetime totals publishes none: n/a, not 0.
     old = worker({"requests": 9, "verdicts": 4})
     assert texts([served_line(old)]) == ["served n/a · breaker, last 60 s: 9 served, 0 failed"]
     assert text(gateway_proof_lines(old)[0]) == "audited n/a"
-    assert texts(gateway_proof_lines(worker())) == [
+    assert texts(gateway_proof_lines(worker(lifetime={}))) == [
         "audited 0: 0 pass, 0 cheat, 0 unproven",
         "  breaker, last 5 min: 0 verdicts, 0 unproven",
     ]

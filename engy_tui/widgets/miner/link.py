@@ -33,7 +33,7 @@ from engy_tui.widgets.cells import NA, Cell, format_age, format_duration
 from engy_tui.widgets.cells import as_number as _num
 from engy_tui.widgets.cells import as_text as _text
 from engy_tui.widgets.miner.common import BAD, OK, SEP, WARN, Line, count_text, plural
-from engy_tui.widgets.miner.proofs import audited_cells, lifetime_of, verdict_breaker_cell
+from engy_tui.widgets.miner.proofs import audited_cells, verdict_breaker_cell
 
 __all__ = [
     "HEARTBEAT_LATE_S",
@@ -161,7 +161,7 @@ def served_breaker_cell(worker: TrafficStanding) -> Cell:
 
 
 def _served_cell(worker: TrafficStanding) -> Cell:
-    life = lifetime_of(worker)
+    life = worker.lifetime
     if life is None:
         return Cell(f"served {NA}", "na")
     return Cell(f"served {life.served:,} ({life.failed:,} failed)")

@@ -22,8 +22,6 @@ from __future__ import annotations
 from engy_node.protocol.standing import MAX_UNPROVEN_PCT, VERDICT_WINDOW_S
 from engy_node.snapshots import (
     AuditState,
-    BreakerWindow,
-    LifetimeCounts,
     NodeStates,
     TrafficStanding,
     VerdictCounts,
@@ -36,25 +34,15 @@ from engy_tui.widgets.miner.common import BAD, OK, WARN, Line, count_text, plura
 __all__ = [
     "audited_cells",
     "gateway_proof_lines",
-    "lifetime_of",
     "node_proof_lines",
     "verdict_breaker_cell",
 ]
 
 
-def lifetime_of(worker: TrafficStanding) -> LifetimeCounts | None:
-    """The worker's totals since the gateway started, or None where the gateway does not publish
-    them: a gateway older than them decodes to all zeros while its breaker window counts
-    something, and the window is part of the lifetime."""
-    if worker.lifetime == LifetimeCounts() and worker.window != BreakerWindow():
-        return None
-    return worker.lifetime
-
-
 def audited_cells(worker: TrafficStanding) -> list[Cell]:
     """This miner's verdicts at the gateway since it started: "audited 61: 59 pass, 0 cheat, 2
     unproven" (probes included); a cheat is ✘."""
-    life = lifetime_of(worker)
+    life = worker.lifetime
     if life is None:
         return [Cell(f"audited {NA}", "na")]
     cheat = Cell(f"{life.cheat:,} cheat {BAD}", "error") if life.cheat else Cell(f"{life.cheat:,} cheat")
