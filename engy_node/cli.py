@@ -13,7 +13,11 @@ Subcommands:
   status       a running node's state from its control API (chain, weights, epochs, miners)
   health       whether this home's validator loop is still completing ticks (exit 0 ok, 1 stale)
   diagnose     a support bundle (.tar.gz): versions, masked config, GPUs, recent logs, the node's status
+  calibrate    how far honest serving and known cheats sit apart on this machine
   (no subcommand) --role ROLE …  run node roles (miner, gateway, verifier, validator)
+
+`calibrate` and `gateway …` have flags and work enough to read on their own: each is a module of
+`engy_node/commands/` (its parser and its run); the others are a few lines each, here.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from engy_node import __version__
+from engy_node.commands import calibrate, gateway_admin
 from engy_node.errors import EngyError, RoleError
 
 log = logging.getLogger("engy.cli")
@@ -170,40 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--control-port", type=int, help="control API port (default: a free one)")
     up.add_argument("--traffic", action="store_true", help="run a demo buyer that keeps requests flowing")
 
-    admin = sub.add_parser("gateway", help="gateway administration: buyer keys, credit, usage, miners")
-    admin_sub = admin.add_subparsers(dest="admin_command", metavar="ACTION", required=True)
-    create = admin_sub.add_parser("create-buyer", help="create a buyer account and print its API key (shown once)")
-    create.add_argument("name")
-    credit = admin_sub.add_parser("credit", help="add prepaid credit to an account")
-    credit.add_argument("account", type=int)
-    credit.add_argument("usd", help="dollars, e.g. 25 or 0.50")
-    credit.add_argument("--memo", default="")
-    balance = admin_sub.add_parser("balance", help="show an account's balance")
-    balance.add_argument("account", type=int)
-    usage = admin_sub.add_parser("usage", help="show an account's usage")
-    usage.add_argument("account", type=int)
-    register = admin_sub.add_parser("register-miner", help="register a miner and print its miner key (shown once)")
-    register.add_argument("name")
-    register.add_argument("--hotkey", help="the miner's ss58 hotkey, to admit it by signed hello")
-    admin_sub.add_parser("miners", help="list registered miners")
-    admin_sub.add_parser("trust", help="each miner's eligibility (probing, active, pulled) and why, with its verdicts")
-    admin_sub.add_parser("epochs", help="the latest published epochs and their weights")
-    lb = admin_sub.add_parser(
-        "haproxy-config",
-        help="print the HAProxy configuration for a fleet of gateway hosts",
-        description="One public buyer port and miner port for several gateway hosts on one "
-        "PostgreSQL store (docs/scale-out.md).",
-    )
-    lb.add_argument(
-        "--host",
-        action="append",
-        required=True,
-        metavar="NAME=ADDRESS:BUYER_PORT:MINER_PORT:FIRST_LEG:LEGS",
-        help="one gateway host (repeat for each): FIRST_LEG is its gateway.fleet_offset, LEGS its gateway.workers",
-    )
-    lb.add_argument("--bind", default="0.0.0.0", help="address HAProxy listens on (default 0.0.0.0)")
-    lb.add_argument("--buyer-port", type=int, default=8080, help="public buyer API port (default 8080)")
-    lb.add_argument("--miner-port", type=int, default=8081, help="public miner port (default 8081)")
+    gateway_admin.add_parser(sub)
 
     plan_parser = sub.add_parser(
         "plan",
@@ -212,94 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _miner_options(plan_parser, suppress=True)
 
-    calibrate = sub.add_parser(
-        "calibrate",
-        help="measure TOPLOC/token-check separation of honest serving and known cheats",
-        description="Serve prompts honestly and through known cheats on this machine, verify them as a "
-        "validator would, and print the statistics behind each verdict as a Markdown table.",
-    )
-    calibrate.add_argument("--model", default="smollm2-135m")
-    calibrate.add_argument("--checkpoint", default="")
-    calibrate.add_argument("--prompts", type=int, default=5, help="how many of the built-in prompts to use (1-5)")
-    calibrate.add_argument("--max-new-tokens", type=int, default=96)
-    calibrate.add_argument(
-        "--device", choices=("cpu", "cuda"), default="cpu", help="where the honest and cheating miners serve"
-    )
-    calibrate.add_argument(
-        "--recompute-device", choices=("cpu", "cuda"), help="where the verifier recomputes (default: --device)"
-    )
-    calibrate.add_argument(
-        "--sampled-requests",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also serve N honest sampled requests and count how many each check judges a cheat",
-    )
-    calibrate.add_argument(
-        "--sampled-answer-tokens", type=int, default=32, metavar="N", help="answer length of those requests"
-    )
-    calibrate.add_argument(
-        "--sampled-only", action="store_true", help="skip the cases; only count false positives over --sampled-requests"
-    )
-    calibrate.add_argument(
-        "--sampled-recompute",
-        default="bfloat16",
-        metavar="DTYPE[,DTYPE]",
-        help="recompute precisions for those requests (float32, bfloat16)",
-    )
-    calibrate.add_argument(
-        "--drift-prompts",
-        type=int,
-        default=0,
-        metavar="N",
-        help="measure honest numeric drift instead: serve N buyer-like prompts greedily (bf16) and "
-        "recompute each answer on every verifier path, printing the gap distribution per path pair",
-    )
-    calibrate.add_argument(
-        "--seeded-drift-prompts",
-        type=int,
-        default=0,
-        metavar="N",
-        help="measure honest seeded-replay drift instead: serve N buyer-like prompts at every sampled setting "
-        "(bf16, seeded) and replay each draw on the verifier paths",
-    )
-    calibrate.add_argument("--drift-out", default="", metavar="FILE", help="also write every measured gap there (JSON)")
-    calibrate.add_argument(
-        "--cheat-answers",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also serve N buyer-like prompts through each sampling cheat (greedy claimed as sampled, a "
-        "narrower nucleus or top-k, a lower temperature, the prefill attack) and report how often seeded "
-        "replay catches them within the first n tokens",
-    )
-    calibrate.add_argument(
-        "--cheat-tokens", type=int, default=256, metavar="N", help="answer length of those (ignore_eos)"
-    )
-    calibrate.add_argument(
-        "--cheat-out", default="", metavar="FILE", help="also write every cheat answer's replay gaps there (JSON)"
-    )
-    calibrate.add_argument(
-        "--cheat-cases",
-        default="",
-        metavar="CASE[,CASE]",
-        help="only these sampling cheats (names as the table prints them, e.g. 'T 0.8 for 1'); default: all",
-    )
-    calibrate.add_argument(
-        "--no-commitment-answers",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also judge N answers per setting sent without a commitment (a TEE miner's), honest and by a "
-        "4-bit copy, on the delivered tokens alone",
-    )
-    calibrate.add_argument(
-        "--all",
-        action="store_true",
-        help="every measurement docs/verification.md publishes, at its documented size (hours on a CPU): "
-        "the cases, greedy and seeded drift, the sampling cheats, answers without a commitment, and "
-        "1,000 honest sampled requests",
-    )
+    calibrate.add_parser(sub)
     return parser
 
 
@@ -444,7 +328,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "diagnose":
         return _run_diagnose(args, node_overrides)
     if args.command == "gateway":
-        return _run_admin(load_config(home=args.home, overrides=node_overrides), args)
+        return gateway_admin.run(load_config(home=args.home, overrides=node_overrides), args)
     if args.command == "plan":
         from engy_node.miner.role import plan_report
 
@@ -455,7 +339,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 0
     if args.command == "calibrate":
         config = load_config(home=args.home, overrides=node_overrides)
-        return _run_calibration(config, args)
+        return calibrate.run(config, args)
     if args.command == "serve":
         if args.role:
             raise RoleError("`serve` runs the model server alone; drop --role, or run roles without `serve`")
@@ -573,140 +457,6 @@ def _print_checkpoint(config, model_id: str, checkpoint: str) -> int:
     return 0
 
 
-def _run_calibration(config, args: argparse.Namespace) -> int:
-    from engy_node.calibration import (
-        DEFAULT_PROMPTS,
-        format_soundness,
-        format_table,
-        run_calibration,
-        run_sampled_soundness,
-        unexpected,
-    )
-    from engy_node.models import get_model
-    from engy_node.serve.checkpoint import resolve_checkpoint
-
-    if not 1 <= args.prompts <= len(DEFAULT_PROMPTS):
-        raise EngyError(f"--prompts must be 1..{len(DEFAULT_PROMPTS)}")
-    dtypes = tuple(d.strip() for d in args.sampled_recompute.split(",") if d.strip())
-    if not dtypes or set(dtypes) - {"float32", "bfloat16"}:
-        raise EngyError(f"--sampled-recompute takes float32 and/or bfloat16, got {args.sampled_recompute!r}")
-    spec = get_model(args.model)
-    path = resolve_checkpoint(
-        model_id=args.model,
-        checkpoint=args.checkpoint,
-        models_dir=config.paths.models_dir,
-        cache_dir=config.paths.model_cache_dir,
-    )
-    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    if args.all:
-        args.drift_prompts, args.seeded_drift_prompts = args.drift_prompts or 500, args.seeded_drift_prompts or 200
-        args.cheat_answers, args.no_commitment_answers = args.cheat_answers or 50, args.no_commitment_answers or 50
-        args.sampled_requests = args.sampled_requests or 1000
-    if args.sampled_only and args.sampled_requests <= 0:
-        raise EngyError("--sampled-only needs --sampled-requests N (N > 0)")
-    # Each measurement flag alone runs just that measurement; the cases run by default and with --all.
-    measured_only = not args.all and (
-        args.drift_prompts > 0
-        or args.seeded_drift_prompts > 0
-        or args.cheat_answers > 0
-        or args.no_commitment_answers > 0
-    )
-    results = (
-        []
-        if args.sampled_only or measured_only
-        else run_calibration(
-            path,
-            model=spec,
-            prompts=DEFAULT_PROMPTS[: args.prompts],
-            max_new_tokens=args.max_new_tokens,
-            device=args.device,
-            recompute_device=args.recompute_device,
-            progress=say,
-        )
-    )
-    if results:
-        print(format_table(results))
-    wrong = unexpected(results)
-    for result in wrong:
-        say(
-            f"UNEXPECTED: {result.case} ({result.sampling}, {result.check}) prompt {result.prompt} ({result.recompute_dtype}) "
-            f"judged {result.verdict.kind}/{result.verdict.reason}, expected {result.expected}"
-        )
-    if args.drift_prompts > 0 or args.seeded_drift_prompts > 0:
-        from engy_node import drift
-
-        samples = (
-            drift.run_greedy_drift(path, prompts=args.drift_prompts, progress=say) if args.drift_prompts > 0 else []
-        )
-        if args.seeded_drift_prompts > 0:
-            samples += drift.run_seeded_drift(path, model=spec, prompts=args.seeded_drift_prompts, progress=say)
-        if args.drift_out:
-            drift.save_samples(samples, Path(args.drift_out))
-        _section("Honest numeric drift", drift.format_drift(drift.summarise(samples)))
-    false_positives = 0
-    if args.cheat_answers > 0 or args.no_commitment_answers > 0:
-        from engy_node import strictness
-        from engy_node.drift import drift_conversations
-
-        if args.cheat_answers > 0:
-            chosen = {name.strip() for name in args.cheat_cases.split(",") if name.strip()}
-            unknown = chosen - {case for case, _ in strictness.SAMPLING_CHEATS}
-            if unknown:
-                raise EngyError(
-                    f"--cheat-cases: unknown {', '.join(sorted(unknown))}; the cases are "
-                    f"{', '.join(case for case, _ in strictness.SAMPLING_CHEATS)}"
-                )
-            cases = [(case, knobs) for case, knobs in strictness.SAMPLING_CHEATS if not chosen or case in chosen]
-            judged = strictness.run_sampling_cheats(
-                path,
-                model=spec,
-                conversations=drift_conversations(args.cheat_answers),
-                answer_tokens=args.cheat_tokens,
-                cases=cases,
-                progress=say,
-            )
-            if args.cheat_out:
-                Path(args.cheat_out).write_text(
-                    json.dumps([{"case": j.case, "answer": j.answer, "gaps": j.gaps} for j in judged])
-                )
-            _section(
-                "Sampling cheats against seeded replay", strictness.format_catch_rates(judged, params=spec.token_check)
-            )
-            false_positives += sum(
-                1 for j in judged if j.case == "honest" and not j.verdict_within(len(j.gaps), spec.token_check).ok
-            )
-        if args.no_commitment_answers > 0:
-            judged_alone = strictness.run_recompute_judged(
-                path, model=spec, conversations=drift_conversations(args.no_commitment_answers), progress=say
-            )
-            _section("Answers without a commitment", strictness.format_recompute_judged(judged_alone))
-            false_positives += sum(1 for r in judged_alone if r.served_by == "honest" and r.verdict.kind == "cheat")
-    if args.sampled_requests > 0:
-        from engy_node.drift import drift_conversations
-
-        soundness = run_sampled_soundness(
-            path,
-            model=spec,
-            requests=args.sampled_requests,
-            answer_tokens=args.sampled_answer_tokens,
-            prompts=drift_conversations(SOUNDNESS_CONVERSATIONS),
-            recompute_dtypes=dtypes,
-            progress=say,
-        )
-        _section("Honest sampled requests", format_soundness(soundness))
-        false_positives += sum(1 for r in soundness if r.verdict.kind == "cheat")
-    return 1 if wrong or false_positives else 0
-
-
-SOUNDNESS_CONVERSATIONS = 250
-"""Buyer-like conversations the honest sampled requests cycle through (each at every setting):
-the five built-in prompts alone missed an edge case that 200 of these found."""
-
-
-def _section(title: str, table: str) -> None:
-    print(f"\n## {title}\n\n{table}")
-
-
 def _start_logging(config):
     """The node's hub, with every `engy.*` log record routed into it, stderr and the log file."""
     from engy_node.hub import Hub, install_logging
@@ -729,50 +479,6 @@ def _run_up(config, *, ports: dict, traffic: bool) -> int:
     return node.run(
         [("local network", functools.partial(run_up, config, hub, ports=ports, traffic=traffic, on_ready=on_ready))]
     )
-
-
-def _run_admin(config, args: argparse.Namespace) -> int:
-    from engy_node.gateway import admin
-    from engy_node.gateway.role import store_location
-    from engy_node.gateway.store import Store
-
-    if args.admin_command == "haproxy-config":
-        from engy_node.errors import ConfigError
-        from engy_node.gateway.fleet.load_balancer import haproxy_config, parse_host
-
-        try:
-            print(
-                haproxy_config(
-                    [parse_host(spec) for spec in args.host],
-                    bind=args.bind,
-                    buyer_port=args.buyer_port,
-                    miner_port=args.miner_port,
-                ),
-                end="",
-            )
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-        return 0
-    config.paths.data_dir.mkdir(parents=True, exist_ok=True)
-    with Store.open(store_location(config)) as store:
-        action = args.admin_command
-        if action == "create-buyer":
-            print(admin.create_buyer(store, name=args.name))
-        elif action == "credit":
-            print(admin.credit(store, account_id=args.account, dollars=args.usd, memo=args.memo))
-        elif action == "balance":
-            print(admin.show_balance(store, account_id=args.account))
-        elif action == "usage":
-            print(admin.show_usage(store, account_id=args.account))
-        elif action == "register-miner":
-            print(admin.register_miner(store, name=args.name, hotkey=args.hotkey))
-        elif action == "miners":
-            print(admin.list_miners(store))
-        elif action == "trust":
-            print(admin.show_trust(store, now=time.time()))
-        elif action == "epochs":
-            print(admin.list_epochs(store))
-    return 0
 
 
 def _run_roles(config, roles: list[str]) -> int:

@@ -8,8 +8,9 @@ Three layers in `engy_node`, and the TUI on top (docs/architecture.md draws them
   another role: what two roles share lives in the core (the audit job in `protocol/audit.py`,
   the breaker's bars in `protocol/standing.py`), so each role can change, be tested and be
   deployed on its own;
-* the node — `cli.py`, `roles.py`, `local/` (the whole network on one machine) and `testing/`
-  (harnesses that drive the real roles) — which assembles roles and may import any of them.
+* the node — `cli.py` and `commands/` (its larger sub-commands), `roles.py`, `local/` (the whole
+  network on one machine) and `testing/` (harnesses that drive the real roles) — which assembles
+  roles and may import any of them.
 
 `engy_node` is headless and never imports `textual` or `engy_tui`; `engy_tui` imports the core
 and the node, never a role's internals. Every import statement counts, including those inside
@@ -26,8 +27,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "engy_node"
 TUI = PACKAGE.parent / "engy_tui"
 ROLES = ("miner", "gateway", "validator", "verifier")
-NODE = ("cli", "roles", "local", "testing", "__main__")
-"""Top-level modules and folders of `engy_node` that assemble roles into a node."""
+NODE = ("cli", "commands", "roles", "local", "testing", "__main__")
+"""Top-level modules and folders of `engy_node` that assemble roles into a node. `commands` is
+`cli`'s larger sub-commands, split from it; `gateway …` there opens a gateway's store."""
 
 
 def imported_modules(path: Path, root: Path = PACKAGE.parent) -> list[tuple[int, str]]:

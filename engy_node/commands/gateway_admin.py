@@ -1,0 +1,96 @@
+"""`engy-node gateway …`: a gateway operator's actions on its store, from a shell.
+
+Buyer accounts and their credit and usage, miner registration, each miner's eligibility, the
+published epochs, and the HAProxy configuration for a fleet of gateway hosts. Each action is a
+function of `gateway.admin` (or `gateway.fleet.load_balancer`) that returns the text to print;
+this module is only their flags and the one store they run against, apart from `cli.py`'s
+dispatch because the group has a parser of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add `gateway` and its actions to the sub-command parsers."""
+    admin = sub.add_parser("gateway", help="gateway administration: buyer keys, credit, usage, miners")
+    admin_sub = admin.add_subparsers(dest="admin_command", metavar="ACTION", required=True)
+    create = admin_sub.add_parser("create-buyer", help="create a buyer account and print its API key (shown once)")
+    create.add_argument("name")
+    credit = admin_sub.add_parser("credit", help="add prepaid credit to an account")
+    credit.add_argument("account", type=int)
+    credit.add_argument("usd", help="dollars, e.g. 25 or 0.50")
+    credit.add_argument("--memo", default="")
+    balance = admin_sub.add_parser("balance", help="show an account's balance")
+    balance.add_argument("account", type=int)
+    usage = admin_sub.add_parser("usage", help="show an account's usage")
+    usage.add_argument("account", type=int)
+    register = admin_sub.add_parser("register-miner", help="register a miner and print its miner key (shown once)")
+    register.add_argument("name")
+    register.add_argument("--hotkey", help="the miner's ss58 hotkey, to admit it by signed hello")
+    admin_sub.add_parser("miners", help="list registered miners")
+    admin_sub.add_parser("trust", help="each miner's eligibility (probing, active, pulled) and why, with its verdicts")
+    admin_sub.add_parser("epochs", help="the latest published epochs and their weights")
+    lb = admin_sub.add_parser(
+        "haproxy-config",
+        help="print the HAProxy configuration for a fleet of gateway hosts",
+        description="One public buyer port and miner port for several gateway hosts on one "
+        "PostgreSQL store (docs/scale-out.md).",
+    )
+    lb.add_argument(
+        "--host",
+        action="append",
+        required=True,
+        metavar="NAME=ADDRESS:BUYER_PORT:MINER_PORT:FIRST_LEG:LEGS",
+        help="one gateway host (repeat for each): FIRST_LEG is its gateway.fleet_offset, LEGS its gateway.workers",
+    )
+    lb.add_argument("--bind", default="0.0.0.0", help="address HAProxy listens on (default 0.0.0.0)")
+    lb.add_argument("--buyer-port", type=int, default=8080, help="public buyer API port (default 8080)")
+    lb.add_argument("--miner-port", type=int, default=8081, help="public miner port (default 8081)")
+
+
+def run(config, args: argparse.Namespace) -> int:
+    """Run the action `args.admin_command` names and print its result."""
+    from engy_node.gateway import admin
+    from engy_node.gateway.role import store_location
+    from engy_node.gateway.store import Store
+
+    if args.admin_command == "haproxy-config":
+        from engy_node.errors import ConfigError
+        from engy_node.gateway.fleet.load_balancer import haproxy_config, parse_host
+
+        try:
+            print(
+                haproxy_config(
+                    [parse_host(spec) for spec in args.host],
+                    bind=args.bind,
+                    buyer_port=args.buyer_port,
+                    miner_port=args.miner_port,
+                ),
+                end="",
+            )
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        return 0
+    config.paths.data_dir.mkdir(parents=True, exist_ok=True)
+    with Store.open(store_location(config)) as store:
+        action = args.admin_command
+        if action == "create-buyer":
+            print(admin.create_buyer(store, name=args.name))
+        elif action == "credit":
+            print(admin.credit(store, account_id=args.account, dollars=args.usd, memo=args.memo))
+        elif action == "balance":
+            print(admin.show_balance(store, account_id=args.account))
+        elif action == "usage":
+            print(admin.show_usage(store, account_id=args.account))
+        elif action == "register-miner":
+            print(admin.register_miner(store, name=args.name, hotkey=args.hotkey))
+        elif action == "miners":
+            print(admin.list_miners(store))
+        elif action == "trust":
+            print(admin.show_trust(store, now=time.time()))
+        elif action == "epochs":
+            print(admin.list_epochs(store))
+    return 0
