@@ -15,7 +15,8 @@ Where each fact comes from (`engy_node.snapshots` declares every field):
   The miners table shows the lifetime totals as "served" and "audited", and the window only in
   the breaker column, whose header names its lengths: a window is never shown as a total.
 * `gateway` (`GatewayState`, `gateway/role.py`): its URLs, models, processes and `legs`
-  (`MinerPool.snapshot()`, refreshed every 10 s).
+  (`MinerPool.snapshot()`, refreshed every 10 s: capacity, in flight, heartbeat, and what the
+  miner announced — region, TEE mode, context, KV use).
 * `audit` (`AuditState`, `gateway/trust/trust_plane.py`): the audit queue's counts.
 * `epochs` (`EpochsState`, `gateway/billing/publisher.py`): the latest epoch and its weights.
 * `buyers` (`BuyersState`): the accounts that spent most.
@@ -211,10 +212,15 @@ def _oldest_heartbeat(legs: Sequence[GatewayLeg]) -> float | None:
 
 
 def link_cell(worker: TrafficStanding | None, legs: Sequence[GatewayLeg]) -> Cell:
-    """The legs the gateway holds to this (miner, model) and the oldest heartbeat among them;
-    without legs, what the control plane last said about the connection."""
+    """The legs the gateway holds to this (miner, model), where the miner says it is and whether
+    it says it serves in a TEE, and the oldest heartbeat among them; without legs, what the
+    control plane last said about the connection."""
     if legs:
-        text = f"{len(legs)} leg{'s' if len(legs) != 1 else ''}"
+        told = sorted(
+            {f"TEE {leg.tee}" if leg.tee != "on" else "TEE" for leg in legs if leg.tee}
+            | {leg.region for leg in legs if leg.region}
+        )
+        text = " · ".join([f"{len(legs)} leg{'s' if len(legs) != 1 else ''}", *told])
         oldest = _oldest_heartbeat(legs)
         if oldest is None:
             return Cell(text)

@@ -308,6 +308,14 @@ def test_the_link_shows_legs_and_the_oldest_heartbeat_and_flags_a_late_one():
     assert link_cell(None, ()) == Cell("n/a", "na")
 
 
+def test_the_link_says_where_the_miner_says_it_is_and_whether_it_says_it_serves_in_a_tee():
+    tee = {**leg(A, "a", 4, 0, 2.0), "region": "eu-north", "tee": "on"}
+    assert link_cell(None, legs_of(tee, tee)) == Cell("2 legs · TEE · eu-north · hb 2 s")
+    assert link_cell(None, legs_of({**tee, "tee": "devtools"})) == Cell("1 leg · TEE devtools · eu-north · hb 2 s")
+    odd = decode(GatewayLeg, {**tee, "region": 3, "tee": None})  # liberal, as the bridge reads
+    assert link_cell(None, (odd,)) == Cell("1 leg · hb 2 s"), "what is not a string is not shown"
+
+
 def test_load_is_inflight_over_capacity_summed_over_the_legs():
     assert load_cell(legs_of(leg(A, "a", 16, 12, 1), leg(A, "a", 16, 3, 1))) == Cell("15/32")
     assert load_cell(legs_of(leg(A, "a", 4, 4, 1))) == Cell("4/4 full", "warning")
