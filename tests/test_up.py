@@ -149,6 +149,9 @@ def test_up_runs_the_whole_network_until_weights_land_then_restarts_with_its_sta
         # Strict: every component and field the whole network published is one its type declares.
         states = decode_states(status["states"], strict=True)
         assert states.miner_names() == ["miner-1", "miner-2"] and states.verifier is not None
+        assert {name: miner.hotkey for name, miner in states.miners.items()} == {
+            name: network["hotkeys"][name] for name in ("miner-1", "miner-2")
+        }
         chain = status["states"]["chain"]
         uids = {neuron["hotkey"]: neuron for neuron in chain["neurons"]}
         miners = [network["hotkeys"][name] for name in ("miner-1", "miner-2")]

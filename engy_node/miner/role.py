@@ -366,6 +366,8 @@ async def run_miner(
         cpu_mode=inventory.cpu_mode,
         plan=setup.plan.summary if setup.plan else None,
         command=shell_command(setup.launch) if setup.launch else None,
+        # A miner known by its miner key alone has no hotkey to show.
+        hotkey=miner_identity.keypair.ss58_address if miner_identity.keypair is not None else None,
     )
     if setup.launch is not None and setup.launch.kind == "sglang" and not _sglang_installed():
         raise MinerError(
