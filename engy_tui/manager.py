@@ -251,7 +251,6 @@ class NodeManager(App[None]):
 
     def _draw_tab(self, tab: str, now: float) -> None:
         snapshot = self._shown
-        states = snapshot.wire_states if snapshot is not None else {}
         names = (snapshot.node.hotkeys if snapshot is not None else None) or None
         if tab == "overview":
             self.query_one(RequestsPanel).update_metrics(
@@ -263,18 +262,26 @@ class NodeManager(App[None]):
             self.query_one("#overview-text", Static).update(overview_text(snapshot, now=now))
         elif tab == "miner":
             self.query_one(MinerPanel).update_state(
-                states, now=now, names=names, server_log={name: list(lines) for name, lines in self._server_log.items()}
+                snapshot.states if snapshot is not None else None,
+                now=now,
+                names=names,
+                server_log={name: list(lines) for name, lines in self._server_log.items()},
             )
         elif tab == "validator":
             self.query_one(ValidatorPanel).update_state(
-                states.get("validator"), now=now, names=names, chain=states.get("chain")
+                snapshot.states.validator if snapshot is not None else None,
+                now=now,
+                names=names,
+                chain=snapshot.states.chain if snapshot is not None else None,
             )
         elif tab == "gateway":
             self.query_one(GatewayPanel).update_state(
                 snapshot.states if snapshot is not None else None, now=now, names=names
             )
         elif tab == "chain":
-            self.query_one(ChainPanel).update_state(states.get("chain"), now=now, names=names)
+            self.query_one(ChainPanel).update_state(
+                snapshot.states.chain if snapshot is not None else None, now=now, names=names
+            )
         elif tab == "gpus":
             self.query_one(GpuPanel).update_state(snapshot.states.gpus if snapshot is not None else None, now)
         self._drawn_at[tab] = now

@@ -1,10 +1,11 @@
-"""The validator and chain panels: every line as plain functions over the hub's dicts (with
-Hypothesis throwing arbitrary JSON at them), both widgets under Pilot in a tiny host app, and SVG
-snapshots of realistic states.
+"""The validator and chain panels: every line as plain functions over the hub's states as
+`engy_node.snapshots` decodes them (with Hypothesis throwing arbitrary JSON at the decoder and
+them), both widgets under Pilot in a tiny host app, and SVG snapshots of realistic states.
 
-The states have the exact keys their producers publish: `engy_node.validator.light` and `role`
-for "validator", `engy_node.local.up._chain_snapshot` for "chain", `_node_info`'s `hotkeys` for
-the names. Pilot tests are plain functions driving the app with `asyncio.run`, as in
+The states are written in their wire form, with the exact keys their producers publish:
+`engy_node.validator.light` and `role` for "validator", `engy_node.local.up._chain_snapshot` for
+"chain", `_node_info`'s `hotkeys` for the names; `validator_of` and `chain_of` decode them
+strictly, which also checks them against the schema. Pilot tests are plain functions driving the app with `asyncio.run`, as in
 `test_app.py` (pytest-trio claims `async def` tests). Clock times are shown in local time, so
 the tests that look at them run with TZ=UTC.
 """
@@ -17,12 +18,12 @@ import hashlib
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
-from engy_node.snapshots import ChainState, decode_states
+from engy_node.snapshots import ChainState, NodeStates, ValidatorState, decode_states
 from engy_tui.widgets.cells import Cell, format_age, format_duration, short_hotkey
 from engy_tui.widgets.validator import ChainPanel, ValidatorPanel
 from engy_tui.widgets.validator.chain import (
@@ -57,9 +58,14 @@ FINNEY_WEIGHTS = [21_804, 19_112, 6_211, 4_950, 3_802, 2_770, 2_101, 1_650, 1_20
 DIGEST = "9f2c" + "0123456789abcdef" * 3 + "7a5d40e1"
 
 
-def typed_chain(wire: dict[str, Any]) -> ChainState | None:
-    """A "chain" fixture as the panels get it: decoded (strictly, so it matches the schema)."""
-    return decode_states({"chain": wire}, strict=True).chain
+def validator_of(wire: Any, *, strict: bool = True) -> ValidatorState | None:
+    """A "validator" state as the panels get it: decoded (strictly: it must match the schema)."""
+    return None if wire is None else decode_states({"validator": wire}, strict=strict).validator
+
+
+def chain_of(wire: Any, *, strict: bool = True) -> ChainState | None:
+    """A "chain" state as the panels get it: decoded (strictly: it must match the schema)."""
+    return None if wire is None else decode_states({"chain": wire}, strict=strict).chain
 
 
 def finney_validator() -> dict[str, Any]:
@@ -310,7 +316,7 @@ def test_share_bar_uses_eighth_blocks_and_never_hides_a_small_share():
 def test_weights_rows_are_heaviest_first_with_shares_of_the_row():
     validator = local_validator()
     validator["weights"].reverse()
-    rows = weights_rows(validator, NAMES)
+    rows = weights_rows(validator_of(validator), NAMES)
     assert [[cell.text for cell in row[:4]] for row in rows] == [
         ["2", "miner-1", "65,535", "61.2%"],
         ["3", "miner-2", "41,496", "38.8%"],
@@ -318,20 +324,22 @@ def test_weights_rows_are_heaviest_first_with_shares_of_the_row():
     assert rows[0][4].text == share_bar(65_535 / 107_031) and rows[0][4].style == "bar"
 
 
-def test_weights_rows_say_na_for_missing_parts_never_zero():
-    rows = weights_rows({"weights": [{"uid": 4}, {"hotkey": STRANGER, "weight": "12"}, "junk", None]})
+def test_weights_rows_say_na_for_missing_parts():
+    # Decoding drops the entries that are not objects, and a missing weight takes the schema's
+    # default, 0 (the loop always publishes one).
+    validator = validator_of({"weights": [{"uid": 4}, {"hotkey": STRANGER, "weight": "x"}, "junk", None]}, strict=False)
+    rows = weights_rows(validator)
     assert [[cell.text for cell in row[:4]] for row in rows] == [
-        ["4", "n/a", "n/a", "n/a"],
-        ["n/a", short_hotkey(STRANGER), "n/a", "n/a"],
-        ["n/a", "n/a", "n/a", "n/a"],
-        ["n/a", "n/a", "n/a", "n/a"],
+        ["4", "n/a", "0", "n/a"],
+        ["n/a", short_hotkey(STRANGER), "0", "n/a"],
     ]
     assert all(row[4].text == "" for row in rows)
-    assert weights_rows({}) == weights_rows(None) == weights_rows({"weights": "many"}) == []
+    assert weights_rows(validator_of({})) == weights_rows(None) == []
+    assert weights_rows(validator_of({"weights": "many"}, strict=False)) == []
 
 
 def test_weights_lines_for_a_finney_validator():
-    lines = texts(weights_lines(finney_validator()))
+    lines = texts(weights_lines(validator_of(finney_validator())))
     hotkey = ss58("finney-validator")
     assert lines[0] == f"{hotkey[:4]}…{hotkey[-4:]} · uid 3 · permit ✔ · netuid 53 on finney"
     assert lines[1] == "epoch 210 · digest 9f2c01…40e1 · signed by master ✔"
@@ -346,7 +354,7 @@ def test_weights_lines_for_a_finney_validator():
 
 
 def test_weights_lines_name_the_local_validator_and_count_blocks_on_the_current_chain():
-    lines = texts(weights_lines(local_validator(), NAMES, chain=local_chain()))
+    lines = texts(weights_lines(validator_of(local_validator()), NAMES, chain=chain_of(local_chain())))
     short = short_hotkey(NAMES["validator"])
     assert lines[0] == f"validator ({short}) · uid 1 · permit ✔ · netuid 53 on dev chain"
     assert lines[2] == "last submit block 1,532 (8 ago) ✔ landed"  # chain head 1,540
@@ -356,14 +364,14 @@ def test_weights_lines_name_the_local_validator_and_count_blocks_on_the_current_
 def test_weights_lines_say_where_a_vector_came_from():
     validator = local_validator()
     validator["submissions"][0]["kind"] = "standby:burn"
-    assert "burn to the subnet owner ⚠ (standby)" in texts(weights_lines(validator))[1]
+    assert "burn to the subnet owner ⚠ (standby)" in texts(weights_lines(validator_of(validator)))[1]
     validator["submissions"][0]["kind"] = "resubmitted:cached"
-    assert "cached vector ⚠ (provider unavailable)" in texts(weights_lines(validator))[1]
+    assert "cached vector ⚠ (provider unavailable)" in texts(weights_lines(validator_of(validator)))[1]
 
 
 def test_weights_lines_before_anything_was_submitted():
     validator = {"hotkey": NAMES["validator"], "block": 10, "uid": None, "permit": None, "netuid": 53}
-    lines = weights_lines(validator, NAMES)
+    lines = weights_lines(validator_of(validator), NAMES)
     assert texts(lines)[0].endswith("· not registered ✘ · permit n/a · netuid 53 on n/a")
     assert texts(lines)[1] == "nothing on chain from this validator yet"
     assert "error" in styles_of(lines)
@@ -371,7 +379,7 @@ def test_weights_lines_before_anything_was_submitted():
 
 def test_weights_lines_after_a_restart_know_the_epoch_but_not_the_table():
     validator = {"last_applied": 7, "last_submit_block": 900}
-    assert texts(weights_lines(validator))[1:] == [
+    assert texts(weights_lines(validator_of(validator)))[1:] == [
         "epoch 7 · digest n/a · n/a",
         "last submit block 900 ✔ landed",
         "the weights table appears after this process's first submit",
@@ -382,7 +390,7 @@ def test_weights_lines_after_a_restart_know_the_epoch_but_not_the_table():
 
 
 def test_next_action_for_a_finney_validator_estimates_the_countdown_from_the_clock():
-    lines = texts(next_action_lines(finney_validator(), NOW))
+    lines = texts(next_action_lines(validator_of(finney_validator()), NOW))
     # 37 blocks left at the last tick, 41 s ago at 12 s blocks: 3 blocks since.
     assert lines == [
         "resubmit in ~34 blocks (~6 min) · interval 120 > rate limit 100 ✔",
@@ -394,7 +402,7 @@ def test_next_action_for_a_finney_validator_estimates_the_countdown_from_the_clo
 
 
 def test_next_action_counts_exactly_on_the_current_chain():
-    lines = texts(next_action_lines(local_validator(), NOW, chain=local_chain()))
+    lines = texts(next_action_lines(validator_of(local_validator()), NOW, chain=chain_of(local_chain())))
     assert lines[0] == "resubmit in 4 blocks (~4 s) · interval 12 > rate limit 10 ✔"  # 1,532 + 12 - 1,540
     assert lines[1] == "activity cutoff 416 blocks: 408 to spare ✔"  # the chain's last_update 1,532
 
@@ -403,27 +411,34 @@ def test_next_action_when_due_overdue_or_not_yet_started():
     validator = local_validator()
     chain = local_chain()
     chain["block"] = 1_544
-    assert texts(next_action_lines(validator, NOW, chain=chain))[0].startswith("resubmit due: the next tick submits · ")
+    assert texts(next_action_lines(validator_of(validator), NOW, chain=chain_of(chain)))[0].startswith(
+        "resubmit due: the next tick submits · "
+    )
     chain["block"] = 1_550
-    assert texts(next_action_lines(validator, NOW, chain=chain))[0].startswith("resubmit due 6 blocks ago · ")
-    first = texts(next_action_lines({"resubmit_blocks": 12}, NOW))
+    assert texts(next_action_lines(validator_of(validator), NOW, chain=chain_of(chain)))[0].startswith(
+        "resubmit due 6 blocks ago · "
+    )
+    first = texts(next_action_lines(validator_of({"resubmit_blocks": 12}), NOW))
     assert first[0] == "first submit when the provider publishes an epoch · interval 12 · rate limit n/a"
     assert first[1:] == ["activity cutoff n/a", "last tick n/a", "commit-reveal: n/a · tempo n/a", "provider n/a"]
 
 
 def test_next_action_flags_the_cutoff_and_the_rate_limit_in_words():
     validator, chain = troubled()
-    lines = next_action_lines(validator, NOW, chain=chain)
+    lines = next_action_lines(validator_of(validator), NOW, chain=chain_of(chain))
     shown = texts(lines)
     assert shown[0] == "resubmit due 430 blocks ago · interval 10 ≤ rate limit 10 ⚠"
     assert shown[1] == "activity cutoff 416 blocks: passed 24 blocks ago ✘ inactive"
     assert shown[2] == "last tick 60 s ago: submit-failed ✘"
     chain["neurons"][1]["last_update"] = 1_300  # 240 idle of 416
-    assert texts(next_action_lines(validator, NOW, chain=chain))[1] == "activity cutoff 416 blocks: only 176 to spare ⚠"
+    assert (
+        texts(next_action_lines(validator_of(validator), NOW, chain=chain_of(chain)))[1]
+        == "activity cutoff 416 blocks: only 176 to spare ⚠"
+    )
 
 
 def test_next_action_shows_commit_reveal_on():
-    assert texts(next_action_lines({"commit_reveal": True}, NOW))[3].startswith(
+    assert texts(next_action_lines(validator_of({"commit_reveal": True}), NOW))[3].startswith(
         "commit-reveal: on (weights count after"
     )
 
@@ -432,13 +447,13 @@ def test_next_action_shows_commit_reveal_on():
 
 
 def test_a_healthy_validator_has_no_warnings():
-    assert validator_warnings(local_validator(), local_chain(), NOW) == []
+    assert validator_warnings(validator_of(local_validator()), chain_of(local_chain()), NOW) == []
     assert texts(warning_lines([])) == ["none ✔"]
-    assert validator_warnings({}, None, NOW) == validator_warnings(None, None, NOW) == []
+    assert validator_warnings(validator_of({}), None, NOW) == validator_warnings(None, None, NOW) == []
 
 
 def test_the_finney_validator_is_warned_about_its_dropped_hotkey():
-    (finding,) = validator_warnings(finney_validator(), None, NOW)
+    (finding,) = validator_warnings(validator_of(finney_validator()), None, NOW)
     assert finding.level == "warning"
     assert finding.text == "1 payload hotkey not registered on chain, 0.4% of the weight, dropped"
     assert "tell the provider" in finding.fix
@@ -446,7 +461,7 @@ def test_the_finney_validator_is_warned_about_its_dropped_hotkey():
 
 def test_a_troubled_validator_gets_every_warning_worst_first_each_with_its_fix():
     validator, chain = troubled()
-    findings = validator_warnings(validator, chain, NOW, names=NAMES, poll_s=5)
+    findings = validator_warnings(validator_of(validator), chain_of(chain), NOW, names=NAMES, poll_s=5)
     assert [f.level for f in findings] == ["error", "error", "error", "warning", "warning"]
     shown = [f.text for f in findings]
     assert shown[0] == "uid 1 has no validator permit: the chain refuses its weights"
@@ -468,33 +483,33 @@ def test_a_troubled_validator_gets_every_warning_worst_first_each_with_its_fix()
 
 def test_an_old_tick_counts_in_polls_from_the_argument_the_state_or_the_default():
     validator = {"last_tick": NOW - 600}
-    assert validator_warnings(validator, None, NOW) == []  # 3 x 300 s default
-    assert len(validator_warnings(validator, None, NOW, poll_s=60)) == 1
-    assert len(validator_warnings({**validator, "poll_s": 60}, None, NOW)) == 1
+    assert validator_warnings(validator_of(validator), None, NOW) == []  # 3 x 300 s default
+    assert len(validator_warnings(validator_of(validator), None, NOW, poll_s=60)) == 1
+    assert len(validator_warnings(validator_of({**validator, "poll_s": 60}), None, NOW)) == 1
 
 
 def test_an_unregistered_hotkey_is_found_on_the_chain_or_from_the_validators_read():
     chain = local_chain()
     validator = {"hotkey": STRANGER, "netuid": 53}
-    (finding,) = validator_warnings(validator, chain, NOW)
+    (finding,) = validator_warnings(validator_of(validator), chain_of(chain), NOW)
     assert (
         finding.level == "error" and finding.text == f"hotkey {short_hotkey(STRANGER)} is not registered on netuid 53"
     )
     assert "btcli subnets register --netuid 53" in finding.fix
-    (finding,) = validator_warnings({"hotkey": STRANGER, "block": 5, "uid": None}, None, NOW)
+    (finding,) = validator_warnings(validator_of({"hotkey": STRANGER, "block": 5, "uid": None}), None, NOW)
     assert "not registered" in finding.text
     # Before any chain read nothing is known: no warning.
-    assert validator_warnings({"hotkey": STRANGER}, None, NOW) == []
+    assert validator_warnings(validator_of({"hotkey": STRANGER}), None, NOW) == []
 
 
 def test_the_cutoff_warns_past_half_and_errs_past_it():
-    validator = {"activity_cutoff": 5_000, "block": 10_000, "last_update": 7_400}
-    (finding,) = validator_warnings(validator, None, NOW)
+    validator = {"activity_cutoff": 5_000, "block": 10_000, "uid": 3, "last_update": 7_400}
+    (finding,) = validator_warnings(validator_of(validator), None, NOW)
     assert finding.level == "warning" and "2,400 left before the activity cutoff" in finding.text
-    (finding,) = validator_warnings({**validator, "last_update": 4_000}, None, NOW)
+    (finding,) = validator_warnings(validator_of({**validator, "last_update": 4_000}), None, NOW)
     assert finding.level == "error"
     # Without last_update the validator's own count since its last submit stands in.
-    (finding,) = validator_warnings({"activity_cutoff": 5_000, "blocks_since_submit": 3_000}, None, NOW)
+    (finding,) = validator_warnings(validator_of({"activity_cutoff": 5_000, "blocks_since_submit": 3_000}), None, NOW)
     assert finding.level == "warning"
 
 
@@ -510,7 +525,7 @@ def test_the_cutoff_warns_past_half_and_errs_past_it():
     ],
 )
 def test_a_tick_that_did_not_go_to_plan_is_a_warning(outcome, level, words):
-    (finding,) = validator_warnings({"last_outcome": outcome}, None, NOW)
+    (finding,) = validator_warnings(validator_of({"last_outcome": outcome}), None, NOW)
     assert finding.level == level and words in finding.text and finding.fix
 
 
@@ -535,7 +550,7 @@ def test_refusal_fix_names_what_to_do(detail, words):
 
 
 def test_submission_lines_newest_first_with_clock_age_and_outcome(utc):
-    lines = submission_lines(finney_validator(), NOW)
+    lines = submission_lines(validator_of(finney_validator()), NOW)
     shown = texts(lines)
     assert shown[0].split() == [
         "20:10:04",
@@ -562,17 +577,17 @@ def test_submission_lines_newest_first_with_clock_age_and_outcome(utc):
 
 def test_submission_lines_cap_the_rows_and_say_nothing_was_submitted():
     validator = {"submissions": [{"block": b, "landed": True} for b in range(10)]}
-    shown = texts(submission_lines(validator, NOW, max_rows=3))
+    shown = texts(submission_lines(validator_of(validator), NOW, max_rows=3))
     assert len(shown) == 4 and shown[-1] == "… 7 older"
     assert shown[0].split()[:5] == ["--:--:--", "n/a", "block", "0", "epoch"]
-    assert texts(submission_lines({}, NOW)) == ["no submissions from this process yet"]
+    assert texts(submission_lines(validator_of({}), NOW)) == ["no submissions from this process yet"]
 
 
 # ---- the chain --------------------------------------------------------------------------------
 
 
 def test_neuron_rows_name_local_hotkeys_and_show_every_column():
-    rows = neuron_rows(local_chain(), NAMES)
+    rows = neuron_rows(chain_of(local_chain()), NAMES)
     assert len(rows[0]) == len(NEURON_COLUMNS)
     assert [cell.text for cell in rows[1]] == [
         "1",
@@ -586,17 +601,23 @@ def test_neuron_rows_name_local_hotkeys_and_show_every_column():
     ]
     assert [cell.text for cell in rows[2]][:5] == ["2", "miner-1", "0.00", "—", "3 (1,537 ago)"]
     assert rows[0][4].text == "0 (1,540 ago) ⚠ inactive" and rows[0][4].style == "warning"
-    assert neuron_rows(local_chain())[1][1].text == short_hotkey(NAMES["validator"])
+    assert neuron_rows(chain_of(local_chain()))[1][1].text == short_hotkey(NAMES["validator"])
 
 
 def test_neuron_rows_say_na_for_what_is_missing():
-    (row,) = neuron_rows({"neurons": [{"uid": 7, "stake": "lots", "permit": None, "incentive": float("nan")}]})
-    assert [cell.text for cell in row] == ["7"] + ["n/a"] * 7
-    assert neuron_rows({"neurons": [{"last_update": 4}]})[0][4].text == "4"  # no head: no "ago"
+    # An ill-typed value decodes as the field's default: None (n/a) for the numbers, False for
+    # the permit (the chain state always publishes it).
+    chain = chain_of(
+        {"neurons": [{"uid": 7, "stake": "lots", "permit": None, "incentive": float("nan")}]}, strict=False
+    )
+    (row,) = neuron_rows(chain)
+    assert [cell.text for cell in row] == ["7", "n/a", "n/a", "—"] + ["n/a"] * 4
+    chain = chain_of({"neurons": [{"last_update": 4, "active": True}]})
+    assert neuron_rows(chain)[0][4].text == "4"  # no head: no "ago"
 
 
 def test_chain_weight_lines_show_each_validators_row():
-    shown = texts(chain_weight_lines(local_chain(), NAMES))
+    shown = texts(chain_weight_lines(chain_of(local_chain()), NAMES))
     assert shown[0].split() == ["set", "by", "on", "weight", "share"]
     assert shown[1].split()[:8] == ["uid", "1", "validator", "→", "uid", "2", "miner-1", "65,535"]
     assert "61.2%" in shown[1] and "38.8%" in shown[2]
@@ -605,18 +626,22 @@ def test_chain_weight_lines_show_each_validators_row():
 
 def test_chain_weight_lines_sum_up_long_rows_and_empty_ones():
     chain = {"weights": {"10": {str(uid): 100 for uid in range(12)}, "2": {}}}
-    shown = texts(chain_weight_lines(chain, max_targets=3))
+    shown = texts(chain_weight_lines(chain_of(chain), max_targets=3))
     assert shown[1].split()[:3] == ["uid", "2", "→"] and shown[1].endswith("none")
     assert shown[2].split()[:3] == ["uid", "10", "→"]
     assert shown[5].strip() == "… 9 more uids (75.0%)"
-    assert texts(chain_weight_lines({"weights": {}})) == ["no weights on chain yet"]
-    assert texts(chain_weight_lines({})) == ["weights n/a"]
+    assert texts(chain_weight_lines(chain_of({"weights": {}}))) == ["no weights on chain yet"]
+    assert texts(chain_weight_lines(None)) == ["weights n/a"]
 
 
 def test_chain_summary_and_view():
-    assert text(chain_summary_line(local_chain())) == "block 1,540 · 1 s blocks · tempo 30 · epochs run 51"
-    assert text(chain_summary_line({})) == "block n/a · n/a blocks · tempo n/a · epochs run n/a"
-    view = chain_view(local_chain(), now=NOW, names=NAMES)
+    assert text(chain_summary_line(chain_of(local_chain()))) == "block 1,540 · 1 s blocks · tempo 30 · epochs run 51"
+    assert (
+        text(chain_summary_line(chain_of({})))
+        == text(chain_summary_line(None))
+        == "block n/a · n/a blocks · tempo n/a · epochs run n/a"
+    )
+    view = chain_view(chain_of(local_chain()), now=NOW, names=NAMES)
     assert view.title == "Chain · dev chain · netuid 53"
     assert texts(view.neurons)[0].split() == [
         "uid",
@@ -631,18 +656,18 @@ def test_chain_summary_and_view():
         "emission",
         "α",
     ]
-    assert texts(chain_view(None).neurons) == []
-    assert texts(chain_view({"block": 3}).neurons) == ["neurons n/a"]
+    assert texts(chain_view(None).neurons) == texts(chain_view(chain_of({})).neurons) == []
+    assert texts(chain_view(chain_of({"block": 3})).neurons) == ["no neurons"]
 
 
 def test_miner_lines_for_the_miner_dashboard():
-    shown = texts(miner_lines(typed_chain(local_chain()), NAMES["miner-1"]))
+    shown = texts(miner_lines(chain_of(local_chain()), NAMES["miner-1"]))
     assert shown == [
         "uid 2 · incentive 0.6123 · emission 9.1845 α/epoch",
         "weights from 1/2 validators, newest 8 blocks ago ✔",
     ]
-    assert texts(miner_lines(typed_chain(local_chain()), STRANGER)) == ["not registered on netuid 53 ✘"]
-    assert texts(miner_lines(typed_chain({}), STRANGER)) == ["chain state n/a"]
+    assert texts(miner_lines(chain_of(local_chain()), STRANGER)) == ["not registered on netuid 53 ✘"]
+    assert texts(miner_lines(chain_of({}), STRANGER)) == ["chain state n/a"]
     assert texts(miner_lines(None, STRANGER)) == ["chain state n/a"]
 
 
@@ -650,25 +675,26 @@ def test_miner_lines_for_the_miner_dashboard():
 
 
 def test_validator_view_titles_and_worst_level():
-    view = validator_view(finney_validator(), now=NOW)
+    view = validator_view(validator_of(finney_validator()), now=NOW)
     assert view.weights_title == "Weights on chain · epoch 210"
     assert view.warnings_title == "Warnings (1)" and view.worst == "warning"
     assert view.submissions_title == "Submissions (newest first) · 3 kept, 1 refused"
     validator, chain = troubled()
-    assert validator_view(validator, now=NOW, chain=chain, poll_s=5).worst == "error"
-    assert validator_view(local_validator(), now=NOW, chain=local_chain()).worst == "none"
+    assert validator_view(validator_of(validator), now=NOW, chain=chain_of(chain), poll_s=5).worst == "error"
+    assert validator_view(validator_of(local_validator()), now=NOW, chain=chain_of(local_chain())).worst == "none"
     waiting = validator_view(None, now=NOW)
     assert texts(waiting.weights) == ["waiting for the validator's first report"]
+    assert validator_view(validator_of({}), now=NOW) == waiting
 
 
 def test_nothing_reported_is_never_shown_as_zero():
     validator = {
         "hotkey": NAMES["validator"],
         "submitted_epoch": 3,
-        "weights": [{"uid": 2, "hotkey": NAMES["miner-1"]}],
+        "weights": [{"uid": 2, "hotkey": NAMES["miner-1"], "weight": 2}, {"uid": 3, "weight": 1}],
         "submissions": [{"landed": True}],
     }
-    view = validator_view(validator, now=NOW, names=NAMES)
+    view = validator_view(validator_of(validator), now=NOW, names=NAMES)
     every = " ".join(texts(view.weights) + texts(view.next_action) + texts(view.submissions))
     assert " 0 " not in f" {every} " and "0.0" not in every and "0%" not in every
     assert "n/a" in every
@@ -680,10 +706,8 @@ def test_nothing_reported_is_never_shown_as_zero():
 SCALARS = (
     st.none()
     | st.booleans()
-    | st.integers(min_value=-(2**64), max_value=2**64)
-    # Past a float's range `decode_states` raises OverflowError on a float field (reported to the
-    # schema's owner); up to it, every number a float field takes is still finite.
-    | st.integers(min_value=-(10**300), max_value=10**300)
+    | st.integers()
+    | st.integers(min_value=-(10**400), max_value=10**400)
     | st.floats()
     | st.text(max_size=12)
 )
@@ -759,6 +783,17 @@ NAMES_MAPS = st.dictionaries(st.text(max_size=6), SCALARS, max_size=3) | JSON | 
 NOWS = st.floats() | st.just(NOW)
 
 
+def _decoded(states: dict[str, Any]) -> NodeStates:
+    """`decode_states`, liberal, as the bridge calls it. It still raises ValueError on a digit
+    string that `int` refuses, like a weights key "²" (`str.isdigit` takes it; reported to the
+    schema's owner): such examples are skipped until it no longer does."""
+    try:
+        return decode_states(states)
+    except ValueError:
+        assume(False)
+        raise
+
+
 def _shown_anywhere(lines) -> None:
     lines_content(lines)  # builds the Textual content: must not raise either
     for line in lines:
@@ -775,26 +810,31 @@ def _shown_anywhere(lines) -> None:
 )
 def test_the_validator_functions_never_raise(validator, chain, names, now, poll_s):
     original = copy.deepcopy(validator)
-    view = validator_view(validator, now=now, chain=chain, names=names, poll_s=poll_s)
+    states = _decoded({"validator": validator, "chain": chain, "node": {"hotkeys": names}})
+    typed, hotkeys = states.validator, states.node.hotkeys
+    view = validator_view(typed, now=now, chain=states.chain, names=hotkeys, poll_s=poll_s)
     for lines in (view.weights, view.next_action, view.warnings, view.submissions):
         _shown_anywhere(lines)
-    findings = validator_warnings(validator, chain, now, names=names, poll_s=poll_s)
+    findings = validator_warnings(typed, states.chain, now, names=hotkeys, poll_s=poll_s)
     assert all(isinstance(f, Finding) and f.fix for f in findings)
-    _shown_anywhere(weights_rows(validator, names))
-    _shown_anywhere(next_action_lines(validator, now))
-    _shown_anywhere(submission_lines(validator, now, max_rows=2))
+    _shown_anywhere(weights_rows(typed, hotkeys))
+    _shown_anywhere(next_action_lines(typed, now))
+    _shown_anywhere(submission_lines(typed, now, max_rows=2))
     assert validator == original or validator != validator  # never mutated (nan compares unequal)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(chain=CHAINS, names=NAMES_MAPS, hotkey=st.none() | st.text(max_size=4) | st.sampled_from(list(NAMES.values())))
 def test_the_chain_functions_never_raise(chain, names, hotkey):
-    view = chain_view(chain, now=NOW, names=names)
+    states = _decoded({"chain": chain, "node": {"hotkeys": names}})
+    typed, hotkeys = states.chain, states.node.hotkeys
+    view = chain_view(typed, now=NOW, names=hotkeys)
     for lines in ((view.summary,), view.neurons, view.weights):
         _shown_anywhere(lines)
-    _shown_anywhere(neuron_rows(chain, names))
-    _shown_anywhere(chain_weight_lines(chain, names, max_targets=2))
-    _shown_anywhere(miner_lines(decode_states({"chain": chain}).chain, hotkey))
+    _shown_anywhere([chain_summary_line(typed)])
+    _shown_anywhere(neuron_rows(typed, hotkeys))
+    _shown_anywhere(chain_weight_lines(typed, hotkeys, max_targets=2))
+    _shown_anywhere(miner_lines(typed, hotkey))
 
 
 # ---- the widgets under Pilot ------------------------------------------------------------------
@@ -821,7 +861,7 @@ def static_text(app: App, widget_id: str) -> str:
 def test_validator_panel_shows_the_state_it_is_given(utc):
     async def scenario() -> None:
         validator, chain = troubled()
-        app = Host(ValidatorPanel(poll_s=5), validator, names=NAMES, chain=chain)
+        app = Host(ValidatorPanel(poll_s=5), validator_of(validator), names=NAMES, chain=chain_of(chain))
         async with app.run_test(size=(160, 40)) as pilot:
             assert static_text(app, "validator-weights") == "waiting for the validator's first report"
             app.feed()
@@ -835,7 +875,7 @@ def test_validator_panel_shows_the_state_it_is_given(utc):
             assert warnings.border_title == "Warnings (5)" and warnings.has_class("-error")
             assert "NeuronNoValidatorPermit" in static_text(app, "validator-submissions")
             # Healthy again: the warnings box says so, in words and without the error border.
-            app.state, app.kwargs["chain"] = local_validator(), local_chain()
+            app.state, app.kwargs["chain"] = validator_of(local_validator()), chain_of(local_chain())
             app.feed()
             await pilot.pause()
             assert static_text(app, "validator-warnings") == "none ✔"
@@ -846,7 +886,7 @@ def test_validator_panel_shows_the_state_it_is_given(utc):
 
 def test_validator_panel_skips_the_repaint_when_nothing_changed():
     async def scenario() -> None:
-        app = Host(ValidatorPanel(), local_validator(), chain=local_chain())
+        app = Host(ValidatorPanel(), validator_of(local_validator()), chain=chain_of(local_chain()))
         async with app.run_test(size=(160, 40)) as pilot:
             app.feed()
             await pilot.pause()
@@ -856,7 +896,7 @@ def test_validator_panel_skips_the_repaint_when_nothing_changed():
             box.update = lambda content: (calls.append(content), original(content))  # type: ignore[method-assign]
             app.feed()
             assert calls == []
-            app.widget.update_state(app.state, now=NOW + 5, chain=local_chain())
+            app.widget.update_state(app.state, now=NOW + 5, chain=chain_of(local_chain()))
             assert len(calls) == 1  # the tick is older: "last tick 8 s ago"
 
     asyncio.run(scenario())
@@ -864,7 +904,7 @@ def test_validator_panel_skips_the_repaint_when_nothing_changed():
 
 def test_chain_panel_shows_neurons_and_weights():
     async def scenario() -> None:
-        app = Host(ChainPanel(), local_chain(), names=NAMES)
+        app = Host(ChainPanel(), chain_of(local_chain()), names=NAMES)
         async with app.run_test(size=(120, 20)) as pilot:
             assert static_text(app, "chain-summary") == "waiting for the chain's first report"
             app.feed()
@@ -881,16 +921,16 @@ def test_chain_panel_shows_neurons_and_weights():
 
 
 def test_validator_panel_snapshot(snap_compare, utc):
-    app = Host(ValidatorPanel(), finney_validator())
+    app = Host(ValidatorPanel(), validator_of(finney_validator()))
     assert snap_compare(app, terminal_size=(160, 34), run_before=lambda pilot: app.feed())
 
 
 def test_troubled_validator_panel_snapshot(snap_compare, utc):
     validator, chain = troubled()
-    app = Host(ValidatorPanel(poll_s=5), validator, names=NAMES, chain=chain)
+    app = Host(ValidatorPanel(poll_s=5), validator_of(validator), names=NAMES, chain=chain_of(chain))
     assert snap_compare(app, terminal_size=(160, 30), run_before=lambda pilot: app.feed())
 
 
 def test_chain_panel_snapshot(snap_compare):
-    app = Host(ChainPanel(), local_chain(), names=NAMES)
+    app = Host(ChainPanel(), chain_of(local_chain()), names=NAMES)
     assert snap_compare(app, terminal_size=(110, 14), run_before=lambda pilot: app.feed())

@@ -9,14 +9,16 @@ chain, which three of the blocks ask; `common` the styles and table layout the b
 `view` puts the validator's blocks together; `panel` holds the two widgets.
 
 Shape, and why: what every line says and how it is styled is decided by plain functions over
-the hub's states (plain dicts: "validator" from `engy_node.validator.light` and `role`, "chain"
-from `engy_node.local.up._chain_snapshot`, and the node's `hotkeys` {name: ss58}), tested
-without a terminal; the widgets only turn their `Cell`s into Textual content.
+the hub's states as `engy_node.snapshots` types them (`ValidatorState`, from
+`engy_node.validator.light` and `role`; `ChainState`, from `engy_node.local.up._chain_snapshot`;
+and the node's `hotkeys` {name: ss58}), tested without a terminal; the widgets only turn their
+`Cell`s into Textual content.
 
 Honesty rules:
 
-* Anything the node did not report (a missing key, None, a value of the wrong type) is "n/a",
-  dimmed; never a 0, and no function here raises on a malformed document.
+* Anything the node did not report (a missing field, None, a value of the wrong type, which
+  decoding turns into the field's default) is "n/a", dimmed; never a 0, and no function here
+  raises on a state decoded from a malformed document.
 * Colour is never the only signal: ✔ ✘ ⚠ and words say it, and every warning names its fix.
 * Block counts use the freshest head block at hand (see `standing`), and say "~" when they are
   an estimate.

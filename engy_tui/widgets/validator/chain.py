@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
 from rich.cells import cell_len
 
 from engy_node.snapshots import ChainState
-from engy_tui.widgets.cells import DASH, NA, Cell, as_bool, short_hotkey
-from engy_tui.widgets.cells import as_int as _int
-from engy_tui.widgets.cells import as_map as _map
+from engy_tui.widgets.cells import DASH, NA, Cell, short_hotkey
 from engy_tui.widgets.cells import as_number as _num
 from engy_tui.widgets.cells import as_text as _text
 from engy_tui.widgets.validator.common import (
@@ -30,7 +27,6 @@ from engy_tui.widgets.validator.common import (
     count_or_na,
     header_line,
     names_by_ss58,
-    neuron_list,
     pad_columns,
     percent_text,
     share_bar,
@@ -56,43 +52,42 @@ NEURON_COLUMNS = ("uid", "name", "stake τ", "permit", "last update", "incentive
 NEURON_ALIGN = "llrllrrr"
 
 
-def chain_summary_line(chain: Mapping[str, Any] | None) -> Line:
-    chain = _map(chain)
-    block = _int(chain.get("block"))
-    block_s = _num(chain.get("block_time_s"))
+def chain_summary_line(chain: ChainState | None) -> Line:
+    chain = chain if chain is not None else ChainState()
+    block_s = _num(chain.block_time_s)  # finite
     return (
         Cell(
-            f"block {count_or_na(block)} · {f'{block_s:g} s' if block_s is not None else NA} blocks · "
-            f"tempo {count_or_na(_int(chain.get('tempo')))} · epochs run {count_or_na(_int(chain.get('epochs_run')))}"
+            f"block {count_or_na(chain.block)} · {f'{block_s:g} s' if block_s is not None else NA} blocks · "
+            f"tempo {count_or_na(chain.tempo)} · epochs run {count_or_na(chain.epochs_run)}"
         ),
     )
 
 
-def _fraction(value: Any) -> Cell:
+def _fraction(value: float | None) -> Cell:
     number = _num(value)
     return NA_CELL if number is None else Cell(f"{number:.4f}")
 
 
-def neuron_rows(chain: Mapping[str, Any] | None, names: Mapping[str, str] | None = None) -> list[Line]:
+def neuron_rows(chain: ChainState | None, names: Mapping[str, str] | None = None) -> list[Line]:
     """One row per neuron, in `NEURON_COLUMNS` order: uid, local name or short ss58, stake,
     permit (✔/—), last update (and blocks ago, "⚠ inactive" when the chain says so), incentive,
     dividends, emission at the last epoch."""
-    chain = _map(chain)
-    head = _int(chain.get("block"))
+    if chain is None:
+        return []
+    head = chain.block
     by_ss58 = names_by_ss58(names)
     rows: list[Line] = []
-    for neuron in neuron_list(chain):
-        uid = _int(neuron.get("uid"))
-        hotkey = neuron.get("hotkey")
-        stake = _num(neuron.get("stake"))
-        permit = as_bool(neuron.get("permit"))
-        last_update = _int(neuron.get("last_update"))
-        emission = _num(neuron.get("emission"))
+    for neuron in chain.neurons:
+        uid = neuron.uid
+        hotkey = neuron.hotkey
+        stake = _num(neuron.stake)  # finite
+        last_update = neuron.last_update
+        emission = _num(neuron.emission)
         if last_update is None:
             update = NA_CELL
         else:
             ago = f" ({head - last_update:,} ago)" if head is not None else ""
-            inactive = neuron.get("active") is False
+            inactive = not neuron.active
             update = Cell(
                 f"{last_update:,}{ago}" + (f" {WARN} inactive" if inactive else ""), "warning" if inactive else ""
             )
@@ -101,60 +96,53 @@ def neuron_rows(chain: Mapping[str, Any] | None, names: Mapping[str, str] | None
                 Cell(str(uid)) if uid is not None else NA_CELL,
                 Cell(short_hotkey(hotkey, by_ss58), "" if _text(hotkey) else "na"),
                 Cell(f"{stake:,.2f}") if stake is not None else NA_CELL,
-                Cell(OK, "ok") if permit else Cell(DASH) if permit is False else NA_CELL,
+                Cell(OK, "ok") if neuron.permit else Cell(DASH),
                 update,
-                _fraction(neuron.get("incentive")),
-                _fraction(neuron.get("dividends")),
+                _fraction(neuron.incentive),
+                _fraction(neuron.dividends),
                 Cell(f"{emission:,.4f}") if emission is not None else NA_CELL,
             )
         )
     return rows
 
 
-def _uid_key(key: Any) -> tuple[int, int | str]:
-    text = str(key)
-    return (0, int(text)) if text.isascii() and text.isdigit() and len(text) < 20 else (1, text)
-
-
 def chain_weight_lines(
-    chain: Mapping[str, Any] | None, names: Mapping[str, str] | None = None, *, max_targets: int = MAX_TARGETS
+    chain: ChainState | None, names: Mapping[str, str] | None = None, *, max_targets: int = MAX_TARGETS
 ) -> list[Line]:
     """The weights each validator has on chain: per validator uid, its targets heaviest first
     with their share of the row and a bar; past `max_targets`, one line sums up the rest."""
-    chain = _map(chain)
-    weights = _map(chain.get("weights"))
-    if not weights:
-        return [(Cell("no weights on chain yet" if "weights" in chain else f"weights {NA}", "na"),)]
+    if chain is None or not chain.weights:
+        # The chain state always carries its weights: none at all is a chain nobody set any on.
+        return [(Cell("no weights on chain yet" if chain is not None else f"weights {NA}", "na"),)]
     by_ss58 = names_by_ss58(names)
-    hotkeys = {str(_int(n.get("uid"))): n.get("hotkey") for n in neuron_list(chain) if _int(n.get("uid")) is not None}
+    hotkeys = {n.uid: n.hotkey for n in chain.neurons if n.uid is not None and n.hotkey is not None}
     rows: list[Line] = []
     extra: dict[int, Line] = {}
-    for validator_uid, row in sorted(weights.items(), key=lambda item: _uid_key(item[0])):
-        targets = [(target, _int(value)) for target, value in _map(row).items()]
-        total = sum(value for _, value in targets if value is not None and value > 0)
-        targets.sort(key=lambda item: (-(item[1] or 0), _uid_key(item[0])))
-        source = f"uid {_one(validator_uid)}"
-        if hotkeys.get(str(validator_uid)) is not None:
-            source += f" {short_hotkey(hotkeys[str(validator_uid)], by_ss58)}"
+    for validator_uid, row in sorted(chain.weights.items()):
+        targets = sorted(row.items(), key=lambda item: (-item[1], item[0]))
+        total = sum(value for _, value in targets if value > 0)
+        source = f"uid {validator_uid}"
+        if validator_uid in hotkeys:
+            source += f" {short_hotkey(hotkeys[validator_uid], by_ss58)}"
         if not targets:
             rows.append((Cell(source), Cell("→"), Cell("none", "na"), Cell(""), Cell(""), Cell("")))
             continue
         for index, (target, value) in enumerate(targets[: max(1, max_targets)]):
             share = share_of(value, total)
-            name = short_hotkey(hotkeys.get(str(target)), by_ss58) if hotkeys.get(str(target)) is not None else ""
+            name = short_hotkey(hotkeys[target], by_ss58) if target in hotkeys else ""
             rows.append(
                 (
                     Cell(source if index == 0 else ""),
                     Cell("→" if index == 0 else ""),
-                    Cell(f"uid {_one(target)} {name}".rstrip()),
-                    Cell(f"{value:,}") if value is not None else NA_CELL,
+                    Cell(f"uid {target} {name}".rstrip()),
+                    Cell(f"{value:,}"),
                     Cell(percent_text(share), "" if share is not None else "na"),
                     Cell(share_bar(share), "bar"),
                 )
             )
         rest = targets[max(1, max_targets) :]
         if rest:
-            kept = sum(value for _, value in rest if value is not None and value > 0)
+            kept = sum(value for _, value in rest if value > 0)
             extra[len(rows) - 1] = (
                 Cell(
                     f"… {len(rest)} more uid{'s' if len(rest) != 1 else ''} ({percent_text(share_of(kept, total))})",
@@ -169,10 +157,6 @@ def chain_weight_lines(
         if index in extra:
             lines.append((indent, *extra[index]))
     return lines
-
-
-def _one(value: Any) -> str:
-    return _text(str(value)) or NA
 
 
 def miner_lines(chain: ChainState | None, hotkey: str | None) -> list[Line]:
@@ -213,19 +197,17 @@ class ChainPanelView:
 
 
 def chain_view(
-    chain: Mapping[str, Any] | None, *, now: float | None = None, names: Mapping[str, str] | None = None
+    chain: ChainState | None, *, now: float | None = None, names: Mapping[str, str] | None = None
 ) -> ChainPanelView:
-    """What the chain panel shows for the hub's "chain" state (None or {}: not reported yet).
-    `now` is accepted for symmetry; the chain state carries blocks, not times."""
-    chain = _map(chain)
-    if not chain:
+    """What the chain panel shows for the hub's "chain" state (None, or nothing in it: not
+    reported yet). `now` is accepted for symmetry; the chain state carries blocks, not times."""
+    if chain is None or chain == ChainState():
         return ChainPanelView("Chain", (Cell("waiting for the chain's first report", "na"),), (), ())
-    network = _text(chain.get("network")) or NA
-    title = f"Chain · {network} · netuid {count_or_na(_int(chain.get('netuid')))}"
+    network = _text(chain.network) or NA
+    title = f"Chain · {network} · netuid {count_or_na(chain.netuid)}"
     rows = neuron_rows(chain, names)
+    # The chain state always carries its neurons: none at all is a subnet nobody registered on.
     neurons = (
-        pad_columns([header_line(*NEURON_COLUMNS), *rows], NEURON_ALIGN)
-        if rows
-        else ((Cell("no neurons" if "neurons" in chain else f"neurons {NA}", "na"),),)
+        pad_columns([header_line(*NEURON_COLUMNS), *rows], NEURON_ALIGN) if rows else ((Cell("no neurons", "na"),),)
     )
     return ChainPanelView(title, chain_summary_line(chain), tuple(neurons), tuple(chain_weight_lines(chain, names)))

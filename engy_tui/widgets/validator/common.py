@@ -1,8 +1,8 @@
 """What the validator tab's blocks and the chain tab share: the style names and symbols, counts
 that read n/a when unknown, shares of a weight row and their bars, columns padded into a table,
-and the chain state's neurons.
+and the node's names by ss58.
 
-Plain functions over plain values, like `engy_tui.widgets.cells` (whose readers they use); only
+Plain functions over plain values, like `engy_tui.widgets.cells`; only
 `lines_content` touches Textual, to turn the blocks' cells into content with this tab's
 `STYLES`.
 """
@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from rich.cells import cell_len
 from textual.content import Content
 
 from engy_tui.widgets.cells import NA, Cell, cells_content
-from engy_tui.widgets.cells import as_list as _list
-from engy_tui.widgets.cells import as_map as _map
 
 __all__ = [
     "BAR_WIDTH",
@@ -32,7 +29,6 @@ __all__ = [
     "header_line",
     "lines_content",
     "names_by_ss58",
-    "neuron_list",
     "pad_columns",
     "percent_text",
     "share_bar",
@@ -67,9 +63,9 @@ def count_or_na(value: int | None) -> str:
     return NA if value is None else f"{value:,}"
 
 
-def names_by_ss58(names: Any) -> dict[str, str]:
+def names_by_ss58(names: Mapping[str, str] | None) -> dict[str, str]:
     """{name: ss58} (the node's `hotkeys`) -> {ss58: name}."""
-    return {ss58: name for name, ss58 in _map(names).items() if isinstance(name, str) and isinstance(ss58, str)}
+    return {ss58: name for name, ss58 in (names or {}).items()}
 
 
 def share_of(part: int | None, whole: int) -> float | None:
@@ -121,10 +117,6 @@ def pad_columns(rows: Sequence[Line], align: str, gap: str = "  ") -> tuple[Line
 
 def header_line(*names: str) -> Line:
     return tuple(Cell(name, "header") for name in names)
-
-
-def neuron_list(chain: Any) -> list[Mapping[Any, Any]]:
-    return [_map(neuron) for neuron in _list(_map(chain).get("neurons"))]
 
 
 def lines_content(lines: Iterable[Sequence[Cell]]) -> Content:

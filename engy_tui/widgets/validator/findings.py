@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from engy_node.config import ValidatorSection
+from engy_node.snapshots import ChainState, ValidatorState
 from engy_tui.widgets.cells import NA, Cell, format_duration, short_hotkey
-from engy_tui.widgets.cells import as_int as _int
-from engy_tui.widgets.cells import as_list as _list
-from engy_tui.widgets.cells import as_map as _map
 from engy_tui.widgets.cells import as_number as _num
 from engy_tui.widgets.cells import as_text as _text
 from engy_tui.widgets.validator.common import ERROR, OK, WARN, Line, count_or_na, names_by_ss58, percent_text
@@ -119,8 +117,8 @@ OUTCOME_FIXES: dict[str, tuple[Literal["warning", "error"], str, str]] = {
 
 
 def validator_warnings(
-    validator: Mapping[str, Any] | None,
-    chain: Mapping[str, Any] | None,
+    validator: ValidatorState | None,
+    chain: ChainState | None,
     now: float,
     *,
     names: Mapping[str, str] | None = None,
@@ -131,14 +129,13 @@ def validator_warnings(
     cutoff coming near or passed, an old last tick (more than three polls: `poll_s`, else the
     state's `poll_s`, else `DEFAULT_POLL_S`), dropped hotkeys, a refused last submission, and a
     last tick that did not go to plan."""
-    validator = _map(validator)
-    if not validator:
+    if validator is None or validator == ValidatorState():
         return []
     findings: list[Finding] = []
     me = own_neuron(validator, chain)
-    netuid = _int(validator.get("netuid"))
+    netuid = validator.netuid
     where = f"netuid {netuid}" if netuid is not None else "the subnet"
-    who = short_hotkey(validator.get("hotkey"), names_by_ss58(names))
+    who = short_hotkey(validator.hotkey, names_by_ss58(names))
     if me.registered is False:
         findings.append(
             Finding(
@@ -156,8 +153,8 @@ def validator_warnings(
             )
         )
 
-    interval = _int(validator.get("resubmit_blocks"))
-    limit = _int(validator.get("weights_rate_limit"))
+    interval = validator.resubmit_blocks
+    limit = validator.weights_rate_limit
     if interval is not None and limit is not None and interval <= limit:
         findings.append(
             Finding(
@@ -168,7 +165,7 @@ def validator_warnings(
             )
         )
 
-    cutoff = _int(validator.get("activity_cutoff"))
+    cutoff = validator.activity_cutoff
     idle = idle_blocks(validator, chain)
     if cutoff is not None and idle is not None and me.registered is not False:
         if idle > cutoff:
@@ -190,9 +187,9 @@ def validator_warnings(
                 )
             )
 
-    poll = poll_s if poll_s is not None and poll_s > 0 else _num(validator.get("poll_s"))
+    poll = poll_s if poll_s is not None and poll_s > 0 else _num(validator.poll_s)
     poll = poll if poll is not None and poll > 0 else DEFAULT_POLL_S
-    tick = _num(validator.get("last_tick"))
+    tick = _num(validator.last_tick)
     if tick is not None and math.isfinite(now) and now - tick > 3 * poll:
         findings.append(
             Finding(
@@ -202,8 +199,8 @@ def validator_warnings(
             )
         )
 
-    dropped = _list(validator.get("dropped"))
-    dropped_share = _num(validator.get("dropped_share"))
+    dropped = validator.dropped
+    dropped_share = _num(validator.dropped_share)  # finite
     if dropped_share is not None and dropped_share > 0:
         count = f"{len(dropped)} payload hotkey{'s' if len(dropped) != 1 else ''}" if dropped else "payload hotkeys"
         findings.append(
@@ -215,14 +212,15 @@ def validator_warnings(
             )
         )
 
-    newest = _map(next(iter(_list(validator.get("submissions"))), None))
-    if newest.get("landed") is False:
-        detail = _text(newest.get("detail"))
-        block = _int(newest.get("block"))
+    newest = validator.submissions[0] if validator.submissions else None
+    refused = newest is not None and not newest.landed
+    if newest is not None and refused:
+        detail = _text(newest.detail)
+        block = newest.block
         at = f" at block {block:,}" if block is not None else ""
         findings.append(Finding("error", f"last submission refused{at}: {detail or NA}", refusal_fix(detail)))
 
-    outcome = _text(validator.get("last_outcome"))
+    outcome = _text(validator.last_outcome)
     if outcome is not None:
         known = OUTCOME_FIXES.get(outcome)
         if outcome.startswith("rejected:"):
@@ -232,7 +230,7 @@ def validator_warnings(
                 "check validator.master_hotkey and netuid match the provider; nothing unverified is submitted",
             )
         # A refused submission already has its own warning above.
-        if known is not None and not (outcome == "submit-failed" and newest.get("landed") is False):
+        if known is not None and not (outcome == "submit-failed" and refused):
             findings.append(Finding(*known))
     findings.sort(key=lambda finding: finding.level != "error")
     return findings

@@ -6,12 +6,8 @@ cutoff, the last tick and how it went, commit-reveal and the tempo, and the prov
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from engy_tui.widgets.cells import NA, Cell, as_bool, format_age, format_duration
-from engy_tui.widgets.cells import as_int as _int
-from engy_tui.widgets.cells import as_map as _map
+from engy_node.snapshots import ChainState, ValidatorState
+from engy_tui.widgets.cells import NA, Cell, format_age, format_duration
 from engy_tui.widgets.cells import as_text as _text
 from engy_tui.widgets.validator.common import ERROR, NA_CELL, OK, WARN, Line, count_or_na
 from engy_tui.widgets.validator.standing import block_seconds, idle_blocks, resubmit_left
@@ -22,9 +18,9 @@ __all__ = [
 ]
 
 
-def _interval_cells(validator: Mapping[Any, Any]) -> Line:
-    interval = _int(validator.get("resubmit_blocks"))
-    limit = _int(validator.get("weights_rate_limit"))
+def _interval_cells(validator: ValidatorState) -> Line:
+    interval = validator.resubmit_blocks
+    limit = validator.weights_rate_limit
     if interval is None or limit is None:
         return (Cell(f"interval {count_or_na(interval)} · rate limit {count_or_na(limit)}", "na"),)
     if interval > limit:
@@ -48,7 +44,7 @@ OUTCOMES: dict[str, tuple[str, str]] = {
 """`TickResult.outcome` -> (style, symbol); `rejected:<reason>` is a warning."""
 
 
-def _outcome_cell(outcome: Any) -> Cell:
+def _outcome_cell(outcome: str | None) -> Cell:
     text = _text(outcome)
     if text is None:
         return NA_CELL
@@ -56,17 +52,15 @@ def _outcome_cell(outcome: Any) -> Cell:
     return Cell(f"{text} {symbol}".rstrip(), style)
 
 
-def next_action_lines(
-    validator: Mapping[str, Any] | None, now: float, *, chain: Mapping[str, Any] | None = None
-) -> list[Line]:
+def next_action_lines(validator: ValidatorState | None, now: float, *, chain: ChainState | None = None) -> list[Line]:
     """The "Next action" box: the resubmit countdown against the rate limit, the room left
     before the activity cutoff, the last tick, commit-reveal, the provider."""
-    validator = _map(validator)
+    validator = validator if validator is not None else ValidatorState()
     block_s = block_seconds(validator, chain)
     left, estimated = resubmit_left(validator, chain, now)
     approx = "~" if estimated else ""
     if left is None:
-        if _int(validator.get("last_submit_block")) is None and _int(validator.get("last_applied")) is None:
+        if validator.last_submit_block is None and validator.last_applied is None:
             countdown: Line = (Cell("first submit when the provider publishes an epoch", "na"),)
         else:
             countdown = (Cell("resubmit in "), NA_CELL)
@@ -79,7 +73,7 @@ def next_action_lines(
         countdown = (Cell(f"resubmit due {approx}{-left:,} blocks ago"),)
     lines: list[Line] = [(*countdown, Cell(" · "), *_interval_cells(validator))]
 
-    cutoff = _int(validator.get("activity_cutoff"))
+    cutoff = validator.activity_cutoff
     idle = idle_blocks(validator, chain)
     if cutoff is None:
         lines.append((Cell("activity cutoff "), NA_CELL))
@@ -96,14 +90,14 @@ def next_action_lines(
         else:
             lines.append((Cell(f"activity cutoff {cutoff:,} blocks: {spare:,} to spare "), Cell(OK, "ok")))
 
-    age = format_age(now, validator.get("last_tick"))
+    age = format_age(now, validator.last_tick)
     if age is None:
         lines.append((Cell("last tick "), NA_CELL))
     else:
-        lines.append((Cell(f"last tick {age} ago: "), _outcome_cell(validator.get("last_outcome"))))
+        lines.append((Cell(f"last tick {age} ago: "), _outcome_cell(validator.last_outcome)))
 
-    reveal = as_bool(validator.get("commit_reveal"))
-    tempo = _int(validator.get("tempo"))
+    reveal = validator.commit_reveal
+    tempo = validator.tempo
     lines.append(
         (
             Cell("commit-reveal: "),
@@ -111,7 +105,7 @@ def next_action_lines(
             Cell(f" · tempo {count_or_na(tempo)}" + (f" · {block_s:g} s blocks" if block_s is not None else "")),
         )
     )
-    provider = _text(validator.get("provider"))
+    provider = _text(validator.provider)
     lines.append((Cell("provider "), Cell(provider) if provider else NA_CELL))
     return lines
 

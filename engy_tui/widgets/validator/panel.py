@@ -1,21 +1,22 @@
 """The validator and chain tabs' widgets: they lay the blocks out, turn each block's cells into
 content and skip the repaint when the view did not change.
 
-They are handed plain dicts (the hub's "validator" and "chain" states, the node's `hotkeys`) with
-the render time through `update_state`, by the app's fixed-rate render timer; they never poll,
-read the clock or decide what a line says (the block modules do, tested without a terminal).
+They are handed the typed states (the hub's "validator" and "chain" states as
+`engy_node.snapshots` decodes them, the node's `hotkeys`) with the render time through
+`update_state`, by the app's fixed-rate render timer; they never poll, read the clock or decide
+what a line says (the block modules do, tested without a terminal).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from textual.widgets import Static
 
+from engy_node.snapshots import ChainState, ValidatorState
 from engy_tui.widgets.validator.chain import ChainPanelView, chain_view
 from engy_tui.widgets.validator.common import lines_content
 from engy_tui.widgets.validator.view import ValidatorView, validator_view
@@ -86,11 +87,11 @@ class ValidatorPanel(Widget):
 
     def update_state(
         self,
-        state: Mapping[str, Any] | None,
+        state: ValidatorState | None,
         *,
         now: float,
         names: Mapping[str, str] | None = None,
-        chain: Mapping[str, Any] | None = None,
+        chain: ChainState | None = None,
     ) -> None:
         """Show the hub's "validator" state as of wall-clock `now`; `names` is the node's
         `hotkeys` ({name: ss58}), `chain` its "chain" state, when it has them."""
@@ -139,9 +140,7 @@ class ChainPanel(Widget):
     def on_mount(self) -> None:
         self.update_state(None, now=0.0)
 
-    def update_state(
-        self, state: Mapping[str, Any] | None, *, now: float, names: Mapping[str, str] | None = None
-    ) -> None:
+    def update_state(self, state: ChainState | None, *, now: float, names: Mapping[str, str] | None = None) -> None:
         """Show the hub's "chain" state; `names` is the node's `hotkeys` ({name: ss58})."""
         view = chain_view(state, now=now, names=names)
         if view == self._shown:

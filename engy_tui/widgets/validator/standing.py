@@ -15,15 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
-from typing import Any
 
-from engy_tui.widgets.cells import as_bool
-from engy_tui.widgets.cells import as_int as _int
-from engy_tui.widgets.cells import as_map as _map
+from engy_node.snapshots import ChainState, ValidatorState
 from engy_tui.widgets.cells import as_number as _num
-from engy_tui.widgets.cells import as_text as _text
-from engy_tui.widgets.validator.common import neuron_list
 
 __all__ = [
     "OwnNeuron",
@@ -48,66 +42,57 @@ class OwnNeuron:
     """None: not known (no chain read yet)."""
 
 
-def own_neuron(validator: Mapping[Any, Any], chain: Any) -> OwnNeuron:
-    hotkey = _text(validator.get("hotkey"))
-    neurons = neuron_list(chain)
+def own_neuron(validator: ValidatorState, chain: ChainState | None) -> OwnNeuron:
+    hotkey = validator.hotkey
+    neurons = chain.neurons if chain is not None else ()
     if hotkey is not None and neurons:
-        mine = next((n for n in neurons if n.get("hotkey") == hotkey), None)
+        mine = next((n for n in neurons if n.hotkey == hotkey), None)
         if mine is None:
             return OwnNeuron(None, None, None, False)
-        return OwnNeuron(_int(mine.get("uid")), as_bool(mine.get("permit")), _int(mine.get("last_update")), True)
-    uid = _int(validator.get("uid"))
-    # The loop publishes uid=None after a chain read that did not find the hotkey; before any
-    # read there is no "uid" key at all (or no block).
-    registered = (
-        True
-        if uid is not None
-        else (
-            False
-            if "uid" in validator and _int(validator.get("block")) is not None and validator.get("uid") is None
-            else None
-        )
-    )
-    return OwnNeuron(uid, as_bool(validator.get("permit")), _int(validator.get("last_update")), registered)
+        return OwnNeuron(mine.uid, mine.permit, mine.last_update, True)
+    uid = validator.uid
+    # The loop publishes uid=None with each chain read's block when the read did not find the
+    # hotkey; before any read there is no block.
+    registered = True if uid is not None else False if validator.block is not None else None
+    return OwnNeuron(uid, validator.permit, validator.last_update, registered)
 
 
-def head_block(validator: Mapping[Any, Any], chain: Any) -> tuple[int | None, bool]:
+def head_block(validator: ValidatorState, chain: ChainState | None) -> tuple[int | None, bool]:
     """The chain's head block, and whether it is current (the chain state's, published every
     second) rather than the validator's last read."""
-    block = _int(_map(chain).get("block"))
-    if block is not None:
-        return block, True
-    return _int(validator.get("block")), False
+    if chain is not None and chain.block is not None:
+        return chain.block, True
+    return validator.block, False
 
 
-def block_seconds(validator: Mapping[Any, Any], chain: Any) -> float | None:
-    for source in (_map(chain), validator):
-        seconds = _num(source.get("block_time_s"))
+def block_seconds(validator: ValidatorState, chain: ChainState | None) -> float | None:
+    for seconds in (chain.block_time_s if chain is not None else None, validator.block_time_s):
+        seconds = _num(seconds)  # finite
         if seconds is not None and seconds > 0:
             return seconds
     return None
 
 
-def blocks_since_submit(validator: Mapping[Any, Any], chain: Any) -> int | None:
+def blocks_since_submit(validator: ValidatorState, chain: ChainState | None) -> int | None:
     head, current = head_block(validator, chain)
-    last = _int(validator.get("last_submit_block"))
+    last = validator.last_submit_block
     if current and head is not None and last is not None:
         return head - last
-    return _int(validator.get("blocks_since_submit"))
+    return validator.blocks_since_submit
 
 
-def resubmit_left(validator: Mapping[Any, Any], chain: Any, now: float) -> tuple[int | None, bool]:
+def resubmit_left(validator: ValidatorState, chain: ChainState | None, now: float) -> tuple[int | None, bool]:
     """Blocks until the next resubmission is due (negative: overdue), and whether it is an
     estimate (no current head: the validator's count at its last tick, moved on by the clock)."""
     head, current = head_block(validator, chain)
-    last = _int(validator.get("last_submit_block"))
-    interval = _int(validator.get("resubmit_blocks"))
+    last = validator.last_submit_block
+    interval = validator.resubmit_blocks
     if current and head is not None and last is not None and interval is not None:
         return last + interval - head, False
-    left = _int(validator.get("next_resubmit_in_blocks"))
+    left = validator.next_resubmit_in_blocks
     if left is None:
         return None, False
-    tick = _num(validator.get("last_tick"))
+    tick = _num(validator.last_tick)
     block_s = block_seconds(validator, chain)
     if tick is None or block_s is None or not math.isfinite(now) or now < tick:
         return left, False
@@ -118,7 +103,7 @@ def resubmit_left(validator: Mapping[Any, Any], chain: Any, now: float) -> tuple
     return left - passed, passed > 0
 
 
-def idle_blocks(validator: Mapping[Any, Any], chain: Any) -> int | None:
+def idle_blocks(validator: ValidatorState, chain: ChainState | None) -> int | None:
     """Blocks since the chain last saw this validator (its last_update), else since its last
     submit as the validator counts them."""
     head, _ = head_block(validator, chain)

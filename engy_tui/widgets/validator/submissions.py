@@ -7,13 +7,9 @@ The newest first: local time and age, block, epoch, kind, and how each ended (�
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any
 
+from engy_node.snapshots import ValidatorState
 from engy_tui.widgets.cells import NA, Cell, format_age
-from engy_tui.widgets.cells import as_int as _int
-from engy_tui.widgets.cells import as_list as _list
-from engy_tui.widgets.cells import as_map as _map
 from engy_tui.widgets.cells import as_number as _num
 from engy_tui.widgets.cells import as_text as _text
 from engy_tui.widgets.validator.common import ERROR, NA_CELL, OK, Line, pad_columns
@@ -27,7 +23,7 @@ MAX_SUBMISSIONS = 8
 """Rows shown before the rest is counted in one line."""
 
 
-def _clock(ts: Any) -> str:
+def _clock(ts: float | None) -> str:
     seconds = _num(ts)
     if seconds is None:
         return "--:--:--"
@@ -37,29 +33,26 @@ def _clock(ts: Any) -> str:
         return "--:--:--"
 
 
-def submission_lines(validator: Mapping[str, Any] | None, now: float, *, max_rows: int = MAX_SUBMISSIONS) -> list[Line]:
+def submission_lines(validator: ValidatorState | None, now: float, *, max_rows: int = MAX_SUBMISSIONS) -> list[Line]:
     """The newest submissions first: local time and age, block, epoch, kind, and how it ended
     (✔ included, or ✘ the chain's refusal and that nothing was recorded)."""
-    submissions = [_map(s) for s in _list(_map(validator).get("submissions"))]
+    submissions = validator.submissions if validator is not None else ()
     if not submissions:
         return [(Cell("no submissions from this process yet", "na"),)]
     rows: list[Line] = []
     for submission in submissions[: max(0, max_rows)]:
-        age = format_age(now, submission.get("ts"))
-        block = _int(submission.get("block"))
-        epoch = _int(submission.get("epoch"))
-        kind = _text(submission.get("kind"))
-        landed = submission.get("landed")
-        detail = _text(submission.get("detail"))
-        if landed is True:
+        age = format_age(now, submission.ts)
+        block = submission.block
+        epoch = submission.epoch
+        kind = _text(submission.kind)
+        detail = _text(submission.detail)
+        if submission.landed:
             end = Cell(f"{OK} {detail or 'landed'}", "ok")
-        elif landed is False:
-            end = Cell(f"{ERROR} {detail or 'refused'} (not recorded; retried next interval)", "error")
         else:
-            end = Cell(f"{detail or NA}", "" if detail else "na")
+            end = Cell(f"{ERROR} {detail or 'refused'} (not recorded; retried next interval)", "error")
         rows.append(
             (
-                Cell(_clock(submission.get("ts")), "" if age is not None else "na"),
+                Cell(_clock(submission.ts), "" if age is not None else "na"),
                 Cell(f"{age} ago" if age is not None else NA, "" if age is not None else "na"),
                 Cell(f"block {block:,}") if block is not None else Cell(f"block {NA}", "na"),
                 Cell(f"epoch {epoch}") if epoch is not None else Cell(f"epoch {NA}", "na"),

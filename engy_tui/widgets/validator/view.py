@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 
+from engy_node.snapshots import ChainState, ValidatorState
 from engy_tui.widgets.cells import NA, Cell
-from engy_tui.widgets.cells import as_int as _int
-from engy_tui.widgets.cells import as_list as _list
-from engy_tui.widgets.cells import as_map as _map
 from engy_tui.widgets.validator.common import Line
 from engy_tui.widgets.validator.findings import validator_warnings, warning_lines
 from engy_tui.widgets.validator.next_action import next_action_lines
@@ -40,18 +38,17 @@ class ValidatorView:
 
 
 def validator_view(
-    validator: Mapping[str, Any] | None,
+    validator: ValidatorState | None,
     *,
     now: float,
-    chain: Mapping[str, Any] | None = None,
+    chain: ChainState | None = None,
     names: Mapping[str, str] | None = None,
     poll_s: float | None = None,
 ) -> ValidatorView:
-    """What the validator panel shows for the hub's "validator" state (None or {}: not reported
-    yet) at wall-clock `now`; `chain` (the hub's "chain" state) and `names` ({name: ss58}) when
-    the node has them."""
-    validator = _map(validator)
-    if not validator:
+    """What the validator panel shows for the hub's "validator" state (None, or nothing in it:
+    not reported yet) at wall-clock `now`; `chain` (the hub's "chain" state) and `names`
+    ({name: ss58}) when the node has them."""
+    if validator is None or validator == ValidatorState():
         waiting = ((Cell("waiting for the validator's first report", "na"),),)
         return ValidatorView(
             "Weights on chain",
@@ -67,10 +64,9 @@ def validator_view(
     worst: Literal["none", "warning", "error"] = (
         "error" if any(f.level == "error" for f in findings) else "warning" if findings else "none"
     )
-    epoch = _int(validator.get("submitted_epoch"))
-    epoch = epoch if epoch is not None else _int(validator.get("last_applied"))
-    submissions = [_map(s) for s in _list(validator.get("submissions"))]
-    refused = sum(1 for s in submissions if s.get("landed") is False)
+    epoch = validator.submitted_epoch if validator.submitted_epoch is not None else validator.last_applied
+    submissions = validator.submissions
+    refused = sum(1 for s in submissions if not s.landed)
     return ValidatorView(
         weights_title="Weights on chain" + (f" · epoch {epoch}" if epoch is not None else ""),
         weights=tuple(weights_lines(validator, names, chain=chain)),

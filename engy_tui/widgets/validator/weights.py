@@ -9,12 +9,10 @@ named that the chain does not have (dropped).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+from engy_node.snapshots import ChainState, ValidatorState
 from engy_tui.widgets.cells import NA, Cell, short_hotkey
-from engy_tui.widgets.cells import as_int as _int
-from engy_tui.widgets.cells import as_list as _list
-from engy_tui.widgets.cells import as_map as _map
 from engy_tui.widgets.cells import as_number as _num
 from engy_tui.widgets.cells import as_text as _text
 from engy_tui.widgets.validator.common import (
@@ -43,52 +41,48 @@ MAX_WEIGHT_ROWS = 12
 """Rows shown before the rest is summed up in one line."""
 
 
-def _short_digest(digest: Any) -> str:
+def _short_digest(digest: str | None) -> str:
     text = _text(digest)
     if text is None:
         return NA
     return text if len(text) <= 12 else f"{text[:6]}…{text[-4:]}"
 
 
-def _landed_kind(validator: Mapping[Any, Any]) -> str | None:
-    for submission in _list(validator.get("submissions")):
-        submission = _map(submission)
-        if submission.get("landed") is True:
-            return _text(submission.get("kind"))
+def _landed_kind(validator: ValidatorState) -> str | None:
+    for submission in validator.submissions:
+        if submission.landed:
+            return _text(submission.kind)
     return None
 
 
 class _Weight(NamedTuple):
     uid: int | None
-    hotkey: Any
-    weight: int | None
+    hotkey: str | None
+    weight: int
     share: float | None
 
 
-def _weights(validator: Mapping[Any, Any]) -> list[_Weight]:
+def _weights(validator: ValidatorState) -> list[_Weight]:
     """The published weights, heaviest first, each with its share of the positive total."""
-    entries = [_map(entry) for entry in _list(validator.get("weights"))]
-    values = [_int(entry.get("weight")) for entry in entries]
-    total = sum(value for value in values if value is not None and value > 0)
+    total = sum(entry.weight for entry in validator.weights if entry.weight > 0)
     rows = [
-        _Weight(_int(entry.get("uid")), entry.get("hotkey"), value, share_of(value, total))
-        for entry, value in zip(entries, values)
+        _Weight(entry.uid, entry.hotkey, entry.weight, share_of(entry.weight, total)) for entry in validator.weights
     ]
-    rows.sort(key=lambda row: -(row.weight or 0))
+    rows.sort(key=lambda row: -row.weight)
     return rows
 
 
-def weights_rows(validator: Mapping[str, Any] | None, names: Mapping[str, str] | None = None) -> list[Line]:
+def weights_rows(validator: ValidatorState | None, names: Mapping[str, str] | None = None) -> list[Line]:
     """One row per uid this validator last put on chain, heaviest first: uid, hotkey (local
     name when `names` {name: ss58} has it), weight (u16), share of the row, share bar."""
     by_ss58 = names_by_ss58(names)
     lines: list[Line] = []
-    for uid, hotkey, weight, share in _weights(_map(validator)):
+    for uid, hotkey, weight, share in _weights(validator) if validator is not None else ():
         lines.append(
             (
                 Cell(str(uid)) if uid is not None else NA_CELL,
                 Cell(short_hotkey(hotkey, by_ss58), "" if _text(hotkey) else "na"),
-                Cell(f"{weight:,}") if weight is not None else NA_CELL,
+                Cell(f"{weight:,}"),
                 Cell(percent_text(share), "" if share is not None else "na"),
                 Cell(share_bar(share), "bar"),
             )
@@ -97,20 +91,20 @@ def weights_rows(validator: Mapping[str, Any] | None, names: Mapping[str, str] |
 
 
 def weights_lines(
-    validator: Mapping[str, Any] | None,
+    validator: ValidatorState | None,
     names: Mapping[str, str] | None = None,
     *,
-    chain: Mapping[str, Any] | None = None,
+    chain: ChainState | None = None,
     max_rows: int = MAX_WEIGHT_ROWS,
 ) -> list[Line]:
     """The "Weights on chain" box: who this validator is, which epoch it has on chain and how
     that vector came (master-signed, cached, burn), its last submit, then the weights table."""
-    validator = _map(validator)
+    validator = validator if validator is not None else ValidatorState()
     by_ss58 = names_by_ss58(names)
     me = own_neuron(validator, chain)
-    hotkey = validator.get("hotkey")
+    hotkey = validator.hotkey
     who = short_hotkey(hotkey)
-    if isinstance(hotkey, str) and hotkey in by_ss58:
+    if hotkey is not None and hotkey in by_ss58:
         who = f"{by_ss58[hotkey]} ({who})"
     permit = (
         Cell(f"permit {OK}", "ok")
@@ -126,8 +120,8 @@ def weights_lines(
         if me.registered is False
         else Cell(f"uid {NA}", "na")
     )
-    netuid = _int(validator.get("netuid"))
-    network = _text(validator.get("network"))
+    netuid = validator.netuid
+    network = _text(validator.network)
     lines: list[Line] = [
         (
             Cell(who, "" if who != NA else "na"),
@@ -139,10 +133,8 @@ def weights_lines(
         )
     ]
 
-    epoch = _int(validator.get("submitted_epoch"))
-    if epoch is None:
-        epoch = _int(validator.get("last_applied"))
-    last = _int(validator.get("last_submit_block"))
+    epoch = validator.submitted_epoch if validator.submitted_epoch is not None else validator.last_applied
+    last = validator.last_submit_block
     if epoch is None and last is None:
         lines.append((Cell("nothing on chain from this validator yet", "na"),))
         return lines
@@ -151,14 +143,14 @@ def weights_lines(
         source = Cell(f"burn to the subnet owner {WARN} (standby)", "warning")
     elif kind in ("standby:cached", "resubmitted:cached"):
         source = Cell(f"cached vector {WARN} (provider unavailable)", "warning")
-    elif _text(validator.get("digest")):
+    elif _text(validator.digest):
         source = Cell(f"signed by master {OK}", "ok")
     else:
         source = NA_CELL
     lines.append(
         (
             Cell(f"epoch {count_or_na(epoch)} · digest "),
-            Cell(_short_digest(validator.get("digest")), "" if _text(validator.get("digest")) else "na"),
+            Cell(_short_digest(validator.digest), "" if _text(validator.digest) else "na"),
             Cell(" · "),
             source,
         )
@@ -171,7 +163,7 @@ def weights_lines(
         lines.append((Cell("last submit block "), NA_CELL))
 
     rows = weights_rows(validator, names)
-    if not _list(validator.get("weights")):
+    if not validator.weights:
         lines.append((Cell("the weights table appears after this process's first submit", "na"),))
     else:
         shown = rows[: max(0, max_rows)]
@@ -183,11 +175,12 @@ def weights_lines(
             lines.append(
                 (Cell(f"… {len(rest)} more uid{'s' if len(rest) != 1 else ''} ({percent_text(share)})", "na"),)
             )
-    dropped = [d for d in _list(validator.get("dropped"))]
-    dropped_share = _num(validator.get("dropped_share"))
+    dropped = validator.dropped
+    dropped_share = _num(validator.dropped_share)  # finite
     if dropped or (dropped_share is not None and dropped_share > 0):
         count = f"{len(dropped)} unregistered hotkey{'s' if len(dropped) != 1 else ''}"
         lines.append((Cell(f"dropped: {count} ({percent_text(dropped_share)} of the weight) {WARN}", "warning"),))
-    elif "dropped" in validator:
+    elif validator.submitted_epoch is not None:
+        # The loop publishes what it dropped with every epoch it submits.
         lines.append((Cell("dropped: none"),))
     return lines
