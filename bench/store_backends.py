@@ -15,7 +15,7 @@ its log; PostgreSQL's happen in the server) per request.
 
 The cluster runs with fsync on, as production does; on this VM's disk a commit's flush is the
 floor of a durable write on either backend. Request ids are the gateway's own
-(`lifecycle.new_request_id`). `--prefill N` first serves N requests, unmeasured, into each store:
+(`flight.new_request_id`). `--prefill N` first serves N requests, unmeasured, into each store:
 a store that has been serving a while, whose indexes no longer fit in memory as a new one's do.
 
 With `--baseline REV` (a commit of this repository, or a directory holding another code tree) the
@@ -52,7 +52,7 @@ import engy_node  # noqa: E402
 from engy_node.gateway.store import RequestLogEntry, Store  # noqa: E402
 
 try:
-    from engy_node.gateway.request.lifecycle import new_request_id  # noqa: E402
+    from engy_node.gateway.request.flight import new_request_id  # noqa: E402
 except ImportError:  # a tree from before the gateway's ids had a function of their own: they were uuid4s
     import uuid
 

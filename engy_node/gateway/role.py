@@ -259,7 +259,7 @@ async def serve_gateway(
                 settings=GatewaySettings.from_section(settings),
                 registry=hub.registry,
             )
-            await nursery.start(gateway.keep_proofs)
+            await nursery.start(gateway.accountant.keep_proofs)
             if first:
                 trust.start_traffic_control(config, gateway=gateway, store=store, hub=hub)
             miner_app = build_miner_app(pool, workers=fleet_legs(config))

@@ -56,6 +56,10 @@ Decisions the references leave open, and why:
 * Overloaded (no miner capacity) is HTTP 529 `overloaded_error`, Anthropic's status, which the
   SDK retries; `status_for` gives the Anthropic status for every kind. `error_headers` is
   `validation`'s: both APIs send the same retry headers.
+
+Why this size: it is the whole Messages wire format, its table of every field, the request's
+parsing, the bodies, the named stream events and the errors, which change together whenever the
+reference does; what it shares with the OpenAI format is in `chat.py` and `validation.py` already.
 """
 
 from __future__ import annotations

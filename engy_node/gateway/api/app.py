@@ -29,7 +29,8 @@ from engy_node.asgi import Receive, Send
 from engy_node.gateway.api import anthropic_api, openai_api
 from engy_node.gateway.api.chat import GatewayError
 from engy_node.gateway.fleet.workers import LISTEN_BACKLOG
-from engy_node.gateway.request.lifecycle import Gateway, new_request_id
+from engy_node.gateway.request.flight import new_request_id
+from engy_node.gateway.request.lifecycle import Gateway
 from engy_node.gateway.request.relay import ANTHROPIC, OPENAI, Api, ChatEndpoint
 from engy_node.gateway.routing.pool import MinerPool
 from engy_node.hypercorn_edges import EdgeConfig

@@ -42,6 +42,10 @@ Decisions the OpenAI reference leaves open, and why:
 * Billing exhaustion is HTTP 402 with type `insufficient_quota` (OpenRouter's status; the SDK
   raises `APIStatusError` and, unlike for OpenAI's 429 `insufficient_quota`, does not retry).
   `error_headers` is `validation`'s: both APIs send the same retry headers.
+
+Why this size: it is the whole Chat Completions wire format, its table of every field, the
+request's parsing, the bodies, the stream chunks and the errors, which change together whenever
+the reference does; what it shares with the Anthropic format is in `chat.py` and `validation.py`.
 """
 
 from __future__ import annotations

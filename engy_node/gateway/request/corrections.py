@@ -219,7 +219,7 @@ def _same_call(sent: tuple[str, str], proven: ToolCall) -> bool:
 class StructuredAccount:
     text: str
     """The prefix of the proven raw text that the peer's parts account for: what the relayed
-    tokens are measured as (`lifecycle.relayed_tokens`)."""
+    tokens are measured as (`accounting.relayed_tokens`)."""
     defect: str | None
     """How the parts differ from the proven ones in presentation only, or None."""
 

@@ -36,7 +36,8 @@ from engy_node.gateway.request.corrections import (
     corrected_finish,
     presentation_match,
 )
-from engy_node.gateway.request.lifecycle import Accounting, Flight, Gateway
+from engy_node.gateway.request.flight import Accounting, Flight
+from engy_node.gateway.request.lifecycle import Gateway
 from engy_node.gateway.routing.pool import PendingRequest
 from engy_node.model_output import OutputEvent, OutputParser, ReasoningDelta, TextDelta, ToolCall
 from engy_node.protocol.miner import Chunk
@@ -266,23 +267,25 @@ class ChatEndpoint:
                 raise GatewayError("timeout", f"the miner did not finish within {deadline_s} s")
             if pending.lost is not None or pending.response is None or pending.response.error is not None:
                 reason = pending.lost or (pending.response.error_text if pending.response else "no response")
-                await gateway.log_outcome(flight, status=502, usage=None)
+                await gateway.accountant.log_outcome(flight, status=502, usage=None)
                 raise GatewayError("upstream", f"the miner failed: {reason}")
             content, reported = _final_content(flight, pending)
             stops = StopScanner(flight.chat.sampling.stop)
             flight.miner_text = stops.feed(content) + stops.finish()
             flight.first_output_at = flight.first_output_at or gateway.monotonic()
-            accounting = await gateway.account_for(flight, pending, cut_at=stops.matched)
+            accounting = await gateway.accountant.account_for(flight, pending, cut_at=stops.matched)
             if accounting.refused is not None:
-                await gateway.log_outcome(flight, status=502, usage=None)
+                await gateway.accountant.log_outcome(flight, status=502, usage=None)
                 raise GatewayError("upstream", _REFUSED[accounting.refused])
             flight.relayed_text = flight.miner_text if accounting.proven_text is None else accounting.proven_text
             events = _answer_events(flight, accounting.proven_text)
-            usage = await gateway.settle(
+            usage = await gateway.accountant.settle(
                 flight, status=200, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens
             )
             settled = True
-            usage = dataclasses.replace(usage, reasoning_tokens=await gateway.reasoning_tokens(flight, accounting))
+            usage = dataclasses.replace(
+                usage, reasoning_tokens=await gateway.accountant.reasoning_tokens(flight, accounting)
+            )
         finally:
             if not settled:
                 await gateway.abandon(flight)
@@ -330,7 +333,7 @@ class ChatEndpoint:
         this; whatever the way out short of the end, the miner is stopped and only what was
         relayed is charged. A stop string the miner ignored ends the answer here: the stream
         finishes as if the miner had stopped, and the miner goes on to its commitment, which the
-        audit waits for (`Gateway.account_for_cut`). The buyer is never sent a U+FFFD the miner
+        audit waits for (`Accountant.account_for_cut`). The buyer is never sent a U+FFFD the miner
         streamed for an incomplete character (`ReplacementHold`), and at the end is sent what the
         miner's text lacked of the proven text (a held-back tail)."""
         gateway = self.gateway
@@ -429,12 +432,12 @@ class ChatEndpoint:
                 out += relay(stops.finish())
             with trio.CancelScope(shield=True):
                 if stops.matched is not None and not pending.finished:
-                    accounting = await gateway.account_for_cut(flight, pending, cut_at=stops.matched)
+                    accounting = await gateway.accountant.account_for_cut(flight, pending, cut_at=stops.matched)
                 else:
-                    accounting = await gateway.account_for(flight, pending, cut_at=stops.matched)
+                    accounting = await gateway.accountant.account_for(flight, pending, cut_at=stops.matched)
                 if accounting.refused is not None:
                     await gateway.release(flight)
-                    await gateway.log_outcome(flight, status=502, usage=None)
+                    await gateway.accountant.log_outcome(flight, status=502, usage=None)
                     outcome = "refused"
                     await _send_body(
                         send,
@@ -449,10 +452,12 @@ class ChatEndpoint:
                     tail = parser.finish() + self._rest_of_parts(flight, accounting, events_seen)
                 events_seen += tail
                 out += encoder.events(tail)
-                usage = await gateway.settle(
+                usage = await gateway.accountant.settle(
                     flight, status=200, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens
                 )
-                usage = dataclasses.replace(usage, reasoning_tokens=await gateway.reasoning_tokens(flight, accounting))
+                usage = dataclasses.replace(
+                    usage, reasoning_tokens=await gateway.accountant.reasoning_tokens(flight, accounting)
+                )
                 finish, stop_sequence = self._finish(flight, stops, accounting, usage, reported)
             outcome = "ok"
             await _send_body(
@@ -490,10 +495,10 @@ class ChatEndpoint:
         status = {"buyer-gone": 499, "shutdown": 499, "timeout": 504}.get(outcome, 502)
         if not flight.relayed_text:
             await gateway.release(flight)
-            await gateway.log_outcome(flight, status=status, usage=None)
+            await gateway.accountant.log_outcome(flight, status=status, usage=None)
             return
-        relayed = await trio.to_thread.run_sync(gateway.encode, flight.model, flight.relayed_text)
-        await gateway.settle(flight, status=status, completion_claim=None, relayed_tokens=len(relayed))
+        relayed = await trio.to_thread.run_sync(gateway.accountant.encode, flight.model, flight.relayed_text)
+        await gateway.accountant.settle(flight, status=status, completion_claim=None, relayed_tokens=len(relayed))
 
 
 _REFUSED = {

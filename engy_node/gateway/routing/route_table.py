@@ -55,6 +55,10 @@ snapshot router always paid ~5 ms.
 Failure posture as in `router`: `choose` returns None when no worker is eligible and never raises
 on a well-formed table; a caller's nonsense (a load factor below 1, a negative count, an unknown
 or duplicate worker id) raises ValueError naming the argument.
+
+Why this size: the rings, the per-class groups and `RouteTable` keep one set of invariants
+between them (every worker's points on its class's ring, its counts in step with the pool's), and
+each incremental update touches all three, so they are read and changed together.
 """
 
 from __future__ import annotations

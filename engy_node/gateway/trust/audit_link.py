@@ -1,7 +1,7 @@
 """Audit jobs from every gateway worker process to the first one, which holds the audit queue.
 
 With `gateway.workers` > 1 each worker serves its own buyers and decides which of its responses
-to audit (`lifecycle.Gateway._offer_audit`); the jobs must reach the one queue verifiers lease
+to audit (`accountant.Accountant._offer_audit`); the jobs must reach the one queue verifiers lease
 from. The proof material is buyer content, so it may not go through the store (docs/reliability.md, "Data"): it
 travels over a Unix stream socket in the abstract namespace, named with the gateway's random
 per-run token like the workers' inboxes (`workers.Seat`). Only this user's processes can send

@@ -24,7 +24,8 @@ from engy_node.gateway.billing.epochs import EpochClock
 from engy_node.gateway.billing.publisher import EpochPublisher
 from engy_node.gateway.billing.settlement import GateMinimums
 from engy_node.gateway.fleet.leadership import Leadership
-from engy_node.gateway.request.lifecycle import AuditSink, Gateway
+from engy_node.gateway.request.flight import AuditSink
+from engy_node.gateway.request.lifecycle import Gateway
 from engy_node.gateway.request.relay import OPENAI, ChatEndpoint
 from engy_node.gateway.store import Store
 from engy_node.gateway.trust import control_plane

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engy_node.gateway.request.lifecycle import usage_padding
+from engy_node.gateway.request.accounting import usage_padding
 from engy_node.gateway.trust.audit import AuditQueue, audited
 from engy_node.logit_stats import SamplingTerms
 from engy_node.proof import Delivery

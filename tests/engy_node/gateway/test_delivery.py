@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engy_node import proof
-from engy_node.gateway.request.lifecycle import relayed_tokens
+from engy_node.gateway.request.accounting import relayed_tokens
 from engy_node.models import SMOLLM2_135M
 from engy_node.served_model import load_served_model
 
@@ -114,8 +114,8 @@ def test_a_different_character_anywhere_is_still_a_mismatch(model, committed, se
 
 # ---- answers sent in parts (the newest public miners: reasoning_content, tool_calls, content null)
 
+from engy_node.gateway.request.accounting import structured_relayed_tokens  # noqa: E402
 from engy_node.gateway.request.corrections import StructuredParts  # noqa: E402
-from engy_node.gateway.request.lifecycle import structured_relayed_tokens  # noqa: E402
 
 REASONING = "The user asks for a capital. France's is Paris."
 TOOLS = [
@@ -219,7 +219,7 @@ def test_an_answer_in_parts_cut_at_a_stop_string_relays_the_proven_prefix_throug
 
 
 def test_the_reasoning_tokens_are_the_proven_tokens_up_to_the_closing_tag(model, raw_committed):
-    from engy_node.gateway.request.lifecycle import reasoning_tokens
+    from engy_node.gateway.request.accounting import reasoning_tokens
 
     count = reasoning_tokens(model, raw_committed, RAW)
     closed = RAW[: RAW.index("</think>") + len("</think>")]

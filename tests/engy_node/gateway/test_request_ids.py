@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 
-from engy_node.gateway.request.lifecycle import new_request_id
+from engy_node.gateway.request.flight import new_request_id
 from engy_node.gateway.store.checks import identifier
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
