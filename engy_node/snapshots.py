@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import types
 import typing
 from collections.abc import Hashable, Mapping
@@ -35,6 +36,8 @@ T = TypeVar("T")
 
 MAX_KEY_DIGITS = 4000
 """Longer digit strings are not read as numbers: Python refuses to parse past 4,300 digits."""
+_INTEGER = re.compile(r"-?[0-9]+")
+"""ASCII digits only: `str.isdigit` also takes "²", which `int` refuses."""
 
 
 class SchemaError(ValueError):
@@ -596,7 +599,7 @@ class NodeStates:
 
 def _natural(name: str) -> tuple[str, int]:
     head, _, tail = name.rpartition("-")
-    return (head, int(tail)) if head and tail.isdigit() and len(tail) <= MAX_KEY_DIGITS else (name, 0)
+    return (head, int(tail)) if head and _INTEGER.fullmatch(tail) and len(tail) <= MAX_KEY_DIGITS else (name, 0)
 
 
 def decode_states(states: Mapping[str, Any], *, strict: bool = False) -> NodeStates:
@@ -720,7 +723,7 @@ def _convert(hint: Any, value: Any, *, strict: bool, where: str) -> Any:
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lstrip("-").isdigit() and len(value.lstrip("-")) <= MAX_KEY_DIGITS:
+        if isinstance(value, str) and _INTEGER.fullmatch(value) and len(value) <= MAX_KEY_DIGITS:
             return int(value)  # JSON object keys are strings
         return _refuse(hint, value, strict=strict, where=where)
     if hint is float:

@@ -119,3 +119,4 @@ def test_numbers_past_what_a_field_holds_are_refused_not_raised():
     with pytest.raises(SchemaError, match="gen_throughput"):
         decode_states({"model_server": {"gen_throughput": 10**400}}, strict=True)
     assert decode_states({"miner-" + "9" * 5000: {}, "miner-2": {}}).miner_names()[0] == "miner-2"
+    assert decode_states({"chain": {"weights": {"²": {"1": 1}, "3": {"²": 2}}}}).chain.weights == {3: {}}
