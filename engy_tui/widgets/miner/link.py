@@ -9,7 +9,7 @@ first-party worker that would have been pulled).
 Where the facts come from: the miner's component, `MinerState` (`engy_node.miner.link
 .GatewayLink.publish`: legs_up, legs, inflight; `role.run_miner`: max_inflight, model); on a
 gateway node, the traffic worker (`TrafficStanding`) whose `miner` is this miner's hotkey
-(`engy_node.gateway.traffic.TrafficState.to_json`: state, since, reason, first_party, until,
+(`engy_node.gateway.trust.traffic_state.TrafficState.to_json`: state, since, reason, first_party, until,
 round, window, lifetime, history) and the gateway's `legs` (`GatewayLeg`, `MinerPool.snapshot`)
 of that hotkey, for heartbeats; the network's `miner_ws` for the URL. Not published, so not
 shown: the URL of a remote gateway, when it admitted the miner, and requests served per day.

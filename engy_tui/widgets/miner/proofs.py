@@ -13,7 +13,7 @@ window is minutes long, so on its own it read as the counters disagreeing ("audi
 Where the facts come from: the traffic worker's `lifetime` (`LifetimeCounts`: audited, pass,
 cheat, unproven) and `window` (`BreakerWindow`: verdicts, unproven) on a gateway node;
 `VerifierState` (`engy_node.verifier`: state, verdicts {pass, cheat, unproven}) and
-`AuditState` (`engy_node.gateway.trust_plane`: waiting, leased, recorded, dropped_full,
+`AuditState` (`engy_node.gateway.trust.trust_plane`: waiting, leased, recorded, dropped_full,
 dropped_expired, dropped_unjudged) when this node runs them.
 """
 
