@@ -7,26 +7,35 @@ what the usage says, to the µUSD."""
 
 from __future__ import annotations
 
+import asyncio
+import html
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import anthropic
 import httpx
 import openai
 import psutil
 
+from engy_node.control import read_token
 from engy_node.gateway.api.chat import Usage
 from engy_node.gateway.billing import billing
 from engy_node.models import SMOLLM2_135M
 from engy_node.snapshots import STATE_SCHEMA, decode_states
+from engy_tui.manager import NodeManager
+from engy_tui.node_bridge import NodeSnapshot, snapshot_of
 from tests.sdk_usage import anthropic_usage, openai_usage
 from tests.waiting import ProcessOutput
 
 START_TIMEOUT_S = 240
+QUIET_TIMEOUT_S = 120
+"""How long the paused network may take to have every verdict read by the gateway."""
 FIRST_WEIGHTS_TIMEOUT_S = 300
 """The issue's promise: within five minutes an epoch closes and its weights are on the chain."""
 READY_LINE = "engy local network is up."
@@ -122,6 +131,82 @@ class Up:
         return code
 
 
+def tabs_agree_with_the_verifier(up: Up) -> None:
+    """The TUI's Miner, Gateway and Overview tabs, drawn from one status of the running network,
+    give the verifier's verdict counts: each miner's verdicts at the gateway add up to them.
+
+    The demo traffic is paused first and the status taken once nothing is waiting for a verdict
+    and the gateway has read every verdict the verifier made (the control plane reads them from
+    the store once a second, and may still probe a miner now and then)."""
+    control = up.network["control_api"]
+    token = read_token(Path(control["token_file"]))
+    paused = httpx.post(
+        f"{control['url']}/v1/actions/pause-traffic", headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+    assert paused.status_code == 200, paused.text
+    deadline = time.monotonic() + QUIET_TIMEOUT_S
+    while True:
+        status = up.status()
+        states = decode_states(status["states"], strict=True)
+        assert states.verifier is not None and states.audit is not None and states.traffic is not None
+        at_gateway = [worker.lifetime for worker in states.traffic.workers]
+        if (
+            states.audit.waiting == states.audit.leased == 0
+            and all(lifetime is not None for lifetime in at_gateway)
+            and sum(lifetime.audited for lifetime in at_gateway if lifetime) == states.verifier.verdicts.total
+        ):
+            break
+        assert time.monotonic() < deadline, (
+            f"the gateway's verdicts never matched the verifier's: {at_gateway} vs {states.verifier.verdicts}"
+        )
+        time.sleep(1)
+    verdicts = states.verifier.verdicts
+    assert verdicts.total > 0
+    snapshot = snapshot_of(status["node"], status, taken_at=time.time(), connected=True)
+    tabs = asyncio.run(tab_texts(snapshot, ["1", "2", "4"]))
+
+    expected = (verdicts.passed, verdicts.cheat, verdicts.unproven)
+    overview = re.search(r"verifier +running; verdicts: pass (\d+), cheat (\d+), unproven (\d+)", tabs["1"])
+    assert overview is not None and tuple(map(int, overview.groups())) == expected, tabs["1"]
+
+    per_miner = [
+        tuple(int(n.replace(",", "")) for n in found)
+        for found in re.findall(r"audited ([\d,]+): ([\d,]+) pass, ([\d,]+) cheat(?: ✘)?, ([\d,]+) unproven", tabs["2"])
+    ]
+    assert len(per_miner) == 2, tabs["2"]
+    assert tuple(sum(column) for column in zip(*per_miner, strict=True)) == (verdicts.total, *expected), tabs["2"]
+    node_tally = re.search(r"verifier: pass (\d+) +cheat (\d+)\D+unproven (\d+)", tabs["2"])
+    assert node_tally is not None and tuple(map(int, node_tally.groups())) == expected, tabs["2"]
+
+    # The gateway's miners table: the audited column is the last, its first number the count.
+    rows = [
+        re.split(r" {2,}", line.strip(" │")) for line in tabs["4"].splitlines() if line.strip(" │").startswith("miner-")
+    ]
+    assert len(rows) == 2, tabs["4"]
+    assert sum(int(re.match(r"[\d,]+", row[-1]).group().replace(",", "")) for row in rows) == verdicts.total, tabs["4"]
+
+
+async def tab_texts(snapshot: NodeSnapshot, tabs: list[str]) -> dict[str, str]:
+    """What the node manager shows on each of `tabs` (their keys) for `snapshot`, as text."""
+    app = NodeManager(None, clock=time.time)
+    shown = {}
+    async with app.run_test(size=(200, 60)) as pilot:
+        app.show_snapshot(snapshot, events=[])
+        for tab in tabs:
+            await pilot.press(tab)
+            await pilot.pause()
+            shown[tab] = screen_text(app.export_screenshot())
+    return shown
+
+
+def screen_text(svg: str) -> str:
+    """The characters of a Textual screenshot, line by line."""
+    rows: dict[float, list[tuple[float, str]]] = {}
+    for x, y, text in re.findall(r'<text class="[^"]*" x="([\d.]+)" y="([\d.]+)"[^>]*>([^<]*)</text>', svg):
+        rows.setdefault(float(y), []).append((float(x), html.unescape(text).replace("\xa0", " ")))
+    return "\n".join("".join(text for _, text in sorted(row)) for _, row in sorted(rows.items()))
+
+
 def test_up_runs_the_whole_network_until_weights_land_then_restarts_with_its_state(checkpoint, tmp_path):
     first = Up(tmp_path, "--traffic")
     try:
@@ -172,6 +257,7 @@ def test_up_runs_the_whole_network_until_weights_land_then_restarts_with_its_sta
             assert abs(uids[miner]["incentive"] - score[miner] / sum(score.values())) < 0.01
         assert status["states"]["traffic_generator"]["succeeded"] > 0
         block_before_restart = chain["block"]
+        tabs_agree_with_the_verifier(first)
     finally:
         assert first.stop() == 0
     assert not first.network_path.exists(), "a clean exit removes network.json"
