@@ -14,9 +14,10 @@ Subcommands:
   health       whether this home's validator loop is still completing ticks (exit 0 ok, 1 stale)
   diagnose     a support bundle (.tar.gz): versions, masked config, GPUs, recent logs, the node's status
   calibrate    how far honest serving and known cheats sit apart on this machine
+  weights …    weight commitments for the sampled GEMM audits (weights commit --checkpoint DIR)
   (no subcommand) --role ROLE …  run node roles (miner, gateway, verifier, validator)
 
-`calibrate` and `gateway …` have flags and work enough to read on their own: each is a module of
+`calibrate`, `gateway …` and `weights …` have flags and work enough to read on their own: each is a module of
 `engy_node/commands/` (its parser and its run); the others are a few lines each, here.
 """
 
@@ -32,7 +33,7 @@ import time
 from collections.abc import Sequence
 
 from engy_node import __version__
-from engy_node.commands import calibrate, gateway_admin
+from engy_node.commands import calibrate, gateway_admin, weights
 from engy_node.errors import EngyError, RoleError
 
 log = logging.getLogger("engy.cli")
@@ -184,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     _miner_options(plan_parser, suppress=True)
 
     calibrate.add_parser(sub)
+    weights.add_parser(sub)
     return parser
 
 
@@ -340,6 +342,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "calibrate":
         config = load_config(home=args.home, overrides=node_overrides)
         return calibrate.run(config, args)
+    if args.command == "weights":
+        return weights.run(args)
     if args.command == "serve":
         if args.role:
             raise RoleError("`serve` runs the model server alone; drop --role, or run roles without `serve`")
