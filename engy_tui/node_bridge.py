@@ -11,8 +11,8 @@ Two ways to have a node (docs/architecture.md, "The TUI"):
   registry the TUI reads. Quitting cancels the guest run's root scope, which runs every node
   service's shutdown (model servers stopped, chain saved) before the host loop may end.
 
-Either way the app sees the same things: `latest` (a `NodeSnapshot`: node info, per-component
-states, metrics, and whether the node answered), `drain_events()` (the log events that arrived
+Either way the app sees the same things: `latest` (a `NodeSnapshot`: node info and states decoded
+into `engy_node.snapshots` types, metrics, and whether the node answered), `drain_events()` (the log events that arrived
 since the last call, bounded), and `run_action(id, params)` (the node's registered actions:
 pause traffic, …). The app copies them into widgets at its own render rate, so 1,000 events a
 second cost the UI one batch per frame, not one redraw per event.
@@ -58,8 +58,6 @@ class NodeSnapshot:
     node: NodeInfo
     states: NodeStates
     """Decoded once per snapshot (`snapshots.decode_states`, liberal), for every panel to read."""
-    wire_states: Mapping[str, Mapping[str, Any]]
-    """The states as the node sent them, for the panels still reading keys."""
     metrics: Mapping[str, Any]
     taken_at: float
     """Wall-clock seconds when this snapshot was read."""
@@ -270,7 +268,6 @@ def snapshot_of(
     return NodeSnapshot(
         node=decode(NodeInfo, node),
         states=decode_states(wire),
-        wire_states=wire,
         metrics=metrics if isinstance(metrics, Mapping) else {},
         taken_at=taken_at,
         connected=connected,
