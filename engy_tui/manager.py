@@ -31,7 +31,7 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane
 from engy_node.errors import EngyError
 from engy_node.local.status import age_text, status_text
 from engy_node.node import freeze_startup_objects
-from engy_node.snapshots import NodeStates
+from engy_node.snapshots import STATE_SCHEMA, NodeStates
 from engy_tui.commands import CommandSpec, NodeCommands, command_specs
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot
 from engy_tui.screens.setup import SetupCommand, open_setup
@@ -78,6 +78,12 @@ def header_text(snapshot: NodeSnapshot | None, *, mode: str, now: float) -> Text
         text.append(f"   ⚠ stale {age_text(age)}", style="yellow")
     else:
         text.append(f"   ● {mode}", style="green")
+    if snapshot.newer_schema:
+        text.append(
+            f"   ⚠ the node's state schema {snapshot.schema} is newer than this TUI's {STATE_SCHEMA}: "
+            "upgrade engy-tui (some figures may be missing)",
+            style="yellow",
+        )
     return text
 
 

@@ -20,6 +20,7 @@ from textual.widgets import Static
 from engy_node.control import Actions, serve_control
 from engy_node.errors import EngyError
 from engy_node.hub import Hub
+from engy_node.snapshots import STATE_SCHEMA
 from engy_tui.app import build_app, build_parser
 from engy_tui.manager import NodeManager, header_text
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot, snapshot_of
@@ -56,6 +57,16 @@ STATES = {
 def snapshot(*, connected: bool = True, error: str | None = None) -> NodeSnapshot:
     node = {"roles": ["gateway", "validator"], "network": "local", "started_at": NOW - 300}
     return snapshot_of(node, {"states": STATES}, taken_at=NOW, connected=connected, error=error)
+
+
+def test_the_header_says_when_the_node_speaks_a_newer_state_schema():
+    node = {"roles": ["gateway"]}
+    current = snapshot_of(node, {"schema": STATE_SCHEMA, "states": STATES}, taken_at=NOW, connected=True)
+    assert "schema" not in header_text(current, mode="attached", now=NOW).plain
+    newer = snapshot_of(node, {"schema": STATE_SCHEMA + 1, "states": STATES}, taken_at=NOW, connected=True)
+    assert f"state schema {STATE_SCHEMA + 1} is newer than this TUI's {STATE_SCHEMA}: upgrade engy-tui" in (
+        header_text(newer, mode="attached", now=NOW).plain
+    )
 
 
 def test_the_header_names_roles_block_epoch_uptime_and_a_state_word():
