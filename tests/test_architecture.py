@@ -15,6 +15,8 @@ Three layers in `engy_node`, and the TUI on top (docs/architecture.md draws them
 `engy_node` is headless and never imports `textual` or `engy_tui`; `engy_tui` imports the core
 and the node, never a role's internals. Every import statement counts, including those inside
 functions, and no module imports itself back through others.
+
+And sizes: no module is over 800 lines, and a gateway module over 600 says why in its docstring.
 """
 
 from __future__ import annotations
@@ -222,3 +224,35 @@ def test_no_module_imports_itself_back():
     assert not found, "modules that import each other, directly or through others:\n" + "\n".join(
         " ↔ ".join(component) for component in found
     )
+
+
+MAX_MODULE_LINES = 800
+"""No module anywhere is longer: past it a module holds more than one concern."""
+MAX_GATEWAY_MODULE_LINES = 600
+"""A gateway module past this says why in its docstring ("Why this size: …")."""
+SIZE_REASON = "Why this size:"
+
+
+def test_no_module_is_over_800_lines():
+    long = {
+        str(path.relative_to(PACKAGE.parent)): count
+        for path in sources()
+        if (count := line_count(path)) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by concern): {long}"
+
+
+def test_a_gateway_module_over_600_lines_says_why_in_its_docstring():
+    unexplained = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in sorted((PACKAGE / "gateway").rglob("*.py"))
+        if line_count(path) > MAX_GATEWAY_MODULE_LINES
+        and SIZE_REASON not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    ]
+    assert not unexplained, (
+        f"gateway modules over {MAX_GATEWAY_MODULE_LINES} lines without '{SIZE_REASON} …': {unexplained}"
+    )
+
+
+def line_count(path: Path) -> int:
+    return len(path.read_text().splitlines())
