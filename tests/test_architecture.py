@@ -13,7 +13,8 @@ Three layers in `engy_node`, and the TUI on top (docs/architecture.md draws them
   roles and may import any of them.
 
 `engy_node` is headless and never imports `textual` or `engy_tui`; `engy_tui` imports the core
-and the node, never a role's internals. Every import statement counts, including those inside
+and the node, never a role's internals, and its dashboards (`widgets/`) read the node only through
+the snapshot types (`engy_node.snapshots`) and the core's public constants. Every import statement counts, including those inside
 functions, and no module imports itself back through others.
 
 And sizes: no module is over 800 lines, and a gateway module over 600 says why in its docstring.
@@ -139,6 +140,33 @@ def test_the_tui_never_imports_a_role():
     assert not offending, (
         "the TUI reaches into a role; read the role's state from the hub/control API, or move the "
         "shared figure into the core:\n" + "\n".join(offending)
+    )
+
+
+DASHBOARD_SOURCES = (
+    "engy_node.snapshots",
+    "engy_node.protocol",
+    "engy_node.models",
+    "engy_node.config",
+    "engy_node.hardware.gpu",
+    "engy_node.hardware.monitor",
+)
+"""What the TUI's dashboards may read of the node: the snapshot types, and the public constants
+and pure helpers of the core that say what a figure means (the breaker's bars, the catalog,
+settings' defaults, GPU units and temperature bands)."""
+
+
+def test_the_dashboards_read_the_node_only_through_its_snapshot_types():
+    offending = [
+        f"{path.relative_to(TUI.parent)}:{line} imports {module}"
+        for path in sorted((TUI / "widgets").rglob("*.py"))
+        for line, module in imported_modules(path)
+        if module.startswith("engy_node")
+        and not any(module == source or module.startswith(f"{source}.") for source in DASHBOARD_SOURCES)
+    ]
+    assert not offending, (
+        "a dashboard widget reads the node around its snapshot types (engy_node.snapshots); "
+        "publish what it needs in the hub instead:\n" + "\n".join(offending)
     )
 
 
