@@ -33,39 +33,11 @@ class Probed:
     async def send(self, miner: str, model: str, plan, prompt) -> None:
         request_id = f"probe{len(self.sent)}"
         self.sent.append((miner, model, plan.max_tokens))
-        now = time.time()
         self.store.log_request(
-            RequestLogEntry(
-                request_id=request_id,
-                account_id=None,
-                miner=miner,
-                model=model,
-                api="openai",
-                kind="probe",
-                status=200 if self.ok else 502,
-                prompt_tokens=10,
-                completion_tokens=5,
-                cached_tokens=0,
-                cost_micro=0,
-                ttft_ms=50.0,
-                tpot_ms=5.0,
-                created_at=now,
-            )
+            served(request_id, 200 if self.ok else 502, None, miner=miner, model=model, kind="probe")
         )
         if self.ok:
-            self.store.record_verdict(
-                VerdictRecord(
-                    request_id=request_id,
-                    miner=miner,
-                    model=model,
-                    kind="probe",
-                    verdict=self.verdict,
-                    reason="ok" if self.verdict == "pass" else "chunks",
-                    verifier="local",
-                    request_created_at=now,
-                    judged_at=now,
-                )
-            )
+            self.store.record_verdict(judged(request_id, self.verdict, miner=miner, model=model, kind="probe"))
 
 
 class Connected:
@@ -208,14 +180,17 @@ async def test_paid_requests_the_buyer_was_at_fault_for_never_pull_an_active_min
     assert counted == [False], "a miner's own failure is still counted"
 
 
-def paid(request_id: str, status: int, account_id: int | None) -> RequestLogEntry:
+def served(
+    request_id: str, status: int, account_id: int | None, *, miner: str = MINER, model: str = MODEL, kind: str = "paid"
+) -> RequestLogEntry:
+    """A request-log row, as the gateway writes one when a request to `miner` ends."""
     return RequestLogEntry(
         request_id=request_id,
         account_id=account_id,
-        miner=MINER,
-        model=MODEL,
+        miner=miner,
+        model=model,
         api="openai",
-        kind="paid",
+        kind=kind,
         status=status,
         prompt_tokens=10,
         completion_tokens=5,
@@ -227,15 +202,18 @@ def paid(request_id: str, status: int, account_id: int | None) -> RequestLogEntr
     )
 
 
-def judged(request_id: str, verdict: str) -> VerdictRecord:
+def judged(
+    request_id: str, verdict: str, *, miner: str = MINER, model: str = MODEL, kind: str = "paid"
+) -> VerdictRecord:
+    """A verdict row, as the gateway records a verifier's."""
     now = time.time()
     return VerdictRecord(
         request_id=request_id,
-        miner=MINER,
-        model=MODEL,
-        kind="paid",
+        miner=miner,
+        model=model,
+        kind=kind,
         verdict=verdict,
-        reason="ok",
+        reason="ok" if verdict == "pass" else "chunks",
         verifier="local",
         request_created_at=now,
         judged_at=now,
@@ -254,7 +232,7 @@ async def test_the_hub_shows_lifetime_totals_beside_the_breakers_window_every_ti
     await connected.a_whole_tick()
     buyer, _ = store.create_buyer("buyer")
     for index, (status, verdict) in enumerate([(200, "pass"), (200, "pass"), (502, None), (200, "unproven")]):
-        store.log_request(paid(f"paid{index}", status, buyer))
+        store.log_request(served(f"paid{index}", status, buyer))
         if verdict is not None:
             store.record_verdict(judged(f"paid{index}", verdict))
     await connected.a_whole_tick()
