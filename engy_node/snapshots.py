@@ -207,6 +207,10 @@ class MinerState:
     legs: int | None = None
     inflight: int | None = None
     hotkey: str | None = None
+    weights_root: str | None = None
+    """The weight commitment of the checkpoint its model server loads (engy_node.gemm.loaded)."""
+    weights_pinned: bool | None = None
+    """True: it is the root the catalog pins for the model; False: the catalog pins none."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -256,6 +260,11 @@ class ServeState:
     url: str | None = None
     model: str | None = None
     model_root: str | None = None
+    weights_root: str | None = None
+    """The loaded checkpoint's weight commitment (engy_node.gemm.loaded); a mismatch with the
+    catalog's pin refuses to serve, so it is never reported."""
+    weights_pinned: bool | None = None
+    """True: the catalog pins this model's weights_root and it matches; False: it pins none."""
     device: str | None = None
     dtype: str | None = None
 

@@ -67,6 +67,8 @@ class ServerInfo:
     served_model_name: str
     model_path: str
     model_root: str
+    weights_root: str
+    """The checkpoint's weight commitment, checked against the catalog's pin (engy_node.gemm.loaded)."""
     dtype: str
     device: str
     host: str
@@ -471,6 +473,7 @@ class ReferenceApp:
             "version": __version__,
             "frontend": "engy-reference",
             "model_root": info.model_root,
+            "weights_root": info.weights_root,
         }
         return JSONResponse(body)
 

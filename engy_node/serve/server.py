@@ -5,6 +5,10 @@ after the port is bound, the model is loaded and one warm-up generation has run 
 sglang prints "The server is fired up and ready to roll!", which we print too, so a supervisor
 can wait on either the log line or `/health`.
 
+Before the model loads, the checkpoint's `weights_root` is found (cached, else computed) and held
+against the catalog's pin (`engy_node.gemm.loaded`): a mismatch refuses to serve with the fix
+named, a match or a model without a pin is reported in the `serve` state and `/server_info`.
+
 Loading the model (seconds) runs in a worker thread so the node's other tasks keep running.
 On cancellation the HTTP server stops accepting, in-flight requests are aborted and the engine
 thread is joined.
@@ -20,6 +24,7 @@ import trio
 
 from engy_node.asgi import start_listener
 from engy_node.config import Config
+from engy_node.gemm.loaded import LoadedWeights, check_checkpoint
 from engy_node.hub import Hub
 from engy_node.models import get_model, model_root
 from engy_node.serve.app import ReferenceApp, ServerInfo, build_app
@@ -33,9 +38,10 @@ READY_LINE = "The server is fired up and ready to roll!"
 WARMUP_PROMPT = "The capital city of France is"
 
 
-async def load_runner(config: Config) -> ModelRunner:
+async def load_runner(config: Config) -> tuple[ModelRunner, LoadedWeights]:
+    """The model, loaded once its checkpoint's weights passed the check (module doc)."""
     serve = config.serve
-    get_model(serve.model)
+    spec = get_model(serve.model)
     checkpoint = await trio.to_thread.run_sync(
         lambda: resolve_checkpoint(
             model_id=serve.model,
@@ -44,11 +50,13 @@ async def load_runner(config: Config) -> ModelRunner:
             cache_dir=config.paths.model_cache_dir,
         )
     )
+    weights = await trio.to_thread.run_sync(check_checkpoint, spec, checkpoint, config.paths.model_cache_dir)
     log.info("loading %s from %s (%s, %s)", serve.model, checkpoint, serve.dtype, serve.device)
-    return await trio.to_thread.run_sync(lambda: ModelRunner.load(checkpoint, device=serve.device, dtype=serve.dtype))
+    runner = await trio.to_thread.run_sync(lambda: ModelRunner.load(checkpoint, device=serve.device, dtype=serve.dtype))
+    return runner, weights
 
 
-def server_info(config: Config, runner: ModelRunner, port: int) -> ServerInfo:
+def server_info(config: Config, runner: ModelRunner, weights: LoadedWeights, port: int) -> ServerInfo:
     serve = config.serve
     model_config = json.loads((Path(runner.checkpoint) / "config.json").read_text())
     return ServerInfo(
@@ -56,6 +64,7 @@ def server_info(config: Config, runner: ModelRunner, port: int) -> ServerInfo:
         served_model_name=serve.served_model_name or serve.model,
         model_path=str(runner.checkpoint),
         model_root=model_root(runner.checkpoint),
+        weights_root=weights.root,
         dtype=serve.dtype,
         device=runner.device,
         host=serve.host,
@@ -74,7 +83,7 @@ async def serve_reference(config: Config, hub: Hub, *, task_status=trio.TASK_STA
 
     serve = config.serve
     hub.set_state("serve", state="loading", model=serve.model)
-    runner = await load_runner(config)
+    runner, weights = await load_runner(config)
     metrics = EngineMetrics(hub.registry, model_name=serve.served_model_name or serve.model)
     engine = Engine(
         runner,
@@ -92,12 +101,12 @@ async def serve_reference(config: Config, hub: Hub, *, task_status=trio.TASK_STA
             hc.errorlog = logging.getLogger("engy.serve.http")
             hc.graceful_timeout = 2.0
             hc.keep_alive_timeout = 75.0
-            placeholder = server_info(config, runner, serve.port)
+            placeholder = server_info(config, runner, weights, serve.port)
             reference = ReferenceApp(engine, placeholder, hub.registry)
             binds = await start_listener(nursery, build_app(reference), hc, what="model server", flag="--port")
             url = binds[0]
             port = int(url.rsplit(":", 1)[1])
-            reference.info = server_info(config, runner, port)
+            reference.info = server_info(config, runner, weights, port)
 
             await run_on_engine(engine, _warm_up)
             reference.ready = True
@@ -107,6 +116,8 @@ async def serve_reference(config: Config, hub: Hub, *, task_status=trio.TASK_STA
                 url=url,
                 model=serve.model,
                 model_root=reference.info.model_root,
+                weights_root=weights.root,
+                weights_pinned=weights.pinned,
                 device=runner.device,
                 dtype=serve.dtype,
             )
