@@ -4,7 +4,9 @@ Pure: `format_status` decodes the `/v1/status` document into the snapshot types
 (`snapshots.decode_states`, liberal: a part it cannot read reads as missing) and turns them into
 lines, saying "n/a" for what the node does not report rather than guessing. Whatever roles the
 node runs, each section appears only when its component does: the chain and the validator's
-weights, the published epochs, the miners with their eligibility, the verifier, the demo traffic.
+weights, the published epochs, the miners with their eligibility, the verifier, the demo traffic,
+and what this node's own miners and reference server serve, with the `weights_root` of the
+checkpoint each loaded and whether it is the one the catalog pins.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from engy_node.snapshots import (
     ChainState,
     EpochsState,
     GatewayState,
+    MinerState,
     NodeInfo,
     NodeStates,
+    ServeState,
     TrafficPolicyState,
     ValidatorState,
     decode,
@@ -53,6 +57,8 @@ def status_text(node: NodeInfo, states: NodeStates, *, now: float | None = None)
         lines += _gateway(states.gateway)
     if states.traffic is not None:
         lines += _miners(states.traffic, names, now)
+    if states.miners or states.serve is not None:
+        lines += _serving(states)
     if states.verifier is not None:
         verifier = states.verifier
         verdicts = verifier.verdicts
@@ -167,6 +173,22 @@ def _miners(traffic: TrafficPolicyState, names: Mapping[str, str], now: float) -
             f"  {_who(worker.miner, names):<12} {_show(worker.model):<14} {_show(worker.state)}{age}: "
             f"{_show(worker.reason, '')}"
         )
+    return lines
+
+
+def _serving(states: NodeStates) -> list[str]:
+    """This node's miners and reference server: the model each serves and its checkpoint's weights."""
+    served: list[tuple[str, MinerState | ServeState]] = [
+        (name, states.miners[name]) for name in states.miner_names() if name in states.miners
+    ]
+    if states.serve is not None:
+        served.append(("serve", states.serve))
+    lines = ["", "serving    the weights this node's servers loaded"]
+    for name, state in served:
+        root = state.weights_root
+        pin = {True: "the catalog's pin", False: "the catalog pins none"}.get(state.weights_pinned, "n/a")
+        shown = f"{root[:12]}… ({pin})" if root else "not checked yet"
+        lines.append(f"  {name:<12} {_show(state.model):<14} weights_root {shown}")
     return lines
 
 

@@ -10,7 +10,12 @@ knows what the miner chose and why:
    sglang on GPUs, the reference server on CPU — built by `sglang.command`'s builders.
    With `--fake-gpus` the miner prints the plan and the exact command and stops: nothing can run
    on simulated GPUs.
-3. The gateway link, advertising the plan's concurrency.
+3. The weights check (`engy_node.gemm.loaded`): the `weights_root` of the checkpoint the model
+   server is handed (or, for one already running, the checkpoint the miner reads the model's
+   tokenizer from) against the catalog's pin, reported in the miner's state. A mismatch refuses
+   to start. The first start on a checkpoint hashes it (about 2 s for the embedded model,
+   minutes for a 35B one); later starts read the root from the machine's model cache.
+4. The gateway link, advertising the plan's concurrency.
 
 A model that does not fit, a GPU model on a CPU-only machine, a missing sglang or checkpoint
 are errors that name the fix before anything is started.
@@ -42,6 +47,7 @@ from engy_node import __version__, keys
 from engy_node.config import Config
 from engy_node.control import Actions
 from engy_node.errors import EngyError
+from engy_node.gemm.loaded import check_checkpoint
 from engy_node.hardware.gpu import GpuInventory, detect
 from engy_node.hardware.model_shape import read_model_shape
 from engy_node.hardware.plan import Plan, plan
@@ -374,6 +380,12 @@ async def run_miner(
             "sglang is not installed in this environment: pip install 'engy-node[gpu]', "
             "or run sglang yourself and pass --serve-url"
         )
+    # Before the server starts, so a wrong checkpoint is refused before GPUs load it, and a
+    # reference server launched below finds the root in the machine's cache.
+    weights = await trio.to_thread.run_sync(
+        check_checkpoint, setup.spec, setup.checkpoint, config.paths.model_cache_dir
+    )
+    hub.set_state(hub_component, weights_root=weights.root, weights_pinned=weights.pinned)
 
     served: ServedModel = await trio.to_thread.run_sync(load_served_model, setup.spec, setup.checkpoint)
     metrics = MinerMetrics(hub)

@@ -27,6 +27,7 @@ from textual.app import App, ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
+from engy_node.models import SMOLLM2_135M
 from engy_node.protocol.standing import MAX_UNPROVEN_PCT
 from engy_node.snapshots import (
     ChainState,
@@ -375,6 +376,8 @@ def local_network() -> dict[str, Any]:
             "legs_up": 1,
             "legs": 1,
             "inflight": running,
+            "weights_root": SMOLLM2_135M.weights_root,
+            "weights_pinned": True,
         }
         states[server_component(name)] = {
             "state": "ready",

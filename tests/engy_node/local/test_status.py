@@ -26,6 +26,7 @@ MINER_2 = "5FLSigC9HGRKVhB9FiEo4Y3koPsNmBmLJbpXg2mp1hXcS59Y"
 STRANGER = "5DAAnrj7VHTznn2AWBemMuyBwZWs6FNFjdyVXUeYum3PTXFy"
 OWNER = "5HGjWAeFDfFCWPsjFQdVV2Msvz2XtMktvgocEZcCj68kUMaw"
 DIGEST = "ab12cd34ef56" + "0" * 52
+PINNED_ROOT = "9fc5eb146e572c81dcabbbd078369852d59a5e2bfd72f45a06bf6514b079d807"
 
 
 def neuron(
@@ -132,6 +133,9 @@ def full_document() -> dict:
                 "hotkey": VALIDATOR,
                 "verdicts": {"pass": 10, "unproven": 1},
             },
+            "miner-1": {"model": "smollm2-135m", "weights_root": PINNED_ROOT, "weights_pinned": True},
+            "miner-2": {"model": "qwen3.6-35b-a3b", "weights_root": "cd" * 32, "weights_pinned": False},
+            "miner-10": {"model": "smollm2-135m"},
             "traffic_generator": {
                 "paused": False,
                 "sent": 12,
@@ -192,6 +196,13 @@ def test_a_full_document_renders_every_section(transport):
     assert miners[2].startswith(f"  {STRANGER[:10]}…")
     assert miners[2].endswith("probing for 45 s: connected")
 
+    # The node's own miners, in natural order, with the weights their model servers loaded.
+    assert section(text, "serving ") == [
+        "serving    the weights this node's servers loaded",
+        "  miner-1      smollm2-135m   weights_root 9fc5eb146e57… (the catalog's pin)",
+        "  miner-2      qwen3.6-35b-a3b weights_root cdcdcdcdcdcd… (the catalog pins none)",
+        "  miner-10     smollm2-135m   weights_root not checked yet",
+    ]
     assert section(text, "verifier ") == ["verifier   running; verdicts: pass 10, cheat 0, unproven 1"]
     assert section(text, "gateway ") == [
         "gateway    ready; 2 miner leg(s); prefix cache: 37.5 % of 12000 prompt tokens from the miners' caches"
@@ -220,6 +231,15 @@ def test_a_validator_that_names_its_hotkey_is_shown_by_its_local_name():
     document["states"]["validator"].update(hotkey=VALIDATOR, provider="http://127.0.0.1:8090")
     line = section(format_status(document, now=NOW), "validator ")[0]
     assert line == "validator  validator uid 0, permit yes, provider http://127.0.0.1:8090"
+
+
+def test_a_reference_server_run_alone_shows_its_weights():
+    document = {"states": {"serve": {"state": "ready", "model": "smollm2-135m", "weights_root": PINNED_ROOT}}}
+    assert section(format_status(document, now=NOW), "serving ")[1:] == [
+        "  serve        smollm2-135m   weights_root 9fc5eb146e57… (n/a)"
+    ]
+    document["states"]["serve"]["weights_pinned"] = True
+    assert section(format_status(document, now=NOW), "serving ")[1].endswith("(the catalog's pin)")
 
 
 def test_missing_components_are_omitted():
