@@ -13,7 +13,7 @@ sees at once. A model the catalog pins no root for (`ModelSpec.weights_root` emp
 with its root reported and `pinned` False.
 
 `judge` is the pure decision; `check_checkpoint` finds the root (through the cache,
-`engy_node.gemm.root_cache`) and judges it.
+`engy_node.gemm.root_cache`), judges it and logs the verdict (a mismatch as an error).
 """
 
 from __future__ import annotations
@@ -67,7 +67,12 @@ def check_checkpoint(spec: ModelSpec, checkpoint: str | os.PathLike[str], cache_
     found = weights_root(checkpoint, cache_dir)
     how = "cached" if found.cached else "computed"
     log.info("weights_root of %s: %s (%s in %.2f s)", checkpoint, found.root, how, found.seconds)
-    loaded = judge(spec, checkpoint, found.root)
+    try:
+        loaded = judge(spec, checkpoint, found.root)
+    except WeightsMismatch as mismatch:
+        # Into the node's log and the TUI too, not only the one line the CLI prints on exit.
+        log.error("%s", mismatch)
+        raise
     if loaded.pinned:
         log.info("the checkpoint's weights are %s's as the catalog pins them", spec.id)
     else:

@@ -26,6 +26,7 @@ from engy_node.miner.link import CLOSE_TIMEOUT_S
 from engy_node.miner.role import run_miner
 from engy_node.miner.sglang.stopping import KILL_WAIT_S
 from engy_node.miner.sglang.supervisor import OUTPUT_DRAIN_S, SupervisorSettings
+from engy_node.models import SMOLLM2_135M
 from engy_node.protocol.miner import Heartbeat, Message, ServeRequest, parse_miner_frame
 from engy_node.serve.client import ABORT_TIMEOUT_S, ServeClient
 from engy_node.testing.gateway import GatewayHarness
@@ -182,6 +183,9 @@ async def test_a_request_in_flight_when_the_miner_stops_finishes_and_one_routed_
     await harness.wait_for(lambda: 0 in harness.legs, timeout=120)
     leg = harness.legs[0]
     server_pid = miner.server_pid
+    # It checked the weights it hands its model server against the catalog's pin.
+    own = miner.hub.states()["miner"]
+    assert (own["weights_root"], own["weights_pinned"]) == (SMOLLM2_135M.weights_root, True)
     # Short, so that it ends well within the drain even on a loaded CPU (a 48-token answer has
     # taken 90 s on a shared 2-core test machine), yet still runs when the late serve arrives.
     running = await harness.serve(request("Tell me a story about a dragon.", max_tokens=8), stream=True)

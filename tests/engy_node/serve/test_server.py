@@ -8,14 +8,21 @@ entries, `finish_reason["type"]`. If these pass, a client written for sglang wor
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import threading
 
 import httpx
 import pytest
 import torch
 
+from engy_node.config import load_config
+from engy_node.gemm.loaded import WeightsMismatch
+from engy_node.hub import Hub
+from engy_node.models import CATALOG, SMOLLM2_135M
 from engy_node.serve.app import decode_array
+from engy_node.serve.server import serve_reference
 from engy_node.serve.status import exposition_samples
 from tests.waiting import wait_until
 
@@ -68,6 +75,8 @@ def test_health_model_info_and_server_info_answer_like_sglang(client):
     assert len(info["engy"]["model_root"]) == 64
     server = client.get("/server_info").json()
     assert server["status"] == "ready"
+    # The checkpoint's weights were checked against the catalog's pin before the model loaded.
+    assert server["weights_root"] == SMOLLM2_135M.weights_root
     assert server["max_running_requests"] == 4
     assert client.get("/get_load").json() == [
         {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0, "num_pending_tokens": 0}
@@ -432,6 +441,23 @@ def test_prefill_returns_the_hidden_states_the_generation_served(client, runner)
     ).json()
     assert tuple(decode_array(full["logits"]).shape) == (len(PROMPT_IDS), runner.vocab_size)
     assert client.post("/engy/prefill", json={"input_ids": PROMPT_IDS, "logits": "summary"}).status_code == 400
+
+
+async def test_a_checkpoint_whose_weights_differ_from_the_pin_is_refused_before_it_loads(
+    checkpoint, tmp_path, monkeypatch, caplog
+):
+    other = "cd" * 32
+    monkeypatch.setitem(CATALOG, SMOLLM2_135M.id, dataclasses.replace(SMOLLM2_135M, weights_root=other))
+    cache = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
+    config = load_config(home=tmp_path, env=cache, overrides={"serve": {"checkpoint": str(checkpoint)}})
+    hub = Hub()
+    with pytest.raises(WeightsMismatch) as refused:
+        await serve_reference(config, hub)
+    message = str(refused.value)
+    assert str(checkpoint) in message and other in message and SMOLLM2_135M.weights_root in message
+    assert "`engy-node checkpoint`" in message
+    assert any(r.levelname == "ERROR" and r.getMessage() == message for r in caplog.records)
+    assert hub.states()["serve"]["state"] == "loading"  # never served
 
 
 def test_the_server_stops_cleanly_on_sigterm(checkpoint, tmp_path):
