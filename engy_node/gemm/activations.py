@@ -1,0 +1,468 @@
+"""Activation commitments (``engy-activations-v1``): a Merkle root over what one answer's GEMMs
+consumed and produced, so a verifier can later open any of them and check it against the
+committed weights (`engy_node.verifier.gemm_check`).
+
+What is committed. For one answer, every position the model computed (the prompt's and each
+generated token fed back: prompt + output − 1 positions, the last output token is never fed) ×
+every decoder layer × each group below, as the serving side's raw bytes (its dtype, little
+endian, no conversion). The groups of a Llama layer are exactly what `gemm_check` needs, each
+tensor once:
+
+* ``residual_in``: the residual stream entering the layer (the input norm's input);
+* ``attn_in``: the input q, k and v share (their x, bit-equal by construction);
+* ``q``, ``k``, ``v``: their outputs;
+* ``o_in``, ``o_out``: the o projection's input (attention's output) and output;
+* ``mlp_in``: the input gate and up share; ``gate``, ``up``: their outputs;
+* ``down_in``, ``down_out``: the down projection's input (silu(gate)·up) and output;
+* ``residual_out`` of the LAST layer only: a layer's output is the next layer's input, the very
+  same tensor, so ``residual_out`` of layer l < L−1 is committed once, as ``residual_in`` of
+  l + 1 (`ActivationLayout.canonical` maps a pick of it there).
+
+`GEMMS` names each projection's (x, y) groups, the pairs `gemm_check.freivalds` and `row_check`
+take; ``residual_in``/``residual_out`` feed `replay_layer`. Attention itself (RoPE, softmax) has
+no weights and stays in the trust region; the lm_head's product is judged by TOPLOC's logits.
+
+Why every prompt position: the generated tokens attend to the prompt's keys and values, so a
+miner that ran the prompt through a cheaper model and decoded honestly would pass every check on
+generated positions; committing the prompt's GEMMs too lets the verifier challenge them. The
+cost is memory, linear in positions (sizes below).
+
+Leaves and order. One leaf per (position, layer, group): ``leaf_hash(descriptor ‖ raw row)``
+(`engy_node.gemm.merkle`, RFC 6962), the descriptor binding the format, position (u32), layer
+(u16), group, dtype and width (u32), length-prefixed, so the same bytes at another place or
+under another name hash differently. Leaves are ordered position-major, then layer, then group
+in the order above (the last layer's ``residual_out`` closes each position), so the leaves of a
+position are hashed as soon as the forward pass that computed it ends, and a verifier derives a
+leaf's index and the tree's size from (positions, layout) alone: `verify_opening` refuses an
+opening at any other index, so a tree with two candidate values for one slot cannot be opened
+at the one that suits.
+
+Sizes (values in bf16, plus 64 bytes of tree per leaf):
+
+* SmolLM2-135M (30 layers, hidden 576, q 576, k/v 192, d_ff 1536): 9,024 values per layer-position,
+  542,592 bytes per position (+ 23,104 of tree): about 0.55 MB per position, so a 300-position
+  answer keeps 170 MB. The reference server's store defaults to 2 GiB and 300 s (`capture.py`).
+* Qwen3.6-35B-A3B (hidden 2048, 40 layers: 30 Gated DeltaNet and 10 gated-attention; MoE of 256
+  routed experts, 8 per token, and 1 shared, d_ff 512): the captured expert GEMMs are those a
+  token actually ran — its 8 routed experts and the shared one, each ``gate``/``up``/``down_in``
+  (512 wide) and ``down_out`` (2048), sharing one ``mlp_in`` — plus the router's logits (256) and
+  the projections into and out of the token mixer (DeltaNet's qkvz/ba and out, attention's gated
+  q/k/v and o). About 56,400 values per layer-position, 4.6 MB per position in bf16 with the
+  tree (tests/engy_node/gemm/test_activations.py derives it from the checkpoint's config): one
+  2,000-position answer is 9.3 GB, so on 4×4090 (host memory of order 128 GiB, a store of
+  32 GiB) the window holds about 7,400 positions — seconds of a busy node's traffic, not minutes. The
+  challenge must follow the answer at once, and capture cannot be on for every request there.
+
+Pure functions and classes over bytes; `OpeningStore` takes the time from its caller. The
+reference server's capture (`engy_node.serve.capture`) feeds `RecordBuilder`.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import collections
+import dataclasses
+import functools
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from engy_node.gemm.merkle import HASH_SIZE, MerkleTree, leaf_hash, verify
+
+FORMAT = "engy-activations-v1"
+TAG = FORMAT.encode() + b"\0"
+
+ITEM_SIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+"""Bytes per value of each activation dtype a record may hold."""
+
+LLAMA_GROUPS = (
+    "residual_in",
+    "attn_in",
+    "q",
+    "k",
+    "v",
+    "o_in",
+    "o_out",
+    "mlp_in",
+    "gate",
+    "up",
+    "down_in",
+    "down_out",
+)
+RESIDUAL_OUT = "residual_out"
+
+GEMMS = {
+    "q_proj": ("attn_in", "q"),
+    "k_proj": ("attn_in", "k"),
+    "v_proj": ("attn_in", "v"),
+    "o_proj": ("o_in", "o_out"),
+    "gate_proj": ("mlp_in", "gate"),
+    "up_proj": ("mlp_in", "up"),
+    "down_proj": ("down_in", "down_out"),
+}
+"""Each projection of a Llama layer: the groups holding the x it consumed and the y it produced."""
+
+TREE_BYTES_PER_LEAF = 2 * HASH_SIZE
+"""A tree of n leaves keeps n leaf hashes and fewer than n inner ones."""
+
+
+class CommitmentError(ValueError):
+    """A commitment, pick or opening that does not fit its layout; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ActivationLayout:
+    """What one position of an answer commits: `layers` × `groups` (name, width), then the last
+    layer's ``residual_out`` (as wide as ``residual_in``), each `dtype`."""
+
+    layers: int
+    groups: tuple[tuple[str, int], ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        names = [name for name, _ in self.groups]
+        if self.layers < 1 or "residual_in" not in names or len(set(names)) != len(names) or RESIDUAL_OUT in names:
+            raise CommitmentError(f"a layout needs ≥ 1 layer and distinct groups with residual_in, got {names}")
+        if self.dtype not in ITEM_SIZE:
+            raise CommitmentError(f"activation dtype {self.dtype!r} is not one of {sorted(ITEM_SIZE)}")
+        if any(width < 1 for _, width in self.groups):
+            raise CommitmentError(f"every group needs a positive width, got {self.groups}")
+
+    @property
+    def leaves_per_position(self) -> int:
+        return self.layers * len(self.groups) + 1
+
+    @property
+    def item_size(self) -> int:
+        return ITEM_SIZE[self.dtype]
+
+    def slots(self) -> list[tuple[int, str]]:
+        """Every (layer, group) of one position, in leaf order."""
+        return [(layer, name) for layer in range(self.layers) for name, _ in self.groups] + [
+            (self.layers - 1, RESIDUAL_OUT)
+        ]
+
+    def width(self, group: str) -> int:
+        name = "residual_in" if group == RESIDUAL_OUT else group
+        for candidate, width in self.groups:
+            if candidate == name:
+                return width
+        raise CommitmentError(f"no group {group!r}; the layout has {[n for n, _ in self.groups]} and {RESIDUAL_OUT}")
+
+    def canonical(self, layer: int, group: str) -> tuple[int, str]:
+        """Where (layer, group) is committed: a ``residual_out`` before the last layer is the next
+        layer's ``residual_in``."""
+        self.width(group)
+        if not 0 <= layer < self.layers:
+            raise CommitmentError(f"layer {layer} is outside 0..{self.layers - 1}")
+        if group == RESIDUAL_OUT and layer < self.layers - 1:
+            return layer + 1, "residual_in"
+        return layer, group
+
+    def index(self, position: int, layer: int, group: str) -> int:
+        """The leaf index of a canonical (position, layer, group)."""
+        if group == RESIDUAL_OUT:
+            offset = self.layers * len(self.groups)
+        else:
+            offset = layer * len(self.groups) + [name for name, _ in self.groups].index(group)
+        return position * self.leaves_per_position + offset
+
+    @property
+    def row_bytes(self) -> int:
+        """One position's values, every slot."""
+        return (self.layers * sum(width for _, width in self.groups) + self.width(RESIDUAL_OUT)) * self.item_size
+
+    def offsets(self) -> tuple[tuple[int, int], ...]:
+        """Each slot's byte range within one position's row, in leaf order."""
+        return _offsets(self)
+
+    def bytes_per_position(self) -> int:
+        """What a record keeps per position: its values and its share of the tree."""
+        return self.row_bytes + TREE_BYTES_PER_LEAF * self.leaves_per_position
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"layers": self.layers, "groups": [[name, width] for name, width in self.groups], "dtype": self.dtype}
+
+
+@functools.cache
+def _offsets(layout: ActivationLayout) -> tuple[tuple[int, int], ...]:
+    ranges, start = [], 0
+    for _, group in layout.slots():
+        end = start + layout.width(group) * layout.item_size
+        ranges.append((start, end))
+        start = end
+    return tuple(ranges)
+
+
+def llama_layout(config: Mapping[str, Any], dtype: str) -> ActivationLayout:
+    """The layout of a Llama-shaped model (SmolLM2) from its config.json fields."""
+    hidden = int(config["hidden_size"])
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    kv = int(config.get("num_key_value_heads") or heads) * head_dim
+    d_ff = int(config["intermediate_size"])
+    widths = {"q": heads * head_dim, "k": kv, "v": kv, "o_in": heads * head_dim, "gate": d_ff, "up": d_ff}
+    widths["down_in"] = d_ff
+    groups = tuple((name, widths.get(name, hidden)) for name in LLAMA_GROUPS)
+    return ActivationLayout(int(config["num_hidden_layers"]), groups, dtype)
+
+
+def _descriptor(layout: ActivationLayout, layer: int, group: str) -> bytes:
+    """The descriptor after the position: layer, group, dtype, width (see the module doc)."""
+    name, dtype = group.encode(), layout.dtype.encode()
+    return (
+        layer.to_bytes(2, "big")
+        + len(name).to_bytes(1, "big")
+        + name
+        + len(dtype).to_bytes(1, "big")
+        + dtype
+        + layout.width(group).to_bytes(4, "big")
+    )
+
+
+def activation_leaf(layout: ActivationLayout, position: int, layer: int, group: str, data: bytes | memoryview) -> bytes:
+    """The leaf hash of one committed row."""
+    return leaf_hash(TAG, position.to_bytes(4, "big"), _descriptor(layout, layer, group), data)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Commitment:
+    """What the answer carries: the root and what it was built over."""
+
+    root: bytes
+    layout: ActivationLayout
+    positions: int
+
+    @property
+    def size(self) -> int:
+        return self.positions * self.layout.leaves_per_position
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "activations_root": self.root.hex(),
+            "positions": self.positions,
+            **self.layout.to_wire(),
+        }
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any]) -> Commitment:
+        if wire.get("format") != FORMAT:
+            raise CommitmentError(f"activation commitment format {wire.get('format')!r}; this node reads {FORMAT}")
+        try:
+            root = bytes.fromhex(str(wire["activations_root"]))
+            groups = tuple((str(name), int(width)) for name, width in wire["groups"])
+            layout = ActivationLayout(int(wire["layers"]), groups, str(wire["dtype"]))
+            positions = int(wire["positions"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise CommitmentError(f"malformed activation commitment: {error}") from None
+        if len(root) != HASH_SIZE or positions < 0:
+            raise CommitmentError("an activation commitment needs a 32-byte root and a count of positions ≥ 0")
+        return cls(root, layout, positions)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Opening:
+    """One committed row and its Merkle path; the verifier derives its index and the tree's size."""
+
+    position: int
+    layer: int
+    group: str
+    data: bytes
+    path: tuple[bytes, ...]
+
+    def to_wire(self, dtype: str, width: int) -> dict[str, Any]:
+        """With the values as the server's `encode_array` writes arrays: dtype, shape, base64."""
+        return {
+            "position": self.position,
+            "layer": self.layer,
+            "group": self.group,
+            "values": {"dtype": dtype, "shape": [width], "data": base64.b64encode(self.data).decode()},
+            "path": [node.hex() for node in self.path],
+        }
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any]) -> Opening:
+        try:
+            return cls(
+                int(wire["position"]),
+                int(wire["layer"]),
+                str(wire["group"]),
+                base64.b64decode(wire["values"]["data"], validate=True),
+                tuple(bytes.fromhex(node) for node in wire["path"]),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise CommitmentError(f"malformed opening: {error}") from None
+
+
+def verify_opening(commitment: Commitment, opening: Opening) -> bool:
+    """Whether `opening` is the row committed at its (position, layer, group): the slot is
+    canonical and inside the commitment, the bytes fill the group's width, and the path leads
+    from their leaf at the slot's own index to the root."""
+    layout = commitment.layout
+    try:
+        if layout.canonical(opening.layer, opening.group) != (opening.layer, opening.group):
+            return False
+        width = layout.width(opening.group)
+    except CommitmentError:
+        return False
+    if not 0 <= opening.position < commitment.positions or len(opening.data) != width * layout.item_size:
+        return False
+    leaf = activation_leaf(layout, opening.position, opening.layer, opening.group, opening.data)
+    index = layout.index(opening.position, opening.layer, opening.group)
+    return verify(commitment.root, index, leaf, opening.path, commitment.size)
+
+
+def opened_values(layout: ActivationLayout, opening: Opening) -> npt.NDArray[np.float64]:
+    """An opening's row as float64 (exact for every `ITEM_SIZE` dtype), for `gemm_check`."""
+    if layout.dtype == "bfloat16":
+        bits = np.frombuffer(opening.data, "<u2").astype(np.uint32) << 16
+        return bits.view(np.float32).astype(np.float64)
+    return np.frombuffer(opening.data, "<f2" if layout.dtype == "float16" else "<f4").astype(np.float64)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Chunk:
+    start: int
+    rows: int
+    data: memoryview
+    """rows × `ActivationLayout.row_bytes`: each position's slots in leaf order."""
+
+
+class RecordBuilder:
+    """One answer's record, built as its forward passes end (prefill chunks, decode steps)."""
+
+    def __init__(self, layout: ActivationLayout) -> None:
+        self.layout = layout
+        self.positions = 0
+        self._leaves: list[bytes] = []
+        self._chunks: list[_Chunk] = []
+        self._slices = [
+            (_descriptor(layout, *slot), start, end) for slot, (start, end) in zip(layout.slots(), layout.offsets())
+        ]
+
+    def add_rows(self, rows: int, data: bytes | memoryview) -> None:
+        """The next `rows` positions, one after another, each position's slots in leaf order
+        (`ActivationLayout.offsets`), and hash their leaves."""
+        view = memoryview(data).cast("B")
+        size = self.layout.row_bytes
+        if view.nbytes != rows * size:
+            raise CommitmentError(f"{view.nbytes} bytes for {rows} positions of {size}")
+        leaves = self._leaves
+        for row in range(rows):
+            position = (self.positions + row).to_bytes(4, "big")
+            base = row * size
+            for descriptor, start, end in self._slices:
+                leaves.append(leaf_hash(TAG, position, descriptor, view[base + start : base + end]))
+        self._chunks.append(_Chunk(self.positions, rows, view))
+        self.positions += rows
+
+    def finish(self) -> ActivationRecord:
+        return ActivationRecord(self.layout, self.positions, tuple(self._chunks), MerkleTree(self._leaves))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ActivationRecord:
+    """A finished answer's committed rows and tree, kept to answer openings."""
+
+    layout: ActivationLayout
+    positions: int
+    chunks: tuple[_Chunk, ...]
+    tree: MerkleTree
+
+    @property
+    def commitment(self) -> Commitment:
+        return Commitment(self.tree.root, self.layout, self.positions)
+
+    @property
+    def nbytes(self) -> int:
+        values = sum(chunk.data.nbytes for chunk in self.chunks)
+        return values + HASH_SIZE * sum(len(level) for level in self.tree.levels)
+
+    def open(self, position: int, layer: int, group: str) -> Opening:
+        """The opening of (position, layer, group), a ``residual_out`` at its canonical slot."""
+        layout = self.layout
+        layer, group = layout.canonical(layer, group)
+        if not 0 <= position < self.positions:
+            raise CommitmentError(f"position {position} is outside the answer's 0..{self.positions - 1}")
+        chunk = self.chunks[bisect.bisect_right([c.start for c in self.chunks], position) - 1]
+        index = layout.index(position, layer, group)
+        start, end = layout.offsets()[index % layout.leaves_per_position]
+        base = (position - chunk.start) * layout.row_bytes
+        data = bytes(chunk.data[base + start : base + end])
+        return Opening(position, layer, group, data, tuple(self.tree.path(index)))
+
+
+class OpeningStore:
+    """Finished answers' records for the challenge window, by request id: a record leaves after
+    `window_s`, or earlier, oldest first, when the records together pass `max_bytes`. The caller
+    passes the time (monotonic seconds) and keeps it to one thread."""
+
+    def __init__(self, *, max_bytes: int, window_s: float) -> None:
+        self.max_bytes = max_bytes
+        self.window_s = window_s
+        self._records: collections.OrderedDict[str, tuple[float, ActivationRecord]] = collections.OrderedDict()
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def put(self, rid: str, record: ActivationRecord, now: float) -> bool:
+        """Keep `record` (replacing one under the same id); False when it alone passes the cap."""
+        self._drop(rid)
+        if record.nbytes > self.max_bytes:
+            self.evict(now)
+            return False
+        self._records[rid] = (now, record)
+        self.nbytes += record.nbytes
+        self.evict(now)
+        return True
+
+    def get(self, rid: str, now: float) -> ActivationRecord | None:
+        self.evict(now)
+        kept = self._records.get(rid)
+        return None if kept is None else kept[1]
+
+    def evict(self, now: float) -> None:
+        while self._records:
+            rid, (filed, _) = next(iter(self._records.items()))
+            if now - filed <= self.window_s and self.nbytes <= self.max_bytes:
+                return
+            self._drop(rid)
+
+    def _drop(self, rid: str) -> None:
+        kept = self._records.pop(rid, None)
+        if kept is not None:
+            self.nbytes -= kept[1].nbytes
+
+
+def parse_picks(picks: object, limit: int) -> list[tuple[int, int, str]]:
+    """A challenge's ``[{position, layer, group}, …]`` as tuples; at most `limit` of them."""
+    if not isinstance(picks, list) or not picks:
+        raise CommitmentError("picks must be a non-empty list of {position, layer, group}")
+    if len(picks) > limit:
+        raise CommitmentError(f"{len(picks)} picks; ask for at most {limit} per call")
+    parsed = []
+    for pick in picks:
+        if not isinstance(pick, dict):
+            raise CommitmentError("each pick must be an object {position, layer, group}")
+        position, layer, group = pick.get("position"), pick.get("layer"), pick.get("group")
+        if (
+            isinstance(position, int)
+            and isinstance(layer, int)
+            and not isinstance(position, bool)
+            and not isinstance(layer, bool)
+            and isinstance(group, str)
+        ):
+            parsed.append((position, layer, group))
+        else:
+            raise CommitmentError(f"pick {pick!r} needs integer position and layer and a group name")
+    return parsed
+
+
+def open_leaves(record: ActivationRecord, picks: Iterable[tuple[int, int, str]]) -> list[Opening]:
+    """The openings of every pick, in order."""
+    return [record.open(*pick) for pick in picks]
