@@ -186,7 +186,8 @@ def _serving(states: NodeStates) -> list[str]:
     lines = ["", "serving    the weights this node's servers loaded"]
     for name, state in served:
         root = state.weights_root
-        pin = {True: "the catalog's pin", False: "the catalog pins none"}.get(state.weights_pinned, "n/a")
+        pinned = state.weights_pinned
+        pin = "n/a" if pinned is None else "the catalog's pin" if pinned else "the catalog pins none"
         shown = f"{root[:12]}… ({pin})" if root else "not checked yet"
         lines.append(f"  {name:<12} {_show(state.model):<14} weights_root {shown}")
     return lines
