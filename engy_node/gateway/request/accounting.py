@@ -26,7 +26,7 @@ from engy_node.serve.sampling import REPLACEMENT_CHARACTER
 from engy_node.served_model import ServedModel
 
 
-def cache_claim(response: Response | None, relayed_tokens: int) -> dict | None:
+def cache_claim(response: Response | None, relayed_tokens: int) -> dict[str, Any] | None:
     """An unproven answer's claim: the miner's cached-token count (a TEE miner reports its
     serve's cache reads with `commitment: {}`), which can only lower the bill, and the relayed
     completion as its completion, since a count that is no proof's must not lower it."""
@@ -125,7 +125,7 @@ def structured_relayed_tokens(
     output_ids: list[int],
     *,
     parts: StructuredParts,
-    tools: Sequence[dict] | None,
+    tools: Sequence[dict[str, Any]] | None,
     stops: Sequence[str],
     cut_at: str | None,
     finish_stop: bool,
@@ -198,7 +198,7 @@ def _covering_prefix(model: ServedModel, output_ids: list[int], text: str) -> tu
     return tuple(output_ids[:low])
 
 
-def usage_padding(output: dict, *, prompt_tokens: int, committed_tokens: int) -> str | None:
+def usage_padding(output: dict[str, Any], *, prompt_tokens: int, committed_tokens: int) -> str | None:
     """How a miner's usage claim exceeds what its own commitment shows, or None. Billing never
     pays for the excess (`billing.billable_usage`); claiming it is still established
     misbehaviour, since the miner's engine counted those very tokens."""

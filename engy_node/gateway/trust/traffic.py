@@ -251,7 +251,7 @@ def _start_round(
 
 def _cooldown(strikes: int, policy: TrafficPolicy) -> float:
     # Doubling stops at the cap long before 2**strikes could overflow a float.
-    return min(policy.cooldown_s * 2 ** min(strikes - 1, 32), policy.max_cooldown_s)
+    return float(min(policy.cooldown_s * 2 ** min(strikes - 1, 32), policy.max_cooldown_s))
 
 
 def _pull(

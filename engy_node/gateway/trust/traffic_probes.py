@@ -15,8 +15,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import TypeVar
 
 from engy_node.gateway.trust.traffic_state import Eligibility, TrafficPolicy, TrafficState, checked_count
+
+T = TypeVar("T")
 
 __all__ = [
     "DEFAULT_MAX_TOKENS_MIX",
@@ -181,7 +184,7 @@ def probe_plan(
     )
 
 
-def _weighted(values: list, weights: list[int], draw: float):
+def _weighted(values: list[T], weights: list[int], draw: float) -> T:
     target = min(int(draw * sum(weights)), sum(weights) - 1)
     for value, weight in zip(values, weights):
         if target < weight:
