@@ -5,8 +5,8 @@ Pure: `format_status` decodes the `/v1/status` document into the snapshot types
 lines, saying "n/a" for what the node does not report rather than guessing. Whatever roles the
 node runs, each section appears only when its component does: the chain and the validator's
 weights, the published epochs, the miners with their eligibility, the verifier, the demo traffic,
-and what this node's own miners and reference server serve, with the `weights_root` of the
-checkpoint each loaded and whether it is the one the catalog pins.
+and what this node's own miners serve, with the `weights_root` of the checkpoint each hands its
+model server and whether it is the one the catalog pins.
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ from engy_node.snapshots import (
     ChainState,
     EpochsState,
     GatewayState,
-    MinerState,
     NodeInfo,
     NodeStates,
-    ServeState,
     TrafficPolicyState,
     ValidatorState,
     decode,
@@ -57,7 +55,7 @@ def status_text(node: NodeInfo, states: NodeStates, *, now: float | None = None)
         lines += _gateway(states.gateway)
     if states.traffic is not None:
         lines += _miners(states.traffic, names, now)
-    if states.miners or states.serve is not None:
+    if states.miners:
         lines += _serving(states)
     if states.verifier is not None:
         verifier = states.verifier
@@ -177,19 +175,16 @@ def _miners(traffic: TrafficPolicyState, names: Mapping[str, str], now: float) -
 
 
 def _serving(states: NodeStates) -> list[str]:
-    """This node's miners and reference server: the model each serves and its checkpoint's weights."""
-    served: list[tuple[str, MinerState | ServeState]] = [
-        (name, states.miners[name]) for name in states.miner_names() if name in states.miners
-    ]
-    if states.serve is not None:
-        served.append(("serve", states.serve))
-    lines = ["", "serving    the weights this node's servers loaded"]
-    for name, state in served:
-        root = state.weights_root
-        pinned = state.weights_pinned
+    """This node's own miners: the model each serves and the weights its model server loads."""
+    lines = ["", "serving    the weights this node's miners serve"]
+    for name in states.miner_names():
+        miner = states.miners.get(name)
+        if miner is None:
+            continue
+        root, pinned = miner.weights_root, miner.weights_pinned
         pin = "n/a" if pinned is None else "the catalog's pin" if pinned else "the catalog pins none"
         shown = f"{root[:12]}… ({pin})" if root else "not checked yet"
-        lines.append(f"  {name:<12} {_show(state.model):<14} weights_root {shown}")
+        lines.append(f"  {name:<12} {_show(miner.model):<14} weights_root {shown}")
     return lines
 
 

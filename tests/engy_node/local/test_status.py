@@ -198,7 +198,7 @@ def test_a_full_document_renders_every_section(transport):
 
     # The node's own miners, in natural order, with the weights their model servers loaded.
     assert section(text, "serving ") == [
-        "serving    the weights this node's servers loaded",
+        "serving    the weights this node's miners serve",
         "  miner-1      smollm2-135m   weights_root 9fc5eb146e57… (the catalog's pin)",
         "  miner-2      qwen3.6-35b-a3b weights_root cdcdcdcdcdcd… (the catalog pins none)",
         "  miner-10     smollm2-135m   weights_root not checked yet",
@@ -231,15 +231,6 @@ def test_a_validator_that_names_its_hotkey_is_shown_by_its_local_name():
     document["states"]["validator"].update(hotkey=VALIDATOR, provider="http://127.0.0.1:8090")
     line = section(format_status(document, now=NOW), "validator ")[0]
     assert line == "validator  validator uid 0, permit yes, provider http://127.0.0.1:8090"
-
-
-def test_a_reference_server_run_alone_shows_its_weights():
-    document = {"states": {"serve": {"state": "ready", "model": "smollm2-135m", "weights_root": PINNED_ROOT}}}
-    assert section(format_status(document, now=NOW), "serving ")[1:] == [
-        "  serve        smollm2-135m   weights_root 9fc5eb146e57… (n/a)"
-    ]
-    document["states"]["serve"]["weights_pinned"] = True
-    assert section(format_status(document, now=NOW), "serving ")[1].endswith("(the catalog's pin)")
 
 
 def test_missing_components_are_omitted():
