@@ -17,6 +17,11 @@ costs serialisation proportional to its tokens, not their square.
 
 `/engy/prefill` is ours: the verifier's recompute (final hidden states and logits over a given
 token sequence), served by the same engine thread so it never races a generation for the CPU.
+
+So is ``return_gemm_commitment`` (per item, like ``return_hidden_states``): the request's GEMMs
+are captured (`engy_node.serve.capture`) and its final result's ``meta_info`` gains
+``gemm_commitment``, opened later through `/gemm/openings` (`engy_node.serve.gemm_routes`). A
+request without it gets sglang's shapes unchanged.
 """
 
 from __future__ import annotations
@@ -40,7 +45,10 @@ from starlette.routing import Route
 
 from engy_node import __version__
 from engy_node.asgi import BodyError, read_json_object, watching_disconnect
+from engy_node.gemm.activations import FORMAT, llama_layout
+from engy_node.serve.capture import MAX_PICKS, ActivationCapture, SharedOpenings
 from engy_node.serve.engine import Engine, Generation, ModelRunner, RequestError, run_on_engine
+from engy_node.serve.gemm_routes import GemmRoutes
 from engy_node.serve.openai_routes import OpenAiRoutes
 from engy_node.serve.sampling import SamplingError, parse_sampling_params
 
@@ -168,6 +176,8 @@ class ReferenceApp:
         self.registry = registry
         self.ready = False
         self.started_at = time.time()
+        self.openings = SharedOpenings()
+        self.activation_layout = llama_layout(engine.runner.model.config.to_dict(), engine.runner.dtype)
 
     # ---- /generate -----------------------------------------------------------------------
     async def generate(self, request: Request) -> Response:
@@ -210,6 +220,7 @@ class ReferenceApp:
         sampling = _per_item(body.get("sampling_params"), count, "sampling_params")
         hidden = _per_item(body.get("return_hidden_states", False), count, "return_hidden_states")
         logprob = _per_item(body.get("return_logprob", False), count, "return_logprob")
+        gemm = _per_item(body.get("return_gemm_commitment", False), count, "return_gemm_commitment")
         items = []
         for i, prompt in enumerate(prompts):
             try:
@@ -227,8 +238,25 @@ class ReferenceApp:
                 return_logprob=_bool_field(logprob[i], "return_logprob"),
                 on_update=waker,
             )
+            if _bool_field(gemm[i], "return_gemm_commitment"):
+                generation.capture = self._capture(len(prompt) + params.max_new_tokens)
             items.append(_Item(generation, HiddenStatesJson(generation)))
         return items
+
+    def _capture(self, most_positions: int) -> ActivationCapture:
+        layout = self.activation_layout
+        need = most_positions * layout.bytes_per_position()
+        if need > self.openings.max_bytes:
+            most = self.openings.max_bytes // layout.bytes_per_position()
+            raise ApiError(
+                400,
+                f"return_gemm_commitment keeps {layout.bytes_per_position()} bytes per position for the challenge "
+                f"window, at most {most} positions (prompt plus max_new_tokens); this request may reach "
+                f"{most_positions}: lower max_new_tokens or shorten the prompt",
+            )
+        return ActivationCapture(
+            layout, self.openings, weights_root=self.info.weights_root, arithmetic=self.engine.runner.dtype
+        )
 
     def _prompts(self, body: dict[str, Any]) -> list[list[int]]:
         given = [key for key in ("text", "input_ids", "input_embeds") if body.get(key) is not None]
@@ -359,6 +387,8 @@ class ReferenceApp:
             meta["e2e_latency"] = round(end - generation.created_perf, 6)
         if sent_ts is not None:
             meta["response_sent_to_client_ts"] = sent_ts
+        if final and generation.gemm_commitment is not None:
+            meta["gemm_commitment"] = generation.gemm_commitment
         result: dict[str, Any] = {"text": text, "output_ids": output_ids, "meta_info": meta}
         if index is not None:
             result["index"] = index
@@ -474,6 +504,13 @@ class ReferenceApp:
             "frontend": "engy-reference",
             "model_root": info.model_root,
             "weights_root": info.weights_root,
+            "gemm_commitments": {
+                "format": FORMAT,
+                "window_s": self.openings.window_s,
+                "max_bytes": self.openings.max_bytes,
+                "bytes_per_position": self.activation_layout.bytes_per_position(),
+                "max_picks": MAX_PICKS,
+            },
         }
         return JSONResponse(body)
 
@@ -664,6 +701,7 @@ async def _json_body(request: Request, *, allow_empty: bool = False) -> dict[str
 
 def build_app(reference: ReferenceApp) -> Starlette:
     openai = OpenAiRoutes(reference.engine, model_name=reference.info.served_model_name)
+    gemm = GemmRoutes(reference.openings)
     routes = [
         Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
         Route("/v1/completions", openai.completions, methods=["POST"]),
@@ -682,5 +720,6 @@ def build_app(reference: ReferenceApp) -> Starlette:
         Route("/get_load", reference.get_load, methods=["GET"]),
         Route("/metrics", reference.metrics, methods=["GET"]),
         Route("/engy/prefill", reference.prefill, methods=["POST"]),
+        Route("/gemm/openings", gemm.openings_route, methods=["POST"]),
     ]
     return Starlette(routes=routes)

@@ -20,6 +20,7 @@ and `healthy` turns false, which /health reports.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -161,7 +162,10 @@ class ModelRunner:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from engy_node.serve.capture import exact_arithmetic
+
         device = _resolve_device(device)
+        exact_arithmetic()  # what the GEMM audit's tolerance assumes (serve.capture)
         torch_dtype = getattr(torch, dtype)
         tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
         model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch_dtype)
@@ -185,12 +189,14 @@ class ModelRunner:
 
         return DynamicCache(config=self.model.config)
 
-    def forward(self, token_ids: Sequence[int], cache) -> tuple[Any, Any]:
+    def forward(self, token_ids: Sequence[int], cache, capture=None) -> tuple[Any, Any]:
         """Run `token_ids` after what `cache` holds; returns (hidden rows [n, H], logits of the
-        last row [V]) in the model's dtype and float32."""
+        last row [V]) in the model's dtype and float32. A `capture` (serve.capture) records the
+        decoder layers' GEMMs."""
         import torch
 
-        with torch.inference_mode():
+        recording = capture.recording(self.model) if capture is not None else contextlib.nullcontext()
+        with torch.inference_mode(), recording:
             inputs = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
             hidden = self.model.model(
                 input_ids=inputs, **{self._cache_keyword: cache}, use_cache=True
@@ -280,6 +286,10 @@ class Generation:
     """Prompt tokens whose KV came from the prefix cache instead of a prefill."""
     on_finish: Callable[[list[int], Any], None] | None = None
     """Called with the tokens the KV cache holds and the cache, when the generation ends."""
+    capture: Any = None
+    """The GEMM-audit capture (serve.capture.ActivationCapture) of a request that asked for it."""
+    gemm_commitment: dict[str, Any] | None = None
+    """Its commitment, set before the generation reads as finished."""
     _cache: Any = None
     _prefilled: int = 0
     _generator: Any = None
@@ -301,6 +311,8 @@ class Generation:
 
     def finish(self, reason: dict[str, Any]) -> None:
         if self.finish_reason is None:
+            if self.capture is not None and reason.get("type") != "abort":
+                self.gemm_commitment = self.capture.commit(self.rid)
             self.finish_reason = reason
             self.finished_perf = time.perf_counter()
             if self.on_finish is not None and self._cache is not None:
@@ -332,7 +344,7 @@ class Generation:
         if self._prefilled < len(self.input_ids):
             start = self._prefilled
             chunk = self.input_ids[start : start + PREFILL_CHUNK_TOKENS]
-            hidden, logits = runner.forward(chunk, self._cache)
+            hidden, logits = runner.forward(chunk, self._cache, self.capture)
             self._prefilled += len(chunk)
             if self.return_hidden_states:
                 self.hidden_block = hidden if self.hidden_block is None else torch.cat([self.hidden_block, hidden])
@@ -342,7 +354,7 @@ class Generation:
                 self.finish({"type": "length", "length": 0})
                 return
         else:
-            hidden, logits = runner.forward(self.output_ids[-1:], self._cache)
+            hidden, logits = runner.forward(self.output_ids[-1:], self._cache, self.capture)
             if self.return_hidden_states:
                 self.hidden_rows.append(hidden[-1])
         # sglang's sampling position: the last token the model has seen (sequence length - 1).
@@ -597,7 +609,8 @@ class Engine:
             while self._waiting and len(self._running) < self.max_running:
                 generation = self._waiting.pop(0)
                 if self.prefix_cache is not None:
-                    hit = self.prefix_cache.take(generation.input_ids)
+                    # A captured request computes every position: the commitment covers them all.
+                    hit = None if generation.capture is not None else self.prefix_cache.take(generation.input_ids)
                     if hit is not None:
                         generation.resume_from(*hit)
                     generation.on_finish = self.prefix_cache.keep

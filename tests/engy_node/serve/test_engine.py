@@ -150,7 +150,7 @@ class ScriptedRunner:
     def new_cache(self) -> None:
         return None
 
-    def forward(self, token_ids, cache):
+    def forward(self, token_ids, cache, capture=None):
         logits = torch.zeros(self.vocab_size)
         logits[self.script[self.forwards]] = 1.0
         self.forwards += 1
