@@ -392,6 +392,8 @@ def test_gateway_admin_creates_credits_and_reports_a_buyer(tmp_path):
 
     created = admin("create-buyer", "acme")
     assert "engy-sk-" in created
+    spare = re.search(r"engy-sk-\S+", admin("issue-key", "1"))[0]
+    assert "revoked" in admin("revoke-key", spare)
     assert "$25.500000" in admin("credit", "1", "25.50")
     assert "$25.500000" in admin("balance", "1")
     assert "requests" in admin("usage", "1").lower()

@@ -1,6 +1,6 @@
 """`engy-node gateway …`: a gateway operator's actions on its store, from a shell.
 
-Buyer accounts and their credit and usage, miner registration, each miner's eligibility, the
+Buyer accounts, their keys (issued, revoked), credit and usage, miner registration, each miner's eligibility, the
 published epochs, and the HAProxy configuration for a fleet of gateway hosts. Each action is a
 function of `gateway.admin` (or `gateway.fleet.load_balancer`) that returns the text to print;
 this module is only their flags and the one store they run against, apart from `cli.py`'s
@@ -10,6 +10,7 @@ dispatch because the group has a parser of its own.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 
@@ -19,6 +20,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     admin_sub = admin.add_subparsers(dest="admin_command", metavar="ACTION", required=True)
     create = admin_sub.add_parser("create-buyer", help="create a buyer account and print its API key (shown once)")
     create.add_argument("name")
+    issue = admin_sub.add_parser(
+        "issue-key", help="issue another API key for an account and print it (shown once); to rotate, then revoke-key"
+    )
+    issue.add_argument("account", type=int)
+    revoke = admin_sub.add_parser(
+        "revoke-key",
+        help="revoke a buyer's API key: every gateway on this store refuses it from its next request on",
+    )
+    revoke.add_argument("key", help="the API key (engy-sk-…); - reads it from standard input, out of the shell history")
     credit = admin_sub.add_parser("credit", help="add prepaid credit to an account")
     credit.add_argument("account", type=int)
     credit.add_argument("usd", help="dollars, e.g. 25 or 0.50")
@@ -79,6 +89,10 @@ def run(config, args: argparse.Namespace) -> int:
         action = args.admin_command
         if action == "create-buyer":
             print(admin.create_buyer(store, name=args.name))
+        elif action == "issue-key":
+            print(admin.issue_key(store, account_id=args.account))
+        elif action == "revoke-key":
+            print(admin.revoke_key(store, api_key=sys.stdin.readline() if args.key == "-" else args.key))
         elif action == "credit":
             print(admin.credit(store, account_id=args.account, dollars=args.usd, memo=args.memo))
         elif action == "balance":

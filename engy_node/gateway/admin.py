@@ -1,4 +1,5 @@
-"""The gateway operator's commands (docs/architecture.md, docs/billing.md): buyer keys and credit,
+"""The gateway operator's commands (docs/architecture.md, docs/billing.md): buyer keys (issued,
+revoked) and credit,
 balances and usage, miners, their eligibility and verdicts, published epochs.
 
 Each function takes an open `Store`, calls its synchronous methods (the admin CLI runs outside
@@ -20,6 +21,7 @@ from datetime import UTC, datetime
 
 from engy_node.errors import EngyError
 from engy_node.gateway.store import Store
+from engy_node.protocol.api_keys import BUYER_KEY_PREFIX
 
 MICRO_USD_PER_USD = 1_000_000
 USD_DECIMALS = len(str(MICRO_USD_PER_USD)) - 1
@@ -78,6 +80,38 @@ def create_buyer(store: Store, *, name: str) -> str:
         f"API key: {api_key}\n"
         "This key is shown once and stored only as a hash: give it to the buyer now."
     )
+
+
+def issue_key(store: Store, *, account_id: int) -> str:
+    """Another API key for an account (to rotate one: issue, hand it over, revoke the old one);
+    the key appears in this text and never again."""
+    api_key = store.issue_key(account_id)
+    return (
+        f"API key for account {account_id}: {api_key}\n"
+        "This key is shown once and stored only as a hash: give it to the buyer now."
+    )
+
+
+def revoke_key(store: Store, *, api_key: str) -> str:
+    """Stop accepting `api_key`: every gateway worker and host on this store refuses it from its
+    next request on (the hold every request makes checks the key in the same statement).
+
+    Raises:
+        AdminError: the key is unknown here or already revoked.
+    """
+    api_key = api_key.strip()
+    if not store.revoke_key(api_key):
+        raise AdminError(
+            f"no unrevoked API key {mask_key(api_key)} in {store.where}: it was revoked already, or it is not "
+            f"a key of this gateway (check that the whole key was copied; buyer keys start with {BUYER_KEY_PREFIX})"
+        )
+    return f"API key {mask_key(api_key)} revoked: every gateway on this store refuses it from its next request on"
+
+
+def mask_key(api_key: str) -> str:
+    """A key as it may be printed after its creation: its prefix and last four characters."""
+    prefix = BUYER_KEY_PREFIX if api_key.startswith(BUYER_KEY_PREFIX) else ""
+    return f"{prefix}…{api_key[-4:]}" if len(api_key) > len(prefix) + 8 else f"{prefix}…"
 
 
 def credit(store: Store, *, account_id: int, dollars: str, memo: str = "") -> str:

@@ -1,7 +1,8 @@
 """One buyer request's way through the gateway, from its body to its log row.
 
 `lifecycle.py` holds the steps up to the miner's first output (`Gateway`: authenticate, render
-and tokenise, hold, route and dispatch, retries); `intake.py` the cheap checks that come before
+and tokenise, hold, route and dispatch, retries); `auth.py` who a request is from (its API key,
+cached per process and checked again by every hold); `intake.py` the cheap checks that come before
 any costly work; `admission.py` the fair queue a request waits in while no miner has room;
 `relay.py` the chat route that streams a miner's answer to the buyer; `corrections.py` what the
 gateway repairs in an answer from facts it holds; `accountant.py` what a finished answer goes

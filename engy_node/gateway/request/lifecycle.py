@@ -1,8 +1,8 @@
 """One buyer request's life in the gateway, whichever API it came through: authenticate, render
 and tokenise, hold, dispatch (with retries before the first byte), settle, record.
 
-1. **Authenticate** the API key (cached for `AUTH_CACHE_TTL_S`), then read the body (capped in
-   size and time).
+1. **Authenticate** the API key (`auth`: cached, and checked again by the hold in step 4), then
+   read the body (capped in size and time).
 2. **Check what is cheap before what is not** (`intake`): a conversation that certainly exceeds
    the model's input limit is refused by its size alone, and an account that cannot pay for a
    large one is refused before it is tokenised.
@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import logging
 import random
 import secrets
@@ -62,11 +61,12 @@ from engy_node.gateway.billing.settlement import BUYER_FAULTS
 from engy_node.gateway.request import intake
 from engy_node.gateway.request.accountant import Accountant, PromptCacheTally
 from engy_node.gateway.request.admission import WaitingRoom
+from engy_node.gateway.request.auth import REVOKED_KEY, KeyCache
 from engy_node.gateway.request.flight import AuditSink, Flight, new_request_id
 from engy_node.gateway.request.request_log import RequestLogWriter
 from engy_node.gateway.routing.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.routing.router import prefix_key, retry_allowed
-from engy_node.gateway.store import Store
+from engy_node.gateway.store import Account, KeyRevoked, Store
 from engy_node.metrics import Registry
 from engy_node.protocol.miner import FEATURE_SAMPLING, FEATURE_SEEDED, FEATURE_TOOLS, Message, ServeRequest
 from engy_node.served_model import ServedModel
@@ -74,10 +74,6 @@ from engy_node.served_model import ServedModel
 log = logging.getLogger("engy.gateway")
 
 
-AUTH_CACHE_TTL_S = 30.0
-"""A valid key is looked up once per this long, not once per request; revoking a key therefore
-takes effect within this time. Unknown keys are never cached, so guessing cannot fill memory."""
-AUTH_CACHE_MAX_ENTRIES = 100_000
 QUEUE_RECHECK_S = 0.5
 """A waiting request looks for room at least this often, events or not."""
 INLINE_TOKENIZE_MAX_CHARS = 4096
@@ -226,7 +222,7 @@ class Gateway:
         self.waiting_room = WaitingRoom(max_waiting=settings.queue_max)
         self.queue_metrics = QueueMetrics(registry if registry is not None else Registry())
         self.created = int(clock())
-        self._accounts: dict[bytes, tuple[Any, float]] = {}
+        self.keys = KeyCache(store, monotonic)
         self.in_flight = 0
         """Buyer requests and probes being served (`serving`), for the drain."""
         self._none_in_flight = trio.Event()
@@ -287,21 +283,8 @@ class Gateway:
                 ) from None
             raise GatewayError("request_too_large" if error.status == 413 else "invalid_request", str(error)) from None
 
-    async def authenticate(self, api_key: str | None):
-        if not api_key:
-            raise GatewayError("authentication", "missing API key: send Authorization: Bearer <key> (or x-api-key)")
-        digest = hashlib.sha256(api_key.encode()).digest()
-        cached = self._accounts.get(digest)
-        now = self.monotonic()
-        if cached is not None and cached[1] > now:
-            return cached[0]
-        account = await self.store.run(self.store.authenticate, api_key)
-        if account is None:
-            raise GatewayError("authentication", "invalid API key")
-        if len(self._accounts) >= AUTH_CACHE_MAX_ENTRIES:
-            self._accounts.clear()
-        self._accounts[digest] = (account, now + AUTH_CACHE_TTL_S)
-        return account
+    async def authenticate(self, api_key: str | None, *, cached: bool = True) -> Account:
+        return await self.keys.authenticate(api_key, cached=cached)
 
     def max_output_tokens_for(self, model: str) -> int:
         return self.models[model].spec.max_output_tokens
@@ -353,7 +336,13 @@ class Gateway:
                 param="messages",
             )
         amount = billing.worst_case_hold(price=spec.price, prompt_tokens=len(prompt_ids), max_tokens=chat.max_tokens)
-        hold = await self.store.run(self.store.hold, account.account_id, amount=amount, request_id=request_id)
+        try:
+            hold = await self.store.run(
+                self.store.hold, account.account_id, amount=amount, request_id=request_id, key_id=account.key_id
+            )
+        except KeyRevoked:
+            self.keys.forget(account)
+            raise GatewayError("authentication", REVOKED_KEY) from None
         if hold is None:
             raise GatewayError(
                 "billing", _insufficient(amount, f"{len(prompt_ids)} prompt + {chat.max_tokens} max tokens")

@@ -50,7 +50,15 @@ accounts, and other bytes for an epoch already published, raise `StoreError`; ga
 from engy_node.gateway.store.checks import CODE, IDENTIFIER
 from engy_node.gateway.store.eligibility import MAX_REASON_CHARS, EligibilityRow
 from engy_node.gateway.store.keys import BUYER_KEY_PREFIX, KEY_ENTROPY_BYTES, MINER_KEY_PREFIX
-from engy_node.gateway.store.ledger import RECOVERED_IDS_LOGGED, Account, AccountSummary, Balance, Hold, Settlement
+from engy_node.gateway.store.ledger import (
+    RECOVERED_IDS_LOGGED,
+    Account,
+    AccountSummary,
+    Balance,
+    Hold,
+    KeyRevoked,
+    Settlement,
+)
 from engy_node.gateway.store.miners import MinerRecord
 from engy_node.gateway.store.requests import RequestLogEntry, UsageSummary
 from engy_node.gateway.store.schema import APPLICATION_ID, BUSY_TIMEOUT_S, SCHEMA_VERSION, StoreError
@@ -76,6 +84,7 @@ __all__ = [
     "Balance",
     "EligibilityRow",
     "Hold",
+    "KeyRevoked",
     "MinerRecord",
     "RequestLogEntry",
     "Settlement",

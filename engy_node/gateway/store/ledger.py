@@ -44,6 +44,13 @@ enough that a crash under heavy load still logs one readable line (the full list
 class Account:
     account_id: int
     name: str
+    key_id: int
+    """The API key it was authenticated by (`api_keys.id`): a hold made with it checks that the
+    key is still unrevoked (`Ledger.hold`)."""
+
+
+class KeyRevoked(Exception):
+    """A hold was asked for with an API key that has been revoked since it was authenticated."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -142,21 +149,28 @@ class Ledger(Connection):
             return None
         with self._read() as conn:
             row = conn.execute(
-                "SELECT a.id, a.name FROM api_keys k JOIN accounts a ON a.id = k.account_id "
+                "SELECT a.id, a.name, k.id FROM api_keys k JOIN accounts a ON a.id = k.account_id "
                 "WHERE k.key_sha256 = ? AND k.revoked_at IS NULL",
                 (sha256(api_key),),
             ).fetchone()
-        return None if row is None else Account(account_id=row[0], name=row[1])
+        return None if row is None else Account(account_id=row[0], name=row[1], key_id=row[2])
 
     @serialised
     def revoke_key(self, api_key: str) -> bool:
-        """Stop accepting `api_key`. False when it was unknown or already revoked."""
+        """Stop accepting `api_key`: `authenticate` no longer finds it, and a hold made with it
+        (`hold`'s `key_id`) is refused, in every process and host on this database from the
+        next one on. False when it was unknown or already revoked."""
         now = self._clock()
         with self._write() as conn:
             cursor = conn.execute(
                 "UPDATE api_keys SET revoked_at = ? WHERE key_sha256 = ? AND revoked_at IS NULL", (now, sha256(api_key))
             )
             return cursor.rowcount == 1
+
+    @staticmethod
+    def _key_revoked(conn: Session, key_id: int) -> bool:
+        row = conn.execute("SELECT revoked_at FROM api_keys WHERE id = ?", (key_id,)).fetchone()
+        return row is None or row[0] is not None
 
     def _require_account(self, conn: Session, account_id: int) -> None:
         if conn.execute("SELECT 1 FROM accounts WHERE id = ?", (account_id,)).fetchone() is None:
@@ -187,7 +201,7 @@ class Ledger(Connection):
 
     @group_commit(durable=False)
     @serialised
-    def hold(self, account_id: int, *, amount: int, request_id: str) -> Hold | None:
+    def hold(self, account_id: int, *, amount: int, request_id: str, key_id: int | None = None) -> Hold | None:
         """Reserve `amount` for `request_id`, or None when the available balance cannot cover it
         (the caller answers 402).
 
@@ -196,19 +210,37 @@ class Ledger(Connection):
         `BEGIN IMMEDIATE`'s write lock, PostgreSQL under the row's lock), so concurrent holds,
         from any thread, process or host, can never together reserve more than the balance.
         `request_id` may hold only once.
+
+        With `key_id` (the `Account.key_id` the request was authenticated by), the same UPDATE
+        also requires that key to be unrevoked, and a revoked one raises `KeyRevoked`: every
+        paid request checks its key against the shared database at no cost of its own (no
+        extra statement or round trip), however long its gateway process caches the key.
+
+        Raises:
+            KeyRevoked: `key_id` names a key that has been revoked.
         """
         integer("amount", amount)
         identifier("request_id", request_id)
         now = self._clock()
         try:
             with self._write(durable=False, pipelined=True) as conn:
-                row = conn.execute(
-                    "UPDATE accounts SET available = available - ?, held = held + ? "
-                    "WHERE id = ? AND available >= ? RETURNING available",
-                    (amount, amount, account_id, amount),
-                ).fetchone()
+                if key_id is None:
+                    row = conn.execute(
+                        "UPDATE accounts SET available = available - ?, held = held + ? "
+                        "WHERE id = ? AND available >= ? RETURNING available",
+                        (amount, amount, account_id, amount),
+                    ).fetchone()
+                else:
+                    row = conn.execute(
+                        "UPDATE accounts SET available = available - ?, held = held + ? "
+                        "WHERE id = ? AND available >= ? "
+                        "AND EXISTS (SELECT 1 FROM api_keys WHERE id = ? AND revoked_at IS NULL) RETURNING available",
+                        (amount, amount, account_id, amount, key_id),
+                    ).fetchone()
                 if row is None:
                     self._require_account(conn, account_id)
+                    if key_id is not None and self._key_revoked(conn, key_id):
+                        raise KeyRevoked(f"API key {key_id} has been revoked")
                     return None
                 # A second hold for the request fails on the one-hold-per-request index, which
                 # rolls the reservation above back with it.

@@ -80,6 +80,29 @@ def test_a_new_buyers_key_is_printed_once_and_works(store):
     assert store.authenticate(api_key).name == "acme"
 
 
+def test_a_key_is_rotated_by_issuing_another_and_revoking_the_old_one_shown_masked(store):
+    account_id, old_key = store.create_buyer("acme")
+    issued = admin.issue_key(store, account_id=account_id)
+    new_key = re.search(r"(engy-sk-\S+)", issued)[1]
+    assert "shown once" in issued and store.authenticate(new_key).account_id == account_id
+    revoked = admin.revoke_key(store, api_key=f" {old_key}\n")  # as pasted, or read from standard input
+    assert old_key not in revoked and f"engy-sk-…{old_key[-4:]}" in revoked and "next request" in revoked
+    assert store.authenticate(old_key) is None and store.authenticate(new_key) is not None
+    with pytest.raises(AdminError, match="revoked already, or it is not a key of this gateway") as again:
+        admin.revoke_key(store, api_key=old_key)
+    assert old_key not in str(again.value)
+    with pytest.raises(AdminError, match="buyer keys start with engy-sk-"):
+        admin.revoke_key(store, api_key="sk-somewhere-else")
+
+
+@pytest.mark.parametrize(
+    ("key", "masked"),
+    [("engy-sk-abcdefghijklmnop", "engy-sk-…mnop"), ("engy-sk-short", "engy-sk-…"), ("x", "…"), ("", "…")],
+)
+def test_a_masked_key_shows_at_most_its_prefix_and_last_four_characters(key, masked):
+    assert admin.mask_key(key) == masked
+
+
 def test_credit_and_balance_print_exact_amounts(store):
     account_id, _ = store.create_buyer("acme")
     assert admin.credit(store, account_id=account_id, dollars="25") == (

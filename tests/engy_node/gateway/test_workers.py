@@ -17,6 +17,7 @@ import socket
 import uuid
 from collections.abc import Callable
 
+import anthropic
 import httpx
 import openai
 import psutil
@@ -27,6 +28,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engy_node.config import load_config
+from engy_node.gateway import admin
 from engy_node.gateway.billing import billing
 from engy_node.gateway.fleet.workers import MinerListener, SharedSockets, leg_worker
 from engy_node.gateway.role import run_gateway, store_path
@@ -370,6 +372,59 @@ async def test_two_workers_serve_buyers_with_legs_on_each_and_exact_books(nurser
     assert store.balance(account).held == 0
     assert store.balance(account).charged == expected
     assert store.check_books() == []
+
+
+async def test_a_revoked_key_is_refused_from_the_next_request_on_by_every_worker(nursery, two_workers):
+    """Issue 33, item 8: a revoked key kept working for 30 s in each worker's key cache. The key is
+    revoked as the operator does it (`admin.revoke_key`, a store of its own as the CLI opens), and
+    every request after that, on whichever worker, is refused."""
+    config, urls, store, served = two_workers
+    async with httpx.AsyncClient(timeout=60) as http:
+        _, miner_key = store.register_miner("synthetic")
+        handler = SyntheticHandler(served, lambda frame: Script(text="Still here."))
+        link = synthetic_link(
+            gateway_url=urls.miner_url,
+            model=served,
+            identity=Identity(miner_key=miner_key),
+            handler=handler,
+            http=http,
+            settings=FAST,
+            max_inflight=64,
+        )
+        legs = Changes()
+        link.on_state = legs.notify
+        await nursery.start(link.run)
+        await legs.wait_for(lambda: sum(link.legs_up.values()) >= 2, timeout_s=30, what="a leg up on each worker")
+        account, key = store.create_buyer("buyer")
+        store.credit(account, micro_usd=1_000_000)
+
+        async def ask(index: int) -> str | int | None:
+            # A fresh connection per request: the kernel hands them to both workers.
+            async with httpx.AsyncClient(timeout=60) as own:
+                fresh = openai.AsyncOpenAI(base_url=urls.buyer_url + "/v1", api_key=key, max_retries=0, http_client=own)
+                try:
+                    answer = await fresh.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": f"question {index}"}], max_tokens=20
+                    )
+                except openai.AuthenticationError as refused:
+                    return refused.status_code
+                return answer.choices[0].message.content
+
+        async def count(index: int) -> int:
+            async with anthropic.AsyncAnthropic(base_url=urls.buyer_url, api_key=key, max_retries=0) as fresh:
+                try:
+                    await fresh.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": f"q {index}"}])
+                except anthropic.AuthenticationError as refused:
+                    return refused.status_code
+                return 200
+
+        before = [await ask(index) for index in range(8)] + [await count(index) for index in range(8)]
+        assert before == ["Still here."] * 8 + [200] * 8
+        with Store.open(store_path(config)) as operators:
+            assert "revoked" in admin.revoke_key(operators, api_key=key)
+        assert [await ask(index) for index in range(8)] == [401] * 8
+        assert [await count(index) for index in range(8)] == [401] * 8
+    assert store.balance(account).held == 0 and store.check_books() == []
 
 
 async def test_a_leg_reaches_the_worker_it_names_and_a_dead_worker_is_restarted(nursery, two_workers):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from engy_node.gateway.store import BUYER_KEY_PREFIX, KEY_ENTROPY_BYTES, Balance, Hold, Store, StoreError
+from engy_node.gateway.store import BUYER_KEY_PREFIX, KEY_ENTROPY_BYTES, Balance, Hold, KeyRevoked, Store, StoreError
 from tests.engy_node.gateway.store.support import assert_books_balance, funded, raw
 
 # -- keys ---------------------------------------------------------------------------------------
@@ -33,6 +33,24 @@ def test_unknown_malformed_and_revoked_keys_do_not_authenticate(store):
     assert store.revoke_key(api_key) is True
     assert store.authenticate(api_key) is None
     assert store.revoke_key(api_key) is False
+
+
+def test_a_hold_made_with_a_revoked_key_is_refused_and_reserves_nothing(store):
+    account_id, old_key = store.create_buyer("acme")
+    store.credit(account_id, micro_usd=1_000)
+    old = store.authenticate(old_key)
+    new = store.authenticate(store.issue_key(account_id))
+    assert store.hold(account_id, amount=10, request_id="before", key_id=old.key_id) is not None
+    store.revoke_key(old_key)
+    with pytest.raises(KeyRevoked):
+        store.hold(account_id, amount=10, request_id="after", key_id=old.key_id)
+    # A revoked key is refused even where the balance could not have paid either.
+    with pytest.raises(KeyRevoked):
+        store.hold(account_id, amount=10_000, request_id="after-too-large", key_id=old.key_id)
+    assert store.hold(account_id, amount=10, request_id="other-key", key_id=new.key_id) is not None
+    assert store.hold(account_id, amount=10_000, request_id="too-large", key_id=new.key_id) is None
+    assert store.balance(account_id) == Balance(available=980, held=20, credited=1_000, charged=0)
+    assert_books_balance(store, account_id)
 
 
 def test_a_rotated_key_works_while_the_old_one_is_revoked(store):

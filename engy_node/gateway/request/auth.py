@@ -1,0 +1,59 @@
+"""Who a buyer request is from: its API key looked up in the store, and cached per process.
+
+Looking a key up is a store operation, as dear as a hold; each gateway process therefore
+remembers who a valid key belongs to for `AUTH_CACHE_TTL_S`. The cache is not what stands
+between a revoked key and the buyer's money: the hold every paid request makes requires the
+key to be unrevoked in the same UPDATE that reserves the money (`Ledger.hold`'s `key_id`), on
+the database every worker and host shares. A revocation (`engy-node gateway revoke-key`)
+therefore takes effect on the key's next request everywhere, at no statement of its own, and
+the refused hold drops the key from this process's cache (`KeyCache.forget`). A request that
+makes no hold (counting tokens) looks its key up every time (`cached=False`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+from engy_node.gateway.api.chat import GatewayError
+from engy_node.gateway.store import Account, Store
+
+AUTH_CACHE_TTL_S = 30.0
+"""How long a process takes a valid key's account from its cache. Unknown keys are never cached,
+so guessing cannot fill memory."""
+AUTH_CACHE_MAX_ENTRIES = 100_000
+REVOKED_KEY = "this API key has been revoked; ask the gateway's operator for a new one"
+
+
+class KeyCache:
+    """The accounts of the API keys this process has seen lately, by the keys' sha256."""
+
+    def __init__(self, store: Store, monotonic: Callable[[], float]) -> None:
+        self.store = store
+        self.monotonic = monotonic
+        self._accounts: dict[bytes, tuple[Account, float]] = {}
+
+    async def authenticate(self, api_key: str | None, *, cached: bool = True) -> Account:
+        """The account `api_key` belongs to, from the cache unless `cached` is False.
+
+        Raises:
+            GatewayError: no key (401), or one the store does not know or has revoked.
+        """
+        if not api_key:
+            raise GatewayError("authentication", "missing API key: send Authorization: Bearer <key> (or x-api-key)")
+        digest = hashlib.sha256(api_key.encode()).digest()
+        entry = self._accounts.get(digest) if cached else None
+        now = self.monotonic()
+        if entry is not None and entry[1] > now:
+            return entry[0]
+        account = await self.store.run(self.store.authenticate, api_key)
+        if account is None:
+            raise GatewayError("authentication", "invalid API key")
+        if len(self._accounts) >= AUTH_CACHE_MAX_ENTRIES:
+            self._accounts.clear()
+        self._accounts[digest] = (account, now + AUTH_CACHE_TTL_S)
+        return account
+
+    def forget(self, account: Account) -> None:
+        """Drop the key `account` was authenticated by (its hold found it revoked)."""
+        self._accounts = {digest: entry for digest, entry in self._accounts.items() if entry[0] != account}
