@@ -4,18 +4,24 @@ it ends, and `receive` is never read. Against a real server: tests/engy_node/tes
 asgi.receive_queued_first: a queued message without a step, an empty queue waited on, the
 channel's own end and errors, any other receive untouched. asgi.read_json_object's deadline: a
 body queued whole is read without a step, one that does not come in time is a 408, and the time
-counts from the first wait, for the whole body."""
+counts from the first wait, for the whole body; its nesting limit, measured as the recursive
+definition says and refused with a 400 at any depth, down to orjson's own."""
 
 from __future__ import annotations
 
+import orjson
 import pytest
 import trio
 import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
 from engy_node.asgi import (
     CLIENT_GONE,
+    MAX_JSON_DEPTH,
     BodyError,
     ClientGone,
+    nesting_exceeds,
     read_json_object,
     receive_queued_first,
     take_queued,
@@ -133,3 +139,50 @@ async def test_a_body_that_comes_in_pieces_within_the_time_is_read_whole(nursery
 
     nursery.start_soon(pieces)
     assert await read_json_object(receive_queued_first(receive.receive), max_bytes=100, timeout_s=10) == {"a": 2}
+
+
+def reference_depth(value) -> int:
+    """JSON nesting depth by its recursive definition: a scalar 0, a container 1 + its deepest child."""
+    if isinstance(value, dict):
+        return 1 + max(map(reference_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(reference_depth, value), default=0)
+    return 0
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=3),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=2), children, max_size=3),
+    max_leaves=40,
+)
+
+
+@given(value=JSON, limit=st.integers(0, 12))
+def test_nesting_is_measured_as_the_recursive_definition_says(value, limit):
+    assert nesting_exceeds(value, limit) == (reference_depth(value) > limit)
+
+
+def nested_body(depth: int) -> bytes:
+    """A JSON object `depth` levels deep, the object itself included."""
+    return b'{"a":' * (depth - 1) + b"{}" + b"}" * (depth - 1)
+
+
+async def read_whole(body: bytes) -> dict:
+    send, receive = trio.open_memory_channel(1)
+    send.send_nowait({"type": "http.request", "body": body, "more_body": False})
+    return await read_json_object(receive.receive, max_bytes=len(body))
+
+
+async def test_a_body_nested_to_the_limit_is_read_and_any_deeper_is_a_400_naming_the_limit():
+    assert reference_depth(await read_whole(nested_body(MAX_JSON_DEPTH))) == MAX_JSON_DEPTH
+    # Deeper than the limit, deeper than Python's recursion limit, deeper than orjson parses.
+    for depth in (MAX_JSON_DEPTH + 1, 1_000, 1_024, 100_000):
+        with pytest.raises(BodyError) as refused:
+            await read_whole(nested_body(depth))
+        assert refused.value.status == 400
+        assert str(refused.value).startswith(f"request body nests JSON arrays and objects more than {MAX_JSON_DEPTH}")
+
+
+async def test_brackets_inside_strings_do_not_make_a_shallow_body_deep():
+    body = {"text": "{[" * 10_000, "list": [[1], {"b": [2]}]}
+    assert await read_whole(orjson.dumps(body)) == body

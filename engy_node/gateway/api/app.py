@@ -146,7 +146,7 @@ class Handlers:
             if not is_json(content_type):
                 raise anthropic_api.unsupported_content_type(content_type)
             # Not from the cache: counting makes no hold, the check a revoked key meets on a chat route.
-            await gateway.authenticate(ANTHROPIC.api_key(request.headers), cached=False)
+            await gateway.authenticate(ANTHROPIC.api_key(request.headers), ANTHROPIC.name, cached=False)
             chat = anthropic_api.parse_count_tokens_request(
                 await gateway.read_body(request.receive),
                 known_models=set(gateway.models),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
-from engy_node.gateway.api.chat import GatewayError
+from engy_node.gateway.api.chat import ApiName, GatewayError
 from engy_node.gateway.store import Account, Store
 
 AUTH_CACHE_TTL_S = 30.0
@@ -23,6 +23,11 @@ AUTH_CACHE_TTL_S = 30.0
 so guessing cannot fill memory."""
 AUTH_CACHE_MAX_ENTRIES = 100_000
 REVOKED_KEY = "this API key has been revoked; ask the gateway's operator for a new one"
+MISSING_KEY: dict[ApiName, str] = {
+    "openai": "missing API key: send it as Authorization: Bearer <key>",
+    "anthropic": "missing API key: send it as x-api-key: <key>",
+}
+"""In each API's own terms: the header its SDKs send (the Anthropic routes take a bearer token too)."""
 
 
 class KeyCache:
@@ -33,14 +38,15 @@ class KeyCache:
         self.monotonic = monotonic
         self._accounts: dict[bytes, tuple[Account, float]] = {}
 
-    async def authenticate(self, api_key: str | None, *, cached: bool = True) -> Account:
-        """The account `api_key` belongs to, from the cache unless `cached` is False.
+    async def authenticate(self, api_key: str | None, api: ApiName, *, cached: bool = True) -> Account:
+        """The account `api_key` (sent to `api`'s routes) belongs to, from the cache unless
+        `cached` is False.
 
         Raises:
             GatewayError: no key (401), or one the store does not know or has revoked.
         """
         if not api_key:
-            raise GatewayError("authentication", "missing API key: send Authorization: Bearer <key> (or x-api-key)")
+            raise GatewayError("authentication", MISSING_KEY[api])
         digest = hashlib.sha256(api_key.encode()).digest()
         entry = self._accounts.get(digest) if cached else None
         now = self.monotonic()

@@ -283,8 +283,8 @@ class Gateway:
                 ) from None
             raise GatewayError("request_too_large" if error.status == 413 else "invalid_request", str(error)) from None
 
-    async def authenticate(self, api_key: str | None, *, cached: bool = True) -> Account:
-        return await self.keys.authenticate(api_key, cached=cached)
+    async def authenticate(self, api_key: str | None, api: ApiName, *, cached: bool = True) -> Account:
+        return await self.keys.authenticate(api_key, api, cached=cached)
 
     def max_output_tokens_for(self, model: str) -> int:
         return self.models[model].spec.max_output_tokens

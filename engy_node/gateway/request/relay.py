@@ -214,7 +214,7 @@ class ChatEndpoint:
         gateway, api = self.gateway, self.api
         request_id = None
         try:
-            account = await gateway.authenticate(api.api_key(Headers(scope=scope)))
+            account = await gateway.authenticate(api.api_key(Headers(scope=scope)), api.name)
             chat = api.parse(await gateway.read_body(receive), gateway)
             with gateway.serving():
                 async with watch_disconnect(receive, scope):

@@ -22,6 +22,7 @@ from hypercorn.trio import serve
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from engy_node.asgi import MAX_JSON_DEPTH
 from engy_node.config import load_config
 from engy_node.gateway.api.app import ERROR_HANDLERS, MAX_HEADER_BYTES, hypercorn_config
 from engy_node.gateway.role import run_gateway, store_path
@@ -275,3 +276,69 @@ async def test_a_handler_that_fails_is_a_json_500_in_the_routes_dialect(nursery,
 async def test_the_miner_endpoint_answers_an_unknown_route_in_json(edges, http):
     response = await http.get(edges.urls.miner_url.replace("ws://", "http://").removesuffix("/gw") + "/gw/nothing")
     assert_openai_error(response, 404, "not_found_error")
+
+
+# ---- deep nesting and authentication wording (issue 33, item 8) -----------------------------
+
+
+def nested(depth: int) -> dict:
+    """A JSON object `depth` levels deep, the object itself included."""
+    value: dict = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+async def test_a_deeply_nested_body_is_a_400_naming_the_limit_in_each_api(edges, http):
+    # Deep enough to pass the JSON parser and overflow Python's recursion limit in the chat
+    # template that renders a tool's schema: it was a 400 quoting "maximum recursion depth exceeded".
+    edges.store.credit(edges.store.authenticate(edges.key).account_id, micro_usd=1_000_000)
+    openai_client, anthropic_client = edges.openai(), edges.anthropic()
+    says = f"more than {MAX_JSON_DEPTH} levels deep; flatten it"
+    with pytest.raises(openai.BadRequestError) as refused:
+        await trio.to_thread.run_sync(
+            lambda: openai_client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=8,
+                tools=[{"type": "function", "function": {"name": "f", "parameters": nested(900)}}],
+            )
+        )
+    assert refused.value.type == "invalid_request_error" and says in refused.value.message
+    for create in (anthropic_client.messages.create, anthropic_client.messages.count_tokens):
+        with pytest.raises(anthropic.BadRequestError) as refused_there:
+            await trio.to_thread.run_sync(
+                lambda: create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "hi"}],
+                    tools=[{"name": "f", "input_schema": {"type": "object", "properties": nested(900)}}],
+                    **({"max_tokens": 8} if create == anthropic_client.messages.create else {}),
+                )
+            )
+        assert refused_there.value.body["error"]["type"] == "invalid_request_error"
+        assert says in refused_there.value.message
+    # Deeper than the SDKs can encode (Python's json recursion) and than orjson parses.
+    headers = {"authorization": f"Bearer {edges.key}", "content-type": "application/json"}
+    deepest = b'{"model": "smollm2-135m", "messages": ' + b"[" * 5_000 + b"]" * 5_000 + b"}"
+    error = assert_openai_error(
+        await http.post(edges.base + "/v1/chat/completions", content=deepest, headers=headers),
+        400,
+        "invalid_request_error",
+    )
+    assert says in error["message"]
+    error = assert_anthropic_error(
+        await http.post(edges.base + "/v1/messages", content=deepest, headers=headers), 400, "invalid_request_error"
+    )
+    assert says in error["message"]
+
+
+async def test_a_missing_key_is_named_by_the_header_each_apis_clients_send(edges, http):
+    # No SDK sends a request without a key (each refuses to, client-side): curl and hand-written
+    # clients do, and follow the message.
+    error = assert_openai_error(
+        await http.post(edges.base + "/v1/chat/completions", json=CHAT_BODY), 401, "authentication_error"
+    )
+    assert "Authorization: Bearer <key>" in error["message"] and "x-api-key" not in error["message"]
+    for path, body in (("/v1/messages", CHAT_BODY), ("/v1/messages/count_tokens", COUNT_BODY)):
+        error = assert_anthropic_error(await http.post(edges.base + path, json=body), 401, "authentication_error")
+        assert "x-api-key: <key>" in error["message"] and "Bearer" not in error["message"]
