@@ -73,11 +73,17 @@ def _too_deep(limit: int) -> BodyError:
 
 
 async def read_json_object(
-    receive: Receive, *, max_bytes: int, allow_empty: bool = False, timeout_s: float = math.inf
+    receive: Receive,
+    *,
+    max_bytes: int,
+    allow_empty: bool = False,
+    timeout_s: float = math.inf,
+    on_chunk: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """The request body, read from ASGI `receive`, as a JSON object, read no further than
     `max_bytes` and for no longer than `timeout_s` (408). Each server turns a `BodyError` into its
-    own API's error shape (499: the client hung up before sending all of it).
+    own API's error shape (499: the client hung up before sending all of it). `on_chunk` is told
+    the size of each piece before it is kept, and may refuse it by raising.
 
     What is already queued for the app (`receive_queued_first`) is taken without waiting, and
     the timer starts only when a wait does: a body that came with its head, nearly every one,
@@ -102,6 +108,8 @@ async def read_json_object(
         size += len(chunk)
         if size > max_bytes:
             raise BodyError(413, f"request body exceeds {max_bytes} bytes")
+        if on_chunk is not None and chunk:
+            on_chunk(len(chunk))
         chunks.append(chunk)
         if not message.get("more_body", False):
             break

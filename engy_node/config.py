@@ -160,6 +160,13 @@ class GatewaySection:
     body_timeout_s: float = 60.0
     """Longest a buyer's request body may take to arrive (408 after): a client trickling it holds
     a connection no longer than this."""
+    body_bytes_in_flight: int = 128 * 1024 * 1024
+    """Bytes of buyer request bodies one gateway process may be receiving at once, all requests
+    together; a body that would pass it is refused with 503 (529 on /v1/messages) and Retry-After.
+    At least `body_bytes_in_flight_per_account`."""
+    body_bytes_in_flight_per_account: int = 32 * 1024 * 1024
+    """The same per buyer account (all its keys): a body that would pass it is refused with 429
+    and Retry-After, so one buyer's slow uploads cannot take the whole. At least `max_body_bytes`."""
     keepalive_s: float = 15.0
     """Streams with nothing to send get a keepalive this often (SSE comment / Anthropic ping)."""
     first_byte_wait_s: float = 15.0
@@ -556,6 +563,13 @@ def _validate(config: Config) -> None:
         raise ConfigError("gateway.queue_wait_s and gateway.queue_max must be 0 (no waiting room) or more")
     if gateway.body_timeout_s <= 0 or gateway.drain_s < 0:
         raise ConfigError("gateway.body_timeout_s must be positive and gateway.drain_s 0 or more")
+    if not gateway.max_body_bytes <= gateway.body_bytes_in_flight_per_account <= gateway.body_bytes_in_flight:
+        raise ConfigError(
+            f"gateway.max_body_bytes ({gateway.max_body_bytes}) <= gateway.body_bytes_in_flight_per_account "
+            f"({gateway.body_bytes_in_flight_per_account}) <= gateway.body_bytes_in_flight "
+            f"({gateway.body_bytes_in_flight}) does not hold: raise the larger or lower the smaller, so that a body "
+            "of the largest size can always be received"
+        )
     if gateway.fleet_legs:
         if not gateway.store_url:
             raise ConfigError(

@@ -58,7 +58,10 @@ subclasses where hypercorn looks its classes up for each new connection, the mod
   two or three writes. Nothing the app has sent waits: each body message is written before its
   `send` returns, as before. It passes the request body on a piece behind, so that a body that
   arrives whole is one message, and queues messages without a step where the app's queue has
-  room. It also puts a `ClientGone` (`asgi.CLIENT_GONE`) in the scope's extensions and calls its
+  room. An answer that starts before the request's body has arrived whole (a body refused for
+  its size or pace) carries `Connection: close`: hypercorn closes such a connection once the
+  response is done, the rest of the body unread, and the client is told so. It also puts a
+  `ClientGone` (`asgi.CLIENT_GONE`) in the scope's extensions and calls its
   callback, from the connection's task, when the connection closes before the response is
   complete, so `asgi.watch_disconnect` cancels the app's work at once without a task of its
   own. (Over HTTP/2, which no gateway client is offered, hypercorn's own stream serves, and the
@@ -397,6 +400,9 @@ class EdgeHTTPStream(HTTPStream):
         """The app's `http.response.start`, held until its first body message."""
         self._body: bytes | None = None
         """The request body's latest piece, held until the next one or the body's end."""
+        self._body_ended = False
+        """The request body has arrived whole: the connection can take the next request once
+        the response is done."""
         protocol = getattr(self.send, "__self__", None)
         # The stream's `send` is its protocol's `stream_send` (`H11Protocol._create_stream`).
         self._protocol = protocol if isinstance(protocol, EdgeH11Protocol) else None
@@ -405,6 +411,8 @@ class EdgeHTTPStream(HTTPStream):
         if not isinstance(self.config, EdgeConfig) or self.closed:
             await super().handle(event)
             return
+        if isinstance(event, EndBody):
+            self._body_ended = True
         if isinstance(event, Body):
             # The body goes on a piece behind, so that one that arrives whole (nearly every
             # request's) reaches the app in one message with its end: one `receive`, not two.
@@ -442,6 +450,10 @@ class EdgeHTTPStream(HTTPStream):
         if not isinstance(self.config, EdgeConfig):
             await super().app_send(message)
             return
+        if message is not None and message["type"] == "http.response.start" and not self._body_ended:
+            # Answered before its body arrived (refused for its size, its pace, its key): the rest
+            # is never read, so hypercorn closes the connection after the response. Say so.
+            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
         if (
             message is not None
             and message["type"] == "http.response.start"

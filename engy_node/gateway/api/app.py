@@ -146,9 +146,9 @@ class Handlers:
             if not is_json(content_type):
                 raise anthropic_api.unsupported_content_type(content_type)
             # Not from the cache: counting makes no hold, the check a revoked key meets on a chat route.
-            await gateway.authenticate(ANTHROPIC.api_key(request.headers), ANTHROPIC.name, cached=False)
+            account = await gateway.authenticate(ANTHROPIC.api_key(request.headers), ANTHROPIC.name, cached=False)
             chat = anthropic_api.parse_count_tokens_request(
-                await gateway.read_body(request.receive),
+                await gateway.read_body(request.receive, account),
                 known_models=set(gateway.models),
                 max_output_tokens_for=gateway.max_output_tokens_for,
             )

@@ -53,12 +53,12 @@ from typing import Any
 
 import trio
 
-from engy_node.asgi import BodyError, Receive, read_json_object
+from engy_node.asgi import Receive
 from engy_node.config import GatewaySection
 from engy_node.gateway.api.chat import ApiName, ChatRequest, GatewayError
 from engy_node.gateway.billing import billing
 from engy_node.gateway.billing.settlement import BUYER_FAULTS
-from engy_node.gateway.request import intake
+from engy_node.gateway.request import bodies, intake
 from engy_node.gateway.request.accountant import Accountant, PromptCacheTally
 from engy_node.gateway.request.admission import WaitingRoom
 from engy_node.gateway.request.auth import REVOKED_KEY, KeyCache
@@ -93,6 +93,8 @@ class GatewaySettings:
 
     max_body_bytes: int = _SECTION.max_body_bytes
     body_timeout_s: float = _SECTION.body_timeout_s
+    body_bytes_in_flight: int = _SECTION.body_bytes_in_flight
+    body_bytes_in_flight_per_account: int = _SECTION.body_bytes_in_flight_per_account
     keepalive_s: float = _SECTION.keepalive_s
     first_byte_wait_s: float = _SECTION.first_byte_wait_s
     max_attempts: int = _SECTION.max_attempts
@@ -220,9 +222,15 @@ class Gateway:
         )
         """What a finished answer goes through: its proof checked, audited, charged, logged."""
         self.waiting_room = WaitingRoom(max_waiting=settings.queue_max)
-        self.queue_metrics = QueueMetrics(registry if registry is not None else Registry())
+        registry = registry if registry is not None else Registry()
+        self.queue_metrics = QueueMetrics(registry)
         self.created = int(clock())
         self.keys = KeyCache(store, monotonic)
+        self.body_budget = bodies.BodyBudget(
+            total_cap=settings.body_bytes_in_flight,
+            account_cap=settings.body_bytes_in_flight_per_account,
+            registry=registry,
+        )
         self.in_flight = 0
         """Buyer requests and probes being served (`serving`), for the drain."""
         self._none_in_flight = trio.Event()
@@ -267,21 +275,18 @@ class Gateway:
         return GatewayError("overloaded", "the gateway is shutting down; retry shortly", retry_after_s=1)
 
     # ---- shared steps -------------------------------------------------------------------------
-    async def read_body(self, receive: Receive) -> dict[str, Any]:
-        """The body as a JSON object, read no further than the size cap and no longer than
-        `body_timeout_s`: a client trickling its body (slow-loris) holds a connection for that
-        long at most."""
-        timeout_s = self.settings.body_timeout_s
-        try:
-            return await read_json_object(receive, max_bytes=self.settings.max_body_bytes, timeout_s=timeout_s)
-        except BodyError as error:
-            if error.status == 408:
-                raise GatewayError(
-                    "request_timeout",
-                    f"the request body did not arrive within {timeout_s:g} s; "
-                    "send it in one go, or check the client's network",
-                ) from None
-            raise GatewayError("request_too_large" if error.status == 413 else "invalid_request", str(error)) from None
+    async def read_body(self, receive: Receive, account: Account) -> dict[str, Any]:
+        """The body as a JSON object, read no further than the size cap, no longer than
+        `body_timeout_s` (a client trickling its body holds a connection for that long at most),
+        and within what the process and the account may be receiving at once (`bodies`)."""
+        settings = self.settings
+        return await bodies.read_body(
+            receive,
+            account.account_id,
+            self.body_budget,
+            max_bytes=settings.max_body_bytes,
+            timeout_s=settings.body_timeout_s,
+        )
 
     async def authenticate(self, api_key: str | None, api: ApiName, *, cached: bool = True) -> Account:
         return await self.keys.authenticate(api_key, api, cached=cached)

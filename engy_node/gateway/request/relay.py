@@ -215,7 +215,7 @@ class ChatEndpoint:
         request_id = None
         try:
             account = await gateway.authenticate(api.api_key(Headers(scope=scope)), api.name)
-            chat = api.parse(await gateway.read_body(receive), gateway)
+            chat = api.parse(await gateway.read_body(receive, account), gateway)
             with gateway.serving():
                 async with watch_disconnect(receive, scope):
                     flight = await gateway.begin(api.name, account, chat)

@@ -28,18 +28,22 @@ from engy_node.gateway.api.app import ERROR_HANDLERS, MAX_HEADER_BYTES, hypercor
 from engy_node.gateway.role import run_gateway, store_path
 from engy_node.gateway.store import Store
 from engy_node.hub import Hub
+from tests.waiting import wait_until_async
 
 MODEL = "smollm2-135m"
 MAX_BODY_BYTES = 64 * 1024
+BODY_BYTES_PER_ACCOUNT = 128 * 1024
+BODY_BYTES_IN_FLIGHT = 256 * 1024
 CHAT_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 """Valid for both chat routes."""
 COUNT_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
 
 class Edges:
-    def __init__(self, urls, store: Store) -> None:
+    def __init__(self, urls, store: Store, hub: Hub) -> None:
         self.urls = urls
         self.store = store
+        self.hub = hub
         self.base = urls.buyer_url
         _, self.key = store.create_buyer(f"buyer-{uuid.uuid4().hex[:6]}")
 
@@ -63,12 +67,15 @@ async def edges(nursery, tmp_path, checkpoint):
                 "provider_port": 0,
                 "qualification": False,
                 "max_body_bytes": MAX_BODY_BYTES,
+                "body_bytes_in_flight_per_account": BODY_BYTES_PER_ACCOUNT,
+                "body_bytes_in_flight": BODY_BYTES_IN_FLIGHT,
             }
         },
     )
-    urls = await nursery.start(run_gateway, config, Hub())
+    hub = Hub()
+    urls = await nursery.start(run_gateway, config, hub)
     store = Store.open(store_path(config))
-    yield Edges(urls, store)
+    yield Edges(urls, store, hub)
     store.close()
 
 
@@ -342,3 +349,126 @@ async def test_a_missing_key_is_named_by_the_header_each_apis_clients_send(edges
     for path, body in (("/v1/messages", CHAT_BODY), ("/v1/messages/count_tokens", COUNT_BODY)):
         error = assert_anthropic_error(await http.post(edges.base + path, json=body), 401, "authentication_error")
         assert "x-api-key: <key>" in error["message"] and "Bearer" not in error["message"]
+
+
+# ---- bodies being received, and answers given before a body arrived (issue 33, item 8) ------
+
+
+def receiving(edges: Edges) -> float:
+    family = edges.hub.registry.snapshot().get("engy_gateway_body_bytes_receiving", {"children": []})
+    return sum(child["value"] for child in family["children"])
+
+
+PADDED_HEAD = b'{"model": "smollm2-135m", "max_tokens": 8, "messages": [{"role": "user", "content": "'
+PADDED_TAIL = b'"}]}'
+
+
+class SlowUpload:
+    """A chat request whose body httpx streams (chunked) up to `sent` bytes and then holds back
+    until `finish` is set; `status` is the answer's once it has come."""
+
+    def __init__(self, edges: Edges, key: str, sent: int) -> None:
+        self.edges, self.key, self.sent = edges, key, sent
+        self.finish = trio.Event()
+        self.status: int | None = None
+
+    async def body(self):
+        yield PADDED_HEAD + b"x" * (self.sent - len(PADDED_HEAD))
+        # The server passes a body on a piece behind (`hypercorn_edges`): this piece lets the one
+        # above through to the gateway.
+        yield b"x"
+        await self.finish.wait()
+        yield PADDED_TAIL
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(timeout=60) as own:
+            response = await own.post(
+                self.edges.base + "/v1/chat/completions",
+                content=self.body(),
+                headers={"authorization": f"Bearer {self.key}", "content-type": "application/json"},
+            )
+        self.status = response.status_code
+
+
+async def refused_upload(edges: Edges, key: str, path: str = "/v1/chat/completions") -> tuple[int, dict, dict]:
+    """A body's first 32 KiB sent (chunked) and the rest held back: the answer, read while the
+    client still owes the server most of its body, and the server's closing of the connection."""
+    host, port = edges.base.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        piece = PADDED_HEAD + b"x" * (32 * 1024 - len(PADDED_HEAD))
+        await stream.send_all(
+            f"POST {path} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+            f"authorization: Bearer {key}\r\ntransfer-encoding: chunked\r\n\r\n".encode()
+            + b"%x\r\n%b\r\n" % (len(piece), piece)
+            + b"1\r\nx\r\n"
+        )
+        received = b""
+        with trio.fail_after(10):
+            while chunk := await stream.receive_some():
+                received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in header_lines)}
+    return int(status_line.split(" ")[1]), headers, orjson.loads(body)
+
+
+async def test_slow_uploads_are_capped_per_account_and_in_all_and_refused_at_once(nursery, edges, http):
+    # 60 slow 8 MB bodies from one key held 518 MB of the gateway. Here, at a test's scale: two
+    # slow 60 KiB uploads fill most of an account's 128 KiB; its next upload is refused with a
+    # 429 while another buyer's is not, and two more from that buyer fill the gateway's 256 KiB,
+    # after which a third buyer's upload is refused with a 503 (529 on /v1/messages).
+    keys = [edges.key] + [edges.store.create_buyer(f"buyer-{index}")[1] for index in range(2)]
+    stalled = [SlowUpload(edges, keys[0], 60 * 1024), SlowUpload(edges, keys[0], 60 * 1024)]
+    for upload in stalled:
+        nursery.start_soon(upload.run)
+    await wait_until_async(lambda: receiving(edges) >= 120 * 1024, timeout_s=30, what="two uploads under way")
+
+    status, headers, body = await refused_upload(edges, keys[0])
+    assert status == 429 and headers["retry-after"] == "1" and headers["connection"] == "close"
+    assert (
+        body["error"]["type"] == "rate_limit_error" and f"{BODY_BYTES_PER_ACCOUNT} at once" in body["error"]["message"]
+    )
+    status, headers, body = await refused_upload(edges, keys[0], "/v1/messages")
+    assert status == 429 and body["error"]["type"] == "rate_limit_error"
+
+    stalled += [SlowUpload(edges, keys[1], 60 * 1024), SlowUpload(edges, keys[1], 60 * 1024)]
+    for upload in stalled[2:]:
+        nursery.start_soon(upload.run)
+    await wait_until_async(lambda: receiving(edges) >= 240 * 1024, timeout_s=30, what="four uploads under way")
+    status, headers, body = await refused_upload(edges, keys[2])
+    assert status == 503 and headers["retry-after"] == "1" and headers["connection"] == "close"
+    assert "retry shortly" in body["error"]["message"]
+    status, headers, body = await refused_upload(edges, keys[2], "/v1/messages")
+    assert status == 529 and body["error"]["type"] == "overloaded_error"
+
+    # The held-back bodies, once sent, are read and answered as any other (402: no credit), and
+    # what they held is given back: the first buyer's next upload is read whole.
+    for upload in stalled:
+        upload.finish.set()
+    await wait_until_async(lambda: all(upload.status is not None for upload in stalled), timeout_s=30, what="answers")
+    assert [upload.status for upload in stalled] == [402] * 4 and receiving(edges) == 0
+    response = await http.post(
+        edges.base + "/v1/chat/completions", json=CHAT_BODY, headers={"authorization": f"Bearer {keys[0]}"}
+    )
+    assert response.status_code == 402 and "connection" not in response.headers
+
+
+async def test_a_413_before_the_body_arrived_says_the_connection_closes(edges):
+    host, port = edges.base.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        # Twice the limit: the server passes a body on a piece behind, so the gateway sees more
+        # than the limit only once more than that has come.
+        piece = b"x" * (2 * MAX_BODY_BYTES)
+        await stream.send_all(
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+            f"authorization: Bearer {edges.key}\r\ncontent-length: {10 * MAX_BODY_BYTES}\r\n\r\n".encode()
+            + piece
+        )
+        received = b""
+        with trio.fail_after(10):
+            while chunk := await stream.receive_some():
+                received += chunk
+    head = received.partition(b"\r\n\r\n")[0].decode("latin-1").lower()
+    assert head.startswith("http/1.1 413") and "\r\nconnection: close\r\n" in head + "\r\n"
