@@ -21,6 +21,7 @@ import collections
 import dataclasses
 import logging
 import logging.handlers
+import os
 import sys
 import threading
 import time
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engy_node.metrics import Registry
+from engy_node.private_files import PRIVATE_FILE_MODE, make_private, private_dir
 from engy_node.snapshots import STATE_SCHEMA, SchemaError, state_type, wire_keys
 
 LOGGER_ROOT = "engy"
@@ -136,9 +138,19 @@ class HubHandler(logging.Handler):
 
 class _TolerantFileHandler(logging.handlers.RotatingFileHandler):
     """A log file that survives a full or vanished disk: records are dropped and counted, and
-    the first failure is reported once on stderr instead of a traceback per record."""
+    the first failure is reported once on stderr instead of a traceback per record. Readable by
+    this user only (`private_files`), whatever the umask, and also when it already existed."""
 
     dropped = 0
+
+    def _open(self):
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE)
+        try:
+            os.fchmod(fd, PRIVATE_FILE_MODE)
+        except BaseException:
+            os.close(fd)
+            raise
+        return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
 
     def handleError(self, record: logging.LogRecord) -> None:
         self.dropped += 1
@@ -172,8 +184,10 @@ def install_logging(
         root.addHandler(console)
     if log_dir is not None:
         try:
-            log_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(log_dir)
             file_name = f"engy-node-{process}.log" if process else "engy-node.log"
+            for backup in log_dir.glob(f"{file_name}.*"):
+                make_private(backup)  # written before the logs were private
             file_handler = _TolerantFileHandler(
                 log_dir / file_name, maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_BACKUPS, encoding="utf-8"
             )

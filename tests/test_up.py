@@ -392,6 +392,9 @@ def test_gateway_admin_creates_credits_and_reports_a_buyer(tmp_path):
 
     created = admin("create-buyer", "acme")
     assert "engy-sk-" in created
+    # The store and the folder it is in are the operator's only (whatever the shell's umask).
+    assert (tmp_path / "data").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "data" / "gateway.sqlite3").stat().st_mode & 0o777 == 0o600
     spare = re.search(r"engy-sk-\S+", admin("issue-key", "1"))[0]
     assert "revoked" in admin("revoke-key", spare)
     assert "$25.500000" in admin("credit", "1", "25.50")

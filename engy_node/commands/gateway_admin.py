@@ -66,6 +66,7 @@ def run(config, args: argparse.Namespace) -> int:
     from engy_node.gateway import admin
     from engy_node.gateway.role import store_location
     from engy_node.gateway.store import Store
+    from engy_node.private_files import private_dir
 
     if args.admin_command == "haproxy-config":
         from engy_node.errors import ConfigError
@@ -84,7 +85,7 @@ def run(config, args: argparse.Namespace) -> int:
         except ValueError as error:
             raise ConfigError(str(error)) from None
         return 0
-    config.paths.data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(config.paths.data_dir)
     with Store.open(store_location(config)) as store:
         action = args.admin_command
         if action == "create-buyer":

@@ -46,6 +46,7 @@ from engy_node.gateway.store import Store, StoreError
 from engy_node.gateway.trust.trust_plane import TrustPlane
 from engy_node.hub import Hub
 from engy_node.models import get_model
+from engy_node.private_files import private_dir
 from engy_node.protocol.audit import LocalVerifier
 from engy_node.serve.checkpoint import resolve_checkpoint
 from engy_node.served_model import ServedModel, load_served_model
@@ -189,7 +190,7 @@ async def serve_gateway(
     settings = config.gateway
     first = seat is None or seat.index == 0
     models = await trio.to_thread.run_sync(load_models, config)
-    config.paths.data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(config.paths.data_dir)  # the store, the logs and the wallets: this user's only
     store = await trio.to_thread.run_sync(Store.open, store_location(config))
     if first:
         # Only the first process: the others start while it serves, and their holds are live.

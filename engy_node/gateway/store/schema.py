@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from engy_node.errors import EngyError
+from engy_node.private_files import PRIVATE_DIR_MODE, make_private, private_file
 
 SCHEMA_VERSION = 4
 """Bump with a migration (`MIGRATIONS`) whenever the schema changes; a file of a newer version,
@@ -218,8 +219,17 @@ def explain(path: Path, error: sqlite3.Error) -> StoreError | None:
 
 def connect(path: Path, *, busy_timeout_s: float) -> sqlite3.Connection:
     """A connection to the store at `path`, created with the current schema if the file is new,
-    in WAL mode with every commit fsynced (`synchronous=FULL`) and foreign keys enforced.
+    in WAL mode with every commit fsynced (`synchronous=FULL`) and foreign keys enforced,
+    readable by this user only (`private_files`; its `-wal` and `-shm` files take its mode).
     Raises `StoreError` for a file we cannot or must not use."""
+    try:
+        private_file(path)
+        for companion in ("-wal", "-shm"):
+            make_private(path.with_name(path.name + companion))
+    except OSError as error:
+        raise StoreError(
+            f"cannot use {path} ({error}); check that its directory exists and is writable by this user"
+        ) from None
     try:
         # isolation_level=None: the sqlite3 module starts no transactions of its own; every
         # write says BEGIN IMMEDIATE explicitly. check_same_thread=False: trio runs each
@@ -299,7 +309,7 @@ class SqliteDatabase:
         self.lock = threading.RLock()
         self._in_batch = False
         self._savepoints = True
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
         self._conn = connect(self.path, busy_timeout_s=busy_timeout_s)
         self._sync_level: Literal["FULL", "NORMAL"] = "FULL"
 
