@@ -171,7 +171,9 @@ class GatewaySection:
     """Streams with nothing to send get a keepalive this often (SSE comment / Anthropic ping)."""
     first_byte_wait_s: float = 15.0
     """How long a stream waits for the miner's first output before committing the response
-    (status 200, keepalives). Until then a failed miner is retried and errors keep their status."""
+    (status 200, keepalives). Until then a failed miner is retried and errors keep their status;
+    a miner that sent nothing by then is told to cancel, logged as timed out (504, its failure)
+    and the request retried on another, within what is left of its deadline."""
     max_attempts: int = 2
     """Miners tried per request while no byte has reached the buyer."""
     queue_wait_s: float = 5.0

@@ -39,7 +39,7 @@ from engy_node.gateway.api.app import Handlers, build_buyer_app, build_miner_app
 from engy_node.gateway.billing import orphans
 from engy_node.gateway.fleet.leadership import Leadership
 from engy_node.gateway.fleet.workers import MinerListener, Seat, SharedSockets, run_worker_process
-from engy_node.gateway.request.lifecycle import Gateway, GatewaySettings
+from engy_node.gateway.request.lifecycle import Gateway, GatewaySettings, longest_request_s
 from engy_node.gateway.request.request_log import RequestLogWriter
 from engy_node.gateway.routing.pool import MinerPool, PoolSettings
 from engy_node.gateway.store import Store, StoreError
@@ -369,8 +369,8 @@ async def _run_servers(
 
 
 def _longest_request_s(models: dict[str, ServedModel], settings) -> float:
-    """The longest a request can hold money: waiting for a first byte, then the model's limit."""
-    return settings.first_byte_wait_s + max(model.spec.max_request_s for model in models.values())
+    """The longest a request can hold money (`lifecycle.longest_request_s`), for the slowest model."""
+    return max(longest_request_s(settings, model) for model in models.values())
 
 
 async def _release_orphaned_holds(store: Store, longest_request_s: float) -> None:

@@ -14,7 +14,9 @@ and tokenise, hold, dispatch (with retries before the first byte), settle, recor
 5. **Route** (`pool.route`, over the model's `route_table`) and dispatch to a miner leg; when no
    eligible miner has room, wait a few seconds in the model's queue, fair across buyers
    (`admission`), before 503/529. Until
-   the first byte reaches the buyer, a failing miner is retried on another. A request that asks
+   the first byte reaches the buyer, a failing miner is retried on another, and so is one that
+   sent nothing within the first-byte wait (it is told to cancel, and logged as timed out), all
+   within the request's one deadline (`longest_request_s`). A request that asks
    to sample, or passes tools, goes to a miner that honours that while one has room, else to
    one that does not, and the flight records what was missing (a greedy answer to a sampled
    request is logged as such).
@@ -36,7 +38,8 @@ logged as `probe`. Paid traffic goes only to miners the control plane made eligi
 What happens between dispatch and settlement — relaying to the buyer in each API's format —
 is `relay.py`. The clocks and the request-id source are injected, so tests can pin them.
 
-Failures attributed to the miner are logged as 502 (it died or errored) or 504 (it timed out);
+Failures attributed to the miner are logged as 502 (it died or errored) or 504 (it timed out,
+or stayed silent past the first-byte wait);
 a buyer hang-up is 499. Those statuses feed epoch settlement (docs/trust.md, "Settlement").
 """
 
@@ -63,6 +66,7 @@ from engy_node.gateway.request.accountant import Accountant, PromptCacheTally
 from engy_node.gateway.request.admission import WaitingRoom
 from engy_node.gateway.request.auth import REVOKED_KEY, KeyCache
 from engy_node.gateway.request.flight import AuditSink, Flight, new_request_id
+from engy_node.gateway.request.queue_metrics import QueueMetrics
 from engy_node.gateway.request.request_log import RequestLogWriter
 from engy_node.gateway.routing.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.routing.router import prefix_key, retry_allowed
@@ -108,41 +112,6 @@ class GatewaySettings:
     def from_section(cls, section: GatewaySection) -> GatewaySettings:
         # Every field the section has; `tokenize_threads` is not a setting.
         return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls) if hasattr(section, f.name)})
-
-
-class QueueMetrics:
-    """The waiting room's depth, waits and outcomes per model, in the node's metrics registry."""
-
-    def __init__(self, registry: Registry) -> None:
-        self._depth = registry.gauge(
-            "engy_gateway_queue_depth", "Requests waiting for a miner with room.", labelnames=("model",)
-        )
-        self._wait = registry.histogram(
-            "engy_gateway_queue_wait_seconds",
-            "Time requests waited for a miner with room.",
-            labelnames=("model",),
-            buckets=QUEUE_WAIT_BUCKETS,
-        )
-        self._outcomes = registry.counter(
-            "engy_gateway_queue_outcomes_total",
-            "Requests that waited, by how the wait ended (served, timed_out, gone: the buyer hung up; full: "
-            "refused at a full queue).",
-            labelnames=("model", "outcome"),
-        )
-
-    def depth(self, model: str, depth: int) -> None:
-        self._depth.labels(model=model).set(depth)
-
-    def outcome(self, model: str, outcome: str) -> None:
-        self._outcomes.labels(model=model, outcome=outcome).inc()
-
-    def left(self, model: str, *, waited_s: float, outcome: str, depth: int) -> None:
-        self._wait.labels(model=model).observe(waited_s)
-        self.outcome(model, outcome)
-        self.depth(model, depth)
-
-
-QUEUE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 
 
 def _always_eligible(miner: str, model: str) -> bool:
@@ -483,28 +452,38 @@ class Gateway:
         flight.seeded = FEATURE_SEEDED in pending.leg.hello.features
         return pending
 
+    def deadline(self, flight: Flight) -> float:
+        """When `flight` must be over, on `monotonic`'s clock (`longest_request_s` from its start)."""
+        return flight.started + longest_request_s(self.settings, flight.model)
+
     async def first_output(self, flight: Flight, *, wait_s: float) -> PendingRequest:
-        """Dispatch, retrying on failure, until the miner produced output or `wait_s` passed.
-        Raises GatewayError when every attempt failed before any output."""
+        """Dispatch, retrying on another miner on failure, until one produced output. Each attempt
+        waits up to `wait_s` for it, never past the request's deadline (`deadline`, which the
+        attempts share); a miner that sent nothing by then is told to stop and logged as timed out
+        (504, the miner's failure for the breaker and settlement), like one that failed. Raises
+        GatewayError when every attempt failed before any output: 504 when the last one was
+        silent, 502 when it failed."""
+        deadline = self.deadline(flight)
         attempts = 0
         while True:
             attempts += 1
             try:
                 pending = await self.dispatch(flight)
             except LegLost as error:
-                last_error = str(error)
+                failure = GatewayError("upstream", f"{error}; try again")
             except GatewayError as error:
                 if error.kind == "overloaded" and attempts > 1:
                     break  # every miner that could take it already failed it: report that failure
                 raise
             else:
-                with trio.move_on_after(wait_s):
+                waited_s = max(0.0, min(wait_s, deadline - self.monotonic()))
+                with trio.move_on_after(waited_s):
                     while not (pending.chunks or pending.finished):
                         if self.cut_off:
                             raise self.shutting_down()
                         await pending.changed.wait()
                 if pending.lost is not None:
-                    last_error = f"the miner disconnected: {pending.lost}"
+                    failure = GatewayError("upstream", f"the miner disconnected: {pending.lost}; try again")
                     await self.accountant.log_outcome(flight, status=502, usage=None)
                 elif pending.response is not None and pending.response.error is not None and not pending.chunks:
                     status = pending.response.error_status
@@ -518,13 +497,33 @@ class Gateway:
                             f"the model cannot serve this request: {pending.response.error}",
                             status_from_miner=status,
                         )
-                    last_error = f"the miner failed: {pending.response.error_text}"
+                    failure = GatewayError("upstream", f"the miner failed: {pending.response.error_text}; try again")
                     await self.accountant.log_outcome(flight, status=502, usage=None)
+                elif not (pending.chunks or pending.finished):
+                    failure = GatewayError(
+                        "timeout", f"the miner sent nothing within {round(waited_s, 1):g} s; try again"
+                    )
+                    await self.give_up(flight, status=504)
                 else:
                     return pending
-            if not retry_allowed(first_byte_sent=False, attempts=attempts, max_attempts=self.settings.max_attempts):
+            if not retry_allowed(
+                first_byte_sent=False,
+                attempts=attempts,
+                max_attempts=self.settings.max_attempts,
+                time_left_s=deadline - self.monotonic(),
+            ):
                 break
-        raise GatewayError("upstream", f"{last_error}; try again")
+        raise failure
+
+    async def give_up(self, flight: Flight, *, status: int) -> None:
+        """Stop the attempt in flight on its miner (it is sent `cancel`, and what it sends after is
+        dropped) and log it with `status` against that miner; the request itself goes on, on
+        another miner or to its error. Shielded: a miner left working unseen would hold its slot."""
+        pending, flight.pending = flight.pending, None
+        with trio.CancelScope(shield=True):
+            if pending is not None and not pending.finished:
+                await self.pool.cancel(pending)
+            await self.accountant.log_outcome(flight, status=status, usage=None)
 
     def size_up(self, chat: ChatRequest, model: ServedModel) -> tuple[intake.PromptSize, int]:
         """The conversation's size and its token floor (`intake`); a 400 when the floor alone
@@ -574,6 +573,13 @@ class Gateway:
                 await self.pool.cancel(flight.pending)
                 await self.accountant.log_outcome(flight, status=499, usage=None)
             await self.release(flight)
+
+
+def longest_request_s(settings: GatewaySettings | GatewaySection, model: ServedModel) -> float:
+    """The longest one request for `model` may take from its start, and so hold money: the wait
+    for a first byte, then the model's limit. Its attempts share it: a miner tried after another
+    stayed silent gets what is left."""
+    return settings.first_byte_wait_s + model.spec.max_request_s
 
 
 def _needs(chat: ChatRequest) -> frozenset[str]:

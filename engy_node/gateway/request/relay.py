@@ -5,8 +5,9 @@ This is the gateway's hot path, so it speaks ASGI itself instead of going throug
 (the wait for the miner's first output, then the relay; under the gateway's own server it is a
 callback, not a task: `asgi.watch_disconnect`), and the relay writes straight to the server, in
 as few sends as the answer allows. A stream commits status 200 only once the miner produced
-output (up to `first_byte_wait_s`), so a miner failing before that is retried and errors keep
-their codes.
+output (up to `first_byte_wait_s`), so a miner failing before that, or sending nothing by then,
+is retried on another (`Gateway.first_output`) and errors keep their codes; the buyer sees
+nothing of an attempt given up.
 
 Text goes through `OutputParser` (reasoning and tool calls) to the API's encoder, with keepalives
 while the miner is quiet. A buyer who hangs up gets the miner cancelled at once, and is charged
@@ -258,13 +259,14 @@ class ChatEndpoint:
         settled = False
         try:
             pending = await gateway.first_output(flight, wait_s=deadline_s)
-            with trio.move_on_after(deadline_s):
+            with trio.move_on_after(gateway.deadline(flight) - gateway.monotonic()):
                 while not pending.finished:
                     if gateway.cut_off:
                         raise gateway.shutting_down()
                     await pending.changed.wait()
             if not pending.finished:
-                raise GatewayError("timeout", f"the miner did not finish within {deadline_s} s")
+                await gateway.give_up(flight, status=504)
+                raise GatewayError("timeout", f"the miner did not finish within {deadline_s} s; try again")
             if pending.lost is not None or pending.response is None or pending.response.error is not None:
                 reason = pending.lost or (pending.response.error_text if pending.response else "no response")
                 await gateway.accountant.log_outcome(flight, status=502, usage=None)
@@ -343,7 +345,9 @@ class ChatEndpoint:
         replacements = ReplacementHold()
         received = ""
         events_seen: list[OutputEvent] = []
-        deadline = gateway.monotonic() + flight.model.spec.max_request_s
+        # The model's limit from the first output, never past the request's deadline (a retried
+        # request has spent part of it on the miners that stayed silent).
+        deadline = min(gateway.monotonic() + flight.model.spec.max_request_s, gateway.deadline(flight))
         outcome = "buyer-gone"
 
         def send_text(text: str) -> list[bytes]:

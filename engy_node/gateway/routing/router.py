@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -159,12 +160,14 @@ def choose(
     )
 
 
-def retry_allowed(*, first_byte_sent: bool, attempts: int, max_attempts: int) -> bool:
+def retry_allowed(*, first_byte_sent: bool, attempts: int, max_attempts: int, time_left_s: float) -> bool:
     """Whether a failed dispatch may be retried on the next candidate.
 
-    `attempts` counts the dispatches already made for this request, the failed one included.
-    A retry is allowed only while nothing has reached the buyer: once a byte is relayed, the
-    buyer holds part of one miner's answer, and another miner's answer would not continue it
+    `attempts` counts the dispatches already made for this request, the failed one included;
+    `time_left_s` is what is left of the request's deadline (`lifecycle.longest_request_s`),
+    which every attempt shares: a request with none left is not retried however few miners it
+    tried. A retry is allowed only while nothing has reached the buyer: once a byte is relayed,
+    the buyer holds part of one miner's answer, and another miner's answer would not continue it
     (reference §7 item 5: never retry a stream midway). The failure then reaches the buyer in
     band. The caller passes the failed workers as `exclude` to `choose`, and a None from it
     ends the retries too.
@@ -173,7 +176,9 @@ def retry_allowed(*, first_byte_sent: bool, attempts: int, max_attempts: int) ->
         raise ValueError(f"attempts must be an integer >= 1 (the failed dispatch counts), got {attempts!r}")
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise ValueError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
-    return not first_byte_sent and attempts < max_attempts
+    if math.isnan(time_left_s):
+        raise ValueError("time_left_s must be a number of seconds, got NaN")
+    return not first_byte_sent and attempts < max_attempts and time_left_s > 0
 
 
 def _render(value: Any) -> str:

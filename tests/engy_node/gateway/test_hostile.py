@@ -27,8 +27,9 @@ from engy_node.hub import Hub
 from engy_node.miner.link import Identity, LinkSettings
 from engy_node.models import SMOLLM2_135M
 from engy_node.served_model import load_served_model
+from engy_node.testing.faults import Gate, GatedHandler
 from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
-from tests.waiting import wait_until_async
+from tests.waiting import Changes, wait_until_async
 
 MODEL = "smollm2-135m"
 FAST = LinkSettings(heartbeat_s=5, backoff_base_s=0.05, backoff_cap_s=0.2, reconnect_delay_s=0.05)
@@ -60,8 +61,18 @@ class Gateway:
         return openai.OpenAI(base_url=self.api, api_key=key, max_retries=0, timeout=120)
 
     async def add_miner(self, nursery, script, http, *, max_inflight: int = 256) -> SyntheticHandler:
-        _, miner_key = self.store.register_miner(f"synthetic-{uuid.uuid4().hex[:6]}")
         handler = SyntheticHandler(self.served, script)
+        await self._connect(nursery, handler, http, max_inflight=max_inflight)
+        return handler
+
+    async def add_gated_miner(self, nursery, script, http, gate_for) -> tuple[str, GatedHandler]:
+        """A synthetic miner whose answers pass through `gate_for`'s gates (`faults.GatedHandler`),
+        once its leg is admitted: (its identity in the request log, its handler)."""
+        handler = GatedHandler(SyntheticHandler(self.served, script), gate_for)
+        return await self._connect(nursery, handler, http, max_inflight=256), handler
+
+    async def _connect(self, nursery, handler, http, *, max_inflight: int) -> str:
+        miner_id, miner_key = self.store.register_miner(f"synthetic-{uuid.uuid4().hex[:6]}")
         link = synthetic_link(
             gateway_url=self.urls.miner_url,
             model=self.served,
@@ -71,8 +82,11 @@ class Gateway:
             settings=FAST,
             max_inflight=max_inflight,
         )
+        legs = Changes()
+        link.on_state = legs.notify
         await nursery.start(link.run)
-        return handler
+        await legs.wait_for(lambda: any(link.legs_up.values()), timeout_s=30, what="the miner's leg admitted")
+        return f"key:{miner_id}"
 
     def queue_depth(self) -> float:
         family = self.hub.registry.snapshot().get("engy_gateway_queue_depth", {"children": []})
@@ -297,6 +311,73 @@ async def test_a_full_queue_refuses_at_once_and_a_hang_up_leaves_the_queue(nurse
     assert gateway.queue_outcomes().get("gone") == 1
     holder.cancel()
     await release.wait()
+
+
+# ---- a miner that accepts a request and never answers ---------------------------------------------
+
+
+def stream_text(client: openai.OpenAI, content: str) -> str:
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=16, stream=True
+    )
+    return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+
+
+async def test_a_miner_that_accepts_and_never_answers_is_stopped_at_the_first_byte_limit_and_counted(
+    nursery, gateway_factory, http
+):
+    """Was: a stream waited on a miner that stayed connected and sent nothing for the model's
+    whole request limit (122 s seen) instead of retrying elsewhere at the first-byte limit, and
+    the miner's silence was not counted against it."""
+    gateway = await gateway_factory(first_byte_wait_s=3)
+    gates: list[Gate] = []
+
+    def never_answer(frame) -> Gate:
+        gates.append(Gate(before_chunk=0))
+        return gates[-1]
+
+    stuck, stalling = await gateway.add_gated_miner(
+        nursery, lambda frame: Script(text="never sent", coalesce_s=0), http, never_answer
+    )
+    account, key = gateway.buyer()
+    client = gateway.openai(key)
+
+    # Alone, it costs the buyer the first-byte limit, then a 504 that says so; the miner is told to stop.
+    with trio.fail_after(60), pytest.raises(openai.APIStatusError) as alone:
+        await trio.to_thread.run_sync(stream_text, client, "alone", abandon_on_cancel=True)
+    assert alone.value.status_code == 504 and "nothing within 3 s" in str(alone.value)
+    with trio.fail_after(30):
+        await gates[0].cancelled.wait()
+    gateway.books_balance(account)
+    assert gateway.store.balance(account).charged == 0
+
+    # Beside an honest miner, a request it takes first is answered by the other one, and the
+    # buyer's stream holds nothing of the abandoned attempt.
+    honest = await gateway.add_miner(nursery, lambda frame: Script(text="Paris is the capital."), http)
+    for index in range(40):
+        with trio.fail_after(60):
+            answer = await trio.to_thread.run_sync(stream_text, client, f"question {index}", abandon_on_cancel=True)
+        assert answer == "Paris is the capital."
+        if len(stalling.served) == 2:
+            break
+    assert len(stalling.served) == 2, "no request went to the stalling miner first"
+    with trio.fail_after(30):
+        await gates[1].cancelled.wait()
+    retried = stalling.served[1].request.engy_request_id
+
+    async def logged() -> bool:
+        rows = [entry for _, entry in gateway.store.requests_after(0, limit=100)]
+        return len(rows) == 1 + len(honest.served) + 1
+
+    await wait_until_async(logged, timeout_s=30, what="every attempt in the request log")
+    rows = [entry for _, entry in gateway.store.requests_after(0, limit=100)]
+    assert [row.status for row in rows if row.miner == stuck] == [504, 504], "each silence is the miner's failure"
+    assert [(row.miner == stuck, row.status) for row in rows if row.request_id == retried] == [
+        (True, 504),
+        (False, 200),
+    ]
+    assert sum(row.cost_micro for row in rows) == gateway.store.balance(account).charged > 0
+    gateway.books_balance(account)
 
 
 # ---- graceful drain -----------------------------------------------------------------------------

@@ -448,18 +448,26 @@ def test_a_decision_depends_only_on_its_inputs_not_on_candidate_order(snapshot, 
 # --- retry_allowed -----------------------------------------------------------------------------
 
 
-@given(first_byte_sent=st.booleans(), attempts=st.integers(1, 10), max_attempts=st.integers(1, 10))
-def test_a_retry_happens_only_before_the_first_byte_and_within_the_attempt_budget(
-    first_byte_sent, attempts, max_attempts
+@given(
+    first_byte_sent=st.booleans(),
+    attempts=st.integers(1, 10),
+    max_attempts=st.integers(1, 10),
+    time_left_s=st.floats(allow_nan=False),
+)
+def test_a_retry_happens_only_before_the_first_byte_within_the_attempt_budget_and_the_deadline(
+    first_byte_sent, attempts, max_attempts, time_left_s
 ):
-    allowed = retry_allowed(first_byte_sent=first_byte_sent, attempts=attempts, max_attempts=max_attempts)
-    assert allowed == (not first_byte_sent and attempts < max_attempts)
+    allowed = retry_allowed(
+        first_byte_sent=first_byte_sent, attempts=attempts, max_attempts=max_attempts, time_left_s=time_left_s
+    )
+    assert allowed == (not first_byte_sent and attempts < max_attempts and time_left_s > 0)
 
 
-def test_once_a_byte_reached_the_buyer_nothing_is_retried():
-    assert retry_allowed(first_byte_sent=False, attempts=1, max_attempts=3)
-    assert not retry_allowed(first_byte_sent=True, attempts=1, max_attempts=3)
-    assert not retry_allowed(first_byte_sent=False, attempts=3, max_attempts=3)
+def test_once_a_byte_reached_the_buyer_or_the_deadline_passed_nothing_is_retried():
+    assert retry_allowed(first_byte_sent=False, attempts=1, max_attempts=3, time_left_s=10.0)
+    assert not retry_allowed(first_byte_sent=True, attempts=1, max_attempts=3, time_left_s=10.0)
+    assert not retry_allowed(first_byte_sent=False, attempts=3, max_attempts=3, time_left_s=10.0)
+    assert not retry_allowed(first_byte_sent=False, attempts=1, max_attempts=3, time_left_s=0.0)
 
 
 # --- refusals ----------------------------------------------------------------------------------
@@ -496,10 +504,12 @@ def test_a_candidate_with_impossible_numbers_is_refused(fields, names):
         Candidate(**{"worker_id": "w", "capacity": 4, "inflight": 0, **fields})
 
 
-@pytest.mark.parametrize(("attempts", "max_attempts"), [(0, 3), (1, 0), (True, 3)])
-def test_nonsense_retry_counts_are_refused(attempts, max_attempts):
+@pytest.mark.parametrize(
+    ("attempts", "max_attempts", "time_left_s"), [(0, 3, 1.0), (1, 0, 1.0), (True, 3, 1.0), (1, 3, math.nan)]
+)
+def test_nonsense_retry_arguments_are_refused(attempts, max_attempts, time_left_s):
     with pytest.raises(ValueError):
-        retry_allowed(first_byte_sent=False, attempts=attempts, max_attempts=max_attempts)
+        retry_allowed(first_byte_sent=False, attempts=attempts, max_attempts=max_attempts, time_left_s=time_left_s)
 
 
 @pytest.mark.parametrize(
