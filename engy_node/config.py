@@ -187,6 +187,11 @@ class GatewaySection:
     stale_after_s: float = 90.0
     """A miner leg with no heartbeat for this long gets no new requests and is closed (three
     missed 30 s beats: docs/protocol.md)."""
+    max_rigs_per_miner: int = 16
+    """Rigs (miner processes) one miner identity (its miner key or hotkey) may connect. Each
+    opens a leg per leg of the fleet (`/gw/meta`), so a gateway worker admits an identity's legs up
+    to what this many rigs can honestly open on it (`workers.miner_legs_cap`); one more is denied,
+    naming this setting."""
     proof_tee_ttl_s: float = 3600.0
     """Audit jobs (proof material, RAM only) not judged within this long are dropped."""
     proof_tee_max_entries: int = 20_000
@@ -561,6 +566,8 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"gateway.workers = {gateway.workers}: must be 1..{MAX_GATEWAY_WORKERS} (about one per core)")
     if gateway.max_attempts < 1:
         raise ConfigError("gateway.max_attempts must be at least 1")
+    if gateway.max_rigs_per_miner < 1:
+        raise ConfigError("gateway.max_rigs_per_miner must be at least 1")
     if gateway.queue_wait_s < 0 or gateway.queue_max < 0:
         raise ConfigError("gateway.queue_wait_s and gateway.queue_max must be 0 (no waiting room) or more")
     if gateway.body_timeout_s <= 0 or gateway.drain_s < 0:

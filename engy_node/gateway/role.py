@@ -38,7 +38,7 @@ from engy_node.errors import ConfigError
 from engy_node.gateway.api.app import Handlers, build_buyer_app, build_miner_app, hypercorn_config
 from engy_node.gateway.billing import orphans
 from engy_node.gateway.fleet.leadership import Leadership
-from engy_node.gateway.fleet.workers import MinerListener, Seat, SharedSockets, run_worker_process
+from engy_node.gateway.fleet.workers import MinerListener, Seat, SharedSockets, miner_legs_cap, run_worker_process
 from engy_node.gateway.request.lifecycle import Gateway, GatewaySettings, longest_request_s
 from engy_node.gateway.request.request_log import RequestLogWriter
 from engy_node.gateway.routing.pool import MinerPool, PoolSettings
@@ -209,7 +209,13 @@ async def serve_gateway(
         served_models={model_id: model.model_root for model_id, model in models.items()},
         authenticate_key=miner_key_lookup,
         allowed_hotkeys=lambda: registered_hotkeys,
-        settings=PoolSettings(stale_after_s=settings.stale_after_s, netuid=config.node.netuid),
+        settings=PoolSettings(
+            stale_after_s=settings.stale_after_s,
+            netuid=config.node.netuid,
+            max_legs_per_miner=miner_legs_cap(
+                rigs=settings.max_rigs_per_miner, fleet_legs=fleet_legs(config), workers=settings.workers
+            ),
+        ),
     )
     registered_hotkeys.update(record.hotkey for record in await store.run(store.list_miners) if record.hotkey)
     link_token = None if seat is None or seat.workers == 1 else seat.token

@@ -125,6 +125,19 @@ def leg_worker(request_line: bytes, *, workers: int, fleet_offset: int = 0, flee
     return index if index < workers else None
 
 
+def miner_legs_cap(*, rigs: int, fleet_legs: int, workers: int) -> int:
+    """The legs one miner identity may hold on one gateway worker when it runs `rigs` rigs (miner
+    processes). A rig opens one leg per leg of the fleet (`/gw/meta`: `fleet_legs`); leg i lands
+    on this host's worker (i - offset) mod `workers` (`leg_worker`), so one worker holds at
+    most ceil(fleet_legs / workers) legs of a rig: one, unless other hosts' legs failed over to
+    this one. Twice that, for a rig that re-plans its legs (the gateway's worker count changed):
+    its old legs finish what they serve while the new ones open."""
+    for name, value in (("rigs", rigs), ("fleet_legs", fleet_legs), ("workers", workers)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return 2 * rigs * -(-fleet_legs // workers)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Seat:
     """One worker's place among `workers`: where it listens for buyers, the shared miner

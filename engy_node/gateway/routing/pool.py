@@ -4,7 +4,7 @@ A leg is one admitted miner connection. Admission needs either a miner key the s
 hello signed by a hotkey the gateway allows (docs/protocol.md, "Signed hello") within the
 signature window, not replayed. The hello must name a served model and, where the gateway knows
 the canonical checkpoint, its `model_root`: a miner announcing another checkpoint is denied rather
-than caught later by proofs.
+than caught later by proofs. So is one past `max_legs_per_miner` legs of its miner identity.
 
 Each leg tracks its advertised capacity (a heartbeat that carries `capacity` updates it) and the
 requests in flight on it, counted here: a miner's own `inflight` report is not trusted (the public
@@ -27,6 +27,9 @@ Whether a leg may serve paid traffic (a fresh heartbeat and the traffic plane's 
 without an event here, so the pool asks again for every leg at most `ADMISSION_REFRESH_S` apart,
 for a new leg or one heard from again at once, and for the leg a decision is about to return
 every time.
+
+Why this size: admission, the receive loop, dispatch, expiry and the drain all read and change
+the same legs and the routing table kept in step with them, each change at once.
 """
 
 from __future__ import annotations
@@ -89,6 +92,8 @@ class PoolSettings:
     """A leg without a heartbeat for this long is stale: three missed 30 s beats (docs/protocol.md)."""
     hello_timeout_s: float = 10.0
     netuid: int = 53
+    max_legs_per_miner: int = 32
+    """Legs one miner identity may hold here, so one key cannot fill the gateway (`workers.miner_legs_cap`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -230,6 +235,19 @@ class MinerPool:
             await self._deny(websocket, "the first frame must be hello")
             return
         identity, reason = await self._admit(hello)
+        held = [] if identity is None else list(self._by_miner.get(identity.miner, {}).values())
+        superseded = [
+            other
+            for other in held
+            if other.hello.worker_name == hello.worker_name
+            and (other.hello.worker_id != hello.worker_id or not hello.worker_id)
+        ]
+        if identity is not None and (kept := len(held) - len(superseded)) >= self.settings.max_legs_per_miner:
+            reason = (
+                f"miner {identity.miner} already holds {kept} legs on this gateway worker, the most one miner "
+                "may (gateway.max_rigs_per_miner); stop the rigs you no longer run, or ask the gateway's operator"
+            )
+            identity = None
         if identity is None:
             log.warning("denied miner %s (%s): %s", hello.worker_name, hello.model, reason)
             await self._deny(websocket, reason)
@@ -238,14 +256,12 @@ class MinerPool:
             await self._deny(websocket, "gateway is draining; retry shortly")
             return
         leg = Leg(self._leg_id(identity.miner, hello), identity, hello, websocket, self.clock())
-        for other in list(self._by_miner.get(identity.miner, {}).values()):
-            if other.hello.worker_name == hello.worker_name and (
-                other.hello.worker_id != hello.worker_id or not hello.worker_id
-            ):
-                log.info(
-                    "miner %s/%s re-dialled from a new process; closing its old leg", identity.miner, hello.worker_name
-                )
-                await self._close_leg(other, "superseded by a new hello")
+        # No wait from the count above to taking the leg in: two hellos cannot both take the last place.
+        for other in superseded:
+            log.info(
+                "miner %s/%s re-dialled from a new process; closing its old leg", identity.miner, hello.worker_name
+            )
+            self._drop(other, "superseded by a new hello")
         # Routable before the miner hears `admit`: a miner (or a local network) that reports
         # ready on admission may be sent a request at once.
         self.legs[leg.leg_id] = leg
@@ -255,6 +271,8 @@ class MinerPool:
         )
         self._unasked[hello.model].add(leg.leg_id)
         self.notify_room()
+        for other in superseded:
+            await _close(other.websocket, 1000)
         try:
             await leg.send(Admit())
         except Exception as error:  # broad on purpose: any send failure means this leg never came up

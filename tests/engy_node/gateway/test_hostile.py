@@ -9,6 +9,7 @@ on SIGTERM.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 
@@ -17,6 +18,7 @@ import openai
 import orjson
 import pytest
 import trio
+from trio_websocket import ConnectionClosed, open_websocket_url
 
 from engy_node.config import load_config
 from engy_node.gateway.api.chat import Usage
@@ -26,6 +28,7 @@ from engy_node.gateway.store import Store
 from engy_node.hub import Hub
 from engy_node.miner.link import Identity, LinkSettings
 from engy_node.models import SMOLLM2_135M
+from engy_node.protocol.miner import Capacity, Hello, encode, parse_gateway_frame
 from engy_node.served_model import load_served_model
 from engy_node.testing.faults import Gate, GatedHandler
 from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
@@ -378,6 +381,42 @@ async def test_a_miner_that_accepts_and_never_answers_is_stopped_at_the_first_by
     ]
     assert sum(row.cost_micro for row in rows) == gateway.store.balance(account).charged > 0
     gateway.books_balance(account)
+
+
+# ---- one miner key opening legs without end ------------------------------------------------------
+
+
+async def test_legs_of_one_miner_past_what_its_rigs_may_open_are_denied_naming_the_setting(gateway_factory, caplog):
+    """Was: one miner key could open any number of legs."""
+    gateway = await gateway_factory(max_rigs_per_miner=1)  # one worker: a rig's leg, twice over
+    _, miner_key = gateway.store.register_miner("many-legs")
+
+    def hello(rig: str) -> str:
+        return encode(
+            Hello(
+                miner_key=miner_key,
+                model=MODEL,
+                model_root=gateway.served.model_root,
+                hw={},
+                versions={},
+                capacity=Capacity(1, 1, 6144, 2048, 600),
+                worker_name=rig,
+                worker_id=uuid.uuid4().hex,
+            )
+        )
+
+    async with contextlib.AsyncExitStack() as legs:
+        answers = []
+        for rig in ("rig-a", "rig-b", "rig-c"):
+            leg = await legs.enter_async_context(open_websocket_url(gateway.urls.miner_url))
+            await leg.send_message(hello(rig))
+            answers.append(parse_gateway_frame(await leg.get_message()))
+        assert [type(answer).__name__ for answer in answers] == ["Admit", "Admit", "Deny"]
+        assert "gateway.max_rigs_per_miner" in answers[2].reason
+        with pytest.raises(ConnectionClosed) as closed:
+            await leg.get_message()
+        assert closed.value.reason.code == 1008
+    assert "denied miner rig-c" in caplog.text and "already holds 2 legs" in caplog.text
 
 
 # ---- graceful drain -----------------------------------------------------------------------------

@@ -12,10 +12,14 @@ import orjson
 import pytest
 import trio
 from hypercorn.trio import serve
+from hypothesis import given
+from hypothesis import strategies as st
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 from engy_node import keys
+from engy_node.config import GatewaySection
 from engy_node.gateway.api.app import build_miner_app, hypercorn_config
+from engy_node.gateway.fleet.workers import leg_worker, miner_legs_cap
 from engy_node.gateway.routing.pool import ADMISSION_REFRESH_S, MinerPool, PoolSettings
 from engy_node.gateway.routing.router import Candidate
 from engy_node.protocol.miner import (
@@ -276,6 +280,87 @@ async def test_a_refused_hello_is_logged_and_closed_naming_the_field(gateway, ca
     assert closed.value.reason.code == 1002
     assert closed.value.reason.reason == "invalid hello: hello.capacity.max_inflight: must be a whole number, got 1.5"
     assert "hello.capacity.max_inflight is invalid (must be a whole number, got 1.5)" in caplog.text
+
+
+# --- legs per miner ------------------------------------------------------------------------------
+
+
+@given(
+    layout=st.integers(1, 64).flatmap(
+        lambda legs: st.tuples(
+            st.just(legs),
+            st.integers(1, legs).flatmap(lambda workers: st.tuples(st.just(workers), st.integers(0, legs - workers))),
+        )
+    ),
+    rigs=st.integers(1, 64),
+)
+def test_the_leg_cap_is_what_a_rigs_legs_can_put_on_one_worker_twice_over_per_rig(layout, rigs):
+    fleet_legs, (workers, offset) = layout
+    landed = [
+        leg_worker(f"GET /gw/{index} HTTP/1.1".encode(), workers=workers, fleet_offset=offset, fleet_legs=fleet_legs)
+        for index in range(fleet_legs)
+    ]
+    most_on_one_worker = max(landed.count(worker) for worker in range(workers))
+    assert miner_legs_cap(rigs=rigs, fleet_legs=fleet_legs, workers=workers) == 2 * rigs * most_on_one_worker
+
+
+def test_the_pools_default_leg_cap_is_the_default_rigs_on_a_one_worker_gateway():
+    rigs = GatewaySection().max_rigs_per_miner
+    assert PoolSettings().max_legs_per_miner == miner_legs_cap(rigs=rigs, fleet_legs=1, workers=1)
+
+
+@pytest.mark.parametrize("arguments", [{"rigs": 0}, {"fleet_legs": 0}, {"workers": True}, {"rigs": 1.5}])
+def test_nonsense_leg_cap_arguments_are_refused_naming_them(arguments):
+    name = next(iter(arguments))
+    with pytest.raises(ValueError, match=name):
+        miner_legs_cap(**{"rigs": 1, "fleet_legs": 1, "workers": 1, **arguments})
+
+
+async def test_a_miner_past_its_leg_cap_is_denied_naming_the_setting_and_its_first_legs_keep_serving(nursery, caplog):
+    """Was: one miner key could open any number of legs."""
+    pool = MinerPool(
+        served_models={MODEL: ROOT},
+        authenticate_key=lookup,
+        allowed_hotkeys=set,
+        settings=PoolSettings(max_legs_per_miner=2),
+    )
+    binds = await nursery.start(serve, build_miner_app(pool), hypercorn_config("127.0.0.1:0"))
+    url = binds[0].replace("http://", "ws://") + "/gw"
+    async with contextlib.AsyncExitStack() as connections:
+        first, admitted_first = await dial(connections, url, hello(worker_name="rig-a"))
+        second, admitted_second = await dial(connections, url, hello(worker_name="rig-b"))
+        assert isinstance(admitted_first, Admit) and isinstance(admitted_second, Admit)
+        extra, denied = await dial(connections, url, hello(worker_name="rig-c"))
+        assert isinstance(denied, Deny)
+        assert "miner key:7 already holds 2 legs" in denied.reason and "gateway.max_rigs_per_miner" in denied.reason
+        with pytest.raises(ConnectionClosed) as closed:
+            await extra.get_message()
+        assert closed.value.reason.code == 1008
+        assert "denied miner rig-c (smollm2-135m): miner key:7 already holds 2 legs" in caplog.text
+        assert sorted(leg.hello.worker_name for leg in pool.legs.values()) == ["rig-a", "rig-b"]
+
+        # The first two still serve.
+        for index, (connection, name) in enumerate(((first, "rig-a"), (second, "rig-b"))):
+            leg = next(leg for leg in pool.legs.values() if leg.hello.worker_name == name)
+            pending = await pool.dispatch(leg.leg_id, request(f"r{index}"), stream=False)
+            serve_frame = parse_gateway_frame(await connection.get_message())
+            assert isinstance(serve_frame, Serve)
+            await connection.send_message(
+                encode(Response(corr_id=serve_frame.corr_id, request_id=f"r{index}", commitment=None, output={}))
+            )
+            with trio.fail_after(5):
+                while not pending.finished:
+                    await pending.changed.wait()
+            assert pending.response is not None and pending.lost is None
+
+        # A rig re-dialling from a new process at the cap takes its old leg's place.
+        redialled, answer = await dial(connections, url, hello(worker_name="rig-a"))
+        assert isinstance(answer, Admit)
+        with pytest.raises(ConnectionClosed):
+            await first.get_message()
+        assert sorted(leg.hello.worker_name for leg in pool.legs.values()) == ["rig-a", "rig-b"]
+        for connection in (second, redialled):
+            await connection.aclose()
 
 
 async def test_a_heartbeat_with_capacity_changes_the_legs_capacity(gateway):
