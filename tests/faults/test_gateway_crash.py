@@ -78,6 +78,9 @@ def gateway(home, account, epoch_clock):
         epoch_s=EPOCH_S,
         epoch_grace_s=EPOCH_GRACE_S,
         gate_min_samples=1,
+        # A request held before its first output must still be open when the gateway is killed:
+        # past this wait its miner would be given up as silent, however slow the machine.
+        first_byte_wait_s=45,
     )
     gateway.start()
     yield gateway
