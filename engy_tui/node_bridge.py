@@ -24,8 +24,10 @@ wait; an unexpected end reported once through `on_crash`) is `StatusBridge`'s, i
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -34,7 +36,7 @@ from typing import Any
 import httpx
 import trio
 
-from engy_node.control import node_actions
+from engy_node.control import Action, node_actions
 from engy_node.errors import EngyError, collapse
 from engy_node.hub import Hub
 from engy_node.snapshots import STATE_SCHEMA, NodeInfo, NodeStates, decode, decode_states
@@ -48,6 +50,8 @@ ACTION_TIMEOUT_S = 150.0
 EVENT_BATCH = 2_000
 PENDING_EVENTS = 20_000
 """Events held for the next frame; a UI that falls further behind loses the oldest (counted)."""
+
+log = logging.getLogger("engy.tui")
 
 LocalStart = Callable[..., Awaitable[Any]]
 """`async def start(hub, actions, *, task_status)`: runs a node until cancelled."""
@@ -105,6 +109,9 @@ class NodeBridge(GuestRun):
         self._next_seq = 0
         self._error: str | None = None
         """Local: why the node stopped; snapshots carry it."""
+        self._nursery: trio.Nursery | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        """Local: where `run_action` starts a handler inside the guest run, and how it gets there."""
 
     @classmethod
     def attach(cls, url: str, token: str, **kwargs: Any) -> NodeBridge:
@@ -145,7 +152,7 @@ class NodeBridge(GuestRun):
             action = self.actions.get(action_id)
             if action is None:
                 raise EngyError(f"no action {action_id!r}; this node offers: {', '.join(self.actions.ids()) or 'none'}")
-            return await action.handler(dict(params or {}))
+            return await self._in_guest(action, dict(params or {}))
         try:
             async with httpx.AsyncClient(trust_env=False, timeout=ACTION_TIMEOUT_S) as client:
                 response = await client.post(
@@ -157,6 +164,57 @@ class NodeBridge(GuestRun):
         if response.status_code != 200:
             raise EngyError(str((body.get("error") or {}).get("message") or f"HTTP {response.status_code}"))
         return body.get("result") or {}
+
+    async def _in_guest(self, action: Action, params: dict[str, Any]) -> dict[str, Any]:
+        """Run a local action's handler inside the guest run and await its result from the host.
+
+        Handlers are trio code (a model server restart sleeps and waits on trio events); awaited
+        from the asyncio side they fail with trio's "must be called from async context", after
+        whatever they did before their first wait. So the handler runs as a task in the node's
+        nursery, under its own timeout as the control API runs it, and the host awaits an asyncio
+        future that task settles."""
+        if self._nursery is None or self._token is None or not self.running:
+            raise EngyError(f"the node is not running, so {action.id} cannot run; start it again (engy-tui --local)")
+        nursery, future = self._nursery, asyncio.get_running_loop().create_future()
+
+        async def run() -> None:
+            try:
+                with trio.fail_after(action.timeout_s):
+                    result = await action.handler(params)
+            except trio.TooSlowError:
+                settle(EngyError(f"{action.id} did not finish within {action.timeout_s:g} s and was cancelled"))
+            except EngyError as refused:
+                settle(refused)
+            except trio.Cancelled:
+                settle(EngyError(f"the node stopped before {action.id} finished"))
+                raise
+            except Exception as failed:  # broad on purpose: a broken action must answer, not kill the node
+                log.exception("action %s failed", action.id)
+                settle(
+                    EngyError(f"{action.id} failed unexpectedly ({collapse(failed)}); the node's log has the details")
+                )
+            else:
+                settle(result if isinstance(result, dict) else {"result": result})
+
+        def settle(outcome: dict[str, Any] | EngyError) -> None:
+            if future.done():  # the host stopped waiting
+                return
+            if isinstance(outcome, EngyError):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+        def spawn() -> None:  # runs inside the guest run, where a closed nursery raises
+            try:
+                nursery.start_soon(run)
+            except RuntimeError:
+                settle(EngyError(f"the node stopped before {action.id} could run"))
+
+        try:
+            self._token.run_sync_soon(spawn)
+        except trio.RunFinishedError:
+            raise EngyError(f"the node stopped before {action.id} could run") from None
+        return await future
 
     # ---- the guest run ---------------------------------------------------------------------
 
@@ -213,6 +271,7 @@ class NodeBridge(GuestRun):
     async def _local(self) -> None:
         assert self.start_node is not None and self.hub is not None
         async with trio.open_nursery() as nursery:
+            self._nursery, self._token = nursery, trio.lowlevel.current_trio_token()
             nursery.start_soon(self._read_hub)
             try:
                 await nursery.start(self.start_node, self.hub, self.actions)

@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from engy_node.control import Actions
+from engy_node.errors import EngyError
 from engy_node.hub import Hub
 from engy_node.snapshots import NodeStates, decode_states
 from engy_tui.commands import KeymapError, command_specs, load_keymap
@@ -165,3 +166,50 @@ def test_quitting_a_node_that_runs_inside_asks_first():
 
     drive(app, script)
     assert not app.bridge.running
+
+
+def trio_node(ran: list[str], *, fail: bool = False):
+    """A node whose restart is real trio code (it sleeps, as a supervisor's restart waits for the
+    server), so the action must run inside the guest run, not on the host's asyncio loop."""
+
+    async def start(hub: Hub, actions: Actions, *, task_status) -> None:
+        async def restart(params):
+            await trio.sleep(0.01)
+            if fail:
+                raise EngyError("the model server is already restarting; wait for it")
+            ran.append("restart")
+            return {"restarted": True}
+
+        actions.register("restart-model-server", "restart the model server", restart)
+        hub.set_state("model_server", command="python -m engy_node serve --port 30000")
+        task_status.started()
+        await trio.sleep_forever()
+
+    return start
+
+
+def toasts(app: NodeManager) -> list[tuple[str, str]]:
+    return [(note.severity, note.message) for note in app._notifications]
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_r_runs_a_trio_restart_inside_the_node_and_reports_how_it_went(fail):
+    ran: list[str] = []
+    app = NodeManager(NodeBridge.local(trio_node(ran, fail=fail)))
+
+    async def script(pilot) -> None:
+        await wait_until(
+            pilot,
+            lambda: app.bridge.latest is not None and "miner" in app.bridge.latest.states.model_servers,
+            "the node's state read",
+        )
+        await pilot.press("r")
+        await wait_until(pilot, lambda: len(toasts(app)) >= 2, "the restart's outcome shown")
+        if fail:
+            assert toasts(app)[-1] == ("error", "the model server is already restarting; wait for it")
+        else:
+            assert ran == ["restart"]
+            assert toasts(app)[-1] == ("information", "restarted: True")
+        await pilot.press("q", "y")
+
+    drive(app, script)
