@@ -484,6 +484,12 @@ class ValidatorState:
     activity_cutoff: int | None = None
     tempo: int | None = None
     commit_reveal: bool | None = None
+    chain_error: str | None = None
+    """Why the last chain read failed; None once one succeeds."""
+    provider_error: str | None = None
+    """Why the last poll got no usable payload from the provider; None when it got one."""
+    cached_vector: bool | None = None
+    """Whether a landed vector is cached to resubmit while the provider gives none."""
     last_tick: float | None = None
     last_outcome: str | None = None
     last_applied: int | None = None

@@ -185,6 +185,7 @@ class LightValidator:
             view = await self.chain.read(self.settings.netuid)
         except Exception as err:  # broad on purpose: connecting fails in as many ways as the SDK has layers
             log.warning("chain read failed (%s: %s); nothing submitted this tick", type(err).__name__, err)
+            self._publish(chain_error=_chain_error(err))
             return TickResult("chain-failed", candidate.epoch_index)
         self._observe(view)
 
@@ -226,6 +227,7 @@ class LightValidator:
             view = await self.chain.read(self.settings.netuid)
         except Exception as err:  # broad on purpose: the loop retries the chain every tick anyway
             log.warning("chain not readable at start-up (%s: %s); the loop will keep trying", type(err).__name__, err)
+            self._publish(chain_error=_chain_error(err))
             return
         self._observe(view)
         me = view.neuron_of(self.signer.ss58_address)
@@ -251,27 +253,50 @@ class LightValidator:
     # ---- the steps --------------------------------------------------------------------------
 
     async def _candidate(self, state: ValidatorState) -> tuple[Candidate | None, str]:
-        """A freshly verified vector, else the cache; else (None, why)."""
+        """A freshly verified vector, else the cache; else (None, why). Publishes why the provider
+        gave no usable payload (`provider_error`, None when it did) and whether a cached vector
+        exists to fall back on (`cached_vector`)."""
+        cached, cached_epoch = state.cached_weights, state.last_applied
+        candidate, failure, why = await self._fresh_candidate(state)
+        self._publish(provider_error=why, cached_vector=cached is not None and cached_epoch is not None)
+        if candidate is not None:
+            return candidate, ""
+        if cached is None or cached_epoch is None:
+            log.log(
+                logging.INFO if failure == "no-epoch-yet" else logging.WARNING,
+                "no usable payload (%s) and no cached vector yet; nothing to submit",
+                failure,
+            )
+            return None, failure
+        log.info(
+            "no usable payload (%s); resubmitting the cached epoch %d vector (%d hotkeys)",
+            failure,
+            cached_epoch,
+            len(cached),
+        )
+        return Candidate(cached, cached_epoch, state.cached_digest, from_cache=True), ""
+
+    async def _fresh_candidate(self, state: ValidatorState) -> tuple[Candidate | None, str, str | None]:
+        """A freshly verified vector from the provider, else (None, the outcome, why in words)."""
         failure = "fetch-failed"
+        url = f"{self.settings.provider_url}{EPOCH_PATH}"
         try:
             raw = await self._fetch()
         except ProviderAnswer as err:
             # 404 is a provider that has not closed an epoch yet (a new gateway): expected, not alarming.
             level = logging.INFO if err.status == 404 else logging.WARNING
-            log.log(
-                level, "fetch of %s%s answered HTTP %d: %s", self.settings.provider_url, EPOCH_PATH, err.status, err
-            )
+            log.log(level, "fetch of %s answered HTTP %d: %s", url, err.status, err)
             if err.status == 404:
                 failure = "no-epoch-yet"
+            why = f"{url} answered HTTP {err.status}: {err}"
         except (httpx.HTTPError, trio.TooSlowError) as err:
-            log.warning(
-                "fetch of %s%s failed: %s",
-                self.settings.provider_url,
-                EPOCH_PATH,
+            reason = (
                 f"no complete answer within {FETCH_TIMEOUT_S:.0f} s"
                 if isinstance(err, trio.TooSlowError)
-                else _reason(err),
+                else _reason(err)
             )
+            log.warning("fetch of %s failed: %s", url, reason)
+            why = f"{url}: {reason}"
         else:
             try:
                 verified = parse_and_verify(
@@ -283,30 +308,15 @@ class LightValidator:
             except EpochPayloadError as err:
                 log.warning("payload rejected (%s): %s", err.reason, err.detail)
                 failure = f"rejected:{err.reason}"
+                why = f"payload rejected ({err.reason}): {err.detail}"
             else:
                 replayed = state.last_applied is not None and verified.epoch_index < state.last_applied
                 if not replayed:
-                    return _fresh(verified), ""
-                log.warning(
-                    "payload refused: epoch %d is older than epoch %d already applied (replay guard)",
-                    verified.epoch_index,
-                    state.last_applied,
-                )
+                    return _fresh(verified), "", None
+                why = f"epoch {verified.epoch_index} is older than epoch {state.last_applied} already applied"
+                log.warning("payload refused: %s (replay guard)", why)
                 failure = "rejected:replay"
-        if state.cached_weights is None or state.last_applied is None:
-            log.log(
-                logging.INFO if failure == "no-epoch-yet" else logging.WARNING,
-                "no usable payload (%s) and no cached vector yet; nothing to submit",
-                failure,
-            )
-            return None, failure
-        log.info(
-            "no usable payload (%s); resubmitting the cached epoch %d vector (%d hotkeys)",
-            failure,
-            state.last_applied,
-            len(state.cached_weights),
-        )
-        return Candidate(state.cached_weights, state.last_applied, state.cached_digest, from_cache=True), ""
+        return None, failure, why
 
     async def _fetch(self) -> bytes:
         """The body of the latest epoch, read no further than the size cap allows."""
@@ -445,6 +455,10 @@ class LightValidator:
 
     # ---- liveness and reporting -------------------------------------------------------------
 
+    def _publish(self, **fields: Any) -> None:
+        if self.hub is not None:
+            self.hub.set_state("validator", **fields)
+
     def _observe(self, view: ChainView) -> None:
         self.last_view = view
         if view.block_time_s > 0:
@@ -466,6 +480,7 @@ class LightValidator:
                 activity_cutoff=view.activity_cutoff,
                 tempo=view.tempo,
                 commit_reveal=view.commit_reveal,
+                chain_error=None,
             )
 
     def _publish_weights(
@@ -608,6 +623,10 @@ class Watchdog:
 
 def _fresh(verified: VerifiedEpoch) -> Candidate:
     return Candidate(verified.weights, verified.epoch_index, verified.digest, from_cache=False)
+
+
+def _chain_error(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
 def _reason(err: BaseException) -> str:

@@ -516,7 +516,7 @@ def test_the_cutoff_warns_past_half_and_errs_past_it():
 @pytest.mark.parametrize(
     ("outcome", "level", "words"),
     [
-        ("fetch-failed", "warning", "provider did not answer"),
+        ("fetch-failed", "error", "no cached vector exists"),
         ("rejected:bad-signature", "warning", "rejected (bad-signature)"),
         ("standby:burn", "warning", "burned to the subnet owner"),
         ("chain-failed", "error", "chain read failed"),
@@ -829,6 +829,54 @@ def test_the_chain_functions_never_raise(chain, names, hotkey):
 # ---- the widgets under Pilot ------------------------------------------------------------------
 
 
+def outage(*, cached: bool) -> dict[str, Any]:
+    """A validator whose chain and provider are both down, as `light` publishes it: with no
+    cached vector (a first start in the outage) or with one (epoch 12 landed before)."""
+    state: dict[str, Any] = {
+        "hotkey": NAMES["validator"],
+        "network": "ws://10.0.0.7:9944",
+        "provider": "https://provider.engy.ai",
+        "netuid": 53,
+        "resubmit_blocks": 120,
+        "poll_s": 300.0,
+        "chain_error": "RpcConnectionError: could not connect to any endpoint: [Errno 111] Connect call failed",
+        "provider_error": "https://provider.engy.ai/api/subnet/v1/epoch/latest: ConnectError: [Errno -2] Name or "
+        "service not known",
+        "cached_vector": cached,
+        "last_tick": NOW - 20,
+        "last_outcome": "chain-failed" if cached else "fetch-failed",
+    }
+    return {**state, "last_applied": 12, "last_submit_block": 1_500} if cached else state
+
+
+def test_an_outage_of_chain_and_provider_shows_both_and_says_no_cache_exists():
+    findings = validator_warnings(validator_of(outage(cached=False)), None, NOW)
+    assert [f.level for f in findings] == ["error", "error"]
+    assert findings[0].text.startswith("chain unreachable: RpcConnectionError: could not connect")
+    assert "validator.network" in findings[0].fix
+    assert findings[1].text.startswith("the provider gave no usable payload: https://provider.engy.ai/api/")
+    assert findings[1].text.endswith("no cached vector exists, so nothing is submitted")
+    assert "validator.provider_url" in findings[1].fix
+    shown = " ".join(f.text + f.fix for f in findings)
+    assert "resubmitted" not in shown  # nothing is: no cache
+
+
+def test_an_outage_with_a_cache_says_which_vector_stands_in_and_when():
+    findings = validator_warnings(validator_of(outage(cached=True)), None, NOW)
+    assert [f.level for f in findings] == ["error", "warning"]
+    assert findings[0].text.startswith("chain unreachable:")
+    assert findings[1].fix.endswith("the cached epoch 12 vector is resubmitted once the chain answers")
+    # The tick's outcome is not warned about again.
+    assert not any("last chain read failed" in f.text for f in findings)
+    up = {**outage(cached=True), "chain_error": None, "last_outcome": "resubmitted:cached"}
+    (finding,) = validator_warnings(validator_of(up), None, NOW)
+    assert finding.fix.endswith("the cached epoch 12 vector is resubmitted every resubmit interval")
+    # A provider with no epoch yet is a quiet wait, and a node that does not say shows no guess.
+    assert validator_warnings(validator_of({**up, "last_outcome": "no-epoch-yet"}), None, NOW) == []
+    (finding,) = validator_warnings(validator_of({**up, "cached_vector": None}), None, NOW)
+    assert "cached" not in finding.fix
+
+
 class Host(App[None]):
     """One widget on a screen, fed one state after mounting (as the render timer would)."""
 
@@ -869,6 +917,22 @@ def test_validator_panel_shows_the_state_it_is_given(utc):
             await pilot.pause()
             assert static_text(app, "validator-warnings") == "none ✔"
             assert not warnings.has_class("-error") and not warnings.has_class("-warning")
+
+    asyncio.run(scenario())
+
+
+def test_validator_panel_shows_an_outage_of_chain_and_provider():
+    async def scenario() -> None:
+        app = Host(ValidatorPanel(), validator_of(outage(cached=False)), names=NAMES)
+        async with app.run_test(size=(160, 40)) as pilot:
+            app.feed()
+            await pilot.pause()
+            warnings = app.query_one("#validator-warnings", Static)
+            assert warnings.border_title == "Warnings (2)" and warnings.has_class("-error")
+            shown = static_text(app, "validator-warnings")
+            assert "✘ chain unreachable: RpcConnectionError" in shown
+            assert "no cached vector exists, so nothing is submitted" in shown
+            assert "resubmitted" not in shown
 
     asyncio.run(scenario())
 
@@ -917,6 +981,11 @@ def test_validator_panel_snapshot(snap_compare, utc):
 def test_troubled_validator_panel_snapshot(snap_compare, utc):
     validator, chain = troubled()
     app = Host(ValidatorPanel(poll_s=5), validator_of(validator), names=NAMES, chain=chain_of(chain))
+    assert snap_compare(app, terminal_size=(160, 30), run_before=lambda pilot: app.feed())
+
+
+def test_outage_validator_panel_snapshot(snap_compare, utc):
+    app = Host(ValidatorPanel(), validator_of(outage(cached=False)), names=NAMES)
     assert snap_compare(app, terminal_size=(160, 30), run_before=lambda pilot: app.feed())
 
 

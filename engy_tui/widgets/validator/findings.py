@@ -1,9 +1,11 @@
 """The "Warnings" block: what must the operator act on?
 
 Each finding says what is wrong and what to do about it (`Finding`), worst first: not
-registered, no permit, a resubmit interval that does not clear the rate limit, the activity
-cutoff near or passed, no tick for too long, dropped hotkeys, a refused submission (with the fix
-for the chain error it names) and a last tick that did not go to plan.
+registered, no permit, the chain unreachable (with its error), the provider giving no usable
+payload (with its error, and whether a cached vector stands in: the state says, never assumed), a
+resubmit interval that does not clear the rate limit, the activity cutoff near or passed, no tick
+for too long, dropped hotkeys, a refused submission (with the fix for the chain error it names)
+and a last tick that did not go to plan.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ __all__ = [
     "Finding",
     "OUTCOME_FIXES",
     "REFUSAL_FIXES",
+    "outage_findings",
     "refusal_fix",
     "validator_warnings",
     "warning_lines",
@@ -82,9 +85,9 @@ def refusal_fix(detail: str | None) -> str:
 
 OUTCOME_FIXES: dict[str, tuple[Literal["warning", "error"], str, str]] = {
     "fetch-failed": (
-        "warning",
-        "the provider did not answer the last poll",
-        "check validator.provider_url and the provider; the cached vector is resubmitted meanwhile",
+        "error",
+        "the provider did not answer the last poll and no cached vector exists: nothing is submitted",
+        "check validator.provider_url and the provider; the first epoch it serves goes on chain",
     ),
     "resubmitted:cached": (
         "warning",
@@ -114,6 +117,51 @@ OUTCOME_FIXES: dict[str, tuple[Literal["warning", "error"], str, str]] = {
     "submit-failed": ("error", "the last tick could not submit", "see the submissions below and the validator log"),
     "error": ("error", "the last tick raised an error", "see the validator log (this is a bug if it repeats)"),
 }
+
+
+def outage_findings(validator: ValidatorState) -> list[Finding]:
+    """The chain and the provider, each unreachable or not, from the errors the loop published:
+    the chain's read error; the provider's (not for a provider with no epoch yet, nor for a
+    rejected or replayed payload, which have their own finding), saying whether a cached vector
+    stands in, as the state says."""
+    findings: list[Finding] = []
+    chain_error = _text(validator.chain_error)
+    if chain_error is not None:
+        findings.append(
+            Finding(
+                "error",
+                f"chain unreachable: {chain_error}",
+                "check validator.network and the connection; nothing is submitted until a read succeeds, "
+                "and the next tick retries",
+            )
+        )
+    provider_error = _text(validator.provider_error)
+    outcome = _text(validator.last_outcome) or ""
+    if provider_error is None or outcome in ("no-epoch-yet", "skipped:replay") or outcome.startswith("rejected:"):
+        return findings
+    check = "check validator.provider_url and the provider"
+    epoch = f"epoch {validator.last_applied} " if validator.last_applied is not None else ""
+    if validator.cached_vector is True:
+        when = "once the chain answers" if chain_error is not None else "every resubmit interval"
+        findings.append(
+            Finding(
+                "warning",
+                f"the provider gave no usable payload: {provider_error}",
+                f"{check}; meanwhile the cached {epoch}vector is resubmitted {when}",
+            )
+        )
+    elif validator.cached_vector is False:
+        findings.append(
+            Finding(
+                "error",
+                f"the provider gave no usable payload: {provider_error}; no cached vector exists, so nothing "
+                "is submitted",
+                f"{check}; the first epoch it serves goes on chain",
+            )
+        )
+    else:
+        findings.append(Finding("warning", f"the provider gave no usable payload: {provider_error}", check))
+    return findings
 
 
 def validator_warnings(
@@ -152,6 +200,12 @@ def validator_warnings(
                 "stake more on this hotkey (permits go to the largest stakes, recomputed each epoch)",
             )
         )
+    outages = outage_findings(validator)
+    findings += outages
+    # What the outage findings say in full, the tick's outcome would only repeat.
+    covered = {"chain-failed"} if _text(validator.chain_error) is not None else set()
+    if len(outages) > len(covered):
+        covered |= {"fetch-failed", "resubmitted:cached"}
 
     interval = validator.resubmit_blocks
     limit = validator.weights_rate_limit
@@ -230,7 +284,7 @@ def validator_warnings(
                 "check validator.master_hotkey and netuid match the provider; nothing unverified is submitted",
             )
         # A refused submission already has its own warning above.
-        if known is not None and not (outcome == "submit-failed" and refused):
+        if known is not None and not (outcome == "submit-failed" and refused) and outcome not in covered:
             findings.append(Finding(*known))
     findings.sort(key=lambda finding: finding.level != "error")
     return findings

@@ -36,7 +36,7 @@ OUTCOMES: dict[str, tuple[str, str]] = {
     "standby:cached": ("warning", WARN),
     "standby:burn": ("warning", WARN),
     "skipped:replay": ("warning", WARN),
-    "fetch-failed": ("warning", WARN),
+    "fetch-failed": ("error", ERROR),
     "chain-failed": ("error", ERROR),
     "submit-failed": ("error", ERROR),
     "error": ("error", ERROR),

@@ -444,3 +444,46 @@ def test_the_watchdog_stays_quiet_while_ticks_complete():
         assert ticking.checked.wait_for(lambda: ticking.checks >= 10, timeout=5), f"checking stopped, exit {codes}"
     watchdog.stop()
     assert codes == []
+
+
+async def test_a_chain_and_provider_outage_publishes_both_errors_and_that_no_cache_exists(tmp_path, validator_key):
+    """Nothing answers: a closed port for the chain and for the provider. The hub says why each
+    failed and that no cached vector stands in, so the validator tab can say so (issue 34)."""
+    hub = Hub()
+    settings = LightSettings(
+        provider_url="http://127.0.0.1:9",
+        master_hotkey=MASTER.ss58_address,
+        netuid=NETUID,
+        state_path=tmp_path / "validator" / "state.json",
+        heartbeat_path=tmp_path / "validator" / "heartbeat.json",
+    )
+    client = ChainClient("ws://127.0.0.1:9")
+    try:
+        async with httpx.AsyncClient() as http:
+            loop = LightValidator(settings, chain=client, signer=validator_key, http=http, hub=hub)
+            with trio.fail_after(60):
+                await loop._check_registration()
+                result = await loop.tick()
+    finally:
+        client.close()
+    assert result.outcome == "fetch-failed"
+    state = hub.states()["validator"]
+    assert state["chain_error"].startswith("RpcConnectionError: could not connect")
+    assert state["provider_error"].startswith(f"http://127.0.0.1:9{EPOCH_PATH}: ConnectError")
+    assert state["cached_vector"] is False
+
+
+async def test_a_provider_outage_with_a_cache_says_the_cache_stands_in_and_a_good_read_clears_the_errors(
+    registered, chain, clocks, provider, make_loop
+):
+    provider.body = payload(5, [[MINER_A, 3000], [MINER_B, 1000]])
+    hub = Hub()
+    loop = make_loop(hub=hub)
+    assert (await loop.tick()).outcome == "applied"
+    assert hub.states()["validator"]["provider_error"] is None
+    provider.status, provider.body = 503, b'{"error": "down"}'
+    clocks.blocks(INTERVAL)
+    assert (await loop.tick()).outcome == "resubmitted:cached"
+    state = hub.states()["validator"]
+    assert state["cached_vector"] is True and state["chain_error"] is None
+    assert "answered HTTP 503" in state["provider_error"]
