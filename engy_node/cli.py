@@ -11,7 +11,8 @@ Subcommands:
   gateway …    gateway administration (buyer keys, credit, usage, miners, trust, epochs)
   plan         GPUs, the model-server plan and the exact command
   status       a running node's state from its control API (chain, weights, epochs, miners)
-  health       whether this home's validator loop is still completing ticks (exit 0 ok, 1 stale)
+  health       is this home's validator doing its job? (exit 0 yes, 1 its loop stalled, 3 no weights within the
+               activity cutoff)
   diagnose     a support bundle (.tar.gz): versions, masked config, GPUs, recent logs, the node's status
   calibrate    how far honest serving and known cheats sit apart on this machine
   weights …    weight commitments for the sampled GEMM audits (weights commit --checkpoint DIR)
@@ -139,7 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reads the control API of the node running in this home (control.json in its data dir).",
     )
     status.add_argument("--json", action="store_true", help="print the raw status document")
-    sub.add_parser("health", help="is the validator loop in this home still completing ticks? (exit 0 yes, 1 no)")
+    sub.add_parser(
+        "health",
+        help="is the validator in this home doing its job? (exit 0 yes, 1 its loop stalled, 3 no weights landed "
+        "within the activity cutoff)",
+    )
     diagnose = sub.add_parser(
         "diagnose",
         help="write a support bundle: versions, masked config, GPUs, recent logs, the node's status",
@@ -416,9 +421,9 @@ def _control_service(config, hub, roles: Sequence[str], actions, *, extra_info: 
 def _print_health(config) -> int:
     from engy_node.validator.role import health_report
 
-    ok, message = health_report(config)
+    code, message = health_report(config)
     print(message)
-    return 0 if ok else 1
+    return code
 
 
 def _run_diagnose(args: argparse.Namespace, node_overrides: dict) -> int:

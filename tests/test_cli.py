@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 from engy_node import __version__
 
@@ -50,6 +51,21 @@ def test_a_validator_on_an_unknown_network_lists_the_known_ones(tmp_path):
 def test_health_without_a_validator_heartbeat_exits_1(tmp_path):
     result = engy_node("health", home=tmp_path)
     assert result.returncode == 1 and "no heartbeat" in result.stdout
+
+
+def test_health_of_a_ticking_validator_that_never_set_weights_exits_3(tmp_path):
+    from engy_node.validator.liveness import write_heartbeat
+
+    now = time.time()
+    started = now - 5000 * 12.0 - 60
+    write_heartbeat(
+        tmp_path / "data" / "validator" / "heartbeat.json",
+        now=now,
+        detail={"outcome": "chain-failed", "started": started},
+    )
+    result = engy_node("health", home=tmp_path)
+    assert result.returncode == 3 and result.stdout.startswith("no weights set:")
+    assert "validator.network" in result.stdout
 
 
 def test_a_miner_without_a_gateway_names_the_setting_before_starting_anything(tmp_path):

@@ -117,6 +117,7 @@ class LightValidator:
         self.block_s = settings.block_s
         self.last_view: ChainView | None = None
         self.last_tick_monotonic = time.monotonic()
+        self.started = clock()
         self.submissions: collections.deque[dict[str, Any]] = collections.deque(maxlen=SUBMISSIONS_KEPT)
         self._warned_interval = False
 
@@ -520,7 +521,14 @@ class LightValidator:
     async def _stamp(self, result: TickResult) -> None:
         now = self.clock()
         self.last_tick_monotonic = time.monotonic()
-        detail = {"outcome": result.outcome, "epoch": result.epoch, "block": result.block}
+        view = self.last_view
+        detail = {
+            "outcome": result.outcome,
+            "epoch": result.epoch,
+            "block": result.block,
+            "started": self.started,
+            "activity_cutoff_s": view.activity_cutoff * self.block_s if view is not None else None,
+        }
         error = await trio.to_thread.run_sync(
             lambda: liveness.write_heartbeat(self.settings.heartbeat_path, now=now, detail=detail)
         )

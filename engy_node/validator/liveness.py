@@ -10,7 +10,15 @@ outcome; liveness is not success. A watchdog turns a stall (`stalled`) into an e
 
 The file is one JSON object, `{"ts": <unix time of the tick>, ...detail}`, where the detail is the
 tick's outcome (for example `{"outcome": "applied", "epoch": 7, "block": 1234}`) so `health` can
-show what the loop last did, not only when.
+show what the loop last did, not only when, plus when the loop started (`started`) and the
+subnet's activity cutoff in seconds as the loop last read it (`activity_cutoff_s`).
+
+Liveness is not the job. A loop that ticks but never lands weights (provider down with no cache,
+chain unreachable, weights refused) keeps the heartbeat fresh while the validator drops out of
+consensus. `weights_problem` says so from the heartbeat and the state file's last landed submit:
+no weights within the activity cutoff, or none at all once the loop has run longer than the
+cutoff (its grace: the first epoch may take that long to be published). A restarted loop whose
+last landing is already older than the cutoff gets the stall limit to land one before it counts.
 
 Failure posture. Writing is best-effort: `write_heartbeat` never raises, it returns what went
 wrong for the caller to log, because a full disk must not stop a validator from submitting.
@@ -28,8 +36,25 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from engy_node.validator.schedule import stall_limit
+from engy_node.validator.schedule import BLOCK_S, stall_limit
 from engy_node.validator.state import atomic_write_json
+
+DEFAULT_ACTIVITY_CUTOFF_BLOCKS = 5000
+"""The activity cutoff `weights_problem` assumes when the loop has not read the chain's."""
+
+LOOP_KEYS = ("started", "activity_cutoff_s")
+"""Heartbeat keys about the loop rather than its last tick: not shown as the tick's detail."""
+
+OUTCOME_FIXES: dict[str, str] = {
+    "fetch-failed": "the provider does not answer and no cached vector exists: check validator.provider_url "
+    "and the provider",
+    "no-epoch-yet": "the provider has published no epoch yet: check validator.provider_url points at the "
+    "subnet's provider",
+    "chain-failed": "the chain does not answer: check validator.network and the connection",
+    "submit-failed": "the chain refuses the weights: `engy-node status` and the validator log name the refusal "
+    "(registration, validator permit, stake, rate limit)",
+}
+"""Why a ticking loop lands no weights, by its last outcome, and what to do."""
 
 
 def write_heartbeat(path: str | os.PathLike[str], *, now: float, detail: Mapping[str, Any] | None = None) -> str | None:
@@ -88,6 +113,47 @@ def health(path: str | os.PathLike[str], *, now: float, poll_s: float) -> tuple[
     return True, f"ok: {last_tick}{outcome}"
 
 
+def weights_problem(
+    heartbeat: Mapping[str, Any], *, now: float, last_submit_ts: float | None, poll_s: float
+) -> str | None:
+    """Why a loop that is ticking is still not doing its job, naming the cause and the fix, or
+    None: no weights landed within the activity cutoff (after the stall limit's grace for a
+    loop that just started), or none ever once the loop has run longer than the cutoff."""
+    cutoff_s = _timestamp(heartbeat.get("activity_cutoff_s"))
+    cutoff_s = cutoff_s if cutoff_s is not None and cutoff_s > 0 else DEFAULT_ACTIVITY_CUTOFF_BLOCKS * BLOCK_S
+    started = _timestamp(heartbeat.get("started"))
+    up_s = max(0.0, now - started) if started is not None else None
+    cutoff = f"the activity cutoff ({_span(cutoff_s)})"
+    if last_submit_ts is None:
+        if up_s is None or up_s <= cutoff_s:
+            return None
+        problem = f"no weights set: the loop has run {_span(up_s)}, longer than {cutoff}, without landing any"
+    else:
+        since = max(0.0, now - last_submit_ts)
+        if since <= cutoff_s or (up_s is not None and up_s <= stall_limit(poll_s)):
+            return None
+        problem = f"no weights landed for {_span(since)}, past {cutoff}: out of consensus, earning nothing"
+    outcome = heartbeat.get("outcome")
+    fix = OUTCOME_FIXES.get(outcome) if isinstance(outcome, str) else None
+    if fix is None and isinstance(outcome, str) and outcome.startswith("rejected:"):
+        fix = "the provider's payload is rejected: check validator.master_hotkey and node.netuid match the provider"
+    fix = fix or "the validator log and `engy-node status` say why each tick did not submit"
+    return f"{problem}; last tick: {_show(outcome)}; {fix}"
+
+
+def last_weights(*, now: float, last_submit_ts: float | None) -> str:
+    """ "weights landed 12 min ago", or "no weights set yet", for a healthy loop's message."""
+    if last_submit_ts is None:
+        return "no weights set yet"
+    return f"weights landed {_span(max(0.0, now - last_submit_ts))} ago"
+
+
+def _span(seconds: float) -> str:
+    if seconds >= 7200:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
 def _timestamp(raw: Any) -> float | None:
     # bool is an int subclass and Python's json reads NaN and Infinity: none of them is a time.
     if isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw):
@@ -98,7 +164,11 @@ def _timestamp(raw: Any) -> float | None:
 def _describe_detail(heartbeat: Mapping[str, Any]) -> str:
     """The detail as " (key=value ...)" on one line, or "" when there is none. Null values are
     left out: a tick that failed before it knew its epoch or block has nothing to say about them."""
-    parts = [f"{_show(key)}={_show(value)}" for key, value in heartbeat.items() if key != "ts" and value is not None]
+    parts = [
+        f"{_show(key)}={_show(value)}"
+        for key, value in heartbeat.items()
+        if key != "ts" and key not in LOOP_KEYS and value is not None
+    ]
     return f" ({' '.join(parts)})" if parts else ""
 
 

@@ -22,6 +22,7 @@ from engy_node.hub import Hub
 from engy_node.validator import liveness, schedule
 from engy_node.validator.chain import ChainClient, check_network, isolate_sdk_caches
 from engy_node.validator.light import LightSettings, LightValidator, Watchdog
+from engy_node.validator.state import read_state
 
 log = logging.getLogger("engy.validator")
 
@@ -111,8 +112,28 @@ async def run_validator(
             await trio.to_thread.run_sync(chain.close, abandon_on_cancel=True)
 
 
-def health_report(config: Config, *, now: float | None = None) -> tuple[bool, str]:
-    """What `engy-node health` prints: whether the validator's loop is still completing ticks."""
-    return liveness.health(
-        heartbeat_path(config), now=time.time() if now is None else now, poll_s=config.validator.poll_s
-    )
+HEALTH_OK = 0
+HEALTH_STALLED = 1
+"""No heartbeat, or the loop stopped completing ticks."""
+HEALTH_NO_WEIGHTS = 3
+"""The loop ticks, but no weights landed within the activity cutoff (or none ever, once it has
+run longer than the cutoff)."""
+
+
+def health_report(config: Config, *, now: float | None = None) -> tuple[int, str]:
+    """What `engy-node health` prints and its exit code: whether the validator's loop is still
+    completing ticks (`HEALTH_STALLED` if not), then whether it is doing its job, weights
+    landing within the activity cutoff (`HEALTH_NO_WEIGHTS` if not); `HEALTH_OK` and when
+    weights last landed otherwise."""
+    now = time.time() if now is None else now
+    poll_s = config.validator.poll_s
+    path = heartbeat_path(config)
+    alive, message = liveness.health(path, now=now, poll_s=poll_s)
+    heartbeat = liveness.read_heartbeat(path)
+    if not alive or heartbeat is None:
+        return HEALTH_STALLED, message
+    state, _ = read_state(state_path(config))
+    problem = liveness.weights_problem(heartbeat, now=now, last_submit_ts=state.last_submit_ts, poll_s=poll_s)
+    if problem is not None:
+        return HEALTH_NO_WEIGHTS, problem
+    return HEALTH_OK, f"{message}; {liveness.last_weights(now=now, last_submit_ts=state.last_submit_ts)}"

@@ -1,5 +1,6 @@
 """The light loop's heartbeat (engy_node.validator.liveness): written every tick without ever
-raising, read defensively, and judged against the watchdog's stall limit."""
+raising, read defensively, and judged against the watchdog's stall limit; then `engy-node health`'s
+other question, whether weights land within the activity cutoff, with an exit code for each answer."""
 
 from __future__ import annotations
 
@@ -12,8 +13,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engy_node.validator.liveness import health, read_heartbeat, stalled, write_heartbeat
+from engy_node.config import Config, resolve_paths
+from engy_node.validator.liveness import health, read_heartbeat, stalled, weights_problem, write_heartbeat
+from engy_node.validator.role import (
+    HEALTH_NO_WEIGHTS,
+    HEALTH_OK,
+    HEALTH_STALLED,
+    health_report,
+    heartbeat_path,
+    state_path,
+)
 from engy_node.validator.schedule import stall_limit
+from engy_node.validator.state import ValidatorState, write_state
 
 T0 = 1_700_000_000.0
 POLL_S = 300
@@ -222,3 +233,81 @@ def test_health_is_always_one_line(tmp_path_factory: pytest.TempPathFactory, det
     ok, message = health(path, now=T0 + age_s, poll_s=POLL_S)
     assert message.splitlines() == [message]
     assert ok == (not stalled((T0 + age_s) - T0, POLL_S))
+
+
+# ---- doing its job: weights within the activity cutoff ------------------------------------------
+
+CUTOFF_S = 5000 * 12.0
+
+
+def beat(*, started: float = T0, outcome: str = "skipped:too-soon", cutoff_s: float | None = CUTOFF_S) -> dict:
+    return {"ts": T0, "outcome": outcome, "started": started, "activity_cutoff_s": cutoff_s}
+
+
+def test_a_loop_that_never_set_weights_is_failing_once_it_has_run_past_the_cutoff() -> None:
+    # Within the grace (the cutoff) a new validator may still be waiting for its first epoch.
+    assert weights_problem(beat(outcome="fetch-failed"), now=T0 + CUTOFF_S, last_submit_ts=None, poll_s=POLL_S) is None
+    problem = weights_problem(beat(outcome="fetch-failed"), now=T0 + CUTOFF_S + 60, last_submit_ts=None, poll_s=POLL_S)
+    assert problem is not None
+    assert problem.startswith("no weights set: the loop has run 16.7 h, longer than the activity cutoff (16.7 h)")
+    assert "last tick: fetch-failed" in problem and "check validator.provider_url" in problem
+
+
+@pytest.mark.parametrize(
+    ("outcome", "fix"),
+    [
+        ("chain-failed", "validator.network"),
+        ("submit-failed", "the chain refuses the weights"),
+        ("no-epoch-yet", "published no epoch yet"),
+        ("rejected:bad-signature", "validator.master_hotkey"),
+        ("skipped:too-soon", "the validator log"),
+    ],
+)
+def test_weights_not_landing_within_the_cutoff_name_why_and_the_fix(outcome: str, fix: str) -> None:
+    now = T0 + 2 * CUTOFF_S
+    problem = weights_problem(beat(outcome=outcome), now=now, last_submit_ts=now - CUTOFF_S - 1, poll_s=POLL_S)
+    assert problem is not None and problem.startswith("no weights landed for 16.7 h, past the activity cutoff")
+    assert fix in problem
+    assert weights_problem(beat(outcome=outcome), now=now, last_submit_ts=now - 600, poll_s=POLL_S) is None
+
+
+def test_a_restarted_loop_gets_the_stall_limit_to_land_weights_and_the_default_cutoff_stands_in() -> None:
+    old = T0 - 2 * CUTOFF_S
+    assert weights_problem(beat(), now=T0 + 600, last_submit_ts=old, poll_s=POLL_S) is None
+    assert weights_problem(beat(), now=T0 + 901, last_submit_ts=old, poll_s=POLL_S) is not None
+    # A loop that has not read the chain's cutoff is judged against 5000 blocks of 12 s.
+    assert weights_problem(beat(cutoff_s=None), now=T0 + CUTOFF_S + 1, last_submit_ts=None, poll_s=POLL_S)
+    assert weights_problem(beat(cutoff_s=600.0), now=T0 + 601, last_submit_ts=None, poll_s=POLL_S)
+
+
+def health_home(tmp_path: Path, *, heartbeat: dict | None, last_submit_ts: float | None):
+    config = Config(paths=resolve_paths(tmp_path, {}))
+    if heartbeat is not None:
+        write_heartbeat(heartbeat_path(config), now=heartbeat["ts"], detail=heartbeat)
+    if last_submit_ts is not None:
+        write_state(
+            state_path(config), ValidatorState(last_applied=3, last_submit_block=100, last_submit_ts=last_submit_ts)
+        )
+    return config
+
+
+def test_health_report_exit_codes(tmp_path: Path) -> None:
+    config = health_home(tmp_path / "none", heartbeat=None, last_submit_ts=None)
+    assert health_report(config, now=T0) == (HEALTH_STALLED, f"no heartbeat yet at {heartbeat_path(config)}")
+    config = health_home(tmp_path / "stale", heartbeat=beat(), last_submit_ts=T0)
+    code, message = health_report(config, now=T0 + 1000)
+    assert code == HEALTH_STALLED and message.startswith("stale:")
+    config = health_home(tmp_path / "ok", heartbeat=beat(), last_submit_ts=T0 - 600)
+    assert health_report(config, now=T0 + 12) == (
+        HEALTH_OK,
+        "ok: last tick 12 s ago (outcome=skipped:too-soon); weights landed 10 min ago",
+    )
+    config = health_home(tmp_path / "new", heartbeat=beat(outcome="fetch-failed"), last_submit_ts=None)
+    assert health_report(config, now=T0 + 12)[0] == HEALTH_OK
+    assert health_report(config, now=T0 + 12)[1].endswith("; no weights set yet")
+    config = health_home(tmp_path / "never", heartbeat=beat(started=T0 - CUTOFF_S - 60), last_submit_ts=None)
+    code, message = health_report(config, now=T0 + 12)
+    assert code == HEALTH_NO_WEIGHTS and message.startswith("no weights set:")
+    config = health_home(tmp_path / "lapsed", heartbeat=beat(started=T0 - CUTOFF_S), last_submit_ts=T0 - CUTOFF_S - 60)
+    code, message = health_report(config, now=T0 + 12)
+    assert code == HEALTH_NO_WEIGHTS and message.startswith("no weights landed for 16.7 h")
