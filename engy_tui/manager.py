@@ -34,6 +34,7 @@ from engy_node.node import freeze_startup_objects
 from engy_node.snapshots import STATE_SCHEMA, NodeStates
 from engy_tui.commands import CommandSpec, NodeCommands, command_specs
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot
+from engy_tui.screens.keys import KeysScreen, key_groups
 from engy_tui.screens.setup import SetupCommand, open_setup
 from engy_tui.widgets.gateway_panel import GatewayPanel
 from engy_tui.widgets.gpu_panel import GpuPanel
@@ -101,6 +102,7 @@ class NodeManager(App[None]):
     COMMANDS = App.COMMANDS | {NodeCommands, SetupCommand}
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit", tooltip="Leave engy-tui (a local network stops with it)."),
+        Binding("question_mark,f1", "show_keys", "Keys", id="app.keys", tooltip="List every key and its keymap id."),
         Binding("1", "show_tab('overview')", "Overview", id="app.tab.overview"),
         Binding("2", "show_tab('miner')", "Miner", id="app.tab.miner"),
         Binding("3", "show_tab('validator')", "Validator", id="app.tab.validator"),
@@ -296,6 +298,20 @@ class NodeManager(App[None]):
         tab = event.pane.id or ""
         if tab not in self._drawn_at:
             self._draw_tab(tab, self.clock())
+
+    def action_show_keys(self) -> None:
+        import os
+
+        from engy_node.config import resolve_paths
+        from engy_tui.screens.setup import tilde
+
+        groups = [
+            ("Everywhere", [*self.BINDINGS, Binding("ctrl+p", "command_palette", "Every command (palette)")]),
+            ("Logs tab", LogsView.BINDINGS),
+        ]
+        bindings = [(title, [binding for binding in group if isinstance(binding, Binding)]) for title, group in groups]
+        keymap_file = tilde(resolve_paths(self.home, os.environ).config_file.parent / "keymap.toml")
+        self.push_screen(KeysScreen(key_groups(bindings, self.user_keymap), keymap_file=keymap_file))
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab

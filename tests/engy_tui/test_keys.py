@@ -1,0 +1,81 @@
+"""The node manager's keys: `?`/F1 list every binding with its id (and close again)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from textual.binding import Binding
+from textual.pilot import Pilot
+
+from engy_tui.manager import NodeManager
+from engy_tui.screens.keys import KeysScreen, key_groups, key_label
+from tests.engy_tui.test_manager_screens import EVENTS, node_snapshot
+from tests.engy_tui.test_validator_panel import NOW
+
+SIZE = (160, 45)
+
+
+def drive(script: Callable[[Pilot, NodeManager], Awaitable[None]], *, keymap: dict[str, str] | None = None) -> None:
+    app = NodeManager(None, clock=lambda: NOW, keymap=keymap)
+
+    async def body() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            app.show_snapshot(node_snapshot(), events=EVENTS)
+            await pilot.pause()
+            await script(pilot, app)
+
+    asyncio.run(body())
+
+
+# ---- the keys panel -------------------------------------------------------------------------
+
+
+def test_a_key_label_reads_as_typed():
+    assert key_label("slash") == "/"
+    assert key_label("question_mark,f1") == "? F1"
+    assert key_label("end,G") == "end G"
+    assert key_label("ctrl+p") == "ctrl+p"
+    assert key_label("escape") == "esc"
+
+
+def test_the_keys_list_every_binding_with_its_id_and_the_users_rebinding():
+    groups = key_groups(
+        [
+            ("Everywhere", [Binding("q", "quit", "Quit", id="app.quit"), Binding("x", "mark", "Mark")]),
+            ("Nowhere", [Binding("z", "nothing", "")]),
+        ],
+        {"app.quit": "ctrl+q"},
+    )
+    assert groups == [("Everywhere", [("ctrl+q", "Quit", "app.quit"), ("x", "Mark", "")])]
+
+
+def test_question_mark_and_f1_open_the_keys_and_escape_or_question_mark_close_them():
+    async def script(pilot: Pilot, app: NodeManager) -> None:
+        for opener, closer in (("question_mark", "escape"), ("f1", "question_mark"), ("question_mark", "f1")):
+            await pilot.press(opener)
+            await pilot.pause()
+            assert isinstance(app.screen, KeysScreen), f"{opener} did not open the keys"
+            await pilot.press(closer)
+            await pilot.pause()
+            assert not isinstance(app.screen, KeysScreen), f"{closer} did not close the keys"
+        # On the Logs tab too, where escape also closes a search.
+        await pilot.press("7", "question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, KeysScreen)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, KeysScreen)
+
+    drive(script)
+
+
+def test_the_keys_panel_shows_a_rebound_key(snap_compare, utc):
+    app = NodeManager(None, clock=lambda: NOW, home="/srv/engy", keymap={"app.quit": "ctrl+q"})
+
+    async def show(pilot) -> None:
+        app.show_snapshot(node_snapshot(), events=EVENTS)
+        await pilot.press("question_mark")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=show)
