@@ -26,7 +26,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Static, TabbedContent, TabPane
+from textual.widgets import Footer, Static, TabbedContent, TabPane, Tabs
 
 from engy_node.errors import EngyError
 from engy_node.local.status import age_text, status_text
@@ -298,6 +298,13 @@ class NodeManager(App[None]):
         tab = event.pane.id or ""
         if tab not in self._drawn_at:
             self._draw_tab(tab, self.clock())
+        # The Logs tab's keys (/ f l c …) belong to its view: give it focus as it shows, and take
+        # it back as another tab shows, so a hidden log never answers that tab's keys (c, r).
+        logs = self.query_one(LogsView)
+        if tab == "logs":
+            logs.take_focus()
+        elif self.focused is not None and logs in self.focused.ancestors_with_self:
+            event.tabbed_content.query_one(Tabs).focus()
 
     def action_show_keys(self) -> None:
         import os

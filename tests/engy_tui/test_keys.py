@@ -1,4 +1,5 @@
-"""The node manager's keys: `?`/F1 list every binding with its id (and close again)."""
+"""The node manager's keys: `?`/F1 list every binding with its id (and close again), the Logs
+tab's keys work as soon as it shows, and a search hands the number keys back to the tabs."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from collections.abc import Awaitable, Callable
 
 from textual.binding import Binding
 from textual.pilot import Pilot
+from textual.widgets import TabbedContent
 
 from engy_tui.manager import NodeManager
 from engy_tui.screens.keys import KeysScreen, key_groups, key_label
+from engy_tui.widgets.logs import LogsView
 from tests.engy_tui.test_manager_screens import EVENTS, node_snapshot
 from tests.engy_tui.test_validator_panel import NOW
 
@@ -26,6 +29,10 @@ def drive(script: Callable[[Pilot, NodeManager], Awaitable[None]], *, keymap: di
             await script(pilot, app)
 
     asyncio.run(body())
+
+
+def active_tab(app: NodeManager) -> str:
+    return app.query_one(TabbedContent).active
 
 
 # ---- the keys panel -------------------------------------------------------------------------
@@ -79,3 +86,43 @@ def test_the_keys_panel_shows_a_rebound_key(snap_compare, utc):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=show)
+
+
+# ---- the Logs tab ----------------------------------------------------------------------------
+
+
+def test_the_logs_keys_work_as_soon_as_the_tab_shows():
+    async def script(pilot: Pilot, app: NodeManager) -> None:
+        logs = app.query_one(LogsView)
+        await pilot.press("7")
+        await pilot.pause()
+        assert logs.follow
+        await pilot.press("f")
+        await pilot.pause()
+        assert not logs.follow, "f did not reach the log on a freshly shown Logs tab"
+        level = logs.buffer.filter.min_level
+        await pilot.press("l")
+        assert logs.buffer.filter.min_level != level
+
+    drive(script)
+
+
+def test_after_a_search_the_number_keys_switch_tabs_again():
+    async def script(pilot: Pilot, app: NodeManager) -> None:
+        logs = app.query_one(LogsView)
+        await pilot.press("7", "slash", *"slow", "enter")
+        await pilot.pause()
+        assert logs.buffer.search is not None
+        await pilot.press("2")
+        await pilot.pause()
+        assert active_tab(app) == "miner", "a submitted search kept the number keys"
+        await pilot.press("7", "slash", *"x", "escape")
+        await pilot.pause()
+        await pilot.press("4")
+        await pilot.pause()
+        assert active_tab(app) == "gateway", "a cancelled search kept the number keys"
+        await pilot.press("7", "n")  # and back on the Logs tab its keys still work
+        await pilot.pause()
+        assert app.focused is not None and logs in app.focused.ancestors_with_self
+
+    drive(script)

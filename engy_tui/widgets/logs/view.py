@@ -297,6 +297,10 @@ class LogsView(Widget):
     def on_mount(self) -> None:
         self._refresh_status()
 
+    def take_focus(self) -> None:
+        """Focus the lines, so this view's keys work at once (its parent shows it: a tab)."""
+        self._lines.focus()
+
     # ---- feeding and state ----------------------------------------------------------------------
 
     @property
