@@ -95,7 +95,10 @@ def overview_text(snapshot: NodeSnapshot | None, *, now: float) -> str:
 
 
 class NodeManager(App[None]):
-    """One node's dashboards: overview, GPUs and logs, fed by a `NodeBridge`."""
+    """One node's dashboards: overview, GPUs and logs, fed by a `NodeBridge`.
+
+    The tabs carry their number keys in their labels, not in the footer: the footer then keeps
+    room for the actions and, on the Logs tab, the log's own keys at 160 columns."""
 
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere find it too
     TITLE = "engy-tui"
@@ -103,14 +106,14 @@ class NodeManager(App[None]):
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit", tooltip="Leave engy-tui (a local network stops with it)."),
         Binding("question_mark,f1", "show_keys", "Keys", id="app.keys", tooltip="List every key and its keymap id."),
-        Binding("1", "show_tab('overview')", "Overview", id="app.tab.overview"),
-        Binding("2", "show_tab('miner')", "Miner", id="app.tab.miner"),
-        Binding("3", "show_tab('validator')", "Validator", id="app.tab.validator"),
-        Binding("4", "show_tab('gateway')", "Gateway", id="app.tab.gateway"),
-        Binding("5", "show_tab('chain')", "Chain", id="app.tab.chain"),
-        Binding("6", "show_tab('gpus')", "GPUs", id="app.tab.gpus"),
-        Binding("7", "show_tab('logs')", "Logs", id="app.tab.logs"),
-        Binding("p", "toggle_traffic", "Pause/resume traffic", id="app.traffic"),
+        Binding("1", "show_tab('overview')", "Overview", id="app.tab.overview", show=False),
+        Binding("2", "show_tab('miner')", "Miner", id="app.tab.miner", show=False),
+        Binding("3", "show_tab('validator')", "Validator", id="app.tab.validator", show=False),
+        Binding("4", "show_tab('gateway')", "Gateway", id="app.tab.gateway", show=False),
+        Binding("5", "show_tab('chain')", "Chain", id="app.tab.chain", show=False),
+        Binding("6", "show_tab('gpus')", "GPUs", id="app.tab.gpus", show=False),
+        Binding("7", "show_tab('logs')", "Logs", id="app.tab.logs", show=False),
+        Binding("p", "toggle_traffic", "Traffic on/off", id="app.traffic", tooltip="Pause or resume the demo traffic."),
         Binding(
             "r",
             "restart_model_server",
@@ -164,20 +167,20 @@ class NodeManager(App[None]):
     def compose(self) -> ComposeResult:
         yield Static(id="node-header")
         with TabbedContent(initial="overview"):
-            with TabPane("Overview", id="overview"):
+            with TabPane("1 Overview", id="overview"):
                 yield RequestsPanel()
                 yield Static(id="overview-text")
-            with TabPane("Miner", id="miner"):
+            with TabPane("2 Miner", id="miner"):
                 yield MinerPanel()
-            with TabPane("Validator", id="validator"):
+            with TabPane("3 Validator", id="validator"):
                 yield ValidatorPanel()
-            with TabPane("Gateway", id="gateway"):
+            with TabPane("4 Gateway", id="gateway"):
                 yield GatewayPanel()
-            with TabPane("Chain", id="chain"):
+            with TabPane("5 Chain", id="chain"):
                 yield ChainPanel()
-            with TabPane("GPUs", id="gpus"):
+            with TabPane("6 GPUs", id="gpus"):
                 yield GpuPanel()
-            with TabPane("Logs", id="logs"):
+            with TabPane("7 Logs", id="logs"):
                 yield LogsView(id="logs-view", min_level="info")
         yield Footer()
 

@@ -126,3 +126,22 @@ def test_after_a_search_the_number_keys_switch_tabs_again():
         assert app.focused is not None and logs in app.focused.ancestors_with_self
 
     drive(script)
+
+
+# ---- the footer --------------------------------------------------------------------------------
+
+
+def test_at_160_columns_the_footer_shows_every_key_of_every_tab():
+    from textual.widgets._footer import FooterKey
+
+    async def script(pilot: Pilot, app: NodeManager) -> None:
+        for tab in "1234567":
+            await pilot.press(tab)
+            await pilot.pause()
+            keys = [key for key in app.screen.query(FooterKey) if key.display and key.action != "command_palette"]
+            assert keys
+            # The palette's key sits at the right edge; the others must end before it.
+            cut = [key.description for key in keys if key.region.right > SIZE[0] - len(" ^p palette ")]
+            assert not cut, f"tab {tab}: the footer cuts {cut}"
+
+    drive(script)
