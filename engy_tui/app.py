@@ -303,4 +303,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"engy-tui: {err}", file=sys.stderr)
         return err.exit_code
     app.run()
+    if isinstance(app, NodeManager) and app.farewell:
+        print(app.farewell)
     return app.return_code or 0

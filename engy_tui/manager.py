@@ -163,6 +163,8 @@ class NodeManager(App[None]):
         """When each tab was last drawn from `_shown`; a change of state clears it."""
         self._server_log: dict[str, collections.deque[str]] = {}
         """The last lines of each model server's output, from the events, for the miner tab."""
+        self.farewell: str | None = None
+        """What to print after the app has quit (what was done, what to run next), or None."""
 
     def compose(self) -> ComposeResult:
         yield Static(id="node-header")
@@ -200,8 +202,16 @@ class NodeManager(App[None]):
         self.set_interval(RENDER_INTERVAL_S, self.render_frame)
 
     def _setup_done(self, answers: Any) -> None:
-        """Setup wrote node.toml: run what it configured here, or say why not."""
-        if answers is None or self.bridge is not None or self.start_after_setup is None:
+        """Setup wrote node.toml: run what it configured here, or say why not. Left with Esc:
+        nothing else is open, so quit saying so, rather than leave an empty "Waiting for the
+        node…" behind."""
+        if answers is None:
+            self._quit_saying(
+                "engy-tui: setup closed without writing node.toml; nothing was started. "
+                "Run `engy-tui --setup` again when ready, or `engy-tui --local` to try a local network first."
+            )
+            return
+        if self.bridge is not None or self.start_after_setup is None:
             return
         try:
             bridge = self.start_after_setup(self.home, answers.role)
@@ -215,6 +225,12 @@ class NodeManager(App[None]):
             return
         self.notify(f"starting the {answers.role} node…", title="setup")
         self._start_bridge(bridge)
+
+    def _quit_saying(self, message: str, *, return_code: int = 0) -> None:
+        """Quit; `engy-tui` prints `message` once the terminal is back (`farewell`), as plain
+        lines: Textual's exit message would wrap the commands in it mid-line."""
+        self.farewell = message
+        self.exit(return_code=return_code)
 
     def render_frame(self) -> None:
         assert self.bridge is not None
