@@ -17,6 +17,7 @@ root scope, so its services stop (model servers, the chain saved) before the asy
 from __future__ import annotations
 
 import collections
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -28,14 +29,17 @@ from textual.binding import Binding
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static, TabbedContent, TabPane, Tabs
 
+from engy_node.config import resolve_paths
 from engy_node.errors import EngyError
 from engy_node.local.status import age_text, status_text
 from engy_node.node import freeze_startup_objects
+from engy_node.setup import SetupAnswers, commands
 from engy_node.snapshots import STATE_SCHEMA, NodeStates
 from engy_tui.commands import CommandSpec, NodeCommands, command_specs
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot
 from engy_tui.screens.keys import KeysScreen, key_groups
-from engy_tui.screens.setup import SetupCommand, open_setup
+from engy_tui.screens.setup import SetupCommand, open_setup, tilde
+from engy_tui.screens.start import ConfirmStart
 from engy_tui.widgets.gateway_panel import GatewayPanel
 from engy_tui.widgets.gpu_panel import GpuPanel
 from engy_tui.widgets.logs import LogsView
@@ -150,7 +154,8 @@ class NodeManager(App[None]):
         super().__init__()
         self.setup_first = setup_first
         self.start_after_setup = start_after_setup
-        """With `setup_first`: builds the node the wizard configured, which then runs here."""
+        """With `setup_first`: builds the node the wizard configured, which runs here once the
+        user says Start."""
         self.bridge = bridge
         self.clock = clock
         self.home = home
@@ -201,26 +206,36 @@ class NodeManager(App[None]):
         bridge.start(on_crash=self._bridge_crashed)
         self.set_interval(RENDER_INTERVAL_S, self.render_frame)
 
-    def _setup_done(self, answers: Any) -> None:
-        """Setup wrote node.toml: run what it configured here, or say why not. Left with Esc:
-        nothing else is open, so quit saying so, rather than leave an empty "Waiting for the
-        node…" behind."""
+    def _setup_done(self, answers: SetupAnswers | None) -> None:
+        """The first-run wizard closed. Written: say what would start and where it connects, and
+        ask (`ConfirmStart`). Left with Esc: nothing else is open, so quit saying so, rather than
+        leave an empty "Waiting for the node…" behind."""
         if answers is None:
             self._quit_saying(
                 "engy-tui: setup closed without writing node.toml; nothing was started. "
                 "Run `engy-tui --setup` again when ready, or `engy-tui --local` to try a local network first."
             )
             return
-        if self.bridge is not None or self.start_after_setup is None:
+        config_file = tilde(resolve_paths(self.home, os.environ).config_file)
+        confirm = ConfirmStart(
+            answers,
+            home=self.home,
+            config_file=config_file,
+            can_start=self.start_after_setup is not None,
+        )
+        self.push_screen(confirm, lambda start: self._start_confirmed(answers, bool(start)))
+
+    def _start_confirmed(self, answers: SetupAnswers, start: bool) -> None:
+        """Start the configured node here, or quit leaving the commands to run later."""
+        if not start or self.start_after_setup is None:
+            later = "\n".join(f"  $ {line}" for line in commands(answers, home=self.home))
+            self._quit_saying(f"engy-tui: node.toml is written; nothing was started. When ready, run:\n{later}")
             return
         try:
             bridge = self.start_after_setup(self.home, answers.role)
         except EngyError as err:
-            self.notify(
-                f"node.toml is written, but the node cannot start yet: {err}",
-                title="setup",
-                severity="warning",
-                timeout=20,
+            self._quit_saying(
+                f"engy-tui: node.toml is written, but the node cannot start yet: {err}", return_code=err.exit_code
             )
             return
         self.notify(f"starting the {answers.role} node…", title="setup")

@@ -372,6 +372,9 @@ def test_after_setup_the_configured_node_runs_inside_the_tui():
 
     async def check(pilot) -> None:
         app._setup_done(SetupAnswers(role="miner"))
+        await wait_for(pilot, lambda: bool(app.screen.query("#start")), "asked before starting")
+        assert started == []
+        await pilot.press("s")
         await wait_for(pilot, lambda: "block 9" in static_text(app, "#node-header"), "the configured node running")
         await pilot.press("q", "y")
 
