@@ -161,12 +161,45 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-file", metavar="FILE", help="the control API token file (default: the one control.json names)"
     )
     parser.add_argument("--traffic", action="store_true", help="with --local: a demo buyer keeps requests flowing")
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        metavar="N",
+        help="with --local, as engy-node up --port-base: buyer API on N, miner websocket N+1, provider API N+2, "
+        "control API N+3 (0: free ports)",
+    )
+    parser.add_argument(
+        "--fake-gpus",
+        type=_fake_gpus,
+        metavar="SPEC",
+        help="with --setup, as engy-node --fake-gpus: plan for simulated GPUs, e.g. 4xRTX4090; nothing is started",
+    )
     return parser
 
 
+def _fake_gpus(value: str) -> str:
+    from engy_node.errors import EngyError
+    from engy_node.hardware.fake_nvml import parse_fake_gpu_spec
+
+    try:
+        parse_fake_gpu_spec(value)
+    except EngyError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
+
+
 def build_app(argv: Sequence[str] | None = None, *, poll: bool = True) -> App[None]:
-    """The app as `engy-tui ARGV` builds it; tests use this too, so they run what users run."""
-    args = build_parser().parse_args(argv)
+    """The app as `engy-tui ARGV` builds it; tests use this too, so they run what users run.
+    Bad `--port-base` values raise `EngyError`, as `engy-node up`'s do."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.fake_gpus is not None and not args.setup:
+        parser.error(
+            "--fake-gpus goes with --setup (engy-tui --setup --fake-gpus 4xRTX4090); "
+            "to print a miner's plan for simulated GPUs: engy-node plan --fake-gpus SPEC"
+        )
+    if args.port_base is not None and not args.local:
+        parser.error("--port-base goes with --local (engy-tui --local --port-base 18080)")
     if args.setup:
         return NodeManager(
             None,
@@ -174,16 +207,22 @@ def build_app(argv: Sequence[str] | None = None, *, poll: bool = True) -> App[No
             keymap=_user_keymap(args.home),
             setup_first=True,
             start_after_setup=start_after_setup if poll else None,
+            fake_gpus=args.fake_gpus or "",
         )
     if args.role:
         return NodeManager(
             roles_bridge(args.home, args.role) if poll else None, home=args.home, keymap=_user_keymap(args.home)
         )
     if args.local or args.attach is not None:
+        ports = None
+        if args.port_base is not None:
+            from engy_node.local.up import port_plan
+
+            ports = port_plan(args.port_base, buyer=None, miner=None, provider=None, control=None)
         bridge = None
         if poll:
             bridge = (
-                _local_bridge(args.home, traffic=args.traffic)
+                _local_bridge(args.home, traffic=args.traffic, ports=ports)
                 if args.local
                 else _attached_bridge(args.home, args.attach, args.token_file)
             )
@@ -266,7 +305,7 @@ def roles_bridge(home: str | None, roles: Sequence[str]) -> NodeBridge:
     return NodeBridge.local(start, node_info=info, hub=hub)
 
 
-def _local_bridge(home: str | None, *, traffic: bool) -> NodeBridge:
+def _local_bridge(home: str | None, *, traffic: bool, ports: dict[str, int | None] | None = None) -> NodeBridge:
     import functools
     import os
     import time
@@ -281,7 +320,7 @@ def _local_bridge(home: str | None, *, traffic: bool) -> NodeBridge:
     install_logging(hub, level=config.node.log_level, log_dir=config.paths.log_dir, stderr=False)
 
     async def start(hub: Hub, actions, *, task_status) -> None:
-        await run_up(config, hub, traffic=traffic, actions=actions, task_status=task_status)
+        await run_up(config, hub, ports=ports, traffic=traffic, actions=actions, task_status=task_status)
 
     info = {
         "version": __version__,

@@ -150,12 +150,16 @@ class NodeManager(App[None]):
         keymap: Mapping[str, str] | None = None,
         setup_first: bool = False,
         start_after_setup: Callable[[str | None, str], NodeBridge] | None = None,
+        fake_gpus: str = "",
     ) -> None:
         super().__init__()
         self.setup_first = setup_first
         self.start_after_setup = start_after_setup
         """With `setup_first`: builds the node the wizard configured, which runs here once the
         user says Start."""
+        self.fake_gpus = fake_gpus
+        """With `setup_first`: the wizard plans for these simulated GPUs (`--fake-gpus`), and
+        nothing is started."""
         self.bridge = bridge
         self.clock = clock
         self.home = home
@@ -198,7 +202,9 @@ class NodeManager(App[None]):
         if self.bridge is not None:
             self._start_bridge(self.bridge)
         if self.setup_first:
-            self.run_worker(open_setup(self, home=self.home, on_done=self._setup_done), exclusive=True)
+            self.run_worker(
+                open_setup(self, home=self.home, on_done=self._setup_done, fake_gpus=self.fake_gpus), exclusive=True
+            )
 
     def _start_bridge(self, bridge: NodeBridge) -> None:
         self.bridge = bridge
@@ -221,6 +227,7 @@ class NodeManager(App[None]):
             answers,
             home=self.home,
             config_file=config_file,
+            fake_gpus=self.fake_gpus,
             can_start=self.start_after_setup is not None,
         )
         self.push_screen(confirm, lambda start: self._start_confirmed(answers, bool(start)))

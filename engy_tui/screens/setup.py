@@ -41,6 +41,7 @@ from textual.widgets.option_list import Option
 from engy_node import keys
 from engy_node.diagnose import mask_value
 from engy_node.errors import EngyError
+from engy_node.hardware.fake_nvml import FakeNvml
 from engy_node.models import CATALOG
 from engy_node.setup import (
     ROLE_LABELS,
@@ -198,9 +199,13 @@ class SetupScreen(Screen[SetupAnswers | None]):
             super().__init__()
             self.error = error
 
-    def __init__(self, facts: SetupFacts, *, name: str | None = None, id: str | None = None) -> None:
+    def __init__(
+        self, facts: SetupFacts, *, fake_gpus: str = "", name: str | None = None, id: str | None = None
+    ) -> None:
         super().__init__(name=name, id=id)
         self.facts = facts
+        self.fake_gpus = fake_gpus
+        """The `--fake-gpus` spec `facts.inventory` was made from; the top line says so."""
         self.answers = dataclasses.replace(answers_from(facts.existing), wallets_path=facts.wallets_path)
         self.checkpoints: dict[str, str] = dict(facts.checkpoints)
         """Model id -> checkpoint directory, as entered; the answers carry the chosen model's."""
@@ -268,7 +273,12 @@ class SetupScreen(Screen[SetupAnswers | None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        machine = Text("Welcome to engy. This machine:  ", style="bold")
+        machine = Text(
+            f"Welcome to engy. Simulated GPUs (--fake-gpus {self.fake_gpus}):  "
+            if self.fake_gpus
+            else "Welcome to engy. This machine:  ",
+            style="bold",
+        )
         machine.append(machine_line(self.facts.inventory, ram_bytes=self.facts.ram_bytes), style="not bold")
         self.query_one("#setup-machine", Static).update(machine)
         self._plan()
@@ -595,13 +605,19 @@ COMMAND_HELP = (
 
 
 async def open_setup(
-    app: App, *, home: str | None = None, on_done: Callable[[SetupAnswers | None], None] | None = None
+    app: App,
+    *,
+    home: str | None = None,
+    on_done: Callable[[SetupAnswers | None], None] | None = None,
+    fake_gpus: str = "",
 ) -> None:
     """Gather this machine's facts in a thread (NVML, node.toml, memory) and push the wizard.
     `on_done` gets its result; by default a written setup is answered with the commands to run.
+    With `fake_gpus` (a `--fake-gpus` spec) the wizard plans for those simulated GPUs instead.
     A node.toml that is not TOML is reported, not overwritten."""
     try:
-        facts = await asyncio.to_thread(gather_facts, home)
+        nvml = FakeNvml.from_spec(fake_gpus) if fake_gpus else None
+        facts = await asyncio.to_thread(gather_facts, home, nvml=nvml)
     except EngyError as err:
         app.notify(str(err), title="setup", severity="error")
         return
@@ -610,7 +626,7 @@ async def open_setup(
         if answers is not None:
             app.notify("now run:\n" + "\n".join(commands(answers, home=home)), title="node.toml written", timeout=20)
 
-    app.push_screen(SetupScreen(facts), callback=on_done or announce)
+    app.push_screen(SetupScreen(facts, fake_gpus=fake_gpus), callback=on_done or announce)
 
 
 class SetupCommand(Provider):

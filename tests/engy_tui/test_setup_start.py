@@ -1,7 +1,8 @@
 """`engy-tui --setup` after the wizard (issue 34): Write asks before starting anything and says
 where the node would connect (the public network by name); "Not now" quits with the commands;
 Esc on the first screen quits saying nothing was written, and Esc from the palette's wizard goes
-back to the manager.
+back to the manager; `--setup --fake-gpus` plans for simulated GPUs and starts nothing;
+`--local --port-base` reaches the local network as `engy-node up --port-base` does.
 
 Pilot tests are plain functions driving the app with `asyncio.run`, as in test_manager.py.
 """
@@ -13,22 +14,24 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import trio
 from hypothesis import given
 from hypothesis import strategies as st
-from tests.engy_node.test_setup import MINER_KEY
-from tests.engy_tui.test_setup_screen import QWEN, rig_facts, settle
 from textual.app import App
-from textual.widgets import Input, Static
+from textual.widgets import Button, Input, Static
 
 from engy_node.control import Actions
+from engy_node.errors import EngyError
 from engy_node.hub import Hub
 from engy_node.setup import DEFAULT_GATEWAY_URL, SetupAnswers
-from engy_tui.app import build_app
+from engy_tui.app import build_app, main
 from engy_tui.manager import NodeManager
 from engy_tui.node_bridge import NodeBridge
 from engy_tui.screens.setup import SetupScreen, open_setup
 from engy_tui.screens.start import PUBLIC_GATEWAY_HOST, ConfirmStart, is_public, start_lines
+from tests.engy_node.test_setup import MINER_KEY
+from tests.engy_tui.test_setup_screen import QWEN, rig_facts, settle
 
 SIZE = (130, 40)
 WAIT_S = 20.0
@@ -198,3 +201,65 @@ def test_esc_in_the_palettes_wizard_goes_back_to_the_manager(tmp_path):
             assert app.screen is app.screen_stack[0] and app.return_code is None
 
     asyncio.run(scenario())
+
+
+# ---- --fake-gpus and --port-base ----------------------------------------------------------------
+
+
+def test_setup_takes_fake_gpus_with_engy_nodes_forms_and_only_with_setup(capsys):
+    assert build_app(["--setup", "--fake-gpus", "4xRTX4090,1xRTX5090"], poll=False).fake_gpus == ("4xRTX4090,1xRTX5090")
+    with pytest.raises(SystemExit) as exited:
+        build_app(["--setup", "--fake-gpus", "4xGTX1080"], poll=False)
+    assert exited.value.code == 2
+    assert "argument --fake-gpus: unknown GPU model 'GTX1080' in fake GPU spec '4xGTX1080'" in " ".join(
+        capsys.readouterr().err.split()
+    )
+    with pytest.raises(SystemExit):
+        build_app(["--local", "--fake-gpus", "4xRTX4090"], poll=False)
+    assert "--fake-gpus goes with --setup" in capsys.readouterr().err
+
+
+def test_setup_with_fake_gpus_shows_them_in_the_wizard_and_starts_nothing(tmp_path):
+    app = build_app(["--home", str(tmp_path), "--setup", "--fake-gpus", "2xRTX4090"])
+
+    async def scenario() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, SetupScreen), "the wizard open")
+            await settle(pilot)
+            machine = str(app.screen.query_one("#setup-machine", Static).render())
+            assert machine.startswith("Welcome to engy. Simulated GPUs (--fake-gpus 2xRTX4090):  2 × RTX 4090 (24 GiB")
+            assert app.screen.answers.role == "miner"
+            app._setup_done(SetupAnswers(role="local"))
+            await wait_for(pilot, lambda: asking(app), "the start question")
+            assert not app.screen.query(Button).filter("#start")
+            assert "⚠ simulated (--fake-gpus 2xRTX4090)" in str(app.screen.query_one("#start-summary", Static).render())
+
+    asyncio.run(scenario())
+
+
+def test_local_takes_port_base_as_engy_node_up_does(tmp_path, monkeypatch, capsys):
+    with pytest.raises(EngyError, match="N must be 1..65532"):
+        build_app(["--home", str(tmp_path), "--local", "--port-base", "65533"], poll=False)
+    assert main(["--home", str(tmp_path), "--local", "--port-base", "-1"]) == 2
+    assert "--port-base -1: the network takes ports N..N+3" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_app(["--setup", "--port-base", "18080"], poll=False)
+    assert "--port-base goes with --local" in capsys.readouterr().err
+
+    seen: list[dict] = []
+
+    async def run_up(config, hub, *, ports=None, traffic=False, actions=None, task_status) -> None:
+        seen.append(ports)
+        task_status.started()
+        await trio.sleep_forever()
+
+    monkeypatch.setattr("engy_node.local.up.run_up", run_up)
+    app = build_app(["--home", str(tmp_path), "--local", "--port-base", "18400"])
+
+    async def scenario() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: bool(seen), "the local network started")
+            await pilot.press("q", "y")
+
+    asyncio.run(scenario())
+    assert seen == [{"buyer": 18400, "miner": 18401, "provider": 18402, "control": 18403}]
