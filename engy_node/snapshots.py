@@ -206,6 +206,10 @@ class MinerState:
     legs_up: int | None = None
     legs: int | None = None
     inflight: int | None = None
+    link_error: str | None = None
+    """Why the link's last dial failed (the gateway's meta or a leg); None once a leg is admitted."""
+    denied: str | None = None
+    """The gateway's reason for denying the last leg; None once a leg is admitted."""
     hotkey: str | None = None
     weights_root: str | None = None
     """The weight commitment of the checkpoint its model server loads (engy_node.gemm.loaded)."""

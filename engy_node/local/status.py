@@ -4,9 +4,11 @@ Pure: `format_status` decodes the `/v1/status` document into the snapshot types
 (`snapshots.decode_states`, liberal: a part it cannot read reads as missing) and turns them into
 lines, saying "n/a" for what the node does not report rather than guessing. Whatever roles the
 node runs, each section appears only when its component does: the chain and the validator's
-weights, the published epochs, the miners with their eligibility, the verifier, the demo traffic,
-and what this node's own miners serve, with the `weights_root` of the checkpoint each hands its
-model server and whether it is the one the catalog pins.
+weights (and why the chain or the provider is unreachable), the published epochs, the miners with
+their eligibility, the verifier, the demo traffic, and this node's own miners: each one's plan,
+its model server (and why it stopped), its link to the gateway (legs, in flight, and the dial
+error or the gateway's deny reason, quoted, with the fix), and the `weights_root` of the
+checkpoint it hands its model server with whether it is the one the catalog pins.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from engy_node.snapshots import (
     ChainState,
     EpochsState,
     GatewayState,
+    MinerState,
+    ModelServerState,
     NodeInfo,
     NodeStates,
     TrafficPolicyState,
@@ -147,6 +151,16 @@ def _validator(validator: ValidatorState, names: Mapping[str, str], now: float) 
     tick = _elapsed(now, validator.last_tick)
     if tick is not None:
         lines.append(f"  last tick {tick} ago: {_show(validator.last_outcome)}")
+    if validator.chain_error:
+        lines.append(f"  ✘ chain unreachable: {validator.chain_error} → check validator.network and the connection")
+    if validator.provider_error:
+        cache = {True: "the cached vector stands in", False: "no cached vector: nothing is submitted"}
+        stands_in = cache.get(validator.cached_vector) if isinstance(validator.cached_vector, bool) else None
+        lines.append(
+            f"  ⚠ provider gave no usable payload: {validator.provider_error}"
+            + (f" ({stands_in})" if stands_in else "")
+            + " → check validator.provider_url and the provider"
+        )
     return lines
 
 
@@ -174,17 +188,49 @@ def _miners(traffic: TrafficPolicyState, names: Mapping[str, str], now: float) -
     return lines
 
 
+LINK_DOWN_FIX = "check the gateway URL (GW, miner.gateway_url) and this machine's network and DNS"
+LINK_DENIED_FIX = "change what the reason names (the miner key, or the hotkey and its registration)"
+
+
 def _serving(states: NodeStates) -> list[str]:
-    """This node's own miners: the model each serves and the weights its model server loads."""
-    lines = ["", "serving    the weights this node's miners serve"]
+    """This node's own miners, each with its plan, model server, link and weights."""
+    lines = ["", "serving    this node's miners"]
     for name in states.miner_names():
-        miner = states.miners.get(name)
-        if miner is None:
-            continue
+        miner = states.miners.get(name) or MinerState()
+        lines.append(f"  {name} · {_show(miner.model)} · plan {_show(miner.plan)}")
+        lines.append(f"    model server  {_server(states.model_servers.get(name))}")
+        lines += [
+            f"    link          {line}" if i == 0 else f"                  {line}"
+            for i, line in enumerate(_link(miner))
+        ]
         root, pinned = miner.weights_root, miner.weights_pinned
         pin = "n/a" if pinned is None else "the catalog's pin" if pinned else "the catalog pins none"
-        shown = f"{root[:12]}… ({pin})" if root else "not checked yet"
-        lines.append(f"  {name:<12} {_show(miner.model):<14} weights_root {shown}")
+        lines.append(f"    weights_root  {f'{root[:12]}… ({pin})' if root else 'not checked yet'}")
+    return lines
+
+
+def _server(server: ModelServerState | None) -> str:
+    if server is None:
+        return "n/a"
+    restarts = f"{server.restarts} restart{'s' if server.restarts != 1 else ''}"
+    shown = f"{_show(server.state)} ({_show(server.kind)}, {restarts})"
+    failure = server.last_failure
+    if failure is not None and server.state != "ready":
+        shown += f" ✘ {failure.summary or failure.kind}" + (f" → {failure.fix}" if failure.fix else "")
+    return shown
+
+
+def _link(miner: MinerState) -> list[str]:
+    """The legs and what is in flight, then why the link is down and the fix, quoted as published."""
+    up, legs = miner.legs_up, miner.legs
+    shown = f"{up}/{legs} legs up" if up is not None and legs is not None else "legs n/a"
+    lines = [f"{shown} · in flight {_show(miner.inflight)}/{_show(miner.max_inflight)}"]
+    if up and legs and up >= legs:
+        return lines
+    if miner.denied:
+        lines += [f'✘ the gateway denies this miner: "{miner.denied}"', f"→ {LINK_DENIED_FIX}"]
+    elif miner.link_error:
+        lines += [f'✘ cannot reach the gateway: "{miner.link_error}"', f"→ {LINK_DOWN_FIX}"]
     return lines
 
 

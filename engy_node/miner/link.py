@@ -229,6 +229,10 @@ class GatewayLink:
         """The gateway's worker count the legs are planned for."""
         self.plan = 0
         """Which plan of legs is current (`_plan`); a leg of an older one is not re-dialled."""
+        self.link_error: str | None = None
+        """Why the last dial (of `/gw/meta` or a leg) failed; None once a leg is admitted."""
+        self.denied: str | None = None
+        """The gateway's reason for the last deny; None once a leg is admitted."""
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         workers = await self._worker_count()
@@ -321,6 +325,7 @@ class GatewayLink:
                     error,
                     delay,
                 )
+                self._set_trouble(link_error=f"cannot read {meta_url(self.gateway_url)}: {_describe(error)}")
                 await trio.sleep(delay)
 
     def _hello(self, leg: Leg) -> Hello:
@@ -366,6 +371,7 @@ class GatewayLink:
                         ),
                     )
                     log.warning("gateway denied leg %s: %s; retrying in %.0f s", url, denied, delay)
+                    self._set_trouble(denied=str(denied))
                 except (ConnectionClosed, HandshakeError, OSError, trio.TooSlowError, ProtocolError) as error:
                     failures += 1
                     delay = backoff_delay(
@@ -378,6 +384,7 @@ class GatewayLink:
                         log.warning(
                             "leg %s lost (%s: %s); re-dialling in %.1f s", url, type(error).__name__, error, delay
                         )
+                        self._set_trouble(link_error=f"leg {url}: {_describe(error)}")
                     else:
                         log.info("leg %s closed: the miner is stopping", url)
                 else:
@@ -387,6 +394,12 @@ class GatewayLink:
                 self._set_leg(leg.worker, False)
                 if self.phase == "serving" and plan == self.plan:
                     await trio.sleep(delay)
+
+    def _set_trouble(self, **trouble: str | None) -> None:
+        """Publish why the link is not up (`link_error`, `denied`), for the dashboards."""
+        for name, value in trouble.items():
+            setattr(self, name, value)
+        self.on_state(link_error=self.link_error, denied=self.denied)
 
     def _set_leg(self, worker: int, up: bool) -> None:
         self.legs_up[worker] = up
@@ -478,6 +491,7 @@ class GatewayLink:
                     "frame.type", f"expected admit or deny after hello, got {type(first).__name__.lower()}"
                 )
             log.info("leg %s admitted (capacity %d)", url, leg.capacity)
+            self._set_trouble(link_error=None, denied=None)
             self._set_leg(leg.worker, True)
             self._admitted.set()
             session = _LegSession(self, connection, leg)
@@ -720,6 +734,10 @@ class _LegSession:
                 continue
             await self.send(self.heartbeat())
             due = trio.current_time() + settings.heartbeat_s
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:

@@ -798,11 +798,40 @@ def test_the_breaker_window_is_flagged_past_its_unproven_bar():
     assert cell(0, 0) == Cell("breaker, last 5 min: 0 verdicts, 0 unproven", "")
 
 
+DNS_ERROR = "cannot read http://nonexistent.invalid/gw/meta: ConnectError: [Errno -2] Name or service not known"
+
+
+def test_a_link_that_cannot_reach_the_gateway_quotes_the_error_with_its_fix():
+    # The gateway's meta does not resolve: no leg was ever planned, so the legs are unknown.
+    miner = as_miner({"max_inflight": 4, "link_error": DNS_ERROR})
+    assert legs_cell(miner) == Cell("link down ✘", "error")
+    notes = texts(link_notes(miner, None, now=NOW))
+    assert notes[0] == f"✘ cannot reach the gateway: “{DNS_ERROR}”; it routes no request here"
+    assert notes[1].startswith("  → fix: check the gateway URL (GW, miner.gateway_url)")
+    # Legs dialled but none up: the same, with the count kept.
+    dialled = as_miner({"legs_up": 0, "legs": 2, "link_error": "leg ws://gw/0: OSError: refused"})
+    assert legs_cell(dialled) == Cell("0/2 legs ✘", "error")
+    assert texts(link_notes(dialled, None, now=NOW))[0].startswith("✘ cannot reach the gateway: “leg ws://gw/0")
+    # Some legs up: the last error joins the warning.
+    some = texts(link_notes(as_miner({"legs_up": 1, "legs": 2, "link_error": "leg ws://gw/1: OSError"}), None, now=NOW))
+    assert some[0].endswith("(last error: “leg ws://gw/1: OSError”)")
+
+
+def test_a_denied_miner_quotes_the_gateways_reason_with_its_fix():
+    reason = "hotkey 5F3s…x9 is not registered on netuid 53"
+    miner = as_miner({"legs_up": 0, "legs": 0, "denied": reason, "link_error": DNS_ERROR})
+    assert legs_cell(miner) == Cell("denied by the gateway ✘", "error")
+    notes = texts(link_notes(miner, None, now=NOW))
+    assert notes[0] == f"✘ the gateway denies this miner: “{reason}”; it routes no request here"
+    assert notes[1].startswith("  → fix: change what the gateway's reason names")
+    assert not any("miner.link log" in note for note in notes)
+
+
 def test_link_notes_name_what_is_wrong_and_what_to_do():
     assert link_notes(as_miner(gpu_miner()), gpu_worker(), now=NOW) == []
     down = texts(link_notes(as_miner({"legs_up": 0, "legs": 4}), None, now=NOW))
     assert down[0].startswith("✘ no leg to the gateway is admitted") and down[1].startswith(
-        "  → fix: the miner.link log"
+        "  → fix: the miner.link log says why"
     )
     assert texts(link_notes(as_miner({"legs_up": 3, "legs": 4}), None, now=NOW))[0].startswith("⚠ 1 of 4 legs down")
     pulled = as_worker(
@@ -1352,6 +1381,31 @@ def test_crashed_model_server_snapshot(snap_compare):
         MinerPanel(), {"miner": gpu_miner(), "model_server": crashed_server()}, server_log={"model_server": CRASH_LOG}
     )
     assert snap_compare(app, terminal_size=(160, 20), run_before=lambda pilot: app.feed())
+
+
+def unreachable_states() -> dict[str, Any]:
+    """A home miner whose gateway URL does not resolve, its model server up."""
+    miner = {key: value for key, value in gpu_miner().items() if key not in ("legs_up", "legs", "inflight")}
+    return {"miner": {**miner, "link_error": DNS_ERROR}, "model_server": ready_server()}
+
+
+def test_miner_panel_shows_a_link_that_cannot_reach_the_gateway():
+    async def scenario() -> None:
+        app = Host(MinerPanel(), unreachable_states(), server_log={"model_server": READY_LOG})
+        async with app.run_test(size=(160, 40)) as pilot:
+            app.feed()
+            await pilot.pause()
+            link = app.widget.query_one(".link", Vertical)
+            assert "link down ✘" in str(link.border_title) and link.has_class("-error")
+            notes = static_text(app.widget.query_one(".link-notes", Static))
+            assert f"✘ cannot reach the gateway: “{DNS_ERROR}”" in notes and "→ fix: check the gateway URL" in notes
+
+    asyncio.run(scenario())
+
+
+def test_unreachable_gateway_snapshot(snap_compare):
+    app = Host(MinerPanel(), unreachable_states(), server_log={"model_server": READY_LOG})
+    assert snap_compare(app, terminal_size=(160, 18), run_before=lambda pilot: app.feed())
 
 
 def test_local_network_miners_snapshot(snap_compare):

@@ -3,11 +3,13 @@
 Its legs (admitted of those dialled), its eligibility at the gateway (active, probing, pulled,
 new) and for how long, in flight over its slots, the oldest heartbeat, the qualifying round's
 progress, what it has served since the gateway started and the breaker's view of the last
-minute, and what is wrong with the link and its fix (legs down, pulled and the cooldown, a
-first-party worker that would have been pulled).
+minute, and what is wrong with the link and its fix (the gateway's deny reason or the last dial
+error, quoted; legs down, pulled and the cooldown, a first-party worker that would have been
+pulled).
 
 Where the facts come from: the miner's component, `MinerState` (`engy_node.miner.link
-.GatewayLink.publish`: legs_up, legs, inflight; `role.run_miner`: max_inflight, model); on a
+.GatewayLink.publish`: legs_up, legs, inflight; `_set_trouble`: link_error, denied;
+`role.run_miner`: max_inflight, model); on a
 gateway node, the traffic worker (`TrafficStanding`) whose `miner` is this miner's hotkey
 (`engy_node.gateway.trust.traffic_state.TrafficState.to_json`: state, since, reason, first_party, until,
 round, window, lifetime, history) and the gateway's `legs` (`GatewayLeg`, `MinerPool.snapshot`)
@@ -44,6 +46,7 @@ __all__ = [
     "link_lines",
     "link_notes",
     "link_summary",
+    "link_trouble",
     "link_title",
     "served_breaker_cell",
     "served_line",
@@ -87,9 +90,22 @@ def legs_of(gateway: GatewayState | None, hotkey: str | None) -> list[GatewayLeg
     return [leg for leg in gateway.legs if leg.miner == hotkey]
 
 
+def link_trouble(miner: MinerState | None) -> tuple[str, str] | None:
+    """Why no leg is up, as the link published it: ("denied", the gateway's reason) or ("down",
+    the last dial error); None when it published neither (or a leg is up again)."""
+    if miner is None:
+        return None
+    denied, error = _text(miner.denied), _text(miner.link_error)
+    return ("denied", denied) if denied else ("down", error) if error else None
+
+
 def legs_cell(miner: MinerState | None) -> Cell:
-    """Legs admitted of those dialled: "4 legs ✔", "3/4 legs ⚠", "0/4 legs ✘", "dialling"."""
+    """Legs admitted of those dialled: "4 legs ✔", "3/4 legs ⚠", "0/4 legs ✘", "dialling"; before
+    any leg is planned, "denied ✘" or "link down ✘" when the link says why."""
     up, legs = (miner.legs_up, miner.legs) if miner else (None, None)
+    trouble = link_trouble(miner)
+    if trouble is not None and (up is None or legs is None or legs <= 0):
+        return Cell(f"{'denied by the gateway' if trouble[0] == 'denied' else 'link down'} {BAD}", "error")
     if up is None or legs is None:
         return Cell(f"legs {NA}", "na")
     if legs <= 0:
@@ -275,29 +291,44 @@ def _report(worker: TrafficStanding) -> StandingChange | None:
     return last if last.from_state == last.to_state and last.code in _BREAKER_CODES else None
 
 
+DENIED_FIX = (
+    "change what the gateway's reason names (the miner key, or the hotkey and its registration on the "
+    "subnet); the legs ask again by themselves every minute"
+)
+DOWN_FIX = (
+    "check the gateway URL (GW, miner.gateway_url) and this machine's network and DNS; the link re-dials "
+    "by itself with backoff"
+)
+
+
 def link_notes(miner: MinerState | None, worker: TrafficStanding | None, *, now: float) -> list[Line]:
-    """What is wrong with the link, and what to do: no leg admitted, legs down, pulled (with the
-    control plane's reason and the cooldown), a first-party worker that would have been pulled."""
+    """What is wrong with the link, and what to do: denied (the gateway's reason, quoted) or down
+    (the last dial error, quoted) with no leg admitted, legs down, pulled (with the control
+    plane's reason and the cooldown), a first-party worker that would have been pulled."""
     notes: list[Line] = []
     up, legs = (miner.legs_up, miner.legs) if miner else (None, None)
-    if up is not None and legs is not None and legs > 0:
+    trouble = link_trouble(miner)
+    none_up = up is None or legs is None or legs <= 0 or up <= 0
+    if trouble is not None and none_up:
+        kind, why = trouble
+        what = "the gateway denies this miner" if kind == "denied" else "cannot reach the gateway"
+        notes += [
+            (Cell(f"{BAD} {what}: “{why}”; it routes no request here", "error"),),
+            (Cell("  → fix: ", "error"), Cell(DENIED_FIX if kind == "denied" else DOWN_FIX)),
+        ]
+    elif up is not None and legs is not None and legs > 0:
         if up <= 0:
             notes += [
                 (Cell(f"{BAD} no leg to the gateway is admitted: it routes no request here", "error"),),
-                (
-                    Cell("  → fix: ", "error"),
-                    Cell(
-                        "the miner.link log says why: a deny names the refused key or "
-                        "hotkey; a lost leg re-dials by itself with backoff"
-                    ),
-                ),
+                (Cell("  → fix: ", "error"), Cell("the miner.link log says why; a lost leg re-dials with backoff")),
             ]
         elif up < legs:
+            last = f" (last error: “{trouble[1]}”)" if trouble is not None else ""
             notes.append(
                 (
                     Cell(
                         f"{WARN} {legs - up:,} of {legs:,} legs down: the gateway workers behind them route "
-                        "nothing here; they re-dial by themselves (the miner.link log says why)",
+                        f"nothing here; they re-dial by themselves{last}",
                         "warning",
                     ),
                 )

@@ -197,11 +197,17 @@ def test_a_full_document_renders_every_section(transport):
     assert miners[2].endswith("probing for 45 s: connected")
 
     # The node's own miners, in natural order, with the weights their model servers loaded.
-    assert section(text, "serving ") == [
-        "serving    the weights this node's miners serve",
-        "  miner-1      smollm2-135m   weights_root 9fc5eb146e57… (the catalog's pin)",
-        "  miner-2      qwen3.6-35b-a3b weights_root cdcdcdcdcdcd… (the catalog pins none)",
-        "  miner-10     smollm2-135m   weights_root not checked yet",
+    serving = section(text, "serving ")
+    assert serving[0] == "serving    this node's miners"
+    assert [line for line in serving if not line.startswith("    ")][1:] == [
+        "  miner-1 · smollm2-135m · plan n/a",
+        "  miner-2 · qwen3.6-35b-a3b · plan n/a",
+        "  miner-10 · smollm2-135m · plan n/a",
+    ]
+    assert [line for line in serving if "weights_root" in line] == [
+        "    weights_root  9fc5eb146e57… (the catalog's pin)",
+        "    weights_root  cdcdcdcdcdcd… (the catalog pins none)",
+        "    weights_root  not checked yet",
     ]
     assert section(text, "verifier ") == ["verifier   running; verdicts: pass 10, cheat 0, unproven 1"]
     assert section(text, "gateway ") == [
@@ -231,6 +237,73 @@ def test_a_validator_that_names_its_hotkey_is_shown_by_its_local_name():
     document["states"]["validator"].update(hotkey=VALIDATOR, provider="http://127.0.0.1:8090")
     line = section(format_status(document, now=NOW), "validator ")[0]
     assert line == "validator  validator uid 0, permit yes, provider http://127.0.0.1:8090"
+
+
+HOME_MINER = {
+    "model": "qwen3.6-35b-a3b",
+    "max_inflight": 32,
+    "plan": "tp 2 × dp 1 on 2× NVIDIA GeForce RTX 4090",
+    "weights_root": PINNED_ROOT,
+    "weights_pinned": True,
+}
+DNS_ERROR = "cannot read http://nonexistent.invalid/gw/meta: ConnectError: [Errno -2] Name or service not known"
+
+
+def miner_section(miner: dict, server: dict | None = None) -> list[str]:
+    states = {"miner": miner, **({"model_server": server} if server else {})}
+    return section(format_status({"node": {"roles": ["miner"]}, "states": states}, now=NOW), "serving ")
+
+
+def test_a_miner_node_has_a_section_with_its_plan_server_link_and_weights():
+    server = {"state": "ready", "kind": "sglang", "restarts": 1}
+    assert miner_section({**HOME_MINER, "legs_up": 4, "legs": 4, "inflight": 12}, server) == [
+        "serving    this node's miners",
+        "  miner · qwen3.6-35b-a3b · plan tp 2 × dp 1 on 2× NVIDIA GeForce RTX 4090",
+        "    model server  ready (sglang, 1 restart)",
+        "    link          4/4 legs up · in flight 12/32",
+        "    weights_root  9fc5eb146e57… (the catalog's pin)",
+    ]
+    crashed = {
+        "state": "failed",
+        "kind": "sglang",
+        "restarts": 3,
+        "last_failure": {"kind": "cuda_oom", "summary": "CUDA out of memory", "fix": "lower --mem-fraction-static"},
+    }
+    assert miner_section(HOME_MINER, crashed)[2] == (
+        "    model server  failed (sglang, 3 restarts) ✘ CUDA out of memory → lower --mem-fraction-static"
+    )
+
+
+def test_a_miner_whose_link_is_down_or_denied_quotes_why_with_the_fix():
+    down = miner_section({**HOME_MINER, "link_error": DNS_ERROR})
+    assert down[3:6] == [
+        "    link          legs n/a · in flight n/a/32",
+        f'                  ✘ cannot reach the gateway: "{DNS_ERROR}"',
+        "                  → check the gateway URL (GW, miner.gateway_url) and this machine's network and DNS",
+    ]
+    denied = miner_section({**HOME_MINER, "legs_up": 0, "legs": 1, "denied": "unknown miner key"})
+    assert denied[3:5] == [
+        "    link          0/1 legs up · in flight n/a/32",
+        '                  ✘ the gateway denies this miner: "unknown miner key"',
+    ]
+
+
+def test_a_validator_outage_names_the_chain_and_provider_errors():
+    validator = {
+        "hotkey": VALIDATOR,
+        "chain_error": "RpcConnectionError: could not connect",
+        "provider_error": "https://p/api/subnet/v1/epoch/latest: ConnectError: refused",
+        "cached_vector": False,
+    }
+    lines = section(format_status({"states": {"validator": validator}}, now=NOW), "validator ")
+    assert (
+        lines[2]
+        == "  ✘ chain unreachable: RpcConnectionError: could not connect → check validator.network and the connection"
+    )
+    assert lines[3].startswith(
+        "  ⚠ provider gave no usable payload: https://p/api/subnet/v1/epoch/latest: ConnectError"
+    )
+    assert "(no cached vector: nothing is submitted)" in lines[3]
 
 
 def test_missing_components_are_omitted():

@@ -450,3 +450,50 @@ async def test_a_change_in_the_gateways_workers_replans_the_legs_without_a_resta
     with trio.move_on_after(1.0):
         await harness.wait_for(lambda: len(harness.hellos) > 3)
     assert len(harness.hellos) == 3, "the retired leg is not re-dialled"
+
+
+class NothingServed:
+    """A handler for a link that never gets a request (it is never admitted)."""
+
+    async def handle(self, frame, send) -> None:
+        raise AssertionError("nothing is served by a link that is not admitted")
+
+
+def unadmitted_link(gateway_url: str, published: dict) -> GatewayLink:
+    return GatewayLink(
+        gateway_url=gateway_url,
+        identity=Identity(miner_key="mk-test"),
+        limits=LIMITS,
+        handler=NothingServed(),
+        http=httpx.AsyncClient(timeout=10),
+        settings=FAST,
+        rng=random.Random(7),
+        on_state=published.update,
+        hello={
+            "model": "smollm2-135m",
+            "model_root": "00" * 32,
+            "hw": {"host": "test", "gpu_count": 0},
+            "versions": {"engy_node": "test"},
+            "worker_name": "rig-1",
+            "worker_id": uuid.uuid4().hex,
+        },
+    )
+
+
+async def test_a_gateway_that_does_not_resolve_publishes_the_dial_error(nursery):
+    """`.invalid` never resolves (RFC 2606): the miner's state says why its link is down (issue 34)."""
+    published: dict = {}
+    link = unadmitted_link("ws://nonexistent.invalid/gw", published)
+    nursery.start_soon(link.run)
+    await wait_until_async(lambda: published.get("link_error") is not None, timeout_s=20, what="the dial error")
+    assert published["link_error"].startswith("cannot read http://nonexistent.invalid/gw/meta: ConnectError")
+    assert published["denied"] is None
+
+
+async def test_a_denied_leg_publishes_the_gateways_reason(nursery):
+    harness = GatewayHarness(workers=1, deny_reason="unknown miner key")
+    await nursery.start(harness.run)
+    published: dict = {}
+    nursery.start_soon(unadmitted_link(harness.url, published).run)
+    await wait_until_async(lambda: published.get("denied") is not None, timeout_s=20, what="the deny reason")
+    assert published["denied"] == "unknown miner key"
