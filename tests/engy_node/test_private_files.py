@@ -63,23 +63,19 @@ def test_the_gateways_database_and_its_wal_and_shm_are_this_users_only(tmp_path)
         assert [mode(file) for file in files if file.exists()] == [PRIVATE_FILE_MODE] * sum(f.exists() for f in files)
 
 
-def test_the_log_folder_and_files_are_this_users_only_also_after_rotation(tmp_path, monkeypatch, capsys):
+def test_the_log_folder_and_files_are_this_users_only_also_after_rotation(tmp_path, monkeypatch, engy_logger):
     log_dir = tmp_path / "logs"
     log_dir.mkdir(mode=0o755)
     old_backup = log_dir / "engy-node.log.1"
     old_backup.write_text("written before the logs were private\n")
     os.chmod(old_backup, 0o644)
     monkeypatch.setattr(hub_module, "LOG_FILE_BYTES", 200)
-    root = logging.getLogger("engy")
-    try:
-        install_logging(Hub(), level="info", log_dir=log_dir, stderr=False)
-        for index in range(20):
-            logging.getLogger("engy.test").info("line %d of a log that rotates", index)
-        assert mode(log_dir) == PRIVATE_DIR_MODE
-        logs = sorted(log_dir.iterdir())
-        assert len(logs) == 1 + hub_module.LOG_FILE_BACKUPS
-        assert {file.name: mode(file) for file in logs} == dict.fromkeys((f.name for f in logs), PRIVATE_FILE_MODE)
-    finally:
-        for handler in list(root.handlers):
-            root.removeHandler(handler)
-            handler.close()
+    # engy_logger puts the engy logger back as it was (install_logging stops its propagation,
+    # which would hide every later test's records from caplog).
+    install_logging(Hub(), level="info", log_dir=log_dir, stderr=False)
+    for index in range(20):
+        logging.getLogger("engy.test").info("line %d of a log that rotates", index)
+    assert mode(log_dir) == PRIVATE_DIR_MODE
+    logs = sorted(log_dir.iterdir())
+    assert len(logs) == 1 + hub_module.LOG_FILE_BACKUPS
+    assert {file.name: mode(file) for file in logs} == dict.fromkeys((f.name for f in logs), PRIVATE_FILE_MODE)
