@@ -318,25 +318,30 @@ async def open_leg(miner_url: str, worker: int, miner_key: str, served, name: st
         return isinstance(parse_gateway_frame(await connection.get_message()), Admit)
 
 
+async def miner_on_both_workers(nursery, http, urls, store, served, text: str):
+    """A registered synthetic miner answering `text`, once it holds a leg on each worker."""
+    _, miner_key = store.register_miner("synthetic")
+    link = synthetic_link(
+        gateway_url=urls.miner_url,
+        model=served,
+        identity=Identity(miner_key=miner_key),
+        handler=SyntheticHandler(served, lambda frame: Script(text=text)),
+        http=http,
+        settings=FAST,
+        max_inflight=64,
+    )
+    legs = Changes()
+    link.on_state = legs.notify  # called whenever a leg goes up or down
+    await nursery.start(link.run)
+    await legs.wait_for(lambda: sum(link.legs_up.values()) >= 2, timeout_s=30, what="a leg up on each worker")
+    return link
+
+
 async def test_two_workers_serve_buyers_with_legs_on_each_and_exact_books(nursery, two_workers):
     config, urls, store, served = two_workers
     async with httpx.AsyncClient(timeout=60) as http:
         assert (await http.get(urls.miner_url.replace("ws://", "http://") + "/meta")).json() == {"workers": 2}
-        _, miner_key = store.register_miner("synthetic")
-        handler = SyntheticHandler(served, lambda frame: Script(text="Two workers, one answer."))
-        link = synthetic_link(
-            gateway_url=urls.miner_url,
-            model=served,
-            identity=Identity(miner_key=miner_key),
-            handler=handler,
-            http=http,
-            settings=FAST,
-            max_inflight=64,
-        )
-        legs = Changes()
-        link.on_state = legs.notify  # called whenever a leg goes up or down
-        await nursery.start(link.run)
-        await legs.wait_for(lambda: sum(link.legs_up.values()) >= 2, timeout_s=30, what="a leg up on each worker")
+        await miner_on_both_workers(nursery, http, urls, store, served, "Two workers, one answer.")
         account, key = store.create_buyer("buyer")
         store.credit(account, micro_usd=1_000_000)
         client = openai.AsyncOpenAI(base_url=urls.buyer_url + "/v1", api_key=key, max_retries=0, timeout=60)
@@ -380,21 +385,7 @@ async def test_a_revoked_key_is_refused_from_the_next_request_on_by_every_worker
     every request after that, on whichever worker, is refused."""
     config, urls, store, served = two_workers
     async with httpx.AsyncClient(timeout=60) as http:
-        _, miner_key = store.register_miner("synthetic")
-        handler = SyntheticHandler(served, lambda frame: Script(text="Still here."))
-        link = synthetic_link(
-            gateway_url=urls.miner_url,
-            model=served,
-            identity=Identity(miner_key=miner_key),
-            handler=handler,
-            http=http,
-            settings=FAST,
-            max_inflight=64,
-        )
-        legs = Changes()
-        link.on_state = legs.notify
-        await nursery.start(link.run)
-        await legs.wait_for(lambda: sum(link.legs_up.values()) >= 2, timeout_s=30, what="a leg up on each worker")
+        await miner_on_both_workers(nursery, http, urls, store, served, "Still here.")
         account, key = store.create_buyer("buyer")
         store.credit(account, micro_usd=1_000_000)
 
