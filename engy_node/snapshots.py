@@ -612,13 +612,17 @@ class NodeStates:
     """By the miner they serve (`miner`, `miner-1`, …), not by hub component."""
 
     def miner_names(self) -> list[str]:
-        """Every miner of this node, in natural order, including one whose server reported first."""
-        return sorted(set(self.miners) | set(self.model_servers), key=_natural)
+        """Every miner of this node, in natural order (miner-2 before miner-10), including one
+        whose server reported first; a name with control characters is not shown."""
+        found = {name for name in (*self.miners, *self.model_servers) if name.isprintable()}
+        return sorted(found, key=_natural)
 
 
-def _natural(name: str) -> tuple[str, int]:
-    head, _, tail = name.rpartition("-")
-    return (head, int(tail)) if head and _INTEGER.fullmatch(tail) and len(tail) <= MAX_KEY_DIGITS else (name, 0)
+def _natural(name: str) -> tuple[tuple[int, int, str], ...]:
+    # Digit runs compare by length, then text: numeric order with no int() of a huge number.
+    return tuple(
+        (0, 0, part) if i % 2 == 0 else (1, len(part), part) for i, part in enumerate(re.split(r"(\d+)", name))
+    )
 
 
 def decode_states(states: Mapping[str, Any], *, strict: bool = False) -> NodeStates:

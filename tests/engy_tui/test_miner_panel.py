@@ -39,6 +39,7 @@ from engy_node.snapshots import (
     TrafficStanding,
     decode,
     decode_states,
+    server_component,
 )
 from engy_tui.widgets.cells import Cell
 from engy_tui.widgets.miner import MinerPanel
@@ -69,7 +70,7 @@ from engy_tui.widgets.miner.serving import (
     server_title,
     tp_dp,
 )
-from engy_tui.widgets.miner.view import miner_hotkey, miner_names, miner_view, panel_view, server_component
+from engy_tui.widgets.miner.view import miner_hotkey, miner_view, panel_view
 from tests.engy_tui.test_validator_panel import NAMES, NOW, ss58
 
 HOME = ss58("home-miner")
@@ -513,10 +514,10 @@ def test_miner_names_come_from_miner_and_model_server_components_in_natural_orde
         "miner-3": "not a state",
         7: {},
     }
-    assert miner_names(decode_states(states)) == ["miner-1", "miner-2", "miner-10"]
-    assert miner_names(typed({"model_server": {}})) == ["miner"]
-    assert miner_names(typed({"miner": {}, "model_server": {}})) == ["miner"]
-    assert miner_names(NodeStates()) == []
+    assert decode_states(states).miner_names() == ["miner-1", "miner-2", "miner-10"]
+    assert typed({"model_server": {}}).miner_names() == ["miner"]
+    assert typed({"miner": {}, "model_server": {}}).miner_names() == ["miner"]
+    assert NodeStates().miner_names() == []
     assert server_component("miner") == "model_server" and server_component("miner-1") == "model_server.miner-1"
 
 

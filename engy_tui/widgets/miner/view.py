@@ -11,12 +11,10 @@ Plain data out, so the widget can skip a repaint when nothing changed by compari
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from engy_node.snapshots import MinerState, NodeStates
-from engy_node.snapshots import server_component as server_component
+from engy_node.snapshots import MinerState, NodeStates, server_component
 from engy_tui.widgets.cells import NA, Cell, short_hotkey
 from engy_tui.widgets.cells import as_text as _text
 from engy_tui.widgets.miner.common import Level, Line
@@ -49,25 +47,9 @@ __all__ = [
     "MinerView",
     "PanelView",
     "miner_hotkey",
-    "miner_names",
     "miner_view",
     "panel_view",
-    "server_component",
 ]
-
-
-def _natural(name: str) -> tuple[tuple[int, int, str], ...]:
-    # miner-2 before miner-10; digits compare by length then text, so no int() of huge numbers.
-    return tuple(
-        (0, 0, part) if i % 2 == 0 else (1, len(part), part) for i, part in enumerate(re.split(r"(\d+)", name))
-    )
-
-
-def miner_names(states: NodeStates) -> list[str]:
-    """The miners of this node, in natural order: every "miner"/"miner-…" component, and the
-    miner of every model server (its server may report first)."""
-    found = {name for name in (*states.miners, *states.model_servers) if name.isprintable()}
-    return sorted(found, key=_natural)
 
 
 def miner_hotkey(miner: str, names: Mapping[str, str] | None, state: MinerState | None = None) -> str | None:
@@ -193,7 +175,7 @@ def panel_view(
         states = NodeStates()
     if names is None:
         names = states.node.hotkeys
-    miners = miner_names(states)
+    miners = states.miner_names()
     proofs = tuple(node_proof_lines(states))
     if not miners:
         why = "waiting for the node's first snapshot" if states == NodeStates() else "no miner on this node"
