@@ -34,10 +34,6 @@ def as_map(value: Any) -> Mapping[Any, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def as_bool(value: Any) -> bool | None:
-    return value if isinstance(value, bool) else None
-
-
 def as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else []
 
