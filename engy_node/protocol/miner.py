@@ -32,6 +32,16 @@ import orjson
 
 from engy_node.chat_template import RESERVED_VARIABLES
 from engy_node.models import ModelSpec
+from engy_node.protocol.fields import (
+    ProtocolError,
+    as_count,
+    as_object,
+    as_seconds,
+    count_field,
+    describe,
+    text_field,
+)
+from engy_node.protocol.gemm import GemmChallenge, GemmOpenings, parse_gemm_commitment
 
 PROTOCOL_VERSION = 1
 
@@ -62,16 +72,6 @@ OPTIONAL_FEATURES = frozenset({FEATURE_SAMPLING, FEATURE_SEEDED, FEATURE_TOOLS})
 make up for (it applies stop strings itself), so routing prefers miners that announce them:
 sampling and tools are needed to answer as asked, seeded sampling to verify a sampled answer as
 strictly as a greedy one."""
-
-
-class ProtocolError(ValueError):
-    """A frame this side cannot read: `field` is the dotted path to what is wrong
-    (`hello.capacity.max_inflight`, or `frame` for the frame as a whole), `reason` says how."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
 
 
 CLOSE_REASON_MAX_BYTES = 123
@@ -115,77 +115,6 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 that leg with 1009."""
 
 
-_MISSING: Any = object()
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    kind = {bool: "a boolean", str: "a string", list: "a list", dict: "an object", float: "a number"}.get(type(value))
-    return kind or type(value).__name__
-
-
-MAX_COUNT = 2**64 - 1
-"""The largest count a frame may carry: the largest integer orjson writes (and reads back) as one."""
-
-
-def _as_count(value: Any, field: str) -> int:
-    """A non-negative whole number up to `MAX_COUNT`; an integral float counts (`1800.0`)."""
-    if isinstance(value, bool):
-        raise ProtocolError(field, "must be a number, not a boolean")
-    if isinstance(value, int):
-        number = value
-    elif isinstance(value, float) and value.is_integer():
-        number = int(value)
-    else:
-        raise ProtocolError(
-            field, f"must be a whole number, got {_describe(value) if not isinstance(value, float) else value}"
-        )
-    if not 0 <= number <= MAX_COUNT:
-        raise ProtocolError(field, f"must be between 0 and 2**64-1, got {value}")
-    return number
-
-
-def _as_seconds(value: Any, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ProtocolError(field, f"must be a number of seconds, got {_describe(value)}")
-    if not math.isfinite(value) or value < 0:
-        raise ProtocolError(field, f"must be a finite non-negative number, got {value}")
-    return float(value)
-
-
-def _as_text(value: Any, field: str) -> str:
-    if not isinstance(value, str):
-        raise ProtocolError(field, f"must be a string, got {_describe(value)}")
-    return value
-
-
-def _field(obj: Mapping[str, Any], key: str, where: str, read: Callable[[Any, str], Any], default: Any) -> Any:
-    """`obj[key]` through `read`; absent or null gives `default`, or is refused without one."""
-    value = obj.get(key)
-    if value is None:
-        if default is _MISSING:
-            raise ProtocolError(f"{where}.{key}", "missing")
-        return default
-    return read(value, f"{where}.{key}")
-
-
-def _count(obj: Mapping[str, Any], key: str, where: str, *, default: Any = _MISSING) -> Any:
-    return _field(obj, key, where, _as_count, default)
-
-
-def _text(obj: Mapping[str, Any], key: str, where: str, *, default: Any = _MISSING) -> Any:
-    return _field(obj, key, where, _as_text, default)
-
-
-def _object(value: Any, field: str) -> Mapping[str, Any]:
-    # A frame's objects are dicts (JSON); `isinstance` against the `Mapping` ABC costs several
-    # times the exact test, for every object of every frame.
-    if type(value) is not dict and not isinstance(value, Mapping):
-        raise ProtocolError(field, f"must be an object, got {_describe(value)}")
-    return value
-
-
 # ---- miner -> gateway ----------------------------------------------------------------------
 
 
@@ -223,17 +152,17 @@ class Capacity:
         (not announced). A fractional `max_request_s` rounds up: it is a deadline. A zero
         `context_length` is none announced; modalities that are not strings are dropped."""
         where = f"{where}.capacity"
-        raw = _object(raw, where)
-        max_inflight = _count(raw, "max_inflight", where)
+        raw = as_object(raw, where)
+        max_inflight = count_field(raw, "max_inflight", where)
         seconds = raw.get("max_request_s")
         modalities = raw.get("input_modalities")
         return cls(
             max_inflight=max_inflight,
-            max_inflight_total=_count(raw, "max_inflight_total", where, default=max_inflight),
-            max_input_tokens=_count(raw, "max_input_tokens", where, default=0),
-            max_output_tokens=_count(raw, "max_output_tokens", where, default=0),
+            max_inflight_total=count_field(raw, "max_inflight_total", where, default=max_inflight),
+            max_input_tokens=count_field(raw, "max_input_tokens", where, default=0),
+            max_output_tokens=count_field(raw, "max_output_tokens", where, default=0),
             max_request_s=0 if seconds is None else _deadline_s(seconds, f"{where}.max_request_s"),
-            context_length=_count(raw, "context_length", where, default=None) or None,
+            context_length=count_field(raw, "context_length", where, default=None) or None,
             input_modalities=tuple(m for m in modalities if isinstance(m, str)) if isinstance(modalities, list) else (),
         )
 
@@ -290,10 +219,10 @@ class KvLoad:
             return None
         try:
             return cls(
-                used=_count(raw, "used", "heartbeat.kv", default=0),
-                limit=_count(raw, "limit", "heartbeat.kv", default=None),
-                running=_count(raw, "reqs", "heartbeat.kv", default=0),
-                waiting=_count(raw, "waiting", "heartbeat.kv", default=0),
+                used=count_field(raw, "used", "heartbeat.kv", default=0),
+                limit=count_field(raw, "limit", "heartbeat.kv", default=None),
+                running=count_field(raw, "reqs", "heartbeat.kv", default=0),
+                waiting=count_field(raw, "waiting", "heartbeat.kv", default=0),
             )
         except ProtocolError:
             return None
@@ -301,8 +230,8 @@ class KvLoad:
 
 def _deadline_s(value: Any, field: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
-        return _as_count(value, field)
-    return _as_count(float(math.ceil(_as_seconds(value, field))), field)
+        return as_count(value, field)
+    return as_count(float(math.ceil(as_seconds(value, field))), field)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -348,21 +277,21 @@ class Hello:
         hw = obj.get("hw")
         versions = obj.get("versions")
         features = obj.get("features")
-        worker_name = _text(obj, "worker_name", "hello", default=None)
+        worker_name = text_field(obj, "worker_name", "hello", default=None)
         if worker_name is None:
-            worker_name = _text(obj, "instance_id", "hello", default="")
+            worker_name = text_field(obj, "instance_id", "hello", default="")
         return cls(
-            miner_key=_text(obj, "miner_key", "hello", default=""),
-            model=_text(obj, "model", "hello"),
-            model_root=_text(obj, "model_root", "hello"),
+            miner_key=text_field(obj, "miner_key", "hello", default=""),
+            model=text_field(obj, "model", "hello"),
+            model_root=text_field(obj, "model_root", "hello"),
             hw=dict(hw) if isinstance(hw, Mapping) else ({"summary": hw} if isinstance(hw, str) else {}),
             versions=dict(versions) if isinstance(versions, Mapping) else {},
             capacity=Capacity.parse(obj.get("capacity"), "hello"),
             worker_name=worker_name,
-            worker_id=_text(obj, "worker_id", "hello", default=""),
-            hotkey=_text(obj, "hotkey", "hello", default=None),
-            ts=_count(obj, "ts", "hello", default=None),
-            signature=_text(obj, "signature", "hello", default=None),
+            worker_id=text_field(obj, "worker_id", "hello", default=""),
+            hotkey=text_field(obj, "hotkey", "hello", default=None),
+            ts=count_field(obj, "ts", "hello", default=None),
+            signature=text_field(obj, "signature", "hello", default=None),
             features=frozenset(f for f in features if isinstance(f, str))
             if isinstance(features, list)
             else frozenset(),
@@ -395,8 +324,8 @@ class Heartbeat:
         idle = obj.get("idle_seconds")
         capacity = obj.get("capacity")
         return cls(
-            inflight=_count(obj, "inflight", "heartbeat", default=0),
-            idle_seconds=0.0 if idle is None else _as_seconds(idle, "heartbeat.idle_seconds"),
+            inflight=count_field(obj, "inflight", "heartbeat", default=0),
+            idle_seconds=0.0 if idle is None else as_seconds(idle, "heartbeat.idle_seconds"),
             capacity=None if capacity is None or capacity == {} else Capacity.parse(capacity, "heartbeat"),
             kv=KvLoad.parse(obj.get("kv")),
         )
@@ -435,17 +364,17 @@ class Chunk:
         taken as the text. Tool-call fragments that are not objects are dropped, not refused:
         whether the calls hold together is judged against the proven tokens at the end."""
         delta = obj.get("delta")
-        corr_id = _text(obj, "corr_id", "chunk")
+        corr_id = text_field(obj, "corr_id", "chunk")
         if isinstance(delta, str):
             return cls(corr_id=corr_id, content=delta)
         if delta is None:
             return cls(corr_id=corr_id, content="")
-        delta = _object(delta, "chunk.delta")
+        delta = as_object(delta, "chunk.delta")
         calls = delta.get("tool_calls")
         return cls(
             corr_id=corr_id,
-            content=_text(delta, "content", "chunk.delta", default=""),
-            reasoning=_text(delta, "reasoning_content", "chunk.delta", default=""),
+            content=text_field(delta, "content", "chunk.delta", default=""),
+            reasoning=text_field(delta, "reasoning_content", "chunk.delta", default=""),
             tool_calls=tuple(call for call in calls if isinstance(call, dict)) if isinstance(calls, list) else (),
         )
 
@@ -462,6 +391,9 @@ class Response:
     error_status: int | None = None
     """The HTTP status of a failure, when the miner gives one (`error: {message, type, status}`,
     the newest public protocol): a 4xx says the request itself was at fault."""
+    gemm_commitment: dict[str, Any] | None = None
+    """The answer's activation commitment with its serve ``rid``, when asked for
+    (`engy_node.protocol.gemm`)."""
 
     @property
     def error_text(self) -> str | None:
@@ -476,6 +408,8 @@ class Response:
             "commitment": self.commitment,
             "output": self.output,
         }
+        if self.gemm_commitment is not None:
+            wire["gemm_commitment"] = self.gemm_commitment
         if self.error is not None:
             if self.error_type is None and self.error_status is None:
                 wire["error"] = self.error
@@ -495,13 +429,14 @@ class Response:
         output = obj.get("output")
         error, error_type, error_status = _error_parts(obj.get("error"))
         return cls(
-            corr_id=_text(obj, "corr_id", "response"),
-            request_id=_text(obj, "request_id", "response", default=""),
-            commitment=dict(_object(commitment, "response.commitment")) or None if commitment is not None else None,
-            output=dict(_object(output, "response.output")) or None if output is not None else None,
+            corr_id=text_field(obj, "corr_id", "response"),
+            request_id=text_field(obj, "request_id", "response", default=""),
+            commitment=dict(as_object(commitment, "response.commitment")) or None if commitment is not None else None,
+            output=dict(as_object(output, "response.output")) or None if output is not None else None,
             error=error,
             error_type=error_type,
             error_status=error_status,
+            gemm_commitment=parse_gemm_commitment(obj.get("gemm_commitment")),
         )
 
 
@@ -522,10 +457,10 @@ def _error_parts(error: Any) -> tuple[str | None, str | None, int | None]:
             kind if isinstance(kind, str) and kind else None,
             status if type(status) is int and 100 <= status <= 599 else None,
         )
-    raise ProtocolError("response.error", f"must be a string or an object, got {_describe(error)}")
+    raise ProtocolError("response.error", f"must be a string or an object, got {describe(error)}")
 
 
-MinerFrame = Hello | Heartbeat | Chunk | Response
+MinerFrame = Hello | Heartbeat | Chunk | Response | GemmOpenings
 
 
 # ---- gateway -> miner ----------------------------------------------------------------------
@@ -569,6 +504,9 @@ class ServeRequest:
     chat_template_kwargs: dict[str, Any] | None = None
     """Variables for the chat template (`enable_thinking`), as sglang's and vLLM's OpenAI
     servers take them; the newest public miner passes them to `apply_chat_template`."""
+    gemm_commitment: bool = False
+    """Commit the answer's activations for a GEMM audit (``return_gemm_commitment``); sent only
+    to a miner that announced `FEATURE_GEMM`."""
 
     def template_variables(self) -> dict[str, Any]:
         """What the chat template is rendered with beyond the conversation and the tools."""
@@ -586,6 +524,8 @@ class ServeRequest:
             wire["tool_choice"] = self.tool_choice
         if self.chat_template_kwargs:
             wire["chat_template_kwargs"] = dict(self.chat_template_kwargs)
+        if self.gemm_commitment:
+            wire["return_gemm_commitment"] = True
         sampling: dict[str, Any] = {
             k: v
             for k, v in (
@@ -646,7 +586,7 @@ class Reconnect:
         return {"type": "reconnect"}
 
 
-GatewayFrame = Admit | Deny | Serve | Cancel | Ping | Reconnect
+GatewayFrame = Admit | Deny | Serve | Cancel | Ping | Reconnect | GemmChallenge
 
 
 def encode(frame: MinerFrame | GatewayFrame) -> str:
@@ -659,10 +599,10 @@ def _load(text: str | bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         raise ProtocolError("frame", "not valid JSON") from None
     if not isinstance(obj, dict):
-        raise ProtocolError("frame", f"must be a JSON object, got {_describe(obj)}")
+        raise ProtocolError("frame", f"must be a JSON object, got {describe(obj)}")
     if not isinstance(obj.get("type"), str):
         raise ProtocolError(
-            "frame.type", "missing" if obj.get("type") is None else f"must be a string, got {_describe(obj['type'])}"
+            "frame.type", "missing" if obj.get("type") is None else f"must be a string, got {describe(obj['type'])}"
         )
     return obj
 
@@ -672,7 +612,7 @@ def _parse_number(raw: Mapping[str, Any], key: str, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ProtocolError(f"{where}.{key}", f"must be a finite number, got {_describe(value)}")
+        raise ProtocolError(f"{where}.{key}", f"must be a finite number, got {describe(value)}")
     return float(value)
 
 
@@ -683,7 +623,7 @@ def _parse_seed(raw: Mapping[str, Any], where: str) -> int | None:
     if isinstance(seed, float) and seed.is_integer():
         seed = int(seed)
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ProtocolError(f"{where}.seed", f"must be an integer, got {_describe(seed)}")
+        raise ProtocolError(f"{where}.seed", f"must be an integer, got {describe(seed)}")
     if not -(2**63) <= seed < 2**63:
         raise ProtocolError(f"{where}.seed", "must fit in 64 bits (what sglang's sampling_seed takes)")
     return seed
@@ -711,15 +651,15 @@ def _parse_request(raw: Any, corr_id: str) -> ServeRequest:
     """`sampling` is ours; without it, OpenAI sampling fields at the top of the request (as a
     gateway passing the buyer's body through would send them) are read instead. A request
     without `engy_request_id` is known by its corr_id."""
-    raw = _object(raw, "serve.request")
+    raw = as_object(raw, "serve.request")
     messages_raw = raw.get("messages")
     if not isinstance(messages_raw, list) or not messages_raw:
         raise ProtocolError("serve.request.messages", "must be a non-empty list")
     messages = []
     for index, item in enumerate(messages_raw):
         where = f"serve.request.messages[{index}]"
-        item = _object(item, where)
-        role = _text(item, "role", where)
+        item = as_object(item, where)
+        role = text_field(item, "role", where)
         content = item.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise ProtocolError(f"{where}.content", "must be a string or a list of parts")
@@ -732,18 +672,19 @@ def _parse_request(raw: Any, corr_id: str) -> ServeRequest:
     choice = raw.get("tool_choice")
     kwargs = raw.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, Mapping):
-        raise ProtocolError("serve.request.chat_template_kwargs", f"must be an object, got {_describe(kwargs)}")
+        raise ProtocolError("serve.request.chat_template_kwargs", f"must be an object, got {describe(kwargs)}")
     return ServeRequest(
         tool_choice=choice if isinstance(choice, (str, Mapping)) else None,
         chat_template_kwargs={str(k): v for k, v in kwargs.items() if k not in RESERVED_VARIABLES} or None
         if kwargs
         else None,
         messages=tuple(messages),
-        max_tokens=_count(raw, "max_tokens", "serve.request", default=None),
-        engy_request_id=_text(raw, "engy_request_id", "serve.request", default=corr_id),
+        max_tokens=count_field(raw, "max_tokens", "serve.request", default=None),
+        engy_request_id=text_field(raw, "engy_request_id", "serve.request", default=corr_id),
         tools=tuple(dict(t) for t in tools) if tools is not None else None,
+        gemm_commitment=raw.get("return_gemm_commitment") is True,
         sampling=(
-            _parse_sampling(_object(sampling, "serve.request.sampling"), "serve.request.sampling")
+            _parse_sampling(as_object(sampling, "serve.request.sampling"), "serve.request.sampling")
             if sampling is not None
             else _parse_sampling(raw, "serve.request")
         ),
@@ -758,7 +699,7 @@ def _parse_stream(obj: Mapping[str, Any]) -> bool:
         return stream
     if isinstance(stream, (int, float)) and stream in (0, 1):
         return bool(stream)
-    raise ProtocolError("serve.stream", f"must be a boolean, got {_describe(stream)}")
+    raise ProtocolError("serve.stream", f"must be a boolean, got {describe(stream)}")
 
 
 def parse_gateway_frame(text: str | bytes) -> GatewayFrame:
@@ -771,14 +712,16 @@ def parse_gateway_frame(text: str | bytes) -> GatewayFrame:
         reason = obj.get("reason")
         return Deny(reason=reason if isinstance(reason, str) else "denied")
     if kind == "serve":
-        corr_id = _text(obj, "corr_id", "serve")
+        corr_id = text_field(obj, "corr_id", "serve")
         return Serve(corr_id=corr_id, request=_parse_request(obj.get("request"), corr_id), stream=_parse_stream(obj))
     if kind == "cancel":
-        return Cancel(corr_id=_text(obj, "corr_id", "cancel"))
+        return Cancel(corr_id=text_field(obj, "corr_id", "cancel"))
     if kind == "ping":
         return Ping()
     if kind == "reconnect":
         return Reconnect()
+    if kind == "gemm_challenge":
+        return GemmChallenge.parse(obj)
     raise ProtocolError("frame.type", f"unknown frame type {kind[:40]!r} from the gateway")
 
 
@@ -787,6 +730,7 @@ _MINER_FRAMES: dict[str, Callable[[Mapping[str, Any]], MinerFrame]] = {
     "heartbeat": Heartbeat.parse,
     "chunk": Chunk.parse,
     "response": Response.parse,
+    "gemm_openings": GemmOpenings.parse,
 }
 
 
