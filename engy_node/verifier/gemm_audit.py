@@ -35,11 +35,29 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engy_node.gemm.activations import GEMMS, LLAMA_GROUPS, RESIDUAL_OUT, ActivationLayout, Commitment
+import numpy as np
+import numpy.typing as npt
+
+from engy_node.gemm.activations import (
+    GEMMS,
+    LLAMA_GROUPS,
+    RESIDUAL_OUT,
+    ActivationLayout,
+    Commitment,
+    CommitmentError,
+    Opening,
+    llama_layout,
+    opened_values,
+    verify_opening,
+)
+from engy_node.proof import VerdictKind
 from engy_node.protocol.gemm import GemmPick
+from engy_node.verifier import gemm_check
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -148,3 +166,194 @@ class GemmEvidence:
     """None: none came back."""
     failure: str | None = None
     """Why none came back (timeout, the miner's error, ...), for the log."""
+
+
+# ---- judging ------------------------------------------------------------------------------
+
+FREIVALDS_VECTORS = 1
+"""Secret vectors per matrix: one bounds a wrong weight's escape at 2⁻⁴⁰ (`gemm_check`, bound
+(b)); the row check below recomputes every row of each opened product anyway."""
+
+BLOCKS = {name: "self_attn" if name[0] in "qkvo" else "mlp" for name in GEMMS}
+"""The module holding each projection in a transformers Llama decoder layer."""
+
+Weights = npt.NDArray[np.float32]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class GemmModel:
+    """What judging one model's openings needs, built once per model (`gemm_model_of`)."""
+
+    config: Mapping[str, Any]
+    """The checkpoint's config.json fields (its `llama_layout`)."""
+    weights: Mapping[tuple[int, str], Weights]
+    """(layer, projection) → W, m × n, float32 (exact for a bf16, fp16 or fp32 checkpoint)."""
+    norms: tuple[tuple[Weights, Weights], ...]
+    """Per layer, the input and post-attention RMSNorm weights."""
+    eps: float
+    keys: Mapping[tuple[int, str], gemm_check.VerifierKey]
+    """(layer, projection) → the Freivalds key from the verifier's secret."""
+
+    @classmethod
+    def build(
+        cls,
+        config: Mapping[str, Any],
+        weights: Mapping[tuple[int, str], Weights],
+        norms: Sequence[tuple[Weights, Weights]],
+        eps: float,
+        *,
+        secret: bytes,
+        vectors: int = FREIVALDS_VECTORS,
+    ) -> GemmModel:
+        keys = {
+            (layer, name): gemm_check.verifier_key(
+                weight, gemm_check.draw_signs(secret, f"{layer}.{name}", vectors, weight.shape[0])
+            )
+            for (layer, name), weight in weights.items()
+        }
+        return cls(dict(config), dict(weights), tuple(norms), float(eps), keys)
+
+    def layout(self, dtype: str) -> ActivationLayout:
+        return llama_layout(self.config, dtype)
+
+
+def gemm_model_of(runner: Any, *, secret: bytes | None = None) -> GemmModel:
+    """The `GemmModel` of a loaded `serve.engine.ModelRunner`: its projections and norms as
+    float32 on the CPU (a float32 CPU runner's own memory, not a copy), keys from `secret`
+    (default: 32 fresh random bytes, so each process has its own)."""
+    import torch
+
+    def cpu32(tensor: Any) -> Weights:
+        array: Weights = tensor.detach().to("cpu", torch.float32).numpy()
+        return array
+
+    model = runner.model
+    weights = {}
+    norms = []
+    for index, layer in enumerate(model.model.layers):
+        for name, block in BLOCKS.items():
+            weights[index, name] = cpu32(getattr(getattr(layer, block), name).weight)
+        norms.append((cpu32(layer.input_layernorm.weight), cpu32(layer.post_attention_layernorm.weight)))
+    config = model.config
+    return GemmModel.build(
+        config.to_dict(), weights, norms, config.rms_norm_eps, secret=os.urandom(32) if secret is None else secret
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LayerCheck:
+    """One check on one audited layer: `worst` is the largest |discrepancy| / tolerance."""
+
+    layer: int
+    step: str
+    """Kebab-case: `q-proj` (Freivalds), `rows-q-proj` (every row recomputed), `input-norm` ..."""
+    worst: float
+    position: int
+    """The token position with the worst ratio; -1 when none."""
+
+    @property
+    def passed(self) -> bool:
+        return self.worst <= 1.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GemmJudgement:
+    kind: VerdictKind
+    reason: str
+    checks: tuple[LayerCheck, ...] = ()
+
+    @property
+    def failed(self) -> LayerCheck | None:
+        """The first check that failed (the one `reason` names)."""
+        return next((check for check in self.checks if not check.passed), None)
+
+
+def step_code(step: str) -> str:
+    """A check's step as a verdict reason: kebab-case ASCII, at most 40 characters."""
+    return re.sub(r"[^a-z0-9]+", "-", step.lower().replace("_", "-")).strip("-")[:40]
+
+
+def judge_openings(
+    model: GemmModel, commitment: Mapping[str, Any], evidence: GemmEvidence, *, expected_positions: int
+) -> GemmJudgement:
+    """The verdict on one answer's openings: the commitment must be this model's layout over
+    `expected_positions` (prompt + output − 1), every pick opened exactly once on its Merkle path,
+    and each audited layer's projections and steps between them must pass their checks. Pure."""
+    try:
+        parsed = Commitment.from_wire(commitment)
+    except CommitmentError:
+        return GemmJudgement("unproven", "malformed-commitment")
+    layout = parsed.layout
+    if layout != model.layout(layout.dtype) or parsed.positions != expected_positions:
+        return GemmJudgement("cheat", "commitment")
+    if evidence.openings is None:
+        return GemmJudgement("unproven", "no-opening")
+    audited = audited_layers(layout, evidence.picks)
+    if not audited:
+        return GemmJudgement("unproven", "no-picks")
+    rows = _verified_rows(parsed, evidence)
+    if rows is None:
+        return GemmJudgement("cheat", "opening")
+    arithmetic = gemm_check.ARITHMETIC[layout.dtype]
+    checks = tuple(
+        check
+        for layer, positions in audited.items()
+        for check in _layer_checks(model, layout, layer, positions, rows, arithmetic)
+    )
+    failed = next((check for check in checks if not check.passed), None)
+    if failed is not None:
+        return GemmJudgement("cheat", failed.step, checks)
+    return GemmJudgement("pass", "ok", checks)
+
+
+def _verified_rows(
+    commitment: Commitment, evidence: GemmEvidence
+) -> dict[tuple[int, int, str], npt.NDArray[np.float64]] | None:
+    """Each pick's opened row as float64, or None when an opening is malformed, off its path,
+    missing, repeated, or was not asked for."""
+    wanted = {(pick.position, pick.layer, pick.group) for pick in evidence.picks}
+    rows: dict[tuple[int, int, str], npt.NDArray[np.float64]] = {}
+    for wire in evidence.openings or ():
+        try:
+            opening = Opening.from_wire(wire)
+        except (CommitmentError, TypeError):
+            return None
+        slot = (opening.position, opening.layer, opening.group)
+        if slot not in wanted or slot in rows or not verify_opening(commitment, opening):
+            return None
+        rows[slot] = opened_values(commitment.layout, opening)
+    return rows if rows.keys() == wanted else None
+
+
+def _layer_checks(
+    model: GemmModel,
+    layout: ActivationLayout,
+    layer: int,
+    positions: list[int],
+    rows: Mapping[tuple[int, int, str], npt.NDArray[np.float64]],
+    arithmetic: gemm_check.Arithmetic,
+) -> list[LayerCheck]:
+    """Freivalds on each projection, then every row of each recomputed, then the layer's replay."""
+
+    def stacked(group: str) -> npt.NDArray[np.float64]:
+        return np.stack([rows[(position, *layout.canonical(layer, group))] for position in positions])
+
+    projections = {name: (stacked(x), stacked(y)) for name, (x, y) in GEMMS.items()}
+
+    def checked(step: str, check: gemm_check.Check) -> LayerCheck:
+        return LayerCheck(layer, step_code(step), check.worst, positions[check.where] if check.where >= 0 else -1)
+
+    checks = [
+        checked(name, gemm_check.freivalds(model.keys[layer, name], *projections[name], arithmetic)) for name in GEMMS
+    ]
+    checks += [
+        checked(f"rows {name}", gemm_check.row_check(model.weights[layer, name], *projections[name], arithmetic))
+        for name in GEMMS
+    ]
+    trace = gemm_check.LayerTrace(projections, stacked("residual_in"), stacked(RESIDUAL_OUT))
+    input_norm, post_norm = model.norms[layer]
+    replayed = gemm_check.replay_layer(
+        trace, input_norm.astype(np.float64), post_norm.astype(np.float64), model.eps, arithmetic
+    )
+    checks += [checked(check.step, check) for check in replayed]
+    return checks

@@ -1,0 +1,296 @@
+"""The verifier's GEMM audit (engy_node/verifier/gemm_audit.py): the picks are drawn from the
+verifier's secret and the root alone and open whole layers inside the commitment; answers
+captured by the reference server's own capture path on SmolLM2 pass when served honestly in
+bf16 or fp32, and are caught when an opening is tampered with, missing or extra, when the
+commitment is not this model's, or when the served weights carry 1e-2 noise; the `Judge` folds
+the GEMM verdict in with TOPLOC's."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engy_node import proof
+from engy_node.calibration import add_weight_noise
+from engy_node.gemm.activations import Commitment, CommitmentError, llama_layout
+from engy_node.models import SMOLLM2_135M, model_root
+from engy_node.protocol.audit import AuditJob
+from engy_node.protocol.gemm import GemmPick
+from engy_node.protocol.miner import Sampling
+from engy_node.serve.capture import ActivationCapture, SharedOpenings
+from engy_node.serve.engine import Generation, ModelRunner, run_to_completion
+from engy_node.serve.sampling import parse_sampling_params
+from engy_node.verifier import gemm_audit as ga
+from engy_node.verifier.judge import Judge
+
+SMOLLM2 = {
+    "hidden_size": 576,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+}
+PROMPT = (1, 504, 3158, 282, 4649, 314, 1690, 30)
+NEW_TOKENS = 5
+SECRET = b"the verifier's secret"
+
+
+def commitment_wire(positions: int, layers: int = 30, root: bytes = b"\x07" * 32, dtype: str = "bfloat16") -> dict:
+    return Commitment(root, llama_layout({**SMOLLM2, "num_hidden_layers": layers}, dtype), positions).to_wire()
+
+
+commitments = st.builds(
+    commitment_wire,
+    positions=st.integers(1, 400),
+    layers=st.integers(1, 40),
+    root=st.binary(min_size=32, max_size=32),
+    dtype=st.sampled_from(["bfloat16", "float16", "float32"]),
+)
+plans = st.builds(ga.AuditPlan, positions=st.integers(1, 8), layers=st.integers(1, 4))
+
+
+@settings(max_examples=60, deadline=None)
+@given(commitment=commitments, plan=plans, secret=st.binary(min_size=1, max_size=32), data=st.data())
+def test_picks_open_whole_layers_inside_the_commitment_deterministically(commitment, plan, secret, data):
+    positions = commitment["positions"]
+    prompt = data.draw(st.integers(1, positions))
+    picks = ga.draw_picks(secret, commitment, plan, prompt_positions=prompt)
+    assert picks == ga.draw_picks(secret, commitment, plan, prompt_positions=prompt)
+    assert picks == ga.draw_picks(secret, {**commitment, "rid": "other"}, plan, prompt_positions=prompt)
+    layout = Commitment.from_wire(commitment).layout
+    assert len(set(picks)) == len(picks)
+    assert all(layout.canonical(p.layer, p.group) == (p.layer, p.group) and 0 <= p.position < positions for p in picks)
+    audited = ga.audited_layers(layout, picks)
+    drawn = sorted({position for layer_positions in audited.values() for position in layer_positions})
+    assert drawn == sorted({p.position for p in picks})
+    assert len(drawn) == min(plan.positions, positions)
+    for position in drawn:
+        layers = [layer for layer, at in audited.items() if position in at]
+        assert len(layers) == min(plan.layers, layout.layers)
+    if plan.positions >= 2 and prompt < positions:
+        assert min(drawn) < prompt <= max(drawn), "a prompt and a generated position"
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    root=st.binary(min_size=32, max_size=32),
+    first=st.binary(min_size=8, max_size=8),
+    other=st.binary(min_size=8, max_size=8),
+)
+def test_another_secret_or_root_draws_other_picks(root, first, other):
+    if first == other:
+        return
+    commitment = commitment_wire(200, root=root)
+    picks = ga.draw_picks(first, commitment)
+    assert picks != ga.draw_picks(other, commitment)
+    assert picks != ga.draw_picks(first, commitment_wire(200, root=bytes(31) + bytes([root[0] ^ 1])))
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [{}, {"format": "engy-activations-v2"}, {"activations_root": "zz"}, {"layers": 0}, {"dtype": "int8"}],
+)
+def test_a_malformed_commitment_draws_nothing(broken):
+    with pytest.raises(CommitmentError):
+        ga.draw_picks(SECRET, {**commitment_wire(10), **broken} if broken else {})
+
+
+@pytest.mark.parametrize(
+    ("step", "code"),
+    [
+        ("q_proj", "q-proj"),
+        ("rows down_proj", "rows-down-proj"),
+        ("silu(gate)·up", "silu-gate-up"),
+        ("q/k/v input", "q-k-v-input"),
+    ],
+)
+def test_steps_read_as_kebab_case_reasons(step, code):
+    assert ga.step_code(step) == code
+
+
+# ---- real answers -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Answer:
+    """One answer as the reference server commits it, and the store that opens it."""
+
+    commitment: dict
+    output_ids: list[int]
+    store: SharedOpenings
+    rid: str
+    generation: Generation
+
+    @property
+    def positions(self) -> int:
+        return len(PROMPT) + len(self.output_ids) - 1
+
+    def evidence(self, picks: tuple[GemmPick, ...]) -> ga.GemmEvidence:
+        """The openings as `POST /gemm/openings` writes them (`serve.gemm_routes`)."""
+        opened = self.store.open(self.rid, [(p.position, p.layer, p.group) for p in picks])
+        assert opened is not None
+        record, openings = opened
+        layout = record.layout
+        return ga.GemmEvidence(picks, tuple(o.to_wire(layout.dtype, layout.width(o.group)) for o in openings))
+
+
+def serve(runner: ModelRunner, rid: str) -> Answer:
+    """A greedy answer through the engine's own step and the server's capture."""
+    store = SharedOpenings()
+    layout = llama_layout(runner.model.config.to_dict(), runner.dtype)
+    generation = Generation(
+        rid=rid,
+        input_ids=list(PROMPT),
+        params=parse_sampling_params({"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}),
+        return_hidden_states=True,
+    )
+    generation.capture = ActivationCapture(layout, store, weights_root="", arithmetic=runner.dtype)
+    run_to_completion(runner, generation)
+    assert generation.gemm_commitment is not None
+    return Answer(generation.gemm_commitment, list(generation.output_ids), store, rid, generation)
+
+
+@pytest.fixture(scope="module")
+def verifier_runner(checkpoint):
+    """The verifier's runner, float32 as `Judge` loads it by default; it also serves fp32."""
+    return ModelRunner.load(checkpoint, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def model(verifier_runner):
+    return ga.gemm_model_of(verifier_runner, secret=SECRET)
+
+
+@pytest.fixture(scope="module")
+def answers(runner, verifier_runner, checkpoint):
+    noisy = add_weight_noise(ModelRunner.load(checkpoint, device="cpu", dtype="bfloat16"), 1e-2)
+    return {
+        "bfloat16": serve(runner, "bf16"),
+        "float32": serve(verifier_runner, "fp32"),
+        "noisy": serve(noisy, "noisy"),
+    }
+
+
+def audit(model, answer: Answer, plan: ga.AuditPlan = ga.DEFAULT_PLAN, **changes) -> ga.GemmJudgement:
+    picks = ga.draw_picks(SECRET, answer.commitment, plan, prompt_positions=len(PROMPT))
+    evidence = dataclasses.replace(answer.evidence(picks), **changes)
+    return ga.judge_openings(model, answer.commitment, evidence, expected_positions=answer.positions)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_honest_answers_pass_on_every_position_and_layer(model, answers, dtype):
+    answer = answers[dtype]
+    assert answer.commitment["dtype"] == dtype and answer.positions == 12
+    everything = ga.AuditPlan(positions=answer.positions, layers=30)
+    judgement = audit(model, answer, everything)
+    assert (judgement.kind, judgement.reason) == ("pass", "ok"), judgement.failed
+    assert len(judgement.checks) == 30 * (7 + 7 + 6)
+    assert audit(model, answer).kind == "pass"
+
+
+def test_a_tampered_missing_or_extra_opening_is_a_cheat(model, answers):
+    answer = answers["bfloat16"]
+    picks = ga.draw_picks(SECRET, answer.commitment, prompt_positions=len(PROMPT))
+    openings = answer.evidence(picks).openings
+    assert openings is not None
+    tampered = dict(openings[5])
+    data = bytearray(base64.b64decode(tampered["values"]["data"]))
+    data[0] ^= 1
+    tampered["values"] = {**tampered["values"], "data": base64.b64encode(bytes(data)).decode()}
+    other = answer.evidence((GemmPick(0, 0, "q"),)).openings
+    assert other is not None
+    for evidence in (
+        ga.GemmEvidence(picks, (*openings[:5], tampered, *openings[6:])),
+        ga.GemmEvidence(picks, openings[1:]),
+        ga.GemmEvidence(picks, (*openings, openings[0])),
+        ga.GemmEvidence(picks, (*openings, *other) if GemmPick(0, 0, "q") not in picks else openings[:-1]),
+        ga.GemmEvidence(picks, (*openings[:-1], {"position": "nine"})),
+    ):
+        judgement = ga.judge_openings(model, answer.commitment, evidence, expected_positions=answer.positions)
+        assert (judgement.kind, judgement.reason) == ("cheat", "opening")
+
+
+def test_no_openings_are_unproven(model, answers):
+    judgement = audit(model, answers["bfloat16"], openings=None, failure="the miner did not answer in time")
+    assert (judgement.kind, judgement.reason) == ("unproven", "no-opening")
+
+
+def test_a_commitment_that_is_not_this_answers_on_this_model_is_a_cheat(model, answers):
+    answer = answers["bfloat16"]
+    evidence = answer.evidence(ga.draw_picks(SECRET, answer.commitment))
+    for wire, positions in (
+        ({**answer.commitment, "layers": 29}, answer.positions),
+        ({**answer.commitment, "groups": [[name, width * 2] for name, width in answer.commitment["groups"]]}, 12),
+        (answer.commitment, answer.positions + 1),
+    ):
+        judgement = ga.judge_openings(model, wire, evidence, expected_positions=positions)
+        assert (judgement.kind, judgement.reason) == ("cheat", "commitment")
+    unreadable = ga.judge_openings(model, {**answer.commitment, "format": "v9"}, evidence, expected_positions=12)
+    assert (unreadable.kind, unreadable.reason) == ("unproven", "malformed-commitment")
+
+
+def test_weights_with_one_percent_noise_are_caught_by_the_row_check(model, answers):
+    judgement = audit(model, answers["noisy"])
+    assert judgement.kind == "cheat"
+    # Each row moves by about as much as bf16's own rounding: Freivalds' statistic, summed over
+    # the rows, stays inside its tolerance; recomputing the rows does not.
+    assert judgement.reason.startswith("rows-"), judgement.failed
+    layers = {check.layer for check in judgement.checks}
+    assert all(any(not c.passed for c in judgement.checks if c.layer == layer) for layer in layers)
+
+
+# ---- the Judge ----------------------------------------------------------------------------
+
+
+def job_for(answer: Answer, checkpoint, **gemm) -> AuditJob:
+    commitment = proof.build_commitment(
+        model_root=model_root(checkpoint),
+        prompt_ids=PROMPT,
+        output_ids=answer.output_ids,
+        rows=answer.generation.proof_rows(),
+        params=SMOLLM2_135M.proof,
+    )
+    return AuditJob(
+        request_id=answer.rid,
+        model=SMOLLM2_135M.id,
+        miner="key:m",
+        kind="probe",
+        prompt_ids=PROMPT,
+        commitment=commitment.to_wire(),
+        greedy=True,
+        sampling=Sampling(),
+        seeded=False,
+        delivery=proof.Delivery(tuple(answer.output_ids), ended_at_stop=False, max_tokens=NEW_TOKENS),
+        created_at=time.time(),
+        **gemm,
+    )
+
+
+def test_the_judge_adds_the_gemm_verdict_to_toplocs(checkpoint, answers):
+    judge = Judge({SMOLLM2_135M.id: checkpoint}, dtype="float32", gemm_secret=SECRET)
+    honest, noisy = answers["bfloat16"], answers["noisy"]
+
+    def judged(answer: Answer, evidence: ga.GemmEvidence | None, **gemm) -> str:
+        return judge.judge(job_for(answer, checkpoint, **gemm), evidence).code
+
+    def evidence(answer: Answer) -> ga.GemmEvidence:
+        return answer.evidence(ga.draw_picks(b"role secret", answer.commitment, prompt_positions=len(PROMPT)))
+
+    asked = {"gemm_asked": True, "gemm_commitment": honest.commitment}
+    assert judged(honest, None) == "ok"
+    assert judged(honest, evidence(honest), **asked) == "ok"
+    assert judged(honest, None, **asked) == "ok", "no evidence gathered: TOPLOC alone"
+    assert judged(honest, ga.GemmEvidence(evidence(honest).picks, None), **asked) == "gemm:no-opening"
+    assert judged(honest, None, gemm_asked=True) == "gemm:no-commitment"
+    # The noisy miner's TOPLOC proofs are of its own hidden states; they may pass or not, but
+    # the verdict is a cheat either way, and a TOPLOC cheat keeps its own reason.
+    verdict = judge.judge(
+        job_for(noisy, checkpoint, gemm_asked=True, gemm_commitment=noisy.commitment), evidence(noisy)
+    )
+    assert verdict.kind == "cheat"
+    assert verdict.path == "toploc" or verdict.code.startswith("gemm:rows-"), verdict.code
