@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from engy_node import logit_stats, proof
+from engy_node.errors import ConfigError
 from engy_node.models import ModelSpec, model_root
 from engy_node.protocol.miner import SEEDED_TOP_K
 from engy_node.serve.engine import Generation, ModelRunner, run_to_completion
@@ -158,6 +159,28 @@ POWER_CASES: tuple[tuple[str, Callable[[ModelRunner], ModelRunner]], ...] = (
     ("final-norm-x1.05", scale_final_norm),
 )
 """Deviations measured for detection power, mildest first."""
+
+SIMULATED_CHEATS: dict[str, Callable[[ModelRunner], ModelRunner]] = {
+    **dict(POWER_CASES),
+    "quantised-4bit": quantise_linear_weights,
+}
+"""The weight cheats a reference server can be told to commit (`serve.simulate_cheat`, for
+demos and tests of the audits): each alters the loaded weights in place and keeps the model's
+shape, so the server still answers and commits like an honest one. `truncated` is not among
+them: a model with fewer layers is the smaller-model cheat, which the gateway's `model_root`
+check refuses before any audit."""
+
+
+def simulated_cheat(name: str, *, where: str) -> Callable[[ModelRunner], ModelRunner]:
+    """The cheat `name` of `SIMULATED_CHEATS`; an unknown one raises `ConfigError` naming
+    `where` (the setting or flag) and the names there are."""
+    try:
+        return SIMULATED_CHEATS[name]
+    except KeyError:
+        raise ConfigError(
+            f"{where} {name!r} is not a simulated cheat; use one of {', '.join(SIMULATED_CHEATS)} "
+            "(or leave it empty to serve the weights as loaded)"
+        ) from None
 
 
 # ---- serving -----------------------------------------------------------------------------------

@@ -128,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefill every prompt whole, as sglang's flag: no reuse of a cached prefix (cached_tokens 0)",
     )
     serve.add_argument("--served-model-name")
+    serve.add_argument(
+        "--simulate-cheat",
+        metavar="NAME",
+        help="demos and tests of the audits only: alter the weights in memory after the weights check "
+        "by this cheat (e.g. noise-1%%; engy_node.calibration.SIMULATED_CHEATS), reporting the checkpoint's root",
+    )
 
     checkpoint = sub.add_parser("checkpoint", help="prepare a model checkpoint and print its path and model_root")
     checkpoint.add_argument("--model", default="smollm2-135m")
@@ -179,6 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--control-port", type=int, help="control API port (default: a free one)")
     up.add_argument("--traffic", action="store_true", help="run a demo buyer that keeps requests flowing")
+    up.add_argument(
+        "--cheat",
+        action="append",
+        default=[],
+        metavar="MINER=CHEAT",
+        help="demo of the audits: that local miner serves weights altered by CHEAT while claiming the real ones, "
+        "e.g. --cheat miner-2=noise-1%% (repeatable; see engy_node.calibration.SIMULATED_CHEATS)",
+    )
 
     gateway_admin.add_parser(sub)
 
@@ -292,6 +306,7 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
             "served_model_name": args.served_model_name,
             "enable_return_hidden_states": False if args.disable_return_hidden_states else None,
             "prefix_cache_tokens": 0 if args.disable_radix_cache else None,
+            "simulate_cheat": args.simulate_cheat,
         }
     }
 
@@ -318,8 +333,9 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         config = load_config(home=args.home, overrides=node_overrides)
         return _print_checkpoint(config, args.model, args.checkpoint)
     if args.command == "up":
-        from engy_node.local.up import port_plan
+        from engy_node.local.up import parse_cheats, port_plan
 
+        cheats = parse_cheats(args.cheat)
         ports = port_plan(
             args.port_base,
             buyer=args.port,
@@ -327,7 +343,9 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             provider=args.provider_port,
             control=args.control_port,
         )
-        return _run_up(load_config(home=args.home, overrides=node_overrides), ports=ports, traffic=args.traffic)
+        return _run_up(
+            load_config(home=args.home, overrides=node_overrides), ports=ports, traffic=args.traffic, cheats=cheats
+        )
     if args.command == "status":
         return _print_status(load_config(home=args.home, overrides=node_overrides), as_json=args.json)
     if args.command == "health":
@@ -475,7 +493,7 @@ def _start_logging(config):
     return hub
 
 
-def _run_up(config, *, ports: dict, traffic: bool) -> int:
+def _run_up(config, *, ports: dict, traffic: bool, cheats: dict[str, str]) -> int:
     from engy_node import node
     from engy_node.local.up import banner, network_file, run_up
 
@@ -486,7 +504,12 @@ def _run_up(config, *, ports: dict, traffic: bool) -> int:
         print(banner(document, network_file(config)), flush=True)
 
     return node.run(
-        [("local network", functools.partial(run_up, config, hub, ports=ports, traffic=traffic, on_ready=on_ready))]
+        [
+            (
+                "local network",
+                functools.partial(run_up, config, hub, ports=ports, traffic=traffic, cheats=cheats, on_ready=on_ready),
+            )
+        ]
     )
 
 

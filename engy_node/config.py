@@ -102,6 +102,12 @@ class ServeSection:
     """Tokens of recent prompts and answers whose KV cache is kept for requests that start the
     same way (sglang's radix cache; `cached_tokens` reports the hits). 0 turns it off, as
     sglang's `--disable-radix-cache` does."""
+    simulate_cheat: str = ""
+    """For demos and tests of the audits only: after the load-time weights check, alter the
+    loaded weights in memory by this cheat of `engy_node.calibration.SIMULATED_CHEATS` (e.g.
+    `noise-1%`), so the server serves other weights while reporting the checkpoint's
+    `weights_root`, as a lying miner would. Logged as a warning and shown in `/server_info`.
+    Empty: the weights as loaded."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -140,6 +146,9 @@ class MinerSection:
     """On SIGTERM or Ctrl-C, requests in flight may finish for this long while no new ones are
     routed here; the rest are aborted and the buyers told. 0 aborts at once. At most 47, so the
     whole stop fits systemd's default 90 s (see `engy_node.miner.drain`)."""
+    simulate_cheat: str = ""
+    """For demos and tests of the audits only: the reference server this miner launches serves
+    weights altered by this cheat (`serve.simulate_cheat`, e.g. `noise-1%`). Empty: honest."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -650,3 +659,9 @@ def _validate(config: Config) -> None:
         raise ConfigError("serve.prefix_cache_tokens must be 0 (off) or a number of tokens")
     if config.node.log_ring_size < 100:
         raise ConfigError("node.log_ring_size must be at least 100")
+    for section in ("serve", "miner"):
+        cheat = getattr(config, section).simulate_cheat
+        if cheat:
+            from engy_node.calibration import simulated_cheat  # names only: no model is loaded
+
+            simulated_cheat(cheat, where=f"{section}.simulate_cheat =")

@@ -28,6 +28,12 @@ import typing
 from collections.abc import Hashable, Mapping
 from typing import Any, Literal, TypeVar
 
+# The verdict tallies are part of the schema (re-exported: the dashboards read them from here).
+from engy_node.verdict_counts import PROOFS as PROOFS
+from engy_node.verdict_counts import ProofVerdicts as ProofVerdicts
+from engy_node.verdict_counts import VerdictCounts as VerdictCounts
+from engy_node.verdict_counts import gemm_audited as gemm_audited
+
 STATE_SCHEMA = 1
 """The version of the states' shape that `/v1/status` reports. Raise it when a field is renamed
 or removed, or its meaning changes (adding a field does not need it: readers ignore unknowns)."""
@@ -215,6 +221,9 @@ class MinerState:
     """The weight commitment of the checkpoint its model server loads (engy_node.gemm.loaded)."""
     weights_pinned: bool | None = None
     """True: it is the root the catalog pins for the model; False: the catalog pins none."""
+    simulated_cheat: str | None = None
+    """The cheat its model server is told to serve (`miner.simulate_cheat`, demos and tests
+    only); None: honest."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -271,6 +280,9 @@ class ServeState:
     """True: the catalog pins this model's weights_root and it matches; False: it pins none."""
     device: str | None = None
     dtype: str | None = None
+    simulated_cheat: str | None = None
+    """The cheat its weights were altered by in memory after the check (`serve.simulate_cheat`,
+    demos and tests only); None: served as loaded."""
 
 
 # ---- the gateway --------------------------------------------------------------------------------
@@ -293,6 +305,10 @@ class GatewayLeg:
     """Its GPU confidential-computing mode, if it claims one."""
     context_length: int | None = None
     kv_used: float | None = None
+    gemm_audit: bool | None = None
+    """Its hello announced GEMM audits (`protocol.gemm.FEATURE_GEMM`): its answers commit their
+    activations and it answers challenges. False: TOPLOC alone judges it. None: a gateway that
+    does not say."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -351,6 +367,8 @@ class LifetimeCounts:
     passed: int = dataclasses.field(default=0, metadata=_key("pass"))
     cheat: int = 0
     unproven: int = 0
+    proofs: ProofVerdicts = dataclasses.field(default_factory=ProofVerdicts)
+    """The same verdicts by the proof that judged them."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -512,17 +530,6 @@ class ValidatorState:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class VerdictCounts:
-    passed: int = dataclasses.field(default=0, metadata=_key("pass"))
-    cheat: int = 0
-    unproven: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.passed + self.cheat + self.unproven
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class VerifierState:
     """The verifier (`verifier`): where it leases and what it has judged."""
 
@@ -530,6 +537,8 @@ class VerifierState:
     gateway: str | None = None
     hotkey: str | None = None
     verdicts: VerdictCounts = dataclasses.field(default_factory=VerdictCounts)
+    proofs: ProofVerdicts = dataclasses.field(default_factory=ProofVerdicts)
+    """The same verdicts by the proof that judged them."""
 
 
 # ---- the whole node ------------------------------------------------------------------------------

@@ -5,30 +5,37 @@ Pure: `format_status` decodes the `/v1/status` document into the snapshot types
 lines, saying "n/a" for what the node does not report rather than guessing. Whatever roles the
 node runs, each section appears only when its component does: the chain and the validator's
 weights (and why the chain or the provider is unreachable), the published epochs, the miners with
-their eligibility, the verifier, the demo traffic, and this node's own miners: each one's plan,
+their eligibility and their verdicts by the proof that judged them (a miner that announced no
+GEMM audits is flagged as judged by TOPLOC alone), the verifier's verdicts likewise, the demo
+traffic, and this node's own miners: each one's plan,
 its model server (and why it stopped), its link to the gateway (legs, in flight, and the dial
 error or the gateway's deny reason, quoted, with the fix), and the `weights_root` of the
-checkpoint it hands its model server with whether it is the one the catalog pins.
+checkpoint it hands its model server with whether it is the one the catalog pins (and, loudly,
+a cheat it was told to simulate).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engy_node.snapshots import (
     ChainState,
     EpochsState,
+    GatewayLeg,
     GatewayState,
     MinerState,
     ModelServerState,
     NodeInfo,
     NodeStates,
+    ProofVerdicts,
     TrafficPolicyState,
+    TrafficStanding,
     ValidatorState,
     decode,
     decode_states,
+    gemm_audited,
 )
 
 
@@ -58,7 +65,7 @@ def status_text(node: NodeInfo, states: NodeStates, *, now: float | None = None)
     if states.gateway is not None:
         lines += _gateway(states.gateway)
     if states.traffic is not None:
-        lines += _miners(states.traffic, names, now)
+        lines += _miners(states.traffic, states.gateway.legs if states.gateway is not None else (), names, now)
     if states.miners:
         lines += _serving(states)
     if states.verifier is not None:
@@ -70,6 +77,8 @@ def status_text(node: NodeInfo, states: NodeStates, *, now: float | None = None)
             else "none yet"
         )
         lines += ["", f"verifier   {_show(verifier.state)}; verdicts: {tally}"]
+        if verifier.proofs != ProofVerdicts():
+            lines.append(f"  by proof  {verifier.proofs.summary()}")
     if states.traffic_generator is not None:
         demo = states.traffic_generator
         lines += [
@@ -174,7 +183,10 @@ def _epochs(epochs: EpochsState, names: Mapping[str, str]) -> list[str]:
     ]
 
 
-def _miners(traffic: TrafficPolicyState, names: Mapping[str, str], now: float) -> list[str]:
+TOPLOC_ALONE = "TOPLOC alone ⚠ (its hello announces no GEMM audits: a miner on altered weights may pass)"
+
+
+def _miners(traffic: TrafficPolicyState, legs: Sequence[GatewayLeg], names: Mapping[str, str], now: float) -> list[str]:
     lines = ["", "miners     eligibility at the gateway"]
     if not traffic.workers:
         lines.append("  none connected yet")
@@ -185,7 +197,19 @@ def _miners(traffic: TrafficPolicyState, names: Mapping[str, str], now: float) -
             f"  {_who(worker.miner, names):<12} {_show(worker.model):<14} {_show(worker.state)}{age}: "
             f"{_show(worker.reason, '')}"
         )
+        lines += _proofs(worker, [leg for leg in legs if (leg.miner, leg.model) == (worker.miner, worker.model)])
     return lines
+
+
+def _proofs(worker: TrafficStanding, legs: Sequence[GatewayLeg]) -> list[str]:
+    """Which proofs judge this (miner, model), and its verdicts since the gateway started by the
+    proof that judged them; nothing while no leg says and no verdict came."""
+    announced = gemm_audited(leg.gemm_audit for leg in legs)
+    judged = worker.lifetime.proofs if worker.lifetime is not None else None
+    if announced is None and (judged is None or judged == ProofVerdicts()):
+        return []
+    proofs = {True: "GEMM audits + TOPLOC", False: TOPLOC_ALONE, None: "n/a"}[announced]
+    return [f"  {'':<12} proofs {proofs}; verdicts {judged.summary() if judged is not None else 'n/a'}"]
 
 
 LINK_DOWN_FIX = "check the gateway URL (GW, miner.gateway_url) and this machine's network and DNS"
@@ -206,6 +230,11 @@ def _serving(states: NodeStates) -> list[str]:
         root, pinned = miner.weights_root, miner.weights_pinned
         pin = "n/a" if pinned is None else "the catalog's pin" if pinned else "the catalog pins none"
         lines.append(f"    weights_root  {f'{root[:12]}… ({pin})' if root else 'not checked yet'}")
+        if miner.simulated_cheat:
+            lines.append(
+                f"    ⚠ SIMULATED CHEAT  serves weights altered by {miner.simulated_cheat} while claiming this root "
+                "(miner.simulate_cheat: demos and tests only)"
+            )
     return lines
 
 

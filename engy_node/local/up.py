@@ -26,6 +26,11 @@ restart keeps keys, balances, epochs and chain history.
 hotkeys. It is written atomically, readable only by its owner (it holds a key), and removed on a
 clean exit so no script reads a dead network's file.
 
+A simulated cheat. `--cheat miner-2=noise-1%` has that local miner's reference server serve
+weights altered by that cheat (`miner.simulate_cheat`, `engy_node.calibration.SIMULATED_CHEATS`)
+while reporting the real checkpoint's root, as a lying miner would: a demo (and the test) of the
+GEMM audit pulling it while the honest miner stays active.
+
 Ports. `--port-base N` puts the buyer API on N, the miner websocket on N+1, the provider API on
 N+2 and the control API on N+3 (0: free ports everywhere); the single-port flags override it.
 """
@@ -39,7 +44,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +161,26 @@ def port_plan(
         }
     chosen = {"buyer": buyer, "miner": miner, "provider": provider, "control": control}
     return {name: chosen[name] if chosen[name] is not None else derived[name] for name in derived}
+
+
+def parse_cheats(specs: Sequence[str]) -> dict[str, str]:
+    """`--cheat MINER=NAME` flags as {local miner: cheat}; a flag that names no local miner, no
+    known cheat, or a miner twice raises `EngyError` with the names there are."""
+    from engy_node.calibration import simulated_cheat
+
+    cheats: dict[str, str] = {}
+    for spec in specs:
+        miner, equals, cheat = spec.partition("=")
+        miner, cheat = miner.strip(), cheat.strip()
+        if not equals or not miner or not cheat:
+            raise EngyError(f"--cheat {spec!r}: write it as MINER=CHEAT, e.g. --cheat {MINERS[-1]}=noise-1%")
+        if miner not in MINERS:
+            raise EngyError(f"--cheat {spec!r}: no local miner {miner!r}; the local miners are {', '.join(MINERS)}")
+        if miner in cheats:
+            raise EngyError(f"--cheat {spec!r}: {miner} already simulates {cheats[miner]!r}; give one cheat per miner")
+        simulated_cheat(cheat, where=f"--cheat {miner}=")
+        cheats[miner] = cheat
+    return cheats
 
 
 def prepare_identities(config: Config) -> LocalIdentities:
@@ -284,12 +309,15 @@ async def run_up(
     *,
     ports: dict[str, int | None] | None = None,
     traffic: bool = False,
+    cheats: Mapping[str, str] | None = None,
     actions: Actions | None = None,
     on_ready: Callable[[dict[str, Any]], None] | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the local network until cancelled. `actions` is the registry its control API serves
-    (the TUI passes its own, to call them in-process)."""
+    (the TUI passes its own, to call them in-process); `cheats` ({local miner: cheat}, from
+    `parse_cheats`) has those miners serve altered weights."""
+    cheats = cheats or {}
     identities = await trio.to_thread.run_sync(prepare_identities, config)
     config = local_config(config, identities, ports or {})
     chain = await trio.to_thread.run_sync(open_chain, config, identities.hotkeys)
@@ -314,7 +342,9 @@ async def run_up(
             urls: GatewayUrls = await nursery.start(
                 functools.partial(run_gateway, config, hub, local_verifier=run_local_verifier)
             )
-            await _start_together(nursery, [_miner_service(config, hub, name, urls, actions) for name in MINERS])
+            await _start_together(
+                nursery, [_miner_service(config, hub, name, urls, actions, cheats.get(name, "")) for name in MINERS]
+            )
             await nursery.start(
                 functools.partial(run_validator, _validator_config(config, urls, hotkeys), hub, substrate=chain)
             )
@@ -373,7 +403,7 @@ def _node_info(config: Config, hotkeys: dict[str, str]) -> dict[str, Any]:
 
 
 def _miner_service(
-    config: Config, hub: Hub, name: str, urls: GatewayUrls, actions: Actions
+    config: Config, hub: Hub, name: str, urls: GatewayUrls, actions: Actions, cheat: str = ""
 ) -> Callable[..., Awaitable[Any]]:
     # Each miner gets a home of its own inside ours, for its model server's home and logs.
     paths = dataclasses.replace(config.paths, data_dir=config.paths.data_dir / "local" / name)
@@ -390,6 +420,7 @@ def _miner_service(
             wallet_name=LOCAL_WALLET,
             wallet_hotkey=name,
             worker_name=name,
+            simulate_cheat=cheat,
         ),
     )
     return functools.partial(

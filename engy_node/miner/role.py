@@ -134,6 +134,12 @@ def decide(config: Config, inventory: GpuInventory) -> MinerSetup:
         cache_dir=config.paths.model_cache_dir,
     )
     serve_urls = tuple(url.strip().rstrip("/") for url in settings.serve_urls.split(",") if url.strip())
+    if settings.simulate_cheat and serve_urls:
+        raise MinerError(
+            f"miner.simulate_cheat = {settings.simulate_cheat!r} needs a reference server this miner launches, "
+            "but --serve-url names one already running: start that server with --simulate-cheat instead, "
+            "or drop one of the two"
+        )
     if serve_urls:
         return MinerSetup(
             spec,
@@ -156,6 +162,11 @@ def decide(config: Config, inventory: GpuInventory) -> MinerSetup:
     )
     if not chosen.fits:
         raise MinerError(f"{spec.id} cannot be served here: {chosen.summary}")
+    if settings.simulate_cheat and chosen.server != "reference":
+        raise MinerError(
+            f"miner.simulate_cheat = {settings.simulate_cheat!r}: only the reference server simulates a cheat, "
+            f"and this plan launches {chosen.server}; unset miner.simulate_cheat (it is for demos and tests)"
+        )
     port = settings.serve_port or free_loopback_port()
     if chosen.server == "reference":
         # The child gets a home of its own inside ours: its own log file, no shared state.
@@ -166,6 +177,7 @@ def decide(config: Config, inventory: GpuInventory) -> MinerSetup:
             port=port,
             checkpoint=checkpoint,
             max_running_requests=chosen.max_running_requests,
+            simulate_cheat=settings.simulate_cheat or None,
         )
     else:
         launch = sglang_launch(
@@ -374,7 +386,14 @@ async def run_miner(
         command=shell_command(setup.launch) if setup.launch else None,
         # A miner known by its miner key alone has no hotkey to show.
         hotkey=miner_identity.keypair.ss58_address if miner_identity.keypair is not None else None,
+        simulated_cheat=settings.simulate_cheat or None,
     )
+    if settings.simulate_cheat:
+        log.warning(
+            "SIMULATED CHEAT: this miner's model server serves weights altered by %s (miner.simulate_cheat); "
+            "its answers should be judged cheats by GEMM audits. For demos and tests only",
+            settings.simulate_cheat,
+        )
     if setup.launch is not None and setup.launch.kind == "sglang" and not _sglang_installed():
         raise MinerError(
             "sglang is not installed in this environment: pip install 'engy-node[gpu]', "

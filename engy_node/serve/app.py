@@ -86,6 +86,9 @@ class ServerInfo:
     stream_hidden_states: str
     architectures: tuple[str, ...]
     model_type: str
+    simulated_cheat: str | None = None
+    """The cheat applied to the weights in memory after the weights check (`serve.simulate_cheat`),
+    shown so nobody mistakes this server for an honest one."""
 
 
 class ApiError(Exception):
@@ -504,6 +507,7 @@ class ReferenceApp:
             "frontend": "engy-reference",
             "model_root": info.model_root,
             "weights_root": info.weights_root,
+            "simulated_cheat": info.simulated_cheat,
             "gemm_commitments": {
                 "format": FORMAT,
                 "window_s": self.openings.window_s,

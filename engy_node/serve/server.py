@@ -9,6 +9,12 @@ Before the model loads, the checkpoint's `weights_root` is found (cached, else c
 against the catalog's pin (`engy_node.gemm.loaded`): a mismatch refuses to serve with the fix
 named, a match or a model without a pin is reported in the `serve` state and `/server_info`.
 
+With `serve.simulate_cheat` (demos and tests of the audits only) the loaded weights are then
+altered in memory by one of `engy_node.calibration.SIMULATED_CHEATS`, after the check: the
+server reports the checkpoint's root while serving other weights, exactly what a lying miner
+does, so only a GEMM audit can tell. It says so loudly: a warning at load, `simulated_cheat` in
+the `serve` state and `/server_info`.
+
 Loading the model (seconds) runs in a worker thread so the node's other tasks keep running.
 On cancellation the HTTP server stops accepting, in-flight requests are aborted and the engine
 thread is joined.
@@ -23,6 +29,7 @@ from pathlib import Path
 import trio
 
 from engy_node.asgi import start_listener
+from engy_node.calibration import simulated_cheat
 from engy_node.config import Config
 from engy_node.gemm.loaded import LoadedWeights, check_checkpoint
 from engy_node.hub import Hub
@@ -53,6 +60,17 @@ async def load_runner(config: Config) -> tuple[ModelRunner, LoadedWeights]:
     weights = await trio.to_thread.run_sync(check_checkpoint, spec, checkpoint, config.paths.model_cache_dir)
     log.info("loading %s from %s (%s, %s)", serve.model, checkpoint, serve.dtype, serve.device)
     runner = await trio.to_thread.run_sync(lambda: ModelRunner.load(checkpoint, device=serve.device, dtype=serve.dtype))
+    if serve.simulate_cheat:
+        cheat = simulated_cheat(serve.simulate_cheat, where="serve.simulate_cheat =")
+        log.warning(
+            "SIMULATED CHEAT: serving %s's weights altered by %s in memory, while reporting the checkpoint's "
+            "weights_root %s; GEMM audits should catch every answer. For demos and tests only: unset "
+            "serve.simulate_cheat (--simulate-cheat) to serve honestly",
+            serve.model,
+            serve.simulate_cheat,
+            weights.root,
+        )
+        await trio.to_thread.run_sync(cheat, runner)
     return runner, weights
 
 
@@ -74,6 +92,7 @@ def server_info(config: Config, runner: ModelRunner, weights: LoadedWeights, por
         stream_hidden_states=serve.stream_hidden_states,
         architectures=tuple(model_config.get("architectures", [])),
         model_type=str(model_config.get("model_type", "")),
+        simulated_cheat=serve.simulate_cheat or None,
     )
 
 
@@ -120,6 +139,7 @@ async def serve_reference(config: Config, hub: Hub, *, task_status=trio.TASK_STA
                 weights_pinned=weights.pinned,
                 device=runner.device,
                 dtype=serve.dtype,
+                simulated_cheat=serve.simulate_cheat or None,
             )
             log.info("%s (%s on %s)", READY_LINE, serve.model, url)
             task_status.started(url)

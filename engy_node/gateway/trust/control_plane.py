@@ -242,7 +242,7 @@ class TrafficControl:
             key = (record.miner, record.model)
             self._observe(key, judged(record.request_id, record.verdict), now)
             if key[1] in self.models:
-                self.lifetime[key] = audited(self.lifetime.get(key, LifetimeCounts()), record.verdict)
+                self.lifetime[key] = audited(self.lifetime.get(key, LifetimeCounts()), record.verdict, record.reason)
 
     async def _persist(self) -> None:
         if not self._changed:
@@ -321,10 +321,15 @@ def served(counts: LifetimeCounts, *, ok: bool) -> LifetimeCounts:
     return dataclasses.replace(counts, served=counts.served + 1, failed=counts.failed + (not ok))
 
 
-def audited(counts: LifetimeCounts, verdict: VerdictKind) -> LifetimeCounts:
-    """`counts` with one more verdict recorded."""
+def audited(counts: LifetimeCounts, verdict: VerdictKind, reason: str) -> LifetimeCounts:
+    """`counts` with one more verdict recorded, also under the proof its `reason` code names."""
     tallied = {"pass": "passed", "cheat": "cheat", "unproven": "unproven"}[verdict]
-    return dataclasses.replace(counts, audited=counts.audited + 1, **{tallied: getattr(counts, tallied) + 1})
+    return dataclasses.replace(
+        counts,
+        audited=counts.audited + 1,
+        proofs=counts.proofs.counted(verdict, reason),
+        **{tallied: getattr(counts, tallied) + 1},
+    )
 
 
 async def _keep_refreshed(refresh: Callable[[], Awaitable[None]], on_store_error: str, task_status) -> None:

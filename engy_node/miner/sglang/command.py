@@ -190,12 +190,15 @@ def reference_launch(
     dtype: str | None = None,
     device: str | None = None,
     max_running_requests: int | None = None,
+    simulate_cheat: str | None = None,
 ) -> LaunchSpec:
     """`python -m engy_node --home HOME serve …`: our reference server (docs/architecture.md).
 
     A value left as None omits its flag, so the server's config (that home's node.toml and
     `ENGY_SERVE__*`) decides. Pass `checkpoint` when it is already prepared, so the child does
-    not convert the embedded model itself. Raises ValueError naming the argument that is wrong.
+    not convert the embedded model itself; `simulate_cheat` (demos and tests of the audits only)
+    makes it serve weights altered by that cheat (`serve.simulate_cheat`). Raises ValueError
+    naming the argument that is wrong.
     """
     _check_port(port)
     _check_positive("max_running_requests", max_running_requests)
@@ -209,6 +212,10 @@ def reference_launch(
         argv += ["--device", device]
     if max_running_requests is not None:
         argv += ["--max-running-requests", str(max_running_requests)]
+    if simulate_cheat is not None:
+        if not simulate_cheat:
+            raise ValueError("simulate_cheat must name a cheat, or be None for an honest server")
+        argv += ["--simulate-cheat", simulate_cheat]
     return LaunchSpec(kind="reference", argv=tuple(argv), env=(), base_url=_base_url(host, port))
 
 

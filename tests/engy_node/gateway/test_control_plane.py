@@ -13,7 +13,7 @@ from engy_node.gateway.trust import control_plane
 from engy_node.hub import Hub
 from engy_node.models import SMOLLM2_135M
 from engy_node.probe_corpus import load_probe_corpus
-from engy_node.snapshots import LifetimeCounts, decode_states
+from engy_node.snapshots import LifetimeCounts, ProofVerdicts, VerdictCounts, decode_states
 from tests.waiting import Changes
 
 MODEL = SMOLLM2_135M.id
@@ -238,16 +238,32 @@ async def test_the_hub_shows_lifetime_totals_beside_the_breakers_window_every_ti
     await connected.a_whole_tick()
     [worker] = decode_states(plane.hub.states(), strict=True).traffic.workers
     assert worker.state == "active", "no transition happened: the totals were published anyway"
-    assert worker.lifetime == LifetimeCounts(served=4, failed=1, audited=3, passed=2, cheat=0, unproven=1)
+    assert worker.lifetime == LifetimeCounts(
+        served=4,
+        failed=1,
+        audited=3,
+        passed=2,
+        cheat=0,
+        unproven=1,
+        proofs=ProofVerdicts(toploc=VerdictCounts(passed=2, unproven=1)),
+    )
     assert (worker.window.requests, worker.window.failed, worker.window.verdicts) == (4, 1, 3)
 
 
 def test_lifetime_counts_add_one_outcome_or_verdict_at_a_time():
     counts = control_plane.served(LifetimeCounts(), ok=True)
     counts = control_plane.served(counts, ok=False)
-    for verdict in ("pass", "cheat", "unproven", "pass"):
-        counts = control_plane.audited(counts, verdict)
-    assert counts == LifetimeCounts(served=2, failed=1, audited=4, passed=2, cheat=1, unproven=1)
+    for verdict, reason in (("pass", "ok"), ("cheat", "gemm:o_proj"), ("unproven", "gemm:no-opening"), ("pass", "ok")):
+        counts = control_plane.audited(counts, verdict, reason)
+    assert counts == LifetimeCounts(
+        served=2,
+        failed=1,
+        audited=4,
+        passed=2,
+        cheat=1,
+        unproven=1,
+        proofs=ProofVerdicts(toploc=VerdictCounts(passed=2), gemm=VerdictCounts(cheat=1, unproven=1)),
+    )
 
 
 async def test_first_party_miners_are_eligible_before_any_probe(nursery, store):

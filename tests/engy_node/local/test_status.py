@@ -118,12 +118,26 @@ def full_document() -> dict:
             "epochs": {"latest": 3, "digest": DIGEST, "weights": [[MINER_1, 49151], [MINER_2, 16384]]},
             "gateway": {
                 "state": "ready",
-                "legs": [{"leg": "0a1b2c3d", "miner": MINER_1}, {"leg": "4e5f6a7b", "miner": MINER_2}],
+                "legs": [
+                    {"leg": "0a1b2c3d", "miner": MINER_1, "model": "smollm2-135m", "gemm_audit": True},
+                    {"leg": "4e5f6a7b", "miner": MINER_2, "model": "smollm2-135m", "gemm_audit": False},
+                ],
                 "prompt_cache": {"prompt_tokens": 12_000, "cached_tokens": 4_500, "hit_rate": 0.375},
             },
             "traffic": {
                 "workers": [
-                    worker(MINER_1, "smollm2-135m", "active", NOW - 600, "qualified: 3 of 3 probes passed"),
+                    {
+                        **worker(MINER_1, "smollm2-135m", "active", NOW - 600, "qualified: 3 of 3 probes passed"),
+                        "lifetime": {
+                            "audited": 5,
+                            "pass": 5,
+                            "proofs": {"toploc": {"pass": 3}, "gemm": {"pass": 2}},
+                        },
+                    },
+                    {
+                        **worker(MINER_2, "smollm2-135m", "active", NOW - 600, "qualified: 3 of 3 probes passed"),
+                        "lifetime": {"audited": 1, "pass": 1, "proofs": {"toploc": {"pass": 1}}},
+                    },
                     worker(STRANGER, "smollm2-135m", "probing", NOW - 45, "connected"),
                 ]
             },
@@ -132,6 +146,7 @@ def full_document() -> dict:
                 "gateway": "http://127.0.0.1:8090",
                 "hotkey": VALIDATOR,
                 "verdicts": {"pass": 10, "unproven": 1},
+                "proofs": {"toploc": {"pass": 8}, "gemm": {"pass": 2, "unproven": 1}},
             },
             "miner-1": {"model": "smollm2-135m", "weights_root": PINNED_ROOT, "weights_pinned": True},
             "miner-2": {"model": "qwen3.6-35b-a3b", "weights_root": "cd" * 32, "weights_pinned": False},
@@ -193,8 +208,16 @@ def test_a_full_document_renders_every_section(transport):
     miners = section(text, "miners ")
     assert miners[1].split(None, 3)[:3] == ["miner-1", "smollm2-135m", "active"]
     assert miners[1].endswith("active for 10 min: qualified: 3 of 3 probes passed")
-    assert miners[2].startswith(f"  {STRANGER[:10]}…")
-    assert miners[2].endswith("probing for 45 s: connected")
+    # Which proofs judge each miner, and its verdicts by the proof that judged them.
+    assert miners[2] == "               proofs GEMM audits + TOPLOC; verdicts toploc 3 pass · gemm 2 pass"
+    assert miners[3].startswith("  miner-2 ")
+    assert miners[4] == (
+        "               proofs TOPLOC alone ⚠ (its hello announces no GEMM audits: a miner on altered weights "
+        "may pass); verdicts toploc 1 pass"
+    )
+    assert miners[5].startswith(f"  {STRANGER[:10]}…")
+    assert miners[5].endswith("probing for 45 s: connected")
+    assert len(miners) == 6, "a miner with no legs and no verdicts has no proofs line"
 
     # The node's own miners, in natural order, with the weights their model servers loaded.
     serving = section(text, "serving ")
@@ -209,7 +232,10 @@ def test_a_full_document_renders_every_section(transport):
         "    weights_root  cdcdcdcdcdcd… (the catalog pins none)",
         "    weights_root  not checked yet",
     ]
-    assert section(text, "verifier ") == ["verifier   running; verdicts: pass 10, cheat 0, unproven 1"]
+    assert section(text, "verifier ") == [
+        "verifier   running; verdicts: pass 10, cheat 0, unproven 1",
+        "  by proof  toploc 8 pass · gemm 2 pass, 1 unproven",
+    ]
     assert section(text, "gateway ") == [
         "gateway    ready; 2 miner leg(s); prefix cache: 37.5 % of 12000 prompt tokens from the miners' caches"
     ]
@@ -272,6 +298,15 @@ def test_a_miner_node_has_a_section_with_its_plan_server_link_and_weights():
     assert miner_section(HOME_MINER, crashed)[2] == (
         "    model server  failed (sglang, 3 restarts) ✘ CUDA out of memory → lower --mem-fraction-static"
     )
+
+
+def test_a_miner_simulating_a_cheat_says_so_under_its_weights():
+    lines = miner_section({**HOME_MINER, "simulated_cheat": "noise-1%"})
+    assert lines[-1] == (
+        "    ⚠ SIMULATED CHEAT  serves weights altered by noise-1% while claiming this root "
+        "(miner.simulate_cheat: demos and tests only)"
+    )
+    assert not any("SIMULATED" in line for line in miner_section(HOME_MINER))
 
 
 def test_a_miner_whose_link_is_down_or_denied_quotes_why_with_the_fix():

@@ -9,7 +9,16 @@ import pytest
 
 from engy_node.config import load_config
 from engy_node.errors import EngyError
-from engy_node.local.up import network_file, port_plan, read_network, remove_network, write_network
+from engy_node.calibration import SIMULATED_CHEATS
+from engy_node.local.up import (
+    MINERS,
+    network_file,
+    parse_cheats,
+    port_plan,
+    read_network,
+    remove_network,
+    write_network,
+)
 
 
 def test_a_port_base_lays_out_four_consecutive_ports():
@@ -53,3 +62,28 @@ def test_the_network_file_is_private_and_removed_only_by_its_writer(tmp_path):
     assert read_network(config)["buyer_key"] == "engy-sk-x"
     remove_network(config, os.getpid())
     assert not network_file(config).exists()
+
+
+def test_cheat_flags_name_a_local_miner_and_a_simulated_cheat():
+    assert parse_cheats([]) == {}
+    assert parse_cheats(["miner-2=noise-1%"]) == {"miner-2": "noise-1%"}
+    assert parse_cheats([" miner-1 = quantised-8bit", "miner-2=noise-0.1%"]) == {
+        "miner-1": "quantised-8bit",
+        "miner-2": "noise-0.1%",
+    }
+
+
+@pytest.mark.parametrize(
+    ("specs", "fragments"),
+    [
+        (["miner-2"], ["MINER=CHEAT", "miner-2=noise-1%"]),
+        (["=noise-1%"], ["MINER=CHEAT"]),
+        (["miner-9=noise-1%"], ["no local miner 'miner-9'", *MINERS]),
+        (["miner-2=noise-2%"], ["'noise-2%' is not a simulated cheat", *SIMULATED_CHEATS]),
+        (["miner-2=noise-1%", "miner-2=quantised-8bit"], ["already simulates 'noise-1%'"]),
+    ],
+)
+def test_a_wrong_cheat_flag_is_refused_with_the_names_there_are(specs, fragments):
+    with pytest.raises(EngyError) as refused:
+        parse_cheats(specs)
+    assert all(fragment in str(refused.value) for fragment in fragments), str(refused.value)

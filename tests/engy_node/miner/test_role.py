@@ -14,6 +14,7 @@ import trio
 
 from engy_node import proof
 from engy_node.config import load_config
+from engy_node.errors import ConfigError
 from engy_node.hardware.fake_nvml import FakeNvml
 from engy_node.hardware.gpu import detect
 from engy_node.miner.role import MinerError, decide
@@ -46,6 +47,25 @@ def test_cpu_mode_plans_the_reference_server_on_the_embedded_model(tmp_path, che
     assert setup.plan.server == "reference" and setup.launch.kind == "reference"
     assert "serve" in setup.launch.argv and "--max-running-requests" in setup.launch.argv
     assert setup.max_inflight == setup.plan.max_inflight
+
+
+def test_a_simulated_cheat_is_handed_to_the_reference_server_it_launches(tmp_path, checkpoint):
+    setup = decide(miner_config(tmp_path, simulate_cheat="noise-1%"), detect())
+    assert setup.launch.argv[-2:] == ("--simulate-cheat", "noise-1%")
+    assert "--simulate-cheat" not in decide(miner_config(tmp_path), detect()).launch.argv
+
+
+def test_a_simulated_cheat_is_refused_where_no_reference_server_is_launched(tmp_path, checkpoint, qwen_checkpoint):
+    with pytest.raises(MinerError, match="start that server with --simulate-cheat"):
+        decide(miner_config(tmp_path, simulate_cheat="noise-1%", serve_urls="http://127.0.0.1:8000"), detect())
+    config = miner_config(tmp_path, model="qwen3.6-35b-a3b", checkpoint=str(qwen_checkpoint), simulate_cheat="noise-1%")
+    with pytest.raises(MinerError, match="only the reference server simulates a cheat"):
+        decide(config, detect(nvml=FakeNvml.from_spec("4xRTX4090")))
+
+
+def test_an_unknown_simulated_cheat_is_refused_with_the_known_ones(tmp_path):
+    with pytest.raises(ConfigError, match=r"miner.simulate_cheat = 'noise'.*noise-1%.*quantised-4bit"):
+        miner_config(tmp_path, simulate_cheat="noise")
 
 
 def test_four_4090s_get_the_published_sglang_command(tmp_path, qwen_checkpoint):

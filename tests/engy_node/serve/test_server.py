@@ -77,6 +77,7 @@ def test_health_model_info_and_server_info_answer_like_sglang(client):
     assert server["status"] == "ready"
     # The checkpoint's weights were checked against the catalog's pin before the model loaded.
     assert server["weights_root"] == SMOLLM2_135M.weights_root
+    assert server["simulated_cheat"] is None  # serve.simulate_cheat is for demos and tests
     assert server["max_running_requests"] == 4
     assert client.get("/get_load").json() == [
         {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0, "num_pending_tokens": 0}

@@ -139,6 +139,12 @@ def test_a_wrong_plan_value_is_refused_naming_the_argument(changes, message):
             "python3 -m engy_node --home /tmp/h serve --model smollm2-135m --host 127.0.0.1 --port 30000",
             id="defaults-left-to-the-server-config",
         ),
+        pytest.param(
+            dict(python="python3", home="/tmp/h", model="smollm2-135m", port=30000, simulate_cheat="noise-1%"),
+            "python3 -m engy_node --home /tmp/h serve --model smollm2-135m --host 127.0.0.1 --port 30000 "
+            "--simulate-cheat noise-1%",
+            id="a-simulated-cheat",
+        ),
     ],
 )
 def test_the_reference_command_runs_engy_node_serve(kwargs, expected):
@@ -146,6 +152,11 @@ def test_the_reference_command_runs_engy_node_serve(kwargs, expected):
     assert spec.argv == tuple(expected.split(" "))
     assert (spec.kind, spec.env, spec.health_path) == ("reference", (), "/health")
     assert spec.base_url == f"http://127.0.0.1:{kwargs['port']}"
+
+
+def test_an_empty_simulated_cheat_is_refused_naming_the_argument():
+    with pytest.raises(ValueError, match="simulate_cheat"):
+        reference_launch(python="python3", home="/tmp/h", model="smollm2-135m", port=30000, simulate_cheat="")
 
 
 def test_the_shell_text_of_the_published_command_is_ready_to_paste():
