@@ -219,10 +219,11 @@ class Verdict:
     """Short code: `ok`, `chunks`, `tokens`, `prompt-mismatch`, `output-mismatch`, `past-eos`,
     `past-max-tokens`, `output-outside-vocabulary`, `shape:<field>`, `model-root`, `malformed-proof`, `recompute-failed`,
     `empty-output`."""
-    path: Literal["toploc", "recompute"] = "toploc"
+    path: Literal["toploc", "recompute", "gemm"] = "toploc"
     """What judged it: the miner's TOPLOC commitment checked against the recompute, or, for an
     answer sent without one, the delivered tokens judged against the recompute alone
-    (`judge_delivered`)."""
+    (`judge_delivered`), or the GEMM audit of its committed activations
+    (`engy_node.verifier.gemm_audit`: a cheat or unproven there, which then carries the reason)."""
     chunks_total: int = 0
     chunks_passed: int = 0
     mean_exp_mismatches: float = 0.0
@@ -236,7 +237,8 @@ class Verdict:
 
     @property
     def code(self) -> str:
-        """The reason as posted and stored: prefixed `recompute:` when no commitment judged it."""
+        """The reason as posted and stored: prefixed `recompute:` when no commitment judged it,
+        `gemm:` when the GEMM audit did (`gemm:no-opening`, `gemm:rows-down-proj`)."""
         return self.reason if self.path == "toploc" else f"{self.path}:{self.reason}"
 
     @property

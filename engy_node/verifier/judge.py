@@ -4,6 +4,12 @@
 `proof.verify_commitment` with the runner's prefill as the recompute; an answer that came with
 no commitment is judged on its delivered tokens alone (`proof.judge_delivered`), segmented as
 the model would have written them (`model_segmentation`).
+
+An answer that also committed its activations (`AuditJob.gemm_commitment`) is GEMM-audited on
+the openings the verifier role gathered for it (`gemm_audit.judge_openings`, against a
+`GemmModel` built once per model from the same runner). Both judge; a TOPLOC or recompute cheat
+stands as it is, otherwise a GEMM cheat or unproven is the verdict (path ``gemm``), otherwise
+TOPLOC's. A job whose miner was asked to commit and sent nothing is unproven (``gemm:no-commitment``).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,6 +26,7 @@ from typing import Any
 from engy_node import proof
 from engy_node.models import ModelSpec, get_model, model_root
 from engy_node.protocol.audit import AuditJob
+from engy_node.verifier.gemm_audit import GemmEvidence, GemmJudgement, GemmModel, gemm_model_of, judge_openings
 
 log = logging.getLogger("engy.verifier")
 
@@ -28,7 +36,13 @@ class Judge:
     model loads once; prefill runs under the runner's own inference mode)."""
 
     def __init__(
-        self, checkpoints: Mapping[str, Path], *, device: str = "cpu", dtype: str = "float32", threads: int = 0
+        self,
+        checkpoints: Mapping[str, Path],
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        threads: int = 0,
+        gemm_secret: bytes | None = None,
     ) -> None:
         self.checkpoints = dict(checkpoints)
         self.device = device
@@ -38,6 +52,9 @@ class Judge:
         verifier sharing a machine with a model server wants few: two thread pools spinning on
         the same cores make both several times slower."""
         self._loaded: dict[str, tuple[Any, str, frozenset[int]]] = {}
+        self._gemm_models: dict[str, GemmModel] = {}
+        self._gemm_secret = os.urandom(32) if gemm_secret is None else gemm_secret
+        """The Freivalds keys' secret: this process's own, never sent anywhere (tests pass one)."""
         self._lock = threading.Lock()
 
     def _runner(self, model: str):
@@ -56,10 +73,22 @@ class Judge:
                 log.info("verifier loaded %s (%s on %s)", model, self.dtype, runner.device)
             return self._loaded[model]
 
-    def judge(self, job: AuditJob) -> proof.Verdict:
-        """The verdict on one job; one that passes on a delivery the gateway repaired says how
-        the miner's text fell short of its proven tokens (`defect:<kind>`: counted, never a cheat)."""
+    def _gemm_model(self, model: str) -> GemmModel:
+        runner, _, _ = self._runner(model)
+        with self._lock:
+            if model not in self._gemm_models:
+                self._gemm_models[model] = gemm_model_of(runner, secret=self._gemm_secret)
+            return self._gemm_models[model]
+
+    def judge(self, job: AuditJob, gemm: GemmEvidence | None = None) -> proof.Verdict:
+        """The verdict on one job, with the GEMM audit's openings `gemm` when the role gathered
+        them; one that passes on a delivery the gateway repaired says how the miner's text fell
+        short of its proven tokens (`defect:<kind>`: counted, never a cheat)."""
         verdict = self._judge(job)
+        if verdict.kind != "cheat" and job.model in self.checkpoints:
+            audited = self._judge_gemm(job, gemm)
+            if audited is not None and audited.kind != "pass":
+                return dataclasses.replace(verdict, kind=audited.kind, reason=audited.reason, path="gemm")
         if verdict.kind == "pass" and job.delivery.defect is not None:
             return dataclasses.replace(verdict, reason=f"defect:{job.delivery.defect}")
         return verdict
@@ -87,6 +116,37 @@ class Judge:
             sampling=job.sampling_terms(),
         )
 
+    def _judge_gemm(self, job: AuditJob, gemm: GemmEvidence | None) -> GemmJudgement | None:
+        """The GEMM audit's judgement; None when there is nothing to audit (no commitment was
+        asked for, or the role gathered no evidence)."""
+        if job.gemm_commitment is None:
+            return GemmJudgement("unproven", "no-commitment") if job.gemm_asked else None
+        if gemm is None:
+            return None
+        # The positions a commitment covers: the prompt and every output token fed back (all
+        # but the last), the output as the TOPLOC commitment states it or else as relayed.
+        committed = job.commitment.get("output_token_ids") if job.commitment else None
+        output = committed if isinstance(committed, list) else job.delivery.relayed_output_ids
+        judgement = judge_openings(
+            self._gemm_model(job.model),
+            job.gemm_commitment,
+            gemm,
+            expected_positions=len(job.prompt_ids) + len(output) - 1,
+        )
+        failed = judgement.failed
+        if failed is not None:
+            log.warning(
+                "job %s: GEMM audit failed %s at layer %d, position %d (%.3g × its tolerance)",
+                job.request_id,
+                failed.step,
+                failed.layer,
+                failed.position,
+                failed.worst,
+            )
+        elif judgement.kind != "pass":
+            log.info("job %s: GEMM audit %s (%s%s)", job.request_id, judgement.kind, judgement.reason, _why(gemm))
+        return judgement
+
     def _judge_delivered(self, job: AuditJob) -> proof.Verdict:
         """No commitment (a TEE miner, or any miner that sends `commitment: {}`): the delivered
         tokens judged on the canonical model alone (`proof.judge_delivered`)."""
@@ -100,6 +160,10 @@ class Judge:
             sampling=job.sampling_terms(),
             resegment=functools.partial(model_segmentation, runner),
         )
+
+
+def _why(gemm: GemmEvidence) -> str:
+    return f": {gemm.failure}" if gemm.failure else ""
 
 
 SEGMENTATION_CANDIDATES = 256

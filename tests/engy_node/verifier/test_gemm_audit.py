@@ -287,10 +287,14 @@ def test_the_judge_adds_the_gemm_verdict_to_toplocs(checkpoint, answers):
     assert judged(honest, None, **asked) == "ok", "no evidence gathered: TOPLOC alone"
     assert judged(honest, ga.GemmEvidence(evidence(honest).picks, None), **asked) == "gemm:no-opening"
     assert judged(honest, None, gemm_asked=True) == "gemm:no-commitment"
-    # The noisy miner's TOPLOC proofs are of its own hidden states; they may pass or not, but
-    # the verdict is a cheat either way, and a TOPLOC cheat keeps its own reason.
-    verdict = judge.judge(
-        job_for(noisy, checkpoint, gemm_asked=True, gemm_commitment=noisy.commitment), evidence(noisy)
-    )
-    assert verdict.kind == "cheat"
-    assert verdict.path == "toploc" or verdict.code.startswith("gemm:rows-"), verdict.code
+    # The noisy miner's TOPLOC proofs are of its own hidden states, and its greedy tokens may
+    # well be the canonical model's (on this prompt they are: TOPLOC alone passes it); the GEMM
+    # audit catches it either way, and a TOPLOC cheat keeps its own reason.
+    job = job_for(noisy, checkpoint, gemm_asked=True, gemm_commitment=noisy.commitment)
+    alone, audited = judge.judge(job), judge.judge(job, evidence(noisy))
+    assert audited.kind == "cheat"
+    assert audited.code == alone.code if alone.kind == "cheat" else audited.code.startswith("gemm:rows-"), audited
+    relayed = (*noisy.output_ids[:-1], noisy.output_ids[-1] + 1)
+    mismatch = dataclasses.replace(job, delivery=dataclasses.replace(job.delivery, relayed_output_ids=relayed))
+    verdict = judge.judge(mismatch, evidence(noisy))
+    assert (verdict.kind, verdict.path) == ("cheat", "toploc"), verdict
