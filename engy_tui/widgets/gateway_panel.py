@@ -52,6 +52,7 @@ from engy_node.snapshots import (
     NodeStates,
     StandingChange,
     TrafficStanding,
+    gemm_audited,
 )
 from engy_tui.widgets.cells import DASH, NA, Cell, cells_content, format_duration
 from engy_tui.widgets.cells import as_text as _text
@@ -284,19 +285,31 @@ def served_cell(worker: TrafficStanding | None) -> Cell:
     return Cell(f"{lifetime.served:,}")
 
 
-def audited_cell(worker: TrafficStanding | None) -> Cell:
+TOPLOC_ALONE = "TOPLOC alone"
+"""What the audited column adds for a miner whose legs all announce no GEMM audits: only TOPLOC
+judges it, and TOPLOC passes weights with small perturbations (docs/verification.md)."""
+
+
+def audited_cell(worker: TrafficStanding | None, legs: Sequence[GatewayLeg] = ()) -> Cell:
     """Verdicts on its answers (paid and probes) since the gateway started, with the `unproven`
-    and `cheat` ones: "44 · 2 unproven" (the breaker's window is in the breaker column)."""
+    and `cheat` ones and how many the GEMM audit gave: "44 · 2 unproven · 12 GEMM" (the
+    breaker's window is in the breaker column); "· TOPLOC alone ⚠" when its legs announce no GEMM
+    audits."""
+    alone = gemm_audited(leg.gemm_audit for leg in legs) is False
     if worker is None or worker.lifetime is None:
-        return NA_CELL
+        return Cell(f"{NA} · {TOPLOC_ALONE} {WARN}", "warning") if alone else NA_CELL
     lifetime = worker.lifetime
     parts = [f"{lifetime.audited:,}"]
     for label, value in (("unproven", lifetime.unproven), ("cheat", lifetime.cheat)):
         if value:
             parts.append(f"{value:,} {label}")
+    if lifetime.proofs.gemm.total:
+        parts.append(f"{lifetime.proofs.gemm.total:,} GEMM")
+    if alone:
+        parts.append(f"{TOPLOC_ALONE} {WARN}")
     if lifetime.cheat:
         return Cell(f"{' · '.join(parts)} {BAD}", "error")
-    return Cell(" · ".join(parts))
+    return Cell(" · ".join(parts), "warning" if alone else "")
 
 
 def _last_pull(worker: TrafficStanding) -> StandingChange | None:
@@ -408,7 +421,7 @@ def miner_rows(states: NodeStates, *, now: float, names: Mapping[str, str]) -> l
             load_cell(row.legs),
             round_cell(row.worker),
             served_cell(row.worker),
-            audited_cell(row.worker),
+            audited_cell(row.worker, row.legs),
         )
         for row in _rows(states, names)
     ]

@@ -168,7 +168,14 @@ def degraded_own_worker() -> dict:
 
 
 def leg(
-    miner: str, worker: str, capacity: int, inflight: int, heartbeat_age_s: float, leg_id: str = "a1b2c3d4"
+    miner: str,
+    worker: str,
+    capacity: int,
+    inflight: int,
+    heartbeat_age_s: float,
+    leg_id: str = "a1b2c3d4",
+    *,
+    gemm_audit: bool | None = None,
 ) -> dict:
     return {
         "leg": leg_id,
@@ -178,6 +185,7 @@ def leg(
         "capacity": capacity,
         "inflight": inflight,
         "heartbeat_age_s": heartbeat_age_s,
+        "gemm_audit": gemm_audit,
     }
 
 
@@ -195,7 +203,7 @@ def gateway_states() -> dict:
             "legs": [
                 leg(A, "rig-a", 16, 12, 4.2),
                 leg(A, "rig-a", 16, 3, 12.0, "a1b2c3d5"),
-                leg(B, "home-5090", 8, 0, 61.0),
+                leg(B, "home-5090", 8, 0, 61.0, gemm_audit=False),
                 leg(C, "x", 16, 0, 2.0),
                 leg(OWN, "own-1", 4, 4, 9.9),
             ],
@@ -347,6 +355,24 @@ def test_the_round_shows_its_probes_and_verdicts_and_flags_a_cheat_or_a_failed_p
     assert round_cell(None) == Cell("n/a", "na"), "eligibility not published: unknown"
 
 
+def test_the_audited_column_counts_gemm_verdicts_and_flags_a_miner_judged_by_toploc_alone():
+    lifetime = {
+        "audited": 14,
+        "pass": 13,
+        "unproven": 1,
+        "proofs": {"toploc": {"pass": 2}, "gemm": {"pass": 11, "unproven": 1}},
+    }
+    worker = standing({"lifetime": lifetime})
+    gemm, toploc = legs_of({"miner": A, "gemm_audit": True}), legs_of({"miner": A, "gemm_audit": False})
+    assert audited_cell(worker, gemm) == Cell("14 · 1 unproven · 12 GEMM")
+    assert audited_cell(worker, (*gemm, *toploc)) == Cell("14 · 1 unproven · 12 GEMM"), "one leg that audits is enough"
+    alone = standing({"lifetime": {"audited": 3, "pass": 3, "proofs": {"toploc": {"pass": 3}}}})
+    assert audited_cell(alone, toploc) == Cell("3 · TOPLOC alone ⚠", "warning")
+    caught = standing({"lifetime": {"audited": 3, "pass": 2, "cheat": 1, "proofs": {"gemm": {"pass": 2, "cheat": 1}}}})
+    assert audited_cell(caught, gemm) == Cell("3 · 1 cheat · 3 GEMM ✘", "error")
+    assert audited_cell(None, toploc) == Cell("n/a · TOPLOC alone ⚠", "warning"), "flagged before any verdict"
+
+
 def test_served_and_audited_are_totals_since_the_gateway_started_not_the_breakers_window():
     """Issue 31 (8): a local network's verifier had judged 44 answers while the table said
     "audited 0", because the cells showed the breaker's last minutes as if they were totals."""
@@ -363,6 +389,7 @@ def test_served_and_audited_are_totals_since_the_gateway_started_not_the_breaker
         "the window is the breaker's, and says so"
     )
     clean = standing({"lifetime": {"served": 5, "audited": 3, "pass": 3}})
+    assert audited_cell(clean, legs_of({"miner": A, "gemm_audit": None})) == Cell("3"), "a gateway that does not say"
     assert served_cell(clean) == Cell("5") and audited_cell(clean) == Cell("3"), "zero goes without saying"
     cheat = standing({"lifetime": {"served": 9, "audited": 4, "pass": 3, "cheat": 1}})
     assert audited_cell(cheat) == Cell("4 · 1 cheat ✘", "error")
@@ -506,8 +533,9 @@ def test_the_gateway_is_a_table_of_its_miners_needing_attention_first():
     assert "active ✔" in active and "closed ✔" in active and "2 legs · hb 12 s" in active and "15/32" in active
     assert "closed ✔ · 0/5 failed · 0/0 unproven" in active, "the breaker's window: 5 paid requests a minute ago"
     totals = [[cell.text.strip() for cell in row[-2:]] for row in view.table[1:]]
-    assert totals == [["4", "4 · 1 cheat ✘"], ["2", "1"], ["0", "0"], ["8", "3"], ["3", "0"]], (
-        "served and audited count every request and verdict since the gateway started, probes included"
+    assert totals == [["4", "4 · 1 cheat ✘"], ["2", "1 · TOPLOC alone ⚠"], ["0", "0"], ["8", "3"], ["3", "0"]], (
+        "served and audited count every request and verdict since the gateway started, probes included; "
+        "miner2's legs announce no GEMM audits"
     )
     assert "active ✔ own" in own and "4/4 full" in own and "tripped ⚠ slow-ttft 119 s ago" in own
     for column in ("state", "breaker", "load", "audited"):
