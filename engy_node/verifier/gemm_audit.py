@@ -16,6 +16,11 @@ cheating on every slot of half the layers is caught at 1 − 2⁻⁸ per audited
 cheating on every slot (other weights, a quantised model) at once. The checks themselves miss a
 slot they open with probability ≤ 2⁻⁴⁰ (`gemm_check`).
 
+Cost, on SmolLM2 with the default plan (about 100 openings, 8 audited layers): 0.2–0.45 s of one
+CPU core per answer, most of it recomputing every row of the audited layers' projections in
+float64 (3.5 M weights a layer); the same order as the TOPLOC recompute of a short answer.
+Building the `GemmModel` takes about 2.5 s once per model and no memory beyond a float32 runner.
+
 Verdicts, and whose fault each is: a commitment that is not this answer's (another model's
 layout, a count of positions other than prompt + output − 1), an opening missing, extra, or off
 its Merkle path, or a check that fails is the miner's doing — `cheat`, reason the step (kebab

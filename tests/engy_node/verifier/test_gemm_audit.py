@@ -88,7 +88,7 @@ def test_another_secret_or_root_draws_other_picks(root, first, other):
     commitment = commitment_wire(200, root=root)
     picks = ga.draw_picks(first, commitment)
     assert picks != ga.draw_picks(other, commitment)
-    assert picks != ga.draw_picks(first, commitment_wire(200, root=bytes(31) + bytes([root[0] ^ 1])))
+    assert picks != ga.draw_picks(first, commitment_wire(200, root=bytes([root[0] ^ 1]) + root[1:]))
 
 
 @pytest.mark.parametrize(
