@@ -248,8 +248,11 @@ def open_chain(config: Config, hotkeys: dict[str, str]) -> DevChain:
     return chain
 
 
-def local_config(config: Config, identities: LocalIdentities, ports: dict[str, int | None]) -> Config:
-    """The settings of a short CPU-only local network (docs/trust.md's profile), over `config`."""
+def local_config(
+    config: Config, identities: LocalIdentities, ports: dict[str, int | None], cheats: Mapping[str, str] | None = None
+) -> Config:
+    """The settings of a short CPU-only local network (docs/trust.md's profile), over `config`;
+    a miner in `cheats` is not the operator's own, so it qualifies and can be pulled."""
     hotkeys = identities.hotkeys
     gateway = dataclasses.replace(
         config.gateway,
@@ -258,7 +261,8 @@ def local_config(config: Config, identities: LocalIdentities, ports: dict[str, i
         miner_port=_pick(ports.get("miner"), config.gateway.miner_port),
         provider_port=_pick(ports.get("provider"), config.gateway.provider_port),
         # The local miners are the operator's own: serving at once, still judged by the control plane.
-        first_party=",".join(hotkeys[name] for name in MINERS),
+        # One simulating a cheat is treated as anyone's, or nothing could ever pull it.
+        first_party=",".join(hotkeys[name] for name in MINERS if name not in (cheats or {})),
         verifiers=hotkeys["verifier"],
         owner_hotkey=hotkeys["owner"],
         master_wallet=f"{LOCAL_WALLET}/master",
@@ -319,7 +323,7 @@ async def run_up(
     `parse_cheats`) has those miners serve altered weights."""
     cheats = cheats or {}
     identities = await trio.to_thread.run_sync(prepare_identities, config)
-    config = local_config(config, identities, ports or {})
+    config = local_config(config, identities, ports or {}, cheats)
     chain = await trio.to_thread.run_sync(open_chain, config, identities.hotkeys)
     hotkeys = identities.hotkeys
     actions = actions if actions is not None else node_actions()

@@ -7,11 +7,14 @@ import os
 
 import pytest
 
+from engy_node.calibration import SIMULATED_CHEATS
 from engy_node.config import load_config
 from engy_node.errors import EngyError
-from engy_node.calibration import SIMULATED_CHEATS
 from engy_node.local.up import (
+    HOTKEY_NAMES,
     MINERS,
+    LocalIdentities,
+    local_config,
     network_file,
     parse_cheats,
     port_plan,
@@ -87,3 +90,12 @@ def test_a_wrong_cheat_flag_is_refused_with_the_names_there_are(specs, fragments
     with pytest.raises(EngyError) as refused:
         parse_cheats(specs)
     assert all(fragment in str(refused.value) for fragment in fragments), str(refused.value)
+
+
+def test_a_miner_simulating_a_cheat_is_not_first_party_so_it_can_be_pulled(tmp_path):
+    config = load_config(home=tmp_path, env={})
+    identities = LocalIdentities(1, "engy-sk-x", {name: f"5{name}" for name in HOTKEY_NAMES})
+    honest = local_config(config, identities, {})
+    assert honest.gateway.first_party.split(",") == [f"5{name}" for name in MINERS]
+    cheating = local_config(config, identities, {}, {MINERS[-1]: "noise-1%"})
+    assert cheating.gateway.first_party.split(",") == [f"5{name}" for name in MINERS[:-1]]
