@@ -16,10 +16,18 @@ cheating on every slot of half the layers is caught at 1 − 2⁻⁸ per audited
 cheating on every slot (other weights, a quantised model) at once. The checks themselves miss a
 slot they open with probability ≤ 2⁻⁴⁰ (`gemm_check`).
 
-Cost, on SmolLM2 with the default plan (about 100 openings, 8 audited layers): 0.2–0.45 s of one
-CPU core per answer, most of it recomputing every row of the audited layers' projections in
-float64 (3.5 M weights a layer); the same order as the TOPLOC recompute of a short answer.
-Building the `GemmModel` takes about 2.5 s once per model and no memory beyond a float32 runner.
+Rows. Freivalds with one secret vector catches any single row off by more than its bound, but
+its bound is the whole product's (Hoeffding over every row's rounding), so errors spread thinly
+over every row — dense weight noise, 8-bit weights — hide under it. Those move almost every row
+past that row's own bound (`gemm_check.row_check`, never exceeded honestly), so the verifier
+recomputes `ROWS_CHECKED` rows of each audited projection, drawn from its secret and the root
+after the commitment: a cheat that moves a fraction g of rows escapes one projection with
+probability (1 − g)^ROWS_CHECKED, and one audited layer has seven.
+
+Cost, on SmolLM2 with the default plan (about 100 openings, 8 audited layers): the Merkle paths,
+the Freivalds products (two dot products per row of x and y) and 32 rows of each projection
+recomputed in float64 (bench/gemm_audit.py measures it per answer). Building the `GemmModel`
+takes about 2.5 s once per model and no memory beyond a float32 runner.
 
 Verdicts, and whose fault each is: a commitment that is not this answer's (another model's
 layout, a count of positions other than prompt + output − 1), an opening missing, extra, or off
@@ -177,7 +185,9 @@ class GemmEvidence:
 
 FREIVALDS_VECTORS = 1
 """Secret vectors per matrix: one bounds a wrong weight's escape at 2⁻⁴⁰ (`gemm_check`, bound
-(b)); the row check below recomputes every row of each opened product anyway."""
+(b))."""
+ROWS_CHECKED = 32
+"""Rows of each audited projection recomputed outright (module docstring, "Rows")."""
 
 BLOCKS = {name: "self_attn" if name[0] in "qkvo" else "mlp" for name in GEMMS}
 """The module holding each projection in a transformers Llama decoder layer."""
@@ -198,6 +208,8 @@ class GemmModel:
     eps: float
     keys: Mapping[tuple[int, str], gemm_check.VerifierKey]
     """(layer, projection) → the Freivalds key from the verifier's secret."""
+    secret: bytes
+    """The verifier's secret, which also draws the rows the row check recomputes."""
 
     @classmethod
     def build(
@@ -216,7 +228,7 @@ class GemmModel:
             )
             for (layer, name), weight in weights.items()
         }
-        return cls(dict(config), dict(weights), tuple(norms), float(eps), keys)
+        return cls(dict(config), dict(weights), tuple(norms), float(eps), keys, secret)
 
     def layout(self, dtype: str) -> ActivationLayout:
         return llama_layout(self.config, dtype)
@@ -303,7 +315,7 @@ def judge_openings(
     checks = tuple(
         check
         for layer, positions in audited.items()
-        for check in _layer_checks(model, layout, layer, positions, rows, arithmetic)
+        for check in _layer_checks(model, parsed, layer, positions, rows, arithmetic)
     )
     failed = next((check for check in checks if not check.passed), None)
     if failed is not None:
@@ -332,13 +344,15 @@ def _verified_rows(
 
 def _layer_checks(
     model: GemmModel,
-    layout: ActivationLayout,
+    commitment: Commitment,
     layer: int,
     positions: list[int],
     rows: Mapping[tuple[int, int, str], npt.NDArray[np.float64]],
     arithmetic: gemm_check.Arithmetic,
 ) -> list[LayerCheck]:
-    """Freivalds on each projection, then every row of each recomputed, then the layer's replay."""
+    """Freivalds on each projection, then `ROWS_CHECKED` rows of each recomputed, then the layer's
+    replay."""
+    layout = commitment.layout
 
     def stacked(group: str) -> npt.NDArray[np.float64]:
         return np.stack([rows[(position, *layout.canonical(layer, group))] for position in positions])
@@ -351,10 +365,12 @@ def _layer_checks(
     checks = [
         checked(name, gemm_check.freivalds(model.keys[layer, name], *projections[name], arithmetic)) for name in GEMMS
     ]
-    checks += [
-        checked(f"rows {name}", gemm_check.row_check(model.weights[layer, name], *projections[name], arithmetic))
-        for name in GEMMS
-    ]
+    for name in GEMMS:
+        weight = model.weights[layer, name]
+        drawn = _Draws(model.secret, commitment.root, f"rows/{layer}/{name}", ROWS_CHECKED)
+        chosen = sorted(drawn.sample(range(weight.shape[0]), ROWS_CHECKED))
+        x, y = projections[name]
+        checks.append(checked(f"rows {name}", gemm_check.row_check(weight[chosen], x, y[:, chosen], arithmetic)))
     trace = gemm_check.LayerTrace(projections, stacked("residual_in"), stacked(RESIDUAL_OUT))
     input_norm, post_norm = model.norms[layer]
     replayed = gemm_check.replay_layer(
