@@ -118,6 +118,26 @@ class _Draws:
         return items[:k]
 
 
+def draw_rows(secret: bytes, root: bytes, label: str, rows: int, k: int) -> list[int]:
+    """k distinct row indices below `rows` (all when k ≥ rows), sorted: draws with repeats
+    dropped, which for k ≪ rows costs k draws where a shuffle would touch every row."""
+    if 4 * k > rows:
+        return sorted(_Draws(secret, root, label, k).sample(range(rows), k))
+    stream = hashlib.shake_256(secret + b"\0" + root + b"\0" + label.encode())
+    chosen: dict[int, None] = {}
+    drawn = 0
+    while len(chosen) < k:
+        # Each batch is a longer prefix of the same stream, so the draw does not depend on how
+        # many batches it took.
+        values = np.frombuffer(stream.digest(8 * (drawn + 2 * k)), "<u8")[drawn:]
+        drawn += 2 * k
+        for value in (values % np.uint64(rows)).tolist():
+            chosen.setdefault(value)
+            if len(chosen) == k:
+                break
+    return sorted(chosen)
+
+
 def draw_positions(
     secret: bytes, root: bytes, positions: int, plan: AuditPlan, prompt_positions: int | None = None
 ) -> list[int]:
@@ -367,8 +387,7 @@ def _layer_checks(
     ]
     for name in GEMMS:
         weight = model.weights[layer, name]
-        drawn = _Draws(model.secret, commitment.root, f"rows/{layer}/{name}", ROWS_CHECKED)
-        chosen = sorted(drawn.sample(range(weight.shape[0]), ROWS_CHECKED))
+        chosen = draw_rows(model.secret, commitment.root, f"rows/{layer}/{name}", weight.shape[0], ROWS_CHECKED)
         x, y = projections[name]
         checks.append(checked(f"rows {name}", gemm_check.row_check(weight[chosen], x, y[:, chosen], arithmetic)))
     trace = gemm_check.LayerTrace(projections, stacked("residual_in"), stacked(RESIDUAL_OUT))

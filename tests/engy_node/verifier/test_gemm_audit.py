@@ -91,6 +91,19 @@ def test_another_secret_or_root_draws_other_picks(root, first, other):
     assert picks != ga.draw_picks(first, commitment_wire(200, root=bytes([root[0] ^ 1]) + root[1:]))
 
 
+@given(
+    secret=st.binary(min_size=1, max_size=32),
+    rows=st.integers(min_value=1, max_value=5000),
+    k=st.integers(min_value=1, max_value=64),
+)
+def test_rows_drawn_for_the_row_check_are_distinct_sorted_in_range_and_repeatable(secret, rows, k):
+    root = b"\x01" * 32
+    drawn = ga.draw_rows(secret, root, "rows/0/q_proj", rows, k)
+    assert drawn == sorted(set(drawn)) and len(drawn) == min(k, rows)
+    assert all(0 <= row < rows for row in drawn)
+    assert drawn == ga.draw_rows(secret, root, "rows/0/q_proj", rows, k)
+
+
 @pytest.mark.parametrize(
     "broken",
     [{}, {"format": "engy-activations-v2"}, {"activations_root": "zz"}, {"layers": 0}, {"dtype": "int8"}],
