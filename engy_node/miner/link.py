@@ -14,7 +14,8 @@ Requests run as tasks in their leg's nursery, each in its own cancel scope: `can
 gateway cancels that scope at once (the serve client then aborts the generation on the model
 server), and a dropped connection cancels every request of that leg — nobody is left to receive
 their results. Concurrency is what the miner advertised; the link never refuses or clamps a
-routed request on its own.
+routed request on its own. A GEMM audit's `gemm_challenge` runs as such a task too (it waits on
+the model server, never on the receive loop), and is always answered with a `gemm_openings`.
 
 A gateway frame this side cannot read (after `protocol.miner`'s liberal parsing) ends the leg:
 it is logged with the field and the reason, the connection is closed with them as the close
@@ -46,6 +47,7 @@ from engy_node import keys
 from engy_node.errors import single_failure
 from engy_node.miner.drain import ABORTED_ERROR, REFUSED_ERROR, DrainPhase, StopBudget, request_action
 from engy_node.miner.serving import Send
+from engy_node.protocol.gemm import GemmChallenge, GemmOpenings
 from engy_node.protocol.miner import (
     MAX_FRAME_BYTES,
     OUR_FEATURES,
@@ -109,6 +111,9 @@ class LinkSettings:
     the old connection keeps serving the requests it has in flight for up to this long (the live
     protocol's 1,800 s, the longest a request may run); what is still running then is aborted."""
     max_message_bytes: int = MAX_FRAME_BYTES
+    gemm_open_timeout_s: float = 20.0
+    """How long a GEMM challenge's openings may take from the model server: the reference
+    server opens its most picks well within a second; a gateway's deadline is longer."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -179,6 +184,12 @@ class FrameHandler(Protocol):
     async def handle(self, frame: Serve, send: Send) -> None: ...
 
 
+class OpenGemm(Protocol):
+    """`RequestHandler.open_gemm`: the answer to a challenge, bounded, never raising for the serve."""
+
+    async def __call__(self, challenge: GemmChallenge, *, timeout_s: float) -> GemmOpenings: ...
+
+
 class GatewayLink:
     """All legs to one gateway. `run` is a service: started once the first leg is admitted."""
 
@@ -197,8 +208,12 @@ class GatewayLink:
         features: frozenset[str] = OUR_FEATURES,
         serve_ready: Callable[[], bool] = lambda: True,
         serve_load: Callable[[], Awaitable[KvLoad | None]] | None = None,
+        open_gemm: OpenGemm | None = None,
     ) -> None:
         self.gateway_url = gateway_url
+        self.open_gemm = open_gemm
+        """Opens a GEMM challenge's rows on the serve; None for a miner that cannot (it answers
+        every challenge with an error)."""
         self.serve_ready = serve_ready
         """Whether the model server can take requests (`ModelServerSupervisor.ready`): while it
         cannot, every leg announces capacity 0 and is sent nothing, without re-dialling."""
@@ -644,6 +659,8 @@ class _LegSession:
                         log.info("request %s cancelled by the gateway", frame.corr_id)
                 elif isinstance(frame, Ping):
                     await self.send(self.heartbeat())
+                elif isinstance(frame, GemmChallenge):
+                    nursery.start_soon(self._answer_challenge, frame)
                 elif isinstance(frame, Reconnect) and not self.retiring:
                     self.retiring = self.reconnected = True
                     retire(RECONNECT)
@@ -709,6 +726,21 @@ class _LegSession:
                 len(self.active),
                 self.link.settings.reconnect_drain_s,
             )
+
+    async def _answer_challenge(self, challenge: GemmChallenge) -> None:
+        """Open the challenged rows on the serve and answer; quiet if the leg is gone."""
+        if self.link.open_gemm is None:
+            answer = GemmOpenings(challenge.challenge_id, error="this miner does not take GEMM audits")
+        else:
+            answer = await self.link.open_gemm(challenge, timeout_s=self.link.settings.gemm_open_timeout_s)
+        if answer.error is not None:
+            log.warning("GEMM challenge %s for %s refused: %s", challenge.challenge_id, challenge.rid, answer.error)
+        else:
+            log.info(
+                "GEMM challenge %s for %s: %d opening(s)", challenge.challenge_id, challenge.rid, len(answer.openings)
+            )
+        with contextlib.suppress(ConnectionClosed):
+            await self.send(answer)
 
     async def _send_error(self, frame: Serve, error: str) -> None:
         """The request's terminal response, carrying `error`; quiet if the leg is gone."""

@@ -15,7 +15,10 @@ knows what the miner chose and why:
    tokenizer from) against the catalog's pin, reported in the miner's state. A mismatch refuses
    to start. The first start on a checkpoint hashes it (about 2 s for the embedded model,
    minutes for a 35B one); later starts read the root from the machine's model cache.
-4. The gateway link, advertising the plan's concurrency.
+4. GEMM audits: on when every model server says it commits its activations in the format
+   the verifier reads (`ServeRotation.gemm_support`: the reference server does, sglang does
+   not yet); then the hello announces `FEATURE_GEMM`. Otherwise the miner is as before.
+5. The gateway link, advertising the plan's concurrency.
 
 A model that does not fit, a GPU model on a CPU-only machine, a missing sglang or checkpoint
 are errors that name the fix before anything is started.
@@ -47,6 +50,7 @@ from engy_node import __version__, keys
 from engy_node.config import Config
 from engy_node.control import Actions
 from engy_node.errors import EngyError
+from engy_node.gemm.activations import FORMAT as GEMM_FORMAT
 from engy_node.gemm.loaded import check_checkpoint
 from engy_node.hardware.gpu import GpuInventory, detect
 from engy_node.hardware.model_shape import read_model_shape
@@ -57,9 +61,10 @@ from engy_node.miner.link import GatewayLink, Identity, LinkSettings
 from engy_node.miner.serving import RequestHandler, RequestOutcome
 from engy_node.miner.sglang import LaunchSpec, ModelServerSupervisor, reference_launch, sglang_launch, shell_command
 from engy_node.models import ModelSpec, get_model
+from engy_node.protocol.gemm import FEATURE_GEMM
 from engy_node.protocol.miner import FEATURE_SEEDED, OUR_FEATURES, Capacity, KvLoad
 from engy_node.serve.checkpoint import resolve_checkpoint
-from engy_node.serve.client import ServeClient, ServeError
+from engy_node.serve.client import GemmSupport, ServeClient, ServeError
 from engy_node.served_model import ServedModel, load_served_model
 
 log = logging.getLogger("engy.miner")
@@ -338,6 +343,40 @@ class ServeRotation:
             limit += size or 0
         return KvLoad.of_ranks(ranks, limit or None)
 
+    async def gemm_support(self) -> GemmSupport | None:
+        """What activation commitments every server makes (the smallest record store of them),
+        or None when one cannot — or does not say: a miner takes GEMM audits only when every
+        answer it serves can be challenged. The decision is logged with its reason."""
+        supports = []
+        for client in self.clients:
+            try:
+                support = await client.gemm_support()
+            except (httpx.HTTPError, ServeError, ValueError) as error:
+                log.warning(
+                    "GEMM audits off: the model server %s did not say whether it commits its activations (%s: %s)",
+                    client.base_url,
+                    type(error).__name__,
+                    error,
+                )
+                return None
+            if support is None or support.format != GEMM_FORMAT:
+                log.info(
+                    "GEMM audits off: the model server %s does not commit its activations in %s (%s); "
+                    "TOPLOC alone judges this miner",
+                    client.base_url,
+                    GEMM_FORMAT,
+                    "it names none" if support is None else f"it names {support.format}",
+                )
+                return None
+            supports.append(support)
+        chosen = min(supports, key=lambda support: support.most_positions)
+        log.info(
+            "GEMM audits on: the model server(s) commit %s activations, up to %d positions per answer",
+            chosen.format,
+            chosen.most_positions,
+        )
+        return chosen
+
 
 def server_record_path(config: Config, server_hub_component: str) -> Path:
     """Where the miner records the model server it runs, for the next start in this home
@@ -428,8 +467,10 @@ async def run_miner(
                     register_restart(actions, supervisor, hub_component)
             else:
                 serve_urls = setup.serve_urls
+            serves = ServeRotation(serve_urls, http, request_timeout_s=setup.spec.max_request_s)
+            gemm = await serves.gemm_support()
             link = _link(
-                config, setup, served, miner_identity, hub, hub_component, http, metrics, serve_urls, serve_ready
+                config, setup, served, miner_identity, hub, hub_component, http, metrics, serves, serve_ready, gemm
             )
             if ready_when_admitted:
                 await nursery.start(_run_in, link_scope, link.run)
@@ -456,14 +497,20 @@ def _link(
     hub_component: str,
     http: httpx.AsyncClient,
     metrics: MinerMetrics,
-    serve_urls: tuple[str, ...],
+    serves: ServeRotation,
     serve_ready: Callable[[], bool],
+    gemm: GemmSupport | None,
 ) -> GatewayLink:
-    """The gateway link for `setup`, serving through `serve_urls` while `serve_ready()`."""
+    """The gateway link for `setup`, serving through `serves` while `serve_ready()`, taking GEMM
+    audits when `gemm` says the serves can."""
     settings = config.miner
-    serves = ServeRotation(serve_urls, http, request_timeout_s=setup.spec.max_request_s)
-    handler = RequestHandler(model=served, serve=serves, chunk_tokens=settings.chunk_tokens, on_outcome=metrics.record)
+    handler = RequestHandler(
+        model=served, serve=serves, chunk_tokens=settings.chunk_tokens, on_outcome=metrics.record, gemm=gemm
+    )
     spec = setup.spec
+    # A server this miner launched samples deterministically (sglang with the flag, or the
+    # reference server); one the operator runs (--serve-url) may not, so it is not claimed.
+    features = OUR_FEATURES | {FEATURE_SEEDED} if setup.launch is not None else OUR_FEATURES
     return GatewayLink(
         gateway_url=settings.gateway_url,
         identity=miner_identity,
@@ -492,11 +539,10 @@ def _link(
             "worker_id": uuid.uuid4().hex,
         },
         on_state=lambda **values: hub.set_state(hub_component, **values),
-        # A server this miner launched samples deterministically (sglang with the flag, or the
-        # reference server); one the operator runs (--serve-url) may not, so it is not claimed.
-        features=OUR_FEATURES | {FEATURE_SEEDED} if setup.launch is not None else OUR_FEATURES,
+        features=features | {FEATURE_GEMM} if gemm is not None else features,
         serve_ready=serve_ready,
         serve_load=serves.kv_load,
+        open_gemm=handler.open_gemm if gemm is not None else None,
     )
 
 

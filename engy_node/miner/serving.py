@@ -16,12 +16,19 @@ What is relayed while streaming is always the start of the final answer's parts:
 could still turn into a stop string or a tag, or that ends in an incomplete UTF-8 sequence, is held
 back until it resolves. That keeps the gateway's check — the commitment's tokens, read into parts,
 say exactly what was relayed — true for honest miners.
+
+A serve request may ask for a GEMM audit's activation commitment (`engy_node.miner.gemm_audit`):
+when this miner's serves can commit, the answer is generated under a rid of its own (the
+`corr_id` plus a random suffix: corr_ids repeat across gateways and restarts, a record must not)
+and its response carries the commitment with that rid; the handler remembers which serve holds
+it, for the challenge (`open_gemm`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -29,9 +36,11 @@ from typing import Any
 import trio
 
 from engy_node import proof
+from engy_node.miner.gemm_audit import GemmRecords, commit_decision, open_challenge
 from engy_node.model_output import OutputEvent, OutputParser, ReasoningDelta, TextDelta, ToolCall, parse_output
+from engy_node.protocol.gemm import GemmChallenge, GemmOpenings
 from engy_node.protocol.miner import SEEDED_TOP_K, Chunk, MinerFrame, Response, Serve, ServeRequest
-from engy_node.serve.client import GenerateResult, ServeClient, ServeError
+from engy_node.serve.client import GemmSupport, GenerateResult, ServeClient, ServeError
 from engy_node.serve.sampling import find_stop, stop_holdback
 from engy_node.served_model import ServedModel
 
@@ -145,12 +154,17 @@ class RequestHandler:
         chunk_tokens: int = 4096,
         proof_limiter: trio.CapacityLimiter | None = None,
         on_outcome: Callable[[RequestOutcome], None] | None = None,
+        gemm: GemmSupport | None = None,
     ) -> None:
         self.model = model
         self.serve = serve
         self.chunk_tokens = chunk_tokens
         self.proof_limiter = proof_limiter or trio.CapacityLimiter(2)
         self.on_outcome = on_outcome
+        self.gemm = gemm
+        """What activation commitments every serve can make; None when not all can, and then
+        a request's `gemm_commitment` is ignored."""
+        self.gemm_records = GemmRecords()
 
     async def handle(self, frame: Serve, send: Send) -> None:
         """Serve `frame` and send its frames. Cancellation: nothing more is sent; the generation
@@ -219,11 +233,18 @@ class RequestHandler:
             if time.perf_counter() - last_sent >= STREAM_COALESCE_S:
                 await relay(await trio.to_thread.run_sync(model.decode, ids))
 
-        result = await self.serve().generate(
+        gemm = commit_decision(
+            asked=request.gemm_commitment, support=self.gemm, prompt_tokens=len(prompt_ids), max_new_tokens=max_tokens
+        )
+        if request.gemm_commitment and not gemm.commit:
+            log.info("request %s: answered without a GEMM commitment: %s", request.engy_request_id, gemm.reason)
+        serve = self.serve()
+        result = await serve.generate(
             prompt_ids,
             sampling_params(request),
             max_new_tokens=max_tokens,
-            rid_prefix=f"engy-{frame.corr_id}",
+            rid_prefix=f"engy-{frame.corr_id}-{secrets.token_hex(6)}" if gemm.commit else f"engy-{frame.corr_id}",
+            return_gemm_commitment=gemm.commit,
             stream=frame.stream,
             chunk_tokens=self.chunk_tokens,
             on_progress=on_progress if frame.stream else None,
@@ -268,9 +289,34 @@ class RequestHandler:
             ],
             "usage": usage,
         }
+        gemm_commitment = None
+        if result.gemm_commitment is not None and result.gemm_rid is not None:
+            self.gemm_records.remember(result.gemm_rid, serve)
+            gemm_commitment = {**result.gemm_commitment, "rid": result.gemm_rid}
+        elif gemm.commit:
+            log.warning(
+                "request %s: the model server returned no gemm_commitment though asked; answered without one",
+                request.engy_request_id,
+            )
         return Response(
-            corr_id=frame.corr_id, request_id=request.engy_request_id, commitment=commitment.to_wire(), output=output
+            corr_id=frame.corr_id,
+            request_id=request.engy_request_id,
+            commitment=commitment.to_wire(),
+            output=output,
+            gemm_commitment=gemm_commitment,
         )
+
+    async def open_gemm(self, challenge: GemmChallenge, *, timeout_s: float) -> GemmOpenings:
+        """The answer to a GEMM challenge, from the serve that committed its rid (an rid this
+        handler no longer remembers is asked of the next serve, which says whether it holds it).
+        Bounded by `timeout_s`; never raises for the serve."""
+        if self.gemm is None:
+            return GemmOpenings(
+                challenge.challenge_id,
+                error="this miner's model server cannot commit its activations (it did not announce gemm-audit)",
+            )
+        serve = self.gemm_records.serve_of(challenge.rid) or self.serve()
+        return await open_challenge(serve, challenge, timeout_s=timeout_s)
 
     def _commit(self, prompt_ids: list[int], result: GenerateResult) -> proof.Commitment:
         import numpy as np

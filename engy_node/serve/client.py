@@ -19,6 +19,12 @@ three facts about them:
 Hidden states come back ragged: element 0 is the prefill block (2-D; its last row produced output
 token 0; possibly empty after a full prefix-cache hit), then one vector per decode step. The
 client keeps exactly one row per output token, in order — what TOPLOC commits to.
+
+A GEMM audit's activation commitment (``return_gemm_commitment``, docs/protocol.md "GEMM audits")
+is asked for on every call of a chunked generation and the last call's is kept: that call
+re-sends the prompt and all output but the last token, so its record covers every position of
+the whole answer, and it is filed under that call's rid (`GenerateResult.gemm_rid`), which
+`open_gemm` later names. Only servers that say so in `/get_server_info` (`gemm_support`) can.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ log = logging.getLogger("engy.serve.client")
 DEFAULT_CHUNK_TOKENS = 4096
 ABORT_TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 3.0
+OPEN_GEMM_TIMEOUT_S = 20.0
+"""How long `open_gemm` waits: the reference server opens a challenge of its most picks in well
+under a second, so this leaves room for a busy CPU while a gateway's deadline still holds."""
 
 
 class ServeError(Exception):
@@ -107,10 +116,26 @@ class GenerateResult:
     calls: int = 1
     first_token_s: float | None = None
     """Seconds from the first call to the first output token seen (streamed calls only)."""
+    gemm_commitment: dict[str, Any] | None = None
+    """The last call's ``meta_info.gemm_commitment`` when one was asked for (module doc)."""
+    gemm_rid: str | None = None
+    """The rid the server filed that commitment's record under, for `open_gemm`."""
 
     @property
     def completion_tokens(self) -> int:
         return len(self.output_ids)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GemmSupport:
+    """A server's activation commitments (`ServeClient.gemm_support`)."""
+
+    format: str
+    """``engy-activations-v1`` (`engy_node.gemm.activations.FORMAT`) on the reference server."""
+    most_positions: int
+    """The prompt plus ``max_new_tokens`` a committed request may reach: the server refuses to
+    capture one whose record could not fit its store (a 400), so a longer request is served
+    without a commitment rather than failed."""
 
 
 def rows_per_token(hidden_states: Sequence[Any]) -> tuple[list[list[float]], int]:
@@ -172,6 +197,47 @@ class ServeClient:
         _raise_for_status(response)
         return orjson.loads(response.content), self._kv_limit or None
 
+    async def gemm_support(self) -> GemmSupport | None:
+        """What activation commitments the server can make (`/get_server_info`'s
+        ``gemm_commitments``, which the reference server sets and sglang does not yet); None
+        when it names none. Raises `httpx.HTTPError`, `ServeError` or `ValueError` when the
+        server does not answer."""
+        response = await self.http.get(f"{self.base_url}/get_server_info", timeout=LOAD_TIMEOUT_S)
+        _raise_for_status(response)
+        info = orjson.loads(response.content)
+        gemm = info.get("gemm_commitments") if isinstance(info, dict) else None
+        if not isinstance(gemm, dict):
+            return None
+        name, most, each = gemm.get("format"), _count(gemm.get("max_bytes")), _count(gemm.get("bytes_per_position"))
+        if not (isinstance(name, str) and name and most and each):
+            return None
+        return GemmSupport(name, most // each)
+
+    async def open_gemm(
+        self, rid: str, picks: Sequence[dict[str, Any]], *, timeout_s: float = OPEN_GEMM_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """`POST /gemm/openings`: the rows `picks` names of the record filed under `rid`, with
+        their Merkle paths (``{"rid", "activations_root", "positions", "openings"}``). Raises
+        `ServeError`: with the server's message and status for a record it no longer holds (404)
+        or picks it refuses (400); or when it does not answer within `timeout_s`."""
+        try:
+            with trio.fail_after(timeout_s):
+                response = await self.http.post(
+                    f"{self.base_url}/gemm/openings", json={"rid": rid, "picks": list(picks)}, timeout=None
+                )
+        except trio.TooSlowError:
+            raise ServeError(f"the model server did not open {rid} within {timeout_s:.0f} s") from None
+        except httpx.HTTPError as error:
+            raise ServeError(f"model server unreachable at {self.base_url}: {type(error).__name__}: {error}") from None
+        _raise_for_status(response)
+        try:
+            payload = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            payload = None
+        if not isinstance(payload, dict) or not isinstance(payload.get("openings"), list):
+            raise ServeError(f"the model server's openings for {rid} are not an object with an openings list")
+        return payload
+
     async def generate_once(
         self,
         input_ids: Sequence[int],
@@ -179,6 +245,7 @@ class ServeClient:
         *,
         rid: str,
         return_hidden_states: bool = True,
+        return_gemm_commitment: bool = False,
         stream: bool = False,
         on_progress: ProgressCallback | None = None,
     ) -> dict[str, Any]:
@@ -190,6 +257,8 @@ class ServeClient:
             "return_hidden_states": return_hidden_states,
             "return_logprob": True,
         }
+        if return_gemm_commitment:
+            body["return_gemm_commitment"] = True
         finished = False
         try:
             with trio.fail_after(self.request_timeout_s):
@@ -246,6 +315,7 @@ class ServeClient:
         max_new_tokens: int,
         rid_prefix: str | None = None,
         return_hidden_states: bool = True,
+        return_gemm_commitment: bool = False,
         stream: bool = False,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         on_progress: ProgressCallback | None = None,
@@ -263,6 +333,8 @@ class ServeClient:
         text = ""
         finish: dict[str, Any] = {"type": "length", "length": max_new_tokens}
         call = 0
+        gemm_commitment: dict[str, Any] | None = None
+        gemm_rid: str | None = None
 
         while True:
             overlap = 1 if output else 0
@@ -280,15 +352,22 @@ class ServeClient:
                     if outcome is not None:
                         await outcome
 
+            rid = f"{rid_prefix}-{call}"
             result = await self.generate_once(
                 sent,
                 {**sampling_params, "max_new_tokens": budget},
-                rid=f"{rid_prefix}-{call}",
+                rid=rid,
                 return_hidden_states=return_hidden_states,
+                return_gemm_commitment=return_gemm_commitment,
                 stream=stream,
                 on_progress=progress,
             )
             meta = result.get("meta_info") or {}
+            if return_gemm_commitment:
+                committed = meta.get("gemm_commitment")
+                gemm_commitment, gemm_rid = (
+                    (committed, rid) if isinstance(committed, dict) and committed else (None, None)
+                )
             ids = list(result.get("output_ids") or [])
             finish = meta.get("finish_reason") or {"type": "abort", "message": "no finish_reason"}
             if call == 0:
@@ -333,6 +412,8 @@ class ServeClient:
             hidden_rows=rows,
             calls=call,
             first_token_s=first_token_s,
+            gemm_commitment=gemm_commitment,
+            gemm_rid=gemm_rid,
         )
 
 
@@ -348,6 +429,11 @@ def _decode_event(payload: bytes) -> dict[str, Any]:
         message = error.get("message") if isinstance(error, dict) else str(error)
         raise ServeError(f"the model server failed the request: {message}")
     return event
+
+
+def _count(value: Any) -> int:
+    """`value` when a positive int, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _raise_for_status(response: httpx.Response) -> None:

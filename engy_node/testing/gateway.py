@@ -2,9 +2,9 @@
 
 It serves `GET /gw/meta` and one websocket endpoint per worker on real hypercorn (the stack the
 gateway role uses), parses every miner frame with the protocol module's parser, and lets a
-test drive each leg: send `serve`/`cancel`/`ping`/`reconnect`, drop a connection, and collect
-the `chunk`s and the `response` for a request. Nothing here judges proofs: the tests verify them
-independently.
+test drive each leg: send `serve`/`cancel`/`ping`/`reconnect`/`gemm_challenge`, drop a
+connection, and collect the `chunk`s and the `response` for a request and the `gemm_openings`
+for a challenge. Nothing here judges proofs or openings: the tests verify them independently.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from engy_node.protocol.gemm import GemmChallenge, GemmOpenings, GemmPick
 from engy_node.protocol.miner import (
     MAX_FRAME_BYTES,
     Admit,
@@ -67,6 +68,8 @@ class GatewayHarness:
         self.legs: dict[int, LegConnection] = {}
         self.requests: dict[str, RequestRecord] = {}
         self.protocol_errors: list[str] = []
+        self.openings: dict[str, GemmOpenings] = {}
+        """Each challenge's answer, by challenge_id."""
         self._changed = trio.Event()
         self._ids = itertools.count()
         self.url = ""
@@ -131,6 +134,8 @@ class GatewayHarness:
                     record = self.requests.setdefault(frame.corr_id, RequestRecord())
                     record.response = frame
                     record.done.set()
+                elif isinstance(frame, GemmOpenings):
+                    self.openings[frame.challenge_id] = frame
                 else:
                     self.protocol_errors.append(f"unexpected {type(frame).__name__} after admission")
                 self._notify()
@@ -162,6 +167,15 @@ class GatewayHarness:
         with trio.fail_after(timeout):
             await record.done.wait()
         return record
+
+    async def challenge(
+        self, rid: str, picks: tuple[GemmPick, ...], *, worker: int = 0, timeout: float = 60.0
+    ) -> GemmOpenings:
+        """Send a `gemm_challenge` for `rid` and wait for its answer."""
+        challenge_id = f"challenge-{next(self._ids)}"
+        await self.legs[worker].websocket.send_text(encode(GemmChallenge(challenge_id, rid, picks)))
+        await self.wait_for(lambda: challenge_id in self.openings, timeout)
+        return self.openings[challenge_id]
 
     async def cancel(self, corr_id: str, *, worker: int = 0) -> None:
         await self.legs[worker].websocket.send_text(encode(Cancel(corr_id)))

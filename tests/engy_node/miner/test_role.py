@@ -19,6 +19,7 @@ from engy_node.hardware.fake_nvml import FakeNvml
 from engy_node.hardware.gpu import detect
 from engy_node.miner.role import MinerError, decide
 from engy_node.models import SMOLLM2_135M, model_root
+from engy_node.protocol.gemm import FEATURE_GEMM
 from engy_node.protocol.miner import FEATURE_SEEDED, OUR_FEATURES, Message, ServeRequest
 from engy_node.testing.gateway import GatewayHarness
 
@@ -185,8 +186,8 @@ async def test_cpu_mode_miner_serves_the_gateway_with_verifiable_proofs_and_stop
         hello = harness.legs[0].hello
         assert hello.miner_key == "mk-cpu" and hello.model == "smollm2-135m" and hello.hw["gpu_count"] == 0
         assert hello.model_root == model_root(checkpoint)
-        assert hello.features == OUR_FEATURES | {FEATURE_SEEDED}, (
-            "a server the miner launched samples deterministically"
+        assert hello.features == OUR_FEATURES | {FEATURE_SEEDED, FEATURE_GEMM}, (
+            "a server the miner launched samples deterministically, and the reference server commits its activations"
         )
         request = ServeRequest(
             messages=(Message("user", "What is the capital of France?"),),
