@@ -39,6 +39,9 @@ APP_NAME = "engy"
 ENV_PREFIX = "ENGY_"
 LogLevel = Literal["debug", "info", "warning", "error"]
 MAX_GATEWAY_WORKERS = 64
+MAX_GEMM_OPENING_TIMEOUT_S = 25.0
+"""`gateway.gemm_opening_timeout_s` at most: under the verifier's 30 s timeout for an audit API call
+(`verifier.sources.HTTP_TIMEOUT_S`), so it hears the miner's failure rather than its own timeout."""
 
 
 # How long a miner's stop may take (`engy_node.miner.drain`): the steps' bounds, restated so that
@@ -255,6 +258,18 @@ class GatewaySection:
     """Hotkeys (ss58), comma-separated, allowed to lease audit jobs and post verdicts."""
     local_verifier: bool = False
     """Judge audit jobs inside the gateway too, on its CPU (local networks; ~0.5 GB of memory)."""
+    gemm_audit: bool = True
+    """Ask every miner that announced GEMM audits (`gemm-audit` in its hello) to commit the
+    activations of every answer, so that a verifier can open a few rows of an audited one later
+    (docs/trust.md, "GEMM audits"). Asked on all answers, not only the audited ones: a miner told
+    which answers are audited would compute only those honestly. It costs the miner: capture and
+    hashing add ~12 % to generation on SmolLM2's reference server, and each answer's record is
+    kept in memory for the challenge window. Off: no miner is asked, and answers are judged by
+    TOPLOC alone."""
+    gemm_opening_timeout_s: float = 20.0
+    """How long the gateway waits for a miner's openings when a verifier challenges an answer;
+    then the verifier judges it unproven (`no-opening`). At most 25 s, inside the 30 s a verifier
+    gives each call to the audit API."""
     epoch_genesis: int = 1767571200
     """Unix seconds where epoch 0 starts (2026-01-05 00:00 UTC, a Monday)."""
     epoch_s: int = 604800
@@ -614,6 +629,11 @@ def _validate(config: Config) -> None:
         )
     if not 0 <= gateway.provider_port <= 65535:
         raise ConfigError(f"gateway.provider_port = {gateway.provider_port}: must be 0..65535 (0 picks a free port)")
+    if not 0.0 < gateway.gemm_opening_timeout_s <= MAX_GEMM_OPENING_TIMEOUT_S:
+        raise ConfigError(
+            f"gateway.gemm_opening_timeout_s = {gateway.gemm_opening_timeout_s:g}: must be more than 0 and at most "
+            f"{MAX_GEMM_OPENING_TIMEOUT_S:g} s, so the gateway answers within the 30 s a verifier waits for it"
+        )
     if not 0.0 <= gateway.audit_paid_pct <= 100.0:
         raise ConfigError(f"gateway.audit_paid_pct = {gateway.audit_paid_pct}: a percentage, 0 to 100")
     if gateway.traffic_time_scale <= 0:

@@ -215,6 +215,7 @@ async def serve_gateway(
             max_legs_per_miner=miner_legs_cap(
                 rigs=settings.max_rigs_per_miner, fleet_legs=fleet_legs(config), workers=settings.workers
             ),
+            gemm_audit=settings.gemm_audit,
         ),
     )
     registered_hotkeys.update(record.hotkey for record in await store.run(store.list_miners) if record.hotkey)
@@ -241,6 +242,7 @@ async def serve_gateway(
                 link_token=link_token,
                 leadership=leadership,
                 local_verifier=local_verifier,
+                challenge=pool.challenge,
             )
         )
     else:

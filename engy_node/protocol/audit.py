@@ -1,6 +1,12 @@
 """The audit protocol between a gateway and its verifiers: the job a verifier leases, the
 verdict it posts back, and the `AuditSource` a verifier leases through.
 
+A job may carry a GEMM commitment (`protocol.gemm`, issue 32): the verifier then draws rows to
+open from a secret of its own and asks the gateway for them (`AuditSource.open_gemm`), which
+relays the challenge to the miner over the leg that served the answer. Which leg that was, and
+the id the miner filed its record under, stay with the gateway: the verifier sees the commitment
+and whether one was asked for, no more.
+
 Both sides of the audit import this and nothing of each other: the gateway's audit desk
 (`engy_node.gateway.trust.audit_desk`) serves jobs over the signed provider API or in process
 (`DeskAuditSource`), and the verifier role (`engy_node.verifier`) judges whatever an
@@ -17,6 +23,7 @@ from typing import Any, Literal, Protocol
 
 from engy_node.logit_stats import SamplingTerms
 from engy_node.proof import Delivery, VerdictKind
+from engy_node.protocol.gemm import GemmPick
 from engy_node.protocol.miner import Sampling
 
 JobKind = Literal["paid", "probe"]
@@ -50,6 +57,16 @@ class AuditJob:
     found: tuple[VerdictKind, str] | None = None
     """A verdict the gateway established itself, as (verdict, reason): the miner's usage claim
     contradicts its own commitment. Recorded at once, never leased to a verifier."""
+    gemm_asked: bool = False
+    """The gateway asked the miner to commit its activations (it announced `FEATURE_GEMM`): a
+    verifier that then finds no `gemm_commitment` judges the answer unproven."""
+    gemm_commitment: dict[str, Any] | None = None
+    """The miner's activation commitment (`gemm.activations.Commitment` wire), without its rid."""
+    gemm_rid: str | None = None
+    """The id the miner's serve filed the activations under, which a challenge names. Never sent
+    to verifiers: it is the miner's business, and the gateway's to relay."""
+    leg_id: str = ""
+    """The pool leg that served the answer, over which a challenge goes. Never sent to verifiers."""
 
     def sampling_terms(self) -> SamplingTerms | None:
         """The terms the token check replays; None for a greedy answer."""
@@ -84,12 +101,17 @@ class AuditJob:
             },
             "created_at": self.created_at,
         }
+        gemm: dict[str, Any] = {"asked": self.gemm_asked, "commitment": self.gemm_commitment}
         if for_verifier:
             del wire["kind"]  # a verifier judges a probe exactly as it judges paid traffic
         else:
             wire["miner"] = self.miner
+            wire["leg_id"] = self.leg_id
+            gemm["rid"] = self.gemm_rid
             if self.found is not None:
                 wire["found"] = list(self.found)
+        if self.gemm_asked or any(value is not None for key, value in gemm.items() if key != "asked"):
+            wire["gemm"] = gemm  # a job from a miner never asked reads as it did before GEMM audits
         return wire
 
     @classmethod
@@ -98,6 +120,7 @@ class AuditJob:
         is our own, so that is a bug or a version mismatch, never a buyer's doing)."""
         try:
             sampling, delivery = wire["sampling"], wire["delivery"]
+            gemm = _gemm(wire.get("gemm"))
             return cls(
                 request_id=_text(wire["job_id"], "job_id"),
                 model=_text(wire["model"], "model"),
@@ -120,9 +143,29 @@ class AuditJob:
                 ),
                 created_at=float(_number(wire["created_at"], "created_at") or 0.0),
                 found=_found(wire.get("found")),
+                gemm_asked=_flag(gemm.get("asked", False), "gemm.asked"),
+                gemm_commitment=_optional_mapping(gemm.get("commitment"), "gemm.commitment"),
+                gemm_rid=_optional_text(gemm.get("rid"), "gemm.rid"),
+                leg_id=_text(wire.get("leg_id", ""), "leg_id", allow_empty=True),
             )
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"malformed audit job: {error!r}") from None
+
+
+def _gemm(value: Any) -> Mapping[str, Any]:
+    """The job's ``gemm`` object: ``{"asked", "commitment"}`` (and ``"rid"`` between gateway
+    processes). Absent or null in a job from before GEMM audits, which reads as never asked."""
+    if value is None:
+        return {}
+    return _mapping(value, "gemm")
+
+
+def _optional_mapping(value: Any, field: str) -> dict[str, Any] | None:
+    return None if value is None else _mapping(value, field)
+
+
+def _optional_text(value: Any, field: str) -> str | None:
+    return None if value is None else _text(value, field)
 
 
 def _defect(value: Any) -> str | None:
@@ -221,6 +264,29 @@ class LeasedJob:
     expires_in_s: float
 
 
+class GemmOpeningFailed(Exception):
+    """No openings came back for a job's GEMM challenge. `code` says why, for the verifier's log
+    and its tests (`NO_OPENING`, `NOT_LEASED`, `NO_COMMITMENT`, `LEG_GONE`, or the audit API's
+    code for anything else it refused; `UNREACHABLE` when the gateway could not be asked)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+NO_OPENING = "no_opening"
+"""The miner answered the challenge with an error, or not within `gateway.gemm_opening_timeout_s`."""
+NOT_LEASED = "not_leased"
+"""The job is not leased to the verifier asking."""
+NO_COMMITMENT = "no_commitment"
+"""The job carries no GEMM commitment to open."""
+LEG_GONE = "leg_gone"
+"""The miner's connection that served the answer is gone from this gateway."""
+UNREACHABLE = "unreachable"
+"""The verifier could not reach the gateway, or could not read its answer."""
+
+
 class AuditSource(Protocol):
     """Where jobs come from and verdicts go."""
 
@@ -229,6 +295,11 @@ class AuditSource(Protocol):
     async def lease(self, limit: int) -> list[LeasedJob]: ...
 
     async def post(self, verdicts: list[PostedVerdict]) -> None: ...
+
+    async def open_gemm(self, job_id: str, picks: tuple[GemmPick, ...]) -> tuple[dict[str, Any], ...]:
+        """The miner's openings (`gemm.activations.Opening` wires, unread) of these rows of a
+        leased job's GEMM commitment. Raises `GemmOpeningFailed` saying why there are none."""
+        ...
 
 
 LocalVerifier = Callable[..., Awaitable[None]]

@@ -2,6 +2,10 @@
 (`HttpAuditSource`, signed with the verifier's hotkey, which the gateway allow-lists), or every
 host of a gateway fleet at once (`GatheredAuditSource`). Both are `protocol.audit.AuditSource`s;
 a gateway running a verifier inside itself hands it its desk as one instead.
+
+`open_gemm` asks for a GEMM challenge's openings through the same API; every way it can fail is
+a `GemmOpeningFailed` carrying the gateway's code (or `UNREACHABLE`), because to the verifier
+they all mean one thing: no openings, so the answer's GEMM audit is unproven.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from typing import Any
 import httpx
 
 from engy_node import keys
-from engy_node.protocol.audit import AuditJob, LeasedJob, PostedVerdict
+from engy_node.protocol.audit import NOT_LEASED, UNREACHABLE, AuditJob, GemmOpeningFailed, LeasedJob, PostedVerdict
+from engy_node.protocol.gemm import GemmPick
 
 log = logging.getLogger("engy.verifier")
 
@@ -22,7 +27,12 @@ HTTP_TIMEOUT_S = 30.0
 
 
 class AuditCallFailed(Exception):
-    """The gateway did not take a call; the message says why (and the fix, where it is ours)."""
+    """The gateway did not take a call; the message says why (and the fix, where it is ours), and
+    `code` is the gateway's error code when it answered one."""
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class HttpAuditSource:
@@ -54,6 +64,17 @@ class HttpAuditSource:
     async def post(self, verdicts: list[PostedVerdict]) -> None:
         await self._call("/api/subnet/v1/audit/verdicts", {"verdicts": [dataclasses.asdict(v) for v in verdicts]})
 
+    async def open_gemm(self, job_id: str, picks: tuple[GemmPick, ...]) -> tuple[dict[str, Any], ...]:
+        path = f"/api/subnet/v1/audit/jobs/{job_id}/gemm-openings"
+        try:
+            body = await self._call(path, {"picks": [pick.to_wire() for pick in picks]})
+        except AuditCallFailed as failed:
+            raise GemmOpeningFailed(failed.code or UNREACHABLE, str(failed)) from None
+        openings = body.get("openings")
+        if not isinstance(openings, list) or not all(isinstance(item, dict) for item in openings):
+            raise GemmOpeningFailed(UNREACHABLE, f"{path} answered without a list of openings")
+        return tuple(openings)
+
     async def _call(self, path: str, payload: dict) -> dict:
         import orjson
 
@@ -66,14 +87,24 @@ class HttpAuditSource:
         except httpx.HTTPError as error:
             raise AuditCallFailed(f"cannot reach {self.base} ({type(error).__name__}: {error})") from None
         if response.status_code != 200:
+            code = None
             try:
-                message = response.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
+                answered = response.json()["error"]
+                message, code = answered["message"], answered.get("code")
+            except (ValueError, KeyError, TypeError, AttributeError):
                 message = response.text[:200]
             if response.status_code == 403:
                 message += f"; ask the gateway operator to add {self.name} to gateway.verifiers"
-            raise AuditCallFailed(f"{path} answered {response.status_code}: {message}")
-        return response.json()
+            raise AuditCallFailed(
+                f"{path} answered {response.status_code}: {message}", code=code if isinstance(code, str) else None
+            )
+        try:
+            body = response.json()
+        except ValueError:
+            raise AuditCallFailed(f"{path} answered 200 with a body that is not JSON") from None
+        if not isinstance(body, dict):
+            raise AuditCallFailed(f"{path} answered 200 with a body that is not a JSON object")
+        return body
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -128,6 +159,13 @@ class GatheredAuditSource:
             by_source.setdefault(id(source), (source, []))[1].append(verdict)
         for source, posted in by_source.values():
             await source.post(posted)
+
+    async def open_gemm(self, job_id: str, picks: tuple[GemmPick, ...]) -> tuple[dict[str, Any], ...]:
+        """Asked of the host the job was leased from (before its verdict is posted, which forgets it)."""
+        source = self._from.get(job_id)
+        if source is None:
+            raise GemmOpeningFailed(NOT_LEASED, f"job {job_id} was leased from no gateway host of this verifier")
+        return await source.open_gemm(job_id, picks)
 
     async def aclose(self) -> None:
         for source in self.sources:

@@ -416,6 +416,18 @@ def test_gateway_workers_outside_the_range_are_refused_naming_the_setting(tmp_pa
         load_config(home=tmp_path, env={}, overrides={"gateway": {"workers": workers}})
 
 
+@pytest.mark.parametrize("timeout_s", [0, -1, 25.5])
+def test_a_gemm_opening_timeout_the_verifier_would_not_wait_for_is_refused(tmp_path, timeout_s):
+    with pytest.raises(ConfigError, match="gateway.gemm_opening_timeout_s .* at most 25 s"):
+        load_config(home=tmp_path, env={}, overrides={"gateway": {"gemm_opening_timeout_s": timeout_s}})
+
+
+def test_gemm_audits_are_asked_for_by_default_and_can_be_turned_off(tmp_path):
+    assert load_config(home=tmp_path, env={}).gateway.gemm_audit
+    off = load_config(home=tmp_path, env={"ENGY_GATEWAY__GEMM_AUDIT": "false"})
+    assert not off.gateway.gemm_audit and off.gateway.gemm_opening_timeout_s == 20.0
+
+
 # --- a gateway fleet --------------------------------------------------------------------------
 
 

@@ -232,6 +232,7 @@ class Accountant:
             # answer is `unproven`, and a rising share of those pulls a miner hiding behind them.
             self._offer_audit(
                 flight,
+                pending,
                 (response.commitment if response is not None else None) or {},
                 proof.Delivery(
                     relayed_output_ids=tuple(relayed),
@@ -269,6 +270,7 @@ class Accountant:
             )
             self._offer_audit(
                 flight,
+                pending,
                 response.commitment,
                 proof.Delivery((), cut_at is not None, flight.chat.max_tokens),
                 found=("cheat", "prompt-mismatch"),
@@ -308,6 +310,7 @@ class Accountant:
             )
             self._offer_audit(
                 flight,
+                pending,
                 response.commitment,
                 proof.Delivery(relay.output_ids, relay.stop is not None, flight.chat.max_tokens),
                 found=("cheat", "output-mismatch"),
@@ -327,6 +330,7 @@ class Accountant:
             )
         self._offer_audit(
             flight,
+            pending,
             response.commitment,
             proof.Delivery(
                 relayed_output_ids=relay.output_ids,
@@ -383,7 +387,8 @@ class Accountant:
         waits = self._proof_waits
         if waits is None:
             await self.pool.cancel(pending)
-            self._offer_audit(flight, {}, proof.Delivery(tuple(relayed), True, flight.chat.max_tokens))
+            # Cancelled by the gateway before it could commit: no GEMM commitment is owed.
+            self._offer_audit(flight, None, {}, proof.Delivery(tuple(relayed), True, flight.chat.max_tokens))
         else:
             waits.start_soon(self._audit_when_proven, flight, pending, cut_at, tuple(relayed))
         return Accounting(claim=None, relayed_tokens=len(relayed), output_ids=None, stop=cut_at)
@@ -406,20 +411,29 @@ class Accountant:
                 flight.miner,
             )
             await self.pool.cancel(pending)
-        self._offer_audit(flight, {}, proof.Delivery(relayed, True, flight.chat.max_tokens))
+        self._offer_audit(flight, pending, {}, proof.Delivery(relayed, True, flight.chat.max_tokens))
 
     def _offer_audit(
         self,
         flight: Flight,
+        pending: PendingRequest | None,
         commitment: dict,
         delivery: proof.Delivery,
         *,
         found: tuple[proof.VerdictKind, str] | None = None,
     ) -> None:
+        """Make the answer an audit job if `audited` draws it. `pending`: the attempt that served
+        it, whose leg a GEMM challenge goes back over (None: the gateway stopped it before it
+        could commit, so no GEMM commitment is owed)."""
         if self.audit is None:
             return
         if found is None and not audited(flight.kind, draw=self.audit_draw(), paid_sample_pct=self.audit_paid_pct):
             return
+        gemm, rid = None, None
+        if pending is not None and pending.response is not None and pending.response.gemm_commitment is not None:
+            # The rid is the miner's name for its record: the gateway relays it, verifiers never see it.
+            gemm = {key: value for key, value in pending.response.gemm_commitment.items() if key != "rid"}
+            rid = pending.response.gemm_commitment["rid"]
         self.audit.offer(
             AuditJob(
                 request_id=flight.request_id,
@@ -434,5 +448,9 @@ class Accountant:
                 delivery=delivery,
                 created_at=self.clock(),
                 found=found,
+                gemm_asked=pending is not None and pending.gemm_asked,
+                gemm_commitment=gemm,
+                gemm_rid=rid,
+                leg_id="" if pending is None else pending.leg.leg_id,
             )
         )

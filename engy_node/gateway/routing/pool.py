@@ -28,6 +28,14 @@ without an event here, so the pool asks again for every leg at most `ADMISSION_R
 for a new leg or one heard from again at once, and for the leg a decision is about to return
 every time.
 
+GEMM challenges (`challenge`, issue 32). A miner that announced `FEATURE_GEMM` is asked for an
+activation commitment on every request (`PoolSettings.gemm_audit`), not only on those the audit
+will sample: asking on some would tell it which answers to compute honestly. A verifier's
+challenge later goes back over the leg that served the answer, and the leg's receive loop hands
+the miner's `gemm_openings` to the waiting challenge. Each waits at most its deadline, a leg
+holds at most `MAX_CHALLENGES_PER_LEG` at once, and a leg that closes fails its challenges as it
+fails its requests.
+
 Why this size: admission, the receive loop, dispatch, expiry and the drain all read and change
 the same legs and the routing table kept in step with them, each change at once.
 """
@@ -51,6 +59,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from engy_node import keys
 from engy_node.gateway.routing.route_table import RouteTable
 from engy_node.gateway.routing.router import Candidate, Choice, choose
+from engy_node.protocol.audit import LEG_GONE, NO_OPENING, GemmOpeningFailed
+from engy_node.protocol.gemm import FEATURE_GEMM, GemmChallenge, GemmOpenings, GemmPick
 from engy_node.protocol.miner import (
     OPTIONAL_FEATURES,
     Admit,
@@ -64,6 +74,7 @@ from engy_node.protocol.miner import (
     Reconnect,
     Response,
     Serve,
+    ServeRequest,
     close_reason,
     encode,
     parse_miner_frame,
@@ -79,6 +90,9 @@ the endpoint with a disconnect carrying both."""
 KV_FULL = 0.98
 """A serve whose KV cache is this full takes no new request until it frees some: it would only
 queue it, while another miner may start it at once (the TEE miner's `kv` heartbeat says so)."""
+MAX_CHALLENGES_PER_LEG = 16
+"""GEMM challenges waiting on one leg at once: a verifier judges a few jobs at a time, each with
+one challenge, so more means something is wrong; the next is refused rather than queued."""
 ADMISSION_REFRESH_S = 1.0
 """The longest the routing table's word on a leg's admission may lag: as long as a gateway
 worker process's own view of eligibility does (`control_plane.REFRESH_S`). Asking for every leg
@@ -94,6 +108,8 @@ class PoolSettings:
     netuid: int = 53
     max_legs_per_miner: int = 32
     """Legs one miner identity may hold here, so one key cannot fill the gateway (`workers.miner_legs_cap`)."""
+    gemm_audit: bool = True
+    """Ask miners that announced `FEATURE_GEMM` to commit their activations (`gateway.gemm_audit`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -108,6 +124,15 @@ class LegLost(Exception):
 
 
 @dataclasses.dataclass
+class PendingChallenge:
+    """One GEMM challenge waiting on a leg for the miner's `gemm_openings` (or the leg's end)."""
+
+    answered: trio.Event = dataclasses.field(default_factory=trio.Event)
+    openings: GemmOpenings | None = None
+    lost: str | None = None
+
+
+@dataclasses.dataclass
 class PendingRequest:
     """One request in flight on a leg: what the miner has sent so far."""
 
@@ -118,6 +143,8 @@ class PendingRequest:
     response: Response | None = None
     lost: str | None = None
     changed: trio.Event = dataclasses.field(default_factory=trio.Event)
+    gemm_asked: bool = False
+    """The request sent asked the miner to commit its activations (`PoolSettings.gemm_audit`)."""
 
     def notify(self) -> None:
         self.changed.set()
@@ -136,6 +163,8 @@ class Leg:
     websocket: WebSocket
     last_heartbeat: float
     inflight: dict[str, PendingRequest] = dataclasses.field(default_factory=dict)
+    challenges: dict[str, PendingChallenge] = dataclasses.field(default_factory=dict)
+    """GEMM challenges sent on this leg and not yet answered, by challenge id."""
     closed: bool = False
 
     capacity: int = 0
@@ -163,7 +192,7 @@ class Leg:
         fraction = None if self.kv is None else self.kv.fraction
         return fraction is None or fraction < KV_FULL
 
-    async def send(self, frame: Serve | Cancel | Reconnect | Admit | Deny) -> None:
+    async def send(self, frame: Serve | Cancel | Reconnect | Admit | Deny | GemmChallenge) -> None:
         # No lock of our own: the server encodes each message whole and writes them under its
         # connection's lock in the order they were sent, so frames from several tasks never mix.
         await self.websocket.send_text(encode(frame))
@@ -383,6 +412,12 @@ class MinerPool:
                     pending.response = frame
                     pending.notify()
                     self.notify_room()
+            elif isinstance(frame, GemmOpenings):
+                # An answer to a challenge that gave up waiting is dropped: its verifier has moved on.
+                challenge = leg.challenges.pop(frame.challenge_id, None)
+                if challenge is not None:
+                    challenge.openings = frame
+                    challenge.answered.set()
             else:
                 kind = type(frame).__name__.lower()
                 log.warning(
@@ -421,6 +456,10 @@ class MinerPool:
             pending.lost = reason
             pending.notify()
         leg.inflight.clear()
+        for challenge in leg.challenges.values():
+            challenge.lost = reason
+            challenge.answered.set()
+        leg.challenges.clear()
 
     def notify_room(self) -> None:
         """Wake whoever waits on `room_changed` (the waiting room also calls it when a turn ends)."""
@@ -511,13 +550,17 @@ class MinerPool:
         """(miner identity, model) of every live leg."""
         return {(leg.identity.miner, leg.hello.model) for leg in self.legs.values() if not leg.closed}
 
-    async def dispatch(self, leg_id: str, request, *, stream: bool) -> PendingRequest:
-        """Send `serve` on a leg; raises LegLost if the leg is gone."""
+    async def dispatch(self, leg_id: str, request: ServeRequest, *, stream: bool) -> PendingRequest:
+        """Send `serve` on a leg; raises LegLost if the leg is gone. A miner that announced
+        `FEATURE_GEMM` is asked to commit its activations (`PoolSettings.gemm_audit`)."""
         leg = self.legs.get(leg_id)
         if leg is None or leg.closed:
             raise LegLost("the chosen miner disconnected")
         corr_id = f"c{next(self._corr_ids)}-{self._corr_salt}"
         pending = PendingRequest(corr_id, leg)
+        if self.settings.gemm_audit and FEATURE_GEMM in leg.hello.features:
+            request = dataclasses.replace(request, gemm_commitment=True)
+            pending.gemm_asked = True
         leg.inflight[corr_id] = pending
         self._count_inflight(leg)
         try:
@@ -541,6 +584,43 @@ class MinerPool:
                 await leg.send(Cancel(pending.corr_id))
         except Exception as error:  # broad on purpose: the leg's own loop deals with a dead socket
             log.info("cancel for %s not delivered (%s)", pending.corr_id, type(error).__name__)
+
+    async def challenge(
+        self, leg_id: str, rid: str, picks: tuple[GemmPick, ...], *, timeout_s: float
+    ) -> tuple[dict[str, Any], ...]:
+        """Ask the miner on leg `leg_id` to open `picks` of the activations it filed under `rid`,
+        and wait up to `timeout_s` for them: its openings, unread (only the verifier, holding the
+        commitment, can judge them). Raises `GemmOpeningFailed` otherwise: `LEG_GONE` when the
+        leg is gone or closes while the challenge waits, `NO_OPENING` when the miner answers an
+        error, nothing in time, or cannot be challenged."""
+        leg = self.legs.get(leg_id)
+        if leg is None or leg.closed:
+            raise GemmOpeningFailed(LEG_GONE, "the miner's connection that served this answer is gone")
+        if FEATURE_GEMM not in leg.hello.features:
+            raise GemmOpeningFailed(NO_OPENING, f"the miner's leg does not announce {FEATURE_GEMM}")
+        if len(leg.challenges) >= MAX_CHALLENGES_PER_LEG:
+            raise GemmOpeningFailed(
+                NO_OPENING, f"{MAX_CHALLENGES_PER_LEG} challenges already wait on this miner's leg; try again later"
+            )
+        challenge_id = f"g{next(self._corr_ids)}-{self._corr_salt}"
+        waiting = leg.challenges[challenge_id] = PendingChallenge()
+        try:
+            with trio.move_on_after(timeout_s):
+                await leg.send(GemmChallenge(challenge_id=challenge_id, rid=rid, picks=picks))
+                await waiting.answered.wait()
+        except Exception as error:  # broad on purpose: any send failure means this leg is unusable
+            raise GemmOpeningFailed(
+                LEG_GONE, f"could not send the challenge to the miner ({type(error).__name__})"
+            ) from None
+        finally:
+            leg.challenges.pop(challenge_id, None)
+        if waiting.lost is not None:
+            raise GemmOpeningFailed(LEG_GONE, f"the miner's connection closed while it was challenged: {waiting.lost}")
+        if waiting.openings is None:
+            raise GemmOpeningFailed(NO_OPENING, f"the miner sent no openings within {timeout_s:g} s")
+        if waiting.openings.error is not None:
+            raise GemmOpeningFailed(NO_OPENING, f"the miner could not open its activations: {waiting.openings.error}")
+        return waiting.openings.openings
 
     async def expire_stale(self) -> None:
         """Close legs whose heartbeats stopped; run it periodically."""

@@ -18,6 +18,12 @@ both come through here, so the rules are the same for both:
 A job the gateway judged itself (`AuditJob.found`: a usage claim that contradicts the miner's own
 commitment) is recorded by the desk's `run` task under the name `gateway`, never leased.
 
+A verifier may also ask for the GEMM openings of a job it holds (`open_gemm`, issue 32): the
+desk relays its picks to the miner over the leg that served the answer (`MinerPool.challenge`)
+and hands back what the miner sent, unread, or why nothing came (`protocol.audit`'s codes). With
+`gateway.workers` > 1 the answer may have been served by another process, but a miner opens one
+leg to every process under the same leg id, so this process's own pool has it.
+
 Who served a job never reaches a verifier (`AuditJob.to_wire(for_verifier=True)`), and the
 verdict is filed under the miner the gateway recorded, never one a verifier names.
 """
@@ -26,7 +32,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 import trio
 
@@ -34,13 +41,19 @@ from engy_node.gateway.store import Store, StoreError, VerdictRecord
 from engy_node.gateway.store.checks import CODE
 from engy_node.gateway.trust.audit import AuditQueue, Lease
 from engy_node.protocol.audit import (
+    LEG_GONE,
     LOCAL_VERIFIER,
+    NO_COMMITMENT,
+    NO_OPENING,
+    NOT_LEASED,
     AuditJob,
     AuditRefused,
+    GemmOpeningFailed,
     LeasedJob,
     PostedVerdict,
     VerdictKind,
 )
+from engy_node.protocol.gemm import GemmPick
 
 log = logging.getLogger("engy.gateway.audit")
 
@@ -49,6 +62,18 @@ MAX_BATCH = 64
 GATEWAY_VERIFIER = "gateway"
 """The name verdicts the gateway established itself are filed under."""
 FOUND_QUEUE = 10_000
+OPENING_STATUS = {LEG_GONE: 410, NO_OPENING: 502}
+"""The audit API's status for a challenge that got no openings: the miner's connection is gone
+(410), or the miner failed to answer it (502, as a gateway whose upstream failed)."""
+
+
+class Challenger(Protocol):
+    """`MinerPool.challenge`: relay picks to the miner on a leg, raising `GemmOpeningFailed`
+    when no openings come back."""
+
+    def __call__(
+        self, leg_id: str, rid: str, picks: tuple[GemmPick, ...], *, timeout_s: float
+    ) -> Awaitable[tuple[dict[str, Any], ...]]: ...
 
 
 class AuditDesk:
@@ -59,11 +84,17 @@ class AuditDesk:
         store: Store,
         clock: Callable[[], float] = time.time,
         on_verdict: Callable[[AuditJob, VerdictKind], None] = lambda job, verdict: None,
+        challenge: Challenger | None = None,
+        opening_timeout_s: float = 20.0,
     ) -> None:
         self.queue = queue
         self.store = store
         self.clock = clock
         self.on_verdict = on_verdict
+        self.challenge = challenge
+        """How GEMM challenges reach miners (this process's pool); None: none are relayed."""
+        self.opening_timeout_s = opening_timeout_s
+        """How long a miner has to answer one (`gateway.gemm_opening_timeout_s`)."""
         self.recorded = 0
         self._found_in, self._found_out = trio.open_memory_channel[AuditJob](FOUND_QUEUE)
 
@@ -120,6 +151,29 @@ class AuditDesk:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BATCH:
             raise AuditRefused(400, "invalid_request", f"max_jobs must be an integer from 1 to {MAX_BATCH}")
         return self.queue.lease(verifier, limit=limit, now=self.clock())
+
+    async def open_gemm(self, verifier: str, job_id: str, picks: tuple[GemmPick, ...]) -> tuple[dict[str, Any], ...]:
+        """The miner's openings of `picks` for a job `verifier` holds, relayed over the leg that
+        served it within `opening_timeout_s`. `AuditRefused` when the desk will not ask (the job
+        is not this verifier's, or has no commitment) or no openings came back (`LEG_GONE`,
+        `NO_OPENING`), its code saying which."""
+        held = self.queue.holder(job_id, now=self.clock())
+        if held is None:
+            raise AuditRefused(404, "unknown_job", f"job {job_id} is not waiting for a verdict here")
+        job, holder = held
+        if holder != verifier and not (holder is None and self.queue.was_leased_to(job_id, verifier)):
+            raise AuditRefused(409, NOT_LEASED, f"job {job_id} is not leased to you: lease it first")
+        if job.gemm_commitment is None or job.gemm_rid is None:
+            raise AuditRefused(409, NO_COMMITMENT, f"job {job_id} carries no GEMM commitment to open")
+        if self.challenge is None:
+            raise AuditRefused(410, LEG_GONE, "this gateway relays no GEMM challenges")
+        try:
+            openings = await self.challenge(job.leg_id, job.gemm_rid, picks, timeout_s=self.opening_timeout_s)
+        except GemmOpeningFailed as failed:
+            log.info("job %s (%s): no GEMM openings for %s (%s)", job_id, job.miner, verifier, failed.message)
+            raise AuditRefused(OPENING_STATUS.get(failed.code, 502), failed.code, failed.message) from None
+        log.debug("job %s (%s): relayed %d GEMM openings to %s", job_id, job.miner, len(openings), verifier)
+        return openings
 
     async def submit(self, verifier: str, verdicts: Sequence[PostedVerdict]) -> list[tuple[str, str]]:
         """Take a batch of verdicts: `(job_id, "recorded" | "duplicate")` for each, or
@@ -245,3 +299,9 @@ class DeskAuditSource:
 
     async def post(self, verdicts: list[PostedVerdict]) -> None:
         await self.desk.submit(LOCAL_VERIFIER, verdicts)
+
+    async def open_gemm(self, job_id: str, picks: tuple[GemmPick, ...]) -> tuple[dict[str, Any], ...]:
+        try:
+            return await self.desk.open_gemm(LOCAL_VERIFIER, job_id, picks)
+        except AuditRefused as refused:
+            raise GemmOpeningFailed(refused.code, refused.message) from None

@@ -13,6 +13,10 @@ Routes (under `/api/subnet/v1`):
 * `POST audit/lease` `{"max_jobs": n}` → `{"jobs": [...], "lease_s": s}`; `POST audit/verdicts`
   `{"verdicts": [{"job_id", "verdict", "reason"}]}` → `{"results": [{"job_id", "status"}]}`.
   Signed (`keys.api_message`) by a hotkey on the verifier allow-list; the rules are `audit_desk.py`'s.
+* `POST audit/jobs/{job_id}/gemm-openings` `{"picks": [{"position", "layer", "group"}]}` →
+  `{"openings": [...]}`: the miner's openings for a job the caller holds, relayed over its leg
+  (`AuditDesk.open_gemm`), or an error whose code says why there are none (`no_opening`,
+  `leg_gone`, `no_commitment`, `not_leased`). Signed like the calls above.
 * `POST validator/heartbeat` `{"v": 1, "version", "synced_epoch", "consensus": {"epoch_index",
   "digest"}}`, signed by any hotkey; the latest per hotkey is kept, for at most
   `MAX_HEARTBEAT_VALIDATORS` hotkeys (a signature proves a key, not a registration, and keys
@@ -20,8 +24,9 @@ Routes (under `/api/subnet/v1`):
 
 Errors are `{"error": {"code", "message"}}` with the HTTP status that fits: 400 malformed, 401 a
 missing, stale, replayed or wrong signature (the check's reason is the code), 403 a hotkey not on
-the allow-list, 404 unknown, 409 a conflicting verdict or lease, 413 a body over
-`MAX_BODY_BYTES`. A refused request changes nothing.
+the allow-list, 404 unknown, 409 a conflicting verdict or lease (or a job with nothing to open),
+410 the miner's connection gone, 413 a body over `MAX_BODY_BYTES`, 502 a miner that did not
+open its activations in time. A refused request changes nothing.
 """
 
 from __future__ import annotations
@@ -41,12 +46,15 @@ from engy_node.gateway.store import Store, ValidatorHeartbeat
 from engy_node.gateway.store.checks import DIGEST, VERSION
 from engy_node.gateway.trust.audit_desk import AuditDesk, parse_verdicts
 from engy_node.protocol.audit import AuditRefused
+from engy_node.protocol.fields import ProtocolError
+from engy_node.protocol.gemm import parse_picks
 
 log = logging.getLogger("engy.gateway.provider")
 
 PREFIX = "/api/subnet/v1"
 MAX_BODY_BYTES = 64 * 1024
-"""A verdict batch of the largest size is a few kilobytes; nothing legitimate comes near this."""
+"""A verdict batch of the largest size is a few kilobytes, a GEMM challenge's picks (about 100
+for the default audit plan) as much; nothing legitimate comes near this."""
 MAX_HEARTBEAT_VALIDATORS = 256
 """Distinct validator hotkeys whose heartbeats are kept; a subnet has at most 64 validators."""
 
@@ -118,6 +126,19 @@ class ProviderApi:
             return _refused(refused)
         return JSONResponse({"results": [{"job_id": job_id, "status": status} for job_id, status in results]})
 
+    async def gemm_openings(self, request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        try:
+            desk, verifier, body = await self._verifier_call(request)
+            try:
+                picks = parse_picks(body.get("picks"), "picks")
+            except ProtocolError as error:
+                raise AuditRefused(400, "invalid_request", str(error)) from None
+            openings = await desk.open_gemm(verifier, job_id, picks)
+        except AuditRefused as refused:
+            return _refused(refused)
+        return JSONResponse({"openings": list(openings)})
+
     async def _verifier_call(self, request: Request) -> tuple[AuditDesk, str, dict]:
         """The desk, the verifier and the body of a signed call to the audit API."""
         if self.desk is None:
@@ -187,6 +208,7 @@ def build_provider_app(api: ProviderApi) -> Starlette:
             Route(f"{PREFIX}/epoch/{{index}}", api.by_index, methods=["GET"]),
             Route(f"{PREFIX}/audit/lease", api.lease, methods=["POST"]),
             Route(f"{PREFIX}/audit/verdicts", api.verdicts, methods=["POST"]),
+            Route(f"{PREFIX}/audit/jobs/{{job_id}}/gemm-openings", api.gemm_openings, methods=["POST"]),
             Route(f"{PREFIX}/validator/heartbeat", api.heartbeat, methods=["POST"]),
             Route("/health", api.health, methods=["GET"]),
         ],

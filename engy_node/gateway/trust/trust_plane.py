@@ -30,7 +30,7 @@ from engy_node.gateway.request.relay import OPENAI, ChatEndpoint
 from engy_node.gateway.store import Store
 from engy_node.gateway.trust import control_plane
 from engy_node.gateway.trust.audit import AuditQueue
-from engy_node.gateway.trust.audit_desk import AuditDesk, DeskAuditSource
+from engy_node.gateway.trust.audit_desk import AuditDesk, Challenger, DeskAuditSource
 from engy_node.gateway.trust.audit_link import AuditLinkClient, AuditLinkServer
 from engy_node.gateway.trust.provider_api import ProviderApi, build_provider_app
 from engy_node.gateway.trust.traffic_probes import ProbePlan
@@ -66,10 +66,12 @@ class TrustPlane:
         link_token: str | None,
         leadership: Leadership | None = None,
         local_verifier: LocalVerifier | None = None,
+        challenge: Challenger | None = None,
     ) -> TrustPlane:
         """`leadership`: this host's claim on the fleet's leader lease (None: alone on its store);
         only the leader closes epochs and runs traffic control. `local_verifier`: the verifier to
-        run on the desk with `gateway.local_verifier` (the node supplies the verifier role's)."""
+        run on the desk with `gateway.local_verifier` (the node supplies the verifier role's).
+        `challenge`: how the desk relays GEMM challenges to miners (this process's pool)."""
         settings = config.gateway
         if settings.local_verifier and local_verifier is None:
             raise ConfigError(
@@ -81,6 +83,8 @@ class TrustPlane:
                 lease_s=settings.audit_lease_s, ttl_s=settings.proof_tee_ttl_s, max_jobs=settings.proof_tee_max_entries
             ),
             store=store,
+            challenge=challenge,
+            opening_timeout_s=settings.gemm_opening_timeout_s,
         )
         publisher = EpochPublisher(
             store=store,

@@ -176,3 +176,49 @@ def test_a_job_the_gateway_judged_itself_carries_its_verdict_on_the_wire():
     wire["found"] = ["guilty", "x"]
     with pytest.raises(ValueError, match="found"):
         AuditJob.from_wire(wire)
+
+
+gemm_commitments = st.none() | st.dictionaries(
+    st.sampled_from(["format", "activations_root", "positions", "layers", "dtype"]),
+    st.text(max_size=8) | st.integers(min_value=0, max_value=10**6),
+)
+
+
+@given(
+    asked=st.booleans(),
+    commitment=gemm_commitments,
+    rid=st.none() | st.text(min_size=1, max_size=20),
+    leg_id=st.text(max_size=32),
+)
+def test_the_gemm_audit_fields_round_trip_and_the_rid_and_leg_stay_with_the_gateway(asked, commitment, rid, leg_id):
+    original = dataclasses.replace(job(), gemm_asked=asked, gemm_commitment=commitment, gemm_rid=rid, leg_id=leg_id)
+    assert AuditJob.from_wire(original.to_wire()) == original
+    for_verifier = original.to_wire(for_verifier=True)
+    assert "leg_id" not in for_verifier and "rid" not in for_verifier.get("gemm", {})
+    seen = AuditJob.from_wire(for_verifier)
+    assert (seen.gemm_asked, seen.gemm_commitment, seen.gemm_rid, seen.leg_id) == (asked, commitment, None, "")
+
+
+def test_a_job_from_before_gemm_audits_reads_as_never_asked():
+    wire = job().to_wire()
+    assert "gemm" not in wire, "nothing asked, nothing committed: the wire is as it was"
+    del wire["leg_id"]
+    old = AuditJob.from_wire(wire)
+    assert (old.gemm_asked, old.gemm_commitment, old.gemm_rid, old.leg_id) == (False, None, None, "")
+    wire["gemm"] = None
+    assert AuditJob.from_wire(wire) == old
+
+
+@pytest.mark.parametrize(
+    "gemm, field",
+    [
+        ([], "gemm"),
+        ({"asked": "yes"}, "gemm.asked"),
+        ({"commitment": [1]}, "gemm.commitment"),
+        ({"rid": ""}, "gemm.rid"),
+    ],
+)
+def test_a_malformed_gemm_object_names_the_field(gemm, field):
+    wire = {**job().to_wire(), "gemm": gemm}
+    with pytest.raises(ValueError, match=f"malformed audit job: {field}"):
+        AuditJob.from_wire(wire)
