@@ -5,12 +5,21 @@ gateway's audit API, or the verifier a gateway runs inside itself (`run_local_ve
 (`concurrency` at a time, the only CPU/GPU work) and posts each verdict as soon as it is made.
 A slow verifier only makes jobs wait; a gateway that is down or refuses a call is retried with
 backoff, logged with the reason.
+
+A job whose miner committed its activations is GEMM-audited too (issue 32): before judging, the
+verifier draws the rows to open (`gemm_audit.draw_picks`) from the commitment's root and a secret
+drawn once per `Verifier` and never sent anywhere, so the miner could not know them when it
+committed, and asks its source for the openings (`AuditSource.open_gemm`), once, within
+`GEMM_OPEN_TIMEOUT_S`. Whatever came back, or why nothing did, goes to the judge with the job
+(`GemmEvidence`): no openings is the judge's `unproven`, never a retry that would give the miner
+time it did not have.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -19,9 +28,11 @@ from pathlib import Path
 import trio
 
 from engy_node import proof
+from engy_node.gemm.activations import CommitmentError
 from engy_node.models import get_model
-from engy_node.protocol.audit import AuditJob, AuditRefused, AuditSource, LeasedJob, PostedVerdict
+from engy_node.protocol.audit import AuditJob, AuditRefused, AuditSource, GemmOpeningFailed, LeasedJob, PostedVerdict
 from engy_node.retry import backoff_delay
+from engy_node.verifier.gemm_audit import GemmEvidence, draw_picks
 from engy_node.verifier.judge import Judge
 from engy_node.verifier.sources import HTTP_TIMEOUT_S, AuditCallFailed, GatheredAuditSource, HttpAuditSource
 
@@ -31,13 +42,19 @@ BACKOFF_CAP_S = 30.0
 """The longest pause between calls to a gateway that keeps failing (`retry.backoff_delay` from 1 s)."""
 POST_ATTEMPTS = 4
 """Tries at posting one verdict before its job is left to return to the queue when its lease runs out."""
+GEMM_OPEN_TIMEOUT_S = HTTP_TIMEOUT_S + 5
+"""The longest a job's GEMM openings are waited for: the gateway gives the miner
+`gateway.gemm_opening_timeout_s` (at most 25 s) and answers within the call's 30 s."""
+
+JudgeFn = Callable[[AuditJob, GemmEvidence | None], proof.Verdict]
+"""`Judge.judge`: a job's verdict, given the GEMM openings gathered for it (None: no commitment)."""
 
 
 class Verifier:
     def __init__(
         self,
         source: AuditSource,
-        judge: Callable[[AuditJob], proof.Verdict],
+        judge: JudgeFn,
         *,
         concurrency: int = 1,
         poll_s: float = 2.0,
@@ -52,6 +69,8 @@ class Verifier:
         self.on_verdict = on_verdict
         self.limiter = trio.CapacityLimiter(concurrency)
         self.judged = 0
+        self._gemm_secret = os.urandom(32)
+        """Where the GEMM picks' randomness comes from: this process's, never sent anywhere."""
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         failures = 0
@@ -86,10 +105,11 @@ class Verifier:
         job = leased.job
         try:
             started = time.perf_counter()
+            evidence = await self._gemm_evidence(job)
             # Not abandoned on cancellation: a model pass cannot be interrupted, and a process
             # that exits while a thread is still inside torch is aborted by its C++ runtime
             # (SIGABRT at shutdown instead of a clean exit). Stopping waits for the pass instead.
-            verdict = await trio.to_thread.run_sync(self._judge_safely, job)
+            verdict = await trio.to_thread.run_sync(self._judge_safely, job, evidence)
             elapsed = time.perf_counter() - started
         finally:
             self.limiter.release_on_behalf_of(slot)
@@ -124,9 +144,31 @@ class Verifier:
             _evidence(verdict) if verdict.kind == "cheat" else "",
         )
 
-    def _judge_safely(self, job: AuditJob) -> proof.Verdict:
+    async def _gemm_evidence(self, job: AuditJob) -> GemmEvidence | None:
+        """The openings of a job's GEMM commitment at picks only this verifier knows; None for a
+        job without one. Never raises: what went wrong is the evidence's `failure`."""
+        if job.gemm_commitment is None:
+            return None
         try:
-            return self.judge(job)
+            picks = draw_picks(self._gemm_secret, job.gemm_commitment, prompt_positions=len(job.prompt_ids))
+        except CommitmentError as error:
+            # Nothing to open; the judge reads the commitment itself and says what is wrong with it.
+            return GemmEvidence((), None, f"the commitment cannot be read ({error})")
+        try:
+            with trio.fail_after(GEMM_OPEN_TIMEOUT_S):
+                openings = await self.source.open_gemm(job.request_id, picks)
+        except GemmOpeningFailed as failed:
+            failure = str(failed)
+        except trio.TooSlowError:
+            failure = f"the gateway did not answer within {GEMM_OPEN_TIMEOUT_S:g} s"
+        else:
+            return GemmEvidence(picks, openings)
+        log.info("job %s: no GEMM openings (%s)", job.request_id, failure)
+        return GemmEvidence(picks, None, failure)
+
+    def _judge_safely(self, job: AuditJob, evidence: GemmEvidence | None) -> proof.Verdict:
+        try:
+            return self.judge(job, evidence)
         except Exception as error:  # broad on purpose: a verifier bug is "could not judge", never "cheat"
             log.exception("judging job %s failed (%s); answering unproven", job.request_id, type(error).__name__)
             return proof.Verdict("unproven", "verifier-error")

@@ -1,8 +1,11 @@
 """The verifier loop over a real audit desk and store: bounded concurrency, every job answered,
-a judge that fails answers `unproven`, never `cheat`; and the judge's refusals before any model."""
+a judge that fails answers `unproven`, never `cheat`; the GEMM openings of a committed job asked
+for at the verifier's own picks and handed to the judge; and the judge's refusals before any model."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import threading
 import time
 
@@ -14,9 +17,12 @@ from engy_node import proof
 from engy_node.gateway.store import Store
 from engy_node.gateway.trust.audit import AuditQueue
 from engy_node.gateway.trust.audit_desk import AuditDesk, DeskAuditSource
+from engy_node.gemm.activations import Commitment, llama_layout
 from engy_node.proof import Delivery
-from engy_node.protocol.audit import LOCAL_VERIFIER, AuditJob
+from engy_node.protocol.audit import LOCAL_VERIFIER, NO_OPENING, AuditJob, GemmOpeningFailed
+from engy_node.protocol.gemm import GemmPick
 from engy_node.protocol.miner import Sampling
+from engy_node.verifier.gemm_audit import GemmEvidence, draw_picks
 from engy_node.verifier.judge import Judge
 from engy_node.verifier.role import Verifier
 
@@ -49,7 +55,7 @@ async def test_every_job_is_judged_at_most_n_at_a_time_and_filed(nursery, desk):
     running, most = 0, 0
     lock = threading.Lock()
 
-    def judge(audit_job: AuditJob) -> proof.Verdict:
+    def judge(audit_job: AuditJob, gemm: GemmEvidence | None) -> proof.Verdict:
         nonlocal running, most
         with lock:
             running += 1
@@ -75,7 +81,7 @@ async def test_every_job_is_judged_at_most_n_at_a_time_and_filed(nursery, desk):
 async def test_a_cheat_verdict_is_logged_with_what_it_rests_on(nursery, desk, caplog):
     desk.offer(job("r0"))
 
-    def judge(audit_job: AuditJob) -> proof.Verdict:
+    def judge(audit_job: AuditJob, gemm: GemmEvidence | None) -> proof.Verdict:
         return proof.Verdict(
             "cheat",
             "tokens",
@@ -101,7 +107,7 @@ async def test_a_cheat_verdict_is_logged_with_what_it_rests_on(nursery, desk, ca
 async def test_a_judge_that_fails_answers_unproven(nursery, desk):
     desk.offer(job("r0"))
 
-    def broken(audit_job: AuditJob) -> proof.Verdict:
+    def broken(audit_job: AuditJob, gemm: GemmEvidence | None) -> proof.Verdict:
         raise RuntimeError("out of memory")
 
     verifier = Verifier(DeskAuditSource(desk), broken, poll_s=0.05)
@@ -119,7 +125,7 @@ async def test_stopping_waits_for_a_judgement_in_progress_rather_than_leaving_it
     desk.offer(job("r0"))
     started, release, finished = threading.Event(), threading.Event(), threading.Event()
 
-    def judge(audit_job: AuditJob) -> proof.Verdict:
+    def judge(audit_job: AuditJob, gemm: GemmEvidence | None) -> proof.Verdict:
         started.set()
         release.wait(30)
         finished.set()
@@ -147,6 +153,75 @@ async def test_stopping_waits_for_a_judgement_in_progress_rather_than_leaving_it
                 assert finished.is_set(), "the verifier stopped while its judge's thread was still running"
     finally:
         release.set()
+
+
+TINY = {"hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 16}
+COMMITMENT = Commitment(os.urandom(32), llama_layout({**TINY, "num_hidden_layers": 3}, "bfloat16"), 3).to_wire()
+OPENINGS = ({"position": 0, "layer": 0, "group": "residual_in", "data": "AAAA", "path": []},)
+
+
+class Challenger:
+    """The gateway's pool as the desk sees it: the picks it was asked to relay, and an answer."""
+
+    def __init__(self, failure: GemmOpeningFailed | None = None) -> None:
+        self.asked: list[tuple[str, tuple[GemmPick, ...]]] = []
+        self.failure = failure
+
+    async def __call__(self, leg_id: str, rid: str, picks: tuple[GemmPick, ...], *, timeout_s: float):
+        self.asked.append((rid, picks))
+        if self.failure is not None:
+            raise self.failure
+        return OPENINGS
+
+
+async def judged_with(nursery, tmp_path, challenger: Challenger, *jobs: AuditJob) -> tuple[Verifier, dict]:
+    """Each job's GEMM evidence as the judge was handed it, once every job is judged."""
+    seen: dict[str, GemmEvidence | None] = {}
+
+    def judge(audit_job: AuditJob, gemm: GemmEvidence | None) -> proof.Verdict:
+        seen[audit_job.request_id] = gemm
+        return proof.Verdict("pass", "ok")
+
+    store = Store.open(tmp_path / "gemm.sqlite3")
+    desk = AuditDesk(queue=AuditQueue(lease_s=30.0), store=store, challenge=challenger)
+    for audit_job in jobs:
+        desk.offer(audit_job)
+    verifier = Verifier(DeskAuditSource(desk), judge, concurrency=2, poll_s=0.05)
+    await nursery.start(verifier.run)
+    with trio.fail_after(30):
+        while verifier.judged < len(jobs):
+            await trio.sleep(0.05)
+    store.close()
+    return verifier, seen
+
+
+def committed(request_id: str, commitment: dict) -> AuditJob:
+    return dataclasses.replace(
+        job(request_id), gemm_asked=True, gemm_commitment=commitment, gemm_rid=f"rid-{request_id}", leg_id="leg"
+    )
+
+
+async def test_a_committed_job_is_opened_at_the_verifiers_own_picks_and_judged_on_the_openings(nursery, tmp_path):
+    challenger = Challenger()
+    plain = job("plain")
+    verifier, seen = await judged_with(nursery, tmp_path, challenger, committed("gemm", COMMITMENT), plain)
+    picks = draw_picks(verifier._gemm_secret, COMMITMENT, prompt_positions=len(plain.prompt_ids))
+    assert seen == {"gemm": GemmEvidence(picks, OPENINGS), "plain": None}
+    assert challenger.asked == [("rid-gemm", picks)], "only the committed job was opened, once"
+
+
+async def test_no_openings_and_an_unreadable_commitment_reach_the_judge_as_such(nursery, tmp_path):
+    challenger = Challenger(GemmOpeningFailed(NO_OPENING, "the miner sent no openings within 20 s"))
+    unreadable = {**COMMITMENT, "format": "engy-activations-v9"}
+    verifier, seen = await judged_with(
+        nursery, tmp_path, challenger, committed("silent", COMMITMENT), committed("unreadable", unreadable)
+    )
+    silent = seen["silent"]
+    assert silent is not None and silent.openings is None and silent.picks
+    assert silent.failure == "no_opening: the miner sent no openings within 20 s"
+    assert seen["unreadable"] == GemmEvidence((), None, seen["unreadable"].failure)
+    assert "engy-activations-v9" in seen["unreadable"].failure
+    assert [rid for rid, _ in challenger.asked] == ["rid-silent"], "nothing to open in an unreadable commitment"
 
 
 @pytest.mark.parametrize(
