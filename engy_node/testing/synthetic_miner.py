@@ -7,7 +7,11 @@ where the gateway itself is under test: its overhead benchmark (so generation ti
 it) and tests of paths a small real model will not produce on demand (tool calls, reasoning,
 failing mid-stream).
 
-Its proofs are not real TOPLOC proofs — verification is not what it stands in for.
+Its proofs are not real TOPLOC proofs — verification is not what it stands in for. So with GEMM
+audits: a link made with `gemm_audits` announces the feature, hands `Script.gemm_commitment`
+back under a rid of its own when a request asks, and answers a challenge on that rid with
+placeholder openings (one per pick, no data, no path), so the gateway's relay can be tested
+without a model.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import trio
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
 from engy_node.miner.serving import STREAM_COALESCE_S, Send
 from engy_node.model_output import ReasoningDelta, TextDelta, ToolCall, parse_output
-from engy_node.protocol.miner import Capacity, Chunk, Response, Serve
+from engy_node.protocol.gemm import FEATURE_GEMM, GemmChallenge, GemmOpenings
+from engy_node.protocol.miner import OUR_FEATURES, Capacity, Chunk, Response, Serve
 from engy_node.served_model import ServedModel
 
 
@@ -53,6 +58,8 @@ class Script:
     lie_in_parts: Callable[[dict], dict] | None = None
     """With `in_parts`: what to make of the final message before it goes (a miner whose parts
     say something its tokens do not)."""
+    gemm_commitment: dict | None = None
+    """The activation commitment to answer a request that asks for one with (its rid added)."""
 
 
 class MinerCrashed(Exception):
@@ -65,6 +72,17 @@ class SyntheticHandler:
         self.script = script
         self.served: list[Serve] = []
         self._answer_ids: dict[str, list[int]] = {}
+        self.challenges: list[GemmChallenge] = []
+        self._committed: set[str] = set()
+        """The rids of the answers it committed, which a challenge may name."""
+
+    async def open_gemm(self, challenge: GemmChallenge, *, timeout_s: float) -> GemmOpenings:
+        """A placeholder opening per pick of an answer it committed (`GatewayLink.open_gemm`)."""
+        self.challenges.append(challenge)
+        if challenge.rid not in self._committed:
+            return GemmOpenings(challenge.challenge_id, error=f"no record under rid {challenge.rid}")
+        openings = tuple({**pick.to_wire(), "data": "", "path": []} for pick in challenge.picks)
+        return GemmOpenings(challenge.challenge_id, openings)
 
     async def handle(self, frame: Serve, send: Send) -> None:
         self.served.append(frame)
@@ -171,8 +189,17 @@ class SyntheticHandler:
             "prompt_tokens_details": {"cached_tokens": min(script.cached_tokens, len(prompt_ids))},
         }
         output = {"choices": [{"index": 0, "finish_reason": finish_reason, "message": message}], "usage": usage}
+        gemm = None
+        if frame.request.gemm_commitment and script.gemm_commitment is not None:
+            rid = f"{frame.corr_id}-{uuid.uuid4().hex[:8]}"
+            self._committed.add(rid)
+            gemm = {**script.gemm_commitment, "rid": rid}
         return Response(
-            corr_id=frame.corr_id, request_id=frame.request.engy_request_id, commitment=commitment, output=output
+            corr_id=frame.corr_id,
+            request_id=frame.request.engy_request_id,
+            commitment=commitment,
+            output=output,
+            gemm_commitment=gemm,
         )
 
 
@@ -186,7 +213,9 @@ def synthetic_link(
     max_inflight: int = 256,
     settings: LinkSettings = LinkSettings(),
     worker_name: str = "synthetic",
+    gemm_audits: bool = False,
 ) -> GatewayLink:
+    """`gemm_audits`: announce `FEATURE_GEMM` and answer challenges (`SyntheticHandler.open_gemm`)."""
     spec = model.spec
     return GatewayLink(
         gateway_url=gateway_url,
@@ -194,6 +223,8 @@ def synthetic_link(
         http=http,
         handler=handler,
         settings=settings,
+        features=OUR_FEATURES | {FEATURE_GEMM} if gemm_audits else OUR_FEATURES,
+        open_gemm=handler.open_gemm if gemm_audits else None,
         rng=random.Random(0),
         limits=Capacity(
             max_inflight=0,

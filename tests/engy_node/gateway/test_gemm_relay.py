@@ -1,15 +1,17 @@
 """GEMM challenges from a verifier to the miner that served the answer (issue 32): the pool's
 `challenge` over a real websocket leg with a raw peer playing the miner (round trip, the miner's
 error, no answer, the leg closing), the commitment asked on every request of a miner that
-announced the feature, the audit desk's rules and codes, and the provider API's route through
-the real HTTP audit source."""
+announced the feature, the audit desk's rules and codes, the provider API's route through the
+real HTTP audit source, and the whole path on a running gateway with a synthetic miner."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import uuid
 
+import httpx
 import pytest
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -17,12 +19,17 @@ from hypercorn.trio import serve
 from trio_websocket import open_websocket_url
 
 from engy_node.asgi import start_listener
+from engy_node.config import load_config
 from engy_node.gateway.api.app import build_miner_app, hypercorn_config
+from engy_node.gateway.role import run_gateway, store_path
 from engy_node.gateway.routing.pool import MAX_CHALLENGES_PER_LEG, MinerPool, PoolSettings
 from engy_node.gateway.store import Store
 from engy_node.gateway.trust.audit import AuditQueue
 from engy_node.gateway.trust.audit_desk import AuditDesk, DeskAuditSource
 from engy_node.gateway.trust.provider_api import PREFIX, ProviderApi, build_provider_app
+from engy_node.hub import Hub
+from engy_node.miner.link import Identity, LinkSettings
+from engy_node.models import SMOLLM2_135M
 from engy_node.proof import Delivery
 from engy_node.protocol.audit import (
     LEG_GONE,
@@ -47,7 +54,10 @@ from engy_node.protocol.miner import (
     encode,
     parse_gateway_frame,
 )
+from engy_node.served_model import load_served_model
+from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
 from engy_node.verifier.sources import GatheredAuditSource, HttpAuditSource
+from tests.waiting import wait_until_async
 
 ROOT = "ab" * 32
 KEY = "engy-mk-good"
@@ -382,3 +392,69 @@ async def test_malformed_picks_are_refused_and_a_gateway_out_of_reach_is_unreach
         await nowhere.open_gemm("r1", PICKS)
     assert failed.value.code == UNREACHABLE
     await nowhere.aclose()
+
+
+# ---- the whole path --------------------------------------------------------------------------
+async def test_a_served_answers_commitment_reaches_the_verifier_and_its_openings_come_from_the_miner(
+    nursery, tmp_path, checkpoint, alice
+):
+    env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
+    config = load_config(
+        home=tmp_path,
+        env=env,
+        overrides={
+            "gateway": {
+                "port": 0,
+                "miner_port": 0,
+                "provider_port": 0,
+                "qualification": False,
+                "audit_paid_pct": 100.0,
+                "verifiers": alice.ss58_address,
+            }
+        },
+    )
+    urls = await nursery.start(run_gateway, config, Hub())
+    served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)
+    with Store.open(store_path(config)) as store:
+        _, miner_key = store.register_miner("gemm-miner")
+        account_id, buyer_key = store.create_buyer("buyer")
+        store.credit(account_id, micro_usd=1_000_000)
+    handler = SyntheticHandler(served, lambda frame: Script(gemm_commitment=COMMITMENT))
+    async with httpx.AsyncClient(timeout=60) as http:
+        link = synthetic_link(
+            gateway_url=urls.miner_url,
+            model=served,
+            identity=Identity(miner_key=miner_key),
+            handler=handler,
+            http=http,
+            settings=LinkSettings(heartbeat_s=5, backoff_base_s=0.05, backoff_cap_s=0.2, reconnect_delay_s=0.05),
+            gemm_audits=True,
+        )
+        await nursery.start(link.run)
+        answer = await http.post(
+            urls.buyer_url + "/v1/chat/completions",
+            headers={"authorization": f"Bearer {buyer_key}"},
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16},
+        )
+        assert answer.status_code == 200, answer.text
+        assert handler.served[-1].request.gemm_commitment, "asked, though nothing said it would be audited"
+        source = HttpAuditSource(urls.provider_url, keypair=alice, netuid=NETUID)
+        try:
+            leased = []
+
+            async def leased_one() -> bool:
+                leased.extend(await source.lease(1))
+                return bool(leased)
+
+            await wait_until_async(leased_one, timeout_s=30, what="the answer leased as an audit job")
+            audit_job = leased[0].job
+            assert (audit_job.gemm_asked, audit_job.gemm_commitment) == (True, COMMITMENT)
+            assert audit_job.gemm_rid is None and audit_job.leg_id == "", "the rid and the leg stay at the gateway"
+            openings = await source.open_gemm(audit_job.request_id, PICKS)
+            assert [(o["position"], o["layer"], o["group"]) for o in openings] == [
+                (p.position, p.layer, p.group) for p in PICKS
+            ]
+            (challenge,) = handler.challenges
+            assert challenge.rid.startswith(handler.served[-1].corr_id) and challenge.picks == PICKS
+        finally:
+            await source.aclose()
