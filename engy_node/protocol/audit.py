@@ -266,7 +266,7 @@ class LeasedJob:
 
 class GemmOpeningFailed(Exception):
     """No openings came back for a job's GEMM challenge. `code` says why, for the verifier's log
-    and its tests (`NO_OPENING`, `NOT_LEASED`, `NO_COMMITMENT`, `LEG_GONE`, or the audit API's
+    and its tests (`NO_OPENING`, `NOT_LEASED`, `NO_COMMITMENT`, `LEG_GONE`, `TOO_LATE`, or the audit API's
     code for anything else it refused; `UNREACHABLE` when the gateway could not be asked)."""
 
     def __init__(self, code: str, message: str) -> None:
@@ -283,6 +283,9 @@ NO_COMMITMENT = "no_commitment"
 """The job carries no GEMM commitment to open."""
 LEG_GONE = "leg_gone"
 """The miner's connection that served the answer is gone from this gateway."""
+TOO_LATE = "too_late"
+"""The answer is older than the miner must keep its record (`protocol.gemm.RECORD_WINDOW_S`, less
+the time a challenge may take): the verifier judges it by TOPLOC alone."""
 UNREACHABLE = "unreachable"
 """The verifier could not reach the gateway, or could not read its answer."""
 

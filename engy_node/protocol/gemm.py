@@ -29,6 +29,12 @@ FEATURE_GEMM = "gemm-audit"
 """A miner that announces this commits its activations when a serve request asks
 (``return_gemm_commitment``) and answers `GemmChallenge`."""
 
+RECORD_WINDOW_S = 300.0
+"""How long a miner that announced `FEATURE_GEMM` keeps an answer's record open to challenges
+(the reference server's store; a larger answer than its memory bound may leave sooner). A job
+audited later than this is judged by TOPLOC alone, never `unproven` for a record the miner was
+entitled to drop."""
+
 MAX_CHALLENGE_PICKS = 4096
 """Picks in one challenge (the reference server's `/gemm/openings` limit)."""
 

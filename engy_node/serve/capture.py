@@ -39,12 +39,13 @@ from engy_node.gemm.activations import (
     RecordBuilder,
     open_leaves,
 )
+from engy_node.protocol.gemm import RECORD_WINDOW_S
 
 log = logging.getLogger("engy.serve.capture")
 
 STORE_MAX_BYTES = 2 * 1024**3
 """The records kept at once: about 3,800 SmolLM2 positions (`engy_node.gemm.activations`)."""
-STORE_WINDOW_S = 300.0
+STORE_WINDOW_S = RECORD_WINDOW_S
 """How long a finished answer's record stays open to challenges."""
 MAX_PICKS = 4096
 """Openings per `/gemm/openings` call (each about 3 KB of JSON on SmolLM2)."""

@@ -30,7 +30,15 @@ import trio
 from engy_node import proof
 from engy_node.gemm.activations import CommitmentError
 from engy_node.models import get_model
-from engy_node.protocol.audit import AuditJob, AuditRefused, AuditSource, GemmOpeningFailed, LeasedJob, PostedVerdict
+from engy_node.protocol.audit import (
+    TOO_LATE,
+    AuditJob,
+    AuditRefused,
+    AuditSource,
+    GemmOpeningFailed,
+    LeasedJob,
+    PostedVerdict,
+)
 from engy_node.retry import backoff_delay
 from engy_node.verifier.gemm_audit import GemmEvidence, draw_picks
 from engy_node.verifier.judge import Judge
@@ -158,6 +166,9 @@ class Verifier:
             with trio.fail_after(GEMM_OPEN_TIMEOUT_S):
                 openings = await self.source.open_gemm(job.request_id, picks)
         except GemmOpeningFailed as failed:
+            if failed.code == TOO_LATE:
+                log.info("job %s: judged by TOPLOC alone, %s", job.request_id, failed.message)
+                return None
             failure = str(failed)
         except trio.TooSlowError:
             failure = f"the gateway did not answer within {GEMM_OPEN_TIMEOUT_S:g} s"

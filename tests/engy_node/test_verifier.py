@@ -20,7 +20,7 @@ from engy_node.gateway.trust.audit_desk import AuditDesk, DeskAuditSource
 from engy_node.gemm.activations import Commitment, llama_layout
 from engy_node.proof import Delivery
 from engy_node.protocol.audit import LOCAL_VERIFIER, NO_OPENING, AuditJob, GemmOpeningFailed
-from engy_node.protocol.gemm import GemmPick
+from engy_node.protocol.gemm import RECORD_WINDOW_S, GemmPick
 from engy_node.protocol.miner import Sampling
 from engy_node.verifier.gemm_audit import GemmEvidence, draw_picks
 from engy_node.verifier.judge import Judge
@@ -222,6 +222,13 @@ async def test_no_openings_and_an_unreadable_commitment_reach_the_judge_as_such(
     assert seen["unreadable"] == GemmEvidence((), None, seen["unreadable"].failure)
     assert "engy-activations-v9" in seen["unreadable"].failure
     assert [rid for rid, _ in challenger.asked] == ["rid-silent"], "nothing to open in an unreadable commitment"
+
+
+async def test_an_answer_past_the_record_window_is_judged_by_toploc_alone(nursery, tmp_path):
+    challenger = Challenger()
+    late = dataclasses.replace(committed("late", COMMITMENT), created_at=time.time() - RECORD_WINDOW_S)
+    _, seen = await judged_with(nursery, tmp_path, challenger, late)
+    assert seen == {"late": None} and challenger.asked == [], "no challenge, no GEMM verdict"
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,7 @@ from engy_node.protocol.audit import (
     NO_COMMITMENT,
     NO_OPENING,
     NOT_LEASED,
+    TOO_LATE,
     AuditJob,
     AuditRefused,
     GemmOpeningFailed,
@@ -53,7 +54,7 @@ from engy_node.protocol.audit import (
     PostedVerdict,
     VerdictKind,
 )
-from engy_node.protocol.gemm import GemmPick
+from engy_node.protocol.gemm import RECORD_WINDOW_S, GemmPick
 
 log = logging.getLogger("engy.gateway.audit")
 
@@ -62,9 +63,10 @@ MAX_BATCH = 64
 GATEWAY_VERIFIER = "gateway"
 """The name verdicts the gateway established itself are filed under."""
 FOUND_QUEUE = 10_000
-OPENING_STATUS = {LEG_GONE: 410, NO_OPENING: 502}
+OPENING_STATUS = {LEG_GONE: 410, NO_OPENING: 502, TOO_LATE: 410}
 """The audit API's status for a challenge that got no openings: the miner's connection is gone
-(410), or the miner failed to answer it (502, as a gateway whose upstream failed)."""
+(410), or the miner failed to answer it (502, as a gateway whose upstream failed); an answer
+past the miner's record window is gone too (410)."""
 
 
 class Challenger(Protocol):
@@ -167,6 +169,14 @@ class AuditDesk:
             raise AuditRefused(409, NO_COMMITMENT, f"job {job_id} carries no GEMM commitment to open")
         if self.challenge is None:
             raise AuditRefused(410, LEG_GONE, "this gateway relays no GEMM challenges")
+        age = self.clock() - job.created_at
+        if age > RECORD_WINDOW_S - self.opening_timeout_s:
+            raise AuditRefused(
+                410,
+                TOO_LATE,
+                f"job {job_id} answered {age:.0f} s ago: a miner keeps its record {RECORD_WINDOW_S:.0f} s, so "
+                "judge it by TOPLOC alone (a verifier that keeps up leases sooner)",
+            )
         try:
             openings = await self.challenge(job.leg_id, job.gemm_rid, picks, timeout_s=self.opening_timeout_s)
         except GemmOpeningFailed as failed:

@@ -37,12 +37,13 @@ from engy_node.protocol.audit import (
     NO_COMMITMENT,
     NO_OPENING,
     NOT_LEASED,
+    TOO_LATE,
     UNREACHABLE,
     AuditJob,
     AuditRefused,
     GemmOpeningFailed,
 )
-from engy_node.protocol.gemm import FEATURE_GEMM, GemmChallenge, GemmOpenings, GemmPick
+from engy_node.protocol.gemm import FEATURE_GEMM, RECORD_WINDOW_S, GemmChallenge, GemmOpenings, GemmPick
 from engy_node.protocol.miner import (
     Admit,
     Capacity,
@@ -223,7 +224,7 @@ async def test_a_leg_holds_a_bounded_number_of_challenges(nursery):
 
 
 # ---- the desk --------------------------------------------------------------------------------
-def job(request_id: str, *, commitment: bool = True) -> AuditJob:
+def job(request_id: str, *, commitment: bool = True, age_s: float = 0.0) -> AuditJob:
     return AuditJob(
         request_id=request_id,
         model=MODEL,
@@ -235,7 +236,7 @@ def job(request_id: str, *, commitment: bool = True) -> AuditJob:
         sampling=Sampling(),
         seeded=False,
         delivery=Delivery(relayed_output_ids=(4, 5, 6), ended_at_stop=False, max_tokens=8),
-        created_at=time.time(),
+        created_at=time.time() - age_s,
         gemm_asked=True,
         gemm_commitment=COMMITMENT if commitment else None,
         gemm_rid=f"rid-{request_id}" if commitment else None,
@@ -310,6 +311,19 @@ async def test_no_openings_from_the_miner_is_refused_with_its_code(store, code, 
     with pytest.raises(GemmOpeningFailed) as failed:
         await DeskAuditSource(desk).open_gemm("r1", PICKS)
     assert (failed.value.code, failed.value.message) == (code, "why")
+
+
+async def test_an_answer_past_the_miners_record_window_is_too_late_and_never_reaches_it(store):
+    challenger = Challenger()
+    desk = desk_with(store, challenger)
+    desk.offer(job("fresh", age_s=RECORD_WINDOW_S - 7.0 - 5))
+    desk.offer(job("old", age_s=RECORD_WINDOW_S - 7.0 + 5))
+    desk.lease(LOCAL_VERIFIER, limit=2)
+    assert await desk.open_gemm(LOCAL_VERIFIER, "fresh", PICKS) == OPENINGS
+    with pytest.raises(GemmOpeningFailed) as failed:
+        await DeskAuditSource(desk).open_gemm("old", PICKS)
+    assert failed.value.code == TOO_LATE and "TOPLOC alone" in failed.value.message
+    assert [asked[1] for asked in challenger.asked] == ["rid-fresh"]
 
 
 async def test_a_desk_without_a_pool_relays_nothing(store):
