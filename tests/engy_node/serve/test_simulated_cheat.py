@@ -73,4 +73,3 @@ async def test_a_cheating_server_serves_perturbed_weights_but_reports_the_checkp
     to_honest = (served - honest.float()).abs().max().item()
     assert to_perturbed * 10 < to_honest, (to_perturbed, to_honest)
     assert served.shape == honest.shape
-
