@@ -9,7 +9,8 @@ An answer that also committed its activations (`AuditJob.gemm_commitment`) is GE
 the openings the verifier role gathered for it (`gemm_audit.judge_openings`, against a
 `GemmModel` built once per model from the same runner). Both judge; a TOPLOC or recompute cheat
 stands as it is, otherwise a GEMM cheat or unproven is the verdict (path ``gemm``), otherwise
-TOPLOC's. A job whose miner was asked to commit and sent nothing is unproven (``gemm:no-commitment``).
+TOPLOC's — which, when the GEMM audit passed the answer too, is posted as the GEMM audit's
+(``gemm:ok``), so the dashboards count how much of the traffic the stronger proof covered. A job whose miner was asked to commit and sent nothing is unproven (``gemm:no-commitment``).
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ class Judge:
             audited = self._judge_gemm(job, gemm)
             if audited is not None and audited.kind != "pass":
                 return dataclasses.replace(verdict, kind=audited.kind, reason=audited.reason, path="gemm")
+            if audited is not None and verdict.kind == "pass" and job.delivery.defect is None:
+                return dataclasses.replace(verdict, path="gemm")
         if verdict.kind == "pass" and job.delivery.defect is not None:
             return dataclasses.replace(verdict, reason=f"defect:{job.delivery.defect}")
         return verdict

@@ -40,6 +40,8 @@ from engy_node.protocol.audit import (
     PostedVerdict,
 )
 from engy_node.retry import backoff_delay
+from engy_node.snapshots import encode
+from engy_node.verdict_counts import ProofVerdicts
 from engy_node.verifier.gemm_audit import GemmEvidence, draw_picks
 from engy_node.verifier.judge import Judge
 from engy_node.verifier.sources import HTTP_TIMEOUT_S, AuditCallFailed, GatheredAuditSource, HttpAuditSource
@@ -242,10 +244,13 @@ async def run_verifier_role(config, hub, *, task_status=trio.TASK_STATUS_IGNORED
     source = sources[0] if len(sources) == 1 else GatheredAuditSource(sources)
     judge = Judge(checkpoints, device=settings.device, dtype=settings.dtype, threads=settings.threads)
     tally = {"pass": 0, "cheat": 0, "unproven": 0}
+    proofs = ProofVerdicts()
 
     def count(job: AuditJob, verdict: proof.Verdict) -> None:
+        nonlocal proofs
         tally[verdict.kind] += 1
-        hub.set_state("verifier", verdicts=dict(tally))
+        proofs = proofs.counted(verdict.kind, verdict.code)
+        hub.set_state("verifier", verdicts=dict(tally), proofs=encode(proofs))
 
     verifier = Verifier(source, judge.judge, concurrency=settings.concurrency, poll_s=settings.poll_s, on_verdict=count)
     hub.set_state("verifier", state="running", gateway=settings.gateway_url, hotkey=keypair.ss58_address)

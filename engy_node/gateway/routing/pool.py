@@ -665,10 +665,11 @@ class MinerPool:
 
 def _announced(leg: Leg) -> dict[str, Any]:
     """What a leg's miner told about its serve beyond its capacity, for `status` and the TUI:
-    its region and TEE mode (`hw`, informational), context window and KV cache."""
+    its region and TEE mode (`hw`, informational), context window and KV cache, and whether its
+    answers commit their activations for GEMM audits."""
     hw = leg.hello.hw
     tee = hw.get("tee")
-    shown: dict[str, Any] = {}
+    shown: dict[str, Any] = {"gemm_audit": FEATURE_GEMM in leg.hello.features}
     if isinstance(hw.get("region"), str):
         shown["region"] = hw["region"]
     if isinstance(tee, Mapping) and isinstance(tee.get("gpu_cc"), str):

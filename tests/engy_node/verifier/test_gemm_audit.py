@@ -296,7 +296,7 @@ def test_the_judge_adds_the_gemm_verdict_to_toplocs(checkpoint, answers):
 
     asked = {"gemm_asked": True, "gemm_commitment": honest.commitment}
     assert judged(honest, None) == "ok"
-    assert judged(honest, evidence(honest), **asked) == "ok"
+    assert judged(honest, evidence(honest), **asked) == "gemm:ok", "both proofs passed it: counted as GEMM-audited"
     assert judged(honest, None, **asked) == "ok", "no evidence gathered: TOPLOC alone"
     assert judged(honest, ga.GemmEvidence(evidence(honest).picks, None), **asked) == "gemm:no-opening"
     assert judged(honest, None, gemm_asked=True) == "gemm:no-commitment"
