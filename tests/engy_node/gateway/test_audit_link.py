@@ -1,5 +1,6 @@
-"""Audit jobs from another worker process's link reach the first process's desk, across a
-restart of the receiving end, and a backed-up link drops jobs rather than blocking a worker."""
+"""Audit jobs from another worker process's link reach the first process's desk (GEMM rid and
+serving leg included), across a restart of the receiving end, and a backed-up link drops jobs
+rather than blocking a worker."""
 
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ def job(request_id: str, *, found: tuple[str, str] | None = None) -> AuditJob:
         delivery=Delivery((1, 2, 3), False, 16),
         created_at=time.time(),
         found=found,
+        # What the first process's desk needs to relay a GEMM challenge for a job another worker
+        # served, and which never goes on to a verifier.
+        gemm_asked=True,
+        gemm_commitment={"format": "engy-activations-v1", "activations_root": "cd" * 32, "positions": 503},
+        gemm_rid=f"{request_id}-rid",
+        leg_id="0f" * 16,
     )
 
 
