@@ -36,6 +36,10 @@ What it models, and how it decides:
   `alpha_per_block` per block since the previous epoch (`devchain_pallet.run_epoch`).
 * Reads answer from the head state whatever block hash they are pinned to (`devchain_storage`);
   only `Timestamp.Now` is computed for the pinned block.
+* Balances (`devchain_balances`): accounts endowed by `fund` send TAO with `bt.Transfer`
+  (`transfer_keep_alive` / `transfer_allow_death`, no fees); a block that applied an extrinsic
+  has it in `get_block` and its `System.Events` (`Balances.Transfer`, `ExtrinsicSuccess` or
+  `ExtrinsicFailed`) pinned to that block, which is how a gateway finds deposits.
 
 Persistence: `save()` / `DevChain.load()` write and read JSON through a temp file and
 `os.replace` (the format is `devchain_state`'s). A chain built with `state_path` (or loaded from
@@ -64,7 +68,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engy_node.local import devchain_pallet, devchain_storage
+from engy_node.local import devchain_balances, devchain_pallet, devchain_storage
+from engy_node.local.devchain_balances import TRANSFER_CALLS, Balances
 from engy_node.local.devchain_pallet import SUPPORTED_CALLS
 from engy_node.local.devchain_state import (
     MECHANISM_STRIDE,
@@ -157,6 +162,7 @@ class DevChain:
         self._epochs_run = 0
         self._state_path = Path(state_path) if state_path is not None else None
         self._dirty = False
+        self._balances = Balances()
         if netuid is not None:
             self.add_subnet(
                 netuid,
@@ -222,6 +228,19 @@ class DevChain:
             subnet.refresh_permits()
             self._dirty = True
             return uid
+
+    def fund(self, address_ss58: str, tao: float) -> int:
+        """Endow `address_ss58` with `tao` more free TAO (the dev chain's genesis endowment: accounts
+        get balances only this way or by transfer); returns its free balance in rao."""
+        with self._changing():
+            self._catch_up()
+            self._dirty = True
+            return self._balances.fund(address_ss58, rao(tao))
+
+    def free_balance(self, address_ss58: str) -> int:
+        """`address_ss58`'s free balance in rao."""
+        with self._lock:
+            return self._balances.free.get(address_ss58, 0)
 
     def set_stake(self, hotkey_ss58: str, stake_tao: float, *, netuid: int | None = None) -> None:
         """Set a registered hotkey's stake; permits are recomputed at once."""
@@ -337,6 +356,7 @@ class DevChain:
         chain._nonces = state.nonces
         chain._submissions.extend(state.submissions)
         chain._pool_rejections.extend(state.pool_rejections)
+        chain._balances = Balances.from_document(state.balances)
         return chain
 
     def _document(self) -> dict:
@@ -350,6 +370,7 @@ class DevChain:
                 submissions=list(self._submissions),
                 pool_rejections=list(self._pool_rejections),
                 subnets=self._subnets,
+                balances=self._balances.to_document(),
             )
         )
 
@@ -395,7 +416,9 @@ class DevChain:
         number = _block_of(block_hash) if block_hash is not None else (head if block_number is None else block_number)
         if not 0 <= number <= head:
             return None
-        return {"header": _header(number), "extrinsics": []}
+        with self._lock:
+            timestamp_ms = self._storage("Timestamp", "Now", [], head, number)
+            return {"header": _header(number), "extrinsics": self._balances.extrinsics(number, timestamp_ms)}
 
     async def query(
         self,
@@ -469,14 +492,14 @@ class DevChain:
             await asyncio.sleep(poll_s)
 
     async def events(self, block_hash: str | None = None) -> list[dict]:
-        # The dev chain records outcomes in ExtrinsicResult and `submissions`, not as events.
-        return []
+        # Blocks that applied an extrinsic keep its events (`devchain_balances`); others have none.
+        return await self.query("System", "Events", [], block_hash)
 
     # Substrate protocol: calls and fees ----------------------------------------------------
 
     async def compose(self, call) -> Any:
         module, function, _params = call
-        if (module, function) not in SUPPORTED_CALLS:
+        if (module, function) not in SUPPORTED_CALLS | TRANSFER_CALLS:
             raise _unsupported(f"the call {module}.{function}")
         return call
 
@@ -484,7 +507,7 @@ class DevChain:
         from bittensor import Balance
 
         # Weight setting is fee-free on the real chain too (it is a hotkey operation with no
-        # transfer); the dev chain keeps no balances at all.
+        # transfer); the dev chain charges no fee for transfers either.
         return Balance.from_rao(0)
 
     async def estimate_weight(self, call, keypair) -> dict:
@@ -545,7 +568,7 @@ class DevChain:
         from bittensor.result import chain_error_from_substrate_request
 
         module, function, params = call
-        if (module, function) not in SUPPORTED_CALLS:
+        if (module, function) not in SUPPORTED_CALLS | TRANSFER_CALLS:
             raise _unsupported(f"the call {module}.{function}")
         signer = keypair.ss58_address
         netuid = params.get("netuid")
@@ -562,7 +585,11 @@ class DevChain:
                 self._dirty = True
                 return ExtrinsicResult(success=False, message=error.message, error=error)
             block = self._seal_next_block()
-            error_name = devchain_pallet.dispatch(self._subnets, block, signer, function, params)
+            if (module, function) in TRANSFER_CALLS:
+                error_name = self._balances.transfer(block, signer, function, params)
+            else:
+                error_name = devchain_pallet.dispatch(self._subnets, block, signer, function, params)
+                self._balances.record_other(block, signer, module, function, error_name is None)
             self._nonces[signer] = self._nonces.get(signer, 0) + 1
             self._submissions.append(
                 Submission(block, netuid, signer, f"{module}.{function}", error_name is None, error_name)
@@ -583,7 +610,10 @@ class DevChain:
                 extrinsic_id=extrinsic_id,
                 fee=Balance.from_rao(0),
             )
-        error = devchain_pallet.dispatch_error(error_name)
+        if (module, function) in TRANSFER_CALLS:
+            error = devchain_balances.dispatch_error(error_name)
+        else:
+            error = devchain_pallet.dispatch_error(error_name)
         return ExtrinsicResult(
             success=False, message=error.message, block_hash=_hash_of(block), extrinsic_id=extrinsic_id, error=error
         )
@@ -682,6 +712,10 @@ class DevChain:
     def _storage(self, module: str, item: str, params: list, head: int, at_block: int) -> Any:
         if (module, item) == ("Timestamp", "Now"):
             return round((self._wall_origin_s + (at_block - self._origin_block) * self._block_time_s) * 1000)
+        if (module, item) == ("System", "Account"):
+            return self._balances.account(str(params[0]))
+        if (module, item) == ("System", "Events"):
+            return self._balances.events(at_block)
         return devchain_storage.storage(self._subnets, module, item, params, head)
 
 

@@ -189,6 +189,8 @@ class ChainState:
     submissions: list[Submission]
     pool_rejections: list[int]
     subnets: dict[int, Subnet]
+    balances: dict[str, Any] | None = None
+    """`devchain_balances.Balances.to_document()`; None in files from before balances."""
 
 
 def rao(tao: float) -> int:
@@ -209,6 +211,7 @@ def to_document(state: ChainState) -> dict[str, Any]:
         "nonces": dict(state.nonces),
         "submissions": [dataclasses.asdict(submission) for submission in state.submissions],
         "pool_rejections": list(state.pool_rejections),
+        "balances": state.balances,
         "subnets": [
             {
                 "netuid": subnet.netuid,
@@ -253,6 +256,7 @@ def load_state(path: PathLike) -> ChainState:
         submissions=[Submission(**submission) for submission in data["submissions"]],
         pool_rejections=[int(code) for code in data["pool_rejections"]],
         subnets=subnets,
+        balances=data.get("balances"),
     )
 
 
