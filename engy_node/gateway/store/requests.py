@@ -52,6 +52,16 @@ class RequestLogEntry:
     served_greedily: bool = False
     """The buyer asked to sample (temperature > 0) and a miner that answers greedily served it,
     because no miner that honours sampling had room."""
+    key_id: int | None = None
+    """The API key that sent it (`api_keys.id`); None for probes and rows logged before schema 5."""
+    reasoning_tokens: int = 0
+    """Of `completion_tokens`, those of the answer's reasoning."""
+    finish_reason: str | None = None
+    """Why the answer ended (`stop`, `length`, `tool_calls`); None when it did not end whole."""
+    total_ms: float | None = None
+    """From the request's arrival to its settlement."""
+    audited: bool = False
+    """The answer was offered to the audit, so a verdict on it is to come."""
 
     def __post_init__(self) -> None:
         identifier("request_id", self.request_id)
@@ -79,6 +89,18 @@ class RequestLogEntry:
         timestamp("created_at", self.created_at)
         if not isinstance(self.served_greedily, bool):
             raise ValueError(f"served_greedily must be a boolean, got {self.served_greedily!r}")
+        if self.key_id is not None:
+            integer("key_id", self.key_id, minimum=1)
+        integer("reasoning_tokens", self.reasoning_tokens)
+        if self.reasoning_tokens > self.completion_tokens:
+            raise ValueError(
+                f"reasoning_tokens ({self.reasoning_tokens}) exceeds completion_tokens ({self.completion_tokens})"
+            )
+        if self.finish_reason not in (None, "stop", "length", "tool_calls"):
+            raise ValueError(f"finish_reason must be stop, length, tool_calls or None, got {self.finish_reason!r}")
+        duration("total_ms", self.total_ms)
+        if not isinstance(self.audited, bool):
+            raise ValueError(f"audited must be a boolean, got {self.audited!r}")
 
 
 _COLUMNS = tuple(field.name for field in dataclasses.fields(RequestLogEntry))
@@ -95,6 +117,7 @@ def _entry(row: Sequence[object]) -> RequestLogEntry:
     # SQLite hands the flag back as 0 or 1 (PostgreSQL as a bool); the entry insists on a bool.
     values: dict[str, Any] = dict(zip(_COLUMNS, row, strict=True))
     values["served_greedily"] = bool(values["served_greedily"])
+    values["audited"] = bool(values["audited"])
     return RequestLogEntry(**values)
 
 
@@ -183,6 +206,35 @@ class RequestLog(Connection):
                 (account_id, -math.inf if since is None else since),
             ).fetchone()
         return UsageSummary(*row)
+
+    @serialised
+    def request_rows(self, request_id: str, account_id: int) -> list[RequestLogEntry]:
+        """The rows (one per attempt, oldest first) of the account's request `request_id`: a
+        buyer's generation lookup, which never sees another account's requests."""
+        identifier("request_id", request_id)
+        integer("account_id", account_id, minimum=1)
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM request_log WHERE request_id = ? AND account_id = ? "
+                "AND kind = 'paid' ORDER BY id",
+                (request_id, account_id),
+            ).fetchall()
+        return [_entry(row) for row in rows]
+
+    @serialised
+    def account_requests(self, account_id: int, *, since: float, until: float) -> list[RequestLogEntry]:
+        """The account's paid rows created in `[since, until)` (unix seconds), in the order they
+        were logged: what a buyer's usage report sums (`billing.usage`)."""
+        integer("account_id", account_id, minimum=1)
+        timestamp("since", since)
+        timestamp("until", until)
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM request_log WHERE account_id = ? AND kind = 'paid' "
+                "AND created_at >= ? AND created_at < ? ORDER BY id",
+                (account_id, since, until),
+            ).fetchall()
+        return [_entry(row) for row in rows]
 
     @serialised
     def purge_request_log(self, *, older_than: float) -> int:

@@ -79,6 +79,9 @@ def as_version_2(conn: sqlite3.Connection) -> None:
     """Rewind a current file to what version 2 wrote (dropping a table drops its indexes and triggers)."""
     for table in VERSION_3_TABLES:
         conn.execute(f"DROP TABLE {table}")
+    conn.execute("DROP INDEX request_log_by_request")
+    for column in ("key_id", "reasoning_tokens", "finish_reason", "total_ms", "audited"):  # version 5's
+        conn.execute(f"ALTER TABLE request_log DROP COLUMN {column}")
     conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
 
 
