@@ -71,6 +71,7 @@ from typing import Any
 import orjson
 
 from engy_node.gateway.api.chat import ChatRequest, FinishReason, GatewayError, Usage
+from engy_node.gateway.api.fallback_models import requested_models
 from engy_node.gateway.api.validation import (
     USED,
     FieldChecks,
@@ -189,8 +190,13 @@ MESSAGES_FIELDS: dict[str, FieldRule] = {
 }
 """Every top-level Messages field the official SDK declares (and its beta MCP and context
 fields), with `temperature`, `top_p` and `top_k`, which older SDKs send, and what the gateway
-does with each (`validation` says what each kind means). A field not listed is refused as
-Anthropic refuses it."""
+does with each (`validation` says what each kind means). A field not listed (nor in
+`MESSAGES_EXTENSION_FIELDS`) is refused as Anthropic refuses it."""
+
+MESSAGES_EXTENSION_FIELDS: dict[str, FieldRule] = {"models": USED}
+"""Beyond the SDK's, sent through `extra_body`: OpenRouter's fallback `models`, as on the OpenAI
+route (`fallback_models`)."""
+_MESSAGES_ACCEPTED = {**MESSAGES_FIELDS, **MESSAGES_EXTENSION_FIELDS}
 
 COUNT_TOKENS_FIELDS: dict[str, FieldRule] = {
     **_CONVERSATION_FIELDS,
@@ -435,8 +441,9 @@ def parse_messages_request(
     unsupported field (`MESSAGES_FIELDS`), naming it; `not_found` (404) for a model this gateway
     does not serve.
     """
-    model = _model(body, known_models, MESSAGES_FIELDS)
-    limit = max_output_tokens_for(model)
+    model = _model(body, known_models, _MESSAGES_ACCEPTED)
+    _, fallbacks = requested_models(model, body.get("models"), check=_CHECK, known_models=known_models)
+    limit = min(map(max_output_tokens_for, (model, *fallbacks)))
     max_tokens = body.get("max_tokens")
     if not is_int(max_tokens) or max_tokens < 1:
         raise _CHECK.invalid(
@@ -466,6 +473,7 @@ def parse_messages_request(
         tools=tools,
         tool_choice=tool_choice,
         chat_template_kwargs=_thinking_switch(body.get("thinking")),
+        fallbacks=fallbacks,
     )
 
 

@@ -17,6 +17,7 @@ Anthropic's; each API module says why).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -26,12 +27,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
 from engy_node.asgi import Receive, Send
-from engy_node.gateway.api import anthropic_api, openai_api
+from engy_node.gateway.api import anthropic_api, model_list, openai_api
 from engy_node.gateway.api.chat import GatewayError
 from engy_node.gateway.fleet.workers import LISTEN_BACKLOG
 from engy_node.gateway.request.flight import new_request_id
 from engy_node.gateway.request.lifecycle import Gateway
 from engy_node.gateway.request.relay import ANTHROPIC, OPENAI, Api, ChatEndpoint
+from engy_node.gateway.routing.fallbacks import announces_gemm
 from engy_node.gateway.routing.pool import MinerPool
 from engy_node.hypercorn_edges import EdgeConfig
 from engy_node.protocol.miner import MAX_FRAME_BYTES
@@ -157,9 +159,7 @@ class Handlers:
             return ANTHROPIC.error_response(err, request_id)
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse(
-            openai_api.models_body([(model, self.gateway.created, "engy") for model in sorted(self.gateway.models)])
-        )
+        return JSONResponse(model_list.models_body([self._model_body(model) for model in sorted(self.gateway.models)]))
 
     async def model(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -167,7 +167,14 @@ class Handlers:
             return OPENAI.error_response(
                 GatewayError("not_found", f"The model `{name}` does not exist", param="model"), self.gateway.new_id()
             )
-        return JSONResponse(openai_api.model_body((name, self.gateway.created, "engy")))
+        return JSONResponse(self._model_body(name))
+
+    def _model_body(self, name: str) -> dict[str, Any]:
+        gateway = self.gateway
+        gemm = announces_gemm(gateway.pool, name, gateway.eligible)
+        return model_list.model_body(
+            gateway.models[name].spec, created=gateway.created, verified_by=model_list.verification(gemm=gemm)
+        )
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "miners": len(self.gateway.pool.legs)})

@@ -58,6 +58,7 @@ import orjson
 
 from engy_node.chat_template import RESERVED_VARIABLES
 from engy_node.gateway.api.chat import ChatRequest, FinishReason, GatewayError, Usage
+from engy_node.gateway.api.fallback_models import requested_models
 from engy_node.gateway.api.validation import (
     USED,
     FieldChecks,
@@ -86,8 +87,6 @@ __all__ = [
     "completion_body",
     "error_body",
     "error_headers",
-    "model_body",
-    "models_body",
     "parse_chat_request",
     "unsupported_content_type",
     "usage_body",
@@ -224,9 +223,10 @@ FIELDS: dict[str, FieldRule] = {
 with it (`validation` says what each kind means). A field not listed is refused as OpenAI
 refuses it."""
 
-EXTENSION_FIELDS: dict[str, FieldRule] = {"chat_template_kwargs": USED}
+EXTENSION_FIELDS: dict[str, FieldRule] = {"chat_template_kwargs": USED, "models": USED}
 """Fields beyond the SDK's that open-model servers take (sglang, vLLM) and buyers send through
-`extra_body`: variables for the model's chat template (`{"enable_thinking": false}`)."""
+`extra_body`: variables for the model's chat template (`{"enable_thinking": false}`); and
+OpenRouter's fallback `models` (`fallback_models`)."""
 
 _STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation"})
 _ALL_FIELDS = {**FIELDS, **EXTENSION_FIELDS}
@@ -410,9 +410,9 @@ def parse_chat_request(
     if not isinstance(body, Mapping):
         raise invalid(param="body", message="the request body must be a JSON object")
     _CHECK.known_fields(body, _ALL_FIELDS)
-    model = _CHECK.model(body.get("model"), known_models=known_models)
+    model, fallbacks = requested_models(body.get("model"), body.get("models"), check=_CHECK, known_models=known_models)
     messages = _messages(body.get("messages"))
-    max_tokens = _max_tokens(body, max_output_tokens_for(model))
+    max_tokens = _max_tokens(body, min(map(max_output_tokens_for, (model, *fallbacks))))
     stream = _CHECK.optional_bool(body.get("stream"), param="stream")
     include_usage = _include_usage(body.get("stream_options"))
     _check_response_format(body.get("response_format"))
@@ -440,6 +440,7 @@ def parse_chat_request(
         tool_choice=tool_choice,
         include_usage=bool(stream and include_usage),
         chat_template_kwargs=_chat_template_kwargs(body.get("chat_template_kwargs")),
+        fallbacks=fallbacks,
     )
 
 
@@ -658,17 +659,3 @@ def unsupported_content_type(content_type: str | None) -> GatewayError:
         f"Unsupported content type: {content_type or 'none'!r}. This API method "
         f"only accepts 'application/json' requests, but {sent}. Please try again with a supported content type.",
     )
-
-
-# ---- models -------------------------------------------------------------------------------
-
-
-def model_body(model: tuple[str, int, str]) -> dict[str, Any]:
-    """One `model` object from `(id, created, owned_by)`, as `GET /v1/models/{id}` returns it."""
-    model_id, created, owned_by = model
-    return {"id": model_id, "object": "model", "created": created, "owned_by": owned_by}
-
-
-def models_body(models: list[tuple[str, int, str]]) -> dict[str, Any]:
-    """`GET /v1/models`: `(id, created, owned_by)` per served model."""
-    return {"object": "list", "data": [model_body(model) for model in models]}

@@ -39,6 +39,7 @@ from engy_node.gateway.request.corrections import (
 )
 from engy_node.gateway.request.flight import Accounting, Flight
 from engy_node.gateway.request.lifecycle import Gateway
+from engy_node.gateway.routing.fallbacks import pick_model
 from engy_node.gateway.routing.pool import PendingRequest
 from engy_node.model_output import OutputEvent, OutputParser, ReasoningDelta, TextDelta, ToolCall
 from engy_node.protocol.miner import Chunk
@@ -217,6 +218,7 @@ class ChatEndpoint:
         try:
             account = await gateway.authenticate(api.api_key(Headers(scope=scope)), api.name)
             chat = api.parse(await gateway.read_body(receive, account), gateway)
+            chat = pick_model(chat, gateway.pool, gateway.eligible)
             with gateway.serving():
                 async with watch_disconnect(receive, scope):
                     flight = await gateway.begin(api.name, account, chat)
@@ -293,7 +295,7 @@ class ChatEndpoint:
                 await gateway.abandon(flight)
         finish, stop_sequence = self._finish(flight, stops, accounting, usage, reported)
         body = self.api.body(flight, events, _finish_for(events, finish), usage, stop_sequence)
-        await _send_json(send, body, request_id=flight.request_id)
+        await _send_json(send, body, request_id=flight.request_id, model=flight.chat.model)
 
     def _finish(
         self, flight: Flight, stops: StopScanner, accounting: Accounting, usage: Usage, reported: str
@@ -325,7 +327,12 @@ class ChatEndpoint:
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [*SSE_HEADERS, (b"x-request-id", request_id), (b"request-id", request_id)],
+                "headers": [
+                    *SSE_HEADERS,
+                    (b"x-request-id", request_id),
+                    (b"request-id", request_id),
+                    (b"x-engy-model", flight.chat.model.encode()),
+                ],
             }
         )
         await self._relay(flight, pending, send)
@@ -542,7 +549,8 @@ async def _send_body(send: Send, data: bytes, *, more: bool) -> None:
     await send({"type": "http.response.body", "body": data, "more_body": more})
 
 
-async def _send_json(send: Send, body: dict, *, request_id: str) -> None:
+async def _send_json(send: Send, body: dict, *, request_id: str, model: str) -> None:
+    """A whole answer; `x-engy-model` names the model that served it (`models` fallbacks)."""
     payload = orjson.dumps(body)
     rid = request_id.encode()
     await send(
@@ -554,6 +562,7 @@ async def _send_json(send: Send, body: dict, *, request_id: str) -> None:
                 (b"content-length", str(len(payload)).encode()),
                 (b"x-request-id", rid),
                 (b"request-id", rid),
+                (b"x-engy-model", model.encode()),
             ],
         }
     )

@@ -14,10 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engy_node.gateway.api import openai_api
+from engy_node.gateway.api import model_list, openai_api
 from engy_node.gateway.api.chat import STATUS_BY_KIND, GatewayError
 from engy_node.gateway.api.openai_api import ChunkEncoder, completion_body, parse_chat_request
 from engy_node.model_output import OutputParser, ReasoningDelta, TextDelta, ToolCall, parse_output
+from engy_node.models import SMOLLM2_135M
 from tests.engy_node.gateway.wire_helpers import (
     MAX_OUTPUT,
     MODEL,
@@ -565,15 +566,20 @@ def test_an_in_band_error_after_the_first_chunk_raises_api_error():
     assert len(received) == 2
 
 
-def test_the_sdk_lists_and_retrieves_models():
+def test_the_sdk_lists_and_retrieves_models_with_their_metadata():
+    body = model_list.model_body(SMOLLM2_135M, created=1700000000, verified_by=["toploc"])
+
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
-            return httpx.Response(200, json=openai_api.models_body([(MODEL, 1700000000, "engy")]))
-        return httpx.Response(200, json=openai_api.model_body((MODEL, 1700000000, "engy")))
+            return httpx.Response(200, json=model_list.models_body([body]))
+        return httpx.Response(200, json=body)
 
     client = sdk_client(handler)
-    assert [(m.id, m.created, m.owned_by) for m in client.models.list()] == [(MODEL, 1700000000, "engy")]
-    assert client.models.retrieve(MODEL).id == MODEL
+    listed = list(client.models.list())
+    assert [(m.id, m.created, m.owned_by) for m in listed] == [(SMOLLM2_135M.id, 1700000000, "engy")]
+    assert listed[0].model_extra["context_length"] == SMOLLM2_135M.context_length
+    assert listed[0].model_extra["verification"] == ["toploc"]
+    assert client.models.retrieve(SMOLLM2_135M.id).model_extra["pricing"]["prompt"] == "0.00000001"
 
 
 @settings(max_examples=150, deadline=None)
