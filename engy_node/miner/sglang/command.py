@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Literal
 
 __all__ = ["LaunchSpec", "reference_launch", "sglang_launch", "shell_command"]
@@ -47,6 +48,11 @@ _SGLANG_MANAGED_FLAGS = frozenset({
     "--context-length", "--enable-return-hidden-states", "--enable-cache-report",
     "--enable-metrics", "--enable-deterministic-inference", "--host", "--port",
 })  # fmt: skip
+
+CAPTURE_SITE = Path(__file__).with_name("capture_site")
+"""The sitecustomize shim that arms `gemm_capture` in sglang's processes."""
+CAPTURE_PORT_ENV = "ENGY_GEMM_CAPTURE_PORT"
+"""`gemm_capture.PORT_ENV` (not imported: that module imports numpy, this one stays pure)."""
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -98,6 +104,7 @@ def sglang_launch(
     context_length: int | None = None,
     kv_cache_dtype: str | None = None,
     chunked_prefill_size: int | None = None,
+    gemm_capture_port: int | None = None,
     extra_flags: Sequence[str] = (),
 ) -> LaunchSpec:
     """The sglang command in the published reference form (docs/architecture.md), flag for flag:
@@ -116,8 +123,15 @@ def sglang_launch(
     states, the OpenAI usage's cached_tokens needs the cache report, and the supervisor's stall
     detection and latency dashboards need `/metrics`. Raises ValueError naming the argument
     that is wrong.
+
+    `gemm_capture_port` arms the GEMM audit's capture (`gemm_capture`): the `capture_site`
+    folder goes on the server's PYTHONPATH (replacing an inherited one) with the port its
+    openings are served on, and `--disable-cuda-graph --disable-radix-cache` follow the
+    reference form, since the capture refuses rows its hooks did not see.
     """
     _check_port(port)
+    if gemm_capture_port is not None:
+        _check_port(gemm_capture_port)
     _check_positive("tp", tp)
     _check_positive("dp", dp)
     _check_positive("max_running_requests", max_running_requests)
@@ -132,7 +146,8 @@ def sglang_launch(
     if not served_model_name:
         raise ValueError("served_model_name must not be empty: the gateway routes by it")
     extra = tuple(extra_flags)
-    clashing = sorted({flag.split("=", 1)[0] for flag in extra} & _SGLANG_MANAGED_FLAGS)
+    capture_flags = ("--disable-cuda-graph", "--disable-radix-cache") if gemm_capture_port is not None else ()
+    clashing = sorted({flag.split("=", 1)[0] for flag in extra} & (_SGLANG_MANAGED_FLAGS | set(capture_flags)))
     if clashing:
         raise ValueError(
             f"extra_flags repeat {', '.join(clashing)}, which the plan already sets; change the plan value instead"
@@ -174,9 +189,13 @@ def sglang_launch(
         host,
         "--port",
         str(port),
+        *capture_flags,
         *extra,
     ]
-    return LaunchSpec(kind="sglang", argv=tuple(argv), env=SGLANG_ENV, base_url=_base_url(host, port))
+    env = SGLANG_ENV
+    if gemm_capture_port is not None:
+        env += (("PYTHONPATH", str(CAPTURE_SITE)), (CAPTURE_PORT_ENV, str(gemm_capture_port)))
+    return LaunchSpec(kind="sglang", argv=tuple(argv), env=env, base_url=_base_url(host, port))
 
 
 def reference_launch(

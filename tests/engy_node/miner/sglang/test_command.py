@@ -175,3 +175,16 @@ def test_the_shell_text_splits_back_into_the_exact_environment_and_argv(words, v
 def test_a_checkpoint_path_with_spaces_and_quotes_survives_the_shell_round_trip():
     spec = sglang_launch(**{**PUBLISHED_PLAN, "checkpoint": '/models/it\'s a "model" $HOME'})
     assert shlex.split(shell_command(spec))[1:] == list(spec.argv)
+
+
+def test_the_gemm_capture_puts_its_shim_on_the_path_and_turns_off_what_it_cannot_see():
+    spec = sglang_launch(**PUBLISHED_PLAN, gemm_capture_port=8101)
+    assert shlex.join(spec.argv).startswith(PUBLISHED + " --disable-cuda-graph --disable-radix-cache")
+    env = dict(spec.env)
+    assert env["ENGY_GEMM_CAPTURE_PORT"] == "8101"
+    assert (Path(env["PYTHONPATH"]) / "sitecustomize.py").is_file()
+    assert "PYTHONPATH" not in dict(sglang_launch(**PUBLISHED_PLAN).env)
+    with pytest.raises(ValueError, match="--disable-cuda-graph"):
+        sglang_launch(**PUBLISHED_PLAN, gemm_capture_port=8101, extra_flags=["--disable-cuda-graph"])
+    with pytest.raises(ValueError, match="port"):
+        sglang_launch(**PUBLISHED_PLAN, gemm_capture_port=0)
