@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from engy_node.alerts import settings as alert_settings
+from engy_node.alerts.settings import AlertsSection
 from engy_node.errors import ConfigError
 
 APP_NAME = "engy"
@@ -373,6 +375,7 @@ class Config:
     verifier: VerifierSection = VerifierSection()
     validator: ValidatorSection = ValidatorSection()
     control: ControlSection = ControlSection()
+    alerts: AlertsSection = AlertsSection()
 
 
 SECTIONS: dict[str, type] = {
@@ -383,6 +386,7 @@ SECTIONS: dict[str, type] = {
     "verifier": VerifierSection,
     "validator": ValidatorSection,
     "control": ControlSection,
+    "alerts": AlertsSection,
 }
 
 PUBLIC_MINER_ENV: dict[str, tuple[str, str]] = {
@@ -677,6 +681,7 @@ def _validate(config: Config) -> None:
         raise ConfigError("serve.request_timeout_s must be positive")
     if serve.prefix_cache_tokens < 0:
         raise ConfigError("serve.prefix_cache_tokens must be 0 (off) or a number of tokens")
+    alert_settings.validate(config.alerts)
     if config.node.log_ring_size < 100:
         raise ConfigError("node.log_ring_size must be at least 100")
     for section in ("serve", "miner"):

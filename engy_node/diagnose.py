@@ -66,7 +66,7 @@ MIN_LITERAL_SECRET_CHARS = 6
 """Secret values shorter than this are not scrubbed as literals from free text: replacing every
 `abc` would mangle the logs, and no key this node issues or reads is that short (gateway keys
 are 51 characters, the control token 43)."""
-SECRET_WORDS = frozenset({"key", "token", "secret", "password", "passphrase", "credentials"})
+SECRET_WORDS = frozenset({"key", "token", "secret", "password", "passphrase", "credentials", "webhooks"})
 """A config field is secret when one of its `_`-separated words is one of these. Whole words,
 not substrings: `wallet_hotkey` names a wallet file (a hotkey is a public address),
 `keepalive_s` and `chunk_tokens` are numbers, and masking them would hide what support needs."""

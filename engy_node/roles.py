@@ -52,4 +52,8 @@ def role_services(config: Config, hub: Hub, roles: Sequence[str], actions: Actio
         from engy_node.validator.role import run_validator
 
         services.append(("validator", functools.partial(run_validator, config, hub)))
+    if services:
+        from engy_node.alerts.task import run_alerts
+
+        services.append(("alerts", functools.partial(run_alerts, config.alerts, hub)))
     return services

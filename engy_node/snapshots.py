@@ -28,6 +28,10 @@ import typing
 from collections.abc import Hashable, Mapping
 from typing import Any, Literal, TypeVar
 
+# The alert task's state is declared beside its rules, and re-exported like the verdict tallies.
+from engy_node.alerts.state import Alert as Alert
+from engy_node.alerts.state import AlertsState as AlertsState
+
 # The verdict tallies are part of the schema (re-exported: the dashboards read them from here).
 from engy_node.verdict_counts import PROOFS as PROOFS
 from engy_node.verdict_counts import ProofVerdicts as ProofVerdicts
@@ -558,6 +562,7 @@ SINGLE_COMPONENTS: Mapping[str, type] = {
     "traffic_generator": TrafficGeneratorState,
     "validator": ValidatorState,
     "verifier": VerifierState,
+    "alerts": AlertsState,
 }
 """Each component a node has at most one of, by hub name."""
 
@@ -615,6 +620,7 @@ class NodeStates:
     traffic_generator: TrafficGeneratorState | None = None
     validator: ValidatorState | None = None
     verifier: VerifierState | None = None
+    alerts: AlertsState | None = None
     miners: dict[str, MinerState] = dataclasses.field(default_factory=dict)
     """By hub component (`miner`, `miner-1`, …)."""
     model_servers: dict[str, ModelServerState] = dataclasses.field(default_factory=dict)

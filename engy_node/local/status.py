@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engy_node.snapshots import (
+    AlertsState,
     ChainState,
     EpochsState,
     GatewayLeg,
@@ -48,7 +49,7 @@ def format_status(status: Mapping[str, Any], *, now: float | None = None) -> str
 def status_text(node: NodeInfo, states: NodeStates, *, now: float | None = None) -> str:
     """A node's info and decoded states as text (what the TUI's overview shows)."""
     now = time.time() if now is None else now
-    lines = [_header(node, now)]
+    lines = [_header(node, now), *_alerts(states.alerts)]
     names = {ss58: name for name, ss58 in node.hotkeys.items()}
     if states.network is not None:
         network = states.network
@@ -88,6 +89,17 @@ def status_text(node: NodeInfo, states: NodeStates, *, now: float | None = None)
             + (f" (last error: {demo.last_error})" if demo.last_error and demo.failed else ""),
         ]
     return "\n".join(lines)
+
+
+def _alerts(alerts: AlertsState | None) -> list[str]:
+    """The alerts firing now, first, since they are what an operator came to see (none: no line,
+    unless posting them to a webhook failed)."""
+    if alerts is None:
+        return []
+    lines = [f"⚠ alert {alert.rule}: {alert.text}" for alert in alerts.firing]
+    if alerts.failed and alerts.last_error:
+        lines.append(f"⚠ {alerts.failed} alert notification(s) not delivered: {alerts.last_error}")
+    return lines
 
 
 def _gateway(gateway: GatewayState) -> list[str]:

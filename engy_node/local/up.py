@@ -51,6 +51,7 @@ from typing import Any
 import trio
 
 from engy_node import __version__, keys
+from engy_node.alerts.task import run_alerts
 from engy_node.config import Config
 from engy_node.control import Actions, node_actions, serve_control
 from engy_node.errors import EngyError
@@ -343,6 +344,7 @@ async def run_up(
             )
             await nursery.start(_publish_chain, chain, hub, config.node.netuid)
             await nursery.start(run_gpu_monitor, hub)
+            await nursery.start(run_alerts, config.alerts, hub)
             urls: GatewayUrls = await nursery.start(
                 functools.partial(run_gateway, config, hub, local_verifier=run_local_verifier)
             )

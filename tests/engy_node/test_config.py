@@ -182,7 +182,7 @@ def test_an_unknown_section_in_the_file_suggests_the_closest_section(tmp_path):
 
 def test_an_unknown_section_with_no_close_match_lists_the_known_sections(tmp_path):
     write_toml(tmp_path, "[zzzzzz]\nx = 1\n")
-    with pytest.raises(ConfigError, match="known: control, gateway, miner, node, serve, validator, verifier"):
+    with pytest.raises(ConfigError, match="known: alerts, control, gateway, miner, node, serve, validator, verifier"):
         load_config(home=tmp_path, env={})
 
 

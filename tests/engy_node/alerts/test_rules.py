@@ -1,0 +1,170 @@
+"""The alert rules (`engy_node.alerts.rules`): each rule over hand-made states, and dedup and
+recovery over every sequence of checks hypothesis draws."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engy_node.alerts.rules import Book, Condition, Limits, conditions, evaluate, step
+from engy_node.diagnose import is_secret_field
+from engy_node.snapshots import (
+    BuyerAccount,
+    BuyersState,
+    Finding,
+    GpusState,
+    MinerState,
+    ModelServerState,
+    NodeStates,
+    ServerFailure,
+    StandingChange,
+    TrafficPolicyState,
+    TrafficStanding,
+    ValidatorState,
+)
+
+LIMITS = Limits(weights_stale_blocks=100, balance_low_usd_micro=500_000, restart_window_s=60.0)
+
+
+def rules_of(states: NodeStates, *, restarts=None, now: float = 1000.0) -> dict[str, Condition]:
+    return {c.key: c for c in conditions(states, LIMITS, restarts=restarts or {}, now=now)}
+
+
+def test_a_quiet_node_fires_nothing() -> None:
+    assert rules_of(NodeStates()) == {}
+    busy = NodeStates(
+        traffic=TrafficPolicyState(workers=(TrafficStanding(miner="m1", model="x", state="active"),)),
+        miners={"miner": MinerState(legs_up=2, link_error=None)},
+        validator=ValidatorState(blocks_since_submit=99),
+        buyers=BuyersState(accounts=1, top=(BuyerAccount(account_id=1, name="b", available=500_000),)),
+        model_servers={"miner": ModelServerState(state="ready")},
+        gpus=GpusState(findings=(Finding(gpu=0, kind="pcie", level="warning", text="x4 link"),)),
+    )
+    assert rules_of(busy) == {}
+
+
+def test_a_pull_by_the_breaker_is_breaker_open_and_others_are_pulled() -> None:
+    breaker = TrafficStanding(
+        miner="m1",
+        model="x",
+        state="pulled",
+        reason="3 failures in a row",
+        history=(StandingChange(from_state="active", to_state="pulled", code="failures-in-a-row"),),
+    )
+    cheat = TrafficStanding(
+        miner="m2", model="x", state="pulled", reason="cheat verdict", history=(StandingChange(code="cheat"),)
+    )
+    found = rules_of(NodeStates(traffic=TrafficPolicyState(workers=(breaker, cheat))))
+    assert set(found) == {"breaker_open:m1 x", "miner_pulled:m2 x"}
+    assert "3 failures in a row" in found["breaker_open:m1 x"].text
+    assert "cheat verdict" in found["miner_pulled:m2 x"].text
+
+
+def test_a_denied_miner_quotes_the_gateway() -> None:
+    found = rules_of(NodeStates(miners={"miner": MinerState(legs_up=0, denied="hotkey not registered on netuid 53")}))
+    assert found["miner_link:miner"].text.endswith("hotkey not registered on netuid 53")
+
+
+def test_stale_weights_from_the_last_landing_or_the_chain() -> None:
+    landed = rules_of(NodeStates(validator=ValidatorState(hotkey="5V", blocks_since_submit=100, chain_error="down")))
+    assert "100 blocks ago" in landed["weights_stale:5V"].text and "down" in landed["weights_stale:5V"].text
+    never = rules_of(NodeStates(validator=ValidatorState(block=5000, last_update=4800)))
+    assert "updated on chain 200 blocks ago" in never["weights_stale:validator"].text
+    assert rules_of(NodeStates(validator=ValidatorState(block=5000))) == {}
+
+
+def test_gpu_findings_that_alert() -> None:
+    findings = (
+        Finding(gpu=0, kind="throttling", level="warning", text="hw_thermal: clean the heatsink"),
+        Finding(gpu=1, kind="lost", level="error", text="fell off the bus: reseat it"),
+        Finding(gpu=2, kind="read_errors", level="error", text="fan speed (Unknown Error)"),
+        Finding(gpu=3, kind="fan", level="warning", text="fan at 100 %"),
+    )
+    found = rules_of(NodeStates(gpus=GpusState(findings=findings)))
+    assert set(found) == {"gpu:gpu0 throttling", "gpu:gpu1 lost", "gpu:gpu2 read_errors"}
+    assert found["gpu:gpu1 lost"].level == "error"
+
+
+def test_model_server_down_and_recent_restarts() -> None:
+    failure = ServerFailure(kind="oom", summary="CUDA out of memory", fix="lower miner.max_inflight")
+    states = NodeStates(model_servers={"miner": ModelServerState(state="restarting", restarts=2, last_failure=failure)})
+    found = rules_of(states, restarts={"miner": (2, 990.0)}, now=1000.0)
+    assert set(found) == {"server_down:miner", "server_restarts:miner"}
+    assert "CUDA out of memory — lower miner.max_inflight" in found["server_down:miner"].text
+    later = rules_of(states, restarts={"miner": (2, 900.0)}, now=1000.0)
+    assert set(later) == {"server_down:miner"}
+
+
+def test_low_balance_is_integer_micro_usd() -> None:
+    top = (BuyerAccount(account_id=7, available=499_999), BuyerAccount(account_id=8, name="ok", available=500_000))
+    found = rules_of(NodeStates(buyers=BuyersState(accounts=2, top=top)))
+    assert set(found) == {"balance_low:account 7"}
+    assert "$0.5000 available" in found["balance_low:account 7"].text
+
+
+def test_restarts_are_remembered_across_checks() -> None:
+    def at(restarts: int, state: str = "ready") -> NodeStates:
+        return NodeStates(model_servers={"miner": ModelServerState(state=state, restarts=restarts)})
+
+    book, notes = evaluate(Book(), at(0), LIMITS, 0.0)
+    assert notes == ()
+    book, notes = evaluate(book, at(1), LIMITS, 10.0)
+    assert [(n.kind, n.alert.key) for n in notes] == [("firing", "server_restarts:miner")]
+    book, notes = evaluate(book, at(1), LIMITS, 69.0)
+    assert notes == ()
+    book, notes = evaluate(book, at(1), LIMITS, 70.0)
+    assert [(n.kind, n.alert.key) for n in notes] == [("resolved", "server_restarts:miner")]
+    assert notes[0].alert.since == 10.0
+
+
+def test_webhook_urls_are_masked_in_support_bundles() -> None:
+    assert is_secret_field("webhooks")
+
+
+KEYS = st.sampled_from(["a", "b", "c"])
+CHECKS = st.lists(st.tuples(st.frozensets(KEYS), st.floats(min_value=0.0, max_value=50.0)), max_size=30)
+
+
+def condition(key: str, text: str = "") -> Condition:
+    return Condition("rule", "warning", key, text or f"{key} holds")
+
+
+@settings(max_examples=300)
+@given(CHECKS, st.sampled_from([0.0, 10.0, 25.0]))
+def test_each_alert_is_notified_once_per_episode_and_recovers_once(checks, renotify_s) -> None:
+    firing: dict = {}
+    now = 0.0
+    before: frozenset[str] = frozenset()
+    for holding, gap in checks:
+        now += gap
+        firing, notes = step(firing, [condition(k) for k in sorted(holding)], now=now, renotify_s=renotify_s)
+        assert {a.subject for a in firing.values()} == holding
+        started = {n.alert.subject for n in notes if n.kind == "firing"}
+        resolved = {n.alert.subject for n in notes if n.kind == "resolved"}
+        reminded = {n.alert.subject for n in notes if n.kind == "reminder"}
+        assert started == holding - before
+        assert resolved == before - holding
+        assert reminded <= holding & before
+        if renotify_s == 0:
+            assert not reminded
+        for alert in firing.values():
+            assert alert.notified_at is not None and alert.since is not None
+            assert alert.since <= alert.notified_at <= now
+            if renotify_s:
+                assert now - alert.notified_at < renotify_s or alert.notified_at == now
+        assert len(notes) == len(started) + len(resolved) + len(reminded)
+        before = holding
+
+
+@given(st.lists(st.text(max_size=5), min_size=1, max_size=5))
+def test_a_firing_alert_takes_new_text_without_a_new_notification(texts) -> None:
+    firing, notes = step({}, [condition("a", "first")], now=0.0)
+    for i, text in enumerate(texts, start=1):
+        firing, notes = step(firing, [condition("a", text or "x")], now=float(i))
+        assert notes == ()
+        assert firing["rule:a"].text == (text or "x") and firing["rule:a"].since == 0.0
+
+
+def test_a_duplicate_key_counts_once() -> None:
+    firing, notes = step({}, [condition("a", "one"), condition("a", "two")], now=1.0)
+    assert len(notes) == 1 and firing["rule:a"].text == "one"
