@@ -16,9 +16,10 @@ Subcommands:
   diagnose     a support bundle (.tar.gz): versions, masked config, GPUs, recent logs, the node's status
   calibrate    how far honest serving and known cheats sit apart on this machine
   weights …    weight commitments for the sampled GEMM audits (weights commit --checkpoint DIR)
+  service …    systemd units and the validator's docker-compose file (service install --role ROLE)
   (no subcommand) --role ROLE …  run node roles (miner, gateway, verifier, validator)
 
-`calibrate`, `gateway …` and `weights …` have flags and work enough to read on their own: each is a module of
+`calibrate`, `gateway …`, `weights …` and `service …` have flags and work enough to read on their own: each is a module of
 `engy_node/commands/` (its parser and its run); the others are a few lines each, here.
 """
 
@@ -34,7 +35,7 @@ import time
 from collections.abc import Sequence
 
 from engy_node import __version__
-from engy_node.commands import calibrate, gateway_admin, weights
+from engy_node.commands import calibrate, gateway_admin, service, weights
 from engy_node.errors import EngyError, RoleError
 
 log = logging.getLogger("engy.cli")
@@ -205,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     calibrate.add_parser(sub)
     weights.add_parser(sub)
+    service.add_parser(sub)
     return parser
 
 
@@ -367,6 +369,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return calibrate.run(config, args)
     if args.command == "weights":
         return weights.run(args)
+    if args.command == "service":
+        return service.run(load_config(home=args.home, overrides=node_overrides), args, home_given=args.home)
     if args.command == "serve":
         if args.role:
             raise RoleError("`serve` runs the model server alone; drop --role, or run roles without `serve`")

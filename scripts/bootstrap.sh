@@ -22,12 +22,16 @@ inputs_hash() {
     cat pyproject.toml requirements.lock scripts/bootstrap.sh | sha256sum | cut -d' ' -f1
 }
 
-# System packages the tests run for real: PostgreSQL (the gateway's shared store) and HAProxy (the
-# load balancer in front of several gateway hosts). Installed only where missing, and only as root
-# (CI, a fresh VM); anyone else is told what to install.
+# System packages the tests run for real: PostgreSQL (the gateway's shared store), HAProxy (the
+# load balancer in front of several gateway hosts), systemd-analyze and promtool (below). Installed
+# only where missing, and only as root (CI, a fresh VM); anyone else is told what to install.
 SYSTEM_PACKAGES=()
 [ -x /usr/lib/postgresql/15/bin/initdb ] || command -v initdb >/dev/null || SYSTEM_PACKAGES+=(postgresql-15)
 command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || SYSTEM_PACKAGES+=(haproxy)
+# systemd-analyze checks the units `engy-node service install` writes, promtool the Prometheus
+# rules in deploy/ (docs/operations.md); their tests skip, saying why, where they are missing.
+command -v systemd-analyze >/dev/null || SYSTEM_PACKAGES+=(systemd)
+command -v promtool >/dev/null || SYSTEM_PACKAGES+=(prometheus)
 if [ ${#SYSTEM_PACKAGES[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "bootstrap: installing ${SYSTEM_PACKAGES[*]}"
