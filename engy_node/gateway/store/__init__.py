@@ -30,6 +30,7 @@ Layout: one module per concern, all on the same database.
     postgres.py    the PostgreSQL database: tables, migrations, the connection pool, what each server failure means
     checks.py      identifiers, codes, digests, catalog ids, amounts, durations and times callers hand in
     keys.py        API and miner keys: minted, shown once, stored as sha256
+    key_limits.py  named keys (expiry, allowed models), per-key limits, and their atomic enforcement
     ledger.py      accounts, API keys and money: credit, hold, settle, release, recovery, balances, books check
     requests.py    the request log (metadata only), usage, epoch windows and a cursor over it, retention
     miners.py      miner registrations and key lookup
@@ -49,6 +50,7 @@ accounts, and other bytes for an epoch already published, raise `StoreError`; ga
 
 from engy_node.gateway.store.checks import CODE, IDENTIFIER
 from engy_node.gateway.store.eligibility import MAX_REASON_CHARS, EligibilityRow
+from engy_node.gateway.store.key_limits import KeyInfo, KeyRefused
 from engy_node.gateway.store.keys import BUYER_KEY_PREFIX, KEY_ENTROPY_BYTES, MINER_KEY_PREFIX
 from engy_node.gateway.store.ledger import (
     RECOVERED_IDS_LOGGED,
@@ -84,6 +86,8 @@ __all__ = [
     "Balance",
     "EligibilityRow",
     "Hold",
+    "KeyInfo",
+    "KeyRefused",
     "KeyRevoked",
     "MinerRecord",
     "RequestLogEntry",

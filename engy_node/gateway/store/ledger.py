@@ -28,8 +28,10 @@ import math
 from collections.abc import Collection
 from typing import Any
 
+from engy_node.gateway.limits import RateView
 from engy_node.gateway.store.checks import identifier, integer
-from engy_node.gateway.store.connection import Connection, Cursor, Session, group_commit, serialised
+from engy_node.gateway.store.connection import Cursor, Session, group_commit, serialised
+from engy_node.gateway.store.key_limits import EXPIRED_KEY, KeyLimits, KeyRefused, KeyRevoked, iso_time
 from engy_node.gateway.store.keys import BUYER_KEY_PREFIX, new_key, sha256
 from engy_node.gateway.store.schema import StoreError
 
@@ -47,10 +49,6 @@ class Account:
     key_id: int
     """The API key it was authenticated by (`api_keys.id`): a hold made with it checks that the
     key is still unrevoked (`Ledger.hold`)."""
-
-
-class KeyRevoked(Exception):
-    """A hold was asked for with an API key that has been revoked since it was authenticated."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,6 +85,8 @@ class Hold:
     amount: int
     request_id: str
     created_at: float
+    rate: RateView | None = None
+    """The key's limits as this hold left them (None: it has none), for the rate-limit headers."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -101,7 +101,7 @@ class Settlement:
     `released` report the earlier closure."""
 
 
-class Ledger(Connection):
+class Ledger(KeyLimits):
     """Accounts, keys and money on the store's connection."""
 
     # -- accounts and keys --------------------------------------------------------------------
@@ -149,10 +149,12 @@ class Ledger(Connection):
             return None
         with self._read() as conn:
             row = conn.execute(
-                "SELECT a.id, a.name, k.id FROM api_keys k JOIN accounts a ON a.id = k.account_id "
+                "SELECT a.id, a.name, k.id, k.expires_at FROM api_keys k JOIN accounts a ON a.id = k.account_id "
                 "WHERE k.key_sha256 = ? AND k.revoked_at IS NULL",
                 (sha256(api_key),),
             ).fetchone()
+        if row is not None and row[3] is not None and row[3] <= self._clock():
+            raise KeyRefused("authentication", EXPIRED_KEY.format(at=iso_time(row[3])))
         return None if row is None else Account(account_id=row[0], name=row[1], key_id=row[2])
 
     @serialised
@@ -201,7 +203,16 @@ class Ledger(Connection):
 
     @group_commit(durable=False)
     @serialised
-    def hold(self, account_id: int, *, amount: int, request_id: str, key_id: int | None = None) -> Hold | None:
+    def hold(
+        self,
+        account_id: int,
+        *,
+        amount: int,
+        request_id: str,
+        key_id: int | None = None,
+        model: str | None = None,
+        tokens: int = 0,
+    ) -> Hold | None:
         """Reserve `amount` for `request_id`, or None when the available balance cannot cover it
         (the caller answers 402).
 
@@ -216,8 +227,13 @@ class Ledger(Connection):
         paid request checks its key against the shared database at no cost of its own (no
         extra statement or round trip), however long its gateway process caches the key.
 
+        The key's limits (`key_limits.py`) are counted in the same transaction: this hold's
+        `amount` against its spend caps, `tokens` (prompt + max_tokens) against its tokens per
+        minute, `model` against the models it may use; `Hold.rate` is what its headers report.
+
         Raises:
             KeyRevoked: `key_id` names a key that has been revoked.
+            KeyRefused: the key is expired, may not use `model`, or is over a limit (nothing held).
         """
         integer("amount", amount)
         identifier("request_id", request_id)
@@ -249,11 +265,18 @@ class Ledger(Connection):
                     "VALUES (?, 'hold', ?, ?, ?, ?) RETURNING id",
                     (account_id, amount, request_id, row[0], now),
                 ).fetchone()[0]
+                rate = None
+                if key_id is not None:
+                    rate = self.admit_key(
+                        conn, key_id, hold_id=hold_id, now=now, model=model, tokens=tokens, micro=amount
+                    )
         except self._db.errors as error:
             if self._db.is_unique_violation(error):
                 raise ValueError(f"request {request_id} already has a hold; request ids must be unique") from None
             raise
-        return Hold(hold_id=hold_id, account_id=account_id, amount=amount, request_id=request_id, created_at=now)
+        return Hold(
+            hold_id=hold_id, account_id=account_id, amount=amount, request_id=request_id, created_at=now, rate=rate
+        )
 
     @group_commit(durable=True)
     @serialised
@@ -273,15 +296,18 @@ class Ledger(Connection):
     def release(self, hold: Hold) -> Settlement:
         """Return the whole hold to the available balance (the request failed or was never
         served). Idempotent exactly like `settle`."""
-        return self._close(hold, cost=0, durable=False)
+        return self._close(hold, cost=0, durable=False, used_tokens=0)
 
-    def _close(self, hold: Hold, *, cost: int, durable: bool) -> Settlement:
+    def _close(self, hold: Hold, *, cost: int, durable: bool, used_tokens: int | None = None) -> Settlement:
         now = self._clock()
         with self._write(durable=durable, pipelined=True) as conn:
-            return self._close_in(conn, hold, cost=cost, now=now)
+            return self._close_in(conn, hold, cost=cost, now=now, used_tokens=used_tokens)
 
-    def _close_in(self, conn: Session, hold: Hold, *, cost: int, now: float) -> Settlement:
-        """`settle`'s work inside the caller's transaction."""
+    def _close_in(
+        self, conn: Session, hold: Hold, *, cost: int, now: float, used_tokens: int | None = None
+    ) -> Settlement:
+        """`settle`'s work inside the caller's transaction; `used_tokens`, when known, corrects
+        the key's tokens per minute (`key_limits.close_key`)."""
         # The hold row first, locked (PostgreSQL; SQLite's write lock already covers it): two
         # closures of one hold, from any two hosts, then run one after the other, and the
         # second finds the first's rows below instead of failing on the unique index. The
@@ -316,6 +342,7 @@ class Ledger(Connection):
             charged=charged,
             released=amount - charged,
             now=now,
+            used_tokens=used_tokens,
         )
         return Settlement(hold_id=hold.hold_id, charged=charged, released=amount - charged, applied=True)
 
@@ -347,6 +374,7 @@ class Ledger(Connection):
                 charged=0,
                 released=hold.amount,
                 now=now,
+                used_tokens=0,
             )
         return still_open
 
@@ -366,9 +394,17 @@ class Ledger(Connection):
             return None
         return Settlement(hold_id=hold_id, charged=rows["settle"], released=rows["release"], applied=False)
 
-    @staticmethod
     def _write_closure(
-        conn: Session, *, account_id: int, hold_id: int, request_id: str, charged: int, released: int, now: float
+        self,
+        conn: Session,
+        *,
+        account_id: int,
+        hold_id: int,
+        request_id: str,
+        charged: int,
+        released: int,
+        now: float,
+        used_tokens: int | None,
     ) -> None:
         # Both rows are always written, zero amounts included, so "closed" has one meaning the
         # unique index can enforce: this hold has its settle row and its release row.
@@ -398,6 +434,7 @@ class Ledger(Connection):
                 now,
             ),
         )
+        self.close_key(conn, hold_id, released=released, used_tokens=used_tokens)
 
     @serialised
     def recover_open_holds(self, *, older_than: float | None = None) -> list[Hold]:

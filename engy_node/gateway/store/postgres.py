@@ -172,9 +172,34 @@ _VERSION_5 = (
 )
 
 SCHEMA += _VERSION_5
+
+_VERSION_6 = (
+    "ALTER TABLE api_keys ADD COLUMN name TEXT",
+    "ALTER TABLE api_keys ADD COLUMN hint TEXT",
+    "ALTER TABLE api_keys ADD COLUMN expires_at DOUBLE PRECISION",
+    "ALTER TABLE api_keys ADD COLUMN models TEXT",
+    """CREATE TABLE account_limits (
+        account_id BIGINT PRIMARY KEY REFERENCES accounts(id),
+        rpm BIGINT, tpm BIGINT, concurrent BIGINT, daily_micro BIGINT, monthly_micro BIGINT)""",
+    """CREATE TABLE key_limits (
+        key_id BIGINT PRIMARY KEY REFERENCES api_keys(id),
+        rpm BIGINT, tpm BIGINT, concurrent BIGINT, daily_micro BIGINT, monthly_micro BIGINT,
+        in_flight BIGINT NOT NULL DEFAULT 0 CHECK (in_flight >= 0),
+        minute BIGINT NOT NULL DEFAULT 0, minute_requests BIGINT NOT NULL DEFAULT 0,
+        minute_tokens BIGINT NOT NULL DEFAULT 0, day BIGINT NOT NULL DEFAULT 0,
+        day_micro BIGINT NOT NULL DEFAULT 0, month BIGINT NOT NULL DEFAULT 0,
+        month_micro BIGINT NOT NULL DEFAULT 0)""",
+    """CREATE TABLE key_holds (
+        hold_id BIGINT PRIMARY KEY REFERENCES ledger(id),
+        key_id BIGINT NOT NULL REFERENCES api_keys(id),
+        tokens BIGINT NOT NULL,
+        held_at DOUBLE PRECISION NOT NULL)""",
+)
+
+SCHEMA += _VERSION_6
 """The tables at `SCHEMA_VERSION`, the same as the SQLite file's at that version."""
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {3: _VERSION_4, 4: _VERSION_5}
+MIGRATIONS: dict[int, tuple[str, ...]] = {3: _VERSION_4, 4: _VERSION_5, 5: _VERSION_6}
 """Statements that take a database from version N to N + 1 (PostgreSQL support began at version
 3); each schema change adds its statements here and to `schema.py`."""
 

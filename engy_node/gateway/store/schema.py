@@ -29,7 +29,7 @@ from typing import Literal
 from engy_node.errors import EngyError
 from engy_node.private_files import PRIVATE_DIR_MODE, make_private, private_file
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """Bump with a migration (`MIGRATIONS`) whenever the schema changes; a file of a newer version,
 or of an older one with no migration, is refused."""
 
@@ -184,6 +184,39 @@ _VERSION_5 = (
 
 SCHEMA += _VERSION_5
 
+_VERSION_6 = (
+    # Keys a team manages (`key_limits.py`): a name, a masked hint to tell keys apart by, an
+    # expiry and the models a key may use (a JSON list; NULL: all).
+    "ALTER TABLE api_keys ADD COLUMN name TEXT",
+    "ALTER TABLE api_keys ADD COLUMN hint TEXT",
+    "ALTER TABLE api_keys ADD COLUMN expires_at REAL",
+    "ALTER TABLE api_keys ADD COLUMN models TEXT",
+    # Each account's default limits, and each key's own limits and what it has used per window:
+    # read under the write lock and updated in the hold's transaction, so no two requests on any
+    # worker or host can both take the last unit of a limit.
+    """CREATE TABLE account_limits (
+        account_id INTEGER PRIMARY KEY REFERENCES accounts(id),
+        rpm INTEGER, tpm INTEGER, concurrent INTEGER, daily_micro INTEGER, monthly_micro INTEGER)""",
+    """CREATE TABLE key_limits (
+        key_id INTEGER PRIMARY KEY REFERENCES api_keys(id),
+        rpm INTEGER, tpm INTEGER, concurrent INTEGER, daily_micro INTEGER, monthly_micro INTEGER,
+        in_flight INTEGER NOT NULL DEFAULT 0 CHECK (in_flight >= 0),
+        minute INTEGER NOT NULL DEFAULT 0, minute_requests INTEGER NOT NULL DEFAULT 0,
+        minute_tokens INTEGER NOT NULL DEFAULT 0, day INTEGER NOT NULL DEFAULT 0,
+        day_micro INTEGER NOT NULL DEFAULT 0, month INTEGER NOT NULL DEFAULT 0,
+        month_micro INTEGER NOT NULL DEFAULT 0)""",
+    # The open holds counted against a key's limits, and what each counted: its closure gives
+    # back what it did not use and deletes the row.
+    """CREATE TABLE key_holds (
+        hold_id INTEGER PRIMARY KEY REFERENCES ledger(id),
+        key_id INTEGER NOT NULL REFERENCES api_keys(id),
+        tokens INTEGER NOT NULL,
+        held_at REAL NOT NULL)""",
+)
+"""Added in version 6: named keys with expiry and allowed models, and per-key limits."""
+
+SCHEMA += _VERSION_6
+
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
         "ALTER TABLE request_log ADD COLUMN served_greedily INTEGER NOT NULL DEFAULT 0 CHECK (served_greedily IN (0, 1))",
@@ -191,6 +224,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: _VERSION_3,
     3: _VERSION_4,
     4: _VERSION_5,
+    5: _VERSION_6,
 }
 """Statements that take a file from version N to N + 1, run in one transaction with the check."""
 

@@ -169,7 +169,9 @@ class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, Eligibilit
         now = self._clock()
         row = log_row(entry)
         with self._write(pipelined=True) as conn:
-            settlement = self._close_in(conn, hold, cost=cost, now=now)
+            settlement = self._close_in(
+                conn, hold, cost=cost, now=now, used_tokens=entry.prompt_tokens + entry.completion_tokens
+            )
             # The charge is an integer from 0 to the hold's amount, so the row stays one that the
             # entry's checks pass, without building and checking an entry again.
             row[COST_COLUMN] = settlement.charged
