@@ -35,8 +35,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     credit.add_argument("--memo", default="")
     balance = admin_sub.add_parser("balance", help="show an account's balance")
     balance.add_argument("account", type=int)
-    usage = admin_sub.add_parser("usage", help="show an account's usage")
+    usage = admin_sub.add_parser(
+        "usage",
+        help="an account's usage per key, day and model (requests, tokens, cost, errors, TTFT), with the ledger's charges",
+    )
     usage.add_argument("account", type=int)
+    usage.add_argument("--key", type=int, metavar="KEY_ID", help="only this API key's requests (its number)")
+    usage.add_argument("--since", help="from: unix seconds, a date (2026-12-01) or an ISO time (default: 30 days ago)")
+    usage.add_argument("--until", help="to, not included (default: now)")
+    usage.add_argument("--group-by", choices=("day", "total"), default="day")
+    usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
     register = admin_sub.add_parser("register-miner", help="register a miner and print its miner key (shown once)")
     register.add_argument("name")
     register.add_argument("--hotkey", help="the miner's ss58 hotkey, to admit it by signed hello")
@@ -59,6 +67,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lb.add_argument("--bind", default="0.0.0.0", help="address HAProxy listens on (default 0.0.0.0)")
     lb.add_argument("--buyer-port", type=int, default=8080, help="public buyer API port (default 8080)")
     lb.add_argument("--miner-port", type=int, default=8081, help="public miner port (default 8081)")
+
+
+def _usage(store, args: argparse.Namespace) -> str:
+    from engy_node.gateway.admin import AdminError
+    from engy_node.gateway.billing.usage import DEFAULT_WINDOW_S, parse_time
+    from engy_node.gateway.usage_export import export_usage
+
+    try:
+        until = time.time() if args.until is None else parse_time(args.until, param="--until")
+        since = until - DEFAULT_WINDOW_S if args.since is None else parse_time(args.since, param="--since")
+    except ValueError as error:
+        raise AdminError(str(error)) from None
+    return export_usage(
+        store,
+        account_id=args.account,
+        key_id=args.key,
+        since=since,
+        until=until,
+        group_by=args.group_by,
+        fmt=args.format,
+    )
 
 
 def run(config, args: argparse.Namespace) -> int:
@@ -99,7 +128,7 @@ def run(config, args: argparse.Namespace) -> int:
         elif action == "balance":
             print(admin.show_balance(store, account_id=args.account))
         elif action == "usage":
-            print(admin.show_usage(store, account_id=args.account))
+            print(_usage(store, args), end="")
         elif action == "register-miner":
             print(admin.register_miner(store, name=args.name, hotkey=args.hotkey))
         elif action == "miners":

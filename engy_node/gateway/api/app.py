@@ -29,6 +29,7 @@ from starlette.routing import Route, WebSocketRoute
 from engy_node.asgi import Receive, Send
 from engy_node.gateway.api import anthropic_api, model_list, openai_api
 from engy_node.gateway.api.chat import GatewayError
+from engy_node.gateway.api.generations import BuyerRecords
 from engy_node.gateway.fleet.workers import LISTEN_BACKLOG
 from engy_node.gateway.request.flight import new_request_id
 from engy_node.gateway.request.lifecycle import Gateway
@@ -52,6 +53,8 @@ ROUTES = (
     "POST /v1/messages/count_tokens",
     "GET /v1/models",
     "GET /v1/models/{model}",
+    "GET /v1/generation?id=…",
+    "GET /v1/usage",
     "GET /health",
 )
 """What the buyer API serves, as a 404 lists it."""
@@ -227,6 +230,7 @@ class BuyerApp:
 
 
 def build_buyer_app(handlers: Handlers) -> BuyerApp:
+    records = BuyerRecords(handlers.gateway, clock=handlers.gateway.clock)
     chat = {
         "/v1/chat/completions": ChatEndpoint(handlers.gateway, OPENAI),
         "/v1/messages": ChatEndpoint(handlers.gateway, ANTHROPIC),
@@ -237,6 +241,8 @@ def build_buyer_app(handlers: Handlers) -> BuyerApp:
         Route("/v1/models", handlers.models, methods=["GET"]),
         Route("/v1/models/{name:path}", handlers.model, methods=["GET"]),
         Route("/health", handlers.health, methods=["GET"]),
+        Route("/v1/generation", records.generation, methods=["GET"]),
+        Route("/v1/usage", records.usage, methods=["GET"]),
     ]
     return BuyerApp(chat, Starlette(routes=routes, exception_handlers=ERROR_HANDLERS))
 

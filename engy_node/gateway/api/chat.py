@@ -93,6 +93,8 @@ class ChatRequest:
     `chat_template_kwargs`, as sglang and vLLM take it; Anthropic's `thinking` switch."""
     include_usage: bool = False
     """OpenAI `stream_options.include_usage`."""
+    include_cost: bool = False
+    """The buyer asked for `usage.cost` (`cost_fields`)."""
     fallbacks: tuple[str, ...] = ()
     """Models to serve it with instead, in order, when no miner of `model` has room (OpenRouter's
     `models`: `engy_node.gateway.routing.fallbacks` picks one before the hold)."""

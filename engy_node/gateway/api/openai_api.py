@@ -57,6 +57,7 @@ from typing import Any
 import orjson
 
 from engy_node.chat_template import RESERVED_VARIABLES
+from engy_node.gateway.api import cost_fields
 from engy_node.gateway.api.chat import ChatRequest, FinishReason, GatewayError, Usage
 from engy_node.gateway.api.fallback_models import requested_models
 from engy_node.gateway.api.validation import (
@@ -223,10 +224,10 @@ FIELDS: dict[str, FieldRule] = {
 with it (`validation` says what each kind means). A field not listed is refused as OpenAI
 refuses it."""
 
-EXTENSION_FIELDS: dict[str, FieldRule] = {"chat_template_kwargs": USED, "models": USED}
+EXTENSION_FIELDS: dict[str, FieldRule] = {"chat_template_kwargs": USED, "models": USED, "usage": USED}
 """Fields beyond the SDK's that open-model servers take (sglang, vLLM) and buyers send through
 `extra_body`: variables for the model's chat template (`{"enable_thinking": false}`); and
-OpenRouter's fallback `models` (`fallback_models`)."""
+OpenRouter's fallback `models` (`fallback_models`) and `usage: {"include": true}` (`cost_fields`)."""
 
 _STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation"})
 _ALL_FIELDS = {**FIELDS, **EXTENSION_FIELDS}
@@ -439,6 +440,7 @@ def parse_chat_request(
         tools=tools,
         tool_choice=tool_choice,
         include_usage=bool(stream and include_usage),
+        include_cost=cost_fields.asked_in_body(body.get("usage")),
         chat_template_kwargs=_chat_template_kwargs(body.get("chat_template_kwargs")),
         fallbacks=fallbacks,
     )
@@ -606,11 +608,12 @@ class ChunkEncoder:
         flush()
         return chunks
 
-    def finish(self, finish_reason: FinishReason, usage: Usage) -> list[bytes]:
+    def finish(self, finish_reason: FinishReason, usage: Usage, cost: Mapping[str, Any] | None = None) -> list[bytes]:
         """The `finish_reason` chunk (`stop` becomes `tool_calls` when tools were called), the usage
-        chunk with `choices: []` when the buyer asked for it, then `[DONE]`."""
+        chunk with `choices: []` when the buyer asked for it or for the `cost` (`cost_fields`),
+        then `[DONE]`."""
         chunks = [self._chunk(delta={}, finish_reason=_finish_reason(finish_reason, called_tools=self._called_tools))]
-        if self._include_usage:
+        if self._include_usage or cost is not None:
             chunks.append(
                 _sse(
                     {
@@ -619,7 +622,7 @@ class ChunkEncoder:
                         "created": self._created,
                         "model": self._model,
                         "choices": [],
-                        "usage": usage_body(usage),
+                        "usage": {**usage_body(usage), **(cost or {})},
                     }
                 )
             )

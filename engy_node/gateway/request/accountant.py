@@ -131,6 +131,12 @@ class Accountant:
 
     async def settle(self, flight: Flight, *, status: int, completion_claim: dict | None, relayed_tokens: int) -> Usage:
         """Charge for what the buyer got, release the rest of the hold, record metadata."""
+        usage = self.billable(flight, completion_claim=completion_claim, relayed_tokens=relayed_tokens)
+        await self.charge(flight, usage, status=status)
+        return usage
+
+    def billable(self, flight: Flight, *, completion_claim: dict | None, relayed_tokens: int) -> Usage:
+        """The usage the buyer is billed for (`billing.billable_usage`), before `charge`."""
         prompt = len(flight.prompt_ids)
         claimed = Usage(prompt_tokens=prompt, completion_tokens=relayed_tokens, cached_tokens=0)
         committed_completion = relayed_tokens
@@ -143,24 +149,29 @@ class Accountant:
                 cached_tokens=min(prompt, count_or_zero(details.get("cached_tokens"))),
             )
             committed_completion = completion_claim.get("committed_completion", relayed_tokens)
-        usage = billing.billable_usage(
+        return billing.billable_usage(
             claimed=claimed,
             committed_prompt=prompt,
             committed_completion=committed_completion,
             relayed_completion=relayed_tokens,
         )
+
+    async def charge(self, flight: Flight, usage: Usage, *, status: int, finish: str | None = None) -> None:
+        """Charge `usage` (`billable`), release the rest of the hold, record metadata with the
+        answer's `finish` reason; `flight.charged` is then what the ledger charged."""
         self.prompt_cache.add(usage)
         if flight.hold is None:
-            await self.log_outcome(flight, status=status, usage=usage)
-            return usage
+            await self.log_outcome(flight, status=status, usage=usage, finish=finish)
+            return
         # One write: the charge and the request's log row (which epochs are settled from, so it
         # records what the ledger charged) land together or not at all.
         settlement = await self.store.run(
             self.store.settle_and_log,
             flight.hold,
             cost=billing.charge(price=flight.model.spec.price, usage=usage),
-            entry=self._log_entry(flight, status=status, usage=usage, cost=0),
+            entry=self._log_entry(flight, status=status, usage=usage, cost=0, finish=finish),
         )
+        flight.charged = settlement.charged
         if not settlement.applied:
             log.error(
                 "request %s: its hold was closed before it settled (charged %d µUSD, released %d); the answer is "
@@ -169,10 +180,11 @@ class Accountant:
                 settlement.charged,
                 settlement.released,
             )
-        return usage
 
-    async def log_outcome(self, flight: Flight, *, status: int, usage: Usage | None, cost: int = 0) -> None:
-        entry = self._log_entry(flight, status=status, usage=usage, cost=cost)
+    async def log_outcome(
+        self, flight: Flight, *, status: int, usage: Usage | None, cost: int = 0, finish: str | None = None
+    ) -> None:
+        entry = self._log_entry(flight, status=status, usage=usage, cost=cost, finish=finish)
         if self.request_log is not None and self.request_log.add(entry):
             return
         try:
@@ -182,7 +194,9 @@ class Accountant:
             # The request itself is served and billed; losing its log row must not fail it.
             log.error("request %s: could not write the request log (%s)", entry.request_id, error)
 
-    def _log_entry(self, flight: Flight, *, status: int, usage: Usage | None, cost: int) -> RequestLogEntry:
+    def _log_entry(
+        self, flight: Flight, *, status: int, usage: Usage | None, cost: int, finish: str | None = None
+    ) -> RequestLogEntry:
         elapsed_ms = int((self.monotonic() - flight.started) * 1000)
         ttft_ms = int((flight.first_output_at - flight.started) * 1000) if flight.first_output_at else None
         tpot_ms = None
@@ -204,6 +218,12 @@ class Accountant:
             tpot_ms=tpot_ms,
             created_at=self.clock(),
             served_greedily=flight.served_greedily,
+            key_id=flight.key_id,
+            # Counted on the answer as proven, which a miner's lower completion claim can undercut.
+            reasoning_tokens=min(usage.reasoning_tokens, usage.completion_tokens) if usage else 0,
+            finish_reason=finish,
+            total_ms=elapsed_ms,
+            audited=flight.audited,
         )
 
     def encode(self, model: ServedModel, text: str) -> list[int]:
@@ -429,6 +449,7 @@ class Accountant:
             return
         if found is None and not audited(flight.kind, draw=self.audit_draw(), paid_sample_pct=self.audit_paid_pct):
             return
+        flight.audited = True
         gemm, rid = None, None
         if pending is not None and pending.response is not None and pending.response.gemm_commitment is not None:
             # The rid is the miner's name for its record: the gateway relays it, verifiers never see it.

@@ -64,6 +64,12 @@ class Flight:
     kind: Literal["paid", "probe"] = "paid"
     target: str | None = None
     """A probe's miner (identity): it goes there or nowhere."""
+    key_id: int | None = None
+    """The API key that sent it (None: a probe); its usage is reported per key."""
+    charged: int | None = None
+    """µUSD the ledger charged for it, once settled (None: not settled, or a probe)."""
+    audited: bool = False
+    """Its answer was offered to the audit: a verdict on it is to come."""
 
     @property
     def delivered_text(self) -> str:

@@ -12,6 +12,10 @@ nothing of an attempt given up.
 Text goes through `OutputParser` (reasoning and tool calls) to the API's encoder, with keepalives
 while the miner is quiet. A buyer who hangs up gets the miner cancelled at once, and is charged
 for what was relayed. What differs between the OpenAI and Anthropic APIs is behind `Api`.
+
+Why this size: a whole answer and a stream share their steps (the wait for the miner, the
+accounting, the settlement, the in-band finish) and the two APIs' differences, so splitting them
+apart would split one request's path across modules that each call back into the other.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
 from engy_node.asgi import Receive, Send, watch_disconnect
-from engy_node.gateway.api import anthropic_api, openai_api
+from engy_node.gateway.api import anthropic_api, cost_fields, openai_api
 from engy_node.gateway.api.chat import ApiName, ChatRequest, FinishReason, GatewayError, Usage
+from engy_node.gateway.api.cost_fields import COST_HEADER
+from engy_node.gateway.billing.costs import cost_usd, usage_cost
 from engy_node.gateway.request.corrections import (
     ReplacementHold,
     StopScanner,
@@ -122,7 +128,7 @@ class _OpenAi(Api):
     def body(
         self, flight: Flight, events: list[OutputEvent], finish: FinishReason, usage: Usage, stop_sequence: str | None
     ) -> dict:
-        return openai_api.completion_body(
+        body = openai_api.completion_body(
             request_id=f"chatcmpl-{flight.request_id}",
             created=flight.created,
             model=flight.chat.model,
@@ -130,6 +136,9 @@ class _OpenAi(Api):
             finish=finish,
             usage=usage,
         )
+        if (cost := _asked_cost(flight, usage)) is not None:
+            body["usage"].update(cost)
+        return body
 
     def encoder(self, flight: Flight) -> _Encoder:
         encoder = openai_api.ChunkEncoder(
@@ -140,8 +149,15 @@ class _OpenAi(Api):
             events=encoder.events,
             keepalive=encoder.keepalive,
             error=encoder.error,
-            finish=lambda finish, usage, stop_sequence: encoder.finish(finish, usage),
+            finish=lambda finish, usage, stop_sequence: encoder.finish(finish, usage, _asked_cost(flight, usage)),
         )
+
+
+def _asked_cost(flight: Flight, usage: Usage) -> dict | None:
+    """`usage.cost` and its breakdown, when the buyer asked for them (`cost_fields`)."""
+    if not flight.chat.include_cost or flight.charged is None:
+        return None
+    return usage_cost(flight.model.spec.price, usage, charged=flight.charged)
 
 
 class _Anthropic(Api):
@@ -218,11 +234,14 @@ class ChatEndpoint:
         try:
             account = await gateway.authenticate(api.api_key(Headers(scope=scope)), api.name)
             chat = api.parse(await gateway.read_body(receive, account), gateway)
+            if cost_fields.asked_in_headers(Headers(scope=scope)):
+                chat = dataclasses.replace(chat, include_cost=True)
             chat = pick_model(chat, gateway.pool, gateway.eligible)
             with gateway.serving():
                 async with watch_disconnect(receive, scope):
                     flight = await gateway.begin(api.name, account, chat)
                     request_id = flight.request_id
+                    flight.key_id = account.key_id
                     if chat.stream:
                         await self._stream(flight, send)
                     else:
@@ -283,19 +302,21 @@ class ChatEndpoint:
                 raise GatewayError("upstream", _REFUSED[accounting.refused])
             flight.relayed_text = flight.miner_text if accounting.proven_text is None else accounting.proven_text
             events = _answer_events(flight, accounting.proven_text)
-            usage = await gateway.accountant.settle(
-                flight, status=200, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens
+            usage = gateway.accountant.billable(
+                flight, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens
             )
-            settled = True
             usage = dataclasses.replace(
                 usage, reasoning_tokens=await gateway.accountant.reasoning_tokens(flight, accounting)
             )
+            finish, stop_sequence = self._finish(flight, stops, accounting, usage, reported)
+            finish = _finish_for(events, finish)
+            await gateway.accountant.charge(flight, usage, status=200, finish=finish)
+            settled = True
         finally:
             if not settled:
                 await gateway.abandon(flight)
-        finish, stop_sequence = self._finish(flight, stops, accounting, usage, reported)
-        body = self.api.body(flight, events, _finish_for(events, finish), usage, stop_sequence)
-        await _send_json(send, body, request_id=flight.request_id, model=flight.chat.model)
+        body = self.api.body(flight, events, finish, usage, stop_sequence)
+        await _send_json(send, body, request_id=flight.request_id, model=flight.chat.model, charged=flight.charged)
 
     def _finish(
         self, flight: Flight, stops: StopScanner, accounting: Accounting, usage: Usage, reported: str
@@ -463,17 +484,17 @@ class ChatEndpoint:
                     tail = parser.finish() + self._rest_of_parts(flight, accounting, events_seen)
                 events_seen += tail
                 out += encoder.events(tail)
-                usage = await gateway.accountant.settle(
-                    flight, status=200, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens
+                usage = gateway.accountant.billable(
+                    flight, completion_claim=accounting.claim, relayed_tokens=accounting.relayed_tokens
                 )
                 usage = dataclasses.replace(
                     usage, reasoning_tokens=await gateway.accountant.reasoning_tokens(flight, accounting)
                 )
                 finish, stop_sequence = self._finish(flight, stops, accounting, usage, reported)
+                finish = _finish_for(events_seen, finish)
+                await gateway.accountant.charge(flight, usage, status=200, finish=finish)
             outcome = "ok"
-            await _send_body(
-                send, b"".join(out + encoder.finish(_finish_for(events_seen, finish), usage, stop_sequence)), more=False
-            )
+            await _send_body(send, b"".join(out + encoder.finish(finish, usage, stop_sequence)), more=False)
         finally:
             if outcome not in ("ok", "refused"):
                 with trio.CancelScope(shield=True):
@@ -549,23 +570,21 @@ async def _send_body(send: Send, data: bytes, *, more: bool) -> None:
     await send({"type": "http.response.body", "body": data, "more_body": more})
 
 
-async def _send_json(send: Send, body: dict, *, request_id: str, model: str) -> None:
-    """A whole answer; `x-engy-model` names the model that served it (`models` fallbacks)."""
+async def _send_json(send: Send, body: dict, *, request_id: str, model: str, charged: int | None = None) -> None:
+    """A whole answer; `x-engy-model` names the model that served it (`models` fallbacks),
+    `x-engy-cost-usd` what it cost (`charged` µUSD; None: nobody paid, a probe)."""
     payload = orjson.dumps(body)
     rid = request_id.encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(payload)).encode()),
-                (b"x-request-id", rid),
-                (b"request-id", rid),
-                (b"x-engy-model", model.encode()),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        (b"x-request-id", rid),
+        (b"request-id", rid),
+        (b"x-engy-model", model.encode()),
+    ]
+    if charged is not None:
+        headers.append((COST_HEADER, cost_usd(charged).encode()))
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     await _send_body(send, payload, more=False)
 
 

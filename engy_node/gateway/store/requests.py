@@ -237,6 +237,22 @@ class RequestLog(Connection):
         return [_entry(row) for row in rows]
 
     @serialised
+    def charged_between(self, account_id: int, *, since: float, until: float) -> int:
+        """µUSD the ledger charged the account by settlements made in `[since, until)`: the
+        figure a usage report's cost is checked against (`billing.usage`). Read here, beside the
+        log it is compared with; the ledger itself is `ledger.py`'s."""
+        integer("account_id", account_id, minimum=1)
+        with self._read() as conn:
+            # int(): PostgreSQL sums BIGINTs as NUMERIC, which its driver reads as a Decimal.
+            return int(
+                conn.execute(
+                    "SELECT coalesce(sum(amount), 0) FROM ledger WHERE account_id = ? AND kind = 'settle' "
+                    "AND created_at >= ? AND created_at < ?",
+                    (account_id, timestamp("since", since), timestamp("until", until)),
+                ).fetchone()[0]
+            )
+
+    @serialised
     def purge_request_log(self, *, older_than: float) -> int:
         """Delete request-log rows created before `older_than` (unix seconds) and give the freed
         pages back to the filesystem; returns how many rows went. The ledger is never purged.
