@@ -11,15 +11,15 @@ Subcommands:
   gateway …    gateway administration (buyer keys, credit, usage, miners, trust, epochs)
   plan         GPUs, the model-server plan and the exact command
   status       a running node's state from its control API (chain, weights, epochs, miners)
-  health       is this home's validator doing its job? (exit 0 yes, 1 its loop stalled, 3 no weights within the
-               activity cutoff)
+  health       is each role of this home's node doing its job? (exit 0 yes, 1 not running or stalled, 3 a role
+               is not: no weights within the activity cutoff, no miner leg up, no eligible miner, …)
   diagnose     a support bundle (.tar.gz): versions, masked config, GPUs, recent logs, the node's status
   calibrate    how far honest serving and known cheats sit apart on this machine
   weights …    weight commitments for the sampled GEMM audits (weights commit --checkpoint DIR)
   service …    systemd units and the validator's docker-compose file (service install --role ROLE)
   (no subcommand) --role ROLE …  run node roles (miner, gateway, verifier, validator)
 
-`calibrate`, `gateway …`, `weights …` and `service …` have flags and work enough to read on their own: each is a module of
+`calibrate`, `gateway …`, `health`, `weights …` and `service …` have flags and work enough to read on their own: each is a module of
 `engy_node/commands/` (its parser and its run); the others are a few lines each, here.
 """
 
@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 
 from engy_node import __version__
-from engy_node.commands import calibrate, gateway_admin, service, weights
+from engy_node.commands import calibrate, gateway_admin, health, service, weights
 from engy_node.errors import EngyError, RoleError
 
 log = logging.getLogger("engy.cli")
@@ -147,11 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reads the control API of the node running in this home (control.json in its data dir).",
     )
     status.add_argument("--json", action="store_true", help="print the raw status document")
-    sub.add_parser(
-        "health",
-        help="is the validator in this home doing its job? (exit 0 yes, 1 its loop stalled, 3 no weights landed "
-        "within the activity cutoff)",
-    )
+    health.add_parser(sub, ROLES)
     diagnose = sub.add_parser(
         "diagnose",
         help="write a support bundle: versions, masked config, GPUs, recent logs, the node's status",
@@ -351,7 +347,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "status":
         return _print_status(load_config(home=args.home, overrides=node_overrides), as_json=args.json)
     if args.command == "health":
-        return _print_health(load_config(home=args.home, overrides=node_overrides))
+        return health.run(load_config(home=args.home, overrides=node_overrides), args)
     if args.command == "diagnose":
         return _run_diagnose(args, node_overrides)
     if args.command == "gateway":
@@ -438,14 +434,6 @@ def _control_service(config, hub, roles: Sequence[str], actions, *, extra_info: 
         host=config.control.host,
         port=config.control.port,
     )
-
-
-def _print_health(config) -> int:
-    from engy_node.validator.role import health_report
-
-    code, message = health_report(config)
-    print(message)
-    return code
 
 
 def _run_diagnose(args: argparse.Namespace, node_overrides: dict) -> int:
