@@ -66,8 +66,8 @@ def _miner(states: NodeStates) -> tuple[int, str]:
             why = f": {failure.summary} — {failure.fix}" if failure is not None and failure.summary else ""
             problems.append(f"{name}: its model server is {server.state}{why}")
         elif miner is None or not miner.legs_up:
-            why = (miner.denied or miner.link_error) if miner is not None else None
-            problems.append(f"{name}: no leg up at the gateway" + (f": {why}" if why else " yet"))
+            reason = (miner.denied or miner.link_error) if miner is not None else None
+            problems.append(f"{name}: no leg up at the gateway" + (f": {reason}" if reason else " yet"))
         else:
             good.append(f"{name}: {miner.legs_up}/{miner.legs} legs up")
     if problems:
