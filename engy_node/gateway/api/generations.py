@@ -15,7 +15,7 @@ only authenticate, read and answer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -149,14 +149,14 @@ class BuyerRecords:
             if key_id is not None:
                 rows = [row for row in rows if row.key_id == key_id]
             charged = await store.run(store.charged_between, account.account_id, since=since, until=until)
-            lines = usage.usage_report(rows, group_by=cast(usage.GroupBy, group_by))
+            lines = usage.usage_report(rows, group_by=group_by)
             return JSONResponse(
                 usage.usage_document(
                     lines,
                     account_id=account.account_id,
                     since=since,
                     until=until,
-                    group_by=cast(usage.GroupBy, group_by),
+                    group_by=group_by,
                     key_id=key_id,
                     ledger_charged=charged,
                 )

@@ -6,7 +6,7 @@ integer by string formatting, never by float arithmetic, so `usage.cost` is exac
 `cost_usd(1_234)` is `"0.001234"`. A JSON number is a float to every SDK, so `cost_number`
 turns that decimal into the double nearest to it; the shortest text of that double, which is
 what `orjson` and Python's `json` write, is the same decimal, and reading it back gives the
-charge to the µUSD (tested for every µUSD up to $100,000).
+charge to the µUSD (a property test checks it up to a billion dollars).
 
 The breakdown (`cost_details`) is the charge's parts before its one rounding: prompt tokens not
 cached at the input rate, cached ones at the cached rate, completion tokens at the output rate,
