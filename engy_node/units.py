@@ -212,7 +212,10 @@ DOCKERFILE = """\
 # or GPU (the `validator` extra); the compose file builds it from the engy-node checkout.
 FROM python:3.11-slim
 WORKDIR /src
-COPY . /src
+# Only what the package is built from: a checkout's .venv, models and caches stay out.
+COPY pyproject.toml README.md /src/
+COPY engy_node /src/engy_node
+COPY engy_tui /src/engy_tui
 RUN pip install --no-cache-dir "/src[validator]"
 ENTRYPOINT ["engy-node", "--role", "validator"]
 """
