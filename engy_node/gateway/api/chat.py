@@ -60,6 +60,8 @@ class GatewayError(Exception):
     retry_after_s: int | None = None
     status_from_miner: int | None = None
     """A miner's own 4xx for a request that was at fault, passed through as it is."""
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Headers of its own (a 429's rate-limit headers, `gateway.limits`)."""
 
     def __post_init__(self) -> None:
         super().__init__(self.message)

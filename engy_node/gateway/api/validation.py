@@ -62,6 +62,7 @@ def error_headers(err: GatewayError) -> dict[str, str]:
         headers["retry-after"] = str(err.retry_after_s)
     if err.kind in NO_RETRY_KINDS:
         headers["x-should-retry"] = "false"
+    headers.update(err.headers)
     return headers
 
 

@@ -10,7 +10,8 @@ and tokenise, hold, dispatch (with retries before the first byte), settle, recor
    `ServedModel.render_prompt` a miner uses — so the prompt count is the gateway's, and the
    commitment's `prompt_ids` can be checked against it. A large one is tokenised in a worker
    thread (at most `tokenize_threads` at once) that lets go of the GIL, so it stalls no one.
-4. **Hold** the worst case (prompt + max_tokens) atomically; no hold, no dispatch (402).
+4. **Hold** the worst case (prompt + max_tokens) atomically, counted against the key's limits in
+   the same transaction (`auth.KeyCache.hold`); no hold, no dispatch (402, or 429 over a limit).
 5. **Route** (`pool.route`, over the model's `route_table`) and dispatch to a miner leg; when no
    eligible miner has room, wait a few seconds in the model's queue, fair across buyers
    (`admission`), before 503/529. Until
@@ -64,13 +65,13 @@ from engy_node.gateway.billing.settlement import BUYER_FAULTS
 from engy_node.gateway.request import bodies, intake
 from engy_node.gateway.request.accountant import Accountant, PromptCacheTally
 from engy_node.gateway.request.admission import WaitingRoom
-from engy_node.gateway.request.auth import REVOKED_KEY, KeyCache
+from engy_node.gateway.request.auth import KeyCache
 from engy_node.gateway.request.flight import AuditSink, Flight, new_request_id
 from engy_node.gateway.request.queue_metrics import QueueMetrics
 from engy_node.gateway.request.request_log import RequestLogWriter
 from engy_node.gateway.routing.pool import LegLost, MinerPool, PendingRequest
 from engy_node.gateway.routing.router import prefix_key, retry_allowed
-from engy_node.gateway.store import Account, KeyRevoked, Store
+from engy_node.gateway.store import Account, Store
 from engy_node.metrics import Registry
 from engy_node.protocol.miner import FEATURE_SAMPLING, FEATURE_SEEDED, FEATURE_TOOLS, Message, ServeRequest
 from engy_node.served_model import ServedModel
@@ -310,13 +311,8 @@ class Gateway:
                 param="messages",
             )
         amount = billing.worst_case_hold(price=spec.price, prompt_tokens=len(prompt_ids), max_tokens=chat.max_tokens)
-        try:
-            hold = await self.store.run(
-                self.store.hold, account.account_id, amount=amount, request_id=request_id, key_id=account.key_id
-            )
-        except KeyRevoked:
-            self.keys.forget(account)
-            raise GatewayError("authentication", REVOKED_KEY) from None
+        tokens = len(prompt_ids) + chat.max_tokens
+        hold = await self.keys.hold(account, api, model=chat.model, amount=amount, request_id=request_id, tokens=tokens)
         if hold is None:
             raise GatewayError(
                 "billing", _insufficient(amount, f"{len(prompt_ids)} prompt + {chat.max_tokens} max tokens")

@@ -32,6 +32,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
 from engy_node.asgi import Receive, Send, watch_disconnect
+from engy_node.gateway import limits
 from engy_node.gateway.api import anthropic_api, cost_fields, openai_api
 from engy_node.gateway.api.chat import ApiName, ChatRequest, FinishReason, GatewayError, Usage
 from engy_node.gateway.api.cost_fields import COST_HEADER
@@ -242,6 +243,8 @@ class ChatEndpoint:
                     flight = await gateway.begin(api.name, account, chat)
                     request_id = flight.request_id
                     flight.key_id = account.key_id
+                    if flight.hold.rate is not None:
+                        send = _with_headers(send, limits.response_headers(flight.hold.rate, api.name))
                     if chat.stream:
                         await self._stream(flight, send)
                     else:
@@ -586,6 +589,19 @@ async def _send_json(send: Send, body: dict, *, request_id: str, model: str, cha
         headers.append((COST_HEADER, cost_usd(charged).encode()))
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await _send_body(send, payload, more=False)
+
+
+def _with_headers(send: Send, headers: list[tuple[str, str]]) -> Send:
+    """`send` with `headers` added to the response's start (a limited key's rate-limit headers):
+    a wrapper only for such keys, so the others' answers pay nothing for it."""
+    encoded = [(name.encode(), value.encode()) for name, value in headers]
+
+    async def sending(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *encoded]}
+        await send(message)
+
+    return sending
 
 
 async def _wait_changed(pending: PendingRequest, timeout_s: float) -> bool:

@@ -1,0 +1,276 @@
+"""Per-key limits through the real gateway (hypercorn, the SQLite store, a synthetic miner) with the
+official SDKs: exactly the limit admitted under 100-way concurrency, a spend cap never passed,
+429s with `Retry-After` and the rate-limit headers each API's SDK reads, and keys refused on
+every worker once expired."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import anthropic
+import httpx
+import openai
+import pytest
+import trio
+
+from engy_node.gateway.role import store_path
+from engy_node.testing.synthetic_miner import Script, SyntheticHandler
+from tests.engy_node.gateway.test_gateway import MODEL, http, network  # noqa: F401 (fixtures)
+from tests.engy_node.gateway.test_workers import miner_on_both_workers, two_workers  # noqa: F401 (fixtures)
+from tests.waiting import wait_until_async
+
+ANSWER = "Limited, but here."
+RATE_HEADERS = (
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+)
+
+
+class GatedHandler(SyntheticHandler):
+    """A synthetic miner that answers nothing until its gate opens: the requests it was given
+    stay in flight as long as the test needs."""
+
+    def __init__(self, model, script) -> None:
+        super().__init__(model, script)
+        self.gate = trio.Event()
+
+    async def handle(self, frame, send) -> None:
+        await self.gate.wait()
+        await super().handle(frame, send)
+
+
+async def gated_miner(nursery, network, http) -> GatedHandler:  # noqa: F811
+    import uuid
+
+    from engy_node.miner.link import Identity
+    from engy_node.testing.synthetic_miner import synthetic_link
+    from tests.engy_node.gateway.test_gateway import FAST
+
+    _, miner_key = network.store.register_miner(f"gated-{uuid.uuid4().hex[:6]}")
+    handler = GatedHandler(network.served, lambda frame: Script(text=ANSWER))
+    link = synthetic_link(
+        gateway_url=network.urls.miner_url,
+        model=network.served,
+        identity=Identity(miner_key=miner_key),
+        handler=handler,
+        http=http,
+        settings=FAST,
+        worker_name="gated",
+    )
+    await nursery.start(link.run)
+    return handler
+
+
+def limited_key(network, **limits: int) -> tuple[int, str]:  # noqa: F811
+    account_id, key = network.buyer(10.0)
+    account = network.store.authenticate(key)
+    network.store.set_key_limits(account.key_id, limits)
+    return account_id, key
+
+
+def chat(index: int = 0, max_tokens: int = 16) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": f"question {index}"}], "max_tokens": max_tokens}
+
+
+async def test_100_concurrent_requests_against_a_concurrency_limit_of_10_admit_exactly_10(
+    nursery,
+    network,  # noqa: F811
+    http,  # noqa: F811
+):
+    miner = await gated_miner(nursery, network, http)
+    account_id, key = limited_key(network, concurrent=10, tpm=100_000)
+    responses: list[httpx.Response] = []
+
+    async def ask(index: int) -> None:
+        responses.append(
+            await http.post(
+                network.api + "/chat/completions", json=chat(index), headers={"authorization": f"Bearer {key}"}
+            )
+        )
+
+    async with trio.open_nursery() as buyers:
+        for index in range(100):
+            buyers.start_soon(ask, index)
+        # The refused answer at once; the admitted wait at the closed gate until all 90 are in.
+        await wait_until_async(lambda: len(responses) >= 90, timeout_s=120, what="90 answers")
+        assert len(responses) == 90
+        miner.gate.set()
+    statuses = sorted(response.status_code for response in responses)
+    assert statuses == [200] * 10 + [429] * 90
+    refused = next(response for response in responses if response.status_code == 429)
+    assert refused.headers["retry-after"] == "1"
+    assert refused.headers["x-ratelimit-limit-requests"] == "10"
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    error = refused.json()["error"]
+    assert error["type"] == "rate_limit_error" and error["code"] == "rate_limit_exceeded"
+    assert "10 requests in flight" in error["message"] and "set-limits" in error["message"]
+    served = next(response for response in responses if response.status_code == 200)
+    assert all(name in served.headers for name in RATE_HEADERS)
+    assert served.headers["x-ratelimit-limit-tokens"] == "100000"
+    assert network.store.balance(account_id).held == 0 and network.store.check_books() == []
+
+
+async def test_a_daily_spend_cap_is_never_exceeded_by_a_micro_dollar_under_100_way_concurrency(
+    nursery,
+    network,  # noqa: F811
+    http,  # noqa: F811
+):
+    await network.add_synthetic_miner(nursery, lambda frame: Script(text=ANSWER), http)
+    probe_account, probe_key = network.buyer(1.0)
+    probe = await http.post(
+        network.api + "/chat/completions", json=chat(), headers={"authorization": f"Bearer {probe_key}"}
+    )
+    one_charge = network.store.balance(probe_account).charged
+    assert probe.status_code == 200 and one_charge > 0
+    cap = one_charge * 30  # room for fewer than 30 worst-case holds: each holds more than it is charged
+    account_id, key = limited_key(network, daily_micro=cap)
+    statuses: list[int] = []
+
+    async def ask(index: int) -> None:
+        response = await http.post(
+            network.api + "/chat/completions", json=chat(index % 10), headers={"authorization": f"Bearer {key}"}
+        )
+        statuses.append(response.status_code)
+
+    async with trio.open_nursery() as buyers:
+        for index in range(100):
+            buyers.start_soon(ask, index)
+    charged = network.store.balance(account_id).charged
+    assert charged <= cap
+    assert set(statuses) == {200, 429} and statuses.count(200) >= 1
+    assert network.store.balance(account_id).held == 0 and network.store.check_books() == []
+
+
+async def test_the_openai_sdk_sees_the_429_and_its_retry_honours_retry_after(
+    nursery,
+    network,  # noqa: F811
+    http,  # noqa: F811
+):
+    miner = await gated_miner(nursery, network, http)
+    account_id, key = limited_key(network, concurrent=1)
+    seen: list[httpx.Response] = []
+    first_done = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    def record(response: httpx.Response) -> None:
+        seen.append(response)
+        if response.status_code == 429:
+            # The retry comes after Retry-After (1 s); the request in flight finishes meanwhile.
+            trio.from_thread.run_sync(miner.gate.set, trio_token=token)
+
+    async def first() -> None:
+        response = await http.post(
+            network.api + "/chat/completions", json=chat(), headers={"authorization": f"Bearer {key}"}
+        )
+        assert response.status_code == 200
+        first_done.set()
+
+    nursery.start_soon(first)
+    await wait_until_async(
+        lambda: network.store.balance(account_id).held > 0, timeout_s=60, what="the first request held"
+    )
+    with httpx.Client(event_hooks={"response": [record]}, timeout=60) as hooked:
+        client = openai.OpenAI(base_url=network.api, api_key=key, max_retries=1, http_client=hooked)
+        raw = await trio.to_thread.run_sync(
+            lambda: client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8
+            )
+        )
+    assert [response.status_code for response in seen] == [429, 200]
+    assert seen[0].headers["retry-after"] == "1" and seen[0].headers["x-ratelimit-remaining-requests"] == "0"
+    assert raw.parse().choices[0].message.content == ANSWER
+    assert raw.headers["x-ratelimit-limit-requests"] == "1"
+    with trio.fail_after(60):
+        await first_done.wait()
+
+    # With no retries the SDK raises its RateLimitError, carrying the message and headers.
+    miner.gate = trio.Event()
+    nursery.start_soon(first)
+    refused_client = openai.OpenAI(base_url=network.api, api_key=key, max_retries=0, timeout=60)
+    await wait_until_async(lambda: network.store.balance(account_id).held > 0, timeout_s=60, what="a request held")
+    with pytest.raises(openai.RateLimitError) as raised:
+        await trio.to_thread.run_sync(
+            lambda: refused_client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8
+            )
+        )
+    assert raised.value.status_code == 429 and "in flight at once" in raised.value.message
+    miner.gate.set()
+
+
+async def test_the_anthropic_sdk_sees_a_rate_limit_error_with_anthropics_headers(
+    nursery,
+    network,  # noqa: F811
+    http,  # noqa: F811
+):
+    await network.add_synthetic_miner(nursery, lambda frame: Script(text=ANSWER), http)
+    _, key = limited_key(network, rpm=2, tpm=100_000)
+    client = anthropic.Anthropic(base_url=network.urls.buyer_url, api_key=key, max_retries=0, timeout=60)
+
+    def create():
+        return client.messages.with_raw_response.create(
+            model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+        )
+
+    first = await trio.to_thread.run_sync(create)
+    assert first.headers["anthropic-ratelimit-requests-limit"] == "2"
+    assert first.headers["anthropic-ratelimit-requests-remaining"] == "1"
+    assert first.headers["anthropic-ratelimit-tokens-limit"] == "100000"
+    assert first.headers["anthropic-ratelimit-requests-reset"].endswith("Z")
+    await trio.to_thread.run_sync(create)
+    with pytest.raises(anthropic.RateLimitError) as raised:
+        await trio.to_thread.run_sync(create)
+    error = raised.value
+    assert error.status_code == 429 and error.body["error"]["type"] == "rate_limit_error"
+    assert "2 requests per minute" in error.body["error"]["message"]
+    assert int(error.response.headers["retry-after"]) >= 1
+    assert error.response.headers["anthropic-ratelimit-requests-remaining"] == "0"
+
+
+async def test_a_key_on_a_model_it_may_not_use_is_refused_with_403(
+    nursery,
+    network,  # noqa: F811
+    http,  # noqa: F811
+):
+    await network.add_synthetic_miner(nursery, lambda frame: Script(text=ANSWER), http)
+    account_id, _ = network.buyer(1.0)
+    _, key = network.store.create_key(account_id, name="other-models", models=("some-other-model",))
+    client = openai.OpenAI(base_url=network.api, api_key=key, max_retries=0, timeout=60)
+    with pytest.raises(openai.PermissionDeniedError) as raised:
+        await trio.to_thread.run_sync(
+            lambda: client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        )
+    assert f"may not use {MODEL}" in raised.value.message and "--models" in raised.value.message
+    assert network.store.balance(account_id).held == 0
+
+
+async def test_an_expired_key_is_refused_from_the_next_request_on_by_every_worker(nursery, two_workers):  # noqa: F811
+    config, urls, store, served = two_workers
+    async with httpx.AsyncClient(timeout=60) as http:  # noqa: F811
+        await miner_on_both_workers(nursery, http, urls, store, served, ANSWER)
+        account, _ = store.create_buyer("team")
+        store.credit(account, micro_usd=1_000_000)
+        key_id, key = store.create_key(account, name="temporary", expires_at=time.time() + 3600)
+
+        async def ask(index: int) -> int:
+            # A fresh connection per request: the kernel hands them to both workers.
+            async with httpx.AsyncClient(timeout=60) as own:
+                response = await own.post(
+                    urls.buyer_url + "/v1/chat/completions",
+                    json=chat(index),
+                    headers={"authorization": f"Bearer {key}"},
+                )
+                if response.status_code == 401:
+                    assert "expired" in response.json()["error"]["message"]
+                return response.status_code
+
+        assert [await ask(index) for index in range(8)] == [200] * 8  # cached in both workers now
+        with sqlite3.connect(store_path(config)) as raw:  # its expiry comes
+            raw.execute("UPDATE api_keys SET expires_at = ? WHERE id = ?", (time.time() - 1, key_id))
+        assert [await ask(index) for index in range(8)] == [401] * 8
+    assert store.balance(account).held == 0 and store.check_books() == []
