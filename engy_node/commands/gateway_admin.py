@@ -70,7 +70,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _usage(store, args: argparse.Namespace) -> str:
-    from engy_node.gateway.admin import AdminError
+    from engy_node.gateway.admin import AdminError, show_usage
     from engy_node.gateway.billing.usage import DEFAULT_WINDOW_S, parse_time
     from engy_node.gateway.usage_export import export_usage
 
@@ -79,7 +79,7 @@ def _usage(store, args: argparse.Namespace) -> str:
         since = until - DEFAULT_WINDOW_S if args.since is None else parse_time(args.since, param="--since")
     except ValueError as error:
         raise AdminError(str(error)) from None
-    return export_usage(
+    report = export_usage(
         store,
         account_id=args.account,
         key_id=args.key,
@@ -88,6 +88,10 @@ def _usage(store, args: argparse.Namespace) -> str:
         group_by=args.group_by,
         fmt=args.format,
     )
+    if args.format != "table":
+        return report
+    # A person reading a table gets the account's summary first; csv and json stay machine-readable.
+    return f"{show_usage(store, account_id=args.account, since=since)}\n\n{report}"
 
 
 def run(config, args: argparse.Namespace) -> int:

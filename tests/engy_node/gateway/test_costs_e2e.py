@@ -12,6 +12,8 @@ import csv
 import io
 import json
 import os
+import subprocess
+import sys
 import uuid
 from decimal import Decimal
 
@@ -239,7 +241,7 @@ async def test_a_generation_is_its_numbers_and_verdict_never_its_text_nor_anothe
     assert unauthenticated.status_code == 401
 
 
-async def test_usage_per_key_day_and_model_adds_up_to_the_balance_in_json_csv_and_over_http(network):
+async def test_usage_per_key_day_and_model_adds_up_to_the_balance_in_json_csv_and_over_http(network, tmp_path):
     account, key = network.buyer()
     second_key = network.store.issue_key(account)
 
@@ -282,6 +284,22 @@ async def test_usage_per_key_day_and_model_adds_up_to_the_balance_in_json_csv_an
     assert sum(Decimal(row["cost_usd"]) for row in rows) * 1_000_000 == charged
     table = export_usage(network.store, account_id=account, since=since, until=until)
     assert f"total cost $0.{charged:06d} over 6 requests" in table
+
+    # The same from the command line, against the store the running gateway writes.
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "engy_node", "--home", str(tmp_path), "gateway", "usage", str(account), *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    window = ("--since", str(since), "--until", str(until))
+    as_json = await trio.to_thread.run_sync(cli, *window, "--format", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout)["total"] == report["total"]
+    as_csv = await trio.to_thread.run_sync(cli, *window, "--format", "csv", "--key", str(one_key))
+    assert [int(row["key_id"]) for row in csv.DictReader(io.StringIO(as_csv.stdout))] == [one_key]
+    as_table = await trio.to_thread.run_sync(cli)
+    assert f"total cost $0.{charged:06d} over 6 requests" in as_table.stdout and "requests" in as_table.stdout
+    wrong = await trio.to_thread.run_sync(cli, "--since", "last week")
+    assert wrong.returncode != 0 and "--since must be unix seconds" in wrong.stderr
 
     # A window that is not one.
     bad = await trio.to_thread.run_sync(lambda: network.get(key, "/v1/usage", since="yesterday"))
