@@ -4,10 +4,17 @@ that fails is retried, then given up and reported."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -15,9 +22,11 @@ import trio
 
 from engy_node.alerts.settings import AlertsSection
 from engy_node.alerts.task import run_alerts
+from engy_node.control import fetch_status, read_endpoint, read_token
 from engy_node.hub import Hub
 from engy_node.local.status import status_text
 from engy_node.snapshots import NodeInfo, decode_states
+from tests.waiting import ProcessOutput
 
 WAIT_S = 30.0
 """A bound on each wait for the task, never a timing claim."""
@@ -143,3 +152,60 @@ async def test_a_failing_webhook_is_retried_then_reported(caplog) -> None:
         assert state.alerts.last_error == "json: HTTP 500: ok"
         assert "1 alert notification(s) not delivered: json: HTTP 500" in status_text(NodeInfo(), state)
         assert "not delivered to the json webhook after 2 tries: HTTP 500" in caplog.text
+
+
+def test_a_real_miner_node_posts_its_link_alert_once(tmp_path) -> None:
+    """`engy-node --role miner` as a user runs it, its gateway refusing connections: the alert
+    task posts `miner_link` to the webhook once, however many checks run while it fires."""
+    with contextlib.ExitStack() as stack:
+        record, base = stack.enter_context(receiver())
+        # Bound and never listening: a connection to either port is refused at once.
+        gateway, server = (stack.enter_context(socket.socket()) for _ in range(2))
+        for sock in (gateway, server):
+            sock.bind(("127.0.0.1", 0))
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "ENGY_MINER__MINER_KEY": "mk_test",
+            "ENGY_MINER__GATEWAY_URL": f"ws://127.0.0.1:{gateway.getsockname()[1]}/gw",
+            "ENGY_MINER__SERVE_URLS": f"http://127.0.0.1:{server.getsockname()[1]}",
+            "ENGY_ALERTS__WEBHOOKS": f"json={base}/hook",
+            "ENGY_ALERTS__CHECK_S": "0.2",
+        }
+        process = subprocess.Popen(
+            [sys.executable, "-m", "engy_node", "--home", str(tmp_path), "--role", "miner"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        output = ProcessOutput(process, tmp_path / "node.log")
+        try:
+            output.wait_for(r"alert firing: miner_link:miner", timeout_s=WAIT_S, what="the alert firing")
+            checks_seen(tmp_path / "data", 5)
+        finally:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            output.wait_ended(timeout_s=30, what="the node's output complete")
+    posts = record.bodies("/hook")
+    assert [(body["status"], body["key"]) for body in posts] == [("firing", "miner_link:miner")]
+    assert "Connect" in posts[0]["text"] and process.returncode == 0
+
+
+def checks_seen(data_dir, count: int) -> None:
+    """Wait until the running node's alert task has run `count` checks, read from its control
+    API's `alerts` state (blocking: the node is another process)."""
+    endpoint = read_endpoint(data_dir)
+    token = read_token(endpoint.token_file)
+    seen: set[float] = set()
+    deadline = time.monotonic() + WAIT_S
+    while len(seen) < count:
+        assert time.monotonic() < deadline, f"only {len(seen)} alert checks within {WAIT_S} s"
+        checked = fetch_status(endpoint.url, token)["states"].get("alerts", {}).get("checked_at")
+        if checked is not None:
+            seen.add(checked)
+        time.sleep(0.05)
