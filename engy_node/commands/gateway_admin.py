@@ -13,6 +13,8 @@ import argparse
 import sys
 import time
 
+from engy_node.commands import gateway_keys
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add `gateway` and its actions to the sub-command parsers."""
@@ -29,6 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="revoke a buyer's API key: every gateway on this store refuses it from its next request on",
     )
     revoke.add_argument("key", help="the API key (engy-sk-…); - reads it from standard input, out of the shell history")
+    gateway_keys.add_parsers(admin_sub)
     credit = admin_sub.add_parser("credit", help="add prepaid credit to an account")
     credit.add_argument("account", type=int)
     credit.add_argument("usd", help="dollars, e.g. 25 or 0.50")
@@ -127,6 +130,8 @@ def run(config, args: argparse.Namespace) -> int:
             print(admin.issue_key(store, account_id=args.account))
         elif action == "revoke-key":
             print(admin.revoke_key(store, api_key=sys.stdin.readline() if args.key == "-" else args.key))
+        elif action in ("key", "account"):
+            print(gateway_keys.run(store, args))
         elif action == "credit":
             print(admin.credit(store, account_id=args.account, dollars=args.usd, memo=args.memo))
         elif action == "balance":

@@ -241,6 +241,15 @@ class KeyLimits(Connection):
             )
             return self._set(conn, "account_limits", "account_id", account_id, changes)
 
+    @serialised
+    def account_limits(self, account_id: int) -> limits.Limits:
+        """The account's default limits (none set: no limits)."""
+        with self._read() as conn:
+            row = conn.execute(
+                f"SELECT {', '.join(LIMIT_COLUMNS)} FROM account_limits WHERE account_id = ?", (account_id,)
+            ).fetchone()
+        return limits.Limits() if row is None else _limits(row)
+
     @staticmethod
     def _check_changes(changes: dict[str, int | None]) -> None:
         for column, value in changes.items():

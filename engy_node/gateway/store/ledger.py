@@ -32,7 +32,7 @@ from engy_node.gateway.limits import RateView
 from engy_node.gateway.store.checks import identifier, integer
 from engy_node.gateway.store.connection import Cursor, Session, group_commit, serialised
 from engy_node.gateway.store.key_limits import EXPIRED_KEY, KeyLimits, KeyRefused, KeyRevoked, iso_time
-from engy_node.gateway.store.keys import BUYER_KEY_PREFIX, new_key, sha256
+from engy_node.gateway.store.keys import BUYER_KEY_PREFIX, sha256
 from engy_node.gateway.store.schema import StoreError
 
 log = logging.getLogger("engy.gateway.store")
@@ -130,11 +130,7 @@ class Ledger(KeyLimits):
             return self._insert_key(conn, account_id=account_id, now=now)
 
     def _insert_key(self, conn: Session, *, account_id: int, now: float) -> str:
-        key, digest = new_key(BUYER_KEY_PREFIX)
-        conn.execute(
-            "INSERT INTO api_keys (account_id, key_sha256, created_at) VALUES (?, ?, ?)", (account_id, digest, now)
-        )
-        return key
+        return self._insert_named_key(conn, account_id=account_id, now=now)[1]
 
     @group_commit(durable=True)
     @serialised
