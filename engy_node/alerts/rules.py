@@ -36,6 +36,18 @@ from typing import Literal
 from engy_node.alerts.state import Alert, AlertLevel
 from engy_node.snapshots import GpusState, NodeStates, TrafficPolicyState, ValidatorState
 
+RULES = (
+    "miner_pulled",
+    "breaker_open",
+    "miner_link",
+    "weights_stale",
+    "gpu",
+    "server_down",
+    "server_restarts",
+    "balance_low",
+)
+"""Every rule, in the order `conditions` checks them (the `engy_alerts_firing` gauge has one series
+each, 0 when quiet)."""
 BREAKER_CODES = frozenset({"failures-in-a-row", "failure-rate", "slow-ttft", "slow-tpot", "unproven-rate"})
 """The traffic policy's transition codes for a pull by the circuit breaker
 (`gateway.trust.traffic._judge_breaker`)."""

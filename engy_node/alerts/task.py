@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import httpx
 import trio
 
-from engy_node.alerts.rules import Book, Limits, Notification, evaluate
+from engy_node.alerts.rules import RULES, Book, Limits, Notification, evaluate
 from engy_node.alerts.settings import AlertsSection, Webhook, webhooks
 from engy_node.alerts.state import AlertsState
 from engy_node.alerts.webhooks import request
@@ -61,6 +61,10 @@ async def run_alerts(
     name = node or socket.gethostname()
     book = Book()
     delivery = _Delivery()
+    # For a Prometheus that scrapes many nodes (deploy/prometheus/rules.yml, EngyNodeAlert).
+    gauge = hub.registry.gauge(
+        "engy_alerts_firing", "Alerts of this node firing now, by rule (docs/operations.md).", labelnames=("rule",)
+    )
     async with httpx.AsyncClient(timeout=section.timeout_s, trust_env=False) as client:
         task_status.started(f"{len(hooks)} webhook(s)" if hooks else "no webhooks: shown in the TUI only")
         while True:
@@ -82,6 +86,8 @@ async def run_alerts(
                 checked_at=now,
             )
             hub.set_state(COMPONENT, **encode(state))
+            for rule in RULES:
+                gauge.labels(rule=rule).set(sum(1 for alert in book.firing.values() if alert.rule == rule))
             await trio.sleep(section.check_s)
 
 

@@ -84,6 +84,12 @@ async def checks_after(hub: Hub, count: int) -> None:
             await trio.sleep(0.01)
 
 
+def firing_gauge(hub: Hub) -> dict[str, float]:
+    """`engy_alerts_firing` by rule, the rules at 0 left out."""
+    children = hub.registry.snapshot()["engy_alerts_firing"]["children"]
+    return {child["labels"]["rule"]: child["value"] for child in children if child["value"]}
+
+
 PULLED = {
     "workers": [
         {
@@ -115,8 +121,10 @@ async def test_an_alert_reaches_each_webhook_once_then_its_recovery() -> None:
                 "breaker_open:5Miner smollm2-135m"
             ]
             assert "⚠ alert breaker_open: 5Miner smollm2-135m: breaker open" in status_text(NodeInfo(), states)
+            assert firing_gauge(hub) == {"breaker_open": 1.0}
             hub.set_state("traffic", workers=[{**PULLED["workers"][0], "state": "active"}])
             await checks_after(hub, 5)
+            assert firing_gauge(hub) == {}
             nursery.cancel_scope.cancel()
 
         events = [body["status"] for body in record.bodies("/json")]

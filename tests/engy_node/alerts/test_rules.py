@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engy_node.alerts.rules import Book, Condition, Limits, conditions, evaluate, step
+from engy_node.alerts.rules import RULES, Book, Condition, Limits, conditions, evaluate, step
 from engy_node.diagnose import is_secret_field
 from engy_node.snapshots import (
     BuyerAccount,
@@ -27,7 +27,9 @@ LIMITS = Limits(weights_stale_blocks=100, balance_low_usd_micro=500_000, restart
 
 
 def rules_of(states: NodeStates, *, restarts=None, now: float = 1000.0) -> dict[str, Condition]:
-    return {c.key: c for c in conditions(states, LIMITS, restarts=restarts or {}, now=now)}
+    found = {c.key: c for c in conditions(states, LIMITS, restarts=restarts or {}, now=now)}
+    assert {c.rule for c in found.values()} <= set(RULES), "a rule missing from RULES (the gauge's series)"
+    return found
 
 
 def test_a_quiet_node_fires_nothing() -> None:
