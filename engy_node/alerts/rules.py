@@ -13,7 +13,8 @@ The rules read only what the node already publishes (`engy_node.snapshots`):
   (a miner whose TTFT p99 zeroed its epoch) are not in the hub's states, so no rule sees them.
 * `miner_link` — a miner with no leg up that the gateway denied, or whose dial fails.
 * `weights_stale` — a validator whose weights last landed `weights_stale_blocks` or more ago (or
-  whose uid's last update is that old, when this process has not landed any yet).
+  whose uid's last update is that old, when this process has not landed any yet; with the chain
+  unreachable, counted on the wall clock since the last landing or the node's start).
 * `gpu` — the GPU monitor's findings about throttling, temperature or a GPU lost from the bus,
   and any finding at error level. NVML's Xid events are not sampled by the monitor, so an Xid is
   seen only through what it causes (a lost GPU, a model server that dies).
@@ -54,6 +55,8 @@ BREAKER_CODES = frozenset({"failures-in-a-row", "failure-rate", "slow-ttft", "sl
 GPU_KINDS = frozenset({"throttling", "temperature", "lost"})
 """GPU monitor findings that alert at any level; other kinds alert only at error level."""
 SERVER_DOWN_STATES = frozenset({"failed", "restarting"})
+DEFAULT_BLOCK_S = 12.0
+"""A subtensor block, for a validator that has not read the chain's block time."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -151,7 +154,7 @@ def conditions(
             why = link.denied or link.link_error
             found.append(Condition("miner_link", "error", name, f"{name} has no leg up at the gateway: {why}"))
     if states.validator is not None:
-        found += _weights(states.validator, limits)
+        found += _weights(states.validator, limits, now=now, started_at=states.node.started_at)
     if states.gpus is not None:
         found += _gpus(states.gpus)
     for miner, server in sorted(states.model_servers.items()):
@@ -196,11 +199,19 @@ def _pulled(traffic: TrafficPolicyState) -> list[Condition]:
     return found
 
 
-def _weights(validator: ValidatorState, limits: Limits) -> list[Condition]:
+def _weights(validator: ValidatorState, limits: Limits, *, now: float, started_at: float | None) -> list[Condition]:
+    """Blocks since weights last landed, from the best source there is: the validator's own
+    count, else the chain's last update of its uid, else (the chain unreachable) the wall clock
+    since the last landing or, none yet, since the node started, at the chain's block time."""
     blocks = validator.blocks_since_submit
     source = "landed"
+    block_s = validator.block_time_s or DEFAULT_BLOCK_S
     if blocks is None and validator.block is not None and validator.last_update is not None:
         blocks, source = validator.block - validator.last_update, "updated on chain"
+    elif blocks is None and validator.last_submit_ts is not None:
+        blocks = int((now - validator.last_submit_ts) / block_s)
+    elif blocks is None and validator.last_submit_block is None and started_at is not None:
+        blocks, source = int((now - started_at) / block_s), "landed: none since the node started"
     if blocks is None or blocks < limits.weights_stale_blocks:
         return []
     why = validator.chain_error or validator.provider_error or validator.last_outcome or "see the validator's log"

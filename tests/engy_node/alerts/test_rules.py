@@ -3,6 +3,8 @@ recovery over every sequence of checks hypothesis draws."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +17,7 @@ from engy_node.snapshots import (
     GpusState,
     MinerState,
     ModelServerState,
+    NodeInfo,
     NodeStates,
     ServerFailure,
     StandingChange,
@@ -73,6 +76,19 @@ def test_stale_weights_from_the_last_landing_or_the_chain() -> None:
     never = rules_of(NodeStates(validator=ValidatorState(block=5000, last_update=4800)))
     assert "updated on chain 200 blocks ago" in never["weights_stale:validator"].text
     assert rules_of(NodeStates(validator=ValidatorState(block=5000))) == {}
+
+
+def test_stale_weights_while_the_chain_is_down_count_on_the_clock() -> None:
+    down = ValidatorState(chain_error="cannot reach wss://entrypoint-finney: timed out", block_time_s=12.0)
+    started = NodeInfo(started_at=1000.0 - 12.0 * 100)
+    found = rules_of(NodeStates(node=started, validator=down))
+    assert found["weights_stale:validator"].text == (
+        "validator weights last landed: none since the node started 100 blocks ago (limit 100): "
+        "cannot reach wss://entrypoint-finney: timed out"
+    )
+    assert rules_of(NodeStates(node=NodeInfo(started_at=1000.0 - 12.0 * 99), validator=down)) == {}
+    landed = dataclasses.replace(down, last_submit_ts=1000.0 - 12.0 * 150, last_submit_block=70)
+    assert "last landed 150 blocks ago" in rules_of(NodeStates(validator=landed))["weights_stale:validator"].text
 
 
 def test_gpu_findings_that_alert() -> None:
