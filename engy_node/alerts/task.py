@@ -27,6 +27,7 @@ from engy_node.alerts.settings import AlertsSection, Webhook, webhooks
 from engy_node.alerts.state import AlertsState
 from engy_node.alerts.webhooks import request
 from engy_node.hub import Hub
+from engy_node.metrics import Gauge
 from engy_node.retry import backoff_delay
 from engy_node.snapshots import decode_states, encode
 
@@ -66,29 +67,39 @@ async def run_alerts(
         "engy_alerts_firing", "Alerts of this node firing now, by rule (docs/operations.md).", labelnames=("rule",)
     )
     async with httpx.AsyncClient(timeout=section.timeout_s, trust_env=False) as client:
-        task_status.started(f"{len(hooks)} webhook(s)" if hooks else "no webhooks: shown in the TUI only")
+        task_status.started(
+            f"{len(hooks)} webhook(s)"
+            if hooks
+            else "no webhooks (alerts.webhooks): shown in engy-node status and the TUI only"
+        )
         while True:
             now = time.time()
             book, notes = evaluate(book, decode_states(hub.states()), rules, now)
             for note in notes:
                 level = logging.INFO if note.kind == "resolved" else logging.WARNING
                 log.log(level, "alert %s: %s: %s", note.kind, note.alert.key, note.alert.text)
+            # Published before the posts too: a slow webhook must not hold back what the TUI shows.
+            _publish(hub, gauge, book, hooks, delivery, now)
             if notes and hooks:
                 async with trio.open_nursery() as nursery:
                     for hook in hooks:
                         nursery.start_soon(_deliver_all, client, hook, notes, name, section, delivery)
-            state = AlertsState(
-                firing=tuple(book.firing.values()),
-                webhooks=len(hooks),
-                sent=delivery.sent,
-                failed=delivery.failed,
-                last_error=delivery.last_error,
-                checked_at=now,
-            )
-            hub.set_state(COMPONENT, **encode(state))
-            for rule in RULES:
-                gauge.labels(rule=rule).set(sum(1 for alert in book.firing.values() if alert.rule == rule))
+                _publish(hub, gauge, book, hooks, delivery, now)
             await trio.sleep(section.check_s)
+
+
+def _publish(hub: Hub, gauge: Gauge, book: Book, hooks: Sequence[Webhook], delivery: _Delivery, now: float) -> None:
+    state = AlertsState(
+        firing=tuple(book.firing.values()),
+        webhooks=len(hooks),
+        sent=delivery.sent,
+        failed=delivery.failed,
+        last_error=delivery.last_error,
+        checked_at=now,
+    )
+    hub.set_state(COMPONENT, **encode(state))
+    for rule in RULES:
+        gauge.labels(rule=rule).set(sum(1 for alert in book.firing.values() if alert.rule == rule))
 
 
 async def _deliver_all(
