@@ -34,9 +34,11 @@ def check_roles(config: Config, roles: Sequence[str]) -> None:
 def role_services(config: Config, hub: Hub, roles: Sequence[str], actions: Actions) -> list[tuple[str, Service]]:
     services: list[tuple[str, Service]] = []
     if "gateway" in roles:
-        from engy_node.gateway.role import run_gateway
+        from engy_node.gateway.key_actions import register_key_actions
+        from engy_node.gateway.role import run_gateway, store_location
         from engy_node.verifier.role import run_local_verifier
 
+        register_key_actions(actions, store_location(config))
         services.append(("gateway", functools.partial(run_gateway, config, hub, local_verifier=run_local_verifier)))
     if "miner" in roles:
         from engy_node.hardware.monitor import run_gpu_monitor
