@@ -286,6 +286,17 @@ class GatewaySection:
     master_wallet: str = ""
     """`NAME/HOTKEY` of the master hotkey that signs published epochs. Empty: epochs are settled
     (see `/epoch/current`) but not published."""
+    deposit_address: str = ""
+    """An ss58 address of yours: TAO a buyer's linked coldkey sends to it is credited to the buyer
+    (docs/billing.md, "Deposits from the chain"). Empty: no deposits are watched."""
+    deposit_usd_per_tao: str = ""
+    """What one TAO deposited credits, in USD, as an exact decimal (e.g. `"412.5"`)."""
+    deposit_confirmations: int = 12
+    """Blocks (the deposit's own included) before a deposit is credited; at least 2."""
+    deposit_network: str = "finney"
+    """The chain deposits are read from: finney, test, local, or a ws(s):// URL."""
+    deposit_start_block: int = 0
+    """The first block scanned when the store has no deposit cursor yet; 0: the head at that start."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -655,6 +666,17 @@ def _validate(config: Config) -> None:
             "gateway.master_wallet is set but gateway.owner_hotkey is empty: set the subnet owner's "
             "hotkey (an epoch with no score burns to it)"
         )
+    if gateway.deposit_address:
+        from engy_node.gateway.billing.deposits import MIN_CONFIRMATIONS, parse_rate
+
+        try:
+            parse_rate(gateway.deposit_usd_per_tao)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        if gateway.deposit_confirmations < MIN_CONFIRMATIONS or gateway.deposit_start_block < 0:
+            raise ConfigError(
+                f"gateway.deposit_confirmations must be at least {MIN_CONFIRMATIONS} and deposit_start_block 0 or more"
+            )
     verifier = config.verifier
     if verifier.concurrency < 1 or verifier.poll_s <= 0 or verifier.threads < 0:
         raise ConfigError(

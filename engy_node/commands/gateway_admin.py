@@ -48,6 +48,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     usage.add_argument("--until", help="to, not included (default: now)")
     usage.add_argument("--group-by", choices=("day", "total"), default="day")
     usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    link = admin_sub.add_parser(
+        "link-coldkey",
+        help="link a buyer's coldkey: its TAO sent to gateway.deposit_address is credited to the account",
+    )
+    link.add_argument("account", type=int)
+    link.add_argument("coldkey", help="the buyer's coldkey (ss58)")
+    deposits = admin_sub.add_parser("deposits", help="list an account's deposits from the chain")
+    deposits.add_argument("account", type=int)
     register = admin_sub.add_parser("register-miner", help="register a miner and print its miner key (shown once)")
     register.add_argument("name")
     register.add_argument("--hotkey", help="the miner's ss58 hotkey, to admit it by signed hello")
@@ -99,7 +107,7 @@ def _usage(store, args: argparse.Namespace) -> str:
 
 def run(config, args: argparse.Namespace) -> int:
     """Run the action `args.admin_command` names and print its result."""
-    from engy_node.gateway import admin
+    from engy_node.gateway import admin, deposit_admin
     from engy_node.gateway.role import store_location
     from engy_node.gateway.store import Store
     from engy_node.private_files import private_dir
@@ -138,6 +146,10 @@ def run(config, args: argparse.Namespace) -> int:
             print(admin.show_balance(store, account_id=args.account))
         elif action == "usage":
             print(_usage(store, args), end="")
+        elif action == "link-coldkey":
+            print(deposit_admin.link_coldkey(store, account_id=args.account, coldkey=args.coldkey))
+        elif action == "deposits":
+            print(deposit_admin.list_deposits(store, account_id=args.account))
         elif action == "register-miner":
             print(admin.register_miner(store, name=args.name, hotkey=args.hotkey))
         elif action == "miners":

@@ -20,6 +20,7 @@ import re
 from datetime import UTC, datetime
 
 from engy_node.errors import EngyError
+from engy_node.gateway import deposit_admin
 from engy_node.gateway.store import Store
 from engy_node.protocol.api_keys import BUYER_KEY_PREFIX
 
@@ -130,6 +131,7 @@ def show_balance(store: Store, *, account_id: int) -> str:
             f"  held      {format_usd(balance.held)}  (requests in flight)",
             f"  credited  {format_usd(balance.credited)}",
             f"  charged   {format_usd(balance.charged)}",
+            deposit_admin.deposits_line(store, account_id),
         )
     )
 
@@ -145,6 +147,7 @@ def show_usage(store: Store, *, account_id: int, since: float | None = None) -> 
             f"  prompt tokens     {usage.prompt_tokens} ({usage.cached_tokens} cached)",
             f"  completion tokens {usage.completion_tokens}",
             f"  cost              {format_usd(usage.cost_micro)}",
+            deposit_admin.deposits_line(store, account_id),
         )
     )
 

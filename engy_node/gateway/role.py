@@ -29,14 +29,16 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from engy_node.asgi import serve_listener, start_listener
-from engy_node.config import Config, checkpoint_pairs, comma_list
+from engy_node.config import Config, GatewaySection, checkpoint_pairs, comma_list
 from engy_node.errors import ConfigError
 from engy_node.gateway.api.app import Handlers, build_buyer_app, build_miner_app, hypercorn_config
 from engy_node.gateway.billing import orphans
+from engy_node.gateway.billing.deposit_watcher import run_deposit_watcher
 from engy_node.gateway.fleet.leadership import Leadership
 from engy_node.gateway.fleet.workers import MinerListener, Seat, SharedSockets, miner_legs_cap, run_worker_process
 from engy_node.gateway.request.lifecycle import Gateway, GatewaySettings, longest_request_s
@@ -137,14 +139,19 @@ async def run_gateway(
     hub: Hub,
     *,
     local_verifier: LocalVerifier | None = None,
+    deposit_chain: Any = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The gateway role: one process, or the first of `gateway.workers`, which binds the shared
     sockets, serves as worker 0 and starts the others (`workers.py`). `local_verifier` runs on
-    the audit desk with `gateway.local_verifier` (the node passes the verifier role's)."""
+    the audit desk with `gateway.local_verifier` (the node passes the verifier role's);
+    `deposit_chain` is an in-process chain the deposit watcher reads instead of
+    `gateway.deposit_network` (`engy-node up`'s dev chain)."""
     settings = config.gateway
     if settings.workers == 1:
-        await serve_gateway(config, hub, local_verifier=local_verifier, task_status=task_status)
+        await serve_gateway(
+            config, hub, local_verifier=local_verifier, deposit_chain=deposit_chain, task_status=task_status
+        )
         return
     if not sys.platform.startswith("linux"):
         raise ConfigError(
@@ -158,7 +165,13 @@ async def run_gateway(
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(
                 functools.partial(
-                    serve_gateway, config, hub, seat=seat, buyer_socket=buyer_socket, local_verifier=local_verifier
+                    serve_gateway,
+                    config,
+                    hub,
+                    seat=seat,
+                    buyer_socket=buyer_socket,
+                    local_verifier=local_verifier,
+                    deposit_chain=deposit_chain,
                 )
             )
             for index in range(1, settings.workers):
@@ -183,6 +196,7 @@ async def serve_gateway(
     seat: Seat | None = None,
     buyer_socket: socket.socket | None = None,
     local_verifier: LocalVerifier | None = None,
+    deposit_chain: Any = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """One gateway process: on its own ports, or as worker `seat.index` of several (listening
@@ -323,6 +337,8 @@ async def serve_gateway(
                 if first:
                     nursery.start_soon(_release_orphaned_holds, store, _longest_request_s(models, settings))
                     nursery.start_soon(_publish_buyers, store, hub)
+                    if settings.deposit_address:
+                        nursery.start_soon(_watch_deposits, store, settings, deposit_chain)
                 hub.set_state(
                     "gateway",
                     state="ready",
@@ -399,6 +415,18 @@ async def _release_orphaned_holds(store: Store, longest_request_s: float) -> Non
             await store.run(store.release_holds, release)
         except StoreError as error:
             log.error("could not sweep orphaned holds (%s); retrying in %.0f s", error, ORPHAN_SWEEP_S)
+
+
+async def _watch_deposits(store: Store, settings: GatewaySection, chain: Any) -> None:
+    await run_deposit_watcher(
+        store,
+        address=settings.deposit_address,
+        usd_per_tao=settings.deposit_usd_per_tao,
+        confirmations=settings.deposit_confirmations,
+        network=settings.deposit_network,
+        start_block=settings.deposit_start_block,
+        substrate=chain,
+    )
 
 
 async def _sweep_stale(pool: MinerPool, gateway: Gateway, hub: Hub) -> None:

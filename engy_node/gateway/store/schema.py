@@ -29,7 +29,7 @@ from typing import Literal
 from engy_node.errors import EngyError
 from engy_node.private_files import PRIVATE_DIR_MODE, make_private, private_file
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """Bump with a migration (`MIGRATIONS`) whenever the schema changes; a file of a newer version,
 or of an older one with no migration, is refused."""
 
@@ -217,6 +217,41 @@ _VERSION_6 = (
 
 SCHEMA += _VERSION_6
 
+_VERSION_7 = (
+    # Deposits from the chain (`deposits.py`): the coldkey a buyer pays from, how far the deposit
+    # watcher has scanned, and each deposit credited, once per extrinsic (the unique index below), with
+    # the ledger credit it made. Deposits, like the ledger, are never updated or deleted.
+    """CREATE TABLE coldkey_links (
+        coldkey TEXT PRIMARY KEY,
+        account_id INTEGER NOT NULL REFERENCES accounts(id),
+        linked_at REAL NOT NULL) WITHOUT ROWID""",
+    """CREATE TABLE deposit_cursor (
+        address TEXT PRIMARY KEY,
+        block_number INTEGER NOT NULL CHECK (block_number >= 0),
+        block_hash TEXT NOT NULL,
+        updated_at REAL NOT NULL) WITHOUT ROWID""",
+    """CREATE TABLE deposits (
+        id INTEGER PRIMARY KEY,
+        block_hash TEXT NOT NULL,
+        extrinsic_index INTEGER NOT NULL CHECK (extrinsic_index >= 0),
+        block_number INTEGER NOT NULL CHECK (block_number >= 0),
+        account_id INTEGER NOT NULL REFERENCES accounts(id),
+        coldkey TEXT NOT NULL,
+        amount_rao INTEGER NOT NULL CHECK (amount_rao > 0),
+        micro_usd INTEGER NOT NULL CHECK (micro_usd > 0),
+        ledger_id INTEGER NOT NULL UNIQUE REFERENCES ledger(id),
+        created_at REAL NOT NULL)""",
+    "CREATE UNIQUE INDEX deposits_once_per_extrinsic ON deposits(block_hash, extrinsic_index)",
+    "CREATE INDEX deposits_by_account ON deposits(account_id, id)",
+    """CREATE TRIGGER deposits_no_update BEFORE UPDATE ON deposits
+       BEGIN SELECT RAISE(ABORT, 'deposits are append-only: entries are never updated'); END""",
+    """CREATE TRIGGER deposits_no_delete BEFORE DELETE ON deposits
+       BEGIN SELECT RAISE(ABORT, 'deposits are append-only: entries are never deleted'); END""",
+)
+"""Added in version 7: deposits from the chain."""
+
+SCHEMA += _VERSION_7
+
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
         "ALTER TABLE request_log ADD COLUMN served_greedily INTEGER NOT NULL DEFAULT 0 CHECK (served_greedily IN (0, 1))",
@@ -225,6 +260,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     3: _VERSION_4,
     4: _VERSION_5,
     5: _VERSION_6,
+    6: _VERSION_7,
 }
 """Statements that take a file from version N to N + 1, run in one transaction with the check."""
 

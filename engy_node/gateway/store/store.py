@@ -32,6 +32,7 @@ import trio
 
 from engy_node.gateway.store.checks import integer
 from engy_node.gateway.store.connection import group_commit, group_commit_durability, serialised
+from engy_node.gateway.store.deposits import Deposits
 from engy_node.gateway.store.eligibility import EligibilityTable
 from engy_node.gateway.store.epochs import Epochs
 from engy_node.gateway.store.leases import Leases
@@ -86,7 +87,7 @@ class _GroupFailed(Exception):
     """An operation of a group written without savepoints failed: roll the group back."""
 
 
-class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, EligibilityTable, Leases):
+class Store(Ledger, RequestLog, Miners, Verdicts, Epochs, Validators, EligibilityTable, Leases, Deposits):
     """The gateway store: an SQLite file (a path) or a PostgreSQL database (a `postgresql://` URL).
 
     Every operation is a synchronous method (the admin CLI, tests, worker threads);

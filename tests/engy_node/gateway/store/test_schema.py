@@ -77,6 +77,8 @@ VERSION_3_TABLES = ("verdicts", "epochs", "validator_heartbeats", "eligibility",
 
 def as_version_2(conn: sqlite3.Connection) -> None:
     """Rewind a current file to what version 2 wrote (dropping a table drops its indexes and triggers)."""
+    for table in ("deposits", "deposit_cursor", "coldkey_links"):  # version 7's
+        conn.execute(f"DROP TABLE {table}")
     for table in ("key_holds", "key_limits", "account_limits"):  # version 6's
         conn.execute(f"DROP TABLE {table}")
     for column in ("name", "hint", "expires_at", "models"):  # version 6's
@@ -280,7 +282,7 @@ def test_postgres_and_sqlite_define_the_same_tables_and_indexes():
     assert set(sqlite_schema) - set(postgres_schema) == set()
     for name, shape in sqlite_schema.items():
         assert postgres_schema[name] == shape, name
-    assert len([name for name in sqlite_schema if name.startswith("table")]) == 14
+    assert len([name for name in sqlite_schema if name.startswith("table")]) == 17
 
 
 def test_the_schema_comparison_sees_a_column_that_differs():
