@@ -95,7 +95,7 @@ class ChainReader:
         import bittensor as bt
 
         if self._client is None:
-            fallback = [] if self._substrate is not None else None
+            fallback: list[str] | None = [] if self._substrate is not None else None
             self._client = bt.SyncClient(self.network, substrate=self._substrate, fallback_endpoints=fallback)
             self._client.connect()
 
@@ -183,7 +183,9 @@ async def _start(store: Store, reader: ChainReader, *, address: str, start_block
         first = await _in_thread(reader.cursor_at, start_block - 1)
     else:
         first = await _in_thread(reader.cursor_at, await _in_thread(reader.head))
-    return await store.run(store.deposit_cursor, address, start=first)
+    cursor = await store.run(store.deposit_cursor, address, start=first)
+    assert cursor is not None  # stored just now, or earlier
+    return cursor
 
 
 async def deposit_pass(
@@ -195,7 +197,9 @@ async def deposit_pass(
     usd_per_tao: Any,
 ) -> list[deposits.Deposit]:
     """One scan from the stored cursor; returns the deposits it credited."""
-    cursor = await store.run(store.deposit_cursor, address, start=Cursor(0, ""))
+    cursor = await store.run(store.deposit_cursor, address)
+    if cursor is None:
+        raise StoreError(f"the store has no deposit cursor for {address}; the watcher sets one when it starts")
     head = await _in_thread(reader.head)
     if head - cursor.number < confirmations:
         return []

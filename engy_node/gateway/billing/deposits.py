@@ -160,8 +160,8 @@ def scan(
     skipped: list[Skipped] = []
     for block in confirmed:
         decided = _block_deposits(block, deposit_address=deposit_address, links=links, usd_per_tao=usd_per_tao)
-        for item in decided:
-            (deposits if isinstance(item, Deposit) else skipped).append(item)
+        deposits.extend(item for item in decided if isinstance(item, Deposit))
+        skipped.extend(item for item in decided if isinstance(item, Skipped))
     moved = Cursor(confirmed[-1].number, confirmed[-1].hash) if confirmed else None
     return Scan(deposits=tuple(deposits), skipped=tuple(skipped), cursor=moved, stalled=stalled)
 

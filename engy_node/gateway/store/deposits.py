@@ -77,19 +77,21 @@ class Deposits(Connection):
             return {row[0]: row[1] for row in conn.execute("SELECT coldkey, account_id FROM coldkey_links").fetchall()}
 
     @serialised
-    def deposit_cursor(self, address: str, *, start: Cursor) -> Cursor:
-        """Where the watcher for `address` has scanned through; `start` the first time (stored)."""
+    def deposit_cursor(self, address: str, *, start: Cursor | None = None) -> Cursor | None:
+        """Where the watcher for `address` has scanned through. With `start`, a store without a
+        cursor stores that one first; without, such a store answers None."""
         now = self._clock()
         with self._write() as conn:
-            conn.execute(
-                "INSERT INTO deposit_cursor (address, block_number, block_hash, updated_at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (address) DO NOTHING",
-                (address, start.number, start.hash, now),
-            )
+            if start is not None:
+                conn.execute(
+                    "INSERT INTO deposit_cursor (address, block_number, block_hash, updated_at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (address) DO NOTHING",
+                    (address, start.number, start.hash, now),
+                )
             row = conn.execute(
                 "SELECT block_number, block_hash FROM deposit_cursor WHERE address = ?", (address,)
             ).fetchone()
-        return Cursor(row[0], row[1])
+        return None if row is None else Cursor(row[0], row[1])
 
     @serialised
     def record_deposits(

@@ -34,7 +34,8 @@ def test_the_cursor_starts_once_and_then_stays_where_it_was_moved(store):
     assert store.deposit_cursor(ADDRESS, start=Cursor(10, "h10")) == Cursor(10, "h10")
     assert store.deposit_cursor(ADDRESS, start=Cursor(99, "h99")) == Cursor(10, "h10")
     assert store.record_deposits(ADDRESS, expected=Cursor(10, "h10"), moved=Cursor(12, "h12"), deposits=[]) == []
-    assert store.deposit_cursor(ADDRESS, start=Cursor(0, "")) == Cursor(12, "h12")
+    assert store.deposit_cursor(ADDRESS) == Cursor(12, "h12")
+    assert store.deposit_cursor("5Elsewhere") is None
 
 
 def test_a_deposit_is_credited_once_whatever_replays_it(store):
