@@ -180,7 +180,9 @@ class KeyLimits(Connection):
     @serialised
     def rotate_key(self, key_id: int) -> tuple[int, str]:
         """A new secret for key `key_id`, with its name, expiry, models and limits; the old one is
-        revoked in the same transaction. `(new key_id, key)`."""
+        revoked in the same transaction. `(new key_id, key)`. The new key takes over what the old
+        one used in the current windows, so rotating never resets a spend cap or a rate; what the
+        old one's requests in flight did not use is given back to the old key alone."""
         now = self._clock()
         with self._write() as conn:
             row = conn.execute(
@@ -200,7 +202,7 @@ class KeyLimits(Connection):
                 expires_at=expires_at,
                 models=None if models is None else tuple(json.loads(models)),
             )
-            columns = ", ".join(LIMIT_COLUMNS)
+            columns = ", ".join(LIMIT_COLUMNS + COUNTER_COLUMNS[1:])  # all but in_flight
             conn.execute(
                 f"INSERT INTO key_limits (key_id, {columns}) SELECT ?, {columns} FROM key_limits WHERE key_id = ?",
                 (new_id, key_id),

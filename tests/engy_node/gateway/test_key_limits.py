@@ -274,3 +274,26 @@ async def test_an_expired_key_is_refused_from_the_next_request_on_by_every_worke
             raw.execute("UPDATE api_keys SET expires_at = ? WHERE id = ?", (time.time() - 1, key_id))
         assert [await ask(index) for index in range(8)] == [401] * 8
     assert store.balance(account).held == 0 and store.check_books() == []
+
+
+async def test_a_stream_to_a_limited_key_carries_the_rate_limit_headers(
+    nursery,
+    network,  # noqa: F811
+    http,  # noqa: F811
+):
+    await network.add_synthetic_miner(nursery, lambda frame: Script(text=ANSWER), http)
+    _, key = limited_key(network, rpm=5, tpm=50_000)
+    client = openai.OpenAI(base_url=network.api, api_key=key, max_retries=0, timeout=60)
+
+    def stream():
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
+        )
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
+        return raw.headers, text
+
+    headers, text = await trio.to_thread.run_sync(stream)
+    assert text == ANSWER
+    assert headers["x-ratelimit-limit-requests"] == "5" and headers["x-ratelimit-remaining-requests"] == "4"
+    assert int(headers["x-ratelimit-remaining-tokens"]) < 50_000
+    assert headers["x-ratelimit-reset-tokens"].endswith("s")

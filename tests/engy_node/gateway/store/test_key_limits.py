@@ -144,6 +144,19 @@ def test_recovery_of_an_open_hold_frees_its_place(store):
     assert store.hold(account_id, amount=10, request_id="b", key_id=key_id) is not None
 
 
+def test_rotating_a_key_does_not_reset_its_spend_or_rate(store):
+    account_id, key_id = buyer(store)
+    store.set_key_limits(key_id, {"daily_micro": 150, "rpm": 2})
+    store.settle(store.hold(account_id, amount=100, request_id="a", key_id=key_id), cost=100)
+    new_id, _ = store.rotate_key(key_id)
+    with pytest.raises(KeyRefused) as refused:
+        store.hold(account_id, amount=100, request_id="b", key_id=new_id)
+    assert refused.value.refusal.limit == "daily_usd"
+    assert store.hold(account_id, amount=50, request_id="c", key_id=new_id) is not None
+    with pytest.raises(KeyRefused, match="2 requests per minute"):
+        store.hold(account_id, amount=1, request_id="d", key_id=new_id)
+
+
 def test_named_keys_are_listed_masked_rotated_and_revoked(store, clock):
     account_id, first_key_id = buyer(store)
     key_id, key = store.create_key(account_id, name="ci", expires_at=START + 3600, models=("m1",))
