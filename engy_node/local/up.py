@@ -6,7 +6,9 @@ One command on a laptop with no GPU and no chain access brings up, on loopback:
   bittensor SDK, with the owner, the validator (staked, so it holds a permit) and the two miners
   registered;
 * a gateway with a credited buyer key, its provider API and an epoch publisher signing short
-  epochs with the local master hotkey;
+  epochs with the local master hotkey; the buyer also pays 1 TAO from a coldkey of its own to
+  the gateway's deposit address on the dev chain (once per home), which the gateway's deposit
+  watcher credits after 3 blocks (`local/deposit_demo.py`);
 * two miners, each supervising its own reference server on the embedded SmolLM2 and admitted by
   a signed hotkey hello;
 * a validator running the light loop against the provider API and the dev chain, and a verifier
@@ -59,6 +61,7 @@ from engy_node.gateway.role import GatewayUrls, run_gateway, store_path
 from engy_node.gateway.store import Store
 from engy_node.hardware.monitor import run_gpu_monitor
 from engy_node.hub import Hub
+from engy_node.local import deposit_demo
 from engy_node.local.devchain import DevChain
 from engy_node.local.devchain_state import SubnetParams
 from engy_node.miner.role import run_miner
@@ -326,6 +329,7 @@ async def run_up(
     identities = await trio.to_thread.run_sync(prepare_identities, config)
     config = local_config(config, identities, ports or {}, cheats)
     chain = await trio.to_thread.run_sync(open_chain, config, identities.hotkeys)
+    config = await trio.to_thread.run_sync(_watch_deposits, config, chain)
     hotkeys = identities.hotkeys
     actions = actions if actions is not None else node_actions()
     hub.set_state("node", **_node_info(config, hotkeys))
@@ -346,8 +350,9 @@ async def run_up(
             await nursery.start(run_gpu_monitor, hub)
             await nursery.start(run_alerts, config.alerts, hub)
             urls: GatewayUrls = await nursery.start(
-                functools.partial(run_gateway, config, hub, local_verifier=run_local_verifier)
+                functools.partial(run_gateway, config, hub, local_verifier=run_local_verifier, deposit_chain=chain)
             )
+            deposit = await trio.to_thread.run_sync(_demo_deposit, config, identities, chain)
             await _start_together(
                 nursery, [_miner_service(config, hub, name, urls, actions, cheats.get(name, "")) for name in MINERS]
             )
@@ -373,6 +378,7 @@ async def run_up(
                     "state": str(chain_file(config)),
                 },
                 "epoch_s": EPOCH_S,
+                "deposit": deposit,
             }
             if traffic:
                 await nursery.start(_run_traffic, document, hub, actions)
@@ -393,6 +399,29 @@ async def run_up(
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(remove_network, config, os.getpid())
             await trio.to_thread.run_sync(chain.save)
+
+
+def _watch_deposits(config: Config, chain: DevChain) -> Config:
+    """`config` with the gateway watching the dev chain for the demo buyer's deposits (from the
+    head now, when the store has no deposit cursor yet)."""
+    gateway = deposit_demo.with_deposits(config.gateway, wallets_dir(config), start_block=chain.block)
+    return dataclasses.replace(config, gateway=gateway)
+
+
+def _demo_deposit(config: Config, identities: LocalIdentities, chain: DevChain) -> dict[str, Any]:
+    """Send the demo buyer's deposit once per home (`deposit_demo`); buyer.json remembers it."""
+    recorded = _read_json(buyer_file(config))
+    deposit = deposit_demo.send_once(
+        chain,
+        store_location=store_path(config),
+        account_id=identities.buyer_account,
+        wallets_path=wallets_dir(config),
+        deposit_address=config.gateway.deposit_address,
+        previous=recorded.get("demo_deposit"),
+    )
+    if recorded.get("demo_deposit") != deposit:
+        _write_private_json(buyer_file(config), {**recorded, "demo_deposit": deposit})
+    return deposit
 
 
 def _node_info(config: Config, hotkeys: dict[str, str]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ Layout: one module per concern, all on the same database.
     validators.py  each validator's latest heartbeat
     eligibility.py the traffic control plane's current state per (miner, model)
     leases.py      which host does a one-at-a-time job (closing epochs), until when
+    deposits.py    deposits from the chain: coldkey links, the watcher's cursor, each deposit credited once
     store.py       `Store`: the concerns above composed; `Store.run`, the one way trio awaits them (group commit)
 
 Errors. A corrupt, foreign, newer-schema, locked or unwritable database, or one that cannot be
