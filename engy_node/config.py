@@ -24,6 +24,7 @@ a typo that silently falls back to a default is the costlier mistake.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import difflib
 import os
 import re
@@ -667,16 +668,18 @@ def _validate(config: Config) -> None:
             "hotkey (an epoch with no score burns to it)"
         )
     if gateway.deposit_address:
-        from engy_node.gateway.billing.deposits import MIN_CONFIRMATIONS, parse_rate
-
+        # The same checks as the deposit watcher's (`gateway/billing/deposits.py`), made at load.
         try:
-            parse_rate(gateway.deposit_usd_per_tao)
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-        if gateway.deposit_confirmations < MIN_CONFIRMATIONS or gateway.deposit_start_block < 0:
+            rate = decimal.Decimal(gateway.deposit_usd_per_tao.strip())
+        except decimal.InvalidOperation:
+            rate = decimal.Decimal("NaN")
+        if not rate.is_finite() or rate <= 0:
             raise ConfigError(
-                f"gateway.deposit_confirmations must be at least {MIN_CONFIRMATIONS} and deposit_start_block 0 or more"
+                f"gateway.deposit_usd_per_tao = {gateway.deposit_usd_per_tao!r}: write the positive USD one TAO "
+                'credits as a decimal, e.g. "412.5"'
             )
+        if gateway.deposit_confirmations < 2 or gateway.deposit_start_block < 0:
+            raise ConfigError("gateway.deposit_confirmations must be at least 2 and deposit_start_block 0 or more")
     verifier = config.verifier
     if verifier.concurrency < 1 or verifier.poll_s <= 0 or verifier.threads < 0:
         raise ConfigError(

@@ -107,7 +107,7 @@ def _usage(store, args: argparse.Namespace) -> str:
 
 def run(config, args: argparse.Namespace) -> int:
     """Run the action `args.admin_command` names and print its result."""
-    from engy_node.gateway import admin, deposit_admin
+    from engy_node.gateway import admin
     from engy_node.gateway.role import store_location
     from engy_node.gateway.store import Store
     from engy_node.private_files import private_dir
@@ -147,9 +147,9 @@ def run(config, args: argparse.Namespace) -> int:
         elif action == "usage":
             print(_usage(store, args), end="")
         elif action == "link-coldkey":
-            print(deposit_admin.link_coldkey(store, account_id=args.account, coldkey=args.coldkey))
+            print(admin.link_coldkey(store, account_id=args.account, coldkey=args.coldkey))
         elif action == "deposits":
-            print(deposit_admin.list_deposits(store, account_id=args.account))
+            print(admin.list_deposits(store, account_id=args.account))
         elif action == "register-miner":
             print(admin.register_miner(store, name=args.name, hotkey=args.hotkey))
         elif action == "miners":

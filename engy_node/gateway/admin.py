@@ -20,7 +20,6 @@ import re
 from datetime import UTC, datetime
 
 from engy_node.errors import EngyError
-from engy_node.gateway import deposit_admin
 from engy_node.gateway.store import Store
 from engy_node.protocol.api_keys import BUYER_KEY_PREFIX
 
@@ -131,7 +130,7 @@ def show_balance(store: Store, *, account_id: int) -> str:
             f"  held      {format_usd(balance.held)}  (requests in flight)",
             f"  credited  {format_usd(balance.credited)}",
             f"  charged   {format_usd(balance.charged)}",
-            deposit_admin.deposits_line(store, account_id),
+            deposits_line(store, account_id),
         )
     )
 
@@ -147,7 +146,7 @@ def show_usage(store: Store, *, account_id: int, since: float | None = None) -> 
             f"  prompt tokens     {usage.prompt_tokens} ({usage.cached_tokens} cached)",
             f"  completion tokens {usage.completion_tokens}",
             f"  cost              {format_usd(usage.cost_micro)}",
-            deposit_admin.deposits_line(store, account_id),
+            deposits_line(store, account_id, since=since),
         )
     )
 
@@ -212,4 +211,43 @@ def list_miners(store: Store) -> str:
         return "no miners registered"
     lines = [f"{'id':>4}  {'name':<24} {'hotkey':<48}  registered"]
     lines += [f"{m.miner_id:>4}  {m.name:<24} {m.hotkey or '-':<48}  {_timestamp(m.created_at)}" for m in miners]
+    return "\n".join(lines)
+
+
+# -- deposits from the chain (docs/billing.md, "Deposits from the chain") ---------------------------
+
+RAO_PER_TAO = 10**9
+
+
+def link_coldkey(store: Store, *, account_id: int, coldkey: str) -> str:
+    """Link `coldkey` (ss58) to the account; its transfers to the deposit address are credited."""
+    from bittensor.wallets import is_bittensor_address
+
+    if not is_bittensor_address(coldkey):
+        raise EngyError(f"{coldkey!r} is not an ss58 address; give the buyer's coldkey, e.g. 5F…")
+    if store.link_coldkey(account_id, coldkey):
+        return f"linked coldkey {coldkey} to account {account_id}: its transfers to the deposit address are credited"
+    return f"coldkey {coldkey} was already linked to account {account_id}"
+
+
+def deposits_line(store: Store, account_id: int, *, since: float | None = None) -> str:
+    """`deposits  N from the chain, $X` (credited since `since`, when given), for `balance` and `usage`."""
+    records = [r for r in store.deposits_of(account_id) if since is None or r.created_at >= since]
+    total = sum(record.micro_usd for record in records)
+    return f"  deposits  {len(records)} from the chain, {format_usd(total)}  (included in credited)"
+
+
+def list_deposits(store: Store, *, account_id: int) -> str:
+    """The account's deposits, oldest first: extrinsic id, TAO, credit, coldkey, ledger row, block."""
+    records = store.deposits_of(account_id)
+    if not records:
+        return f"account {account_id}: no deposits from the chain"
+    lines = [f"account {account_id}: {len(records)} deposit(s) from the chain"]
+    for record in records:
+        tao = f"{record.amount_rao // RAO_PER_TAO}.{record.amount_rao % RAO_PER_TAO:09d}"
+        lines.append(
+            f"  {_timestamp(record.created_at)}  deposit {record.extrinsic_id}  {tao} TAO  "
+            f"{format_usd(record.micro_usd)}  from {record.coldkey}  ledger #{record.ledger_id}  "
+            f"block {record.block_hash}"
+        )
     return "\n".join(lines)

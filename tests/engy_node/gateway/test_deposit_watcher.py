@@ -12,6 +12,7 @@ import bittensor as bt
 import pytest
 import trio
 
+from engy_node.gateway import admin
 from engy_node.gateway.billing.deposit_watcher import run_deposit_watcher
 from engy_node.gateway.store import Store
 from engy_node.local.devchain import DevChain
@@ -118,6 +119,12 @@ async def test_a_dev_chain_deposit_is_credited_after_its_confirmations_once_acro
         balance = store.balance(account_id)
         assert balance.credited == balance.available == 500_000_000
         assert store.check_books() == []
+        listed = admin.list_deposits(store, account_id=account_id)
+        assert (
+            f"deposit {result.extrinsic_id}  1.250000000 TAO  $500.000000  from {buyer.coldkeypub.ss58_address}"
+            in listed
+        )
+        assert "deposits  1 from the chain, $500.000000" in admin.show_balance(store, account_id=account_id)
     finally:
         store.close()
 

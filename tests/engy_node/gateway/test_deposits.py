@@ -12,6 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engy_node.config import load_config
+from engy_node.errors import ConfigError
 from engy_node.gateway.billing.deposit_watcher import transfers_from_events
 from engy_node.gateway.billing.deposits import Block, Cursor, Transfer, micro_usd, parse_rate, scan
 
@@ -225,3 +227,21 @@ def test_credits_across_growth_reorgs_and_torn_reads_are_exactly_the_final_chain
     assert set(credited) <= final, "a deposit in a block a reorg replaced was credited"
     assert set(credited) == confirmed
     assert len(credited) == len(set(credited))
+
+
+@pytest.mark.parametrize(
+    ("settings", "fragment"),
+    [
+        ({"deposit_usd_per_tao": ""}, "deposit_usd_per_tao"),
+        ({"deposit_usd_per_tao": "-3"}, "deposit_usd_per_tao"),
+        ({"deposit_usd_per_tao": "400", "deposit_confirmations": 1}, "deposit_confirmations must be at least 2"),
+    ],
+)
+def test_a_deposit_address_needs_a_positive_rate_and_two_confirmations(tmp_path, settings, fragment):
+    overrides = {"gateway": {"deposit_address": ADDRESS, **settings}}
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(home=tmp_path, env={}, overrides=overrides)
+    gateway = load_config(
+        home=tmp_path, env={}, overrides={"gateway": {"deposit_address": ADDRESS, "deposit_usd_per_tao": "412.5"}}
+    ).gateway
+    assert parse_rate(gateway.deposit_usd_per_tao) == Fraction(825, 2) and gateway.deposit_confirmations == 12
