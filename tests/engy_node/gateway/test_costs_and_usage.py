@@ -136,7 +136,7 @@ def test_usage_counts_requests_once_in_their_first_rows_day_and_key():
     assert csv_lines[0].startswith("day,key_id,model,requests,errors,error_rate")
     assert csv_lines[1].split(",")[:5] == ["1970-01-01", "1", "glm-5.2", "1", "0"]
     with pytest.raises(ValueError, match="group_by"):
-        usage_report(rows, group_by="week")  # type: ignore[arg-type]
+        usage_report(rows, group_by="week")
 
 
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3), st.integers(0, 10_000), st.booleans()), max_size=40))
