@@ -44,12 +44,12 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from engy_node import logit_stats, proof
-from engy_node.errors import ConfigError
 from engy_node.models import ModelSpec, model_root
 from engy_node.protocol.miner import SEEDED_TOP_K
 from engy_node.serve.engine import Generation, ModelRunner, run_to_completion
 from engy_node.serve.sampling import parse_sampling_params
 from engy_node.served_model import end_token_ids_of
+from engy_node.simulated_cheats import check_simulated_cheat
 
 DEFAULT_PROMPTS = (
     "Explain why the sky is blue in two sentences.",
@@ -174,13 +174,7 @@ check refuses before any audit."""
 def simulated_cheat(name: str, *, where: str) -> Callable[[ModelRunner], ModelRunner]:
     """The cheat `name` of `SIMULATED_CHEATS`; an unknown one raises `ConfigError` naming
     `where` (the setting or flag) and the names there are."""
-    try:
-        return SIMULATED_CHEATS[name]
-    except KeyError:
-        raise ConfigError(
-            f"{where} {name!r} is not a simulated cheat; use one of {', '.join(SIMULATED_CHEATS)} "
-            "(or leave it empty to serve the weights as loaded)"
-        ) from None
+    return SIMULATED_CHEATS[check_simulated_cheat(name, where=where)]
 
 
 # ---- serving -----------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from typing import Any, Literal
 from engy_node.alerts import settings as alert_settings
 from engy_node.alerts.settings import AlertsSection
 from engy_node.errors import ConfigError
+from engy_node.simulated_cheats import check_simulated_cheat
 
 APP_NAME = "engy"
 ENV_PREFIX = "ENGY_"
@@ -712,6 +713,4 @@ def _validate(config: Config) -> None:
     for section in ("serve", "miner"):
         cheat = getattr(config, section).simulate_cheat
         if cheat:
-            from engy_node.calibration import simulated_cheat  # names only: no model is loaded
-
-            simulated_cheat(cheat, where=f"{section}.simulate_cheat =")
+            check_simulated_cheat(cheat, where=f"{section}.simulate_cheat =")

@@ -66,6 +66,7 @@ from engy_node.local.devchain import DevChain
 from engy_node.local.devchain_state import SubnetParams
 from engy_node.miner.role import run_miner
 from engy_node.models import DEFAULT_LOCAL_MODEL
+from engy_node.simulated_cheats import check_simulated_cheat
 from engy_node.validator.role import run_validator
 from engy_node.verifier.role import run_local_verifier, run_verifier_role
 
@@ -170,7 +171,6 @@ def port_plan(
 def parse_cheats(specs: Sequence[str]) -> dict[str, str]:
     """`--cheat MINER=NAME` flags as {local miner: cheat}; a flag that names no local miner, no
     known cheat, or a miner twice raises `EngyError` with the names there are."""
-    from engy_node.calibration import simulated_cheat
 
     cheats: dict[str, str] = {}
     for spec in specs:
@@ -182,7 +182,7 @@ def parse_cheats(specs: Sequence[str]) -> dict[str, str]:
             raise EngyError(f"--cheat {spec!r}: no local miner {miner!r}; the local miners are {', '.join(MINERS)}")
         if miner in cheats:
             raise EngyError(f"--cheat {spec!r}: {miner} already simulates {cheats[miner]!r}; give one cheat per miner")
-        simulated_cheat(cheat, where=f"--cheat {miner}=")
+        check_simulated_cheat(cheat, where=f"--cheat {miner}=")
         cheats[miner] = cheat
     return cheats
 

@@ -22,6 +22,7 @@ from engy_node.models import SMOLLM2_135M
 from engy_node.serve.app import decode_array
 from engy_node.serve.engine import ModelRunner
 from engy_node.serve.server import serve_reference
+from engy_node.simulated_cheats import SIMULATED_CHEAT_NAMES
 
 PROMPT_IDS = [1, 504, 3575, 282, 4649, 314]
 
@@ -73,3 +74,8 @@ async def test_a_cheating_server_serves_perturbed_weights_but_reports_the_checkp
     to_honest = (served - honest.float()).abs().max().item()
     assert to_perturbed * 10 < to_honest, (to_perturbed, to_honest)
     assert served.shape == honest.shape
+
+
+def test_the_light_list_of_names_is_the_cheats_there_are():
+    """Config checks names without the model stack (`engy_node.simulated_cheats`): the same list."""
+    assert tuple(SIMULATED_CHEATS) == SIMULATED_CHEAT_NAMES
