@@ -5,6 +5,7 @@ every worker once expired."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 
@@ -14,9 +15,14 @@ import openai
 import pytest
 import trio
 
-from engy_node.gateway.role import store_path
+from engy_node.config import load_config
+from engy_node.gateway.role import run_gateway, store_location, store_path
+from engy_node.gateway.store import Store
+from engy_node.hub import Hub
+from engy_node.models import SMOLLM2_135M
+from engy_node.served_model import load_served_model
 from engy_node.testing.synthetic_miner import Script, SyntheticHandler
-from tests.engy_node.gateway.test_gateway import MODEL, http, network  # noqa: F401 (fixtures)
+from tests.engy_node.gateway.test_gateway import MODEL, Network, http, network  # noqa: F401 (fixtures)
 from tests.engy_node.gateway.test_workers import miner_on_both_workers, two_workers  # noqa: F401 (fixtures)
 from tests.waiting import wait_until_async
 
@@ -29,6 +35,25 @@ RATE_HEADERS = (
     "x-ratelimit-remaining-tokens",
     "x-ratelimit-reset-tokens",
 )
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request) -> str:
+    """`gateway.store_url`: empty for the SQLite file, else a PostgreSQL database of the test's own."""
+    return "" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+async def any_network(nursery, tmp_path, checkpoint, store_url):
+    """`test_gateway.network`, on the SQLite file or on PostgreSQL."""
+    env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
+    gateway = {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, "store_url": store_url}
+    config = load_config(home=tmp_path, env=env, overrides={"gateway": gateway})
+    urls = await nursery.start(run_gateway, config, Hub())
+    store = Store.open(store_location(config))
+    served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)
+    yield Network(config, urls, store, served)
+    store.close()
 
 
 class GatedHandler(SyntheticHandler):
@@ -79,17 +104,17 @@ def chat(index: int = 0, max_tokens: int = 16) -> dict:
 
 async def test_100_concurrent_requests_against_a_concurrency_limit_of_10_admit_exactly_10(
     nursery,
-    network,  # noqa: F811
+    any_network,
     http,  # noqa: F811
 ):
-    miner = await gated_miner(nursery, network, http)
-    account_id, key = limited_key(network, concurrent=10, tpm=100_000)
+    miner = await gated_miner(nursery, any_network, http)
+    account_id, key = limited_key(any_network, concurrent=10, tpm=100_000)
     responses: list[httpx.Response] = []
 
     async def ask(index: int) -> None:
         responses.append(
             await http.post(
-                network.api + "/chat/completions", json=chat(index), headers={"authorization": f"Bearer {key}"}
+                any_network.api + "/chat/completions", json=chat(index), headers={"authorization": f"Bearer {key}"}
             )
         )
 
@@ -112,38 +137,38 @@ async def test_100_concurrent_requests_against_a_concurrency_limit_of_10_admit_e
     served = next(response for response in responses if response.status_code == 200)
     assert all(name in served.headers for name in RATE_HEADERS)
     assert served.headers["x-ratelimit-limit-tokens"] == "100000"
-    assert network.store.balance(account_id).held == 0 and network.store.check_books() == []
+    assert any_network.store.balance(account_id).held == 0 and any_network.store.check_books() == []
 
 
 async def test_a_daily_spend_cap_is_never_exceeded_by_a_micro_dollar_under_100_way_concurrency(
     nursery,
-    network,  # noqa: F811
+    any_network,
     http,  # noqa: F811
 ):
-    await network.add_synthetic_miner(nursery, lambda frame: Script(text=ANSWER), http)
-    probe_account, probe_key = network.buyer(1.0)
+    await any_network.add_synthetic_miner(nursery, lambda frame: Script(text=ANSWER), http)
+    probe_account, probe_key = any_network.buyer(1.0)
     probe = await http.post(
-        network.api + "/chat/completions", json=chat(), headers={"authorization": f"Bearer {probe_key}"}
+        any_network.api + "/chat/completions", json=chat(), headers={"authorization": f"Bearer {probe_key}"}
     )
-    one_charge = network.store.balance(probe_account).charged
+    one_charge = any_network.store.balance(probe_account).charged
     assert probe.status_code == 200 and one_charge > 0
     cap = one_charge * 30  # room for fewer than 30 worst-case holds: each holds more than it is charged
-    account_id, key = limited_key(network, daily_micro=cap)
+    account_id, key = limited_key(any_network, daily_micro=cap)
     statuses: list[int] = []
 
     async def ask(index: int) -> None:
         response = await http.post(
-            network.api + "/chat/completions", json=chat(index % 10), headers={"authorization": f"Bearer {key}"}
+            any_network.api + "/chat/completions", json=chat(index % 10), headers={"authorization": f"Bearer {key}"}
         )
         statuses.append(response.status_code)
 
     async with trio.open_nursery() as buyers:
         for index in range(100):
             buyers.start_soon(ask, index)
-    charged = network.store.balance(account_id).charged
+    charged = any_network.store.balance(account_id).charged
     assert charged <= cap
     assert set(statuses) == {200, 429} and statuses.count(200) >= 1
-    assert network.store.balance(account_id).held == 0 and network.store.check_books() == []
+    assert any_network.store.balance(account_id).held == 0 and any_network.store.check_books() == []
 
 
 async def test_the_openai_sdk_sees_the_429_and_its_retry_honours_retry_after(
