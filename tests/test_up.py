@@ -225,6 +225,13 @@ def test_up_runs_the_whole_network_until_weights_land_then_restarts_with_its_sta
         )
         assert "Paris" in completion.choices[0].message.content
         assert [m.id for m in client.models.list().data] == ["smollm2-135m"]
+        # The demo buyer's TAO deposit on the dev chain, credited by the gateway's deposit watcher.
+        deposit = network["deposit"]
+        first.output.wait_for(
+            re.escape(f"deposit {deposit['extrinsic_id']}: ") + ".* credited to account",
+            timeout_s=120,
+            what="the demo buyer's deposit credited",
+        )
 
         landed = first.output.wait_for(
             WEIGHTS_LINE, timeout_s=FIRST_WEIGHTS_TIMEOUT_S, what="the validator's weights for both miners"
@@ -293,6 +300,25 @@ def test_up_runs_the_whole_network_until_weights_land_then_restarts_with_its_sta
         assert second.stop() == 0
     assert balance(tmp_path, network["buyer_account"]) != balance_after_first, (
         "the second run spent from the same account"
+    )
+    assert second.network["deposit"] == network["deposit"], "the demo deposit is sent once per home"
+    listed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engy_node",
+            "--home",
+            str(tmp_path),
+            "gateway",
+            "deposits",
+            str(network["buyer_account"]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert listed.count(" deposit ") == 1 and f"deposit {network['deposit']['extrinsic_id']}" in listed, (
+        "credited once and only once across the restart"
     )
 
 
