@@ -53,12 +53,10 @@ import argparse
 import dataclasses
 import math
 import os
-import secrets
 import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -66,15 +64,26 @@ from typing import Any
 for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(variable, "1")
 
-import orjson  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# The serving and the audit are `engy-node calibrate --gemm-audits`' too: they live there once.
+from engy_node.verifier.gemm_calibration import (  # noqa: E402
+    DROPPED_LAYERS,
+    PrefillAttack,
+    Served,
+    Serving,
+    Toploc,
+    caught,
+    gemm_audit_of,
+    rate,
+    reasons,
+    zero_last_layers,
+)
 
 MODEL_ID = "smollm2-135m"
 SETTINGS: tuple[tuple[float, float] | None, ...] = (None, (0.7, 1.0), (1.0, 1.0), (1.0, 0.9))
 """Answer i is served at SETTINGS[i % 4]: greedy, or (temperature, top_p) with seed i."""
 NEIGHBOUR_LAYER = 15
-DROPPED_LAYERS = 4
 
 
 def settings_label(setting: tuple[float, float] | None) -> str:
@@ -82,20 +91,6 @@ def settings_label(setting: tuple[float, float] | None) -> str:
 
 
 # ---- the cases: how each serving side differs from the canonical model -------------------------
-
-
-def zero_last_layers(runner, drop: int = DROPPED_LAYERS):
-    """The 26-layer model inside the 30-layer shape: the last `drop` layers' projections zeroed,
-    so each of those layers passes the residual stream through unchanged."""
-    import torch
-
-    with torch.no_grad():
-        for layer in runner.model.model.layers[len(runner.model.model.layers) - drop :]:
-            for block in (layer.self_attn, layer.mlp):
-                for module in block.children():
-                    if isinstance(module, torch.nn.Linear):
-                        module.weight.zero_()
-    return runner
 
 
 def _cases() -> dict[str, tuple[str, Callable[[Any], Any] | None]]:
@@ -120,66 +115,6 @@ def _cases() -> dict[str, tuple[str, Callable[[Any], Any] | None]]:
 
 
 # ---- serving -----------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Served:
-    answer: int
-    setting: tuple[float, float] | None
-    prompt_ids: list[int]
-    output_ids: list[int]
-    rows: Any
-    """One final hidden state per output token: what the TOPLOC proofs are built from."""
-    gemm_commitment: dict[str, Any]
-
-
-class Serving:
-    """The miner's side for one case: the engine's generation with the capture on."""
-
-    def __init__(self, runner, layout, openings, weights_root: str, max_new_tokens: int) -> None:
-        self.runner = runner
-        self.layout = layout
-        self.openings = openings
-        self.weights_root = weights_root
-        self.max_new_tokens = max_new_tokens
-        self.served = 0
-
-    def capture(self):
-        from engy_node.serve.capture import ActivationCapture
-
-        return ActivationCapture(self.layout, self.openings, weights_root=self.weights_root, arithmetic="bfloat16")
-
-    def generation(self, prompt_ids: list[int], setting, seed: int, *, capture: bool = True):
-        """A request as our miner sends it (every sampling knob explicit, the gateway's seed)."""
-        from engy_node.protocol.miner import SEEDED_TOP_K
-        from engy_node.serve.engine import Generation
-        from engy_node.serve.sampling import parse_sampling_params
-
-        params: dict[str, Any] = {"temperature": 0, "max_new_tokens": self.max_new_tokens}
-        if setting is not None:
-            params.update(temperature=setting[0], top_p=setting[1], top_k=SEEDED_TOP_K, min_p=0.0, sampling_seed=seed)
-        self.served += 1
-        generation = Generation(
-            rid=f"bench-{self.served}",
-            input_ids=list(prompt_ids),
-            params=parse_sampling_params(params),
-            return_hidden_states=True,
-        )
-        if capture:
-            generation.capture = self.capture()
-        return generation
-
-    def serve(self, answer: int, prompt_ids: list[int], setting) -> Served:
-        from engy_node.serve.engine import run_to_completion
-
-        generation = run_to_completion(self.runner, self.generation(prompt_ids, setting, answer))
-        return self.served_of(answer, prompt_ids, setting, generation)
-
-    def served_of(self, answer: int, prompt_ids, setting, generation) -> Served:
-        commitment = {**(generation.gemm_commitment or {}), "rid": generation.rid}
-        return Served(
-            answer, setting, list(prompt_ids), list(generation.output_ids), generation.proof_rows(), commitment
-        )
 
 
 class CheapPrompt(Serving):
@@ -212,26 +147,6 @@ class CheapPrompt(Serving):
         return self.served_of(answer, prompt_ids, setting, generation)
 
 
-class PrefillAttack(Serving):
-    """Tokens from the cheap runner; the canonical runner's one forward pass over prompt and
-    output (all but the last token, which is never fed) gives the proofs' rows and the capture."""
-
-    def __init__(self, cheap, honest, *args) -> None:
-        super().__init__(cheap, *args)
-        self.honest = honest
-
-    def serve(self, answer: int, prompt_ids: list[int], setting) -> Served:
-        from engy_node.serve.engine import run_to_completion
-
-        cheap = run_to_completion(self.runner, self.generation(prompt_ids, setting, answer, capture=False))
-        capture = self.capture()
-        tokens = list(prompt_ids) + list(cheap.output_ids[:-1])
-        hidden, _ = self.honest.forward(tokens, self.honest.new_cache(), capture)
-        commitment = {**capture.commit(cheap.rid), "rid": cheap.rid}
-        rows = hidden[len(prompt_ids) - 1 :]
-        return Served(answer, setting, list(prompt_ids), list(cheap.output_ids), rows, commitment)
-
-
 def projection_state(runner) -> dict[str, Any]:
     """A copy of every projection's weight (what the cases alter), by parameter name."""
     import torch
@@ -262,85 +177,6 @@ class Judged:
     challenge_bytes: int
     openings_bytes: int
     openings: int
-
-
-def gemm_audit_of(served: Served, store, model, *, audits: int) -> tuple[list[str], float, int, int, int]:
-    """`audits` audits of one answer, each with a fresh secret: the verdicts, the first's CPU
-    seconds, and its frames' JSON bytes (challenge, openings) and opening count."""
-    from engy_node.protocol.gemm import GemmChallenge, GemmOpenings
-    from engy_node.verifier import gemm_audit
-
-    rid = served.gemm_commitment["rid"]
-    verdicts: list[str] = []
-    first_cpu, sizes = 0.0, (0, 0, 0)
-    for audit in range(audits):
-        secret = secrets.token_bytes(32)
-        started = time.process_time()
-        picks = gemm_audit.draw_picks(secret, served.gemm_commitment, prompt_positions=len(served.prompt_ids))
-        cpu = time.process_time() - started
-        # The miner's side: its serve opens the record (`serve.gemm_routes`' wire form).
-        opened = store.open(rid, [(p.position, p.layer, p.group) for p in picks])
-        assert opened is not None, f"the record of {rid} left the store before its audit"
-        record, openings = opened
-        wires = [o.to_wire(record.layout.dtype, record.layout.width(o.group)) for o in openings]
-        challenge = orjson.dumps(GemmChallenge(f"c{audit}", rid, picks).to_wire())
-        frame = orjson.dumps(GemmOpenings(f"c{audit}", tuple(wires)).to_wire())
-        relayed = tuple(orjson.loads(frame)["openings"])
-        evidence = gemm_audit.GemmEvidence(picks=picks, openings=relayed)
-        started = time.process_time()
-        verdict = gemm_audit.judge_openings(
-            model,
-            served.gemm_commitment,
-            evidence,
-            expected_positions=len(served.prompt_ids) + len(served.output_ids) - 1,
-        )
-        cpu += time.process_time() - started
-        verdicts.append(verdict.kind if verdict.kind == "pass" else f"{verdict.kind}/gemm:{verdict.reason}")
-        if audit == 0:
-            first_cpu, sizes = cpu, (len(challenge), len(frame), len(wires))
-    return verdicts, first_cpu, *sizes
-
-
-class Toploc:
-    """TOPLOC as the verifier runs it: the float32 recompute and `proof.verify_commitment`."""
-
-    def __init__(self, checkpoint: Path, spec, root: str, end_ids, max_new_tokens: int) -> None:
-        from engy_node.calibration import CachedPrefill
-        from engy_node.serve.engine import ModelRunner
-
-        self.runner = ModelRunner.load(checkpoint, device="cpu", dtype="float32")
-        self.recompute = CachedPrefill
-        self.spec, self.root, self.end_ids, self.max_new_tokens = spec, root, end_ids, max_new_tokens
-
-    def judge(self, served: Served) -> tuple[str, float]:
-        from engy_node import logit_stats, proof
-
-        commitment = proof.build_commitment(
-            model_root=self.root,
-            prompt_ids=served.prompt_ids,
-            output_ids=served.output_ids,
-            rows=served.rows,
-            params=self.spec.proof,
-        )
-        sampling = (
-            None
-            if served.setting is None
-            else logit_stats.SamplingTerms(served.setting[0], served.setting[1], seed=served.answer)
-        )
-        started = time.process_time()
-        verdict = proof.verify_commitment(
-            commitment,
-            model=self.spec,
-            canonical_root=self.root,
-            expected_prompt_ids=served.prompt_ids,
-            recompute=self.recompute(self.runner),
-            greedy=sampling is None,
-            delivery=proof.Delivery(tuple(served.output_ids), ended_at_stop=False, max_tokens=self.max_new_tokens),
-            end_token_ids=self.end_ids,
-            sampling=sampling,
-        )
-        cpu = time.process_time() - started
-        return (verdict.kind if verdict.kind == "pass" else f"{verdict.kind}/{verdict.code}"), cpu
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -456,17 +292,6 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Judg
 # ---- the tables --------------------------------------------------------------------------------
 
 
-def caught(verdicts: list[str]) -> int:
-    return sum(1 for v in verdicts if v.startswith("cheat"))
-
-
-def rate(k: int, n: int) -> str:
-    from engy_node.calibration import proportion_interval
-
-    low, high = proportion_interval(k, n)
-    return f"{k}/{n} ({100 * low:.1f}–{100 * high:.1f} %)"
-
-
 def to_reach_99(k: int, n: int) -> str:
     """Audited answers until a cheat is caught with probability ≥ 99 %, at the interval's lower
     bound of the per-answer rate (independent draws of picks)."""
@@ -478,11 +303,6 @@ def to_reach_99(k: int, n: int) -> str:
     if low <= 0:
         return "–"
     return str(math.ceil(math.log(0.01) / math.log1p(-low)))
-
-
-def reasons(verdicts: list[str]) -> str:
-    counts = Counter(v.split("/", 1)[1] for v in verdicts if "/" in v)
-    return ", ".join(f"{code} {n}" for code, n in counts.most_common(4)) or "–"
 
 
 def detection_table(judged: list[Judged], audits: int) -> str:
