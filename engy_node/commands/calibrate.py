@@ -3,13 +3,15 @@
 It serves prompts honestly and through known cheats, verifies them as a validator would, and
 prints the statistics behind each verdict as Markdown tables; with its measurement flags it also
 measures honest numeric drift, the sampling cheats against seeded replay, answers without a
-commitment and false positives over honest sampled requests (docs/verification.md publishes
-every table). It has more flags than any other sub-command, and its run is a sequence of
-measurements, so it lives here apart from `cli.py`'s dispatch; the measuring itself is
-`calibration.py`, `drift.py` and `strictness.py`'s.
+commitment, false positives over honest sampled requests and GEMM audits beside TOPLOC
+(docs/verification.md publishes every table). It has more flags than any other sub-command, and
+its run is a sequence of measurements, so it lives here apart from `cli.py`'s dispatch; the
+measuring itself is `calibration.py`, `drift.py`, `strictness.py` and
+`verifier/gemm_calibration.py`'s.
 
 Exit code: 0 when every verdict was the expected one, 1 when a case was judged otherwise or an
-honest answer was judged a cheat.
+honest answer was judged a cheat. With `--gemm-audits N` an honest answer judged a cheat by the
+GEMM audit counts too, and so does a cheat case that neither the GEMM audit nor TOPLOC caught.
 """
 
 from __future__ import annotations
@@ -106,6 +108,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "4-bit copy, on the delivered tokens alone",
     )
     calibrate.add_argument(
+        "--gemm-audits",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also serve the prompts greedily with the activation capture on, honestly and through each "
+        "cheat and detection-power case, GEMM-audit every answer N times and print the catch rates beside "
+        "TOPLOC's verdicts on the same answers",
+    )
+    calibrate.add_argument(
+        "--gemm-cases",
+        default="",
+        metavar="CASE[,CASE]",
+        help="only these cases in the GEMM-audit pass (honest, quantised-4bit, noise-1%%, ...); default: all",
+    )
+    calibrate.add_argument(
         "--all",
         action="store_true",
         help="every measurement docs/verification.md publishes, at its documented size (hours on a CPU): "
@@ -144,6 +161,8 @@ def run(config, args: argparse.Namespace) -> int:
         args.drift_prompts, args.seeded_drift_prompts = args.drift_prompts or 500, args.seeded_drift_prompts or 200
         args.cheat_answers, args.no_commitment_answers = args.cheat_answers or 50, args.no_commitment_answers or 50
         args.sampled_requests = args.sampled_requests or 1000
+    if args.gemm_audits > 0:
+        _gemm_cases(args)
     if args.sampled_only and args.sampled_requests <= 0:
         raise EngyError("--sampled-only needs --sampled-requests N (N > 0)")
     # Each measurement flag alone runs just that measurement; the cases run by default and with --all.
@@ -152,6 +171,7 @@ def run(config, args: argparse.Namespace) -> int:
         or args.seeded_drift_prompts > 0
         or args.cheat_answers > 0
         or args.no_commitment_answers > 0
+        or args.gemm_audits > 0
     )
     results = (
         []
@@ -237,12 +257,49 @@ def run(config, args: argparse.Namespace) -> int:
         )
         _section("Honest sampled requests", format_soundness(soundness))
         false_positives += sum(1 for r in soundness if r.verdict.kind == "cheat")
-    return 1 if wrong or false_positives else 0
+    gemm_wrong = _gemm_audits(path, spec, args, say) if args.gemm_audits > 0 else []
+    return 1 if wrong or false_positives or gemm_wrong else 0
 
 
 SOUNDNESS_CONVERSATIONS = 250
 """Buyer-like conversations the honest sampled requests cycle through (each at every setting):
 the five built-in prompts alone missed an edge case that 200 of these found."""
+
+
+def _gemm_audits(path: Path, spec, args: argparse.Namespace, say) -> list[str]:
+    """The GEMM-audit pass (`verifier.gemm_calibration`): its table, and what it found wrong."""
+    from engy_node.calibration import DEFAULT_PROMPTS
+    from engy_node.verifier.gemm_calibration import format_gemm_table, gemm_unexpected, run_gemm_calibration
+
+    results = run_gemm_calibration(
+        path,
+        model=spec,
+        prompts=DEFAULT_PROMPTS[: args.prompts],
+        max_new_tokens=args.max_new_tokens,
+        audits=args.gemm_audits,
+        cases=_gemm_cases(args) or None,
+        device=args.device,
+        recompute_device=args.recompute_device,
+        progress=say,
+    )
+    _section(f"GEMM audits beside TOPLOC ({args.gemm_audits} audits per answer)", format_gemm_table(results))
+    wrong = gemm_unexpected(results)
+    for line in wrong:
+        say(f"UNEXPECTED (GEMM audits): {line}")
+    return wrong
+
+
+def _gemm_cases(args: argparse.Namespace) -> list[str]:
+    """The cases `--gemm-cases` names (none: all), checked before anything is served."""
+    from engy_node.verifier.gemm_calibration import gemm_case_names
+
+    chosen = [name.strip() for name in args.gemm_cases.split(",") if name.strip()]
+    unknown = set(chosen) - set(gemm_case_names())
+    if unknown:
+        raise EngyError(
+            f"--gemm-cases: unknown {', '.join(sorted(unknown))}; the cases are {', '.join(gemm_case_names())}"
+        )
+    return chosen
 
 
 def _section(title: str, table: str) -> None:
