@@ -27,6 +27,15 @@ miner that ran the prompt through a cheaper model and decoded honestly would pas
 generated positions; committing the prompt's GEMMs too lets the verifier challenge them. The
 cost is memory, linear in positions (sizes below).
 
+Except a cached prefix. A serve that takes the prompt's first positions from its prefix cache
+(an agent's next turn, a shared system prompt) did not compute them in this request, and
+recomputing them only to commit them would take prompt caching from every buyer. So a
+commitment may start at ``start`` (the first position computed, at most the prompt's last):
+its leaves are positions start … positions − 1, and the cached ones were committed by the answer
+that computed them. The verifier draws only from the committed range; what it gives up — a
+prefix computed by a cheaper model in an earlier answer the audit did not draw — is in
+docs/verification.md's trust region.
+
 Leaves and order. One leaf per (position, layer, group): ``leaf_hash(descriptor ‖ raw row)``
 (`engy_node.gemm.merkle`, RFC 6962), the descriptor binding the format, position (u32), layer
 (u16), group, dtype and width (u32), length-prefixed, so the same bytes at another place or
@@ -235,18 +244,27 @@ class Commitment:
     root: bytes
     layout: ActivationLayout
     positions: int
+    start: int = 0
+    """The first committed position: those before it came from the serve's prefix cache."""
 
     @property
     def size(self) -> int:
-        return self.positions * self.layout.leaves_per_position
+        return (self.positions - self.start) * self.layout.leaves_per_position
+
+    def leaf_index(self, position: int, layer: int, group: str) -> int:
+        """The tree index of a canonical committed (position, layer, group)."""
+        return self.layout.index(position, layer, group) - self.start * self.layout.leaves_per_position
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire = {
             "format": FORMAT,
             "activations_root": self.root.hex(),
             "positions": self.positions,
             **self.layout.to_wire(),
         }
+        if self.start:
+            wire["start"] = self.start
+        return wire
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any]) -> Commitment:
@@ -257,11 +275,14 @@ class Commitment:
             groups = tuple((str(name), int(width)) for name, width in wire["groups"])
             layout = ActivationLayout(int(wire["layers"]), groups, str(wire["dtype"]))
             positions = int(wire["positions"])
+            start = int(wire.get("start", 0))
         except (KeyError, TypeError, ValueError) as error:
             raise CommitmentError(f"malformed activation commitment: {error}") from None
         if len(root) != HASH_SIZE or positions < 0:
             raise CommitmentError("an activation commitment needs a 32-byte root and a count of positions ≥ 0")
-        return cls(root, layout, positions)
+        if not 0 <= start < max(positions, 1):
+            raise CommitmentError(f"an activation commitment's start {start} must lie in 0..positions − 1")
+        return cls(root, layout, positions, start)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -309,10 +330,10 @@ def verify_opening(commitment: Commitment, opening: Opening) -> bool:
         width = layout.width(opening.group)
     except CommitmentError:
         return False
-    if not 0 <= opening.position < commitment.positions or len(opening.data) != width * layout.item_size:
+    if not commitment.start <= opening.position < commitment.positions or len(opening.data) != width * layout.item_size:
         return False
     leaf = activation_leaf(layout, opening.position, opening.layer, opening.group, opening.data)
-    index = layout.index(opening.position, opening.layer, opening.group)
+    index = commitment.leaf_index(opening.position, opening.layer, opening.group)
     return verify(commitment.root, index, leaf, opening.path, commitment.size)
 
 
@@ -333,11 +354,13 @@ class _Chunk:
 
 
 class RecordBuilder:
-    """One answer's record, built as its forward passes end (prefill chunks, decode steps)."""
+    """One answer's record, built as its forward passes end (prefill chunks, decode steps), from
+    position `start` (the first one the serve computed rather than took from its prefix cache)."""
 
-    def __init__(self, layout: ActivationLayout) -> None:
+    def __init__(self, layout: ActivationLayout, start: int = 0) -> None:
         self.layout = layout
-        self.positions = 0
+        self.start = start
+        self.positions = start
         self._leaves: list[bytes] = []
         self._chunks: list[_Chunk] = []
         self._slices = [
@@ -361,7 +384,7 @@ class RecordBuilder:
         self.positions += rows
 
     def finish(self) -> ActivationRecord:
-        return ActivationRecord(self.layout, self.positions, tuple(self._chunks), MerkleTree(self._leaves))
+        return ActivationRecord(self.layout, self.positions, tuple(self._chunks), MerkleTree(self._leaves), self.start)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -372,10 +395,11 @@ class ActivationRecord:
     positions: int
     chunks: tuple[_Chunk, ...]
     tree: MerkleTree
+    start: int = 0
 
     @property
     def commitment(self) -> Commitment:
-        return Commitment(self.tree.root, self.layout, self.positions)
+        return Commitment(self.tree.root, self.layout, self.positions, self.start)
 
     @property
     def nbytes(self) -> int:
@@ -386,10 +410,12 @@ class ActivationRecord:
         """The opening of (position, layer, group), a ``residual_out`` at its canonical slot."""
         layout = self.layout
         layer, group = layout.canonical(layer, group)
-        if not 0 <= position < self.positions:
-            raise CommitmentError(f"position {position} is outside the answer's 0..{self.positions - 1}")
+        if not self.start <= position < self.positions:
+            raise CommitmentError(
+                f"position {position} is outside the answer's committed {self.start}..{self.positions - 1}"
+            )
         chunk = self.chunks[bisect.bisect_right([c.start for c in self.chunks], position) - 1]
-        index = layout.index(position, layer, group)
+        index = self.commitment.leaf_index(position, layer, group)
         start, end = layout.offsets()[index % layout.leaves_per_position]
         base = (position - chunk.start) * layout.row_bytes
         data = bytes(chunk.data[base + start : base + end])

@@ -118,6 +118,14 @@ class ActivationCapture:
         self._widths = {slot: layout.width(slot[1]) for slot in self._slots}
         self._modules: dict[Any, tuple[int, str]] = {}
 
+    def start_at(self, position: int) -> None:
+        """Commit from `position` on: the positions before it come from the prefix cache, and the
+        answer that computed them committed them (`engy_node.gemm.activations`, "a cached
+        prefix"). Only before the first forward call."""
+        if self.builder.positions != self.builder.start:
+            raise CaptureError("a capture's start moves only before its first forward call")
+        self.builder = RecordBuilder(self.layout, start=position)
+
     def _module_table(self, model: Any) -> dict[Any, tuple[int, str]]:
         """Each decoder layer and projection of `model`, as (layer, "layer" or projection name)."""
         if not self._modules:

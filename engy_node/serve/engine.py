@@ -609,10 +609,12 @@ class Engine:
             while self._waiting and len(self._running) < self.max_running:
                 generation = self._waiting.pop(0)
                 if self.prefix_cache is not None:
-                    # A captured request computes every position: the commitment covers them all.
-                    hit = None if generation.capture is not None else self.prefix_cache.take(generation.input_ids)
+                    hit = self.prefix_cache.take(generation.input_ids)
                     if hit is not None:
                         generation.resume_from(*hit)
+                        if generation.capture is not None:
+                            # The cached positions were committed by the answer that computed them.
+                            generation.capture.start_at(hit[0])
                     generation.on_finish = self.prefix_cache.keep
                 self._running.append(generation)
 

@@ -139,16 +139,25 @@ def draw_rows(secret: bytes, root: bytes, label: str, rows: int, k: int) -> list
 
 
 def draw_positions(
-    secret: bytes, root: bytes, positions: int, plan: AuditPlan, prompt_positions: int | None = None
+    secret: bytes,
+    root: bytes,
+    positions: int,
+    plan: AuditPlan,
+    prompt_positions: int | None = None,
+    start: int = 0,
 ) -> list[int]:
-    """`plan.positions` distinct positions of `positions` (all when there are fewer), sorted. With
-    `prompt_positions` (the prompt's length) one is drawn among the prompt's and one among the
-    generated ones when both exist, the rest among all that are left."""
+    """`plan.positions` distinct committed positions, `start` … `positions` − 1 (all when there
+    are fewer), sorted. With `prompt_positions` (the prompt's length) one is drawn among the
+    prompt's committed ones and one among the generated ones when both exist, the rest among
+    all that are left."""
     draws = _Draws(secret, root, "positions", 2 * plan.positions + 2)
     chosen: list[int] = []
-    if prompt_positions is not None and 0 < prompt_positions < positions and plan.positions >= 2:
-        chosen = [draws.sample(range(prompt_positions), 1)[0], draws.sample(range(prompt_positions, positions), 1)[0]]
-    rest = [p for p in range(positions) if p not in chosen]
+    if prompt_positions is not None and start < prompt_positions < positions and plan.positions >= 2:
+        chosen = [
+            draws.sample(range(start, prompt_positions), 1)[0],
+            draws.sample(range(prompt_positions, positions), 1)[0],
+        ]
+    rest = [p for p in range(start, positions) if p not in chosen]
     return sorted(chosen + draws.sample(rest, plan.positions - len(chosen)))
 
 
@@ -166,7 +175,7 @@ def draw_picks(
     Raises `CommitmentError` on a malformed commitment."""
     parsed = Commitment.from_wire(commitment)
     layout = parsed.layout
-    positions = draw_positions(secret, parsed.root, parsed.positions, plan, prompt_positions)
+    positions = draw_positions(secret, parsed.root, parsed.positions, plan, prompt_positions, parsed.start)
     slots: set[tuple[int, int, str]] = set()
     for position in positions:
         for layer in _Draws(secret, parsed.root, f"layers/{position}", plan.layers).sample(
@@ -311,17 +320,26 @@ def step_code(step: str) -> str:
 
 
 def judge_openings(
-    model: GemmModel, commitment: Mapping[str, Any], evidence: GemmEvidence, *, expected_positions: int
+    model: GemmModel,
+    commitment: Mapping[str, Any],
+    evidence: GemmEvidence,
+    *,
+    expected_positions: int,
+    prompt_positions: int | None = None,
 ) -> GemmJudgement:
     """The verdict on one answer's openings: the commitment must be this model's layout over
-    `expected_positions` (prompt + output − 1), every pick opened exactly once on its Merkle path,
-    and each audited layer's projections and steps between them must pass their checks. Pure."""
+    `expected_positions` (prompt + output − 1), starting inside the prompt (`prompt_positions`,
+    its length, when given: a cached prefix never covers the whole prompt), every pick opened
+    exactly once on its Merkle path, and each audited layer's projections and steps between them
+    must pass their checks. Pure."""
     try:
         parsed = Commitment.from_wire(commitment)
     except CommitmentError:
         return GemmJudgement("unproven", "malformed-commitment")
     layout = parsed.layout
     if layout != model.layout(layout.dtype) or parsed.positions != expected_positions:
+        return GemmJudgement("cheat", "commitment")
+    if prompt_positions is not None and parsed.start >= prompt_positions:
         return GemmJudgement("cheat", "commitment")
     if evidence.openings is None:
         return GemmJudgement("unproven", "no-opening")

@@ -135,6 +135,7 @@ class Judge:
             job.gemm_commitment,
             gemm,
             expected_positions=len(job.prompt_ids) + len(output) - 1,
+            prompt_positions=len(job.prompt_ids),
         )
         failed = judgement.failed
         if failed is not None:

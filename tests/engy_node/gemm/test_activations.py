@@ -27,19 +27,20 @@ def layouts(draw):
 
 @st.composite
 def records(draw):
-    """A layout, its per-position rows, and a record built from them in random chunks."""
+    """A layout, its per-position rows from the record's start (a cached prefix before it, or
+    none), and a record built from them in random chunks."""
     layout = draw(layouts())
     positions = draw(st.integers(1, 6))
     rows = [draw(st.binary(min_size=layout.row_bytes, max_size=layout.row_bytes)) for _ in range(positions)]
     cuts = sorted(draw(st.sets(st.integers(1, positions - 1), max_size=positions - 1))) if positions > 1 else []
-    builder = ac.RecordBuilder(layout)
+    builder = ac.RecordBuilder(layout, start=draw(st.integers(0, 3)))
     for start, end in zip([0, *cuts], [*cuts, positions], strict=True):
         builder.add_rows(end - start, b"".join(rows[start:end]))
     return layout, rows, builder.finish()
 
 
-def every_pick(layout, positions):
-    return [(p, layer, group) for p in range(positions) for layer, group in layout.slots()]
+def every_pick(layout, record):
+    return [(p, layer, group) for p in range(record.start, record.positions) for layer, group in layout.slots()]
 
 
 @given(records())
@@ -47,12 +48,10 @@ def test_every_opening_verifies_and_holds_its_rows_bytes(built):
     layout, rows, record = built
     commitment = ac.Commitment.from_wire(json.loads(json.dumps(record.commitment.to_wire())))
     assert commitment == record.commitment
-    for pick, opening in zip(
-        every_pick(layout, record.positions), ac.open_leaves(record, every_pick(layout, record.positions))
-    ):
+    for pick, opening in zip(every_pick(layout, record), ac.open_leaves(record, every_pick(layout, record))):
         assert (opening.position, opening.layer, opening.group) == pick
         start, end = layout.offsets()[layout.index(*pick) % layout.leaves_per_position]
-        assert opening.data == rows[pick[0]][start:end]
+        assert opening.data == rows[pick[0] - record.start][start:end]
         wire = opening.to_wire(layout.dtype, layout.width(opening.group))
         assert ac.Opening.from_wire(json.loads(json.dumps(wire))) == opening
         assert ac.verify_opening(commitment, opening)
@@ -62,7 +61,7 @@ def test_every_opening_verifies_and_holds_its_rows_bytes(built):
 def test_a_flipped_byte_another_place_or_a_bent_path_fails(built, data):
     layout, _, record = built
     commitment = record.commitment
-    pick = data.draw(st.sampled_from(every_pick(layout, record.positions)))
+    pick = data.draw(st.sampled_from(every_pick(layout, record)))
     opening = record.open(*pick)
     byte = data.draw(st.integers(0, len(opening.data) - 1))
     flipped = bytearray(opening.data)
@@ -70,6 +69,7 @@ def test_a_flipped_byte_another_place_or_a_bent_path_fails(built, data):
     changed = [
         ac.Opening(opening.position, opening.layer, opening.group, bytes(flipped), opening.path),
         ac.Opening(opening.position + 1, opening.layer, opening.group, opening.data, opening.path),
+        ac.Opening(opening.position - 1, opening.layer, opening.group, opening.data, opening.path),
         ac.Opening(opening.position, opening.layer + 1, opening.group, opening.data, opening.path),
         ac.Opening(opening.position, opening.layer, opening.group, opening.data + b"\0", opening.path),
     ]
@@ -87,7 +87,7 @@ def test_a_flipped_byte_another_place_or_a_bent_path_fails(built, data):
 @given(records())
 def test_the_root_depends_on_the_rows_not_on_how_forward_calls_batched_them(built):
     layout, rows, record = built
-    one_call = ac.RecordBuilder(layout)
+    one_call = ac.RecordBuilder(layout, start=record.start)
     one_call.add_rows(len(rows), b"".join(rows))
     assert one_call.finish().tree.root == record.tree.root
 
@@ -215,3 +215,15 @@ def test_qwen36_would_keep_about_four_and_a_half_megabytes_per_position():
     per_position = 2 * values + 64 * leaves
     assert per_position == pytest.approx(4.63e6, rel=0.01)
     assert 32 * 1024**3 // per_position == pytest.approx(7_400, rel=0.01)
+
+
+@given(records())
+def test_positions_before_a_records_start_are_neither_opened_nor_verified(built):
+    layout, _, record = built
+    wire = record.commitment.to_wire()
+    assert wire.get("start", 0) == record.start
+    if record.start:
+        with pytest.raises(ac.CommitmentError):
+            record.open(record.start - 1, 0, "residual_in")
+    with pytest.raises(ac.CommitmentError):
+        ac.Commitment.from_wire({**wire, "start": record.positions})

@@ -225,12 +225,20 @@ async def test_a_server_with_noisy_weights_fails_the_row_check(checkpoint, weigh
     assert all(caught), f"{caught.count(False)} of {len(caught)} projections passed with noisy weights"
 
 
-def test_a_committed_request_computes_every_position_though_its_prefix_is_cached(client):
+def test_a_committed_request_keeps_its_cached_prefix_and_commits_from_the_first_computed_position(client):
+    """Prompt caching stays for buyers: the positions taken from the prefix cache are left out of
+    the commitment (`start`), which the answer that computed them committed."""
     prompt = PROMPT_IDS * 4  # 24 tokens: past the prefix cache's 16-token floor
     body = {"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 2, "ignore_eos": True}}
-    sglang_generate(client, body)
-    cached = sglang_generate(client, body)
-    assert cached["meta_info"]["cached_tokens"] > 0
-    committed = sglang_generate(client, {**body, "return_gemm_commitment": True})
-    assert committed["meta_info"]["cached_tokens"] == 0
-    assert committed["meta_info"]["gemm_commitment"]["positions"] == len(prompt) + 1
+    first = sglang_generate(client, {**body, "rid": "first-committed", "return_gemm_commitment": True})
+    assert first["meta_info"]["cached_tokens"] == 0 and "start" not in first["meta_info"]["gemm_commitment"]
+    committed = sglang_generate(client, {**body, "rid": "cached-committed", "return_gemm_commitment": True})
+    cached = committed["meta_info"]["cached_tokens"]
+    commitment = Commitment.from_wire(committed["meta_info"]["gemm_commitment"])
+    assert 0 < cached < len(prompt) and commitment.start == cached
+    assert commitment.positions == len(prompt) + 1
+    picks = [(p, 3, "q") for p in (cached, len(prompt) - 1, len(prompt))]
+    payload = open_picks(client, "cached-committed", picks).json()
+    assert all(verify_opening(commitment, Opening.from_wire(o)) for o in payload["openings"])
+    earlier = open_picks(client, "cached-committed", [(cached - 1, 3, "q")])
+    assert earlier.status_code == 400 and "outside" in earlier.json()["error"]["message"]

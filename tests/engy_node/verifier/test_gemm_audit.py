@@ -91,6 +91,14 @@ def test_another_secret_or_root_draws_other_picks(root, first, other):
     assert picks != ga.draw_picks(first, commitment_wire(200, root=bytes([root[0] ^ 1]) + root[1:]))
 
 
+@given(start=st.integers(0, 159), secret=st.binary(min_size=1, max_size=8))
+def test_picks_stay_inside_a_commitment_that_starts_after_a_cached_prefix(start, secret):
+    commitment = {**commitment_wire(200), "start": start} if start else commitment_wire(200)
+    picks = ga.draw_picks(secret, commitment, prompt_positions=160)
+    assert picks and min(pick.position for pick in picks) >= start
+    assert any(pick.position < 160 for pick in picks) and any(pick.position >= 160 for pick in picks)
+
+
 @given(
     secret=st.binary(min_size=1, max_size=32),
     rows=st.integers(min_value=1, max_value=5000),
