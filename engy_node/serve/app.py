@@ -243,6 +243,7 @@ class ReferenceApp:
             )
             if _bool_field(gemm[i], "return_gemm_commitment"):
                 generation.capture = self._capture(len(prompt) + params.max_new_tokens)
+                generation.capture.commit_from_at_most = _commit_from(body.get("gemm_commit_from"))
             items.append(_Item(generation, HiddenStatesJson(generation)))
         return items
 
@@ -686,6 +687,16 @@ def _per_item(value: Any, count: int, name: str) -> list[Any]:
             raise ApiError(400, f"{name} has {len(value)} entries for a batch of {count}")
         return value
     return [value] * count
+
+
+def _commit_from(value: Any) -> int | None:
+    """``gemm_commit_from``: the latest position a commitment may start at (the miner sends its
+    buyer's prompt length − 1), so the prefix cache never takes the whole prompt out of it."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ApiError(400, "gemm_commit_from must be a position (an integer ≥ 0)", contract=True)
+    return value
 
 
 def _bool_field(value: Any, name: str) -> bool:

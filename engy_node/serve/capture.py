@@ -114,6 +114,9 @@ class ActivationCapture:
         self.arithmetic = arithmetic
         """The serving arithmetic's name, as `engy_node.verifier.gemm_check.ARITHMETIC` keys it."""
         self.builder = RecordBuilder(layout)
+        self.commit_from_at_most: int | None = None
+        """The latest position the commitment may start at (``gemm_commit_from``): the buyer's
+        prompt's last, so a prefix-cache hit never leaves the whole prompt uncommitted."""
         self._slots = layout.slots()
         self._widths = {slot: layout.width(slot[1]) for slot in self._slots}
         self._modules: dict[Any, tuple[int, str]] = {}

@@ -23,7 +23,8 @@ client keeps exactly one row per output token, in order — what TOPLOC commits 
 A GEMM audit's activation commitment (``return_gemm_commitment``, docs/protocol.md "GEMM audits")
 is asked for on every call of a chunked generation and the last call's is kept: that call
 re-sends the prompt and all output but the last token, so its record covers every position of
-the whole answer, and it is filed under that call's rid (`GenerateResult.gemm_rid`), which
+the whole answer (a prefix the server takes from its cache ends inside the prompt:
+``gemm_commit_from``), and it is filed under that call's rid (`GenerateResult.gemm_rid`), which
 `open_gemm` later names. Only servers that say so in `/get_server_info` (`gemm_support`) can.
 """
 
@@ -246,10 +247,12 @@ class ServeClient:
         rid: str,
         return_hidden_states: bool = True,
         return_gemm_commitment: bool = False,
+        gemm_commit_from: int | None = None,
         stream: bool = False,
         on_progress: ProgressCallback | None = None,
     ) -> dict[str, Any]:
-        """One `/generate` call; returns the final result object. Cancellation aborts `rid`."""
+        """One `/generate` call; returns the final result object. Cancellation aborts `rid`.
+        `gemm_commit_from`: the latest position its commitment may start at (module doc)."""
         body: dict[str, Any] = {
             "input_ids": list(input_ids),
             "sampling_params": sampling_params,
@@ -259,6 +262,8 @@ class ServeClient:
         }
         if return_gemm_commitment:
             body["return_gemm_commitment"] = True
+            if gemm_commit_from is not None:
+                body["gemm_commit_from"] = gemm_commit_from
         finished = False
         try:
             with trio.fail_after(self.request_timeout_s):
@@ -359,6 +364,7 @@ class ServeClient:
                 rid=rid,
                 return_hidden_states=return_hidden_states,
                 return_gemm_commitment=return_gemm_commitment,
+                gemm_commit_from=len(prompt) - 1 if overlap else None,
                 stream=stream,
                 on_progress=progress,
             )

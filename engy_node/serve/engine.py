@@ -71,10 +71,11 @@ class PrefixCache:
         self.hit_tokens = 0
         self.prompt_tokens = 0
 
-    def take(self, ids: Sequence[int]) -> tuple[int, Any] | None:
-        """(prefix length, a cache holding that prefix) for the best match of `ids`, or None."""
+    def take(self, ids: Sequence[int], longest: int | None = None) -> tuple[int, Any] | None:
+        """(prefix length, a cache holding that prefix) for the best match of `ids` (at most
+        `longest` tokens of it), or None."""
         self.prompt_tokens += len(ids)
-        limit = len(ids) - 1
+        limit = len(ids) - 1 if longest is None else min(len(ids) - 1, longest)
         best, best_key = 0, None
         for key in self._entries:
             shared = _common_prefix(key, ids, limit)
@@ -609,7 +610,10 @@ class Engine:
             while self._waiting and len(self._running) < self.max_running:
                 generation = self._waiting.pop(0)
                 if self.prefix_cache is not None:
-                    hit = self.prefix_cache.take(generation.input_ids)
+                    # A committed answer's cached prefix must end inside the buyer's prompt: a
+                    # later chunk of a long answer re-sends its output too (serve.client).
+                    longest = None if generation.capture is None else generation.capture.commit_from_at_most
+                    hit = self.prefix_cache.take(generation.input_ids, longest)
                     if hit is not None:
                         generation.resume_from(*hit)
                         if generation.capture is not None:

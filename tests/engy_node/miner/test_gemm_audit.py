@@ -151,10 +151,12 @@ async def start_miner(
 
 
 def audit_picks(commitment: Commitment) -> tuple[GemmPick, ...]:
-    """A prompt position and the last generated one, in the first and last layers."""
+    """The first committed prompt position and the last generated one, in the first and last layers."""
     last = commitment.layout.layers - 1
     slots = [(0, "residual_in"), (0, "q"), (0, "down_out"), (last, "o_in"), (last, RESIDUAL_OUT)]
-    return tuple(GemmPick(p, layer, group) for p in (0, commitment.positions - 1) for layer, group in slots)
+    # The first committed position: a prefix the server took from its cache is not (its start).
+    first = commitment.start
+    return tuple(GemmPick(p, layer, group) for p in (first, commitment.positions - 1) for layer, group in slots)
 
 
 def test_an_answer_commits_only_when_asked_supported_and_within_the_servers_store():
@@ -261,13 +263,14 @@ async def test_with_two_serves_a_challenge_is_asked_of_the_serve_that_committed(
     forwarded = await start_forwarder(nursery, reference_server.url, http, commits=True)
     await start_miner(nursery, gateway, served_model, [forwarded.url, reference_server.url], http)
     assert FEATURE_GEMM in gateway.legs[0].hello.features
-    rids = []
+    rids, starts = [], {}
     for _ in range(2):  # the rotation serves the first through the forwarder, the second directly
         response = (await gateway.result(await gateway.serve(request("Name a colour.", max_tokens=3)))).response
         assert response.error is None and response.gemm_commitment is not None
         rids.append(response.gemm_commitment["rid"])
+        starts[rids[-1]] = response.gemm_commitment.get("start", 0)  # after a cached prefix
     assert [body["rid"] for body in forwarded.paths("/generate")] == [rids[0]]
     for rid in reversed(rids):
-        answer = await gateway.challenge(rid, (GemmPick(0, 0, "q"),))
+        answer = await gateway.challenge(rid, (GemmPick(starts[rid], 0, "q"),))
         assert answer.error is None and len(answer.openings) == 1
     assert [body["rid"] for body in forwarded.paths("/gemm/openings")] == [rids[0]]

@@ -242,3 +242,19 @@ def test_a_committed_request_keeps_its_cached_prefix_and_commits_from_the_first_
     assert all(verify_opening(commitment, Opening.from_wire(o)) for o in payload["openings"])
     earlier = open_picks(client, "cached-committed", [(cached - 1, 3, "q")])
     assert earlier.status_code == 400 and "outside" in earlier.json()["error"]["message"]
+
+
+def test_a_later_chunk_commits_from_inside_the_buyers_prompt_though_more_is_cached(client):
+    """A long answer's later chunk re-sends prompt and output (serve.client): `gemm_commit_from`
+    keeps the cached prefix inside the buyer's prompt, so the commitment covers some of it."""
+    prompt = PROMPT_IDS * 4
+    body = {"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}}
+    sglang_generate(client, {**body, "rid": "chunk-1", "return_gemm_commitment": True})
+    resent = prompt + [PROMPT_IDS[0]] * 4  # the prompt and what a first chunk produced
+    later = {**body, "input_ids": resent, "rid": "chunk-2", "return_gemm_commitment": True}
+    sglang_generate(client, later)
+    limited = sglang_generate(client, {**later, "rid": "chunk-3", "gemm_commit_from": len(prompt) - 1})
+    start = limited["meta_info"]["gemm_commitment"].get("start", 0)
+    assert 0 < start <= len(prompt) - 1, start
+    refused = client.post("/generate", json={**later, "rid": "chunk-4", "gemm_commit_from": -1})
+    assert refused.status_code == 400 and "gemm_commit_from" in refused.text
