@@ -69,21 +69,28 @@ def with_deposits(gateway: GatewaySection, wallets_path: str | os.PathLike[str],
     )
 
 
+def link_buyer(store_location: str | Path, *, account_id: int, wallets_path: str | os.PathLike[str]) -> str:
+    """Link the buyer's coldkey to `account_id`; returns the coldkey. Call it before the gateway
+    opens the store: a second SQLite connection opened and closed in the gateway's process while
+    the gateway's is open left the gateway writing a WAL other processes no longer read (its
+    charges were invisible to `engy-node gateway balance` until it stopped)."""
+    sender: str = _coldkey_wallet(wallets_path, BUYER_WALLET).coldkeypub.ss58_address
+    with Store.open(store_location) as store:
+        store.link_coldkey(account_id, sender)
+    return sender
+
+
 def send_once(
     chain: DevChain,
     *,
-    store_location: str | Path,
-    account_id: int,
     wallets_path: str | os.PathLike[str],
     deposit_address: str,
     previous: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """Link the buyer's coldkey to `account_id` and, unless `previous` (what an earlier start
-    recorded) says it was sent, send the demo deposit; returns what to record."""
+    """Unless `previous` (what an earlier start recorded) says it was sent, send the demo deposit
+    from the buyer's coldkey (linked by `link_buyer`); returns what to record."""
     wallet = _coldkey_wallet(wallets_path, BUYER_WALLET)
     sender = wallet.coldkeypub.ss58_address
-    with Store.open(store_location) as store:
-        store.link_coldkey(account_id, sender)
     if previous and previous.get("extrinsic_id"):
         return previous
     import bittensor as bt
@@ -100,14 +107,13 @@ def send_once(
         raise EngyError(f"the demo deposit from {sender} failed on the dev chain: {result.message}")
     log.info(
         "demo deposit: %d TAO from the buyer's coldkey %s to the gateway's deposit address %s in extrinsic %s; "
-        "credited after %d blocks at $%s per TAO (engy-node gateway deposits %d)",
+        "credited after %d blocks at $%s per TAO (engy-node gateway deposits)",
         DEMO_DEPOSIT_TAO,
         sender,
         deposit_address,
         result.extrinsic_id,
         CONFIRMATIONS,
         DEMO_USD_PER_TAO,
-        account_id,
     )
     return {
         "extrinsic_id": result.extrinsic_id,

@@ -329,7 +329,7 @@ async def run_up(
     identities = await trio.to_thread.run_sync(prepare_identities, config)
     config = local_config(config, identities, ports or {}, cheats)
     chain = await trio.to_thread.run_sync(open_chain, config, identities.hotkeys)
-    config = await trio.to_thread.run_sync(_watch_deposits, config, chain)
+    config = await trio.to_thread.run_sync(_watch_deposits, config, identities, chain)
     hotkeys = identities.hotkeys
     actions = actions if actions is not None else node_actions()
     hub.set_state("node", **_node_info(config, hotkeys))
@@ -352,7 +352,7 @@ async def run_up(
             urls: GatewayUrls = await nursery.start(
                 functools.partial(run_gateway, config, hub, local_verifier=run_local_verifier, deposit_chain=chain)
             )
-            deposit = await trio.to_thread.run_sync(_demo_deposit, config, identities, chain)
+            deposit = await trio.to_thread.run_sync(_demo_deposit, config, chain)
             await _start_together(
                 nursery, [_miner_service(config, hub, name, urls, actions, cheats.get(name, "")) for name in MINERS]
             )
@@ -401,20 +401,20 @@ async def run_up(
             await trio.to_thread.run_sync(chain.save)
 
 
-def _watch_deposits(config: Config, chain: DevChain) -> Config:
+def _watch_deposits(config: Config, identities: LocalIdentities, chain: DevChain) -> Config:
     """`config` with the gateway watching the dev chain for the demo buyer's deposits (from the
-    head now, when the store has no deposit cursor yet)."""
+    head now, when the store has no deposit cursor yet), the buyer's coldkey linked to its
+    account before the gateway opens the store."""
+    deposit_demo.link_buyer(store_path(config), account_id=identities.buyer_account, wallets_path=wallets_dir(config))
     gateway = deposit_demo.with_deposits(config.gateway, wallets_dir(config), start_block=chain.block)
     return dataclasses.replace(config, gateway=gateway)
 
 
-def _demo_deposit(config: Config, identities: LocalIdentities, chain: DevChain) -> dict[str, Any]:
+def _demo_deposit(config: Config, chain: DevChain) -> dict[str, Any]:
     """Send the demo buyer's deposit once per home (`deposit_demo`); buyer.json remembers it."""
     recorded = _read_json(buyer_file(config))
     deposit = deposit_demo.send_once(
         chain,
-        store_location=store_path(config),
-        account_id=identities.buyer_account,
         wallets_path=wallets_dir(config),
         deposit_address=config.gateway.deposit_address,
         previous=recorded.get("demo_deposit"),

@@ -27,20 +27,17 @@ def test_the_demo_deposit_is_linked_sent_once_and_watched_at_the_gateway_wallet(
     gateway = deposit_demo.with_deposits(GatewaySection(), wallets, start_block=chain.block)
     assert gateway.deposit_address == deposit_demo.coldkey_address(wallets, deposit_demo.GATEWAY_WALLET)
     assert (gateway.deposit_confirmations, gateway.deposit_start_block) == (deposit_demo.CONFIRMATIONS, 1000)
+    linked = deposit_demo.link_buyer(store_file, account_id=account_id, wallets_path=wallets)
     sent = deposit_demo.send_once(
         chain,
-        store_location=store_file,
-        account_id=account_id,
         wallets_path=wallets,
         deposit_address=gateway.deposit_address,
         previous=None,
     )
     buyer = bt.Wallet(deposit_demo.BUYER_WALLET, "default", path=str(wallets)).coldkeypub.ss58_address
-    assert sent["from"] == buyer and chain.free_balance(gateway.deposit_address) == 10**9
+    assert sent["from"] == buyer == linked and chain.free_balance(gateway.deposit_address) == 10**9
     again = deposit_demo.send_once(
         chain,
-        store_location=store_file,
-        account_id=account_id,
         wallets_path=wallets,
         deposit_address=gateway.deposit_address,
         previous=sent,
