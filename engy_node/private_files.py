@@ -26,8 +26,17 @@ def private_dir(path: Path) -> None:
 
 
 def private_file(path: Path) -> None:
-    """Create `path` empty if it is missing, and make it `PRIVATE_FILE_MODE`."""
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, PRIVATE_FILE_MODE))
+    """Create `path` empty if it is missing, and make it `PRIVATE_FILE_MODE`.
+
+    An existing file is never opened: closing any descriptor of a file drops every POSIX lock
+    this process holds on it, so opening and closing the gateway's SQLite store while another
+    connection of this process had it open released that connection's locks, and the next
+    connection to close deleted the write-ahead log under it (its commits then reached no other
+    process)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE))
+    except FileExistsError:
+        pass
     os.chmod(path, PRIVATE_FILE_MODE)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,3 +81,22 @@ def test_the_log_folder_and_files_are_this_users_only_also_after_rotation(tmp_pa
     logs = sorted(log_dir.iterdir())
     assert len(logs) == 1 + hub_module.LOG_FILE_BACKUPS
     assert {file.name: mode(file) for file in logs} == dict.fromkeys((f.name for f in logs), PRIVATE_FILE_MODE)
+
+
+def test_a_second_store_opened_and_closed_in_the_process_leaves_the_first_ones_commits_visible(tmp_path):
+    """Making the store's file private must not open it when it exists: closing that descriptor
+    dropped the first connection's locks, and the second connection's close then deleted the
+    write-ahead log the first one was still writing (its commits reached no other process)."""
+    path = tmp_path / "gateway.sqlite3"
+    first = Store.open(path)
+    try:
+        account, _ = first.create_buyer("buyer")
+        with Store.open(path) as second:
+            second.credit(account, micro_usd=5)
+        first.credit(account, micro_usd=7)
+        read = "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute('SELECT credited FROM accounts').fetchone()[0])"
+        seen = subprocess.run([sys.executable, "-c", read, str(path)], capture_output=True, text=True, timeout=60)
+        assert seen.stdout.strip() == "12", seen
+        assert path.with_name(path.name + "-wal").exists()
+    finally:
+        first.close()
