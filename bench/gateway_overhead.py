@@ -70,7 +70,11 @@ CHUNK_CHARS = len(ANSWER) // 8
 READY = re.compile(r"gateway ready: buyer API (http://127\.0\.0\.1:\d+), miners dial (ws://127\.0\.0\.1:\d+/gw)")
 
 
-def run_synthetic_miner(gateway_url: str, miner_key: str, home: str) -> None:
+def run_synthetic_miner(
+    gateway_url: str, miner_key: str, home: str, *, script: dict | None = None, max_inflight: int = 1024
+) -> None:
+    """The synthetic miner dialled into `gateway_url`, answering every frame with `Script(**script)`
+    (by default this bench's: `ANSWER` in `CHUNK_CHARS` pieces, coalesced as the real miner's)."""
     from engy_node.config import load_config
     from engy_node.miner.link import Identity
     from engy_node.models import SMOLLM2_135M
@@ -82,7 +86,8 @@ def run_synthetic_miner(gateway_url: str, miner_key: str, home: str) -> None:
     served = load_served_model(
         SMOLLM2_135M, embedded_checkpoint(models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir)
     )
-    handler = SyntheticHandler(served, lambda frame: Script(text=ANSWER, chunk_chars=CHUNK_CHARS))
+    answer = Script(**(script if script is not None else {"text": ANSWER, "chunk_chars": CHUNK_CHARS}))
+    handler = SyntheticHandler(served, lambda frame: answer)
 
     async def main() -> None:
         async with httpx.AsyncClient() as http:
@@ -92,7 +97,7 @@ def run_synthetic_miner(gateway_url: str, miner_key: str, home: str) -> None:
                 identity=Identity(miner_key=miner_key),
                 handler=handler,
                 http=http,
-                max_inflight=1024,
+                max_inflight=max_inflight,
             )
             await link.run()
 
@@ -118,20 +123,42 @@ FLOOR_SERVERS = ("hypercorn", "edge")
 """The floor's HTTP server: hypercorn as it comes, and with this checkout's `EdgeConfig`."""
 
 
+async def answer_lifespan(scope, receive, send) -> bool:
+    """Answer an ASGI lifespan scope (startup, then shutdown); False for any other scope."""
+    if scope["type"] != "lifespan":
+        return False
+    while (await receive())["type"] == "lifespan.startup":
+        await send({"type": "lifespan.startup.complete"})
+    await send({"type": "lifespan.shutdown.complete"})
+    return True
+
+
+def serve_asgi(app, config, name: str) -> None:
+    """Serve `app` with hypercorn's trio worker on a free port of 127.0.0.1, no access log, and
+    print `{name} ready: URL` once it listens (the parent reads that line)."""
+    from hypercorn.trio import serve
+
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(serve, app, config)
+            print(f"{name} ready: {binds[0]}", flush=True)
+
+    trio.run(run)
+
+
 def run_floor_server(kind: str) -> None:
     """The HTTP server alone: hypercorn's trio worker, as it comes or as the gateway runs it
     (`kind`), with an ASGI app that reads the body and answers a fixed SSE stream in three body
     messages. What any gateway on this stack pays per request before doing anything of its own."""
     from hypercorn.config import Config
-    from hypercorn.trio import serve
 
     from engy_node.hypercorn_edges import EdgeConfig
 
     async def app(scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        if await answer_lifespan(scope, receive, send):
             return
         while (await receive()).get("more_body"):
             pass
@@ -140,15 +167,7 @@ def run_floor_server(kind: str) -> None:
             await send({"type": "http.response.body", "body": event, "more_body": index < len(FLOOR_SSE) - 1})
 
     config = EdgeConfig(protocol_error_body=lambda status, path: ([], b"")) if kind == "edge" else Config()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = None
-
-    async def run() -> None:
-        async with trio.open_nursery() as nursery:
-            binds = await nursery.start(serve, app, config)
-            print(f"floor ready: {binds[0]}", flush=True)
-
-    trio.run(run)
+    serve_asgi(app, config, "floor")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -270,34 +289,18 @@ def chat_request(host: str, port: int, key: str, *, stream: bool, number: int) -
     return head.encode() + body
 
 
-async def gateway_level(api: str, key: str, concurrency: int, total: int, *, stream: bool) -> dict:
-    """TTFT is to the first SSE event carrying content (streamed) or to the whole answer (not)."""
-    ttfts: list[float] = []
-    chunks_seen = 0
-    errors = 0
+async def keep_alive_load(api: str, concurrency: int, total: int, one) -> float:
+    """`total` requests over `concurrency` keep-alive connections to `api`: each connection takes
+    the next request number and awaits `one(client, url, number)` for it, reconnecting when the
+    server closes. Returns the seconds they all took."""
     counter = iter(range(total))
     url = httpx.URL(api)
 
     async def worker() -> None:
-        nonlocal errors
         client = await KeepAliveClient.connect(url.host, url.port)
         try:
             for number in counter:
-                raw = chat_request(url.host, url.port, key, stream=stream, number=number)
-                started = time.perf_counter()
-                first: list[float] = []
-
-                def on_data(data: bytes) -> None:
-                    nonlocal chunks_seen
-                    with_content = data.count(b'"content":"') - data.count(b'"content":""')
-                    chunks_seen += with_content
-                    if not first and (with_content or not stream):
-                        first.append(time.perf_counter() - started)
-
-                if await client.request(raw, on_data) != 200:
-                    errors += 1
-                elif first:
-                    ttfts.append(first[0])
+                await one(client, url, number)
                 if client.closing:
                     await client.stream.aclose()
                     client = await KeepAliveClient.connect(url.host, url.port)
@@ -308,7 +311,34 @@ async def gateway_level(api: str, key: str, concurrency: int, total: int, *, str
     async with trio.open_nursery() as nursery:
         for _ in range(concurrency):
             nursery.start_soon(worker)
-    elapsed = time.perf_counter() - started
+    return time.perf_counter() - started
+
+
+async def gateway_level(api: str, key: str, concurrency: int, total: int, *, stream: bool) -> dict:
+    """TTFT is to the first SSE event carrying content (streamed) or to the whole answer (not)."""
+    ttfts: list[float] = []
+    chunks_seen = 0
+    errors = 0
+
+    async def one(client: KeepAliveClient, url: httpx.URL, number: int) -> None:
+        nonlocal errors
+        raw = chat_request(url.host, url.port, key, stream=stream, number=number)
+        started = time.perf_counter()
+        first: list[float] = []
+
+        def on_data(data: bytes) -> None:
+            nonlocal chunks_seen
+            with_content = data.count(b'"content":"') - data.count(b'"content":""')
+            chunks_seen += with_content
+            if not first and (with_content or not stream):
+                first.append(time.perf_counter() - started)
+
+        if await client.request(raw, on_data) != 200:
+            errors += 1
+        elif first:
+            ttfts.append(first[0])
+
+    elapsed = await keep_alive_load(api, concurrency, total, one)
     return {
         "ttft_p50_ms": percentile(ttfts, 50) * 1000,
         "ttft_p99_ms": percentile(ttfts, 99) * 1000,
@@ -381,29 +411,8 @@ class Gateway:
                 "would not be measured; check for a PYTHONPATH or .pth entry that shadows it"
             )
         self.buyer_key = found["buyer_key"]
-        # Qualification off: the synthetic miner would otherwise stay on probation (probes only,
-        # every paid request refused) for the whole run; what is measured is the relay.
-        env = {
-            **self.env(),
-            "ENGY_GATEWAY__PORT": "0",
-            "ENGY_GATEWAY__MINER_PORT": "0",
-            "ENGY_GATEWAY__PROVIDER_PORT": "0",
-            "ENGY_GATEWAY__QUALIFICATION": "false",
-            "ENGY_GATEWAY__WORKERS": str(workers),
-        }
-        with self.log_path.open("w") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "engy_node", "--home", self.home, "--role", "gateway"],
-                cwd=self.root,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        deadline = time.monotonic() + 120
-        while not (match := READY.search(self.log_path.read_text())):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the {self.label} gateway did not start; its log:\n{self.log_path.read_text()}")
-            time.sleep(0.1)
+        self.process = spawn_gateway(self.root, self.home, self.env(), workers, self.log_path)
+        match = wait_for_gateway(self.process, self.log_path, f"the {self.label} gateway", 120, 0.1)
         self.api = match.group(1) + "/v1"
         self.miner = spawn_miner(match.group(2), found["miner_key"], self.home)
 
@@ -412,6 +421,41 @@ class Gateway:
             if process is not None and process.poll() is None:
                 process.send_signal(signal.SIGTERM)
                 process.wait(30)
+
+
+BENCH_GATEWAY_ENV = {
+    "ENGY_GATEWAY__PORT": "0",
+    "ENGY_GATEWAY__MINER_PORT": "0",
+    "ENGY_GATEWAY__PROVIDER_PORT": "0",
+    # Qualification off: the synthetic miner would otherwise stay on probation (probes only,
+    # every paid request refused) for the whole run; what is measured is the relay.
+    "ENGY_GATEWAY__QUALIFICATION": "false",
+}
+"""A bench gateway's settings: every port chosen by the system (read back from its log), no qualification."""
+
+
+def spawn_gateway(root: Path, home: str, env: dict[str, str], workers: int, log_path: Path) -> subprocess.Popen:
+    """`engy-node --role gateway` in `home`, run from `root` with `env` and `workers` worker
+    processes, its output to `log_path`."""
+    with log_path.open("w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "engy_node", "--home", home, "--role", "gateway"],
+            cwd=root,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**env, **BENCH_GATEWAY_ENV, "ENGY_GATEWAY__WORKERS": str(workers)},
+        )
+
+
+def wait_for_gateway(process: subprocess.Popen, log_path: Path, name: str, timeout_s: float, poll_s: float) -> re.Match:
+    """The gateway's `READY` line (group 1: its buyer API, group 2: where miners dial); exits
+    with its log if it stops or `timeout_s` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while not (match := READY.search(log_path.read_text())):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{name} did not start; its log:\n{log_path.read_text()}")
+        time.sleep(poll_s)
+    return match
 
 
 def baseline_tree(baseline: str, parent: Path) -> Path:

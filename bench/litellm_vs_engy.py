@@ -58,7 +58,18 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from gateway_overhead import READY, KeepAliveClient, cpu_seconds, percentile, process_tree  # noqa: E402
+from gateway_overhead import (  # noqa: E402
+    answer_lifespan,
+    chat_request,
+    cpu_seconds,
+    keep_alive_load,
+    percentile,
+    process_tree,
+    run_synthetic_miner,
+    serve_asgi,
+    spawn_gateway,
+    wait_for_gateway,
+)
 
 LITELLM_VENV = ROOT / ".litellm-venv"
 """Not under bench/: tests/test_docs.py reads every file under bench/."""
@@ -75,13 +86,9 @@ def run_stub(tokens: int, delay_s: float) -> None:
     """The stub upstream: `/v1/chat/completions` answers `tokens` SSE chunks, `delay_s` before
     each, then a finish chunk with usage (or the whole answer at once, not streamed)."""
     from hypercorn.config import Config
-    from hypercorn.trio import serve
 
     async def app(scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        if await answer_lifespan(scope, receive, send):
             return
         body = b""
         while True:
@@ -126,47 +133,14 @@ def run_stub(tokens: int, delay_s: float) -> None:
         )
 
     config = Config()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = None
     config.keep_alive_timeout = 600
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            binds = await nursery.start(serve, app, config)
-            print(f"stub ready: {binds[0]}", flush=True)
-
-    trio.run(main)
+    serve_asgi(app, config, "stub")
 
 
 def run_miner(gateway_url: str, miner_key: str, home: str, tokens: int, delay_s: float) -> None:
     """The synthetic miner with the stub's script: `tokens` chunks, `delay_s` before each, each its own frame."""
-    from engy_node.config import load_config
-    from engy_node.miner.link import Identity
-    from engy_node.models import SMOLLM2_135M
-    from engy_node.serve.checkpoint import embedded_checkpoint
-    from engy_node.served_model import load_served_model
-    from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
-
-    config = load_config(home=home, env={k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"})
-    served = load_served_model(
-        SMOLLM2_135M, embedded_checkpoint(models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir)
-    )
-    script = Script(text=TOKEN * tokens, chunk_chars=len(TOKEN), delay_s=delay_s, coalesce_s=0.0)
-    handler = SyntheticHandler(served, lambda frame: script)
-
-    async def main() -> None:
-        async with httpx.AsyncClient() as http:
-            link = synthetic_link(
-                gateway_url=gateway_url,
-                model=served,
-                identity=Identity(miner_key=miner_key),
-                handler=handler,
-                http=http,
-                max_inflight=4096,
-            )
-            await link.run()
-
-    trio.run(main)
+    script = {"text": TOKEN * tokens, "chunk_chars": len(TOKEN), "delay_s": delay_s, "coalesce_s": 0.0}
+    run_synthetic_miner(gateway_url, miner_key, home, script=script, max_inflight=4096)
 
 
 SETUP_ENGY = (
@@ -216,32 +190,12 @@ class Engy:
             raise SystemExit(f"setting up our gateway's store failed:\n{made.stderr}")
         found = json.loads(made.stdout)
         self.key = found["buyer_key"]
-        env = {
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "ENGY_GATEWAY__PORT": "0",
-            "ENGY_GATEWAY__MINER_PORT": "0",
-            "ENGY_GATEWAY__PROVIDER_PORT": "0",
-            # Qualification off: a synthetic miner would otherwise stay on probation for the run.
-            "ENGY_GATEWAY__QUALIFICATION": "false",
-            "ENGY_GATEWAY__WORKERS": "1",
-        }
         log_path = self.home / "gateway.log"
-        with log_path.open("w") as log:
-            gateway = subprocess.Popen(
-                [sys.executable, "-m", "engy_node", "--home", str(self.home), "--role", "gateway"],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
+        # Qualification off (gateway_overhead.BENCH_GATEWAY_ENV): a synthetic miner would otherwise stay on probation.
+        gateway = spawn_gateway(ROOT, str(self.home), {**os.environ, "PYTHONUNBUFFERED": "1"}, 1, log_path)
         self.processes.append(gateway)
         self.pid = gateway.pid
-        deadline = time.monotonic() + STARTUP_S
-        while not (match := READY.search(log_path.read_text())):
-            if gateway.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"our gateway did not start; its log:\n{log_path.read_text()}")
-            time.sleep(0.2)
+        match = wait_for_gateway(gateway, log_path, "our gateway", STARTUP_S, 0.2)
         self.api = match.group(1)
         miner_args = ["--miner", match.group(2), "--key", found["miner_key"], "--home", str(self.home)]
         self.processes.append(subprocess.Popen([sys.executable, __file__, *miner_args, *self.script_args()]))
@@ -427,61 +381,31 @@ def wait_ready(api: str, key: str) -> None:
         time.sleep(1)
 
 
-def chat_request(host: str, port: int, key: str, number: int) -> bytes:
-    body = json.dumps(
-        {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": f"Say the sentence. This is request {number}."}],
-            "max_tokens": 64,
-            "stream": True,
-        }
-    ).encode()
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\nauthorization: Bearer {key}\r\n"
-        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
-
-
 async def drive(api: str, key: str, streams: int, total: int) -> dict:
     """`total` streamed requests over `streams` keep-alive connections; TTFT to the first event with content."""
     ttfts: list[float] = []
     errors = 0
-    counter = iter(range(total))
-    url = httpx.URL(api)
 
-    async def worker() -> None:
+    async def one(client, url: httpx.URL, number: int) -> None:
         nonlocal errors
-        client = await KeepAliveClient.connect(url.host, url.port)
-        try:
-            for number in counter:
-                started = time.perf_counter()
-                first: list[float] = []
-                seen = bytearray()
+        started = time.perf_counter()
+        first: list[float] = []
+        seen = bytearray()
 
-                def on_data(data: bytes) -> None:
-                    if not first:
-                        seen.extend(data)
-                        if CONTENT.search(seen):
-                            first.append(time.perf_counter() - started)
+        def on_data(data: bytes) -> None:
+            if not first:
+                seen.extend(data)
+                if CONTENT.search(seen):
+                    first.append(time.perf_counter() - started)
 
-                with trio.fail_after(120):
-                    status = await client.request(chat_request(url.host, url.port, key, number), on_data)
-                if status != 200 or not first:
-                    errors += 1
-                else:
-                    ttfts.append(first[0])
-                if client.closing:
-                    await client.stream.aclose()
-                    client = await KeepAliveClient.connect(url.host, url.port)
-        finally:
-            await client.stream.aclose()
+        with trio.fail_after(120):
+            status = await client.request(chat_request(url.host, url.port, key, stream=True, number=number), on_data)
+        if status != 200 or not first:
+            errors += 1
+        else:
+            ttfts.append(first[0])
 
-    started = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        for _ in range(streams):
-            nursery.start_soon(worker)
-    elapsed = time.perf_counter() - started
+    elapsed = await keep_alive_load(api, streams, total, one)
     return {
         "ttft_p50_ms": percentile(ttfts, 50) * 1000 if ttfts else float("nan"),
         "ttft_p99_ms": percentile(ttfts, 99) * 1000 if ttfts else float("nan"),
