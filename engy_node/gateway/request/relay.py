@@ -237,7 +237,7 @@ class ChatEndpoint:
             chat = api.parse(await gateway.read_body(receive, account), gateway)
             if cost_fields.asked_in_headers(Headers(scope=scope)):
                 chat = dataclasses.replace(chat, include_cost=True)
-            chat = pick_model(chat, gateway.pool, gateway.eligible)
+            chat = pick_model(chat, gateway.pool, gateway.eligible, account.models)
             with gateway.serving():
                 async with watch_disconnect(receive, scope):
                     flight = await gateway.begin(api.name, account, chat)

@@ -31,7 +31,7 @@ from engy_node.gateway.api.chat import ChatRequest
 from engy_node.gateway.routing.pool import MinerPool
 from engy_node.protocol.gemm import FEATURE_GEMM
 
-__all__ = ["ModelCapacity", "announces_gemm", "capacity", "choose_model", "pick_model"]
+__all__ = ["ModelCapacity", "announces_gemm", "capacity", "choose_model", "permitted", "pick_model"]
 
 Eligible = Callable[[str, str], bool]
 """(miner identity, model) -> may it serve paid traffic (`Gateway.eligible`)."""
@@ -75,12 +75,22 @@ def capacity(pool: MinerPool, model: str, eligible: Eligible) -> ModelCapacity:
     return ModelCapacity(room=room, connected=connected)
 
 
-def pick_model(chat: ChatRequest, pool: MinerPool, eligible: Eligible) -> ChatRequest:
+def permitted(models: Sequence[str], allowed: Sequence[str] | None) -> tuple[str, ...]:
+    """The buyer's models that its key may use, in order; all of them when the key may use any
+    or none of them (then the hold refuses the first, naming the key's models)."""
+    usable = tuple(model for model in models if allowed is None or model in allowed)
+    return usable or tuple(models)
+
+
+def pick_model(
+    chat: ChatRequest, pool: MinerPool, eligible: Eligible, allowed: Sequence[str] | None = None
+) -> ChatRequest:
     """`chat` as served: for the model `choose_model` picks among `chat.model` and its
-    fallbacks. A request without fallbacks is returned as it is, at no cost."""
+    fallbacks that the key may use (`allowed`; None: any). A request without fallbacks is
+    returned as it is, at no cost."""
     if not chat.fallbacks:
         return chat
-    models = (chat.model, *chat.fallbacks)
+    models = permitted((chat.model, *chat.fallbacks), allowed)
     chosen = choose_model(models, {model: capacity(pool, model, eligible) for model in models})
     return dataclasses.replace(chat, model=chosen, fallbacks=())
 

@@ -23,6 +23,7 @@ raise `StoreError`; gateway bugs (negative amounts, a hold that is not in this l
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 from collections.abc import Collection
@@ -49,6 +50,9 @@ class Account:
     key_id: int
     """The API key it was authenticated by (`api_keys.id`): a hold made with it checks that the
     key is still unrevoked (`Ledger.hold`)."""
+    models: tuple[str, ...] | None = None
+    """The models the key may use (None: any), so a request's fallbacks skip the others
+    (`routing.fallbacks.pick_model`); the hold enforces them (`store.key_limits`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -145,13 +149,16 @@ class Ledger(KeyLimits):
             return None
         with self._read() as conn:
             row = conn.execute(
-                "SELECT a.id, a.name, k.id, k.expires_at FROM api_keys k JOIN accounts a ON a.id = k.account_id "
+                "SELECT a.id, a.name, k.id, k.expires_at, k.models FROM api_keys k JOIN accounts a ON a.id = k.account_id "
                 "WHERE k.key_sha256 = ? AND k.revoked_at IS NULL",
                 (sha256(api_key),),
             ).fetchone()
         if row is not None and row[3] is not None and row[3] <= self._clock():
             raise KeyRefused("authentication", EXPIRED_KEY.format(at=iso_time(row[3])))
-        return None if row is None else Account(account_id=row[0], name=row[1], key_id=row[2])
+        if row is None:
+            return None
+        models = None if row[4] is None else tuple(json.loads(row[4]))
+        return Account(account_id=row[0], name=row[1], key_id=row[2], models=models)
 
     @serialised
     def revoke_key(self, api_key: str) -> bool:

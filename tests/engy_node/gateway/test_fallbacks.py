@@ -14,7 +14,7 @@ from engy_node.gateway.api.anthropic_api import parse_messages_request
 from engy_node.gateway.api.chat import GatewayError
 from engy_node.gateway.api.fallback_models import MAX_MODELS
 from engy_node.gateway.api.openai_api import parse_chat_request
-from engy_node.gateway.routing.fallbacks import ModelCapacity, choose_model
+from engy_node.gateway.routing.fallbacks import ModelCapacity, choose_model, permitted
 from engy_node.models import CATALOG
 
 ROOM = ModelCapacity(room=True, connected=True)
@@ -143,3 +143,14 @@ def test_a_model_object_carries_context_prices_and_proofs():
     assert body["price_micro_usd_per_million"] == {"input": 200_000, "cached_input": 50_000, "output": 800_000}
     assert body["verification"] == ["toploc", "gemm"]
     assert model_list.verification(gemm=False) == ["toploc"]
+
+
+@given(
+    models=st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=1, max_size=4, unique=True),
+    allowed=st.none() | st.lists(st.sampled_from(["a", "b", "c", "d"]), max_size=4, unique=True),
+)
+def test_fallbacks_keep_the_buyers_order_among_the_models_its_key_may_use(models, allowed):
+    chosen = permitted(models, allowed)
+    usable = [model for model in models if allowed is None or model in allowed]
+    # None usable: all stay, and the hold refuses the first naming the key's models.
+    assert list(chosen) == (usable or models)

@@ -166,6 +166,7 @@ def test_named_keys_are_listed_masked_rotated_and_revoked(store, clock):
     assert info.name == "ci" and info.models == ("m1",) and info.expires_at == START + 3600
     assert info.hint == f"{key[:12]}…{key[-4:]}" and key not in repr(listed)
     assert info.limits.rpm == 5 and info.limits.daily_micro == 2_000_000
+    assert store.authenticate(key).models == ("m1",), "the fallbacks skip models the key may not use"
     new_id, new_key = store.rotate_key(key_id)
     assert store.authenticate(key) is None
     assert store.authenticate(new_key).key_id == new_id
