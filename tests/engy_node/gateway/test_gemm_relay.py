@@ -409,30 +409,34 @@ async def test_malformed_picks_are_refused_and_a_gateway_out_of_reach_is_unreach
 
 
 # ---- the whole path --------------------------------------------------------------------------
-async def test_a_served_answers_commitment_reaches_the_verifier_and_its_openings_come_from_the_miner(
-    nursery, tmp_path, checkpoint, alice
-):
+async def gemm_gateway(nursery, tmp_path, checkpoint, verifier, **gateway):
+    """A real gateway auditing every paid answer, `verifier` its one verifier, with `gateway`
+    settings over that: its urls, the served model, a registered miner's key and a credited
+    buyer's key."""
     env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(
-        home=tmp_path,
-        env=env,
-        overrides={
-            "gateway": {
-                "port": 0,
-                "miner_port": 0,
-                "provider_port": 0,
-                "qualification": False,
-                "audit_paid_pct": 100.0,
-                "verifiers": alice.ss58_address,
-            }
-        },
-    )
+    settings = {
+        "port": 0,
+        "miner_port": 0,
+        "provider_port": 0,
+        "qualification": False,
+        "audit_paid_pct": 100.0,
+        "verifiers": verifier.ss58_address,
+        **gateway,
+    }
+    config = load_config(home=tmp_path, env=env, overrides={"gateway": settings})
     urls = await nursery.start(run_gateway, config, Hub())
     served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)
     with Store.open(store_path(config)) as store:
         _, miner_key = store.register_miner("gemm-miner")
         account_id, buyer_key = store.create_buyer("buyer")
         store.credit(account_id, micro_usd=1_000_000)
+    return urls, served, miner_key, buyer_key
+
+
+async def test_a_served_answers_commitment_reaches_the_verifier_and_its_openings_come_from_the_miner(
+    nursery, tmp_path, checkpoint, alice
+):
+    urls, served, miner_key, buyer_key = await gemm_gateway(nursery, tmp_path, checkpoint, alice)
     handler = SyntheticHandler(served, lambda frame: Script(gemm_commitment=COMMITMENT))
     async with httpx.AsyncClient(timeout=60) as http:
         link = synthetic_link(

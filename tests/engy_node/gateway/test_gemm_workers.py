@@ -14,28 +14,17 @@ request's id, so a challenge says which worker served the answer and which relay
 
 from __future__ import annotations
 
-import os
-
 import httpx
 import trio
 
-from engy_node.config import load_config
-from engy_node.gateway.role import run_gateway, store_path
-from engy_node.gateway.store import Store
-from engy_node.hub import Hub
 from engy_node.miner.link import Identity, LinkSettings
-from engy_node.models import SMOLLM2_135M
 from engy_node.protocol.audit import LeasedJob
-from engy_node.protocol.gemm import GemmPick
-from engy_node.served_model import load_served_model
 from engy_node.testing.synthetic_miner import Script, SyntheticHandler, synthetic_link
 from engy_node.verifier.sources import HttpAuditSource
 from tests.waiting import Changes, wait_until_async
 
-MODEL = "smollm2-135m"
-NETUID = 53
-PICKS = (GemmPick(3, 1, "residual_in"), GemmPick(3, 1, "q"))
-COMMITMENT = {"format": "engy-activations-v1", "activations_root": "cd" * 32, "positions": 5}
+from .test_gemm_relay import COMMITMENT, MODEL, NETUID, PICKS, gemm_gateway
+
 FAST = LinkSettings(heartbeat_s=5, backoff_base_s=0.05, backoff_cap_s=0.2, reconnect_delay_s=0.05)
 ROUNDS = 8
 """Rounds of buyer requests at most until both workers served one: each fresh connection goes to
@@ -51,28 +40,7 @@ def salt(corr_id: str) -> str:
 async def test_answers_served_by_any_worker_are_opened_through_the_first_processs_desk(
     nursery, tmp_path, checkpoint, alice
 ):
-    env = {k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"}
-    config = load_config(
-        home=tmp_path,
-        env=env,
-        overrides={
-            "gateway": {
-                "port": 0,
-                "miner_port": 0,
-                "provider_port": 0,
-                "qualification": False,
-                "workers": 2,
-                "audit_paid_pct": 100.0,
-                "verifiers": alice.ss58_address,
-            }
-        },
-    )
-    urls = await nursery.start(run_gateway, config, Hub())
-    served = await trio.to_thread.run_sync(load_served_model, SMOLLM2_135M, checkpoint)
-    with Store.open(store_path(config)) as store:
-        _, miner_key = store.register_miner("gemm-miner")
-        account_id, buyer_key = store.create_buyer("buyer")
-        store.credit(account_id, micro_usd=1_000_000)
+    urls, served, miner_key, buyer_key = await gemm_gateway(nursery, tmp_path, checkpoint, alice, workers=2)
     handler = SyntheticHandler(served, lambda frame: Script(gemm_commitment=COMMITMENT))
     async with httpx.AsyncClient(timeout=60) as http:
         link = synthetic_link(
