@@ -39,10 +39,18 @@ class StoppableGateway:
         self.scope = trio.CancelScope()
         self.stopped = trio.Event()
 
-    async def run(self, config, hub: Hub | None = None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, config, hub: Hub | None = None, *, deposit_chain=None, task_status=trio.TASK_STATUS_IGNORED
+    ) -> None:
         try:
             with self.scope:
-                await run_gateway(config, hub or Hub(), local_verifier=run_local_verifier, task_status=task_status)
+                await run_gateway(
+                    config,
+                    hub or Hub(),
+                    local_verifier=run_local_verifier,
+                    deposit_chain=deposit_chain,
+                    task_status=task_status,
+                )
         finally:
             self.stopped.set()
 

@@ -7,15 +7,19 @@ store."""
 from __future__ import annotations
 
 import functools
+import os
 
 import bittensor as bt
 import pytest
 import trio
 
+from engy_node.config import load_config
 from engy_node.gateway import admin
 from engy_node.gateway.billing.deposit_watcher import run_deposit_watcher
+from engy_node.gateway.role import store_path
 from engy_node.gateway.store import Store
 from engy_node.local.devchain import DevChain
+from tests.engy_node.gateway.conftest import StoppableGateway
 from tests.waiting import logged, wait_until_async
 
 DEPOSIT_ADDRESS = "5DAAnrj7VHTznn2AWBemMuyBwZWs6FNFjdyVXUeYum3PTXFy"  # //Dave
@@ -124,6 +128,55 @@ async def test_a_dev_chain_deposit_is_credited_after_its_confirmations_once_acro
             f"deposit {result.extrinsic_id}  1.250000000 TAO  $500.000000  from {buyer.coldkeypub.ss58_address}"
             in listed
         )
+        assert "deposits  1 from the chain, $500.000000" in admin.show_balance(store, account_id=account_id)
+    finally:
+        store.close()
+
+
+async def test_the_gateway_credits_a_dev_chain_deposit_once_across_its_restart(
+    nursery, chain, buyer, tmp_path, checkpoint
+):
+    """The gateway role as `engy-node` runs it, its deposit watcher reading the dev chain: the
+    deposit is credited once, and a restarted gateway rescanning the chain on the same store
+    credits nothing more."""
+    deposits = {
+        "deposit_address": DEPOSIT_ADDRESS,
+        "deposit_usd_per_tao": RATE,
+        "deposit_confirmations": CONFIRMATIONS,
+        "deposit_network": "local",
+        "deposit_start_block": chain.block,
+    }
+    config = load_config(
+        home=tmp_path / "home",
+        env={k: v for k, v in os.environ.items() if k == "ENGY_MODEL_CACHE"},
+        overrides={"gateway": {"port": 0, "miner_port": 0, "provider_port": 0, "qualification": False, **deposits}},
+    )
+    store = Store.open(store_path(config))
+    try:
+        account_id, _ = store.create_buyer("buyer")
+        store.link_coldkey(account_id, buyer.coldkeypub.ss58_address)
+        gateway = StoppableGateway()
+        with logged("engy.gateway.deposits", "credited to account") as credited:
+            await nursery.start(functools.partial(gateway.run, config, deposit_chain=chain))
+            result = await trio.to_thread.run_sync(send, chain, buyer, 1.25)
+            assert result.success, result
+            await trio.to_thread.run_sync(chain.advance, CONFIRMATIONS - 1)
+            with trio.fail_after(30):
+                await credited.seen.wait()
+        await gateway.stop()
+        assert store.balance(account_id).credited == 500_000_000
+        # The restart: a new gateway on the same store rescans from its cursor while the chain moves on.
+        gateway = StoppableGateway()
+        await nursery.start(functools.partial(gateway.run, config, deposit_chain=chain))
+        head = await trio.to_thread.run_sync(chain.advance, 10)
+        await scanned_through(store, head - CONFIRMATIONS + 1)
+        await gateway.stop()
+        (deposit,) = store.deposits_of(account_id)
+        assert (deposit.extrinsic_id, deposit.micro_usd) == (result.extrinsic_id, 500_000_000)
+        balance = store.balance(account_id)
+        assert (balance.credited, balance.available, balance.held, balance.charged) == (500_000_000, 500_000_000, 0, 0)
+        assert store.check_books() == []
+        assert admin.list_deposits(store, account_id=account_id).count(f"deposit {result.extrinsic_id}") == 1
         assert "deposits  1 from the chain, $500.000000" in admin.show_balance(store, account_id=account_id)
     finally:
         store.close()
