@@ -10,7 +10,8 @@ Subcommands:
   up           a local network: dev chain, gateway, two miners, validator, verifier, a credited buyer key
   gateway …    gateway administration (buyer keys, credit, usage, miners, trust, epochs)
   plan         GPUs, the model-server plan and the exact command
-  status       a running node's state from its control API (chain, weights, epochs, miners)
+  status       a running node's state from its control API, each role's verdict and a summary (--json); exit 0
+               every role does its job, 1 a role's loop stalled, 2 no node answers, 3 a role is not doing its job
   health       is each role of this home's node doing its job? (exit 0 yes, 1 not running or stalled, 3 a role
                is not: no weights within the activity cutoff, no miner leg up, no eligible miner, …)
   diagnose     a support bundle (.tar.gz): versions, masked config, GPUs, recent logs, the node's status
@@ -19,7 +20,7 @@ Subcommands:
   service …    systemd units and the validator's docker-compose file (service install --role ROLE)
   (no subcommand) --role ROLE …  run node roles (miner, gateway, verifier, validator)
 
-`calibrate`, `gateway …`, `health`, `weights …` and `service …` have flags and work enough to read on their own: each is a module of
+`calibrate`, `gateway …`, `health`, `status`, `weights …` and `service …` have flags and work enough to read on their own: each is a module of
 `engy_node/commands/` (its parser and its run); the others are a few lines each, here.
 """
 
@@ -35,7 +36,7 @@ import time
 from collections.abc import Sequence
 
 from engy_node import __version__
-from engy_node.commands import calibrate, gateway_admin, health, service, weights
+from engy_node.commands import calibrate, gateway_admin, health, service, status, weights
 from engy_node.errors import EngyError, RoleError
 
 log = logging.getLogger("engy.cli")
@@ -141,12 +142,17 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint.add_argument("--checkpoint", default="")
 
     sub.add_parser("models", help="list the model catalog")
-    status = sub.add_parser(
+    status_parser = sub.add_parser(
         "status",
-        help="the running node's state: chain, validator weights, epochs, miners and their eligibility",
+        help="the running node's state and each role's verdict (exit 0 every role does its job, 1 a role's "
+        "loop stalled, 2 no node answers, 3 a role is not doing its job)",
         description="Reads the control API of the node running in this home (control.json in its data dir).",
     )
-    status.add_argument("--json", action="store_true", help="print the raw status document")
+    status_parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the status document with a `summary` of stable fields per role (docs/control-api.md)",
+    )
     health.add_parser(sub, ROLES)
     diagnose = sub.add_parser(
         "diagnose",
@@ -345,7 +351,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             load_config(home=args.home, overrides=node_overrides), ports=ports, traffic=args.traffic, cheats=cheats
         )
     if args.command == "status":
-        return _print_status(load_config(home=args.home, overrides=node_overrides), as_json=args.json)
+        return status.run(load_config(home=args.home, overrides=node_overrides), as_json=args.json)
     if args.command == "health":
         return health.run(load_config(home=args.home, overrides=node_overrides), args)
     if args.command == "diagnose":
@@ -398,16 +404,6 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         public_miner_env="miner" in args.role,
     )
     return _run_roles(config, args.role)
-
-
-def _print_status(config, *, as_json: bool) -> int:
-    from engy_node.control import fetch_status, read_endpoint, read_token
-    from engy_node.local.status import format_status
-
-    endpoint = read_endpoint(config.paths.data_dir)
-    document = fetch_status(endpoint.url, read_token(endpoint.token_file))
-    print(json.dumps(document, indent=2, default=str) if as_json else format_status(document))
-    return 0
 
 
 def node_info(config, roles: Sequence[str]) -> dict:
