@@ -152,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="watch a running node: its control API URL (default: the one in the home's control.json)",
     )
     mode.add_argument(
+        "--fleet",
+        metavar="FILE",
+        help="watch many nodes over their control APIs, directly or through SSH tunnels: a fleet file of "
+        "[[node]] tables (docs/operations.md, \"Fleet view\"); enter opens a node's tabs, esc comes back",
+    )
+    mode.add_argument(
         "--serve-url",
         type=_serve_url,
         metavar="URL",
@@ -209,6 +215,13 @@ def build_app(argv: Sequence[str] | None = None, *, poll: bool = True) -> App[No
             start_after_setup=start_after_setup if poll else None,
             fake_gpus=args.fake_gpus or "",
         )
+    if args.fleet:
+        from engy_node.fleet_view import load_fleet
+        from engy_tui.fleet_bridge import FleetBridge
+        from engy_tui.screens.fleet import FleetManager
+
+        fleet = FleetBridge(load_fleet(args.fleet))
+        return FleetManager(fleet, source=args.fleet, dial=poll, home=args.home, keymap=_user_keymap(args.home))
     if args.role:
         return NodeManager(
             roles_bridge(args.home, args.role) if poll else None, home=args.home, keymap=_user_keymap(args.home)

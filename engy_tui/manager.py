@@ -27,6 +27,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.screen import ModalScreen
+from textual.timer import Timer
 from textual.widgets import Footer, Static, TabbedContent, TabPane, Tabs
 
 from engy_node.config import resolve_paths
@@ -174,6 +175,7 @@ class NodeManager(App[None]):
         """The last lines of each model server's output, from the events, for the miner tab."""
         self.farewell: str | None = None
         """What to print after the app has quit (what was done, what to run next), or None."""
+        self._render_timer: Timer | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(id="node-header")
@@ -210,7 +212,23 @@ class NodeManager(App[None]):
         self.bridge = bridge
         self.sub_title = bridge.url or "this node"
         bridge.start(on_crash=self._bridge_crashed)
-        self.set_interval(RENDER_INTERVAL_S, self.render_frame)
+        if self._render_timer is None:
+            self._render_timer = self.set_interval(RENDER_INTERVAL_S, self.render_frame)
+
+    async def show_node(self, bridge: NodeBridge | None) -> None:
+        """Show another node in this one's place (the fleet view's drill-in, and back to it): stop
+        the bridge shown now, forget all it showed (the tabs are rebuilt, so its log lines go
+        too), and start `bridge` (None: show none). Call it while the tabs' screen is on top."""
+        await self._stop_bridge()
+        self.bridge = None
+        self._traffic_paused, self._missed_seen = False, 0
+        self._shown = None
+        self._drawn_at.clear()
+        self._server_log.clear()
+        await self.recompose()
+        self.show_snapshot(None, events=[])
+        if bridge is not None:
+            self._start_bridge(bridge)
 
     def _setup_done(self, answers: SetupAnswers | None) -> None:
         """The first-run wizard closed. Written: say what would start and where it connects, and
@@ -255,7 +273,8 @@ class NodeManager(App[None]):
         self.exit(return_code=return_code)
 
     def render_frame(self) -> None:
-        assert self.bridge is not None
+        if self.bridge is None:  # between nodes (`show_node(None)`)
+            return
         if not self._frozen and self.bridge.ready:
             # Everything start-up made (the node's models and apps, Textual's widgets) lives as
             # long as the app: keep it out of full collections, which otherwise walked ~150,000
