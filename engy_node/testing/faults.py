@@ -121,7 +121,7 @@ def books_problems(
         sums[row.account_id][row.kind] += row.amount
     for account in accounts:
         total = sums.get(account.account_id, collections.Counter())
-        credited, charged = total["credit"], total["settle"]
+        credited, charged = total["credit"] + total["deposit"], total["settle"]
         held = total["hold"] - total["settle"] - total["release"]
         if (account.credited, account.charged, account.held) != (credited, charged, held):
             problems.append(

@@ -149,6 +149,7 @@ class BuyerRecords:
             if key_id is not None:
                 rows = [row for row in rows if row.key_id == key_id]
             charged = await store.run(store.charged_between, account.account_id, since=since, until=until)
+            credits = await store.run(store.credits_between, account.account_id, since=since, until=until)
             lines = usage.usage_report(rows, group_by=group_by)
             return JSONResponse(
                 usage.usage_document(
@@ -159,6 +160,7 @@ class BuyerRecords:
                     group_by=group_by,
                     key_id=key_id,
                     ledger_charged=charged,
+                    credits=credits,
                 )
             )
         except GatewayError as err:

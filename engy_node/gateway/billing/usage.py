@@ -13,6 +13,11 @@ the ledger charged (`Store.settle_and_log`), and every other row carries 0 µUSD
 a report over all of an account's retained history equals the ledger's charges to the µUSD
 while nothing has been purged (a test compares them).
 
+Money in. Beside the charges, a report lists the credits the account received in its window —
+the operator's (`credit`) and deposits from the chain (`deposit`, with their extrinsic) — from
+the ledger's own rows (`Deposits.credits_between`), so that what came in minus what was charged
+is what the balance moved by, to the µUSD, and over all history the ledger's `credited` figure.
+
 Percentiles are nearest rank over the group's requests that have a TTFT (`percentile.py`), in
 whole milliseconds as logged; a group with none has none.
 """
@@ -22,12 +27,13 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Literal
 
 from engy_node.gateway.billing.costs import cost_usd
 from engy_node.gateway.store import RequestLogEntry
+from engy_node.gateway.store.deposits import CreditRecord
 from engy_node.percentile import nearest_rank
 
 DEFAULT_WINDOW_S = 30 * 86_400
@@ -152,13 +158,63 @@ def line_fields(line: UsageLine) -> dict[str, object]:
     return {column: values[column] for column in COLUMNS}
 
 
-def as_csv(lines: Iterable[UsageLine]) -> str:
+def credit_fields(credit: CreditRecord) -> dict[str, object]:
+    """A credit or deposit as JSON: its amount in µUSD and exact dollars, its day and ledger row,
+    and a deposit's extrinsic, sender and TAO (in rao) or a credit's memo."""
+    fields: dict[str, object] = {
+        "kind": credit.kind,
+        "day": utc_day(credit.created_at),
+        "created_at": credit.created_at,
+        "micro_usd": credit.micro_usd,
+        "usd": cost_usd(credit.micro_usd),
+        "ledger_id": credit.ledger_id,
+    }
+    if credit.kind == "deposit":
+        fields.update(extrinsic_id=credit.extrinsic_id, coldkey=credit.coldkey, amount_rao=credit.amount_rao)
+    else:
+        fields.update(memo=credit.memo)
+    return fields
+
+
+def reference(credit: CreditRecord) -> str:
+    """What names a credit to a person: a deposit's extrinsic and sender, a credit's memo."""
+    if credit.kind == "deposit":
+        return f"deposit {credit.extrinsic_id} from {credit.coldkey}"
+    return credit.memo
+
+
+CSV_COLUMNS = ("kind", *COLUMNS, "credit_micro_usd", "credit_usd", "reference")
+"""The CSV's columns: each line of requests (kind `requests`) and each credit or deposit in the
+window (kind `credit`, `deposit`: its day, amount and reference), a field that does not apply
+left empty."""
+
+
+def as_csv(lines: Iterable[UsageLine], credits: Sequence[CreditRecord] = ()) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(COLUMNS)
+    writer.writerow(CSV_COLUMNS)
     for line in lines:
-        writer.writerow("" if value is None else value for value in line_fields(line).values())
+        values = ["requests", *("" if value is None else value for value in line_fields(line).values())]
+        writer.writerow([*values, "", "", ""])
+    blank = [""] * (len(COLUMNS) - 1)
+    for credit in credits:
+        day = utc_day(credit.created_at)
+        writer.writerow([credit.kind, day, *blank, credit.micro_usd, cost_usd(credit.micro_usd), reference(credit)])
     return out.getvalue()
+
+
+def credits_table(credits: Sequence[CreditRecord]) -> str:
+    """The credits and deposits of a window, summed, then one line each."""
+    deposits = [credit for credit in credits if credit.kind == "deposit"]
+    total, deposited = sum(c.micro_usd for c in credits), sum(c.micro_usd for c in deposits)
+    lines = [
+        f"credited ${cost_usd(total)} in the window: {len(deposits)} deposit(s) ${cost_usd(deposited)}, "
+        f"{len(credits) - len(deposits)} credit(s) ${cost_usd(total - deposited)}"
+    ]
+    lines += [
+        f"  {utc_day(c.created_at)}  {c.kind:<7}  ${cost_usd(c.micro_usd)}  {reference(c)}".rstrip() for c in credits
+    ]
+    return "\n".join(lines)
 
 
 def as_table(lines: list[UsageLine]) -> str:
@@ -218,11 +274,16 @@ def usage_document(
     group_by: GroupBy,
     key_id: int | None,
     ledger_charged: int,
+    credits: Sequence[CreditRecord] = (),
 ) -> dict[str, object]:
     """What `GET /v1/usage` answers and `--format json` prints: the lines, their totals, and what
     the ledger charged the account in the same window (`ledger_charged` µUSD, every key's), the
-    figure the lines' cost adds up to when they cover every key and no log row was purged."""
+    figure the lines' cost adds up to when they cover every key and no log row was purged; and
+    the account's `credits` in the window (credits and deposits, every key's: money comes to
+    an account, not a key), summed in the ledger section."""
     cost = sum(line.cost_micro for line in lines)
+    credited = sum(credit.micro_usd for credit in credits)
+    deposited = sum(credit.micro_usd for credit in credits if credit.kind == "deposit")
     return {
         "object": "usage",
         "account_id": account_id,
@@ -241,5 +302,13 @@ def usage_document(
             "cost_micro_usd": cost,
             "cost_usd": cost_usd(cost),
         },
-        "ledger": {"charged_micro_usd": ledger_charged, "charged_usd": cost_usd(ledger_charged)},
+        "ledger": {
+            "charged_micro_usd": ledger_charged,
+            "charged_usd": cost_usd(ledger_charged),
+            "credited_micro_usd": credited,
+            "credited_usd": cost_usd(credited),
+            "deposited_micro_usd": deposited,
+            "deposited_usd": cost_usd(deposited),
+        },
+        "credits": [credit_fields(credit) for credit in credits],
     }

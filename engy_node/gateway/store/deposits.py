@@ -8,10 +8,11 @@ scan started: a restart that scans the same blocks again, or a second gateway ho
 the same time, finds the deposit or the moved cursor and credits nothing. What to credit is
 decided in `gateway/billing/deposits.py`; this only writes it.
 
-The ledger row of a deposit is a `credit` (memo `deposit <extrinsic id> from <coldkey>`), so a
-deposit moves `credited` and `available` like any credit and the books' check covers it;
-`deposits.ledger_id` names that row, so the ledger's credit and the deposit it came from are
-one join apart (`engy-node gateway deposits ID` lists them, kind `deposit`).
+The ledger row of a deposit is of its own kind, `deposit` (memo `deposit <extrinsic id> from
+<coldkey>`; store schema 8, which relabelled the `credit` rows earlier deposits made), so the
+ledger tells money from the chain from the operator's credits, while a deposit moves `credited`
+and `available` like any credit and the books' check counts it as one; `deposits.ledger_id`
+names that row, so the ledger's row and the deposit it came from are one join apart.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from engy_node.gateway.billing.deposits import Cursor, Deposit
-from engy_node.gateway.store.checks import identifier
+from engy_node.gateway.store.checks import identifier, integer, timestamp
 from engy_node.gateway.store.connection import Connection, serialised
 from engy_node.gateway.store.schema import StoreError
 
@@ -39,6 +40,22 @@ class DepositRecord:
     micro_usd: int
     ledger_id: int
     created_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CreditRecord:
+    """Money into an account: an operator's credit, or a deposit from the chain (with its
+    extrinsic id, sender and TAO)."""
+
+    kind: str
+    """`credit` or `deposit`."""
+    micro_usd: int
+    created_at: float
+    ledger_id: int
+    memo: str
+    extrinsic_id: str | None = None
+    coldkey: str | None = None
+    amount_rao: int | None = None
 
 
 class Deposits(Connection):
@@ -125,7 +142,7 @@ class Deposits(Connection):
                 memo = f"deposit {deposit.extrinsic_id} from {deposit.coldkey}"
                 ledger_id = conn.execute(
                     "INSERT INTO ledger (account_id, kind, amount, memo, available_after, created_at) "
-                    "VALUES (?, 'credit', ?, ?, ?, ?) RETURNING id",
+                    "VALUES (?, 'deposit', ?, ?, ?, ?) RETURNING id",
                     (deposit.account_id, deposit.micro_usd, memo, available, now),
                 ).fetchone()[0]
                 conn.execute(
@@ -160,3 +177,31 @@ class Deposits(Connection):
                 (account_id,),
             ).fetchall()
         return [DepositRecord(f"{row[0]}-{row[2]:04d}", *row) for row in rows]
+
+    @serialised
+    def credits_between(self, account_id: int, *, since: float, until: float) -> list[CreditRecord]:
+        """The account's credits and deposits made in `[since, until)` (unix seconds), oldest
+        first: what a usage report shows beside the charges, so that credits − charges is what
+        the balance moved by."""
+        integer("account_id", account_id, minimum=1)
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT l.kind, l.amount, l.created_at, l.id, coalesce(l.memo, ''), d.block_number, d.extrinsic_index, "
+                "d.coldkey, d.amount_rao FROM ledger l LEFT JOIN deposits d ON d.ledger_id = l.id "
+                "WHERE l.account_id = ? AND l.kind IN ('credit', 'deposit') AND l.created_at >= ? AND l.created_at < ? "
+                "ORDER BY l.id",
+                (account_id, timestamp("since", since), timestamp("until", until)),
+            ).fetchall()
+        return [
+            CreditRecord(
+                kind,
+                int(amount),
+                created_at,
+                ledger_id,
+                memo,
+                None if block is None else f"{block}-{index:04d}",
+                coldkey,
+                None if rao is None else int(rao),
+            )
+            for kind, amount, created_at, ledger_id, memo, block, index, coldkey, rao in rows
+        ]

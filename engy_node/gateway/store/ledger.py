@@ -519,7 +519,7 @@ class Ledger(KeyLimits):
             rows = conn.execute(
                 """SELECT a.id FROM accounts a LEFT JOIN (
                        SELECT account_id,
-                              sum(CASE kind WHEN 'credit' THEN amount ELSE 0 END) AS credited,
+                              sum(CASE WHEN kind IN ('credit', 'deposit') THEN amount ELSE 0 END) AS credited,
                               sum(CASE kind WHEN 'hold' THEN amount ELSE 0 END) AS held_ever,
                               sum(CASE kind WHEN 'settle' THEN amount ELSE 0 END) AS charged,
                               sum(CASE kind WHEN 'release' THEN amount ELSE 0 END) AS released

@@ -22,14 +22,14 @@ import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
 from engy_node.errors import EngyError
 from engy_node.private_files import PRIVATE_DIR_MODE, make_private, private_file
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """Bump with a migration (`MIGRATIONS`) whenever the schema changes; a file of a newer version,
 or of an older one with no migration, is refused."""
 
@@ -42,6 +42,9 @@ BUSY_TIMEOUT_S = 5.0
 transactions is a few indexed statements plus an fsync (about a millisecond, tens on a slow
 disk), so even hundreds of queued writers clear well inside it; a lock held longer is another
 process sitting on the file, which deserves an error, not a hang."""
+
+_LEDGER_NO_UPDATE = """CREATE TRIGGER ledger_no_update BEFORE UPDATE ON ledger
+       BEGIN SELECT RAISE(ABORT, 'ledger is append-only: entries are never updated'); END"""
 
 SCHEMA: tuple[str, ...] = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
@@ -65,11 +68,11 @@ SCHEMA: tuple[str, ...] = (
     """CREATE TABLE ledger (
         id INTEGER PRIMARY KEY,
         account_id INTEGER NOT NULL REFERENCES accounts(id),
-        kind TEXT NOT NULL CHECK (kind IN ('credit', 'hold', 'settle', 'release')),
+        kind TEXT NOT NULL CHECK (kind IN ('credit', 'deposit', 'hold', 'settle', 'release')),
         amount INTEGER NOT NULL CHECK (amount >= 0),
         request_id TEXT,
         hold_id INTEGER REFERENCES ledger(id),
-        memo TEXT CHECK (memo IS NULL OR kind = 'credit'),
+        memo TEXT CHECK (memo IS NULL OR kind IN ('credit', 'deposit')),
         available_after INTEGER NOT NULL CHECK (available_after >= 0),
         created_at REAL NOT NULL,
         CHECK ((kind IN ('settle', 'release')) = (hold_id IS NOT NULL)))""",
@@ -77,8 +80,7 @@ SCHEMA: tuple[str, ...] = (
     "CREATE UNIQUE INDEX ledger_one_hold_per_request ON ledger(request_id) WHERE kind = 'hold'",
     # At most one settle and one release per hold: a second closure violates this index.
     "CREATE UNIQUE INDEX ledger_one_closure_per_hold ON ledger(hold_id, kind) WHERE hold_id IS NOT NULL",
-    """CREATE TRIGGER ledger_no_update BEFORE UPDATE ON ledger
-       BEGIN SELECT RAISE(ABORT, 'ledger is append-only: entries are never updated'); END""",
+    _LEDGER_NO_UPDATE,
     """CREATE TRIGGER ledger_no_delete BEFORE DELETE ON ledger
        BEGIN SELECT RAISE(ABORT, 'ledger is append-only: entries are never deleted'); END""",
     """CREATE TABLE request_log (
@@ -252,7 +254,47 @@ _VERSION_7 = (
 
 SCHEMA += _VERSION_7
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {
+_LEDGER_KIND = (
+    "kind TEXT NOT NULL CHECK (kind IN ('credit', 'hold', 'settle', 'release')),",
+    "kind TEXT NOT NULL CHECK (kind IN ('credit', 'deposit', 'hold', 'settle', 'release')),",
+)
+_LEDGER_MEMO = (
+    "memo TEXT CHECK (memo IS NULL OR kind = 'credit'),",
+    "memo TEXT CHECK (memo IS NULL OR kind IN ('credit', 'deposit')),",
+)
+
+
+def _version_8(conn: sqlite3.Connection) -> None:
+    """Version 8: a deposit's ledger row is of kind `deposit`, no longer a `credit` with a memo.
+
+    SQLite cannot alter a CHECK, and rebuilding the ledger would drop the rows that `deposits`,
+    `key_holds` and the ledger itself reference. Widening a CHECK to allow one more value is a
+    change SQLite documents as safe to make in the schema's text (ALTER TABLE, "other kinds of
+    table schema changes": the rows already stored satisfy it), so the ledger's `CREATE TABLE`
+    text is edited to the one a new file is created with, under `writable_schema`, and the schema
+    version bumped so every connection reads it again. Then the rows `deposits.ledger_id` names
+    — the deposits' credits, and only those, whatever their memo says — become `deposit` rows,
+    with the append-only trigger lifted for that one statement, in the migration's transaction."""
+    version = conn.execute("PRAGMA schema_version").fetchone()[0]
+    conn.execute("PRAGMA writable_schema = ON")
+    try:
+        conn.execute(
+            "UPDATE sqlite_master SET sql = replace(replace(sql, ?, ?), ?, ?) WHERE type = 'table' AND name = 'ledger'",
+            (*_LEDGER_KIND, *_LEDGER_MEMO),
+        )
+        conn.execute(f"PRAGMA schema_version = {int(version) + 1}")
+    finally:
+        conn.execute("PRAGMA writable_schema = OFF")
+    sql = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'ledger'").fetchone()[0]
+    if _LEDGER_KIND[1] not in sql or _LEDGER_MEMO[1] not in sql:
+        where = conn.execute("PRAGMA database_list").fetchone()[2]
+        raise StoreError(f"{where}'s ledger table is not the one engy-node wrote; restore the file from a backup")
+    conn.execute("DROP TRIGGER ledger_no_update")
+    conn.execute("UPDATE ledger SET kind = 'deposit' WHERE id IN (SELECT ledger_id FROM deposits)")
+    conn.execute(_LEDGER_NO_UPDATE)
+
+
+MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = {
     1: (
         "ALTER TABLE request_log ADD COLUMN served_greedily INTEGER NOT NULL DEFAULT 0 CHECK (served_greedily IN (0, 1))",
     ),
@@ -261,8 +303,10 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     4: _VERSION_5,
     5: _VERSION_6,
     6: _VERSION_7,
+    7: (_version_8,),
 }
-"""Statements that take a file from version N to N + 1, run in one transaction with the check."""
+"""Statements that take a file from version N to N + 1, run in one transaction with the check; a
+step SQL alone cannot write (`_version_8`) is a function of the connection."""
 
 # Primary SQLite result codes (the low byte of extended codes such as SQLITE_BUSY_SNAPSHOT).
 _LOCKED_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
@@ -366,8 +410,11 @@ def _create_or_check(conn: sqlite3.Connection, path: Path) -> None:
     found = None if row is None else row[0]
     version = int(found) if found is not None and found.isdigit() else None
     while version is not None and version < SCHEMA_VERSION and version in MIGRATIONS:
-        for statement in MIGRATIONS[version]:
-            conn.execute(statement)
+        for step in MIGRATIONS[version]:
+            if callable(step):
+                step(conn)
+            else:
+                conn.execute(step)
         version += 1
         conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
         found = str(version)

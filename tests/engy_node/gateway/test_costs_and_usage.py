@@ -3,6 +3,8 @@ how a buyer asks for the cost, a generation's record, and the usage report's gro
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from decimal import Decimal
 
@@ -16,7 +18,8 @@ from engy_node.gateway.api.chat import GatewayError, Usage
 from engy_node.gateway.api.generations import generation_body, request_id_of, verification
 from engy_node.gateway.billing import billing
 from engy_node.gateway.billing.costs import cost_details, cost_number, cost_usd, usage_cost
-from engy_node.gateway.billing.usage import as_csv, parse_time, usage_document, usage_report
+from engy_node.gateway.billing.usage import as_csv, credits_table, parse_time, usage_document, usage_report
+from engy_node.gateway.store.deposits import CreditRecord
 from engy_node.models import PriceCard
 from tests.engy_node.gateway.store.support import entry, verdict
 
@@ -133,10 +136,64 @@ def test_usage_counts_requests_once_in_their_first_rows_day_and_key():
     )
     assert document["total"]["cost_micro_usd"] == document["ledger"]["charged_micro_usd"] == 42
     csv_lines = as_csv(lines).splitlines()
-    assert csv_lines[0].startswith("day,key_id,model,requests,errors,error_rate")
-    assert csv_lines[1].split(",")[:5] == ["1970-01-01", "1", "glm-5.2", "1", "0"]
+    assert csv_lines[0].startswith("kind,day,key_id,model,requests,errors,error_rate")
+    assert csv_lines[0].endswith(
+        ",cost_micro_usd,cost_usd,ttft_p50_ms,ttft_p95_ms,credit_micro_usd,credit_usd,reference"
+    )
+    assert csv_lines[1].split(",")[:6] == ["requests", "1970-01-01", "1", "glm-5.2", "1", "0"]
     with pytest.raises(ValueError, match="group_by"):
         usage_report(rows, group_by="week")
+
+
+CREDITS = [
+    CreditRecord("credit", 25_000_000, DAY - 10, 1, "welcome"),
+    CreditRecord("deposit", 400_000_001, DAY + 10, 9, "deposit 1003-0001 from 5Buyer", "1003-0001", "5Buyer", 10**9),
+]
+
+
+def test_a_usage_report_shows_the_windows_credits_and_deposits_beside_its_charges():
+    lines = usage_report([entry(request_id="a", key_id=1, created_at=DAY - 1, cost_micro=42)])
+    document = usage_document(
+        lines, account_id=1, since=0.0, until=DAY * 2, group_by="day", key_id=None, ledger_charged=42, credits=CREDITS
+    )
+    assert document["ledger"] == {
+        "charged_micro_usd": 42,
+        "charged_usd": "0.000042",
+        "credited_micro_usd": 425_000_001,
+        "credited_usd": "425.000001",
+        "deposited_micro_usd": 400_000_001,
+        "deposited_usd": "400.000001",
+    }
+    credit, chain = document["credits"]
+    assert credit == {
+        "kind": "credit",
+        "day": "1970-01-01",
+        "created_at": DAY - 10,
+        "micro_usd": 25_000_000,
+        "usd": "25.000000",
+        "ledger_id": 1,
+        "memo": "welcome",
+    }
+    assert (chain["kind"], chain["day"], chain["extrinsic_id"], chain["coldkey"], chain["amount_rao"]) == (
+        "deposit",
+        "1970-01-02",
+        "1003-0001",
+        "5Buyer",
+        10**9,
+    )
+    rows = list(csv.DictReader(io.StringIO(as_csv(lines, CREDITS))))
+    assert [(row["kind"], row["day"], row["cost_micro_usd"], row["credit_micro_usd"]) for row in rows] == [
+        ("requests", "1970-01-01", "42", ""),
+        ("credit", "1970-01-01", "", "25000000"),
+        ("deposit", "1970-01-02", "", "400000001"),
+    ]
+    assert rows[2]["reference"] == "deposit 1003-0001 from 5Buyer" and rows[2]["credit_usd"] == "400.000001"
+    assert credits_table(CREDITS).splitlines() == [
+        "credited $425.000001 in the window: 1 deposit(s) $400.000001, 1 credit(s) $25.000000",
+        "  1970-01-01  credit   $25.000000  welcome",
+        "  1970-01-02  deposit  $400.000001  deposit 1003-0001 from 5Buyer",
+    ]
+    assert credits_table([]) == "credited $0.000000 in the window: 0 deposit(s) $0.000000, 0 credit(s) $0.000000"
 
 
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3), st.integers(0, 10_000), st.booleans()), max_size=40))

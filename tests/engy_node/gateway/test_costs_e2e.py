@@ -280,8 +280,16 @@ async def test_usage_per_key_day_and_model_adds_up_to_the_balance_in_json_csv_an
             io.StringIO(export_usage(network.store, account_id=account, since=since, until=until, fmt="csv"))
         )
     )
-    assert sum(int(row["cost_micro_usd"]) for row in rows) == charged
-    assert sum(Decimal(row["cost_usd"]) for row in rows) * 1_000_000 == charged
+    lines_csv = [row for row in rows if row["kind"] == "requests"]
+    assert sum(int(row["cost_micro_usd"]) for row in lines_csv) == charged
+    assert sum(Decimal(row["cost_usd"]) for row in lines_csv) * 1_000_000 == charged
+    # And the money in: the operator's credit, so that credits − charges is the balance, to the µUSD.
+    balance = network.store.balance(account)
+    (credit,) = [row for row in rows if row["kind"] != "requests"]
+    assert (credit["kind"], int(credit["credit_micro_usd"])) == ("credit", balance.credited)
+    assert report["ledger"]["credited_micro_usd"] == balance.credited == balance.available + charged
+    assert [c["micro_usd"] for c in report["credits"]] == [balance.credited]
+    assert report["ledger"]["deposited_micro_usd"] == 0
     table = export_usage(network.store, account_id=account, since=since, until=until)
     assert f"total cost $0.{charged:06d} over 6 requests" in table
 

@@ -10,6 +10,7 @@ import functools
 import os
 
 import bittensor as bt
+import httpx
 import pytest
 import trio
 
@@ -153,7 +154,7 @@ async def test_the_gateway_credits_a_dev_chain_deposit_once_across_its_restart(
     )
     store = Store.open(store_path(config))
     try:
-        account_id, _ = store.create_buyer("buyer")
+        account_id, api_key = store.create_buyer("buyer")
         store.link_coldkey(account_id, buyer.coldkeypub.ss58_address)
         gateway = StoppableGateway()
         with logged("engy.gateway.deposits", "credited to account") as credited:
@@ -167,10 +168,25 @@ async def test_the_gateway_credits_a_dev_chain_deposit_once_across_its_restart(
         assert store.balance(account_id).credited == 500_000_000
         # The restart: a new gateway on the same store rescans from its cursor while the chain moves on.
         gateway = StoppableGateway()
-        await nursery.start(functools.partial(gateway.run, config, deposit_chain=chain))
+        urls = await nursery.start(functools.partial(gateway.run, config, deposit_chain=chain))
         head = await trio.to_thread.run_sync(chain.advance, 10)
         await scanned_through(store, head - CONFIRMATIONS + 1)
+        # The buyer's usage report, from the restarted gateway: the one deposit, as its own kind.
+        report = (
+            await trio.to_thread.run_sync(
+                lambda: httpx.get(
+                    urls.buyer_url + "/v1/usage", headers={"authorization": f"Bearer {api_key}"}, timeout=60
+                )
+            )
+        ).json()
         await gateway.stop()
+        (listed,) = report["credits"]
+        assert (listed["kind"], listed["extrinsic_id"], listed["micro_usd"]) == (
+            "deposit",
+            result.extrinsic_id,
+            500_000_000,
+        )
+        assert report["ledger"]["deposited_micro_usd"] == report["ledger"]["credited_micro_usd"] == 500_000_000
         (deposit,) = store.deposits_of(account_id)
         assert (deposit.extrinsic_id, deposit.micro_usd) == (result.extrinsic_id, 500_000_000)
         balance = store.balance(account_id)

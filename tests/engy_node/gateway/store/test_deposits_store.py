@@ -9,8 +9,10 @@ import threading
 import pytest
 
 from engy_node.gateway.billing.deposits import Cursor, Deposit
-from engy_node.gateway.store import Store, StoreError
-from tests.engy_node.gateway.store.support import assert_books_balance
+from engy_node.gateway.store import SCHEMA_VERSION, Store, StoreError
+from engy_node.gateway.store.connection import is_url
+from tests.engy_node.gateway.store.support import INTEGRITY_ERRORS, assert_books_balance, raw
+from tests.engy_node.gateway.store.test_schema import schema_of
 
 ADDRESS = "5Deposit"
 
@@ -84,3 +86,111 @@ def test_deposit_rows_are_append_only(store, backend):
     with pytest.raises(Exception, match="append-only"):
         with store._write() as conn:
             conn.execute("DELETE FROM deposits")
+
+
+# -- deposits are their own ledger kind (store schema 8) -----------------------------------------
+
+
+def ledger_kinds(location) -> list[tuple[str, str | None]]:
+    with raw(location) as conn:
+        return [tuple(row) for row in conn.execute("SELECT kind, memo FROM ledger ORDER BY id").fetchall()]
+
+
+def credit_and_deposit(store: Store) -> int:
+    """An account credited by the operator, with a memo that only looks like a deposit's, and by a deposit."""
+    account_id, _ = store.create_buyer("a")
+    store.credit(account_id, micro_usd=25_000_000, memo="deposit 11-0001 from 5Buyer")
+    start = store.deposit_cursor(ADDRESS, start=Cursor(10, "h10"))
+    store.record_deposits(ADDRESS, expected=start, moved=Cursor(11, "h11"), deposits=[deposit(account_id)])
+    return account_id
+
+
+def test_a_deposit_is_a_ledger_row_of_its_own_kind_and_a_window_lists_it(store, location, clock):
+    account_id = credit_and_deposit(store)
+    assert ledger_kinds(location) == [
+        ("credit", "deposit 11-0001 from 5Buyer"),
+        ("deposit", "deposit 11-0001 from 5Buyer"),
+    ]
+    assert assert_books_balance(store, account_id).credited == 425_000_000
+    operator, chain = store.credits_between(account_id, since=0.0, until=clock() + 1)
+    assert (operator.kind, operator.micro_usd, operator.extrinsic_id, operator.memo) == (
+        "credit",
+        25_000_000,
+        None,
+        "deposit 11-0001 from 5Buyer",
+    )
+    assert (chain.kind, chain.micro_usd, chain.extrinsic_id, chain.coldkey, chain.amount_rao) == (
+        "deposit",
+        400_000_000,
+        "11-0001",
+        "5Buyer",
+        10**9,
+    )
+    assert chain.ledger_id == store.deposits_of(account_id)[0].ledger_id
+    assert store.credits_between(account_id, since=clock() + 1, until=clock() + 2) == []
+
+
+def as_version_7(location) -> None:
+    """Rewind a store to what version 7 wrote: a deposit's ledger row a `credit`, the CHECKs without `deposit`."""
+    old_kind = "kind IN ('credit', 'hold', 'settle', 'release')"
+    new_kind = "kind IN ('credit', 'deposit', 'hold', 'settle', 'release')"
+    with raw(location) as conn:
+        if is_url(location):
+            conn.execute("ALTER TABLE ledger DISABLE TRIGGER ledger_no_update")
+            conn.execute("UPDATE ledger SET kind = 'credit' WHERE kind = 'deposit'")
+            conn.execute("ALTER TABLE ledger ENABLE TRIGGER ledger_no_update")
+            for name, check in (
+                ("ledger_kind_check", old_kind),
+                ("ledger_check", "memo IS NULL OR kind = 'credit'"),
+            ):
+                conn.execute(f"ALTER TABLE ledger DROP CONSTRAINT {name}")
+                conn.execute(f"ALTER TABLE ledger ADD CONSTRAINT {name} CHECK ({check})")
+        else:
+            trigger = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'ledger_no_update'").fetchone()[0]
+            conn.execute("DROP TRIGGER ledger_no_update")
+            conn.execute("UPDATE ledger SET kind = 'credit' WHERE kind = 'deposit'")
+            conn.execute(trigger)
+            version = conn.execute("PRAGMA schema_version").fetchone()[0]
+            conn.execute("PRAGMA writable_schema = ON")
+            conn.execute(
+                "UPDATE sqlite_master SET sql = replace(replace(sql, ?, ?), ?, ?) WHERE name = 'ledger'",
+                (new_kind, old_kind, "kind IN ('credit', 'deposit'))", "kind = 'credit')"),
+            )
+            conn.execute(f"PRAGMA schema_version = {version + 1}")
+            conn.execute("PRAGMA writable_schema = OFF")
+        conn.execute("UPDATE meta SET value = '7' WHERE key = 'schema_version'")
+
+
+def test_a_version_7_store_relabels_its_deposits_credits_and_only_those(location, clock, tmp_path):
+    with Store(location, clock=clock) as store:
+        account_id = credit_and_deposit(store)
+    as_version_7(location)
+    with raw(location) as conn:
+        with pytest.raises(INTEGRITY_ERRORS):  # version 7's ledger knows no deposit kind
+            conn.execute(
+                "INSERT INTO ledger (account_id, kind, amount, available_after, created_at) VALUES (?, 'deposit', 1, 1, 0)",
+                (account_id,),
+            )
+    assert [kind for kind, _ in ledger_kinds(location)] == ["credit", "credit"]
+    with Store(location, clock=clock) as store:
+        # Relabelled by the deposit that names the row, not by the memo, which the other credit shares.
+        assert [kind for kind, _ in ledger_kinds(location)] == ["credit", "deposit"]
+        assert assert_books_balance(store, account_id).credited == 425_000_000
+        assert [c.kind for c in store.credits_between(account_id, since=0.0, until=clock() + 1)] == [
+            "credit",
+            "deposit",
+        ]
+        with raw(location) as conn:
+            assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(
+                SCHEMA_VERSION
+            )
+            with pytest.raises(INTEGRITY_ERRORS, match="append-only"):
+                conn.execute("UPDATE ledger SET kind = 'credit'")
+            with pytest.raises(INTEGRITY_ERRORS):
+                conn.execute(
+                    "INSERT INTO ledger (account_id, kind, amount, available_after, created_at) VALUES (?, 'refund', 1, 1, 0)",
+                    (account_id,),
+                )
+    if not is_url(location):
+        Store(tmp_path / "new.sqlite3").close()
+        assert schema_of(location) == schema_of(tmp_path / "new.sqlite3")
