@@ -241,6 +241,69 @@ async def test_an_unreachable_node_says_why_and_is_dialled_again_until_it_answer
         nursery.cancel_scope.cancel()
 
 
+FORWARDER = """#!{python}
+# Stands in for ssh where no sshd runs: does what `ssh -N -L` does (forward a loopback port).
+import os, socket, sys, threading
+
+spec = sys.argv[sys.argv.index("-L") + 1]
+bind, local, host, remote = spec.split(":")
+with open(os.environ["FORWARDER_PIDS"], "a") as pids:
+    pids.write(f"{{os.getpid()}}\\n")
+server = socket.create_server((bind, int(local)))
+
+def pipe(source, sink):
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        sink.close()
+
+while True:
+    client, _ = server.accept()
+    upstream = socket.create_connection((host, int(remote)))
+    threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
+    threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+"""
+
+
+async def test_a_node_behind_a_tunnel_is_read_through_it_and_the_tunnel_ends_with_the_watch(tmp_path, monkeypatch):
+    """The tunnel's lifecycle with a forwarder in ssh's place (no sshd here): the node is read
+    through the tunnel's local end, and once the watch is cancelled the process is gone."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(FORWARDER.format(python=sys.executable))
+    (bin_dir / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FORWARDER_PIDS", str(tmp_path / "pids"))
+    async with trio.open_nursery() as nursery:
+        endpoint = await nursery.start(
+            lambda task_status: serve_control(
+                Hub(),
+                data_dir=tmp_path / "node",
+                actions=Actions(),
+                node_info={"roles": ["miner"]},
+                task_status=task_status,
+            )
+        )
+        remote_port = int(endpoint.url.rsplit(":", 1)[1])
+        fleet = FleetBridge([FleetNode("far", ssh="miner@far", port=remote_port, token_file=endpoint.token_file)])
+        async with trio.open_nursery() as watching:
+            watching.start_soon(fleet._run)
+            with trio.move_on_after(WAIT_S):
+                while not fleet.watches["far"].up:
+                    await trio.sleep(0.05)
+            watch = fleet.watches["far"]
+            assert watch.up and watch.snapshot is not None and watch.snapshot.node.roles == ("miner",)
+            assert watch.url is not None and watch.url != endpoint.url  # read through the tunnel
+            watching.cancel_scope.cancel()
+        [pid] = [int(line) for line in (tmp_path / "pids").read_text().split()]
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # ended and reaped with the watch
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_token_file_that_cannot_be_read_is_the_nodes_reason_not_the_views_end(tmp_path):
     fleet = FleetBridge([FleetNode("odd", url=f"http://127.0.0.1:{free_port()}", token_file=tmp_path)])
     async with trio.open_nursery() as nursery:
