@@ -38,6 +38,7 @@ NOTE_CHARS = 60
 """The note column's width; the line under the table has the selected row's whole text."""
 STYLES = {"ok": "green", "warning": "yellow", "error": "bold red", "na": "dim", "name": "bold", "": ""}
 GIB = 1024**3
+FLEET_SCREEN = "fleet"
 NODE_ACTIONS = frozenset(
     {"show_tab", "toggle_traffic", "restart_model_server", "copy_command", "diagnostics", "back_to_fleet"}
 )
@@ -364,7 +365,10 @@ class FleetManager(NodeManager):
 
     def _show_fleet(self) -> None:
         self.sub_title = self.source
-        self.push_screen(FleetScreen(self.fleet, clock=self.clock, source=self.source))
+        # Installed, so that it outlives each drill-in: back from a node, its cursor is where it was.
+        if not self.is_screen_installed(FLEET_SCREEN):
+            self.install_screen(FleetScreen(self.fleet, clock=self.clock, source=self.source), FLEET_SCREEN)
+        self.push_screen(FLEET_SCREEN)
 
     async def open_node(self, name: str, *, tab: str = "overview") -> None:
         """Show `name`'s tabs, or say why they cannot show (it does not answer)."""

@@ -29,7 +29,7 @@ from engy_node.control import Actions, serve_control
 from engy_node.fleet_view import FleetNode
 from engy_node.hub import Hub
 from engy_node.snapshots import STATE_SCHEMA
-from engy_tui.app import build_app
+from engy_tui.app import build_app, main
 from engy_tui.fleet_bridge import FleetBridge, NodeWatch, TunnelError, open_tunnel
 from engy_tui.node_bridge import snapshot_of
 from engy_tui.screens.fleet import COLUMNS, FleetManager, FleetScreen, fleet_rows
@@ -194,6 +194,11 @@ def test_over_the_fleet_node_keys_do_nothing_and_an_unreachable_node_says_why_on
             await pilot.press("q")
 
     asyncio.run(body())
+
+
+def test_a_fleet_file_that_is_not_there_is_refused_before_the_screen_opens(tmp_path, capsys):
+    assert main(["--home", str(tmp_path), "--fleet", str(tmp_path / "fleet.toml")]) == 2
+    assert f"engy-tui: no fleet file at {tmp_path / 'fleet.toml'}: write one" in capsys.readouterr().err
 
 
 # ---- the watcher --------------------------------------------------------------------------------
@@ -429,7 +434,11 @@ def test_a_fleet_of_three_local_nodes_shows_in_one_screen_and_opens_each_nodes_t
             await pilot.press("escape")
             await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen), "back on the fleet")
             assert app.opened is None and app.bridge is None
+            await pilot.press("enter")  # again, and quit from its tabs: the node's bridge and the fleet stop
+            await wait_for(pilot, lambda: app.opened == "gw-2" and "● attached" in header(), "gw-2 open again")
+            opened.append(app.bridge)
             await pilot.press("q")
 
+    opened: list = []
     asyncio.run(body())
-    assert not app.fleet.running
+    assert not app.fleet.running and opened[0] is not None and not opened[0].running
