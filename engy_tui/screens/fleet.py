@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from functools import partial
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
@@ -322,10 +324,37 @@ class FleetScreen(Screen[None]):
             self.app.run_worker(self.app.open_node(row.node, tab=row.tab), exclusive=True)
 
 
+class FleetCommands(Provider):
+    """The palette's fleet entries: open any node's tabs by name, and go back to the fleet."""
+
+    async def startup(self) -> None:
+        app = self.app
+        self.entries: list[tuple[str, str, Callable[[], Awaitable[None]]]] = []
+        if not isinstance(app, FleetManager):
+            return
+        for name, watch in app.fleet.watches.items():
+            state = "up" if watch.up else (watch.error or "not answered yet")
+            self.entries.append((f"Open node {name}", f"{watch.node.via} · {state}", partial(app.open_node, name)))
+        if app.opened is not None:
+            self.entries.append(("Back to the fleet", "every node on one screen (esc)", app.action_back_to_fleet))
+
+    async def discover(self) -> Hits:
+        for title, help_text, run in self.entries:
+            yield DiscoveryHit(title, run, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for title, help_text, run in self.entries:
+            score = matcher.match(title)
+            if score > 0:
+                yield Hit(score, matcher.highlight(title), run, help=help_text)
+
+
 class FleetManager(NodeManager):
     """The node manager over a fleet: the fleet screen on top, a node's tabs under it while one
     is open. Esc on the tabs goes back to the fleet."""
 
+    COMMANDS = NodeManager.COMMANDS | {FleetCommands}
     BINDINGS = [
         *NodeManager.BINDINGS,
         Binding("escape", "back_to_fleet", "Fleet", id="fleet.back", tooltip="Back to the fleet view."),
@@ -377,8 +406,9 @@ class FleetManager(NodeManager):
             error = self.fleet.watches[name].error or "it has not answered yet"
             self.notify(f"{name} does not answer: {error}", title="fleet", severity="warning")
             return
+        if self.opened is None:
+            await self.pop_screen()  # the fleet's screen; from the palette a node's tabs may show instead
         self.opened = name
-        await self.pop_screen()
         await self.show_node(bridge)
         self.sub_title = f"{name} · {bridge.url}"
         self.action_show_tab(tab)

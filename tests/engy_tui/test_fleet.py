@@ -201,6 +201,26 @@ def test_a_fleet_file_that_is_not_there_is_refused_before_the_screen_opens(tmp_p
     assert f"engy-tui: no fleet file at {tmp_path / 'fleet.toml'}: write one" in capsys.readouterr().err
 
 
+def test_the_palette_opens_a_node_by_name_and_goes_back_to_the_fleet():
+    app = fixed_app()
+    app.fleet.watches["gw-1"] = dataclasses.replace(app.fleet.watches["gw-1"], token="t")
+
+    async def body() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen), "the fleet screen shown")
+            await pilot.press("ctrl+p")
+            await pilot.press(*"node gw-1", "enter")
+            await wait_for(pilot, lambda: app.opened == "gw-1", "gw-1 opened from the palette")
+            assert not isinstance(app.screen, FleetScreen) and app.bridge is not None
+            await pilot.press("ctrl+p")
+            await pilot.press(*"back to the fleet", "enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen), "back on the fleet")
+            assert app.opened is None and app.bridge is None
+            await pilot.press("q")
+
+    asyncio.run(body())
+
+
 # ---- the watcher --------------------------------------------------------------------------------
 
 
