@@ -22,7 +22,7 @@ def _limit_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_parsers(admin_sub: argparse._SubParsersAction) -> None:
     """Add `key` and `account` to `engy-node gateway`'s actions."""
-    key = admin_sub.add_parser("key", help="API keys a team manages: create, list, rotate, revoke, set-limits")
+    key = admin_sub.add_parser("key", help="API keys a team manages: create, list, update, rotate, revoke, set-limits")
     key_sub = key.add_subparsers(dest="key_command", metavar="ACTION", required=True)
     create = key_sub.add_parser("create", help="create a named key for an account and print it (shown once)")
     create.add_argument("account", type=int)
@@ -31,6 +31,14 @@ def add_parsers(admin_sub: argparse._SubParsersAction) -> None:
     create.add_argument("--models", metavar="A,B", help="the only models it may use (default: all)")
     listing = key_sub.add_parser("list", help="an account's keys, masked, with their state, models and limits")
     listing.add_argument("account", type=int)
+    update = key_sub.add_parser(
+        "update", help="change a key's expiry or allowed models; applied from its next request on"
+    )
+    update.add_argument("key_id", type=int)
+    update.add_argument(
+        "--expires", metavar="ISO|DAYS|never", help="a date/time (UTC unless given), days from now, or never"
+    )
+    update.add_argument("--models", metavar="A,B|all", help="the only models it may use, or all")
     rotate = key_sub.add_parser("rotate", help="a new secret for a key (same settings); the old one is revoked")
     rotate.add_argument("key_id", type=int)
     revoke = key_sub.add_parser("revoke", help="revoke a key by its number: refused from its next request on")
@@ -64,6 +72,10 @@ def run(store, args: argparse.Namespace) -> str:
         )
     if action == "list":
         return key_admin.list_keys(store, account_id=args.account, now=time.time())
+    if action == "update":
+        return key_admin.update_key(
+            store, key_id=args.key_id, expires=args.expires, models=args.models, now=time.time()
+        )
     if action == "rotate":
         return key_admin.rotate_key(store, key_id=args.key_id)
     if action == "revoke":

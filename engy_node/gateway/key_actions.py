@@ -23,7 +23,7 @@ from engy_node.control import Actions, ControlError
 from engy_node.errors import EngyError
 from engy_node.gateway import key_admin
 from engy_node.gateway.store import KeyInfo, Store
-from engy_node.gateway.store.key_limits import expiry_from
+from engy_node.gateway.store.key_limits import UNCHANGED, Unchanged, expiry_from
 
 LIMIT_PARAMS = ("rpm", "tpm", "concurrent", "daily_usd", "monthly_usd")
 """The limits an action's parameters may set, named as the CLI's flags (`daily_usd` in dollars,
@@ -42,6 +42,17 @@ def _limit_values(params: dict[str, Any]) -> dict[str, str | None]:
     if unknown:
         raise ControlError(f"unknown parameters {', '.join(unknown)}; the limits are {', '.join(LIMIT_PARAMS)}")
     return {name: ("none" if params[name] is None else str(params[name])) for name in LIMIT_PARAMS if name in params}
+
+
+def _models_change(value: Any) -> tuple[str, ...] | None:
+    """`models` as an action takes it: a list of model ids, or `"all"` / null for every model."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return key_admin.models_change(value)
+    if isinstance(value, list) and value and all(isinstance(m, str) and m.strip() for m in value):
+        return tuple(m.strip() for m in value)
+    raise ControlError('"models" is a list of model ids, e.g. ["smollm2-135m"], or "all"')
 
 
 def _key(info: KeyInfo, now: float) -> dict[str, Any]:
@@ -104,6 +115,29 @@ def register_key_actions(actions: Actions, location: str | os.PathLike[str]) -> 
             }
         )
 
+    async def update(params: dict[str, Any]) -> dict[str, Any]:
+        key_id = _integer(params, "key_id")
+        unknown = sorted(set(params) - {"key_id", "expires", "models"})
+        if unknown or not {"expires", "models"} & set(params):
+            raise ControlError(
+                'send {"key_id": N, "expires": "ISO date" | days | "never" | null, "models": ["id", …] | "all" | null} '
+                f"with expires, models or both{'' if not unknown else '; unknown: ' + ', '.join(unknown)}"
+            )
+        now = time.time()
+        try:
+            expires_at: float | None | Unchanged = UNCHANGED
+            if "expires" in params:
+                expires = params["expires"]
+                expires_at = None if expires is None else key_admin.expiry_change(str(expires), now)
+            models: tuple[str, ...] | None | Unchanged = UNCHANGED
+            if "models" in params:
+                models = _models_change(params["models"])
+        except EngyError as error:
+            raise ControlError(str(error)) from None
+        return await on_store(
+            lambda store: _key(store.update_key(key_id, expires_at=expires_at, models=models), time.time())
+        )
+
     async def rotate(params: dict[str, Any]) -> dict[str, Any]:
         key_id = _integer(params, "key_id")
 
@@ -133,6 +167,11 @@ def register_key_actions(actions: Actions, location: str | os.PathLike[str]) -> 
 
     actions.register("gateway-key-create", 'create a named API key: {"account", "name", "expires"?, "models"?}', create)
     actions.register("gateway-key-list", 'an account\'s API keys, masked, and its default limits: {"account"}', listing)
+    actions.register(
+        "gateway-key-update",
+        'change an API key\'s expiry or models: {"key_id", "expires"? (ISO, days, "never"), "models"? (list, "all")}',
+        update,
+    )
     actions.register("gateway-key-rotate", 'a new secret for a key, the old one revoked: {"key_id"}', rotate)
     actions.register("gateway-key-revoke", 'revoke an API key: {"key_id"}', revoke)
     actions.register(

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from engy_node.gateway.admin import AdminError, format_usd, parse_usd
 from engy_node.gateway.limits import Limits
 from engy_node.gateway.store import KeyInfo, Store
-from engy_node.gateway.store.key_limits import expiry_from
+from engy_node.gateway.store.key_limits import UNCHANGED, expiry_from
 
 SHOWN_ONCE = "This key is shown once and stored only as a hash: give it to its user now."
 
@@ -101,6 +101,60 @@ def create_key(store: Store, *, account_id: int, name: str, expires: str | None,
         f"models: {'all' if allowed is None else ', '.join(allowed)}\n"
         f"{SHOWN_ONCE}"
     )
+
+
+def expiry_change(text: str, now: float) -> float | None:
+    """A new expiry as `key update --expires` takes it: `never`, a number of days from `now`,
+    or an ISO date or time (UTC unless it names a zone), not already past.
+
+    Raises:
+        AdminError: none of those, or a time already past.
+    """
+    if text.strip().lower() == "never":
+        return None
+    try:
+        expires_at = expiry_from(text.strip(), now)
+    except ValueError as error:
+        raise AdminError(f"{error}, or never") from None
+    if expires_at <= now:
+        raise AdminError(
+            f"--expires {text} is already past; give a later date or a number of days (to stop a key now, "
+            "engy-node gateway key revoke)"
+        )
+    return expires_at
+
+
+def models_change(text: str) -> tuple[str, ...] | None:
+    """New allowed models as `key update --models` takes them: `a,b`, or `all`.
+
+    Raises:
+        AdminError: no model named.
+    """
+    if text.strip().lower() == "all":
+        return None
+    models = parse_models(text)
+    if models is None:
+        raise AdminError("--models takes model ids separated by commas (smollm2-135m,glm-5.2), or all")
+    return models
+
+
+def update_key(store: Store, *, key_id: int, expires: str | None, models: str | None, now: float) -> str:
+    """Change key `key_id`'s expiry or allowed models (None: leave it)."""
+    if expires is None and models is None:
+        raise AdminError("give --expires ISO|DAYS|never, --models A,B|all, or both")
+    info = store.update_key(
+        key_id,
+        expires_at=UNCHANGED if expires is None else expiry_change(expires, now),
+        models=UNCHANGED if models is None else models_change(models),
+    )
+    return f"{describe_key(info)}: every gateway on this store applies it from the key's next request on"
+
+
+def describe_key(info: KeyInfo) -> str:
+    """`API key 12 (ci-agent): expires …; models: …`."""
+    expires = "never" if info.expires_at is None else _when(info.expires_at)
+    models = "all" if info.models is None else ", ".join(info.models)
+    return f"API key {info.key_id} ({info.name or 'unnamed'}): expires {expires}; models: {models}"
 
 
 def _state(info: KeyInfo, now: float) -> str:

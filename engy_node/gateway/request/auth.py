@@ -96,9 +96,10 @@ class KeyCache:
 
     def _refused(self, account: Account, refused: KeyRefused, api: ApiName) -> GatewayError:
         """The buyer's error for a hold its key was refused (`store.key_limits`): 401 for an
-        expired key (dropped from the cache), 403 for a model it may not use, 429 with
+        expired key, 403 for a model it may not use (both dropped from the cache), 429 with
         `Retry-After` and the rate-limit headers for a limit."""
-        if refused.kind == "authentication":
+        if refused.kind in ("authentication", "permission"):
+            # Expired, or its models changed (`key update`): the next request reads the key afresh.
             self.forget(account)
         if refused.refusal is None:
             return GatewayError("permission" if refused.kind == "permission" else "authentication", refused.message)

@@ -88,6 +88,13 @@ class KeyInfo:
     limits: limits.Limits
 
 
+class Unchanged:
+    """The type of `UNCHANGED`: a field `update_key` leaves as it is (None means never, or all)."""
+
+
+UNCHANGED = Unchanged()
+
+
 def _hint(key: str) -> str:
     return f"{key[: len(BUYER_KEY_PREFIX) + 4]}…{key[-4:]}"
 
@@ -153,15 +160,18 @@ class KeyLimits(Connection):
     @serialised
     def list_keys(self, account_id: int) -> list[KeyInfo]:
         """The account's keys, revoked ones included, oldest first."""
-        columns = ", ".join(f"l.{c}" for c in LIMIT_COLUMNS)
         with self._snapshot() as conn:
             self._need_account(conn, account_id)
-            rows = conn.execute(
-                f"SELECT k.id, k.account_id, k.name, k.hint, k.created_at, k.expires_at, k.revoked_at, k.models, "
-                f"{columns} FROM api_keys k LEFT JOIN key_limits l ON l.key_id = k.id WHERE k.account_id = ? "
-                "ORDER BY k.id",
-                (account_id,),
-            ).fetchall()
+            return self._key_infos(conn, "k.account_id = ?", account_id)
+
+    @staticmethod
+    def _key_infos(conn: Session, condition: str, value: int) -> list[KeyInfo]:
+        columns = ", ".join(f"l.{c}" for c in LIMIT_COLUMNS)
+        rows = conn.execute(
+            f"SELECT k.id, k.account_id, k.name, k.hint, k.created_at, k.expires_at, k.revoked_at, k.models, "
+            f"{columns} FROM api_keys k LEFT JOIN key_limits l ON l.key_id = k.id WHERE {condition} ORDER BY k.id",
+            (value,),
+        ).fetchall()
         return [
             KeyInfo(
                 key_id=row[0],
@@ -209,6 +219,39 @@ class KeyLimits(Connection):
             )
             conn.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ?", (now, key_id))
             return new_id, key
+
+    @serialised
+    def update_key(
+        self,
+        key_id: int,
+        *,
+        expires_at: float | None | Unchanged = UNCHANGED,
+        models: tuple[str, ...] | None | Unchanged = UNCHANGED,
+    ) -> KeyInfo:
+        """Change an unrevoked key's expiry (None: never) or allowed models (None: all); what is
+        not given stays. Returns the key as `list_keys` shows it. Every hold reads both from the
+        key's row (`admit_key`), so the change holds from the key's next request on, on every
+        worker and host sharing the store."""
+        changes: dict[str, object] = {}
+        if not isinstance(expires_at, Unchanged):
+            changes["expires_at"] = expires_at
+        if not isinstance(models, Unchanged):
+            if models is not None and (not models or not all(isinstance(m, str) and m for m in models)):
+                raise ValueError(f"a key's models are model ids, or None for all; got {models!r}")
+            changes["models"] = None if models is None else json.dumps(list(models))
+        if not changes:
+            raise ValueError("nothing to change: give the expiry, the models, or both")
+        with self._write() as conn:
+            assignments = ", ".join(f"{column} = ?" for column in changes)  # names from this method only
+            updated = conn.execute(
+                f"UPDATE api_keys SET {assignments} WHERE id = ? AND revoked_at IS NULL", (*changes.values(), key_id)
+            ).rowcount
+            if updated != 1:
+                raise StoreError(
+                    f"no unrevoked API key {key_id} in {self.where}; `engy-node gateway key list` shows them"
+                )
+            (info,) = self._key_infos(conn, "k.id = ?", key_id)
+        return info
 
     @serialised
     def revoke_key_id(self, key_id: int) -> bool:

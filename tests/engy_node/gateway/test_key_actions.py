@@ -49,6 +49,10 @@ async def test_a_key_is_created_listed_limited_rotated_and_revoked_through_the_c
     keys = {key["key_id"]: key for key in listed["result"]["keys"]}
     assert keys[key_id]["models"] == ["m1"] and keys[key_id]["limits"]["rpm"] == 60 and keys[key_id]["active"]
     assert created["result"]["key"] not in str(listed) and listed["result"]["account_limits"]["concurrent"] == 4
+    status, updated = await act("gateway-key-update", key_id=key_id, expires="never", models=["m1", "m2"])
+    assert status == 200 and (updated["result"]["expires_at"], updated["result"]["models"]) == (None, ["m1", "m2"])
+    status, updated = await act("gateway-key-update", key_id=key_id, models="all")
+    assert status == 200 and updated["result"]["models"] is None and updated["result"]["expires_at"] is None
     status, rotated = await act("gateway-key-rotate", key_id=key_id)
     assert status == 200 and rotated["result"]["revoked_key_id"] == key_id
     status, revoked = await act("gateway-key-revoke", key_id=rotated["result"]["key_id"])
@@ -66,6 +70,11 @@ async def test_a_key_is_created_listed_limited_rotated_and_revoked_through_the_c
         ("gateway-key-set-limits", {"key_id": 1, "burst": 3}, "the limits are"),
         ("gateway-key-set-limits", {"key_id": 1, "rpm": "many"}, "--rpm"),
         ("gateway-key-list", {}, '"account"'),
+        ("gateway-key-update", {"key_id": 1}, "expires, models or both"),
+        ("gateway-key-update", {"key_id": 1, "name": "x"}, "unknown: name"),
+        ("gateway-key-update", {"key_id": 1, "expires": "2020-01-01"}, "already past"),
+        ("gateway-key-update", {"key_id": 1, "models": []}, '"all"'),
+        ("gateway-key-update", {"key_id": 99, "models": "all"}, "no unrevoked API key 99"),
     ],
 )
 async def test_a_refused_key_action_answers_400_naming_the_fix(control, action, params, fix):

@@ -5,8 +5,11 @@ every worker once expired."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
+import subprocess
+import sys
 import time
 
 import anthropic
@@ -16,6 +19,8 @@ import pytest
 import trio
 
 from engy_node.config import load_config
+from engy_node.control import Actions, serve_control
+from engy_node.gateway.key_actions import register_key_actions
 from engy_node.gateway.role import run_gateway, store_location, store_path
 from engy_node.gateway.store import Store
 from engy_node.hub import Hub
@@ -298,6 +303,68 @@ async def test_an_expired_key_is_refused_from_the_next_request_on_by_every_worke
         with sqlite3.connect(store_path(config)) as raw:  # its expiry comes
             raw.execute("UPDATE api_keys SET expires_at = ? WHERE id = ?", (time.time() - 1, key_id))
         assert [await ask(index) for index in range(8)] == [401] * 8
+    assert store.balance(account).held == 0 and store.check_books() == []
+
+
+async def test_a_key_update_takes_effect_from_the_next_request_on_by_every_worker(nursery, two_workers, tmp_path):  # noqa: F811
+    """`engy-node gateway key update` (a real subprocess) and the control API's
+    `gateway-key-update`, against a running two-worker gateway whose workers have the key cached."""
+    config, urls, store, served = two_workers
+    actions = Actions()
+    register_key_actions(actions, store_path(config))
+    endpoint = await nursery.start(
+        functools.partial(serve_control, Hub(), data_dir=tmp_path / "control", actions=actions, node_info={})
+    )
+    token = endpoint.token_file.read_text().strip()
+    async with httpx.AsyncClient(timeout=60) as http:  # noqa: F811
+        await miner_on_both_workers(nursery, http, urls, store, served, ANSWER)
+        account, _ = store.create_buyer("team")
+        store.credit(account, micro_usd=1_000_000)
+        key_id, key = store.create_key(account, name="agent", expires_at=time.time() + 3600, models=(MODEL,))
+
+        async def ask(index: int) -> int:
+            # A fresh connection per request: the kernel hands them to both workers.
+            async with httpx.AsyncClient(timeout=60) as own:
+                response = await own.post(
+                    urls.buyer_url + "/v1/chat/completions",
+                    json=chat(index),
+                    headers={"authorization": f"Bearer {key}"},
+                )
+                return response.status_code
+
+        async def statuses() -> list[int]:
+            return [await ask(index) for index in range(8)]
+
+        def cli(*args: str) -> str:
+            command = [
+                sys.executable,
+                "-m",
+                "engy_node",
+                "--home",
+                str(config.paths.data_dir.parent),
+                "gateway",
+                "key",
+                *args,
+            ]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        assert await statuses() == [200] * 8  # cached in both workers now
+        out = await trio.to_thread.run_sync(cli, "update", str(key_id), "--models", "some-other-model")
+        assert "models: some-other-model" in out
+        assert await statuses() == [403] * 8
+        with sqlite3.connect(store_path(config)) as raw:  # its expiry comes
+            raw.execute("UPDATE api_keys SET expires_at = ? WHERE id = ?", (time.time() - 1, key_id))
+        assert await statuses() == [401] * 8
+        updated = await http.post(
+            endpoint.url + "/v1/actions/gateway-key-update",
+            json={"key_id": key_id, "expires": "never", "models": "all"},
+            headers={"authorization": f"Bearer {token}"},
+        )
+        assert updated.status_code == 200, updated.text
+        assert (updated.json()["result"]["expires_at"], updated.json()["result"]["models"]) == (None, None)
+        assert await statuses() == [200] * 8
     assert store.balance(account).held == 0 and store.check_books() == []
 
 

@@ -199,6 +199,36 @@ def test_an_expired_key_and_a_model_it_may_not_use_are_refused_naming_the_fix(st
         store.authenticate(key)
 
 
+def test_a_keys_expiry_and_models_change_from_its_next_hold_on(store, clock):
+    account_id, _ = buyer(store)
+    key_id, key = store.create_key(account_id, name="team", expires_at=START + 60, models=("m1",))
+    updated = store.update_key(key_id, models=("m1", "m2"))
+    assert (updated.models, updated.expires_at, updated.name) == (("m1", "m2"), START + 60, "team")
+    assert store.hold(account_id, amount=10, request_id="a", key_id=key_id, model="m2") is not None
+    assert store.update_key(key_id, models=("m1",)).models == ("m1",)
+    with pytest.raises(KeyRefused, match="may not use m2"):
+        store.hold(account_id, amount=10, request_id="b", key_id=key_id, model="m2")
+    clock.now += 60
+    with pytest.raises(KeyRefused, match="expired"):
+        store.hold(account_id, amount=10, request_id="c", key_id=key_id, model="m1")
+    assert store.update_key(key_id, expires_at=None, models=None).expires_at is None
+    assert store.authenticate(key).models is None
+    assert store.hold(account_id, amount=10, request_id="d", key_id=key_id, model="m2") is not None
+    assert store.list_keys(account_id)[-1].expires_at is None
+
+
+def test_updating_a_revoked_or_unknown_key_or_nothing_is_refused(store):
+    account_id, key_id = buyer(store)
+    with pytest.raises(ValueError, match="nothing to change"):
+        store.update_key(key_id)
+    with pytest.raises(ValueError, match="model ids"):
+        store.update_key(key_id, models=())
+    store.revoke_key_id(key_id)
+    for unknown in (key_id, 999):
+        with pytest.raises(StoreError, match=f"no unrevoked API key {unknown}"):
+            store.update_key(unknown, expires_at=None)
+
+
 def test_unknown_limits_and_negative_values_are_refused(store):
     account_id, key_id = buyer(store)
     with pytest.raises(ValueError, match="unknown limit"):
