@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from typing import Literal
 
 from engy_node.alerts.state import Alert, AlertLevel
+from engy_node.money import format_usd
 from engy_node.snapshots import GpusState, NodeStates, TrafficPolicyState, ValidatorState
 
 RULES = (
@@ -177,8 +178,8 @@ def conditions(
                         "balance_low",
                         "warning",
                         who,
-                        f"buyer {who} has ${account.available / 1e6:.4f} available (under "
-                        f"${limits.balance_low_usd_micro / 1e6:.2f}): add credit with `engy-node gateway credit`",
+                        f"buyer {who} has {format_usd(account.available)} available (under "
+                        f"{format_usd(limits.balance_low_usd_micro)}): add credit with `engy-node gateway credit`",
                     )
                 )
     return found

@@ -21,11 +21,8 @@ from datetime import UTC, datetime
 
 from engy_node.errors import EngyError
 from engy_node.gateway.store import Store
+from engy_node.money import MICRO_USD_PER_USD, USD_DECIMALS, format_usd
 from engy_node.protocol.api_keys import BUYER_KEY_PREFIX
-
-MICRO_USD_PER_USD = 1_000_000
-USD_DECIMALS = len(str(MICRO_USD_PER_USD)) - 1
-"""Decimal places of a dollar amount the ledger can hold exactly (6: one micro-dollar)."""
 
 _USD_TEXT = re.compile(r"\$?(?P<number>\d+(?:\.(?P<fraction>\d+))?)")
 """Plain positional dollars, optionally with a leading `$`: `25`, `0.50`, `$3.000001`. No
@@ -59,13 +56,6 @@ def parse_usd(text: str) -> int:
     if micro <= 0:
         raise AdminError(f"{text!r} is not more than $0; a credit must add money")
     return micro
-
-
-def format_usd(micro: int) -> str:
-    """`12_345_678` → `"$12.345678"`: every micro-dollar shown, so printed balances add up."""
-    sign = "-" if micro < 0 else ""
-    dollars, micros = divmod(abs(micro), MICRO_USD_PER_USD)
-    return f"{sign}${dollars}.{micros:0{USD_DECIMALS}d}"
 
 
 def _timestamp(unix_s: float) -> str:

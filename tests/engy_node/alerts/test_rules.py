@@ -117,7 +117,7 @@ def test_low_balance_is_integer_micro_usd() -> None:
     top = (BuyerAccount(account_id=7, available=499_999), BuyerAccount(account_id=8, name="ok", available=500_000))
     found = rules_of(NodeStates(buyers=BuyersState(accounts=2, top=top)))
     assert set(found) == {"balance_low:account 7"}
-    assert "$0.5000 available" in found["balance_low:account 7"].text
+    assert "$0.499999 available (under $0.500000)" in found["balance_low:account 7"].text
 
 
 def test_restarts_are_remembered_across_checks() -> None:
