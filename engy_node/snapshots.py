@@ -229,6 +229,13 @@ class MinerState:
     """The cheat its model server is told to serve (`miner.simulate_cheat`, demos and tests
     only); None: honest."""
 
+    @property
+    def link_down(self) -> str | None:
+        """Why this miner has no leg up at the gateway: the gateway's denial, else the dial's
+        error; None while a leg is up or no failure is known. The miner_link alert and the
+        Overview's requests panel both read this."""
+        return None if self.legs_up else (self.denied or self.link_error)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServerFailure:

@@ -17,12 +17,14 @@ root scope, so its services stop (model servers, the chain saved) before the asy
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -35,7 +37,7 @@ from engy_node.errors import EngyError
 from engy_node.local.status import age_text, status_text
 from engy_node.node import freeze_startup_objects
 from engy_node.setup import SetupAnswers, commands
-from engy_node.snapshots import STATE_SCHEMA, NodeStates
+from engy_node.snapshots import STATE_SCHEMA, NodeStates, is_miner
 from engy_tui.commands import CommandSpec, NodeCommands, command_specs
 from engy_tui.node_bridge import NodeBridge, NodeSnapshot
 from engy_tui.screens.keys import KeysScreen, key_groups
@@ -53,37 +55,62 @@ SERVER_LOG_LINES = 5
 AGES_REFRESH_S = 2.0
 """An unchanged node's visible tab is redrawn this often, so ages ("12 s ago") keep moving."""
 STALE_AFTER_S = 5.0
+FOOTER_ALL_KEYS_FROM = 160
+"""Narrower than this, the Logs tab's footer (its own keys first) is compact and leaves out the
+app's `FOOTER_SPARE` keys, which still work and which the keys panel (?) and the palette list."""
+FOOTER_SPARE = ("app.traffic", "app.restart_server", "app.copy_command", "app.diagnostics")
 
 
-def header_text(snapshot: NodeSnapshot | None, *, mode: str, now: float) -> Text:
+HEADER_DROPS = ("up", "epoch", "network")
+"""What the header leaves out on a narrow terminal, first to last, after folding a local
+network's miners into "N miners": the Overview shows the uptime, the Validator tab the epoch."""
+
+
+def roles_text(roles: Sequence[str], *, fold_miners: bool = False) -> str:
+    """The node's roles; `fold_miners`: a local network's miner-1, miner-2 … as "2 miners"."""
+    miners = [role for role in roles if is_miner(role)]
+    if not fold_miners or len(miners) < 2:
+        return ", ".join(roles) or "no roles"
+    first = roles.index(miners[0])
+    rest = [role for role in roles if not is_miner(role)]
+    return ", ".join([*rest[:first], f"{len(miners)} miners", *rest[first:]])
+
+
+def header_text(snapshot: NodeSnapshot | None, *, mode: str, now: float, width: int | None = None) -> Text:
     """The one line that says what this node is and whether it is well: roles, network, block,
-    epoch, uptime and a state word (never colour alone)."""
+    epoch, uptime and a state word (never colour alone). Given the `width` it has, it folds the
+    miners and leaves out `HEADER_DROPS` until it fits on one line; the state word always stays."""
     text = Text()
     text.append("engy-tui", style="bold")
     if snapshot is None:
         text.append(f"  {mode} · waiting for the node's first snapshot…", style="dim")
         return text
     node, states = snapshot.node, snapshot.states
-    parts = [", ".join(node.roles) or "no roles"]
-    if node.network:
-        parts.append(node.network)
+    parts = {"network": node.network or None}
     block = states.chain.block if states.chain is not None else None
     if block is None and states.validator is not None:
         block = states.validator.block
-    if block is not None:
-        parts.append(f"block {block:,}")
-    if states.epochs is not None and states.epochs.latest is not None:
-        parts.append(f"epoch {states.epochs.latest}")
-    if node.started_at is not None:
-        parts.append(f"up {age_text(now - node.started_at)}")
-    text.append("  " + " · ".join(parts))
+    parts["block"] = None if block is None else f"block {block:,}"
+    latest = states.epochs.latest if states.epochs is not None else None
+    parts["epoch"] = None if latest is None else f"epoch {latest}"
+    parts["up"] = None if node.started_at is None else f"up {age_text(now - node.started_at)}"
     age = now - snapshot.taken_at
+    word = Text()
     if not snapshot.connected:
-        text.append(f"   ✘ {snapshot.error or 'not connected'}", style="bold red")
+        word.append(f"   ✘ {snapshot.error or 'not connected'}", style="bold red")
     elif age > STALE_AFTER_S:
-        text.append(f"   ⚠ stale {age_text(age)}", style="yellow")
+        word.append(f"   ⚠ stale {age_text(age)}", style="yellow")
     else:
-        text.append(f"   ● {mode}", style="green")
+        word.append(f"   ● {mode}", style="green")
+    tries = [(False, ())] + [(True, HEADER_DROPS[:n]) for n in range(len(HEADER_DROPS) + 1)]
+    for fold, dropped in tries:
+        shown = [roles_text(node.roles, fold_miners=fold)]
+        shown += [value for name, value in parts.items() if value and name not in dropped]
+        line = "  " + " · ".join(shown)
+        if width is None or text.cell_len + cell_len(line) + word.cell_len <= width:
+            break
+    text.append(line)
+    text.append_text(word)
     if snapshot.newer_schema:
         text.append(
             f"   ⚠ the node's state schema {snapshot.schema} is newer than this TUI's {STATE_SCHEMA}: "
@@ -171,6 +198,8 @@ class NodeManager(App[None]):
         self._shown: NodeSnapshot | None = None
         self._drawn_at: dict[str, float] = {}
         """When each tab was last drawn from `_shown`; a change of state clears it."""
+        self._footer_fit: tuple[bool, int] | None = None
+        """The (Logs tab shown, width) the footer was last fitted to."""
         self._server_log: dict[str, collections.deque[str]] = {}
         """The last lines of each model server's output, from the events, for the miner tab."""
         self.farewell: str | None = None
@@ -295,7 +324,7 @@ class NodeManager(App[None]):
         every frame; a tab that becomes visible is drawn at once."""
         now = self.clock()
         mode = self.bridge.mode if self.bridge is not None else "snapshot"
-        self.query_one("#node-header", Static).update(header_text(snapshot, mode=mode, now=now))
+        self.query_one("#node-header", Static).update(header_text(snapshot, mode=mode, now=now, width=self.size.width))
         for event in events:
             component = str(event.get("component", ""))
             if component.startswith("model_server"):
@@ -316,6 +345,24 @@ class NodeManager(App[None]):
         active = self.query_one(TabbedContent).active
         if changed or now - self._drawn_at.get(active, float("-inf")) >= AGES_REFRESH_S:
             self._draw_tab(active, now)
+        self._fit_footer()
+
+    def _fit_footer(self) -> None:
+        """At `FOOTER_ALL_KEYS_FROM` columns the footer holds every key of every tab; narrower,
+        the Logs tab's keys, q and ? stay whole and the app's spare keys leave the footer."""
+        logs = self.query_one(TabbedContent).active == "logs"
+        fit = (logs, self.size.width)
+        if fit == self._footer_fit:
+            return
+        self._footer_fit = fit
+        narrow = logs and self.size.width < FOOTER_ALL_KEYS_FROM
+        self.query_one(Footer).compact = narrow
+        for key, bindings in self._bindings.key_to_bindings.items():
+            self._bindings.key_to_bindings[key] = [
+                dataclasses.replace(binding, show=not narrow) if binding.id in FOOTER_SPARE else binding
+                for binding in bindings
+            ]
+        self.refresh_bindings()
 
     def _draw_tab(self, tab: str, now: float) -> None:
         snapshot = self._shown
@@ -358,6 +405,7 @@ class NodeManager(App[None]):
         tab = event.pane.id or ""
         if tab not in self._drawn_at:
             self._draw_tab(tab, self.clock())
+        self._fit_footer()
         # The Logs tab's keys (/ f l c …) belong to its view: give it focus as it shows, and take
         # it back as another tab shows, so a hidden log never answers that tab's keys (c, r).
         logs = self.query_one(LogsView)

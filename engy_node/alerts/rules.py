@@ -151,8 +151,8 @@ def conditions(
     if states.traffic is not None:
         found += _pulled(states.traffic)
     for name, link in sorted(states.miners.items()):
-        if not link.legs_up and (link.denied or link.link_error):
-            why = link.denied or link.link_error
+        why = link.link_down
+        if why:
             found.append(Condition("miner_link", "error", name, f"{name} has no leg up at the gateway: {why}"))
     if states.validator is not None:
         found += _weights(states.validator, limits, now=now, started_at=states.node.started_at)

@@ -84,7 +84,7 @@ def status_text(node: NodeInfo, states: NodeStates, *, now: float | None = None)
         demo = states.traffic_generator
         lines += [
             "",
-            f"demo traffic  {'paused' if demo.paused else 'running'}: {demo.sent} sent, "
+            f"demo traffic  {'paused' if demo.paused else 'running'}: {demo.sent} sent by the demo buyer, "
             f"{demo.succeeded} ok, {demo.failed} failed"
             + (f" (last error: {demo.last_error})" if demo.last_error and demo.failed else ""),
         ]

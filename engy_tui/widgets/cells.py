@@ -1,7 +1,8 @@
 """What every dashboard panel is made of: cells of text with a style name, the readers that take
 values out of untrusted JSON (a hub state from another process, a control API answer), the
-formats more than one panel writes (durations, ages, short hotkeys), and the step that turns
-lines of cells into Textual content.
+formats more than one panel writes (durations, ages, short hotkeys), the step that turns
+lines of cells into Textual content, and `fit_columns`, which keeps a table's key columns whole
+on a narrow terminal by leaving out its low-value ones rather than cutting every row at the edge.
 
 Why cells. A panel's text is decided by plain functions tested without a terminal; they return
 `Cell(text, style)`, and only the widget maps style names to the theme (each panel has its
@@ -18,6 +19,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from rich.cells import cell_len
 from textual.content import Content
 
 NA = "n/a"
@@ -101,3 +103,34 @@ def cells_content(lines: Iterable[Sequence[Cell]], styles: Mapping[str, str]) ->
     return Content("\n").join(
         Content.assemble(*((cell.text, styles.get(cell.style, "")) for cell in line)) for line in lines
     )
+
+
+def fit_columns(
+    rows: Sequence[Sequence[Cell]], width: int | None, *, drop: Sequence[str], gap: int = 2
+) -> list[tuple[Cell, ...]]:
+    """`rows` (the header row first) without the columns whose headers are in `drop`, left out
+    in that order only until the table fits in `width` cells with `gap` cells between columns.
+    The other columns always stay, even when they alone are too wide; `width` None keeps all."""
+    if not rows:
+        return []
+    keep = list(range(len(rows[0])))
+
+    def wide() -> bool:
+        widths = [max(cell_len(row[c].text) for row in rows if c < len(row)) for c in keep]
+        return width is not None and sum(widths) + gap * (len(keep) - 1) > width
+
+    headers = [cell.text.strip() for cell in rows[0]]
+    for name in drop:
+        if not wide():
+            break
+        if name in headers and headers.index(name) in keep:
+            keep.remove(headers.index(name))
+    return [tuple(row[c] for c in keep if c < len(row)) for row in rows]
+
+
+def room(widget: Any) -> int:
+    """Cells a panel's lines have inside its border and padding: from its own width once laid
+    out, else from the screen's (a tab drawn as it becomes visible is not laid out yet)."""
+    if widget.size.width:
+        return int(widget.size.width)
+    return max(0, widget.app.size.width - widget.styles.gutter.width - widget.styles.margin.width)

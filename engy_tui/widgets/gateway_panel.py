@@ -42,6 +42,7 @@ from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Static
 
+from engy_node.money import format_usd
 from engy_node.protocol.standing import SERVED_WINDOW_S, VERDICT_WINDOW_S
 from engy_node.snapshots import (
     AuditState,
@@ -54,7 +55,7 @@ from engy_node.snapshots import (
     TrafficStanding,
     gemm_audited,
 )
-from engy_tui.widgets.cells import DASH, NA, Cell, cells_content, format_duration
+from engy_tui.widgets.cells import DASH, NA, Cell, cells_content, fit_columns, format_duration, room
 from engy_tui.widgets.cells import as_text as _text
 
 __all__ = [
@@ -581,7 +582,10 @@ def buyers_lines(buyers: BuyersState | None) -> tuple[tuple[Cell, ...], ...]:
     if buyers is None:
         return ()
     count = buyers.accounts
-    head = (Cell("buyers  ", "header"), Cell(f"{count:,} account{'s' if count != 1 else ''} · top by spend"))
+    head = (
+        Cell("buyers  ", "header"),
+        Cell(f"{count:,} account{'s' if count != 1 else ''} · top by spend (the ledger's, all time)"),
+    )
     rows = [tuple(Cell(name, "header") for name in ("  account", "spent", "balance", "in flight"))]
     for account in buyers.top:
         label = f"  #{NA if account.account_id is None else account.account_id} {_text(account.name) or ''}".rstrip()
@@ -590,7 +594,9 @@ def buyers_lines(buyers: BuyersState | None) -> tuple[tuple[Cell, ...], ...]:
 
 
 def _usd(micro: int) -> str:
-    return NA if micro < 0 else f"${micro / 1_000_000:,.4f}"
+    """Exact dollars (`format_usd`): a buyer's $0.000150 is never shown as $0.0000. Negative
+    means the snapshot lacked the figure."""
+    return NA if micro < 0 else format_usd(micro)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -611,9 +617,17 @@ class PanelView:
     buyers: tuple[tuple[Cell, ...], ...] = ()
 
 
-def panel_view(states: NodeStates | None, *, now: float, names: Mapping[str, str] | None = None) -> PanelView:
+NARROW_DROPS = ("load", "qualifying round", "in state", "link")
+"""The miners table's columns a narrow terminal leaves out, first to last: what a row's state,
+breaker and the notes below already tell. Who, state, breaker, served and audited stay whole."""
+
+
+def panel_view(
+    states: NodeStates | None, *, now: float, names: Mapping[str, str] | None = None, width: int | None = None
+) -> PanelView:
     """What the panel shows for the node's states (None before the first snapshot) at wall-clock
-    time `now`; `names`: node info's `hotkeys` {name: ss58}."""
+    time `now`; `names`: node info's `hotkeys` {name: ss58}; `width`: the cells a line has (the
+    miners table leaves out `NARROW_DROPS` until it fits), None for every column."""
     local = display_names(names)
     gateway = None if states is None else states.gateway
     if states is None or gateway is None:
@@ -640,7 +654,7 @@ def panel_view(states: NodeStates | None, *, now: float, names: Mapping[str, str
         if one_model(states):
             model = COLUMNS.index("model")
             table_rows = [row[:model] + row[model + 1 :] for row in table_rows]
-        table = _pad(table_rows)
+        table = _pad(fit_columns(table_rows, width, drop=NARROW_DROPS))
     else:
         table = ()
         status = (*status, Cell("no miner has connected yet", "na"))
@@ -716,6 +730,9 @@ class GatewayPanel(Widget):
     }
     """
 
+    _shown: tuple[NodeStates | None, float, Mapping[str, str] | None] = (None, 0.0, None)
+    """What `update_state` was last given, to lay out again for a new width."""
+
     def compose(self) -> ComposeResult:
         for widget_id in ("status", "table", "notes", "audit", "epoch", "buyers"):
             yield Static(id=widget_id)
@@ -723,10 +740,16 @@ class GatewayPanel(Widget):
     def on_mount(self) -> None:
         self.update_state(None, now=0.0)
 
+    def on_resize(self) -> None:
+        # Another width: the miners table keeps or leaves out its narrow-terminal columns.
+        states, now, names = self._shown
+        self.update_state(states, now=now, names=names)
+
     def update_state(self, states: NodeStates | None, *, now: float, names: Mapping[str, str] | None = None) -> None:
         """Show the node's states (None: no snapshot yet) as of wall-clock `now`; `names` is node
         info's `hotkeys` {name: ss58}, to show known hotkeys by name."""
-        view = panel_view(states, now=now, names=names)
+        self._shown = (states, now, names)
+        view = panel_view(states, now=now, names=names, width=room(self))
         self.border_title = view.title
         self.set_class(view.state == "stopped", "-stopped")
         self.set_class(view.state == "absent", "-absent")

@@ -31,7 +31,7 @@ from textual.widgets import Static
 from engy_node.hardware.gpu import CPU_MODE, GIB
 from engy_node.hardware.monitor import THROTTLE_LABELS, temperature_band
 from engy_node.snapshots import Finding, GpuSample, GpusState
-from engy_tui.widgets.cells import DASH, NA, Cell, cells_content
+from engy_tui.widgets.cells import DASH, NA, Cell, cells_content, fit_columns, room
 
 __all__ = [
     "COLUMNS",
@@ -200,9 +200,15 @@ class PanelView:
     findings: tuple[Cell, ...]
 
 
-def panel_view(state: GpusState | None, now: float) -> PanelView:
+NARROW_DROPS = ("SM/mem MHz", "util", "fan", "PCIe", "power")
+"""The columns a narrow terminal leaves out, first to last; each one's warnings are still in the
+findings below the table. The temperature, VRAM and throttle reasons stay whole."""
+
+
+def panel_view(state: GpusState | None, now: float, *, width: int | None = None) -> PanelView:
     """What the panel shows for the hub's "gpus" state (None: the monitor has not reported) at
-    wall-clock time `now`."""
+    wall-clock time `now`; `width`: the cells a line has (the table leaves out `NARROW_DROPS`
+    until it fits), None for every column."""
     if state is None:
         return PanelView("GPUs", None, (Cell("waiting for the first GPU reading", "na"),), (), ())
     reason = state.reason
@@ -219,8 +225,12 @@ def panel_view(state: GpusState | None, now: float) -> PanelView:
     for finding in findings:
         kinds.setdefault(finding.gpu, set()).add(finding.kind)
     table = _pad(
-        [tuple(Cell(name, "header") for name in COLUMNS)]
-        + [row_cells(sample, kinds.get(sample.index, ())) for sample in samples]
+        fit_columns(
+            [tuple(Cell(name, "header") for name in COLUMNS)]
+            + [row_cells(sample, kinds.get(sample.index, ())) for sample in samples],
+            width,
+            drop=NARROW_DROPS,
+        )
     )
     notes = tuple(finding_cell(f) for f in findings)
     sampled_at = state.sampled_at
@@ -239,8 +249,8 @@ def _grey(cells: Iterable[Cell]) -> tuple[Cell, ...]:
 
 def _pad(rows: list[tuple[Cell, ...]]) -> tuple[tuple[Cell, ...], ...]:
     """Pad every cell to its column's widest text plus the gap (none after the last column)."""
-    widths = [max(cell_len(row[column].text) for row in rows) for column in range(len(COLUMNS))]
-    last = len(COLUMNS) - 1
+    widths = [max(cell_len(row[column].text) for row in rows) for column in range(len(rows[0]))]
+    last = len(rows[0]) - 1
     return tuple(
         tuple(
             cell
@@ -277,6 +287,9 @@ class GpuPanel(Widget):
     }
     """
 
+    _shown: tuple[GpusState | None, float] = (None, 0.0)
+    """What `update_state` was last given, to lay out again for a new width."""
+
     def compose(self) -> ComposeResult:
         yield Static(id="status")
         yield Static(id="table")
@@ -285,9 +298,14 @@ class GpuPanel(Widget):
     def on_mount(self) -> None:
         self.update_state(None, 0.0)
 
+    def on_resize(self) -> None:
+        # Another width: the table keeps or leaves out its narrow-terminal columns.
+        self.update_state(*self._shown)
+
     def update_state(self, state: GpusState | None, now: float) -> None:
         """Show the hub's "gpus" state (None: nothing published yet) as of wall-clock `now`."""
-        view = panel_view(state, now)
+        self._shown = (state, now)
+        view = panel_view(state, now, width=room(self))
         self.border_title = view.title
         self.set_class(view.stale_s is not None, "-stale")
         for widget_id, lines in (

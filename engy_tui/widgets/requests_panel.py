@@ -48,6 +48,7 @@ from engy_tui.widgets.cells import (
     NA,
     Cell,
     cells_content,
+    room,
 )
 from engy_tui.widgets.cells import (
     as_int as _int,
@@ -86,6 +87,8 @@ __all__ = [
     "latency_of",
     "limit_cell",
     "limits_for",
+    "link_notes",
+    "links_down",
     "load_of",
     "no_metrics",
     "panel_view",
@@ -104,12 +107,20 @@ HISTORY_POINTS = 30
 HISTORY_STEP_S = 2.0
 """The sparkline: one p50 point every 2 s, the last 30 of them (a minute), whatever the frame
 rate."""
+SERVED_SOURCE = "the miners' count, probes included"
+"""Where the lifetime total comes from, beside it: the demo traffic's "sent" and the gateway's
+billed requests count buyers only, so the three figures differ and each says whose it is."""
+NARROW_SPARK_POINTS = 8
+"""A sparkline shorter than this says too little: a narrow terminal leaves it out instead."""
+SPARK_COLUMN = 7
+"""The latency rows' sparkline column: label, p50, value, p95, value, p99, value, sparkline."""
 RATE_WINDOW_S = 10.0
 """Rates are averaged over about this long: one frame's delta (0.5 s, while the node's snapshot
 may refresh once a second) would swing between 0 and twice the truth."""
 
 OK = "✔"
 WARN = "⚠"
+ERROR = "✘"
 BLOCKS = "▁▂▃▄▅▆▇█"
 GAP = "  "
 
@@ -120,6 +131,7 @@ STYLES: dict[str, str] = {
     "ok": "$text-success",
     "spark": "$text-primary",
     "warning": "$text-warning",
+    "error": "$text-error",
 }
 """Cell style names -> Textual styles (theme variables, so every theme works)."""
 
@@ -431,9 +443,9 @@ def _ms(value: float | None, bound: bool) -> str:
 
 
 def _latency_row(
-    label: str, latency: Latency | None, history: Sequence[Point], limit_ms: int | None
+    label: str, latency: Latency | None, history: Sequence[Point], limit_ms: int | None, spark_width: int
 ) -> tuple[Cell, ...]:
-    spark = Cell(sparkline([value for _, value in history]), "spark")
+    spark = Cell(sparkline([value for _, value in history], width=spark_width), "spark")
     if latency is None:
         return (
             Cell(label, "header"),
@@ -476,7 +488,21 @@ def _per_s(value: float | None, unit: str) -> str:
     return f"{value:,.1f} {unit}/s" if value < 100 else f"{value:,.0f} {unit}/s"
 
 
-def _traffic(load: Load, counters: Counters, window: Rates | None) -> tuple[tuple[Cell, ...], ...]:
+def links_down(states: NodeStates | None) -> tuple[tuple[str, str], ...]:
+    """(miner, why) for each miner with no leg up at the gateway and a known reason
+    (`MinerState.link_down`, which the miner_link alert and the Miner tab read too)."""
+    if states is None:
+        return ()
+    return tuple((name, why) for name, miner in sorted(states.miners.items()) if (why := miner.link_down))
+
+
+def link_notes(down: Sequence[tuple[str, str]]) -> tuple[Cell, ...]:
+    return tuple(Cell(f"{ERROR} {name} has no leg up at the gateway: {why}", "error") for name, why in down)
+
+
+def _traffic(
+    load: Load, counters: Counters, window: Rates | None, down: Sequence[tuple[str, str]] = ()
+) -> tuple[tuple[Cell, ...], ...]:
     if load.miners:
         inflight = f"{NA if load.inflight is None else f'{load.inflight:,}'}/{NA if load.capacity is None else f'{load.capacity:,}'}"
         full = (
@@ -502,22 +528,29 @@ def _traffic(load: Load, counters: Counters, window: Rates | None) -> tuple[tupl
             Cell(f"  (last {window.span_s:,.0f} s)", "na"),
         ]
     second: list[Cell] = [Cell("errors    ", "header")]
-    if window is None or window.errors is None:
+    if down:
+        # No request fails while a miner cannot reach the gateway: nothing reaches it at all.
+        second.append(Cell(f"{ERROR} {len(down)} miner link{'s' if len(down) != 1 else ''} down (below)", "error"))
+        if window is not None and window.errors:
+            second.append(Cell(f" · {WARN} {window.errors:,.0f} failed in the last {window.span_s:,.0f} s", "warning"))
+    elif window is None or window.errors is None:
         second.append(Cell(f"{DASH} recently", "na"))
     elif window.errors:
         second.append(Cell(f"{WARN} {window.errors:,.0f} in the last {window.span_s:,.0f} s", "warning"))
     else:
         second.append(Cell(f"none in the last {window.span_s:,.0f} s {OK}", "ok"))
+    third: list[Cell] = [Cell("served    ", "header")]
     if counters.requests is None:
-        second.append(Cell(f" · totals {NA}", "na"))
+        third.append(Cell(f"totals {NA}", "na"))
     else:
+        # The miners' own count: what the demo buyer sent, or the gateway billed, is a part of it.
         errors = NA if counters.errors is None else f"{counters.errors:,.0f}"
-        total = f" · {errors} of {counters.requests:,.0f} requests since the node started"
+        total = f"{counters.requests:,.0f} requests since the node started, {errors} failed"
         if counters.errors_by_class:
             total += " (" + ", ".join(f"{name} {count:,.0f}" for name, count in counters.errors_by_class[:4])
             total += ", …)" if len(counters.errors_by_class) > 4 else ")"
-        second.append(Cell(total))
-    return tuple(first), tuple(second)
+        third += [Cell(total), Cell(f"  ({SERVED_SOURCE})", "na")]
+    return tuple(first), tuple(second), tuple(third)
 
 
 def no_metrics(load: Load, roles: Sequence[str]) -> str:
@@ -532,31 +565,51 @@ def no_metrics(load: Load, roles: Sequence[str]) -> str:
 
 
 def panel_view(
-    metrics: Any, frames: Frames, *, states: NodeStates | None = None, roles: Sequence[str] = ()
+    metrics: Any,
+    frames: Frames,
+    *,
+    states: NodeStates | None = None,
+    roles: Sequence[str] = (),
+    width: int | None = None,
 ) -> PanelView:
     """What the panel shows for a metrics snapshot (None before the first), the frames so far
-    (`advance` already applied for this one), the node's states (for in-flight and the model) and
-    its roles (does it run a miner at all)."""
+    (`advance` already applied for this one), the node's states (for in-flight and the model),
+    its roles (does it run a miner at all) and the cells a line has (`width`, None: no limit)."""
     load = load_of(states)
     title = "Requests"
     if len(load.models) == 1:
         title += f" · {load.models[0]}"
     if load.miners > 1:
         title += f" · {load.miners} miners"
+    down = links_down(states)
     if not isinstance(metrics, Mapping):
-        return PanelView(title, (Cell("waiting for the node's first metrics", "na"),), (), (), ())
+        return PanelView(title, (Cell("waiting for the node's first metrics", "na"), *link_notes(down)), (), (), ())
     ttft, tpot = latency_of(metrics, TTFT_METRIC), latency_of(metrics, TPOT_METRIC)
     counters = counters_of(metrics)
     if ttft is None and tpot is None and counters == Counters():
-        return PanelView(title, (Cell(no_metrics(load, roles), "na"),), (), (), ())
+        return PanelView(title, (Cell(no_metrics(load, roles), "na"), *link_notes(down)), (), (), ())
     ttft_limit, tpot_limit = limits_for(load.models)
-    table = _pad(
-        [_latency_row("TTFT", ttft, frames.ttft, ttft_limit), _latency_row("TPOT", tpot, frames.tpot, tpot_limit)],
-        right={2, 4, 6},
-        tight={0, 1, 3, 5},
-    )
+
+    def latency_table(spark_width: int, counts: bool) -> tuple[tuple[Cell, ...], ...]:
+        rows = [
+            _latency_row("TTFT", ttft, frames.ttft, ttft_limit, spark_width),
+            _latency_row("TPOT", tpot, frames.tpot, tpot_limit, spark_width),
+        ]
+        rows = [row[:SPARK_COLUMN] + row[SPARK_COLUMN + 1 :] if not spark_width else row for row in rows]
+        return _pad([row if counts else row[:-1] for row in rows], right={2, 4, 6}, tight={0, 1, 3, 5})
+
+    # Narrow: the request counts go first, then the sparkline shortens (its newest points stay)
+    # or goes; the percentiles and the limit stay whole.
+    table = latency_table(HISTORY_POINTS, True)
+    over = 0 if width is None else _width(table) - width
+    if over > 0:
+        table = latency_table(HISTORY_POINTS, False)
+        over = _width(table) - (width or 0)
+    if over > 0:
+        spark_width = HISTORY_POINTS - over if HISTORY_POINTS - over >= NARROW_SPARK_POINTS else 0
+        table = latency_table(spark_width, False)
     window = rates(frames.samples[0], frames.samples[-1]) if len(frames.samples) > 1 else None
-    notes = []
+    notes = list(link_notes(down))
     for label, latency, limit in (("TTFT", ttft, ttft_limit), ("TPOT", tpot, tpot_limit)):
         if latency is not None and latency.p99 is not None and limit is not None and latency.p99 * 1000 > limit:
             notes.append(
@@ -567,7 +620,11 @@ def panel_view(
                     "warning",
                 )
             )
-    return PanelView(title, (), table, _traffic(load, counters, window), tuple(notes))
+    return PanelView(title, (), table, _traffic(load, counters, window, down), tuple(notes))
+
+
+def _width(rows: Sequence[Sequence[Cell]]) -> int:
+    return max(sum(cell_len(cell.text) for cell in row) for row in rows)
 
 
 def _pad(rows: Sequence[tuple[Cell, ...]], *, right: set[int], tight: set[int]) -> tuple[tuple[Cell, ...], ...]:
@@ -615,6 +672,8 @@ class RequestsPanel(Widget):
         super().__init__(name=name, id=id, classes=classes)
         self.frames = Frames()
         """What the panel remembers between frames (rates and sparklines)."""
+        self._shown: tuple[Mapping[str, Any] | None, NodeStates | None, Sequence[str]] = (None, None, ())
+        """The metrics, states and roles shown, to lay out again for a new width."""
 
     def compose(self) -> ComposeResult:
         for widget_id in ("status", "table", "traffic", "notes"):
@@ -636,7 +695,12 @@ class RequestsPanel(Widget):
         whether a miner that has not reported yet is starting."""
         if metrics is not None:
             self.frames = advance(self.frames, metrics, now)
-        self._show(panel_view(metrics, self.frames, states=states, roles=roles))
+        self._shown = (metrics, states, roles)
+        self._show(panel_view(metrics, self.frames, states=states, roles=roles, width=room(self)))
+
+    def on_resize(self) -> None:
+        metrics, states, roles = self._shown
+        self._show(panel_view(metrics, self.frames, states=states, roles=roles, width=room(self)))
 
     def _show(self, view: PanelView) -> None:
         self.border_title = view.title

@@ -830,6 +830,15 @@ def test_no_gateway_snapshot(snap_compare):
     assert snap_compare(PanelApp({"node": {}}, NOW), terminal_size=(80, 5))
 
 
+def test_a_sub_cent_charge_shows_as_such_never_as_zero():
+    buyers = {
+        "accounts": 1,
+        "top": [{"account_id": 1, "name": "demo", "available": 9_999_850, "held": 0, "charged": 150}],
+    }
+    line = text(buyers_lines(typed({"buyers": buyers}).buyers)[2])
+    assert "$0.000150" in line and "$9.999850" in line and "$0.0000 " not in line + " "
+
+
 def test_buyers_show_accounts_by_spend_with_their_balances_and_never_a_key():
     buyers = {
         "accounts": 3,
@@ -839,8 +848,9 @@ def test_buyers_show_accounts_by_spend_with_their_balances_and_never_a_key():
         ],
     }
     lines = [text(line) for line in buyers_lines(typed({"buyers": buyers}).buyers)]
-    assert lines[0] == "buyers  3 accounts · top by spend"
-    assert "#1 local-buyer" in lines[2] and "$0.1235" in lines[2] and "$9.8765" in lines[2] and "$0.0120" in lines[2]
+    assert lines[0] == "buyers  3 accounts · top by spend (the ledger's, all time)"
+    assert "#1 local-buyer" in lines[2]
+    assert "$0.123457" in lines[2] and "$9.876543" in lines[2] and "$0.012000" in lines[2]
     assert "#2 acme" in lines[3]
     assert buyers_lines(None) == ()
-    assert text(buyers_lines(BuyersState())[0]) == "buyers  0 accounts · top by spend"
+    assert text(buyers_lines(BuyersState())[0]) == "buyers  0 accounts · top by spend (the ledger's, all time)"

@@ -355,9 +355,12 @@ def test_a_busy_miner_shows_percentiles_sparklines_limits_and_rates():
     assert len(spark) == HISTORY_POINTS and set(spark) <= set("▁▂▃▄▅▆▇█")
     assert "p99 limit 30,000 ms ✔" in ttft and "p99 limit 2,000 ms ✔" in tpot
     assert ttft.endswith("last 128 requests")
-    inflight, errors = (text(line) for line in view.traffic)
+    inflight, errors, served = (text(line) for line in view.traffic)
     assert inflight == "in flight 12/32 · 2.0 req/s · 128 tok/s out · 240 tok/s in  (last 10 s)"
-    assert errors == "errors    none in the last 10 s ✔ · 1 of 129 requests since the node started (timeout 1)"
+    assert errors == "errors    none in the last 10 s ✔"
+    assert served == (
+        "served    129 requests since the node started, 1 failed (timeout 1)  (the miners' count, probes included)"
+    )
 
 
 def test_latency_over_the_models_ceiling_is_flagged_with_what_it_means():
@@ -383,7 +386,8 @@ def test_before_any_request_the_rows_say_so_without_zeros():
     assert ttft.endswith("p99 limit 30,000 ms  no requests yet")
     assert [text(line) for line in view.traffic] == [
         "in flight n/a/4 · — req/s · — tok/s out · — tok/s in  (measuring)",
-        "errors    — recently · 0 of 0 requests since the node started",
+        "errors    — recently",
+        "served    0 requests since the node started, 0 failed  (the miners' count, probes included)",
     ]
 
 
@@ -392,11 +396,11 @@ def test_what_the_snapshot_lacks_reads_n_a_not_zero():
     view = panel_view(counters_only, advance(Frames(), counters_only, T0), states=typed(MINER_STATES))
     ttft = text(view.table[0])
     assert ttft.split()[:7] == ["TTFT", "p50", "n/a", "p95", "n/a", "p99", "n/a"] and ttft.endswith("not reported")
-    assert text(view.traffic[1]).endswith("0 of 7 requests since the node started")
+    assert text(view.traffic[2]).startswith("served    7 requests since the node started, 0 failed")
     histograms_only = Miner().serve(3)
     histograms_only = {name: family for name, family in histograms_only.items() if family["type"] == "histogram"}
     view = panel_view(histograms_only, advance(Frames(), histograms_only, T0), states=typed(MINER_STATES))
-    assert text(view.traffic[1]) == "errors    — recently · totals n/a"
+    assert [text(line) for line in view.traffic[1:]] == ["errors    — recently", "served    totals n/a"]
     assert text(view.table[0]).endswith("last 3 requests")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
@@ -26,6 +27,7 @@ from engy_node.snapshots import NodeStates
 from engy_tui.widgets.cells import Cell
 from engy_tui.widgets.miner.common import SEP, Line, lines_content
 from engy_tui.widgets.miner.view import MinerView, PanelView, panel_view
+from engy_tui.widgets.validator.panel import SIDE_BY_SIDE_FROM
 
 __all__ = [
     "MinerPanel",
@@ -185,6 +187,16 @@ class MinerPanel(Widget):
         text-wrap: nowrap;
         text-overflow: ellipsis;
     }}
+    MinerPanel.-stacked .row {{
+        layout: vertical;
+    }}
+    MinerPanel.-stacked .main, MinerPanel.-stacked .side {{
+        width: 1fr;
+        height: auto;
+    }}
+    MinerPanel.-stacked .miner-compact > .lines {{
+        text-wrap: wrap;
+    }}
     MinerPanel .box.-warning {{
         border: round $warning;
     }}
@@ -213,6 +225,10 @@ class MinerPanel(Widget):
 
     def on_mount(self) -> None:
         self.update_state(None, now=0.0)
+
+    def on_resize(self, event: events.Resize) -> None:
+        # Narrow: the boxes stack and a miner's lines wrap, rather than cut what it served.
+        self.set_class(event.size.width < SIDE_BY_SIDE_FROM, "-stacked")
 
     def update_state(
         self,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
@@ -26,6 +27,10 @@ __all__ = [
     "ValidatorPanel",
 ]
 
+SIDE_BY_SIDE_FROM = 140
+"""Narrower than this, the weights and the next action stack (each gets the whole width) rather
+than cut every line of both in half."""
+
 _BOX_CSS = """
     border: round $primary;
     border-title-color: $text-primary;
@@ -38,8 +43,9 @@ _BOX_CSS = """
 
 
 class ValidatorPanel(Widget):
-    """Weights on chain and next action side by side, warnings under the next action, the
-    submissions across the bottom. Call `update_state` with the hub's "validator" state."""
+    """Weights on chain and next action side by side (stacked below `SIDE_BY_SIDE_FROM`
+    columns), warnings under the next action, the submissions across the bottom. Call
+    `update_state` with the hub's "validator" state."""
 
     DEFAULT_CSS = f"""
     ValidatorPanel {{
@@ -54,6 +60,9 @@ class ValidatorPanel(Widget):
     }}
     ValidatorPanel #validator-weights {{
         width: 1fr;
+    }}
+    ValidatorPanel.-stacked > #validator-top {{
+        layout: vertical;
     }}
     ValidatorPanel .box {{{_BOX_CSS}}}
     ValidatorPanel #validator-warnings {{
@@ -84,6 +93,9 @@ class ValidatorPanel(Widget):
 
     def on_mount(self) -> None:
         self.update_state(None, now=0.0)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.set_class(event.size.width < SIDE_BY_SIDE_FROM, "-stacked")
 
     def update_state(
         self,

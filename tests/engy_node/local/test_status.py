@@ -240,7 +240,7 @@ def test_a_full_document_renders_every_section(transport):
         "gateway    ready; 2 miner leg(s); prefix cache: 37.5 % of 12000 prompt tokens from the miners' caches"
     ]
     assert section(text, "demo traffic") == [
-        "demo traffic  running: 12 sent, 11 ok, 1 failed (last error: HTTP 500: boom)"
+        "demo traffic  running: 12 sent by the demo buyer, 11 ok, 1 failed (last error: HTTP 500: boom)"
     ]
 
     # Local names stand in for every hotkey the local network named.
@@ -349,7 +349,7 @@ def test_missing_components_are_omitted():
     lines = format_status(document, now=NOW).splitlines()
     assert [line for line in lines if line] == [
         lines[0],
-        "demo traffic  running: 12 sent, 11 ok, 1 failed (last error: HTTP 500: boom)",
+        "demo traffic  running: 12 sent by the demo buyer, 11 ok, 1 failed (last error: HTTP 500: boom)",
     ]
 
     document["states"] = {}
@@ -365,7 +365,7 @@ def test_a_paused_generator_and_an_old_error_after_recovery():
         },
         now=NOW,
     )
-    assert text.splitlines()[-1] == "demo traffic  paused: 3 sent, 3 ok, 0 failed"
+    assert text.splitlines()[-1] == "demo traffic  paused: 3 sent by the demo buyer, 3 ok, 0 failed"
 
 
 def test_an_empty_document_is_a_header_of_unknowns():
@@ -393,7 +393,7 @@ def test_empty_components_say_n_a():
     assert section(text, "epoch ") == ["epoch      latest published n/a (digest …): no weights"]
     assert section(text, "miners ") == ["miners     eligibility at the gateway", "  none connected yet"]
     assert section(text, "verifier ") == ["verifier   n/a; verdicts: none yet"]
-    assert section(text, "demo traffic") == ["demo traffic  running: 0 sent, 0 ok, 0 failed"]
+    assert section(text, "demo traffic") == ["demo traffic  running: 0 sent by the demo buyer, 0 ok, 0 failed"]
 
 
 def test_fields_present_but_null_say_n_a():
