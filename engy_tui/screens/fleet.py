@@ -28,7 +28,7 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from engy_node.snapshots import GpuSample, NodeStates
+from engy_node.snapshots import STATE_SCHEMA, GpuSample, NodeStates
 from engy_tui.fleet_bridge import FleetBridge, NodeWatch
 from engy_tui.manager import RENDER_INTERVAL_S, NodeManager
 from engy_tui.widgets.cells import DASH, Cell, format_duration
@@ -81,6 +81,10 @@ def node_row(watch: NodeWatch, *, now: float) -> FleetRow:
         state = Cell("● up", "ok")
         alerts = _alerts_cells(snapshot.states if snapshot is not None else None)
         detail = f"{name} · {watch.node.via} · " + (_alert_texts(snapshot.states) if snapshot else "")
+        if snapshot is not None and snapshot.newer_schema:
+            newer = f"⚠ its state schema {snapshot.schema} is newer than this TUI's {STATE_SCHEMA}: upgrade engy-tui"
+            alerts = (alerts[0], alerts[1] if alerts[1].text else Cell(_clip(newer), "warning"))
+            detail += f" · {newer} (some figures may be missing)"
     elif watch.error is None:
         state = Cell("… connecting", "na")
         alerts = (Cell(DASH, "na"), Cell(f"dialling {watch.node.via}", "na"))

@@ -161,6 +161,16 @@ def test_a_node_that_has_not_answered_yet_is_connecting_with_dashes_not_zeros():
     assert [cell.text for cell in row.cells][2:9] == ["… connecting", "—", "—", "—", "—", "—", "—"]
 
 
+def test_a_node_of_a_newer_schema_is_read_liberally_and_says_to_upgrade():
+    body = {"schema": STATE_SCHEMA + 1, "states": {"alerts": {"firing": [], "renamed_later": 1}, "new_thing": {}}}
+    snapshot = snapshot_of({"roles": ["gateway"]}, body, taken_at=NOW, connected=True)
+    row = fleet_rows([NodeWatch(FleetNode("next", url="http://127.0.0.1:1", token="t"), snapshot=snapshot)], now=NOW)[0]
+    cells = dict(zip(COLUMNS, (cell.text for cell in row.cells), strict=True))
+    assert cells["state"] == "● up" and cells["alerts"] == "none ✔"
+    assert cells["note"].startswith(f"⚠ its state schema {STATE_SCHEMA + 1} is newer")
+    assert "upgrade engy-tui" in row.detail
+
+
 def fixed_app() -> FleetManager:
     fleet = FleetBridge([w.node for w in three_nodes()])
     fleet.watches = {w.node.name: w for w in three_nodes()}
