@@ -111,14 +111,17 @@ class Up:
         self.network = json.loads(self.network_path.read_text())
 
     def status(self) -> dict:
+        """`engy-node status --json`, whose exit code is its summary's: 0, or 3 while a role is not
+        doing its job yet (a miner qualifying, no weights set yet); never 2, since the node runs."""
         result = subprocess.run(
             [sys.executable, "-m", "engy_node", "--home", str(self.home), "status", "--json"],
             capture_output=True,
             text=True,
             timeout=60,
         )
-        assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout)
+        document = json.loads(result.stdout)
+        assert result.returncode == document["summary"]["exit_code"] != 2, result.stderr
+        return document
 
     def stop(self) -> int:
         children = psutil.Process(self.process.pid).children(recursive=True)
@@ -240,6 +243,13 @@ def test_up_runs_the_whole_network_until_weights_land_then_restarts_with_its_sta
         first.output.wait_for(INCENTIVE_LINE, timeout_s=120, what="a dev chain epoch paying both miners")
         status = first.status()
         assert status["schema"] == STATE_SCHEMA
+        # Weights on chain, both miners paid: every role of the network does its job.
+        summary = status["summary"]
+        assert summary["exit_code"] == 0, summary["roles"]
+        assert [verdict["role"] for verdict in summary["roles"]] == ["gateway", "miner", "validator", "verifier"]
+        assert [miner["name"] for miner in summary["miners"]] == ["miner-1", "miner-2"]
+        assert all(miner["incentive"] and miner["weighted_by"] == 1 for miner in summary["miners"])
+        assert summary["validator"]["last_epoch"] >= epoch_index and summary["serving"]["requests_ok"] > 0
         # Strict: every component and field the whole network published is one its type declares.
         states = decode_states(status["states"], strict=True)
         assert states.miner_names() == ["miner-1", "miner-2"] and states.verifier is not None
