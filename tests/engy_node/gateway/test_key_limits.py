@@ -368,6 +368,38 @@ async def test_a_key_update_takes_effect_from_the_next_request_on_by_every_worke
     assert store.balance(account).held == 0 and store.check_books() == []
 
 
+async def test_tokens_per_minute_are_given_back_by_a_failed_request_and_corrected_by_a_served_one(
+    nursery,
+    network,  # noqa: F811
+    http,  # noqa: F811
+):
+    """A hold counts prompt + max_tokens against the key's tokens per minute: 600 + the prompt
+    here, so two such holds never fit in 1,000. One refused by the miner gives its tokens back
+    (else the next would be 429), and one served keeps only what it used (else the third would)."""
+    scripts = iter([Script(refuse=("the request was at fault", 400)), Script(text="Short."), Script(text="Short.")])
+    await network.add_synthetic_miner(nursery, lambda frame: next(scripts), http)
+    _, key = limited_key(network, tpm=1000)
+
+    async def ask(index: int) -> httpx.Response:
+        return await http.post(
+            network.api + "/chat/completions",
+            json=chat(index, max_tokens=600),
+            headers={"authorization": f"Bearer {key}"},
+        )
+
+    failed = await ask(0)
+    assert failed.status_code == 400, failed.text
+    served = await ask(1)
+    assert served.status_code == 200, served.text
+    used = served.json()["usage"]["total_tokens"]
+    held = 1000 - int(served.headers["x-ratelimit-remaining-tokens"])  # this one's prompt + 600, nothing else
+    assert 600 < held < 1000 and used < held
+    third = await ask(2)
+    assert third.status_code == 200, third.text
+    # A new minute may have begun meanwhile, which only leaves more.
+    assert int(third.headers["x-ratelimit-remaining-tokens"]) >= 1000 - used - held
+
+
 async def test_a_stream_to_a_limited_key_carries_the_rate_limit_headers(
     nursery,
     network,  # noqa: F811

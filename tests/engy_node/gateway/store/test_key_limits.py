@@ -11,7 +11,7 @@ import pytest
 from engy_node.gateway.limits import DAY_S
 from engy_node.gateway.store import KeyRefused, KeyRevoked, Store, StoreError
 from engy_node.gateway.store.key_limits import expiry_from
-from tests.engy_node.gateway.store.support import FakeClock
+from tests.engy_node.gateway.store.support import FakeClock, entry
 
 START = 1_800_000_000.0 + 10
 """A moment 10 s into a UTC minute (and day)."""
@@ -120,6 +120,46 @@ def test_tokens_per_minute_count_the_worst_case_and_are_corrected_at_release(sto
     assert refused.value.refusal.limit == "tpm"
     store.release(first)  # nothing served: its tokens count nothing
     assert store.hold(account_id, amount=10, request_id="c", key_id=key_id, tokens=30) is not None
+
+
+CLOSURES = {
+    # How each way a request ends closes its hold, and the tokens it then counts per minute.
+    "served (settle_and_log)": (lambda store, hold: store.settle_and_log(hold, cost=5, entry=used_entry(hold)), 30),
+    "cut after output began (settle_and_log)": (
+        lambda store, hold: store.settle_and_log(hold, cost=2, entry=used_entry(hold, completion_tokens=4)),
+        24,
+    ),
+    "failed or cancelled (release)": (lambda store, hold: store.release(hold), 0),
+    "orphaned (release_holds)": (lambda store, hold: store.release_holds([hold.hold_id]), 0),
+    "open at start-up (recover_open_holds)": (lambda store, hold: store.recover_open_holds(), 0),
+    "settled without its usage (settle)": (lambda store, hold: store.settle(hold, cost=5), 80),
+}
+
+
+def used_entry(hold, completion_tokens: int = 10):
+    return entry(
+        request_id=hold.request_id,
+        account_id=hold.account_id,
+        prompt_tokens=20,
+        completion_tokens=completion_tokens,
+        created_at=START,
+    )
+
+
+@pytest.mark.parametrize("closure", CLOSURES)
+def test_every_closure_corrects_tokens_per_minute_to_what_its_request_used(store, clock, closure):
+    """A hold counts prompt + max_tokens (80 here); its closure leaves only what the request
+    used: the billed prompt and completion tokens, nothing for one that was not served, and the
+    worst case when the usage is unknown (a bare `settle`, which no request path calls)."""
+    close, used = CLOSURES[closure]
+    account_id, key_id = buyer(store)
+    store.set_key_limits(key_id, {"tpm": 100})
+    hold = store.hold(account_id, amount=10, request_id="a", key_id=key_id, tokens=80)
+    assert hold.rate.remaining_tokens == 20
+    close(store, hold)
+    after = store.hold(account_id, amount=10, request_id="b", key_id=key_id, tokens=1)
+    assert after.rate.remaining_tokens == 100 - used - 1
+    assert store.check_books() == []
 
 
 def test_a_refused_hold_holds_no_money(store):
