@@ -31,6 +31,7 @@ from typing import Any, Literal, TypeVar
 # The alert task's state is declared beside its rules, and re-exported like the verdict tallies.
 from engy_node.alerts.state import Alert as Alert
 from engy_node.alerts.state import AlertsState as AlertsState
+from engy_node.protocol import gates  # a miner's epoch and the gate findings, declared beside the gates
 
 # The verdict tallies are part of the schema (re-exported: the dashboards read them from here).
 from engy_node.verdict_counts import PROOFS as PROOFS
@@ -228,6 +229,8 @@ class MinerState:
     simulated_cheat: str | None = None
     """The cheat its model server is told to serve (`miner.simulate_cheat`, demos and tests
     only); None: honest."""
+    epoch: gates.MinerEpoch | None = None
+    """Its newest published epoch, gates explained, as its gateway tells it (`miner.epoch_watch`)."""
 
     @property
     def link_down(self) -> str | None:
@@ -536,6 +539,8 @@ class ValidatorState:
     dropped: tuple[str, ...] = ()
     """Hotkeys of the epoch's weights that have no uid on chain."""
     dropped_share: float = 0.0
+    gated: tuple[gates.GateFinding, ...] = ()
+    """Rows of the newest verified epoch a settlement gate zeroed: absent from `weights`, not dropped."""
     weights: tuple[WeightEntry, ...] = ()
     submissions: tuple[Submission, ...] = ()
 

@@ -39,6 +39,8 @@ from engy_node.errors import ConfigError
 from engy_node.gateway.api.app import Handlers, build_buyer_app, build_miner_app, hypercorn_config
 from engy_node.gateway.billing import orphans
 from engy_node.gateway.billing.deposit_watcher import run_deposit_watcher
+from engy_node.gateway.billing.epochs import EpochClock
+from engy_node.gateway.billing.miner_epoch import MinerEpochs
 from engy_node.gateway.fleet.leadership import Leadership
 from engy_node.gateway.fleet.workers import MinerListener, Seat, SharedSockets, miner_legs_cap, run_worker_process
 from engy_node.gateway.request.lifecycle import Gateway, GatewaySettings, longest_request_s
@@ -47,9 +49,10 @@ from engy_node.gateway.routing.pool import MinerPool, PoolSettings
 from engy_node.gateway.store import Store, StoreError
 from engy_node.gateway.trust.trust_plane import TrustPlane
 from engy_node.hub import Hub
-from engy_node.models import get_model
+from engy_node.models import CATALOG, get_model
 from engy_node.private_files import private_dir
 from engy_node.protocol.audit import LocalVerifier
+from engy_node.protocol.gates import GateTerms
 from engy_node.serve.checkpoint import resolve_checkpoint
 from engy_node.served_model import ServedModel, load_served_model
 
@@ -285,7 +288,12 @@ async def serve_gateway(
             await nursery.start(gateway.accountant.keep_proofs)
             if first:
                 trust.start_traffic_control(config, gateway=gateway, store=store, hub=hub)
-            miner_app = build_miner_app(pool, workers=fleet_legs(config))
+            miner_epochs = MinerEpochs(
+                store=store,
+                clock=EpochClock(settings.epoch_genesis, settings.epoch_s, settings.epoch_grace_s),
+                terms={model_id: GateTerms.of(spec) for model_id, spec in CATALOG.items()},
+            )
+            miner_app = build_miner_app(pool, workers=fleet_legs(config), epochs=miner_epochs)
             buyer_app = build_buyer_app(Handlers(gateway))
 
             async def start_servers(http: trio.Nursery) -> GatewayUrls:

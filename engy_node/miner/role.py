@@ -18,7 +18,8 @@ knows what the miner chose and why:
 4. GEMM audits: on when every model server says it commits its activations in the format
    the verifier reads (`ServeRotation.gemm_support`: the reference server does, sglang does
    not yet); then the hello announces `FEATURE_GEMM`. Otherwise the miner is as before.
-5. The gateway link, advertising the plan's concurrency.
+5. The gateway link, advertising the plan's concurrency, and for a miner with a hotkey a look at
+   its newest published epoch now and then (`epoch_watch`), so a gate that zeroed it shows here.
 
 A model that does not fit, a GPU model on a CPU-only machine, a missing sglang or checkpoint
 are errors that name the fix before anything is started.
@@ -57,6 +58,7 @@ from engy_node.hardware.model_shape import read_model_shape
 from engy_node.hardware.plan import Plan, plan
 from engy_node.hub import Hub
 from engy_node.miner.drain import stop_budget
+from engy_node.miner.epoch_watch import EpochWatch
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
 from engy_node.miner.serving import RequestHandler, RequestOutcome
 from engy_node.miner.sglang import LaunchSpec, ModelServerSupervisor, reference_launch, sglang_launch, shell_command
@@ -477,6 +479,15 @@ async def run_miner(
             else:
                 nursery.start_soon(_run_in, link_scope, link.run)
             link_scope.shield = True
+            if miner_identity.keypair is not None:
+                watch = EpochWatch(
+                    http=http,
+                    gateway_url=settings.gateway_url,
+                    hotkey=miner_identity.keypair.ss58_address,
+                    hub=hub,
+                    hub_component=hub_component,
+                )
+                nursery.start_soon(watch.run)
             task_status.started(f"serving {setup.spec.id} via {', '.join(serve_urls)} to {settings.gateway_url}")
             await trio.sleep_forever()
         finally:

@@ -30,6 +30,7 @@ from engy_node.asgi import Receive, Send
 from engy_node.gateway.api import anthropic_api, model_list, openai_api
 from engy_node.gateway.api.chat import GatewayError
 from engy_node.gateway.api.generations import BuyerRecords
+from engy_node.gateway.billing.miner_epoch import MinerEpochs
 from engy_node.gateway.fleet.workers import LISTEN_BACKLOG
 from engy_node.gateway.request.flight import new_request_id
 from engy_node.gateway.request.lifecycle import Gateway
@@ -247,13 +248,30 @@ def build_buyer_app(handlers: Handlers) -> BuyerApp:
     return BuyerApp(chat, Starlette(routes=routes, exception_handlers=ERROR_HANDLERS))
 
 
-def build_miner_app(pool: MinerPool, *, workers: int = 1) -> Starlette:
+def build_miner_app(pool: MinerPool, *, workers: int = 1, epochs: MinerEpochs | None = None) -> Starlette:
+    """The miner endpoint: `/gw/meta` (how many legs to open), the legs, and with `epochs` a
+    miner's newest published epoch (`GET /gw/epoch/latest?hotkey=`, `billing.miner_epoch`)."""
+
     async def meta(request: Request) -> Response:
         return JSONResponse({"workers": workers})
+
+    async def epoch(request: Request) -> Response:
+        hotkey = request.query_params.get("hotkey", "")
+        if not hotkey or len(hotkey) > 64 or not (hotkey.isascii() and hotkey.isalnum()):
+            return JSONResponse(
+                {"error": {"code": "invalid_request", "message": "name the miner's ss58 hotkey: ?hotkey=5…"}},
+                status_code=400,
+            )
+        answer = None if epochs is None else await epochs.answer(hotkey)
+        if answer is None:
+            why = "this gateway publishes no epochs" if epochs is None else "no epoch has been published yet"
+            return JSONResponse({"error": {"code": "no_epoch", "message": why}}, status_code=404)
+        return JSONResponse(answer)
 
     return Starlette(
         routes=[
             Route("/gw/meta", meta, methods=["GET"]),
+            Route("/gw/epoch/latest", epoch, methods=["GET"]),
             WebSocketRoute("/gw", pool.endpoint),
             WebSocketRoute("/gw/{worker:int}", pool.endpoint),
         ],

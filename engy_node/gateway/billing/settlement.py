@@ -54,17 +54,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Literal, Protocol, TypedDict
+from typing import Protocol, TypedDict
 
 from engy_node.percentile import nearest_rank
+from engy_node.protocol.gates import ACCEPTANCE_PERCENT, CHEAT_PERCENT, GateReason
 
 WEIGHT_TOTAL = 65535
 """Weights are u16 on chain; one epoch's weights always sum to exactly this."""
 
 TOKENS_PER_SCORE_UNIT = 1000
 """`score_rate` is score per this many tokens."""
-
-GateReason = Literal["acceptance", "ttft_p99", "tpot_p99", "cheat"]
 
 HUNG_UP = 499
 """The buyer closed the connection: no verdict on the miner, so not an acceptance attempt."""
@@ -269,13 +268,13 @@ def _row(
     rendered = verdicts.passed + verdicts.cheat
 
     gate_reason: GateReason | None = None
-    if attempts >= minimums.acceptance_attempts and ok * 100 < 99 * attempts:
+    if attempts >= minimums.acceptance_attempts and ok * 100 < ACCEPTANCE_PERCENT * attempts:
         gate_reason = "acceptance"
     elif _latency_fails(ttft, ttft_p99, terms.qual_ttft_p99_ms, minimums.latency_samples):
         gate_reason = "ttft_p99"
     elif _latency_fails(tpot, tpot_p99, terms.qual_tpot_p99_ms, minimums.latency_samples):
         gate_reason = "tpot_p99"
-    elif rendered >= minimums.cheat_verdicts and verdicts.cheat * 100 > rendered:
+    elif rendered >= minimums.cheat_verdicts and verdicts.cheat * 100 > CHEAT_PERCENT * rendered:
         gate_reason = "cheat"
 
     return RowAggregate(

@@ -26,6 +26,7 @@ from engy_node.gateway.billing.settlement import (
 )
 from engy_node.models import CATALOG
 from engy_node.percentile import nearest_rank
+from engy_node.protocol import gates
 
 OWNER = "owner-hotkey"
 
@@ -404,10 +405,12 @@ def imports_of(module) -> set[str]:
 
 
 def test_settlement_imports_only_the_standard_library():
-    # And the one percentile definition, which is itself standard library only.
+    # And the one percentile definition and the gates' names and bars, themselves standard library only.
     standard = set(sys.stdlib_module_names) | {"__future__"}
-    assert {name.split(".")[0] for name in imports_of(settlement) - {"engy_node.percentile"}} <= standard
+    ours = {"engy_node.percentile", "engy_node.protocol.gates"}
+    assert {name.split(".")[0] for name in imports_of(settlement) - ours} <= standard
     assert {name.split(".")[0] for name in imports_of(percentile)} <= standard
+    assert {name.split(".")[0] for name in imports_of(gates)} <= standard
 
 
 # -- properties ------------------------------------------------------------------------------

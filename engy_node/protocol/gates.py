@@ -1,0 +1,332 @@
+"""Why a miner's epoch was zeroed: the settlement gates explained from a published row.
+
+A gated row earns nothing for the whole epoch (docs/trust.md, "Settlement"), and until now the
+only trace was the gateway's `gated …: ttft_p99` log line: the miner saw its incentive fall to 0
+with no reason. Every number needed to explain it is public: the published `result_json` rows
+carry the measurement (a p99, the 2xx count, the verdict counts) and the `gate_reason`, and the
+model's ceiling is the catalog's. This module turns one row into what an operator reads —
+which gate, the measured value against its bar, over how many samples, and what to change —
+for the three readers that show it: the miner (from its gateway's `GET /gw/epoch/latest`), the
+validator (from the payload it verified) and the alert rules.
+
+It also defines the miner's view of its newest epoch (`MinerEpoch`), the wire answer of that
+route (`epoch_answer`) and its reading (`miner_epoch`), so the gateway and the miner agree on one
+shape without importing each other.
+
+Pure and standard library only, like the settlement: plain data in and out, no IO, no clock
+(callers pass `now`). The settlement
+(`engy_node.gateway.billing.settlement`) takes its gate names and percentages from here, so an
+explanation cannot disagree with the gate that fired. Rows are read liberally: a field missing
+or of the wrong type is unknown (None), never an exception, because the row came over a network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+GateReason = Literal["acceptance", "ttft_p99", "tpot_p99", "cheat"]
+GATES: tuple[GateReason, ...] = ("acceptance", "ttft_p99", "tpot_p99", "cheat")
+"""In the order settlement checks them; the first that fails is the row's `gate_reason`."""
+ACCEPTANCE_PERCENT = 99
+"""The acceptance gate fails a row whose 2xx answers are below this share of its attempts."""
+CHEAT_PERCENT = 1
+"""The cheat gate fails a miner whose `cheat` verdicts are above this share of its rendered ones."""
+
+FIXES: Mapping[str, str] = {
+    "acceptance": (
+        "find why requests failed (the 502/504 counts above; the model server's log and restarts): "
+        "keep the model server up and lower max_inflight if it times out under load"
+    ),
+    "ttft_p99": (
+        "first tokens came too slowly: lower max_inflight (MAX_INFLIGHT), keep the model server "
+        "warm (a restart's cold start counts) or serve on a faster GPU"
+    ),
+    "tpot_p99": "tokens streamed too slowly: lower max_inflight (MAX_INFLIGHT) or serve on a faster GPU",
+    "cheat": (
+        "audits judged answers as cheats: serve the catalog's checkpoint unmodified on a supported "
+        "server, and read the verdict reasons in the Proofs block"
+    ),
+}
+"""What to change, per gate: what the operator controls that moves the measurement."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GateTerms:
+    """A model's latency ceilings (the catalog's `qual_ttft_p99_ms` / `qual_tpot_p99_ms`)."""
+
+    qual_ttft_p99_ms: int | None = None
+    qual_tpot_p99_ms: int | None = None
+
+    @classmethod
+    def of(cls, spec: Any) -> GateTerms:
+        """The ceilings of a catalog `ModelSpec` (or anything with its two attributes)."""
+        return cls(spec.qual_ttft_p99_ms, spec.qual_tpot_p99_ms)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GateFinding:
+    """One gated (miner, model) row, explained."""
+
+    epoch: int | None = None
+    """The epoch the row is from."""
+    hotkey: str = ""
+    model: str = ""
+    gate: str = ""
+    """A `GateReason`; kept a str so a newer gateway's new gate still shows."""
+    measured: float | None = None
+    """The row's value for the gate: a p99 in ms, or a percentage; None when not published."""
+    limit: float | None = None
+    """The bar it failed: the model's ceiling in ms, or the percentage; None when unknown."""
+    unit: str = ""
+    """`ms` or `%`."""
+    samples: int | None = None
+    """What the measurement is over (attempts, counted requests or rendered verdicts)."""
+    text: str = ""
+    """One sentence: the measurement against the bar."""
+    fix: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MinerEpoch:
+    """A miner's newest published epoch, as its gateway answers `GET /gw/epoch/latest?hotkey=`."""
+
+    index: int | None = None
+    start: int | None = None
+    end: int | None = None
+    weight: int | None = None
+    """This hotkey's u16 weight in the epoch (0 when it has none)."""
+    rows: int = 0
+    """Its (miner, model) rows: 0 means no paid traffic that epoch."""
+    score: int = 0
+    gated: tuple[GateFinding, ...] = ()
+    next_index: int | None = None
+    """The epoch whose result replaces this one."""
+    next_end: int | None = None
+    """When that epoch's traffic window ends (unix seconds)."""
+    next_closes_at: int | None = None
+    """When the gateway closes and publishes it (its end plus the grace for late verdicts)."""
+    error: str | None = None
+    """Why the last look failed (the gateway unreachable, no epoch published yet); None after one
+    that succeeded."""
+    checked_at: float | None = None
+
+
+BLOCK_S = 12
+"""A subtensor block, for counting the blocks until an epoch ends."""
+
+
+def utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+def duration(seconds: float) -> str:
+    """`45 s`, `12 min`, `3 h 05 min`, `2 d 4 h`."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
+def restore_text(epoch: MinerEpoch, *, now: float | None = None) -> str | None:
+    """When a gated epoch's zero can be replaced: the next epoch's end (with `now`, how far off, in
+    time and blocks) and when its result is published; None when the gateway did not say."""
+    if epoch.next_index is None or epoch.next_end is None:
+        return None
+    verb = "ended" if now is not None and epoch.next_end <= now else "ends"
+    text = f"epoch {epoch.next_index} {verb} {utc(epoch.next_end)}"
+    if now is not None and epoch.next_end > now:
+        left = epoch.next_end - now
+        text += f" (in {duration(left)}, ~{math.ceil(left / BLOCK_S):,} blocks)"
+    if epoch.next_closes_at is not None:
+        text += f", its result published at {utc(epoch.next_closes_at)}"
+    return text
+
+
+def measure_text(finding: GateFinding) -> str:
+    """The measurement against its bar, short: `14,250 ms > 10,000 ms`, `95.0 % < 99 %`."""
+    if finding.measured is None:
+        return "not published"
+    if finding.unit == "ms":
+        bar = "" if finding.limit is None else f" > {finding.limit:,.0f} ms"
+        return f"{finding.measured:,.0f} ms{bar}"
+    if finding.unit == "%":
+        sign = "<" if finding.gate == "acceptance" else ">"
+        bar = "" if finding.limit is None else f" {sign} {finding.limit:g} %"
+        return f"{finding.measured:.1f} %{bar}"
+    return f"{finding.measured:g}"
+
+
+def finding_text(finding: GateFinding) -> str:
+    """`ttft_p99 on smollm2-135m: TTFT p99 45,000 ms over 120 requests (ceiling 30,000 ms)`."""
+    return f"{finding.gate} on {finding.model or '?'}: {finding.text}"
+
+
+def _int(row: Mapping[str, Any], key: str) -> int | None:
+    value = row.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _str(row: Mapping[str, Any], key: str) -> str:
+    value = row.get(key)
+    return value if isinstance(value, str) else ""
+
+
+def _percent(part: int, whole: int) -> float:
+    return part * 100 / whole
+
+
+def explain(row: Mapping[str, Any], terms: GateTerms | None = None, *, epoch: int | None = None) -> GateFinding | None:
+    """The finding for a published settlement row (`RowAggregate.to_json()`) of `epoch`, or None
+    when no gate failed. `terms`: the model's ceilings, for the latency gates' bar (None: unknown)."""
+    gate = row.get("gate_reason")
+    if not isinstance(gate, str) or not gate:
+        return None
+    model, hotkey = _str(row, "model"), _str(row, "hotkey")
+    terms = terms or GateTerms()
+    if gate == "acceptance":
+        requests, ok = _int(row, "requests"), _int(row, "ok_2xx")
+        excluded = (_int(row, "status_499") or 0) + (_int(row, "buyer_faults") or 0)
+        attempts = None if requests is None else requests - excluded
+        if attempts is None or ok is None or attempts <= 0:
+            return _finding(
+                epoch, hotkey, model, gate, None, ACCEPTANCE_PERCENT, "%", attempts, "2xx share not published"
+            )
+        share = _percent(ok, attempts)
+        failures = ", ".join(
+            f"{count} × {label}"
+            for label, count in (
+                ("502", _int(row, "status_502")),
+                ("504", _int(row, "status_504")),
+                ("other", _int(row, "other_failures")),
+            )
+            if count
+        )
+        text = f"answered {ok:,} of {attempts:,} attempts ({share:.1f} %; minimum {ACCEPTANCE_PERCENT} %)" + (
+            f": {failures}" if failures else ""
+        )
+        return _finding(epoch, hotkey, model, gate, share, ACCEPTANCE_PERCENT, "%", attempts, text)
+    if gate in ("ttft_p99", "tpot_p99"):
+        label = "TTFT" if gate == "ttft_p99" else "TPOT"
+        p99 = _int(row, f"{gate}_ms")
+        ceiling = terms.qual_ttft_p99_ms if gate == "ttft_p99" else terms.qual_tpot_p99_ms
+        counted = _int(row, "counted")
+        bar = f"ceiling {ceiling:,} ms" if ceiling is not None else "ceiling unknown to this node"
+        measured = f"{p99:,} ms" if p99 is not None else "not published"
+        over = f" over {counted:,} requests" if counted is not None else ""
+        text = f"{label} p99 {measured}{over} ({bar})"
+        return _finding(epoch, hotkey, model, gate, p99, ceiling, "ms", counted, text)
+    if gate == "cheat":
+        passed, cheat = _int(row, "verdict_pass"), _int(row, "verdict_cheat")
+        if passed is None or cheat is None or passed + cheat == 0:
+            return _finding(epoch, hotkey, model, gate, None, CHEAT_PERCENT, "%", None, "verdict counts not published")
+        rendered = passed + cheat
+        share = _percent(cheat, rendered)
+        text = f"{cheat:,} cheat verdicts of {rendered:,} rendered ({share:.1f} %; maximum {CHEAT_PERCENT} %)"
+        return _finding(epoch, hotkey, model, gate, share, CHEAT_PERCENT, "%", rendered, text)
+    return _finding(epoch, hotkey, model, gate, None, None, "", None, f"gate {gate} (unknown to this node's version)")
+
+
+def _finding(
+    epoch: int | None,
+    hotkey: str,
+    model: str,
+    gate: str,
+    measured: float | None,
+    limit: float | None,
+    unit: str,
+    samples: int | None,
+    text: str,
+) -> GateFinding:
+    return GateFinding(
+        epoch=epoch,
+        hotkey=hotkey,
+        model=model,
+        gate=gate,
+        measured=None if measured is None else float(measured),
+        limit=None if limit is None else float(limit),
+        unit=unit,
+        samples=samples,
+        text=text,
+        fix=FIXES.get(gate, "upgrade engy-node to read this gate"),
+    )
+
+
+def explain_rows(
+    rows: Sequence[Any], terms: Mapping[str, GateTerms], *, epoch: int | None = None
+) -> tuple[GateFinding, ...]:
+    """Every gated row of `rows` (of `epoch`) explained, in their order; rows that are not objects
+    are skipped."""
+    found = []
+    for row in rows:
+        if isinstance(row, Mapping):
+            model = row.get("model")
+            finding = explain(row, terms.get(model) if isinstance(model, str) else None, epoch=epoch)
+            if finding is not None:
+                found.append(finding)
+    return tuple(found)
+
+
+def epoch_answer(
+    result: Mapping[str, Any],
+    *,
+    hotkey: str,
+    terms: Mapping[str, GateTerms],
+    epoch_s: int,
+    grace_s: int,
+) -> dict[str, Any]:
+    """The gateway's answer to `GET /gw/epoch/latest?hotkey=`: `hotkey`'s rows and weight from the
+    published `result` (the parsed `result_json`), the ceilings of those rows' models, and when
+    the next epoch ends and closes (its window follows this one's `end`)."""
+    rows = [row for row in result.get("rows") or () if isinstance(row, Mapping) and row.get("hotkey") == hotkey]
+    weights = {pair[0]: pair[1] for pair in result.get("weights") or () if isinstance(pair, list) and len(pair) == 2}
+    end = _int(result, "end")
+    index = _int(result, "epoch_index")
+    models = {_str(row, "model") for row in rows}
+    return {
+        "v": 1,
+        "epoch_index": index,
+        "start": _int(result, "start"),
+        "end": end,
+        "hotkey": hotkey,
+        "weight": weights.get(hotkey, 0),
+        "rows": rows,
+        "terms": {model: dataclasses.asdict(terms[model]) for model in sorted(models & set(terms))},
+        "next_index": None if index is None else index + 1,
+        "next_end": None if end is None else end + epoch_s,
+        "next_closes_at": None if end is None else end + epoch_s + grace_s,
+    }
+
+
+def miner_epoch(answer: Mapping[str, Any], *, now: float) -> MinerEpoch:
+    """`epoch_answer`'s JSON read back (liberally) as the miner's view of its epoch at `now`."""
+    raw_terms = answer.get("terms")
+    if not isinstance(raw_terms, Mapping):
+        raw_terms = {}
+    terms = {
+        str(model): GateTerms(_int(value, "qual_ttft_p99_ms"), _int(value, "qual_tpot_p99_ms"))
+        for model, value in raw_terms.items()
+        if isinstance(value, Mapping)
+    }
+    rows = [row for row in answer.get("rows") or () if isinstance(row, Mapping)]
+    index = _int(answer, "epoch_index")
+    return MinerEpoch(
+        index=index,
+        start=_int(answer, "start"),
+        end=_int(answer, "end"),
+        weight=_int(answer, "weight"),
+        rows=len(rows),
+        score=sum(_int(row, "score") or 0 for row in rows),
+        gated=explain_rows(rows, terms, epoch=index),
+        next_index=_int(answer, "next_index"),
+        next_end=_int(answer, "next_end"),
+        next_closes_at=_int(answer, "next_closes_at"),
+        checked_at=now,
+    )

@@ -1,0 +1,210 @@
+"""The gate explanations: every gate explained from the rows the real settlement publishes, the
+explanation agreeing with the gate on every epoch hypothesis draws, liberal reading of rows
+from the network, and a miner's epoch answer built and read back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engy_node.gateway.billing.settlement import GateMinimums, settle_epoch
+from engy_node.protocol.gates import (
+    ACCEPTANCE_PERCENT,
+    CHEAT_PERCENT,
+    FIXES,
+    GATES,
+    GateFinding,
+    GateTerms,
+    MinerEpoch,
+    duration,
+    epoch_answer,
+    explain,
+    explain_rows,
+    finding_text,
+    miner_epoch,
+    restore_text,
+)
+from tests.engy_node.gateway.test_settlement import (
+    MODELS,
+    OWNER,
+    Terms,
+    epochs,
+    honest,
+    request,
+    settle,
+    settle_drawn,
+)
+from tests.engy_node.gateway.test_settlement import VerdictCounts as Verdicts
+
+TERMS = {name: GateTerms.of(terms) for name, terms in MODELS.items()}
+
+
+def gated_row(records, verdicts=None) -> dict:
+    (row,) = settle(records, verdicts=verdicts).rows
+    assert row.gate_reason is not None
+    return row.to_json()
+
+
+def test_an_honest_row_has_nothing_to_explain():
+    (row,) = settle(honest(), verdicts={"hk-a": Verdicts(passed=100)}).rows
+    assert explain(row.to_json(), TERMS["m"]) is None
+
+
+def test_acceptance_says_the_share_of_attempts_against_99_percent_and_the_failures():
+    records = honest(95) + [request(status=502)] * 3 + [request(status=504)] * 2 + [request(status=499)] * 7
+    finding = explain(gated_row(records), TERMS["m"])
+    assert finding == GateFinding(
+        hotkey="hk-a",
+        model="m",
+        gate="acceptance",
+        measured=95.0,
+        limit=99.0,
+        unit="%",
+        samples=100,
+        text="answered 95 of 100 attempts (95.0 %; minimum 99 %): 3 × 502, 2 × 504",
+        fix=FIXES["acceptance"],
+    )
+
+
+def test_a_slow_ttft_p99_is_measured_against_the_models_ceiling():
+    records = honest(98) + [request(ttft=4500)] * 2
+    finding = explain(gated_row(records), TERMS["m"])
+    assert (finding.gate, finding.measured, finding.limit, finding.unit, finding.samples) == (
+        "ttft_p99",
+        4500.0,
+        1000.0,
+        "ms",
+        100,
+    )
+    assert finding.text == "TTFT p99 4,500 ms over 100 requests (ceiling 1,000 ms)"
+    assert "max_inflight" in finding.fix and "cold start" in finding.fix
+    assert finding_text(finding) == "ttft_p99 on m: " + finding.text
+
+
+def test_a_slow_tpot_p99_is_measured_against_the_models_ceiling():
+    finding = explain(gated_row(honest(98) + [request(tpot=250)] * 2), TERMS["m"])
+    assert (finding.gate, finding.measured, finding.limit) == ("tpot_p99", 250.0, 100.0)
+    assert finding.text == "TPOT p99 250 ms over 100 requests (ceiling 100 ms)"
+
+
+def test_a_latency_ceiling_unknown_to_this_node_is_said_so():
+    finding = explain(gated_row(honest(98) + [request(ttft=4500)] * 2), None)
+    assert finding.limit is None and finding.text.endswith("(ceiling unknown to this node)")
+
+
+def test_cheat_says_the_share_of_rendered_verdicts_against_1_percent():
+    finding = explain(gated_row(honest(), verdicts={"hk-a": Verdicts(passed=97, cheat=3, unproven=9)}))
+    assert (finding.gate, finding.measured, finding.limit, finding.samples) == ("cheat", 3.0, 1.0, 100)
+    assert finding.text == "3 cheat verdicts of 100 rendered (3.0 %; maximum 1 %)"
+
+
+def test_every_gate_has_a_fix_and_an_unknown_gate_asks_for_an_upgrade():
+    assert set(FIXES) == set(GATES)
+    finding = explain({"model": "m", "gate_reason": "energy"})
+    assert finding.gate == "energy" and "upgrade" in finding.fix and finding.measured is None
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"gate_reason": "acceptance"},
+        {"gate_reason": "acceptance", "requests": 5, "ok_2xx": 0, "status_499": 5},
+        {"gate_reason": "ttft_p99", "ttft_p99_ms": "slow", "counted": -1},
+        {"gate_reason": "tpot_p99", "tpot_p99_ms": True},
+        {"gate_reason": "cheat", "verdict_pass": 0, "verdict_cheat": 0},
+        {"gate_reason": "cheat", "verdict_pass": None},
+    ],
+)
+def test_a_row_missing_its_numbers_is_explained_as_far_as_it_goes(row):
+    finding = explain({"model": 7, **row})
+    assert finding is not None and finding.measured is None and finding.model == "" and finding.fix
+
+
+@given(st.dictionaries(st.text(max_size=12), st.none() | st.booleans() | st.integers() | st.text(max_size=8)))
+def test_any_row_is_read_without_raising(row):
+    explain(row)
+    explain({**row, "gate_reason": "acceptance"})
+
+
+@given(epochs)
+def test_the_explanation_agrees_with_the_gate_on_every_drawn_epoch(epoch):
+    records, verdicts, uids, minimums, models = epoch
+    terms = {name: GateTerms.of(spec) for name, spec in models.items()}
+    rows = [row.to_json() for row in settle_drawn(records, verdicts, uids, minimums, models).rows]
+    findings = explain_rows(rows, terms)
+    assert [f.model for f in findings] == [row["model"] for row in rows if row["gate_reason"]]
+    for finding in findings:
+        assert finding.gate in GATES and finding.measured is not None and finding.limit is not None
+        if finding.gate == "acceptance":
+            assert finding.measured < ACCEPTANCE_PERCENT
+        elif finding.gate == "cheat":
+            assert finding.measured > CHEAT_PERCENT
+        else:
+            assert finding.measured > finding.limit
+
+
+def test_a_miners_answer_carries_its_own_rows_its_weight_and_when_the_next_epoch_ends():
+    records = [*honest(98), *[request(ttft=4500)] * 2, *[request("hk-b", "x")] * 5]
+    outcome = settle_epoch(
+        records=records,
+        verdicts={},
+        models=MODELS,
+        owner_hotkey=OWNER,
+        uids={},
+        minimums=GateMinimums(10, 10, 10),
+    )
+    result = {"epoch_index": 7, "start": 6000, "end": 7000, **outcome.to_json()}
+    answer = json.loads(json.dumps(epoch_answer(result, hotkey="hk-a", terms=TERMS, epoch_s=1000, grace_s=30)))
+    assert [row["hotkey"] for row in answer["rows"]] == ["hk-a"]
+    assert answer["terms"] == {"m": {"qual_ttft_p99_ms": 1000, "qual_tpot_p99_ms": 100}}
+    epoch = miner_epoch(answer, now=7100.0)
+    assert epoch == MinerEpoch(
+        index=7,
+        start=6000,
+        end=7000,
+        weight=0,
+        rows=1,
+        score=0,
+        gated=(explain(answer["rows"][0], TERMS["m"], epoch=7),),
+        next_index=8,
+        next_end=8000,
+        next_closes_at=8030,
+        checked_at=7100.0,
+    )
+    assert (epoch.gated[0].epoch, epoch.gated[0].hotkey, epoch.gated[0].gate) == (7, "hk-a", "ttft_p99")
+    other = miner_epoch(epoch_answer(result, hotkey="hk-b", terms=TERMS, epoch_s=1000, grace_s=30), now=7100.0)
+    assert (other.weight, other.rows, other.gated) == (65535, 1, ())
+    nobody = miner_epoch(epoch_answer(result, hotkey="hk-z", terms=TERMS, epoch_s=1000, grace_s=30), now=7100.0)
+    assert (nobody.weight, nobody.rows, nobody.score) == (0, 0, 0)
+
+
+@given(st.dictionaries(st.text(max_size=12), st.none() | st.integers() | st.text(max_size=8) | st.lists(st.none())))
+def test_any_answer_is_read_without_raising(answer):
+    miner_epoch(answer, now=0.0)
+
+
+def test_the_next_chance_is_told_in_time_blocks_and_publication():
+    epoch = MinerEpoch(index=7, next_index=8, next_end=1_800_000_000, next_closes_at=1_800_000_900)
+    assert restore_text(epoch) == (
+        "epoch 8 ends 2027-01-15 08:00:00 UTC, its result published at 2027-01-15 08:15:00 UTC"
+    )
+    assert restore_text(epoch, now=1_800_000_000 - 3600).startswith(
+        "epoch 8 ends 2027-01-15 08:00:00 UTC (in 1 h 00 min, ~300 blocks), its result"
+    )
+    assert restore_text(epoch, now=1_800_000_100).startswith("epoch 8 ended 2027-01-15 08:00:00 UTC, its result")
+    assert restore_text(MinerEpoch(index=7)) is None
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(-5, "0 s"), (59, "59 s"), (60, "1 min"), (3599, "59 min"), (3600, "1 h 00 min"), (90061, "1 d 1 h")],
+)
+def test_durations_read_at_a_glance(seconds, text):
+    assert duration(seconds) == text
+
+
+def test_terms_come_from_a_catalog_spec():
+    assert GateTerms.of(Terms(qual_ttft_p99_ms=5, qual_tpot_p99_ms=6)) == GateTerms(5, 6)
