@@ -9,8 +9,11 @@ The rules read only what the node already publishes (`engy_node.snapshots`):
 
 * `miner_pulled` / `breaker_open` — a (miner, model) the gateway's traffic policy holds `pulled`;
   `breaker_open` when the pull was the circuit breaker's (its last change carries a breaker code),
-  `miner_pulled` for a cheat verdict or a lost qualification round. The settlement's epoch gates
-  (a miner whose TTFT p99 zeroed its epoch) are not in the hub's states, so no rule sees them.
+  `miner_pulled` for a cheat verdict or a lost qualification round.
+* `miner_gated` — a miner whose newest published epoch has a row a settlement gate zeroed (its
+  TTFT p99 over the model's ceiling, say), as its gateway told it (`MinerState.epoch`): the gate,
+  the measurement against its bar, the fix, and when the next epoch can restore it. It recovers
+  when a newer epoch has no gated row.
 * `miner_link` — a miner with no leg up that the gateway denied, or whose dial fails.
 * `weights_stale` — a validator whose weights last landed `weights_stale_blocks` or more ago (or
   whose uid's last update is that old, when this process has not landed any yet; with the chain
@@ -36,11 +39,14 @@ from typing import Literal
 
 from engy_node.alerts.state import Alert, AlertLevel
 from engy_node.money import format_usd
+from engy_node.protocol.epoch import WEIGHT_MAX
+from engy_node.protocol.gates import finding_text, restore_text
 from engy_node.snapshots import GpusState, NodeStates, TrafficPolicyState, ValidatorState
 
 RULES = (
     "miner_pulled",
     "breaker_open",
+    "miner_gated",
     "miner_link",
     "weights_stale",
     "gpu",
@@ -150,6 +156,7 @@ def conditions(
     found: list[Condition] = []
     if states.traffic is not None:
         found += _pulled(states.traffic)
+    found += _gated(states)
     for name, link in sorted(states.miners.items()):
         why = link.link_down
         if why:
@@ -197,6 +204,23 @@ def _pulled(traffic: TrafficPolicyState) -> list[Condition]:
         found.append(
             Condition(rule, "error", subject, f"{subject}: {what}: {worker.reason or code or 'no reason given'}")
         )
+    return found
+
+
+def _gated(states: NodeStates) -> list[Condition]:
+    """One condition per miner (so a next gated epoch updates it rather than firing anew)."""
+    found = []
+    for name, miner in sorted(states.miners.items()):
+        epoch = miner.epoch
+        if epoch is None or not epoch.gated:
+            continue
+        gates = "; ".join(f"{finding_text(finding)} — fix: {finding.fix}" for finding in epoch.gated)
+        restore = restore_text(epoch)
+        weight = "n/a" if epoch.weight is None else f"{epoch.weight:,}"
+        text = f"{name} gated in epoch {epoch.index} (weight {weight} of {WEIGHT_MAX:,}): {gates}" + (
+            f"; next chance: {restore}" if restore else ""
+        )
+        found.append(Condition("miner_gated", "error", name, text))
     return found
 
 

@@ -19,7 +19,7 @@ class Alert:
     """Stable identity, `<rule>:<subject>`: the same key on consecutive checks is the same alert
     (notified once), a key that disappears has recovered."""
     rule: str = ""
-    """`miner_pulled`, `breaker_open`, `miner_link`, `weights_stale`, `gpu`, `server_restarts`,
+    """`miner_pulled`, `breaker_open`, `miner_gated`, `miner_link`, `weights_stale`, `gpu`, `server_restarts`,
     `server_down`, `balance_low` (docs/operations.md lists what each watches)."""
     level: AlertLevel = "warning"
     subject: str = ""

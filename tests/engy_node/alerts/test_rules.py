@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from engy_node.alerts.rules import RULES, Book, Condition, Limits, conditions, evaluate, step
 from engy_node.diagnose import is_secret_field
+from engy_node.protocol.gates import FIXES, GateTerms, MinerEpoch, explain
 from engy_node.snapshots import (
     BuyerAccount,
     BuyersState,
@@ -186,3 +187,40 @@ def test_a_firing_alert_takes_new_text_without_a_new_notification(texts) -> None
 def test_a_duplicate_key_counts_once() -> None:
     firing, notes = step({}, [condition("a", "one"), condition("a", "two")], now=1.0)
     assert len(notes) == 1 and firing["rule:a"].text == "one"
+
+
+def gated_epoch(index: int) -> MinerEpoch:
+    finding = explain(
+        {"model": "smollm2-135m", "gate_reason": "ttft_p99", "ttft_p99_ms": 45_000, "counted": 120},
+        GateTerms(qual_ttft_p99_ms=30_000),
+    )
+    assert finding is not None
+    end = 1_800_000_000 + index * 60
+    return MinerEpoch(index=index, weight=0, rows=1, gated=(finding,), next_index=index + 1, next_end=end + 60)
+
+
+def test_a_gated_miner_fires_with_the_gate_the_measure_the_fix_and_the_next_chance_and_then_recovers() -> None:
+    key = "miner_gated:miner-1"
+    book, notes = evaluate(Book(), NodeStates(miners={"miner-1": MinerState(epoch=gated_epoch(12))}), LIMITS, 100.0)
+    assert [(n.kind, n.alert.key, n.alert.level) for n in notes] == [("firing", key, "error")]
+    assert notes[0].alert.text == (
+        "miner-1 gated in epoch 12 (weight 0 of 65,535): ttft_p99 on smollm2-135m: TTFT p99 45,000 ms over 120 "
+        "requests (ceiling 30,000 ms) — fix: "
+        + FIXES["ttft_p99"]
+        + "; next chance: epoch 13 ends 2027-01-15 08:13:00 UTC"
+    )
+    # The next epoch gated too: the same alert, its text moved on, nobody notified again.
+    book, notes = evaluate(book, NodeStates(miners={"miner-1": MinerState(epoch=gated_epoch(13))}), LIMITS, 160.0)
+    assert notes == () and "in epoch 13" in book.firing[key].text and "epoch 14 ends" in book.firing[key].text
+    # A look that failed keeps the last answer (the epoch watch's posture): still firing, still quiet.
+    failed = dataclasses.replace(gated_epoch(13), error="gateway unreachable")
+    book, notes = evaluate(book, NodeStates(miners={"miner-1": MinerState(epoch=failed)}), LIMITS, 170.0)
+    assert notes == () and key in book.firing
+    passed = MinerEpoch(index=14, weight=65535, rows=1, next_index=15, next_end=1_800_001_000)
+    book, notes = evaluate(book, NodeStates(miners={"miner-1": MinerState(epoch=passed)}), LIMITS, 220.0)
+    assert [(n.kind, n.alert.key) for n in notes] == [("resolved", key)] and book.firing == {}
+
+
+def test_a_miner_with_no_epoch_yet_or_an_ungated_one_fires_nothing() -> None:
+    quiet = {"a": MinerState(epoch=None), "b": MinerState(epoch=MinerEpoch(error="no epoch has been published yet"))}
+    assert rules_of(NodeStates(miners=quiet)) == {}
