@@ -11,7 +11,8 @@ traffic, and this node's own miners: each one's plan,
 its model server (and why it stopped), its link to the gateway (legs, in flight, and the dial
 error or the gateway's deny reason, quoted, with the fix), and the `weights_root` of the
 checkpoint it hands its model server with whether it is the one the catalog pins (and, loudly,
-a cheat it was told to simulate).
+a cheat it was told to simulate), and its newest published epoch: its weight, or the settlement
+gate that zeroed it, by how much, the fix and when the next epoch ends.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from engy_node.protocol.epoch import WEIGHT_MAX
+from engy_node.protocol.gates import MinerEpoch, finding_text, restore_text
 from engy_node.snapshots import (
     AlertsState,
     ChainState,
@@ -68,7 +71,7 @@ def status_text(node: NodeInfo, states: NodeStates, *, now: float | None = None)
     if states.traffic is not None:
         lines += _miners(states.traffic, states.gateway.legs if states.gateway is not None else (), names, now)
     if states.miners:
-        lines += _serving(states)
+        lines += _serving(states, now)
     if states.verifier is not None:
         verifier = states.verifier
         verdicts = verifier.verdicts
@@ -228,8 +231,8 @@ LINK_DOWN_FIX = "check the gateway URL (GW, miner.gateway_url) and this machine'
 LINK_DENIED_FIX = "change what the reason names (the miner key, or the hotkey and its registration)"
 
 
-def _serving(states: NodeStates) -> list[str]:
-    """This node's own miners, each with its plan, model server, link and weights."""
+def _serving(states: NodeStates, now: float) -> list[str]:
+    """This node's own miners, each with its plan, model server, link, weights and newest epoch."""
     lines = ["", "serving    this node's miners"]
     for name in states.miner_names():
         miner = states.miners.get(name) or MinerState()
@@ -247,6 +250,27 @@ def _serving(states: NodeStates) -> list[str]:
                 f"    ⚠ SIMULATED CHEAT  serves weights altered by {miner.simulated_cheat} while claiming this root "
                 "(miner.simulate_cheat: demos and tests only)"
             )
+        lines += _epoch(miner.epoch, now)
+    return lines
+
+
+def _epoch(epoch: MinerEpoch | None, now: float) -> list[str]:
+    """The miner's newest published epoch as its gateway told it: its weight, or each gate that
+    zeroed a row with the measurement against its bar and the fix, and the next chance."""
+    if epoch is None:
+        return []
+    if epoch.index is None:
+        return [f"    epoch         n/a: {epoch.error or 'not published yet'}"]
+    weight = "n/a" if epoch.weight is None else f"{epoch.weight:,}"
+    verdict = "✘ gated" if epoch.gated else "no paid traffic" if epoch.rows == 0 else "✔"
+    lines = [f"    epoch         {epoch.index}: weight {weight} of {WEIGHT_MAX:,} {verdict}"]
+    for finding in epoch.gated:
+        lines += [f"      ✘ {finding_text(finding)}", f"        → fix: {finding.fix}"]
+    restore = restore_text(epoch, now=now) if epoch.gated else None
+    if restore:
+        lines.append(f"      next chance: {restore}")
+    if epoch.error:
+        lines.append(f"      ⚠ the last look failed: {epoch.error}")
     return lines
 
 

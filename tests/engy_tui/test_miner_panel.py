@@ -27,7 +27,8 @@ from textual.app import App, ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from engy_node.models import SMOLLM2_135M
+from engy_node.models import SMOLLM2_135M, get_model
+from engy_node.protocol.gates import FIXES, GateTerms, MinerEpoch, epoch_answer, miner_epoch
 from engy_node.protocol.standing import MAX_UNPROVEN_PCT
 from engy_node.snapshots import (
     ChainState,
@@ -45,6 +46,7 @@ from engy_tui.widgets.cells import Cell
 from engy_tui.widgets.miner import MinerPanel
 from engy_tui.widgets.miner.common import lines_content
 from engy_tui.widgets.miner.earnings import chain_lines
+from engy_tui.widgets.miner.epoch import epoch_notes, epoch_summary
 from engy_tui.widgets.miner.link import (
     eligibility_cell,
     heartbeat_cell,
@@ -1412,3 +1414,88 @@ def test_unreachable_gateway_snapshot(snap_compare):
 def test_local_network_miners_snapshot(snap_compare):
     app = Host(MinerPanel(), local_network(), server_log=LOCAL_LOG)
     assert snap_compare(app, terminal_size=(160, 26), run_before=lambda pilot: app.feed())
+
+
+# ---- a miner zeroed by a settlement gate -------------------------------------------------------
+
+
+def gated_epoch_state(*, gated: bool = True) -> dict[str, Any]:
+    """`epoch_watch.EpochWatch.look`'s `epoch`: the gateway's answer for a miner whose TTFT p99 was
+    over the model's ceiling after its model server restarted, read as the watch reads it."""
+    row = {
+        "hotkey": HOME,
+        "model": QWEN,
+        "requests": 318,
+        "ok_2xx": 318,
+        "counted": 312,
+        "ttft_p99_ms": 14_250 if gated else 2_100,
+        "score": 0 if gated else 48_000,
+        "gate_reason": "ttft_p99" if gated else None,
+    }
+    result = {
+        "epoch_index": 12,
+        "start": int(NOW) - 3_000,
+        "end": int(NOW) - 600,
+        "rows": [row],
+        "weights": [] if gated else [[HOME, 65535]],
+    }
+    terms = {QWEN: GateTerms.of(get_model(QWEN))}
+    answer = epoch_answer(result, hotkey=HOME, terms=terms, epoch_s=2_400, grace_s=300)
+    return dataclasses.asdict(miner_epoch(answer, now=NOW))
+
+
+def gated_states(*, gated: bool = True) -> dict[str, Any]:
+    return {**gpu_states(), "miner": {**gpu_miner(), "epoch": gated_epoch_state(gated=gated)}}
+
+
+def test_a_gated_epoch_is_summed_up_in_the_chain_box_and_explained_in_the_link_notes():
+    epoch = as_miner(gated_states()["miner"]).epoch
+    assert text(epoch_summary(epoch)) == "epoch 12: weight 0 of 65,535 ✘ gated: ttft_p99"
+    assert texts(epoch_notes(epoch, now=NOW)) == [
+        "✘ epoch 12: the ttft_p99 gate zeroed qwen3.6-35b-a3b: TTFT p99 14,250 ms over 312 requests "
+        "(ceiling 10,000 ms)",
+        "  → fix: " + FIXES["ttft_p99"],
+        "  → next chance: epoch 13 ends 2026-05-28 20:56:40 UTC (in 30 min, ~150 blocks), its result published "
+        "at 2026-05-28 21:01:40 UTC",
+    ]
+    passed = as_miner(gated_states(gated=False)["miner"]).epoch
+    assert text(epoch_summary(passed)) == "epoch 12: weight 65,535 of 65,535 ✔" and epoch_notes(passed, now=NOW) == []
+    failed = dataclasses.replace(epoch, error="https://gw/gw/epoch/latest?hotkey=x: HTTP 502")
+    assert texts(epoch_notes(failed, now=NOW))[-1] == (
+        "⚠ the last look at the epoch failed: https://gw/gw/epoch/latest?hotkey=x: HTTP 502"
+    )
+    assert texts([epoch_summary(MinerEpoch(error="no epoch has been published yet"))]) == [
+        "epoch n/a: no epoch has been published yet"
+    ]
+    assert epoch_summary(None) is None and epoch_notes(None, now=NOW) == []
+    assert text(epoch_summary(MinerEpoch(index=3, weight=0, rows=0))) == "epoch 3: no paid traffic, weight 0"
+
+
+def test_miner_panel_says_which_gate_zeroed_the_epoch_by_how_much_and_when_the_next_can_restore_it():
+    async def scenario() -> None:
+        app = Host(MinerPanel(), gated_states(), names={"miner": HOME}, server_log={"model_server": READY_LOG})
+        async with app.run_test(size=(160, 40)) as pilot:
+            app.feed()
+            await pilot.pause()
+            panel = app.widget
+            link = panel.query_one(".link", Vertical)
+            assert link.has_class("-error")
+            notes = static_text(panel.query_one(".link-notes", Static))
+            assert "the ttft_p99 gate zeroed qwen3.6-35b-a3b: TTFT p99 14,250 ms over 312 requests" in notes
+            assert "(ceiling 10,000 ms)" in notes and "→ next chance: epoch 13 ends" in notes
+            assert "epoch 12: weight 0 of 65,535 ✘ gated: ttft_p99" in static_text(panel.query_one(".chain", Static))
+
+            # The next epoch passes: the explanation goes, the frame is no longer red.
+            app.states = gated_states(gated=False)
+            app.feed()
+            await pilot.pause()
+            assert "gate" not in static_text(panel.query_one(".link-notes", Static))
+            assert not link.has_class("-error")
+            assert "epoch 12: weight 65,535 of 65,535 ✔" in static_text(panel.query_one(".chain", Static))
+
+    asyncio.run(scenario())
+
+
+def test_gated_miner_snapshot(snap_compare):
+    app = Host(MinerPanel(), gated_states(), names={"miner": HOME}, server_log={"model_server": READY_LOG})
+    assert snap_compare(app, terminal_size=(160, 22), run_before=lambda pilot: app.feed())

@@ -19,6 +19,7 @@ from engy_tui.widgets.cells import NA, Cell, short_hotkey
 from engy_tui.widgets.cells import as_text as _text
 from engy_tui.widgets.miner.common import Level, Line
 from engy_tui.widgets.miner.earnings import chain_lines
+from engy_tui.widgets.miner.epoch import epoch_notes, epoch_summary
 from engy_tui.widgets.miner.link import (
     legs_cell,
     legs_of,
@@ -141,6 +142,10 @@ def miner_view(
     gateway = gateway_proof_lines(worker)
     proofs = tuple((Cell("gateway: ", "header"), *line) if i == 0 else line for i, line in enumerate(gateway))
     short = short_hotkey(hotkey) if hotkey else NA
+    epoch = miner.epoch if miner else None
+    summary = epoch_summary(epoch)
+    if epoch is not None and epoch.gated:
+        link_level = "error"  # it served, and earns nothing for it: as red as a pull
     return MinerView(
         name=name,
         server_title=server_title(miner, server),
@@ -155,10 +160,10 @@ def miner_view(
         link=tuple(link_lines(miner, worker, legs, now=now, has_traffic=has_traffic)),
         link_summary=link_summary(miner, worker, legs, now=now, has_traffic=has_traffic, hotkey=hotkey),
         work_summary=work_summary(worker),
-        link_notes=tuple(link_notes(miner, worker, now=now)),
+        link_notes=(*link_notes(miner, worker, now=now), *epoch_notes(epoch, now=now)),
         proofs=proofs,
         chain_title=f"{name} ({short})" if hotkey else name,
-        chain=tuple(chain_lines(states.chain, hotkey)),
+        chain=(*chain_lines(states.chain, hotkey), *((summary,) if summary else ())),
     )
 
 

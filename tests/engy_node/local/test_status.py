@@ -10,6 +10,7 @@ the hub holds it and as the control API answers it (through JSON).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -18,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engy_node.local.status import format_status
+from engy_node.protocol.gates import FIXES, GateTerms, epoch_answer, miner_epoch
 
 NOW = 1_800_000_000.0
 VALIDATOR = "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
@@ -307,6 +309,34 @@ def test_a_miner_simulating_a_cheat_says_so_under_its_weights():
         "(miner.simulate_cheat: demos and tests only)"
     )
     assert not any("SIMULATED" in line for line in miner_section(HOME_MINER))
+
+
+def test_a_miner_a_gate_zeroed_says_which_gate_by_how_much_the_fix_and_the_next_chance():
+    row = {"hotkey": "5Home", "model": "qwen3.6-35b-a3b", "counted": 312, "ttft_p99_ms": 14_250}
+    result = {"epoch_index": 12, "start": int(NOW) - 3_000, "end": int(NOW) - 600, "weights": []}
+    result["rows"] = [{**row, "score": 0, "gate_reason": "ttft_p99"}]
+    terms = {"qwen3.6-35b-a3b": GateTerms(10_000, 200)}
+    answer = epoch_answer(result, hotkey="5Home", terms=terms, epoch_s=2_400, grace_s=300)
+    epoch = dataclasses.asdict(miner_epoch(answer, now=NOW))
+    assert miner_section({**HOME_MINER, "epoch": epoch})[5:] == [
+        "    epoch         12: weight 0 of 65,535 ✘ gated",
+        "      ✘ ttft_p99 on qwen3.6-35b-a3b: TTFT p99 14,250 ms over 312 requests (ceiling 10,000 ms)",
+        "        → fix: " + FIXES["ttft_p99"],
+        "      next chance: epoch 13 ends 2027-01-15 08:30:00 UTC (in 30 min, ~150 blocks), its result published "
+        "at 2027-01-15 08:35:00 UTC",
+    ]
+    result["rows"] = [{**row, "score": 900, "gate_reason": None}]
+    result["weights"] = [["5Home", 65535]]
+    answer = epoch_answer(result, hotkey="5Home", terms=terms, epoch_s=2_400, grace_s=300)
+    epoch = {**dataclasses.asdict(miner_epoch(answer, now=NOW)), "error": "https://gw/gw/epoch/latest: HTTP 502"}
+    assert miner_section({**HOME_MINER, "epoch": epoch})[5:] == [
+        "    epoch         12: weight 65,535 of 65,535 ✔",
+        "      ⚠ the last look failed: https://gw/gw/epoch/latest: HTTP 502",
+    ]
+    waiting = {"error": "https://gw/gw/epoch/latest?hotkey=5Home: no epoch has been published yet"}
+    assert miner_section({**HOME_MINER, "epoch": waiting})[5:] == [
+        "    epoch         n/a: https://gw/gw/epoch/latest?hotkey=5Home: no epoch has been published yet"
+    ]
 
 
 def test_a_miner_whose_link_is_down_or_denied_quotes_why_with_the_fix():
