@@ -10,6 +10,8 @@ The public light validator's semantics, tick by tick:
 3. A resubmission that is clearly not due skips the chain on the wall clock alone (pre-gate);
    otherwise one block-pinned chain read decides (`schedule.decide`: the block is authoritative,
    ambiguity submits).
+   The rows a settlement gate zeroed are published explained (`gated`), so a miner missing
+   from the weights because of a gate is not mistaken for one merely unweighted.
 4. Hotkeys become uids from that read; unregistered ones are dropped and logged with their share.
    A vector that lands nothing degrades to standby: the cache, else a burn to the subnet owner.
 5. Submit; only a landed extrinsic advances the state file, all fields at once.
@@ -43,7 +45,9 @@ import trio
 
 from engy_node import __version__, keys
 from engy_node.hub import Hub
+from engy_node.models import CATALOG
 from engy_node.protocol.epoch import MAX_PAYLOAD_BYTES, EpochPayloadError, VerifiedEpoch, parse_and_verify
+from engy_node.protocol.gates import GateTerms, explain_rows
 from engy_node.validator import liveness, schedule, uids
 from engy_node.validator.chain import ChainClient, ChainView
 from engy_node.validator.state import ValidatorState, after_submit, read_state, write_state
@@ -59,6 +63,8 @@ FETCH_TIMEOUT_S = 30.0
 HEARTBEAT_TIMEOUT_S = 10.0
 WATCHDOG_CHECK_S = 30.0
 SUBMISSIONS_KEPT = 20
+GATE_TERMS = {model_id: GateTerms.of(spec) for model_id, spec in CATALOG.items()}
+"""The catalog's latency ceilings, to say by how much a gated miner missed (`_publish_gated`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -313,6 +319,7 @@ class LightValidator:
             else:
                 replayed = state.last_applied is not None and verified.epoch_index < state.last_applied
                 if not replayed:
+                    self._publish_gated(verified)
                     return _fresh(verified), "", None
                 why = f"epoch {verified.epoch_index} is older than epoch {state.last_applied} already applied"
                 log.warning("payload refused: %s (replay guard)", why)
@@ -509,6 +516,13 @@ class LightValidator:
                 for uid, value in zip(resolution.uids, resolution.values)
             ],
         )
+
+    def _publish_gated(self, verified: VerifiedEpoch) -> None:
+        """The rows a settlement gate zeroed in the verified epoch, explained (`protocol.gates`): a
+        miner gated to 0 is absent from the weights, and would otherwise look merely unweighted."""
+        rows = verified.result.get("rows")
+        findings = explain_rows(rows if isinstance(rows, list) else [], GATE_TERMS, epoch=verified.epoch_index)
+        self._publish(gated=[dataclasses.asdict(finding) for finding in findings])
 
     def _record_submission(self, block: int, epoch_index: int, kind: str, detail: str, *, landed: bool) -> None:
         """The newest submissions first, for the dashboards: what went to the chain and how it ended."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
+from engy_node.protocol.gates import GateTerms, explain_rows
 from engy_node.snapshots import ChainState, ValidatorState, decode_states
 from engy_tui.widgets.cells import Cell, format_age, format_duration, short_hotkey
 from engy_tui.widgets.validator import ChainPanel, ValidatorPanel
@@ -359,6 +361,29 @@ def test_weights_lines_name_the_local_validator_and_count_blocks_on_the_current_
     assert lines[0] == f"validator ({short}) · uid 1 · permit ✔ · netuid 53 on dev chain"
     assert lines[2] == "last submit block 1,532 (8 ago) ✔ landed"  # chain head 1,540
     assert lines[-1] == "dropped: none"
+
+
+def gated_findings() -> list[dict[str, Any]]:
+    """The validator's `gated`, as `LightValidator._publish_gated` publishes it for two rows."""
+    slow = {"hotkey": ss58("slow-miner"), "model": "smollm2-135m", "gate_reason": "ttft_p99", "ttft_p99_ms": 45_000}
+    flaky = {"hotkey": NAMES["miner-2"], "model": "smollm2-135m", "gate_reason": "acceptance"}
+    flaky |= {"requests": 200, "ok_2xx": 190, "status_502": 10}
+    terms = {"smollm2-135m": GateTerms(30_000, 2_000)}
+    return [dataclasses.asdict(f) for f in explain_rows([slow, flaky], terms, epoch=12)]
+
+
+def test_a_miner_a_gate_zeroed_is_said_where_dropped_none_was():
+    validator = {**local_validator(), "gated": gated_findings()}
+    lines = texts(weights_lines(validator_of(validator), NAMES, chain=chain_of(local_chain())))
+    slow = short_hotkey(ss58("slow-miner"))
+    assert lines[-2:] == [
+        f"dropped: none · gated to 0 in epoch 12: {slow} smollm2-135m: ttft_p99 45,000 ms > 30,000 ms ⚠",
+        "  miner-2 smollm2-135m: acceptance 95.0 % < 99 % ⚠",
+    ]
+    dropped = {**validator, "dropped": [ss58("gone")], "dropped_share": 0.01}
+    lines = texts(weights_lines(validator_of(dropped), NAMES, chain=chain_of(local_chain())))
+    assert lines[-3].startswith("dropped: 1 unregistered hotkey")
+    assert lines[-2].startswith("gated to 0 in epoch 12: ") and lines[-1].startswith("  miner-2")
 
 
 def test_weights_lines_say_where_a_vector_came_from():

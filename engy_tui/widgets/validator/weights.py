@@ -2,8 +2,9 @@
 that vector come (signed by the master, a cached vector, a burn)?
 
 Who the validator is (uid, permit, netuid), the epoch and digest on chain, its last submit, then
-the weights table heaviest first with each row's share and a bar, and the hotkeys the payload
-named that the chain does not have (dropped).
+the weights table heaviest first with each row's share and a bar, the hotkeys the payload
+named that the chain does not have (dropped), and the miners a settlement gate zeroed (gated: the
+weights omit them, so without this they would look merely unweighted).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from engy_node.protocol.gates import measure_text
 from engy_node.snapshots import ChainState, ValidatorState
 from engy_tui.widgets.cells import NA, Cell, short_hotkey
 from engy_tui.widgets.cells import as_number as _num
@@ -177,10 +179,25 @@ def weights_lines(
             )
     dropped = validator.dropped
     dropped_share = _num(validator.dropped_share)  # finite
+    gated = _gated_lines(validator, by_ss58)
     if dropped or (dropped_share is not None and dropped_share > 0):
         count = f"{len(dropped)} unregistered hotkey{'s' if len(dropped) != 1 else ''}"
         lines.append((Cell(f"dropped: {count} ({percent_text(dropped_share)} of the weight) {WARN}", "warning"),))
     elif validator.submitted_epoch is not None:
         # The loop publishes what it dropped with every epoch it submits.
-        lines.append((Cell("dropped: none"),))
+        first = gated[0] if gated else ()
+        lines.append((Cell("dropped: none" + (" · " if first else "")), *first))
+        gated = gated[1:]
+    return lines + gated
+
+
+def _gated_lines(validator: ValidatorState, by_ss58: Mapping[str, str]) -> list[Line]:
+    """The miners a settlement gate zeroed in the newest verified epoch, a line each: absent from
+    the weights, but neither dropped nor merely unweighted."""
+    lines: list[Line] = []
+    for finding in validator.gated:
+        who = by_ss58.get(finding.hotkey) or short_hotkey(_text(finding.hotkey))
+        what = f"{who} {finding.model}: {finding.gate} {measure_text(finding)} {WARN}"
+        lead = f"gated to 0 in epoch {count_or_na(finding.epoch)}: " if not lines else "  "
+        lines.append((Cell(lead + what, "warning"),))
     return lines

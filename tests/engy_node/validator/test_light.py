@@ -28,7 +28,9 @@ from engy_node.asgi import start_listener
 from engy_node.hub import Hub
 from engy_node.local.devchain import DevChain
 from engy_node.local.devchain_state import SubnetParams
+from engy_node.models import SMOLLM2_135M
 from engy_node.protocol.epoch import build_result_json, encode_payload, sign_epoch
+from engy_node.snapshots import decode_states
 from engy_node.validator.chain import ChainClient
 from engy_node.validator.light import EPOCH_PATH, HEARTBEAT_PATH, LightSettings, LightValidator, Watchdog
 from engy_node.validator.state import read_state
@@ -60,8 +62,12 @@ class Clocks:
         self.elapsed += count * BLOCK_S
 
 
-def payload(epoch_index: int, weights: list[list], *, signer: Keypair = MASTER) -> bytes:
-    result = build_result_json(netuid=NETUID, epoch_index=epoch_index, settlement_json={"weights": weights, "rows": []})
+def payload(
+    epoch_index: int, weights: list[list], *, signer: Keypair = MASTER, rows: list[dict] | None = None
+) -> bytes:
+    result = build_result_json(
+        netuid=NETUID, epoch_index=epoch_index, settlement_json={"weights": weights, "rows": rows or []}
+    )
     return encode_payload(sign_epoch(signer, netuid=NETUID, epoch_index=epoch_index, result_json=result))
 
 
@@ -400,6 +406,24 @@ async def test_the_hub_shows_weights_and_every_submission_landed_or_refused(
     assert "RateLimitExceeded" in state["submissions"][1]["detail"]
     assert {row["hotkey"]: row["weight"] for row in state["weights"]} == {MINER_A: 3000, MINER_B: 1000}
     assert state["submitted_epoch"] == 5 and state["uid"] == registered and state["permit"] is True
+
+
+async def test_a_miner_a_gate_zeroed_is_published_explained_rather_than_left_merely_unweighted(
+    registered, chain, clocks, provider, make_loop
+):
+    row = {"model": SMOLLM2_135M.id, "requests": 120, "ok_2xx": 120, "counted": 120, "tpot_p99_ms": 20}
+    rows = [
+        {**row, "hotkey": MINER_A, "ttft_p99_ms": 900, "score": 14, "gate_reason": None},
+        {**row, "hotkey": MINER_B, "ttft_p99_ms": 45_000, "score": 0, "gate_reason": "ttft_p99"},
+    ]
+    provider.body = payload(5, [[MINER_A, 65535]], rows=rows)
+    hub = Hub()
+    assert (await make_loop(hub=hub).tick()).outcome == "applied"
+    validator = decode_states(hub.states(), strict=True).validator
+    assert validator is not None
+    assert [(f.epoch, f.hotkey, f.gate, f.measured, f.limit, f.samples) for f in validator.gated] == [
+        (5, MINER_B, "ttft_p99", 45_000.0, float(SMOLLM2_135M.qual_ttft_p99_ms), 120)
+    ]
 
 
 def test_the_watchdog_exits_when_ticks_stop_completing():
