@@ -1143,7 +1143,7 @@ NOWS = st.floats() | st.just(NOW)
 
 def _liberal(states: Any) -> NodeStates:
     """`decode_states` as the bridge calls it. It raises OverflowError for an int past a float's
-    range in a float field (`snapshots._convert`), which is the decoder's to fix, not the panel's:
+    range in a float field (`snapshot_codec._convert`), which is the decoder's to fix, not the panel's:
     such examples are skipped here."""
     if not isinstance(states, Mapping):
         return NodeStates()
