@@ -79,7 +79,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from engy_node.gemm.merkle import HASH_SIZE, MerkleTree, leaf_hash, verify
+from engy_node.gemm.merkle import HASH_SIZE, MerkleTree, leaf_hash, verify, verify_all
 
 FORMAT = "engy-activations-v1"
 TAG = FORMAT.encode() + b"\0"
@@ -234,7 +234,7 @@ def _descriptor(layout: ActivationLayout, layer: int, group: str) -> bytes:
 
 def activation_leaf(layout: ActivationLayout, position: int, layer: int, group: str, data: bytes | memoryview) -> bytes:
     """The leaf hash of one committed row."""
-    return leaf_hash(TAG, position.to_bytes(4, "big"), _descriptor(layout, layer, group), data)
+    return leaf_hash(TAG, position.to_bytes(4, "big"), _canonical_slots(layout)[layer, group][0], data)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -313,36 +313,68 @@ class Opening:
                 int(wire["layer"]),
                 str(wire["group"]),
                 base64.b64decode(wire["values"]["data"], validate=True),
-                tuple(bytes.fromhex(node) for node in wire["path"]),
+                tuple(map(bytes.fromhex, wire["path"])),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise CommitmentError(f"malformed opening: {error}") from None
+
+
+@functools.cache
+def _canonical_slots(layout: ActivationLayout) -> dict[tuple[int, str], tuple[bytes, int, int]]:
+    """Every canonical (layer, group) of a position: its descriptor, its bytes and its leaf's
+    offset within the position."""
+    return {
+        slot: (_descriptor(layout, *slot), layout.width(slot[1]) * layout.item_size, offset)
+        for offset, slot in enumerate(layout.slots())
+    }
+
+
+def _placed_leaf(commitment: Commitment, opening: Opening) -> tuple[int, bytes] | None:
+    """The leaf index and hash `opening` claims, or None when its slot is not canonical or
+    inside the commitment, or its bytes do not fill the group's width."""
+    layout = commitment.layout
+    slot = _canonical_slots(layout).get((opening.layer, opening.group))
+    if slot is None:
+        return None
+    _, size, offset = slot
+    if not commitment.start <= opening.position < commitment.positions or len(opening.data) != size:
+        return None
+    leaf = activation_leaf(layout, opening.position, opening.layer, opening.group, opening.data)
+    return (opening.position - commitment.start) * layout.leaves_per_position + offset, leaf
 
 
 def verify_opening(commitment: Commitment, opening: Opening) -> bool:
     """Whether `opening` is the row committed at its (position, layer, group): the slot is
     canonical and inside the commitment, the bytes fill the group's width, and the path leads
     from their leaf at the slot's own index to the root."""
-    layout = commitment.layout
-    try:
-        if layout.canonical(opening.layer, opening.group) != (opening.layer, opening.group):
+    placed = _placed_leaf(commitment, opening)
+    return placed is not None and verify(commitment.root, *placed, opening.path, commitment.size)
+
+
+def verify_openings(commitment: Commitment, openings: Iterable[Opening]) -> bool:
+    """Whether every opening passes `verify_opening`; the paths' shared nodes are hashed once
+    (`merkle.verify_all`)."""
+    placed = []
+    for opening in openings:
+        leaf = _placed_leaf(commitment, opening)
+        if leaf is None:
             return False
-        width = layout.width(opening.group)
-    except CommitmentError:
-        return False
-    if not commitment.start <= opening.position < commitment.positions or len(opening.data) != width * layout.item_size:
-        return False
-    leaf = activation_leaf(layout, opening.position, opening.layer, opening.group, opening.data)
-    index = commitment.leaf_index(opening.position, opening.layer, opening.group)
-    return verify(commitment.root, index, leaf, opening.path, commitment.size)
+        placed.append((*leaf, opening.path))
+    return verify_all(commitment.root, commitment.size, placed)
+
+
+def decode_values(dtype: str, data: bytes) -> npt.NDArray[np.float64]:
+    """Committed values (raw little-endian bytes of an `ITEM_SIZE` dtype, any number of rows
+    back to back) as float64, exactly."""
+    if dtype == "bfloat16":
+        bits = np.frombuffer(data, "<u2").astype(np.uint32) << 16
+        return bits.view(np.float32).astype(np.float64)
+    return np.frombuffer(data, "<f2" if dtype == "float16" else "<f4").astype(np.float64)
 
 
 def opened_values(layout: ActivationLayout, opening: Opening) -> npt.NDArray[np.float64]:
     """An opening's row as float64 (exact for every `ITEM_SIZE` dtype), for `gemm_check`."""
-    if layout.dtype == "bfloat16":
-        bits = np.frombuffer(opening.data, "<u2").astype(np.uint32) << 16
-        return bits.view(np.float32).astype(np.float64)
-    return np.frombuffer(opening.data, "<f2" if layout.dtype == "float16" else "<f4").astype(np.float64)
+    return decode_values(layout.dtype, opening.data)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

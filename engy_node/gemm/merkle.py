@@ -24,7 +24,7 @@ of each level, one after another. Pure functions over bytes; nothing here reads 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 LEAF_PREFIX = b"\x00"
 NODE_PREFIX = b"\x01"
@@ -112,3 +112,46 @@ def verify(root: bytes, index: int, leaf: bytes, path: Sequence[bytes], size: in
         node //= 2
         last //= 2
     return last == 0 and current == root
+
+
+def verify_all(root: bytes, size: int, openings: Iterable[tuple[int, bytes, Sequence[bytes]]]) -> bool:
+    """Whether every (index, leaf, path) opens `root` of a tree of `size` leaves (`verify`), each
+    inner node hashed once. Openings of nearby leaves (a layer's groups are adjacent leaves) meet
+    below the root; where a path reaches a node an earlier one verified, with the same hash, it
+    verifies exactly when its remaining siblings are the ones that path went on with: with them
+    it would compute the same hashes to the same root, and with any others reach `root` only
+    through a sha256 collision. So the part above the meeting point is compared, not hashed."""
+    known: dict[tuple[int, int], tuple[bytes, tuple[bytes, ...], int]] = {}
+    for index, leaf, siblings in openings:
+        path = tuple(siblings)
+        if not 0 <= index < size or len(leaf) != HASH_SIZE or not set(map(len, path)) <= {HASH_SIZE}:
+            return False
+        node, last, level = index, size - 1, 0
+        current = leaf
+        trail = []
+        for step, sibling in enumerate(path):
+            seen = known.get((level, node))
+            if seen is not None and seen[0] == current:
+                if path[step:] != seen[1][seen[2] :]:
+                    return False
+                break
+            trail.append(((level, node), current, step))
+            if last == 0:
+                return False
+            if node % 2 == 1 or node == last:
+                current = node_hash(sibling, current)
+                while node % 2 == 0 and node != 0:
+                    node //= 2
+                    last //= 2
+                    level += 1
+            else:
+                current = node_hash(current, sibling)
+            node //= 2
+            last //= 2
+            level += 1
+        else:
+            if last != 0 or current != root:
+                return False
+        for place, value, step in trail:
+            known[place] = (value, path, step)
+    return True

@@ -47,6 +47,7 @@ the two RMSNorm weights, and the Freivalds keys (σᵀW, from a secret drawn onc
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import re
@@ -64,9 +65,9 @@ from engy_node.gemm.activations import (
     Commitment,
     CommitmentError,
     Opening,
+    decode_values,
     llama_layout,
-    opened_values,
-    verify_opening,
+    verify_openings,
 )
 from engy_node.proof import VerdictKind
 from engy_node.protocol.gemm import GemmPick
@@ -232,13 +233,14 @@ class GemmModel:
     """The checkpoint's config.json fields (its `llama_layout`)."""
     weights: Mapping[tuple[int, str], Weights]
     """(layer, projection) → W, m × n, float32 (exact for a bf16, fp16 or fp32 checkpoint)."""
-    norms: tuple[tuple[Weights, Weights], ...]
-    """Per layer, the input and post-attention RMSNorm weights."""
     eps: float
-    keys: Mapping[tuple[int, str], gemm_check.VerifierKey]
-    """(layer, projection) → the Freivalds key from the verifier's secret."""
+    keys: Mapping[str, gemm_check.KeyStack]
+    """Projection → its Freivalds keys from the verifier's secret, one per layer, stacked so a
+    check takes each audited token's own layer's key."""
     secret: bytes
     """The verifier's secret, which also draws the rows the row check recomputes."""
+    norms: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]
+    """The input and post-attention RMSNorm weights of every layer, layers × hidden, float64."""
 
     @classmethod
     def build(
@@ -251,13 +253,24 @@ class GemmModel:
         secret: bytes,
         vectors: int = FREIVALDS_VECTORS,
     ) -> GemmModel:
+        layers = sorted({layer for layer, _ in weights})
         keys = {
-            (layer, name): gemm_check.verifier_key(
-                weight, gemm_check.draw_signs(secret, f"{layer}.{name}", vectors, weight.shape[0])
+            name: gemm_check.KeyStack.of(
+                [
+                    gemm_check.verifier_key(
+                        weights[layer, name],
+                        gemm_check.draw_signs(secret, f"{layer}.{name}", vectors, weights[layer, name].shape[0]),
+                    )
+                    for layer in layers
+                ]
             )
-            for (layer, name), weight in weights.items()
+            for name in GEMMS
         }
-        return cls(dict(config), dict(weights), tuple(norms), float(eps), keys, secret)
+        stacked = (
+            np.stack([np.asarray(first, np.float64) for first, _ in norms]),
+            np.stack([np.asarray(second, np.float64) for _, second in norms]),
+        )
+        return cls(dict(config), dict(weights), float(eps), keys, secret, stacked)
 
     def layout(self, dtype: str) -> ActivationLayout:
         return llama_layout(self.config, dtype)
@@ -349,69 +362,87 @@ def judge_openings(
     rows = _verified_rows(parsed, evidence)
     if rows is None:
         return GemmJudgement("cheat", "opening")
-    arithmetic = gemm_check.ARITHMETIC[layout.dtype]
-    checks = tuple(
-        check
-        for layer, positions in audited.items()
-        for check in _layer_checks(model, parsed, layer, positions, rows, arithmetic)
-    )
+    checks = _checks(model, parsed, audited, rows, gemm_check.ARITHMETIC[layout.dtype])
     failed = next((check for check in checks if not check.passed), None)
     if failed is not None:
         return GemmJudgement("cheat", failed.step, checks)
     return GemmJudgement("pass", "ok", checks)
 
 
-def _verified_rows(
-    commitment: Commitment, evidence: GemmEvidence
-) -> dict[tuple[int, int, str], npt.NDArray[np.float64]] | None:
-    """Each pick's opened row as float64, or None when an opening is malformed, off its path,
-    missing, repeated, or was not asked for."""
+def _verified_rows(commitment: Commitment, evidence: GemmEvidence) -> dict[tuple[int, int, str], bytes] | None:
+    """Each pick's opened row (its raw bytes), or None when an opening is malformed, off its
+    path, missing, repeated, or was not asked for."""
     wanted = {(pick.position, pick.layer, pick.group) for pick in evidence.picks}
-    rows: dict[tuple[int, int, str], npt.NDArray[np.float64]] = {}
+    rows: dict[tuple[int, int, str], bytes] = {}
+    openings = []
     for wire in evidence.openings or ():
         try:
             opening = Opening.from_wire(wire)
         except (CommitmentError, TypeError):
             return None
         slot = (opening.position, opening.layer, opening.group)
-        if slot not in wanted or slot in rows or not verify_opening(commitment, opening):
+        if slot not in wanted or slot in rows:
             return None
-        rows[slot] = opened_values(commitment.layout, opening)
-    return rows if rows.keys() == wanted else None
+        rows[slot] = opening.data
+        openings.append(opening)
+    if rows.keys() != wanted or not verify_openings(commitment, openings):
+        return None
+    return rows
 
 
-def _layer_checks(
+@functools.cache
+def _codes(step: str) -> str:
+    return step_code(step)
+
+
+def _checks(
     model: GemmModel,
     commitment: Commitment,
-    layer: int,
-    positions: list[int],
-    rows: Mapping[tuple[int, int, str], npt.NDArray[np.float64]],
+    audited: Mapping[int, list[int]],
+    rows: Mapping[tuple[int, int, str], bytes],
     arithmetic: gemm_check.Arithmetic,
-) -> list[LayerCheck]:
-    """Freivalds on each projection, then `ROWS_CHECKED` rows of each recomputed, then the layer's
-    replay."""
+) -> tuple[LayerCheck, ...]:
+    """Every audited (position, layer) checked at once, each against its own layer's keys, rows
+    and norms: Freivalds on each projection, `ROWS_CHECKED` rows of each recomputed, then the
+    layer's replay. The checks come out per layer, in that order, each the worst over the
+    layer's audited positions."""
     layout = commitment.layout
+    pairs = [(layer, position) for layer, positions in audited.items() for position in positions]
+    layers = np.array([layer for layer, _ in pairs])
 
     def stacked(group: str) -> npt.NDArray[np.float64]:
-        return np.stack([rows[(position, *layout.canonical(layer, group))] for position in positions])
+        data = b"".join(rows[(position, *layout.canonical(layer, group))] for layer, position in pairs)
+        return decode_values(layout.dtype, data).reshape(len(pairs), -1)
 
-    projections = {name: (stacked(x), stacked(y)) for name, (x, y) in GEMMS.items()}
-
-    def checked(step: str, check: gemm_check.Check) -> LayerCheck:
-        return LayerCheck(layer, step_code(step), check.worst, positions[check.where] if check.where >= 0 else -1)
-
-    checks = [
-        checked(name, gemm_check.freivalds(model.keys[layer, name], *projections[name], arithmetic)) for name in GEMMS
+    values = {group: stacked(group) for group in {group for pair in GEMMS.values() for group in pair}}
+    projections = {name: (values[x], values[y]) for name, (x, y) in GEMMS.items()}
+    steps = [
+        (name, gemm_check.freivalds_ratios(model.keys[name].take(layers), x, y, arithmetic))
+        for name, (x, y) in projections.items()
     ]
-    for name in GEMMS:
-        weight = model.weights[layer, name]
-        chosen = draw_rows(model.secret, commitment.root, f"rows/{layer}/{name}", weight.shape[0], ROWS_CHECKED)
-        x, y = projections[name]
-        checks.append(checked(f"rows {name}", gemm_check.row_check(weight[chosen], x, y[:, chosen], arithmetic)))
+    for name, (x, y) in projections.items():
+        chosen = {
+            layer: np.array(draw_rows(model.secret, commitment.root, f"rows/{layer}/{name}", y.shape[1], ROWS_CHECKED))
+            for layer in audited
+        }
+        picked = np.stack([chosen[layer] for layer, _ in pairs])
+        weight_rows = np.stack([model.weights[layer, name].take(chosen[layer], axis=0) for layer, _ in pairs])
+        y_rows = np.take_along_axis(y, picked, axis=1)
+        steps.append((f"rows {name}", gemm_check.row_ratios(weight_rows, x, y_rows, arithmetic)))
     trace = gemm_check.LayerTrace(projections, stacked("residual_in"), stacked(RESIDUAL_OUT))
-    input_norm, post_norm = model.norms[layer]
-    replayed = gemm_check.replay_layer(
-        trace, input_norm.astype(np.float64), post_norm.astype(np.float64), model.eps, arithmetic
-    )
-    checks += [checked(check.step, check) for check in replayed]
-    return checks
+    input_norm, post_norm = (norms[layers] for norms in model.norms)
+    steps += gemm_check.replay_ratios(trace, input_norm, post_norm, model.eps, arithmetic)
+    codes = [_codes(step) for step, _ in steps]
+    table = np.stack([per_pair for _, per_pair in steps])
+    checks = []
+    start = 0
+    for layer, positions in audited.items():
+        segment = table[:, start : start + len(positions)]
+        worst = segment.argmax(axis=1)
+        ratios = segment[np.arange(len(steps)), worst].tolist()
+        checks += [
+            LayerCheck(layer, code, ratio, positions[index])
+            for code, ratio, index in zip(codes, ratios, worst.tolist(), strict=True)
+        ]
+        start += len(positions)
+    return tuple(checks)

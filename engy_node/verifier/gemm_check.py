@@ -61,7 +61,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -179,14 +179,20 @@ class Check:
         return self.worst <= 1.0
 
 
-def _worst(step: str, excess: Array, tolerance: Array) -> Check:
-    """Check over per-token (rows) ratios |excess| / tolerance; 0/0 passes, x/0 fails."""
-    if excess.size == 0:
-        return Check(step, 0.0)
+def ratios(excess: Array, tolerance: Array) -> Array:
+    """Per token (row): the largest |excess| / tolerance over its elements; 0/0 passes (0), x/0
+    and NaN fail (inf)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(excess == 0, 0.0, np.abs(excess) / tolerance)
     ratio = np.where(np.isnan(ratio), np.inf, ratio)
-    per_token = ratio.reshape(ratio.shape[0], -1).max(axis=1)
+    per_token: Array = ratio.reshape(ratio.shape[0], math.prod(ratio.shape[1:])).max(axis=1, initial=0.0)
+    return per_token
+
+
+def check_of(step: str, per_token: Array) -> Check:
+    """The Check over per-token ratios: the worst token's."""
+    if per_token.size == 0:
+        return Check(step, 0.0)
     token = int(np.argmax(per_token))
     return Check(step, float(per_token[token]), token)
 
@@ -245,20 +251,89 @@ def _gamma(terms: int, unit_roundoff: float) -> float:
     return terms * unit_roundoff / (1 - terms * unit_roundoff)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyStack:
+    """Keys of several matrices of one shape (a projection's, one per layer), stacked so that
+    tokens checked against different matrices are checked in one pass: `take` gives each token
+    its own matrix's key."""
+
+    signs: Array
+    """L × K × m."""
+    projected: Array
+    """L × K × n."""
+    column_abs: Array
+    """L × n."""
+    frobenius: Array
+    """L."""
+
+    @classmethod
+    def of(cls, keys: Sequence[VerifierKey]) -> KeyStack:
+        return cls(
+            np.stack([key.signs for key in keys]),
+            np.stack([key.projected for key in keys]),
+            np.stack([key.column_abs for key in keys]),
+            np.array([key.frobenius for key in keys]),
+        )
+
+    def take(self, index: npt.ArrayLike) -> KeyStack:
+        """The keys at `index` (one per token), in its order."""
+        return KeyStack(self.signs[index], self.projected[index], self.column_abs[index], self.frobenius[index])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.signs.shape[2], self.projected.shape[2]
+
+
+def _products(rows: Array, stacked: Array) -> Array:
+    """Token rows (T × n) times the transposes of `stacked` (1 × K × n, shared by every token, or
+    T × K × n, one per token): T × K."""
+    if stacked.shape[0] == 1:
+        shared: Array = rows @ stacked[0].T
+        return shared
+    own: Array = (stacked @ rows[:, :, None])[:, :, 0]
+    return own
+
+
+def _tolerance(keys: KeyStack, inputs: Array, outputs: Array, arithmetic: Arithmetic, false_reject: float) -> Array:
+    m, n = keys.shape
+    sum_abs = _products(np.abs(inputs), keys.column_abs[:, None, :])[:, 0]
+    products = np.minimum(keys.frobenius * np.linalg.norm(inputs, axis=1), sum_abs)
+    rounding = np.linalg.norm(arithmetic.activations.half_ulp(outputs), axis=1)
+    z = math.sqrt(2 * math.log(2 * keys.signs.shape[1] / false_reject))
+    own = _gamma(m + n + 2, FLOAT64_UNIT_ROUNDOFF) * (2 * sum_abs + np.abs(outputs).sum(axis=1))
+    tolerance: Array = z * (rounding + arithmetic.growth(n) * products) + own
+    return tolerance
+
+
 def freivalds_tolerance(
     key: VerifierKey, x: npt.ArrayLike, y: npt.ArrayLike, arithmetic: Arithmetic, *, false_reject: float = 2.0**-40
 ) -> Array:
     """T per token: z·‖δ‖₂ with z = √(2 ln(2K / false_reject)), plus the verifier's own float64
     rounding of the statistic; the same for every vector (|σ| = 1)."""
+    return _tolerance(KeyStack.of([key]), _rows(x), _rows(y), arithmetic, false_reject)
+
+
+def freivalds_ratios(
+    keys: KeyStack, x: npt.ArrayLike, y: npt.ArrayLike, arithmetic: Arithmetic, *, false_reject: float = 2.0**-40
+) -> Array:
+    """Per token, the largest |σᵀy − (σᵀW)x| over the K vectors as a multiple of its tolerance
+    (`freivalds_tolerance`; inf for a token with a value that is not finite), token t checked
+    against `keys` entry t, or against the one entry every token shares."""
     inputs, outputs = _rows(x), _rows(y)
-    m, n = key.shape
-    sum_abs = np.abs(inputs) @ key.column_abs
-    products = np.minimum(key.frobenius * np.linalg.norm(inputs, axis=1), sum_abs)
-    rounding = np.linalg.norm(arithmetic.activations.half_ulp(outputs), axis=1)
-    z = math.sqrt(2 * math.log(2 * key.signs.shape[0] / false_reject))
-    own = _gamma(m + n + 2, FLOAT64_UNIT_ROUNDOFF) * (2 * sum_abs + np.abs(outputs).sum(axis=1))
-    tolerance: Array = z * (rounding + arithmetic.growth(n) * products) + own
-    return tolerance
+    m, n = keys.shape
+    tokens = inputs.shape[0]
+    if (
+        inputs.shape[1] != n
+        or outputs.shape[1] != m
+        or outputs.shape[0] != tokens
+        or keys.signs.shape[0] not in (1, tokens)
+    ):
+        raise ValueError(f"x {inputs.shape} and y {outputs.shape} for {keys.signs.shape[0]} keys of a {m}×{n} matrix")
+    statistic = _products(outputs, keys.signs) - _products(inputs, keys.projected)
+    tolerance = _tolerance(keys, inputs, outputs, arithmetic, false_reject)
+    per_token = ratios(statistic, tolerance[:, None])
+    finite = np.isfinite(inputs).all(axis=1) & np.isfinite(outputs).all(axis=1)
+    return np.where(finite, per_token, np.inf)
 
 
 def freivalds(
@@ -267,28 +342,27 @@ def freivalds(
     """Freivalds' check of committed y (tokens × m) against W·x for committed x (tokens × n):
     fails when some vector's |σᵀy − (σᵀW)x| exceeds `freivalds_tolerance`, which an honest
     product does with probability ≤ `false_reject` per token."""
-    inputs, outputs = _rows(x), _rows(y)
-    m, n = key.shape
-    if inputs.shape[1] != n or outputs.shape[1] != m or inputs.shape[0] != outputs.shape[0]:
-        raise ValueError(f"x {inputs.shape} and y {outputs.shape} for a {m}×{n} matrix")
-    finite = np.isfinite(inputs).all(axis=1) & np.isfinite(outputs).all(axis=1)
-    if not finite.all():
-        return Check("freivalds", math.inf, int(np.argmin(finite)))
-    statistic = outputs @ key.signs.T - inputs @ key.projected.T
-    tolerance = freivalds_tolerance(key, inputs, outputs, arithmetic, false_reject=false_reject)
-    return _worst("freivalds", statistic, tolerance[:, None])
+    return check_of("freivalds", freivalds_ratios(KeyStack.of([key]), x, y, arithmetic, false_reject=false_reject))
+
+
+def row_ratios(weight_rows: npt.ArrayLike, x: npt.ArrayLike, y_rows: npt.ArrayLike, arithmetic: Arithmetic) -> Array:
+    """Per token, the worst of its recomputed rows as a multiple of that row's own δ_i: opened
+    rows of W (r × n, the same for every token, or T × r × n, token t's own) against the same
+    rows of committed y (T × r) for committed x (T × n)."""
+    rows, inputs, outputs = np.asarray(weight_rows, np.float64), _rows(x), _rows(y_rows)
+    stacked = rows[None] if rows.ndim == 2 else rows
+    exact = _products(inputs, stacked)
+    sum_abs = _products(np.abs(inputs), np.abs(stacked))
+    n = inputs.shape[1]
+    slack = arithmetic.growth(n) + _gamma(n + 1, FLOAT64_UNIT_ROUNDOFF)
+    tolerance = arithmetic.activations.half_ulp(outputs) + slack * sum_abs
+    return ratios(np.where(np.isfinite(outputs), outputs - exact, np.inf), tolerance)
 
 
 def row_check(weight_rows: npt.ArrayLike, x: npt.ArrayLike, y_rows: npt.ArrayLike, arithmetic: Arithmetic) -> Check:
     """Opened rows of W (r×n) recomputed against the same rows of committed y (tokens × r) for
     committed x (tokens × n), each held to its own δ_i: never fails an honest product."""
-    rows, inputs, outputs = np.asarray(weight_rows, np.float64), _rows(x), _rows(y_rows)
-    exact = inputs @ rows.T
-    sum_abs = np.abs(inputs) @ np.abs(rows).T
-    n = inputs.shape[1]
-    slack = arithmetic.growth(n) + _gamma(n + 1, FLOAT64_UNIT_ROUNDOFF)
-    tolerance = arithmetic.activations.half_ulp(outputs) + slack * sum_abs
-    return _worst("rows", np.where(np.isfinite(outputs), outputs - exact, np.inf), tolerance)
+    return check_of("rows", row_ratios(weight_rows, x, y_rows, arithmetic))
 
 
 def _relative(*factors: tuple[float, int]) -> float:
@@ -312,11 +386,11 @@ def _into_gemm(value: Array, bound: Array, committed: Array, arithmetic: Arithme
     return bound * (1 + u) + u * np.abs(value) + fmt.underflow * scale
 
 
-def _elementwise(step: str, committed: Array, exact: Array, relative: float, arithmetic: Arithmetic) -> Check:
+def _elementwise(committed: Array, exact: Array, relative: float, arithmetic: Arithmetic) -> Array:
     fmt = arithmetic.activations
     bound = relative * np.abs(exact) + 2 * fmt.underflow
     bound = _into_gemm(exact, bound, committed, arithmetic)
-    return _worst(step, np.where(np.isfinite(committed), committed - exact, np.inf), bound)
+    return ratios(np.where(np.isfinite(committed), committed - exact, np.inf), bound)
 
 
 def _rmsnorm(hidden: Array, gamma: Array, eps: float) -> Array:
@@ -342,14 +416,25 @@ def replay_layer(
     """The layer's element-wise steps replayed against the committed activations, each a Check;
     a step whose activations were not opened is not checked. `input_norm` and `post_norm` are
     the two RMSNorm weights, `eps` their epsilon."""
+    return tuple(
+        check_of(step, per_token) for step, per_token in replay_ratios(trace, input_norm, post_norm, eps, arithmetic)
+    )
+
+
+def replay_ratios(
+    trace: LayerTrace, input_norm: Array, post_norm: Array, eps: float, arithmetic: Arithmetic
+) -> tuple[tuple[str, Array], ...]:
+    """`replay_layer`'s steps as (step, per-token ratios): the tokens may come from different
+    layers, each with its own norm weights (`input_norm` and `post_norm` T × hidden, or one
+    vector every token shares)."""
     opened = {name: (_rows(x), _rows(y)) for name, (x, y) in trace.projections.items()}
     u = arithmetic.activations.unit_roundoff
-    checks = []
+    checks: list[tuple[str, Array]] = []
     for step, names in (("q/k/v input", ("q_proj", "k_proj", "v_proj")), ("gate/up input", ("gate_proj", "up_proj"))):
         inputs = [opened[name][0] for name in names if name in opened]
         if len(inputs) > 1:
-            same = all(np.array_equal(inputs[0], other) for other in inputs[1:])
-            checks.append(Check(step, 0.0 if same else math.inf))
+            same = np.logical_and.reduce([(inputs[0] == other).all(axis=1) for other in inputs[1:]])
+            checks.append((step, np.where(same, 0.0, np.inf)))
     if {"gate_proj", "up_proj", "down_proj"} <= opened.keys():
         gate, up = opened["gate_proj"][1], opened["up_proj"][1]
         with np.errstate(over="ignore"):
@@ -357,7 +442,7 @@ def replay_layer(
         # silu in fp32 (exp, add, divide) rounded to D, times up rounded to D (or fused: one
         # rounding, covered).
         relative = _relative((FUNCTION_ERROR, 1), (FP32.unit_roundoff, 2), (u, 2))
-        checks.append(_elementwise("silu(gate)·up", opened["down_proj"][0], product, relative, arithmetic))
+        checks.append(("silu(gate)·up", _elementwise(opened["down_proj"][0], product, relative, arithmetic)))
     residual = None if trace.residual_in is None else _rows(trace.residual_in)
     if residual is None:
         return tuple(checks)
@@ -368,7 +453,7 @@ def replay_layer(
     norm = _relative((FUNCTION_ERROR, 1), (FP32.unit_roundoff, 1), (u, 2), (variance, 1))
     first = next((opened[name][0] for name in ("q_proj", "k_proj", "v_proj") if name in opened), None)
     if first is not None:
-        checks.append(_elementwise("input norm", first, _rmsnorm(residual, input_norm, eps), norm, arithmetic))
+        checks.append(("input norm", _elementwise(first, _rmsnorm(residual, input_norm, eps), norm, arithmetic)))
     if "o_proj" not in opened:
         return tuple(checks)
     middle = residual + opened["o_proj"][1]
@@ -378,11 +463,11 @@ def replay_layer(
         # within (1 ± u), the root mean square too.
         rounded_sum = (1 + norm) * (1 + u) / (1 - u) - 1
         exact = _rmsnorm(middle, post_norm, eps)
-        checks.append(_elementwise("post-attention norm", mlp_input, exact, rounded_sum, arithmetic))
+        checks.append(("post-attention norm", _elementwise(mlp_input, exact, rounded_sum, arithmetic)))
     if "down_proj" in opened and trace.residual_out is not None:
         out = middle + opened["down_proj"][1]
         fmt = arithmetic.activations
         bound = u * (1 + u) * np.abs(middle) + u * np.abs(out) + 2 * fmt.underflow
         committed = _rows(trace.residual_out)
-        checks.append(_worst("residual", np.where(np.isfinite(committed), committed - out, np.inf), bound))
+        checks.append(("residual", ratios(np.where(np.isfinite(committed), committed - out, np.inf), bound)))
     return tuple(checks)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engy_node.gemm.merkle import EMPTY_ROOT, MerkleTree, leaf_hash, merkle_root, node_hash, verify
+from engy_node.gemm.merkle import EMPTY_ROOT, MerkleTree, leaf_hash, merkle_root, node_hash, verify, verify_all
 
 leaf_lists = st.lists(st.binary(max_size=40), min_size=1, max_size=70).map(lambda data: [leaf_hash(d) for d in data])
 
@@ -109,3 +109,33 @@ def test_openings_outside_the_tree_are_refused():
     assert not verify(tree.root, 5, leaves[4], tree.path(4), 5)
     assert not verify(tree.root, -1, leaves[0], tree.path(0), 5)
     assert not verify(tree.root, 0, leaves[0][:31], tree.path(0), 5)
+
+
+@settings(max_examples=200)
+@given(leaf_lists, st.data())
+def test_verifying_openings_together_is_verifying_each(leaves, data):
+    """`verify_all`, which hashes the nodes paths share once, accepts exactly when every opening
+    passes `verify` alone: honest openings of any leaves, in any order, and the same with one
+    leaf, sibling or index changed, or one path a sibling short or long."""
+    tree = MerkleTree(leaves)
+    indices = data.draw(st.lists(st.integers(0, len(leaves) - 1), min_size=1, max_size=12, unique=True))
+    openings = [(index, leaves[index], tree.path(index)) for index in indices]
+    assert verify_all(tree.root, len(leaves), openings)
+    at = data.draw(st.integers(0, len(openings) - 1))
+    index, leaf, path = openings[at]
+    change = data.draw(st.sampled_from(["leaf", "sibling", "index", "longer", "shorter"]))
+    if change == "leaf":
+        leaf = flip(leaf, data.draw(st.integers(0, 255)))
+    elif change == "sibling" and path:
+        place = data.draw(st.integers(0, len(path) - 1))
+        path = [*path[:place], flip(path[place], data.draw(st.integers(0, 255))), *path[place + 1 :]]
+    elif change == "index":
+        index = data.draw(st.integers(0, len(leaves) - 1))
+    elif change == "longer":
+        path = [*path, leaf]
+    elif path:
+        path = path[:-1]
+    changed = [*openings[:at], (index, leaf, path), *openings[at + 1 :]]
+    each = all(verify(tree.root, i, node, p, len(leaves)) for i, node, p in changed)
+    assert verify_all(tree.root, len(leaves), changed) == each
+    assert verify_all(tree.root, len(leaves), changed[::-1]) == each

@@ -331,6 +331,47 @@ def test_a_forged_step_between_gemms_is_caught(arithmetic, seed, element):
     assert failed(gc.LayerTrace(trace.projections, trace.residual_in, trace.residual_out * 1.05)) == {"residual"}
 
 
+@settings(max_examples=30, deadline=None)
+@given(arithmetic=st.sampled_from([gc.BF16_SERVE, gc.FP32_SERVE]), seed=st.integers(0, 2**32), data=st.data())
+def test_tokens_checked_in_one_pass_against_their_own_matrices_are_judged_as_alone(arithmetic, seed, data):
+    """`judge_openings` checks every audited (position, layer) at once, each token against its
+    own layer's key, rows and norms: each token's ratio is the one it gets checked alone, a
+    wrong one among honest ones included."""
+    m, n, tokens = data.draw(st.integers(2, 60)), data.draw(st.integers(2, 80)), data.draw(st.integers(1, 6))
+    matrices = [problem(seed + layer, m, n, tokens, arithmetic)[0] for layer in range(3)]
+    owner = np.array(data.draw(st.lists(st.integers(0, 2), min_size=tokens, max_size=tokens)))
+    _, x = problem(seed, m, n, tokens, arithmetic)
+    y = np.concatenate([served(matrices[owner[t]], x[t : t + 1], arithmetic, "left", seed) for t in range(tokens)])
+    wrong = data.draw(st.integers(0, tokens - 1))
+    y[wrong, seed % m] += data.draw(st.sampled_from([0.0, 1.0]))
+    keys = [key_for(weight, seed + layer, vectors=2) for layer, weight in enumerate(matrices)]
+    batched = gc.freivalds_ratios(gc.KeyStack.of(keys).take(owner), x, y, arithmetic)
+    alone = [gc.freivalds(keys[owner[t]], x[t : t + 1], y[t : t + 1], arithmetic).worst for t in range(tokens)]
+    np.testing.assert_allclose(batched, alone, rtol=1e-9)
+    rows = np.array(sorted(data.draw(st.sets(st.integers(0, m - 1), min_size=1))))
+    batched = gc.row_ratios(np.stack([matrices[o][rows] for o in owner]), x, y[:, rows], arithmetic)
+    alone = [gc.row_check(matrices[owner[t]][rows], x[t], y[t, rows], arithmetic).worst for t in range(tokens)]
+    np.testing.assert_allclose(batched, alone, rtol=1e-9)
+    layers = [layer_trace(FORMATS[arithmetic], seed + layer, tokens=1) for layer in owner.tolist()]
+    trace = gc.LayerTrace(
+        {
+            name: tuple(np.concatenate([t.projections[name][i] for t, _, _ in layers]) for i in (0, 1))
+            for name in layers[0][0].projections
+        },
+        np.concatenate([t.residual_in for t, _, _ in layers]),
+        np.concatenate([t.residual_out for t, _, _ in layers]),
+    )
+    trace.residual_out[wrong] *= data.draw(st.sampled_from([1.0, 1.05]))
+    norms = [np.stack([layer[i] for layer in layers]) for i in (1, 2)]
+    batched_steps = gc.replay_ratios(trace, *norms, 1e-5, arithmetic)
+    for t, (single, input_norm, post_norm) in enumerate(layers):
+        if t == wrong:
+            single = gc.LayerTrace(single.projections, single.residual_in, trace.residual_out[t : t + 1])
+        steps = gc.replay_layer(single, input_norm, post_norm, 1e-5, arithmetic)
+        assert [step for step, _ in batched_steps] == [check.step for check in steps]
+        np.testing.assert_allclose([ratios[t] for _, ratios in batched_steps], [c.worst for c in steps], rtol=1e-9)
+
+
 def test_only_opened_steps_are_replayed():
     trace, input_norm, post_norm = layer_trace(torch.bfloat16, 1)
     mlp_only = gc.LayerTrace({name: trace.projections[name] for name in ("gate_proj", "up_proj", "down_proj")})
