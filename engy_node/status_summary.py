@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
 from engy_node.alerts.rules import BREAKER_CODES
+from engy_node.protocol.gates import finding_text
 from engy_node.snapshots import (
     PROOFS,
     ChainState,
@@ -100,6 +101,14 @@ class MinerSummary:
     """Its incentive on the chain this node publishes (a local network's dev chain)."""
     weighted_by: int | None
     """Validators whose weights on that chain give it a share."""
+    epoch: int | None
+    """Its newest published epoch as its gateway told it (null before the first answer, or for a
+    miner with no hotkey)."""
+    epoch_weight: int | None
+    """Its u16 weight in that epoch."""
+    gated: tuple[str, ...]
+    """Each settlement gate that zeroed a row of that epoch: the gate, the model, the measurement
+    against its bar (`protocol.gates.finding_text`); empty when none."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -220,6 +229,7 @@ def _miner(name: str, states: NodeStates, names: Mapping[str, str]) -> MinerSumm
     lifetime = worker.lifetime if worker is not None else None
     failure = server.last_failure if server is not None else None
     incentive, weighted_by = _chain_standing(states.chain, hotkey)
+    epoch = miner.epoch
     return MinerSummary(
         name=name,
         model=miner.model,
@@ -243,6 +253,9 @@ def _miner(name: str, states: NodeStates, names: Mapping[str, str]) -> MinerSumm
         pass_rate=lifetime.passed / lifetime.audited if lifetime is not None and lifetime.audited else None,
         incentive=incentive,
         weighted_by=weighted_by,
+        epoch=epoch.index if epoch is not None else None,
+        epoch_weight=epoch.weight if epoch is not None else None,
+        gated=tuple(finding_text(finding) for finding in epoch.gated) if epoch is not None else (),
     )
 
 
@@ -427,7 +440,8 @@ def summary_lines(summary: StatusSummary) -> list[str]:
             if miner.incentive is not None
             else "incentive n/a (this node publishes no chain state)"
         )
-        lines.append(f"  {miner.name}  {work} · {earned}")
+        gated = f" · ✘ gated in epoch {miner.epoch}: {'; '.join(miner.gated)}" if miner.gated else ""
+        lines.append(f"  {miner.name}  {work} · {earned}{gated}")
     if summary.gateway is not None:
         gateway = summary.gateway
         lines.append(

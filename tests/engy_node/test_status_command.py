@@ -29,6 +29,7 @@ from engy_node.hub import Hub
 from engy_node.keys import create_wallet
 from engy_node.miner.role import MinerMetrics
 from engy_node.miner.serving import RequestOutcome
+from engy_node.protocol.gates import GateTerms, explain
 from engy_node.snapshots import NodeInfo, ValidatorState, decode_states
 from engy_node.status_summary import (
     STATUS_NOT_WORKING,
@@ -39,6 +40,7 @@ from engy_node.status_summary import (
     StatusSummary,
     exit_code,
     summarize,
+    summary_lines,
 )
 from engy_node.testing.faults import ProcessAccount
 from tests.faults.nodes import NodeProcess, free_port
@@ -228,11 +230,28 @@ def test_a_local_network_s_miner_gets_its_gateway_verdicts_and_chain_incentive_b
     assert [alert.rule for alert in summary.alerts] == ["breaker_open"]
 
 
+def test_a_miner_a_gate_zeroed_names_the_gate_and_the_measurement_in_the_summary_and_its_line():
+    finding = explain(
+        {"hotkey": MINER, "model": "smollm2-135m", "gate_reason": "ttft_p99", "ttft_p99_ms": 45_000, "counted": 120},
+        GateTerms(30_000, 2_000),
+        epoch=7,
+    )
+    epoch = {"index": 7, "weight": 0, "rows": 1, "gated": [dataclasses.asdict(finding)]}
+    states = decode_states({"miner-1": {"model": "smollm2-135m", "epoch": epoch}}, strict=True)
+    summary = summarize(NodeInfo(hotkeys={"miner-1": MINER}), states, {}, [])
+    (miner,) = summary.miners
+    gated = "ttft_p99 on smollm2-135m: TTFT p99 45,000 ms over 120 requests (ceiling 30,000 ms)"
+    assert (miner.epoch, miner.epoch_weight, miner.gated) == (7, 0, (gated,))
+    assert encode(summary)["miners"][0]["gated"] == [gated]
+    assert any(line.endswith(f" · ✘ gated in epoch 7: {gated}") for line in summary_lines(summary))
+
+
 def test_what_a_standalone_miner_cannot_know_is_null_not_zero():
     states = decode_states({"miner": {"model": "smollm2-135m", "legs_up": 0, "legs": 1, "link_error": "refused"}})
     summary = summarize(NodeInfo(), states, {}, [])
     (miner,) = summary.miners
     assert (miner.served, miner.pass_rate, miner.incentive, miner.weighted_by, miner.server_state) == (None,) * 5
+    assert (miner.epoch, miner.epoch_weight, miner.gated) == (None, None, ())
     assert miner.link_error == "refused"
     assert summary.serving is not None and summary.serving.requests_ok is None and summary.serving.ttft_p99_ms is None
     assert summary.gateway is summary.validator is summary.verifier is None
