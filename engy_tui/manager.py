@@ -198,8 +198,8 @@ class NodeManager(App[None]):
         self._shown: NodeSnapshot | None = None
         self._drawn_at: dict[str, float] = {}
         """When each tab was last drawn from `_shown`; a change of state clears it."""
-        self._footer_fit: tuple[bool, int] | None = None
-        """The (Logs tab shown, width) the footer was last fitted to."""
+        self._narrow_footer = False
+        """Whether the footer is fitted to a narrow Logs tab (`_fit_footer`)."""
         self._server_log: dict[str, collections.deque[str]] = {}
         """The last lines of each model server's output, from the events, for the miner tab."""
         self.farewell: str | None = None
@@ -350,12 +350,10 @@ class NodeManager(App[None]):
     def _fit_footer(self) -> None:
         """At `FOOTER_ALL_KEYS_FROM` columns the footer holds every key of every tab; narrower,
         the Logs tab's keys, q and ? stay whole and the app's spare keys leave the footer."""
-        logs = self.query_one(TabbedContent).active == "logs"
-        fit = (logs, self.size.width)
-        if fit == self._footer_fit:
-            return
-        self._footer_fit = fit
-        narrow = logs and self.size.width < FOOTER_ALL_KEYS_FROM
+        narrow = self.query_one(TabbedContent).active == "logs" and self.size.width < FOOTER_ALL_KEYS_FROM
+        if narrow == self._narrow_footer:
+            return  # a wide terminal never gets here, so its footer is never recomposed
+        self._narrow_footer = narrow
         self.query_one(Footer).compact = narrow
         for key, bindings in self._bindings.key_to_bindings.items():
             self._bindings.key_to_bindings[key] = [
