@@ -9,11 +9,14 @@ import asyncio
 
 import pytest
 from rich.cells import cell_len
+from textual.app import App
 from textual.widgets import Static, TabbedContent
 
 from engy_tui.manager import NodeManager, header_text, roles_text
 from engy_tui.widgets.cells import Cell, fit_columns
+from engy_tui.widgets.miner import MinerPanel
 from tests.engy_tui.test_manager_screens import EVENTS, node_snapshot
+from tests.engy_tui.test_miner_panel import HOME, READY_LOG, Host, gpu_states
 from tests.engy_tui.test_validator_panel import NOW
 
 SIZE = (100, 30)
@@ -55,9 +58,10 @@ def test_fit_columns_leaves_out_the_named_columns_in_order_only_until_the_table_
 # ---- the app at 100 columns ---------------------------------------------------------------------
 
 
-def cut_lines(app: NodeManager) -> list[str]:
+def cut_lines(app: App[None]) -> list[str]:
     """Lines of the visible tab's one-line-per-row widgets that are wider than their widget."""
-    pane = app.query_one(TabbedContent).active_pane
+    tabs = app.query(TabbedContent)
+    pane = tabs.first().active_pane if tabs else app.screen
     assert pane is not None
     cut = []
     for static in pane.query(Static):
@@ -108,6 +112,20 @@ def test_the_tables_keep_their_key_columns_at_100_columns():
             await pilot.pause()
             weights = app.query_one("#validator-weights", Static)
             assert weights.region.width == SIZE[0], "the validator's boxes stack rather than halve"
+
+    asyncio.run(scenario())
+
+
+def test_one_miners_boxes_stack_at_100_columns_and_only_its_command_and_log_tail_are_cut():
+    """The command is copied whole with c, and the log tail is the Logs tab's; the rest stays."""
+    app = Host(MinerPanel(), gpu_states(), names={"miner": HOME}, server_log={"model_server": READY_LOG})
+
+    async def scenario() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            app.feed()
+            await pilot.pause()
+            assert app.query_one(".box.side.proofs").region.width == SIZE[0]
+            assert [line.split(":")[0] for line in cut_lines(app)] == ["cmd", "log"]
 
     asyncio.run(scenario())
 

@@ -194,7 +194,7 @@ class MinerPanel(Widget):
         width: 1fr;
         height: auto;
     }}
-    MinerPanel.-stacked .miner-compact > .lines {{
+    MinerPanel.-stacked .miner-compact > .lines, MinerPanel.-stacked .plan {{
         text-wrap: wrap;
     }}
     MinerPanel .box.-warning {{
