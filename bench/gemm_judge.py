@@ -20,7 +20,8 @@ A worker times, in CPU seconds of its own thread (torch and BLAS on one thread),
 best of its passes; then once more with the steps timed apart by wrapping whichever of these
 functions the revision has: the openings' parsing and Merkle paths (`_verified_rows`), Freivalds
 (`freivalds` per projection, or `freivalds_ratios` per audit), the row check (`draw_rows` and
-`row_check` or `row_ratios`), the replay (`replay_layer` or `replay_ratios`); the rest (the
+`row_check` per projection, or `_recomputed_rows` per audit: the draw, reading the rows and
+recomputing them), the replay (`replay_layer` or `replay_ratios`); the rest (the
 commitment, stacking the rows, the verdict) is "other". It prints the verdicts of every audit,
 which must be the same in both revisions: the run says so, and exits 1 when they differ.
 """
@@ -47,7 +48,11 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = {
     "openings: parse + Merkle paths": ("gemm_audit._verified_rows",),
     "freivalds": ("gemm_check.freivalds", "gemm_check.freivalds_ratios"),
-    "row check (32 rows per projection)": ("gemm_audit.draw_rows", "gemm_check.row_check", "gemm_check.row_ratios"),
+    "row check (32 rows per projection)": (
+        "gemm_audit.draw_rows",
+        "gemm_check.row_check",
+        "gemm_audit._recomputed_rows",
+    ),
     "replay": ("gemm_check.replay_layer", "gemm_check.replay_ratios"),
 }
 """Each step's functions, as either revision names them; a call inside another timed one is

@@ -139,6 +139,39 @@ def draw_rows(secret: bytes, root: bytes, label: str, rows: int, k: int) -> list
     return sorted(chosen)
 
 
+def draw_row_sets(
+    secret: bytes, root: bytes, labels: Sequence[str], rows: Sequence[int], k: int
+) -> list[npt.NDArray[np.intp]]:
+    """`draw_rows` for each label (with its count of rows), the same draws, in one pass over
+    all of them: each label's stream is cut to its first 2k draws, and the first k distinct
+    values of each are found together; a label whose 2k draws hold fewer (or with k > rows / 4)
+    is drawn by `draw_rows` itself."""
+    drawn: list[npt.NDArray[np.intp] | None] = [None] * len(labels)
+    batched = [i for i, count in enumerate(rows) if 4 * k <= count]
+    if batched:
+        streams = b"".join(
+            hashlib.shake_256(secret + b"\0" + root + b"\0" + labels[i].encode()).digest(16 * k) for i in batched
+        )
+        counts = np.array([rows[i] for i in batched], np.uint64)[:, None]
+        values = np.frombuffer(streams, "<u8").reshape(len(batched), 2 * k) % counts
+        order = np.argsort(values, axis=1, kind="stable")
+        ordered = np.take_along_axis(values, order, axis=1)
+        # In value order, the first of equal values is the earliest drawn (a stable sort).
+        first = np.ones(values.shape, bool)
+        first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+        earliest = np.empty_like(first)
+        np.put_along_axis(earliest, order, first, axis=1)
+        kept = earliest & (np.cumsum(earliest, axis=1) <= k)
+        enough = kept.sum(axis=1) == k
+        for row, i in enumerate(batched):
+            if enough[row]:
+                drawn[i] = np.sort(values[row][kept[row]]).astype(np.intp)
+    return [
+        np.array(draw_rows(secret, root, labels[i], rows[i], k), np.intp) if chosen is None else chosen
+        for i, chosen in enumerate(drawn)
+    ]
+
+
 def draw_positions(
     secret: bytes,
     root: bytes,
@@ -234,9 +267,9 @@ class GemmModel:
     weights: Mapping[tuple[int, str], Weights]
     """(layer, projection) → W, m × n, float32 (exact for a bf16, fp16 or fp32 checkpoint)."""
     eps: float
-    keys: Mapping[str, gemm_check.KeyStack]
-    """Projection → its Freivalds keys from the verifier's secret, one per layer, stacked so a
-    check takes each audited token's own layer's key."""
+    keys: gemm_check.KeyStack
+    """The Freivalds keys from the verifier's secret: one entry per layer, the seven projections
+    side by side in `GEMMS` order, so one check takes each audited token's own layer's keys."""
     secret: bytes
     """The verifier's secret, which also draws the rows the row check recomputes."""
     norms: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]
@@ -254,18 +287,20 @@ class GemmModel:
         vectors: int = FREIVALDS_VECTORS,
     ) -> GemmModel:
         layers = sorted({layer for layer, _ in weights})
-        keys = {
-            name: gemm_check.KeyStack.of(
-                [
-                    gemm_check.verifier_key(
-                        weights[layer, name],
-                        gemm_check.draw_signs(secret, f"{layer}.{name}", vectors, weights[layer, name].shape[0]),
-                    )
-                    for layer in layers
-                ]
-            )
-            for name in GEMMS
-        }
+        keys = gemm_check.KeyStack.joined(
+            [
+                gemm_check.KeyStack.of(
+                    [
+                        gemm_check.verifier_key(
+                            weights[layer, name],
+                            gemm_check.draw_signs(secret, f"{layer}.{name}", vectors, weights[layer, name].shape[0]),
+                        )
+                        for layer in layers
+                    ]
+                )
+                for name in GEMMS
+            ]
+        )
         stacked = (
             np.stack([np.asarray(first, np.float64) for first, _ in norms]),
             np.stack([np.asarray(second, np.float64) for _, second in norms]),
@@ -390,6 +425,36 @@ def _verified_rows(commitment: Commitment, evidence: GemmEvidence) -> dict[tuple
     return rows
 
 
+def _recomputed_rows(
+    model: GemmModel,
+    root: bytes,
+    audited: Mapping[int, list[int]],
+    projections: Mapping[str, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]],
+    arithmetic: gemm_check.Arithmetic,
+) -> list[tuple[str, npt.NDArray[np.float64]]]:
+    """The row check of every projection: `ROWS_CHECKED` rows of each audited layer's matrix,
+    drawn from the secret and the root, read into float64 once and recomputed for every
+    audited position of the layer."""
+    labels = [(name, layer) for name in projections for layer in audited]
+    sizes = [model.weights[layer, name].shape[0] for name, layer in labels]
+    drawn = draw_row_sets(model.secret, root, [f"rows/{layer}/{name}" for name, layer in labels], sizes, ROWS_CHECKED)
+    chosen = dict(zip(labels, drawn, strict=True))
+    tokens = sum(len(positions) for positions in audited.values())
+    steps = []
+    for name, (x, y) in projections.items():
+        weight_rows = np.empty((tokens, min(ROWS_CHECKED, y.shape[1]), x.shape[1]))
+        picked = np.empty(weight_rows.shape[:2], np.intp)
+        start = 0
+        for layer, positions in audited.items():
+            end = start + len(positions)
+            weight_rows[start:end] = model.weights[layer, name].take(chosen[name, layer], axis=0)
+            picked[start:end] = chosen[name, layer]
+            start = end
+        y_rows = np.take_along_axis(y, picked, axis=1)
+        steps.append((f"rows {name}", gemm_check.row_ratios(weight_rows, x, y_rows, arithmetic)))
+    return steps
+
+
 @functools.cache
 def _codes(step: str) -> str:
     return step_code(step)
@@ -416,19 +481,11 @@ def _checks(
 
     values = {group: stacked(group) for group in {group for pair in GEMMS.values() for group in pair}}
     projections = {name: (values[x], values[y]) for name, (x, y) in GEMMS.items()}
-    steps = [
-        (name, gemm_check.freivalds_ratios(model.keys[name].take(layers), x, y, arithmetic))
-        for name, (x, y) in projections.items()
-    ]
-    for name, (x, y) in projections.items():
-        chosen = {
-            layer: np.array(draw_rows(model.secret, commitment.root, f"rows/{layer}/{name}", y.shape[1], ROWS_CHECKED))
-            for layer in audited
-        }
-        picked = np.stack([chosen[layer] for layer, _ in pairs])
-        weight_rows = np.stack([model.weights[layer, name].take(chosen[layer], axis=0) for layer, _ in pairs])
-        y_rows = np.take_along_axis(y, picked, axis=1)
-        steps.append((f"rows {name}", gemm_check.row_ratios(weight_rows, x, y_rows, arithmetic)))
+    inputs = np.concatenate([x for x, _ in projections.values()], axis=1)
+    outputs = np.concatenate([y for _, y in projections.values()], axis=1)
+    freivalds = gemm_check.freivalds_ratios(model.keys.take(layers), inputs, outputs, arithmetic)
+    steps = [(name, freivalds[:, index]) for index, name in enumerate(projections)]
+    steps += _recomputed_rows(model, commitment.root, audited, projections, arithmetic)
     trace = gemm_check.LayerTrace(projections, stacked("residual_in"), stacked(RESIDUAL_OUT))
     input_norm, post_norm = (norms[layers] for norms in model.norms)
     steps += gemm_check.replay_ratios(trace, input_norm, post_norm, model.eps, arithmetic)

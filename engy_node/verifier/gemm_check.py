@@ -253,40 +253,69 @@ def _gamma(terms: int, unit_roundoff: float) -> float:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class KeyStack:
-    """Keys of several matrices of one shape (a projection's, one per layer), stacked so that
-    tokens checked against different matrices are checked in one pass: `take` gives each token
-    its own matrix's key."""
+    """Keys stacked two ways, so that many checks run as one pass: along a leading axis, one
+    entry per matrix of one kind (a projection's, one per layer: `take` gives each token its own
+    layer's), and side by side along the vectors, matrices of different kinds (a layer's seven
+    projections, `joined`), each a segment of the inputs and outputs it is checked on."""
 
     signs: Array
-    """L × K × m."""
+    """L × K × Σm: each segment's secret vectors σ."""
     projected: Array
-    """L × K × n."""
+    """L × K × Σn: σᵀW of each segment."""
     column_abs: Array
-    """L × n."""
+    """L × Σn."""
     frobenius: Array
-    """L."""
+    """L × S."""
+    m_starts: tuple[int, ...] = (0,)
+    """Where each segment's rows (outputs) start."""
+    n_starts: tuple[int, ...] = (0,)
+    """Where each segment's columns (inputs) start."""
 
     @classmethod
     def of(cls, keys: Sequence[VerifierKey]) -> KeyStack:
+        """One matrix kind: `keys` one per entry, all of one shape."""
         return cls(
             np.stack([key.signs for key in keys]),
             np.stack([key.projected for key in keys]),
             np.stack([key.column_abs for key in keys]),
-            np.array([key.frobenius for key in keys]),
+            np.array([[key.frobenius] for key in keys]),
+        )
+
+    @classmethod
+    def joined(cls, stacks: Sequence[KeyStack]) -> KeyStack:
+        """Single-segment stacks with as many entries each, side by side."""
+        m_starts = np.cumsum([0] + [stack.signs.shape[2] for stack in stacks[:-1]])
+        n_starts = np.cumsum([0] + [stack.projected.shape[2] for stack in stacks[:-1]])
+        return cls(
+            np.concatenate([stack.signs for stack in stacks], axis=2),
+            np.concatenate([stack.projected for stack in stacks], axis=2),
+            np.concatenate([stack.column_abs for stack in stacks], axis=1),
+            np.concatenate([stack.frobenius for stack in stacks], axis=1),
+            tuple(m_starts.tolist()),
+            tuple(n_starts.tolist()),
         )
 
     def take(self, index: npt.ArrayLike) -> KeyStack:
-        """The keys at `index` (one per token), in its order."""
-        return KeyStack(self.signs[index], self.projected[index], self.column_abs[index], self.frobenius[index])
+        """The entries at `index` (one per token), in its order."""
+        return KeyStack(
+            self.signs[index],
+            self.projected[index],
+            self.column_abs[index],
+            self.frobenius[index],
+            self.m_starts,
+            self.n_starts,
+        )
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.signs.shape[2], self.projected.shape[2]
+    def widths(self) -> tuple[Array, Array]:
+        """Each segment's m and n."""
+        m = np.diff([*self.m_starts, self.signs.shape[2]])
+        n = np.diff([*self.n_starts, self.projected.shape[2]])
+        return m, n
 
 
 def _products(rows: Array, stacked: Array) -> Array:
-    """Token rows (T × n) times the transposes of `stacked` (1 × K × n, shared by every token, or
-    T × K × n, one per token): T × K."""
+    """Token rows (T × n) times the transposes of `stacked` (1 × r × n, shared by every token, or
+    T × r × n, one per token): T × r."""
     if stacked.shape[0] == 1:
         shared: Array = rows @ stacked[0].T
         return shared
@@ -295,13 +324,18 @@ def _products(rows: Array, stacked: Array) -> Array:
 
 
 def _tolerance(keys: KeyStack, inputs: Array, outputs: Array, arithmetic: Arithmetic, false_reject: float) -> Array:
-    m, n = keys.shape
-    sum_abs = _products(np.abs(inputs), keys.column_abs[:, None, :])[:, 0]
-    products = np.minimum(keys.frobenius * np.linalg.norm(inputs, axis=1), sum_abs)
-    rounding = np.linalg.norm(arithmetic.activations.half_ulp(outputs), axis=1)
+    """T × S: `freivalds_tolerance` of every token and segment."""
+    m, n = keys.widths()
+    sum_abs = np.add.reduceat(np.abs(inputs) * keys.column_abs, keys.n_starts, axis=1)
+    norms = np.sqrt(np.add.reduceat(inputs * inputs, keys.n_starts, axis=1))
+    products = np.minimum(keys.frobenius * norms, sum_abs)
+    half_ulps = arithmetic.activations.half_ulp(outputs)
+    rounding = np.sqrt(np.add.reduceat(half_ulps * half_ulps, keys.m_starts, axis=1))
     z = math.sqrt(2 * math.log(2 * keys.signs.shape[1] / false_reject))
-    own = _gamma(m + n + 2, FLOAT64_UNIT_ROUNDOFF) * (2 * sum_abs + np.abs(outputs).sum(axis=1))
-    tolerance: Array = z * (rounding + arithmetic.growth(n) * products) + own
+    growth = np.array([arithmetic.growth(int(width)) for width in n])
+    own = np.array([_gamma(int(terms), FLOAT64_UNIT_ROUNDOFF) for terms in m + n + 2])
+    own_terms = 2 * sum_abs + np.add.reduceat(np.abs(outputs), keys.m_starts, axis=1)
+    tolerance: Array = z * (rounding + growth * products) + own * own_terms
     return tolerance
 
 
@@ -310,30 +344,36 @@ def freivalds_tolerance(
 ) -> Array:
     """T per token: z·‖δ‖₂ with z = √(2 ln(2K / false_reject)), plus the verifier's own float64
     rounding of the statistic; the same for every vector (|σ| = 1)."""
-    return _tolerance(KeyStack.of([key]), _rows(x), _rows(y), arithmetic, false_reject)
+    return _tolerance(KeyStack.of([key]), _rows(x), _rows(y), arithmetic, false_reject)[:, 0]
 
 
 def freivalds_ratios(
     keys: KeyStack, x: npt.ArrayLike, y: npt.ArrayLike, arithmetic: Arithmetic, *, false_reject: float = 2.0**-40
 ) -> Array:
-    """Per token, the largest |σᵀy − (σᵀW)x| over the K vectors as a multiple of its tolerance
-    (`freivalds_tolerance`; inf for a token with a value that is not finite), token t checked
-    against `keys` entry t, or against the one entry every token shares."""
+    """T × S: per token and segment, the largest |σᵀy − (σᵀW)x| over the K vectors as a
+    multiple of its tolerance (`freivalds_tolerance`; inf where a value it reads is not
+    finite), token t checked against `keys` entry t, or against the one entry every token
+    shares; x (T × Σn) and y (T × Σm) hold each segment's inputs and outputs side by side."""
     inputs, outputs = _rows(x), _rows(y)
-    m, n = keys.shape
     tokens = inputs.shape[0]
     if (
-        inputs.shape[1] != n
-        or outputs.shape[1] != m
+        inputs.shape[1] != keys.projected.shape[2]
+        or outputs.shape[1] != keys.signs.shape[2]
         or outputs.shape[0] != tokens
         or keys.signs.shape[0] not in (1, tokens)
     ):
-        raise ValueError(f"x {inputs.shape} and y {outputs.shape} for {keys.signs.shape[0]} keys of a {m}×{n} matrix")
-    statistic = _products(outputs, keys.signs) - _products(inputs, keys.projected)
+        raise ValueError(f"x {inputs.shape} and y {outputs.shape} for keys of {keys.signs.shape[0]} × {keys.widths()}")
+    statistic = np.add.reduceat(outputs[:, None, :] * keys.signs, keys.m_starts, axis=2) - np.add.reduceat(
+        inputs[:, None, :] * keys.projected, keys.n_starts, axis=2
+    )
     tolerance = _tolerance(keys, inputs, outputs, arithmetic, false_reject)
-    per_token = ratios(statistic, tolerance[:, None])
-    finite = np.isfinite(inputs).all(axis=1) & np.isfinite(outputs).all(axis=1)
-    return np.where(finite, per_token, np.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(statistic == 0, 0.0, np.abs(statistic) / tolerance[:, None, :])
+    per_segment = np.where(np.isnan(ratio), np.inf, ratio).max(axis=1)
+    infinite = np.logical_or.reduceat(~np.isfinite(inputs), keys.n_starts, axis=1) | np.logical_or.reduceat(
+        ~np.isfinite(outputs), keys.m_starts, axis=1
+    )
+    return np.where(infinite, np.inf, per_segment)
 
 
 def freivalds(
@@ -342,7 +382,9 @@ def freivalds(
     """Freivalds' check of committed y (tokens × m) against W·x for committed x (tokens × n):
     fails when some vector's |σᵀy − (σᵀW)x| exceeds `freivalds_tolerance`, which an honest
     product does with probability ≤ `false_reject` per token."""
-    return check_of("freivalds", freivalds_ratios(KeyStack.of([key]), x, y, arithmetic, false_reject=false_reject))
+    inputs, outputs = _rows(x), _rows(y)
+    per_token = freivalds_ratios(KeyStack.of([key]), inputs, outputs, arithmetic, false_reject=false_reject)
+    return check_of("freivalds", per_token[:, 0])
 
 
 def row_ratios(weight_rows: npt.ArrayLike, x: npt.ArrayLike, y_rows: npt.ArrayLike, arithmetic: Arithmetic) -> Array:

@@ -112,6 +112,22 @@ def test_rows_drawn_for_the_row_check_are_distinct_sorted_in_range_and_repeatabl
     assert drawn == ga.draw_rows(secret, root, "rows/0/q_proj", rows, k)
 
 
+@given(
+    secret=st.binary(min_size=1, max_size=32),
+    rows=st.lists(st.integers(min_value=1, max_value=3000), min_size=1, max_size=12),
+    k=st.integers(min_value=1, max_value=64),
+)
+def test_rows_drawn_for_many_labels_at_once_are_each_labels_own_draw(secret, rows, k):
+    """The judge draws every (layer, projection)'s rows in one pass: the same rows as one at a
+    time, matrices with fewer than 4k rows (drawn by `draw_rows` itself) among them."""
+    root = b"\x02" * 32
+    labels = [f"rows/{layer}/q_proj" for layer in range(len(rows))]
+    together = ga.draw_row_sets(secret, root, labels, rows, k)
+    assert [list(chosen) for chosen in together] == [
+        ga.draw_rows(secret, root, label, count, k) for label, count in zip(labels, rows, strict=True)
+    ]
+
+
 @pytest.mark.parametrize(
     "broken",
     [{}, {"format": "engy-activations-v2"}, {"activations_root": "zz"}, {"layers": 0}, {"dtype": "int8"}],

@@ -345,9 +345,26 @@ def test_tokens_checked_in_one_pass_against_their_own_matrices_are_judged_as_alo
     wrong = data.draw(st.integers(0, tokens - 1))
     y[wrong, seed % m] += data.draw(st.sampled_from([0.0, 1.0]))
     keys = [key_for(weight, seed + layer, vectors=2) for layer, weight in enumerate(matrices)]
-    batched = gc.freivalds_ratios(gc.KeyStack.of(keys).take(owner), x, y, arithmetic)
-    alone = [gc.freivalds(keys[owner[t]], x[t : t + 1], y[t : t + 1], arithmetic).worst for t in range(tokens)]
+    # A second kind of matrix (another shape, as k_proj beside q_proj), checked side by side.
+    others = [problem(seed + 7 + layer, n + 3, m, tokens, arithmetic)[0] for layer in range(3)]
+    other_keys = [key_for(weight, seed + 7 + layer, vectors=2) for layer, weight in enumerate(others)]
+    other_x = problem(seed + 9, n + 3, m, tokens, arithmetic)[1]
+    other_y = np.concatenate(
+        [served(others[owner[t]], other_x[t : t + 1], arithmetic, "tree", seed) for t in range(tokens)]
+    )
+    joined = gc.KeyStack.joined([gc.KeyStack.of(keys), gc.KeyStack.of(other_keys)])
+    batched = gc.freivalds_ratios(
+        joined.take(owner), np.concatenate([x, other_x], axis=1), np.concatenate([y, other_y], axis=1), arithmetic
+    )
+    alone = [
+        [
+            gc.freivalds(keys[owner[t]], x[t : t + 1], y[t : t + 1], arithmetic).worst,
+            gc.freivalds(other_keys[owner[t]], other_x[t : t + 1], other_y[t : t + 1], arithmetic).worst,
+        ]
+        for t in range(tokens)
+    ]
     np.testing.assert_allclose(batched, alone, rtol=1e-9)
+    assert (batched[wrong, 0] > 1) == (not gc.freivalds(keys[owner[wrong]], x[wrong], y[wrong], arithmetic).passed)
     rows = np.array(sorted(data.draw(st.sets(st.integers(0, m - 1), min_size=1))))
     batched = gc.row_ratios(np.stack([matrices[o][rows] for o in owner]), x, y[:, rows], arithmetic)
     alone = [gc.row_check(matrices[owner[t]][rows], x[t], y[t, rows], arithmetic).worst for t in range(tokens)]
