@@ -4,10 +4,12 @@ The greedy and seeded token checks (`token_evidence.miss_evidence`) tell numeric
 model by how far each served token trails the recompute's choice. That needs to know how far an
 honest token can trail when the miner and the verifier compute on different numeric paths —
 bf16 decode against an fp32 or bf16 cold prefill, different thread counts (a different reduction
-order), later a GPU against a CPU — and how often. This module measures it: it serves greedy
-answers on each serving path (token by token, with a KV cache, as the reference server does),
-recomputes each answer on each verifier path as `proof.verify_commitment` does, and records
-every token's gap (the recompute's largest logit minus the served token's).
+order), a prompt continued from the prefix cache (its KV computed by an earlier request's
+prefill and decode steps, as under load), later a GPU against a CPU — and how often. This
+module measures it: it serves greedy answers on each serving path (token by token, with a KV
+cache, as the reference server does), recomputes each answer on each verifier path as
+`proof.verify_commitment` does, and records every token's gap (the recompute's largest logit
+minus the served token's).
 
 The prompts are buyer-like conversations: the probe corpus the gateway qualifies miners with,
 each conversation as it stands and, for those with more, its first user turn alone and without
@@ -37,27 +39,34 @@ from engy_node.calibration import (
     seeded_generation,
 )
 from engy_node.models import ModelSpec
-from engy_node.serve.engine import ModelRunner
+from engy_node.serve.engine import Generation, ModelRunner, PrefixCache, run_to_completion
+from engy_node.serve.sampling import parse_sampling_params
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NumericPath:
     dtype: str
     threads: int
+    prefix_cache: bool = False
+    """Serve the conversation's next turn from the prefix cache (`cached_follow_up`), as a
+    loaded server answers it, instead of prefilling the prompt cold."""
 
     @property
     def label(self) -> str:
-        return f"{self.dtype} ×{self.threads}"
+        return f"{self.dtype} ×{self.threads}" + (" prefix cache" if self.prefix_cache else "")
 
 
-SERVE_PATHS = (NumericPath("bfloat16", 2), NumericPath("float32", 1))
-"""Serving as `engy-node serve` does (bf16), and in fp32 on another thread count."""
+SERVE_PATHS = (NumericPath("bfloat16", 2), NumericPath("float32", 1), NumericPath("bfloat16", 2, prefix_cache=True))
+"""Serving as `engy-node serve` does (bf16), in fp32 on another thread count, and in bf16 from
+the prefix cache: which prompts a server finds cached depends on what finished before them, so
+under load the same request is computed either way."""
 RECOMPUTE_PATHS = {
     SERVE_PATHS[0]: (NumericPath("float32", 2), NumericPath("bfloat16", 2), NumericPath("bfloat16", 1)),
     SERVE_PATHS[1]: (NumericPath("float32", 2), NumericPath("bfloat16", 2)),
+    SERVE_PATHS[2]: (NumericPath("float32", 2), NumericPath("bfloat16", 2)),
 }
 """For each serving path, the verifier paths it is recomputed on: the verifier's default (fp32),
-the serving precision, and another thread count."""
+the serving precision, and another thread count. The verifier always prefills cold."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,6 +103,37 @@ def drift_conversations(limit: int | None = None) -> list[list[dict[str, str]]]:
             seen.add(key)
             conversations.append(messages)
     return conversations[:limit]
+
+
+FOLLOW_UP = "Go on."
+"""The next user turn `cached_follow_up` asks."""
+
+
+def cached_follow_up(
+    runner: ModelRunner, conversation: Sequence[dict[str, str]], budget: int
+) -> tuple[list[int], Generation]:
+    """(prompt ids, greedy generation) of the conversation's next turn, served as a server with a
+    prefix cache serves it: the conversation is answered first, and the next turn — the
+    conversation, that answer and `FOLLOW_UP` — continues from the KV the first request left
+    (its prompt prefilled, its answer decoded a token at a time) instead of a cold prefill."""
+    cache = PrefixCache(runner, max_tokens=runner.context_length)
+
+    def served(prompt_ids: list[int]) -> Generation:
+        generation = Generation(
+            rid="drift",
+            input_ids=prompt_ids,
+            params=parse_sampling_params({"temperature": 0, "max_new_tokens": budget}),
+        )
+        hit = cache.take(prompt_ids)
+        if hit is not None:
+            generation.resume_from(*hit)
+        generation.on_finish = cache.keep
+        return run_to_completion(runner, generation)
+
+    first = served(chat_ids(runner, conversation))
+    follow_up = [*conversation, {"role": "assistant", "content": first.text}, {"role": "user", "content": FOLLOW_UP}]
+    prompt_ids = chat_ids(runner, follow_up)
+    return prompt_ids, served(prompt_ids)
 
 
 def gaps_of(logits, tokens: Sequence[int]) -> list[float]:
@@ -143,8 +183,12 @@ def run_greedy_drift(
             budgets += [(index, long_tokens) for index in range(min(long_count, len(conversations)))]
             for done, (index, budget) in enumerate(budgets, start=1):
                 server = runner_for(serve_path)
-                prompt_ids = chat_ids(server, conversations[index])
-                output = greedy_generation(server, prompt_ids, budget).output_ids
+                if serve_path.prefix_cache:
+                    prompt_ids, follow_up = cached_follow_up(server, conversations[index], budget)
+                    output = follow_up.output_ids
+                else:
+                    prompt_ids = chat_ids(server, conversations[index])
+                    output = greedy_generation(server, prompt_ids, budget).output_ids
                 for recompute_path in recompute_paths[serve_path]:
                     verifier = runner_for(recompute_path)
                     _, logits = verifier.prefill(prompt_ids + output[:-1], start=len(prompt_ids) - 1)
