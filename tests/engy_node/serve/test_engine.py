@@ -244,16 +244,16 @@ def _collect(engine: Engine, generations: list[Generation], timeout: float = 60.
 
 
 def test_concurrent_requests_interleave_and_match_solo_runs(runner):
-    solo = [
-        run_to_completion(runner, generation(rid=f"s{i}", max_new_tokens=5 + i, ignore_eos=True)).output_ids
-        for i in range(3)
-    ]
+    solo = [run_to_completion(runner, generation(rid=f"s{i}", max_new_tokens=5 + i, ignore_eos=True)) for i in range(3)]
     engine = Engine(runner, max_running=3)
     engine.start()
     try:
         batch = [generation(rid=f"c{i}", max_new_tokens=5 + i, ignore_eos=True) for i in range(3)]
         _collect(engine, batch)
-        assert [g.output_ids for g in batch] == solo
+        assert [g.output_ids for g in batch] == [g.output_ids for g in solo]
+        # Each step is one request's own forward pass (no batched GEMM, no shared padding), so
+        # concurrency changes no arithmetic: the verifier judges the numerics of a lone request.
+        assert all(torch.equal(g.proof_rows(), s.proof_rows()) for g, s in zip(batch, solo))
         starts = sorted(g.first_token_perf for g in batch)
         ends = sorted(g.finished_perf for g in batch)
         assert starts[-1] < ends[0], "every request got its first token before any finished"
