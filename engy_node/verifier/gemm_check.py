@@ -295,7 +295,7 @@ class KeyStack:
             tuple(n_starts.tolist()),
         )
 
-    def take(self, index: npt.ArrayLike) -> KeyStack:
+    def take(self, index: npt.NDArray[np.intp]) -> KeyStack:
         """The entries at `index` (one per token), in its order."""
         return KeyStack(
             self.signs[index],
