@@ -73,13 +73,14 @@ import bisect
 import collections
 import dataclasses
 import functools
+import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from engy_node.gemm.merkle import HASH_SIZE, MerkleTree, leaf_hash, verify, verify_all
+from engy_node.gemm.merkle import HASH_SIZE, LEAF_PREFIX, MerkleBuilder, MerkleTree, leaf_hash, verify, verify_all
 
 FORMAT = "engy-activations-v1"
 TAG = FORMAT.encode() + b"\0"
@@ -393,30 +394,40 @@ class RecordBuilder:
         self.layout = layout
         self.start = start
         self.positions = start
-        self._leaves: list[bytes] = []
+        self._tree = MerkleBuilder()
         self._chunks: list[_Chunk] = []
         self._slices = [
             (_descriptor(layout, *slot), start, end) for slot, (start, end) in zip(layout.slots(), layout.offsets())
         ]
+        self._prefix = hashlib.sha256(LEAF_PREFIX + TAG)
+        """`leaf_hash`'s state after the bytes every leaf starts with, copied per leaf."""
 
     def add_rows(self, rows: int, data: bytes | memoryview) -> None:
         """The next `rows` positions, one after another, each position's slots in leaf order
-        (`ActivationLayout.offsets`), and hash their leaves."""
+        (`ActivationLayout.offsets`), and hash their leaves (`activation_leaf`'s hashes, from
+        a copy of the hash state after the prefix and position they share) and the tree's
+        complete pairs above them."""
         view = memoryview(data).cast("B")
         size = self.layout.row_bytes
         if view.nbytes != rows * size:
             raise CommitmentError(f"{view.nbytes} bytes for {rows} positions of {size}")
-        leaves = self._leaves
+        leaves = []
         for row in range(rows):
-            position = (self.positions + row).to_bytes(4, "big")
+            at_position = self._prefix.copy()
+            at_position.update((self.positions + row).to_bytes(4, "big"))
             base = row * size
             for descriptor, start, end in self._slices:
-                leaves.append(leaf_hash(TAG, position, descriptor, view[base + start : base + end]))
+                leaf = at_position.copy()
+                leaf.update(descriptor)
+                leaf.update(view[base + start : base + end])
+                leaves.append(leaf.digest())
+        self._tree.extend(leaves)
         self._chunks.append(_Chunk(self.positions, rows, view))
         self.positions += rows
 
     def finish(self) -> ActivationRecord:
-        return ActivationRecord(self.layout, self.positions, tuple(self._chunks), MerkleTree(self._leaves), self.start)
+        """The record; only the tree's right edge is left to hash. The builder is spent."""
+        return ActivationRecord(self.layout, self.positions, tuple(self._chunks), self._tree.tree(), self.start)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -70,6 +70,13 @@ class MerkleTree:
         while len(self.levels[-1]) > 1:
             self.levels.append(_next_level(self.levels[-1]))
 
+    @classmethod
+    def from_levels(cls, levels: list[list[bytes]]) -> MerkleTree:
+        """The tree whose levels (`MerkleBuilder.tree`'s) are already hashed."""
+        tree = cls.__new__(cls)
+        tree.levels = levels
+        return tree
+
     @property
     def size(self) -> int:
         return len(self.levels[0])
@@ -90,6 +97,46 @@ class MerkleTree:
                 siblings.append(level[sibling])
             index //= 2
         return siblings
+
+
+class MerkleBuilder:
+    """The same tree as `MerkleTree`, built while its leaves arrive: each level's complete pairs
+    are hashed as soon as both children exist, so what `tree` has left to hash at the end is the
+    right edge (a node per level), not the whole tree. A lone last node is promoted only then,
+    when no later leaf can pair with it, which is why the levels match `MerkleTree`'s exactly."""
+
+    def __init__(self) -> None:
+        self._levels: list[list[bytes]] = [[]]
+
+    def extend(self, leaves: Sequence[bytes]) -> None:
+        self._levels[0].extend(leaves)
+        self._pair_up(0)
+
+    def _pair_up(self, level: int) -> None:
+        """Hash every complete pair of `level` not yet hashed, and the levels above in turn."""
+        levels = self._levels
+        while len(levels[level]) >= 2:
+            below = levels[level]
+            if level + 1 == len(levels):
+                levels.append([])
+            above = levels[level + 1]
+            done = 2 * len(above)
+            if done + 2 > len(below):
+                return
+            above.extend(node_hash(below[i], below[i + 1]) for i in range(done, len(below) - 1, 2))
+            level += 1
+
+    def tree(self) -> MerkleTree:
+        """The finished tree; the builder takes no leaves after it."""
+        levels = self._levels
+        level = 0
+        while len(levels[level]) > 1:
+            self._pair_up(level)
+            if len(levels[level]) % 2:
+                levels[level + 1].append(levels[level][-1])
+            level += 1
+        del levels[level + 1 :]
+        return MerkleTree.from_levels(levels)
 
 
 def verify(root: bytes, index: int, leaf: bytes, path: Sequence[bytes], size: int) -> bool:

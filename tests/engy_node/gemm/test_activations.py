@@ -92,6 +92,18 @@ def test_the_root_depends_on_the_rows_not_on_how_forward_calls_batched_them(buil
     assert one_call.finish().tree.root == record.tree.root
 
 
+def test_the_format_is_pinned_by_a_known_root():
+    """`engy-activations-v1` is what verifiers check: a change to how leaves or the tree are
+    hashed (a faster capture included) must leave this root as the first implementation made it."""
+    layout = ac.ActivationLayout(2, (("residual_in", 3), ("q", 2)), "bfloat16")
+    data = bytes(i % 251 for i in range(3 * layout.row_bytes))
+    builder = ac.RecordBuilder(layout, start=1)
+    builder.add_rows(1, data[: layout.row_bytes])
+    builder.add_rows(2, data[layout.row_bytes :])
+    root = builder.finish().tree.root
+    assert root.hex() == "3fa5cbba07eaf9b34a1d5a7c6526aa0078c956c0581c33a78da25a0f334cde3e"
+
+
 def test_a_residual_out_is_opened_where_the_next_layer_reads_it():
     layout = ac.ActivationLayout(3, (("residual_in", 2), ("q", 3)), "float32")
     builder = ac.RecordBuilder(layout)

@@ -8,7 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engy_node.gemm.merkle import EMPTY_ROOT, MerkleTree, leaf_hash, merkle_root, node_hash, verify, verify_all
+from engy_node.gemm.merkle import (
+    EMPTY_ROOT,
+    MerkleBuilder,
+    MerkleTree,
+    leaf_hash,
+    merkle_root,
+    node_hash,
+    verify,
+    verify_all,
+)
 
 leaf_lists = st.lists(st.binary(max_size=40), min_size=1, max_size=70).map(lambda data: [leaf_hash(d) for d in data])
 
@@ -55,6 +64,19 @@ def test_an_odd_last_node_is_promoted_not_duplicated():
 @given(leaf_lists)
 def test_the_root_is_rfc6962s(leaves):
     assert MerkleTree(leaves).root == merkle_root(leaves) == rfc6962_root(leaves)
+
+
+@given(st.lists(st.binary(max_size=8), max_size=140).map(lambda data: [leaf_hash(d) for d in data]), st.data())
+def test_a_tree_built_as_its_leaves_arrive_is_the_same_tree(leaves, data):
+    """However the leaves are split into batches (a forward call's positions each), the builder
+    ends with `MerkleTree`'s levels, so its root and every path are the same."""
+    builder = MerkleBuilder()
+    at = 0
+    while at < len(leaves):
+        step = data.draw(st.integers(1, len(leaves) - at))
+        builder.extend(leaves[at : at + step])
+        at += step
+    assert builder.tree().levels == MerkleTree(leaves).levels
 
 
 @given(leaf_lists)
