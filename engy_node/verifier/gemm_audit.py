@@ -169,9 +169,9 @@ def draw_row_sets(
         np.put_along_axis(earliest, order, first, axis=1)
         kept = earliest & (np.cumsum(earliest, axis=1) <= k)
         enough = kept.sum(axis=1) == k
-        for row, i in enumerate(batched):
-            if enough[row]:
-                drawn[i] = np.sort(values[row][kept[row]]).astype(np.intp)
+        firsts = np.sort(values[enough][kept[enough]].reshape(-1, k), axis=1).astype(np.intp)
+        for i, chosen in zip(np.asarray(batched)[enough].tolist(), firsts, strict=True):
+            drawn[i] = chosen
     return [
         np.array(draw_rows(secret, root, labels[i], rows[i], k), np.intp) if chosen is None else chosen
         for i, chosen in enumerate(drawn)
