@@ -2,12 +2,13 @@
 
 Issue 29 saw our honest reference miner judged `cheat (tokens)` once in 262 verdicts under 50-way
 load. The reference server steps each request on its own (no batched forward pass), so
-concurrency alone changes no arithmetic (`test_engine`'s bit-for-bit check); what load changes
-is the prefix cache: whether a prompt finds itself, or an earlier turn and its answer, already
-computed depends on what finished before it, and a prompt continued from cached KV (computed by
-another prefill, or by decode steps) rounds near-ties differently from the verifier's cold
-prefill. Those answers are honest and must be judged so ("Verdicts on honest miners under
-load" in docs/verification.md has the measurement).
+concurrency alone changes no arithmetic (`test_engine`'s bit-for-bit check): that verdict was
+the count rule, since replaced by the miss rule, judging an honest answer's near-ties
+(`CONVERSATIONS`). What load has changed since is the prefix cache: whether a prompt finds
+itself, or an earlier turn and its answer, already computed depends on what finished before it,
+and a prompt continued from cached KV (computed by another prefill, or by decode steps) rounds
+near-ties differently from the verifier's cold prefill. Those answers are honest and must be
+judged so ("Verdicts on honest miners under load" in docs/verification.md has the measurements).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import trio
 
 from engy_node import proof
 from engy_node.calibration import chat_ids
-from engy_node.drift import drift_conversations
+from engy_node.drift import FOLLOW_UP, drift_conversations
 from engy_node.models import SMOLLM2_135M, model_root
 from engy_node.protocol.audit import AuditJob
 from engy_node.protocol.miner import Sampling
@@ -88,7 +89,7 @@ async def test_concurrent_answers_from_the_prefix_cache_are_judged_honest(refere
         follow_ups = [
             chat_ids(
                 runner,
-                [*conversation, {"role": "assistant", "content": answer.text}, {"role": "user", "content": "Go on."}],
+                [*conversation, {"role": "assistant", "content": answer.text}, {"role": "user", "content": FOLLOW_UP}],
             )
             for conversation, answer in zip(conversations, first)
         ]
