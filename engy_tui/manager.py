@@ -406,6 +406,7 @@ class NodeManager(App[None]):
         self._fit_footer()
         # The Logs tab's keys (/ f l c …) belong to its view: give it focus as it shows, and take
         # it back as another tab shows, so a hidden log never answers that tab's keys (c, r).
+        event.tabbed_content.set_class(tab == "logs", "-fill")
         logs = self.query_one(LogsView)
         if tab == "logs":
             logs.take_focus()

@@ -130,6 +130,22 @@ def test_one_miners_boxes_stack_at_100_columns_and_only_its_command_and_log_tail
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("size", [SIZE, (160, 45)])
+def test_the_logs_tab_fills_the_screen_with_its_status_line_above_the_footer(size):
+    async def scenario() -> None:
+        app = NodeManager(None, clock=lambda: NOW)
+        async with app.run_test(size=size) as pilot:
+            app.show_snapshot(node_snapshot(), events=EVENTS)
+            await pilot.press("7")
+            await pilot.pause()
+            status = app.query_one("#logs-status", Static)
+            assert status.region.bottom == size[1] - 1, "the status line sits right above the footer"
+            assert str(status.render()).startswith("3 lines")
+            assert app.query_one("#node-header", Static).region.y == 0, "the header stays in view"
+
+    asyncio.run(scenario())
+
+
 def test_at_160_columns_nothing_is_left_out():
     async def scenario() -> None:
         app = NodeManager(None, clock=lambda: NOW)
