@@ -7,7 +7,10 @@ The scheme. For a weight matrix W (m×n) the verifier draws K secret sign vector
 precomputes σᵀW once per model (`verifier_key`). A challenged token's GEMV is then checked with
 two dot products per vector (`freivalds`): D = σᵀy − (σᵀW)·x, which is σᵀe for the error
 e = y − Wx of the served output. Rows the challenge opens are recomputed outright
-(`row_check`: one dot product per row, each held to its own row's bound).
+(`row_check`: one dot product per row, each held to its own row's bound). A verifier judging
+many tokens of many matrices at once (an audit's layers and projections) uses the same checks as
+per-token ratios (`freivalds_ratios` with a `KeyStack`, `row_ratios`, `replay_ratios`), each token
+against its own matrix, so that the audit costs a few array passes rather than a call per matrix.
 
 Tolerance, from the arithmetic. Served in a format with unit roundoff u_acc (fp32 accumulate) and
 rounded to an output format D, row i of an honest output satisfies, for any accumulation order
