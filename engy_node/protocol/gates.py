@@ -179,6 +179,10 @@ def _str(row: Mapping[str, Any], key: str) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def _percent(part: int, whole: int) -> float:
     return part * 100 / whole
 
@@ -209,7 +213,7 @@ def explain(row: Mapping[str, Any], terms: GateTerms | None = None, *, epoch: in
             )
             if count
         )
-        text = f"answered {ok:,} of {attempts:,} attempts ({share:.1f} %; minimum {ACCEPTANCE_PERCENT} %)" + (
+        text = f"answered {ok:,} of {_count(attempts, 'attempt')} ({share:.1f} %; minimum {ACCEPTANCE_PERCENT} %)" + (
             f": {failures}" if failures else ""
         )
         return _finding(epoch, hotkey, model, gate, share, ACCEPTANCE_PERCENT, "%", attempts, text)
@@ -220,7 +224,7 @@ def explain(row: Mapping[str, Any], terms: GateTerms | None = None, *, epoch: in
         counted = _int(row, "counted")
         bar = f"ceiling {ceiling:,} ms" if ceiling is not None else "ceiling unknown to this node"
         measured = f"{p99:,} ms" if p99 is not None else "not published"
-        over = f" over {counted:,} requests" if counted is not None else ""
+        over = f" over {_count(counted, 'request')}" if counted is not None else ""
         text = f"{label} p99 {measured}{over} ({bar})"
         return _finding(epoch, hotkey, model, gate, p99, ceiling, "ms", counted, text)
     if gate == "cheat":
@@ -229,7 +233,7 @@ def explain(row: Mapping[str, Any], terms: GateTerms | None = None, *, epoch: in
             return _finding(epoch, hotkey, model, gate, None, CHEAT_PERCENT, "%", None, "verdict counts not published")
         rendered = passed + cheat
         share = _percent(cheat, rendered)
-        text = f"{cheat:,} cheat verdicts of {rendered:,} rendered ({share:.1f} %; maximum {CHEAT_PERCENT} %)"
+        text = f"{_count(cheat, 'cheat verdict')} of {rendered:,} rendered ({share:.1f} %; maximum {CHEAT_PERCENT} %)"
         return _finding(epoch, hotkey, model, gate, share, CHEAT_PERCENT, "%", rendered, text)
     return _finding(epoch, hotkey, model, gate, None, None, "", None, f"gate {gate} (unknown to this node's version)")
 

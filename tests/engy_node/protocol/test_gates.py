@@ -90,6 +90,16 @@ def test_a_slow_tpot_p99_is_measured_against_the_models_ceiling():
     assert finding.text == "TPOT p99 250 ms over 100 requests (ceiling 100 ms)"
 
 
+def test_one_sample_reads_in_the_singular():
+    # A local network gates from one sample (`gateway.gate_min_samples`): a loaded CPU miner's one slow answer.
+    slow = explain({"model": "m", "gate_reason": "ttft_p99", "ttft_p99_ms": 62_850, "counted": 1}, TERMS["m"])
+    assert slow is not None and slow.text == "TTFT p99 62,850 ms over 1 request (ceiling 1,000 ms)"
+    cheat = explain({"gate_reason": "cheat", "verdict_pass": 0, "verdict_cheat": 1})
+    assert cheat is not None and cheat.text == "1 cheat verdict of 1 rendered (100.0 %; maximum 1 %)"
+    failed = explain({"gate_reason": "acceptance", "requests": 1, "ok_2xx": 0, "status_502": 1})
+    assert failed is not None and failed.text == "answered 0 of 1 attempt (0.0 %; minimum 99 %): 1 × 502"
+
+
 def test_a_latency_ceiling_unknown_to_this_node_is_said_so():
     finding = explain(gated_row(honest(98) + [request(ttft=4500)] * 2), None)
     assert finding.limit is None and finding.text.endswith("(ceiling unknown to this node)")
