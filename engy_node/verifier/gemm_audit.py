@@ -370,6 +370,7 @@ class GemmJudgement:
         return next((check for check in self.checks if not check.passed), None)
 
 
+@functools.cache
 def step_code(step: str) -> str:
     """A check's step as a verdict reason: kebab-case ASCII, at most 40 characters."""
     return re.sub(r"[^a-z0-9]+", "-", step.lower().replace("_", "-")).strip("-")[:40]
@@ -463,11 +464,6 @@ def _recomputed_rows(
     return steps
 
 
-@functools.cache
-def _codes(step: str) -> str:
-    return step_code(step)
-
-
 def _checks(
     model: GemmModel,
     commitment: Commitment,
@@ -497,7 +493,7 @@ def _checks(
     trace = gemm_check.LayerTrace(projections, stacked("residual_in"), stacked(RESIDUAL_OUT))
     input_norm, post_norm = (norms[layers] for norms in model.norms)
     steps += gemm_check.replay_ratios(trace, input_norm, post_norm, model.eps, arithmetic)
-    codes = [_codes(step) for step, _ in steps]
+    codes = [step_code(step) for step, _ in steps]
     table = np.stack([per_pair for _, per_pair in steps])
     checks = []
     start = 0
