@@ -314,6 +314,8 @@ class Generation:
         if self.finish_reason is None:
             if self.capture is not None and reason.get("type") != "abort":
                 self.gemm_commitment = self.capture.commit(self.rid)
+            elif self.capture is not None:
+                self.capture.close()
             self.finish_reason = reason
             self.finished_perf = time.perf_counter()
             if self.on_finish is not None and self._cache is not None:
