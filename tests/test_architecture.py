@@ -150,10 +150,11 @@ DASHBOARD_SOURCES = (
     "engy_node.config",
     "engy_node.hardware.gpu",
     "engy_node.hardware.monitor",
+    "engy_node.money",
 )
 """What the TUI's dashboards may read of the node: the snapshot types, and the public constants
 and pure helpers of the core that say what a figure means (the breaker's bars, the catalog,
-settings' defaults, GPU units and temperature bands)."""
+settings' defaults, GPU units and temperature bands, exact µUSD amounts)."""
 
 
 def test_the_dashboards_read_the_node_only_through_its_snapshot_types():
