@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--fleet",
         metavar="FILE",
         help="watch many nodes over their control APIs, directly or through SSH tunnels: a fleet file of "
-        "[[node]] tables (docs/operations.md, \"Fleet view\"); enter opens a node's tabs, esc comes back",
+        '[[node]] tables (docs/operations.md, "Fleet view"); enter opens a node\'s tabs, esc comes back',
     )
     mode.add_argument(
         "--serve-url",
