@@ -173,9 +173,25 @@ class Finding:
     gpu: int
     kind: str
     """Short code, stable for tests and for the TUI to mark the cell it is about: `pcie`,
-    `throttling`, `temperature`, `fan`, `lost`, `read_errors`."""
+    `throttling`, `temperature`, `fan`, `lost`, `read_errors`, `xid`."""
     level: Level
     text: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class XidRecord:
+    """The Xid errors (NVML `nvmlEventTypeXidCriticalError` events) one GPU reported since the
+    monitor started: the last one and how many (`engy_node.hardware.xids` explains each)."""
+
+    gpu: int
+    xid: int
+    """The last Xid number, as in the kernel log's `NVRM: Xid (...): 79, ...`."""
+    at: float
+    """When it came (Unix time)."""
+    count: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -187,6 +203,8 @@ class GpusState:
 
     samples: tuple[GpuSample, ...] = ()
     findings: tuple[Finding, ...] = ()
+    xids: tuple[XidRecord, ...] = ()
+    """By GPU, only those that reported one."""
     reason: str | None = None
     """Why there is nothing to monitor (CPU mode), if so."""
     error: str | None = None

@@ -18,9 +18,9 @@ The rules read only what the node already publishes (`engy_node.snapshots`):
 * `weights_stale` — a validator whose weights last landed `weights_stale_blocks` or more ago (or
   whose uid's last update is that old, when this process has not landed any yet; with the chain
   unreachable, counted on the wall clock since the last landing or the node's start).
-* `gpu` — the GPU monitor's findings about throttling, temperature or a GPU lost from the bus,
-  and any finding at error level. NVML's Xid events are not sampled by the monitor, so an Xid is
-  seen only through what it causes (a lost GPU, a model server that dies).
+* `gpu` — the GPU monitor's findings about throttling, temperature, a GPU lost from the bus or
+  an Xid error (NVML's Xid events, `hardware.xids`: one alert per GPU and Xid number, recovered
+  when the GPU has had no Xid for `hardware.xids.XID_RECENT_S`), and any finding at error level.
 * `server_down` / `server_restarts` — a model server failed or restarting, or one that restarted
   within `restart_window_s` (the book remembers each server's restart count and when it rose).
 * `balance_low` — a buyer among those the gateway publishes whose available balance is under
@@ -59,7 +59,7 @@ each, 0 when quiet)."""
 BREAKER_CODES = frozenset({"failures-in-a-row", "failure-rate", "slow-ttft", "slow-tpot", "unproven-rate"})
 """The traffic policy's transition codes for a pull by the circuit breaker
 (`gateway.trust.traffic._judge_breaker`)."""
-GPU_KINDS = frozenset({"throttling", "temperature", "lost"})
+GPU_KINDS = frozenset({"throttling", "temperature", "lost", "xid"})
 """GPU monitor findings that alert at any level; other kinds alert only at error level."""
 SERVER_DOWN_STATES = frozenset({"failed", "restarting"})
 DEFAULT_BLOCK_S = 12.0
@@ -251,8 +251,16 @@ def _weights(validator: ValidatorState, limits: Limits, *, now: float, started_a
 
 
 def _gpus(gpus: GpusState) -> list[Condition]:
+    """One condition per GPU and finding kind; an Xid's names the Xid too, so a different one on
+    the same GPU is notified as new rather than folded into the first."""
+    xid_numbers = {record.gpu: f" {record.xid}" for record in gpus.xids}
     return [
-        Condition("gpu", finding.level, f"gpu{finding.gpu} {finding.kind}", f"GPU {finding.gpu}: {finding.text}")
+        Condition(
+            "gpu",
+            finding.level,
+            f"gpu{finding.gpu} {finding.kind}" + (xid_numbers.get(finding.gpu, "") if finding.kind == "xid" else ""),
+            f"GPU {finding.gpu}: {finding.text}",
+        )
         for finding in gpus.findings
         if finding.kind in GPU_KINDS or finding.level == "error"
     ]

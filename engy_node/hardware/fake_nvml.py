@@ -16,8 +16,10 @@ fakes are the plans the same machine would get.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
+import threading
 import uuid
 from collections.abc import Sequence
 
@@ -28,6 +30,7 @@ from engy_node.hardware.gpu import MIB, ClockKind, LinkEnd, MemoryReading, Thres
 
 __all__ = [
     "FAKE_GPU_MODELS",
+    "FakeEventData",
     "FakeGpu",
     "FakeNvml",
     "parse_fake_gpu_spec",
@@ -66,6 +69,9 @@ class FakeGpu:
     pcie_width: int = 16
     pcie_gen_max: int = 4
     pcie_width_max: int = 16
+    event_types: int = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypePState | pynvml.nvmlEventTypeClock
+    """What `nvmlDeviceGetSupportedEventTypes` answers: Xid, P-state and clock events (the ECC
+    events need ECC on); 0 as on Windows, where NVML offers no events."""
     unsupported: frozenset[str] = frozenset()
     """`NvmlApi` method names this GPU answers with `NVMLError_NotSupported`."""
     broken: frozenset[str] = frozenset()
@@ -141,6 +147,25 @@ class _FakeHandle:
     index: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class FakeEventData:
+    """`pynvml.c_nvmlEventData_t`'s fields."""
+
+    device: object
+    eventType: int  # noqa: N815 - NVML's field name
+    eventData: int  # noqa: N815 - NVML's field name
+    gpuInstanceId: int = 0  # noqa: N815 - NVML's field name
+    computeInstanceId: int = 0  # noqa: N815 - NVML's field name
+
+
+@dataclasses.dataclass(eq=False)
+class _FakeEventSet:
+    registered: dict[int, int] = dataclasses.field(default_factory=dict)
+    """GPU index -> the event types registered for it."""
+    pending: collections.deque[FakeEventData] = dataclasses.field(default_factory=collections.deque)
+    freed: bool = False
+
+
 class FakeNvml:
     """`NvmlApi` (and `gpu_monitor.MonitorApi`) on made-up GPUs, raising the same `pynvml`
     errors the real library raises.
@@ -152,6 +177,12 @@ class FakeNvml:
     `init_error` makes `init()` fail. GeForce cards report P2P `not_supported` between each
     other; `p2p_ok=True` makes every pair `ok`. `init_calls`/`shutdown_calls` count what
     reached the "driver".
+
+    Events as NVML delivers them: `raise_xid(index, xid)` is the driver reporting an Xid on a
+    GPU; each event set that GPU is registered in for Xid events gets it, and a thread blocked in
+    `event_set_wait` on that set wakes with it; a wait with nothing pending blocks for its timeout
+    and raises `NVMLError_Timeout`. Registering event types a GPU does not offer (its
+    `event_types`) raises `NVMLError_NotSupported`; `event_sets_freed` counts `event_set_free`.
     """
 
     def __init__(
@@ -172,7 +203,10 @@ class FakeNvml:
         self._cuda_driver_version = cuda_driver_version
         self.init_calls = 0
         self.shutdown_calls = 0
+        self.event_sets_freed = 0
         self._initialized = False
+        self._event_sets: list[_FakeEventSet] = []
+        self._events = threading.Condition()
 
     @classmethod
     def from_spec(cls, spec: str, *, p2p_ok: bool = False) -> FakeNvml:
@@ -297,3 +331,54 @@ class FakeNvml:
         self._gpu(handle_a, "p2p_read_status")
         self._gpu(handle_b, "p2p_read_status")
         return pynvml.NVML_P2P_STATUS_OK if self.p2p_ok else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+
+    def device_index(self, handle: object) -> int:
+        return self._gpu(handle, "device_index")[0]
+
+    def event_set_create(self) -> object:
+        self._ready("event_set_create")
+        event_set = _FakeEventSet()
+        with self._events:
+            self._event_sets.append(event_set)
+        return event_set
+
+    def _live_set(self, event_set: object) -> _FakeEventSet:
+        if not isinstance(event_set, _FakeEventSet) or event_set.freed:
+            raise pynvml.NVMLError_InvalidArgument()
+        return event_set
+
+    def supported_event_types(self, handle: object) -> int:
+        return self._gpu(handle, "supported_event_types")[1].event_types
+
+    def register_events(self, handle: object, event_types: int, event_set: object) -> None:
+        index, gpu = self._gpu(handle, "register_events")
+        live = self._live_set(event_set)
+        if event_types & ~gpu.event_types:
+            raise pynvml.NVMLError_NotSupported()
+        with self._events:
+            live.registered[index] = live.registered.get(index, 0) | event_types
+
+    def event_set_wait(self, event_set: object, timeout_ms: int) -> FakeEventData:
+        self._ready("event_set_wait")
+        live = self._live_set(event_set)
+        with self._events:
+            if not self._events.wait_for(lambda: live.pending, timeout=timeout_ms / 1000):
+                raise pynvml.NVMLError_Timeout()
+            return live.pending.popleft()
+
+    def event_set_free(self, event_set: object) -> None:
+        self._ready("event_set_free")
+        live = self._live_set(event_set)
+        with self._events:
+            live.freed = True
+            self._event_sets.remove(live)
+            self.event_sets_freed += 1
+
+    def raise_xid(self, index: int, xid: int) -> None:
+        """The driver reports Xid `xid` on GPU `index` (callable from any thread)."""
+        event = FakeEventData(_FakeHandle(index), pynvml.nvmlEventTypeXidCriticalError, xid)
+        with self._events:
+            for event_set in self._event_sets:
+                if event_set.registered.get(index, 0) & pynvml.nvmlEventTypeXidCriticalError:
+                    event_set.pending.append(event)
+            self._events.notify_all()

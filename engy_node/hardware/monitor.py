@@ -7,7 +7,8 @@ temperature (and the slowdown/shutdown thresholds), fan, power, VRAM, utilisatio
 PCIe link (current vs max) and the decoded clock-event (throttle) reasons; `assess()` turns a
 sample into findings that name the fix ("GPU 1 runs at PCIe x8 (max x16): check the
 riser/slot"); `run_gpu_monitor()` does both on a timer and publishes the result to the hub as
-plain dicts (see `run_gpu_monitor` for the shape).
+plain dicts (see `run_gpu_monitor` for the shape). Xid errors are events, not readings: it also
+receives them as they come (`xid_events`) and adds their findings (`xids`).
 
 Failure posture, the same as `gpu.detect()`'s:
 
@@ -47,8 +48,10 @@ from engy_node.hardware.gpu import (
     decode_clock_event_reasons,
     detect,
 )
+from engy_node.hardware.xid_events import EventApi, PynvmlEvents, XidEvent, watch_xids
+from engy_node.hardware.xids import explain, record_xid, xid_findings
 from engy_node.hub import Hub
-from engy_node.snapshots import Finding, GpuSample
+from engy_node.snapshots import Finding, GpuSample, XidRecord
 
 __all__ = [
     "FALLBACK_SLOWDOWN_C",
@@ -118,15 +121,15 @@ COOLING_FIX = "improve cooling (case airflow, dust, fan curve) or lower the powe
 POWER_FIX = "check the PSU and the GPU's power cables (a power brake or power spike, not heat)"
 
 
-class MonitorApi(NvmlApi, Protocol):
-    """`NvmlApi` plus the one call only live monitoring makes."""
+class MonitorApi(NvmlApi, EventApi, Protocol):
+    """`NvmlApi` plus the calls only live monitoring makes: the thresholds and NVML's events."""
 
     def temperature_threshold(self, handle: object, kind: ThresholdKind) -> int:
         """The GPU's own slowdown or shutdown temperature, °C."""
         ...
 
 
-class MonitorPynvml(Pynvml):
+class MonitorPynvml(PynvmlEvents, Pynvml):
     """`MonitorApi` on the real library."""
 
     _THRESHOLDS = {
@@ -403,7 +406,8 @@ async def run_gpu_monitor(
     """Sample every GPU each `interval_s` in a worker thread and publish to `hub` under "gpus":
 
         samples     [GpuSample.as_dict(), ...]  by NVML index; [] in CPU mode
-        findings    [Finding.as_dict(), ...]    {"gpu", "kind", "level", "text"}
+        findings    [Finding.as_dict(), ...]    {"gpu", "kind", "level", "text"}, by GPU
+        xids        [XidRecord.as_dict(), ...]  {"gpu", "xid", "at", "count"}: each GPU's last Xid
         reason      None, or why this is CPU mode (then nothing else is ever sampled)
         error       None, or why the last round failed (samples/sampled_at keep the last good one)
         sampled_at  wall-clock time (time.time()) of the samples
@@ -411,7 +415,8 @@ async def run_gpu_monitor(
     Ready (`task_status.started()`) once the first state is published, so a caller that starts
     this with `nursery.start` can read the hub at once. `api` defaults to the real NVML.
 
-    Resources: NVML is initialised here and shut down when this is cancelled. `gpu.detect()`
+    Resources: NVML is initialised here and shut down when this is cancelled, after the Xid
+    watcher (`xid_events.watch_xids`, its own worker thread) has freed its event set. `gpu.detect()`
     runs once first for the CPU-mode decision and its reason; NVML counts initialisations, so
     the miner's own `detect()` can run alongside.
 
@@ -429,8 +434,25 @@ async def run_gpu_monitor(
         # detect() got through a moment ago; the driver went away in between.
         await _idle_in_cpu_mode(hub, f"NVML failed to start ({err}): {CPU_MODE}", task_status)
         return
+    xids: dict[int, XidRecord] = {}
+
+    def on_xid(event: XidEvent) -> None:
+        meaning = explain(event.xid)
+        log.log(
+            logging.ERROR if meaning.level == "error" else logging.WARNING,
+            "GPU %d reported Xid %d, %s: %s",
+            event.gpu,
+            event.xid,
+            meaning.what,
+            meaning.fix,
+        )
+        xids.update(record_xid(xids, event.gpu, event.xid, time.time()))
+        hub.set_state(STATE_COMPONENT, xids=[r.as_dict() for _, r in sorted(xids.items())])
+
     try:
-        await _sample_forever(hub, api, interval_s, task_status)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_xids, api, on_xid)
+            await _sample_forever(hub, api, interval_s, xids, task_status)
     finally:
         # Shielded: this runs on cancellation, and NVML must be shut down even then.
         with trio.CancelScope(shield=True):
@@ -447,7 +469,9 @@ async def _idle_in_cpu_mode(hub: Hub, reason: str, task_status: trio.TaskStatus[
     await trio.sleep_forever()
 
 
-async def _sample_forever(hub: Hub, api: MonitorApi, interval_s: float, task_status: trio.TaskStatus[None]) -> None:
+async def _sample_forever(
+    hub: Hub, api: MonitorApi, interval_s: float, xids: dict[int, XidRecord], task_status: trio.TaskStatus[None]
+) -> None:
     last_error: str | None = None
     active: dict[tuple[int, str], Finding] = {}
     started = False
@@ -468,15 +492,17 @@ async def _sample_forever(hub: Hub, api: MonitorApi, interval_s: float, task_sta
             if last_error is not None:
                 log.info("GPU readings are back")
                 last_error = None
-            findings = assess(samples)
+            now = time.time()
+            findings = sorted((*assess(samples), *xid_findings(xids.values(), now)), key=lambda f: f.gpu)
             _log_changes(active, findings)
             hub.set_state(
                 STATE_COMPONENT,
                 samples=[s.as_dict() for s in samples],
                 findings=[f.as_dict() for f in findings],
+                xids=[r.as_dict() for _, r in sorted(xids.items())],
                 reason=None,
                 error=None,
-                sampled_at=time.time(),
+                sampled_at=now,
             )
         if not started:
             task_status.started()
@@ -486,10 +512,11 @@ async def _sample_forever(hub: Hub, api: MonitorApi, interval_s: float, task_sta
 
 def _log_changes(active: dict[tuple[int, str], Finding], findings: Sequence[Finding]) -> None:
     """Log a finding when it appears and when it clears, keyed by GPU and kind: its text carries
-    live numbers and changes every round."""
+    live numbers and changes every round. An Xid's appearance is not logged here: each Xid is, as
+    it comes (`run_gpu_monitor`'s `on_xid`)."""
     now = {(f.gpu, f.kind): f for f in findings}
     for key, finding in now.items():
-        if key not in active:
+        if key not in active and finding.kind != "xid":
             log.log(logging.ERROR if finding.level == "error" else logging.WARNING, "%s", finding.text)
     for key in active.keys() - now.keys():
         log.info("cleared: %s", active[key].text)

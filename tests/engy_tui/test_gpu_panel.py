@@ -20,7 +20,8 @@ from textual.widgets import Static
 
 from engy_node.hardware.gpu import GIB
 from engy_node.hardware.monitor import assess, sample
-from engy_node.snapshots import Finding, GpuSample, GpusState, decode_states
+from engy_node.hardware.xids import explain, xid_findings
+from engy_node.snapshots import Finding, GpuSample, GpusState, XidRecord, decode_states
 from engy_tui.widgets.gpu_panel import (
     COLUMNS,
     STALE_AFTER_S,
@@ -301,3 +302,12 @@ def test_stale_rig_snapshot(snap_compare):
 def test_cpu_mode_snapshot(snap_compare):
     state = {"samples": [], "findings": [], "reason": CPU_REASON, "error": None, "sampled_at": 0.0}
     assert snap_compare(PanelApp(state, 0.0), terminal_size=(100, 5))
+
+
+def test_an_xid_is_a_finding_under_the_table_with_its_meaning_and_fix():
+    state = rig_state()
+    record = XidRecord(gpu=4, xid=79, at=SAMPLED_AT - 30)
+    state["xids"] = [record.as_dict()]
+    state["findings"] += [f.as_dict() for f in xid_findings([record], SAMPLED_AT)]
+    view = panel_view(gpus(state), SAMPLED_AT + 1)
+    assert view.findings[-1] == Cell(f"✖ GPU 4 reported Xid 79, GPU has fallen off the bus: {explain(79).fix}", "error")
