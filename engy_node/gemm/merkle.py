@@ -142,23 +142,7 @@ class MerkleBuilder:
 def verify(root: bytes, index: int, leaf: bytes, path: Sequence[bytes], size: int) -> bool:
     """Whether `path` opens leaf hash `leaf` at `index` of a tree of `size` leaves with this `root`
     (RFC 9162 §2.1.3.2)."""
-    if not 0 <= index < size or len(leaf) != HASH_SIZE or any(len(s) != HASH_SIZE for s in path):
-        return False
-    node, last = index, size - 1
-    current = leaf
-    for sibling in path:
-        if last == 0:
-            return False
-        if node % 2 == 1 or node == last:
-            current = node_hash(sibling, current)
-            while node % 2 == 0 and node != 0:
-                node //= 2
-                last //= 2
-        else:
-            current = node_hash(current, sibling)
-        node //= 2
-        last //= 2
-    return last == 0 and current == root
+    return verify_all(root, size, [(index, leaf, path)])
 
 
 def verify_all(root: bytes, size: int, openings: Iterable[tuple[int, bytes, Sequence[bytes]]]) -> bool:
