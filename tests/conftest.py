@@ -36,43 +36,12 @@ READY_PATTERN = re.compile(r"ready to roll! \(\S+ on (http://127\.0\.0\.1:\d+)\)
 SERVER_START_TIMEOUT_S = 180
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that loads the embedded model (through `checkpoint`, directly or via a
-    fixture built on it) `smollm2`, so `-m "not smollm2"` runs the rest in a fraction of the time;
-    under xdist, start the `heavy` tests first, one per worker."""
+    fixture built on it) `smollm2`, so `-m "not smollm2"` runs the rest in a fraction of the time."""
     for item in items:
         if "checkpoint" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.smollm2)
-    worker = getattr(config, "workerinput", None)
-    if worker is not None:
-        items[:] = heavy_first(items, workers=int(worker["workercount"]))
-
-
-def heavy_first(items: list[pytest.Item], *, workers: int) -> list[pytest.Item]:
-    """The collection with each module's `heavy` tests moved to the start of a batch of its own,
-    the longest (`heavy(minutes=…)`, as measured on 4 workers) first.
-
-    Collected in file order, the network tests (`tests/test_up*.py`) came last, so the run ended
-    with minutes of one worker alone on them while the others sat idle. xdist's load scheduler
-    hands each worker a first batch of a quarter of its share of consecutive tests, then more
-    batches as they drain: a heavy group at the start of each batch starts at once on a worker of
-    its own. Whatever the scheduler does instead, the order is still a valid one; only the
-    balance would suffer. Every worker computes the same order, as xdist requires."""
-    groups: dict[str, list[pytest.Item]] = {}
-    rest: list[pytest.Item] = []
-    for item in items:
-        if item.get_closest_marker("heavy") is not None:
-            groups.setdefault(item.nodeid.split("::")[0], []).append(item)
-        else:
-            rest.append(item)
-    longest_first = sorted(groups.values(), key=lambda group: -group[0].get_closest_marker("heavy").kwargs["minutes"])
-    batch = max(len(items) // workers // 4, 2)
-    ordered: list[pytest.Item] = []
-    for index, group in enumerate(longest_first):
-        while len(ordered) < index * batch and rest:
-            ordered.append(rest.pop(0))
-        ordered.extend(group)
-    return ordered + rest
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,6 @@ from engy_node.protocol.miner import Sampling
 from engy_node.serve.engine import ModelRunner
 from engy_node.verifier.judge import Judge
 
-pytestmark = pytest.mark.heavy(minutes=2)
-
 MODEL = SMOLLM2_135M.id
 PROMPTS = ("Explain why the sky is blue in two sentences.", "Give me a simple recipe for pancakes.")
 RESPLIT_SEARCH = 60

@@ -11,8 +11,6 @@ import pytest
 from engy_node.calibration import DEFAULT_PROMPTS, POWER_CASES, format_table, run_calibration, unexpected
 from engy_node.models import SMOLLM2_135M
 
-pytestmark = pytest.mark.heavy(minutes=5)
-
 PARAMS, TOKENS = SMOLLM2_135M.proof, SMOLLM2_135M.token_check
 
 

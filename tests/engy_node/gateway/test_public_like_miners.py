@@ -63,7 +63,6 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.mark.heavy(minutes=5)
 async def test_an_honest_public_like_miner_stays_active_and_a_four_bit_one_is_pulled(
     nursery, tmp_path, checkpoint, runner, one_thread
 ):
