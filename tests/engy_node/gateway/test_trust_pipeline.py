@@ -183,6 +183,11 @@ async def test_honest_miners_qualify_and_are_paid_and_every_cheater_is_caught_an
                 "wallets_path": str(wallets),
                 "master_wallet": "master/default",
                 "owner_hotkey": owner,
+                # The cheaters decode their whole answer before the first byte, three of them
+                # taking turns on one quantised model, on a CPU shared with the other test
+                # workers: a first byte can take longer than the 15 s meant for a GPU, and a 504
+                # pulls a cheater for failing qualification before any verdict names its cheat.
+                "first_byte_wait_s": 120.0,
             }
         },
     )
@@ -334,9 +339,10 @@ async def test_honest_miners_qualify_and_are_paid_and_every_cheater_is_caught_an
             (v.verdict, v.reason) for v in verdicts[name]
         ]
     for cheat in CHEATS:
-        reasons = {v.reason for v in verdicts[cheat.name] if v.verdict in ("cheat", "unproven")}
-        assert reasons & CAUGHT_BY[cheat.name], (cheat.name, [(v.verdict, v.reason) for v in verdicts[cheat.name]])
-        assert any(v.verdict == "cheat" for v in verdicts[cheat.name]) or cheat.name == "garbage-proofs"
+        judged = verdicts.get(cheat.name, [])
+        reasons = {v.reason for v in judged if v.verdict in ("cheat", "unproven")}
+        assert reasons & CAUGHT_BY[cheat.name], (cheat.name, [(v.verdict, v.reason) for v in judged], final[cheat.name])
+        assert any(v.verdict == "cheat" for v in judged) or cheat.name == "garbage-proofs"
 
     # Each epoch with paid traffic: the payload verifies, and its weights are the hand-computed ones.
     paid_hotkeys: dict[str, int] = {}
