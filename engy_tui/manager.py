@@ -33,8 +33,9 @@ from textual.timer import Timer
 from textual.widgets import Footer, Static, TabbedContent, TabPane, Tabs
 
 from engy_node.config import resolve_paths
+from engy_node.durations import duration_text
 from engy_node.errors import EngyError
-from engy_node.local.status import age_text, status_text
+from engy_node.local.status import status_text
 from engy_node.node import freeze_startup_objects
 from engy_node.setup import SetupAnswers, commands
 from engy_node.snapshots import STATE_SCHEMA, NodeStates, is_miner
@@ -93,13 +94,13 @@ def header_text(snapshot: NodeSnapshot | None, *, mode: str, now: float, width: 
     parts["block"] = None if block is None else f"block {block:,}"
     latest = states.epochs.latest if states.epochs is not None else None
     parts["epoch"] = None if latest is None else f"epoch {latest}"
-    parts["up"] = None if node.started_at is None else f"up {age_text(now - node.started_at)}"
+    parts["up"] = None if node.started_at is None else f"up {duration_text(now - node.started_at)}"
     age = now - snapshot.taken_at
     word = Text()
     if not snapshot.connected:
         word.append(f"   ✘ {snapshot.error or 'not connected'}", style="bold red")
     elif age > STALE_AFTER_S:
-        word.append(f"   ⚠ stale {age_text(age)}", style="yellow")
+        word.append(f"   ⚠ stale {duration_text(age)}", style="yellow")
     else:
         word.append(f"   ● {mode}", style="green")
     tries = [(False, ())] + [(True, HEADER_DROPS[:n]) for n in range(len(HEADER_DROPS) + 1)]

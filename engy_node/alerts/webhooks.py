@@ -17,6 +17,7 @@ from typing import Any
 
 from engy_node.alerts.rules import Notification
 from engy_node.alerts.settings import Webhook
+from engy_node.durations import duration_text
 
 DISCORD_LIMIT = 2000
 TELEGRAM_LIMIT = 4096
@@ -27,7 +28,7 @@ def message(note: Notification, *, node: str) -> str:
     alert = note.alert
     text = f"{MARKS[note.kind]} [{node}] {alert.rule}: {alert.text}"
     if note.kind == "resolved" and alert.since is not None:
-        text += f" (fired for {_duration(note.at - alert.since)})"
+        text += f" (fired for {duration_text(note.at - alert.since)})"
     return text
 
 
@@ -61,12 +62,3 @@ def request(hook: Webhook, note: Notification, *, node: str) -> tuple[str, dict[
 
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min"
-    return f"{seconds // 3600} h {seconds % 3600 // 60} min"

@@ -44,6 +44,7 @@ import httpx
 import trio
 
 from engy_node import __version__, keys
+from engy_node.durations import duration_text
 from engy_node.hub import Hub
 from engy_node.models import CATALOG
 from engy_node.protocol.epoch import MAX_PAYLOAD_BYTES, EpochPayloadError, VerifiedEpoch, parse_and_verify
@@ -184,7 +185,7 @@ class LightValidator:
                 log.info(
                     "epoch %d already submitted; next resubmit in ~%s (not contacting the chain yet)",
                     candidate.epoch_index,
-                    _duration(wait_s),
+                    duration_text(wait_s),
                 )
                 return TickResult("skipped:too-soon", candidate.epoch_index)
 
@@ -654,7 +655,3 @@ def _chain_error(err: BaseException) -> str:
 def _reason(err: BaseException) -> str:
     text = str(err) or type(err).__name__
     return f"{type(err).__name__}: {text}" if isinstance(err, httpx.HTTPError) else text
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"

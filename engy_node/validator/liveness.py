@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from engy_node.durations import duration_text
 from engy_node.validator.schedule import BLOCK_S, stall_limit
 from engy_node.validator.state import atomic_write_json
 
@@ -123,16 +124,16 @@ def weights_problem(
     cutoff_s = cutoff_s if cutoff_s is not None and cutoff_s > 0 else DEFAULT_ACTIVITY_CUTOFF_BLOCKS * BLOCK_S
     started = _timestamp(heartbeat.get("started"))
     up_s = max(0.0, now - started) if started is not None else None
-    cutoff = f"the activity cutoff ({_span(cutoff_s)})"
+    cutoff = f"the activity cutoff ({duration_text(cutoff_s)})"
     if last_submit_ts is None:
         if up_s is None or up_s <= cutoff_s:
             return None
-        problem = f"no weights set: the loop has run {_span(up_s)}, longer than {cutoff}, without landing any"
+        problem = f"no weights set: the loop has run {duration_text(up_s)}, longer than {cutoff}, without landing any"
     else:
         since = max(0.0, now - last_submit_ts)
         if since <= cutoff_s or (up_s is not None and up_s <= stall_limit(poll_s)):
             return None
-        problem = f"no weights landed for {_span(since)}, past {cutoff}: out of consensus, earning nothing"
+        problem = f"no weights landed for {duration_text(since)}, past {cutoff}: out of consensus, earning nothing"
     outcome = heartbeat.get("outcome")
     fix = OUTCOME_FIXES.get(outcome) if isinstance(outcome, str) else None
     if fix is None and isinstance(outcome, str) and outcome.startswith("rejected:"):
@@ -145,13 +146,7 @@ def last_weights(*, now: float, last_submit_ts: float | None) -> str:
     """ "weights landed 12 min ago", or "no weights set yet", for a healthy loop's message."""
     if last_submit_ts is None:
         return "no weights set yet"
-    return f"weights landed {_span(max(0.0, now - last_submit_ts))} ago"
-
-
-def _span(seconds: float) -> str:
-    if seconds >= 7200:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+    return f"weights landed {duration_text(max(0.0, now - last_submit_ts))} ago"
 
 
 def _timestamp(raw: Any) -> float | None:

@@ -22,6 +22,8 @@ from typing import Any, NamedTuple
 from rich.cells import cell_len
 from textual.content import Content
 
+from engy_node.durations import duration_text
+
 NA = "n/a"
 DASH = "—"
 
@@ -66,17 +68,11 @@ def as_text(value: Any) -> str | None:
 
 
 def format_duration(seconds: float | None) -> str:
-    """ "41 s", "12 min", "3 h 5 min", "2 d 4 h"; n/a for an unknown or non-finite time."""
+    """ "41 s", "12 min", "3 h 5 min", "2 d 4 h" (`engy_node.durations.duration_text`, as the
+    node's text and alerts say it); n/a for an unknown or non-finite time."""
     if seconds is None or not math.isfinite(seconds):
         return NA
-    whole = max(0, int(seconds))
-    if whole < 120:
-        return f"{whole} s"
-    if whole < 7200:
-        return f"{whole // 60} min"
-    if whole < 2 * 86400:
-        return f"{whole // 3600} h {whole % 3600 // 60} min"
-    return f"{whole // 86400} d {whole % 86400 // 3600} h"
+    return duration_text(seconds)
 
 
 def format_age(now: float, then: Any) -> str | None:

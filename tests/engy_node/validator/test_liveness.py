@@ -249,7 +249,9 @@ def test_a_loop_that_never_set_weights_is_failing_once_it_has_run_past_the_cutof
     assert weights_problem(beat(outcome="fetch-failed"), now=T0 + CUTOFF_S, last_submit_ts=None, poll_s=POLL_S) is None
     problem = weights_problem(beat(outcome="fetch-failed"), now=T0 + CUTOFF_S + 60, last_submit_ts=None, poll_s=POLL_S)
     assert problem is not None
-    assert problem.startswith("no weights set: the loop has run 16.7 h, longer than the activity cutoff (16.7 h)")
+    assert problem.startswith(
+        "no weights set: the loop has run 16 h 41 min, longer than the activity cutoff (16 h 40 min)"
+    )
     assert "last tick: fetch-failed" in problem and "check validator.provider_url" in problem
 
 
@@ -266,7 +268,7 @@ def test_a_loop_that_never_set_weights_is_failing_once_it_has_run_past_the_cutof
 def test_weights_not_landing_within_the_cutoff_name_why_and_the_fix(outcome: str, fix: str) -> None:
     now = T0 + 2 * CUTOFF_S
     problem = weights_problem(beat(outcome=outcome), now=now, last_submit_ts=now - CUTOFF_S - 1, poll_s=POLL_S)
-    assert problem is not None and problem.startswith("no weights landed for 16.7 h, past the activity cutoff")
+    assert problem is not None and problem.startswith("no weights landed for 16 h 40 min, past the activity cutoff")
     assert fix in problem
     assert weights_problem(beat(outcome=outcome), now=now, last_submit_ts=now - 600, poll_s=POLL_S) is None
 
@@ -310,4 +312,4 @@ def test_health_report_exit_codes(tmp_path: Path) -> None:
     assert code == HEALTH_NO_WEIGHTS and message.startswith("no weights set:")
     config = health_home(tmp_path / "lapsed", heartbeat=beat(started=T0 - CUTOFF_S), last_submit_ts=T0 - CUTOFF_S - 60)
     code, message = health_report(config, now=T0 + 12)
-    assert code == HEALTH_NO_WEIGHTS and message.startswith("no weights landed for 16.7 h")
+    assert code == HEALTH_NO_WEIGHTS and message.startswith("no weights landed for 16 h 41 min")
