@@ -40,7 +40,7 @@ from typing import Literal
 from engy_node.alerts.state import Alert, AlertLevel
 from engy_node.money import format_usd
 from engy_node.protocol.epoch import WEIGHT_MAX
-from engy_node.protocol.gates import finding_text, restore_text
+from engy_node.protocol.gates import block_time_s, finding_text, restore_text
 from engy_node.snapshots import GpusState, NodeStates, TrafficPolicyState, ValidatorState
 
 RULES = (
@@ -62,8 +62,6 @@ BREAKER_CODES = frozenset({"failures-in-a-row", "failure-rate", "slow-ttft", "sl
 GPU_KINDS = frozenset({"throttling", "temperature", "lost", "xid"})
 """GPU monitor findings that alert at any level; other kinds alert only at error level."""
 SERVER_DOWN_STATES = frozenset({"failed", "restarting"})
-DEFAULT_BLOCK_S = 12.0
-"""A subtensor block, for a validator that has not read the chain's block time."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -156,7 +154,7 @@ def conditions(
     found: list[Condition] = []
     if states.traffic is not None:
         found += _pulled(states.traffic)
-    found += _gated(states)
+    found += _gated(states, now=now)
     for name, link in sorted(states.miners.items()):
         why = link.link_down
         if why:
@@ -207,15 +205,16 @@ def _pulled(traffic: TrafficPolicyState) -> list[Condition]:
     return found
 
 
-def _gated(states: NodeStates) -> list[Condition]:
+def _gated(states: NodeStates, *, now: float) -> list[Condition]:
     """One condition per miner (so a next gated epoch updates it rather than firing anew)."""
     found = []
+    block_s = block_time_s(states.chain, states.validator)
     for name, miner in sorted(states.miners.items()):
         epoch = miner.epoch
         if epoch is None or not epoch.gated:
             continue
         gates = "; ".join(f"{finding_text(finding)} — fix: {finding.fix}" for finding in epoch.gated)
-        restore = restore_text(epoch)
+        restore = restore_text(epoch, now=now, block_s=block_s)
         weight = "n/a" if epoch.weight is None else f"{epoch.weight:,}"
         text = f"{name} gated in epoch {epoch.index} (weight {weight} of {WEIGHT_MAX:,}): {gates}" + (
             f"; next chance: {restore}" if restore else ""
@@ -230,7 +229,7 @@ def _weights(validator: ValidatorState, limits: Limits, *, now: float, started_a
     since the last landing or, none yet, since the node started, at the chain's block time."""
     blocks = validator.blocks_since_submit
     source = "landed"
-    block_s = validator.block_time_s or DEFAULT_BLOCK_S
+    block_s = block_time_s(validator)  # subtensor's 12 s before it has read the chain's
     if blocks is None and validator.block is not None and validator.last_update is not None:
         blocks, source = validator.block - validator.last_update, "updated on chain"
     elif blocks is None and validator.last_submit_ts is not None:

@@ -21,8 +21,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from engy_node.durations import duration_text
 from engy_node.protocol.epoch import WEIGHT_MAX
-from engy_node.protocol.gates import MinerEpoch, finding_text, restore_text
+from engy_node.protocol.gates import MinerEpoch, block_time_s, finding_text, restore_text
 from engy_node.snapshots import (
     AlertsState,
     ChainState,
@@ -234,6 +235,7 @@ LINK_DENIED_FIX = "change what the reason names (the miner key, or the hotkey an
 def _serving(states: NodeStates, now: float) -> list[str]:
     """This node's own miners, each with its plan, model server, link, weights and newest epoch."""
     lines = ["", "serving    this node's miners"]
+    block_s = block_time_s(states.chain, states.validator)
     for name in states.miner_names():
         miner = states.miners.get(name) or MinerState()
         lines.append(f"  {name} · {_show(miner.model)} · plan {_show(miner.plan)}")
@@ -250,13 +252,14 @@ def _serving(states: NodeStates, now: float) -> list[str]:
                 f"    ⚠ SIMULATED CHEAT  serves weights altered by {miner.simulated_cheat} while claiming this root "
                 "(miner.simulate_cheat: demos and tests only)"
             )
-        lines += _epoch(miner.epoch, now)
+        lines += _epoch(miner.epoch, now, block_s)
     return lines
 
 
-def _epoch(epoch: MinerEpoch | None, now: float) -> list[str]:
+def _epoch(epoch: MinerEpoch | None, now: float, block_s: float) -> list[str]:
     """The miner's newest published epoch as its gateway told it: its weight, or each gate that
-    zeroed a row with the measurement against its bar and the fix, and the next chance."""
+    zeroed a row with the measurement against its bar and the fix, and the next chance (how far
+    off in blocks of the chain's `block_s` seconds)."""
     if epoch is None:
         return []
     if epoch.index is None:
@@ -266,7 +269,7 @@ def _epoch(epoch: MinerEpoch | None, now: float) -> list[str]:
     lines = [f"    epoch         {epoch.index}: weight {weight} of {WEIGHT_MAX:,} {verdict}"]
     for finding in epoch.gated:
         lines += [f"      ✘ {finding_text(finding)}", f"        → fix: {finding.fix}"]
-    restore = restore_text(epoch, now=now) if epoch.gated else None
+    restore = restore_text(epoch, now=now, block_s=block_s) if epoch.gated else None
     if restore:
         lines.append(f"      next chance: {restore}")
     if epoch.error:
@@ -333,15 +336,6 @@ def _elapsed(now: float, then: Any) -> str | None:
     if not _is_number(then):
         return None
     try:
-        return age_text(now - then)
+        return duration_text(now - then)
     except (OverflowError, ValueError):  # an integer too large for a float; inf or nan
         return None
-
-
-def age_text(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min"
-    return f"{seconds // 3600} h {seconds % 3600 // 60} min"

@@ -14,7 +14,7 @@ route (`epoch_answer`) and its reading (`miner_epoch`), so the gateway and the m
 shape without importing each other.
 
 Pure and standard library only, like the settlement: plain data in and out, no IO, no clock
-(callers pass `now`). The settlement
+(callers pass `now`, and the chain's block time where blocks are counted). The settlement
 (`engy_node.gateway.billing.settlement`) takes its gate names and percentages from here, so an
 explanation cannot disagree with the gate that fired. Rows are read liberally: a field missing
 or of the wrong type is unknown (None), never an exception, because the row came over a network.
@@ -27,6 +27,8 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
+
+from engy_node.durations import duration_text
 
 GateReason = Literal["acceptance", "ttft_p99", "tpot_p99", "cheat"]
 GATES: tuple[GateReason, ...] = ("acceptance", "ttft_p99", "tpot_p99", "cheat")
@@ -115,38 +117,78 @@ class MinerEpoch:
     checked_at: float | None = None
 
 
-BLOCK_S = 12
-"""A subtensor block, for counting the blocks until an epoch ends."""
+SUBTENSOR_BLOCK_S = 12.0
+"""Subtensor's block time (finney and the testnet), for a node that publishes no chain's (a
+standalone miner). A node that reads its chain (a validator; a local network's dev chain, whose
+blocks come every second) counts in that chain's (`block_time_s`)."""
+
+
+def block_time_s(*states: Any) -> float:
+    """The chain's block time as the node knows it: the `block_time_s` of the first of `states`
+    (its published chain and validator states, `snapshots.ChainState` and `ValidatorState`, best
+    first; None for one it has not) that is a positive, finite number of seconds, else
+    subtensor's."""
+    for state in states:
+        seconds = getattr(state, "block_time_s", None)
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 < seconds < math.inf:
+            return float(seconds)
+    return SUBTENSOR_BLOCK_S
 
 
 def utc(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
-def duration(seconds: float) -> str:
-    """`45 s`, `12 min`, `3 h 05 min`, `2 d 4 h`."""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min"
-    if s < 86400:
-        return f"{s // 3600} h {s % 3600 // 60:02d} min"
-    return f"{s // 86400} d {s % 86400 // 3600} h"
+@dataclasses.dataclass(frozen=True, slots=True)
+class NextChance:
+    """The first epoch that can still restore a gated miner: its index, when its traffic window
+    ends and when its result is published (None: the gateway did not say)."""
+
+    index: int
+    end: int
+    closes_at: int | None
 
 
-def restore_text(epoch: MinerEpoch, *, now: float | None = None) -> str | None:
-    """When a gated epoch's zero can be replaced: the next epoch's end (with `now`, how far off, in
-    time and blocks) and when its result is published; None when the gateway did not say."""
-    if epoch.next_index is None or epoch.next_end is None:
+def next_chance(epoch: MinerEpoch, *, now: float) -> NextChance | None:
+    """The first epoch after `epoch` that closes (publishes its result) after `now`, or None when
+    the gateway did not say when the next one ends.
+
+    The gateway names the epoch after its newest published one. After the gateway was down, or
+    when this answer is old (the miner's last looks failed), that epoch may have closed already:
+    a gateway catching up settles the epochs it missed from the traffic it logged, none while it
+    was down, and one down for longer than `gateway.billing.epochs.MAX_CATCH_UP_EPOCHS` never
+    publishes some of them. So the epoch named moves on by whole epochs of the gateway's length
+    (its `next_end` less its `end`) to the first that closes after `now`: one in its grace (its
+    traffic served, its result to come) or the one serving now."""
+    index, end, closes_at = epoch.next_index, epoch.next_end, epoch.next_closes_at
+    if index is None or end is None:
         return None
-    verb = "ended" if now is not None and epoch.next_end <= now else "ends"
-    text = f"epoch {epoch.next_index} {verb} {utc(epoch.next_end)}"
-    if now is not None and epoch.next_end > now:
-        left = epoch.next_end - now
-        text += f" (in {duration(left)}, ~{math.ceil(left / BLOCK_S):,} blocks)"
-    if epoch.next_closes_at is not None:
-        text += f", its result published at {utc(epoch.next_closes_at)}"
+    epoch_s = end - epoch.end if epoch.end is not None else 0
+    deadline = closes_at if closes_at is not None else end
+    if epoch_s > 0 and deadline <= now:
+        skipped = math.floor((now - deadline) / epoch_s) + 1
+        index, end = index + skipped, end + skipped * epoch_s
+        closes_at = None if closes_at is None else closes_at + skipped * epoch_s
+    return NextChance(index, end, closes_at)
+
+
+def restore_text(epoch: MinerEpoch, *, now: float, block_s: float) -> str | None:
+    """When a gated epoch's zero can be replaced (`next_chance`): that epoch's end, how far off
+    in time and in blocks of `block_s` seconds (the chain's block time, `block_time_s`), and when
+    its result is published; None when the gateway did not say."""
+    if not (0 < block_s < math.inf):
+        raise ValueError(f"block_s must be a positive number of seconds, got {block_s!r}")
+    chance = next_chance(epoch, now=now)
+    if chance is None:
+        return None
+    left = chance.end - now
+    if left > 0:
+        blocks = math.ceil(left / block_s)
+        text = f"epoch {chance.index} ends {utc(chance.end)} (in {duration_text(left)}, ~{blocks:,} blocks)"
+    else:
+        text = f"epoch {chance.index} ended {utc(chance.end)}"
+    if chance.closes_at is not None:
+        text += f", its result published at {utc(chance.closes_at)}"
     return text
 
 

@@ -28,7 +28,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from engy_node.models import SMOLLM2_135M, get_model
-from engy_node.protocol.gates import FIXES, GateTerms, MinerEpoch, epoch_answer, miner_epoch
+from engy_node.protocol.gates import FIXES, SUBTENSOR_BLOCK_S, GateTerms, MinerEpoch, epoch_answer, miner_epoch
 from engy_node.protocol.standing import MAX_UNPROVEN_PCT
 from engy_node.snapshots import (
     ChainState,
@@ -1451,7 +1451,7 @@ def gated_states(*, gated: bool = True) -> dict[str, Any]:
 def test_a_gated_epoch_is_summed_up_in_the_chain_box_and_explained_in_the_link_notes():
     epoch = as_miner(gated_states()["miner"]).epoch
     assert text(epoch_summary(epoch)) == "epoch 12: weight 0 of 65,535 ✘ gated: ttft_p99"
-    assert texts(epoch_notes(epoch, now=NOW)) == [
+    assert texts(epoch_notes(epoch, now=NOW, block_s=SUBTENSOR_BLOCK_S)) == [
         "✘ epoch 12: the ttft_p99 gate zeroed qwen3.6-35b-a3b: TTFT p99 14,250 ms over 312 requests "
         "(ceiling 10,000 ms)",
         "  → fix: " + FIXES["ttft_p99"],
@@ -1459,16 +1459,30 @@ def test_a_gated_epoch_is_summed_up_in_the_chain_box_and_explained_in_the_link_n
         "at 2026-05-28 21:01:40 UTC",
     ]
     passed = as_miner(gated_states(gated=False)["miner"]).epoch
-    assert text(epoch_summary(passed)) == "epoch 12: weight 65,535 of 65,535 ✔" and epoch_notes(passed, now=NOW) == []
+    assert (
+        text(epoch_summary(passed)) == "epoch 12: weight 65,535 of 65,535 ✔"
+        and epoch_notes(passed, now=NOW, block_s=1.0) == []
+    )
     failed = dataclasses.replace(epoch, error="https://gw/gw/epoch/latest?hotkey=x: HTTP 502")
-    assert texts(epoch_notes(failed, now=NOW))[-1] == (
+    assert texts(epoch_notes(failed, now=NOW, block_s=1.0))[-1] == (
         "⚠ the last look at the epoch failed: https://gw/gw/epoch/latest?hotkey=x: HTTP 502"
     )
     assert texts([epoch_summary(MinerEpoch(error="no epoch has been published yet"))]) == [
         "epoch n/a: no epoch has been published yet"
     ]
-    assert epoch_summary(None) is None and epoch_notes(None, now=NOW) == []
+    assert epoch_summary(None) is None and epoch_notes(None, now=NOW, block_s=1.0) == []
     assert text(epoch_summary(MinerEpoch(index=3, weight=0, rows=0))) == "epoch 3: no paid traffic, weight 0"
+
+
+def test_the_next_chance_counts_blocks_at_the_block_time_of_the_chain_the_node_publishes():
+    def next_chance(states: Mapping[str, Any]) -> str:
+        (view,) = panel_view(typed(states), now=NOW, names={"miner": HOME}).miners
+        return text(view.link_notes[-1])
+
+    # A standalone miner reads no chain: subtensor's 12 s blocks.
+    assert "(in 30 min, ~150 blocks)" in next_chance(gated_states())
+    # A local network publishes its dev chain, a block a second.
+    assert "(in 30 min, ~1,800 blocks)" in next_chance({**gated_states(), "chain": {"block_time_s": 1.0}})
 
 
 def test_miner_panel_says_which_gate_zeroed_the_epoch_by_how_much_and_when_the_next_can_restore_it():

@@ -39,9 +39,9 @@ def epoch_summary(epoch: MinerEpoch | None) -> Line | None:
     return (head, Cell(f"weight {weight} of {WEIGHT_MAX:,} {OK}", "ok"))
 
 
-def epoch_notes(epoch: MinerEpoch | None, *, now: float) -> list[Line]:
-    """Each gated row with its measurement and fix, then the next chance; a failed look (kept
-    beside the last answer) as a warning."""
+def epoch_notes(epoch: MinerEpoch | None, *, now: float, block_s: float) -> list[Line]:
+    """Each gated row with its measurement and fix, then the next chance (how far off in blocks
+    of the chain's `block_s` seconds); a failed look (kept beside the last answer) as a warning."""
     if epoch is None:
         return []
     notes: list[Line] = []
@@ -56,7 +56,7 @@ def epoch_notes(epoch: MinerEpoch | None, *, now: float) -> list[Line]:
             (Cell("  → fix: ", "error"), Cell(finding.fix)),
         ]
     if epoch.gated:
-        restore = restore_text(epoch, now=now)
+        restore = restore_text(epoch, now=now, block_s=block_s)
         notes.append((Cell("  → next chance: ", "error"), Cell(restore or "the next epoch (its end not told)")))
     if epoch.error and epoch.index is not None:
         notes.append((Cell(f"{WARN} the last look at the epoch failed: {epoch.error}", "warning"),))

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
+from engy_node.protocol.gates import block_time_s
 from engy_node.snapshots import MinerState, NodeStates, server_component
 from engy_tui.widgets.cells import NA, Cell, short_hotkey
 from engy_tui.widgets.cells import as_text as _text
@@ -160,7 +161,10 @@ def miner_view(
         link=tuple(link_lines(miner, worker, legs, now=now, has_traffic=has_traffic)),
         link_summary=link_summary(miner, worker, legs, now=now, has_traffic=has_traffic, hotkey=hotkey),
         work_summary=work_summary(worker),
-        link_notes=(*link_notes(miner, worker, now=now), *epoch_notes(epoch, now=now)),
+        link_notes=(
+            *link_notes(miner, worker, now=now),
+            *epoch_notes(epoch, now=now, block_s=block_time_s(states.chain, states.validator)),
+        ),
         proofs=proofs,
         chain_title=f"{name} ({short})" if hotkey else name,
         chain=(*chain_lines(states.chain, hotkey), *((summary,) if summary else ())),

@@ -14,6 +14,7 @@ from engy_node.protocol.gates import FIXES, GateTerms, MinerEpoch, explain
 from engy_node.snapshots import (
     BuyerAccount,
     BuyersState,
+    ChainState,
     Finding,
     GpusState,
     MinerState,
@@ -201,24 +202,31 @@ def gated_epoch(index: int) -> MinerEpoch:
 
 def test_a_gated_miner_fires_with_the_gate_the_measure_the_fix_and_the_next_chance_and_then_recovers() -> None:
     key = "miner_gated:miner-1"
-    book, notes = evaluate(Book(), NodeStates(miners={"miner-1": MinerState(epoch=gated_epoch(12))}), LIMITS, 100.0)
+    t0 = 1_800_000_750.0  # 30 s before epoch 13 ends
+    book, notes = evaluate(Book(), NodeStates(miners={"miner-1": MinerState(epoch=gated_epoch(12))}), LIMITS, t0)
     assert [(n.kind, n.alert.key, n.alert.level) for n in notes] == [("firing", key, "error")]
     assert notes[0].alert.text == (
         "miner-1 gated in epoch 12 (weight 0 of 65,535): ttft_p99 on smollm2-135m: TTFT p99 45,000 ms over 120 "
         "requests (ceiling 30,000 ms) — fix: "
         + FIXES["ttft_p99"]
-        + "; next chance: epoch 13 ends 2027-01-15 08:13:00 UTC"
+        + "; next chance: epoch 13 ends 2027-01-15 08:13:00 UTC (in 30 s, ~3 blocks)"
     )
     # The next epoch gated too: the same alert, its text moved on, nobody notified again.
-    book, notes = evaluate(book, NodeStates(miners={"miner-1": MinerState(epoch=gated_epoch(13))}), LIMITS, 160.0)
+    book, notes = evaluate(book, NodeStates(miners={"miner-1": MinerState(epoch=gated_epoch(13))}), LIMITS, t0 + 60)
     assert notes == () and "in epoch 13" in book.firing[key].text and "epoch 14 ends" in book.firing[key].text
     # A look that failed keeps the last answer (the epoch watch's posture): still firing, still quiet.
     failed = dataclasses.replace(gated_epoch(13), error="gateway unreachable")
-    book, notes = evaluate(book, NodeStates(miners={"miner-1": MinerState(epoch=failed)}), LIMITS, 170.0)
+    book, notes = evaluate(book, NodeStates(miners={"miner-1": MinerState(epoch=failed)}), LIMITS, t0 + 70)
     assert notes == () and key in book.firing
     passed = MinerEpoch(index=14, weight=65535, rows=1, next_index=15, next_end=1_800_001_000)
-    book, notes = evaluate(book, NodeStates(miners={"miner-1": MinerState(epoch=passed)}), LIMITS, 220.0)
+    book, notes = evaluate(book, NodeStates(miners={"miner-1": MinerState(epoch=passed)}), LIMITS, t0 + 120)
     assert [(n.kind, n.alert.key) for n in notes] == [("resolved", key)] and book.firing == {}
+
+
+def test_a_gated_miner_on_a_local_network_counts_the_blocks_to_its_next_chance_at_the_dev_chains_block_time():
+    miners = {"miner-1": MinerState(epoch=gated_epoch(12))}
+    local = rules_of(NodeStates(miners=miners, chain=ChainState(block_time_s=1.0)), now=1_800_000_750.0)
+    assert local["miner_gated:miner-1"].text.endswith("epoch 13 ends 2027-01-15 08:13:00 UTC (in 30 s, ~30 blocks)")
 
 
 def test_a_miner_with_no_epoch_yet_or_an_ungated_one_fires_nothing() -> None:

@@ -5,28 +5,34 @@ from the network, and a miner's epoch answer built and read back."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engy_node.gateway.billing.epochs import EpochClock
 from engy_node.gateway.billing.settlement import GateMinimums, settle_epoch
 from engy_node.protocol.gates import (
     ACCEPTANCE_PERCENT,
     CHEAT_PERCENT,
     FIXES,
     GATES,
+    SUBTENSOR_BLOCK_S,
     GateFinding,
     GateTerms,
     MinerEpoch,
-    duration,
+    NextChance,
+    block_time_s,
     epoch_answer,
     explain,
     explain_rows,
     finding_text,
     miner_epoch,
+    next_chance,
     restore_text,
 )
+from engy_node.snapshots import ChainState, ValidatorState
 from tests.engy_node.gateway.test_settlement import (
     MODELS,
     OWNER,
@@ -196,24 +202,83 @@ def test_any_answer_is_read_without_raising(answer):
     miner_epoch(answer, now=0.0)
 
 
-def test_the_next_chance_is_told_in_time_blocks_and_publication():
+def answered(index: int, *, clock: EpochClock, now: float) -> MinerEpoch:
+    """A miner's view of gated epoch `index` as its gateway (keeping `clock`) answers it."""
+    start, end = clock.window(index)
+    result = {"epoch_index": index, "start": start, "end": end, "rows": [], "weights": []}
+    answer = epoch_answer(result, hotkey="hk-a", terms={}, epoch_s=clock.epoch_s, grace_s=clock.grace_s)
+    return miner_epoch(answer, now=now)
+
+
+def test_the_next_chance_is_told_in_time_blocks_of_the_chains_block_time_and_publication():
     epoch = MinerEpoch(index=7, next_index=8, next_end=1_800_000_000, next_closes_at=1_800_000_900)
-    assert restore_text(epoch) == (
-        "epoch 8 ends 2027-01-15 08:00:00 UTC, its result published at 2027-01-15 08:15:00 UTC"
+    hour_before = 1_800_000_000 - 3600
+    assert restore_text(epoch, now=hour_before, block_s=SUBTENSOR_BLOCK_S) == (
+        "epoch 8 ends 2027-01-15 08:00:00 UTC (in 60 min, ~300 blocks), its result published at 2027-01-15 08:15:00 UTC"
     )
-    assert restore_text(epoch, now=1_800_000_000 - 3600).startswith(
-        "epoch 8 ends 2027-01-15 08:00:00 UTC (in 1 h 00 min, ~300 blocks), its result"
+    # A local network's dev chain makes a block a second: the same hour is 3,600 of them.
+    assert restore_text(epoch, now=hour_before, block_s=1.0) == (
+        "epoch 8 ends 2027-01-15 08:00:00 UTC (in 60 min, ~3,600 blocks), its result published at "
+        "2027-01-15 08:15:00 UTC"
     )
-    assert restore_text(epoch, now=1_800_000_100).startswith("epoch 8 ended 2027-01-15 08:00:00 UTC, its result")
-    assert restore_text(MinerEpoch(index=7)) is None
+    assert restore_text(epoch, now=1_800_000_000 - 90.5, block_s=1.0).startswith(
+        "epoch 8 ends 2027-01-15 08:00:00 UTC (in 90 s, ~91 blocks)"
+    )
+    # Ended, in its grace: its traffic is served, its result still to come.
+    assert restore_text(epoch, now=1_800_000_100, block_s=1.0) == (
+        "epoch 8 ended 2027-01-15 08:00:00 UTC, its result published at 2027-01-15 08:15:00 UTC"
+    )
+    assert restore_text(MinerEpoch(index=7), now=hour_before, block_s=1.0) is None
+    with pytest.raises(ValueError, match="block_s must be a positive number of seconds"):
+        restore_text(epoch, now=hour_before, block_s=0.0)
 
 
-@pytest.mark.parametrize(
-    ("seconds", "text"),
-    [(-5, "0 s"), (59, "59 s"), (60, "1 min"), (3599, "59 min"), (3600, "1 h 00 min"), (90061, "1 d 1 h")],
+def test_the_block_time_is_the_nodes_chains_first_then_its_validators_then_subtensors():
+    chain, validator = ChainState(block_time_s=1.0), ValidatorState(block_time_s=6.0)
+    assert block_time_s(chain, validator) == 1.0
+    assert block_time_s(None, validator) == 6.0
+    assert block_time_s(ChainState(), validator) == 6.0
+    assert block_time_s(None, None) == SUBTENSOR_BLOCK_S == 12.0
+    for unusable in (0.0, -1.0, math.inf, math.nan, True):
+        assert block_time_s(ChainState(block_time_s=unusable)) == SUBTENSOR_BLOCK_S
+
+
+def test_a_gateway_back_from_downtime_is_not_taken_to_offer_an_epoch_that_has_closed():
+    clock = EpochClock(genesis=1_800_000_000, epoch_s=1200, grace_s=300)
+    # Epoch 7 is the newest published: the gateway was down from epoch 8 to 11's end and has not
+    # caught up yet. Epoch 8 closed long ago, epoch 11 too (its grace is over); epoch 12 serves now.
+    now = clock.closes_at(11) + 60.0
+    epoch = answered(7, clock=clock, now=now)
+    assert epoch.next_index == 8
+    assert next_chance(epoch, now=now) == NextChance(12, clock.window(12)[1], clock.closes_at(12))
+    assert restore_text(epoch, now=now, block_s=1.0) == (
+        "epoch 12 ends 2027-01-15 12:20:00 UTC (in 14 min, ~840 blocks), its result published at "
+        "2027-01-15 12:25:00 UTC"
+    )
+    # Within epoch 11's grace, epoch 11 can still restore the miner.
+    in_grace = clock.window(11)[1] + 10.0
+    assert next_chance(epoch, now=in_grace) == NextChance(11, clock.window(11)[1], clock.closes_at(11))
+    # Without the published epoch's end, the epoch length is unknown: the gateway's word stands.
+    blind = MinerEpoch(index=7, next_index=8, next_end=clock.window(8)[1], next_closes_at=clock.closes_at(8))
+    assert next_chance(blind, now=now) == NextChance(8, clock.window(8)[1], clock.closes_at(8))
+
+
+@given(
+    published=st.integers(min_value=0, max_value=10_000),
+    epoch_s=st.integers(min_value=1, max_value=86_400),
+    grace_s=st.integers(min_value=0, max_value=3_600),
+    later=st.floats(min_value=0, max_value=1e8, allow_nan=False),
 )
-def test_durations_read_at_a_glance(seconds, text):
-    assert duration(seconds) == text
+def test_the_next_chance_is_the_first_epoch_after_the_published_one_that_closes_after_now(
+    published, epoch_s, grace_s, later
+):
+    clock = EpochClock(genesis=1_700_000_000, epoch_s=epoch_s, grace_s=grace_s)
+    now = clock.closes_at(published) + later  # the gateway publishes an epoch at its close
+    chance = next_chance(answered(published, clock=clock, now=now), now=now)
+    assert chance is not None and chance.index > published
+    assert (chance.end, chance.closes_at) == (clock.window(chance.index)[1], clock.closes_at(chance.index))
+    assert chance.closes_at > now
+    assert chance.index == published + 1 or clock.closes_at(chance.index - 1) <= now
 
 
 def test_terms_come_from_a_catalog_spec():
