@@ -20,23 +20,26 @@ about 50 ms and commits 361 rows, so the capture has ~1.5 ms a step, and a torch
 microseconds, a Python hook call about one. So:
 
 * each projection and decoder layer of the captured model gets a wrapper as its instance
-  ``forward`` for the duration of one forward call (`recording`), not a global module hook,
-  which would send every module call of the model (norms, activations, rotary) down
-  ``Module._call_impl``'s slow path;
+  ``forward`` (`recording`), not a global module hook, which would send every module call of
+  the model (norms, activations, rotary) down ``Module._call_impl``'s slow path; the wrappers
+  record only inside the capture's forward calls and stay set between them, until the capture
+  ends or the engine runs a call without it (`release`);
 * the wrappers keep references, not copies: the forward call's tensors are copied once, by one
-  ``torch.cat`` into a position-major table, when it returns. That is exact because nothing in
-  the forward call writes a captured tensor in place after its projection made it (HF Llama's
-  residual adds, activation, RoPE and cache updates all allocate); a model that did would commit
-  other bytes than hooks cloning each tensor at once, which
-  tests/engy_node/serve/test_capture_recording.py compares, and have its openings fail the
-  weights check tests/engy_node/serve/test_gemm_capture.py runs on every group;
-* the leaves and the tree's complete pairs are hashed on a thread of the capture's own
-  (`engy_node.gemm.activations.RecordBuilder`), a forward call's table while the engine thread
-  runs the next one, and `commit` waits for it: the engine thread's share is the wrappers and
-  the copy.
+  ``torch.cat`` into a position-major table, after it returns. That is exact because nothing
+  writes a captured tensor in place after its projection made it, in the forward call or after
+  (HF Llama's residual adds, activation, RoPE and cache updates all allocate, and the references
+  keep the memory from being reused); a model that did would commit other bytes than hooks
+  cloning each tensor at once, which tests/engy_node/serve/test_capture_recording.py compares,
+  and have its openings fail the weights check tests/engy_node/serve/test_gemm_capture.py runs
+  on every group;
+* the copy, the leaves and the tree's complete pairs are made on a thread of the capture's own
+  (`engy_node.gemm.activations.RecordBuilder`), a forward call's while the engine thread runs
+  the next one, and `commit` waits for it: the engine thread's share is the wrappers and the
+  handoff, about 0.1 ms a call on SmolLM2.
 
-Threads: a capture's tensors are taken by the engine thread only, and its `RecordBuilder` is
-written by its hashing thread only until `commit` (engine thread) has waited for that thread;
+Threads: a capture's tensors are taken by the engine thread and handed over whole, one list a
+forward call, to its hashing thread, which alone writes its `RecordBuilder` until `commit`
+(engine thread) has waited for that thread;
 `SharedOpenings` is the one object the engine thread (filing a finished record) and the HTTP
 handlers (opening it) share, behind a lock.
 """
@@ -48,6 +51,7 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -126,6 +130,18 @@ class SharedOpenings:
         return record, open_leaves(record, picks)
 
 
+_INSTALLED: weakref.WeakKeyDictionary[Any, ActivationCapture] = weakref.WeakKeyDictionary()
+"""The capture whose wrappers are set on each model's modules (engine thread only)."""
+
+
+def release(model: Any) -> None:
+    """Take any capture's wrappers off `model`'s modules: before a forward call without a
+    capture, which should not pay for them."""
+    capture = _INSTALLED.get(model)
+    if capture is not None:
+        capture._uninstall()
+
+
 class ActivationCapture:
     """One request's capture: `recording` wraps each of its forward calls, `commit` ends it
     (`close` instead, when the request is dropped)."""
@@ -144,12 +160,18 @@ class ActivationCapture:
         """The latest position the commitment may start at (``gemm_commit_from``): the buyer's
         prompt's last, so a prefix-cache hit never leaves the whole prompt uncommitted."""
         self._slots = layout.slots()
+        self._index = {slot: index for index, slot in enumerate(self._slots)}
         self._widths = [layout.width(slot[1]) for slot in self._slots]
         self._row_values = sum(self._widths)
-        self._modules: list[tuple[Any, Callable[..., Any]]] = []
-        self._seen: dict[tuple[int, str], Any] = {}
-        """The current forward call's tensors by slot; a shared input's first reader puts it
-        here, so q/k/v and gate/up can be checked to read that very tensor."""
+        self._modules: list[tuple[dict[str, Any], Callable[..., Any]]] = []
+        self._model: Any = None
+        """The model whose modules have this capture's wrappers set (`_install`), or None."""
+        self._replaced: list[Any] = []
+        self._seen: list[Any] | None = None
+        """The current forward call's tensors in leaf order (None in a slot: not run yet), which
+        is what the copy takes as is; a shared input's first reader puts it here, so q/k/v and
+        gate/up can be checked to read that very tensor. None between forward calls: the
+        wrappers then only call through."""
         self._outputs: list[Any] = []
         """Each decoder layer's output in the current call, in order: the next layer must read it."""
         self._hasher: concurrent.futures.ThreadPoolExecutor | None = None
@@ -163,48 +185,58 @@ class ActivationCapture:
             raise CaptureError("a capture's start moves only before its first forward call")
         self.builder = RecordBuilder(self.layout, start=position)
 
-    def _wrappers(self, model: Any) -> list[tuple[Any, Callable[..., Any]]]:
-        """Each decoder layer and projection of `model` with the wrapper `recording` sets as its
-        ``forward``, made once per capture: they write the current call's `_seen`/`_outputs`.
-        Its first call also sets the arithmetic the audit assumes."""
+    def _wrappers(self, model: Any) -> list[tuple[dict[str, Any], Callable[..., Any]]]:
+        """Each decoder layer's and projection's instance namespace with the wrapper `recording`
+        sets as its ``forward``, made once per capture: they write the current call's
+        `_seen`/`_outputs`. Its first call also sets the arithmetic the audit assumes."""
         if not self._modules:
             exact_arithmetic()
             layers = model.model.layers
             if len(layers) != self.layout.layers:
                 raise CaptureError(f"the model has {len(layers)} decoder layers, the layout {self.layout.layers}")
             for index, layer in enumerate(layers):
-                self._modules.append((layer, self._layer_forward(index, layer.forward)))
+                self._modules.append((layer.__dict__, self._layer_forward(index, layer.forward)))
                 for name in GEMMS:
                     module = getattr(layer.self_attn if name[0] in "qkvo" else layer.mlp, name)
-                    self._modules.append((module, self._projection_forward(index, name, module.forward)))
+                    self._modules.append((module.__dict__, self._projection_forward(index, name, module.forward)))
         return self._modules
 
     def _layer_forward(self, layer: int, forward: Callable[..., Any]) -> Callable[..., Any]:
-        last = self.layout.layers - 1
+        residual_in = self._index[layer, "residual_in"]
+        residual_out = self._index.get((layer, RESIDUAL_OUT))
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            outputs = self._outputs
+            seen, outputs = self._seen, self._outputs
+            if seen is None:
+                return forward(*args, **kwargs)
             if not args:
                 raise CaptureError(f"decoder layer {layer} was called without a positional hidden state")
             if layer and (len(outputs) != layer or outputs[-1] is not args[0]):
                 raise CaptureError(f"layer {layer}'s input is not layer {layer - 1}'s output")
-            self._seen[layer, "residual_in"] = args[0]
+            seen[residual_in] = args[0]
             output = forward(*args, **kwargs)
             outputs.append(output)
-            if layer == last:
-                self._seen[layer, RESIDUAL_OUT] = output
+            if residual_out is not None:
+                seen[residual_out] = output
             return output
 
         return run
 
     def _projection_forward(self, layer: int, name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
         x_group, y_group = GEMMS[name]
+        x_slot, y_slot = self._index[layer, x_group], self._index[layer, y_group]
 
         def run(x: Any, *args: Any, **kwargs: Any) -> Any:
-            if self._seen.setdefault((layer, x_group), x) is not x:
+            seen = self._seen
+            if seen is None:
+                return forward(x, *args, **kwargs)
+            held = seen[x_slot]
+            if held is None:
+                seen[x_slot] = x
+            elif held is not x:
                 raise CaptureError(f"layer {layer}: the projections sharing {x_group} were fed different tensors")
             output = forward(x, *args, **kwargs)
-            self._seen[layer, y_group] = output
+            seen[y_slot] = output
             return output
 
         return run
@@ -213,51 +245,89 @@ class ActivationCapture:
     def recording(self, model: Any) -> Iterator[None]:
         """Record one forward call of `model` (a transformers Llama-shaped causal LM); when it
         returns, its positions' rows are copied into one table and handed to the hashing thread.
-        The engine thread runs one forward call at a time, so the wrappers, set on this model's
-        modules for this call only, see this request's tensors alone."""
-        wrappers = self._wrappers(model)
-        self._seen = {}
-        self._outputs = []
-        replaced = []
+        The engine thread runs one forward call at a time, so the wrappers, recording during this
+        call only, see this request's tensors alone."""
+        self._install(model)
+        seen: list[Any] = [None] * len(self._slots)
+        self._seen, self._outputs = seen, []
         try:
-            for module, wrapper in wrappers:
-                namespace = module.__dict__
-                replaced.append((namespace, namespace.get("forward")))
-                namespace["forward"] = wrapper
             yield
+        except BaseException:
+            self._uninstall()
+            raise
         finally:
-            for namespace, before in replaced:
-                if before is None:
-                    del namespace["forward"]
-                else:
-                    namespace["forward"] = before
-            seen, self._seen, self._outputs = self._seen, {}, []
+            self._seen, self._outputs = None, []
         self._hash(seen)
 
-    def _hash(self, seen: dict[tuple[int, str], Any]) -> None:
-        """One copy of the call's rows, [positions, all slots' widths], then the leaves, on the
-        hashing thread."""
+    def _install(self, model: Any) -> None:
+        """Set this capture's wrappers on `model`'s modules, unless they are set already. They
+        stay between its forward calls (only calling through), as setting and restoring 240
+        instance attributes per call costs the engine thread more than the wrappers' own work
+        (0.4 ms a call on SmolLM2, its caches cold after the forward pass), and go with `commit`
+        or `close`, another capture's call on the model, or `release` (`ModelRunner.forward`
+        without a capture)."""
+        if self._model is model:
+            return
+        self._uninstall()
+        release(model)
+        wrappers = self._wrappers(model)
+        self._replaced = [namespace.get("forward") for namespace, _ in wrappers]
+        for namespace, wrapper in wrappers:
+            namespace["forward"] = wrapper
+        self._model = model
+        _INSTALLED[model] = self
+
+    def _uninstall(self) -> None:
+        """Put back what the wrappers replaced (another instance ``forward``, or none)."""
+        if self._model is None:
+            return
+        for (namespace, _), before in zip(self._modules, self._replaced, strict=True):
+            if before is None:
+                namespace.pop("forward", None)
+            else:
+                namespace["forward"] = before
+        if _INSTALLED.get(self._model) is self:
+            del _INSTALLED[self._model]
+        self._model, self._replaced = None, []
+
+    def _hash(self, parts: list[Any]) -> None:
+        """Hand the call's tensors (`parts`, in leaf order) to the hashing thread, which copies
+        them into one table and hashes it (`_hash_call`)."""
+        if not self._hashing:  # a module's widths are its weights' shapes: the first call tells
+            for slot, part, width in zip(self._slots, parts, self._widths, strict=True):
+                if part is not None and part.shape[-1] != width:
+                    raise CaptureError(f"layer {slot[0]} {slot[1]} is {part.shape[-1]} wide, the layout says {width}")
+        if self._hasher is None:
+            self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engy-gemm-hash")
+        self._hashing.append(self._hasher.submit(self._hash_call, parts))
+
+    def _hash_call(self, parts: list[Any]) -> None:
+        """The hashing thread's part: one copy of a forward call's rows, [positions, all slots'
+        widths], then their leaves and tree pairs. The copy is made here, not on the engine
+        thread, as writing half a megabyte of fresh memory per position, read from tensors the
+        forward pass left out of cache, costs as much as the leaves' Python (0.2–0.5 ms a
+        position on SmolLM2); torch lets go of the GIL while it copies."""
         import torch
 
         try:
-            parts = [seen[slot] for slot in self._slots]
-        except KeyError as error:
-            layer, group = error.args[0]
-            raise CaptureError(f"the forward call ran no {group} in layer {layer}") from None
-        if not self._hashing:  # a module's widths are its weights' shapes: the first call tells
-            for slot, part, width in zip(self._slots, parts, self._widths, strict=True):
-                if part.shape[-1] != width:
-                    raise CaptureError(f"layer {slot[0]} {slot[1]} is {part.shape[-1]} wide, the layout says {width}")
-        table = torch.cat(parts, dim=-1).reshape(-1, self._row_values).to("cpu")
+            with torch.inference_mode():
+                table = torch.cat(parts, dim=-1)
+        except TypeError:  # a None, found here rather than by a scan of every call's slots
+            for (layer, group), part in zip(self._slots, parts, strict=True):
+                if part is None:
+                    raise CaptureError(f"the forward call ran no {group} in layer {layer}") from None
+            raise
+        del parts  # the call's tensors go as soon as they are copied
+        table = table.reshape(-1, self._row_values).to("cpu")
         if table.dtype == torch.bfloat16:
             table = table.view(torch.int16)
-        if self._hasher is None:
-            self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engy-gemm-hash")
-        self._hashing.append(self._hasher.submit(self.builder.add_rows, table.shape[0], table.numpy().data))
+        self.builder.add_rows(table.shape[0], table.numpy().data)
 
     def close(self) -> None:
-        """End the hashing thread, dropping what it has not started (a dropped request); it
-        exits once the table in hand, one forward call's, is hashed."""
+        """Take the wrappers off the model and end the hashing thread, dropping what it has not
+        started (a dropped request); it exits once the table in hand, one forward call's, is
+        hashed."""
+        self._uninstall()
         if self._hasher is not None:
             self._hasher.shutdown(wait=False, cancel_futures=True)
             self._hasher = None

@@ -196,6 +196,10 @@ class ModelRunner:
         decoder layers' GEMMs."""
         import torch
 
+        from engy_node.serve.capture import release
+
+        if capture is None:
+            release(self.model)  # a captured request's wrappers stay set between its calls
         recording = capture.recording(self.model) if capture is not None else contextlib.nullcontext()
         with torch.inference_mode(), recording:
             inputs = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)

@@ -1,7 +1,9 @@
 """The reference server's capture on a small random Llama (engy_node.serve.capture): the record it
 builds from references copied once per forward call, hashed on its own thread, has the root of
-one built from each projection's own forward hook cloning its tensors at once; its wrappers leave
-the model as it was, also when a forward call fails; a dropped capture ends its hashing thread."""
+one built from each projection's own forward hook cloning its tensors at once; its wrappers stay
+between its forward calls, recording nothing in a call without it, and leave the model as it was
+with the capture, a failed call, another capture or `release`; a dropped capture ends its hashing
+thread."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from engy_node.gemm.activations import GEMMS, RESIDUAL_OUT, RecordBuilder, llama_layout
-from engy_node.serve.capture import ActivationCapture, CaptureError, SharedOpenings
+from engy_node.serve.capture import ActivationCapture, CaptureError, SharedOpenings, release
 
 CALLS = ([5, 9, 2, 7, 1], [3], [8], [4, 6])
 """A prefill of five positions, two decode steps and a chunk of two."""
@@ -88,24 +90,57 @@ def test_the_record_is_what_each_projection_consumed_and_produced(model):
     assert wire["activations_root"] == reference.finish().tree.root.hex()
 
 
-def test_the_wrappers_leave_with_the_call_and_a_failed_call(model):
-    capture = capture_of(model)
+def wrapped(model, kept) -> list:
+    return [m for m in model.modules() if m is not kept and "forward" in m.__dict__]
+
+
+def test_the_wrappers_stay_between_calls_and_leave_with_the_capture_or_a_failed_call(model):
     kept = model.model.layers[1].mlp.up_proj
     own = kept.forward
     kept.__dict__["forward"] = own  # an instance forward of someone else's is put back as it was
     try:
         with torch.inference_mode():
+            capture = capture_of(model)
             with capture.recording(model):
                 model.model(input_ids=torch.tensor([[1, 2]]), use_cache=False)
+            assert len(wrapped(model, kept)) == 3 * 7 + 2  # layers and projections, up_proj's is kept's
+            untouched = model.model(input_ids=torch.tensor([[3]]), use_cache=False).last_hidden_state
+            with capture.recording(model):
+                model.model(input_ids=torch.tensor([[3]]), use_cache=False)
+            capture.commit("r")
             assert kept.__dict__["forward"] is own
+            assert not wrapped(model, kept)
+            assert capture.builder.positions == 3  # the call between recorded nothing
+
+            other = capture_of(model)
+            with other.recording(model):
+                model.model(input_ids=torch.tensor([[3]]), use_cache=False)
+            release(model)  # what ModelRunner.forward does before a call without a capture
+            assert not wrapped(model, kept)
+            assert torch.equal(untouched, model.model(input_ids=torch.tensor([[3]]), use_cache=False).last_hidden_state)
+            other.close()
+
+            failing = capture_of(model)
             with pytest.raises(CaptureError, match="layer 1's input is not layer 0's output"):
-                with capture.recording(model):
+                with failing.recording(model):
                     model.model.layers[1](torch.zeros(1, 1, 16, dtype=torch.bfloat16))
+            assert kept.__dict__["forward"] is own
+            assert not wrapped(model, kept)
+            failing.close()
     finally:
         del kept.__dict__["forward"]
-    modules = [m for m in model.modules() if m is not kept]
-    assert not [m for m in modules if "forward" in m.__dict__]
-    capture.close()
+
+
+def test_a_second_capture_takes_the_wrappers_from_the_first(model):
+    first, second = capture_of(model), capture_of(model)
+    cache_of = {capture: DynamicCache(config=model.config) for capture in (first, second)}
+    with torch.inference_mode():
+        for ids in ([1, 2], [3], [4]):
+            for capture in (first, second):
+                with capture.recording(model):
+                    model.model(input_ids=torch.tensor([ids]), cache=cache_of[capture], use_cache=True)
+    assert first.commit("a")["activations_root"] == second.commit("b")["activations_root"]
+    assert not [m for m in model.modules() if "forward" in m.__dict__]
 
 
 def test_a_dropped_capture_ends_its_hashing_thread(model):
