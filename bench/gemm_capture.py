@@ -68,13 +68,11 @@ def identity(x: Any) -> Any:
 
 def own_cost(layout: Any, runner: Any, run: Callable[[Any], object]) -> tuple[float, float, float, int]:
     """The capture's own CPU seconds in one generation `run` serves with the capture class it is
-    given, by thread: the engine thread's (setting and removing the wrappers, the copy, the
-    handoff, the commit, plus the wrappers' calls: their count times the cost of one, timed
-    around a forward that returns its argument, so the wrapper's Python alone), the hashing
-    thread's (`add_rows`); then a wrapper call's cost and the forward calls' count. Indirect costs
-    (caches, the threads' turns at the GIL) are not in it."""
-    from engy_node.gemm import activations
-
+    given, by thread: the engine thread's (setting the wrappers, the handoff, the commit, plus
+    the wrappers' calls: their count times the cost of one, timed around a forward that returns
+    its argument, so the wrapper's Python alone), the hashing thread's (`_hash_call`: the copy,
+    the leaves, the tree pairs); then a wrapper call's cost and the forward calls' count.
+    Indirect costs (caches, the threads' turns at the GIL) are not in it."""
     totals = {"engine": 0.0, "hashing": 0.0, "calls": 0}
 
     from engy_node.serve.capture import ActivationCapture
@@ -98,19 +96,14 @@ def own_cost(layout: Any, runner: Any, run: Callable[[Any], object]) -> tuple[fl
             totals["engine"] += time.thread_time() - start
             return wire
 
-    add_rows = activations.RecordBuilder.add_rows
+        def _hash_call(self, parts: list[Any]) -> None:
+            start = time.thread_time()
+            super()._hash_call(parts)
+            totals["hashing"] += time.thread_time() - start
 
-    def timed_add_rows(builder: Any, rows: int, data: Any) -> None:
-        start = time.thread_time()
-        add_rows(builder, rows, data)
-        totals["hashing"] += time.thread_time() - start
-
-    activations.RecordBuilder.add_rows = timed_add_rows  # type: ignore[method-assign, assignment]
-    try:
-        run(Timed)
-    finally:
-        activations.RecordBuilder.add_rows = add_rows  # type: ignore[method-assign]
+    run(Timed)
     probe = ActivationCapture(layout, None, weights_root="", arithmetic="bfloat16")  # type: ignore[arg-type]
+    probe._seen = [None] * len(layout.slots())  # as inside a recorded call
     wrapped = probe._projection_forward(0, "q_proj", identity)
 
     def per_call(forward: Callable[[Any], Any]) -> float:
