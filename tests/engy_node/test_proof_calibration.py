@@ -12,6 +12,13 @@ from engy_node.calibration import DEFAULT_PROMPTS, POWER_CASES, format_table, ru
 from engy_node.models import SMOLLM2_135M
 
 PARAMS, TOKENS = SMOLLM2_135M.proof, SMOLLM2_135M.token_check
+CAUGHT_DEVIATIONS = ("noise-3%", "neighbour-layer", "final-norm-x1.05")
+"""The detection-power cases whose verdicts this test asserts. The milder ones (noise up to 1 %,
+8-bit weights) are published, not asserted: `engy-node calibrate` measures them for
+docs/verification.md, and their alterations are these ones' functions with smaller arguments, so
+measuring them here cost four of the seven cases' model passes (a fifth of this module's CPU)
+and checked nothing."""
+POWER = tuple((case, dict(POWER_CASES)[case]) for case in CAUGHT_DEVIATIONS)
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +30,7 @@ def results(checkpoint):
         prompts=DEFAULT_PROMPTS[:3],
         max_new_tokens=64,
         sampled_settings=((0.7, 1.0), (1.0, 0.9)),
+        power_cases=POWER,
         power_prompts=2,
     )
 
@@ -79,12 +87,12 @@ def test_the_prefill_attack_passes_toploc_but_trails_the_argmax_by_logits(result
 
 
 def test_every_detection_power_case_was_measured_on_both_recomputes(results):
-    for case, _ in POWER_CASES:
+    for case, _ in POWER:
         measured = of(results, case)
         assert {r.recompute_dtype for r in measured} == {"float32", "bfloat16"} and len(measured) == 4, case
 
 
-@pytest.mark.parametrize("case", ["noise-3%", "neighbour-layer", "final-norm-x1.05"])
+@pytest.mark.parametrize("case", CAUGHT_DEVIATIONS)
 def test_detection_power_every_request_of_these_deviations_is_caught_on_both_recomputes(results, case):
     # docs/verification.md publishes the rest (8-bit weights and noise up to 1 % pass: they sit
     # within 2.5x of honest numeric drift on this model).
