@@ -216,14 +216,26 @@ def draw_picks(
     parsed = Commitment.from_wire(commitment)
     layout = parsed.layout
     positions = draw_positions(secret, parsed.root, parsed.positions, plan, prompt_positions, parsed.start)
-    slots: set[tuple[int, int, str]] = set()
+    leaves = layout.leaves_per_position
+    slots: dict[tuple[int, int, str], int] = {}
     for position in positions:
         for layer in _Draws(secret, parsed.root, f"layers/{position}", plan.layers).sample(
             range(layout.layers), plan.layers
         ):
-            slots.update((position, *layout.canonical(layer, group)) for group in LAYER_GROUPS)
-    ordered = sorted(slots, key=lambda slot: layout.index(*slot))
-    return tuple(GemmPick(*slot) for slot in ordered)
+            slots.update(
+                ((position, *slot), position * leaves + offset) for slot, offset in _layer_slots(layout)[layer]
+            )
+    return tuple(GemmPick(*slot) for slot in sorted(slots, key=slots.__getitem__))
+
+
+@functools.cache
+def _layer_slots(layout: ActivationLayout) -> tuple[tuple[tuple[tuple[int, str], int], ...], ...]:
+    """Per layer, where each group of `LAYER_GROUPS` is committed (`ActivationLayout.canonical`)
+    and its leaf's offset within a position: looked up per pick, built once per layout."""
+    return tuple(
+        tuple((slot, layout.index(0, *slot)) for slot in (layout.canonical(layer, group) for group in LAYER_GROUPS))
+        for layer in range(layout.layers)
+    )
 
 
 def audited_layers(layout: ActivationLayout, picks: Sequence[GemmPick]) -> dict[int, list[int]]:
@@ -233,7 +245,9 @@ def audited_layers(layout: ActivationLayout, picks: Sequence[GemmPick]) -> dict[
     candidates = sorted({(pick.position, pick.layer) for pick in picks if pick.group in GEMMS["q_proj"]})
     audited: dict[int, list[int]] = {}
     for position, layer in candidates:
-        if all((position, *layout.canonical(layer, group)) in picked for group in LAYER_GROUPS):
+        if not 0 <= layer < layout.layers:
+            layout.canonical(layer, LAYER_GROUPS[0])  # raises, naming the layers there are
+        if all((position, *slot) in picked for slot, _ in _layer_slots(layout)[layer]):
             audited.setdefault(layer, []).append(position)
     return dict(sorted(audited.items()))
 
@@ -479,8 +493,11 @@ def _checks(
     pairs = [(layer, position) for layer, positions in audited.items() for position in positions]
     layers = np.array([layer for layer, _ in pairs], np.intp)
 
+    slots = _layer_slots(layout)
+
     def stacked(group: str) -> npt.NDArray[np.float64]:
-        data = b"".join(rows[(position, *layout.canonical(layer, group))] for layer, position in pairs)
+        at = LAYER_GROUPS.index(group)
+        data = b"".join(rows[(position, *slots[layer][at][0])] for layer, position in pairs)
         return decode_values(layout.dtype, data).reshape(len(pairs), -1)
 
     values = {group: stacked(group) for group in {group for pair in GEMMS.values() for group in pair}}
