@@ -25,6 +25,11 @@ RESPLIT_SEARCH = 60
 """How many buyer-like conversations to try for an answer the model writes in other pieces than
 the tokenizer would: which answer does so moves with the checkpoint's numerics (a pinned prompt
 stopped doing it), and about one in twenty does."""
+RESPLIT_TRIED_FIRST = 9
+"""The conversation (0-based, in `drift_conversations` order) whose answer was split differently
+on the machine this was last measured on: searching in order decoded nine whole answers before
+it, half of this module's time. It is only tried first; if the numerics move, the search finds
+another as before."""
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +40,23 @@ def judge(checkpoint):
 @pytest.fixture(scope="module")
 def quantised(checkpoint):
     return quantise_linear_weights(ModelRunner.load(checkpoint, device="cpu", dtype="bfloat16"))
+
+
+@pytest.fixture(scope="module")
+def greedy_answer(runner, quantised):
+    """(prompt ids, 48-token greedy answer) by "honest" or "quantised" and prompt, each decoded once
+    for the module: several tests judge the same answer (the honest one as delivered and as the
+    gateway repaired it, the 4-bit one under both), and decoding is most of their work."""
+    models = {"honest": runner, "quantised": quantised}
+    answers: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+
+    def answer(model: str, prompt: str) -> tuple[list[int], list[int]]:
+        if (model, prompt) not in answers:
+            prompt_ids = chat_ids(runner, prompt)
+            answers[model, prompt] = prompt_ids, greedy_generation(models[model], prompt_ids, 48).output_ids
+        return answers[model, prompt]
+
+    return answer
 
 
 def delivered_job(runner, prompt_ids, output_ids, *, sampling: Sampling = Sampling(), greedy: bool = True) -> AuditJob:
@@ -57,30 +79,32 @@ def delivered_job(runner, prompt_ids, output_ids, *, sampling: Sampling = Sampli
     )
 
 
-def test_honest_greedy_answers_pass_by_recompute_and_say_so(judge, runner):
+def test_honest_greedy_answers_pass_by_recompute_and_say_so(judge, runner, greedy_answer):
     for prompt in PROMPTS:
-        prompt_ids = chat_ids(runner, prompt)
-        served = greedy_generation(runner, prompt_ids, 48)
-        verdict = judge.judge(delivered_job(runner, prompt_ids, served.output_ids))
+        prompt_ids, served = greedy_answer("honest", prompt)
+        verdict = judge.judge(delivered_job(runner, prompt_ids, served))
         assert (verdict.kind, verdict.code) == ("pass", "recompute:ok"), verdict
 
 
-def test_a_pass_on_a_delivery_the_gateway_repaired_names_the_defect_and_a_cheat_stays_a_cheat(judge, runner, quantised):
-    prompt_ids = chat_ids(runner, PROMPTS[0])
+def test_a_pass_on_a_delivery_the_gateway_repaired_names_the_defect_and_a_cheat_stays_a_cheat(
+    judge, runner, greedy_answer
+):
     for model, expected in (
-        (runner, ("pass", "recompute:defect:held-back")),
-        (quantised, ("cheat", "recompute:tokens")),
+        ("honest", ("pass", "recompute:defect:held-back")),
+        ("quantised", ("cheat", "recompute:tokens")),
     ):
-        job = delivered_job(runner, prompt_ids, greedy_generation(model, prompt_ids, 48).output_ids)
+        job = delivered_job(runner, *greedy_answer(model, PROMPTS[0]))
         job = dataclasses.replace(job, delivery=dataclasses.replace(job.delivery, defect="held-back"))
         verdict = judge.judge(job)
         assert (verdict.kind, verdict.code) == expected, verdict
 
 
 def resplit_answer(runner) -> tuple[list[int], list[int]]:
-    """(prompt ids, greedy answer) of the first conversation whose answer the tokenizer would
-    write in other pieces."""
-    for conversation in drift_conversations(RESPLIT_SEARCH):
+    """(prompt ids, greedy answer) of a conversation whose answer the tokenizer would write in
+    other pieces: `RESPLIT_TRIED_FIRST`, else the first such in order."""
+    conversations = drift_conversations(RESPLIT_SEARCH)
+    first = conversations[RESPLIT_TRIED_FIRST : RESPLIT_TRIED_FIRST + 1]
+    for conversation in [*first, *(c for c in conversations if c not in first)]:
         prompt_ids = chat_ids(runner, conversation)
         served = greedy_generation(runner, prompt_ids, 40).output_ids
         pieces = [t for t in served if t not in runner.eos_token_ids]
@@ -95,12 +119,10 @@ def test_an_honest_answer_in_other_pieces_than_the_tokenizer_would_write_still_p
     assert verdict.kind == "pass", verdict
 
 
-def test_a_four_bit_model_without_a_commitment_is_caught(judge, runner, quantised):
+def test_a_four_bit_model_without_a_commitment_is_caught(judge, runner, greedy_answer):
     verdicts = []
     for prompt in PROMPTS:
-        prompt_ids = chat_ids(runner, prompt)
-        cheap = greedy_generation(quantised, prompt_ids, 48)
-        verdicts.append(judge.judge(delivered_job(runner, prompt_ids, cheap.output_ids)))
+        verdicts.append(judge.judge(delivered_job(runner, *greedy_answer("quantised", prompt))))
     assert [(v.kind, v.code) for v in verdicts] == [("cheat", "recompute:tokens")] * len(PROMPTS), verdicts
 
 
