@@ -15,9 +15,10 @@ PARAMS, TOKENS = SMOLLM2_135M.proof, SMOLLM2_135M.token_check
 CAUGHT_DEVIATIONS = ("noise-3%", "neighbour-layer", "final-norm-x1.05")
 """The detection-power cases whose verdicts this test asserts. The milder ones (noise up to 1 %,
 8-bit weights) are published, not asserted: `engy-node calibrate` measures them for
-docs/verification.md, and their alterations are these ones' functions with smaller arguments, so
-measuring them here cost four of the seven cases' model passes (a fifth of this module's CPU)
-and checked nothing."""
+docs/verification.md, and their alterations are functions run here anyway with other arguments
+(`add_weight_noise` for noise-3 %, `quantise_linear_weights` for the 4-bit cheat), so measuring
+them here cost four of the seven cases' model passes (a sixth of this module's time) and checked
+nothing."""
 POWER = tuple((case, dict(POWER_CASES)[case]) for case in CAUGHT_DEVIATIONS)
 
 
