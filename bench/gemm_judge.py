@@ -22,8 +22,13 @@ functions the revision has: the openings' parsing and Merkle paths (`_verified_r
 (`freivalds` per projection, or `freivalds_ratios` per audit), the row check (`draw_rows` and
 `row_check` per projection, or `_recomputed_rows` per audit: the draw, reading the rows and
 recomputing them), the replay (`replay_layer` or `replay_ratios`); the rest (the
-commitment, stacking the rows, the verdict) is "other". It prints the verdicts of every audit,
-which must be the same in both revisions: the run says so, and exits 1 when they differ.
+commitment, stacking the rows, the verdict) is "other". A revision with `draw_row_sets` also
+times, each alone, the parts judging must do in any Python-level arrangement ("floor": the
+frame's base64 values and hex paths decoded, the rows and the nodes `verify_all` hashed run
+through sha256, the row check's drawn weight rows read into float64 and multiplied), so the
+table shows how much of a step is arithmetic and memory rather than calls. It prints the
+verdicts of every audit, which must be the same in both revisions: the run says so, and exits 1
+when they differ.
 """
 
 from __future__ import annotations
@@ -146,7 +151,7 @@ def worker(audits_file: Path, verifier_secret: bytes, passes: int) -> dict[str, 
 
     audits = data["audits"]
     best = [float("inf")] * len(audits)
-    verdicts = []
+    verdicts: list[str] = []
     for _ in range(passes):
         verdicts = []
         for index, audit in enumerate(audits):
@@ -182,7 +187,90 @@ def worker(audits_file: Path, verifier_secret: bytes, passes: int) -> dict[str, 
         stepped.append(judge(audit)[1])
     import engy_node
 
-    return {"tree": engy_node.__file__, "verdicts": verdicts, "best": best, "stepped": stepped, "steps": spent}
+    result = {"tree": engy_node.__file__, "verdicts": verdicts, "best": best, "stepped": stepped, "steps": spent}
+    if hasattr(gemm_audit, "draw_row_sets"):
+        result["floor"] = floor(model, audits, passes)
+    return result
+
+
+def floor(model: Any, audits: list[dict[str, Any]], passes: int) -> dict[str, list[float]]:
+    """Per audit, the CPU of what judging it must do in any Python-level arrangement, each part
+    alone (best of `passes`): decode the frame's base64 values and hex paths, sha256 every
+    opened row (the leaf hashes' data) and as many 65-byte nodes as `verify_all` hashed, and
+    read the row check's drawn weight rows into float64 and multiply them (W·x and |W|·|x|,
+    one batched product per projection, as `_recomputed_rows` does)."""
+    import base64
+    import hashlib
+
+    import numpy as np
+    import orjson
+
+    from engy_node.gemm import merkle
+    from engy_node.gemm.activations import GEMMS, Commitment
+    from engy_node.verifier import gemm_audit
+
+    nodes = [0]
+    node_hash = merkle.node_hash
+
+    def counted(left: bytes, right: bytes) -> bytes:
+        nodes[0] += 1
+        return node_hash(left, right)
+
+    def row_draws(audit: dict[str, Any], picks: Any) -> tuple[dict[int, list[int]], dict[tuple[str, int], Any]]:
+        audited = gemm_audit.audited_layers(Commitment.from_wire(audit["commitment"]).layout, picks)
+        labels = [(name, layer) for name in GEMMS for layer in audited]
+        sizes = [model.weights[layer, name].shape[0] for name, layer in labels]
+        root = bytes.fromhex(audit["commitment"]["activations_root"])
+        drawn = gemm_audit.draw_row_sets(
+            model.secret, root, [f"rows/{layer}/{name}" for name, layer in labels], sizes, 32
+        )
+        return audited, dict(zip(labels, drawn, strict=True))
+
+    def rows_part(audited: dict[int, list[int]], chosen: dict[tuple[str, int], Any]) -> None:
+        tokens = sum(len(positions) for positions in audited.values())
+        for name in GEMMS:
+            first = model.weights[next(iter(audited)), name]
+            x = np.ones((tokens, first.shape[1], 1))
+            weight_rows = np.empty((tokens, min(32, first.shape[0]), first.shape[1]))
+            start = 0
+            for layer, positions in audited.items():
+                weight_rows[start : start + len(positions)] = model.weights[layer, name].take(chosen[name, layer], 0)
+                start += len(positions)
+            weight_rows @ x, np.abs(weight_rows) @ x
+
+    parts: dict[str, list[float]] = {"base64 values": [], "hex paths": [], "leaf and node sha256": [], "rows": []}
+    for audit in audits:
+        openings = orjson.loads(audit["frame"])["openings"]
+        picks = gemm_audit.draw_picks(
+            bytes.fromhex(audit["secret"]), audit["commitment"], prompt_positions=audit["prompt"]
+        )
+        nodes[0] = 0
+        merkle.node_hash = counted
+        try:
+            evidence = gemm_audit.GemmEvidence(picks=picks, openings=tuple(openings))
+            gemm_audit._verified_rows(Commitment.from_wire(audit["commitment"]), evidence)
+        finally:
+            merkle.node_hash = node_hash
+        audited, chosen = row_draws(audit, picks)
+        data = [base64.b64decode(o["values"]["data"]) for o in openings]
+        node = bytes(65)
+        timed = {
+            "base64 values": lambda: [base64.b64decode(o["values"]["data"], validate=True) for o in openings],
+            "hex paths": lambda: [list(map(bytes.fromhex, o["path"])) for o in openings],
+            "leaf and node sha256": lambda: (
+                [hashlib.sha256(row).digest() for row in data],
+                [hashlib.sha256(node).digest() for _ in range(nodes[0])],
+            ),
+            "rows": lambda: rows_part(audited, chosen),
+        }
+        for part, run in timed.items():
+            best = float("inf")
+            for _ in range(passes):
+                started = time.process_time()
+                run()
+                best = min(best, time.process_time() - started)
+            parts[part].append(best)
+    return parts
 
 
 def run_worker(tree: Path, audits_file: Path, verifier_secret: bytes, passes: int) -> dict[str, Any]:
@@ -243,6 +331,14 @@ def table(results: dict[str, list[dict[str, Any]]], cases: list[str]) -> str:
         + " | ".join(f"{median_ms(others[n]):.2f}" for n in names)
         + " |"
     )
+    floors = [run["floor"] for runs in results.values() for run in runs if "floor" in run]
+    for part in floors[0] if floors else ():
+        cells = []
+        for name in names:
+            runs = [run["floor"][part] for run in results[name] if "floor" in run]
+            per = [statistics.median(run[i] for run in runs) for i in range(len(cases))] if runs else []
+            cells.append(f"{median_ms(per):.2f}" if per else "—")
+        lines.append(f"| floor: {part} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
