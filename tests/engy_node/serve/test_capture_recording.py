@@ -8,6 +8,7 @@ thread."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from engy_node.gemm.activations import GEMMS, RESIDUAL_OUT, RecordBuilder, llama_layout
 from engy_node.serve.capture import ActivationCapture, CaptureError, SharedOpenings, release
+from engy_node.serve.engine import ModelRunner
 
 CALLS = ([5, 9, 2, 7, 1], [3], [8], [4, 6])
 """A prefill of five positions, two decode steps and a chunk of two."""
@@ -153,3 +155,26 @@ def test_a_dropped_capture_ends_its_hashing_thread(model):
     for thread in hashing:
         thread.join(timeout=30)
         assert not thread.is_alive()
+
+
+def test_the_engine_interleaving_a_request_without_capture_changes_neither(model):
+    """ModelRunner.forward takes the wrappers off before a call without a capture: that request
+    computes what it computes alone, and the captured one commits the root it commits alone."""
+    runner = ModelRunner(model, None, checkpoint=Path("."), device="cpu", dtype="bfloat16")
+
+    def served(interleaved: bool) -> tuple[str, list]:
+        capture, plain = capture_of(model), []
+        caches = [runner.new_cache(), runner.new_cache()]
+        for ids in CALLS:
+            runner.forward(ids, caches[0], capture)
+            if interleaved:
+                plain.append(runner.forward(ids[::-1], caches[1])[0])
+                assert not [m for m in model.modules() if "forward" in m.__dict__]
+        return capture.commit("r")["activations_root"], plain
+
+    alone = served(False)[0]
+    root, plain = served(True)
+    cache = runner.new_cache()
+    assert root == alone
+    for ids, hidden in zip(CALLS, plain, strict=True):
+        assert torch.equal(hidden, runner.forward(ids[::-1], cache)[0])
