@@ -244,7 +244,8 @@ class ActivationCapture:
     @contextlib.contextmanager
     def recording(self, model: Any) -> Iterator[None]:
         """Record one forward call of `model` (a transformers Llama-shaped causal LM); when it
-        returns, its positions' rows are copied into one table and handed to the hashing thread.
+        returns, its tensors go to the hashing thread, which copies its positions' rows into one
+        table and hashes them.
         The engine thread runs one forward call at a time, so the wrappers, recording during this
         call only, see this request's tensors alone."""
         self._install(model)
@@ -317,7 +318,7 @@ class ActivationCapture:
                 if part is None:
                     raise CaptureError(f"the forward call ran no {group} in layer {layer}") from None
             raise
-        del parts  # the call's tensors go as soon as they are copied
+        parts.clear()  # the call's tensors go as soon as they are copied, not when the job ends
         table = table.reshape(-1, self._row_values).to("cpu")
         if table.dtype == torch.bfloat16:
             table = table.view(torch.int16)
