@@ -45,6 +45,12 @@ overhead on generation, on the first ``--overhead`` honest answers served both w
 thread (torch and BLAS), CPU time per process, so other work on the machine moves the figures
 little. Intervals are exact (Clopper-Pearson, `calibration.proportion_interval`). No thresholds:
 the figures go to docs/verification.md.
+
+The cases confined to some layers (``neighbour-layer``, ``smaller-model``: `ALTERED_LAYERS`) are
+caught only by an audit whose draw opens one of those layers, so their catch rate is a sample of
+the draw's reach, not the checks' power. The reach table sorts their audits by that: how many
+reached an altered layer beside the plan's exact reach (`draw_reach`), and the catches among
+those that did and those that did not, apart.
 """
 
 from __future__ import annotations
@@ -84,6 +90,14 @@ MODEL_ID = "smollm2-135m"
 SETTINGS: tuple[tuple[float, float] | None, ...] = (None, (0.7, 1.0), (1.0, 1.0), (1.0, 0.9))
 """Answer i is served at SETTINGS[i % 4]: greedy, or (temperature, top_p) with seed i."""
 NEIGHBOUR_LAYER = 15
+LAYERS = 30
+ALTERED_LAYERS = {
+    "neighbour-layer": frozenset({NEIGHBOUR_LAYER}),
+    "smaller-model": frozenset(range(LAYERS - DROPPED_LAYERS, LAYERS)),
+}
+"""The cases confined to some layers: an audit can catch them only when its draw opens one of
+these in full, so their catch rate is the draw's reach times the checks' catch rate, and the
+reach table shows the two apart."""
 
 
 def settings_label(setting: tuple[float, float] | None) -> str:
@@ -170,6 +184,9 @@ class Judged:
     tokens: int
     gemm: tuple[str, ...]
     """Each audit's verdict on the answer, as `kind` or `kind/code` (first: the one reported)."""
+    reached: tuple[bool, ...]
+    """Per audit: whether its draw opened one of the case's `ALTERED_LAYERS` in full (always
+    true for a case that alters every layer)."""
     toploc: str
     audit_cpu: float
     """CPU seconds of the first audit: draw_picks + judge_openings."""
@@ -263,7 +280,9 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Judg
                 break
             prompt_ids = conversations[answer % len(conversations)]
             served = serving.serve(answer, prompt_ids, SETTINGS[answer % len(SETTINGS)])
-            gemm, audit_cpu, challenge, frame, opened = gemm_audit_of(served, store, model, audits=args.audits)
+            gemm, audit_cpu, challenge, frame, opened, layers = gemm_audit_of(served, store, model, audits=args.audits)
+            altered = ALTERED_LAYERS.get(case)
+            reached = tuple(altered is None or bool(audited & altered) for audited in layers)
             verdict, toploc_cpu = toploc.judge(served)
             judged.append(
                 Judged(
@@ -273,6 +292,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Judg
                     served.gemm_commitment.get("positions", 0),
                     len(served.output_ids),
                     tuple(gemm),
+                    reached,
                     verdict,
                     audit_cpu,
                     toploc_cpu,
@@ -326,6 +346,39 @@ def detection_table(judged: list[Judged], audits: int) -> str:
         if audits > 1:
             line += f" {rate(caught(every), len(every))} |"
         lines.append(line)
+    return "\n".join(lines)
+
+
+def draw_reach(altered: int) -> float:
+    """The probability that one audit's draw opens at least one of `altered` layers of
+    `LAYERS`: each of the default plan's positions draws its layers without repeats,
+    independently (`gemm_audit.draw_picks`; every answer here commits more positions than the
+    plan draws)."""
+    from engy_node.verifier.gemm_audit import DEFAULT_PLAN as plan
+
+    missed = math.comb(LAYERS - altered, plan.layers) / math.comb(LAYERS, plan.layers)
+    return 1 - missed**plan.positions
+
+
+def reach_table(judged: list[Judged]) -> str:
+    """For the cases confined to some layers: how often the draw reached them, against the
+    plan's exact reach, and the verdicts of the audits that did and did not, apart: a sound audit
+    catches every one that did and none that did not."""
+    lines = [
+        "| case | altered layers | audits | draw reached one (95 % interval) | the plan's reach "
+        "| judged cheat, of those that reached | judged cheat, of those that did not |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for case in dict.fromkeys(j.case for j in judged if j.case in ALTERED_LAYERS):
+        altered = ALTERED_LAYERS[case]
+        audits = [(verdict, reached) for j in judged if j.case == case for verdict, reached in zip(j.gemm, j.reached)]
+        hit = [verdict for verdict, reached in audits if reached]
+        missed = [verdict for verdict, reached in audits if not reached]
+        lines.append(
+            f"| {case} | {', '.join(map(str, sorted(altered)))} | {len(audits)} | {rate(len(hit), len(audits))} | "
+            f"{100 * draw_reach(len(altered)):.1f} % | {rate(caught(hit), len(hit))} | "
+            f"{rate(caught(missed), len(missed))} |"
+        )
     return "\n".join(lines)
 
 
@@ -405,6 +458,9 @@ def main() -> None:
     )
     print(detection_table(judged, args.audits))
     print()
+    if any(j.case in ALTERED_LAYERS for j in judged):
+        print(reach_table(judged))
+        print()
     print(cost_table(judged, overhead))
 
 

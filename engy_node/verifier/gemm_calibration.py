@@ -134,15 +134,20 @@ class PrefillAttack(Serving):
 # ---- judging: the verifier's side --------------------------------------------------------------
 
 
-def gemm_audit_of(served: Served, store, model, *, audits: int) -> tuple[list[str], float, int, int, int]:
+def gemm_audit_of(
+    served: Served, store, model, *, audits: int
+) -> tuple[list[str], float, int, int, int, list[frozenset[int]]]:
     """`audits` audits of one answer, each with a fresh secret: the verdicts (`pass` or
-    `kind/gemm:reason`), the first's CPU seconds (draw_picks + judge_openings), and its frames'
-    JSON bytes (challenge, openings) and opening count."""
+    `kind/gemm:reason`), the first's CPU seconds (draw_picks + judge_openings), its frames'
+    JSON bytes (challenge, openings) and opening count, and each audit's layers opened in full
+    (`gemm_audit.audited_layers`), so a cheat confined to some layers can be told apart from
+    what the draw reached."""
     from engy_node.protocol.gemm import GemmChallenge, GemmOpenings
     from engy_node.verifier import gemm_audit
 
     rid = served.gemm_commitment["rid"]
     verdicts: list[str] = []
+    layers: list[frozenset[int]] = []
     first_cpu, sizes = 0.0, (0, 0, 0)
     for audit in range(audits):
         secret = secrets.token_bytes(32)
@@ -168,9 +173,10 @@ def gemm_audit_of(served: Served, store, model, *, audits: int) -> tuple[list[st
         )
         cpu += time.process_time() - started
         verdicts.append(verdict.kind if verdict.kind == "pass" else f"{verdict.kind}/gemm:{verdict.reason}")
+        layers.append(frozenset(gemm_audit.audited_layers(record.layout, picks)))
         if audit == 0:
             first_cpu, sizes = cpu, (len(challenge), len(frame), len(wires))
-    return verdicts, first_cpu, *sizes
+    return verdicts, first_cpu, *sizes, layers
 
 
 class Toploc:
