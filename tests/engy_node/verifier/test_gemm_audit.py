@@ -91,6 +91,31 @@ def test_another_secret_or_root_draws_other_picks(root, first, other):
     assert picks != ga.draw_picks(first, commitment_wire(200, root=bytes([root[0] ^ 1]) + root[1:]))
 
 
+def test_the_draw_reaches_a_cheat_on_a_few_layers_at_the_plans_exact_rate():
+    """What the catch rates of cheats confined to some layers are held to (docs/verification.md,
+    bench/gemm_audit.py's reach table): each position's layers are drawn uniformly without
+    repeats and independently of the other positions', so the last 4 of 30 layers are reached
+    with probability 1 − (C(26, 2) / C(30, 2))⁴ = 68.8 %, and each layer is opened in 8 / 30 of
+    the plan's slots. Fixed secrets, so the counts are the same every run; the margins are 4.7
+    and 6.5 standard errors (a draw of layers shared by the positions would reach 25.3 %)."""
+    import math
+
+    commitment = commitment_wire(120)
+    layout = Commitment.from_wire(commitment).layout
+    audits = 3000
+    reached = 0
+    opened = [0] * 30
+    for index in range(audits):
+        audited = ga.audited_layers(layout, ga.draw_picks(index.to_bytes(4, "big"), commitment, prompt_positions=70))
+        reached += any(layer >= 26 for layer in audited)
+        for layer, positions in audited.items():
+            opened[layer] += len(positions)
+    expected = 1 - (math.comb(26, 2) / math.comb(30, 2)) ** 4
+    assert abs(reached / audits - expected) < 0.04, (reached, audits, expected)
+    assert sum(opened) == audits * 8
+    assert all(abs(count / (audits * 8) - 1 / 30) < 0.0075 for count in opened), opened
+
+
 @given(start=st.integers(0, 159), secret=st.binary(min_size=1, max_size=8))
 def test_picks_stay_inside_a_commitment_that_starts_after_a_cached_prefix(start, secret):
     commitment = {**commitment_wire(200), "start": start} if start else commitment_wire(200)
