@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import math
 import time
 
 import pytest
@@ -98,8 +99,6 @@ def test_the_draw_reaches_a_cheat_on_a_few_layers_at_the_plans_exact_rate():
     with probability 1 − (C(26, 2) / C(30, 2))⁴ = 68.8 %, and each layer is opened in 8 / 30 of
     the plan's slots. Fixed secrets, so the counts are the same every run; the margins are 4.7
     and 6.5 standard errors (a draw of layers shared by the positions would reach 25.3 %)."""
-    import math
-
     commitment = commitment_wire(120)
     layout = Commitment.from_wire(commitment).layout
     audits = 3000
