@@ -151,10 +151,12 @@ DASHBOARD_SOURCES = (
     "engy_node.hardware.gpu",
     "engy_node.hardware.monitor",
     "engy_node.money",
+    "engy_node.durations",
 )
 """What the TUI's dashboards may read of the node: the snapshot types, and the public constants
 and pure helpers of the core that say what a figure means (the breaker's bars, the catalog,
-settings' defaults, GPU units and temperature bands, exact µUSD amounts)."""
+settings' defaults, GPU units and temperature bands, exact µUSD amounts, spans of time worded as
+everywhere else)."""
 
 
 def test_the_dashboards_read_the_node_only_through_its_snapshot_types():

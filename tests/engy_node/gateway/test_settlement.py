@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engy_node import percentile
+from engy_node import durations, percentile
 from engy_node.gateway.billing import settlement
 from engy_node.gateway.billing.settlement import (
     BUYER_FAULTS,
@@ -405,12 +405,14 @@ def imports_of(module) -> set[str]:
 
 
 def test_settlement_imports_only_the_standard_library():
-    # And the one percentile definition and the gates' names and bars, themselves standard library only.
+    # And the one percentile definition and the gates' names and bars (which word their spans
+    # with the one duration wording), themselves standard library only.
     standard = set(sys.stdlib_module_names) | {"__future__"}
     ours = {"engy_node.percentile", "engy_node.protocol.gates"}
     assert {name.split(".")[0] for name in imports_of(settlement) - ours} <= standard
     assert {name.split(".")[0] for name in imports_of(percentile)} <= standard
-    assert {name.split(".")[0] for name in imports_of(gates)} <= standard
+    assert {name.split(".")[0] for name in imports_of(gates) - {"engy_node.durations"}} <= standard
+    assert {name.split(".")[0] for name in imports_of(durations)} <= standard
 
 
 # -- properties ------------------------------------------------------------------------------
