@@ -103,7 +103,7 @@ def own_cost(layout: Any, runner: Any, run: Callable[[Any], object]) -> tuple[fl
 
     run(Timed)
     probe = ActivationCapture(layout, None, weights_root="", arithmetic="bfloat16")  # type: ignore[arg-type]
-    probe._seen = [None] * len(layout.slots())  # as inside a recorded call
+    probe._seen = [None] * len(layout.columns())  # as inside a recorded call
     wrapped = probe._projection_forward(0, "q_proj", identity)
 
     def per_call(forward: Callable[[Any], Any]) -> float:

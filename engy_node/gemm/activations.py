@@ -1,4 +1,4 @@
-"""Activation commitments (``engy-activations-v1``): a Merkle root over what one answer's GEMMs
+"""Activation commitments (``engy-activations-v2``): a Merkle root over what one answer's GEMMs
 consumed and produced, so a verifier can later open any of them and check it against the
 committed weights (`engy_node.verifier.gemm_check`).
 
@@ -18,6 +18,9 @@ tensor once:
   same tensor, so ``residual_out`` of layer l < L−1 is committed once, as ``residual_in`` of
   l + 1 (`ActivationLayout.canonical` maps a pick of it there).
 
+A position's values are one row, its columns (`ActivationLayout.columns`) layer by layer in the
+order above, the last layer's ``residual_out`` closing it; the captures write rows in that order.
+
 `GEMMS` names each projection's (x, y) groups, the pairs `gemm_check.freivalds` and `row_check`
 take; ``residual_in``/``residual_out`` feed `replay_layer`. Attention itself (RoPE, softmax) has
 no weights and stays in the trust region; the lm_head's product is judged by TOPLOC's logits.
@@ -36,21 +39,34 @@ that computed them. The verifier draws only from the committed range; what it gi
 prefix computed by a cheaper model in an earlier answer the audit did not draw — is in
 docs/verification.md's trust region.
 
-Leaves and order. One leaf per (position, layer, group): ``leaf_hash(descriptor ‖ raw row)``
-(`engy_node.gemm.merkle`, RFC 6962), the descriptor binding the format, position (u32), layer
-(u16), group, dtype and width (u32), length-prefixed, so the same bytes at another place or
-under another name hash differently. Leaves are ordered position-major, then layer, then group
-in the order above (the last layer's ``residual_out`` closes each position), so the leaves of a
-position are hashed as soon as the forward pass that computed it ends, and a verifier derives a
-leaf's index and the tree's size from (positions, layout) alone: `verify_opening` refuses an
-opening at any other index, so a tree with two candidate values for one slot cannot be opened
-at the one that suits.
+Leaves and order. v2 has three kinds of leaf per position: each layer's ``residual_in``, the
+layer's GEMM rows (``gemms``: ``attn_in`` … ``down_out`` back to back, the columns a layer's
+projections read and write), and the last layer's ``residual_out``: 2 · layers + 1 leaves, in
+column order. A leaf hashes as ``leaf_hash(tag ‖ position ‖ descriptor ‖ raw bytes)``
+(`engy_node.gemm.merkle`, RFC 6962): the tag names the format, the position is a u32, and the
+descriptor binds the layer (u16), the leaf's name, the dtype and the width (u32),
+length-prefixed, so the same bytes at another place or under another name hash differently. The
+leaves of a position are hashed as soon as the forward pass that computed it ends, and a
+verifier derives a leaf's index and the tree's size from (positions, layout) alone:
+`verify_opening` refuses an opening at any other index, so a tree with two candidate values for
+one slot cannot be opened at the one that suits.
+
+Why these leaves. A check of one (position, layer) reads all of the layer's groups and the
+residual on either side of it (`engy_node.verifier.gemm_audit`), so that is what a leaf holds:
+the check opens three leaves (``residual_in``, ``gemms``, the next ``residual_in``), no more
+bytes than it reads, and each residual stays one leaf shared by the layers on either side, so
+the chain from layer to layer is still one committed value. ``engy-activations-v1`` had a leaf
+per group (12 · layers + 1): the same bytes, six times the hashes. Leaf hashing is the capture's
+cost (SHA-256's per-call overhead in Python, and a row under 2 KiB is hashed holding the GIL the
+engine thread needs): on SmolLM2 361 leaves and 360 nodes a position became 61 and 60, and a
+verifier checks 3 openings per audited layer instead of 13. This node still reads v1 (a miner
+running an earlier release) and commits v2.
 
 Sizes (values in bf16, plus 64 bytes of tree per leaf):
 
 * SmolLM2-135M (30 layers, hidden 576, q 576, k/v 192, d_ff 1536): 9,024 values per layer-position,
-  542,592 bytes per position (+ 23,104 of tree): about 0.55 MB per position, so a 300-position
-  answer keeps 170 MB. The reference server's store defaults to 2 GiB and 300 s (`capture.py`).
+  542,592 bytes per position (+ 3,904 of tree in v2, 23,104 in v1): about 0.55 MB per position,
+  so a 300-position answer keeps 164 MB. The reference server's store defaults to 2 GiB and 300 s (`capture.py`).
 * Qwen3.6-35B-A3B (hidden 2048, 40 layers: 30 Gated DeltaNet and 10 gated-attention; MoE of 256
   routed experts, 8 per token, and 1 shared, d_ff 512): the captured expert GEMMs are those a
   token actually ran — its 8 routed experts and the shared one, each ``gate``/``up``/``down_in``
@@ -82,8 +98,12 @@ import numpy.typing as npt
 
 from engy_node.gemm.merkle import HASH_SIZE, LEAF_PREFIX, MerkleBuilder, MerkleTree, leaf_hash, verify, verify_all
 
-FORMAT = "engy-activations-v1"
-TAG = FORMAT.encode() + b"\0"
+FORMAT = "engy-activations-v2"
+"""The format this node's servers commit in."""
+FORMATS = ("engy-activations-v1", FORMAT)
+"""The formats this node reads: v1's leaf per group, v2's leaves per layer (module doc)."""
+GEMM_ROWS = "gemms"
+"""v2's leaf of a layer's GEMM inputs and outputs: every group after ``residual_in``."""
 
 ITEM_SIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 """Bytes per value of each activation dtype a record may hold."""
@@ -126,11 +146,13 @@ class CommitmentError(ValueError):
 @dataclasses.dataclass(frozen=True, slots=True)
 class ActivationLayout:
     """What one position of an answer commits: `layers` × `groups` (name, width), then the last
-    layer's ``residual_out`` (as wide as ``residual_in``), each `dtype`."""
+    layer's ``residual_out`` (as wide as ``residual_in``), each `dtype`, in leaves as `format`
+    cuts them (module doc)."""
 
     layers: int
     groups: tuple[tuple[str, int], ...]
     dtype: str
+    format: str = FORMAT
 
     def __post_init__(self) -> None:
         names = [name for name, _ in self.groups]
@@ -140,54 +162,86 @@ class ActivationLayout:
             raise CommitmentError(f"activation dtype {self.dtype!r} is not one of {sorted(ITEM_SIZE)}")
         if any(width < 1 for _, width in self.groups):
             raise CommitmentError(f"every group needs a positive width, got {self.groups}")
+        if self.format not in FORMATS:
+            raise CommitmentError(f"activation commitment format {self.format!r}; this node reads {', '.join(FORMATS)}")
+        if self.format == FORMAT and (names[0] != "residual_in" or GEMM_ROWS in names):
+            raise CommitmentError(
+                f"a {FORMAT} layout starts with residual_in and has no group {GEMM_ROWS!r}, got {names}"
+            )
+
+    @property
+    def tag(self) -> bytes:
+        """What every leaf hash starts with: the format's name."""
+        return self.format.encode() + b"\0"
 
     @property
     def leaves_per_position(self) -> int:
-        return self.layers * len(self.groups) + 1
+        return len(_leaves(self).slots)
 
     @property
     def item_size(self) -> int:
         return ITEM_SIZE[self.dtype]
 
-    def slots(self) -> list[tuple[int, str]]:
-        """Every (layer, group) of one position, in leaf order."""
+    def columns(self) -> list[tuple[int, str]]:
+        """Every (layer, group) of one position, in the order of its row's values."""
         return [(layer, name) for layer in range(self.layers) for name, _ in self.groups] + [
             (self.layers - 1, RESIDUAL_OUT)
         ]
 
+    def slots(self) -> list[tuple[int, str]]:
+        """Every leaf (layer, name) of one position, in leaf order."""
+        return list(_leaves(self).slots)
+
     def width(self, group: str) -> int:
+        """Values in a group, or in a leaf (``gemms``: the layer's groups after ``residual_in``)."""
         name = "residual_in" if group == RESIDUAL_OUT else group
+        if name == GEMM_ROWS and self.format == FORMAT and len(self.groups) > 1:
+            return sum(width for _, width in self.groups[1:])
         for candidate, width in self.groups:
             if candidate == name:
                 return width
         raise CommitmentError(f"no group {group!r}; the layout has {[n for n, _ in self.groups]} and {RESIDUAL_OUT}")
 
     def canonical(self, layer: int, group: str) -> tuple[int, str]:
-        """Where (layer, group) is committed: a ``residual_out`` before the last layer is the next
-        layer's ``residual_in``."""
+        """The leaf (layer, name) holding (layer, group): a ``residual_out`` before the last layer
+        is the next layer's ``residual_in``, and in v2 each group after ``residual_in`` is in its
+        layer's ``gemms``."""
         self.width(group)
         if not 0 <= layer < self.layers:
             raise CommitmentError(f"layer {layer} is outside 0..{self.layers - 1}")
         if group == RESIDUAL_OUT and layer < self.layers - 1:
             return layer + 1, "residual_in"
+        if self.format == FORMAT and group not in ("residual_in", RESIDUAL_OUT):
+            return layer, GEMM_ROWS
         return layer, group
 
+    def locate(self, layer: int, group: str) -> tuple[tuple[int, str], int, int]:
+        """Where (layer, group)'s values are: its leaf (`canonical`) and their byte range in it."""
+        leaf = self.canonical(layer, group)
+        leaves = _leaves(self)
+        begin, end = leaves.ranges[leaves.offset[leaf]]
+        column = leaves.columns.get((leaf[0], "residual_in") if leaf[1] == "residual_in" else (layer, group))
+        if column is None:  # a leaf's own name: all of it
+            return leaf, 0, end - begin
+        return leaf, column[0] - begin, column[1] - begin
+
     def index(self, position: int, layer: int, group: str) -> int:
-        """The leaf index of a canonical (position, layer, group)."""
-        if group == RESIDUAL_OUT:
-            offset = self.layers * len(self.groups)
-        else:
-            offset = layer * len(self.groups) + [name for name, _ in self.groups].index(group)
+        """The leaf index of a leaf (layer, name) at `position` (a group's: `canonical` first)."""
+        offset = _leaves(self).offset.get((layer, group))
+        if offset is None:
+            raise CommitmentError(
+                f"no leaf {(layer, group)} in a {self.format} layout; its leaves are {self.slots()[:3]} …"
+            )
         return position * self.leaves_per_position + offset
 
     @property
     def row_bytes(self) -> int:
-        """One position's values, every slot."""
+        """One position's values, every column."""
         return (self.layers * sum(width for _, width in self.groups) + self.width(RESIDUAL_OUT)) * self.item_size
 
     def offsets(self) -> tuple[tuple[int, int], ...]:
-        """Each slot's byte range within one position's row, in leaf order."""
-        return _offsets(self)
+        """Each leaf's byte range within one position's row, in leaf order."""
+        return _leaves(self).ranges
 
     def bytes_per_position(self) -> int:
         """What a record keeps per position: its values and its share of the tree."""
@@ -197,17 +251,38 @@ class ActivationLayout:
         return {"layers": self.layers, "groups": [[name, width] for name, width in self.groups], "dtype": self.dtype}
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Leaves:
+    slots: tuple[tuple[int, str], ...]
+    ranges: tuple[tuple[int, int], ...]
+    """Each leaf's bytes in a position's row."""
+    offset: dict[tuple[int, str], int]
+    """A leaf's index within its position."""
+    columns: dict[tuple[int, str], tuple[int, int]]
+    """Each column's (`ActivationLayout.columns`) bytes in the row."""
+
+
 @functools.cache
-def _offsets(layout: ActivationLayout) -> tuple[tuple[int, int], ...]:
-    ranges, start = [], 0
-    for _, group in layout.slots():
+def _leaves(layout: ActivationLayout) -> _Leaves:
+    """How `layout.format` cuts a position's row into leaves, worked out once per layout."""
+    columns, start = {}, 0
+    for layer, group in layout.columns():
         end = start + layout.width(group) * layout.item_size
-        ranges.append((start, end))
+        columns[layer, group] = (start, end)
         start = end
-    return tuple(ranges)
+    slots: list[tuple[int, str]] = []
+    ranges: list[tuple[int, int]] = []
+    for (layer, group), (begin, end) in columns.items():
+        leaf = layout.canonical(layer, group)
+        if slots and slots[-1] == leaf:
+            ranges[-1] = (ranges[-1][0], end)
+        else:
+            slots.append(leaf)
+            ranges.append((begin, end))
+    return _Leaves(tuple(slots), tuple(ranges), {slot: i for i, slot in enumerate(slots)}, columns)
 
 
-def llama_layout(config: Mapping[str, Any], dtype: str) -> ActivationLayout:
+def llama_layout(config: Mapping[str, Any], dtype: str, format: str = FORMAT) -> ActivationLayout:
     """The layout of a Llama-shaped model (SmolLM2) from its config.json fields."""
     hidden = int(config["hidden_size"])
     heads = int(config["num_attention_heads"])
@@ -217,11 +292,11 @@ def llama_layout(config: Mapping[str, Any], dtype: str) -> ActivationLayout:
     widths = {"q": heads * head_dim, "k": kv, "v": kv, "o_in": heads * head_dim, "gate": d_ff, "up": d_ff}
     widths["down_in"] = d_ff
     groups = tuple((name, widths.get(name, hidden)) for name in LLAMA_GROUPS)
-    return ActivationLayout(int(config["num_hidden_layers"]), groups, dtype)
+    return ActivationLayout(int(config["num_hidden_layers"]), groups, dtype, format)
 
 
 def _descriptor(layout: ActivationLayout, layer: int, group: str) -> bytes:
-    """The descriptor after the position: layer, group, dtype, width (see the module doc)."""
+    """The descriptor after the position: layer, leaf name, dtype, width (see the module doc)."""
     name, dtype = group.encode(), layout.dtype.encode()
     return (
         layer.to_bytes(2, "big")
@@ -234,8 +309,8 @@ def _descriptor(layout: ActivationLayout, layer: int, group: str) -> bytes:
 
 
 def activation_leaf(layout: ActivationLayout, position: int, layer: int, group: str, data: bytes | memoryview) -> bytes:
-    """The leaf hash of one committed row."""
-    return leaf_hash(TAG, position.to_bytes(4, "big"), _canonical_slots(layout)[layer, group][0], data)
+    """The leaf hash of one leaf's bytes."""
+    return leaf_hash(layout.tag, position.to_bytes(4, "big"), _canonical_slots(layout)[layer, group][0], data)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -258,7 +333,7 @@ class Commitment:
 
     def to_wire(self) -> dict[str, Any]:
         wire = {
-            "format": FORMAT,
+            "format": self.layout.format,
             "activations_root": self.root.hex(),
             "positions": self.positions,
             **self.layout.to_wire(),
@@ -269,12 +344,14 @@ class Commitment:
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any]) -> Commitment:
-        if wire.get("format") != FORMAT:
-            raise CommitmentError(f"activation commitment format {wire.get('format')!r}; this node reads {FORMAT}")
+        if wire.get("format") not in FORMATS:
+            raise CommitmentError(
+                f"activation commitment format {wire.get('format')!r}; this node reads {', '.join(FORMATS)}"
+            )
         try:
             root = bytes.fromhex(str(wire["activations_root"]))
             groups = tuple((str(name), int(width)) for name, width in wire["groups"])
-            layout = ActivationLayout(int(wire["layers"]), groups, str(wire["dtype"]))
+            layout = ActivationLayout(int(wire["layers"]), groups, str(wire["dtype"]), str(wire["format"]))
             positions = int(wire["positions"])
             start = int(wire.get("start", 0))
         except (KeyError, TypeError, ValueError) as error:
@@ -378,12 +455,23 @@ def opened_values(layout: ActivationLayout, opening: Opening) -> npt.NDArray[np.
     return decode_values(layout.dtype, opening.data)
 
 
+def group_values(layout: ActivationLayout, opening: Opening, layer: int, group: str) -> npt.NDArray[np.float64]:
+    """(layer, group)'s values, as float64, out of the opening of the leaf holding them (a v2
+    ``gemms`` holds a layer's every group after ``residual_in``)."""
+    leaf, start, end = layout.locate(layer, group)
+    if (opening.layer, opening.group) != leaf:
+        raise CommitmentError(
+            f"layer {layer} {group} is in leaf {leaf}, not the opening's {(opening.layer, opening.group)}"
+        )
+    return decode_values(layout.dtype, opening.data[start:end])
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Chunk:
     start: int
     rows: int
     data: memoryview
-    """rows × `ActivationLayout.row_bytes`: each position's slots in leaf order."""
+    """rows × `ActivationLayout.row_bytes`: each position's `ActivationLayout.columns` in order."""
 
 
 class RecordBuilder:
@@ -399,12 +487,13 @@ class RecordBuilder:
         self._slices = [
             (_descriptor(layout, *slot), start, end) for slot, (start, end) in zip(layout.slots(), layout.offsets())
         ]
-        self._prefix = hashlib.sha256(LEAF_PREFIX + TAG)
+        self._prefix = hashlib.sha256(LEAF_PREFIX + layout.tag)
         """`leaf_hash`'s state after the bytes every leaf starts with, copied per leaf."""
 
     def add_rows(self, rows: int, data: bytes | memoryview) -> None:
-        """The next `rows` positions, one after another, each position's slots in leaf order
-        (`ActivationLayout.offsets`), and hash their leaves (`activation_leaf`'s hashes, from
+        """The next `rows` positions, one after another, each position's columns in order
+        (`ActivationLayout.columns`), and hash their leaves (`activation_leaf`'s hashes of the
+        `ActivationLayout.offsets` ranges, from
         a copy of the hash state after the prefix and position they share) and the tree's
         complete pairs above them."""
         view = memoryview(data).cast("B")

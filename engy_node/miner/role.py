@@ -51,7 +51,7 @@ from engy_node import __version__, keys
 from engy_node.config import Config
 from engy_node.control import Actions
 from engy_node.errors import EngyError
-from engy_node.gemm.activations import FORMAT as GEMM_FORMAT
+from engy_node.gemm.activations import FORMATS as GEMM_FORMATS
 from engy_node.gemm.loaded import check_checkpoint
 from engy_node.hardware.gpu import GpuInventory, detect
 from engy_node.hardware.model_shape import read_model_shape
@@ -361,12 +361,12 @@ class ServeRotation:
                     error,
                 )
                 return None
-            if support is None or support.format != GEMM_FORMAT:
+            if support is None or support.format not in GEMM_FORMATS:
                 log.info(
                     "GEMM audits off: the model server %s does not commit its activations in %s (%s); "
                     "TOPLOC alone judges this miner",
                     client.base_url,
-                    GEMM_FORMAT,
+                    " or ".join(GEMM_FORMATS),
                     "it names none" if support is None else f"it names {support.format}",
                 )
                 return None

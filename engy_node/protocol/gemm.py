@@ -5,7 +5,7 @@ and the challenge that opens part of it afterwards.
 The flow. A miner whose serve can commit its activations (the reference server; sglang with the
 capture module) announces `FEATURE_GEMM` in its hello. The gateway then sets
 ``return_gemm_commitment`` on the serve requests it may audit so (`ServeRequest.gemm_commitment`),
-and the miner's `response` carries ``gemm_commitment``: the `engy-activations-v1` commitment
+and the miner's `response` carries ``gemm_commitment``: an `engy-activations-v2` (or v1) commitment
 (`engy_node.gemm.activations.Commitment.to_wire`) plus the ``rid`` its serve filed the record
 under. Later — after the commitment is fixed, from randomness only the verifier holds — the
 gateway sends `GemmChallenge` naming that rid and the picks; the miner answers `GemmOpenings`

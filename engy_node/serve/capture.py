@@ -159,16 +159,16 @@ class ActivationCapture:
         self.commit_from_at_most: int | None = None
         """The latest position the commitment may start at (``gemm_commit_from``): the buyer's
         prompt's last, so a prefix-cache hit never leaves the whole prompt uncommitted."""
-        self._slots = layout.slots()
-        self._index = {slot: index for index, slot in enumerate(self._slots)}
-        self._widths = [layout.width(slot[1]) for slot in self._slots]
+        self._columns = layout.columns()
+        self._index = {slot: index for index, slot in enumerate(self._columns)}
+        self._widths = [layout.width(slot[1]) for slot in self._columns]
         self._row_values = sum(self._widths)
         self._modules: list[tuple[dict[str, Any], Callable[..., Any]]] = []
         self._model: Any = None
         """The model whose modules have this capture's wrappers set (`_install`), or None."""
         self._replaced: list[Any] = []
         self._seen: list[Any] | None = None
-        """The current forward call's tensors in leaf order (None in a slot: not run yet), which
+        """The current forward call's tensors in column order (None in a slot: not run yet), which
         is what the copy takes as is; a shared input's first reader puts it here, so q/k/v and
         gate/up can be checked to read that very tensor. None between forward calls: the
         wrappers then only call through."""
@@ -249,7 +249,7 @@ class ActivationCapture:
         The engine thread runs one forward call at a time, so the wrappers, recording during this
         call only, see this request's tensors alone."""
         self._install(model)
-        seen: list[Any] = [None] * len(self._slots)
+        seen: list[Any] = [None] * len(self._columns)
         self._seen, self._outputs = seen, []
         try:
             yield
@@ -292,10 +292,10 @@ class ActivationCapture:
         self._model, self._replaced = None, []
 
     def _hash(self, parts: list[Any]) -> None:
-        """Hand the call's tensors (`parts`, in leaf order) to the hashing thread, which copies
+        """Hand the call's tensors (`parts`, in column order) to the hashing thread, which copies
         them into one table and hashes it (`_hash_call`)."""
         if not self._hashing:  # a module's widths are its weights' shapes: the first call tells
-            for slot, part, width in zip(self._slots, parts, self._widths, strict=True):
+            for slot, part, width in zip(self._columns, parts, self._widths, strict=True):
                 if part is not None and part.shape[-1] != width:
                     raise CaptureError(f"layer {slot[0]} {slot[1]} is {part.shape[-1]} wide, the layout says {width}")
         if self._hasher is None:
@@ -314,7 +314,7 @@ class ActivationCapture:
             with torch.inference_mode():
                 table = torch.cat(parts, dim=-1)
         except TypeError:  # a None, found here rather than by a scan of every call's slots
-            for (layer, group), part in zip(self._slots, parts, strict=True):
+            for (layer, group), part in zip(self._columns, parts, strict=True):
                 if part is None:
                     raise CaptureError(f"the forward call ran no {group} in layer {layer}") from None
             raise

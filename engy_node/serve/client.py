@@ -132,7 +132,8 @@ class GemmSupport:
     """A server's activation commitments (`ServeClient.gemm_support`)."""
 
     format: str
-    """``engy-activations-v1`` (`engy_node.gemm.activations.FORMAT`) on the reference server."""
+    """``engy-activations-v2`` (`engy_node.gemm.activations.FORMAT`) on this release's servers;
+    a miner relays any format of `FORMATS`, which verifiers read."""
     most_positions: int
     """The prompt plus ``max_new_tokens`` a committed request may reach: the server refuses to
     capture one whose record could not fit its store (a 400), so a longer request is served

@@ -64,6 +64,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engy_node.gemm.activations import (
+    FORMAT,
     GEMMS,
     LLAMA_GROUPS,
     RESIDUAL_OUT,
@@ -223,31 +224,41 @@ def draw_picks(
             range(layout.layers), plan.layers
         ):
             slots.update(
-                ((position, *slot), position * leaves + offset) for slot, offset in _layer_slots(layout)[layer]
+                ((position, *leaf), position * leaves + offset) for leaf, offset in _layer_leaves(layout)[layer]
             )
     return tuple(GemmPick(*slot) for slot in sorted(slots, key=slots.__getitem__))
 
 
 @functools.cache
-def _layer_slots(layout: ActivationLayout) -> tuple[tuple[tuple[tuple[int, str], int], ...], ...]:
-    """Per layer, where each group of `LAYER_GROUPS` is committed (`ActivationLayout.canonical`)
-    and its leaf's offset within a position: looked up per pick, built once per layout."""
+def _layer_leaves(layout: ActivationLayout) -> tuple[tuple[tuple[tuple[int, str], int], ...], ...]:
+    """Per layer, the leaves holding the groups of `LAYER_GROUPS` (`ActivationLayout.canonical`),
+    each once, with its offset within a position: looked up per pick, built once per layout."""
     return tuple(
-        tuple((slot, layout.index(0, *slot)) for slot in (layout.canonical(layer, group) for group in LAYER_GROUPS))
+        tuple(
+            (leaf, layout.index(0, *leaf))
+            for leaf in dict.fromkeys(layout.canonical(layer, group) for group in LAYER_GROUPS)
+        )
         for layer in range(layout.layers)
     )
 
 
+@functools.cache
+def _group_bytes(layout: ActivationLayout) -> tuple[tuple[tuple[tuple[int, str], int, int], ...], ...]:
+    """Per layer, per group of `LAYER_GROUPS`: its leaf and its bytes there (`locate`)."""
+    return tuple(tuple(layout.locate(layer, group) for group in LAYER_GROUPS) for layer in range(layout.layers))
+
+
 def audited_layers(layout: ActivationLayout, picks: Sequence[GemmPick]) -> dict[int, list[int]]:
     """The (position, layer) pairs `picks` open in full, as layer → positions (sorted): those
-    with every group of `LAYER_GROUPS` picked at its canonical slot."""
+    with every leaf holding a group of `LAYER_GROUPS` picked."""
     picked = {(pick.position, pick.layer, pick.group) for pick in picks}
-    candidates = sorted({(pick.position, pick.layer) for pick in picks if pick.group in GEMMS["q_proj"]})
+    q_leaf = layout.canonical(0, "q")[1]
+    candidates = sorted({(pick.position, pick.layer) for pick in picks if pick.group == q_leaf})
     audited: dict[int, list[int]] = {}
     for position, layer in candidates:
         if not 0 <= layer < layout.layers:
             layout.canonical(layer, LAYER_GROUPS[0])  # raises, naming the layers there are
-        if all((position, *slot) in picked for slot, _ in _layer_slots(layout)[layer]):
+        if all((position, *leaf) in picked for leaf, _ in _layer_leaves(layout)[layer]):
             audited.setdefault(layer, []).append(position)
     return dict(sorted(audited.items()))
 
@@ -329,8 +340,8 @@ class GemmModel:
         )
         return cls(dict(config), dict(weights), float(eps), keys, secret, stacked)
 
-    def layout(self, dtype: str) -> ActivationLayout:
-        return llama_layout(self.config, dtype)
+    def layout(self, dtype: str, format: str = FORMAT) -> ActivationLayout:
+        return llama_layout(self.config, dtype, format)
 
 
 def gemm_model_of(runner: Any, *, secret: bytes | None = None) -> GemmModel:
@@ -408,7 +419,7 @@ def judge_openings(
     except CommitmentError:
         return GemmJudgement("unproven", "malformed-commitment")
     layout = parsed.layout
-    if layout != model.layout(layout.dtype) or parsed.positions != expected_positions:
+    if layout != model.layout(layout.dtype, layout.format) or parsed.positions != expected_positions:
         return GemmJudgement("cheat", "commitment")
     if prompt_positions is not None and parsed.start >= prompt_positions:
         return GemmJudgement("cheat", "commitment")
@@ -493,11 +504,15 @@ def _checks(
     pairs = [(layer, position) for layer, positions in audited.items() for position in positions]
     layers = np.array([layer for layer, _ in pairs], np.intp)
 
-    slots = _layer_slots(layout)
+    located = _group_bytes(layout)
 
     def stacked(group: str) -> npt.NDArray[np.float64]:
         at = LAYER_GROUPS.index(group)
-        data = b"".join(rows[(position, *slots[layer][at][0])] for layer, position in pairs)
+        data = b"".join(
+            rows[(position, *leaf)][start:end]
+            for layer, position in pairs
+            for leaf, start, end in (located[layer][at],)
+        )
         return decode_values(layout.dtype, data).reshape(len(pairs), -1)
 
     values = {group: stacked(group) for group in {group for pair in GEMMS.values() for group in pair}}

@@ -262,7 +262,7 @@ class SglangCapture:
         self._committed: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._committed_lock = threading.Lock()
         self._widths = {name: width for name, width in layout.groups}
-        self._slots = layout.slots()
+        self._columns = layout.columns()
         self._spans: list[RowSpan] = []
         self._index: Any = None
         self._seen: dict[tuple[int, str], Any] = {}
@@ -423,13 +423,13 @@ class SglangCapture:
         self._spans, self._seen, self._consumed = [], {}, {}
 
     def _table(self) -> npt.NDArray[np.uint8]:
-        """The asking rows, each position's slots in leaf order, as raw bytes [rows, row_bytes]."""
+        """The asking rows, each position's columns in order, as raw bytes [rows, row_bytes]."""
         import torch
 
-        missing = [slot for slot in self._slots if slot not in self._seen]
+        missing = [slot for slot in self._columns if slot not in self._seen]
         if missing:
             raise CommitmentError(f"the forward pass ran no {missing[0][1]} in layer {missing[0][0]}")
-        parts = [self._seen[slot] for slot in self._slots]
+        parts = [self._seen[slot] for slot in self._columns]
         if parts[0].element_size() != self.layout.item_size:
             raise CommitmentError(f"activations are {parts[0].dtype}, the layout says {self.layout.dtype}")
         table = torch.cat(parts, dim=1).to("cpu")

@@ -16,13 +16,16 @@ from hypothesis import strategies as st
 from engy_node.gemm import activations as ac
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+V2_ROOT = "0b14330c2fff2568ced382950d3955da743270c828b4ee5e5e41216bf9d45660"
+"""`pinned_root`'s v2 root, as the first v2 implementation made it."""
 
 
 @st.composite
 def layouts(draw):
     extra = draw(st.lists(st.sampled_from(ac.LLAMA_GROUPS[1:]), max_size=3, unique=True))
     groups = tuple((name, draw(st.integers(1, 5))) for name in ("residual_in", *extra))
-    return ac.ActivationLayout(draw(st.integers(1, 3)), groups, draw(st.sampled_from(sorted(ac.ITEM_SIZE))))
+    dtype = draw(st.sampled_from(sorted(ac.ITEM_SIZE)))
+    return ac.ActivationLayout(draw(st.integers(1, 3)), groups, dtype, draw(st.sampled_from(ac.FORMATS)))
 
 
 @st.composite
@@ -73,7 +76,8 @@ def test_a_flipped_byte_another_place_or_a_bent_path_fails(built, data):
         ac.Opening(opening.position, opening.layer + 1, opening.group, opening.data, opening.path),
         ac.Opening(opening.position, opening.layer, opening.group, opening.data + b"\0", opening.path),
     ]
-    others = [name for name, width in layout.groups if name != opening.group and width == layout.width(opening.group)]
+    names = {name for _, name in layout.slots()} | {name for name, _ in layout.groups}
+    others = [name for name in names - {opening.group} if layout.width(name) == layout.width(opening.group)]
     changed += [ac.Opening(opening.position, opening.layer, name, opening.data, opening.path) for name in others]
     if opening.path:
         node = data.draw(st.integers(0, len(opening.path) - 1))
@@ -92,16 +96,49 @@ def test_the_root_depends_on_the_rows_not_on_how_forward_calls_batched_them(buil
     assert one_call.finish().tree.root == record.tree.root
 
 
-def test_the_format_is_pinned_by_a_known_root():
-    """`engy-activations-v1` is what verifiers check: a change to how leaves or the tree are
-    hashed (a faster capture included) must leave this root as the first implementation made it."""
-    layout = ac.ActivationLayout(2, (("residual_in", 3), ("q", 2)), "bfloat16")
+def pinned_root(format: str, groups=(("residual_in", 3), ("q", 2), ("k", 1))) -> bytes:
+    layout = ac.ActivationLayout(2, groups, "bfloat16", format)
     data = bytes(i % 251 for i in range(3 * layout.row_bytes))
     builder = ac.RecordBuilder(layout, start=1)
     builder.add_rows(1, data[: layout.row_bytes])
     builder.add_rows(2, data[layout.row_bytes :])
-    root = builder.finish().tree.root
-    assert root.hex() == "3fa5cbba07eaf9b34a1d5a7c6526aa0078c956c0581c33a78da25a0f334cde3e"
+    return builder.finish().tree.root
+
+
+def test_each_format_is_pinned_by_a_known_root():
+    """What verifiers check: a change to how leaves or the tree are hashed (a faster capture
+    included) must leave these roots as the first implementation of each format made them."""
+    v1 = pinned_root("engy-activations-v1", (("residual_in", 3), ("q", 2)))
+    assert v1.hex() == "3fa5cbba07eaf9b34a1d5a7c6526aa0078c956c0581c33a78da25a0f334cde3e"
+    assert pinned_root("engy-activations-v2").hex() == V2_ROOT
+
+
+def test_v2_leaves_are_what_the_module_doc_says():
+    """The v2 root rebuilt from the module doc's words with hashlib alone: per position each
+    layer's residual_in and its gemms (every later group back to back), then the last layer's
+    residual_out; a leaf is sha256(0x00 ‖ tag ‖ u32 position ‖ u16 layer ‖ u8-prefixed name ‖
+    u8-prefixed dtype ‖ u32 width ‖ bytes), a node sha256(0x01 ‖ left ‖ right), a lone last node
+    promoted."""
+    import hashlib
+
+    def leaf(position, layer, name, width, data):
+        descriptor = layer.to_bytes(2, "big") + bytes([len(name)]) + name.encode() + b"\x08bfloat16"
+        head = b"\x00engy-activations-v2\x00" + position.to_bytes(4, "big")
+        return hashlib.sha256(head + descriptor + width.to_bytes(4, "big") + data).digest()
+
+    data = bytes(i % 251 for i in range(3 * 30))  # (2 layers × 6 values + 3) × 2 bytes a position
+    leaves = []
+    for row, position in enumerate((1, 2, 3)):
+        values = data[30 * row : 30 * row + 30]
+        for layer in (0, 1):
+            layer_bytes = values[12 * layer : 12 * layer + 12]
+            leaves.append(leaf(position, layer, "residual_in", 3, layer_bytes[:6]))
+            leaves.append(leaf(position, layer, "gemms", 3, layer_bytes[6:]))
+        leaves.append(leaf(position, 1, "residual_out", 3, values[24:]))
+    while len(leaves) > 1:
+        paired = [hashlib.sha256(b"\x01" + leaves[i] + leaves[i + 1]).digest() for i in range(0, len(leaves) - 1, 2)]
+        leaves = paired + leaves[len(leaves) - len(leaves) % 2 :]
+    assert leaves[0].hex() == V2_ROOT == pinned_root("engy-activations-v2").hex()
 
 
 def test_a_residual_out_is_opened_where_the_next_layer_reads_it():
@@ -198,9 +235,11 @@ def test_smollm2_keeps_about_half_a_megabyte_per_position():
         "num_hidden_layers": 30,
     }
     layout = ac.llama_layout(config, "bfloat16")
-    assert layout.leaves_per_position == 361
+    assert layout.leaves_per_position == 61
     assert layout.row_bytes == 30 * 9024 * 2 + 576 * 2 == 542_592
-    assert layout.bytes_per_position() == 542_592 + 361 * 64 == 565_696
+    assert layout.bytes_per_position() == 542_592 + 61 * 64 == 546_496
+    v1 = ac.llama_layout(config, "bfloat16", "engy-activations-v1")
+    assert v1.leaves_per_position == 361 and v1.bytes_per_position() == 542_592 + 361 * 64
 
 
 def test_qwen36_would_keep_about_four_and_a_half_megabytes_per_position():

@@ -43,7 +43,7 @@ def capture_of(model) -> ActivationCapture:
 
 def hooked_rows(model, layout, seen: dict) -> torch.Tensor:
     """The rows as module hooks that clone every tensor when it is made would commit them."""
-    return torch.cat([seen[slot] for slot in layout.slots()], dim=-1).reshape(-1, layout.row_bytes // 2)
+    return torch.cat([seen[slot] for slot in layout.columns()], dim=-1).reshape(-1, layout.row_bytes // 2)
 
 
 def cloning_hooks(model, seen: dict) -> list:

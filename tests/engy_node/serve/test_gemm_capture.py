@@ -17,7 +17,7 @@ from hypercorn.config import Config as HypercornConfig
 from prometheus_client import CollectorRegistry
 
 from engy_node.asgi import start_listener
-from engy_node.gemm.activations import GEMMS, RESIDUAL_OUT, Commitment, Opening, opened_values, verify_opening
+from engy_node.gemm.activations import GEMMS, RESIDUAL_OUT, Commitment, Opening, group_values, verify_opening
 from engy_node.models import get_model
 from engy_node.serve.app import ReferenceApp, ServerInfo, build_app, decode_array
 from engy_node.serve.engine import Engine, ModelRunner
@@ -77,17 +77,20 @@ def layer_picks(positions: list[int]) -> list[tuple[int, int, str]]:
 def traces(commitment: Commitment, payload: dict, positions: list[int]) -> dict[int, gc.LayerTrace]:
     """Per audited layer, the opened rows (one per position) as `gemm_check` reads them; every
     opening verified against the answer's root first."""
-    rows: dict[tuple[int, str], list[np.ndarray]] = {}
+    layout = commitment.layout
+    opened: dict[tuple[int, int, str], Opening] = {}
     for wire in payload["openings"]:
         opening = Opening.from_wire(wire)
         assert verify_opening(commitment, opening), wire
-        rows.setdefault((opening.layer, opening.group), []).append(opened_values(commitment.layout, opening))
-    # Each pick comes back in order, a residual_out before the last layer as the next residual_in.
+        opened[opening.position, opening.layer, opening.group] = opening
+    # Each pick comes back in order, as the leaf holding it: a residual_out before the last layer
+    # as the next residual_in, a projection's group as its layer's gemms.
     for (p, layer, group), wire in zip(layer_picks(positions), payload["openings"], strict=True):
-        assert (wire["position"], wire["layer"], wire["group"]) == (p, *commitment.layout.canonical(layer, group))
+        assert (wire["position"], wire["layer"], wire["group"]) == (p, *layout.canonical(layer, group))
 
     def stacked(layer: int, group: str) -> np.ndarray:
-        return np.stack(rows[commitment.layout.canonical(layer, group)])
+        leaf = layout.canonical(layer, group)
+        return np.stack([group_values(layout, opened[(p, *leaf)], layer, group) for p in positions])
 
     return {
         layer: gc.LayerTrace(
@@ -103,7 +106,7 @@ def test_without_the_field_the_answer_keeps_sglangs_shape(client):
     out = sglang_generate(client, {"input_ids": PROMPT_IDS, "sampling_params": {"temperature": 0, "max_new_tokens": 3}})
     assert "gemm_commitment" not in out["meta_info"]
     info = client.get("/server_info").json()["gemm_commitments"]
-    assert info["format"] == "engy-activations-v1" and info["bytes_per_position"] == 565_696
+    assert info["format"] == "engy-activations-v2" and info["bytes_per_position"] == 546_496
     assert info["window_s"] > 0 and info["max_bytes"] > 0
 
 

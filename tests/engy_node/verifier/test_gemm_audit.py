@@ -154,7 +154,7 @@ def test_rows_drawn_for_many_labels_at_once_are_each_labels_own_draw(secret, row
 
 @pytest.mark.parametrize(
     "broken",
-    [{}, {"format": "engy-activations-v2"}, {"activations_root": "zz"}, {"layers": 0}, {"dtype": "int8"}],
+    [{}, {"format": "engy-activations-v3"}, {"activations_root": "zz"}, {"layers": 0}, {"dtype": "int8"}],
 )
 def test_a_malformed_commitment_draws_nothing(broken):
     with pytest.raises(CommitmentError):

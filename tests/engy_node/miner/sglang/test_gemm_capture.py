@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engy_node.gemm.activations import Commitment, Opening, llama_layout, verify_opening
+from engy_node.gemm.activations import Commitment, Opening, group_values, llama_layout, verify_opening
 from engy_node.miner.sglang import gemm_capture as gc
 from engy_node.serve.capture import ActivationCapture, SharedOpenings
 
@@ -323,9 +323,13 @@ def test_q_k_v_and_gate_up_are_the_merged_gemms_columns(sglang, hf_model, layout
     scheduler.run("EXTEND", [("engy-gemm-h", PROMPT, 0)])
     record = capture.openings.open  # filed on commit
     capture.commit("engy-gemm-h", len(PROMPT))
-    opened = record("engy-gemm-h", [(4, 1, "attn_in"), (4, 1, "q"), (4, 1, "v")])
+    opened = record("engy-gemm-h", [(4, 1, "q")])
     assert opened is not None
-    x, q, v = (torch.from_numpy(np.frombuffer(o.data, "<i2").copy()).view(torch.bfloat16) for o in opened[1])
+    (gemms,) = opened[1]
+    x, q, v = (
+        torch.from_numpy(group_values(layout, gemms, 1, group).astype(np.float32)).to(torch.bfloat16)
+        for group in ("attn_in", "q", "v")
+    )
     attention = hf_model.model.layers[1].self_attn
     with torch.inference_mode():
         assert torch.equal(F.linear(x, attention.q_proj.weight), q)
