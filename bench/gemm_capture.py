@@ -39,9 +39,10 @@ sys.path.insert(0, str(ROOT))
 BASELINE_MODULES = ("engy_node.gemm.merkle", "engy_node.gemm.activations", "engy_node.serve.capture")
 
 
-def baseline_capture(rev: str) -> Any:
-    """`ActivationCapture` as revision `rev` wrote it: its three modules executed from git under
-    their own names, each seeing the previous ones as its imports, then this tree's put back."""
+def baseline_capture(rev: str) -> tuple[Any, Any]:
+    """`ActivationCapture` and `llama_layout` as revision `rev` wrote them: its three modules
+    executed from git under their own names, each seeing the previous ones as its imports, then
+    this tree's put back."""
     saved = {name: sys.modules.get(name) for name in BASELINE_MODULES}
     try:
         for name in BASELINE_MODULES:
@@ -53,7 +54,7 @@ def baseline_capture(rev: str) -> Any:
             module.__file__ = f"{rev}:{path}"
             sys.modules[name] = module
             exec(compile(source, module.__file__, "exec"), module.__dict__)
-        return module.ActivationCapture
+        return module.ActivationCapture, sys.modules["engy_node.gemm.activations"].llama_layout
     finally:
         for name, kept in saved.items():
             if kept is None:
@@ -144,15 +145,18 @@ def main() -> None:
     prompt = list(runner.tokenizer("The capital city of France is a place where " * args.prompt_repeats)["input_ids"])
     openings = SharedOpenings()
     params = {"temperature": 0, "max_new_tokens": args.tokens, "ignore_eos": True}
-    captures = {"captured": ActivationCapture}
+    captures = {"captured": (ActivationCapture, layout)}
     if args.baseline:
-        captures[args.baseline] = baseline_capture(args.baseline)
+        capture_class, baseline_layout = baseline_capture(args.baseline)
+        captures[args.baseline] = (capture_class, baseline_layout(runner.model.config.to_dict(), "bfloat16"))
 
     def generate(variant: str, capture_class: Any = None) -> tuple[float, float, Generation]:
         generation = Generation(rid=variant, input_ids=prompt, params=parse_sampling_params(params))
-        capture_class = capture_class or captures.get(variant)
+        capture_class, capture_layout = (
+            (capture_class, layout) if capture_class else captures.get(variant, (None, None))
+        )
         if capture_class is not None:
-            generation.capture = capture_class(layout, openings, weights_root="", arithmetic="bfloat16")
+            generation.capture = capture_class(capture_layout, openings, weights_root="", arithmetic="bfloat16")
         cpu, wall = time.process_time(), time.perf_counter()
         run_to_completion(runner, generation)
         return time.process_time() - cpu, time.perf_counter() - wall, generation
@@ -192,18 +196,24 @@ def main() -> None:
         f"{100 * (engine + hashing) / base:.1f} % in all"
     )
     if args.baseline:
-        root, before = commitments["captured"]["activations_root"], commitments[args.baseline]["activations_root"]
-        print(f"roots      {'identical' if root == before else 'DIFFERENT'}: {root}")
+        ours, theirs = commitments["captured"], commitments[args.baseline]
+        if ours["format"] != theirs["format"]:
+            print(f"roots      not compared: {args.baseline} commits {theirs['format']}, this tree {ours['format']}")
+        else:
+            root, before = ours["activations_root"], theirs["activations_root"]
+            print(f"roots      {'identical' if root == before else 'DIFFERENT'}: {root}")
     commitment = commitments["captured"]
-    opened = openings.open("captured", [(0, 0, group) for group, _ in layout.groups])
+    layer_leaves = list(dict.fromkeys(layout.canonical(0, group) for group, _ in layout.groups))
+    opened = openings.open("captured", [(0, *leaf) for leaf in [*layer_leaves, layout.canonical(0, "residual_out")]])
     assert opened is not None
     record, picks = opened
-    sizes = {o.group: len(json.dumps(o.to_wire(layout.dtype, layout.width(o.group)))) for o in picks}
+    sizes = [len(json.dumps(o.to_wire(layout.dtype, layout.width(o.group)))) for o in picks]
     positions = commitment.get("positions", 0)
     print(
         f"record     {record.nbytes} bytes for {positions} positions ({record.nbytes // max(positions, 1)} per position)"
     )
-    print(f"opening    JSON bytes by group width: { {layout.width(g): n for g, n in sizes.items()} }")
+    names = ", ".join(f"{o.group} {n}" for o, n in zip(picks, sizes, strict=True))
+    print(f"opening    JSON bytes per leaf ({commitment.get('format')}): {names}; one audited layer {sum(sizes)}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,10 @@ frame's base64 values and hex paths decoded, the rows and the nodes `verify_all`
 through sha256, the row check's drawn weight rows read into float64 and multiplied), so the
 table shows how much of a step is arithmetic and memory rather than calls. It prints the
 verdicts of every audit, which must be the same in both revisions: the run says so, and exits 1
-when they differ.
+when they differ. Each answer is served once in every format this tree commits
+(`activations.FORMATS`), and each revision judges the audits of the format its own servers
+commit: a revision before ``engy-activations-v2`` judges v1 openings of the same answers (other
+picks, so only the verdicts' kinds are compared then).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = {
     "openings: parse + Merkle paths": ("gemm_audit._verified_rows",),
     "freivalds": ("gemm_check.freivalds", "gemm_check.freivalds_ratios"),
-    "row check (32 rows per projection)": (
+    "row check (ROWS_CHECKED rows per projection)": (
         "gemm_audit.draw_rows",
         "gemm_check.row_check",
         "gemm_audit._recomputed_rows",
@@ -72,7 +75,7 @@ def serve(args: argparse.Namespace, folder: Path, say: Callable[[str], None]) ->
     from engy_node.calibration import add_weight_noise, chat_ids
     from engy_node.config import load_config
     from engy_node.drift import drift_conversations
-    from engy_node.gemm.activations import llama_layout
+    from engy_node.gemm.activations import FORMATS, llama_layout
     from engy_node.models import get_model
     from engy_node.protocol.gemm import GemmOpenings
     from engy_node.serve.capture import SharedOpenings
@@ -86,7 +89,7 @@ def serve(args: argparse.Namespace, folder: Path, say: Callable[[str], None]) ->
     config = load_config(home=folder / "home", env=env)
     checkpoint = embedded_checkpoint(models_dir=config.paths.models_dir, cache_dir=config.paths.model_cache_dir)
     honest = ModelRunner.load(checkpoint, device="cpu", dtype="bfloat16")
-    layout = llama_layout(honest.model.config.to_dict(), "bfloat16")
+    config_fields = honest.model.config.to_dict()
     store = SharedOpenings(max_bytes=512 * 1024**2)
     weights_root = get_model("smollm2-135m").weights_root
     conversations = [chat_ids(honest, c) for c in drift_conversations(max(args.answers, args.noisy))]
@@ -95,8 +98,11 @@ def serve(args: argparse.Namespace, folder: Path, say: Callable[[str], None]) ->
         if not count:
             continue
         runner = honest if case == "honest" else add_weight_noise(ModelRunner.load(checkpoint, device="cpu"), 1e-2)
-        serving = Serving(runner, layout, store, weights_root, args.tokens)
-        for answer in range(count):
+        servings = [
+            Serving(runner, llama_layout(config_fields, "bfloat16", f), store, weights_root, args.tokens)
+            for f in FORMATS
+        ]
+        for serving, answer in ((serving, answer) for serving in servings for answer in range(count)):
             served = serving.serve(answer, conversations[answer], None)
             rid = served.gemm_commitment["rid"]
             for audit in range(args.audits):
@@ -111,6 +117,7 @@ def serve(args: argparse.Namespace, folder: Path, say: Callable[[str], None]) ->
                 audits.append(
                     {
                         "case": case,
+                        "format": serving.layout.format,
                         "commitment": served.gemm_commitment,
                         "secret": secret.hex(),
                         "prompt": prompt,
@@ -118,17 +125,21 @@ def serve(args: argparse.Namespace, folder: Path, say: Callable[[str], None]) ->
                         "frame": orjson.dumps(GemmOpenings(f"c{audit}", wires).to_wire()).decode(),
                     }
                 )
-        say(f"{case}: {count} answers served, {count * args.audits} audits opened")
+        say(
+            f"{case}: {count} answers served in each of {', '.join(FORMATS)}, {count * args.audits} audits opened of each"
+        )
     path = folder / "audits.json"
     path.write_text(json.dumps({"checkpoint": str(checkpoint), "audits": audits}))
     return path
 
 
 def worker(audits_file: Path, verifier_secret: bytes, passes: int) -> dict[str, Any]:
-    """Judge every audit of `audits_file` with the `engy_node` first on sys.path."""
+    """Judge every audit of `audits_file` in the format the `engy_node` first on sys.path
+    commits (its servers' `activations.FORMAT`) with that tree."""
     import orjson
     import torch
 
+    from engy_node.gemm import activations
     from engy_node.serve.engine import ModelRunner
     from engy_node.verifier import gemm_audit, gemm_check
 
@@ -149,7 +160,7 @@ def worker(audits_file: Path, verifier_secret: bytes, passes: int) -> dict[str, 
         )
         return f"{verdict.kind}/{verdict.reason}", time.process_time() - started
 
-    audits = data["audits"]
+    audits = [audit for audit in data["audits"] if audit["format"] == activations.FORMAT]
     best = [float("inf")] * len(audits)
     verdicts: list[str] = []
     for _ in range(passes):
@@ -187,7 +198,14 @@ def worker(audits_file: Path, verifier_secret: bytes, passes: int) -> dict[str, 
         stepped.append(judge(audit)[1])
     import engy_node
 
-    result = {"tree": engy_node.__file__, "verdicts": verdicts, "best": best, "stepped": stepped, "steps": spent}
+    result = {
+        "tree": engy_node.__file__,
+        "format": activations.FORMAT,
+        "verdicts": verdicts,
+        "best": best,
+        "stepped": stepped,
+        "steps": spent,
+    }
     if hasattr(gemm_audit, "draw_row_sets"):
         result["floor"] = floor(model, audits, passes)
     return result
@@ -223,7 +241,7 @@ def floor(model: Any, audits: list[dict[str, Any]], passes: int) -> dict[str, li
         sizes = [model.weights[layer, name].shape[0] for name, layer in labels]
         root = bytes.fromhex(audit["commitment"]["activations_root"])
         drawn = gemm_audit.draw_row_sets(
-            model.secret, root, [f"rows/{layer}/{name}" for name, layer in labels], sizes, 32
+            model.secret, root, [f"rows/{layer}/{name}" for name, layer in labels], sizes, gemm_audit.ROWS_CHECKED
         )
         return audited, dict(zip(labels, drawn, strict=True))
 
@@ -232,16 +250,20 @@ def floor(model: Any, audits: list[dict[str, Any]], passes: int) -> dict[str, li
         for name in GEMMS:
             first = model.weights[next(iter(audited)), name]
             x = np.ones((tokens, first.shape[1], 1))
-            weight_rows = np.empty((tokens, min(32, first.shape[0]), first.shape[1]))
+            weight_rows = np.empty((tokens, min(gemm_audit.ROWS_CHECKED, first.shape[0]), first.shape[1]))
             start = 0
             for layer, positions in audited.items():
                 weight_rows[start : start + len(positions)] = model.weights[layer, name].take(chosen[name, layer], 0)
                 start += len(positions)
             weight_rows @ x, np.abs(weight_rows) @ x
 
+    from engy_node.gemm import activations
+
+    decoder = getattr(activations, "pybase64", base64)  # the revision's own base64 decoder
+
     def values_part(openings: list[dict[str, Any]]) -> None:
         for opening in openings:
-            base64.b64decode(opening["values"]["data"], validate=True)
+            decoder.b64decode(opening["values"]["data"], validate=True)
 
     def paths_part(openings: list[dict[str, Any]]) -> None:
         for opening in openings:
@@ -392,12 +414,16 @@ def main() -> None:
                 loads.append(os.getloadavg()[0])
                 results[label].append(run_worker(tree, audits_file, verifier_secret, args.passes))
                 say(f"round {round_ + 1}: {label} judged")
-        cases = [audit["case"] for audit in json.loads(audits_file.read_text())["audits"]]
+        first = results["this tree"][0]["format"]
+        cases = [audit["case"] for audit in json.loads(audits_file.read_text())["audits"] if audit["format"] == first]
     verdicts = {label: runs[0]["verdicts"] for label, runs in results.items()}
+    formats = {label: runs[0]["format"] for label, runs in results.items()}
     print(
         f"`bench/gemm_judge.py {' '.join(sys.argv[1:])}`: {len(cases)} audits of SmolLM2-135M answers "
         f"(bf16 serve, float32 verifier model), one thread, CPU time; load average "
-        f"{min(loads):.1f}–{max(loads):.1f} while judging.\n"
+        f"{min(loads):.1f}–{max(loads):.1f} while judging; "
+        + ", ".join(f"{label} judging {fmt} openings" for label, fmt in formats.items())
+        + ".\n"
     )
     print(table(results, cases))
     for label, seen in verdicts.items():
@@ -405,11 +431,16 @@ def main() -> None:
         for verdict in seen:
             counts[verdict] = counts.get(verdict, 0) + 1
         print(f"\n{label}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
-    if len({tuple(v) for v in verdicts.values()}) > 1:
-        print("\nThe revisions' verdicts differ on the same openings.")
+    # Openings of one format are the same frames for every revision: the verdicts must match to
+    # the reason. Of two formats they are other picks of the same answers: the kinds must match.
+    same_frames = len(set(formats.values())) == 1
+    compared = {label: tuple(v if same_frames else v.split("/")[0] for v in seen) for label, seen in verdicts.items()}
+    if len(set(compared.values())) > 1:
+        print("\nThe revisions' verdicts differ on the same answers.")
         sys.exit(1)
     if len(verdicts) > 1:
-        print("\nEvery audit got the same verdict and reason from each revision.")
+        agree = "verdict and reason" if same_frames else "verdict (pass or cheat; the picks differ with the format)"
+        print(f"\nEvery audit got the same {agree} from each revision.")
 
 
 if __name__ == "__main__":

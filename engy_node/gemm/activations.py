@@ -84,7 +84,6 @@ reference server's capture (`engy_node.serve.capture`) feeds `RecordBuilder`.
 
 from __future__ import annotations
 
-import base64
 import bisect
 import collections
 import dataclasses
@@ -95,6 +94,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pybase64
 
 from engy_node.gemm.merkle import HASH_SIZE, LEAF_PREFIX, MerkleBuilder, MerkleTree, leaf_hash, verify, verify_all
 
@@ -379,7 +379,7 @@ class Opening:
             "position": self.position,
             "layer": self.layer,
             "group": self.group,
-            "values": {"dtype": dtype, "shape": [width], "data": base64.b64encode(self.data).decode()},
+            "values": {"dtype": dtype, "shape": [width], "data": pybase64.b64encode(self.data).decode()},
             "path": [node.hex() for node in self.path],
         }
 
@@ -390,7 +390,7 @@ class Opening:
                 int(wire["position"]),
                 int(wire["layer"]),
                 str(wire["group"]),
-                base64.b64decode(wire["values"]["data"], validate=True),
+                pybase64.b64decode(wire["values"]["data"], validate=True),
                 tuple(map(bytes.fromhex, wire["path"])),
             )
         except (KeyError, TypeError, ValueError) as error:

@@ -22,12 +22,17 @@ over every row — dense weight noise, 8-bit weights — hide under it. Those mo
 past that row's own bound (`gemm_check.row_check`, never exceeded honestly), so the verifier
 recomputes `ROWS_CHECKED` rows of each audited projection, drawn from its secret and the root
 after the commitment: a cheat that moves a fraction g of rows escapes one projection with
-probability (1 − g)^ROWS_CHECKED, and one audited layer has seven.
+probability (1 − g)^ROWS_CHECKED, and an audit opens 8 layers of seven. Eight rows is plenty for
+every cheat measured (bench/gemm_rows.py): 8-bit weights move at least a third of every
+projection's rows, noise of 1e-2 more than half, and even noise of 1e-3, the thinnest, a median of
+a sixth, so an audit misses it with probability about 1e-35 (docs/verification.md, "How many
+rows"); reading the rows is most of the judging's cost, so they are not spent where nothing is
+gained.
 
-Cost, on SmolLM2 with the default plan (about 100 openings, 8 audited layers): the Merkle paths
+Cost, on SmolLM2 with the default plan (about 24 openings, 8 audited layers): the Merkle paths
 (verified together, each node the paths share hashed once), the Freivalds products (two dot
-products per token and projection) and 32 rows of each projection recomputed in float64, most of
-it reading those rows (7 × 32 rows per audited layer, 0.6 MB of float32). Every audited
+products per token and projection) and 8 rows of each projection recomputed in float64, most of
+it reading those rows (7 × 8 rows per audited layer, 0.16 MB of float32). Every audited
 (position, layer) is checked in the same few array passes, each against its own layer's keys,
 rows and norms, rather than one layer and one projection at a time: per-call overhead, not
 arithmetic, was most of the cost (bench/gemm_judge.py times it by step against an earlier
@@ -280,7 +285,7 @@ class GemmEvidence:
 FREIVALDS_VECTORS = 1
 """Secret vectors per matrix: one bounds a wrong weight's escape at 2⁻⁴⁰ (`gemm_check`, bound
 (b))."""
-ROWS_CHECKED = 32
+ROWS_CHECKED = 8
 """Rows of each audited projection recomputed outright (module docstring, "Rows")."""
 
 BLOCKS = {name: "self_attn" if name[0] in "qkvo" else "mlp" for name in GEMMS}
@@ -489,6 +494,27 @@ def _recomputed_rows(
     return steps
 
 
+def _stacked_groups(
+    layout: ActivationLayout, pairs: Sequence[tuple[int, int]], rows: Mapping[tuple[int, int, str], bytes]
+) -> dict[str, npt.NDArray[np.float64]]:
+    """Every group of `LAYER_GROUPS`, its values at each (layer, position) of `pairs` as a row:
+    the leaves holding them decoded once for all pairs (a v2 ``gemms`` leaf holds eleven groups,
+    which are then column ranges of one array)."""
+    located = _group_bytes(layout)
+    item = layout.item_size
+    decoded: dict[tuple[tuple[int, int, str], ...], npt.NDArray[np.float64]] = {}
+    values = {}
+    for at, group in enumerate(LAYER_GROUPS):
+        leaves = tuple((position, *located[layer][at][0]) for layer, position in pairs)
+        block = decoded.get(leaves)
+        if block is None:
+            data = b"".join(rows[leaf] for leaf in leaves)
+            block = decoded[leaves] = decode_values(layout.dtype, data).reshape(len(pairs), -1)
+        _, start, end = located[pairs[0][0]][at]
+        values[group] = block[:, start // item : end // item]
+    return values
+
+
 def _checks(
     model: GemmModel,
     commitment: Commitment,
@@ -504,38 +530,29 @@ def _checks(
     pairs = [(layer, position) for layer, positions in audited.items() for position in positions]
     layers = np.array([layer for layer, _ in pairs], np.intp)
 
-    located = _group_bytes(layout)
-
-    def stacked(group: str) -> npt.NDArray[np.float64]:
-        at = LAYER_GROUPS.index(group)
-        data = b"".join(
-            rows[(position, *leaf)][start:end]
-            for layer, position in pairs
-            for leaf, start, end in (located[layer][at],)
-        )
-        return decode_values(layout.dtype, data).reshape(len(pairs), -1)
-
-    values = {group: stacked(group) for group in {group for pair in GEMMS.values() for group in pair}}
+    values = _stacked_groups(layout, pairs, rows)
     projections = {name: (values[x], values[y]) for name, (x, y) in GEMMS.items()}
     inputs = np.concatenate([x for x, _ in projections.values()], axis=1)
     outputs = np.concatenate([y for _, y in projections.values()], axis=1)
     freivalds = gemm_check.freivalds_ratios(model.keys.take(layers), inputs, outputs, arithmetic)
     steps = [(name, freivalds[:, index]) for index, name in enumerate(projections)]
     steps += _recomputed_rows(model, commitment.root, audited, projections, arithmetic)
-    trace = gemm_check.LayerTrace(projections, stacked("residual_in"), stacked(RESIDUAL_OUT))
+    trace = gemm_check.LayerTrace(projections, values["residual_in"], values[RESIDUAL_OUT])
     input_norm, post_norm = (norms[layers] for norms in model.norms)
     steps += gemm_check.replay_ratios(trace, input_norm, post_norm, model.eps, arithmetic)
     codes = [step_code(step) for step, _ in steps]
     table = np.stack([per_pair for _, per_pair in steps])
-    checks = []
-    start = 0
-    for layer, positions in audited.items():
-        segment = table[:, start : start + len(positions)]
-        worst = segment.argmax(axis=1)
-        ratios = segment[np.arange(len(steps)), worst].tolist()
-        checks += [
-            LayerCheck(layer, code, ratio, positions[index])
-            for code, ratio, index in zip(codes, ratios, worst.tolist(), strict=True)
-        ]
-        start += len(positions)
-    return tuple(checks)
+    # Each layer's worst position per step: the audited positions of a layer are adjacent
+    # columns, so one reduceat finds every layer's worst ratio, and the first column holding it
+    # (the argmax rule) is its position.
+    starts = np.cumsum([0] + [len(positions) for positions in audited.values()])[:-1]
+    worst = np.maximum.reduceat(table, starts, axis=1)
+    owner = np.repeat(np.arange(len(starts)), [len(positions) for positions in audited.values()])
+    column = np.where(table == worst[:, owner], np.arange(len(pairs)), len(pairs))
+    first = np.minimum.reduceat(column, starts, axis=1)
+    where = [position for _, position in pairs]
+    return tuple(
+        LayerCheck(layer, code, ratio, where[index])
+        for layer, ratios, indexes in zip(audited, worst.T.tolist(), first.T.tolist(), strict=True)
+        for code, ratio, index in zip(codes, ratios, indexes, strict=True)
+    )
