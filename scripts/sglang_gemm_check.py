@@ -43,7 +43,7 @@ def main() -> int:
     import numpy as np
     from safetensors import safe_open
 
-    from engy_node.gemm.activations import GEMMS, Commitment, Opening, opened_values, verify_opening
+    from engy_node.gemm.activations import GEMMS, Commitment, Opening, group_values, verify_opening
     from engy_node.miner.sglang.command import sglang_launch
     from engy_node.verifier import gemm_check as gc
 
@@ -122,7 +122,12 @@ def main() -> int:
             bad_paths = sum(not verify_opening(commitment, o) for o in openings)
             failures += bad_paths
             say("openings", count=len(openings), bad_paths=bad_paths)
-            rows = {(o.position, o.layer, o.group): opened_values(commitment.layout, o) for o in openings}
+            layout = commitment.layout
+            leaves = {(o.position, o.layer, o.group): o for o in openings}
+
+            def values(p: int, layer: int, group: str) -> np.ndarray:
+                return group_values(layout, leaves[(p, *layout.canonical(layer, group))], layer, group)
+
             weights = safe_open(str(checkpoint / "model.safetensors"), framework="pt")
             arithmetic = gc.ARITHMETIC[commitment.layout.dtype]
             for layer in LAYERS:
@@ -130,8 +135,8 @@ def main() -> int:
                     part = "self_attn" if name[0] in "qkvo" else "mlp"
                     w = weights.get_tensor(f"model.layers.{layer}.{part}.{name}.weight").double().numpy()
                     ps = (0, len(PROMPT), positions - 1)
-                    x = np.stack([rows[p, layer, x_group] for p in ps])
-                    y = np.stack([rows[p, layer, y_group] for p in ps])
+                    x = np.stack([values(p, layer, x_group) for p in ps])
+                    y = np.stack([values(p, layer, y_group) for p in ps])
                     check = gc.row_check(w, x, y, arithmetic)
                     failures += check.worst > 1
                     say("row_check", layer=layer, gemm=name, worst=check.worst)
