@@ -23,6 +23,26 @@ def round_to(values: np.ndarray, fmt: gc.FloatFormat) -> np.ndarray:
     return np.round(values / quantum) * quantum
 
 
+@given(
+    fmt=st.sampled_from([gc.BF16, gc.FP16, gc.FP32, gc.FP8_E4M3]),
+    values=st.lists(st.floats(allow_subnormal=True), min_size=1, max_size=40),
+)
+def test_half_ulp_is_half_the_spacing_of_the_binade_above(fmt, values):
+    """The bit-built half ulp is frexp's definition: for |v| in [2^e, 2^(e+1)),
+    2^(max(e, min_exponent) − precision); zero gets the format's underflow. Rounding to the
+    format moves a value by at most it."""
+    array = np.array(values)
+    _, exponent = np.frexp(array)
+    expected = np.where(
+        array == 0, fmt.underflow, np.ldexp(1.0, np.maximum(exponent - 1, fmt.min_exponent) - fmt.precision)
+    )
+    np.testing.assert_array_equal(fmt.half_ulp(array), expected)
+    np.testing.assert_array_equal(fmt.half_ulp(array.reshape(1, -1)[:, ::-1]), expected[::-1].reshape(1, -1))
+    representable = np.isfinite(array) & (np.abs(array) < fmt.max_value / 2)
+    moved = np.abs(round_to(array[representable], fmt) - array[representable])
+    assert (moved <= fmt.half_ulp(round_to(array[representable], fmt))).all()
+
+
 def activations(rng: np.random.Generator, tokens: int, width: int, spread: float) -> np.ndarray:
     """LLM-like activations: log-normal magnitudes, a few outlier channels."""
     x = rng.standard_normal((tokens, width)) * np.exp(spread * rng.standard_normal(width))
