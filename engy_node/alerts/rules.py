@@ -208,13 +208,13 @@ def _pulled(traffic: TrafficPolicyState) -> list[Condition]:
 def _gated(states: NodeStates, *, now: float) -> list[Condition]:
     """One condition per miner (so a next gated epoch updates it rather than firing anew)."""
     found = []
-    block_s = block_time_s(states.chain, states.validator)
     for name, miner in sorted(states.miners.items()):
         epoch = miner.epoch
         if epoch is None or not epoch.gated:
             continue
         gates = "; ".join(f"{finding_text(finding)} — fix: {finding.fix}" for finding in epoch.gated)
-        restore = restore_text(epoch, now=now, block_s=block_s)
+        # Blocks of the gateway's chain where it told them, else of the chain this node reads.
+        restore = restore_text(epoch, now=now, block_s=block_time_s(epoch, states.chain, states.validator))
         weight = "n/a" if epoch.weight is None else f"{epoch.weight:,}"
         text = f"{name} gated in epoch {epoch.index} (weight {weight} of {WEIGHT_MAX:,}): {gates}" + (
             f"; next chance: {restore}" if restore else ""

@@ -149,7 +149,8 @@ async def run_gateway(
     sockets, serves as worker 0 and starts the others (`workers.py`). `local_verifier` runs on
     the audit desk with `gateway.local_verifier` (the node passes the verifier role's);
     `deposit_chain` is an in-process chain the deposit watcher reads instead of
-    `gateway.deposit_network` (`engy-node up`'s dev chain)."""
+    `gateway.deposit_network` (`engy-node up`'s dev chain); miners are told its block time with
+    their epochs."""
     settings = config.gateway
     if settings.workers == 1:
         await serve_gateway(
@@ -292,6 +293,10 @@ async def serve_gateway(
                 store=store,
                 clock=EpochClock(settings.epoch_genesis, settings.epoch_s, settings.epoch_grace_s),
                 terms={model_id: GateTerms.of(spec) for model_id, spec in CATALOG.items()},
+                # The only chain whose block time this gateway knows is an in-process one: it is the
+                # network's (`engy-node up` runs one worker). A gateway on a public network reads none,
+                # and its miners count subtensor's 12 s blocks, which is what finney and test make.
+                block_time_s=None if deposit_chain is None else float(deposit_chain.block_time_s),
             )
             miner_app = build_miner_app(pool, workers=fleet_legs(config), epochs=miner_epochs)
             buyer_app = build_buyer_app(Handlers(gateway))

@@ -235,7 +235,6 @@ LINK_DENIED_FIX = "change what the reason names (the miner key, or the hotkey an
 def _serving(states: NodeStates, now: float) -> list[str]:
     """This node's own miners, each with its plan, model server, link, weights and newest epoch."""
     lines = ["", "serving    this node's miners"]
-    block_s = block_time_s(states.chain, states.validator)
     for name in states.miner_names():
         miner = states.miners.get(name) or MinerState()
         lines.append(f"  {name} · {_show(miner.model)} · plan {_show(miner.plan)}")
@@ -252,7 +251,8 @@ def _serving(states: NodeStates, now: float) -> list[str]:
                 f"    ⚠ SIMULATED CHEAT  serves weights altered by {miner.simulated_cheat} while claiming this root "
                 "(miner.simulate_cheat: demos and tests only)"
             )
-        lines += _epoch(miner.epoch, now, block_s)
+        # Blocks of its gateway's chain where the gateway told them, else of the chain this node reads.
+        lines += _epoch(miner.epoch, now, block_time_s(miner.epoch, states.chain, states.validator))
     return lines
 
 

@@ -115,24 +115,36 @@ class MinerEpoch:
     """Why the last look failed (the gateway unreachable, no epoch published yet); None after one
     that succeeded."""
     checked_at: float | None = None
+    block_time_s: float | None = None
+    """The block time of the gateway's chain, in seconds, when the gateway tells it (one on a local
+    network's dev chain does); None: it did not (an older gateway, or one on a public network), and
+    blocks count in the node's own chain's, else subtensor's (`block_time_s`)."""
 
 
 SUBTENSOR_BLOCK_S = 12.0
-"""Subtensor's block time (finney and the testnet), for a node that publishes no chain's (a
-standalone miner). A node that reads its chain (a validator; a local network's dev chain, whose
-blocks come every second) counts in that chain's (`block_time_s`)."""
+"""Subtensor's block time (finney and the testnet), for a node that knows no chain's (a standalone
+miner whose gateway does not tell it). A node that reads its chain (a validator; a local network's
+dev chain, whose blocks come every second), or a miner whose gateway tells its chain's with the
+epoch (`MinerEpoch.block_time_s`), counts in that chain's (`block_time_s`)."""
 
 
 def block_time_s(*states: Any) -> float:
     """The chain's block time as the node knows it: the `block_time_s` of the first of `states`
-    (its published chain and validator states, `snapshots.ChainState` and `ValidatorState`, best
-    first; None for one it has not) that is a positive, finite number of seconds, else
-    subtensor's."""
+    (best first: a miner's `MinerEpoch`, as its gateway told it, then the node's published chain
+    and validator states, `snapshots.ChainState` and `ValidatorState`; None for one it has not)
+    that is a positive, finite number of seconds, else subtensor's."""
     for state in states:
-        seconds = getattr(state, "block_time_s", None)
-        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 < seconds < math.inf:
-            return float(seconds)
+        seconds = _seconds(getattr(state, "block_time_s", None))
+        if seconds is not None:
+            return seconds
     return SUBTENSOR_BLOCK_S
+
+
+def _seconds(value: Any) -> float | None:
+    """`value` as a positive, finite number of seconds; None when it is not one (a bool is not)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf:
+        return float(value)
+    return None
 
 
 def utc(t: float) -> str:
@@ -327,16 +339,19 @@ def epoch_answer(
     terms: Mapping[str, GateTerms],
     epoch_s: int,
     grace_s: int,
+    block_time_s: float | None = None,
 ) -> dict[str, Any]:
     """The gateway's answer to `GET /gw/epoch/latest?hotkey=`: `hotkey`'s rows and weight from the
     published `result` (the parsed `result_json`), the ceilings of those rows' models, and when
-    the next epoch ends and closes (its window follows this one's `end`)."""
+    the next epoch ends and closes (its window follows this one's `end`). With `block_time_s`, the
+    block time of the gateway's chain, so a miner counts the blocks to that end in its chain's; a
+    gateway that does not know it leaves the field out, and the answer is what it always was."""
     rows = [row for row in result.get("rows") or () if isinstance(row, Mapping) and row.get("hotkey") == hotkey]
     weights = {pair[0]: pair[1] for pair in result.get("weights") or () if isinstance(pair, list) and len(pair) == 2}
     end = _int(result, "end")
     index = _int(result, "epoch_index")
     models = {_str(row, "model") for row in rows}
-    return {
+    answer: dict[str, Any] = {
         "v": 1,
         "epoch_index": index,
         "start": _int(result, "start"),
@@ -349,6 +364,9 @@ def epoch_answer(
         "next_end": None if end is None else end + epoch_s,
         "next_closes_at": None if end is None else end + epoch_s + grace_s,
     }
+    if block_time_s is not None:
+        answer["block_time_s"] = block_time_s
+    return answer
 
 
 def miner_epoch(answer: Mapping[str, Any], *, now: float) -> MinerEpoch:
@@ -375,4 +393,5 @@ def miner_epoch(answer: Mapping[str, Any], *, now: float) -> MinerEpoch:
         next_end=_int(answer, "next_end"),
         next_closes_at=_int(answer, "next_closes_at"),
         checked_at=now,
+        block_time_s=_seconds(answer.get("block_time_s")),
     )

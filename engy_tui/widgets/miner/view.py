@@ -163,7 +163,7 @@ def miner_view(
         work_summary=work_summary(worker),
         link_notes=(
             *link_notes(miner, worker, now=now),
-            *epoch_notes(epoch, now=now, block_s=block_time_s(states.chain, states.validator)),
+            *epoch_notes(epoch, now=now, block_s=block_time_s(epoch, states.chain, states.validator)),
         ),
         proofs=proofs,
         chain_title=f"{name} ({short})" if hotkey else name,

@@ -229,6 +229,14 @@ def test_a_gated_miner_on_a_local_network_counts_the_blocks_to_its_next_chance_a
     assert local["miner_gated:miner-1"].text.endswith("epoch 13 ends 2027-01-15 08:13:00 UTC (in 30 s, ~30 blocks)")
 
 
+def test_a_standalone_miner_counts_the_blocks_to_its_next_chance_at_the_block_time_its_gateway_told():
+    told = {"miner-1": MinerState(epoch=dataclasses.replace(gated_epoch(12), block_time_s=1.0))}
+    standalone = rules_of(NodeStates(miners=told), now=1_800_000_750.0)  # no chain or validator state
+    assert standalone["miner_gated:miner-1"].text.endswith(
+        "epoch 13 ends 2027-01-15 08:13:00 UTC (in 30 s, ~30 blocks)"
+    )
+
+
 def test_a_miner_with_no_epoch_yet_or_an_ungated_one_fires_nothing() -> None:
     quiet = {"a": MinerState(epoch=None), "b": MinerState(epoch=MinerEpoch(error="no epoch has been published yet"))}
     assert rules_of(NodeStates(miners=quiet)) == {}

@@ -1,7 +1,8 @@
 """A miner zeroed by a settlement gate is told why by its own gateway: the real gateway closes a
 short epoch in which the miner's TTFT p99 is over the model's ceiling, and the miner's epoch
 watch, asking the gateway's miner endpoint (`GET /gw/epoch/latest`), publishes the gate, the
-measurement against the ceiling, the fix and when the next epoch ends in its hub state.
+measurement against the ceiling, the fix and when the next epoch ends (and the block time of
+the gateway's chain, to count the blocks to it) in its hub state.
 
 The request log rows are written into the gateway's store by the test: the embedded model's
 TTFT ceiling is 30 s, and a test cannot wait that long per request. Everything after them is
@@ -10,6 +11,7 @@ the watch reads and explains it."""
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import uuid
@@ -28,6 +30,7 @@ from engy_node.gateway.role import store_path
 from engy_node.gateway.routing.pool import MinerPool, PoolSettings
 from engy_node.gateway.store import RequestLogEntry, Store
 from engy_node.hub import Hub
+from engy_node.local.devchain import DevChain
 from engy_node.miner.epoch_watch import (
     FIRST_POLL_S,
     MAX_POLL_S,
@@ -100,7 +103,8 @@ async def test_a_miner_whose_ttft_p99_gated_its_epoch_sees_the_gate_by_how_much_
             }
         },
     )
-    urls = await nursery.start(running.run, config)
+    # Its chain makes a block a second (a local network's dev chain): the gateway tells its miners.
+    urls = await nursery.start(functools.partial(running.run, config, deposit_chain=DevChain(block_time_s=1.0)))
     clock = EpochClock(genesis, EPOCH_S, GRACE_S)
     served_at = time.time()
     with Store.open(store_path(config)) as store:
@@ -133,6 +137,7 @@ async def test_a_miner_whose_ttft_p99_gated_its_epoch_sees_the_gate_by_how_much_
     )
     next_end = clock.window(gated_epoch + 1)[1]
     assert (epoch.next_index, epoch.next_end, epoch.next_closes_at) == (gated_epoch + 1, next_end, next_end + GRACE_S)
+    assert epoch.block_time_s == 1.0
 
 
 async def no_key(key: str) -> str | None:

@@ -329,6 +329,11 @@ def test_a_miner_a_gate_zeroed_says_which_gate_by_how_much_the_fix_and_the_next_
     states = {"miner": {**HOME_MINER, "epoch": epoch}, "chain": {"network": "local", "block_time_s": 1.0}}
     local = section(format_status({"node": {"roles": ["miner"]}, "states": states}, now=NOW), "serving ")
     assert local[-1].startswith("      next chance: epoch 13 ends 2027-01-15 08:30:00 UTC (in 30 min, ~1,800 blocks)")
+    # A miner started on its own publishes no chain: its gateway on that dev chain told its block time.
+    told = dataclasses.asdict(miner_epoch({**answer, "block_time_s": 1.0}, now=NOW))
+    assert miner_section({**HOME_MINER, "epoch": told})[-1].startswith(
+        "      next chance: epoch 13 ends 2027-01-15 08:30:00 UTC (in 30 min, ~1,800 blocks)"
+    )
     result["rows"] = [{**row, "score": 900, "gate_reason": None}]
     result["weights"] = [["5Home", 65535]]
     answer = epoch_answer(result, hotkey="5Home", terms=terms, epoch_s=2_400, grace_s=300)

@@ -233,8 +233,43 @@ def test_the_next_chance_is_told_in_time_blocks_of_the_chains_block_time_and_pub
         restore_text(epoch, now=hour_before, block_s=0.0)
 
 
-def test_the_block_time_is_the_nodes_chains_first_then_its_validators_then_subtensors():
+def test_a_gateway_that_knows_its_chains_block_time_tells_it_and_its_miner_counts_blocks_in_it():
+    clock = EpochClock(genesis=1_800_000_000, epoch_s=60, grace_s=10)
+    start, end = clock.window(12)
+    result = {"epoch_index": 12, "start": start, "end": end, "rows": [], "weights": []}
+    now = clock.window(13)[1] - 30.0  # 30 s before the next epoch ends
+
+    def answer(**told: float) -> dict:
+        return json.loads(json.dumps(epoch_answer(result, hotkey="hk-a", terms={}, epoch_s=60, grace_s=10, **told)))
+
+    # A gateway on a local network's dev chain (a block a second) says so; one that does not know
+    # its chain's (an older one, or one on a public network) answers exactly as before.
+    dev, older = answer(block_time_s=1.0), answer()
+    assert dev["v"] == older["v"] == 1 and dev["block_time_s"] == 1.0
+    assert "block_time_s" not in older and {key: dev[key] for key in older} == older
+    told, untold = miner_epoch(dev, now=now), miner_epoch(older, now=now)
+    assert (told.block_time_s, untold.block_time_s) == (1.0, None)
+    assert "(in 30 s, ~30 blocks)" in str(restore_text(told, now=now, block_s=block_time_s(told)))
+    assert "(in 30 s, ~3 blocks)" in str(restore_text(untold, now=now, block_s=block_time_s(untold)))
+    assert miner_epoch({"block_time_s": 2}, now=now).block_time_s == 2.0
+
+
+@pytest.mark.parametrize("told", [0, 0.0, -1.0, math.inf, math.nan, True, "1.0", None, [1.0], {"s": 1.0}])
+def test_a_told_block_time_that_is_not_a_positive_finite_number_of_seconds_is_ignored(told):
+    epoch = miner_epoch({"epoch_index": 3, "block_time_s": told}, now=0.0)
+    assert (epoch.index, epoch.block_time_s, block_time_s(epoch)) == (3, None, SUBTENSOR_BLOCK_S)
+
+
+@given(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4) | st.lists(st.floats()))
+def test_the_block_time_read_from_any_answer_is_unknown_or_a_positive_finite_number(told):
+    seconds = miner_epoch({"block_time_s": told}, now=0.0).block_time_s
+    assert seconds is None or (type(seconds) is float and 0 < seconds < math.inf)
+
+
+def test_the_block_time_is_the_gateways_then_the_nodes_chains_then_its_validators_then_subtensors():
     chain, validator = ChainState(block_time_s=1.0), ValidatorState(block_time_s=6.0)
+    assert block_time_s(MinerEpoch(block_time_s=2.0), chain, validator) == 2.0
+    assert block_time_s(MinerEpoch(), chain, validator) == 1.0
     assert block_time_s(chain, validator) == 1.0
     assert block_time_s(None, validator) == 6.0
     assert block_time_s(ChainState(), validator) == 6.0
