@@ -110,19 +110,19 @@ def main() -> int:
             if reply.status_code != 200:
                 return 1
             commitment = Commitment.from_wire(reply.json())
+            layout = commitment.layout
             groups = sorted({g for pair in GEMMS.values() for g in pair} | {"residual_in"})
             picks = [
-                {"position": p, "layer": layer, "group": g}
+                {"position": p, "layer": leaf_layer, "group": leaf}
                 for p in (0, len(PROMPT), positions - 1)
                 for layer in LAYERS
-                for g in groups
+                for leaf_layer, leaf in dict.fromkeys(layout.canonical(layer, g) for g in groups)
             ]
             opened = capture.post("/gemm/openings", json={"rid": rid, "picks": picks}).raise_for_status().json()
             openings = [Opening.from_wire(o) for o in opened["openings"]]
             bad_paths = sum(not verify_opening(commitment, o) for o in openings)
             failures += bad_paths
             say("openings", count=len(openings), bad_paths=bad_paths)
-            layout = commitment.layout
             leaves = {(o.position, o.layer, o.group): o for o in openings}
 
             def values(p: int, layer: int, group: str) -> np.ndarray:

@@ -53,9 +53,10 @@ one slot cannot be opened at the one that suits.
 
 Why these leaves. A check of one (position, layer) reads all of the layer's groups and the
 residual on either side of it (`engy_node.verifier.gemm_audit`), so that is what a leaf holds:
-the check opens three leaves (``residual_in``, ``gemms``, the next ``residual_in``), no more
-bytes than it reads, and each residual stays one leaf shared by the layers on either side, so
-the chain from layer to layer is still one committed value. ``engy-activations-v1`` had a leaf
+the check opens three leaves (``residual_in``, ``gemms``, and the layer's output: the next
+layer's ``residual_in``, or the last layer's ``residual_out``), no more bytes than it reads, and
+each residual stays one leaf shared by the layers on either side, so the chain from layer to
+layer is still one committed value. ``engy-activations-v1`` had a leaf
 per group (12 · layers + 1): the same bytes, six times the hashes. Leaf hashing is the capture's
 cost (SHA-256's per-call overhead in Python, and a row under 2 KiB is hashed holding the GIL the
 engine thread needs): on SmolLM2 361 leaves and 360 nodes a position became 61 and 60, and a
@@ -104,6 +105,15 @@ FORMATS = ("engy-activations-v1", FORMAT)
 """The formats this node reads: v1's leaf per group, v2's leaves per layer (module doc)."""
 GEMM_ROWS = "gemms"
 """v2's leaf of a layer's GEMM inputs and outputs: every group after ``residual_in``."""
+MAX_LAYERS = 1024
+MAX_GROUPS = 64
+MAX_WIDTH = 1 << 22
+MAX_POSITIONS = 1 << 20
+"""Bounds on what a commitment may claim, far above any model's (a million-token context, a
+4M-wide group, Qwen3.6's 40-odd groups a layer): a miner writes the commitment, and what the verifier works out from it — draws
+over its positions, tables per layout — must not grow without bound."""
+LAYOUTS_CACHED = 64
+"""Layouts whose derived tables are kept: a node judges a handful of models."""
 
 ITEM_SIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 """Bytes per value of each activation dtype a record may hold."""
@@ -162,11 +172,16 @@ class ActivationLayout:
             raise CommitmentError(f"activation dtype {self.dtype!r} is not one of {sorted(ITEM_SIZE)}")
         if any(width < 1 for _, width in self.groups):
             raise CommitmentError(f"every group needs a positive width, got {self.groups}")
+        if self.layers > MAX_LAYERS or len(self.groups) > MAX_GROUPS or any(w > MAX_WIDTH for _, w in self.groups):
+            raise CommitmentError(
+                f"a layout of at most {MAX_LAYERS} layers and {MAX_GROUPS} groups of at most {MAX_WIDTH} values, "
+                f"got {self.layers} layers and {len(self.groups)} groups"
+            )
         if self.format not in FORMATS:
             raise CommitmentError(f"activation commitment format {self.format!r}; this node reads {', '.join(FORMATS)}")
         if self.format == FORMAT and (names[0] != "residual_in" or GEMM_ROWS in names):
             raise CommitmentError(
-                f"a {FORMAT} layout starts with residual_in and has no group {GEMM_ROWS!r}, got {names}"
+                f"an {FORMAT} layout starts with residual_in and has no group {GEMM_ROWS!r}, got {names}"
             )
 
     @property
@@ -262,7 +277,7 @@ class _Leaves:
     """Each column's (`ActivationLayout.columns`) bytes in the row."""
 
 
-@functools.cache
+@functools.lru_cache(maxsize=LAYOUTS_CACHED)
 def _leaves(layout: ActivationLayout) -> _Leaves:
     """How `layout.format` cuts a position's row into leaves, worked out once per layout."""
     columns, start = {}, 0
@@ -356,8 +371,10 @@ class Commitment:
             start = int(wire.get("start", 0))
         except (KeyError, TypeError, ValueError) as error:
             raise CommitmentError(f"malformed activation commitment: {error}") from None
-        if len(root) != HASH_SIZE or positions < 0:
-            raise CommitmentError("an activation commitment needs a 32-byte root and a count of positions ≥ 0")
+        if len(root) != HASH_SIZE or not 0 <= positions <= MAX_POSITIONS:
+            raise CommitmentError(
+                f"an activation commitment needs a 32-byte root and a count of positions in 0..{MAX_POSITIONS}"
+            )
         if not 0 <= start < max(positions, 1):
             raise CommitmentError(f"an activation commitment's start {start} must lie in 0..positions − 1")
         return cls(root, layout, positions, start)
@@ -397,7 +414,7 @@ class Opening:
             raise CommitmentError(f"malformed opening: {error}") from None
 
 
-@functools.cache
+@functools.lru_cache(maxsize=LAYOUTS_CACHED)
 def _canonical_slots(layout: ActivationLayout) -> dict[tuple[int, str], tuple[bytes, int, int]]:
     """Every canonical (layer, group) of a position: its descriptor, its bytes and its leaf's
     offset within the position."""
@@ -422,9 +439,9 @@ def _placed_leaf(commitment: Commitment, opening: Opening) -> tuple[int, bytes] 
 
 
 def verify_opening(commitment: Commitment, opening: Opening) -> bool:
-    """Whether `opening` is the row committed at its (position, layer, group): the slot is
-    canonical and inside the commitment, the bytes fill the group's width, and the path leads
-    from their leaf at the slot's own index to the root."""
+    """Whether `opening` is the leaf committed at its (position, layer, name): the leaf is one of
+    the format's and inside the commitment, the bytes fill its width, and the path leads from
+    their hash at the leaf's own index to the root."""
     placed = _placed_leaf(commitment, opening)
     return placed is not None and verify(commitment.root, *placed, opening.path, commitment.size)
 
@@ -448,11 +465,6 @@ def decode_values(dtype: str, data: bytes) -> npt.NDArray[np.float64]:
         bits = np.frombuffer(data, "<u2").astype(np.uint32) << 16
         return bits.view(np.float32).astype(np.float64)
     return np.frombuffer(data, "<f2" if dtype == "float16" else "<f4").astype(np.float64)
-
-
-def opened_values(layout: ActivationLayout, opening: Opening) -> npt.NDArray[np.float64]:
-    """An opening's row as float64 (exact for every `ITEM_SIZE` dtype), for `gemm_check`."""
-    return decode_values(layout.dtype, opening.data)
 
 
 def group_values(layout: ActivationLayout, opening: Opening, layer: int, group: str) -> npt.NDArray[np.float64]:
@@ -539,7 +551,9 @@ class ActivationRecord:
         return values + HASH_SIZE * sum(len(level) for level in self.tree.levels)
 
     def open(self, position: int, layer: int, group: str) -> Opening:
-        """The opening of (position, layer, group), a ``residual_out`` at its canonical slot."""
+        """The opening of the leaf holding (position, layer, group) (`ActivationLayout.canonical`:
+        a ``residual_out`` before the last layer is the next layer's ``residual_in``, a v2 group
+        after ``residual_in`` its layer's ``gemms``)."""
         layout = self.layout
         layer, group = layout.canonical(layer, group)
         if not self.start <= position < self.positions:

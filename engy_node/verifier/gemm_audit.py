@@ -22,12 +22,13 @@ over every row — dense weight noise, 8-bit weights — hide under it. Those mo
 past that row's own bound (`gemm_check.row_check`, never exceeded honestly), so the verifier
 recomputes `ROWS_CHECKED` rows of each audited projection, drawn from its secret and the root
 after the commitment: a cheat that moves a fraction g of rows escapes one projection with
-probability (1 − g)^ROWS_CHECKED, and an audit opens 8 layers of seven. Eight rows is plenty for
-every cheat measured (bench/gemm_rows.py): 8-bit weights move at least a third of every
-projection's rows, noise of 1e-2 more than half, and even noise of 1e-3, the thinnest, a median of
-a sixth, so an audit misses it with probability about 1e-35 (docs/verification.md, "How many
-rows"); reading the rows is most of the judging's cost, so they are not spent where nothing is
-gained.
+probability (1 − g)^ROWS_CHECKED, and an audit opens 8 (position, layer) pairs of seven. Eight
+rows is plenty for every cheat measured (bench/gemm_rows.py): 8-bit weights move at least a third
+of every projection's rows, noise of 1e-2 more than half, and even noise of 1e-3, the thinnest, a
+median of a sixth, so an audit misses it with probability about 6e-37 (docs/verification.md,
+"How many rows"); reading the rows is most of the judging's cost. A cheat moving only a small
+fraction of rows by less than Freivalds' bound (1 % of them: missed by an audit with probability
+about 0.01) is caught across audits, not in one.
 
 Cost, on SmolLM2 with the default plan (about 24 openings, 8 audited layers): the Merkle paths
 (verified together, each node the paths share hashed once), the Freivalds products (two dot
@@ -71,6 +72,7 @@ import numpy.typing as npt
 from engy_node.gemm.activations import (
     FORMAT,
     GEMMS,
+    LAYOUTS_CACHED,
     LLAMA_GROUPS,
     RESIDUAL_OUT,
     ActivationLayout,
@@ -216,7 +218,7 @@ def draw_picks(
 ) -> tuple[GemmPick, ...]:
     """The picks of one audit: deterministic from (`secret`, the commitment's activations_root).
     For each drawn position, `plan.layers` distinct layers, and for each (position, layer) every
-    group its checks read, at its canonical slot, each once, in leaf order. `prompt_positions`
+    leaf holding a group its checks read (`ActivationLayout.canonical`), each once, in leaf order. `prompt_positions`
     (the prompt's length) makes sure a prompt and a generated position are among them.
     Raises `CommitmentError` on a malformed commitment."""
     parsed = Commitment.from_wire(commitment)
@@ -234,7 +236,7 @@ def draw_picks(
     return tuple(GemmPick(*slot) for slot in sorted(slots, key=slots.__getitem__))
 
 
-@functools.cache
+@functools.lru_cache(maxsize=LAYOUTS_CACHED)
 def _layer_leaves(layout: ActivationLayout) -> tuple[tuple[tuple[tuple[int, str], int], ...], ...]:
     """Per layer, the leaves holding the groups of `LAYER_GROUPS` (`ActivationLayout.canonical`),
     each once, with its offset within a position: looked up per pick, built once per layout."""
@@ -247,7 +249,7 @@ def _layer_leaves(layout: ActivationLayout) -> tuple[tuple[tuple[tuple[int, str]
     )
 
 
-@functools.cache
+@functools.lru_cache(maxsize=LAYOUTS_CACHED)
 def _group_bytes(layout: ActivationLayout) -> tuple[tuple[tuple[tuple[int, str], int, int], ...], ...]:
     """Per layer, per group of `LAYER_GROUPS`: its leaf and its bytes there (`locate`)."""
     return tuple(tuple(layout.locate(layer, group) for group in LAYER_GROUPS) for layer in range(layout.layers))
@@ -510,6 +512,8 @@ def _stacked_groups(
         if block is None:
             data = b"".join(rows[leaf] for leaf in leaves)
             block = decoded[leaves] = decode_values(layout.dtype, data).reshape(len(pairs), -1)
+        # Every layer of a layout has the same groups and widths, so a group's bytes sit at the
+        # same place in its leaf whichever layer the pair is.
         _, start, end = located[pairs[0][0]][at]
         values[group] = block[:, start // item : end // item]
     return values
@@ -541,7 +545,8 @@ def _checks(
     input_norm, post_norm = (norms[layers] for norms in model.norms)
     steps += gemm_check.replay_ratios(trace, input_norm, post_norm, model.eps, arithmetic)
     codes = [step_code(step) for step, _ in steps]
-    table = np.stack([per_pair for _, per_pair in steps])
+    # A NaN ratio fails (as inf): the checks map theirs already, and a NaN would match no worst.
+    table = np.nan_to_num(np.stack([per_pair for _, per_pair in steps]), nan=np.inf, posinf=np.inf)
     # Each layer's worst position per step: the audited positions of a layer are adjacent
     # columns, so one reduceat finds every layer's worst ratio, and the first column holding it
     # (the argmax rule) is its position.

@@ -101,15 +101,16 @@ class FloatFormat:
         2^(max(e, min_exponent) − precision) for |value| in [2^e, 2^(e+1)), built from the
         float64 exponent bits, which is half of frexp and ldexp's time on an audit's outputs.
         A non-finite value gets what frexp's exponent 0 would give; callers judge it apart."""
-        exponent = np.asarray(values, np.float64).view(np.uint64) >> np.uint64(52)
+        array = np.asarray(values, np.float64)
+        exponent = np.atleast_1d(array.view(np.uint64) >> np.uint64(52))
         exponent &= np.uint64(0x7FF)
         exponent[exponent == 0x7FF] = 1022
         np.maximum(exponent, np.uint64(self.min_exponent + 1023), out=exponent)
         exponent -= np.uint64(self.precision)
         exponent <<= np.uint64(52)
         spacing: Array = exponent.view(np.float64)
-        spacing[values == 0] = self.underflow
-        return spacing
+        spacing[np.atleast_1d(array == 0)] = self.underflow
+        return spacing.reshape(array.shape)
 
 
 FP32 = FloatFormat("float32", 24, -126, 3.4028234663852886e38)

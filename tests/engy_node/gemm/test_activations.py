@@ -154,14 +154,14 @@ def test_a_residual_out_is_opened_where_the_next_layer_reads_it():
     # The same bytes claimed as layer 0's residual_out (not where it is committed) do not verify.
     assert not ac.verify_opening(record.commitment, ac.Opening(1, 0, ac.RESIDUAL_OUT, middle.data, middle.path))
     # Position 1 starts at value 17 (3 layers of 2 + 3, then 2); its residual_out closes it.
-    np.testing.assert_array_equal(ac.opened_values(layout, last), [32.0, 33.0])
+    np.testing.assert_array_equal(ac.decode_values(layout.dtype, last.data), [32.0, 33.0])
 
 
 def test_bf16_values_read_exactly():
     layout = ac.ActivationLayout(1, (("residual_in", 3),), "bfloat16")
     values = np.array([1.5, -(2.0**-130), 1.5 * 2.0**127], np.float32)  # each a bf16 value
     raw = (values.view(np.uint32) >> 16).astype("<u2").tobytes()
-    np.testing.assert_array_equal(ac.opened_values(layout, ac.Opening(0, 0, "residual_in", raw, ())), values)
+    np.testing.assert_array_equal(ac.decode_values(layout.dtype, raw), values)
 
 
 def test_picks_are_checked_before_anything_is_opened():

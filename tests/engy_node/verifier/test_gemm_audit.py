@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from engy_node import proof
 from engy_node.calibration import add_weight_noise
-from engy_node.gemm.activations import Commitment, CommitmentError, llama_layout
+from engy_node.gemm.activations import FORMAT, Commitment, CommitmentError, llama_layout
 from engy_node.models import SMOLLM2_135M, model_root
 from engy_node.protocol.audit import AuditJob
 from engy_node.protocol.gemm import GemmPick
@@ -154,7 +154,17 @@ def test_rows_drawn_for_many_labels_at_once_are_each_labels_own_draw(secret, row
 
 @pytest.mark.parametrize(
     "broken",
-    [{}, {"format": "engy-activations-v3"}, {"activations_root": "zz"}, {"layers": 0}, {"dtype": "int8"}],
+    [
+        {},
+        {"format": "engy-activations-v3"},
+        {"activations_root": "zz"},
+        {"layers": 0},
+        {"dtype": "int8"},
+        # Sizes no model has, which would cost the verifier time and memory to draw over:
+        {"layers": 300_000},
+        {"positions": 2**40},
+        {"groups": [["residual_in", 576], ["q", 2**30]]},
+    ],
 )
 def test_a_malformed_commitment_draws_nothing(broken):
     with pytest.raises(CommitmentError):
@@ -200,10 +210,11 @@ class Answer:
         return ga.GemmEvidence(picks, tuple(o.to_wire(layout.dtype, layout.width(o.group)) for o in openings))
 
 
-def serve(runner: ModelRunner, rid: str) -> Answer:
-    """A greedy answer through the engine's own step and the server's capture."""
+def serve(runner: ModelRunner, rid: str, format: str = FORMAT) -> Answer:
+    """A greedy answer through the engine's own step and the server's capture, committed in
+    `format` (a miner on an earlier release commits v1)."""
     store = SharedOpenings()
-    layout = llama_layout(runner.model.config.to_dict(), runner.dtype)
+    layout = llama_layout(runner.model.config.to_dict(), runner.dtype, format)
     generation = Generation(
         rid=rid,
         input_ids=list(PROMPT),
@@ -234,6 +245,8 @@ def answers(runner, verifier_runner, checkpoint):
         "bfloat16": serve(runner, "bf16"),
         "float32": serve(verifier_runner, "fp32"),
         "noisy": serve(noisy, "noisy"),
+        "bfloat16 v1": serve(runner, "bf16-v1", "engy-activations-v1"),
+        "noisy v1": serve(noisy, "noisy-v1", "engy-activations-v1"),
     }
 
 
@@ -243,10 +256,10 @@ def audit(model, answer: Answer, plan: ga.AuditPlan = ga.DEFAULT_PLAN, **changes
     return ga.judge_openings(model, answer.commitment, evidence, expected_positions=answer.positions)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_honest_answers_pass_on_every_position_and_layer(model, answers, dtype):
-    answer = answers[dtype]
-    assert answer.commitment["dtype"] == dtype and answer.positions == 12
+@pytest.mark.parametrize("served", ["bfloat16", "float32", "bfloat16 v1"])
+def test_honest_answers_pass_on_every_position_and_layer(model, answers, served):
+    answer = answers[served]
+    assert answer.commitment["dtype"] == served.split()[0] and answer.positions == 12
     everything = ga.AuditPlan(positions=answer.positions, layers=30)
     judgement = audit(model, answer, everything)
     assert (judgement.kind, judgement.reason) == ("pass", "ok"), judgement.failed
@@ -295,8 +308,9 @@ def test_a_commitment_that_is_not_this_answers_on_this_model_is_a_cheat(model, a
     assert (unreadable.kind, unreadable.reason) == ("unproven", "malformed-commitment")
 
 
-def test_weights_with_one_percent_noise_are_caught_by_the_row_check(model, answers):
-    judgement = audit(model, answers["noisy"])
+@pytest.mark.parametrize("served", ["noisy", "noisy v1"])
+def test_weights_with_one_percent_noise_are_caught_by_the_row_check(model, answers, served):
+    judgement = audit(model, answers[served])
     assert judgement.kind == "cheat"
     # Each row moves by about as much as bf16's own rounding: Freivalds' statistic, summed over
     # the rows, stays inside its tolerance; recomputing the rows does not.

@@ -38,6 +38,7 @@ def test_half_ulp_is_half_the_spacing_of_the_binade_above(fmt, values):
     )
     np.testing.assert_array_equal(fmt.half_ulp(array), expected)
     np.testing.assert_array_equal(fmt.half_ulp(array.reshape(1, -1)[:, ::-1]), expected[::-1].reshape(1, -1))
+    np.testing.assert_array_equal(fmt.half_ulp(np.float64(values[0])), expected[0])
     representable = np.isfinite(array) & (np.abs(array) < fmt.max_value / 2)
     moved = np.abs(round_to(array[representable], fmt) - array[representable])
     assert (moved <= fmt.half_ulp(round_to(array[representable], fmt))).all()
