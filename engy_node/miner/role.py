@@ -374,7 +374,7 @@ class ServeRotation:
         chosen = min(supports, key=lambda support: support.most_positions)
         log.info(
             "GEMM audits on: the model server(s) commit %s activations, up to %d positions per answer",
-            chosen.format,
+            " and ".join(sorted({support.format for support in supports})),
             chosen.most_positions,
         )
         return chosen
