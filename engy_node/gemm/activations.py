@@ -56,18 +56,19 @@ residual on either side of it (`engy_node.verifier.gemm_audit`), so that is what
 the check opens three leaves (``residual_in``, ``gemms``, and the layer's output: the next
 layer's ``residual_in``, or the last layer's ``residual_out``), no more bytes than it reads, and
 each residual stays one leaf shared by the layers on either side, so the chain from layer to
-layer is still one committed value. ``engy-activations-v1`` had a leaf
-per group (12 · layers + 1): the same bytes, six times the hashes. Leaf hashing is the capture's
-cost (SHA-256's per-call overhead in Python, and a row under 2 KiB is hashed holding the GIL the
-engine thread needs): on SmolLM2 361 leaves and 360 nodes a position became 61 and 60, and a
-verifier checks 3 openings per audited layer instead of 13. This node still reads v1 (a miner
-running an earlier release) and commits v2.
+layer is still one committed value. ``engy-activations-v1`` had a leaf per group (12 · layers + 1):
+the same bytes, six times the hashes. Leaf hashing is the capture's cost (SHA-256's per-call
+overhead in Python, and a row under 2 KiB is hashed holding the GIL the engine thread needs): on
+SmolLM2 361 leaves and 360 nodes a position became 61 and 60, and a verifier checks 3 openings
+per audited layer instead of 13. This node still reads v1 (a miner running an earlier release)
+and commits v2.
 
 Sizes (values in bf16, plus 64 bytes of tree per leaf):
 
 * SmolLM2-135M (30 layers, hidden 576, q 576, k/v 192, d_ff 1536): 9,024 values per layer-position,
   542,592 bytes per position (+ 3,904 of tree in v2, 23,104 in v1): about 0.55 MB per position,
-  so a 300-position answer keeps 164 MB. The reference server's store defaults to 2 GiB and 300 s (`capture.py`).
+  so a 300-position answer keeps 164 MB. The reference server's store defaults to 2 GiB and
+  300 s (`capture.py`).
 * Qwen3.6-35B-A3B (hidden 2048, 40 layers: 30 Gated DeltaNet and 10 gated-attention; MoE of 256
   routed experts, 8 per token, and 1 shared, d_ff 512): the captured expert GEMMs are those a
   token actually ran — its 8 routed experts and the shared one, each ``gate``/``up``/``down_in``
@@ -110,8 +111,9 @@ MAX_GROUPS = 64
 MAX_WIDTH = 1 << 22
 MAX_POSITIONS = 1 << 20
 """Bounds on what a commitment may claim, far above any model's (a million-token context, a
-4M-wide group, Qwen3.6's 40-odd groups a layer): a miner writes the commitment, and what the verifier works out from it — draws
-over its positions, tables per layout — must not grow without bound."""
+4M-wide group, Qwen3.6's 40-odd groups a layer): a miner writes the commitment, and what the
+verifier works out from it — draws over its positions, tables per layout — must not grow
+without bound."""
 LAYOUTS_CACHED = 64
 """Layouts whose derived tables are kept: a node judges a handful of models."""
 
@@ -271,6 +273,8 @@ class _Leaves:
     slots: tuple[tuple[int, str], ...]
     ranges: tuple[tuple[int, int], ...]
     """Each leaf's bytes in a position's row."""
+    descriptors: tuple[bytes, ...]
+    """Each leaf's descriptor (`_descriptor`), which its hash binds after the position."""
     offset: dict[tuple[int, str], int]
     """A leaf's index within its position."""
     columns: dict[tuple[int, str], tuple[int, int]]
@@ -294,7 +298,8 @@ def _leaves(layout: ActivationLayout) -> _Leaves:
         else:
             slots.append(leaf)
             ranges.append((begin, end))
-    return _Leaves(tuple(slots), tuple(ranges), {slot: i for i, slot in enumerate(slots)}, columns)
+    descriptors = tuple(_descriptor(layout, *slot) for slot in slots)
+    return _Leaves(tuple(slots), tuple(ranges), descriptors, {slot: i for i, slot in enumerate(slots)}, columns)
 
 
 def llama_layout(config: Mapping[str, Any], dtype: str, format: str = FORMAT) -> ActivationLayout:
@@ -325,7 +330,8 @@ def _descriptor(layout: ActivationLayout, layer: int, group: str) -> bytes:
 
 def activation_leaf(layout: ActivationLayout, position: int, layer: int, group: str, data: bytes | memoryview) -> bytes:
     """The leaf hash of one leaf's bytes."""
-    return leaf_hash(layout.tag, position.to_bytes(4, "big"), _canonical_slots(layout)[layer, group][0], data)
+    leaves = _leaves(layout)
+    return leaf_hash(layout.tag, position.to_bytes(4, "big"), leaves.descriptors[leaves.offset[layer, group]], data)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -414,25 +420,16 @@ class Opening:
             raise CommitmentError(f"malformed opening: {error}") from None
 
 
-@functools.lru_cache(maxsize=LAYOUTS_CACHED)
-def _canonical_slots(layout: ActivationLayout) -> dict[tuple[int, str], tuple[bytes, int, int]]:
-    """Every canonical (layer, group) of a position: its descriptor, its bytes and its leaf's
-    offset within the position."""
-    return {
-        slot: (_descriptor(layout, *slot), layout.width(slot[1]) * layout.item_size, offset)
-        for offset, slot in enumerate(layout.slots())
-    }
-
-
 def _placed_leaf(commitment: Commitment, opening: Opening) -> tuple[int, bytes] | None:
     """The leaf index and hash `opening` claims, or None when its slot is not canonical or
     inside the commitment, or its bytes do not fill the group's width."""
     layout = commitment.layout
-    slot = _canonical_slots(layout).get((opening.layer, opening.group))
-    if slot is None:
+    leaves = _leaves(layout)
+    offset = leaves.offset.get((opening.layer, opening.group))
+    if offset is None:
         return None
-    _, size, offset = slot
-    if not commitment.start <= opening.position < commitment.positions or len(opening.data) != size:
+    begin, end = leaves.ranges[offset]
+    if not commitment.start <= opening.position < commitment.positions or len(opening.data) != end - begin:
         return None
     leaf = activation_leaf(layout, opening.position, opening.layer, opening.group, opening.data)
     return (opening.position - commitment.start) * layout.leaves_per_position + offset, leaf
@@ -496,8 +493,9 @@ class RecordBuilder:
         self.positions = start
         self._tree = MerkleBuilder()
         self._chunks: list[_Chunk] = []
+        leaves = _leaves(layout)
         self._slices = [
-            (_descriptor(layout, *slot), start, end) for slot, (start, end) in zip(layout.slots(), layout.offsets())
+            (descriptor, start, end) for descriptor, (start, end) in zip(leaves.descriptors, leaves.ranges, strict=True)
         ]
         self._prefix = hashlib.sha256(LEAF_PREFIX + layout.tag)
         """`leaf_hash`'s state after the bytes every leaf starts with, copied per leaf."""
@@ -505,9 +503,8 @@ class RecordBuilder:
     def add_rows(self, rows: int, data: bytes | memoryview) -> None:
         """The next `rows` positions, one after another, each position's columns in order
         (`ActivationLayout.columns`), and hash their leaves (`activation_leaf`'s hashes of the
-        `ActivationLayout.offsets` ranges, from
-        a copy of the hash state after the prefix and position they share) and the tree's
-        complete pairs above them."""
+        `ActivationLayout.offsets` ranges, from a copy of the hash state after the prefix and
+        position they share) and the tree's complete pairs above them."""
         view = memoryview(data).cast("B")
         size = self.layout.row_bytes
         if view.nbytes != rows * size:

@@ -218,8 +218,9 @@ def draw_picks(
 ) -> tuple[GemmPick, ...]:
     """The picks of one audit: deterministic from (`secret`, the commitment's activations_root).
     For each drawn position, `plan.layers` distinct layers, and for each (position, layer) every
-    leaf holding a group its checks read (`ActivationLayout.canonical`), each once, in leaf order. `prompt_positions`
-    (the prompt's length) makes sure a prompt and a generated position are among them.
+    leaf holding a group its checks read (`ActivationLayout.canonical`), each once, in leaf order.
+    `prompt_positions` (the prompt's length) makes sure a prompt and a generated position are
+    among them.
     Raises `CommitmentError` on a malformed commitment."""
     parsed = Commitment.from_wire(commitment)
     layout = parsed.layout
@@ -237,22 +238,19 @@ def draw_picks(
 
 
 @functools.lru_cache(maxsize=LAYOUTS_CACHED)
-def _layer_leaves(layout: ActivationLayout) -> tuple[tuple[tuple[tuple[int, str], int], ...], ...]:
-    """Per layer, the leaves holding the groups of `LAYER_GROUPS` (`ActivationLayout.canonical`),
-    each once, with its offset within a position: looked up per pick, built once per layout."""
-    return tuple(
-        tuple(
-            (leaf, layout.index(0, *leaf))
-            for leaf in dict.fromkeys(layout.canonical(layer, group) for group in LAYER_GROUPS)
-        )
-        for layer in range(layout.layers)
-    )
-
-
-@functools.lru_cache(maxsize=LAYOUTS_CACHED)
 def _group_bytes(layout: ActivationLayout) -> tuple[tuple[tuple[tuple[int, str], int, int], ...], ...]:
     """Per layer, per group of `LAYER_GROUPS`: its leaf and its bytes there (`locate`)."""
     return tuple(tuple(layout.locate(layer, group) for group in LAYER_GROUPS) for layer in range(layout.layers))
+
+
+@functools.lru_cache(maxsize=LAYOUTS_CACHED)
+def _layer_leaves(layout: ActivationLayout) -> tuple[tuple[tuple[tuple[int, str], int], ...], ...]:
+    """Per layer, the leaves holding the groups of `LAYER_GROUPS` (`_group_bytes`), each once,
+    with its offset within a position: looked up per pick, built once per layout."""
+    return tuple(
+        tuple((leaf, layout.index(0, *leaf)) for leaf in dict.fromkeys(leaf for leaf, _, _ in located))
+        for located in _group_bytes(layout)
+    )
 
 
 def audited_layers(layout: ActivationLayout, picks: Sequence[GemmPick]) -> dict[int, list[int]]:
@@ -550,9 +548,10 @@ def _checks(
     # Each layer's worst position per step: the audited positions of a layer are adjacent
     # columns, so one reduceat finds every layer's worst ratio, and the first column holding it
     # (the argmax rule) is its position.
-    starts = np.cumsum([0] + [len(positions) for positions in audited.values()])[:-1]
+    counts = [len(positions) for positions in audited.values()]
+    starts = np.cumsum([0, *counts])[:-1]
     worst = np.maximum.reduceat(table, starts, axis=1)
-    owner = np.repeat(np.arange(len(starts)), [len(positions) for positions in audited.values()])
+    owner = np.repeat(np.arange(len(counts)), counts)
     column = np.where(table == worst[:, owner], np.arange(len(pairs)), len(pairs))
     first = np.minimum.reduceat(column, starts, axis=1)
     where = [position for _, position in pairs]
