@@ -37,6 +37,7 @@ picks, so only the verdicts' kinds are compared then).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import secrets
@@ -102,7 +103,7 @@ def serve(args: argparse.Namespace, folder: Path, say: Callable[[str], None]) ->
             Serving(runner, llama_layout(config_fields, "bfloat16", f), store, weights_root, args.tokens)
             for f in FORMATS
         ]
-        for serving, answer in ((serving, answer) for serving in servings for answer in range(count)):
+        for serving, answer in itertools.product(servings, range(count)):
             served = serving.serve(answer, conversations[answer], None)
             rid = served.gemm_commitment["rid"]
             for audit in range(args.audits):
