@@ -33,12 +33,13 @@ about 0.01) is caught across audits, not in one.
 Cost, on SmolLM2 with the default plan (about 24 openings, 8 audited layers): the Merkle paths
 (verified together, each node the paths share hashed once), the Freivalds products (two dot
 products per token and projection) and 8 rows of each projection recomputed in float64, most of
-it reading those rows (7 × 8 rows per audited layer, 0.16 MB of float32). Every audited
-(position, layer) is checked in the same few array passes, each against its own layer's keys,
-rows and norms, rather than one layer and one projection at a time: per-call overhead, not
-arithmetic, was most of the cost (bench/gemm_judge.py times it by step against an earlier
-revision; bench/gemm_audit.py per answer beside TOPLOC). Building the `GemmModel` takes about
-2.5 s once per model and little memory beyond a float32 runner.
+it reading those rows from memory (7 × 8 rows per audited layer, 0.16 MB of float32). Every
+audited (position, layer) is checked in the same few calls, each against its own layer's keys,
+rows and norms, rather than one layer and one projection at a time, and Freivalds and the row
+check are compiled loops (`gemm_kernels`) that read each value once: per-call overhead and
+numpy's temporaries, not arithmetic, were most of the cost (bench/gemm_judge.py times it by step
+against an earlier revision; bench/gemm_audit.py per answer beside TOPLOC). Building the
+`GemmModel` takes about 2.5 s once per model and little memory beyond a float32 runner.
 
 Verdicts, and whose fault each is: a commitment that is not this answer's (another model's
 layout, a count of positions other than prompt + output − 1), an opening missing, extra, or off
@@ -51,7 +52,7 @@ commitment this node cannot read (another format version) is `unproven` too.
 Shape. `draw_picks` and `judge_openings` are pure functions of their arguments; the randomness
 is the caller's secret expanded by SHAKE-256, so the same secret and root always give the same
 picks. `GemmModel` holds what judging needs per model — the projections' weights (float32, shared
-with a float32 runner rather than copied; the row check reads the rows it draws into float64),
+with a float32 runner rather than copied, and read in place by the row check's loop),
 every layer's two RMSNorm weights, and the Freivalds keys (σᵀW, from a secret drawn once per
 process), stacked by layer and joined across the seven projections (`gemm_check.KeyStack`).
 """
@@ -85,7 +86,7 @@ from engy_node.gemm.activations import (
 )
 from engy_node.proof import VerdictKind
 from engy_node.protocol.gemm import GemmPick
-from engy_node.verifier import gemm_check
+from engy_node.verifier import gemm_check, gemm_kernels
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -310,6 +311,9 @@ class GemmModel:
     """The verifier's secret, which also draws the rows the row check recomputes."""
     norms: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]
     """The input and post-attention RMSNorm weights of every layer, layers × hidden, float64."""
+    matrices: Mapping[str, gemm_kernels.Matrices]
+    """Per projection, `weights` of every layer in order, as the row check's compiled loop reads
+    them (the same arrays, not copies)."""
 
     @classmethod
     def build(
@@ -343,7 +347,9 @@ class GemmModel:
             np.stack([np.asarray(first, np.float64) for first, _ in norms]),
             np.stack([np.asarray(second, np.float64) for _, second in norms]),
         )
-        return cls(dict(config), dict(weights), float(eps), keys, secret, stacked)
+        matrices = {name: gemm_kernels.matrices([weights[layer, name] for layer in layers]) for name in GEMMS}
+        gemm_kernels.warm()
+        return cls(dict(config), dict(weights), float(eps), keys, secret, stacked, matrices)
 
     def layout(self, dtype: str, format: str = FORMAT) -> ActivationLayout:
         return llama_layout(self.config, dtype, format)
@@ -472,25 +478,18 @@ def _recomputed_rows(
     arithmetic: gemm_check.Arithmetic,
 ) -> list[tuple[str, npt.NDArray[np.float64]]]:
     """The row check of every projection: `ROWS_CHECKED` rows of each audited layer's matrix,
-    drawn from the secret and the root, read into float64 once and recomputed for every
-    audited position of the layer."""
+    drawn from the secret and the root, recomputed for every audited position of the layer
+    straight from the verifier's float32 weights."""
     labels = [(name, layer) for name in projections for layer in audited]
     sizes = [model.weights[layer, name].shape[0] for name, layer in labels]
     drawn = draw_row_sets(model.secret, root, [f"rows/{layer}/{name}" for name, layer in labels], sizes, ROWS_CHECKED)
     chosen = dict(zip(labels, drawn, strict=True))
-    tokens = sum(len(positions) for positions in audited.values())
+    layers = np.array([layer for layer, positions in audited.items() for _ in positions], np.intp)
     steps = []
     for name, (x, y) in projections.items():
-        weight_rows = np.empty((tokens, min(ROWS_CHECKED, y.shape[1]), x.shape[1]))
-        picked = np.empty(weight_rows.shape[:2], np.intp)
-        start = 0
-        for layer, positions in audited.items():
-            end = start + len(positions)
-            weight_rows[start:end] = model.weights[layer, name].take(chosen[name, layer], axis=0)
-            picked[start:end] = chosen[name, layer]
-            start = end
-        y_rows = np.take_along_axis(y, picked, axis=1)
-        steps.append((f"rows {name}", gemm_check.row_ratios(weight_rows, x, y_rows, arithmetic)))
+        picked = np.stack([chosen[name, layer] for layer, positions in audited.items() for _ in positions])
+        ratios = gemm_check.drawn_row_ratios(model.matrices[name], layers, picked, x, y, arithmetic)
+        steps.append((f"rows {name}", ratios))
     return steps
 
 
@@ -536,7 +535,7 @@ def _checks(
     projections = {name: (values[x], values[y]) for name, (x, y) in GEMMS.items()}
     inputs = np.concatenate([x for x, _ in projections.values()], axis=1)
     outputs = np.concatenate([y for _, y in projections.values()], axis=1)
-    freivalds = gemm_check.freivalds_ratios(model.keys.take(layers), inputs, outputs, arithmetic)
+    freivalds = gemm_check.freivalds_ratios(model.keys, inputs, outputs, arithmetic, entries=layers)
     steps = [(name, freivalds[:, index]) for index, name in enumerate(projections)]
     steps += _recomputed_rows(model, commitment.root, audited, projections, arithmetic)
     trace = gemm_check.LayerTrace(projections, values["residual_in"], values[RESIDUAL_OUT])

@@ -9,8 +9,9 @@ two dot products per vector (`freivalds`): D = σᵀy − (σᵀW)·x, which is 
 e = y − Wx of the served output. Rows the challenge opens are recomputed outright
 (`row_check`: one dot product per row, each held to its own row's bound). A verifier judging
 many tokens of many matrices at once (an audit's layers and projections) uses the same checks as
-per-token ratios (`freivalds_ratios` with a `KeyStack`, `row_ratios`, `replay_ratios`), each token
-against its own matrix, so that the audit costs a few array passes rather than a call per matrix.
+per-token ratios (`freivalds_ratios` with a `KeyStack`, `drawn_row_ratios`, `replay_ratios`), each
+token against its own matrix, so that the audit costs one call per check rather than one per
+matrix; the first two are compiled loops (`gemm_kernels`) that read each value once.
 
 Tolerance, from the arithmetic. Served in a format with unit roundoff u_acc (fp32 accumulate) and
 rounded to an output format D, row i of an honest output satisfies, for any accumulation order
@@ -62,12 +63,15 @@ Pure functions of numpy arrays; no IO, clock or randomness beyond the seed the c
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
+
+from engy_node.verifier import gemm_kernels
 
 Array = npt.NDArray[np.float64]
 
@@ -267,8 +271,8 @@ def _gamma(terms: int, unit_roundoff: float) -> float:
 @dataclasses.dataclass(frozen=True, slots=True)
 class KeyStack:
     """Keys stacked two ways, so that many checks run as one pass: along a leading axis, one
-    entry per matrix of one kind (a projection's, one per layer: `take` gives each token its own
-    layer's), and side by side along the vectors, matrices of different kinds (a layer's seven
+    entry per matrix of one kind (a projection's, one per layer: a check's `entries` give each
+    token its own layer's), and side by side along the vectors, matrices of different kinds (a layer's seven
     projections, `joined`), each a segment of the inputs and outputs it is checked on."""
 
     signs: Array
@@ -308,32 +312,18 @@ class KeyStack:
             tuple(n_starts.tolist()),
         )
 
-    def take(self, index: npt.NDArray[np.intp]) -> KeyStack:
-        """The entries at `index` (one per token), in its order."""
-        return KeyStack(
-            self.signs[index],
-            self.projected[index],
-            self.column_abs[index],
-            self.frobenius[index],
-            self.m_starts,
-            self.n_starts,
-        )
-
     def widths(self) -> tuple[Array, Array]:
         """Each segment's m and n."""
         m = np.diff([*self.m_starts, self.signs.shape[2]])
         n = np.diff([*self.n_starts, self.projected.shape[2]])
         return m, n
 
-
-def _products(rows: Array, stacked: Array) -> Array:
-    """Token rows (T × n) times the transposes of `stacked` (1 × r × n, shared by every token, or
-    T × r × n, one per token): T × r."""
-    if stacked.shape[0] == 1:
-        shared: Array = rows @ stacked[0].T
-        return shared
-    own: Array = (stacked @ rows[:, :, None])[:, :, 0]
-    return own
+    def bounds(self) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+        """Where each segment's rows and columns start, and the ends: S + 1 each."""
+        return (
+            np.array([*self.m_starts, self.signs.shape[2]], np.intp),
+            np.array([*self.n_starts, self.projected.shape[2]], np.intp),
+        )
 
 
 def _tolerance(keys: KeyStack, inputs: Array, outputs: Array, arithmetic: Arithmetic, false_reject: float) -> Array:
@@ -345,8 +335,7 @@ def _tolerance(keys: KeyStack, inputs: Array, outputs: Array, arithmetic: Arithm
     half_ulps = arithmetic.activations.half_ulp(outputs)
     rounding = np.sqrt(np.add.reduceat(half_ulps * half_ulps, keys.m_starts, axis=1))
     z = math.sqrt(2 * math.log(2 * keys.signs.shape[1] / false_reject))
-    growth = np.array([arithmetic.growth(int(width)) for width in n])
-    own = np.array([_gamma(int(terms), FLOAT64_UNIT_ROUNDOFF) for terms in m + n + 2])
+    growth, own = _segment_terms(keys, arithmetic)
     own_terms = 2 * sum_abs + np.add.reduceat(np.abs(outputs), keys.m_starts, axis=1)
     tolerance: Array = z * (rounding + growth * products) + own * own_terms
     return tolerance
@@ -360,33 +349,69 @@ def freivalds_tolerance(
     return _tolerance(KeyStack.of([key]), _rows(x), _rows(y), arithmetic, false_reject)[:, 0]
 
 
+@functools.cache
+def _spacings(fmt: FloatFormat) -> Array:
+    return gemm_kernels.spacing(fmt.precision, fmt.min_exponent)
+
+
+def _segment_terms(keys: KeyStack, arithmetic: Arithmetic) -> tuple[Array, Array]:
+    """Per segment, θ_n (`Arithmetic.growth`) and the verifier's own γ over its m + n + 2 terms."""
+    m, n = keys.widths()
+    growth = np.array([arithmetic.growth(int(width)) for width in n])
+    own = np.array([_gamma(int(terms), FLOAT64_UNIT_ROUNDOFF) for terms in m + n + 2])
+    return growth, own
+
+
 def freivalds_ratios(
-    keys: KeyStack, x: npt.ArrayLike, y: npt.ArrayLike, arithmetic: Arithmetic, *, false_reject: float = 2.0**-40
+    keys: KeyStack,
+    x: npt.ArrayLike,
+    y: npt.ArrayLike,
+    arithmetic: Arithmetic,
+    *,
+    false_reject: float = 2.0**-40,
+    entries: npt.ArrayLike | None = None,
 ) -> Array:
     """T × S: per token and segment, the largest |σᵀy − (σᵀW)x| over the K vectors as a
     multiple of its tolerance (`freivalds_tolerance`; inf where a value it reads is not
-    finite), token t checked against `keys` entry t, or against the one entry every token
-    shares; x (T × Σn) and y (T × Σm) hold each segment's inputs and outputs side by side."""
-    inputs, outputs = _rows(x), _rows(y)
+    finite), token t checked against `keys` entry `entries[t]` (default: entry t, or the one
+    entry every token shares); x (T × Σn) and y (T × Σm) hold each segment's inputs and outputs
+    side by side. One compiled pass over each token's values (`gemm_kernels`)."""
+    inputs, outputs = np.ascontiguousarray(_rows(x)), np.ascontiguousarray(_rows(y))
     tokens = inputs.shape[0]
+    if entries is None:
+        entries = np.zeros(tokens, np.intp) if keys.signs.shape[0] == 1 else np.arange(tokens)
+    chosen = np.asarray(entries, np.intp)
     if (
         inputs.shape[1] != keys.projected.shape[2]
         or outputs.shape[1] != keys.signs.shape[2]
         or outputs.shape[0] != tokens
-        or keys.signs.shape[0] not in (1, tokens)
+        or chosen.shape != (tokens,)
+        or not (0 <= chosen).all()
+        or not (chosen < keys.signs.shape[0]).all()
     ):
-        raise ValueError(f"x {inputs.shape} and y {outputs.shape} for keys of {keys.signs.shape[0]} × {keys.widths()}")
-    statistic = np.add.reduceat(outputs[:, None, :] * keys.signs, keys.m_starts, axis=2) - np.add.reduceat(
-        inputs[:, None, :] * keys.projected, keys.n_starts, axis=2
+        raise ValueError(
+            f"x {inputs.shape} and y {outputs.shape}, entries {chosen.tolist()} for keys of "
+            f"{keys.signs.shape[0]} × {keys.widths()}"
+        )
+    growth, own = _segment_terms(keys, arithmetic)
+    m_bounds, n_bounds = keys.bounds()
+    z = math.sqrt(2 * math.log(2 * keys.signs.shape[1] / false_reject))
+    ratios: Array = gemm_kernels.freivalds_ratios(
+        keys.signs,
+        keys.projected,
+        keys.column_abs,
+        keys.frobenius,
+        chosen,
+        m_bounds,
+        n_bounds,
+        growth,
+        own,
+        z,
+        inputs,
+        outputs,
+        _spacings(arithmetic.activations),
     )
-    tolerance = _tolerance(keys, inputs, outputs, arithmetic, false_reject)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(statistic == 0, 0.0, np.abs(statistic) / tolerance[:, None, :])
-    per_segment = np.where(np.isnan(ratio), np.inf, ratio).max(axis=1)
-    infinite = np.logical_or.reduceat(~np.isfinite(inputs), keys.n_starts, axis=1) | np.logical_or.reduceat(
-        ~np.isfinite(outputs), keys.m_starts, axis=1
-    )
-    return np.where(infinite, np.inf, per_segment)
+    return ratios
 
 
 def freivalds(
@@ -400,18 +425,42 @@ def freivalds(
     return check_of("freivalds", per_token[:, 0])
 
 
+def drawn_row_ratios(
+    weights: gemm_kernels.Matrices,
+    entries: npt.ArrayLike,
+    rows: npt.ArrayLike,
+    x: npt.ArrayLike,
+    y: npt.ArrayLike,
+    arithmetic: Arithmetic,
+) -> Array:
+    """Per token t, the worst of rows `rows[t]` of matrix `weights[entries[t]]` (a typed list
+    from `gemm_kernels.matrices`, read in place) recomputed for committed x[t] against the same
+    rows of committed y[t] (every row's output), each as a multiple of that row's own δ_i:
+    half_ulp(y_i) + (θ_n + γ_{n+1}) · Σ_j |W_ij||x_j|. One compiled pass over each drawn row."""
+    inputs, outputs = np.ascontiguousarray(_rows(x)), np.ascontiguousarray(_rows(y))
+    chosen, drawn = np.asarray(entries, np.intp), np.asarray(rows, np.intp)
+    n = inputs.shape[1]
+    if chosen.shape != (inputs.shape[0],) or drawn.shape[0] != inputs.shape[0] or outputs.shape[0] != inputs.shape[0]:
+        raise ValueError(f"entries {chosen.shape} and rows {drawn.shape} for x {inputs.shape} and y {outputs.shape}")
+    slack = arithmetic.growth(n) + _gamma(n + 1, FLOAT64_UNIT_ROUNDOFF)
+    ratios: Array = gemm_kernels.row_ratios(
+        weights, chosen, drawn, inputs, outputs, slack, _spacings(arithmetic.activations)
+    )
+    return ratios
+
+
 def row_ratios(weight_rows: npt.ArrayLike, x: npt.ArrayLike, y_rows: npt.ArrayLike, arithmetic: Arithmetic) -> Array:
     """Per token, the worst of its recomputed rows as a multiple of that row's own δ_i: opened
     rows of W (r × n, the same for every token, or T × r × n, token t's own) against the same
     rows of committed y (T × r) for committed x (T × n)."""
-    rows, inputs, outputs = np.asarray(weight_rows, np.float64), _rows(x), _rows(y_rows)
-    stacked = rows[None] if rows.ndim == 2 else rows
-    exact = _products(inputs, stacked)
-    sum_abs = _products(np.abs(inputs), np.abs(stacked))
-    n = inputs.shape[1]
-    slack = arithmetic.growth(n) + _gamma(n + 1, FLOAT64_UNIT_ROUNDOFF)
-    tolerance = arithmetic.activations.half_ulp(outputs) + slack * sum_abs
-    return ratios(np.where(np.isfinite(outputs), outputs - exact, np.inf), tolerance)
+    stacked, inputs, outputs = np.asarray(weight_rows), _rows(x), _rows(y_rows)
+    tokens = inputs.shape[0]
+    if stacked.ndim == 2:
+        weights, entries = gemm_kernels.matrices([stacked]), np.zeros(tokens, np.intp)
+    else:
+        weights, entries = gemm_kernels.matrices(list(stacked)), np.arange(tokens)
+    rows = np.broadcast_to(np.arange(outputs.shape[1]), outputs.shape)
+    return drawn_row_ratios(weights, entries, rows, inputs, outputs, arithmetic)
 
 
 def row_check(weight_rows: npt.ArrayLike, x: npt.ArrayLike, y_rows: npt.ArrayLike, arithmetic: Arithmetic) -> Check:

@@ -266,6 +266,78 @@ def test_the_check_is_deterministic_given_its_inputs():
     assert first.false_accept == 2.0**-32
 
 
+SPECIAL_VALUES = [0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324, 1e-300, 1e300]
+
+
+def with_specials(values: np.ndarray, specials: list[tuple[int, int]]) -> np.ndarray:
+    """`values` with some elements (flat index, which special value) replaced."""
+    out = values.copy()
+    for index, which in specials:
+        out.flat[index % out.size] = SPECIAL_VALUES[which]
+    return out
+
+
+def reference_ratio(excess: np.ndarray, tolerance: np.ndarray, read: list[np.ndarray]) -> float:
+    """The checks' rule, written plainly: |excess| / tolerance, 0 where the excess is 0, inf where
+    that is NaN or where any value read is not finite."""
+    if not all(np.isfinite(values).all() for values in read):
+        return np.inf
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(excess == 0, 0.0, np.abs(excess) / tolerance)
+    return float(np.where(np.isnan(ratio), np.inf, ratio).max(initial=0.0))
+
+
+specials = st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, len(SPECIAL_VALUES) - 1)), max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    arithmetic=st.sampled_from([gc.BF16_SERVE, gc.FP16_SERVE, gc.FP32_SERVE]),
+    shape=shapes,
+    vectors=st.integers(1, 3),
+    float32=st.booleans(),
+    seed=st.integers(0, 2**32),
+    x_specials=specials,
+    y_specials=specials,
+    wrong=st.sampled_from([0.0, 1e-3, 1.0]),
+)
+def test_the_compiled_checks_compute_what_their_formulas_say(
+    arithmetic, shape, vectors, float32, seed, x_specials, y_specials, wrong
+):
+    """`freivalds_ratios` and `drawn_row_ratios` run as compiled loops (gemm_kernels) that
+    reassociate their sums: each token's ratio is the one the plain numpy formulas give — the
+    statistic over `freivalds_tolerance`, each drawn row's excess over its own δ_i — up to float64
+    rounding, with zeros, subnormals, huge values, infinities and NaNs judged by the same rules."""
+    m, n, tokens = shape
+    weight, x = problem(seed, m, n, tokens, arithmetic)
+    if float32:
+        weight = weight.astype(np.float32).astype(np.float64)
+    y = served(weight, x, arithmetic, "left", seed)
+    y[:, seed % m] += wrong
+    x, y = with_specials(x, x_specials), with_specials(y, y_specials)
+    key = key_for(weight, seed, vectors)
+    compiled = gc.freivalds_ratios(gc.KeyStack.of([key]), x, y, arithmetic)[:, 0]
+    with np.errstate(all="ignore"):
+        tolerance = gc.freivalds_tolerance(key, x, y, arithmetic)
+    for t in range(tokens):
+        with np.errstate(all="ignore"):
+            statistic = key.signs @ y[t] - key.projected @ x[t]
+        expected = reference_ratio(statistic, tolerance[t], [x[t], y[t]])
+        np.testing.assert_allclose(compiled[t], expected, rtol=1e-9, atol=1e-9)
+    rng = np.random.default_rng(seed)
+    rows = np.stack([rng.choice(m, min(m, 4), replace=False) for _ in range(tokens)])
+    matrices = gc.gemm_kernels.matrices([weight.astype(np.float32) if float32 else weight])
+    compiled = gc.drawn_row_ratios(matrices, np.zeros(tokens, np.intp), rows, x, y, arithmetic)
+    slack = arithmetic.growth(n) + gc._gamma(n + 1, gc.FLOAT64_UNIT_ROUNDOFF)
+    for t in range(tokens):
+        chosen = weight[rows[t]]
+        with np.errstate(all="ignore"):
+            excess = y[t, rows[t]] - chosen @ x[t]
+            bound = arithmetic.activations.half_ulp(y[t, rows[t]]) + slack * (np.abs(chosen) @ np.abs(x[t]))
+        expected = reference_ratio(excess, bound, [y[t, rows[t]]])
+        np.testing.assert_allclose(compiled[t], expected, rtol=1e-9, atol=1e-9)
+
+
 def rmsnorm(hidden: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' LlamaRMSNorm."""
     variance = hidden.float().pow(2).mean(-1, keepdim=True)
@@ -382,7 +454,7 @@ def test_tokens_checked_in_one_pass_against_their_own_matrices_are_judged_as_alo
     )
     joined = gc.KeyStack.joined([gc.KeyStack.of(keys), gc.KeyStack.of(other_keys)])
     batched = gc.freivalds_ratios(
-        joined.take(owner), np.concatenate([x, other_x], axis=1), np.concatenate([y, other_y], axis=1), arithmetic
+        joined, np.concatenate([x, other_x], axis=1), np.concatenate([y, other_y], axis=1), arithmetic, entries=owner
     )
     alone = [
         [
