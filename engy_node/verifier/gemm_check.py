@@ -58,6 +58,8 @@ and values: it stays in the trust region (it has no weights to substitute; the o
 still checked on whatever it was fed, and TOPLOC judges the attention end to end).
 
 Pure functions of numpy arrays; no IO, clock or randomness beyond the seed the caller passes.
+The per-token arithmetic of Freivalds, the row check and the replay runs in compiled loops
+(`gemm_kernels`); this module holds the rules, the bounds and their derivation.
 """
 
 from __future__ import annotations
@@ -194,16 +196,6 @@ class Check:
     @property
     def passed(self) -> bool:
         return self.worst <= 1.0
-
-
-def ratios(excess: Array, tolerance: Array) -> Array:
-    """Per token (row): the largest |excess| / tolerance over its elements; 0/0 passes (0), x/0
-    and NaN fail (inf)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(excess == 0, 0.0, np.abs(excess) / tolerance)
-    ratio = np.where(np.isnan(ratio), np.inf, ratio)
-    per_token: Array = ratio.reshape(ratio.shape[0], math.prod(ratio.shape[1:])).max(axis=1, initial=0.0)
-    return per_token
 
 
 def check_of(step: str, per_token: Array) -> Check:
@@ -474,32 +466,19 @@ def _relative(*factors: tuple[float, int]) -> float:
     return math.expm1(sum(k * math.log1p(u) for u, k in factors))
 
 
-def _into_gemm(value: Array, bound: Array, committed: Array, arithmetic: Arithmetic) -> Array:
-    """The bound on a GEMM's committed input given the activation `value` it came from (within
-    `bound`): W8A8 also quantises it, per group, to the input format."""
+def _quantisation(arithmetic: Arithmetic) -> gemm_kernels.Quantisation:
+    """How the arithmetic's GEMMs consume their inputs, as the replay's loops take it: W8A8
+    quantises each group of a token's values to the input format."""
     fmt = arithmetic.input_format
     if fmt is None:
-        return bound
-    group = arithmetic.input_group
-    width = committed.shape[-1]
-    padded = np.pad(np.abs(committed), ((0, 0), (0, -width % group)))
-    amax = padded.reshape(committed.shape[0], -1, group).max(axis=2)
-    # A scale is amax/max_value, or the power of two above it: at most twice that.
-    scale = np.repeat(2 * amax / fmt.max_value, group, axis=1)[:, :width]
-    u = fmt.unit_roundoff
-    return bound * (1 + u) + u * np.abs(value) + fmt.underflow * scale
+        return gemm_kernels.NOT_QUANTISED
+    return (fmt.unit_roundoff, fmt.underflow, 2 / fmt.max_value, arithmetic.input_group)
 
 
-def _elementwise(committed: Array, exact: Array, relative: float, arithmetic: Arithmetic) -> Array:
-    fmt = arithmetic.activations
-    bound = relative * np.abs(exact) + 2 * fmt.underflow
-    bound = _into_gemm(exact, bound, committed, arithmetic)
-    return ratios(np.where(np.isfinite(committed), committed - exact, np.inf), bound)
-
-
-def _rmsnorm(hidden: Array, gamma: Array, eps: float) -> Array:
-    normed: Array = gamma * hidden / np.sqrt(np.mean(hidden * hidden, axis=1, keepdims=True) + eps)
-    return normed
+def _per_token(values: Array, tokens: int) -> Array:
+    """One row per token: `values` as given, or its one row repeated."""
+    rows = _rows(values)
+    return rows if rows.shape[0] == tokens else np.repeat(rows, tokens, axis=0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -531,7 +510,10 @@ def replay_ratios(
     """`replay_layer`'s steps as (step, per-token ratios): the tokens may come from different
     layers, each with its own norm weights (`input_norm` and `post_norm` T × hidden, or one
     vector every token shares)."""
-    opened = {name: (_rows(x), _rows(y)) for name, (x, y) in trace.projections.items()}
+    opened = {
+        name: (np.ascontiguousarray(_rows(x)), np.ascontiguousarray(_rows(y)))
+        for name, (x, y) in trace.projections.items()
+    }
     u = arithmetic.activations.unit_roundoff
     checks: list[tuple[str, Array]] = []
     for step, names in (("q/k/v input", ("q_proj", "k_proj", "v_proj")), ("gate/up input", ("gate_proj", "up_proj"))):
@@ -539,39 +521,45 @@ def replay_ratios(
         if len(inputs) > 1:
             same = np.logical_and.reduce([(inputs[0] == other).all(axis=1) for other in inputs[1:]])
             checks.append((step, np.where(same, 0.0, np.inf)))
+    quantised = _quantisation(arithmetic)
+    floor = 2 * arithmetic.activations.underflow
     if {"gate_proj", "up_proj", "down_proj"} <= opened.keys():
-        gate, up = opened["gate_proj"][1], opened["up_proj"][1]
-        with np.errstate(over="ignore"):
-            product = gate / (1 + np.exp(-gate)) * up
         # silu in fp32 (exp, add, divide) rounded to D, times up rounded to D (or fused: one
         # rounding, covered).
         relative = _relative((FUNCTION_ERROR, 1), (FP32.unit_roundoff, 2), (u, 2))
-        checks.append(("silu(gate)·up", _elementwise(opened["down_proj"][0], product, relative, arithmetic)))
-    residual = None if trace.residual_in is None else _rows(trace.residual_in)
+        gate, up, down_in = opened["gate_proj"][1], opened["up_proj"][1], opened["down_proj"][0]
+        with np.errstate(over="ignore"):
+            decay = np.exp(-gate)
+        ratios = gemm_kernels.silu_ratios(gate, decay, up, down_in, relative, floor, quantised)
+        checks.append(("silu(gate)·up", ratios))
+    residual = None if trace.residual_in is None else np.ascontiguousarray(_rows(trace.residual_in))
     if residual is None:
         return tuple(checks)
-    hidden = residual.shape[1]
+    tokens, hidden = residual.shape
     # Mean of squares and eps in fp32 (γ_{d+3} on the variance, so on its inverse root), rsqrt,
     # the product in fp32; rounded to D, then × γ rounded to D.
     variance = _gamma(hidden + 3, FP32.unit_roundoff)
     norm = _relative((FUNCTION_ERROR, 1), (FP32.unit_roundoff, 1), (u, 2), (variance, 1))
     first = next((opened[name][0] for name in ("q_proj", "k_proj", "v_proj") if name in opened), None)
     if first is not None:
-        checks.append(("input norm", _elementwise(first, _rmsnorm(residual, input_norm, eps), norm, arithmetic)))
+        ratios = gemm_kernels.rmsnorm_ratios(
+            residual, residual, False, _per_token(input_norm, tokens), eps, first, norm, floor, quantised
+        )
+        checks.append(("input norm", ratios))
     if "o_proj" not in opened:
         return tuple(checks)
-    middle = residual + opened["o_proj"][1]
+    attention = opened["o_proj"][1]
     mlp_input = next((opened[name][0] for name in ("gate_proj", "up_proj") if name in opened), None)
     if mlp_input is not None:
         # The sum is rounded to D before the norm reads it (or not, when fused): each element
         # within (1 ± u), the root mean square too.
         rounded_sum = (1 + norm) * (1 + u) / (1 - u) - 1
-        exact = _rmsnorm(middle, post_norm, eps)
-        checks.append(("post-attention norm", _elementwise(mlp_input, exact, rounded_sum, arithmetic)))
+        ratios = gemm_kernels.rmsnorm_ratios(
+            residual, attention, True, _per_token(post_norm, tokens), eps, mlp_input, rounded_sum, floor, quantised
+        )
+        checks.append(("post-attention norm", ratios))
     if "down_proj" in opened and trace.residual_out is not None:
-        out = middle + opened["down_proj"][1]
-        fmt = arithmetic.activations
-        bound = u * (1 + u) * np.abs(middle) + u * np.abs(out) + 2 * fmt.underflow
-        committed = _rows(trace.residual_out)
-        checks.append(("residual", ratios(np.where(np.isfinite(committed), committed - out, np.inf), bound)))
+        committed = np.ascontiguousarray(_rows(trace.residual_out))
+        ratios = gemm_kernels.residual_ratios(residual, attention, opened["down_proj"][1], committed, u, floor)
+        checks.append(("residual", ratios))
     return tuple(checks)

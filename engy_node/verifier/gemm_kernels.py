@@ -1,13 +1,15 @@
-"""Compiled loops for the GEMM audit's two per-token checks (`gemm_check`): Freivalds'
-statistic with its tolerance, and the row check's recomputed rows with theirs.
+"""Compiled loops for the GEMM audit's per-token checks (`gemm_check`): Freivalds' statistic
+with its tolerance, the row check's recomputed rows with theirs, and the replay's element-wise
+steps (silu(gate)·up, the two RMSNorms, the residual sum) with theirs.
 
-Why compiled. An audit checks 8 tokens × about 16,000 values against their own layer's keys and
-weight rows. In numpy each operation is a pass over its arrays with a temporary of its own —
-Freivalds' statistic, its norms and its tolerance were about fifteen passes, the row check a
-gather of 448 weight rows into float64 and two batched products — and those passes were most of
-the verifier's CPU per audited answer (docs/performance.md). Each loop here reads every value it
-needs once, straight from the verifier's float32 weights and float64 keys, and keeps its sums in
-registers.
+Why compiled. An audit checks 8 tokens × about 16,000 values against their own layer's keys,
+weight rows and norms. In numpy each operation is a pass over its arrays with a temporary of its
+own — Freivalds' statistic, its norms and its tolerance were about fifteen passes, the row check
+a gather of 448 weight rows into float64 and two batched products, the replay twenty more — and
+those passes were most of the verifier's CPU per audited answer (docs/performance.md). Each loop
+here reads every value it needs once, straight from the verifier's float32 weights and float64
+keys, and keeps its sums in registers. What stays in numpy is what it does in SIMD and a loop
+here would not: exp, for silu.
 
 The sums are reassociated (`fastmath` with only ``reassoc`` and ``contract``: vector lanes and
 fused multiply-adds, no assumptions about NaN or infinity), which the checks allow: the
@@ -15,10 +17,9 @@ verifier's own float64 rounding is bounded by γ over the number of terms whatev
 (`gemm_check`'s tolerances include it), and a fused multiply-add rounds less, not more. Values
 that are not finite fail: they make a ratio inf or NaN, and NaN counts as inf.
 
-Numba compiles each loop on its first call in a process (about a second) and caches the machine
-code beside this file or in the user's cache directory; `warm` does that ahead, so a verifier
-pays it while loading its model rather than in its first audit. Pure functions: arrays in,
-arrays out.
+Numba compiles each loop on its first call in a process (seconds) and caches the machine code
+beside this file or in the user's cache directory; `warm` does that ahead, so a verifier pays it
+while loading its model rather than in its first audit. Pure functions: arrays in, arrays out.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ Matrices: TypeAlias = List
 """A numba typed list of 2-D C-contiguous arrays of one dtype: the loops index it per token."""
 
 _SUMS = {"reassoc", "contract"}
+
+Quantisation: TypeAlias = tuple[float, float, float, int]
+"""How a GEMM consumes its input (W8A8: quantised per group of a token's values), as the replay's
+loops take it: (unit roundoff, underflow, 2 / max value, group size) of the input format."""
+NOT_QUANTISED: Quantisation = (0.0, 0.0, 0.0, 1 << 62)
+"""A GEMM that consumes its input as is: no term added, one group."""
 
 
 def spacing(precision: int, min_exponent: int) -> Array:
@@ -174,6 +181,105 @@ def freivalds_ratios(
     return ratios
 
 
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _worse(worst: float, excess: float, bound: float) -> float:
+    """The larger of `worst` and |excess| / bound (0 when the excess is 0, inf when NaN)."""
+    if excess == 0.0:
+        return worst
+    ratio = abs(excess) / bound
+    return max(worst, math.inf if math.isnan(ratio) else ratio)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _worst_into_gemm(committed: Array, exact: Array, relative: float, floor: float, quantised: Quantisation) -> float:
+    """One token's worst |committed − exact| over relative · |exact| + floor, where `committed`
+    is what a GEMM consumed: under W8A8 quantised per group of the input format's values, which
+    adds that rounding, relative and near zero (the scale at most 2 · amax / max_value: amax /
+    max_value, or the power of two above it); `NOT_QUANTISED` adds nothing."""
+    unit_roundoff, underflow, factor, group = quantised
+    worst = 0.0
+    # Group by group, each a slice from 0, so the inner loop has no index division and can be
+    # vectorised.
+    for start in range(0, committed.shape[0], group):
+        values, exacts = committed[start : start + group], exact[start : start + group]
+        amax = 0.0
+        if factor != 0.0:
+            for i in range(values.shape[0]):
+                amax = max(amax, abs(values[i]))
+        near_zero = underflow * factor * amax
+        for i in range(values.shape[0]):
+            size = abs(exacts[i])
+            bound = (relative * size + floor) * (1 + unit_roundoff) + unit_roundoff * size + near_zero
+            worst = _worse(worst, values[i] - exacts[i], bound)
+    return worst
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def silu_ratios(
+    gate: Array,
+    decay: Array,
+    up: Array,
+    committed: Array,
+    relative: float,
+    floor: float,
+    quantised: Quantisation,
+) -> Array:
+    """Per token, the worst |committed − silu(gate)·up| over its bound, relative · |silu(gate)·up|
+    + floor, through `_worst_into_gemm` (down_proj's input). `decay` is exp(−gate), which numpy
+    evaluates in SIMD where a loop here would call libm once per value."""
+    worst = np.zeros(gate.shape[0])
+    exact = np.empty(gate.shape[1])
+    for t in range(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            exact[i] = gate[t, i] / (1.0 + decay[t, i]) * up[t, i]
+        worst[t] = _worst_into_gemm(committed[t], exact, relative, floor, quantised)
+    return worst
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def rmsnorm_ratios(
+    hidden: Array,
+    added: Array,
+    add: bool,
+    gamma: Array,
+    eps: float,
+    committed: Array,
+    relative: float,
+    floor: float,
+    quantised: Quantisation,
+) -> Array:
+    """Per token, the worst |committed − RMSNorm(h)·γ| over its bound, relative · |RMSNorm(h)·γ|
+    + floor, through `_worst_into_gemm`, for h = hidden (+ added, with `add`) and the token's
+    own γ (gamma[t])."""
+    worst = np.zeros(hidden.shape[0])
+    exact = np.empty(hidden.shape[1])
+    for t in range(hidden.shape[0]):
+        row = hidden[t] + added[t] if add else hidden[t]
+        inverse = 1.0 / math.sqrt(_dot(row, row) / row.shape[0] + eps)
+        for i in range(row.shape[0]):
+            exact[i] = gamma[t, i] * row[i] * inverse
+        worst[t] = _worst_into_gemm(committed[t], exact, relative, floor, quantised)
+    return worst
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def residual_ratios(
+    residual: Array, attention: Array, mlp: Array, committed: Array, unit_roundoff: float, floor: float
+) -> Array:
+    """Per token, the worst |committed − (residual + attention + mlp)| over its bound: each of
+    the two sums rounded to the activation format (u(1 + u)·|residual + attention| +
+    u·|the total|) + floor."""
+    worst = np.zeros(residual.shape[0])
+    u = unit_roundoff
+    for t in range(residual.shape[0]):
+        for i in range(residual.shape[1]):
+            middle = residual[t, i] + attention[t, i]
+            total = middle + mlp[t, i]
+            bound = u * (1 + u) * abs(middle) + u * abs(total) + floor
+            worst[t] = _worse(worst[t], committed[t, i] - total, bound)
+    return worst
+
+
 def warm() -> None:
     """Compile (or load from the cache) each loop for the types the verifier calls it with."""
     one = np.ones((1, 2))
@@ -184,3 +290,8 @@ def warm() -> None:
         row_ratios(matrices([one.astype(dtype)]), index, index.reshape(1, 1), one, one, 0.0, spacings)
     keys = np.ones((1, 1, 2))
     freivalds_ratios(keys, keys, one, one, index, bounds, bounds, one[0], one[0], 1.0, one, one, spacings)
+    for quantised in (NOT_QUANTISED, (2.0**-4, 2.0**-10, 2 / 448, 128)):
+        silu_ratios(one, one, one, one, 0.0, 0.0, quantised)
+        for add in (False, True):
+            rmsnorm_ratios(one, one, add, one, 0.0, one, 0.0, 0.0, quantised)
+    residual_ratios(one, one, one, one, 0.0, 0.0)

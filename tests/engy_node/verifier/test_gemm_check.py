@@ -489,6 +489,78 @@ def test_tokens_checked_in_one_pass_against_their_own_matrices_are_judged_as_alo
         np.testing.assert_allclose([ratios[t] for _, ratios in batched_steps], [c.worst for c in steps], rtol=1e-9)
 
 
+def reference_replay(trace, input_norm, post_norm, eps, arithmetic):
+    """The replay's element-wise steps as plain numpy over whole arrays, step by step as the
+    module docstring states them: (step, per-token ratio) for the steps after the two equality
+    checks."""
+    u, fmt = arithmetic.activations.unit_roundoff, arithmetic.activations
+    x = {name: xy[0] for name, xy in trace.projections.items()}
+    y = {name: xy[1] for name, xy in trace.projections.items()}
+
+    def into_gemm(exact, bound, committed):
+        quantised = arithmetic.input_format
+        if quantised is None:
+            return bound
+        group, width = arithmetic.input_group, committed.shape[1]
+        padded = np.pad(np.abs(committed), ((0, 0), (0, -width % group)))
+        amax = padded.reshape(committed.shape[0], -1, group).max(axis=2)
+        scale = np.repeat(2 * amax / quantised.max_value, group, axis=1)[:, :width]
+        q = quantised.unit_roundoff
+        return bound * (1 + q) + q * np.abs(exact) + quantised.underflow * scale
+
+    def worst(committed, exact, bound):
+        return [reference_ratio(committed[t] - exact[t], bound[t], []) for t in range(committed.shape[0])]
+
+    def step(committed, exact, relative):
+        return worst(committed, exact, into_gemm(exact, relative * np.abs(exact) + 2 * fmt.underflow, committed))
+
+    def rmsnorm_of(hidden, gamma):
+        return gamma * hidden / np.sqrt(np.mean(hidden * hidden, axis=1, keepdims=True) + eps)
+
+    silu = gc._relative((gc.FUNCTION_ERROR, 1), (gc.FP32.unit_roundoff, 2), (u, 2))
+    variance = gc._gamma(trace.residual_in.shape[1] + 3, gc.FP32.unit_roundoff)
+    norm = gc._relative((gc.FUNCTION_ERROR, 1), (gc.FP32.unit_roundoff, 1), (u, 2), (variance, 1))
+    middle = trace.residual_in + y["o_proj"]
+    out = middle + y["down_proj"]
+    with np.errstate(all="ignore"):
+        return [
+            (
+                "silu(gate)·up",
+                step(x["down_proj"], y["gate_proj"] / (1 + np.exp(-y["gate_proj"])) * y["up_proj"], silu),
+            ),
+            ("input norm", step(x["q_proj"], rmsnorm_of(trace.residual_in, input_norm), norm)),
+            (
+                "post-attention norm",
+                step(x["gate_proj"], rmsnorm_of(middle, post_norm), (1 + norm) * (1 + u) / (1 - u) - 1),
+            ),
+            (
+                "residual",
+                worst(trace.residual_out, out, u * (1 + u) * np.abs(middle) + u * np.abs(out) + 2 * fmt.underflow),
+            ),
+        ]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    arithmetic=st.sampled_from([*FORMATS, gc.FP8_BLOCK_SERVE]),
+    seed=st.integers(0, 2**32),
+    tokens=st.integers(1, 4),
+    specials=specials,
+    where=st.sampled_from(["q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+    moved=st.sampled_from([0.0, 1e-3, 0.5]),
+)
+def test_the_compiled_replay_computes_what_its_formulas_say(arithmetic, seed, tokens, specials, where, moved):
+    """The replay's steps run as compiled loops (gemm_kernels); each token's ratio is the one the
+    plain numpy formulas give, for honest and moved values, W8A8's quantised inputs, and values
+    that are not finite."""
+    trace, input_norm, post_norm = layer_trace(torch.bfloat16, seed, width=200, inner=300, tokens=tokens)
+    x, y = trace.projections[where]
+    trace = replaced(trace, where, x=with_specials(x * (1 + moved), specials), y=y + moved)
+    compiled = dict(gc.replay_ratios(trace, input_norm, post_norm, 1e-5, arithmetic))
+    for step, expected in reference_replay(trace, input_norm, post_norm, 1e-5, arithmetic):
+        np.testing.assert_allclose(compiled[step], expected, rtol=1e-9, atol=1e-9, err_msg=step)
+
+
 def test_only_opened_steps_are_replayed():
     trace, input_norm, post_norm = layer_trace(torch.bfloat16, 1)
     mlp_only = gc.LayerTrace({name: trace.projections[name] for name in ("gate_proj", "up_proj", "down_proj")})
