@@ -65,7 +65,7 @@ import hashlib
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -159,31 +159,22 @@ def draw_row_sets(
 ) -> list[npt.NDArray[np.intp]]:
     """`draw_rows` for each label (with its count of rows), the same draws, in one pass over
     all of them: each label's stream is cut to its first 2k draws, and the first k distinct
-    values of each are found together; a label whose 2k draws hold fewer (or with k > rows / 4)
-    is drawn by `draw_rows` itself."""
-    drawn: list[npt.NDArray[np.intp] | None] = [None] * len(labels)
+    values of each are found by one compiled loop (`gemm_kernels.first_distinct`); a label whose
+    2k draws hold fewer (or with k > rows / 4) is drawn by `draw_rows` itself."""
+    drawn: dict[int, npt.NDArray[np.intp]] = {}
     batched = [i for i, count in enumerate(rows) if 4 * k <= count]
     if batched:
         streams = b"".join(
             hashlib.shake_256(secret + b"\0" + root + b"\0" + labels[i].encode()).digest(16 * k) for i in batched
         )
-        counts = np.array([rows[i] for i in batched], np.uint64)[:, None]
-        values = np.frombuffer(streams, "<u8").reshape(len(batched), 2 * k) % counts
-        order = np.argsort(values, axis=1, kind="stable")
-        ordered = np.take_along_axis(values, order, axis=1)
-        # In value order, the first of equal values is the earliest drawn (a stable sort).
-        first = np.ones(values.shape, bool)
-        first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
-        earliest = np.empty_like(first)
-        np.put_along_axis(earliest, order, first, axis=1)
-        kept = earliest & (np.cumsum(earliest, axis=1) <= k)
-        enough = kept.sum(axis=1) == k
-        firsts = np.sort(values[enough][kept[enough]].reshape(-1, k), axis=1).astype(np.intp)
-        for i, chosen in zip(np.asarray(batched)[enough].tolist(), firsts, strict=True):
-            drawn[i] = chosen
+        values = np.frombuffer(streams, "<u8").reshape(len(batched), 2 * k)
+        counts = np.array([rows[i] for i in batched], np.uint64)
+        for i, chosen in zip(batched, gemm_kernels.first_distinct(values, counts, k), strict=True):
+            if chosen[0] >= 0:
+                drawn[i] = chosen
     return [
-        np.array(draw_rows(secret, root, labels[i], rows[i], k), np.intp) if chosen is None else chosen
-        for i, chosen in enumerate(drawn)
+        drawn[i] if i in drawn else np.array(draw_rows(secret, root, labels[i], rows[i], k), np.intp)
+        for i in range(len(labels))
     ]
 
 
@@ -378,9 +369,10 @@ def gemm_model_of(runner: Any, *, secret: bytes | None = None) -> GemmModel:
     )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class LayerCheck:
-    """One check on one audited layer: `worst` is the largest |discrepancy| / tolerance."""
+class LayerCheck(NamedTuple):
+    """One check on one audited layer: `worst` is the largest |discrepancy| / tolerance. A
+    named tuple: an audit makes one per step and layer (160 on SmolLM2's default plan), and a
+    frozen dataclass's constructor cost as much as Freivalds on all of them."""
 
     layer: int
     step: str

@@ -280,6 +280,30 @@ def residual_ratios(
     return worst
 
 
+@numba.njit(cache=True, nogil=True)
+def first_distinct(values: npt.NDArray[np.uint64], counts: npt.NDArray[np.uint64], k: int) -> npt.NDArray[np.intp]:
+    """Per row of `values` (draws), the first k distinct values of each draw modulo the row's
+    count, sorted; −1 throughout a row whose draws hold fewer (the caller draws on)."""
+    chosen = np.full((values.shape[0], k), -1, np.intp)
+    for label in range(values.shape[0]):
+        found = 0
+        for draw in range(values.shape[1]):
+            value = values[label, draw] % counts[label]
+            seen = False
+            for earlier in range(found):
+                seen |= chosen[label, earlier] == value
+            if not seen:
+                chosen[label, found] = value
+                found += 1
+                if found == k:
+                    break
+        if found == k:
+            chosen[label].sort()
+        else:
+            chosen[label] = -1
+    return chosen
+
+
 def warm() -> None:
     """Compile (or load from the cache) each loop for the types the verifier calls it with."""
     one = np.ones((1, 2))
@@ -295,3 +319,4 @@ def warm() -> None:
         for add in (False, True):
             rmsnorm_ratios(one, one, add, one, 0.0, one, 0.0, 0.0, quantised)
     residual_ratios(one, one, one, one, 0.0, 0.0)
+    first_distinct(np.ones((1, 2), np.uint64), np.ones(1, np.uint64), 1)
