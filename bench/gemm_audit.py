@@ -376,10 +376,15 @@ def reach_table(judged: list[Judged]) -> str:
         missed = [verdict for verdict, reached in audits if not reached]
         lines.append(
             f"| {case} | {', '.join(map(str, sorted(altered)))} | {len(audits)} | {rate(len(hit), len(audits))} | "
-            f"{100 * draw_reach(len(altered)):.1f} % | {rate(caught(hit), len(hit))} | "
-            f"{rate(caught(missed), len(missed))} |"
+            f"{100 * draw_reach(len(altered)):.1f} % | {rate_of(caught(hit), len(hit))} | "
+            f"{rate_of(caught(missed), len(missed))} |"
         )
     return "\n".join(lines)
+
+
+def rate_of(k: int, n: int) -> str:
+    """`rate`, or "none" where there were none to count (a short run whose draws all missed)."""
+    return rate(k, n) if n else "none"
 
 
 def spread(values: list[float], scale: float, unit: str) -> str:

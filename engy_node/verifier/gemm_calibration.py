@@ -138,7 +138,8 @@ def gemm_audit_of(
     served: Served, store, model, *, audits: int
 ) -> tuple[list[str], float, int, int, int, list[frozenset[int]]]:
     """`audits` audits of one answer, each with a fresh secret: the verdicts (`pass` or
-    `kind/gemm:reason`), the first's CPU seconds (draw_picks + judge_openings), its frames'
+    `kind/gemm:reason`), the first's CPU seconds (draw_picks + judge_openings, in this thread,
+    where both run: a serving side in the same process keeps threads of its own), its frames'
     JSON bytes (challenge, openings) and opening count, and each audit's layers opened in full
     (`gemm_audit.audited_layers`), so a cheat confined to some layers can be told apart from
     what the draw reached."""
@@ -151,9 +152,9 @@ def gemm_audit_of(
     first_cpu, sizes = 0.0, (0, 0, 0)
     for audit in range(audits):
         secret = secrets.token_bytes(32)
-        started = time.process_time()
+        started = time.thread_time()
         picks = gemm_audit.draw_picks(secret, served.gemm_commitment, prompt_positions=len(served.prompt_ids))
-        cpu = time.process_time() - started
+        cpu = time.thread_time() - started
         # The miner's side: its serve opens the record (`serve.gemm_routes`' wire form).
         opened = store.open(rid, [(p.position, p.layer, p.group) for p in picks])
         if opened is None:
@@ -164,14 +165,14 @@ def gemm_audit_of(
         frame = orjson.dumps(GemmOpenings(f"c{audit}", tuple(wires)).to_wire())
         relayed = tuple(orjson.loads(frame)["openings"])
         evidence = gemm_audit.GemmEvidence(picks=picks, openings=relayed)
-        started = time.process_time()
+        started = time.thread_time()
         verdict = gemm_audit.judge_openings(
             model,
             served.gemm_commitment,
             evidence,
             expected_positions=len(served.prompt_ids) + len(served.output_ids) - 1,
         )
-        cpu += time.process_time() - started
+        cpu += time.thread_time() - started
         verdicts.append(verdict.kind if verdict.kind == "pass" else f"{verdict.kind}/gemm:{verdict.reason}")
         layers.append(frozenset(gemm_audit.audited_layers(record.layout, picks)))
         if audit == 0:
