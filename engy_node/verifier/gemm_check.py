@@ -212,6 +212,16 @@ def _rows(values: npt.ArrayLike) -> Array:
     return array.reshape(1, -1) if array.ndim == 1 else array
 
 
+def _loop_rows(values: npt.ArrayLike) -> Array:
+    """`_rows` as the compiled loops take them: C-contiguous and writable (a copy otherwise), the
+    one array type `gemm_kernels.warm` compiles them for."""
+    return np.require(_rows(values), np.float64, ("C", "W"))
+
+
+def _loop_indices(values: npt.ArrayLike) -> npt.NDArray[np.intp]:
+    return np.require(values, np.intp, ("C", "W"))
+
+
 def draw_signs(seed: bytes, label: str, vectors: int, rows: int) -> Array:
     """`vectors` × `rows` signs (±1.0) from SHAKE-256 of the verifier's secret `seed` and the
     matrix's `label` (its tensor name), so each matrix gets independent vectors from one secret."""
@@ -264,8 +274,9 @@ def _gamma(terms: int, unit_roundoff: float) -> float:
 class KeyStack:
     """Keys stacked two ways, so that many checks run as one pass: along a leading axis, one
     entry per matrix of one kind (a projection's, one per layer: a check's `entries` give each
-    token its own layer's), and side by side along the vectors, matrices of different kinds (a layer's seven
-    projections, `joined`), each a segment of the inputs and outputs it is checked on."""
+    token its own layer's), and side by side along the vectors, matrices of different kinds (a
+    layer's seven projections, `joined`), each a segment of the inputs and outputs it is
+    checked on."""
 
     signs: Array
     """L × K × Σm: each segment's secret vectors σ."""
@@ -368,11 +379,11 @@ def freivalds_ratios(
     finite), token t checked against `keys` entry `entries[t]` (default: entry t, or the one
     entry every token shares); x (T × Σn) and y (T × Σm) hold each segment's inputs and outputs
     side by side. One compiled pass over each token's values (`gemm_kernels`)."""
-    inputs, outputs = np.ascontiguousarray(_rows(x)), np.ascontiguousarray(_rows(y))
+    inputs, outputs = _loop_rows(x), _loop_rows(y)
     tokens = inputs.shape[0]
     if entries is None:
         entries = np.zeros(tokens, np.intp) if keys.signs.shape[0] == 1 else np.arange(tokens)
-    chosen = np.asarray(entries, np.intp)
+    chosen = _loop_indices(entries)
     if (
         inputs.shape[1] != keys.projected.shape[2]
         or outputs.shape[1] != keys.signs.shape[2]
@@ -429,11 +440,9 @@ def drawn_row_ratios(
     from `gemm_kernels.matrices`, read in place) recomputed for committed x[t] against the same
     rows of committed y[t] (every row's output), each as a multiple of that row's own δ_i:
     half_ulp(y_i) + (θ_n + γ_{n+1}) · Σ_j |W_ij||x_j|. One compiled pass over each drawn row."""
-    inputs, outputs = np.ascontiguousarray(_rows(x)), np.ascontiguousarray(_rows(y))
-    chosen, drawn = np.asarray(entries, np.intp), np.asarray(rows, np.intp)
+    inputs, outputs = _loop_rows(x), _loop_rows(y)
+    chosen, drawn = _loop_indices(entries), _loop_indices(rows)
     n = inputs.shape[1]
-    if chosen.shape != (inputs.shape[0],) or drawn.shape[0] != inputs.shape[0] or outputs.shape[0] != inputs.shape[0]:
-        raise ValueError(f"entries {chosen.shape} and rows {drawn.shape} for x {inputs.shape} and y {outputs.shape}")
     slack = arithmetic.growth(n) + _gamma(n + 1, FLOAT64_UNIT_ROUNDOFF)
     ratios: Array = gemm_kernels.row_ratios(
         weights, chosen, drawn, inputs, outputs, slack, _spacings(arithmetic.activations)
@@ -451,7 +460,7 @@ def row_ratios(weight_rows: npt.ArrayLike, x: npt.ArrayLike, y_rows: npt.ArrayLi
         weights, entries = gemm_kernels.matrices([stacked]), np.zeros(tokens, np.intp)
     else:
         weights, entries = gemm_kernels.matrices(list(stacked)), np.arange(tokens)
-    rows = np.broadcast_to(np.arange(outputs.shape[1]), outputs.shape)
+    rows = np.tile(np.arange(outputs.shape[1]), (outputs.shape[0], 1))
     return drawn_row_ratios(weights, entries, rows, inputs, outputs, arithmetic)
 
 
@@ -477,7 +486,7 @@ def _quantisation(arithmetic: Arithmetic) -> gemm_kernels.Quantisation:
 
 def _per_token(values: Array, tokens: int) -> Array:
     """One row per token: `values` as given, or its one row repeated."""
-    rows = _rows(values)
+    rows = _loop_rows(values)
     return rows if rows.shape[0] == tokens else np.repeat(rows, tokens, axis=0)
 
 
@@ -510,10 +519,7 @@ def replay_ratios(
     """`replay_layer`'s steps as (step, per-token ratios): the tokens may come from different
     layers, each with its own norm weights (`input_norm` and `post_norm` T × hidden, or one
     vector every token shares)."""
-    opened = {
-        name: (np.ascontiguousarray(_rows(x)), np.ascontiguousarray(_rows(y)))
-        for name, (x, y) in trace.projections.items()
-    }
+    opened = {name: (_loop_rows(x), _loop_rows(y)) for name, (x, y) in trace.projections.items()}
     u = arithmetic.activations.unit_roundoff
     checks: list[tuple[str, Array]] = []
     for step, names in (("q/k/v input", ("q_proj", "k_proj", "v_proj")), ("gate/up input", ("gate_proj", "up_proj"))):
@@ -532,7 +538,7 @@ def replay_ratios(
             decay = np.exp(-gate)
         ratios = gemm_kernels.silu_ratios(gate, decay, up, down_in, relative, floor, quantised)
         checks.append(("silu(gate)·up", ratios))
-    residual = None if trace.residual_in is None else np.ascontiguousarray(_rows(trace.residual_in))
+    residual = None if trace.residual_in is None else _loop_rows(trace.residual_in)
     if residual is None:
         return tuple(checks)
     tokens, hidden = residual.shape
@@ -559,7 +565,7 @@ def replay_ratios(
         )
         checks.append(("post-attention norm", ratios))
     if "down_proj" in opened and trace.residual_out is not None:
-        committed = np.ascontiguousarray(_rows(trace.residual_out))
+        committed = _loop_rows(trace.residual_out)
         ratios = gemm_kernels.residual_ratios(residual, attention, opened["down_proj"][1], committed, u, floor)
         checks.append(("residual", ratios))
     return tuple(checks)

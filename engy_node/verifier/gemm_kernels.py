@@ -12,10 +12,13 @@ keys, and keeps its sums in registers. What stays in numpy is what it does in SI
 here would not: exp, for silu.
 
 The sums are reassociated (`fastmath` with only ``reassoc`` and ``contract``: vector lanes and
-fused multiply-adds, no assumptions about NaN or infinity), which the checks allow: the
-verifier's own float64 rounding is bounded by γ over the number of terms whatever the order
-(`gemm_check`'s tolerances include it), and a fused multiply-add rounds less, not more. Values
-that are not finite fail: they make a ratio inf or NaN, and NaN counts as inf.
+fused multiply-adds, no assumptions about NaN or infinity), which the checks allow: Freivalds'
+and the row check's tolerances include the verifier's own float64 rounding, bounded by γ over
+the number of terms whatever the order, and a fused multiply-add rounds less, not more; the
+replay's bounds have no such term, but each is a relative slack of at least the serving format's
+unit roundoff (2⁻²⁴ for fp32, 2⁻⁸ for bf16), against float64's 2⁻⁵³ over a mean of a few
+thousand squares. Values that are not finite fail: they make a ratio inf or NaN, and NaN
+counts as inf.
 
 Numba compiles each loop on its first call in a process (seconds) and caches the machine code
 beside this file or in the user's cache directory; `warm` does that ahead, so a verifier pays it
@@ -24,20 +27,44 @@ while loading its model rather than in its first audit. Pure functions: arrays i
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Sequence
-from typing import TypeAlias
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
 import numba
 import numpy as np
 import numpy.typing as npt
 from numba.typed import List
 
+log = logging.getLogger(__name__)
+
 Array = npt.NDArray[np.float64]
 Matrices: TypeAlias = List
 """A numba typed list of 2-D C-contiguous arrays of one dtype: the loops index it per token."""
 
 _SUMS = {"reassoc", "contract"}
+
+
+def _compiled(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """`numba.njit` (the GIL let go, NaN and inf kept) with the machine code cached on disk
+    where numba finds a writable place for it — beside this file, or the user's cache
+    directory; where it finds none (a read-only install run by a user without a home) numba
+    refuses `cache=True` outright, so the loop is compiled in every process instead."""
+
+    def compile(function: Callable[..., Any]) -> Any:
+        try:
+            return numba.njit(cache=True, nogil=True, **options)(function)
+        except RuntimeError as error:
+            log.warning(
+                "%s; each verifier start compiles the GEMM audit's loops again (seconds): "
+                "set NUMBA_CACHE_DIR to a writable directory to keep them",
+                error,
+            )
+            return numba.njit(nogil=True, **options)(function)
+
+    return compile
+
 
 Quantisation: TypeAlias = tuple[float, float, float, int]
 """How a GEMM consumes its input (W8A8: quantised per group of a token's values), as the replay's
@@ -58,13 +85,13 @@ def spacing(precision: int, min_exponent: int) -> Array:
 
 
 def matrices(arrays: Sequence[npt.NDArray[np.floating]]) -> Matrices:
-    """`arrays` (each a matrix; float32 kept, any other float read as float64) as the typed list
-    the row loop reads, holding the arrays themselves where they are already C-contiguous."""
+    """`arrays` (each a matrix) as the typed list the row loop reads: the arrays themselves when
+    all are C-contiguous float32 (a model's weights), otherwise float64 copies of every one."""
     dtype = np.float32 if all(array.dtype == np.float32 for array in arrays) else np.float64
     return List([np.ascontiguousarray(array, dtype) for array in arrays])
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_SUMS)
+@_compiled(fastmath=_SUMS)
 def _row_sums(row: npt.NDArray[np.floating], x: Array) -> tuple[float, float]:
     """Σ W_j·x_j and Σ |W_j·x_j| over one weight row, in float64."""
     exact = 0.0
@@ -76,7 +103,7 @@ def _row_sums(row: npt.NDArray[np.floating], x: Array) -> tuple[float, float]:
     return exact, total
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
+@_compiled(error_model="numpy")
 def row_ratios(
     weights: Matrices,
     entries: npt.NDArray[np.intp],
@@ -88,14 +115,22 @@ def row_ratios(
 ) -> Array:
     """Per token t, the worst |y[t, i] − (W x[t])_i| / (half_ulp(y[t, i]) + slack · Σ_j |W_ij x_tj|)
     over the rows i = rows[t] of W = weights[entries[t]], half_ulp from `spacings` (`spacing`);
-    0/0 is 0 and NaN is inf, so a value that is not finite fails (its excess is inf or NaN)."""
+    0/0 is 0 and NaN is inf, so a value that is not finite fails (its excess is inf or NaN).
+    Shapes are checked here, where each token's matrix is at hand: nothing is bounds-checked in
+    a compiled loop."""
     bits = y.view(np.uint64)
     tokens = rows.shape[0]
+    if x.shape[0] != tokens or y.shape[0] != tokens or entries.shape[0] != tokens:
+        raise ValueError("row check: x, y, entries and rows need one row per token")
     worst = np.zeros(tokens)
     for t in range(tokens):
         weight = weights[entries[t]]
+        if weight.shape[1] != x.shape[1]:
+            raise ValueError("row check: a matrix's columns are not the inputs' width")
         for k in range(rows.shape[1]):
             row = rows[t, k]
+            if not (0 <= row < weight.shape[0] and row < y.shape[1]):
+                raise ValueError("row check: a drawn row outside the matrix or the outputs")
             exact, total = _row_sums(weight[row], x[t])
             excess = y[t, row] - exact
             if excess == 0.0:
@@ -105,7 +140,7 @@ def row_ratios(
     return worst
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_SUMS)
+@_compiled(fastmath=_SUMS)
 def _dot(a: Array, b: Array) -> float:
     total = 0.0
     for i in range(a.shape[0]):
@@ -113,7 +148,7 @@ def _dot(a: Array, b: Array) -> float:
     return total
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_SUMS)
+@_compiled(fastmath=_SUMS)
 def _output_sums(y: Array, bits: npt.NDArray[np.uint64], spacings: Array) -> tuple[float, float]:
     """Σ half_ulp(y)² and Σ |y|."""
     rounding = 0.0
@@ -125,7 +160,7 @@ def _output_sums(y: Array, bits: npt.NDArray[np.uint64], spacings: Array) -> tup
     return rounding, magnitude
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_SUMS)
+@_compiled(fastmath=_SUMS)
 def _input_sums(x: Array, column_abs: Array) -> tuple[float, float]:
     """Σ |x|·1ᵀ|W| and Σ x²."""
     sum_abs = 0.0
@@ -136,7 +171,7 @@ def _input_sums(x: Array, column_abs: Array) -> tuple[float, float]:
     return sum_abs, squares
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
+@_compiled(error_model="numpy")
 def freivalds_ratios(
     signs: Array,
     projected: Array,
@@ -181,7 +216,7 @@ def freivalds_ratios(
     return ratios
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
+@_compiled(error_model="numpy")
 def _worse(worst: float, excess: float, bound: float) -> float:
     """The larger of `worst` and |excess| / bound (0 when the excess is 0, inf when NaN)."""
     if excess == 0.0:
@@ -190,7 +225,7 @@ def _worse(worst: float, excess: float, bound: float) -> float:
     return max(worst, math.inf if math.isnan(ratio) else ratio)
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
+@_compiled(error_model="numpy")
 def _worst_into_gemm(committed: Array, exact: Array, relative: float, floor: float, quantised: Quantisation) -> float:
     """One token's worst |committed − exact| over relative · |exact| + floor, where `committed`
     is what a GEMM consumed: under W8A8 quantised per group of the input format's values, which
@@ -214,7 +249,7 @@ def _worst_into_gemm(committed: Array, exact: Array, relative: float, floor: flo
     return worst
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
+@_compiled(error_model="numpy")
 def silu_ratios(
     gate: Array,
     decay: Array,
@@ -227,6 +262,8 @@ def silu_ratios(
     """Per token, the worst |committed − silu(gate)·up| over its bound, relative · |silu(gate)·up|
     + floor, through `_worst_into_gemm` (down_proj's input). `decay` is exp(−gate), which numpy
     evaluates in SIMD where a loop here would call libm once per value."""
+    if decay.shape != gate.shape or up.shape != gate.shape or committed.shape != gate.shape:
+        raise ValueError("replay: gate, exp(-gate), up and down's input need one shape")
     worst = np.zeros(gate.shape[0])
     exact = np.empty(gate.shape[1])
     for t in range(gate.shape[0]):
@@ -236,7 +273,7 @@ def silu_ratios(
     return worst
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
+@_compiled(error_model="numpy")
 def rmsnorm_ratios(
     hidden: Array,
     added: Array,
@@ -251,6 +288,8 @@ def rmsnorm_ratios(
     """Per token, the worst |committed − RMSNorm(h)·γ| over its bound, relative · |RMSNorm(h)·γ|
     + floor, through `_worst_into_gemm`, for h = hidden (+ added, with `add`) and the token's
     own γ (gamma[t])."""
+    if added.shape != hidden.shape or gamma.shape != hidden.shape or committed.shape != hidden.shape:
+        raise ValueError("replay: the residual, what is added to it, γ and the GEMM input need one shape")
     worst = np.zeros(hidden.shape[0])
     exact = np.empty(hidden.shape[1])
     for t in range(hidden.shape[0]):
@@ -262,13 +301,15 @@ def rmsnorm_ratios(
     return worst
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
+@_compiled(error_model="numpy")
 def residual_ratios(
     residual: Array, attention: Array, mlp: Array, committed: Array, unit_roundoff: float, floor: float
 ) -> Array:
     """Per token, the worst |committed − (residual + attention + mlp)| over its bound: each of
     the two sums rounded to the activation format (u(1 + u)·|residual + attention| +
     u·|the total|) + floor."""
+    if attention.shape != residual.shape or mlp.shape != residual.shape or committed.shape != residual.shape:
+        raise ValueError("replay: the residuals and the two outputs added to them need one shape")
     worst = np.zeros(residual.shape[0])
     u = unit_roundoff
     for t in range(residual.shape[0]):
@@ -280,10 +321,12 @@ def residual_ratios(
     return worst
 
 
-@numba.njit(cache=True, nogil=True)
+@_compiled()
 def first_distinct(values: npt.NDArray[np.uint64], counts: npt.NDArray[np.uint64], k: int) -> npt.NDArray[np.intp]:
     """Per row of `values` (draws), the first k distinct values of each draw modulo the row's
     count, sorted; −1 throughout a row whose draws hold fewer (the caller draws on)."""
+    if counts.shape[0] != values.shape[0]:
+        raise ValueError("row draws: one count per row of draws")
     chosen = np.full((values.shape[0], k), -1, np.intp)
     for label in range(values.shape[0]):
         found = 0

@@ -136,6 +136,7 @@ def test_rows_drawn_for_the_row_check_are_distinct_sorted_in_range_and_repeatabl
     assert drawn == ga.draw_rows(secret, root, "rows/0/q_proj", rows, k)
 
 
+@settings(deadline=None)  # the first example may compile the draw's loop (gemm_kernels), seconds
 @given(
     secret=st.binary(min_size=1, max_size=32),
     rows=st.lists(st.integers(min_value=1, max_value=3000), min_size=1, max_size=12),

@@ -555,10 +555,96 @@ def test_the_compiled_replay_computes_what_its_formulas_say(arithmetic, seed, to
     that are not finite."""
     trace, input_norm, post_norm = layer_trace(torch.bfloat16, seed, width=200, inner=300, tokens=tokens)
     x, y = trace.projections[where]
-    trace = replaced(trace, where, x=with_specials(x * (1 + moved), specials), y=y + moved)
+    trace = replaced(trace, where, x=x * (1 + moved), y=y + moved)
+    # Special values anywhere the replay reads: any projection's input or output, either residual.
+    arrays = [*(value for pair in trace.projections.values() for value in pair), trace.residual_in, trace.residual_out]
+    for index, which in specials:
+        array = arrays[index % len(arrays)]
+        array.flat[(index // len(arrays)) % array.size] = SPECIAL_VALUES[which]
     compiled = dict(gc.replay_ratios(trace, input_norm, post_norm, 1e-5, arithmetic))
     for step, expected in reference_replay(trace, input_norm, post_norm, 1e-5, arithmetic):
         np.testing.assert_allclose(compiled[step], expected, rtol=1e-9, atol=1e-9, err_msg=step)
+
+
+def spoiled(values: np.ndarray, value: float) -> np.ndarray:
+    """A copy with one value of the first token replaced."""
+    out = values.copy()
+    out[0, 3] = value
+    return out
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_a_value_that_is_not_finite_fails_every_replayed_step_that_reads_it(value):
+    """Wherever the replay reads a NaN or an infinity — the q/k/v, gate/up and down inputs, the
+    o, gate, up and down outputs, either residual (not attention's inputs and output, the trust
+    region) — the token fails (inf), and the other token does not."""
+    trace, input_norm, post_norm = layer_trace(torch.bfloat16, 5, tokens=2)
+    read = {"q_proj": (0,), "k_proj": (0,), "v_proj": (0,), "o_proj": (1,), "down_proj": (0, 1)}
+    places = [(name, side) for name in trace.projections for side in read.get(name, (0, 1))]
+    for place in [*places, "residual_in", "residual_out"]:
+        projections = dict(trace.projections)
+        residuals = {"residual_in": trace.residual_in, "residual_out": trace.residual_out}
+        if place in residuals:
+            residuals[place] = spoiled(residuals[place], value)
+        else:
+            name, side = place
+            pair = list(projections[name])
+            pair[side] = spoiled(pair[side], value)
+            projections[name] = tuple(pair)
+        changed = gc.LayerTrace(projections, residuals["residual_in"], residuals["residual_out"])
+        with np.errstate(all="ignore"):
+            steps = dict(gc.replay_ratios(changed, input_norm, post_norm, 1e-5, gc.BF16_SERVE))
+        assert max(ratios[0] for ratios in steps.values()) == np.inf, place
+        assert max(ratios[1] for ratios in steps.values()) <= 1, place
+
+
+def test_the_compiled_loops_refuse_arrays_of_the_wrong_shape():
+    """Nothing is bounds-checked inside a compiled loop, so each checks the shapes it is given:
+    a wrong width or a row outside the matrix is an error, never a read past an array."""
+    weight, x = problem(1, 3, 4, 1, gc.BF16_SERVE)
+    y = served(weight, x, gc.BF16_SERVE, "left", 1)
+    matrices = gc.gemm_kernels.matrices([weight])
+    assert gc.drawn_row_ratios(matrices, [0], [[2]], x, y, gc.BF16_SERVE)[0] <= 1
+    with pytest.raises(ValueError, match="outside the matrix"):
+        gc.drawn_row_ratios(matrices, [0], [[3]], x, y, gc.BF16_SERVE)
+    with pytest.raises(ValueError, match="outside the matrix"):
+        gc.drawn_row_ratios(matrices, [0], [[2]], x, y[:, :2], gc.BF16_SERVE)
+    with pytest.raises(ValueError, match="inputs' width"):
+        gc.drawn_row_ratios(matrices, [0], [[0]], np.hstack([x, x]), y, gc.BF16_SERVE)
+    with pytest.raises(ValueError, match="one row per token"):
+        gc.drawn_row_ratios(matrices, [0, 0], [[0], [1]], x, y, gc.BF16_SERVE)
+    trace, input_norm, post_norm = layer_trace(torch.bfloat16, 1)
+    gate, up = trace.projections["gate_proj"][1], trace.projections["up_proj"][1]
+    for narrowed in (
+        replaced(trace, "up_proj", y=up[:, :-1]),
+        replaced(trace, "o_proj", y=trace.projections["o_proj"][1][:, :-1]),
+        gc.LayerTrace(trace.projections, trace.residual_in, trace.residual_out[:, :-1]),
+    ):
+        with pytest.raises(ValueError, match="need one shape"):
+            gc.replay_ratios(narrowed, input_norm, post_norm, 1e-5, gc.BF16_SERVE)
+    assert gate.shape == up.shape
+
+
+def test_the_loops_compile_without_a_disk_cache_where_numba_has_nowhere_to_write_one(monkeypatch, caplog):
+    """numba refuses `cache=True` outright where neither the package's folder nor the user's
+    cache directory is writable (a read-only install run by a user without a home): the loops
+    are then compiled per process, and the log names the fix."""
+    compile_for_real = gc.gemm_kernels.numba.njit
+
+    def no_cache(*args, **options):
+        if options.get("cache"):
+            raise RuntimeError("cannot cache function 'doubled': no locator available for file 'x.py'")
+        return compile_for_real(*args, **options)
+
+    monkeypatch.setattr(gc.gemm_kernels.numba, "njit", no_cache)
+
+    def doubled(value):
+        return 2 * value
+
+    with caplog.at_level("WARNING", logger=gc.gemm_kernels.__name__):
+        compiled = gc.gemm_kernels._compiled()(doubled)
+    assert compiled(21) == 42
+    assert "NUMBA_CACHE_DIR" in caplog.text and "no locator available" in caplog.text
 
 
 def test_only_opened_steps_are_replayed():
