@@ -44,6 +44,8 @@ Matrices: TypeAlias = List
 """A numba typed list of 2-D C-contiguous arrays of one dtype: the loops index it per token."""
 
 _SUMS = {"reassoc", "contract"}
+_UNCACHED: list[str] = []
+"""The loops compiled without a disk cache (`_compiled`), so the log says why once, not per loop."""
 
 
 def _compiled(**options: Any) -> Callable[[Callable[..., Any]], Any]:
@@ -56,11 +58,13 @@ def _compiled(**options: Any) -> Callable[[Callable[..., Any]], Any]:
         try:
             return numba.njit(cache=True, nogil=True, **options)(function)
         except RuntimeError as error:
-            log.warning(
-                "%s; each verifier start compiles the GEMM audit's loops again (seconds): "
-                "set NUMBA_CACHE_DIR to a writable directory to keep them",
-                error,
-            )
+            if not _UNCACHED:
+                log.warning(
+                    "%s; each verifier start compiles the GEMM audit's loops again (seconds): "
+                    "set NUMBA_CACHE_DIR to a writable directory to keep them",
+                    error,
+                )
+            _UNCACHED.append(function.__name__)
             return numba.njit(nogil=True, **options)(function)
 
     return compile

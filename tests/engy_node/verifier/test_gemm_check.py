@@ -637,14 +637,19 @@ def test_the_loops_compile_without_a_disk_cache_where_numba_has_nowhere_to_write
         return compile_for_real(*args, **options)
 
     monkeypatch.setattr(gc.gemm_kernels.numba, "njit", no_cache)
+    monkeypatch.setattr(gc.gemm_kernels, "_UNCACHED", [])
 
     def doubled(value):
         return 2 * value
 
+    def tripled(value):
+        return 3 * value
+
     with caplog.at_level("WARNING", logger=gc.gemm_kernels.__name__):
-        compiled = gc.gemm_kernels._compiled()(doubled)
-    assert compiled(21) == 42
+        compiled = [gc.gemm_kernels._compiled()(function) for function in (doubled, tripled)]
+    assert [loop(7) for loop in compiled] == [14, 21]
     assert "NUMBA_CACHE_DIR" in caplog.text and "no locator available" in caplog.text
+    assert len(caplog.records) == 1, "said once, not once per loop"
 
 
 def test_only_opened_steps_are_replayed():
