@@ -74,11 +74,12 @@ Sizes (values in bf16, plus 64 bytes of tree per leaf):
   token actually ran — its 8 routed experts and the shared one, each ``gate``/``up``/``down_in``
   (512 wide) and ``down_out`` (2048), sharing one ``mlp_in`` — plus the router's logits (256) and
   the projections into and out of the token mixer (DeltaNet's qkvz/ba and out, attention's gated
-  q/k/v and o). About 56,400 values per layer-position, 4.6 MB per position in bf16 with the
-  tree (tests/engy_node/gemm/test_activations.py derives it from the checkpoint's config): one
-  2,000-position answer is 9.3 GB, so on 4×4090 (host memory of order 128 GiB, a store of
-  32 GiB) the window holds about 7,400 positions — seconds of a busy node's traffic, not minutes. The
-  challenge must follow the answer at once, and capture cannot be on for every request there.
+  q/k/v and o). About 56,400 values per layer-position, 4.5 MB per position in bf16 with v2's
+  tree (81 leaves; v1's 1,811 would add 0.1 MB; tests/engy_node/gemm/test_activations.py derives
+  both from the checkpoint's config): one 2,000-position answer is 9.0 GB, so on 4×4090 (host
+  memory of order 128 GiB, a store of 32 GiB) the window holds about 7,600 positions — seconds
+  of a busy node's traffic, not minutes. The challenge must follow the answer at once, and
+  capture cannot be on for every request there.
 
 Pure functions and classes over bytes; `OpeningStore` takes the time from its caller. The
 reference server's capture (`engy_node.serve.capture`) feeds `RecordBuilder`.
