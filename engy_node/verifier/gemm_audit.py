@@ -167,9 +167,7 @@ def draw_row_sets(
         streams = b"".join(
             hashlib.shake_256(secret + b"\0" + root + b"\0" + labels[i].encode()).digest(16 * k) for i in batched
         )
-        # Writable, as the loop is compiled for (`gemm_kernels.warm`): a read-only array would
-        # compile another version on the first audit.
-        values = np.frombuffer(bytearray(streams), "<u8").reshape(len(batched), 2 * k)
+        values = gemm_kernels.ready(np.frombuffer(streams, "<u8").reshape(len(batched), 2 * k))
         counts = np.array([rows[i] for i in batched], np.uint64)
         for i, chosen in zip(batched, gemm_kernels.first_distinct(values, counts, k), strict=True):
             if chosen[0] >= 0:

@@ -69,7 +69,6 @@ import functools
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -213,20 +212,12 @@ def _rows(values: npt.ArrayLike) -> Array:
     return array.reshape(1, -1) if array.ndim == 1 else array
 
 
-def _loop_ready(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """`array` as the compiled loops take arrays: C-contiguous and writable (a copy otherwise),
-    the one kind `gemm_kernels.warm` compiles them for. (`np.require` says the same, at ten
-    times the cost of reading two flags, on every array of every check.)"""
-    flags = array.flags
-    return array if flags.c_contiguous and flags.writeable else array.copy(order="C")
-
-
 def _loop_rows(values: npt.ArrayLike) -> Array:
-    return _loop_ready(_rows(values))
+    return gemm_kernels.ready(_rows(values))
 
 
 def _loop_indices(values: npt.ArrayLike) -> npt.NDArray[np.intp]:
-    return _loop_ready(np.asarray(values, np.intp))
+    return gemm_kernels.ready(np.asarray(values, np.intp))
 
 
 def draw_signs(seed: bytes, label: str, vectors: int, rows: int) -> Array:

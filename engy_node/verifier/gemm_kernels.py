@@ -88,6 +88,14 @@ def spacing(precision: int, min_exponent: int) -> Array:
     return table
 
 
+def ready(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """`array` as the loops take arrays: C-contiguous and writable (a copy otherwise), the one
+    kind `warm` compiles them for, so no call compiles another version. (`np.require` says the
+    same, at ten times the cost of reading two flags, on every array of every check.)"""
+    flags = array.flags
+    return array if flags.c_contiguous and flags.writeable else array.copy(order="C")
+
+
 def matrices(arrays: Sequence[npt.NDArray[np.floating]]) -> Matrices:
     """`arrays` (each a matrix) as the typed list the row loop reads: the arrays themselves when
     all are C-contiguous float32 (a model's weights), otherwise float64 copies of every one."""
