@@ -98,6 +98,10 @@ class ConfirmStart(ModalScreen[bool]):
     ConfirmStart #start-buttons { height: auto; margin-top: 1; }
     ConfirmStart #start-buttons Button { margin-right: 2; }
     """
+    AUTO_FOCUS = "#not-now"
+    """Not Start, and from the screen's first moment (a focus set on mount comes a message later,
+    after the default had focused Start): an Enter meant for "Write node.toml" must not start a
+    node."""
     BINDINGS = [
         Binding("s", "answer(True)", "Start", id="start.confirm"),
         Binding("n,escape", "answer(False)", "Not now", id="start.cancel"),
@@ -132,10 +136,6 @@ class ConfirmStart(ModalScreen[bool]):
                 if self.can_start:
                     yield Button("Start (s)", id="start", variant="warning")
                 yield Button("Not now (n)" if self.can_start else "Close (n)", id="not-now", variant="primary")
-
-    def on_mount(self) -> None:
-        # Not Start: an Enter meant for "Write node.toml" must not start a node.
-        self.query_one("#not-now", Button).focus()
 
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:

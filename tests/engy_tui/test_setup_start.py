@@ -130,7 +130,8 @@ def test_write_asks_first_naming_the_public_gateway_and_start_runs_the_miner(tmp
             assert f"{DEFAULT_GATEWAY_URL} — ⚠ the public engy network's gateway" in shown
             assert f"model     {QWEN}" in shown
             assert f"$ engy-node --home {tmp_path}/home --role miner" in shown
-            assert app.focused is not None and app.focused.id == "not-now"  # Enter starts nothing
+            await wait_for(pilot, lambda: app.focused is not None, "a button focused")
+            assert app.focused.id == "not-now"  # the first focus: Enter starts nothing
             await pilot.press("s")
             await wait_for(pilot, lambda: "block 9" in str(app.query_one("#node-header", Static).render()), "running")
             assert started == ["miner"]
