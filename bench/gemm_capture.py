@@ -1,7 +1,7 @@
 """What committing an answer's activations costs the reference server on SmolLM2 (issue 32 part 2).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/gemm_capture.py [--tokens 64] [--prompt-repeats 4]
-        [--repeats 5] [--baseline REV]
+        [--repeats 5] [--baseline REV] [--store-mb MB]
 
 Greedy generations of `--tokens` tokens after a prompt, run in turn without and with the capture
 (`engy_node.serve.capture`: the wrappers, the copy, the leaf hashing on the capture's thread and
@@ -15,6 +15,11 @@ of `--repeats` with min–max, the overhead over plain in % and ms per generated
 between the minima, the runs least disturbed by other work on a shared machine), the
 record's bytes per answer, and the JSON bytes of one opening of each group width with its Merkle
 path. No thresholds: the figures go to docs/verification.md and docs/performance.md.
+
+The records go to one opening store, as the server's do. With its default cap (2 GiB) a run's
+records all stay, so every table is written into memory new to the process; a busy server's
+store is full and evicts a record for each one it files, which frees memory the next records can
+reuse. `--store-mb` caps the store lower to measure that steady state within a few generations.
 """
 
 from __future__ import annotations
@@ -128,6 +133,7 @@ def main() -> None:
     parser.add_argument("--prompt-repeats", type=int, default=4, help="copies of a 10-token sentence")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--baseline", metavar="REV", help="also time the capture as this git revision wrote it")
+    parser.add_argument("--store-mb", type=int, help="cap the opening store (default: the server's)")
     args = parser.parse_args()
 
     from engy_node.config import load_config
@@ -143,7 +149,7 @@ def main() -> None:
     runner = ModelRunner.load(checkpoint, device="cpu", dtype="bfloat16")
     layout = llama_layout(runner.model.config.to_dict(), "bfloat16")
     prompt = list(runner.tokenizer("The capital city of France is a place where " * args.prompt_repeats)["input_ids"])
-    openings = SharedOpenings()
+    openings = SharedOpenings() if args.store_mb is None else SharedOpenings(max_bytes=args.store_mb * 1024**2)
     params = {"temperature": 0, "max_new_tokens": args.tokens, "ignore_eos": True}
     captures = {"captured": (ActivationCapture, layout)}
     if args.baseline:
@@ -173,7 +179,10 @@ def main() -> None:
             cpu[variant].append(seconds)
             wall[variant].append(waited)
             commitments[variant] = generation.gemm_commitment or {}
-    print(f"threads {os.environ.get('OMP_NUM_THREADS', 'default')}, prompt {len(prompt)} + {args.tokens} tokens")
+    print(
+        f"threads {os.environ.get('OMP_NUM_THREADS', 'default')}, prompt {len(prompt)} + {args.tokens} tokens, "
+        f"opening store {openings.max_bytes // 1024**2} MB"
+    )
     for clock, times in (("CPU", cpu), ("wall", wall)):
         base = statistics.median(times["plain"])
         for variant in variants:
