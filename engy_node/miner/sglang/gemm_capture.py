@@ -52,9 +52,10 @@ does. The commitment is not put into sglang's ``meta_info``: that is built in an
 
 Limits: tensor parallelism 1 and Llama-shaped models (``model.model.layers`` with ``self_attn.
 qkv_proj``/``o_proj``, ``mlp.gate_up_proj``/``down_proj`` and the two norms); no torch.compile;
-the hashing (about 361 leaves per SmolLM2 position) runs when the commitment is asked for, on
-the opening server's thread. The server is stdlib `http.server` on a daemon thread, not trio:
-it runs inside sglang's process, whose environment has neither trio nor our ASGI stack.
+the hashing (61 leaves per SmolLM2 position in ``engy-activations-v2``) runs when the commitment
+is asked for, on the opening server's thread. The server is stdlib `http.server` on a daemon
+thread, not trio: it runs inside sglang's process, whose environment has neither trio nor our
+ASGI stack.
 """
 
 from __future__ import annotations
