@@ -12,7 +12,8 @@ its model server (and why it stopped), its link to the gateway (legs, in flight,
 error or the gateway's deny reason, quoted, with the fix), and the `weights_root` of the
 checkpoint it hands its model server with whether it is the one the catalog pins (and, loudly,
 a cheat it was told to simulate), and its newest published epoch: its weight, or the settlement
-gate that zeroed it, by how much, the fix and when the next epoch ends.
+gate that zeroed it, by how much, the fix and when the next epoch ends; a reference server run on
+its own (`engy-node serve`) likewise, with its checkpoint's `weights_root`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from engy_node.snapshots import (
     NodeInfo,
     NodeStates,
     ProofVerdicts,
+    ServeState,
     TrafficPolicyState,
     TrafficStanding,
     ValidatorState,
@@ -73,6 +75,8 @@ def status_text(node: NodeInfo, states: NodeStates, *, now: float | None = None)
         lines += _miners(states.traffic, states.gateway.legs if states.gateway is not None else (), names, now)
     if states.miners:
         lines += _serving(states, now)
+    if states.serve is not None:
+        lines += _reference_server(states.serve)
     if states.verifier is not None:
         verifier = states.verifier
         verdicts = verifier.verdicts
@@ -243,16 +247,36 @@ def _serving(states: NodeStates, now: float) -> list[str]:
             f"    link          {line}" if i == 0 else f"                  {line}"
             for i, line in enumerate(_link(miner))
         ]
-        root, pinned = miner.weights_root, miner.weights_pinned
-        pin = "n/a" if pinned is None else "the catalog's pin" if pinned else "the catalog pins none"
-        lines.append(f"    weights_root  {f'{root[:12]}… ({pin})' if root else 'not checked yet'}")
-        if miner.simulated_cheat:
-            lines.append(
-                f"    ⚠ SIMULATED CHEAT  serves weights altered by {miner.simulated_cheat} while claiming this root "
-                "(miner.simulate_cheat: demos and tests only)"
-            )
+        lines += _weights(
+            "    ", miner.weights_root, miner.weights_pinned, miner.simulated_cheat, "miner.simulate_cheat"
+        )
         # Blocks of its gateway's chain where the gateway told them, else of the chain this node reads.
         lines += _epoch(miner.epoch, now, block_time_s(miner.epoch, states.chain, states.validator))
+    return lines
+
+
+def _reference_server(serve: ServeState) -> list[str]:
+    """A reference server run on its own (`engy-node serve`): its state, model and the root of
+    the checkpoint it loaded."""
+    where = f" at {serve.url}" if serve.url and serve.state == "ready" else ""
+    return [
+        "",
+        f"serve      the reference server: {_show(serve.state)}{where}",
+        f"  model         {_show(serve.model)}" + (f" on {serve.device}, {_show(serve.dtype)}" if serve.device else ""),
+        *_weights("  ", serve.weights_root, serve.weights_pinned, serve.simulated_cheat, "serve.simulate_cheat"),
+    ]
+
+
+def _weights(indent: str, root: str | None, pinned: bool | None, cheat: str | None, setting: str) -> list[str]:
+    """The served checkpoint's weight commitment and whether the catalog pins it; loudly, a cheat
+    the server was told to simulate."""
+    pin = "n/a" if pinned is None else "the catalog's pin" if pinned else "the catalog pins none"
+    lines = [f"{indent}weights_root  {f'{root[:12]}… ({pin})' if root else 'not checked yet'}"]
+    if cheat:
+        lines.append(
+            f"{indent}⚠ SIMULATED CHEAT  serves weights altered by {cheat} while claiming this root "
+            f"({setting}: demos and tests only)"
+        )
     return lines
 
 

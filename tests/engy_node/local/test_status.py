@@ -311,6 +311,38 @@ def test_a_miner_simulating_a_cheat_says_so_under_its_weights():
     assert not any("SIMULATED" in line for line in miner_section(HOME_MINER))
 
 
+def test_a_reference_server_run_alone_shows_its_state_model_and_weights_root():
+    ready = {
+        "state": "ready",
+        "url": "http://127.0.0.1:30000",
+        "model": "smollm2-135m",
+        "device": "cpu",
+        "dtype": "bfloat16",
+        "weights_root": PINNED_ROOT,
+        "weights_pinned": True,
+    }
+
+    def serve_section(serve: dict) -> list[str]:
+        return section(format_status({"node": {"roles": ["serve"]}, "states": {"serve": serve}}, now=NOW), "serve ")
+
+    assert serve_section(ready) == [
+        "serve      the reference server: ready at http://127.0.0.1:30000",
+        "  model         smollm2-135m on cpu, bfloat16",
+        "  weights_root  9fc5eb146e57… (the catalog's pin)",
+    ]
+    assert serve_section({"state": "loading", "model": "smollm2-135m"}) == [
+        "serve      the reference server: loading",
+        "  model         smollm2-135m",
+        "  weights_root  not checked yet",
+    ]
+    assert serve_section({**ready, "weights_pinned": False, "simulated_cheat": "noise-1%"})[-2:] == [
+        "  weights_root  9fc5eb146e57… (the catalog pins none)",
+        "  ⚠ SIMULATED CHEAT  serves weights altered by noise-1% while claiming this root "
+        "(serve.simulate_cheat: demos and tests only)",
+    ]
+    assert serve_section({**ready, "state": "stopped"})[0] == "serve      the reference server: stopped"
+
+
 def test_a_miner_a_gate_zeroed_says_which_gate_by_how_much_the_fix_and_the_next_chance():
     row = {"hotkey": "5Home", "model": "qwen3.6-35b-a3b", "counted": 312, "ttft_p99_ms": 14_250}
     result = {"epoch_index": 12, "start": int(NOW) - 3_000, "end": int(NOW) - 600, "weights": []}
