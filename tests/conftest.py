@@ -34,14 +34,25 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 READY_PATTERN = re.compile(r"ready to roll! \(\S+ on (http://127\.0\.0\.1:\d+)\)")
 SERVER_START_TIMEOUT_S = 180
+MINUTES_TIMEOUT_S = 1800
+"""A `minutes` test's limit: 250 s alone with the suite's other workers, over 600 s beside three
+other model-bound tests on two cores (2026-12-06)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that loads the embedded model (through `checkpoint`, directly or via a
-    fixture built on it) `smollm2`, so `-m "not smollm2"` runs the rest in a fraction of the time."""
+    fixture built on it) `smollm2`, so `-m "not smollm2"` runs the rest in a fraction of the time.
+    Then put the modules holding a test marked `minutes` first: `make test`'s workers take whole
+    modules in this order (``--dist loadscope``), and one of these started late would run on
+    alone after the rest had finished. Started together, they share the cores with each other
+    rather than with short tests, so each gets `MINUTES_TIMEOUT_S` rather than the suite's 600 s."""
     for item in items:
         if "checkpoint" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.smollm2)
+        if item.get_closest_marker("minutes") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(MINUTES_TIMEOUT_S))
+    long_modules = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("minutes")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in long_modules)
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ import anthropic
 import httpx
 import openai
 import psutil
+import pytest
 
 from engy_node.control import read_token
 from engy_node.gateway.api.chat import Usage
@@ -212,6 +213,7 @@ def screen_text(svg: str) -> str:
     return "\n".join("".join(text for _, text in sorted(row)) for _, row in sorted(rows.items()))
 
 
+@pytest.mark.minutes
 def test_up_runs_the_whole_network_until_weights_land_then_restarts_with_its_state(checkpoint, tmp_path):
     first = Up(tmp_path, "--traffic")
     try:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from engy_node.snapshots import decode_states
 from tests.test_up import Up
 
@@ -16,6 +18,7 @@ VERDICT_TIMEOUT_S = 600
 """Start, three qualification probes each, their audits; on two shared cores."""
 
 
+@pytest.mark.minutes
 def test_up_with_gemm_audits_pulls_the_noisy_miner_and_keeps_the_honest_one(checkpoint, tmp_path):
     up = Up(tmp_path, "--traffic", "--cheat", "miner-2=noise-1%")
     try:

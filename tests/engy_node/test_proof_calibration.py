@@ -21,6 +21,8 @@ them here cost four of the seven cases' model passes (a sixth of this module's t
 nothing."""
 POWER = tuple((case, dict(POWER_CASES)[case]) for case in CAUGHT_DEVIATIONS)
 
+pytestmark = pytest.mark.minutes  # the module's `results`
+
 
 @pytest.fixture(scope="module")
 def results(checkpoint):

@@ -8,12 +8,15 @@ docs/verification.md records."""
 
 from __future__ import annotations
 
+import pytest
+
 from engy_node.calibration import SAMPLED_SETTINGS, format_soundness, run_sampled_soundness
 from engy_node.models import SMOLLM2_135M
 
 REQUESTS = 100
 
 
+@pytest.mark.minutes
 def test_honest_sampled_answers_are_never_judged_a_cheat(runner, checkpoint):
     results = run_sampled_soundness(checkpoint, model=SMOLLM2_135M, requests=REQUESTS, answer_tokens=24, runner=runner)
     judged = [r for r in results if r.verdict.kind != "pass"]

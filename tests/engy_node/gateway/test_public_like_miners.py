@@ -63,6 +63,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.minutes
 async def test_an_honest_public_like_miner_stays_active_and_a_four_bit_one_is_pulled(
     nursery, tmp_path, checkpoint, runner, one_thread
 ):

@@ -148,6 +148,7 @@ async def wait_until(condition, *, timeout_s: float, what: str | Callable[[], st
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what() if callable(what) else what}")
 
 
+@pytest.mark.minutes
 async def test_honest_miners_qualify_and_are_paid_and_every_cheater_is_caught_and_scores_zero(
     nursery, tmp_path, checkpoint, honest_server, runner, cheap_runners, alice, one_thread
 ):
