@@ -8,8 +8,8 @@ PYTEST_ARGS ?=
 # own, so not more. `make test PYTEST_WORKERS=0` runs in this process alone.
 # Each worker takes whole modules (a module-scoped fixture is built once), in collection order,
 # which tests/conftest.py starts with the modules whose tests run for minutes: 4,354 tests in
-# 15 min 56 s and 16 min 25 s on 2 cores, against 19 min 8–15 s with tests handed out one by one in file order,
-# which left a long test or two running alone at the end.
+# 15 min 56 s and 16 min 25 s on 2 cores, against 19 min 8–15 s with tests handed out one by one
+# in file order, which left a long test or two running alone at the end.
 PYTEST_WORKERS ?= 4
 
 .PHONY: run test lint format lock bootstrap calibrate clean
