@@ -46,13 +46,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     modules in this order (``--dist loadscope``), and one of these started late would run on
     alone after the rest had finished. Started together, they share the cores with each other
     rather than with short tests, so each gets `MINUTES_TIMEOUT_S` rather than the suite's 600 s."""
+    long_modules = set()
     for item in items:
         if "checkpoint" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.smollm2)
-        if item.get_closest_marker("minutes") and not item.get_closest_marker("timeout"):
-            item.add_marker(pytest.mark.timeout(MINUTES_TIMEOUT_S))
-    long_modules = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("minutes")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in long_modules)
+        if item.get_closest_marker("minutes"):
+            long_modules.add(item.path)
+            if not item.get_closest_marker("timeout"):
+                item.add_marker(pytest.mark.timeout(MINUTES_TIMEOUT_S))
+    items.sort(key=lambda item: item.path not in long_modules)
 
 
 @pytest.fixture(scope="session")
