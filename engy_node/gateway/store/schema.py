@@ -22,6 +22,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
@@ -368,7 +369,7 @@ def connect(path: Path, *, busy_timeout_s: float) -> sqlite3.Connection:
     except sqlite3.Error as error:
         raise (explain(path, error) or error) from error
     try:
-        _prepare(conn, path)
+        _prepare(conn, path, busy_timeout_s=busy_timeout_s)
     except sqlite3.Error as error:
         conn.close()
         raise (explain(path, error) or error) from error
@@ -378,11 +379,11 @@ def connect(path: Path, *, busy_timeout_s: float) -> sqlite3.Connection:
     return conn
 
 
-def _prepare(conn: sqlite3.Connection, path: Path) -> None:
+def _prepare(conn: sqlite3.Connection, path: Path, *, busy_timeout_s: float) -> None:
     # auto_vacuum takes effect only before the first table exists; on an existing file it
     # is a no-op. INCREMENTAL lets purge_request_log hand freed pages back to the disk.
     conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
-    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    mode = _journal_mode_wal(conn, busy_timeout_s=busy_timeout_s)
     if mode != "wal":
         raise StoreError(f"{path} cannot use write-ahead logging (journal mode stays {mode!r}); put it on a local disk")
     # FULL fsyncs every commit: a charge or credit reported to anyone survives a power cut.
@@ -395,6 +396,26 @@ def _prepare(conn: sqlite3.Connection, path: Path) -> None:
     finally:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
+
+
+def _journal_mode_wal(conn: sqlite3.Connection, *, busy_timeout_s: float) -> str:
+    """Switch the file to write-ahead logging, returning the journal mode it ends in.
+
+    Hosts opening a new file together race to switch it, and SQLite answers the losers
+    SQLITE_BUSY at once, without waiting in its busy handler (to avoid a deadlock between a
+    reader and a writer of a file still in rollback mode). So the switch is retried here, for as
+    long as any other lock is waited for; once the file is in WAL mode it no longer fails so."""
+    deadline = time.monotonic() + busy_timeout_s
+    pause_s = 0.005
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as error:
+            code = getattr(error, "sqlite_errorcode", None)
+            if code is None or code & 0xFF not in _LOCKED_CODES or time.monotonic() + pause_s > deadline:
+                raise
+        time.sleep(pause_s)
+        pause_s = min(pause_s * 2, 0.1)
 
 
 def _create_or_check(conn: sqlite3.Connection, path: Path) -> None:

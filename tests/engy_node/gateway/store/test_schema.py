@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import threading
+import time
 
 import pytest
 
@@ -143,6 +144,43 @@ def test_a_file_locked_by_another_process_gives_an_error_not_a_hang(path):
                 Store(path, busy_timeout_s=0.05)
             other.execute("ROLLBACK")
         assert assert_books_balance(store, account_id).credited == 100
+
+
+def test_a_new_file_another_host_is_still_writing_is_waited_for_not_refused(path):
+    # SQLite refuses the switch to write-ahead logging at once, without its busy wait, while
+    # another connection writes the file in rollback mode: what hosts opening a new file
+    # together meet (a CI run saw one of six threads refused so).
+    holding = threading.Event()
+
+    def write_briefly() -> None:
+        with raw(path) as other:
+            other.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("PRAGMA user_version = 1")
+            holding.set()
+            time.sleep(0.2)
+            other.execute("COMMIT")
+
+    other_host = threading.Thread(target=write_briefly)
+    other_host.start()
+    try:
+        assert holding.wait(timeout=10.0)
+        with Store(path, busy_timeout_s=10.0) as store:
+            assert_books_balance(store, funded(store, 100))
+    finally:
+        other_host.join()
+    with raw(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_new_file_another_host_keeps_writing_is_refused_once_the_wait_runs_out(path):
+    with raw(path) as other:
+        other.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("PRAGMA user_version = 1")
+        with pytest.raises(StoreError, match="locked by another process"):
+            Store(path, busy_timeout_s=0.05)
+        other.execute("ROLLBACK")
 
 
 # -- PostgreSQL databases ---------------------------------------------------------------------------
