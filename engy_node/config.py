@@ -156,6 +156,15 @@ class MinerSection:
     simulate_cheat: str = ""
     """For demos and tests of the audits only: the reference server this miner launches serves
     weights altered by this cheat (`serve.simulate_cheat`, e.g. `noise-1%`). Empty: honest."""
+    gemm_capture: bool = False
+    """Take GEMM audits on sglang (docs/verification.md): arm the audit's capture in the sglang
+    server this miner launches. sglang then runs without its radix cache and CUDA graphs, which
+    costs throughput, on one GPU (tp 1, dp 1) and for Llama-shaped models. The reference server
+    (CPU mode) commits its activations without it."""
+    gemm_capture_urls: str = ""
+    """With `serve_urls` (servers you launched with the capture armed): each one's capture port,
+    comma-separated in the same order, e.g. `http://127.0.0.1:30001`. Empty: those servers are
+    judged by TOPLOC alone."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -16,8 +16,10 @@ knows what the miner chose and why:
    to start. The first start on a checkpoint hashes it (about 2 s for the embedded model,
    minutes for a 35B one); later starts read the root from the machine's model cache.
 4. GEMM audits: on when every model server says it commits its activations in the format
-   the verifier reads (`ServeRotation.gemm_support`: the reference server does, sglang does
-   not yet); then the hello announces `FEATURE_GEMM`. Otherwise the miner is as before.
+   the verifier reads (`ServeRotation.gemm_support`): the reference server does; sglang does
+   when `miner.gemm_capture` armed its capture (`sglang.capture_client`), which asks for one
+   GPU, and for an operator's own sglang when `miner.gemm_capture_urls` names its capture
+   port. Then the hello announces `FEATURE_GEMM`; otherwise TOPLOC alone judges the miner.
 5. The gateway link, advertising the plan's concurrency, and for a miner with a hotkey a look at
    its newest published epoch now and then (`epoch_watch`), so a gate that zeroed it shows here.
 
@@ -62,6 +64,8 @@ from engy_node.miner.epoch_watch import EpochWatch
 from engy_node.miner.link import GatewayLink, Identity, LinkSettings
 from engy_node.miner.serving import RequestHandler, RequestOutcome
 from engy_node.miner.sglang import LaunchSpec, ModelServerSupervisor, reference_launch, sglang_launch, shell_command
+from engy_node.miner.sglang.capture_client import CapturingServeClient
+from engy_node.miner.sglang.command import WEIGHTS_ROOT_ENV
 from engy_node.models import ModelSpec, get_model
 from engy_node.protocol.gemm import FEATURE_GEMM
 from engy_node.protocol.miner import FEATURE_SEEDED, OUR_FEATURES, Capacity, KvLoad
@@ -91,6 +95,9 @@ class MinerSetup:
     launch: LaunchSpec | None
     serve_urls: tuple[str, ...]
     max_inflight: int
+    capture_urls: tuple[str, ...] = ()
+    """The GEMM capture's port beside each model server ("" where none), in the order of
+    `serve_urls` (or for the one launched)."""
 
     def describe(self) -> list[str]:
         lines = [f"model: {self.spec.id} ({self.spec.display_name}) from {self.checkpoint}"]
@@ -106,6 +113,8 @@ class MinerSetup:
             lines.append(f"command: {shell_command(self.launch)}")
         if self.serve_urls:
             lines.append(f"model server(s): {', '.join(self.serve_urls)} (already running)")
+        if any(self.capture_urls):
+            lines.append(f"GEMM capture: {', '.join(url or 'none' for url in self.capture_urls)}")
         lines.append(f"max in flight: {self.max_inflight}")
         return lines
 
@@ -147,7 +156,20 @@ def decide(config: Config, inventory: GpuInventory) -> MinerSetup:
             "but --serve-url names one already running: start that server with --simulate-cheat instead, "
             "or drop one of the two"
         )
+    capture_urls = tuple(url.strip().rstrip("/") for url in settings.gemm_capture_urls.split(","))
     if serve_urls:
+        if settings.gemm_capture:
+            raise MinerError(
+                "miner.gemm_capture arms the capture in an sglang server this miner launches, and "
+                "miner.serve_urls names servers you run: launch those with the capture armed and name its ports "
+                'in miner.gemm_capture_urls instead (docs/protocol.md, "The capture in sglang")'
+            )
+        if settings.gemm_capture_urls and len(capture_urls) != len(serve_urls):
+            raise MinerError(
+                f"miner.gemm_capture_urls names {len(capture_urls)} capture port(s) for {len(serve_urls)} "
+                "model server(s) in miner.serve_urls: give one per server, in the same order (leave one empty "
+                "for a server without the capture)"
+            )
         return MinerSetup(
             spec,
             checkpoint,
@@ -156,6 +178,12 @@ def decide(config: Config, inventory: GpuInventory) -> MinerSetup:
             None,
             serve_urls,
             settings.max_inflight or EXTERNAL_SERVE_DEFAULT_INFLIGHT,
+            capture_urls if settings.gemm_capture_urls else (),
+        )
+    if settings.gemm_capture_urls:
+        raise MinerError(
+            "miner.gemm_capture_urls names the capture ports of servers you run (miner.serve_urls), and none is "
+            "given: set miner.gemm_capture = true to arm the capture in the sglang server this miner launches"
         )
 
     shape, weight_bytes = read_model_shape(checkpoint)
@@ -175,6 +203,23 @@ def decide(config: Config, inventory: GpuInventory) -> MinerSetup:
             f"and this plan launches {chosen.server}; unset miner.simulate_cheat (it is for demos and tests)"
         )
     port = settings.serve_port or free_loopback_port()
+    capture_port = None
+    if settings.gemm_capture and chosen.server == "sglang":
+        if chosen.tp != 1 or chosen.dp != 1:
+            why = (
+                "the capture cannot read projections sharded over GPUs"
+                if chosen.tp != 1
+                else "each replica would need a capture port of its own"
+            )
+            raise MinerError(
+                f"miner.gemm_capture arms one sglang replica on one GPU, and the plan for {spec.id} is "
+                f"{chosen.summary} ({why}). Unset miner.gemm_capture (TOPLOC alone then judges this miner), or run "
+                "one sglang per GPU yourself with the capture armed and name them in miner.serve_urls and "
+                "miner.gemm_capture_urls"
+            )
+        capture_port = free_loopback_port()
+    elif settings.gemm_capture:
+        log.info("miner.gemm_capture: the reference server commits its activations itself; nothing to arm")
     if chosen.server == "reference":
         # The child gets a home of its own inside ours: its own log file, no shared state.
         launch = reference_launch(
@@ -199,6 +244,7 @@ def decide(config: Config, inventory: GpuInventory) -> MinerSetup:
             context_length=chosen.context_length,
             kv_cache_dtype=chosen.kv_cache_dtype,
             chunked_prefill_size=chosen.chunked_prefill_size,
+            gemm_capture_port=capture_port,
             extra_flags=chosen.extra_flags,
         )
         launch = dataclasses.replace(
@@ -210,7 +256,16 @@ def decide(config: Config, inventory: GpuInventory) -> MinerSetup:
                 ("CUDA_VISIBLE_DEVICES", ",".join(map(str, chosen.gpu_indices))),
             ),
         )
-    return MinerSetup(spec, checkpoint, inventory, chosen, launch, (), settings.max_inflight or chosen.max_inflight)
+    return MinerSetup(
+        spec,
+        checkpoint,
+        inventory,
+        chosen,
+        launch,
+        (),
+        settings.max_inflight or chosen.max_inflight,
+        (f"http://127.0.0.1:{capture_port}",) if capture_port is not None else (),
+    )
 
 
 def hardware(inventory: GpuInventory, setup_plan: Plan | None) -> dict[str, Any]:
@@ -319,8 +374,22 @@ class MinerMetrics:
 class ServeRotation:
     """Spreads requests over several already-running servers in turn."""
 
-    def __init__(self, urls: tuple[str, ...], http: httpx.AsyncClient, *, request_timeout_s: float) -> None:
-        self.clients = [ServeClient(url, http, request_timeout_s=request_timeout_s) for url in urls]
+    def __init__(
+        self,
+        urls: tuple[str, ...],
+        http: httpx.AsyncClient,
+        *,
+        request_timeout_s: float,
+        capture_urls: tuple[str, ...] = (),
+    ) -> None:
+        """`capture_urls`: the GEMM capture's port beside each server ("" where none), or empty."""
+        captures = capture_urls or ("",) * len(urls)
+        self.clients = [
+            CapturingServeClient(url, http, capture_url=capture, request_timeout_s=request_timeout_s)
+            if capture
+            else ServeClient(url, http, request_timeout_s=request_timeout_s)
+            for url, capture in zip(urls, captures, strict=True)
+        ]
         self._next = 0
 
     def __call__(self) -> ServeClient:
@@ -356,7 +425,7 @@ class ServeRotation:
             except (httpx.HTTPError, ServeError, ValueError) as error:
                 log.warning(
                     "GEMM audits off: the model server %s did not say whether it commits its activations (%s: %s)",
-                    client.base_url,
+                    client.gemm_url,
                     type(error).__name__,
                     error,
                 )
@@ -446,6 +515,11 @@ async def run_miner(
         check_checkpoint, setup.spec, setup.checkpoint, config.paths.model_cache_dir
     )
     hub.set_state(hub_component, weights_root=weights.root, weights_pinned=weights.pinned)
+    if setup.launch is not None and setup.capture_urls:
+        # The capture writes it into every commitment, as the reference server does its own.
+        setup = dataclasses.replace(
+            setup, launch=dataclasses.replace(setup.launch, env=setup.launch.env + ((WEIGHTS_ROOT_ENV, weights.root),))
+        )
 
     served: ServedModel = await trio.to_thread.run_sync(load_served_model, setup.spec, setup.checkpoint)
     metrics = MinerMetrics(hub)
@@ -469,7 +543,9 @@ async def run_miner(
                     register_restart(actions, supervisor, hub_component)
             else:
                 serve_urls = setup.serve_urls
-            serves = ServeRotation(serve_urls, http, request_timeout_s=setup.spec.max_request_s)
+            serves = ServeRotation(
+                serve_urls, http, request_timeout_s=setup.spec.max_request_s, capture_urls=setup.capture_urls
+            )
             gemm = await serves.gemm_support()
             link = _link(
                 config, setup, served, miner_identity, hub, hub_component, http, metrics, serves, serve_ready, gemm

@@ -166,6 +166,9 @@ class ServeClient:
         self.base_url = base_url.rstrip("/")
         self.http = http
         self.request_timeout_s = request_timeout_s
+        self.gemm_url = self.base_url
+        """Where `open_gemm` asks: the server itself, or the capture's own port beside sglang
+        (`engy_node.miner.sglang.capture_client`)."""
         self._kv_limit: int | None = None
 
     async def abort(self, rid: str) -> bool:
@@ -191,29 +194,23 @@ class ServeClient:
         or `ValueError` (a body that is not JSON) when the server does not say."""
         if self._kv_limit is None:
             response = await self.http.get(f"{self.base_url}/get_server_info", timeout=LOAD_TIMEOUT_S)
-            _raise_for_status(response)
+            raise_for_status(response)
             info = orjson.loads(response.content)
             limit = info.get("max_total_num_tokens") if isinstance(info, dict) else None
             self._kv_limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else 0
         response = await self.http.get(f"{self.base_url}/get_load", timeout=LOAD_TIMEOUT_S)
-        _raise_for_status(response)
+        raise_for_status(response)
         return orjson.loads(response.content), self._kv_limit or None
 
     async def gemm_support(self) -> GemmSupport | None:
         """What activation commitments the server can make (`/get_server_info`'s
-        ``gemm_commitments``, which the reference server sets and sglang does not yet); None
-        when it names none. Raises `httpx.HTTPError`, `ServeError` or `ValueError` when the
+        ``gemm_commitments``, which the reference server sets and sglang does not: its capture
+        says so on a port of its own, `capture_client`); None when it names none. Raises `httpx.HTTPError`, `ServeError` or `ValueError` when the
         server does not answer."""
         response = await self.http.get(f"{self.base_url}/get_server_info", timeout=LOAD_TIMEOUT_S)
-        _raise_for_status(response)
+        raise_for_status(response)
         info = orjson.loads(response.content)
-        gemm = info.get("gemm_commitments") if isinstance(info, dict) else None
-        if not isinstance(gemm, dict):
-            return None
-        name, most, each = gemm.get("format"), _count(gemm.get("max_bytes")), _count(gemm.get("bytes_per_position"))
-        if not (isinstance(name, str) and name and most and each):
-            return None
-        return GemmSupport(name, most // each)
+        return gemm_support_of(info.get("gemm_commitments") if isinstance(info, dict) else None)
 
     async def open_gemm(
         self, rid: str, picks: Sequence[dict[str, Any]], *, timeout_s: float = OPEN_GEMM_TIMEOUT_S
@@ -225,13 +222,13 @@ class ServeClient:
         try:
             with trio.fail_after(timeout_s):
                 response = await self.http.post(
-                    f"{self.base_url}/gemm/openings", json={"rid": rid, "picks": list(picks)}, timeout=None
+                    f"{self.gemm_url}/gemm/openings", json={"rid": rid, "picks": list(picks)}, timeout=None
                 )
         except trio.TooSlowError:
             raise ServeError(f"the model server did not open {rid} within {timeout_s:.0f} s") from None
         except httpx.HTTPError as error:
-            raise ServeError(f"model server unreachable at {self.base_url}: {type(error).__name__}: {error}") from None
-        _raise_for_status(response)
+            raise ServeError(f"model server unreachable at {self.gemm_url}: {type(error).__name__}: {error}") from None
+        raise_for_status(response)
         try:
             payload = orjson.loads(response.content)
         except orjson.JSONDecodeError:
@@ -273,7 +270,7 @@ class ServeClient:
                     result = await self._stream(body, on_progress)
                 else:
                     response = await self.http.post(f"{self.base_url}/generate", json=body, timeout=None)
-                    _raise_for_status(response)
+                    raise_for_status(response)
                     result = orjson.loads(response.content)
                     if isinstance(result, list):
                         result = result[0]
@@ -294,7 +291,7 @@ class ServeClient:
         async with self.http.stream("POST", f"{self.base_url}/generate", json=body, timeout=None) as response:
             if response.status_code >= 400:
                 await response.aread()
-                _raise_for_status(response)
+                raise_for_status(response)
             async for data in response.aiter_bytes():
                 events = parser.feed(data)
                 if not events:
@@ -438,12 +435,23 @@ def _decode_event(payload: bytes) -> dict[str, Any]:
     return event
 
 
+def gemm_support_of(gemm: Any) -> GemmSupport | None:
+    """The `GemmSupport` a server's ``gemm_commitments`` object describes; None when it is not one."""
+    if not isinstance(gemm, dict):
+        return None
+    name, most, each = gemm.get("format"), _count(gemm.get("max_bytes")), _count(gemm.get("bytes_per_position"))
+    if not (isinstance(name, str) and name and most and each):
+        return None
+    return GemmSupport(name, most // each)
+
+
 def _count(value: Any) -> int:
     """`value` when a positive int, else 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def _raise_for_status(response: httpx.Response) -> None:
+def raise_for_status(response: httpx.Response) -> None:
+    """Raise `ServeError` with the server's own message and status for an answer of 400 or more."""
     if response.status_code < 400:
         return
     try:

@@ -53,6 +53,8 @@ CAPTURE_SITE = Path(__file__).with_name("capture_site")
 """The sitecustomize shim that arms `gemm_capture` in sglang's processes."""
 CAPTURE_PORT_ENV = "ENGY_GEMM_CAPTURE_PORT"
 """`gemm_capture.PORT_ENV` (not imported: that module imports numpy, this one stays pure)."""
+WEIGHTS_ROOT_ENV = "ENGY_GEMM_WEIGHTS_ROOT"
+"""`gemm_capture.WEIGHTS_ROOT_ENV`: the checkpoint's root, which the capture puts in every commitment."""
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

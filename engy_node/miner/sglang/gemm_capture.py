@@ -48,7 +48,10 @@ the reference server commits) hashes the first N captured positions, files the r
 commitment wire (``weights_root`` from ``ENGY_GEMM_WEIGHTS_ROOT`` when set, ``arithmetic`` the
 served dtype). Rows past N (sglang's overlap scheduler runs a finished request one step more)
 are dropped. ``POST /gemm/openings`` takes and answers exactly what `engy_node.serve.gemm_routes`
-does. The commitment is not put into sglang's ``meta_info``: that is built in another process.
+does. ``GET /gemm/info`` says what it commits, in the shape of the reference server's
+``gemm_commitments``, or answers 409 with why it commits nothing (sglang launched without the
+two flags); the miner's `capture_client` reads it to decide whether to take GEMM audits. The
+commitment is not put into sglang's ``meta_info``: that is built in another process.
 
 Limits: tensor parallelism 1 and Llama-shaped models (``model.model.layers`` with ``self_attn.
 qkv_proj``/``o_proj``, ``mlp.gate_up_proj``/``down_proj`` and the two norms); no torch.compile;
@@ -77,6 +80,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engy_node.gemm.activations import (
+    FORMAT,
     RESIDUAL_OUT,
     ActivationLayout,
     CommitmentError,
@@ -260,6 +264,8 @@ class SglangCapture:
         self.arithmetic = arithmetic or layout.dtype
         self.prefix = prefix
         self.pending = PendingRows(max_bytes=openings.max_bytes, window_s=openings.window_s, clock=clock)
+        self.refusal = ""
+        """Why this server refuses every commitment (a launch flag missing), or empty."""
         self._committed: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._committed_lock = threading.Lock()
         self._widths = {name: width for name, width in layout.groups}
@@ -443,6 +449,8 @@ class SglangCapture:
     def commit(self, rid: str, positions: int) -> dict[str, Any]:
         """Close `rid`'s record at its first `positions` positions, file it for openings, and
         return the answer's commitment wire; the same again for a repeated call."""
+        if self.refusal:
+            raise CaptureRefused(self.refusal)
         with self._committed_lock:
             done = self._committed.get(rid)
         if done is not None:
@@ -479,6 +487,20 @@ class SglangCapture:
             while len(self._committed) > COMMITTED_KEPT:
                 self._committed.popitem(last=False)
         return wire
+
+    def info(self) -> tuple[int, dict[str, Any]]:
+        """``GET /gemm/info``: what commitments this server makes, in the shape of the reference
+        server's ``/get_server_info`` ``gemm_commitments`` (status 200), or 409 and why it makes none."""
+        if self.refusal:
+            return 409, _error(self.refusal)
+        return 200, {
+            "format": FORMAT,
+            "window_s": self.openings.window_s,
+            "max_bytes": self.openings.max_bytes,
+            "bytes_per_position": self.layout.bytes_per_position(),
+            "max_picks": MAX_PICKS,
+            "arithmetic": self.arithmetic,
+        }
 
 
 # --- the opening server ---------------------------------------------------------------------
@@ -520,9 +542,13 @@ def serve(capture: SglangCapture, port: int, host: str = "127.0.0.1") -> Threadi
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             url = urllib.parse.urlsplit(self.path)
+            if url.path == "/gemm/info":
+                return self._send(*capture.info())
             rid = urllib.parse.unquote(url.path.removeprefix("/gemm/commitment/"))
             if not url.path.startswith("/gemm/commitment/") or not rid:
-                return self._send(404, _error("GET /gemm/commitment/{rid}?positions=N or POST /gemm/openings"))
+                return self._send(
+                    404, _error("GET /gemm/info, GET /gemm/commitment/{rid}?positions=N or POST /gemm/openings")
+                )
             try:
                 positions = int(urllib.parse.parse_qs(url.query)["positions"][0])
                 if positions < 1:
@@ -536,7 +562,9 @@ def serve(capture: SglangCapture, port: int, host: str = "127.0.0.1") -> Threadi
 
         def do_POST(self) -> None:  # noqa: N802
             if self.path != "/gemm/openings":
-                return self._send(404, _error("POST /gemm/openings or GET /gemm/commitment/{rid}?positions=N"))
+                return self._send(
+                    404, _error("POST /gemm/openings, GET /gemm/info or GET /gemm/commitment/{rid}?positions=N")
+                )
             size = int(self.headers.get("Content-Length") or 0)
             if not 0 < size <= MAX_BODY_BYTES:
                 return self._send(413 if size else 400, _error(f"send a JSON body of at most {MAX_BODY_BYTES} bytes"))
@@ -569,6 +597,22 @@ _armed: list[Any] = []
 """The capture and server of this process, once armed (one model per scheduler process)."""
 
 
+def missing_flags(server_args: Any) -> str:
+    """Why a server launched with `server_args` cannot commit (a hook-skipping feature left on),
+    naming the flags to add; empty when it can."""
+    missing = [
+        f"--{flag.replace('_', '-')}"
+        for flag in ("disable_radix_cache", "disable_cuda_graph")
+        if server_args is not None and not getattr(server_args, flag, False)
+    ]
+    if not missing:
+        return ""
+    return (
+        f"sglang runs without {' '.join(missing)}, so the capture would miss rows: every commitment is refused; "
+        f"relaunch sglang with {' '.join(missing)} (engy-node's miner.gemm_capture adds both)"
+    )
+
+
 def arm(runner: Any, port: int) -> SglangCapture | None:
     """Hook the model an sglang ``ModelRunner`` just loaded and start the opening server; None
     (and a line on stderr saying why) where this process must not capture."""
@@ -577,17 +621,14 @@ def arm(runner: Any, port: int) -> SglangCapture | None:
     if int(getattr(runner, "tp_size", 1)) != 1:
         print("[engy] GEMM capture not armed: it needs --tp-size 1 (q/k/v are sharded otherwise)", file=sys.stderr)
         return None
-    args = getattr(runner, "server_args", None)
-    for flag in ("disable_cuda_graph", "disable_radix_cache"):
-        if args is not None and not getattr(args, flag, False):
-            print(
-                f"[engy] GEMM capture: without --{flag.replace('_', '-')} commitments will be refused", file=sys.stderr
-            )
     model = runner.model
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     layout = llama_layout(model.config.to_dict(), dtype)
     exact_arithmetic()
     capture = SglangCapture(layout, SharedOpenings(), weights_root=os.environ.get(WEIGHTS_ROOT_ENV, ""))
+    capture.refusal = missing_flags(getattr(runner, "server_args", None))
+    if capture.refusal:
+        print(f"[engy] GEMM capture: {capture.refusal}", file=sys.stderr)
     capture.attach(model)
     server = serve(capture, port)
     _armed.extend([capture, server])

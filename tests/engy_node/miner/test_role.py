@@ -104,6 +104,41 @@ def test_an_already_running_server_is_used_instead_of_launching_one(tmp_path, ch
     assert setup.serve_urls == ("http://127.0.0.1:8000", "http://127.0.0.1:8001") and setup.max_inflight == 12
 
 
+def test_gemm_capture_arms_the_sglang_server_on_one_gpu_with_the_flags_it_needs(tmp_path, checkpoint):
+    setup = decide(miner_config(tmp_path, gemm_capture=True), detect(nvml=FakeNvml.from_spec("1xRTX4090")))
+    assert setup.launch.kind == "sglang" and setup.launch.argv[-2:] == ("--disable-cuda-graph", "--disable-radix-cache")
+    (capture_url,) = setup.capture_urls
+    env = dict(setup.launch.env)
+    assert capture_url == f"http://127.0.0.1:{env['ENGY_GEMM_CAPTURE_PORT']}"
+    assert env["PYTHONPATH"].endswith("capture_site")
+    assert f"GEMM capture: {capture_url}" in setup.describe()
+    plain = decide(miner_config(tmp_path), detect(nvml=FakeNvml.from_spec("1xRTX4090")))
+    assert plain.capture_urls == () and "ENGY_GEMM_CAPTURE_PORT" not in dict(plain.launch.env)
+    on_cpu = decide(miner_config(tmp_path, gemm_capture=True), detect())
+    assert on_cpu.launch.kind == "reference" and on_cpu.capture_urls == (), "the reference server commits itself"
+
+
+def test_gemm_capture_is_refused_for_a_plan_over_several_gpus_naming_the_way_out(tmp_path, checkpoint, qwen_checkpoint):
+    with pytest.raises(MinerError, match=r"dp 2.*capture port of its own.*miner.gemm_capture_urls"):
+        decide(miner_config(tmp_path, gemm_capture=True), detect(nvml=FakeNvml.from_spec("2xRTX4090")))
+    config = miner_config(tmp_path, model="qwen3.6-35b-a3b", checkpoint=str(qwen_checkpoint), gemm_capture=True)
+    with pytest.raises(MinerError, match=r"tp 4.*sharded over GPUs.*Unset miner.gemm_capture"):
+        decide(config, detect(nvml=FakeNvml.from_spec("4xRTX4090")))
+
+
+def test_capture_ports_of_servers_the_operator_runs_pair_with_them_in_order(tmp_path, checkpoint):
+    urls = "http://127.0.0.1:8000, http://127.0.0.1:8001"
+    setup = decide(miner_config(tmp_path, serve_urls=urls, gemm_capture_urls="http://127.0.0.1:9000/,"), detect())
+    assert setup.capture_urls == ("http://127.0.0.1:9000", "")
+    assert decide(miner_config(tmp_path, serve_urls=urls), detect()).capture_urls == ()
+    with pytest.raises(MinerError, match="names 1 capture port.*for 2 model server"):
+        decide(miner_config(tmp_path, serve_urls=urls, gemm_capture_urls="http://127.0.0.1:9000"), detect())
+    with pytest.raises(MinerError, match="name its ports in miner.gemm_capture_urls"):
+        decide(miner_config(tmp_path, serve_urls=urls, gemm_capture=True), detect())
+    with pytest.raises(MinerError, match="set miner.gemm_capture = true"):
+        decide(miner_config(tmp_path, gemm_capture_urls="http://127.0.0.1:9000"), detect())
+
+
 def test_fake_gpus_print_the_plan_and_command_and_launch_nothing(tmp_path, qwen_checkpoint):
     result = subprocess.run(
         [
