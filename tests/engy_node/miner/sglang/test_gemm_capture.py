@@ -4,7 +4,8 @@ the residual add in place, a model called with a ForwardBatch) and loaded with S
 weights: the root it commits for a request equals the root the reference server's capture
 commits for the same tokens, in a batch beside a request that did not ask; rows it did not see
 (a radix-cache prefix, a CUDA-graph decode step) are refused, not committed; its loopback server
-opens what it committed. No sglang here: the fakes copy sglang's structure
+opens what it committed; behind `SglangStandIn`, the miner's `ServeClient` gets sglang's answer
+and the capture commits it. No sglang here: the fakes (`llama_like`) copy sglang's structure
 (``sglang/srt/models/llama.py``), and the attention between the GEMMs is transformers' own, so
 the two captures see the same numbers.
 """
@@ -15,18 +16,19 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
+import trio
 
 from engy_node.gemm.activations import Commitment, Opening, group_values, llama_layout, verify_opening
 from engy_node.miner.sglang import gemm_capture as gc
 from engy_node.serve.capture import ActivationCapture, SharedOpenings
+from engy_node.serve.client import ServeClient
+from tests.engy_node.miner.sglang.llama_like import LlamaForCausalLM, Scheduler, SglangStandIn
 
 PROMPT = [1, 504, 3575, 282, 4649, 314]
 FED = [29, 7390, 30]
@@ -34,179 +36,17 @@ FED = [29, 7390, 30]
 POSITIONS = len(PROMPT) + len(FED)
 
 
-class Linear(nn.Module):
-    """sglang's QKVParallelLinear / MergedColumnParallelLinear / RowParallelLinear at tp 1, with
-    batch-invariant products as under ``--enable-deterministic-inference`` (which the miner
-    launches with): each request's rows are multiplied alone, so a row's bits do not depend on
-    what else is in its batch (a CPU matmul's kernel follows the row count)."""
-
-    spans: tuple[tuple[int, int], ...] = ()
-    """(first row, rows) of each request in the batch running now (set by `Scheduler.run`)."""
-
-    def __init__(self, *weights: torch.Tensor) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.cat(weights), requires_grad=False)
-
-    def forward(self, x):
-        return torch.cat([F.linear(x[row : row + count], self.weight) for row, count in self.spans]), None
-
-
-class RMSNorm(nn.Module):
-    """sglang's RMSNorm as its CUDA path runs: with a residual, both inputs are overwritten (the
-    sum into ``residual``, the normed sum into ``x``) and returned; the norm is transformers'."""
-
-    def __init__(self, hf_norm: nn.Module) -> None:
-        super().__init__()
-        self.hf_norm = hf_norm
-
-    def forward(self, x, residual=None):
-        if residual is None:
-            return self.hf_norm(x)
-        residual.copy_(x + residual)
-        x.copy_(self.hf_norm(residual))
-        return x, residual
-
-
-class Attention(nn.Module):
-    def __init__(self, hf_attention: nn.Module, rotary: nn.Module, layer: int) -> None:
-        super().__init__()
-        self.qkv_proj = Linear(hf_attention.q_proj.weight, hf_attention.k_proj.weight, hf_attention.v_proj.weight)
-        self.o_proj = Linear(hf_attention.o_proj.weight)
-        self.hf = hf_attention
-        self.rotary = rotary
-        self.layer = layer
-        self.sizes = [
-            hf_attention.q_proj.out_features,
-            hf_attention.k_proj.out_features,
-            hf_attention.v_proj.out_features,
-        ]
-
-    def forward(self, positions, hidden_states, forward_batch):
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        qkv, _ = self.qkv_proj(hidden_states)
-        q, k, v = qkv.split(self.sizes, dim=-1)
-        attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.hf.config._attn_implementation, None)
-        outputs = []
-        for rid, row, count in forward_batch.spans:
-            rows = slice(row, row + count)
-            shape = (1, count, -1, self.hf.head_dim)
-            qi, ki, vi = (t[rows].reshape(shape).transpose(1, 2) for t in (q, k, v))
-            cos, sin = self.rotary(hidden_states[None, rows], positions[None, rows])
-            qi, ki = apply_rotary_pos_emb(qi, ki, cos, sin)
-            cached = forward_batch.kv.get((rid, self.layer))
-            if cached is not None:
-                ki, vi = torch.cat([cached[0], ki], dim=-2), torch.cat([cached[1], vi], dim=-2)
-            forward_batch.kv[rid, self.layer] = (ki, vi)
-            out, _ = attend(self.hf, qi, ki, vi, None, dropout=0.0, scaling=self.hf.scaling)
-            outputs.append(out.reshape(count, -1))
-        output, _ = self.o_proj(torch.cat(outputs).contiguous())
-        return output
-
-
-class MLP(nn.Module):
-    def __init__(self, hf_mlp: nn.Module) -> None:
-        super().__init__()
-        self.gate_up_proj = Linear(hf_mlp.gate_proj.weight, hf_mlp.up_proj.weight)
-        self.down_proj = Linear(hf_mlp.down_proj.weight)
-
-    def forward(self, x):
-        gate_up, _ = self.gate_up_proj(x)
-        half = gate_up.shape[-1] // 2
-        x, _ = self.down_proj(F.silu(gate_up[..., :half]) * gate_up[..., half:])
-        return x
-
-
-class DecoderLayer(nn.Module):
-    """sglang's LlamaDecoderLayer.forward, line for line."""
-
-    def __init__(self, hf_layer: nn.Module, rotary: nn.Module, index: int) -> None:
-        super().__init__()
-        self.self_attn = Attention(hf_layer.self_attn, rotary, index)
-        self.mlp = MLP(hf_layer.mlp)
-        self.input_layernorm = RMSNorm(hf_layer.input_layernorm)
-        self.post_attention_layernorm = RMSNorm(hf_layer.post_attention_layernorm)
-
-    def forward(self, positions, hidden_states, forward_batch, residual):
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states, forward_batch=forward_batch)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        hidden_states = self.mlp(hidden_states)
-        return hidden_states, residual
-
-
-class LlamaModel(nn.Module):
-    def __init__(self, hf_model: nn.Module) -> None:
-        super().__init__()
-        inner = hf_model.model
-        self.embed_tokens = inner.embed_tokens
-        self.layers = nn.ModuleList(DecoderLayer(layer, inner.rotary_emb, i) for i, layer in enumerate(inner.layers))
-        self.norm = RMSNorm(inner.norm)
-
-    def forward(self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None):
-        hidden_states, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
-        hidden_states, _ = self.norm(hidden_states, residual)
-        return hidden_states
-
-
-class LlamaForCausalLM(nn.Module):
-    def __init__(self, hf_model: nn.Module) -> None:
-        super().__init__()
-        self.model = LlamaModel(hf_model)
-        self.config = hf_model.config
-
-    def forward(self, input_ids, positions, forward_batch):
-        return self.model(input_ids, positions, forward_batch)
-
-
-class Scheduler:
-    """Builds ForwardBatches the way sglang does (the fields the capture reads) and runs them."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self.kv: dict = {}
-
-    def run(self, mode: str, requests: list[tuple[str, list[int], int]]) -> None:
-        """`requests`: (rid, tokens, position of the first) for each request of the batch."""
-        spans, row = [], 0
-        for rid, tokens, _ in requests:
-            spans.append((rid, row, len(tokens)))
-            row += len(tokens)
-        extend = mode != "DECODE"
-        batch = SimpleNamespace(
-            forward_mode=SimpleNamespace(name=mode),
-            rids=[rid for rid, _, _ in requests],
-            extend_seq_lens_cpu=[len(t) for _, t, _ in requests] if extend else None,
-            extend_prefix_lens_cpu=[p for _, _, p in requests] if extend else None,
-            seq_lens_cpu=torch.tensor([p + len(t) for _, t, p in requests]),
-            seq_lens=None,
-            spans=spans,
-            kv=self.kv,
-        )
-        Linear.spans = tuple((row, count) for _, row, count in spans)
-        ids = torch.tensor([t for _, tokens, _ in requests for t in tokens])
-        positions = torch.tensor([p + i for _, tokens, p in requests for i in range(len(tokens))])
-        with torch.inference_mode():
-            self.model(ids, positions, batch)
-
-    def serve(self, rid: str, *, other: str | None = None) -> None:
-        """Prefill `rid`'s prompt, then decode FED one at a time; `other`, when given, rides in
-        every batch with a prompt and outputs of its own."""
-        other_prompt = [1, 9690, 198, 2683, 314, 253, 1232]
-        prefill = [(rid, PROMPT, 0)] + ([(other, other_prompt, 0)] if other else [])
-        self.run("EXTEND", prefill[::-1])
-        for step, token in enumerate(FED):
-            decode = [(rid, [token], len(PROMPT) + step)]
-            if other:
-                decode.insert(0, (other, [17], len(other_prompt) + step))
-            self.run("DECODE", decode)
+def serve(scheduler: Scheduler, rid: str, *, other: str | None = None) -> None:
+    """Prefill `rid`'s PROMPT, then decode FED one at a time; `other`, when given, rides in every
+    batch with a prompt and outputs of its own."""
+    other_prompt = [1, 9690, 198, 2683, 314, 253, 1232]
+    prefill = [(rid, PROMPT, 0)] + ([(other, other_prompt, 0)] if other else [])
+    scheduler.run("EXTEND", prefill[::-1])
+    for step, token in enumerate(FED):
+        decode = [(rid, [token], len(PROMPT) + step)]
+        if other:
+            decode.insert(0, (other, [17], len(other_prompt) + step))
+        scheduler.run("DECODE", decode)
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +89,7 @@ def sglang(sglang_model, layout):
 
 def test_a_request_that_asked_commits_the_reference_servers_root(sglang, reference_root):
     capture, scheduler = sglang
-    scheduler.serve("engy-gemm-a")
+    serve(scheduler, "engy-gemm-a")
     wire = capture.commit("engy-gemm-a", POSITIONS)
     assert wire["activations_root"] == reference_root
     assert wire["arithmetic"] == "bfloat16" and "weights_root" not in wire
@@ -258,7 +98,7 @@ def test_a_request_that_asked_commits_the_reference_servers_root(sglang, referen
 
 def test_in_a_batch_with_one_that_did_not_ask_only_the_asking_request_is_recorded(sglang, reference_root):
     capture, scheduler = sglang
-    scheduler.serve("engy-gemm-b", other="plain-request")
+    serve(scheduler, "engy-gemm-b", other="plain-request")
     assert capture.commit("engy-gemm-b", POSITIONS)["activations_root"] == reference_root
     with pytest.raises(gc.CaptureRefused, match="no captured rows") as refused:
         capture.commit("plain-request", 10)
@@ -267,10 +107,10 @@ def test_in_a_batch_with_one_that_did_not_ask_only_the_asking_request_is_recorde
 
 def test_rows_past_the_answer_are_left_out_and_a_short_record_is_refused(sglang, reference_root):
     capture, scheduler = sglang
-    scheduler.serve("engy-gemm-c")
+    serve(scheduler, "engy-gemm-c")
     scheduler.run("DECODE", [("engy-gemm-c", [11], POSITIONS)])  # the overlap scheduler's extra step
     assert capture.commit("engy-gemm-c", POSITIONS)["activations_root"] == reference_root
-    scheduler.serve("engy-gemm-d")
+    serve(scheduler, "engy-gemm-d")
     with pytest.raises(gc.CaptureRefused, match="--disable-cuda-graph"):
         capture.commit("engy-gemm-d", POSITIONS + 1)
 
@@ -295,7 +135,7 @@ def test_a_speculative_batch_marks_the_asking_request_and_serving_goes_on(sglang
 
 def test_the_loopback_server_commits_and_opens_what_was_captured(sglang, layout):
     capture, scheduler = sglang
-    scheduler.serve("engy-gemm-g")
+    serve(scheduler, "engy-gemm-g")
     server = gc.serve(capture, 0)
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
@@ -315,6 +155,41 @@ def test_the_loopback_server_commits_and_opens_what_was_captured(sglang, layout)
     finally:
         server.shutdown()
         server.server_close()
+
+
+async def test_the_miners_client_gets_sglangs_answer_from_the_stand_in_and_the_capture_commits_it(
+    sglang_model, hf_model, runner, layout
+):
+    """`SglangStandIn` with the capture armed, met as the miner meets sglang: `ServeClient` gets
+    the greedy answer with one hidden row per token, streamed or not, and the opening server
+    commits every position that answer covers (prompt + output − 1)."""
+    stand_in = SglangStandIn(sglang_model, hf_model, capture=gc.SglangCapture(layout, SharedOpenings()))
+    async with httpx.AsyncClient(timeout=120) as http, trio.open_nursery() as nursery:
+        await nursery.start(stand_in.run)
+        client = ServeClient(stand_in.url, http)
+        result = await client.generate(PROMPT, {"temperature": 0.0}, max_new_tokens=4, rid_prefix="engy-gemm-x")
+        streamed = await client.generate(
+            PROMPT, {"temperature": 0.0}, max_new_tokens=4, rid_prefix="engy-gemm-y", stream=True
+        )
+        positions = len(PROMPT) + len(result.output_ids) - 1
+        committed = await http.get(
+            f"{stand_in.capture_url}/gemm/commitment/engy-gemm-x-0", params={"positions": positions}
+        )
+        nursery.cancel_scope.cancel()
+    assert committed.status_code == 200 and committed.json()["positions"] == positions
+    cache, ids, rows = runner.new_cache(), [], []
+    hidden, logits = runner.forward(PROMPT, cache)
+    while True:
+        ids.append(int(logits.argmax()))
+        rows.append(hidden[-1].float().tolist())
+        if len(ids) == 4:
+            break
+        hidden, logits = runner.forward(ids[-1:], cache)
+    assert result.output_ids == ids and result.finish_reason == {"type": "length", "length": 4}
+    assert result.hidden_rows == rows
+    assert (streamed.output_ids, streamed.hidden_rows) == (ids, rows)
+    assert [body["rid"] for body in stand_in.bodies] == ["engy-gemm-x-0", "engy-gemm-y-0"]
+    assert stand_in.bodies[0]["sampling_params"] == {"temperature": 0.0, "max_new_tokens": 4}
 
 
 def test_q_k_v_and_gate_up_are_the_merged_gemms_columns(sglang, hf_model, layout):
