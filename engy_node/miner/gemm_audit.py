@@ -2,7 +2,8 @@
 their activations, which serve holds each record, and the answer to a challenge.
 
 A miner takes part only when every model server it serves through can commit (`ServeClient.
-gemm_support`: the reference server can, sglang cannot yet); the role decides that once, and a
+gemm_support`: the reference server can, sglang with the capture armed can through
+`sglang.capture_client`, plain sglang cannot); the role decides that once, and a
 miner that cannot announces nothing and ignores ``return_gemm_commitment``, as before audits
 existed. One that can commits an answer when the gateway asks and the answer fits the server's
 record store: the server refuses to capture a request whose record could not fit (a 400), and

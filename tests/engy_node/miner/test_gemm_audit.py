@@ -117,11 +117,12 @@ async def start_forwarder(nursery, upstream: str, http: httpx.AsyncClient, *, co
 
 
 async def start_miner(
-    nursery, gateway, served_model, serve_urls, http, *, chunk_tokens=4096, most_positions=None
+    nursery, gateway, served_model, serve_urls, http, *, chunk_tokens=4096, most_positions=None, capture_urls=()
 ) -> RequestHandler:
     """The link and handler wired as `engy_node.miner.role` wires them: GEMM audits on when
-    every serve says it commits (`most_positions` overrides the store's size)."""
-    serves = ServeRotation(tuple(serve_urls), http, request_timeout_s=600)
+    every serve says it commits (`most_positions` overrides the store's size; `capture_urls`
+    are the GEMM capture's ports beside sglang servers)."""
+    serves = ServeRotation(tuple(serve_urls), http, request_timeout_s=600, capture_urls=tuple(capture_urls))
     gemm = await serves.gemm_support()
     if gemm is not None and most_positions is not None:
         gemm = dataclasses.replace(gemm, most_positions=most_positions)
