@@ -239,6 +239,9 @@ class MinerState:
     simulated_cheat: str | None = None
     """The cheat its model server is told to serve (`miner.simulate_cheat`, demos and tests
     only); None: honest."""
+    proofs: str | None = None
+    """Which proofs judge it — GEMM audits + TOPLOC, or TOPLOC alone — and why
+    (`ServeRotation.gemm_support`); None until its model server was asked."""
     epoch: gates.MinerEpoch | None = None
     """Its newest published epoch, gates explained, as its gateway tells it (`miner.epoch_watch`)."""
 

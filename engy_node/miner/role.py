@@ -391,6 +391,8 @@ class ServeRotation:
             for url, capture in zip(urls, captures, strict=True)
         ]
         self._next = 0
+        self.gemm_decision: str | None = None
+        """Which proofs judge this miner and why, once `gemm_support` has asked."""
 
     def __call__(self) -> ServeClient:
         client = self.clients[self._next % len(self.clients)]
@@ -417,36 +419,41 @@ class ServeRotation:
     async def gemm_support(self) -> GemmSupport | None:
         """What activation commitments every server makes (the smallest record store of them),
         or None when one cannot — or does not say: a miner takes GEMM audits only when every
-        answer it serves can be challenged. The decision is logged with its reason."""
+        answer it serves can be challenged. The decision is logged with its reason and kept in
+        `gemm_decision` for the miner's state."""
         supports = []
         for client in self.clients:
             try:
                 support = await client.gemm_support()
             except (httpx.HTTPError, ServeError, ValueError) as error:
-                log.warning(
-                    "GEMM audits off: the model server %s did not say whether it commits its activations (%s: %s)",
-                    client.gemm_url,
-                    type(error).__name__,
-                    error,
+                self._gemm_off(
+                    f"the model server {client.gemm_url} did not say whether it commits its activations "
+                    f"({type(error).__name__}: {error})",
+                    logging.WARNING,
                 )
                 return None
             if support is None or support.format not in GEMM_FORMATS:
-                log.info(
-                    "GEMM audits off: the model server %s does not commit its activations in %s (%s); "
-                    "TOPLOC alone judges this miner",
-                    client.base_url,
-                    " or ".join(GEMM_FORMATS),
-                    "it names none" if support is None else f"it names {support.format}",
+                named = "it names none" if support is None else f"it names {support.format}"
+                self._gemm_off(
+                    f"the model server {client.base_url} does not commit its activations in "
+                    f"{' or '.join(GEMM_FORMATS)} ({named})",
+                    logging.INFO,
                 )
                 return None
             supports.append(support)
         chosen = min(supports, key=lambda support: support.most_positions)
+        formats = " and ".join(sorted({support.format for support in supports}))
+        self.gemm_decision = f"GEMM audits + TOPLOC ({formats}, up to {chosen.most_positions} positions an answer)"
         log.info(
             "GEMM audits on: the model server(s) commit %s activations, up to %d positions per answer",
-            " and ".join(sorted({support.format for support in supports})),
+            formats,
             chosen.most_positions,
         )
         return chosen
+
+    def _gemm_off(self, reason: str, level: int) -> None:
+        self.gemm_decision = f"TOPLOC alone: {reason}"
+        log.log(level, "GEMM audits off: %s; TOPLOC alone judges this miner", reason)
 
 
 def server_record_path(config: Config, server_hub_component: str) -> Path:
@@ -547,6 +554,7 @@ async def run_miner(
                 serve_urls, http, request_timeout_s=setup.spec.max_request_s, capture_urls=setup.capture_urls
             )
             gemm = await serves.gemm_support()
+            hub.set_state(hub_component, proofs=serves.gemm_decision)
             link = _link(
                 config, setup, served, miner_identity, hub, hub_component, http, metrics, serves, serve_ready, gemm
             )

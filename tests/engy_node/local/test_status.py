@@ -150,8 +150,18 @@ def full_document() -> dict:
                 "verdicts": {"pass": 10, "unproven": 1},
                 "proofs": {"toploc": {"pass": 8}, "gemm": {"pass": 2, "unproven": 1}},
             },
-            "miner-1": {"model": "smollm2-135m", "weights_root": PINNED_ROOT, "weights_pinned": True},
-            "miner-2": {"model": "qwen3.6-35b-a3b", "weights_root": "cd" * 32, "weights_pinned": False},
+            "miner-1": {
+                "model": "smollm2-135m",
+                "weights_root": PINNED_ROOT,
+                "weights_pinned": True,
+                "proofs": "GEMM audits + TOPLOC (engy-activations-v2, up to 3929 positions an answer)",
+            },
+            "miner-2": {
+                "model": "qwen3.6-35b-a3b",
+                "weights_root": "cd" * 32,
+                "weights_pinned": False,
+                "proofs": "TOPLOC alone: the model server http://127.0.0.1:30000 does not commit its activations",
+            },
             "miner-10": {"model": "smollm2-135m"},
             "traffic_generator": {
                 "paused": False,
@@ -233,6 +243,10 @@ def test_a_full_document_renders_every_section(transport):
         "    weights_root  9fc5eb146e57… (the catalog's pin)",
         "    weights_root  cdcdcdcdcdcd… (the catalog pins none)",
         "    weights_root  not checked yet",
+    ]
+    assert [line for line in serving if "proofs" in line] == [
+        "    proofs        GEMM audits + TOPLOC (engy-activations-v2, up to 3929 positions an answer)",
+        "    proofs        TOPLOC alone: the model server http://127.0.0.1:30000 does not commit its activations",
     ]
     assert section(text, "verifier ") == [
         "verifier   running; verdicts: pass 10, cheat 0, unproven 1",

@@ -108,6 +108,8 @@ async def test_a_capture_without_its_launch_flags_turns_audits_off_and_answers_g
     with caplog.at_level(logging.WARNING, logger="engy.miner"):
         assert await rotation.gemm_support() is None
     assert "GEMM audits off" in caplog.text and "--disable-cuda-graph" in caplog.text
+    assert rotation.gemm_decision.startswith("TOPLOC alone: the model server http://127.0.0.1:")
+    assert "relaunch sglang with --disable-cuda-graph" in rotation.gemm_decision
 
     with caplog.at_level(logging.WARNING, logger="engy.miner.capture_client"):
         result = await client.generate(PROMPT, {}, max_new_tokens=3, rid_prefix="engy-r", return_gemm_commitment=True)
