@@ -268,6 +268,16 @@ def decide(config: Config, inventory: GpuInventory) -> MinerSetup:
     )
 
 
+def with_capture_weights_root(setup: MinerSetup, weights_root: str) -> MinerSetup:
+    """`setup` with the checked checkpoint's root handed to the GEMM capture it arms in sglang,
+    which writes it into every commitment as the reference server does its own; unchanged
+    when it arms none."""
+    if setup.launch is None or not setup.capture_urls:
+        return setup
+    env = setup.launch.env + ((WEIGHTS_ROOT_ENV, weights_root),)
+    return dataclasses.replace(setup, launch=dataclasses.replace(setup.launch, env=env))
+
+
 def hardware(inventory: GpuInventory, setup_plan: Plan | None) -> dict[str, Any]:
     import psutil
 
@@ -522,11 +532,7 @@ async def run_miner(
         check_checkpoint, setup.spec, setup.checkpoint, config.paths.model_cache_dir
     )
     hub.set_state(hub_component, weights_root=weights.root, weights_pinned=weights.pinned)
-    if setup.launch is not None and setup.capture_urls:
-        # The capture writes it into every commitment, as the reference server does its own.
-        setup = dataclasses.replace(
-            setup, launch=dataclasses.replace(setup.launch, env=setup.launch.env + ((WEIGHTS_ROOT_ENV, weights.root),))
-        )
+    setup = with_capture_weights_root(setup, weights.root)
 
     served: ServedModel = await trio.to_thread.run_sync(load_served_model, setup.spec, setup.checkpoint)
     metrics = MinerMetrics(hub)

@@ -17,7 +17,7 @@ from engy_node.config import load_config
 from engy_node.errors import ConfigError
 from engy_node.hardware.fake_nvml import FakeNvml
 from engy_node.hardware.gpu import detect
-from engy_node.miner.role import MinerError, decide
+from engy_node.miner.role import MinerError, decide, with_capture_weights_root
 from engy_node.models import SMOLLM2_135M, model_root
 from engy_node.protocol.gemm import FEATURE_GEMM
 from engy_node.protocol.miner import FEATURE_SEEDED, OUR_FEATURES, Message, ServeRequest
@@ -112,8 +112,11 @@ def test_gemm_capture_arms_the_sglang_server_on_one_gpu_with_the_flags_it_needs(
     assert capture_url == f"http://127.0.0.1:{env['ENGY_GEMM_CAPTURE_PORT']}"
     assert env["PYTHONPATH"].endswith("capture_site")
     assert f"GEMM capture: {capture_url}" in setup.describe()
+    armed = with_capture_weights_root(setup, "ab" * 32)
+    assert dict(armed.launch.env)["ENGY_GEMM_WEIGHTS_ROOT"] == "ab" * 32 and armed.launch.argv == setup.launch.argv
     plain = decide(miner_config(tmp_path), detect(nvml=FakeNvml.from_spec("1xRTX4090")))
     assert plain.capture_urls == () and "ENGY_GEMM_CAPTURE_PORT" not in dict(plain.launch.env)
+    assert with_capture_weights_root(plain, "ab" * 32) == plain
     on_cpu = decide(miner_config(tmp_path, gemm_capture=True), detect())
     assert on_cpu.launch.kind == "reference" and on_cpu.capture_urls == (), "the reference server commits itself"
 
