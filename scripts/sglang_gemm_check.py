@@ -4,7 +4,8 @@
 
 Starts sglang on the embedded SmolLM2 checkpoint with the capture armed, exactly as the miner
 would (`command.sglang_launch(gemm_capture_port=…)`: the `capture_site` shim on PYTHONPATH,
-``--disable-cuda-graph --disable-radix-cache``), sends a request that asks (rid ``engy-gemm-…``)
+``--disable-cuda-graph --disable-radix-cache``), asks the capture what it commits
+(``GET /gemm/info``, what the miner reads), sends a request that asks (rid ``engy-gemm-…``)
 in the same moment as one that does not, asks the capture for the commitment
 (prompt + output − 1 positions), opens every group of three layers at three positions, verifies
 each opening against the root, and holds every projection's opened rows to `gemm_check.row_check`
@@ -86,6 +87,9 @@ def main() -> int:
                     return 1
                 time.sleep(2)
             say("start", ok=True)
+            info = httpx.get(f"http://127.0.0.1:{options.capture_port}/gemm/info", timeout=30)
+            say("info", status=info.status_code, body=info.json())
+            failures += info.status_code != 200
 
             def generate(rid: str) -> tuple[dict, float]:
                 body = {
