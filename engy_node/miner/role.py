@@ -66,6 +66,7 @@ from engy_node.miner.serving import RequestHandler, RequestOutcome
 from engy_node.miner.sglang import LaunchSpec, ModelServerSupervisor, reference_launch, sglang_launch, shell_command
 from engy_node.miner.sglang.capture_client import CapturingServeClient
 from engy_node.miner.sglang.command import WEIGHTS_ROOT_ENV
+from engy_node.miner.sglang.gemm_capture import ARCHITECTURES as CAPTURED_ARCHITECTURES
 from engy_node.models import ModelSpec, get_model
 from engy_node.protocol.gemm import FEATURE_GEMM
 from engy_node.protocol.miner import FEATURE_SEEDED, OUR_FEATURES, Capacity, KvLoad
@@ -205,6 +206,12 @@ def decide(config: Config, inventory: GpuInventory) -> MinerSetup:
     port = settings.serve_port or free_loopback_port()
     capture_port = None
     if settings.gemm_capture and chosen.server == "sglang":
+        if shape.architecture not in CAPTURED_ARCHITECTURES:
+            raise MinerError(
+                f"miner.gemm_capture hooks sglang's {', '.join(CAPTURED_ARCHITECTURES)} (dense, Llama-shaped), and "
+                f"{spec.id} is a {shape.architecture}: unset miner.gemm_capture (TOPLOC alone judges a miner of "
+                "this model)"
+            )
         if chosen.tp != 1 or chosen.dp != 1:
             why = (
                 "the capture cannot read projections sharded over GPUs"
@@ -435,12 +442,8 @@ class ServeRotation:
         for client in self.clients:
             try:
                 support = await client.gemm_support()
-            except (httpx.HTTPError, ServeError, ValueError) as error:
-                self._gemm_off(
-                    f"the model server {client.gemm_url} did not say whether it commits its activations "
-                    f"({type(error).__name__}: {error})",
-                    logging.WARNING,
-                )
+            except ServeError as error:
+                self._gemm_off(str(error), logging.WARNING)
                 return None
             if support is None or support.format not in GEMM_FORMATS:
                 named = "it names none" if support is None else f"it names {support.format}"

@@ -205,11 +205,18 @@ class ServeClient:
     async def gemm_support(self) -> GemmSupport | None:
         """What activation commitments the server can make (`/get_server_info`'s
         ``gemm_commitments``, which the reference server sets and sglang does not: its capture
-        says so on a port of its own, `capture_client`); None when it names none. Raises `httpx.HTTPError`, `ServeError` or `ValueError` when the
-        server does not answer."""
-        response = await self.http.get(f"{self.base_url}/get_server_info", timeout=LOAD_TIMEOUT_S)
-        raise_for_status(response)
-        info = orjson.loads(response.content)
+        says so on a port of its own, `capture_client`); None when it names none. Raises
+        `ServeError` naming the server when it does not answer."""
+        try:
+            response = await self.http.get(f"{self.base_url}/get_server_info", timeout=LOAD_TIMEOUT_S)
+            raise_for_status(response)
+            info = orjson.loads(response.content)
+        except (httpx.HTTPError, ServeError, orjson.JSONDecodeError) as error:
+            raise ServeError(
+                f"the model server {self.base_url} did not say whether it commits its activations "
+                f"({type(error).__name__}: {error})",
+                status=error.status if isinstance(error, ServeError) else None,
+            ) from None
         return gemm_support_of(info.get("gemm_commitments") if isinstance(info, dict) else None)
 
     async def open_gemm(

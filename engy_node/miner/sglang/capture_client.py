@@ -66,10 +66,20 @@ class CapturingServeClient(ServeClient):
         self.gemm_url = capture_url.rstrip("/")
 
     async def gemm_support(self) -> GemmSupport | None:
-        """What the capture commits (``GET /gemm/info``); raises `ServeError` naming why it
-        commits nothing (409) and `httpx.HTTPError` when it does not answer (not armed)."""
-        response = await self.http.get(f"{self.gemm_url}/gemm/info", timeout=LOAD_TIMEOUT_S)
-        raise_for_status(response)
+        """What the capture commits (``GET /gemm/info``). Raises `ServeError` saying why it
+        commits nothing: its own reason and fix (a 409), or that it does not answer, which means
+        sglang never armed it, and where sglang said why."""
+        try:
+            response = await self.http.get(f"{self.gemm_url}/gemm/info", timeout=LOAD_TIMEOUT_S)
+        except httpx.HTTPError as error:
+            raise ServeError(
+                f"the GEMM capture at {self.gemm_url} does not answer ({type(error).__name__}): sglang did not arm "
+                "it; its log says why after '[engy] GEMM capture not armed', or nothing if the capture_site folder "
+                "was not on its PYTHONPATH with ENGY_GEMM_CAPTURE_PORT set to this port"
+            ) from None
+        if response.status_code >= 400:
+            refusal = _message(response)
+            raise ServeError(f"the GEMM capture at {self.gemm_url} refuses: {refusal}", status=response.status_code)
         return gemm_support_of(orjson.loads(response.content))
 
     async def generate(
@@ -114,6 +124,8 @@ class CapturingServeClient(ServeClient):
     ) -> dict[str, Any]:
         """sglang's ``/generate``, then the capture's commitment for `rid` when asked.
         `gemm_commit_from` does not apply: with the radix cache off every record starts at 0."""
+        if return_gemm_commitment and not rid.startswith(RID_PREFIX):
+            raise ValueError(f"rid {rid!r}: the capture records only rids starting {RID_PREFIX!r}")
         result = await super().generate_once(
             input_ids,
             sampling_params,
@@ -124,8 +136,6 @@ class CapturingServeClient(ServeClient):
         )
         if not return_gemm_commitment:
             return result
-        if not rid.startswith(RID_PREFIX):
-            raise ValueError(f"rid {rid!r}: the capture records only rids starting {RID_PREFIX!r}")
         meta = result.get("meta_info")
         if not isinstance(meta, dict):
             meta = result["meta_info"] = {}
@@ -152,3 +162,12 @@ class CapturingServeClient(ServeClient):
             log.warning("%s: the GEMM capture at %s answered a commitment that is not an object", rid, self.gemm_url)
             return None
         return wire
+
+
+def _message(response: httpx.Response) -> str:
+    """The error message of the capture's JSON answer, else the start of its body."""
+    try:
+        body = orjson.loads(response.content)
+        return str(body["error"]["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return response.text[:300]

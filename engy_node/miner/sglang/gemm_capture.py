@@ -49,9 +49,10 @@ commitment wire (``weights_root`` from ``ENGY_GEMM_WEIGHTS_ROOT`` when set, ``ar
 served dtype). Rows past N (sglang's overlap scheduler runs a finished request one step more)
 are dropped. ``POST /gemm/openings`` takes and answers exactly what `engy_node.serve.gemm_routes`
 does. ``GET /gemm/info`` says what it commits, in the shape of the reference server's
-``gemm_commitments``, or answers 409 with why it commits nothing (sglang launched without the
-two flags); the miner's `capture_client` reads it to decide whether to take GEMM audits. The
-commitment is not put into sglang's ``meta_info``: that is built in another process.
+``gemm_commitments``, or answers 409 with why it commits nothing and the fix (`refusal_of`: a
+model the hooks do not know, tensor or data parallelism, a launch flag missing; the server
+then hooks nothing); the miner's `capture_client` reads it to decide whether to take GEMM
+audits. The commitment is not put into sglang's ``meta_info``: that is built in another process.
 
 Limits: tensor parallelism 1 and Llama-shaped models (``model.model.layers`` with ``self_attn.
 qkv_proj``/``o_proj``, ``mlp.gate_up_proj``/``down_proj`` and the two norms); no torch.compile;
@@ -99,6 +100,10 @@ WEIGHTS_ROOT_ENV = "ENGY_GEMM_WEIGHTS_ROOT"
 MAX_BODY_BYTES = 1024 * 1024
 """As `engy_node.serve.gemm_routes`: a challenge of MAX_PICKS picks is about 200 KB."""
 SOCKET_TIMEOUT_S = 30.0
+PENDING_IDLE_S = 60.0
+"""A request's captured rows untouched this long are dropped: a running request adds rows every
+forward pass and the miner asks for the commitment as soon as sglang answers, so such rows are
+an aborted request's (one sglang retracted starts again from position 0, which needs none)."""
 COMMITTED_KEPT = 4096
 """Commitments remembered for a repeated ``GET /gemm/commitment`` (the record itself is in the store)."""
 
@@ -164,18 +169,19 @@ class _Pending:
     positions: int
     touched: float
     broken: str = ""
-
-    @property
-    def nbytes(self) -> int:
-        return sum(rows.nbytes for _, rows in self.chunks)
+    nbytes: int = 0
+    """The chunks' bytes, kept as they change: summing them on every step cost more than the
+    step's own copy once dozens of requests were in flight."""
 
 
 class PendingRows:
     """Captured rows of requests not yet committed, by rid: positions must come in order from 0
     (an earlier position again is a recomputation, e.g. after sglang retracted the request, and
-    replaces what followed it). An entry leaves when committed, after `window_s` untouched, or
-    oldest first when all together pass `max_bytes`. Thread-safe: the scheduler thread adds, the
-    opening server's threads take."""
+    replaces what followed it). An entry leaves when committed, or after `window_s` untouched
+    (a request aborted or never committed). All entries together hold at most `max_bytes`: rows
+    that would pass it break the request they belong to, never one already running, so a
+    burst of long answers costs the newest their commitments rather than every answer its own.
+    Thread-safe: the scheduler thread adds, the opening server's threads take."""
 
     def __init__(self, *, max_bytes: int, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_bytes = max_bytes
@@ -183,10 +189,12 @@ class PendingRows:
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: collections.OrderedDict[str, _Pending] = collections.OrderedDict()
+        self._total = 0
 
     def add(self, rid: str, position: int, rows: npt.NDArray[np.uint8]) -> None:
         now = self._clock()
         with self._lock:
+            self._expire(now)
             entry = self._entries.pop(rid, None)
             if entry is None:
                 entry = _Pending([], 0, now)
@@ -197,33 +205,52 @@ class PendingRows:
                 if position > entry.positions:
                     entry.broken = f"positions {entry.positions}..{position - 1} were not captured ({GRAPH_HINT})"
                 else:
-                    entry.chunks = _cut(entry.chunks, position)
-                    entry.chunks.append((position, rows))
-                    entry.positions = position + len(rows)
+                    if position < entry.positions:
+                        self._resize(entry, _cut(entry.chunks, position))
+                    if self._total + rows.nbytes > self.max_bytes:
+                        entry.broken = (
+                            f"the capture's rows awaiting commitment would pass its {self.max_bytes} bytes "
+                            "(too many long committed answers at once): serve fewer at a time "
+                            "(sglang's --max-running-requests)"
+                        )
+                    else:
+                        entry.chunks.append((position, rows))
+                        entry.nbytes += rows.nbytes
+                        self._total += rows.nbytes
+                        entry.positions = position + len(rows)
             if entry.broken:
-                entry.chunks = []
+                self._resize(entry, [])
             self._entries[rid] = entry
-            self._evict(now)
 
     def mark(self, rid: str, reason: str) -> None:
+        now = self._clock()
         with self._lock:
-            entry = self._entries.pop(rid, None) or _Pending([], 0, self._clock())
+            entry = self._entries.pop(rid, None) or _Pending([], 0, now)
+            entry.touched = now
             entry.broken = entry.broken or reason
-            entry.chunks = []
+            self._resize(entry, [])
             self._entries[rid] = entry
 
     def take(self, rid: str) -> _Pending | None:
         with self._lock:
-            self._evict(self._clock())
-            return self._entries.pop(rid, None)
+            self._expire(self._clock())
+            entry = self._entries.pop(rid, None)
+            if entry is not None:
+                self._total -= entry.nbytes
+            return entry
 
-    def _evict(self, now: float) -> None:
-        total = sum(entry.nbytes for entry in self._entries.values())
-        for rid in list(self._entries):
-            entry = self._entries[rid]
-            if now - entry.touched <= self.window_s and total <= self.max_bytes:
+    def _resize(self, entry: _Pending, chunks: list[tuple[int, npt.NDArray[np.uint8]]]) -> None:
+        nbytes = sum(rows.nbytes for _, rows in chunks)
+        self._total += nbytes - entry.nbytes
+        entry.chunks, entry.nbytes = chunks, nbytes
+
+    def _expire(self, now: float) -> None:
+        """Drop the entries untouched for `window_s`, oldest first (the order they were touched)."""
+        while self._entries:
+            rid, entry = next(iter(self._entries.items()))
+            if now - entry.touched <= self.window_s:
                 break
-            total -= entry.nbytes
+            self._total -= entry.nbytes
             del self._entries[rid]
 
 
@@ -263,9 +290,9 @@ class SglangCapture:
         self.weights_root = weights_root
         self.arithmetic = arithmetic or layout.dtype
         self.prefix = prefix
-        self.pending = PendingRows(max_bytes=openings.max_bytes, window_s=openings.window_s, clock=clock)
-        self.refusal = ""
-        """Why this server refuses every commitment (a launch flag missing), or empty."""
+        self.pending = PendingRows(
+            max_bytes=openings.max_bytes, window_s=min(PENDING_IDLE_S, openings.window_s), clock=clock
+        )
         self._committed: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._committed_lock = threading.Lock()
         self._widths = {name: width for name, width in layout.groups}
@@ -425,8 +452,14 @@ class SglangCapture:
             return
         first = 0
         for span in self._spans:
-            self.pending.add(span.rid, span.position, rows[first : first + span.count])
+            own = rows[first : first + span.count]
             first += span.count
+            with self._committed_lock:
+                committed = span.rid in self._committed
+            if committed:
+                continue  # the overlap scheduler's extra step after the answer: nothing to keep
+            # A view would keep its batch-mates' rows alive past their commitment, unaccounted.
+            self.pending.add(span.rid, span.position, own if len(self._spans) == 1 else own.copy())
         self._spans, self._seen, self._consumed = [], {}, {}
 
     def _table(self) -> npt.NDArray[np.uint8]:
@@ -449,8 +482,6 @@ class SglangCapture:
     def commit(self, rid: str, positions: int) -> dict[str, Any]:
         """Close `rid`'s record at its first `positions` positions, file it for openings, and
         return the answer's commitment wire; the same again for a repeated call."""
-        if self.refusal:
-            raise CaptureRefused(self.refusal)
         with self._committed_lock:
             done = self._committed.get(rid)
         if done is not None:
@@ -490,9 +521,7 @@ class SglangCapture:
 
     def info(self) -> tuple[int, dict[str, Any]]:
         """``GET /gemm/info``: what commitments this server makes, in the shape of the reference
-        server's ``/get_server_info`` ``gemm_commitments`` (status 200), or 409 and why it makes none."""
-        if self.refusal:
-            return 409, _error(self.refusal)
+        server's ``/get_server_info`` ``gemm_commitments``."""
         return 200, {
             "format": FORMAT,
             "window_s": self.openings.window_s,
@@ -501,6 +530,22 @@ class SglangCapture:
             "max_picks": MAX_PICKS,
             "arithmetic": self.arithmetic,
         }
+
+
+class RefusingCapture:
+    """What the opening server answers where this process must not capture (`refusal_of`):
+    ``GET /gemm/info`` 409 with why and the fix, so the miner leaves GEMM audits off saying so,
+    and every commitment refused the same way. No hooks, no records."""
+
+    def __init__(self, refusal: str) -> None:
+        self.refusal = refusal
+        self.openings = SharedOpenings(max_bytes=0)
+
+    def info(self) -> tuple[int, dict[str, Any]]:
+        return 409, _error(self.refusal)
+
+    def commit(self, rid: str, positions: int) -> dict[str, Any]:
+        raise CaptureRefused(self.refusal)
 
 
 # --- the opening server ---------------------------------------------------------------------
@@ -534,7 +579,7 @@ def _error(message: str) -> dict[str, Any]:
     return {"error": {"message": message}}
 
 
-def serve(capture: SglangCapture, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+def serve(capture: SglangCapture | RefusingCapture, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
     """Start the opening server on a daemon thread; returns it (``server_address`` has the port)."""
 
     class Handler(BaseHTTPRequestHandler):
@@ -597,40 +642,66 @@ _armed: list[Any] = []
 """The capture and server of this process, once armed (one model per scheduler process)."""
 
 
-def missing_flags(server_args: Any) -> str:
-    """Why a server launched with `server_args` cannot commit (a hook-skipping feature left on),
-    naming the flags to add; empty when it can."""
+ARCHITECTURES = ("LlamaForCausalLM",)
+"""The sglang model classes `SglangCapture.attach` knows: dense Llama-shaped decoders (SmolLM2)."""
+
+
+def refusal_of(*, tp_size: int, server_args: Any, architectures: Sequence[str]) -> str:
+    """Why an sglang server launched so, serving a model of `architectures`, cannot commit,
+    naming the fix; empty when it can."""
+    if not set(architectures) & set(ARCHITECTURES):
+        return (
+            f"the model is {', '.join(architectures) or 'of no named architecture'}, and the capture hooks only "
+            f"sglang's {', '.join(ARCHITECTURES)} (dense, Llama-shaped): this model is judged by TOPLOC alone; "
+            "unset miner.gemm_capture for it"
+        )
+    if tp_size != 1:
+        return (
+            f"sglang runs with --tp-size {tp_size}, which shards q/k/v and gate/up over GPUs, and the capture reads "
+            "each projection whole: relaunch sglang with --tp-size 1"
+        )
+    dp_size = int(getattr(server_args, "dp_size", 1) or 1)
+    if dp_size != 1 or getattr(server_args, "enable_dp_attention", False):
+        return (
+            f"sglang runs {dp_size} data-parallel replicas, each a process of its own, and one capture port serves "
+            "one replica's records: relaunch sglang with --dp-size 1, or run one sglang per GPU, each with its own "
+            f"{PORT_ENV}"
+        )
     missing = [
         f"--{flag.replace('_', '-')}"
         for flag in ("disable_radix_cache", "disable_cuda_graph")
         if server_args is not None and not getattr(server_args, flag, False)
     ]
-    if not missing:
-        return ""
-    return (
-        f"sglang runs without {' '.join(missing)}, so the capture would miss rows: every commitment is refused; "
-        f"relaunch sglang with {' '.join(missing)} (engy-node's miner.gemm_capture adds both)"
-    )
+    if missing:
+        return (
+            f"sglang runs without {' '.join(missing)}, so the capture would miss rows: relaunch sglang with "
+            f"{' '.join(missing)} (engy-node's miner.gemm_capture adds both)"
+        )
+    return ""
 
 
 def arm(runner: Any, port: int) -> SglangCapture | None:
-    """Hook the model an sglang ``ModelRunner`` just loaded and start the opening server; None
-    (and a line on stderr saying why) where this process must not capture."""
+    """Hook the model an sglang ``ModelRunner`` just loaded and start the opening server; where
+    this process must not capture (`refusal_of`), start the server refusing, saying why, and
+    hook nothing. The server starts first, so a port another process holds leaves no hooks."""
     if _armed or getattr(runner, "is_draft_worker", False):
         return None
-    if int(getattr(runner, "tp_size", 1)) != 1:
-        print("[engy] GEMM capture not armed: it needs --tp-size 1 (q/k/v are sharded otherwise)", file=sys.stderr)
-        return None
     model = runner.model
+    refusal = refusal_of(
+        tp_size=int(getattr(runner, "tp_size", 1)),
+        server_args=getattr(runner, "server_args", None),
+        architectures=tuple(getattr(model.config, "architectures", None) or ()),
+    )
+    if refusal:
+        _armed.append(serve(RefusingCapture(refusal), port))
+        print(f"[engy] GEMM capture not armed: {refusal}", file=sys.stderr, flush=True)
+        return None
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     layout = llama_layout(model.config.to_dict(), dtype)
     exact_arithmetic()
     capture = SglangCapture(layout, SharedOpenings(), weights_root=os.environ.get(WEIGHTS_ROOT_ENV, ""))
-    capture.refusal = missing_flags(getattr(runner, "server_args", None))
-    if capture.refusal:
-        print(f"[engy] GEMM capture: {capture.refusal}", file=sys.stderr)
-    capture.attach(model)
     server = serve(capture, port)
+    capture.attach(model)
     _armed.extend([capture, server])
     print(f"[engy] GEMM capture armed: {layout.layers} layers, {dtype}, openings on 127.0.0.1:{port}", flush=True)
     return capture

@@ -121,11 +121,13 @@ def test_gemm_capture_arms_the_sglang_server_on_one_gpu_with_the_flags_it_needs(
     assert on_cpu.launch.kind == "reference" and on_cpu.capture_urls == (), "the reference server commits itself"
 
 
-def test_gemm_capture_is_refused_for_a_plan_over_several_gpus_naming_the_way_out(tmp_path, checkpoint, qwen_checkpoint):
+def test_gemm_capture_is_refused_for_a_plan_over_several_gpus_or_a_model_it_cannot_hook(
+    tmp_path, checkpoint, qwen_checkpoint
+):
     with pytest.raises(MinerError, match=r"dp 2.*capture port of its own.*miner.gemm_capture_urls"):
         decide(miner_config(tmp_path, gemm_capture=True), detect(nvml=FakeNvml.from_spec("2xRTX4090")))
     config = miner_config(tmp_path, model="qwen3.6-35b-a3b", checkpoint=str(qwen_checkpoint), gemm_capture=True)
-    with pytest.raises(MinerError, match=r"tp 4.*sharded over GPUs.*Unset miner.gemm_capture"):
+    with pytest.raises(MinerError, match=r"qwen3.6-35b-a3b is a Qwen3_5MoeForConditionalGeneration: unset"):
         decide(config, detect(nvml=FakeNvml.from_spec("4xRTX4090")))
 
 

@@ -98,23 +98,60 @@ async def test_the_client_reads_the_captures_support_and_commits_the_answers_tha
     assert gone.value.status == 404 and "challenge sooner" in str(gone.value)
 
 
-async def test_a_capture_without_its_launch_flags_turns_audits_off_and_answers_go_out_uncommitted(sglang, http, caplog):
-    sglang.capture.refusal = gc.missing_flags(SimpleNamespace(disable_radix_cache=True, disable_cuda_graph=False))
-    client = CapturingServeClient(sglang.url, http, capture_url=sglang.capture_url)
+@pytest.fixture
+def refusing():
+    """The capture's port where sglang was launched without one of its flags (`gemm_capture.arm`)."""
+    refusal = gc.refusal_of(
+        tp_size=1,
+        server_args=SimpleNamespace(disable_radix_cache=True, disable_cuda_graph=False),
+        architectures=("LlamaForCausalLM",),
+    )
+    server = gc.serve(gc.RefusingCapture(refusal), 0)
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+async def test_a_capture_that_refuses_turns_audits_off_saying_why_and_answers_go_out_uncommitted(
+    sglang, refusing, http, caplog
+):
+    client = CapturingServeClient(sglang.url, http, capture_url=refusing)
     with pytest.raises(ServeError, match="relaunch sglang with --disable-cuda-graph") as refused:
         await client.gemm_support()
     assert refused.value.status == 409
-    rotation = ServeRotation((sglang.url,), http, request_timeout_s=60, capture_urls=(sglang.capture_url,))
+    rotation = ServeRotation((sglang.url,), http, request_timeout_s=60, capture_urls=(refusing,))
     with caplog.at_level(logging.WARNING, logger="engy.miner"):
         assert await rotation.gemm_support() is None
     assert "GEMM audits off" in caplog.text and "--disable-cuda-graph" in caplog.text
-    assert rotation.gemm_decision.startswith("TOPLOC alone: the model server http://127.0.0.1:")
+    assert rotation.gemm_decision.startswith(f"TOPLOC alone: the GEMM capture at {refusing}")
     assert "relaunch sglang with --disable-cuda-graph" in rotation.gemm_decision
 
     with caplog.at_level(logging.WARNING, logger="engy.miner.capture_client"):
         result = await client.generate(PROMPT, {}, max_new_tokens=3, rid_prefix="engy-r", return_gemm_commitment=True)
     assert len(result.output_ids) == 3 and result.gemm_commitment is None and result.gemm_rid is None
     assert "engy-gemm-r-0: the GEMM capture" in caplog.text and "gave no commitment" in caplog.text
+
+
+async def test_a_capture_that_does_not_answer_names_where_to_look(sglang, http):
+    """sglang never armed the capture (a failure before its port opened): the error says where
+    sglang said why, and what the capture needs."""
+    client = CapturingServeClient(sglang.url, http, capture_url="http://127.0.0.1:9")
+    with pytest.raises(ServeError, match="GEMM capture not armed") as silent:
+        await client.gemm_support()
+    assert "http://127.0.0.1:9" in str(silent.value) and "ENGY_GEMM_CAPTURE_PORT" in str(silent.value)
+
+
+def test_a_server_the_capture_cannot_serve_is_refused_with_the_fix():
+    flags = SimpleNamespace(disable_radix_cache=True, disable_cuda_graph=True)
+    llama = ("LlamaForCausalLM",)
+    assert gc.refusal_of(tp_size=1, server_args=flags, architectures=llama) == ""
+    moe = gc.refusal_of(tp_size=1, server_args=flags, architectures=("Qwen3_5MoeForConditionalGeneration",))
+    assert "Qwen3_5MoeForConditionalGeneration" in moe and "unset miner.gemm_capture" in moe
+    assert "relaunch sglang with --tp-size 1" in gc.refusal_of(tp_size=2, server_args=flags, architectures=llama)
+    two_replicas = SimpleNamespace(disable_radix_cache=True, disable_cuda_graph=True, dp_size=2)
+    assert "--dp-size 1" in gc.refusal_of(tp_size=1, server_args=two_replicas, architectures=llama)
+    bare = gc.refusal_of(tp_size=1, server_args=SimpleNamespace(), architectures=llama)
+    assert "relaunch sglang with --disable-radix-cache --disable-cuda-graph" in bare
 
 
 async def test_a_miner_on_sglang_with_the_capture_is_challenged_and_judged_honest(

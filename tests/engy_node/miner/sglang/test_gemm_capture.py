@@ -218,13 +218,41 @@ def test_pending_rows_are_recomputed_in_place_and_bounded():
     pending.add("r", 0, rows)
     pending.add("r", 1, rows[:2] + 100)  # sglang retracted and recomputed from position 1
     entry = pending.take("r")
-    assert entry is not None and entry.positions == 3 and not entry.broken
+    assert entry is not None and entry.positions == 3 and not entry.broken and entry.nbytes == 30
     assert np.concatenate([c for _, c in entry.chunks]).tolist() == [rows[0].tolist(), *(rows[:2] + 100).tolist()]
     pending.add("old", 0, rows)
-    pending.add("new", 0, rows[:2])  # 50 bytes together: the oldest goes
-    assert pending.take("old") is None
+    pending.add("new", 0, rows[:2])  # 50 bytes together: the newcomer is refused, the running one kept
+    new = pending.take("new")
+    assert new is not None and "would pass its 40 bytes" in new.broken and "--max-running-requests" in new.broken
+    pending.add("old", 3, rows[:1])  # its next step still fits
+    old = pending.take("old")
+    assert old is not None and not old.broken and old.positions == 4
+    pending.add("late", 0, rows)
     clock[0] = 11.0
-    assert pending.take("new") is None
+    assert pending.take("late") is None, "untouched for the window: gone"
+    pending.add("again", 0, rows[:2])
+    pending.add("again", 2, rows[:2])  # 40 bytes: fits exactly now that the rest left
+    assert pending.take("again").nbytes == 40
+
+
+def test_concurrent_answers_that_each_fit_are_all_committed(sglang_model, layout, reference_root):
+    """Two answers in flight together, their rows within the store's bytes, both commit."""
+    openings = SharedOpenings(max_bytes=3 * POSITIONS * layout.bytes_per_position())
+    capture = gc.SglangCapture(layout, openings)
+    handles = capture.attach(sglang_model)
+    try:
+        scheduler = Scheduler(sglang_model)
+        prefill = [(rid, PROMPT, 0) for rid in ("engy-gemm-p", "engy-gemm-q")]
+        scheduler.run("EXTEND", prefill)
+        for step, token in enumerate(FED):
+            scheduler.run("DECODE", [(rid, [token], len(PROMPT) + step) for rid in ("engy-gemm-p", "engy-gemm-q")])
+        assert capture.commit("engy-gemm-p", POSITIONS)["activations_root"] == reference_root
+        scheduler.run("DECODE", [("engy-gemm-p", [11], POSITIONS)])  # the overlap scheduler's extra step
+        assert capture.commit("engy-gemm-q", POSITIONS)["activations_root"] == reference_root
+        assert capture.pending.take("engy-gemm-p") is None, "a committed request's extra step keeps nothing"
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def test_plan_rows_maps_each_asking_request_to_its_rows():
