@@ -6,9 +6,9 @@ sglang knows nothing of commitments: its ``/get_server_info`` names none, its ``
 takes no ``return_gemm_commitment``, and its ``meta_info`` is built in a process the capture
 does not run in. So this client, a `ServeClient` like any other to the rest of the miner:
 
-* answers `gemm_support` from the capture's ``GET /gemm/info`` (a 409 there, when sglang was
-  launched without the flags the capture needs, raises `ServeError` with the fix, and the miner
-  leaves GEMM audits off saying why);
+* answers `gemm_support` from the capture's ``GET /gemm/info`` (a 409 there — a model the
+  capture cannot hook, tp or dp above 1, a launch flag missing — or no answer at all raises
+  `ServeError` with the fix, and the miner leaves GEMM audits off saying why);
 * gives a generation that asks for a commitment rids starting with `gemm_capture.RID_PREFIX`,
   the one thing about a request the capture sees, and sends ``/generate`` without the fields
   sglang does not know;
