@@ -124,6 +124,17 @@ class Up:
         assert result.returncode == document["summary"]["exit_code"] != 2, result.stderr
         return document
 
+    def status_when(self, condition, *, timeout_s: float) -> dict:
+        """`status` once `condition(document)` holds, or the last one read after `timeout_s`: the
+        chain's state reaches the node's hub once a second, so a status read the moment the chain
+        logs an epoch may not hold it yet (a CI run read it 0.8 s after)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            document = self.status()
+            if condition(document) or time.monotonic() > deadline:
+                return document
+            time.sleep(0.5)
+
     def stop(self) -> int:
         children = psutil.Process(self.process.pid).children(recursive=True)
         self.process.send_signal(signal.SIGTERM)
@@ -243,7 +254,9 @@ def test_up_runs_the_whole_network_until_weights_land_then_restarts_with_its_sta
         )
         epoch_index = int(landed.group(1))
         first.output.wait_for(INCENTIVE_LINE, timeout_s=120, what="a dev chain epoch paying both miners")
-        status = first.status()
+        status = first.status_when(
+            lambda document: all(miner["incentive"] for miner in document["summary"]["miners"]), timeout_s=30
+        )
         assert status["schema"] == STATE_SCHEMA
         # Weights on chain, both miners paid: every role of the network does its job.
         summary = status["summary"]
