@@ -214,6 +214,11 @@ class GpusState:
 # ---- the miner ----------------------------------------------------------------------------------
 
 
+GEMM_AND_TOPLOC = "GEMM audits + TOPLOC"
+TOPLOC_ALONE = "TOPLOC alone"
+"""`MinerState.proofs`: which proofs judge a miner's answers."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class MinerState:
     """One miner (`miner`, or `miner-N` in a local network): its plan and its link to the gateway."""
@@ -240,8 +245,11 @@ class MinerState:
     """The cheat its model server is told to serve (`miner.simulate_cheat`, demos and tests
     only); None: honest."""
     proofs: str | None = None
-    """Which proofs judge it — GEMM audits + TOPLOC, or TOPLOC alone — and why
-    (`ServeRotation.gemm_support`); None until its model server was asked."""
+    """Which proofs judge it: `GEMM_AND_TOPLOC` or `TOPLOC_ALONE` (`ServeRotation.gemm_support`);
+    None until its model server was asked."""
+    proofs_detail: str | None = None
+    """With GEMM audits, the commitment format and the positions an answer may have; alone, why
+    (the model server's or its capture's reason, with the fix)."""
     epoch: gates.MinerEpoch | None = None
     """Its newest published epoch, gates explained, as its gateway tells it (`miner.epoch_watch`)."""
 

@@ -251,7 +251,8 @@ def _serving(states: NodeStates, now: float) -> list[str]:
             "    ", miner.weights_root, miner.weights_pinned, miner.simulated_cheat, "miner.simulate_cheat"
         )
         if miner.proofs:
-            lines.append(f"    proofs        {miner.proofs}")
+            detail = f": {miner.proofs_detail}" if miner.proofs_detail else ""
+            lines.append(f"    proofs        {miner.proofs}{detail}")
         # Blocks of its gateway's chain where the gateway told them, else of the chain this node reads.
         lines += _epoch(miner.epoch, now, block_time_s(miner.epoch, states.chain, states.validator))
     return lines

@@ -73,6 +73,7 @@ from engy_node.protocol.miner import FEATURE_SEEDED, OUR_FEATURES, Capacity, KvL
 from engy_node.serve.checkpoint import resolve_checkpoint
 from engy_node.serve.client import GemmSupport, ServeClient, ServeError
 from engy_node.served_model import ServedModel, load_served_model
+from engy_node.snapshots import GEMM_AND_TOPLOC, TOPLOC_ALONE
 
 log = logging.getLogger("engy.miner")
 
@@ -408,8 +409,10 @@ class ServeRotation:
             for url, capture in zip(urls, captures, strict=True)
         ]
         self._next = 0
-        self.gemm_decision: str | None = None
-        """Which proofs judge this miner and why, once `gemm_support` has asked."""
+        self.proofs: str | None = None
+        """Which proofs judge this miner (`GEMM_AND_TOPLOC` or `TOPLOC_ALONE`), once
+        `gemm_support` has asked; `proofs_detail` says with what or why."""
+        self.proofs_detail = ""
 
     def __call__(self) -> ServeClient:
         client = self.clients[self._next % len(self.clients)]
@@ -437,7 +440,7 @@ class ServeRotation:
         """What activation commitments every server makes (the smallest record store of them),
         or None when one cannot — or does not say: a miner takes GEMM audits only when every
         answer it serves can be challenged. The decision is logged with its reason and kept in
-        `gemm_decision` for the miner's state."""
+        `proofs` and `proofs_detail` for the miner's state."""
         supports = []
         for client in self.clients:
             try:
@@ -456,7 +459,8 @@ class ServeRotation:
             supports.append(support)
         chosen = min(supports, key=lambda support: support.most_positions)
         formats = " and ".join(sorted({support.format for support in supports}))
-        self.gemm_decision = f"GEMM audits + TOPLOC ({formats}, up to {chosen.most_positions} positions an answer)"
+        self.proofs = GEMM_AND_TOPLOC
+        self.proofs_detail = f"{formats}, up to {chosen.most_positions} positions an answer"
         log.info(
             "GEMM audits on: the model server(s) commit %s activations, up to %d positions per answer",
             formats,
@@ -465,7 +469,7 @@ class ServeRotation:
         return chosen
 
     def _gemm_off(self, reason: str, level: int) -> None:
-        self.gemm_decision = f"TOPLOC alone: {reason}"
+        self.proofs, self.proofs_detail = TOPLOC_ALONE, reason
         log.log(level, "GEMM audits off: %s; TOPLOC alone judges this miner", reason)
 
 
@@ -563,7 +567,7 @@ async def run_miner(
                 serve_urls, http, request_timeout_s=setup.spec.max_request_s, capture_urls=setup.capture_urls
             )
             gemm = await serves.gemm_support()
-            hub.set_state(hub_component, proofs=serves.gemm_decision)
+            hub.set_state(hub_component, proofs=serves.proofs, proofs_detail=serves.proofs_detail)
             link = _link(
                 config, setup, served, miner_identity, hub, hub_component, http, metrics, serves, serve_ready, gemm
             )

@@ -951,6 +951,22 @@ def test_a_miner_beside_a_gateway_shows_what_the_gateway_sees_of_it():
     assert view.link_notes == () and view.failure == ()
 
 
+def test_the_proofs_box_leads_with_which_proofs_judge_the_miner():
+    """As the miner decided once its model server answered (`MinerState.proofs`): GEMM audits with
+    TOPLOC ✔, or TOPLOC alone ⚠ (its reason, too long for the box, is in `engy-node status`)."""
+    states = gpu_states()
+    states["miner"] |= {"proofs": "GEMM audits + TOPLOC", "proofs_detail": "engy-activations-v2, up to 3929 positions"}
+    view = panel_view(typed(states), now=NOW, names={"miner": HOME}).miners[0]
+    assert texts(view.proofs) == [
+        "proved by GEMM audits + TOPLOC ✔",
+        "gateway: audited 1,206: 1,204 pass, 0 cheat, 2 unproven",
+        "  breaker, last 5 min: 12 verdicts, 1 unproven (8.3 %)",
+    ]
+    states["miner"] |= {"proofs": "TOPLOC alone", "proofs_detail": "the GEMM capture at http://127.0.0.1:9 refuses"}
+    alone = panel_view(typed(states), now=NOW, names={"miner": HOME}).miners[0].proofs[0]
+    assert text(alone) == "proved by TOPLOC alone ⚠" and alone[-1].style == "warning"
+
+
 def test_the_tab_shows_a_miners_lifetime_figures_beside_the_verifiers_tally():
     """Issue 31 item 8: the miner's counts are its totals since the gateway started (which add up
     to the node's verifier tally and audit count), not the breaker's minutes."""

@@ -1,6 +1,9 @@
 """The proofs block: is this miner's work proven?
 
-This miner's verdicts at the gateway since it started (audited: pass, cheat, unproven), then
+Which proofs judge this miner, as it decided once its model server answered: GEMM audits with
+TOPLOC, or TOPLOC alone ⚠ (why is in `engy-node status` and the miner's log: the line is too long
+for this box). Then this miner's verdicts at the gateway since it started (audited: pass, cheat,
+unproven), then
 the breaker's view of them, labelled so: the verdicts of the last minutes that the breaker
 weighs, with ⚠ past its unproven bar (`engy_node.protocol.standing.MAX_UNPROVEN_PCT`). Then
 the verdicts judged on this node: the verifier's pass, cheat and unproven since it started,
@@ -10,7 +13,8 @@ The lifetime totals lead because they are what the verifier's tally is made of; 
 window is minutes long, so on its own it read as the counters disagreeing ("audited 0" beside
 "pass 44").
 
-Where the facts come from: the traffic worker's `lifetime` (`LifetimeCounts`: audited, pass,
+Where the facts come from: `MinerState.proofs` (`engy_node.miner.role.ServeRotation`); the
+traffic worker's `lifetime` (`LifetimeCounts`: audited, pass,
 cheat, unproven) and `window` (`BreakerWindow`: verdicts, unproven) on a gateway node;
 `VerifierState` (`engy_node.verifier`: state, verdicts {pass, cheat, unproven}) and
 `AuditState` (`engy_node.gateway.trust.trust_plane`: waiting, leased, recorded, dropped_full,
@@ -21,7 +25,9 @@ from __future__ import annotations
 
 from engy_node.protocol.standing import MAX_UNPROVEN_PCT, VERDICT_WINDOW_S
 from engy_node.snapshots import (
+    GEMM_AND_TOPLOC,
     AuditState,
+    MinerState,
     NodeStates,
     TrafficStanding,
     VerdictCounts,
@@ -35,8 +41,19 @@ __all__ = [
     "audited_cells",
     "gateway_proof_lines",
     "node_proof_lines",
+    "proved_by_line",
     "verdict_breaker_cell",
 ]
+
+
+def proved_by_line(miner: MinerState | None) -> Line | None:
+    """ "proved by GEMM audits + TOPLOC ✔", or "proved by TOPLOC alone ⚠"; None before the miner
+    asked its model server."""
+    if miner is None or not miner.proofs:
+        return None
+    if miner.proofs == GEMM_AND_TOPLOC:
+        return (Cell("proved by ", "header"), Cell(f"{miner.proofs} {OK}", "ok"))
+    return (Cell("proved by ", "header"), Cell(f"{miner.proofs} {WARN}", "warning"))
 
 
 def audited_cells(worker: TrafficStanding) -> list[Cell]:

@@ -31,7 +31,7 @@ from engy_tui.widgets.miner.link import (
     work_summary,
     worker_of,
 )
-from engy_tui.widgets.miner.proofs import gateway_proof_lines, node_proof_lines
+from engy_tui.widgets.miner.proofs import gateway_proof_lines, node_proof_lines, proved_by_line
 from engy_tui.widgets.miner.serving import (
     DOWN,
     FAILED_LOG_LINES,
@@ -141,7 +141,11 @@ def miner_view(
         else ""
     )
     gateway = gateway_proof_lines(worker)
-    proofs = tuple((Cell("gateway: ", "header"), *line) if i == 0 else line for i, line in enumerate(gateway))
+    proved_by = proved_by_line(miner)
+    proofs = (
+        *((proved_by,) if proved_by else ()),
+        *((Cell("gateway: ", "header"), *line) if i == 0 else line for i, line in enumerate(gateway)),
+    )
     short = short_hotkey(hotkey) if hotkey else NA
     epoch = miner.epoch if miner else None
     summary = epoch_summary(epoch)

@@ -154,13 +154,15 @@ def full_document() -> dict:
                 "model": "smollm2-135m",
                 "weights_root": PINNED_ROOT,
                 "weights_pinned": True,
-                "proofs": "GEMM audits + TOPLOC (engy-activations-v2, up to 3929 positions an answer)",
+                "proofs": "GEMM audits + TOPLOC",
+                "proofs_detail": "engy-activations-v2, up to 3929 positions an answer",
             },
             "miner-2": {
                 "model": "qwen3.6-35b-a3b",
                 "weights_root": "cd" * 32,
                 "weights_pinned": False,
-                "proofs": "TOPLOC alone: the model server http://127.0.0.1:30000 does not commit its activations",
+                "proofs": "TOPLOC alone",
+                "proofs_detail": "the model server http://127.0.0.1:30000 does not commit its activations",
             },
             "miner-10": {"model": "smollm2-135m"},
             "traffic_generator": {
@@ -245,7 +247,7 @@ def test_a_full_document_renders_every_section(transport):
         "    weights_root  not checked yet",
     ]
     assert [line for line in serving if "proofs" in line] == [
-        "    proofs        GEMM audits + TOPLOC (engy-activations-v2, up to 3929 positions an answer)",
+        "    proofs        GEMM audits + TOPLOC: engy-activations-v2, up to 3929 positions an answer",
         "    proofs        TOPLOC alone: the model server http://127.0.0.1:30000 does not commit its activations",
     ]
     assert section(text, "verifier ") == [

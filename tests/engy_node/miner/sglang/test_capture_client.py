@@ -123,8 +123,9 @@ async def test_a_capture_that_refuses_turns_audits_off_saying_why_and_answers_go
     with caplog.at_level(logging.WARNING, logger="engy.miner"):
         assert await rotation.gemm_support() is None
     assert "GEMM audits off" in caplog.text and "--disable-cuda-graph" in caplog.text
-    assert rotation.gemm_decision.startswith(f"TOPLOC alone: the GEMM capture at {refusing}")
-    assert "relaunch sglang with --disable-cuda-graph" in rotation.gemm_decision
+    assert rotation.proofs == "TOPLOC alone"
+    assert rotation.proofs_detail.startswith(f"the GEMM capture at {refusing} refuses: ")
+    assert "relaunch sglang with --disable-cuda-graph" in rotation.proofs_detail
 
     with caplog.at_level(logging.WARNING, logger="engy.miner.capture_client"):
         result = await client.generate(PROMPT, {}, max_new_tokens=3, rid_prefix="engy-r", return_gemm_commitment=True)
