@@ -45,8 +45,8 @@ from starlette.routing import Route
 
 from engy_node import __version__
 from engy_node.asgi import BodyError, read_json_object, watching_disconnect
-from engy_node.gemm.activations import FORMAT, llama_layout
-from engy_node.serve.capture import MAX_PICKS, ActivationCapture, SharedOpenings
+from engy_node.gemm.activations import llama_layout
+from engy_node.serve.capture import ActivationCapture, SharedOpenings
 from engy_node.serve.engine import Engine, Generation, ModelRunner, RequestError, run_on_engine
 from engy_node.serve.gemm_routes import GemmRoutes
 from engy_node.serve.openai_routes import OpenAiRoutes
@@ -509,13 +509,7 @@ class ReferenceApp:
             "model_root": info.model_root,
             "weights_root": info.weights_root,
             "simulated_cheat": info.simulated_cheat,
-            "gemm_commitments": {
-                "format": FORMAT,
-                "window_s": self.openings.window_s,
-                "max_bytes": self.openings.max_bytes,
-                "bytes_per_position": self.activation_layout.bytes_per_position(),
-                "max_picks": MAX_PICKS,
-            },
+            "gemm_commitments": self.openings.advertised(self.activation_layout),
         }
         return JSONResponse(body)
 

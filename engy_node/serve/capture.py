@@ -56,6 +56,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from engy_node.gemm.activations import (
+    FORMAT,
     GEMMS,
     RESIDUAL_OUT,
     ActivationLayout,
@@ -120,6 +121,18 @@ class SharedOpenings:
     def file(self, rid: str, record: ActivationRecord) -> bool:
         with self._lock:
             return self._store.put(rid, record, self._clock())
+
+    def advertised(self, layout: ActivationLayout) -> dict[str, Any]:
+        """The ``gemm_commitments`` object a server whose records of `layout` go to this store
+        advertises (the reference server's ``/get_server_info``, the sglang capture's
+        ``/gemm/info``), which `engy_node.serve.client.gemm_support_of` reads."""
+        return {
+            "format": FORMAT,
+            "window_s": self.window_s,
+            "max_bytes": self.max_bytes,
+            "bytes_per_position": layout.bytes_per_position(),
+            "max_picks": MAX_PICKS,
+        }
 
     def open(self, rid: str, picks: list[tuple[int, int, str]]) -> tuple[ActivationRecord, list[Opening]] | None:
         """The record and the openings of `picks`, or None when the record is gone (or never was)."""

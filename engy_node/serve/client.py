@@ -244,6 +244,11 @@ class ServeClient:
             raise ServeError(f"the model server's openings for {rid} are not an object with an openings list")
         return payload
 
+    def rid_prefix(self, rid_prefix: str | None, *, committing: bool) -> str:
+        """What a generation's rids start with (one rid per call): the caller's prefix, or a
+        fresh one. `committing`: the generation asks for an activation commitment."""
+        return rid_prefix or f"engy-{uuid.uuid4().hex}"
+
     async def generate_once(
         self,
         input_ids: Sequence[int],
@@ -333,7 +338,7 @@ class ServeClient:
         """Generate up to `max_new_tokens`, in chunks of at most `chunk_tokens` (see module doc)."""
         if chunk_tokens < 2:
             raise ValueError("chunk_tokens must be at least 2 (one token overlaps)")
-        rid_prefix = rid_prefix or f"engy-{uuid.uuid4().hex}"
+        rid_prefix = self.rid_prefix(rid_prefix, committing=return_gemm_commitment)
         prompt = list(input_ids)
         output: list[int] = []
         rows: list[list[float]] = []
@@ -457,14 +462,21 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
+def error_message(response: httpx.Response) -> str:
+    """The message of a server's error answer: its JSON ``error.message`` (or ``detail``), else
+    the start of its body."""
+    try:
+        body = orjson.loads(response.content)
+        error = body.get("error", body.get("detail", body))
+        return str(error.get("message") if isinstance(error, dict) else error)
+    except (orjson.JSONDecodeError, AttributeError):
+        return response.text[:300]
+
+
 def raise_for_status(response: httpx.Response) -> None:
     """Raise `ServeError` with the server's own message and status for an answer of 400 or more."""
     if response.status_code < 400:
         return
-    try:
-        body = orjson.loads(response.content)
-        error = body.get("error", body.get("detail", body))
-        message = error.get("message") if isinstance(error, dict) else str(error)
-    except (orjson.JSONDecodeError, AttributeError):
-        message = response.text[:300]
-    raise ServeError(f"the model server answered {response.status_code}: {message}", status=response.status_code)
+    raise ServeError(
+        f"the model server answered {response.status_code}: {error_message(response)}", status=response.status_code
+    )

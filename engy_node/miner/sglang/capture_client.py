@@ -9,9 +9,9 @@ does not run in. So this client, a `ServeClient` like any other to the rest of t
 * answers `gemm_support` from the capture's ``GET /gemm/info`` (a 409 there — a model the
   capture cannot hook, tp or dp above 1, a launch flag missing — or no answer at all raises
   `ServeError` with the fix, and the miner leaves GEMM audits off saying why);
-* gives a generation that asks for a commitment rids starting with `gemm_capture.RID_PREFIX`,
-  the one thing about a request the capture sees, and sends ``/generate`` without the fields
-  sglang does not know;
+* gives a generation that asks for a commitment rids starting with `gemm_capture.RID_PREFIX`
+  (`rid_prefix`), the one thing about a request the capture sees, and sends ``/generate``
+  without the fields sglang does not know;
 * after each call of such a generation asks ``GET /gemm/commitment/{rid}?positions=N`` (N =
   the call's prompt + output − 1, the positions the reference server commits) and puts the
   answer where the reference server puts its own, ``meta_info.gemm_commitment``, so
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import urllib.parse
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,10 +39,10 @@ from engy_node.miner.sglang.gemm_capture import RID_PREFIX
 from engy_node.serve.client import (
     LOAD_TIMEOUT_S,
     GemmSupport,
-    GenerateResult,
     ProgressCallback,
     ServeClient,
     ServeError,
+    error_message,
     gemm_support_of,
     raise_for_status,
 )
@@ -78,37 +77,15 @@ class CapturingServeClient(ServeClient):
                 "was not on its PYTHONPATH with ENGY_GEMM_CAPTURE_PORT set to this port"
             ) from None
         if response.status_code >= 400:
-            refusal = _message(response)
-            raise ServeError(f"the GEMM capture at {self.gemm_url} refuses: {refusal}", status=response.status_code)
+            raise ServeError(
+                f"the GEMM capture at {self.gemm_url} refuses: {error_message(response)}", status=response.status_code
+            )
         return gemm_support_of(orjson.loads(response.content))
 
-    async def generate(
-        self,
-        input_ids: Sequence[int],
-        sampling_params: dict[str, Any],
-        *,
-        max_new_tokens: int,
-        rid_prefix: str | None = None,
-        return_hidden_states: bool = True,
-        return_gemm_commitment: bool = False,
-        stream: bool = False,
-        chunk_tokens: int = 4096,
-        on_progress: ProgressCallback | None = None,
-    ) -> GenerateResult:
-        if return_gemm_commitment:
-            # The capture records only the requests whose rid says so.
-            rid_prefix = RID_PREFIX + (rid_prefix or uuid.uuid4().hex).removeprefix("engy-")
-        return await super().generate(
-            input_ids,
-            sampling_params,
-            max_new_tokens=max_new_tokens,
-            rid_prefix=rid_prefix,
-            return_hidden_states=return_hidden_states,
-            return_gemm_commitment=return_gemm_commitment,
-            stream=stream,
-            chunk_tokens=chunk_tokens,
-            on_progress=on_progress,
-        )
+    def rid_prefix(self, rid_prefix: str | None, *, committing: bool) -> str:
+        rids = super().rid_prefix(rid_prefix, committing=committing)
+        # The capture records only the requests whose rid says so.
+        return RID_PREFIX + rids.removeprefix("engy-") if committing else rids
 
     async def generate_once(
         self,
@@ -162,12 +139,3 @@ class CapturingServeClient(ServeClient):
             log.warning("%s: the GEMM capture at %s answered a commitment that is not an object", rid, self.gemm_url)
             return None
         return wire
-
-
-def _message(response: httpx.Response) -> str:
-    """The error message of the capture's JSON answer, else the start of its body."""
-    try:
-        body = orjson.loads(response.content)
-        return str(body["error"]["message"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return response.text[:300]

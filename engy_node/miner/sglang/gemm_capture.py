@@ -81,7 +81,6 @@ import numpy as np
 import numpy.typing as npt
 
 from engy_node.gemm.activations import (
-    FORMAT,
     RESIDUAL_OUT,
     ActivationLayout,
     CommitmentError,
@@ -522,14 +521,7 @@ class SglangCapture:
     def info(self) -> tuple[int, dict[str, Any]]:
         """``GET /gemm/info``: what commitments this server makes, in the shape of the reference
         server's ``/get_server_info`` ``gemm_commitments``."""
-        return 200, {
-            "format": FORMAT,
-            "window_s": self.openings.window_s,
-            "max_bytes": self.openings.max_bytes,
-            "bytes_per_position": self.layout.bytes_per_position(),
-            "max_picks": MAX_PICKS,
-            "arithmetic": self.arithmetic,
-        }
+        return 200, {**self.openings.advertised(self.layout), "arithmetic": self.arithmetic}
 
 
 class RefusingCapture:
