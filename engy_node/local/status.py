@@ -26,6 +26,7 @@ from engy_node.durations import duration_text
 from engy_node.protocol.epoch import WEIGHT_MAX
 from engy_node.protocol.gates import MinerEpoch, block_time_s, finding_text, restore_text
 from engy_node.snapshots import (
+    GEMM_AND_TOPLOC,
     AlertsState,
     ChainState,
     EpochsState,
@@ -228,7 +229,7 @@ def _proofs(worker: TrafficStanding, legs: Sequence[GatewayLeg]) -> list[str]:
     judged = worker.lifetime.proofs if worker.lifetime is not None else None
     if announced is None and (judged is None or judged == ProofVerdicts()):
         return []
-    proofs = {True: "GEMM audits + TOPLOC", False: TOPLOC_ALONE, None: "n/a"}[announced]
+    proofs = {True: GEMM_AND_TOPLOC, False: TOPLOC_ALONE, None: "n/a"}[announced]
     return [f"  {'':<12} proofs {proofs}; verdicts {judged.summary() if judged is not None else 'n/a'}"]
 
 

@@ -3,22 +3,21 @@
 Which proofs judge this miner, as it decided once its model server answered: GEMM audits with
 TOPLOC, or TOPLOC alone ⚠ (why is in `engy-node status` and the miner's log: the line is too long
 for this box). Then this miner's verdicts at the gateway since it started (audited: pass, cheat,
-unproven), then
-the breaker's view of them, labelled so: the verdicts of the last minutes that the breaker
-weighs, with ⚠ past its unproven bar (`engy_node.protocol.standing.MAX_UNPROVEN_PCT`). Then
-the verdicts judged on this node: the verifier's pass, cheat and unproven since it started,
-node-wide, and the audit queue.
+unproven), then the breaker's view of them, labelled so: the verdicts of the last minutes that
+the breaker weighs, with ⚠ past its unproven bar (`engy_node.protocol.standing.
+MAX_UNPROVEN_PCT`). Then the verdicts judged on this node: the verifier's pass, cheat and
+unproven since it started, node-wide, and the audit queue.
 
 The lifetime totals lead because they are what the verifier's tally is made of; the breaker's
 window is minutes long, so on its own it read as the counters disagreeing ("audited 0" beside
 "pass 44").
 
 Where the facts come from: `MinerState.proofs` (`engy_node.miner.role.ServeRotation`); the
-traffic worker's `lifetime` (`LifetimeCounts`: audited, pass,
-cheat, unproven) and `window` (`BreakerWindow`: verdicts, unproven) on a gateway node;
-`VerifierState` (`engy_node.verifier`: state, verdicts {pass, cheat, unproven}) and
-`AuditState` (`engy_node.gateway.trust.trust_plane`: waiting, leased, recorded, dropped_full,
-dropped_expired, dropped_unjudged) when this node runs them.
+traffic worker's `lifetime` (`LifetimeCounts`: audited, pass, cheat, unproven) and `window`
+(`BreakerWindow`: verdicts, unproven) on a gateway node; `VerifierState` (`engy_node.verifier`:
+state, verdicts {pass, cheat, unproven}) and `AuditState` (`engy_node.gateway.trust.
+trust_plane`: waiting, leased, recorded, dropped_full, dropped_expired, dropped_unjudged) when
+this node runs them.
 """
 
 from __future__ import annotations
